@@ -1,0 +1,8 @@
+//! Pieces shared by the limiter (injected into applications) and the node
+//! hypervisor: the inline-hook engine, the per-pod shared-memory ledger,
+//! configuration parsing and logging.
+
+pub mod config;
+pub mod hook;
+pub mod ledger;
+pub mod logging;
