@@ -1,1 +1,150 @@
-//! placeholder
+//! Demos of the limiter, and the test double of the driver that CI tests it against.
+//!
+//! No GPU and no CUDA toolkit are needed: `build.rs` compiles, with the
+//! system C compiler, a fake `libcuda.so.1` and `libnvidia-ml.so.1` whose
+//! exported entry points begin with the bytes measured on an H100 (driver
+//! 580.159.04), and two probe programs that reach them. A test then:
+//!
+//! 1. starts [`program`]`("cudaprobe")` (or `cudaprobe_linked`) with
+//!    `LD_LIBRARY_PATH` = [`double_dir`] ([`command`] does both) and, for the
+//!    limiter, `LD_PRELOAD` = the limiter;
+//! 2. the limiter's constructor finds the double mapped and inline-patches its
+//!    entry points, exactly as it would the real driver's: every `cu*` starts
+//!    with [`CU_PROLOGUE`], a RIP-relative `cmp` at byte 10;
+//!    `nvmlDeviceGetMemoryInfo(_v2)` with [`NVML_MEMINFO_PROLOGUE`];
+//!    `nvmlInit_v2` is the 7-byte [`NVML_INIT_V2_PREFIX`] `+ rel32`, followed
+//!    directly by `nvmlShutdown`;
+//! 3. the probe runs its command script, one line of output per command
+//!    (format in `programs/cudaprobe.c`), which the test compares.
+//!
+//! # The fake GPUs
+//!
+//! Set by environment variables read once per process:
+//! `GPUSHARE_DOUBLE_DEVICES` (0..8, default 1), `GPUSHARE_DOUBLE_TOTAL`
+//! (bytes per GPU, plain or with a binary `k/m/g/t` suffix, default
+//! [`DEFAULT_TOTAL`]), `GPUSHARE_DOUBLE_CONTEXT_BYTES` (the driver's own memory,
+//! charged to the process by its first context on a GPU, default
+//! [`DEFAULT_CONTEXT_BYTES`]). Allocations are charged their exact size
+//! (pitch: width rounded up to 512 × height; arrays: element × W × max(H,1) ×
+//! max(D,1), mipmaps summed over the levels), fail with
+//! `CUDA_ERROR_OUT_OF_MEMORY` when they do not fit, and free gives back.
+//! `cuMemGetInfo` and NVML report this process's usage only. Device `i` has
+//! the UUID [`uuid`]`(i)`. `cuGetProcAddress(_v2)` hands out the exported
+//! addresses (`cuMemAlloc` → `cuMemAlloc_v2`, with the per-thread flag
+//! `cuMemAllocAsync` → `cuMemAllocAsync_ptsz`, …) like the real driver.
+//! The sources in `double/` say the rest.
+//!
+//! # Targets
+//!
+//! The stubs are x86_64 assembly: on other targets `build.rs` builds nothing
+//! and this crate is empty.
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod double {
+    use std::ffi::OsString;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    /// The first 12 bytes of every exported `cu*` entry point of the real
+    /// driver and of the double: `push rbp; mov rbp,rsp; push r12; sub rsp,8`,
+    /// then the opcode and ModRM of `cmp dword [rip+disp32], imm32`, whose
+    /// `disp32` and `imm32` (8 bytes) follow.
+    pub const CU_PROLOGUE: [u8; 12] = [
+        0x55, 0x48, 0x89, 0xe5, 0x41, 0x54, 0x48, 0x83, 0xec, 0x08, 0x81, 0x3d,
+    ];
+
+    /// The `imm32` of the double's `cmp` (the real driver's differs; only its
+    /// width matters).
+    pub const CU_GUARD_IMM: u32 = 0x321c_ba00;
+
+    /// Length of the double's whole `cu*` prologue up to its `jmp` (the cmp
+    /// ends at byte 20).
+    pub const CU_PROLOGUE_LEN: usize = 20;
+
+    /// First bytes of `nvmlDeviceGetMemoryInfo` and `_v2`: `push rbp;
+    /// mov rbp,rsp; push r14; mov r14,rsi; push r13; mov r13,rdi`.
+    pub const NVML_MEMINFO_PROLOGUE: [u8; 14] = [
+        0x55, 0x48, 0x89, 0xe5, 0x41, 0x56, 0x49, 0x89, 0xf6, 0x41, 0x55, 0x49, 0x89, 0xfd,
+    ];
+
+    /// `nvmlInit_v2` is `xor edi,edi; jmp rel32` (these 3 bytes, then the
+    /// rel32 to `nvmlInitWithFlags`); `nvmlShutdown` starts right after.
+    pub const NVML_INIT_V2_PREFIX: [u8; 3] = [0x31, 0xff, 0xe9];
+
+    /// Bytes per fake GPU unless `GPUSHARE_DOUBLE_TOTAL` says otherwise (16 GiB).
+    pub const DEFAULT_TOTAL: u64 = 16 << 30;
+
+    /// Bytes the first context on a GPU charges, unless
+    /// `GPUSHARE_DOUBLE_CONTEXT_BYTES` says otherwise (300 MiB).
+    pub const DEFAULT_CONTEXT_BYTES: u64 = 300 << 20;
+
+    /// Directory holding the double: `libcuda.so.1`, `libcuda.so`,
+    /// `libnvidia-ml.so.1`, `libnvidia-ml.so`.
+    pub fn double_dir() -> &'static Path {
+        Path::new(env!("GPUSHARE_DOUBLE_DIR"))
+    }
+
+    /// Path of a probe program built from `programs/`: `cudaprobe` (driver
+    /// through `dlopen`, needs `LD_LIBRARY_PATH`) or `cudaprobe_linked`
+    /// (linked against the double, found through its rpath).
+    pub fn program(name: &str) -> PathBuf {
+        Path::new(env!("GPUSHARE_PROGRAMS_DIR")).join(name)
+    }
+
+    /// A [`Command`] for [`program`]`(name)` with [`double_dir`] put first in
+    /// `LD_LIBRARY_PATH`; the rest of the environment is inherited.
+    pub fn command(name: &str) -> Command {
+        let mut path = OsString::from(double_dir());
+        if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|old| !old.is_empty()) {
+            path.push(":");
+            path.push(old);
+        }
+        let mut command = Command::new(program(name));
+        command.env("LD_LIBRARY_PATH", path);
+        command
+    }
+
+    /// Every `cu*` entry point the double's `libcuda.so.1` exports, each with
+    /// [`CU_PROLOGUE`].
+    pub fn cu_entry_points() -> impl Iterator<Item = &'static str> {
+        include_str!("../double/cuda_entries.def")
+            .lines()
+            .filter_map(|line| line.strip_prefix("CU_ENTRY(")?.strip_suffix(')'))
+    }
+
+    /// Every `nvml*` entry point the double's `libnvidia-ml.so.1` exports.
+    pub const NVML_ENTRY_POINTS: &[&str] = &[
+        "nvmlInit_v2",
+        "nvmlInitWithFlags",
+        "nvmlShutdown",
+        "nvmlErrorString",
+        "nvmlDeviceGetCount_v2",
+        "nvmlDeviceGetHandleByIndex_v2",
+        "nvmlDeviceGetHandleByUUID",
+        "nvmlDeviceGetHandleByPciBusId_v2",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetComputeRunningProcesses_v3",
+    ];
+
+    /// The UUID string of fake device `device`, as CUDA tools and NVML print
+    /// it: bytes `11 22 … ff` then the index.
+    pub fn uuid(device: u8) -> String {
+        let bytes: Vec<u8> = (1..=15u8).map(|i| 0x11 * i).chain([device]).collect();
+        let hex = |range: std::ops::Range<usize>| -> String {
+            bytes[range].iter().map(|b| format!("{b:02x}")).collect()
+        };
+        format!(
+            "GPU-{}-{}-{}-{}-{}",
+            hex(0..4),
+            hex(4..6),
+            hex(6..8),
+            hex(8..10),
+            hex(10..16)
+        )
+    }
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub use double::*;

@@ -1,0 +1,141 @@
+//! Builds the test double of the driver and the probe programs with the C
+//! compiler the `cc` crate picks (honours `CC`, `CFLAGS`, cross settings):
+//!
+//! - `$OUT_DIR/double/libcuda.so.1` (+ `libcuda.so`) and
+//!   `$OUT_DIR/double/libnvidia-ml.so.1` (+ `libnvidia-ml.so`), from `double/`;
+//! - `$OUT_DIR/bin/cudaprobe` and `$OUT_DIR/bin/cudaprobe_linked`, from
+//!   `programs/`.
+//!
+//! The paths reach the crate as `GPUSHARE_DOUBLE_DIR` and
+//! `GPUSHARE_PROGRAMS_DIR`. The stubs are x86_64 assembly, so on any other
+//! target nothing is built and the crate exports nothing (a warning says so).
+
+use std::env;
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SOURCES: &[&str] = &[
+    "double/cuda_min.h",
+    "double/double_common.h",
+    "double/cuda_entries.def",
+    "double/cuda_entry.S",
+    "double/cuda.c",
+    "double/libcuda.map",
+    "double/nvml_entry.S",
+    "double/nvml.c",
+    "double/libnvidia-ml.map",
+    "programs/cudaprobe.c",
+];
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    for source in SOURCES {
+        println!("cargo:rerun-if-changed={source}");
+    }
+
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let os = env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
+    if arch != "x86_64" || os != "linux" {
+        println!(
+            "cargo:warning=gpushare-examples: the driver double has x86_64 Linux stubs only; \
+             nothing built for {arch}-{os}"
+        );
+        return;
+    }
+
+    let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets it"));
+    let double_src = manifest.join("double");
+    let programs_src = manifest.join("programs");
+    let double_dir = out.join("double");
+    let bin_dir = out.join("bin");
+    fs::create_dir_all(&double_dir).expect("create $OUT_DIR/double");
+    fs::create_dir_all(&bin_dir).expect("create $OUT_DIR/bin");
+
+    let compiler = cc::Build::new().cargo_metadata(false).get_compiler();
+    let cc = |args: &[&dyn AsRef<std::ffi::OsStr>]| {
+        let mut command = compiler.to_command();
+        command.args(["-Wall", "-Wextra", "-std=gnu11"]);
+        command.arg("-I").arg(&double_src);
+        for arg in args {
+            command.arg(arg);
+        }
+        command.args(["-pthread", "-ldl"]);
+        run(command);
+    };
+
+    for (soname, sources, map) in [
+        ("libcuda.so.1", ["cuda.c", "cuda_entry.S"], "libcuda.map"),
+        (
+            "libnvidia-ml.so.1",
+            ["nvml.c", "nvml_entry.S"],
+            "libnvidia-ml.map",
+        ),
+    ] {
+        let soname_flag = format!("-Wl,-soname,{soname}");
+        let map_flag = format!("-Wl,--version-script={}", double_src.join(map).display());
+        cc(&[
+            &"-shared",
+            &"-fPIC",
+            &"-fvisibility=hidden",
+            &soname_flag,
+            &map_flag,
+            &"-Wl,-z,noexecstack",
+            &"-o",
+            &double_dir.join(soname),
+            &double_src.join(sources[0]),
+            &double_src.join(sources[1]),
+        ]);
+        let link_name = soname.trim_end_matches(".1");
+        symlink(soname, &double_dir.join(link_name)).expect("symlink the development name");
+    }
+
+    let probe = programs_src.join("cudaprobe.c");
+    cc(&[&"-o", &bin_dir.join("cudaprobe"), &probe]);
+    let search = format!("-L{}", double_dir.display());
+    cc(&[
+        &"-DCUDAPROBE_LINKED",
+        &"-o",
+        &bin_dir.join("cudaprobe_linked"),
+        &probe,
+        &search,
+        &"-Wl,-rpath,$ORIGIN/../double",
+        &"-lcuda",
+        &"-lnvidia-ml",
+    ]);
+
+    println!(
+        "cargo:rustc-env=GPUSHARE_DOUBLE_DIR={}",
+        double_dir.display()
+    );
+    println!(
+        "cargo:rustc-env=GPUSHARE_PROGRAMS_DIR={}",
+        bin_dir.display()
+    );
+}
+
+/// Runs one compiler command; its diagnostics become cargo warnings, a
+/// failure stops the build with the full output.
+fn run(mut command: Command) {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() {
+        panic!("{command:?} failed ({}):\n{stderr}", output.status);
+    }
+    for line in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        println!("cargo:warning={line}");
+    }
+}
+
+/// `link` → `target`, replacing whatever a previous build left there.
+fn symlink(target: &str, link: &Path) -> io::Result<()> {
+    match fs::remove_file(link) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    std::os::unix::fs::symlink(target, link)
+}

@@ -1,0 +1,759 @@
+/*
+ * cudaprobe: drives the CUDA driver API and NVML from a small command script,
+ * one output line per command, for tests that preload the limiter.
+ *
+ * Built twice from this source:
+ * - cudaprobe: reaches the driver only through dlopen("libcuda.so.1") and
+ *   dlopen("libnvidia-ml.so.1") (both at start, before cuInit), then dlsym;
+ *   or, with --via getproc, dlsym of cuGetProcAddress_v2 alone and every other
+ *   cu* pointer through it (base names, cudaVersion 13000, flags 0, or flags 2
+ *   for the _ptsz APIs; the legacy v1 cuMemGetInfo and cuDeviceTotalMem with
+ *   cudaVersion 3010). NVML functions always come from dlsym.
+ * - cudaprobe_linked (-DCUDAPROBE_LINKED): linked with -lcuda -lnvidia-ml and
+ *   calling the functions directly (through the PLT).
+ *
+ * Usage: cudaprobe [--via dlsym|getproc] [--device N] CMD...
+ * Start: cuInit(0), cuDeviceGet(N), cuDevicePrimaryCtxRetain, cuCtxSetCurrent;
+ * a failure there prints "cudaprobe: <step> failed: <CUresult>" on stderr and
+ * exits 1. Then the commands run left to right, each printing one line on
+ * stdout (flushed), RESULT being the numeric CUresult / nvmlReturn_t, SIZE
+ * echoed as written (digits with an optional binary k/m/g/t suffix):
+ *
+ *   alloc API SIZE        -> "alloc API SIZE -> RESULT ID" (ID "-" on failure)
+ *       mem      cuMemAlloc_v2(SIZE)
+ *       pitch    cuMemAllocPitch_v2(width SIZE, height 1, element 4)
+ *       managed  cuMemAllocManaged(SIZE, CU_MEM_ATTACH_GLOBAL)
+ *       async    cuMemAllocAsync(SIZE, stream 0)        async_ptsz  its _ptsz
+ *       pool     cuMemAllocFromPoolAsync(SIZE, NULL pool, stream 0)
+ *                                                      pool_ptsz   its _ptsz
+ *       create   cuMemCreate(SIZE, pinned, device N); SIZE must be a multiple
+ *                of the 2 MiB granularity, as for the real driver
+ *       array    cuArrayCreate_v2(UNSIGNED_INT8, 1 channel, Width SIZE, Height 1)
+ *       array3d  cuArray3DCreate_v2(same, Depth 1)
+ *       mipmap   cuMipmappedArrayCreate(same as array3d, 1 level)
+ *     IDs are 0, 1, 2, ... over every successful allocation, fill's included.
+ *   free ID               -> "free ID -> RESULT", with the API matching the
+ *                            allocation (async/pool: cuMemFreeAsync(_ptsz) on
+ *                            stream 0, then cuCtxSynchronize); freeing an ID
+ *                            twice calls the driver twice
+ *   info                  -> "info RESULT free=F total=T"     (cuMemGetInfo_v2)
+ *   info_v1               -> "info_v1 RESULT free=F total=T"  (cuMemGetInfo)
+ *   totalmem              -> "totalmem RESULT T"              (cuDeviceTotalMem_v2)
+ *   totalmem_v1           -> "totalmem_v1 RESULT T"           (cuDeviceTotalMem)
+ *   nvml                  -> "nvml RESULT free=F used=U total=T": nvmlInit_v2,
+ *                            nvmlDeviceGetHandleByIndex_v2(N),
+ *                            nvmlDeviceGetMemoryInfo, nvmlShutdown
+ *   nvml_v2               -> "nvml_v2 RESULT free=F used=U total=T", the same
+ *                            with nvmlDeviceGetMemoryInfo_v2
+ *   nvml_procs            -> "nvml_procs RESULT count=N used=U": the processes
+ *                            of nvmlDeviceGetComputeRunningProcesses_v3 (sized
+ *                            by a first call with count 0), U the usage of the
+ *                            entry with our pid (0 if none)
+ *   fill SIZE             -> "fill SIZE count=N last=RESULT": cuMemAlloc_v2(SIZE)
+ *                            until the first failure; the blocks stay allocated
+ *   hammer THREADS ITERS SIZE
+ *                         -> "hammer ok=A oom=B other=C": each thread sets the
+ *                            context, then ITERS cuMemAlloc_v2/cuMemFree_v2
+ *                            pairs; ok = pairs that succeeded, oom = allocations
+ *                            that failed with OUT_OF_MEMORY, other = any other
+ *                            failure of either call
+ *   freeall               -> "freeall RESULT": frees every live ID in order;
+ *                            the first non-zero result, or 0
+ *   sleep MS              -> "sleep MS", printed after sleeping
+ *   wait                  -> "ready", then blocks until a line (or EOF) on
+ *                            stdin, then "resumed"
+ *   pid                   -> "pid N"
+ *
+ * Numbers are printed in decimal; on a failed query the figures are 0. Exit
+ * status 0, or 2 with a message on stderr for a malformed script (checked in
+ * full before anything runs) or an unknown ID.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_min.h"
+
+#define CUDA_VERSION_USED 13000
+#define CUDA_VERSION_LEGACY 3010
+
+/* (function, base name for cuGetProcAddress, cudaVersion, flags) */
+#define CU_FUNCS(X)                                                                     \
+    X(cuInit, "cuInit", CUDA_VERSION_USED, 0)                                           \
+    X(cuDeviceGet, "cuDeviceGet", CUDA_VERSION_USED, 0)                                 \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUDA_VERSION_USED, 0)       \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", CUDA_VERSION_USED, 0)                         \
+    X(cuCtxSynchronize, "cuCtxSynchronize", CUDA_VERSION_USED, 0)                       \
+    X(cuMemGetInfo, "cuMemGetInfo", CUDA_VERSION_LEGACY, 0)                             \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", CUDA_VERSION_USED, 0)                            \
+    X(cuDeviceTotalMem, "cuDeviceTotalMem", CUDA_VERSION_LEGACY, 0)                     \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", CUDA_VERSION_USED, 0)                    \
+    X(cuMemAlloc_v2, "cuMemAlloc", CUDA_VERSION_USED, 0)                                \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", CUDA_VERSION_USED, 0)                      \
+    X(cuMemAllocManaged, "cuMemAllocManaged", CUDA_VERSION_USED, 0)                     \
+    X(cuMemAllocAsync, "cuMemAllocAsync", CUDA_VERSION_USED, 0)                         \
+    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", CUDA_VERSION_USED, 2)                    \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", CUDA_VERSION_USED, 0)         \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", CUDA_VERSION_USED, 2)    \
+    X(cuMemFree_v2, "cuMemFree", CUDA_VERSION_USED, 0)                                  \
+    X(cuMemFreeAsync, "cuMemFreeAsync", CUDA_VERSION_USED, 0)                           \
+    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", CUDA_VERSION_USED, 2)                      \
+    X(cuMemCreate, "cuMemCreate", CUDA_VERSION_USED, 0)                                 \
+    X(cuMemRelease, "cuMemRelease", CUDA_VERSION_USED, 0)                               \
+    X(cuArrayCreate_v2, "cuArrayCreate", CUDA_VERSION_USED, 0)                          \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", CUDA_VERSION_USED, 0)                      \
+    X(cuArrayDestroy, "cuArrayDestroy", CUDA_VERSION_USED, 0)                           \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", CUDA_VERSION_USED, 0)           \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", CUDA_VERSION_USED, 0)
+
+#define NVML_FUNCS(X)                                                                   \
+    X(nvmlInit_v2)                                                                      \
+    X(nvmlShutdown)                                                                     \
+    X(nvmlDeviceGetHandleByIndex_v2)                                                    \
+    X(nvmlDeviceGetMemoryInfo)                                                          \
+    X(nvmlDeviceGetMemoryInfo_v2)                                                       \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)
+
+#ifdef CUDAPROBE_LINKED
+#define CU(name) name
+#define NVML(name) name
+#else
+static struct {
+#define CU_SLOT(name, base, version, flags) __typeof__(&name) name;
+    CU_FUNCS(CU_SLOT)
+#undef CU_SLOT
+#define NVML_SLOT(name) __typeof__(&name) name;
+    NVML_FUNCS(NVML_SLOT)
+#undef NVML_SLOT
+} drv;
+#define CU(name) drv.name
+#define NVML(name) drv.name
+#endif
+
+static void die(int status, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 2, 3)));
+
+/* Exit status 1: the environment failed us; 2: the script is malformed. */
+static void die(int status, const char *fmt, ...) {
+    va_list ap;
+    fputs("cudaprobe: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    exit(status);
+}
+
+#ifndef CUDAPROBE_LINKED
+static void *symbol(void *lib, const char *name) {
+    void *p = dlsym(lib, name);
+    if (p == NULL) {
+        die(1, "dlsym %s failed", name);
+    }
+    return p;
+}
+
+static void load_api(int via_getproc) {
+    void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *nvml;
+    if (cuda == NULL) {
+        die(1, "%s", dlerror());
+    }
+    nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (nvml == NULL) {
+        die(1, "%s", dlerror());
+    }
+    if (via_getproc) {
+        __typeof__(&cuGetProcAddress_v2) getproc =
+            (__typeof__(&cuGetProcAddress_v2))symbol(cuda, "cuGetProcAddress_v2");
+        CUdriverProcAddressQueryResult status;
+        void *p;
+#define CU_GETPROC(name, base, version, flags)                                          \
+    p = NULL;                                                                           \
+    if (getproc(base, &p, version, flags, &status) != CUDA_SUCCESS || p == NULL ||      \
+        status != CU_GET_PROC_ADDRESS_SUCCESS) {                                        \
+        die(1, "cuGetProcAddress_v2(%s) failed", base);                                 \
+    }                                                                                   \
+    drv.name = (__typeof__(&name))p;
+        CU_FUNCS(CU_GETPROC)
+#undef CU_GETPROC
+    } else {
+#define CU_DLSYM(name, base, version, flags) drv.name = (__typeof__(&name))symbol(cuda, #name);
+        CU_FUNCS(CU_DLSYM)
+#undef CU_DLSYM
+    }
+#define NVML_DLSYM(name) drv.name = (__typeof__(&name))symbol(nvml, #name);
+    NVML_FUNCS(NVML_DLSYM)
+#undef NVML_DLSYM
+}
+#endif
+
+/* ---------------------------------------------------------------- allocations */
+
+enum api_kind {
+    API_MEM,
+    API_PITCH,
+    API_MANAGED,
+    API_ASYNC,
+    API_ASYNC_PTSZ,
+    API_POOL,
+    API_POOL_PTSZ,
+    API_CREATE,
+    API_ARRAY,
+    API_ARRAY3D,
+    API_MIPMAP,
+    API_COUNT
+};
+
+static const char *const api_names[API_COUNT] = {
+    "mem", "pitch", "managed", "async", "async_ptsz", "pool", "pool_ptsz",
+    "create", "array", "array3d", "mipmap",
+};
+
+struct record {
+    enum api_kind api;
+    unsigned long long handle; /* CUdeviceptr, allocation handle, or array */
+    int live;
+};
+
+static struct record *records;
+static size_t record_count, record_cap;
+static int device_ordinal;
+static CUdevice device;
+static CUcontext context;
+
+static size_t remember(enum api_kind api, unsigned long long handle) {
+    if (record_count == record_cap) {
+        size_t cap = record_cap ? record_cap * 2 : 64;
+        struct record *grown = realloc(records, cap * sizeof *grown);
+        if (grown == NULL) {
+            die(1, "out of host memory");
+        }
+        records = grown;
+        record_cap = cap;
+    }
+    records[record_count].api = api;
+    records[record_count].handle = handle;
+    records[record_count].live = 1;
+    return record_count++;
+}
+
+static CUresult do_alloc(enum api_kind api, size_t size, unsigned long long *handle) {
+    CUdeviceptr dptr = 0;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    switch (api) {
+    case API_MEM:
+        rc = CU(cuMemAlloc_v2)(&dptr, size);
+        break;
+    case API_PITCH: {
+        size_t pitch = 0;
+        rc = CU(cuMemAllocPitch_v2)(&dptr, &pitch, size, 1, 4);
+        break;
+    }
+    case API_MANAGED:
+        rc = CU(cuMemAllocManaged)(&dptr, size, CU_MEM_ATTACH_GLOBAL);
+        break;
+    case API_ASYNC:
+        rc = CU(cuMemAllocAsync)(&dptr, size, NULL);
+        break;
+    case API_ASYNC_PTSZ:
+        rc = CU(cuMemAllocAsync_ptsz)(&dptr, size, NULL);
+        break;
+    case API_POOL:
+        rc = CU(cuMemAllocFromPoolAsync)(&dptr, size, NULL, NULL);
+        break;
+    case API_POOL_PTSZ:
+        rc = CU(cuMemAllocFromPoolAsync_ptsz)(&dptr, size, NULL, NULL);
+        break;
+    case API_CREATE: {
+        CUmemAllocationProp prop;
+        CUmemGenericAllocationHandle h = 0;
+        memset(&prop, 0, sizeof prop);
+        prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = device;
+        rc = CU(cuMemCreate)(&h, size, &prop, 0);
+        dptr = h;
+        break;
+    }
+    case API_ARRAY: {
+        CUDA_ARRAY_DESCRIPTOR desc;
+        CUarray array = NULL;
+        memset(&desc, 0, sizeof desc);
+        desc.Width = size;
+        desc.Height = 1;
+        desc.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+        desc.NumChannels = 1;
+        rc = CU(cuArrayCreate_v2)(&array, &desc);
+        dptr = (uintptr_t)array;
+        break;
+    }
+    case API_ARRAY3D:
+    case API_MIPMAP: {
+        CUDA_ARRAY3D_DESCRIPTOR desc;
+        memset(&desc, 0, sizeof desc);
+        desc.Width = size;
+        desc.Height = 1;
+        desc.Depth = 1;
+        desc.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+        desc.NumChannels = 1;
+        if (api == API_ARRAY3D) {
+            CUarray array = NULL;
+            rc = CU(cuArray3DCreate_v2)(&array, &desc);
+            dptr = (uintptr_t)array;
+        } else {
+            CUmipmappedArray mipmap = NULL;
+            rc = CU(cuMipmappedArrayCreate)(&mipmap, &desc, 1);
+            dptr = (uintptr_t)mipmap;
+        }
+        break;
+    }
+    case API_COUNT:
+        break;
+    }
+    *handle = dptr;
+    return rc;
+}
+
+static CUresult do_free(const struct record *r) {
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    switch (r->api) {
+    case API_MEM:
+    case API_PITCH:
+    case API_MANAGED:
+        rc = CU(cuMemFree_v2)(r->handle);
+        break;
+    case API_ASYNC:
+    case API_POOL:
+        rc = CU(cuMemFreeAsync)(r->handle, NULL);
+        if (rc == CUDA_SUCCESS) {
+            rc = CU(cuCtxSynchronize)();
+        }
+        break;
+    case API_ASYNC_PTSZ:
+    case API_POOL_PTSZ:
+        rc = CU(cuMemFreeAsync_ptsz)(r->handle, NULL);
+        if (rc == CUDA_SUCCESS) {
+            rc = CU(cuCtxSynchronize)();
+        }
+        break;
+    case API_CREATE:
+        rc = CU(cuMemRelease)(r->handle);
+        break;
+    case API_ARRAY:
+    case API_ARRAY3D:
+        rc = CU(cuArrayDestroy)((CUarray)(uintptr_t)r->handle);
+        break;
+    case API_MIPMAP:
+        rc = CU(cuMipmappedArrayDestroy)((CUmipmappedArray)(uintptr_t)r->handle);
+        break;
+    case API_COUNT:
+        break;
+    }
+    return rc;
+}
+
+/* ---------------------------------------------------------------- parsing */
+
+static int parse_u64(const char *text, unsigned long long *out, int allow_suffix) {
+    char *end = NULL;
+    unsigned long long value;
+    unsigned shift = 0;
+    if (text == NULL || *text < '0' || *text > '9') {
+        return -1;
+    }
+    errno = 0;
+    value = strtoull(text, &end, 10);
+    if (errno != 0) {
+        return -1;
+    }
+    if (allow_suffix) {
+        switch (*end) {
+        case 'k': case 'K': shift = 10; end++; break;
+        case 'm': case 'M': shift = 20; end++; break;
+        case 'g': case 'G': shift = 30; end++; break;
+        case 't': case 'T': shift = 40; end++; break;
+        default: break;
+        }
+    }
+    if (*end != '\0' || (shift != 0 && value > (~0ULL >> shift))) {
+        return -1;
+    }
+    *out = value << shift;
+    return 0;
+}
+
+static size_t arg_size(const char *text) {
+    unsigned long long v = 0;
+    if (parse_u64(text, &v, 1) != 0 || v > SIZE_MAX) {
+        die(2, "bad size '%s'", text ? text : "");
+    }
+    return (size_t)v;
+}
+
+static unsigned long long arg_number(const char *text) {
+    unsigned long long v = 0;
+    if (parse_u64(text, &v, 0) != 0) {
+        die(2, "bad number '%s'", text ? text : "");
+    }
+    return v;
+}
+
+static enum api_kind arg_api(const char *text) {
+    int i;
+    for (i = 0; i < API_COUNT; i++) {
+        if (text != NULL && strcmp(text, api_names[i]) == 0) {
+            return (enum api_kind)i;
+        }
+    }
+    die(2, "unknown allocation API '%s'", text ? text : "");
+    return API_COUNT;
+}
+
+/* ---------------------------------------------------------------- commands */
+
+static void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* One output line, flushed at once: tests read it while we run. */
+static void emit(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    putchar('\n');
+    fflush(stdout);
+}
+
+struct hammer_job {
+    unsigned long long iters;
+    size_t size;
+    unsigned long long ok, oom, other;
+};
+
+static void *hammer_thread(void *arg) {
+    struct hammer_job *job = arg;
+    unsigned long long i;
+    if (CU(cuCtxSetCurrent)(context) != CUDA_SUCCESS) {
+        job->other += job->iters;
+        return NULL;
+    }
+    for (i = 0; i < job->iters; i++) {
+        CUdeviceptr p = 0;
+        CUresult rc = CU(cuMemAlloc_v2)(&p, job->size);
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            job->oom++;
+        } else if (rc != CUDA_SUCCESS) {
+            job->other++;
+        } else if (CU(cuMemFree_v2)(p) != CUDA_SUCCESS) {
+            job->other++;
+        } else {
+            job->ok++;
+        }
+    }
+    return NULL;
+}
+
+static void cmd_hammer(unsigned long long threads, unsigned long long iters, size_t size) {
+    pthread_t *ids = calloc(threads, sizeof *ids);
+    struct hammer_job *jobs = calloc(threads, sizeof *jobs);
+    unsigned long long i, ok = 0, oom = 0, other = 0;
+    if (ids == NULL || jobs == NULL) {
+        die(1, "out of host memory");
+    }
+    for (i = 0; i < threads; i++) {
+        jobs[i].iters = iters;
+        jobs[i].size = size;
+        if (pthread_create(&ids[i], NULL, hammer_thread, &jobs[i]) != 0) {
+            die(1, "pthread_create failed");
+        }
+    }
+    for (i = 0; i < threads; i++) {
+        pthread_join(ids[i], NULL);
+        ok += jobs[i].ok;
+        oom += jobs[i].oom;
+        other += jobs[i].other;
+    }
+    free(ids);
+    free(jobs);
+    emit("hammer ok=%llu oom=%llu other=%llu", ok, oom, other);
+}
+
+static void cmd_nvml(const char *name, int v2) {
+    nvmlDevice_t dev = NULL;
+    unsigned long long total = 0, free_bytes = 0, used = 0;
+    nvmlReturn_t rc = NVML(nvmlInit_v2)();
+    if (rc == NVML_SUCCESS) {
+        rc = NVML(nvmlDeviceGetHandleByIndex_v2)((unsigned)device_ordinal, &dev);
+        if (rc == NVML_SUCCESS && v2) {
+            nvmlMemory_v2_t m;
+            memset(&m, 0, sizeof m);
+            m.version = nvmlMemory_v2;
+            rc = NVML(nvmlDeviceGetMemoryInfo_v2)(dev, &m);
+            if (rc == NVML_SUCCESS) {
+                total = m.total;
+                free_bytes = m.free;
+                used = m.used;
+            }
+        } else if (rc == NVML_SUCCESS) {
+            nvmlMemory_t m;
+            memset(&m, 0, sizeof m);
+            rc = NVML(nvmlDeviceGetMemoryInfo)(dev, &m);
+            if (rc == NVML_SUCCESS) {
+                total = m.total;
+                free_bytes = m.free;
+                used = m.used;
+            }
+        }
+        {
+            nvmlReturn_t down = NVML(nvmlShutdown)();
+            if (rc == NVML_SUCCESS) {
+                rc = down;
+            }
+        }
+    }
+    emit("%s %d free=%llu used=%llu total=%llu", name, (int)rc, free_bytes, used, total);
+}
+
+static void cmd_nvml_procs(void) {
+    nvmlDevice_t dev = NULL;
+    unsigned int count = 0, i;
+    unsigned long long used = 0;
+    nvmlProcessInfo_t *infos = NULL;
+    nvmlReturn_t rc = NVML(nvmlInit_v2)();
+    if (rc == NVML_SUCCESS) {
+        rc = NVML(nvmlDeviceGetHandleByIndex_v2)((unsigned)device_ordinal, &dev);
+        if (rc == NVML_SUCCESS) {
+            rc = NVML(nvmlDeviceGetComputeRunningProcesses_v3)(dev, &count, NULL);
+            if (rc == NVML_ERROR_INSUFFICIENT_SIZE) {
+                infos = calloc(count, sizeof *infos);
+                if (infos == NULL) {
+                    die(1, "out of host memory");
+                }
+                rc = NVML(nvmlDeviceGetComputeRunningProcesses_v3)(dev, &count, infos);
+            }
+            if (rc != NVML_SUCCESS) {
+                count = 0;
+            }
+            for (i = 0; i < count; i++) {
+                if (infos[i].pid == (unsigned int)getpid()) {
+                    used = infos[i].usedGpuMemory;
+                }
+            }
+            free(infos);
+        }
+        {
+            nvmlReturn_t down = NVML(nvmlShutdown)();
+            if (rc == NVML_SUCCESS) {
+                rc = down;
+            }
+        }
+    }
+    emit("nvml_procs %d count=%u used=%llu", (int)rc, count, used);
+}
+
+/* Runs (execute) or only checks (!execute) the script; returns at its end. */
+static void run_script(int argc, char **argv, int execute) {
+    int i = 0;
+#define NEXT() (i < argc ? argv[i++] : NULL)
+    while (i < argc) {
+        const char *cmd = NEXT();
+        if (strcmp(cmd, "alloc") == 0) {
+            const char *api_text = NEXT();
+            enum api_kind api = arg_api(api_text);
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                unsigned long long handle = 0;
+                CUresult rc = do_alloc(api, size, &handle);
+                if (rc == CUDA_SUCCESS) {
+                    size_t id = remember(api, handle);
+                    emit("alloc %s %s -> %d %zu", api_text, size_text, (int)rc, id);
+                } else {
+                    emit("alloc %s %s -> %d -", api_text, size_text, (int)rc);
+                }
+            }
+        } else if (strcmp(cmd, "free") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                CUresult rc;
+                if (id >= record_count) {
+                    die(2, "unknown ID '%s'", id_text);
+                }
+                rc = do_free(&records[id]);
+                if (rc == CUDA_SUCCESS) {
+                    records[id].live = 0;
+                }
+                emit("free %s -> %d", id_text, (int)rc);
+            }
+        } else if (strcmp(cmd, "info") == 0 || strcmp(cmd, "info_v1") == 0) {
+            if (execute) {
+                unsigned long long f = 0, t = 0;
+                CUresult rc;
+                if (cmd[4] == '\0') {
+                    size_t f2 = 0, t2 = 0;
+                    rc = CU(cuMemGetInfo_v2)(&f2, &t2);
+                    f = f2;
+                    t = t2;
+                } else {
+                    unsigned int f1 = 0, t1 = 0;
+                    rc = CU(cuMemGetInfo)(&f1, &t1);
+                    f = f1;
+                    t = t1;
+                }
+                if (rc != CUDA_SUCCESS) {
+                    f = t = 0;
+                }
+                emit("%s %d free=%llu total=%llu", cmd, (int)rc, f, t);
+            }
+        } else if (strcmp(cmd, "totalmem") == 0 || strcmp(cmd, "totalmem_v1") == 0) {
+            if (execute) {
+                unsigned long long t = 0;
+                CUresult rc;
+                if (cmd[8] == '\0') {
+                    size_t t2 = 0;
+                    rc = CU(cuDeviceTotalMem_v2)(&t2, device);
+                    t = t2;
+                } else {
+                    unsigned int t1 = 0;
+                    rc = CU(cuDeviceTotalMem)(&t1, device);
+                    t = t1;
+                }
+                emit("%s %d %llu", cmd, (int)rc, rc == CUDA_SUCCESS ? t : 0);
+            }
+        } else if (strcmp(cmd, "nvml") == 0 || strcmp(cmd, "nvml_v2") == 0) {
+            if (execute) {
+                cmd_nvml(cmd, cmd[4] != '\0');
+            }
+        } else if (strcmp(cmd, "nvml_procs") == 0) {
+            if (execute) {
+                cmd_nvml_procs();
+            }
+        } else if (strcmp(cmd, "fill") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                unsigned long long count = 0;
+                for (;;) {
+                    CUdeviceptr p = 0;
+                    CUresult rc = CU(cuMemAlloc_v2)(&p, size);
+                    if (rc != CUDA_SUCCESS) {
+                        emit("fill %s count=%llu last=%d", size_text, count, (int)rc);
+                        break;
+                    }
+                    remember(API_MEM, p);
+                    count++;
+                }
+            }
+        } else if (strcmp(cmd, "hammer") == 0) {
+            unsigned long long threads = arg_number(NEXT());
+            unsigned long long iters = arg_number(NEXT());
+            size_t size = arg_size(NEXT());
+            if (threads == 0 || threads > 1024) {
+                die(2, "hammer needs 1..1024 threads");
+            }
+            if (execute) {
+                cmd_hammer(threads, iters, size);
+            }
+        } else if (strcmp(cmd, "freeall") == 0) {
+            if (execute) {
+                CUresult first = CUDA_SUCCESS;
+                size_t id;
+                for (id = 0; id < record_count; id++) {
+                    if (records[id].live) {
+                        CUresult rc = do_free(&records[id]);
+                        if (rc == CUDA_SUCCESS) {
+                            records[id].live = 0;
+                        } else if (first == CUDA_SUCCESS) {
+                            first = rc;
+                        }
+                    }
+                }
+                emit("freeall %d", (int)first);
+            }
+        } else if (strcmp(cmd, "sleep") == 0) {
+            const char *ms_text = NEXT();
+            unsigned long long ms = arg_number(ms_text);
+            if (execute) {
+                struct timespec ts;
+                ts.tv_sec = (time_t)(ms / 1000);
+                ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+                while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+                }
+                emit("sleep %s", ms_text);
+            }
+        } else if (strcmp(cmd, "wait") == 0) {
+            if (execute) {
+                char line[256];
+                emit("ready");
+                if (fgets(line, sizeof line, stdin) == NULL) {
+                    clearerr(stdin);
+                }
+                emit("resumed");
+            }
+        } else if (strcmp(cmd, "pid") == 0) {
+            if (execute) {
+                emit("pid %ld", (long)getpid());
+            }
+        } else {
+            die(2, "unknown command '%s'", cmd);
+        }
+    }
+#undef NEXT
+}
+
+static void check(const char *step, CUresult rc) {
+    if (rc != CUDA_SUCCESS) {
+        fprintf(stderr, "cudaprobe: %s failed: %d\n", step, (int)rc);
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv) {
+    int via_getproc = 0;
+    int i = 1;
+    while (i < argc && strncmp(argv[i], "--", 2) == 0) {
+        if (strcmp(argv[i], "--via") == 0 && i + 1 < argc) {
+            if (strcmp(argv[i + 1], "dlsym") == 0) {
+                via_getproc = 0;
+            } else if (strcmp(argv[i + 1], "getproc") == 0) {
+                via_getproc = 1;
+            } else {
+                die(2, "--via takes dlsym or getproc, not '%s'", argv[i + 1]);
+            }
+            i += 2;
+        } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            unsigned long long n = arg_number(argv[i + 1]);
+            if (n > 64) {
+                die(2, "bad device '%s'", argv[i + 1]);
+            }
+            device_ordinal = (int)n;
+            i += 2;
+        } else {
+            die(2, "unknown or incomplete option '%s'", argv[i]);
+        }
+    }
+#ifdef CUDAPROBE_LINKED
+    if (via_getproc) {
+        die(2, "--via getproc needs the dlopen build (cudaprobe)");
+    }
+#endif
+    run_script(argc - i, argv + i, 0);
+#ifndef CUDAPROBE_LINKED
+    load_api(via_getproc);
+#endif
+    check("cuInit", CU(cuInit)(0));
+    check("cuDeviceGet", CU(cuDeviceGet)(&device, device_ordinal));
+    check("cuDevicePrimaryCtxRetain", CU(cuDevicePrimaryCtxRetain)(&context, device));
+    check("cuCtxSetCurrent", CU(cuCtxSetCurrent)(context));
+    run_script(argc - i, argv + i, 1);
+    return 0;
+}
