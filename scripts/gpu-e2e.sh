@@ -1,0 +1,706 @@
+#!/usr/bin/env bash
+# GPU end-to-end check of the per-pod memory quota enforced by libcuda_limiter.so.
+#
+# Usage, from the repo root on the GPU machine (one H100, CUDA 13, nvcc, python3 + torch):
+#   bash scripts/gpu-e2e.sh gpu-bundle          # gpu-bundle/ holds libcuda_limiter.so
+#
+# Every check runs the same program twice, WITHOUT and WITH the limiter
+# (LD_PRELOAD + CUDA_DEVICE_MEMORY_LIMIT=4g), and records both in a Markdown
+# table; a step that fails is recorded as FAIL and the script goes on.
+#
+# Outputs:
+#   stdout                       progress lines, then the table (printed last)
+#   ${OUT:-$WORK}/e2e.log        everything: progress, every step's log, the table
+#   ${OUT:-$WORK}/table.md       the table and the "N passed, M failed" line
+#   ${OUT:-$WORK}/e2e-logs.tar.gz  the per-step logs ($WORK/e2e-logs/<step>.log)
+# The per-step logs live in $WORK/e2e-logs (not under $OUT, which returns at most
+# 8 files); e2e.log holds them all anyway.
+#
+# Knobs (environment):
+#   E2E_ONLY="1 4 7"     run only these checks (numbers as in the table)
+#   E2E_BIN_DIR=dir      use binaries already built there instead of building
+#   CUDA_LIMITER_LOG     limiter log level for the limited runs (default info)
+#   PYTHON               python with torch (default python3)
+#
+# Exit status: 0 when every check passed, 1 otherwise, 2 on a usage error.
+
+set -o pipefail
+
+BUNDLE=${1:-}
+if [[ -z $BUNDLE ]]; then
+  echo "usage: bash scripts/gpu-e2e.sh <bundle-dir containing libcuda_limiter.so>" >&2
+  exit 2
+fi
+if [[ -d $BUNDLE ]]; then
+  LIB="$(cd "$BUNDLE" && pwd)/libcuda_limiter.so"
+else
+  LIB="$BUNDLE/libcuda_limiter.so"
+fi
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SRC=$HERE/gpu
+WORK=$(mktemp -d /tmp/gpu-e2e.XXXXXX)
+RES=${OUT:-$WORK}
+LOG_DIR=$WORK/e2e-logs
+mkdir -p "$LOG_DIR" "$RES"
+PROGRESS=$WORK/progress.log
+: >"$PROGRESS"
+BIN=${E2E_BIN_DIR:-$WORK/bin}
+mkdir -p "$BIN"
+PY=${PYTHON:-python3}
+LIMITER_LOG=${CUDA_LIMITER_LOG:-info}
+ONLY=${E2E_ONLY:-}
+
+MiB=1048576
+GiB=1073741824
+QUOTA=4294967296 # 4 GiB, the quota used everywhere
+QUOTA_MIB=4096
+SLACK=$((2 * MiB))
+
+PASSED=0
+FAILED=0
+ROWS=()
+BG_PIDS=()
+T_START=$(date +%s)
+
+# ----------------------------------------------------------------- helpers --
+
+say() { printf '%s\n' "$*"; printf '%s\n' "$*" >>"$PROGRESS"; }
+
+# kv FILE KEY: value of the first "KEY=value" line in FILE (whitespace removed)
+kv() {
+  local v
+  v=$(grep -a -m1 -E "^$2=" "$1" 2>/dev/null | cut -d= -f2-)
+  v=${v//[[:space:]]/}
+  printf '%s' "$v"
+}
+
+isnum() { [[ ${1:-} =~ ^-?[0-9]+$ ]]; }
+
+# ncmp A OP B: integer comparison that is false when either side is not a number
+ncmp() {
+  isnum "$1" && isnum "$3" || return 1
+  case $2 in
+    eq) (($1 == $3)) ;;
+    ne) (($1 != $3)) ;;
+    lt) (($1 < $3)) ;;
+    le) (($1 <= $3)) ;;
+    gt) (($1 > $3)) ;;
+    ge) (($1 >= $3)) ;;
+    *) return 1 ;;
+  esac
+}
+
+# exitof LOG: the exit status run_prog wrote into LOG ("?" when none)
+exitof() {
+  local v
+  v=$(grep -a -m1 -E '^# exit=' "$1" 2>/dev/null | sed -E 's/^# exit=([0-9]+).*/\1/')
+  printf '%s' "${v:-?}"
+}
+
+# exit_why LOG TAG: " TAG-exit=N" when the run in LOG did not exit 0
+exit_why() {
+  local e
+  e=$(exitof "$1")
+  [[ $e == 0 ]] || printf ' %s-exit=%s' "$2" "$e"
+}
+
+# |A| <= B
+within() { isnum "$1" && isnum "$2" && (((${1#-}) <= $2)); }
+
+gib() { awk -v b="${1:-x}" 'BEGIN{ if (b ~ /^-?[0-9]+$/) printf "%.2fGiB", b/1073741824; else printf "?" }'; }
+mibs() { awk -v b="${1:-x}" 'BEGIN{ if (b ~ /^-?[0-9]+$/) printf "%dMiB", b/1048576; else printf "?" }'; }
+
+# median of the numbers given as arguments (floats allowed); empty when none
+median() {
+  printf '%s\n' "$@" | grep -E '^-?[0-9]+(\.[0-9]+)?$' | sort -g |
+    awk '{a[NR]=$1} END{ if (NR==0) exit; if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'
+}
+
+want() { [[ -z $ONLY ]] || [[ " $ONLY " == *" $1 "* ]]; }
+
+built() { [[ -x $BIN/$1 ]]; }
+
+clean_shm() { rm -f /dev/shm/gpushare-pod-* 2>/dev/null; }
+
+# row CHECK WITHOUT WITH EXPECTED REASONS   (empty REASONS = PASS)
+row() {
+  local result
+  if [[ -z $5 ]]; then
+    result=PASS
+    PASSED=$((PASSED + 1))
+  else
+    result="FAIL:$5"
+    FAILED=$((FAILED + 1))
+  fi
+  local a=${2//|//} b=${3//|//} c=${4//|//} d=${result//|//}
+  ROWS+=("| $1 | ${a:-(none)} | ${b:-(none)} | ${c:-(none)} | $d |")
+  say "[${result%%:*}] $1 | without: ${a:-(none)} | with: ${b:-(none)} | expected: $c${5:+ | why:$5}"
+}
+
+# env_for MODE POD: sets ENVCMD, the env(1) prefix for a run without (base)
+# or with (lim) the limiter.
+env_for() {
+  ENVCMD=(env -u LD_PRELOAD -u CUDA_DEVICE_MEMORY_LIMIT -u CUDA_LIMITER_MEMORY_LIMIT -u CUDA_LIMITER_POD)
+  if [[ $1 == lim ]]; then
+    ENVCMD+=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG")
+  fi
+}
+
+# run_prog MODE POD LOG TIMEOUT_S CMD...: run CMD with or without the limiter,
+# stdout+stderr into LOG (with a header and the exit status); returns the exit status.
+run_prog() {
+  local mode=$1 pod=$2 log=$3 t=$4
+  shift 4
+  env_for "$mode" "$pod"
+  {
+    echo "# mode=$mode pod=$pod timeout=${t}s"
+    echo "# cmd: ${ENVCMD[*]} $*"
+    echo "# start $(date +%T.%N)"
+  } >"$log"
+  # in a subshell, so that bash's "Segmentation fault" notice lands in the log too
+  (timeout -k 5 "$t" "${ENVCMD[@]}" "$@") >>"$log" 2>&1
+  local rc=$?
+  local note=""
+  ((rc == 124 || rc == 137)) && note=" (TIMEOUT after ${t}s)"
+  ((rc > 128 && rc != 137)) && note=" (killed by signal $((rc - 128)))"
+  echo "# exit=$rc end $(date +%T.%N)$note" >>"$log"
+  return $rc
+}
+
+cleanup() {
+  local p
+  for p in "${BG_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  touch "$WORK"/release-* 2>/dev/null
+  clean_shm
+}
+trap cleanup EXIT
+
+# --------------------------------------------------------------- preflight --
+
+preflight() {
+  local log=$LOG_DIR/00-preflight.log
+  {
+    echo "date: $(date)"
+    echo "host: $(uname -a)"
+    echo "repo: $(git -C "$HERE/.." rev-parse HEAD 2>/dev/null)"
+    echo "limiter: $LIB"
+    ls -la "$LIB" 2>&1
+    sha256sum "$LIB" 2>&1
+    file "$LIB" 2>&1
+    echo "--- nvidia-smi"
+    nvidia-smi 2>&1
+    echo "--- compute apps before the checks"
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv 2>&1
+    echo "--- nvcc"
+    "${NVCC:-nvcc}" --version 2>&1
+    echo "--- python/torch"
+    "$PY" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1
+    echo "--- /dev/shm before"
+    ls -la /dev/shm 2>&1
+  } >"$log" 2>&1
+  say "limiter: $LIB"
+  say "work dir: $WORK   results: $RES"
+  if [[ ! -f $LIB ]]; then
+    say "ERROR: $LIB does not exist; every limited run will fail"
+    row "0. limiter library present" "-" "missing" "file exists" "no $LIB"
+  fi
+  local apps
+  apps=$(env -u LD_PRELOAD nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | grep -c '[0-9]')
+  if ((${apps:-0} > 0)); then
+    say "WARNING: $apps other process(es) already use the GPU; baseline numbers may be off"
+  fi
+}
+
+# ------------------------------------------------------------------- build --
+
+find_nvcc() {
+  local p
+  p=$(command -v nvcc 2>/dev/null) && { echo "$p"; return; }
+  for p in /usr/local/cuda/bin/nvcc /usr/local/cuda-13*/bin/nvcc; do
+    [[ -x $p ]] && { echo "$p"; return; }
+  done
+}
+
+build_all() {
+  if [[ -n ${E2E_BIN_DIR:-} ]]; then
+    say "build: skipped, using binaries in $BIN"
+    return
+  fi
+  if [[ -z $NVCC ]]; then
+    say "build: nvcc not found (PATH or /usr/local/cuda/bin)"
+    return
+  fi
+  local cuda_home d
+  cuda_home=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+  local -a libdirs=() rpath=()
+  for d in "$cuda_home/lib64" "$cuda_home/targets/x86_64-linux/lib" "$cuda_home/lib"; do
+    [[ -d $d ]] || continue
+    libdirs+=(-L"$d")
+    rpath+=(-Xlinker "-rpath=$d")
+    [[ -d $d/stubs ]] && libdirs+=(-L"$d/stubs")
+  done
+  local -a NV=("$NVCC" -O2 -arch=sm_90)
+  local cc
+  cc=$(command -v gcc || command -v cc)
+  say "build: nvcc=$NVCC cc=${cc:-none} -> $BIN"
+
+  local -A pids=()
+  build_bg() { # build_bg NAME CMD...
+    local name=$1
+    shift
+    (
+      echo "# $*"
+      "$@"
+      echo "# exit=$?"
+    ) >"$LOG_DIR/01-build-$name.log" 2>&1 &
+    pids[$name]=$!
+  }
+  build_bg mem_runtime "${NV[@]}" -o "$BIN/mem_runtime" "$SRC/mem_runtime.cu"
+  build_bg mem_runtime_shared "${NV[@]}" -cudart shared "${libdirs[@]}" "${rpath[@]}" -o "$BIN/mem_runtime_shared" "$SRC/mem_runtime.cu"
+  build_bg mem_apis "${NV[@]}" -o "$BIN/mem_apis" "$SRC/mem_apis.cu" "${libdirs[@]}" -lcuda -ldl
+  build_bg mem_hold "${NV[@]}" -o "$BIN/mem_hold" "$SRC/mem_hold.cu"
+  build_bg mem_pairs "${NV[@]}" -Xcompiler -pthread -o "$BIN/mem_pairs" "$SRC/mem_pairs.cu"
+  build_bg mem_bench "${NV[@]}" -o "$BIN/mem_bench" "$SRC/mem_bench.cu" "${libdirs[@]}" -lcuda
+  if [[ -n $cc ]]; then
+    build_bg spawn_bench "$cc" -O2 -o "$BIN/spawn_bench" "$SRC/spawn_bench.c"
+  else
+    build_bg spawn_bench "$NVCC" -O2 -x c -o "$BIN/spawn_bench" "$SRC/spawn_bench.c"
+  fi
+  local n
+  for n in "${!pids[@]}"; do wait "${pids[$n]}"; done
+  for n in mem_runtime mem_runtime_shared mem_apis mem_hold mem_pairs mem_bench spawn_bench; do
+    if built "$n"; then
+      say "build: $n ok"
+    else
+      say "build: $n FAILED (see $LOG_DIR/01-build-$n.log):"
+      tail -n 15 "$LOG_DIR/01-build-$n.log" | sed 's/^/    /' | tee -a "$PROGRESS"
+    fi
+  done
+}
+
+# ---------------------------------------------------------------- checks --
+
+# 1 / 2: runtime API, static or shared cudart
+check_runtime() { # NUM LABEL BIN POD
+  local num=$1 label=$2 bin=$3 pod=$4
+  local name="$num. cudaMalloc until OOM ($label)"
+  local exp="with: total=4096MiB, 2GiB<=got<=4GiB, err=2, free<256MiB, footprint<=4096MiB; without: total>16GiB, got>8GiB"
+  if ! built "$bin"; then
+    row "$name" "not built" "not built" "$exp" "build failed"
+    return
+  fi
+  local b=$LOG_DIR/$num-$bin-base.log l=$LOG_DIR/$num-$bin-lim.log
+  clean_shm
+  run_prog base - "$b" 180 "$BIN/$bin"
+  clean_shm
+  run_prog lim "$pod" "$l" 180 "$BIN/$bin"
+  local bt bo bf bfp bd lt lo lf lfp lfr ld
+  bt=$(kv "$b" total0) bo=$(kv "$b" obtained) bf=$(kv "$b" fail_code) bfp=$(kv "$b" footprint_mib) bd=$(kv "$b" done)
+  lt=$(kv "$l" total0) lo=$(kv "$l" obtained) lf=$(kv "$l" fail_code) lfp=$(kv "$l" footprint_mib) ld=$(kv "$l" done)
+  lfr=$(kv "$l" free1)
+  local why
+  why="$(exit_why "$b" base)$(exit_why "$l" lim)"
+  [[ $bd == 1 ]] || why+=" base-did-not-finish"
+  ncmp "$bt" gt $((16 * GiB)) || why+=" base-total<=16GiB"
+  ncmp "$bo" gt $((8 * GiB)) || why+=" base-got<=8GiB"
+  [[ $ld == 1 ]] || why+=" lim-did-not-finish"
+  ncmp "$lt" eq $QUOTA || why+=" total!=quota"
+  ncmp "$lo" le $QUOTA || why+=" got>quota"
+  ncmp "$lo" ge $((2 * GiB)) || why+=" got<2GiB"
+  ncmp "$lf" eq 2 || why+=" err!=2"
+  ncmp "$lfr" lt $((256 * MiB)) || why+=" free-after>=256MiB"
+  { ncmp "$lfp" ge 0 && ncmp "$lfp" le $QUOTA_MIB; } || why+=" footprint"
+  row "$name" \
+    "total=$(mibs "$bt") got=$(gib "$bo") err=${bf:-?} fp=${bfp:-?}MiB" \
+    "total=$(mibs "$lt") got=$(gib "$lo") err=${lf:-?} free=$(mibs "$lfr") fp=${lfp:-?}MiB" \
+    "$exp" "$why"
+}
+
+# 3: driver API through ctypes (plain dlopen and RTLD_DEEPBIND)
+check_ctypes() {
+  local mode
+  for mode in default deepbind; do
+    local b=$LOG_DIR/3-ctypes-$mode-base.log l=$LOG_DIR/3-ctypes-$mode-lim.log
+    clean_shm
+    run_prog base - "$b" 120 "$PY" "$SRC/mem_ctypes.py" "$mode"
+    clean_shm
+    run_prog lim "e2e-ctypes-$mode" "$l" 120 "$PY" "$SRC/mem_ctypes.py" "$mode"
+    local p
+    for p in direct pa; do
+      local what="exported symbols"
+      [[ $p == pa ]] && what="cuGetProcAddress_v2 pointers"
+      local name="3. ctypes $mode: $what"
+      local exp="with: totalmem=info.total=4096MiB, 3GiB=0, +2GiB=2, free back; without: 0, 0"
+      local bT bI b3 b2 lT lI l3 l2 lD why=""
+      bT=$(kv "$b" ${p}_total_mem) bI=$(kv "$b" ${p}_info_total) b3=$(kv "$b" ${p}_alloc3g_rc) b2=$(kv "$b" ${p}_alloc2g_rc)
+      lT=$(kv "$l" ${p}_total_mem) lI=$(kv "$l" ${p}_info_total) l3=$(kv "$l" ${p}_alloc3g_rc) l2=$(kv "$l" ${p}_alloc2g_rc)
+      lD=$(kv "$l" ${p}_free_back_diff)
+      why="$(exit_why "$b" base)$(exit_why "$l" lim)"
+      ncmp "$b3" eq 0 || why+=" base-3GiB!=0"
+      ncmp "$b2" eq 0 || why+=" base-2GiB!=0"
+      ncmp "$lT" eq $QUOTA || why+=" totalmem!=quota"
+      ncmp "$lI" eq $QUOTA || why+=" info.total!=quota"
+      ncmp "$l3" eq 0 || why+=" 3GiB!=0"
+      ncmp "$l2" eq 2 || why+=" 2GiB!=2"
+      within "$lD" $SLACK || why+=" free-not-back($lD)"
+      row "$name" \
+        "totalmem=$(mibs "$bT") info=$(mibs "$bI") 3G=${b3:-?} 2G=${b2:-?}" \
+        "totalmem=$(mibs "$lT") info=$(mibs "$lI") 3G=${l3:-?} 2G=${l2:-?} back=$(mibs "$lD")" \
+        "$exp" "$why"
+    done
+  done
+}
+
+# api_field LOG API FIELD: value of FIELD=... on the line "API <API> ..."
+api_field() {
+  awk -v api="$2" -v key="$3" '$1=="API" && $2==api {
+      for (i = 3; i <= NF; i++) { n = index($i, "="); if (substr($i, 1, n-1) == key) { print substr($i, n+1); exit } } }' "$1" 2>/dev/null
+}
+
+# 4: every allocation API
+check_apis() {
+  local apis=(cuMemAlloc_v2 cuMemAllocPitch_v2 cuMemAllocManaged cuMemAllocAsync cuMemAllocAsync_ptsz
+    cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz cuMemCreate cuArrayCreate_v2
+    cuArray3DCreate_v2 cuMipmappedArrayCreate)
+  local exp="with: alloc=0 drop>=1GiB-2MiB over=2 back=ok; without: alloc=0 over=0 (managed: n/a)"
+  local a
+  if ! built mem_apis; then
+    for a in "${apis[@]}"; do row "4. $a" "not built" "not built" "$exp" "build failed"; done
+    return
+  fi
+  local b=$LOG_DIR/4-apis-base.log l=$LOG_DIR/4-apis-lim.log
+  clean_shm
+  run_prog base - "$b" 180 "$BIN/mem_apis"
+  clean_shm
+  run_prog lim e2e-apis "$l" 180 "$BIN/mem_apis" limited
+  local lT
+  lT=$(kv "$l" total)
+  say "   mem_apis: limited cuMemGetInfo total=$(kv "$l" total) cuDeviceTotalMem=$(kv "$l" device_total) ptsz=$(kv "$l" ptsz_symbols)"
+  for a in "${apis[@]}"; do
+    local ba bdr bo bb la ldr lo lb why
+    why="$(exit_why "$b" base)$(exit_why "$l" lim)"
+    ba=$(api_field "$b" "$a" alloc) bdr=$(api_field "$b" "$a" drop) bo=$(api_field "$b" "$a" over) bb=$(api_field "$b" "$a" back)
+    la=$(api_field "$l" "$a" alloc) ldr=$(api_field "$l" "$a" drop) lo=$(api_field "$l" "$a" over) lb=$(api_field "$l" "$a" back)
+    if [[ -z $la ]]; then
+      why+=" no-output-line"
+    else
+      ncmp "$ba" eq 0 || why+=" base-alloc!=0"
+      if [[ $a == cuMemAllocManaged ]]; then
+        [[ $bo == n/a ]] || why+=" base-over-attempted"
+      else
+        ncmp "$bo" eq 0 || why+=" base-over!=0"
+      fi
+      ncmp "$la" eq 0 || why+=" alloc!=0"
+      ncmp "$ldr" ge $((GiB - SLACK)) || why+=" drop<1GiB"
+      ncmp "$lo" eq 2 || why+=" over!=2"
+      [[ $lb == ok ]] || why+=" not-given-back"
+    fi
+    row "4. $a" \
+      "alloc=${ba:-?} drop=$(mibs "$bdr") over=${bo:-?} back=${bb:-?}" \
+      "alloc=${la:-?} drop=$(mibs "$ldr") over=${lo:-?} back=${lb:-?}" \
+      "$exp" "$why"
+  done
+  ncmp "$lT" eq $QUOTA || say "   note: mem_apis saw total=$lT under the limiter (expected $QUOTA)"
+}
+
+# 5: PyTorch
+check_torch() {
+  local name="5. PyTorch mem_get_info / OOM"
+  local exp="with: total=4294967296, 2GiB ok, 5GiB -> torch.OutOfMemoryError; without: 5GiB ok"
+  local b=$LOG_DIR/5-torch-base.log l=$LOG_DIR/5-torch-lim.log
+  clean_shm
+  run_prog base - "$b" 240 "$PY" "$SRC/mem_torch.py"
+  clean_shm
+  run_prog lim e2e-torch "$l" 240 "$PY" "$SRC/mem_torch.py"
+  local bt ba bo lt la lo lf why
+  why="$(exit_why "$b" base)$(exit_why "$l" lim)"
+  bt=$(kv "$b" total) ba=$(kv "$b" alloc2g) bo=$(kv "$b" over)
+  lt=$(kv "$l" total) la=$(kv "$l" alloc2g) lo=$(kv "$l" over) lf=$(kv "$l" free)
+  [[ $ba == ok ]] || why+=" base-2GiB-failed"
+  [[ $bo == ok ]] || why+=" base-5GiB-failed"
+  ncmp "$lt" eq $QUOTA || why+=" total!=quota"
+  ncmp "$lf" le $QUOTA || why+=" free>quota"
+  [[ $la == ok ]] || why+=" 2GiB-failed"
+  [[ $lo == oom ]] || why+=" 5GiB-not-OOM"
+  row "$name" \
+    "total=${bt:-?} 2G=${ba:-?} 5G=${bo:-?}" \
+    "total=${lt:-?} free=$(mibs "$lf") 2G=${la:-?} 5G=${lo:-?}" \
+    "$exp" "$why"
+}
+
+# 6: nvidia-smi under the preload (NVML nvmlDeviceGetMemoryInfo)
+check_smi() {
+  local name="6. nvidia-smi memory.total/used/free (MiB)"
+  local exp="with: total=4096, used,free<=4096; without: total>8192"
+  local b=$LOG_DIR/6-smi-base.log l=$LOG_DIR/6-smi-lim.log
+  local q=(nvidia-smi -i 0 --query-gpu=memory.total,memory.used,memory.free --format=csv,noheader,nounits)
+  clean_shm
+  run_prog base - "$b" 60 "${q[@]}"
+  clean_shm
+  run_prog lim e2e-smi "$l" 60 "${q[@]}"
+  local bl ll bt lt lu lf why
+  why="$(exit_why "$b" base)$(exit_why "$l" lim)"
+  bl=$(grep -a -m1 -E '^[[:space:]]*[0-9]+[[:space:]]*,' "$b" | tr -d ' ')
+  ll=$(grep -a -m1 -E '^[[:space:]]*[0-9]+[[:space:]]*,' "$l" | tr -d ' ')
+  IFS=, read -r bt _ _ <<<"$bl"
+  IFS=, read -r lt lu lf <<<"$ll"
+  ncmp "$bt" gt 8192 || why+=" base-total<=8192"
+  ncmp "$lt" eq $QUOTA_MIB || why+=" total!=4096"
+  ncmp "$lu" le $QUOTA_MIB || why+=" used>4096"
+  ncmp "$lf" le $QUOTA_MIB || why+=" free>4096"
+  row "$name" "${bl:-?}" "${ll:-?}" "$exp" "$why"
+}
+
+# 7: two processes of one pod share one quota; a killed process gives back
+pod_sequence() { # MODE TAG -> sets SEQ_A SEQ_BS SEQ_BO SEQ_C
+  local mode=$1 tag=$2 sz=$((5 * GiB / 2))
+  local flag=$WORK/release-$tag alog=$LOG_DIR/7-$tag-A.log
+  rm -f "$flag"
+  clean_shm
+  env_for "$mode" e2e-shared
+  {
+    echo "# mode=$mode pod=e2e-shared (A, holds until $flag)"
+    echo "# start $(date +%T.%N)"
+  } >"$alog"
+  "${ENVCMD[@]}" "$BIN/mem_hold" "$sz" "$flag" 120 >>"$alog" 2>&1 &
+  local apid=$!
+  BG_PIDS+=("$apid")
+  local i
+  for ((i = 0; i < 600; i++)); do
+    grep -q '^holding=1' "$alog" 2>/dev/null && break
+    grep -q '^alloc_rc=' "$alog" 2>/dev/null && ! grep -q '^alloc_rc=0' "$alog" && break
+    kill -0 "$apid" 2>/dev/null || break
+    sleep 0.1
+  done
+  SEQ_A=$(kv "$alog" alloc_rc)
+  [[ -n $SEQ_A ]] || SEQ_A="none"
+  run_prog "$mode" e2e-shared "$LOG_DIR/7-$tag-B-same.log" 60 "$BIN/mem_hold" "$sz"
+  SEQ_BS=$(kv "$LOG_DIR/7-$tag-B-same.log" alloc_rc)
+  run_prog "$mode" e2e-other "$LOG_DIR/7-$tag-B-other.log" 60 "$BIN/mem_hold" "$sz"
+  SEQ_BO=$(kv "$LOG_DIR/7-$tag-B-other.log" alloc_rc)
+  local alive=0
+  kill -0 "$apid" 2>/dev/null && alive=1
+  kill -9 "$apid" 2>/dev/null
+  wait "$apid" 2>/dev/null
+  echo "# A was alive before SIGKILL: $alive; killed at $(date +%T.%N)" >>"$alog"
+  sleep 1
+  run_prog "$mode" e2e-shared "$LOG_DIR/7-$tag-C.log" 60 "$BIN/mem_hold" "$sz"
+  SEQ_C=$(kv "$LOG_DIR/7-$tag-C.log" alloc_rc)
+  [[ $alive == 1 ]] || SEQ_A="$SEQ_A(died-early)"
+  touch "$flag"
+}
+
+check_pods() {
+  local name="7. one pod, two processes (2.5GiB each); SIGKILL gives back"
+  local exp="with: A=0 B-same-pod=2 B-other-pod=0 C-after-kill=0; without: all 0"
+  if ! built mem_hold; then
+    row "$name" "not built" "not built" "$exp" "build failed"
+    return
+  fi
+  pod_sequence base base
+  local bA=$SEQ_A bBs=$SEQ_BS bBo=$SEQ_BO bC=$SEQ_C
+  pod_sequence lim lim
+  local lA=$SEQ_A lBs=$SEQ_BS lBo=$SEQ_BO lC=$SEQ_C why="" x
+  for x in base-B-same base-B-other base-C lim-B-same lim-B-other lim-C; do
+    why+=$(exit_why "$LOG_DIR/7-${x%%-*}-${x#*-}.log" "$x")
+  done
+  [[ "$bA $bBs $bBo $bC" == "0 0 0 0" ]] || why+=" baseline-not-all-0"
+  [[ $lA == 0 ]] || why+=" A!=0"
+  [[ $lBs == 2 ]] || why+=" B-same!=2"
+  [[ $lBo == 0 ]] || why+=" B-other!=0"
+  [[ $lC == 0 ]] || why+=" C-after-kill!=0"
+  row "$name" "A=$bA Bsame=${bBs:-?} Bother=${bBo:-?} C=${bC:-?}" \
+    "A=$lA Bsame=${lBs:-?} Bother=${lBo:-?} C=${lC:-?}" "$exp" "$why"
+  clean_shm
+}
+
+# 8: 10,000 alloc/free pairs from 4 threads leave usage at zero
+check_pairs() {
+  local name="8. 10k cudaMalloc/cudaFree pairs, 4 threads"
+  local exp="with: 10000 pairs, 0 errors, free back +-2MiB, alloc(free-64MiB)=0"
+  if ! built mem_pairs; then
+    row "$name" "not built" "not built" "$exp" "build failed"
+    return
+  fi
+  local b=$LOG_DIR/8-pairs-base.log l=$LOG_DIR/8-pairs-lim.log
+  clean_shm
+  run_prog base - "$b" 180 "$BIN/mem_pairs"
+  clean_shm
+  run_prog lim e2e-pairs "$l" 180 "$BIN/mem_pairs"
+  local bp be bd bg lp lae lfe ld lg lt why
+  why="$(exit_why "$b" base)$(exit_why "$l" lim)"
+  bp=$(kv "$b" pairs) be=$(kv "$b" alloc_errors) bd=$(kv "$b" free_diff) bg=$(kv "$b" big_rc)
+  lp=$(kv "$l" pairs) lae=$(kv "$l" alloc_errors) lfe=$(kv "$l" free_errors) ld=$(kv "$l" free_diff)
+  lg=$(kv "$l" big_rc) lt=$(kv "$l" total0)
+  ncmp "$bp" eq 10000 || why+=" base-pairs!=10000"
+  ncmp "$lt" eq $QUOTA || why+=" total!=quota"
+  ncmp "$lp" eq 10000 || why+=" pairs!=10000"
+  ncmp "$lae" eq 0 || why+=" alloc-errors"
+  ncmp "$lfe" eq 0 || why+=" free-errors"
+  within "$ld" $SLACK || why+=" free-not-back"
+  ncmp "$lg" eq 0 || why+=" big-alloc!=0"
+  row "$name" "pairs=${bp:-?} errs=${be:-?} diff=${bd:-?}B big=${bg:-?}" \
+    "pairs=${lp:-?} errs=${lae:-?}/${lfe:-?} diff=${ld:-?}B big=${lg:-?} big_bytes=$(mibs "$(kv "$l" big_bytes)")" \
+    "$exp" "$why"
+}
+
+# 9: added cost of cuMemAlloc_v2 + cuMemFree_v2
+check_bench() {
+  local name="9. cuMemAlloc_v2+cuMemFree_v2 (1MiB) ns/pair, median of 5"
+  local exp="added <= 5%"
+  if ! built mem_bench; then
+    row "$name" "not built" "not built" "$exp" "build failed"
+    return
+  fi
+  local i bs=() ls=() v
+  local LIMITER_LOG=warn # timing: no info-level logging in the limited runs
+  clean_shm
+  for ((i = 1; i <= 5; i++)); do
+    run_prog base - "$LOG_DIR/9-bench-base-$i.log" 120 "$BIN/mem_bench" 20000 2000
+    v=$(kv "$LOG_DIR/9-bench-base-$i.log" ns_per_pair)
+    bs+=("${v:-x}")
+    run_prog lim e2e-bench "$LOG_DIR/9-bench-lim-$i.log" 120 "$BIN/mem_bench" 20000 2000
+    v=$(kv "$LOG_DIR/9-bench-lim-$i.log" ns_per_pair)
+    ls+=("${v:-x}")
+  done
+  say "   bench ns/pair without: ${bs[*]}  with: ${ls[*]}"
+  local bm lm pct why=""
+  bm=$(median "${bs[@]}")
+  lm=$(median "${ls[@]}")
+  if [[ -n $bm && -n $lm ]]; then
+    pct=$(awk -v a="$bm" -v b="$lm" 'BEGIN{ if (a > 0) printf "%.2f", (b - a) * 100 / a; else print "x" }')
+    awk -v p="$pct" 'BEGIN{ exit !(p != "x" && p <= 5) }' || why+=" added>5%"
+  else
+    pct="?"
+    why+=" no-numbers"
+  fi
+  [[ ${bs[*]} == *x* || ${ls[*]} == *x* ]] && why+=" some-runs-failed"
+  row "$name" "${bm:-?} ns" "${lm:-?} ns (${pct}%)" "$exp" "$why"
+}
+
+# 10: start-up cost of a non-CUDA program, and no libcuda mapped into it
+check_spawn() {
+  local exp="added < 1000 us"
+  if ! built spawn_bench; then
+    row "10. spawn /bin/true" "not built" "not built" "$exp" "build failed"
+  else
+    local i r0=() r1=() r2=() v
+    local base=(env -u LD_PRELOAD -u CUDA_DEVICE_MEMORY_LIMIT -u CUDA_LIMITER_MEMORY_LIMIT -u CUDA_LIMITER_POD)
+    for ((i = 1; i <= 3; i++)); do
+      local f0=$LOG_DIR/10-spawn-base-$i.log f1=$LOG_DIR/10-spawn-preload-$i.log f2=$LOG_DIR/10-spawn-limit-$i.log
+      timeout -k 5 120 "${base[@]}" "$BIN/spawn_bench" 1000 /bin/true >"$f0" 2>&1
+      v=$(kv "$f0" mean_us)
+      r0+=("${v:-x}")
+      timeout -k 5 120 "${base[@]}" "$BIN/spawn_bench" 1000 /bin/true \
+        LD_PRELOAD="$LIB" CUDA_LIMITER_LOG=warn >"$f1" 2>&1
+      v=$(kv "$f1" mean_us)
+      r1+=("${v:-x}")
+      timeout -k 5 120 "${base[@]}" "$BIN/spawn_bench" 1000 /bin/true \
+        LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_LIMITER_POD=e2e-spawn CUDA_LIMITER_LOG=warn >"$f2" 2>&1
+      v=$(kv "$f2" mean_us)
+      r2+=("${v:-x}")
+    done
+    say "   spawn mean us: none=${r0[*]} preload=${r1[*]} preload+limit=${r2[*]}"
+    local m0 m1 m2 d why
+    m0=$(median "${r0[@]}")
+    m1=$(median "${r1[@]}")
+    m2=$(median "${r2[@]}")
+    for v in 1 2; do
+      local m=$m1 label="LD_PRELOAD only" runs="${r1[*]}"
+      [[ $v == 2 ]] && { m=$m2; label="LD_PRELOAD + CUDA_DEVICE_MEMORY_LIMIT=4g"; runs="${r2[*]}"; }
+      why=""
+      if [[ -n $m0 && -n $m ]]; then
+        d=$(awk -v a="$m0" -v b="$m" 'BEGIN{ printf "%+.1f", b - a }')
+        awk -v d="$d" 'BEGIN{ exit !(d < 1000) }' || why+=" added>=1000us"
+      else
+        d="?"
+        why+=" no-numbers"
+      fi
+      [[ "${r0[*]} $runs" == *x* ]] && why+=" some-runs-failed"
+      row "10. spawn /bin/true x1000 ($label)" "${m0:-?} us" "${m:-?} us (${d} us)" "$exp" "$why"
+    done
+  fi
+
+  # /bin/true-like program (cat) under the preload must not map libcuda.so
+  local mb=$LOG_DIR/10-maps-base.log ml=$LOG_DIR/10-maps-lim.log
+  # stderr apart: ld.so's "cannot be preloaded" message names the library too
+  env -u LD_PRELOAD cat /proc/self/maps >"$mb" 2>"$LOG_DIR/10-maps-base-stderr.log"
+  env LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_LIMITER_POD=e2e-spawn CUDA_LIMITER_LOG=warn \
+    cat /proc/self/maps >"$ml" 2>"$LOG_DIR/10-maps-lim-stderr.log"
+  local bc lc lcl why=""
+  bc=$(grep -c -F 'libcuda.so' "$mb")
+  lc=$(grep -c -F 'libcuda.so' "$ml")
+  lcl=$(grep -c -F 'libcuda_limiter' "$ml")
+  ncmp "$lc" eq 0 || why+=" libcuda-mapped"
+  ncmp "$lcl" ge 1 || why+=" limiter-not-mapped"
+  row "10. cat /proc/self/maps under preload: libcuda.so mappings" \
+    "libcuda.so=$bc" "libcuda.so=$lc limiter=$lcl" "libcuda.so=0, limiter>=1" "$why"
+}
+
+# ------------------------------------------------------------------ report --
+
+finish() {
+  local table=$RES/table.md
+  {
+    echo "| check | without limiter | with limiter | expected | result |"
+    echo "| --- | --- | --- | --- | --- |"
+    printf '%s\n' "${ROWS[@]}"
+    echo
+    echo "$PASSED passed, $FAILED failed"
+  } >"$table"
+  local f
+  {
+    cat "$PROGRESS"
+    for f in "$LOG_DIR"/*; do
+      [[ -f $f ]] || continue
+      echo
+      echo "===================== $(basename "$f") ($(wc -l <"$f") lines)"
+      if (($(wc -l <"$f") > 3000)); then
+        head -n 1500 "$f"
+        echo "[... cut ...]"
+        tail -n 1500 "$f"
+      else
+        cat "$f"
+      fi
+    done
+    echo
+    echo "===================== table"
+    cat "$table"
+  } >"$RES/e2e.log" 2>&1
+  tar -C "$WORK" -czf "$RES/e2e-logs.tar.gz" e2e-logs 2>/dev/null
+  echo
+  echo "logs: $LOG_DIR  combined: $RES/e2e.log  table: $table  ($(($(date +%s) - T_START)) s)"
+  echo
+  cat "$table"
+}
+
+step() { # NUM FUNCTION ARGS...
+  local num=$1
+  shift
+  want "$num" || return 0
+  local t0
+  t0=$(date +%s)
+  say "== check $num: $* ($(date +%T))"
+  "$@"
+  say "   check $num took $(($(date +%s) - t0)) s"
+}
+
+NVCC=$(find_nvcc)
+preflight
+build_all
+clean_shm
+step 1 check_runtime 1 "static cudart" mem_runtime e2e-rt-static
+step 2 check_runtime 2 "shared cudart" mem_runtime_shared e2e-rt-shared
+step 3 check_ctypes
+step 4 check_apis
+step 5 check_torch
+step 6 check_smi
+step 7 check_pods
+step 8 check_pairs
+step 9 check_bench
+step 10 check_spawn
+clean_shm
+finish
+((FAILED == 0 && PASSED > 0)) && exit 0
+exit 1
