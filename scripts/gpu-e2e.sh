@@ -1,12 +1,28 @@
 #!/usr/bin/env bash
-# GPU end-to-end check of the per-pod memory quota enforced by libcuda_limiter.so.
+# GPU end-to-end check of the per-pod memory quota (checks 1-10) and compute
+# share (checks 11-15) enforced by libcuda_limiter.so.
 #
 # Usage, from the repo root on the GPU machine (one H100, CUDA 13, nvcc, python3 + torch):
 #   bash scripts/gpu-e2e.sh gpu-bundle          # gpu-bundle/ holds libcuda_limiter.so
 #
-# Every check runs the same program twice, WITHOUT and WITH the limiter
-# (LD_PRELOAD + CUDA_DEVICE_MEMORY_LIMIT=4g), and records both in a Markdown
-# table; a step that fails is recorded as FAIL and the script goes on.
+# Every check runs the same program WITHOUT and WITH the limiter, in the same
+# script run, and records both in a Markdown table; a step that fails is
+# recorded as FAIL and the script goes on. Memory checks (1-10) use LD_PRELOAD +
+# CUDA_DEVICE_MEMORY_LIMIT=4g; compute checks (11-15) use LD_PRELOAD +
+# CUDA_DEVICE_SM_LIMIT=L (HAMi's name; E2E_SM_VAR=CUDA_LIMITER_SM_LIMIT for ours)
+# with a distinct CUDA_LIMITER_POD per check, /dev/shm/gpushare-pod-* removed
+# between runs:
+#   11  busy share of spin (SMs-filling kernel busy-waiting on %globaltimer) at
+#       L = 10/25/50/75 x kernel 50us/2ms x runtime/graph launches, 3 s each:
+#       |share from 1 s to the end - L| <= 3 pp and settle time <= 1 s
+#   12  per-second busy series of the L=25, 2 ms, runtime run (from check 11)
+#   13  PyTorch bf16 8192^2 matmul throughput at L=25/50: |ratio - L/100| <= 0.03
+#   14  launch cost, medians of 5 alternated runs: 200k empty kernels with the
+#       preload and no limit (added <= 1%); 20 us host work + 1 launch, x20000,
+#       at L=50 (added <= 3%)
+#   15  two spin processes at once at L=50: one pod -> union 50 +- 3 %; two pods
+#       -> union >= 90 %
+# The new checks take about 2.5 minutes when the limiter works.
 #
 # Outputs:
 #   stdout                       progress lines, then the table (printed last)
@@ -21,6 +37,10 @@
 #   E2E_BIN_DIR=dir      use binaries already built there instead of building
 #   CUDA_LIMITER_LOG     limiter log level for the limited runs (default info)
 #   PYTHON               python with torch (default python3)
+#   E2E_SM_VAR           compute-limit variable (default CUDA_DEVICE_SM_LIMIT)
+#   E2E_SHARE_SECS       seconds per spin run in checks 11, 12, 15 (default 3)
+#   E2E_TORCH_SECS       timed seconds per matmul run in check 13 (default 6,
+#                        after 2 s of warm-up)
 #
 # Exit status: 0 when every check passed, 1 otherwise, 2 on a usage error.
 
@@ -50,6 +70,11 @@ mkdir -p "$BIN"
 PY=${PYTHON:-python3}
 LIMITER_LOG=${CUDA_LIMITER_LOG:-info}
 ONLY=${E2E_ONLY:-}
+SM_VAR=${E2E_SM_VAR:-CUDA_DEVICE_SM_LIMIT}
+SHARE_SECS=${E2E_SHARE_SECS:-3}
+[[ $SHARE_SECS =~ ^[1-9][0-9]*$ ]] || SHARE_SECS=3
+TORCH_SECS=${E2E_TORCH_SECS:-6}
+[[ $TORCH_SECS =~ ^[1-9][0-9]*$ ]] || TORCH_SECS=6
 
 MiB=1048576
 GiB=1073741824
@@ -105,6 +130,26 @@ exit_why() {
   [[ $e == 0 ]] || printf ' %s-exit=%s' "$2" "$e"
 }
 
+# isfloat X: X is a decimal number
+isfloat() { [[ ${1:-} =~ ^-?[0-9]+(\.[0-9]+)?$ ]]; }
+
+# fok EXPR A [B [C]]: every argument is a number and the awk expression EXPR
+# over a, b, c holds (false otherwise)
+fok() {
+  local e=$1 x
+  shift
+  for x in "$@"; do isfloat "$x" || return 1; done
+  awk -v a="${1:-0}" -v b="${2:-0}" -v c="${3:-0}" "BEGIN{ exit !($e) }"
+}
+
+# fcalc FMT EXPR A [B [C]]: printf FMT of EXPR over a, b, c; "?" when any argument is not a number
+fcalc() {
+  local f=$1 e=$2 x
+  shift 2
+  for x in "$@"; do isfloat "$x" || { printf '?'; return; }; done
+  awk -v a="${1:-0}" -v b="${2:-0}" -v c="${3:-0}" "BEGIN{ printf \"$f\", ($e) }"
+}
+
 # |A| <= B
 within() { isnum "$1" && isnum "$2" && (((${1#-}) <= $2)); }
 
@@ -138,13 +183,19 @@ row() {
   say "[${result%%:*}] $1 | without: ${a:-(none)} | with: ${b:-(none)} | expected: $c${5:+ | why:$5}"
 }
 
-# env_for MODE POD: sets ENVCMD, the env(1) prefix for a run without (base)
-# or with (lim) the limiter.
+# env_for MODE POD: sets ENVCMD, the env(1) prefix for a run
+#   base   without the limiter
+#   lim    with the limiter and the 4 GiB memory quota, pod POD
+#   pre    with the limiter loaded and no limit at all (not even a pod)
+#   sm:L   with the limiter and a compute limit of L percent, pod POD
 env_for() {
-  ENVCMD=(env -u LD_PRELOAD -u CUDA_DEVICE_MEMORY_LIMIT -u CUDA_LIMITER_MEMORY_LIMIT -u CUDA_LIMITER_POD)
-  if [[ $1 == lim ]]; then
-    ENVCMD+=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG")
-  fi
+  ENVCMD=(env -u LD_PRELOAD -u CUDA_DEVICE_MEMORY_LIMIT -u CUDA_LIMITER_MEMORY_LIMIT -u CUDA_LIMITER_POD
+    -u CUDA_DEVICE_SM_LIMIT -u CUDA_LIMITER_SM_LIMIT)
+  case $1 in
+    lim) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
+    pre) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
+    sm:*) ENVCMD+=(LD_PRELOAD="$LIB" "$SM_VAR=${1#sm:}" CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
+  esac
 }
 
 # run_prog MODE POD LOG TIMEOUT_S CMD...: run CMD with or without the limiter,
@@ -171,7 +222,7 @@ run_prog() {
 cleanup() {
   local p
   for p in "${BG_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
-  touch "$WORK"/release-* 2>/dev/null
+  touch "$WORK"/release-* "$WORK"/go-* 2>/dev/null
   clean_shm
 }
 trap cleanup EXIT
@@ -262,6 +313,8 @@ build_all() {
   build_bg mem_hold "${NV[@]}" -o "$BIN/mem_hold" "$SRC/mem_hold.cu"
   build_bg mem_pairs "${NV[@]}" -Xcompiler -pthread -o "$BIN/mem_pairs" "$SRC/mem_pairs.cu"
   build_bg mem_bench "${NV[@]}" -o "$BIN/mem_bench" "$SRC/mem_bench.cu" "${libdirs[@]}" -lcuda
+  build_bg spin "${NV[@]}" -o "$BIN/spin" "$SRC/spin.cu"
+  build_bg launch_overhead "${NV[@]}" -o "$BIN/launch_overhead" "$SRC/launch_overhead.cu"
   if [[ -n $cc ]]; then
     build_bg spawn_bench "$cc" -O2 -o "$BIN/spawn_bench" "$SRC/spawn_bench.c"
   else
@@ -269,7 +322,7 @@ build_all() {
   fi
   local n
   for n in "${!pids[@]}"; do wait "${pids[$n]}"; done
-  for n in mem_runtime mem_runtime_shared mem_apis mem_hold mem_pairs mem_bench spawn_bench; do
+  for n in mem_runtime mem_runtime_shared mem_apis mem_hold mem_pairs mem_bench spawn_bench spin launch_overhead; do
     if built "$n"; then
       say "build: $n ok"
     else
@@ -638,6 +691,314 @@ check_spawn() {
     "libcuda.so=$bc" "libcuda.so=$lc limiter=$lcl" "libcuda.so=0, limiter>=1" "$why"
 }
 
+# ------------------------------------------------------- compute checks --
+
+SPIN_T=$((3 * SHARE_SECS + 20)) # timeout of one spin run, seconds
+SHARE_LIMITS=(10 25 50 75)
+SHARE_DURS=(50 2000)
+SHARE_KMODES=(runtime graph)
+
+# spin_run MODE POD LOG KMODE DUR_US [DUMP GO]: one spin run of SHARE_SECS seconds
+spin_run() {
+  local mode=$1 pod=$2 log=$3
+  shift 3
+  clean_shm
+  run_prog "$mode" "$pod" "$log" "$SPIN_T" "$BIN/spin" "$1" "$2" "$SHARE_SECS" "${@:3}"
+}
+
+# timed_out LOG: the run in LOG hit its timeout
+timed_out() {
+  local e
+  e=$(exitof "$1")
+  [[ $e == 124 || $e == 137 ]]
+}
+
+# spin_why LOG TAG: reasons a spin log is unusable (did not exit 0, no ok=1)
+spin_why() {
+  local w
+  w=$(exit_why "$1" "$2")
+  [[ $(kv "$1" ok) == 1 ]] || w+=" $2-not-ok"
+  printf '%s' "$w"
+}
+
+# 11: busy share of one process for every limit x kernel length x launch API
+check_share() {
+  local dur km L
+  if ! built spin; then
+    for dur in "${SHARE_DURS[@]}"; do
+      for km in "${SHARE_KMODES[@]}"; do
+        for L in "${SHARE_LIMITS[@]}"; do
+          row "11. busy share L=$L% kernel ${dur}us $km" "not built" "not built" "-" "build failed"
+        done
+      done
+    done
+    return
+  fi
+  local hung=0
+  for dur in "${SHARE_DURS[@]}"; do
+    for km in "${SHARE_KMODES[@]}"; do
+      local b=$LOG_DIR/11-spin-$km-${dur}us-base.log
+      spin_run base - "$b" "$km" "$dur"
+      local bb bs bn bwhy
+      bb=$(kv "$b" busy_pct) bs=$(kv "$b" max_stall_us) bn=$(kv "$b" kernels)
+      bwhy=$(spin_why "$b" base)
+      fok 'a >= 85' "$bb" || bwhy+=" base-busy<85%"
+      for L in "${SHARE_LIMITS[@]}"; do
+        local l=$LOG_DIR/11-spin-$km-${dur}us-L$L.log
+        if ((hung >= 2)); then # a hanging limiter would cost SPIN_T per run
+          row "11. busy share L=$L% kernel ${dur}us $km" "busy=${bb:-?}%" "skipped" "-" \
+            "skipped after 2 limited runs in a row timed out"
+          continue
+        fi
+        spin_run "sm:$L" "e2e-c11-$km-$dur-L$L" "$l" "$km" "$dur"
+        if timed_out "$l"; then hung=$((hung + 1)); else hung=0; fi
+        local ls lset lsd lf lst ln why=$bwhy
+        ls=$(kv "$l" share_after1s_pct) lset=$(kv "$l" settle_ms) lsd=$(kv "$l" settled)
+        lf=$(kv "$l" share_first1s_pct) lst=$(kv "$l" max_stall_us) ln=$(kv "$l" kernels)
+        why+=$(spin_why "$l" lim)
+        fok 'a - b <= 3 && b - a <= 3' "$ls" "$L" || why+=" share-off-by>3pp"
+        [[ $lsd == 1 ]] && fok 'a >= 0 && a <= 1000' "$lset" || why+=" settle>1s"
+        row "11. busy share L=$L% kernel ${dur}us $km" \
+          "busy=${bb:-?}% maxstall=${bs:-?}us n=${bn:-?}" \
+          "share=${ls:-?}% settle=${lset:-?}ms first1s=${lf:-?}% maxstall=${lst:-?}us n=${ln:-?}" \
+          "share(1s..end)=${L}+-3%, settle<=1000ms; without: busy>=85%" "$why"
+      done
+    done
+  done
+  clean_shm
+}
+
+# series_summary LIST LO HI: "first min max n_later n_outside" of a per-mille
+# list; min/max/outside over the windows after the first, outside [LO, HI]
+series_summary() {
+  [[ ${1:-} =~ ^[0-9]+(,[0-9]+)*$ ]] || { printf '? ? ? 0 0'; return; }
+  awk -v s="$1" -v lo="$2" -v hi="$3" 'BEGIN{
+      n = split(s, w, ","); mn = "?"; mx = "?"; bad = 0
+      for (i = 2; i <= n; i++) {
+        v = w[i] + 0
+        if (mn == "?" || v < mn) mn = v
+        if (mx == "?" || v > mx) mx = v
+        if (v < lo || v > hi) bad++
+      }
+      printf "%s %s %s %d %d", w[1], mn, mx, n - 1, bad }'
+}
+
+# pm2pct X: per-mille to percent ("?" stays)
+pm2pct() { fcalc '%.1f' 'a / 10' "$1"; }
+
+# 12: per-second series of one representative run (from check 11 when it ran)
+check_series() {
+  local L=25 dur=2000 km=runtime
+  local name="12. per-second busy, L=$L% kernel ${dur}us $km"
+  local exp="with: every 1 s window after the first within ${L}+-3%; without: all >=85%"
+  if ! built spin; then
+    row "$name" "not built" "not built" "$exp" "build failed"
+    return
+  fi
+  local b=$LOG_DIR/11-spin-$km-${dur}us-base.log l=$LOG_DIR/11-spin-$km-${dur}us-L$L.log
+  if [[ ! -f $b || ! -f $l ]]; then
+    b=$LOG_DIR/12-spin-$km-${dur}us-base.log l=$LOG_DIR/12-spin-$km-${dur}us-L$L.log
+    spin_run base - "$b" "$km" "$dur"
+    spin_run "sm:$L" "e2e-c12-$km-$dur-L$L" "$l" "$km" "$dur"
+  fi
+  local bw lw
+  bw=$(kv "$b" windows_pm) lw=$(kv "$l" windows_pm)
+  say "   series from $(basename "$l") (per-mille busy)"
+  say "   1 s windows without: ${bw:-?}"
+  say "   1 s windows with:    ${lw:-?}"
+  say "   100 ms windows with: $(kv "$l" windows100_pm)"
+  local bf bmn bmx bn bbad lf lmn lmx ln lbad why
+  read -r bf bmn bmx bn bbad <<<"$(series_summary "$bw" 850 1000)"
+  read -r lf lmn lmx ln lbad <<<"$(series_summary "$lw" $(((L - 3) * 10)) $(((L + 3) * 10)))"
+  why="$(spin_why "$b" base)$(spin_why "$l" lim)"
+  fok 'a >= 850' "$bf" || why+=" base-first<85%"
+  ncmp "$bbad" eq 0 || why+=" base-window<85%"
+  ncmp "$ln" ge 1 || why+=" fewer-than-2-windows"
+  ncmp "$lbad" eq 0 || why+=" $lbad-window(s)-outside"
+  row "$name" \
+    "first=$(pm2pct "$bf")% later=$(pm2pct "$bmn")..$(pm2pct "$bmx")%" \
+    "first=$(pm2pct "$lf")% later=$(pm2pct "$lmn")..$(pm2pct "$lmx")% (${ln:-0} windows)" \
+    "$exp" "$why"
+}
+
+# smi_sample_start LOG / smi_sample_stop: nvidia-smi clocks/power once a second
+smi_sample_start() {
+  env -u LD_PRELOAD nvidia-smi \
+    --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv -lms 1000 >"$1" 2>&1 &
+  SMI_PID=$!
+  BG_PIDS+=("$SMI_PID")
+}
+smi_sample_stop() {
+  [[ -n ${SMI_PID:-} ]] || return 0
+  kill "$SMI_PID" 2>/dev/null
+  wait "$SMI_PID" 2>/dev/null
+  SMI_PID=
+}
+
+# 13: PyTorch bf16 matmul throughput under a compute limit
+check_torch_share() {
+  local r t=$((TORCH_SECS + 90))
+  for r in base 25 50; do
+    local log=$LOG_DIR/13-torch-$r.log mode=base pod=-
+    [[ $r == base ]] || { mode=sm:$r; pod=e2e-c13-L$r; }
+    clean_shm
+    smi_sample_start "$LOG_DIR/13-torch-$r-smi.log"
+    run_prog "$mode" "$pod" "$log" "$t" "$PY" "$SRC/torch_matmul.py" "$TORCH_SECS" 2
+    smi_sample_stop
+  done
+  clean_shm
+  local b=$LOG_DIR/13-torch-base.log br bt L
+  br=$(kv "$b" matmuls_per_s) bt=$(kv "$b" tflops)
+  for L in 25 50; do
+    local l=$LOG_DIR/13-torch-$L.log lr lt ratio why
+    lr=$(kv "$l" matmuls_per_s) lt=$(kv "$l" tflops)
+    ratio=$(fcalc '%.4f' 'b / a' "$br" "$lr")
+    why="$(spin_why "$b" base)$(spin_why "$l" lim)"
+    fok 'a > 0' "$br" || why+=" no-base-rate"
+    fok 'c / a - b / 100 <= 0.03 && b / 100 - c / a <= 0.03' "$br" "$L" "$lr" || why+=" ratio-off-by>0.03"
+    row "13. PyTorch bf16 8192^2 matmul/s, L=$L%" \
+      "${br:-?}/s (${bt:-?} TFLOPS)" "${lr:-?}/s (${lt:-?} TFLOPS) ratio=$ratio" \
+      "ratio = $(fcalc '%.2f' 'a / 100' "$L") +- 0.03" "$why"
+  done
+}
+
+# overhead_row NAME UNIT EXPECTED_MAX_PCT "BASE..." "LIM..." MODE_LOG_GLOB: median row
+overhead_row() {
+  local name=$1 max=$2 bs=($3) ls=($4)
+  local bm lm pct why=""
+  bm=$(median "${bs[@]}")
+  lm=$(median "${ls[@]}")
+  if [[ -n $bm && -n $lm ]]; then
+    pct=$(fcalc '%.2f' '(b - a) * 100 / a' "$bm" "$lm")
+    fok "a <= $max" "$pct" || why+=" added>$max%"
+  else
+    pct="?"
+    why+=" no-numbers"
+  fi
+  [[ "${bs[*]} ${ls[*]}" == *x* ]] && why+=" some-runs-failed"
+  row "$name" "${bm:-?} ns" "${lm:-?} ns (${pct}%)" "added <= $max%" "$why"
+}
+
+# 14: launch cost with the limiter loaded (no limit) and under a non-binding limit
+check_launch() {
+  local n1="14. 200k empty-kernel launches, ns/launch, median of 5 (LD_PRELOAD, no limit)"
+  local n2="14. 20us host work + 1 empty launch x20k, ns/iteration, median of 5 ($SM_VAR=50)"
+  if ! built launch_overhead; then
+    row "$n1" "not built" "not built" "added <= 1%" "build failed"
+    row "$n2" "not built" "not built" "added <= 3%" "build failed"
+    return
+  fi
+  local LIMITER_LOG=warn # timing: no info-level logging in the limited runs
+  local i v hung=0 tb=() tl=() pb=() pl=() cb=() cl=()
+  # one_run MODE POD TEST TAG I: sets v to the number (empty when none)
+  one_run() {
+    local f=$LOG_DIR/14-$3-$4-$5.log key=throughput_ns_per_launch
+    [[ $3 == pace ]] && key=pace_ns_per_iter
+    v=""
+    if [[ $1 != base ]] && ((hung >= 2)); then
+      echo "# skipped: 2 limited runs timed out" >"$f"
+      return
+    fi
+    clean_shm
+    run_prog "$1" "$2" "$f" 30 "$BIN/launch_overhead" "$3"
+    [[ $1 != base ]] && timed_out "$f" && hung=$((hung + 1))
+    v=$(kv "$f" "$key")
+    [[ $(kv "$f" ok) == 1 ]] || v=""
+  }
+  for ((i = 1; i <= 5; i++)); do
+    # alternate which goes first, so slow drift cancels out
+    if ((i % 2)); then
+      one_run base - throughput base "$i"; tb+=("${v:-x}")
+      one_run pre - throughput pre "$i"; tl+=("${v:-x}")
+      one_run base - pace base "$i"; pb+=("${v:-x}")
+      one_run sm:50 e2e-c14-pace pace L50 "$i"; pl+=("${v:-x}")
+    else
+      one_run pre - throughput pre "$i"; tl+=("${v:-x}")
+      one_run base - throughput base "$i"; tb+=("${v:-x}")
+      one_run sm:50 e2e-c14-pace pace L50 "$i"; pl+=("${v:-x}")
+      one_run base - pace base "$i"; pb+=("${v:-x}")
+    fi
+    cb+=("$(kv "$LOG_DIR/14-pace-base-$i.log" pace_launch_ns)")
+    cl+=("$(kv "$LOG_DIR/14-pace-L50-$i.log" pace_launch_ns)")
+  done
+  clean_shm
+  say "   launch throughput ns/launch without: ${tb[*]}  with (preload, no limit): ${tl[*]}"
+  say "   pace ns/iteration without: ${pb[*]}  with ($SM_VAR=50): ${pl[*]}"
+  say "   pace ns inside the launch call without: ${cb[*]}  with: ${cl[*]}"
+  overhead_row "$n1" 1 "${tb[*]}" "${tl[*]}"
+  overhead_row "$n2" 3 "${pb[*]}" "${pl[*]}"
+}
+
+# spin_pair TAG MODE_A POD_A MODE_B POD_B: two spin runtime 2000us runs started
+# together (a go file releases both once both are ready); sets PAIR_U, the log
+# of the union of their intervals
+spin_pair() {
+  local tag=$1 go=$WORK/go-15-$1
+  local la=$LOG_DIR/15-$tag-A.log lb=$LOG_DIR/15-$tag-B.log
+  local da=$WORK/15-$tag-A.intervals db=$WORK/15-$tag-B.intervals
+  local t=$((SPIN_T + 30))
+  PAIR_U=$LOG_DIR/15-$tag-union.log
+  rm -f "$go" "$da" "$db" "$la" "$lb"
+  clean_shm
+  run_prog "$2" "$3" "$la" "$t" "$BIN/spin" runtime 2000 "$SHARE_SECS" "$da" "$go" &
+  local pa=$!
+  run_prog "$4" "$5" "$lb" "$t" "$BIN/spin" runtime 2000 "$SHARE_SECS" "$db" "$go" &
+  local pb=$!
+  BG_PIDS+=("$pa" "$pb")
+  local i
+  for ((i = 0; i < 600; i++)); do
+    grep -q '^ready=1' "$la" 2>/dev/null && grep -q '^ready=1' "$lb" 2>/dev/null && break
+    kill -0 "$pa" 2>/dev/null && kill -0 "$pb" 2>/dev/null || break
+    sleep 0.1
+  done
+  touch "$go"
+  wait "$pa"
+  wait "$pb"
+  {
+    echo "# spin union $da $db"
+    timeout -k 5 60 "$BIN/spin" union "$da" "$db"
+    echo "# exit=$?"
+  } >"$PAIR_U" 2>&1
+  clean_shm
+}
+
+# pair_why TAG: reasons the pair TAG's logs are unusable
+pair_why() {
+  printf '%s%s%s' "$(spin_why "$LOG_DIR/15-$1-A.log" "$1-A")" "$(spin_why "$LOG_DIR/15-$1-B.log" "$1-B")" \
+    "$(spin_why "$LOG_DIR/15-$1-union.log" "$1-union")"
+}
+
+# pair_desc UNION_LOG: "union=S% (A=x% B=y%)"
+pair_desc() {
+  printf 'union=%s%% (A=%s%% B=%s%%) settle=%sms' "$(kv "$1" share_after1s_pct)" \
+    "$(kv "$1" file0_share_after1s_pct)" "$(kv "$1" file1_share_after1s_pct)" "$(kv "$1" settle_ms)"
+}
+
+# 15: two processes at once, in one pod (one budget) and in two pods
+check_pod_share() {
+  local n1="15. two processes, ONE pod, L=50% (spin 2000us runtime): combined busy from 1 s"
+  local n2="15. two processes, TWO pods, L=50% each: combined busy from 1 s"
+  if ! built spin; then
+    row "$n1" "not built" "not built" "50+-3%" "build failed"
+    row "$n2" "not built" "not built" ">=90%" "build failed"
+    return
+  fi
+  spin_pair base base - base -
+  spin_pair same sm:50 e2e-c15-shared sm:50 e2e-c15-shared
+  spin_pair two sm:50 e2e-c15-a sm:50 e2e-c15-b
+  local ub=$LOG_DIR/15-base-union.log us=$LOG_DIR/15-same-union.log ut=$LOG_DIR/15-two-union.log
+  local bwhy why
+  bwhy=$(pair_why base)
+  fok 'a >= 90' "$(kv "$ub" share_after1s_pct)" || bwhy+=" base-union<90%"
+  why="$bwhy$(pair_why same)"
+  fok 'a - 50 <= 3 && 50 - a <= 3' "$(kv "$us" share_after1s_pct)" || why+=" union-off-by>3pp"
+  row "$n1" "$(pair_desc "$ub")" "$(pair_desc "$us")" "union=50+-3%; without: >=90%" "$why"
+  why="$bwhy$(pair_why two)"
+  fok 'a >= 90' "$(kv "$ut" share_after1s_pct)" || why+=" union<90%"
+  row "$n2" "$(pair_desc "$ub")" "$(pair_desc "$ut")" "union>=90%; without: >=90%" "$why"
+}
+
 # ------------------------------------------------------------------ report --
 
 finish() {
@@ -700,6 +1061,11 @@ step 7 check_pods
 step 8 check_pairs
 step 9 check_bench
 step 10 check_spawn
+step 11 check_share
+step 12 check_series
+step 13 check_torch_share
+step 14 check_launch
+step 15 check_pod_share
 clean_shm
 finish
 ((FAILED == 0 && PASSED > 0)) && exit 0
