@@ -1,7 +1,8 @@
 /*
- * libcuda.so.1 of the test double: a fake GPU with memory accounting and no
- * compute, behind entry points that start with the real driver's prologue
- * (cuda_entry.S). Each exported `cuX` tail-jumps to `impl_cuX` here.
+ * libcuda.so.1 of the test double: a fake GPU with memory accounting and a
+ * simulated clock for compute, behind entry points that start with the real
+ * driver's prologue (cuda_entry.S). Each exported `cuX` tail-jumps to
+ * `impl_cuX` here.
  *
  * Model (per process, one mutex):
  * - GPUSHARE_DOUBLE_DEVICES fake GPUs of GPUSHARE_DOUBLE_TOTAL bytes each
@@ -24,15 +25,61 @@
  *   driver, cuGetErrorString/cuGetErrorName.
  * - Stream-ordered allocations and frees complete at once; pools and streams
  *   are not checked (a NULL pool means the GPU's default pool).
+ *
+ * Compute, on a simulated clock (CLOCK_MONOTONIC nanoseconds):
+ * - Kernels run nowhere; each occupies its device's one timeline, as kernels
+ *   that fill every SM would: launched at host time t for d ns, it runs from
+ *   max(t, busy_until) to busy_until = that + d. Every executed interval is
+ *   kept (back-to-back ones merged, the latest 2^20 per device) for the
+ *   exported gpushare_double_busy_ns(device, from, to). Streams do not
+ *   overlap each other: the device's work is one queue.
+ * - A kernel lasts *(unsigned long long *)kernelParams[0] ns (the spin
+ *   kernel's only parameter, in the probe); with kernelParams NULL (or its
+ *   first entry NULL), and always for cuLaunch/cuLaunchGrid(Async),
+ *   GPUSHARE_DOUBLE_KERNEL_NS (default 100000). Any module image loads, and
+ *   every name is a function of it.
+ * - Launches return at once, unless GPUSHARE_DOUBLE_QUEUE_DEPTH (default
+ *   1024) submissions are still running or queued on the device: then the
+ *   launch sleeps until the oldest completes, like a full launch queue.
+ * - Stream capture (cuStreamBeginCapture_v2 .. cuStreamEndCapture on a
+ *   created or per-thread stream; the legacy stream refuses with
+ *   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) records launches into the graph
+ *   without running them; a graph exec launch then occupies the sum of its
+ *   captured kernels, as one submission. The capture rules are those measured
+ *   on driver 580: while a capture is under way, a potentially unsafe call
+ *   (cuEventQuery, cuEventSynchronize, cuStreamQuery/Synchronize of another
+ *   stream) fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates
+ *   the capture when the capture was begun in GLOBAL mode (from any thread)
+ *   or THREAD_LOCAL mode (from its own thread), unless the calling thread's
+ *   mode (cuThreadExchangeStreamCaptureMode) is RELAXED; cuCtxSynchronize and
+ *   waiting for the capturing stream itself always do. An invalidated capture
+ *   reports CU_STREAM_CAPTURE_STATUS_INVALIDATED, refuses launches and event
+ *   records with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, and its
+ *   cuStreamEndCapture returns that with a NULL graph. cuEventRecord,
+ *   cuEventElapsedTime and launches on other streams are safe.
+ * - cuEventRecord stamps the event with max(now, busy_until): when all work
+ *   submitted so far on the device completes. cuEventQuery answers
+ *   CUDA_ERROR_NOT_READY until then, cuEventSynchronize sleeps until then; an
+ *   event never recorded is complete, as in the real driver.
+ *   cuEventElapsedTime(_v2) is end - start in ms: CUDA_ERROR_NOT_READY while
+ *   either is pending, CUDA_ERROR_INVALID_HANDLE when either was never
+ *   recorded or has CU_EVENT_DISABLE_TIMING. Recording into a capturing
+ *   stream is accepted (a graph node) and leaves the event as it was.
+ * - cuStreamSynchronize/cuCtxSynchronize sleep until the device's
+ *   busy_until; cuStreamQuery answers CUDA_ERROR_NOT_READY until then. NULL
+ *   is the legacy stream (the per-thread one for _ptsz entry points);
+ *   CU_STREAM_LEGACY, CU_STREAM_PER_THREAD and created streams are accepted.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cuda_min.h"
 #include "double_common.h"
@@ -59,6 +106,9 @@ static const char *const exported_names[] = {
 #define ADDRESS_ALIGN 512ULL
 #define GRANULARITY (2ULL << 20)
 #define DRIVER_VERSION 13000
+#define DEFAULT_KERNEL_NS 100000ULL
+#define DEFAULT_QUEUE_DEPTH 1024ULL
+#define MAX_QUEUE_DEPTH (1ULL << 20)
 
 enum kind { KIND_POINTER = 1, KIND_HANDLE = 2, KIND_ARRAY = 4, KIND_MIPMAP = 8 };
 
@@ -88,15 +138,44 @@ struct device {
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct double_config g_config;
+static unsigned long long g_config_kernel_ns;
+static unsigned long long g_config_queue_depth;
 static int g_initialized;
 static struct device g_devices[DOUBLE_MAX_DEVICES];
 static struct CUctx_st g_primary[DOUBLE_MAX_DEVICES];
 static struct CUctx_st g_created[DOUBLE_MAX_CREATED];
 static __thread CUcontext t_current;
 
+/* The simulated GPU clock, further down. */
+static unsigned long long now_ns(void);
+static void sleep_until(unsigned long long ns);
+static unsigned long long device_busy_until(int dev);
+static CUresult context_sync_locked(int dev);
+
+/* A plain decimal count from the environment, within [min, max]. */
+static unsigned long long env_count(const char *name, unsigned long long fallback,
+                                    unsigned long long min, unsigned long long max) {
+    const char *text = getenv(name);
+    char *end = NULL;
+    unsigned long long value;
+    if (text == NULL || *text == '\0') {
+        return fallback;
+    }
+    errno = 0;
+    value = strtoull(text, &end, 10);
+    if (*text < '0' || *text > '9' || *end != '\0' || errno != 0 || value < min || value > max) {
+        fprintf(stderr, "gpushare double: ignoring %s=%s (%llu..%llu)\n", name, text, min, max);
+        return fallback;
+    }
+    return value;
+}
+
 static void load_config(void) {
     int i;
     g_config = double_config_from_env();
+    g_config_kernel_ns = env_count("GPUSHARE_DOUBLE_KERNEL_NS", DEFAULT_KERNEL_NS, 0, ~0ULL);
+    g_config_queue_depth =
+        env_count("GPUSHARE_DOUBLE_QUEUE_DEPTH", DEFAULT_QUEUE_DEPTH, 1, MAX_QUEUE_DEPTH);
     for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
         g_primary[i].device = i;
         g_primary[i].primary = 1;
@@ -575,12 +654,23 @@ CUresult impl_cuCtxGetDevice(CUdevice *device) {
     return rc;
 }
 
+/* Sleeps until the device's simulated timeline has drained. */
 CUresult impl_cuCtxSynchronize(void) {
     CUdevice dev = 0;
     CUresult rc;
+    unsigned long long at = 0;
     lock();
     rc = current_device_locked(&dev);
+    if (rc == CUDA_SUCCESS) {
+        rc = context_sync_locked(dev);
+    }
+    if (rc == CUDA_SUCCESS) {
+        at = device_busy_until(dev);
+    }
     unlock();
+    if (at > now_ns()) {
+        sleep_until(at);
+    }
     return rc;
 }
 
@@ -868,6 +958,1015 @@ CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdevic
     return rc;
 }
 
+/* ---------------------------------------------------------------- simulated GPU clock */
+
+/*
+ * One timeline per device: every kernel of the process on the device runs
+ * alone, from max(submission, busy_until) for its duration (a kernel that
+ * fills all SMs). Times are CLOCK_MONOTONIC nanoseconds.
+ */
+#define SPAN_CAPACITY ((size_t)1 << 20)
+#define DOUBLE_MAX_STREAMS 256
+#define DOUBLE_MAX_EVENTS 4096
+#define DOUBLE_MAX_GRAPHS 256
+#define DOUBLE_MAX_EXECS 256
+#define DOUBLE_MAX_MODULES 64
+#define DOUBLE_MAX_FUNCTIONS 1024
+#define FUNCTION_NAME_MAX 128
+
+struct span {
+    unsigned long long start, end;
+};
+
+struct timeline {
+    unsigned long long busy_until;
+    /* Ring of SPAN_CAPACITY busy intervals in time order; back-to-back ones merged. */
+    struct span *spans;
+    size_t span_head, span_len;
+    /* Ring of g_queue_depth end times of the latest submissions. */
+    unsigned long long *pending;
+    size_t pending_head, pending_len;
+};
+
+struct CUgraph_st {
+    int live;
+    unsigned long long ns; /* the captured kernels, back to back */
+    unsigned long long kernels;
+    /* While a stream captures into the graph: */
+    int capturing;
+    int invalidated;          /* a prohibited call broke the capture */
+    CUstreamCaptureMode mode; /* of cuStreamBeginCapture */
+    const void *owner;        /* the thread that began it (its t_thread_token) */
+    int device;
+};
+
+struct CUgraphExec_st {
+    int live;
+    unsigned long long ns;
+    unsigned long long kernels;
+};
+
+struct CUstream_st {
+    int live;
+    int device;                 /* created streams only */
+    struct CUgraph_st *capture; /* non-NULL while capturing */
+    CUcontext ctx;              /* created streams only */
+};
+
+struct CUevent_st {
+    int live;
+    int recorded;
+    unsigned flags;
+    unsigned long long at; /* when the work captured by the last record completes */
+};
+
+struct CUmod_st {
+    int live;
+};
+
+struct CUfunc_st {
+    struct CUmod_st *module; /* NULL: free slot */
+    char name[FUNCTION_NAME_MAX];
+};
+
+static struct timeline g_timelines[DOUBLE_MAX_DEVICES];
+static struct CUstream_st g_streams[DOUBLE_MAX_STREAMS];
+static struct CUevent_st g_events[DOUBLE_MAX_EVENTS];
+static struct CUgraph_st g_graphs[DOUBLE_MAX_GRAPHS];
+static struct CUgraphExec_st g_execs[DOUBLE_MAX_EXECS];
+static struct CUmod_st g_modules[DOUBLE_MAX_MODULES];
+static struct CUfunc_st g_functions[DOUBLE_MAX_FUNCTIONS];
+/* The per-thread default stream of this thread (its capture state). */
+static __thread struct CUstream_st t_per_thread = {1, 0, NULL, NULL};
+/* This thread's capture interaction mode (cuThreadExchangeStreamCaptureMode). */
+static __thread CUstreamCaptureMode t_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+/* Its address identifies this thread as the owner of a capture. */
+static __thread char t_thread_token;
+
+static unsigned long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+static void sleep_until(unsigned long long ns) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ns / 1000000000ULL);
+    ts.tv_nsec = (long)(ns % 1000000000ULL);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+/* Index of p in an array of count elements of size bytes at base, or -1. */
+static long slot_of(const void *base, size_t size, size_t count, const void *p) {
+    uintptr_t b = (uintptr_t)base, q = (uintptr_t)p;
+    if (q < b || q >= b + size * count || (q - b) % size != 0) {
+        return -1;
+    }
+    return (long)((q - b) / size);
+}
+
+#define SLOT(array, p) slot_of((array), sizeof (array)[0], sizeof(array) / sizeof (array)[0], (p))
+
+static struct CUfunc_st *function_locked(CUfunction f) {
+    long i = SLOT(g_functions, f);
+    return i >= 0 && g_functions[i].module != NULL ? &g_functions[i] : NULL;
+}
+
+static struct CUevent_st *event_locked(CUevent e) {
+    long i = SLOT(g_events, e);
+    return i >= 0 && g_events[i].live ? &g_events[i] : NULL;
+}
+
+static struct CUgraph_st *graph_locked(CUgraph g) {
+    long i = SLOT(g_graphs, g);
+    return i >= 0 && g_graphs[i].live ? &g_graphs[i] : NULL;
+}
+
+static struct CUgraphExec_st *exec_locked(CUgraphExec e) {
+    long i = SLOT(g_execs, e);
+    return i >= 0 && g_execs[i].live ? &g_execs[i] : NULL;
+}
+
+static struct CUstream_st *created_stream_locked(CUstream s) {
+    long i = SLOT(g_streams, s);
+    return i >= 0 && g_streams[i].live ? &g_streams[i] : NULL;
+}
+
+/*
+ * The stream a call names and the device it runs on. *out is NULL for the
+ * legacy default stream (NULL without _ptsz, or CU_STREAM_LEGACY), this
+ * thread's per-thread stream for NULL with _ptsz or CU_STREAM_PER_THREAD.
+ * Needs an initialised driver and a current context.
+ */
+static CUresult stream_locked(CUstream h, int ptsz, struct CUstream_st **out, CUdevice *dev) {
+    CUresult rc = current_device_locked(dev);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    if (h == NULL) {
+        *out = ptsz ? &t_per_thread : NULL;
+    } else if (h == CU_STREAM_LEGACY) {
+        *out = NULL;
+    } else if (h == CU_STREAM_PER_THREAD) {
+        *out = &t_per_thread;
+    } else {
+        *out = created_stream_locked(h);
+        if (*out == NULL) {
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+        *dev = (*out)->device;
+    }
+    return CUDA_SUCCESS;
+}
+
+/*
+ * The capture rules measured on driver 580 (CUDA 13): a potentially unsafe
+ * call (event query/synchronize, stream query/synchronize) from this thread
+ * is prohibited, unless the thread's interaction mode is RELAXED, while this
+ * thread has a capture begun in another mode than RELAXED or another thread
+ * one begun in GLOBAL mode. A prohibited call fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates those captures.
+ */
+static CUresult unsafe_call_locked(void) {
+    CUresult rc = CUDA_SUCCESS;
+    size_t i;
+    if (t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) {
+        return rc;
+    }
+    for (i = 0; i < DOUBLE_MAX_GRAPHS; i++) {
+        struct CUgraph_st *g = &g_graphs[i];
+        int own = g->owner == &t_thread_token;
+        if (g->live && g->capturing &&
+            ((own && g->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+             (!own && g->mode == CU_STREAM_CAPTURE_MODE_GLOBAL))) {
+            g->invalidated = 1;
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
+    return rc;
+}
+
+/* Whatever the modes: synchronizing a context invalidates its captures. */
+static CUresult context_sync_locked(int dev) {
+    CUresult rc = CUDA_SUCCESS;
+    size_t i;
+    for (i = 0; i < DOUBLE_MAX_GRAPHS; i++) {
+        if (g_graphs[i].live && g_graphs[i].capturing && g_graphs[i].device == dev) {
+            g_graphs[i].invalidated = 1;
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
+    return rc;
+}
+
+/* The timeline of dev with its rings, or NULL when host memory ran out. */
+static struct timeline *timeline_locked(int dev) {
+    struct timeline *t = &g_timelines[dev];
+    if (t->spans == NULL) {
+        /* calloc: the pages of the 16 MiB ring are touched only as it fills. */
+        t->spans = calloc(SPAN_CAPACITY, sizeof *t->spans);
+    }
+    if (t->pending == NULL) {
+        t->pending = calloc((size_t)g_config_queue_depth, sizeof *t->pending);
+    }
+    return t->spans != NULL && t->pending != NULL ? t : NULL;
+}
+
+/*
+ * Queues `ns` of work on dev's timeline, unless the queue is full: then
+ * *wait gets the time the oldest queued submission completes, and nothing
+ * is queued.
+ */
+static CUresult submit_locked(int dev, unsigned long long ns, unsigned long long *wait) {
+    struct timeline *t = timeline_locked(dev);
+    unsigned long long now = now_ns(), start, end;
+    size_t depth = (size_t)g_config_queue_depth;
+    if (t == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    while (t->pending_len > 0 && t->pending[t->pending_head] <= now) {
+        t->pending_head = (t->pending_head + 1) % depth;
+        t->pending_len--;
+    }
+    if (t->pending_len == depth) {
+        *wait = t->pending[t->pending_head];
+        return CUDA_ERROR_NOT_READY;
+    }
+    start = t->busy_until > now ? t->busy_until : now;
+    end = start + ns;
+    t->pending[(t->pending_head + t->pending_len) % depth] = end;
+    t->pending_len++;
+    if (ns == 0) {
+        return CUDA_SUCCESS;
+    }
+    t->busy_until = end;
+    if (t->span_len > 0) {
+        struct span *last = &t->spans[(t->span_head + t->span_len - 1) % SPAN_CAPACITY];
+        if (last->end == start) {
+            last->end = end;
+            return CUDA_SUCCESS;
+        }
+    }
+    if (t->span_len == SPAN_CAPACITY) {
+        t->span_head = (t->span_head + 1) % SPAN_CAPACITY; /* the oldest is forgotten */
+        t->span_len--;
+    }
+    t->spans[(t->span_head + t->span_len) % SPAN_CAPACITY] = (struct span){start, end};
+    t->span_len++;
+    return CUDA_SUCCESS;
+}
+
+static unsigned long long device_busy_until(int dev) {
+    return g_timelines[dev].busy_until;
+}
+
+/* When all work submitted so far on dev completes (at the earliest, now). */
+static unsigned long long drained_at_locked(int dev, unsigned long long now) {
+    unsigned long long busy = g_timelines[dev].busy_until;
+    return busy > now ? busy : now;
+}
+
+/* The duration a launch asks for: *(unsigned long long *)kernelParams[0] ns. */
+static unsigned long long kernel_ns(void **kernelParams) {
+    if (kernelParams == NULL || kernelParams[0] == NULL) {
+        return g_config_kernel_ns;
+    }
+    return *(const unsigned long long *)kernelParams[0];
+}
+
+/*
+ * Runs `ns` of work (`kernels` kernels) on the stream h: recorded into the
+ * graph when the stream is capturing, else queued on the device's timeline,
+ * after sleeping while the queue is full. Under the lock, after the stream,
+ * `check` vets the launched object (NULL: nothing to vet), then `args_ok`
+ * the other arguments (CUDA_ERROR_INVALID_VALUE when 0).
+ */
+static CUresult enqueue(CUstream h, int ptsz, unsigned long long ns, unsigned long long kernels,
+                        CUresult (*check)(const void *), const void *object, int args_ok) {
+    for (;;) {
+        struct CUstream_st *s = NULL;
+        CUdevice dev = 0;
+        unsigned long long wait = 0;
+        CUresult rc;
+        lock();
+        rc = stream_locked(h, ptsz, &s, &dev);
+        if (rc == CUDA_SUCCESS && check != NULL) {
+            rc = check(object);
+        }
+        if (rc == CUDA_SUCCESS && !args_ok) {
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+        if (rc == CUDA_SUCCESS && s != NULL && s->capture != NULL) {
+            if (s->capture->invalidated) {
+                rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+            } else {
+                s->capture->ns += ns;
+                s->capture->kernels += kernels;
+            }
+        } else if (rc == CUDA_SUCCESS) {
+            rc = submit_locked(dev, ns, &wait);
+        }
+        unlock();
+        if (rc != CUDA_ERROR_NOT_READY) {
+            return rc;
+        }
+        sleep_until(wait); /* the launch queue is full: block, as a real launch does */
+    }
+}
+
+static CUresult check_function(const void *f) {
+    return function_locked((CUfunction)(uintptr_t)f) != NULL ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_INVALID_HANDLE;
+}
+
+static CUresult check_exec(const void *e) {
+    return exec_locked((CUgraphExec)(uintptr_t)e) != NULL ? CUDA_SUCCESS
+                                                         : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Launch dimensions within an H100's limits (see cuDeviceGetAttribute). */
+static int valid_dims(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                      unsigned bz) {
+    return gx >= 1 && gy >= 1 && gz >= 1 && gx <= 0x7fffffffU && gy <= 65535 && gz <= 65535 &&
+           bx >= 1 && by >= 1 && bz >= 1 && bx <= 1024 && by <= 1024 && bz <= 64 &&
+           (unsigned long long)bx * by * bz <= 1024;
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                       unsigned by, unsigned bz, CUstream h, int ptsz, unsigned long long ns) {
+    return enqueue(h, ptsz, ns, 1, check_function, (const void *)f,
+                   valid_dims(gx, gy, gz, bx, by, bz));
+}
+
+CUresult impl_cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                             unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                             unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                             void **kernelParams, void **extra) {
+    (void)sharedMemBytes;
+    (void)extra;
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, 0,
+                  kernel_ns(kernelParams));
+}
+
+CUresult impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                  unsigned int gridDimZ, unsigned int blockDimX,
+                                  unsigned int blockDimY, unsigned int blockDimZ,
+                                  unsigned int sharedMemBytes, CUstream hStream,
+                                  void **kernelParams, void **extra) {
+    (void)sharedMemBytes;
+    (void)extra;
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, 1,
+                  kernel_ns(kernelParams));
+}
+
+static CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                          int ptsz) {
+    if (config == NULL) {
+        return enqueue(NULL, ptsz, 0, 0, check_function, (const void *)f, 0);
+    }
+    if (config->numAttrs > 0 && config->attrs == NULL) {
+        return enqueue(config->hStream, ptsz, 0, 0, check_function, (const void *)f, 0);
+    }
+    return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
+                  config->blockDimY, config->blockDimZ, config->hStream, ptsz,
+                  kernel_ns(kernelParams));
+}
+
+CUresult impl_cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                               void **extra) {
+    (void)extra;
+    return launch_ex(config, f, kernelParams, 0);
+}
+
+CUresult impl_cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                    void **kernelParams, void **extra) {
+    (void)extra;
+    return launch_ex(config, f, kernelParams, 1);
+}
+
+CUresult impl_cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX,
+                                        unsigned int gridDimY, unsigned int gridDimZ,
+                                        unsigned int blockDimX, unsigned int blockDimY,
+                                        unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                        CUstream hStream, void **kernelParams) {
+    (void)sharedMemBytes;
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, 0,
+                  kernel_ns(kernelParams));
+}
+
+CUresult impl_cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX,
+                                             unsigned int gridDimY, unsigned int gridDimZ,
+                                             unsigned int blockDimX, unsigned int blockDimY,
+                                             unsigned int blockDimZ, unsigned int sharedMemBytes,
+                                             CUstream hStream, void **kernelParams) {
+    (void)sharedMemBytes;
+    return launch(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, hStream, 1,
+                  kernel_ns(kernelParams));
+}
+
+CUresult impl_cuLaunch(CUfunction f) {
+    return launch(f, 1, 1, 1, 1, 1, 1, NULL, 0, g_config_kernel_ns);
+}
+
+static unsigned grid_dim(int n) {
+    return n < 1 ? 0 : (unsigned)n;
+}
+
+CUresult impl_cuLaunchGrid(CUfunction f, int grid_width, int grid_height) {
+    return launch(f, grid_dim(grid_width), grid_dim(grid_height), 1, 1, 1, 1, NULL, 0,
+                  g_config_kernel_ns);
+}
+
+CUresult impl_cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, CUstream hStream) {
+    return launch(f, grid_dim(grid_width), grid_dim(grid_height), 1, 1, 1, 1, hStream, 0,
+                  g_config_kernel_ns);
+}
+
+/* ---------------------------------------------------------------- graphs */
+
+static CUresult graph_launch(CUgraphExec e, CUstream h, int ptsz) {
+    unsigned long long ns = 0, kernels = 0;
+    lock();
+    if (exec_locked(e) != NULL) {
+        ns = e->ns;
+        kernels = e->kernels;
+    }
+    unlock();
+    return enqueue(h, ptsz, ns, kernels, check_exec, (const void *)e, 1);
+}
+
+CUresult impl_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    return graph_launch(hGraphExec, hStream, 0);
+}
+
+CUresult impl_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+    return graph_launch(hGraphExec, hStream, 1);
+}
+
+CUresult impl_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                          unsigned long long flags) {
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUgraph_st *g;
+    size_t i;
+    lock();
+    g = graph_locked(hGraph);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (phGraphExec == NULL || (flags & ~0xfULL) != 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (g == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        for (i = 0; i < DOUBLE_MAX_EXECS; i++) {
+            if (!g_execs[i].live) {
+                g_execs[i].live = 1;
+                g_execs[i].ns = g->ns;
+                g_execs[i].kernels = g->kernels;
+                *phGraphExec = &g_execs[i];
+                rc = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    CUresult rc = CUDA_SUCCESS;
+    struct CUgraphExec_st *e;
+    lock();
+    e = exec_locked(hGraphExec);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (e == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        e->live = 0;
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuGraphDestroy(CUgraph hGraph) {
+    CUresult rc = CUDA_SUCCESS;
+    struct CUgraph_st *g;
+    lock();
+    g = graph_locked(hGraph);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (g == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        g->live = 0;
+    }
+    unlock();
+    return rc;
+}
+
+/* ---------------------------------------------------------------- stream capture */
+
+static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptsz) {
+    struct CUstream_st *s = NULL;
+    CUdevice dev = 0;
+    CUresult rc;
+    size_t i;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+        mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS && s == NULL) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream cannot capture */
+    } else if (rc == CUDA_SUCCESS && s->capture != NULL) {
+        rc = CUDA_ERROR_ILLEGAL_STATE;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (i = 0; i < DOUBLE_MAX_GRAPHS; i++) {
+            if (!g_graphs[i].live) {
+                g_graphs[i] = (struct CUgraph_st){1, 0, 0, 1, 0, mode, &t_thread_token, dev};
+                s->capture = &g_graphs[i];
+                rc = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+    return begin_capture(hStream, mode, 0);
+}
+
+CUresult impl_cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+    return begin_capture(hStream, mode, 1);
+}
+
+static CUresult end_capture(CUstream h, CUgraph *phGraph, int ptsz) {
+    struct CUstream_st *s = NULL;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && phGraph == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS && (s == NULL || s->capture == NULL)) {
+        rc = CUDA_ERROR_ILLEGAL_STATE; /* not capturing */
+    } else if (rc == CUDA_SUCCESS && s->capture->invalidated) {
+        s->capture->live = 0; /* no graph comes out of a broken capture */
+        s->capture = NULL;
+        *phGraph = NULL;
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (rc == CUDA_SUCCESS) {
+        s->capture->capturing = 0;
+        *phGraph = s->capture;
+        s->capture = NULL;
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    return end_capture(hStream, phGraph, 0);
+}
+
+CUresult impl_cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph) {
+    return end_capture(hStream, phGraph, 1);
+}
+
+static CUresult is_capturing(CUstream h, CUstreamCaptureStatus *status, int ptsz) {
+    struct CUstream_st *s = NULL;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && status == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        *status = s == NULL || s->capture == NULL ? CU_STREAM_CAPTURE_STATUS_NONE
+                  : s->capture->invalidated       ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                                  : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
+    CUstreamCaptureMode old;
+    if (mode == NULL) {
+        return CUDA_ERROR_INVALID_VALUE; /* any value is taken, as by driver 580 */
+    }
+    old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+CUresult impl_cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    return is_capturing(hStream, captureStatus, 0);
+}
+
+CUresult impl_cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    return is_capturing(hStream, captureStatus, 1);
+}
+
+/* ---------------------------------------------------------------- streams */
+
+CUresult impl_cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    CUdevice dev = 0;
+    CUresult rc;
+    size_t i;
+    lock();
+    rc = current_device_locked(&dev);
+    if (rc == CUDA_SUCCESS && (phStream == NULL || (Flags & ~(unsigned)CU_STREAM_NON_BLOCKING))) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (i = 0; i < DOUBLE_MAX_STREAMS; i++) {
+            if (!g_streams[i].live) {
+                g_streams[i] = (struct CUstream_st){1, dev, NULL, t_current};
+                *phStream = &g_streams[i];
+                rc = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    unlock();
+    return rc;
+}
+
+/* A created stream's context; the current one for the default streams. */
+static CUresult stream_get_ctx(CUstream h, CUcontext *pctx, int ptsz) {
+    struct CUstream_st *s = NULL;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && pctx == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        *pctx = s != NULL && s->ctx != NULL ? s->ctx : t_current;
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuStreamGetCtx(CUstream hStream, CUcontext *pctx) {
+    return stream_get_ctx(hStream, pctx, 0);
+}
+
+CUresult impl_cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx) {
+    return stream_get_ctx(hStream, pctx, 1);
+}
+
+CUresult impl_cuStreamDestroy_v2(CUstream hStream) {
+    CUresult rc = CUDA_SUCCESS;
+    struct CUstream_st *s;
+    lock();
+    s = created_stream_locked(hStream);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (s == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        if (s->capture != NULL) {
+            s->capture->live = 0; /* the capture is abandoned */
+        }
+        s->live = 0;
+        s->capture = NULL;
+    }
+    unlock();
+    return rc;
+}
+
+/*
+ * When the work submitted so far on the stream h completes (one timeline per
+ * device: all of the device's work). Waiting for a capturing stream breaks
+ * its capture, in any mode; for another, the capture rules apply.
+ */
+static CUresult stream_done_at(CUstream h, int ptsz, unsigned long long *at) {
+    struct CUstream_st *s = NULL;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && s != NULL && s->capture != NULL) {
+        s->capture->invalidated = 1;
+        rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = unsafe_call_locked();
+    }
+    if (rc == CUDA_SUCCESS) {
+        *at = g_timelines[dev].busy_until;
+    }
+    unlock();
+    return rc;
+}
+
+static CUresult stream_synchronize(CUstream h, int ptsz) {
+    unsigned long long at = 0;
+    CUresult rc = stream_done_at(h, ptsz, &at);
+    if (rc == CUDA_SUCCESS && at > now_ns()) {
+        sleep_until(at);
+    }
+    return rc;
+}
+
+static CUresult stream_query(CUstream h, int ptsz) {
+    unsigned long long at = 0;
+    CUresult rc = stream_done_at(h, ptsz, &at);
+    if (rc == CUDA_SUCCESS && at > now_ns()) {
+        rc = CUDA_ERROR_NOT_READY;
+    }
+    return rc;
+}
+
+CUresult impl_cuStreamSynchronize(CUstream hStream) {
+    return stream_synchronize(hStream, 0);
+}
+
+CUresult impl_cuStreamSynchronize_ptsz(CUstream hStream) {
+    return stream_synchronize(hStream, 1);
+}
+
+CUresult impl_cuStreamQuery(CUstream hStream) {
+    return stream_query(hStream, 0);
+}
+
+CUresult impl_cuStreamQuery_ptsz(CUstream hStream) {
+    return stream_query(hStream, 1);
+}
+
+/* ---------------------------------------------------------------- events */
+
+CUresult impl_cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+    const unsigned known = CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
+    CUdevice dev = 0;
+    CUresult rc;
+    size_t i;
+    lock();
+    rc = current_device_locked(&dev);
+    if (rc == CUDA_SUCCESS &&
+        (phEvent == NULL || (Flags & ~known) != 0 ||
+         ((Flags & CU_EVENT_INTERPROCESS) && !(Flags & CU_EVENT_DISABLE_TIMING)))) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (i = 0; i < DOUBLE_MAX_EVENTS; i++) {
+            if (!g_events[i].live) {
+                g_events[i] = (struct CUevent_st){1, 0, Flags, 0};
+                *phEvent = &g_events[i];
+                rc = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    unlock();
+    return rc;
+}
+
+/* Records the completion time of all work submitted so far on the device. */
+static CUresult event_record(CUevent hEvent, CUstream h, int ptsz) {
+    struct CUstream_st *s = NULL;
+    struct CUevent_st *e;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    e = event_locked(hEvent);
+    if (rc == CUDA_SUCCESS && e == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (rc == CUDA_SUCCESS && s != NULL && s->capture != NULL) {
+        /* Into a capturing stream: a node of the graph; the event is left as it was. */
+        if (s->capture->invalidated) {
+            rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        }
+    } else if (rc == CUDA_SUCCESS) {
+        e->recorded = 1;
+        e->at = drained_at_locked(dev, now_ns());
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuEventRecord(CUevent hEvent, CUstream hStream) {
+    return event_record(hEvent, hStream, 0);
+}
+
+CUresult impl_cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
+    return event_record(hEvent, hStream, 1);
+}
+
+/* The completion time of the event's last record; 0 when never recorded. */
+static CUresult event_at(CUevent hEvent, unsigned long long *at) {
+    struct CUevent_st *e;
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    e = event_locked(hEvent);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (e == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if ((rc = unsafe_call_locked()) == CUDA_SUCCESS) {
+        *at = e->recorded ? e->at : 0;
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuEventQuery(CUevent hEvent) {
+    unsigned long long at = 0;
+    CUresult rc = event_at(hEvent, &at);
+    if (rc == CUDA_SUCCESS && at > now_ns()) {
+        rc = CUDA_ERROR_NOT_READY;
+    }
+    return rc;
+}
+
+CUresult impl_cuEventSynchronize(CUevent hEvent) {
+    unsigned long long at = 0;
+    CUresult rc = event_at(hEvent, &at);
+    if (rc == CUDA_SUCCESS && at > now_ns()) {
+        sleep_until(at);
+    }
+    return rc;
+}
+
+CUresult impl_cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+    struct CUevent_st *start, *end;
+    CUresult rc = CUDA_SUCCESS;
+    unsigned long long now = now_ns();
+    lock();
+    start = event_locked(hStart);
+    end = event_locked(hEnd);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (pMilliseconds == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (start == NULL || end == NULL || !start->recorded || !end->recorded ||
+               ((start->flags | end->flags) & CU_EVENT_DISABLE_TIMING)) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (start->at > now || end->at > now) {
+        rc = CUDA_ERROR_NOT_READY;
+    } else {
+        *pMilliseconds = (float)((double)((long long)(end->at - start->at)) / 1e6);
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+    return impl_cuEventElapsedTime_v2(pMilliseconds, hStart, hEnd);
+}
+
+CUresult impl_cuEventDestroy_v2(CUevent hEvent) {
+    struct CUevent_st *e;
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    e = event_locked(hEvent);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (e == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        e->live = 0;
+    }
+    unlock();
+    return rc;
+}
+
+/* ---------------------------------------------------------------- modules */
+
+CUresult impl_cuModuleLoadData(CUmodule *module, const void *image) {
+    CUdevice dev = 0;
+    CUresult rc;
+    size_t i;
+    lock();
+    rc = current_device_locked(&dev);
+    if (rc == CUDA_SUCCESS && (module == NULL || image == NULL)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
+            if (!g_modules[i].live) {
+                g_modules[i].live = 1;
+                *module = &g_modules[i];
+                rc = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    unlock();
+    return rc;
+}
+
+static struct CUmod_st *module_locked(CUmodule m) {
+    long i = SLOT(g_modules, m);
+    return i >= 0 && g_modules[i].live ? &g_modules[i] : NULL;
+}
+
+CUresult impl_cuModuleUnload(CUmodule hmod) {
+    struct CUmod_st *m;
+    CUresult rc = CUDA_SUCCESS;
+    size_t i;
+    lock();
+    m = module_locked(hmod);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (m == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        m->live = 0;
+        for (i = 0; i < DOUBLE_MAX_FUNCTIONS; i++) {
+            if (g_functions[i].module == m) {
+                g_functions[i].module = NULL;
+            }
+        }
+    }
+    unlock();
+    return rc;
+}
+
+/* Every name is a kernel of every module; the same name gives the same handle. */
+CUresult impl_cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    struct CUmod_st *m;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    size_t i, free_slot = DOUBLE_MAX_FUNCTIONS;
+    lock();
+    m = module_locked(hmod);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (hfunc == NULL || name == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (m == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (*name == '\0' || strlen(name) >= FUNCTION_NAME_MAX) {
+        rc = CUDA_ERROR_NOT_FOUND;
+    } else {
+        for (i = 0; i < DOUBLE_MAX_FUNCTIONS; i++) {
+            if (g_functions[i].module == m && strcmp(g_functions[i].name, name) == 0) {
+                free_slot = i;
+                break;
+            }
+            if (g_functions[i].module == NULL && free_slot == DOUBLE_MAX_FUNCTIONS) {
+                free_slot = i;
+            }
+        }
+        if (free_slot < DOUBLE_MAX_FUNCTIONS) {
+            g_functions[free_slot].module = m;
+            snprintf(g_functions[free_slot].name, FUNCTION_NAME_MAX, "%s", name);
+            *hfunc = &g_functions[free_slot];
+            rc = CUDA_SUCCESS;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+/* ---------------------------------------------------------------- device attributes */
+
+CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
+    CUresult rc = check_device(dev);
+    int value;
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    if (pi == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    switch (attrib) { /* an H100 SXM */
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: value = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: value = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: value = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: value = 64; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: value = 0x7fffffff; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: value = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: value = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: value = 49152; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: value = 32; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: value = 1980000; break; /* kHz */
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: value = 132; break;
+    case CU_DEVICE_ATTRIBUTE_INTEGRATED: value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: value = 0; break; /* default */
+    case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: value = (int)double_pci_bus(dev); break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: value = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: value = 9; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: value = 1; break;
+    default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *pi = value;
+    return CUDA_SUCCESS;
+}
+
 /* ---------------------------------------------------------------- errors */
 
 static const struct {
@@ -882,9 +1981,17 @@ static const struct {
     {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
+     "the operation cannot be performed in the present state"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
 };
 
 static CUresult describe(CUresult error, const char **pStr, int want_name) {
@@ -915,26 +2022,43 @@ CUresult impl_cuGetErrorName(CUresult error, const char **pStr) {
 /* Base name → exported symbol, as the measured driver maps them. */
 static const struct {
     const char *base;
-    const char *exported;      /* cudaVersion >= 3020, default stream */
-    const char *ptsz;          /* with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
-    const char *before_v3020;  /* cudaVersion < 3020, where the v1 is exported */
+    const char *exported; /* cudaVersion >= since, default stream */
+    const char *ptsz;     /* with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM */
+    const char *older;    /* cudaVersion < since, where the older version is exported */
+    int since;
 } g_proc_map[] = {
-    {"cuMemAlloc", "cuMemAlloc_v2", NULL, NULL},
-    {"cuMemGetInfo", "cuMemGetInfo_v2", NULL, "cuMemGetInfo"},
-    {"cuMemFree", "cuMemFree_v2", NULL, NULL},
-    {"cuDeviceTotalMem", "cuDeviceTotalMem_v2", NULL, "cuDeviceTotalMem"},
-    {"cuCtxCreate", "cuCtxCreate_v2", NULL, NULL},
-    {"cuCtxDestroy", "cuCtxDestroy_v2", NULL, NULL},
-    {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", NULL, NULL},
-    {"cuMemAllocPitch", "cuMemAllocPitch_v2", NULL, NULL},
-    {"cuArrayCreate", "cuArrayCreate_v2", NULL, NULL},
-    {"cuArray3DCreate", "cuArray3DCreate_v2", NULL, NULL},
-    {"cuMemGetAddressRange", "cuMemGetAddressRange_v2", NULL, NULL},
-    {"cuGetProcAddress", "cuGetProcAddress_v2", NULL, NULL},
-    {"cuDeviceGetUuid", "cuDeviceGetUuid_v2", NULL, NULL},
-    {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", NULL},
-    {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", NULL},
-    {"cuMemFreeAsync", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", NULL},
+    {"cuMemAlloc", "cuMemAlloc_v2", NULL, NULL, 0},
+    {"cuMemGetInfo", "cuMemGetInfo_v2", NULL, "cuMemGetInfo", 3020},
+    {"cuMemFree", "cuMemFree_v2", NULL, NULL, 0},
+    {"cuDeviceTotalMem", "cuDeviceTotalMem_v2", NULL, "cuDeviceTotalMem", 3020},
+    {"cuCtxCreate", "cuCtxCreate_v2", NULL, NULL, 0},
+    {"cuCtxDestroy", "cuCtxDestroy_v2", NULL, NULL, 0},
+    {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", NULL, NULL, 0},
+    {"cuMemAllocPitch", "cuMemAllocPitch_v2", NULL, NULL, 0},
+    {"cuArrayCreate", "cuArrayCreate_v2", NULL, NULL, 0},
+    {"cuArray3DCreate", "cuArray3DCreate_v2", NULL, NULL, 0},
+    {"cuMemGetAddressRange", "cuMemGetAddressRange_v2", NULL, NULL, 0},
+    {"cuGetProcAddress", "cuGetProcAddress_v2", NULL, NULL, 0},
+    {"cuDeviceGetUuid", "cuDeviceGetUuid_v2", NULL, NULL, 0},
+    {"cuMemAllocAsync", "cuMemAllocAsync", "cuMemAllocAsync_ptsz", NULL, 0},
+    {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", NULL, 0},
+    {"cuMemFreeAsync", "cuMemFreeAsync", "cuMemFreeAsync_ptsz", NULL, 0},
+    {"cuLaunchKernel", "cuLaunchKernel", "cuLaunchKernel_ptsz", NULL, 0},
+    {"cuLaunchKernelEx", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz", NULL, 0},
+    {"cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz",
+     NULL, 0},
+    {"cuGraphLaunch", "cuGraphLaunch", "cuGraphLaunch_ptsz", NULL, 0},
+    {"cuGraphInstantiate", "cuGraphInstantiateWithFlags", NULL, NULL, 0},
+    {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", NULL, 0},
+    {"cuStreamEndCapture", "cuStreamEndCapture", "cuStreamEndCapture_ptsz", NULL, 0},
+    {"cuStreamIsCapturing", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", NULL, 0},
+    {"cuStreamSynchronize", "cuStreamSynchronize", "cuStreamSynchronize_ptsz", NULL, 0},
+    {"cuStreamQuery", "cuStreamQuery", "cuStreamQuery_ptsz", NULL, 0},
+    {"cuStreamGetCtx", "cuStreamGetCtx", "cuStreamGetCtx_ptsz", NULL, 0},
+    {"cuStreamDestroy", "cuStreamDestroy_v2", NULL, NULL, 0},
+    {"cuEventRecord", "cuEventRecord", "cuEventRecord_ptsz", NULL, 0},
+    {"cuEventDestroy", "cuEventDestroy_v2", NULL, NULL, 0},
+    {"cuEventElapsedTime", "cuEventElapsedTime_v2", NULL, "cuEventElapsedTime", 12080},
 };
 
 static void *g_self;
@@ -959,8 +2083,8 @@ static const char *resolve_name(const char *symbol, int cudaVersion, cuuint64_t 
         if (strcmp(symbol, g_proc_map[i].base) != 0) {
             continue;
         }
-        if (cudaVersion < 3020 && g_proc_map[i].before_v3020 != NULL) {
-            return g_proc_map[i].before_v3020;
+        if (cudaVersion < g_proc_map[i].since && g_proc_map[i].older != NULL) {
+            return g_proc_map[i].older;
         }
         if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && g_proc_map[i].ptsz != NULL) {
             return g_proc_map[i].ptsz;
@@ -1025,4 +2149,37 @@ EXPORT int gpushare_double_state(int device, struct gpushare_double_snapshot *ou
     }
     unlock();
     return count;
+}
+
+/* ---------------------------------------------------------------- busy time */
+
+EXPORT unsigned long long gpushare_double_busy_ns(int device, unsigned long long from_ns,
+                                                  unsigned long long to_ns) {
+    const struct timeline *t;
+    unsigned long long busy = 0;
+    size_t lo = 0, hi, i;
+    lock();
+    if (device < 0 || device >= g_config.devices || from_ns >= to_ns) {
+        unlock();
+        return 0;
+    }
+    t = &g_timelines[device];
+    hi = t->span_len;
+#define SPAN_AT(k) (t->spans[(t->span_head + (k)) % SPAN_CAPACITY])
+    while (lo < hi) { /* the first span that ends after from_ns */
+        size_t mid = lo + (hi - lo) / 2;
+        if (SPAN_AT(mid).end <= from_ns) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    for (i = lo; i < t->span_len && SPAN_AT(i).start < to_ns; i++) {
+        unsigned long long start = SPAN_AT(i).start > from_ns ? SPAN_AT(i).start : from_ns;
+        unsigned long long end = SPAN_AT(i).end < to_ns ? SPAN_AT(i).end : to_ns;
+        busy += end - start;
+    }
+#undef SPAN_AT
+    unlock();
+    return busy;
 }

@@ -36,11 +36,21 @@ struct gpushare_double_snapshot {
 };
 
 /*
- * Exported by libcuda.so.1 (the only non-API symbol it exports). Returns the
+ * Exported by libcuda.so.1 (with the busy-time accessor below, the only
+ * non-API symbols it exports). Returns the
  * number of fake GPUs; fills *out when out is not NULL and device is in range.
  */
 typedef int (*gpushare_double_state_fn)(int device, struct gpushare_double_snapshot *out);
 #define GPUSHARE_DOUBLE_STATE_SYMBOL "gpushare_double_state"
+
+/*
+ * Exported by libcuda.so.1: nanoseconds of [from_ns, to_ns) (CLOCK_MONOTONIC)
+ * during which the simulated GPU `device` of this process ran kernels; 0 for
+ * an unknown device or an empty range.
+ */
+typedef unsigned long long (*gpushare_double_busy_fn)(int device, unsigned long long from_ns,
+                                                       unsigned long long to_ns);
+#define GPUSHARE_DOUBLE_BUSY_SYMBOL "gpushare_double_busy_ns"
 
 struct double_config {
     int devices;

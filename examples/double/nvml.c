@@ -30,6 +30,7 @@
     X(nvmlDeviceGetHandleByUUID)                                                        \
     X(nvmlDeviceGetHandleByPciBusId_v2)                                                 \
     X(nvmlDeviceGetUUID)                                                                \
+    X(nvmlDeviceGetIndex)                                                               \
     X(nvmlDeviceGetMemoryInfo)                                                          \
     X(nvmlDeviceGetMemoryInfo_v2)                                                       \
     X(nvmlDeviceGetComputeRunningProcesses_v3)
@@ -242,6 +243,18 @@ nvmlReturn_t impl_nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned in
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
     double_uuid_string(device->index, uuid);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t impl_nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    nvmlReturn_t rc = device_snapshot(device, NULL);
+    if (rc != NVML_SUCCESS) {
+        return rc;
+    }
+    if (index == NULL) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    *index = device->index;
     return NVML_SUCCESS;
 }
 

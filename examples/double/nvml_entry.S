@@ -89,4 +89,5 @@ nvmlInit_v2:
         cu_style nvmlDeviceGetHandleByUUID
         cu_style nvmlDeviceGetHandleByPciBusId_v2
         cu_style nvmlDeviceGetUUID
+        cu_style nvmlDeviceGetIndex
         cu_style nvmlDeviceGetComputeRunningProcesses_v3

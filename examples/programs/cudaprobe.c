@@ -8,7 +8,9 @@
  *   or, with --via getproc, dlsym of cuGetProcAddress_v2 alone and every other
  *   cu* pointer through it (base names, cudaVersion 13000, flags 0, or flags 2
  *   for the _ptsz APIs; the legacy v1 cuMemGetInfo and cuDeviceTotalMem with
- *   cudaVersion 3010). NVML functions always come from dlsym.
+ *   cudaVersion 3010). NVML functions always come from dlsym. The compute
+ *   entry points (modules, launches, streams, graphs) are optional there: one
+ *   the driver lacks fails its command with CUDA_ERROR_NOT_FOUND (500).
  * - cudaprobe_linked (-DCUDAPROBE_LINKED): linked with -lcuda -lnvidia-ml and
  *   calling the functions directly (through the PLT).
  *
@@ -64,9 +66,56 @@
  *                            stdin, then "resumed"
  *   pid                   -> "pid N"
  *
+ * Compute. Kernels are the spin kernel (spin_ptx below: one u64 parameter,
+ * the ns it busy-waits on the GPU's global timer; the double's simulated
+ * clock reads the same parameter as the kernel's duration), grid and block
+ * 1x1x1, on the legacy default stream (NULL; the per-thread one for _ptsz).
+ * API is one of:
+ *       kernel      cuLaunchKernel              kernel_ptsz  its _ptsz
+ *       ex          cuLaunchKernelEx            ex_ptsz      its _ptsz
+ *       coop        cuLaunchCooperativeKernel   coop_ptsz    its _ptsz
+ *       graph       cuGraphLaunch of a graph exec holding one kernel, captured
+ *                   (cuStreamBeginCapture_v2, global mode, cuLaunchKernel,
+ *                   cuStreamEndCapture) on a created stream and instantiated
+ *                   before the clock starts; destroyed after
+ *                                               graph_ptsz   cuGraphLaunch_ptsz
+ *       legacy      cuLaunch                    grid         cuLaunchGrid(1, 1)
+ *       grid_async  cuLaunchGridAsync(1, 1, NULL); these three launch
+ *                   gpushare_spin_default, which takes no parameter and
+ *                   spins 100 µs: on the double their kernels last
+ *                   GPUSHARE_DOUBLE_KERNEL_NS (default 100 µs) whatever
+ *                   DUR_US says
+ * Each measured command stops at the first failed launch, then calls
+ * cuCtxSynchronize; RESULT is the first failure of a launch (or of the
+ * setup before it), else of the synchronize. W (wall_ns) runs from just
+ * before the first launch to the return of cuCtxSynchronize; B (busy_ns) is
+ * the device's busy time within it from the double's accessor
+ * gpushare_double_busy_ns (found with dlsym; 0 on a real driver, which has
+ * none); S (share_pm) = 1000 * B / W, rounded down. All times in ns.
+ *   spin API DUR_US COUNT -> "spin API DUR_US COUNT -> RESULT wall_ns=W busy_ns=B
+ *                            share_pm=S": COUNT launches of DUR_US µs kernels,
+ *                            back to back
+ *   run API DUR_US MS     -> "run API DUR_US MS -> RESULT launches=N wall_ns=W
+ *                            busy_ns=B share_pm=S": launches as fast as the API
+ *                            returns until MS ms have passed since the first;
+ *                            N = successful launches
+ *   pace API DUR_US COUNT HOST_US
+ *                         -> "pace API DUR_US COUNT HOST_US -> RESULT
+ *                            ns_per_iter=X": COUNT times (HOST_US µs of
+ *                            busy-waiting on the host, then one launch);
+ *                            X = W / COUNT (0 when COUNT is 0)
+ *   series WINDOW_MS      -> "series WINDOW_MS pm=a,b,c": for the last spin,
+ *                            run or pace, the busy share in per mille of each
+ *                            whole WINDOW_MS window from the start of its W
+ *                            on (a partial last window is left out; "pm=" when
+ *                            none fits)
+ *   maxstall              -> "maxstall ns=X": the longest a single launch call
+ *                            of the last spin, run or pace took to return
+ *
  * Numbers are printed in decimal; on a failed query the figures are 0. Exit
  * status 0, or 2 with a message on stderr for a malformed script (checked in
- * full before anything runs) or an unknown ID.
+ * full before anything runs; series and maxstall need an earlier spin, run or
+ * pace, and series a WINDOW_MS of 1 or more) or an unknown ID.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -81,6 +130,7 @@
 #include <unistd.h>
 
 #include "cuda_min.h"
+#include "double_common.h"
 
 #define CUDA_VERSION_USED 13000
 #define CUDA_VERSION_LEGACY 3010
@@ -114,6 +164,33 @@
     X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", CUDA_VERSION_USED, 0)           \
     X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", CUDA_VERSION_USED, 0)
 
+/*
+ * The compute entry points, optional in the dlopen build: a real driver may
+ * lack the legacy launches, and a command that needs a missing one reports
+ * CUDA_ERROR_NOT_FOUND (500) instead of the probe failing to start.
+ */
+#define CU_COMPUTE_FUNCS(X)                                                             \
+    X(cuModuleLoadData, "cuModuleLoadData", CUDA_VERSION_USED, 0)                       \
+    X(cuModuleGetFunction, "cuModuleGetFunction", CUDA_VERSION_USED, 0)                 \
+    X(cuLaunchKernel, "cuLaunchKernel", CUDA_VERSION_USED, 0)                           \
+    X(cuLaunchKernel_ptsz, "cuLaunchKernel", CUDA_VERSION_USED, 2)                      \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx", CUDA_VERSION_USED, 0)                       \
+    X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", CUDA_VERSION_USED, 2)                  \
+    X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", CUDA_VERSION_USED, 0)     \
+    X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", CUDA_VERSION_USED, 2) \
+    X(cuLaunch, "cuLaunch", CUDA_VERSION_USED, 0)                                       \
+    X(cuLaunchGrid, "cuLaunchGrid", CUDA_VERSION_USED, 0)                               \
+    X(cuLaunchGridAsync, "cuLaunchGridAsync", CUDA_VERSION_USED, 0)                     \
+    X(cuGraphLaunch, "cuGraphLaunch", CUDA_VERSION_USED, 0)                             \
+    X(cuGraphLaunch_ptsz, "cuGraphLaunch", CUDA_VERSION_USED, 2)                        \
+    X(cuStreamCreate, "cuStreamCreate", CUDA_VERSION_USED, 0)                           \
+    X(cuStreamDestroy_v2, "cuStreamDestroy", CUDA_VERSION_USED, 0)                      \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", CUDA_VERSION_USED, 0)            \
+    X(cuStreamEndCapture, "cuStreamEndCapture", CUDA_VERSION_USED, 0)                   \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", CUDA_VERSION_USED, 0) \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", CUDA_VERSION_USED, 0)                   \
+    X(cuGraphDestroy, "cuGraphDestroy", CUDA_VERSION_USED, 0)
+
 #define NVML_FUNCS(X)                                                                   \
     X(nvmlInit_v2)                                                                      \
     X(nvmlShutdown)                                                                     \
@@ -124,19 +201,25 @@
 
 #ifdef CUDAPROBE_LINKED
 #define CU(name) name
+#define CU_OPT(name, ...) name(__VA_ARGS__)
 #define NVML(name) name
 #else
 static struct {
 #define CU_SLOT(name, base, version, flags) __typeof__(&name) name;
     CU_FUNCS(CU_SLOT)
+    CU_COMPUTE_FUNCS(CU_SLOT)
 #undef CU_SLOT
 #define NVML_SLOT(name) __typeof__(&name) name;
     NVML_FUNCS(NVML_SLOT)
 #undef NVML_SLOT
 } drv;
 #define CU(name) drv.name
+#define CU_OPT(name, ...) (drv.name == NULL ? CUDA_ERROR_NOT_FOUND : drv.name(__VA_ARGS__))
 #define NVML(name) drv.name
 #endif
+
+/* The double's busy-time accessor; NULL on a real driver. */
+static gpushare_double_busy_fn busy_fn;
 
 static void die(int status, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 2, 3)));
@@ -163,6 +246,7 @@ static void *symbol(void *lib, const char *name) {
 
 static void load_api(int via_getproc) {
     void *cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *busy;
     void *nvml;
     if (cuda == NULL) {
         die(1, "%s", dlerror());
@@ -185,11 +269,24 @@ static void load_api(int via_getproc) {
     drv.name = (__typeof__(&name))p;
         CU_FUNCS(CU_GETPROC)
 #undef CU_GETPROC
+#define CU_GETPROC_OPT(name, base, version, flags)                                      \
+    p = NULL;                                                                           \
+    if (getproc(base, &p, version, flags, &status) == CUDA_SUCCESS &&                   \
+        status == CU_GET_PROC_ADDRESS_SUCCESS) {                                        \
+        drv.name = (__typeof__(&name))p;                                                \
+    }
+        CU_COMPUTE_FUNCS(CU_GETPROC_OPT)
+#undef CU_GETPROC_OPT
     } else {
 #define CU_DLSYM(name, base, version, flags) drv.name = (__typeof__(&name))symbol(cuda, #name);
         CU_FUNCS(CU_DLSYM)
 #undef CU_DLSYM
+#define CU_DLSYM_OPT(name, base, version, flags) drv.name = (__typeof__(&name))dlsym(cuda, #name);
+        CU_COMPUTE_FUNCS(CU_DLSYM_OPT)
+#undef CU_DLSYM_OPT
     }
+    busy = dlsym(cuda, GPUSHARE_DOUBLE_BUSY_SYMBOL);
+    memcpy(&busy_fn, &busy, sizeof busy_fn);
 #define NVML_DLSYM(name) drv.name = (__typeof__(&name))symbol(nvml, #name);
     NVML_FUNCS(NVML_DLSYM)
 #undef NVML_DLSYM
@@ -216,6 +313,27 @@ enum api_kind {
 static const char *const api_names[API_COUNT] = {
     "mem", "pitch", "managed", "async", "async_ptsz", "pool", "pool_ptsz",
     "create", "array", "array3d", "mipmap",
+};
+
+/* The launch APIs of spin, run and pace. */
+enum launch_api {
+    LAUNCH_KERNEL,
+    LAUNCH_KERNEL_PTSZ,
+    LAUNCH_EX,
+    LAUNCH_EX_PTSZ,
+    LAUNCH_COOP,
+    LAUNCH_COOP_PTSZ,
+    LAUNCH_GRAPH,
+    LAUNCH_GRAPH_PTSZ,
+    LAUNCH_LEGACY,
+    LAUNCH_GRID,
+    LAUNCH_GRID_ASYNC,
+    LAUNCH_COUNT
+};
+
+static const char *const launch_names[LAUNCH_COUNT] = {
+    "kernel", "kernel_ptsz", "ex",     "ex_ptsz", "coop",      "coop_ptsz",
+    "graph",  "graph_ptsz",  "legacy", "grid",    "grid_async",
 };
 
 struct record {
@@ -418,6 +536,17 @@ static enum api_kind arg_api(const char *text) {
     return API_COUNT;
 }
 
+static enum launch_api arg_launch(const char *text) {
+    int i;
+    for (i = 0; i < LAUNCH_COUNT; i++) {
+        if (text != NULL && strcmp(text, launch_names[i]) == 0) {
+            return (enum launch_api)i;
+        }
+    }
+    die(2, "unknown launch API '%s'", text ? text : "");
+    return LAUNCH_COUNT;
+}
+
 /* ---------------------------------------------------------------- commands */
 
 static void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -559,9 +688,303 @@ static void cmd_nvml_procs(void) {
     emit("nvml_procs %d count=%u used=%llu", (int)rc, count, used);
 }
 
+/* ---------------------------------------------------------------- compute */
+
+/*
+ * The spin kernels: gpushare_spin busy-waits on the GPU's global timer for
+ * its one parameter, in ns; gpushare_spin_default, for the legacy launches
+ * that pass no parameter, for 100 µs (the double's default kernel time). The
+ * double runs any image; a real GPU JIT-compiles this.
+ */
+static const char spin_ptx[] =
+    ".version 6.4\n"
+    ".target sm_75\n"
+    ".address_size 64\n"
+    "\n"
+    ".visible .entry gpushare_spin(.param .u64 gpushare_spin_ns)\n"
+    "{\n"
+    "    .reg .pred %p<2>;\n"
+    "    .reg .b64 %rd<5>;\n"
+    "    ld.param.u64 %rd1, [gpushare_spin_ns];\n"
+    "    mov.u64 %rd2, %globaltimer;\n"
+    "$L_spin:\n"
+    "    mov.u64 %rd3, %globaltimer;\n"
+    "    sub.s64 %rd4, %rd3, %rd2;\n"
+    "    setp.lt.u64 %p1, %rd4, %rd1;\n"
+    "    @%p1 bra $L_spin;\n"
+    "    ret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry gpushare_spin_default()\n"
+    "{\n"
+    "    .reg .pred %p<2>;\n"
+    "    .reg .b64 %rd<5>;\n"
+    "    mov.u64 %rd1, 100000;\n"
+    "    mov.u64 %rd2, %globaltimer;\n"
+    "$L_spin_default:\n"
+    "    mov.u64 %rd3, %globaltimer;\n"
+    "    sub.s64 %rd4, %rd3, %rd2;\n"
+    "    setp.lt.u64 %p1, %rd4, %rd1;\n"
+    "    @%p1 bra $L_spin_default;\n"
+    "    ret;\n"
+    "}\n";
+
+static CUfunction spin_function, spin_default_function;
+
+static unsigned long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+/* Loads the spin kernels once per process. */
+static CUresult spin_kernel(void) {
+    static CUmodule module;
+    CUresult rc;
+    if (spin_default_function != NULL) {
+        return CUDA_SUCCESS;
+    }
+    if (module == NULL) {
+        rc = CU_OPT(cuModuleLoadData, &module, spin_ptx);
+        if (rc != CUDA_SUCCESS) {
+            module = NULL;
+            return rc;
+        }
+    }
+    rc = CU_OPT(cuModuleGetFunction, &spin_function, module, "gpushare_spin");
+    if (rc == CUDA_SUCCESS) {
+        rc = CU_OPT(cuModuleGetFunction, &spin_default_function, module,
+                    "gpushare_spin_default");
+    }
+    if (rc != CUDA_SUCCESS) {
+        spin_function = spin_default_function = NULL;
+    }
+    return rc;
+}
+
+/* One API launching kernels of one duration; graphs hold one captured kernel. */
+struct launcher {
+    enum launch_api api;
+    unsigned long long ns;
+    void *params[1];
+    CUstream stream;
+    CUgraph graph;
+    CUgraphExec exec;
+};
+
+static CUresult launcher_open(struct launcher *l, enum launch_api api, unsigned long long dur_us) {
+    CUresult rc;
+    memset(l, 0, sizeof *l);
+    l->api = api;
+    l->ns = dur_us * 1000ULL;
+    l->params[0] = &l->ns;
+    rc = spin_kernel();
+    if (rc != CUDA_SUCCESS || (api != LAUNCH_GRAPH && api != LAUNCH_GRAPH_PTSZ)) {
+        return rc;
+    }
+    rc = CU_OPT(cuStreamCreate, &l->stream, CU_STREAM_NON_BLOCKING);
+    if (rc != CUDA_SUCCESS) {
+        l->stream = NULL;
+        return rc;
+    }
+    /* GLOBAL, PyTorch's default: the mode that any thread's unsafe call breaks. */
+    rc = CU_OPT(cuStreamBeginCapture_v2, l->stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    if (rc == CUDA_SUCCESS) {
+        CUresult launched = CU_OPT(cuLaunchKernel, spin_function, 1, 1, 1, 1, 1, 1, 0,
+                                   l->stream, l->params, NULL);
+        rc = CU_OPT(cuStreamEndCapture, l->stream, &l->graph);
+        if (rc != CUDA_SUCCESS) {
+            l->graph = NULL;
+        } else if (launched != CUDA_SUCCESS) {
+            rc = launched;
+        }
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = CU_OPT(cuGraphInstantiateWithFlags, &l->exec, l->graph, 0);
+        if (rc != CUDA_SUCCESS) {
+            l->exec = NULL;
+        }
+    }
+    return rc;
+}
+
+static void launcher_close(struct launcher *l) {
+    if (l->exec != NULL) {
+        (void)CU_OPT(cuGraphExecDestroy, l->exec);
+    }
+    if (l->graph != NULL) {
+        (void)CU_OPT(cuGraphDestroy, l->graph);
+    }
+    if (l->stream != NULL) {
+        (void)CU_OPT(cuStreamDestroy_v2, l->stream);
+    }
+}
+
+static CUresult launch_once(struct launcher *l) {
+    CUfunction f = spin_function;
+    switch (l->api) {
+    case LAUNCH_KERNEL:
+        return CU_OPT(cuLaunchKernel, f, 1, 1, 1, 1, 1, 1, 0, NULL, l->params, NULL);
+    case LAUNCH_KERNEL_PTSZ:
+        return CU_OPT(cuLaunchKernel_ptsz, f, 1, 1, 1, 1, 1, 1, 0, NULL, l->params, NULL);
+    case LAUNCH_EX:
+    case LAUNCH_EX_PTSZ: {
+        CUlaunchConfig config;
+        memset(&config, 0, sizeof config);
+        config.gridDimX = config.gridDimY = config.gridDimZ = 1;
+        config.blockDimX = config.blockDimY = config.blockDimZ = 1;
+        if (l->api == LAUNCH_EX) {
+            return CU_OPT(cuLaunchKernelEx, &config, f, l->params, NULL);
+        }
+        return CU_OPT(cuLaunchKernelEx_ptsz, &config, f, l->params, NULL);
+    }
+    case LAUNCH_COOP:
+        return CU_OPT(cuLaunchCooperativeKernel, f, 1, 1, 1, 1, 1, 1, 0, NULL, l->params);
+    case LAUNCH_COOP_PTSZ:
+        return CU_OPT(cuLaunchCooperativeKernel_ptsz, f, 1, 1, 1, 1, 1, 1, 0, NULL, l->params);
+    case LAUNCH_GRAPH:
+        return CU_OPT(cuGraphLaunch, l->exec, NULL);
+    case LAUNCH_GRAPH_PTSZ:
+        return CU_OPT(cuGraphLaunch_ptsz, l->exec, NULL);
+    case LAUNCH_LEGACY:
+        return CU_OPT(cuLaunch, spin_default_function);
+    case LAUNCH_GRID:
+        return CU_OPT(cuLaunchGrid, spin_default_function, 1, 1);
+    case LAUNCH_GRID_ASYNC:
+        return CU_OPT(cuLaunchGridAsync, spin_default_function, 1, 1, NULL);
+    case LAUNCH_COUNT:
+        break;
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The last spin, run or pace: its interval and its slowest launch call. */
+static struct {
+    unsigned long long start, end, max_call;
+} last_run;
+
+/* One launch, timed into last_run.max_call. */
+static CUresult timed_launch(struct launcher *l) {
+    unsigned long long before = now_ns(), took;
+    CUresult rc = launch_once(l);
+    took = now_ns() - before;
+    if (took > last_run.max_call) {
+        last_run.max_call = took;
+    }
+    return rc;
+}
+
+static unsigned long long busy_between(unsigned long long from, unsigned long long to) {
+    return busy_fn != NULL ? busy_fn(device_ordinal, from, to) : 0;
+}
+
+/* Ends a measured command: synchronize, close the interval. */
+static CUresult finish_run(CUresult rc, unsigned long long start) {
+    CUresult sync = CU(cuCtxSynchronize)();
+    last_run.start = start;
+    last_run.end = now_ns();
+    return rc != CUDA_SUCCESS ? rc : sync;
+}
+
+static unsigned long long per_mille(unsigned long long part, unsigned long long whole) {
+    return whole == 0 ? 0 : part * 1000ULL / whole;
+}
+
+/*
+ * spin (count launches) or, with `for_ns`, run (launches until count ns after
+ * the first); stops at the first failed launch. Returns the result, with the
+ * successful launches in *launches.
+ */
+static CUresult launch_loop(enum launch_api api, unsigned long long dur_us,
+                            unsigned long long count, int for_ns, unsigned long long *launches) {
+    struct launcher l;
+    CUresult rc = launcher_open(&l, api, dur_us);
+    unsigned long long start = now_ns();
+    last_run.max_call = 0;
+    *launches = 0;
+    while (rc == CUDA_SUCCESS && (for_ns ? now_ns() - start < count : *launches < count)) {
+        rc = timed_launch(&l);
+        if (rc == CUDA_SUCCESS) {
+            ++*launches;
+        }
+    }
+    rc = finish_run(rc, start);
+    launcher_close(&l);
+    return rc;
+}
+
+static void cmd_spin(const char *api_text, enum launch_api api, const char *dur_text,
+                     unsigned long long dur_us, const char *count_text, unsigned long long count) {
+    unsigned long long launches = 0, wall, busy;
+    CUresult rc = launch_loop(api, dur_us, count, 0, &launches);
+    wall = last_run.end - last_run.start;
+    busy = busy_between(last_run.start, last_run.end);
+    emit("spin %s %s %s -> %d wall_ns=%llu busy_ns=%llu share_pm=%llu", api_text, dur_text,
+         count_text, (int)rc, wall, busy, per_mille(busy, wall));
+}
+
+static void cmd_run(const char *api_text, enum launch_api api, const char *dur_text,
+                    unsigned long long dur_us, const char *ms_text, unsigned long long ms) {
+    unsigned long long launches = 0, wall, busy;
+    CUresult rc = launch_loop(api, dur_us, ms * 1000000ULL, 1, &launches);
+    wall = last_run.end - last_run.start;
+    busy = busy_between(last_run.start, last_run.end);
+    emit("run %s %s %s -> %d launches=%llu wall_ns=%llu busy_ns=%llu share_pm=%llu", api_text,
+         dur_text, ms_text, (int)rc, launches, wall, busy, per_mille(busy, wall));
+}
+
+static void cmd_pace(const char *api_text, enum launch_api api, const char *dur_text,
+                     unsigned long long dur_us, const char *count_text, unsigned long long count,
+                     const char *host_text, unsigned long long host_us) {
+    struct launcher l;
+    CUresult rc = launcher_open(&l, api, dur_us);
+    unsigned long long start = now_ns(), i;
+    last_run.max_call = 0;
+    for (i = 0; rc == CUDA_SUCCESS && i < count; i++) {
+        unsigned long long until = now_ns() + host_us * 1000ULL;
+        while (now_ns() < until) {
+            /* host work */
+        }
+        rc = timed_launch(&l);
+    }
+    rc = finish_run(rc, start);
+    launcher_close(&l);
+    emit("pace %s %s %s %s -> %d ns_per_iter=%llu", api_text, dur_text, count_text, host_text,
+         (int)rc, count == 0 ? 0 : (last_run.end - last_run.start) / count);
+}
+
+static void cmd_series(const char *window_text, unsigned long long window_ms) {
+    unsigned long long window = window_ms * 1000000ULL, from;
+    size_t cap = 64, len = 0;
+    char *text = malloc(cap);
+    if (text == NULL) {
+        die(1, "out of host memory");
+    }
+    text[0] = '\0';
+    for (from = last_run.start; window != 0 && last_run.end - from >= window; from += window) {
+        char item[32];
+        int n = snprintf(item, sizeof item, "%s%llu", len == 0 ? "" : ",",
+                         per_mille(busy_between(from, from + window), window));
+        if (len + (size_t)n + 1 > cap) {
+            char *grown;
+            cap = 2 * (len + (size_t)n + 1);
+            grown = realloc(text, cap);
+            if (grown == NULL) {
+                die(1, "out of host memory");
+            }
+            text = grown;
+        }
+        memcpy(text + len, item, (size_t)n + 1);
+        len += (size_t)n;
+    }
+    emit("series %s pm=%s", window_text, text);
+    free(text);
+}
+
 /* Runs (execute) or only checks (!execute) the script; returns at its end. */
 static void run_script(int argc, char **argv, int execute) {
     int i = 0;
+    int measured = 0; /* a spin, run or pace came earlier */
 #define NEXT() (i < argc ? argv[i++] : NULL)
     while (i < argc) {
         const char *cmd = NEXT();
@@ -703,6 +1126,57 @@ static void run_script(int argc, char **argv, int execute) {
             if (execute) {
                 emit("pid %ld", (long)getpid());
             }
+        } else if (strcmp(cmd, "spin") == 0 || strcmp(cmd, "run") == 0) {
+            const char *api_text = NEXT();
+            enum launch_api api = arg_launch(api_text);
+            const char *dur_text = NEXT();
+            unsigned long long dur_us = arg_number(dur_text);
+            const char *n_text = NEXT();
+            unsigned long long n = arg_number(n_text);
+            if (dur_us > ~0ULL / 1000 || (cmd[0] == 'r' && n > ~0ULL / 1000000)) {
+                die(2, "%s: number too large", cmd);
+            }
+            measured = 1;
+            if (execute && cmd[0] == 's') {
+                cmd_spin(api_text, api, dur_text, dur_us, n_text, n);
+            } else if (execute) {
+                cmd_run(api_text, api, dur_text, dur_us, n_text, n);
+            }
+        } else if (strcmp(cmd, "pace") == 0) {
+            const char *api_text = NEXT();
+            enum launch_api api = arg_launch(api_text);
+            const char *dur_text = NEXT();
+            unsigned long long dur_us = arg_number(dur_text);
+            const char *count_text = NEXT();
+            unsigned long long count = arg_number(count_text);
+            const char *host_text = NEXT();
+            unsigned long long host_us = arg_number(host_text);
+            if (dur_us > ~0ULL / 1000 || host_us > ~0ULL / 1000) {
+                die(2, "pace: number too large");
+            }
+            measured = 1;
+            if (execute) {
+                cmd_pace(api_text, api, dur_text, dur_us, count_text, count, host_text, host_us);
+            }
+        } else if (strcmp(cmd, "series") == 0) {
+            const char *window_text = NEXT();
+            unsigned long long window_ms = arg_number(window_text);
+            if (window_ms == 0 || window_ms > ~0ULL / 1000000) {
+                die(2, "series needs a window of 1 ms or more");
+            }
+            if (!measured) {
+                die(2, "series needs an earlier spin, run or pace");
+            }
+            if (execute) {
+                cmd_series(window_text, window_ms);
+            }
+        } else if (strcmp(cmd, "maxstall") == 0) {
+            if (!measured) {
+                die(2, "maxstall needs an earlier spin, run or pace");
+            }
+            if (execute) {
+                emit("maxstall ns=%llu", last_run.max_call);
+            }
         } else {
             die(2, "unknown command '%s'", cmd);
         }
@@ -749,6 +1223,11 @@ int main(int argc, char **argv) {
     run_script(argc - i, argv + i, 0);
 #ifndef CUDAPROBE_LINKED
     load_api(via_getproc);
+#else
+    {
+        void *busy = dlsym(RTLD_DEFAULT, GPUSHARE_DOUBLE_BUSY_SYMBOL);
+        memcpy(&busy_fn, &busy, sizeof busy_fn);
+    }
 #endif
     check("cuInit", CU(cuInit)(0));
     check("cuDeviceGet", CU(cuDeviceGet)(&device, device_ordinal));

@@ -34,6 +34,40 @@
 //! `cuMemAllocAsync` → `cuMemAllocAsync_ptsz`, …) like the real driver.
 //! The sources in `double/` say the rest.
 //!
+//! # The simulated GPU clock
+//!
+//! Kernels run nowhere, but they take time: each device of a process has one
+//! timeline (`CLOCK_MONOTONIC` ns), and every launch — `cuLaunchKernel(_ptsz)`,
+//! `cuLaunchKernelEx(_ptsz)`, `cuLaunchCooperativeKernel(_ptsz)`,
+//! `cuGraphLaunch(_ptsz)`, legacy `cuLaunch`/`cuLaunchGrid(Async)` — returns at
+//! once and occupies it from `max(now, busy_until)` for its duration, as
+//! kernels that fill every SM would. A kernel lasts
+//! `*(kernelParams[0] as *const u64)` ns; without `kernelParams`, and always
+//! for the legacy launches, `GPUSHARE_DOUBLE_KERNEL_NS` (default
+//! [`DEFAULT_KERNEL_NS`]). A launch blocks only while
+//! `GPUSHARE_DOUBLE_QUEUE_DEPTH` (default [`DEFAULT_QUEUE_DEPTH`])
+//! submissions are pending on the device, like a full launch queue. Stream
+//! capture records launches into the graph without running them; a graph
+//! launch occupies the sum of its captured kernels. `cuEventRecord` stamps
+//! `max(now, busy_until)`; `cuEventQuery`, `cuEventSynchronize`,
+//! `cuEventElapsedTime(_v2)`, `cuStreamQuery`, `cuStreamSynchronize(_ptsz)`
+//! and `cuCtxSynchronize` follow that clock (`CUDA_ERROR_NOT_READY` until
+//! then). During a capture the double enforces the rules measured on driver
+//! 580: an event or stream query/synchronize fails with
+//! `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and invalidates a capture begun in
+//! GLOBAL mode (from any thread) or THREAD_LOCAL mode (from its own thread),
+//! unless the calling thread switched itself to RELAXED with
+//! `cuThreadExchangeStreamCaptureMode`; `cuCtxSynchronize` and waiting for
+//! the capturing stream always do. `cuEventRecord`, `cuEventElapsedTime` and
+//! launches are safe. A limiter that meters kernels must respect this, or it
+//! breaks the application's CUDA graphs. `cuStreamGetCtx(_ptsz)` gives a
+//! created stream's context (the current one for the default streams).
+//!
+//! The hidden export [`BUSY_SYMBOL`] gives the busy nanoseconds of a device
+//! within a window, so a test can assert the share a limiter let through;
+//! `cudaprobe`'s `spin`, `run`, `series`, `pace` and `maxstall` print it
+//! (parse them with [`probe_field`]).
+//!
 //! # Targets
 //!
 //! The stubs are x86_64 assembly: on other targets `build.rs` builds nothing
@@ -77,6 +111,31 @@ mod double {
     /// Bytes the first context on a GPU charges, unless
     /// `GPUSHARE_DOUBLE_CONTEXT_BYTES` says otherwise (300 MiB).
     pub const DEFAULT_CONTEXT_BYTES: u64 = 300 << 20;
+
+    /// Nanoseconds a kernel lasts when its launch gives no duration, unless
+    /// `GPUSHARE_DOUBLE_KERNEL_NS` says otherwise (100 µs).
+    pub const DEFAULT_KERNEL_NS: u64 = 100_000;
+
+    /// Submissions a device holds (queued or running) before a launch
+    /// blocks, unless `GPUSHARE_DOUBLE_QUEUE_DEPTH` says otherwise.
+    pub const DEFAULT_QUEUE_DEPTH: u64 = 1024;
+
+    /// The double's busy-time accessor, exported by its `libcuda.so.1`:
+    /// `unsigned long long gpushare_double_busy_ns(int device, unsigned long
+    /// long from_ns, unsigned long long to_ns)`, the nanoseconds of
+    /// `[from_ns, to_ns)` (`CLOCK_MONOTONIC`) during which this process's
+    /// kernels ran on `device`.
+    pub const BUSY_SYMBOL: &str = "gpushare_double_busy_ns";
+
+    /// The number after `key=` in a probe output line, e.g.
+    /// `probe_field("spin kernel 1000 20 -> 0 wall_ns=20 busy_ns=20 share_pm=1000", "busy_ns")`
+    /// is `Some(20)`.
+    pub fn probe_field(line: &str, key: &str) -> Option<u64> {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(key)?.strip_prefix('='))?
+            .parse()
+            .ok()
+    }
 
     /// Directory holding the double: `libcuda.so.1`, `libcuda.so`,
     /// `libnvidia-ml.so.1`, `libnvidia-ml.so`.
@@ -123,6 +182,7 @@ mod double {
         "nvmlDeviceGetHandleByUUID",
         "nvmlDeviceGetHandleByPciBusId_v2",
         "nvmlDeviceGetUUID",
+        "nvmlDeviceGetIndex",
         "nvmlDeviceGetMemoryInfo",
         "nvmlDeviceGetMemoryInfo_v2",
         "nvmlDeviceGetComputeRunningProcesses_v3",

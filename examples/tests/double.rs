@@ -10,9 +10,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 use gpushare_examples::{
-    CU_GUARD_IMM, CU_PROLOGUE, CU_PROLOGUE_LEN, DEFAULT_CONTEXT_BYTES, NVML_ENTRY_POINTS,
-    NVML_INIT_V2_PREFIX, NVML_MEMINFO_PROLOGUE, command, cu_entry_points, double_dir, program,
-    uuid,
+    BUSY_SYMBOL, CU_GUARD_IMM, CU_PROLOGUE, CU_PROLOGUE_LEN, DEFAULT_CONTEXT_BYTES,
+    NVML_ENTRY_POINTS, NVML_INIT_V2_PREFIX, NVML_MEMINFO_PROLOGUE, command, cu_entry_points,
+    double_dir, program, uuid,
 };
 
 const KIB: u64 = 1 << 10;
@@ -71,7 +71,7 @@ fn le_i32(bytes: &[u8]) -> i32 {
 fn every_cu_entry_point_starts_with_the_h100_prologue() {
     let lib = Lib::open("libcuda.so.1");
     let names: Vec<&str> = cu_entry_points().collect();
-    assert_eq!(names.len(), 43, "{names:?}");
+    assert_eq!(names.len(), 84, "{names:?}");
     for name in names {
         let code = lib.code(name, CU_PROLOGUE_LEN + 8);
         assert_eq!(code[..12], CU_PROLOGUE, "{name}");
@@ -145,6 +145,7 @@ fn exports(file: &str) -> BTreeSet<String> {
 fn the_libraries_export_the_api_and_nothing_else() {
     let mut cuda: BTreeSet<String> = cu_entry_points().map(str::to_owned).collect();
     cuda.insert("gpushare_double_state".to_owned());
+    cuda.insert(BUSY_SYMBOL.to_owned());
     assert_eq!(exports("libcuda.so.1"), cuda);
     let nvml: BTreeSet<String> = NVML_ENTRY_POINTS.iter().map(|&n| n.to_owned()).collect();
     assert_eq!(exports("libnvidia-ml.so.1"), nvml);
@@ -200,6 +201,75 @@ fn get_proc_address_hands_out_the_exported_addresses() {
         ("cuInit", 13000, 0, "cuInit"),
         ("cuMemCreate", 13000, 0, "cuMemCreate"),
         ("cuMipmappedArrayCreate", 13000, 0, "cuMipmappedArrayCreate"),
+        // Launches, streams, events and graphs: the per-thread flag picks
+        // the _ptsz export where the driver has one.
+        ("cuLaunchKernel", 13000, 0, "cuLaunchKernel"),
+        ("cuLaunchKernel", 13000, 2, "cuLaunchKernel_ptsz"),
+        ("cuLaunchKernelEx", 13000, 0, "cuLaunchKernelEx"),
+        ("cuLaunchKernelEx", 13000, 2, "cuLaunchKernelEx_ptsz"),
+        (
+            "cuLaunchCooperativeKernel",
+            13000,
+            0,
+            "cuLaunchCooperativeKernel",
+        ),
+        (
+            "cuLaunchCooperativeKernel",
+            13000,
+            2,
+            "cuLaunchCooperativeKernel_ptsz",
+        ),
+        ("cuLaunch", 13000, 2, "cuLaunch"),
+        ("cuLaunchGrid", 13000, 0, "cuLaunchGrid"),
+        ("cuLaunchGridAsync", 13000, 2, "cuLaunchGridAsync"),
+        ("cuGraphLaunch", 13000, 0, "cuGraphLaunch"),
+        ("cuGraphLaunch", 13000, 2, "cuGraphLaunch_ptsz"),
+        (
+            "cuGraphInstantiate",
+            13000,
+            0,
+            "cuGraphInstantiateWithFlags",
+        ),
+        (
+            "cuGraphInstantiateWithFlags",
+            13000,
+            0,
+            "cuGraphInstantiateWithFlags",
+        ),
+        ("cuStreamBeginCapture", 13000, 0, "cuStreamBeginCapture_v2"),
+        (
+            "cuStreamBeginCapture",
+            13000,
+            2,
+            "cuStreamBeginCapture_v2_ptsz",
+        ),
+        ("cuStreamEndCapture", 13000, 2, "cuStreamEndCapture_ptsz"),
+        ("cuStreamIsCapturing", 13000, 2, "cuStreamIsCapturing_ptsz"),
+        (
+            "cuThreadExchangeStreamCaptureMode",
+            13000,
+            0,
+            "cuThreadExchangeStreamCaptureMode",
+        ),
+        ("cuStreamSynchronize", 13000, 0, "cuStreamSynchronize"),
+        ("cuStreamSynchronize", 13000, 2, "cuStreamSynchronize_ptsz"),
+        ("cuStreamQuery", 13000, 2, "cuStreamQuery_ptsz"),
+        ("cuStreamCreate", 13000, 2, "cuStreamCreate"),
+        ("cuStreamGetCtx", 13000, 0, "cuStreamGetCtx"),
+        ("cuStreamGetCtx", 13000, 2, "cuStreamGetCtx_ptsz"),
+        ("cuStreamDestroy", 13000, 0, "cuStreamDestroy_v2"),
+        ("cuEventCreate", 13000, 0, "cuEventCreate"),
+        ("cuEventRecord", 13000, 0, "cuEventRecord"),
+        ("cuEventRecord", 13000, 2, "cuEventRecord_ptsz"),
+        ("cuEventQuery", 13000, 2, "cuEventQuery"),
+        ("cuEventSynchronize", 13000, 0, "cuEventSynchronize"),
+        ("cuEventElapsedTime", 13000, 0, "cuEventElapsedTime_v2"),
+        ("cuEventElapsedTime", 12000, 0, "cuEventElapsedTime"),
+        ("cuEventDestroy", 13000, 0, "cuEventDestroy_v2"),
+        ("cuModuleLoadData", 13000, 0, "cuModuleLoadData"),
+        ("cuModuleGetFunction", 13000, 0, "cuModuleGetFunction"),
+        ("cuModuleUnload", 13000, 0, "cuModuleUnload"),
+        ("cuDeviceGetAttribute", 13000, 0, "cuDeviceGetAttribute"),
     ] {
         let (rc, pfn, status) = lookup(base, version, flags);
         assert_eq!(
@@ -211,10 +281,14 @@ fn get_proc_address_hands_out_the_exported_addresses() {
     }
 
     for unknown in [
-        "cuLaunchKernel",
+        "cuLaunchHostFunc",
         "cuMemAlloc_v2",
         "cuMemAllocAsync_ptsz",
+        "cuLaunchKernel_ptsz",
+        "cuStreamBeginCapture_v2",
+        "cuEventDestroy_v2",
         "gpushare_double_state",
+        "gpushare_double_busy_ns",
         "cuserid",
     ] {
         let (rc, pfn, status) = lookup(unknown, 13000, 0);
