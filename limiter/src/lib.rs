@@ -1,1 +1,52 @@
-//! placeholder
+//! `libcuda_limiter.so`: per-pod GPU memory quotas enforced from inside an
+//! unmodified CUDA program, by inline-patching the driver.
+//!
+//! The life of a call:
+//! 1. At load (`LD_PRELOAD`), the constructor reads the configuration
+//!    ([`runtime`]). No limit configured: nothing else happens. A broken
+//!    configuration: one error line, and CUDA is refused at `cuInit`.
+//! 2. If libcuda / libnvidia-ml are already mapped they are patched at once;
+//!    otherwise the exported `dlopen` ([`loader`]) patches them the moment a
+//!    `dlopen` maps them, before that `dlopen` returns.
+//! 3. Patching rewrites the first bytes of each exported entry point into a
+//!    jump to a detour ([`detour`], generated per API family by
+//!    `gpushare_macros::detours!`), all in one transaction with the other
+//!    threads suspended. Every caller is caught: direct linking, `dlsym`,
+//!    `cuGetProcAddress`, static or shared cudart, frameworks.
+//! 4. A detour checks its guard (limiter on, not re-entered), then runs the
+//!    family's logic: an allocation reserves its size in the pod's shared
+//!    ledger ([`quota`]) before calling the original, and fails with
+//!    `CUDA_ERROR_OUT_OF_MEMORY` if the pod would exceed its quota; a free
+//!    credits it back; reports show the quota as total.
+//! 5. Errors are typed ([`error`]) and become a `CUresult`/`nvmlReturn_t` in
+//!    one place; "not ours to handle" calls the original; a panic is caught
+//!    and falls back to the original.
+
+// Unit tests build without the constructor and the exported `dlopen` (they
+// would act inside the test binary), which leaves most entry paths unused.
+#![cfg_attr(test, allow(dead_code))]
+
+mod detour;
+mod driver;
+mod error;
+mod estimates;
+mod loader;
+mod quota;
+mod runtime;
+mod sys;
+mod throttle;
+
+/// Load-time entry point. Kept cheap: a process that never loads CUDA pays
+/// only for reading its environment.
+#[cfg(not(test))]
+#[ctor::ctor(unsafe)]
+fn load() {
+    let loaded = std::panic::catch_unwind(|| {
+        gpushare_utils::logging::init("CUDA_LIMITER_LOG");
+        runtime::init_from_env();
+        loader::install_if_mapped();
+    });
+    if loaded.is_err() {
+        eprintln!("cuda-limiter: internal fault at load; limits may not apply");
+    }
+}

@@ -1,1 +1,212 @@
-//! placeholder
+//! Proc-macros that generate the limiter's detours.
+//!
+//! One declaration per intercepted symbol, inside one table per API family:
+//!
+//! ```ignore
+//! gpushare_macros::detours! {
+//!     /// The memory family.
+//!     pub static MEMORY_DETOURS;
+//!
+//!     /// Allocation through the classic entry point.
+//!     required fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult
+//!         => ops::mem_alloc;
+//! }
+//! ```
+//!
+//! For each declaration this generates a module named after the symbol with:
+//! - `Signature`, the typed `unsafe extern "C"` function pointer;
+//! - `ORIGINAL`, the slot the installer fills with the trampoline;
+//! - `detour`, the `extern "C"` function the driver's prologue jumps to. It
+//!   forwards to the original when the limiter is off or the thread is
+//!   already inside a detour (the limiter's own driver calls), otherwise runs
+//!   the handler `ops::mem_alloc(original, dptr, bytesize)` under
+//!   `catch_unwind`, and turns its `Err` into a return value or a call of the
+//!   original through `gpushare_utils::hook::IntoReturn`; a panic falls back
+//!   to the original, reported once;
+//! - `ENTRY`, the install entry; and the table `MEMORY_DETOURS: &[HookEntry]`.
+//!
+//! The return type must implement `gpushare_utils::hook::Unavailable`, the
+//! value returned in the one case no original exists (never, once installed).
+
+use proc_macro::TokenStream;
+use proc_macro2::TokenStream as TokenStream2;
+use quote::quote;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Attribute, FnArg, Ident, Pat, Path, Token, Type, Visibility, parenthesized};
+
+mod kw {
+    syn::custom_keyword!(required);
+    syn::custom_keyword!(optional);
+}
+
+struct Table {
+    attrs: Vec<Attribute>,
+    vis: Visibility,
+    name: Ident,
+    entries: Vec<Entry>,
+}
+
+struct Entry {
+    attrs: Vec<Attribute>,
+    required: bool,
+    symbol: Ident,
+    args: Vec<(Ident, Type)>,
+    output: Type,
+    handler: Path,
+}
+
+impl Parse for Table {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let vis: Visibility = input.parse()?;
+        input.parse::<Token![static]>()?;
+        let name: Ident = input.parse()?;
+        input.parse::<Token![;]>()?;
+        let mut entries = Vec::new();
+        while !input.is_empty() {
+            entries.push(input.parse()?);
+        }
+        Ok(Self {
+            attrs,
+            vis,
+            name,
+            entries,
+        })
+    }
+}
+
+impl Parse for Entry {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let attrs = input.call(Attribute::parse_outer)?;
+        let lookahead = input.lookahead1();
+        let required = if lookahead.peek(kw::required) {
+            input.parse::<kw::required>()?;
+            true
+        } else if lookahead.peek(kw::optional) {
+            input.parse::<kw::optional>()?;
+            false
+        } else {
+            return Err(lookahead.error());
+        };
+        input.parse::<Token![fn]>()?;
+        let symbol: Ident = input.parse()?;
+        let content;
+        parenthesized!(content in input);
+        let raw_args: Punctuated<FnArg, Token![,]> =
+            content.parse_terminated(FnArg::parse, Token![,])?;
+        let mut args = Vec::new();
+        for arg in raw_args {
+            let FnArg::Typed(typed) = arg else {
+                return Err(syn::Error::new_spanned(arg, "detours take no self"));
+            };
+            let Pat::Ident(pat) = *typed.pat else {
+                return Err(syn::Error::new_spanned(typed.pat, "expected `name: Type`"));
+            };
+            args.push((pat.ident, *typed.ty));
+        }
+        input.parse::<Token![->]>()?;
+        let output: Type = input.parse()?;
+        input.parse::<Token![=>]>()?;
+        let handler: Path = input.parse()?;
+        input.parse::<Token![;]>()?;
+        Ok(Self {
+            attrs,
+            required,
+            symbol,
+            args,
+            output,
+            handler,
+        })
+    }
+}
+
+fn expand_entry(entry: &Entry) -> TokenStream2 {
+    let Entry {
+        attrs,
+        required,
+        symbol,
+        args,
+        output,
+        handler,
+    } = entry;
+    let names: Vec<&Ident> = args.iter().map(|(name, _)| name).collect();
+    let types: Vec<&Type> = args.iter().map(|(_, ty)| ty).collect();
+    let symbol_str = symbol.to_string();
+    let symbol_cstr = syn::LitCStr::new(
+        &std::ffi::CString::new(symbol_str.clone()).unwrap_or_default(),
+        symbol.span(),
+    );
+    let hook = quote!(::gpushare_utils::hook);
+    quote! {
+        #[allow(non_snake_case)]
+        pub mod #symbol {
+            #[allow(unused_imports)]
+            use super::*;
+
+            /// The driver's signature for this entry point.
+            pub type Signature = unsafe extern "C" fn(#(#types),*) -> #output;
+
+            /// The trampoline to the original, filled at installation.
+            pub static ORIGINAL: #hook::Original<Signature> = #hook::Original::new();
+
+            #(#attrs)*
+            pub unsafe extern "C" fn detour(#(#names: #types),*) -> #output {
+                let Some(original) = ORIGINAL.get() else {
+                    return <#output as #hook::Unavailable>::UNAVAILABLE;
+                };
+                let Some(_guard) = #hook::DetourGuard::enter() else {
+                    // SAFETY: the caller's arguments go unchanged to the
+                    // original of the same signature.
+                    return unsafe { original(#(#names),*) };
+                };
+                let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
+                    #handler(original, #(#names),*)
+                }));
+                match outcome {
+                    Ok(Ok(value)) => value,
+                    Ok(Err(error)) => match #hook::IntoReturn::<#output>::into_return(error) {
+                        #hook::Disposition::Return(value) => value,
+                        // SAFETY: as above, the caller's own arguments.
+                        #hook::Disposition::CallOriginal => unsafe { original(#(#names),*) },
+                    },
+                    Err(_) => {
+                        #hook::report_panic(#symbol_str);
+                        // SAFETY: as above, the caller's own arguments.
+                        unsafe { original(#(#names),*) }
+                    }
+                }
+            }
+
+            /// How the installer finds and fills this detour.
+            pub const ENTRY: #hook::HookEntry = #hook::HookEntry {
+                symbol: #symbol_cstr,
+                detour: || detour as *const (),
+                original: ORIGINAL.raw(),
+                required: #required,
+            };
+        }
+    }
+}
+
+/// Declares one API family's detours and its install table. See the crate docs.
+#[proc_macro]
+pub fn detours(input: TokenStream) -> TokenStream {
+    let table = syn::parse_macro_input!(input as Table);
+    let Table {
+        attrs,
+        vis,
+        name,
+        entries,
+    } = &table;
+    let modules = entries.iter().map(expand_entry);
+    let symbols: Vec<&Ident> = entries.iter().map(|entry| &entry.symbol).collect();
+    let count = entries.len();
+    quote! {
+        #(#modules)*
+
+        #(#attrs)*
+        #vis static #name: [::gpushare_utils::hook::HookEntry; #count] = [#(#symbols::ENTRY),*];
+    }
+    .into()
+}

@@ -72,6 +72,7 @@
 //! outside its namespace. A process is therefore reclaimed by a peer in its own
 //! container (or, later, by the hypervisor through host `/proc`).
 
+use crate::bucket::ComputeBucket;
 use std::io;
 use std::mem::{offset_of, size_of};
 use std::os::unix::fs::MetadataExt;
@@ -88,7 +89,8 @@ pub const MAX_PROCESSES: usize = 256;
 /// First word of every ledger region: `b"GPUSHLDG"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUSHLDG");
 /// Version of the layout described in the module documentation.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Version 2 added the compute buckets after the process slots.
+pub const LAYOUT_VERSION: u32 = 2;
 /// Size in bytes of a ledger region.
 pub const REGION_SIZE: usize = size_of::<Region>();
 /// Prefix of the shared-memory name of a pod's region (`/dev/shm/gpushare-pod-<pod>`).
@@ -177,14 +179,17 @@ pub struct Region {
     pub devices: [DeviceLedger; MAX_DEVICES],
     /// Per-process accounting.
     pub processes: [ProcessSlot; MAX_PROCESSES],
+    /// The pod's compute budget, per device.
+    pub compute: [ComputeBucket; MAX_DEVICES],
 }
 
 const _: () = {
     assert!(size_of::<Header>() == 64);
     assert!(size_of::<DeviceLedger>() == 64);
     assert!(size_of::<ProcessSlot>() == 320);
-    assert!(size_of::<Region>() == 64 + MAX_DEVICES * 64 + MAX_PROCESSES * 320);
-    assert!(size_of::<Region>() == 83_008);
+    assert!(size_of::<Region>() == 64 + MAX_DEVICES * 64 + MAX_PROCESSES * 320 + MAX_DEVICES * 48);
+    assert!(size_of::<Region>() == 83_776);
+    assert!(offset_of!(Region, compute) == 83_008);
     assert!(align_of::<Region>() == 8);
     assert!(offset_of!(Header, magic) == 0);
     assert!(offset_of!(Header, version) == 8);
@@ -590,6 +595,17 @@ impl PodLedger {
             total = total.saturating_add(bytes);
         }
         total
+    }
+
+    /// The pod's compute budget on `dev`.
+    pub fn compute(&self, dev: usize) -> Result<&ComputeBucket, LedgerError> {
+        self.region()
+            .compute
+            .get(dev)
+            .ok_or(LedgerError::NoSuchDevice {
+                dev,
+                max: MAX_DEVICES,
+            })
     }
 
     fn device(&self, dev: usize) -> Result<&DeviceLedger, LedgerError> {

@@ -2,6 +2,8 @@
 //! hypervisor: the inline-hook engine, the per-pod shared-memory ledger,
 //! configuration parsing and logging.
 
+pub mod activity;
+pub mod bucket;
 pub mod config;
 pub mod hook;
 pub mod ledger;

@@ -1,0 +1,7 @@
+//! Launches: every kernel and graph launch API, admitted against the pod's
+//! compute budget.
+
+mod hooks;
+mod ops;
+
+pub use hooks::LAUNCH_DETOURS;

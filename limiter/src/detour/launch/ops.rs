@@ -1,0 +1,336 @@
+//! Launch logic: key the launch, then let the throttle admit it.
+
+use std::ffi::c_void;
+
+use crate::error::{LimiterError, Result};
+use crate::estimates::LaunchKey;
+use crate::runtime;
+use crate::sys::{CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
+
+use super::hooks::{
+    cuGraphLaunch, cuLaunch, cuLaunchCooperativeKernel, cuLaunchGrid, cuLaunchGridAsync,
+    cuLaunchKernel, cuLaunchKernelEx,
+};
+
+/// Admits a launch of kind `key`; the one branch taken when no device has a
+/// compute limit is the `Bypass` here.
+#[inline(always)]
+fn admit(
+    key: impl FnOnce() -> LaunchKey,
+    stream: CUstream,
+    per_thread: bool,
+    launch: impl FnOnce() -> CUresult,
+) -> Result<CUresult> {
+    let throttle = runtime::throttle().ok_or(LimiterError::Bypass("no compute limit"))?;
+    throttle.launch(key(), stream, per_thread, launch)
+}
+
+fn grid_key(f: CUfunction, grid: [u32; 3], block: [u32; 3]) -> LaunchKey {
+    let blocks = grid.iter().map(|&d| u64::from(d)).product();
+    let threads = block.iter().map(|&d| u64::from(d)).product();
+    LaunchKey::kernel(f as usize, blocks, threads)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn kernel(
+    original: cuLaunchKernel::Signature,
+    per_thread: bool,
+    f: CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<CUresult> {
+    admit(
+        || grid_key(f, grid, block),
+        stream,
+        per_thread,
+        || {
+            // SAFETY: the caller's own arguments.
+            unsafe {
+                original(
+                    f,
+                    grid[0],
+                    grid[1],
+                    grid[2],
+                    block[0],
+                    block[1],
+                    block[2],
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                    extra,
+                )
+            }
+        },
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn launch_kernel(
+    original: cuLaunchKernel::Signature,
+    f: CUfunction,
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<CUresult> {
+    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
+    kernel(
+        original,
+        false,
+        f,
+        grid,
+        block,
+        shared_mem_bytes,
+        stream,
+        params,
+        extra,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn launch_kernel_ptsz(
+    original: cuLaunchKernel::Signature,
+    f: CUfunction,
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<CUresult> {
+    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
+    kernel(
+        original,
+        true,
+        f,
+        grid,
+        block,
+        shared_mem_bytes,
+        stream,
+        params,
+        extra,
+    )
+}
+
+fn kernel_ex(
+    original: cuLaunchKernelEx::Signature,
+    per_thread: bool,
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<CUresult> {
+    // SAFETY: the caller's launch configuration, read only.
+    let shape = unsafe { config.as_ref() }
+        .copied()
+        .ok_or(LimiterError::Bypass("no launch configuration"))?;
+    let grid = [shape.gridDimX, shape.gridDimY, shape.gridDimZ];
+    let block = [shape.blockDimX, shape.blockDimY, shape.blockDimZ];
+    admit(
+        || grid_key(f, grid, block),
+        shape.hStream,
+        per_thread,
+        || {
+            // SAFETY: the caller's own arguments.
+            unsafe { original(config, f, params, extra) }
+        },
+    )
+}
+
+pub fn launch_kernel_ex(
+    original: cuLaunchKernelEx::Signature,
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<CUresult> {
+    kernel_ex(original, false, config, f, params, extra)
+}
+
+pub fn launch_kernel_ex_ptsz(
+    original: cuLaunchKernelEx::Signature,
+    config: *const CUlaunchConfig,
+    f: CUfunction,
+    params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> Result<CUresult> {
+    kernel_ex(original, true, config, f, params, extra)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cooperative(
+    original: cuLaunchCooperativeKernel::Signature,
+    per_thread: bool,
+    f: CUfunction,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> Result<CUresult> {
+    admit(
+        || grid_key(f, grid, block),
+        stream,
+        per_thread,
+        || {
+            // SAFETY: the caller's own arguments.
+            unsafe {
+                original(
+                    f,
+                    grid[0],
+                    grid[1],
+                    grid[2],
+                    block[0],
+                    block[1],
+                    block[2],
+                    shared_mem_bytes,
+                    stream,
+                    params,
+                )
+            }
+        },
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn launch_cooperative(
+    original: cuLaunchCooperativeKernel::Signature,
+    f: CUfunction,
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> Result<CUresult> {
+    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
+    cooperative(
+        original,
+        false,
+        f,
+        grid,
+        block,
+        shared_mem_bytes,
+        stream,
+        params,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn launch_cooperative_ptsz(
+    original: cuLaunchCooperativeKernel::Signature,
+    f: CUfunction,
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
+    shared_mem_bytes: u32,
+    stream: CUstream,
+    params: *mut *mut c_void,
+) -> Result<CUresult> {
+    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
+    cooperative(
+        original,
+        true,
+        f,
+        grid,
+        block,
+        shared_mem_bytes,
+        stream,
+        params,
+    )
+}
+
+pub fn graph_launch(
+    original: cuGraphLaunch::Signature,
+    exec: CUgraphExec,
+    stream: CUstream,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    admit(
+        || LaunchKey::graph(exec as usize),
+        stream,
+        false,
+        || unsafe { original(exec, stream) },
+    )
+}
+
+pub fn graph_launch_ptsz(
+    original: cuGraphLaunch::Signature,
+    exec: CUgraphExec,
+    stream: CUstream,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    admit(
+        || LaunchKey::graph(exec as usize),
+        stream,
+        true,
+        || unsafe { original(exec, stream) },
+    )
+}
+
+pub fn launch_legacy(original: cuLaunch::Signature, f: CUfunction) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    admit(
+        || grid_key(f, [1, 1, 1], [0, 0, 0]),
+        std::ptr::null_mut(),
+        false,
+        || unsafe { original(f) },
+    )
+}
+
+fn legacy_grid(width: i32, height: i32) -> [u32; 3] {
+    [width.max(0) as u32, height.max(0) as u32, 1]
+}
+
+pub fn launch_grid(
+    original: cuLaunchGrid::Signature,
+    f: CUfunction,
+    width: i32,
+    height: i32,
+) -> Result<CUresult> {
+    let grid = legacy_grid(width, height);
+    // SAFETY: the caller's own arguments.
+    admit(
+        || grid_key(f, grid, [0, 0, 0]),
+        std::ptr::null_mut(),
+        false,
+        || unsafe { original(f, width, height) },
+    )
+}
+
+pub fn launch_grid_async(
+    original: cuLaunchGridAsync::Signature,
+    f: CUfunction,
+    width: i32,
+    height: i32,
+    stream: CUstream,
+) -> Result<CUresult> {
+    let grid = legacy_grid(width, height);
+    // SAFETY: the caller's own arguments.
+    admit(
+        || grid_key(f, grid, [0, 0, 0]),
+        stream,
+        false,
+        || unsafe { original(f, width, height, stream) },
+    )
+}

@@ -1,0 +1,7 @@
+//! Memory: quotas on every allocation API, credit on every free, and the
+//! virtualised memory reports of the driver API.
+
+mod hooks;
+mod ops;
+
+pub use hooks::MEMORY_DETOURS;

@@ -1,0 +1,113 @@
+//! NVML report logic.
+//!
+//! NVML numbers devices its own way (PCI order); quotas are keyed by the CUDA
+//! index the application sees and by UUID. A device's CUDA index is its
+//! position in `CUDA_VISIBLE_DEVICES` (by index or UUID prefix) when that is
+//! set, otherwise its NVML index (the two orders agree on nodes of one GPU
+//! model, which is what pods are scheduled on).
+
+use crate::driver::Nvml;
+use crate::error::{LimiterError, Result};
+use crate::quota::virtual_report;
+use crate::runtime;
+use crate::sys::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlReturn_t};
+
+use super::hooks::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
+
+/// The CUDA index of the device with NVML index `nvml_index` and `uuid`, given
+/// the value of `CUDA_VISIBLE_DEVICES`.
+pub fn cuda_index(visible: Option<&str>, nvml_index: u32, uuid: &str) -> Option<usize> {
+    let Some(visible) = visible else {
+        return Some(nvml_index as usize);
+    };
+    visible
+        .split(',')
+        .map(str::trim)
+        .take_while(|entry| !entry.is_empty())
+        .position(|entry| match entry.parse::<u32>() {
+            Ok(index) => index == nvml_index,
+            Err(_) => {
+                let entry = entry.to_ascii_lowercase();
+                uuid.to_ascii_lowercase().starts_with(&entry)
+            }
+        })
+}
+
+/// `(free, total, used)` of a limited device as the pod sees it.
+fn pod_view(device: nvmlDevice_t, real_free: u64, real_total: u64) -> Result<(u64, u64, u64)> {
+    let quota = runtime::quota().ok_or(LimiterError::Bypass("limits off"))?;
+    let nvml = Nvml::get().ok_or(LimiterError::Bypass("NVML unresolved"))?;
+    let uuid = nvml
+        .device_uuid(device)
+        .ok_or(LimiterError::Bypass("no UUID"))?;
+    let nvml_index = nvml
+        .device_index(device)
+        .ok_or(LimiterError::Bypass("no index"))?;
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    let index = cuda_index(visible.as_deref(), nvml_index, &uuid);
+    let limit = match index {
+        Some(index) => quota.limit_for(index, Some(&uuid)),
+        None => quota.limit_for(usize::MAX, Some(&uuid)),
+    }
+    .ok_or(LimiterError::Bypass("device unlimited"))?;
+    let used = index.map_or(0, |index| quota.pod_used(index));
+    let (free, total) = virtual_report(limit, used, real_free, real_total);
+    Ok((free, total, total - free))
+}
+
+pub fn memory_info(
+    original: nvmlDeviceGetMemoryInfo::Signature,
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_t,
+) -> Result<nvmlReturn_t> {
+    // SAFETY: the caller's own arguments.
+    let result = unsafe { original(device, memory) };
+    if !result.is_success() {
+        return Ok(result);
+    }
+    // SAFETY: written by the successful call.
+    let real = unsafe { memory.as_mut() }.ok_or(LimiterError::NullArgument)?;
+    if let Ok((free, total, used)) = pod_view(device, real.free, real.total) {
+        *real = nvmlMemory_t { total, free, used };
+    }
+    Ok(result)
+}
+
+pub fn memory_info_v2(
+    original: nvmlDeviceGetMemoryInfo_v2::Signature,
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> Result<nvmlReturn_t> {
+    // SAFETY: the caller's own arguments.
+    let result = unsafe { original(device, memory) };
+    if !result.is_success() {
+        return Ok(result);
+    }
+    // SAFETY: written by the successful call.
+    let real = unsafe { memory.as_mut() }.ok_or(LimiterError::NullArgument)?;
+    if let Ok((free, total, used)) = pod_view(device, real.free, real.total) {
+        // The pod's usage includes what the driver reserves for it.
+        real.total = total;
+        real.reserved = 0;
+        real.free = free;
+        real.used = used;
+    }
+    Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuda_index_follows_visible_devices() {
+        let uuid = "GPU-3430f778-7a25-704c-9090-8b0bb2478114";
+        assert_eq!(cuda_index(None, 2, uuid), Some(2));
+        assert_eq!(cuda_index(Some("2,0"), 0, uuid), Some(1));
+        assert_eq!(cuda_index(Some("1"), 0, uuid), None);
+        assert_eq!(cuda_index(Some("GPU-3430F778"), 5, uuid), Some(0));
+        assert_eq!(cuda_index(Some("0,GPU-3430f778-7a25"), 5, uuid), Some(1));
+        // CUDA stops at the first empty entry.
+        assert_eq!(cuda_index(Some(",1"), 1, uuid), None);
+    }
+}

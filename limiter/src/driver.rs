@@ -1,0 +1,299 @@
+//! The CUDA driver and NVML functions the limiter calls itself, resolved once
+//! from the loaded libraries and held as typed pointers. None of them is
+//! patched, so calling them never re-enters a detour.
+
+use std::ffi::{CStr, c_char, c_uint, c_void};
+use std::sync::OnceLock;
+
+use crate::loader;
+use crate::sys::{
+    CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_STATUS_NONE, CUcontext, CUdevice, CUevent,
+    CUresult, CUstream, CUuuid, CuCtxGetCurrent, CuCtxGetDevice, CuDeviceGetUuid, CuEventCreate,
+    CuEventDestroy, CuEventElapsedTime, CuEventQuery, CuEventRecord, CuStreamGetCtx,
+    CuStreamIsCapturing, CuThreadExchangeStreamCaptureMode, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+    NvmlDeviceGetComputeRunningProcesses, NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex,
+    NvmlDeviceGetUUID, NvmlInit, format_uuid, nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t,
+};
+
+/// Looks `name` up in `handle` as a function of type `F`.
+///
+/// # Safety
+///
+/// `F` must be the function-pointer type of the symbol `name` in that library.
+unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
+    // SAFETY: handle comes from dlopen; name is NUL-terminated.
+    let address = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    if address.is_null() {
+        return None;
+    }
+    // SAFETY: forwarded from the caller: F is this symbol's pointer type.
+    Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&address) })
+}
+
+/// CUDA driver functions the limiter calls itself.
+pub struct Driver {
+    ctx_get_device: CuCtxGetDevice,
+    device_get_uuid: CuDeviceGetUuid,
+    /// Measuring kernels; absent from drivers that lack any of it.
+    pub timing: Option<Timing>,
+}
+
+/// Events and streams, to measure how long launches keep the GPU busy.
+pub struct Timing {
+    ctx_get_current: CuCtxGetCurrent,
+    stream_get_ctx: CuStreamGetCtx,
+    stream_is_capturing: CuStreamIsCapturing,
+    event_create: CuEventCreate,
+    event_record: CuEventRecord,
+    event_query: CuEventQuery,
+    event_elapsed: CuEventElapsedTime,
+    event_destroy: CuEventDestroy,
+    exchange_capture_mode: Option<CuThreadExchangeStreamCaptureMode>,
+}
+
+impl Timing {
+    /// # Safety
+    ///
+    /// `handle` is a loaded libcuda.
+    unsafe fn load(handle: *mut c_void) -> Option<Self> {
+        // SAFETY: the types are the driver's signatures for these symbols.
+        unsafe {
+            Some(Self {
+                ctx_get_current: symbol(handle, c"cuCtxGetCurrent")?,
+                stream_get_ctx: symbol(handle, c"cuStreamGetCtx")?,
+                stream_is_capturing: symbol(handle, c"cuStreamIsCapturing")?,
+                event_create: symbol(handle, c"cuEventCreate")?,
+                event_record: symbol(handle, c"cuEventRecord")?,
+                event_query: symbol(handle, c"cuEventQuery")?,
+                event_elapsed: symbol(handle, c"cuEventElapsedTime_v2")
+                    .or_else(|| symbol(handle, c"cuEventElapsedTime"))?,
+                event_destroy: symbol(handle, c"cuEventDestroy_v2")?,
+                exchange_capture_mode: symbol(handle, c"cuThreadExchangeStreamCaptureMode"),
+            })
+        }
+    }
+
+    /// Lets the calling thread query events while another thread captures a
+    /// graph in global mode: otherwise each query would invalidate the
+    /// application's capture (error 900).
+    pub fn relax_capture_mode(&self) {
+        let Some(exchange) = self.exchange_capture_mode else {
+            return;
+        };
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer.
+        let result = unsafe { exchange(&mut mode) };
+        if !result.is_success() {
+            tracing::warn!(code = result.0, "cannot relax the monitor's capture mode");
+        }
+    }
+
+    /// Whether `stream` is being captured into a graph (its launches do not run).
+    pub fn is_capturing(&self, stream: CUstream) -> bool {
+        // The legacy default stream (0 or CU_STREAM_LEGACY) cannot be
+        // captured: skip the driver call on the most common launch path.
+        if (stream as usize) <= 1 {
+            return false;
+        }
+        let mut status = CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a valid out-pointer; the caller's stream.
+        let result = unsafe { (self.stream_is_capturing)(stream, &mut status) };
+        result.is_success() && status != CU_STREAM_CAPTURE_STATUS_NONE
+    }
+
+    /// The context of `stream` (the current one for the default streams).
+    pub fn stream_context(&self, stream: CUstream) -> Option<CUcontext> {
+        let mut context: CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointers; the caller's stream.
+        let result = unsafe {
+            if (stream as usize) <= 2 {
+                (self.ctx_get_current)(&mut context)
+            } else {
+                (self.stream_get_ctx)(stream, &mut context)
+            }
+        };
+        (result.is_success() && !context.is_null()).then_some(context)
+    }
+
+    /// A new timing event in the current context.
+    pub fn create_event(&self) -> Option<CUevent> {
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; flags 0 = default (timing enabled).
+        let result = unsafe { (self.event_create)(&mut event, 0) };
+        result.is_success().then_some(event)
+    }
+
+    pub fn record(&self, event: CUevent, stream: CUstream) -> bool {
+        // SAFETY: an event of ours and the caller's stream.
+        unsafe { (self.event_record)(event, stream) }.is_success()
+    }
+
+    /// `Ok(true)` once the event's work is done, `Ok(false)` before.
+    pub fn query(&self, event: CUevent) -> Result<bool, CUresult> {
+        // SAFETY: an event of ours.
+        match unsafe { (self.event_query)(event) } {
+            CUresult::SUCCESS => Ok(true),
+            CUresult::ERROR_NOT_READY => Ok(false),
+            error => Err(error),
+        }
+    }
+
+    /// GPU nanoseconds between two completed events.
+    pub fn elapsed_ns(&self, start: CUevent, end: CUevent) -> Option<u64> {
+        let mut milliseconds = 0f32;
+        // SAFETY: a valid out-pointer; events of ours.
+        let result = unsafe { (self.event_elapsed)(&mut milliseconds, start, end) };
+        (result.is_success() && milliseconds >= 0.0).then(|| (f64::from(milliseconds) * 1e6) as u64)
+    }
+
+    pub fn destroy(&self, event: CUevent) {
+        // SAFETY: an event of ours, used no more.
+        let result = unsafe { (self.event_destroy)(event) };
+        if !result.is_success() {
+            tracing::debug!(code = result.0, "cuEventDestroy failed");
+        }
+    }
+}
+
+static DRIVER: OnceLock<Driver> = OnceLock::new();
+
+impl Driver {
+    /// Resolves the functions from a loaded libcuda; `None` if one is missing.
+    pub fn load(handle: *mut c_void) -> Option<&'static Driver> {
+        if let Some(driver) = DRIVER.get() {
+            return Some(driver);
+        }
+        // SAFETY: the types are the driver's signatures for these symbols.
+        let driver = unsafe {
+            Driver {
+                ctx_get_device: symbol(handle, c"cuCtxGetDevice")?,
+                device_get_uuid: symbol(handle, c"cuDeviceGetUuid_v2")
+                    .or_else(|| symbol(handle, c"cuDeviceGetUuid"))?,
+                timing: Timing::load(handle),
+            }
+        };
+        Some(DRIVER.get_or_init(|| driver))
+    }
+
+    /// The driver, once libcuda has been seen.
+    pub fn get() -> Option<&'static Driver> {
+        DRIVER.get()
+    }
+
+    /// The device of the calling thread's current context.
+    pub fn current_device(&self) -> Result<CUdevice, CUresult> {
+        let mut device: CUdevice = 0;
+        // SAFETY: a valid out-pointer, per the driver's contract.
+        let result = unsafe { (self.ctx_get_device)(&mut device) };
+        if result.is_success() {
+            Ok(device)
+        } else {
+            Err(result)
+        }
+    }
+
+    /// The device's UUID as NVML prints it (`GPU-…`).
+    pub fn device_uuid(&self, device: CUdevice) -> Option<String> {
+        let mut uuid = CUuuid::default();
+        // SAFETY: a valid out-pointer, per the driver's contract.
+        let result = unsafe { (self.device_get_uuid)(&mut uuid, device) };
+        result.is_success().then(|| format_uuid(&uuid))
+    }
+}
+
+/// NVML functions the limiter calls itself.
+pub struct Nvml {
+    get_handle_by_uuid: NvmlDeviceGetHandleByUUID,
+    get_uuid: NvmlDeviceGetUUID,
+    /// Only the NVML reports need it; older libraries may lack it.
+    get_index: Option<NvmlDeviceGetIndex>,
+    get_processes: NvmlDeviceGetComputeRunningProcesses,
+}
+
+static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
+
+impl Nvml {
+    /// NVML, loaded and initialised on first use; `None` where it is absent
+    /// (then driver overhead cannot be measured; a warning says so once).
+    pub fn get() -> Option<&'static Nvml> {
+        NVML.get_or_init(|| {
+            let nvml = Self::open();
+            if nvml.is_none() {
+                tracing::warn!(
+                    "NVML unavailable: memory the driver takes for itself is not charged to the pod"
+                );
+            }
+            nvml
+        })
+        .as_ref()
+    }
+
+    fn open() -> Option<Nvml> {
+        let handle = loader::open_library(c"libnvidia-ml.so.1")?;
+        // SAFETY: the types are NVML's signatures for these symbols.
+        let (init, nvml) = unsafe {
+            let init: NvmlInit = symbol(handle, c"nvmlInit_v2")?;
+            let nvml = Nvml {
+                get_handle_by_uuid: symbol(handle, c"nvmlDeviceGetHandleByUUID")?,
+                get_uuid: symbol(handle, c"nvmlDeviceGetUUID")?,
+                get_index: symbol(handle, c"nvmlDeviceGetIndex"),
+                get_processes: symbol(handle, c"nvmlDeviceGetComputeRunningProcesses_v3")
+                    .or_else(|| symbol(handle, c"nvmlDeviceGetComputeRunningProcesses"))?,
+            };
+            (init, nvml)
+        };
+        // SAFETY: no arguments; NVML reference-counts initialisation.
+        let result = unsafe { init() };
+        if !result.is_success() {
+            tracing::warn!(code = result.0, "nvmlInit_v2 failed");
+            return None;
+        }
+        Some(nvml)
+    }
+
+    /// The UUID of an NVML device handle.
+    pub fn device_uuid(&self, device: nvmlDevice_t) -> Option<String> {
+        let mut buffer = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+        // SAFETY: the buffer and its length match.
+        let result =
+            unsafe { (self.get_uuid)(device, buffer.as_mut_ptr(), buffer.len() as c_uint) };
+        if !result.is_success() {
+            return None;
+        }
+        // SAFETY: NVML wrote a NUL-terminated string into the buffer.
+        let uuid = unsafe { CStr::from_ptr(buffer.as_ptr()) };
+        uuid.to_str().ok().map(str::to_owned)
+    }
+
+    /// The NVML index of a device handle.
+    pub fn device_index(&self, device: nvmlDevice_t) -> Option<u32> {
+        let get_index = self.get_index?;
+        let mut index: c_uint = 0;
+        // SAFETY: a valid out-pointer.
+        let result = unsafe { get_index(device, &mut index) };
+        result.is_success().then_some(index)
+    }
+
+    /// Device memory NVML attributes to process `pid` on the GPU `uuid`:
+    /// everything it holds there, allocations and the driver's own.
+    pub fn process_used(&self, uuid: &str, pid: u32) -> Option<u64> {
+        let uuid = std::ffi::CString::new(uuid).ok()?;
+        let mut device: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated UUID and a valid out-pointer.
+        let result = unsafe { (self.get_handle_by_uuid)(uuid.as_ptr(), &mut device) };
+        if !result.is_success() {
+            return None;
+        }
+        let mut infos = [nvmlProcessInfo_t::default(); 64];
+        let mut count = infos.len() as c_uint;
+        // SAFETY: count is the capacity of infos.
+        let result = unsafe { (self.get_processes)(device, &mut count, infos.as_mut_ptr()) };
+        if result != nvmlReturn_t::SUCCESS {
+            return None;
+        }
+        infos[..(count as usize).min(infos.len())]
+            .iter()
+            .find(|info| info.pid == pid)
+            .map(|info| info.usedGpuMemory)
+    }
+}

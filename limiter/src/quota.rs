@@ -1,0 +1,293 @@
+//! Memory quota accounting for this process's pod.
+//!
+//! Rules (also in the README):
+//! - Every allocation reserves its size in the pod's shared ledger *before*
+//!   the driver allocates, so concurrent threads and processes cannot
+//!   overshoot; a failed allocation gives the reservation back.
+//! - Frees credit exactly what their allocation reserved.
+//! - Memory the driver takes for itself (contexts, modules, rounding) comes
+//!   through no allocation call. It is charged as this process's *overhead*
+//!   on the device: what NVML attributes to the process minus what its
+//!   allocations account for, measured at the first allocation or memory
+//!   query on the device and again at most every [`OVERHEAD_REFRESH_MS`].
+//!   So the pod's footprint as `nvidia-smi` shows it stays within the quota,
+//!   except for driver memory taken since the last measurement.
+//! - Reports show total = quota, free = quota − pod usage, never below zero
+//!   and never above what the device really has free.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+use gpushare_utils::config::{DeviceLimits, MAX_DEVICES};
+use gpushare_utils::ledger::{LedgerError, PodLedger};
+
+use crate::driver::{Driver, Nvml};
+use crate::error::{LimiterError, Result};
+use crate::runtime;
+
+/// How often a device's driver overhead is measured again, at most.
+pub const OVERHEAD_REFRESH_MS: u64 = 200;
+
+/// A driver object whose memory is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resource {
+    /// Linear memory (`cuMemAlloc*`), by device pointer.
+    Pointer(u64),
+    /// A VMM physical allocation (`cuMemCreate`), by handle.
+    Handle(u64),
+    /// A CUDA array, by handle.
+    Array(usize),
+    /// A mipmapped array, by handle.
+    Mipmap(usize),
+}
+
+/// What an allocation charged, and where.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Charge {
+    pub device: usize,
+    pub bytes: u64,
+}
+
+/// The quota state of this process.
+pub struct MemoryQuota {
+    configured: DeviceLimits<u64>,
+    limits: [OnceLock<Option<u64>>; MAX_DEVICES],
+    charges: Mutex<HashMap<Resource, Charge>>,
+    overhead_measured_ms: [AtomicU64; MAX_DEVICES],
+    epoch: Instant,
+}
+
+impl MemoryQuota {
+    pub fn new(configured: DeviceLimits<u64>) -> Self {
+        Self {
+            configured,
+            limits: [const { OnceLock::new() }; MAX_DEVICES],
+            charges: Mutex::new(HashMap::new()),
+            overhead_measured_ms: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            epoch: Instant::now(),
+        }
+    }
+
+    fn ledger(&self) -> Option<&'static PodLedger> {
+        runtime::ledger()
+    }
+
+    /// The quota of CUDA device `device` (as the application numbers it), or
+    /// `None` when it is unlimited. Resolved once per device.
+    pub fn limit(&self, device: usize) -> Option<u64> {
+        let slot = self.limits.get(device)?;
+        *slot.get_or_init(|| {
+            let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
+            let limit = self.limit_for(device, uuid.as_deref());
+            if let (Some(bytes), Some(ledger)) = (limit, self.ledger())
+                && let Err(error) = ledger.set_quota(device, bytes)
+            {
+                tracing::warn!(device, %error, "quota not recorded in the pod ledger");
+            }
+            tracing::debug!(device, ?uuid, ?limit, "memory quota resolved");
+            limit
+        })
+    }
+
+    /// The configured quota of a device known by index and UUID.
+    pub fn limit_for(&self, device: usize, uuid: Option<&str>) -> Option<u64> {
+        self.configured
+            .resolve(device as u32, uuid)
+            .filter(|bytes| *bytes > 0)
+    }
+
+    /// Reserves `bytes` on `device` for an allocation about to be made.
+    pub fn reserve(&self, device: usize, bytes: u64) -> Result<Reservation<'_>> {
+        self.measure_overhead(device, false);
+        let ledger = self.ledger().ok_or(LimiterError::LedgerUnavailable)?;
+        ledger
+            .try_reserve(device, bytes)
+            .map_err(|error| refusal(device, error))?;
+        Ok(Reservation {
+            quota: self,
+            ledger,
+            charge: Charge { device, bytes },
+        })
+    }
+
+    /// Removes a resource's charge before it is freed; `None` when it was not
+    /// charged (allocated before the limiter, or on an unlimited device).
+    pub fn take(&self, resource: Resource) -> Option<Charge> {
+        self.charges.lock().ok()?.remove(&resource)
+    }
+
+    /// Puts a charge back after the driver refused to free its resource.
+    pub fn restore(&self, resource: Resource, charge: Charge) {
+        if let Ok(mut charges) = self.charges.lock() {
+            charges.insert(resource, charge);
+        }
+    }
+
+    /// Gives a freed resource's charge back to the pod.
+    pub fn credit(&self, charge: Charge) {
+        if let Some(ledger) = self.ledger() {
+            release(ledger, charge.device, charge.bytes);
+        }
+    }
+
+    /// The memory report of a limited device: `(free, total)` from the real
+    /// ones, or `None` when the device is unlimited.
+    pub fn report(&self, device: usize, real_free: u64, real_total: u64) -> Option<(u64, u64)> {
+        let limit = self.limit(device)?;
+        self.measure_overhead(device, false);
+        Some(virtual_report(
+            limit,
+            self.pod_used(device),
+            real_free,
+            real_total,
+        ))
+    }
+
+    /// Pod usage of a device, for reports made without libcuda (NVML).
+    pub fn pod_used(&self, device: usize) -> u64 {
+        self.ledger()
+            .and_then(|ledger| ledger.usage(device).ok())
+            .map_or(0, |usage| usage.used)
+    }
+
+    /// Charges what NVML attributes to this process on `device` beyond its
+    /// accounted allocations. Rate-limited unless `force`.
+    pub fn measure_overhead(&self, device: usize, force: bool) {
+        let Some(last) = self.overhead_measured_ms.get(device) else {
+            return;
+        };
+        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        let previous = last.load(Ordering::Relaxed);
+        if !force && previous != 0 && now.saturating_sub(previous) < OVERHEAD_REFRESH_MS {
+            return;
+        }
+        if last
+            .compare_exchange(previous, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
+        {
+            return; // another thread is measuring
+        }
+        let Some(uuid) = Driver::get().and_then(|driver| driver.device_uuid(device as i32)) else {
+            return;
+        };
+        let Some(ledger) = self.ledger() else {
+            return;
+        };
+        let Some(seen) = Nvml::get().and_then(|nvml| nvml.process_used(&uuid, std::process::id()))
+        else {
+            return;
+        };
+        let allocated = ledger.process_usage(device).unwrap_or(0);
+        let overhead = seen.saturating_sub(allocated);
+        match ledger.set_overhead(device, overhead) {
+            Ok(()) => tracing::debug!(device, seen, overhead, "driver overhead measured"),
+            Err(error) => tracing::warn!(device, %error, "driver overhead not recorded"),
+        }
+    }
+}
+
+/// An accepted reservation; given back on drop unless committed.
+pub struct Reservation<'a> {
+    quota: &'a MemoryQuota,
+    ledger: &'static PodLedger,
+    charge: Charge,
+}
+
+impl Reservation<'_> {
+    /// Changes the reserved size to what the driver actually allocated.
+    pub fn resize(&mut self, bytes: u64) -> Result<()> {
+        let Charge {
+            device,
+            bytes: held,
+        } = self.charge;
+        if bytes > held {
+            self.ledger
+                .try_reserve(device, bytes - held)
+                .map_err(|error| refusal(device, error))?;
+        } else {
+            release(self.ledger, device, held - bytes);
+        }
+        self.charge.bytes = bytes;
+        Ok(())
+    }
+
+    /// Keeps the reservation as the charge of `resource`.
+    pub fn commit(self, resource: Resource) {
+        if let Ok(mut charges) = self.quota.charges.lock() {
+            charges.insert(resource, self.charge);
+            std::mem::forget(self);
+        }
+        // A poisoned map drops the reservation: the pod gets the bytes back
+        // rather than leaking them forever.
+    }
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        release(self.ledger, self.charge.device, self.charge.bytes);
+    }
+}
+
+/// Why the ledger refused a reservation, as the detour reports it.
+fn refusal(device: usize, error: LedgerError) -> LimiterError {
+    match error {
+        LedgerError::OverQuota {
+            quota,
+            used,
+            requested,
+            ..
+        } => LimiterError::OverQuota {
+            device,
+            requested,
+            used,
+            quota,
+        },
+        error => {
+            tracing::error!(device, %error, "pod ledger refused a reservation");
+            LimiterError::LedgerUnavailable
+        }
+    }
+}
+
+/// Gives bytes back to the pod; a failure can only be a bad device index,
+/// which no reservation can have.
+fn release(ledger: &PodLedger, device: usize, bytes: u64) {
+    if let Err(error) = ledger.release(device, bytes) {
+        tracing::warn!(device, %error, "release refused by the pod ledger");
+    }
+}
+
+/// `(free, total)` as a pod with `limit` and `used` should see a device that
+/// really has `real_free` of `real_total`.
+pub fn virtual_report(limit: u64, used: u64, real_free: u64, real_total: u64) -> (u64, u64) {
+    let total = limit.min(real_total);
+    let free = total.saturating_sub(used).min(real_free);
+    (free, total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_never_underflows_nor_exceeds_real_free() {
+        let gib = 1u64 << 30;
+        let cases = [
+            // limit, used, real free, real total => free, total
+            (4 * gib, 0, 70 * gib, 80 * gib, 4 * gib, 4 * gib),
+            (4 * gib, gib, 70 * gib, 80 * gib, 3 * gib, 4 * gib),
+            (4 * gib, 5 * gib, 70 * gib, 80 * gib, 0, 4 * gib),
+            (4 * gib, gib, 2 * gib, 80 * gib, 2 * gib, 4 * gib),
+            (100 * gib, 0, 70 * gib, 80 * gib, 70 * gib, 80 * gib),
+        ];
+        for (limit, used, real_free, real_total, free, total) in cases {
+            assert_eq!(
+                virtual_report(limit, used, real_free, real_total),
+                (free, total),
+                "limit {limit} used {used} real {real_free}/{real_total}"
+            );
+        }
+    }
+}

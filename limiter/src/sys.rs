@@ -1,0 +1,240 @@
+//! The few CUDA driver and NVML types the limiter needs, with the layouts of
+//! `cuda.h` / `nvml.h` (CUDA 13). Kept minimal on purpose: everything else
+//! passes through the detours untouched.
+
+#![allow(non_camel_case_types, non_snake_case, dead_code)]
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use gpushare_utils::hook::Unavailable;
+
+/// `CUresult`, a distinct type so that it has its own conversions.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUresult(pub c_uint);
+
+impl CUresult {
+    pub const SUCCESS: Self = Self(0);
+    pub const ERROR_INVALID_VALUE: Self = Self(1);
+    pub const ERROR_OUT_OF_MEMORY: Self = Self(2);
+    pub const ERROR_NOT_INITIALIZED: Self = Self(3);
+    pub const ERROR_INVALID_CONTEXT: Self = Self(201);
+    pub const ERROR_NOT_READY: Self = Self(600);
+
+    pub fn is_success(self) -> bool {
+        self == Self::SUCCESS
+    }
+}
+
+impl Unavailable for CUresult {
+    const UNAVAILABLE: Self = Self::ERROR_NOT_INITIALIZED;
+}
+
+pub type CUdevice = c_int;
+pub type CUcontext = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUdeviceptr = u64;
+pub type CUstream = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUmemGenericAllocationHandle = u64;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUuuid {
+    pub bytes: [u8; 16],
+}
+
+/// `CUarray_format`.
+pub type CUarray_format = c_uint;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Depth: usize,
+    pub Format: CUarray_format,
+    pub NumChannels: c_uint,
+    pub Flags: c_uint,
+}
+
+/// The per-thread default stream handle (`CU_STREAM_PER_THREAD`).
+pub const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
+/// `CU_STREAM_CAPTURE_STATUS_NONE`.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+
+/// `CUlaunchConfig`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchConfig {
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut c_void,
+    pub numAttrs: c_uint,
+}
+
+/// `CUDA_ARRAY3D_LAYERED`: Depth counts layers.
+pub const CUDA_ARRAY3D_LAYERED: c_uint = 0x01;
+/// `CUDA_ARRAY3D_CUBEMAP`: six faces (times layers when layered).
+pub const CUDA_ARRAY3D_CUBEMAP: c_uint = 0x04;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemLocation {
+    pub type_: c_int,
+    pub id: c_int,
+}
+
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAllocationProp {
+    pub type_: c_int,
+    pub requestedHandleTypes: c_int,
+    pub location: CUmemLocation,
+    pub win32HandleMetaData: *mut c_void,
+    pub allocFlags: [u8; 8],
+}
+
+const _: () = assert!(size_of::<CUmemAllocationProp>() == 32);
+const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40);
+
+/// `nvmlReturn_t`, a distinct type so that it has its own conversions.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct nvmlReturn_t(pub c_uint);
+
+impl nvmlReturn_t {
+    pub const SUCCESS: Self = Self(0);
+    pub const ERROR_UNINITIALIZED: Self = Self(1);
+    pub const ERROR_INVALID_ARGUMENT: Self = Self(2);
+    pub const ERROR_INSUFFICIENT_SIZE: Self = Self(7);
+
+    pub fn is_success(self) -> bool {
+        self == Self::SUCCESS
+    }
+}
+
+impl Unavailable for nvmlReturn_t {
+    const UNAVAILABLE: Self = Self::ERROR_UNINITIALIZED;
+}
+
+pub type nvmlDevice_t = *mut c_void;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct nvmlMemory_t {
+    pub total: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct nvmlMemory_v2_t {
+    pub version: c_uint,
+    pub total: u64,
+    pub reserved: u64,
+    pub free: u64,
+    pub used: u64,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct nvmlProcessInfo_t {
+    pub pid: c_uint,
+    pub usedGpuMemory: u64,
+    pub gpuInstanceId: c_uint,
+    pub computeInstanceId: c_uint,
+}
+
+pub const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
+
+pub type CuCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+pub type CuStreamGetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult;
+pub type CuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
+pub type CuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+pub type CuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
+pub type CuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+pub type CuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
+pub type CuEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+pub type CuEventDestroy = unsafe extern "C" fn(CUevent) -> CUresult;
+pub type CuCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+pub type CuDeviceGet = unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult;
+pub type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
+pub type CuDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;
+pub type NvmlInit = unsafe extern "C" fn() -> nvmlReturn_t;
+pub type NvmlDeviceGetHandleByUUID =
+    unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
+pub type NvmlDeviceGetHandleByIndex =
+    unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+pub type NvmlDeviceGetIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+pub type NvmlDeviceGetUUID =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
+pub type NvmlDeviceGetComputeRunningProcesses =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+
+/// Formats a CUDA UUID the way NVML and `nvidia-smi -L` print it.
+pub fn format_uuid(uuid: &CUuuid) -> String {
+    let b = &uuid.bytes;
+    format!(
+        "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+        b[0],
+        b[1],
+        b[2],
+        b[3],
+        b[4],
+        b[5],
+        b[6],
+        b[7],
+        b[8],
+        b[9],
+        b[10],
+        b[11],
+        b[12],
+        b[13],
+        b[14],
+        b[15]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_is_formatted_like_nvml() {
+        let uuid = CUuuid {
+            bytes: [
+                0x34, 0x30, 0xf7, 0x78, 0x7a, 0x25, 0x70, 0x4c, 0x90, 0x90, 0x8b, 0x0b, 0xb2, 0x47,
+                0x81, 0x14,
+            ],
+        };
+        assert_eq!(
+            format_uuid(&uuid),
+            "GPU-3430f778-7a25-704c-9090-8b0bb2478114"
+        );
+    }
+}

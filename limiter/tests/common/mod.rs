@@ -1,0 +1,84 @@
+//! Running the double's probe programs with the built limiter preloaded.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+/// What the double's first context charges as the driver's own memory.
+pub const CONTEXT_BYTES: u64 = 300 * MIB;
+
+/// The limiter built for this test run (cargo builds the cdylib into `deps/`).
+pub fn limiter() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps directory");
+    let library = deps.join("libcuda_limiter.so");
+    assert!(library.exists(), "{} not built", library.display());
+    library
+}
+
+/// A pod identity of its own for each test, and its ledger removed after.
+pub struct Pod(pub String);
+
+impl Pod {
+    pub fn new(test: &str) -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let id = format!(
+            "t{}-{}-{}",
+            std::process::id(),
+            test,
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        Self(id)
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        let _ignored = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{}", self.0));
+    }
+}
+
+/// `program` (a probe of the double) under the limiter, for `pod`, with the
+/// fake GPU's size and extra environment.
+pub fn probe(program: &str, pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> Command {
+    let mut command = gpushare_examples::command(program);
+    command
+        .env("LD_PRELOAD", limiter())
+        .env("CUDA_LIMITER_POD", &pod.0)
+        .env("GPUSHARE_DOUBLE_TOTAL", "16g")
+        .env_remove("CUDA_LIMITER_LOG")
+        .args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command
+}
+
+/// Runs and returns stdout lines, failing the test with stderr on a non-zero exit.
+pub fn run(mut command: Command) -> Vec<String> {
+    let output = command.output().expect("spawn probe");
+    check(&output);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+pub fn check(output: &Output) {
+    assert!(
+        output.status.success(),
+        "probe failed: {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// `info RESULT free=F total=T` for the given numbers.
+pub fn info(result: u32, free: u64, total: u64) -> String {
+    format!("info {result} free={free} total={total}")
+}

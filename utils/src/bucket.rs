@@ -1,0 +1,313 @@
+//! A pod's compute budget on one GPU: a token bucket of GPU-busy nanoseconds
+//! refilled at the pod's share of wall time, made of atomics so that it can
+//! live in shared memory and serve every process of the pod.
+//!
+//! Why GPU time and not launch counts: kernels differ by orders of magnitude
+//! in length, so only time makes "L% of the GPU" mean the same for a loop of
+//! 50 µs kernels and one of 2 ms kernels. Each launch is charged an estimate
+//! of its GPU time when it is admitted (the caller measures kernels and keeps
+//! the estimates); when a measurement comes back the difference is
+//! [corrected](ComputeBucket::correct). The bucket holds at most
+//! [`CAPACITY_NS`] (the burst a pod may take after idling) and never falls
+//! below [`DEBT_FLOOR_NS`].
+//!
+//! Admission is lock-free: a load and a subtraction when budget is there,
+//! plus a compare-and-swap every [`REFILL_BATCH_NS`] to refill. A launch that
+//! finds none is told how long to wait for it.
+
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Parts per million of wall time in 100%.
+pub const PPM: u64 = 1_000_000;
+/// Most GPU time a pod may bank while it does not launch.
+pub const CAPACITY_NS: i64 = 5_000_000;
+/// Least the bucket may hold: corrections beyond this are forgiven.
+pub const DEBT_FLOOR_NS: i64 = -500_000_000;
+/// Refills happen at most this often, so that admission rarely writes the clock.
+pub const REFILL_BATCH_NS: u64 = 20_000;
+/// Longest single wait before the bucket is looked at again (limits can change).
+pub const MAX_WAIT: Duration = Duration::from_millis(2);
+
+/// One pod's compute budget on one GPU. Zeroed memory is a valid, unlimited bucket.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct ComputeBucket {
+    /// The pod's share in parts per million of wall time; 0 = unlimited.
+    pub rate_ppm: AtomicU32,
+    /// Elastic ceiling in ppm (≥ rate); equal to the rate for a fixed share.
+    pub ceiling_ppm: AtomicU32,
+    /// Non-zero while the elastic ceiling applies (no other pod needs the GPU).
+    pub uncontended: AtomicU32,
+    /// Threads currently waiting for budget.
+    pub waiting: AtomicU32,
+    /// GPU nanoseconds available; negative is debt.
+    pub tokens_ns: AtomicI64,
+    /// Monotonic time of the last refill.
+    pub refilled_at_ns: AtomicU64,
+    /// GPU nanoseconds charged so far (estimates plus corrections).
+    pub charged_ns: AtomicU64,
+    /// Launches admitted so far.
+    pub launches: AtomicU64,
+}
+
+const _: () = assert!(size_of::<ComputeBucket>() == 48);
+const _: () = assert!(align_of::<ComputeBucket>() == 8);
+
+/// What a launch may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Go: its cost has been charged.
+    Pass,
+    /// No budget: look again after this long.
+    Wait(Duration),
+}
+
+impl ComputeBucket {
+    /// Sets the share and the elastic ceiling, in percent (0 or 100 = unlimited).
+    pub fn configure(&self, percent: u8, ceiling_percent: u8) {
+        let rate = percent_to_ppm(percent);
+        // A ceiling of 100% is kept as such: while uncontended, no limit.
+        let ceiling = match ceiling_percent.max(percent) {
+            100.. => PPM as u32,
+            ceiling => percent_to_ppm(ceiling).max(rate),
+        };
+        self.rate_ppm.store(rate, Ordering::Release);
+        self.ceiling_ppm.store(ceiling, Ordering::Release);
+    }
+
+    /// The rate in force: the ceiling while uncontended, else the share.
+    pub fn effective_rate_ppm(&self) -> u32 {
+        let rate = self.rate_ppm.load(Ordering::Relaxed);
+        if self.uncontended.load(Ordering::Relaxed) != 0 {
+            let ceiling = self.ceiling_ppm.load(Ordering::Relaxed);
+            if ceiling > rate {
+                // Even a 100% ceiling is metered, so the pod never queues
+                // more than the capacity ahead and yields within
+                // milliseconds once contended.
+                return ceiling;
+            }
+        }
+        rate
+    }
+
+    /// Admits a launch estimated at `cost_ns` at monotonic time `now_ns`.
+    #[inline]
+    pub fn admit(&self, now_ns: u64, cost_ns: u64) -> Admission {
+        let rate = self.effective_rate_ppm();
+        if rate == 0 {
+            self.launches.fetch_add(1, Ordering::Relaxed);
+            return Admission::Pass;
+        }
+        self.refill(now_ns, rate);
+        let tokens = self.tokens_ns.load(Ordering::Acquire);
+        if tokens > 0 {
+            self.charge(cost_ns);
+            self.launches.fetch_add(1, Ordering::Relaxed);
+            return Admission::Pass;
+        }
+        // Time until the bucket is positive again at this rate.
+        let deficit = tokens.unsigned_abs() + 1;
+        let wait_ns = (u128::from(deficit) * u128::from(PPM) / u128::from(rate)) as u64;
+        Admission::Wait(Duration::from_nanos(wait_ns).min(MAX_WAIT))
+    }
+
+    /// Adds `delta_ns` (measured minus charged) to what the pod has used.
+    pub fn correct(&self, delta_ns: i64) {
+        if delta_ns >= 0 {
+            self.charge(delta_ns as u64);
+        } else {
+            let credit = delta_ns.unsigned_abs();
+            self.charged_ns
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |charged| {
+                    Some(charged.saturating_sub(credit))
+                })
+                .ok();
+            self.add_tokens(credit as i64);
+        }
+    }
+
+    fn charge(&self, cost_ns: u64) {
+        let cost = i64::try_from(cost_ns).unwrap_or(i64::MAX);
+        let before = self.tokens_ns.fetch_sub(cost, Ordering::AcqRel);
+        if before.saturating_sub(cost) < DEBT_FLOOR_NS {
+            // Rare: forgive what lies beyond the floor.
+            self.tokens_ns.fetch_max(DEBT_FLOOR_NS, Ordering::AcqRel);
+        }
+        self.charged_ns.fetch_add(cost_ns, Ordering::Relaxed);
+    }
+
+    fn add_tokens(&self, amount: i64) {
+        // Saturating at the capacity; fetch_update retries on contention.
+        self.tokens_ns
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
+                Some(tokens.saturating_add(amount).min(CAPACITY_NS))
+            })
+            .ok();
+    }
+
+    fn refill(&self, now_ns: u64, rate_ppm: u32) {
+        let last = self.refilled_at_ns.load(Ordering::Acquire);
+        if now_ns < last.saturating_add(REFILL_BATCH_NS) {
+            return;
+        }
+        if self
+            .refilled_at_ns
+            .compare_exchange(last, now_ns, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return; // another thread or process refilled
+        }
+        let elapsed = now_ns - last;
+        let earned = u128::from(elapsed) * u128::from(rate_ppm) / u128::from(PPM);
+        self.add_tokens(i64::try_from(earned).unwrap_or(i64::MAX));
+    }
+}
+
+fn percent_to_ppm(percent: u8) -> u32 {
+    if percent == 0 || percent >= 100 {
+        0
+    } else {
+        u32::from(percent) * 10_000
+    }
+}
+
+/// The monotonic clock every process of the node shares, in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux,
+    // and is answered by the vDSO without a system call.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    (now.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(now.tv_nsec as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Runs a simulated GPU-bound loop of `kernel_ns` kernels through the
+    /// bucket for `duration_ns` and returns the share of time admitted.
+    fn simulate(bucket: &ComputeBucket, kernel_ns: u64, duration_ns: u64) -> f64 {
+        let start = 1_000 * MS;
+        let mut now = start;
+        let mut admitted = 0u64;
+        while now < start + duration_ns {
+            match bucket.admit(now, kernel_ns) {
+                Admission::Pass => {
+                    admitted += kernel_ns;
+                    // The launch returns at once; the next one follows.
+                    now += 1_000;
+                }
+                Admission::Wait(wait) => now += wait.as_nanos() as u64,
+            }
+        }
+        admitted as f64 / duration_ns as f64
+    }
+
+    #[test]
+    fn admitted_time_converges_to_the_share() {
+        for percent in [10u8, 25, 50, 75] {
+            for kernel in [50_000u64, 2 * MS] {
+                let bucket = ComputeBucket::default();
+                bucket.configure(percent, percent);
+                let share = simulate(&bucket, kernel, 2_000 * MS);
+                let target = f64::from(percent) / 100.0;
+                assert!(
+                    (share - target).abs() < 0.01,
+                    "{percent}% with {kernel} ns kernels gave {share}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn unlimited_and_full_shares_always_pass() {
+        for percent in [0u8, 100] {
+            let bucket = ComputeBucket::default();
+            bucket.configure(percent, percent);
+            for step in 0..1000 {
+                assert_eq!(bucket.admit(step, 10 * MS), Admission::Pass);
+            }
+            assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), 0);
+        }
+    }
+
+    #[test]
+    fn waits_are_precise_and_bounded() {
+        let bucket = ComputeBucket::default();
+        bucket.configure(50, 50);
+        let now = 10 * MS;
+        assert_eq!(bucket.admit(now, MS), Admission::Pass);
+        // Capacity (5 ms) minus 1 ms leaves budget; drain it.
+        for _ in 0..4 {
+            assert_eq!(bucket.admit(now, MS), Admission::Pass);
+        }
+        // Empty now: at 50% a 1 ns deficit is 2 ns away.
+        assert_eq!(
+            bucket.admit(now, MS),
+            Admission::Wait(Duration::from_nanos(2))
+        );
+        bucket.correct(10 * MS as i64);
+        assert_eq!(bucket.admit(now, MS), Admission::Wait(MAX_WAIT));
+    }
+
+    #[test]
+    fn debt_is_bounded_and_credit_is_capped() {
+        let bucket = ComputeBucket::default();
+        bucket.configure(10, 10);
+        bucket.correct(i64::MAX / 2);
+        assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), DEBT_FLOOR_NS);
+        bucket.correct(-(i64::MAX / 2));
+        assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), CAPACITY_NS);
+    }
+
+    #[test]
+    fn elastic_ceiling_applies_only_while_uncontended() {
+        let bucket = ComputeBucket::default();
+        bucket.configure(30, 100);
+        assert_eq!(bucket.effective_rate_ppm(), 300_000);
+        bucket.uncontended.store(1, Ordering::Relaxed);
+        assert_eq!(
+            bucket.effective_rate_ppm(),
+            PPM as u32,
+            "a 100% ceiling is metered too"
+        );
+        bucket.configure(30, 60);
+        assert_eq!(bucket.effective_rate_ppm(), 600_000);
+        let share = simulate(&bucket, MS, 1_000 * MS);
+        assert!((share - 0.6).abs() < 0.01, "{share}");
+    }
+
+    #[test]
+    fn concurrent_admitters_share_one_rate() {
+        let bucket = std::sync::Arc::new(ComputeBucket::default());
+        bucket.configure(25, 25);
+        let start = monotonic_ns();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let bucket = std::sync::Arc::clone(&bucket);
+                std::thread::spawn(move || {
+                    let mut admitted = 0u64;
+                    while monotonic_ns() < start + 300 * MS {
+                        match bucket.admit(monotonic_ns(), 100_000) {
+                            Admission::Pass => admitted += 100_000,
+                            Admission::Wait(wait) => std::thread::sleep(wait),
+                        }
+                    }
+                    admitted
+                })
+            })
+            .collect();
+        let admitted: u64 = threads.into_iter().map(|t| t.join().expect("thread")).sum();
+        let share = admitted as f64 / (300 * MS) as f64;
+        // Burst capacity and per-thread overshoot allow a little above 25%.
+        assert!((0.22..0.30).contains(&share), "{share}");
+    }
+}
