@@ -176,6 +176,27 @@ pub type CuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUr
 pub type CuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+pub type CUmodule = *mut c_void;
+pub type CuModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
+pub type CuModuleGetFunction =
+    unsafe extern "C" fn(*mut CUfunction, CUmodule, *const std::ffi::c_char) -> CUresult;
+pub type CuStreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
+pub type CuEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
+pub type CuLaunchKernel = unsafe extern "C" fn(
+    CUfunction,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    c_uint,
+    CUstream,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> CUresult;
+/// `CU_STREAM_NON_BLOCKING`.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 pub type CuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
 pub type CuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 pub type CuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;

@@ -15,6 +15,8 @@
 //!    the kind's estimate and corrects the bucket by the difference. Event
 //!    pairs bracket exactly the one launch, so a host-bound program that
 //!    leaves the GPU idle between kernels is charged only for its kernels.
+//!    The launch latency inside such a bracket (measured once per context
+//!    with an empty kernel of our own) is subtracted: pods pay for kernels.
 //! 4. Launches into a stream being captured do not run and are not charged;
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
@@ -83,6 +85,11 @@ pub struct Throttle {
     activity: OnceLock<Option<NodeActivity>>,
     pod_key: OnceLock<u64>,
     marked_at_ns: [AtomicU64; MAX_DEVICES],
+    /// Contexts whose launch overhead was measured.
+    calibrated: Mutex<Vec<usize>>,
+    /// The least launch overhead measured (see [`Timing::launch_overhead_ns`]);
+    /// `u64::MAX` until measured.
+    overhead_ns: AtomicU64,
 }
 
 // SAFETY: the event handles held are driver handles, usable from any thread;
@@ -104,6 +111,8 @@ impl Throttle {
             activity: OnceLock::new(),
             pod_key: OnceLock::new(),
             marked_at_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            calibrated: Mutex::new(Vec::new()),
+            overhead_ns: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -211,12 +220,33 @@ impl Throttle {
         now
     }
 
+    /// Measures the launch overhead once per context, at its first sample
+    /// (the launching thread has that context current).
+    fn calibrate(&self, timing: &Timing, context: usize) {
+        let Ok(mut calibrated) = self.calibrated.lock() else {
+            return;
+        };
+        if calibrated.contains(&context) {
+            return;
+        }
+        calibrated.push(context);
+        drop(calibrated);
+        match timing.launch_overhead_ns() {
+            Some(overhead) => {
+                self.overhead_ns.fetch_min(overhead, Ordering::Relaxed);
+                tracing::debug!(overhead, "launch overhead measured");
+            }
+            None => tracing::warn!("launch overhead not measured; samples include it"),
+        }
+    }
+
     /// Records a start event on `stream`, from the pool of its context.
     fn begin_sample(&'static self, timing: &Timing, stream: CUstream) -> Option<(usize, CUevent)> {
         if self.samples.lock().ok()?.len() >= MAX_PENDING_SAMPLES {
             return None;
         }
         let context = timing.stream_context(stream)? as usize;
+        self.calibrate(timing, context);
         let start = self.event(timing, context)?;
         if timing.record(start, stream) {
             Some((context, start))
@@ -386,7 +416,12 @@ impl Throttle {
     }
 
     fn complete(&self, timing: &Timing, sample: Sample) {
-        if let Some(measured) = timing.elapsed_ns(sample.start, sample.end) {
+        if let Some(bracket) = timing.elapsed_ns(sample.start, sample.end) {
+            // The bracket holds the launch latency too; a pod is charged for
+            // its kernels. A kernel no longer than the latency still costs a
+            // quarter of the bracket.
+            let overhead = self.overhead_ns.load(Ordering::Relaxed);
+            let measured = bracket.saturating_sub(overhead).max(bracket / 4);
             // Correct by the estimate the sample settled on, not the raw
             // sample, which may include other contexts' time slices.
             let settled = self
