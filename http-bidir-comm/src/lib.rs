@@ -40,11 +40,15 @@
 //! node-local: no `ring`/`rustls` in the injected library); `serde_json` the
 //! wire format; `thiserror` the error types; `tracing` the logs.
 
+#[cfg(feature = "client")]
 pub mod client;
+#[cfg(feature = "server")]
 pub mod server;
 mod wire;
 
+#[cfg(feature = "client")]
 pub use client::{ChannelError, Client, ClientOptions, LoopHandle};
+#[cfg(feature = "server")]
 pub use server::{
     AuthHook, ClientInfo, Hub, HubConfig, HubEvent, HubEvents, RemovedClient, SubmitError,
 };

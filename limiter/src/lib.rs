@@ -30,6 +30,7 @@ mod detour;
 mod driver;
 mod error;
 mod estimates;
+mod hypervisor;
 mod loader;
 mod quota;
 mod runtime;

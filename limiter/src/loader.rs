@@ -303,6 +303,10 @@ pub fn install_if_mapped() {
             tracing::error!("libcuda lacks cuCtxGetDevice or cuDeviceGetUuid; memory not limited");
         } else {
             install(handle, "libcuda.so.1", tables);
+            // A CUDA process: time to meet the hypervisor, if there is one.
+            if let Some(link) = runtime::hypervisor() {
+                link.start();
+            }
         }
     }
     if !installed.nvml

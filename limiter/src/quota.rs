@@ -77,6 +77,10 @@ impl MemoryQuota {
     /// The quota of CUDA device `device` (as the application numbers it), or
     /// `None` when it is unlimited. Resolved once per device.
     pub fn limit(&self, device: usize) -> Option<u64> {
+        if runtime::hypervisor().is_some() {
+            // The hypervisor writes the quota into the region, live.
+            return self.ledger()?.quota(device).ok().filter(|bytes| *bytes > 0);
+        }
         let slot = self.limits.get(device)?;
         *slot.get_or_init(|| {
             let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));

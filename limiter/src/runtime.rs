@@ -6,6 +6,7 @@ use std::sync::OnceLock;
 use gpushare_utils::config::{LimiterConfig, PodId};
 use gpushare_utils::ledger::PodLedger;
 
+use crate::hypervisor::Link;
 use crate::quota::MemoryQuota;
 use crate::throttle::Throttle;
 
@@ -25,6 +26,8 @@ pub struct Limiter {
     pub memory: MemoryQuota,
     /// `None` when no compute limit is configured: launches are not patched.
     pub compute: Option<Throttle>,
+    /// The node hypervisor, when one is configured: it sets the limits.
+    pub hypervisor: Option<Link>,
     ledger: OnceLock<Option<PodLedger>>,
 }
 
@@ -40,12 +43,25 @@ pub fn init_from_env() -> &'static State {
         {
             State::Off
         }
-        Ok(config) => State::Limiting(Box::new(Limiter {
-            compute: (!config.compute.is_empty()).then(|| Throttle::new(config.compute)),
-            memory: MemoryQuota::new(config.memory),
-            pod: config.pod,
-            ledger: OnceLock::new(),
-        })),
+        Ok(config) => {
+            let hypervisor = match config.hypervisor.as_deref().map(|address| Link::new(address, config.pod.as_str())) {
+                Some(Ok(link)) => Some(link),
+                Some(Err(error)) => {
+                    let message = format!("cuda-limiter: configuration error: CUDA_LIMITER_HYPERVISOR is set but {error}");
+                    eprintln!("{message}; CUDA will refuse to initialise in this process");
+                    return State::Refusing(message);
+                }
+                None => None,
+            };
+            let metered = !config.compute.is_empty() || hypervisor.is_some();
+            State::Limiting(Box::new(Limiter {
+                compute: metered.then(|| Throttle::new(config.compute)),
+                memory: MemoryQuota::new(config.memory),
+                pod: config.pod,
+                hypervisor,
+                ledger: OnceLock::new(),
+            }))
+        }
         Err(error) => {
             let message = format!("cuda-limiter: configuration error: {error}");
             // One clear line, also when logging is off.
@@ -76,6 +92,11 @@ pub fn quota() -> Option<&'static MemoryQuota> {
 /// The compute throttle, when a compute limit is configured.
 pub fn throttle() -> Option<&'static Throttle> {
     limiter().and_then(|limiter| limiter.compute.as_ref())
+}
+
+/// The hypervisor link, when one is configured.
+pub fn hypervisor() -> Option<&'static Link> {
+    limiter().and_then(|limiter| limiter.hypervisor.as_ref())
 }
 
 /// The pod's shared ledger, opened on first use. Unusable, it is reported

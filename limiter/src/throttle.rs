@@ -54,6 +54,7 @@ thread_local! {
 }
 
 /// A device's compute limit, resolved.
+#[derive(Clone, Copy)]
 struct DeviceBudget {
     bucket: &'static ComputeBucket,
     elastic: bool,
@@ -117,7 +118,19 @@ impl Throttle {
     }
 
     /// The budget of `device`, resolved once; `None` when it is unlimited.
-    fn budget(&self, device: usize) -> Option<&DeviceBudget> {
+    /// Under a hypervisor, the bucket it manages, looked at on every launch:
+    /// limits change live.
+    fn budget(&self, device: usize) -> Option<DeviceBudget> {
+        if runtime::hypervisor().is_some() {
+            let bucket = runtime::ledger()?.compute(device).ok()?;
+            let managed = bucket.managed.load(Ordering::Relaxed) != 0;
+            let limited = bucket.rate_ppm.load(Ordering::Relaxed) != 0
+                || bucket.suspended.load(Ordering::Relaxed) != 0;
+            return (managed && limited).then_some(DeviceBudget {
+                bucket,
+                elastic: false,
+            });
+        }
         self.budgets
             .get(device)?
             .get_or_init(|| {
@@ -144,6 +157,7 @@ impl Throttle {
                 })
             })
             .as_ref()
+            .copied()
     }
 
     /// Admits one launch of kind `key` on `stream`, waiting for budget if
@@ -176,7 +190,7 @@ impl Throttle {
 
         let estimate = self.estimates.get(key);
         let cost = estimate.unwrap_or(DEFAULT_ESTIMATE_NS);
-        let now = self.wait_for_budget(budget.bucket, cost);
+        let now = self.wait_for_budget(budget.bucket, cost, device);
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(device, now);
 
@@ -198,7 +212,7 @@ impl Throttle {
     }
 
     /// Charges `cost` once the bucket allows it; returns the time it did.
-    fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64) -> u64 {
+    fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64, device: usize) -> u64 {
         let mut now = monotonic_ns();
         let mut waited = false;
         loop {
@@ -209,7 +223,16 @@ impl Throttle {
                         waited = true;
                         bucket.waiting.fetch_add(1, Ordering::Relaxed);
                     }
-                    std::thread::sleep(wait);
+                    // Trap: under a hypervisor, ask it for admission; if it
+                    // does not answer, the local bucket's refill decides.
+                    let admitted = runtime::hypervisor().is_some_and(|link| {
+                        let uuid =
+                            Driver::get().and_then(|driver| driver.device_uuid(device as i32));
+                        uuid.is_some_and(|uuid| link.admission(&uuid, cost).is_ok())
+                    });
+                    if !admitted {
+                        std::thread::sleep(wait);
+                    }
                     now = monotonic_ns();
                 }
             }
@@ -442,6 +465,9 @@ impl Throttle {
         let Some(table) = self.activity() else {
             return;
         };
+        if runtime::hypervisor().is_some() {
+            return; // the hypervisor decides elastic shares
+        }
         for (device, budget) in self.budgets.iter().enumerate() {
             if let Some(Some(budget)) = budget.get()
                 && budget.elastic

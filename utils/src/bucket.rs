@@ -49,9 +49,13 @@ pub struct ComputeBucket {
     pub charged_ns: AtomicU64,
     /// Launches admitted so far.
     pub launches: AtomicU64,
+    /// Non-zero while the pod is suspended: every launch waits.
+    pub suspended: AtomicU32,
+    /// Non-zero while a node hypervisor sets the rate (see `protocol`).
+    pub managed: AtomicU32,
 }
 
-const _: () = assert!(size_of::<ComputeBucket>() == 48);
+const _: () = assert!(size_of::<ComputeBucket>() == 56);
 const _: () = assert!(align_of::<ComputeBucket>() == 8);
 
 /// What a launch may do now.
@@ -94,6 +98,9 @@ impl ComputeBucket {
     /// Admits a launch estimated at `cost_ns` at monotonic time `now_ns`.
     #[inline]
     pub fn admit(&self, now_ns: u64, cost_ns: u64) -> Admission {
+        if self.suspended.load(Ordering::Relaxed) != 0 {
+            return Admission::Wait(MAX_WAIT);
+        }
         let rate = self.effective_rate_ppm();
         if rate == 0 {
             self.launches.fetch_add(1, Ordering::Relaxed);
@@ -283,6 +290,16 @@ mod tests {
         assert_eq!(bucket.effective_rate_ppm(), 600_000);
         let share = simulate(&bucket, MS, 1_000 * MS);
         assert!((share - 0.6).abs() < 0.01, "{share}");
+    }
+
+    #[test]
+    fn a_suspended_pod_waits_whatever_its_budget() {
+        let bucket = ComputeBucket::default();
+        bucket.configure(0, 0);
+        bucket.suspended.store(1, Ordering::Relaxed);
+        assert_eq!(bucket.admit(MS, 1), Admission::Wait(MAX_WAIT));
+        bucket.suspended.store(0, Ordering::Relaxed);
+        assert_eq!(bucket.admit(MS, 1), Admission::Pass);
     }
 
     #[test]

@@ -89,8 +89,9 @@ pub const MAX_PROCESSES: usize = 256;
 /// First word of every ledger region: `b"GPUSHLDG"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUSHLDG");
 /// Version of the layout described in the module documentation.
-/// Version 2 added the compute buckets after the process slots.
-pub const LAYOUT_VERSION: u32 = 2;
+/// Version 2 added the compute buckets after the process slots; 3 their
+/// suspend and managed flags.
+pub const LAYOUT_VERSION: u32 = 3;
 /// Size in bytes of a ledger region.
 pub const REGION_SIZE: usize = size_of::<Region>();
 /// Prefix of the shared-memory name of a pod's region (`/dev/shm/gpushare-pod-<pod>`).
@@ -187,8 +188,8 @@ const _: () = {
     assert!(size_of::<Header>() == 64);
     assert!(size_of::<DeviceLedger>() == 64);
     assert!(size_of::<ProcessSlot>() == 320);
-    assert!(size_of::<Region>() == 64 + MAX_DEVICES * 64 + MAX_PROCESSES * 320 + MAX_DEVICES * 48);
-    assert!(size_of::<Region>() == 83_776);
+    assert!(size_of::<Region>() == 64 + MAX_DEVICES * 64 + MAX_PROCESSES * 320 + MAX_DEVICES * 56);
+    assert!(size_of::<Region>() == 83_904);
     assert!(offset_of!(Region, compute) == 83_008);
     assert!(align_of::<Region>() == 8);
     assert!(offset_of!(Header, magic) == 0);

@@ -8,3 +8,4 @@ pub mod config;
 pub mod hook;
 pub mod ledger;
 pub mod logging;
+pub mod protocol;

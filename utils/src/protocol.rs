@@ -1,0 +1,130 @@
+//! What the limiter and the node hypervisor say to each other over HTTP.
+//!
+//! - `POST /api/v1/workers` with [`Register`] (bearer token of the pod)
+//!   → [`Registered`]: the worker's id and its pod's limits. The hypervisor
+//!   has created the pod's shared-memory region by then; the limiter maps it.
+//! - The `http-bidir-comm` channel under `/api/v1/channel`, client id = the
+//!   worker id: the hypervisor sends [`Command`]s, the worker answers with
+//!   [`CommandResult`]s.
+//! - `POST /api/v1/admission` with [`AdmissionRequest`] (bearer token): sent
+//!   by a launch that found no budget in the shared bucket (trap); answered
+//!   with [`Admission`] once the hypervisor has granted budget to the pod.
+//!
+//! Limits live in the shared region (quota, bucket rate and ceiling, the
+//! suspended flag); the messages carry them too so a worker can log them and
+//! so a region can be rebuilt after a hypervisor restart.
+
+use serde::{Deserialize, Serialize};
+
+/// The API version prefix.
+pub const API_PREFIX: &str = "/api/v1";
+
+/// A GPU as the worker sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerDevice {
+    /// CUDA index in the worker's process.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+}
+
+/// A limiter process introducing itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Register {
+    pub pod: String,
+    pub pid: u32,
+    #[serde(default)]
+    pub hostname: String,
+    /// Devices visible to the process, when it already knows them.
+    #[serde(default)]
+    pub devices: Vec<WorkerDevice>,
+}
+
+/// The limits of one GPU for one pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceLimits {
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Memory quota in bytes; 0 = unlimited.
+    pub memory_bytes: u64,
+    /// Compute share in percent (0 = unlimited).
+    pub share_percent: u8,
+    /// Elastic ceiling in percent.
+    pub ceiling_percent: u8,
+    /// Weight among pods waiting for the GPU.
+    pub weight: u32,
+}
+
+/// The hypervisor's answer to [`Register`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registered {
+    pub worker_id: String,
+    pub pod: String,
+    pub devices: Vec<DeviceLimits>,
+}
+
+/// Commands the hypervisor sends a worker over the channel.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Command {
+    /// Launches block until resumed (the shared flag already says so; this
+    /// lets the worker log it and answer).
+    Suspend,
+    Resume,
+    /// New limits (also written to the shared region).
+    SetLimits {
+        devices: Vec<DeviceLimits>,
+    },
+    /// Liveness check.
+    Health,
+}
+
+/// A worker's answer to a [`Command`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandResult {
+    pub ok: bool,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// A trapped launch asking for budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmissionRequest {
+    pub worker_id: String,
+    /// `GPU-…` UUID of the device.
+    pub uuid: String,
+    /// GPU nanoseconds the launch is estimated to take.
+    pub cost_ns: u64,
+}
+
+/// The hypervisor's grant.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Admission {
+    /// GPU nanoseconds added to the pod's bucket for this request.
+    pub granted_ns: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_tagged_json() {
+        let json = serde_json::to_string(&Command::SetLimits {
+            devices: vec![DeviceLimits {
+                uuid: "GPU-1".into(),
+                memory_bytes: 1 << 30,
+                share_percent: 30,
+                ceiling_percent: 100,
+                weight: 1,
+            }],
+        })
+        .expect("encode");
+        assert!(
+            json.starts_with(r#"{"kind":"set_limits","devices":[{"uuid":"GPU-1""#),
+            "{json}"
+        );
+        let back: Command = serde_json::from_str(r#"{"kind":"suspend"}"#).expect("decode");
+        assert_eq!(back, Command::Suspend);
+    }
+}
