@@ -188,14 +188,15 @@ row() {
 # env_for MODE POD: sets ENVCMD, the env(1) prefix for a run
 #   base   without the limiter
 #   lim    with the limiter and the 4 GiB memory quota, pod POD
-#   pre    with the limiter loaded and no limit at all (not even a pod)
+#   pre    with the limiter loaded and active (a 60 GiB memory quota) but no
+#          compute limit
 #   sm:L   with the limiter and a compute limit of L percent, pod POD
 env_for() {
   ENVCMD=(env -u LD_PRELOAD -u CUDA_DEVICE_MEMORY_LIMIT -u CUDA_LIMITER_MEMORY_LIMIT -u CUDA_LIMITER_POD
     -u CUDA_DEVICE_SM_LIMIT -u CUDA_LIMITER_SM_LIMIT)
   case $1 in
     lim) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
-    pre) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
+    pre) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=60g CUDA_LIMITER_POD=e2e-pre CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
     sm:*) ENVCMD+=(LD_PRELOAD="$LIB" "$SM_VAR=${1#sm:}" CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
   esac
 }
@@ -897,7 +898,7 @@ overhead_row() {
 
 # 14: launch cost with the limiter loaded (no limit) and under a non-binding limit
 check_launch() {
-  local n1="14. 200k empty-kernel launches, ns/launch, median of 5 (LD_PRELOAD, no limit)"
+  local n1="14. 200k empty-kernel launches, ns/launch, median of 5 (limiter active with a memory quota, no compute limit)"
   local n2="14. 20us host work + 1 empty launch x20k, ns/iteration, median of 5 ($SM_VAR=50)"
   if ! built launch_overhead; then
     row "$n1" "not built" "not built" "added <= 1%" "build failed"
