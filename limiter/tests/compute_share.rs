@@ -23,6 +23,16 @@ fn limited(pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> Command {
     command
 }
 
+/// The per-window busy fractions of a `series … pm=a,b,c` line.
+fn series(line: &str) -> Vec<i64> {
+    line.split("pm=")
+        .nth(1)
+        .expect("series")
+        .split(',')
+        .filter_map(|value| value.trim().parse().ok())
+        .collect()
+}
+
 fn share(lines: &[String]) -> i64 {
     let line = lines
         .iter()
@@ -109,13 +119,7 @@ fn the_share_settles_within_a_second_and_stalls_stay_short() {
         &[("CUDA_DEVICE_SM_LIMIT", "25")],
         &["run", "kernel", "2000", "2000", "series", "250", "maxstall"],
     ));
-    let series: Vec<i64> = lines[1]
-        .split("pm=")
-        .nth(1)
-        .expect("series")
-        .split(',')
-        .filter_map(|value| value.trim().parse().ok())
-        .collect();
+    let series = series(&lines[1]);
     assert!(series.len() >= 7, "{lines:?}");
     // Every window after the first second within ±3 pp.
     for window in &series[4..series.len() - 1] {
@@ -204,13 +208,7 @@ fn elastic_pods_use_idle_time_and_give_it_back() {
         &elastic,
         &["run", "kernel", "1000", "2000", "series", "250"],
     ));
-    let series: Vec<i64> = shared[1]
-        .split("pm=")
-        .nth(1)
-        .expect("series")
-        .split(',')
-        .filter_map(|value| value.trim().parse().ok())
-        .collect();
+    let series = series(&shared[1]);
     other.wait().expect("other pod");
     for window in &series[4..series.len() - 1] {
         assert!((window - 300).abs() <= 40, "{series:?}");

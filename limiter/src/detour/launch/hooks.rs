@@ -19,7 +19,7 @@ gpushare_macros::detours! {
         stream: CUstream,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) -> CUresult => ops::launch_kernel;
+    ) -> CUresult => ops::launch_kernel::<false>;
     /// The classic kernel launch, per-thread default stream.
     optional fn cuLaunchKernel_ptsz(
         f: CUfunction,
@@ -29,21 +29,21 @@ gpushare_macros::detours! {
         stream: CUstream,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) -> CUresult => ops::launch_kernel_ptsz;
+    ) -> CUresult => ops::launch_kernel::<true>;
     /// Kernel launch with attributes (what cudart uses for `<<<>>>` today).
     optional fn cuLaunchKernelEx(
         config: *const CUlaunchConfig,
         f: CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) -> CUresult => ops::launch_kernel_ex;
+    ) -> CUresult => ops::launch_kernel_ex::<false>;
     /// Kernel launch with attributes, per-thread default stream.
     optional fn cuLaunchKernelEx_ptsz(
         config: *const CUlaunchConfig,
         f: CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) -> CUresult => ops::launch_kernel_ex_ptsz;
+    ) -> CUresult => ops::launch_kernel_ex::<true>;
     /// Cooperative kernel launch.
     optional fn cuLaunchCooperativeKernel(
         f: CUfunction,
@@ -52,7 +52,7 @@ gpushare_macros::detours! {
         shared_mem_bytes: u32,
         stream: CUstream,
         params: *mut *mut c_void,
-    ) -> CUresult => ops::launch_cooperative;
+    ) -> CUresult => ops::launch_cooperative::<false>;
     /// Cooperative kernel launch, per-thread default stream.
     optional fn cuLaunchCooperativeKernel_ptsz(
         f: CUfunction,
@@ -61,12 +61,12 @@ gpushare_macros::detours! {
         shared_mem_bytes: u32,
         stream: CUstream,
         params: *mut *mut c_void,
-    ) -> CUresult => ops::launch_cooperative_ptsz;
+    ) -> CUresult => ops::launch_cooperative::<true>;
     /// Graph launch.
-    optional fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => ops::graph_launch;
+    optional fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult => ops::graph_launch::<false>;
     /// Graph launch, per-thread default stream.
     optional fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) -> CUresult
-        => ops::graph_launch_ptsz;
+        => ops::graph_launch::<true>;
     /// Legacy launch of a 1×1 grid.
     optional fn cuLaunch(f: CUfunction) -> CUresult => ops::launch_legacy;
     /// Legacy grid launch.

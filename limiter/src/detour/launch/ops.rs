@@ -31,33 +31,38 @@ fn grid_key(f: CUfunction, grid: [u32; 3], block: [u32; 3]) -> LaunchKey {
     LaunchKey::kernel(f as usize, blocks, threads)
 }
 
+/// `cuLaunchKernel(_ptsz)`; `PER_THREAD` for the `_ptsz` twin.
 #[allow(clippy::too_many_arguments)]
-fn kernel(
+pub fn launch_kernel<const PER_THREAD: bool>(
     original: cuLaunchKernel::Signature,
-    per_thread: bool,
     f: CUfunction,
-    grid: [u32; 3],
-    block: [u32; 3],
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
     shared_mem_bytes: u32,
     stream: CUstream,
     params: *mut *mut c_void,
     extra: *mut *mut c_void,
 ) -> Result<CUresult> {
+    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
     admit(
         || grid_key(f, grid, block),
         stream,
-        per_thread,
+        PER_THREAD,
         || {
             // SAFETY: the caller's own arguments.
             unsafe {
                 original(
                     f,
-                    grid[0],
-                    grid[1],
-                    grid[2],
-                    block[0],
-                    block[1],
-                    block[2],
+                    grid_x,
+                    grid_y,
+                    grid_z,
+                    block_x,
+                    block_y,
+                    block_z,
                     shared_mem_bytes,
                     stream,
                     params,
@@ -68,67 +73,9 @@ fn kernel(
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn launch_kernel(
-    original: cuLaunchKernel::Signature,
-    f: CUfunction,
-    grid_x: u32,
-    grid_y: u32,
-    grid_z: u32,
-    block_x: u32,
-    block_y: u32,
-    block_z: u32,
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> Result<CUresult> {
-    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
-    kernel(
-        original,
-        false,
-        f,
-        grid,
-        block,
-        shared_mem_bytes,
-        stream,
-        params,
-        extra,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn launch_kernel_ptsz(
-    original: cuLaunchKernel::Signature,
-    f: CUfunction,
-    grid_x: u32,
-    grid_y: u32,
-    grid_z: u32,
-    block_x: u32,
-    block_y: u32,
-    block_z: u32,
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> Result<CUresult> {
-    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
-    kernel(
-        original,
-        true,
-        f,
-        grid,
-        block,
-        shared_mem_bytes,
-        stream,
-        params,
-        extra,
-    )
-}
-
-fn kernel_ex(
+/// `cuLaunchKernelEx(_ptsz)`; `PER_THREAD` for the `_ptsz` twin.
+pub fn launch_kernel_ex<const PER_THREAD: bool>(
     original: cuLaunchKernelEx::Signature,
-    per_thread: bool,
     config: *const CUlaunchConfig,
     f: CUfunction,
     params: *mut *mut c_void,
@@ -143,7 +90,7 @@ fn kernel_ex(
     admit(
         || grid_key(f, grid, block),
         shape.hStream,
-        per_thread,
+        PER_THREAD,
         || {
             // SAFETY: the caller's own arguments.
             unsafe { original(config, f, params, extra) }
@@ -151,52 +98,37 @@ fn kernel_ex(
     )
 }
 
-pub fn launch_kernel_ex(
-    original: cuLaunchKernelEx::Signature,
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> Result<CUresult> {
-    kernel_ex(original, false, config, f, params, extra)
-}
-
-pub fn launch_kernel_ex_ptsz(
-    original: cuLaunchKernelEx::Signature,
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    params: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> Result<CUresult> {
-    kernel_ex(original, true, config, f, params, extra)
-}
-
+/// `cuLaunchCooperativeKernel(_ptsz)`; `PER_THREAD` for the `_ptsz` twin.
 #[allow(clippy::too_many_arguments)]
-fn cooperative(
+pub fn launch_cooperative<const PER_THREAD: bool>(
     original: cuLaunchCooperativeKernel::Signature,
-    per_thread: bool,
     f: CUfunction,
-    grid: [u32; 3],
-    block: [u32; 3],
+    grid_x: u32,
+    grid_y: u32,
+    grid_z: u32,
+    block_x: u32,
+    block_y: u32,
+    block_z: u32,
     shared_mem_bytes: u32,
     stream: CUstream,
     params: *mut *mut c_void,
 ) -> Result<CUresult> {
+    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
     admit(
         || grid_key(f, grid, block),
         stream,
-        per_thread,
+        PER_THREAD,
         || {
             // SAFETY: the caller's own arguments.
             unsafe {
                 original(
                     f,
-                    grid[0],
-                    grid[1],
-                    grid[2],
-                    block[0],
-                    block[1],
-                    block[2],
+                    grid_x,
+                    grid_y,
+                    grid_z,
+                    block_x,
+                    block_y,
+                    block_z,
                     shared_mem_bytes,
                     stream,
                     params,
@@ -206,61 +138,8 @@ fn cooperative(
     )
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn launch_cooperative(
-    original: cuLaunchCooperativeKernel::Signature,
-    f: CUfunction,
-    grid_x: u32,
-    grid_y: u32,
-    grid_z: u32,
-    block_x: u32,
-    block_y: u32,
-    block_z: u32,
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> Result<CUresult> {
-    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
-    cooperative(
-        original,
-        false,
-        f,
-        grid,
-        block,
-        shared_mem_bytes,
-        stream,
-        params,
-    )
-}
-
-#[allow(clippy::too_many_arguments)]
-pub fn launch_cooperative_ptsz(
-    original: cuLaunchCooperativeKernel::Signature,
-    f: CUfunction,
-    grid_x: u32,
-    grid_y: u32,
-    grid_z: u32,
-    block_x: u32,
-    block_y: u32,
-    block_z: u32,
-    shared_mem_bytes: u32,
-    stream: CUstream,
-    params: *mut *mut c_void,
-) -> Result<CUresult> {
-    let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
-    cooperative(
-        original,
-        true,
-        f,
-        grid,
-        block,
-        shared_mem_bytes,
-        stream,
-        params,
-    )
-}
-
-pub fn graph_launch(
+/// `cuGraphLaunch(_ptsz)`; `PER_THREAD` for the `_ptsz` twin.
+pub fn graph_launch<const PER_THREAD: bool>(
     original: cuGraphLaunch::Signature,
     exec: CUgraphExec,
     stream: CUstream,
@@ -269,21 +148,7 @@ pub fn graph_launch(
     admit(
         || LaunchKey::graph(exec as usize),
         stream,
-        false,
-        || unsafe { original(exec, stream) },
-    )
-}
-
-pub fn graph_launch_ptsz(
-    original: cuGraphLaunch::Signature,
-    exec: CUgraphExec,
-    stream: CUstream,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    admit(
-        || LaunchKey::graph(exec as usize),
-        stream,
-        true,
+        PER_THREAD,
         || unsafe { original(exec, stream) },
     )
 }

@@ -41,7 +41,7 @@ fn limited(quota: &'static MemoryQuota, device: CUdevice) -> Result<(&'static Me
 
 /// Reserves `bytes` on the current device, runs `allocate`, and keeps the
 /// charge under the resource it produced.
-fn allocate(
+fn allocate_on_current(
     bytes: usize,
     allocate: impl FnOnce() -> CUresult,
     resource: impl FnOnce() -> Resource,
@@ -95,20 +95,26 @@ unsafe fn written<T: Copy>(pointer: *const T) -> Result<T> {
         .ok_or(LimiterError::NullArgument)
 }
 
+/// An allocation that returns a device pointer through `dptr`.
+fn pointer_allocation(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    allocate: impl FnOnce() -> CUresult,
+) -> Result<CUresult> {
+    if dptr.is_null() {
+        return Err(LimiterError::Bypass("null out-pointer"));
+    }
+    // SAFETY: dptr is non-null and written by the successful call.
+    allocate_on_current(bytesize, allocate, || Resource::Pointer(unsafe { *dptr }))
+}
+
 pub fn mem_alloc(
     original: cuMemAlloc_v2::Signature,
     dptr: *mut CUdeviceptr,
     bytesize: usize,
 ) -> Result<CUresult> {
-    if dptr.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    // SAFETY (closures): the caller's own arguments; dptr written on success.
-    allocate(
-        bytesize,
-        || unsafe { original(dptr, bytesize) },
-        || Resource::Pointer(unsafe { *dptr }),
-    )
+    // SAFETY: the caller's own arguments.
+    pointer_allocation(dptr, bytesize, || unsafe { original(dptr, bytesize) })
 }
 
 pub fn mem_alloc_managed(
@@ -117,15 +123,10 @@ pub fn mem_alloc_managed(
     bytesize: usize,
     flags: u32,
 ) -> Result<CUresult> {
-    if dptr.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    // SAFETY (closures): the caller's own arguments; dptr written on success.
-    allocate(
-        bytesize,
-        || unsafe { original(dptr, bytesize, flags) },
-        || Resource::Pointer(unsafe { *dptr }),
-    )
+    // SAFETY: the caller's own arguments.
+    pointer_allocation(dptr, bytesize, || unsafe {
+        original(dptr, bytesize, flags)
+    })
 }
 
 pub fn mem_alloc_async(
@@ -134,15 +135,10 @@ pub fn mem_alloc_async(
     bytesize: usize,
     stream: CUstream,
 ) -> Result<CUresult> {
-    if dptr.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    // SAFETY (closures): the caller's own arguments; dptr written on success.
-    allocate(
-        bytesize,
-        || unsafe { original(dptr, bytesize, stream) },
-        || Resource::Pointer(unsafe { *dptr }),
-    )
+    // SAFETY: the caller's own arguments.
+    pointer_allocation(dptr, bytesize, || unsafe {
+        original(dptr, bytesize, stream)
+    })
 }
 
 pub fn mem_alloc_from_pool(
@@ -152,15 +148,10 @@ pub fn mem_alloc_from_pool(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> Result<CUresult> {
-    if dptr.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    // SAFETY (closures): the caller's own arguments; dptr written on success.
-    allocate(
-        bytesize,
-        || unsafe { original(dptr, bytesize, pool, stream) },
-        || Resource::Pointer(unsafe { *dptr }),
-    )
+    // SAFETY: the caller's own arguments.
+    pointer_allocation(dptr, bytesize, || unsafe {
+        original(dptr, bytesize, pool, stream)
+    })
 }
 
 /// The driver rounds the pitch up to its alignment; reserve for the usual
@@ -300,7 +291,7 @@ pub fn array_create(
         Flags: 0,
     });
     // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate(
+    allocate_on_current(
         usize::try_from(bytes).unwrap_or(usize::MAX),
         || unsafe { original(array, descriptor) },
         || Resource::Array(unsafe { *array } as usize),
@@ -319,7 +310,7 @@ pub fn array_3d_create(
     let shape =
         unsafe { written(descriptor) }.map_err(|_| LimiterError::Bypass("no descriptor"))?;
     // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate(
+    allocate_on_current(
         usize::try_from(array_bytes(&shape)).unwrap_or(usize::MAX),
         || unsafe { original(array, descriptor) },
         || Resource::Array(unsafe { *array } as usize),
@@ -339,7 +330,7 @@ pub fn mipmapped_array_create(
     let shape =
         unsafe { written(descriptor) }.map_err(|_| LimiterError::Bypass("no descriptor"))?;
     // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate(
+    allocate_on_current(
         usize::try_from(mipmapped_bytes(&shape, levels)).unwrap_or(usize::MAX),
         || unsafe { original(array, descriptor, levels) },
         || Resource::Mipmap(unsafe { *array } as usize),
