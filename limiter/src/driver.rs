@@ -8,10 +8,11 @@ use std::sync::OnceLock;
 use crate::loader;
 use crate::sys::{
     CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_NON_BLOCKING,
-    CUcontext, CUdevice, CUevent, CUresult, CUstream, CUuuid, CuCtxGetCurrent, CuCtxGetDevice,
-    CuDeviceGetUuid, CuEventCreate, CuEventDestroy, CuEventElapsedTime, CuEventQuery,
-    CuEventRecord, CuEventSynchronize, CuLaunchKernel, CuModuleGetFunction, CuModuleLoadData,
-    CuStreamCreate, CuStreamGetCtx, CuStreamIsCapturing, CuThreadExchangeStreamCaptureMode,
+    CUcontext, CUdevice, CUevent, CUgraphExec, CUresult, CUstream, CUuuid, CuCtxGetCurrent,
+    CuCtxGetDevice, CuDeviceGetUuid, CuEventCreate, CuEventDestroy, CuEventElapsedTime,
+    CuEventQuery, CuEventRecord, CuEventSynchronize, CuGraphInstantiateWithFlags, CuGraphLaunch,
+    CuLaunchKernel, CuModuleGetFunction, CuModuleLoadData, CuStreamBeginCapture, CuStreamCreate,
+    CuStreamEndCapture, CuStreamGetCtx, CuStreamIsCapturing, CuThreadExchangeStreamCaptureMode,
     NVML_DEVICE_UUID_V2_BUFFER_SIZE, NvmlDeviceGetComputeRunningProcesses,
     NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex, NvmlDeviceGetUUID, NvmlInit, format_uuid,
     nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t,
@@ -61,6 +62,19 @@ struct CalibrationApi {
     stream_create: CuStreamCreate,
     event_synchronize: CuEventSynchronize,
     launch_kernel: CuLaunchKernel,
+    begin_capture: Option<CuStreamBeginCapture>,
+    end_capture: Option<CuStreamEndCapture>,
+    instantiate: Option<CuGraphInstantiateWithFlags>,
+    graph_launch: Option<CuGraphLaunch>,
+}
+
+/// The latency inside an event bracket around one launch into an idle GPU,
+/// by launch path (see [`Timing::launch_overheads`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchOverheads {
+    pub kernel_ns: u64,
+    /// Graph launches start faster; `None` where graphs could not be made.
+    pub graph_ns: Option<u64>,
 }
 
 /// An empty kernel, JIT-compiled by the driver for whatever GPU it runs on.
@@ -100,6 +114,11 @@ impl Timing {
                         // The patched entry: inside the limiter's guard it
                         // forwards straight to the original.
                         launch_kernel: symbol(handle, c"cuLaunchKernel")?,
+                        begin_capture: symbol(handle, c"cuStreamBeginCapture_v2"),
+                        end_capture: symbol(handle, c"cuStreamEndCapture"),
+                        instantiate: symbol(handle, c"cuGraphInstantiateWithFlags"),
+                        // Patched too: forwards to the original under the guard.
+                        graph_launch: symbol(handle, c"cuGraphLaunch"),
                     })
                 })(),
             })
@@ -121,13 +140,12 @@ impl Timing {
         }
     }
 
-    /// GPU time an empty launch keeps a bracketing event pair apart in the
-    /// current context: the part of every sample that is launch latency,
-    /// not kernel. The least of a few runs on a private stream, so that the
-    /// application's queued work does not inflate it; `None` if it cannot be
-    /// measured.
-    pub fn launch_overhead_ns(&self) -> Option<u64> {
-        const RUNS: usize = 5;
+    /// The latency an event bracket around one launch into an idle GPU
+    /// holds besides the kernel, in the current context: the median of a few
+    /// brackets around an empty kernel of our own, launched directly and as a
+    /// graph, on a private stream (so the application's queued work does not
+    /// inflate it). `None` if it cannot be measured.
+    pub fn launch_overheads(&self) -> Option<LaunchOverheads> {
         let api = self.calibration.as_ref()?;
         // Synchronising below must not break another thread's global capture.
         let mut previous_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -135,71 +153,121 @@ impl Timing {
             // SAFETY: a valid in/out pointer.
             unsafe { exchange(&mut previous_mode) };
         }
-        let measured = (|| {
-            let (mut module, mut function, mut stream) = (
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-            );
-            // SAFETY: valid out-pointers and a NUL-terminated PTX image; the
-            // module and stream stay for the life of the context (a few bytes).
-            unsafe {
-                if !(api.module_load_data)(&mut module, CALIBRATION_PTX.as_ptr().cast())
-                    .is_success()
-                    || !(api.module_get_function)(
-                        &mut function,
-                        module,
-                        c"gpushare_calibrate".as_ptr(),
-                    )
-                    .is_success()
-                    || !(api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING).is_success()
-                {
-                    return None;
-                }
-            }
-            let (start, end) = (self.create_event()?, self.create_event()?);
-            // The driver double reads a kernel's duration from its first
-            // parameter; the real driver ignores parameters of this kernel.
-            let mut zero: u64 = 0;
-            let mut params = [(&raw mut zero).cast::<c_void>()];
-            let mut least = u64::MAX;
-            for _ in 0..RUNS {
-                // SAFETY: our own kernel, stream and events.
-                let launched = unsafe {
-                    self.record(start, stream)
-                        && (api.launch_kernel)(
-                            function,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            1,
-                            0,
-                            stream,
-                            params.as_mut_ptr(),
-                            std::ptr::null_mut(),
-                        )
-                        .is_success()
-                        && self.record(end, stream)
-                        && (api.event_synchronize)(end).is_success()
-                };
-                if !launched {
-                    break;
-                }
-                if let Some(elapsed) = self.elapsed_ns(start, end) {
-                    least = least.min(elapsed);
-                }
-            }
-            self.destroy(start);
-            self.destroy(end);
-            (least != u64::MAX).then_some(least)
-        })();
+        let measured = self.measure_overheads(api);
         if let Some(exchange) = self.exchange_capture_mode {
             // SAFETY: restores the thread's own mode.
             unsafe { exchange(&mut previous_mode) };
         }
         measured
+    }
+
+    fn measure_overheads(&self, api: &CalibrationApi) -> Option<LaunchOverheads> {
+        let (mut module, mut function, mut stream) = (
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+        // SAFETY: valid out-pointers and a NUL-terminated PTX image; the
+        // module and stream stay for the life of the context (a few bytes).
+        let ready = unsafe {
+            (api.module_load_data)(&mut module, CALIBRATION_PTX.as_ptr().cast()).is_success()
+                && (api.module_get_function)(&mut function, module, c"gpushare_calibrate".as_ptr())
+                    .is_success()
+                && (api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING).is_success()
+        };
+        if !ready {
+            return None;
+        }
+        let (start, end) = (self.create_event()?, self.create_event()?);
+        // The driver double reads a kernel's duration from its first
+        // parameter; the real driver ignores parameters of this kernel.
+        let mut zero: u64 = 0;
+        let mut params = [(&raw mut zero).cast::<c_void>()];
+        // SAFETY (closure): our own kernel and stream.
+        let mut launch_kernel = || unsafe {
+            (api.launch_kernel)(
+                function,
+                1,
+                1,
+                1,
+                1,
+                1,
+                1,
+                0,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        let kernel_ns = self.median_bracket(api, start, end, stream, &mut launch_kernel);
+        let graph_ns = self
+            .instantiate_graph(api, stream, &mut launch_kernel)
+            .and_then(|(exec, graph_launch)| {
+                // SAFETY (closure): our own graph and stream.
+                self.median_bracket(api, start, end, stream, || unsafe {
+                    graph_launch(exec, stream)
+                })
+            });
+        self.destroy(start);
+        self.destroy(end);
+        kernel_ns.map(|kernel_ns| LaunchOverheads {
+            kernel_ns,
+            graph_ns,
+        })
+    }
+
+    /// Captures one launch into a graph on `stream` and instantiates it.
+    fn instantiate_graph(
+        &self,
+        api: &CalibrationApi,
+        stream: CUstream,
+        launch: impl FnOnce() -> CUresult,
+    ) -> Option<(CUgraphExec, CuGraphLaunch)> {
+        let (begin, end, instantiate, graph_launch) = (
+            api.begin_capture?,
+            api.end_capture?,
+            api.instantiate?,
+            api.graph_launch?,
+        );
+        let (mut graph, mut exec) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: our own stream, relaxed capture (touches no other thread's);
+        // valid out-pointers; the graph stays for the life of the context.
+        let made = unsafe {
+            if !begin(stream, CU_STREAM_CAPTURE_MODE_RELAXED).is_success() {
+                return None;
+            }
+            let launched = launch().is_success();
+            // A begun capture is always ended, whatever the launch did.
+            let ended = end(stream, &mut graph).is_success();
+            launched && ended && instantiate(&mut exec, graph, 0).is_success()
+        };
+        made.then_some((exec, graph_launch))
+    }
+
+    /// The median GPU time between `start` and `end` recorded around `launch`.
+    fn median_bracket(
+        &self,
+        api: &CalibrationApi,
+        start: CUevent,
+        end: CUevent,
+        stream: CUstream,
+        mut launch: impl FnMut() -> CUresult,
+    ) -> Option<u64> {
+        const RUNS: usize = 9;
+        let mut brackets = Vec::with_capacity(RUNS);
+        for _ in 0..RUNS {
+            // SAFETY: our own events and stream.
+            let done = self.record(start, stream)
+                && launch().is_success()
+                && self.record(end, stream)
+                && unsafe { (api.event_synchronize)(end) }.is_success();
+            if !done {
+                return None;
+            }
+            brackets.extend(self.elapsed_ns(start, end));
+        }
+        brackets.sort_unstable();
+        brackets.get(brackets.len() / 2).copied()
     }
 
     /// Whether `stream` is being captured into a graph (its launches do not run).

@@ -17,30 +17,36 @@ pub const DEFAULT_ESTIMATE_NS: u64 = 10_000_000;
 const SLOTS: usize = 4096;
 const PROBES: usize = 16;
 
-/// Identifies launches expected to last alike.
+/// Identifies launches expected to last alike; the low bit tells graphs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchKey(u64);
 
 impl LaunchKey {
     /// A kernel launch of `function` with `blocks` blocks of `threads` threads.
     pub fn kernel(function: usize, blocks: u64, threads: u64) -> Self {
-        Self::mix(function as u64 ^ blocks.rotate_left(40) ^ threads.rotate_left(20))
+        Self(mix(function as u64 ^ blocks.rotate_left(40) ^ threads.rotate_left(20)) & !1 | 2)
     }
 
     /// A launch of an instantiated graph.
     pub fn graph(exec: usize) -> Self {
-        Self::mix(exec as u64 ^ 0x9e37_79b9_7f4a_7c15)
+        Self(mix(exec as u64 ^ 0x9e37_79b9_7f4a_7c15) | 1)
     }
 
-    fn mix(mut x: u64) -> Self {
-        // splitmix64's finaliser; 0 is reserved for empty slots.
-        x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Self((x ^ (x >> 31)).max(1))
+    /// Whether this is a graph launch.
+    pub fn is_graph(self) -> bool {
+        self.0 & 1 == 1
     }
 }
 
-/// Moving averages of launch durations, by key.
+/// splitmix64's finaliser.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Moving averages of launch durations, by key (0 marks an empty slot; keys
+/// are never 0).
 pub struct Estimates {
     keys: Box<[AtomicU64]>,
     nanos: Box<[AtomicU64]>,
@@ -138,6 +144,7 @@ mod tests {
         let estimates = Estimates::default();
         assert_ne!(LaunchKey::kernel(1, 2, 3), LaunchKey::kernel(1, 3, 2));
         assert_ne!(LaunchKey::kernel(7, 1, 1), LaunchKey::graph(7));
+        assert!(LaunchKey::graph(7).is_graph() && !LaunchKey::kernel(7, 1, 1).is_graph());
         for function in 0..(SLOTS * 2) {
             estimates.record(LaunchKey::kernel(function, 1, 1), 1000 + function as u64);
         }

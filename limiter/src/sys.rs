@@ -195,6 +195,12 @@ pub type CuLaunchKernel = unsafe extern "C" fn(
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> CUresult;
+pub type CUgraph = *mut c_void;
+pub type CuStreamBeginCapture = unsafe extern "C" fn(CUstream, c_int) -> CUresult;
+pub type CuStreamEndCapture = unsafe extern "C" fn(CUstream, *mut CUgraph) -> CUresult;
+pub type CuGraphInstantiateWithFlags =
+    unsafe extern "C" fn(*mut CUgraphExec, CUgraph, u64) -> CUresult;
+pub type CuGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
 /// `CU_STREAM_NON_BLOCKING`.
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 pub type CuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;

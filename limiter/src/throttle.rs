@@ -16,7 +16,8 @@
 //!    pairs bracket exactly the one launch, so a host-bound program that
 //!    leaves the GPU idle between kernels is charged only for its kernels.
 //!    The launch latency inside such a bracket (measured once per context
-//!    with an empty kernel of our own) is subtracted: pods pay for kernels.
+//!    with an empty kernel of our own, launched directly and as a graph) is
+//!    subtracted: pods pay for kernels.
 //! 4. Launches into a stream being captured do not run and are not charged;
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
@@ -88,9 +89,10 @@ pub struct Throttle {
     marked_at_ns: [AtomicU64; MAX_DEVICES],
     /// Contexts whose launch overhead was measured.
     calibrated: Mutex<Vec<usize>>,
-    /// The least launch overhead measured (see [`Timing::launch_overhead_ns`]);
-    /// `u64::MAX` until measured.
-    overhead_ns: AtomicU64,
+    /// Launch latency inside a bracket, kernels and graphs (see
+    /// [`Timing::launch_overheads`]); 0 until measured.
+    kernel_overhead_ns: AtomicU64,
+    graph_overhead_ns: AtomicU64,
 }
 
 // SAFETY: the event handles held are driver handles, usable from any thread;
@@ -113,7 +115,8 @@ impl Throttle {
             pod_key: OnceLock::new(),
             marked_at_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
             calibrated: Mutex::new(Vec::new()),
-            overhead_ns: AtomicU64::new(u64::MAX),
+            kernel_overhead_ns: AtomicU64::new(0),
+            graph_overhead_ns: AtomicU64::new(0),
         }
     }
 
@@ -254,10 +257,13 @@ impl Throttle {
         }
         calibrated.push(context);
         drop(calibrated);
-        match timing.launch_overhead_ns() {
-            Some(overhead) => {
-                self.overhead_ns.fetch_min(overhead, Ordering::Relaxed);
-                tracing::debug!(overhead, "launch overhead measured");
+        match timing.launch_overheads() {
+            Some(overheads) => {
+                let graph = overheads.graph_ns.unwrap_or(overheads.kernel_ns);
+                self.kernel_overhead_ns
+                    .store(overheads.kernel_ns, Ordering::Relaxed);
+                self.graph_overhead_ns.store(graph, Ordering::Relaxed);
+                tracing::debug!(?overheads, "launch overhead measured");
             }
             None => tracing::warn!("launch overhead not measured; samples include it"),
         }
@@ -443,7 +449,11 @@ impl Throttle {
             // The bracket holds the launch latency too; a pod is charged for
             // its kernels. A kernel no longer than the latency still costs a
             // quarter of the bracket.
-            let overhead = self.overhead_ns.load(Ordering::Relaxed);
+            let overhead = if sample.key.is_graph() {
+                self.graph_overhead_ns.load(Ordering::Relaxed)
+            } else {
+                self.kernel_overhead_ns.load(Ordering::Relaxed)
+            };
             let measured = bracket.saturating_sub(overhead).max(bracket / 4);
             // Correct by the estimate the sample settled on, not the raw
             // sample, which may include other contexts' time slices.
