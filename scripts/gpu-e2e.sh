@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU end-to-end check of the per-pod memory quota (checks 1-10) and compute
-# share (checks 11-15) enforced by libcuda_limiter.so.
+# share (checks 11-15) enforced by libcuda_limiter.so, and of the node
+# hypervisor that drives it (checks 16-20).
 #
 # Usage, from the repo root on the GPU machine (one H100, CUDA 13, nvcc, python3 + torch):
 #   bash scripts/gpu-e2e.sh gpu-bundle          # gpu-bundle/ holds libcuda_limiter.so
+#                                               # (and hypervisor, hypervisor-latency-test)
 #
 # Every check runs the same program WITHOUT and WITH the limiter, in the same
 # script run, and records both in a Markdown table; a step that fails is
@@ -23,6 +25,27 @@
 #   15  two spin processes at once at L=50: one pod -> union 50 +- 3 %; two pods
 #       -> union >= 90 %
 # The new checks take about 2.5 minutes when the limiter works.
+# Checks 16-20 run the node daemon, gpu-bundle/hypervisor (E2E_HYPERVISOR=path
+# overrides), on 127.0.0.1 and a port the kernel picks, with a config written
+# to $WORK/hv-<check>.toml; the spin processes run with CUDA_LIMITER_HYPERVISOR,
+# CUDA_LIMITER_POD and CUDA_LIMITER_TOKEN (no local limit). Shares are each
+# process's own busy time (union of its kernel intervals), from
+# scripts/gpu/hv_intervals.py; t = seconds after the processes were released:
+#   16  pods A, B weights 1:3, policy fixed, no cap, 4 s at once: A = 25 +- 3,
+#       B = 75 +- 3 pp (from 1 s, common span; spin union)
+#   17a pod A cap 30, policy fixed, alone: 30 +- 3 pp
+#   17b pod A share 30, policy elastic, alone 2 s (>= 90% over [0.5, 2] s), then
+#       pod B (weight 1, fixed) for 3 s: A over [B start + 1 s, B end] = max(30,
+#       weighted fair 50) = 50 +- 3 pp; 100 ms series and return time printed
+#   18  pod A cap 50, suspended at t=1.5 s and resumed at t=3.5 s through the
+#       admin API: busy in [1.7, 3.4] s <= 3%, from 3.7 s 50 +- 3 pp, exit 0,
+#       kernels = launches
+#   19  pods A, B weights 1:1, kill -9 of the daemon at t=2 s, started again at
+#       t=4 s on the same port: both exit 0, busy in [2.2, 3.8] s = last granted
+#       share +- 5 pp, workers of both pods listed again by t=5.5 s
+#   20  gpu-bundle/hypervisor-latency-test (the crate's tests/latency.rs), when
+#       present: client-side p50 <= 200 us, p99 <= 2 ms
+# Checks 16-20 take about 1 minute.
 #
 # Outputs:
 #   stdout                       progress lines, then the table (printed last)
@@ -41,6 +64,12 @@
 #   E2E_SHARE_SECS       seconds per spin run in checks 11, 12, 15 (default 3)
 #   E2E_TORCH_SECS       timed seconds per matmul run in check 13 (default 6,
 #                        after 2 s of warm-up)
+#   E2E_HYPERVISOR       the hypervisor binary (default <bundle>/hypervisor)
+#   E2E_HV_LOG           the daemon's log level, HYPERVISOR_LOG (default info)
+#   E2E_HV_B_WEIGHT      pod B's weight in check 17b (default 1; 3 makes A's
+#                        guaranteed 30% the binding term)
+#   E2E_HV_SIMULATE=1    the daemon simulates the GPU (--simulate-gpus 1): a dry
+#                        run of checks 16-20's plumbing on a machine without one
 #
 # Exit status: 0 when every check passed, 1 otherwise, 2 on a usage error.
 
@@ -191,13 +220,17 @@ row() {
 #   pre    with the limiter loaded and active (a 60 GiB memory quota) but no
 #          compute limit
 #   sm:L   with the limiter and a compute limit of L percent, pod POD
+#   hv     with the limiter in hypervisor mode (HV_URL), pod POD and its token
 env_for() {
   ENVCMD=(env -u LD_PRELOAD -u CUDA_DEVICE_MEMORY_LIMIT -u CUDA_LIMITER_MEMORY_LIMIT -u CUDA_LIMITER_POD
-    -u CUDA_DEVICE_SM_LIMIT -u CUDA_LIMITER_SM_LIMIT)
+    -u CUDA_DEVICE_SM_LIMIT -u CUDA_LIMITER_SM_LIMIT
+    -u CUDA_LIMITER_HYPERVISOR -u CUDA_LIMITER_TOKEN -u CUDA_LIMITER_TOKEN_FILE)
   case $1 in
     lim) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
     pre) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=60g CUDA_LIMITER_POD=e2e-pre CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
     sm:*) ENVCMD+=(LD_PRELOAD="$LIB" "$SM_VAR=${1#sm:}" CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
+    hv) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_LIMITER_POD="$2" CUDA_LIMITER_HYPERVISOR="$HV_URL"
+      CUDA_LIMITER_TOKEN="$(hv_token "$2")" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
   esac
 }
 
@@ -223,12 +256,20 @@ run_prog() {
 }
 
 cleanup() {
-  local p
+  local p c
+  # the direct children first (the timeout(1) of a background run_prog, which
+  # passes SIGTERM on to its program), by their pids
+  for p in "${BG_PIDS[@]}"; do
+    for c in $(ps -o pid= --ppid "$p" 2>/dev/null); do kill -TERM "$c" 2>/dev/null; done
+  done
   for p in "${BG_PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
   touch "$WORK"/release-* "$WORK"/go-* 2>/dev/null
   clean_shm
 }
 trap cleanup EXIT
+# a signal ends the script through exit, so that the EXIT trap runs
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # --------------------------------------------------------------- preflight --
 
@@ -1015,6 +1056,575 @@ check_pod_share() {
   row "$n2" "$(pair_desc "$ub")" "$(pair_desc "$ut")" "union>=90%; without: >=90%" "$why"
 }
 
+# ---------------------------------------------------- hypervisor checks --
+#
+# Checks 16-19 run the node daemon (gpu-bundle/hypervisor) on 127.0.0.1, on a
+# port the kernel picks (listen = "127.0.0.1:0"; the daemon prints the address
+# it bound), with a config written to $WORK/hv-<check>.toml. The limited spin
+# processes run in hypervisor mode (CUDA_LIMITER_HYPERVISOR, _POD, _TOKEN):
+# their pod's compute rate comes from the region the daemon writes. Every
+# check stops its daemon (SIGTERM, SIGKILL after 3 s) and removes the regions;
+# the EXIT trap kills whatever is left. Times "t" are seconds after the go
+# file released the spin processes; the analysis measures from the first
+# kernel (a few ms later), with scripts/gpu/hv_intervals.py.
+
+HV_LOG_LEVEL=${E2E_HV_LOG:-info}
+HV_ADMIN="e2e-admin-$$-$RANDOM"
+HVBIN=""
+HVLAT=""
+HV_PID=""
+HV_URL=""
+HV_PORT=""
+HV_LOGFILE=""
+HV_ERR=""
+T_GO=""
+HV_B_WEIGHT=${E2E_HV_B_WEIGHT:-1}
+[[ $HV_B_WEIGHT =~ ^[1-9][0-9]*$ ]] || HV_B_WEIGHT=1
+
+hv_token() { printf 'e2e-tok-%s' "$1"; }
+
+# hv_prepare: copies the daemon (and its latency test) out of the bundle, executable
+hv_prepare() {
+  local src=${E2E_HYPERVISOR:-$BUNDLE/hypervisor} lat=$BUNDLE/hypervisor-latency-test
+  local log=$LOG_DIR/00-hypervisor-binaries.log
+  {
+    echo "hypervisor: $src"
+    ls -la "$src" "$lat" 2>&1
+  } >"$log"
+  if [[ -f $src ]] && cp "$src" "$WORK/hypervisor" 2>>"$log" && chmod +x "$WORK/hypervisor"; then
+    HVBIN=$WORK/hypervisor
+    timeout -k 2 10 env -u LD_PRELOAD "$HVBIN" --version >>"$log" 2>&1
+    say "hypervisor: $src"
+  else
+    say "hypervisor: $src missing; checks 16-19 will fail"
+  fi
+  if [[ -f $lat ]] && cp "$lat" "$WORK/hypervisor-latency-test" 2>>"$log" && chmod +x "$WORK/hypervisor-latency-test"; then
+    HVLAT=$WORK/hypervisor-latency-test
+  fi
+}
+
+# hv_prereq: false (HV_WHY says why) when the daemon or spin is missing
+hv_prereq() {
+  HV_WHY=""
+  [[ -n $HVBIN ]] || HV_WHY="no hypervisor binary"
+  built spin || HV_WHY+="${HV_WHY:+; }spin not built"
+  [[ -f $LIB ]] || HV_WHY+="${HV_WHY:+; }no $LIB"
+  [[ -z $HV_WHY ]]
+}
+
+# hv_pod ID LINE...: one [[pods]] section on GPU index 0 with the given lines
+hv_pod() {
+  local id=$1
+  shift
+  printf '[[pods]]\nid = "%s"\ntoken = "%s"\n[[pods.gpus]]\nindex = 0\n' "$id" "$(hv_token "$id")"
+  printf '%s\n' "$@"
+  echo
+}
+
+# hv_config FILE: the header, then the pod sections read from stdin
+hv_config() {
+  {
+    echo "# written by scripts/gpu-e2e.sh"
+    echo 'listen = "127.0.0.1:0"'
+    echo "admin_token = \"$HV_ADMIN\""
+    echo
+    cat
+  } >"$1"
+}
+
+# hvctl ARGS...: the API helper, bounded
+hvctl() { timeout -k 2 "${HVCTL_T:-15}" "$PY" "$SRC/hvctl.py" "$@" 2>&1; }
+
+# hv_start TAG CONFIG [PORT]: starts the daemon (on PORT, else one the kernel
+# picks) and waits until its status answers; sets HV_PID HV_URL HV_PORT
+# HV_LOGFILE, or HV_ERR and returns 1
+hv_start() {
+  local tag=$1 cfg=$2 port=${3:-}
+  HV_ERR=""
+  HV_LOGFILE=$LOG_DIR/$tag-hypervisor.log
+  [[ -n $port ]] && HV_LOGFILE=$LOG_DIR/$tag-hypervisor-restart.log
+  {
+    echo "# config $cfg:"
+    cat "$cfg"
+    if [[ -z $port ]]; then # a restart goes straight to serve
+      echo "# hypervisor check-config:"
+      timeout -k 2 20 env -u LD_PRELOAD "$HVBIN" check-config --config "$cfg"
+      echo "# check-config exit=$?"
+    fi
+    echo "# serve start $(date +%T.%N)${port:+ on port $port}"
+  } >"$HV_LOGFILE" 2>&1
+  local -a args=(serve --config "$cfg")
+  [[ -n $port ]] && args+=(--listen "127.0.0.1:$port")
+  [[ ${E2E_HV_SIMULATE:-} =~ ^[1-9]$ ]] && args+=(--simulate-gpus "$E2E_HV_SIMULATE")
+  (exec env -u LD_PRELOAD HYPERVISOR_LOG="$HV_LOG_LEVEL" "$HVBIN" "${args[@]}") >>"$HV_LOGFILE" 2>&1 &
+  HV_PID=$!
+  BG_PIDS+=("$HV_PID")
+  local i addr=""
+  for ((i = 0; i < 300; i++)); do
+    addr=$(grep -a -m1 -oE 'hypervisor listening on [0-9.]+:[0-9]+' "$HV_LOGFILE" | awk '{print $4}')
+    [[ -n $addr ]] && break
+    kill -0 "$HV_PID" 2>/dev/null || break
+    sleep 0.05
+  done
+  if [[ -z $addr ]]; then
+    HV_ERR="hypervisor did not start: $(sed -n '/^# serve start/,$p' "$HV_LOGFILE" | grep -a -v '^#' | tail -n 2 | tr '\n' ' ' | cut -c1-200)"
+    say "   $HV_ERR (log $HV_LOGFILE)"
+    return 1
+  fi
+  HV_URL=http://$addr
+  HV_PORT=${addr##*:}
+  local up=$LOG_DIR/$tag-hypervisor-up.log
+  [[ -n $port ]] && up=$LOG_DIR/$tag-hypervisor-restart-up.log
+  hvctl "$HV_URL" wait-up 10 >"$up"
+  if [[ $(kv "$up" ok) != 1 ]]; then
+    HV_ERR="hypervisor status does not answer on $HV_URL"
+    say "   $HV_ERR"
+    return 1
+  fi
+  say "   hypervisor pid $HV_PID on $HV_URL (up in $(kv "$up" up_ms) ms after listening)"
+  return 0
+}
+
+# hv_stop: SIGTERM, SIGKILL after 3 s, reaped
+hv_stop() {
+  [[ -n ${HV_PID:-} ]] || return 0
+  local i
+  if kill -0 "$HV_PID" 2>/dev/null; then
+    kill -TERM "$HV_PID" 2>/dev/null
+    for ((i = 0; i < 60; i++)); do
+      kill -0 "$HV_PID" 2>/dev/null || break
+      sleep 0.05
+    done
+    kill -0 "$HV_PID" 2>/dev/null && { kill -KILL "$HV_PID" 2>/dev/null; echo "# SIGKILL after 3 s" >>"$HV_LOGFILE"; }
+  fi
+  wait "$HV_PID" 2>/dev/null
+  echo "# stopped $(date +%T.%N) (exit $?)" >>"$HV_LOGFILE"
+  HV_PID=""
+}
+
+# hv_status TAG: status snapshot into $LOG_DIR/TAG-status.log (key=value) and .json
+hv_status() {
+  HVCTL_T=5 hvctl "$HV_URL" status "$LOG_DIR/$1-status.json" >"$LOG_DIR/$1-status.log"
+}
+
+# hv_placed TAG POD...: reasons when a pod is not placed on the GPU
+hv_placed() {
+  local tag=$1 p w=""
+  shift
+  hv_status "$tag"
+  for p in "$@"; do
+    [[ $(kv "$LOG_DIR/$tag-status.log" "pod_${p}_placed") == 1 ]] || w+=" $p-not-placed-on-gpu0"
+  done
+  printf '%s' "$w"
+}
+
+# hv_registered STATUS_LOG POD...: reasons when a pod has no worker listed
+hv_registered() {
+  local st=$1 p w=""
+  shift
+  for p in "$@"; do
+    ncmp "$(kv "$st" "pod_${p}_workers")" ge 1 || w+=" $p-no-worker-registered"
+  done
+  printf '%s' "$w"
+}
+
+# hv_spin TAG POD SECS GO: spin runtime 2000us for SECS under the hypervisor, in
+# the background, released by GO; log $LOG_DIR/TAG.log, intervals $WORK/TAG.intervals
+hv_spin() {
+  local tag=$1 pod=$2 secs=$3 go=$4
+  local log=$LOG_DIR/$tag.log dump=$WORK/$tag.intervals
+  rm -f "$log" "$dump"
+  run_prog hv "$pod" "$log" $((${secs%.*} + 60)) "$BIN/spin" runtime 2000 "$secs" "$dump" "$go" &
+  HS_PID=$!
+  BG_PIDS+=("$HS_PID")
+}
+
+# hv_wait_ready LOG...: until every LOG says ready=1 (40 s at most), or one exited
+hv_wait_ready() {
+  local i l n
+  for ((i = 0; i < 400; i++)); do
+    n=0
+    for l in "$@"; do
+      grep -q '^ready=1' "$l" 2>/dev/null && n=$((n + 1))
+      grep -q '^# exit=' "$l" 2>/dev/null && return 1
+    done
+    ((n == $#)) && return 0
+    sleep 0.1
+  done
+  return 1
+}
+
+# hv_go GO: releases the processes waiting on GO; T_GO = now (epoch seconds)
+hv_go() {
+  touch "$1"
+  T_GO=$(date +%s.%N)
+}
+
+# t_abs T: epoch seconds of T_GO + T
+t_abs() { awk -v g="$T_GO" -v t="$1" 'BEGIN{ printf "%.6f", g + t }'; }
+
+# sleep_until T: sleeps until T_GO + T seconds
+sleep_until() {
+  local d
+  d=$(awk -v g="$T_GO" -v t="$1" -v n="$(date +%s.%N)" 'BEGIN{ d = g + t - n; printf "%.3f", (d > 0 ? d : 0) }')
+  sleep "$d"
+}
+
+# since EPOCH: seconds from T_GO to EPOCH ("?" when EPOCH is not a number)
+since() { fcalc '%.3f' 'a - b' "${1:-x}" "$T_GO"; }
+
+# now_t: seconds from T_GO to now
+now_t() { since "$(date +%s.%N)"; }
+
+# hv_analyse OUT ARGS...: hv_intervals.py into OUT
+hv_analyse() {
+  local out=$1
+  shift
+  {
+    echo "# hv_intervals.py $*"
+    timeout -k 2 60 "$PY" "$SRC/hv_intervals.py" "$@"
+    echo "# exit=$?"
+  } >"$out" 2>&1
+}
+
+# pct_from_ppm PPM: percent with one decimal ("?" when not a number)
+pct_from_ppm() { fcalc '%.1f' 'a / 10000' "$1"; }
+
+# near A B TOL: |A - B| <= TOL (all numbers)
+near() { fok 'a - b <= c && b - a <= c' "$1" "$2" "$3"; }
+
+# hv_end: daemon stopped, regions removed
+hv_end() {
+  hv_stop
+  clean_shm
+}
+
+# 16: two pods, weights 1 and 3, both busy at once
+check_hv_weighted() {
+  local a=e2e-c16-a b=e2e-c16-b
+  local name="16. hypervisor weighted sharing: pods A (weight 1) and B (weight 3), policy fixed, no cap; spin 2000us runtime 4 s each, at once: own busy share from 1 s (common span)"
+  local exp="A=25+-3%, B=75+-3%"
+  hv_prereq || { row "$name" "-" "-" "$exp" "$HV_WHY"; return; }
+  local cfg=$WORK/hv-16.toml go=$WORK/go-16 why=""
+  {
+    hv_pod "$a" 'weight = 1' 'policy = "fixed"'
+    hv_pod "$b" 'weight = 3' 'policy = "fixed"'
+  } | hv_config "$cfg"
+  clean_shm
+  rm -f "$go"
+  if ! hv_start 16 "$cfg"; then
+    row "$name" "-" "-" "$exp" "$HV_ERR"
+    hv_end
+    return
+  fi
+  why+=$(hv_placed 16-start "$a" "$b")
+  local la=$LOG_DIR/16-A.log lb=$LOG_DIR/16-B.log pa pb
+  hv_spin 16-A "$a" 4 "$go"
+  pa=$HS_PID
+  hv_spin 16-B "$b" 4 "$go"
+  pb=$HS_PID
+  hv_wait_ready "$la" "$lb" || why+=" not-ready"
+  hv_go "$go"
+  sleep_until 2.5
+  hv_status 16-mid
+  wait "$pa"
+  wait "$pb"
+  hv_end
+  local u=$LOG_DIR/16-union.log an=$LOG_DIR/16-analysis.log
+  {
+    echo "# spin union A B"
+    timeout -k 5 60 "$BIN/spin" union "$WORK/16-A.intervals" "$WORK/16-B.intervals"
+    echo "# exit=$?"
+  } >"$u" 2>&1
+  hv_analyse "$an" --origin common --win after1s:start+1:end --series all:start:end \
+    "$WORK/16-A.intervals" "$WORK/16-B.intervals"
+  local sa sb su ov st=$LOG_DIR/16-mid-status.log ra rb
+  sa=$(kv "$u" file0_share_after1s_pct) sb=$(kv "$u" file1_share_after1s_pct) su=$(kv "$u" share_after1s_pct)
+  ov=$(kv "$an" win_after1s_overlap_pct)
+  ra=$(pct_from_ppm "$(kv "$st" "pod_${a}_rate_ppm")") rb=$(pct_from_ppm "$(kv "$st" "pod_${b}_rate_ppm")")
+  why+=$(hv_registered "$st" "$a" "$b")
+  say "   16: at t=2.5 s: workers A=$(kv "$st" "pod_${a}_workers") B=$(kv "$st" "pod_${b}_workers"), admissions $(kv "$st" admission_count) ($(kv "$st" admission_timeouts) timed out)"
+  say "   16: A 100 ms series (per-mille): $(kv "$an" series_all_f0_pm)"
+  say "   16: B 100 ms series (per-mille): $(kv "$an" series_all_f1_pm)"
+  why+="$(spin_why "$la" A)$(spin_why "$lb" B)"
+  [[ $(kv "$u" ok) == 1 ]] || why+=" union-failed"
+  near "$sa" 25 3 || why+=" A-off-by>3pp"
+  near "$sb" 75 3 || why+=" B-off-by>3pp"
+  row "$name" "-" \
+    "A=${sa:-?}% B=${sb:-?}% (union ${su:-?}%, overlap ${ov:-?}%; granted at t=2.5 s A=${ra}% B=${rb}%)" \
+    "$exp" "$why"
+}
+
+# 17: a fixed cap alone; an elastic pod alone, then contended
+check_hv_caps() {
+  local n1="17a. hypervisor cap: pod A cap = 30, policy fixed, alone; spin 2000us runtime 3 s: busy share from 1 s"
+  local fair target
+  fair=$(fcalc '%.1f' '100 / (1 + a)' "$HV_B_WEIGHT")
+  target=$(fcalc '%.1f' '(a > 30 ? a : 30)' "$fair")
+  local n2="17b. hypervisor elastic: pod A share = 30, policy elastic, weight 1, alone 2 s; then pod B (weight $HV_B_WEIGHT, policy fixed, no cap) for 3 s. A's contended share = max(guaranteed 30, weighted fair ${fair}) = ${target}% (water-filling: floors first, then weights)"
+  local e1="A=30+-3%" e2="A alone [0.5 s, 2 s] >= 90%; A over [B start + 1 s, B end] = ${target}+-3%"
+  if ! hv_prereq; then
+    row "$n1" "-" "-" "$e1" "$HV_WHY"
+    row "$n2" "-" "-" "$e2" "$HV_WHY"
+    return
+  fi
+
+  # (a) cap 30, fixed, alone
+  local a=e2e-c17a-a cfg=$WORK/hv-17a.toml go=$WORK/go-17a why=""
+  hv_pod "$a" 'cap = 30' 'policy = "fixed"' | hv_config "$cfg"
+  clean_shm
+  rm -f "$go"
+  if hv_start 17a "$cfg"; then
+    why+=$(hv_placed 17a-start "$a")
+    local l=$LOG_DIR/17a-A.log p
+    hv_spin 17a-A "$a" 3 "$go"
+    p=$HS_PID
+    hv_wait_ready "$l" || why+=" not-ready"
+    hv_go "$go"
+    sleep_until 2
+    hv_status 17a-mid
+    wait "$p"
+    hv_end
+    local s set r
+    s=$(kv "$l" share_after1s_pct) set=$(kv "$l" settle_ms)
+    r=$(pct_from_ppm "$(kv "$LOG_DIR/17a-mid-status.log" "pod_${a}_rate_ppm")")
+    say "   17a: A 100 ms series (per-mille): $(kv "$l" windows100_pm)"
+    why+=$(spin_why "$l" A)
+    why+=$(hv_registered "$LOG_DIR/17a-mid-status.log" "$a")
+    near "$s" 30 3 || why+=" A-off-by>3pp"
+    row "$n1" "-" "A=${s:-?}% (settle ${set:-?} ms, first 1 s $(kv "$l" share_first1s_pct)%; granted ${r}%)" "$e1" "$why"
+  else
+    row "$n1" "-" "-" "$e1" "$HV_ERR"
+    hv_end
+  fi
+
+  # (b) elastic A, then B
+  a=e2e-c17b-a
+  local b=e2e-c17b-b goa=$WORK/go-17b-A gob=$WORK/go-17b-B
+  cfg=$WORK/hv-17b.toml
+  why=""
+  {
+    hv_pod "$a" 'weight = 1' 'share = 30' 'policy = "elastic"'
+    hv_pod "$b" "weight = $HV_B_WEIGHT" 'policy = "fixed"'
+  } | hv_config "$cfg"
+  clean_shm
+  rm -f "$goa" "$gob"
+  if ! hv_start 17b "$cfg"; then
+    row "$n2" "-" "-" "$e2" "$HV_ERR"
+    hv_end
+    return
+  fi
+  why+=$(hv_placed 17b-start "$a" "$b")
+  local la=$LOG_DIR/17b-A.log lb=$LOG_DIR/17b-B.log pa pb tb
+  hv_spin 17b-A "$a" 5.3 "$goa"
+  pa=$HS_PID
+  hv_spin 17b-B "$b" 3 "$gob"
+  pb=$HS_PID
+  hv_wait_ready "$la" "$lb" || why+=" not-ready"
+  hv_go "$goa"
+  sleep_until 1.5
+  hv_status 17b-alone
+  sleep_until 2.0
+  touch "$gob"
+  tb=$(now_t)
+  sleep_until 3.5
+  hv_status 17b-contended
+  wait "$pa"
+  wait "$pb"
+  hv_end
+  local an=$LOG_DIR/17b-analysis.log
+  hv_analyse "$an" --origin f0 --win alone:0.5:2.0 --win contended:s1+1:end \
+    --series around:s1-0.5:s1+1.5 --settle ret:0:s1:end:"$target":3 \
+    "$WORK/17b-A.intervals" "$WORK/17b-B.intervals"
+  local alone cont bcont bs ret rets ra1 ra2 rb2
+  alone=$(kv "$an" win_alone_f0_pct) cont=$(kv "$an" win_contended_f0_pct) bcont=$(kv "$an" win_contended_f1_pct)
+  bs=$(kv "$an" f1_first_s) ret=$(kv "$an" settle_ret_ms) rets=$(kv "$an" settle_ret_sliding_ms)
+  ra1=$(pct_from_ppm "$(kv "$LOG_DIR/17b-alone-status.log" "pod_${a}_rate_ppm")")
+  ra2=$(pct_from_ppm "$(kv "$LOG_DIR/17b-contended-status.log" "pod_${a}_rate_ppm")")
+  rb2=$(pct_from_ppm "$(kv "$LOG_DIR/17b-contended-status.log" "pod_${b}_rate_ppm")")
+  say "   17b: B released at t=${tb} s, B's first kernel ${bs:-?} s after A's first"
+  say "   17b: 100 ms series from B start - 0.5 s (per-mille), A: $(kv "$an" series_around_f0_pm)"
+  say "   17b:                                              B: $(kv "$an" series_around_f1_pm)"
+  say "   17b: A back within ${target}+-3pp: ${ret:-?} ms after B's start (100 ms windows; 500 ms sliding average: ${rets:-?} ms; -1 = never)"
+  why+="$(spin_why "$la" A)$(spin_why "$lb" B)"
+  why+=$(hv_registered "$LOG_DIR/17b-contended-status.log" "$a" "$b")
+  [[ $(kv "$an" ok) == 1 ]] || why+=" analysis-failed"
+  fok 'a >= 90' "$alone" || why+=" A-alone<90%"
+  near "$cont" "$target" 3 || why+=" A-contended-off-by>3pp"
+  row "$n2" "-" \
+    "A alone=${alone:-?}%; contended A=${cont:-?}% B=${bcont:-?}%; A back in ${ret:-?} ms (sliding ${rets:-?} ms); granted A alone=${ra1}%, contended A=${ra2}% B=${rb2}%" \
+    "$e2" "$why"
+}
+
+# 18: suspend and resume through the admin API
+check_hv_suspend() {
+  local a=e2e-c18-a
+  local name="18. hypervisor suspend/resume: pod A cap = 50, policy fixed, alone, spin 2000us runtime 5 s; suspend at t=1.5 s, resume at t=3.5 s"
+  local exp="busy [1.7 s, 3.4 s] <= 3%; from 3.7 s 50+-3%; exit 0, kernels = launches"
+  hv_prereq || { row "$name" "-" "-" "$exp" "$HV_WHY"; return; }
+  local cfg=$WORK/hv-18.toml go=$WORK/go-18 why=""
+  hv_pod "$a" 'cap = 50' 'policy = "fixed"' | hv_config "$cfg"
+  clean_shm
+  rm -f "$go"
+  if ! hv_start 18 "$cfg"; then
+    row "$name" "-" "-" "$exp" "$HV_ERR"
+    hv_end
+    return
+  fi
+  why+=$(hv_placed 18-start "$a")
+  local l=$LOG_DIR/18-A.log p ls=$LOG_DIR/18-suspend.log lr=$LOG_DIR/18-resume.log
+  hv_spin 18-A "$a" 5 "$go"
+  p=$HS_PID
+  hv_wait_ready "$l" || why+=" not-ready"
+  hv_go "$go"
+  # the helper starts early and sends at the exact time
+  sleep_until 1.0
+  hvctl "$HV_URL" admin "$HV_ADMIN" suspend "$a" "$(t_abs 1.5)" >"$ls"
+  sleep_until 2.5
+  hv_status 18-suspended
+  sleep_until 3.0
+  hvctl "$HV_URL" admin "$HV_ADMIN" resume "$a" "$(t_abs 3.5)" >"$lr"
+  sleep_until 4.3
+  hv_status 18-resumed
+  wait "$p"
+  hv_end
+  local an=$LOG_DIR/18-analysis.log
+  hv_analyse "$an" --origin f0 --ref-epoch "$T_GO" --win before:1.0:1.5 --win suspended:1.7:3.4 \
+    --win after:3.7:e0 --series all:0:e0 --gap off:0:0.5:e0 "$WORK/18-A.intervals"
+  local ts tr bb bs ba gs ge kn ln ss
+  ts=$(since "$(kv "$ls" at_epoch)") tr=$(since "$(kv "$lr" at_epoch)")
+  bb=$(kv "$an" win_before_f0_pct) bs=$(kv "$an" win_suspended_f0_pct) ba=$(kv "$an" win_after_f0_pct)
+  gs=$(kv "$an" gap_off_start_s) ge=$(kv "$an" gap_off_end_s)
+  kn=$(kv "$l" kernels) ln=$(kv "$l" launches)
+  ss=$(kv "$LOG_DIR/18-suspended-status.log" "pod_${a}_suspended")
+  say "   18: suspend sent at t=$(since "$(kv "$ls" sent_epoch)") s, answered at t=${ts} s (HTTP $(kv "$ls" http_status): $(kv "$ls" answer))"
+  say "   18: resume sent at t=$(since "$(kv "$lr" sent_epoch)") s, answered at t=${tr} s (HTTP $(kv "$lr" http_status): $(kv "$lr" answer))"
+  say "   18: longest idle stretch ${gs:-?}..${ge:-?} s; first kernel $(kv "$an" origin_minus_ref_ms) ms after go (if %globaltimer follows the host clock)"
+  say "   18: 100 ms series (per-mille): $(kv "$an" series_all_f0_pm)"
+  why+=$(spin_why "$l" A)
+  why+=$(hv_registered "$LOG_DIR/18-suspended-status.log" "$a")
+  local mst mso
+  mst=$(kv "$l" max_stall_us) mso=$(kv "$l" stalls_over_1ms)
+  say "   18: launch stalls: max ${mst:-?} us, ${mso:-?} over 1 ms"
+  [[ $(kv "$ls" ok) == 1 ]] || why+=" suspend-HTTP-$(kv "$ls" http_status)"
+  [[ $(kv "$lr" ok) == 1 ]] || why+=" resume-HTTP-$(kv "$lr" http_status)"
+  [[ $ss == 1 ]] || why+=" status-not-suspended"
+  [[ $(kv "$an" ok) == 1 ]] || why+=" analysis-failed"
+  fok 'a <= 3' "$bs" || why+=" busy-while-suspended>3%"
+  near "$ba" 50 3 || why+=" after-resume-off-by>3pp"
+  { isnum "$kn" && [[ $kn == "$ln" ]]; } || why+=" kernels!=launches"
+  row "$name" "-" \
+    "before=${bb:-?}% suspended=${bs:-?}% after=${ba:-?}%; idle ${gs:-?}..${ge:-?} s; calls at t=${ts}/${tr} s; kernels=${kn:-?} launches=${ln:-?}" \
+    "$exp" "$why"
+}
+
+# 19: the daemon killed and started again while two pods run
+check_hv_restart() {
+  local a=e2e-c19-a b=e2e-c19-b
+  local name="19. hypervisor kill -9 at t=2 s, restart at t=4 s: pods A and B (weight 1 each, policy fixed), spin 2000us runtime 6 s each"
+  local exp="both exit 0; each pod's busy in [2.2 s, 3.8 s] = its last granted share +-5pp; workers of both pods listed again by t=5.5 s"
+  hv_prereq || { row "$name" "-" "-" "$exp" "$HV_WHY"; return; }
+  local cfg=$WORK/hv-19.toml go=$WORK/go-19 why=""
+  {
+    hv_pod "$a" 'weight = 1' 'policy = "fixed"'
+    hv_pod "$b" 'weight = 1' 'policy = "fixed"'
+  } | hv_config "$cfg"
+  clean_shm
+  rm -f "$go"
+  if ! hv_start 19 "$cfg"; then
+    row "$name" "-" "-" "$exp" "$HV_ERR"
+    hv_end
+    return
+  fi
+  why+=$(hv_placed 19-start "$a" "$b")
+  local la=$LOG_DIR/19-A.log lb=$LOG_DIR/19-B.log pa pb
+  hv_spin 19-A "$a" 6 "$go"
+  pa=$HS_PID
+  hv_spin 19-B "$b" 6 "$go"
+  pb=$HS_PID
+  hv_wait_ready "$la" "$lb" || why+=" not-ready"
+  hv_go "$go"
+  sleep_until 1.8
+  hv_status 19-prekill
+  sleep_until 2.0
+  local old=$HV_PID tk tu="" tw="" lw=$LOG_DIR/19-workers.log
+  kill -KILL "$old" 2>/dev/null
+  tk=$(now_t)
+  { wait "$old"; } 2>/dev/null # without bash's "Killed" notice
+  echo "# killed with SIGKILL at t=$tk s" >>"$HV_LOGFILE"
+  HV_PID=""
+  sleep_until 4.0
+  if hv_start 19 "$cfg" "$HV_PORT"; then
+    tu=$(now_t)
+    HVCTL_T=10 hvctl "$HV_URL" wait-workers "$(t_abs 6.5)" "$a" "$b" >"$lw"
+    tw=$(since "$(kv "$lw" seen_epoch)")
+    hv_status 19-restarted
+  else
+    why+=" restart-failed"
+  fi
+  wait "$pa"
+  wait "$pb"
+  hv_end
+  local an=$LOG_DIR/19-analysis.log st=$LOG_DIR/19-prekill-status.log
+  hv_analyse "$an" --origin first --win pre:1.0:2.0 --win outage:2.2:3.8 --win post:4.5:end \
+    --series all:0:end "$WORK/19-A.intervals" "$WORK/19-B.intervals"
+  local ga gb oa ob pra prb poa pob
+  ga=$(pct_from_ppm "$(kv "$st" "pod_${a}_rate_ppm")") gb=$(pct_from_ppm "$(kv "$st" "pod_${b}_rate_ppm")")
+  oa=$(kv "$an" win_outage_f0_pct) ob=$(kv "$an" win_outage_f1_pct)
+  pra=$(kv "$an" win_pre_f0_pct) prb=$(kv "$an" win_pre_f1_pct)
+  poa=$(kv "$an" win_post_f0_pct) pob=$(kv "$an" win_post_f1_pct)
+  say "   19: killed at t=${tk} s, status answering again at t=${tu:-?} s, workers of both pods listed at t=${tw:-?} s ($(kv "$lw" workers_adopted) adopted)"
+  say "   19: A 100 ms series (per-mille): $(kv "$an" series_all_f0_pm)"
+  say "   19: B 100 ms series (per-mille): $(kv "$an" series_all_f1_pm)"
+  local msa msb
+  msa=$(kv "$la" max_stall_us) msb=$(kv "$lb" max_stall_us)
+  say "   19: launch stalls: A max ${msa:-?} us, B max ${msb:-?} us"
+  why+="$(spin_why "$la" A)$(spin_why "$lb" B)"
+  why+=$(hv_registered "$st" "$a" "$b")
+  [[ $(kv "$an" ok) == 1 ]] || why+=" analysis-failed"
+  if [[ $ga == "?" || $gb == "?" ]]; then
+    why+=" no-granted-share-before-the-kill"
+  else
+    near "$oa" "$ga" 5 || why+=" A-outage-off-by>5pp"
+    near "$ob" "$gb" 5 || why+=" B-outage-off-by>5pp"
+  fi
+  [[ $(kv "$lw" ok) == 1 ]] || why+=" workers-not-listed-again"
+  fok 'a <= 5.5' "$tw" || why+=" re-registration-after-5.5s"
+  row "$name" "-" \
+    "granted A=${ga}% B=${gb}%; outage A=${oa:-?}% B=${ob:-?}% (before A=${pra:-?}% B=${prb:-?}%, after restart A=${poa:-?}% B=${pob:-?}%); workers back at t=${tw:-?} s" \
+    "$exp" "$why"
+}
+
+# 20: the hypervisor's own admission-latency test, on loopback (no GPU)
+check_hv_latency() {
+  local name="20. hypervisor admission latency (tests/latency.rs: 100 workers of 4 pods, loopback, client side)"
+  local exp="p50 <= 200us, p99 <= 2ms"
+  if [[ -z $HVLAT ]]; then
+    row "$name" "-" "no hypervisor-latency-test in the bundle" "$exp" INFO
+    return
+  fi
+  local log=$LOG_DIR/20-latency.log pl=$LOG_DIR/20-latency-parsed.log why=""
+  clean_shm
+  {
+    echo "# $HVLAT --nocapture --test-threads 1"
+    (cd "$WORK" && timeout -k 5 300 env -u LD_PRELOAD "$HVLAT" --nocapture --test-threads 1)
+    echo "# exit=$?"
+  } >"$log" 2>&1
+  clean_shm
+  hvctl - latency "$log" >"$pl"
+  local p50 p99 e mx sp50 sp99 h50 c99 bld
+  p50=$(kv "$pl" p50_us) p99=$(kv "$pl" p99_us) e=$(exitof "$log")
+  mx=$(kv "$pl" max_us) sp50=$(kv "$pl" server_p50_us) sp99=$(kv "$pl" server_p99_us)
+  h50=$(kv "$pl" healthz_p50_us) c99=$(kv "$pl" concurrent_p99_us) bld=$(kv "$pl" build)
+  [[ $e == 0 ]] || why+=" test-exit=$e"
+  [[ $(kv "$pl" ok) == 1 ]] || why+=" no-latency-line"
+  fok 'a <= 200' "$p50" || why+=" p50>200us"
+  fok 'a <= 2000' "$p99" || why+=" p99>2ms"
+  row "$name" "-" \
+    "p50=${p50:-?}us p99=${p99:-?}us max=${mx:-?}us; server side p50<=${sp50:-?}us p99<=${sp99:-?}us; GET /healthz p50=${h50:-?}us; 4 concurrent clients p99=${c99:-?}us; ${bld:-?} build" \
+    "$exp" "$why"
+}
+
 # ------------------------------------------------------------------ report --
 
 finish() {
@@ -1082,6 +1692,13 @@ step 12 check_series
 step 13 check_torch_share
 step 14 check_launch
 step 15 check_pod_share
+if want 16 || want 17 || want 18 || want 19 || want 20; then hv_prepare; fi
+step 16 check_hv_weighted
+step 17 check_hv_caps
+step 18 check_hv_suspend
+step 19 check_hv_restart
+step 20 check_hv_latency
+hv_stop
 clean_shm
 finish
 ((FAILED == 0 && PASSED > 0)) && exit 0
