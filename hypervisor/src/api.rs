@@ -1,0 +1,449 @@
+//! The HTTP API. Every error body is `{"error": "..."}`; statuses: 400
+//! malformed request, 401 bad or missing token, 403 admin API disabled, 404
+//! unknown route, pod or GPU, 405 wrong method, 413 body over 64 KiB, 429 too
+//! many workers.
+//!
+//! Workers (bearer token of their pod):
+//! - `POST /api/v1/workers` `Register` → `Registered`.
+//! - `POST /api/v1/admission` `AdmissionRequest` (its own worker id) → `Admission`.
+//! - `/api/v1/channel/clients/{worker}/{hello,tasks,results}`: the command
+//!   channel (`http-bidir-comm`), only for the worker's own id.
+//!
+//! Operators (bearer admin token; the admin API is off without one):
+//! - `POST /api/v1/pods/{id}/suspend`, `POST /api/v1/pods/{id}/resume`.
+//! - `PUT /api/v1/pods/{id}/limits` `{"gpus": [ ... ]}` (the config file's
+//!   `[[pods.gpus]]` tables as JSON): until the next reload of the file.
+//! - `POST /api/v1/pods/{id}/health`: `Health` to the pod's workers.
+//! - `POST /api/v1/reload`: read the config file again.
+//!
+//! Anyone on the node: `GET /api/v1/status` (JSON), `GET /metrics`
+//! (Prometheus), `GET /healthz`.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use gpushare_utils::bucket::{CAPACITY_NS, PPM, REFILL_BATCH_NS, monotonic_ns};
+use gpushare_utils::config::PodId;
+use gpushare_utils::protocol::{Admission, AdmissionRequest, Register, Registered};
+use http_bidir_comm::ClientId;
+use poem::endpoint::make;
+use poem::error::ReadBodyError;
+use poem::http::{HeaderValue, StatusCode, header};
+use poem::middleware::CatchPanic;
+use poem::{Endpoint, EndpointExt, Request, Response, Route, get, post, put};
+use serde::Serialize;
+use serde_json::json;
+
+use crate::config::{self, LimitsBody};
+use crate::daemon::{AuthError, Hypervisor};
+use crate::scheduler::{AdmissionTarget, ScheduleError};
+
+/// Largest accepted request body.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Longest an admission request waits for budget before answering 0.
+pub const ADMISSION_WAIT: Duration = Duration::from_millis(50);
+/// Longest single wait inside an admission request before looking again.
+const ADMISSION_STEP: Duration = Duration::from_millis(2);
+
+pub(crate) fn routes(hv: &Hypervisor) -> impl Endpoint<Output = Response> + 'static {
+    let api = Route::new()
+        .at(
+            "/workers",
+            post(ep(hv, |hv, req| async move { register(&hv, req).await })),
+        )
+        .at(
+            "/admission",
+            post(ep(hv, |hv, req| async move { admission(&hv, req).await })),
+        )
+        .at(
+            "/status",
+            get(ep(hv, |hv, _| async move { json_ok(&hv.status()) })),
+        )
+        .at(
+            "/reload",
+            post(ep(hv, |hv, req| async move { reload(&hv, &req) })),
+        )
+        .at(
+            "/pods/:id/suspend",
+            post(ep(hv, |hv, req| async move { suspend(&hv, &req, true) })),
+        )
+        .at(
+            "/pods/:id/resume",
+            post(ep(hv, |hv, req| async move { suspend(&hv, &req, false) })),
+        )
+        .at(
+            "/pods/:id/health",
+            post(ep(hv, |hv, req| async move { health(&hv, &req) })),
+        )
+        .at(
+            "/pods/:id/limits",
+            put(ep(hv, |hv, req| async move { limits(&hv, req).await })),
+        )
+        .nest("/channel", hv.shared.hub.route());
+    Route::new()
+        .nest("/api/v1", api)
+        .at(
+            "/metrics",
+            get(ep(hv, |hv, _| async move {
+                Response::builder()
+                    .content_type("text/plain; version=0.0.4")
+                    .body(crate::metrics::render(&hv.status()))
+            })),
+        )
+        .at("/healthz", get(make(|_| async { "ok" })))
+        .with(CatchPanic::new())
+}
+
+/// An endpoint running `f` with a handle on the hypervisor.
+fn ep<F, Fut>(hv: &Hypervisor, f: F) -> impl Endpoint<Output = Response> + 'static
+where
+    F: Fn(Hypervisor, Request) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response> + Send + 'static,
+{
+    let hv = hv.clone();
+    make(move |req| f(hv.clone(), req))
+}
+
+async fn register(hv: &Hypervisor, mut req: Request) -> Response {
+    let Some(token) = bearer(&req).map(str::to_owned) else {
+        return unauthorized();
+    };
+    let body = match read_body(&mut req).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let reg: Register = match serde_json::from_slice(&body) {
+        Ok(reg) => reg,
+        Err(e) => return malformed(&e),
+    };
+    let Ok(pod) = PodId::new(reg.pod.clone()) else {
+        return unauthorized();
+    };
+    let now = Instant::now();
+    let registered = {
+        let mut core = hv.core();
+        if !core
+            .scheduler
+            .token(pod.as_str())
+            .is_some_and(|t| t.matches(&token))
+        {
+            return unauthorized();
+        }
+        if core.workers.count_of_pod(pod.as_str()) >= core.settings.max_workers_per_pod {
+            return error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many workers for this pod",
+            );
+        }
+        let Some(id) =
+            core.workers
+                .register(&pod, reg.pid, reg.hostname.clone(), reg.devices.clone())
+        else {
+            return error(StatusCode::BAD_REQUEST, "cannot form a worker id");
+        };
+        core.scheduler
+            .report_devices(pod.as_str(), &reg.devices, now);
+        let devices = core
+            .scheduler
+            .device_limits(pod.as_str())
+            .unwrap_or_default();
+        Registered {
+            worker_id: id.to_string(),
+            pod: pod.to_string(),
+            devices,
+        }
+    };
+    if let Ok(id) = ClientId::new(registered.worker_id.clone()) {
+        tracing::info!(worker = %id, pod = %pod, pid = reg.pid, "worker registered");
+        // A queue on the channel from the start: a worker that never shows up
+        // there expires after the TTL.
+        hv.send(&[id], &gpushare_utils::protocol::Command::Health);
+    }
+    json_ok(&registered)
+}
+
+async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
+    let start = Instant::now();
+    let Some(token) = bearer(&req).map(str::to_owned) else {
+        return unauthorized();
+    };
+    let body = match read_body(&mut req).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let ask: AdmissionRequest = match serde_json::from_slice(&body) {
+        Ok(ask) => ask,
+        Err(e) => return malformed(&e),
+    };
+    let Ok(id) = ClientId::new(ask.worker_id.clone()) else {
+        return unauthorized();
+    };
+    let pod = match hv.authorize_worker(&id, &token) {
+        Ok(pod) => pod,
+        Err(AuthError::Unauthorized) => return unauthorized(),
+        Err(AuthError::TooMany) => {
+            return error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too many workers for this pod",
+            );
+        }
+    };
+    let target = hv
+        .core()
+        .scheduler
+        .admission(pod.as_str(), &ask.uuid, Instant::now());
+    let Some(target) = target else {
+        return error(StatusCode::NOT_FOUND, "the pod has no such GPU");
+    };
+    let granted = wait_for_budget(hv, &target, start + ADMISSION_WAIT).await;
+    hv.shared.latency.record(start.elapsed(), granted > 0);
+    json_ok(&Admission {
+        granted_ns: granted,
+    })
+}
+
+/// Waits until the pod's bucket holds budget (refilling it, since the
+/// trapped thread is not), or `deadline`; returns the tokens, 0 on timeout.
+async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: Instant) -> u64 {
+    let Some(bucket) = target.region.bucket(target.ordinal) else {
+        return 0;
+    };
+    loop {
+        // Registered before looking, so a wake-up in between is not lost.
+        let notified = target.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let step = if bucket.suspended.load(std::sync::atomic::Ordering::Acquire) != 0 {
+            ADMISSION_STEP
+        } else {
+            let rate = bucket.effective_rate_ppm();
+            if rate == 0 {
+                return CAPACITY_NS as u64;
+            }
+            let now_ns = monotonic_ns();
+            let tokens = target.region.refill(target.ordinal, now_ns);
+            if tokens > 0 {
+                return tokens as u64;
+            }
+            // Time for the deficit to refill at this rate; a refill happens
+            // no sooner than a batch after the last one.
+            let deficit = tokens.unsigned_abs() + 1;
+            let refill_ns = (u128::from(deficit) * u128::from(PPM) / u128::from(rate)) as u64;
+            let last = bucket
+                .refilled_at_ns
+                .load(std::sync::atomic::Ordering::Acquire);
+            let batch_ns = (last + REFILL_BATCH_NS).saturating_sub(now_ns);
+            Duration::from_nanos(refill_ns.max(batch_ns)).min(ADMISSION_STEP)
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return 0;
+        }
+        let until = (now + step).min(deadline);
+        tokio::select! {
+            () = hv.shared.timer.sleep_until(until) => {}
+            () = notified => {}
+        }
+    }
+}
+
+/// A request turned away: small, unlike a `Response`.
+struct Refusal {
+    status: StatusCode,
+    message: Cow<'static, str>,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized")
+    }
+
+    fn into_response(self) -> Response {
+        if self.status == StatusCode::UNAUTHORIZED {
+            return unauthorized();
+        }
+        error(self.status, &self.message)
+    }
+}
+
+fn admin(hv: &Hypervisor, req: &Request) -> Result<(), Refusal> {
+    let core = hv.core();
+    let Some(admin) = &core.admin_token else {
+        return Err(Refusal::new(
+            StatusCode::FORBIDDEN,
+            "admin API disabled: set admin_token in the config",
+        ));
+    };
+    match bearer(req) {
+        Some(token) if admin.matches(token) => Ok(()),
+        _ => Err(Refusal::unauthorized()),
+    }
+}
+
+fn pod_param(req: &Request) -> Result<String, Refusal> {
+    req.raw_path_param("id")
+        .and_then(|id| PodId::new(id).ok())
+        .map(|id| id.to_string())
+        .ok_or_else(|| Refusal::new(StatusCode::NOT_FOUND, "no such pod"))
+}
+
+fn suspend(hv: &Hypervisor, req: &Request, suspended: bool) -> Response {
+    if let Err(refusal) = admin(hv, req) {
+        return refusal.into_response();
+    }
+    let pod = match pod_param(req) {
+        Ok(pod) => pod,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let result = if suspended {
+        hv.suspend(&pod)
+    } else {
+        hv.resume(&pod)
+    };
+    match result {
+        Ok(ids) => json_ok(&json!({ "pod": pod, "suspended": suspended, "workers": ids })),
+        Err(e) => schedule_error(&e),
+    }
+}
+
+fn health(hv: &Hypervisor, req: &Request) -> Response {
+    if let Err(refusal) = admin(hv, req) {
+        return refusal.into_response();
+    }
+    let pod = match pod_param(req) {
+        Ok(pod) => pod,
+        Err(refusal) => return refusal.into_response(),
+    };
+    match hv.ping(&pod) {
+        Ok(ids) => json_ok(&json!({ "pod": pod, "workers": ids })),
+        Err(e) => schedule_error(&e),
+    }
+}
+
+async fn limits(hv: &Hypervisor, mut req: Request) -> Response {
+    if let Err(refusal) = admin(hv, &req) {
+        return refusal.into_response();
+    }
+    let pod = match pod_param(&req) {
+        Ok(pod) => pod,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let body = match read_body(&mut req).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let parsed: LimitsBody = match serde_json::from_slice(&body) {
+        Ok(parsed) => parsed,
+        Err(e) => return malformed(&e),
+    };
+    let gpus = match config::resolve_gpus(&format!("pod {pod:?}"), &parsed.gpus) {
+        Ok(gpus) => gpus,
+        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+    };
+    match hv.set_limits(&pod, gpus) {
+        Ok((devices, ids)) => json_ok(&json!({ "pod": pod, "devices": devices, "workers": ids })),
+        Err(e) => schedule_error(&e),
+    }
+}
+
+fn reload(hv: &Hypervisor, req: &Request) -> Response {
+    if let Err(refusal) = admin(hv, req) {
+        return refusal.into_response();
+    }
+    match hv.reload() {
+        Ok(report) => json_ok(&json!({
+            "added": report.added,
+            "changed": report.changed,
+            "removed": report.removed,
+            "failed": report.failed,
+        })),
+        Err(e) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+    }
+}
+
+fn schedule_error(e: &ScheduleError) -> Response {
+    match e {
+        ScheduleError::NoSuchPod(_) => error(StatusCode::NOT_FOUND, &e.to_string()),
+        ScheduleError::Region { .. } => error(StatusCode::CONFLICT, &e.to_string()),
+    }
+}
+
+async fn read_body(req: &mut Request) -> Result<Vec<u8>, Refusal> {
+    let too_large = || {
+        Refusal::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body larger than {MAX_BODY} bytes"),
+        )
+    };
+    let declared = req
+        .header(header::CONTENT_LENGTH)
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(too_large());
+    }
+    match req.take_body().into_bytes_limit(MAX_BODY).await {
+        Ok(bytes) => Ok(bytes.to_vec()),
+        Err(ReadBodyError::PayloadTooLarge) => Err(too_large()),
+        Err(e) => Err(Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!("could not read body: {e}"),
+        )),
+    }
+}
+
+fn bearer(req: &Request) -> Option<&str> {
+    let value = req.header(header::AUTHORIZATION)?.trim();
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+fn json_ok<B: Serialize>(body: &B) -> Response {
+    json_response(StatusCode::OK, body)
+}
+
+fn json_response<B: Serialize>(status: StatusCode, body: &B) -> Response {
+    match serde_json::to_string(body) {
+        Ok(text) => Response::builder()
+            .status(status)
+            .content_type("application/json")
+            .body(text),
+        Err(e) => {
+            tracing::error!(error = %e, "response did not serialize");
+            Response::builder()
+                .status(StatusCode::INTERNAL_SERVER_ERROR)
+                .finish()
+        }
+    }
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    json_response(status, &json!({ "error": message }))
+}
+
+fn unauthorized() -> Response {
+    let mut resp = error(StatusCode::UNAUTHORIZED, "unauthorized");
+    resp.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    resp
+}
+
+fn malformed(e: &serde_json::Error) -> Response {
+    let mut message = format!("malformed JSON: {e}");
+    if message.len() > 200 {
+        let mut cut = 200;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+    }
+    error(StatusCode::BAD_REQUEST, &message)
+}

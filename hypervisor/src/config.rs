@@ -1,0 +1,498 @@
+//! The config file (TOML), read at start and again on SIGHUP or when its
+//! modification time changes.
+//!
+//! ```toml
+//! listen = "127.0.0.1:7070"          # IP:port; --listen overrides it
+//! admin_token_file = "/etc/gpushare/admin-token"   # or admin_token / admin_token_env
+//! worker_ttl_ms = 30000              # a worker silent this long is removed
+//! health_interval_ms = 10000         # Health ping to every worker; 0 = off
+//! check_pids = false                 # remove workers whose pid is gone (hostPID only)
+//! region_mode = "0660"               # chmod of /dev/shm/gpushare-pod-*; never o+w
+//! region_gid = 1000                  # chown group of the regions (region_uid too)
+//!
+//! [[pods]]
+//! id = "a"
+//! token_file = "tokens/a"            # or token = "…" or token_env = "VAR": exactly one
+//! [[pods.gpus]]
+//! uuid = "GPU-3430f778-7a25-704c-9090-8b0bb2478114"   # or index = 0
+//! memory = "4g"                      # size string or bytes; 0/absent = unlimited
+//! weight = 1                         # default 1
+//! cap = 30                           # percent, hard cap
+//! share = 25                         # percent, guaranteed when contended
+//! policy = "fixed"                   # fixed | elastic | none; default: fixed with
+//!                                    # a cap, elastic with only a share, else none
+//! ordinal = 0                        # index of this GPU inside the pod (CUDA
+//!                                    # ordinal); default: what the pod's workers
+//!                                    # report, else the NVML index
+//! ```
+//!
+//! Relative `token_file` paths are relative to the config file's folder.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpushare_utils::config::{PodId, parse_size};
+use serde::Deserialize;
+
+use crate::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token};
+
+/// Where the hypervisor listens when neither the file nor `--listen` says.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+
+/// Why a config (or a limits body) is refused. One line each.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {message}", path.display())]
+    Syntax { path: PathBuf, message: String },
+    #[error("listen = {0:?} is not an IP:port such as 127.0.0.1:7070")]
+    Listen(String),
+    #[error("{what}: set exactly one of {keys}")]
+    TokenSource { what: String, keys: &'static str },
+    #[error("{what}: cannot read token file {}: {source}", path.display())]
+    TokenFile {
+        what: String,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: environment variable {var} is not set")]
+    TokenEnv { what: String, var: String },
+    #[error("{what}: {source}")]
+    Spec {
+        what: String,
+        #[source]
+        source: SpecError,
+    },
+    #[error("{what}: memory {source}")]
+    Size {
+        what: String,
+        #[source]
+        source: gpushare_utils::config::SizeError,
+    },
+    #[error("{what}: set exactly one of uuid and index")]
+    GpuSelector { what: String },
+    #[error("{what}: policy {value:?} is not fixed, elastic or none")]
+    Policy { what: String, value: String },
+    #[error("region_mode {0:?} must be octal permission bits without o+w, such as \"0660\"")]
+    RegionMode(String),
+    #[error("{0}")]
+    Pods(SpecError),
+}
+
+/// Daemon tuning from the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// A worker with no channel request for this long is removed.
+    pub worker_ttl: Duration,
+    /// Health pings to every worker; `None`: off.
+    pub health_interval: Option<Duration>,
+    /// Remove workers whose pid no longer exists (only meaningful when the
+    /// hypervisor shares the pods' pid namespace).
+    pub check_pids: bool,
+    /// Most workers one pod may register at once.
+    pub max_workers_per_pod: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            worker_ttl: Duration::from_secs(30),
+            health_interval: Some(Duration::from_secs(10)),
+            check_pids: false,
+            max_workers_per_pod: 1024,
+        }
+    }
+}
+
+/// Ownership and mode applied to every region file the hypervisor opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegionOptions {
+    /// Permission bits; `None` keeps what the file has (0600 when the
+    /// hypervisor creates it), less any o+w bit.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// The whole file, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_token: Option<Token>,
+    pub settings: Settings,
+    pub regions: RegionOptions,
+    pub pods: Vec<PodSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    admin_token: Option<String>,
+    admin_token_file: Option<PathBuf>,
+    admin_token_env: Option<String>,
+    worker_ttl_ms: Option<u64>,
+    health_interval_ms: Option<u64>,
+    check_pids: Option<bool>,
+    max_workers_per_pod: Option<usize>,
+    region_mode: Option<String>,
+    region_uid: Option<u32>,
+    region_gid: Option<u32>,
+    #[serde(default)]
+    pods: Vec<RawPod>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPod {
+    id: String,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    token_env: Option<String>,
+    #[serde(default)]
+    gpus: Vec<RawGpu>,
+}
+
+/// One `[[pods.gpus]]` table; also the JSON of the admin limits body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGpu {
+    pub uuid: Option<String>,
+    pub index: Option<u32>,
+    pub memory: Option<SizeValue>,
+    pub weight: Option<u32>,
+    pub cap: Option<u8>,
+    pub share: Option<u8>,
+    pub policy: Option<String>,
+    /// Index of the GPU inside the pod (CUDA ordinal), when the pod's
+    /// processes number GPUs differently from NVML.
+    pub ordinal: Option<u32>,
+}
+
+/// A memory size: bytes, or a size string such as `"4g"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+/// Body of `PUT /api/v1/pods/{id}/limits`: the pod's new GPU list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsBody {
+    pub gpus: Vec<RawGpu>,
+}
+
+/// Reads and resolves the file at `path` (tokens from files and the environment included).
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let base = path.parent().unwrap_or_else(|| Path::new("."));
+    parse(&text, path, base)
+}
+
+/// Resolves `text` as if read from `path`; relative token files are under `base`.
+pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError> {
+    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        path: path.to_owned(),
+        // toml's message spans lines (it quotes the source); keep one line.
+        message: one_line(&e.to_string()),
+    })?;
+    let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let listen = listen_text
+        .parse()
+        .map_err(|_| ConfigError::Listen(listen_text.to_owned()))?;
+    let admin_token = resolve_token(
+        "admin token",
+        raw.admin_token.as_deref(),
+        raw.admin_token_file.as_deref(),
+        raw.admin_token_env.as_deref(),
+        base,
+        true,
+    )?;
+    let defaults = Settings::default();
+    let settings = Settings {
+        worker_ttl: raw
+            .worker_ttl_ms
+            .map_or(defaults.worker_ttl, |ms| Duration::from_millis(ms.max(100))),
+        health_interval: match raw.health_interval_ms {
+            None => defaults.health_interval,
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms.max(100))),
+        },
+        check_pids: raw.check_pids.unwrap_or(defaults.check_pids),
+        max_workers_per_pod: raw
+            .max_workers_per_pod
+            .unwrap_or(defaults.max_workers_per_pod)
+            .max(1),
+    };
+    let mode = match raw.region_mode.as_deref() {
+        None => None,
+        Some(text) => match u32::from_str_radix(text.trim().trim_start_matches("0o"), 8) {
+            Ok(mode) if mode <= 0o777 && mode & 0o002 == 0 => Some(mode),
+            _ => return Err(ConfigError::RegionMode(text.to_owned())),
+        },
+    };
+    let regions = RegionOptions {
+        mode,
+        uid: raw.region_uid,
+        gid: raw.region_gid,
+    };
+    let mut pods = Vec::with_capacity(raw.pods.len());
+    for pod in raw.pods {
+        let what = format!("pod {:?}", pod.id);
+        let id = PodId::new(pod.id.clone()).map_err(|e| ConfigError::Spec {
+            what: what.clone(),
+            source: e.into(),
+        })?;
+        let token = resolve_token(
+            &what,
+            pod.token.as_deref(),
+            pod.token_file.as_deref(),
+            pod.token_env.as_deref(),
+            base,
+            false,
+        )?
+        .ok_or_else(|| ConfigError::TokenSource {
+            what: what.clone(),
+            keys: "token, token_file and token_env",
+        })?;
+        let gpus = resolve_gpus(&what, &pod.gpus)?;
+        let spec = PodSpec::new(id, token, gpus).map_err(|source| ConfigError::Spec {
+            what: what.clone(),
+            source,
+        })?;
+        pods.push(spec);
+    }
+    spec::check_pods(&pods).map_err(ConfigError::Pods)?;
+    Ok(Config {
+        listen,
+        admin_token,
+        settings,
+        regions,
+        pods,
+    })
+}
+
+/// Resolves a GPU list (from the file or an admin request) for `what`.
+pub fn resolve_gpus(what: &str, raw: &[RawGpu]) -> Result<Vec<GpuSpec>, ConfigError> {
+    let mut gpus = Vec::with_capacity(raw.len());
+    for (n, gpu) in raw.iter().enumerate() {
+        let what = format!("{what} gpu #{}", n + 1);
+        let spec_err = |source| ConfigError::Spec {
+            what: what.clone(),
+            source,
+        };
+        let selector = match (&gpu.uuid, gpu.index) {
+            (Some(uuid), None) => GpuSelector::uuid(uuid).map_err(spec_err)?,
+            (None, Some(index)) => GpuSelector::index(index).map_err(spec_err)?,
+            _ => return Err(ConfigError::GpuSelector { what }),
+        };
+        let memory_bytes = match &gpu.memory {
+            None => 0,
+            Some(SizeValue::Bytes(bytes)) => *bytes,
+            Some(SizeValue::Text(text)) => {
+                parse_size(text).map_err(|source| ConfigError::Size {
+                    what: what.clone(),
+                    source,
+                })?
+            }
+        };
+        let policy = match &gpu.policy {
+            None => None,
+            Some(text) => Some(Policy::parse(text).ok_or_else(|| ConfigError::Policy {
+                what: what.clone(),
+                value: text.clone(),
+            })?),
+        };
+        gpus.push(
+            GpuSpec::new(
+                selector,
+                memory_bytes,
+                gpu.weight.unwrap_or(1),
+                gpu.cap,
+                gpu.share,
+                policy,
+            )
+            .and_then(|spec| spec.with_ordinal(gpu.ordinal))
+            .map_err(spec_err)?,
+        );
+    }
+    spec::check_gpus(&gpus).map_err(|source| ConfigError::Spec {
+        what: what.to_owned(),
+        source,
+    })?;
+    Ok(gpus)
+}
+
+fn resolve_token(
+    what: &str,
+    inline: Option<&str>,
+    file: Option<&Path>,
+    env: Option<&str>,
+    base: &Path,
+    optional: bool,
+) -> Result<Option<Token>, ConfigError> {
+    let keys = if optional {
+        "admin_token, admin_token_file and admin_token_env"
+    } else {
+        "token, token_file and token_env"
+    };
+    let text = match (inline, file, env) {
+        (None, None, None) if optional => return Ok(None),
+        (Some(token), None, None) => token.to_owned(),
+        (None, Some(file), None) => {
+            let path = base.join(file);
+            std::fs::read_to_string(&path).map_err(|source| ConfigError::TokenFile {
+                what: what.to_owned(),
+                path,
+                source,
+            })?
+        }
+        (None, None, Some(var)) => std::env::var(var).map_err(|_| ConfigError::TokenEnv {
+            what: what.to_owned(),
+            var: var.to_owned(),
+        })?,
+        _ => {
+            return Err(ConfigError::TokenSource {
+                what: what.to_owned(),
+                keys,
+            });
+        }
+    };
+    // Files and variables often end in a newline.
+    Token::new(text.trim())
+        .map(Some)
+        .map_err(|source| ConfigError::Spec {
+            what: what.to_owned(),
+            source,
+        })
+}
+
+fn one_line(message: &str) -> String {
+    let mut parts = message.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = parts.next().unwrap_or_default().to_owned();
+    // The last line holds the reason; the ones between quote the source.
+    match parts.next_back() {
+        Some(last) if last != first => format!("{first}: {last}"),
+        _ => first,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(text: &str) -> Result<Config, ConfigError> {
+        parse(text, Path::new("test.toml"), Path::new("/nonexistent"))
+    }
+
+    #[test]
+    fn a_full_file() {
+        let config = parse_str(
+            r#"
+            listen = "127.0.0.1:9000"
+            admin_token = "adm"
+            worker_ttl_ms = 5000
+            health_interval_ms = 0
+            region_mode = "0660"
+            [[pods]]
+            id = "a"
+            token = "ta"
+            [[pods.gpus]]
+            index = 0
+            memory = "4g"
+            cap = 30
+            [[pods.gpus]]
+            uuid = "GPU-1234"
+            memory = 1024
+            weight = 3
+            share = 25
+            [[pods]]
+            id = "b"
+            token = "tb"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
+        assert!(config.admin_token.unwrap().matches("adm"));
+        assert_eq!(config.settings.worker_ttl, Duration::from_secs(5));
+        assert_eq!(config.settings.health_interval, None);
+        assert_eq!(config.regions.mode, Some(0o660));
+        let a = &config.pods[0];
+        assert_eq!(a.gpus[0].memory_bytes, 4 << 30);
+        assert_eq!(a.gpus[0].policy, Policy::Fixed);
+        assert_eq!(a.gpus[1].policy, Policy::Elastic);
+        assert_eq!(a.gpus[1].weight, 3);
+        assert!(config.pods[1].gpus.is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            ("[[pods]]\nid = \"a\"\n", "exactly one of token"),
+            (
+                "[[pods]]\nid = \"a\"\ntoken = \"x\"\ntoken_env = \"Y\"\n",
+                "exactly one",
+            ),
+            ("[[pods]]\nid = \"a b\"\ntoken = \"x\"\n", "not a pod id"),
+            (
+                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\ncap = 30\n",
+                "uuid and index",
+            ),
+            (
+                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\ncap = 0\n",
+                "cap",
+            ),
+            (
+                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\nmemory = \"4x\"\n",
+                "memory",
+            ),
+            (
+                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\npolicy = \"max\"\n",
+                "policy",
+            ),
+            (
+                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods]]\nid = \"a\"\ntoken = \"y\"\n",
+                "twice",
+            ),
+            ("listen = \"nowhere\"\n", "listen"),
+            ("region_mode = \"0666\"\n", "o+w"),
+            ("colour = 1\n", "unknown field"),
+            (
+                "[[pods]]\nid = \"a\"\ntoken_env = \"HV_TEST_SURELY_UNSET\"\n",
+                "not set",
+            ),
+        ];
+        for (text, want) in cases {
+            let err = parse_str(text).unwrap_err().to_string();
+            assert!(err.contains(want), "{text:?}: {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+    }
+
+    #[test]
+    fn token_files_are_relative_to_the_config() {
+        let dir = std::env::temp_dir().join(format!("hv-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tok"), "from-file\n").unwrap();
+        let config = parse(
+            "[[pods]]\nid = \"a\"\ntoken_file = \"tok\"\n",
+            &dir.join("c.toml"),
+            &dir,
+        )
+        .unwrap();
+        assert!(config.pods[0].token.matches("from-file"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,185 @@
+//! `hypervisor serve` runs the node daemon; `hypervisor status` prints its
+//! state as a table.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use hypervisor::observer::{GpuObserver, NvmlObserver, SimulatedGpus};
+use hypervisor::status::{Status, render_table};
+use hypervisor::{Hypervisor, Options, config};
+
+#[derive(Parser)]
+#[command(name = "hypervisor", version, about = "Per-node GPU-sharing daemon")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the daemon (log level: HYPERVISOR_LOG=info|debug|…; default warn).
+    Serve {
+        /// The TOML config file; reloaded on SIGHUP and when it changes.
+        #[arg(long)]
+        config: PathBuf,
+        /// Listen address (IP:port), overriding the file's `listen`.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+        /// Simulate N GPUs instead of asking NVML (tests, demos).
+        #[arg(long, value_name = "N")]
+        simulate_gpus: Option<u32>,
+    },
+    /// Print the daemon's pods, GPUs and workers.
+    Status {
+        /// The daemon's address.
+        #[arg(long, default_value = config::DEFAULT_LISTEN)]
+        addr: String,
+        /// Print the JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Check a config file and print what it says.
+    CheckConfig {
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Cmd::Serve {
+            config,
+            listen,
+            simulate_gpus,
+        } => serve(config, listen, simulate_gpus),
+        Cmd::Status { addr, json } => status(&addr, json),
+        Cmd::CheckConfig { config } => check_config(&config),
+    };
+    if let Err(error) = result {
+        eprintln!("hypervisor: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn serve(path: PathBuf, listen: Option<SocketAddr>, simulate: Option<u32>) -> anyhow::Result<()> {
+    gpushare_utils::logging::init("HYPERVISOR_LOG");
+    let config = config::load(&path)?;
+    let observer: Arc<dyn GpuObserver> = match simulate {
+        Some(n) => Arc::new(SimulatedGpus::new(n)),
+        None => Arc::new(NvmlObserver::new().context(
+            "NVML is not available (no NVIDIA driver here?); --simulate-gpus N runs without it",
+        )?),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .thread_name("hypervisor")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async move {
+        let hv = Hypervisor::new(Options {
+            config,
+            config_path: Some(path),
+            listen,
+            observer,
+            handle_sighup: true,
+        })?;
+        let addr = hv.listen_addr();
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let bound = listener.local_addr().unwrap_or(addr);
+        // One line on stdout, for scripts and tests that asked for port 0.
+        println!("hypervisor listening on {bound}");
+        hv.serve(listener, shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(error) => {
+            tracing::error!(%error, "cannot listen for SIGTERM");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("shutting down; regions stay");
+}
+
+fn status(addr: &str, json: bool) -> anyhow::Result<()> {
+    let base = if addr.starts_with("http://") {
+        addr.trim_end_matches('/').to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_global(Some(Duration::from_secs(5)))
+        .build()
+        .new_agent();
+    let url = format!("{base}/api/v1/status");
+    let mut response = agent
+        .get(&url)
+        .call()
+        .with_context(|| format!("cannot reach {url}"))?;
+    let code = response.status().as_u16();
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .context("cannot read the answer")?;
+    if code != 200 {
+        bail!("{url} answered {code}: {body}");
+    }
+    if json {
+        println!("{body}");
+        return Ok(());
+    }
+    let status: Status = serde_json::from_str(&body).context("unexpected status answer")?;
+    print!("{}", render_table(&status));
+    Ok(())
+}
+
+fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
+    let config = config::load(path)?;
+    println!("listen {}", config.listen);
+    println!(
+        "admin API {}",
+        if config.admin_token.is_some() {
+            "on"
+        } else {
+            "off"
+        }
+    );
+    for pod in &config.pods {
+        println!("pod {} ({} GPUs)", pod.id, pod.gpus.len());
+        for gpu in &pod.gpus {
+            println!(
+                "  {}: memory {}, weight {}, cap {}, share {}, policy {}",
+                gpu.gpu,
+                if gpu.memory_bytes == 0 {
+                    "unlimited".to_owned()
+                } else {
+                    format!("{} bytes", gpu.memory_bytes)
+                },
+                gpu.weight,
+                gpu.cap_percent.map_or("-".to_owned(), |c| format!("{c}%")),
+                gpu.share_percent
+                    .map_or("-".to_owned(), |s| format!("{s}%")),
+                gpu.policy
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,318 @@
+//! Prometheus text exposition of the status, and the admission latency
+//! histogram (lock-free: every admission records into it).
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::status::Status;
+
+/// Upper bounds of the latency buckets, in microseconds.
+pub const LATENCY_BOUNDS_US: [u64; 12] = [
+    50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 1_000_000,
+];
+
+/// Admission latency, from the request's arrival to the answer.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// One more than the bounds: the last counts everything above.
+    counts: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+    /// Requests answered with no budget (the wait ran out).
+    timeouts: AtomicU64,
+}
+
+/// A copy of the histogram.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencySnapshot {
+    /// `(upper bound in µs, count in that bucket)`, non-cumulative; the last
+    /// bound is `u64::MAX`.
+    pub buckets: Vec<(u64, u64)>,
+    pub count: u64,
+    pub sum_seconds: f64,
+    pub timeouts: u64,
+}
+
+impl LatencySnapshot {
+    /// The upper bound (µs) of the bucket holding quantile `q` (0..=1).
+    pub fn quantile_bound_us(&self, q: f64) -> Option<u64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = (q * self.count as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for &(bound, n) in &self.buckets {
+            seen += n;
+            if seen >= rank {
+                return Some(bound);
+            }
+        }
+        self.buckets.last().map(|b| b.0)
+    }
+}
+
+impl LatencyHistogram {
+    pub fn record(&self, took: Duration, granted: bool) {
+        let us = took.as_micros();
+        let at = LATENCY_BOUNDS_US
+            .iter()
+            .position(|&b| us <= u128::from(b))
+            .unwrap_or(LATENCY_BOUNDS_US.len());
+        self.counts[at].fetch_add(1, Ordering::Relaxed);
+        self.sum_ns.fetch_add(
+            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        self.count.fetch_add(1, Ordering::Relaxed);
+        if !granted {
+            self.timeouts.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn snapshot(&self) -> LatencySnapshot {
+        let buckets = self
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                (
+                    LATENCY_BOUNDS_US.get(i).copied().unwrap_or(u64::MAX),
+                    c.load(Ordering::Relaxed),
+                )
+            })
+            .collect();
+        LatencySnapshot {
+            buckets,
+            count: self.count.load(Ordering::Relaxed),
+            sum_seconds: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            timeouts: self.timeouts.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Metric families in the order they are written, each with its samples.
+#[derive(Default)]
+struct Exposition {
+    families: Vec<Family>,
+}
+
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: Vec<String>,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &'static str, kind: &'static str, help: &'static str) -> usize {
+        self.families.push(Family {
+            name,
+            kind,
+            help,
+            samples: Vec::new(),
+        });
+        self.families.len() - 1
+    }
+
+    /// Adds `<name><suffix>{labels} value` to family `at`.
+    fn sample(&mut self, at: usize, suffix: &str, labels: &str, value: impl std::fmt::Display) {
+        let family = &mut self.families[at];
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        family
+            .samples
+            .push(format!("{}{suffix}{labels} {value}", family.name));
+    }
+
+    fn render(self) -> String {
+        let mut out = String::with_capacity(8192);
+        for family in self.families {
+            let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
+            let _ = writeln!(out, "# TYPE {} {}", family.name, family.kind);
+            for sample in family.samples {
+                out.push_str(&sample);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+/// Renders `status` in the Prometheus text format (version 0.0.4).
+pub fn render(status: &Status) -> String {
+    let mut x = Exposition::default();
+    let gpu_total = x.family(
+        "gpushare_gpu_memory_total_bytes",
+        "gauge",
+        "GPU memory installed.",
+    );
+    let gpu_used = x.family(
+        "gpushare_gpu_memory_used_bytes",
+        "gauge",
+        "GPU memory in use, all processes.",
+    );
+    for gpu in &status.gpus {
+        let labels = format!("gpu=\"{}\",index=\"{}\"", escape(&gpu.uuid), gpu.index);
+        x.sample(gpu_total, "", &labels, gpu.memory_total);
+        x.sample(gpu_used, "", &labels, gpu.memory_used);
+    }
+    let suspended = x.family(
+        "gpushare_pod_suspended",
+        "gauge",
+        "1 while the pod is suspended.",
+    );
+    let workers = x.family(
+        "gpushare_pod_workers",
+        "gauge",
+        "Registered workers of the pod.",
+    );
+    let per_gpu = [
+        x.family(
+            "gpushare_pod_memory_used_bytes",
+            "gauge",
+            "Memory the pod holds on the GPU.",
+        ),
+        x.family(
+            "gpushare_pod_memory_quota_bytes",
+            "gauge",
+            "The pod's memory quota on the GPU (0 = unlimited).",
+        ),
+        x.family(
+            "gpushare_pod_share_granted_ratio",
+            "gauge",
+            "Share of the GPU's time granted: the bucket's rate (0 = unlimited).",
+        ),
+        x.family(
+            "gpushare_pod_share_ceiling_ratio",
+            "gauge",
+            "Elastic ceiling of the pod's share.",
+        ),
+        x.family(
+            "gpushare_pod_share_achieved_ratio",
+            "gauge",
+            "GPU time charged per wall time over the last second.",
+        ),
+        x.family(
+            "gpushare_pod_waiting_launches",
+            "gauge",
+            "Launches waiting for budget now.",
+        ),
+        x.family(
+            "gpushare_pod_launches_total",
+            "counter",
+            "Launches admitted.",
+        ),
+        x.family(
+            "gpushare_pod_active",
+            "gauge",
+            "1 while the pod wants the GPU.",
+        ),
+    ];
+    for pod in &status.pods {
+        let pod_label = format!("pod=\"{}\"", escape(&pod.id));
+        x.sample(suspended, "", &pod_label, u8::from(pod.suspended));
+        x.sample(workers, "", &pod_label, pod.workers);
+        for gpu in &pod.gpus {
+            let Some(uuid) = &gpu.uuid else { continue };
+            let labels = format!("{pod_label},gpu=\"{}\"", escape(uuid));
+            let values = [
+                gpu.memory_used.to_string(),
+                gpu.memory_quota.to_string(),
+                ratio(gpu.rate_ppm),
+                ratio(gpu.ceiling_ppm),
+                ratio(gpu.achieved_ppm),
+                gpu.waiting.to_string(),
+                gpu.launches.to_string(),
+                u8::from(gpu.active).to_string(),
+            ];
+            for (family, value) in per_gpu.iter().zip(values) {
+                x.sample(*family, "", &labels, value);
+            }
+        }
+    }
+    let process_sm = x.family(
+        "gpushare_process_sm_utilization_ratio",
+        "gauge",
+        "SM utilization of a process, as NVML samples it.",
+    );
+    for p in &status.processes {
+        let gpu = status
+            .gpus
+            .iter()
+            .find(|g| g.index == p.gpu_index)
+            .map_or(String::new(), |g| escape(&g.uuid));
+        let labels = format!(
+            "gpu=\"{gpu}\",pid=\"{}\",pod=\"{}\"",
+            p.pid,
+            escape(p.pod.as_deref().unwrap_or(""))
+        );
+        x.sample(process_sm, "", &labels, f64::from(p.sm_percent) / 100.0);
+    }
+    let hist = x.family(
+        "gpushare_admission_latency_seconds",
+        "histogram",
+        "Time from an admission request's arrival to its answer.",
+    );
+    let mut cumulative = 0;
+    for &(bound, n) in &status.admission.buckets {
+        cumulative += n;
+        let le = if bound == u64::MAX {
+            "+Inf".to_owned()
+        } else {
+            format!("{}", bound as f64 / 1e6)
+        };
+        x.sample(hist, "_bucket", &format!("le=\"{le}\""), cumulative);
+    }
+    x.sample(hist, "_sum", "", status.admission.sum_seconds);
+    x.sample(hist, "_count", "", status.admission.count);
+    let timeouts = x.family(
+        "gpushare_admission_timeouts_total",
+        "counter",
+        "Admission requests answered without budget.",
+    );
+    x.sample(timeouts, "", "", status.admission.timeouts);
+    x.render()
+}
+
+fn ratio(ppm: u32) -> String {
+    format!("{}", f64::from(ppm) / 1e6)
+}
+
+/// Escapes a label value (`\`, `"`, newline).
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles() {
+        let h = LatencyHistogram::default();
+        for us in [10, 20, 30, 150, 3_000] {
+            h.record(Duration::from_micros(us), true);
+        }
+        h.record(Duration::from_secs(5), false);
+        let s = h.snapshot();
+        assert_eq!(s.count, 6);
+        assert_eq!(s.timeouts, 1);
+        assert_eq!(s.quantile_bound_us(0.5), Some(50));
+        assert_eq!(s.quantile_bound_us(0.66), Some(200));
+        assert_eq!(s.quantile_bound_us(1.0), Some(u64::MAX));
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

@@ -1,0 +1,678 @@
+//! The pods, their regions, and the weighted fair sharing of each GPU.
+//!
+//! [`Scheduler::apply`] takes the full list of [`PodSpec`]s (from the config
+//! file, or later a Kubernetes pod watcher), opens regions for new pods,
+//! rewrites changed limits and forgets removed pods. [`Scheduler::tick`]
+//! (every 10 ms, and at once for the GPU of an admission request) reads
+//! every bucket's demand and writes every bucket's rate:
+//!
+//! 1. A pod wants a GPU when its bucket has waiting launches, its launch count
+//!    moved since the last tick, or it asked for admission, within the last
+//!    [`ACTIVE_WINDOW`].
+//! 2. Per GPU, [`fairshare::plan`] splits 100% among the pods that want it,
+//!    by weight, within caps and above guaranteed shares; idle pods get the
+//!    share they would have if everyone wanted the GPU.
+//! 3. Rates and ceilings are stored into the buckets (marked managed); a rate
+//!    that rose wakes the pod's admission waiters.
+//!
+//! Device indices: a region is indexed by the CUDA ordinal the pod's
+//! processes see. A GPU's index in a pod's region is, in order of
+//! preference: what the pod's workers reported at registration (uuid →
+//! ordinal), the `ordinal` of the GPU in the config, the GPU's NVML index.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gpushare_utils::config::PodId;
+use gpushare_utils::ledger::MAX_DEVICES;
+use gpushare_utils::protocol::{DeviceLimits, WorkerDevice};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::config::RegionOptions;
+use crate::fairshare::{self, Grant};
+use crate::observer::GpuInfo;
+use crate::region::{PodRegion, RegionError};
+use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
+
+/// A pod wants a GPU for this long after the last sign of demand.
+pub const ACTIVE_WINDOW: Duration = Duration::from_millis(200);
+/// Achieved shares are measured over windows this long.
+const ACHIEVED_WINDOW: Duration = Duration::from_secs(1);
+
+/// Why a scheduler operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ScheduleError {
+    #[error("no pod {0}")]
+    NoSuchPod(String),
+    #[error("pod {pod}: {source}")]
+    Region {
+        pod: String,
+        #[source]
+        source: RegionError,
+    },
+}
+
+/// What [`Scheduler::apply`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub added: Vec<String>,
+    /// Pods whose GPU limits changed (their workers are told).
+    pub changed: Vec<String>,
+    pub removed: Vec<String>,
+    /// Pods left out: their region could not be opened. Retried on the next
+    /// [`Scheduler::retry_failed`].
+    pub failed: Vec<(String, String)>,
+}
+
+/// Where a pod's GPU sits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Placement {
+    /// As the observer (or else the config) spells it.
+    uuid: String,
+    host_index: Option<u32>,
+    /// Index in the pod's region.
+    ordinal: usize,
+}
+
+#[derive(Debug)]
+struct PodGpu {
+    spec: GpuSpec,
+    placement: Option<Placement>,
+    last_launches: u64,
+    last_demand: Option<Instant>,
+    active: bool,
+    grant: Grant,
+    window_start: Instant,
+    window_charged: u64,
+    achieved_ppm: u32,
+}
+
+impl PodGpu {
+    fn new(spec: GpuSpec, now: Instant) -> Self {
+        Self {
+            spec,
+            placement: None,
+            last_launches: 0,
+            last_demand: None,
+            active: false,
+            grant: Grant::default(),
+            window_start: now,
+            window_charged: 0,
+            achieved_ppm: 0,
+        }
+    }
+}
+
+struct Pod {
+    spec: PodSpec,
+    region: Arc<PodRegion>,
+    suspended: bool,
+    gpus: Vec<PodGpu>,
+    /// Lowercase UUID → ordinal, as the pod's workers reported.
+    reported: HashMap<String, usize>,
+    notify: Arc<Notify>,
+}
+
+/// What an admission request waits on.
+#[derive(Clone)]
+pub struct AdmissionTarget {
+    pub region: Arc<PodRegion>,
+    pub ordinal: usize,
+    pub notify: Arc<Notify>,
+}
+
+/// Snapshot of one pod's GPU.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct GpuStatus {
+    pub gpu: String,
+    pub uuid: Option<String>,
+    pub host_index: Option<u32>,
+    pub ordinal: Option<usize>,
+    pub policy: String,
+    pub weight: u32,
+    pub cap_percent: Option<u8>,
+    pub share_percent: Option<u8>,
+    pub memory_quota: u64,
+    pub memory_used: u64,
+    pub memory_peak: u64,
+    /// Granted share in ppm; 0 = unlimited.
+    pub rate_ppm: u32,
+    pub ceiling_ppm: u32,
+    /// GPU time charged per wall time over the last second, in ppm.
+    pub achieved_ppm: u32,
+    pub waiting: u32,
+    pub launches: u64,
+    pub tokens_ns: i64,
+    pub active: bool,
+}
+
+/// Snapshot of one pod.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct PodStatus {
+    pub id: String,
+    pub region: String,
+    pub suspended: bool,
+    pub workers: usize,
+    pub gpus: Vec<GpuStatus>,
+}
+
+/// The pods and GPUs of the node.
+pub struct Scheduler {
+    gpus: Vec<GpuInfo>,
+    pods: BTreeMap<String, Pod>,
+    failed: BTreeMap<String, PodSpec>,
+    regions: RegionOptions,
+}
+
+impl Scheduler {
+    pub fn new(gpus: Vec<GpuInfo>, regions: RegionOptions) -> Self {
+        Self {
+            gpus,
+            pods: BTreeMap::new(),
+            failed: BTreeMap::new(),
+            regions,
+        }
+    }
+
+    /// The GPUs last observed.
+    pub fn gpus(&self) -> &[GpuInfo] {
+        &self.gpus
+    }
+
+    /// Ids of the pods scheduled.
+    pub fn pod_ids(&self) -> Vec<String> {
+        self.pods.keys().cloned().collect()
+    }
+
+    /// The token of `pod`.
+    pub fn token(&self, pod: &str) -> Option<&Token> {
+        self.pods.get(pod).map(|p| &p.spec.token)
+    }
+
+    pub fn pod_id(&self, pod: &str) -> Option<&PodId> {
+        self.pods.get(pod).map(|p| &p.spec.id)
+    }
+
+    /// Sets the options applied to regions opened from now on.
+    pub fn set_region_options(&mut self, regions: RegionOptions) {
+        self.regions = regions;
+    }
+
+    /// Makes the pods exactly `specs` (see the module documentation).
+    pub fn apply(&mut self, specs: Vec<PodSpec>, now: Instant) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        let wanted: std::collections::HashSet<String> =
+            specs.iter().map(|s| s.id.to_string()).collect();
+        let gone: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|id| !wanted.contains(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            // Dropping the pod gives our ledger slot back; the region stays
+            // with its last limits.
+            if let Some(pod) = self.pods.remove(&id) {
+                pod.notify.notify_waiters();
+            }
+            report.removed.push(id);
+        }
+        self.failed.retain(|id, _| wanted.contains(id));
+        for spec in specs {
+            let id = spec.id.to_string();
+            match self.pods.get_mut(&id) {
+                Some(pod) => {
+                    let gpus_changed = pod.spec.gpus != spec.gpus;
+                    pod.spec.token = spec.token;
+                    if gpus_changed {
+                        pod.spec.gpus = spec.gpus;
+                        rebuild_gpus(pod, now);
+                        place(pod, &self.gpus);
+                        write_layout(pod);
+                        report.changed.push(id);
+                    }
+                }
+                None => match self.open_pod(spec.clone(), now) {
+                    Ok(()) => {
+                        self.failed.remove(&id);
+                        report.added.push(id);
+                    }
+                    Err(e) => {
+                        tracing::error!(pod = %id, error = %e, "pod left out");
+                        report.failed.push((id.clone(), e.to_string()));
+                        self.failed.insert(id, spec);
+                    }
+                },
+            }
+        }
+        self.tick(now, None);
+        report
+    }
+
+    /// Opens the regions of pods that failed before.
+    pub fn retry_failed(&mut self, now: Instant) -> Vec<String> {
+        let failed = std::mem::take(&mut self.failed);
+        let mut added = Vec::new();
+        for (id, spec) in failed {
+            match self.open_pod(spec.clone(), now) {
+                Ok(()) => added.push(id),
+                Err(_) => {
+                    self.failed.insert(id, spec);
+                }
+            }
+        }
+        if !added.is_empty() {
+            self.tick(now, None);
+        }
+        added
+    }
+
+    fn open_pod(&mut self, spec: PodSpec, now: Instant) -> Result<(), ScheduleError> {
+        let region =
+            PodRegion::open(&spec.id, &self.regions).map_err(|source| ScheduleError::Region {
+                pod: spec.id.to_string(),
+                source,
+            })?;
+        // A pod suspended before a restart stays suspended.
+        let suspended = region.any_suspended();
+        let mut pod = Pod {
+            gpus: Vec::new(),
+            spec,
+            region: Arc::new(region),
+            suspended,
+            reported: HashMap::new(),
+            notify: Arc::new(Notify::new()),
+        };
+        rebuild_gpus(&mut pod, now);
+        place(&mut pod, &self.gpus);
+        write_layout(&pod);
+        // Launches counted before now are not demand.
+        for gpu in &mut pod.gpus {
+            if let Some(bucket) = gpu
+                .placement
+                .as_ref()
+                .and_then(|p| pod.region.bucket(p.ordinal))
+            {
+                gpu.last_launches = bucket.launches.load(Ordering::Relaxed);
+                gpu.window_charged = bucket.charged_ns.load(Ordering::Relaxed);
+            }
+        }
+        tracing::info!(pod = %pod.spec.id, region = %pod.region.path().display(), suspended, "pod scheduled");
+        self.pods.insert(pod.spec.id.to_string(), pod);
+        Ok(())
+    }
+
+    /// New observation of the node's GPUs; re-places pods when it changed.
+    pub fn update_gpus(&mut self, gpus: Vec<GpuInfo>, now: Instant) {
+        if gpus == self.gpus {
+            return;
+        }
+        let moved = gpus.len() != self.gpus.len()
+            || gpus
+                .iter()
+                .zip(&self.gpus)
+                .any(|(a, b)| a.index != b.index || a.uuid != b.uuid);
+        self.gpus = gpus;
+        if moved {
+            for pod in self.pods.values_mut() {
+                if place(pod, &self.gpus) {
+                    write_layout(pod);
+                }
+            }
+            self.tick(now, None);
+        }
+    }
+
+    /// Records the CUDA ordinals a worker of `pod` sees; returns whether the
+    /// pod's layout changed.
+    pub fn report_devices(&mut self, pod: &str, devices: &[WorkerDevice], now: Instant) -> bool {
+        let Some(p) = self.pods.get_mut(pod) else {
+            return false;
+        };
+        let mut changed = false;
+        for device in devices {
+            let ordinal = device.index as usize;
+            if ordinal >= MAX_DEVICES {
+                continue;
+            }
+            let uuid = device.uuid.to_ascii_lowercase();
+            if p.reported.get(&uuid) != Some(&ordinal) {
+                if p.reported.contains_key(&uuid) {
+                    tracing::warn!(
+                        pod,
+                        uuid,
+                        ordinal,
+                        "a worker sees this GPU at another index than an earlier one"
+                    );
+                }
+                p.reported.insert(uuid, ordinal);
+                changed = true;
+            }
+        }
+        if changed && place(p, &self.gpus) {
+            write_layout(p);
+            self.tick(now, None);
+            return true;
+        }
+        false
+    }
+
+    /// Replaces `pod`'s GPU limits (admin API); returns its new limits.
+    pub fn set_gpus(
+        &mut self,
+        pod: &str,
+        gpus: Vec<GpuSpec>,
+        now: Instant,
+    ) -> Result<Vec<DeviceLimits>, ScheduleError> {
+        let p = self
+            .pods
+            .get_mut(pod)
+            .ok_or_else(|| ScheduleError::NoSuchPod(pod.to_owned()))?;
+        p.spec.gpus = gpus;
+        rebuild_gpus(p, now);
+        place(p, &self.gpus);
+        write_layout(p);
+        self.tick(now, None);
+        self.device_limits(pod)
+    }
+
+    /// Suspends or resumes `pod` (the flag in every bucket of its region).
+    pub fn set_suspended(
+        &mut self,
+        pod: &str,
+        suspended: bool,
+        now: Instant,
+    ) -> Result<(), ScheduleError> {
+        let p = self
+            .pods
+            .get_mut(pod)
+            .ok_or_else(|| ScheduleError::NoSuchPod(pod.to_owned()))?;
+        p.suspended = suspended;
+        p.region.set_suspended(suspended);
+        p.notify.notify_waiters();
+        tracing::info!(pod, suspended, "suspension changed");
+        self.tick(now, None);
+        Ok(())
+    }
+
+    pub fn is_suspended(&self, pod: &str) -> Option<bool> {
+        self.pods.get(pod).map(|p| p.suspended)
+    }
+
+    /// The limits of `pod`'s placed GPUs, as the protocol carries them.
+    ///
+    /// `share_percent` is the cap of a fixed pod, the guaranteed share (at
+    /// least 1) of an elastic pod, 0 (unlimited) for policy none;
+    /// `ceiling_percent` is the most the pod may take (100 for policy none).
+    pub fn device_limits(&self, pod: &str) -> Result<Vec<DeviceLimits>, ScheduleError> {
+        let p = self
+            .pods
+            .get(pod)
+            .ok_or_else(|| ScheduleError::NoSuchPod(pod.to_owned()))?;
+        Ok(p.gpus
+            .iter()
+            .filter_map(|g| {
+                let placement = g.placement.as_ref()?;
+                let (share, ceiling) = match g.spec.policy {
+                    Policy::None => (0, 100),
+                    Policy::Fixed => (g.spec.bound_percent(), g.spec.bound_percent()),
+                    Policy::Elastic => (g.spec.floor_percent().max(1), g.spec.bound_percent()),
+                };
+                Some(DeviceLimits {
+                    uuid: placement.uuid.clone(),
+                    memory_bytes: g.spec.memory_bytes,
+                    share_percent: share,
+                    ceiling_percent: ceiling,
+                    weight: g.spec.weight,
+                })
+            })
+            .collect())
+    }
+
+    /// Notes an admission request of `pod` on GPU `uuid` and, when that makes
+    /// the pod active, reschedules that GPU at once (a pod already active is
+    /// already counted: the periodic tick keeps it up to date); returns what
+    /// the request waits on.
+    pub fn admission(&mut self, pod: &str, uuid: &str, now: Instant) -> Option<AdmissionTarget> {
+        let p = self.pods.get_mut(pod)?;
+        let suspended = p.suspended;
+        let gpu = p.gpus.iter_mut().find(|g| {
+            g.placement
+                .as_ref()
+                .is_some_and(|pl| pl.uuid.eq_ignore_ascii_case(uuid))
+        })?;
+        gpu.last_demand = Some(now);
+        let placement = gpu.placement.as_ref()?;
+        let target = AdmissionTarget {
+            region: Arc::clone(&p.region),
+            ordinal: placement.ordinal,
+            notify: Arc::clone(&p.notify),
+        };
+        let becomes_active = !gpu.active && !suspended && gpu.spec.policy != Policy::None;
+        if becomes_active {
+            let key = placement.uuid.to_ascii_lowercase();
+            self.tick(now, Some(&key));
+        }
+        Some(target)
+    }
+
+    /// One scheduling round: of every GPU, or of the GPU `only` (lowercase UUID).
+    pub fn tick(&mut self, now: Instant, only: Option<&str>) {
+        let mut by_gpu: BTreeMap<String, Vec<(String, usize)>> = BTreeMap::new();
+        for (id, pod) in &mut self.pods {
+            for (k, gpu) in pod.gpus.iter_mut().enumerate() {
+                let Some(placement) = &gpu.placement else {
+                    continue;
+                };
+                let key = placement.uuid.to_ascii_lowercase();
+                if only.is_some_and(|u| u != key) {
+                    continue;
+                }
+                if let Some(bucket) = pod.region.bucket(placement.ordinal) {
+                    let launches = bucket.launches.load(Ordering::Relaxed);
+                    if bucket.waiting.load(Ordering::Relaxed) > 0 || launches != gpu.last_launches {
+                        gpu.last_demand = Some(now);
+                    }
+                    gpu.last_launches = launches;
+                    let elapsed = now.saturating_duration_since(gpu.window_start);
+                    if elapsed >= ACHIEVED_WINDOW {
+                        let charged = bucket.charged_ns.load(Ordering::Relaxed);
+                        let used = charged.saturating_sub(gpu.window_charged);
+                        gpu.achieved_ppm =
+                            (u128::from(used) * 1_000_000 / elapsed.as_nanos().max(1))
+                                .min(u128::from(u32::MAX)) as u32;
+                        gpu.window_charged = charged;
+                        gpu.window_start = now;
+                    }
+                }
+                gpu.active = !pod.suspended
+                    && gpu.spec.policy != Policy::None
+                    && gpu
+                        .last_demand
+                        .is_some_and(|t| now.saturating_duration_since(t) < ACTIVE_WINDOW);
+                by_gpu.entry(key).or_default().push((id.clone(), k));
+            }
+        }
+        for members in by_gpu.values() {
+            let entries: Vec<fairshare::Entry> = members
+                .iter()
+                .filter_map(|(id, k)| self.pods.get(id).and_then(|p| p.gpus.get(*k)))
+                .map(|g| fairshare::Entry {
+                    policy: g.spec.policy,
+                    weight: g.spec.weight,
+                    bound_percent: g.spec.bound_percent(),
+                    floor_percent: g.spec.floor_percent(),
+                    active: g.active,
+                })
+                .collect();
+            if entries.len() != members.len() {
+                continue;
+            }
+            let grants = fairshare::plan(&entries);
+            for ((id, k), grant) in members.iter().zip(grants) {
+                let Some(pod) = self.pods.get_mut(id) else {
+                    continue;
+                };
+                let Some(gpu) = pod.gpus.get_mut(*k) else {
+                    continue;
+                };
+                gpu.grant = grant;
+                if let Some(placement) = &gpu.placement
+                    && pod.region.write_grant(placement.ordinal, grant)
+                {
+                    pod.notify.notify_waiters();
+                }
+            }
+        }
+    }
+
+    /// Gives back the memory of dead processes in every pod; returns the
+    /// bytes per pod where any was given back.
+    pub fn reclaim_dead(&self) -> Vec<(String, u64)> {
+        self.pods
+            .iter()
+            .filter_map(|(id, pod)| {
+                let bytes = pod.region.reclaim_dead();
+                (bytes > 0).then(|| (id.clone(), bytes))
+            })
+            .collect()
+    }
+
+    /// Gives back the memory of `pod`'s dead processes.
+    pub fn reclaim_pod(&self, pod: &str) -> u64 {
+        self.pods.get(pod).map_or(0, |p| p.region.reclaim_dead())
+    }
+
+    /// Snapshot of every pod; `workers` counts a pod's workers.
+    pub fn status(&self, workers: impl Fn(&str) -> usize) -> Vec<PodStatus> {
+        self.pods
+            .iter()
+            .map(|(id, pod)| PodStatus {
+                id: id.clone(),
+                region: pod.region.path().display().to_string(),
+                suspended: pod.suspended,
+                workers: workers(id),
+                gpus: pod.gpus.iter().map(|g| gpu_status(pod, g)).collect(),
+            })
+            .collect()
+    }
+}
+
+fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
+    let ordinal = g.placement.as_ref().map(|p| p.ordinal);
+    let bucket = ordinal.and_then(|o| pod.region.bucket(o));
+    let usage = ordinal.and_then(|o| pod.region.usage(o));
+    GpuStatus {
+        gpu: g.spec.gpu.to_string(),
+        uuid: g.placement.as_ref().map(|p| p.uuid.clone()),
+        host_index: g.placement.as_ref().and_then(|p| p.host_index),
+        ordinal,
+        policy: g.spec.policy.as_str().to_owned(),
+        weight: g.spec.weight,
+        cap_percent: g.spec.cap_percent,
+        share_percent: g.spec.share_percent,
+        memory_quota: usage.map_or(g.spec.memory_bytes, |u| u.quota),
+        memory_used: usage.map_or(0, |u| u.used),
+        memory_peak: usage.map_or(0, |u| u.peak),
+        rate_ppm: bucket.map_or(g.grant.rate_ppm, |b| b.rate_ppm.load(Ordering::Relaxed)),
+        ceiling_ppm: bucket.map_or(g.grant.ceiling_ppm, |b| {
+            b.ceiling_ppm.load(Ordering::Relaxed)
+        }),
+        achieved_ppm: g.achieved_ppm,
+        waiting: bucket.map_or(0, |b| b.waiting.load(Ordering::Relaxed)),
+        launches: bucket.map_or(0, |b| b.launches.load(Ordering::Relaxed)),
+        tokens_ns: bucket.map_or(0, |b| b.tokens_ns.load(Ordering::Relaxed)),
+        active: g.active,
+    }
+}
+
+/// Rebuilds the per-GPU state from the spec, keeping the demand history of
+/// GPUs named the same way as before.
+fn rebuild_gpus(pod: &mut Pod, now: Instant) {
+    let mut old: Vec<PodGpu> = std::mem::take(&mut pod.gpus);
+    pod.gpus = pod
+        .spec
+        .gpus
+        .iter()
+        .map(
+            |spec| match old.iter().position(|g| g.spec.gpu == spec.gpu) {
+                Some(at) => {
+                    let mut kept = old.swap_remove(at);
+                    kept.spec = spec.clone();
+                    kept
+                }
+                None => PodGpu::new(spec.clone(), now),
+            },
+        )
+        .collect();
+}
+
+/// Resolves every GPU of `pod` to a UUID and a region index; returns whether
+/// any placement changed.
+fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
+    let mut changed = false;
+    let mut taken = [false; MAX_DEVICES];
+    for gpu in &mut pod.gpus {
+        let found = match &gpu.spec.gpu {
+            GpuSelector::Index(i) => gpus
+                .iter()
+                .find(|g| g.index == *i)
+                .map(|g| (g.uuid.clone(), Some(g.index))),
+            GpuSelector::Uuid(u) => Some(
+                gpus.iter()
+                    .find(|g| g.uuid.eq_ignore_ascii_case(u))
+                    .map_or((u.clone(), None), |g| (g.uuid.clone(), Some(g.index))),
+            ),
+        };
+        let placement = found.and_then(|(uuid, host_index)| {
+            let ordinal = pod
+                .reported
+                .get(&uuid.to_ascii_lowercase())
+                .copied()
+                .or(gpu.spec.ordinal.map(|o| o as usize))
+                .or(host_index.map(|i| i as usize))?;
+            if ordinal >= MAX_DEVICES || taken[ordinal] {
+                tracing::warn!(pod = %pod.spec.id, gpu = %gpu.spec.gpu, ordinal, "GPU not placed: index out of range or taken by another GPU of the pod");
+                return None;
+            }
+            taken[ordinal] = true;
+            Some(Placement {
+                uuid,
+                host_index,
+                ordinal,
+            })
+        });
+        if placement.is_none() && gpu.placement.is_some()
+            || placement.is_some() && gpu.placement.is_none()
+        {
+            tracing::info!(pod = %pod.spec.id, gpu = %gpu.spec.gpu, placed = placement.is_some(), "GPU placement changed");
+        }
+        if placement != gpu.placement {
+            changed = true;
+            gpu.placement = placement;
+        }
+    }
+    changed
+}
+
+/// Writes quotas and takes every device index of the pod's region over;
+/// indices that are no GPU of the pod are left unlimited.
+fn write_layout(pod: &Pod) {
+    let mut placed: [Option<&PodGpu>; MAX_DEVICES] = [None; MAX_DEVICES];
+    for gpu in &pod.gpus {
+        if let Some(p) = &gpu.placement {
+            placed[p.ordinal] = Some(gpu);
+        }
+    }
+    for (dev, gpu) in placed.iter().enumerate() {
+        match gpu {
+            // The rate follows in the tick that comes next, under the same lock.
+            Some(gpu) => pod.region.claim(dev, gpu.spec.memory_bytes),
+            None => pod.region.clear(dev),
+        }
+    }
+    pod.region.set_suspended(pod.suspended);
+}

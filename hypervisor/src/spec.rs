@@ -1,0 +1,383 @@
+//! What the scheduler is told: one [`PodSpec`] per pod, whatever the source
+//! (the config file today; a Kubernetes pod watcher can build the same list
+//! and hand it to [`Scheduler::apply`](crate::scheduler::Scheduler::apply)).
+
+use std::fmt;
+use std::sync::Arc;
+
+use gpushare_utils::config::PodId;
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+
+/// Longest accepted token, in bytes.
+pub const MAX_TOKEN_LEN: usize = 4096;
+
+/// Why a spec is refused. Every message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error("{0}")]
+    PodId(#[from] gpushare_utils::config::InvalidPodId),
+    #[error("token is empty")]
+    EmptyToken,
+    #[error("token is longer than {MAX_TOKEN_LEN} bytes")]
+    LongToken,
+    #[error("token holds whitespace or control characters")]
+    BadToken,
+    #[error("weight must be at least 1")]
+    ZeroWeight,
+    #[error("cap must be a percent from 1 to 100, not {0}")]
+    BadCap(u8),
+    #[error("share must be a percent from 0 to 100, not {0}")]
+    BadShare(u8),
+    #[error("share {share}% is above cap {cap}%")]
+    ShareAboveCap { share: u8, cap: u8 },
+    #[error("GPU uuid {0:?} is not a GPU-… or MIG-… UUID")]
+    BadUuid(String),
+    #[error("GPU index {0} is beyond the 16 devices a region holds")]
+    BadIndex(u32),
+    #[error("GPU {0} is listed twice for one pod")]
+    DuplicateGpu(String),
+    #[error("pod {0} is listed twice")]
+    DuplicatePod(String),
+}
+
+/// A bearer token. Compared in constant time (for equal lengths; the length
+/// itself is not secret-kept); never printed.
+#[derive(Clone)]
+pub struct Token(Arc<str>);
+
+impl Token {
+    /// Validates `token`: 1 to 4096 bytes, no whitespace or control characters
+    /// (it travels in an `Authorization` header).
+    pub fn new(token: &str) -> Result<Self, SpecError> {
+        if token.is_empty() {
+            return Err(SpecError::EmptyToken);
+        }
+        if token.len() > MAX_TOKEN_LEN {
+            return Err(SpecError::LongToken);
+        }
+        if token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(SpecError::BadToken);
+        }
+        Ok(Self(token.into()))
+    }
+
+    /// Whether `presented` is this token, in time independent of where they differ.
+    pub fn matches(&self, presented: &str) -> bool {
+        bool::from(self.0.as_bytes().ct_eq(presented.as_bytes()))
+    }
+
+    /// The token itself, for clients (tests, the status command).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq for Token {
+    fn eq(&self, other: &Self) -> bool {
+        self.matches(&other.0)
+    }
+}
+
+impl Eq for Token {}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(***)")
+    }
+}
+
+/// How a pod's compute share treats time other pods leave idle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    /// Never above its cap (or its share when no cap is set).
+    Fixed,
+    /// At least its share when contended; idle time up to its cap (100% when
+    /// no cap is set) while the others are idle.
+    Elastic,
+    /// Not metered: the bucket is unlimited.
+    None,
+}
+
+impl Policy {
+    /// `fixed`, `elastic` or `none`, case-insensitive.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "fixed" => Some(Self::Fixed),
+            "elastic" => Some(Self::Elastic),
+            "none" => Some(Self::None),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fixed => "fixed",
+            Self::Elastic => "elastic",
+            Self::None => "none",
+        }
+    }
+
+    /// The default: fixed when a cap is set, elastic when only a share is,
+    /// none otherwise.
+    pub fn default_for(cap: Option<u8>, share: Option<u8>) -> Self {
+        match (cap, share) {
+            (Some(_), _) => Self::Fixed,
+            (None, Some(_)) => Self::Elastic,
+            (None, None) => Self::None,
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which GPU of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum GpuSelector {
+    /// By `GPU-…`/`MIG-…` UUID (kept as given; matched case-insensitively).
+    Uuid(String),
+    /// By the observer's (NVML's) index.
+    Index(u32),
+}
+
+impl GpuSelector {
+    /// A UUID selector, validated.
+    pub fn uuid(uuid: &str) -> Result<Self, SpecError> {
+        let t = uuid.trim();
+        let prefixed = ["GPU-", "MIG-"]
+            .iter()
+            .any(|p| t.len() > p.len() && t[..p.len()].eq_ignore_ascii_case(p));
+        let clean = t
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'/' | b'.'));
+        if !prefixed || !clean || t.len() > 96 {
+            return Err(SpecError::BadUuid(uuid.to_owned()));
+        }
+        Ok(Self::Uuid(t.to_owned()))
+    }
+
+    /// An index selector, validated.
+    pub fn index(index: u32) -> Result<Self, SpecError> {
+        if index as usize >= gpushare_utils::ledger::MAX_DEVICES {
+            return Err(SpecError::BadIndex(index));
+        }
+        Ok(Self::Index(index))
+    }
+
+    fn key(&self) -> String {
+        match self {
+            Self::Uuid(u) => u.to_ascii_lowercase(),
+            Self::Index(i) => format!("index {i}"),
+        }
+    }
+}
+
+impl fmt::Display for GpuSelector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Uuid(u) => f.write_str(u),
+            Self::Index(i) => write!(f, "index {i}"),
+        }
+    }
+}
+
+/// One pod's limits on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSpec {
+    pub gpu: GpuSelector,
+    /// Memory quota in bytes; 0 = unlimited.
+    pub memory_bytes: u64,
+    /// Weight among the pods that want the GPU, at least 1.
+    pub weight: u32,
+    /// Hard cap in percent, 1..=100.
+    pub cap_percent: Option<u8>,
+    /// Guaranteed share in percent, 0..=cap.
+    pub share_percent: Option<u8>,
+    pub policy: Policy,
+    /// Index of this GPU in the pod's region (the CUDA ordinal the pod's
+    /// processes see), when the config says; see the scheduler.
+    pub ordinal: Option<u32>,
+}
+
+impl GpuSpec {
+    /// A validated spec; `policy` `None` takes [`Policy::default_for`].
+    pub fn new(
+        gpu: GpuSelector,
+        memory_bytes: u64,
+        weight: u32,
+        cap_percent: Option<u8>,
+        share_percent: Option<u8>,
+        policy: Option<Policy>,
+    ) -> Result<Self, SpecError> {
+        if weight == 0 {
+            return Err(SpecError::ZeroWeight);
+        }
+        if let Some(cap) = cap_percent
+            && !(1..=100).contains(&cap)
+        {
+            return Err(SpecError::BadCap(cap));
+        }
+        if let Some(share) = share_percent {
+            if share > 100 {
+                return Err(SpecError::BadShare(share));
+            }
+            if let Some(cap) = cap_percent
+                && share > cap
+            {
+                return Err(SpecError::ShareAboveCap { share, cap });
+            }
+        }
+        Ok(Self {
+            gpu,
+            memory_bytes,
+            weight,
+            cap_percent,
+            share_percent,
+            policy: policy.unwrap_or_else(|| Policy::default_for(cap_percent, share_percent)),
+            ordinal: None,
+        })
+    }
+
+    /// Sets the region index of this GPU (below 16).
+    pub fn with_ordinal(mut self, ordinal: Option<u32>) -> Result<Self, SpecError> {
+        if let Some(o) = ordinal
+            && o as usize >= gpushare_utils::ledger::MAX_DEVICES
+        {
+            return Err(SpecError::BadIndex(o));
+        }
+        self.ordinal = ordinal;
+        Ok(self)
+    }
+
+    /// The most this pod may take of the GPU, in percent, when metered.
+    pub fn bound_percent(&self) -> u8 {
+        match self.policy {
+            Policy::Fixed => self.cap_percent.or(self.share_percent).unwrap_or(100),
+            Policy::Elastic | Policy::None => self.cap_percent.unwrap_or(100),
+        }
+    }
+
+    /// What it is guaranteed when contended, in percent (never above the bound).
+    pub fn floor_percent(&self) -> u8 {
+        self.share_percent.unwrap_or(0).min(self.bound_percent())
+    }
+}
+
+/// Everything the hypervisor knows about one pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSpec {
+    pub id: PodId,
+    pub token: Token,
+    pub gpus: Vec<GpuSpec>,
+}
+
+impl PodSpec {
+    /// A validated spec: no GPU twice.
+    pub fn new(id: PodId, token: Token, gpus: Vec<GpuSpec>) -> Result<Self, SpecError> {
+        check_gpus(&gpus)?;
+        Ok(Self { id, token, gpus })
+    }
+}
+
+/// Refuses a GPU list naming one GPU twice (by the same selector).
+pub fn check_gpus(gpus: &[GpuSpec]) -> Result<(), SpecError> {
+    let mut seen = std::collections::HashSet::new();
+    for gpu in gpus {
+        if !seen.insert(gpu.gpu.key()) {
+            return Err(SpecError::DuplicateGpu(gpu.gpu.to_string()));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a pod list naming one pod twice.
+pub fn check_pods(pods: &[PodSpec]) -> Result<(), SpecError> {
+    let mut seen = std::collections::HashSet::new();
+    for pod in pods {
+        if !seen.insert(pod.id.as_str()) {
+            return Err(SpecError::DuplicatePod(pod.id.to_string()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gpu(
+        cap: Option<u8>,
+        share: Option<u8>,
+        policy: Option<Policy>,
+    ) -> Result<GpuSpec, SpecError> {
+        GpuSpec::new(GpuSelector::Index(0), 0, 1, cap, share, policy)
+    }
+
+    #[test]
+    fn policy_defaults_and_bounds() {
+        let fixed = gpu(Some(30), None, None).unwrap();
+        assert_eq!(
+            (fixed.policy, fixed.bound_percent(), fixed.floor_percent()),
+            (Policy::Fixed, 30, 0)
+        );
+        let elastic = gpu(None, Some(25), None).unwrap();
+        assert_eq!(
+            (
+                elastic.policy,
+                elastic.bound_percent(),
+                elastic.floor_percent()
+            ),
+            (Policy::Elastic, 100, 25)
+        );
+        let none = gpu(None, None, None).unwrap();
+        assert_eq!(none.policy, Policy::None);
+        let fixed_share = gpu(None, Some(40), Some(Policy::Fixed)).unwrap();
+        assert_eq!(fixed_share.bound_percent(), 40);
+    }
+
+    #[test]
+    fn invalid_specs_are_named() {
+        assert_eq!(gpu(Some(0), None, None), Err(SpecError::BadCap(0)));
+        assert_eq!(gpu(Some(101), None, None), Err(SpecError::BadCap(101)));
+        assert_eq!(gpu(None, Some(101), None), Err(SpecError::BadShare(101)));
+        assert_eq!(
+            gpu(Some(20), Some(30), None),
+            Err(SpecError::ShareAboveCap { share: 30, cap: 20 })
+        );
+        assert_eq!(
+            GpuSpec::new(GpuSelector::Index(0), 0, 0, None, None, None),
+            Err(SpecError::ZeroWeight)
+        );
+        assert!(GpuSelector::uuid("GPU-3430f778-7a25-704c-9090-8b0bb2478114").is_ok());
+        assert!(GpuSelector::uuid("MIG-abc").is_ok());
+        assert!(GpuSelector::uuid("3430f778").is_err());
+        assert!(GpuSelector::uuid("GPU-a b").is_err());
+        assert!(GpuSelector::index(16).is_err());
+    }
+
+    #[test]
+    fn tokens_compare_and_hide() {
+        let t = Token::new("s3cret").unwrap();
+        assert!(t.matches("s3cret"));
+        assert!(!t.matches("s3cre"));
+        assert!(!t.matches("s3creT"));
+        assert_eq!(format!("{t:?}"), "Token(***)");
+        assert!(matches!(Token::new(""), Err(SpecError::EmptyToken)));
+        assert!(Token::new("a b").is_err());
+    }
+
+    #[test]
+    fn duplicates_are_refused() {
+        let a = GpuSpec::new(GpuSelector::uuid("GPU-aa").unwrap(), 0, 1, None, None, None).unwrap();
+        let b = GpuSpec::new(GpuSelector::uuid("gpu-AA").unwrap(), 0, 1, None, None, None).unwrap();
+        assert!(matches!(
+            check_gpus(&[a, b]),
+            Err(SpecError::DuplicateGpu(_))
+        ));
+    }
+}

@@ -1,0 +1,201 @@
+//! `GET /api/v1/status`: everything the metrics say, as JSON, and the table
+//! `hypervisor status` prints from it.
+
+use std::fmt::Write as _;
+
+use serde::{Deserialize, Serialize};
+
+use crate::metrics::LatencySnapshot;
+use crate::observer::GpuInfo;
+use crate::scheduler::PodStatus;
+
+/// One worker, as the status shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct WorkerStatus {
+    pub id: String,
+    pub pod: String,
+    pub pid: u32,
+    pub adopted: bool,
+    pub last_command: Option<String>,
+    /// Whether the last answer said ok; `None` before any answer.
+    pub last_ok: Option<bool>,
+}
+
+/// One process's recent use of a GPU, as NVML reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProcessStatus {
+    pub gpu_index: u32,
+    pub pid: u32,
+    /// The pod of the worker with this pid, when one is registered.
+    pub pod: Option<String>,
+    pub sm_percent: u32,
+    pub memory_percent: u32,
+}
+
+/// The whole status.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Status {
+    /// Changes when the hypervisor restarts.
+    pub instance: String,
+    pub version: String,
+    pub gpus: Vec<GpuInfo>,
+    pub pods: Vec<PodStatus>,
+    pub workers: Vec<WorkerStatus>,
+    /// Per-process utilization (empty where the GPUs cannot tell).
+    #[serde(default)]
+    pub processes: Vec<ProcessStatus>,
+    pub admission: LatencySnapshot,
+}
+
+/// The status as a plain-text table.
+pub fn render_table(status: &Status) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "hypervisor {} (instance {})",
+        status.version, status.instance
+    );
+    let _ = writeln!(out, "\nGPUS");
+    let _ = writeln!(
+        out,
+        "{:<5} {:<42} {:>12} {:>12}  NAME",
+        "INDEX", "UUID", "MEM USED", "MEM TOTAL"
+    );
+    for gpu in &status.gpus {
+        let _ = writeln!(
+            out,
+            "{:<5} {:<42} {:>12} {:>12}  {}",
+            gpu.index,
+            gpu.uuid,
+            bytes(gpu.memory_used),
+            bytes(gpu.memory_total),
+            gpu.name
+        );
+    }
+    let _ = writeln!(out, "\nPODS");
+    let _ = writeln!(
+        out,
+        "{:<20} {:<9} {:>7}  {:<42} {:>3} {:<7} {:>6} {:>5} {:>5} {:>12} {:>12} {:>8} {:>8} {:>8} {:>7}",
+        "POD",
+        "STATE",
+        "WORKERS",
+        "GPU",
+        "IDX",
+        "POLICY",
+        "WEIGHT",
+        "CAP",
+        "SHARE",
+        "MEM USED",
+        "MEM QUOTA",
+        "GRANTED",
+        "ACHIEVED",
+        "CEILING",
+        "WAITING"
+    );
+    for pod in &status.pods {
+        let state = if pod.suspended {
+            "suspended"
+        } else {
+            "running"
+        };
+        if pod.gpus.is_empty() {
+            let _ = writeln!(out, "{:<20} {:<9} {:>7}  -", pod.id, state, pod.workers);
+        }
+        for gpu in &pod.gpus {
+            let _ = writeln!(
+                out,
+                "{:<20} {:<9} {:>7}  {:<42} {:>3} {:<7} {:>6} {:>5} {:>5} {:>12} {:>12} {:>8} {:>8} {:>8} {:>7}",
+                pod.id,
+                state,
+                pod.workers,
+                gpu.uuid.as_deref().unwrap_or(&gpu.gpu),
+                gpu.ordinal.map_or("-".to_owned(), |o| o.to_string()),
+                gpu.policy,
+                gpu.weight,
+                gpu.cap_percent.map_or("-".to_owned(), |c| format!("{c}%")),
+                gpu.share_percent
+                    .map_or("-".to_owned(), |s| format!("{s}%")),
+                bytes(gpu.memory_used),
+                if gpu.memory_quota == 0 {
+                    "unlimited".to_owned()
+                } else {
+                    bytes(gpu.memory_quota)
+                },
+                share(gpu.rate_ppm),
+                percent(gpu.achieved_ppm),
+                share(gpu.ceiling_ppm),
+                gpu.waiting
+            );
+        }
+    }
+    let _ = writeln!(out, "\nWORKERS");
+    let _ = writeln!(out, "{:<48} {:<20} {:>8}  LAST COMMAND", "ID", "POD", "PID");
+    for w in &status.workers {
+        let last = match (&w.last_command, w.last_ok) {
+            (None, _) => "-".to_owned(),
+            (Some(c), None) => format!("{c} (no answer)"),
+            (Some(c), Some(true)) => format!("{c} (ok)"),
+            (Some(c), Some(false)) => format!("{c} (failed)"),
+        };
+        let _ = writeln!(out, "{:<48} {:<20} {:>8}  {last}", w.id, w.pod, w.pid);
+    }
+    let a = &status.admission;
+    let q = |p| {
+        a.quantile_bound_us(p).map_or("-".to_owned(), |us| {
+            if us == u64::MAX {
+                ">1s".to_owned()
+            } else {
+                format!("≤{us}µs")
+            }
+        })
+    };
+    let _ = writeln!(
+        out,
+        "\nADMISSION  requests {}  timeouts {}  p50 {}  p99 {}",
+        a.count,
+        a.timeouts,
+        q(0.5),
+        q(0.99)
+    );
+    out
+}
+
+fn share(ppm: u32) -> String {
+    if ppm == 0 {
+        "unlimited".to_owned()
+    } else {
+        percent(ppm)
+    }
+}
+
+fn percent(ppm: u32) -> String {
+    format!("{:.1}%", f64::from(ppm) / 1e4)
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(4 << 30), "4.0 GiB");
+        assert_eq!(share(0), "unlimited");
+        assert_eq!(share(250_000), "25.0%");
+    }
+}

@@ -1,0 +1,394 @@
+//! Test harness: a hypervisor on an ephemeral loopback port with simulated
+//! GPUs and a config file of its own, fake workers (the limiter's side of the
+//! protocol), a raw HTTP client, and cleanup of the test's regions.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gpushare_utils::bucket::ComputeBucket;
+use gpushare_utils::ledger::PodLedger;
+use gpushare_utils::protocol::{Command, CommandResult, Register, Registered, WorkerDevice};
+use http_bidir_comm::{Client, ClientOptions, LoopHandle, Task};
+use hypervisor::observer::SimulatedGpus;
+use hypervisor::{Options, RunningHypervisor, config};
+
+pub const ADMIN: &str = "admin-secret";
+
+/// A name no other test (or earlier run) uses: `hvt-<tag>-<pid>-<n>`.
+pub fn unique(tag: &str) -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "hvt-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub fn token_of(pod: &str) -> String {
+    format!("tok-{pod}")
+}
+
+/// The UUID of simulated GPU `i`.
+pub fn gpu(i: u32) -> String {
+    SimulatedGpus::uuid(i)
+}
+
+/// Removes the regions of `pods` when dropped (after the hypervisor stopped).
+pub struct Regions(pub Vec<String>);
+
+impl Drop for Regions {
+    fn drop(&mut self) {
+        for pod in &self.0 {
+            let name = std::ffi::CString::new(format!("/gpushare-pod-{pod}")).expect("no NUL");
+            // SAFETY: a valid NUL-terminated name.
+            unsafe { libc::shm_unlink(name.as_ptr()) };
+        }
+    }
+}
+
+/// A config file in a folder of its own, removed when dropped.
+pub struct ConfigFile {
+    pub dir: PathBuf,
+    pub path: PathBuf,
+}
+
+impl ConfigFile {
+    pub fn new(text: &str) -> Self {
+        let dir = std::env::temp_dir().join(unique("cfg"));
+        std::fs::create_dir_all(&dir).expect("config dir");
+        let path = dir.join("hypervisor.toml");
+        std::fs::write(&path, text).expect("write config");
+        Self { dir, path }
+    }
+
+    /// Rewrites the file and moves its mtime forward, so the poll sees it
+    /// even within the file system's timestamp granularity.
+    pub fn rewrite(&self, text: &str) {
+        std::fs::write(&self.path, text).expect("rewrite config");
+        let file = std::fs::File::options()
+            .write(true)
+            .open(&self.path)
+            .expect("open config");
+        file.set_modified(std::time::SystemTime::now() + Duration::from_secs(2))
+            .expect("mtime");
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running hypervisor with its config file; regions removed at the end.
+pub struct Harness {
+    pub hv: RunningHypervisor,
+    pub sim: Arc<SimulatedGpus>,
+    pub config: ConfigFile,
+    // Dropped last: after the hypervisor gave its slots back.
+    pub regions: Regions,
+}
+
+impl Harness {
+    /// Starts with `text` (a config without `listen`; 127.0.0.1:0 is used)
+    /// and `gpus` simulated GPUs; `pods` are removed from /dev/shm at the end.
+    pub fn start(text: &str, gpus: u32, pods: &[&str]) -> Self {
+        let config = ConfigFile::new(text);
+        Self::start_with(config, gpus, pods)
+    }
+
+    pub fn start_with(config: ConfigFile, gpus: u32, pods: &[&str]) -> Self {
+        let regions = Regions(pods.iter().map(|p| (*p).to_owned()).collect());
+        let sim = Arc::new(SimulatedGpus::new(gpus));
+        let hv = start_hypervisor(&config.path, Arc::clone(&sim));
+        Self {
+            hv,
+            sim,
+            config,
+            regions,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        self.hv.url()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.hv.addr()
+    }
+}
+
+pub fn start_hypervisor(path: &Path, sim: Arc<SimulatedGpus>) -> RunningHypervisor {
+    let config = config::load(path).expect("valid config");
+    RunningHypervisor::start(Options {
+        config,
+        config_path: Some(path.to_owned()),
+        listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        observer: sim,
+        handle_sighup: false,
+    })
+    .expect("hypervisor starts")
+}
+
+/// A pod's config section: `[[pods]]` with one GPU table per `gpus` entry
+/// (each a few `key = value` lines).
+pub fn pod_toml(pod: &str, gpus: &[&str]) -> String {
+    let mut text = format!("[[pods]]\nid = \"{pod}\"\ntoken = \"{}\"\n", token_of(pod));
+    for g in gpus {
+        text.push_str("[[pods.gpus]]\n");
+        text.push_str(g);
+        text.push('\n');
+    }
+    text
+}
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .proxy(None)
+        .timeout_global(Some(Duration::from_secs(10)))
+        .build()
+        .new_agent()
+}
+
+/// `(status, body)` of a request with an optional bearer token and JSON body.
+pub fn call(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+    let agent = agent();
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let mut response = match (method, body) {
+        ("GET", _) => {
+            let mut req = agent.get(url);
+            if let Some(a) = &auth {
+                req = req.header("Authorization", a);
+            }
+            req.call()
+        }
+        (m, body) => {
+            let mut req = match m {
+                "POST" => agent.post(url),
+                "PUT" => agent.put(url),
+                other => panic!("method {other}"),
+            };
+            if let Some(a) = &auth {
+                req = req.header("Authorization", a);
+            }
+            req.header("Content-Type", "application/json")
+                .send(body.unwrap_or("").as_bytes())
+        }
+    }
+    .expect("request");
+    let status = response.status().as_u16();
+    let text = response.body_mut().read_to_string().unwrap_or_default();
+    (status, text)
+}
+
+pub fn register(base: &str, pod: &str, token: &str, pid: u32) -> (u16, String) {
+    let body = serde_json::to_string(&Register {
+        pod: pod.to_owned(),
+        pid,
+        hostname: "test".into(),
+        devices: Vec::new(),
+    })
+    .expect("encode");
+    call(
+        "POST",
+        &format!("{base}/api/v1/workers"),
+        Some(token),
+        Some(&body),
+    )
+}
+
+pub fn register_ok(base: &str, pod: &str) -> Registered {
+    let (status, body) = register(base, pod, &token_of(pod), std::process::id());
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).expect("Registered")
+}
+
+pub fn register_with_devices(base: &str, pod: &str, devices: Vec<WorkerDevice>) -> Registered {
+    let body = serde_json::to_string(&Register {
+        pod: pod.to_owned(),
+        pid: std::process::id(),
+        hostname: String::new(),
+        devices,
+    })
+    .expect("encode");
+    let (status, text) = call(
+        "POST",
+        &format!("{base}/api/v1/workers"),
+        Some(&token_of(pod)),
+        Some(&body),
+    );
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).expect("Registered")
+}
+
+/// A worker's command loop, as the limiter runs it; the commands it got
+/// arrive on `commands`.
+pub struct FakeWorker {
+    pub id: String,
+    pub commands: mpsc::Receiver<Command>,
+    handle: Option<LoopHandle>,
+}
+
+impl FakeWorker {
+    pub fn start(base: &str, pod: &str, worker_id: &str) -> Self {
+        let options = ClientOptions {
+            token: Some(token_of(pod)),
+            long_poll_wait: Duration::from_millis(500),
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(200),
+            ..ClientOptions::default()
+        };
+        let client = Client::new(&format!("{base}/api/v1/channel"), worker_id, options)
+            .expect("channel client");
+        let (tx, commands) = mpsc::channel();
+        let tx = Mutex::new(tx);
+        let handle = client
+            .spawn_loop(move |task: Task<Command>| {
+                let _ = tx.lock().expect("sender").send(task.task);
+                CommandResult {
+                    ok: true,
+                    message: "done".into(),
+                }
+            })
+            .expect("loop");
+        Self {
+            id: worker_id.to_owned(),
+            commands,
+            handle: Some(handle),
+        }
+    }
+
+    /// The next command other than `Health`, within `limit`.
+    pub fn next_command(&self, limit: Duration) -> Option<Command> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match self.commands.recv_timeout(left) {
+                Ok(Command::Health) => continue,
+                Ok(command) => return Some(command),
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+impl Drop for FakeWorker {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.stop();
+        }
+    }
+}
+
+/// Polls `check` every 10 ms until it holds or `limit` passes.
+pub fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The test process's own view of a pod's region.
+pub struct RegionView(pub PodLedger);
+
+impl RegionView {
+    pub fn open(pod: &str) -> Self {
+        Self(PodLedger::open(pod).expect("open region"))
+    }
+
+    pub fn bucket(&self, dev: usize) -> &ComputeBucket {
+        self.0.compute(dev).expect("bucket")
+    }
+
+    pub fn rate(&self, dev: usize) -> u32 {
+        self.bucket(dev).rate_ppm.load(Ordering::Acquire)
+    }
+
+    pub fn quota(&self, dev: usize) -> u64 {
+        self.0.quota(dev).expect("quota")
+    }
+
+    /// Makes the pod look busy (a launch waiting) or idle on `dev`.
+    pub fn set_waiting(&self, dev: usize, waiting: bool) {
+        self.bucket(dev)
+            .waiting
+            .store(u32::from(waiting), Ordering::Release);
+    }
+}
+
+/// A minimal HTTP/1.1 client on one keep-alive connection: what the latency
+/// test measures is the server, not a client library.
+pub struct RawClient {
+    stream: BufReader<TcpStream>,
+    message: Vec<u8>,
+}
+
+impl RawClient {
+    pub fn new(addr: SocketAddr) -> Self {
+        let s = TcpStream::connect(addr).expect("connect");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        Self {
+            stream: BufReader::new(s),
+            message: Vec::with_capacity(1024),
+        }
+    }
+
+    /// `(status, body)`.
+    pub fn request(&mut self, method: &str, path: &str, token: &str, body: &str) -> (u16, String) {
+        self.message.clear();
+        write!(
+            self.message,
+            "{method} {path} HTTP/1.1\r\nHost: hv\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("format");
+        self.stream
+            .get_mut()
+            .write_all(&self.message)
+            .expect("write");
+        read_response(&mut self.stream).expect("response")
+    }
+}
+
+/// Reads one response (Content-Length bodies only).
+pub fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16, String)> {
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line)?;
+    let status = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("bad status line {status_line:?}")))?;
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.split_once(':')
+            && name.eq_ignore_ascii_case("content-length")
+        {
+            length = value.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}

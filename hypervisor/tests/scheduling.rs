@@ -1,0 +1,149 @@
+//! Weighted fair sharing as the buckets see it, and admission latency.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use gpushare_utils::bucket::{CAPACITY_NS, monotonic_ns};
+
+/// Waits for the rates of `regions` on device 0 to be `want` (ppm).
+fn rates_become(regions: &[&RegionView], want: &[u32]) {
+    let ok = wait_for(Duration::from_secs(3), || {
+        regions.iter().map(|r| r.rate(0)).collect::<Vec<_>>() == want
+    });
+    let got: Vec<u32> = regions.iter().map(|r| r.rate(0)).collect();
+    assert!(ok, "rates {got:?}, want {want:?}");
+}
+
+#[test]
+fn weights_one_to_three_get_25_and_75_percent() {
+    let (a, b) = (unique("w-a"), unique("w-b"));
+    let config = format!(
+        "{}{}",
+        pod_toml(&a, &["index = 0\nweight = 1\npolicy = \"fixed\""]),
+        pod_toml(&b, &["index = 0\nweight = 3\npolicy = \"fixed\""]),
+    );
+    let _h = Harness::start(&config, 1, &[&a, &b]);
+    let (ra, rb) = (RegionView::open(&a), RegionView::open(&b));
+    // Nobody demanding: each holds its share of a full house.
+    rates_become(&[&ra, &rb], &[250_000, 750_000]);
+    ra.set_waiting(0, true);
+    rb.set_waiting(0, true);
+    rates_become(&[&ra, &rb], &[250_000, 750_000]);
+    // b goes idle: a takes the whole GPU (fixed, no cap).
+    rb.set_waiting(0, false);
+    rates_become(&[&ra, &rb], &[1_000_000, 750_000]);
+    // Launch counts moving are demand too (for 200 ms).
+    rb.bucket(0).launches.fetch_add(1, Ordering::Relaxed);
+    rates_become(&[&ra, &rb], &[250_000, 750_000]);
+    rb.set_waiting(0, true);
+    rates_become(&[&ra, &rb], &[250_000, 750_000]);
+    assert_eq!(ra.bucket(0).managed.load(Ordering::Acquire), 1);
+    assert_eq!(ra.bucket(0).ceiling_ppm.load(Ordering::Acquire), 250_000);
+}
+
+#[test]
+fn caps_are_honoured_and_their_unused_share_redistributed() {
+    let (a, b, c) = (unique("cap-a"), unique("cap-b"), unique("cap-c"));
+    let config = format!(
+        "{}{}{}",
+        pod_toml(&a, &["index = 0\ncap = 10"]),
+        pod_toml(&b, &["index = 0\npolicy = \"fixed\""]),
+        pod_toml(&c, &["index = 0\nweight = 2\npolicy = \"fixed\""]),
+    );
+    let _h = Harness::start(&config, 1, &[&a, &b, &c]);
+    let (ra, rb, rc) = (
+        RegionView::open(&a),
+        RegionView::open(&b),
+        RegionView::open(&c),
+    );
+    for r in [&ra, &rb, &rc] {
+        r.set_waiting(0, true);
+    }
+    // a is held at 10%; its unused 23.3% goes to b and c by weight 1:2.
+    rates_become(&[&ra, &rb, &rc], &[100_000, 300_000, 600_000]);
+    // With c idle, b gets everything a leaves.
+    rc.set_waiting(0, false);
+    rates_become(&[&ra, &rb], &[100_000, 900_000]);
+}
+
+#[test]
+fn elastic_takes_idle_time_fixed_stays_at_its_cap() {
+    let (f, e, o) = (unique("el-f"), unique("el-e"), unique("el-o"));
+    let config = format!(
+        "{}{}{}",
+        pod_toml(&f, &["index = 0\ncap = 30"]),
+        pod_toml(&e, &["index = 0\nshare = 30\npolicy = \"elastic\""]),
+        pod_toml(&o, &["index = 0\npolicy = \"fixed\"\nweight = 2"]),
+    );
+    let _h = Harness::start(&config, 1, &[&f, &e, &o]);
+    let (rf, re, ro) = (
+        RegionView::open(&f),
+        RegionView::open(&e),
+        RegionView::open(&o),
+    );
+    // Alone, the fixed pod stays at its cap.
+    rf.set_waiting(0, true);
+    assert!(wait_for(Duration::from_secs(3), || rf.rate(0) == 300_000));
+    rf.set_waiting(0, false);
+    std::thread::sleep(Duration::from_millis(300));
+    // Alone, the elastic pod takes the whole GPU...
+    re.set_waiting(0, true);
+    assert!(wait_for(Duration::from_secs(3), || re.rate(0) == 1_000_000));
+    assert_eq!(re.bucket(0).ceiling_ppm.load(Ordering::Acquire), 1_000_000);
+    // ...and gives it back when another pod wants it, keeping its share:
+    // weight 1 against 2 would be 33.3%, its 30% floor is below that.
+    ro.set_waiting(0, true);
+    rates_become(&[&re, &ro], &[333_333, 666_666]);
+    // The fixed pod joins: f and o split by weight 1:2 what e's 30% floor
+    // leaves (f's 30% cap is not reached).
+    rf.set_waiting(0, true);
+    rates_become(&[&rf, &re, &ro], &[233_333, 300_000, 466_666]);
+}
+
+#[test]
+fn an_admission_request_reschedules_at_once() {
+    let (a, b) = (unique("adm-a"), unique("adm-b"));
+    let config = format!(
+        "{}{}",
+        pod_toml(&a, &["index = 0\npolicy = \"fixed\""]),
+        pod_toml(&b, &["index = 0\npolicy = \"fixed\"\nweight = 3"]),
+    );
+    let h = Harness::start(&config, 1, &[&a, &b]);
+    let (ra, rb) = (RegionView::open(&a), RegionView::open(&b));
+    rb.set_waiting(0, true);
+    rates_become(&[&ra, &rb], &[250_000, 1_000_000]);
+    // a traps with an empty bucket: the answer comes once a's share has
+    // refilled it, and b's rate was cut in the same request.
+    let worker = register_ok(&h.url(), &a).worker_id;
+    let bucket = ra.bucket(0);
+    bucket.tokens_ns.store(-100_000, Ordering::Release);
+    bucket
+        .refilled_at_ns
+        .store(monotonic_ns(), Ordering::Release);
+    let mut client = RawClient::new(h.addr());
+    let body = format!(
+        "{{\"worker_id\":\"{worker}\",\"uuid\":\"{}\",\"cost_ns\":50000}}",
+        gpu(0)
+    );
+    let start = Instant::now();
+    let (status, reply) = client.request("POST", "/api/v1/admission", &token_of(&a), &body);
+    let took = start.elapsed();
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        rb.rate(0),
+        750_000,
+        "b not cut back by the admission's tick"
+    );
+    let granted: u64 =
+        serde_json::from_str::<serde_json::Value>(&reply).expect("json")["granted_ns"]
+            .as_u64()
+            .expect("granted_ns");
+    assert!(granted > 0 && granted <= CAPACITY_NS as u64, "{reply}");
+    // 100 µs of debt at 25% takes 400 µs to pay back.
+    assert!(took >= Duration::from_micros(300), "{took:?}");
+    assert!(took < Duration::from_millis(40), "{took:?}");
+    println!("admission with 100 µs of debt at 25%: {took:?}");
+}
