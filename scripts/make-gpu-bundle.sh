@@ -3,9 +3,17 @@
 # ignored), small enough to carry to the GPU machine, which has no Rust.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p cuda-limiter
+cargo build --release --locked -p cuda-limiter -p hypervisor
 rm -rf gpu-bundle && mkdir -p gpu-bundle
-cp target/release/libcuda_limiter.so gpu-bundle/
-strip --strip-debug gpu-bundle/libcuda_limiter.so
+cp target/release/libcuda_limiter.so target/release/hypervisor gpu-bundle/
+# The hypervisor's own admission-latency test, as a standalone binary.
+latency=$(cargo test --release --locked -p hypervisor --test latency --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "latency" and m.get("executable"):
+        print(m["executable"])' | tail -n 1)
+[ -n "$latency" ] && cp "$latency" gpu-bundle/hypervisor-latency-test
+strip --strip-debug gpu-bundle/*
 git rev-parse --short HEAD > gpu-bundle/COMMIT 2>/dev/null || true
 ls -l gpu-bundle

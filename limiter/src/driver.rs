@@ -9,13 +9,13 @@ use crate::loader;
 use crate::sys::{
     CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_NON_BLOCKING,
     CUcontext, CUdevice, CUevent, CUgraphExec, CUresult, CUstream, CUuuid, CuCtxGetCurrent,
-    CuCtxGetDevice, CuDeviceGetUuid, CuEventCreate, CuEventDestroy, CuEventElapsedTime,
-    CuEventQuery, CuEventRecord, CuEventSynchronize, CuGraphInstantiateWithFlags, CuGraphLaunch,
-    CuLaunchKernel, CuModuleGetFunction, CuModuleLoadData, CuStreamBeginCapture, CuStreamCreate,
-    CuStreamEndCapture, CuStreamGetCtx, CuStreamIsCapturing, CuThreadExchangeStreamCaptureMode,
-    NVML_DEVICE_UUID_V2_BUFFER_SIZE, NvmlDeviceGetComputeRunningProcesses,
-    NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex, NvmlDeviceGetUUID, NvmlInit, format_uuid,
-    nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t,
+    CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, CuEventCreate, CuEventDestroy,
+    CuEventElapsedTime, CuEventQuery, CuEventRecord, CuEventSynchronize,
+    CuGraphInstantiateWithFlags, CuGraphLaunch, CuLaunchKernel, CuModuleGetFunction,
+    CuModuleLoadData, CuStreamBeginCapture, CuStreamCreate, CuStreamEndCapture, CuStreamGetCtx,
+    CuStreamIsCapturing, CuThreadExchangeStreamCaptureMode, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+    NvmlDeviceGetComputeRunningProcesses, NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex,
+    NvmlDeviceGetUUID, NvmlInit, format_uuid, nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t,
 };
 
 /// Looks `name` up in `handle` as a function of type `F`.
@@ -37,6 +37,7 @@ unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
 pub struct Driver {
     ctx_get_device: CuCtxGetDevice,
     device_get_uuid: CuDeviceGetUuid,
+    device_get_count: Option<CuDeviceGetCount>,
     /// Measuring kernels; absent from drivers that lack any of it.
     pub timing: Option<Timing>,
 }
@@ -351,6 +352,7 @@ impl Driver {
                 ctx_get_device: symbol(handle, c"cuCtxGetDevice")?,
                 device_get_uuid: symbol(handle, c"cuDeviceGetUuid_v2")
                     .or_else(|| symbol(handle, c"cuDeviceGetUuid"))?,
+                device_get_count: symbol(handle, c"cuDeviceGetCount"),
                 timing: Timing::load(handle),
             }
         };
@@ -372,6 +374,15 @@ impl Driver {
         } else {
             Err(result)
         }
+    }
+
+    /// The number of devices, once the application has initialised CUDA.
+    pub fn device_count(&self) -> Option<u32> {
+        let count = self.device_get_count?;
+        let mut devices = 0;
+        // SAFETY: a valid out-pointer.
+        let result = unsafe { count(&mut devices) };
+        (result.is_success()).then(|| devices.max(0) as u32)
     }
 
     /// The device's UUID as NVML prints it (`GPU-…`).

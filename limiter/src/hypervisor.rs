@@ -20,7 +20,10 @@ use std::time::Duration;
 
 use gpushare_utils::protocol::{
     API_PREFIX, Admission, AdmissionRequest, Command, CommandResult, Register, Registered,
+    WorkerDevice,
 };
+
+use crate::driver::Driver;
 use http_bidir_comm::{Client, ClientOptions, Task};
 
 /// How long a trapped launch waits for the hypervisor before trusting the
@@ -50,6 +53,34 @@ pub enum LinkError {
     NotRegistered,
     #[error("command channel: {0}")]
     Channel(#[from] http_bidir_comm::ChannelError),
+}
+
+/// How long registration waits for the application to initialise CUDA, so
+/// that it can tell the hypervisor which GPUs it sees under which index.
+const DEVICES_WAIT: Duration = Duration::from_secs(2);
+
+/// The GPUs this process sees, by CUDA index (which container runtimes and
+/// `CUDA_VISIBLE_DEVICES` renumber); empty if CUDA is not initialised in time.
+fn visible_devices() -> Vec<WorkerDevice> {
+    let Some(driver) = Driver::get() else {
+        return Vec::new();
+    };
+    let started = std::time::Instant::now();
+    let count = loop {
+        match driver.device_count() {
+            Some(count) => break count,
+            None if started.elapsed() < DEVICES_WAIT => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            None => return Vec::new(),
+        }
+    };
+    (0..count)
+        .filter_map(|index| {
+            let uuid = driver.device_uuid(index as i32)?;
+            Some(WorkerDevice { index, uuid })
+        })
+        .collect()
 }
 
 /// The hypervisor, as this process knows it.
@@ -125,7 +156,7 @@ impl Link {
                 pod: self.pod.clone(),
                 pid: std::process::id(),
                 hostname: String::new(),
-                devices: Vec::new(),
+                devices: visible_devices(),
             },
             None,
         )?;

@@ -1,0 +1,164 @@
+//! The limiter under a real hypervisor on loopback: limits come from it,
+//! suspend blocks launches, and a dead hypervisor leaves the last limits.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{CONTEXT_BYTES, GIB, Pod, info, probe, run};
+use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError};
+use hypervisor::{Options, RunningHypervisor, config};
+
+/// The driver double's GPU, as NVML would show it to the hypervisor.
+struct DoubleGpu;
+
+impl GpuObserver for DoubleGpu {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        Ok(vec![GpuInfo {
+            index: 0,
+            uuid: gpushare_examples::uuid(0),
+            name: "driver double".to_owned(),
+            memory_total: 16 * GIB,
+            memory_used: 0,
+        }])
+    }
+}
+
+const TOKEN: &str = "pod-token";
+
+fn start(pod: &Pod, gpu: &str) -> RunningHypervisor {
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\n{gpu}\n",
+        pod.0
+    );
+    let config = config::parse(&text, Path::new("test.toml"), Path::new(".")).expect("config");
+    RunningHypervisor::start(Options {
+        config,
+        config_path: None,
+        listen: None,
+        observer: Arc::new(DoubleGpu),
+        handle_sighup: false,
+    })
+    .expect("hypervisor starts")
+}
+
+fn field(line: &str, key: &str) -> i64 {
+    line.split_whitespace()
+        .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Command {
+    let mut command = probe(
+        "cudaprobe",
+        pod,
+        &[
+            ("CUDA_LIMITER_HYPERVISOR", url),
+            ("CUDA_LIMITER_TOKEN", token),
+        ],
+        args,
+    );
+    command.env(
+        "GPUSHARE_NODE_REGION",
+        format!("gpushare-node-test-{}", pod.0),
+    );
+    command
+}
+
+#[test]
+fn quota_and_share_come_from_the_hypervisor() {
+    let pod = Pod::new("hv-limits");
+    let hypervisor = start(&pod, "memory = \"1g\"\ncap = 40\npolicy = \"fixed\"");
+    let lines = run(managed(
+        &pod,
+        &hypervisor.url(),
+        TOKEN,
+        &[
+            "info", "alloc", "mem", "2g", "run", "kernel", "1000", "1500",
+        ],
+    ));
+    assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
+    assert!(lines[1].contains("-> 2 "), "{lines:?}");
+    let share = field(&lines[2], "share_pm");
+    assert!((share - 400).abs() <= 40, "{lines:?}");
+    // The worker registered, with the device it sees.
+    let status = hypervisor.hypervisor().status();
+    let status = serde_json::to_string(&status).expect("status json");
+    assert!(status.contains(&pod.0), "{status}");
+}
+
+#[test]
+fn suspended_pods_wait_and_resume_without_losing_work() {
+    let pod = Pod::new("hv-suspend");
+    let hypervisor = start(&pod, "cap = 50\npolicy = \"fixed\"");
+    let child = managed(
+        &pod,
+        &hypervisor.url(),
+        TOKEN,
+        &["run", "kernel", "1000", "2500", "series", "250"],
+    )
+    .stdout(std::process::Stdio::piped())
+    .spawn()
+    .expect("spawn");
+    std::thread::sleep(Duration::from_millis(750));
+    hypervisor.hypervisor().suspend(&pod.0).expect("suspend");
+    std::thread::sleep(Duration::from_millis(1000));
+    hypervisor.hypervisor().resume(&pod.0).expect("resume");
+    let output = child.wait_with_output().expect("probe");
+    common::check(&output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    let series: Vec<i64> = lines[1]
+        .split("pm=")
+        .nth(1)
+        .expect("series")
+        .split(',')
+        .filter_map(|value| value.parse().ok())
+        .collect();
+    // Windows of 250 ms: running at 50%, then stopped, then 50% again.
+    assert!((series[1] - 500).abs() <= 60, "{series:?}");
+    assert!(
+        series[4] <= 30 && series[5] <= 30,
+        "not suspended: {series:?}"
+    );
+    assert!((series[8] - 500).abs() <= 60, "not resumed: {series:?}");
+}
+
+#[test]
+fn a_dead_hypervisor_leaves_the_last_limits_in_force() {
+    let pod = Pod::new("hv-dead");
+    let hypervisor = start(&pod, "memory = \"1g\"\ncap = 30\npolicy = \"fixed\"");
+    let url = hypervisor.url();
+    drop(hypervisor);
+    let lines = run(managed(
+        &pod,
+        &url,
+        TOKEN,
+        &["info", "run", "kernel", "1000", "1000"],
+    ));
+    assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
+    let share = field(&lines[1], "share_pm");
+    assert!((share - 300).abs() <= 40, "{lines:?}");
+}
+
+#[test]
+fn a_wrong_token_is_refused_and_the_program_still_runs_limited() {
+    let pod = Pod::new("hv-token");
+    let hypervisor = start(&pod, "memory = \"1g\"");
+    let lines = run(managed(
+        &pod,
+        &hypervisor.url(),
+        "not-the-token",
+        &["info", "sleep", "300"],
+    ));
+    assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
+    let status = serde_json::to_string(&hypervisor.hypervisor().status()).expect("json");
+    assert!(
+        !status.contains(&format!("\"{}-", pod.0)),
+        "registered: {status}"
+    );
+}
