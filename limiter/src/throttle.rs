@@ -15,8 +15,9 @@
 //!    the kind's estimate and corrects the bucket by the difference. Event
 //!    pairs bracket exactly the one launch, so a host-bound program that
 //!    leaves the GPU idle between kernels is charged only for its kernels.
-//!    The launch latency inside such a bracket (measured once per context
-//!    with an empty kernel of our own, launched directly and as a graph) is
+//!    When the launch followed a wait (the GPU had drained the pod's work),
+//!    the launch latency inside the bracket (measured once per context with
+//!    an empty kernel of our own, launched directly and as a graph) is
 //!    subtracted: pods pay for kernels.
 //! 4. Launches into a stream being captured do not run and are not charged;
 //!    the graph is charged when launched.
@@ -69,6 +70,9 @@ struct Sample {
     key: LaunchKey,
     device: usize,
     charged_ns: u64,
+    /// The launch followed a wait for budget, so the GPU had drained this
+    /// pod's work: the bracket holds the whole launch latency.
+    after_wait: bool,
 }
 
 // SAFETY: events are plain driver handles, usable from any thread.
@@ -193,7 +197,7 @@ impl Throttle {
 
         let estimate = self.estimates.get(key);
         let cost = estimate.unwrap_or(DEFAULT_ESTIMATE_NS);
-        let now = self.wait_for_budget(budget.bucket, cost, device);
+        let (now, waited) = self.wait_for_budget(budget.bucket, cost, device);
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(device, now);
 
@@ -209,13 +213,23 @@ impl Throttle {
         }
         if let (Some((context, start)), Some(timing)) = (sample, timing) {
             LAST_SAMPLE_NS.with(|last| last.set(now));
-            self.end_sample(timing, context, start, stream, key, device, cost, result);
+            let pending = Sample {
+                context,
+                start,
+                end: std::ptr::null_mut(),
+                key,
+                device,
+                charged_ns: cost,
+                after_wait: waited,
+            };
+            self.end_sample(timing, pending, stream, result);
         }
         Ok(result)
     }
 
-    /// Charges `cost` once the bucket allows it; returns the time it did.
-    fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64, device: usize) -> u64 {
+    /// Charges `cost` once the bucket allows it; returns the time it did,
+    /// and whether it had to wait.
+    fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64, device: usize) -> (u64, bool) {
         let mut now = monotonic_ns();
         let mut waited = false;
         loop {
@@ -243,7 +257,7 @@ impl Throttle {
         if waited {
             bucket.waiting.fetch_sub(1, Ordering::Relaxed);
         }
-        now
+        (now, waited)
     }
 
     /// Measures the launch overhead once per context, at its first sample
@@ -286,41 +300,32 @@ impl Throttle {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Records the end event of `sample` (whose start is recorded) and
+    /// queues it for the monitor.
     fn end_sample(
         &'static self,
         timing: &Timing,
-        context: usize,
-        start: CUevent,
+        mut sample: Sample,
         stream: CUstream,
-        key: LaunchKey,
-        device: usize,
-        charged_ns: u64,
         result: CUresult,
     ) {
-        let Some(end) = self.event(timing, context) else {
-            self.recycle(context, start);
+        let Some(end) = self.event(timing, sample.context) else {
+            self.recycle(sample.context, sample.start);
             return;
         };
         if !result.is_success() {
-            self.recycle(context, start);
-            self.recycle(context, end);
+            self.recycle(sample.context, sample.start);
+            self.recycle(sample.context, end);
             return;
         }
         if !timing.record(end, stream) {
             timing.destroy(end);
-            self.recycle(context, start);
+            self.recycle(sample.context, sample.start);
             return;
         }
+        sample.end = end;
         if let Ok(mut samples) = self.samples.lock() {
-            samples.push_back(Sample {
-                context,
-                start,
-                end,
-                key,
-                device,
-                charged_ns,
-            });
+            samples.push_back(sample);
         }
         self.sampled.notify_one();
         self.monitor.call_once(|| {
@@ -446,13 +451,15 @@ impl Throttle {
 
     fn complete(&self, timing: &Timing, sample: Sample) {
         if let Some(bracket) = timing.elapsed_ns(sample.start, sample.end) {
-            // The bracket holds the launch latency too; a pod is charged for
-            // its kernels. A kernel no longer than the latency still costs a
-            // quarter of the bracket.
-            let overhead = if sample.key.is_graph() {
-                self.graph_overhead_ns.load(Ordering::Relaxed)
-            } else {
-                self.kernel_overhead_ns.load(Ordering::Relaxed)
+            // After a wait the GPU had drained the pod's work, so the
+            // bracket holds the whole launch latency, which is not kernel
+            // time; otherwise the launch was queued behind earlier work and
+            // started at once. A kernel no longer than the latency still
+            // costs a quarter of the bracket.
+            let overhead = match (sample.after_wait, sample.key.is_graph()) {
+                (false, _) => 0,
+                (true, true) => self.graph_overhead_ns.load(Ordering::Relaxed),
+                (true, false) => self.kernel_overhead_ns.load(Ordering::Relaxed),
             };
             let measured = bracket.saturating_sub(overhead).max(bracket / 4);
             // Correct by the estimate the sample settled on, not the raw
