@@ -947,8 +947,8 @@ overhead_row() {
 
 # 14: launch cost with the limiter loaded (no limit) and under a non-binding limit
 check_launch() {
-  local n1="14. 200k empty-kernel launches, ns/launch, median of 5 (limiter active with a memory quota, no compute limit)"
-  local n2="14. 20us host work + 1 empty launch x20k, ns/iteration, median of 5 ($SM_VAR=50)"
+  local n1="14. 200k empty-kernel launches, ns/launch, median of 9 (limiter active with a memory quota, no compute limit)"
+  local n2="14. 20us host work + 1 empty launch x20k, ns/iteration, median of 9 ($SM_VAR=50)"
   if ! built launch_overhead; then
     row "$n1" "not built" "not built" "added <= 1%" "build failed"
     row "$n2" "not built" "not built" "added <= 3%" "build failed"
@@ -971,7 +971,7 @@ check_launch() {
     v=$(kv "$f" "$key")
     [[ $(kv "$f" ok) == 1 ]] || v=""
   }
-  for ((i = 1; i <= 5; i++)); do
+  for ((i = 1; i <= 9; i++)); do
     # alternate which goes first, so slow drift cancels out
     if ((i % 2)); then
       one_run base - throughput base "$i"; tb+=("${v:-x}")
