@@ -19,7 +19,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
-use gpushare_utils::bucket::{CAPACITY_NS, ComputeBucket, PPM, REFILL_BATCH_NS};
+use gpushare_utils::bucket::ComputeBucket;
 use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::{DeviceUsage, LedgerError, MAX_DEVICES, POD_REGION_PREFIX, PodLedger};
 
@@ -165,34 +165,11 @@ impl PodRegion {
         self.ledger.reclaim_dead()
     }
 
-    /// Adds what the bucket of `dev` has earned since its last refill, as
-    /// `ComputeBucket::admit` would (the same compare-and-swap on
-    /// `refilled_at_ns` and the same cap), without counting a launch; returns
-    /// the tokens after. A trapped worker's thread waits on the hypervisor, so
-    /// the hypervisor refills for it.
+    /// Adds what the bucket of `dev` has earned since its last refill
+    /// ([`ComputeBucket::refill_now`]); returns the tokens after. A trapped
+    /// worker's thread waits on the hypervisor, so the hypervisor refills for it.
     pub fn refill(&self, dev: usize, now_ns: u64) -> i64 {
-        let Some(bucket) = self.bucket(dev) else {
-            return 0;
-        };
-        let rate = bucket.effective_rate_ppm();
-        if rate != 0 {
-            let last = bucket.refilled_at_ns.load(Ordering::Acquire);
-            if now_ns >= last.saturating_add(REFILL_BATCH_NS)
-                && bucket
-                    .refilled_at_ns
-                    .compare_exchange(last, now_ns, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                let earned = u128::from(now_ns - last) * u128::from(rate) / u128::from(PPM);
-                let earned = i64::try_from(earned).unwrap_or(i64::MAX);
-                bucket
-                    .tokens_ns
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
-                        Some(tokens.saturating_add(earned).min(CAPACITY_NS))
-                    })
-                    .ok();
-            }
-        }
-        bucket.tokens_ns.load(Ordering::Acquire)
+        self.bucket(dev)
+            .map_or(0, |bucket| bucket.refill_now(now_ns))
     }
 }

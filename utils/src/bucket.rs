@@ -153,6 +153,17 @@ impl ComputeBucket {
             .ok();
     }
 
+    /// Adds what the bucket earned since its last refill at the rate in
+    /// force, without admitting anything; returns the tokens after. For a
+    /// node hypervisor answering a trapped launch, whose thread waits on it.
+    pub fn refill_now(&self, now_ns: u64) -> i64 {
+        let rate = self.effective_rate_ppm();
+        if rate != 0 {
+            self.refill(now_ns, rate);
+        }
+        self.tokens_ns.load(Ordering::Acquire)
+    }
+
     fn refill(&self, now_ns: u64, rate_ppm: u32) {
         let last = self.refilled_at_ns.load(Ordering::Acquire);
         if now_ns < last.saturating_add(REFILL_BATCH_NS) {
