@@ -846,7 +846,9 @@ fn bearer(req: &Request) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-fn json_response<B: Serialize>(status: StatusCode, body: &B) -> Response {
+/// A JSON response; a body that cannot be serialised is a bare 500 (logged).
+/// Shared with servers that mount the hub next to their own routes.
+pub fn json_response<B: Serialize>(status: StatusCode, body: &B) -> Response {
     match serde_json::to_string(body) {
         Ok(json) => Response::builder()
             .status(status)
@@ -861,7 +863,8 @@ fn json_response<B: Serialize>(status: StatusCode, body: &B) -> Response {
     }
 }
 
-fn json_error(status: StatusCode, message: &str) -> Response {
+/// `{"error": message}` with `status`: every error body of the channel.
+pub fn json_error(status: StatusCode, message: &str) -> Response {
     json_response(
         status,
         &ErrorBody {
@@ -901,7 +904,8 @@ impl Refusal {
     }
 }
 
-fn malformed(e: &serde_json::Error) -> Response {
+/// 400 for a body that is not the expected JSON, the reason cut to 200 bytes.
+pub fn malformed(e: &serde_json::Error) -> Response {
     let mut msg = format!("malformed JSON: {e}");
     if msg.len() > 200 {
         let mut cut = 200;

@@ -27,6 +27,7 @@ use gpushare_utils::bucket::{CAPACITY_NS, PPM, REFILL_BATCH_NS, monotonic_ns};
 use gpushare_utils::config::PodId;
 use gpushare_utils::protocol::{Admission, AdmissionRequest, Register, Registered};
 use http_bidir_comm::ClientId;
+use http_bidir_comm::server::{json_error, json_response, malformed};
 use poem::endpoint::make;
 use poem::error::ReadBodyError;
 use poem::http::{HeaderValue, StatusCode, header};
@@ -131,7 +132,7 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
             return unauthorized();
         }
         if core.workers.count_of_pod(pod.as_str()) >= core.settings.max_workers_per_pod {
-            return error(
+            return json_error(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too many workers for this pod",
             );
@@ -140,7 +141,7 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
             core.workers
                 .register(&pod, reg.pid, reg.hostname.clone(), reg.devices.clone())
         else {
-            return error(StatusCode::BAD_REQUEST, "cannot form a worker id");
+            return json_error(StatusCode::BAD_REQUEST, "cannot form a worker id");
         };
         core.scheduler
             .report_devices(pod.as_str(), &reg.devices, now);
@@ -183,7 +184,7 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
         Ok(pod) => pod,
         Err(AuthError::Unauthorized) => return unauthorized(),
         Err(AuthError::TooMany) => {
-            return error(
+            return json_error(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too many workers for this pod",
             );
@@ -194,7 +195,7 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
         .scheduler
         .admission(pod.as_str(), &ask.uuid, Instant::now());
     let Some(target) = target else {
-        return error(StatusCode::NOT_FOUND, "the pod has no such GPU");
+        return json_error(StatusCode::NOT_FOUND, "the pod has no such GPU");
     };
     let granted = wait_for_budget(hv, &target, start + ADMISSION_WAIT).await;
     hv.shared.latency.record(start.elapsed(), granted > 0);
@@ -270,7 +271,7 @@ impl Refusal {
         if self.status == StatusCode::UNAUTHORIZED {
             return unauthorized();
         }
-        error(self.status, &self.message)
+        json_error(self.status, &self.message)
     }
 }
 
@@ -346,7 +347,7 @@ async fn limits(hv: &Hypervisor, mut req: Request) -> Response {
     };
     let gpus = match config::resolve_gpus(&format!("pod {pod:?}"), &parsed.gpus) {
         Ok(gpus) => gpus,
-        Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     };
     match hv.set_limits(&pod, gpus) {
         Ok((devices, ids)) => json_ok(&json!({ "pod": pod, "devices": devices, "workers": ids })),
@@ -365,14 +366,14 @@ fn reload(hv: &Hypervisor, req: &Request) -> Response {
             "removed": report.removed,
             "failed": report.failed,
         })),
-        Err(e) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(e) => json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }
 
 fn schedule_error(e: &ScheduleError) -> Response {
     match e {
-        ScheduleError::NoSuchPod(_) => error(StatusCode::NOT_FOUND, &e.to_string()),
-        ScheduleError::Region { .. } => error(StatusCode::CONFLICT, &e.to_string()),
+        ScheduleError::NoSuchPod(_) => json_error(StatusCode::NOT_FOUND, &e.to_string()),
+        ScheduleError::Region { .. } => json_error(StatusCode::CONFLICT, &e.to_string()),
     }
 }
 
@@ -410,40 +411,9 @@ fn json_ok<B: Serialize>(body: &B) -> Response {
     json_response(StatusCode::OK, body)
 }
 
-fn json_response<B: Serialize>(status: StatusCode, body: &B) -> Response {
-    match serde_json::to_string(body) {
-        Ok(text) => Response::builder()
-            .status(status)
-            .content_type("application/json")
-            .body(text),
-        Err(e) => {
-            tracing::error!(error = %e, "response did not serialize");
-            Response::builder()
-                .status(StatusCode::INTERNAL_SERVER_ERROR)
-                .finish()
-        }
-    }
-}
-
-fn error(status: StatusCode, message: &str) -> Response {
-    json_response(status, &json!({ "error": message }))
-}
-
 fn unauthorized() -> Response {
-    let mut resp = error(StatusCode::UNAUTHORIZED, "unauthorized");
+    let mut resp = json_error(StatusCode::UNAUTHORIZED, "unauthorized");
     resp.headers_mut()
         .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     resp
-}
-
-fn malformed(e: &serde_json::Error) -> Response {
-    let mut message = format!("malformed JSON: {e}");
-    if message.len() > 200 {
-        let mut cut = 200;
-        while !message.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        message.truncate(cut);
-    }
-    error(StatusCode::BAD_REQUEST, &message)
 }
