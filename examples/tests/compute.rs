@@ -8,9 +8,12 @@
 #![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use gpushare_examples::{BUSY_SYMBOL, command, double_dir, probe_field, program};
+mod common;
+
+use common::{lines, run};
+use gpushare_examples::{BUSY_SYMBOL, double_dir, probe_field};
 
 const MS: u64 = 1_000_000;
 
@@ -767,47 +770,6 @@ const TIMED_APIS: &[&str] = &[
 
 /// The legacy launches, which last `GPUSHARE_DOUBLE_KERNEL_NS`.
 const LEGACY_APIS: &[&str] = &["legacy", "grid", "grid_async"];
-
-/// Runs a probe with only the given double environment.
-fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Output {
-    let mut cmd = if name == "cudaprobe_linked" {
-        let mut cmd = Command::new(program(name));
-        cmd.env_remove("LD_LIBRARY_PATH");
-        cmd
-    } else {
-        command(name)
-    };
-    for var in [
-        "LD_PRELOAD",
-        "GPUSHARE_DOUBLE_DEVICES",
-        "GPUSHARE_DOUBLE_TOTAL",
-        "GPUSHARE_DOUBLE_CONTEXT_BYTES",
-        "GPUSHARE_DOUBLE_KERNEL_NS",
-        "GPUSHARE_DOUBLE_QUEUE_DEPTH",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.envs(env.iter().copied())
-        .args(options)
-        .args(script.split_whitespace());
-    cmd.output().expect("run the probe")
-}
-
-/// The stdout lines of a probe that must succeed.
-fn lines(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Vec<String> {
-    let output = run(name, options, script, env);
-    assert!(
-        output.status.success(),
-        "{name} {options:?} {script}: {:?}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
 
 fn field(line: &str, key: &str) -> u64 {
     probe_field(line, key).unwrap_or_else(|| panic!("no {key}= in {line:?}"))

@@ -7,8 +7,11 @@ use std::collections::BTreeSet;
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
+mod common;
+
+use common::{lines, run};
 use gpushare_examples::{
     BUSY_SYMBOL, CU_GUARD_IMM, CU_PROLOGUE, CU_PROLOGUE_LEN, DEFAULT_CONTEXT_BYTES,
     NVML_ENTRY_POINTS, NVML_INIT_V2_PREFIX, NVML_MEMINFO_PROLOGUE, command, cu_entry_points,
@@ -550,47 +553,6 @@ const VARIANTS: &[(&str, &[&str])] = &[
     ("cudaprobe", &["--via", "getproc"]),
     ("cudaprobe_linked", &[]),
 ];
-
-/// Runs a probe with the given double environment (nothing else inherited
-/// from GPUSHARE_DOUBLE_* or LD_PRELOAD). The linked variant runs without
-/// LD_LIBRARY_PATH, to show its rpath finds the double.
-fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Output {
-    let mut cmd = if name == "cudaprobe_linked" {
-        let mut cmd = Command::new(program(name));
-        cmd.env_remove("LD_LIBRARY_PATH");
-        cmd
-    } else {
-        command(name)
-    };
-    for var in [
-        "LD_PRELOAD",
-        "GPUSHARE_DOUBLE_DEVICES",
-        "GPUSHARE_DOUBLE_TOTAL",
-        "GPUSHARE_DOUBLE_CONTEXT_BYTES",
-    ] {
-        cmd.env_remove(var);
-    }
-    cmd.envs(env.iter().copied())
-        .args(options)
-        .args(script.split_whitespace());
-    cmd.output().expect("run the probe")
-}
-
-/// The stdout lines of a probe that must succeed.
-fn lines(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Vec<String> {
-    let output = run(name, options, script, env);
-    assert!(
-        output.status.success(),
-        "{name} {options:?} {script}: {:?}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
 
 /// Runs `script` through every variant and checks the exact output.
 fn expect_everywhere(script: &str, env: &[(&str, &str)], expected: &[String]) {

@@ -1,0 +1,50 @@
+//! Running the double's probe programs with a clean environment.
+
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+use gpushare_examples::{command, program};
+
+/// Runs a probe with only the given double environment (nothing inherited
+/// from GPUSHARE_DOUBLE_* or LD_PRELOAD). The linked variant runs without
+/// LD_LIBRARY_PATH, to show its rpath finds the double.
+pub fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Output {
+    let mut cmd = if name == "cudaprobe_linked" {
+        let mut cmd = Command::new(program(name));
+        cmd.env_remove("LD_LIBRARY_PATH");
+        cmd
+    } else {
+        command(name)
+    };
+    for var in [
+        "LD_PRELOAD",
+        "GPUSHARE_DOUBLE_DEVICES",
+        "GPUSHARE_DOUBLE_TOTAL",
+        "GPUSHARE_DOUBLE_CONTEXT_BYTES",
+        "GPUSHARE_DOUBLE_KERNEL_NS",
+        "GPUSHARE_DOUBLE_QUEUE_DEPTH",
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.envs(env.iter().copied())
+        .args(options)
+        .args(script.split_whitespace());
+    cmd.output().expect("run the probe")
+}
+
+/// The stdout lines of a probe that must succeed.
+pub fn lines(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Vec<String> {
+    let output = run(name, options, script, env);
+    assert!(
+        output.status.success(),
+        "{name} {options:?} {script}: {:?}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
