@@ -8,11 +8,10 @@
 #![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
 use std::ffi::{CString, c_char, c_int, c_uint, c_void};
-use std::process::Command;
 
 mod common;
 
-use common::{lines, run};
+use common::{in_fresh_process, lines, run};
 use gpushare_examples::{BUSY_SYMBOL, double_dir, probe_field};
 
 const MS: u64 = 1_000_000;
@@ -293,41 +292,6 @@ impl Driver {
 }
 
 /// Set in the copy of this test binary that runs a test in a fresh process.
-const CHILD: &str = "GPUSHARE_COMPUTE_TEST_CHILD";
-
-/// Runs the test `name` again in a fresh process (the simulated GPU is per
-/// process, and other tests' kernels would share it) with `env`; returns true
-/// in that child, which then does the work.
-fn in_fresh_process(name: &str, env: &[(&str, &str)]) -> bool {
-    if std::env::var_os(CHILD).is_some() {
-        return true;
-    }
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", name, "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1");
-    for var in [
-        "LD_PRELOAD",
-        "GPUSHARE_DOUBLE_DEVICES",
-        "GPUSHARE_DOUBLE_TOTAL",
-        "GPUSHARE_DOUBLE_CONTEXT_BYTES",
-        "GPUSHARE_DOUBLE_KERNEL_NS",
-        "GPUSHARE_DOUBLE_QUEUE_DEPTH",
-    ] {
-        cmd.env_remove(var);
-    }
-    let output = cmd
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the test binary again");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains("1 passed"), "{stdout}");
-    false
-}
 
 #[test]
 fn events_and_streams_follow_the_simulated_clock() {

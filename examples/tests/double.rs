@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{lines, run};
+use common::{in_fresh_process, lines, run};
 use gpushare_examples::{
     BUSY_SYMBOL, CU_GUARD_IMM, CU_PROLOGUE, CU_PROLOGUE_LEN, DEFAULT_CONTEXT_BYTES,
     NVML_ENTRY_POINTS, NVML_INIT_V2_PREFIX, NVML_MEMINFO_PROLOGUE, command, cu_entry_points,
@@ -406,32 +406,6 @@ struct NvmlProcessInfo {
 }
 
 /// Set in the copy of this test binary that runs a test in a fresh process.
-const CHILD: &str = "GPUSHARE_DOUBLE_TEST_CHILD";
-
-/// Runs the test `name` again in a fresh process (the double's state is per
-/// process); returns true in that child, which then does the work.
-fn in_fresh_process(name: &str) -> bool {
-    if std::env::var_os(CHILD).is_some() {
-        return true;
-    }
-    let output = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", name, "--test-threads=1", "--nocapture"])
-        .env(CHILD, "1")
-        .env_remove("LD_PRELOAD")
-        .env_remove("GPUSHARE_DOUBLE_DEVICES")
-        .env_remove("GPUSHARE_DOUBLE_CONTEXT_BYTES")
-        .env("GPUSHARE_DOUBLE_TOTAL", "4g")
-        .output()
-        .expect("run the test binary again");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(stdout.contains("1 passed"), "{stdout}");
-    false
-}
 
 #[test]
 fn a_process_meets_nvml_first_then_cuda_before_and_after_init() {
@@ -449,7 +423,10 @@ fn a_process_meets_nvml_first_then_cuda_before_and_after_init() {
     type NvmlMemInfo = unsafe extern "C" fn(*mut c_void, *mut NvmlMemory) -> c_int;
     type NvmlProcs = unsafe extern "C" fn(*mut c_void, *mut c_uint, *mut NvmlProcessInfo) -> c_int;
 
-    if !in_fresh_process("a_process_meets_nvml_first_then_cuda_before_and_after_init") {
+    if !in_fresh_process(
+        "a_process_meets_nvml_first_then_cuda_before_and_after_init",
+        &[("GPUSHARE_DOUBLE_TOTAL", "4g")],
+    ) {
         return;
     }
     let total = 4 * GIB;

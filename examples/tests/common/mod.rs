@@ -6,6 +6,46 @@ use std::process::{Command, Output};
 
 use gpushare_examples::{command, program};
 
+/// What a test's child must not inherit: the preload and the double's knobs.
+const INHERITED: [&str; 6] = [
+    "LD_PRELOAD",
+    "GPUSHARE_DOUBLE_DEVICES",
+    "GPUSHARE_DOUBLE_TOTAL",
+    "GPUSHARE_DOUBLE_CONTEXT_BYTES",
+    "GPUSHARE_DOUBLE_KERNEL_NS",
+    "GPUSHARE_DOUBLE_QUEUE_DEPTH",
+];
+
+/// Marks the child a test binary starts of itself.
+const CHILD: &str = "GPUSHARE_EXAMPLES_TEST_CHILD";
+
+/// Runs the test `name` again in a fresh process (the double's state, the
+/// simulated GPU included, is per process) with only `env` of the double's
+/// knobs; returns true in that child, which then does the work.
+pub fn in_fresh_process(name: &str, env: &[(&str, &str)]) -> bool {
+    if std::env::var_os(CHILD).is_some() {
+        return true;
+    }
+    let mut cmd = Command::new(std::env::current_exe().expect("test executable"));
+    cmd.args(["--exact", name, "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1");
+    for var in INHERITED {
+        cmd.env_remove(var);
+    }
+    let output = cmd
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the test binary again");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("1 passed"), "{stdout}");
+    false
+}
+
 /// Runs a probe with only the given double environment (nothing inherited
 /// from GPUSHARE_DOUBLE_* or LD_PRELOAD). The linked variant runs without
 /// LD_LIBRARY_PATH, to show its rpath finds the double.
@@ -17,14 +57,7 @@ pub fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> 
     } else {
         command(name)
     };
-    for var in [
-        "LD_PRELOAD",
-        "GPUSHARE_DOUBLE_DEVICES",
-        "GPUSHARE_DOUBLE_TOTAL",
-        "GPUSHARE_DOUBLE_CONTEXT_BYTES",
-        "GPUSHARE_DOUBLE_KERNEL_NS",
-        "GPUSHARE_DOUBLE_QUEUE_DEPTH",
-    ] {
+    for var in INHERITED {
         cmd.env_remove(var);
     }
     cmd.envs(env.iter().copied())
