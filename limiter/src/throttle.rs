@@ -328,6 +328,12 @@ impl Throttle {
             samples.push_back(sample);
         }
         self.sampled.notify_one();
+        self.start_monitor();
+    }
+
+    /// Starts the monitor thread, once: at the first sample, or at the first
+    /// activity stamp (elastic pods need it before any sample).
+    fn start_monitor(&'static self) {
         self.monitor.call_once(|| {
             let spawned = std::thread::Builder::new()
                 .name("cuda-limiter-monitor".into())
@@ -356,7 +362,7 @@ impl Throttle {
     }
 
     /// Stamps the node's activity table for `device`, at most every 10 ms.
-    fn mark_active(&self, device: usize, now: u64) {
+    fn mark_active(&'static self, device: usize, now: u64) {
         let Some(marked) = self.marked_at_ns.get(device) else {
             return;
         };
@@ -371,19 +377,7 @@ impl Throttle {
         if let Some(table) = self.activity() {
             table.mark(device, self.pod_key(), now);
         }
-        self.monitor.call_once(|| {
-            // Elastic pods need the monitor even before the first sample.
-            let throttle: &'static Self = match runtime::throttle() {
-                Some(throttle) => throttle,
-                None => return,
-            };
-            let spawned = std::thread::Builder::new()
-                .name("cuda-limiter-monitor".into())
-                .spawn(move || throttle.monitor());
-            if let Err(error) = spawned {
-                tracing::error!(%error, "cannot start the monitor");
-            }
-        });
+        self.start_monitor();
     }
 
     fn activity(&self) -> Option<&NodeActivity> {
