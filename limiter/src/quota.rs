@@ -18,8 +18,8 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
 
+use gpushare_utils::bucket::monotonic_ns;
 use gpushare_utils::config::{DeviceLimits, MAX_DEVICES};
 use gpushare_utils::ledger::{LedgerError, PodLedger};
 
@@ -56,7 +56,6 @@ pub struct MemoryQuota {
     limits: [OnceLock<Option<u64>>; MAX_DEVICES],
     charges: Mutex<HashMap<Resource, Charge>>,
     overhead_measured_ms: [AtomicU64; MAX_DEVICES],
-    epoch: Instant,
 }
 
 impl MemoryQuota {
@@ -66,12 +65,7 @@ impl MemoryQuota {
             limits: [const { OnceLock::new() }; MAX_DEVICES],
             charges: Mutex::new(HashMap::new()),
             overhead_measured_ms: [const { AtomicU64::new(0) }; MAX_DEVICES],
-            epoch: Instant::now(),
         }
-    }
-
-    fn ledger(&self) -> Option<&'static PodLedger> {
-        runtime::ledger()
     }
 
     /// The quota of CUDA device `device` (as the application numbers it), or
@@ -79,13 +73,16 @@ impl MemoryQuota {
     pub fn limit(&self, device: usize) -> Option<u64> {
         if runtime::hypervisor().is_some() {
             // The hypervisor writes the quota into the region, live.
-            return self.ledger()?.quota(device).ok().filter(|bytes| *bytes > 0);
+            return runtime::ledger()?
+                .quota(device)
+                .ok()
+                .filter(|bytes| *bytes > 0);
         }
         let slot = self.limits.get(device)?;
         *slot.get_or_init(|| {
             let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
             let limit = self.limit_for(device, uuid.as_deref());
-            if let (Some(bytes), Some(ledger)) = (limit, self.ledger())
+            if let (Some(bytes), Some(ledger)) = (limit, runtime::ledger())
                 && let Err(error) = ledger.set_quota(device, bytes)
             {
                 tracing::warn!(device, %error, "quota not recorded in the pod ledger");
@@ -105,7 +102,7 @@ impl MemoryQuota {
     /// Reserves `bytes` on `device` for an allocation about to be made.
     pub fn reserve(&self, device: usize, bytes: u64) -> Result<Reservation<'_>> {
         self.measure_overhead(device, false);
-        let ledger = self.ledger().ok_or(LimiterError::LedgerUnavailable)?;
+        let ledger = runtime::ledger().ok_or(LimiterError::LedgerUnavailable)?;
         ledger
             .try_reserve(device, bytes)
             .map_err(|error| refusal(device, error))?;
@@ -131,7 +128,7 @@ impl MemoryQuota {
 
     /// Gives a freed resource's charge back to the pod.
     pub fn credit(&self, charge: Charge) {
-        if let Some(ledger) = self.ledger() {
+        if let Some(ledger) = runtime::ledger() {
             release(ledger, charge.device, charge.bytes);
         }
     }
@@ -151,7 +148,7 @@ impl MemoryQuota {
 
     /// Pod usage of a device, for reports made without libcuda (NVML).
     pub fn pod_used(&self, device: usize) -> u64 {
-        self.ledger()
+        runtime::ledger()
             .and_then(|ledger| ledger.usage(device).ok())
             .map_or(0, |usage| usage.used)
     }
@@ -162,7 +159,8 @@ impl MemoryQuota {
         let Some(last) = self.overhead_measured_ms.get(device) else {
             return;
         };
-        let now = self.epoch.elapsed().as_millis() as u64 + 1;
+        // Milliseconds of the node's monotonic clock; 0 means never measured.
+        let now = monotonic_ns() / 1_000_000 + 1;
         let previous = last.load(Ordering::Relaxed);
         if !force && previous != 0 && now.saturating_sub(previous) < OVERHEAD_REFRESH_MS {
             return;
@@ -176,7 +174,7 @@ impl MemoryQuota {
         let Some(uuid) = Driver::get().and_then(|driver| driver.device_uuid(device as i32)) else {
             return;
         };
-        let Some(ledger) = self.ledger() else {
+        let Some(ledger) = runtime::ledger() else {
             return;
         };
         let Some(seen) = Nvml::get().and_then(|nvml| nvml.process_used(&uuid, std::process::id()))
