@@ -971,7 +971,7 @@ CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdevic
 #define DOUBLE_MAX_GRAPHS 256
 #define DOUBLE_MAX_EXECS 256
 #define DOUBLE_MAX_MODULES 64
-#define DOUBLE_MAX_FUNCTIONS 1024
+#define DOUBLE_MAX_FUNCTIONS 8192
 #define FUNCTION_NAME_MAX 128
 
 struct span {
@@ -1293,10 +1293,47 @@ static int valid_dims(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsign
            (unsigned long long)bx * by * bz <= 1024;
 }
 
+/* Resident blocks per SM for blocks of `threads` threads: an H100's thread
+ * and block limits (2048 and 32 per SM), as if nothing else limited occupancy. */
+static unsigned blocks_per_sm(unsigned long long threads) {
+    unsigned long long fit = threads == 0 ? 32 : 2048 / threads;
+    return fit == 0 ? 1 : fit > 32 ? 32 : (unsigned)fit;
+}
+
+/* A kernel of `blocks` blocks runs in waves of DOUBLE_SM_COUNT * blocks_per_sm
+ * blocks; each block lasts the kernel's parameter, so the kernel lasts that
+ * times its waves (1 for grids that fit at once, as every 1x1 launch does). */
+#define DOUBLE_SM_COUNT 132
+static unsigned long long waves(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                unsigned bz) {
+    unsigned long long blocks = (unsigned long long)gx * gy * gz;
+    unsigned long long per_wave =
+        (unsigned long long)DOUBLE_SM_COUNT * blocks_per_sm((unsigned long long)bx * by * bz);
+    return blocks <= per_wave ? 1 : (blocks + per_wave - 1) / per_wave;
+}
+
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, CUstream h, int ptsz, unsigned long long ns) {
-    return enqueue(h, ptsz, ns, 1, check_function, (const void *)f,
-                   valid_dims(gx, gy, gz, bx, by, bz));
+    int ok = valid_dims(gx, gy, gz, bx, by, bz);
+    return enqueue(h, ptsz, ok ? ns * waves(gx, gy, gz, bx, by, bz) : ns, 1, check_function,
+                   (const void *)f, ok);
+}
+
+CUresult impl_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
+                                                          int blockSize,
+                                                          size_t dynamicSMemSize) {
+    CUresult rc;
+    (void)dynamicSMemSize;
+    if (numBlocks == NULL || blockSize <= 0 || blockSize > 1024) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    lock();
+    rc = function_locked(func) != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    unlock();
+    if (rc == CUDA_SUCCESS) {
+        *numBlocks = (int)blocks_per_sm((unsigned long long)blockSize);
+    }
+    return rc;
 }
 
 CUresult impl_cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
@@ -1947,7 +1984,7 @@ CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice 
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: value = 49152; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: value = 32; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: value = 1980000; break; /* kHz */
-    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: value = 132; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: value = DOUBLE_SM_COUNT; break;
     case CU_DEVICE_ATTRIBUTE_INTEGRATED: value = 0; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: value = 0; break; /* default */
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: value = 1; break;

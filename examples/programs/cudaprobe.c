@@ -104,6 +104,21 @@
  *                            ns_per_iter=X": COUNT times (HOST_US µs of
  *                            busy-waiting on the host, then one launch);
  *                            X = W / COUNT (0 when COUNT is 0)
+ *   shapes N DUR_US COUNT HOST_US
+ *                         -> "shapes N DUR_US COUNT HOST_US -> RESULT
+ *                            ns_per_iter=X busy_ns=B share_pm=S": as pace with
+ *                            cuLaunchKernel, but launch i has a grid of
+ *                            1 + (i * 7919) % N blocks of 128 threads (N
+ *                            distinct shapes; every block spins DUR_US, so on
+ *                            the double a kernel lasts DUR_US per wave of
+ *                            132 * 16 blocks); HOST_US 0 launches back to back
+ *   functions F DUR_US COUNT HOST_US
+ *                         -> "functions F DUR_US COUNT HOST_US -> RESULT
+ *                            ns_per_iter=X busy_ns=B share_pm=S": as pace with
+ *                            cuLaunchKernel of 1x1 grids, but launch i runs
+ *                            function i % F, each a distinct handle named
+ *                            gpushare_spin_f<k> (the double's modules hold any
+ *                            name; a real driver answers NOT_FOUND)
  *   series WINDOW_MS      -> "series WINDOW_MS pm=a,b,c": for the last spin,
  *                            run or pace, the busy share in per mille of each
  *                            whole WINDOW_MS window from the start of its W
@@ -953,6 +968,79 @@ static void cmd_pace(const char *api_text, enum launch_api api, const char *dur_
          (int)rc, count == 0 ? 0 : (last_run.end - last_run.start) / count);
 }
 
+static void cmd_shapes(const char *n_text, unsigned long long n, const char *dur_text,
+                       unsigned long long dur_us, const char *count_text, unsigned long long count,
+                       const char *host_text, unsigned long long host_us) {
+    struct launcher l;
+    CUresult rc = launcher_open(&l, LAUNCH_KERNEL, dur_us);
+    unsigned long long start = now_ns(), i, wall, busy;
+    last_run.max_call = 0;
+    for (i = 0; rc == CUDA_SUCCESS && i < count; i++) {
+        unsigned long long until = now_ns() + host_us * 1000ULL, before, took;
+        unsigned grid = (unsigned)(1 + (i * 7919ULL) % n);
+        while (now_ns() < until) {
+            /* host work */
+        }
+        before = now_ns();
+        rc = CU_OPT(cuLaunchKernel, spin_function, grid, 1, 1, 128, 1, 1, 0, NULL, l.params, NULL);
+        took = now_ns() - before;
+        if (took > last_run.max_call) {
+            last_run.max_call = took;
+        }
+    }
+    rc = finish_run(rc, start);
+    launcher_close(&l);
+    wall = last_run.end - last_run.start;
+    busy = busy_between(last_run.start, last_run.end);
+    emit("shapes %s %s %s %s -> %d ns_per_iter=%llu busy_ns=%llu share_pm=%llu", n_text, dur_text,
+         count_text, host_text, (int)rc, count == 0 ? 0 : wall / count, busy,
+         per_mille(busy, wall));
+}
+
+static void cmd_functions(const char *f_text, unsigned long long f, const char *dur_text,
+                          unsigned long long dur_us, const char *count_text,
+                          unsigned long long count, const char *host_text,
+                          unsigned long long host_us) {
+    struct launcher l;
+    CUresult rc = launcher_open(&l, LAUNCH_KERNEL, dur_us);
+    CUfunction *functions = calloc((size_t)f, sizeof *functions);
+    CUmodule module = NULL;
+    unsigned long long start, i, wall, busy;
+    if (functions == NULL) {
+        die(1, "out of host memory");
+    }
+    if (rc == CUDA_SUCCESS) {
+        rc = CU_OPT(cuModuleLoadData, &module, spin_ptx);
+    }
+    for (i = 0; rc == CUDA_SUCCESS && i < f; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "gpushare_spin_f%llu", i);
+        rc = CU_OPT(cuModuleGetFunction, &functions[i], module, name);
+    }
+    start = now_ns();
+    last_run.max_call = 0;
+    for (i = 0; rc == CUDA_SUCCESS && i < count; i++) {
+        unsigned long long until = now_ns() + host_us * 1000ULL, before, took;
+        while (now_ns() < until) {
+            /* host work */
+        }
+        before = now_ns();
+        rc = CU_OPT(cuLaunchKernel, functions[i % f], 1, 1, 1, 1, 1, 1, 0, NULL, l.params, NULL);
+        took = now_ns() - before;
+        if (took > last_run.max_call) {
+            last_run.max_call = took;
+        }
+    }
+    rc = finish_run(rc, start);
+    launcher_close(&l);
+    free(functions);
+    wall = last_run.end - last_run.start;
+    busy = busy_between(last_run.start, last_run.end);
+    emit("functions %s %s %s %s -> %d ns_per_iter=%llu busy_ns=%llu share_pm=%llu", f_text,
+         dur_text, count_text, host_text, (int)rc, count == 0 ? 0 : wall / count, busy,
+         per_mille(busy, wall));
+}
+
 static void cmd_series(const char *window_text, unsigned long long window_ms) {
     unsigned long long window = window_ms * 1000000ULL, from;
     size_t cap = 64, len = 0;
@@ -1157,6 +1245,44 @@ static void run_script(int argc, char **argv, int execute) {
             measured = 1;
             if (execute) {
                 cmd_pace(api_text, api, dur_text, dur_us, count_text, count, host_text, host_us);
+            }
+        } else if (strcmp(cmd, "shapes") == 0) {
+            const char *n_text = NEXT();
+            unsigned long long n = arg_number(n_text);
+            const char *dur_text = NEXT();
+            unsigned long long dur_us = arg_number(dur_text);
+            const char *count_text = NEXT();
+            unsigned long long count = arg_number(count_text);
+            const char *host_text = NEXT();
+            unsigned long long host_us = arg_number(host_text);
+            if (n == 0 || n > 0x7fffffffULL) {
+                die(2, "shapes: N must be 1 to 2^31-1");
+            }
+            if (dur_us > ~0ULL / 1000 || host_us > ~0ULL / 1000) {
+                die(2, "shapes: number too large");
+            }
+            measured = 1;
+            if (execute) {
+                cmd_shapes(n_text, n, dur_text, dur_us, count_text, count, host_text, host_us);
+            }
+        } else if (strcmp(cmd, "functions") == 0) {
+            const char *f_text = NEXT();
+            unsigned long long f = arg_number(f_text);
+            const char *dur_text = NEXT();
+            unsigned long long dur_us = arg_number(dur_text);
+            const char *count_text = NEXT();
+            unsigned long long count = arg_number(count_text);
+            const char *host_text = NEXT();
+            unsigned long long host_us = arg_number(host_text);
+            if (f == 0 || f > 1000000) {
+                die(2, "functions: F must be 1 to 1000000");
+            }
+            if (dur_us > ~0ULL / 1000 || host_us > ~0ULL / 1000) {
+                die(2, "functions: number too large");
+            }
+            measured = 1;
+            if (execute) {
+                cmd_functions(f_text, f, dur_text, dur_us, count_text, count, host_text, host_us);
             }
         } else if (strcmp(cmd, "series") == 0) {
             const char *window_text = NEXT();

@@ -7,13 +7,15 @@ use std::sync::OnceLock;
 
 use crate::loader;
 use crate::sys::{
-    CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_NON_BLOCKING,
-    CUcontext, CUdevice, CUevent, CUgraphExec, CUresult, CUstream, CUuuid, CuCtxGetCurrent,
-    CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, CuEventCreate, CuEventDestroy,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_STREAM_CAPTURE_MODE_RELAXED,
+    CU_STREAM_CAPTURE_STATUS_NONE, CU_STREAM_NON_BLOCKING, CUcontext, CUdevice, CUevent,
+    CUfunction, CUgraphExec, CUresult, CUstream, CUuuid, CuCtxGetCurrent, CuCtxGetDevice,
+    CuDeviceGetAttribute, CuDeviceGetCount, CuDeviceGetUuid, CuEventCreate, CuEventDestroy,
     CuEventElapsedTime, CuEventQuery, CuEventRecord, CuEventSynchronize,
     CuGraphInstantiateWithFlags, CuGraphLaunch, CuLaunchKernel, CuModuleGetFunction,
-    CuModuleLoadData, CuStreamBeginCapture, CuStreamCreate, CuStreamEndCapture, CuStreamGetCtx,
-    CuStreamIsCapturing, CuThreadExchangeStreamCaptureMode, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
+    CuModuleLoadData, CuOccupancyMaxActiveBlocksPerMultiprocessor, CuStreamBeginCapture,
+    CuStreamCreate, CuStreamEndCapture, CuStreamGetCtx, CuStreamIsCapturing, CuStreamQuery,
+    CuThreadExchangeStreamCaptureMode, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
     NvmlDeviceGetComputeRunningProcesses, NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex,
     NvmlDeviceGetUUID, NvmlInit, format_uuid, nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t,
 };
@@ -53,6 +55,9 @@ pub struct Timing {
     event_elapsed: CuEventElapsedTime,
     event_destroy: CuEventDestroy,
     exchange_capture_mode: Option<CuThreadExchangeStreamCaptureMode>,
+    stream_query: Option<CuStreamQuery>,
+    device_attribute: Option<CuDeviceGetAttribute>,
+    occupancy: Option<CuOccupancyMaxActiveBlocksPerMultiprocessor>,
     calibration: Option<CalibrationApi>,
 }
 
@@ -106,6 +111,9 @@ impl Timing {
                     .or_else(|| symbol(handle, c"cuEventElapsedTime"))?,
                 event_destroy: symbol(handle, c"cuEventDestroy_v2")?,
                 exchange_capture_mode: symbol(handle, c"cuThreadExchangeStreamCaptureMode"),
+                stream_query: symbol(handle, c"cuStreamQuery"),
+                device_attribute: symbol(handle, c"cuDeviceGetAttribute"),
+                occupancy: symbol(handle, c"cuOccupancyMaxActiveBlocksPerMultiprocessor"),
                 calibration: (|| {
                     Some(CalibrationApi {
                         module_load_data: symbol(handle, c"cuModuleLoadData")?,
@@ -296,6 +304,44 @@ impl Timing {
             }
         };
         (result.is_success() && !context.is_null()).then_some(context)
+    }
+
+    /// Whether all work queued on `stream` has finished (`None`: unknown).
+    pub fn stream_idle(&self, stream: CUstream) -> Option<bool> {
+        let query = self.stream_query?;
+        // SAFETY: the caller's stream.
+        match unsafe { query(stream) } {
+            CUresult::SUCCESS => Some(true),
+            CUresult::ERROR_NOT_READY => Some(false),
+            _ => None,
+        }
+    }
+
+    /// The number of SMs of `device`.
+    pub fn sm_count(&self, device: CUdevice) -> Option<u32> {
+        let attribute = self.device_attribute?;
+        let mut count = 0;
+        // SAFETY: a valid out-pointer; any device ordinal is checked by the driver.
+        let result =
+            unsafe { attribute(&mut count, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device) };
+        (result.is_success() && count > 0).then_some(count as u32)
+    }
+
+    /// How many blocks of `threads` threads and `shared_bytes` dynamic shared
+    /// memory of `function` one SM holds at once.
+    pub fn blocks_per_sm(
+        &self,
+        function: CUfunction,
+        threads: u32,
+        shared_bytes: u32,
+    ) -> Option<u32> {
+        let occupancy = self.occupancy?;
+        let mut blocks = 0;
+        let threads = i32::try_from(threads).ok()?;
+        // SAFETY: a valid out-pointer; the caller's function handle, which the
+        // driver validates.
+        let result = unsafe { occupancy(&mut blocks, function, threads, shared_bytes as usize) };
+        (result.is_success() && blocks > 0).then_some(blocks as u32)
     }
 
     /// A new timing event in the current context.

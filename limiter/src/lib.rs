@@ -29,13 +29,14 @@
 mod detour;
 mod driver;
 mod error;
-mod estimates;
 mod hypervisor;
 mod loader;
+mod metering;
 mod quota;
 mod runtime;
 mod sys;
 mod throttle;
+mod waves;
 
 /// Load-time entry point. Kept cheap: a process that never loads CUDA pays
 /// only for reading its environment.

@@ -209,6 +209,12 @@ pub type CuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
 pub type CuEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
 pub type CuEventDestroy = unsafe extern "C" fn(CUevent) -> CUresult;
 pub type CuCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+pub type CuStreamQuery = unsafe extern "C" fn(CUstream) -> CUresult;
+pub type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult;
+pub type CuOccupancyMaxActiveBlocksPerMultiprocessor =
+    unsafe extern "C" fn(*mut c_int, CUfunction, c_int, usize) -> CUresult;
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
+pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 pub type CuDeviceGet = unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult;
 pub type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 pub type CuDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;

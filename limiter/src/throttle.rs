@@ -1,34 +1,37 @@
 //! Compute shares: every launch on a limited device is admitted against the
 //! pod's budget of GPU time.
 //!
-//! 1. The launch is charged the estimated GPU time of its kind
-//!    ([`Estimates`]; unknown kinds a default) in the pod's
-//!    [`ComputeBucket`], shared by all its processes in the ledger region.
-//!    With budget, that is a clock read and a few atomic operations.
+//! 1. The launch is priced by the [`CostModel`]: its function's measured GPU
+//!    time per wave times the waves its grid runs in ([`Waves`]), so a grid
+//!    size never seen before costs what its function's others did. It is
+//!    charged that in the pod's [`ComputeBucket`], shared by all its
+//!    processes in the ledger region. With budget, that is a clock read and a
+//!    few atomic operations, no lock, no system call.
 //! 2. Without budget the calling thread waits (trap-and-wait) for the time
 //!    the bucket needs to refill, in sleeps of at most 2 ms, so it wakes
 //!    within about the timer slack (tens of µs) of budget returning. Launches
 //!    of one thread are never reordered: the thread itself waits.
-//! 3. A sample of launches (the first of each kind, then at most one per
-//!    [`SAMPLE_INTERVAL_NS`] per thread) is bracketed by two events. A
-//!    monitor thread reads their elapsed GPU time when they complete, updates
-//!    the kind's estimate and corrects the bucket by the difference. Event
-//!    pairs bracket exactly the one launch, so a host-bound program that
-//!    leaves the GPU idle between kernels is charged only for its kernels.
-//!    When the launch followed a wait (the GPU had drained the pod's work),
-//!    the launch latency inside the bracket (measured once per context with
-//!    an empty kernel of our own, launched directly and as a graph) is
-//!    subtracted: pods pay for kernels.
+//! 3. A few launches are measured: each function's first, then at most one
+//!    per [`SAMPLE_INTERVAL_NS`] per thread, bracketed by two events. A
+//!    monitor thread reads their elapsed GPU time when they complete, feeds
+//!    the cost model, and debits or credits the bucket so that every launch
+//!    of the function since its last measurement is paid at the measured
+//!    rate: what the pod pays follows what it used, even where prices lag. When the stream was
+//!    idle as the bracket began, the launch latency in it (measured once per
+//!    context with an empty kernel of our own, launched directly and as a
+//!    graph) is subtracted: pods pay for kernels, not for idle gaps.
 //! 4. Launches into a stream being captured do not run and are not charged;
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
 //!    up to its ceiling while no other pod launched on the device recently.
 
 use std::cell::Cell;
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, Once, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Once, OnceLock};
+use std::thread::Thread;
 use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
 
 use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity};
 use gpushare_utils::bucket::{Admission, ComputeBucket, monotonic_ns};
@@ -36,9 +39,10 @@ use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVI
 
 use crate::driver::{Driver, Timing};
 use crate::error::{LimiterError, Result};
-use crate::estimates::{DEFAULT_ESTIMATE_NS, Estimates, LaunchKey};
+use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
 use crate::runtime;
-use crate::sys::{CU_STREAM_PER_THREAD, CUevent, CUresult, CUstream};
+use crate::sys::{CU_STREAM_PER_THREAD, CUevent, CUfunction, CUresult, CUstream};
+use crate::waves::{GpuShape, Grid, Waves};
 
 /// Names another node activity table (tests: one per test).
 pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
@@ -46,6 +50,32 @@ pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
 pub const SAMPLE_INTERVAL_NS: u64 = 1_000_000;
 /// Samples waiting for the GPU beyond this many are not taken.
 const MAX_PENDING_SAMPLES: usize = 256;
+/// Contexts whose launch overhead is measured, at most.
+const CALIBRATED_CONTEXTS: usize = 64;
+/// Spare events kept for reuse.
+const SPARE_EVENTS: usize = 2 * MAX_PENDING_SAMPLES;
+/// Longest a launch waits for its function's first measurement (beyond
+/// [`UNMEASURED_AHEAD`] launches): bounded, in case the stream waits on
+/// something this thread has yet to do.
+const FIRST_MEASUREMENT_WAIT_NS: u64 = 5_000_000;
+/// How often such a launch looks whether the measurement came.
+const FIRST_MEASUREMENT_POLL: Duration = Duration::from_micros(20);
+/// A measurement still running this long after its launch means the GPU
+/// runs this far behind the pod's launches: the pod's launches are held until
+/// it completes, so that work priced before any measurement could correct its
+/// price never piles up beyond this (the bounded queue of in-flight work).
+const MAX_BACKLOG_NS: u64 = 10_000_000;
+/// Longest a launch is held for one backlogged measurement (its stream may
+/// wait on something this thread has yet to do); that measurement then
+/// holds no more launches.
+const BACKLOG_HOLD_MAX_NS: u64 = 20_000_000;
+/// How often a held launch looks again.
+const BACKLOG_POLL: Duration = Duration::from_micros(50);
+/// After the hypervisor grants nothing, a waiting thread asks again after
+/// this long at the earliest, doubling up to [`ADMISSION_BACKOFF_MAX_NS`];
+/// meanwhile the local bucket's refill decides.
+const ADMISSION_BACKOFF_NS: u64 = 100_000_000;
+const ADMISSION_BACKOFF_MAX_NS: u64 = 1_600_000_000;
 /// How often the monitor polls a sample whose events are not done.
 const POLL_INTERVAL: Duration = Duration::from_micros(100);
 /// How often the monitor re-checks contention for elastic pods.
@@ -53,6 +83,16 @@ const CONTENTION_INTERVAL: Duration = Duration::from_millis(50);
 
 thread_local! {
     static LAST_SAMPLE_NS: Cell<u64> = const { Cell::new(0) };
+    /// When this thread may ask the hypervisor for admission again, and the
+    /// current backoff.
+    static NEXT_ADMISSION_NS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
+}
+
+/// What a launch runs: a kernel grid or an instantiated graph.
+#[derive(Debug, Clone, Copy)]
+pub enum Work {
+    Kernel(Grid),
+    Graph(usize),
 }
 
 /// A device's compute limit, resolved.
@@ -67,12 +107,38 @@ struct Sample {
     context: usize,
     start: CUevent,
     end: CUevent,
-    key: LaunchKey,
+    graph: bool,
     device: usize,
-    charged_ns: u64,
-    /// The launch followed a wait for budget, so the GPU had drained this
-    /// pod's work: the bracket holds the whole launch latency.
-    after_wait: bool,
+    charge: Charge,
+    /// `Some` when the stream had no work queued as the bracket began: the
+    /// bracket then also holds this host time between its start and the
+    /// launch call (long if the thread was preempted), and the launch latency.
+    idle_gap_ns: Option<u64>,
+    /// When the launch was made (host clock).
+    submitted_at: u64,
+}
+
+/// A bracket's start, recorded.
+struct SampleStart {
+    context: usize,
+    event: CUevent,
+    /// The stream had no work queued.
+    idle: bool,
+    recorded_at: u64,
+}
+
+/// The driver as the wave counter asks it.
+struct DriverShape<'a>(&'a Timing);
+
+impl GpuShape for DriverShape<'_> {
+    fn sm_count(&self, device: usize) -> Option<u32> {
+        self.0.sm_count(i32::try_from(device).ok()?)
+    }
+
+    fn blocks_per_sm(&self, function: usize, threads: u32, shared_bytes: u32) -> Option<u32> {
+        self.0
+            .blocks_per_sm(function as CUfunction, threads, shared_bytes)
+    }
 }
 
 // SAFETY: events are plain driver handles, usable from any thread.
@@ -82,17 +148,23 @@ unsafe impl Send for Sample {}
 pub struct Throttle {
     configured: DeviceLimits<ComputeLimit>,
     budgets: [OnceLock<Option<DeviceBudget>>; MAX_DEVICES],
-    estimates: Estimates,
-    samples: Mutex<VecDeque<Sample>>,
-    sampled: Condvar,
-    /// Spare events per context, reused by later samples.
-    events: Mutex<Vec<(usize, CUevent)>>,
+    model: CostModel,
+    waves: Waves,
+    samples: ArrayQueue<Sample>,
+    /// Spare events (context, event), reused by later samples.
+    events: ArrayQueue<(usize, usize)>,
     monitor: Once,
+    monitor_thread: OnceLock<Thread>,
+    /// The monitor is parked for want of samples: wake it after a push.
+    monitor_parked: AtomicBool,
+    /// When the launch of the oldest measurement still running was made; 0
+    /// when none runs or it holds launches no more.
+    backlog_since_ns: AtomicU64,
     activity: OnceLock<Option<NodeActivity>>,
     pod_key: OnceLock<u64>,
     marked_at_ns: [AtomicU64; MAX_DEVICES],
     /// Contexts whose launch overhead was measured.
-    calibrated: Mutex<Vec<usize>>,
+    calibrated: [AtomicUsize; CALIBRATED_CONTEXTS],
     /// Launch latency inside a bracket, kernels and graphs (see
     /// [`Timing::launch_overheads`]); 0 until measured.
     kernel_overhead_ns: AtomicU64,
@@ -110,15 +182,18 @@ impl Throttle {
         Self {
             configured,
             budgets: [const { OnceLock::new() }; MAX_DEVICES],
-            estimates: Estimates::default(),
-            samples: Mutex::new(VecDeque::new()),
-            sampled: Condvar::new(),
-            events: Mutex::new(Vec::new()),
+            model: CostModel::default(),
+            waves: Waves::default(),
+            samples: ArrayQueue::new(MAX_PENDING_SAMPLES),
+            events: ArrayQueue::new(SPARE_EVENTS),
             monitor: Once::new(),
+            monitor_thread: OnceLock::new(),
+            monitor_parked: AtomicBool::new(false),
+            backlog_since_ns: AtomicU64::new(0),
             activity: OnceLock::new(),
             pod_key: OnceLock::new(),
             marked_at_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
-            calibrated: Mutex::new(Vec::new()),
+            calibrated: [const { AtomicUsize::new(0) }; CALIBRATED_CONTEXTS],
             kernel_overhead_ns: AtomicU64::new(0),
             graph_overhead_ns: AtomicU64::new(0),
         }
@@ -167,12 +242,12 @@ impl Throttle {
             .copied()
     }
 
-    /// Admits one launch of kind `key` on `stream`, waiting for budget if
+    /// Admits one launch of `work` on `stream`, waiting for budget if
     /// there is none, then runs `launch`; `per_thread` says the launch API
     /// took stream 0 as the per-thread default stream.
     pub fn launch(
         &'static self,
-        key: LaunchKey,
+        work: Work,
         stream: CUstream,
         per_thread: bool,
         launch: impl FnOnce() -> CUresult,
@@ -195,41 +270,93 @@ impl Throttle {
             return Err(LimiterError::Bypass("captured into a graph"));
         }
 
-        let estimate = self.estimates.get(key);
-        let cost = estimate.unwrap_or(DEFAULT_ESTIMATE_NS);
-        let (now, waited) = self.wait_for_budget(budget.bucket, cost, device);
+        let (key, waves) = match work {
+            Work::Kernel(grid) => {
+                let waves = timing.map_or(1, |timing| {
+                    self.waves.count(device, grid, &DriverShape(timing))
+                });
+                (LaunchKey::kernel(grid.function), waves)
+            }
+            Work::Graph(exec) => (LaunchKey::graph(exec), 1),
+        };
+        let charge = self.model.charge(key, waves);
+        if charge.unmeasured && charge.ahead >= UNMEASURED_AHEAD {
+            self.wait_for_measurement(&charge);
+        }
+        self.hold_while_backlogged();
+        let now = self.wait_for_budget(budget.bucket, charge.ns, device);
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(device, now);
 
         let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {
-            Some(timing) if estimate.is_none() || due => self.begin_sample(timing, stream),
+            Some(timing) if charge.first || due => self.begin_sample(timing, stream),
             _ => None,
         };
+        if sample.is_none() {
+            self.model.abandon(&charge);
+        }
+        let submitted_at = monotonic_ns();
         let result = launch();
         if !result.is_success() {
             // Nothing runs: give the charge back.
-            budget.bucket.correct(-(cost as i64));
+            budget.bucket.correct(-(charge.ns as i64));
+            self.model.refund(&charge);
         }
-        if let (Some((context, start)), Some(timing)) = (sample, timing) {
+        if let (Some(start), Some(timing)) = (sample, timing) {
             LAST_SAMPLE_NS.with(|last| last.set(now));
             let pending = Sample {
-                context,
-                start,
+                context: start.context,
+                start: start.event,
                 end: std::ptr::null_mut(),
-                key,
+                graph: key.is_graph(),
                 device,
-                charged_ns: cost,
-                after_wait: waited,
+                charge,
+                idle_gap_ns: start
+                    .idle
+                    .then(|| submitted_at.saturating_sub(start.recorded_at)),
+                submitted_at,
             };
             self.end_sample(timing, pending, stream, result);
         }
         Ok(result)
     }
 
-    /// Charges `cost` once the bucket allows it; returns the time it did,
-    /// and whether it had to wait.
-    fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64, device: usize) -> (u64, bool) {
+    /// Holds a launch of a function whose first measurement is pending, so
+    /// that an unmeasured function cannot queue an unbounded burst.
+    fn wait_for_measurement(&self, charge: &Charge) {
+        let deadline = monotonic_ns().saturating_add(FIRST_MEASUREMENT_WAIT_NS);
+        while !self.model.measured(charge) && monotonic_ns() < deadline {
+            std::thread::sleep(FIRST_MEASUREMENT_POLL);
+        }
+    }
+
+    /// Holds a launch while the GPU runs more than [`MAX_BACKLOG_NS`] behind
+    /// the pod's launches (a lone load when it does not).
+    fn hold_while_backlogged(&self) {
+        let since = self.backlog_since_ns.load(Ordering::Relaxed);
+        if since == 0 {
+            return;
+        }
+        let now = monotonic_ns();
+        if now.saturating_sub(since) < MAX_BACKLOG_NS {
+            return;
+        }
+        let deadline = now.saturating_add(BACKLOG_HOLD_MAX_NS);
+        while self.backlog_since_ns.load(Ordering::Relaxed) == since {
+            if monotonic_ns() >= deadline {
+                // Stuck behind something else: stop holding for it.
+                self.backlog_since_ns
+                    .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed)
+                    .ok();
+                return;
+            }
+            std::thread::sleep(BACKLOG_POLL);
+        }
+    }
+
+    /// Charges `cost` once the bucket allows it; returns the time it did.
+    fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64, device: usize) -> u64 {
         let mut now = monotonic_ns();
         let mut waited = false;
         loop {
@@ -240,14 +367,10 @@ impl Throttle {
                         waited = true;
                         bucket.waiting.fetch_add(1, Ordering::Relaxed);
                     }
-                    // Trap: under a hypervisor, ask it for admission; if it
-                    // does not answer, the local bucket's refill decides.
-                    let admitted = runtime::hypervisor().is_some_and(|link| {
-                        let uuid =
-                            Driver::get().and_then(|driver| driver.device_uuid(device as i32));
-                        uuid.is_some_and(|uuid| link.admission(&uuid, cost).is_ok())
-                    });
-                    if !admitted {
+                    // Trap: under a hypervisor, ask it for admission; while
+                    // it grants nothing (or does not answer), the local
+                    // bucket's refill decides, and it is asked less often.
+                    if !self.hypervisor_granted(device, cost, now) {
                         std::thread::sleep(wait);
                     }
                     now = monotonic_ns();
@@ -257,20 +380,47 @@ impl Throttle {
         if waited {
             bucket.waiting.fetch_sub(1, Ordering::Relaxed);
         }
-        (now, waited)
+        now
+    }
+
+    /// Asks the hypervisor to admit `cost` on `device`, unless this thread
+    /// was refused recently; true when it granted budget.
+    fn hypervisor_granted(&self, device: usize, cost: u64, now: u64) -> bool {
+        let Some(link) = runtime::hypervisor() else {
+            return false;
+        };
+        let (next, backoff) = NEXT_ADMISSION_NS.with(Cell::get);
+        if now < next {
+            return false;
+        }
+        let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
+        let granted = uuid.is_some_and(|uuid| link.admission(&uuid, cost).is_ok_and(|ns| ns > 0));
+        let state = if granted {
+            (0, 0)
+        } else {
+            let backoff = (backoff * 2).clamp(ADMISSION_BACKOFF_NS, ADMISSION_BACKOFF_MAX_NS);
+            (monotonic_ns().saturating_add(backoff), backoff)
+        };
+        NEXT_ADMISSION_NS.with(|cell| cell.set(state));
+        granted
     }
 
     /// Measures the launch overhead once per context, at its first sample
     /// (the launching thread has that context current).
     fn calibrate(&self, timing: &Timing, context: usize) {
-        let Ok(mut calibrated) = self.calibrated.lock() else {
-            return;
-        };
-        if calibrated.contains(&context) {
+        // A lock-free set of contexts: claim the first empty slot, unless
+        // the context is there already (or the set is full: the overhead of
+        // an earlier context stands for it).
+        let claimed = self.calibrated.iter().find_map(|slot| {
+            match slot.compare_exchange(0, context, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => Some(true),
+                Err(owner) if owner == context => Some(false),
+                Err(_) => None,
+            }
+        });
+        if claimed != Some(true) {
             return;
         }
-        calibrated.push(context);
-        drop(calibrated);
         match timing.launch_overheads() {
             Some(overheads) => {
                 let graph = overheads.graph_ns.unwrap_or(overheads.kernel_ns);
@@ -283,16 +433,23 @@ impl Throttle {
         }
     }
 
-    /// Records a start event on `stream`, from the pool of its context.
-    fn begin_sample(&'static self, timing: &Timing, stream: CUstream) -> Option<(usize, CUevent)> {
-        if self.samples.lock().ok()?.len() >= MAX_PENDING_SAMPLES {
+    /// Records a start event on `stream`, from the pool of its context;
+    /// also says whether the stream was idle.
+    fn begin_sample(&'static self, timing: &Timing, stream: CUstream) -> Option<SampleStart> {
+        if self.samples.is_full() {
             return None;
         }
         let context = timing.stream_context(stream)? as usize;
         self.calibrate(timing, context);
         let start = self.event(timing, context)?;
+        let idle = timing.stream_idle(stream).unwrap_or(false);
         if timing.record(start, stream) {
-            Some((context, start))
+            Some(SampleStart {
+                context,
+                event: start,
+                idle,
+                recorded_at: monotonic_ns(),
+            })
         } else {
             // A pooled event whose context is gone fails to record: drop it.
             timing.destroy(start);
@@ -309,26 +466,38 @@ impl Throttle {
         stream: CUstream,
         result: CUresult,
     ) {
-        let Some(end) = self.event(timing, sample.context) else {
-            self.recycle(sample.context, sample.start);
+        let end = if result.is_success() {
+            self.event(timing, sample.context)
+        } else {
+            None
+        };
+        let Some(end) = end else {
+            self.model.abandon(&sample.charge);
+            self.recycle(timing, sample.context, sample.start);
             return;
         };
-        if !result.is_success() {
-            self.recycle(sample.context, sample.start);
-            self.recycle(sample.context, end);
-            return;
-        }
         if !timing.record(end, stream) {
             timing.destroy(end);
-            self.recycle(sample.context, sample.start);
+            self.model.abandon(&sample.charge);
+            self.recycle(timing, sample.context, sample.start);
             return;
         }
         sample.end = end;
-        if let Ok(mut samples) = self.samples.lock() {
-            samples.push_back(sample);
+        if let Err(sample) = self.samples.push(sample) {
+            self.model.abandon(&sample.charge);
+            self.recycle(timing, sample.context, sample.start);
+            self.recycle(timing, sample.context, sample.end);
+            return;
         }
-        self.sampled.notify_one();
         self.start_monitor();
+        // Pairs with the monitor's store of `monitor_parked` before it looks
+        // at the queue: one of the two sees the other.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.monitor_parked.load(Ordering::SeqCst)
+            && let Some(monitor) = self.monitor_thread.get()
+        {
+            monitor.unpark();
+        }
     }
 
     /// Starts the monitor thread, once: at the first sample, or at the first
@@ -338,8 +507,13 @@ impl Throttle {
             let spawned = std::thread::Builder::new()
                 .name("cuda-limiter-monitor".into())
                 .spawn(move || self.monitor());
-            if let Err(error) = spawned {
-                tracing::error!(%error, "cannot start the monitor; estimates stay at defaults");
+            match spawned {
+                Ok(handle) => {
+                    self.monitor_thread.set(handle.thread().clone()).ok();
+                }
+                Err(error) => {
+                    tracing::error!(%error, "cannot start the monitor; launches stay at their first price");
+                }
             }
         });
     }
@@ -347,17 +521,18 @@ impl Throttle {
     /// An event of `context`: a spare one, or a new one (the current context
     /// is the stream's on the launching thread).
     fn event(&self, timing: &Timing, context: usize) -> Option<CUevent> {
-        if let Ok(mut spare) = self.events.lock()
-            && let Some(index) = spare.iter().position(|(owner, _)| *owner == context)
-        {
-            return Some(spare.swap_remove(index).1);
+        if let Some((owner, event)) = self.events.pop() {
+            if owner == context {
+                return Some(event as CUevent);
+            }
+            self.recycle(timing, owner, event as CUevent);
         }
         timing.create_event()
     }
 
-    fn recycle(&self, context: usize, event: CUevent) {
-        if let Ok(mut spare) = self.events.lock() {
-            spare.push((context, event));
+    fn recycle(&self, timing: &Timing, context: usize, event: CUevent) {
+        if self.events.push((context, event as usize)).is_err() {
+            timing.destroy(event);
         }
     }
 
@@ -402,7 +577,7 @@ impl Throttle {
         })
     }
 
-    /// The monitor thread: turns completed samples into estimates and
+    /// The monitor thread: turns completed samples into prices and
     /// corrections, and keeps elastic pods' contention up to date.
     fn monitor(&'static self) {
         // Its own driver calls never go through the detours.
@@ -412,31 +587,38 @@ impl Throttle {
         };
         timing.relax_capture_mode();
         let mut contention_checked = monotonic_ns();
+        let mut current: Option<Sample> = None;
         loop {
             let now = monotonic_ns();
             if now.saturating_sub(contention_checked) >= CONTENTION_INTERVAL.as_nanos() as u64 {
                 contention_checked = now;
                 self.update_contention(now);
             }
-            let Ok(mut samples) = self.samples.lock() else {
-                return;
+            let sample = match current.take() {
+                Some(sample) => Some(sample),
+                None => self.samples.pop().inspect(|sample| {
+                    self.backlog_since_ns
+                        .store(sample.submitted_at.max(1), Ordering::Relaxed);
+                }),
             };
-            let Some(sample) = samples.pop_front() else {
-                let wait = self.sampled.wait_timeout(samples, CONTENTION_INTERVAL);
-                drop(wait);
+            let Some(sample) = sample else {
+                self.backlog_since_ns.store(0, Ordering::Relaxed);
+                self.monitor_parked.store(true, Ordering::SeqCst);
+                if self.samples.is_empty() {
+                    std::thread::park_timeout(CONTENTION_INTERVAL);
+                }
+                self.monitor_parked.store(false, Ordering::SeqCst);
                 continue;
             };
-            drop(samples);
             match timing.query(sample.end) {
                 Ok(true) => self.complete(timing, sample),
                 Ok(false) => {
-                    if let Ok(mut samples) = self.samples.lock() {
-                        samples.push_front(sample);
-                    }
+                    current = Some(sample);
                     std::thread::sleep(POLL_INTERVAL);
                 }
                 Err(code) => {
                     // The context is gone: its events with it.
+                    self.model.abandon(&sample.charge);
                     tracing::debug!(code = code.0, "sample lost");
                 }
             }
@@ -444,32 +626,31 @@ impl Throttle {
     }
 
     fn complete(&self, timing: &Timing, sample: Sample) {
-        if let Some(bracket) = timing.elapsed_ns(sample.start, sample.end) {
-            // After a wait the GPU had drained the pod's work, so the
-            // bracket holds the whole launch latency, which is not kernel
-            // time; otherwise the launch was queued behind earlier work and
-            // started at once. A kernel no longer than the latency still
-            // costs a quarter of the bracket.
-            let overhead = match (sample.after_wait, sample.key.is_graph()) {
-                (false, _) => 0,
-                (true, true) => self.graph_overhead_ns.load(Ordering::Relaxed),
-                (true, false) => self.kernel_overhead_ns.load(Ordering::Relaxed),
-            };
-            let measured = bracket.saturating_sub(overhead).max(bracket / 4);
-            // Correct by the estimate the sample settled on, not the raw
-            // sample, which may include other contexts' time slices.
-            let settled = self
-                .estimates
-                .record(sample.key, measured)
-                .unwrap_or(measured);
-            if let Some(budget) = self.budget(sample.device) {
-                budget
-                    .bucket
-                    .correct(settled as i64 - sample.charged_ns as i64);
+        match timing.elapsed_ns(sample.start, sample.end) {
+            Some(bracket) => {
+                // From an idle stream the bracket holds the host's way to the
+                // launch call and the launch latency, which are not kernel
+                // time; a launch queued behind earlier work starts as that
+                // work ends. A kernel no longer than the latency still costs
+                // a quarter of the bracket.
+                let overhead = match (sample.idle_gap_ns, sample.graph) {
+                    (None, _) => 0,
+                    (Some(gap), true) => gap + self.graph_overhead_ns.load(Ordering::Relaxed),
+                    (Some(gap), false) => gap + self.kernel_overhead_ns.load(Ordering::Relaxed),
+                };
+                let measured = bracket.saturating_sub(overhead).max(bracket / 4);
+                let contended = self.activity().is_some_and(|table| {
+                    table.contended(sample.device, self.pod_key(), monotonic_ns())
+                });
+                let owed = self.model.record(&sample.charge, measured, contended);
+                if let Some(budget) = self.budget(sample.device) {
+                    budget.bucket.correct(owed);
+                }
             }
+            None => self.model.abandon(&sample.charge),
         }
-        self.recycle(sample.context, sample.start);
-        self.recycle(sample.context, sample.end);
+        self.recycle(timing, sample.context, sample.start);
+        self.recycle(timing, sample.context, sample.end);
     }
 
     fn update_contention(&self, now: u64) {

@@ -22,7 +22,9 @@
 //!   the handler `ops::mem_alloc(original, dptr, bytesize)` under
 //!   `catch_unwind`, and turns its `Err` into a return value or a call of the
 //!   original through `gpushare_utils::hook::IntoReturn`; a panic falls back
-//!   to the original, reported once;
+//!   to the original, reported once. The handler's `original` is a forwarder
+//!   that remembers the result: a handler that fails after calling it gets
+//!   that result returned, so no call reaches the driver twice;
 //! - `ENTRY`, the install entry; and the table `MEMORY_DETOURS: &[HookEntry]`.
 //!
 //! The return type must implement `gpushare_utils::hook::Unavailable`, the
@@ -150,6 +152,28 @@ fn expand_entry(entry: &Entry) -> TokenStream2 {
             /// The trampoline to the original, filled at installation.
             pub static ORIGINAL: #hook::Original<Signature> = #hook::Original::new();
 
+            ::std::thread_local! {
+                /// What the original returned inside the current detour call,
+                /// once the handler called it.
+                static FORWARDED: ::std::cell::Cell<Option<#output>> =
+                    const { ::std::cell::Cell::new(None) };
+            }
+
+            /// The original as the handler sees it: calls it and remembers
+            /// the result, so that a handler failing after the call returns
+            /// that result instead of running the driver a second time (a
+            /// double launch, or an allocation the caller never sees).
+            unsafe extern "C" fn forward(#(#names: #types),*) -> #output {
+                let Some(original) = ORIGINAL.get() else {
+                    return <#output as #hook::Unavailable>::UNAVAILABLE;
+                };
+                // SAFETY: the handler passes the caller's arguments (or
+                // values it vetted) to the original of the same signature.
+                let value = unsafe { original(#(#names),*) };
+                FORWARDED.with(|slot| slot.set(Some(value)));
+                value
+            }
+
             #(#attrs)*
             pub unsafe extern "C" fn detour(#(#names: #types),*) -> #output {
                 let Some(original) = ORIGINAL.get() else {
@@ -160,20 +184,25 @@ fn expand_entry(entry: &Entry) -> TokenStream2 {
                     // original of the same signature.
                     return unsafe { original(#(#names),*) };
                 };
+                FORWARDED.with(|slot| slot.set(None));
                 let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
-                    #handler(original, #(#names),*)
+                    #handler(forward, #(#names),*)
                 }));
+                let forwarded = FORWARDED.with(::std::cell::Cell::take);
                 match outcome {
                     Ok(Ok(value)) => value,
                     Ok(Err(error)) => match #hook::IntoReturn::<#output>::into_return(error) {
                         #hook::Disposition::Return(value) => value,
-                        // SAFETY: as above, the caller's own arguments.
-                        #hook::Disposition::CallOriginal => unsafe { original(#(#names),*) },
+                        // SAFETY: as above, the caller's own arguments; only
+                        // if the handler has not run the original already.
+                        #hook::Disposition::CallOriginal => {
+                            forwarded.unwrap_or_else(|| unsafe { original(#(#names),*) })
+                        }
                     },
                     Err(_) => {
                         #hook::report_panic(#symbol_str);
-                        // SAFETY: as above, the caller's own arguments.
-                        unsafe { original(#(#names),*) }
+                        // SAFETY: as above.
+                        forwarded.unwrap_or_else(|| unsafe { original(#(#names),*) })
                     }
                 }
             }

@@ -1,34 +1,38 @@
-//! Launch logic: key the launch, then let the throttle admit it.
+//! Launch logic: say what the launch runs, then let the throttle admit it.
 
 use std::ffi::c_void;
 
 use crate::error::{LimiterError, Result};
-use crate::estimates::LaunchKey;
 use crate::runtime;
 use crate::sys::{CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
+use crate::throttle::Work;
+use crate::waves::Grid;
 
 use super::hooks::{
     cuGraphLaunch, cuLaunch, cuLaunchCooperativeKernel, cuLaunchGrid, cuLaunchGridAsync,
     cuLaunchKernel, cuLaunchKernelEx,
 };
 
-/// Admits a launch of kind `key`; the one branch taken when no device has a
+/// Admits a launch of `work`; the one branch taken when no device has a
 /// compute limit is the `Bypass` here.
 #[inline(always)]
 fn admit(
-    key: impl FnOnce() -> LaunchKey,
+    work: impl FnOnce() -> Work,
     stream: CUstream,
     per_thread: bool,
     launch: impl FnOnce() -> CUresult,
 ) -> Result<CUresult> {
     let throttle = runtime::throttle().ok_or(LimiterError::Bypass("no compute limit"))?;
-    throttle.launch(key(), stream, per_thread, launch)
+    throttle.launch(work(), stream, per_thread, launch)
 }
 
-fn grid_key(f: CUfunction, grid: [u32; 3], block: [u32; 3]) -> LaunchKey {
-    let blocks = grid.iter().map(|&d| u64::from(d)).product();
-    let threads = block.iter().map(|&d| u64::from(d)).product();
-    LaunchKey::kernel(f as usize, blocks, threads)
+fn kernel(f: CUfunction, grid: [u32; 3], block: [u32; 3], shared_bytes: u32) -> Work {
+    Work::Kernel(Grid {
+        function: f as usize,
+        blocks: grid.iter().map(|&d| u64::from(d)).product(),
+        threads: block.iter().product::<u32>(),
+        shared_bytes,
+    })
 }
 
 /// `cuLaunchKernel(_ptsz)`; `PER_THREAD` for the `_ptsz` twin.
@@ -49,7 +53,7 @@ pub fn launch_kernel<const PER_THREAD: bool>(
 ) -> Result<CUresult> {
     let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
     admit(
-        || grid_key(f, grid, block),
+        || kernel(f, grid, block, shared_mem_bytes),
         stream,
         PER_THREAD,
         || {
@@ -88,7 +92,7 @@ pub fn launch_kernel_ex<const PER_THREAD: bool>(
     let grid = [shape.gridDimX, shape.gridDimY, shape.gridDimZ];
     let block = [shape.blockDimX, shape.blockDimY, shape.blockDimZ];
     admit(
-        || grid_key(f, grid, block),
+        || kernel(f, grid, block, shape.sharedMemBytes),
         shape.hStream,
         PER_THREAD,
         || {
@@ -115,7 +119,7 @@ pub fn launch_cooperative<const PER_THREAD: bool>(
 ) -> Result<CUresult> {
     let (grid, block) = ([grid_x, grid_y, grid_z], [block_x, block_y, block_z]);
     admit(
-        || grid_key(f, grid, block),
+        || kernel(f, grid, block, shared_mem_bytes),
         stream,
         PER_THREAD,
         || {
@@ -146,7 +150,7 @@ pub fn graph_launch<const PER_THREAD: bool>(
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
     admit(
-        || LaunchKey::graph(exec as usize),
+        || Work::Graph(exec as usize),
         stream,
         PER_THREAD,
         || unsafe { original(exec, stream) },
@@ -156,7 +160,7 @@ pub fn graph_launch<const PER_THREAD: bool>(
 pub fn launch_legacy(original: cuLaunch::Signature, f: CUfunction) -> Result<CUresult> {
     // SAFETY: the caller's own argument.
     admit(
-        || grid_key(f, [1, 1, 1], [0, 0, 0]),
+        || kernel(f, [1, 1, 1], [1, 1, 1], 0),
         std::ptr::null_mut(),
         false,
         || unsafe { original(f) },
@@ -176,7 +180,7 @@ pub fn launch_grid(
     let grid = legacy_grid(width, height);
     // SAFETY: the caller's own arguments.
     admit(
-        || grid_key(f, grid, [0, 0, 0]),
+        || kernel(f, grid, [1, 1, 1], 0),
         std::ptr::null_mut(),
         false,
         || unsafe { original(f, width, height) },
@@ -193,7 +197,7 @@ pub fn launch_grid_async(
     let grid = legacy_grid(width, height);
     // SAFETY: the caller's own arguments.
     admit(
-        || grid_key(f, grid, [0, 0, 0]),
+        || kernel(f, grid, [1, 1, 1], 0),
         stream,
         false,
         || unsafe { original(f, width, height, stream) },

@@ -1,0 +1,155 @@
+//! How many waves a kernel's grid runs in.
+//!
+//! A GPU runs at once as many blocks as its SMs hold: SMs × the function's
+//! occupancy at that block size and shared memory. A grid of more blocks runs
+//! in waves, and its time grows with their number, not with the grid's exact
+//! size: that is what lets one measurement of a function price every other
+//! grid size of it (see [`crate::metering`]). The SM count is asked once per
+//! device, the occupancy once per (function, block size, shared memory), in a
+//! small direct-mapped cache of atomics: a miss costs one driver call.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use gpushare_utils::config::MAX_DEVICES;
+
+/// Occupancy cache entries (a power of two).
+const OCCUPANCY_SLOTS: usize = 1024;
+/// Resident blocks per SM when the driver cannot say: Hopper's and Ampere's
+/// limits of 2048 threads and 32 blocks per SM.
+const MAX_THREADS_PER_SM: u32 = 2048;
+const MAX_BLOCKS_PER_SM: u32 = 32;
+
+/// What the GPU says about itself; the driver in production, a table in tests.
+pub trait GpuShape {
+    fn sm_count(&self, device: usize) -> Option<u32>;
+    fn blocks_per_sm(&self, function: usize, threads: u32, shared_bytes: u32) -> Option<u32>;
+}
+
+/// One kernel launch's dimensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    pub function: usize,
+    pub blocks: u64,
+    pub threads: u32,
+    pub shared_bytes: u32,
+}
+
+/// SM counts per device and occupancies per launch configuration.
+pub struct Waves {
+    sm_count: [AtomicU32; MAX_DEVICES],
+    /// Tag (hash with the low byte cleared) | blocks per SM; 0 = empty.
+    occupancy: Box<[AtomicU64]>,
+}
+
+impl Default for Waves {
+    fn default() -> Self {
+        Self {
+            sm_count: [const { AtomicU32::new(0) }; MAX_DEVICES],
+            occupancy: (0..OCCUPANCY_SLOTS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+}
+
+impl Waves {
+    /// The number of waves `grid` runs in on `device` (at least 1).
+    pub fn count(&self, device: usize, grid: Grid, gpu: &impl GpuShape) -> u64 {
+        let Some(sms) = self.sms(device, gpu) else {
+            return 1;
+        };
+        let per_wave = u64::from(sms) * u64::from(self.blocks_per_sm(grid, gpu));
+        grid.blocks.div_ceil(per_wave.max(1)).max(1)
+    }
+
+    fn sms(&self, device: usize, gpu: &impl GpuShape) -> Option<u32> {
+        let slot = self.sm_count.get(device)?;
+        match slot.load(Ordering::Relaxed) {
+            0 => {
+                let sms = gpu.sm_count(device)?;
+                slot.store(sms, Ordering::Relaxed);
+                Some(sms)
+            }
+            sms => Some(sms),
+        }
+    }
+
+    fn blocks_per_sm(&self, grid: Grid, gpu: &impl GpuShape) -> u32 {
+        let hash = mix(grid.function as u64
+            ^ u64::from(grid.threads).rotate_left(48)
+            ^ u64::from(grid.shared_bytes).rotate_left(24));
+        let tag = hash & !0xff;
+        let slot = &self.occupancy[hash as usize % OCCUPANCY_SLOTS];
+        let cached = slot.load(Ordering::Relaxed);
+        if cached != 0 && cached & !0xff == tag {
+            return (cached & 0xff) as u32;
+        }
+        let blocks = gpu
+            .blocks_per_sm(grid.function, grid.threads, grid.shared_bytes)
+            .unwrap_or_else(|| fallback_blocks_per_sm(grid.threads))
+            .clamp(1, 255);
+        slot.store(tag | u64::from(blocks), Ordering::Relaxed);
+        blocks
+    }
+}
+
+/// Resident blocks per SM from the thread and block limits alone.
+fn fallback_blocks_per_sm(threads: u32) -> u32 {
+    (MAX_THREADS_PER_SM / threads.max(1)).clamp(1, MAX_BLOCKS_PER_SM)
+}
+
+/// splitmix64's finaliser.
+pub(crate) fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// 132 SMs; occupancy 8 for function 1, unknown for others; counts asks.
+    struct H100 {
+        asked: Cell<u32>,
+    }
+
+    impl GpuShape for H100 {
+        fn sm_count(&self, _device: usize) -> Option<u32> {
+            Some(132)
+        }
+        fn blocks_per_sm(&self, function: usize, _threads: u32, _shared: u32) -> Option<u32> {
+            self.asked.set(self.asked.get() + 1);
+            (function == 1).then_some(8)
+        }
+    }
+
+    fn grid(function: usize, blocks: u64, threads: u32) -> Grid {
+        Grid {
+            function,
+            blocks,
+            threads,
+            shared_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn grids_run_in_waves_of_what_the_sms_hold() {
+        let gpu = H100 {
+            asked: Cell::new(0),
+        };
+        let waves = Waves::default();
+        assert_eq!(waves.count(0, grid(1, 1, 256), &gpu), 1);
+        assert_eq!(waves.count(0, grid(1, 1056, 256), &gpu), 1);
+        assert_eq!(waves.count(0, grid(1, 1057, 256), &gpu), 2);
+        assert_eq!(waves.count(0, grid(1, 10_560, 256), &gpu), 10);
+        assert_eq!(gpu.asked.get(), 1, "the occupancy is asked once");
+        // Unknown occupancy: 2048 / 128 = 16 blocks per SM.
+        assert_eq!(waves.count(0, grid(2, 2112, 128), &gpu), 1);
+        assert_eq!(waves.count(0, grid(2, 2113, 128), &gpu), 2);
+        // Tiny blocks are capped at 32 per SM.
+        assert_eq!(waves.count(0, grid(2, 132 * 32 + 1, 32), &gpu), 2);
+        // A device beyond the table: one wave, whatever the grid.
+        assert_eq!(waves.count(MAX_DEVICES, grid(1, 1 << 40, 256), &gpu), 1);
+    }
+}
