@@ -74,16 +74,22 @@ struct CalibrationApi {
     graph_launch: Option<CuGraphLaunch>,
 }
 
-/// The latency inside an event bracket around one launch into an idle GPU,
-/// by launch path (see [`Timing::launch_overheads`]).
+/// What an event bracket around one launch holds besides the kernel, by
+/// launch path (see [`Timing::launch_overheads`]): launched into an idle
+/// stream (the launch latency) and queued behind other work (the gap between
+/// back-to-back kernels, which a saturating loop also spends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchOverheads {
     pub kernel_ns: u64,
+    pub kernel_queued_ns: u64,
     /// Graph launches start faster; `None` where graphs could not be made.
     pub graph_ns: Option<u64>,
+    pub graph_queued_ns: Option<u64>,
 }
 
-/// An empty kernel, JIT-compiled by the driver for whatever GPU it runs on.
+/// An empty kernel, and one that holds its stream for its parameter's
+/// nanoseconds (so that the next launch queues), JIT-compiled by the driver
+/// for whatever GPU it runs on.
 const CALIBRATION_PTX: &CStr = c".version 7.0
 .target sm_75
 .address_size 64
@@ -91,7 +97,24 @@ const CALIBRATION_PTX: &CStr = c".version 7.0
 {
     ret;
 }
+.visible .entry gpushare_hold(.param .u64 gpushare_hold_ns)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [gpushare_hold_ns];
+    mov.u64 %rd2, %globaltimer;
+    add.u64 %rd3, %rd2, %rd1;
+$L_hold:
+    mov.u64 %rd2, %globaltimer;
+    setp.lt.u64 %p1, %rd2, %rd3;
+    @%p1 bra $L_hold;
+    ret;
+}
 ";
+
+/// How long the hold kernel keeps the stream busy: far longer than the host
+/// needs to queue the bracketed launch behind it.
+const HOLD_NS: u64 = 50_000;
 
 impl Timing {
     /// # Safety
@@ -171,7 +194,8 @@ impl Timing {
     }
 
     fn measure_overheads(&self, api: &CalibrationApi) -> Option<LaunchOverheads> {
-        let (mut module, mut function, mut stream) = (
+        let (mut module, mut function, mut hold, mut stream) = (
+            std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -182,6 +206,8 @@ impl Timing {
             (api.module_load_data)(&mut module, CALIBRATION_PTX.as_ptr().cast()).is_success()
                 && (api.module_get_function)(&mut function, module, c"gpushare_calibrate".as_ptr())
                     .is_success()
+                && (api.module_get_function)(&mut hold, module, c"gpushare_hold".as_ptr())
+                    .is_success()
                 && (api.stream_create)(&mut stream, CU_STREAM_NON_BLOCKING).is_success()
         };
         if !ready {
@@ -189,39 +215,52 @@ impl Timing {
         }
         let (start, end) = (self.create_event()?, self.create_event()?);
         // The driver double reads a kernel's duration from its first
-        // parameter; the real driver ignores parameters of this kernel.
+        // parameter; the real driver ignores parameters of the empty kernel.
         let mut zero: u64 = 0;
         let mut params = [(&raw mut zero).cast::<c_void>()];
-        // SAFETY (closure): our own kernel and stream.
-        let mut launch_kernel = || unsafe {
-            (api.launch_kernel)(
-                function,
-                1,
-                1,
-                1,
-                1,
-                1,
-                1,
-                0,
-                stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+        let mut hold_ns: u64 = HOLD_NS;
+        let mut hold_params = [(&raw mut hold_ns).cast::<c_void>()];
+        let launch = |function: CUfunction, params: *mut *mut c_void| {
+            // SAFETY: our own kernels, stream and parameters.
+            unsafe {
+                (api.launch_kernel)(
+                    function,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params,
+                    std::ptr::null_mut(),
+                )
+            }
         };
-        let kernel_ns = self.median_bracket(api, start, end, stream, &mut launch_kernel);
-        let graph_ns = self
-            .instantiate_graph(api, stream, &mut launch_kernel)
-            .and_then(|(exec, graph_launch)| {
-                // SAFETY (closure): our own graph and stream.
-                self.median_bracket(api, start, end, stream, || unsafe {
-                    graph_launch(exec, stream)
-                })
-            });
+        let (params, hold_params) = (params.as_mut_ptr(), hold_params.as_mut_ptr());
+        let launch_empty = || launch(function, params);
+        let hold_stream = || launch(hold, hold_params).is_success();
+        let kernel_ns = self.median_bracket(api, start, end, stream, || true, launch_empty)?;
+        let kernel_queued_ns =
+            self.median_bracket(api, start, end, stream, hold_stream, launch_empty)?;
+        let graph = self.instantiate_graph(api, stream, launch_empty);
+        let graph_bracket = |queued: bool| {
+            let (exec, graph_launch) = graph?;
+            // SAFETY (closure): our own graph and stream.
+            let replay = || unsafe { graph_launch(exec, stream) };
+            let before = || !queued || hold_stream();
+            self.median_bracket(api, start, end, stream, before, replay)
+        };
+        let graph_ns = graph_bracket(false);
+        let graph_queued_ns = graph_bracket(true);
         self.destroy(start);
         self.destroy(end);
-        kernel_ns.map(|kernel_ns| LaunchOverheads {
+        Some(LaunchOverheads {
             kernel_ns,
+            kernel_queued_ns,
             graph_ns,
+            graph_queued_ns,
         })
     }
 
@@ -253,20 +292,23 @@ impl Timing {
         made.then_some((exec, graph_launch))
     }
 
-    /// The median GPU time between `start` and `end` recorded around `launch`.
+    /// The median GPU time between `start` and `end` recorded around
+    /// `launch`, each time after `before` (which may queue work ahead).
     fn median_bracket(
         &self,
         api: &CalibrationApi,
         start: CUevent,
         end: CUevent,
         stream: CUstream,
+        mut before: impl FnMut() -> bool,
         mut launch: impl FnMut() -> CUresult,
     ) -> Option<u64> {
         const RUNS: usize = 9;
         let mut brackets = Vec::with_capacity(RUNS);
         for _ in 0..RUNS {
             // SAFETY: our own events and stream.
-            let done = self.record(start, stream)
+            let done = before()
+                && self.record(start, stream)
                 && launch().is_success()
                 && self.record(end, stream)
                 && unsafe { (api.event_synchronize)(end) }.is_success();

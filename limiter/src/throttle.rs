@@ -16,10 +16,13 @@
 //!    monitor thread reads their elapsed GPU time when they complete, feeds
 //!    the cost model, and debits or credits the bucket so that every launch
 //!    of the function since its last measurement is paid at the measured
-//!    rate: what the pod pays follows what it used, even where prices lag. When the stream was
-//!    idle as the bracket began, the launch latency in it (measured once per
-//!    context with an empty kernel of our own, launched directly and as a
-//!    graph) is subtracted: pods pay for kernels, not for idle gaps.
+//!    rate: what the pod pays follows what it used, even where prices lag.
+//!    A launch queued behind earlier work is measured from that work's end,
+//!    which is what a saturating loop spends per launch. When the stream was
+//!    idle as the bracket began, the host's way to the launch and the launch
+//!    latency beyond the back-to-back gap (both measured once per context
+//!    with kernels of our own, launched directly and as a graph) are
+//!    subtracted: pods pay for their kernels, not for idle gaps.
 //! 4. Launches into a stream being captured do not run and are not charged;
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
@@ -148,6 +151,8 @@ unsafe impl Send for Sample {}
 pub struct Throttle {
     configured: DeviceLimits<ComputeLimit>,
     budgets: [OnceLock<Option<DeviceBudget>>; MAX_DEVICES],
+    /// The process sees exactly one device.
+    single_device: OnceLock<bool>,
     model: CostModel,
     waves: Waves,
     samples: ArrayQueue<Sample>,
@@ -165,10 +170,12 @@ pub struct Throttle {
     marked_at_ns: [AtomicU64; MAX_DEVICES],
     /// Contexts whose launch overhead was measured.
     calibrated: [AtomicUsize; CALIBRATED_CONTEXTS],
-    /// Launch latency inside a bracket, kernels and graphs (see
+    /// What a bracket around a launch into an idle stream holds beyond one
+    /// around the same launch queued behind other work (the launch latency
+    /// less the gap between back-to-back kernels), kernels and graphs (see
     /// [`Timing::launch_overheads`]); 0 until measured.
-    kernel_overhead_ns: AtomicU64,
-    graph_overhead_ns: AtomicU64,
+    kernel_idle_extra_ns: AtomicU64,
+    graph_idle_extra_ns: AtomicU64,
 }
 
 // SAFETY: the event handles held are driver handles, usable from any thread;
@@ -182,6 +189,7 @@ impl Throttle {
         Self {
             configured,
             budgets: [const { OnceLock::new() }; MAX_DEVICES],
+            single_device: OnceLock::new(),
             model: CostModel::default(),
             waves: Waves::default(),
             samples: ArrayQueue::new(MAX_PENDING_SAMPLES),
@@ -194,8 +202,8 @@ impl Throttle {
             pod_key: OnceLock::new(),
             marked_at_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
             calibrated: [const { AtomicUsize::new(0) }; CALIBRATED_CONTEXTS],
-            kernel_overhead_ns: AtomicU64::new(0),
-            graph_overhead_ns: AtomicU64::new(0),
+            kernel_idle_extra_ns: AtomicU64::new(0),
+            graph_idle_extra_ns: AtomicU64::new(0),
         }
     }
 
@@ -253,10 +261,19 @@ impl Throttle {
         launch: impl FnOnce() -> CUresult,
     ) -> Result<CUresult> {
         let driver = Driver::get().ok_or(LimiterError::Bypass("driver not resolved"))?;
-        let device = driver
-            .current_device()
-            .map_err(|_| LimiterError::Bypass("no current context"))?;
-        let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
+        // With one device visible, every context is on device 0: no driver
+        // call (a launch without a context fails in the driver, refunded).
+        let device = if *self
+            .single_device
+            .get_or_init(|| driver.device_count() == Some(1))
+        {
+            0
+        } else {
+            let device = driver
+                .current_device()
+                .map_err(|_| LimiterError::Bypass("no current context"))?;
+            usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?
+        };
         let budget = self
             .budget(device)
             .ok_or(LimiterError::Bypass("device unlimited"))?;
@@ -423,10 +440,15 @@ impl Throttle {
         }
         match timing.launch_overheads() {
             Some(overheads) => {
-                let graph = overheads.graph_ns.unwrap_or(overheads.kernel_ns);
-                self.kernel_overhead_ns
-                    .store(overheads.kernel_ns, Ordering::Relaxed);
-                self.graph_overhead_ns.store(graph, Ordering::Relaxed);
+                let kernel = overheads
+                    .kernel_ns
+                    .saturating_sub(overheads.kernel_queued_ns);
+                let graph = match (overheads.graph_ns, overheads.graph_queued_ns) {
+                    (Some(idle), Some(queued)) => idle.saturating_sub(queued),
+                    _ => kernel,
+                };
+                self.kernel_idle_extra_ns.store(kernel, Ordering::Relaxed);
+                self.graph_idle_extra_ns.store(graph, Ordering::Relaxed);
                 tracing::debug!(?overheads, "launch overhead measured");
             }
             None => tracing::warn!("launch overhead not measured; samples include it"),
@@ -628,15 +650,17 @@ impl Throttle {
     fn complete(&self, timing: &Timing, sample: Sample) {
         match timing.elapsed_ns(sample.start, sample.end) {
             Some(bracket) => {
-                // From an idle stream the bracket holds the host's way to the
-                // launch call and the launch latency, which are not kernel
-                // time; a launch queued behind earlier work starts as that
-                // work ends. A kernel no longer than the latency still costs
-                // a quarter of the bracket.
+                // A launch queued behind earlier work is measured from that
+                // work's end: its kernel and the gap between back-to-back
+                // kernels, what a saturating loop spends per launch. From an
+                // idle stream the bracket also holds the host's way to the
+                // launch call and the launch latency beyond that gap, which
+                // are not the pod's GPU time. A kernel no longer than the
+                // latency still costs a quarter of the bracket.
                 let overhead = match (sample.idle_gap_ns, sample.graph) {
                     (None, _) => 0,
-                    (Some(gap), true) => gap + self.graph_overhead_ns.load(Ordering::Relaxed),
-                    (Some(gap), false) => gap + self.kernel_overhead_ns.load(Ordering::Relaxed),
+                    (Some(gap), true) => gap + self.graph_idle_extra_ns.load(Ordering::Relaxed),
+                    (Some(gap), false) => gap + self.kernel_idle_extra_ns.load(Ordering::Relaxed),
                 };
                 let measured = bracket.saturating_sub(overhead).max(bracket / 4);
                 let contended = self.activity().is_some_and(|table| {

@@ -1,0 +1,302 @@
+#!/usr/bin/env python3
+"""Compute-limiter benchmarks on a real GPU, without and with the limiter in
+one run (issue 8). Every figure is a median of alternated rounds; every row
+prints its raw rounds. Results: a Markdown table on stdout and in
+OUT/compute-bench.md, everything in OUT/compute-bench.json.
+
+Usage: compute_bench.py --lib PATH/libcuda_limiter.so --bin PATH/compute_bench
+                        [--out DIR] [--only NAME ...] [--quick]
+
+Rows (the limit is CUDA_DEVICE_SM_LIMIT, a fresh pod per run):
+  shapes-N      N distinct grid sizes, 20 us host work between launches, L=50
+                (does not bind: the GPU is mostly idle): launches/s within 3%
+  shapes-20s    the same with 20,000 shapes over 20 s
+  saturated     3,000 shapes, no host work, L=25: share = launches/s ratio, 25 +- 2 pp
+  fixed-US-L    fixed-work kernels of ~50 us and ~2 ms at L=10/25/50/75:
+                share = kernels/s ratio, L +- 1.5 pp
+  decode-L      PyTorch decode loop (torch_workloads.py decode): tokens/s at
+                L=90 and 50 within 3%; at L=10 the GPU time share (nvidia-smi
+                utilization.gpu) is reported
+  triton-L, graph-L  saturating Triton softmax loop / CUDA-graph replay at
+                L=20/50: busy share (event brackets) L +- 2 pp
+  tight, pace   200k empty launches back to back with L=50 / 20 us host work
+                + 1 empty launch at L=50: added cost (pace <= 1%)
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass
+class Row:
+    name: str
+    what: str
+    without: str
+    with_: str
+    expected: str
+    passed: bool | None  # None: reported only
+    raw: dict = field(default_factory=dict)
+
+
+def parse(line):
+    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+
+
+class Runner:
+    def __init__(self, lib, binary, log):
+        self.lib, self.binary, self.log = lib, binary, log
+        self.pod = 0
+
+    def env(self, limit):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_LIMITER_")}
+        for k in ("LD_PRELOAD", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT"):
+            env.pop(k, None)
+        if limit is not None:
+            self.pod += 1
+            env.update(
+                LD_PRELOAD=self.lib,
+                CUDA_DEVICE_SM_LIMIT=str(limit),
+                CUDA_LIMITER_POD=f"bench-{os.getpid()}-{self.pod}",
+                CUDA_LIMITER_LOG="warn",
+            )
+        return env
+
+    def run(self, argv, limit, timeout=300):
+        env = self.env(limit)
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+        self.log.write(f"$ L={limit} {' '.join(argv)}\n{proc.stdout}{proc.stderr}\n")
+        self.log.flush()
+        pod = env.get("CUDA_LIMITER_POD")
+        if pod:
+            Path(f"/dev/shm/gpushare-pod-{pod}").unlink(missing_ok=True)
+        lines = [l for l in proc.stdout.splitlines() if l.startswith("mode=")]
+        if proc.returncode != 0 or not lines:
+            raise RuntimeError(f"{argv} L={limit} failed ({proc.returncode}): {proc.stderr[-400:]}")
+        return parse(lines[-1])
+
+    def cuda(self, args, limit, timeout=300):
+        return self.run([self.binary, *map(str, args)], limit, timeout)
+
+    def torch(self, args, limit, timeout=300):
+        return self.run([sys.executable, str(HERE / "torch_workloads.py"), *map(str, args)], limit, timeout)
+
+
+def alternate(rounds, without, with_):
+    """Alternated rounds: returns (without values, with values)."""
+    a, b = [], []
+    for r in range(rounds):
+        first, second = (without, with_) if r % 2 == 0 else (with_, without)
+        x, y = first(), second()
+        (a, b)[r % 2].append(x)
+        (b, a)[r % 2].append(y)
+    return a, b
+
+
+def med(values):
+    return statistics.median(values)
+
+
+class Utilization:
+    """nvidia-smi utilization.gpu sampled every 200 ms while a run lasts."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+        )
+        self.samples = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+        return self
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                self.samples.append(float(line.strip()))
+            except ValueError:
+                pass
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait()
+        self.reader.join(timeout=2)
+
+    def busy_mean(self):
+        busy = [s for s in self.samples if s > 0][1:-1]  # first and last straddle the run
+        return statistics.mean(busy) if busy else float("nan")
+
+
+def bench_shapes(rn, quick):
+    rows = []
+    secs = 2 if quick else 5
+    for n in (1, 100, 3000, 20000):
+        args = ["shapes", n, secs, 20, 250]
+        free, lim = alternate(3, lambda: float(rn.cuda(args, None)["launches_per_s"]),
+                              lambda: float(rn.cuda(args, 50)["launches_per_s"]))
+        change = (med(lim) / med(free) - 1) * 100
+        rows.append(Row(f"shapes-{n}", f"{n} distinct grid sizes, 20 us host work, {secs} s, L=50: launches/s",
+                        f"{med(free):,.0f}", f"{med(lim):,.0f} ({change:+.2f}%)", "within 3%",
+                        abs(change) <= 3, {"without": free, "with": lim}))
+    long_secs = 5 if quick else 20
+    args = ["shapes", 20000, long_secs, 20, 250]
+    free = [float(rn.cuda(args, None)["launches_per_s"])]
+    lim = [float(rn.cuda(args, 50)["launches_per_s"])]
+    change = (lim[0] / free[0] - 1) * 100
+    rows.append(Row("shapes-20000-long", f"20,000 distinct grid sizes, 20 us host work, {long_secs} s, L=50: launches/s",
+                    f"{free[0]:,.0f}", f"{lim[0]:,.0f} ({change:+.2f}%)", "within 3%",
+                    abs(change) <= 3, {"without": free, "with": lim}))
+    args = ["shapes", 3000, 2 if quick else 4, 0, 4000]
+    free, lim = alternate(3, lambda: float(rn.cuda(args, None)["launches_per_s"]),
+                          lambda: float(rn.cuda(args, 25)["launches_per_s"]))
+    share = med(lim) / med(free) * 100
+    rows.append(Row("saturated-shapes", "3,000 distinct grid sizes, no host work, L=25: share = launches/s ratio",
+                    f"{med(free):,.0f}/s", f"{med(lim):,.0f}/s share={share:.2f}%", "25 +- 2 pp",
+                    abs(share - 25) <= 2, {"without": free, "with": lim}))
+    return rows
+
+
+def bench_fixed(rn, quick):
+    rows = []
+    secs = 2 if quick else 3
+    for target in (50, 2000):
+        iters = int(rn.cuda(["calibrate", target], None)["iters"])
+        for limit in (10, 25, 50, 75):
+            args = ["fixed", iters, secs]
+            free, lim = alternate(2, lambda: float(rn.cuda(args, None)["kernels_per_s"]),
+                                  lambda: float(rn.cuda(args, limit)["kernels_per_s"]))
+            share = med(lim) / med(free) * 100
+            kernel_us = 1e6 / med(free)
+            rows.append(Row(f"fixed-{target}us-L{limit}",
+                            f"fixed-work kernels ~{kernel_us:.0f} us (iters={iters}), L={limit}: kernels/s ratio",
+                            f"{med(free):,.1f}/s", f"{med(lim):,.1f}/s share={share:.2f}%", f"{limit} +- 1.5 pp",
+                            abs(share - limit) <= 1.5, {"without": free, "with": lim}))
+    return rows
+
+
+def bench_decode(rn, quick):
+    rows = []
+    secs = 3 if quick else 6
+    base = []
+    limited = {90: [], 50: []}
+    for r in range(2):
+        base.append(float(rn.torch(["decode", secs], None)["tokens_per_s"]))
+        for limit in (90, 50) if r % 2 == 0 else (50, 90):
+            limited[limit].append(float(rn.torch(["decode", secs], limit)["tokens_per_s"]))
+    base.append(float(rn.torch(["decode", secs], None)["tokens_per_s"]))
+    for limit in (90, 50):
+        change = (med(limited[limit]) / med(base) - 1) * 100
+        rows.append(Row(f"decode-L{limit}", f"PyTorch decode, batch 1, KV cache growing 256 steps, L={limit}: tokens/s",
+                        f"{med(base):,.1f}", f"{med(limited[limit]):,.1f} ({change:+.2f}%)", "within 3%",
+                        abs(change) <= 3, {"without": base, "with": limited[limit]}))
+    with Utilization() as free_util:
+        free = float(rn.torch(["decode", secs], None)["tokens_per_s"])
+    with Utilization() as lim_util:
+        lim = float(rn.torch(["decode", secs], 10)["tokens_per_s"])
+    rows.append(Row("decode-L10", "PyTorch decode at L=10 (binds): GPU time share (nvidia-smi utilization.gpu)",
+                    f"{free_util.busy_mean():.1f}% busy, {free:,.1f} tokens/s",
+                    f"{lim_util.busy_mean():.1f}% busy, {lim:,.1f} tokens/s", "reported", None,
+                    {"without_util": free_util.samples, "with_util": lim_util.samples,
+                     "without_tokens_per_s": free, "with_tokens_per_s": lim}))
+    return rows
+
+
+def bench_saturating(rn, quick):
+    rows = []
+    secs = 3 if quick else 5
+    for mode in ("triton", "graph"):
+        free = rn.torch([mode, secs], None)
+        for limit in (20, 50):
+            lim = rn.torch([mode, secs], limit)
+            share = float(lim["busy_share"]) * 100
+            ratio = float(lim["iterations_per_s"]) / float(free["iterations_per_s"]) * 100
+            rows.append(Row(f"{mode}-L{limit}", f"{mode} loop, L={limit}: busy share (event brackets)",
+                            f"busy={float(free['busy_share']) * 100:.2f}% {free['iterations_per_s']}/s",
+                            f"busy={share:.2f}% {lim['iterations_per_s']}/s (throughput ratio {ratio:.1f}%)",
+                            f"{limit} +- 2 pp", abs(share - limit) <= 2, {"without": free, "with": lim}))
+    return rows
+
+
+def bench_cost(rn, quick):
+    rounds = 5 if quick else 9
+    rows = []
+    free, lim = alternate(rounds, lambda: float(rn.cuda(["tight", 200000], None)["ns_per_launch"]),
+                          lambda: float(rn.cuda(["tight", 200000], 50)["ns_per_launch"]))
+    change = (med(lim) / med(free) - 1) * 100
+    rows.append(Row("tight", "200k empty launches back to back, L=50 (binds: the launch cost itself is reported)",
+                    f"{med(free):.1f} ns", f"{med(lim):.1f} ns ({change:+.2f}%)", "reported", None,
+                    {"without": free, "with": lim}))
+    free, lim = alternate(rounds, lambda: float(rn.cuda(["pace", 20, 20000], None)["ns_per_iter"]),
+                          lambda: float(rn.cuda(["pace", 20, 20000], 50)["ns_per_iter"]))
+    change = (med(lim) / med(free) - 1) * 100
+    rows.append(Row("pace", "20 us host work + 1 empty launch x20k, L=50 (does not bind): ns per iteration",
+                    f"{med(free):.1f} ns", f"{med(lim):.1f} ns ({change:+.2f}%)", "added <= 1%",
+                    change <= 1, {"without": free, "with": lim}))
+    return rows
+
+
+BENCHES = {
+    "shapes": bench_shapes,
+    "fixed": bench_fixed,
+    "decode": bench_decode,
+    "saturating": bench_saturating,
+    "cost": bench_cost,
+}
+
+
+def table(rows):
+    out = ["| row | what | without limiter | with limiter | expected | result |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        result = "INFO" if r.passed is None else ("PASS" if r.passed else "FAIL")
+        out.append(f"| {r.name} | {r.what} | {r.without} | {r.with_} | {r.expected} | {result} |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("--out", default=tempfile.mkdtemp(prefix="compute-bench."))
+    ap.add_argument("--only", nargs="*", choices=sorted(BENCHES))
+    ap.add_argument("--quick", action="store_true", help="shorter runs, for a dry run")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, errors = [], []
+    started = time.time()
+    with open(out / "compute-bench.log", "w") as log:
+        rn = Runner(str(Path(args.lib).resolve()), str(Path(args.bin).resolve()), log)
+        for name in args.only or BENCHES:
+            t0 = time.time()
+            try:
+                rows += BENCHES[name](rn, args.quick)
+            except Exception as error:  # one broken bench must not hide the others
+                errors.append(f"{name}: {error}")
+                rows.append(Row(name, "did not run", "-", "-", "-", False, {"error": str(error)}))
+            print(f"[{name}: {time.time() - t0:.0f} s]", file=sys.stderr, flush=True)
+    md = table(rows)
+    passed = sum(r.passed is True for r in rows)
+    failed = sum(r.passed is False for r in rows)
+    summary = f"{passed} passed, {failed} failed, {time.time() - started:.0f} s"
+    (out / "compute-bench.md").write_text(md + "\n\n" + summary + "\n")
+    (out / "compute-bench.json").write_text(json.dumps(
+        {"rows": [asdict(r) for r in rows], "errors": errors, "summary": summary}, indent=1))
+    print(md)
+    print(summary)
+    for r in rows:
+        print(f"raw {r.name}: {json.dumps(r.raw)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

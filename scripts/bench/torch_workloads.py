@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Compute-limiter benchmarks: the PyTorch and Triton side.
+
+Usage: torch_workloads.py MODE SECONDS
+  decode   a small transformer (random weights, no download), batch 1, a KV
+           cache that grows by one position every step, 256 steps per
+           generation, generations repeated for SECONDS -> tokens_per_s
+           (attention's shapes change with every step, like a server's)
+  triton   a Triton softmax over a 4096 x 8192 fp32 matrix, back to back
+  graph    a CUDA graph of eight 2048^2 bf16 matmuls, replayed back to back
+The last two report iterations_per_s and busy_share: the sum of each
+iteration's event bracket over the wall time (a saturating loop: an
+iteration's bracket starts when the previous one ends, or when the GPU
+takes it up after an idle gap). At most 4 iterations are queued ahead, so
+the GPU never waits on the host and the run ends soon after SECONDS.
+Prints one line of key=value pairs.
+"""
+import sys
+import time
+
+import torch
+
+
+def decode(seconds):
+    torch.manual_seed(0)
+    layers, dim, heads, vocab, steps = 12, 768, 12, 32000, 256
+    head = dim // heads
+    dev, dt = "cuda", torch.float16
+    w = [
+        {
+            "qkv": torch.randn(dim, 3 * dim, device=dev, dtype=dt) * 0.02,
+            "out": torch.randn(dim, dim, device=dev, dtype=dt) * 0.02,
+            "up": torch.randn(dim, 4 * dim, device=dev, dtype=dt) * 0.02,
+            "down": torch.randn(4 * dim, dim, device=dev, dtype=dt) * 0.02,
+        }
+        for _ in range(layers)
+    ]
+    emb = torch.randn(vocab, dim, device=dev, dtype=dt) * 0.02
+
+    def generate():
+        caches = [(None, None) for _ in range(layers)]
+        token = torch.zeros(1, dtype=torch.long, device=dev)
+        for _ in range(steps):
+            x = emb[token].view(1, 1, dim)
+            for i, p in enumerate(w):
+                h = torch.nn.functional.layer_norm(x, (dim,))
+                q, k, v = (h @ p["qkv"]).split(dim, dim=-1)
+                q, k, v = (t.view(1, 1, heads, head).transpose(1, 2) for t in (q, k, v))
+                ck, cv = caches[i]
+                ck = k if ck is None else torch.cat([ck, k], dim=2)
+                cv = v if cv is None else torch.cat([cv, v], dim=2)
+                caches[i] = (ck, cv)
+                att = torch.softmax((q @ ck.transpose(-1, -2)) / head**0.5, dim=-1)
+                y = (att @ cv).transpose(1, 2).reshape(1, 1, dim)
+                x = x + y @ p["out"]
+                h = torch.nn.functional.layer_norm(x, (dim,))
+                x = x + torch.nn.functional.gelu(h @ p["up"]) @ p["down"]
+            logits = x.view(1, dim) @ emb.t()
+            token = logits.argmax(dim=-1)
+        return token.item()
+
+    generate()  # warm-up: kernels chosen, caches of the allocator
+    torch.cuda.synchronize()
+    tokens, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        generate()
+        tokens += steps
+    wall = time.perf_counter() - start
+    return {"tokens": tokens, "wall_s": f"{wall:.3f}", "tokens_per_s": f"{tokens / wall:.1f}"}
+
+
+def saturate(step, seconds):
+    """Runs `step` back to back for `seconds`, bracketing each with events."""
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    brackets, queued = [], []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        step()
+        end.record()
+        queued.append((begin, end))
+        if len(queued) > 4:
+            begin, end = queued.pop(0)
+            end.synchronize()
+            brackets.append(begin.elapsed_time(end))
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    brackets += [begin.elapsed_time(end) for begin, end in queued]
+    busy = sum(brackets) / 1e3
+    n = len(brackets)
+    return {
+        "iterations": n,
+        "wall_s": f"{wall:.3f}",
+        "iterations_per_s": f"{n / wall:.2f}",
+        "busy_share": f"{busy / wall:.4f}",
+    }
+
+
+def triton_step():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def softmax_kernel(out_ptr, in_ptr, cols, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        offs = tl.arange(0, BLOCK)
+        mask = offs < cols
+        x = tl.load(in_ptr + row * cols + offs, mask=mask, other=-float("inf"))
+        x = x - tl.max(x, axis=0)
+        e = tl.exp(x)
+        tl.store(out_ptr + row * cols + offs, e / tl.sum(e, axis=0), mask=mask)
+
+    rows, cols = 4096, 8192
+    x = torch.randn(rows, cols, device="cuda")
+    y = torch.empty_like(x)
+
+    def step():
+        for _ in range(8):
+            softmax_kernel[(rows,)](y, x, cols, BLOCK=cols)
+
+    return step
+
+
+def graph_step():
+    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
+    outs = [torch.empty_like(a) for _ in range(8)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for out in outs:  # warm-up on the side stream, as capture requires
+            torch.matmul(a, b, out=out)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for out in outs:
+            torch.matmul(a, b, out=out)
+    return graph.replay
+
+
+def main():
+    mode, seconds = sys.argv[1], float(sys.argv[2])
+    if mode == "decode":
+        result = decode(seconds)
+    elif mode == "triton":
+        result = saturate(triton_step(), seconds)
+    elif mode == "graph":
+        result = saturate(graph_step(), seconds)
+    else:
+        sys.exit(f"unknown mode {mode}")
+    print(" ".join(f"{k}={v}" for k, v in {"mode": mode, **result}.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
