@@ -176,7 +176,8 @@ impl Hypervisor {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
         let tasks = self.spawn_tasks();
-        let acceptor = poem::listener::TcpAcceptor::from_tokio(listener).map_err(Error::Serve)?;
+        let limits = self.core().settings.connections;
+        let acceptor = crate::conn::GuardedAcceptor::new(listener, limits).map_err(Error::Serve)?;
         let app = crate::api::routes(&self);
         let result = poem::Server::new_with_acceptor(acceptor)
             .run_with_graceful_shutdown(app, shutdown, Some(Duration::from_secs(1)))

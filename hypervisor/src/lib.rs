@@ -43,6 +43,7 @@
 
 pub mod api;
 pub mod config;
+pub mod conn;
 pub mod daemon;
 pub mod fairshare;
 pub mod metrics;

@@ -14,8 +14,10 @@ use crate::sys::{
     CuGraphInstantiateWithFlags, CuGraphLaunch, CuLaunchKernel, CuModuleGetFunction,
     CuModuleLoadData, CuStreamBeginCapture, CuStreamCreate, CuStreamEndCapture, CuStreamGetCtx,
     CuStreamIsCapturing, CuThreadExchangeStreamCaptureMode, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
-    NvmlDeviceGetComputeRunningProcesses, NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex,
-    NvmlDeviceGetUUID, NvmlInit, format_uuid, nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t,
+    NVML_VALUE_NOT_AVAILABLE, NvmlDeviceGetComputeRunningProcesses,
+    NvmlDeviceGetComputeRunningProcessesV1, NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex,
+    NvmlDeviceGetUUID, NvmlInit, format_uuid, nvmlDevice_t, nvmlProcessInfo_t,
+    nvmlProcessInfo_v1_t, nvmlReturn_t,
 };
 
 /// Looks `name` up in `handle` as a function of type `F`.
@@ -400,7 +402,16 @@ pub struct Nvml {
     get_uuid: NvmlDeviceGetUUID,
     /// Only the NVML reports need it; older libraries may lack it.
     get_index: Option<NvmlDeviceGetIndex>,
-    get_processes: NvmlDeviceGetComputeRunningProcesses,
+    get_processes: ProcessList,
+}
+
+/// The running-processes query NVML offers, with the entry size it writes.
+#[derive(Clone, Copy)]
+enum ProcessList {
+    /// `_v3` (and `_v2`): `nvmlProcessInfo_t`, 24 bytes an entry.
+    Current(NvmlDeviceGetComputeRunningProcesses),
+    /// The unversioned v1: `nvmlProcessInfo_v1_t`, 16 bytes an entry.
+    V1(NvmlDeviceGetComputeRunningProcessesV1),
 }
 
 static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
@@ -431,7 +442,14 @@ impl Nvml {
                 get_uuid: symbol(handle, c"nvmlDeviceGetUUID")?,
                 get_index: symbol(handle, c"nvmlDeviceGetIndex"),
                 get_processes: symbol(handle, c"nvmlDeviceGetComputeRunningProcesses_v3")
-                    .or_else(|| symbol(handle, c"nvmlDeviceGetComputeRunningProcesses"))?,
+                    .map(ProcessList::Current)
+                    .or_else(|| {
+                        symbol(handle, c"nvmlDeviceGetComputeRunningProcesses_v2")
+                            .map(ProcessList::Current)
+                    })
+                    .or_else(|| {
+                        symbol(handle, c"nvmlDeviceGetComputeRunningProcesses").map(ProcessList::V1)
+                    })?,
             };
             (init, nvml)
         };
@@ -477,16 +495,37 @@ impl Nvml {
         if !result.is_success() {
             return None;
         }
-        let mut infos = [nvmlProcessInfo_t::default(); 64];
-        let mut count = infos.len() as c_uint;
-        // SAFETY: count is the capacity of infos.
-        let result = unsafe { (self.get_processes)(device, &mut count, infos.as_mut_ptr()) };
-        if result != nvmlReturn_t::SUCCESS {
-            return None;
-        }
-        infos[..(count as usize).min(infos.len())]
-            .iter()
-            .find(|info| info.pid == pid)
-            .map(|info| info.usedGpuMemory)
+        let used = match self.get_processes {
+            ProcessList::Current(get) => {
+                let mut infos = [nvmlProcessInfo_t::default(); 64];
+                let mut count = infos.len() as c_uint;
+                // SAFETY: count is the capacity of infos, entries of the
+                // size this version writes.
+                let result = unsafe { get(device, &mut count, infos.as_mut_ptr()) };
+                if result != nvmlReturn_t::SUCCESS {
+                    return None;
+                }
+                infos[..(count as usize).min(infos.len())]
+                    .iter()
+                    .find(|info| info.pid == pid)
+                    .map(|info| info.usedGpuMemory)
+            }
+            ProcessList::V1(get) => {
+                let mut infos = [nvmlProcessInfo_v1_t::default(); 64];
+                let mut count = infos.len() as c_uint;
+                // SAFETY: count is the capacity of infos, v1-sized entries.
+                let result = unsafe { get(device, &mut count, infos.as_mut_ptr()) };
+                if result != nvmlReturn_t::SUCCESS {
+                    return None;
+                }
+                infos[..(count as usize).min(infos.len())]
+                    .iter()
+                    .find(|info| info.pid == pid)
+                    .map(|info| info.usedGpuMemory)
+            }
+        };
+        // NVML_VALUE_NOT_AVAILABLE (all ones): NVML does not know; charging
+        // it would saturate the pod's usage.
+        used.filter(|bytes| *bytes != NVML_VALUE_NOT_AVAILABLE)
     }
 }

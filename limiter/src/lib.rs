@@ -30,6 +30,7 @@ mod detour;
 mod driver;
 mod error;
 mod estimates;
+mod grant;
 mod hypervisor;
 mod loader;
 mod quota;

@@ -125,15 +125,12 @@ impl Throttle {
     }
 
     /// The budget of `device`, resolved once; `None` when it is unlimited.
-    /// Under a hypervisor, the bucket it manages, looked at on every launch:
-    /// limits change live.
+    /// Under a hypervisor, the bucket whose limits it sets in the pod's
+    /// read-only limits object, looked at on every launch: limits change live.
     fn budget(&self, device: usize) -> Option<DeviceBudget> {
         if runtime::hypervisor().is_some() {
-            let bucket = runtime::ledger()?.compute(device).ok()?;
-            let managed = bucket.managed.load(Ordering::Relaxed) != 0;
-            let limited = bucket.rate_ppm.load(Ordering::Relaxed) != 0
-                || bucket.suspended.load(Ordering::Relaxed) != 0;
-            return (managed && limited).then_some(DeviceBudget {
+            let bucket = runtime::bucket(device)?;
+            return bucket.is_limited().then_some(DeviceBudget {
                 bucket,
                 elastic: false,
             });
@@ -146,16 +143,9 @@ impl Throttle {
                 if limit.policy == ComputePolicy::None {
                     return None;
                 }
-                let bucket = match runtime::ledger().map(|ledger| ledger.compute(device)) {
-                    Some(Ok(bucket)) => bucket,
-                    Some(Err(error)) => {
-                        tracing::error!(device, %error, "no compute budget in the pod ledger");
-                        return None;
-                    }
-                    // Unusable ledger: already reported; launch unthrottled
-                    // rather than block the application for ever.
-                    None => return None,
-                };
+                // Unusable ledger: already reported; launch unthrottled
+                // rather than block the application for ever.
+                let bucket = runtime::bucket(device)?;
                 bucket.configure(limit.percent, limit.ceiling());
                 tracing::debug!(device, ?uuid, ?limit, "compute limit resolved");
                 Some(DeviceBudget {

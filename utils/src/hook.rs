@@ -108,9 +108,14 @@ pub unsafe fn replace_all(
     // suspend signal are libc helpers that never run driver code.
     unsafe { transaction.commit(Threads::All) }.map_err(HookError::Commit)?;
 
+    // The patches are live: whatever happens, the detours must be kept, never
+    // dropped (dropping unpatches without suspending threads, and the
+    // caller would then clear original slots that running detours still
+    // read). A poisoned lock only means an earlier panic while pushing; the
+    // list itself is still a list.
     INSTALLED
         .lock()
-        .map_err(|_| HookError::Poisoned)?
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .0
         .extend(detours);
     Ok(trampolines)

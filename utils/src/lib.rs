@@ -7,5 +7,7 @@ pub mod bucket;
 pub mod config;
 pub mod hook;
 pub mod ledger;
+pub mod limits;
 pub mod logging;
 pub mod protocol;
+pub mod shm;
