@@ -166,6 +166,15 @@ impl PodRegion {
             .any(|gpu| gpu.compute.suspended.load(Ordering::Acquire) != 0)
     }
 
+    /// Pids of the pod's registered processes that this daemon can see.
+    pub fn pids(&self) -> Vec<u32> {
+        self.ledger
+            .pids_in_own_namespace()
+            .into_iter()
+            .filter_map(|pid| u32::try_from(pid).ok())
+            .collect()
+    }
+
     /// Gives back what the pod's dead processes held; returns the bytes.
     /// Judges only processes of the hypervisor's pid namespace (see the ledger).
     pub fn reclaim_dead(&self) -> u64 {

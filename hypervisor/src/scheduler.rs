@@ -34,7 +34,7 @@ use tokio::sync::Notify;
 
 use crate::config::RegionOptions;
 use crate::fairshare::{self, Grant};
-use crate::observer::GpuInfo;
+use crate::observer::{GpuInfo, ProcessMemory};
 use crate::region::{PodRegion, RegionError};
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
 
@@ -87,6 +87,10 @@ struct PodGpu {
     window_start: Instant,
     window_charged: u64,
     achieved_ppm: u32,
+    /// What NVML attributes to the pod's processes on the GPU, at the last audit.
+    nvml_bytes: Option<u64>,
+    /// The last audit found more than the ledger says.
+    under_reported: bool,
 }
 
 impl PodGpu {
@@ -101,6 +105,8 @@ impl PodGpu {
             window_start: now,
             window_charged: 0,
             achieved_ppm: 0,
+            nvml_bytes: None,
+            under_reported: false,
         }
     }
 }
@@ -111,6 +117,19 @@ struct Pod {
     suspended: bool,
     gpus: Vec<PodGpu>,
     notify: Arc<Notify>,
+}
+
+/// Usage NVML sees beyond what a pod's ledger says, tolerated (rounding,
+/// driver memory taken since the pod last measured it).
+pub const AUDIT_SLACK: u64 = 256 << 20;
+
+/// A pod whose processes hold more than its ledger says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    pub pod: String,
+    pub uuid: String,
+    pub ledger: u64,
+    pub nvml: u64,
 }
 
 /// What an admission request waits on.
@@ -134,6 +153,14 @@ pub struct GpuStatus {
     pub memory_quota: u64,
     pub memory_used: u64,
     pub memory_peak: u64,
+    /// Device memory NVML attributes to the pod's processes (those the
+    /// daemon's pid namespace shows), at the last audit; `None`: not seen.
+    #[serde(default)]
+    pub memory_nvml: Option<u64>,
+    /// The pod's processes hold more than its ledger says (see
+    /// [`Scheduler::audit`]).
+    #[serde(default)]
+    pub memory_under_reported: bool,
     /// Granted share in ppm; 0 = unlimited.
     pub rate_ppm: u32,
     pub ceiling_ppm: u32,
@@ -490,6 +517,45 @@ impl Scheduler {
         }
     }
 
+    /// Checks each pod's reported usage against NVML's per-process figures
+    /// (`memory`: per lowercase GPU UUID, what NVML attributes to each pid):
+    /// a pod whose processes hold more than its ledger says (beyond
+    /// [`AUDIT_SLACK`]) bypasses or forges its accounting. Returns the pods
+    /// and GPUs newly found so, with (ledger, NVML) bytes.
+    pub fn audit(&mut self, memory: &BTreeMap<String, Vec<ProcessMemory>>) -> Vec<Mismatch> {
+        let mut found = Vec::new();
+        for (id, pod) in &mut self.pods {
+            let pids = pod.region.pids();
+            for gpu in &mut pod.gpus {
+                let Some(placement) = &gpu.placement else {
+                    continue;
+                };
+                let Some(processes) = memory.get(&placement.uuid.to_ascii_lowercase()) else {
+                    gpu.nvml_bytes = None;
+                    continue;
+                };
+                let seen: u64 = processes
+                    .iter()
+                    .filter(|p| pids.contains(&p.pid))
+                    .map(|p| p.bytes)
+                    .fold(0, u64::saturating_add);
+                let ledger = pod.region.usage(&placement.uuid).map_or(0, |u| u.used);
+                gpu.nvml_bytes = Some(seen);
+                let under = seen > ledger.saturating_add(AUDIT_SLACK);
+                if under && !gpu.under_reported {
+                    found.push(Mismatch {
+                        pod: id.clone(),
+                        uuid: placement.uuid.clone(),
+                        ledger,
+                        nvml: seen,
+                    });
+                }
+                gpu.under_reported = under;
+            }
+        }
+        found
+    }
+
     /// Gives back the memory of dead processes in every pod; returns the
     /// bytes per pod where any was given back.
     pub fn reclaim_dead(&self) -> Vec<(String, u64)> {
@@ -537,6 +603,8 @@ fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
         memory_quota: usage.map_or(g.spec.memory_bytes, |u| u.quota),
         memory_used: usage.map_or(0, |u| u.used),
         memory_peak: usage.map_or(0, |u| u.peak),
+        memory_nvml: g.nvml_bytes,
+        memory_under_reported: g.under_reported,
         rate_ppm: bucket.map_or(g.grant.rate_ppm, |b| {
             b.limits().rate_ppm.load(Ordering::Relaxed)
         }),

@@ -734,3 +734,49 @@ fn hung_clients_do_not_block_others() {
     );
     drop(hung);
 }
+
+#[test]
+fn usage_a_pod_does_not_report_is_caught_against_nvml() {
+    let a = unique("audit");
+    let h = Harness::start(&pod_toml(&a, &["index = 0\nmemory = \"4g\""]), 1, &[&a]);
+    // This process is one of the pod's (it holds a ledger slot) and reports
+    // nothing, while NVML says it holds 2 GiB on the GPU.
+    let region = RegionView::open(&a);
+    h.sim.set_process_memory(
+        0,
+        vec![hypervisor::observer::ProcessMemory {
+            pid: std::process::id(),
+            bytes: 2 << 30,
+        }],
+    );
+    let gpu_status = || {
+        let status = h.hv.hypervisor().status();
+        status
+            .pods
+            .into_iter()
+            .find(|p| p.id == a)
+            .and_then(|p| p.gpus.into_iter().next())
+            .expect("the pod's GPU")
+    };
+    assert!(
+        wait_for(Duration::from_secs(5), || gpu_status().memory_nvml
+            == Some(2 << 30)),
+        "{:?}",
+        gpu_status()
+    );
+    let seen = gpu_status();
+    assert_eq!(seen.memory_used, 0);
+    assert!(seen.memory_under_reported, "{seen:?}");
+    let (_, metrics) = call("GET", &format!("{}/metrics", h.url()), None, None);
+    assert!(
+        metrics.contains("gpushare_pod_memory_nvml_bytes{") && metrics.contains(" 2147483648"),
+        "{metrics}"
+    );
+    // Reported now: no longer flagged.
+    region
+        .0
+        .try_reserve(region.entry(0), 2 << 30)
+        .expect("reserve");
+    assert!(wait_for(Duration::from_secs(5), || !gpu_status()
+        .memory_under_reported));
+}

@@ -1,18 +1,18 @@
 //! Fail closed under a hypervisor: where a process's limits come from.
 //!
 //! A process with `CUDA_LIMITER_HYPERVISOR` set waits, bounded by
-//! `CUDA_LIMITER_GRANT_TIMEOUT_MS` (5 s by default), for its grant: the pod's
-//! limits object, published by the hypervisor, owned by a trusted uid and
-//! writable by nobody else. Then the hypervisor's limits apply, read-only,
-//! even if the hypervisor is down now or refused this process's
-//! registration (its last limits still bind the pod). Otherwise (daemon
-//! down, bad address, wrong or empty token, unknown pod, and no limits
-//! object for the pod):
+//! `CUDA_LIMITER_GRANT_TIMEOUT_MS` (5 s by default), for its grant: the
+//! hypervisor accepted its registration (or cannot be reached at all), and
+//! the pod's limits object is published, owned by a trusted uid and writable
+//! by nobody else. Then the hypervisor's limits apply, read-only; a
+//! hypervisor that is down leaves the pod's last published limits in force.
+//! Otherwise (registration refused: wrong or empty token, unknown pod; or no
+//! limits object: daemon down or unreachable since before the pod started):
 //! - with local limits in the environment, those apply (one line says so);
 //! - without, CUDA refuses to initialise (`cuInit` fails) with one line.
 //!
-//! A refusal that cannot change (the hypervisor answered 4xx) ends the wait
-//! at once.
+//! A refusal that cannot change (the hypervisor answered 4xx, or the limits
+//! object is squatted) ends the wait at once.
 
 use std::time::{Duration, Instant};
 
@@ -44,34 +44,37 @@ pub fn decide(
 ) -> Grant {
     link.start();
     let deadline = Instant::now() + timeout;
-    let mut last;
+    let mut last = "no answer from the hypervisor".to_owned();
     let reason = loop {
-        match PodLimits::open_read_only(pod, trust) {
-            Ok(limits) => {
-                match link.status() {
-                    LinkStatus::Registered => {}
-                    // The hypervisor is away or refused this process: its
-                    // last published limits still bind the pod.
-                    LinkStatus::Pending(reason) | LinkStatus::Refused(reason) => eprintln!(
-                        "cuda-limiter: not registered with the hypervisor at {} ({reason}); the pod's last published limits apply",
-                        link.address()
-                    ),
-                }
-                tracing::info!(limits = limits.name(), "hypervisor limits in force");
-                return Grant::Hypervisor(limits);
-            }
-            // A squatted or foreign object never becomes right.
-            Err(error @ (LimitsError::Shm(_) | LimitsError::Foreign { .. })) => {
-                break error.to_string();
-            }
-            Err(error) => last = error.to_string(),
+        let status = link.status();
+        if let LinkStatus::Refused(reason) = status {
+            // Wrong or empty token, unknown pod: this process is not the
+            // pod's, and nothing will change that.
+            break reason;
         }
-        match link.status() {
-            // Registered but nothing published yet: the hypervisor is about to.
-            LinkStatus::Registered => {}
-            // Refused (wrong or empty token, unknown pod): nothing will come.
-            LinkStatus::Refused(reason) => break format!("{reason}; {last}"),
-            LinkStatus::Pending(reason) => last = format!("{reason}; {last}"),
+        if matches!(status, LinkStatus::Registered | LinkStatus::Unreachable(_)) {
+            match PodLimits::open_read_only(pod, trust) {
+                Ok(limits) => {
+                    if let LinkStatus::Unreachable(reason) = status {
+                        eprintln!(
+                            "cuda-limiter: the hypervisor at {} is unreachable ({reason}); the pod's last published limits apply",
+                            link.address()
+                        );
+                    }
+                    tracing::info!(limits = limits.name(), "hypervisor limits in force");
+                    return Grant::Hypervisor(limits);
+                }
+                // A squatted or foreign object never becomes right.
+                Err(error @ (LimitsError::Shm(_) | LimitsError::Foreign { .. })) => {
+                    break error.to_string();
+                }
+                Err(error) => {
+                    last = match status {
+                        LinkStatus::Unreachable(reason) => format!("{reason}; {error}"),
+                        _ => error.to_string(),
+                    }
+                }
+            }
         }
         if Instant::now() >= deadline {
             break last;

@@ -86,8 +86,10 @@ fn visible_devices() -> Vec<WorkerDevice> {
 /// Where registration stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LinkStatus {
-    /// Not registered yet; the last failure, if any.
-    Pending(String),
+    /// The first registration has not been answered yet.
+    Starting,
+    /// The hypervisor could not be reached (down, wrong address); retrying.
+    Unreachable(String),
     /// Registered: the hypervisor knows this process.
     Registered,
     /// The hypervisor refused this process for good (wrong or empty token,
@@ -132,7 +134,7 @@ impl Link {
             pod: pod.to_owned(),
             agent,
             registered: OnceLock::new(),
-            status: Mutex::new(LinkStatus::Pending("not started".to_owned())),
+            status: Mutex::new(LinkStatus::Starting),
             started: Once::new(),
         })
     }
@@ -233,7 +235,7 @@ impl Link {
                 }
                 Err(error) => {
                     tracing::warn!(%error, ?backoff, "hypervisor registration failed; retrying");
-                    self.set_status(LinkStatus::Pending(error.to_string()));
+                    self.set_status(LinkStatus::Unreachable(error.to_string()));
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(REGISTER_BACKOFF_MAX);
                 }

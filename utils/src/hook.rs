@@ -42,9 +42,6 @@ pub enum HookError {
     /// The transaction that writes every patch at once failed; nothing was patched.
     #[error("patch transaction failed, nothing patched: {0}")]
     Commit(#[source] detour::Error),
-    /// The engine's bookkeeping lock was poisoned by an earlier panic.
-    #[error("hook engine state poisoned")]
-    Poisoned,
 }
 
 /// One patch request: redirect `target` to `detour`.

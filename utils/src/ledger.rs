@@ -666,6 +666,19 @@ impl PodLedger {
         total
     }
 
+    /// Pids of the processes registered in this region from this process's
+    /// pid namespace (others' pids mean nothing here).
+    pub fn pids_in_own_namespace(&self) -> Vec<i32> {
+        let ns = own_pid_ns();
+        self.region()
+            .processes
+            .iter()
+            .filter(|slot| slot.pid_ns.load(Ordering::Acquire) == ns)
+            .map(|slot| slot.pid.load(Ordering::Acquire))
+            .filter(|pid| *pid > 0)
+            .collect()
+    }
+
     /// The pod's compute budget on `dev`, with the limits local mode sets.
     pub fn compute(&self, dev: usize) -> Result<Bucket<'_>, LedgerError> {
         let local = self.local_bucket(dev)?;
