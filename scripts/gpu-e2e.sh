@@ -12,8 +12,8 @@
 # recorded as FAIL and the script goes on. Memory checks (1-10) use LD_PRELOAD +
 # CUDA_DEVICE_MEMORY_LIMIT=4g; compute checks (11-15) use LD_PRELOAD +
 # CUDA_DEVICE_SM_LIMIT=L (HAMi's name; E2E_SM_VAR=CUDA_LIMITER_SM_LIMIT for ours)
-# with a distinct CUDA_LIMITER_POD per check, /dev/shm/gpushare-pod-* removed
-# between runs:
+# with a distinct CUDA_LIMITER_POD per check, /dev/shm/gpushare-{pod,limits}-e2e-*
+# removed between runs:
 #   11  busy share of spin (SMs-filling kernel busy-waiting on %globaltimer) at
 #       L = 10/25/50/75 x kernel 50us/2ms x runtime/graph launches, 3 s each:
 #       |share from 1 s to the end - L| <= 3 pp and settle time <= 1 s
@@ -46,6 +46,17 @@
 #   20  gpu-bundle/hypervisor-latency-test (the crate's tests/latency.rs), when
 #       present: client-side p50 <= 200 us, p99 <= 2 ms
 # Checks 16-20 take about 1 minute.
+# Checks 21-22 (issue 9: fail closed, reports right at once), about 1 minute:
+#   21  a process of pod P holds 3 GiB, then exits without freeing (a) or is
+#       killed with SIGKILL (b); at once (no sleep) the next process of P
+#       reports cudaMemGetInfo and nvidia-smi: with the limiter total=4096MiB,
+#       free >= 3072MiB, nvidia-smi used <= 512MiB; without, free is back
+#       within 1 GiB of what the holder saw before allocating
+#   22  CUDA_LIMITER_HYPERVISOR names a port nothing listens on (grant timeout
+#       2 s): (a) with CUDA_DEVICE_MEMORY_LIMIT=4g, cudaMalloc until OOM as in
+#       check 1, and one stderr line saying the local limits apply; (b) with no
+#       local limit, CUDA refuses to initialise (cudaMalloc fails, exit 0 of
+#       mem_hold) with exactly one "cuda-limiter:" line
 #
 # Outputs:
 #   stdout                       progress lines, then the table (printed last)
@@ -195,7 +206,8 @@ want() { [[ -z $ONLY ]] || [[ " $ONLY " == *" $1 "* ]]; }
 
 built() { [[ -x $BIN/$1 ]]; }
 
-clean_shm() { rm -f /dev/shm/gpushare-pod-* 2>/dev/null; }
+# every pod of this script is named e2e-*: other users' regions are left alone
+clean_shm() { rm -f /dev/shm/gpushare-pod-e2e-* /dev/shm/gpushare-limits-e2e-* 2>/dev/null; }
 
 # row CHECK WITHOUT WITH EXPECTED REASONS   (empty REASONS = PASS)
 row() {
@@ -221,9 +233,12 @@ row() {
 #          compute limit
 #   sm:L   with the limiter and a compute limit of L percent, pod POD
 #   hv     with the limiter in hypervisor mode (HV_URL), pod POD and its token
+#   down:M with the limiter in hypervisor mode at HV_DOWN_URL (nothing
+#          listens), grant timeout 2 s, pod POD; local memory limit M (none
+#          when M is empty)
 env_for() {
   ENVCMD=(env -u LD_PRELOAD -u CUDA_DEVICE_MEMORY_LIMIT -u CUDA_LIMITER_MEMORY_LIMIT -u CUDA_LIMITER_POD
-    -u CUDA_DEVICE_SM_LIMIT -u CUDA_LIMITER_SM_LIMIT
+    -u CUDA_DEVICE_SM_LIMIT -u CUDA_LIMITER_SM_LIMIT -u CUDA_LIMITER_GRANT_TIMEOUT_MS
     -u CUDA_LIMITER_HYPERVISOR -u CUDA_LIMITER_TOKEN -u CUDA_LIMITER_TOKEN_FILE)
   case $1 in
     lim) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_DEVICE_MEMORY_LIMIT=4g CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
@@ -231,6 +246,9 @@ env_for() {
     sm:*) ENVCMD+=(LD_PRELOAD="$LIB" "$SM_VAR=${1#sm:}" CUDA_LIMITER_POD="$2" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
     hv) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_LIMITER_POD="$2" CUDA_LIMITER_HYPERVISOR="$HV_URL"
       CUDA_LIMITER_TOKEN="$(hv_token "$2")" CUDA_LIMITER_LOG="$LIMITER_LOG") ;;
+    down:*) ENVCMD+=(LD_PRELOAD="$LIB" CUDA_LIMITER_POD="$2" CUDA_LIMITER_HYPERVISOR="$HV_DOWN_URL"
+      CUDA_LIMITER_TOKEN=e2e-down CUDA_LIMITER_GRANT_TIMEOUT_MS=2000 CUDA_LIMITER_LOG="$LIMITER_LOG")
+      [[ -n ${1#down:} ]] && ENVCMD+=(CUDA_DEVICE_MEMORY_LIMIT="${1#down:}") ;;
   esac
 }
 
@@ -1635,6 +1653,117 @@ check_hv_latency() {
 
 # ------------------------------------------------------------------ report --
 
+# 21: reports right after a process holding 3 GiB ended
+# stale_sequence MODE TAG HOW(exit|kill) -> ST_A ST_A0 ST_T ST_F ST_SMI
+stale_sequence() {
+  local mode=$1 tag=$2 how=$3 pod=e2e-stale-$3
+  local flag=$WORK/release-21-$tag-$how alog=$LOG_DIR/21-$tag-$how-A.log
+  local blog=$LOG_DIR/21-$tag-$how-B.log slog=$LOG_DIR/21-$tag-$how-smi.log
+  rm -f "$flag"
+  clean_shm
+  env_for "$mode" "$pod"
+  echo "# mode=$mode pod=$pod (A holds 3 GiB, then $how) start $(date +%T.%N)" >"$alog"
+  "${ENVCMD[@]}" "$BIN/mem_hold" $((3 * GiB)) "$flag" 120 keep >>"$alog" 2>&1 &
+  local apid=$! i
+  BG_PIDS+=("$apid")
+  for ((i = 0; i < 600; i++)); do
+    grep -q '^holding=1' "$alog" 2>/dev/null && break
+    grep -q '^alloc_rc=' "$alog" 2>/dev/null && ! grep -q '^alloc_rc=0' "$alog" && break
+    kill -0 "$apid" 2>/dev/null || break
+    sleep 0.1
+  done
+  ST_A=$(kv "$alog" alloc_rc) ST_A0=$(kv "$alog" free0)
+  if [[ $how == kill ]]; then kill -9 "$apid" 2>/dev/null; else touch "$flag"; fi
+  wait "$apid" 2>/dev/null
+  echo "# A ended ($how) at $(date +%T.%N)" >>"$alog"
+  # at once: the next process of the pod, then nvidia-smi in the pod
+  run_prog "$mode" "$pod" "$blog" 60 "$BIN/mem_hold" 0
+  ST_T=$(kv "$blog" total0) ST_F=$(kv "$blog" free0)
+  run_prog "$mode" "$pod" "$slog" 60 nvidia-smi -i 0 --query-gpu=memory.total,memory.used,memory.free --format=csv,noheader,nounits
+  ST_SMI=$(grep -a -m1 -E '^[[:space:]]*[0-9]+[[:space:]]*,' "$slog" | tr -d ' ')
+}
+
+check_stale() {
+  local how
+  for how in exit kill; do
+    local name="21. report right after a 3GiB holder ends ($how)"
+    [[ $how == kill ]] && name="21. report right after a 3GiB holder ends (SIGKILL)"
+    local exp="with: A=0, next: total=4096MiB free>=3072MiB, nvidia-smi total=4096 used<=512; without: free back within 1GiB"
+    if ! built mem_hold; then
+      row "$name" "not built" "not built" "$exp" "build failed"
+      continue
+    fi
+    stale_sequence base base "$how"
+    local bA=$ST_A bA0=$ST_A0 bF=$ST_F bS=$ST_SMI
+    stale_sequence lim lim "$how"
+    local lA=$ST_A lT=$ST_T lF=$ST_F lS=$ST_SMI lst lsu why=""
+    IFS=, read -r lst lsu _ <<<"$lS"
+    why+="$(exit_why "$LOG_DIR/21-base-$how-B.log" base-next)$(exit_why "$LOG_DIR/21-lim-$how-B.log" lim-next)"
+    [[ $bA == 0 ]] || why+=" base-A!=0"
+    isnum "$bF" && isnum "$bA0" && (((bF + GiB) >= bA0)) || why+=" base-free-not-back"
+    [[ $lA == 0 ]] || why+=" A!=0"
+    ncmp "$lT" eq $QUOTA || why+=" total!=quota"
+    ncmp "$lF" ge $((3 * GiB)) || why+=" free<3072MiB"
+    ncmp "$lst" eq $QUOTA_MIB || why+=" smi-total!=4096"
+    ncmp "$lsu" le 512 || why+=" smi-used>512"
+    row "$name" "A=${bA:-?} before=$(mibs "$bA0") next-free=$(mibs "$bF") smi=${bS:-?}" \
+      "A=${lA:-?} next: total=$(mibs "$lT") free=$(mibs "$lF") smi=${lS:-?}" "$exp" "$why"
+  done
+  clean_shm
+}
+
+# 22: the hypervisor is down and never granted limits
+HV_DOWN_URL=""
+
+check_hv_down() {
+  local port
+  port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])' 2>/dev/null)
+  HV_DOWN_URL=http://127.0.0.1:${port:-9}
+  say "   hypervisor-down URL: $HV_DOWN_URL"
+  local name="22a. hypervisor down + local 4g: cudaMalloc until OOM"
+  local exp="with: total=4096MiB, 2GiB<=got<=4GiB, err=2, 1 stderr line 'local limits apply'; without: got>8GiB"
+  if built mem_runtime; then
+    local b=$LOG_DIR/22a-base.log l=$LOG_DIR/22a-down.log why lines
+    clean_shm
+    run_prog base - "$b" 180 "$BIN/mem_runtime"
+    clean_shm
+    run_prog down:4g e2e-down-local "$l" 180 "$BIN/mem_runtime"
+    local bo lt lo lf
+    bo=$(kv "$b" obtained) lt=$(kv "$l" total0) lo=$(kv "$l" obtained) lf=$(kv "$l" fail_code)
+    lines=$(grep -a -c '^cuda-limiter:' "$l")
+    why="$(exit_why "$b" base)$(exit_why "$l" down)"
+    ncmp "$bo" gt $((8 * GiB)) || why+=" base-got<=8GiB"
+    ncmp "$lt" eq $QUOTA || why+=" total!=quota"
+    ncmp "$lo" le $QUOTA || why+=" got>quota"
+    ncmp "$lo" ge $((2 * GiB)) || why+=" got<2GiB"
+    ncmp "$lf" eq 2 || why+=" err!=2"
+    [[ $lines == 1 ]] && grep -a -q '^cuda-limiter:.*the local limits apply' "$l" || why+=" stderr-lines=$lines"
+    row "$name" "got=$(gib "$bo")" "total=$(mibs "$lt") got=$(gib "$lo") err=${lf:-?} lines=$lines" "$exp" "$why"
+  else
+    row "$name" "not built" "not built" "$exp" "build failed"
+  fi
+  name="22b. hypervisor down, no local limit: CUDA refused"
+  exp="with: cudaMalloc(1GiB)!=0, exactly 1 stderr line 'CUDA refuses to initialise'; without: cudaMalloc=0"
+  if built mem_hold; then
+    local b=$LOG_DIR/22b-base.log l=$LOG_DIR/22b-down.log why lines
+    clean_shm
+    run_prog base - "$b" 60 "$BIN/mem_hold" "$GiB"
+    clean_shm
+    run_prog down: e2e-down-none "$l" 60 "$BIN/mem_hold" "$GiB"
+    local ba la
+    ba=$(kv "$b" alloc_rc) la=$(kv "$l" alloc_rc)
+    lines=$(grep -a -c '^cuda-limiter:' "$l")
+    why="$(exit_why "$b" base)"
+    [[ $ba == 0 ]] || why+=" base-alloc!=0"
+    isnum "$la" && ((la != 0)) || why+=" alloc-not-refused"
+    [[ $lines == 1 ]] && grep -a -q '^cuda-limiter:.*CUDA refuses to initialise' "$l" || why+=" stderr-lines=$lines"
+    row "$name" "alloc=${ba:-?}" "alloc=${la:-?} ($(kv "$l" alloc_name)) lines=$lines" "$exp" "$why"
+  else
+    row "$name" "not built" "not built" "$exp" "build failed"
+  fi
+  clean_shm
+}
+
 finish() {
   local table=$RES/table.md
   {
@@ -1707,6 +1836,8 @@ step 18 check_hv_suspend
 step 19 check_hv_restart
 step 20 check_hv_latency
 hv_stop
+step 21 check_stale
+step 22 check_hv_down
 clean_shm
 finish
 ((FAILED == 0 && PASSED > 0)) && exit 0

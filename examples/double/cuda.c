@@ -170,9 +170,43 @@ static unsigned long long env_count(const char *name, unsigned long long fallbac
     return value;
 }
 
+/* CUDA_VISIBLE_DEVICES, as indices only: CUDA ordinal i is the fake GPU
+ * g_visible[i] (its UUID, what NVML calls it); unset, ordinal i is GPU i.
+ * The CUDA side then counts only the visible GPUs, and keeps its state by
+ * ordinal. Entries past the first invalid one are dropped, as CUDA does. */
+static int g_visible[DOUBLE_MAX_DEVICES];
+/* The fake GPUs of the machine, visible or not (NVML sees them all). */
+static int g_physical_devices;
+
+static void load_visible(void) {
+    const char *text = getenv("CUDA_VISIBLE_DEVICES");
+    int i, count = 0;
+    g_physical_devices = g_config.devices;
+    for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
+        g_visible[i] = i;
+    }
+    if (text == NULL) {
+        return;
+    }
+    while (*text != '\0' && count < g_config.devices) {
+        char *end;
+        long index = strtol(text, &end, 10);
+        if (end == text || index < 0 || index >= g_config.devices) {
+            break;
+        }
+        g_visible[count++] = (int)index;
+        text = *end == ',' ? end + 1 : end;
+        if (*end != ',') {
+            break;
+        }
+    }
+    g_config.devices = count;
+}
+
 static void load_config(void) {
     int i;
     g_config = double_config_from_env();
+    load_visible();
     g_config_kernel_ns = env_count("GPUSHARE_DOUBLE_KERNEL_NS", DEFAULT_KERNEL_NS, 0, ~0ULL);
     g_config_queue_depth =
         env_count("GPUSHARE_DOUBLE_QUEUE_DEPTH", DEFAULT_QUEUE_DEPTH, 1, MAX_QUEUE_DEPTH);
@@ -466,7 +500,7 @@ CUresult impl_cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
     if (uuid == NULL) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    double_uuid_bytes(dev, bytes);
+    double_uuid_bytes(g_visible[dev], bytes);
     memcpy(uuid->bytes, bytes, sizeof bytes);
     return CUDA_SUCCESS;
 }
@@ -762,7 +796,24 @@ CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, C
     return impl_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
 }
 
+/* GPUSHARE_DOUBLE_FAIL_FREES=N: the first N cuMemFree_v2 calls of the
+ * process fail with CUDA_ERROR_ILLEGAL_ADDRESS and free nothing (a sticky
+ * error in the real driver), so tests can see a failed free keep its charge. */
+static long g_fail_frees = -1;
+
 CUresult impl_cuMemFree_v2(CUdeviceptr dptr) {
+    long left = __atomic_load_n(&g_fail_frees, __ATOMIC_ACQUIRE);
+    if (left < 0) {
+        const char *text = getenv("GPUSHARE_DOUBLE_FAIL_FREES");
+        left = text != NULL ? strtol(text, NULL, 10) : 0;
+        __atomic_store_n(&g_fail_frees, left, __ATOMIC_RELEASE);
+    }
+    while (left > 0) {
+        if (__atomic_compare_exchange_n(&g_fail_frees, &left, left - 1, 0, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE)) {
+            return CUDA_ERROR_ILLEGAL_ADDRESS;
+        }
+    }
     return free_any(dptr, KIND_POINTER, CUDA_ERROR_INVALID_VALUE);
 }
 
@@ -2174,15 +2225,23 @@ CUresult impl_cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, 
 
 /* ---------------------------------------------------------------- for libnvidia-ml */
 
+/* NVML's view: every fake GPU, by physical index; a GPU this process does
+ * not see through CUDA_VISIBLE_DEVICES shows nothing of it. */
 EXPORT int gpushare_double_state(int device, struct gpushare_double_snapshot *out) {
-    int count;
+    int count, ordinal;
     lock();
-    count = g_config.devices;
+    count = g_physical_devices;
     if (out != NULL && device >= 0 && device < count) {
+        memset(out, 0, sizeof *out);
         out->total = g_config.total;
-        out->has_context = g_devices[device].live_contexts > 0;
-        out->context_bytes = out->has_context ? g_config.context_bytes : 0;
-        out->alloc_bytes = g_devices[device].alloc_bytes;
+        for (ordinal = 0; ordinal < g_config.devices; ordinal++) {
+            if (g_visible[ordinal] != device) {
+                continue;
+            }
+            out->has_context = g_devices[ordinal].live_contexts > 0;
+            out->context_bytes = out->has_context ? g_config.context_bytes : 0;
+            out->alloc_bytes = g_devices[ordinal].alloc_bytes;
+        }
     }
     unlock();
     return count;

@@ -319,7 +319,12 @@ nvmlReturn_t impl_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     *infoCount = needed;
     if (needed > 0) {
         infos[0].pid = (unsigned int)getpid();
-        infos[0].usedGpuMemory = s.context_bytes + s.alloc_bytes;
+        /* GPUSHARE_DOUBLE_NVML_UNAVAILABLE=1: the figure NVML gives when it
+         * cannot tell (NVML_VALUE_NOT_AVAILABLE for unsigned long long). */
+        const char *unavailable = getenv("GPUSHARE_DOUBLE_NVML_UNAVAILABLE");
+        infos[0].usedGpuMemory = unavailable != NULL && unavailable[0] == '1'
+                                     ? ~0ULL
+                                     : s.context_bytes + s.alloc_bytes;
         infos[0].gpuInstanceId = NVML_VALUE_NOT_AVAILABLE;
         infos[0].computeInstanceId = NVML_VALUE_NOT_AVAILABLE;
     }

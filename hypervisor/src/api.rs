@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_utils::bucket::{CAPACITY_NS, PPM, REFILL_BATCH_NS, monotonic_ns};
 use gpushare_utils::config::PodId;
+use gpushare_utils::ledger::MAX_DEVICES;
 use gpushare_utils::protocol::{Admission, AdmissionRequest, Register, Registered};
 use http_bidir_comm::ClientId;
 use http_bidir_comm::server::{json_error, json_response, malformed};
@@ -94,6 +95,11 @@ pub(crate) fn routes(hv: &Hypervisor) -> impl Endpoint<Output = Response> + 'sta
         )
         .at("/healthz", get(make(|_| async { "ok" })))
         .with(CatchPanic::new())
+        // Unknown routes (404), wrong methods (405) and anything else poem
+        // refuses by itself answer in the same JSON as ours.
+        .catch_all_error(|error: poem::Error| async move {
+            json_error(error.status(), &error.to_string())
+        })
 }
 
 /// An endpoint running `f` with a handle on the hypervisor.
@@ -121,7 +127,14 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
     let Ok(pod) = PodId::new(reg.pod.clone()) else {
         return unauthorized();
     };
-    let now = Instant::now();
+    // A process sees at most this many GPUs; more is abuse, and would be
+    // kept for the life of the worker.
+    if reg.devices.len() > MAX_DEVICES {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("at most {MAX_DEVICES} devices per worker"),
+        );
+    }
     let registered = {
         let mut core = hv.core();
         if !core
@@ -143,8 +156,6 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
         else {
             return json_error(StatusCode::BAD_REQUEST, "cannot form a worker id");
         };
-        core.scheduler
-            .report_devices(pod.as_str(), &reg.devices, now);
         let devices = core
             .scheduler
             .device_limits(pod.as_str())
@@ -207,7 +218,7 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
 /// Waits until the pod's bucket holds budget (refilling it, since the
 /// trapped thread is not), or `deadline`; returns the tokens, 0 on timeout.
 async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: Instant) -> u64 {
-    let Some(bucket) = target.region.bucket(target.ordinal) else {
+    let Some(bucket) = target.region.bucket(&target.uuid) else {
         return 0;
     };
     loop {
@@ -215,7 +226,12 @@ async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: In
         let notified = target.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let step = if bucket.suspended.load(std::sync::atomic::Ordering::Acquire) != 0 {
+        let step = if bucket
+            .limits()
+            .suspended
+            .load(std::sync::atomic::Ordering::Acquire)
+            != 0
+        {
             ADMISSION_STEP
         } else {
             let rate = bucket.effective_rate_ppm();
@@ -223,7 +239,7 @@ async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: In
                 return CAPACITY_NS as u64;
             }
             let now_ns = monotonic_ns();
-            let tokens = target.region.refill(target.ordinal, now_ns);
+            let tokens = target.region.refill(&target.uuid, now_ns);
             if tokens > 0 {
                 return tokens as u64;
             }

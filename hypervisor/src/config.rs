@@ -7,7 +7,11 @@
 //! worker_ttl_ms = 30000              # a worker silent this long is removed
 //! health_interval_ms = 10000         # Health ping to every worker; 0 = off
 //! check_pids = false                 # remove workers whose pid is gone (hostPID only)
-//! region_mode = "0660"               # chmod of /dev/shm/gpushare-pod-*; never o+w
+//! max_connections = 4096             # open HTTP connections; beyond, the oldest
+//!                                    # one still sending headers is closed
+//! header_timeout_ms = 5000           # a request's headers must arrive this fast
+//! idle_timeout_ms = 60000            # a kept-alive connection idle this long is closed
+//! region_mode = "0640"               # mode of /dev/shm/gpushare-pod-*; never g+w or o+w
 //! region_gid = 1000                  # chown group of the regions (region_uid too)
 //!
 //! [[pods]]
@@ -21,10 +25,10 @@
 //! share = 25                         # percent, guaranteed when contended
 //! policy = "fixed"                   # fixed | elastic | none; default: fixed with
 //!                                    # a cap, elastic with only a share, else none
-//! ordinal = 0                        # index of this GPU inside the pod (CUDA
-//!                                    # ordinal); default: what the pod's workers
-//!                                    # report, else the NVML index
 //! ```
+//!
+//! Limits follow the GPU's UUID (an `index` is resolved to the UUID of that
+//! NVML index), whatever index a container's `CUDA_VISIBLE_DEVICES` gives it.
 //!
 //! Relative `token_file` paths are relative to the config file's folder.
 
@@ -35,6 +39,7 @@ use std::time::Duration;
 use gpushare_utils::config::{PodId, parse_size};
 use serde::Deserialize;
 
+use crate::conn::ConnLimits;
 use crate::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token};
 
 /// Where the hypervisor listens when neither the file nor `--listen` says.
@@ -80,7 +85,7 @@ pub enum ConfigError {
     GpuSelector { what: String },
     #[error("{what}: policy {value:?} is not fixed, elastic or none")]
     Policy { what: String, value: String },
-    #[error("region_mode {0:?} must be octal permission bits without o+w, such as \"0660\"")]
+    #[error("region_mode {0:?} must be octal permission bits without g+w or o+w, such as \"0640\"")]
     RegionMode(String),
     #[error("{0}")]
     Pods(SpecError),
@@ -98,6 +103,8 @@ pub struct Settings {
     pub check_pids: bool,
     /// Most workers one pod may register at once.
     pub max_workers_per_pod: usize,
+    /// Bounds on HTTP connections (needs a restart to change).
+    pub connections: ConnLimits,
 }
 
 impl Default for Settings {
@@ -107,6 +114,7 @@ impl Default for Settings {
             health_interval: Some(Duration::from_secs(10)),
             check_pids: false,
             max_workers_per_pod: 1024,
+            connections: ConnLimits::default(),
         }
     }
 }
@@ -142,6 +150,9 @@ struct RawConfig {
     health_interval_ms: Option<u64>,
     check_pids: Option<bool>,
     max_workers_per_pod: Option<usize>,
+    max_connections: Option<usize>,
+    header_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
     region_mode: Option<String>,
     region_uid: Option<u32>,
     region_gid: Option<u32>,
@@ -171,9 +182,6 @@ pub struct RawGpu {
     pub cap: Option<u8>,
     pub share: Option<u8>,
     pub policy: Option<String>,
-    /// Index of the GPU inside the pod (CUDA ordinal), when the pod's
-    /// processes number GPUs differently from NVML.
-    pub ordinal: Option<u32>,
 }
 
 /// A memory size: bytes, or a size string such as `"4g"`.
@@ -235,11 +243,27 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
             .max_workers_per_pod
             .unwrap_or(defaults.max_workers_per_pod)
             .max(1),
+        connections: ConnLimits {
+            max_connections: raw
+                .max_connections
+                .unwrap_or(defaults.connections.max_connections)
+                .max(16),
+            header_timeout: raw
+                .header_timeout_ms
+                .map_or(defaults.connections.header_timeout, |ms| {
+                    Duration::from_millis(ms.max(100))
+                }),
+            idle_timeout: raw
+                .idle_timeout_ms
+                .map_or(defaults.connections.idle_timeout, |ms| {
+                    Duration::from_millis(ms.max(100))
+                }),
+        },
     };
     let mode = match raw.region_mode.as_deref() {
         None => None,
         Some(text) => match u32::from_str_radix(text.trim().trim_start_matches("0o"), 8) {
-            Ok(mode) if mode <= 0o777 && mode & 0o002 == 0 => Some(mode),
+            Ok(mode) if mode <= 0o777 && mode & 0o022 == 0 => Some(mode),
             _ => return Err(ConfigError::RegionMode(text.to_owned())),
         },
     };
@@ -324,7 +348,6 @@ pub fn resolve_gpus(what: &str, raw: &[RawGpu]) -> Result<Vec<GpuSpec>, ConfigEr
                 gpu.share,
                 policy,
             )
-            .and_then(|spec| spec.with_ordinal(gpu.ordinal))
             .map_err(spec_err)?,
         );
     }
@@ -379,6 +402,53 @@ fn resolve_token(
         })
 }
 
+/// Risky choices a config may make, one line each: worth saying, not refusing.
+pub fn warnings(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if !config.listen.ip().is_loopback() {
+        out.push(format!(
+            "listen = {} is not a loopback address: tokens travel in clear text to anyone who can reach it",
+            config.listen
+        ));
+    }
+    for (n, a) in config.pods.iter().enumerate() {
+        for b in &config.pods[n + 1..] {
+            if a.token == b.token {
+                out.push(format!(
+                    "pods {} and {} share one token: each can act as the other",
+                    a.id, b.id
+                ));
+            }
+        }
+        let by_index = a
+            .gpus
+            .iter()
+            .any(|g| matches!(g.gpu, GpuSelector::Index(_)));
+        let by_uuid = a.gpus.iter().any(|g| matches!(g.gpu, GpuSelector::Uuid(_)));
+        if by_index && by_uuid {
+            out.push(format!(
+                "pod {} names GPUs both by index and by UUID: one GPU given twice keeps only its first limits",
+                a.id
+            ));
+        }
+    }
+    let mut shares: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    for pod in &config.pods {
+        for gpu in &pod.gpus {
+            let floor = u32::from(gpu.share_percent.unwrap_or(0));
+            *shares.entry(gpu.gpu.to_string()).or_default() += floor;
+        }
+    }
+    for (gpu, total) in shares {
+        if total > 100 {
+            out.push(format!(
+                "GPU {gpu}: guaranteed shares add up to {total}%: they cannot all be honoured"
+            ));
+        }
+    }
+    out
+}
+
 fn one_line(message: &str) -> String {
     let mut parts = message.lines().map(str::trim).filter(|l| !l.is_empty());
     let first = parts.next().unwrap_or_default().to_owned();
@@ -405,7 +475,7 @@ mod tests {
             admin_token = "adm"
             worker_ttl_ms = 5000
             health_interval_ms = 0
-            region_mode = "0660"
+            region_mode = "0640"
             [[pods]]
             id = "a"
             token = "ta"
@@ -428,7 +498,7 @@ mod tests {
         assert!(config.admin_token.unwrap().matches("adm"));
         assert_eq!(config.settings.worker_ttl, Duration::from_secs(5));
         assert_eq!(config.settings.health_interval, None);
-        assert_eq!(config.regions.mode, Some(0o660));
+        assert_eq!(config.regions.mode, Some(0o640));
         let a = &config.pods[0];
         assert_eq!(a.gpus[0].memory_bytes, 4 << 30);
         assert_eq!(a.gpus[0].policy, Policy::Fixed);
@@ -468,6 +538,7 @@ mod tests {
             ),
             ("listen = \"nowhere\"\n", "listen"),
             ("region_mode = \"0666\"\n", "o+w"),
+            ("region_mode = \"0660\"\n", "g+w"),
             ("colour = 1\n", "unknown field"),
             (
                 "[[pods]]\nid = \"a\"\ntoken_env = \"HV_TEST_SURELY_UNSET\"\n",

@@ -176,7 +176,8 @@ impl Hypervisor {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), Error> {
         let tasks = self.spawn_tasks();
-        let acceptor = poem::listener::TcpAcceptor::from_tokio(listener).map_err(Error::Serve)?;
+        let limits = self.core().settings.connections;
+        let acceptor = crate::conn::GuardedAcceptor::new(listener, limits).map_err(Error::Serve)?;
         let app = crate::api::routes(&self);
         let result = poem::Server::new_with_acceptor(acceptor)
             .run_with_graceful_shutdown(app, shutdown, Some(Duration::from_secs(1)))
@@ -256,6 +257,7 @@ impl Hypervisor {
         let observed = tokio::task::spawn_blocking(move || {
             let gpus = observer.gpus()?;
             let mut utilization = Vec::new();
+            let mut memory = std::collections::BTreeMap::new();
             for gpu in &gpus {
                 match observer.process_utilization(gpu.index) {
                     Ok(samples) => utilization.extend(samples.into_iter().map(|s| (gpu.index, s))),
@@ -263,15 +265,30 @@ impl Hypervisor {
                         tracing::debug!(%error, gpu = gpu.index, "no process utilization")
                     }
                 }
+                match observer.process_memory(gpu.index) {
+                    Ok(processes) => {
+                        memory.insert(gpu.uuid.to_ascii_lowercase(), processes);
+                    }
+                    Err(error) => tracing::debug!(%error, gpu = gpu.index, "no process memory"),
+                }
             }
-            Ok::<_, ObserverError>((gpus, utilization))
+            Ok::<_, ObserverError>((gpus, utilization, memory))
         })
         .await;
         match observed {
-            Ok(Ok((gpus, utilization))) => {
+            Ok(Ok((gpus, utilization, memory))) => {
                 let mut core = self.core();
                 core.scheduler.update_gpus(gpus, Instant::now());
                 core.utilization = utilization;
+                for m in core.scheduler.audit(&memory) {
+                    tracing::warn!(
+                        pod = m.pod,
+                        gpu = m.uuid,
+                        ledger = m.ledger,
+                        nvml = m.nvml,
+                        "the pod's processes hold more GPU memory than its ledger reports"
+                    );
+                }
             }
             Ok(Err(error)) => tracing::warn!(%error, "GPU observation failed"),
             Err(error) => tracing::warn!(%error, "GPU observation task failed"),

@@ -8,8 +8,9 @@
 //!
 //! 1. **Config.** The operator lists pods in a TOML file ([`config`]); each
 //!    becomes a [`spec::PodSpec`] and [`scheduler::Scheduler::apply`] opens
-//!    its region ([`region`]), writes its memory quotas and marks its compute
-//!    buckets managed. A reload (SIGHUP, or the file changing) applies the
+//!    its ledger and creates its read-only limits object ([`region`]; a
+//!    squatted one is refused), and writes its quotas and rates there, by GPU
+//!    UUID. A reload (SIGHUP, or the file changing) applies the
 //!    new list the same way; a Kubernetes pod watcher can later feed the
 //!    same `apply`.
 //! 2. **Registration.** Each limited process registers
@@ -30,7 +31,10 @@
 //!    removed and its pod's dead processes' memory given back. A restart of
 //!    the hypervisor leaves the regions, so pods keep their limits meanwhile;
 //!    workers of the earlier run are adopted again on their next request.
-//! 7. **Observing.** `GET /metrics` (Prometheus), `GET /api/v1/status` (JSON,
+//! 7. **Abuse.** Connections are bounded ([`conn`]): header and idle
+//!    timeouts, a cap that closes the oldest half-open one. Each pod's ledger
+//!    is audited against NVML's per-process memory.
+//! 8. **Observing.** `GET /metrics` (Prometheus), `GET /api/v1/status` (JSON,
 //!    and `hypervisor status` as a table); GPUs are seen through NVML
 //!    ([`observer`]), or simulated in tests.
 //!
@@ -43,6 +47,7 @@
 
 pub mod api;
 pub mod config;
+pub mod conn;
 pub mod daemon;
 pub mod fairshare;
 pub mod metrics;

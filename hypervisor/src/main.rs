@@ -61,14 +61,65 @@ fn main() {
         Cmd::CheckConfig { config } => check_config(&config),
     };
     if let Err(error) = result {
-        eprintln!("hypervisor: {error:#}");
+        eprintln!("hypervisor: {}", one_line(&error));
         std::process::exit(1);
     }
 }
 
+/// The error and its causes on one line, each cause said once: a message
+/// that already quotes its source is not followed by it again.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}
+
+/// Raises the soft limit on open files to the hard one, so that the
+/// connection cap, not the descriptor table, bounds the daemon; returns it.
+fn raise_fd_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: a valid rlimit; raising the soft limit up to the hard one
+        // needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return raised.rlim_cur;
+        }
+    }
+    limit.rlim_cur
+}
+
 fn serve(path: PathBuf, listen: Option<SocketAddr>, simulate: Option<u32>) -> anyhow::Result<()> {
     gpushare_utils::logging::init("HYPERVISOR_LOG");
-    let config = config::load(&path)?;
+    let mut config = config::load(&path)?;
+    for warning in config::warnings(&config) {
+        tracing::warn!("{warning}");
+        eprintln!("hypervisor: warning: {warning}");
+    }
+    // Room for the runtime, the regions, NVML and the log besides the connections.
+    let files = usize::try_from(raise_fd_limit()).unwrap_or(usize::MAX);
+    let connections = &mut config.settings.connections;
+    connections.max_connections = connections
+        .max_connections
+        .min(files.saturating_sub(64).max(16));
     let observer: Arc<dyn GpuObserver> = match simulate {
         Some(n) => Arc::new(SimulatedGpus::new(n)),
         None => Arc::new(NvmlObserver::new().context(
@@ -153,6 +204,9 @@ fn status(addr: &str, json: bool) -> anyhow::Result<()> {
 
 fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
     let config = config::load(path)?;
+    for warning in config::warnings(&config) {
+        println!("warning: {warning}");
+    }
     println!("listen {}", config.listen);
     println!(
         "admin API {}",

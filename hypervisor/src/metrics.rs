@@ -214,6 +214,11 @@ pub fn render(status: &Status) -> String {
             "1 while the pod wants the GPU.",
         ),
     ];
+    let nvml = x.family(
+        "gpushare_pod_memory_nvml_bytes",
+        "gauge",
+        "Memory NVML attributes to the pod's processes on the GPU (audit of the ledger).",
+    );
     for pod in &status.pods {
         let pod_label = format!("pod=\"{}\"", escape(&pod.id));
         x.sample(suspended, "", &pod_label, u8::from(pod.suspended));
@@ -233,6 +238,9 @@ pub fn render(status: &Status) -> String {
             ];
             for (family, value) in per_gpu.iter().zip(values) {
                 x.sample(*family, "", &labels, value);
+            }
+            if let Some(bytes) = gpu.memory_nvml {
+                x.sample(nvml, "", &labels, bytes);
             }
         }
     }

@@ -25,6 +25,14 @@ pub struct ProcessUtilization {
     pub memory_percent: u32,
 }
 
+/// Device memory NVML attributes to one process on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProcessMemory {
+    /// Host pid.
+    pub pid: u32,
+    pub bytes: u64,
+}
+
 /// Why the GPUs could not be looked at.
 #[derive(Debug, thiserror::Error)]
 pub enum ObserverError {
@@ -43,6 +51,13 @@ pub trait GpuObserver: Send + Sync {
     /// Per-process utilization of GPU `index` since the last call, where the
     /// GPU reports it; empty where it does not.
     fn process_utilization(&self, index: u32) -> Result<Vec<ProcessUtilization>, ObserverError> {
+        let _ = index;
+        Ok(Vec::new())
+    }
+
+    /// Device memory of each compute process on GPU `index`; processes whose
+    /// figure NVML does not know are left out.
+    fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
         let _ = index;
         Ok(Vec::new())
     }
@@ -116,6 +131,20 @@ impl GpuObserver for NvmlObserver {
             })
             .collect())
     }
+
+    fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
+        let device = self.nvml.device_by_index(index)?;
+        Ok(device
+            .running_compute_processes()?
+            .into_iter()
+            .filter_map(|p| match p.used_gpu_memory {
+                nvml_wrapper::enums::device::UsedGpuMemory::Used(bytes) => {
+                    Some(ProcessMemory { pid: p.pid, bytes })
+                }
+                nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+            })
+            .collect())
+    }
 }
 
 /// `--simulate-gpus N`: N GPUs of 80 GiB with made-up UUIDs
@@ -123,6 +152,7 @@ impl GpuObserver for NvmlObserver {
 pub struct SimulatedGpus {
     gpus: Mutex<Vec<GpuInfo>>,
     processes: Mutex<Vec<(u32, ProcessUtilization)>>,
+    memory: Mutex<Vec<(u32, ProcessMemory)>>,
 }
 
 impl SimulatedGpus {
@@ -142,6 +172,7 @@ impl SimulatedGpus {
         Self {
             gpus: Mutex::new(gpus),
             processes: Mutex::new(Vec::new()),
+            memory: Mutex::new(Vec::new()),
         }
     }
 
@@ -150,6 +181,14 @@ impl SimulatedGpus {
         if let Ok(mut processes) = self.processes.lock() {
             processes.retain(|(gpu, _)| *gpu != index);
             processes.extend(samples.into_iter().map(|s| (index, s)));
+        }
+    }
+
+    /// Sets the memory GPU `index` attributes to its processes.
+    pub fn set_process_memory(&self, index: u32, processes: Vec<ProcessMemory>) {
+        if let Ok(mut memory) = self.memory.lock() {
+            memory.retain(|(gpu, _)| *gpu != index);
+            memory.extend(processes.into_iter().map(|p| (index, p)));
         }
     }
 
@@ -190,6 +229,19 @@ impl GpuObserver for SimulatedGpus {
                 p.iter()
                     .filter(|(gpu, _)| *gpu == index)
                     .map(|(_, s)| *s)
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
+        Ok(self
+            .memory
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|(gpu, _)| *gpu == index)
+                    .map(|(_, p)| *p)
                     .collect()
             })
             .unwrap_or_default())

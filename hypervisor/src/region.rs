@@ -1,27 +1,34 @@
-//! A pod's shared-memory region (`/dev/shm/gpushare-pod-<pod>`), as the
-//! hypervisor writes it: memory quotas per device index, compute buckets
-//! marked managed with the scheduler's rates, the suspended flag.
+//! A pod's two shared-memory objects, as the hypervisor writes them:
 //!
-//! Ownership and mode: the `shared_memory` crate creates regions 0600, owned
-//! by whoever creates them first (the hypervisor, or a pod's process when the
-//! pod started first). Pods running as another user than the hypervisor need
-//! the operator to align ownership: `region_uid`/`region_gid`/`region_mode` in
-//! the config are applied to every region the hypervisor opens. A region is
-//! never left world-writable: an o+w bit found on one is removed.
+//! - the **ledger** (`/dev/shm/gpushare-pod-<pod>`): usage and bucket state,
+//!   written by the pod's processes; the hypervisor reads it and gives back
+//!   dead processes' memory;
+//! - the **limits** (`/dev/shm/gpushare-limits-<pod>`): quotas, rates,
+//!   ceilings, suspension, per GPU UUID; written only by the hypervisor,
+//!   read-only to the pod.
 //!
-//! Opening registers the hypervisor as one of the region's process slots
-//! (the ledger has no read-only open yet); it holds no memory there and gives
-//! the slot back when the pod is removed or the hypervisor exits. The region
-//! itself is never unlinked: pods keep their last limits while the
-//! hypervisor is away.
+//! Both are created with `O_EXCL|O_NOFOLLOW`, owner and mode set on the
+//! descriptor ([`gpushare_utils::shm`]): the ledger owned by `region_uid` /
+//! `region_gid` when configured (the pods' user must write it), mode
+//! `region_mode` (default 0600, never group- or other-writable); the limits
+//! owned by the hypervisor, mode 0644 (0640 with `region_gid`). An existing
+//! object is adopted only from a trusted owner (the hypervisor, or
+//! `region_uid` for the ledger) and when nobody else may write it: a region
+//! squatted by another user is refused, and the pod left out.
+//!
+//! Opening registers the hypervisor as one of the ledger's process slots; it
+//! holds no memory there. Neither object is unlinked while the pod is
+//! configured: pods keep their last limits while the hypervisor is away.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
-use gpushare_utils::bucket::ComputeBucket;
+use gpushare_utils::bucket::Bucket;
 use gpushare_utils::config::PodId;
-use gpushare_utils::ledger::{DeviceUsage, LedgerError, MAX_DEVICES, POD_REGION_PREFIX, PodLedger};
+use gpushare_utils::ledger::{DeviceUsage, LedgerError, POD_REGION_PREFIX, PodLedger};
+use gpushare_utils::limits::{LimitsError, PodLimits};
+use gpushare_utils::shm::{self, Creation, Trust};
 
 use crate::config::RegionOptions;
 use crate::fairshare::Grant;
@@ -31,20 +38,17 @@ use crate::fairshare::Grant;
 pub enum RegionError {
     #[error(transparent)]
     Ledger(#[from] LedgerError),
-    #[error("cannot set owner or mode of {}: {source}", path.display())]
-    Permissions {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Limits(#[from] LimitsError),
 }
 
 /// Where `/dev/shm` entries live.
 const SHM_DIR: &str = "/dev/shm";
 
-/// One pod's region, opened by the hypervisor.
+/// One pod's objects, opened by the hypervisor.
 pub struct PodRegion {
     ledger: PodLedger,
+    limits: PodLimits,
     path: PathBuf,
 }
 
@@ -57,106 +61,118 @@ impl std::fmt::Debug for PodRegion {
 }
 
 impl PodRegion {
-    /// Creates or opens the region of `pod` and applies `options`.
+    /// Creates or adopts the ledger and the limits of `pod`.
     pub fn open(pod: &PodId, options: &RegionOptions) -> Result<Self, RegionError> {
-        let ledger = PodLedger::open(pod.as_str())?;
-        let path = PathBuf::from(SHM_DIR).join(format!("{POD_REGION_PREFIX}{pod}"));
-        let region = Self { ledger, path };
-        region.apply_permissions(options)?;
-        Ok(region)
+        let name = format!("{POD_REGION_PREFIX}{pod}");
+        let mut owners = vec![shm::effective_uid()];
+        owners.extend(options.uid);
+        let ledger = PodLedger::open_with(
+            &name,
+            &Trust::only(&owners),
+            &Creation {
+                uid: options.uid,
+                gid: options.gid,
+                mode: options.mode.unwrap_or(0o600),
+            },
+            Duration::from_secs(1),
+        )?;
+        let limits = PodLimits::create_or_adopt(
+            pod.as_str(),
+            &Creation {
+                uid: None,
+                gid: options.gid,
+                mode: if options.gid.is_some() { 0o640 } else { 0o644 },
+            },
+        )?;
+        let path = PathBuf::from(SHM_DIR).join(name);
+        Ok(Self {
+            ledger,
+            limits,
+            path,
+        })
     }
 
-    fn apply_permissions(&self, options: &RegionOptions) -> Result<(), RegionError> {
-        let fail = |source| RegionError::Permissions {
-            path: self.path.clone(),
-            source,
-        };
-        if options.uid.is_some() || options.gid.is_some() {
-            std::os::unix::fs::chown(&self.path, options.uid, options.gid).map_err(fail)?;
-        }
-        let current = std::fs::metadata(&self.path)
-            .map_err(fail)?
-            .permissions()
-            .mode()
-            & 0o777;
-        let wanted = options.mode.unwrap_or(current) & !0o002;
-        if wanted != current {
-            std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(wanted))
-                .map_err(fail)?;
-        }
-        Ok(())
-    }
-
-    /// The region's file, e.g. `/dev/shm/gpushare-pod-a`.
+    /// The ledger's file, e.g. `/dev/shm/gpushare-pod-a`.
     pub fn path(&self) -> &std::path::Path {
         &self.path
     }
 
-    /// The compute bucket of device index `dev`.
-    pub fn bucket(&self, dev: usize) -> Option<&ComputeBucket> {
-        self.ledger.compute(dev).ok()
+    /// The compute bucket of the GPU `uuid`, when the pod has limits there.
+    pub fn bucket(&self, uuid: &str) -> Option<Bucket<'_>> {
+        let gpu = self.limits.find(uuid)?;
+        let entry = self.ledger.device_for(uuid).ok()?;
+        let state = self.ledger.compute_state(entry).ok()?;
+        Some(Bucket::new(state, &gpu.compute))
     }
 
-    /// Quota, usage and peak of device index `dev`.
-    pub fn usage(&self, dev: usize) -> Option<DeviceUsage> {
-        self.ledger.usage(dev).ok()
+    /// Quota (from the limits), usage and peak (from the ledger) of the GPU `uuid`.
+    pub fn usage(&self, uuid: &str) -> Option<DeviceUsage> {
+        let quota = self.limits.find(uuid)?.quota.load(Ordering::Acquire);
+        let entry = self.ledger.device_for(uuid).ok()?;
+        let usage = self.ledger.usage(entry).ok()?;
+        Some(DeviceUsage { quota, ..usage })
     }
 
-    /// Takes device index `dev` over: the quota, the bucket marked managed,
-    /// the local elastic flag cleared (the hypervisor decides elastic shares).
-    pub fn claim(&self, dev: usize, quota: u64) {
-        if let Err(error) = self.ledger.set_quota(dev, quota) {
-            tracing::warn!(%error, dev, "quota not written");
+    /// Writes the quota of the GPU `uuid` (its bucket marked managed).
+    pub fn claim(&self, uuid: &str, quota: u64) {
+        if let Err(error) = self.limits.set(uuid, quota) {
+            tracing::warn!(%error, uuid, "quota not written");
         }
-        if let Some(bucket) = self.bucket(dev) {
-            bucket.managed.store(1, Ordering::Release);
-            bucket.uncontended.store(0, Ordering::Release);
-        }
     }
 
-    /// Device index `dev` is no GPU of the pod's config: unlimited, managed.
-    pub fn clear(&self, dev: usize) {
-        self.claim(dev, 0);
-        self.write_grant(dev, Grant::default());
+    /// Forgets every GPU but `keep`, then publishes the limits: the pod's
+    /// processes may use them from now on.
+    pub fn publish(&self, keep: &[&str]) {
+        self.limits.retain(keep);
+        self.limits.publish();
     }
 
-    /// Writes a grant into the bucket of `dev`; returns whether the rate rose
+    /// Writes a grant into the bucket of `uuid`; returns whether the rate rose
     /// (waiters may be served sooner).
-    pub fn write_grant(&self, dev: usize, grant: Grant) -> bool {
-        let Some(bucket) = self.bucket(dev) else {
+    pub fn write_grant(&self, uuid: &str, grant: Grant) -> bool {
+        let Some(gpu) = self.limits.find(uuid) else {
             return false;
         };
-        let old = bucket.rate_ppm.load(Ordering::Acquire);
-        if bucket.ceiling_ppm.load(Ordering::Relaxed) != grant.ceiling_ppm {
-            bucket
+        let limits = &gpu.compute;
+        let old = limits.rate_ppm.load(Ordering::Acquire);
+        if limits.ceiling_ppm.load(Ordering::Relaxed) != grant.ceiling_ppm {
+            limits
                 .ceiling_ppm
                 .store(grant.ceiling_ppm, Ordering::Release);
         }
         if old != grant.rate_ppm {
-            bucket.rate_ppm.store(grant.rate_ppm, Ordering::Release);
+            limits.rate_ppm.store(grant.rate_ppm, Ordering::Release);
             return grant.rate_ppm == 0 || (old != 0 && grant.rate_ppm > old);
         }
         false
     }
 
-    /// Sets or clears the suspended flag on every device of the pod.
+    /// Sets or clears the suspended flag on every GPU of the pod.
     pub fn set_suspended(&self, suspended: bool) {
-        for dev in 0..MAX_DEVICES {
-            if let Some(bucket) = self.bucket(dev) {
-                bucket
-                    .suspended
-                    .store(u32::from(suspended), Ordering::Release);
-            }
+        for gpu in &self.limits.region().gpus {
+            gpu.compute
+                .suspended
+                .store(u32::from(suspended), Ordering::Release);
         }
     }
 
-    /// Whether any device of the pod is suspended (a region left by an
-    /// earlier run of the hypervisor).
+    /// Whether any GPU of the pod is suspended (limits left by an earlier
+    /// run of the hypervisor).
     pub fn any_suspended(&self) -> bool {
-        (0..MAX_DEVICES).any(|dev| {
-            self.bucket(dev)
-                .is_some_and(|b| b.suspended.load(Ordering::Acquire) != 0)
-        })
+        self.limits
+            .region()
+            .gpus
+            .iter()
+            .any(|gpu| gpu.compute.suspended.load(Ordering::Acquire) != 0)
+    }
+
+    /// Pids of the pod's registered processes that this daemon can see.
+    pub fn pids(&self) -> Vec<u32> {
+        self.ledger
+            .pids_in_own_namespace()
+            .into_iter()
+            .filter_map(|pid| u32::try_from(pid).ok())
+            .collect()
     }
 
     /// Gives back what the pod's dead processes held; returns the bytes.
@@ -165,11 +181,11 @@ impl PodRegion {
         self.ledger.reclaim_dead()
     }
 
-    /// Adds what the bucket of `dev` has earned since its last refill
-    /// ([`ComputeBucket::refill_now`]); returns the tokens after. A trapped
+    /// Adds what the bucket of `uuid` has earned since its last refill
+    /// ([`Bucket::refill_now`]); returns the tokens after. A trapped
     /// worker's thread waits on the hypervisor, so the hypervisor refills for it.
-    pub fn refill(&self, dev: usize, now_ns: u64) -> i64 {
-        self.bucket(dev)
+    pub fn refill(&self, uuid: &str, now_ns: u64) -> i64 {
+        self.bucket(uuid)
             .map_or(0, |bucket| bucket.refill_now(now_ns))
     }
 }

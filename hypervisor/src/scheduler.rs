@@ -15,25 +15,26 @@
 //! 3. Rates and ceilings are stored into the buckets (marked managed); a rate
 //!    that rose wakes the pod's admission waiters.
 //!
-//! Device indices: a region is indexed by the CUDA ordinal the pod's
-//! processes see. A GPU's index in a pod's region is, in order of
-//! preference: what the pod's workers reported at registration (uuid →
-//! ordinal), the `ordinal` of the GPU in the config, the GPU's NVML index.
+//! GPUs are named by UUID in the pod's limits and ledger, never by index: a
+//! GPU given by `index` in the config is resolved to its UUID through the
+//! observer, and each process finds its GPUs by UUID whatever
+//! `CUDA_VISIBLE_DEVICES` numbers them. Nothing a worker reports can move a
+//! quota to another GPU.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::MAX_DEVICES;
-use gpushare_utils::protocol::{DeviceLimits, WorkerDevice};
+use gpushare_utils::protocol::DeviceLimits;
 use serde::Serialize;
 use tokio::sync::Notify;
 
 use crate::config::RegionOptions;
 use crate::fairshare::{self, Grant};
-use crate::observer::GpuInfo;
+use crate::observer::{GpuInfo, ProcessMemory};
 use crate::region::{PodRegion, RegionError};
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
 
@@ -73,8 +74,6 @@ struct Placement {
     /// As the observer (or else the config) spells it.
     uuid: String,
     host_index: Option<u32>,
-    /// Index in the pod's region.
-    ordinal: usize,
 }
 
 #[derive(Debug)]
@@ -88,6 +87,10 @@ struct PodGpu {
     window_start: Instant,
     window_charged: u64,
     achieved_ppm: u32,
+    /// What NVML attributes to the pod's processes on the GPU, at the last audit.
+    nvml_bytes: Option<u64>,
+    /// The last audit found more than the ledger says.
+    under_reported: bool,
 }
 
 impl PodGpu {
@@ -102,6 +105,8 @@ impl PodGpu {
             window_start: now,
             window_charged: 0,
             achieved_ppm: 0,
+            nvml_bytes: None,
+            under_reported: false,
         }
     }
 }
@@ -111,16 +116,27 @@ struct Pod {
     region: Arc<PodRegion>,
     suspended: bool,
     gpus: Vec<PodGpu>,
-    /// Lowercase UUID → ordinal, as the pod's workers reported.
-    reported: HashMap<String, usize>,
     notify: Arc<Notify>,
+}
+
+/// Usage NVML sees beyond what a pod's ledger says, tolerated (rounding,
+/// driver memory taken since the pod last measured it).
+pub const AUDIT_SLACK: u64 = 256 << 20;
+
+/// A pod whose processes hold more than its ledger says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    pub pod: String,
+    pub uuid: String,
+    pub ledger: u64,
+    pub nvml: u64,
 }
 
 /// What an admission request waits on.
 #[derive(Clone)]
 pub struct AdmissionTarget {
     pub region: Arc<PodRegion>,
-    pub ordinal: usize,
+    pub uuid: String,
     pub notify: Arc<Notify>,
 }
 
@@ -130,7 +146,6 @@ pub struct GpuStatus {
     pub gpu: String,
     pub uuid: Option<String>,
     pub host_index: Option<u32>,
-    pub ordinal: Option<usize>,
     pub policy: String,
     pub weight: u32,
     pub cap_percent: Option<u8>,
@@ -138,6 +153,14 @@ pub struct GpuStatus {
     pub memory_quota: u64,
     pub memory_used: u64,
     pub memory_peak: u64,
+    /// Device memory NVML attributes to the pod's processes (those the
+    /// daemon's pid namespace shows), at the last audit; `None`: not seen.
+    #[serde(default)]
+    pub memory_nvml: Option<u64>,
+    /// The pod's processes hold more than its ledger says (see
+    /// [`Scheduler::audit`]).
+    #[serde(default)]
+    pub memory_under_reported: bool,
     /// Granted share in ppm; 0 = unlimited.
     pub rate_ppm: u32,
     pub ceiling_ppm: u32,
@@ -283,7 +306,6 @@ impl Scheduler {
             spec,
             region: Arc::new(region),
             suspended,
-            reported: HashMap::new(),
             notify: Arc::new(Notify::new()),
         };
         rebuild_gpus(&mut pod, now);
@@ -294,7 +316,7 @@ impl Scheduler {
             if let Some(bucket) = gpu
                 .placement
                 .as_ref()
-                .and_then(|p| pod.region.bucket(p.ordinal))
+                .and_then(|p| pod.region.bucket(&p.uuid))
             {
                 gpu.last_launches = bucket.launches.load(Ordering::Relaxed);
                 gpu.window_charged = bucket.charged_ns.load(Ordering::Relaxed);
@@ -324,40 +346,6 @@ impl Scheduler {
             }
             self.tick(now, None);
         }
-    }
-
-    /// Records the CUDA ordinals a worker of `pod` sees; returns whether the
-    /// pod's layout changed.
-    pub fn report_devices(&mut self, pod: &str, devices: &[WorkerDevice], now: Instant) -> bool {
-        let Some(p) = self.pods.get_mut(pod) else {
-            return false;
-        };
-        let mut changed = false;
-        for device in devices {
-            let ordinal = device.index as usize;
-            if ordinal >= MAX_DEVICES {
-                continue;
-            }
-            let uuid = device.uuid.to_ascii_lowercase();
-            if p.reported.get(&uuid) != Some(&ordinal) {
-                if p.reported.contains_key(&uuid) {
-                    tracing::warn!(
-                        pod,
-                        uuid,
-                        ordinal,
-                        "a worker sees this GPU at another index than an earlier one"
-                    );
-                }
-                p.reported.insert(uuid, ordinal);
-                changed = true;
-            }
-        }
-        if changed && place(p, &self.gpus) {
-            write_layout(p);
-            self.tick(now, None);
-            return true;
-        }
-        false
     }
 
     /// Replaces `pod`'s GPU limits (admin API); returns its new limits.
@@ -448,7 +436,7 @@ impl Scheduler {
         let placement = gpu.placement.as_ref()?;
         let target = AdmissionTarget {
             region: Arc::clone(&p.region),
-            ordinal: placement.ordinal,
+            uuid: placement.uuid.clone(),
             notify: Arc::clone(&p.notify),
         };
         let becomes_active = !gpu.active && !suspended && gpu.spec.policy != Policy::None;
@@ -471,7 +459,7 @@ impl Scheduler {
                 if only.is_some_and(|u| u != key) {
                     continue;
                 }
-                if let Some(bucket) = pod.region.bucket(placement.ordinal) {
+                if let Some(bucket) = pod.region.bucket(&placement.uuid) {
                     let launches = bucket.launches.load(Ordering::Relaxed);
                     if bucket.waiting.load(Ordering::Relaxed) > 0 || launches != gpu.last_launches {
                         gpu.last_demand = Some(now);
@@ -521,12 +509,51 @@ impl Scheduler {
                 };
                 gpu.grant = grant;
                 if let Some(placement) = &gpu.placement
-                    && pod.region.write_grant(placement.ordinal, grant)
+                    && pod.region.write_grant(&placement.uuid, grant)
                 {
                     pod.notify.notify_waiters();
                 }
             }
         }
+    }
+
+    /// Checks each pod's reported usage against NVML's per-process figures
+    /// (`memory`: per lowercase GPU UUID, what NVML attributes to each pid):
+    /// a pod whose processes hold more than its ledger says (beyond
+    /// [`AUDIT_SLACK`]) bypasses or forges its accounting. Returns the pods
+    /// and GPUs newly found so, with (ledger, NVML) bytes.
+    pub fn audit(&mut self, memory: &BTreeMap<String, Vec<ProcessMemory>>) -> Vec<Mismatch> {
+        let mut found = Vec::new();
+        for (id, pod) in &mut self.pods {
+            let pids = pod.region.pids();
+            for gpu in &mut pod.gpus {
+                let Some(placement) = &gpu.placement else {
+                    continue;
+                };
+                let Some(processes) = memory.get(&placement.uuid.to_ascii_lowercase()) else {
+                    gpu.nvml_bytes = None;
+                    continue;
+                };
+                let seen: u64 = processes
+                    .iter()
+                    .filter(|p| pids.contains(&p.pid))
+                    .map(|p| p.bytes)
+                    .fold(0, u64::saturating_add);
+                let ledger = pod.region.usage(&placement.uuid).map_or(0, |u| u.used);
+                gpu.nvml_bytes = Some(seen);
+                let under = seen > ledger.saturating_add(AUDIT_SLACK);
+                if under && !gpu.under_reported {
+                    found.push(Mismatch {
+                        pod: id.clone(),
+                        uuid: placement.uuid.clone(),
+                        ledger,
+                        nvml: seen,
+                    });
+                }
+                gpu.under_reported = under;
+            }
+        }
+        found
     }
 
     /// Gives back the memory of dead processes in every pod; returns the
@@ -562,14 +589,13 @@ impl Scheduler {
 }
 
 fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
-    let ordinal = g.placement.as_ref().map(|p| p.ordinal);
-    let bucket = ordinal.and_then(|o| pod.region.bucket(o));
-    let usage = ordinal.and_then(|o| pod.region.usage(o));
+    let uuid = g.placement.as_ref().map(|p| p.uuid.as_str());
+    let bucket = uuid.and_then(|u| pod.region.bucket(u));
+    let usage = uuid.and_then(|u| pod.region.usage(u));
     GpuStatus {
         gpu: g.spec.gpu.to_string(),
         uuid: g.placement.as_ref().map(|p| p.uuid.clone()),
         host_index: g.placement.as_ref().and_then(|p| p.host_index),
-        ordinal,
         policy: g.spec.policy.as_str().to_owned(),
         weight: g.spec.weight,
         cap_percent: g.spec.cap_percent,
@@ -577,9 +603,13 @@ fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
         memory_quota: usage.map_or(g.spec.memory_bytes, |u| u.quota),
         memory_used: usage.map_or(0, |u| u.used),
         memory_peak: usage.map_or(0, |u| u.peak),
-        rate_ppm: bucket.map_or(g.grant.rate_ppm, |b| b.rate_ppm.load(Ordering::Relaxed)),
+        memory_nvml: g.nvml_bytes,
+        memory_under_reported: g.under_reported,
+        rate_ppm: bucket.map_or(g.grant.rate_ppm, |b| {
+            b.limits().rate_ppm.load(Ordering::Relaxed)
+        }),
         ceiling_ppm: bucket.map_or(g.grant.ceiling_ppm, |b| {
-            b.ceiling_ppm.load(Ordering::Relaxed)
+            b.limits().ceiling_ppm.load(Ordering::Relaxed)
         }),
         achieved_ppm: g.achieved_ppm,
         waiting: bucket.map_or(0, |b| b.waiting.load(Ordering::Relaxed)),
@@ -610,11 +640,11 @@ fn rebuild_gpus(pod: &mut Pod, now: Instant) {
         .collect();
 }
 
-/// Resolves every GPU of `pod` to a UUID and a region index; returns whether
-/// any placement changed.
+/// Resolves every GPU of `pod` to a UUID; returns whether any placement
+/// changed. A GPU named twice (by index and by UUID) is placed once.
 fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
     let mut changed = false;
-    let mut taken = [false; MAX_DEVICES];
+    let mut taken: Vec<String> = Vec::new();
     for gpu in &mut pod.gpus {
         let found = match &gpu.spec.gpu {
             GpuSelector::Index(i) => gpus
@@ -628,22 +658,13 @@ fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
             ),
         };
         let placement = found.and_then(|(uuid, host_index)| {
-            let ordinal = pod
-                .reported
-                .get(&uuid.to_ascii_lowercase())
-                .copied()
-                .or(gpu.spec.ordinal.map(|o| o as usize))
-                .or(host_index.map(|i| i as usize))?;
-            if ordinal >= MAX_DEVICES || taken[ordinal] {
-                tracing::warn!(pod = %pod.spec.id, gpu = %gpu.spec.gpu, ordinal, "GPU not placed: index out of range or taken by another GPU of the pod");
+            let key = uuid.to_ascii_lowercase();
+            if taken.contains(&key) || taken.len() >= MAX_DEVICES {
+                tracing::warn!(pod = %pod.spec.id, gpu = %gpu.spec.gpu, "GPU not placed: given twice, or more than the pod's objects hold");
                 return None;
             }
-            taken[ordinal] = true;
-            Some(Placement {
-                uuid,
-                host_index,
-                ordinal,
-            })
+            taken.push(key);
+            Some(Placement { uuid, host_index })
         });
         if placement.is_none() && gpu.placement.is_some()
             || placement.is_some() && gpu.placement.is_none()
@@ -658,21 +679,17 @@ fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
     changed
 }
 
-/// Writes quotas and takes every device index of the pod's region over;
-/// indices that are no GPU of the pod are left unlimited.
+/// Writes the quotas of the pod's placed GPUs, forgets the others, sets the
+/// suspension and publishes the limits.
 fn write_layout(pod: &Pod) {
-    let mut placed: [Option<&PodGpu>; MAX_DEVICES] = [None; MAX_DEVICES];
+    let mut placed = Vec::new();
     for gpu in &pod.gpus {
         if let Some(p) = &gpu.placement {
-            placed[p.ordinal] = Some(gpu);
-        }
-    }
-    for (dev, gpu) in placed.iter().enumerate() {
-        match gpu {
             // The rate follows in the tick that comes next, under the same lock.
-            Some(gpu) => pod.region.claim(dev, gpu.spec.memory_bytes),
-            None => pod.region.clear(dev),
+            pod.region.claim(&p.uuid, gpu.spec.memory_bytes);
+            placed.push(p.uuid.as_str());
         }
     }
     pod.region.set_suspended(pod.suspended);
+    pod.region.publish(&placed);
 }

@@ -199,9 +199,6 @@ pub struct GpuSpec {
     /// Guaranteed share in percent, 0..=cap.
     pub share_percent: Option<u8>,
     pub policy: Policy,
-    /// Index of this GPU in the pod's region (the CUDA ordinal the pod's
-    /// processes see), when the config says; see the scheduler.
-    pub ordinal: Option<u32>,
 }
 
 impl GpuSpec {
@@ -239,19 +236,7 @@ impl GpuSpec {
             cap_percent,
             share_percent,
             policy: policy.unwrap_or_else(|| Policy::default_for(cap_percent, share_percent)),
-            ordinal: None,
         })
-    }
-
-    /// Sets the region index of this GPU (below 16).
-    pub fn with_ordinal(mut self, ordinal: Option<u32>) -> Result<Self, SpecError> {
-        if let Some(o) = ordinal
-            && o as usize >= gpushare_utils::ledger::MAX_DEVICES
-        {
-            return Err(SpecError::BadIndex(o));
-        }
-        self.ordinal = ordinal;
-        Ok(self)
     }
 
     /// The most this pod may take of the GPU, in percent, when metered.

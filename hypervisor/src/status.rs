@@ -109,7 +109,7 @@ pub fn render_table(status: &Status) -> String {
                 state,
                 pod.workers,
                 gpu.uuid.as_deref().unwrap_or(&gpu.gpu),
-                gpu.ordinal.map_or("-".to_owned(), |o| o.to_string()),
+                gpu.host_index.map_or("-".to_owned(), |o| o.to_string()),
                 gpu.policy,
                 gpu.weight,
                 gpu.cap_percent.map_or("-".to_owned(), |c| format!("{c}%")),

@@ -128,7 +128,7 @@ fn suspend_resume_and_live_limits_reach_region_and_worker() {
     let registered = register_ok(&url, &a);
     let worker = FakeWorker::start(&url, &a, &registered.worker_id);
     let region = RegionView::open(&a);
-    assert_eq!(region.bucket(0).managed.load(Ordering::Acquire), 1);
+    assert_eq!(region.limits(0).managed.load(Ordering::Acquire), 1);
 
     let pods = format!("{url}/api/v1/pods/{a}");
     // The admin API wants the admin token.
@@ -157,8 +157,7 @@ fn suspend_resume_and_live_limits_reach_region_and_worker() {
     let (status, body) = call("POST", &format!("{pods}/suspend"), Some(ADMIN), None);
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(&registered.worker_id), "{body}");
-    assert_eq!(region.bucket(0).suspended.load(Ordering::Acquire), 1);
-    assert_eq!(region.bucket(5).suspended.load(Ordering::Acquire), 1);
+    assert_eq!(region.limits(0).suspended.load(Ordering::Acquire), 1);
     assert_eq!(
         worker.next_command(Duration::from_secs(5)),
         Some(Command::Suspend)
@@ -179,7 +178,7 @@ fn suspend_resume_and_live_limits_reach_region_and_worker() {
 
     let (status, _) = call("POST", &format!("{pods}/resume"), Some(ADMIN), None);
     assert_eq!(status, 200);
-    assert_eq!(region.bucket(0).suspended.load(Ordering::Acquire), 0);
+    assert_eq!(region.limits(0).suspended.load(Ordering::Acquire), 0);
     assert_eq!(
         worker.next_command(Duration::from_secs(5)),
         Some(Command::Resume)
@@ -294,32 +293,49 @@ fn config_reload_applies_new_limits_new_pods_and_removals() {
 }
 
 #[test]
-fn workers_report_their_device_indices() {
+fn a_registration_cannot_move_a_quota() {
     let a = unique("ord");
-    // GPU 1 of the node is CUDA device 0 inside the pod.
     let h = Harness::start(
         &pod_toml(&a, &["index = 1\nmemory = \"1g\"\ncap = 30"]),
         2,
         &[&a],
     );
     let region = RegionView::open(&a);
-    assert_eq!(region.quota(1), 1 << 30, "NVML index until a worker tells");
-    register_with_devices(
-        &h.url(),
-        &a,
-        vec![WorkerDevice {
-            index: 0,
-            uuid: gpu(1),
-        }],
+    assert_eq!(region.quota(1), 1 << 30);
+    // Two containers of the pod: one sees GPU 1 as its device 0, the other
+    // claims GPU 0 is its device 0. Neither moves the quota off GPU 1.
+    for uuid in [gpu(1), gpu(0)] {
+        register_with_devices(&h.url(), &a, vec![WorkerDevice { index: 0, uuid }]);
+    }
+    assert_eq!(region.quota(1), 1 << 30);
+    assert_eq!(region.rate(1), 300_000);
+    assert_eq!(region.quota(0), 0, "GPU 0 is not the pod's");
+    assert_eq!(region.rate(0), 0);
+    // More devices than a process can see are refused.
+    let many: Vec<WorkerDevice> = (0..17)
+        .map(|index| WorkerDevice {
+            index,
+            uuid: gpu(index),
+        })
+        .collect();
+    let body = serde_json::to_string(&gpushare_utils::protocol::Register {
+        pod: a.clone(),
+        pid: std::process::id(),
+        hostname: String::new(),
+        devices: many,
+    })
+    .expect("encode");
+    let (status, text) = call(
+        "POST",
+        &format!("{}/api/v1/workers", h.url()),
+        Some(&token_of(&a)),
+        Some(&body),
     );
-    assert_eq!(region.quota(0), 1 << 30);
-    assert_eq!(region.rate(0), 300_000);
-    assert_eq!(region.quota(1), 0, "the old index is cleared");
-    assert_eq!(region.rate(1), 0);
+    assert_eq!(status, 400, "{text}");
 }
 
 #[test]
-fn regions_are_not_world_writable() {
+fn regions_are_created_private_and_limits_read_only() {
     let (a, b) = (unique("perm-a"), unique("perm-b"));
     let h = Harness::start(
         &format!(
@@ -329,25 +345,33 @@ fn regions_are_not_world_writable() {
         1,
         &[&a, &b],
     );
-    let mode = |pod: &str| {
-        std::fs::metadata(format!("/dev/shm/gpushare-pod-{pod}"))
+    let mode = |name: String| {
+        std::fs::symlink_metadata(format!("/dev/shm/{name}"))
             .expect("region file")
             .permissions()
             .mode()
             & 0o777
     };
-    assert_eq!(mode(&a), 0o640);
-    // A region someone left world-writable loses o+w when opened.
-    drop(RegionView::open(&b));
-    let path = format!("/dev/shm/gpushare-pod-{b}");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    assert_eq!(mode(format!("gpushare-pod-{a}")), 0o640);
+    assert_eq!(mode(format!("gpushare-limits-{a}")), 0o644);
+    // A region someone else left group- or world-writable is refused, not
+    // adopted: the pod is left out until it is fixed.
+    let squatted = format!("/dev/shm/gpushare-pod-{b}");
+    std::fs::write(&squatted, vec![0u8; 4096]).expect("plant a region");
+    std::fs::set_permissions(&squatted, std::fs::Permissions::from_mode(0o666)).expect("chmod");
     h.config.rewrite(&format!(
         "{}{}",
         pod_toml(&a, &["index = 0\ncap = 50"]),
         pod_toml(&b, &["index = 0\ncap = 50"])
     ));
-    assert!(wait_for(Duration::from_secs(5), || mode(&b) & 0o002 == 0));
-    assert_eq!(mode(&b), 0o664);
+    assert!(wait_for(Duration::from_secs(5), || {
+        let (_, body) = call("GET", &format!("{}/api/v1/status", h.url()), None, None);
+        body.contains(&a) && !body.contains(&format!("\"{b}\""))
+    }));
+    assert!(
+        !std::path::Path::new(&format!("/dev/shm/gpushare-limits-{b}")).exists(),
+        "no limits published for a pod whose region is refused"
+    );
 }
 
 #[test]
@@ -709,4 +733,50 @@ fn hung_clients_do_not_block_others() {
         start.elapsed()
     );
     drop(hung);
+}
+
+#[test]
+fn usage_a_pod_does_not_report_is_caught_against_nvml() {
+    let a = unique("audit");
+    let h = Harness::start(&pod_toml(&a, &["index = 0\nmemory = \"4g\""]), 1, &[&a]);
+    // This process is one of the pod's (it holds a ledger slot) and reports
+    // nothing, while NVML says it holds 2 GiB on the GPU.
+    let region = RegionView::open(&a);
+    h.sim.set_process_memory(
+        0,
+        vec![hypervisor::observer::ProcessMemory {
+            pid: std::process::id(),
+            bytes: 2 << 30,
+        }],
+    );
+    let gpu_status = || {
+        let status = h.hv.hypervisor().status();
+        status
+            .pods
+            .into_iter()
+            .find(|p| p.id == a)
+            .and_then(|p| p.gpus.into_iter().next())
+            .expect("the pod's GPU")
+    };
+    assert!(
+        wait_for(Duration::from_secs(5), || gpu_status().memory_nvml
+            == Some(2 << 30)),
+        "{:?}",
+        gpu_status()
+    );
+    let seen = gpu_status();
+    assert_eq!(seen.memory_used, 0);
+    assert!(seen.memory_under_reported, "{seen:?}");
+    let (_, metrics) = call("GET", &format!("{}/metrics", h.url()), None, None);
+    assert!(
+        metrics.contains("gpushare_pod_memory_nvml_bytes{") && metrics.contains(" 2147483648"),
+        "{metrics}"
+    );
+    // Reported now: no longer flagged.
+    region
+        .0
+        .try_reserve(region.entry(0), 2 << 30)
+        .expect("reserve");
+    assert!(wait_for(Duration::from_secs(5), || !gpu_status()
+        .memory_under_reported));
 }

@@ -77,13 +77,12 @@ fn a_dead_worker_is_removed_and_its_memory_given_back() {
     let (status, body) = register(&h.url(), &a, &token_of(&a), pid);
     assert_eq!(status, 200, "{body}");
     let region = RegionView::open(&a);
-    assert_eq!(region.0.usage(0).expect("usage").used, 1 << 30);
+    assert_eq!(region.used(0), 1 << 30);
 
     child.0.kill().expect("kill");
     child.0.wait().expect("reap");
     let gone = wait_for(Duration::from_secs(5), || {
-        h.hv.hypervisor().status().workers.is_empty()
-            && region.0.usage(0).is_ok_and(|u| u.used == 0)
+        h.hv.hypervisor().status().workers.is_empty() && region.used(0) == 0
     });
     assert!(
         gone,
@@ -148,8 +147,8 @@ fn a_restart_keeps_regions_and_takes_workers_back() {
     assert_eq!(region.quota(0), 3 << 30);
     assert_eq!(region.rate(0), 300_000);
     let bucket = region.bucket(0);
-    assert_eq!(bucket.managed.load(Ordering::Acquire), 1);
-    assert_eq!(bucket.suspended.load(Ordering::Acquire), 1);
+    assert_eq!(bucket.limits().managed.load(Ordering::Acquire), 1);
+    assert_eq!(bucket.limits().suspended.load(Ordering::Acquire), 1);
 
     let second = start_hypervisor(&config.path, sim);
     assert_eq!(region.quota(0), 3 << 30);
@@ -179,7 +178,7 @@ fn a_restart_keeps_regions_and_takes_workers_back() {
         worker.next_command(Duration::from_secs(5)),
         Some(Command::Resume)
     );
-    assert_eq!(bucket.suspended.load(Ordering::Acquire), 0);
+    assert_eq!(bucket.limits().suspended.load(Ordering::Acquire), 0);
     // ...and registering again works too.
     let again = register_ok(&second.url(), &a);
     assert_ne!(again.worker_id, old_worker);

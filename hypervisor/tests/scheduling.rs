@@ -40,8 +40,8 @@ fn weights_one_to_three_get_25_and_75_percent() {
     rates_become(&[&ra, &rb], &[250_000, 750_000]);
     rb.set_waiting(0, true);
     rates_become(&[&ra, &rb], &[250_000, 750_000]);
-    assert_eq!(ra.bucket(0).managed.load(Ordering::Acquire), 1);
-    assert_eq!(ra.bucket(0).ceiling_ppm.load(Ordering::Acquire), 250_000);
+    assert_eq!(ra.limits(0).managed.load(Ordering::Acquire), 1);
+    assert_eq!(ra.limits(0).ceiling_ppm.load(Ordering::Acquire), 250_000);
 }
 
 #[test]
@@ -92,7 +92,7 @@ fn elastic_takes_idle_time_fixed_stays_at_its_cap() {
     // Alone, the elastic pod takes the whole GPU...
     re.set_waiting(0, true);
     assert!(wait_for(Duration::from_secs(3), || re.rate(0) == 1_000_000));
-    assert_eq!(re.bucket(0).ceiling_ppm.load(Ordering::Acquire), 1_000_000);
+    assert_eq!(re.limits(0).ceiling_ppm.load(Ordering::Acquire), 1_000_000);
     // ...and gives it back when another pod wants it, keeping its share:
     // weight 1 against 2 would be 33.3%, its 30% floor is below that.
     ro.set_waiting(0, true);

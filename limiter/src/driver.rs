@@ -15,9 +15,10 @@ use crate::sys::{
     CuGraphInstantiateWithFlags, CuGraphLaunch, CuLaunchKernel, CuModuleGetFunction,
     CuModuleLoadData, CuOccupancyMaxActiveBlocksPerMultiprocessor, CuStreamBeginCapture,
     CuStreamCreate, CuStreamEndCapture, CuStreamGetCtx, CuStreamIsCapturing, CuStreamQuery,
-    CuThreadExchangeStreamCaptureMode, NVML_DEVICE_UUID_V2_BUFFER_SIZE,
-    NvmlDeviceGetComputeRunningProcesses, NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex,
-    NvmlDeviceGetUUID, NvmlInit, format_uuid, nvmlDevice_t, nvmlProcessInfo_t, nvmlReturn_t,
+    CuThreadExchangeStreamCaptureMode, NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_VALUE_NOT_AVAILABLE,
+    NvmlDeviceGetComputeRunningProcesses, NvmlDeviceGetComputeRunningProcessesV1,
+    NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex, NvmlDeviceGetUUID, NvmlInit, format_uuid,
+    nvmlDevice_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlReturn_t,
 };
 
 /// Looks `name` up in `handle` as a function of type `F`.
@@ -172,12 +173,15 @@ impl Timing {
         }
     }
 
-    /// The latency an event bracket around one launch into an idle GPU
-    /// holds besides the kernel, in the current context: the median of a few
-    /// brackets around an empty kernel of our own, launched directly and as a
-    /// graph, on a private stream (so the application's queued work does not
-    /// inflate it). `None` if it cannot be measured.
-    pub fn launch_overheads(&self) -> Option<LaunchOverheads> {
+    /// What an event bracket around one launch holds besides the kernel, in
+    /// the current context: the median of a few brackets around an empty
+    /// kernel of our own, launched directly and as a graph, into an idle
+    /// stream and queued behind a kernel that holds the stream. On
+    /// `app_stream` (idle: nothing of the application's is waited for) when
+    /// given, since launch latency depends on the kind of stream (the legacy
+    /// default stream's is longer), else on a private stream. `None` if it
+    /// cannot be measured.
+    pub fn launch_overheads(&self, app_stream: Option<CUstream>) -> Option<LaunchOverheads> {
         let api = self.calibration.as_ref()?;
         // Synchronising below must not break another thread's global capture.
         let mut previous_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -185,7 +189,7 @@ impl Timing {
             // SAFETY: a valid in/out pointer.
             unsafe { exchange(&mut previous_mode) };
         }
-        let measured = self.measure_overheads(api);
+        let measured = self.measure_overheads(api, app_stream);
         if let Some(exchange) = self.exchange_capture_mode {
             // SAFETY: restores the thread's own mode.
             unsafe { exchange(&mut previous_mode) };
@@ -193,7 +197,11 @@ impl Timing {
         measured
     }
 
-    fn measure_overheads(&self, api: &CalibrationApi) -> Option<LaunchOverheads> {
+    fn measure_overheads(
+        &self,
+        api: &CalibrationApi,
+        app_stream: Option<CUstream>,
+    ) -> Option<LaunchOverheads> {
         let (mut module, mut function, mut hold, mut stream) = (
             std::ptr::null_mut(),
             std::ptr::null_mut(),
@@ -220,8 +228,12 @@ impl Timing {
         let mut params = [(&raw mut zero).cast::<c_void>()];
         let mut hold_ns: u64 = HOLD_NS;
         let mut hold_params = [(&raw mut hold_ns).cast::<c_void>()];
-        let launch = |function: CUfunction, params: *mut *mut c_void| {
-            // SAFETY: our own kernels, stream and parameters.
+        // Graphs are captured on the private stream (the legacy default
+        // stream cannot be); everything is bracketed on `measured`.
+        let measured = app_stream.unwrap_or(stream);
+        let launch = |function: CUfunction, params: *mut *mut c_void, stream: CUstream| {
+            // SAFETY: our own kernels and parameters; a stream of ours, or
+            // the application's while idle (our empty kernels change nothing).
             unsafe {
                 (api.launch_kernel)(
                     function,
@@ -239,18 +251,18 @@ impl Timing {
             }
         };
         let (params, hold_params) = (params.as_mut_ptr(), hold_params.as_mut_ptr());
-        let launch_empty = || launch(function, params);
-        let hold_stream = || launch(hold, hold_params).is_success();
-        let kernel_ns = self.median_bracket(api, start, end, stream, || true, launch_empty)?;
+        let launch_empty = || launch(function, params, measured);
+        let hold_stream = || launch(hold, hold_params, measured).is_success();
+        let kernel_ns = self.median_bracket(api, start, end, measured, || true, launch_empty)?;
         let kernel_queued_ns =
-            self.median_bracket(api, start, end, stream, hold_stream, launch_empty)?;
-        let graph = self.instantiate_graph(api, stream, launch_empty);
+            self.median_bracket(api, start, end, measured, hold_stream, launch_empty)?;
+        let graph = self.instantiate_graph(api, stream, || launch(function, params, stream));
         let graph_bracket = |queued: bool| {
             let (exec, graph_launch) = graph?;
-            // SAFETY (closure): our own graph and stream.
-            let replay = || unsafe { graph_launch(exec, stream) };
+            // SAFETY (closure): our own graph; the stream as above.
+            let replay = || unsafe { graph_launch(exec, measured) };
             let before = || !queued || hold_stream();
-            self.median_bracket(api, start, end, stream, before, replay)
+            self.median_bracket(api, start, end, measured, before, replay)
         };
         let graph_ns = graph_bracket(false);
         let graph_queued_ns = graph_bracket(true);
@@ -488,7 +500,16 @@ pub struct Nvml {
     get_uuid: NvmlDeviceGetUUID,
     /// Only the NVML reports need it; older libraries may lack it.
     get_index: Option<NvmlDeviceGetIndex>,
-    get_processes: NvmlDeviceGetComputeRunningProcesses,
+    get_processes: ProcessList,
+}
+
+/// The running-processes query NVML offers, with the entry size it writes.
+#[derive(Clone, Copy)]
+enum ProcessList {
+    /// `_v3` (and `_v2`): `nvmlProcessInfo_t`, 24 bytes an entry.
+    Current(NvmlDeviceGetComputeRunningProcesses),
+    /// The unversioned v1: `nvmlProcessInfo_v1_t`, 16 bytes an entry.
+    V1(NvmlDeviceGetComputeRunningProcessesV1),
 }
 
 static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
@@ -519,7 +540,14 @@ impl Nvml {
                 get_uuid: symbol(handle, c"nvmlDeviceGetUUID")?,
                 get_index: symbol(handle, c"nvmlDeviceGetIndex"),
                 get_processes: symbol(handle, c"nvmlDeviceGetComputeRunningProcesses_v3")
-                    .or_else(|| symbol(handle, c"nvmlDeviceGetComputeRunningProcesses"))?,
+                    .map(ProcessList::Current)
+                    .or_else(|| {
+                        symbol(handle, c"nvmlDeviceGetComputeRunningProcesses_v2")
+                            .map(ProcessList::Current)
+                    })
+                    .or_else(|| {
+                        symbol(handle, c"nvmlDeviceGetComputeRunningProcesses").map(ProcessList::V1)
+                    })?,
             };
             (init, nvml)
         };
@@ -565,16 +593,37 @@ impl Nvml {
         if !result.is_success() {
             return None;
         }
-        let mut infos = [nvmlProcessInfo_t::default(); 64];
-        let mut count = infos.len() as c_uint;
-        // SAFETY: count is the capacity of infos.
-        let result = unsafe { (self.get_processes)(device, &mut count, infos.as_mut_ptr()) };
-        if result != nvmlReturn_t::SUCCESS {
-            return None;
-        }
-        infos[..(count as usize).min(infos.len())]
-            .iter()
-            .find(|info| info.pid == pid)
-            .map(|info| info.usedGpuMemory)
+        let used = match self.get_processes {
+            ProcessList::Current(get) => {
+                let mut infos = [nvmlProcessInfo_t::default(); 64];
+                let mut count = infos.len() as c_uint;
+                // SAFETY: count is the capacity of infos, entries of the
+                // size this version writes.
+                let result = unsafe { get(device, &mut count, infos.as_mut_ptr()) };
+                if result != nvmlReturn_t::SUCCESS {
+                    return None;
+                }
+                infos[..(count as usize).min(infos.len())]
+                    .iter()
+                    .find(|info| info.pid == pid)
+                    .map(|info| info.usedGpuMemory)
+            }
+            ProcessList::V1(get) => {
+                let mut infos = [nvmlProcessInfo_v1_t::default(); 64];
+                let mut count = infos.len() as c_uint;
+                // SAFETY: count is the capacity of infos, v1-sized entries.
+                let result = unsafe { get(device, &mut count, infos.as_mut_ptr()) };
+                if result != nvmlReturn_t::SUCCESS {
+                    return None;
+                }
+                infos[..(count as usize).min(infos.len())]
+                    .iter()
+                    .find(|info| info.pid == pid)
+                    .map(|info| info.usedGpuMemory)
+            }
+        };
+        // NVML_VALUE_NOT_AVAILABLE (all ones): NVML does not know; charging
+        // it would saturate the pod's usage.
+        used.filter(|bytes| *bytes != NVML_VALUE_NOT_AVAILABLE)
     }
 }

@@ -15,7 +15,7 @@
 //!
 //! Tokens: `CUDA_LIMITER_TOKEN`, or the file named by `CUDA_LIMITER_TOKEN_FILE`.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, Once, OnceLock};
 use std::time::Duration;
 
 use gpushare_utils::protocol::{
@@ -83,6 +83,20 @@ fn visible_devices() -> Vec<WorkerDevice> {
         .collect()
 }
 
+/// Where registration stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkStatus {
+    /// The first registration has not been answered yet.
+    Starting,
+    /// The hypervisor could not be reached (down, wrong address); retrying.
+    Unreachable(String),
+    /// Registered: the hypervisor knows this process.
+    Registered,
+    /// The hypervisor refused this process for good (wrong or empty token,
+    /// unknown pod, malformed request): no retry.
+    Refused(String),
+}
+
 /// The hypervisor, as this process knows it.
 pub struct Link {
     base: String,
@@ -90,6 +104,8 @@ pub struct Link {
     pod: String,
     agent: ureq::Agent,
     registered: OnceLock<Registered>,
+    status: Mutex<LinkStatus>,
+    started: Once,
 }
 
 impl Link {
@@ -118,7 +134,29 @@ impl Link {
             pod: pod.to_owned(),
             agent,
             registered: OnceLock::new(),
+            status: Mutex::new(LinkStatus::Starting),
+            started: Once::new(),
         })
+    }
+
+    /// The hypervisor's address, as configured.
+    pub fn address(&self) -> &str {
+        &self.base
+    }
+
+    /// Where registration stands.
+    pub fn status(&self) -> LinkStatus {
+        self.status.lock().map_or_else(
+            |poisoned| poisoned.into_inner().clone(),
+            |status| status.clone(),
+        )
+    }
+
+    fn set_status(&self, status: LinkStatus) {
+        match self.status.lock() {
+            Ok(mut current) => *current = status,
+            Err(poisoned) => *poisoned.into_inner() = status,
+        }
     }
 
     fn post<B: serde::Serialize, R: serde::de::DeserializeOwned>(
@@ -165,29 +203,45 @@ impl Link {
     }
 
     /// Registers (retrying with backoff) and serves commands, on a thread of
-    /// its own; returns at once.
+    /// its own, once; returns at once.
     pub fn start(&'static self) {
-        let spawned = std::thread::Builder::new()
-            .name("cuda-limiter-hypervisor".into())
-            .spawn(move || self.run());
-        if let Err(error) = spawned {
-            tracing::error!(%error, "cannot start the hypervisor link; local limits only");
-        }
+        self.started.call_once(|| {
+            let spawned = std::thread::Builder::new()
+                .name("cuda-limiter-hypervisor".into())
+                .spawn(move || self.run());
+            if let Err(error) = spawned {
+                self.set_status(LinkStatus::Refused(format!(
+                    "cannot start the link thread: {error}"
+                )));
+            }
+        });
     }
 
     fn run(&'static self) {
         let _guard = gpushare_utils::hook::DetourGuard::enter_always();
         let mut backoff = Duration::from_millis(50);
+        if self.token.is_empty() {
+            self.set_status(LinkStatus::Refused("the token is empty".to_owned()));
+            return;
+        }
         let registered = loop {
             match self.register() {
                 Ok(registered) => break registered,
+                // The hypervisor said no: asking again cannot change that.
+                Err(LinkError::Status { status, body }) if (400..500).contains(&status) => {
+                    let reason = format!("registration refused ({status}: {})", body.trim());
+                    self.set_status(LinkStatus::Refused(reason));
+                    return;
+                }
                 Err(error) => {
                     tracing::warn!(%error, ?backoff, "hypervisor registration failed; retrying");
+                    self.set_status(LinkStatus::Unreachable(error.to_string()));
                     std::thread::sleep(backoff);
                     backoff = (backoff * 2).min(REGISTER_BACKOFF_MAX);
                 }
             }
         };
+        self.set_status(LinkStatus::Registered);
         let options = ClientOptions {
             token: Some(self.token.clone()),
             ..ClientOptions::default()

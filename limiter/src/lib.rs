@@ -12,13 +12,17 @@
 //!    jump to a detour ([`detour`], generated per API family by
 //!    `gpushare_macros::detours!`), all in one transaction with the other
 //!    threads suspended. Every caller is caught: direct linking, `dlsym`,
-//!    `cuGetProcAddress`, static or shared cudart, frameworks.
-//! 4. A detour checks its guard (limiter on, not re-entered), then runs the
+//!    `cuGetProcAddress`, static or shared cudart, frameworks. A driver that
+//!    cannot be patched gets `cuInit` alone patched, to refuse CUDA.
+//! 4. `cuInit` decides where the limits come from ([`grant`]): under a
+//!    hypervisor it waits, bounded, for the pod's read-only limits; without
+//!    them, the local limits apply, or CUDA is refused. Never unlimited.
+//! 5. A detour checks its guard (limiter on, not re-entered), then runs the
 //!    family's logic: an allocation reserves its size in the pod's shared
 //!    ledger ([`quota`]) before calling the original, and fails with
 //!    `CUDA_ERROR_OUT_OF_MEMORY` if the pod would exceed its quota; a free
 //!    credits it back; reports show the quota as total.
-//! 5. Errors are typed ([`error`]) and become a `CUresult`/`nvmlReturn_t` in
+//! 6. Errors are typed ([`error`]) and become a `CUresult`/`nvmlReturn_t` in
 //!    one place; "not ours to handle" calls the original; a panic is caught
 //!    and falls back to the original.
 
@@ -29,6 +33,7 @@
 mod detour;
 mod driver;
 mod error;
+mod grant;
 mod hypervisor;
 mod loader;
 mod metering;

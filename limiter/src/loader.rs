@@ -290,23 +290,31 @@ pub fn install_if_mapped() {
         && let Some(handle) = mapped(c"libcuda.so.1")
     {
         installed.cuda = true;
+        // `cuInit` is always patched: it is where CUDA is refused when the
+        // limits cannot be had (broken config, no grant, unpatchable driver).
         let tables: &[&[HookEntry]] = match state {
             State::Refusing(_) => &[&detour::driver::DRIVER_DETOURS],
             // Launches are patched only where a compute limit may apply.
             _ if runtime::throttle().is_some() => &[
+                &detour::driver::DRIVER_DETOURS,
                 &detour::memory::MEMORY_DETOURS,
                 &detour::launch::LAUNCH_DETOURS,
             ],
-            _ => &[&detour::memory::MEMORY_DETOURS],
+            _ => &[
+                &detour::driver::DRIVER_DETOURS,
+                &detour::memory::MEMORY_DETOURS,
+            ],
         };
         if Driver::load(handle).is_none() {
-            tracing::error!("libcuda lacks cuCtxGetDevice or cuDeviceGetUuid; memory not limited");
-        } else {
-            install(handle, "libcuda.so.1", tables);
-            // A CUDA process: time to meet the hypervisor, if there is one.
-            if let Some(link) = runtime::hypervisor() {
-                link.start();
-            }
+            unpatchable(
+                handle,
+                "libcuda lacks cuCtxGetDevice or cuDeviceGetUuid, so allocations cannot be accounted",
+            );
+        } else if let Err(error) = install(handle, "libcuda.so.1", tables) {
+            unpatchable(handle, &format!("cannot patch libcuda.so.1: {error}"));
+        } else if let Some(link) = runtime::link() {
+            // A CUDA process: time to meet the hypervisor.
+            link.start();
         }
     }
     if !installed.nvml
@@ -314,7 +322,33 @@ pub fn install_if_mapped() {
         && let Some(handle) = mapped(c"libnvidia-ml.so.1")
     {
         installed.nvml = true;
-        install(handle, "libnvidia-ml.so.1", &[&detour::nvml::NVML_DETOURS]);
+        // NVML only reports: unpatched, its numbers are the device's, and no
+        // limit is lost.
+        if let Err(error) = install(handle, "libnvidia-ml.so.1", &[&detour::nvml::NVML_DETOURS]) {
+            eprintln!(
+                "cuda-limiter: cannot patch libnvidia-ml.so.1: {error}; its reports show the whole GPU"
+            );
+        }
+    }
+}
+
+/// The driver cannot be limited: CUDA is refused (`cuInit` alone is patched
+/// for that), unless the user opted out with `CUDA_LIMITER_ALLOW_UNPATCHED=1`.
+fn unpatchable(handle: *mut c_void, reason: &str) {
+    if runtime::allow_unpatched() {
+        eprintln!(
+            "cuda-limiter: {reason}; running WITHOUT limits because {}=1",
+            runtime::ALLOW_UNPATCHED_VARIABLE
+        );
+        return;
+    }
+    runtime::refuse(format!(
+        "cuda-limiter: {reason}; CUDA refuses to initialise (set {}=1 to run without limits)",
+        runtime::ALLOW_UNPATCHED_VARIABLE
+    ));
+    if let Err(error) = install(handle, "libcuda.so.1", &[&detour::driver::DRIVER_DETOURS]) {
+        // Not even cuInit: nothing can stop CUDA from here.
+        eprintln!("cuda-limiter: cannot patch cuInit either ({error}); CUDA runs WITHOUT limits");
     }
 }
 
@@ -324,7 +358,11 @@ fn mapped(soname: &CStr) -> Option<*mut c_void> {
     (!handle.is_null()).then_some(handle)
 }
 
-fn install(handle: *mut c_void, library: &str, tables: &[&[HookEntry]]) {
+fn install(
+    handle: *mut c_void,
+    library: &str,
+    tables: &[&[HookEntry]],
+) -> Result<(), hook::HookError> {
     let started = std::time::Instant::now();
     let resolve = |symbol: &CStr| {
         // SAFETY: a live handle and a NUL-terminated name.
@@ -342,11 +380,11 @@ fn install(handle: *mut c_void, library: &str, tables: &[&[HookEntry]]) {
                 elapsed_us = started.elapsed().as_micros() as u64,
                 "detours installed"
             );
+            Ok(())
         }
         Err(error) => {
-            // Nothing was patched; say so loudly rather than limit silently nothing.
-            eprintln!("cuda-limiter: cannot patch {library}: {error}; its calls are NOT limited");
             tracing::error!(library, %error, "installation failed");
+            Err(error)
         }
     }
 }

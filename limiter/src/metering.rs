@@ -1,46 +1,56 @@
 //! What a launch costs, in GPU nanoseconds: priced before it runs, for any
 //! grid shape, seen before or not, in bounded memory, without a lock; then
-//! settled at the measured rate.
+//! settled at the measured price.
 //!
 //! Inference servers change grid sizes with every batch and sequence length,
 //! so no table of shapes can hold them, and a shape never seen must not be
-//! charged a guess. What stays fixed is the function: a kernel takes about
-//! its time per *wave* (see [`crate::waves`]) times its waves.
+//! charged a guess. What stays fixed is the function: a kernel takes a fixed
+//! time (launch, first blocks, tail) plus a time per *wave* of blocks (see
+//! [`crate::waves`]) times its waves.
 //!
-//! 1. Per function (or graph), a moving average of measured ns per wave, in
-//!    a lock-free open-addressed table of [`SLOTS`] entries. A launch is
-//!    priced per-wave × waves and charged that at once.
+//! 1. Per function (or graph), a [`Fit`] of measured time against waves:
+//!    least squares over the recent measurements (each weighs 7/8 of the one
+//!    after it), in a lock-free open-addressed table of [`SLOTS`] entries. A
+//!    launch is priced fixed + per-wave × waves and charged that at once.
 //! 2. Every charge is provisional until the function's next measurement
-//!    settles it: the entry sums the waves and the nanoseconds charged since,
-//!    and a measurement turns them into waves × the measured rate, so the
-//!    pod pays what its launches really took even where the price lagged
-//!    (the caller debits or credits the difference).
-//! 3. A function not measured yet is priced at the process's average per
-//!    wave ([`INITIAL_PER_WAVE_NS`] before any measurement). Its first launch
-//!    is measured, and at most [`UNMEASURED_AHEAD`] more run ahead of that
-//!    measurement; the caller holds the next until it comes.
-//! 4. A function the table has no room for is priced at the process average
-//!    and settled with the other such launches: no entry, no per-launch
-//!    sampling, no slowdown.
-//! 5. The average moves by a quarter of each measurement's difference both
-//!    ways, so a function whose shapes vary is priced at its mean. While
-//!    another pod launches on the device (its time slices can inflate a
-//!    measurement, never shorten it) the average falls faster than it rises,
-//!    and settles at the average rather than the inflated measurement.
+//!    settles it: the entry sums the launches, waves and nanoseconds charged
+//!    since, and the measurement's updated price turns them into what they
+//!    cost, so the pod pays for what its launches took even where the price
+//!    lagged (the caller debits or credits the difference).
+//! 3. A function not measured yet is priced by the fit over all of the
+//!    process's measurements (before any, [`INITIAL_PER_WAVE_NS`] a wave).
+//!    Its first launch is measured (the caller bounds how often a new
+//!    function's first launch is), and while that measurement is in flight at
+//!    most [`UNMEASURED_AHEAD`] more run ahead of it; the caller holds the
+//!    next until it comes.
+//! 4. A function the table has no room for is priced and settled by the
+//!    process-wide fit: no entry, no per-launch sampling, no slowdown.
+//! 5. While another pod launches on the device (its time slices can inflate
+//!    a measurement, never shorten it) a measurement above the price weighs
+//!    a quarter.
+//!
+//! Only the monitor thread records measurements, so each fit has a single
+//! writer; launches read its price, two relaxed loads.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::waves::mix;
 
-/// Functions and graphs with their own average.
+/// Functions and graphs with their own price.
 pub const SLOTS: usize = 4096;
 const PROBES: usize = 16;
-/// What a wave is charged before anything has been measured in the process:
-/// a short kernel. A first launch is measured and settled, so this only sets
+/// What a wave costs before anything has been measured in the process: a
+/// short kernel. A first launch is measured and settled, so this only sets
 /// the size of the first burst, which [`UNMEASURED_AHEAD`] bounds.
 pub const INITIAL_PER_WAVE_NS: u64 = 20_000;
 /// Launches of an unmeasured function admitted ahead of its first measurement.
 pub const UNMEASURED_AHEAD: u64 = 1;
+/// How much an older measurement weighs relative to the next one.
+const DECAY: f64 = 7.0 / 8.0;
+/// With measurements at one grid size only, the fixed part is taken as the
+/// smaller of this and the whole (a launch's own latency and ramp), the rest
+/// per wave; measurements at other sizes then fit both.
+const FIXED_PRIOR_NS: f64 = 3_000.0;
 
 /// Identifies a kernel's function or a graph exec; the low bit tells graphs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,21 +88,85 @@ pub struct Charge {
     pub ahead: u64,
 }
 
-/// Charges awaiting a measurement's rate.
+/// A price: `fixed_ns` + `per_wave_ns` × waves; both 0 until measured.
+#[derive(Default)]
+struct Price {
+    fixed_ns: AtomicU64,
+    per_wave_ns: AtomicU64,
+}
+
+impl Price {
+    fn get(&self) -> Option<(u64, u64)> {
+        let fixed = self.fixed_ns.load(Ordering::Relaxed);
+        let per_wave = self.per_wave_ns.load(Ordering::Relaxed);
+        (fixed != 0 || per_wave != 0).then_some((fixed, per_wave))
+    }
+
+    fn of(price: (u64, u64), launches: u64, waves: u64) -> u64 {
+        price
+            .0
+            .saturating_mul(launches)
+            .saturating_add(price.1.saturating_mul(waves))
+    }
+}
+
+/// Decayed least squares of measured time against waves, and the price it
+/// sets. Written by the monitor thread only (f64 bits in atomics).
+#[derive(Default)]
+struct Fit {
+    sums: [AtomicU64; 5],
+    price: Price,
+}
+
+impl Fit {
+    /// Adds a measurement of `ns` for `waves` waves with weight `weight`.
+    fn add(&self, waves: u64, ns: u64, weight: f64) {
+        let (x, y) = (waves as f64, ns as f64);
+        let terms = [1.0, x, x * x, y, x * y];
+        let mut sums = [0.0; 5];
+        for ((sum, slot), term) in sums.iter_mut().zip(&self.sums).zip(terms) {
+            *sum = f64::from_bits(slot.load(Ordering::Relaxed)) * DECAY + weight * term;
+            slot.store(sum.to_bits(), Ordering::Relaxed);
+        }
+        let [n, sx, sxx, sy, sxy] = sums;
+        let (mean_x, mean_y) = (sx / n, sy / n);
+        let var = sxx / n - mean_x * mean_x;
+        let (mut fixed, mut per_wave) = if var > 0.01 * mean_x * mean_x {
+            let slope = ((sxy / n - mean_x * mean_y) / var).max(0.0);
+            (mean_y - slope * mean_x, slope)
+        } else {
+            let fixed = mean_y.min(FIXED_PRIOR_NS);
+            (fixed, (mean_y - fixed) / mean_x)
+        };
+        if fixed < 0.0 {
+            (fixed, per_wave) = (0.0, mean_y / mean_x);
+        }
+        self.price
+            .fixed_ns
+            .store(fixed.round() as u64, Ordering::Relaxed);
+        // Never (0, 0), which means "not measured".
+        let per_wave = (per_wave.round() as u64).max(u64::from(fixed < 1.0));
+        self.price.per_wave_ns.store(per_wave, Ordering::Relaxed);
+    }
+}
+
+/// Charges awaiting a measurement's price.
 #[derive(Default)]
 struct Unsettled {
+    launches: AtomicU64,
     waves: AtomicU64,
     ns: AtomicU64,
 }
 
 impl Unsettled {
     fn add(&self, waves: u64, ns: u64) {
+        self.launches.fetch_add(1, Ordering::Relaxed);
         self.waves.fetch_add(waves, Ordering::Relaxed);
         self.ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     fn remove(&self, waves: u64, ns: u64) {
-        for (counter, amount) in [(&self.waves, waves), (&self.ns, ns)] {
+        for (counter, amount) in [(&self.launches, 1), (&self.waves, waves), (&self.ns, ns)] {
             counter
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |value| {
                     Some(value.saturating_sub(amount))
@@ -101,19 +175,19 @@ impl Unsettled {
         }
     }
 
-    /// What the pod owes for everything unsettled at `per_wave_ns`.
-    fn settle(&self, per_wave_ns: u64) -> i64 {
+    /// What the pod owes for everything unsettled at `price`.
+    fn settle(&self, price: (u64, u64)) -> i64 {
+        let launches = self.launches.swap(0, Ordering::Relaxed);
         let waves = self.waves.swap(0, Ordering::Relaxed);
         let charged = self.ns.swap(0, Ordering::Relaxed);
-        signed(per_wave_ns.saturating_mul(waves)) - signed(charged)
+        signed(Price::of(price, launches, waves)) - signed(charged)
     }
 }
 
 #[derive(Default)]
 struct Slot {
     key: AtomicU64,
-    /// Average GPU ns per wave; 0 until measured.
-    per_wave_ns: AtomicU64,
+    fit: Fit,
     /// A first measurement of the function is in flight.
     measuring: AtomicBool,
     /// Launches priced before the first measurement.
@@ -121,11 +195,11 @@ struct Slot {
     unsettled: Unsettled,
 }
 
-/// Per-function averages and the process-wide one.
+/// Per-function fits and the process-wide one.
 pub struct CostModel {
     slots: Box<[Slot]>,
-    /// Average GPU ns per wave over every measurement; 0 until one.
-    average_ns: AtomicU64,
+    /// Over every measurement: prices functions not measured yet.
+    process: Fit,
     /// Launches of functions without an entry.
     unslotted: Unsettled,
 }
@@ -134,7 +208,7 @@ impl Default for CostModel {
     fn default() -> Self {
         Self {
             slots: (0..SLOTS).map(|_| Slot::default()).collect(),
-            average_ns: AtomicU64::new(0),
+            process: Fit::default(),
             unslotted: Unsettled::default(),
         }
     }
@@ -160,11 +234,8 @@ impl CostModel {
         None
     }
 
-    fn average(&self) -> u64 {
-        match self.average_ns.load(Ordering::Relaxed) {
-            0 => INITIAL_PER_WAVE_NS,
-            average => average,
-        }
+    fn process_price(&self) -> (u64, u64) {
+        self.process.price.get().unwrap_or((0, INITIAL_PER_WAVE_NS))
     }
 
     fn unsettled(&self, slot: Option<usize>) -> &Unsettled {
@@ -183,31 +254,30 @@ impl CostModel {
             first: false,
             ahead: 0,
         };
-        let per_wave = match charge.slot {
+        let price = match charge.slot {
             Some(index) => {
                 let slot = &self.slots[index];
-                match slot.per_wave_ns.load(Ordering::Relaxed) {
-                    0 => {
-                        charge.unmeasured = true;
-                        charge.ahead = slot.unmeasured_launches.fetch_add(1, Ordering::Relaxed);
-                        charge.first = !slot.measuring.swap(true, Ordering::AcqRel);
-                        self.average()
-                    }
-                    per_wave => per_wave,
-                }
+                slot.fit.price.get().unwrap_or_else(|| {
+                    charge.unmeasured = true;
+                    charge.ahead = slot.unmeasured_launches.fetch_add(1, Ordering::Relaxed);
+                    charge.first = !slot.measuring.swap(true, Ordering::AcqRel);
+                    self.process_price()
+                })
             }
-            None => self.average(),
+            None => self.process_price(),
         };
-        charge.ns = per_wave.saturating_mul(waves);
+        charge.ns = Price::of(price, 1, waves).max(1);
         self.unsettled(charge.slot).add(waves, charge.ns);
         charge
     }
 
-    /// Whether the function of `charge` has been measured.
-    pub fn measured(&self, charge: &Charge) -> bool {
-        charge
-            .slot
-            .is_none_or(|index| self.slots[index].per_wave_ns.load(Ordering::Relaxed) != 0)
+    /// Whether the function of `charge` is still unmeasured with its first
+    /// measurement in flight.
+    pub fn awaiting_measurement(&self, charge: &Charge) -> bool {
+        charge.slot.is_some_and(|index| {
+            let slot = &self.slots[index];
+            slot.fit.price.get().is_none() && slot.measuring.load(Ordering::Acquire)
+        })
     }
 
     /// Takes back a charge whose launch did not run.
@@ -234,51 +304,31 @@ impl CostModel {
     /// Folds in that `charge`'s launch kept the GPU busy `measured_ns`, and
     /// returns what the pod owes on top of its charges (negative: is owed)
     /// for every launch of the function charged since its last measurement.
-    /// `contended`: another pod launched on the device meanwhile.
+    /// `contended`: another pod launched on the device meanwhile. Called by
+    /// the monitor thread only.
     pub fn record(&self, charge: &Charge, measured_ns: u64, contended: bool) -> i64 {
-        let measured = (measured_ns / charge.waves).max(1);
-        let previous = self
-            .average_ns
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                Some(ema(old, measured, contended))
-            })
-            .unwrap_or(0);
+        let measured = measured_ns.max(1);
+        let fit = charge
+            .slot
+            .map_or(&self.process, |index| &self.slots[index].fit);
+        let weight = match fit.price.get() {
+            Some(price) if contended && measured > Price::of(price, 1, charge.waves) => 0.25,
+            _ => 1.0,
+        };
+        if charge.slot.is_some() {
+            self.process.add(charge.waves, measured, weight);
+        }
+        fit.add(charge.waves, measured, weight);
         let Some(index) = charge.slot else {
-            let rate = if contended {
-                ema(previous, measured, true)
-            } else {
-                measured
-            };
-            return self.unslotted.settle(rate);
+            return self.unslotted.settle(self.process_price());
         };
         let slot = &self.slots[index];
-        let previous = slot
-            .per_wave_ns
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-                Some(ema(old, measured, contended))
-            })
-            .unwrap_or(0);
         if charge.first {
             slot.measuring.store(false, Ordering::Release);
         }
-        let rate = if contended {
-            ema(previous, measured, true)
-        } else {
-            measured
-        };
-        slot.unsettled.settle(rate)
+        slot.unsettled
+            .settle(slot.fit.price.get().unwrap_or((0, measured)))
     }
-}
-
-/// The moving average `old` after a measurement of `measured` (0: none yet).
-fn ema(old: u64, measured: u64, contended: bool) -> u64 {
-    let new = match old {
-        0 => measured,
-        old if contended && measured < old => old / 2 + measured / 2,
-        old if contended => old - old / 8 + measured / 8,
-        old => old - old / 4 + measured / 4,
-    };
-    new.max(1)
 }
 
 fn signed(ns: u64) -> i64 {
@@ -291,60 +341,82 @@ mod tests {
 
     const US: u64 = 1_000;
 
+    fn price(model: &CostModel, key: LaunchKey, waves: u64) -> u64 {
+        let charge = model.charge(key, waves);
+        model.refund(&charge);
+        charge.ns
+    }
+
     #[test]
-    fn a_measured_function_prices_every_grid_by_its_waves() {
+    fn a_function_measured_at_a_few_sizes_prices_every_other() {
         let model = CostModel::default();
         let key = LaunchKey::kernel(0x1000);
+        // A kernel of 2 µs plus 0.5 µs a wave, measured at 1 to 4 waves.
+        for round in 0..40 {
+            let waves = 1 + round % 4;
+            let charge = model.charge(key, waves);
+            model.record(&charge, 2 * US + waves * US / 2, false);
+        }
+        for waves in [1u64, 10, 100, 2_000] {
+            let want = 2 * US + waves * US / 2;
+            let got = price(&model, key, waves);
+            assert!(
+                got.abs_diff(want) <= want / 50,
+                "{waves} waves: {got} ns, want {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_size_only_is_priced_as_it_was_measured() {
+        let model = CostModel::default();
+        let key = LaunchKey::kernel(0x2000);
         let first = model.charge(key, 1);
         assert!(first.first && first.unmeasured);
         assert_eq!(first.ns, INITIAL_PER_WAVE_NS);
         // Measured at 50 µs: its charge is settled at that.
         assert_eq!(model.record(&first, 50 * US, false), signed(30 * US));
-        for waves in [1, 3, 10, 777] {
-            let charge = model.charge(key, waves);
-            assert!(!charge.unmeasured && !charge.first);
-            assert_eq!(charge.ns, 50 * US * waves);
-        }
+        assert_eq!(price(&model, key, 1), 50 * US);
+        // Larger grids: the time beyond a launch's fixed part scales.
+        assert_eq!(price(&model, key, 10), 3 * US + 10 * 47 * US);
     }
 
     #[test]
     fn a_measurement_settles_every_launch_since_the_last() {
         let model = CostModel::default();
         let key = LaunchKey::kernel(7);
-        let charges: Vec<Charge> = (0..6).map(|i| model.charge(key, 1 + i % 2)).collect();
+        let charges: Vec<Charge> = (0..6).map(|_| model.charge(key, 1)).collect();
         assert!(charges[0].first);
+        assert!(model.awaiting_measurement(&charges[5]));
         assert!(charges[1..].iter().all(|charge| !charge.first));
         assert_eq!(
             charges.iter().map(|c| c.ahead).collect::<Vec<_>>(),
             [0, 1, 2, 3, 4, 5]
         );
         let charged: u64 = charges.iter().map(|c| c.ns).sum();
-        let waves: u64 = charges.iter().map(|c| c.waves).sum();
-        // 2 ms per wave: the pod owes what 9 waves cost, less what it paid.
+        // 2 ms each: the pod owes what 6 launches cost, less what it paid.
         let owed = model.record(&charges[0], 2_000 * US, false);
-        assert_eq!(owed, signed(2_000 * US * waves) - signed(charged));
-        assert!(model.measured(&charges[5]));
+        assert_eq!(owed, signed(6 * 2_000 * US) - signed(charged));
+        assert!(!model.awaiting_measurement(&charges[5]));
         // The function slows down (a longer KV cache, say): the launches
-        // priced at the old average are settled at the new rate.
+        // priced before are settled at the updated price.
         let slower: Vec<Charge> = (0..10).map(|_| model.charge(key, 1)).collect();
         assert!(slower.iter().all(|charge| charge.ns == 2_000 * US));
-        assert_eq!(
-            model.record(&slower[3], 3_000 * US, false),
-            signed(10 * 1_000 * US)
-        );
+        let owed = model.record(&slower[3], 3_000 * US, false);
+        let updated = price(&model, key, 1);
+        assert!(updated > 2_000 * US && updated < 3_000 * US, "{updated}");
+        assert_eq!(owed, 10 * (signed(updated) - signed(2_000 * US)));
         // Settled once: nothing is left for a later measurement.
         let later = model.charge(key, 1);
-        let price = later.ns;
-        assert_eq!(model.record(&later, price, false), 0);
+        let owed = model.record(&later, later.ns, false);
+        assert_eq!(owed, signed(price(&model, key, 1)) - signed(later.ns));
     }
 
     #[test]
     fn prices_follow_the_mean_of_varying_measurements() {
         let model = CostModel::default();
         let key = LaunchKey::kernel(9);
-        let first = model.charge(key, 1);
-        model.record(&first, 100 * US, false);
-        // Alternating 100 and 200 µs per wave: settles near the mean.
+        // Alternating 100 and 200 µs at one size: priced at the mean.
         for round in 0..200 {
             let charge = model.charge(key, 1);
             model.record(
@@ -353,20 +425,17 @@ mod tests {
                 false,
             );
         }
-        let price = model.charge(key, 1).ns;
-        assert!((130 * US..=170 * US).contains(&price), "{price}");
-        // Under contention an inflated measurement moves it by an eighth,
-        // and settles at that, not at the measurement.
-        let inflated = price + 800 * US;
+        let mean = price(&model, key, 1);
+        assert!((140 * US..=160 * US).contains(&mean), "{mean}");
+        // Under contention an inflated measurement weighs a quarter.
         let charge = model.charge(key, 1);
-        let owed = model.record(&charge, inflated, true);
-        let moved = price - price / 8 + inflated / 8;
-        assert_eq!(model.charge(key, 1).ns, moved);
-        assert_eq!(owed, signed(moved) * 2 - signed(price) * 2);
+        model.record(&charge, mean + 800 * US, true);
+        let moved = price(&model, key, 1);
+        assert!(moved > mean && moved < mean + 40 * US, "{mean} -> {moved}");
     }
 
     #[test]
-    fn unknown_functions_cost_the_process_average_and_a_full_table_stays_cheap() {
+    fn unknown_functions_cost_the_process_price_and_a_full_table_stays_cheap() {
         let model = CostModel::default();
         let seed = model.charge(LaunchKey::kernel(1), 1);
         model.record(&seed, 30 * US, false);
@@ -389,11 +458,15 @@ mod tests {
             "{} without a slot",
             unslotted.len()
         );
-        // One measurement of a launch without a slot settles them all.
-        let waves: u64 = unslotted.iter().map(|charge| charge.waves).sum();
+        // One measurement of a launch without a slot settles them all at
+        // the process-wide price it updates.
         let charged: u64 = unslotted.iter().map(|charge| charge.ns).sum();
-        let owed = model.record(&unslotted[0], 40 * US * unslotted[0].waves, false);
-        assert_eq!(owed, signed(40 * US * waves) - signed(charged));
+        let launches = unslotted.len() as u64;
+        let waves: u64 = unslotted.iter().map(|charge| charge.waves).sum();
+        let owed = model.record(&unslotted[0], 40 * US, false);
+        let (fixed, per_wave) = model.process_price();
+        let want = signed(fixed * launches + per_wave * waves) - signed(charged);
+        assert_eq!(owed, want);
     }
 
     #[test]

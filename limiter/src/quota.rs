@@ -13,7 +13,12 @@
 //!   So the pod's footprint as `nvidia-smi` shows it stays within the quota,
 //!   except for driver memory taken since the last measurement.
 //! - Reports show total = quota, free = quota − pod usage, never below zero
-//!   and never above what the device really has free.
+//!   and never above what the device really has free. Before answering, the
+//!   pod's dead processes' charges are given back (at most every
+//!   [`REPORT_RECLAIM_MS`] per process), so a report right after a process
+//!   died is right.
+//! - Quotas and usage follow the GPU's UUID, not the index this process sees
+//!   it at. Under a hypervisor the quota is the one in its read-only limits.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,10 +30,13 @@ use gpushare_utils::ledger::{LedgerError, PodLedger};
 
 use crate::driver::{Driver, Nvml};
 use crate::error::{LimiterError, Result};
+use crate::grant::Grant;
 use crate::runtime;
 
 /// How often a device's driver overhead is measured again, at most.
 pub const OVERHEAD_REFRESH_MS: u64 = 200;
+/// How often a memory report scans for dead processes first, at most.
+pub const REPORT_RECLAIM_MS: u64 = 100;
 
 /// A driver object whose memory is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -46,6 +54,7 @@ pub enum Resource {
 /// What an allocation charged, and where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Charge {
+    /// The pod ledger's entry of the GPU (not the CUDA ordinal).
     pub device: usize,
     pub bytes: u64,
 }
@@ -56,6 +65,8 @@ pub struct MemoryQuota {
     limits: [OnceLock<Option<u64>>; MAX_DEVICES],
     charges: Mutex<HashMap<Resource, Charge>>,
     overhead_measured_ms: [AtomicU64; MAX_DEVICES],
+    /// Monotonic ms + 1 of this process's last report-time scan; 0: never.
+    reclaimed_ms: AtomicU64,
 }
 
 impl MemoryQuota {
@@ -65,35 +76,49 @@ impl MemoryQuota {
             limits: [const { OnceLock::new() }; MAX_DEVICES],
             charges: Mutex::new(HashMap::new()),
             overhead_measured_ms: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            reclaimed_ms: AtomicU64::new(0),
         }
     }
 
     /// The quota of CUDA device `device` (as the application numbers it), or
-    /// `None` when it is unlimited. Resolved once per device.
+    /// `None` when it is unlimited. Under a hypervisor, read live from its
+    /// read-only limits; locally, resolved once per device.
     pub fn limit(&self, device: usize) -> Option<u64> {
-        if runtime::hypervisor().is_some() {
-            // The hypervisor writes the quota into the region, live.
-            return runtime::ledger()?
-                .quota(device)
-                .ok()
-                .filter(|bytes| *bytes > 0);
-        }
-        let slot = self.limits.get(device)?;
-        *slot.get_or_init(|| {
-            let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
-            let limit = self.limit_for(device, uuid.as_deref());
-            if let (Some(bytes), Some(ledger)) = (limit, runtime::ledger())
-                && let Err(error) = ledger.set_quota(device, bytes)
-            {
-                tracing::warn!(device, %error, "quota not recorded in the pod ledger");
+        match runtime::grant()? {
+            Grant::Hypervisor(_) => {
+                let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32))?;
+                self.limit_for(device, Some(&uuid))
             }
-            tracing::debug!(device, ?uuid, ?limit, "memory quota resolved");
-            limit
-        })
+            // Refused: cuInit failed; should a call come anyway, the device
+            // shows nothing and every reservation is refused.
+            Grant::Refused => Some(0),
+            Grant::Local => {
+                let slot = self.limits.get(device)?;
+                *slot.get_or_init(|| {
+                    let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
+                    let limit = self.limit_for(device, uuid.as_deref());
+                    if let (Some(bytes), Some(ledger), Some(entry)) =
+                        (limit, runtime::ledger(), runtime::ledger_entry(device))
+                        && let Err(error) = ledger.set_quota(entry, bytes)
+                    {
+                        tracing::warn!(device, %error, "quota not recorded in the pod ledger");
+                    }
+                    tracing::debug!(device, ?uuid, ?limit, "memory quota resolved");
+                    limit
+                })
+            }
+        }
     }
 
-    /// The configured quota of a device known by index and UUID.
+    /// The quota of a device known by index and UUID: the hypervisor's for
+    /// that UUID when it granted limits, else the configured one.
     pub fn limit_for(&self, device: usize, uuid: Option<&str>) -> Option<u64> {
+        if let Some(limits) = runtime::hypervisor_limits() {
+            return limits
+                .find(uuid?)
+                .map(|gpu| gpu.quota.load(Ordering::Acquire))
+                .filter(|bytes| *bytes > 0);
+        }
         self.configured
             .resolve(device as u32, uuid)
             .filter(|bytes| *bytes > 0)
@@ -101,15 +126,24 @@ impl MemoryQuota {
 
     /// Reserves `bytes` on `device` for an allocation about to be made.
     pub fn reserve(&self, device: usize, bytes: u64) -> Result<Reservation<'_>> {
+        if matches!(runtime::grant(), Some(Grant::Refused)) {
+            return Err(LimiterError::Misconfigured("no limits granted"));
+        }
         self.measure_overhead(device, false);
+        let limit = self.limit(device).unwrap_or(0);
         let ledger = runtime::ledger().ok_or(LimiterError::LedgerUnavailable)?;
+        let entry = runtime::ledger_entry(device).ok_or(LimiterError::LedgerUnavailable)?;
         ledger
-            .try_reserve(device, bytes)
+            .try_reserve_under(entry, bytes, limit)
             .map_err(|error| refusal(device, error))?;
         Ok(Reservation {
             quota: self,
             ledger,
-            charge: Charge { device, bytes },
+            limit,
+            charge: Charge {
+                device: entry,
+                bytes,
+            },
         })
     }
 
@@ -138,19 +172,37 @@ impl MemoryQuota {
     pub fn report(&self, device: usize, real_free: u64, real_total: u64) -> Option<(u64, u64)> {
         let limit = self.limit(device)?;
         self.measure_overhead(device, false);
-        Some(virtual_report(
-            limit,
-            self.pod_used(device),
-            real_free,
-            real_total,
-        ))
+        let used = runtime::ledger_entry(device).map_or(0, |entry| self.pod_used(entry));
+        Some(virtual_report(limit, used, real_free, real_total))
     }
 
-    /// Pod usage of a device, for reports made without libcuda (NVML).
-    pub fn pod_used(&self, device: usize) -> u64 {
-        runtime::ledger()
-            .and_then(|ledger| ledger.usage(device).ok())
-            .map_or(0, |usage| usage.used)
+    /// Pod usage of ledger entry `entry` (see [`runtime::ledger_entry_of`]),
+    /// after giving back what dead processes held.
+    pub fn pod_used(&self, entry: usize) -> u64 {
+        let Some(ledger) = runtime::ledger() else {
+            return 0;
+        };
+        self.reclaim_before_report(ledger);
+        ledger.usage(entry).map_or(0, |usage| usage.used)
+    }
+
+    /// Scans for dead processes, at most every [`REPORT_RECLAIM_MS`].
+    fn reclaim_before_report(&self, ledger: &PodLedger) {
+        let now = monotonic_ns() / 1_000_000 + 1;
+        let last = self.reclaimed_ms.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < REPORT_RECLAIM_MS {
+            return;
+        }
+        if self
+            .reclaimed_ms
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            let bytes = ledger.reclaim_dead();
+            if bytes > 0 {
+                tracing::debug!(bytes, "dead processes' memory given back before a report");
+            }
+        }
     }
 
     /// Charges what NVML attributes to this process on `device` beyond its
@@ -174,16 +226,17 @@ impl MemoryQuota {
         let Some(uuid) = Driver::get().and_then(|driver| driver.device_uuid(device as i32)) else {
             return;
         };
-        let Some(ledger) = runtime::ledger() else {
+        let (Some(ledger), Some(entry)) = (runtime::ledger(), runtime::ledger_entry_of(&uuid))
+        else {
             return;
         };
         let Some(seen) = Nvml::get().and_then(|nvml| nvml.process_used(&uuid, std::process::id()))
         else {
             return;
         };
-        let allocated = ledger.process_usage(device).unwrap_or(0);
+        let allocated = ledger.process_usage(entry).unwrap_or(0);
         let overhead = seen.saturating_sub(allocated);
-        match ledger.set_overhead(device, overhead) {
+        match ledger.set_overhead(entry, overhead) {
             Ok(()) => tracing::debug!(device, seen, overhead, "driver overhead measured"),
             Err(error) => tracing::warn!(device, %error, "driver overhead not recorded"),
         }
@@ -194,6 +247,9 @@ impl MemoryQuota {
 pub struct Reservation<'a> {
     quota: &'a MemoryQuota,
     ledger: &'static PodLedger,
+    /// The quota reserved against (0 = unlimited).
+    limit: u64,
+    /// `device` is the ledger entry.
     charge: Charge,
 }
 
@@ -206,7 +262,7 @@ impl Reservation<'_> {
         } = self.charge;
         if bytes > held {
             self.ledger
-                .try_reserve(device, bytes - held)
+                .try_reserve_under(device, bytes - held, self.limit)
                 .map_err(|error| refusal(device, error))?;
         } else {
             release(self.ledger, device, held - bytes);

@@ -168,6 +168,18 @@ pub struct nvmlProcessInfo_t {
     pub computeInstanceId: c_uint,
 }
 
+/// `nvmlProcessInfo_v1_t`, what the unversioned
+/// `nvmlDeviceGetComputeRunningProcesses` writes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct nvmlProcessInfo_v1_t {
+    pub pid: c_uint,
+    pub usedGpuMemory: u64,
+}
+
+/// `NVML_VALUE_NOT_AVAILABLE` for unsigned long long fields.
+pub const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+
 pub const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
 
 pub type CuCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
@@ -228,6 +240,8 @@ pub type NvmlDeviceGetUUID =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
 pub type NvmlDeviceGetComputeRunningProcesses =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
+pub type NvmlDeviceGetComputeRunningProcessesV1 =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t;
 
 /// Formats a CUDA UUID the way NVML and `nvidia-smi -L` print it.
 pub fn format_uuid(uuid: &CUuuid) -> String {

@@ -57,6 +57,8 @@ const MAX_PENDING_SAMPLES: usize = 256;
 const CALIBRATED_CONTEXTS: usize = 64;
 /// Spare events kept for reuse.
 const SPARE_EVENTS: usize = 2 * MAX_PENDING_SAMPLES;
+/// At most one new function's first launch is measured this often.
+const FIRST_SAMPLE_INTERVAL_NS: u64 = 100_000;
 /// Longest a launch waits for its function's first measurement (beyond
 /// [`UNMEASURED_AHEAD`] launches): bounded, in case the stream waits on
 /// something this thread has yet to do.
@@ -162,6 +164,8 @@ pub struct Throttle {
     monitor_thread: OnceLock<Thread>,
     /// The monitor is parked for want of samples: wake it after a push.
     monitor_parked: AtomicBool,
+    /// When a new function's first launch was last measured.
+    first_sampled_at_ns: AtomicU64,
     /// When the launch of the oldest measurement still running was made; 0
     /// when none runs or it holds launches no more.
     backlog_since_ns: AtomicU64,
@@ -197,6 +201,7 @@ impl Throttle {
             monitor: Once::new(),
             monitor_thread: OnceLock::new(),
             monitor_parked: AtomicBool::new(false),
+            first_sampled_at_ns: AtomicU64::new(0),
             backlog_since_ns: AtomicU64::new(0),
             activity: OnceLock::new(),
             pod_key: OnceLock::new(),
@@ -208,15 +213,12 @@ impl Throttle {
     }
 
     /// The budget of `device`, resolved once; `None` when it is unlimited.
-    /// Under a hypervisor, the bucket it manages, looked at on every launch:
-    /// limits change live.
+    /// Under a hypervisor, the bucket whose limits it sets in the pod's
+    /// read-only limits object, looked at on every launch: limits change live.
     fn budget(&self, device: usize) -> Option<DeviceBudget> {
         if runtime::hypervisor().is_some() {
-            let bucket = runtime::ledger()?.compute(device).ok()?;
-            let managed = bucket.managed.load(Ordering::Relaxed) != 0;
-            let limited = bucket.rate_ppm.load(Ordering::Relaxed) != 0
-                || bucket.suspended.load(Ordering::Relaxed) != 0;
-            return (managed && limited).then_some(DeviceBudget {
+            let bucket = runtime::bucket(device)?;
+            return bucket.is_limited().then_some(DeviceBudget {
                 bucket,
                 elastic: false,
             });
@@ -229,16 +231,9 @@ impl Throttle {
                 if limit.policy == ComputePolicy::None {
                     return None;
                 }
-                let bucket = match runtime::ledger().map(|ledger| ledger.compute(device)) {
-                    Some(Ok(bucket)) => bucket,
-                    Some(Err(error)) => {
-                        tracing::error!(device, %error, "no compute budget in the pod ledger");
-                        return None;
-                    }
-                    // Unusable ledger: already reported; launch unthrottled
-                    // rather than block the application for ever.
-                    None => return None,
-                };
+                // Unusable ledger: already reported; launch unthrottled
+                // rather than block the application for ever.
+                let bucket = runtime::bucket(device)?;
                 bucket.configure(limit.percent, limit.ceiling());
                 tracing::debug!(device, ?uuid, ?limit, "compute limit resolved");
                 Some(DeviceBudget {
@@ -297,7 +292,11 @@ impl Throttle {
             Work::Graph(exec) => (LaunchKey::graph(exec), 1),
         };
         let charge = self.model.charge(key, waves);
-        if charge.unmeasured && charge.ahead >= UNMEASURED_AHEAD {
+        // A new function's first launch is measured, at most one such a
+        // [`FIRST_SAMPLE_INTERVAL_NS`]: a program that makes new functions
+        // all the time (JIT per shape) must not sample every launch.
+        let first = charge.first && self.may_sample_first();
+        if charge.unmeasured && !charge.first && charge.ahead >= UNMEASURED_AHEAD {
             self.wait_for_measurement(&charge);
         }
         self.hold_while_backlogged();
@@ -307,7 +306,7 @@ impl Throttle {
 
         let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {
-            Some(timing) if charge.first || due => self.begin_sample(timing, stream),
+            Some(timing) if first || due => self.begin_sample(timing, stream),
             _ => None,
         };
         if sample.is_none() {
@@ -339,13 +338,24 @@ impl Throttle {
         Ok(result)
     }
 
-    /// Holds a launch of a function whose first measurement is pending, so
-    /// that an unmeasured function cannot queue an unbounded burst.
+    /// Holds a launch of a function whose first measurement is in flight,
+    /// so that an unmeasured function cannot queue an unbounded burst.
     fn wait_for_measurement(&self, charge: &Charge) {
         let deadline = monotonic_ns().saturating_add(FIRST_MEASUREMENT_WAIT_NS);
-        while !self.model.measured(charge) && monotonic_ns() < deadline {
+        while self.model.awaiting_measurement(charge) && monotonic_ns() < deadline {
             std::thread::sleep(FIRST_MEASUREMENT_POLL);
         }
+    }
+
+    /// Whether a new function's first launch may be measured now.
+    fn may_sample_first(&self) -> bool {
+        let now = monotonic_ns();
+        let last = self.first_sampled_at_ns.load(Ordering::Relaxed);
+        now.saturating_sub(last) >= FIRST_SAMPLE_INTERVAL_NS
+            && self
+                .first_sampled_at_ns
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     /// Holds a launch while the GPU runs more than [`MAX_BACKLOG_NS`] behind
@@ -424,7 +434,7 @@ impl Throttle {
 
     /// Measures the launch overhead once per context, at its first sample
     /// (the launching thread has that context current).
-    fn calibrate(&self, timing: &Timing, context: usize) {
+    fn calibrate(&self, timing: &Timing, context: usize, stream: CUstream) {
         // A lock-free set of contexts: claim the first empty slot, unless
         // the context is there already (or the set is full: the overhead of
         // an earlier context stands for it).
@@ -438,7 +448,10 @@ impl Throttle {
         if claimed != Some(true) {
             return;
         }
-        match timing.launch_overheads() {
+        // The sampled stream itself when it is idle: launch latency depends
+        // on the kind of stream.
+        let idle = timing.stream_idle(stream) == Some(true);
+        match timing.launch_overheads(idle.then_some(stream)) {
             Some(overheads) => {
                 let kernel = overheads
                     .kernel_ns
@@ -462,7 +475,7 @@ impl Throttle {
             return None;
         }
         let context = timing.stream_context(stream)? as usize;
-        self.calibrate(timing, context);
+        self.calibrate(timing, context, stream);
         let start = self.event(timing, context)?;
         let idle = timing.stream_idle(stream).unwrap_or(false);
         if timing.record(start, stream) {

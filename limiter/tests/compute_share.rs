@@ -192,9 +192,10 @@ fn elastic_pods_use_idle_time_and_give_it_back() {
     assert!(share(&alone) >= 900, "{alone:?}");
 
     // Another pod starts launching: back to 30% within a second.
+    let other_pod = Pod::new("elastic-other");
     let mut other = probe(
         "cudaprobe",
-        &Pod::new("elastic-other"),
+        &other_pod,
         &[("CUDA_DEVICE_SM_LIMIT", "50")],
         &["run", "kernel", "1000", "3000"],
     );

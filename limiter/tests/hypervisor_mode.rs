@@ -146,16 +146,27 @@ fn a_dead_hypervisor_leaves_the_last_limits_in_force() {
 }
 
 #[test]
-fn a_wrong_token_is_refused_and_the_program_still_runs_limited() {
+fn a_wrong_token_is_refused_and_cuda_with_it() {
     let pod = Pod::new("hv-token");
     let hypervisor = start(&pod, "memory = \"1g\"");
-    let lines = run(managed(
+    let output = managed(
         &pod,
         &hypervisor.url(),
         "not-the-token",
         &["info", "sleep", "300"],
-    ));
-    assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
+    )
+    .env("CUDA_LIMITER_GRANT_TIMEOUT_MS", "2000")
+    .output()
+    .expect("probe");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("cuInit failed: 3"), "{stderr}");
+    let ours: Vec<&str> = stderr
+        .lines()
+        .filter(|line| line.starts_with("cuda-limiter:"))
+        .collect();
+    assert_eq!(ours.len(), 1, "one line: {stderr}");
+    assert!(ours[0].contains("registration refused (401"), "{stderr}");
     let status = serde_json::to_string(&hypervisor.hypervisor().status()).expect("json");
     assert!(
         !status.contains(&format!("\"{}-", pod.0)),

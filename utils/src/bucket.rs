@@ -29,15 +29,13 @@ pub const REFILL_BATCH_NS: u64 = 20_000;
 /// Longest single wait before the bucket is looked at again (limits can change).
 pub const MAX_WAIT: Duration = Duration::from_millis(2);
 
-/// One pod's compute budget on one GPU. Zeroed memory is a valid, unlimited bucket.
+/// What the pod's processes update in a bucket: its tokens and counters.
+/// Lives in the pod's writable region. Zeroed memory is a valid, empty state.
 #[repr(C)]
 #[derive(Debug, Default)]
-pub struct ComputeBucket {
-    /// The pod's share in parts per million of wall time; 0 = unlimited.
-    pub rate_ppm: AtomicU32,
-    /// Elastic ceiling in ppm (≥ rate); equal to the rate for a fixed share.
-    pub ceiling_ppm: AtomicU32,
-    /// Non-zero while the elastic ceiling applies (no other pod needs the GPU).
+pub struct BucketState {
+    /// Local elastic mode only: non-zero while no other pod needs the GPU.
+    /// Ignored while the limits are managed by a hypervisor.
     pub uncontended: AtomicU32,
     /// Threads currently waiting for budget.
     pub waiting: AtomicU32,
@@ -49,25 +47,31 @@ pub struct ComputeBucket {
     pub charged_ns: AtomicU64,
     /// Launches admitted so far.
     pub launches: AtomicU64,
+    /// Zero; room for fields that default to zero.
+    pub reserved: AtomicU64,
+}
+
+/// What decides a bucket: the share, the elastic ceiling, suspension. In
+/// hypervisor mode these live in the pod's read-only limits object
+/// ([`crate::limits`]), so the pod cannot raise them; in local mode, next to
+/// the state, set from each process's configuration.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct BucketLimits {
+    /// The pod's share in parts per million of wall time; 0 = unlimited.
+    pub rate_ppm: AtomicU32,
+    /// Elastic ceiling in ppm (≥ rate); equal to the rate for a fixed share.
+    pub ceiling_ppm: AtomicU32,
     /// Non-zero while the pod is suspended: every launch waits.
     pub suspended: AtomicU32,
-    /// Non-zero while a node hypervisor sets the rate (see `protocol`).
+    /// Non-zero while a node hypervisor sets the rate.
     pub managed: AtomicU32,
 }
 
-const _: () = assert!(size_of::<ComputeBucket>() == 56);
-const _: () = assert!(align_of::<ComputeBucket>() == 8);
+const _: () = assert!(size_of::<BucketState>() == 48);
+const _: () = assert!(size_of::<BucketLimits>() == 16);
 
-/// What a launch may do now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    /// Go: its cost has been charged.
-    Pass,
-    /// No budget: look again after this long.
-    Wait(Duration),
-}
-
-impl ComputeBucket {
+impl BucketLimits {
     /// Sets the share and the elastic ceiling, in percent (0 or 100 = unlimited).
     pub fn configure(&self, percent: u8, ceiling_percent: u8) {
         let rate = percent_to_ppm(percent);
@@ -79,12 +83,75 @@ impl ComputeBucket {
         self.rate_ppm.store(rate, Ordering::Release);
         self.ceiling_ppm.store(ceiling, Ordering::Release);
     }
+}
 
-    /// The rate in force: the ceiling while uncontended, else the share.
+/// One pod's compute budget on one GPU: its state (written by the pod) and
+/// its limits (read-only to the pod under a hypervisor), which may sit in two
+/// mappings. Derefs to the state, so `bucket.waiting` is the shared counter.
+#[derive(Debug, Clone, Copy)]
+pub struct Bucket<'a> {
+    state: &'a BucketState,
+    limits: &'a BucketLimits,
+}
+
+/// A bucket over mappings that live as long as the process (the limiter's).
+pub type ComputeBucket = Bucket<'static>;
+
+impl<'a> std::ops::Deref for Bucket<'a> {
+    type Target = BucketState;
+
+    fn deref(&self) -> &BucketState {
+        self.state
+    }
+}
+
+/// What a launch may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Go: its cost has been charged.
+    Pass,
+    /// No budget: look again after this long.
+    Wait(Duration),
+}
+
+impl<'a> Bucket<'a> {
+    /// The bucket made of `state` and `limits`.
+    pub fn new(state: &'a BucketState, limits: &'a BucketLimits) -> Self {
+        Self { state, limits }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> &'a BucketLimits {
+        self.limits
+    }
+
+    /// The shared state.
+    pub fn state(&self) -> &'a BucketState {
+        self.state
+    }
+
+    /// Sets the share and the elastic ceiling, in percent (0 or 100 =
+    /// unlimited); see [`BucketLimits::configure`].
+    pub fn configure(&self, percent: u8, ceiling_percent: u8) {
+        self.limits.configure(percent, ceiling_percent);
+    }
+
+    /// Whether launches are metered at all: a rate, or suspension.
+    pub fn is_limited(&self) -> bool {
+        self.limits.rate_ppm.load(Ordering::Relaxed) != 0
+            || self.limits.suspended.load(Ordering::Relaxed) != 0
+    }
+
+    /// The rate in force: the ceiling while uncontended (local elastic mode
+    /// only: under a hypervisor the pod's own flag counts for nothing), else
+    /// the share.
     pub fn effective_rate_ppm(&self) -> u32 {
-        let rate = self.rate_ppm.load(Ordering::Relaxed);
-        if self.uncontended.load(Ordering::Relaxed) != 0 {
-            let ceiling = self.ceiling_ppm.load(Ordering::Relaxed);
+        let limits = self.limits;
+        let rate = limits.rate_ppm.load(Ordering::Relaxed);
+        if limits.managed.load(Ordering::Relaxed) == 0
+            && self.state.uncontended.load(Ordering::Relaxed) != 0
+        {
+            let ceiling = limits.ceiling_ppm.load(Ordering::Relaxed);
             if ceiling > rate {
                 // Even a 100% ceiling is metered, so the pod never queues
                 // more than the capacity ahead and yields within
@@ -98,7 +165,7 @@ impl ComputeBucket {
     /// Admits a launch estimated at `cost_ns` at monotonic time `now_ns`.
     #[inline]
     pub fn admit(&self, now_ns: u64, cost_ns: u64) -> Admission {
-        if self.suspended.load(Ordering::Relaxed) != 0 {
+        if self.limits.suspended.load(Ordering::Relaxed) != 0 {
             return Admission::Wait(MAX_WAIT);
         }
         let rate = self.effective_rate_ppm();
@@ -210,9 +277,22 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    /// A bucket's two halves, owned by the test.
+    #[derive(Default)]
+    struct Owned {
+        state: BucketState,
+        limits: BucketLimits,
+    }
+
+    impl Owned {
+        fn bucket(&self) -> Bucket<'_> {
+            Bucket::new(&self.state, &self.limits)
+        }
+    }
+
     /// Runs a simulated GPU-bound loop of `kernel_ns` kernels through the
     /// bucket for `duration_ns` and returns the share of time admitted.
-    fn simulate(bucket: &ComputeBucket, kernel_ns: u64, duration_ns: u64) -> f64 {
+    fn simulate(bucket: &Bucket<'_>, kernel_ns: u64, duration_ns: u64) -> f64 {
         let start = 1_000 * MS;
         let mut now = start;
         let mut admitted = 0u64;
@@ -233,7 +313,8 @@ mod tests {
     fn admitted_time_converges_to_the_share() {
         for percent in [10u8, 25, 50, 75] {
             for kernel in [50_000u64, 2 * MS] {
-                let bucket = ComputeBucket::default();
+                let owned = Owned::default();
+                let bucket = owned.bucket();
                 bucket.configure(percent, percent);
                 let share = simulate(&bucket, kernel, 2_000 * MS);
                 let target = f64::from(percent) / 100.0;
@@ -248,7 +329,8 @@ mod tests {
     #[test]
     fn unlimited_and_full_shares_always_pass() {
         for percent in [0u8, 100] {
-            let bucket = ComputeBucket::default();
+            let owned = Owned::default();
+            let bucket = owned.bucket();
             bucket.configure(percent, percent);
             for step in 0..1000 {
                 assert_eq!(bucket.admit(step, 10 * MS), Admission::Pass);
@@ -259,7 +341,8 @@ mod tests {
 
     #[test]
     fn waits_are_precise_and_bounded() {
-        let bucket = ComputeBucket::default();
+        let owned = Owned::default();
+        let bucket = owned.bucket();
         bucket.configure(50, 50);
         let now = 10 * MS;
         assert_eq!(bucket.admit(now, MS), Admission::Pass);
@@ -278,7 +361,8 @@ mod tests {
 
     #[test]
     fn debt_is_bounded_and_credit_is_capped() {
-        let bucket = ComputeBucket::default();
+        let owned = Owned::default();
+        let bucket = owned.bucket();
         bucket.configure(10, 10);
         bucket.correct(i64::MAX / 2);
         assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), DEBT_FLOOR_NS);
@@ -288,7 +372,8 @@ mod tests {
 
     #[test]
     fn elastic_ceiling_applies_only_while_uncontended() {
-        let bucket = ComputeBucket::default();
+        let owned = Owned::default();
+        let bucket = owned.bucket();
         bucket.configure(30, 100);
         assert_eq!(bucket.effective_rate_ppm(), 300_000);
         bucket.uncontended.store(1, Ordering::Relaxed);
@@ -304,24 +389,37 @@ mod tests {
     }
 
     #[test]
+    fn a_managed_bucket_ignores_the_pods_own_uncontended_flag() {
+        let owned = Owned::default();
+        let bucket = owned.bucket();
+        bucket.configure(30, 100);
+        owned.state.uncontended.store(1, Ordering::Relaxed);
+        assert_eq!(bucket.effective_rate_ppm(), PPM as u32);
+        owned.limits.managed.store(1, Ordering::Relaxed);
+        assert_eq!(bucket.effective_rate_ppm(), 300_000);
+    }
+
+    #[test]
     fn a_suspended_pod_waits_whatever_its_budget() {
-        let bucket = ComputeBucket::default();
+        let owned = Owned::default();
+        let bucket = owned.bucket();
         bucket.configure(0, 0);
-        bucket.suspended.store(1, Ordering::Relaxed);
+        owned.limits.suspended.store(1, Ordering::Relaxed);
         assert_eq!(bucket.admit(MS, 1), Admission::Wait(MAX_WAIT));
-        bucket.suspended.store(0, Ordering::Relaxed);
+        owned.limits.suspended.store(0, Ordering::Relaxed);
         assert_eq!(bucket.admit(MS, 1), Admission::Pass);
     }
 
     #[test]
     fn concurrent_admitters_share_one_rate() {
-        let bucket = std::sync::Arc::new(ComputeBucket::default());
-        bucket.configure(25, 25);
+        let owned = std::sync::Arc::new(Owned::default());
+        owned.bucket().configure(25, 25);
         let start = monotonic_ns();
         let threads: Vec<_> = (0..4)
             .map(|_| {
-                let bucket = std::sync::Arc::clone(&bucket);
+                let owned = std::sync::Arc::clone(&owned);
                 std::thread::spawn(move || {
+                    let bucket = owned.bucket();
                     let mut admitted = 0u64;
                     while monotonic_ns() < start + 300 * MS {
                         match bucket.admit(monotonic_ns(), 100_000) {

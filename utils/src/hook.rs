@@ -42,9 +42,6 @@ pub enum HookError {
     /// The transaction that writes every patch at once failed; nothing was patched.
     #[error("patch transaction failed, nothing patched: {0}")]
     Commit(#[source] detour::Error),
-    /// The engine's bookkeeping lock was poisoned by an earlier panic.
-    #[error("hook engine state poisoned")]
-    Poisoned,
 }
 
 /// One patch request: redirect `target` to `detour`.
@@ -108,9 +105,14 @@ pub unsafe fn replace_all(
     // suspend signal are libc helpers that never run driver code.
     unsafe { transaction.commit(Threads::All) }.map_err(HookError::Commit)?;
 
+    // The patches are live: whatever happens, the detours must be kept, never
+    // dropped (dropping unpatches without suspending threads, and the
+    // caller would then clear original slots that running detours still
+    // read). A poisoned lock only means an earlier panic while pushing; the
+    // list itself is still a list.
     INSTALLED
         .lock()
-        .map_err(|_| HookError::Poisoned)?
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .0
         .extend(detours);
     Ok(trampolines)

@@ -2,13 +2,22 @@
 //! mapped by every process of the pod (the limiter is preloaded into each) and,
 //! later, by the node hypervisor.
 //!
-//! # Layout (version 1, 83,008 bytes, all little-endian atomics)
+//! # Layout (version 4, 84,032 bytes, all little-endian atomics)
 //!
 //! | offset | size | what |
 //! | --- | --- | --- |
 //! | 0 | 64 | [`Header`]: `magic` u64 @0, `version` u32 @8, `state` u32 @12, `size` u64 @16, `last_scan_ms` u64 @24, reserved |
-//! | 64 | 16 × 64 | [`DeviceLedger`] per device: `quota` u64 @0 (bytes, 0 = unlimited), `used` u64 @8, `peak` u64 @16, reserved |
+//! | 64 | 16 × 64 | [`DeviceLedger`] per GPU: `quota` u64 @0 (bytes, 0 = unlimited; local mode only), `used` u64 @8, `peak` u64 @16, `key` u64 @24 (the GPU's [`uuid_key`], 0 = unused) |
 //! | 1088 | 256 × 320 | [`ProcessSlot`]: `pid` i32 @0, `start_time` u64 @8, `pid_ns` u64 @16, `used[16]` @64, `overhead[16]` @192 |
+//! | 83008 | 16 × 64 | [`LocalBucket`] per GPU: [`BucketState`] @0, [`BucketLimits`] @48 (local mode) |
+//!
+//! Entries are found by GPU UUID ([`PodLedger::device_for`]), never by the
+//! index a process sees: containers of one pod with different
+//! `CUDA_VISIBLE_DEVICES` charge the same GPU's entry.
+//!
+//! Under a node hypervisor the limits are not read from here (the pod can
+//! write this region) but from the read-only [`crate::limits`] object; the
+//! quota is handed to [`PodLedger::try_reserve_under`].
 //!
 //! Every field is an atomic, so any process may read or write any word at any
 //! time without undefined behaviour; the protocol below keeps the numbers right.
@@ -21,7 +30,9 @@
 //!
 //! # Protocol
 //!
-//! 1. **Open.** `shm_open(O_CREAT|O_EXCL)` the name; if it exists, open it.
+//! 1. **Open.** `shm_open(O_CREAT|O_EXCL|O_NOFOLLOW)` the name, owner and mode
+//!    set on the descriptor; if it exists, open it only if a trusted uid owns
+//!    it and neither group nor others may write it ([`crate::shm`]).
 //!    A region of length 0 is one whose creator has not yet sized it: retry.
 //!    Whoever maps a region whose `state` is 0 (empty) moves it 0 → 1
 //!    (initialising) by compare-and-swap, writes `magic`, `version`, `size`, then
@@ -72,15 +83,15 @@
 //! outside its namespace. A process is therefore reclaimed by a peer in its own
 //! container (or, later, by the hypervisor through host `/proc`).
 
-use crate::bucket::ComputeBucket;
+use crate::bucket::{Bucket, BucketLimits, BucketState};
+pub use crate::limits::uuid_key;
+use crate::shm::{self, Creation, ShmError, Trust};
 use std::io;
 use std::mem::{offset_of, size_of};
 use std::os::unix::fs::MetadataExt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-use shared_memory::{Shmem, ShmemConf, ShmemError};
 
 /// Devices a ledger can account for (CUDA ordinals `0..MAX_DEVICES`).
 pub const MAX_DEVICES: usize = 16;
@@ -90,8 +101,9 @@ pub const MAX_PROCESSES: usize = 256;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUSHLDG");
 /// Version of the layout described in the module documentation.
 /// Version 2 added the compute buckets after the process slots; 3 their
-/// suspend and managed flags.
-pub const LAYOUT_VERSION: u32 = 3;
+/// suspend and managed flags; 4 keyed devices by GPU UUID and split each
+/// bucket into state and (local) limits.
+pub const LAYOUT_VERSION: u32 = 4;
 /// Size in bytes of a ledger region.
 pub const REGION_SIZE: usize = size_of::<Region>();
 /// Prefix of the shared-memory name of a pod's region (`/dev/shm/gpushare-pod-<pod>`).
@@ -145,8 +157,19 @@ pub struct DeviceLedger {
     pub used: AtomicU64,
     /// Highest `used` seen since the region was created.
     pub peak: AtomicU64,
+    /// [`uuid_key`] of the GPU this entry counts; 0 while unused.
+    pub key: AtomicU64,
     /// Zero; room for fields that default to zero.
-    pub reserved: [AtomicU64; 5],
+    pub reserved: [AtomicU64; 4],
+}
+
+/// A GPU's compute bucket in the pod's region: the state every process
+/// updates, and the limits local mode sets from its configuration.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct LocalBucket {
+    pub state: BucketState,
+    pub limits: BucketLimits,
 }
 
 /// One process's share of the pod's usage.
@@ -181,15 +204,16 @@ pub struct Region {
     /// Per-process accounting.
     pub processes: [ProcessSlot; MAX_PROCESSES],
     /// The pod's compute budget, per device.
-    pub compute: [ComputeBucket; MAX_DEVICES],
+    pub compute: [LocalBucket; MAX_DEVICES],
 }
 
 const _: () = {
     assert!(size_of::<Header>() == 64);
     assert!(size_of::<DeviceLedger>() == 64);
     assert!(size_of::<ProcessSlot>() == 320);
-    assert!(size_of::<Region>() == 64 + MAX_DEVICES * 64 + MAX_PROCESSES * 320 + MAX_DEVICES * 56);
-    assert!(size_of::<Region>() == 83_904);
+    assert!(size_of::<LocalBucket>() == 64);
+    assert!(size_of::<Region>() == 64 + MAX_DEVICES * 64 + MAX_PROCESSES * 320 + MAX_DEVICES * 64);
+    assert!(size_of::<Region>() == 84_032);
     assert!(offset_of!(Region, compute) == 83_008);
     assert!(align_of::<Region>() == 8);
     assert!(offset_of!(Header, magic) == 0);
@@ -200,6 +224,7 @@ const _: () = {
     assert!(offset_of!(DeviceLedger, quota) == 0);
     assert!(offset_of!(DeviceLedger, used) == 8);
     assert!(offset_of!(DeviceLedger, peak) == 16);
+    assert!(offset_of!(DeviceLedger, key) == 24);
     assert!(offset_of!(ProcessSlot, pid) == 0);
     assert!(offset_of!(ProcessSlot, start_time) == 8);
     assert!(offset_of!(ProcessSlot, pid_ns) == 16);
@@ -221,21 +246,19 @@ pub enum LedgerError {
         /// Why it is refused.
         reason: &'static str,
     },
-    /// `shm_open(O_CREAT|O_EXCL)`, `ftruncate` or `mmap` failed.
-    #[error("cannot create shared-memory region {name}: {source}")]
-    Create {
+    /// Creating, opening or mapping the region failed, or it belongs to an
+    /// untrusted user or is writable by group or others.
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    /// Every device entry holds another GPU.
+    #[error("ledger {name} has no free device entry for GPU {uuid} ({max} GPUs)")]
+    DevicesFull {
         /// The region's name.
         name: String,
-        /// The failure, with its OS error.
-        source: ShmemError,
-    },
-    /// `shm_open` or `mmap` of an existing region failed.
-    #[error("cannot open shared-memory region {name}: {source}")]
-    Open {
-        /// The region's name.
-        name: String,
-        /// The failure, with its OS error.
-        source: ShmemError,
+        /// The GPU asked for.
+        uuid: String,
+        /// [`MAX_DEVICES`].
+        max: usize,
     },
     /// The region is not a ledger.
     #[error("shared-memory region {name} is not a GPU memory ledger (magic {found:#018x})")]
@@ -329,13 +352,12 @@ pub struct DeviceUsage {
 /// The mapping, kept alive for as long as the pointer into it is used.
 struct Mapping {
     region: NonNull<Region>,
-    /// Unmaps (never unlinks: ownership is dropped at creation) when dropped.
-    _shmem: Shmem,
+    /// Unmaps (never unlinks) when dropped.
+    _map: shm::Mapping,
 }
 
-// SAFETY: `Shmem` is !Send/!Sync only because it holds the mapping's raw
-// pointer; the mapping itself is process-wide, every byte of it is an atomic,
-// and `Shmem` is only ever dropped (munmap + close), which any thread may do.
+// SAFETY: the mapping is process-wide, every byte of it is an atomic, and
+// `shm::Mapping` is only ever dropped (munmap), which any thread may do.
 unsafe impl Send for Mapping {}
 // SAFETY: as above: all access goes through `&Region`, whose fields are atomics.
 unsafe impl Sync for Mapping {}
@@ -380,21 +402,30 @@ impl PodLedger {
     /// Creates or opens the ledger region `os_id` (a `/dev/shm` entry name,
     /// without `/`) and registers this process in it.
     pub fn open_named(os_id: &str) -> Result<Self, LedgerError> {
-        Self::open_with_timeout(os_id, OPEN_TIMEOUT)
+        Self::open_with(
+            os_id,
+            &Trust::own_or_root(None),
+            &Creation::default(),
+            OPEN_TIMEOUT,
+        )
     }
 
-    fn open_with_timeout(os_id: &str, timeout: Duration) -> Result<Self, LedgerError> {
+    /// Creates (owner and mode from `creation`) or opens the ledger region
+    /// `os_id` if its owner is `trust`ed, and registers this process in it.
+    pub fn open_with(
+        os_id: &str,
+        trust: &Trust,
+        creation: &Creation,
+        timeout: Duration,
+    ) -> Result<Self, LedgerError> {
         validate_name(os_id)?;
         let deadline = Instant::now() + timeout;
-        let shmem = map_region(os_id, deadline, timeout)?;
-        let region = ready_region(os_id, &shmem, deadline, timeout)?;
+        let map = map_region(os_id, trust, creation, deadline, timeout)?;
+        let region = ready_region(os_id, &map, deadline, timeout)?;
         let ledger = PodLedger {
             name: os_id.to_owned(),
             reg: AtomicU64::new(NO_REG),
-            map: Mapping {
-                region,
-                _shmem: shmem,
-            },
+            map: Mapping { region, _map: map },
         };
         let pid = current_pid();
         let slot = ledger.claim_slot(pid)?;
@@ -413,9 +444,38 @@ impl PodLedger {
     pub fn region(&self) -> &Region {
         // SAFETY: `region` points at a live mapping of at least `REGION_SIZE`
         // bytes (checked in `ready_region`), page-aligned, kept alive by
-        // `self.map._shmem` for as long as `self`; every field is an atomic, so
+        // `self.map._map` for as long as `self`; every field is an atomic, so
         // shared references stay sound while other threads and processes write.
         unsafe { self.map.region.as_ref() }
+    }
+
+    /// The entry of the GPU `uuid`, claimed on first use by any process of
+    /// the pod: every process finds the same entry whatever index it sees
+    /// the GPU at.
+    pub fn device_for(&self, uuid: &str) -> Result<usize, LedgerError> {
+        let key = uuid_key(uuid);
+        let devices = &self.region().devices;
+        if let Some(dev) = devices
+            .iter()
+            .position(|d| d.key.load(Ordering::Acquire) == key)
+        {
+            return Ok(dev);
+        }
+        for (dev, device) in devices.iter().enumerate() {
+            match device
+                .key
+                .compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Ok(dev),
+                Err(found) if found == key => return Ok(dev),
+                Err(_) => {}
+            }
+        }
+        Err(LedgerError::DevicesFull {
+            name: self.name.clone(),
+            uuid: uuid.to_owned(),
+            max: MAX_DEVICES,
+        })
     }
 
     /// Sets the pod's quota on `dev` in bytes (0 = unlimited). Lowering it below
@@ -460,13 +520,21 @@ impl PodLedger {
     /// [`LedgerError::OverQuota`] if the pod would exceed its quota (after
     /// giving back what dead processes held).
     pub fn try_reserve(&self, dev: usize, bytes: u64) -> Result<(), LedgerError> {
+        let quota = self.device(dev)?.quota.load(Ordering::Acquire);
+        self.try_reserve_under(dev, bytes, quota)
+    }
+
+    /// Like [`try_reserve`](Self::try_reserve), against `quota` (0 =
+    /// unlimited) given by the caller rather than the one in the region: under
+    /// a hypervisor, the quota comes from the read-only limits.
+    pub fn try_reserve_under(&self, dev: usize, bytes: u64, quota: u64) -> Result<(), LedgerError> {
         let device = self.device(dev)?;
         if bytes == 0 {
             return Ok(());
         }
         let slot = self.my_slot()?;
         self.maybe_reclaim();
-        if reserve_on(device, bytes).is_err() {
+        if reserve_on(device, bytes, quota).is_err() {
             let reclaimed = self.reclaim_dead();
             tracing::debug!(
                 dev,
@@ -474,7 +542,7 @@ impl PodLedger {
                 reclaimed,
                 "over quota; scanned for dead processes"
             );
-            if let Err((quota, used)) = reserve_on(device, bytes) {
+            if let Err((quota, used)) = reserve_on(device, bytes, quota) {
                 return Err(LedgerError::OverQuota {
                     dev,
                     quota,
@@ -598,8 +666,32 @@ impl PodLedger {
         total
     }
 
-    /// The pod's compute budget on `dev`.
-    pub fn compute(&self, dev: usize) -> Result<&ComputeBucket, LedgerError> {
+    /// Pids of the processes registered in this region from this process's
+    /// pid namespace (others' pids mean nothing here).
+    pub fn pids_in_own_namespace(&self) -> Vec<i32> {
+        let ns = own_pid_ns();
+        self.region()
+            .processes
+            .iter()
+            .filter(|slot| slot.pid_ns.load(Ordering::Acquire) == ns)
+            .map(|slot| slot.pid.load(Ordering::Acquire))
+            .filter(|pid| *pid > 0)
+            .collect()
+    }
+
+    /// The pod's compute budget on `dev`, with the limits local mode sets.
+    pub fn compute(&self, dev: usize) -> Result<Bucket<'_>, LedgerError> {
+        let local = self.local_bucket(dev)?;
+        Ok(Bucket::new(&local.state, &local.limits))
+    }
+
+    /// The shared state of the pod's compute budget on `dev`, to pair with
+    /// limits from elsewhere (the hypervisor's read-only object).
+    pub fn compute_state(&self, dev: usize) -> Result<&BucketState, LedgerError> {
+        Ok(&self.local_bucket(dev)?.state)
+    }
+
+    fn local_bucket(&self, dev: usize) -> Result<&LocalBucket, LedgerError> {
         self.region()
             .compute
             .get(dev)
@@ -607,6 +699,49 @@ impl PodLedger {
                 dev,
                 max: MAX_DEVICES,
             })
+    }
+
+    /// Gives back everything this process holds and frees its slot, at once
+    /// (a process exiting normally; [`Drop`] does the same). Later operations
+    /// register a fresh slot.
+    pub fn release_own_slot(&self) {
+        let reg = self.reg.swap(NO_REG, Ordering::AcqRel);
+        let (pid, idx) = unpack(reg);
+        if reg == NO_REG || pid != current_pid() {
+            // Never registered, or a forked copy that never registered: the
+            // slot is the parent's.
+            return;
+        }
+        let region = self.region();
+        let Some(slot) = region.processes.get(idx) else {
+            return;
+        };
+        let deadline = Instant::now() + UNREGISTER_WAIT;
+        loop {
+            match slot
+                .pid
+                .compare_exchange(pid, -pid, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => {
+                    drain(region, slot);
+                    return;
+                }
+                // A reclaimer is checking our slot; it will see us alive and
+                // put it back.
+                Err(owner) if owner < 0 && Instant::now() < deadline => {
+                    std::thread::yield_now();
+                }
+                Err(owner) => {
+                    tracing::warn!(
+                        ledger = %self.name,
+                        pid,
+                        owner,
+                        "ledger slot no longer ours at exit; nothing given back"
+                    );
+                    return;
+                }
+            }
+        }
     }
 
     fn device(&self, dev: usize) -> Result<&DeviceLedger, LedgerError> {
@@ -716,52 +851,15 @@ impl Drop for PodLedger {
     /// Gives back everything this process still holds and frees its slot. The
     /// region itself stays.
     fn drop(&mut self) {
-        let reg = self.reg.load(Ordering::Acquire);
-        let (pid, idx) = unpack(reg);
-        if reg == NO_REG || pid != current_pid() {
-            // Never registered, or a forked copy that never registered: the
-            // slot is the parent's.
-            return;
-        }
-        let region = self.region();
-        let Some(slot) = region.processes.get(idx) else {
-            return;
-        };
-        let deadline = Instant::now() + UNREGISTER_WAIT;
-        loop {
-            match slot
-                .pid
-                .compare_exchange(pid, -pid, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => {
-                    drain(region, slot);
-                    return;
-                }
-                // A reclaimer is checking our slot; it will see us alive and
-                // put it back.
-                Err(owner) if owner < 0 && Instant::now() < deadline => {
-                    std::thread::yield_now();
-                }
-                Err(owner) => {
-                    tracing::warn!(
-                        ledger = %self.name,
-                        pid,
-                        owner,
-                        "ledger slot no longer ours at exit; nothing given back"
-                    );
-                    return;
-                }
-            }
-        }
+        self.release_own_slot();
     }
 }
 
 /// CAS loop: adds `bytes` to the device's usage unless that would exceed a
-/// non-zero quota; on refusal returns `(quota, used)`.
-fn reserve_on(device: &DeviceLedger, bytes: u64) -> Result<(), (u64, u64)> {
+/// non-zero `quota`; on refusal returns `(quota, used)`.
+fn reserve_on(device: &DeviceLedger, bytes: u64, quota: u64) -> Result<(), (u64, u64)> {
     let mut used = device.used.load(Ordering::Acquire);
     loop {
-        let quota = device.quota.load(Ordering::Acquire);
         let Some(new) = used.checked_add(bytes) else {
             return Err((quota, used));
         };
@@ -849,36 +947,22 @@ fn validate_name(name: &str) -> Result<(), LedgerError> {
     })
 }
 
-/// Creates the region, or opens it if it exists, riding out the races with
-/// processes creating it at the same moment.
-fn map_region(name: &str, deadline: Instant, timeout: Duration) -> Result<Shmem, LedgerError> {
+/// Creates the region, or opens it if it exists (and is trusted), riding
+/// out the races with processes creating it at the same moment.
+fn map_region(
+    name: &str,
+    trust: &Trust,
+    creation: &Creation,
+    deadline: Instant,
+    timeout: Duration,
+) -> Result<shm::Mapping, LedgerError> {
     loop {
-        match ShmemConf::new().os_id(name).size(REGION_SIZE).create() {
-            Ok(mut shmem) => {
-                // The region outlives this process: never unlink it on drop.
-                shmem.set_owner(false);
-                return Ok(shmem);
-            }
-            Err(ShmemError::MappingIdExists) => {}
-            Err(source) => {
-                return Err(LedgerError::Create {
-                    name: name.to_owned(),
-                    source,
-                });
-            }
+        if let Some(map) = shm::create(name, REGION_SIZE, creation)? {
+            return Ok(map);
         }
-        match ShmemConf::new().os_id(name).open() {
-            Ok(shmem) => return Ok(shmem),
-            // ENOENT: unlinked since our create failed; create again.
-            // EINVAL: mmap of length 0, the creator has not sized it yet.
-            Err(ShmemError::MapOpenFailed(code))
-                if code == libc::ENOENT as u32 || code == libc::EINVAL as u32 => {}
-            Err(source) => {
-                return Err(LedgerError::Open {
-                    name: name.to_owned(),
-                    source,
-                });
-            }
+        // Exists; `None`: unlinked since, or not sized yet by its creator.
+        if let Some(map) = shm::open(name, REGION_SIZE, true, trust)? {
+            return Ok(map);
         }
         if Instant::now() >= deadline {
             return Err(timeout_error(name, timeout));
@@ -898,11 +982,11 @@ fn timeout_error(name: &str, timeout: Duration) -> LedgerError {
 /// that the region is a ledger of this layout.
 fn ready_region(
     name: &str,
-    shmem: &Shmem,
+    map: &shm::Mapping,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<NonNull<Region>, LedgerError> {
-    let len = shmem.len();
+    let len = map.len();
     let size_mismatch = |found: u64| LedgerError::SizeMismatch {
         name: name.to_owned(),
         found,
@@ -911,11 +995,9 @@ fn ready_region(
     if len < size_of::<Header>() {
         return Err(size_mismatch(len as u64));
     }
-    let Some(base) = NonNull::new(shmem.as_ptr()) else {
-        return Err(size_mismatch(0));
-    };
+    let base = map.base();
     // SAFETY: the mapping is at least `size_of::<Header>()` bytes (checked
-    // above), page-aligned, and lives as long as `shmem`, which outlives this
+    // above), page-aligned, and lives as long as `map`, which outlives this
     // borrow; `Header` is all atomics, so concurrent writers are fine.
     let header = unsafe { base.cast::<Header>().as_ref() };
     loop {
@@ -1080,14 +1162,10 @@ mod tests {
             PodLedger::open_named(&self.0).expect("open ledger")
         }
         /// A raw region of `size` bytes under this name, to forge headers.
-        fn raw(&self, size: usize) -> Shmem {
-            let mut shmem = ShmemConf::new()
-                .os_id(&self.0)
-                .size(size)
-                .create()
-                .expect("create raw region");
-            shmem.set_owner(false);
-            shmem
+        fn raw(&self, size: usize) -> shm::Mapping {
+            shm::create(&self.0, size, &Creation::default())
+                .expect("create raw region")
+                .expect("a fresh name")
         }
     }
 
@@ -1296,7 +1374,7 @@ mod tests {
         let region = TestRegion::new();
         let raw = region.raw(REGION_SIZE);
         // SAFETY: the mapping is REGION_SIZE bytes, page-aligned, all atomics.
-        let header = unsafe { &*(raw.as_ptr() as *const Header) };
+        let header = unsafe { &*(raw.base().as_ptr() as *const Header) };
         header.magic.store(0xdead_beef, Ordering::Relaxed);
         header.state.store(STATE_READY, Ordering::Release);
         assert!(matches!(
@@ -1334,8 +1412,13 @@ mod tests {
 
     impl TestRegion {
         fn open_err(&self) -> LedgerError {
-            PodLedger::open_with_timeout(&self.0, Duration::from_millis(50))
-                .expect_err("open must fail")
+            PodLedger::open_with(
+                &self.0,
+                &Trust::own_or_root(None),
+                &Creation::default(),
+                Duration::from_millis(50),
+            )
+            .expect_err("open must fail")
         }
     }
 
@@ -1345,7 +1428,7 @@ mod tests {
         let _raw = region.raw(4096);
         assert!(matches!(
             region.open_err(),
-            LedgerError::SizeMismatch { found: 4096, expected, .. } if expected == REGION_SIZE as u64
+            LedgerError::Shm(ShmError::Size { found: 4096, expected, .. }) if expected == REGION_SIZE as u64
         ));
     }
 
@@ -1354,7 +1437,7 @@ mod tests {
         let region = TestRegion::new();
         let raw = region.raw(REGION_SIZE);
         // SAFETY: the mapping is REGION_SIZE bytes, page-aligned, all atomics.
-        let header = unsafe { &*(raw.as_ptr() as *const Header) };
+        let header = unsafe { &*(raw.base().as_ptr() as *const Header) };
         header.state.store(STATE_INITIALIZING, Ordering::Release);
         assert!(matches!(
             region.open_err(),

@@ -1,11 +1,15 @@
 //! Pieces shared by the limiter (injected into applications) and the node
-//! hypervisor: the inline-hook engine, the per-pod shared-memory ledger,
-//! configuration parsing and logging.
+//! hypervisor: the inline-hook engine, the per-pod shared-memory ledger
+//! (usage, written by the pod) and limits (written by the hypervisor only),
+//! the trusted shared-memory objects they live in, configuration parsing and
+//! logging.
 
 pub mod activity;
 pub mod bucket;
 pub mod config;
 pub mod hook;
 pub mod ledger;
+pub mod limits;
 pub mod logging;
 pub mod protocol;
+pub mod shm;

@@ -11,9 +11,11 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpushare_utils::bucket::ComputeBucket;
+use gpushare_utils::bucket::{Bucket, BucketLimits};
 use gpushare_utils::ledger::PodLedger;
+use gpushare_utils::limits::PodLimits;
 use gpushare_utils::protocol::{Command, CommandResult, Register, Registered, WorkerDevice};
+use gpushare_utils::shm::{self, Trust};
 use http_bidir_comm::{Client, ClientOptions, LoopHandle, Task};
 use hypervisor::observer::SimulatedGpus;
 use hypervisor::{Options, RunningHypervisor, config};
@@ -45,9 +47,8 @@ pub struct Regions(pub Vec<String>);
 impl Drop for Regions {
     fn drop(&mut self) {
         for pod in &self.0 {
-            let name = std::ffi::CString::new(format!("/gpushare-pod-{pod}")).expect("no NUL");
-            // SAFETY: a valid NUL-terminated name.
-            unsafe { libc::shm_unlink(name.as_ptr()) };
+            let _ = shm::unlink(&format!("gpushare-pod-{pod}"));
+            let _ = shm::unlink(&PodLimits::name_of(pod));
         }
     }
 }
@@ -301,24 +302,55 @@ pub fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// The test process's own view of a pod's region.
-pub struct RegionView(pub PodLedger);
+/// The test process's own view of a pod's ledger and limits, by simulated
+/// GPU index (`SimulatedGpus::uuid`).
+pub struct RegionView(pub PodLedger, pub PodLimits);
 
 impl RegionView {
     pub fn open(pod: &str) -> Self {
-        Self(PodLedger::open(pod).expect("open region"))
+        let limits =
+            PodLimits::open_read_only(pod, &Trust::own_or_root(None)).expect("open limits");
+        Self(PodLedger::open(pod).expect("open region"), limits)
     }
 
-    pub fn bucket(&self, dev: usize) -> &ComputeBucket {
-        self.0.compute(dev).expect("bucket")
+    /// The ledger entry of simulated GPU `dev`.
+    pub fn entry(&self, dev: usize) -> usize {
+        self.0
+            .device_for(&SimulatedGpus::uuid(dev as u32))
+            .expect("ledger entry")
+    }
+
+    pub fn bucket(&self, dev: usize) -> Bucket<'_> {
+        let state = self.0.compute_state(self.entry(dev)).expect("bucket");
+        Bucket::new(state, self.limits(dev))
+    }
+
+    /// The limits of GPU `dev`; all zero (unlimited) when the pod has none there.
+    pub fn limits(&self, dev: usize) -> &BucketLimits {
+        static NONE: BucketLimits = BucketLimits {
+            rate_ppm: std::sync::atomic::AtomicU32::new(0),
+            ceiling_ppm: std::sync::atomic::AtomicU32::new(0),
+            suspended: std::sync::atomic::AtomicU32::new(0),
+            managed: std::sync::atomic::AtomicU32::new(0),
+        };
+        self.1
+            .find(&SimulatedGpus::uuid(dev as u32))
+            .map_or(&NONE, |gpu| &gpu.compute)
     }
 
     pub fn rate(&self, dev: usize) -> u32 {
-        self.bucket(dev).rate_ppm.load(Ordering::Acquire)
+        self.limits(dev).rate_ppm.load(Ordering::Acquire)
     }
 
     pub fn quota(&self, dev: usize) -> u64 {
-        self.0.quota(dev).expect("quota")
+        self.1
+            .find(&SimulatedGpus::uuid(dev as u32))
+            .map_or(0, |gpu| gpu.quota.load(Ordering::Acquire))
+    }
+
+    /// Pod usage of GPU `dev`.
+    pub fn used(&self, dev: usize) -> u64 {
+        self.0.usage(self.entry(dev)).expect("usage").used
     }
 
     /// Makes the pod look busy (a launch waiting) or idle on `dev`.

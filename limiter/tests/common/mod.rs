@@ -20,7 +20,8 @@ pub fn limiter() -> PathBuf {
     library
 }
 
-/// A pod identity of its own for each test, and its ledger removed after.
+/// A pod identity of its own for each test; its ledger, limits and test node
+/// table are removed after, whatever the test's outcome.
 pub struct Pod(pub String);
 
 impl Pod {
@@ -38,7 +39,9 @@ impl Pod {
 
 impl Drop for Pod {
     fn drop(&mut self) {
-        let _ignored = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{}", self.0));
+        for prefix in ["gpushare-pod-", "gpushare-limits-", "gpushare-node-test-"] {
+            let _ignored = std::fs::remove_file(format!("/dev/shm/{prefix}{}", self.0));
+        }
     }
 }
 

@@ -1,10 +1,10 @@
-//! Lifecycle detours, installed only when the configuration is broken.
+//! Lifecycle detours: `cuInit`, where CUDA is refused without limits.
 
 use super::ops;
 use crate::sys::CUresult;
 
 gpushare_macros::detours! {
-    /// Installed instead of the limits when the configuration cannot be read.
+    /// Installed with every set of limits, and alone when CUDA is refused.
     pub static DRIVER_DETOURS;
 
     /// Refuses to initialise CUDA.

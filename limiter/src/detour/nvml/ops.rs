@@ -45,12 +45,14 @@ fn pod_view(device: nvmlDevice_t, real_free: u64, real_total: u64) -> Result<(u6
         .ok_or(LimiterError::Bypass("no index"))?;
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let index = cuda_index(visible.as_deref(), nvml_index, &uuid);
+    // Under a hypervisor, its quota for this UUID; locally, the configured one.
     let limit = match index {
         Some(index) => quota.limit_for(index, Some(&uuid)),
         None => quota.limit_for(usize::MAX, Some(&uuid)),
     }
     .ok_or(LimiterError::Bypass("device unlimited"))?;
-    let used = index.map_or(0, |index| quota.pod_used(index));
+    // Usage follows the GPU, whatever index this process sees it at.
+    let used = crate::runtime::ledger_entry_of(&uuid).map_or(0, |entry| quota.pod_used(entry));
     let (free, total) = virtual_report(limit, used, real_free, real_total);
     Ok((free, total, total - free))
 }

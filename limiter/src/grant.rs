@@ -1,0 +1,99 @@
+//! Fail closed under a hypervisor: where a process's limits come from.
+//!
+//! A process with `CUDA_LIMITER_HYPERVISOR` set waits, bounded by
+//! `CUDA_LIMITER_GRANT_TIMEOUT_MS` (5 s by default), for its grant: the
+//! hypervisor accepted its registration (or cannot be reached at all), and
+//! the pod's limits object is published, owned by a trusted uid and writable
+//! by nobody else. Then the hypervisor's limits apply, read-only; a
+//! hypervisor that is down leaves the pod's last published limits in force.
+//! Otherwise (registration refused: wrong or empty token, unknown pod; or no
+//! limits object: daemon down or unreachable since before the pod started):
+//! - with local limits in the environment, those apply (one line says so);
+//! - without, CUDA refuses to initialise (`cuInit` fails) with one line.
+//!
+//! A refusal that cannot change (the hypervisor answered 4xx, or the limits
+//! object is squatted) ends the wait at once.
+
+use std::time::{Duration, Instant};
+
+use gpushare_utils::limits::{LimitsError, PodLimits};
+use gpushare_utils::shm::Trust;
+
+use crate::hypervisor::{Link, LinkStatus};
+
+/// Where the limits of this process come from.
+pub enum Grant {
+    /// The hypervisor's, mapped read-only.
+    Hypervisor(PodLimits),
+    /// The environment's (local mode, or the fallback).
+    Local,
+    /// None: CUDA is refused; the line already printed.
+    Refused,
+}
+
+/// How often the wait looks at the link again.
+const POLL: Duration = Duration::from_millis(10);
+
+/// Waits for the hypervisor's grant; see the module documentation.
+pub fn decide(
+    link: &'static Link,
+    pod: &str,
+    trust: &Trust,
+    timeout: Duration,
+    local_limits: bool,
+) -> Grant {
+    link.start();
+    let deadline = Instant::now() + timeout;
+    let mut last = "no answer from the hypervisor".to_owned();
+    let reason = loop {
+        let status = link.status();
+        if let LinkStatus::Refused(reason) = status {
+            // Wrong or empty token, unknown pod: this process is not the
+            // pod's, and nothing will change that.
+            break reason;
+        }
+        if matches!(status, LinkStatus::Registered | LinkStatus::Unreachable(_)) {
+            match PodLimits::open_read_only(pod, trust) {
+                Ok(limits) => {
+                    if let LinkStatus::Unreachable(reason) = status {
+                        eprintln!(
+                            "cuda-limiter: the hypervisor at {} is unreachable ({reason}); the pod's last published limits apply",
+                            link.address()
+                        );
+                    }
+                    tracing::info!(limits = limits.name(), "hypervisor limits in force");
+                    return Grant::Hypervisor(limits);
+                }
+                // A squatted or foreign object never becomes right.
+                Err(error @ (LimitsError::Shm(_) | LimitsError::Foreign { .. })) => {
+                    break error.to_string();
+                }
+                Err(error) => {
+                    last = match status {
+                        LinkStatus::Unreachable(reason) => format!("{reason}; {error}"),
+                        _ => error.to_string(),
+                    }
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            break last;
+        }
+        std::thread::sleep(POLL);
+    };
+    let waited = timeout.as_millis();
+    if local_limits {
+        eprintln!(
+            "cuda-limiter: no limits from the hypervisor at {} within {waited} ms ({reason}); the local limits apply",
+            link.address()
+        );
+        Grant::Local
+    } else {
+        let message = format!(
+            "cuda-limiter: no limits from the hypervisor at {} within {waited} ms ({reason}) and no local limit is set; CUDA refuses to initialise",
+            link.address()
+        );
+        eprintln!("{message}");
+        Grant::Refused
+    }
+}

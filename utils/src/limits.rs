@@ -1,0 +1,311 @@
+//! A pod's limits under a node hypervisor: one shared-memory object per pod
+//! (`/dev/shm/gpushare-limits-<pod>`), written only by the hypervisor and
+//! mapped read-only by the pod's processes, keyed by GPU UUID.
+//!
+//! Why a separate object: the pod's processes must write their usage (the
+//! ledger), so any limit stored next to it could be raised by the pod. This
+//! one is created by the hypervisor (`O_EXCL`, owner and mode set on the
+//! descriptor, never writable by group or others) and opened `O_RDONLY` by
+//! the limiter after checking who owns it ([`crate::shm`]).
+//!
+//! # Layout (version 1, 1,088 bytes, all atomics)
+//!
+//! | offset | size | what |
+//! | --- | --- | --- |
+//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16 |
+//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16 |
+//!
+//! A GPU is found by its UUID, so a quota follows the GPU whatever index a
+//! container's `CUDA_VISIBLE_DEVICES` gives it, and nothing a worker says at
+//! registration can move it.
+
+use std::mem::{offset_of, size_of};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::bucket::BucketLimits;
+use crate::ledger::MAX_DEVICES;
+use crate::shm::{self, Creation, Mapping, ShmError, Trust};
+
+/// Prefix of a pod's limits object.
+pub const LIMITS_PREFIX: &str = "gpushare-limits-";
+/// `b"GPUSHLIM"` as a little-endian u64.
+pub const LIMITS_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHLIM");
+/// Layout version.
+pub const LIMITS_VERSION: u32 = 1;
+/// `state` once the hypervisor has written every entry.
+const PUBLISHED: u32 = 2;
+
+/// Header of the limits object.
+#[repr(C)]
+#[derive(Debug)]
+pub struct LimitsHeader {
+    pub magic: AtomicU64,
+    pub version: AtomicU32,
+    /// 0 until the hypervisor publishes the pod's limits, then 2.
+    pub state: AtomicU32,
+    /// Bumped on every change.
+    pub generation: AtomicU64,
+    pub reserved: [AtomicU64; 5],
+}
+
+/// One GPU's limits.
+#[repr(C)]
+#[derive(Debug)]
+pub struct GpuLimits {
+    /// [`uuid_key`] of the GPU; 0: entry unused.
+    pub key: AtomicU64,
+    /// Bytes the pod may hold on the GPU; 0 = unlimited.
+    pub quota: AtomicU64,
+    /// Compute share, ceiling, suspension, managed flag.
+    pub compute: BucketLimits,
+    pub reserved: [AtomicU64; 4],
+}
+
+/// The whole object.
+#[repr(C)]
+#[derive(Debug)]
+pub struct LimitsRegion {
+    pub header: LimitsHeader,
+    pub gpus: [GpuLimits; MAX_DEVICES],
+}
+
+/// Size of the object in bytes.
+pub const LIMITS_SIZE: usize = size_of::<LimitsRegion>();
+
+const _: () = {
+    assert!(size_of::<LimitsHeader>() == 64);
+    assert!(size_of::<GpuLimits>() == 64);
+    assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
+    assert!(offset_of!(GpuLimits, compute) == 16);
+};
+
+/// Errors of the limits object.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitsError {
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    #[error("limits object {name} does not exist (the hypervisor has not provisioned this pod)")]
+    Missing { name: String },
+    #[error("limits object {name} is not published yet")]
+    NotPublished { name: String },
+    #[error(
+        "limits object {name} has magic {magic:#x} version {version}, expected version {LIMITS_VERSION}"
+    )]
+    Foreign {
+        name: String,
+        magic: u64,
+        version: u32,
+    },
+    #[error("limits object {name} holds no room for GPU {uuid} ({MAX_DEVICES} at most)")]
+    Full { name: String, uuid: String },
+}
+
+/// The key of a GPU: FNV-1a of its lowercase UUID, never 0.
+pub fn uuid_key(uuid: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in uuid.trim().bytes() {
+        hash ^= u64::from(byte.to_ascii_lowercase());
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash.max(1)
+}
+
+/// A pod's limits object, mapped read-only (limiter) or read-write (hypervisor).
+#[derive(Debug)]
+pub struct PodLimits {
+    name: String,
+    map: Mapping,
+}
+
+impl PodLimits {
+    /// The object name of `pod`'s limits.
+    pub fn name_of(pod: &str) -> String {
+        format!("{LIMITS_PREFIX}{pod}")
+    }
+
+    /// Opens `pod`'s published limits read-only, if owned by a `trust`ed uid
+    /// and writable by nobody else.
+    pub fn open_read_only(pod: &str, trust: &Trust) -> Result<Self, LimitsError> {
+        let name = Self::name_of(pod);
+        let map = shm::open(&name, LIMITS_SIZE, false, trust)?
+            .ok_or_else(|| LimitsError::Missing { name: name.clone() })?;
+        let limits = Self { name, map };
+        limits.check()?;
+        if limits.region().header.state.load(Ordering::Acquire) != PUBLISHED {
+            return Err(LimitsError::NotPublished { name: limits.name });
+        }
+        Ok(limits)
+    }
+
+    /// Creates `pod`'s limits (the hypervisor), or reopens the object an
+    /// earlier run created if we own it; anyone else's is refused.
+    pub fn create_or_adopt(pod: &str, creation: &Creation) -> Result<Self, LimitsError> {
+        let name = Self::name_of(pod);
+        if let Some(map) = shm::create(&name, LIMITS_SIZE, creation)? {
+            let limits = Self { name, map };
+            let header = &limits.region().header;
+            header.magic.store(LIMITS_MAGIC, Ordering::Relaxed);
+            header.version.store(LIMITS_VERSION, Ordering::Relaxed);
+            return Ok(limits);
+        }
+        let map = shm::open(
+            &name,
+            LIMITS_SIZE,
+            true,
+            &Trust::only(&[shm::effective_uid()]),
+        )?
+        .ok_or_else(|| LimitsError::Missing { name: name.clone() })?;
+        let limits = Self { name, map };
+        limits.check()?;
+        Ok(limits)
+    }
+
+    fn check(&self) -> Result<(), LimitsError> {
+        let header = &self.region().header;
+        let magic = header.magic.load(Ordering::Acquire);
+        let version = header.version.load(Ordering::Acquire);
+        if magic != LIMITS_MAGIC || version != LIMITS_VERSION {
+            return Err(LimitsError::Foreign {
+                name: self.name.clone(),
+                magic,
+                version,
+            });
+        }
+        Ok(())
+    }
+
+    /// The object's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The mapped object. Read-only mappings fault on any store: only the
+    /// hypervisor, which maps it writable, may call the setters below.
+    pub fn region(&self) -> &LimitsRegion {
+        // SAFETY: the mapping is LIMITS_SIZE bytes (checked by `shm`),
+        // page-aligned, lives as long as `self`, and is all atomics.
+        unsafe { self.map.base().cast::<LimitsRegion>().as_ref() }
+    }
+
+    /// The limits of the GPU `uuid`, if the hypervisor gave the pod any.
+    pub fn find(&self, uuid: &str) -> Option<&GpuLimits> {
+        let key = uuid_key(uuid);
+        self.region()
+            .gpus
+            .iter()
+            .find(|gpu| gpu.key.load(Ordering::Acquire) == key)
+    }
+
+    /// Writes the limits of GPU `uuid` (hypervisor only).
+    pub fn set(&self, uuid: &str, quota: u64) -> Result<&GpuLimits, LimitsError> {
+        let key = uuid_key(uuid);
+        let gpus = &self.region().gpus;
+        let entry = match gpus.iter().find(|g| g.key.load(Ordering::Acquire) == key) {
+            Some(entry) => entry,
+            None => {
+                let free = gpus
+                    .iter()
+                    .find(|g| g.key.load(Ordering::Acquire) == 0)
+                    .ok_or_else(|| LimitsError::Full {
+                        name: self.name.clone(),
+                        uuid: uuid.to_owned(),
+                    })?;
+                free.quota.store(quota, Ordering::Release);
+                free.compute.managed.store(1, Ordering::Release);
+                free.key.store(key, Ordering::Release);
+                free
+            }
+        };
+        entry.quota.store(quota, Ordering::Release);
+        entry.compute.managed.store(1, Ordering::Release);
+        Ok(entry)
+    }
+
+    /// Forgets every GPU not in `keep` (hypervisor only).
+    pub fn retain(&self, keep: &[&str]) {
+        let keys: Vec<u64> = keep.iter().map(|uuid| uuid_key(uuid)).collect();
+        for gpu in &self.region().gpus {
+            let key = gpu.key.load(Ordering::Acquire);
+            if key != 0 && !keys.contains(&key) {
+                gpu.key.store(0, Ordering::Release);
+                gpu.quota.store(0, Ordering::Release);
+                gpu.compute.rate_ppm.store(0, Ordering::Release);
+                gpu.compute.ceiling_ppm.store(0, Ordering::Release);
+                gpu.compute.suspended.store(0, Ordering::Release);
+            }
+        }
+    }
+
+    /// Marks the limits complete and bumps the generation (hypervisor only).
+    pub fn publish(&self) {
+        let header = &self.region().header;
+        header.generation.fetch_add(1, Ordering::AcqRel);
+        header.state.store(PUBLISHED, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Cleanup(String);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = shm::unlink(&PodLimits::name_of(&self.0));
+        }
+    }
+
+    #[test]
+    fn keys_ignore_case_and_never_zero() {
+        assert_eq!(uuid_key("GPU-ABC"), uuid_key("gpu-abc"));
+        assert_ne!(uuid_key("GPU-a"), uuid_key("GPU-b"));
+        assert_ne!(uuid_key(""), 0);
+    }
+
+    #[test]
+    fn written_limits_are_read_back_read_only() {
+        let pod = format!("limits-test-{}", std::process::id());
+        let _cleanup = Cleanup(pod.clone());
+        let writer = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
+        assert!(matches!(
+            PodLimits::open_read_only(&pod, &Trust::own_or_root(None)),
+            Err(LimitsError::NotPublished { .. })
+        ));
+        writer.set("GPU-1", 1 << 30).unwrap();
+        writer.set("GPU-2", 0).unwrap().compute.configure(25, 25);
+        writer.publish();
+        let reader = PodLimits::open_read_only(&pod, &Trust::own_or_root(None)).unwrap();
+        assert_eq!(
+            reader.find("gpu-1").unwrap().quota.load(Ordering::Relaxed),
+            1 << 30
+        );
+        assert_eq!(
+            reader
+                .find("GPU-2")
+                .unwrap()
+                .compute
+                .rate_ppm
+                .load(Ordering::Relaxed),
+            250_000
+        );
+        assert!(reader.find("GPU-3").is_none());
+        writer.retain(&["GPU-2"]);
+        assert!(reader.find("GPU-1").is_none());
+        // A second hypervisor run adopts its own object.
+        let again = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
+        assert!(again.find("GPU-2").is_some());
+    }
+
+    #[test]
+    fn an_object_of_an_untrusted_owner_is_refused() {
+        let pod = format!("limits-untrusted-{}", std::process::id());
+        let _cleanup = Cleanup(pod.clone());
+        let writer = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
+        writer.publish();
+        let nobody = Trust::only(&[shm::effective_uid().wrapping_add(1)]);
+        assert!(matches!(
+            PodLimits::open_read_only(&pod, &nobody),
+            Err(LimitsError::Shm(ShmError::UntrustedOwner { .. }))
+        ));
+    }
+}

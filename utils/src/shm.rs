@@ -1,0 +1,305 @@
+//! POSIX shared-memory objects (`/dev/shm/<name>`), created and opened so that
+//! another user cannot plant one for us to adopt.
+//!
+//! - **Create** with `O_CREAT|O_EXCL|O_NOFOLLOW`: never an object someone else
+//!   made, never through a symbolic link. Owner and mode are then set on the
+//!   file descriptor (`fchown`, `fchmod`), never by path, before the object
+//!   is sized: until then it has length 0, which openers treat as "not ready".
+//! - **Open** an existing object with `O_NOFOLLOW`, then `fstat` the
+//!   descriptor: it must be a regular file owned by one of the trusted uids
+//!   ([`Trust`]), writable by nobody but its owner (no `g+w`, no `o+w`),
+//!   and of exactly the expected length. Anything else is refused with an
+//!   error that says which check failed.
+//! - **Read-only** opens map the object `PROT_READ` from an `O_RDONLY`
+//!   descriptor: the process cannot write it even by mistake, and the kernel
+//!   refuses `mprotect` to writable on such a mapping.
+
+use std::ffi::CString;
+use std::io;
+use std::ptr::NonNull;
+
+/// Which uids may own an object we open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trust {
+    owners: Vec<u32>,
+}
+
+impl Trust {
+    /// This process's effective uid and root, plus `extra` (a configured uid).
+    pub fn own_or_root(extra: Option<u32>) -> Self {
+        let mut owners = vec![effective_uid(), 0];
+        owners.extend(extra);
+        owners.dedup();
+        Self { owners }
+    }
+
+    /// Exactly these uids.
+    pub fn only(owners: &[u32]) -> Self {
+        Self {
+            owners: owners.to_vec(),
+        }
+    }
+
+    /// Whether `uid` may own an object we open.
+    pub fn allows(&self, uid: u32) -> bool {
+        self.owners.contains(&uid)
+    }
+}
+
+/// Owner and permission bits of an object we create.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Creation {
+    /// `None` keeps our own uid / gid.
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    /// Permission bits; group and other write bits are always cleared.
+    pub mode: u32,
+}
+
+impl Default for Creation {
+    fn default() -> Self {
+        Self {
+            uid: None,
+            gid: None,
+            mode: 0o600,
+        }
+    }
+}
+
+/// Errors of shared-memory objects.
+#[derive(Debug, thiserror::Error)]
+pub enum ShmError {
+    #[error("cannot create /dev/shm/{name}: {source}")]
+    Create {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open /dev/shm/{name}: {source}")]
+    Open {
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "refusing /dev/shm/{name}: owned by uid {uid}, which is not trusted (allowed: {allowed:?})"
+    )]
+    UntrustedOwner {
+        name: String,
+        uid: u32,
+        allowed: Vec<u32>,
+    },
+    #[error("refusing /dev/shm/{name}: mode {mode:04o} lets group or others write it")]
+    Writable { name: String, mode: u32 },
+    #[error("refusing /dev/shm/{name}: not a regular file")]
+    NotRegular { name: String },
+    #[error("/dev/shm/{name} is {found} bytes, expected {expected}")]
+    Size {
+        name: String,
+        found: u64,
+        expected: u64,
+    },
+}
+
+/// How an object was obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    Created,
+    Opened,
+}
+
+/// A mapping of a shared-memory object; unmapped (never unlinked) on drop.
+#[derive(Debug)]
+pub struct Mapping {
+    base: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is process-wide memory; the owner only unmaps it on drop.
+unsafe impl Send for Mapping {}
+// SAFETY: as above; callers access it through atomics only.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    /// First byte of the mapping (page-aligned).
+    pub fn base(&self) -> NonNull<u8> {
+        self.base
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: `base`/`len` are exactly what mmap returned; nothing borrows
+        // the mapping past its owner.
+        unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
+    }
+}
+
+/// An open descriptor, closed on drop.
+struct Fd(libc::c_int);
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: we own the descriptor.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+fn c_name(name: &str) -> io::Result<CString> {
+    CString::new(format!("/{name}")).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// Creates `name` (`len` bytes, owner and mode from `creation`) if it does not
+/// exist; `Ok(None)` if it does.
+pub fn create(name: &str, len: usize, creation: &Creation) -> Result<Option<Mapping>, ShmError> {
+    let fail = |source| ShmError::Create {
+        name: name.to_owned(),
+        source,
+    };
+    let path = c_name(name).map_err(fail)?;
+    // SAFETY: a valid NUL-terminated name.
+    let fd = unsafe {
+        libc::shm_open(
+            path.as_ptr(),
+            libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0o600 as libc::mode_t,
+        )
+    };
+    if fd < 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::EEXIST) {
+            return Ok(None);
+        }
+        return Err(fail(error));
+    }
+    let fd = Fd(fd);
+    let check = |rc: libc::c_int| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(fail(io::Error::last_os_error()))
+        }
+    };
+    if creation.uid.is_some() || creation.gid.is_some() {
+        let uid = creation.uid.unwrap_or(u32::MAX);
+        let gid = creation.gid.unwrap_or(u32::MAX);
+        // SAFETY: our descriptor; -1 (u32::MAX) leaves that id unchanged.
+        check(unsafe { libc::fchown(fd.0, uid, gid) })?;
+    }
+    // SAFETY: our descriptor.
+    check(unsafe { libc::fchmod(fd.0, (creation.mode & 0o755) as libc::mode_t) })?;
+    // SAFETY: our descriptor; sizing last tells openers it is ready to map.
+    check(unsafe { libc::ftruncate(fd.0, len as libc::off_t) })?;
+    map(&fd, len, true).map(Some).map_err(fail)
+}
+
+/// Opens the existing object `name` after checking it against `trust`;
+/// `Ok(None)` if it does not exist or its creator has not sized it yet.
+pub fn open(
+    name: &str,
+    len: usize,
+    writable: bool,
+    trust: &Trust,
+) -> Result<Option<Mapping>, ShmError> {
+    let fail = |source| ShmError::Open {
+        name: name.to_owned(),
+        source,
+    };
+    let path = c_name(name).map_err(fail)?;
+    let access = if writable {
+        libc::O_RDWR
+    } else {
+        libc::O_RDONLY
+    };
+    // SAFETY: a valid NUL-terminated name.
+    let fd = unsafe {
+        libc::shm_open(
+            path.as_ptr(),
+            access | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        let error = io::Error::last_os_error();
+        if error.raw_os_error() == Some(libc::ENOENT) {
+            return Ok(None);
+        }
+        return Err(fail(error));
+    }
+    let fd = Fd(fd);
+    // SAFETY: an all-zero stat is a valid out-buffer.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: our descriptor and a valid out-pointer.
+    if unsafe { libc::fstat(fd.0, &mut stat) } != 0 {
+        return Err(fail(io::Error::last_os_error()));
+    }
+    if stat.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(ShmError::NotRegular {
+            name: name.to_owned(),
+        });
+    }
+    if !trust.allows(stat.st_uid) {
+        return Err(ShmError::UntrustedOwner {
+            name: name.to_owned(),
+            uid: stat.st_uid,
+            allowed: trust.owners.clone(),
+        });
+    }
+    let mode = stat.st_mode & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(ShmError::Writable {
+            name: name.to_owned(),
+            mode,
+        });
+    }
+    match u64::try_from(stat.st_size).unwrap_or(0) {
+        0 => Ok(None),
+        size if size == len as u64 => map(&fd, len, writable).map(Some).map_err(fail),
+        found => Err(ShmError::Size {
+            name: name.to_owned(),
+            found,
+            expected: len as u64,
+        }),
+    }
+}
+
+/// Removes `name` (tests, and pods the hypervisor forgets).
+pub fn unlink(name: &str) -> io::Result<()> {
+    let path = c_name(name)?;
+    // SAFETY: a valid NUL-terminated name.
+    if unsafe { libc::shm_unlink(path.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn map(fd: &Fd, len: usize, writable: bool) -> io::Result<Mapping> {
+    let prot = if writable {
+        libc::PROT_READ | libc::PROT_WRITE
+    } else {
+        libc::PROT_READ
+    };
+    // SAFETY: a fresh shared mapping of our descriptor; the kernel picks the address.
+    let base = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.0, 0) };
+    if base == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(base.cast::<u8>())
+        .map(|base| Mapping { base, len })
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidData))
+}
+
+/// This process's effective uid.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
