@@ -121,6 +121,9 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
     let Ok(pod) = PodId::new(reg.pod.clone()) else {
         return unauthorized();
     };
+    if let Some(refusal) = crate::identity::screen(hv, &pod, &token, reg.pid).await {
+        return refusal;
+    }
     let now = Instant::now();
     let registered = {
         let mut core = hv.core();

@@ -44,11 +44,17 @@
 pub mod api;
 pub mod config;
 pub mod daemon;
+pub mod dra;
 pub mod fairshare;
+pub mod fakes;
+pub mod identity;
+pub mod kubernetes;
 pub mod metrics;
 pub mod observer;
+pub mod provision;
 pub mod region;
 pub mod scheduler;
+pub mod source;
 pub mod spec;
 pub mod status;
 pub mod timer;
