@@ -35,6 +35,9 @@ pub struct Change {
 
 #[derive(Default)]
 pub(crate) struct Store {
+    /// Differs between servers and processes, so the UIDs (and the pod
+    /// regions named after them) of parallel tests never meet.
+    uid_prefix: String,
     rv: u64,
     next_uid: u64,
     objects: BTreeMap<Key, Value>,
@@ -64,7 +67,10 @@ impl FakeApiServer {
     pub async fn start() -> std::io::Result<Self> {
         let (changes, _) = broadcast::channel(4096);
         let state = Arc::new(State {
-            store: Mutex::new(Store::default()),
+            store: Mutex::new(Store {
+                uid_prefix: uid_prefix(),
+                ..Store::default()
+            }),
             changes,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -451,6 +457,13 @@ async fn handle(state: Arc<State>, mut req: Request) -> Response {
     }
 }
 
+/// `pppppppp-ssss-4000`: the process id and a count of servers.
+fn uid_prefix() -> String {
+    static SERVERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = SERVERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) & 0xffff;
+    format!("{:08x}-{n:04x}-4000", std::process::id())
+}
+
 /// RFC 7386 merge patch.
 fn merge(target: &mut Value, patch: &Value) {
     match (target, patch) {
@@ -482,7 +495,7 @@ fn commit(
     {
         store.next_uid += 1;
         let n = store.next_uid;
-        object["metadata"]["uid"] = json!(format!("00000000-0000-4000-8000-{n:012x}"));
+        object["metadata"]["uid"] = json!(format!("{}-8000-{n:012x}", store.uid_prefix));
         object["metadata"]["creationTimestamp"] = json!("2026-01-01T00:00:00Z");
     }
     object["metadata"]["resourceVersion"] = json!(store.rv.to_string());

@@ -5,5 +5,7 @@
 
 pub mod apiserver;
 mod apiserver_watch;
+pub mod cluster;
 pub mod kubelet;
+pub mod node;
 pub mod selector;

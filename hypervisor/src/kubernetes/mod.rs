@@ -62,6 +62,8 @@ impl KubeError {
 /// A client from the kubeconfig at `path`, or the in-cluster service
 /// account (then `KUBECONFIG`, `~/.kube/config`) when `None`.
 pub async fn client(path: Option<&Path>) -> Result<kube::Client, KubeError> {
+    // Already installed (by an earlier call): fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = match path {
         Some(path) => {
             let kubeconfig =
