@@ -123,6 +123,7 @@ impl KubeArgs {
             kubeconfig: self.kubeconfig.clone(),
             provision,
             proc_root: self.proc_root.clone(),
+            check_identity: true,
             resync: Duration::from_secs(30),
         })
     }

@@ -48,6 +48,7 @@ pub fn options(dir: &Path, node: &str, driver: &str, limiter: &Path) -> AgentOpt
         provision,
         sockets: PluginSockets::under(&dir.join("kubelet"), driver),
         proc_root: PathBuf::from("/proc"),
+        check_identity: true,
         resync: Duration::from_millis(500),
     }
 }
