@@ -35,7 +35,7 @@ enum Cmd {
         #[arg(long, value_name = "N")]
         simulate_gpus: Option<u32>,
         #[command(flatten)]
-        kubernetes: KubeArgs,
+        kubernetes: Box<KubeArgs>,
     },
     /// Print the daemon's pods, GPUs and workers.
     Status {

@@ -251,9 +251,9 @@ pub(crate) struct Query {
     pub timeout: Option<std::time::Duration>,
 }
 
-fn query(req: &Request) -> Result<Query, Response> {
+fn query(req: &Request) -> Result<Query, Box<Response>> {
     let params: BTreeMap<String, String> = req.params().unwrap_or_default();
-    let bad = |what: &str| status(StatusCode::BAD_REQUEST, "BadRequest", what);
+    let bad = |what: &str| Box::new(status(StatusCode::BAD_REQUEST, "BadRequest", what));
     let fields = Selector::parse(params.get("fieldSelector").map_or("", String::as_str))
         .ok_or_else(|| bad("malformed fieldSelector"))?;
     let labels = Selector::parse(params.get("labelSelector").map_or("", String::as_str))
@@ -286,7 +286,7 @@ async fn handle(state: Arc<State>, mut req: Request) -> Response {
     };
     let q = match query(&req) {
         Ok(q) => q,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let body = match req.method() {
         &Method::POST | &Method::PUT | &Method::PATCH => {

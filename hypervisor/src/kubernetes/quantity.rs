@@ -61,7 +61,7 @@ pub fn parse(text: &str) -> Option<u64> {
 /// `bytes` as a quantity, in the largest binary unit that divides it.
 pub fn format_bytes(bytes: u64) -> String {
     for (shift, unit) in [(40, "Ti"), (30, "Gi"), (20, "Mi"), (10, "Ki")] {
-        if bytes != 0 && bytes % (1u64 << shift) == 0 {
+        if bytes != 0 && bytes.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }
