@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p cuda-limiter -p hypervisor
 rm -rf gpu-bundle && mkdir -p gpu-bundle
-cp target/release/libcuda_limiter.so target/release/hypervisor gpu-bundle/
+cp target/release/libcuda_limiter.so target/release/hypervisor target/release/k8s-e2e gpu-bundle/
 # The hypervisor's own admission-latency test, as a standalone binary.
 latency=$(cargo test --release --locked -p hypervisor --test latency --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys

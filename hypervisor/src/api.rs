@@ -135,6 +135,9 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
             &format!("at most {MAX_DEVICES} devices per worker"),
         );
     }
+    if let Some(refusal) = crate::identity::screen(hv, &pod, &token, reg.pid).await {
+        return refusal;
+    }
     let registered = {
         let mut core = hv.core();
         if !core

@@ -100,6 +100,8 @@ pub(crate) struct Shared {
     events: Mutex<Option<HubEvents<CommandResult>>>,
     handle_sighup: bool,
     pub listen: SocketAddr,
+    /// Kubernetes: checks a registering worker's cgroup (`None`: no check).
+    pub(crate) identity: std::sync::OnceLock<Arc<dyn crate::identity::WorkerIdentity>>,
 }
 
 /// The hypervisor's state and operations. Cloning is cheap (one `Arc`).
@@ -153,6 +155,7 @@ impl Hypervisor {
                 events: Mutex::new(None),
                 handle_sighup: options.handle_sighup,
                 listen: options.listen.unwrap_or(options.config.listen),
+                identity: std::sync::OnceLock::new(),
             }
         });
         *lock(&shared.events) = events;
@@ -161,6 +164,12 @@ impl Hypervisor {
 
     pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
         lock(&self.shared.core)
+    }
+
+    /// From now on, a worker registers only if `identity` finds it in the
+    /// pod it names (set once; later calls are ignored).
+    pub fn set_worker_identity(&self, identity: Arc<dyn crate::identity::WorkerIdentity>) {
+        let _ = self.shared.identity.set(identity);
     }
 
     /// Where the config says to listen (or the `--listen` override).

@@ -23,15 +23,19 @@ struct Cli {
 enum Cmd {
     /// Run the daemon (log level: HYPERVISOR_LOG=info|debug|…; default warn).
     Serve {
-        /// The TOML config file; reloaded on SIGHUP and when it changes.
-        #[arg(long)]
-        config: PathBuf,
+        /// The TOML config file; reloaded on SIGHUP and when it changes. With
+        /// --kubernetes, optional and read once for its settings (its pods
+        /// are ignored: they come from the prepared claims).
+        #[arg(long, required_unless_present = "kubernetes")]
+        config: Option<PathBuf>,
         /// Listen address (IP:port), overriding the file's `listen`.
         #[arg(long)]
         listen: Option<SocketAddr>,
         /// Simulate N GPUs instead of asking NVML (tests, demos).
         #[arg(long, value_name = "N")]
         simulate_gpus: Option<u32>,
+        #[command(flatten)]
+        kubernetes: Box<KubeArgs>,
     },
     /// Print the daemon's pods, GPUs and workers.
     Status {
@@ -49,6 +53,82 @@ enum Cmd {
     },
 }
 
+/// `serve --kubernetes`: the node agent of the DRA driver.
+#[derive(clap::Args)]
+struct KubeArgs {
+    /// Learn pods from Kubernetes: a DRA kubelet plugin and the node's claims.
+    #[arg(long)]
+    kubernetes: bool,
+    /// This node's name; default: $NODE_NAME (the downward API's spec.nodeName).
+    #[arg(long, requires = "kubernetes")]
+    node_name: Option<String>,
+    /// The DRA driver name.
+    #[arg(long, default_value = hypervisor::kubernetes::DRIVER)]
+    driver: String,
+    /// A kubeconfig; default: the in-cluster service account.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// CUDA_LIMITER_HYPERVISOR for the pods; default: $HYPERVISOR_URL, else
+    /// http://<listen address> (the DaemonSet sets http://$(HOST_IP):7070).
+    #[arg(long)]
+    hypervisor_url: Option<String>,
+    /// Checkpoint, tokens and the preload file.
+    #[arg(long, default_value = "/var/lib/gpushare")]
+    state_dir: PathBuf,
+    /// Where CDI specs go.
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// The host directory mounted on this container's /dev/shm.
+    #[arg(long, default_value = "/var/lib/gpushare/shm")]
+    host_region_dir: PathBuf,
+    /// The limiter library on the host.
+    #[arg(long, default_value = "/var/lib/gpushare/lib/libcuda_limiter.so")]
+    host_limiter: PathBuf,
+    /// The kubelet's folder (plugins/ and plugins_registry/ under it).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+    /// The host's /proc (hostPID), for workers' cgroups.
+    #[arg(long, default_value = "/proc")]
+    proc_root: PathBuf,
+}
+
+impl KubeArgs {
+    fn options(&self, listen: SocketAddr) -> anyhow::Result<hypervisor::kubernetes::AgentOptions> {
+        use hypervisor::dra::plugin::PluginSockets;
+        use hypervisor::provision::ProvisionConfig;
+        let node = self
+            .node_name
+            .clone()
+            .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
+            .context("--kubernetes needs the node name: --node-name or NODE_NAME")?;
+        let url = self
+            .hypervisor_url
+            .clone()
+            .or_else(|| {
+                std::env::var("HYPERVISOR_URL")
+                    .ok()
+                    .filter(|u| !u.is_empty())
+            })
+            .unwrap_or_else(|| format!("http://{listen}"));
+        let mut provision = ProvisionConfig::daemonset(&url);
+        provision.state_dir = self.state_dir.clone();
+        provision.host_state_dir = self.state_dir.clone();
+        provision.cdi_dir = self.cdi_dir.clone();
+        provision.host_region_dir = self.host_region_dir.clone();
+        provision.host_limiter = self.host_limiter.clone();
+        Ok(hypervisor::kubernetes::AgentOptions {
+            node,
+            sockets: PluginSockets::under(&self.kubelet_dir, &self.driver),
+            driver: self.driver.clone(),
+            kubeconfig: self.kubeconfig.clone(),
+            provision,
+            proc_root: self.proc_root.clone(),
+            check_identity: true,
+            resync: Duration::from_secs(30),
+        })
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -56,7 +136,8 @@ fn main() {
             config,
             listen,
             simulate_gpus,
-        } => serve(config, listen, simulate_gpus),
+            kubernetes,
+        } => serve(config, listen, simulate_gpus, &kubernetes),
         Cmd::Status { addr, json } => status(&addr, json),
         Cmd::CheckConfig { config } => check_config(&config),
     };
@@ -107,9 +188,31 @@ fn raise_fd_limit() -> u64 {
     limit.rlim_cur
 }
 
-fn serve(path: PathBuf, listen: Option<SocketAddr>, simulate: Option<u32>) -> anyhow::Result<()> {
+fn serve(
+    path: Option<PathBuf>,
+    listen: Option<SocketAddr>,
+    simulate: Option<u32>,
+    kube: &KubeArgs,
+) -> anyhow::Result<()> {
     gpushare_utils::logging::init("HYPERVISOR_LOG");
-    let mut config = config::load(&path)?;
+    let mut config = match &path {
+        Some(path) => config::load(path)?,
+        None => config::parse(
+            "",
+            std::path::Path::new("(defaults)"),
+            std::path::Path::new("."),
+        )?,
+    };
+    // Kubernetes: pods come from the prepared claims, never from the file.
+    let config_path = if kube.kubernetes {
+        if !config.pods.is_empty() {
+            tracing::warn!("--kubernetes: the config file's pods are ignored");
+        }
+        config.pods.clear();
+        None
+    } else {
+        path
+    };
     for warning in config::warnings(&config) {
         tracing::warn!("{warning}");
         eprintln!("hypervisor: warning: {warning}");
@@ -134,9 +237,9 @@ fn serve(path: PathBuf, listen: Option<SocketAddr>, simulate: Option<u32>) -> an
     runtime.block_on(async move {
         let hv = Hypervisor::new(Options {
             config,
-            config_path: Some(path),
+            config_path,
             listen,
-            observer,
+            observer: Arc::clone(&observer),
             handle_sighup: true,
         })?;
         let addr = hv.listen_addr();
@@ -146,7 +249,29 @@ fn serve(path: PathBuf, listen: Option<SocketAddr>, simulate: Option<u32>) -> an
         let bound = listener.local_addr().unwrap_or(addr);
         // One line on stdout, for scripts and tests that asked for port 0.
         println!("hypervisor listening on {bound}");
-        hv.serve(listener, shutdown_signal()).await?;
+        if !kube.kubernetes {
+            hv.serve(listener, shutdown_signal()).await?;
+            return Ok(());
+        }
+        let options = kube.options(bound)?;
+        let gpus = observer.gpus().context("cannot list the GPUs")?;
+        let agent = hypervisor::kubernetes::NodeAgent::start(hv.clone(), gpus, options)
+            .await
+            .context("Kubernetes agent")?;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let agent_task = tokio::spawn(agent.run(wait(stopped.clone())));
+        let served = hv.serve(listener, async move {
+            shutdown_signal().await;
+            let _ = stop.send(true);
+        });
+        served.await?;
+        agent_task
+            .await
+            .context("Kubernetes agent task")?
+            .context("Kubernetes agent")?;
         Ok(())
     })
 }

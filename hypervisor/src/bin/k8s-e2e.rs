@@ -1,0 +1,216 @@
+//! `k8s-e2e`: a claim for a GPU fraction taken through the real DRA path
+//! (fake API server, the agent and hypervisor of `serve --kubernetes`, fake
+//! kubelet over the plugin's Unix sockets), on the machine's GPUs or
+//! simulated ones; then exactly what the CDI spec gives a container is
+//! written out for `scripts/gpu/k8s_e2e.sh`:
+//!
+//! - `OUT/env`: the spec's variables, `KEY=VALUE` a line;
+//! - `OUT/mounts`: `HOST_PATH CONTAINER_PATH OPTIONS` a line;
+//! - `OUT/device-nodes`: one path a line;
+//! - `OUT/cdi-spec.json`, `OUT/cdi-devices` (the IDs prepare returned);
+//! - `OUT/ready`: written last (the pod UID).
+//!
+//! The hypervisor then serves until `OUT/stop` appears (or SIGTERM); at the
+//! end it writes `OUT/status.json` (pods, workers, memory used), unprepares
+//! the claim and writes `OUT/unprepared` (`clean` when spec, token and region
+//! are gone).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use clap::Parser;
+use hypervisor::fakes::apiserver::FakeApiServer;
+use hypervisor::fakes::cluster;
+use hypervisor::fakes::kubelet::Version;
+use hypervisor::fakes::node::{self, TestNode};
+use hypervisor::kubernetes::DRIVER;
+use hypervisor::observer::{GpuObserver, NvmlObserver, SimulatedGpus};
+use serde_json::Value;
+
+#[derive(Parser)]
+#[command(
+    name = "k8s-e2e",
+    about = "The DRA path end to end against fake Kubernetes"
+)]
+struct Args {
+    /// Where the env, mounts and the rest are written (created).
+    #[arg(long)]
+    out: PathBuf,
+    /// The limiter library (the host path the CDI spec mounts).
+    #[arg(long)]
+    limiter: PathBuf,
+    #[arg(long, default_value = "4Gi")]
+    memory: String,
+    #[arg(long, default_value = "30")]
+    compute: String,
+    /// The slice device to allocate.
+    #[arg(long, default_value = "gpu-0")]
+    device: String,
+    /// Simulate N GPUs instead of asking NVML.
+    #[arg(long, value_name = "N")]
+    simulate_gpus: Option<u32>,
+    /// Accept workers outside the pod's cgroup (programs started by hand).
+    #[arg(long)]
+    skip_identity: bool,
+    /// Stop by itself after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    max_seconds: u64,
+}
+
+fn main() {
+    if let Err(error) = run(Args::parse()) {
+        eprintln!("k8s-e2e: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
+    gpushare_utils::logging::init("HYPERVISOR_LOG");
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let out = args.out.canonicalize()?;
+    let limiter = args
+        .limiter
+        .canonicalize()
+        .with_context(|| format!("no limiter at {}", args.limiter.display()))?;
+    let observer: Arc<dyn GpuObserver> = match args.simulate_gpus {
+        Some(n) => Arc::new(SimulatedGpus::new(n)),
+        None => Arc::new(
+            NvmlObserver::new()
+                .context("NVML is not available; --simulate-gpus N runs without it")?,
+        ),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let api = FakeApiServer::start().await?;
+        let mut options = node::options(&out.join("node"), "e2e-node", DRIVER, &limiter);
+        options.check_identity = !args.skip_identity;
+        std::fs::create_dir_all(out.join("node"))?;
+        let node = TestNode::start(&api, observer, options).await?;
+        let client = hypervisor::kubernetes::client(node.options.kubeconfig.as_deref()).await?;
+        cluster::create_node(&client, "e2e-node").await?;
+        let claim = cluster::create_claim(
+            &client,
+            "default",
+            "e2e-gpu",
+            DRIVER,
+            &args.memory,
+            &args.compute,
+            None,
+        )
+        .await?;
+        let pod = cluster::create_pod(&client, "default", "e2e", "e2e-node", "e2e-gpu").await?;
+        let claim =
+            cluster::allocate(&client, &claim, &pod, DRIVER, "e2e-node", &args.device).await?;
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+        let prepared = node
+            .kubelet
+            .prepare(Version::V1, "default", "e2e-gpu", &uid)
+            .await?;
+        if !prepared.error.is_empty() {
+            bail!("prepare refused: {}", prepared.error);
+        }
+        let cdi: Vec<String> = prepared
+            .devices
+            .iter()
+            .flat_map(|(_, ids)| ids.clone())
+            .collect();
+        let spec_path = node
+            .options
+            .provision
+            .cdi_dir
+            .join(format!("gpushare.dev-gpu_{uid}.json"));
+        write_outputs(&out, &spec_path, &cdi)?;
+        std::fs::write(out.join("ready"), format!("{pod_uid}\n"))?;
+        println!(
+            "k8s-e2e: claim {uid} of pod {pod_uid} prepared: {}",
+            cdi.join(" ")
+        );
+        println!(
+            "k8s-e2e: env and mounts in {}; touch {}/stop to finish",
+            out.display(),
+            out.display()
+        );
+
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(args.max_seconds);
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        while !out.join("stop").exists() && tokio::time::Instant::now() < deadline {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = term.recv() => break,
+            }
+        }
+        std::fs::write(
+            out.join("status.json"),
+            serde_json::to_vec_pretty(&node.hv.status())?,
+        )?;
+        let error = node
+            .kubelet
+            .unprepare(Version::V1, "default", "e2e-gpu", &uid)
+            .await?;
+        let token = node.options.provision.state_dir.join("pods").join(&pod_uid);
+        let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{pod_uid}"));
+        let clean = error.is_empty() && !spec_path.exists() && !token.exists() && !region.exists();
+        std::fs::write(
+            out.join("unprepared"),
+            if clean {
+                "clean\n".to_owned()
+            } else {
+                format!(
+                    "left: error={error:?} spec={} token={} region={}\n",
+                    spec_path.exists(),
+                    token.exists(),
+                    region.exists()
+                )
+            },
+        )?;
+        node.stop().await;
+        ensure!(clean, "unprepare left files behind");
+        Ok(())
+    })
+}
+
+fn write_outputs(out: &Path, spec_path: &Path, cdi: &[String]) -> anyhow::Result<()> {
+    let text = std::fs::read(spec_path)
+        .with_context(|| format!("no CDI spec at {}", spec_path.display()))?;
+    std::fs::write(out.join("cdi-spec.json"), &text)?;
+    let spec: Value = serde_json::from_slice(&text)?;
+    let edits = &spec["devices"][0]["containerEdits"];
+    let strings = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s.as_str().map(str::to_owned))
+            .collect()
+    };
+    let env = strings(&edits["env"]);
+    std::fs::write(out.join("env"), env.join("\n") + "\n")?;
+    let mounts: Vec<String> = edits["mounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| {
+            format!(
+                "{} {} {}",
+                m["hostPath"].as_str().unwrap_or(""),
+                m["containerPath"].as_str().unwrap_or(""),
+                strings(&m["options"]).join(",")
+            )
+        })
+        .collect();
+    std::fs::write(out.join("mounts"), mounts.join("\n") + "\n")?;
+    let nodes: Vec<String> = edits["deviceNodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|n| n["path"].as_str().map(str::to_owned))
+        .collect();
+    std::fs::write(out.join("device-nodes"), nodes.join("\n") + "\n")?;
+    std::fs::write(out.join("cdi-devices"), cdi.join("\n") + "\n")?;
+    Ok(())
+}

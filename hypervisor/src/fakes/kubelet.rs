@@ -1,0 +1,207 @@
+//! The kubelet's side of a DRA plugin, as the real one does it: find the
+//! registration socket in the plugin registry folder, `GetInfo`, check the
+//! type and versions, `NotifyRegistrationStatus`, then call `DRAPlugin` on
+//! the endpoint the plugin named.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::dra::pb::registration::registration_client::RegistrationClient;
+use crate::dra::pb::registration::{InfoRequest, PluginInfo, RegistrationStatus};
+use crate::dra::{PLUGIN_TYPE, pb, socket};
+
+/// Why the fake kubelet gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    #[error("no registration socket for {driver} in {} after {waited:?}", dir.display())]
+    NoPlugin {
+        driver: String,
+        dir: PathBuf,
+        waited: Duration,
+    },
+    #[error("cannot connect to {}: {source}", path.display())]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("gRPC: {0}")]
+    Rpc(#[from] tonic::Status),
+    #[error("plugin refused: {0}")]
+    Refused(String),
+}
+
+/// Which `DRAPlugin` service to call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V1beta1,
+}
+
+/// A registered plugin.
+pub struct FakeKubelet {
+    pub info: PluginInfo,
+    channel: tonic::transport::Channel,
+}
+
+/// One claim's answer: CDI device IDs per device, or the error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prepared {
+    pub devices: Vec<(String, Vec<String>)>,
+    pub error: String,
+}
+
+impl FakeKubelet {
+    /// Waits (up to `wait`) for a socket in `registry_dir` whose plugin says
+    /// it is `driver`, registers it, and connects to its endpoint.
+    pub async fn register(
+        registry_dir: &Path,
+        driver: &str,
+        wait: Duration,
+    ) -> Result<Self, KubeletError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            for path in sockets(registry_dir) {
+                let Ok(channel) = socket::connect(&path).await else {
+                    continue;
+                };
+                let mut client = RegistrationClient::new(channel);
+                let Ok(info) = client
+                    .get_info(InfoRequest {})
+                    .await
+                    .map(|r| r.into_inner())
+                else {
+                    continue;
+                };
+                if info.name != driver {
+                    continue;
+                }
+                let problem = if info.r#type != PLUGIN_TYPE {
+                    Some(format!("type {:?} is not {PLUGIN_TYPE}", info.r#type))
+                } else if !info
+                    .supported_versions
+                    .iter()
+                    .any(|v| v == "v1.DRAPlugin" || v == "v1beta1.DRAPlugin")
+                {
+                    Some(format!(
+                        "no supported version in {:?}",
+                        info.supported_versions
+                    ))
+                } else {
+                    None
+                };
+                client
+                    .notify_registration_status(RegistrationStatus {
+                        plugin_registered: problem.is_none(),
+                        error: problem.clone().unwrap_or_default(),
+                    })
+                    .await?;
+                if let Some(problem) = problem {
+                    return Err(KubeletError::Refused(problem));
+                }
+                let endpoint = PathBuf::from(&info.endpoint);
+                let channel =
+                    socket::connect(&endpoint)
+                        .await
+                        .map_err(|source| KubeletError::Connect {
+                            path: endpoint,
+                            source,
+                        })?;
+                return Ok(Self { info, channel });
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(KubeletError::NoPlugin {
+                    driver: driver.to_owned(),
+                    dir: registry_dir.to_owned(),
+                    waited: wait,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `NodePrepareResources` for one claim.
+    pub async fn prepare(
+        &self,
+        version: Version,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<Prepared, KubeletError> {
+        macro_rules! call {
+            ($v:ident) => {{
+                let mut client =
+                    pb::$v::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                let request = pb::$v::NodePrepareResourcesRequest {
+                    claims: vec![pb::$v::Claim {
+                        namespace: namespace.into(),
+                        uid: uid.into(),
+                        name: name.into(),
+                    }],
+                };
+                let mut answer = client.node_prepare_resources(request).await?.into_inner();
+                let one = answer
+                    .claims
+                    .remove(uid)
+                    .ok_or_else(|| KubeletError::Refused(format!("no answer for claim {uid}")))?;
+                Prepared {
+                    devices: one
+                        .devices
+                        .into_iter()
+                        .map(|d| (d.device_name, d.cdi_device_ids))
+                        .collect(),
+                    error: one.error,
+                }
+            }};
+        }
+        Ok(match version {
+            Version::V1 => call!(v1),
+            Version::V1beta1 => call!(v1beta1),
+        })
+    }
+
+    /// `NodeUnprepareResources` for one claim; returns its error ("" when none).
+    pub async fn unprepare(
+        &self,
+        version: Version,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<String, KubeletError> {
+        macro_rules! call {
+            ($v:ident) => {{
+                let mut client =
+                    pb::$v::dra_plugin_client::DraPluginClient::new(self.channel.clone());
+                let request = pb::$v::NodeUnprepareResourcesRequest {
+                    claims: vec![pb::$v::Claim {
+                        namespace: namespace.into(),
+                        uid: uid.into(),
+                        name: name.into(),
+                    }],
+                };
+                let mut answer = client.node_unprepare_resources(request).await?.into_inner();
+                answer
+                    .claims
+                    .remove(uid)
+                    .ok_or_else(|| KubeletError::Refused(format!("no answer for claim {uid}")))?
+                    .error
+            }};
+        }
+        Ok(match version {
+            Version::V1 => call!(v1),
+            Version::V1beta1 => call!(v1beta1),
+        })
+    }
+}
+
+fn sockets(dir: &Path) -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "sock"))
+        .collect();
+    found.sort();
+    found
+}

@@ -1,0 +1,333 @@
+//! The node agent: reflectors, the ResourceSlice, the kubelet plugin and the
+//! clean-up of pods that are gone, around one [`Provisioner`].
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::Api;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::Notify;
+
+use super::{KubeError, KubernetesSource, claims, slice};
+use crate::daemon::Hypervisor;
+use crate::dra::plugin::{self, PluginSockets};
+use crate::dra::{ClaimPreparer, ClaimRef, PreparedDevice};
+use crate::identity::CgroupIdentity;
+use crate::observer::GpuInfo;
+use crate::provision::{PodRef, ProvisionConfig, Provisioner};
+use crate::source;
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// This node (the downward API's `spec.nodeName`).
+    pub node: String,
+    pub driver: String,
+    /// `None`: in-cluster configuration.
+    pub kubeconfig: Option<PathBuf>,
+    pub provision: ProvisionConfig,
+    pub sockets: PluginSockets,
+    /// The host's `/proc` (`hostPID`), for the workers' cgroups.
+    pub proc_root: PathBuf,
+    /// Refuse workers whose cgroup is not their pod's (off only for tools
+    /// that run workers outside any pod, such as `k8s-e2e`).
+    pub check_identity: bool,
+    /// How often pods that are gone are looked for without an event, and
+    /// the slice published again.
+    pub resync: Duration,
+}
+
+struct Inner {
+    hv: Hypervisor,
+    client: kube::Client,
+    options: AgentOptions,
+    source: KubernetesSource,
+    pods: Store<Pod>,
+    claims: Store<ResourceClaim>,
+    /// Serialises prepare, unprepare and clean-up.
+    busy: tokio::sync::Mutex<()>,
+    changed: Notify,
+}
+
+/// The running agent; cheap to clone.
+#[derive(Clone)]
+pub struct NodeAgent {
+    inner: Arc<Inner>,
+}
+
+impl NodeAgent {
+    /// Connects, restores the checkpoint's pods into the hypervisor, publishes
+    /// the slice, starts the reflectors and installs the cgroup identity check.
+    pub async fn start(
+        hv: Hypervisor,
+        gpus: Vec<GpuInfo>,
+        options: AgentOptions,
+    ) -> Result<Self, KubeError> {
+        let client = super::client(options.kubeconfig.as_deref()).await?;
+        let provisioner = Provisioner::open(options.provision.clone(), gpus.clone())?;
+        let source = KubernetesSource {
+            provisioner: Arc::new(Mutex::new(provisioner)),
+        };
+        source::sync(&hv, &source).map_err(|e| match e {
+            source::SourceError::Provision(p) => KubeError::Provision(p),
+            other => KubeError::Client(other.to_string()),
+        })?;
+        if options.check_identity {
+            hv.set_worker_identity(Arc::new(CgroupIdentity::new(&options.proc_root)));
+        }
+        slice::publish(&client, &options.node, &options.driver, &gpus).await?;
+        let (pods, pod_writer) = reflector::store::<Pod>();
+        let (claims, claim_writer) = reflector::store::<ResourceClaim>();
+        let inner = Arc::new(Inner {
+            hv,
+            client: client.clone(),
+            options,
+            source,
+            pods,
+            claims,
+            busy: tokio::sync::Mutex::new(()),
+            changed: Notify::new(),
+        });
+        let on_node =
+            watcher::Config::default().fields(&format!("spec.nodeName={}", inner.options.node));
+        let weak = Arc::downgrade(&inner);
+        let pod_events = reflector::reflector(
+            pod_writer,
+            watcher(Api::<Pod>::all(client.clone()), on_node),
+        )
+        .default_backoff();
+        tokio::spawn(async move {
+            futures::pin_mut!(pod_events);
+            while let Some(event) = pod_events.next().await {
+                let Some(inner) = weak.upgrade() else { break };
+                match event {
+                    Ok(_) => inner.changed.notify_one(),
+                    Err(error) => tracing::warn!(%error, "pod watch"),
+                }
+            }
+        });
+        let weak = Arc::downgrade(&inner);
+        let claim_events = reflector::reflector(
+            claim_writer,
+            watcher(
+                Api::<ResourceClaim>::all(client),
+                watcher::Config::default(),
+            ),
+        )
+        .default_backoff();
+        tokio::spawn(async move {
+            futures::pin_mut!(claim_events);
+            while let Some(event) = claim_events.next().await {
+                if weak.strong_count() == 0 {
+                    break;
+                }
+                if let Err(error) = event {
+                    tracing::warn!(%error, "resourceclaim watch");
+                }
+            }
+        });
+        Ok(Self { inner })
+    }
+
+    /// Serves the kubelet plugin and keeps the node tidy until `shutdown`.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), KubeError> {
+        let agent = self.clone();
+        let tidy = tokio::spawn(async move {
+            if agent.inner.pods.wait_until_ready().await.is_err() {
+                return;
+            }
+            loop {
+                if let Err(error) = agent.collect_garbage().await {
+                    tracing::warn!(%error, "clean-up of pods that are gone");
+                }
+                if let Err(error) = agent.republish().await {
+                    tracing::warn!(%error, "resourceslice not published");
+                }
+                let _ = tokio::time::timeout(
+                    agent.inner.options.resync,
+                    agent.inner.changed.notified(),
+                )
+                .await;
+            }
+        });
+        let options = &self.inner.options;
+        let result = plugin::serve(
+            &options.driver,
+            &options.sockets,
+            Arc::new(self.clone()),
+            shutdown,
+        )
+        .await
+        .map_err(KubeError::Plugin);
+        tidy.abort();
+        result
+    }
+
+    /// The provisioner (prepared claims), to look at.
+    pub fn provisioner(&self) -> MutexGuard<'_, Provisioner> {
+        self.inner
+            .source
+            .provisioner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Publishes the slice again with the GPUs the hypervisor sees now.
+    pub async fn republish(&self) -> Result<(), KubeError> {
+        let gpus = self.inner.hv.status().gpus;
+        self.provisioner().set_gpus(gpus.clone());
+        let o = &self.inner.options;
+        slice::publish(&self.inner.client, &o.node, &o.driver, &gpus)
+            .await
+            .map(|_| ())
+    }
+
+    /// Unprepares the claims of pods that no longer exist or have finished;
+    /// returns the pods cleaned up.
+    pub async fn collect_garbage(&self) -> Result<Vec<String>, KubeError> {
+        let _busy = self.inner.busy.lock().await;
+        let prepared: BTreeMap<String, PodRef> = self
+            .provisioner()
+            .claims()
+            .values()
+            .map(|c| (c.request.pod.uid.clone(), c.request.pod.clone()))
+            .collect();
+        let mut gone = Vec::new();
+        for (uid, pod) in prepared {
+            let cached = self
+                .inner
+                .pods
+                .find(|p| p.metadata.uid.as_deref() == Some(&uid));
+            if cached.as_deref().is_some_and(|p| !finished(p)) {
+                continue;
+            }
+            // The reflector may lag behind a pod just created: ask.
+            let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &pod.namespace);
+            let live = api
+                .get_opt(&pod.name)
+                .await
+                .map_err(KubeError::api("get pod"))?;
+            if live.is_some_and(|p| p.metadata.uid.as_deref() == Some(&uid) && !finished(&p)) {
+                continue;
+            }
+            let forgotten = self.provisioner().forget_pod(&uid)?;
+            tracing::info!(pod = %pod, claims = forgotten, "pod gone: claims, token and region removed");
+            gone.push(uid);
+        }
+        if !gone.is_empty() {
+            self.sync()?;
+        }
+        Ok(gone)
+    }
+
+    fn sync(&self) -> Result<(), KubeError> {
+        let report = source::sync(&self.inner.hv, &self.inner.source).map_err(|e| match e {
+            source::SourceError::Provision(p) => KubeError::Provision(p),
+            other => KubeError::Client(other.to_string()),
+        })?;
+        if !report.failed.is_empty() {
+            tracing::error!(failed = ?report.failed, "pods without a region");
+        }
+        Ok(())
+    }
+
+    async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, String> {
+        let key = ObjectRef::new(&claim.name).within(&claim.namespace);
+        if let Some(cached) = self.inner.claims.get(&key)
+            && cached.metadata.uid.as_deref() == Some(&claim.uid)
+            && cached
+                .status
+                .as_ref()
+                .is_some_and(|s| s.allocation.is_some() && s.reserved_for.is_some())
+        {
+            return Ok((*cached).clone());
+        }
+        let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &claim.namespace);
+        api.get(&claim.name)
+            .await
+            .map_err(|e| format!("cannot read claim {}/{}: {e}", claim.namespace, claim.name))
+    }
+}
+
+fn finished(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_none()
+        || matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+}
+
+impl ClaimPreparer for NodeAgent {
+    async fn prepare(&self, claim: ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+        let _busy = self.inner.busy.lock().await;
+        let devices = |request: &crate::provision::ClaimRequest, cdi: &[String]| {
+            request
+                .devices
+                .iter()
+                .map(|d| PreparedDevice {
+                    request_names: d.requests.clone(),
+                    pool_name: d.pool.clone(),
+                    device_name: d.device.clone(),
+                    cdi_device_ids: cdi.to_vec(),
+                })
+                .collect::<Vec<_>>()
+        };
+        if let Some(done) = self.provisioner().claims().get(&claim.uid) {
+            return Ok(devices(&done.request, &done.cdi_devices));
+        }
+        let object = self.claim(&claim).await?;
+        claims::check_uid(&object, &claim.uid).map_err(|e| e.to_string())?;
+        let o = &self.inner.options;
+        let request = {
+            let provisioner = self.provisioner();
+            claims::to_request(&object, &o.driver, &o.node, provisioner.gpus())
+                .map_err(|e| e.to_string())?
+        };
+        let cdi = self
+            .provisioner()
+            .prepare(request.clone())
+            .map_err(|e| e.to_string())?;
+        let report = source::sync(&self.inner.hv, &self.inner.source);
+        let failed = match &report {
+            Ok(report) => report.failed.iter().any(|(pod, _)| *pod == request.pod.uid),
+            Err(_) => true,
+        };
+        if failed {
+            // No region, no limits: the container must not start.
+            let _ = self.provisioner().unprepare(&claim.uid);
+            let _ = self.sync();
+            return Err(format!(
+                "claim {}: the pod's region could not be opened: {report:?}",
+                claim.uid
+            ));
+        }
+        Ok(devices(&request, &cdi))
+    }
+
+    async fn unprepare(&self, claim: ClaimRef) -> Result<(), String> {
+        let _busy = self.inner.busy.lock().await;
+        let removed = self
+            .provisioner()
+            .unprepare(&claim.uid)
+            .map_err(|e| e.to_string())?;
+        if removed {
+            self.sync().map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,212 @@
+//! A ResourceClaim allocated by the scheduler, as provisioning needs it: the
+//! pod it is reserved for, and per device of this driver and node the GPU,
+//! the consumed `memory` and `compute`, and the opaque parameters.
+//!
+//! Opaque parameters (`spec.devices.config[].opaque.parameters`, copied by
+//! the scheduler into `status.allocation.devices.config`, class configs
+//! first, claim configs after and winning):
+//!
+//! ```yaml
+//! apiVersion: gpu.gpushare.dev/v1alpha1
+//! kind: GpuShareParameters
+//! weight: 2          # default 1
+//! policy: elastic    # fixed (default) | elastic | none
+//! ceiling: 80        # elastic ceiling in percent (default 100)
+//! priority: 10       # default 0
+//! ```
+
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
+use serde::Deserialize;
+
+use super::{quantity, slice};
+use crate::observer::GpuInfo;
+use crate::provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
+use crate::spec::Policy;
+
+/// Why a claim cannot be prepared here.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ClaimError {
+    #[error("claim {0} is not allocated")]
+    NotAllocated(String),
+    #[error("claim {0} is reserved for no pod")]
+    NoPod(String),
+    #[error("claim {claim}: device {device} of pool {pool} is not a GPU of this node")]
+    UnknownDevice {
+        claim: String,
+        pool: String,
+        device: String,
+    },
+    #[error("claim {claim}: consumed {what} {value:?} is not a quantity")]
+    Quantity {
+        claim: String,
+        what: &'static str,
+        value: String,
+    },
+    #[error("claim {claim}: compute {value} is not 1..100")]
+    Compute { claim: String, value: u64 },
+    #[error("claim {claim}: opaque parameters: {message}")]
+    Parameters { claim: String, message: String },
+    #[error("claim {claim}: the API says UID {actual}, the kubelet {expected}")]
+    Uid {
+        claim: String,
+        expected: String,
+        actual: String,
+    },
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawParameters {
+    #[serde(default, rename = "apiVersion")]
+    _api_version: Option<serde::de::IgnoredAny>,
+    #[serde(default, rename = "kind")]
+    _kind: Option<serde::de::IgnoredAny>,
+    weight: Option<u32>,
+    policy: Option<String>,
+    ceiling: Option<u8>,
+    priority: Option<i32>,
+}
+
+/// The request of `claim` for `driver` on `node` (whose pool has the node's
+/// name), with `gpus` the node's GPUs.
+pub fn to_request(
+    claim: &ResourceClaim,
+    driver: &str,
+    node: &str,
+    gpus: &[GpuInfo],
+) -> Result<ClaimRequest, ClaimError> {
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+    let status = claim.status.as_ref();
+    let allocation = status
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .ok_or_else(|| ClaimError::NotAllocated(name.clone()))?;
+    let pod = status
+        .and_then(|s| s.reserved_for.as_ref())
+        .and_then(|r| {
+            r.iter()
+                .find(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
+        })
+        .ok_or_else(|| ClaimError::NoPod(name.clone()))?;
+    let configs = allocation.config.as_deref().unwrap_or_default();
+    let mut devices = Vec::new();
+    for result in allocation.results.as_deref().unwrap_or_default() {
+        if result.driver != driver || result.pool != node {
+            continue;
+        }
+        let gpu = slice::device_index(&result.device)
+            .and_then(|index| gpus.iter().find(|g| g.index == index))
+            .ok_or_else(|| ClaimError::UnknownDevice {
+                claim: name.clone(),
+                pool: result.pool.clone(),
+                device: result.device.clone(),
+            })?;
+        let consumed = |key: &'static str| -> Result<Option<u64>, ClaimError> {
+            let Some(q) = result.consumed_capacity.as_ref().and_then(|c| c.get(key)) else {
+                return Ok(None);
+            };
+            quantity::parse(&q.0)
+                .map(Some)
+                .ok_or_else(|| ClaimError::Quantity {
+                    claim: name.clone(),
+                    what: key,
+                    value: q.0.clone(),
+                })
+        };
+        // Without consumable capacity (an exclusive allocation): the whole GPU.
+        let memory_bytes = consumed("memory")?.unwrap_or(gpu.memory_total);
+        let compute = consumed("compute")?.unwrap_or(100);
+        if !(1..=100).contains(&compute) {
+            return Err(ClaimError::Compute {
+                claim: name.clone(),
+                value: compute,
+            });
+        }
+        devices.push(DeviceGrant {
+            requests: vec![result.request.clone()],
+            pool: result.pool.clone(),
+            device: result.device.clone(),
+            gpu_uuid: gpu.uuid.clone(),
+            gpu_index: gpu.index,
+            memory_bytes,
+            compute_percent: compute as u8,
+            params: parameters(&name, configs, driver, &result.request)?,
+        });
+    }
+    Ok(ClaimRequest {
+        claim_uid: claim.metadata.uid.clone().unwrap_or_default(),
+        namespace: namespace.clone(),
+        name,
+        pod: PodRef {
+            uid: pod.uid.clone(),
+            namespace,
+            name: pod.name.clone(),
+        },
+        devices,
+    })
+}
+
+/// The parameters for `request`: every config of ours that applies to it
+/// (no `requests` list, or one naming it; a subrequest `req/sub` matches
+/// `req`), later ones overriding earlier ones field by field.
+fn parameters(
+    claim: &str,
+    configs: &[DeviceAllocationConfiguration],
+    driver: &str,
+    request: &str,
+) -> Result<SharingParams, ClaimError> {
+    let mut params = SharingParams::default();
+    let parent = request.split('/').next().unwrap_or(request);
+    let error = |message: String| ClaimError::Parameters {
+        claim: claim.to_owned(),
+        message,
+    };
+    for config in configs {
+        let applies = config
+            .requests
+            .as_ref()
+            .is_none_or(|r| r.is_empty() || r.iter().any(|n| n == request || n == parent));
+        let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        if !applies {
+            continue;
+        }
+        let raw: RawParameters = serde_json::from_value(opaque.parameters.0.clone())
+            .map_err(|e| error(e.to_string()))?;
+        if let Some(weight) = raw.weight {
+            if weight == 0 {
+                return Err(error("weight must be at least 1".into()));
+            }
+            params.weight = weight;
+        }
+        if let Some(policy) = raw.policy {
+            params.policy = Policy::parse(&policy)
+                .ok_or_else(|| error(format!("policy {policy:?} is not fixed, elastic or none")))?;
+        }
+        if let Some(ceiling) = raw.ceiling {
+            if !(1..=100).contains(&ceiling) {
+                return Err(error(format!("ceiling {ceiling} is not 1..100")));
+            }
+            params.ceiling = Some(ceiling);
+        }
+        if let Some(priority) = raw.priority {
+            params.priority = priority;
+        }
+    }
+    Ok(params)
+}
+
+/// Checks that the claim the API has is the one the kubelet means.
+pub fn check_uid(claim: &ResourceClaim, expected: &str) -> Result<(), ClaimError> {
+    let actual = claim.metadata.uid.clone().unwrap_or_default();
+    if actual != expected {
+        return Err(ClaimError::Uid {
+            claim: claim.metadata.name.clone().unwrap_or_default(),
+            expected: expected.to_owned(),
+            actual,
+        });
+    }
+    Ok(())
+}

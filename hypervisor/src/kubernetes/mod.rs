@@ -1,0 +1,102 @@
+//! `hypervisor serve --kubernetes`: the node agent of the DRA driver.
+//!
+//! 1. **Slice** ([`slice`]): the node's GPUs published as one ResourceSlice,
+//!    shareable devices with `memory` and `compute` capacities.
+//! 2. **Reflectors** ([`agent`]): this node's Pods (field selector
+//!    `spec.nodeName`) and the ResourceClaims, kept in memory by kube-rs.
+//! 3. **Prepare** (the kubelet, over [`crate::dra`]): the claim read from the
+//!    reflector (or the API server when it is newer than the reflector),
+//!    translated ([`claims`]), provisioned ([`crate::provision`]), and the
+//!    hypervisor's pods made those of the prepared claims
+//!    ([`KubernetesSource`]), which opens the pod's region with its limits
+//!    before the containers start.
+//! 4. **Pods gone**: a pod with prepared claims that the API server no
+//!    longer has (or that finished) loses its claims, token and region.
+//! 5. **Identity**: workers are checked against their cgroup
+//!    ([`crate::identity`]).
+
+pub mod agent;
+pub mod claims;
+pub mod quantity;
+pub mod slice;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+pub use agent::{AgentOptions, NodeAgent};
+
+use crate::provision::Provisioner;
+use crate::source::{PodSource, SourceError};
+use crate::spec::PodSpec;
+
+/// The default driver name.
+pub const DRIVER: &str = "gpu.gpushare.dev";
+
+/// Why the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: String, message: String },
+    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
+    Infer(String),
+    #[error("cannot build the API client: {0}")]
+    Client(String),
+    #[error("{what}: {source}")]
+    Api {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Provision(#[from] crate::provision::ProvisionError),
+    #[error("kubelet plugin sockets: {0}")]
+    Plugin(#[source] std::io::Error),
+}
+
+impl KubeError {
+    pub(crate) fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Self {
+        move |source| Self::Api { what, source }
+    }
+}
+
+/// A client from the kubeconfig at `path`, or the in-cluster service
+/// account (then `KUBECONFIG`, `~/.kube/config`) when `None`.
+pub async fn client(path: Option<&Path>) -> Result<kube::Client, KubeError> {
+    // Already installed (by an earlier call): fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = match path {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).map_err(|e| KubeError::Kubeconfig {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| KubeError::Kubeconfig {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| KubeError::Infer(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
+}
+
+/// The hypervisor's pods from the prepared claims.
+#[derive(Clone)]
+pub struct KubernetesSource {
+    pub provisioner: Arc<Mutex<Provisioner>>,
+}
+
+impl PodSource for KubernetesSource {
+    fn pods(&self) -> Result<Vec<PodSpec>, SourceError> {
+        let provisioner = self
+            .provisioner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Ok(provisioner.pod_specs()?)
+    }
+}

@@ -1,0 +1,181 @@
+//! The CDI spec of a prepared claim (Container Device Interface 0.6.0): one
+//! device named after the claim UID, whose container edits are everything
+//! the limiter needs in the container.
+//!
+//! Written with our own serde types rather than the `container-device-interface`
+//! crate's: that crate pulls a JSON-schema validator with an HTTP client and
+//! a TLS stack into the daemon to write one small file. The tests validate
+//! every spec we write with that crate.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::{
+    CONTAINER_LIMITER, CONTAINER_PRELOAD, CONTAINER_SHM, CONTAINER_TOKEN, ClaimRequest,
+    ProvisionConfig, ProvisionError,
+};
+use crate::observer::GpuInfo;
+use gpushare_utils::ledger::POD_REGION_PREFIX;
+
+pub const CDI_VERSION: &str = "0.6.0";
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    pub cdi_version: String,
+    pub kind: String,
+    pub devices: Vec<Device>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub name: String,
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    pub env: Vec<String>,
+    pub device_nodes: Vec<DeviceNode>,
+    pub mounts: Vec<Mount>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    pub path: String,
+    pub host_path: String,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    pub options: Vec<String>,
+}
+
+/// `<vendor>/<class>=<claim uid>`.
+pub fn device_id(config: &ProvisionConfig, claim_uid: &str) -> String {
+    format!("{}={claim_uid}", config.cdi_kind())
+}
+
+/// `<vendor>-<class>_<claim uid>.json`.
+pub fn spec_file_name(config: &ProvisionConfig, claim_uid: &str) -> String {
+    format!(
+        "{}-{}_{claim_uid}.json",
+        config.cdi_vendor, config.cdi_class
+    )
+}
+
+/// The spec of `request`, whose pod's token is `token_file` (agent's view)
+/// and whose GPUs are `gpus` (NVML index order).
+pub fn claim_spec(
+    config: &ProvisionConfig,
+    request: &ClaimRequest,
+    gpus: &[GpuInfo],
+    token_file: &Path,
+) -> Result<Spec, ProvisionError> {
+    let host_token = host_view(token_file, &config.state_dir, &config.host_state_dir);
+    let region = format!("{POD_REGION_PREFIX}{}", request.pod.uid);
+    let visible: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
+    let env = vec![
+        format!("CUDA_LIMITER_HYPERVISOR={}", config.hypervisor_url),
+        format!("CUDA_LIMITER_POD={}", request.pod.uid),
+        format!("CUDA_LIMITER_TOKEN_FILE={CONTAINER_TOKEN}"),
+        format!("CUDA_VISIBLE_DEVICES={}", visible.join(",")),
+        format!("NVIDIA_VISIBLE_DEVICES={}", visible.join(",")),
+    ];
+    let mut device_nodes = Vec::new();
+    for gpu in gpus {
+        let minor = device_minor(&config.host_root, gpu);
+        device_nodes.push(node(&format!("/dev/nvidia{minor}")));
+    }
+    for control in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] {
+        device_nodes.push(node(control));
+    }
+    let ro = || ["ro", "nosuid", "nodev", "bind"].map(String::from).to_vec();
+    let mounts = vec![
+        Mount {
+            host_path: path_text(&config.host_limiter),
+            container_path: CONTAINER_LIMITER.to_owned(),
+            options: ro(),
+        },
+        Mount {
+            host_path: path_text(&config.host_state_dir.join("ld.so.preload")),
+            container_path: CONTAINER_PRELOAD.to_owned(),
+            options: ro(),
+        },
+        Mount {
+            host_path: path_text(&host_token),
+            container_path: CONTAINER_TOKEN.to_owned(),
+            options: ro(),
+        },
+        // Read-write: the pod's processes keep their usage and budget in it.
+        Mount {
+            host_path: path_text(&config.host_region_dir.join(&region)),
+            container_path: format!("{CONTAINER_SHM}/{region}"),
+            options: ["rw", "nosuid", "nodev", "noexec", "bind"]
+                .map(String::from)
+                .to_vec(),
+        },
+    ];
+    Ok(Spec {
+        cdi_version: CDI_VERSION.to_owned(),
+        kind: config.cdi_kind(),
+        devices: vec![Device {
+            name: request.claim_uid.clone(),
+            container_edits: ContainerEdits {
+                env,
+                device_nodes,
+                mounts,
+            },
+        }],
+    })
+}
+
+fn node(path: &str) -> DeviceNode {
+    DeviceNode {
+        path: path.to_owned(),
+        host_path: path.to_owned(),
+    }
+}
+
+fn path_text(path: &Path) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+/// `path` (under `agent_dir`) as the host sees it (under `host_dir`).
+fn host_view(path: &Path, agent_dir: &Path, host_dir: &Path) -> PathBuf {
+    path.strip_prefix(agent_dir)
+        .map_or_else(|_| path.to_owned(), |rel| host_dir.join(rel))
+}
+
+/// The minor number of `gpu`'s device node, from the driver's
+/// `/proc/driver/nvidia/gpus/*/information` ("GPU UUID" and "Device Minor");
+/// without it (simulated GPUs), the NVML index.
+pub fn device_minor(host_root: &Path, gpu: &GpuInfo) -> u32 {
+    let dir = host_root.join("proc/driver/nvidia/gpus");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return gpu.index;
+    };
+    for entry in entries.flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path().join("information")) else {
+            continue;
+        };
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.trim_start().strip_prefix(':'))
+                .map(str::trim)
+        };
+        if field("GPU UUID").is_some_and(|u| u.eq_ignore_ascii_case(&gpu.uuid))
+            && let Some(minor) = field("Device Minor").and_then(|m| m.parse().ok())
+        {
+            return minor;
+        }
+    }
+    gpu.index
+}

@@ -1,0 +1,253 @@
+//! What a claim was given: the pod it is for and, per GPU, the memory and
+//! compute it may use and how its share behaves. Source-neutral: the DRA
+//! plugin builds these from a ResourceClaim's allocation, the device plugin
+//! from a pod's resource names.
+
+use serde::{Deserialize, Serialize};
+
+use super::ProvisionError;
+use crate::spec::Policy;
+
+/// The pod a claim is for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// How a claim's compute share behaves (the opaque device configuration).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharingParams {
+    /// Weight among the pods that want the GPU (default 1).
+    pub weight: u32,
+    /// `fixed` (never above the share), `elastic` (up to `ceiling` while
+    /// others leave the GPU idle) or `none` (unlimited). Default: fixed.
+    #[serde(with = "policy_text")]
+    pub policy: Policy,
+    /// Elastic pods' ceiling in percent (default 100).
+    pub ceiling: Option<u8>,
+    /// Scheduling priority, higher first (default 0). Recorded and shown;
+    /// the hypervisor's scheduler orders by weight only so far.
+    pub priority: i32,
+}
+
+impl Default for SharingParams {
+    fn default() -> Self {
+        Self {
+            weight: 1,
+            policy: Policy::Fixed,
+            ceiling: None,
+            priority: 0,
+        }
+    }
+}
+
+/// One GPU (a device of the node's ResourceSlice) given to a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceGrant {
+    /// The claim's requests this device serves.
+    pub requests: Vec<String>,
+    /// Pool and device name in the ResourceSlice.
+    pub pool: String,
+    pub device: String,
+    pub gpu_uuid: String,
+    pub gpu_index: u32,
+    /// Memory quota in bytes (consumed capacity `memory`).
+    pub memory_bytes: u64,
+    /// Compute share in percent, 1..=100 (consumed capacity `compute`).
+    pub compute_percent: u8,
+    pub params: SharingParams,
+}
+
+/// A claim to prepare.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimRequest {
+    pub claim_uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub pod: PodRef,
+    pub devices: Vec<DeviceGrant>,
+}
+
+impl ClaimRequest {
+    /// Refuses what cannot become limits: no device, no memory, a share of 0
+    /// or above 100, a ceiling below the share, a UID that is no pod id.
+    pub fn validate(&self) -> Result<(), ProvisionError> {
+        let invalid = |message: String| ProvisionError::Invalid {
+            claim: self.claim_uid.clone(),
+            message,
+        };
+        if self.devices.is_empty() {
+            return Err(invalid("no device of this driver is allocated".into()));
+        }
+        if !is_uid(&self.pod.uid) {
+            return Err(invalid(format!("pod UID {:?} is not a UID", self.pod.uid)));
+        }
+        if !is_uid(&self.claim_uid) {
+            return Err(invalid(format!(
+                "claim UID {:?} is not a UID",
+                self.claim_uid
+            )));
+        }
+        for d in &self.devices {
+            if d.memory_bytes == 0 {
+                return Err(invalid(format!("{}: no memory", d.device)));
+            }
+            if !(1..=100).contains(&d.compute_percent) {
+                return Err(invalid(format!(
+                    "{}: compute {} is not 1..100",
+                    d.device, d.compute_percent
+                )));
+            }
+            if d.params.weight == 0 {
+                return Err(invalid(format!("{}: weight 0", d.device)));
+            }
+            if let Some(ceiling) = d.params.ceiling
+                && !(d.compute_percent..=100).contains(&ceiling)
+            {
+                return Err(invalid(format!(
+                    "{}: ceiling {ceiling} is not between compute {} and 100",
+                    d.device, d.compute_percent
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `Policy` as its config word (`fixed`, `elastic`, `none`).
+mod policy_text {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    use crate::spec::Policy;
+
+    pub fn serialize<S: Serializer>(policy: &Policy, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(policy.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Policy, D::Error> {
+        let text = String::deserialize(d)?;
+        Policy::parse(&text).ok_or_else(|| {
+            D::Error::custom(format!("policy {text:?} is not fixed, elastic or none"))
+        })
+    }
+}
+
+/// Kubernetes UIDs: 36 characters of hex digits and dashes (8-4-4-4-12).
+pub fn is_uid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// Several claims of one pod on one GPU, added up.
+#[derive(Debug, Default)]
+pub(crate) struct Totals {
+    pub memory_bytes: u64,
+    pub compute_percent: u32,
+    pub weight: u32,
+    /// The most permissive policy of the claims, and the highest ceiling.
+    policy: Option<Policy>,
+    ceiling: Option<u8>,
+}
+
+impl Totals {
+    pub fn add(&mut self, d: &DeviceGrant) {
+        self.memory_bytes = self.memory_bytes.saturating_add(d.memory_bytes);
+        self.compute_percent += u32::from(d.compute_percent);
+        self.weight = self.weight.max(d.params.weight);
+        self.policy = Some(match (self.policy, d.params.policy) {
+            (Some(Policy::None), _) | (_, Policy::None) => Policy::None,
+            (Some(Policy::Elastic), _) | (_, Policy::Elastic) => Policy::Elastic,
+            _ => Policy::Fixed,
+        });
+        self.ceiling = self.ceiling.max(d.params.ceiling);
+    }
+
+    /// Cap, guaranteed share and policy for the hypervisor: a fixed share is
+    /// a hard cap; an elastic one is guaranteed and may grow to the ceiling.
+    pub fn compute(&self) -> (Option<u8>, Option<u8>, Policy) {
+        let share = self.compute_percent.min(100) as u8;
+        match self.policy.unwrap_or(Policy::Fixed) {
+            Policy::Fixed => (Some(share.max(1)), None, Policy::Fixed),
+            Policy::Elastic => {
+                let ceiling = self.ceiling.unwrap_or(100).max(share);
+                (Some(ceiling.max(1)), Some(share), Policy::Elastic)
+            }
+            Policy::None => (None, None, Policy::None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(compute: u8, policy: Policy, ceiling: Option<u8>) -> DeviceGrant {
+        DeviceGrant {
+            requests: vec!["gpu".into()],
+            pool: "node".into(),
+            device: "gpu-0".into(),
+            gpu_uuid: "GPU-0".into(),
+            gpu_index: 0,
+            memory_bytes: 1 << 30,
+            compute_percent: compute,
+            params: SharingParams {
+                policy,
+                ceiling,
+                ..SharingParams::default()
+            },
+        }
+    }
+
+    #[test]
+    fn compute_becomes_cap_or_share() {
+        let cases = [
+            (
+                vec![grant(30, Policy::Fixed, None)],
+                (Some(30), None, Policy::Fixed),
+            ),
+            (
+                vec![grant(30, Policy::Elastic, Some(80))],
+                (Some(80), Some(30), Policy::Elastic),
+            ),
+            (
+                vec![grant(30, Policy::Elastic, None)],
+                (Some(100), Some(30), Policy::Elastic),
+            ),
+            (
+                vec![
+                    grant(30, Policy::Fixed, None),
+                    grant(20, Policy::Fixed, None),
+                ],
+                (Some(50), None, Policy::Fixed),
+            ),
+            (
+                vec![grant(30, Policy::None, None)],
+                (None, None, Policy::None),
+            ),
+        ];
+        for (grants, want) in cases {
+            let mut totals = Totals::default();
+            grants.iter().for_each(|g| totals.add(g));
+            assert_eq!(totals.compute(), want, "{grants:?}");
+        }
+    }
+
+    #[test]
+    fn uids() {
+        assert!(is_uid("0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4a"));
+        assert!(!is_uid("0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4"));
+        assert!(!is_uid("0b7c8a52_3f1e-4a7e-9c4e-2f6f1d2c3b4a"));
+        assert!(!is_uid("../../etc/passwd-aaaaaaaaaaaaaaaaaaaaaaaa"));
+    }
+}

@@ -1,0 +1,483 @@
+//! Provisioning: what a pod needs on the node before its containers start,
+//! shared by the DRA kubelet plugin and the device plugin.
+//!
+//! 1. **Prepare** a claim ([`Provisioner::prepare`]): the GPUs and the part
+//!    of each that the claim was given are checked against what the other
+//!    prepared claims hold; the pod gets a token (one per pod, a file under
+//!    `state_dir/pods/<uid>/token`), and the claim a CDI spec in `cdi_dir`
+//!    ([`cdi`]) whose edits give the container the GPU device nodes, the
+//!    limiter library with an `/etc/ld.so.preload` naming it, the pod's region
+//!    and token (read-only), and the variables. The claim is recorded in the
+//!    checkpoint ([`checkpoint`]) before the answer, so a restarted agent
+//!    keeps it.
+//! 2. **Limits**: [`Provisioner::pod_specs`] turns the prepared claims into
+//!    the hypervisor's [`PodSpec`]s; the caller applies them, which creates the
+//!    region (`/dev/shm/gpushare-pod-<uid>` of the agent, a host directory
+//!    mounted there) and writes the quotas.
+//! 3. **Unprepare** a claim, or **forget** a deleted pod: specs, token and
+//!    region go; the checkpoint follows.
+
+pub mod cdi;
+pub mod checkpoint;
+mod grant;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use gpushare_utils::config::PodId;
+use gpushare_utils::ledger::POD_REGION_PREFIX;
+
+pub use grant::{ClaimRequest, DeviceGrant, PodRef, SharingParams, is_uid};
+
+use crate::observer::GpuInfo;
+use crate::spec::{GpuSelector, GpuSpec, PodSpec, SpecError, Token};
+use checkpoint::{Checkpoint, PreparedClaim};
+
+/// Where the limiter library, the preload file, the token and the region
+/// appear inside a container.
+pub const CONTAINER_LIMITER: &str = "/usr/local/gpushare/lib/libcuda_limiter.so";
+pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
+pub const CONTAINER_TOKEN: &str = "/var/run/gpushare/token";
+pub const CONTAINER_SHM: &str = "/dev/shm";
+
+/// Why a claim could not be provisioned (one line each).
+#[derive(Debug, thiserror::Error)]
+pub enum ProvisionError {
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("checkpoint {}: {message}", path.display())]
+    Checkpoint { path: PathBuf, message: String },
+    #[error("no GPU {0} on this node")]
+    NoSuchGpu(String),
+    #[error(
+        "GPU {gpu}: {what} {asked} asked, but only {free} of {total} is left by the claims already prepared"
+    )]
+    OverCapacity {
+        gpu: String,
+        what: &'static str,
+        asked: u64,
+        free: u64,
+        total: u64,
+    },
+    #[error("claim {claim}: {message}")]
+    Invalid { claim: String, message: String },
+    #[error("claim {claim} is prepared for pod {prepared}, not {asked}")]
+    OtherPod {
+        claim: String,
+        prepared: String,
+        asked: String,
+    },
+    #[error("pod {pod}: {source}")]
+    Spec {
+        pod: String,
+        #[source]
+        source: SpecError,
+    },
+    #[error("cannot draw a random token: {0}")]
+    Random(#[source] std::io::Error),
+}
+
+/// Where things are, as the agent sees them and as the host (the container
+/// runtime reading the CDI spec) sees them. In the DaemonSet both views
+/// coincide except for the regions: the agent's `/dev/shm` is the host
+/// directory `host_region_dir`.
+#[derive(Debug, Clone)]
+pub struct ProvisionConfig {
+    /// Checkpoint, preload file and per-pod tokens (`/var/lib/gpushare`).
+    pub state_dir: PathBuf,
+    /// `state_dir` as the host sees it.
+    pub host_state_dir: PathBuf,
+    /// Where CDI specs are written (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// Where the agent's regions are (`/dev/shm`).
+    pub region_dir: PathBuf,
+    /// `region_dir` as the host sees it (`/var/lib/gpushare/shm`).
+    pub host_region_dir: PathBuf,
+    /// The limiter library on the host.
+    pub host_limiter: PathBuf,
+    /// `CUDA_LIMITER_HYPERVISOR` for the pods (`http://<node IP>:7070`).
+    pub hypervisor_url: String,
+    /// CDI vendor and class: devices are `<vendor>/<class>=<claim uid>`.
+    pub cdi_vendor: String,
+    pub cdi_class: String,
+    /// Root of the host's `/dev` and `/proc/driver/nvidia` (`/`): where the
+    /// GPU device nodes and their minor numbers are looked up.
+    pub host_root: PathBuf,
+}
+
+impl ProvisionConfig {
+    /// The defaults of the DaemonSet in `deploy/`, with the hypervisor at `url`.
+    pub fn daemonset(url: &str) -> Self {
+        Self {
+            state_dir: PathBuf::from("/var/lib/gpushare"),
+            host_state_dir: PathBuf::from("/var/lib/gpushare"),
+            cdi_dir: PathBuf::from("/var/run/cdi"),
+            region_dir: PathBuf::from("/dev/shm"),
+            host_region_dir: PathBuf::from("/var/lib/gpushare/shm"),
+            host_limiter: PathBuf::from("/var/lib/gpushare/lib/libcuda_limiter.so"),
+            hypervisor_url: url.to_owned(),
+            cdi_vendor: "gpushare.dev".to_owned(),
+            cdi_class: "gpu".to_owned(),
+            host_root: PathBuf::from("/"),
+        }
+    }
+
+    /// `<vendor>/<class>`.
+    pub fn cdi_kind(&self) -> String {
+        format!("{}/{}", self.cdi_vendor, self.cdi_class)
+    }
+
+    fn preload_file(&self) -> PathBuf {
+        self.state_dir.join("ld.so.preload")
+    }
+}
+
+/// The node's prepared claims, their files and the checkpoint.
+pub struct Provisioner {
+    config: ProvisionConfig,
+    gpus: Vec<GpuInfo>,
+    checkpoint: Checkpoint,
+}
+
+impl Provisioner {
+    /// Loads the checkpoint (a missing one is empty) and writes the preload
+    /// file; `gpus` are the node's GPUs.
+    pub fn open(config: ProvisionConfig, gpus: Vec<GpuInfo>) -> Result<Self, ProvisionError> {
+        for dir in [&config.state_dir, &config.cdi_dir] {
+            std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
+        }
+        let checkpoint = Checkpoint::load(&config.state_dir)?;
+        let preload = config.preload_file();
+        write_file(&preload, format!("{CONTAINER_LIMITER}\n").as_bytes(), 0o644)?;
+        Ok(Self {
+            config,
+            gpus,
+            checkpoint,
+        })
+    }
+
+    pub fn config(&self) -> &ProvisionConfig {
+        &self.config
+    }
+
+    /// The node's GPUs.
+    pub fn gpus(&self) -> &[GpuInfo] {
+        &self.gpus
+    }
+
+    /// Replaces the node's GPU list (seen again by the observer).
+    pub fn set_gpus(&mut self, gpus: Vec<GpuInfo>) {
+        self.gpus = gpus;
+    }
+
+    /// Prepares `request` (again: the same answer); returns the CDI device IDs.
+    pub fn prepare(&mut self, request: ClaimRequest) -> Result<Vec<String>, ProvisionError> {
+        if let Some(done) = self.checkpoint.claims.get(&request.claim_uid) {
+            if done.request.pod.uid != request.pod.uid {
+                return Err(ProvisionError::OtherPod {
+                    claim: request.claim_uid.clone(),
+                    prepared: done.request.pod.uid.clone(),
+                    asked: request.pod.uid.clone(),
+                });
+            }
+            return Ok(done.cdi_devices.clone());
+        }
+        request.validate()?;
+        self.check_capacity(&request)?;
+        let token = match self.checkpoint.tokens.get(&request.pod.uid) {
+            Some(token) => token.clone(),
+            None => random_token()?,
+        };
+        let token_file = self.write_token(&request.pod.uid, &token)?;
+        let gpus = self.gpus_of(&request)?;
+        let spec = cdi::claim_spec(&self.config, &request, &gpus, &token_file)?;
+        let spec_path = self
+            .config
+            .cdi_dir
+            .join(cdi::spec_file_name(&self.config, &request.claim_uid));
+        let json = serde_json::to_vec_pretty(&spec).map_err(|e| ProvisionError::Invalid {
+            claim: request.claim_uid.clone(),
+            message: e.to_string(),
+        })?;
+        write_file(&spec_path, &json, 0o644)?;
+        let cdi_devices = vec![cdi::device_id(&self.config, &request.claim_uid)];
+        self.checkpoint
+            .tokens
+            .insert(request.pod.uid.clone(), token);
+        self.checkpoint.claims.insert(
+            request.claim_uid.clone(),
+            PreparedClaim {
+                request: request.clone(),
+                cdi_devices: cdi_devices.clone(),
+            },
+        );
+        if let Err(error) = self.checkpoint.save(&self.config.state_dir) {
+            self.checkpoint.claims.remove(&request.claim_uid);
+            let _ = std::fs::remove_file(&spec_path);
+            return Err(error);
+        }
+        tracing::info!(claim = %request.claim_uid, pod = %request.pod, "claim prepared");
+        Ok(cdi_devices)
+    }
+
+    /// Unprepares claim `uid` (unknown: nothing to do, `Ok(false)`). The
+    /// pod's token and region go with its last claim.
+    pub fn unprepare(&mut self, uid: &str) -> Result<bool, ProvisionError> {
+        let Some(prepared) = self.checkpoint.claims.remove(uid) else {
+            return Ok(false);
+        };
+        let pod = prepared.request.pod.uid.clone();
+        let last = !self
+            .checkpoint
+            .claims
+            .values()
+            .any(|c| c.request.pod.uid == pod);
+        if last {
+            self.checkpoint.tokens.remove(&pod);
+        }
+        self.checkpoint.save(&self.config.state_dir)?;
+        remove_if_there(
+            &self
+                .config
+                .cdi_dir
+                .join(cdi::spec_file_name(&self.config, uid)),
+        )?;
+        if last {
+            self.remove_pod_files(&pod)?;
+        }
+        tracing::info!(claim = uid, pod, "claim unprepared");
+        Ok(true)
+    }
+
+    /// Unprepares every claim of pod `uid` (deleted); returns how many.
+    pub fn forget_pod(&mut self, uid: &str) -> Result<usize, ProvisionError> {
+        let claims: Vec<String> = self
+            .checkpoint
+            .claims
+            .values()
+            .filter(|c| c.request.pod.uid == uid)
+            .map(|c| c.request.claim_uid.clone())
+            .collect();
+        for claim in &claims {
+            self.unprepare(claim)?;
+        }
+        Ok(claims.len())
+    }
+
+    /// The pods with prepared claims, by UID.
+    pub fn pods(&self) -> BTreeSet<String> {
+        self.checkpoint
+            .claims
+            .values()
+            .map(|c| c.request.pod.uid.clone())
+            .collect()
+    }
+
+    /// Prepared claims, by claim UID.
+    pub fn claims(&self) -> &BTreeMap<String, PreparedClaim> {
+        &self.checkpoint.claims
+    }
+
+    /// The token file of pod `uid` as the agent sees it.
+    pub fn token_file(&self, uid: &str) -> PathBuf {
+        self.config.state_dir.join("pods").join(uid).join("token")
+    }
+
+    /// The region of pod `uid` as the agent sees it.
+    pub fn region_file(&self, uid: &str) -> PathBuf {
+        self.config
+            .region_dir
+            .join(format!("{POD_REGION_PREFIX}{uid}"))
+    }
+
+    /// The hypervisor's pods: one per pod with prepared claims, its GPUs in
+    /// NVML index order (the CUDA ordinals its containers see), the parts
+    /// of several claims on one GPU added up.
+    pub fn pod_specs(&self) -> Result<Vec<PodSpec>, ProvisionError> {
+        let mut specs = Vec::new();
+        for pod in self.pods() {
+            let mut per_gpu: BTreeMap<u32, (String, grant::Totals)> = BTreeMap::new();
+            for claim in self.checkpoint.claims.values() {
+                if claim.request.pod.uid != pod {
+                    continue;
+                }
+                for device in &claim.request.devices {
+                    per_gpu
+                        .entry(device.gpu_index)
+                        .or_insert_with(|| (device.gpu_uuid.clone(), grant::Totals::default()))
+                        .1
+                        .add(device);
+                }
+            }
+            let spec_err = |source| ProvisionError::Spec {
+                pod: pod.clone(),
+                source,
+            };
+            let mut gpus = Vec::with_capacity(per_gpu.len());
+            for (uuid, totals) in per_gpu.values() {
+                let (cap, share, policy) = totals.compute();
+                let gpu = GpuSpec::new(
+                    GpuSelector::uuid(uuid).map_err(spec_err)?,
+                    totals.memory_bytes,
+                    totals.weight.max(1),
+                    cap,
+                    share,
+                    Some(policy),
+                )
+                .map_err(spec_err)?;
+                gpus.push(gpu);
+            }
+            let token =
+                self.checkpoint
+                    .tokens
+                    .get(&pod)
+                    .ok_or_else(|| ProvisionError::Checkpoint {
+                        path: self.config.state_dir.clone(),
+                        message: format!("pod {pod} has claims but no token"),
+                    })?;
+            let id = PodId::new(pod.clone()).map_err(|e| spec_err(e.into()))?;
+            let token = Token::new(token).map_err(spec_err)?;
+            specs.push(PodSpec::new(id, token, gpus).map_err(spec_err)?);
+        }
+        Ok(specs)
+    }
+
+    fn check_capacity(&self, request: &ClaimRequest) -> Result<(), ProvisionError> {
+        for device in &request.devices {
+            let gpu = self
+                .gpus
+                .iter()
+                .find(|g| g.uuid == device.gpu_uuid)
+                .ok_or_else(|| ProvisionError::NoSuchGpu(device.gpu_uuid.clone()))?;
+            let held = |f: fn(&DeviceGrant) -> u64| -> u64 {
+                self.checkpoint
+                    .claims
+                    .values()
+                    .flat_map(|c| &c.request.devices)
+                    .filter(|d| d.gpu_uuid == device.gpu_uuid)
+                    .map(f)
+                    .sum()
+            };
+            let check = |what, asked: u64, total: u64, held: u64| {
+                let free = total.saturating_sub(held);
+                if asked > free {
+                    return Err(ProvisionError::OverCapacity {
+                        gpu: gpu.uuid.clone(),
+                        what,
+                        asked,
+                        free,
+                        total,
+                    });
+                }
+                Ok(())
+            };
+            check(
+                "memory",
+                device.memory_bytes,
+                gpu.memory_total,
+                held(|d| d.memory_bytes),
+            )?;
+            check(
+                "compute",
+                u64::from(device.compute_percent),
+                100,
+                held(|d| u64::from(d.compute_percent)),
+            )?;
+        }
+        Ok(())
+    }
+
+    fn gpus_of(&self, request: &ClaimRequest) -> Result<Vec<GpuInfo>, ProvisionError> {
+        let mut gpus = Vec::new();
+        for device in &request.devices {
+            let gpu = self
+                .gpus
+                .iter()
+                .find(|g| g.uuid == device.gpu_uuid)
+                .ok_or_else(|| ProvisionError::NoSuchGpu(device.gpu_uuid.clone()))?;
+            if !gpus.iter().any(|g: &GpuInfo| g.uuid == gpu.uuid) {
+                gpus.push(gpu.clone());
+            }
+        }
+        gpus.sort_by_key(|g| g.index);
+        Ok(gpus)
+    }
+
+    fn write_token(&self, pod: &str, token: &str) -> Result<PathBuf, ProvisionError> {
+        let path = self.token_file(pod);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
+        }
+        // Read-only to everyone: the pod's processes run as any user and see
+        // it through a read-only mount; no other pod mounts it.
+        write_file(&path, token.as_bytes(), 0o444)?;
+        Ok(path)
+    }
+
+    fn remove_pod_files(&self, pod: &str) -> Result<(), ProvisionError> {
+        let dir = self.config.state_dir.join("pods").join(pod);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io("cannot remove", &dir))?;
+        }
+        remove_if_there(&self.region_file(pod))
+    }
+}
+
+fn random_token() -> Result<String, ProvisionError> {
+    let mut bytes = [0u8; 32];
+    let mut file = std::fs::File::open("/dev/urandom").map_err(ProvisionError::Random)?;
+    std::io::Read::read_exact(&mut file, &mut bytes).map_err(ProvisionError::Random)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+pub(crate) fn io<'a>(
+    what: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> ProvisionError + 'a {
+    move |source| ProvisionError::Io {
+        what,
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file and a rename, so
+/// readers see the old or the new content, never a part.
+pub(crate) fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ProvisionError> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map_err(io("cannot write", path))
+}
+
+fn remove_if_there(path: &Path) -> Result<(), ProvisionError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(ProvisionError::Io {
+            what: "cannot remove",
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}

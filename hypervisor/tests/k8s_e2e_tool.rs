@@ -1,0 +1,101 @@
+//! The `k8s-e2e` tool's plumbing on simulated GPUs: it prepares a claim for
+//! 4 GiB / 30%, writes the env and mounts of the CDI spec, serves until told
+//! to stop, and cleans up.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[test]
+fn k8s_e2e_writes_the_cdi_env_and_cleans_up() {
+    let dir = std::env::temp_dir().join(format!("hv-k8s-e2e-tool-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let limiter = dir.join("libcuda_limiter.so");
+    std::fs::write(&limiter, b"").unwrap();
+    let out = dir.join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_k8s-e2e"))
+        .args([
+            "--simulate-gpus",
+            "2",
+            "--memory",
+            "4Gi",
+            "--compute",
+            "30",
+            "--max-seconds",
+            "60",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .arg("--limiter")
+        .arg(&limiter)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !out.join("ready").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "k8s-e2e never got ready"
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("k8s-e2e exited early: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pod = std::fs::read_to_string(out.join("ready"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let env = std::fs::read_to_string(out.join("env")).unwrap();
+    assert!(
+        env.lines().any(|l| l == format!("CUDA_LIMITER_POD={pod}")),
+        "{env}"
+    );
+    assert!(
+        env.lines()
+            .any(|l| l.starts_with("CUDA_LIMITER_HYPERVISOR=http://127.0.0.1:"))
+    );
+    assert!(
+        env.lines()
+            .any(|l| l == "CUDA_LIMITER_TOKEN_FILE=/var/run/gpushare/token")
+    );
+    let mounts = std::fs::read_to_string(out.join("mounts")).unwrap();
+    let limiter_line = format!(
+        "{} /usr/local/gpushare/lib/libcuda_limiter.so ro,",
+        limiter.canonicalize().unwrap().display()
+    );
+    assert!(
+        mounts.lines().any(|l| l.starts_with(&limiter_line)),
+        "{mounts}"
+    );
+    let token_host = mounts
+        .lines()
+        .find_map(|l| {
+            l.split_once(" /var/run/gpushare/token ")
+                .map(|(h, _)| PathBuf::from(h))
+        })
+        .unwrap();
+    assert_eq!(std::fs::read_to_string(&token_host).unwrap().len(), 64);
+    assert!(PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}")).exists());
+
+    std::fs::write(out.join("stop"), b"").unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success());
+    assert_eq!(
+        std::fs::read_to_string(out.join("unprepared")).unwrap(),
+        "clean\n"
+    );
+    let hv: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("status.json")).unwrap()).unwrap();
+    let gpu = &hv["pods"][0]["gpus"][0];
+    assert_eq!(
+        (
+            hv["pods"][0]["id"].as_str(),
+            gpu["memory_quota"].as_u64(),
+            gpu["cap_percent"].as_u64()
+        ),
+        (Some(pod.as_str()), Some(4 << 30), Some(30))
+    );
+    assert!(!PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}")).exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

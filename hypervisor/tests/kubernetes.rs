@@ -1,0 +1,483 @@
+//! The DRA path end to end without a cluster: the real agent against the
+//! fake API server, called by the fake kubelet over its Unix sockets.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypervisor::fakes::apiserver::FakeApiServer;
+use hypervisor::fakes::cluster;
+use hypervisor::fakes::kubelet::Version;
+use hypervisor::fakes::node::{self, TestNode};
+use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use serde_json::{Value, json};
+
+const DRIVER: &str = "gpu.gpushare.dev";
+const NODE: &str = "node-a";
+
+/// A folder under the temp dir, removed with everything the test made there
+/// and the regions of the pods it names.
+struct Scratch {
+    dir: PathBuf,
+    pods: std::sync::Mutex<Vec<String>>,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hv-k8s-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
+        Self {
+            dir,
+            pods: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn track(&self, pod: &str) {
+        self.pods.lock().unwrap().push(pod.to_owned());
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for pod in self.pods.lock().unwrap().iter() {
+            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{pod}"));
+        }
+    }
+}
+
+struct World {
+    scratch: Scratch,
+    api: FakeApiServer,
+    client: kube::Client,
+    node: Option<TestNode>,
+    gpus: Arc<SimulatedGpus>,
+}
+
+impl World {
+    async fn start(tag: &str) -> Self {
+        let scratch = Scratch::new(tag);
+        let api = FakeApiServer::start().await.unwrap();
+        let kubeconfig = scratch.dir.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig).unwrap();
+        let client = hypervisor::kubernetes::client(Some(&kubeconfig))
+            .await
+            .unwrap();
+        cluster::create_node(&client, NODE).await.unwrap();
+        let gpus = Arc::new(SimulatedGpus::new(2));
+        let mut world = Self {
+            scratch,
+            api,
+            client,
+            node: None,
+            gpus,
+        };
+        world.restart().await;
+        world
+    }
+
+    fn options(&self) -> hypervisor::kubernetes::AgentOptions {
+        let d = &self.scratch.dir;
+        let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+        // Workers' cgroups are looked up in a /proc the tests write.
+        options.proc_root = d.join("proc");
+        options
+    }
+
+    async fn restart(&mut self) {
+        if let Some(old) = self.node.take() {
+            old.stop().await;
+        }
+        let observer: Arc<dyn GpuObserver> = self.gpus.clone();
+        self.node = Some(
+            TestNode::start(&self.api, observer, self.options())
+                .await
+                .unwrap(),
+        );
+    }
+
+    fn node(&self) -> &TestNode {
+        self.node.as_ref().unwrap()
+    }
+
+    /// A pod with a claim for `memory`/`compute` allocated on `device`;
+    /// returns (pod uid, claim name, claim uid).
+    async fn claim(
+        &self,
+        name: &str,
+        memory: &str,
+        compute: &str,
+        device: &str,
+    ) -> (String, String, String) {
+        let claim = cluster::create_claim(
+            &self.client,
+            "default",
+            &format!("{name}-gpu"),
+            DRIVER,
+            memory,
+            compute,
+            Some(json!({"weight": 2})),
+        )
+        .await
+        .unwrap();
+        let pod = cluster::create_pod(&self.client, "default", name, NODE, &format!("{name}-gpu"))
+            .await
+            .unwrap();
+        let claim = cluster::allocate(&self.client, &claim, &pod, DRIVER, NODE, device)
+            .await
+            .unwrap();
+        let pod_uid = pod.metadata.uid.unwrap();
+        self.scratch.track(&pod_uid);
+        (
+            pod_uid,
+            claim.metadata.name.unwrap(),
+            claim.metadata.uid.unwrap(),
+        )
+    }
+
+    async fn prepare(
+        &self,
+        version: Version,
+        name: &str,
+        uid: &str,
+    ) -> hypervisor::fakes::kubelet::Prepared {
+        self.node()
+            .kubelet
+            .prepare(version, "default", name, uid)
+            .await
+            .unwrap()
+    }
+
+    fn spec_path(&self, claim_uid: &str) -> PathBuf {
+        self.scratch
+            .dir
+            .join("cdi")
+            .join(format!("gpushare.dev-gpu_{claim_uid}.json"))
+    }
+
+    fn token_path(&self, pod_uid: &str) -> PathBuf {
+        self.scratch
+            .dir
+            .join("state/pods")
+            .join(pod_uid)
+            .join("token")
+    }
+
+    async fn stop(mut self) {
+        if let Some(node) = self.node.take() {
+            node.stop().await;
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn pod_status(world: &World, pod: &str) -> Option<Value> {
+    let status = serde_json::to_value(world.node().hv.status()).unwrap();
+    status["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == pod)
+        .cloned()
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..100 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting: {what}");
+}
+
+#[test]
+fn slice_published_for_two_gpus() {
+    runtime().block_on(async {
+        let world = World::start("slice").await;
+        let slices = world.api.list("resourceslices");
+        assert_eq!(slices.len(), 1);
+        let slice: ResourceSlice = serde_json::from_value(slices[0].clone()).unwrap();
+        assert_eq!(slice.spec.driver, DRIVER);
+        assert_eq!(slice.spec.node_name.as_deref(), Some(NODE));
+        assert_eq!(slice.spec.pool.name, NODE);
+        assert_eq!(
+            slice.metadata.owner_references.as_ref().unwrap()[0].kind,
+            "Node"
+        );
+        let devices = slice.spec.devices.unwrap();
+        assert_eq!(devices.len(), 2);
+        let gpus = world.gpus.gpus().unwrap();
+        for (device, gpu) in devices.iter().zip(&gpus) {
+            assert_eq!(device.name, format!("gpu-{}", gpu.index));
+            assert_eq!(device.allow_multiple_allocations, Some(true));
+            let attrs = device.attributes.as_ref().unwrap();
+            assert_eq!(attrs["uuid"].string.as_deref(), Some(gpu.uuid.as_str()));
+            let capacity = device.capacity.as_ref().unwrap();
+            let memory: u64 = capacity["memory"].value.0.parse().unwrap();
+            assert!(memory <= gpu.memory_total && gpu.memory_total - memory < 256 << 20);
+            assert_eq!(capacity["compute"].value.0, "100");
+            let range = capacity["compute"]
+                .request_policy
+                .as_ref()
+                .unwrap()
+                .valid_range
+                .as_ref()
+                .unwrap();
+            assert_eq!(
+                (range.min.0.as_str(), range.max.as_ref().unwrap().0.as_str()),
+                ("1", "100")
+            );
+        }
+        world.stop().await;
+    });
+}
+
+#[test]
+fn prepare_gives_a_valid_cdi_spec_with_4gib_and_30_percent_then_unprepare_cleans_up() {
+    runtime().block_on(async {
+        let world = World::start("prepare").await;
+        let (pod, name, uid) = world.claim("train", "4Gi", "30", "gpu-1").await;
+        let prepared = world.prepare(Version::V1, &name, &uid).await;
+        assert_eq!(prepared.error, "");
+        assert_eq!(
+            prepared.devices,
+            vec![("gpu-1".to_owned(), vec![format!("gpushare.dev/gpu={uid}")])]
+        );
+
+        // The spec, validated by the CDI crate, names exactly what the limiter needs.
+        let path = world.spec_path(&uid);
+        let mut spec = container_device_interface::spec::read_spec(&path, 0).unwrap();
+        let devices = spec.validate().unwrap();
+        assert_eq!(devices.keys().collect::<Vec<_>>(), vec![&uid]);
+        let raw: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let edits = &raw["devices"][0]["containerEdits"];
+        let env: Vec<&str> = edits["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let gpu1 = &world.gpus.gpus().unwrap()[1];
+        assert!(
+            env.contains(&format!("CUDA_LIMITER_POD={pod}").as_str()),
+            "{env:?}"
+        );
+        assert!(env.contains(&format!("CUDA_LIMITER_HYPERVISOR={}", world.node().hv_url).as_str()));
+        assert!(env.contains(&"CUDA_LIMITER_TOKEN_FILE=/var/run/gpushare/token"));
+        assert!(env.contains(&format!("CUDA_VISIBLE_DEVICES={}", gpu1.uuid).as_str()));
+        let mounts: Vec<(&str, &str)> = edits["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["hostPath"].as_str().unwrap(),
+                    m["containerPath"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let token = world.token_path(&pod);
+        assert!(mounts.contains(&(token.to_str().unwrap(), "/var/run/gpushare/token")));
+        assert!(mounts.iter().any(|(_, c)| *c == "/etc/ld.so.preload"));
+        let region = format!("/dev/shm/gpushare-pod-{pod}");
+        assert!(mounts.contains(&(region.as_str(), region.as_str())));
+        assert!(
+            edits["deviceNodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|n| n["path"] == "/dev/nvidia1")
+        );
+
+        // The hypervisor holds the pod with 4 GiB and a 30% cap on GPU 1, its token the file's.
+        let status = pod_status(&world, &pod).expect("pod in the hypervisor");
+        let gpu = &status["gpus"][0];
+        assert_eq!(gpu["memory_quota"], 4u64 << 30);
+        assert_eq!(gpu["cap_percent"], 30);
+        assert_eq!(gpu["weight"], 2);
+        assert_eq!(gpu["uuid"], gpu1.uuid.as_str());
+        assert!(Path::new(&region).exists());
+        let token_text = std::fs::read_to_string(&token).unwrap();
+        assert_eq!(token_text.len(), 64);
+
+        // Preparing again answers the same; unprepare removes everything.
+        assert_eq!(
+            world.prepare(Version::V1beta1, &name, &uid).await.devices,
+            prepared.devices
+        );
+        let error = world
+            .node()
+            .kubelet
+            .unprepare(Version::V1beta1, "default", &name, &uid)
+            .await
+            .unwrap();
+        assert_eq!(error, "");
+        assert!(!world.spec_path(&uid).exists());
+        assert!(!token.exists());
+        assert!(!Path::new(&region).exists());
+        assert!(pod_status(&world, &pod).is_none());
+        world.stop().await;
+    });
+}
+
+#[test]
+fn two_claims_share_one_gpu_and_one_too_many_is_refused() {
+    runtime().block_on(async {
+        let world = World::start("share").await;
+        let (a, a_name, a_uid) = world.claim("a", "4Gi", "30", "gpu-0").await;
+        let (b, b_name, b_uid) = world.claim("b", "8Gi", "60", "gpu-0").await;
+        assert_eq!(world.prepare(Version::V1, &a_name, &a_uid).await.error, "");
+        assert_eq!(world.prepare(Version::V1, &b_name, &b_uid).await.error, "");
+        let uuid = world.gpus.gpus().unwrap()[0].uuid.clone();
+        for (pod, memory, cap) in [(&a, 4u64 << 30, 30), (&b, 8u64 << 30, 60)] {
+            let gpu = &pod_status(&world, pod).unwrap()["gpus"][0];
+            assert_eq!(
+                (
+                    gpu["uuid"].as_str(),
+                    gpu["memory_quota"].as_u64(),
+                    gpu["cap_percent"].as_u64()
+                ),
+                (Some(uuid.as_str()), Some(memory), Some(cap))
+            );
+        }
+        // 30 + 60 + 20 > 100: refused at prepare, nothing left behind.
+        let (c, c_name, c_uid) = world.claim("c", "1Gi", "20", "gpu-0").await;
+        let refused = world.prepare(Version::V1, &c_name, &c_uid).await;
+        assert!(
+            refused
+                .error
+                .contains("compute 20 asked, but only 10 of 100"),
+            "{}",
+            refused.error
+        );
+        assert!(refused.devices.is_empty());
+        assert!(!world.spec_path(&c_uid).exists());
+        assert!(pod_status(&world, &c).is_none());
+        // More memory than the GPU has.
+        let (_, d_name, d_uid) = world.claim("d", "1000Gi", "5", "gpu-1").await;
+        let refused = world.prepare(Version::V1, &d_name, &d_uid).await;
+        assert!(refused.error.contains("memory"), "{}", refused.error);
+        world.stop().await;
+    });
+}
+
+#[test]
+fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
+    runtime().block_on(async {
+        let mut world = World::start("restart").await;
+        let (pod, name, uid) = world.claim("keep", "4Gi", "30", "gpu-0").await;
+        let before = world.prepare(Version::V1, &name, &uid).await;
+        assert_eq!(before.error, "");
+        world.restart().await;
+        // The new hypervisor has the pod from the checkpoint alone.
+        let gpu = &pod_status(&world, &pod).expect("pod restored")["gpus"][0];
+        assert_eq!(gpu["memory_quota"], 4u64 << 30);
+        // And the kubelet's repeated prepare gets the same devices, even with the claim gone from the API.
+        world.api.delete("resourceclaims", "default", &name);
+        assert_eq!(
+            world.prepare(Version::V1, &name, &uid).await.devices,
+            before.devices
+        );
+
+        // The pod is deleted: its claim, token and region go.
+        let token = world.token_path(&pod);
+        let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}"));
+        assert!(token.exists() && region.exists());
+        world.api.delete("pods", "default", "keep");
+        eventually("pod cleaned up", || {
+            !token.exists() && !region.exists() && !world.spec_path(&uid).exists()
+        })
+        .await;
+        assert!(pod_status(&world, &pod).is_none());
+        world.stop().await;
+    });
+}
+
+#[test]
+fn a_worker_whose_cgroup_is_another_pods_is_refused() {
+    use hypervisor::identity::{CgroupIdentity, WorkerIdentity};
+    let scratch = Scratch::new("identity");
+    let proc_root = scratch.dir.join("proc");
+    let pod_a = "0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4a";
+    let pod_b = "1c8d9b63-4a2f-4b8f-8d5f-3a7a2e3d4c5b";
+    // Host pid 4242 is pid 7 inside pod A's container.
+    let p = proc_root.join("4242");
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::write(p.join("status"), "Name:\tpython\nNSpid:\t4242\t7\n").unwrap();
+    std::fs::write(
+        p.join("cgroup"),
+        format!(
+            "0::/kubepods.slice/kubepods-pod{}.slice/cri-containerd-1.scope\n",
+            pod_a.replace('-', "_")
+        ),
+    )
+    .unwrap();
+    let identity = CgroupIdentity::new(&proc_root);
+    let id = |s: &str| gpushare_utils::config::PodId::new(s).unwrap();
+    assert_eq!(identity.verify(&id(pod_a), 7), Ok(4242));
+    assert!(identity.verify(&id(pod_b), 7).is_err());
+    assert!(identity.verify(&id(pod_a), 8).is_err());
+
+    // Through the registration endpoint of a hypervisor that checks identities.
+    runtime().block_on(async {
+        let world = World::start("identity-hv").await;
+        let (a, a_name, a_uid) = world.claim("ida", "1Gi", "10", "gpu-0").await;
+        let (b, b_name, b_uid) = world.claim("idb", "1Gi", "10", "gpu-0").await;
+        for (name, uid) in [(&a_name, &a_uid), (&b_name, &b_uid)] {
+            assert_eq!(world.prepare(Version::V1, name, uid).await.error, "");
+        }
+        let p = world.scratch.dir.join("proc/4242");
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::write(p.join("status"), "Name:\tpython\nNSpid:\t4242\t7\n").unwrap();
+        std::fs::write(
+            p.join("cgroup"),
+            format!("0::/kubepods/burstable/pod{a}/c1\n"),
+        )
+        .unwrap();
+        let register = |pod: String, token: String, url: String| {
+            tokio::task::spawn_blocking(move || {
+                let agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .build()
+                    .new_agent();
+                let body =
+                    json!({"pod": pod, "pid": 7, "hostname": "x", "devices": []}).to_string();
+                agent
+                    .post(&format!("{url}/api/v1/workers"))
+                    .header("authorization", &format!("Bearer {token}"))
+                    .header("content-type", "application/json")
+                    .send(body)
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        };
+        let token = |pod: &str| std::fs::read_to_string(world.token_path(pod)).unwrap();
+        let url = world.node().hv_url.clone();
+        // Pod A's process with pod A's token: in.
+        assert_eq!(
+            register(a.clone(), token(&a), url.clone()).await.unwrap(),
+            200
+        );
+        // The same process (pod A's cgroup) with pod B's token: refused.
+        assert_eq!(
+            register(b.clone(), token(&b), url.clone()).await.unwrap(),
+            403
+        );
+        // A wrong token stays a 401.
+        assert_eq!(register(a.clone(), "nope".into(), url).await.unwrap(), 401);
+        world.stop().await;
+    });
+    drop(scratch);
+}

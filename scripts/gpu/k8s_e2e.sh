@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The DRA path on the GPU machine: gpu-bundle/k8s-e2e prepares a claim for
+# memory 4Gi, compute 30 on GPU 0 (fake API server and kubelet, the real agent
+# and hypervisor), then a CUDA program and a PyTorch program run WITHOUT the
+# limiter and WITH exactly what the CDI spec gives a container: its variables,
+# and its mounts (limiter, /etc/ld.so.preload, token, region) bound in a
+# private mount namespace (unshare -m; run as root). Prints a table.
+#
+#   bash scripts/gpu/k8s_e2e.sh gpu-bundle     # needs nvcc, python3 + torch, root
+set -uo pipefail
+BUNDLE=$(cd "${1:-gpu-bundle}" && pwd)
+SRC=$(cd "$(dirname "$0")" && pwd)
+WORK=${WORK:-$(mktemp -d /tmp/k8s-e2e.XXXXXX)}
+OUT=$WORK/out
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+rows=()
+pass=0 fail=0
+row() { rows+=("| $1 | $2 | $3 | $4 |"); if [ "$4" = PASS ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi; }
+kv() { sed -n "s/^$1=//p" "$2" | tail -n 1; }
+
+"$NVCC" -O2 -arch=sm_90 -o "$WORK/mem_runtime" "$SRC/mem_runtime.cu" || { echo "nvcc failed"; exit 1; }
+"$NVCC" -O2 -arch=sm_90 -o "$WORK/spin" "$SRC/spin.cu" || { echo "nvcc failed"; exit 1; }
+
+# Workers run outside any pod's cgroup here: the identity check is off.
+"$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" --memory 4Gi --compute 30 \
+  --skip-identity --max-seconds 900 >"$WORK/k8s-e2e.log" 2>&1 &
+E2E=$!
+for _ in $(seq 100); do [ -f "$OUT/ready" ] && break; sleep 0.2; done
+[ -f "$OUT/ready" ] || { cat "$WORK/k8s-e2e.log"; exit 1; }
+echo "prepared: $(cat "$OUT/cdi-devices")"; cat "$OUT/env"; cat "$OUT/mounts"
+
+# with PROG ARGS...: PROG in a mount namespace holding the spec's mounts, with
+# only the spec's variables (plus PATH/HOME), as in a container.
+with() {
+  mapfile -t envs <"$OUT/env"
+  unshare -m bash -c '
+    set -e
+    while read -r host ctr opts; do
+      [ -n "$host" ] || continue
+      mkdir -p "$(dirname "$ctr")"
+      case "$ctr" in /dev/shm/*) ;; *) mount -t tmpfs none "$(dirname "$ctr")" 2>/dev/null || true ;; esac
+      [ -e "$ctr" ] || touch "$ctr"
+      mount --bind "$host" "$ctr"
+      case "$opts" in ro*) mount -o remount,bind,ro "$ctr" ;; esac
+    done <"$0"
+    shift
+    exec env -i PATH="$PATH" HOME="$HOME" "$@"' "$OUT/mounts" _ "${envs[@]}" "$@"
+}
+without() { env -u LD_PRELOAD "$@"; }
+
+# 1 memory: cudaMalloc 256 MiB chunks until failure (error 2); quota total, footprint <= 4 GiB.
+for mode in without with; do
+  $mode "$WORK/mem_runtime" >"$WORK/mem.$mode" 2>&1
+done
+t0=$(kv total0 "$WORK/mem.without"); t1=$(kv total0 "$WORK/mem.with")
+g1=$(kv obtained "$WORK/mem.with"); f1=$(kv footprint_mib "$WORK/mem.with")
+ok=FAIL; [ "$t1" = 4294967296 ] && [ -n "$g1" ] && [ "$g1" -le 4294967296 ] && [ "$(kv fail_code "$WORK/mem.with")" = 2 ] \
+  && [ -n "$f1" ] && [ "$f1" -le 4096 ] && ok=PASS
+row "CUDA total / obtained / nvidia-smi footprint MiB" "$t0 / $(kv obtained "$WORK/mem.without") / $(kv footprint_mib "$WORK/mem.without")" \
+  "$t1 / $g1 / $f1" $ok
+
+# 2 PyTorch memory: total 4 GiB, 5 GiB tensor -> OOM.
+for mode in without with; do $mode python3 "$SRC/mem_torch.py" >"$WORK/torch.$mode" 2>&1; done
+ok=FAIL; [ "$(kv total "$WORK/torch.with")" = 4294967296 ] && [ "$(kv over "$WORK/torch.with")" = oom ] && ok=PASS
+row "PyTorch total / 5 GiB tensor" "$(kv total "$WORK/torch.without") / $(kv over "$WORK/torch.without")" \
+  "$(kv total "$WORK/torch.with") / $(kv over "$WORK/torch.with")" $ok
+
+# 3 compute: spin 2 ms kernels for 4 s; busy share after 1 s = 30 +- 3.
+for mode in without with; do $mode "$WORK/spin" runtime 2000 4 >"$WORK/spin.$mode" 2>&1; done
+s1=$(kv share_after1s_pct "$WORK/spin.with")
+ok=FAIL; python3 -c "import sys; sys.exit(0 if abs(float('$s1') - 30) <= 3 else 1)" 2>/dev/null && ok=PASS
+row "CUDA spin busy share % (from 1 s)" "$(kv share_after1s_pct "$WORK/spin.without")" "$s1" $ok
+
+# 4 PyTorch compute: bf16 matmul throughput ratio = 0.30 +- 0.05.
+for mode in without with; do $mode python3 "$SRC/torch_matmul.py" 6 2 >"$WORK/mm.$mode" 2>&1; done
+r0=$(kv matmuls_per_s "$WORK/mm.without"); r1=$(kv matmuls_per_s "$WORK/mm.with")
+ratio=$(python3 -c "print(round(float('$r1') / float('$r0'), 3))" 2>/dev/null || echo nan)
+ok=FAIL; python3 -c "import sys; sys.exit(0 if abs($ratio - 0.30) <= 0.05 else 1)" 2>/dev/null && ok=PASS
+row "PyTorch matmul/s (ratio)" "$r0" "$r1 ($ratio)" $ok
+
+touch "$OUT/stop"; wait $E2E; rc=$?
+ok=FAIL; [ $rc = 0 ] && [ "$(cat "$OUT/unprepared" 2>/dev/null)" = clean ] && ok=PASS
+row "unprepare: spec, token, region removed" "-" "$(cat "$OUT/unprepared" 2>/dev/null)" $ok
+python3 -c "import json; s = json.load(open('$OUT/status.json')); print('workers seen:', len(s['workers']), [w['pod'] for w in s['workers']])"
+
+echo; echo "| check | without | with (CDI env + mounts) | result |"; echo "| --- | --- | --- | --- |"
+printf '%s\n' "${rows[@]}"; echo; echo "$pass passed, $fail failed"
+echo "logs: $WORK"
