@@ -58,7 +58,7 @@ const CALIBRATED_CONTEXTS: usize = 64;
 /// Spare events kept for reuse.
 const SPARE_EVENTS: usize = 2 * MAX_PENDING_SAMPLES;
 /// At most one new function's first launch is measured this often.
-const FIRST_SAMPLE_INTERVAL_NS: u64 = 100_000;
+const FIRST_SAMPLE_INTERVAL_NS: u64 = 1_000_000;
 /// Longest a launch waits for its function's first measurement (beyond
 /// [`UNMEASURED_AHEAD`] launches): bounded, in case the stream waits on
 /// something this thread has yet to do.

@@ -6,13 +6,19 @@ Usage: torch_workloads.py MODE SECONDS
            cache that grows by one position every step, 256 steps per
            generation, generations repeated for SECONDS -> tokens_per_s
            (attention's shapes change with every step, like a server's)
-  triton   a Triton softmax over a 4096 x 8192 fp32 matrix, back to back
-  graph    a CUDA graph of eight 2048^2 bf16 matmuls, replayed back to back
-The last two report iterations_per_s and busy_share: the sum of each
-iteration's event bracket over the wall time (a saturating loop: an
-iteration's bracket starts when the previous one ends, or when the GPU
-takes it up after an idle gap). At most 4 iterations are queued ahead, so
-the GPU never waits on the host and the run ends soon after SECONDS.
+  triton   a Triton softmax over a 4096 x 8192 fp32 matrix, eight per
+           iteration, back to back
+  graph    a CUDA graph of sixteen kernels (elementwise updates of a 64 Mi-
+           element fp32 tensor and a 1024^2 matmul), replayed back to back
+Both are bound by memory bandwidth, so a kernel takes the same time at any
+clock the power cap allows: GPU time per iteration is the same without and
+with a limit, and the limited run's GPU time share is its iterations/s over
+the unlimited run's, times the unlimited run's busy share. They report
+iterations_per_s and busy_share: the sum of each iteration's event bracket
+over the wall time (valid without a limit, when an iteration's bracket
+starts as the previous one ends; with one, a bracket also holds the wait in
+the launch). At most 4 iterations are queued ahead, so the GPU never waits
+on the host and the run ends soon after SECONDS.
 Prints one line of key=value pairs.
 """
 import sys
@@ -125,19 +131,23 @@ def triton_step():
 
 
 def graph_step():
-    a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-    outs = [torch.empty_like(a) for _ in range(8)]
+    x = torch.randn(64 * 1024 * 1024, device="cuda")
+    a = torch.randn(1024, 1024, device="cuda")
+    c = torch.empty_like(a)
+
+    def body():
+        for _ in range(15):
+            x.mul_(0.999).add_(0.001)
+        torch.matmul(a, a, out=c)
+
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for out in outs:  # warm-up on the side stream, as capture requires
-            torch.matmul(a, b, out=out)
+        body()  # warm-up on a side stream, as capture requires
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for out in outs:
-            torch.matmul(a, b, out=out)
+        body()
     return graph.replay
 
 
