@@ -105,9 +105,17 @@ fn suspended_pods_wait_and_resume_without_losing_work() {
     .expect("spawn");
     std::thread::sleep(Duration::from_millis(750));
     hypervisor.hypervisor().suspend(&pod.0).expect("suspend");
-    std::thread::sleep(Duration::from_millis(1000));
+    std::thread::sleep(Duration::from_millis(200));
+    let asked = || hypervisor.hypervisor().status().admission.count;
+    let before = asked();
+    std::thread::sleep(Duration::from_millis(800));
+    // The trapped thread asks for admission, is granted nothing (each ask
+    // waits up to 50 ms in the hypervisor), and backs off: a few asks, not
+    // one after every answer (about 16 in this time).
+    let asks = asked() - before;
     hypervisor.hypervisor().resume(&pod.0).expect("resume");
     let output = child.wait_with_output().expect("probe");
+    assert!(asks <= 6, "{asks} admission requests while suspended");
     common::check(&output);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
