@@ -75,17 +75,20 @@ struct CalibrationApi {
     graph_launch: Option<CuGraphLaunch>,
 }
 
-/// What an event bracket around one launch holds besides the kernel, by
-/// launch path (see [`Timing::launch_overheads`]): launched into an idle
-/// stream (the launch latency) and queued behind other work (the gap between
-/// back-to-back kernels, which a saturating loop also spends).
+/// What an event bracket around one launch holds beyond the launch's own
+/// back-to-back period (what the same launch takes in a loop without
+/// events), by launch path (see [`Timing::launch_overheads`]): launched
+/// into an idle stream (the events' own time and the launch latency) and
+/// queued behind other work (the events' own time, about 2 µs on an H100).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LaunchOverheads {
-    pub kernel_ns: u64,
+    pub kernel_idle_ns: u64,
     pub kernel_queued_ns: u64,
     /// Graph launches start faster; `None` where graphs could not be made.
-    pub graph_ns: Option<u64>,
+    pub graph_idle_ns: Option<u64>,
     pub graph_queued_ns: Option<u64>,
+    /// The empty kernel's own back-to-back period, taken off the above.
+    pub empty_kernel_ns: u64,
 }
 
 /// An empty kernel, and one that holds its stream for its parameter's
@@ -253,9 +256,21 @@ impl Timing {
         let (params, hold_params) = (params.as_mut_ptr(), hold_params.as_mut_ptr());
         let launch_empty = || launch(function, params, measured);
         let hold_stream = || launch(hold, hold_params, measured).is_success();
-        let kernel_ns = self.median_bracket(api, start, end, measured, || true, launch_empty)?;
-        let kernel_queued_ns =
-            self.median_bracket(api, start, end, measured, hold_stream, launch_empty)?;
+        // Brackets around one empty kernel, from an idle stream and queued
+        // behind a kernel holding the stream; around two queued, so that
+        // their difference is the empty kernel's own back-to-back period,
+        // which the brackets hold but a launch replacing it does not add.
+        let idle = self.median_bracket(api, start, end, measured, || true, launch_empty)?;
+        let queued = self.median_bracket(api, start, end, measured, hold_stream, launch_empty)?;
+        let two = || launch_empty().is_success() && launch_empty().is_success();
+        let queued_two = self.median_bracket(api, start, end, measured, hold_stream, || {
+            if two() {
+                CUresult::SUCCESS
+            } else {
+                CUresult::ERROR_NOT_READY
+            }
+        })?;
+        let empty = queued_two.saturating_sub(queued);
         let graph = self.instantiate_graph(api, stream, || launch(function, params, stream));
         let graph_bracket = |queued: bool| {
             let (exec, graph_launch) = graph?;
@@ -264,15 +279,16 @@ impl Timing {
             let before = || !queued || hold_stream();
             self.median_bracket(api, start, end, measured, before, replay)
         };
-        let graph_ns = graph_bracket(false);
-        let graph_queued_ns = graph_bracket(true);
+        let graph_idle = graph_bracket(false);
+        let graph_queued = graph_bracket(true);
         self.destroy(start);
         self.destroy(end);
         Some(LaunchOverheads {
-            kernel_ns,
-            kernel_queued_ns,
-            graph_ns,
-            graph_queued_ns,
+            kernel_idle_ns: idle.saturating_sub(empty),
+            kernel_queued_ns: queued.saturating_sub(empty),
+            graph_idle_ns: graph_idle.map(|ns| ns.saturating_sub(empty)),
+            graph_queued_ns: graph_queued.map(|ns| ns.saturating_sub(empty)),
+            empty_kernel_ns: empty,
         })
     }
 

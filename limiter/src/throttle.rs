@@ -174,12 +174,13 @@ pub struct Throttle {
     marked_at_ns: [AtomicU64; MAX_DEVICES],
     /// Contexts whose launch overhead was measured.
     calibrated: [AtomicUsize; CALIBRATED_CONTEXTS],
-    /// What a bracket around a launch into an idle stream holds beyond one
-    /// around the same launch queued behind other work (the launch latency
-    /// less the gap between back-to-back kernels), kernels and graphs (see
+    /// What a bracket holds beyond the launch's back-to-back period, from
+    /// an idle stream and queued, kernels and graphs (see
     /// [`Timing::launch_overheads`]); 0 until measured.
     kernel_idle_extra_ns: AtomicU64,
+    kernel_queued_extra_ns: AtomicU64,
     graph_idle_extra_ns: AtomicU64,
+    graph_queued_extra_ns: AtomicU64,
 }
 
 // SAFETY: the event handles held are driver handles, usable from any thread;
@@ -208,7 +209,9 @@ impl Throttle {
             marked_at_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
             calibrated: [const { AtomicUsize::new(0) }; CALIBRATED_CONTEXTS],
             kernel_idle_extra_ns: AtomicU64::new(0),
+            kernel_queued_extra_ns: AtomicU64::new(0),
             graph_idle_extra_ns: AtomicU64::new(0),
+            graph_queued_extra_ns: AtomicU64::new(0),
         }
     }
 
@@ -312,7 +315,7 @@ impl Throttle {
         if sample.is_none() {
             self.model.abandon(&charge);
         }
-        let submitted_at = monotonic_ns();
+        let submitted_at = if sample.is_some() { monotonic_ns() } else { 0 };
         let result = launch();
         if !result.is_success() {
             // Nothing runs: give the charge back.
@@ -453,15 +456,24 @@ impl Throttle {
         let idle = timing.stream_idle(stream) == Some(true);
         match timing.launch_overheads(idle.then_some(stream)) {
             Some(overheads) => {
-                let kernel = overheads
-                    .kernel_ns
-                    .saturating_sub(overheads.kernel_queued_ns);
-                let graph = match (overheads.graph_ns, overheads.graph_queued_ns) {
-                    (Some(idle), Some(queued)) => idle.saturating_sub(queued),
-                    _ => kernel,
-                };
-                self.kernel_idle_extra_ns.store(kernel, Ordering::Relaxed);
-                self.graph_idle_extra_ns.store(graph, Ordering::Relaxed);
+                let extras = [
+                    (&self.kernel_idle_extra_ns, Some(overheads.kernel_idle_ns)),
+                    (
+                        &self.kernel_queued_extra_ns,
+                        Some(overheads.kernel_queued_ns),
+                    ),
+                    (&self.graph_idle_extra_ns, overheads.graph_idle_ns),
+                    (&self.graph_queued_extra_ns, overheads.graph_queued_ns),
+                ];
+                for (extra, measured) in extras {
+                    // Without graphs, a graph's launch is priced like a kernel's.
+                    let ns = measured.unwrap_or(overheads.kernel_idle_ns);
+                    extra.store(ns, Ordering::Relaxed);
+                }
+                if overheads.graph_queued_ns.is_none() {
+                    self.graph_queued_extra_ns
+                        .store(overheads.kernel_queued_ns, Ordering::Relaxed);
+                }
                 tracing::debug!(?overheads, "launch overhead measured");
             }
             None => tracing::warn!("launch overhead not measured; samples include it"),
@@ -664,22 +676,33 @@ impl Throttle {
         match timing.elapsed_ns(sample.start, sample.end) {
             Some(bracket) => {
                 // A launch queued behind earlier work is measured from that
-                // work's end: its kernel and the gap between back-to-back
-                // kernels, what a saturating loop spends per launch. From an
-                // idle stream the bracket also holds the host's way to the
-                // launch call and the launch latency beyond that gap, which
-                // are not the pod's GPU time. A kernel no longer than the
-                // latency still costs a quarter of the bracket.
-                let overhead = match (sample.idle_gap_ns, sample.graph) {
-                    (None, _) => 0,
-                    (Some(gap), true) => gap + self.graph_idle_extra_ns.load(Ordering::Relaxed),
-                    (Some(gap), false) => gap + self.kernel_idle_extra_ns.load(Ordering::Relaxed),
+                // work's end: its back-to-back period plus the events' own
+                // time. From an idle stream the bracket also holds the host's
+                // way to the launch call and the launch latency, which are
+                // not the pod's GPU time. A kernel no longer than these
+                // still costs a quarter of the bracket.
+                let extra = match (sample.idle_gap_ns, sample.graph) {
+                    (None, false) => &self.kernel_queued_extra_ns,
+                    (None, true) => &self.graph_queued_extra_ns,
+                    (Some(_), false) => &self.kernel_idle_extra_ns,
+                    (Some(_), true) => &self.graph_idle_extra_ns,
                 };
+                let overhead = sample.idle_gap_ns.unwrap_or(0) + extra.load(Ordering::Relaxed);
                 let measured = bracket.saturating_sub(overhead).max(bracket / 4);
                 let contended = self.activity().is_some_and(|table| {
                     table.contended(sample.device, self.pod_key(), monotonic_ns())
                 });
                 let owed = self.model.record(&sample.charge, measured, contended);
+                tracing::trace!(
+                    bracket,
+                    idle_gap = ?sample.idle_gap_ns,
+                    overhead,
+                    measured,
+                    charged = sample.charge.ns,
+                    waves = sample.charge.waves,
+                    owed,
+                    "sample"
+                );
                 if let Some(budget) = self.budget(sample.device) {
                     budget.bucket.correct(owed);
                 }

@@ -87,8 +87,24 @@ static void shapes(long n, double seconds, double host_us, long iters) {
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaGetLastError());
     double wall = now_s() - start;
-    printf("mode=shapes shapes=%ld launches=%ld wall_s=%.4f launches_per_s=%.1f\n", n, launches,
-           wall, launches / wall);
+    // The GPU time of the same launches back to back: the share of the GPU
+    // the paced loop needed (meaningful without a limiter, which may hold
+    // launches and so leave gaps inside this bracket).
+    long sample = launches < 20000 ? launches : 20000;
+    cudaEvent_t first, last;
+    CHECK(cudaEventCreate(&first));
+    CHECK(cudaEventCreate(&last));
+    CHECK(cudaEventRecord(first));
+    for (long i = 0; i < sample; i++) {
+        fma_chain<<<(unsigned)(1 + (i * 7919L) % n), 128>>>(out, iters);
+    }
+    CHECK(cudaEventRecord(last));
+    CHECK(cudaEventSynchronize(last));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, first, last));
+    double gpu_busy = ms * 1e-3 / sample * launches / wall;
+    printf("mode=shapes shapes=%ld launches=%ld wall_s=%.4f launches_per_s=%.1f gpu_busy=%.3f\n",
+           n, launches, wall, launches / wall, gpu_busy);
 }
 
 static double fixed_kernel_us(long iters, int reps) {

@@ -26,6 +26,8 @@ pub const CAPACITY_NS: i64 = 5_000_000;
 pub const DEBT_FLOOR_NS: i64 = -500_000_000;
 /// Refills happen at most this often, so that admission rarely writes the clock.
 pub const REFILL_BATCH_NS: u64 = 20_000;
+/// A bucket with tokens to spare is refilled at least this often.
+pub const REFILL_MAX_AGE_NS: u64 = 1_000_000;
 /// Longest single wait before the bucket is looked at again (limits can change).
 pub const MAX_WAIT: Duration = Duration::from_millis(2);
 
@@ -173,8 +175,16 @@ impl<'a> Bucket<'a> {
             self.launches.fetch_add(1, Ordering::Relaxed);
             return Admission::Pass;
         }
-        self.refill(now_ns, rate);
-        let tokens = self.tokens_ns.load(Ordering::Acquire);
+        // Refill only when the tokens could run short, or at least every
+        // REFILL_MAX_AGE_NS: a launch that finds plenty costs no compare-
+        // and-swap (the elapsed time is banked at the next refill anyway).
+        let mut tokens = self.tokens_ns.load(Ordering::Acquire);
+        let stale =
+            now_ns.saturating_sub(self.refilled_at_ns.load(Ordering::Relaxed)) >= REFILL_MAX_AGE_NS;
+        if stale || tokens <= i64::try_from(cost_ns).unwrap_or(i64::MAX) {
+            self.refill(now_ns, rate);
+            tokens = self.tokens_ns.load(Ordering::Acquire);
+        }
         if tokens > 0 {
             self.charge(cost_ns);
             self.launches.fetch_add(1, Ordering::Relaxed);
