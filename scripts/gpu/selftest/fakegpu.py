@@ -34,7 +34,10 @@ def mem_runtime(_):
         print("cuda-limiter: the hypervisor does not answer; the local limits apply", file=sys.stderr, flush=True)
     got = 4 * GiB - 256 * MiB if LIMITED else 79 * GiB
     out(info0_rc=0, free0=TOTAL - 500 * MiB, total0=TOTAL, chunks=got // (256 * MiB), obtained=got, fail_code=2,
-        capped=0, info1_rc=0, free1=100 * MiB, total1=TOTAL, footprint_mib=got // MiB + 500, done=1)
+        capped=0, info1_rc=0, free1=100 * MiB, total1=TOTAL, footprint_mib=got // MiB, done=1)
+
+
+mem_runtime_shared = mem_runtime
 
 
 def mem_hold(args):
@@ -165,6 +168,7 @@ def python(args):
     elif script == "mem_torch.py":
         out(total=TOTAL, free=TOTAL - GiB, alloc2g="ok", over="oom" if LIMITED else "ok")
     elif script == "torch_matmul.py":
+        time.sleep(float(args[1]))
         out(matmuls_per_s="100.0" if not SM else f"{SM:.1f}", tflops="110.0", ok=1)
     else:  # the harness's own uses of python (preflight)
         os.execv(sys.executable, [sys.executable, *args])
