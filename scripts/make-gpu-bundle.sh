@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the release artifacts and copies just those into gpu-bundle/ (git-
-# ignored), small enough to carry to the GPU machine, which has no Rust.
+# ignored), small enough to carry to the GPU machine, which has no Rust; there:
+#   bash scripts/gpu/run.sh gpu-bundle   (the pytest harness of scripts/gpu/e2e)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p cuda-limiter -p hypervisor

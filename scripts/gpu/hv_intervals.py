@@ -35,6 +35,9 @@ Output keys (N = file index, in argument order):
   origin_ns, and origin_minus_ref_ms with --ref-epoch (meaningful only when
   %globaltimer follows the host's clock, as it usually does)
   ok=1 last; on a bad file or argument: error=... and exit status 1.
+
+The GPU harness (scripts/gpu/e2e) imports analyse(), which returns the same
+keys as a dict and raises AnalysisError where the command prints error=.
 """
 
 import bisect
@@ -54,8 +57,7 @@ class Busy:
             if e <= s:
                 continue
             if merged and s <= merged[-1][1]:
-                if e > merged[-1][1]:
-                    merged[-1][1] = e
+                merged[-1][1] = max(merged[-1][1], e)
             else:
                 merged.append([s, e])
         self.m = merged
@@ -92,9 +94,12 @@ class Busy:
         return best
 
 
+class AnalysisError(ValueError):
+    """A bad file or argument."""
+
+
 def fail(message):
-    print(f"error={message}")
-    sys.exit(1)
+    raise AnalysisError(message)
 
 
 def read_file(path):
@@ -119,10 +124,10 @@ def read_file(path):
 TERM = re.compile(r"^(?:(s|e)(\d+)|(start|end)|(-?\d+(?:\.\d+)?))(?:([+-])(\d+(?:\.\d+)?))?$")
 
 
-def main(argv):
-    origin_mode = "first"
-    wins, series, settles, gaps, files = [], [], [], [], []
-    ref_epoch = None
+def parse_args(argv):
+    """(files, options) from the command line (see the usage)."""
+    opts = {"origin": "first", "wins": [], "series": [], "settles": [], "gaps": [], "ref_epoch": None}
+    files = []
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -132,30 +137,33 @@ def main(argv):
             v = argv[i + 1]
             i += 2
             if a == "--origin":
-                origin_mode = v
-            elif a == "--win":
-                wins.append(v.split(":"))
-            elif a == "--series":
-                series.append(v.split(":"))
-            elif a == "--settle":
-                settles.append(v.split(":"))
-            elif a == "--gap":
-                gaps.append(v.split(":"))
-            else:
+                opts["origin"] = v
+            elif a == "--ref-epoch":
                 try:
-                    ref_epoch = float(v)
+                    opts["ref_epoch"] = float(v)
                 except ValueError:
                     fail(f"--ref-epoch {v!r} is not a number")
+            else:
+                opts[{"--win": "wins", "--series": "series", "--settle": "settles", "--gap": "gaps"}[a]].append(v)
             continue
         files.append(a)
         i += 1
+    return files, opts
+
+
+def analyse(files, origin="first", wins=(), series=(), settles=(), gaps=(), ref_epoch=None):
+    """The output keys (see the usage) as an ordered dict of strings, ok=1 last.
+
+    wins/series/settles/gaps are the option values, e.g. "after1s:start+1:end".
+    Raises AnalysisError on a bad file or argument."""
+    out = {}
     if not files:
         fail("no interval files")
-
     per = [read_file(p) for p in files]
     busy = [Busy(iv) for iv in per]
     first = [min(s for s, _ in iv) for iv in per]
     last = [max(e for _, e in iv) for iv in per]
+    origin_mode = origin
     if origin_mode == "first":
         origin = min(first)
     elif origin_mode == "common":
@@ -193,50 +201,53 @@ def main(argv):
             fail(f"bad file index {text!r}")
         return int(text)
 
-    print(f"origin={origin_mode}")
-    print(f"origin_ns={origin}")
+    out["origin"] = origin_mode
+    out["origin_ns"] = str(origin)
     if ref_epoch is not None:
-        print(f"origin_minus_ref_ms={(origin - ref_epoch * NS) / 1e6:.1f}")
+        out["origin_minus_ref_ms"] = f"{(origin - ref_epoch * NS) / 1e6:.1f}"
     for k, p in enumerate(files):
-        print(f"f{k}={p}")
-        print(f"f{k}_kernels={len(per[k])}")
-        print(f"f{k}_first_s={rel(first[k]):.3f}")
-        print(f"f{k}_last_s={rel(last[k]):.3f}")
-    print(f"start_s={rel(max(first)):.3f}")
-    print(f"end_s={rel(min(last)):.3f}")
+        out[f"f{k}"] = p
+        out[f"f{k}_kernels"] = str(len(per[k]))
+        out[f"f{k}_first_s"] = f"{rel(first[k]):.3f}"
+        out[f"f{k}_last_s"] = f"{rel(last[k]):.3f}"
+    out["start_s"] = f"{rel(max(first)):.3f}"
+    out["end_s"] = f"{rel(min(last)):.3f}"
 
-    for w in wins:
+    for spec in wins:
+        w = spec.split(":")
         if len(w) != 3:
-            fail(f"bad --win {':'.join(w)!r}")
+            fail(f"bad --win {spec!r}")
         name, lo, hi = w[0], at(w[1]), at(w[2])
-        print(f"win_{name}_lo_s={rel(lo):.3f}")
-        print(f"win_{name}_hi_s={rel(hi):.3f}")
+        out[f"win_{name}_lo_s"] = f"{rel(lo):.3f}"
+        out[f"win_{name}_hi_s"] = f"{rel(hi):.3f}"
         if hi <= lo:
             for k in range(len(files)):
-                print(f"win_{name}_f{k}_pct=-1")
-            print(f"win_{name}_union_pct=-1")
+                out[f"win_{name}_f{k}_pct"] = "-1"
+            out[f"win_{name}_union_pct"] = "-1"
             continue
         span = hi - lo
         own = [b.covered(lo, hi) for b in busy]
         union = Busy([tuple(x) for b in busy for x in b.m]).covered(lo, hi)
         for k in range(len(files)):
-            print(f"win_{name}_f{k}_pct={100.0 * own[k] / span:.2f}")
-        print(f"win_{name}_union_pct={100.0 * union / span:.2f}")
-        print(f"win_{name}_overlap_pct={100.0 * (sum(own) - union) / span:.2f}")
+            out[f"win_{name}_f{k}_pct"] = f"{100.0 * own[k] / span:.2f}"
+        out[f"win_{name}_union_pct"] = f"{100.0 * union / span:.2f}"
+        out[f"win_{name}_overlap_pct"] = f"{100.0 * (sum(own) - union) / span:.2f}"
 
-    for s in series:
+    for spec in series:
+        s = spec.split(":")
         if len(s) != 3:
-            fail(f"bad --series {':'.join(s)!r}")
+            fail(f"bad --series {spec!r}")
         name, lo, hi = s[0], at(s[1]), at(s[2])
-        print(f"series_{name}_lo_s={rel(lo):.3f}")
+        out[f"series_{name}_lo_s"] = f"{rel(lo):.3f}"
         n = max(0, (hi - lo) // WIN)
         for k in range(len(files)):
             vals = [round(1000 * busy[k].covered(lo + j * WIN, lo + (j + 1) * WIN) / WIN) for j in range(n)]
-            print(f"series_{name}_f{k}_pm={','.join(str(v) for v in vals)}")
+            out[f"series_{name}_f{k}_pm"] = ",".join(str(v) for v in vals)
 
-    for s in settles:
+    for spec in settles:
+        s = spec.split(":")
         if len(s) != 6:
-            fail(f"bad --settle {':'.join(s)!r}")
+            fail(f"bad --settle {spec!r}")
         name, k, lo, hi = s[0], file_index(s[1]), at(s[2]), at(s[3])
         try:
             target, tol = float(s[4]), float(s[5])
@@ -253,20 +264,33 @@ def main(argv):
             return -1 if last_bad + 1 >= len(values) else (last_bad + 1) * 100
 
         sliding = [sum(w[j:j + 5]) / 5 for j in range(len(w) - 4)] if len(w) >= 5 else []
-        print(f"settle_{name}_windows={len(w)}")
-        print(f"settle_{name}_ms={settle(w)}")
-        print(f"settle_{name}_sliding_ms={settle(sliding)}")
+        out[f"settle_{name}_windows"] = str(len(w))
+        out[f"settle_{name}_ms"] = str(settle(w))
+        out[f"settle_{name}_sliding_ms"] = str(settle(sliding))
 
-    for g in gaps:
+    for spec in gaps:
+        g = spec.split(":")
         if len(g) != 4:
-            fail(f"bad --gap {':'.join(g)!r}")
+            fail(f"bad --gap {spec!r}")
         name, k, lo, hi = g[0], file_index(g[1]), at(g[2]), at(g[3])
         gs, ge = busy[k].longest_gap(lo, hi) if hi > lo else (lo, lo)
-        print(f"gap_{name}_start_s={rel(gs):.3f}")
-        print(f"gap_{name}_end_s={rel(ge):.3f}")
-        print(f"gap_{name}_ms={(ge - gs) / 1e6:.1f}")
+        out[f"gap_{name}_start_s"] = f"{rel(gs):.3f}"
+        out[f"gap_{name}_end_s"] = f"{rel(ge):.3f}"
+        out[f"gap_{name}_ms"] = f"{(ge - gs) / 1e6:.1f}"
 
-    print("ok=1")
+    out["ok"] = "1"
+    return out
+
+
+def main(argv):
+    try:
+        files, opts = parse_args(argv)
+        result = analyse(files, **opts)
+    except AnalysisError as e:
+        print(f"error={e}")
+        return 1
+    for key, value in result.items():
+        print(f"{key}={value}")
     return 0
 
 

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""A test double of the GPU check programs, for the harness's dry run here
+(no GPU, no nvcc): linked under each program's name (mem_runtime, spin,
+nvidia-smi, python for the .py helpers, ...), it prints the key=value lines
+the real program prints, with the numbers a working limiter gives when the
+limiter's variables are set. FAKEGPU_CRASH=name makes that program die of
+SIGSEGV, to check that a crash becomes a FAIL row and the run goes on.
+
+Only for scripts/gpu/selftest: it shows that every check's plumbing runs
+and parses; it says nothing about the limiter.
+"""
+
+import os
+import signal
+import sys
+import time
+
+GiB, MiB = 1 << 30, 1 << 20
+E = os.environ
+LIMITED = "LD_PRELOAD" in E and E.get("CUDA_DEVICE_MEMORY_LIMIT") == "4g"
+SM = next((int(E[k]) for k in ("CUDA_DEVICE_SM_LIMIT", "CUDA_LIMITER_SM_LIMIT") if k in E and "LD_PRELOAD" in E), 0)
+DOWN_NO_LIMIT = "CUDA_LIMITER_HYPERVISOR" in E and "CUDA_DEVICE_MEMORY_LIMIT" not in E and "CUDA_LIMITER_TOKEN" in E \
+    and E.get("CUDA_LIMITER_TOKEN") == "e2e-down"
+TOTAL = 4 * GiB if LIMITED else 80 * GiB
+
+
+def out(**kv):
+    for k, v in kv.items():
+        print(f"{k}={v}", flush=True)
+
+
+def mem_runtime(_):
+    if "CUDA_LIMITER_HYPERVISOR" in E and LIMITED:
+        print("cuda-limiter: the hypervisor does not answer; the local limits apply", file=sys.stderr, flush=True)
+    got = 4 * GiB - 256 * MiB if LIMITED else 79 * GiB
+    out(info0_rc=0, free0=TOTAL - 500 * MiB, total0=TOTAL, chunks=got // (256 * MiB), obtained=got, fail_code=2,
+        capped=0, info1_rc=0, free1=100 * MiB, total1=TOTAL, footprint_mib=got // MiB, done=1)
+
+
+mem_runtime_shared = mem_runtime
+
+
+def mem_hold(args):
+    if DOWN_NO_LIMIT:
+        print("cuda-limiter: no limits from the hypervisor; CUDA refuses to initialise", file=sys.stderr, flush=True)
+        out(info_rc=3, alloc_name="cudaErrorInitializationError", alloc_rc=3)
+        return
+    size = int(args[0])
+    pod = E.get("CUDA_LIMITER_POD", "-")
+    used = pod_usage(pod) if LIMITED else 0
+    rc = 2 if LIMITED and used + size > 4 * GiB else 0
+    out(pid=os.getpid(), bytes=size, info_rc=0, free0=TOTAL - used, total0=TOTAL, alloc_rc=rc)
+    if rc or len(args) < 2:
+        out(done=1)
+        return
+    mark(pod, size)
+    out(holding=1)
+    end = time.time() + float(args[2] if len(args) > 2 else 120)
+    while not os.path.exists(args[1]) and time.time() < end:
+        time.sleep(0.05)
+    out(kept=1, done=1)
+
+
+def pod_file(pod):
+    return f"/tmp/fakegpu-{os.getuid()}-{pod}"
+
+
+def pod_usage(pod):
+    """Bytes held by live processes of the pod (dead ones give back)."""
+    try:
+        lines = open(pod_file(pod)).read().split()
+    except OSError:
+        return 0
+    total = 0
+    for entry in lines:
+        pid, size = entry.split(":")
+        if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+            total += int(size)
+    return total
+
+
+def mark(pod, size):
+    if LIMITED:
+        with open(pod_file(pod), "a") as f:
+            f.write(f"{os.getpid()}:{size}\n")
+
+
+def mem_apis(args):
+    out(total=TOTAL, device_total=TOTAL, ptsz_symbols="1,1,1")
+    for api in ("cuMemAlloc_v2", "cuMemAllocPitch_v2", "cuMemAllocManaged", "cuMemAllocAsync",
+                "cuMemAllocAsync_ptsz", "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz", "cuMemCreate",
+                "cuArrayCreate_v2", "cuArray3DCreate_v2", "cuMipmappedArrayCreate"):
+        over = "2" if LIMITED else ("n/a" if api == "cuMemAllocManaged" else "0")
+        print(f"API {api} alloc=0 drop={GiB} over={over} back=ok free_rc=0", flush=True)
+    out(done=1)
+
+
+def mem_pairs(_):
+    out(init_rc=0, info0_rc=0, free0=TOTAL, total0=TOTAL, pairs=10000, alloc_errors=0, free_errors=0,
+        first_err=0, free_diff=0, big_bytes=TOTAL - 64 * MiB, big_rc=0, done=1)
+
+
+def mem_bench(_):
+    out(pairs=10000, ns_per_pair=f"{1000.0 + (10.0 if LIMITED else 0):.1f}")
+
+
+def launch_overhead(args):
+    if args[0] == "throughput":
+        out(pid=os.getpid(), mode="throughput", n=200000, throughput_ns_per_launch="2000.0", ok=1)
+    else:
+        out(pid=os.getpid(), mode="pace", n=20000, busy_us=20, pace_ns_per_iter="22000.0", pace_launch_ns="1500.0",
+            ok=1)
+
+
+def nvidia_smi(args):
+    if any(a.startswith("-lms") for a in args):
+        print("timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], "
+              "temperature.gpu, utilization.gpu [%]", flush=True)
+        util = int(E.get("FAKEGPU_UTIL", "100"))
+        while True:
+            print(f"2026/01/01 00:00:00.000, 1980 MHz, 2619 MHz, 300.00 W, 40, {util} %", flush=True)
+            time.sleep(0.2)
+    if any("memory.total" in a for a in args):
+        print("4096, 0, 4096" if LIMITED else "81559, 0, 81000")
+    elif any("compute-apps" in a for a in args):
+        pass
+    else:
+        print("fake nvidia-smi")
+
+
+def spin(args):
+    if args[0] == "union":  # shares from 1 s over the common span, as spin.cu's union mode
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), ".."))
+        import hv_intervals
+
+        r = hv_intervals.analyse(args[1:], origin="common", wins=["after1s:start+1:end"])
+        out(file0_share_after1s_pct=r["win_after1s_f0_pct"], file1_share_after1s_pct=r["win_after1s_f1_pct"],
+            share_after1s_pct=r["win_after1s_union_pct"], settle_ms=300, kernels=100, ok=1)
+        return
+    share = SM or 96
+    secs = float(args[2])
+    dump = args[3] if len(args) > 3 and args[3] != "-" else None
+    go = args[4] if len(args) > 4 and args[4] != "-" else None
+    out(pid=os.getpid(), mode=args[0], dur_us=args[1], ready=1)
+    if go:
+        while not os.path.exists(go):
+            time.sleep(0.01)
+    t0 = time.time_ns()
+    time.sleep(min(secs, 0.2))
+    if dump:  # 2 ms kernels at the share, from t0 for secs seconds
+        period = int(2e6 * 100 / share)
+        with open(dump, "w") as f:
+            for i in range(int(secs * 1e9) // period):
+                f.write(f"{t0 + i * period} {t0 + i * period + 2_000_000}\n")
+    n = int(secs * 500)
+    pm = ",".join([str(share * 10)] * int(secs))
+    out(launches=n, kernels=n, busy_pct=f"{share:.2f}", max_stall_us="50.0", stalls_over_1ms=0,
+        share_first1s_pct=f"{share:.2f}", share_after1s_pct=f"{share:.2f}", windows_pm=pm,
+        windows100_pm=",".join([str(share * 10)] * int(secs * 10)), settle_ms=100, settled=1, ok=1)
+
+
+def python(args):
+    script = os.path.basename(args[0]) if args else ""
+    if script == "mem_ctypes.py":
+        for p in ("direct", "pa"):
+            out(**{f"{p}_total_mem": TOTAL, f"{p}_info_total": TOTAL, f"{p}_alloc3g_rc": 0,
+                   f"{p}_alloc2g_rc": 2 if LIMITED else 0, f"{p}_free_back_diff": 0})
+    elif script == "mem_torch.py":
+        out(total=TOTAL, free=TOTAL - GiB, alloc2g="ok", over="oom" if LIMITED else "ok")
+    elif script == "torch_matmul.py":
+        time.sleep(float(args[1]))
+        out(matmuls_per_s="100.0" if not SM else f"{SM:.1f}", tflops="110.0", ok=1)
+    else:  # the harness's own uses of python (preflight)
+        os.execv(sys.executable, [sys.executable, *args])
+
+
+def main():
+    name = os.path.basename(sys.argv[0]).replace("-", "_")
+    if E.get("FAKEGPU_CRASH") == name:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    globals()[name](sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()

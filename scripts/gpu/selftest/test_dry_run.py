@@ -1,0 +1,109 @@
+"""The whole harness, run here against fakegpu.py (no GPU, no nvcc): every
+check runs, every row of the bash script's table is produced, nothing in the
+harness crashes, and a program that crashes becomes a FAIL row while the run
+goes on. With target/{debug,release}/hypervisor built, checks 16-19 drive the
+real daemon (--simulate-gpus 1) on a port the harness picks."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+GPU = HERE.parent
+REPO = GPU.parents[1]
+PROGRAMS = ["mem_runtime", "mem_runtime_shared", "mem_apis", "mem_hold", "mem_pairs", "mem_bench", "spin",
+            "launch_overhead"]
+ROWS = 60  # the table of scripts/gpu-e2e.sh had 60 rows
+
+
+def built(name):
+    for kind in ("release", "debug"):
+        p = REPO / "target" / kind / name
+        if p.is_file():
+            return p
+    return None
+
+
+@pytest.fixture(scope="module")
+def fake_env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dry")
+    bins, path, bundle = root / "bin", root / "path", root / "bundle"
+    for d in (bins, path, bundle):
+        d.mkdir()
+    fake = HERE / "fakegpu.py"
+    for name in PROGRAMS:
+        (bins / name).symlink_to(fake)
+    (path / "nvidia-smi").symlink_to(fake)
+    (path / "python").symlink_to(fake)
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc:
+        subprocess.run([cc, "-O2", "-o", str(bins / "spawn_bench"), str(GPU / "spawn_bench.c")], check=True)
+    lib = built("libcuda_limiter.so")
+    if lib:
+        shutil.copy(lib, bundle / "libcuda_limiter.so")
+    else:
+        (bundle / "libcuda_limiter.so").write_bytes(b"")
+    hv = built("hypervisor")
+    if hv:
+        shutil.copy(hv, bundle / "hypervisor")
+    return root, bins, path, bundle
+
+
+def run_harness(fake_env, name, *args, **env):
+    root, bins, path, bundle = fake_env
+    out = root / name
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("E2E_", "CUDA_"))}
+    e.update(PATH=f"{path}:{e['PATH']}", PYTHON=str(path / "python"), E2E_SHARE_SECS="2", E2E_TORCH_SECS="1",
+             E2E_HV_SIMULATE="1", OUT=str(out), **env)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(GPU / "e2e"),
+                        "--rootdir", str(GPU / "e2e"), "--bundle", str(bundle), "--bin-dir", str(bins),
+                        "--work", str(root / f"{name}-work"), *args], env=e, capture_output=True, text=True,
+                       timeout=900)
+    data = json.loads((out / "results.json").read_text())
+    return r, data, out
+
+
+def test_every_check_runs(fake_env):
+    r, data, out = run_harness(fake_env, "all")
+    rows = data["rows"]
+    names = [x["check"] for x in rows]
+    crashed = [x for x in rows if any(w.startswith("crashed") for w in x["reasons"])]
+    assert not crashed, crashed
+    assert len(rows) == ROWS + ("0. limiter library present" in names), names
+    for prefix in [f"{n}." for n in range(1, 23) if n not in (17, 22)] + ["17a.", "17b.", "22a.", "22b."]:
+        assert any(n.startswith(prefix) for n in names), prefix
+    by = {x["check"]: x for x in rows}
+    # the fakes report what a working limiter gives: these rows pass
+    bad = [by[n] for n in names if by[n]["result"] != "PASS" and n.startswith(
+        ("1.", "2.", "3.", "4.", "5.", "6.", "7.", "8.", "9.", "11.", "12.", "14.", "21.", "22"))]
+    assert not bad, bad
+    assert (out / "table.md").read_text().splitlines()[0].startswith("| check | without limiter |")
+    assert {p.name for p in out.iterdir()} == {"table.md", "results.json", "e2e.log", "e2e-logs.tar.gz"}
+    assert "passed," in r.stdout.splitlines()[-1] or "passed," in r.stdout  # the table is printed at the end
+    if built("hypervisor"):
+        for n in names:
+            if n.startswith(("16.", "17a.", "17b.", "18.", "19.")):
+                assert not any(w.startswith("hypervisor did not start") for w in by[n]["reasons"]), by[n]
+        st = json.loads(subprocess.run(["tar", "-xzOf", str(out / "e2e-logs.tar.gz"), "e2e-logs/18-suspended-status.json"],
+                                       capture_output=True, text=True).stdout)
+        assert any(p["id"] == "e2e-c18-a" and p["suspended"] for p in st["pods"])
+
+
+def test_a_crash_is_a_fail_and_the_run_goes_on(fake_env):
+    r, data, _ = run_harness(fake_env, "crash", "--checks", "8 5", FAKEGPU_CRASH="mem_pairs")
+    by = {x["check"]: x for x in data["rows"]}
+    pairs = by["8. 10k cudaMalloc/cudaFree pairs, 4 threads"]
+    assert pairs["result"] == "FAIL" and "base-exit=139" in pairs["reasons"], pairs
+    assert by["5. PyTorch mem_get_info / OOM"]["result"] == "PASS"
+    assert r.returncode == 1
+
+
+def test_selection_by_k(fake_env):
+    r, data, _ = run_harness(fake_env, "k", "-k", "busy_share and 2000us and graph")
+    assert [x["check"] for x in data["rows"]] == [f"11. busy share L={L}% kernel 2000us graph" for L in (10, 25, 50, 75)]
+    assert r.returncode == 0, r.stdout[-3000:]
