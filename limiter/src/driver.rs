@@ -260,10 +260,10 @@ impl Timing {
         // behind a kernel holding the stream; around two queued, so that
         // their difference is the empty kernel's own back-to-back period,
         // which the brackets hold but a launch replacing it does not add.
-        let idle = self.median_bracket(api, start, end, measured, || true, launch_empty)?;
-        let queued = self.median_bracket(api, start, end, measured, hold_stream, launch_empty)?;
+        let idle = self.low_bracket(api, start, end, measured, || true, launch_empty)?;
+        let queued = self.low_bracket(api, start, end, measured, hold_stream, launch_empty)?;
         let two = || launch_empty().is_success() && launch_empty().is_success();
-        let queued_two = self.median_bracket(api, start, end, measured, hold_stream, || {
+        let queued_two = self.low_bracket(api, start, end, measured, hold_stream, || {
             if two() {
                 CUresult::SUCCESS
             } else {
@@ -277,7 +277,7 @@ impl Timing {
             // SAFETY (closure): our own graph; the stream as above.
             let replay = || unsafe { graph_launch(exec, measured) };
             let before = || !queued || hold_stream();
-            self.median_bracket(api, start, end, measured, before, replay)
+            self.low_bracket(api, start, end, measured, before, replay)
         };
         let graph_idle = graph_bracket(false);
         let graph_queued = graph_bracket(true);
@@ -320,9 +320,12 @@ impl Timing {
         made.then_some((exec, graph_launch))
     }
 
-    /// The median GPU time between `start` and `end` recorded around
-    /// `launch`, each time after `before` (which may queue work ahead).
-    fn median_bracket(
+    /// The lower quartile of the GPU time between `start` and `end`
+    /// recorded around `launch`, each time after `before` (which may queue
+    /// work ahead): latencies only ever come out longer than they are, so
+    /// the low ones are the truer, and a quartile of many is stable from
+    /// one process to the next.
+    fn low_bracket(
         &self,
         api: &CalibrationApi,
         start: CUevent,
@@ -331,7 +334,7 @@ impl Timing {
         mut before: impl FnMut() -> bool,
         mut launch: impl FnMut() -> CUresult,
     ) -> Option<u64> {
-        const RUNS: usize = 9;
+        const RUNS: usize = 24;
         let mut brackets = Vec::with_capacity(RUNS);
         for _ in 0..RUNS {
             // SAFETY: our own events and stream.
@@ -346,7 +349,7 @@ impl Timing {
             brackets.extend(self.elapsed_ns(start, end));
         }
         brackets.sort_unstable();
-        brackets.get(brackets.len() / 2).copied()
+        brackets.get(brackets.len() / 4).copied()
     }
 
     /// Whether `stream` is being captured into a graph (its launches do not run).
