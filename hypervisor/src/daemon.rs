@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use gpushare_utils::config::PodId;
-use gpushare_utils::protocol::{Command, CommandResult, DeviceLimits};
+use gpushare_utils::protocol::{Command, CommandResult, PodGpuLimits};
 use http_bidir_comm::{ClientId, Hub, HubConfig, HubEvent, HubEvents};
 use tokio::task::JoinHandle;
 
@@ -461,7 +461,7 @@ impl Hypervisor {
         &self,
         pod: &str,
         gpus: Vec<GpuSpec>,
-    ) -> Result<(Vec<DeviceLimits>, Vec<ClientId>), ScheduleError> {
+    ) -> Result<(Vec<PodGpuLimits>, Vec<ClientId>), ScheduleError> {
         let (devices, ids) = {
             let mut core = self.core();
             let devices = core.scheduler.set_gpus(pod, gpus, Instant::now())?;
@@ -725,25 +725,11 @@ fn command_name(command: &Command) -> &'static str {
     }
 }
 
-/// Whether no process `pid` exists (in the hypervisor's pid namespace).
+/// Whether no process `pid` exists (in the hypervisor's pid namespace), or it
+/// is a zombie (its GPU memory is freed already).
 fn pid_is_gone(pid: u32) -> bool {
-    let Ok(pid) = i32::try_from(pid) else {
-        return true;
-    };
-    if pid <= 0 {
-        return true;
+    match i32::try_from(pid) {
+        Ok(pid) if pid > 0 => gpushare_utils::process::process_is_gone(pid, 0),
+        _ => true,
     }
-    // SAFETY: signal 0 sends nothing; kill only checks that the pid exists.
-    let rc = unsafe { libc::kill(pid, 0) };
-    if rc == 0 {
-        // A zombie has exited: its GPU memory is freed already.
-        return std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let (_, rest) = stat.rsplit_once(')')?;
-                rest.split_whitespace().next().map(|s| s == "Z" || s == "X")
-            })
-            .unwrap_or(false);
-    }
-    std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::MAX_DEVICES;
-use gpushare_utils::protocol::DeviceLimits;
+use gpushare_utils::protocol::PodGpuLimits;
 use serde::Serialize;
 use tokio::sync::Notify;
 
@@ -354,7 +354,7 @@ impl Scheduler {
         pod: &str,
         gpus: Vec<GpuSpec>,
         now: Instant,
-    ) -> Result<Vec<DeviceLimits>, ScheduleError> {
+    ) -> Result<Vec<PodGpuLimits>, ScheduleError> {
         let p = self
             .pods
             .get_mut(pod)
@@ -395,7 +395,7 @@ impl Scheduler {
     /// `share_percent` is the cap of a fixed pod, the guaranteed share (at
     /// least 1) of an elastic pod, 0 (unlimited) for policy none;
     /// `ceiling_percent` is the most the pod may take (100 for policy none).
-    pub fn device_limits(&self, pod: &str) -> Result<Vec<DeviceLimits>, ScheduleError> {
+    pub fn device_limits(&self, pod: &str) -> Result<Vec<PodGpuLimits>, ScheduleError> {
         let p = self
             .pods
             .get(pod)
@@ -409,7 +409,7 @@ impl Scheduler {
                     Policy::Fixed => (g.spec.bound_percent(), g.spec.bound_percent()),
                     Policy::Elastic => (g.spec.floor_percent().max(1), g.spec.bound_percent()),
                 };
-                Some(DeviceLimits {
+                Some(PodGpuLimits {
                     uuid: placement.uuid.clone(),
                     memory_bytes: g.spec.memory_bytes,
                     share_percent: share,

@@ -57,13 +57,13 @@ pub struct Patch {
 
 /// Detours live as long as the process: trampolines must stay valid for any
 /// thread that may still be inside one.
-struct Installed(Vec<RawDetour>);
+struct LiveDetours(Vec<RawDetour>);
 
 // SAFETY: the detours are never touched again after installation except to
 // keep them alive; the raw pointers inside are addresses, not owned data.
-unsafe impl Send for Installed {}
+unsafe impl Send for LiveDetours {}
 
-static INSTALLED: Mutex<Installed> = Mutex::new(Installed(Vec::new()));
+static INSTALLED: Mutex<LiveDetours> = Mutex::new(LiveDetours(Vec::new()));
 
 /// Patches every target in one transaction, with all other threads of the
 /// process suspended, and returns the trampoline (callable original) of each,
