@@ -134,7 +134,7 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
             &format!("at most {MAX_DEVICES} devices per worker"),
         );
     }
-    if let Some(refusal) = crate::identity::screen(hv, &pod, &token, reg.pid).await {
+    if let Some(refusal) = screen(hv, &pod, &token, reg.pid).await {
         return refusal;
     }
     let registered = {
@@ -375,4 +375,29 @@ fn json_ok<B: Serialize>(body: &B) -> Response {
 
 fn unauthorized() -> Response {
     Refusal::unauthorized().into_response()
+}
+
+/// The refusal of a registration whose process is not in the pod it names,
+/// where the hypervisor checks identities; `None`: go on. The token is
+/// checked first, so strangers cannot make the hypervisor walk `/proc`.
+async fn screen(hv: &Hypervisor, pod: &PodId, token: &str, pid: u32) -> Option<poem::Response> {
+    let identity = hv.shared.identity.get()?.clone();
+    let token_ok = hv
+        .core()
+        .scheduler
+        .token(pod.as_str())
+        .is_some_and(|t| t.matches(token));
+    if !token_ok {
+        // The registration's own check answers 401.
+        return None;
+    }
+    let check_pod = pod.clone();
+    let verdict = tokio::task::spawn_blocking(move || identity.verify(&check_pod, pid)).await;
+    let error = match verdict {
+        Ok(Ok(_)) => return None,
+        Ok(Err(error)) => error.to_string(),
+        Err(error) => format!("identity check failed: {error}"),
+    };
+    tracing::warn!(pod = %pod, pid, error, "registration refused");
+    Some(json_error(StatusCode::FORBIDDEN, &error))
 }

@@ -9,7 +9,8 @@
 //! as one [`detour::Transaction`] with `Threads::All`, suspends every other
 //! thread and moves any thread caught inside the patched bytes. It was the only
 //! crates.io engine that survived installation under concurrent calls
-//! (DESIGN.md), so everything here goes through one transaction.
+//! (ARCHITECTURE.md, "Why the hook engine"), so everything here goes through
+//! one transaction.
 //!
 //! Generated detours (see `gpushare-macros`) hold their original in an
 //! [`Original`] slot, describe themselves with a [`HookEntry`], and enter

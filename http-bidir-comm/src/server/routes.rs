@@ -104,12 +104,8 @@ where
     }
 
     pub(super) async fn serve_results(&self, mut req: Request) -> Response {
-        let id = match self.inner.admit(&req) {
-            Ok(id) => id,
-            Err(refusal) => return refusal.into_response(),
-        };
-        let body = match self.inner.read_body(&mut req).await {
-            Ok(body) => body,
+        let (id, body) = match self.inner.admit_with_body(&mut req).await {
+            Ok(admitted) => admitted,
             Err(refusal) => return refusal.into_response(),
         };
         let posted: TaskResult<R> = match serde_json::from_slice(&body) {
@@ -142,12 +138,8 @@ where
     }
 
     pub(super) async fn serve_hello(&self, mut req: Request) -> Response {
-        let id = match self.inner.admit(&req) {
-            Ok(id) => id,
-            Err(refusal) => return refusal.into_response(),
-        };
-        let body = match self.inner.read_body(&mut req).await {
-            Ok(body) => body,
+        let (id, body) = match self.inner.admit_with_body(&mut req).await {
+            Ok(admitted) => admitted,
             Err(refusal) => return refusal.into_response(),
         };
         let metadata = if body.iter().all(u8::is_ascii_whitespace) {
@@ -207,8 +199,14 @@ impl<R: Send + 'static> Inner<R> {
         Ok(id)
     }
 
-    pub(super) async fn read_body(&self, req: &mut Request) -> Result<Vec<u8>, Refusal> {
-        read_body(req, self.config.max_body_bytes).await
+    /// The client of an admitted request, and its body.
+    async fn admit_with_body(
+        self: &Arc<Self>,
+        req: &mut Request,
+    ) -> Result<(ClientId, Vec<u8>), Refusal> {
+        let id = self.admit(req)?;
+        let body = read_body(req, self.config.max_body_bytes).await?;
+        Ok((id, body))
     }
 
     pub(super) fn finish(&self, mut resp: Response) -> Response {

@@ -117,14 +117,7 @@ pub(super) fn combine(
         return Ok(Some(ComputeLimit::fixed(hard)));
     }
     let soft = match merged.soft {
-        Some(s) if s.parsed < hard => {
-            return Err(ConfigError::SoftBelowHard {
-                soft_var: s.name.to_owned(),
-                soft: s.parsed,
-                hard_var: limit.name.to_owned(),
-                hard,
-            });
-        }
+        Some(s) if s.parsed < hard => return Err(soft_below_hard(s, limit.name, hard)),
         Some(s) => Some(s.parsed),
         None => None,
     };
@@ -167,14 +160,7 @@ impl<'a> CorePair<'a> {
             return Ok(Some((None, hard.name)));
         };
         let limit = match self.soft {
-            Some(s) if s.parsed < percent => {
-                return Err(ConfigError::SoftBelowHard {
-                    soft_var: s.name.to_owned(),
-                    soft: s.parsed,
-                    hard_var: hard.name.to_owned(),
-                    hard: percent,
-                });
-            }
+            Some(s) if s.parsed < percent => return Err(soft_below_hard(s, hard.name, percent)),
             Some(s) if s.parsed > percent => ComputeLimit {
                 percent,
                 policy: ComputePolicy::Elastic,
@@ -183,6 +169,16 @@ impl<'a> CorePair<'a> {
             _ => ComputeLimit::fixed(percent),
         };
         Ok(Some((Some(limit), hard.name)))
+    }
+}
+
+/// A soft limit (the elastic ceiling) below the limit it goes with.
+pub(super) fn soft_below_hard(soft: Val<'_, u8>, hard_var: &str, hard: u8) -> ConfigError {
+    ConfigError::SoftBelowHard {
+        soft_var: soft.name.to_owned(),
+        soft: soft.parsed,
+        hard_var: hard_var.to_owned(),
+        hard,
     }
 }
 
