@@ -47,7 +47,7 @@ pub mod server;
 mod wire;
 
 #[cfg(feature = "client")]
-pub use client::{ChannelError, Client, ClientOptions, LoopHandle};
+pub use client::{Backoff, ChannelError, Client, ClientOptions, LoopHandle, Requester};
 #[cfg(feature = "server")]
 pub use server::{
     AuthHook, ClientInfo, Hub, HubConfig, HubEvent, HubEvents, RemovedClient, SubmitError,

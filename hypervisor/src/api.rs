@@ -5,7 +5,7 @@
 //!
 //! Workers (bearer token of their pod):
 //! - `POST /api/v1/workers` `Register` → `Registered`.
-//! - `POST /api/v1/admission` `AdmissionRequest` (its own worker id) → `Admission`.
+//! - `POST /api/v1/admission` `BudgetRequest` (its own worker id) → `BudgetGrant`.
 //! - `/api/v1/channel/clients/{worker}/{hello,tasks,results}`: the command
 //!   channel (`http-bidir-comm`), only for the worker's own id.
 //!
@@ -19,19 +19,18 @@
 //! Anyone on the node: `GET /api/v1/status` (JSON), `GET /metrics`
 //! (Prometheus), `GET /healthz`.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use gpushare_utils::bucket::{CAPACITY_NS, PPM, REFILL_BATCH_NS, monotonic_ns};
 use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::MAX_DEVICES;
-use gpushare_utils::protocol::{Admission, AdmissionRequest, Register, Registered};
+use gpushare_utils::protocol::{BudgetGrant, BudgetRequest, Register, Registered};
 use http_bidir_comm::ClientId;
-use http_bidir_comm::server::{json_error, json_response, malformed};
+use http_bidir_comm::server::read_body;
+use http_bidir_comm::server::{Refusal, bearer, json_error, json_response, malformed};
 use poem::endpoint::make;
-use poem::error::ReadBodyError;
-use poem::http::{HeaderValue, StatusCode, header};
+use poem::http::StatusCode;
 use poem::middleware::CatchPanic;
 use poem::{Endpoint, EndpointExt, Request, Response, Route, get, post, put};
 use serde::Serialize;
@@ -116,7 +115,7 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
     let Some(token) = bearer(&req).map(str::to_owned) else {
         return unauthorized();
     };
-    let body = match read_body(&mut req).await {
+    let body = match read_body(&mut req, MAX_BODY).await {
         Ok(body) => body,
         Err(refusal) => return refusal.into_response(),
     };
@@ -135,7 +134,7 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
             &format!("at most {MAX_DEVICES} devices per worker"),
         );
     }
-    if let Some(refusal) = crate::identity::screen(hv, &pod, &token, reg.pid).await {
+    if let Some(refusal) = screen(hv, &pod, &token, reg.pid).await {
         return refusal;
     }
     let registered = {
@@ -183,11 +182,11 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
     let Some(token) = bearer(&req).map(str::to_owned) else {
         return unauthorized();
     };
-    let body = match read_body(&mut req).await {
+    let body = match read_body(&mut req, MAX_BODY).await {
         Ok(body) => body,
         Err(refusal) => return refusal.into_response(),
     };
-    let ask: AdmissionRequest = match serde_json::from_slice(&body) {
+    let ask: BudgetRequest = match serde_json::from_slice(&body) {
         Ok(ask) => ask,
         Err(e) => return malformed(&e),
     };
@@ -213,7 +212,7 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
     };
     let granted = wait_for_budget(hv, &target, start + ADMISSION_WAIT).await;
     hv.shared.latency.record(start.elapsed(), granted > 0);
-    json_ok(&Admission {
+    json_ok(&BudgetGrant {
         granted_ns: granted,
     })
 }
@@ -265,32 +264,6 @@ async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: In
             () = hv.shared.timer.sleep_until(until) => {}
             () = notified => {}
         }
-    }
-}
-
-/// A request turned away: small, unlike a `Response`.
-struct Refusal {
-    status: StatusCode,
-    message: Cow<'static, str>,
-}
-
-impl Refusal {
-    fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-        }
-    }
-
-    fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "unauthorized")
-    }
-
-    fn into_response(self) -> Response {
-        if self.status == StatusCode::UNAUTHORIZED {
-            return unauthorized();
-        }
-        json_error(self.status, &self.message)
     }
 }
 
@@ -356,7 +329,7 @@ async fn limits(hv: &Hypervisor, mut req: Request) -> Response {
         Ok(pod) => pod,
         Err(refusal) => return refusal.into_response(),
     };
-    let body = match read_body(&mut req).await {
+    let body = match read_body(&mut req, MAX_BODY).await {
         Ok(body) => body,
         Err(refusal) => return refusal.into_response(),
     };
@@ -396,43 +369,35 @@ fn schedule_error(e: &ScheduleError) -> Response {
     }
 }
 
-async fn read_body(req: &mut Request) -> Result<Vec<u8>, Refusal> {
-    let too_large = || {
-        Refusal::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body larger than {MAX_BODY} bytes"),
-        )
-    };
-    let declared = req
-        .header(header::CONTENT_LENGTH)
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(too_large());
-    }
-    match req.take_body().into_bytes_limit(MAX_BODY).await {
-        Ok(bytes) => Ok(bytes.to_vec()),
-        Err(ReadBodyError::PayloadTooLarge) => Err(too_large()),
-        Err(e) => Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            format!("could not read body: {e}"),
-        )),
-    }
-}
-
-fn bearer(req: &Request) -> Option<&str> {
-    let value = req.header(header::AUTHORIZATION)?.trim();
-    let (scheme, token) = value.split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
-
 fn json_ok<B: Serialize>(body: &B) -> Response {
     json_response(StatusCode::OK, body)
 }
 
 fn unauthorized() -> Response {
-    let mut resp = json_error(StatusCode::UNAUTHORIZED, "unauthorized");
-    resp.headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    resp
+    Refusal::unauthorized().into_response()
+}
+
+/// The refusal of a registration whose process is not in the pod it names,
+/// where the hypervisor checks identities; `None`: go on. The token is
+/// checked first, so strangers cannot make the hypervisor walk `/proc`.
+async fn screen(hv: &Hypervisor, pod: &PodId, token: &str, pid: u32) -> Option<poem::Response> {
+    let identity = hv.shared.identity.get()?.clone();
+    let token_ok = hv
+        .core()
+        .scheduler
+        .token(pod.as_str())
+        .is_some_and(|t| t.matches(token));
+    if !token_ok {
+        // The registration's own check answers 401.
+        return None;
+    }
+    let check_pod = pod.clone();
+    let verdict = tokio::task::spawn_blocking(move || identity.verify(&check_pod, pid)).await;
+    let error = match verdict {
+        Ok(Ok(_)) => return None,
+        Ok(Err(error)) => error.to_string(),
+        Err(error) => format!("identity check failed: {error}"),
+    };
+    tracing::warn!(pod = %pod, pid, error, "registration refused");
+    Some(json_error(StatusCode::FORBIDDEN, &error))
 }

@@ -124,7 +124,7 @@ pub struct Entry {
 
 /// What a pod's bucket is set to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Grant {
+pub struct Allotment {
     /// Share of wall time in ppm; 0 = unlimited (policy none).
     pub rate_ppm: u32,
     /// Elastic ceiling in ppm: the bound for elastic pods, the rate otherwise.
@@ -132,7 +132,7 @@ pub struct Grant {
 }
 
 /// Bucket settings for every entry (same order).
-pub fn plan(entries: &[Entry]) -> Vec<Grant> {
+pub fn plan(entries: &[Entry]) -> Vec<Allotment> {
     let metered: Vec<usize> = (0..entries.len())
         .filter(|&i| entries[i].policy != Policy::None)
         .collect();
@@ -149,7 +149,7 @@ pub fn plan(entries: &[Entry]) -> Vec<Grant> {
     let ppm = PPM as u32;
     let everyone = water_fill(&metered.iter().map(|&i| claim(i)).collect::<Vec<_>>(), ppm);
     let contending = water_fill(&active.iter().map(|&i| claim(i)).collect::<Vec<_>>(), ppm);
-    let mut grants = vec![Grant::default(); entries.len()];
+    let mut grants = vec![Allotment::default(); entries.len()];
     for (k, &i) in metered.iter().enumerate() {
         let share = match active.iter().position(|&a| a == i) {
             Some(pos) => contending[pos],
@@ -160,7 +160,7 @@ pub fn plan(entries: &[Entry]) -> Vec<Grant> {
             Policy::Elastic => rate.max(percent_ppm(entries[i].bound_percent)),
             Policy::Fixed | Policy::None => rate,
         };
-        grants[i] = Grant {
+        grants[i] = Allotment {
             rate_ppm: rate,
             ceiling_ppm: ceiling,
         };
@@ -304,7 +304,7 @@ mod tests {
         ]);
         assert_eq!(grants[0].rate_ppm, 1_000_000);
         assert_eq!(grants[1].rate_ppm, 500_000);
-        assert_eq!(grants[2], Grant::default());
+        assert_eq!(grants[2], Allotment::default());
     }
 
     #[test]

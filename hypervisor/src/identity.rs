@@ -105,39 +105,6 @@ pub fn pod_uid(cgroup: &str) -> Option<String> {
     None
 }
 
-/// The refusal of a registration whose process is not in the pod it names,
-/// where the hypervisor checks identities; `None`: go on. The token is
-/// checked first, so strangers cannot make the hypervisor walk `/proc`.
-pub(crate) async fn screen(
-    hv: &crate::daemon::Hypervisor,
-    pod: &PodId,
-    token: &str,
-    pid: u32,
-) -> Option<poem::Response> {
-    let identity = hv.shared.identity.get()?.clone();
-    let token_ok = hv
-        .core()
-        .scheduler
-        .token(pod.as_str())
-        .is_some_and(|t| t.matches(token));
-    if !token_ok {
-        // The registration's own check answers 401.
-        return None;
-    }
-    let check_pod = pod.clone();
-    let verdict = tokio::task::spawn_blocking(move || identity.verify(&check_pod, pid)).await;
-    let error = match verdict {
-        Ok(Ok(_)) => return None,
-        Ok(Err(error)) => error.to_string(),
-        Err(error) => format!("identity check failed: {error}"),
-    };
-    tracing::warn!(pod = %pod, pid, error, "registration refused");
-    Some(http_bidir_comm::server::json_error(
-        poem::http::StatusCode::FORBIDDEN,
-        &error,
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,10 +59,12 @@ pub mod observer;
 pub mod provision;
 pub mod region;
 pub mod scheduler;
+pub mod serve;
 pub mod source;
 pub mod spec;
 pub mod status;
 pub mod timer;
 pub mod workers;
 
-pub use daemon::{Error, Hypervisor, Options, RunningHypervisor};
+pub use daemon::{Error, Hypervisor, Options};
+pub use serve::RunningHypervisor;

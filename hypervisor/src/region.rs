@@ -31,7 +31,7 @@ use gpushare_utils::limits::{LimitsError, PodLimits};
 use gpushare_utils::shm::{self, Creation, Trust};
 
 use crate::config::RegionOptions;
-use crate::fairshare::Grant;
+use crate::fairshare::Allotment;
 
 /// Why a region could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +129,7 @@ impl PodRegion {
 
     /// Writes a grant into the bucket of `uuid`; returns whether the rate rose
     /// (waiters may be served sooner).
-    pub fn write_grant(&self, uuid: &str, grant: Grant) -> bool {
+    pub fn write_grant(&self, uuid: &str, grant: Allotment) -> bool {
         let Some(gpu) = self.limits.find(uuid) else {
             return false;
         };

@@ -20,6 +20,12 @@
 //! observer, and each process finds its GPUs by UUID whatever
 //! `CUDA_VISIBLE_DEVICES` numbers them. Nothing a worker reports can move a
 //! quota to another GPU.
+//!
+//! The periodic work (rates, audit, reclaim) is in [`tick`]; the status
+//! report in [`report`].
+
+mod report;
+mod tick;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,20 +34,22 @@ use std::time::{Duration, Instant};
 
 use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::MAX_DEVICES;
-use gpushare_utils::protocol::DeviceLimits;
-use serde::Serialize;
+use gpushare_utils::protocol::PodGpuLimits;
 use tokio::sync::Notify;
 
 use crate::config::RegionOptions;
-use crate::fairshare::{self, Grant};
-use crate::observer::{GpuInfo, ProcessMemory};
+use crate::fairshare::Allotment;
+use crate::observer::GpuInfo;
 use crate::region::{PodRegion, RegionError};
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
 
+pub use report::{GpuStatus, PodStatus};
+
 /// A pod wants a GPU for this long after the last sign of demand.
 pub const ACTIVE_WINDOW: Duration = Duration::from_millis(200);
+
 /// Achieved shares are measured over windows this long.
-const ACHIEVED_WINDOW: Duration = Duration::from_secs(1);
+pub(crate) const ACHIEVED_WINDOW: Duration = Duration::from_secs(1);
 
 /// Why a scheduler operation was refused.
 #[derive(Debug, thiserror::Error)]
@@ -70,27 +78,27 @@ pub struct ApplyReport {
 
 /// Where a pod's GPU sits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Placement {
+pub(crate) struct Placement {
     /// As the observer (or else the config) spells it.
-    uuid: String,
-    host_index: Option<u32>,
+    pub(crate) uuid: String,
+    pub(crate) host_index: Option<u32>,
 }
 
 #[derive(Debug)]
-struct PodGpu {
-    spec: GpuSpec,
-    placement: Option<Placement>,
-    last_launches: u64,
-    last_demand: Option<Instant>,
-    active: bool,
-    grant: Grant,
-    window_start: Instant,
-    window_charged: u64,
-    achieved_ppm: u32,
+pub(crate) struct PodGpu {
+    pub(crate) spec: GpuSpec,
+    pub(crate) placement: Option<Placement>,
+    pub(crate) last_launches: u64,
+    pub(crate) last_demand: Option<Instant>,
+    pub(crate) active: bool,
+    pub(crate) grant: Allotment,
+    pub(crate) window_start: Instant,
+    pub(crate) window_charged: u64,
+    pub(crate) achieved_ppm: u32,
     /// What NVML attributes to the pod's processes on the GPU, at the last audit.
-    nvml_bytes: Option<u64>,
+    pub(crate) nvml_bytes: Option<u64>,
     /// The last audit found more than the ledger says.
-    under_reported: bool,
+    pub(crate) under_reported: bool,
 }
 
 impl PodGpu {
@@ -101,7 +109,7 @@ impl PodGpu {
             last_launches: 0,
             last_demand: None,
             active: false,
-            grant: Grant::default(),
+            grant: Allotment::default(),
             window_start: now,
             window_charged: 0,
             achieved_ppm: 0,
@@ -111,25 +119,12 @@ impl PodGpu {
     }
 }
 
-struct Pod {
-    spec: PodSpec,
-    region: Arc<PodRegion>,
-    suspended: bool,
-    gpus: Vec<PodGpu>,
-    notify: Arc<Notify>,
-}
-
-/// Usage NVML sees beyond what a pod's ledger says, tolerated (rounding,
-/// driver memory taken since the pod last measured it).
-pub const AUDIT_SLACK: u64 = 256 << 20;
-
-/// A pod whose processes hold more than its ledger says.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Mismatch {
-    pub pod: String,
-    pub uuid: String,
-    pub ledger: u64,
-    pub nvml: u64,
+pub(crate) struct Pod {
+    pub(crate) spec: PodSpec,
+    pub(crate) region: Arc<PodRegion>,
+    pub(crate) suspended: bool,
+    pub(crate) gpus: Vec<PodGpu>,
+    pub(crate) notify: Arc<Notify>,
 }
 
 /// What an admission request waits on.
@@ -140,54 +135,12 @@ pub struct AdmissionTarget {
     pub notify: Arc<Notify>,
 }
 
-/// Snapshot of one pod's GPU.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct GpuStatus {
-    pub gpu: String,
-    pub uuid: Option<String>,
-    pub host_index: Option<u32>,
-    pub policy: String,
-    pub weight: u32,
-    pub cap_percent: Option<u8>,
-    pub share_percent: Option<u8>,
-    pub memory_quota: u64,
-    pub memory_used: u64,
-    pub memory_peak: u64,
-    /// Device memory NVML attributes to the pod's processes (those the
-    /// daemon's pid namespace shows), at the last audit; `None`: not seen.
-    #[serde(default)]
-    pub memory_nvml: Option<u64>,
-    /// The pod's processes hold more than its ledger says (see
-    /// [`Scheduler::audit`]).
-    #[serde(default)]
-    pub memory_under_reported: bool,
-    /// Granted share in ppm; 0 = unlimited.
-    pub rate_ppm: u32,
-    pub ceiling_ppm: u32,
-    /// GPU time charged per wall time over the last second, in ppm.
-    pub achieved_ppm: u32,
-    pub waiting: u32,
-    pub launches: u64,
-    pub tokens_ns: i64,
-    pub active: bool,
-}
-
-/// Snapshot of one pod.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
-pub struct PodStatus {
-    pub id: String,
-    pub region: String,
-    pub suspended: bool,
-    pub workers: usize,
-    pub gpus: Vec<GpuStatus>,
-}
-
 /// The pods and GPUs of the node.
 pub struct Scheduler {
-    gpus: Vec<GpuInfo>,
-    pods: BTreeMap<String, Pod>,
-    failed: BTreeMap<String, PodSpec>,
-    regions: RegionOptions,
+    pub(crate) gpus: Vec<GpuInfo>,
+    pub(crate) pods: BTreeMap<String, Pod>,
+    pub(crate) failed: BTreeMap<String, PodSpec>,
+    pub(crate) regions: RegionOptions,
 }
 
 impl Scheduler {
@@ -293,7 +246,7 @@ impl Scheduler {
         added
     }
 
-    fn open_pod(&mut self, spec: PodSpec, now: Instant) -> Result<(), ScheduleError> {
+    pub(crate) fn open_pod(&mut self, spec: PodSpec, now: Instant) -> Result<(), ScheduleError> {
         let region =
             PodRegion::open(&spec.id, &self.regions).map_err(|source| ScheduleError::Region {
                 pod: spec.id.to_string(),
@@ -354,7 +307,7 @@ impl Scheduler {
         pod: &str,
         gpus: Vec<GpuSpec>,
         now: Instant,
-    ) -> Result<Vec<DeviceLimits>, ScheduleError> {
+    ) -> Result<Vec<PodGpuLimits>, ScheduleError> {
         let p = self
             .pods
             .get_mut(pod)
@@ -395,7 +348,7 @@ impl Scheduler {
     /// `share_percent` is the cap of a fixed pod, the guaranteed share (at
     /// least 1) of an elastic pod, 0 (unlimited) for policy none;
     /// `ceiling_percent` is the most the pod may take (100 for policy none).
-    pub fn device_limits(&self, pod: &str) -> Result<Vec<DeviceLimits>, ScheduleError> {
+    pub fn device_limits(&self, pod: &str) -> Result<Vec<PodGpuLimits>, ScheduleError> {
         let p = self
             .pods
             .get(pod)
@@ -409,7 +362,7 @@ impl Scheduler {
                     Policy::Fixed => (g.spec.bound_percent(), g.spec.bound_percent()),
                     Policy::Elastic => (g.spec.floor_percent().max(1), g.spec.bound_percent()),
                 };
-                Some(DeviceLimits {
+                Some(PodGpuLimits {
                     uuid: placement.uuid.clone(),
                     memory_bytes: g.spec.memory_bytes,
                     share_percent: share,
@@ -446,182 +399,11 @@ impl Scheduler {
         }
         Some(target)
     }
-
-    /// One scheduling round: of every GPU, or of the GPU `only` (lowercase UUID).
-    pub fn tick(&mut self, now: Instant, only: Option<&str>) {
-        let mut by_gpu: BTreeMap<String, Vec<(String, usize)>> = BTreeMap::new();
-        for (id, pod) in &mut self.pods {
-            for (k, gpu) in pod.gpus.iter_mut().enumerate() {
-                let Some(placement) = &gpu.placement else {
-                    continue;
-                };
-                let key = placement.uuid.to_ascii_lowercase();
-                if only.is_some_and(|u| u != key) {
-                    continue;
-                }
-                if let Some(bucket) = pod.region.bucket(&placement.uuid) {
-                    let launches = bucket.launches.load(Ordering::Relaxed);
-                    if bucket.waiting.load(Ordering::Relaxed) > 0 || launches != gpu.last_launches {
-                        gpu.last_demand = Some(now);
-                    }
-                    gpu.last_launches = launches;
-                    let elapsed = now.saturating_duration_since(gpu.window_start);
-                    if elapsed >= ACHIEVED_WINDOW {
-                        let charged = bucket.charged_ns.load(Ordering::Relaxed);
-                        let used = charged.saturating_sub(gpu.window_charged);
-                        gpu.achieved_ppm =
-                            (u128::from(used) * 1_000_000 / elapsed.as_nanos().max(1))
-                                .min(u128::from(u32::MAX)) as u32;
-                        gpu.window_charged = charged;
-                        gpu.window_start = now;
-                    }
-                }
-                gpu.active = !pod.suspended
-                    && gpu.spec.policy != Policy::None
-                    && gpu
-                        .last_demand
-                        .is_some_and(|t| now.saturating_duration_since(t) < ACTIVE_WINDOW);
-                by_gpu.entry(key).or_default().push((id.clone(), k));
-            }
-        }
-        for members in by_gpu.values() {
-            let entries: Vec<fairshare::Entry> = members
-                .iter()
-                .filter_map(|(id, k)| self.pods.get(id).and_then(|p| p.gpus.get(*k)))
-                .map(|g| fairshare::Entry {
-                    policy: g.spec.policy,
-                    weight: g.spec.weight,
-                    bound_percent: g.spec.bound_percent(),
-                    floor_percent: g.spec.floor_percent(),
-                    active: g.active,
-                })
-                .collect();
-            if entries.len() != members.len() {
-                continue;
-            }
-            let grants = fairshare::plan(&entries);
-            for ((id, k), grant) in members.iter().zip(grants) {
-                let Some(pod) = self.pods.get_mut(id) else {
-                    continue;
-                };
-                let Some(gpu) = pod.gpus.get_mut(*k) else {
-                    continue;
-                };
-                gpu.grant = grant;
-                if let Some(placement) = &gpu.placement
-                    && pod.region.write_grant(&placement.uuid, grant)
-                {
-                    pod.notify.notify_waiters();
-                }
-            }
-        }
-    }
-
-    /// Checks each pod's reported usage against NVML's per-process figures
-    /// (`memory`: per lowercase GPU UUID, what NVML attributes to each pid):
-    /// a pod whose processes hold more than its ledger says (beyond
-    /// [`AUDIT_SLACK`]) bypasses or forges its accounting. Returns the pods
-    /// and GPUs newly found so, with (ledger, NVML) bytes.
-    pub fn audit(&mut self, memory: &BTreeMap<String, Vec<ProcessMemory>>) -> Vec<Mismatch> {
-        let mut found = Vec::new();
-        for (id, pod) in &mut self.pods {
-            let pids = pod.region.pids();
-            for gpu in &mut pod.gpus {
-                let Some(placement) = &gpu.placement else {
-                    continue;
-                };
-                let Some(processes) = memory.get(&placement.uuid.to_ascii_lowercase()) else {
-                    gpu.nvml_bytes = None;
-                    continue;
-                };
-                let seen: u64 = processes
-                    .iter()
-                    .filter(|p| pids.contains(&p.pid))
-                    .map(|p| p.bytes)
-                    .fold(0, u64::saturating_add);
-                let ledger = pod.region.usage(&placement.uuid).map_or(0, |u| u.used);
-                gpu.nvml_bytes = Some(seen);
-                let under = seen > ledger.saturating_add(AUDIT_SLACK);
-                if under && !gpu.under_reported {
-                    found.push(Mismatch {
-                        pod: id.clone(),
-                        uuid: placement.uuid.clone(),
-                        ledger,
-                        nvml: seen,
-                    });
-                }
-                gpu.under_reported = under;
-            }
-        }
-        found
-    }
-
-    /// Gives back the memory of dead processes in every pod; returns the
-    /// bytes per pod where any was given back.
-    pub fn reclaim_dead(&self) -> Vec<(String, u64)> {
-        self.pods
-            .iter()
-            .filter_map(|(id, pod)| {
-                let bytes = pod.region.reclaim_dead();
-                (bytes > 0).then(|| (id.clone(), bytes))
-            })
-            .collect()
-    }
-
-    /// Gives back the memory of `pod`'s dead processes.
-    pub fn reclaim_pod(&self, pod: &str) -> u64 {
-        self.pods.get(pod).map_or(0, |p| p.region.reclaim_dead())
-    }
-
-    /// Snapshot of every pod; `workers` counts a pod's workers.
-    pub fn status(&self, workers: impl Fn(&str) -> usize) -> Vec<PodStatus> {
-        self.pods
-            .iter()
-            .map(|(id, pod)| PodStatus {
-                id: id.clone(),
-                region: pod.region.path().display().to_string(),
-                suspended: pod.suspended,
-                workers: workers(id),
-                gpus: pod.gpus.iter().map(|g| gpu_status(pod, g)).collect(),
-            })
-            .collect()
-    }
-}
-
-fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
-    let uuid = g.placement.as_ref().map(|p| p.uuid.as_str());
-    let bucket = uuid.and_then(|u| pod.region.bucket(u));
-    let usage = uuid.and_then(|u| pod.region.usage(u));
-    GpuStatus {
-        gpu: g.spec.gpu.to_string(),
-        uuid: g.placement.as_ref().map(|p| p.uuid.clone()),
-        host_index: g.placement.as_ref().and_then(|p| p.host_index),
-        policy: g.spec.policy.as_str().to_owned(),
-        weight: g.spec.weight,
-        cap_percent: g.spec.cap_percent,
-        share_percent: g.spec.share_percent,
-        memory_quota: usage.map_or(g.spec.memory_bytes, |u| u.quota),
-        memory_used: usage.map_or(0, |u| u.used),
-        memory_peak: usage.map_or(0, |u| u.peak),
-        memory_nvml: g.nvml_bytes,
-        memory_under_reported: g.under_reported,
-        rate_ppm: bucket.map_or(g.grant.rate_ppm, |b| {
-            b.limits().rate_ppm.load(Ordering::Relaxed)
-        }),
-        ceiling_ppm: bucket.map_or(g.grant.ceiling_ppm, |b| {
-            b.limits().ceiling_ppm.load(Ordering::Relaxed)
-        }),
-        achieved_ppm: g.achieved_ppm,
-        waiting: bucket.map_or(0, |b| b.waiting.load(Ordering::Relaxed)),
-        launches: bucket.map_or(0, |b| b.launches.load(Ordering::Relaxed)),
-        tokens_ns: bucket.map_or(0, |b| b.tokens_ns.load(Ordering::Relaxed)),
-        active: g.active,
-    }
 }
 
 /// Rebuilds the per-GPU state from the spec, keeping the demand history of
 /// GPUs named the same way as before.
-fn rebuild_gpus(pod: &mut Pod, now: Instant) {
+pub(crate) fn rebuild_gpus(pod: &mut Pod, now: Instant) {
     let mut old: Vec<PodGpu> = std::mem::take(&mut pod.gpus);
     pod.gpus = pod
         .spec
@@ -642,7 +424,7 @@ fn rebuild_gpus(pod: &mut Pod, now: Instant) {
 
 /// Resolves every GPU of `pod` to a UUID; returns whether any placement
 /// changed. A GPU named twice (by index and by UUID) is placed once.
-fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
+pub(crate) fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
     let mut changed = false;
     let mut taken: Vec<String> = Vec::new();
     for gpu in &mut pod.gpus {
@@ -681,7 +463,7 @@ fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
 
 /// Writes the quotas of the pod's placed GPUs, forgets the others, sets the
 /// suspension and publishes the limits.
-fn write_layout(pod: &Pod) {
+pub(crate) fn write_layout(pod: &Pod) {
     let mut placed = Vec::new();
     for gpu in &pod.gpus {
         if let Some(p) = &gpu.placement {

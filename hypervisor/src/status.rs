@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
-use crate::metrics::LatencySnapshot;
 use crate::observer::GpuInfo;
 use crate::scheduler::PodStatus;
 
@@ -184,6 +183,35 @@ fn bytes(n: u64) -> String {
         format!("{n} B")
     } else {
         format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// A copy of the histogram.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct LatencySnapshot {
+    /// `(upper bound in µs, count in that bucket)`, non-cumulative; the last
+    /// bound is `u64::MAX`.
+    pub buckets: Vec<(u64, u64)>,
+    pub count: u64,
+    pub sum_seconds: f64,
+    pub timeouts: u64,
+}
+
+impl LatencySnapshot {
+    /// The upper bound (µs) of the bucket holding quantile `q` (0..=1).
+    pub fn quantile_bound_us(&self, q: f64) -> Option<u64> {
+        if self.count == 0 {
+            return None;
+        }
+        let rank = (q * self.count as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for &(bound, n) in &self.buckets {
+            seen += n;
+            if seen >= rank {
+                return Some(bound);
+            }
+        }
+        self.buckets.last().map(|b| b.0)
     }
 }
 

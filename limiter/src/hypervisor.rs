@@ -19,17 +19,19 @@ use std::sync::{Mutex, Once, OnceLock};
 use std::time::Duration;
 
 use gpushare_utils::protocol::{
-    API_PREFIX, Admission, AdmissionRequest, Command, CommandResult, Register, Registered,
+    API_PREFIX, BudgetGrant, BudgetRequest, Command, CommandResult, Register, Registered,
     WorkerDevice,
 };
 
 use crate::driver::Driver;
-use http_bidir_comm::{Client, ClientOptions, Task};
+use http_bidir_comm::{Backoff, ChannelError, Client, ClientOptions, Requester, Task};
 
 /// How long a trapped launch waits for the hypervisor before trusting the
 /// local bucket alone.
 const ADMISSION_TIMEOUT: Duration = Duration::from_millis(100);
-/// Registration retries back off up to this.
+/// Registration retries back off from this...
+const REGISTER_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// ...up to this.
 const REGISTER_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Why talking to the hypervisor failed.
@@ -44,15 +46,13 @@ pub enum LinkError {
         source: std::io::Error,
     },
     #[error("request failed: {0}")]
-    Transport(#[from] ureq::Error),
-    #[error("hypervisor answered {status}: {body}")]
-    Status { status: u16, body: String },
-    #[error("bad answer: {0}")]
-    Decode(#[from] serde_json::Error),
+    Request(#[from] ChannelError),
     #[error("not registered yet")]
     NotRegistered,
-    #[error("command channel: {0}")]
-    Channel(#[from] http_bidir_comm::ChannelError),
+    /// Behaves like an unreachable hypervisor: retried, the pod's last
+    /// published limits or the local ones apply.
+    #[error("unusable address: {0}")]
+    Address(String),
 }
 
 /// How long registration waits for the application to initialise CUDA, so
@@ -99,10 +99,13 @@ pub enum LinkStatus {
 
 /// The hypervisor, as this process knows it.
 pub struct Link {
-    base: String,
+    /// As configured, without a trailing `/`.
+    address: String,
     token: String,
     pod: String,
-    agent: ureq::Agent,
+    /// Registration and admission requests (the command channel has its own
+    /// client); an address the client cannot use is kept as its error.
+    requests: Result<Requester, String>,
     registered: OnceLock<Registered>,
     status: Mutex<LinkStatus>,
     started: Once,
@@ -120,19 +123,19 @@ impl Link {
                 .map_err(|source| LinkError::TokenFile { path, source })?,
             _ => return Err(LinkError::NoToken),
         };
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .proxy(None)
-            .max_redirects(0)
-            .timeout_connect(Some(Duration::from_millis(200)))
-            .timeout_global(Some(Duration::from_secs(2)))
-            .build()
-            .new_agent();
+        let token = token.trim().to_owned();
+        let options = ClientOptions {
+            token: Some(token.clone()),
+            connect_timeout: Duration::from_millis(200),
+            request_timeout: Duration::from_secs(2),
+            ..ClientOptions::default()
+        };
+        let base = format!("{}{API_PREFIX}", address.trim_end_matches('/'));
         Ok(Self {
-            base: address.trim_end_matches('/').to_owned(),
-            token: token.trim().to_owned(),
+            address: address.trim_end_matches('/').to_owned(),
+            token,
             pod: pod.to_owned(),
-            agent,
+            requests: Requester::new(&base, options).map_err(|error| error.to_string()),
             registered: OnceLock::new(),
             status: Mutex::new(LinkStatus::Starting),
             started: Once::new(),
@@ -141,7 +144,7 @@ impl Link {
 
     /// The hypervisor's address, as configured.
     pub fn address(&self) -> &str {
-        &self.base
+        &self.address
     }
 
     /// Where registration stands.
@@ -159,28 +162,10 @@ impl Link {
         }
     }
 
-    fn post<B: serde::Serialize, R: serde::de::DeserializeOwned>(
-        &self,
-        path: &str,
-        body: &B,
-        timeout: Option<Duration>,
-    ) -> Result<R, LinkError> {
-        let url = format!("{}{API_PREFIX}{path}", self.base);
-        let mut request = self
-            .agent
-            .post(&url)
-            .header("Authorization", &format!("Bearer {}", self.token))
-            .header("Content-Type", "application/json");
-        if let Some(timeout) = timeout {
-            request = request.config().timeout_global(Some(timeout)).build();
-        }
-        let mut response = request.send(serde_json::to_string(body)?)?;
-        let status = response.status().as_u16();
-        let text = response.body_mut().read_to_string()?;
-        if !(200..300).contains(&status) {
-            return Err(LinkError::Status { status, body: text });
-        }
-        Ok(serde_json::from_str(&text)?)
+    fn requests(&self) -> Result<&Requester, LinkError> {
+        self.requests
+            .as_ref()
+            .map_err(|error| LinkError::Address(error.clone()))
     }
 
     /// Registers this process; the limits are in the shared region.
@@ -188,7 +173,7 @@ impl Link {
         if let Some(registered) = self.registered.get() {
             return Ok(registered);
         }
-        let registered: Registered = self.post(
+        let registered: Registered = self.requests()?.post_json(
             "/workers",
             &Register {
                 pod: self.pod.clone(),
@@ -219,7 +204,8 @@ impl Link {
 
     fn run(&'static self) {
         let _guard = gpushare_utils::hook::DetourGuard::enter_always();
-        let mut backoff = Duration::from_millis(50);
+        let seed = u64::from(std::process::id());
+        let mut backoff = Backoff::new(REGISTER_BACKOFF_MIN, REGISTER_BACKOFF_MAX, seed);
         if self.token.is_empty() {
             self.set_status(LinkStatus::Refused("the token is empty".to_owned()));
             return;
@@ -228,16 +214,18 @@ impl Link {
             match self.register() {
                 Ok(registered) => break registered,
                 // The hypervisor said no: asking again cannot change that.
-                Err(LinkError::Status { status, body }) if (400..500).contains(&status) => {
-                    let reason = format!("registration refused ({status}: {})", body.trim());
+                Err(LinkError::Request(ChannelError::Status { status, message }))
+                    if (400..500).contains(&status) =>
+                {
+                    let reason = format!("registration refused ({status}: {})", message.trim());
                     self.set_status(LinkStatus::Refused(reason));
                     return;
                 }
                 Err(error) => {
-                    tracing::warn!(%error, ?backoff, "hypervisor registration failed; retrying");
+                    let delay = backoff.next_delay();
+                    tracing::warn!(%error, ?delay, "hypervisor registration failed; retrying");
                     self.set_status(LinkStatus::Unreachable(error.to_string()));
-                    std::thread::sleep(backoff);
-                    backoff = (backoff * 2).min(REGISTER_BACKOFF_MAX);
+                    std::thread::sleep(delay);
                 }
             }
         };
@@ -246,7 +234,10 @@ impl Link {
             token: Some(self.token.clone()),
             ..ClientOptions::default()
         };
-        let channel = format!("{}{API_PREFIX}/channel", self.base);
+        let Ok(requests) = &self.requests else {
+            return;
+        };
+        let channel = format!("{}/channel", requests.base_url());
         let handle = Client::new(&channel, &registered.worker_id, options)
             .and_then(|client| client.spawn_loop(|task: Task<Command>| self.handle(task.task)));
         match handle {
@@ -275,9 +266,9 @@ impl Link {
     /// Asks for budget for a trapped launch on the GPU `uuid`.
     pub fn admission(&self, uuid: &str, cost_ns: u64) -> Result<u64, LinkError> {
         let registered = self.registered.get().ok_or(LinkError::NotRegistered)?;
-        let admission: Admission = self.post(
+        let admission: BudgetGrant = self.requests()?.post_json(
             "/admission",
-            &AdmissionRequest {
+            &BudgetRequest {
                 worker_id: registered.worker_id.clone(),
                 uuid: uuid.to_owned(),
                 cost_ns,

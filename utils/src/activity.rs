@@ -12,7 +12,7 @@
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::config::MAX_DEVICES;
+use crate::MAX_DEVICES;
 
 /// The table's name in `/dev/shm`.
 pub const NODE_REGION: &str = "gpushare-node-v1";

@@ -15,6 +15,7 @@
 //! plus a compare-and-swap every [`REFILL_BATCH_NS`] to refill. A launch that
 //! finds none is told how long to wait for it.
 
+pub use crate::clock::monotonic_ns;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -265,20 +266,6 @@ fn percent_to_ppm(percent: u8) -> u32 {
     } else {
         u32::from(percent) * 10_000
     }
-}
-
-/// The monotonic clock every process of the node shares, in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux,
-    // and is answered by the vDSO without a system call.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64)
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //! as one [`detour::Transaction`] with `Threads::All`, suspends every other
 //! thread and moves any thread caught inside the patched bytes. It was the only
 //! crates.io engine that survived installation under concurrent calls
-//! (DESIGN.md), so everything here goes through one transaction.
+//! (ARCHITECTURE.md, "Why the hook engine"), so everything here goes through
+//! one transaction.
 //!
 //! Generated detours (see `gpushare-macros`) hold their original in an
 //! [`Original`] slot, describe themselves with a [`HookEntry`], and enter
@@ -57,13 +58,13 @@ pub struct Patch {
 
 /// Detours live as long as the process: trampolines must stay valid for any
 /// thread that may still be inside one.
-struct Installed(Vec<RawDetour>);
+struct LiveDetours(Vec<RawDetour>);
 
 // SAFETY: the detours are never touched again after installation except to
 // keep them alive; the raw pointers inside are addresses, not owned data.
-unsafe impl Send for Installed {}
+unsafe impl Send for LiveDetours {}
 
-static INSTALLED: Mutex<Installed> = Mutex::new(Installed(Vec::new()));
+static INSTALLED: Mutex<LiveDetours> = Mutex::new(LiveDetours(Vec::new()));
 
 /// Patches every target in one transaction, with all other threads of the
 /// process suspended, and returns the trampoline (callable original) of each,

@@ -6,10 +6,15 @@
 
 pub mod activity;
 pub mod bucket;
+pub mod clock;
 pub mod config;
 pub mod hook;
 pub mod ledger;
 pub mod limits;
 pub mod logging;
+pub mod process;
 pub mod protocol;
 pub mod shm;
+
+/// The most devices a process can have limits for; device indices are `0..MAX_DEVICES`.
+pub const MAX_DEVICES: usize = 16;

@@ -22,8 +22,8 @@
 use std::mem::{offset_of, size_of};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use crate::MAX_DEVICES;
 use crate::bucket::BucketLimits;
-use crate::ledger::MAX_DEVICES;
 use crate::shm::{self, Creation, Mapping, ShmError, Trust};
 
 /// Prefix of a pod's limits object.

@@ -6,9 +6,9 @@
 //! - The `http-bidir-comm` channel under `/api/v1/channel`, client id = the
 //!   worker id: the hypervisor sends [`Command`]s, the worker answers with
 //!   [`CommandResult`]s.
-//! - `POST /api/v1/admission` with [`AdmissionRequest`] (bearer token): sent
+//! - `POST /api/v1/admission` with [`BudgetRequest`] (bearer token): sent
 //!   by a launch that found no budget in the shared bucket (trap); answered
-//!   with [`Admission`] once the hypervisor has granted budget to the pod.
+//!   with [`BudgetGrant`] once the hypervisor has granted budget to the pod.
 //!
 //! Limits live in the shared region (quota, bucket rate and ceiling, the
 //! suspended flag); the messages carry them too so a worker can log them and
@@ -42,7 +42,7 @@ pub struct Register {
 
 /// The limits of one GPU for one pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DeviceLimits {
+pub struct PodGpuLimits {
     /// `GPU-…` UUID.
     pub uuid: String,
     /// Memory quota in bytes; 0 = unlimited.
@@ -60,7 +60,7 @@ pub struct DeviceLimits {
 pub struct Registered {
     pub worker_id: String,
     pub pod: String,
-    pub devices: Vec<DeviceLimits>,
+    pub devices: Vec<PodGpuLimits>,
 }
 
 /// Commands the hypervisor sends a worker over the channel.
@@ -73,7 +73,7 @@ pub enum Command {
     Resume,
     /// New limits (also written to the shared region).
     SetLimits {
-        devices: Vec<DeviceLimits>,
+        devices: Vec<PodGpuLimits>,
     },
     /// Liveness check.
     Health,
@@ -89,7 +89,7 @@ pub struct CommandResult {
 
 /// A trapped launch asking for budget.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AdmissionRequest {
+pub struct BudgetRequest {
     pub worker_id: String,
     /// `GPU-…` UUID of the device.
     pub uuid: String,
@@ -99,7 +99,7 @@ pub struct AdmissionRequest {
 
 /// The hypervisor's grant.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Admission {
+pub struct BudgetGrant {
     /// GPU nanoseconds added to the pod's bucket for this request.
     pub granted_ns: u64,
 }
@@ -111,7 +111,7 @@ mod tests {
     #[test]
     fn commands_are_tagged_json() {
         let json = serde_json::to_string(&Command::SetLimits {
-            devices: vec![DeviceLimits {
+            devices: vec![PodGpuLimits {
                 uuid: "GPU-1".into(),
                 memory_bytes: 1 << 30,
                 share_percent: 30,

@@ -349,13 +349,16 @@ impl Provisioner {
         Ok(specs)
     }
 
+    fn gpu(&self, uuid: &str) -> Result<&GpuInfo, ProvisionError> {
+        self.gpus
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .ok_or_else(|| ProvisionError::NoSuchGpu(uuid.to_owned()))
+    }
+
     fn check_capacity(&self, request: &ClaimRequest) -> Result<(), ProvisionError> {
         for device in &request.devices {
-            let gpu = self
-                .gpus
-                .iter()
-                .find(|g| g.uuid == device.gpu_uuid)
-                .ok_or_else(|| ProvisionError::NoSuchGpu(device.gpu_uuid.clone()))?;
+            let gpu = self.gpu(&device.gpu_uuid)?;
             let held = |f: fn(&DeviceGrant) -> u64| -> u64 {
                 self.checkpoint
                     .claims
@@ -397,11 +400,7 @@ impl Provisioner {
     fn gpus_of(&self, request: &ClaimRequest) -> Result<Vec<GpuInfo>, ProvisionError> {
         let mut gpus = Vec::new();
         for device in &request.devices {
-            let gpu = self
-                .gpus
-                .iter()
-                .find(|g| g.uuid == device.gpu_uuid)
-                .ok_or_else(|| ProvisionError::NoSuchGpu(device.gpu_uuid.clone()))?;
+            let gpu = self.gpu(&device.gpu_uuid)?;
             if !gpus.iter().any(|g: &GpuInfo| g.uuid == gpu.uuid) {
                 gpus.push(gpu.clone());
             }

@@ -1,0 +1,76 @@
+//! The state every part shares: the scheduler, the workers, the hub.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::SystemTime;
+
+use gpushare_utils::protocol::{Command, CommandResult};
+use http_bidir_comm::{Hub, HubEvents};
+
+use crate::config::Settings;
+use crate::metrics::LatencyHistogram;
+use crate::observer::{GpuObserver, ProcessUtilization};
+use crate::scheduler::Scheduler;
+use crate::spec::Token;
+use crate::timer::PreciseTimer;
+use crate::workers::Workers;
+
+pub(crate) struct Core {
+    pub scheduler: Scheduler,
+    pub workers: Workers,
+    pub admin_token: Option<Token>,
+    pub settings: Settings,
+    /// Modification time and length of the config file at the last load.
+    pub config_stamp: Option<(SystemTime, u64)>,
+    /// The last per-process utilization seen, per GPU index.
+    pub utilization: Vec<(u32, ProcessUtilization)>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) core: Mutex<Core>,
+    pub hub: Hub<Command, CommandResult>,
+    pub timer: PreciseTimer,
+    pub latency: LatencyHistogram,
+    pub(crate) observer: Arc<dyn GpuObserver>,
+    pub(crate) config_path: Option<PathBuf>,
+    pub(crate) events: Mutex<Option<HubEvents<CommandResult>>>,
+    pub(crate) handle_sighup: bool,
+    pub listen: SocketAddr,
+    /// Kubernetes: checks a registering worker's cgroup (`None`: no check).
+    pub(crate) identity: std::sync::OnceLock<Arc<dyn crate::identity::WorkerIdentity>>,
+}
+
+/// The hypervisor's state and operations. Cloning is cheap (one `Arc`).
+#[derive(Clone)]
+pub struct Hypervisor {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Hypervisor {
+    pub(crate) fn core(&self) -> MutexGuard<'_, Core> {
+        lock(&self.shared.core)
+    }
+
+    /// From now on, a worker registers only if `identity` finds it in the
+    /// pod it names (set once; later calls are ignored).
+    pub fn set_worker_identity(&self, identity: Arc<dyn crate::identity::WorkerIdentity>) {
+        let _ = self.shared.identity.set(identity);
+    }
+
+    /// Where the config says to listen (or the `--listen` override).
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.shared.listen
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // No code panics while holding these locks; if some did, the state is
+    // still usable (every update is a step of its own).
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+pub(crate) fn stamp(path: &std::path::Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(path).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}

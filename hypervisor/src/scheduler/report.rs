@@ -1,0 +1,96 @@
+//! The scheduler's status report.
+
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+
+use super::*;
+
+/// Snapshot of one pod's GPU.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct GpuStatus {
+    pub gpu: String,
+    pub uuid: Option<String>,
+    pub host_index: Option<u32>,
+    pub policy: String,
+    pub weight: u32,
+    pub cap_percent: Option<u8>,
+    pub share_percent: Option<u8>,
+    pub memory_quota: u64,
+    pub memory_used: u64,
+    pub memory_peak: u64,
+    /// Device memory NVML attributes to the pod's processes (those the
+    /// daemon's pid namespace shows), at the last audit; `None`: not seen.
+    #[serde(default)]
+    pub memory_nvml: Option<u64>,
+    /// The pod's processes hold more than its ledger says (see
+    /// [`Scheduler::audit`]).
+    #[serde(default)]
+    pub memory_under_reported: bool,
+    /// Granted share in ppm; 0 = unlimited.
+    pub rate_ppm: u32,
+    pub ceiling_ppm: u32,
+    /// GPU time charged per wall time over the last second, in ppm.
+    pub achieved_ppm: u32,
+    pub waiting: u32,
+    pub launches: u64,
+    pub tokens_ns: i64,
+    pub active: bool,
+}
+
+/// Snapshot of one pod.
+#[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
+pub struct PodStatus {
+    pub id: String,
+    pub region: String,
+    pub suspended: bool,
+    pub workers: usize,
+    pub gpus: Vec<GpuStatus>,
+}
+
+impl Scheduler {
+    /// Snapshot of every pod; `workers` counts a pod's workers.
+    pub fn status(&self, workers: impl Fn(&str) -> usize) -> Vec<PodStatus> {
+        self.pods
+            .iter()
+            .map(|(id, pod)| PodStatus {
+                id: id.clone(),
+                region: pod.region.path().display().to_string(),
+                suspended: pod.suspended,
+                workers: workers(id),
+                gpus: pod.gpus.iter().map(|g| gpu_status(pod, g)).collect(),
+            })
+            .collect()
+    }
+}
+
+pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
+    let uuid = g.placement.as_ref().map(|p| p.uuid.as_str());
+    let bucket = uuid.and_then(|u| pod.region.bucket(u));
+    let usage = uuid.and_then(|u| pod.region.usage(u));
+    GpuStatus {
+        gpu: g.spec.gpu.to_string(),
+        uuid: g.placement.as_ref().map(|p| p.uuid.clone()),
+        host_index: g.placement.as_ref().and_then(|p| p.host_index),
+        policy: g.spec.policy.as_str().to_owned(),
+        weight: g.spec.weight,
+        cap_percent: g.spec.cap_percent,
+        share_percent: g.spec.share_percent,
+        memory_quota: usage.map_or(g.spec.memory_bytes, |u| u.quota),
+        memory_used: usage.map_or(0, |u| u.used),
+        memory_peak: usage.map_or(0, |u| u.peak),
+        memory_nvml: g.nvml_bytes,
+        memory_under_reported: g.under_reported,
+        rate_ppm: bucket.map_or(g.grant.rate_ppm, |b| {
+            b.limits().rate_ppm.load(Ordering::Relaxed)
+        }),
+        ceiling_ppm: bucket.map_or(g.grant.ceiling_ppm, |b| {
+            b.limits().ceiling_ppm.load(Ordering::Relaxed)
+        }),
+        achieved_ppm: g.achieved_ppm,
+        waiting: bucket.map_or(0, |b| b.waiting.load(Ordering::Relaxed)),
+        launches: bucket.map_or(0, |b| b.launches.load(Ordering::Relaxed)),
+        tokens_ns: bucket.map_or(0, |b| b.tokens_ns.load(Ordering::Relaxed)),
+        active: g.active,
+    }
+}

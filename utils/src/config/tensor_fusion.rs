@@ -1,0 +1,248 @@
+//! TensorFusion JSON maps (`TENSOR_FUSION_CUDA_MEM_LIMIT`, `TENSOR_FUSION_CUDA_UP_LIMIT`).
+
+use super::error::{MEM_JSON_VALUE, UP_JSON_VALUE};
+use super::limits::Device;
+use super::scan::RawVar;
+use super::units::limited;
+use super::vars::{Suffix, parse_index, rank};
+use super::{ComputeLimit, ConfigError, DeviceLimits, parse_size};
+
+/// One JSON value of a TensorFusion map; `Ok(None)` means unlimited.
+pub(super) type JsonValueParser<T> =
+    fn(&str, &str, &serde_json::Value) -> Result<Option<T>, ConfigError>;
+
+pub(super) fn json_bytes(
+    var: &str,
+    key: &str,
+    value: &serde_json::Value,
+) -> Result<Option<u64>, ConfigError> {
+    let bytes = match value {
+        serde_json::Value::Number(n) => n.as_u64(),
+        serde_json::Value::String(s) => Some(parse_size(s).map_err(|error| ConfigError::Size {
+            var: format!("{var}[{key:?}]"),
+            error,
+        })?),
+        _ => None,
+    };
+    match bytes {
+        Some(b) => Ok((b != 0).then_some(b)),
+        None => Err(json_value_error(var, key, value, MEM_JSON_VALUE)),
+    }
+}
+
+pub(super) fn json_percent(
+    var: &str,
+    key: &str,
+    value: &serde_json::Value,
+) -> Result<Option<ComputeLimit>, ConfigError> {
+    match value.as_u64().filter(|p| *p <= 100) {
+        Some(p) => Ok(u8::try_from(p)
+            .ok()
+            .and_then(limited)
+            .map(ComputeLimit::fixed)),
+        None => Err(json_value_error(var, key, value, UP_JSON_VALUE)),
+    }
+}
+
+pub(super) fn json_value_error(
+    var: &str,
+    key: &str,
+    value: &serde_json::Value,
+    expected: &'static str,
+) -> ConfigError {
+    ConfigError::JsonValue {
+        var: var.to_owned(),
+        key: key.to_owned(),
+        value: value.to_string(),
+        expected,
+    }
+}
+
+/// A TensorFusion map key: a device index or a GPU/MIG UUID (lowercased).
+pub(super) fn json_device(key: &str) -> Option<Device> {
+    match parse_index(key) {
+        Suffix::Index(i) => return Some(Device::Index(i)),
+        Suffix::OutOfRange => return None,
+        Suffix::NotIndex => {}
+    }
+    let prefix = key.get(..4)?;
+    let is_uuid = (prefix.eq_ignore_ascii_case("gpu-") || prefix.eq_ignore_ascii_case("mig-"))
+        && key.len() > 4
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'/');
+    is_uuid.then(|| Device::Uuid(key.to_ascii_lowercase()))
+}
+
+pub(super) fn parse_json_limits<T>(
+    v: &RawVar,
+    out: &mut DeviceLimits<T>,
+    example: &'static str,
+    parse_value: JsonValueParser<T>,
+) -> Result<(), ConfigError> {
+    let not_object = |reason: String| ConfigError::JsonNotObject {
+        var: v.name.clone(),
+        value: v.value.clone(),
+        reason,
+        example,
+    };
+    let json: serde_json::Value =
+        serde_json::from_str(&v.value).map_err(|e| not_object(e.to_string()))?;
+    let found = match json {
+        serde_json::Value::Object(map) => map,
+        serde_json::Value::Null => return Err(not_object("found null".to_owned())),
+        serde_json::Value::Bool(_) => return Err(not_object("found a boolean".to_owned())),
+        serde_json::Value::Number(_) => return Err(not_object("found a number".to_owned())),
+        serde_json::Value::String(_) => return Err(not_object("found a string".to_owned())),
+        serde_json::Value::Array(_) => return Err(not_object("found an array".to_owned())),
+    };
+    let map = found;
+    let mut seen: Vec<(Device, &str)> = Vec::with_capacity(map.len());
+    for (key, value) in &map {
+        let Some(device) = json_device(key) else {
+            return Err(ConfigError::JsonKey {
+                var: v.name.clone(),
+                key: key.clone(),
+            });
+        };
+        if let Some((_, first)) = seen.iter().find(|(d, _)| *d == device) {
+            return Err(ConfigError::JsonDuplicate {
+                var: v.name.clone(),
+                first: (*first).to_owned(),
+                second: key.clone(),
+            });
+        }
+        let limit = parse_value(&v.name, key, value)?;
+        let rank = match device {
+            Device::Uuid(_) => rank::TF_UUID,
+            _ => rank::TF_INDEX,
+        };
+        out.push(rank, device.clone(), limit, format!("{}[{key:?}]", v.name));
+        seen.push((device, key.as_str()));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::test_support::*;
+    use crate::config::*;
+
+    #[test]
+    fn uuids_are_case_insensitive() {
+        let lower = r#"{"gpu-3430f778-7a25-704c-9090-8b0bb2478114": 1048576}"#;
+        let upper = r#"{"GPU-3430F778-7A25-704C-9090-8B0BB2478114": 1048576}"#;
+        let queries = [
+            UUID,
+            "gpu-3430f778-7a25-704c-9090-8b0bb2478114",
+            "GPU-3430F778-7A25-704C-9090-8B0BB2478114",
+        ];
+        for json in [lower, upper] {
+            let c = ok(&[("TENSOR_FUSION_CUDA_MEM_LIMIT", json)]);
+            for q in queries {
+                assert_eq!(c.memory.resolve(4, Some(q)), Some(MIB), "{json} {q}");
+            }
+            assert_eq!(c.memory.resolve(4, Some("GPU-other")), None);
+        }
+        let mig = r#"{"MIG-5c8e6d2a-1b3f-5f0e-8c9d-0a1b2c3d4e5f": 30}"#;
+        let c = ok(&[("TENSOR_FUSION_CUDA_UP_LIMIT", mig)]);
+        let got = c
+            .compute
+            .resolve(0, Some("mig-5C8E6D2A-1B3F-5F0E-8C9D-0A1B2C3D4E5F"));
+        assert_eq!(got, Some(ComputeLimit::fixed(30)));
+    }
+
+    #[test]
+    fn json_errors() {
+        let table: &[(&str, &str, &str)] = &[
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                "[1073741824]",
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT="[1073741824]" is not a JSON object (found an array; expected e.g. {"GPU-3430f778-7a25-704c-9090-8b0bb2478114": 1073741824} or {"0": "2g"})"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                "1073741824",
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT="1073741824" is not a JSON object (found a number; expected e.g. {"GPU-3430f778-7a25-704c-9090-8b0bb2478114": 1073741824} or {"0": "2g"})"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"0": 1"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT='{"0": 1' is not a JSON object (EOF while parsing an object at line 1 column 7; expected e.g. {"GPU-3430f778-7a25-704c-9090-8b0bb2478114": 1073741824} or {"0": "2g"})"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                "",
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT="" is not a JSON object (EOF while parsing a value at line 1 column 0; expected e.g. {"GPU-3430f778-7a25-704c-9090-8b0bb2478114": 1073741824} or {"0": "2g"})"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"0": -1}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT has "0": -1, which is not bytes as a whole number or a size string such as "4g""#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"0": 1.5}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT has "0": 1.5, which is not bytes as a whole number or a size string such as "4g""#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"0": null}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT has "0": null, which is not bytes as a whole number or a size string such as "4g""#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"0": "4x"}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT["0"]="4x" is not a size (expected bytes or a number with k, m, g or t, e.g. 4g, 1024m, 1048576k)"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"foo": 1}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT has key "foo", which is not a GPU UUID (GPU-… or MIG-…) or a device index from 0 to 15"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"16": 1}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT has key "16", which is not a GPU UUID (GPU-… or MIG-…) or a device index from 0 to 15"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"01": 1}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT has key "01", which is not a GPU UUID (GPU-… or MIG-…) or a device index from 0 to 15"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"GPU-": 1}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT has key "GPU-", which is not a GPU UUID (GPU-… or MIG-…) or a device index from 0 to 15"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                "{\"\\n\": 1}",
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT has key "\n", which is not a GPU UUID (GPU-… or MIG-…) or a device index from 0 to 15"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"GPU-abc": 1, "gpu-ABC": 2}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT names one device twice, as "GPU-abc" and "gpu-ABC" (expected each device once)"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_UP_LIMIT",
+                r#"{"0": 101}"#,
+                r#"TENSOR_FUSION_CUDA_UP_LIMIT has "0": 101, which is not a whole-number percent from 0 to 100"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_UP_LIMIT",
+                r#"{"0": "50"}"#,
+                r#"TENSOR_FUSION_CUDA_UP_LIMIT has "0": "50", which is not a whole-number percent from 0 to 100"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_UP_LIMIT",
+                "null",
+                r#"TENSOR_FUSION_CUDA_UP_LIMIT="null" is not a JSON object (found null; expected e.g. {"GPU-3430f778-7a25-704c-9090-8b0bb2478114": 50} or {"0": 30})"#,
+            ),
+        ];
+        for &(name, value, want) in table {
+            assert_eq!(err(&[(name, value)]).to_string(), want, "{name}={value}");
+        }
+    }
+}
