@@ -192,6 +192,8 @@ fn registers_lists_shares_and_allocates_a_hami_pod() {
         let region = format!("/dev/shm/gpushare-pod-{uid}");
         let token = world.dir.join(format!("state/pods/{uid}/token"));
         assert!(mounts.contains(&(region.as_str(), region.as_str(), false)), "{mounts:?}");
+        let limits = format!("/dev/shm/gpushare-limits-{uid}");
+        assert!(mounts.contains(&(limits.as_str(), limits.as_str(), true)), "{mounts:?}");
         assert!(mounts.contains(&(token.to_str().unwrap(), "/var/run/gpushare/token", true)));
         assert!(mounts.iter().any(|m| m.1 == "/etc/ld.so.preload" && m.2));
         assert!(mounts.iter().any(|m| m.1 == "/usr/local/gpushare/lib/libcuda_limiter.so" && m.2));

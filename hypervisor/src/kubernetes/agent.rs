@@ -230,7 +230,12 @@ impl NodeAgent {
                 *health = new;
                 changed
             });
-            super::devices::advertise_capacity(&self.inner.client, &o.node, &gpus).await?;
+            // Not fatal to the slice: retried at the next resync.
+            if let Err(error) =
+                super::devices::advertise_capacity(&self.inner.client, &o.node, &gpus).await
+            {
+                tracing::warn!(%error, "node capacity for the device plugin not advertised");
+            }
         }
         slice::publish(&self.inner.client, &o.node, &o.driver, &gpus)
             .await
