@@ -79,6 +79,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 #include "cuda_min.h"
@@ -170,13 +171,34 @@ static unsigned long long env_count(const char *name, unsigned long long fallbac
     return value;
 }
 
-/* CUDA_VISIBLE_DEVICES, as indices only: CUDA ordinal i is the fake GPU
- * g_visible[i] (its UUID, what NVML calls it); unset, ordinal i is GPU i.
- * The CUDA side then counts only the visible GPUs, and keeps its state by
- * ordinal. Entries past the first invalid one are dropped, as CUDA does. */
+/* CUDA_VISIBLE_DEVICES, as indices or UUIDs ("GPU-" and a unique prefix of
+ * the rest, as CUDA takes them): CUDA ordinal i is the fake GPU g_visible[i]
+ * (its UUID, what NVML calls it); unset, ordinal i is GPU i. The CUDA side
+ * then counts only the visible GPUs, and keeps its state by ordinal. Entries
+ * past the first invalid one are dropped, as CUDA does. */
 static int g_visible[DOUBLE_MAX_DEVICES];
 /* The fake GPUs of the machine, visible or not (NVML sees them all). */
 static int g_physical_devices;
+
+/* The GPU whose UUID the entry at text names (up to ',' or the end), *end
+ * after it; -1 when none or several match. */
+static long visible_uuid(const char *text, char **end) {
+    size_t len = strcspn(text, ",");
+    long found = -1;
+    int device;
+    char uuid[DOUBLE_UUID_STRING_LEN + 1];
+    *end = (char *)text + len;
+    for (device = 0; device < g_config.devices; device++) {
+        double_uuid_string(device, uuid);
+        if (len > 4 && len <= DOUBLE_UUID_STRING_LEN && strncasecmp(uuid, text, len) == 0) {
+            if (found >= 0) {
+                return -1;
+            }
+            found = device;
+        }
+    }
+    return found;
+}
 
 static void load_visible(void) {
     const char *text = getenv("CUDA_VISIBLE_DEVICES");
@@ -190,7 +212,8 @@ static void load_visible(void) {
     }
     while (*text != '\0' && count < g_config.devices) {
         char *end;
-        long index = strtol(text, &end, 10);
+        long index = strncmp(text, "GPU-", 4) == 0 ? visible_uuid(text, &end)
+                                                   : strtol(text, &end, 10);
         if (end == text || index < 0 || index >= g_config.devices) {
             break;
         }

@@ -29,7 +29,8 @@
 //! max(D,1), mipmaps summed over the levels), fail with
 //! `CUDA_ERROR_OUT_OF_MEMORY` when they do not fit, and free gives back.
 //! `cuMemGetInfo` and NVML report this process's usage only. Device `i` has
-//! the UUID [`uuid`]`(i)`. `CUDA_VISIBLE_DEVICES` (indices only) renumbers
+//! the UUID [`uuid`]`(i)`. `CUDA_VISIBLE_DEVICES` (indices, or UUIDs as the device plugin and CDI
+//! specs give them) renumbers
 //! the CUDA side as the real driver does (CUDA device `k` is the `k`-th
 //! listed GPU, with its UUID); NVML still sees every GPU by its own index. `cuGetProcAddress(_v2)` hands out the exported
 //! addresses (`cuMemAlloc` → `cuMemAlloc_v2`, with the per-thread flag

@@ -49,6 +49,7 @@ pub mod api;
 pub mod config;
 pub mod conn;
 pub mod daemon;
+pub mod deviceplugin;
 pub mod dra;
 pub mod fairshare;
 pub mod fakes;

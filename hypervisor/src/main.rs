@@ -90,6 +90,17 @@ struct KubeArgs {
     /// The host's /proc (hostPID), for workers' cgroups.
     #[arg(long, default_value = "/proc")]
     proc_root: PathBuf,
+    /// Also a kubelet device plugin: GPUs advertised as shares of
+    /// nvidia.com/gpu, limits from HAMi's resource names and annotations.
+    #[arg(long, requires = "kubernetes")]
+    device_plugin: bool,
+    /// Device plugin: shares advertised per GPU (containers that may share one).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    shares_per_gpu: u32,
+    /// Device plugin: an extended resource counted in shares (repeatable;
+    /// nvidia.com/vgpu-number for vgpu-manager's pods).
+    #[arg(long = "device-plugin-resource", default_value = "nvidia.com/gpu")]
+    device_plugin_resources: Vec<String>,
 }
 
 impl KubeArgs {
@@ -125,6 +136,14 @@ impl KubeArgs {
             proc_root: self.proc_root.clone(),
             check_identity: true,
             resync: Duration::from_secs(30),
+            device_plugin: self.device_plugin.then(|| {
+                let mut config = hypervisor::deviceplugin::DevicePluginConfig::under(
+                    &self.kubelet_dir,
+                    self.shares_per_gpu,
+                );
+                config.resources = self.device_plugin_resources.clone();
+                config
+            }),
         })
     }
 }

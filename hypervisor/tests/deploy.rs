@@ -48,7 +48,7 @@ fn documents(text: &str) -> Vec<Value> {
 #[test]
 fn every_object_parses_into_its_type() {
     let mut kinds = Vec::new();
-    for dir in ["base", "example"] {
+    for dir in ["base", "example", "device-plugin"] {
         let mut files: Vec<PathBuf> = std::fs::read_dir(deploy().join(dir))
             .unwrap()
             .map(|e| e.unwrap().path())
@@ -67,6 +67,8 @@ fn every_object_parses_into_its_type() {
         kinds,
         [
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "DaemonSet",
             "DeviceClass",
@@ -112,7 +114,7 @@ fn kustomizations_render_where_kubectl_is_installed() {
         return;
     };
     assert!(version.status.success());
-    for dir in ["base", "example"] {
+    for dir in ["base", "example", "device-plugin"] {
         let out = std::process::Command::new("kubectl")
             .args(["kustomize"])
             .arg(deploy().join(dir))
@@ -129,4 +131,43 @@ fn kustomizations_render_where_kubectl_is_installed() {
             check(object, &format!("kubectl kustomize {dir}"));
         }
     }
+}
+
+#[test]
+fn the_device_plugin_overlay_patches_the_base_daemonset() {
+    let text = std::fs::read_to_string(deploy().join("device-plugin/kustomization.yaml")).unwrap();
+    let kustomization = documents(&text).remove(0);
+    assert_eq!(kustomization["resources"][0], "../base");
+    let patch = kustomization["patches"][0]["patch"].as_str().unwrap();
+    let ops: Vec<Value> = serde_yaml::from_str(patch).unwrap();
+    // Applied to the base DaemonSet, the JSON patch gives a valid DaemonSet.
+    let base = std::fs::read_to_string(deploy().join("base/daemonset.yaml")).unwrap();
+    let mut daemonset = documents(&base).remove(0);
+    for op in &ops {
+        assert_eq!(op["op"], "add");
+        let path = op["path"].as_str().unwrap().strip_suffix("/-").unwrap();
+        daemonset
+            .pointer_mut(path)
+            .and_then(Value::as_array_mut)
+            .unwrap_or_else(|| panic!("no list at {path}"))
+            .push(op["value"].clone());
+    }
+    check(daemonset.clone(), "device-plugin overlay");
+    let typed: DaemonSet = serde_json::from_value(daemonset).unwrap();
+    let pod = typed.spec.template.spec.unwrap();
+    let args = pod.containers[0].args.clone().unwrap();
+    assert!(
+        args.contains(&"--device-plugin".to_owned()) && args.contains(&"--kubernetes".to_owned())
+    );
+    let mounts = pod.containers[0].volume_mounts.clone().unwrap();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m.mount_path == "/var/lib/kubelet/device-plugins")
+    );
+    assert!(
+        mounts
+            .iter()
+            .any(|m| m.mount_path == "/var/lib/kubelet/pod-resources")
+    );
 }

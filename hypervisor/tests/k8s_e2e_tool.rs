@@ -99,3 +99,72 @@ fn k8s_e2e_writes_the_cdi_env_and_cleans_up() {
     assert!(!PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}")).exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn k8s_e2e_device_plugin_mode_writes_the_allocate_env_and_cleans_up() {
+    let dir = std::env::temp_dir().join(format!("hv-k8s-e2e-dp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let limiter = dir.join("libcuda_limiter.so");
+    std::fs::write(&limiter, b"").unwrap();
+    let out = dir.join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_k8s-e2e"))
+        .args([
+            "--simulate-gpus",
+            "2",
+            "--device-plugin",
+            "--gpumem",
+            "4096",
+        ])
+        .args(["--gpucores", "30", "--max-seconds", "60", "--skip-identity"])
+        .arg("--out")
+        .arg(&out)
+        .arg("--limiter")
+        .arg(&limiter)
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !out.join("ready").exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "never ready");
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("k8s-e2e exited early: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pod = std::fs::read_to_string(out.join("ready")).unwrap();
+    let pod = pod.trim();
+    let env = std::fs::read_to_string(out.join("env")).unwrap();
+    assert!(
+        env.lines().any(|l| l == format!("CUDA_LIMITER_POD={pod}")),
+        "{env}"
+    );
+    let mounts = std::fs::read_to_string(out.join("mounts")).unwrap();
+    let region = format!("/dev/shm/gpushare-pod-{pod}");
+    assert!(
+        mounts
+            .lines()
+            .any(|l| l.starts_with(&format!("{region} {region} rw,"))),
+        "{mounts}"
+    );
+    assert!(
+        mounts
+            .lines()
+            .any(|l| l.contains(" /etc/ld.so.preload ro,")),
+        "{mounts}"
+    );
+    std::fs::write(out.join("stop"), b"").unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        std::fs::read_to_string(out.join("unprepared")).unwrap(),
+        "clean\n"
+    );
+    let hv: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("status.json")).unwrap()).unwrap();
+    let gpu = &hv["pods"][0]["gpus"][0];
+    assert_eq!(
+        (gpu["memory_quota"].as_u64(), gpu["cap_percent"].as_u64()),
+        (Some(4 << 30), Some(30))
+    );
+    assert!(!std::path::Path::new(&region).exists());
+    std::fs::remove_dir_all(&dir).unwrap();
+}

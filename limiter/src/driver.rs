@@ -177,7 +177,7 @@ impl Timing {
     }
 
     /// What an event bracket around one launch holds besides the kernel, in
-    /// the current context: the median of a few brackets around an empty
+    /// the current context: the lower quartile of a few brackets around an empty
     /// kernel of our own, launched directly and as a graph, into an idle
     /// stream and queued behind a kernel that holds the stream. On
     /// `app_stream` (idle: nothing of the application's is waited for) when

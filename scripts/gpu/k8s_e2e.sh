@@ -7,6 +7,10 @@
 # private mount namespace (unshare -m; run as root). Prints a table.
 #
 #   bash scripts/gpu/k8s_e2e.sh gpu-bundle     # needs nvcc, python3 + torch, root
+#   MODE=device-plugin bash scripts/gpu/k8s_e2e.sh gpu-bundle
+#     the same checks for a HAMi-style pod (nvidia.com/gpumem: 4096,
+#     nvidia.com/gpucores: 30) taken through the device plugin: the env and
+#     mounts are those Allocate returned.
 set -uo pipefail
 BUNDLE=$(cd "${1:-gpu-bundle}" && pwd)
 SRC=$(cd "$(dirname "$0")" && pwd)
@@ -22,7 +26,13 @@ kv() { sed -n "s/^$1=//p" "$2" | tail -n 1; }
 "$NVCC" -O2 -arch=sm_90 -o "$WORK/spin" "$SRC/spin.cu" || { echo "nvcc failed"; exit 1; }
 
 # Workers run outside any pod's cgroup here: the identity check is off.
-"$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" --memory 4Gi --compute 30 \
+case "${MODE:-dra}" in
+  dra) ASK=(--memory 4Gi --compute 30) ;;
+  device-plugin) ASK=(--device-plugin --gpumem 4096 --gpucores 30) ;;
+  *) echo "MODE is dra or device-plugin"; exit 2 ;;
+esac
+echo "mode: ${MODE:-dra}"
+"$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" "${ASK[@]}" \
   --skip-identity --max-seconds 900 >"$WORK/k8s-e2e.log" 2>&1 &
 E2E=$!
 for _ in $(seq 100); do [ -f "$OUT/ready" ] && break; sleep 0.2; done

@@ -14,6 +14,13 @@
 //! end it writes `OUT/status.json` (pods, workers, memory used), unprepares
 //! the claim and writes `OUT/unprepared` (`clean` when spec, token and region
 //! are gone).
+//!
+//! `--device-plugin` takes a HAMi-style pod (`--gpumem` MiB, `--gpucores`
+//! percent) through the device plugin instead; the files are the same, from
+//! the `Allocate` answer, and the end deletes the pod.
+
+#[path = "k8s_e2e/device_plugin.rs"]
+mod device_plugin;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,6 +61,15 @@ struct Args {
     /// Accept workers outside the pod's cgroup (programs started by hand).
     #[arg(long)]
     skip_identity: bool,
+    /// Through the device plugin, with a HAMi-style pod, instead of a claim.
+    #[arg(long)]
+    device_plugin: bool,
+    /// Device plugin: `nvidia.com/gpumem` (MiB).
+    #[arg(long, default_value_t = 4096)]
+    gpumem: u64,
+    /// Device plugin: `nvidia.com/gpucores` (percent).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u8).range(0..=100))]
+    gpucores: u8,
     /// Stop by itself after this many seconds.
     #[arg(long, default_value_t = 600)]
     max_seconds: u64,
@@ -85,6 +101,17 @@ fn run(args: Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if args.device_plugin {
+        let wait = wait_for_stop(out.clone(), args.max_seconds);
+        return runtime.block_on(device_plugin::run(
+            &out,
+            &limiter,
+            observer,
+            (args.gpumem, args.gpucores),
+            !args.skip_identity,
+            wait,
+        ));
+    }
     runtime.block_on(async move {
         let api = FakeApiServer::start().await?;
         let mut options = node::options(&out.join("node"), "e2e-node", DRIVER, &limiter);
@@ -137,14 +164,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             out.display()
         );
 
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(args.max_seconds);
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        while !out.join("stop").exists() && tokio::time::Instant::now() < deadline {
-            tokio::select! {
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                _ = term.recv() => break,
-            }
-        }
+        wait_for_stop(out.clone(), args.max_seconds).await?;
         std::fs::write(
             out.join("status.json"),
             serde_json::to_vec_pretty(&node.hv.status())?,
@@ -173,6 +193,19 @@ fn run(args: Args) -> anyhow::Result<()> {
         ensure!(clean, "unprepare left files behind");
         Ok(())
     })
+}
+
+/// Until `OUT/stop` appears, SIGTERM, or `max_seconds`.
+async fn wait_for_stop(out: PathBuf, max_seconds: u64) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(max_seconds);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    while !out.join("stop").exists() && tokio::time::Instant::now() < deadline {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            _ = term.recv() => break,
+        }
+    }
+    Ok(())
 }
 
 fn write_outputs(out: &Path, spec_path: &Path, cdi: &[String]) -> anyhow::Result<()> {

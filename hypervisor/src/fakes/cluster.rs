@@ -129,3 +129,28 @@ pub async fn allocate(
         .await
         .map_err(Into::into)
 }
+
+/// Creates pod `name` bound to `node`, pending (its containers not started),
+/// whose container `main` has `limits` (HAMi's resource names) and whose
+/// metadata has `annotations`.
+pub async fn create_gpu_pod(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    limits: Value,
+    annotations: Value,
+) -> Result<Pod> {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
+        },
+        "status": {"phase": "Pending"},
+    }))?;
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await
+        .map_err(Into::into)
+}

@@ -50,6 +50,7 @@ pub fn options(dir: &Path, node: &str, driver: &str, limiter: &Path) -> AgentOpt
         proc_root: PathBuf::from("/proc"),
         check_identity: true,
         resync: Duration::from_millis(500),
+        device_plugin: None,
     }
 }
 

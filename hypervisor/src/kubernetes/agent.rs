@@ -13,15 +13,16 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use super::{KubeError, KubernetesSource, claims, slice};
 use crate::daemon::Hypervisor;
+use crate::deviceplugin::{DevicePluginConfig, GpuHealth};
 use crate::dra::plugin::{self, PluginSockets};
 use crate::dra::{ClaimPreparer, ClaimRef, PreparedDevice};
 use crate::identity::CgroupIdentity;
 use crate::observer::GpuInfo;
-use crate::provision::{PodRef, ProvisionConfig, Provisioner};
+use crate::provision::{ClaimRequest, PodRef, ProvisionConfig, Provisioner};
 use crate::source;
 
 /// How the agent runs.
@@ -42,24 +43,31 @@ pub struct AgentOptions {
     /// How often pods that are gone are looked for without an event, and
     /// the slice published again.
     pub resync: Duration,
+    /// `--device-plugin`: also a kubelet device plugin ([`crate::deviceplugin`]).
+    pub device_plugin: Option<DevicePluginConfig>,
 }
 
-struct Inner {
+pub(super) struct Inner {
     hv: Hypervisor,
-    client: kube::Client,
-    options: AgentOptions,
+    pub(super) client: kube::Client,
+    pub(super) options: AgentOptions,
     source: KubernetesSource,
     pods: Store<Pod>,
     claims: Store<ResourceClaim>,
-    /// Serialises prepare, unprepare and clean-up.
-    busy: tokio::sync::Mutex<()>,
+    /// Serialises prepare, unprepare, allocate and clean-up.
+    pub(super) busy: tokio::sync::Mutex<()>,
     changed: Notify,
+    /// The GPUs as the device plugin advertises them.
+    pub(super) gpu_health: watch::Sender<Vec<GpuHealth>>,
+    /// Device plugin allocations not yet started: the sorted share IDs, and
+    /// the (pod UID, container) they were provisioned for.
+    pub(super) allocated: Mutex<BTreeMap<Vec<String>, (String, String)>>,
 }
 
 /// The running agent; cheap to clone.
 #[derive(Clone)]
 pub struct NodeAgent {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
 impl NodeAgent {
@@ -85,6 +93,7 @@ impl NodeAgent {
         slice::publish(&client, &options.node, &options.driver, &gpus).await?;
         let (pods, pod_writer) = reflector::store::<Pod>();
         let (claims, claim_writer) = reflector::store::<ResourceClaim>();
+        let (gpu_health, _) = watch::channel(super::devices::health(&gpus, &[]));
         let inner = Arc::new(Inner {
             hv,
             client: client.clone(),
@@ -94,6 +103,8 @@ impl NodeAgent {
             claims,
             busy: tokio::sync::Mutex::new(()),
             changed: Notify::new(),
+            gpu_health,
+            allocated: Mutex::new(BTreeMap::new()),
         });
         let on_node =
             watcher::Config::default().fields(&format!("spec.nodeName={}", inner.options.node));
@@ -161,15 +172,40 @@ impl NodeAgent {
             }
         });
         let options = &self.inner.options;
+        let (stop, stopped) = watch::channel(false);
+        let devices = options.device_plugin.clone().map(|config| {
+            let agent = Arc::new(self.clone());
+            let gpus = self.inner.gpu_health.subscribe();
+            let mut stopped = stopped.clone();
+            tokio::spawn(crate::deviceplugin::kubelet::serve(
+                config,
+                agent,
+                gpus,
+                async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                },
+            ))
+        });
         let result = plugin::serve(
             &options.driver,
             &options.sockets,
             Arc::new(self.clone()),
-            shutdown,
+            async move {
+                shutdown.await;
+                let _ = stop.send(true);
+            },
         )
         .await
         .map_err(KubeError::Plugin);
         tidy.abort();
+        if let Some(devices) = devices {
+            match devices.await {
+                Ok(Err(error)) => tracing::error!(%error, "device plugin"),
+                Err(error) => tracing::error!(%error, "device plugin task"),
+                Ok(Ok(())) => {}
+            }
+        }
+        drop(stopped);
         result
     }
 
@@ -187,6 +223,20 @@ impl NodeAgent {
         let gpus = self.inner.hv.status().gpus;
         self.provisioner().set_gpus(gpus.clone());
         let o = &self.inner.options;
+        if o.device_plugin.is_some() {
+            self.inner.gpu_health.send_if_modified(|health| {
+                let new = super::devices::health(&gpus, health);
+                let changed = *health != new;
+                *health = new;
+                changed
+            });
+            // Not fatal to the slice: retried at the next resync.
+            if let Err(error) =
+                super::devices::advertise_capacity(&self.inner.client, &o.node, &gpus).await
+            {
+                tracing::warn!(%error, "node capacity for the device plugin not advertised");
+            }
+        }
         slice::publish(&self.inner.client, &o.node, &o.driver, &gpus)
             .await
             .map(|_| ())
@@ -228,6 +278,31 @@ impl NodeAgent {
             self.sync()?;
         }
         Ok(gone)
+    }
+
+    /// Prepares `request` and opens its pod's region with its limits (the
+    /// caller holds `busy`); nothing is left when the region cannot be
+    /// opened. Returns the CDI device IDs.
+    pub(super) fn provision(&self, request: &ClaimRequest) -> Result<Vec<String>, String> {
+        let cdi = self
+            .provisioner()
+            .prepare(request.clone())
+            .map_err(|e| e.to_string())?;
+        let report = source::sync(&self.inner.hv, &self.inner.source);
+        let failed = match &report {
+            Ok(report) => report.failed.iter().any(|(pod, _)| *pod == request.pod.uid),
+            Err(_) => true,
+        };
+        if failed {
+            // No region, no limits: the container must not start.
+            let _ = self.provisioner().unprepare(&request.claim_uid);
+            let _ = self.sync();
+            return Err(format!(
+                "claim {}: the pod's region could not be opened: {report:?}",
+                request.claim_uid
+            ));
+        }
+        Ok(cdi)
     }
 
     fn sync(&self) -> Result<(), KubeError> {
@@ -298,24 +373,7 @@ impl ClaimPreparer for NodeAgent {
             claims::to_request(&object, &o.driver, &o.node, provisioner.gpus())
                 .map_err(|e| e.to_string())?
         };
-        let cdi = self
-            .provisioner()
-            .prepare(request.clone())
-            .map_err(|e| e.to_string())?;
-        let report = source::sync(&self.inner.hv, &self.inner.source);
-        let failed = match &report {
-            Ok(report) => report.failed.iter().any(|(pod, _)| *pod == request.pod.uid),
-            Err(_) => true,
-        };
-        if failed {
-            // No region, no limits: the container must not start.
-            let _ = self.provisioner().unprepare(&claim.uid);
-            let _ = self.sync();
-            return Err(format!(
-                "claim {}: the pod's region could not be opened: {report:?}",
-                claim.uid
-            ));
-        }
+        let cdi = self.provision(&request)?;
         Ok(devices(&request, &cdi))
     }
 

@@ -14,9 +14,13 @@
 //!    longer has (or that finished) loses its claims, token and region.
 //! 5. **Identity**: workers are checked against their cgroup
 //!    ([`crate::identity`]).
+//! 6. **Device plugin** (`--device-plugin`, [`devices`]): containers that ask
+//!    for `nvidia.com/gpu` shares get a claim of their own, made from their
+//!    pod's resource names, provisioned as in 3.
 
 pub mod agent;
 pub mod claims;
+pub mod devices;
 pub mod quantity;
 pub mod slice;
 
@@ -49,6 +53,8 @@ pub enum KubeError {
     },
     #[error(transparent)]
     Provision(#[from] crate::provision::ProvisionError),
+    #[error("device plugin: {0}")]
+    DevicePlugin(String),
     #[error("kubelet plugin sockets: {0}")]
     Plugin(#[source] std::io::Error),
 }

@@ -17,6 +17,7 @@ use super::{
 };
 use crate::observer::GpuInfo;
 use gpushare_utils::ledger::POD_REGION_PREFIX;
+use gpushare_utils::limits::LIMITS_PREFIX;
 
 pub const CDI_VERSION: &str = "0.6.0";
 
@@ -112,6 +113,16 @@ pub fn claim_spec(
         Mount {
             host_path: path_text(&host_token),
             container_path: CONTAINER_TOKEN.to_owned(),
+            options: ro(),
+        },
+        // The limits the hypervisor writes: the limiter reads them, never writes.
+        Mount {
+            host_path: path_text(
+                &config
+                    .host_region_dir
+                    .join(format!("{LIMITS_PREFIX}{}", request.pod.uid)),
+            ),
+            container_path: format!("{CONTAINER_SHM}/{LIMITS_PREFIX}{}", request.pod.uid),
             options: ro(),
         },
         // Read-write: the pod's processes keep their usage and budget in it.

@@ -61,7 +61,8 @@ pub struct DeviceGrant {
     pub gpu_index: u32,
     /// Memory quota in bytes (consumed capacity `memory`).
     pub memory_bytes: u64,
-    /// Compute share in percent, 1..=100 (consumed capacity `compute`).
+    /// Compute share in percent, 1..=100 (consumed capacity `compute`); 0
+    /// with policy `none` (a device plugin pod without a compute limit).
     pub compute_percent: u8,
     pub params: SharingParams,
 }
@@ -100,7 +101,9 @@ impl ClaimRequest {
             if d.memory_bytes == 0 {
                 return Err(invalid(format!("{}: no memory", d.device)));
             }
-            if !(1..=100).contains(&d.compute_percent) {
+            // 0: no compute limit, only with the policy that says so.
+            let unlimited = d.compute_percent == 0 && d.params.policy == Policy::None;
+            if !unlimited && !(1..=100).contains(&d.compute_percent) {
                 return Err(invalid(format!(
                     "{}: compute {} is not 1..100",
                     d.device, d.compute_percent

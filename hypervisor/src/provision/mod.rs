@@ -16,6 +16,10 @@
 //!    mounted there) and writes the quotas.
 //! 3. **Unprepare** a claim, or **forget** a deleted pod: specs, token and
 //!    region go; the checkpoint follows.
+//!
+//! The device plugin's claims are made here, one per container, from the
+//! pod's resource names ([`crate::kubernetes::devices`]); their answer is the
+//! same edits ([`Provisioner::container_edits`]) as env, mounts and devices.
 
 pub mod cdi;
 pub mod checkpoint;
@@ -356,6 +360,39 @@ impl Provisioner {
             .ok_or_else(|| ProvisionError::NoSuchGpu(uuid.to_owned()))
     }
 
+    /// Memory (bytes) and compute (percent) the prepared claims hold of GPU `uuid`.
+    pub fn held(&self, uuid: &str) -> (u64, u32) {
+        self.checkpoint
+            .claims
+            .values()
+            .flat_map(|c| &c.request.devices)
+            .filter(|d| d.gpu_uuid == uuid)
+            .fold((0u64, 0u32), |(memory, compute), d| {
+                (
+                    memory.saturating_add(d.memory_bytes),
+                    compute + u32::from(d.compute_percent),
+                )
+            })
+    }
+
+    /// What prepared claim `uid` gives a container (its CDI spec's edits):
+    /// the device plugin answers the kubelet with these.
+    pub fn container_edits(&self, uid: &str) -> Result<cdi::ContainerEdits, ProvisionError> {
+        let not_prepared = || ProvisionError::Invalid {
+            claim: uid.to_owned(),
+            message: "not prepared".to_owned(),
+        };
+        let claim = self.checkpoint.claims.get(uid).ok_or_else(not_prepared)?;
+        let gpus = self.gpus_of(&claim.request)?;
+        let token = self.token_file(&claim.request.pod.uid);
+        let spec = cdi::claim_spec(&self.config, &claim.request, &gpus, &token)?;
+        spec.devices
+            .into_iter()
+            .next()
+            .map(|d| d.container_edits)
+            .ok_or_else(not_prepared)
+    }
+
     fn check_capacity(&self, request: &ClaimRequest) -> Result<(), ProvisionError> {
         for device in &request.devices {
             let gpu = self.gpu(&device.gpu_uuid)?;
@@ -427,6 +464,25 @@ impl Provisioner {
         }
         remove_if_there(&self.region_file(pod))
     }
+}
+
+/// A random (version 4) UID, for claims that have none in the API: those
+/// the device plugin makes for a container.
+pub fn new_uid() -> Result<String, ProvisionError> {
+    let mut b = [0u8; 16];
+    let mut file = std::fs::File::open("/dev/urandom").map_err(ProvisionError::Random)?;
+    std::io::Read::read_exact(&mut file, &mut b).map_err(ProvisionError::Random)?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    ))
 }
 
 fn random_token() -> Result<String, ProvisionError> {

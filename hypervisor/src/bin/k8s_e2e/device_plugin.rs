@@ -1,0 +1,126 @@
+//! `k8s-e2e --device-plugin`: a HAMi-style pod (`nvidia.com/gpu: 1`,
+//! `nvidia.com/gpumem`, `nvidia.com/gpucores`) taken through the device
+//! plugin (fake API server, the agent of `serve --kubernetes
+//! --device-plugin`, fake kubelet over the device plugin's sockets); the
+//! `Allocate` answer is written out as `env`, `mounts` and `device-nodes`,
+//! in the same formats as the DRA mode's.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use hypervisor::deviceplugin::DevicePluginConfig;
+use hypervisor::fakes::apiserver::FakeApiServer;
+use hypervisor::fakes::cluster;
+use hypervisor::fakes::device_kubelet::FakeDeviceKubelet;
+use hypervisor::fakes::node::{self, TestNode};
+use hypervisor::kubernetes::DRIVER;
+use hypervisor::observer::GpuObserver;
+use serde_json::json;
+
+const NODE: &str = "e2e-node";
+
+/// Runs the mode; `wait` serves until the caller's stop condition.
+pub async fn run(
+    out: &Path,
+    limiter: &Path,
+    observer: Arc<dyn GpuObserver>,
+    (gpumem, gpucores): (u64, u8),
+    check_identity: bool,
+    wait: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let api = FakeApiServer::start().await?;
+    let dir = out.join("node");
+    std::fs::create_dir_all(&dir)?;
+    let mut options = node::options(&dir, NODE, DRIVER, limiter);
+    options.check_identity = check_identity;
+    let config = DevicePluginConfig::under(&dir.join("kubelet"), 10);
+    std::fs::create_dir_all(&config.dir)?;
+    options.device_plugin = Some(config.clone());
+    let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources))?;
+    let node = TestNode::start(&api, observer, options).await?;
+    let client = hypervisor::kubernetes::client(node.options.kubeconfig.as_deref()).await?;
+    cluster::create_node(&client, NODE).await?;
+    let plugin = kubelet
+        .plugin("nvidia.com/gpu", Duration::from_secs(10))
+        .await?;
+    let devices = plugin.devices().await?;
+    let limits = json!({
+        "nvidia.com/gpu": "1",
+        "nvidia.com/gpumem": gpumem.to_string(),
+        "nvidia.com/gpucores": gpucores.to_string(),
+    });
+    let pod = cluster::create_gpu_pod(&client, "default", "e2e", NODE, limits, json!({})).await?;
+    kubelet.admit("default", "e2e", &["main"]);
+    let share = devices.first().context("no device advertised")?.id.clone();
+    let answer = plugin
+        .start_container(("default", "e2e", "main"), vec![share.clone()])
+        .await
+        .context("Allocate refused")?;
+    let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+    let mut env: Vec<String> = answer
+        .envs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    env.sort();
+    std::fs::write(out.join("env"), env.join("\n") + "\n")?;
+    let mounts: Vec<String> = answer
+        .mounts
+        .iter()
+        .map(|m| {
+            let mode = if m.read_only { "ro" } else { "rw" };
+            format!(
+                "{} {} {mode},nosuid,nodev,bind",
+                m.host_path, m.container_path
+            )
+        })
+        .collect();
+    std::fs::write(out.join("mounts"), mounts.join("\n") + "\n")?;
+    let nodes: Vec<&str> = answer
+        .devices
+        .iter()
+        .map(|d| d.host_path.as_str())
+        .collect();
+    std::fs::write(out.join("device-nodes"), nodes.join("\n") + "\n")?;
+    std::fs::write(out.join("cdi-devices"), format!("{share}\n"))?;
+    std::fs::write(out.join("ready"), format!("{pod_uid}\n"))?;
+    println!("k8s-e2e: pod {pod_uid} allocated through the device plugin ({share})");
+    println!(
+        "k8s-e2e: env and mounts in {}; touch {}/stop to finish",
+        out.display(),
+        out.display()
+    );
+    wait.await?;
+    std::fs::write(
+        out.join("status.json"),
+        serde_json::to_vec_pretty(&node.hv.status())?,
+    )?;
+    // The pod is deleted: the agent removes its claim, token and region.
+    api.delete("pods", "default", "e2e");
+    let token = node.options.provision.state_dir.join("pods").join(&pod_uid);
+    let region = std::path::PathBuf::from(format!("/dev/shm/gpushare-pod-{pod_uid}"));
+    for _ in 0..100 {
+        if !token.exists() && !region.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let clean = !token.exists() && !region.exists();
+    std::fs::write(
+        out.join("unprepared"),
+        if clean {
+            "clean\n".to_owned()
+        } else {
+            format!(
+                "left: token={} region={}\n",
+                token.exists(),
+                region.exists()
+            )
+        },
+    )?;
+    node.stop().await;
+    ensure!(clean, "deleting the pod left files behind");
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! Which GPUs of the node a container gets: those its pod's annotations
+//! allow, with enough free memory and compute after what the prepared
+//! claims hold; the most used first (binpack) or the least used (spread).
+//! The default scheduler only counted shares, so this is where memory
+//! fragmentation across the node's GPUs is resolved, or the pod refused.
+
+use super::ask::{ContainerAsk, MemoryAsk, Packing, PodPrefs};
+
+const MIB: u64 = 1 << 20;
+
+/// A GPU of the node and what the prepared claims hold of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuLoad {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_total: u64,
+    pub memory_held: u64,
+    pub compute_held: u32,
+}
+
+/// A GPU given to the container, and its part of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placed {
+    pub index: u32,
+    pub uuid: String,
+    pub memory_bytes: u64,
+    /// Percent; 0 when the container has no compute limit.
+    pub compute_percent: u8,
+}
+
+/// Why no placement: one line for the pod's event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("container {container} asks for {asked}; {why}")]
+pub struct Refusal {
+    pub container: String,
+    pub asked: String,
+    pub why: String,
+}
+
+/// Places `ask` on `gpus`.
+pub fn place(
+    ask: &ContainerAsk,
+    prefs: &PodPrefs,
+    gpus: &[GpuLoad],
+) -> Result<Vec<Placed>, Refusal> {
+    let cores = u32::from(ask.cores.unwrap_or(0));
+    let memory_of = |gpu: &GpuLoad| match ask.memory {
+        MemoryAsk::Mib(mib) => mib.saturating_mul(MIB),
+        MemoryAsk::Percent(p) => (u128::from(gpu.memory_total) * u128::from(p) / 100) as u64,
+        MemoryAsk::Whole => gpu.memory_total,
+    };
+    let mut reasons = Vec::new();
+    let mut fitting: Vec<&GpuLoad> = Vec::new();
+    for gpu in gpus {
+        if !prefs.allows(&gpu.uuid, &gpu.name) {
+            reasons.push(format!("{} excluded by the pod's annotations", label(gpu)));
+            continue;
+        }
+        let free_memory = gpu.memory_total.saturating_sub(gpu.memory_held);
+        let free_compute = 100u32.saturating_sub(gpu.compute_held);
+        if memory_of(gpu) > free_memory || cores > free_compute {
+            reasons.push(format!(
+                "{} has {} of {} MiB and {free_compute}% compute free",
+                label(gpu),
+                free_memory / MIB,
+                gpu.memory_total / MIB
+            ));
+            continue;
+        }
+        fitting.push(gpu);
+    }
+    let used = |g: &GpuLoad| -> u64 {
+        // Parts per 10,000 of memory plus of compute: the GPU's load.
+        let memory = (g.memory_held.min(g.memory_total) as u128 * 10_000)
+            .checked_div(g.memory_total as u128)
+            .unwrap_or(0) as u64;
+        memory + u64::from(g.compute_held.min(100)) * 100
+    };
+    match prefs.packing {
+        Packing::Binpack => fitting.sort_by_key(|g| (std::cmp::Reverse(used(g)), g.index)),
+        Packing::Spread => fitting.sort_by_key(|g| (used(g), g.index)),
+    }
+    if fitting.len() < ask.count as usize {
+        return Err(Refusal {
+            container: ask.container.clone(),
+            asked: describe(ask),
+            why: if reasons.is_empty() {
+                format!("the node has {} GPUs", gpus.len())
+            } else {
+                format!(
+                    "{} of the node's GPUs fit: {}",
+                    fitting.len(),
+                    reasons.join("; ")
+                )
+            },
+        });
+    }
+    let mut placed: Vec<Placed> = fitting
+        .into_iter()
+        .take(ask.count as usize)
+        .map(|g| Placed {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            memory_bytes: memory_of(g),
+            compute_percent: cores as u8,
+        })
+        .collect();
+    placed.sort_by_key(|p| p.index);
+    Ok(placed)
+}
+
+fn label(gpu: &GpuLoad) -> String {
+    format!("GPU {} ({})", gpu.index, gpu.uuid)
+}
+
+fn describe(ask: &ContainerAsk) -> String {
+    let memory = match ask.memory {
+        MemoryAsk::Mib(mib) => format!("{mib} MiB"),
+        MemoryAsk::Percent(p) => format!("{p}% of the memory"),
+        MemoryAsk::Whole => "all the memory".to_owned(),
+    };
+    let cores = ask
+        .cores
+        .map_or("no compute limit".to_owned(), |c| format!("{c}% compute"));
+    format!("{} GPU(s) with {memory} and {cores} each", ask.count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::Policy;
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpu(index: u32, held_gib: u64, compute: u32) -> GpuLoad {
+        GpuLoad {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "NVIDIA H100".into(),
+            memory_total: 80 * GIB,
+            memory_held: held_gib * GIB,
+            compute_held: compute,
+        }
+    }
+
+    fn ask(count: u32, memory: MemoryAsk, cores: Option<u8>) -> ContainerAsk {
+        ContainerAsk {
+            container: "main".into(),
+            count,
+            memory,
+            cores,
+        }
+    }
+
+    fn prefs(packing: Packing) -> PodPrefs {
+        PodPrefs {
+            use_uuids: vec![],
+            nouse_uuids: vec![],
+            use_types: vec![],
+            nouse_types: vec![],
+            packing,
+            policy: Policy::Fixed,
+        }
+    }
+
+    #[test]
+    fn table() {
+        let node = [gpu(0, 10, 20), gpu(1, 70, 50), gpu(2, 0, 0)];
+        let uuids = |r: Result<Vec<Placed>, Refusal>| -> Vec<u32> {
+            r.map(|v| v.iter().map(|p| p.index).collect())
+                .unwrap_or_default()
+        };
+        let mib = MemoryAsk::Mib(4096);
+        // Binpack: the fullest GPU that fits; spread: the emptiest.
+        assert_eq!(
+            uuids(place(
+                &ask(1, mib, Some(30)),
+                &prefs(Packing::Binpack),
+                &node
+            )),
+            [1]
+        );
+        assert_eq!(
+            uuids(place(
+                &ask(1, mib, Some(30)),
+                &prefs(Packing::Spread),
+                &node
+            )),
+            [2]
+        );
+        // 20 GiB does not fit where 70 of 80 are held: fragmentation resolved here.
+        assert_eq!(
+            uuids(place(
+                &ask(1, MemoryAsk::Mib(20 * 1024), None),
+                &prefs(Packing::Binpack),
+                &node
+            )),
+            [0]
+        );
+        assert_eq!(
+            uuids(place(
+                &ask(2, MemoryAsk::Percent(50), Some(10)),
+                &prefs(Packing::Binpack),
+                &node
+            )),
+            [0, 2]
+        );
+        let mut only = prefs(Packing::Binpack);
+        only.use_uuids = vec!["GPU-2".into()];
+        assert_eq!(uuids(place(&ask(1, mib, None), &only, &node)), [2]);
+        // Whole GPUs: only the empty one.
+        assert_eq!(
+            uuids(place(
+                &ask(1, MemoryAsk::Whole, Some(100)),
+                &prefs(Packing::Binpack),
+                &node
+            )),
+            [2]
+        );
+        let placed = place(
+            &ask(1, MemoryAsk::Percent(25), Some(30)),
+            &prefs(Packing::Spread),
+            &node,
+        )
+        .unwrap();
+        assert_eq!(
+            (placed[0].memory_bytes, placed[0].compute_percent),
+            (20 * GIB, 30)
+        );
+    }
+
+    #[test]
+    fn refusal_says_why() {
+        let node = [gpu(0, 78, 0), gpu(1, 0, 90)];
+        let refused = place(
+            &ask(1, MemoryAsk::Mib(4096), Some(30)),
+            &prefs(Packing::Binpack),
+            &node,
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            refused,
+            "container main asks for 1 GPU(s) with 4096 MiB and 30% compute each; 0 of the node's GPUs fit: \
+             GPU 0 (GPU-0) has 2048 of 81920 MiB and 100% compute free; \
+             GPU 1 (GPU-1) has 81920 of 81920 MiB and 10% compute free"
+        );
+        let refused = place(
+            &ask(3, MemoryAsk::Mib(1), None),
+            &prefs(Packing::Binpack),
+            &node,
+        )
+        .unwrap_err();
+        assert_eq!(refused.why, "the node has 2 GPUs");
+    }
+}

@@ -1,0 +1,153 @@
+//! The device plugin's answer makes the limiter apply a HAMi-style pod's
+//! limits: a pod asking `nvidia.com/gpumem: 4096` and `nvidia.com/gpucores:
+//! 30` is allocated by the real agent (fake API server and kubelet), then
+//! the driver double's probe runs with exactly the env `Allocate` returned,
+//! the mounts emulated by their host paths (the token file named by its host
+//! path, the preload file's library by `LD_PRELOAD`; the region's host path
+//! is its container path here).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{CONTEXT_BYTES, GIB, MIB, info};
+use hypervisor::deviceplugin::DevicePluginConfig;
+use hypervisor::fakes::apiserver::FakeApiServer;
+use hypervisor::fakes::cluster;
+use hypervisor::fakes::device_kubelet::FakeDeviceKubelet;
+use hypervisor::fakes::node::{self, TestNode};
+use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError};
+use serde_json::json;
+
+/// The double's two GPUs, as NVML would show them to the hypervisor.
+struct DoubleGpus;
+
+impl GpuObserver for DoubleGpus {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        Ok((0..2u8)
+            .map(|i| GpuInfo {
+                index: u32::from(i),
+                uuid: gpushare_examples::uuid(i),
+                name: "driver double".to_owned(),
+                memory_total: 16 * GIB,
+                memory_used: 0,
+            })
+            .collect())
+    }
+}
+
+struct Cleanup {
+    dir: std::path::PathBuf,
+    files: Vec<String>,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for file in &self.files {
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
+
+#[test]
+fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
+    let dir = std::env::temp_dir().join(format!("limiter-dp-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cleanup = Cleanup {
+        dir: dir.clone(),
+        files: Vec::new(),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (answer, pod, node) = runtime.block_on(async {
+        let api = FakeApiServer::start().await.unwrap();
+        let mut options = node::options(&dir, "node-probe", "gpu.gpushare.dev", &common::limiter());
+        // The probe runs outside any pod's cgroup.
+        options.check_identity = false;
+        let config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
+        std::fs::create_dir_all(&config.dir).unwrap();
+        options.device_plugin = Some(config.clone());
+        let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
+        api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
+        let client = hypervisor::kubernetes::client(Some(&dir.join("kubeconfig")))
+            .await
+            .unwrap();
+        cluster::create_node(&client, "node-probe").await.unwrap();
+        let node = TestNode::start(&api, Arc::new(DoubleGpus), options)
+            .await
+            .unwrap();
+        let plugin = kubelet
+            .plugin("nvidia.com/gpu", Duration::from_secs(10))
+            .await
+            .unwrap();
+        let pod = cluster::create_gpu_pod(
+            &client,
+            "default",
+            "hami",
+            "node-probe",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
+            json!({"hami.io/gpu-scheduler-policy": "spread", "nvidia.com/nouse-gpuuuid": gpushare_examples::uuid(0)}),
+        )
+        .await
+        .unwrap();
+        kubelet.admit("default", "hami", &["main"]);
+        let share = format!("{}::0", gpushare_examples::uuid(0));
+        let answer = plugin
+            .start_container(("default", "hami", "main"), vec![share])
+            .await
+            .unwrap();
+        (answer, pod.metadata.uid.unwrap(), (node, api, kubelet))
+    });
+    cleanup.files.push(format!("/dev/shm/gpushare-pod-{pod}"));
+    cleanup
+        .files
+        .push(format!("/dev/shm/gpushare-limits-{pod}"));
+    let node_region = format!("gpushare-node-test-dp-{}", std::process::id());
+    cleanup.files.push(format!("/dev/shm/{node_region}"));
+    // GPU 0 excluded by the annotation: GPU 1, the double's second.
+    assert_eq!(
+        answer.envs["CUDA_VISIBLE_DEVICES"],
+        gpushare_examples::uuid(1)
+    );
+
+    let mut command = gpushare_examples::command("cudaprobe");
+    command
+        .env_remove("CUDA_LIMITER_LOG")
+        .env("GPUSHARE_DOUBLE_DEVICES", "2")
+        .env("GPUSHARE_DOUBLE_TOTAL", "16g")
+        .env("GPUSHARE_NODE_REGION", &node_region)
+        .env("LD_PRELOAD", common::limiter())
+        .envs(&answer.envs);
+    let token = answer
+        .mounts
+        .iter()
+        .find(|m| m.container_path == answer.envs["CUDA_LIMITER_TOKEN_FILE"])
+        .expect("token mount");
+    assert!(token.read_only);
+    command.env("CUDA_LIMITER_TOKEN_FILE", &token.host_path);
+    command.args([
+        "info", "alloc", "mem", "5g", "alloc", "mem", "3g", "run", "kernel", "1000", "1500",
+    ]);
+    // The agent keeps serving on the runtime's threads meanwhile.
+    let output = command.output().unwrap();
+    common::check(&output);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    // The quota is the total; 5 GiB is refused (CUDA_ERROR_OUT_OF_MEMORY), 3 GiB fits.
+    assert_eq!(
+        lines[0],
+        info(0, 4096 * MIB - CONTEXT_BYTES, 4 * GIB),
+        "{lines:?}"
+    );
+    assert!(lines[1].contains("-> 2 "), "{lines:?}");
+    assert!(lines[2].contains("-> 0 "), "{lines:?}");
+    let share = gpushare_examples::probe_field(lines[3], "share_pm").expect("share") as i64;
+    assert!((share - 300).abs() <= 40, "{lines:?}");
+    runtime.block_on(async move { node.0.stop().await });
+}
