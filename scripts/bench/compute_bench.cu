@@ -168,15 +168,17 @@ static void tight(long count) {
 static void pace(double host_us, long count) {
     empty_kernel<<<1, 1>>>();
     CHECK(cudaDeviceSynchronize());
-    double start = now_s();
+    double start = now_s(), in_call = 0;
     for (long i = 0; i < count; i++) {
         host_work(host_us);
+        double before = now_s();
         empty_kernel<<<1, 1>>>();
+        in_call += now_s() - before;
     }
     CHECK(cudaDeviceSynchronize());
     double wall = now_s() - start;
-    printf("mode=pace host_us=%.1f launches=%ld ns_per_iter=%.1f\n", host_us, count,
-           wall * 1e9 / count);
+    printf("mode=pace host_us=%.1f launches=%ld ns_per_iter=%.1f call_ns=%.1f\n", host_us, count,
+           wall * 1e9 / count, in_call * 1e9 / count);
 }
 
 int main(int argc, char **argv) {
