@@ -87,7 +87,7 @@ pub struct LaunchOverheads {
     /// Graph launches start faster; `None` where graphs could not be made.
     pub graph_idle_ns: Option<u64>,
     pub graph_queued_ns: Option<u64>,
-    /// The empty kernel's own back-to-back period, taken off the above.
+    /// The empty kernel's own back-to-back period, taken off the queued ones.
     pub empty_kernel_ns: u64,
 }
 
@@ -284,9 +284,12 @@ impl Timing {
         self.destroy(start);
         self.destroy(end);
         Some(LaunchOverheads {
-            kernel_idle_ns: idle.saturating_sub(empty),
+            // From an idle stream the empty kernel's own period is not taken
+            // back: a kernel launched into an idle GPU does not start sooner
+            // for being longer, and measured so on the H100 (check 11).
+            kernel_idle_ns: idle,
             kernel_queued_ns: queued.saturating_sub(empty),
-            graph_idle_ns: graph_idle.map(|ns| ns.saturating_sub(empty)),
+            graph_idle_ns: graph_idle,
             graph_queued_ns: graph_queued.map(|ns| ns.saturating_sub(empty)),
             empty_kernel_ns: empty,
         })

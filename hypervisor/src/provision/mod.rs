@@ -462,7 +462,14 @@ impl Provisioner {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(io("cannot remove", &dir))?;
         }
-        remove_if_there(&self.region_file(pod))
+        remove_if_there(&self.region_file(pod))?;
+        // The limits object the hypervisor wrote beside the region.
+        remove_if_there(
+            &self
+                .config
+                .region_dir
+                .join(format!("{}{pod}", gpushare_utils::limits::LIMITS_PREFIX)),
+        )
     }
 }
 
