@@ -45,6 +45,7 @@ impl Drop for Scratch {
         let _ = std::fs::remove_dir_all(&self.dir);
         for pod in self.pods.lock().unwrap().iter() {
             let _ = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{pod}"));
+            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-limits-{pod}"));
         }
     }
 }

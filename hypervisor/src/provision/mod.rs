@@ -463,13 +463,17 @@ impl Provisioner {
             std::fs::remove_dir_all(&dir).map_err(io("cannot remove", &dir))?;
         }
         remove_if_there(&self.region_file(pod))?;
-        // The limits object the hypervisor wrote beside the region.
-        remove_if_there(
-            &self
-                .config
-                .region_dir
-                .join(format!("{}{pod}", gpushare_utils::limits::LIMITS_PREFIX)),
-        )
+        // The limits object the hypervisor published for the pod (in the
+        // agent's shared memory, which a DaemonSet mounts as `region_dir`).
+        let limits = gpushare_utils::limits::PodLimits::name_of(pod);
+        match gpushare_utils::shm::unlink(&limits) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(ProvisionError::Io {
+                what: "cannot remove",
+                path: PathBuf::from(format!("/dev/shm/{limits}")),
+                source: error,
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
