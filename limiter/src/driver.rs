@@ -526,6 +526,51 @@ pub struct Nvml {
 }
 
 /// The running-processes query NVML offers, with the entry size it writes.
+/// An entry of NVML's process list, of either size.
+trait ProcessEntry: Copy + Default {
+    fn pid(&self) -> u32;
+    fn used(&self) -> u64;
+}
+
+impl ProcessEntry for nvmlProcessInfo_t {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn used(&self) -> u64 {
+        self.usedGpuMemory
+    }
+}
+
+impl ProcessEntry for nvmlProcessInfo_v1_t {
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+    fn used(&self) -> u64 {
+        self.usedGpuMemory
+    }
+}
+
+/// What NVML says `pid` uses on `device`, through the process list call
+/// `get` that writes entries of type `E`.
+fn used_by<E: ProcessEntry>(
+    device: nvmlDevice_t,
+    pid: u32,
+    get: unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut E) -> nvmlReturn_t,
+) -> Option<u64> {
+    let mut infos = [E::default(); 64];
+    let mut count = infos.len() as c_uint;
+    // SAFETY: count is the capacity of infos, entries of the size `get`
+    // writes (its signature says which).
+    let result = unsafe { get(device, &mut count, infos.as_mut_ptr()) };
+    if result != nvmlReturn_t::SUCCESS {
+        return None;
+    }
+    infos[..(count as usize).min(infos.len())]
+        .iter()
+        .find(|info| info.pid() == pid)
+        .map(ProcessEntry::used)
+}
+
 #[derive(Clone, Copy)]
 enum ProcessList {
     /// `_v3` (and `_v2`): `nvmlProcessInfo_t`, 24 bytes an entry.
@@ -616,33 +661,8 @@ impl Nvml {
             return None;
         }
         let used = match self.get_processes {
-            ProcessList::Current(get) => {
-                let mut infos = [nvmlProcessInfo_t::default(); 64];
-                let mut count = infos.len() as c_uint;
-                // SAFETY: count is the capacity of infos, entries of the
-                // size this version writes.
-                let result = unsafe { get(device, &mut count, infos.as_mut_ptr()) };
-                if result != nvmlReturn_t::SUCCESS {
-                    return None;
-                }
-                infos[..(count as usize).min(infos.len())]
-                    .iter()
-                    .find(|info| info.pid == pid)
-                    .map(|info| info.usedGpuMemory)
-            }
-            ProcessList::V1(get) => {
-                let mut infos = [nvmlProcessInfo_v1_t::default(); 64];
-                let mut count = infos.len() as c_uint;
-                // SAFETY: count is the capacity of infos, v1-sized entries.
-                let result = unsafe { get(device, &mut count, infos.as_mut_ptr()) };
-                if result != nvmlReturn_t::SUCCESS {
-                    return None;
-                }
-                infos[..(count as usize).min(infos.len())]
-                    .iter()
-                    .find(|info| info.pid == pid)
-                    .map(|info| info.usedGpuMemory)
-            }
+            ProcessList::Current(get) => used_by(device, pid, get),
+            ProcessList::V1(get) => used_by(device, pid, get),
         };
         // NVML_VALUE_NOT_AVAILABLE (all ones): NVML does not know; charging
         // it would saturate the pod's usage.
