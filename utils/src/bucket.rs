@@ -4,9 +4,9 @@
 //!
 //! Why GPU time and not launch counts: kernels differ by orders of magnitude
 //! in length, so only time makes "L% of the GPU" mean the same for a loop of
-//! 50 µs kernels and one of 2 ms kernels. Each launch is charged an estimate
-//! of its GPU time when it is admitted (the caller measures kernels and keeps
-//! the estimates); when a measurement comes back the difference is
+//! 50 µs kernels and one of 2 ms kernels. Each launch is charged its price
+//! in GPU time when it is admitted (the caller measures kernels and keeps
+//! the prices); when a measurement settles it, the difference is
 //! [corrected](ComputeBucket::correct). The bucket holds at most
 //! [`CAPACITY_NS`] (the burst a pod may take after idling) and never falls
 //! below [`DEBT_FLOOR_NS`].
@@ -46,7 +46,7 @@ pub struct BucketState {
     pub tokens_ns: AtomicI64,
     /// Monotonic time of the last refill.
     pub refilled_at_ns: AtomicU64,
-    /// GPU nanoseconds charged so far (estimates plus corrections).
+    /// GPU nanoseconds charged so far (prices plus corrections).
     pub charged_ns: AtomicU64,
     /// Launches admitted so far.
     pub launches: AtomicU64,
