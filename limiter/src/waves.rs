@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use gpushare_utils::config::MAX_DEVICES;
 
+/// Dynamic shared memory is looked up in steps of this many bytes.
+const SHARED_STEP: u32 = 8 * 1024;
 /// Occupancy cache entries (a power of two).
 const OCCUPANCY_SLOTS: usize = 1024;
 /// Resident blocks per SM when the driver cannot say: Hopper's and Ampere's
@@ -73,9 +75,17 @@ impl Waves {
     }
 
     fn blocks_per_sm(&self, grid: Grid, gpu: &impl GpuShape) -> u32 {
+        // Kernels whose dynamic shared memory follows the data (softmax over
+        // a growing sequence) would miss the cache at every launch: asked in
+        // steps of SHARED_STEP, rounded up (a bound on occupancy, which only
+        // changes in allocation steps anyway).
+        let shared_bytes = grid
+            .shared_bytes
+            .div_ceil(SHARED_STEP)
+            .saturating_mul(SHARED_STEP);
         let hash = mix(grid.function as u64
             ^ u64::from(grid.threads).rotate_left(48)
-            ^ u64::from(grid.shared_bytes).rotate_left(24));
+            ^ u64::from(shared_bytes).rotate_left(24));
         let tag = hash & !0xff;
         let slot = &self.occupancy[hash as usize % OCCUPANCY_SLOTS];
         let cached = slot.load(Ordering::Relaxed);
@@ -83,7 +93,7 @@ impl Waves {
             return (cached & 0xff) as u32;
         }
         let blocks = gpu
-            .blocks_per_sm(grid.function, grid.threads, grid.shared_bytes)
+            .blocks_per_sm(grid.function, grid.threads, shared_bytes)
             .unwrap_or_else(|| fallback_blocks_per_sm(grid.threads))
             .clamp(1, 255);
         slot.store(tag | u64::from(blocks), Ordering::Relaxed);
@@ -149,6 +159,20 @@ mod tests {
         assert_eq!(waves.count(0, grid(2, 2113, 128), &gpu), 2);
         // Tiny blocks are capped at 32 per SM.
         assert_eq!(waves.count(0, grid(2, 132 * 32 + 1, 32), &gpu), 2);
+        // Shared memory that grows with the data is asked in steps.
+        let asked = gpu.asked.get();
+        for shared_bytes in (0..8192).step_by(64) {
+            let grid = Grid {
+                shared_bytes,
+                ..grid(1, 1, 256)
+            };
+            waves.count(0, grid, &gpu);
+        }
+        assert_eq!(
+            gpu.asked.get() - asked,
+            1,
+            "1 to 8 KiB asked once (0 was before)"
+        );
         // A device beyond the table: one wave, whatever the grid.
         assert_eq!(waves.count(MAX_DEVICES, grid(1, 1 << 40, 256), &gpu), 1);
     }
