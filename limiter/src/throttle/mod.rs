@@ -44,8 +44,12 @@ use crate::driver::{Driver, Timing};
 use crate::error::{LimiterError, Result};
 use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
 use crate::runtime;
-use crate::sys::{CU_STREAM_PER_THREAD, CUevent, CUfunction, CUresult, CUstream};
+use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
+
+mod sampling;
+
+use sampling::Sample;
 
 /// Names another node activity table (tests: one per test).
 pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
@@ -107,31 +111,6 @@ struct DeviceBudget {
     elastic: bool,
 }
 
-/// One launch bracketed by events.
-struct Sample {
-    context: usize,
-    start: CUevent,
-    end: CUevent,
-    graph: bool,
-    device: usize,
-    charge: Charge,
-    /// `Some` when the stream had no work queued as the bracket began: the
-    /// bracket then also holds this host time between its start and the
-    /// launch call (long if the thread was preempted), and the launch latency.
-    idle_gap_ns: Option<u64>,
-    /// When the launch was made (host clock).
-    submitted_at: u64,
-}
-
-/// A bracket's start, recorded.
-struct SampleStart {
-    context: usize,
-    event: CUevent,
-    /// The stream had no work queued.
-    idle: bool,
-    recorded_at: u64,
-}
-
 /// The driver as the wave counter asks it.
 struct DriverShape<'a>(&'a Timing);
 
@@ -145,9 +124,6 @@ impl GpuShape for DriverShape<'_> {
             .blocks_per_sm(function as CUfunction, threads, shared_bytes)
     }
 }
-
-// SAFETY: events are plain driver handles, usable from any thread.
-unsafe impl Send for Sample {}
 
 /// The compute limits of this process's pod.
 pub struct Throttle {
@@ -435,154 +411,6 @@ impl Throttle {
         granted
     }
 
-    /// Measures the launch overhead once per context, at its first sample
-    /// (the launching thread has that context current).
-    fn calibrate(&self, timing: &Timing, context: usize, stream: CUstream) {
-        // A lock-free set of contexts: claim the first empty slot, unless
-        // the context is there already (or the set is full: the overhead of
-        // an earlier context stands for it).
-        let claimed = self.calibrated.iter().find_map(|slot| {
-            match slot.compare_exchange(0, context, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => Some(true),
-                Err(owner) if owner == context => Some(false),
-                Err(_) => None,
-            }
-        });
-        if claimed != Some(true) {
-            return;
-        }
-        // The sampled stream itself when it is idle: launch latency depends
-        // on the kind of stream.
-        let idle = timing.stream_idle(stream) == Some(true);
-        match timing.launch_overheads(idle.then_some(stream)) {
-            Some(overheads) => {
-                let extras = [
-                    (&self.kernel_idle_extra_ns, Some(overheads.kernel_idle_ns)),
-                    (
-                        &self.kernel_queued_extra_ns,
-                        Some(overheads.kernel_queued_ns),
-                    ),
-                    (&self.graph_idle_extra_ns, overheads.graph_idle_ns),
-                    (&self.graph_queued_extra_ns, overheads.graph_queued_ns),
-                ];
-                for (extra, measured) in extras {
-                    // Without graphs, a graph's launch is priced like a kernel's.
-                    let ns = measured.unwrap_or(overheads.kernel_idle_ns);
-                    extra.store(ns, Ordering::Relaxed);
-                }
-                if overheads.graph_queued_ns.is_none() {
-                    self.graph_queued_extra_ns
-                        .store(overheads.kernel_queued_ns, Ordering::Relaxed);
-                }
-                tracing::debug!(?overheads, "launch overhead measured");
-            }
-            None => tracing::warn!("launch overhead not measured; samples include it"),
-        }
-    }
-
-    /// Records a start event on `stream`, from the pool of its context;
-    /// also says whether the stream was idle.
-    fn begin_sample(&'static self, timing: &Timing, stream: CUstream) -> Option<SampleStart> {
-        if self.samples.is_full() {
-            return None;
-        }
-        let context = timing.stream_context(stream)? as usize;
-        self.calibrate(timing, context, stream);
-        let start = self.event(timing, context)?;
-        let idle = timing.stream_idle(stream).unwrap_or(false);
-        if timing.record(start, stream) {
-            Some(SampleStart {
-                context,
-                event: start,
-                idle,
-                recorded_at: monotonic_ns(),
-            })
-        } else {
-            // A pooled event whose context is gone fails to record: drop it.
-            timing.destroy(start);
-            None
-        }
-    }
-
-    /// Records the end event of `sample` (whose start is recorded) and
-    /// queues it for the monitor.
-    fn end_sample(
-        &'static self,
-        timing: &Timing,
-        mut sample: Sample,
-        stream: CUstream,
-        result: CUresult,
-    ) {
-        let end = if result.is_success() {
-            self.event(timing, sample.context)
-        } else {
-            None
-        };
-        let Some(end) = end else {
-            self.model.abandon(&sample.charge);
-            self.recycle(timing, sample.context, sample.start);
-            return;
-        };
-        if !timing.record(end, stream) {
-            timing.destroy(end);
-            self.model.abandon(&sample.charge);
-            self.recycle(timing, sample.context, sample.start);
-            return;
-        }
-        sample.end = end;
-        if let Err(sample) = self.samples.push(sample) {
-            self.model.abandon(&sample.charge);
-            self.recycle(timing, sample.context, sample.start);
-            self.recycle(timing, sample.context, sample.end);
-            return;
-        }
-        self.start_monitor();
-        // Pairs with the monitor's store of `monitor_parked` before it looks
-        // at the queue: one of the two sees the other.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.monitor_parked.load(Ordering::SeqCst)
-            && let Some(monitor) = self.monitor_thread.get()
-        {
-            monitor.unpark();
-        }
-    }
-
-    /// Starts the monitor thread, once: at the first sample, or at the first
-    /// activity stamp (elastic pods need it before any sample).
-    fn start_monitor(&'static self) {
-        self.monitor.call_once(|| {
-            let spawned = std::thread::Builder::new()
-                .name("cuda-limiter-monitor".into())
-                .spawn(move || self.monitor());
-            match spawned {
-                Ok(handle) => {
-                    self.monitor_thread.set(handle.thread().clone()).ok();
-                }
-                Err(error) => {
-                    tracing::error!(%error, "cannot start the monitor; launches stay at their first price");
-                }
-            }
-        });
-    }
-
-    /// An event of `context`: a spare one, or a new one (the current context
-    /// is the stream's on the launching thread).
-    fn event(&self, timing: &Timing, context: usize) -> Option<CUevent> {
-        if let Some((owner, event)) = self.events.pop() {
-            if owner == context {
-                return Some(event as CUevent);
-            }
-            self.recycle(timing, owner, event as CUevent);
-        }
-        timing.create_event()
-    }
-
-    fn recycle(&self, timing: &Timing, context: usize, event: CUevent) {
-        if self.events.push((context, event as usize)).is_err() {
-            timing.destroy(event);
-        }
-    }
-
     /// Stamps the node's activity table for `device`, at most every 10 ms.
     fn mark_active(&'static self, device: usize, now: u64) {
         let Some(marked) = self.marked_at_ns.get(device) else {
@@ -622,122 +450,5 @@ impl Throttle {
         *self.pod_key.get_or_init(|| {
             runtime::limiter().map_or(1, |limiter| activity::pod_key(limiter.pod.as_str()))
         })
-    }
-
-    /// The monitor thread: turns completed samples into prices and
-    /// corrections, and keeps elastic pods' contention up to date.
-    fn monitor(&'static self) {
-        // Its own driver calls never go through the detours.
-        let _guard = gpushare_utils::hook::DetourGuard::enter_always();
-        let Some(timing) = Driver::get().and_then(|driver| driver.timing.as_ref()) else {
-            return;
-        };
-        timing.relax_capture_mode();
-        let mut contention_checked = monotonic_ns();
-        let mut current: Option<Sample> = None;
-        loop {
-            let now = monotonic_ns();
-            if now.saturating_sub(contention_checked) >= CONTENTION_INTERVAL.as_nanos() as u64 {
-                contention_checked = now;
-                self.update_contention(now);
-            }
-            let sample = match current.take() {
-                Some(sample) => Some(sample),
-                None => self.samples.pop().inspect(|sample| {
-                    self.backlog_since_ns
-                        .store(sample.submitted_at.max(1), Ordering::Relaxed);
-                }),
-            };
-            let Some(sample) = sample else {
-                self.backlog_since_ns.store(0, Ordering::Relaxed);
-                self.monitor_parked.store(true, Ordering::SeqCst);
-                if self.samples.is_empty() {
-                    std::thread::park_timeout(CONTENTION_INTERVAL);
-                }
-                self.monitor_parked.store(false, Ordering::SeqCst);
-                continue;
-            };
-            match timing.query(sample.end) {
-                Ok(true) => self.complete(timing, sample),
-                Ok(false) => {
-                    current = Some(sample);
-                    std::thread::sleep(POLL_INTERVAL);
-                }
-                Err(code) => {
-                    // The context is gone: its events with it.
-                    self.model.abandon(&sample.charge);
-                    tracing::debug!(code = code.0, "sample lost");
-                }
-            }
-        }
-    }
-
-    fn complete(&self, timing: &Timing, sample: Sample) {
-        match timing.elapsed_ns(sample.start, sample.end) {
-            Some(bracket) => {
-                // A launch queued behind earlier work is measured from that
-                // work's end: its back-to-back period plus the events' own
-                // time. From an idle stream the bracket also holds the host's
-                // way to the launch call and the launch latency, which are
-                // not the pod's GPU time. A kernel no longer than these
-                // still costs a quarter of the bracket.
-                let extra = match (sample.idle_gap_ns, sample.graph) {
-                    (None, false) => &self.kernel_queued_extra_ns,
-                    (None, true) => &self.graph_queued_extra_ns,
-                    (Some(_), false) => &self.kernel_idle_extra_ns,
-                    (Some(_), true) => &self.graph_idle_extra_ns,
-                };
-                let overhead = sample.idle_gap_ns.unwrap_or(0) + extra.load(Ordering::Relaxed);
-                let measured = bracket.saturating_sub(overhead).max(bracket / 4);
-                let contended = self.activity().is_some_and(|table| {
-                    table.contended(sample.device, self.pod_key(), monotonic_ns())
-                });
-                let owed = self.model.record(&sample.charge, measured, contended);
-                tracing::trace!(
-                    bracket,
-                    idle_gap = ?sample.idle_gap_ns,
-                    overhead,
-                    measured,
-                    charged = sample.charge.ns,
-                    waves = sample.charge.waves,
-                    owed,
-                    "sample"
-                );
-                if let Some(budget) = self.budget(sample.device) {
-                    budget.bucket.correct(owed);
-                }
-            }
-            None => self.model.abandon(&sample.charge),
-        }
-        self.recycle(timing, sample.context, sample.start);
-        self.recycle(timing, sample.context, sample.end);
-    }
-
-    fn update_contention(&self, now: u64) {
-        let Some(table) = self.activity() else {
-            return;
-        };
-        if runtime::hypervisor().is_some() {
-            return; // the hypervisor decides elastic shares
-        }
-        for (device, budget) in self.budgets.iter().enumerate() {
-            if let Some(Some(budget)) = budget.get()
-                && budget.elastic
-            {
-                let contended = table.contended(device, self.pod_key(), now);
-                let was = budget
-                    .bucket
-                    .uncontended
-                    .swap(u32::from(!contended), Ordering::Relaxed);
-                if was != u32::from(!contended) {
-                    tracing::debug!(
-                        device,
-                        contended,
-                        "elastic ceiling {}",
-                        if contended { "off" } else { "on" }
-                    );
-                }
-            }
-        }
     }
 }
