@@ -62,23 +62,23 @@ impl Throttle {
         let idle = timing.stream_idle(stream) == Some(true);
         match timing.launch_overheads(idle.then_some(stream)) {
             Some(overheads) => {
+                // Without graphs, a graph's launch is priced like a kernel's.
                 let extras = [
-                    (&self.kernel_idle_extra_ns, Some(overheads.kernel_idle_ns)),
+                    (&self.kernel_idle_extra_ns, overheads.kernel_idle_ns),
+                    (&self.kernel_queued_extra_ns, overheads.kernel_queued_ns),
                     (
-                        &self.kernel_queued_extra_ns,
-                        Some(overheads.kernel_queued_ns),
+                        &self.graph_idle_extra_ns,
+                        overheads.graph_idle_ns.unwrap_or(overheads.kernel_idle_ns),
                     ),
-                    (&self.graph_idle_extra_ns, overheads.graph_idle_ns),
-                    (&self.graph_queued_extra_ns, overheads.graph_queued_ns),
+                    (
+                        &self.graph_queued_extra_ns,
+                        overheads
+                            .graph_queued_ns
+                            .unwrap_or(overheads.kernel_queued_ns),
+                    ),
                 ];
-                for (extra, measured) in extras {
-                    // Without graphs, a graph's launch is priced like a kernel's.
-                    let ns = measured.unwrap_or(overheads.kernel_idle_ns);
+                for (extra, ns) in extras {
                     extra.store(ns, Ordering::Relaxed);
-                }
-                if overheads.graph_queued_ns.is_none() {
-                    self.graph_queued_extra_ns
-                        .store(overheads.kernel_queued_ns, Ordering::Relaxed);
                 }
                 tracing::debug!(?overheads, "launch overhead measured");
             }
