@@ -285,6 +285,9 @@ impl Limiter {
 fn release_at_exit() {
     extern "C" fn release() {
         let released = std::panic::catch_unwind(|| {
+            if let Some(throttle) = throttle() {
+                throttle.print_summary();
+            }
             if let Some(ledger) = limiter()
                 .and_then(|limiter| limiter.ledger.get())
                 .and_then(Option::as_ref)

@@ -216,3 +216,50 @@ fn elastic_pods_use_idle_time_and_give_it_back() {
     }
     let _ignored = std::fs::remove_file(format!("/dev/shm/{node}"));
 }
+
+#[test]
+fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
+    let summary = |percent: &str, script: &[&str]| {
+        let pod = Pod::new("summary");
+        let mut command = limited(
+            &pod,
+            &[
+                ("CUDA_DEVICE_SM_LIMIT", percent),
+                ("CUDA_LIMITER_LOG", "info"),
+            ],
+            script,
+        );
+        let output = command.output().expect("spawn probe");
+        common::check(&output);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let line = stderr
+            .lines()
+            .find(|line| line.contains("compute summary:"))
+            .unwrap_or_else(|| panic!("no summary in {stderr}"))
+            .to_owned();
+        let number = |key: &str| -> f64 {
+            line.split_whitespace()
+                .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
+                .and_then(|value| value.parse().ok())
+                .unwrap_or_else(|| panic!("no {key} in {line}"))
+        };
+        (
+            number("charged_share"),
+            number("waited_for_budget_ms"),
+            number("pod_launches"),
+        )
+    };
+    // A saturating loop at 25%: charged about a quarter of the time, and
+    // most of the run spent waiting for budget.
+    let (share, waited, launches) = summary("25", &["run", "kernel", "500", "600"]);
+    assert!((0.2..=0.3).contains(&share), "share {share}");
+    assert!(waited > 300.0, "waited {waited} ms of a 600 ms run");
+    assert!(launches > 100.0, "{launches} launches");
+    // A loop 10% busy under a 50% limit: charged about 10%, never waits.
+    let (share, waited, _) = summary("50", &["pace", "kernel", "5", "2000", "50"]);
+    assert!((0.05..=0.2).contains(&share), "share {share}");
+    assert!(
+        waited < 1.0,
+        "waited {waited} ms under a limit that does not bind"
+    );
+}

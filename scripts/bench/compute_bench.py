@@ -5,7 +5,12 @@ prints its raw rounds. Results: a Markdown table on stdout and in
 OUT/compute-bench.md, everything in OUT/compute-bench.json.
 
 Usage: compute_bench.py --lib PATH/libcuda_limiter.so --bin PATH/compute_bench
-                        [--out DIR] [--only NAME ...] [--quick]
+                        [--out DIR] [--only NAME ...] [--quick] [--cpus LIST]
+
+Every run, without and with the limiter alike, is pinned to the same CPUs
+(--cpus, a taskset list; by default four of the GPU's local CPUs, CPU 0
+left out): unpinned, the same unlimited decode loop ran at 188 and 286
+tokens/s in two consecutive processes, a spread far larger than the bars.
 
 Rows (the limit is CUDA_DEVICE_SM_LIMIT, a fresh pod per run):
   shapes-N      N distinct grid sizes, 20 us host work between launches, L=50
@@ -53,9 +58,27 @@ def parse(line):
     return dict(part.split("=", 1) for part in line.split() if "=" in part)
 
 
+def gpu_local_cpus(count=4):
+    """`count` CPUs local to GPU 0 (CPU 0 left out), as a taskset list."""
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        bus = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        text = Path(f"/sys/bus/pci/devices/{bus[-12:].lower()}/local_cpulist").read_text().strip()
+        local = set()
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            local.update(range(int(first), int(last or first) + 1))
+        allowed = [cpu for cpu in allowed if cpu in local] or allowed
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        pass
+    chosen = [cpu for cpu in allowed if cpu != 0][:count] or allowed[:count]
+    return ",".join(map(str, chosen))
+
+
 class Runner:
-    def __init__(self, lib, binary, log):
-        self.lib, self.binary, self.log = lib, binary, log
+    def __init__(self, lib, binary, log, cpus):
+        self.lib, self.binary, self.log, self.cpus = lib, binary, log, cpus
         self.pod = 0
 
     def env(self, limit):
@@ -68,12 +91,13 @@ class Runner:
                 LD_PRELOAD=self.lib,
                 CUDA_DEVICE_SM_LIMIT=str(limit),
                 CUDA_LIMITER_POD=f"bench-{os.getpid()}-{self.pod}",
-                CUDA_LIMITER_LOG="warn",
+                CUDA_LIMITER_LOG="info",  # its exit summary goes to the log
             )
         return env
 
     def run(self, argv, limit, timeout=300):
         env = self.env(limit)
+        argv = ["taskset", "-c", self.cpus, *argv]
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
         self.log.write(f"$ L={limit} {' '.join(argv)}\n{proc.stdout}{proc.stderr}\n")
         self.log.flush()
@@ -148,8 +172,9 @@ def bench_shapes(rn, quick):
     def paced(n, seconds, limit):
         return rn.cuda(["shapes", n, seconds, 20, SHAPES_ITERS], limit)
 
-    for n, seconds, rounds in ((1, secs, 3), (100, secs, 3), (3000, secs, 3), (20000, secs, 3),
-                               (20000, 5 if quick else 20, 1)):
+    long_rounds = 1 if quick else 3
+    for n, seconds, rounds in ((1, secs, 5), (100, secs, 5), (3000, secs, 5), (20000, secs, 5),
+                               (20000, 5 if quick else 20, long_rounds)):
         free_runs, lim_runs = alternate(rounds, lambda: paced(n, seconds, None), lambda: paced(n, seconds, 50))
         free = [float(r["launches_per_s"]) for r in free_runs]
         lim = [float(r["launches_per_s"]) for r in lim_runs]
@@ -190,7 +215,7 @@ def bench_fixed(rn, quick):
 def bench_decode(rn, quick):
     rows = []
     secs = 3 if quick else 6
-    rounds = 2 if quick else 3
+    rounds = 2 if quick else 5
     runs = {None: [], 90: [], 50: []}
     for r in range(rounds):
         order = [None, 90, 50] if r % 2 == 0 else [50, 90, None]
@@ -281,13 +306,16 @@ def main():
     ap.add_argument("--out", default=tempfile.mkdtemp(prefix="compute-bench."))
     ap.add_argument("--only", nargs="*", choices=sorted(BENCHES))
     ap.add_argument("--quick", action="store_true", help="shorter runs, for a dry run")
+    ap.add_argument("--cpus", help="taskset CPU list every run is pinned to (default: 4 GPU-local CPUs)")
     args = ap.parse_args()
+    cpus = args.cpus or gpu_local_cpus()
+    print(f"[pinned to CPUs {cpus}]", file=sys.stderr, flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows, errors = [], []
     started = time.time()
     with open(out / "compute-bench.log", "w") as log:
-        rn = Runner(str(Path(args.lib).resolve()), str(Path(args.bin).resolve()), log)
+        rn = Runner(str(Path(args.lib).resolve()), str(Path(args.bin).resolve()), log, cpus)
         for name in args.only or BENCHES:
             t0 = time.time()
             try:
@@ -302,7 +330,7 @@ def main():
     summary = f"{passed} passed, {failed} failed, {time.time() - started:.0f} s"
     (out / "compute-bench.md").write_text(md + "\n\n" + summary + "\n")
     (out / "compute-bench.json").write_text(json.dumps(
-        {"rows": [asdict(r) for r in rows], "errors": errors, "summary": summary}, indent=1))
+        {"rows": [asdict(r) for r in rows], "errors": errors, "summary": summary, "cpus": cpus}, indent=1))
     print(md)
     print(summary)
     for r in rows:

@@ -35,6 +35,7 @@ use std::thread::Thread;
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
+use tracing::level_filters::LevelFilter;
 
 use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity};
 use gpushare_utils::bucket::{Admission, ComputeBucket, monotonic_ns};
@@ -157,6 +158,18 @@ pub struct Throttle {
     kernel_queued_extra_ns: AtomicU64,
     graph_idle_extra_ns: AtomicU64,
     graph_queued_extra_ns: AtomicU64,
+    held: Held,
+}
+
+/// Where this process's launches waited, summed over its threads, and when
+/// it first launched: logged at exit (`CUDA_LIMITER_LOG=info`), to tell a
+/// limit that binds from a limiter that costs.
+#[derive(Default)]
+struct Held {
+    first_launch_ns: AtomicU64,
+    budget_ns: AtomicU64,
+    measurement_ns: AtomicU64,
+    backlog_ns: AtomicU64,
 }
 
 // SAFETY: the event handles held are driver handles, usable from any thread;
@@ -188,6 +201,7 @@ impl Throttle {
             kernel_queued_extra_ns: AtomicU64::new(0),
             graph_idle_extra_ns: AtomicU64::new(0),
             graph_queued_extra_ns: AtomicU64::new(0),
+            held: Held::default(),
         }
     }
 
@@ -280,6 +294,9 @@ impl Throttle {
         }
         self.hold_while_backlogged();
         let now = self.wait_for_budget(budget.bucket, charge.ns, device);
+        if self.held.first_launch_ns.load(Ordering::Relaxed) == 0 {
+            self.held.first_launch_ns.store(now, Ordering::Relaxed);
+        }
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(device, now);
 
@@ -320,10 +337,12 @@ impl Throttle {
     /// Holds a launch of a function whose first measurement is in flight,
     /// so that an unmeasured function cannot queue an unbounded burst.
     fn wait_for_measurement(&self, charge: &Charge) {
-        let deadline = monotonic_ns().saturating_add(FIRST_MEASUREMENT_WAIT_NS);
+        let start = monotonic_ns();
+        let deadline = start.saturating_add(FIRST_MEASUREMENT_WAIT_NS);
         while self.model.awaiting_measurement(charge) && monotonic_ns() < deadline {
             std::thread::sleep(FIRST_MEASUREMENT_POLL);
         }
+        Held::add(&self.held.measurement_ns, start);
     }
 
     /// Whether a new function's first launch may be measured now.
@@ -355,15 +374,17 @@ impl Throttle {
                 self.backlog_since_ns
                     .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed)
                     .ok();
-                return;
+                break;
             }
             std::thread::sleep(BACKLOG_POLL);
         }
+        Held::add(&self.held.backlog_ns, now);
     }
 
     /// Charges `cost` once the bucket allows it; returns the time it did.
     fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64, device: usize) -> u64 {
-        let mut now = monotonic_ns();
+        let start = monotonic_ns();
+        let mut now = start;
         let mut waited = false;
         loop {
             match bucket.admit(now, cost) {
@@ -385,8 +406,44 @@ impl Throttle {
         }
         if waited {
             bucket.waiting.fetch_sub(1, Ordering::Relaxed);
+            Held::add(&self.held.budget_ns, start);
         }
         now
+    }
+
+    /// Prints what the launches of this process cost it, at exit, when the
+    /// log level is `info` or finer (local limits; under a hypervisor,
+    /// `hypervisor status` tells): per limited device, the pod's launches
+    /// and GPU time charged (as a share of the wall time since this
+    /// process's first launch), and the time launches waited. Printed
+    /// directly: at exit, `tracing`'s thread-locals are gone.
+    pub fn print_summary(&self) {
+        let first = self.held.first_launch_ns.load(Ordering::Relaxed);
+        if first == 0 || LevelFilter::current() < LevelFilter::INFO {
+            return;
+        }
+        let wall_ns = monotonic_ns().saturating_sub(first).max(1);
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let held = |counter: &AtomicU64| ms(counter.load(Ordering::Relaxed));
+        for (device, budget) in self.budgets.iter().enumerate() {
+            let Some(Some(budget)) = budget.get() else {
+                continue;
+            };
+            let charged_ns = budget.bucket.charged_ns.load(Ordering::Relaxed);
+            eprintln!(
+                "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
+                 pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
+                 held_for_measurements_ms={:.1} held_for_backlog_ms={:.1}",
+                std::process::id(),
+                budget.bucket.launches.load(Ordering::Relaxed),
+                ms(charged_ns),
+                ms(wall_ns),
+                charged_ns as f64 / wall_ns as f64,
+                held(&self.held.budget_ns),
+                held(&self.held.measurement_ns),
+                held(&self.held.backlog_ns),
+            );
+        }
     }
 
     /// Asks the hypervisor to admit `cost` on `device`, unless this thread
@@ -450,5 +507,12 @@ impl Throttle {
         *self.pod_key.get_or_init(|| {
             runtime::limiter().map_or(1, |limiter| activity::pod_key(limiter.pod.as_str()))
         })
+    }
+}
+
+impl Held {
+    /// Adds the time since `since` to `counter`.
+    fn add(counter: &AtomicU64, since: u64) {
+        counter.fetch_add(monotonic_ns().saturating_sub(since), Ordering::Relaxed);
     }
 }
