@@ -30,15 +30,17 @@
 // would act inside the test binary), which leaves most entry paths unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod context;
 mod detour;
 mod driver;
+mod entry;
 mod error;
 mod grant;
+mod hash;
 mod hypervisor;
 mod loader;
 mod metering;
 mod quota;
-mod runtime;
 mod sys;
 mod throttle;
 mod waves;
@@ -50,7 +52,7 @@ mod waves;
 fn load() {
     let loaded = std::panic::catch_unwind(|| {
         gpushare_utils::logging::init("CUDA_LIMITER_LOG");
-        runtime::init_from_env();
+        entry::init_from_env();
         loader::install_if_mapped();
     });
     if loaded.is_err() {

@@ -40,10 +40,10 @@ use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity};
 use gpushare_utils::bucket::{Admission, ComputeBucket, monotonic_ns};
 use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
 
-use crate::driver::{Driver, Timing};
+use crate::context::Context;
+use crate::driver::Timing;
 use crate::error::{LimiterError, Result};
 use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
-use crate::runtime;
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
@@ -194,9 +194,9 @@ impl Throttle {
     /// The budget of `device`, resolved once; `None` when it is unlimited.
     /// Under a hypervisor, the bucket whose limits it sets in the pod's
     /// read-only limits object, looked at on every launch: limits change live.
-    fn budget(&self, device: usize) -> Option<DeviceBudget> {
-        if runtime::hypervisor().is_some() {
-            let bucket = runtime::bucket(device)?;
+    fn budget(&self, ctx: &'static Context, device: usize) -> Option<DeviceBudget> {
+        if ctx.hypervisor().is_some() {
+            let bucket = ctx.bucket(device)?;
             return bucket.is_limited().then_some(DeviceBudget {
                 bucket,
                 elastic: false,
@@ -205,14 +205,14 @@ impl Throttle {
         self.budgets
             .get(device)?
             .get_or_init(|| {
-                let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
+                let uuid = ctx.device_uuid(device);
                 let limit = self.configured.resolve(device as u32, uuid.as_deref())?;
                 if limit.policy == ComputePolicy::None {
                     return None;
                 }
                 // Unusable ledger: already reported; launch unthrottled
                 // rather than block the application for ever.
-                let bucket = runtime::bucket(device)?;
+                let bucket = ctx.bucket(device)?;
                 bucket.configure(limit.percent, limit.ceiling());
                 tracing::debug!(device, ?uuid, ?limit, "compute limit resolved");
                 Some(DeviceBudget {
@@ -229,12 +229,15 @@ impl Throttle {
     /// took stream 0 as the per-thread default stream.
     pub fn launch(
         &'static self,
+        ctx: &'static Context,
         work: Work,
         stream: CUstream,
         per_thread: bool,
         launch: impl FnOnce() -> CUresult,
     ) -> Result<CUresult> {
-        let driver = Driver::get().ok_or(LimiterError::Bypass("driver not resolved"))?;
+        let driver = ctx
+            .driver()
+            .ok_or(LimiterError::Bypass("driver not resolved"))?;
         // With one device visible, every context is on device 0: no driver
         // call (a launch without a context fails in the driver, refunded).
         let device = if *self
@@ -249,7 +252,7 @@ impl Throttle {
             usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?
         };
         let budget = self
-            .budget(device)
+            .budget(ctx, device)
             .ok_or(LimiterError::Bypass("device unlimited"))?;
         let stream = if per_thread && stream.is_null() {
             CU_STREAM_PER_THREAD
@@ -279,9 +282,9 @@ impl Throttle {
             self.wait_for_measurement(&charge);
         }
         self.hold_while_backlogged();
-        let now = self.wait_for_budget(budget.bucket, charge.ns, device);
+        let now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device);
         // Every limited pod stamps the node table, so elastic pods see it.
-        self.mark_active(device, now);
+        self.mark_active(ctx, device, now);
 
         let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {
@@ -312,7 +315,7 @@ impl Throttle {
                     .then(|| submitted_at.saturating_sub(start.recorded_at)),
                 submitted_at,
             };
-            self.end_sample(timing, pending, stream, result);
+            self.end_sample(ctx, timing, pending, stream, result);
         }
         Ok(result)
     }
@@ -362,7 +365,13 @@ impl Throttle {
     }
 
     /// Charges `cost` once the bucket allows it; returns the time it did.
-    fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64, device: usize) -> u64 {
+    fn wait_for_budget(
+        &self,
+        ctx: &'static Context,
+        bucket: &ComputeBucket,
+        cost: u64,
+        device: usize,
+    ) -> u64 {
         let mut now = monotonic_ns();
         let mut waited = false;
         loop {
@@ -376,7 +385,7 @@ impl Throttle {
                     // Trap: under a hypervisor, ask it for admission; while
                     // it grants nothing (or does not answer), the local
                     // bucket's refill decides, and it is asked less often.
-                    if !self.hypervisor_granted(device, cost, now) {
+                    if !self.hypervisor_granted(ctx, device, cost, now) {
                         std::thread::sleep(wait);
                     }
                     now = monotonic_ns();
@@ -391,15 +400,21 @@ impl Throttle {
 
     /// Asks the hypervisor to admit `cost` on `device`, unless this thread
     /// was refused recently; true when it granted budget.
-    fn hypervisor_granted(&self, device: usize, cost: u64, now: u64) -> bool {
-        let Some(link) = runtime::hypervisor() else {
+    fn hypervisor_granted(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        cost: u64,
+        now: u64,
+    ) -> bool {
+        let Some(link) = ctx.hypervisor() else {
             return false;
         };
         let (next, backoff) = NEXT_ADMISSION_NS.with(Cell::get);
         if now < next {
             return false;
         }
-        let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
+        let uuid = ctx.device_uuid(device);
         let granted = uuid.is_some_and(|uuid| link.admission(&uuid, cost).is_ok_and(|ns| ns > 0));
         let state = if granted {
             (0, 0)
@@ -412,7 +427,7 @@ impl Throttle {
     }
 
     /// Stamps the node's activity table for `device`, at most every 10 ms.
-    fn mark_active(&'static self, device: usize, now: u64) {
+    fn mark_active(&'static self, ctx: &'static Context, device: usize, now: u64) {
         let Some(marked) = self.marked_at_ns.get(device) else {
             return;
         };
@@ -425,9 +440,9 @@ impl Throttle {
             return;
         }
         if let Some(table) = self.activity() {
-            table.mark(device, self.pod_key(), now);
+            table.mark(device, self.pod_key(ctx), now);
         }
-        self.start_monitor();
+        self.start_monitor(ctx);
     }
 
     fn activity(&self) -> Option<&NodeActivity> {
@@ -446,9 +461,9 @@ impl Throttle {
             .as_ref()
     }
 
-    fn pod_key(&self) -> u64 {
-        *self.pod_key.get_or_init(|| {
-            runtime::limiter().map_or(1, |limiter| activity::pod_key(limiter.pod.as_str()))
-        })
+    fn pod_key(&self, ctx: &Context) -> u64 {
+        *self
+            .pod_key
+            .get_or_init(|| activity::pod_key(ctx.pod.as_str()))
     }
 }
