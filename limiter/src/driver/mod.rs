@@ -5,8 +5,8 @@
 //!
 //! - [`Driver`]: the device queries accounting needs (this file);
 //! - [`Timing`] (`timing.rs`): events, streams and occupancy, to measure launches;
-//! - `calibration.rs`: what an event bracket holds besides the kernel
-//!   ([`Timing::launch_overheads`]);
+//!   and (`timing/calibration.rs`) what an event bracket holds besides the
+//!   kernel ([`Timing::launch_overheads`]);
 //! - [`Nvml`] (`nvml.rs`): the UUIDs, indices and per-process usage of NVML.
 
 use std::ffi::{CStr, c_void};
@@ -15,7 +15,6 @@ use crate::sys::{
     CUdevice, CUresult, CUuuid, CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
 };
 
-mod calibration;
 mod nvml;
 mod timing;
 

@@ -2,8 +2,10 @@
 
 use std::ffi::c_void;
 
-use super::calibration::CalibrationApi;
 use super::symbol;
+
+mod calibration;
+
 use crate::sys::{
     CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_STREAM_CAPTURE_MODE_RELAXED,
     CU_STREAM_CAPTURE_STATUS_NONE, CUcontext, CUdevice, CUevent, CUfunction, CUresult, CUstream,
@@ -11,6 +13,7 @@ use crate::sys::{
     CuEventQuery, CuEventRecord, CuOccupancyMaxActiveBlocksPerMultiprocessor, CuStreamGetCtx,
     CuStreamIsCapturing, CuStreamQuery, CuThreadExchangeStreamCaptureMode,
 };
+use calibration::CalibrationApi;
 
 /// Events and streams, to measure how long launches keep the GPU busy.
 pub struct Timing {
@@ -22,11 +25,11 @@ pub struct Timing {
     event_query: CuEventQuery,
     event_elapsed: CuEventElapsedTime,
     event_destroy: CuEventDestroy,
-    pub(super) exchange_capture_mode: Option<CuThreadExchangeStreamCaptureMode>,
+    exchange_capture_mode: Option<CuThreadExchangeStreamCaptureMode>,
     stream_query: Option<CuStreamQuery>,
     device_attribute: Option<CuDeviceGetAttribute>,
     occupancy: Option<CuOccupancyMaxActiveBlocksPerMultiprocessor>,
-    pub(super) calibration: Option<CalibrationApi>,
+    calibration: Option<CalibrationApi>,
 }
 
 impl Timing {

@@ -3,8 +3,8 @@
 
 use std::ffi::{CStr, c_void};
 
-use super::symbol;
-use super::timing::Timing;
+use super::Timing;
+use crate::driver::symbol;
 use crate::sys::{
     CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_NON_BLOCKING, CUevent, CUfunction, CUgraphExec,
     CUresult, CUstream, CuEventSynchronize, CuGraphInstantiateWithFlags, CuGraphLaunch,
