@@ -3,8 +3,9 @@
 //!
 //! The life of a call:
 //! 1. At load (`LD_PRELOAD`), the constructor reads the configuration
-//!    ([`runtime`]). No limit configured: nothing else happens. A broken
-//!    configuration: one error line, and CUDA is refused at `cuInit`.
+//!    into the one [`entry`] state and its [`context`]. No limit configured:
+//!    nothing else happens. A broken configuration: one error line, and CUDA
+//!    is refused at `cuInit`.
 //! 2. If libcuda / libnvidia-ml are already mapped they are patched at once;
 //!    otherwise the exported `dlopen` ([`loader`]) patches them the moment a
 //!    `dlopen` maps them, before that `dlopen` returns.
