@@ -540,26 +540,24 @@ static unsigned long long arg_number(const char *text) {
     return v;
 }
 
-static enum api_kind arg_api(const char *text) {
+/* The index of `text` among the `count` names; dies naming `what` if absent. */
+static int arg_name(const char *text, const char *const *names, int count, const char *what) {
     int i;
-    for (i = 0; i < API_COUNT; i++) {
-        if (text != NULL && strcmp(text, api_names[i]) == 0) {
-            return (enum api_kind)i;
+    for (i = 0; i < count; i++) {
+        if (text != NULL && strcmp(text, names[i]) == 0) {
+            return i;
         }
     }
-    die(2, "unknown allocation API '%s'", text ? text : "");
-    return API_COUNT;
+    die(2, "unknown %s API '%s'", what, text ? text : "");
+    return count;
+}
+
+static enum api_kind arg_api(const char *text) {
+    return (enum api_kind)arg_name(text, api_names, API_COUNT, "allocation");
 }
 
 static enum launch_api arg_launch(const char *text) {
-    int i;
-    for (i = 0; i < LAUNCH_COUNT; i++) {
-        if (text != NULL && strcmp(text, launch_names[i]) == 0) {
-            return (enum launch_api)i;
-        }
-    }
-    die(2, "unknown launch API '%s'", text ? text : "");
-    return LAUNCH_COUNT;
+    return (enum launch_api)arg_name(text, launch_names, LAUNCH_COUNT, "launch");
 }
 
 /* ---------------------------------------------------------------- commands */
@@ -879,14 +877,27 @@ static struct {
 } last_run;
 
 /* One launch, timed into last_run.max_call. */
-static CUresult timed_launch(struct launcher *l) {
-    unsigned long long before = now_ns(), took;
-    CUresult rc = launch_once(l);
-    took = now_ns() - before;
+/* Notes how long a launch call made at `before` took, for maxstall. */
+static void note_call(unsigned long long before) {
+    unsigned long long took = now_ns() - before;
     if (took > last_run.max_call) {
         last_run.max_call = took;
     }
+}
+
+static CUresult timed_launch(struct launcher *l) {
+    unsigned long long before = now_ns();
+    CUresult rc = launch_once(l);
+    note_call(before);
     return rc;
+}
+
+/* Host work between paced launches: spins for `us` microseconds. */
+static void host_work(unsigned long long us) {
+    unsigned long long until = now_ns() + us * 1000ULL;
+    while (now_ns() < until) {
+        /* host work */
+    }
 }
 
 static unsigned long long busy_between(unsigned long long from, unsigned long long to) {
@@ -948,64 +959,62 @@ static void cmd_run(const char *api_text, enum launch_api api, const char *dur_t
          dur_text, ms_text, (int)rc, launches, wall, busy, per_mille(busy, wall));
 }
 
-static void cmd_pace(const char *api_text, enum launch_api api, const char *dur_text,
-                     unsigned long long dur_us, const char *count_text, unsigned long long count,
-                     const char *host_text, unsigned long long host_us) {
+/* What pace, shapes and functions share after their first argument: the
+ * kernel's duration, the iterations, the host work per iteration. */
+struct paced {
+    const char *dur_text, *count_text, *host_text;
+    unsigned long long dur_us, count, host_us;
+};
+
+/* The closing line of shapes and functions: `what` is the command and its
+ * first argument. */
+static void emit_paced(const char *cmd, const char *what, const struct paced *p, CUresult rc) {
+    unsigned long long wall = last_run.end - last_run.start;
+    unsigned long long busy = busy_between(last_run.start, last_run.end);
+    emit("%s %s %s %s %s -> %d ns_per_iter=%llu busy_ns=%llu share_pm=%llu", cmd, what,
+         p->dur_text, p->count_text, p->host_text, (int)rc, p->count == 0 ? 0 : wall / p->count,
+         busy, per_mille(busy, wall));
+}
+
+static void cmd_pace(const char *api_text, enum launch_api api, const struct paced *p) {
     struct launcher l;
-    CUresult rc = launcher_open(&l, api, dur_us);
+    CUresult rc = launcher_open(&l, api, p->dur_us);
     unsigned long long start = now_ns(), i;
     last_run.max_call = 0;
-    for (i = 0; rc == CUDA_SUCCESS && i < count; i++) {
-        unsigned long long until = now_ns() + host_us * 1000ULL;
-        while (now_ns() < until) {
-            /* host work */
-        }
+    for (i = 0; rc == CUDA_SUCCESS && i < p->count; i++) {
+        host_work(p->host_us);
         rc = timed_launch(&l);
     }
     rc = finish_run(rc, start);
     launcher_close(&l);
-    emit("pace %s %s %s %s -> %d ns_per_iter=%llu", api_text, dur_text, count_text, host_text,
-         (int)rc, count == 0 ? 0 : (last_run.end - last_run.start) / count);
+    emit("pace %s %s %s %s -> %d ns_per_iter=%llu", api_text, p->dur_text, p->count_text,
+         p->host_text, (int)rc, p->count == 0 ? 0 : (last_run.end - last_run.start) / p->count);
 }
 
-static void cmd_shapes(const char *n_text, unsigned long long n, const char *dur_text,
-                       unsigned long long dur_us, const char *count_text, unsigned long long count,
-                       const char *host_text, unsigned long long host_us) {
+static void cmd_shapes(const char *n_text, unsigned long long n, const struct paced *p) {
     struct launcher l;
-    CUresult rc = launcher_open(&l, LAUNCH_KERNEL, dur_us);
-    unsigned long long start = now_ns(), i, wall, busy;
+    CUresult rc = launcher_open(&l, LAUNCH_KERNEL, p->dur_us);
+    unsigned long long start = now_ns(), i;
     last_run.max_call = 0;
-    for (i = 0; rc == CUDA_SUCCESS && i < count; i++) {
-        unsigned long long until = now_ns() + host_us * 1000ULL, before, took;
+    for (i = 0; rc == CUDA_SUCCESS && i < p->count; i++) {
         unsigned grid = (unsigned)(1 + (i * 7919ULL) % n);
-        while (now_ns() < until) {
-            /* host work */
-        }
+        unsigned long long before;
+        host_work(p->host_us);
         before = now_ns();
         rc = CU_OPT(cuLaunchKernel, spin_function, grid, 1, 1, 128, 1, 1, 0, NULL, l.params, NULL);
-        took = now_ns() - before;
-        if (took > last_run.max_call) {
-            last_run.max_call = took;
-        }
+        note_call(before);
     }
     rc = finish_run(rc, start);
     launcher_close(&l);
-    wall = last_run.end - last_run.start;
-    busy = busy_between(last_run.start, last_run.end);
-    emit("shapes %s %s %s %s -> %d ns_per_iter=%llu busy_ns=%llu share_pm=%llu", n_text, dur_text,
-         count_text, host_text, (int)rc, count == 0 ? 0 : wall / count, busy,
-         per_mille(busy, wall));
+    emit_paced("shapes", n_text, p, rc);
 }
 
-static void cmd_functions(const char *f_text, unsigned long long f, const char *dur_text,
-                          unsigned long long dur_us, const char *count_text,
-                          unsigned long long count, const char *host_text,
-                          unsigned long long host_us) {
+static void cmd_functions(const char *f_text, unsigned long long f, const struct paced *p) {
     struct launcher l;
-    CUresult rc = launcher_open(&l, LAUNCH_KERNEL, dur_us);
+    CUresult rc = launcher_open(&l, LAUNCH_KERNEL, p->dur_us);
     CUfunction *functions = calloc((size_t)f, sizeof *functions);
     CUmodule module = NULL;
-    unsigned long long start, i, wall, busy;
+    unsigned long long start, i;
     if (functions == NULL) {
         die(1, "out of host memory");
     }
@@ -1019,26 +1028,17 @@ static void cmd_functions(const char *f_text, unsigned long long f, const char *
     }
     start = now_ns();
     last_run.max_call = 0;
-    for (i = 0; rc == CUDA_SUCCESS && i < count; i++) {
-        unsigned long long until = now_ns() + host_us * 1000ULL, before, took;
-        while (now_ns() < until) {
-            /* host work */
-        }
+    for (i = 0; rc == CUDA_SUCCESS && i < p->count; i++) {
+        unsigned long long before;
+        host_work(p->host_us);
         before = now_ns();
         rc = CU_OPT(cuLaunchKernel, functions[i % f], 1, 1, 1, 1, 1, 1, 0, NULL, l.params, NULL);
-        took = now_ns() - before;
-        if (took > last_run.max_call) {
-            last_run.max_call = took;
-        }
+        note_call(before);
     }
     rc = finish_run(rc, start);
     launcher_close(&l);
     free(functions);
-    wall = last_run.end - last_run.start;
-    busy = busy_between(last_run.start, last_run.end);
-    emit("functions %s %s %s %s -> %d ns_per_iter=%llu busy_ns=%llu share_pm=%llu", f_text,
-         dur_text, count_text, host_text, (int)rc, count == 0 ? 0 : wall / count, busy,
-         per_mille(busy, wall));
+    emit_paced("functions", f_text, p, rc);
 }
 
 static void cmd_series(const char *window_text, unsigned long long window_ms) {
@@ -1067,6 +1067,25 @@ static void cmd_series(const char *window_text, unsigned long long window_ms) {
     }
     emit("series %s pm=%s", window_text, text);
     free(text);
+}
+
+/* Reads DUR COUNT HOST from argv at *i, in that order. */
+static struct paced paced_args(int argc, char **argv, int *i) {
+    struct paced p;
+    p.dur_text = *i < argc ? argv[(*i)++] : NULL;
+    p.dur_us = arg_number(p.dur_text);
+    p.count_text = *i < argc ? argv[(*i)++] : NULL;
+    p.count = arg_number(p.count_text);
+    p.host_text = *i < argc ? argv[(*i)++] : NULL;
+    p.host_us = arg_number(p.host_text);
+    return p;
+}
+
+/* Dies if the microseconds of `p` overflow nanoseconds. */
+static void check_paced(const char *cmd, const struct paced *p) {
+    if (p->dur_us > ~0ULL / 1000 || p->host_us > ~0ULL / 1000) {
+        die(2, "%s: number too large", cmd);
+    }
 }
 
 /* Runs (execute) or only checks (!execute) the script; returns at its end. */
@@ -1233,56 +1252,35 @@ static void run_script(int argc, char **argv, int execute) {
         } else if (strcmp(cmd, "pace") == 0) {
             const char *api_text = NEXT();
             enum launch_api api = arg_launch(api_text);
-            const char *dur_text = NEXT();
-            unsigned long long dur_us = arg_number(dur_text);
-            const char *count_text = NEXT();
-            unsigned long long count = arg_number(count_text);
-            const char *host_text = NEXT();
-            unsigned long long host_us = arg_number(host_text);
-            if (dur_us > ~0ULL / 1000 || host_us > ~0ULL / 1000) {
-                die(2, "pace: number too large");
-            }
+            struct paced p = paced_args(argc, argv, &i);
+            check_paced(cmd, &p);
             measured = 1;
             if (execute) {
-                cmd_pace(api_text, api, dur_text, dur_us, count_text, count, host_text, host_us);
+                cmd_pace(api_text, api, &p);
             }
         } else if (strcmp(cmd, "shapes") == 0) {
             const char *n_text = NEXT();
             unsigned long long n = arg_number(n_text);
-            const char *dur_text = NEXT();
-            unsigned long long dur_us = arg_number(dur_text);
-            const char *count_text = NEXT();
-            unsigned long long count = arg_number(count_text);
-            const char *host_text = NEXT();
-            unsigned long long host_us = arg_number(host_text);
+            struct paced p = paced_args(argc, argv, &i);
             if (n == 0 || n > 0x7fffffffULL) {
                 die(2, "shapes: N must be 1 to 2^31-1");
             }
-            if (dur_us > ~0ULL / 1000 || host_us > ~0ULL / 1000) {
-                die(2, "shapes: number too large");
-            }
+            check_paced(cmd, &p);
             measured = 1;
             if (execute) {
-                cmd_shapes(n_text, n, dur_text, dur_us, count_text, count, host_text, host_us);
+                cmd_shapes(n_text, n, &p);
             }
         } else if (strcmp(cmd, "functions") == 0) {
             const char *f_text = NEXT();
             unsigned long long f = arg_number(f_text);
-            const char *dur_text = NEXT();
-            unsigned long long dur_us = arg_number(dur_text);
-            const char *count_text = NEXT();
-            unsigned long long count = arg_number(count_text);
-            const char *host_text = NEXT();
-            unsigned long long host_us = arg_number(host_text);
+            struct paced p = paced_args(argc, argv, &i);
             if (f == 0 || f > 1000000) {
                 die(2, "functions: F must be 1 to 1000000");
             }
-            if (dur_us > ~0ULL / 1000 || host_us > ~0ULL / 1000) {
-                die(2, "functions: number too large");
-            }
+            check_paced(cmd, &p);
             measured = 1;
             if (execute) {
-                cmd_functions(f_text, f, dur_text, dur_us, count_text, count, host_text, host_us);
+                cmd_functions(f_text, f, &p);
             }
         } else if (strcmp(cmd, "series") == 0) {
             const char *window_text = NEXT();

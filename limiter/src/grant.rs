@@ -14,11 +14,13 @@
 //! A refusal that cannot change (the hypervisor answered 4xx, or the limits
 //! object is squatted) ends the wait at once.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use gpushare_utils::limits::{LimitsError, PodLimits};
 use gpushare_utils::shm::Trust;
 
+use crate::driver::Driver;
 use crate::hypervisor::{Link, LinkStatus};
 
 /// Where the limits of this process come from.
@@ -34,15 +36,17 @@ pub enum Grant {
 /// How often the wait looks at the link again.
 const POLL: Duration = Duration::from_millis(10);
 
-/// Waits for the hypervisor's grant; see the module documentation.
+/// Waits for the hypervisor's grant; see the module documentation. `driver`
+/// is where the link finds the GPUs this process sees, once it has them.
 pub fn decide(
     link: &'static Link,
+    driver: &'static OnceLock<Driver>,
     pod: &str,
     trust: &Trust,
     timeout: Duration,
     local_limits: bool,
 ) -> Grant {
-    link.start();
+    link.start(driver);
     let deadline = Instant::now() + timeout;
     let mut last = "no answer from the hypervisor".to_owned();
     let reason = loop {

@@ -61,8 +61,8 @@ const DEVICES_WAIT: Duration = Duration::from_secs(2);
 
 /// The GPUs this process sees, by CUDA index (which container runtimes and
 /// `CUDA_VISIBLE_DEVICES` renumber); empty if CUDA is not initialised in time.
-fn visible_devices() -> Vec<WorkerDevice> {
-    let Some(driver) = Driver::get() else {
+fn visible_devices(driver: Option<&Driver>) -> Vec<WorkerDevice> {
+    let Some(driver) = driver else {
         return Vec::new();
     };
     let started = std::time::Instant::now();
@@ -169,7 +169,7 @@ impl Link {
     }
 
     /// Registers this process; the limits are in the shared region.
-    fn register(&self) -> Result<&Registered, LinkError> {
+    fn register(&self, driver: Option<&Driver>) -> Result<&Registered, LinkError> {
         if let Some(registered) = self.registered.get() {
             return Ok(registered);
         }
@@ -179,7 +179,7 @@ impl Link {
                 pod: self.pod.clone(),
                 pid: std::process::id(),
                 hostname: String::new(),
-                devices: visible_devices(),
+                devices: visible_devices(driver),
             },
             None,
         )?;
@@ -188,12 +188,13 @@ impl Link {
     }
 
     /// Registers (retrying with backoff) and serves commands, on a thread of
-    /// its own, once; returns at once.
-    pub fn start(&'static self) {
+    /// its own, once; returns at once. Registration tells the GPUs `driver`
+    /// shows, once the loader has resolved it.
+    pub fn start(&'static self, driver: &'static OnceLock<Driver>) {
         self.started.call_once(|| {
             let spawned = std::thread::Builder::new()
                 .name("cuda-limiter-hypervisor".into())
-                .spawn(move || self.run());
+                .spawn(move || self.run(driver));
             if let Err(error) = spawned {
                 self.set_status(LinkStatus::Refused(format!(
                     "cannot start the link thread: {error}"
@@ -202,7 +203,7 @@ impl Link {
         });
     }
 
-    fn run(&'static self) {
+    fn run(&'static self, driver: &'static OnceLock<Driver>) {
         let _guard = gpushare_utils::hook::DetourGuard::enter_always();
         let seed = u64::from(std::process::id());
         let mut backoff = Backoff::new(REGISTER_BACKOFF_MIN, REGISTER_BACKOFF_MAX, seed);
@@ -211,7 +212,7 @@ impl Link {
             return;
         }
         let registered = loop {
-            match self.register() {
+            match self.register(driver.get()) {
                 Ok(registered) => break registered,
                 // The hypervisor said no: asking again cannot change that.
                 Err(LinkError::Request(ChannelError::Status { status, message }))

@@ -3,8 +3,9 @@
 //!
 //! The life of a call:
 //! 1. At load (`LD_PRELOAD`), the constructor reads the configuration
-//!    ([`runtime`]). No limit configured: nothing else happens. A broken
-//!    configuration: one error line, and CUDA is refused at `cuInit`.
+//!    into the one [`entry`] state and its [`context`]. No limit configured:
+//!    nothing else happens. A broken configuration: one error line, and CUDA
+//!    is refused at `cuInit`.
 //! 2. If libcuda / libnvidia-ml are already mapped they are patched at once;
 //!    otherwise the exported `dlopen` ([`loader`]) patches them the moment a
 //!    `dlopen` maps them, before that `dlopen` returns.
@@ -30,15 +31,17 @@
 // would act inside the test binary), which leaves most entry paths unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod context;
 mod detour;
 mod driver;
+mod entry;
 mod error;
 mod grant;
+mod hash;
 mod hypervisor;
 mod loader;
 mod metering;
 mod quota;
-mod runtime;
 mod sys;
 mod throttle;
 mod waves;
@@ -50,7 +53,7 @@ mod waves;
 fn load() {
     let loaded = std::panic::catch_unwind(|| {
         gpushare_utils::logging::init("CUDA_LIMITER_LOG");
-        runtime::init_from_env();
+        entry::init_from_env();
         loader::install_if_mapped();
     });
     if loaded.is_err() {

@@ -23,7 +23,7 @@ use gpushare_utils::hook::{self, HookEntry};
 
 use crate::detour;
 use crate::driver::Driver;
-use crate::runtime::{self, State};
+use crate::entry::{self, State};
 
 type DlopenFn = unsafe extern "C" fn(*const c_char, c_int) -> *mut c_void;
 
@@ -45,17 +45,6 @@ fn dlopen_raw(filename: *const c_char, flags: c_int) -> *mut c_void {
         Some(dlopen) => unsafe { dlopen(filename, flags) },
         None => std::ptr::null_mut(),
     }
-}
-
-/// Opens a library for the limiter's own use (never through our `dlopen`),
-/// then patches it if it is one of the driver libraries.
-pub fn open_library(name: &CStr) -> Option<*mut c_void> {
-    let handle = dlopen_raw(name.as_ptr(), libc::RTLD_NOW);
-    if handle.is_null() {
-        return None;
-    }
-    install_if_mapped();
-    Some(handle)
 }
 
 /// The exported `dlopen`: passes the caller's return address on.
@@ -269,10 +258,14 @@ static INSTALLED: Mutex<Installed> = Mutex::new(Installed {
 });
 
 /// Patches libcuda and libnvidia-ml if they are mapped and not yet patched.
+/// Once libcuda is patched under limits, libnvidia-ml is mapped too (the
+/// quota measures the driver's own memory through it) and patched here,
+/// never later from inside a detour.
 pub fn install_if_mapped() {
-    let Some(state) = runtime::get() else {
+    let Some(state) = entry::state() else {
         return;
     };
+    let limiter = entry::limiter();
     if matches!(state, State::Off) {
         return;
     }
@@ -295,7 +288,7 @@ pub fn install_if_mapped() {
         let tables: &[&[HookEntry]] = match state {
             State::Refusing(_) => &[&detour::driver::DRIVER_DETOURS],
             // Launches are patched only where a compute limit may apply.
-            _ if runtime::throttle().is_some() => &[
+            _ if limiter.is_some_and(|limiter| limiter.compute.is_some()) => &[
                 &detour::driver::DRIVER_DETOURS,
                 &detour::memory::MEMORY_DETOURS,
                 &detour::launch::LAUNCH_DETOURS,
@@ -305,23 +298,32 @@ pub fn install_if_mapped() {
                 &detour::memory::MEMORY_DETOURS,
             ],
         };
-        if Driver::load(handle).is_none() {
+        let resolved = match limiter {
+            Some(limiter) => limiter.context.load_driver(handle).is_some(),
+            None => Driver::load(handle).is_some(),
+        };
+        if !resolved {
             unpatchable(
                 handle,
                 "libcuda lacks cuCtxGetDevice or cuDeviceGetUuid, so allocations cannot be accounted",
             );
         } else if let Err(error) = install(handle, "libcuda.so.1", tables) {
             unpatchable(handle, &format!("cannot patch libcuda.so.1: {error}"));
-        } else if let Some(link) = runtime::link() {
-            // A CUDA process: time to meet the hypervisor.
-            link.start();
+        } else if let Some(limiter) = limiter {
+            // A CUDA process: time to meet the hypervisor, and to map NVML.
+            limiter.context.start_link();
+            let nvml = dlopen_raw(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW);
+            limiter
+                .context
+                .found_nvml((!nvml.is_null()).then_some(nvml));
         }
     }
     if !installed.nvml
-        && matches!(state, State::Limiting(_))
+        && let Some(limiter) = limiter
         && let Some(handle) = mapped(c"libnvidia-ml.so.1")
     {
         installed.nvml = true;
+        limiter.context.found_nvml(Some(handle));
         // NVML only reports: unpatched, its numbers are the device's, and no
         // limit is lost.
         if let Err(error) = install(handle, "libnvidia-ml.so.1", &[&detour::nvml::NVML_DETOURS]) {
@@ -335,16 +337,16 @@ pub fn install_if_mapped() {
 /// The driver cannot be limited: CUDA is refused (`cuInit` alone is patched
 /// for that), unless the user opted out with `CUDA_LIMITER_ALLOW_UNPATCHED=1`.
 fn unpatchable(handle: *mut c_void, reason: &str) {
-    if runtime::allow_unpatched() {
+    if entry::limiter().is_some_and(|limiter| limiter.allow_unpatched()) {
         eprintln!(
             "cuda-limiter: {reason}; running WITHOUT limits because {}=1",
-            runtime::ALLOW_UNPATCHED_VARIABLE
+            entry::ALLOW_UNPATCHED_VARIABLE
         );
         return;
     }
-    runtime::refuse(format!(
+    entry::refuse(format!(
         "cuda-limiter: {reason}; CUDA refuses to initialise (set {}=1 to run without limits)",
-        runtime::ALLOW_UNPATCHED_VARIABLE
+        entry::ALLOW_UNPATCHED_VARIABLE
     ));
     if let Err(error) = install(handle, "libcuda.so.1", &[&detour::driver::DRIVER_DETOURS]) {
         // Not even cuInit: nothing can stop CUDA from here.

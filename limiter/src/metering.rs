@@ -34,7 +34,7 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::waves::mix;
+use crate::hash::mix;
 
 /// Functions and graphs with their own price.
 pub const SLOTS: usize = 4096;

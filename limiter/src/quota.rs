@@ -28,10 +28,9 @@ use gpushare_utils::bucket::monotonic_ns;
 use gpushare_utils::config::{DeviceLimits, MAX_DEVICES};
 use gpushare_utils::ledger::{LedgerError, PodLedger};
 
-use crate::driver::{Driver, Nvml};
+use crate::context::Context;
 use crate::error::{LimiterError, Result};
 use crate::grant::Grant;
-use crate::runtime;
 
 /// How often a device's driver overhead is measured again, at most.
 pub const OVERHEAD_REFRESH_MS: u64 = 200;
@@ -83,11 +82,11 @@ impl MemoryQuota {
     /// The quota of CUDA device `device` (as the application numbers it), or
     /// `None` when it is unlimited. Under a hypervisor, read live from its
     /// read-only limits; locally, resolved once per device.
-    pub fn limit(&self, device: usize) -> Option<u64> {
-        match runtime::grant()? {
+    pub fn limit(&self, ctx: &'static Context, device: usize) -> Option<u64> {
+        match ctx.grant() {
             Grant::Hypervisor(_) => {
-                let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32))?;
-                self.limit_for(device, Some(&uuid))
+                let uuid = ctx.device_uuid(device)?;
+                self.limit_for(ctx, device, Some(&uuid))
             }
             // Refused: cuInit failed; should a call come anyway, the device
             // shows nothing and every reservation is refused.
@@ -95,10 +94,10 @@ impl MemoryQuota {
             Grant::Local => {
                 let slot = self.limits.get(device)?;
                 *slot.get_or_init(|| {
-                    let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
-                    let limit = self.limit_for(device, uuid.as_deref());
+                    let uuid = ctx.device_uuid(device);
+                    let limit = self.limit_for(ctx, device, uuid.as_deref());
                     if let (Some(bytes), Some(ledger), Some(entry)) =
-                        (limit, runtime::ledger(), runtime::ledger_entry(device))
+                        (limit, ctx.ledger(), ctx.ledger_entry(device))
                         && let Err(error) = ledger.set_quota(entry, bytes)
                     {
                         tracing::warn!(device, %error, "quota not recorded in the pod ledger");
@@ -112,8 +111,13 @@ impl MemoryQuota {
 
     /// The quota of a device known by index and UUID: the hypervisor's for
     /// that UUID when it granted limits, else the configured one.
-    pub fn limit_for(&self, device: usize, uuid: Option<&str>) -> Option<u64> {
-        if let Some(limits) = runtime::hypervisor_limits() {
+    pub fn limit_for(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        uuid: Option<&str>,
+    ) -> Option<u64> {
+        if let Some(limits) = ctx.hypervisor_limits() {
             return limits
                 .find(uuid?)
                 .map(|gpu| gpu.quota.load(Ordering::Acquire))
@@ -125,14 +129,21 @@ impl MemoryQuota {
     }
 
     /// Reserves `bytes` on `device` for an allocation about to be made.
-    pub fn reserve(&self, device: usize, bytes: u64) -> Result<Reservation<'_>> {
-        if matches!(runtime::grant(), Some(Grant::Refused)) {
+    pub fn reserve(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        bytes: u64,
+    ) -> Result<Reservation<'_>> {
+        if matches!(ctx.grant(), Grant::Refused) {
             return Err(LimiterError::Misconfigured("no limits granted"));
         }
-        self.measure_overhead(device, false);
-        let limit = self.limit(device).unwrap_or(0);
-        let ledger = runtime::ledger().ok_or(LimiterError::LedgerUnavailable)?;
-        let entry = runtime::ledger_entry(device).ok_or(LimiterError::LedgerUnavailable)?;
+        self.measure_overhead(ctx, device, false);
+        let limit = self.limit(ctx, device).unwrap_or(0);
+        let ledger = ctx.ledger().ok_or(LimiterError::LedgerUnavailable)?;
+        let entry = ctx
+            .ledger_entry(device)
+            .ok_or(LimiterError::LedgerUnavailable)?;
         ledger
             .try_reserve_under(entry, bytes, limit)
             .map_err(|error| refusal(device, error))?;
@@ -161,25 +172,33 @@ impl MemoryQuota {
     }
 
     /// Gives a freed resource's charge back to the pod.
-    pub fn credit(&self, charge: Charge) {
-        if let Some(ledger) = runtime::ledger() {
+    pub fn credit(&self, ctx: &'static Context, charge: Charge) {
+        if let Some(ledger) = ctx.ledger() {
             release(ledger, charge.device, charge.bytes);
         }
     }
 
     /// The memory report of a limited device: `(free, total)` from the real
     /// ones, or `None` when the device is unlimited.
-    pub fn report(&self, device: usize, real_free: u64, real_total: u64) -> Option<(u64, u64)> {
-        let limit = self.limit(device)?;
-        self.measure_overhead(device, false);
-        let used = runtime::ledger_entry(device).map_or(0, |entry| self.pod_used(entry));
+    pub fn report(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        real_free: u64,
+        real_total: u64,
+    ) -> Option<(u64, u64)> {
+        let limit = self.limit(ctx, device)?;
+        self.measure_overhead(ctx, device, false);
+        let used = ctx
+            .ledger_entry(device)
+            .map_or(0, |entry| self.pod_used(ctx, entry));
         Some(virtual_report(limit, used, real_free, real_total))
     }
 
-    /// Pod usage of ledger entry `entry` (see [`runtime::ledger_entry_of`]),
+    /// Pod usage of ledger entry `entry` (see [`Context::ledger_entry_of`]),
     /// after giving back what dead processes held.
-    pub fn pod_used(&self, entry: usize) -> u64 {
-        let Some(ledger) = runtime::ledger() else {
+    pub fn pod_used(&self, ctx: &'static Context, entry: usize) -> u64 {
+        let Some(ledger) = ctx.ledger() else {
             return 0;
         };
         self.reclaim_before_report(ledger);
@@ -207,7 +226,7 @@ impl MemoryQuota {
 
     /// Charges what NVML attributes to this process on `device` beyond its
     /// accounted allocations. Rate-limited unless `force`.
-    pub fn measure_overhead(&self, device: usize, force: bool) {
+    pub fn measure_overhead(&self, ctx: &'static Context, device: usize, force: bool) {
         let Some(last) = self.overhead_measured_ms.get(device) else {
             return;
         };
@@ -223,14 +242,15 @@ impl MemoryQuota {
         {
             return; // another thread is measuring
         }
-        let Some(uuid) = Driver::get().and_then(|driver| driver.device_uuid(device as i32)) else {
+        let Some(uuid) = ctx.device_uuid(device) else {
             return;
         };
-        let (Some(ledger), Some(entry)) = (runtime::ledger(), runtime::ledger_entry_of(&uuid))
-        else {
+        let (Some(ledger), Some(entry)) = (ctx.ledger(), ctx.ledger_entry_of(&uuid)) else {
             return;
         };
-        let Some(seen) = Nvml::get().and_then(|nvml| nvml.process_used(&uuid, std::process::id()))
+        let Some(seen) = ctx
+            .nvml()
+            .and_then(|nvml| nvml.process_used(&uuid, std::process::id()))
         else {
             return;
         };

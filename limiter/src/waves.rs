@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use gpushare_utils::config::MAX_DEVICES;
 
+use crate::hash::mix;
+
 /// Dynamic shared memory is looked up in steps of this many bytes.
 const SHARED_STEP: u32 = 8 * 1024;
 /// Occupancy cache entries (a power of two).
@@ -104,13 +106,6 @@ impl Waves {
 /// Resident blocks per SM from the thread and block limits alone.
 fn fallback_blocks_per_sm(threads: u32) -> u32 {
     (MAX_THREADS_PER_SM / threads.max(1)).clamp(1, MAX_BLOCKS_PER_SM)
-}
-
-/// splitmix64's finaliser.
-pub(crate) fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
 }
 
 #[cfg(test)]

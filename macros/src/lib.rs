@@ -29,6 +29,13 @@
 //!
 //! The return type must implement `gpushare_utils::hook::Unavailable`, the
 //! value returned in the one case no original exists (never, once installed).
+//!
+//! A declaration marked `ptsz` (`required ptsz fn cuLaunchKernel(...) -> CUresult
+//! => ops::launch_kernel;`) also declares the driver's per-thread-default-stream
+//! twin `cuLaunchKernel_ptsz` with the same signature, always optional (older
+//! drivers lack it), with its own original: the handler runs as
+//! `ops::launch_kernel::<false>` for the first and `ops::launch_kernel::<true>`
+//! for the twin, so it takes a `const PER_THREAD: bool`.
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
@@ -40,6 +47,7 @@ use syn::{Attribute, FnArg, Ident, Pat, Path, Token, Type, Visibility, parenthes
 mod kw {
     syn::custom_keyword!(required);
     syn::custom_keyword!(optional);
+    syn::custom_keyword!(ptsz);
 }
 
 struct Table {
@@ -49,13 +57,31 @@ struct Table {
     entries: Vec<Entry>,
 }
 
+/// One declaration as written.
 struct Entry {
     attrs: Vec<Attribute>,
     required: bool,
+    /// Also declares `<symbol>_ptsz`, the per-thread-default-stream twin.
+    ptsz: bool,
     symbol: Ident,
+    signature: Signature,
+    handler: Path,
+}
+
+/// The C signature a detour shares with its original (and its twin's).
+struct Signature {
     args: Vec<(Ident, Type)>,
     output: Type,
-    handler: Path,
+}
+
+/// One detour to generate: a declaration, or the `_ptsz` twin of one.
+struct Detour<'a> {
+    attrs: TokenStream2,
+    required: bool,
+    symbol: Ident,
+    signature: &'a Signature,
+    /// The handler call's path, with its `PER_THREAD` argument if any.
+    handler: TokenStream2,
 }
 
 impl Parse for Table {
@@ -91,6 +117,10 @@ impl Parse for Entry {
         } else {
             return Err(lookahead.error());
         };
+        let ptsz = input.peek(kw::ptsz);
+        if ptsz {
+            input.parse::<kw::ptsz>()?;
+        }
         input.parse::<Token![fn]>()?;
         let symbol: Ident = input.parse()?;
         let content;
@@ -115,23 +145,60 @@ impl Parse for Entry {
         Ok(Self {
             attrs,
             required,
+            ptsz,
             symbol,
-            args,
-            output,
+            signature: Signature { args, output },
             handler,
         })
     }
 }
 
-fn expand_entry(entry: &Entry) -> TokenStream2 {
-    let Entry {
+impl Entry {
+    /// The detours this declaration stands for: itself, and its twin.
+    fn detours(&self) -> Vec<Detour<'_>> {
+        let (attrs, handler) = (&self.attrs, &self.handler);
+        let declared = quote!(#(#attrs)*);
+        if !self.ptsz {
+            return vec![Detour {
+                attrs: declared,
+                required: self.required,
+                symbol: self.symbol.clone(),
+                signature: &self.signature,
+                handler: quote!(#handler),
+            }];
+        }
+        let twin = Ident::new(&format!("{}_ptsz", self.symbol), self.symbol.span());
+        let twin_doc = format!(
+            " The `_ptsz` twin of `{}`: per-thread default stream.",
+            self.symbol
+        );
+        vec![
+            Detour {
+                attrs: declared.clone(),
+                required: self.required,
+                symbol: self.symbol.clone(),
+                signature: &self.signature,
+                handler: quote!(#handler::<false>),
+            },
+            Detour {
+                attrs: quote!(#declared #[doc = ""] #[doc = #twin_doc]),
+                required: false,
+                symbol: twin,
+                signature: &self.signature,
+                handler: quote!(#handler::<true>),
+            },
+        ]
+    }
+}
+
+fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
+    let Detour {
         attrs,
         required,
         symbol,
-        args,
-        output,
+        signature: Signature { args, output },
         handler,
-    } = entry;
+    } = detour;
     let names: Vec<&Ident> = args.iter().map(|(name, _)| name).collect();
     let types: Vec<&Type> = args.iter().map(|(_, ty)| ty).collect();
     let symbol_str = symbol.to_string();
@@ -174,7 +241,7 @@ fn expand_entry(entry: &Entry) -> TokenStream2 {
                 value
             }
 
-            #(#attrs)*
+            #attrs
             pub unsafe extern "C" fn detour(#(#names: #types),*) -> #output {
                 let Some(original) = ORIGINAL.get() else {
                     return <#output as #hook::Unavailable>::UNAVAILABLE;
@@ -228,9 +295,10 @@ pub fn detours(input: TokenStream) -> TokenStream {
         name,
         entries,
     } = &table;
-    let modules = entries.iter().map(expand_entry);
-    let symbols: Vec<&Ident> = entries.iter().map(|entry| &entry.symbol).collect();
-    let count = entries.len();
+    let detours: Vec<Detour<'_>> = entries.iter().flat_map(Entry::detours).collect();
+    let modules = detours.iter().map(expand_detour);
+    let symbols: Vec<&Ident> = detours.iter().map(|detour| &detour.symbol).collect();
+    let count = detours.len();
     quote! {
         #(#modules)*
 

@@ -35,22 +35,23 @@ use std::thread::Thread;
 use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
-use tracing::level_filters::LevelFilter;
 
 use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity};
 use gpushare_utils::bucket::{Admission, ComputeBucket, monotonic_ns};
 use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
 
-use crate::driver::{Driver, Timing};
+use crate::context::Context;
+use crate::driver::Timing;
 use crate::error::{LimiterError, Result};
 use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
-use crate::runtime;
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
 mod sampling;
+mod summary;
 
 use sampling::Sample;
+use summary::Held;
 
 /// Names another node activity table (tests: one per test).
 pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
@@ -163,17 +164,6 @@ pub struct Throttle {
     held: Held,
 }
 
-/// Where this process's launches waited, summed over its threads, and when
-/// it first launched: logged at exit (`CUDA_LIMITER_LOG=info`), to tell a
-/// limit that binds from a limiter that costs.
-#[derive(Default)]
-struct Held {
-    first_launch_ns: AtomicU64,
-    budget_ns: AtomicU64,
-    measurement_ns: AtomicU64,
-    backlog_ns: AtomicU64,
-}
-
 // SAFETY: the event handles held are driver handles, usable from any thread;
 // everything else is atomics and locks.
 unsafe impl Sync for Throttle {}
@@ -210,9 +200,9 @@ impl Throttle {
     /// The budget of `device`, resolved once; `None` when it is unlimited.
     /// Under a hypervisor, the bucket whose limits it sets in the pod's
     /// read-only limits object, looked at on every launch: limits change live.
-    fn budget(&self, device: usize) -> Option<DeviceBudget> {
-        if runtime::hypervisor().is_some() {
-            let bucket = runtime::bucket(device)?;
+    fn budget(&self, ctx: &'static Context, device: usize) -> Option<DeviceBudget> {
+        if ctx.hypervisor().is_some() {
+            let bucket = ctx.bucket(device)?;
             return bucket.is_limited().then_some(DeviceBudget {
                 bucket,
                 elastic: false,
@@ -221,14 +211,14 @@ impl Throttle {
         self.budgets
             .get(device)?
             .get_or_init(|| {
-                let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
+                let uuid = ctx.device_uuid(device);
                 let limit = self.configured.resolve(device as u32, uuid.as_deref())?;
                 if limit.policy == ComputePolicy::None {
                     return None;
                 }
                 // Unusable ledger: already reported; launch unthrottled
                 // rather than block the application for ever.
-                let bucket = runtime::bucket(device)?;
+                let bucket = ctx.bucket(device)?;
                 bucket.configure(limit.percent, limit.ceiling());
                 tracing::debug!(device, ?uuid, ?limit, "compute limit resolved");
                 Some(DeviceBudget {
@@ -245,12 +235,15 @@ impl Throttle {
     /// took stream 0 as the per-thread default stream.
     pub fn launch(
         &'static self,
+        ctx: &'static Context,
         work: Work,
         stream: CUstream,
         per_thread: bool,
         launch: impl FnOnce() -> CUresult,
     ) -> Result<CUresult> {
-        let driver = Driver::get().ok_or(LimiterError::Bypass("driver not resolved"))?;
+        let driver = ctx
+            .driver()
+            .ok_or(LimiterError::Bypass("driver not resolved"))?;
         // With one device visible, every context is on device 0: no driver
         // call (a launch without a context fails in the driver, refunded).
         let device = if *self
@@ -265,7 +258,7 @@ impl Throttle {
             usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?
         };
         let budget = self
-            .budget(device)
+            .budget(ctx, device)
             .ok_or(LimiterError::Bypass("device unlimited"))?;
         let stream = if per_thread && stream.is_null() {
             CU_STREAM_PER_THREAD
@@ -295,12 +288,18 @@ impl Throttle {
             self.wait_for_measurement(&charge);
         }
         self.hold_while_backlogged();
-        let now = self.wait_for_budget(budget.bucket, charge.ns, device);
-        if self.held.first_launch_ns.load(Ordering::Relaxed) == 0 {
-            self.held.first_launch_ns.store(now, Ordering::Relaxed);
+        let now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device);
+        if self.held.first_launch_ns.load(Ordering::Relaxed) == 0
+            && self
+                .held
+                .first_launch_ns
+                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.print_summary_at_exit();
         }
         // Every limited pod stamps the node table, so elastic pods see it.
-        self.mark_active(device, now);
+        self.mark_active(ctx, device, now);
 
         let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {
@@ -331,7 +330,7 @@ impl Throttle {
                     .then(|| submitted_at.saturating_sub(start.recorded_at)),
                 submitted_at,
             };
-            self.end_sample(timing, pending, stream, result);
+            self.end_sample(ctx, timing, pending, stream, result);
         }
         Ok(result)
     }
@@ -384,7 +383,13 @@ impl Throttle {
     }
 
     /// Charges `cost` once the bucket allows it; returns the time it did.
-    fn wait_for_budget(&self, bucket: &ComputeBucket, cost: u64, device: usize) -> u64 {
+    fn wait_for_budget(
+        &self,
+        ctx: &'static Context,
+        bucket: &ComputeBucket,
+        cost: u64,
+        device: usize,
+    ) -> u64 {
         let start = monotonic_ns();
         let mut now = start;
         let mut waited = false;
@@ -399,7 +404,7 @@ impl Throttle {
                     // Trap: under a hypervisor, ask it for admission; while
                     // it grants nothing (or does not answer), the local
                     // bucket's refill decides, and it is asked less often.
-                    if !self.hypervisor_granted(device, cost, now) {
+                    if !self.hypervisor_granted(ctx, device, cost, now) {
                         std::thread::sleep(wait);
                     }
                     now = monotonic_ns();
@@ -413,52 +418,23 @@ impl Throttle {
         now
     }
 
-    /// Prints what the launches of this process cost it, at exit, when the
-    /// log level is `info` or finer (local limits; under a hypervisor,
-    /// `hypervisor status` tells): per limited device, the pod's launches
-    /// and GPU time charged (as a share of the wall time since this
-    /// process's first launch), and the time launches waited. Printed
-    /// directly: at exit, `tracing`'s thread-locals are gone.
-    pub fn print_summary(&self) {
-        let first = self.held.first_launch_ns.load(Ordering::Relaxed);
-        if first == 0 || LevelFilter::current() < LevelFilter::INFO {
-            return;
-        }
-        let wall_ns = monotonic_ns().saturating_sub(first).max(1);
-        let ms = |ns: u64| ns as f64 / 1e6;
-        let held = |counter: &AtomicU64| ms(counter.load(Ordering::Relaxed));
-        for (device, budget) in self.budgets.iter().enumerate() {
-            let Some(Some(budget)) = budget.get() else {
-                continue;
-            };
-            let charged_ns = budget.bucket.charged_ns.load(Ordering::Relaxed);
-            eprintln!(
-                "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
-                 pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
-                 held_for_measurements_ms={:.1} held_for_backlog_ms={:.1}",
-                std::process::id(),
-                budget.bucket.launches.load(Ordering::Relaxed),
-                ms(charged_ns),
-                ms(wall_ns),
-                charged_ns as f64 / wall_ns as f64,
-                held(&self.held.budget_ns),
-                held(&self.held.measurement_ns),
-                held(&self.held.backlog_ns),
-            );
-        }
-    }
-
     /// Asks the hypervisor to admit `cost` on `device`, unless this thread
     /// was refused recently; true when it granted budget.
-    fn hypervisor_granted(&self, device: usize, cost: u64, now: u64) -> bool {
-        let Some(link) = runtime::hypervisor() else {
+    fn hypervisor_granted(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        cost: u64,
+        now: u64,
+    ) -> bool {
+        let Some(link) = ctx.hypervisor() else {
             return false;
         };
         let (next, backoff) = NEXT_ADMISSION_NS.with(Cell::get);
         if now < next {
             return false;
         }
-        let uuid = Driver::get().and_then(|driver| driver.device_uuid(device as i32));
+        let uuid = ctx.device_uuid(device);
         let granted = uuid.is_some_and(|uuid| link.admission(&uuid, cost).is_ok_and(|ns| ns > 0));
         let state = if granted {
             (0, 0)
@@ -471,7 +447,7 @@ impl Throttle {
     }
 
     /// Stamps the node's activity table for `device`, at most every 10 ms.
-    fn mark_active(&'static self, device: usize, now: u64) {
+    fn mark_active(&'static self, ctx: &'static Context, device: usize, now: u64) {
         let Some(marked) = self.marked_at_ns.get(device) else {
             return;
         };
@@ -484,9 +460,9 @@ impl Throttle {
             return;
         }
         if let Some(table) = self.activity() {
-            table.mark(device, self.pod_key(), now);
+            table.mark(device, self.pod_key(ctx), now);
         }
-        self.start_monitor();
+        self.start_monitor(ctx);
     }
 
     fn activity(&self) -> Option<&NodeActivity> {
@@ -505,16 +481,9 @@ impl Throttle {
             .as_ref()
     }
 
-    fn pod_key(&self) -> u64 {
-        *self.pod_key.get_or_init(|| {
-            runtime::limiter().map_or(1, |limiter| activity::pod_key(limiter.pod.as_str()))
-        })
-    }
-}
-
-impl Held {
-    /// Adds the time since `since` to `counter`.
-    fn add(counter: &AtomicU64, since: u64) {
-        counter.fetch_add(monotonic_ns().saturating_sub(since), Ordering::Relaxed);
+    fn pod_key(&self, ctx: &Context) -> u64 {
+        *self
+            .pod_key
+            .get_or_init(|| activity::pod_key(ctx.pod.as_str()))
     }
 }

@@ -7,9 +7,9 @@ use std::sync::atomic::Ordering;
 use gpushare_utils::bucket::monotonic_ns;
 
 use super::{CONTENTION_INTERVAL, POLL_INTERVAL, Throttle};
-use crate::driver::{Driver, Timing};
+use crate::context::Context;
+use crate::driver::Timing;
 use crate::metering::Charge;
-use crate::runtime;
 use crate::sys::{CUevent, CUresult, CUstream};
 
 /// One launch bracketed by events.
@@ -118,6 +118,7 @@ impl Throttle {
     /// queues it for the monitor.
     pub(super) fn end_sample(
         &'static self,
+        ctx: &'static Context,
         timing: &Timing,
         mut sample: Sample,
         stream: CUstream,
@@ -146,7 +147,7 @@ impl Throttle {
             self.recycle(timing, sample.context, sample.end);
             return;
         }
-        self.start_monitor();
+        self.start_monitor(ctx);
         // Pairs with the monitor's store of `monitor_parked` before it looks
         // at the queue: one of the two sees the other.
         std::sync::atomic::fence(Ordering::SeqCst);
@@ -159,11 +160,11 @@ impl Throttle {
 
     /// Starts the monitor thread, once: at the first sample, or at the first
     /// activity stamp (elastic pods need it before any sample).
-    pub(super) fn start_monitor(&'static self) {
+    pub(super) fn start_monitor(&'static self, ctx: &'static Context) {
         self.monitor.call_once(|| {
             let spawned = std::thread::Builder::new()
                 .name("cuda-limiter-monitor".into())
-                .spawn(move || self.monitor());
+                .spawn(move || self.monitor(ctx));
             match spawned {
                 Ok(handle) => {
                     self.monitor_thread.set(handle.thread().clone()).ok();
@@ -195,10 +196,10 @@ impl Throttle {
 
     /// The monitor thread: turns completed samples into prices and
     /// corrections, and keeps elastic pods' contention up to date.
-    fn monitor(&'static self) {
+    fn monitor(&'static self, ctx: &'static Context) {
         // Its own driver calls never go through the detours.
         let _guard = gpushare_utils::hook::DetourGuard::enter_always();
-        let Some(timing) = Driver::get().and_then(|driver| driver.timing.as_ref()) else {
+        let Some(timing) = ctx.driver().and_then(|driver| driver.timing.as_ref()) else {
             return;
         };
         timing.relax_capture_mode();
@@ -208,7 +209,7 @@ impl Throttle {
             let now = monotonic_ns();
             if now.saturating_sub(contention_checked) >= CONTENTION_INTERVAL.as_nanos() as u64 {
                 contention_checked = now;
-                self.update_contention(now);
+                self.update_contention(ctx, now);
             }
             let sample = match current.take() {
                 Some(sample) => Some(sample),
@@ -227,7 +228,7 @@ impl Throttle {
                 continue;
             };
             match timing.query(sample.end) {
-                Ok(true) => self.complete(timing, sample),
+                Ok(true) => self.complete(ctx, timing, sample),
                 Ok(false) => {
                     current = Some(sample);
                     std::thread::sleep(POLL_INTERVAL);
@@ -241,7 +242,7 @@ impl Throttle {
         }
     }
 
-    fn complete(&self, timing: &Timing, sample: Sample) {
+    fn complete(&self, ctx: &'static Context, timing: &Timing, sample: Sample) {
         match timing.elapsed_ns(sample.start, sample.end) {
             Some(bracket) => {
                 // A launch queued behind earlier work is measured from that
@@ -259,7 +260,7 @@ impl Throttle {
                 let overhead = sample.idle_gap_ns.unwrap_or(0) + extra.load(Ordering::Relaxed);
                 let measured = bracket.saturating_sub(overhead).max(bracket / 4);
                 let contended = self.activity().is_some_and(|table| {
-                    table.contended(sample.device, self.pod_key(), monotonic_ns())
+                    table.contended(sample.device, self.pod_key(ctx), monotonic_ns())
                 });
                 let owed = self.model.record(&sample.charge, measured, contended);
                 tracing::trace!(
@@ -272,7 +273,7 @@ impl Throttle {
                     owed,
                     "sample"
                 );
-                if let Some(budget) = self.budget(sample.device) {
+                if let Some(budget) = self.budget(ctx, sample.device) {
                     budget.bucket.correct(owed);
                 }
             }
@@ -282,18 +283,18 @@ impl Throttle {
         self.recycle(timing, sample.context, sample.end);
     }
 
-    fn update_contention(&self, now: u64) {
+    fn update_contention(&self, ctx: &'static Context, now: u64) {
         let Some(table) = self.activity() else {
             return;
         };
-        if runtime::hypervisor().is_some() {
+        if ctx.hypervisor().is_some() {
             return; // the hypervisor decides elastic shares
         }
         for (device, budget) in self.budgets.iter().enumerate() {
             if let Some(Some(budget)) = budget.get()
                 && budget.elastic
             {
-                let contended = table.contended(device, self.pod_key(), now);
+                let contended = table.contended(device, self.pod_key(ctx), now);
                 let was = budget
                     .bucket
                     .uncontended

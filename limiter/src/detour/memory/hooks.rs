@@ -1,6 +1,13 @@
-//! Memory detours: declarations only; the logic is in `ops`.
+//! Memory detours and their adapters. The declarations generate the
+//! `extern "C"` detours; the adapters below are the only code of the family
+//! that touches the caller's pointers: they check them once (null is a pass
+//! through or an error), read what the driver wrote, write the pod's reports,
+//! and hand typed values to the policy in `ops`.
 
-use super::ops;
+use super::ops::{self, Memory, Placement};
+use crate::entry;
+use crate::error::{LimiterError, Result};
+use crate::quota::Resource;
 use crate::sys::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUdevice, CUdeviceptr,
     CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemoryPool, CUmipmappedArray, CUresult,
@@ -13,7 +20,7 @@ gpushare_macros::detours! {
 
     /// Linear allocation.
     required fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult
-        => ops::mem_alloc;
+        => mem_alloc;
     /// Pitched linear allocation; charged by the pitch the driver chose.
     optional fn cuMemAllocPitch_v2(
         dptr: *mut CUdeviceptr,
@@ -21,76 +28,366 @@ gpushare_macros::detours! {
         width_in_bytes: usize,
         height: usize,
         element_size_bytes: u32,
-    ) -> CUresult => ops::mem_alloc_pitch;
+    ) -> CUresult => mem_alloc_pitch;
     /// Unified memory, charged to the current device.
     optional fn cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: u32) -> CUresult
-        => ops::mem_alloc_managed;
+        => mem_alloc_managed;
     /// Stream-ordered allocation.
-    optional fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
-        => ops::mem_alloc_async;
-    /// Stream-ordered allocation, per-thread default stream.
-    optional fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
-        => ops::mem_alloc_async;
+    optional ptsz fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) -> CUresult
+        => mem_alloc_async;
     /// Stream-ordered allocation from a pool.
-    optional fn cuMemAllocFromPoolAsync(
+    optional ptsz fn cuMemAllocFromPoolAsync(
         dptr: *mut CUdeviceptr,
         bytesize: usize,
         pool: CUmemoryPool,
         stream: CUstream,
-    ) -> CUresult => ops::mem_alloc_from_pool;
-    /// Stream-ordered allocation from a pool, per-thread default stream.
-    optional fn cuMemAllocFromPoolAsync_ptsz(
-        dptr: *mut CUdeviceptr,
-        bytesize: usize,
-        pool: CUmemoryPool,
-        stream: CUstream,
-    ) -> CUresult => ops::mem_alloc_from_pool;
+    ) -> CUresult => mem_alloc_from_pool;
     /// Physical memory for virtual memory management.
     optional fn cuMemCreate(
         handle: *mut CUmemGenericAllocationHandle,
         size: usize,
         prop: *const CUmemAllocationProp,
         flags: u64,
-    ) -> CUresult => ops::mem_create;
+    ) -> CUresult => mem_create;
     /// A 1D or 2D array.
     optional fn cuArrayCreate_v2(array: *mut CUarray, descriptor: *const CUDA_ARRAY_DESCRIPTOR) -> CUresult
-        => ops::array_create;
+        => array_create;
     /// A 3D, layered or cubemap array.
     optional fn cuArray3DCreate_v2(array: *mut CUarray, descriptor: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult
-        => ops::array_3d_create;
+        => array_3d_create;
     /// A mipmapped array, charged for all its levels.
     optional fn cuMipmappedArrayCreate(
         array: *mut CUmipmappedArray,
         descriptor: *const CUDA_ARRAY3D_DESCRIPTOR,
         levels: u32,
-    ) -> CUresult => ops::mipmapped_array_create;
+    ) -> CUresult => mipmapped_array_create;
 
     /// Frees linear memory of any allocation API.
-    required fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => ops::mem_free;
+    required fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult => mem_free;
     /// Stream-ordered free.
-    optional fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult
-        => ops::mem_free_async;
-    /// Stream-ordered free, per-thread default stream.
-    optional fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) -> CUresult
-        => ops::mem_free_async;
+    optional ptsz fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) -> CUresult
+        => mem_free_async;
     /// Releases VMM physical memory.
-    optional fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => ops::mem_release;
+    optional fn cuMemRelease(handle: CUmemGenericAllocationHandle) -> CUresult => mem_release;
     /// Destroys an array.
-    optional fn cuArrayDestroy(array: CUarray) -> CUresult => ops::array_destroy;
+    optional fn cuArrayDestroy(array: CUarray) -> CUresult => array_destroy;
     /// Destroys a mipmapped array.
     optional fn cuMipmappedArrayDestroy(array: CUmipmappedArray) -> CUresult
-        => ops::mipmapped_array_destroy;
+        => mipmapped_array_destroy;
 
     /// Free and total memory of the current device, as the pod sees them.
     required fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult
-        => ops::mem_get_info;
+        => report_memory;
     /// The legacy 32-bit report.
-    optional fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CUresult
-        => ops::mem_get_info_v1;
+    optional fn cuMemGetInfo(free: *mut u32, total: *mut u32) -> CUresult => report_memory;
     /// Total memory of a device, as the pod sees it.
     required fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CUdevice) -> CUresult
-        => ops::device_total_mem;
+        => report_total;
     /// The legacy 32-bit total.
-    optional fn cuDeviceTotalMem(bytes: *mut u32, device: CUdevice) -> CUresult
-        => ops::device_total_mem_v1;
+    optional fn cuDeviceTotalMem(bytes: *mut u32, device: CUdevice) -> CUresult => report_total;
+}
+
+/// The memory policy, when limits are enforced.
+fn memory() -> Result<Memory> {
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
+    Ok(Memory {
+        quota: &limiter.memory,
+        ctx: &limiter.context,
+    })
+}
+
+/// An allocation on the current device that returns a device pointer
+/// through `dptr`.
+fn pointer_allocation(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    allocate: impl FnOnce() -> CUresult,
+) -> Result<CUresult> {
+    if dptr.is_null() {
+        return Err(LimiterError::Bypass("null out-pointer"));
+    }
+    // SAFETY: dptr is non-null, and written by the call that succeeded.
+    let made = || Resource::Pointer(unsafe { dptr.read() });
+    memory()?.allocate(Placement::Current, bytesize as u64, allocate, made)
+}
+
+fn mem_alloc(
+    original: cuMemAlloc_v2::Signature,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    pointer_allocation(dptr, bytesize, || unsafe { original(dptr, bytesize) })
+}
+
+fn mem_alloc_managed(
+    original: cuMemAllocManaged::Signature,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    flags: u32,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    pointer_allocation(dptr, bytesize, || unsafe {
+        original(dptr, bytesize, flags)
+    })
+}
+
+/// Either stream: the charge is the same.
+fn mem_alloc_async<const PER_THREAD: bool>(
+    original: cuMemAllocAsync::Signature,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    stream: CUstream,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    let allocate = || unsafe { original(dptr, bytesize, stream) };
+    pointer_allocation(dptr, bytesize, allocate)
+}
+
+fn mem_alloc_from_pool<const PER_THREAD: bool>(
+    original: cuMemAllocFromPoolAsync::Signature,
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    stream: CUstream,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    let allocate = || unsafe { original(dptr, bytesize, pool, stream) };
+    pointer_allocation(dptr, bytesize, allocate)
+}
+
+fn mem_alloc_pitch(
+    original: cuMemAllocPitch_v2::Signature,
+    dptr: *mut CUdeviceptr,
+    pitch: *mut usize,
+    width_in_bytes: usize,
+    height: usize,
+    element_size_bytes: u32,
+) -> Result<CUresult> {
+    if dptr.is_null() || pitch.is_null() {
+        return Err(LimiterError::Bypass("null out-pointer"));
+    }
+    memory()?.allocate_pitched(
+        width_in_bytes,
+        height,
+        // SAFETY: the caller's own arguments.
+        || unsafe { original(dptr, pitch, width_in_bytes, height, element_size_bytes) },
+        // SAFETY: both non-null, and written by the call that succeeded.
+        || unsafe { (dptr.read(), pitch.read()) },
+        |pointer| {
+            // SAFETY: frees the pointer just allocated, through the original.
+            let _freed = cuMemFree_v2::ORIGINAL
+                .get()
+                .map(|free| unsafe { free(pointer) });
+        },
+    )
+}
+
+fn mem_create(
+    original: cuMemCreate::Signature,
+    handle: *mut CUmemGenericAllocationHandle,
+    size: usize,
+    prop: *const CUmemAllocationProp,
+    flags: u64,
+) -> Result<CUresult> {
+    if handle.is_null() {
+        return Err(LimiterError::Bypass("null out-pointer"));
+    }
+    // SAFETY: the caller's property struct, null or valid for reads.
+    let properties = unsafe { prop.as_ref() }.ok_or(LimiterError::Bypass("no properties"))?;
+    memory()?.allocate_physical(
+        properties,
+        size as u64,
+        // SAFETY: the caller's own arguments.
+        || unsafe { original(handle, size, prop, flags) },
+        // SAFETY: handle is non-null, and written by the call that succeeded.
+        || Resource::Handle(unsafe { handle.read() }),
+    )
+}
+
+/// An array of `bytes` on the current device, returned through `array`;
+/// `resource` names its handle.
+fn array_allocation<H>(
+    array: *mut *mut H,
+    bytes: u64,
+    allocate: impl FnOnce() -> CUresult,
+    resource: fn(usize) -> Resource,
+) -> Result<CUresult> {
+    // SAFETY: array is non-null (checked by the caller), and written by the
+    // call that succeeded.
+    let made = || resource(unsafe { array.read() } as usize);
+    memory()?.allocate(Placement::Current, bytes, allocate, made)
+}
+
+/// The caller's array descriptor, with its out-pointer checked first.
+///
+/// # Safety
+///
+/// `descriptor` is null or valid for reads (the driver's contract).
+unsafe fn array_shape<H, D: Copy>(array: *mut *mut H, descriptor: *const D) -> Result<D> {
+    if array.is_null() {
+        return Err(LimiterError::Bypass("null out-pointer"));
+    }
+    // SAFETY: forwarded from the caller.
+    let shape = unsafe { descriptor.as_ref() }.copied();
+    shape.ok_or(LimiterError::Bypass("no descriptor"))
+}
+
+fn array_create(
+    original: cuArrayCreate_v2::Signature,
+    array: *mut CUarray,
+    descriptor: *const CUDA_ARRAY_DESCRIPTOR,
+) -> Result<CUresult> {
+    // SAFETY: the caller's descriptor, per the driver's contract.
+    let shape = unsafe { array_shape(array, descriptor) }?;
+    let bytes = ops::array_bytes(&CUDA_ARRAY3D_DESCRIPTOR {
+        Width: shape.Width,
+        Height: shape.Height,
+        Depth: 0,
+        Format: shape.Format,
+        NumChannels: shape.NumChannels,
+        Flags: 0,
+    });
+    // SAFETY: the caller's own arguments.
+    let allocate = || unsafe { original(array, descriptor) };
+    array_allocation(array, bytes, allocate, Resource::Array)
+}
+
+fn array_3d_create(
+    original: cuArray3DCreate_v2::Signature,
+    array: *mut CUarray,
+    descriptor: *const CUDA_ARRAY3D_DESCRIPTOR,
+) -> Result<CUresult> {
+    // SAFETY: the caller's descriptor, per the driver's contract.
+    let shape = unsafe { array_shape(array, descriptor) }?;
+    // SAFETY: the caller's own arguments.
+    let allocate = || unsafe { original(array, descriptor) };
+    array_allocation(array, ops::array_bytes(&shape), allocate, Resource::Array)
+}
+
+fn mipmapped_array_create(
+    original: cuMipmappedArrayCreate::Signature,
+    array: *mut CUmipmappedArray,
+    descriptor: *const CUDA_ARRAY3D_DESCRIPTOR,
+    levels: u32,
+) -> Result<CUresult> {
+    // SAFETY: the caller's descriptor, per the driver's contract.
+    let shape = unsafe { array_shape(array, descriptor) }?;
+    let bytes = ops::mipmapped_bytes(&shape, levels);
+    // SAFETY: the caller's own arguments.
+    let allocate = || unsafe { original(array, descriptor, levels) };
+    array_allocation(array, bytes, allocate, Resource::Mipmap)
+}
+
+fn mem_free(original: cuMemFree_v2::Signature, dptr: CUdeviceptr) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    memory()?.free(Resource::Pointer(dptr), || unsafe { original(dptr) })
+}
+
+/// Credited when enqueued: the pool gives it back by the next synchronisation.
+fn mem_free_async<const PER_THREAD: bool>(
+    original: cuMemFreeAsync::Signature,
+    dptr: CUdeviceptr,
+    stream: CUstream,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    let free = || unsafe { original(dptr, stream) };
+    memory()?.free(Resource::Pointer(dptr), free)
+}
+
+fn mem_release(
+    original: cuMemRelease::Signature,
+    handle: CUmemGenericAllocationHandle,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    memory()?.free(Resource::Handle(handle), || unsafe { original(handle) })
+}
+
+fn array_destroy(original: cuArrayDestroy::Signature, array: CUarray) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    let free = || unsafe { original(array) };
+    memory()?.free(Resource::Array(array as usize), free)
+}
+
+fn mipmapped_array_destroy(
+    original: cuMipmappedArrayDestroy::Signature,
+    array: CUmipmappedArray,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    let free = || unsafe { original(array) };
+    memory()?.free(Resource::Mipmap(array as usize), free)
+}
+
+/// A byte count as a report writes it: `usize`, or `u32` for the legacy
+/// entry points (saturated).
+trait Bytes: Copy + Default {
+    fn to_u64(self) -> u64;
+    fn saturating_from(bytes: u64) -> Self;
+}
+
+impl Bytes for usize {
+    fn to_u64(self) -> u64 {
+        self as u64
+    }
+    fn saturating_from(bytes: u64) -> Self {
+        usize::try_from(bytes).unwrap_or(usize::MAX)
+    }
+}
+
+impl Bytes for u32 {
+    fn to_u64(self) -> u64 {
+        u64::from(self)
+    }
+    fn saturating_from(bytes: u64) -> Self {
+        u32::try_from(bytes).unwrap_or(u32::MAX)
+    }
+}
+
+/// `cuMemGetInfo(_v2)`: the driver's report into locals, then the pod's into
+/// the caller's pointers.
+fn report_memory<T: Bytes>(
+    original: unsafe extern "C" fn(*mut T, *mut T) -> CUresult,
+    free: *mut T,
+    total: *mut T,
+) -> Result<CUresult> {
+    let (mut real_free, mut real_total) = (T::default(), T::default());
+    // SAFETY: valid locals as out-pointers.
+    let result = unsafe { original(&mut real_free, &mut real_total) };
+    if !result.is_success() {
+        return Err(LimiterError::Bypass("driver refused"));
+    }
+    let real = (real_free.to_u64(), real_total.to_u64());
+    let (shown_free, shown_total) = memory()
+        .and_then(|memory| memory.current_report(real.0, real.1))
+        .unwrap_or(real);
+    // SAFETY: the caller's out-pointers, null or valid for writes.
+    let (Some(free), Some(total)) = (unsafe { free.as_mut() }, unsafe { total.as_mut() }) else {
+        return Ok(CUresult::ERROR_INVALID_VALUE);
+    };
+    *free = T::saturating_from(shown_free);
+    *total = T::saturating_from(shown_total);
+    Ok(result)
+}
+
+/// `cuDeviceTotalMem(_v2)`: the driver's total into a local, then the pod's
+/// into the caller's pointer.
+fn report_total<T: Bytes>(
+    original: unsafe extern "C" fn(*mut T, CUdevice) -> CUresult,
+    bytes: *mut T,
+    device: CUdevice,
+) -> Result<CUresult> {
+    let mut real = T::default();
+    // SAFETY: a valid local as out-pointer.
+    let result = unsafe { original(&mut real, device) };
+    if !result.is_success() {
+        return Err(LimiterError::Bypass("driver refused"));
+    }
+    let real = real.to_u64();
+    let shown = memory()
+        .and_then(|memory| memory.total(device, real))
+        .unwrap_or(real);
+    // SAFETY: the caller's out-pointer, null or valid for writes.
+    let bytes = unsafe { bytes.as_mut() }.ok_or(LimiterError::NullArgument)?;
+    *bytes = T::saturating_from(shown);
+    Ok(result)
 }

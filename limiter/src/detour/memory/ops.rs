@@ -1,227 +1,166 @@
-//! Memory logic: reserve before allocating, credit after freeing, and
-//! rewrite reports. Each function receives the driver's original.
+//! Memory policy, in safe Rust on typed values: reserve before allocating,
+//! credit after freeing, and the pod's view of its memory. The adapters
+//! (`hooks.rs`) read and write the caller's pointers and hand the driver's
+//! original over as a closure; nothing here touches a raw pointer.
 
-use crate::driver::Driver;
+use crate::context::Context;
 use crate::error::{LimiterError, Result};
 use crate::quota::{MemoryQuota, Resource};
-use crate::runtime;
 use crate::sys::{
-    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_CUBEMAP,
-    CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED, CUarray, CUarray_format, CUdevice, CUdeviceptr,
-    CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemoryPool, CUmipmappedArray, CUresult,
-    CUstream,
+    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_DESCRIPTOR,
+    CUDA_ARRAY3D_LAYERED, CUarray_format, CUdevice, CUdeviceptr, CUmemAllocationProp, CUresult,
 };
 
-use super::hooks::{
-    cuArray3DCreate_v2, cuArrayCreate_v2, cuArrayDestroy, cuDeviceTotalMem, cuDeviceTotalMem_v2,
-    cuMemAlloc_v2, cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemAllocManaged, cuMemAllocPitch_v2,
-    cuMemCreate, cuMemFree_v2, cuMemFreeAsync, cuMemGetInfo, cuMemGetInfo_v2, cuMemRelease,
-    cuMipmappedArrayCreate, cuMipmappedArrayDestroy,
-};
-
-/// The quota and the limited device an allocation on the current context
-/// goes to; `Bypass` when there is nothing to enforce.
-fn current_limited_device() -> Result<(&'static MemoryQuota, usize)> {
-    let quota = runtime::quota().ok_or(LimiterError::Bypass("limits off"))?;
-    let driver = Driver::get().ok_or(LimiterError::Bypass("driver not resolved"))?;
-    // Without a current context the driver reports its own error.
-    let device = driver
-        .current_device()
-        .map_err(|_| LimiterError::Bypass("no current context"))?;
-    limited(quota, device)
+/// The quota and the context it answers in.
+#[derive(Clone, Copy)]
+pub struct Memory {
+    pub quota: &'static MemoryQuota,
+    pub ctx: &'static Context,
 }
 
-fn limited(quota: &'static MemoryQuota, device: CUdevice) -> Result<(&'static MemoryQuota, usize)> {
-    let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
-    match quota.limit(device) {
-        Some(_) => Ok((quota, device)),
-        None => Err(LimiterError::Bypass("device unlimited")),
+/// The device an allocation goes to.
+#[derive(Debug, Clone, Copy)]
+pub enum Placement {
+    /// The device of the calling thread's current context.
+    Current,
+    /// A device named by the call.
+    Device(CUdevice),
+}
+
+impl Memory {
+    /// The limited device at `placement`; `Bypass` when there is nothing to
+    /// enforce.
+    fn limited_device(self, placement: Placement) -> Result<usize> {
+        let device = match placement {
+            Placement::Current => {
+                let driver = self
+                    .ctx
+                    .driver()
+                    .ok_or(LimiterError::Bypass("driver not resolved"))?;
+                // Without a current context the driver reports its own error.
+                driver
+                    .current_device()
+                    .map_err(|_| LimiterError::Bypass("no current context"))?
+            }
+            Placement::Device(device) => device,
+        };
+        let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
+        match self.quota.limit(self.ctx, device) {
+            Some(_) => Ok(device),
+            None => Err(LimiterError::Bypass("device unlimited")),
+        }
     }
-}
 
-/// Reserves `bytes` on the current device, runs `allocate`, and keeps the
-/// charge under the resource it produced.
-fn allocate_on_current(
-    bytes: usize,
-    allocate: impl FnOnce() -> CUresult,
-    resource: impl FnOnce() -> Resource,
-) -> Result<CUresult> {
-    let (quota, device) = current_limited_device()?;
-    charge(quota, device, bytes, allocate, resource)
-}
-
-fn charge(
-    quota: &MemoryQuota,
-    device: usize,
-    bytes: usize,
-    allocate: impl FnOnce() -> CUresult,
-    resource: impl FnOnce() -> Resource,
-) -> Result<CUresult> {
-    if bytes == 0 {
-        return Err(LimiterError::Bypass("empty allocation"));
+    /// Reserves `bytes` at `placement`, runs `allocate`, and keeps the charge
+    /// under the resource it made (`made` is asked only after it succeeded).
+    pub fn allocate(
+        self,
+        placement: Placement,
+        bytes: u64,
+        allocate: impl FnOnce() -> CUresult,
+        made: impl FnOnce() -> Resource,
+    ) -> Result<CUresult> {
+        let device = self.limited_device(placement)?;
+        if bytes == 0 {
+            return Err(LimiterError::Bypass("empty allocation"));
+        }
+        let reservation = self.quota.reserve(self.ctx, device, bytes)?;
+        let result = allocate();
+        if result.is_success() {
+            reservation.commit(made());
+        }
+        Ok(result)
     }
-    let reservation = quota.reserve(device, bytes as u64)?;
-    let result = allocate();
-    if result.is_success() {
-        reservation.commit(resource());
+
+    /// VMM physical memory with properties `prop`: charged to the device it
+    /// names; host memory is not ours to count.
+    pub fn allocate_physical(
+        self,
+        prop: &CUmemAllocationProp,
+        bytes: u64,
+        allocate: impl FnOnce() -> CUresult,
+        made: impl FnOnce() -> Resource,
+    ) -> Result<CUresult> {
+        if prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+            return Err(LimiterError::Bypass("host memory"));
+        }
+        self.allocate(Placement::Device(prop.location.id), bytes, allocate, made)
     }
-    Ok(result)
-}
 
-/// Frees a resource with `free` and credits its charge if that succeeds.
-fn release(resource: Resource, free: impl FnOnce() -> CUresult) -> Result<CUresult> {
-    let quota = runtime::quota().ok_or(LimiterError::Bypass("limits off"))?;
-    let charge = quota
-        .take(resource)
-        .ok_or(LimiterError::Bypass("not charged"))?;
-    let result = free();
-    if result.is_success() {
-        quota.credit(charge);
-    } else {
-        quota.restore(resource, charge);
+    /// A pitched allocation of `height` rows of `width` bytes on the current
+    /// device: reserved for the usual pitch, then settled on the pitch the
+    /// driver chose (`made`: the pointer and the pitch). If that pitch does
+    /// not fit, the allocation is undone with `free`, as if the driver had
+    /// refused.
+    pub fn allocate_pitched(
+        self,
+        width: usize,
+        height: usize,
+        allocate: impl FnOnce() -> CUresult,
+        made: impl FnOnce() -> (CUdeviceptr, usize),
+        free: impl FnOnce(CUdeviceptr),
+    ) -> Result<CUresult> {
+        let device = self.limited_device(Placement::Current)?;
+        let estimate = width
+            .checked_next_multiple_of(PITCH_ESTIMATE_ALIGNMENT)
+            .and_then(|row| row.checked_mul(height))
+            .ok_or(LimiterError::Bypass("size overflows"))?;
+        if estimate == 0 {
+            return Err(LimiterError::Bypass("empty allocation"));
+        }
+        let mut reservation = self.quota.reserve(self.ctx, device, estimate as u64)?;
+        let result = allocate();
+        if !result.is_success() {
+            return Ok(result);
+        }
+        let (pointer, pitch) = made();
+        let actual = (pitch as u64).saturating_mul(height as u64);
+        if let Err(over) = reservation.resize(actual) {
+            free(pointer);
+            return Err(over);
+        }
+        reservation.commit(Resource::Pointer(pointer));
+        Ok(result)
     }
-    Ok(result)
-}
 
-/// Reads an out-pointer the driver will have written.
-///
-/// # Safety
-///
-/// `pointer` is null or valid for reads (an out-parameter after a successful call).
-unsafe fn written<T: Copy>(pointer: *const T) -> Result<T> {
-    // SAFETY: forwarded from the caller.
-    unsafe { pointer.as_ref() }
-        .copied()
-        .ok_or(LimiterError::NullArgument)
-}
-
-/// An allocation that returns a device pointer through `dptr`.
-fn pointer_allocation(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    allocate: impl FnOnce() -> CUresult,
-) -> Result<CUresult> {
-    if dptr.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
+    /// Frees `resource` with `free` and credits its charge if that succeeds.
+    pub fn free(self, resource: Resource, free: impl FnOnce() -> CUresult) -> Result<CUresult> {
+        let charge = self
+            .quota
+            .take(resource)
+            .ok_or(LimiterError::Bypass("not charged"))?;
+        let result = free();
+        if result.is_success() {
+            self.quota.credit(self.ctx, charge);
+        } else {
+            self.quota.restore(resource, charge);
+        }
+        Ok(result)
     }
-    // SAFETY: dptr is non-null and written by the successful call.
-    allocate_on_current(bytesize, allocate, || Resource::Pointer(unsafe { *dptr }))
-}
 
-pub fn mem_alloc(
-    original: cuMemAlloc_v2::Signature,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe { original(dptr, bytesize) })
-}
+    /// `(free, total)` of the current device as the pod sees it, from the
+    /// real ones; `Bypass` when it is unlimited.
+    pub fn current_report(self, real_free: u64, real_total: u64) -> Result<(u64, u64)> {
+        let device = self.limited_device(Placement::Current)?;
+        self.quota
+            .report(self.ctx, device, real_free, real_total)
+            .ok_or(LimiterError::Bypass("device unlimited"))
+    }
 
-pub fn mem_alloc_managed(
-    original: cuMemAllocManaged::Signature,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    flags: u32,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe {
-        original(dptr, bytesize, flags)
-    })
-}
-
-pub fn mem_alloc_async(
-    original: cuMemAllocAsync::Signature,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    stream: CUstream,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe {
-        original(dptr, bytesize, stream)
-    })
-}
-
-pub fn mem_alloc_from_pool(
-    original: cuMemAllocFromPoolAsync::Signature,
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    stream: CUstream,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe {
-        original(dptr, bytesize, pool, stream)
-    })
+    /// The total the pod sees for `device`; `Bypass` when it is unlimited.
+    pub fn total(self, device: CUdevice, real_total: u64) -> Result<u64> {
+        let device = self.limited_device(Placement::Device(device))?;
+        let limit = self
+            .quota
+            .limit(self.ctx, device)
+            .ok_or(LimiterError::Bypass("device unlimited"))?;
+        Ok(limit.min(real_total))
+    }
 }
 
 /// The driver rounds the pitch up to its alignment; reserve for the usual
 /// 512 bytes and settle on the real pitch afterwards.
 const PITCH_ESTIMATE_ALIGNMENT: usize = 512;
-
-pub fn mem_alloc_pitch(
-    original: cuMemAllocPitch_v2::Signature,
-    dptr: *mut CUdeviceptr,
-    pitch: *mut usize,
-    width_in_bytes: usize,
-    height: usize,
-    element_size_bytes: u32,
-) -> Result<CUresult> {
-    if dptr.is_null() || pitch.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    let (quota, device) = current_limited_device()?;
-    let estimate = width_in_bytes
-        .checked_next_multiple_of(PITCH_ESTIMATE_ALIGNMENT)
-        .and_then(|row| row.checked_mul(height))
-        .ok_or(LimiterError::Bypass("size overflows"))?;
-    if estimate == 0 {
-        return Err(LimiterError::Bypass("empty allocation"));
-    }
-    let mut reservation = quota.reserve(device, estimate as u64)?;
-    // SAFETY: the caller's own arguments.
-    let result = unsafe { original(dptr, pitch, width_in_bytes, height, element_size_bytes) };
-    if !result.is_success() {
-        return Ok(result);
-    }
-    // SAFETY: written by the successful call.
-    let (pointer, actual_pitch) = unsafe { (written(dptr)?, written(pitch)?) };
-    let actual = (actual_pitch as u64).saturating_mul(height as u64);
-    if let Err(over) = reservation.resize(actual) {
-        // The real pitch does not fit: undo, as if the driver had refused.
-        // SAFETY: frees the pointer just allocated, through the original.
-        let _freed = unsafe { cuMemFree_v2::ORIGINAL.get().map(|free| free(pointer)) };
-        return Err(over);
-    }
-    reservation.commit(Resource::Pointer(pointer));
-    Ok(result)
-}
-
-pub fn mem_create(
-    original: cuMemCreate::Signature,
-    handle: *mut CUmemGenericAllocationHandle,
-    size: usize,
-    prop: *const CUmemAllocationProp,
-    flags: u64,
-) -> Result<CUresult> {
-    if handle.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    // SAFETY: the caller's property struct, read only.
-    let prop_value = unsafe { written(prop) }.map_err(|_| LimiterError::Bypass("no properties"))?;
-    if prop_value.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
-        return Err(LimiterError::Bypass("host memory"));
-    }
-    let quota = runtime::quota().ok_or(LimiterError::Bypass("limits off"))?;
-    let (quota, device) = limited(quota, prop_value.location.id)?;
-    // SAFETY (closures): the caller's own arguments; handle written on success.
-    charge(
-        quota,
-        device,
-        size,
-        || unsafe { original(handle, size, prop, flags) },
-        || Resource::Handle(unsafe { *handle }),
-    )
-}
 
 /// Bytes of one element of an array format; unknown (e.g. block-compressed
 /// or packed video) formats are counted as 4, and the overhead measurement
@@ -269,217 +208,6 @@ pub fn mipmapped_bytes(descriptor: &CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> u64
         }
     }
     total
-}
-
-pub fn array_create(
-    original: cuArrayCreate_v2::Signature,
-    array: *mut CUarray,
-    descriptor: *const CUDA_ARRAY_DESCRIPTOR,
-) -> Result<CUresult> {
-    if array.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    // SAFETY: the caller's descriptor, read only.
-    let shape =
-        unsafe { written(descriptor) }.map_err(|_| LimiterError::Bypass("no descriptor"))?;
-    let bytes = array_bytes(&CUDA_ARRAY3D_DESCRIPTOR {
-        Width: shape.Width,
-        Height: shape.Height,
-        Depth: 0,
-        Format: shape.Format,
-        NumChannels: shape.NumChannels,
-        Flags: 0,
-    });
-    // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate_on_current(
-        usize::try_from(bytes).unwrap_or(usize::MAX),
-        || unsafe { original(array, descriptor) },
-        || Resource::Array(unsafe { *array } as usize),
-    )
-}
-
-pub fn array_3d_create(
-    original: cuArray3DCreate_v2::Signature,
-    array: *mut CUarray,
-    descriptor: *const CUDA_ARRAY3D_DESCRIPTOR,
-) -> Result<CUresult> {
-    if array.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    // SAFETY: the caller's descriptor, read only.
-    let shape =
-        unsafe { written(descriptor) }.map_err(|_| LimiterError::Bypass("no descriptor"))?;
-    // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate_on_current(
-        usize::try_from(array_bytes(&shape)).unwrap_or(usize::MAX),
-        || unsafe { original(array, descriptor) },
-        || Resource::Array(unsafe { *array } as usize),
-    )
-}
-
-pub fn mipmapped_array_create(
-    original: cuMipmappedArrayCreate::Signature,
-    array: *mut CUmipmappedArray,
-    descriptor: *const CUDA_ARRAY3D_DESCRIPTOR,
-    levels: u32,
-) -> Result<CUresult> {
-    if array.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
-    }
-    // SAFETY: the caller's descriptor, read only.
-    let shape =
-        unsafe { written(descriptor) }.map_err(|_| LimiterError::Bypass("no descriptor"))?;
-    // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate_on_current(
-        usize::try_from(mipmapped_bytes(&shape, levels)).unwrap_or(usize::MAX),
-        || unsafe { original(array, descriptor, levels) },
-        || Resource::Mipmap(unsafe { *array } as usize),
-    )
-}
-
-pub fn mem_free(original: cuMemFree_v2::Signature, dptr: CUdeviceptr) -> Result<CUresult> {
-    // SAFETY: the caller's own argument.
-    release(Resource::Pointer(dptr), || unsafe { original(dptr) })
-}
-
-pub fn mem_free_async(
-    original: cuMemFreeAsync::Signature,
-    dptr: CUdeviceptr,
-    stream: CUstream,
-) -> Result<CUresult> {
-    // Credited when enqueued: the pool gives it back by the next synchronisation.
-    // SAFETY: the caller's own arguments.
-    release(Resource::Pointer(dptr), || unsafe {
-        original(dptr, stream)
-    })
-}
-
-pub fn mem_release(
-    original: cuMemRelease::Signature,
-    handle: CUmemGenericAllocationHandle,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own argument.
-    release(Resource::Handle(handle), || unsafe { original(handle) })
-}
-
-pub fn array_destroy(original: cuArrayDestroy::Signature, array: CUarray) -> Result<CUresult> {
-    // SAFETY: the caller's own argument.
-    release(Resource::Array(array as usize), || unsafe {
-        original(array)
-    })
-}
-
-pub fn mipmapped_array_destroy(
-    original: cuMipmappedArrayDestroy::Signature,
-    array: CUmipmappedArray,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own argument.
-    release(Resource::Mipmap(array as usize), || unsafe {
-        original(array)
-    })
-}
-
-/// The report of the current device, `(free, total)`, if it is limited.
-fn current_report(real_free: u64, real_total: u64) -> Result<(u64, u64)> {
-    let (quota, device) = current_limited_device()?;
-    quota
-        .report(device, real_free, real_total)
-        .ok_or(LimiterError::Bypass("device unlimited"))
-}
-
-pub fn mem_get_info(
-    original: cuMemGetInfo_v2::Signature,
-    free: *mut usize,
-    total: *mut usize,
-) -> Result<CUresult> {
-    let (mut real_free, mut real_total) = (0usize, 0usize);
-    // SAFETY: valid locals as out-pointers.
-    let result = unsafe { original(&mut real_free, &mut real_total) };
-    if !result.is_success() {
-        return Err(LimiterError::Bypass("driver refused"));
-    }
-    let (shown_free, shown_total) = current_report(real_free as u64, real_total as u64)
-        .unwrap_or((real_free as u64, real_total as u64));
-    // SAFETY: the caller's out-pointers, written only when non-null.
-    unsafe {
-        let (free, total) = (free.as_mut(), total.as_mut());
-        let (Some(free), Some(total)) = (free, total) else {
-            return Ok(CUresult::ERROR_INVALID_VALUE);
-        };
-        *free = shown_free as usize;
-        *total = shown_total as usize;
-    }
-    Ok(result)
-}
-
-pub fn mem_get_info_v1(
-    original: cuMemGetInfo::Signature,
-    free: *mut u32,
-    total: *mut u32,
-) -> Result<CUresult> {
-    let (mut real_free, mut real_total) = (0u32, 0u32);
-    // SAFETY: valid locals as out-pointers.
-    let result = unsafe { original(&mut real_free, &mut real_total) };
-    if !result.is_success() {
-        return Err(LimiterError::Bypass("driver refused"));
-    }
-    let (shown_free, shown_total) = current_report(u64::from(real_free), u64::from(real_total))
-        .unwrap_or((u64::from(real_free), u64::from(real_total)));
-    // SAFETY: the caller's out-pointers, written only when non-null.
-    unsafe {
-        let (Some(free), Some(total)) = (free.as_mut(), total.as_mut()) else {
-            return Ok(CUresult::ERROR_INVALID_VALUE);
-        };
-        *free = u32::try_from(shown_free).unwrap_or(u32::MAX);
-        *total = u32::try_from(shown_total).unwrap_or(u32::MAX);
-    }
-    Ok(result)
-}
-
-/// The total a pod sees for `device`, or `Bypass` when it is unlimited.
-fn limited_total(device: CUdevice, real_total: u64) -> Result<u64> {
-    let quota = runtime::quota().ok_or(LimiterError::Bypass("limits off"))?;
-    let (quota, device) = limited(quota, device)?;
-    let limit = quota
-        .limit(device)
-        .ok_or(LimiterError::Bypass("device unlimited"))?;
-    Ok(limit.min(real_total))
-}
-
-pub fn device_total_mem(
-    original: cuDeviceTotalMem_v2::Signature,
-    bytes: *mut usize,
-    device: CUdevice,
-) -> Result<CUresult> {
-    let mut real = 0usize;
-    // SAFETY: a valid local as out-pointer.
-    let result = unsafe { original(&mut real, device) };
-    if !result.is_success() {
-        return Err(LimiterError::Bypass("driver refused"));
-    }
-    let shown = limited_total(device, real as u64).unwrap_or(real as u64);
-    // SAFETY: the caller's out-pointer, written only when non-null.
-    let bytes = unsafe { bytes.as_mut() }.ok_or(LimiterError::NullArgument)?;
-    *bytes = shown as usize;
-    Ok(result)
-}
-
-pub fn device_total_mem_v1(
-    original: cuDeviceTotalMem::Signature,
-    bytes: *mut u32,
-    device: CUdevice,
-) -> Result<CUresult> {
-    let mut real = 0u32;
-    // SAFETY: a valid local as out-pointer.
-    let result = unsafe { original(&mut real, device) };
-    if !result.is_success() {
-        return Err(LimiterError::Bypass("driver refused"));
-    }
-    let shown = limited_total(device, u64::from(real)).unwrap_or(u64::from(real));
-    // SAFETY: the caller's out-pointer, written only when non-null.
-    let bytes = unsafe { bytes.as_mut() }.ok_or(LimiterError::NullArgument)?;
-    *bytes = u32::try_from(shown).unwrap_or(u32::MAX);
-    Ok(result)
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! NVML report logic.
+//! NVML report policy, in safe Rust: the pod's view of a device.
 //!
 //! NVML numbers devices its own way (PCI order); quotas are keyed by the CUDA
 //! index the application sees and by UUID. A device's CUDA index is its
@@ -6,13 +6,10 @@
 //! set, otherwise its NVML index (the two orders agree on nodes of one GPU
 //! model, which is what pods are scheduled on).
 
-use crate::driver::Nvml;
+use crate::context::Context;
 use crate::error::{LimiterError, Result};
-use crate::quota::virtual_report;
-use crate::runtime;
-use crate::sys::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlReturn_t};
-
-use super::hooks::{nvmlDeviceGetMemoryInfo, nvmlDeviceGetMemoryInfo_v2};
+use crate::quota::{MemoryQuota, virtual_report};
+use crate::sys::nvmlDevice_t;
 
 /// The CUDA index of the device with NVML index `nvml_index` and `uuid`, given
 /// the value of `CUDA_VISIBLE_DEVICES`.
@@ -33,10 +30,16 @@ pub fn cuda_index(visible: Option<&str>, nvml_index: u32, uuid: &str) -> Option<
         })
 }
 
-/// `(free, total, used)` of a limited device as the pod sees it.
-fn pod_view(device: nvmlDevice_t, real_free: u64, real_total: u64) -> Result<(u64, u64, u64)> {
-    let quota = runtime::quota().ok_or(LimiterError::Bypass("limits off"))?;
-    let nvml = Nvml::get().ok_or(LimiterError::Bypass("NVML unresolved"))?;
+/// `(free, total, used)` of a limited device as the pod sees it, from the
+/// real free and total; `Bypass` when it is unlimited.
+pub fn pod_view(
+    quota: &MemoryQuota,
+    ctx: &'static Context,
+    device: nvmlDevice_t,
+    real_free: u64,
+    real_total: u64,
+) -> Result<(u64, u64, u64)> {
+    let nvml = ctx.nvml().ok_or(LimiterError::Bypass("NVML unresolved"))?;
     let uuid = nvml
         .device_uuid(device)
         .ok_or(LimiterError::Bypass("no UUID"))?;
@@ -46,55 +49,15 @@ fn pod_view(device: nvmlDevice_t, real_free: u64, real_total: u64) -> Result<(u6
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let index = cuda_index(visible.as_deref(), nvml_index, &uuid);
     // Under a hypervisor, its quota for this UUID; locally, the configured one.
-    let limit = match index {
-        Some(index) => quota.limit_for(index, Some(&uuid)),
-        None => quota.limit_for(usize::MAX, Some(&uuid)),
-    }
-    .ok_or(LimiterError::Bypass("device unlimited"))?;
+    let limit = quota
+        .limit_for(ctx, index.unwrap_or(usize::MAX), Some(&uuid))
+        .ok_or(LimiterError::Bypass("device unlimited"))?;
     // Usage follows the GPU, whatever index this process sees it at.
-    let used = crate::runtime::ledger_entry_of(&uuid).map_or(0, |entry| quota.pod_used(entry));
+    let used = ctx
+        .ledger_entry_of(&uuid)
+        .map_or(0, |entry| quota.pod_used(ctx, entry));
     let (free, total) = virtual_report(limit, used, real_free, real_total);
     Ok((free, total, total - free))
-}
-
-pub fn memory_info(
-    original: nvmlDeviceGetMemoryInfo::Signature,
-    device: nvmlDevice_t,
-    memory: *mut nvmlMemory_t,
-) -> Result<nvmlReturn_t> {
-    // SAFETY: the caller's own arguments.
-    let result = unsafe { original(device, memory) };
-    if !result.is_success() {
-        return Ok(result);
-    }
-    // SAFETY: written by the successful call.
-    let real = unsafe { memory.as_mut() }.ok_or(LimiterError::NullArgument)?;
-    if let Ok((free, total, used)) = pod_view(device, real.free, real.total) {
-        *real = nvmlMemory_t { total, free, used };
-    }
-    Ok(result)
-}
-
-pub fn memory_info_v2(
-    original: nvmlDeviceGetMemoryInfo_v2::Signature,
-    device: nvmlDevice_t,
-    memory: *mut nvmlMemory_v2_t,
-) -> Result<nvmlReturn_t> {
-    // SAFETY: the caller's own arguments.
-    let result = unsafe { original(device, memory) };
-    if !result.is_success() {
-        return Ok(result);
-    }
-    // SAFETY: written by the successful call.
-    let real = unsafe { memory.as_mut() }.ok_or(LimiterError::NullArgument)?;
-    if let Ok((free, total, used)) = pod_view(device, real.free, real.total) {
-        // The pod's usage includes what the driver reserves for it.
-        real.total = total;
-        real.reserved = 0;
-        real.free = free;
-        real.used = used;
-    }
-    Ok(result)
 }
 
 #[cfg(test)]

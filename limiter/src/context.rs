@@ -1,0 +1,271 @@
+//! What the policy code (`quota`, `throttle`) works with, built once at load
+//! and passed down by reference: the pod's shared state (its ledger, its
+//! compute buckets), where its limits come from ([`Grant`]: the
+//! hypervisor's or the local ones), and the driver libraries' function
+//! tables as the loader finds them. Nothing here installs a hook or opens a
+//! library.
+
+use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use gpushare_utils::bucket::ComputeBucket;
+use gpushare_utils::config::{MAX_DEVICES, PodId};
+use gpushare_utils::ledger::{POD_REGION_PREFIX, PodLedger};
+use gpushare_utils::limits::PodLimits;
+use gpushare_utils::shm::{Creation, Trust};
+
+use crate::driver::{Driver, Nvml};
+use crate::grant::{self, Grant};
+use crate::hypervisor::Link;
+
+/// How long opening the pod's ledger waits for a peer creating it.
+const LEDGER_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// This process's pod as the limiter reaches it, and the driver it reaches
+/// the GPUs through.
+pub struct Context {
+    pub pod: PodId,
+    /// The node hypervisor, when one is configured: it sets the limits.
+    link: Option<Link>,
+    /// Whether the environment sets local limits (the fallback when the
+    /// hypervisor grants none).
+    local_limits: bool,
+    grant_timeout: Duration,
+    /// Owners the pod's regions may have.
+    trust: Trust,
+    grant: OnceLock<Grant>,
+    ledger: OnceLock<Option<PodLedger>>,
+    /// Per CUDA ordinal: the pod's compute bucket there.
+    buckets: [OnceLock<Option<ComputeBucket>>; MAX_DEVICES],
+    /// libcuda's functions, once the loader has seen it.
+    driver: OnceLock<Driver>,
+    /// libnvidia-ml's handle as the loader found it (`None`: absent).
+    nvml_library: OnceLock<Option<usize>>,
+    /// NVML's functions, resolved and initialised on first use.
+    nvml: OnceLock<Option<Nvml>>,
+}
+
+impl Context {
+    pub fn new(
+        pod: PodId,
+        link: Option<Link>,
+        local_limits: bool,
+        grant_timeout: Duration,
+        trust: Trust,
+    ) -> Self {
+        Self {
+            pod,
+            link,
+            local_limits,
+            grant_timeout,
+            trust,
+            grant: OnceLock::new(),
+            ledger: OnceLock::new(),
+            buckets: [const { OnceLock::new() }; MAX_DEVICES],
+            driver: OnceLock::new(),
+            nvml_library: OnceLock::new(),
+            nvml: OnceLock::new(),
+        }
+    }
+
+    /// The driver, once libcuda has been seen.
+    pub fn driver(&self) -> Option<&Driver> {
+        self.driver.get()
+    }
+
+    /// Resolves the driver's functions from a loaded libcuda (the loader,
+    /// once); `None` if one it cannot do without is missing.
+    pub fn load_driver(&self, handle: *mut c_void) -> Option<&Driver> {
+        if let Some(driver) = self.driver.get() {
+            return Some(driver);
+        }
+        let driver = Driver::load(handle)?;
+        Some(self.driver.get_or_init(|| driver))
+    }
+
+    /// Records libnvidia-ml as the loader found it (`None`: absent).
+    pub fn found_nvml(&self, handle: Option<*mut c_void>) {
+        // A later sighting is the same library.
+        let _first = self.nvml_library.set(handle.map(|handle| handle as usize));
+    }
+
+    /// NVML, initialised on first use; `None` before the loader looked for
+    /// it, or where it is absent (then driver overhead cannot be measured; a
+    /// warning says so once).
+    pub fn nvml(&self) -> Option<&Nvml> {
+        let library = *self.nvml_library.get()?;
+        self.nvml
+            .get_or_init(|| {
+                let nvml = library.and_then(|handle| Nvml::open(handle as *mut c_void));
+                if nvml.is_none() {
+                    tracing::warn!(
+                        "NVML unavailable: memory the driver takes for itself is not charged to the pod"
+                    );
+                }
+                nvml
+            })
+            .as_ref()
+    }
+
+    /// The UUID of CUDA device `device`, as NVML prints it.
+    pub fn device_uuid(&self, device: usize) -> Option<String> {
+        self.driver()?.device_uuid(device as i32)
+    }
+
+    /// The configured hypervisor link, whether or not it granted anything.
+    pub fn link(&self) -> Option<&Link> {
+        self.link.as_ref()
+    }
+
+    /// Starts meeting the hypervisor, if one is configured (a CUDA process).
+    pub fn start_link(&'static self) {
+        if let Some(link) = &self.link {
+            link.start(&self.driver);
+        }
+    }
+
+    /// Where the limits come from, decided once (waiting, bounded, for the
+    /// hypervisor when one is configured).
+    pub fn grant(&'static self) -> &'static Grant {
+        self.grant.get_or_init(|| match &self.link {
+            None => Grant::Local,
+            Some(link) => grant::decide(
+                link,
+                &self.driver,
+                self.pod.as_str(),
+                &self.trust,
+                self.grant_timeout,
+                self.local_limits,
+            ),
+        })
+    }
+
+    /// The hypervisor link, when the hypervisor's limits are in force.
+    pub fn hypervisor(&'static self) -> Option<&'static Link> {
+        let link = self.link.as_ref()?;
+        matches!(self.grant(), Grant::Hypervisor(_)).then_some(link)
+    }
+
+    /// The hypervisor's read-only limits, when they are in force.
+    pub fn hypervisor_limits(&'static self) -> Option<&'static PodLimits> {
+        match self.grant() {
+            Grant::Hypervisor(limits) => Some(limits),
+            _ => None,
+        }
+    }
+
+    /// The pod's shared ledger, opened on first use. Unusable, it is reported
+    /// once, and limited devices refuse allocations rather than run unaccounted.
+    pub fn ledger(&'static self) -> Option<&'static PodLedger> {
+        self.ledger
+            .get_or_init(|| {
+                let name = format!("{POD_REGION_PREFIX}{}", self.pod);
+                match PodLedger::open_with(&name, &self.trust, &Creation::default(), LEDGER_OPEN_TIMEOUT) {
+                    Ok(ledger) => {
+                        release_at_exit(self);
+                        Some(ledger)
+                    }
+                    Err(error) => {
+                        eprintln!(
+                            "cuda-limiter: pod ledger for {} unavailable ({error}); limited devices refuse allocations and launches",
+                            self.pod
+                        );
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+
+    /// The ledger entry of CUDA device `device`, found by the GPU's UUID.
+    pub fn ledger_entry(&'static self, device: usize) -> Option<usize> {
+        self.ledger_entry_of(&self.device_uuid(device)?)
+    }
+
+    /// The ledger entry of the GPU `uuid`.
+    pub fn ledger_entry_of(&'static self, uuid: &str) -> Option<usize> {
+        match self.ledger()?.device_for(uuid) {
+            Ok(entry) => Some(entry),
+            Err(error) => {
+                tracing::error!(%error, uuid, "no ledger entry for this GPU");
+                None
+            }
+        }
+    }
+
+    /// The pod's compute bucket on CUDA device `device`: its state in the
+    /// ledger, its limits in the hypervisor's read-only object when it granted
+    /// them, else in the ledger (local mode). `None`: no bucket can be had.
+    pub fn bucket(&'static self, device: usize) -> Option<&'static ComputeBucket> {
+        self.buckets
+            .get(device)?
+            .get_or_init(|| {
+                let uuid = self.device_uuid(device)?;
+                let ledger = self.ledger()?;
+                let entry = self.ledger_entry_of(&uuid)?;
+                match self.grant() {
+                    Grant::Hypervisor(limits) => {
+                        let state = ledger.compute_state(entry).ok()?;
+                        let gpu = limits.find(&uuid)?;
+                        Some(ComputeBucket::new(state, &gpu.compute))
+                    }
+                    Grant::Local => ledger.compute(entry).ok(),
+                    Grant::Refused => None,
+                }
+            })
+            .as_ref()
+    }
+}
+
+unsafe extern "C" {
+    /// glibc's `atexit` with an argument.
+    fn __cxa_atexit(
+        function: extern "C" fn(*mut c_void),
+        argument: *mut c_void,
+        dso_handle: *mut c_void,
+    ) -> c_int;
+}
+
+/// Has `function(argument)` run when the process exits normally; false when
+/// it cannot be registered.
+///
+/// # Safety
+/// `function` must not unwind, and `argument` must stay valid through the
+/// process's exit handlers (a `'static`).
+pub(crate) unsafe fn register_at_exit(
+    function: extern "C" fn(*mut c_void),
+    argument: *mut c_void,
+) -> bool {
+    // SAFETY: the caller's promises; no DSO handle: run at process exit.
+    unsafe { __cxa_atexit(function, argument, std::ptr::null_mut()) == 0 }
+}
+
+/// Gives this process's ledger slot back when it exits normally, so that the
+/// next process's reports are right at once (statics are never dropped).
+fn release_at_exit(ctx: &'static Context) {
+    extern "C" fn release(ctx: *mut c_void) {
+        let released = std::panic::catch_unwind(|| {
+            // SAFETY: registered below with the context, which lives as long
+            // as the process.
+            let ctx = unsafe { ctx.cast::<Context>().as_ref() };
+            if let Some(ledger) = ctx
+                .and_then(|ctx| ctx.ledger.get())
+                .and_then(Option::as_ref)
+            {
+                ledger.release_own_slot();
+            }
+        });
+        if released.is_err() {
+            eprintln!("cuda-limiter: internal fault while giving memory back at exit");
+        }
+    }
+    let argument = std::ptr::from_ref(ctx).cast_mut().cast::<c_void>();
+    // SAFETY: `release` is a plain function that never unwinds (it catches),
+    // and its argument outlives the process's exit handlers.
+    if !unsafe { register_at_exit(release, argument) } {
+        tracing::warn!(
+            "cannot register the exit handler; a dead process's memory is reclaimed by the next scan"
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! The CUDA driver and NVML functions the limiter calls itself, resolved
+//! from the loaded libraries (by the loader, as it finds them) and held as
+//! typed pointers. None of them is patched, so calling them never re-enters
+//! a detour. Nothing here opens a library or installs a hook.
+//!
+//! - [`Driver`]: the device queries accounting needs (this file);
+//! - [`Timing`] (`timing.rs`): events, streams and occupancy, to measure launches;
+//!   and (`timing/calibration.rs`) what an event bracket holds besides the
+//!   kernel ([`Timing::launch_overheads`]);
+//! - [`Nvml`] (`nvml.rs`): the UUIDs, indices and per-process usage of NVML.
+
+use std::ffi::{CStr, c_void};
+
+use crate::sys::{
+    CUdevice, CUresult, CUuuid, CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
+};
+
+mod nvml;
+mod timing;
+
+pub use nvml::Nvml;
+pub use timing::Timing;
+
+/// Looks `name` up in `handle` as a function of type `F`.
+///
+/// # Safety
+///
+/// `F` must be the function-pointer type of the symbol `name` in that library.
+unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
+    // SAFETY: handle comes from dlopen; name is NUL-terminated.
+    let address = unsafe { libc::dlsym(handle, name.as_ptr()) };
+    if address.is_null() {
+        return None;
+    }
+    // SAFETY: forwarded from the caller: F is this symbol's pointer type.
+    Some(unsafe { std::mem::transmute_copy::<*mut c_void, F>(&address) })
+}
+
+/// CUDA driver functions the limiter calls itself.
+pub struct Driver {
+    ctx_get_device: CuCtxGetDevice,
+    device_get_uuid: CuDeviceGetUuid,
+    device_get_count: Option<CuDeviceGetCount>,
+    /// Measuring kernels; absent from drivers that lack any of it.
+    pub timing: Option<Timing>,
+}
+
+impl Driver {
+    /// Resolves the functions from a loaded libcuda; `None` if one is missing.
+    pub fn load(handle: *mut c_void) -> Option<Driver> {
+        // SAFETY: the types are the driver's signatures for these symbols.
+        unsafe {
+            Some(Driver {
+                ctx_get_device: symbol(handle, c"cuCtxGetDevice")?,
+                device_get_uuid: symbol(handle, c"cuDeviceGetUuid_v2")
+                    .or_else(|| symbol(handle, c"cuDeviceGetUuid"))?,
+                device_get_count: symbol(handle, c"cuDeviceGetCount"),
+                timing: Timing::load(handle),
+            })
+        }
+    }
+
+    /// The device of the calling thread's current context.
+    pub fn current_device(&self) -> Result<CUdevice, CUresult> {
+        let mut device: CUdevice = 0;
+        // SAFETY: a valid out-pointer, per the driver's contract.
+        let result = unsafe { (self.ctx_get_device)(&mut device) };
+        if result.is_success() {
+            Ok(device)
+        } else {
+            Err(result)
+        }
+    }
+
+    /// The number of devices, once the application has initialised CUDA.
+    pub fn device_count(&self) -> Option<u32> {
+        let count = self.device_get_count?;
+        let mut devices = 0;
+        // SAFETY: a valid out-pointer.
+        let result = unsafe { count(&mut devices) };
+        (result.is_success()).then(|| devices.max(0) as u32)
+    }
+
+    /// The device's UUID as NVML prints it (`GPU-…`).
+    pub fn device_uuid(&self, device: CUdevice) -> Option<String> {
+        let mut uuid = CUuuid::default();
+        // SAFETY: a valid out-pointer, per the driver's contract.
+        let result = unsafe { (self.device_get_uuid)(&mut uuid, device) };
+        result.is_success().then(|| format_uuid(&uuid))
+    }
+}

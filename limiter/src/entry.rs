@@ -1,0 +1,152 @@
+//! The edge: the limiter's one static, decided once at load from the
+//! configuration. Only the entry points read it: the constructor, the
+//! exported `dlopen` and the loader, and the detour adapters; they hand
+//! what it holds (the [`Context`], the quota, the throttle) down by
+//! reference, so nothing below them reaches for a global.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use gpushare_utils::config::LimiterConfig;
+use gpushare_utils::shm::Trust;
+
+use crate::context::Context;
+use crate::hypervisor::Link;
+use crate::quota::MemoryQuota;
+use crate::throttle::Throttle;
+
+/// How long a process under a hypervisor waits for its grant (milliseconds).
+pub const GRANT_TIMEOUT_VARIABLE: &str = "CUDA_LIMITER_GRANT_TIMEOUT_MS";
+/// A uid, besides this process's own and root, that may own the pod's regions.
+pub const REGION_OWNER_VARIABLE: &str = "CUDA_LIMITER_REGION_OWNER";
+/// `1`: run unlimited (with a warning) when the driver cannot be patched,
+/// instead of refusing CUDA.
+pub const ALLOW_UNPATCHED_VARIABLE: &str = "CUDA_LIMITER_ALLOW_UNPATCHED";
+/// Default of [`GRANT_TIMEOUT_VARIABLE`].
+const DEFAULT_GRANT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the limiter does in this process.
+pub enum State {
+    /// No limit is configured: nothing is patched, every call is the driver's.
+    Off,
+    /// The configuration is broken: CUDA is refused rather than run unlimited.
+    Refusing(String),
+    /// Limits are enforced.
+    Limiting(Box<Limiter>),
+}
+
+/// The limits of this process's pod, and what enforcing them needs.
+pub struct Limiter {
+    /// What the policy works with: the pod's shared state, the grant, the driver.
+    pub context: Context,
+    pub memory: MemoryQuota,
+    /// `None` when no compute limit is configured: launches are not patched.
+    pub compute: Option<Throttle>,
+    allow_unpatched: bool,
+    /// Set when CUDA must be refused after load (the driver cannot be patched).
+    refusal: OnceLock<String>,
+}
+
+static STATE: OnceLock<State> = OnceLock::new();
+
+/// Reads the configuration and fixes the state; later calls return the first.
+pub fn init_from_env() -> &'static State {
+    STATE.get_or_init(|| match build() {
+        Ok(state) => state,
+        Err(message) => {
+            // One clear line, also when logging is off.
+            eprintln!("{message}; CUDA will refuse to initialise in this process");
+            State::Refusing(message)
+        }
+    })
+}
+
+fn build() -> Result<State, String> {
+    let config =
+        LimiterConfig::from_env().map_err(|e| format!("cuda-limiter: configuration error: {e}"))?;
+    if config.memory.is_empty() && config.compute.is_empty() && config.hypervisor.is_none() {
+        return Ok(State::Off);
+    }
+    let number = |name: &str| -> Result<Option<u64>, String> {
+        match std::env::var(name) {
+            Err(_) => Ok(None),
+            Ok(text) => text.trim().parse().map(Some).map_err(|_| {
+                format!("cuda-limiter: configuration error: {name}={text:?} is not a whole number")
+            }),
+        }
+    };
+    let grant_timeout =
+        number(GRANT_TIMEOUT_VARIABLE)?.map_or(DEFAULT_GRANT_TIMEOUT, Duration::from_millis);
+    let owner = number(REGION_OWNER_VARIABLE)?
+        .map(|uid| {
+            u32::try_from(uid).map_err(|_| {
+                format!(
+                    "cuda-limiter: configuration error: {REGION_OWNER_VARIABLE}={uid} is not a uid"
+                )
+            })
+        })
+        .transpose()?;
+    let allow_unpatched = match std::env::var(ALLOW_UNPATCHED_VARIABLE).as_deref() {
+        Err(_) | Ok("" | "0") => false,
+        Ok("1") => true,
+        Ok(other) => {
+            return Err(format!(
+                "cuda-limiter: configuration error: {ALLOW_UNPATCHED_VARIABLE}={other:?} is not 0 or 1"
+            ));
+        }
+    };
+    let link = match config.hypervisor.as_deref() {
+        Some(address) => Some(Link::new(address, config.pod.as_str()).map_err(|error| {
+            format!("cuda-limiter: configuration error: CUDA_LIMITER_HYPERVISOR is set but {error}")
+        })?),
+        None => None,
+    };
+    let local_limits = !config.memory.is_empty() || !config.compute.is_empty();
+    let metered = !config.compute.is_empty() || link.is_some();
+    Ok(State::Limiting(Box::new(Limiter {
+        compute: metered.then(|| Throttle::new(config.compute)),
+        memory: MemoryQuota::new(config.memory),
+        context: Context::new(
+            config.pod,
+            link,
+            local_limits,
+            grant_timeout,
+            Trust::own_or_root(owner),
+        ),
+        allow_unpatched,
+        refusal: OnceLock::new(),
+    })))
+}
+
+/// The state, once initialised.
+pub fn state() -> Option<&'static State> {
+    STATE.get()
+}
+
+/// The limits, when they are enforced.
+pub fn limiter() -> Option<&'static Limiter> {
+    match STATE.get() {
+        Some(State::Limiting(limiter)) => Some(limiter),
+        _ => None,
+    }
+}
+
+/// Refuses CUDA from now on with `message` (printed once, here).
+pub fn refuse(message: String) {
+    eprintln!("{message}");
+    if let Some(limiter) = limiter() {
+        let _first = limiter.refusal.set(message);
+    }
+}
+
+impl Limiter {
+    /// Why CUDA is refused after load, if it is.
+    pub fn refusal(&self) -> Option<&str> {
+        self.refusal.get().map(String::as_str)
+    }
+
+    /// Whether the user opted out of refusing CUDA on an unpatchable driver.
+    pub fn allow_unpatched(&self) -> bool {
+        self.allow_unpatched
+    }
+}

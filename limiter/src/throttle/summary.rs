@@ -1,0 +1,91 @@
+//! What the limit cost this process, printed at exit at `CUDA_LIMITER_LOG=info`:
+//! tells a limit that binds from a limiter that costs.
+
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpushare_utils::bucket::monotonic_ns;
+use tracing::level_filters::LevelFilter;
+
+use super::Throttle;
+use crate::context::register_at_exit;
+
+/// Where this process's launches waited, summed over its threads, and when
+/// it first launched: logged at exit (`CUDA_LIMITER_LOG=info`), to tell a
+/// limit that binds from a limiter that costs.
+#[derive(Default)]
+pub(super) struct Held {
+    pub(super) first_launch_ns: AtomicU64,
+    pub(super) budget_ns: AtomicU64,
+    pub(super) measurement_ns: AtomicU64,
+    pub(super) backlog_ns: AtomicU64,
+}
+
+impl Held {
+    /// Adds the time since `since` to `counter`.
+    pub(super) fn add(counter: &AtomicU64, since: u64) {
+        counter.fetch_add(monotonic_ns().saturating_sub(since), Ordering::Relaxed);
+    }
+}
+
+impl Throttle {
+    /// Has [`Self::print_summary`] run at exit, when the log level asks for it.
+    pub(super) fn print_summary_at_exit(&'static self) {
+        extern "C" fn print(throttle: *mut c_void) {
+            let printed = std::panic::catch_unwind(|| {
+                // SAFETY: registered below with the throttle, which lives as
+                // long as the process.
+                if let Some(throttle) = unsafe { throttle.cast::<Throttle>().as_ref() } {
+                    throttle.print_summary();
+                }
+            });
+            if printed.is_err() {
+                eprintln!("cuda-limiter: internal fault while printing the compute summary");
+            }
+        }
+        if LevelFilter::current() < LevelFilter::INFO {
+            return;
+        }
+        let argument = std::ptr::from_ref(self).cast_mut().cast::<c_void>();
+        // SAFETY: `print` never unwinds (it catches), and the throttle
+        // outlives the exit handlers.
+        if !unsafe { register_at_exit(print, argument) } {
+            tracing::debug!("cannot register the exit handler: no compute summary");
+        }
+    }
+
+    /// Prints what the launches of this process cost it, at exit, when the
+    /// log level is `info` or finer (local limits; under a hypervisor,
+    /// `hypervisor status` tells): per limited device, the pod's launches
+    /// and GPU time charged (as a share of the wall time since this
+    /// process's first launch), and the time launches waited. Printed
+    /// directly: at exit, `tracing`'s thread-locals are gone.
+    fn print_summary(&self) {
+        let first = self.held.first_launch_ns.load(Ordering::Relaxed);
+        if first == 0 {
+            return;
+        }
+        let wall_ns = monotonic_ns().saturating_sub(first).max(1);
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let held = |counter: &AtomicU64| ms(counter.load(Ordering::Relaxed));
+        for (device, budget) in self.budgets.iter().enumerate() {
+            let Some(Some(budget)) = budget.get() else {
+                continue;
+            };
+            let charged_ns = budget.bucket.charged_ns.load(Ordering::Relaxed);
+            eprintln!(
+                "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
+                 pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
+                 held_for_measurements_ms={:.1} held_for_backlog_ms={:.1}",
+                std::process::id(),
+                budget.bucket.launches.load(Ordering::Relaxed),
+                ms(charged_ns),
+                ms(wall_ns),
+                charged_ns as f64 / wall_ns as f64,
+                held(&self.held.budget_ns),
+                held(&self.held.measurement_ns),
+                held(&self.held.backlog_ns),
+            );
+        }
+    }
+}
