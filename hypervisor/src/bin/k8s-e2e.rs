@@ -175,24 +175,41 @@ fn run(args: Args) -> anyhow::Result<()> {
             .await?;
         let token = node.options.provision.state_dir.join("pods").join(&pod_uid);
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{pod_uid}"));
-        let clean = error.is_empty() && !spec_path.exists() && !token.exists() && !region.exists();
-        std::fs::write(
-            out.join("unprepared"),
-            if clean {
-                "clean\n".to_owned()
-            } else {
-                format!(
-                    "left: error={error:?} spec={} token={} region={}\n",
-                    spec_path.exists(),
-                    token.exists(),
-                    region.exists()
-                )
-            },
+        let error = (!error.is_empty()).then(|| format!("error={error:?}"));
+        let clean = write_unprepared(
+            &out,
+            error,
+            &[("spec", &spec_path), ("token", &token), ("region", &region)],
         )?;
         node.stop().await;
         ensure!(clean, "unprepare left files behind");
         Ok(())
     })
+}
+
+/// Writes `OUT/unprepared`: `clean`, or what is left (an error, and which
+/// of `files` still exist); returns whether it was clean.
+fn write_unprepared(
+    out: &Path,
+    error: Option<String>,
+    files: &[(&str, &Path)],
+) -> anyhow::Result<bool> {
+    let left: Vec<String> = error
+        .into_iter()
+        .chain(
+            files
+                .iter()
+                .filter(|(_, path)| path.exists())
+                .map(|(name, _)| (*name).to_owned()),
+        )
+        .collect();
+    let text = if left.is_empty() {
+        "clean\n".to_owned()
+    } else {
+        format!("left: {}\n", left.join(" "))
+    };
+    std::fs::write(out.join("unprepared"), text)?;
+    Ok(left.is_empty())
 }
 
 /// Until `OUT/stop` appears, SIGTERM, or `max_seconds`.

@@ -107,19 +107,7 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let clean = !token.exists() && !region.exists();
-    std::fs::write(
-        out.join("unprepared"),
-        if clean {
-            "clean\n".to_owned()
-        } else {
-            format!(
-                "left: token={} region={}\n",
-                token.exists(),
-                region.exists()
-            )
-        },
-    )?;
+    let clean = super::write_unprepared(out, None, &[("token", &token), ("region", &region)])?;
     node.stop().await;
     ensure!(clean, "deleting the pod left files behind");
     Ok(())
