@@ -27,6 +27,8 @@
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
 //!    up to its ceiling while no other pod launched on the device recently.
+//! 6. Once admitted, a launch passes its pod's class ([`priority`]): a batch
+//!    launch waits while a latency pod on the device is active.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -47,8 +49,10 @@ use crate::runtime;
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
+pub mod priority;
 mod sampling;
 
+use priority::Priority;
 use sampling::Sample;
 
 /// Names another node activity table (tests: one per test).
@@ -157,6 +161,7 @@ pub struct Throttle {
     kernel_queued_extra_ns: AtomicU64,
     graph_idle_extra_ns: AtomicU64,
     graph_queued_extra_ns: AtomicU64,
+    priority: Priority,
 }
 
 // SAFETY: the event handles held are driver handles, usable from any thread;
@@ -166,7 +171,7 @@ unsafe impl Sync for Throttle {}
 unsafe impl Send for Throttle {}
 
 impl Throttle {
-    pub fn new(configured: DeviceLimits<ComputeLimit>) -> Self {
+    pub fn new(configured: DeviceLimits<ComputeLimit>, priority: Priority) -> Self {
         Self {
             configured,
             budgets: [const { OnceLock::new() }; MAX_DEVICES],
@@ -188,6 +193,7 @@ impl Throttle {
             kernel_queued_extra_ns: AtomicU64::new(0),
             graph_idle_extra_ns: AtomicU64::new(0),
             graph_queued_extra_ns: AtomicU64::new(0),
+            priority,
         }
     }
 
@@ -248,9 +254,10 @@ impl Throttle {
                 .map_err(|_| LimiterError::Bypass("no current context"))?;
             usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?
         };
-        let budget = self
-            .budget(device)
-            .ok_or(LimiterError::Bypass("device unlimited"))?;
+        let budget = self.budget(device);
+        if budget.is_none() && !self.priority.engaged() {
+            return Err(LimiterError::Bypass("device unlimited"));
+        }
         let stream = if per_thread && stream.is_null() {
             CU_STREAM_PER_THREAD
         } else {
@@ -260,6 +267,13 @@ impl Throttle {
         if timing.is_some_and(|timing| timing.is_capturing(stream)) {
             return Err(LimiterError::Bypass("captured into a graph"));
         }
+        let Some(budget) = budget else {
+            // No compute limit here: only the class applies.
+            let ticket = self.priority.before(device, stream, timing);
+            let result = launch();
+            self.priority.after(ticket, stream, timing, result);
+            return Ok(result);
+        };
 
         let (key, waves) = match work {
             Work::Kernel(grid) => {
@@ -282,6 +296,7 @@ impl Throttle {
         let now = self.wait_for_budget(budget.bucket, charge.ns, device);
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(device, now);
+        let ticket = self.priority.before(device, stream, timing);
 
         let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {
@@ -298,6 +313,7 @@ impl Throttle {
             budget.bucket.correct(-(charge.ns as i64));
             self.model.refund(&charge);
         }
+        self.priority.after(ticket, stream, timing, result);
         if let (Some(start), Some(timing)) = (sample, timing) {
             LAST_SAMPLE_NS.with(|last| last.set(now));
             let pending = Sample {
