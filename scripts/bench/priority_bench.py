@@ -210,7 +210,17 @@ class Bench:
             env.update(extra)
         return env, pod
 
-    def run(self, name, latency=None, batch=None, size=None, extra=None):
+    def run(self, name, **kwargs):
+        """One run (see `run_once`); a run that fails is reported and
+        left out, and the others go on."""
+        try:
+            return self.run_once(name, **kwargs)
+        except Exception as error:  # noqa: BLE001 - every failure is reported
+            print(f"  {name}: FAILED: {error}", flush=True)
+            self.log.write(f"== {name} FAILED: {error}\n")
+            return {"error": str(error)}
+
+    def run_once(self, name, latency=None, batch=None, size=None, extra=None):
         """One run: latency and/or batch workers; None = absent, "" = no
         limiter, else the class."""
         self.serial += 1
@@ -343,6 +353,11 @@ def main():
 
 def report(args, runs, took):
     out = Path(args.out)
+    failed = [name for name, run in runs.items() if "error" in run]
+    (out / "priority-bench.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+    if "latency alone" in failed:
+        print(f"\nno baseline: the latency pod alone failed; failed runs: {failed}")
+        return
     alone = runs["latency alone"]["latency"]
     p50_alone, p99_alone = pct(alone["steps_us"], .5), pct(alone["steps_us"], .99)
     busy_gpu = sum(alone["gpu_us"]) / (alone["seconds"] * 1e6)
@@ -358,17 +373,20 @@ def report(args, runs, took):
 
     rows.append(("latency alone", f"{p50_alone:.0f}", f"{p99_alone:.0f}", "", "", "",
                  f"busy gpu {busy_gpu:.3f}, wall {busy_wall:.3f}"))
-    lim = runs["latency alone, limiter"]["latency"]
-    _, _, c50, c99 = latency_cells(lim)
-    rows.append(("latency alone, limiter (class latency)", c50, c99, "", "", "", "the limiter's cost"))
+    if "error" not in runs["latency alone, limiter"]:
+        _, _, c50, c99 = latency_cells(runs["latency alone, limiter"]["latency"])
+        rows.append(("latency alone, limiter (class latency)", c50, c99, "", "", "", "the limiter's cost"))
     for key, label, size in [(f"unlimited {short}", "+ unlimited batch", short),
                              (f"priority {short}", "+ batch, classes", short),
                              (f"priority {short} window 2", "+ batch, classes, window 2", short),
                              (f"unlimited {long_}", "+ unlimited batch", long_),
                              (f"priority {long_}", "+ batch, classes", long_)]:
-        run = runs[key]
+        run, alone_run = runs[key], runs[f"batch alone {size}"]
+        if "error" in run or "error" in alone_run:
+            rows.append((f"{label} ({size}^2 matmuls)", "failed", "", "", "", "", run.get("error", alone_run.get("error", ""))[-200:].replace("\n", " ").replace("|", "/")))
+            continue
         lat, bat = run["latency"], run["batch"]
-        batch_alone = runs[f"batch alone {size}"]["batch"]
+        batch_alone = alone_run["batch"]
         p50, p99, c50, c99 = latency_cells(lat)
         ratio = bat["per_s"] / batch_alone["per_s"]
         counters = bat.get("counters") or {}
@@ -394,7 +412,8 @@ def report(args, runs, took):
             " ratio | bar 0.8x(1-busy) | notes |\n|---|---|---|---|---|---|---|\n")
     table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
     text = (f"Priority classes, a request every {args.period_us:.0f} us, {args.seconds:.0f} s per run"
-            f" ({took:.0f} s in all)\n\n{table}\nCriteria (~0.2 ms batch kernels): {verdicts[0] if verdicts else 'n/a'}\n")
+            f" ({took:.0f} s in all)\n\n{table}\nCriteria (~0.2 ms batch kernels): {verdicts[0] if verdicts else 'n/a'}\n"
+            + (f"Failed runs: {', '.join(failed)}\n" if failed else ""))
     (out / "priority-bench.md").write_text(text)
     (out / "priority-bench.json").write_text(json.dumps(
         {"args": vars(args), "busy_gpu": busy_gpu, "busy_wall": busy_wall, "runs": runs}, indent=1))

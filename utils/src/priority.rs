@@ -26,7 +26,7 @@ pub const PRIORITY_REGION: &str = "gpushare-priority-v1";
 /// Default of how long after a latency pod's last launch, or its last work
 /// seen in flight, batch launches on its GPU are held: longer than the host
 /// gaps between the launches of one request (tens of µs in PyTorch).
-pub const DEFAULT_HOLD_NS: u64 = 200_000;
+pub const DEFAULT_HOLD_NS: u64 = 100_000;
 /// A latency pod whose heartbeat is this recent is on the GPU: batch pods
 /// there keep their in-flight work bounded even while it is idle, so that its
 /// next request finds at most that much in front of it.

@@ -70,9 +70,9 @@ const IN_FLIGHT_WAIT_MAX_NS: u64 = 50_000_000;
 /// most this often.
 const LOOK_AGAIN_NS: u64 = 100_000_000;
 
-/// Tracker events of latency threads, polled by the watcher: (event, device
-/// + 1). A module static, not a field: a thread's exit hands its slot back
-/// from a thread-local destructor, which no context reaches.
+/// Tracker events of latency threads, polled by the watcher: the event and
+/// the device plus one. A module static, not a field: a thread's exit hands
+/// its slot back from a thread-local destructor, which no context reaches.
 static TRACKED: [(AtomicUsize, AtomicUsize); TRACKERS] =
     [const { (AtomicUsize::new(0), AtomicUsize::new(0)) }; TRACKERS];
 
@@ -547,7 +547,9 @@ impl Priority {
                 } else {
                     line.stamp_active(now);
                 }
-            } else if self.in_flight.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+            } else if self.in_flight.load(Ordering::Relaxed) & bit != 0
+                && self.in_flight.fetch_and(!bit, Ordering::AcqRel) & bit != 0
+            {
                 line.leave_flight(now);
             }
         }
