@@ -12,6 +12,8 @@ use gpushare_utils::activity::pod_key;
 use gpushare_utils::priority::NodePriority;
 
 const MS: u64 = 1_000_000;
+/// The step of the batch probe's `idle` command.
+const STEP_NS: u64 = 50_000;
 
 /// `key=value` out of a probe line.
 fn field<'a>(lines: &'a [String], prefix: &str, key: &str) -> &'a str {
@@ -111,12 +113,13 @@ fn batch_launches_are_held_while_the_latency_pod_is_active() {
     for burst in clocks.chunks(2) {
         let (start, idle_at) = (burst[0], burst[1]);
         // The stretch of the batch timeline that covers the burst: the
-        // batch pod stops within its one launch in flight.
+        // batch pod stops within its one launch in flight (the stretch is
+        // known to the 50 µs step of the `idle` command).
         let gap = gaps
             .iter()
-            .find(|(a, b)| *a <= start + 2 * MS && *b >= idle_at)
+            .find(|(a, b)| *a <= start + 2 * MS && *b + STEP_NS >= idle_at)
             .unwrap_or_else(|| panic!("batch not held over {start}..{idle_at}: {}", context()));
-        released_us.push((gap.1 - idle_at) / 1_000);
+        released_us.push(gap.1.saturating_sub(idle_at) / 1_000);
     }
     // Released within 1 ms of the latency pod going idle; a 2-core CI
     // machine under load may deschedule either process for a few ms once.

@@ -347,7 +347,7 @@ mod tests {
         line.stamp_active(now);
         line.stamp_active(now - MS);
         line.present_at_ns.store(now, Ordering::Relaxed);
-        assert_eq!(table.1.gate(2, now + 100 * US, DEFAULT_HOLD_NS), Gate::Hold);
+        assert_eq!(table.1.gate(2, now + 50 * US, DEFAULT_HOLD_NS), Gate::Hold);
         assert_eq!(table.1.gate(2, now + MS, DEFAULT_HOLD_NS), Gate::Bounded);
         assert_eq!(table.1.gate(1, now, DEFAULT_HOLD_NS), Gate::Free);
         assert_eq!(table.1.gate(MAX_DEVICES, now, DEFAULT_HOLD_NS), Gate::Free);
