@@ -126,6 +126,13 @@
  *                            none fits)
  *   maxstall              -> "maxstall ns=X": the longest a single launch call
  *                            of the last spin, run or pace took to return
+ *   idle STEP_US          -> "idle STEP_US at=a-b,c-d": the stretches of the
+ *                            last spin, run or pace during which the device
+ *                            was idle for at least a whole STEP_US window,
+ *                            from the start of the first such window to the
+ *                            end of the last, CLOCK_MONOTONIC ns ("at=" when
+ *                            none)
+ *   clock                 -> "clock ns=N": CLOCK_MONOTONIC now
  *
  * Numbers are printed in decimal; on a failed query the figures are 0. Exit
  * status 0, or 2 with a message on stderr for a malformed script (checked in
@@ -1041,6 +1048,21 @@ static void cmd_functions(const char *f_text, unsigned long long f, const struct
     emit_paced("functions", f_text, p, rc);
 }
 
+/* Appends item (n bytes) to the growing NUL-terminated string *text. */
+static void append_text(char **text, size_t *len, size_t *cap, const char *item, size_t n) {
+    if (*len + n + 1 > *cap) {
+        char *grown;
+        *cap = 2 * (*len + n + 1);
+        grown = realloc(*text, *cap);
+        if (grown == NULL) {
+            die(1, "out of host memory");
+        }
+        *text = grown;
+    }
+    memcpy(*text + *len, item, n + 1);
+    *len += n;
+}
+
 static void cmd_series(const char *window_text, unsigned long long window_ms) {
     unsigned long long window = window_ms * 1000000ULL, from;
     size_t cap = 64, len = 0;
@@ -1053,17 +1075,7 @@ static void cmd_series(const char *window_text, unsigned long long window_ms) {
         char item[32];
         int n = snprintf(item, sizeof item, "%s%llu", len == 0 ? "" : ",",
                          per_mille(busy_between(from, from + window), window));
-        if (len + (size_t)n + 1 > cap) {
-            char *grown;
-            cap = 2 * (len + (size_t)n + 1);
-            grown = realloc(text, cap);
-            if (grown == NULL) {
-                die(1, "out of host memory");
-            }
-            text = grown;
-        }
-        memcpy(text + len, item, (size_t)n + 1);
-        len += (size_t)n;
+        append_text(&text, &len, &cap, item, (size_t)n);
     }
     emit("series %s pm=%s", window_text, text);
     free(text);
@@ -1086,6 +1098,39 @@ static void check_paced(const char *cmd, const struct paced *p) {
     if (p->dur_us > ~0ULL / 1000 || p->host_us > ~0ULL / 1000) {
         die(2, "%s: number too large", cmd);
     }
+}
+
+/* Appends an ",a-b" item ("a-b" first) to the growing string *text. */
+static void append_span(char **text, size_t *len, size_t *cap, unsigned long long a,
+                        unsigned long long b) {
+    char item[48];
+    int n = snprintf(item, sizeof item, "%s%llu-%llu", *len == 0 ? "" : ",", a, b);
+    append_text(text, len, cap, item, (size_t)n);
+}
+
+static void cmd_idle(const char *step_text, unsigned long long step_us) {
+    unsigned long long step = step_us * 1000ULL, from, idle_from = 0;
+    int in_idle = 0;
+    size_t cap = 64, len = 0;
+    char *text = malloc(cap);
+    if (text == NULL) {
+        die(1, "out of host memory");
+    }
+    text[0] = '\0';
+    for (from = last_run.start; step != 0 && last_run.end - from >= step; from += step) {
+        int idle = busy_between(from, from + step) == 0;
+        if (idle && !in_idle) {
+            idle_from = from;
+        } else if (!idle && in_idle) {
+            append_span(&text, &len, &cap, idle_from, from);
+        }
+        in_idle = idle;
+    }
+    if (in_idle) {
+        append_span(&text, &len, &cap, idle_from, from);
+    }
+    emit("idle %s at=%s", step_text, text);
+    free(text);
 }
 
 /* Runs (execute) or only checks (!execute) the script; returns at its end. */
@@ -1293,6 +1338,22 @@ static void run_script(int argc, char **argv, int execute) {
             }
             if (execute) {
                 cmd_series(window_text, window_ms);
+            }
+        } else if (strcmp(cmd, "idle") == 0) {
+            const char *step_text = NEXT();
+            unsigned long long step_us = arg_number(step_text);
+            if (step_us == 0 || step_us > ~0ULL / 1000) {
+                die(2, "idle needs a step of 1 us or more");
+            }
+            if (!measured) {
+                die(2, "idle needs an earlier spin, run or pace");
+            }
+            if (execute) {
+                cmd_idle(step_text, step_us);
+            }
+        } else if (strcmp(cmd, "clock") == 0) {
+            if (execute) {
+                emit("clock ns=%llu", now_ns());
             }
         } else if (strcmp(cmd, "maxstall") == 0) {
             if (!measured) {

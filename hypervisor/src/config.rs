@@ -25,6 +25,8 @@
 //! share = 25                         # percent, guaranteed when contended
 //! policy = "fixed"                   # fixed | elastic | none; default: fixed with
 //!                                    # a cap, elastic with only a share, else none
+//! class = "batch"                    # batch | latency: latency pods are served
+//!                                    # first, batch pods wait while one is active
 //! ```
 //!
 //! Limits follow the GPU's UUID (an `index` is resolved to the UUID of that
@@ -36,7 +38,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpushare_utils::config::{PodId, parse_size};
+use gpushare_utils::config::{PodClass, PodId, parse_size};
 use serde::Deserialize;
 
 use crate::conn::ConnLimits;
@@ -83,6 +85,8 @@ pub enum ConfigError {
     },
     #[error("{what}: set exactly one of uuid and index")]
     GpuSelector { what: String },
+    #[error("{what}: class {value:?} is not latency or batch")]
+    Class { what: String, value: String },
     #[error("{what}: policy {value:?} is not fixed, elastic or none")]
     Policy { what: String, value: String },
     #[error("region_mode {0:?} must be octal permission bits without g+w or o+w, such as \"0640\"")]
@@ -182,6 +186,7 @@ pub struct RawGpu {
     pub cap: Option<u8>,
     pub share: Option<u8>,
     pub policy: Option<String>,
+    pub class: Option<String>,
 }
 
 /// A memory size: bytes, or a size string such as `"4g"`.
@@ -339,6 +344,13 @@ pub fn resolve_gpus(what: &str, raw: &[RawGpu]) -> Result<Vec<GpuSpec>, ConfigEr
                 value: text.clone(),
             })?),
         };
+        let class = match &gpu.class {
+            None => PodClass::Batch,
+            Some(text) => PodClass::parse(text).ok_or_else(|| ConfigError::Class {
+                what: what.clone(),
+                value: text.clone(),
+            })?,
+        };
         gpus.push(
             GpuSpec::new(
                 selector,
@@ -348,7 +360,8 @@ pub fn resolve_gpus(what: &str, raw: &[RawGpu]) -> Result<Vec<GpuSpec>, ConfigEr
                 gpu.share,
                 policy,
             )
-            .map_err(spec_err)?,
+            .map_err(spec_err)?
+            .with_class(class),
         );
     }
     spec::check_gpus(&gpus).map_err(|source| ConfigError::Spec {
@@ -488,6 +501,7 @@ mod tests {
             memory = 1024
             weight = 3
             share = 25
+            class = "latency"
             [[pods]]
             id = "b"
             token = "tb"
@@ -504,12 +518,18 @@ mod tests {
         assert_eq!(a.gpus[0].policy, Policy::Fixed);
         assert_eq!(a.gpus[1].policy, Policy::Elastic);
         assert_eq!(a.gpus[1].weight, 3);
+        assert_eq!(a.gpus[0].class, PodClass::Batch);
+        assert_eq!(a.gpus[1].class, PodClass::Latency);
         assert!(config.pods[1].gpus.is_empty());
     }
 
     #[test]
     fn errors_name_the_field() {
         let cases = [
+            (
+                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\nclass = \"urgent\"\n",
+                "class \"urgent\" is not latency or batch",
+            ),
             ("[[pods]]\nid = \"a\"\n", "exactly one of token"),
             (
                 "[[pods]]\nid = \"a\"\ntoken = \"x\"\ntoken_env = \"Y\"\n",

@@ -57,6 +57,7 @@ pub mod identity;
 pub mod kubernetes;
 pub mod metrics;
 pub mod observer;
+pub mod priority;
 pub mod provision;
 pub mod region;
 pub mod scheduler;

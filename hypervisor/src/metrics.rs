@@ -213,6 +213,7 @@ pub fn render(status: &Status) -> String {
             }
         }
     }
+    render_priority(&mut x, status);
     let process_sm = x.family(
         "gpushare_process_sm_utilization_ratio",
         "gauge",
@@ -255,6 +256,45 @@ pub fn render(status: &Status) -> String {
     );
     x.sample(timeouts, "", "", status.admission.timeouts);
     x.render()
+}
+
+/// Per pod: the time its launches were held and its queueing delay.
+fn render_priority(x: &mut Exposition, status: &Status) {
+    let class = x.family(
+        "gpushare_pod_latency_class",
+        "gauge",
+        "1 when the pod is of class latency, 0 for batch.",
+    );
+    let held = x.family(
+        "gpushare_pod_held_seconds_total",
+        "counter",
+        "Time the pod's launches were held while a latency pod was active.",
+    );
+    let held_launches = x.family(
+        "gpushare_pod_held_launches_total",
+        "counter",
+        "Launches held while a latency pod was active.",
+    );
+    let delay = x.family(
+        "gpushare_pod_queue_delay_seconds",
+        "summary",
+        "Queueing delay of sampled launches: from the launch call until the GPU reached it.",
+    );
+    let delay_max = x.family(
+        "gpushare_pod_queue_delay_max_seconds",
+        "gauge",
+        "Longest queueing delay sampled.",
+    );
+    for pod in &status.pods {
+        let Some(p) = &pod.priority else { continue };
+        let labels = format!("pod=\"{}\"", escape(&pod.id));
+        x.sample(class, "", &labels, u8::from(p.class == "latency"));
+        x.sample(held, "", &labels, p.held_seconds);
+        x.sample(held_launches, "", &labels, p.held_launches);
+        x.sample(delay, "_sum", &labels, p.queue_delay_sum_seconds);
+        x.sample(delay, "_count", &labels, p.queue_delay_samples);
+        x.sample(delay_max, "", &labels, p.queue_delay_max_seconds);
+    }
 }
 
 fn ratio(ppm: u32) -> String {

@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpushare_utils::bucket::Bucket;
-use gpushare_utils::config::PodId;
+use gpushare_utils::config::{PodClass, PodId};
 use gpushare_utils::ledger::{DeviceUsage, LedgerError, POD_REGION_PREFIX, PodLedger};
 use gpushare_utils::limits::{LimitsError, PodLimits};
 use gpushare_utils::shm::{self, Creation, Trust};
@@ -113,10 +113,11 @@ impl PodRegion {
         Some(DeviceUsage { quota, ..usage })
     }
 
-    /// Writes the quota of the GPU `uuid` (its bucket marked managed).
-    pub fn claim(&self, uuid: &str, quota: u64) {
-        if let Err(error) = self.limits.set(uuid, quota) {
-            tracing::warn!(%error, uuid, "quota not written");
+    /// Writes the quota and class of the GPU `uuid` (its bucket marked managed).
+    pub fn claim(&self, uuid: &str, quota: u64, class: PodClass) {
+        match self.limits.set(uuid, quota) {
+            Ok(gpu) => gpu.set_class(class),
+            Err(error) => tracing::warn!(%error, uuid, "quota not written"),
         }
     }
 

@@ -468,7 +468,8 @@ pub(crate) fn write_layout(pod: &Pod) {
     for gpu in &pod.gpus {
         if let Some(p) = &gpu.placement {
             // The rate follows in the tick that comes next, under the same lock.
-            pod.region.claim(&p.uuid, gpu.spec.memory_bytes);
+            pod.region
+                .claim(&p.uuid, gpu.spec.memory_bytes, gpu.spec.class);
             placed.push(p.uuid.as_str());
         }
     }

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use gpushare_utils::config::PodId;
+use gpushare_utils::config::{PodClass, PodId};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
@@ -199,9 +199,17 @@ pub struct GpuSpec {
     /// Guaranteed share in percent, 0..=cap.
     pub share_percent: Option<u8>,
     pub policy: Policy,
+    /// Latency pods are served first on the GPU; batch (the default) pods
+    /// wait while one is active.
+    pub class: PodClass,
 }
 
 impl GpuSpec {
+    /// The same spec with `class`.
+    pub fn with_class(self, class: PodClass) -> Self {
+        Self { class, ..self }
+    }
+
     /// A validated spec; `policy` `None` takes [`Policy::default_for`].
     pub fn new(
         gpu: GpuSelector,
@@ -236,6 +244,7 @@ impl GpuSpec {
             cap_percent,
             share_percent,
             policy: policy.unwrap_or_else(|| Policy::default_for(cap_percent, share_percent)),
+            class: PodClass::Batch,
         })
     }
 

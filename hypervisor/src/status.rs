@@ -127,6 +127,7 @@ pub fn render_table(status: &Status) -> String {
             );
         }
     }
+    render_priority(&mut out, status);
     let _ = writeln!(out, "\nWORKERS");
     let _ = writeln!(out, "{:<48} {:<20} {:>8}  LAST COMMAND", "ID", "POD", "PID");
     for w in &status.workers {
@@ -212,6 +213,44 @@ impl LatencySnapshot {
             }
         }
         self.buckets.last().map(|b| b.0)
+    }
+}
+
+/// Pods under priority classes: class, time held, queueing delay.
+fn render_priority(out: &mut String, status: &Status) {
+    let pods: Vec<_> = status
+        .pods
+        .iter()
+        .filter_map(|pod| Some((pod.id.as_str(), pod.priority.as_ref()?)))
+        .collect();
+    if pods.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nPRIORITY");
+    let _ = writeln!(
+        out,
+        "{:<20} {:<8} {:>10} {:>12} {:>14} {:>14}",
+        "POD", "CLASS", "HELD", "HELD LAUNCH", "QUEUE MEAN", "QUEUE MAX"
+    );
+    for (id, p) in pods {
+        let mean = if p.queue_delay_samples == 0 {
+            "-".to_owned()
+        } else {
+            format!(
+                "{:.0} us",
+                p.queue_delay_sum_seconds / p.queue_delay_samples as f64 * 1e6
+            )
+        };
+        let _ = writeln!(
+            out,
+            "{:<20} {:<8} {:>9.3}s {:>12} {:>14} {:>11.0} us",
+            id,
+            p.class,
+            p.held_seconds,
+            p.held_launches,
+            mean,
+            p.queue_delay_max_seconds * 1e6
+        );
     }
 }
 

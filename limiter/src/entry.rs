@@ -7,6 +7,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use gpushare_utils::activity;
 use gpushare_utils::config::LimiterConfig;
 use gpushare_utils::shm::Trust;
 
@@ -14,6 +15,7 @@ use crate::context::Context;
 use crate::hypervisor::Link;
 use crate::quota::MemoryQuota;
 use crate::throttle::Throttle;
+use crate::throttle::priority::{Priority, Tuning};
 
 /// How long a process under a hypervisor waits for its grant (milliseconds).
 pub const GRANT_TIMEOUT_VARIABLE: &str = "CUDA_LIMITER_GRANT_TIMEOUT_MS";
@@ -64,7 +66,11 @@ pub fn init_from_env() -> &'static State {
 fn build() -> Result<State, String> {
     let config =
         LimiterConfig::from_env().map_err(|e| format!("cuda-limiter: configuration error: {e}"))?;
-    if config.memory.is_empty() && config.compute.is_empty() && config.hypervisor.is_none() {
+    if config.memory.is_empty()
+        && config.compute.is_empty()
+        && config.class.is_empty()
+        && config.hypervisor.is_none()
+    {
         return Ok(State::Off);
     }
     let number = |name: &str| -> Result<Option<u64>, String> {
@@ -102,9 +108,14 @@ fn build() -> Result<State, String> {
         None => None,
     };
     let local_limits = !config.memory.is_empty() || !config.compute.is_empty();
-    let metered = !config.compute.is_empty() || link.is_some();
+    let metered = !config.compute.is_empty() || !config.class.is_empty() || link.is_some();
+    let priority = Priority::new(
+        config.class,
+        Tuning::from_env()?,
+        activity::pod_key(config.pod.as_str()),
+    );
     Ok(State::Limiting(Box::new(Limiter {
-        compute: metered.then(|| Throttle::new(config.compute)),
+        compute: metered.then(|| Throttle::new(config.compute, priority)),
         memory: MemoryQuota::new(config.memory),
         context: Context::new(
             config.pod,

@@ -66,43 +66,7 @@ impl NodeActivity {
 
     /// Maps the table named `name` in `/dev/shm` (tests use their own).
     pub fn open_named(name: &str) -> Result<Self, ActivityError> {
-        let error = |source| ActivityError {
-            name: name.to_owned(),
-            source,
-        };
-        let path = CString::new(format!("/{name}"))
-            .map_err(|_| error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-        let size = size_of::<ActivityTable>();
-        // SAFETY: a NUL-terminated name; the descriptor is closed below.
-        let fd = unsafe { libc::shm_open(path.as_ptr(), libc::O_RDWR | libc::O_CREAT, 0o666) };
-        if fd < 0 {
-            return Err(error(std::io::Error::last_os_error()));
-        }
-        // SAFETY: fd is ours; growing to the same size from several processes
-        // is idempotent and the new bytes are zero (the empty table).
-        let mapped = unsafe {
-            let mut stat: libc::stat = std::mem::zeroed();
-            let ok = libc::fstat(fd, &mut stat) == 0
-                && (stat.st_size as usize >= size || libc::ftruncate(fd, size as libc::off_t) == 0);
-            let address = if ok {
-                libc::mmap(
-                    std::ptr::null_mut(),
-                    size,
-                    libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_SHARED,
-                    fd,
-                    0,
-                )
-            } else {
-                libc::MAP_FAILED
-            };
-            let failure = std::io::Error::last_os_error();
-            libc::close(fd);
-            if address == libc::MAP_FAILED {
-                return Err(error(failure));
-            }
-            address
-        };
+        let mapped = map_node_object(name, size_of::<ActivityTable>(), true)?;
         // SAFETY: a shared mapping of the table's size, never unmapped, whose
         // fields are all atomics (valid for any bit pattern written by peers).
         let table = unsafe { &*(mapped as *const ActivityTable) };
@@ -153,6 +117,57 @@ impl NodeActivity {
                 && now_ns.saturating_sub(slot.active_at_ns.load(Ordering::Acquire))
                     < ACTIVE_WINDOW_NS
         })
+    }
+}
+
+/// Maps the node-wide object `name` of `size` bytes read-write, creating it
+/// zero-filled (the empty state of every node table) when absent and
+/// `create`; never unmapped.
+pub(crate) fn map_node_object(
+    name: &str,
+    size: usize,
+    create: bool,
+) -> Result<*mut libc::c_void, ActivityError> {
+    let error = |source| ActivityError {
+        name: name.to_owned(),
+        source,
+    };
+    let path = CString::new(format!("/{name}"))
+        .map_err(|_| error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    let flags = if create {
+        libc::O_RDWR | libc::O_CREAT
+    } else {
+        libc::O_RDWR
+    };
+    // SAFETY: a NUL-terminated name; the descriptor is closed below.
+    let fd = unsafe { libc::shm_open(path.as_ptr(), flags, 0o666) };
+    if fd < 0 {
+        return Err(error(std::io::Error::last_os_error()));
+    }
+    // SAFETY: fd is ours; growing to the same size from several processes
+    // is idempotent and the new bytes are zero (the empty table).
+    unsafe {
+        let mut stat: libc::stat = std::mem::zeroed();
+        let ok = libc::fstat(fd, &mut stat) == 0
+            && (stat.st_size as usize >= size || libc::ftruncate(fd, size as libc::off_t) == 0);
+        let address = if ok {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            )
+        } else {
+            libc::MAP_FAILED
+        };
+        let failure = std::io::Error::last_os_error();
+        libc::close(fd);
+        if address == libc::MAP_FAILED {
+            return Err(error(failure));
+        }
+        Ok(address)
     }
 }
 

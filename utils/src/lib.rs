@@ -12,6 +12,7 @@ pub mod hook;
 pub mod ledger;
 pub mod limits;
 pub mod logging;
+pub mod priority;
 pub mod process;
 pub mod protocol;
 pub mod shm;

@@ -13,7 +13,7 @@
 //! | offset | size | what |
 //! | --- | --- | --- |
 //! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16 |
-//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16 |
+//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
 //! container's `CUDA_VISIBLE_DEVICES` gives it, and nothing a worker says at
@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::MAX_DEVICES;
 use crate::bucket::BucketLimits;
+use crate::config::PodClass;
 use crate::shm::{self, Creation, Mapping, ShmError, Trust};
 
 /// Prefix of a pod's limits object.
@@ -58,7 +59,23 @@ pub struct GpuLimits {
     pub quota: AtomicU64,
     /// Compute share, ceiling, suspension, managed flag.
     pub compute: BucketLimits,
-    pub reserved: [AtomicU64; 4],
+    /// The pod's [`PodClass`] on the GPU ([`PodClass::code`]; 0, batch, in
+    /// objects written before classes).
+    pub class: AtomicU32,
+    pub reserved32: AtomicU32,
+    pub reserved: [AtomicU64; 3],
+}
+
+impl GpuLimits {
+    /// The pod's class on the GPU.
+    pub fn class(&self) -> PodClass {
+        PodClass::from_code(self.class.load(Ordering::Acquire))
+    }
+
+    /// Sets the pod's class on the GPU (hypervisor only).
+    pub fn set_class(&self, class: PodClass) {
+        self.class.store(class.code(), Ordering::Release);
+    }
 }
 
 /// The whole object.
@@ -77,6 +94,7 @@ const _: () = {
     assert!(size_of::<GpuLimits>() == 64);
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
     assert!(offset_of!(GpuLimits, compute) == 16);
+    assert!(offset_of!(GpuLimits, class) == 32);
 };
 
 /// Errors of the limits object.
@@ -232,6 +250,7 @@ impl PodLimits {
                 gpu.compute.rate_ppm.store(0, Ordering::Release);
                 gpu.compute.ceiling_ppm.store(0, Ordering::Release);
                 gpu.compute.suspended.store(0, Ordering::Release);
+                gpu.class.store(PodClass::Batch.code(), Ordering::Release);
             }
         }
     }
@@ -272,7 +291,9 @@ mod tests {
             Err(LimitsError::NotPublished { .. })
         ));
         writer.set("GPU-1", 1 << 30).unwrap();
-        writer.set("GPU-2", 0).unwrap().compute.configure(25, 25);
+        let gpu2 = writer.set("GPU-2", 0).unwrap();
+        gpu2.compute.configure(25, 25);
+        gpu2.set_class(PodClass::Latency);
         writer.publish();
         let reader = PodLimits::open_read_only(&pod, &Trust::own_or_root(None)).unwrap();
         assert_eq!(
@@ -288,6 +309,8 @@ mod tests {
                 .load(Ordering::Relaxed),
             250_000
         );
+        assert_eq!(reader.find("GPU-2").unwrap().class(), PodClass::Latency);
+        assert_eq!(reader.find("GPU-1").unwrap().class(), PodClass::Batch);
         assert!(reader.find("GPU-3").is_none());
         writer.retain(&["GPU-2"]);
         assert!(reader.find("GPU-1").is_none());

@@ -13,6 +13,7 @@
 //! | annotation | `nvidia.com/nouse-gputype`, `nvidia.com/exclude-gpu-type` | none whose name contains one |
 //! | annotation | `hami.io/gpu-scheduler-policy`, `nvidia.com/device-scheduler-policy` | `binpack` (default) or `spread` |
 //! | annotation | `nvidia.com/vgpu-compute-policy` | `fixed` (default), `balance` (elastic), `none` |
+//! | annotation | `gpushare.dev/class` | `batch` (default) or `latency` (served first on its GPUs) |
 //!
 //! Without a memory limit a container gets whole GPUs' memory (HAMi's
 //! default); without a compute limit, no compute limit (HAMi's `gpucores: 0`).
@@ -20,6 +21,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+
+use gpushare_utils::config::PodClass;
 
 use crate::kubernetes::quantity;
 use crate::spec::Policy;
@@ -36,6 +39,7 @@ const GPU_POLICY: [&str; 2] = [
     "nvidia.com/device-scheduler-policy",
 ];
 const COMPUTE_POLICY: &str = "nvidia.com/vgpu-compute-policy";
+const CLASS: &str = "gpushare.dev/class";
 
 /// Why a pod's ask cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,6 +98,7 @@ pub struct PodPrefs {
     pub nouse_types: Vec<String>,
     pub packing: Packing,
     pub policy: Policy,
+    pub class: PodClass,
 }
 
 /// The ask of `container` for `resource` (the count), or `None` when it asks
@@ -201,6 +206,14 @@ pub fn pod_prefs(pod: &Pod) -> Result<PodPrefs, AskError> {
             });
         }
     };
+    let class = match first(&[CLASS]) {
+        None => PodClass::Batch,
+        Some((name, v)) => PodClass::parse(v).ok_or_else(|| AskError::Word {
+            name,
+            value: v.to_owned(),
+            allowed: "batch, latency",
+        })?,
+    };
     Ok(PodPrefs {
         use_uuids: list(&USE_UUID),
         nouse_uuids: list(&NOUSE_UUID),
@@ -208,6 +221,7 @@ pub fn pod_prefs(pod: &Pod) -> Result<PodPrefs, AskError> {
         nouse_types: list(&NOUSE_TYPE),
         packing,
         policy,
+        class,
     })
 }
 
@@ -282,9 +296,11 @@ mod tests {
             "nvidia.com/nouse-gputype": "A100",
             "hami.io/gpu-scheduler-policy": "spread",
             "nvidia.com/vgpu-compute-policy": "balance",
+            "gpushare.dev/class": "Latency",
         }}}))
         .unwrap();
         let prefs = pod_prefs(&pod).unwrap();
+        assert_eq!(prefs.class, PodClass::Latency);
         assert_eq!(prefs.packing, Packing::Spread);
         assert_eq!(prefs.policy, Policy::Elastic);
         assert!(prefs.allows("GPU-a", "NVIDIA H100 80GB HBM3"));
@@ -296,7 +312,13 @@ mod tests {
         )
         .unwrap();
         assert!(pod_prefs(&bad).is_err());
+        let bad: Pod = serde_json::from_value(
+            json!({"metadata": {"annotations": {"gpushare.dev/class": "urgent"}}}),
+        )
+        .unwrap();
+        assert!(pod_prefs(&bad).is_err());
         let plain = pod_prefs(&Pod::default()).unwrap();
+        assert_eq!(plain.class, PodClass::Batch);
         assert_eq!(
             (plain.packing, plain.policy),
             (Packing::Binpack, Policy::Fixed)

@@ -161,6 +161,7 @@ mod tests {
             nouse_types: vec![],
             packing,
             policy: Policy::Fixed,
+            class: gpushare_utils::config::PodClass::Batch,
         }
     }
 

@@ -13,8 +13,10 @@
 //! policy: elastic    # fixed (default) | elastic | none
 //! ceiling: 80        # elastic ceiling in percent (default 100)
 //! priority: 10       # default 0
+//! class: latency     # batch (default) | latency: served first on the GPU
 //! ```
 
+use gpushare_utils::config::PodClass;
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use serde::Deserialize;
 
@@ -65,6 +67,7 @@ struct RawParameters {
     policy: Option<String>,
     ceiling: Option<u8>,
     priority: Option<i32>,
+    class: Option<String>,
 }
 
 /// The request of `claim` for `driver` on `node` (whose pool has the node's
@@ -194,6 +197,10 @@ fn parameters(
         if let Some(priority) = raw.priority {
             params.priority = priority;
         }
+        if let Some(class) = raw.class {
+            params.class = PodClass::parse(&class)
+                .ok_or_else(|| error(format!("class {class:?} is not latency or batch")))?;
+        }
     }
     Ok(params)
 }
@@ -209,4 +216,38 @@ pub fn check_uid(claim: &ResourceClaim, expected: &str) -> Result<(), ClaimError
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(parameters: serde_json::Value) -> DeviceAllocationConfiguration {
+        serde_json::from_value(serde_json::json!({
+            "source": "FromClaim",
+            "opaque": {"driver": "gpu.gpushare.dev", "parameters": parameters},
+        }))
+        .expect("configuration")
+    }
+
+    #[test]
+    fn the_class_parameter() {
+        let get = |parameters| parameters_of(&[config(parameters)]);
+        assert_eq!(
+            get(serde_json::json!({})).map(|p| p.class),
+            Ok(PodClass::Batch)
+        );
+        assert_eq!(
+            get(serde_json::json!({"class": "latency", "weight": 2})).map(|p| (p.class, p.weight)),
+            Ok((PodClass::Latency, 2))
+        );
+        assert!(
+            get(serde_json::json!({"class": "urgent"}))
+                .is_err_and(|e| e.contains("class \"urgent\" is not latency or batch"))
+        );
+    }
+
+    fn parameters_of(configs: &[DeviceAllocationConfiguration]) -> Result<SharingParams, String> {
+        parameters("c", configs, "gpu.gpushare.dev", "gpu").map_err(|e| e.to_string())
+    }
 }

@@ -232,6 +232,7 @@ impl NodeAgent {
                     compute_percent: p.compute_percent,
                     params: SharingParams {
                         policy,
+                        class: prefs.class,
                         ..SharingParams::default()
                     },
                 })

@@ -6,6 +6,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::ProvisionError;
+use gpushare_utils::config::PodClass;
+
 use crate::spec::Policy;
 
 /// The pod a claim is for.
@@ -36,6 +38,9 @@ pub struct SharingParams {
     /// Scheduling priority, higher first (default 0). Recorded and shown;
     /// the hypervisor's scheduler orders by weight only so far.
     pub priority: i32,
+    /// `latency` or `batch` (default): see [`PodClass`].
+    #[serde(default, with = "class_text")]
+    pub class: PodClass,
 }
 
 impl Default for SharingParams {
@@ -45,6 +50,7 @@ impl Default for SharingParams {
             policy: Policy::Fixed,
             ceiling: None,
             priority: 0,
+            class: PodClass::Batch,
         }
     }
 }
@@ -143,6 +149,21 @@ mod policy_text {
     }
 }
 
+mod class_text {
+    use gpushare_utils::config::PodClass;
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(class: &PodClass, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(class.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PodClass, D::Error> {
+        let text = String::deserialize(d)?;
+        PodClass::parse(&text)
+            .ok_or_else(|| D::Error::custom(format!("class {text:?} is not latency or batch")))
+    }
+}
+
 /// Kubernetes UIDs: 36 characters of hex digits and dashes (8-4-4-4-12).
 pub fn is_uid(s: &str) -> bool {
     s.len() == 36
@@ -161,6 +182,8 @@ pub(crate) struct Totals {
     /// The most permissive policy of the claims, and the highest ceiling.
     policy: Option<Policy>,
     ceiling: Option<u8>,
+    /// Latency when any claim is.
+    pub class: PodClass,
 }
 
 impl Totals {
@@ -174,6 +197,9 @@ impl Totals {
             _ => Policy::Fixed,
         });
         self.ceiling = self.ceiling.max(d.params.ceiling);
+        if d.params.class == PodClass::Latency {
+            self.class = PodClass::Latency;
+        }
     }
 
     /// Cap, guaranteed share and policy for the hypervisor: a fixed share is

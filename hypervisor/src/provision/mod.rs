@@ -335,7 +335,8 @@ impl Provisioner {
                     share,
                     Some(policy),
                 )
-                .map_err(spec_err)?;
+                .map_err(spec_err)?
+                .with_class(totals.class);
                 gpus.push(gpu);
             }
             let token =

@@ -46,6 +46,9 @@ pub struct PodStatus {
     pub suspended: bool,
     pub workers: usize,
     pub gpus: Vec<GpuStatus>,
+    /// Held time and queueing delay under priority classes.
+    #[serde(default)]
+    pub priority: Option<crate::priority::PriorityStatus>,
 }
 
 impl Scheduler {
@@ -59,6 +62,7 @@ impl Scheduler {
                 suspended: pod.suspended,
                 workers: workers(id),
                 gpus: pod.gpus.iter().map(|g| gpu_status(pod, g)).collect(),
+                priority: crate::priority::status(id),
             })
             .collect()
     }

@@ -27,6 +27,8 @@
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
 //!    up to its ceiling while no other pod launched on the device recently.
+//! 6. Once admitted, a launch passes its pod's class ([`priority`]): a batch
+//!    launch waits while a latency pod on the device is active.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -47,9 +49,11 @@ use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
+pub mod priority;
 mod sampling;
 mod summary;
 
+use priority::Priority;
 use sampling::Sample;
 use summary::Held;
 
@@ -162,6 +166,7 @@ pub struct Throttle {
     graph_idle_extra_ns: AtomicU64,
     graph_queued_extra_ns: AtomicU64,
     held: Held,
+    priority: Priority,
 }
 
 // SAFETY: the event handles held are driver handles, usable from any thread;
@@ -171,7 +176,7 @@ unsafe impl Sync for Throttle {}
 unsafe impl Send for Throttle {}
 
 impl Throttle {
-    pub fn new(configured: DeviceLimits<ComputeLimit>) -> Self {
+    pub fn new(configured: DeviceLimits<ComputeLimit>, priority: Priority) -> Self {
         Self {
             configured,
             budgets: [const { OnceLock::new() }; MAX_DEVICES],
@@ -194,6 +199,7 @@ impl Throttle {
             graph_idle_extra_ns: AtomicU64::new(0),
             graph_queued_extra_ns: AtomicU64::new(0),
             held: Held::default(),
+            priority,
         }
     }
 
@@ -257,9 +263,10 @@ impl Throttle {
                 .map_err(|_| LimiterError::Bypass("no current context"))?;
             usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?
         };
-        let budget = self
-            .budget(ctx, device)
-            .ok_or(LimiterError::Bypass("device unlimited"))?;
+        let budget = self.budget(ctx, device);
+        if budget.is_none() && !self.priority.engaged(ctx) {
+            return Err(LimiterError::Bypass("device unlimited"));
+        }
         let stream = if per_thread && stream.is_null() {
             CU_STREAM_PER_THREAD
         } else {
@@ -269,6 +276,13 @@ impl Throttle {
         if timing.is_some_and(|timing| timing.is_capturing(stream)) {
             return Err(LimiterError::Bypass("captured into a graph"));
         }
+        let Some(budget) = budget else {
+            // No compute limit here: only the class applies.
+            let ticket = self.priority.before(ctx, device, stream, timing);
+            let result = launch();
+            self.priority.after(ticket, stream, timing, result);
+            return Ok(result);
+        };
 
         let (key, waves) = match work {
             Work::Kernel(grid) => {
@@ -300,6 +314,7 @@ impl Throttle {
         }
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(ctx, device, now);
+        let ticket = self.priority.before(ctx, device, stream, timing);
 
         let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {
@@ -316,6 +331,7 @@ impl Throttle {
             budget.bucket.correct(-(charge.ns as i64));
             self.model.refund(&charge);
         }
+        self.priority.after(ticket, stream, timing, result);
         if let (Some(start), Some(timing)) = (sample, timing) {
             LAST_SAMPLE_NS.with(|last| last.set(now));
             let pending = Sample {

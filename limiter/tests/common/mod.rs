@@ -39,7 +39,12 @@ impl Pod {
 
 impl Drop for Pod {
     fn drop(&mut self) {
-        for prefix in ["gpushare-pod-", "gpushare-limits-", "gpushare-node-test-"] {
+        for prefix in [
+            "gpushare-pod-",
+            "gpushare-limits-",
+            "gpushare-node-test-",
+            "gpushare-priority-test-",
+        ] {
             let _ignored = std::fs::remove_file(format!("/dev/shm/{prefix}{}", self.0));
         }
     }

@@ -112,6 +112,9 @@ pub enum ConfigError {
         quoted(.value)
     )]
     Hypervisor { value: String },
+
+    #[error("{var}={} is not a class (expected latency or batch)", quoted(.value))]
+    Class { var: String, value: String },
 }
 
 /// Shows a user's value in one line: `"4x"`, `'{"0": 1}'` when it holds double

@@ -102,6 +102,7 @@
 //! | --- | --- |
 //! | `CUDA_LIMITER_POD` | pod identity, see [`PodId`]; default `default` |
 //! | `CUDA_LIMITER_HYPERVISOR` | hypervisor address, e.g. `http://127.0.0.1:8000`; unset means local mode |
+//! | `CUDA_LIMITER_CLASS`, `CUDA_LIMITER_CLASS_<i>` | `latency` or `batch` (default), see [`PodClass`] |
 //!
 //! Other `CUDA_LIMITER_*` names (typos included) are ignored, except a variable
 //! of ours with a device suffix that is not an index (`CUDA_LIMITER_MEMORY_LIMIT_x`),
@@ -109,6 +110,7 @@
 //! their own systems and are ignored; a foreign suffix that starts with a digit
 //! but is not a valid index (`CUDA_MEM_LIMIT_01`, `CUDA_MEM_LIMIT_16`) is an error.
 
+mod class;
 mod compute;
 mod error;
 mod limits;
@@ -122,6 +124,7 @@ mod units;
 mod vars;
 
 pub use crate::MAX_DEVICES;
+pub use class::{DeviceClasses, PodClass};
 pub use error::ConfigError;
 pub use limits::{ComputeLimit, ComputePolicy, DeviceLimits, Resolved};
 pub use pod::{InvalidPodId, PodId};
@@ -138,6 +141,8 @@ pub struct LimiterConfig {
     pub compute: DeviceLimits<ComputeLimit>,
     /// Address of the node hypervisor, e.g. `http://127.0.0.1:8000`; `None`: local mode.
     pub hypervisor: Option<String>,
+    /// The pod's class per device (`CUDA_LIMITER_CLASS[_<i>]`).
+    pub class: DeviceClasses,
 }
 
 impl LimiterConfig {

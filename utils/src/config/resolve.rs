@@ -9,7 +9,8 @@ use super::tensor_fusion::{json_bytes, json_percent, parse_json_limits};
 use super::units::{limited, parse_percent};
 use super::vars::{Kind, Scope, rank};
 use super::{
-    ComputeLimit, ComputePolicy, ConfigError, LimiterConfig, MAX_DEVICES, PodId, parse_size,
+    ComputeLimit, ComputePolicy, ConfigError, LimiterConfig, MAX_DEVICES, PodClass, PodId,
+    parse_size,
 };
 
 impl RawVars {
@@ -90,6 +91,17 @@ impl RawVars {
                         });
                     }
                     config.hypervisor = Some(address.to_owned());
+                }
+                Kind::Class => {
+                    let class = PodClass::parse(&v.value).ok_or_else(|| ConfigError::Class {
+                        var: v.name.clone(),
+                        value: v.value.clone(),
+                    })?;
+                    let index = match v.scope {
+                        Scope::All => None,
+                        Scope::Index(i) => Some(i),
+                    };
+                    config.class.set(index, class);
                 }
             }
         }

@@ -25,6 +25,7 @@ pub(super) enum Kind {
     UpTf,
     Pod,
     Hypervisor,
+    Class,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -43,7 +44,7 @@ pub(super) enum Scopes {
 /// Our variables, and foreign ones we read: name, what it sets, which scopes.
 /// Ours (`CUDA_LIMITER_*`) treat a non-index suffix as an error rather than as
 /// someone else's variable.
-pub(super) const RULES: [(&str, Kind, Scopes); 14] = [
+pub(super) const RULES: [(&str, Kind, Scopes); 15] = [
     ("CUDA_LIMITER_MEMORY_LIMIT", Kind::MemOurs, Scopes::Both),
     ("CUDA_DEVICE_MEMORY_LIMIT", Kind::MemHami, Scopes::Both),
     ("CUDA_MEM_LIMIT", Kind::MemLegacy, Scopes::IndexOnly),
@@ -58,6 +59,7 @@ pub(super) const RULES: [(&str, Kind, Scopes); 14] = [
     ("TENSOR_FUSION_CUDA_UP_LIMIT", Kind::UpTf, Scopes::AllOnly),
     ("CUDA_LIMITER_POD", Kind::Pod, Scopes::AllOnly),
     ("CUDA_LIMITER_HYPERVISOR", Kind::Hypervisor, Scopes::AllOnly),
+    ("CUDA_LIMITER_CLASS", Kind::Class, Scopes::Both),
 ];
 
 /// Precedence ranks, lower wins; every per-device rank is below every

@@ -1,0 +1,425 @@
+#!/usr/bin/env python3
+"""Priority classes on a real GPU (issue 14): a latency pod's inference step
+next to a batch pod that fills the GPU, without and with the limiter's
+classes, in one run. Results: a Markdown table on stdout and in
+OUT/priority-bench.md, raw numbers in OUT/priority-bench.json.
+
+Usage: priority_bench.py --lib PATH/libcuda_limiter.so [--out DIR]
+                         [--seconds S] [--period-us P] [--sizes N N] [--quick]
+
+The latency pod: x (64x2048 bf16) through four 2048x2048 bf16 matmuls, then
+torch.cuda.synchronize(): one request every P us (default 2000) on a fixed
+arrival schedule (a request that finds the previous one still running starts
+at once), so it leaves the GPU mostly idle, as an inference server at moderate
+load does; each step is timed on the host from its first launch to the end of
+its synchronize. Its busy fraction alone is the sum of its steps' GPU time
+(CUDA events around each step) over the wall time ("gpu"), and the sum of its
+step times over the wall time ("wall").
+
+The batch pod: back-to-back bf16 NxN matmuls (N=4096: ~0.2 ms per kernel on an
+H100, N=8192: ~2 ms; the kernel time is measured alone and printed);
+throughput in matmuls/s, counted over the measured window and the drain of its
+queue at the end.
+
+Runs (both processes started together, warm-up before a common start time,
+the latency pod running 1 s past the batch pod's window so the batch pod never
+runs alone in it):
+  latency alone (no limiter; and under the limiter, class latency: its cost)
+  batch alone, per size (no limiter)
+  latency + unlimited batch, per size (no limiter on either)
+  latency (class latency) + batch (class batch), both under the limiter, per
+  size; and with ~0.2 ms kernels also with an in-flight window of 2 launches
+  (CUDA_LIMITER_PRIORITY_WINDOW=2) to show what the window costs.
+Criteria (the issue's): with ~0.2 ms batch kernels the latency pod's p50 is
+within 1.2x and its p99 within 2x of alone, and the batch pod keeps at least
+0.8 x (1 - busy) of its alone throughput (busy: the latency pod's gpu busy
+fraction alone; the bar with the wall busy fraction is printed too). With
+~2 ms kernels the same figures are reported.
+"""
+import argparse
+import json
+import os
+import select
+import statistics
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+# ---------------------------------------------------------------- workers
+
+
+def wait_until(t):
+    """Sleeps, then spins, until time.monotonic() >= t."""
+    while True:
+        left = t - time.monotonic()
+        if left <= 0:
+            return
+        if left > 0.0005:
+            time.sleep(left - 0.0004)
+
+
+def handshake():
+    """Prints ready, reads the common start time (CLOCK_MONOTONIC seconds)."""
+    print("ready", flush=True)
+    line = sys.stdin.readline()
+    return float(line)
+
+
+def worker_latency(args):
+    import torch
+
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    x = torch.randn(64, 2048, dtype=torch.bfloat16, device=dev)
+    ws = [torch.randn(2048, 2048, dtype=torch.bfloat16, device=dev) / 45 for _ in range(4)]
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def step(timed):
+        if timed:
+            e0.record()
+        y = x
+        for w in ws:
+            y = y @ w
+        if timed:
+            e1.record()
+        torch.cuda.synchronize()
+        return e0.elapsed_time(e1) if timed else 0.0
+
+    for _ in range(300):
+        step(True)
+    start = handshake()
+    period = args.period_us / 1e6
+    end = start + args.seconds
+    starts, steps, gpu = [], [], []
+    late = 0
+    i = 0
+    while True:
+        due = start + i * period
+        if due >= end:
+            break
+        now = time.monotonic()
+        if now < due:
+            wait_until(due)
+        else:
+            late += now - due > period
+        t0 = time.monotonic()
+        g = step(True)
+        t1 = time.monotonic()
+        starts.append(t0 - start)
+        steps.append((t1 - t0) * 1e6)
+        gpu.append(g * 1e3)
+        i += 1
+    print(json.dumps({"role": "latency", "starts": starts, "steps_us": steps, "gpu_us": gpu,
+                      "late": late, "seconds": args.seconds}), flush=True)
+
+
+def worker_batch(args):
+    import torch
+
+    dev = torch.device("cuda")
+    n = args.size
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=dev) / 64
+    c = torch.empty(n, n, dtype=torch.bfloat16, device=dev)
+    for _ in range(10):
+        torch.matmul(a, b, out=c)
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    kernel_ms = []
+    for _ in range(20):
+        e0.record()
+        torch.matmul(a, b, out=c)
+        e1.record()
+        e1.synchronize()
+        kernel_ms.append(e0.elapsed_time(e1))
+    start = handshake()
+    wait_until(start)
+    end = start + args.seconds
+    count = 0
+    while time.monotonic() < end:
+        for _ in range(8):
+            torch.matmul(a, b, out=c)
+        count += 8
+    torch.cuda.synchronize()
+    elapsed = time.monotonic() - start
+    print(json.dumps({"role": "batch", "size": n, "matmuls": count, "elapsed": elapsed,
+                      "per_s": count / elapsed, "kernel_ms": statistics.median(kernel_ms)}),
+          flush=True)
+
+
+# ---------------------------------------------------------------- the table
+
+
+def pod_key(pod):
+    h = 0xCBF29CE484222325
+    for byte in pod.encode():
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return max(h, 1)
+
+
+def priority_counters(region, pod):
+    """The pod's counters in the priority table (utils/src/priority.rs)."""
+    path = Path("/dev/shm") / region
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    devices, pods_per_device, line = 16, 64, 64
+    key = pod_key(pod)
+    out = None
+    for slot in range(devices * pods_per_device):
+        offset = devices * line + slot * line
+        fields = struct.unpack_from("<QIIQQQQQQ", data, offset)
+        if fields[0] != key:
+            continue
+        out = out or {"held_ns": 0, "held_launches": 0, "queue_ns": 0, "queue_samples": 0,
+                      "queue_max_ns": 0}
+        out["held_ns"] += fields[4]
+        out["held_launches"] += fields[5]
+        out["queue_ns"] += fields[6]
+        out["queue_samples"] += fields[7]
+        out["queue_max_ns"] = max(out["queue_max_ns"], fields[8])
+    return out
+
+
+# ---------------------------------------------------------------- driver
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.lib = str(Path(args.lib).resolve())
+        self.out = Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log = open(self.out / "priority-bench.log", "w")
+        self.serial = 0
+
+    def env(self, cls, region, extra):
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("CUDA_LIMITER_") and k not in ("LD_PRELOAD", "CUDA_DEVICE_SM_LIMIT")}
+        pod = None
+        if cls is not None:
+            self.serial += 1
+            pod = f"prio-{os.getpid()}-{self.serial}"
+            env.update(LD_PRELOAD=self.lib, CUDA_LIMITER_CLASS=cls, CUDA_LIMITER_POD=pod,
+                       CUDA_LIMITER_LOG="warn", GPUSHARE_PRIORITY_REGION=region,
+                       GPUSHARE_NODE_REGION=region + "-node")
+            env.update(extra)
+        return env, pod
+
+    def run(self, name, **kwargs):
+        """One run (see `run_once`); a run that fails is reported and
+        left out, and the others go on."""
+        try:
+            return self.run_once(name, **kwargs)
+        except Exception as error:  # noqa: BLE001 - every failure is reported
+            print(f"  {name}: FAILED: {error}", flush=True)
+            self.log.write(f"== {name} FAILED: {error}\n")
+            return {"error": str(error)}
+
+    def run_once(self, name, latency=None, batch=None, size=None, extra=None):
+        """One run: latency and/or batch workers; None = absent, "" = no
+        limiter, else the class."""
+        self.serial += 1
+        region = f"gpushare-priority-bench-{os.getpid()}-{self.serial}"
+        seconds = self.args.seconds
+        procs = {}
+        pods = {}
+        for role, cls in (("latency", latency), ("batch", batch)):
+            if cls is None:
+                continue
+            env, pod = self.env(cls or None, region, extra or {})
+            argv = [sys.executable, str(Path(__file__).resolve()), "worker", role,
+                    "--seconds", str(seconds + (1.0 if role == "latency" and batch is not None else 0)),
+                    "--period-us", str(self.args.period_us)]
+            if role == "batch":
+                argv += ["--size", str(size)]
+            errors = open(self.out / f"worker-{self.serial}-{role}.stderr", "w+")
+            procs[role] = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                           stderr=errors, text=True)
+            procs[role].errors = errors
+            pods[role] = pod
+        results = {}
+        try:
+            for role, proc in procs.items():
+                ready, _, _ = select.select([proc.stdout], [], [], 180)
+                line = proc.stdout.readline() if ready else ""
+                if line.strip() != "ready":
+                    raise RuntimeError(f"{name}: {role} not ready: {line!r} {tail(proc)}")
+            start = time.monotonic() + 0.3
+            for proc in procs.values():
+                proc.stdin.write(f"{start}\n")
+                proc.stdin.flush()
+            for role, proc in procs.items():
+                stdout, _ = proc.communicate(timeout=seconds + 120)
+                self.log.write(f"== {name} {role}\n{tail(proc, 20000)}\n")
+                lines = [l for l in stdout.splitlines() if l.startswith("{")]
+                if proc.returncode != 0 or not lines:
+                    raise RuntimeError(f"{name}: {role} failed ({proc.returncode}): {tail(proc)}")
+                results[role] = json.loads(lines[-1])
+            for role, pod in pods.items():
+                if pod:
+                    results[role]["counters"] = priority_counters(region, pod)
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+            for suffix in ("", "-node"):
+                Path(f"/dev/shm/{region}{suffix}").unlink(missing_ok=True)
+            for pod in pods.values():
+                if pod:
+                    Path(f"/dev/shm/gpushare-pod-{pod}").unlink(missing_ok=True)
+            self.log.flush()
+        lat = results.get("latency")
+        if lat is not None and batch is not None:
+            # Only the steps inside the batch pod's window.
+            keep = [i for i, s in enumerate(lat["starts"]) if s < seconds]
+            for key in ("starts", "steps_us", "gpu_us"):
+                lat[key] = [lat[key][i] for i in keep]
+        print(f"  {name}: {summary(results)}", flush=True)
+        return results
+
+
+def tail(proc, size=2000):
+    """The end of a worker's stderr."""
+    proc.errors.flush()
+    proc.errors.seek(0)
+    return proc.errors.read()[-size:]
+
+
+def pct(values, q):
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    k = (len(values) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def summary(results):
+    parts = []
+    lat = results.get("latency")
+    if lat:
+        parts.append(f"latency p50 {pct(lat['steps_us'], .5):.0f} us p99 {pct(lat['steps_us'], .99):.0f} us"
+                     f" ({len(lat['steps_us'])} steps)")
+    bat = results.get("batch")
+    if bat:
+        parts.append(f"batch {bat['per_s']:.1f} matmuls/s (kernel {bat['kernel_ms']:.3f} ms)")
+    return "; ".join(parts)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd")
+    w = sub.add_parser("worker")
+    w.add_argument("role", choices=["latency", "batch"])
+    w.add_argument("--seconds", type=float, required=True)
+    w.add_argument("--period-us", type=float, default=2000)
+    w.add_argument("--size", type=int, default=4096)
+    p.add_argument("--lib")
+    p.add_argument("--out", default=os.environ.get("OUT", "priority-bench-out"))
+    p.add_argument("--seconds", type=float, default=8.0)
+    p.add_argument("--period-us", type=float, default=2000)
+    p.add_argument("--sizes", type=int, nargs=2, default=[4096, 8192], metavar=("SHORT", "LONG"))
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    if args.cmd == "worker":
+        return worker_latency(args) if args.role == "latency" else worker_batch(args)
+    if not args.lib:
+        p.error("--lib is required")
+    if args.quick:
+        args.seconds = 3.0
+    bench = Bench(args)
+    t_begin = time.monotonic()
+    short, long_ = args.sizes
+    print(f"priority bench: {args.seconds:.0f} s per run, a request every {args.period_us:.0f} us,"
+          f" batch matmuls {short}^2 and {long_}^2", flush=True)
+    runs = {}
+    runs["latency alone"] = bench.run("latency alone", latency="")
+    runs["latency alone, limiter"] = bench.run("latency alone, limiter", latency="latency")
+    for size in (short, long_):
+        runs[f"batch alone {size}"] = bench.run(f"batch alone {size}", batch="", size=size)
+        runs[f"unlimited {size}"] = bench.run(f"latency + unlimited batch {size}", latency="", batch="", size=size)
+        runs[f"priority {size}"] = bench.run(f"latency + batch {size}, classes", latency="latency",
+                                             batch="batch", size=size)
+    runs[f"priority {short} window 2"] = bench.run(
+        f"latency + batch {short}, classes, window 2", latency="latency", batch="batch", size=short,
+        extra={"CUDA_LIMITER_PRIORITY_WINDOW": "2"})
+    report(args, runs, time.monotonic() - t_begin)
+
+
+def report(args, runs, took):
+    out = Path(args.out)
+    failed = [name for name, run in runs.items() if "error" in run]
+    (out / "priority-bench.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1))
+    if "latency alone" in failed:
+        print(f"\nno baseline: the latency pod alone failed; failed runs: {failed}")
+        return
+    alone = runs["latency alone"]["latency"]
+    p50_alone, p99_alone = pct(alone["steps_us"], .5), pct(alone["steps_us"], .99)
+    busy_gpu = sum(alone["gpu_us"]) / (alone["seconds"] * 1e6)
+    busy_wall = sum(alone["steps_us"]) / (alone["seconds"] * 1e6)
+    bar_gpu, bar_wall = 0.8 * (1 - busy_gpu), 0.8 * (1 - busy_wall)
+    short, long_ = args.sizes
+    rows = []
+    verdicts = []
+
+    def latency_cells(lat):
+        p50, p99 = pct(lat["steps_us"], .5), pct(lat["steps_us"], .99)
+        return p50, p99, f"{p50:.0f} ({p50 / p50_alone:.2f}x)", f"{p99:.0f} ({p99 / p99_alone:.2f}x)"
+
+    rows.append(("latency alone", f"{p50_alone:.0f}", f"{p99_alone:.0f}", "", "", "",
+                 f"busy gpu {busy_gpu:.3f}, wall {busy_wall:.3f}"))
+    if "error" not in runs["latency alone, limiter"]:
+        _, _, c50, c99 = latency_cells(runs["latency alone, limiter"]["latency"])
+        rows.append(("latency alone, limiter (class latency)", c50, c99, "", "", "", "the limiter's cost"))
+    for key, label, size in [(f"unlimited {short}", "+ unlimited batch", short),
+                             (f"priority {short}", "+ batch, classes", short),
+                             (f"priority {short} window 2", "+ batch, classes, window 2", short),
+                             (f"unlimited {long_}", "+ unlimited batch", long_),
+                             (f"priority {long_}", "+ batch, classes", long_)]:
+        run, alone_run = runs[key], runs[f"batch alone {size}"]
+        if "error" in run or "error" in alone_run:
+            rows.append((f"{label} ({size}^2 matmuls)", "failed", "", "", "", "", run.get("error", alone_run.get("error", ""))[-200:].replace("\n", " ").replace("|", "/")))
+            continue
+        lat, bat = run["latency"], run["batch"]
+        batch_alone = alone_run["batch"]
+        p50, p99, c50, c99 = latency_cells(lat)
+        ratio = bat["per_s"] / batch_alone["per_s"]
+        counters = bat.get("counters") or {}
+        lat_counters = lat.get("counters") or {}
+        note = []
+        if counters:
+            note.append(f"batch held {counters['held_ns'] / 1e9 / args.seconds:.1%} of the time"
+                        f" ({counters['held_launches']} launches)")
+        if lat_counters and lat_counters.get("queue_samples"):
+            note.append(f"latency queueing delay mean {lat_counters['queue_ns'] / lat_counters['queue_samples'] / 1e3:.0f} us,"
+                        f" max {lat_counters['queue_max_ns'] / 1e3:.0f} us")
+        verdict = ""
+        if key == f"priority {short}":
+            ok50, ok99, okt = p50 <= 1.2 * p50_alone, p99 <= 2 * p99_alone, ratio >= bar_gpu
+            verdict = ("PASS" if ok50 and ok99 and okt else "FAIL") + \
+                f" (p50 {'ok' if ok50 else 'over'}, p99 {'ok' if ok99 else 'over'}, throughput {'ok' if okt else 'under'};" \
+                f" throughput vs wall bar {'ok' if ratio >= bar_wall else 'under'})"
+            verdicts.append(verdict)
+        rows.append((f"{label} ({batch_alone['kernel_ms']:.2f} ms kernels)", c50, c99,
+                     f"{bat['per_s']:.1f} / {batch_alone['per_s']:.1f}", f"{ratio:.3f}",
+                     f"{bar_gpu:.3f} (wall {bar_wall:.3f})", "; ".join(note) + (" " + verdict if verdict else "")))
+    head = ("| run | latency p50 us (vs alone) | p99 us (vs alone) | batch matmuls/s (with / alone) |"
+            " ratio | bar 0.8x(1-busy) | notes |\n|---|---|---|---|---|---|---|\n")
+    table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)
+    text = (f"Priority classes, a request every {args.period_us:.0f} us, {args.seconds:.0f} s per run"
+            f" ({took:.0f} s in all)\n\n{table}\nCriteria (~0.2 ms batch kernels): {verdicts[0] if verdicts else 'n/a'}\n"
+            + (f"Failed runs: {', '.join(failed)}\n" if failed else ""))
+    (out / "priority-bench.md").write_text(text)
+    (out / "priority-bench.json").write_text(json.dumps(
+        {"args": vars(args), "busy_gpu": busy_gpu, "busy_wall": busy_wall, "runs": runs}, indent=1))
+    print()
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
