@@ -1101,6 +1101,7 @@ struct CUmod_st {
 struct CUfunc_st {
     struct CUmod_st *module; /* NULL: free slot */
     char name[FUNCTION_NAME_MAX];
+    int launched; /* lazy loading: the first launch loads the module */
 };
 
 static struct timeline g_timelines[DOUBLE_MAX_DEVICES];
@@ -1386,9 +1387,31 @@ static unsigned long long waves(unsigned gx, unsigned gy, unsigned gz, unsigned 
     return blocks <= per_wave ? 1 : (blocks + per_wave - 1) / per_wave;
 }
 
+/* CUDA's lazy module loading: a function's first launch loads its module
+ * inside the call, GPUSHARE_DOUBLE_LAZY_LOAD_US of host time (0 by default). */
+static void load_lazily(CUfunction f) {
+    unsigned long long load_us = env_count("GPUSHARE_DOUBLE_LAZY_LOAD_US", 0, 0, 10000000);
+    struct CUfunc_st *fn;
+    int first = 0;
+    if (load_us == 0) {
+        return;
+    }
+    lock();
+    fn = function_locked(f);
+    if (fn != NULL && !fn->launched) {
+        fn->launched = 1;
+        first = 1;
+    }
+    unlock();
+    if (first) {
+        sleep_until(now_ns() + load_us * 1000ULL);
+    }
+}
+
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, CUstream h, int ptsz, unsigned long long ns) {
     int ok = valid_dims(gx, gy, gz, bx, by, bz);
+    load_lazily(f);
     return enqueue(h, ptsz, ok ? ns * waves(gx, gy, gz, bx, by, bz) : ns, 1, check_function,
                    (const void *)f, ok);
 }
@@ -2027,6 +2050,7 @@ CUresult impl_cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *
         }
         if (free_slot < DOUBLE_MAX_FUNCTIONS) {
             g_functions[free_slot].module = m;
+            g_functions[free_slot].launched = 0;
             snprintf(g_functions[free_slot].name, FUNCTION_NAME_MAX, "%s", name);
             *hfunc = &g_functions[free_slot];
             rc = CUDA_SUCCESS;

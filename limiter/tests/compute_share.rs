@@ -263,3 +263,40 @@ fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
         "waited {waited} ms under a limit that does not bind"
     );
 }
+
+#[test]
+fn a_first_launch_that_loads_its_module_is_not_priced_at_the_load() {
+    // CUDA loads a module lazily, inside the first launch of one of its
+    // functions (milliseconds). That launch's bracket holds the load: priced
+    // at it, every launch of the function until the price recovers would be
+    // charged milliseconds, and a limit that does not bind would.
+    let pod = Pod::new("lazy");
+    let mut command = limited(
+        &pod,
+        &[
+            ("CUDA_DEVICE_SM_LIMIT", "50"),
+            ("CUDA_LIMITER_LOG", "info"),
+            ("GPUSHARE_DOUBLE_LAZY_LOAD_US", "30000"),
+        ],
+        &["pace", "kernel", "5", "4000", "50"],
+    );
+    let output = command.output().expect("spawn probe");
+    common::check(&output);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let line = stderr
+        .lines()
+        .find(|line| line.contains("compute summary:"))
+        .unwrap_or_else(|| panic!("no summary in {stderr}"));
+    let number = |key: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    // About 10% busy: charged about that, never waiting for budget.
+    let share = number("charged_share");
+    assert!(share < 0.25, "charged {share} of the time ({line})");
+    let waited = number("waited_for_budget_ms");
+    assert!(waited < 1.0, "waited {waited} ms ({line})");
+    assert!(number("discarded_samples") >= 1.0, "{line}");
+}

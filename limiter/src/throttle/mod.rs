@@ -63,6 +63,11 @@ pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
 /// thread about 5 µs (a stream query, two event records): 0.25% at this
 /// interval, which is still hundreds of measurements a second to fit from.
 pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
+/// A sampled launch whose call took longer than this is not measured: the
+/// driver loaded the function's module in the call (lazy loading: a first
+/// launch takes milliseconds), or the thread was preempted in it; either
+/// way its bracket holds host time the kernel did not use.
+pub(crate) const MAX_SAMPLED_CALL_NS: u64 = 100_000;
 /// Samples waiting for the GPU beyond this many are not taken.
 const MAX_PENDING_SAMPLES: usize = 256;
 /// Contexts whose launch overhead is measured, at most.
@@ -335,6 +340,7 @@ impl Throttle {
         if let (Some(start), Some(timing)) = (sample, timing) {
             LAST_SAMPLE_NS.with(|last| last.set(now));
             let pending = Sample {
+                call_ns: monotonic_ns().saturating_sub(submitted_at),
                 context: start.context,
                 start: start.event,
                 end: std::ptr::null_mut(),

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use gpushare_utils::bucket::monotonic_ns;
 
-use super::{CONTENTION_INTERVAL, POLL_INTERVAL, Throttle};
+use super::{CONTENTION_INTERVAL, MAX_SAMPLED_CALL_NS, POLL_INTERVAL, Throttle};
 use crate::context::Context;
 use crate::driver::Timing;
 use crate::metering::Charge;
@@ -26,6 +26,8 @@ pub(super) struct Sample {
     pub(super) idle_gap_ns: Option<u64>,
     /// When the launch was made (host clock).
     pub(super) submitted_at: u64,
+    /// How long the launch call took (host clock).
+    pub(super) call_ns: u64,
 }
 
 /// A bracket's start, recorded.
@@ -243,7 +245,13 @@ impl Throttle {
     }
 
     fn complete(&self, ctx: &'static Context, timing: &Timing, sample: Sample) {
-        match timing.elapsed_ns(sample.start, sample.end) {
+        let bracket = if sample.call_ns > MAX_SAMPLED_CALL_NS {
+            self.held.discarded_samples.fetch_add(1, Ordering::Relaxed);
+            None
+        } else {
+            timing.elapsed_ns(sample.start, sample.end)
+        };
+        match bracket {
             Some(bracket) => {
                 // A launch queued behind earlier work is measured from that
                 // work's end: its back-to-back period plus the events' own

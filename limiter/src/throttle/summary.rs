@@ -19,6 +19,8 @@ pub(super) struct Held {
     pub(super) budget_ns: AtomicU64,
     pub(super) measurement_ns: AtomicU64,
     pub(super) backlog_ns: AtomicU64,
+    /// Samples not measured: their launch call took too long.
+    pub(super) discarded_samples: AtomicU64,
 }
 
 impl Held {
@@ -76,7 +78,8 @@ impl Throttle {
             eprintln!(
                 "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
                  pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
-                 held_for_measurements_ms={:.1} held_for_backlog_ms={:.1}",
+                 held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} \
+                 kernel_idle_extra_ns={} kernel_queued_extra_ns={} discarded_samples={}",
                 std::process::id(),
                 budget.bucket.launches.load(Ordering::Relaxed),
                 ms(charged_ns),
@@ -85,6 +88,9 @@ impl Throttle {
                 held(&self.held.budget_ns),
                 held(&self.held.measurement_ns),
                 held(&self.held.backlog_ns),
+                self.kernel_idle_extra_ns.load(Ordering::Relaxed),
+                self.kernel_queued_extra_ns.load(Ordering::Relaxed),
+                self.held.discarded_samples.load(Ordering::Relaxed),
             );
         }
     }
