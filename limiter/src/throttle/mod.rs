@@ -283,7 +283,9 @@ impl Throttle {
         }
         let Some(budget) = budget else {
             // No compute limit here: only the class applies.
-            let ticket = self.priority.before(ctx, device, stream, timing);
+            let ticket = self
+                .priority
+                .before(ctx, device, stream, timing, monotonic_ns());
             let result = launch();
             self.priority.after(ticket, stream, timing, result);
             return Ok(result);
@@ -319,7 +321,7 @@ impl Throttle {
         }
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(ctx, device, now);
-        let ticket = self.priority.before(ctx, device, stream, timing);
+        let ticket = self.priority.before(ctx, device, stream, timing, now);
 
         let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {

@@ -283,17 +283,18 @@ impl Priority {
             .get_or_init(|| table.slot(device, self.pod_key, class, monotonic_ns()))
     }
 
-    /// Before a launch on `device` into `stream`: a latency launch stamps
-    /// its device; a batch launch waits while a latency pod is active and
-    /// for its own launches beyond the window.
+    /// Before a launch on `device` into `stream` at `now` (the caller's
+    /// clock read): a latency launch stamps its device; a batch launch waits
+    /// while a latency pod is active and for its own launches beyond the
+    /// window.
     pub(super) fn before(
         &'static self,
         ctx: &'static Context,
         device: usize,
         stream: CUstream,
         timing: Option<&Timing>,
+        now: u64,
     ) -> Ticket {
-        let now = monotonic_ns();
         match self.class(ctx, device) {
             PodClass::Latency => {
                 let Some(table) = self.table(now, true) else {
