@@ -26,7 +26,7 @@ use crate::sys::{
 /// # Safety
 ///
 /// `F` must be the function-pointer type of the symbol `name` in that library.
-unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
+pub(crate) unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
     // SAFETY: handle comes from dlopen; name is NUL-terminated.
     let address = unsafe { libc::dlsym(handle, name.as_ptr()) };
     if address.is_null() {
@@ -43,6 +43,8 @@ pub struct Driver {
     device_get_count: Option<CuDeviceGetCount>,
     /// Measuring kernels; absent from drivers that lack any of it.
     pub timing: Option<Timing>,
+    /// Pinned mapped host memory, for oversubscription.
+    pub host: Option<crate::spill::HostApi>,
 }
 
 /// Events and streams, to measure how long launches keep the GPU busy.
@@ -476,6 +478,7 @@ impl Driver {
                     .or_else(|| symbol(handle, c"cuDeviceGetUuid"))?,
                 device_get_count: symbol(handle, c"cuDeviceGetCount"),
                 timing: Timing::load(handle),
+                host: crate::spill::HostApi::load(handle),
             }
         };
         Some(DRIVER.get_or_init(|| driver))

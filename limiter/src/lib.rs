@@ -39,6 +39,7 @@ mod loader;
 mod metering;
 mod quota;
 mod runtime;
+mod spill;
 mod sys;
 mod throttle;
 mod waves;

@@ -15,6 +15,7 @@ use crate::driver::Driver;
 use crate::grant::{self, Grant};
 use crate::hypervisor::Link;
 use crate::quota::MemoryQuota;
+use crate::spill::Spill;
 use crate::throttle::Throttle;
 
 /// How long a process under a hypervisor waits for its grant (milliseconds).
@@ -43,6 +44,8 @@ pub enum State {
 pub struct Limiter {
     pub pod: PodId,
     pub memory: MemoryQuota,
+    /// Oversubscription: what may be served from host memory past the quota.
+    pub spill: Spill,
     /// `None` when no compute limit is configured: launches are not patched.
     pub compute: Option<Throttle>,
     /// The node hypervisor, when one is configured: it sets the limits.
@@ -121,6 +124,7 @@ fn build() -> Result<State, String> {
     Ok(State::Limiting(Box::new(Limiter {
         compute: metered.then(|| Throttle::new(config.compute)),
         memory: MemoryQuota::new(config.memory),
+        spill: Spill::new(config.oversubscribe, config.spill_limit),
         pod: config.pod,
         link,
         local_limits,

@@ -13,7 +13,7 @@
 //! | offset | size | what |
 //! | --- | --- | --- |
 //! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16 |
-//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16 |
+//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `spill_limit` u64 @32 (bytes of host memory past the quota, 0 = no oversubscription) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
 //! container's `CUDA_VISIBLE_DEVICES` gives it, and nothing a worker says at
@@ -58,7 +58,10 @@ pub struct GpuLimits {
     pub quota: AtomicU64,
     /// Compute share, ceiling, suspension, managed flag.
     pub compute: BucketLimits,
-    pub reserved: [AtomicU64; 4],
+    /// Bytes of host memory the pod may spill to past its quota
+    /// (oversubscription); 0 = none. Zero means "absent", so version 1 holds it.
+    pub spill_limit: AtomicU64,
+    pub reserved: [AtomicU64; 3],
 }
 
 /// The whole object.
@@ -77,6 +80,7 @@ const _: () = {
     assert!(size_of::<GpuLimits>() == 64);
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
     assert!(offset_of!(GpuLimits, compute) == 16);
+    assert!(offset_of!(GpuLimits, spill_limit) == 32);
 };
 
 /// Errors of the limits object.
@@ -229,6 +233,7 @@ impl PodLimits {
             if key != 0 && !keys.contains(&key) {
                 gpu.key.store(0, Ordering::Release);
                 gpu.quota.store(0, Ordering::Release);
+                gpu.spill_limit.store(0, Ordering::Release);
                 gpu.compute.rate_ppm.store(0, Ordering::Release);
                 gpu.compute.ceiling_ppm.store(0, Ordering::Release);
                 gpu.compute.suspended.store(0, Ordering::Release);

@@ -5,6 +5,7 @@ use crate::driver::Driver;
 use crate::error::{LimiterError, Result};
 use crate::quota::{MemoryQuota, Resource};
 use crate::runtime;
+use crate::spill;
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_CUBEMAP,
     CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_LAYERED, CUarray, CUarray_format, CUdevice, CUdeviceptr,
@@ -114,7 +115,8 @@ pub fn mem_alloc(
     bytesize: usize,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe { original(dptr, bytesize) })
+    let outcome = pointer_allocation(dptr, bytesize, || unsafe { original(dptr, bytesize) });
+    spill::or_spill(outcome, dptr, bytesize as u64)
 }
 
 pub fn mem_alloc_managed(
@@ -124,9 +126,14 @@ pub fn mem_alloc_managed(
     flags: u32,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe {
+    let outcome = pointer_allocation(dptr, bytesize, || unsafe {
         original(dptr, bytesize, flags)
-    })
+    });
+    spill::unspillable(
+        outcome,
+        "cuMemAllocManaged",
+        "cuMemAdvise and cuMemPrefetchAsync need managed memory",
+    )
 }
 
 pub fn mem_alloc_async(
@@ -136,9 +143,10 @@ pub fn mem_alloc_async(
     stream: CUstream,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe {
+    let outcome = pointer_allocation(dptr, bytesize, || unsafe {
         original(dptr, bytesize, stream)
-    })
+    });
+    spill::or_spill(outcome, dptr, bytesize as u64)
 }
 
 pub fn mem_alloc_from_pool(
@@ -149,9 +157,10 @@ pub fn mem_alloc_from_pool(
     stream: CUstream,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe {
+    let outcome = pointer_allocation(dptr, bytesize, || unsafe {
         original(dptr, bytesize, pool, stream)
-    })
+    });
+    spill::or_spill(outcome, dptr, bytesize as u64)
 }
 
 /// The driver rounds the pitch up to its alignment; reserve for the usual
@@ -177,7 +186,12 @@ pub fn mem_alloc_pitch(
     if estimate == 0 {
         return Err(LimiterError::Bypass("empty allocation"));
     }
-    let mut reservation = quota.reserve(device, estimate as u64)?;
+    let mut reservation = match quota.reserve(device, estimate as u64) {
+        Ok(reservation) => reservation,
+        Err(over) => {
+            return spill::or_spill_pitched(Err(over), dptr, pitch, estimate / height, height);
+        }
+    };
     // SAFETY: the caller's own arguments.
     let result = unsafe { original(dptr, pitch, width_in_bytes, height, element_size_bytes) };
     if !result.is_success() {
@@ -214,12 +228,17 @@ pub fn mem_create(
     let quota = runtime::quota().ok_or(LimiterError::Bypass("limits off"))?;
     let (quota, device) = limited(quota, prop_value.location.id)?;
     // SAFETY (closures): the caller's own arguments; handle written on success.
-    charge(
+    let outcome = charge(
         quota,
         device,
         size,
         || unsafe { original(handle, size, prop, flags) },
         || Resource::Handle(unsafe { *handle }),
+    );
+    spill::unspillable(
+        outcome,
+        "cuMemCreate",
+        "VMM memory is mapped as device memory",
     )
 }
 
@@ -271,6 +290,9 @@ pub fn mipmapped_bytes(descriptor: &CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> u64
     total
 }
 
+/// Why arrays are never served from host memory.
+const ARRAYS_STAY: &str = "arrays are opaque device layouts";
+
 pub fn array_create(
     original: cuArrayCreate_v2::Signature,
     array: *mut CUarray,
@@ -291,11 +313,12 @@ pub fn array_create(
         Flags: 0,
     });
     // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate_on_current(
+    let outcome = allocate_on_current(
         usize::try_from(bytes).unwrap_or(usize::MAX),
         || unsafe { original(array, descriptor) },
         || Resource::Array(unsafe { *array } as usize),
-    )
+    );
+    spill::unspillable(outcome, "cuArrayCreate_v2", ARRAYS_STAY)
 }
 
 pub fn array_3d_create(
@@ -310,11 +333,12 @@ pub fn array_3d_create(
     let shape =
         unsafe { written(descriptor) }.map_err(|_| LimiterError::Bypass("no descriptor"))?;
     // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate_on_current(
+    let outcome = allocate_on_current(
         usize::try_from(array_bytes(&shape)).unwrap_or(usize::MAX),
         || unsafe { original(array, descriptor) },
         || Resource::Array(unsafe { *array } as usize),
-    )
+    );
+    spill::unspillable(outcome, "cuArray3DCreate_v2", ARRAYS_STAY)
 }
 
 pub fn mipmapped_array_create(
@@ -330,14 +354,18 @@ pub fn mipmapped_array_create(
     let shape =
         unsafe { written(descriptor) }.map_err(|_| LimiterError::Bypass("no descriptor"))?;
     // SAFETY (closures): the caller's own arguments; array written on success.
-    allocate_on_current(
+    let outcome = allocate_on_current(
         usize::try_from(mipmapped_bytes(&shape, levels)).unwrap_or(usize::MAX),
         || unsafe { original(array, descriptor, levels) },
         || Resource::Mipmap(unsafe { *array } as usize),
-    )
+    );
+    spill::unspillable(outcome, "cuMipmappedArrayCreate", ARRAYS_STAY)
 }
 
 pub fn mem_free(original: cuMemFree_v2::Signature, dptr: CUdeviceptr) -> Result<CUresult> {
+    if let Some(freed) = spill::free(dptr, false) {
+        return Ok(freed);
+    }
     // SAFETY: the caller's own argument.
     release(Resource::Pointer(dptr), || unsafe { original(dptr) })
 }
@@ -347,6 +375,9 @@ pub fn mem_free_async(
     dptr: CUdeviceptr,
     stream: CUstream,
 ) -> Result<CUresult> {
+    if let Some(freed) = spill::free(dptr, true) {
+        return Ok(freed);
+    }
     // Credited when enqueued: the pool gives it back by the next synchronisation.
     // SAFETY: the caller's own arguments.
     release(Resource::Pointer(dptr), || unsafe {
