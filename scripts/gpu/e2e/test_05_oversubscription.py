@@ -115,7 +115,8 @@ def test_oversub_host_cap(check):
 def test_oversub_slowdown(check):
     """26: a read kernel (torch.sum over 1 GiB) on device memory vs spilled memory, GB/s."""
     row = check.row("26. oversubscription slowdown: torch.sum over 1 GiB (GB/s)",
-                    "with: device and spilled both measured, sums = 2^28; the slowdown is reported")
+                    "with: device and spilled both measured, the same sum (2^28 within 1e-3); the slowdown "
+                    "is reported")
     cmd = check.s.script("oversub_torch.py") + ["bench"]
     b = run(check.s, "base", "-", check.log / "26-oversub-bench-base.log", 600, cmd)
     lm = run(check.s, "over:8g", "e2e-oversub-bench", check.log / "26-oversub-bench-lim.log", 600, cmd)
@@ -124,7 +125,9 @@ def test_oversub_slowdown(check):
     ones = float(1 << 28)
     why.need(AtLeast(1).holds(b.kv("dev_gbps")), "base-not-measured")
     why.need(AtLeast(0.01).holds(lm.kv("spill_gbps")), "spilled-not-measured")
-    why.need(num(lm.kv("dev_sum")) == ones and num(lm.kv("spill_sum")) == ones, "sums-wrong")
+    sums = num(lm.kv("dev_sum")), num(lm.kv("spill_sum"))
+    why.need(sums[0] is not None and sums[0] == sums[1], "sums-differ")
+    why.need(sums[1] is not None and abs(sums[1] - ones) <= 1e-3 * ones, "sum-wrong")
     dev, spill = num(lm.kv("dev_gbps")), num(lm.kv("spill_gbps"))
     slowdown = f"{dev / spill:.1f}x" if dev and spill else "-"
     check.say(f"   | memory | read GB/s |\n   | device (without) | {q(b.kv('dev_gbps'))} |\n"
