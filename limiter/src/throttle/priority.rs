@@ -277,9 +277,10 @@ impl Priority {
         device: usize,
         class: PodClass,
     ) -> Option<&'static PodPriority> {
-        *self.slots.get(device)?.get_or_init(|| {
-            table.slot(device, self.pod_key, class, monotonic_ns())
-        })
+        *self
+            .slots
+            .get(device)?
+            .get_or_init(|| table.slot(device, self.pod_key, class, monotonic_ns()))
     }
 
     /// Before a launch on `device` into `stream`: a latency launch stamps
