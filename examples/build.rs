@@ -22,6 +22,7 @@ const SOURCES: &[&str] = &[
     "double/cuda_entries.def",
     "double/cuda_entry.S",
     "double/cuda.c",
+    "double/host_memory.c",
     "double/libcuda.map",
     "double/nvml_entry.S",
     "double/nvml.c",
@@ -67,16 +68,22 @@ fn main() {
     };
 
     for (soname, sources, map) in [
-        ("libcuda.so.1", ["cuda.c", "cuda_entry.S"], "libcuda.map"),
+        (
+            "libcuda.so.1",
+            &["cuda.c", "host_memory.c", "cuda_entry.S"][..],
+            "libcuda.map",
+        ),
         (
             "libnvidia-ml.so.1",
-            ["nvml.c", "nvml_entry.S"],
+            &["nvml.c", "nvml_entry.S"][..],
             "libnvidia-ml.map",
         ),
     ] {
         let soname_flag = format!("-Wl,-soname,{soname}");
         let map_flag = format!("-Wl,--version-script={}", double_src.join(map).display());
-        cc(&[
+        let output = double_dir.join(soname);
+        let sources: Vec<PathBuf> = sources.iter().map(|s| double_src.join(s)).collect();
+        let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
             &"-shared",
             &"-fPIC",
             &"-fvisibility=hidden",
@@ -84,10 +91,10 @@ fn main() {
             &map_flag,
             &"-Wl,-z,noexecstack",
             &"-o",
-            &double_dir.join(soname),
-            &double_src.join(sources[0]),
-            &double_src.join(sources[1]),
-        ]);
+            &output,
+        ];
+        args.extend(sources.iter().map(|s| s as &dyn AsRef<std::ffi::OsStr>));
+        cc(&args);
         let link_name = soname.trim_end_matches(".1");
         symlink(soname, &double_dir.join(link_name)).expect("symlink the development name");
     }

@@ -25,6 +25,9 @@
  *   driver, cuGetErrorString/cuGetErrorName.
  * - Stream-ordered allocations and frees complete at once; pools and streams
  *   are not checked (a NULL pool means the GPU's default pool).
+ * - Pinned host memory (cuMemHostAlloc, cuMemHostGetDevicePointer_v2,
+ *   cuMemFreeHost, cuPointerGetAttribute): host_memory.c. It is never charged
+ *   to a GPU; cuMemGetAddressRange_v2 answers for it too.
  *
  * Compute, on a simulated clock (CLOCK_MONOTONIC nanoseconds):
  * - Kernels run nowhere; each occupies its device's one timeline, as kernels
@@ -146,6 +149,9 @@ static struct device g_devices[DOUBLE_MAX_DEVICES];
 static struct CUctx_st g_primary[DOUBLE_MAX_DEVICES];
 static struct CUctx_st g_created[DOUBLE_MAX_CREATED];
 static __thread CUcontext t_current;
+
+/* Pinned mapped host memory, in host_memory.c. */
+int double_host_range(unsigned long long addr, unsigned long long *base, unsigned long long *size);
 
 /* The simulated GPU clock, further down. */
 static unsigned long long now_ns(void);
@@ -1012,24 +1018,47 @@ CUresult impl_cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
     return free_any((uintptr_t)hMipmappedArray, KIND_MIPMAP, CUDA_ERROR_INVALID_HANDLE);
 }
 
-CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
-    CUresult rc = CUDA_ERROR_NOT_FOUND;
-    struct record *r;
-    int dev = 0;
+/* For host_memory.c: whether cuInit ran, and the device allocation holding addr. */
+int double_initialized(void) {
+    int initialized;
     lock();
-    if (!g_initialized) {
-        rc = CUDA_ERROR_NOT_INITIALIZED;
-    } else if ((r = find_locked(dptr, 0, &dev)) != NULL && r->kind == KIND_POINTER) {
-        if (pbase != NULL) {
-            *pbase = r->addr;
-        }
-        if (psize != NULL) {
-            *psize = (size_t)r->size;
-        }
-        rc = CUDA_SUCCESS;
+    initialized = g_initialized;
+    unlock();
+    return initialized;
+}
+
+int double_device_range(unsigned long long addr, unsigned long long *base,
+                        unsigned long long *size, int *device) {
+    struct record *r;
+    int dev = 0, found = 0;
+    lock();
+    if ((r = find_locked(addr, 0, &dev)) != NULL && r->kind == KIND_POINTER) {
+        *base = r->addr;
+        *size = r->size;
+        *device = dev;
+        found = 1;
     }
     unlock();
-    return rc;
+    return found;
+}
+
+CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+    unsigned long long base = 0, size = 0;
+    int dev = 0;
+    if (!double_initialized()) {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    /* Mapped pinned host memory has a range too (its device pointer is its address). */
+    if (!double_device_range(dptr, &base, &size, &dev) && !double_host_range(dptr, &base, &size)) {
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    if (pbase != NULL) {
+        *pbase = base;
+    }
+    if (psize != NULL) {
+        *psize = (size_t)size;
+    }
+    return CUDA_SUCCESS;
 }
 
 /* ---------------------------------------------------------------- simulated GPU clock */

@@ -59,6 +59,12 @@
  *                            pairs; ok = pairs that succeeded, oom = allocations
  *                            that failed with OUT_OF_MEMORY, other = any other
  *                            failure of either call
+ *   ptr ID                -> "ptr ID -> RESULT type=T size=S start=B": T the
+ *                            CU_POINTER_ATTRIBUTE_MEMORY_TYPE of ID's pointer
+ *                            (1 host, 2 device), S and B from
+ *                            cuMemGetAddressRange_v2 of the pointer + 1: the
+ *                            range's size and 1 if it starts at the pointer;
+ *                            RESULT the first failure of the two calls
  *   freeall               -> "freeall RESULT": frees every live ID in order;
  *                            the first non-zero result, or 0
  *   sleep MS              -> "sleep MS", printed after sleeping
@@ -211,7 +217,9 @@
     X(cuStreamEndCapture, "cuStreamEndCapture", CUDA_VERSION_USED, 0)                   \
     X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", CUDA_VERSION_USED, 0) \
     X(cuGraphExecDestroy, "cuGraphExecDestroy", CUDA_VERSION_USED, 0)                   \
-    X(cuGraphDestroy, "cuGraphDestroy", CUDA_VERSION_USED, 0)
+    X(cuGraphDestroy, "cuGraphDestroy", CUDA_VERSION_USED, 0)                           \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute", CUDA_VERSION_USED, 0)             \
+    X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", CUDA_VERSION_USED, 0)
 
 #define NVML_FUNCS(X)                                                                   \
     X(nvmlInit_v2)                                                                      \
@@ -1168,6 +1176,24 @@ static void run_script(int argc, char **argv, int execute) {
                     records[id].live = 0;
                 }
                 emit("free %s -> %d", id_text, (int)rc);
+            }
+        } else if (strcmp(cmd, "ptr") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                unsigned int type = 0;
+                CUdeviceptr base = 0;
+                size_t range = 0;
+                CUresult rc, rc2;
+                if (id >= record_count) {
+                    die(2, "unknown ID '%s'", id_text);
+                }
+                rc = CU_OPT(cuPointerGetAttribute, &type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                            records[id].handle);
+                rc2 = CU_OPT(cuMemGetAddressRange_v2, &base, &range, records[id].handle + 1);
+                emit("ptr %s -> %d type=%u size=%zu start=%d", id_text,
+                     (int)(rc != CUDA_SUCCESS ? rc : rc2), type, range,
+                     base == records[id].handle);
             }
         } else if (strcmp(cmd, "info") == 0 || strcmp(cmd, "info_v1") == 0) {
             if (execute) {

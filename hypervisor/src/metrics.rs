@@ -213,6 +213,7 @@ pub fn render(status: &Status) -> String {
             }
         }
     }
+    render_spill(&mut x, status);
     render_priority(&mut x, status);
     let process_sm = x.family(
         "gpushare_process_sm_utilization_ratio",
@@ -256,6 +257,41 @@ pub fn render(status: &Status) -> String {
     );
     x.sample(timeouts, "", "", status.admission.timeouts);
     x.render()
+}
+
+/// Per pod and GPU with oversubscription on (or host memory still spilled):
+/// the spill, kept apart from the device memory families.
+fn render_spill(x: &mut Exposition, status: &Status) {
+    let families = [
+        x.family(
+            "gpushare_pod_spill_bytes",
+            "gauge",
+            "Host memory the pod holds past its quota on the GPU (oversubscription).",
+        ),
+        x.family(
+            "gpushare_pod_spill_peak_bytes",
+            "gauge",
+            "Highest spill of the pod on the GPU since its region was created.",
+        ),
+        x.family(
+            "gpushare_pod_spill_limit_bytes",
+            "gauge",
+            "The pod's cap of host memory past its quota on the GPU (0 = no oversubscription).",
+        ),
+    ];
+    for pod in &status.pods {
+        for gpu in &pod.gpus {
+            let Some(uuid) = &gpu.uuid else { continue };
+            if gpu.spill_limit == 0 && gpu.spill_used == 0 {
+                continue;
+            }
+            let labels = format!("pod=\"{}\",gpu=\"{}\"", escape(&pod.id), escape(uuid));
+            let values = [gpu.spill_used, gpu.spill_peak, gpu.spill_limit];
+            for (family, value) in families.iter().zip(values) {
+                x.sample(*family, "", &labels, value);
+            }
+        }
+    }
 }
 
 /// Per pod: the time its launches were held and its queueing delay.

@@ -25,13 +25,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpushare_utils::bucket::Bucket;
-use gpushare_utils::config::{PodClass, PodId};
-use gpushare_utils::ledger::{DeviceUsage, LedgerError, POD_REGION_PREFIX, PodLedger};
+use gpushare_utils::config::PodId;
+use gpushare_utils::ledger::{DeviceUsage, LedgerError, POD_REGION_PREFIX, PodLedger, SpillUsage};
 use gpushare_utils::limits::{LimitsError, PodLimits};
 use gpushare_utils::shm::{self, Creation, Trust};
 
 use crate::config::RegionOptions;
 use crate::fairshare::Allotment;
+use crate::spec::GpuSpec;
 
 /// Why a region could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -113,10 +114,23 @@ impl PodRegion {
         Some(DeviceUsage { quota, ..usage })
     }
 
-    /// Writes the quota and class of the GPU `uuid` (its bucket marked managed).
-    pub fn claim(&self, uuid: &str, quota: u64, class: PodClass) {
-        match self.limits.set(uuid, quota) {
-            Ok(gpu) => gpu.set_class(class),
+    /// The pod's spill of the GPU `uuid`: spilled bytes and peak (from the
+    /// ledger), and the cap (from the limits).
+    pub fn spill(&self, uuid: &str) -> Option<SpillUsage> {
+        let limit = self.limits.find(uuid)?.spill_limit.load(Ordering::Acquire);
+        let entry = self.ledger.device_for(uuid).ok()?;
+        let usage = self.ledger.spill_usage(entry).ok()?;
+        Some(SpillUsage { limit, ..usage })
+    }
+
+    /// Writes the quota, class and spill cap of `spec` for the GPU `uuid`
+    /// (its bucket marked managed).
+    pub fn claim(&self, uuid: &str, spec: &GpuSpec) {
+        match self.limits.set(uuid, spec.memory_bytes) {
+            Ok(gpu) => {
+                gpu.set_class(spec.class);
+                gpu.spill_limit.store(spec.spill_bytes, Ordering::Release);
+            }
             Err(error) => tracing::warn!(%error, uuid, "quota not written"),
         }
     }

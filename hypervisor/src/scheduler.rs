@@ -468,8 +468,7 @@ pub(crate) fn write_layout(pod: &Pod) {
     for gpu in &pod.gpus {
         if let Some(p) = &gpu.placement {
             // The rate follows in the tick that comes next, under the same lock.
-            pod.region
-                .claim(&p.uuid, gpu.spec.memory_bytes, gpu.spec.class);
+            pod.region.claim(&p.uuid, &gpu.spec);
             placed.push(p.uuid.as_str());
         }
     }

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use gpushare_utils::config::{PodClass, PodId};
+use gpushare_utils::config::{PodClass, PodId, default_spill_limit};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
@@ -202,12 +202,35 @@ pub struct GpuSpec {
     /// Latency pods are served first on the GPU; batch (the default) pods
     /// wait while one is active.
     pub class: PodClass,
+    /// Oversubscription: bytes of host memory the pod may spill to past its
+    /// quota on the GPU, pod-wide; 0 = none (see [`spill_cap`]).
+    pub spill_bytes: u64,
+}
+
+/// The spill cap a pod's GPU setting asks for: `limit` when given (0 =
+/// none), else with `oversubscribe` on the default (a quarter of the node's
+/// memory, [`default_spill_limit`]); `oversubscribe = false` turns it off
+/// whatever the limit.
+pub fn spill_cap(oversubscribe: Option<bool>, limit: Option<u64>) -> u64 {
+    match (oversubscribe, limit) {
+        (Some(false), _) | (None, None) => 0,
+        (_, Some(bytes)) => bytes,
+        (Some(true), None) => default_spill_limit(),
+    }
 }
 
 impl GpuSpec {
     /// The same spec with `class`.
     pub fn with_class(self, class: PodClass) -> Self {
         Self { class, ..self }
+    }
+
+    /// The same spec with a spill cap of `spill_bytes` (0 = none).
+    pub fn with_spill(self, spill_bytes: u64) -> Self {
+        Self {
+            spill_bytes,
+            ..self
+        }
     }
 
     /// A validated spec; `policy` `None` takes [`Policy::default_for`].
@@ -245,6 +268,7 @@ impl GpuSpec {
             share_percent,
             policy: policy.unwrap_or_else(|| Policy::default_for(cap_percent, share_percent)),
             class: PodClass::Batch,
+            spill_bytes: 0,
         })
     }
 

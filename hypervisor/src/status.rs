@@ -127,6 +127,7 @@ pub fn render_table(status: &Status) -> String {
             );
         }
     }
+    render_spill(&mut out, status);
     render_priority(&mut out, status);
     let _ = writeln!(out, "\nWORKERS");
     let _ = writeln!(out, "{:<48} {:<20} {:>8}  LAST COMMAND", "ID", "POD", "PID");
@@ -213,6 +214,37 @@ impl LatencySnapshot {
             }
         }
         self.buckets.last().map(|b| b.0)
+    }
+}
+
+/// Pods' GPUs with oversubscription on (or host memory still spilled):
+/// spilled now, peak and cap. Device memory stays in the table above.
+fn render_spill(out: &mut String, status: &Status) {
+    let rows: Vec<_> = status
+        .pods
+        .iter()
+        .flat_map(|pod| pod.gpus.iter().map(move |gpu| (pod.id.as_str(), gpu)))
+        .filter(|(_, gpu)| gpu.spill_limit > 0 || gpu.spill_used > 0)
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nSPILL (host memory past the quota)");
+    let _ = writeln!(
+        out,
+        "{:<20} {:<42} {:>12} {:>12} {:>12}",
+        "POD", "GPU", "SPILLED", "PEAK", "CAP"
+    );
+    for (id, gpu) in rows {
+        let _ = writeln!(
+            out,
+            "{:<20} {:<42} {:>12} {:>12} {:>12}",
+            id,
+            gpu.uuid.as_deref().unwrap_or(&gpu.gpu),
+            bytes(gpu.spill_used),
+            bytes(gpu.spill_peak),
+            bytes(gpu.spill_limit)
+        );
     }
 }
 

@@ -749,15 +749,7 @@ fn usage_a_pod_does_not_report_is_caught_against_nvml() {
             bytes: 2 << 30,
         }],
     );
-    let gpu_status = || {
-        let status = h.hv.hypervisor().status();
-        status
-            .pods
-            .into_iter()
-            .find(|p| p.id == a)
-            .and_then(|p| p.gpus.into_iter().next())
-            .expect("the pod's GPU")
-    };
+    let gpu_status = || h.first_gpu_status(&a);
     assert!(
         wait_for(Duration::from_secs(5), || gpu_status().memory_nvml
             == Some(2 << 30)),

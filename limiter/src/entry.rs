@@ -14,6 +14,7 @@ use gpushare_utils::shm::Trust;
 use crate::context::Context;
 use crate::hypervisor::Link;
 use crate::quota::MemoryQuota;
+use crate::spill::Spill;
 use crate::throttle::Throttle;
 use crate::throttle::priority::{Priority, Tuning};
 
@@ -42,6 +43,8 @@ pub struct Limiter {
     /// What the policy works with: the pod's shared state, the grant, the driver.
     pub context: Context,
     pub memory: MemoryQuota,
+    /// Oversubscription: what may be served from host memory past the quota.
+    pub spill: Spill,
     /// `None` when no compute limit is configured: launches are not patched.
     pub compute: Option<Throttle>,
     allow_unpatched: bool,
@@ -117,6 +120,7 @@ fn build() -> Result<State, String> {
     Ok(State::Limiting(Box::new(Limiter {
         compute: metered.then(|| Throttle::new(config.compute, priority)),
         memory: MemoryQuota::new(config.memory),
+        spill: Spill::new(config.oversubscribe, config.spill_limit),
         context: Context::new(
             config.pod,
             link,

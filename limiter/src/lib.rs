@@ -42,6 +42,7 @@ mod hypervisor;
 mod loader;
 mod metering;
 mod quota;
+mod spill;
 mod sys;
 mod throttle;
 mod waves;

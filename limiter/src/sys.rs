@@ -267,6 +267,16 @@ pub fn format_uuid(uuid: &CUuuid) -> String {
     )
 }
 
+/// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context.
+pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x01;
+/// `CU_MEMHOSTALLOC_DEVICEMAP`: mapped into the device's address space.
+pub const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x02;
+pub type CuMemHostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CUresult;
+pub type CuMemHostGetDevicePointer =
+    unsafe extern "C" fn(*mut CUdeviceptr, *mut c_void, c_uint) -> CUresult;
+pub type CuMemFreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
+pub type CuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+
 #[cfg(test)]
 mod tests {
     use super::*;

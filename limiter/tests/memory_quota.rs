@@ -4,26 +4,7 @@
 
 mod common;
 
-use common::{CONTEXT_BYTES, GIB, MIB, Pod, info, probe, run};
-
-/// The `CUresult` of an `alloc`/`free` line (`... -> RESULT [ID]`).
-fn result_of(line: &str) -> u32 {
-    let after = line
-        .split("-> ")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no result in {line:?}"));
-    after
-        .split_whitespace()
-        .next()
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("bad result in {line:?}"))
-}
-
-const VIAS: [(&str, &[&str]); 3] = [
-    ("cudaprobe_linked", &[]),
-    ("cudaprobe", &["--via", "dlsym"]),
-    ("cudaprobe", &["--via", "getproc"]),
-];
+use common::{CONTEXT_BYTES, GIB, MIB, Pod, VIAS, info, probe, result_of, run};
 
 #[test]
 fn quota_caps_allocations_whatever_the_path_to_the_driver() {

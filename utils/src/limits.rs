@@ -13,7 +13,7 @@
 //! | offset | size | what |
 //! | --- | --- | --- |
 //! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16 |
-//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]) |
+//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
 //! container's `CUDA_VISIBLE_DEVICES` gives it, and nothing a worker says at
@@ -63,7 +63,10 @@ pub struct GpuLimits {
     /// objects written before classes).
     pub class: AtomicU32,
     pub reserved32: AtomicU32,
-    pub reserved: [AtomicU64; 3],
+    /// Bytes of host memory the pod may spill to past its quota
+    /// (oversubscription); 0 = none. Zero means "absent", so version 1 holds it.
+    pub spill_limit: AtomicU64,
+    pub reserved: [AtomicU64; 2],
 }
 
 impl GpuLimits {
@@ -95,6 +98,7 @@ const _: () = {
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
     assert!(offset_of!(GpuLimits, compute) == 16);
     assert!(offset_of!(GpuLimits, class) == 32);
+    assert!(offset_of!(GpuLimits, spill_limit) == 40);
 };
 
 /// Errors of the limits object.
@@ -247,6 +251,7 @@ impl PodLimits {
             if key != 0 && !keys.contains(&key) {
                 gpu.key.store(0, Ordering::Release);
                 gpu.quota.store(0, Ordering::Release);
+                gpu.spill_limit.store(0, Ordering::Release);
                 gpu.compute.rate_ppm.store(0, Ordering::Release);
                 gpu.compute.ceiling_ppm.store(0, Ordering::Release);
                 gpu.compute.suspended.store(0, Ordering::Release);

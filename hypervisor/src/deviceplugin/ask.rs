@@ -14,6 +14,8 @@
 //! | annotation | `hami.io/gpu-scheduler-policy`, `nvidia.com/device-scheduler-policy` | `binpack` (default) or `spread` |
 //! | annotation | `nvidia.com/vgpu-compute-policy` | `fixed` (default), `balance` (elastic), `none` |
 //! | annotation | `gpushare.dev/class` | `batch` (default) or `latency` (served first on its GPUs) |
+//! | annotation | `gpushare.dev/oversubscribe` | `true`: past the quota, linear allocations are served from pinned host memory (default `false`) |
+//! | annotation | `gpushare.dev/spill-limit` | that host memory's pod-wide cap per GPU, a quantity (`16Gi`); implies oversubscription; default with it: a quarter of the node's memory; `0`: none |
 //!
 //! Without a memory limit a container gets whole GPUs' memory (HAMi's
 //! default); without a compute limit, no compute limit (HAMi's `gpucores: 0`).
@@ -22,10 +24,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use gpushare_utils::config::PodClass;
+use gpushare_utils::config::{PodClass, parse_switch};
 
 use crate::kubernetes::quantity;
-use crate::spec::Policy;
+use crate::spec::{self, Policy};
 
 pub const MEMORY_MIB: [&str; 2] = ["nvidia.com/gpumem", "nvidia.com/vgpu-memory"];
 pub const MEMORY_PERCENT: &str = "nvidia.com/gpumem-percentage";
@@ -40,6 +42,8 @@ const GPU_POLICY: [&str; 2] = [
 ];
 const COMPUTE_POLICY: &str = "nvidia.com/vgpu-compute-policy";
 const CLASS: &str = "gpushare.dev/class";
+const OVERSUBSCRIBE: &str = "gpushare.dev/oversubscribe";
+const SPILL_LIMIT: &str = "gpushare.dev/spill-limit";
 
 /// Why a pod's ask cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -99,6 +103,8 @@ pub struct PodPrefs {
     pub packing: Packing,
     pub policy: Policy,
     pub class: PodClass,
+    /// Host memory the pod may spill to past its quota per GPU; 0 = none.
+    pub spill_bytes: u64,
 }
 
 /// The ask of `container` for `resource` (the count), or `None` when it asks
@@ -214,6 +220,23 @@ pub fn pod_prefs(pod: &Pod) -> Result<PodPrefs, AskError> {
             allowed: "batch, latency",
         })?,
     };
+    let oversubscribe = first(&[OVERSUBSCRIBE])
+        .map(|(name, v)| {
+            parse_switch(v).ok_or_else(|| AskError::Word {
+                name,
+                value: v.to_owned(),
+                allowed: "true, false",
+            })
+        })
+        .transpose()?;
+    let spill_limit = first(&[SPILL_LIMIT])
+        .map(|(name, v)| {
+            quantity::parse(v).ok_or_else(|| AskError::Quantity {
+                name: name.to_owned(),
+                value: v.to_owned(),
+            })
+        })
+        .transpose()?;
     Ok(PodPrefs {
         use_uuids: list(&USE_UUID),
         nouse_uuids: list(&NOUSE_UUID),
@@ -222,6 +245,7 @@ pub fn pod_prefs(pod: &Pod) -> Result<PodPrefs, AskError> {
         packing,
         policy,
         class,
+        spill_bytes: spec::spill_cap(oversubscribe, spill_limit),
     })
 }
 
@@ -301,6 +325,7 @@ mod tests {
         .unwrap();
         let prefs = pod_prefs(&pod).unwrap();
         assert_eq!(prefs.class, PodClass::Latency);
+        assert_eq!(prefs.spill_bytes, 0);
         assert_eq!(prefs.packing, Packing::Spread);
         assert_eq!(prefs.policy, Policy::Elastic);
         assert!(prefs.allows("GPU-a", "NVIDIA H100 80GB HBM3"));
@@ -323,5 +348,30 @@ mod tests {
             (plain.packing, plain.policy),
             (Packing::Binpack, Policy::Fixed)
         );
+    }
+
+    #[test]
+    fn oversubscription_annotations() {
+        let spill = |annotations: serde_json::Value| {
+            let pod: Pod =
+                serde_json::from_value(json!({"metadata": {"annotations": annotations}})).unwrap();
+            pod_prefs(&pod).map(|prefs| prefs.spill_bytes)
+        };
+        assert_eq!(
+            spill(json!({"gpushare.dev/spill-limit": "16Gi"})),
+            Ok(16 << 30)
+        );
+        assert_eq!(
+            spill(json!({"gpushare.dev/oversubscribe": "True"})),
+            Ok(gpushare_utils::config::default_spill_limit())
+        );
+        assert_eq!(
+            spill(
+                json!({"gpushare.dev/oversubscribe": "false", "gpushare.dev/spill-limit": "1Gi"})
+            ),
+            Ok(0)
+        );
+        assert!(spill(json!({"gpushare.dev/oversubscribe": "maybe"})).is_err());
+        assert!(spill(json!({"gpushare.dev/spill-limit": "lots"})).is_err());
     }
 }

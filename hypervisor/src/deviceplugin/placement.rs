@@ -162,6 +162,7 @@ mod tests {
             packing,
             policy: Policy::Fixed,
             class: gpushare_utils::config::PodClass::Batch,
+            spill_bytes: 0,
         }
     }
 

@@ -14,6 +14,10 @@
 //! ceiling: 80        # elastic ceiling in percent (default 100)
 //! priority: 10       # default 0
 //! class: latency     # batch (default) | latency: served first on the GPU
+//! oversubscribe: true  # past the quota, serve from pinned host memory (default false)
+//! spillLimit: 16Gi   # pod-wide cap of that host memory per GPU (implies
+//!                    # oversubscribe; default with it: a quarter of the
+//!                    # node's memory; 0 = none)
 //! ```
 
 use gpushare_utils::config::PodClass;
@@ -23,7 +27,7 @@ use serde::Deserialize;
 use super::{quantity, slice};
 use crate::observer::GpuInfo;
 use crate::provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
-use crate::spec::Policy;
+use crate::spec::{self, Policy};
 
 /// Why a claim cannot be prepared here.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -68,6 +72,8 @@ struct RawParameters {
     ceiling: Option<u8>,
     priority: Option<i32>,
     class: Option<String>,
+    oversubscribe: Option<bool>,
+    spill_limit: Option<serde_json::Value>,
 }
 
 /// The request of `claim` for `driver` on `node` (whose pool has the node's
@@ -201,8 +207,22 @@ fn parameters(
             params.class = PodClass::parse(&class)
                 .ok_or_else(|| error(format!("class {class:?} is not latency or batch")))?;
         }
+        if raw.oversubscribe.is_some() || raw.spill_limit.is_some() {
+            let limit = raw.spill_limit.as_ref().map(spill_limit).transpose();
+            params.spill_bytes = spec::spill_cap(raw.oversubscribe, limit.map_err(error)?);
+        }
     }
     Ok(params)
+}
+
+/// A `spillLimit`: bytes, or a quantity (`16Gi`).
+fn spill_limit(value: &serde_json::Value) -> Result<u64, String> {
+    let parsed = match value {
+        serde_json::Value::Number(n) => n.as_u64(),
+        serde_json::Value::String(text) => quantity::parse(text),
+        _ => None,
+    };
+    parsed.ok_or_else(|| format!("spillLimit {value} is not a size"))
 }
 
 /// Checks that the claim the API has is the one the kubelet means.
@@ -245,6 +265,27 @@ mod tests {
             get(serde_json::json!({"class": "urgent"}))
                 .is_err_and(|e| e.contains("class \"urgent\" is not latency or batch"))
         );
+    }
+
+    #[test]
+    fn the_oversubscription_parameters() {
+        let get = |parameters| parameters_of(&[config(parameters)]).map(|p| p.spill_bytes);
+        assert_eq!(get(serde_json::json!({})), Ok(0));
+        assert_eq!(get(serde_json::json!({"spillLimit": "16Gi"})), Ok(16 << 30));
+        assert_eq!(get(serde_json::json!({"spillLimit": 4096})), Ok(4096));
+        assert_eq!(
+            get(serde_json::json!({"oversubscribe": true})),
+            Ok(gpushare_utils::config::default_spill_limit())
+        );
+        assert_eq!(
+            get(serde_json::json!({"oversubscribe": false, "spillLimit": "1Gi"})),
+            Ok(0)
+        );
+        assert!(
+            get(serde_json::json!({"spillLimit": "lots"}))
+                .is_err_and(|e| e.contains("spillLimit \"lots\" is not a size"))
+        );
+        assert!(get(serde_json::json!({"oversubscribe": "yes"})).is_err());
     }
 
     fn parameters_of(configs: &[DeviceAllocationConfiguration]) -> Result<SharingParams, String> {

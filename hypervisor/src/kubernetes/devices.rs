@@ -233,6 +233,7 @@ impl NodeAgent {
                     params: SharingParams {
                         policy,
                         class: prefs.class,
+                        spill_bytes: prefs.spill_bytes,
                         ..SharingParams::default()
                     },
                 })

@@ -41,6 +41,10 @@ pub struct SharingParams {
     /// `latency` or `batch` (default): see [`PodClass`].
     #[serde(default, with = "class_text")]
     pub class: PodClass,
+    /// Oversubscription: host memory the pod may spill to past its quota on
+    /// the GPU, in bytes; 0 (default) = none.
+    #[serde(default)]
+    pub spill_bytes: u64,
 }
 
 impl Default for SharingParams {
@@ -51,6 +55,7 @@ impl Default for SharingParams {
             ceiling: None,
             priority: 0,
             class: PodClass::Batch,
+            spill_bytes: 0,
         }
     }
 }
@@ -184,6 +189,8 @@ pub(crate) struct Totals {
     ceiling: Option<u8>,
     /// Latency when any claim is.
     pub class: PodClass,
+    /// The claims' spill caps, added up like their memory.
+    pub spill_bytes: u64,
 }
 
 impl Totals {
@@ -200,6 +207,7 @@ impl Totals {
         if d.params.class == PodClass::Latency {
             self.class = PodClass::Latency;
         }
+        self.spill_bytes = self.spill_bytes.saturating_add(d.params.spill_bytes);
     }
 
     /// Cap, guaranteed share and policy for the hypervisor: a fixed share is
@@ -270,6 +278,21 @@ mod tests {
             grants.iter().for_each(|g| totals.add(g));
             assert_eq!(totals.compute(), want, "{grants:?}");
         }
+    }
+
+    #[test]
+    fn spill_caps_add_up_and_old_checkpoints_have_none() {
+        let mut totals = Totals::default();
+        for spill_bytes in [1 << 30, 2 << 30] {
+            let mut g = grant(30, Policy::Fixed, None);
+            g.params.spill_bytes = spill_bytes;
+            totals.add(&g);
+        }
+        assert_eq!(totals.spill_bytes, 3 << 30);
+        let old: SharingParams =
+            serde_json::from_str(r#"{"weight":1,"policy":"fixed","ceiling":null,"priority":0}"#)
+                .expect("params without spill");
+        assert_eq!(old.spill_bytes, 0);
     }
 
     #[test]

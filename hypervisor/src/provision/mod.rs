@@ -336,7 +336,8 @@ impl Provisioner {
                     Some(policy),
                 )
                 .map_err(spec_err)?
-                .with_class(totals.class);
+                .with_class(totals.class)
+                .with_spill(totals.spill_bytes);
                 gpus.push(gpu);
             }
             let token =

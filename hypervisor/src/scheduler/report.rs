@@ -27,6 +27,14 @@ pub struct GpuStatus {
     /// [`Scheduler::audit`]).
     #[serde(default)]
     pub memory_under_reported: bool,
+    /// Host memory the pod's processes hold past the quota
+    /// (oversubscription), its peak, and the cap (0 = no oversubscription).
+    #[serde(default)]
+    pub spill_used: u64,
+    #[serde(default)]
+    pub spill_peak: u64,
+    #[serde(default)]
+    pub spill_limit: u64,
     /// Granted share in ppm; 0 = unlimited.
     pub rate_ppm: u32,
     pub ceiling_ppm: u32,
@@ -72,6 +80,7 @@ pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
     let uuid = g.placement.as_ref().map(|p| p.uuid.as_str());
     let bucket = uuid.and_then(|u| pod.region.bucket(u));
     let usage = uuid.and_then(|u| pod.region.usage(u));
+    let spill = uuid.and_then(|u| pod.region.spill(u));
     GpuStatus {
         gpu: g.spec.gpu.to_string(),
         uuid: g.placement.as_ref().map(|p| p.uuid.clone()),
@@ -85,6 +94,9 @@ pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
         memory_peak: usage.map_or(0, |u| u.peak),
         memory_nvml: g.nvml_bytes,
         memory_under_reported: g.under_reported,
+        spill_used: spill.map_or(0, |s| s.spilled),
+        spill_peak: spill.map_or(0, |s| s.peak),
+        spill_limit: spill.map_or(g.spec.spill_bytes, |s| s.limit),
         rate_ppm: bucket.map_or(g.grant.rate_ppm, |b| {
             b.limits().rate_ppm.load(Ordering::Relaxed)
         }),

@@ -97,6 +97,14 @@ pub struct Harness {
 }
 
 impl Harness {
+    /// The status of pod `pod`'s first GPU.
+    pub fn first_gpu_status(&self, pod: &str) -> hypervisor::scheduler::GpuStatus {
+        let status = self.hv.hypervisor().status();
+        let pod = status.pods.into_iter().find(|p| p.id == pod);
+        pod.and_then(|p| p.gpus.into_iter().next())
+            .expect("the pod's GPU")
+    }
+
     /// Starts with `text` (a config without `listen`; 127.0.0.1:0 is used)
     /// and `gpus` simulated GPUs; `pods` are removed from /dev/shm at the end.
     pub fn start(text: &str, gpus: u32, pods: &[&str]) -> Self {

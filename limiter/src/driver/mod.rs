@@ -7,7 +7,8 @@
 //! - [`Timing`] (`timing.rs`): events, streams and occupancy, to measure launches;
 //!   and (`timing/calibration.rs`) what an event bracket holds besides the
 //!   kernel ([`Timing::launch_overheads`]);
-//! - [`Nvml`] (`nvml.rs`): the UUIDs, indices and per-process usage of NVML.
+//! - [`Nvml`] (`nvml.rs`): the UUIDs, indices and per-process usage of NVML;
+//! - [`HostMemory`] (`host.rs`): pinned mapped host memory, for oversubscription.
 
 use std::ffi::{CStr, c_void};
 
@@ -15,9 +16,11 @@ use crate::sys::{
     CUdevice, CUresult, CUuuid, CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
 };
 
+mod host;
 mod nvml;
 mod timing;
 
+pub use host::{HostMemory, MappedHost};
 pub use nvml::Nvml;
 pub use timing::Timing;
 
@@ -43,6 +46,8 @@ pub struct Driver {
     device_get_count: Option<CuDeviceGetCount>,
     /// Measuring kernels; absent from drivers that lack any of it.
     pub timing: Option<Timing>,
+    /// Pinned mapped host memory, for oversubscription.
+    pub host: Option<HostMemory>,
 }
 
 impl Driver {
@@ -56,6 +61,7 @@ impl Driver {
                     .or_else(|| symbol(handle, c"cuDeviceGetUuid"))?,
                 device_get_count: symbol(handle, c"cuDeviceGetCount"),
                 timing: Timing::load(handle),
+                host: HostMemory::load(handle),
             })
         }
     }

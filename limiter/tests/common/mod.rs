@@ -90,3 +90,24 @@ pub fn check(output: &Output) {
 pub fn info(result: u32, free: u64, total: u64) -> String {
     format!("info {result} free={free} total={total}")
 }
+
+/// The `CUresult` of an `alloc`/`free`/`ptr` line (`... -> RESULT ...`).
+pub fn result_of(line: &str) -> u32 {
+    let after = line
+        .split("-> ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no result in {line:?}"));
+    after
+        .split_whitespace()
+        .next()
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("bad result in {line:?}"))
+}
+
+/// The probe programs and how each reaches the driver: linked, `dlsym`,
+/// `cuGetProcAddress`.
+pub const VIAS: [(&str, &[&str]); 3] = [
+    ("cudaprobe_linked", &[]),
+    ("cudaprobe", &["--via", "dlsym"]),
+    ("cudaprobe", &["--via", "getproc"]),
+];

@@ -123,9 +123,50 @@ def nvidia_smi(args):
     if any("memory.total" in a for a in args):
         print("4096, 0, 4096" if LIMITED else "81559, 0, 81000")
     elif any("compute-apps" in a for a in args):
-        pass
+        for pid, limited in oversub_holders():
+            print(f"{pid}, {3900 if limited else 6600}")
     else:
         print("fake nvidia-smi")
+
+
+def oversub_holders():
+    """(pid, limited) of the fake oversub_torch.py matmul runs alive now."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            if not any(c.endswith(b"oversub_torch.py") for c in cmd) or b"matmul" not in cmd:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        yield int(entry), b"CUDA_DEVICE_MEMORY_LIMIT=4g" in env and any(e.startswith(b"LD_PRELOAD=") for e in env)
+
+
+def oversub_torch(args):
+    """oversub_torch.py as a working limiter makes it run (see its docstring)."""
+    over = LIMITED and E.get("CUDA_OVERSUBSCRIBE") == "true"
+    cap = E.get("CUDA_LIMITER_SPILL_LIMIT", "8g")
+    if args[0] == "matmul":
+        n = 6 if over or not LIMITED else 3
+        types = ",".join("1" if over and i >= 3 else "2" for i in range(n))
+        out(blocks=n, types=types, ranges=",".join(f"0:{GiB}" for _ in range(n)))
+        if LIMITED and not over:
+            out(oom_msg="CUDA out of memory.", alloc="oom", done=1)
+            return
+        out(alloc="ok", free=TOTAL // 8, total=TOTAL, dev_sum="1234.5", dev_abs="5678.25", spill_sum="-42.0",
+            spill_abs="99.5", dev_c00="1.0", spill_c00="2.0", ready=1)
+        end = time.time() + float(args[2])
+        while time.time() < end and not os.path.exists(args[1]):
+            time.sleep(0.05)
+        out(released=int(os.path.exists(args[1])), done=1)
+    elif args[0] == "cap":
+        spilled = 1 if over and cap == "1536m" else 0
+        out(blocks=3 + spilled if LIMITED else 8, spilled=spilled, oom=int(LIMITED), done=1)
+    else:
+        out(dev_gbps="3000.0", dev_sum="268435456.0", spill_gbps="50.00" if over else "none",
+            spill_sum="268435456.0", done=1)
 
 
 def spin(args):
@@ -167,6 +208,8 @@ def python(args):
                    f"{p}_alloc2g_rc": 2 if LIMITED else 0, f"{p}_free_back_diff": 0})
     elif script == "mem_torch.py":
         out(total=TOTAL, free=TOTAL - GiB, alloc2g="ok", over="oom" if LIMITED else "ok")
+    elif script == "oversub_torch.py":
+        oversub_torch(args[1:])
     elif script == "torch_matmul.py":
         time.sleep(float(args[1]))
         out(matmuls_per_s="100.0" if not SM else f"{SM:.1f}", tflops="110.0", ok=1)

@@ -18,7 +18,7 @@ GPU = HERE.parent
 REPO = GPU.parents[1]
 PROGRAMS = ["mem_runtime", "mem_runtime_shared", "mem_apis", "mem_hold", "mem_pairs", "mem_bench", "spin",
             "launch_overhead"]
-ROWS = 60  # the table of scripts/gpu-e2e.sh had 60 rows
+ROWS = 64  # the table of scripts/gpu-e2e.sh had 60 rows; oversubscription added 4
 
 
 def built(name):
@@ -75,12 +75,13 @@ def test_every_check_runs(fake_env):
     crashed = [x for x in rows if any(w.startswith("crashed") for w in x["reasons"])]
     assert not crashed, crashed
     assert len(rows) == ROWS + ("0. limiter library present" in names), names
-    for prefix in [f"{n}." for n in range(1, 23) if n not in (17, 22)] + ["17a.", "17b.", "22a.", "22b."]:
+    for prefix in [f"{n}." for n in range(1, 27) if n not in (17, 22)] + ["17a.", "17b.", "22a.", "22b."]:
         assert any(n.startswith(prefix) for n in names), prefix
     by = {x["check"]: x for x in rows}
     # the fakes report what a working limiter gives: these rows pass
     bad = [by[n] for n in names if by[n]["result"] != "PASS" and n.startswith(
-        ("1.", "2.", "3.", "4.", "5.", "6.", "7.", "8.", "9.", "11.", "12.", "14.", "21.", "22"))]
+        ("1.", "2.", "3.", "4.", "5.", "6.", "7.", "8.", "9.", "11.", "12.", "14.", "21.", "22", "23.", "24.",
+         "25.", "26."))]
     assert not bad, bad
     assert (out / "table.md").read_text().splitlines()[0].startswith("| check | without limiter |")
     assert {p.name for p in out.iterdir()} == {"table.md", "results.json", "e2e.log", "e2e-logs.tar.gz"}
@@ -101,6 +102,13 @@ def test_a_crash_is_a_fail_and_the_run_goes_on(fake_env):
     assert pairs["result"] == "FAIL" and "base-exit=139" in pairs["reasons"], pairs
     assert by["5. PyTorch mem_get_info / OOM"]["result"] == "PASS"
     assert r.returncode == 1
+
+
+def test_oversubscription_by_k(fake_env):
+    r, data, _ = run_harness(fake_env, "oversub", "-k", "oversub")
+    assert [x["check"][:3] for x in data["rows"]] == ["23.", "24.", "25.", "26."], data["rows"]
+    assert all(x["result"] == "PASS" for x in data["rows"]), data["rows"]
+    assert r.returncode == 0, r.stdout[-3000:]
 
 
 def test_selection_by_k(fake_env):

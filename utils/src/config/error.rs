@@ -58,6 +58,9 @@ pub enum ConfigError {
     #[error("{var}={} is not a policy (expected fixed, elastic or none)", quoted(.value))]
     Policy { var: String, value: String },
 
+    #[error("{var}={} is not a switch (expected true or false)", quoted(.value))]
+    Switch { var: String, value: String },
+
     #[error(
         "{soft_var}=\"{soft}\" is below {hard_var}=\"{hard}\" (expected a soft limit, the elastic ceiling, of at least the limit)"
     )]

@@ -96,6 +96,21 @@
 //! [`DeviceLimits::resolve`] returns `None` for it
 //! ([`DeviceLimits::lookup`] tells it from "unset").
 //!
+//! # Oversubscription (host memory past the quota)
+//!
+//! | variable | scope | value |
+//! | --- | --- | --- |
+//! | `CUDA_LIMITER_OVERSUBSCRIBE_<i>` | device `i` | switch |
+//! | `CUDA_MEM_OVERSOLD_<i>` (VGPU-Controller) | device `i` | switch |
+//! | `CUDA_LIMITER_OVERSUBSCRIBE` | all devices | switch |
+//! | `CUDA_OVERSUBSCRIBE` (HAMi) | all devices | switch |
+//! | `CUDA_LIMITER_SPILL_LIMIT_<i>`, `CUDA_LIMITER_SPILL_LIMIT` | device `i`, all | size: the pod's host-memory cap per device (0 = no spill) |
+//!
+//! A *switch* is `true`/`false`, `1`/`0`, `yes`/`no` or `on`/`off`
+//! (case-insensitive). Off unless set; per-device before all-devices, ours
+//! before the foreign names. The spill cap defaults to a quarter of the
+//! node's memory ([`default_spill_limit`]).
+//!
 //! # Other
 //!
 //! | variable | value |
@@ -114,6 +129,7 @@ mod class;
 mod compute;
 mod error;
 mod limits;
+mod oversubscribe;
 mod pod;
 mod resolve;
 mod scan;
@@ -127,6 +143,7 @@ pub use crate::MAX_DEVICES;
 pub use class::{DeviceClasses, PodClass};
 pub use error::ConfigError;
 pub use limits::{ComputeLimit, ComputePolicy, DeviceLimits, Resolved};
+pub use oversubscribe::{SPILL_DEFAULT_DIVISOR, default_spill_limit, parse_switch};
 pub use pod::{InvalidPodId, PodId};
 pub use units::{SizeError, SizeErrorKind, parse_size};
 
@@ -139,6 +156,12 @@ pub struct LimiterConfig {
     /// Bytes.
     pub memory: DeviceLimits<u64>,
     pub compute: DeviceLimits<ComputeLimit>,
+    /// Oversubscription: `Some(true)` where allocations past the quota may be
+    /// served from host memory; unset or `None` (explicitly off): never.
+    pub oversubscribe: DeviceLimits<bool>,
+    /// The pod's cap on that host memory per device, in bytes (0 = none);
+    /// unset: [`default_spill_limit`].
+    pub spill_limit: DeviceLimits<u64>,
     /// Address of the node hypervisor, e.g. `http://127.0.0.1:8000`; `None`: local mode.
     pub hypervisor: Option<String>,
     /// The pod's class per device (`CUDA_LIMITER_CLASS[_<i>]`).

@@ -4,6 +4,7 @@
 use super::compute::{CorePair, OursSm};
 use super::error::{MEM_JSON_EXAMPLE, UP_JSON_EXAMPLE};
 use super::limits::Device;
+use super::oversubscribe::{push_oversubscribe, push_spill_limit};
 use super::scan::{RawVar, RawVars};
 use super::tensor_fusion::{json_bytes, json_percent, parse_json_limits};
 use super::units::{limited, parse_percent};
@@ -79,6 +80,10 @@ impl RawVars {
                 Kind::UpTf => {
                     parse_json_limits(v, &mut config.compute, UP_JSON_EXAMPLE, json_percent)?;
                 }
+                Kind::Oversub | Kind::OversubHami | Kind::OversubVgpu => {
+                    push_oversubscribe(v, &mut config.oversubscribe)?;
+                }
+                Kind::SpillLimit => push_spill_limit(v, &mut config.spill_limit)?,
                 Kind::Pod => {
                     config.pod =
                         PodId::new(v.value.trim()).map_err(|error| ConfigError::Pod { error })?;

@@ -23,6 +23,10 @@ pub(super) enum Kind {
     CoreLimit,
     CoreSoft,
     UpTf,
+    Oversub,
+    OversubHami,
+    OversubVgpu,
+    SpillLimit,
     Pod,
     Hypervisor,
     Class,
@@ -44,7 +48,7 @@ pub(super) enum Scopes {
 /// Our variables, and foreign ones we read: name, what it sets, which scopes.
 /// Ours (`CUDA_LIMITER_*`) treat a non-index suffix as an error rather than as
 /// someone else's variable.
-pub(super) const RULES: [(&str, Kind, Scopes); 15] = [
+pub(super) const RULES: [(&str, Kind, Scopes); 19] = [
     ("CUDA_LIMITER_MEMORY_LIMIT", Kind::MemOurs, Scopes::Both),
     ("CUDA_DEVICE_MEMORY_LIMIT", Kind::MemHami, Scopes::Both),
     ("CUDA_MEM_LIMIT", Kind::MemLegacy, Scopes::IndexOnly),
@@ -57,6 +61,10 @@ pub(super) const RULES: [(&str, Kind, Scopes); 15] = [
     ("CUDA_CORE_LIMIT", Kind::CoreLimit, Scopes::IndexOnly),
     ("CUDA_CORE_SOFT_LIMIT", Kind::CoreSoft, Scopes::IndexOnly),
     ("TENSOR_FUSION_CUDA_UP_LIMIT", Kind::UpTf, Scopes::AllOnly),
+    ("CUDA_LIMITER_OVERSUBSCRIBE", Kind::Oversub, Scopes::Both),
+    ("CUDA_OVERSUBSCRIBE", Kind::OversubHami, Scopes::AllOnly),
+    ("CUDA_MEM_OVERSOLD", Kind::OversubVgpu, Scopes::IndexOnly),
+    ("CUDA_LIMITER_SPILL_LIMIT", Kind::SpillLimit, Scopes::Both),
     ("CUDA_LIMITER_POD", Kind::Pod, Scopes::AllOnly),
     ("CUDA_LIMITER_HYPERVISOR", Kind::Hypervisor, Scopes::AllOnly),
     ("CUDA_LIMITER_CLASS", Kind::Class, Scopes::Both),

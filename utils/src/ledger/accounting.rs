@@ -133,12 +133,7 @@ impl PodLedger {
             return Ok(0);
         }
         let slot = self.my_slot()?;
-        let (Ok(prev) | Err(prev)) =
-            slot.used[dev].fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                Some(held.saturating_sub(bytes))
-            });
-        let released = prev.min(bytes);
-        sub_saturating(&device.used, released);
+        let released = release_from(&slot.used[dev], &device.used, bytes);
         if released < bytes {
             tracing::debug!(
                 dev,
@@ -208,7 +203,28 @@ impl PodLedger {
 /// CAS loop: adds `bytes` to the device's usage unless that would exceed a
 /// non-zero `quota`; on refusal returns `(quota, used)`.
 pub(super) fn reserve_on(device: &DeviceLedger, bytes: u64, quota: u64) -> Result<(), (u64, u64)> {
-    let mut used = device.used.load(Ordering::Acquire);
+    reserve_cell(&device.used, &device.peak, bytes, quota)
+}
+
+/// Subtracts up to `bytes` from a process's `held` (saturating), then exactly
+/// what it gave up from the pod's `pod` counter; returns that amount.
+pub(super) fn release_from(held: &AtomicU64, pod: &AtomicU64, bytes: u64) -> u64 {
+    let (Ok(prev) | Err(prev)) = held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+        Some(held.saturating_sub(bytes))
+    });
+    let released = prev.min(bytes);
+    sub_saturating(pod, released);
+    released
+}
+
+/// The CAS loop of [`reserve_on`] on any pod counter and its peak.
+pub(super) fn reserve_cell(
+    cell: &AtomicU64,
+    peak: &AtomicU64,
+    bytes: u64,
+    quota: u64,
+) -> Result<(), (u64, u64)> {
+    let mut used = cell.load(Ordering::Acquire);
     loop {
         let Some(new) = used.checked_add(bytes) else {
             return Err((quota, used));
@@ -216,12 +232,9 @@ pub(super) fn reserve_on(device: &DeviceLedger, bytes: u64, quota: u64) -> Resul
         if quota != 0 && new > quota {
             return Err((quota, used));
         }
-        match device
-            .used
-            .compare_exchange_weak(used, new, Ordering::AcqRel, Ordering::Acquire)
-        {
+        match cell.compare_exchange_weak(used, new, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
-                device.peak.fetch_max(new, Ordering::Relaxed);
+                peak.fetch_max(new, Ordering::Relaxed);
                 return Ok(());
             }
             Err(current) => used = current,

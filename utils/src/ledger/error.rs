@@ -103,4 +103,18 @@ pub enum LedgerError {
         /// Bytes asked for.
         requested: u64,
     },
+    /// The host-memory spill would take the pod past its spill cap on `dev`.
+    #[error(
+        "device {dev}: spilling {requested} bytes to host memory would exceed the pod's cap ({spilled} of {cap} spilled)"
+    )]
+    OverSpillCap {
+        /// The device ordinal.
+        dev: usize,
+        /// The pod's spill cap in bytes (0: no spill).
+        cap: u64,
+        /// Bytes the pod had spilled when the reservation failed.
+        spilled: u64,
+        /// Bytes asked for.
+        requested: u64,
+    },
 }

@@ -14,8 +14,10 @@ pub const MAGIC: u64 = u64::from_le_bytes(*b"GPUSHLDG");
 /// Version of the layout described in the module documentation.
 /// Version 2 added the compute buckets after the process slots; 3 their
 /// suspend and managed flags; 4 keyed devices by GPU UUID and split each
-/// bucket into state and (local) limits.
-pub const LAYOUT_VERSION: u32 = 4;
+/// bucket into state and (local) limits; 5 added host-memory spill
+/// (oversubscription): per device `spilled`, `spill_peak`, `spill_limit`, and
+/// per process `spilled[16]`.
+pub const LAYOUT_VERSION: u32 = 5;
 /// Size in bytes of a ledger region.
 pub const REGION_SIZE: usize = size_of::<Region>();
 /// Prefix of the shared-memory name of a pod's region (`/dev/shm/gpushare-pod-<pod>`).
@@ -71,8 +73,15 @@ pub struct DeviceLedger {
     pub peak: AtomicU64,
     /// [`uuid_key`] of the GPU this entry counts; 0 while unused.
     pub key: AtomicU64,
-    /// Zero; room for fields that default to zero.
-    pub reserved: [AtomicU64; 4],
+    /// Bytes of host memory live processes of the pod hold in place of
+    /// device memory (oversubscription); never part of `used`.
+    pub spilled: AtomicU64,
+    /// Highest `spilled` seen since the region was created.
+    pub spill_peak: AtomicU64,
+    /// Local mode: the pod's cap on `spilled` (0 = no spill), for observers.
+    pub spill_limit: AtomicU64,
+    /// Zero; room for a field that defaults to zero.
+    pub reserved: [AtomicU64; 1],
 }
 
 /// A GPU's compute bucket in the pod's region: the state every process
@@ -103,6 +112,8 @@ pub struct ProcessSlot {
     pub used: [AtomicU64; MAX_DEVICES],
     /// Driver overhead charged to the owner, per device.
     pub overhead: [AtomicU64; MAX_DEVICES],
+    /// Host memory the owner spilled to, per device.
+    pub spilled: [AtomicU64; MAX_DEVICES],
 }
 
 /// The whole shared region.
@@ -122,11 +133,11 @@ pub struct Region {
 const _: () = {
     assert!(size_of::<Header>() == 64);
     assert!(size_of::<DeviceLedger>() == 64);
-    assert!(size_of::<ProcessSlot>() == 320);
+    assert!(size_of::<ProcessSlot>() == 448);
     assert!(size_of::<LocalBucket>() == 64);
-    assert!(size_of::<Region>() == 64 + MAX_DEVICES * 64 + MAX_PROCESSES * 320 + MAX_DEVICES * 64);
-    assert!(size_of::<Region>() == 84_032);
-    assert!(offset_of!(Region, compute) == 83_008);
+    assert!(size_of::<Region>() == 64 + MAX_DEVICES * 64 + MAX_PROCESSES * 448 + MAX_DEVICES * 64);
+    assert!(size_of::<Region>() == 116_800);
+    assert!(offset_of!(Region, compute) == 115_776);
     assert!(align_of::<Region>() == 8);
     assert!(offset_of!(Header, magic) == 0);
     assert!(offset_of!(Header, version) == 8);
@@ -137,11 +148,15 @@ const _: () = {
     assert!(offset_of!(DeviceLedger, used) == 8);
     assert!(offset_of!(DeviceLedger, peak) == 16);
     assert!(offset_of!(DeviceLedger, key) == 24);
+    assert!(offset_of!(DeviceLedger, spilled) == 32);
+    assert!(offset_of!(DeviceLedger, spill_peak) == 40);
+    assert!(offset_of!(DeviceLedger, spill_limit) == 48);
     assert!(offset_of!(ProcessSlot, pid) == 0);
     assert!(offset_of!(ProcessSlot, start_time) == 8);
     assert!(offset_of!(ProcessSlot, pid_ns) == 16);
     assert!(offset_of!(ProcessSlot, used) == 64);
     assert!(offset_of!(ProcessSlot, overhead) == 192);
+    assert!(offset_of!(ProcessSlot, spilled) == 320);
     assert!(offset_of!(Region, header) == 0);
     assert!(offset_of!(Region, devices) == 64);
     assert!(offset_of!(Region, processes) == 1088);

@@ -2,14 +2,14 @@
 //! mapped by every process of the pod (the limiter is preloaded into each) and,
 //! later, by the node hypervisor.
 //!
-//! # Layout (version 4, 84,032 bytes, all little-endian atomics)
+//! # Layout (version 5, 116,800 bytes, all little-endian atomics)
 //!
 //! | offset | size | what |
 //! | --- | --- | --- |
 //! | 0 | 64 | [`Header`]: `magic` u64 @0, `version` u32 @8, `state` u32 @12, `size` u64 @16, `last_scan_ms` u64 @24, reserved |
-//! | 64 | 16 × 64 | [`DeviceLedger`] per GPU: `quota` u64 @0 (bytes, 0 = unlimited; local mode only), `used` u64 @8, `peak` u64 @16, `key` u64 @24 (the GPU's [`uuid_key`], 0 = unused) |
-//! | 1088 | 256 × 320 | [`ProcessSlot`]: `pid` i32 @0, `start_time` u64 @8, `pid_ns` u64 @16, `used[16]` @64, `overhead[16]` @192 |
-//! | 83008 | 16 × 64 | [`LocalBucket`] per GPU: [`BucketState`] @0, [`BucketLimits`] @48 (local mode) |
+//! | 64 | 16 × 64 | [`DeviceLedger`] per GPU: `quota` u64 @0 (bytes, 0 = unlimited; local mode only), `used` u64 @8, `peak` u64 @16, `key` u64 @24 (the GPU's [`uuid_key`], 0 = unused), `spilled` u64 @32, `spill_peak` u64 @40, `spill_limit` u64 @48 (local mode; 0 = no spill) |
+//! | 1088 | 256 × 448 | [`ProcessSlot`]: `pid` i32 @0, `start_time` u64 @8, `pid_ns` u64 @16, `used[16]` @64, `overhead[16]` @192, `spilled[16]` @320 |
+//! | 115776 | 16 × 64 | [`LocalBucket`] per GPU: [`BucketState`] @0, [`BucketLimits`] @48 (local mode) |
 //!
 //! Entries are found by GPU UUID ([`PodLedger::device_for`]), never by the
 //! index a process sees: containers of one pod with different
@@ -55,6 +55,12 @@
 //!    by the difference and is not checked against the quota, because the memory
 //!    is already taken: `used` may then exceed `quota`, and reservations fail
 //!    until it falls below again.
+//!
+//!    **Spill (5b).** Host memory served in place of device memory past the
+//!    quota (oversubscription, [`PodLedger::try_spill_under`]) is reserved
+//!    like step 3 on the device's `spilled` against the pod's spill cap (0 =
+//!    no spill), then on the slot's `spilled[dev]`; given back like step 4.
+//!    It never counts in `used`: the device footprint stays within the quota.
 //! 6. **Reclaim.** A slot whose process is gone (`kill(pid, 0)` says `ESRCH`, it
 //!    is a zombie, or its start time differs) is taken exclusively by CAS `pid`
 //!    → `-(reclaimer pid)`, checked once more under that mark, drained (each
@@ -85,7 +91,7 @@
 
 //!
 //! The code follows the protocol: [`layout`] (the bytes), [`open`] (step 1),
-//! [`register`] (steps 2 and 7), [`accounting`] (steps 3 to 5), [`reclaim`]
+//! [`register`] (steps 2 and 7), [`accounting`] (steps 3 to 5), [`spill`] (5b), [`reclaim`]
 //! (step 6); `/proc` parsing and the pid-liveness check are in
 //! [`crate::process`], the clock in [`crate::clock`].
 
@@ -95,6 +101,7 @@ mod layout;
 mod open;
 mod reclaim;
 mod register;
+mod spill;
 #[cfg(test)]
 mod tests;
 
@@ -106,6 +113,7 @@ pub use layout::{
     DeviceLedger, Header, LAYOUT_VERSION, LocalBucket, MAGIC, MAX_PROCESSES, POD_REGION_PREFIX,
     ProcessSlot, REGION_SIZE, Region,
 };
+pub use spill::SpillUsage;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

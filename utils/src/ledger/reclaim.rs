@@ -145,7 +145,7 @@ impl Drop for PodLedger {
     }
 }
 
-/// Gives back everything `slot` holds and frees it. The caller holds the slot
+/// Gives back everything `slot` holds (device memory and spill) and frees it. The caller holds the slot
 /// exclusively (its `pid` is the caller's negative mark). Counters are swapped
 /// to zero before the device is debited, so a drain cut short and finished by
 /// another process never debits twice.
@@ -156,7 +156,9 @@ pub(super) fn drain(region: &Region, slot: &ProcessSlot) -> u64 {
             .swap(0, Ordering::AcqRel)
             .saturating_add(slot.overhead[dev].swap(0, Ordering::AcqRel));
         sub_saturating(&device.used, bytes);
-        total = total.saturating_add(bytes);
+        let spilled = slot.spilled[dev].swap(0, Ordering::AcqRel);
+        sub_saturating(&device.spilled, spilled);
+        total = total.saturating_add(bytes).saturating_add(spilled);
     }
     free_empty_slot(slot);
     total

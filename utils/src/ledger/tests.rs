@@ -471,3 +471,41 @@ fn concurrent_reservers_never_overshoot() {
     assert!(usage.peak <= QUOTA, "peak {} over quota", usage.peak);
     assert!(granted.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn spill_is_capped_pod_wide_and_kept_apart_from_device_usage() {
+    let region = TestRegion::new();
+    let a = region.open();
+    let b = region.open();
+    let dev = a.device_for("GPU-spill").expect("entry");
+    a.set_quota(dev, 100).expect("quota");
+    a.try_reserve(dev, 100)
+        .expect("device memory up to the quota");
+    // No spill without a cap.
+    assert!(matches!(
+        a.try_spill_under(dev, 1, 0),
+        Err(LedgerError::OverSpillCap { cap: 0, .. })
+    ));
+    a.try_spill_under(dev, 60, 100).expect("a spills 60");
+    b.try_spill_under(dev, 40, 100).expect("b spills 40");
+    match b.try_spill_under(dev, 1, 100) {
+        Err(LedgerError::OverSpillCap {
+            spilled: 100,
+            requested: 1,
+            ..
+        }) => {}
+        other => panic!("expected the cap, got {other:?}"),
+    }
+    assert_eq!(a.usage(dev).expect("usage").used, 100);
+    let usage = a.spill_usage(dev).expect("spill");
+    assert_eq!((usage.spilled, usage.peak), (100, 100));
+    assert_eq!(a.process_spill(dev).expect("mine"), 60);
+    // A release gives back only what this process held.
+    assert_eq!(b.release_spill(dev, 60).expect("release"), 40);
+    assert_eq!(a.spill_usage(dev).expect("spill").spilled, 60);
+    // Dropping a process's handle gives its spill back with its memory.
+    drop(a);
+    let usage = b.spill_usage(dev).expect("spill");
+    assert_eq!((usage.spilled, usage.peak), (0, 100));
+    assert_eq!(b.usage(dev).expect("usage").used, 0);
+}

@@ -4,7 +4,7 @@
 //! through or an error), read what the driver wrote, write the pod's reports,
 //! and hand typed values to the policy in `ops`.
 
-use super::ops::{self, Memory, Placement};
+use super::ops::{self, DeviceOnly, Memory, Pitched, Placement, Served};
 use crate::entry;
 use crate::error::{LimiterError, Result};
 use crate::quota::Resource;
@@ -92,12 +92,13 @@ fn memory() -> Result<Memory> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
     Ok(Memory {
         quota: &limiter.memory,
+        spill: &limiter.spill,
         ctx: &limiter.context,
     })
 }
 
-/// An allocation on the current device that returns a device pointer
-/// through `dptr`.
+/// Linear memory on the current device, returned through `dptr`: the
+/// driver's, or past the quota the host memory it was spilled to.
 fn pointer_allocation(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
@@ -108,7 +109,14 @@ fn pointer_allocation(
     }
     // SAFETY: dptr is non-null, and written by the call that succeeded.
     let made = || Resource::Pointer(unsafe { dptr.read() });
-    memory()?.allocate(Placement::Current, bytesize as u64, allocate, made)
+    match memory()?.allocate_linear(bytesize as u64, allocate, made)? {
+        Served::Device(result) => Ok(result),
+        Served::Host(pointer) => {
+            // SAFETY: dptr is non-null, valid for writes (the caller's out-pointer).
+            unsafe { dptr.write(pointer) };
+            Ok(CUresult::SUCCESS)
+        }
+    }
 }
 
 fn mem_alloc(
@@ -126,10 +134,15 @@ fn mem_alloc_managed(
     bytesize: usize,
     flags: u32,
 ) -> Result<CUresult> {
+    if dptr.is_null() {
+        return Err(LimiterError::Bypass("null out-pointer"));
+    }
     // SAFETY: the caller's own arguments.
-    pointer_allocation(dptr, bytesize, || unsafe {
-        original(dptr, bytesize, flags)
-    })
+    let allocate = || unsafe { original(dptr, bytesize, flags) };
+    // SAFETY: dptr is non-null, and written by the call that succeeded.
+    let made = || Resource::Pointer(unsafe { dptr.read() });
+    let (placement, only) = (Placement::Current, DeviceOnly::MANAGED);
+    memory()?.allocate_on_device(placement, bytesize as u64, only, allocate, made)
 }
 
 /// Either stream: the charge is the same.
@@ -167,7 +180,7 @@ fn mem_alloc_pitch(
     if dptr.is_null() || pitch.is_null() {
         return Err(LimiterError::Bypass("null out-pointer"));
     }
-    memory()?.allocate_pitched(
+    let served = memory()?.allocate_pitched(
         width_in_bytes,
         height,
         // SAFETY: the caller's own arguments.
@@ -180,7 +193,21 @@ fn mem_alloc_pitch(
                 .get()
                 .map(|free| unsafe { free(pointer) });
         },
-    )
+    )?;
+    match served {
+        Pitched::Device(result) => Ok(result),
+        Pitched::Host {
+            pointer,
+            pitch: row,
+        } => {
+            // SAFETY: both non-null, valid for writes (the caller's out-pointers).
+            unsafe {
+                dptr.write(pointer);
+                pitch.write(row);
+            }
+            Ok(CUresult::SUCCESS)
+        }
+    }
 }
 
 fn mem_create(
@@ -205,9 +232,10 @@ fn mem_create(
     )
 }
 
-/// An array of `bytes` on the current device, returned through `array`;
-/// `resource` names its handle.
+/// An array of `bytes` on the current device made by `api`, returned
+/// through `array`; `resource` names its handle.
 fn array_allocation<H>(
+    api: &'static str,
     array: *mut *mut H,
     bytes: u64,
     allocate: impl FnOnce() -> CUresult,
@@ -216,7 +244,8 @@ fn array_allocation<H>(
     // SAFETY: array is non-null (checked by the caller), and written by the
     // call that succeeded.
     let made = || resource(unsafe { array.read() } as usize);
-    memory()?.allocate(Placement::Current, bytes, allocate, made)
+    let (placement, only) = (Placement::Current, DeviceOnly::array(api));
+    memory()?.allocate_on_device(placement, bytes, only, allocate, made)
 }
 
 /// The caller's array descriptor, with its out-pointer checked first.
@@ -250,7 +279,7 @@ fn array_create(
     });
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(array, descriptor) };
-    array_allocation(array, bytes, allocate, Resource::Array)
+    array_allocation("cuArrayCreate_v2", array, bytes, allocate, Resource::Array)
 }
 
 fn array_3d_create(
@@ -262,7 +291,14 @@ fn array_3d_create(
     let shape = unsafe { array_shape(array, descriptor) }?;
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(array, descriptor) };
-    array_allocation(array, ops::array_bytes(&shape), allocate, Resource::Array)
+    let bytes = ops::array_bytes(&shape);
+    array_allocation(
+        "cuArray3DCreate_v2",
+        array,
+        bytes,
+        allocate,
+        Resource::Array,
+    )
 }
 
 fn mipmapped_array_create(
@@ -276,12 +312,13 @@ fn mipmapped_array_create(
     let bytes = ops::mipmapped_bytes(&shape, levels);
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(array, descriptor, levels) };
-    array_allocation(array, bytes, allocate, Resource::Mipmap)
+    let api = "cuMipmappedArrayCreate";
+    array_allocation(api, array, bytes, allocate, Resource::Mipmap)
 }
 
 fn mem_free(original: cuMemFree_v2::Signature, dptr: CUdeviceptr) -> Result<CUresult> {
     // SAFETY: the caller's own argument.
-    memory()?.free(Resource::Pointer(dptr), || unsafe { original(dptr) })
+    memory()?.free_linear(dptr, false, || unsafe { original(dptr) })
 }
 
 /// Credited when enqueued: the pool gives it back by the next synchronisation.
@@ -292,7 +329,7 @@ fn mem_free_async<const PER_THREAD: bool>(
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
     let free = || unsafe { original(dptr, stream) };
-    memory()?.free(Resource::Pointer(dptr), free)
+    memory()?.free_linear(dptr, true, free)
 }
 
 fn mem_release(

@@ -1,21 +1,68 @@
 //! Memory policy, in safe Rust on typed values: reserve before allocating,
 //! credit after freeing, and the pod's view of its memory. The adapters
 //! (`hooks.rs`) read and write the caller's pointers and hand the driver's
-//! original over as a closure; nothing here touches a raw pointer.
+//! original over as a closure; nothing here touches a raw pointer. Past the
+//! quota, linear memory may be served from host memory (`spill`) when the
+//! pod opted in; the other APIs stay on the device.
 
 use crate::context::Context;
 use crate::error::{LimiterError, Result};
 use crate::quota::{MemoryQuota, Resource};
+use crate::spill::Spill;
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_DESCRIPTOR,
     CUDA_ARRAY3D_LAYERED, CUarray_format, CUdevice, CUdeviceptr, CUmemAllocationProp, CUresult,
 };
 
-/// The quota and the context it answers in.
+/// The quota, the oversubscription policy, and the context they answer in.
 #[derive(Clone, Copy)]
 pub struct Memory {
     pub quota: &'static MemoryQuota,
+    pub spill: &'static Spill,
     pub ctx: &'static Context,
+}
+
+/// Where a linear allocation was served from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// The driver's own answer (the pointer is where it wrote it).
+    Device(CUresult),
+    /// Past the quota, from pinned mapped host memory at this device address.
+    Host(CUdeviceptr),
+}
+
+/// Where a pitched allocation was served from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pitched {
+    /// The driver's own answer (pointer and pitch are where it wrote them).
+    Device(CUresult),
+    /// Past the quota, from host memory: its device address and pitch.
+    Host { pointer: CUdeviceptr, pitch: usize },
+}
+
+/// An allocation API that is never served from host memory, and why.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceOnly {
+    pub api: &'static str,
+    pub why: &'static str,
+}
+
+impl DeviceOnly {
+    pub const MANAGED: Self = Self {
+        api: "cuMemAllocManaged",
+        why: "cuMemAdvise and cuMemPrefetchAsync need managed memory",
+    };
+    pub const PHYSICAL: Self = Self {
+        api: "cuMemCreate",
+        why: "VMM memory is mapped as device memory",
+    };
+    /// An array API (`api`): opaque device layouts.
+    pub const fn array(api: &'static str) -> Self {
+        Self {
+            api,
+            why: "arrays are opaque device layouts",
+        }
+    }
 }
 
 /// The device an allocation goes to.
@@ -72,6 +119,62 @@ impl Memory {
         Ok(result)
     }
 
+    /// Linear memory on the current device ([`Self::allocate`]); past the
+    /// quota, served from host memory when the pod may spill there.
+    pub fn allocate_linear(
+        self,
+        bytes: u64,
+        allocate: impl FnOnce() -> CUresult,
+        made: impl FnOnce() -> Resource,
+    ) -> Result<Served> {
+        match self.allocate(Placement::Current, bytes, allocate, made) {
+            Ok(result) => Ok(Served::Device(result)),
+            Err(over) => self.serve_from_host(over, bytes).map(Served::Host),
+        }
+    }
+
+    /// Memory that must stay on the device ([`Self::allocate`]); past the
+    /// quota it is refused, the reason logged when the pod opted in.
+    pub fn allocate_on_device(
+        self,
+        placement: Placement,
+        bytes: u64,
+        only: DeviceOnly,
+        allocate: impl FnOnce() -> CUresult,
+        made: impl FnOnce() -> Resource,
+    ) -> Result<CUresult> {
+        let outcome = self.allocate(placement, bytes, allocate, made);
+        if let Err(LimiterError::OverQuota { device, .. }) = &outcome
+            && self.spill.cap(self.ctx, *device).is_some()
+        {
+            let DeviceOnly { api, why } = only;
+            tracing::warn!(
+                device,
+                api,
+                why,
+                "past the quota; this API is not oversubscribed"
+            );
+        }
+        outcome
+    }
+
+    /// `refused` unless it is the quota's refusal and `bytes` can be served
+    /// from host memory: then the device address of the spill.
+    fn serve_from_host(self, refused: LimiterError, bytes: u64) -> Result<CUdeviceptr> {
+        let LimiterError::OverQuota { device, .. } = refused else {
+            return Err(refused);
+        };
+        match self.spill.allocate(self.ctx, device, bytes) {
+            Ok(pointer) => Ok(pointer),
+            Err(why) => {
+                if self.spill.cap(self.ctx, device).is_some() {
+                    tracing::info!(device, bytes, why, "past the quota; not spilled");
+                }
+                Err(refused)
+            }
+        }
+    }
+
     /// VMM physical memory with properties `prop`: charged to the device it
     /// names; host memory is not ours to count.
     pub fn allocate_physical(
@@ -84,14 +187,16 @@ impl Memory {
         if prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
             return Err(LimiterError::Bypass("host memory"));
         }
-        self.allocate(Placement::Device(prop.location.id), bytes, allocate, made)
+        let placement = Placement::Device(prop.location.id);
+        self.allocate_on_device(placement, bytes, DeviceOnly::PHYSICAL, allocate, made)
     }
 
     /// A pitched allocation of `height` rows of `width` bytes on the current
     /// device: reserved for the usual pitch, then settled on the pitch the
     /// driver chose (`made`: the pointer and the pitch). If that pitch does
     /// not fit, the allocation is undone with `free`, as if the driver had
-    /// refused.
+    /// refused. Past the quota, the usual pitch is served from host memory
+    /// when the pod may spill there.
     pub fn allocate_pitched(
         self,
         width: usize,
@@ -99,7 +204,7 @@ impl Memory {
         allocate: impl FnOnce() -> CUresult,
         made: impl FnOnce() -> (CUdeviceptr, usize),
         free: impl FnOnce(CUdeviceptr),
-    ) -> Result<CUresult> {
+    ) -> Result<Pitched> {
         let device = self.limited_device(Placement::Current)?;
         let estimate = width
             .checked_next_multiple_of(PITCH_ESTIMATE_ALIGNMENT)
@@ -108,10 +213,17 @@ impl Memory {
         if estimate == 0 {
             return Err(LimiterError::Bypass("empty allocation"));
         }
-        let mut reservation = self.quota.reserve(self.ctx, device, estimate as u64)?;
+        let mut reservation = match self.quota.reserve(self.ctx, device, estimate as u64) {
+            Ok(reservation) => reservation,
+            Err(over) => {
+                let pointer = self.serve_from_host(over, estimate as u64)?;
+                let pitch = estimate / height;
+                return Ok(Pitched::Host { pointer, pitch });
+            }
+        };
         let result = allocate();
         if !result.is_success() {
-            return Ok(result);
+            return Ok(Pitched::Device(result));
         }
         let (pointer, pitch) = made();
         let actual = (pitch as u64).saturating_mul(height as u64);
@@ -120,7 +232,21 @@ impl Memory {
             return Err(over);
         }
         reservation.commit(Resource::Pointer(pointer));
-        Ok(result)
+        Ok(Pitched::Device(result))
+    }
+
+    /// Frees linear memory at `pointer`: host memory it was spilled to, else
+    /// with `free` as [`Self::free`]. `ordered`: a stream-ordered free.
+    pub fn free_linear(
+        self,
+        pointer: CUdeviceptr,
+        ordered: bool,
+        free: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
+        if let Some(freed) = self.spill.free(self.ctx, pointer, ordered) {
+            return Ok(freed);
+        }
+        self.free(Resource::Pointer(pointer), free)
     }
 
     /// Frees `resource` with `free` and credits its charge if that succeeds.

@@ -25,6 +25,7 @@ LIMITER_VARS = (
     "LD_PRELOAD", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_LIMITER_MEMORY_LIMIT", "CUDA_LIMITER_POD",
     "CUDA_DEVICE_SM_LIMIT", "CUDA_LIMITER_SM_LIMIT", "CUDA_LIMITER_GRANT_TIMEOUT_MS",
     "CUDA_LIMITER_HYPERVISOR", "CUDA_LIMITER_TOKEN", "CUDA_LIMITER_TOKEN_FILE",
+    "CUDA_OVERSUBSCRIBE", "CUDA_LIMITER_OVERSUBSCRIBE", "CUDA_LIMITER_SPILL_LIMIT",
 )
 
 
@@ -70,6 +71,8 @@ def env_for(s: Settings, mode: str, pod: str = "-", log: str | None = None) -> d
     """The environment of a run:
     base     without the limiter
     lim      the limiter and the 4 GiB memory quota, pod POD
+    over:C   as lim, with oversubscription on (CUDA_OVERSUBSCRIBE=true) and a
+             host-memory cap of C (CUDA_LIMITER_SPILL_LIMIT)
     pre      the limiter loaded and active (a 60 GiB quota), no compute limit
     sm:L     the limiter and a compute limit of L percent, pod POD
     hv       the limiter in hypervisor mode (s.hv_url), pod POD and its token
@@ -83,6 +86,9 @@ def env_for(s: Settings, mode: str, pod: str = "-", log: str | None = None) -> d
     env["CUDA_LIMITER_LOG"] = level
     if mode == "lim":
         env.update(CUDA_DEVICE_MEMORY_LIMIT="4g", CUDA_LIMITER_POD=pod)
+    elif mode.startswith("over:"):
+        env.update(CUDA_DEVICE_MEMORY_LIMIT="4g", CUDA_LIMITER_POD=pod, CUDA_OVERSUBSCRIBE="true",
+                   CUDA_LIMITER_SPILL_LIMIT=mode[5:])
     elif mode == "pre":
         env.update(CUDA_DEVICE_MEMORY_LIMIT="60g", CUDA_LIMITER_POD="e2e-pre")
     elif mode.startswith("sm:"):

@@ -27,6 +27,11 @@
 //!                                    # a cap, elastic with only a share, else none
 //! class = "batch"                    # batch | latency: latency pods are served
 //!                                    # first, batch pods wait while one is active
+//! oversubscribe = true               # past the quota, serve linear allocations from
+//!                                    # pinned host memory (default false)
+//! spill_limit = "16g"                # pod-wide cap of that host memory on this GPU
+//!                                    # (implies oversubscribe; default with it: a
+//!                                    # quarter of the node's memory; 0 = none)
 //! ```
 //!
 //! Limits follow the GPU's UUID (an `index` is resolved to the UUID of that
@@ -187,6 +192,8 @@ pub struct RawGpu {
     pub share: Option<u8>,
     pub policy: Option<String>,
     pub class: Option<String>,
+    pub oversubscribe: Option<bool>,
+    pub spill_limit: Option<SizeValue>,
 }
 
 /// A memory size: bytes, or a size string such as `"4g"`.
@@ -327,16 +334,20 @@ pub fn resolve_gpus(what: &str, raw: &[RawGpu]) -> Result<Vec<GpuSpec>, ConfigEr
             (None, Some(index)) => GpuSelector::index(index).map_err(spec_err)?,
             _ => return Err(ConfigError::GpuSelector { what }),
         };
-        let memory_bytes = match &gpu.memory {
-            None => 0,
-            Some(SizeValue::Bytes(bytes)) => *bytes,
+        let size = |value: &Option<SizeValue>| match value {
+            None => Ok(None),
+            Some(SizeValue::Bytes(bytes)) => Ok(Some(*bytes)),
             Some(SizeValue::Text(text)) => {
-                parse_size(text).map_err(|source| ConfigError::Size {
-                    what: what.clone(),
-                    source,
-                })?
+                parse_size(text)
+                    .map(Some)
+                    .map_err(|source| ConfigError::Size {
+                        what: what.clone(),
+                        source,
+                    })
             }
         };
+        let memory_bytes = size(&gpu.memory)?.unwrap_or(0);
+        let spill_bytes = spec::spill_cap(gpu.oversubscribe, size(&gpu.spill_limit)?);
         let policy = match &gpu.policy {
             None => None,
             Some(text) => Some(Policy::parse(text).ok_or_else(|| ConfigError::Policy {
@@ -361,7 +372,8 @@ pub fn resolve_gpus(what: &str, raw: &[RawGpu]) -> Result<Vec<GpuSpec>, ConfigEr
                 policy,
             )
             .map_err(spec_err)?
-            .with_class(class),
+            .with_class(class)
+            .with_spill(spill_bytes),
         );
     }
     spec::check_gpus(&gpus).map_err(|source| ConfigError::Spec {
@@ -473,117 +485,4 @@ fn one_line(message: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse_str(text: &str) -> Result<Config, ConfigError> {
-        parse(text, Path::new("test.toml"), Path::new("/nonexistent"))
-    }
-
-    #[test]
-    fn a_full_file() {
-        let config = parse_str(
-            r#"
-            listen = "127.0.0.1:9000"
-            admin_token = "adm"
-            worker_ttl_ms = 5000
-            health_interval_ms = 0
-            region_mode = "0640"
-            [[pods]]
-            id = "a"
-            token = "ta"
-            [[pods.gpus]]
-            index = 0
-            memory = "4g"
-            cap = 30
-            [[pods.gpus]]
-            uuid = "GPU-1234"
-            memory = 1024
-            weight = 3
-            share = 25
-            class = "latency"
-            [[pods]]
-            id = "b"
-            token = "tb"
-            "#,
-        )
-        .unwrap();
-        assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
-        assert!(config.admin_token.unwrap().matches("adm"));
-        assert_eq!(config.settings.worker_ttl, Duration::from_secs(5));
-        assert_eq!(config.settings.health_interval, None);
-        assert_eq!(config.regions.mode, Some(0o640));
-        let a = &config.pods[0];
-        assert_eq!(a.gpus[0].memory_bytes, 4 << 30);
-        assert_eq!(a.gpus[0].policy, Policy::Fixed);
-        assert_eq!(a.gpus[1].policy, Policy::Elastic);
-        assert_eq!(a.gpus[1].weight, 3);
-        assert_eq!(a.gpus[0].class, PodClass::Batch);
-        assert_eq!(a.gpus[1].class, PodClass::Latency);
-        assert!(config.pods[1].gpus.is_empty());
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        let cases = [
-            (
-                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\nclass = \"urgent\"\n",
-                "class \"urgent\" is not latency or batch",
-            ),
-            ("[[pods]]\nid = \"a\"\n", "exactly one of token"),
-            (
-                "[[pods]]\nid = \"a\"\ntoken = \"x\"\ntoken_env = \"Y\"\n",
-                "exactly one",
-            ),
-            ("[[pods]]\nid = \"a b\"\ntoken = \"x\"\n", "not a pod id"),
-            (
-                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\ncap = 30\n",
-                "uuid and index",
-            ),
-            (
-                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\ncap = 0\n",
-                "cap",
-            ),
-            (
-                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\nmemory = \"4x\"\n",
-                "memory",
-            ),
-            (
-                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\npolicy = \"max\"\n",
-                "policy",
-            ),
-            (
-                "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods]]\nid = \"a\"\ntoken = \"y\"\n",
-                "twice",
-            ),
-            ("listen = \"nowhere\"\n", "listen"),
-            ("region_mode = \"0666\"\n", "o+w"),
-            ("region_mode = \"0660\"\n", "g+w"),
-            ("colour = 1\n", "unknown field"),
-            (
-                "[[pods]]\nid = \"a\"\ntoken_env = \"HV_TEST_SURELY_UNSET\"\n",
-                "not set",
-            ),
-        ];
-        for (text, want) in cases {
-            let err = parse_str(text).unwrap_err().to_string();
-            assert!(err.contains(want), "{text:?}: {err}");
-            assert!(!err.contains('\n'), "one line: {err}");
-        }
-    }
-
-    #[test]
-    fn token_files_are_relative_to_the_config() {
-        let dir = std::env::temp_dir().join(format!("hv-config-test-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("tok"), "from-file\n").unwrap();
-        let config = parse(
-            "[[pods]]\nid = \"a\"\ntoken_file = \"tok\"\n",
-            &dir.join("c.toml"),
-            &dir,
-        )
-        .unwrap();
-        assert!(config.pods[0].token.matches("from-file"));
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

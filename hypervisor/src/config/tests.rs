@@ -1,0 +1,140 @@
+//! Parsing the config file and the admin limits body.
+
+use super::*;
+
+fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    parse(text, Path::new("test.toml"), Path::new("/nonexistent"))
+}
+
+#[test]
+fn a_full_file() {
+    let config = parse_str(
+        r#"
+        listen = "127.0.0.1:9000"
+        admin_token = "adm"
+        worker_ttl_ms = 5000
+        health_interval_ms = 0
+        region_mode = "0640"
+        [[pods]]
+        id = "a"
+        token = "ta"
+        [[pods.gpus]]
+        index = 0
+        memory = "4g"
+        cap = 30
+        [[pods.gpus]]
+        uuid = "GPU-1234"
+        memory = 1024
+        weight = 3
+        share = 25
+        class = "latency"
+        [[pods]]
+        id = "b"
+        token = "tb"
+        "#,
+    )
+    .unwrap();
+    assert_eq!(config.listen, "127.0.0.1:9000".parse().unwrap());
+    assert!(config.admin_token.unwrap().matches("adm"));
+    assert_eq!(config.settings.worker_ttl, Duration::from_secs(5));
+    assert_eq!(config.settings.health_interval, None);
+    assert_eq!(config.regions.mode, Some(0o640));
+    let a = &config.pods[0];
+    assert_eq!(a.gpus[0].memory_bytes, 4 << 30);
+    assert_eq!(a.gpus[0].policy, Policy::Fixed);
+    assert_eq!(a.gpus[1].policy, Policy::Elastic);
+    assert_eq!(a.gpus[1].weight, 3);
+    assert_eq!(a.gpus[0].class, PodClass::Batch);
+    assert_eq!(a.gpus[1].class, PodClass::Latency);
+    assert!(config.pods[1].gpus.is_empty());
+}
+
+#[test]
+fn oversubscription_per_gpu() {
+    let gpu = |line: &str| {
+        let text =
+            format!("[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\n{line}\n");
+        parse_str(&text).map(|config| config.pods[0].gpus[0].spill_bytes)
+    };
+    assert_eq!(gpu("").unwrap(), 0);
+    assert_eq!(gpu("spill_limit = \"16g\"").unwrap(), 16 << 30);
+    assert_eq!(
+        gpu("spill_limit = 1024\noversubscribe = true").unwrap(),
+        1024
+    );
+    assert_eq!(
+        gpu("spill_limit = \"16g\"\noversubscribe = false").unwrap(),
+        0
+    );
+    assert_eq!(gpu("oversubscribe = false").unwrap(), 0);
+    assert_eq!(
+        gpu("oversubscribe = true").unwrap(),
+        gpushare_utils::config::default_spill_limit()
+    );
+    let error = gpu("spill_limit = \"lots\"").unwrap_err().to_string();
+    assert!(error.contains("gpu #1"), "{error}");
+}
+
+#[test]
+fn errors_name_the_field() {
+    let cases = [
+        (
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\nclass = \"urgent\"\n",
+            "class \"urgent\" is not latency or batch",
+        ),
+        ("[[pods]]\nid = \"a\"\n", "exactly one of token"),
+        (
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\ntoken_env = \"Y\"\n",
+            "exactly one",
+        ),
+        ("[[pods]]\nid = \"a b\"\ntoken = \"x\"\n", "not a pod id"),
+        (
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\ncap = 30\n",
+            "uuid and index",
+        ),
+        (
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\ncap = 0\n",
+            "cap",
+        ),
+        (
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\nmemory = \"4x\"\n",
+            "memory",
+        ),
+        (
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\npolicy = \"max\"\n",
+            "policy",
+        ),
+        (
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods]]\nid = \"a\"\ntoken = \"y\"\n",
+            "twice",
+        ),
+        ("listen = \"nowhere\"\n", "listen"),
+        ("region_mode = \"0666\"\n", "o+w"),
+        ("region_mode = \"0660\"\n", "g+w"),
+        ("colour = 1\n", "unknown field"),
+        (
+            "[[pods]]\nid = \"a\"\ntoken_env = \"HV_TEST_SURELY_UNSET\"\n",
+            "not set",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = parse_str(text).unwrap_err().to_string();
+        assert!(err.contains(want), "{text:?}: {err}");
+        assert!(!err.contains('\n'), "one line: {err}");
+    }
+}
+
+#[test]
+fn token_files_are_relative_to_the_config() {
+    let dir = std::env::temp_dir().join(format!("hv-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tok"), "from-file\n").unwrap();
+    let config = parse(
+        "[[pods]]\nid = \"a\"\ntoken_file = \"tok\"\n",
+        &dir.join("c.toml"),
+        &dir,
+    )
+    .unwrap();
+    assert!(config.pods[0].token.matches("from-file"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
