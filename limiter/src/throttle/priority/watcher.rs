@@ -1,0 +1,163 @@
+//! The latency pod's watcher thread: keeps its device's "latency work in
+//! flight" stamp fresh while its tracked launches run, times queueing probes,
+//! stamps the heartbeat; and counts the process out of flight at exit.
+
+use std::ffi::c_void;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use gpushare_utils::bucket::monotonic_ns;
+use gpushare_utils::config::{MAX_DEVICES, PodClass};
+use gpushare_utils::priority::{HEARTBEAT_NS, NodePriority};
+
+use super::{MAX_PROBES, Priority, Probe, TRACKED, WATCH_POLL};
+use crate::context::{Context, register_at_exit};
+use crate::driver::Timing;
+use crate::sys::CUevent;
+
+impl Priority {
+    /// Starts the watcher thread, once (at the first latency launch).
+    pub(super) fn start_watcher(&'static self, ctx: &'static Context) {
+        self.watcher.call_once(|| {
+            let spawned = std::thread::Builder::new()
+                .name("cuda-limiter-priority".into())
+                .spawn(move || self.watch(ctx));
+            match spawned {
+                Ok(handle) => {
+                    self.watcher_thread.set(handle.thread().clone()).ok();
+                    let argument = std::ptr::from_ref(self).cast_mut().cast::<c_void>();
+                    // SAFETY: `leave_at_exit` never unwinds (it catches), and
+                    // its argument (`self`) outlives the exit handlers.
+                    if !unsafe { register_at_exit(leave_at_exit, argument) } {
+                        tracing::warn!("cannot register the exit handler; batch pods may wait up to 50 ms after this process exits");
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(%error, "cannot start the priority watcher; only launches mark latency work");
+                }
+            }
+        });
+    }
+
+    /// The watcher: keeps the active stamp fresh while latency work is in
+    /// flight, times queueing probes, stamps the heartbeat.
+    fn watch(&'static self, ctx: &'static Context) {
+        // Its own driver calls never go through the detours.
+        let _guard = gpushare_utils::hook::DetourGuard::enter_always();
+        // SAFETY: sets this thread's timer slack (1 µs), nothing else.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
+        let (Some(timing), Some(table)) = (
+            ctx.driver().and_then(|driver| driver.timing.as_ref()),
+            self.table.get(),
+        ) else {
+            return;
+        };
+        timing.relax_capture_mode();
+        let mut probes: Vec<Probe> = Vec::with_capacity(MAX_PROBES);
+        let mut heartbeat_at = 0;
+        loop {
+            let generation = self.generation.load(Ordering::SeqCst);
+            let now = monotonic_ns();
+            let busy = self.stamp_in_flight(timing, table, now);
+            while let Some(probe) = self.probes.pop() {
+                probes.push(probe);
+            }
+            probes.retain(|probe| match timing.query(probe.event as CUevent) {
+                Ok(false) => true,
+                done => {
+                    if done.is_ok()
+                        && let Some(slot) = self.slot(table, probe.device, PodClass::Latency)
+                    {
+                        slot.add_queue_delay(now.saturating_sub(probe.submitted_at));
+                    }
+                    timing.destroy(probe.event as CUevent);
+                    false
+                }
+            });
+            if now.saturating_sub(heartbeat_at) >= HEARTBEAT_NS / 2 {
+                heartbeat_at = now;
+                self.heartbeat(table, now);
+            }
+            if busy || !probes.is_empty() {
+                std::thread::sleep(WATCH_POLL);
+                continue;
+            }
+            self.watcher_parked.store(true, Ordering::SeqCst);
+            if self.generation.load(Ordering::SeqCst) == generation {
+                std::thread::park_timeout(Duration::from_nanos(HEARTBEAT_NS / 2));
+            }
+            self.watcher_parked.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// Stamps the devices whose latency trackers are pending, and counts
+    /// this process in or out of flight there; true if any is pending.
+    fn stamp_in_flight(&self, timing: &Timing, table: &NodePriority, now: u64) -> bool {
+        let mut pending = 0u32;
+        for (event, device) in &TRACKED {
+            let handle = event.load(Ordering::Acquire);
+            if handle == 0 || handle == usize::MAX {
+                continue;
+            }
+            if timing.query(handle as CUevent) == Ok(false) {
+                pending |= 1 << (device.load(Ordering::Relaxed).wrapping_sub(1) % 32);
+            }
+        }
+        let now = monotonic_ns().max(now);
+        for device in 0..MAX_DEVICES.min(32) {
+            let (bit, Some(line)) = (1u32 << device, table.device(device)) else {
+                continue;
+            };
+            if pending & bit != 0 {
+                if self.in_flight.fetch_or(bit, Ordering::AcqRel) & bit == 0 {
+                    line.enter_flight(now);
+                } else {
+                    line.stamp_active(now);
+                }
+            } else if self.in_flight.load(Ordering::Relaxed) & bit != 0
+                && self.in_flight.fetch_and(!bit, Ordering::AcqRel) & bit != 0
+            {
+                line.leave_flight(now);
+            }
+        }
+        pending != 0
+    }
+
+    fn heartbeat(&self, table: &NodePriority, now: u64) {
+        let devices = self.latency_devices.load(Ordering::Relaxed);
+        for device in (0..MAX_DEVICES.min(32)).filter(|d| devices & (1 << d) != 0) {
+            if let Some(line) = table.device(device) {
+                line.present_at_ns.store(now, Ordering::Release);
+            }
+        }
+    }
+}
+
+/// At a normal exit, counts this process out of flight everywhere, so
+/// batch pods go on at once rather than after [`STALL_NS`].
+///
+/// [`STALL_NS`]: gpushare_utils::priority::STALL_NS
+extern "C" fn leave_at_exit(priority: *mut c_void) {
+    let left = std::panic::catch_unwind(|| {
+        // SAFETY: registered with the throttle's `Priority`, which lives as
+        // long as the process.
+        let Some(priority) = (unsafe { priority.cast::<Priority>().as_ref() }) else {
+            return;
+        };
+        let (Some(table), bits) = (
+            priority.table.get(),
+            priority.in_flight.swap(0, Ordering::AcqRel),
+        ) else {
+            return;
+        };
+        let now = monotonic_ns();
+        for device in (0..MAX_DEVICES.min(32)).filter(|d| bits & (1 << d) != 0) {
+            if let Some(line) = table.device(device) {
+                line.leave_flight(now);
+            }
+        }
+    });
+    if left.is_err() {
+        eprintln!("cuda-limiter: internal fault while leaving the priority table at exit");
+    }
+}
