@@ -59,6 +59,7 @@ pub mod metrics;
 pub mod observer;
 pub mod priority;
 pub mod provision;
+pub mod quantity;
 pub mod region;
 pub mod scheduler;
 pub mod serve;

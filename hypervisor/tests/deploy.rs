@@ -98,7 +98,7 @@ fn the_example_asks_for_4gib_and_30_percent_of_our_class() {
         .as_ref()
         .unwrap();
     assert_eq!(
-        hypervisor::kubernetes::quantity::parse(&asked["memory"].0),
+        hypervisor::quantity::parse(&asked["memory"].0),
         Some(4 << 30)
     );
     assert_eq!(asked["compute"].0, "30");

@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 
 use gpushare_utils::config::{PodClass, parse_switch};
 
-use crate::kubernetes::quantity;
+use crate::quantity;
 use crate::spec::{self, Policy};
 
 pub const MEMORY_MIB: [&str; 2] = ["nvidia.com/gpumem", "nvidia.com/vgpu-memory"];

@@ -24,9 +24,10 @@ use gpushare_utils::config::PodClass;
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use serde::Deserialize;
 
-use super::{quantity, slice};
+use super::slice;
 use crate::observer::GpuInfo;
 use crate::provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
+use crate::quantity;
 use crate::spec::{self, Policy};
 
 /// Why a claim cannot be prepared here.

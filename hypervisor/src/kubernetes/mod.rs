@@ -21,7 +21,6 @@
 pub mod agent;
 pub mod claims;
 pub mod devices;
-pub mod quantity;
 pub mod slice;
 
 use std::path::Path;
