@@ -27,8 +27,15 @@ const SOURCES: &[&str] = &[
     "double/nvml_entry.S",
     "double/nvml.c",
     "double/libnvidia-ml.map",
+    "programs/probe.h",
     "programs/cudaprobe.c",
+    "programs/probe_memory.c",
+    "programs/probe_launch.c",
 ];
+
+/// The probe's C files, in `programs/` (with `probe.h`), linked into both
+/// `cudaprobe` and `cudaprobe_linked`.
+const PROBE_SOURCES: &[&str] = &["cudaprobe.c", "probe_memory.c", "probe_launch.c"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -99,19 +106,29 @@ fn main() {
         symlink(soname, &double_dir.join(link_name)).expect("symlink the development name");
     }
 
-    let probe = programs_src.join("cudaprobe.c");
-    cc(&[&"-o", &bin_dir.join("cudaprobe"), &probe]);
+    let probe: Vec<PathBuf> = PROBE_SOURCES.iter().map(|s| programs_src.join(s)).collect();
+    let probe_args = || probe.iter().map(|s| s as &dyn AsRef<std::ffi::OsStr>);
+    let probe_bin = bin_dir.join("cudaprobe");
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![&"-I", &programs_src, &"-o", &probe_bin];
+    args.extend(probe_args());
+    cc(&args);
     let search = format!("-L{}", double_dir.display());
-    cc(&[
+    let linked_bin = bin_dir.join("cudaprobe_linked");
+    let mut args: Vec<&dyn AsRef<std::ffi::OsStr>> = vec![
         &"-DCUDAPROBE_LINKED",
+        &"-I",
+        &programs_src,
         &"-o",
-        &bin_dir.join("cudaprobe_linked"),
-        &probe,
-        &search,
+        &linked_bin,
+    ];
+    args.extend(probe_args());
+    args.extend([
+        &search as &dyn AsRef<std::ffi::OsStr>,
         &"-Wl,-rpath,$ORIGIN/../double",
         &"-lcuda",
         &"-lnvidia-ml",
     ]);
+    cc(&args);
 
     println!(
         "cargo:rustc-env=GPUSHARE_DOUBLE_DIR={}",

@@ -4,7 +4,27 @@
 
 use std::process::{Command, Output};
 
-use gpushare_examples::{command, program};
+use gpushare_examples::{DEFAULT_CONTEXT_BYTES, command, program};
+
+pub mod in_process;
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+/// What a context takes on the simulated GPU, by default.
+pub const CTX: u64 = DEFAULT_CONTEXT_BYTES;
+/// A millisecond in ns.
+pub const MS: u64 = 1_000_000;
+
+pub const CUDA_SUCCESS: std::ffi::c_int = 0;
+pub const CUDA_ERROR_NOT_FOUND: std::ffi::c_int = 500;
+
+/// The three ways a program reaches the driver.
+pub const VARIANTS: &[(&str, &[&str])] = &[
+    ("cudaprobe", &["--via", "dlsym"]),
+    ("cudaprobe", &["--via", "getproc"]),
+    ("cudaprobe_linked", &[]),
+];
 
 /// What a test's child must not inherit: the preload and the double's knobs.
 const INHERITED: [&str; 6] = [

@@ -157,6 +157,16 @@ pub fn pod_toml(pod: &str, gpus: &[&str]) -> String {
     text
 }
 
+/// Two pods on GPU 0 with the admin token: `a` with 1 GiB and a 40% cap,
+/// `b` with 2 GiB and 60%; `extra` goes between the token and the pods.
+pub fn two_pods(a: &str, b: &str, extra: &str) -> String {
+    format!(
+        "admin_token = \"{ADMIN}\"\n{extra}\n{}{}",
+        pod_toml(a, &["index = 0\nmemory = \"1g\"\ncap = 40"]),
+        pod_toml(b, &["index = 0\nmemory = \"2g\"\ncap = 60"]),
+    )
+}
+
 pub fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)

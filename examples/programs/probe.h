@@ -1,0 +1,193 @@
+/*
+ * What the probe's files share: the driver entry points it calls (through
+ * drv in the dlopen build, directly in the linked one), the device it runs
+ * on, its output and failure helpers, and the commands of probe_memory.c
+ * and probe_launch.c that cudaprobe.c's script runner calls. The script
+ * format is described in cudaprobe.c.
+ */
+#ifndef CUDAPROBE_PROBE_H
+#define CUDAPROBE_PROBE_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_min.h"
+#include "double_common.h"
+
+#define CUDA_VERSION_USED 13000
+#define CUDA_VERSION_LEGACY 3010
+
+/* (function, base name for cuGetProcAddress, cudaVersion, flags) */
+#define CU_FUNCS(X)                                                                     \
+    X(cuInit, "cuInit", CUDA_VERSION_USED, 0)                                           \
+    X(cuDeviceGet, "cuDeviceGet", CUDA_VERSION_USED, 0)                                 \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", CUDA_VERSION_USED, 0)       \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent", CUDA_VERSION_USED, 0)                         \
+    X(cuCtxSynchronize, "cuCtxSynchronize", CUDA_VERSION_USED, 0)                       \
+    X(cuMemGetInfo, "cuMemGetInfo", CUDA_VERSION_LEGACY, 0)                             \
+    X(cuMemGetInfo_v2, "cuMemGetInfo", CUDA_VERSION_USED, 0)                            \
+    X(cuDeviceTotalMem, "cuDeviceTotalMem", CUDA_VERSION_LEGACY, 0)                     \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem", CUDA_VERSION_USED, 0)                    \
+    X(cuMemAlloc_v2, "cuMemAlloc", CUDA_VERSION_USED, 0)                                \
+    X(cuMemAllocPitch_v2, "cuMemAllocPitch", CUDA_VERSION_USED, 0)                      \
+    X(cuMemAllocManaged, "cuMemAllocManaged", CUDA_VERSION_USED, 0)                     \
+    X(cuMemAllocAsync, "cuMemAllocAsync", CUDA_VERSION_USED, 0)                         \
+    X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", CUDA_VERSION_USED, 2)                    \
+    X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", CUDA_VERSION_USED, 0)         \
+    X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", CUDA_VERSION_USED, 2)    \
+    X(cuMemFree_v2, "cuMemFree", CUDA_VERSION_USED, 0)                                  \
+    X(cuMemFreeAsync, "cuMemFreeAsync", CUDA_VERSION_USED, 0)                           \
+    X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", CUDA_VERSION_USED, 2)                      \
+    X(cuMemCreate, "cuMemCreate", CUDA_VERSION_USED, 0)                                 \
+    X(cuMemRelease, "cuMemRelease", CUDA_VERSION_USED, 0)                               \
+    X(cuArrayCreate_v2, "cuArrayCreate", CUDA_VERSION_USED, 0)                          \
+    X(cuArray3DCreate_v2, "cuArray3DCreate", CUDA_VERSION_USED, 0)                      \
+    X(cuArrayDestroy, "cuArrayDestroy", CUDA_VERSION_USED, 0)                           \
+    X(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", CUDA_VERSION_USED, 0)           \
+    X(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", CUDA_VERSION_USED, 0)
+
+/*
+ * The compute entry points, optional in the dlopen build: a real driver may
+ * lack the legacy launches, and a command that needs a missing one reports
+ * CUDA_ERROR_NOT_FOUND (500) instead of the probe failing to start.
+ */
+#define CU_COMPUTE_FUNCS(X)                                                             \
+    X(cuModuleLoadData, "cuModuleLoadData", CUDA_VERSION_USED, 0)                       \
+    X(cuModuleGetFunction, "cuModuleGetFunction", CUDA_VERSION_USED, 0)                 \
+    X(cuLaunchKernel, "cuLaunchKernel", CUDA_VERSION_USED, 0)                           \
+    X(cuLaunchKernel_ptsz, "cuLaunchKernel", CUDA_VERSION_USED, 2)                      \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx", CUDA_VERSION_USED, 0)                       \
+    X(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", CUDA_VERSION_USED, 2)                  \
+    X(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", CUDA_VERSION_USED, 0)     \
+    X(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", CUDA_VERSION_USED, 2) \
+    X(cuLaunch, "cuLaunch", CUDA_VERSION_USED, 0)                                       \
+    X(cuLaunchGrid, "cuLaunchGrid", CUDA_VERSION_USED, 0)                               \
+    X(cuLaunchGridAsync, "cuLaunchGridAsync", CUDA_VERSION_USED, 0)                     \
+    X(cuGraphLaunch, "cuGraphLaunch", CUDA_VERSION_USED, 0)                             \
+    X(cuGraphLaunch_ptsz, "cuGraphLaunch", CUDA_VERSION_USED, 2)                        \
+    X(cuStreamCreate, "cuStreamCreate", CUDA_VERSION_USED, 0)                           \
+    X(cuStreamDestroy_v2, "cuStreamDestroy", CUDA_VERSION_USED, 0)                      \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", CUDA_VERSION_USED, 0)            \
+    X(cuStreamEndCapture, "cuStreamEndCapture", CUDA_VERSION_USED, 0)                   \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", CUDA_VERSION_USED, 0) \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy", CUDA_VERSION_USED, 0)                   \
+    X(cuGraphDestroy, "cuGraphDestroy", CUDA_VERSION_USED, 0)                           \
+    X(cuPointerGetAttribute, "cuPointerGetAttribute", CUDA_VERSION_USED, 0)             \
+    X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", CUDA_VERSION_USED, 0)
+
+#define NVML_FUNCS(X)                                                                   \
+    X(nvmlInit_v2)                                                                      \
+    X(nvmlShutdown)                                                                     \
+    X(nvmlDeviceGetHandleByIndex_v2)                                                    \
+    X(nvmlDeviceGetMemoryInfo)                                                          \
+    X(nvmlDeviceGetMemoryInfo_v2)                                                       \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)
+
+#ifdef CUDAPROBE_LINKED
+#define CU(name) name
+#define CU_OPT(name, ...) name(__VA_ARGS__)
+#define NVML(name) name
+#else
+struct probe_driver {
+#define CU_SLOT(name, base, version, flags) __typeof__(&name) name;
+    CU_FUNCS(CU_SLOT)
+    CU_COMPUTE_FUNCS(CU_SLOT)
+#undef CU_SLOT
+#define NVML_SLOT(name) __typeof__(&name) name;
+    NVML_FUNCS(NVML_SLOT)
+#undef NVML_SLOT
+};
+extern struct probe_driver drv;
+#define CU(name) drv.name
+#define CU_OPT(name, ...) (drv.name == NULL ? CUDA_ERROR_NOT_FOUND : drv.name(__VA_ARGS__))
+#define NVML(name) drv.name
+#endif
+
+/* The double's busy-time accessor; NULL on a real driver. */
+extern gpushare_double_busy_fn busy_fn;
+/* The device the script runs on (--device), and its primary context. */
+extern int device_ordinal;
+extern CUdevice device;
+extern CUcontext context;
+
+/* Exit status 1: the environment failed us; 2: the script is malformed. */
+void die(int status, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+/* One output line, flushed at once: tests read it while we run. */
+void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+enum api_kind {
+    API_MEM,
+    API_PITCH,
+    API_MANAGED,
+    API_ASYNC,
+    API_ASYNC_PTSZ,
+    API_POOL,
+    API_POOL_PTSZ,
+    API_CREATE,
+    API_ARRAY,
+    API_ARRAY3D,
+    API_MIPMAP,
+    API_COUNT
+};
+
+/* The launch APIs of spin, run and pace. */
+enum launch_api {
+    LAUNCH_KERNEL,
+    LAUNCH_KERNEL_PTSZ,
+    LAUNCH_EX,
+    LAUNCH_EX_PTSZ,
+    LAUNCH_COOP,
+    LAUNCH_COOP_PTSZ,
+    LAUNCH_GRAPH,
+    LAUNCH_GRAPH_PTSZ,
+    LAUNCH_LEGACY,
+    LAUNCH_GRID,
+    LAUNCH_GRID_ASYNC,
+    LAUNCH_COUNT
+};
+
+
+/* What pace, shapes and functions share after their first argument: the
+ * kernel's duration, the iterations, the host work per iteration. */
+struct paced {
+    const char *dur_text, *count_text, *host_text;
+    unsigned long long dur_us, count, host_us;
+};
+
+/* probe_memory.c: allocations, memory queries, NVML. */
+void cmd_alloc(const char *api_text, enum api_kind api, const char *size_text, size_t size);
+void cmd_free(const char *id_text, unsigned long long id);
+void cmd_ptr(const char *id_text, unsigned long long id);
+void cmd_info(const char *cmd);
+void cmd_totalmem(const char *cmd);
+void cmd_fill(const char *size_text, size_t size);
+void cmd_freeall(void);
+void cmd_hammer(unsigned long long threads, unsigned long long iters, size_t size);
+void cmd_nvml(const char *name, int v2);
+void cmd_nvml_procs(void);
+
+/* probe_launch.c: kernels on the simulated clock, and what it reports. */
+unsigned long long now_ns(void);
+void cmd_spin(const char *api_text, enum launch_api api, const char *dur_text,
+              unsigned long long dur_us, const char *count_text, unsigned long long count);
+void cmd_run(const char *api_text, enum launch_api api, const char *dur_text,
+             unsigned long long dur_us, const char *ms_text, unsigned long long ms);
+void cmd_pace(const char *api_text, enum launch_api api, const struct paced *p);
+void cmd_shapes(const char *n_text, unsigned long long n, const struct paced *p);
+void cmd_functions(const char *f_text, unsigned long long f, const struct paced *p);
+void cmd_series(const char *window_text, unsigned long long window_ms);
+void cmd_idle(const char *step_text, unsigned long long step_us);
+void cmd_maxstall(void);
+
+#endif

@@ -1,0 +1,210 @@
+//! The probe's `spin`, `run`, `series`, `pace` and `maxstall` report the
+//! double's simulated GPU clock, through every launch API and whichever way
+//! they reach the driver.
+//!
+//! Timer-based assertions leave room for a loaded CI box: busy time is exact
+//! (it is booked, not measured), shares are retried a few times.
+#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
+
+mod common;
+
+use common::{MS, VARIANTS, lines, run};
+use gpushare_examples::{BUSY_SYMBOL, probe_field};
+
+/// Every launch API of `spin`, `run` and `pace` that takes its duration from
+/// the kernel parameter.
+const TIMED_APIS: &[&str] = &[
+    "kernel",
+    "kernel_ptsz",
+    "ex",
+    "ex_ptsz",
+    "coop",
+    "coop_ptsz",
+    "graph",
+    "graph_ptsz",
+];
+
+/// The legacy launches, which last `GPUSHARE_DOUBLE_KERNEL_NS`.
+const LEGACY_APIS: &[&str] = &["legacy", "grid", "grid_async"];
+
+fn field(line: &str, key: &str) -> u64 {
+    probe_field(line, key).unwrap_or_else(|| panic!("no {key}= in {line:?}"))
+}
+
+/// Runs the one-command `script` until its share reaches `min_pm` (timers on
+/// a loaded box oversleep), at most 5 times; returns the last line.
+fn best_share(
+    name: &str,
+    options: &[&str],
+    script: &str,
+    env: &[(&str, &str)],
+    min_pm: u64,
+) -> String {
+    let mut line = String::new();
+    for _ in 0..5 {
+        line = lines(name, options, script, env).remove(0);
+        if field(&line, "share_pm") >= min_pm {
+            break;
+        }
+    }
+    line
+}
+
+#[test]
+fn spin_fills_the_gpu_through_every_launch_api() {
+    for &(name, options) in VARIANTS {
+        for api in TIMED_APIS {
+            let script = format!("spin {api} 1000 20");
+            let line = best_share(name, options, &script, &[], 950);
+            let context = format!("{name} {options:?}: {line}");
+            assert!(
+                line.starts_with(&format!("{script} -> 0 wall_ns=")),
+                "{context}"
+            );
+            let (wall, busy) = (field(&line, "wall_ns"), field(&line, "busy_ns"));
+            assert!(busy.abs_diff(20 * MS) <= 20 * MS / 100, "{context}");
+            assert!(wall >= busy, "{context}");
+            assert_eq!(field(&line, "share_pm"), busy * 1000 / wall, "{context}");
+            assert!(field(&line, "share_pm") >= 950, "{context}");
+        }
+    }
+}
+
+#[test]
+fn legacy_launches_last_the_default_kernel_time() {
+    for &(name, options) in VARIANTS {
+        let script: String = LEGACY_APIS
+            .iter()
+            .map(|api| format!("spin {api} 1000 10 "))
+            .collect();
+        for (env, busy) in [
+            (&[][..], 10 * 100_000),
+            (&[("GPUSHARE_DOUBLE_KERNEL_NS", "500000")][..], 10 * 500_000),
+        ] {
+            let out = lines(name, options, &script, env);
+            assert_eq!(out.len(), LEGACY_APIS.len());
+            for (line, api) in out.iter().zip(LEGACY_APIS) {
+                assert!(
+                    line.starts_with(&format!("spin {api} 1000 10 -> 0 wall_ns=")),
+                    "{name} {options:?}: {line}"
+                );
+                assert_eq!(field(line, "busy_ns"), busy, "{name} {options:?}: {line}");
+            }
+        }
+    }
+}
+
+#[test]
+fn run_series_pace_and_maxstall_report_the_clock() {
+    // A short queue keeps the backlog after the 100 ms of launching short.
+    let env = [("GPUSHARE_DOUBLE_QUEUE_DEPTH", "16")];
+    for &(name, options) in VARIANTS {
+        let out = lines(
+            name,
+            options,
+            "run kernel 200 100 series 10 maxstall pace graph 1000 10 0 maxstall",
+            &env,
+        );
+        let context = format!("{name} {options:?}: {out:#?}");
+        assert_eq!(out.len(), 5, "{context}");
+
+        assert!(
+            out[0].starts_with("run kernel 200 100 -> 0 launches="),
+            "{context}"
+        );
+        let launches = field(&out[0], "launches");
+        let (wall, busy) = (field(&out[0], "wall_ns"), field(&out[0], "busy_ns"));
+        // 100 ms of launching, then the 16 queued kernels drain.
+        assert!(wall >= 100 * MS && launches >= 16, "{context}");
+        assert!(launches * 200_000 <= wall + 200_000, "{context}");
+        assert_eq!(busy, launches * 200_000, "{context}");
+        assert_eq!(field(&out[0], "share_pm"), busy * 1000 / wall, "{context}");
+
+        let series = out[1].strip_prefix("series 10 pm=").expect(&context);
+        let windows: Vec<u64> = series.split(',').map(|pm| pm.parse().unwrap()).collect();
+        assert_eq!(windows.len() as u64, wall / (10 * MS), "{context}");
+        assert!(windows.iter().all(|&pm| pm <= 1000), "{context}");
+        let mut sorted = windows.clone();
+        sorted.sort_unstable();
+        assert!(sorted[sorted.len() / 2] >= 900, "{context}");
+
+        // With the queue full, a launch waits for a kernel to finish.
+        assert!(out[2].starts_with("maxstall ns="), "{context}");
+        assert!(field(&out[2], "ns") >= 50_000, "{context}");
+
+        // GPU-bound: 10 back-to-back 1 ms graphs.
+        assert!(
+            out[3].starts_with("pace graph 1000 10 0 -> 0 ns_per_iter="),
+            "{context}"
+        );
+        assert!(field(&out[3], "ns_per_iter") >= MS, "{context}");
+        assert!(out[4].starts_with("maxstall ns="), "{context}");
+        assert!(field(&out[4], "ns") < 100 * MS, "{context}");
+    }
+
+    // Host-bound: 3 ms of host work per 100 µs kernel.
+    let out = lines(
+        "cudaprobe",
+        &[],
+        "pace kernel_ptsz 100 5 3000 series 5",
+        &[],
+    );
+    assert!(
+        out[0].starts_with("pace kernel_ptsz 100 5 3000 -> 0 ns_per_iter="),
+        "{out:?}"
+    );
+    assert!(field(&out[0], "ns_per_iter") >= 3 * MS, "{out:?}");
+    let windows: Vec<u64> = out[1]
+        .strip_prefix("series 5 pm=")
+        .unwrap()
+        .split(',')
+        .map(|pm| pm.parse().unwrap())
+        .collect();
+    assert!(!windows.is_empty(), "{out:?}");
+    assert!(windows.iter().all(|&pm| pm <= 100), "mostly idle: {out:?}");
+}
+
+#[test]
+fn a_full_launch_queue_blocks_the_launch() {
+    let out = lines(
+        "cudaprobe",
+        &[],
+        "spin kernel 10000 4 maxstall",
+        &[("GPUSHARE_DOUBLE_QUEUE_DEPTH", "2")],
+    );
+    assert_eq!(field(&out[0], "busy_ns"), 40 * MS, "{out:?}");
+    // The third launch waits for the first kernel (10 ms).
+    assert!(field(&out[1], "ns") >= 5 * MS, "{out:?}");
+}
+
+#[test]
+fn malformed_compute_scripts_exit_2_before_doing_anything() {
+    for script in [
+        "series 10",
+        "maxstall",
+        "info maxstall spin kernel 1 1",
+        "spin bogus 1 1",
+        "spin kernel 1",
+        "run kernel x 1",
+        "pace kernel 1 1",
+        "spin kernel 1 1 series 0",
+    ] {
+        let output = run("cudaprobe", &[], script, &[]);
+        assert_eq!(output.status.code(), Some(2), "{script}");
+        assert!(output.stdout.is_empty(), "{script}");
+        assert!(
+            String::from_utf8_lossy(&output.stderr).starts_with("cudaprobe: "),
+            "{script}"
+        );
+    }
+}
+
+#[test]
+fn probe_fields_parse() {
+    let line = "run kernel 1 2 -> 0 launches=7 wall_ns=10 busy_ns=5 share_pm=500";
+    assert_eq!(probe_field(line, "launches"), Some(7));
+    assert_eq!(probe_field(line, "share_pm"), Some(500));
+    assert_eq!(probe_field(line, "wall"), None);
+    assert_eq!(probe_field("maxstall ns=x", "ns"), None);
+    assert_eq!(BUSY_SYMBOL, "gpushare_double_busy_ns");
+}
