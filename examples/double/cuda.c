@@ -15,7 +15,10 @@
  *   allocations made in it, as the real driver does; cuMemCreate handles
  *   belong to no context.
  * - Allocations get fake addresses (never dereferenced) from a bump pointer in
- *   a 1 TiB region per GPU starting at 0x7f0000000000, 512-byte aligned; the
+ *   a 1 TiB region per GPU, 512-byte aligned, in address space reserved at
+ *   load (PROT_NONE), so that no host mapping can share an address with a
+ *   device allocation (pinned host memory is addressed by its host address,
+ *   as under UVA); the
  *   bump restarts when the GPU has no live allocation. Arrays, mipmapped
  *   arrays and cuMemCreate handles take their values from the same space.
  *   A GPU is charged exactly the computed size of each allocation; an
@@ -83,6 +86,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "cuda_min.h"
@@ -105,7 +109,10 @@ static const char *const exported_names[] = {
 };
 
 #define DOUBLE_MAX_CREATED 64
-#define REGION_BASE 0x7f0000000000ULL
+/* Where the regions start when the reservation cannot be had. */
+#define FALLBACK_REGION_BASE 0x7f0000000000ULL
+static unsigned long long g_region_base = FALLBACK_REGION_BASE;
+#define REGION_BASE g_region_base
 #define REGION_SIZE (1ULL << 40)
 #define ADDRESS_ALIGN 512ULL
 #define GRANULARITY (2ULL << 20)
@@ -239,6 +246,13 @@ static void load_config(void) {
     g_config_kernel_ns = env_count("GPUSHARE_DOUBLE_KERNEL_NS", DEFAULT_KERNEL_NS, 0, ~0ULL);
     g_config_queue_depth =
         env_count("GPUSHARE_DOUBLE_QUEUE_DEPTH", DEFAULT_QUEUE_DEPTH, 1, MAX_QUEUE_DEPTH);
+    {
+        void *reserved = mmap(NULL, (size_t)(DOUBLE_MAX_DEVICES * REGION_SIZE), PROT_NONE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (reserved != MAP_FAILED) {
+            g_region_base = (unsigned long long)(uintptr_t)reserved;
+        }
+    }
     for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
         g_primary[i].device = i;
         g_primary[i].primary = 1;
