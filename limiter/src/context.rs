@@ -163,7 +163,11 @@ impl Context {
                 let name = format!("{POD_REGION_PREFIX}{}", self.pod);
                 match PodLedger::open_with(&name, &self.trust, &Creation::default(), LEDGER_OPEN_TIMEOUT) {
                     Ok(ledger) => {
-                        release_at_exit(self);
+                        if !register_at_exit(self) {
+                            tracing::warn!(
+                                "cannot register the exit handler; a dead process's memory is reclaimed by the next scan"
+                            );
+                        }
                         Some(ledger)
                     }
                     Err(error) => {
@@ -227,45 +231,42 @@ unsafe extern "C" {
     ) -> c_int;
 }
 
-/// Has `function(argument)` run when the process exits normally; false when
-/// it cannot be registered.
-///
-/// # Safety
-/// `function` must not unwind, and `argument` must stay valid through the
-/// process's exit handlers (a `'static`).
-pub(crate) unsafe fn register_at_exit(
-    function: extern "C" fn(*mut c_void),
-    argument: *mut c_void,
-) -> bool {
-    // SAFETY: the caller's promises; no DSO handle: run at process exit.
-    unsafe { __cxa_atexit(function, argument, std::ptr::null_mut()) == 0 }
+/// Work a value that lives as long as the process does when it exits
+/// normally (statics are never dropped).
+pub(crate) trait AtExit: Sync + 'static {
+    /// What the work is, for the line printed if it panics ("while …").
+    const WHAT: &'static str;
+    fn at_exit(&'static self);
+}
+
+/// Has `value.at_exit()` run when the process exits normally, a panic in it
+/// caught; false when it cannot be registered.
+pub(crate) fn register_at_exit<T: AtExit>(value: &'static T) -> bool {
+    extern "C" fn run<T: AtExit>(value: *mut c_void) {
+        let ran = std::panic::catch_unwind(|| {
+            // SAFETY: registered below from a `&'static T`.
+            if let Some(value) = unsafe { value.cast::<T>().as_ref() } {
+                value.at_exit();
+            }
+        });
+        if ran.is_err() {
+            eprintln!("cuda-limiter: internal fault {} at exit", T::WHAT);
+        }
+    }
+    let argument = std::ptr::from_ref(value).cast_mut().cast::<c_void>();
+    // SAFETY: `run` never unwinds (it catches), and its argument outlives the
+    // process's exit handlers; no DSO handle: run at process exit.
+    unsafe { __cxa_atexit(run::<T>, argument, std::ptr::null_mut()) == 0 }
 }
 
 /// Gives this process's ledger slot back when it exits normally, so that the
-/// next process's reports are right at once (statics are never dropped).
-fn release_at_exit(ctx: &'static Context) {
-    extern "C" fn release(ctx: *mut c_void) {
-        let released = std::panic::catch_unwind(|| {
-            // SAFETY: registered below with the context, which lives as long
-            // as the process.
-            let ctx = unsafe { ctx.cast::<Context>().as_ref() };
-            if let Some(ledger) = ctx
-                .and_then(|ctx| ctx.ledger.get())
-                .and_then(Option::as_ref)
-            {
-                ledger.release_own_slot();
-            }
-        });
-        if released.is_err() {
-            eprintln!("cuda-limiter: internal fault while giving memory back at exit");
+/// next process's reports are right at once.
+impl AtExit for Context {
+    const WHAT: &'static str = "while giving memory back";
+
+    fn at_exit(&'static self) {
+        if let Some(ledger) = self.ledger.get().and_then(Option::as_ref) {
+            ledger.release_own_slot();
         }
-    }
-    let argument = std::ptr::from_ref(ctx).cast_mut().cast::<c_void>();
-    // SAFETY: `release` is a plain function that never unwinds (it catches),
-    // and its argument outlives the process's exit handlers.
-    if !unsafe { register_at_exit(release, argument) } {
-        tracing::warn!(
-            "cannot register the exit handler; a dead process's memory is reclaimed by the next scan"
-        );
     }
 }

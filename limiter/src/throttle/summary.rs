@@ -1,14 +1,13 @@
 //! What the limit cost this process, printed at exit at `CUDA_LIMITER_LOG=info`:
 //! tells a limit that binds from a limiter that costs.
 
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpushare_utils::bucket::monotonic_ns;
 use tracing::level_filters::LevelFilter;
 
 use super::Throttle;
-use crate::context::register_at_exit;
+use crate::context::{AtExit, register_at_exit};
 
 /// Where this process's launches waited, summed over its threads, and when
 /// it first launched: logged at exit (`CUDA_LIMITER_LOG=info`), to tell a
@@ -31,30 +30,16 @@ impl Held {
 }
 
 impl Throttle {
-    /// Has [`Self::print_summary`] run at exit, when the log level asks for it.
+    /// Has the summary printed at exit, when the log level asks for it.
     pub(super) fn print_summary_at_exit(&'static self) {
-        extern "C" fn print(throttle: *mut c_void) {
-            let printed = std::panic::catch_unwind(|| {
-                // SAFETY: registered below with the throttle, which lives as
-                // long as the process.
-                if let Some(throttle) = unsafe { throttle.cast::<Throttle>().as_ref() } {
-                    throttle.print_summary();
-                }
-            });
-            if printed.is_err() {
-                eprintln!("cuda-limiter: internal fault while printing the compute summary");
-            }
-        }
-        if LevelFilter::current() < LevelFilter::INFO {
-            return;
-        }
-        let argument = std::ptr::from_ref(self).cast_mut().cast::<c_void>();
-        // SAFETY: `print` never unwinds (it catches), and the throttle
-        // outlives the exit handlers.
-        if !unsafe { register_at_exit(print, argument) } {
+        if LevelFilter::current() >= LevelFilter::INFO && !register_at_exit(self) {
             tracing::debug!("cannot register the exit handler: no compute summary");
         }
     }
+}
+
+impl AtExit for Throttle {
+    const WHAT: &'static str = "while printing the compute summary";
 
     /// Prints what the launches of this process cost it, at exit, when the
     /// log level is `info` or finer (local limits; under a hypervisor,
@@ -62,7 +47,7 @@ impl Throttle {
     /// and GPU time charged (as a share of the wall time since this
     /// process's first launch), and the time launches waited. Printed
     /// directly: at exit, `tracing`'s thread-locals are gone.
-    fn print_summary(&self) {
+    fn at_exit(&'static self) {
         let first = self.held.first_launch_ns.load(Ordering::Relaxed);
         if first == 0 {
             return;

@@ -2,7 +2,6 @@
 //! flight" stamp fresh while its tracked launches run, times queueing probes,
 //! stamps the heartbeat; and counts the process out of flight at exit.
 
-use std::ffi::c_void;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -11,7 +10,7 @@ use gpushare_utils::config::{MAX_DEVICES, PodClass};
 use gpushare_utils::priority::{HEARTBEAT_NS, NodePriority};
 
 use super::{MAX_PROBES, Priority, Probe, TRACKED, WATCH_POLL};
-use crate::context::{Context, register_at_exit};
+use crate::context::{AtExit, Context, register_at_exit};
 use crate::driver::Timing;
 use crate::sys::CUevent;
 
@@ -25,10 +24,7 @@ impl Priority {
             match spawned {
                 Ok(handle) => {
                     self.watcher_thread.set(handle.thread().clone()).ok();
-                    let argument = std::ptr::from_ref(self).cast_mut().cast::<c_void>();
-                    // SAFETY: `leave_at_exit` never unwinds (it catches), and
-                    // its argument (`self`) outlives the exit handlers.
-                    if !unsafe { register_at_exit(leave_at_exit, argument) } {
+                    if !register_at_exit(self) {
                         tracing::warn!("cannot register the exit handler; batch pods may wait up to 50 ms after this process exits");
                     }
                 }
@@ -137,17 +133,12 @@ impl Priority {
 /// batch pods go on at once rather than after [`STALL_NS`].
 ///
 /// [`STALL_NS`]: gpushare_utils::priority::STALL_NS
-extern "C" fn leave_at_exit(priority: *mut c_void) {
-    let left = std::panic::catch_unwind(|| {
-        // SAFETY: registered with the throttle's `Priority`, which lives as
-        // long as the process.
-        let Some(priority) = (unsafe { priority.cast::<Priority>().as_ref() }) else {
-            return;
-        };
-        let (Some(table), bits) = (
-            priority.table.get(),
-            priority.in_flight.swap(0, Ordering::AcqRel),
-        ) else {
+impl AtExit for Priority {
+    const WHAT: &'static str = "while leaving the priority table";
+
+    fn at_exit(&'static self) {
+        let (Some(table), bits) = (self.table.get(), self.in_flight.swap(0, Ordering::AcqRel))
+        else {
             return;
         };
         let now = monotonic_ns();
@@ -156,8 +147,5 @@ extern "C" fn leave_at_exit(priority: *mut c_void) {
                 line.leave_flight(now);
             }
         }
-    });
-    if left.is_err() {
-        eprintln!("cuda-limiter: internal fault while leaving the priority table at exit");
     }
 }
