@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{MS, VARIANTS, lines, run};
+use common::{MS, VARIANTS, assert_malformed, lines};
 use gpushare_examples::{BUSY_SYMBOL, probe_field};
 
 /// Every launch API of `spin`, `run` and `pace` that takes its duration from
@@ -189,13 +189,7 @@ fn malformed_compute_scripts_exit_2_before_doing_anything() {
         "pace kernel 1 1",
         "spin kernel 1 1 series 0",
     ] {
-        let output = run("cudaprobe", &[], script, &[]);
-        assert_eq!(output.status.code(), Some(2), "{script}");
-        assert!(output.stdout.is_empty(), "{script}");
-        assert!(
-            String::from_utf8_lossy(&output.stderr).starts_with("cudaprobe: "),
-            "{script}"
-        );
+        assert_malformed(script);
     }
 }
 

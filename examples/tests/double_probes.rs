@@ -9,7 +9,7 @@ use std::process::Stdio;
 
 mod common;
 
-use common::{CTX, GIB, KIB, MIB, VARIANTS, lines, run};
+use common::{CTX, GIB, KIB, MIB, VARIANTS, assert_malformed, lines, run};
 use gpushare_examples::{command, double_dir, program};
 
 /// Runs `script` through every variant and checks the exact output.
@@ -247,13 +247,7 @@ fn malformed_scripts_exit_2_before_doing_anything() {
         "info hammer 0 1 1m",
         "info sleep",
     ] {
-        let output = run("cudaprobe", &[], script, &[]);
-        assert_eq!(output.status.code(), Some(2), "{script}");
-        assert!(output.stdout.is_empty(), "{script}");
-        assert!(
-            String::from_utf8_lossy(&output.stderr).starts_with("cudaprobe: "),
-            "{script}"
-        );
+        assert_malformed(script);
     }
     // An unknown ID shows only when it runs.
     let output = run("cudaprobe_linked", &[], "info free 3", &[]);

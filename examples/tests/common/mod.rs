@@ -86,6 +86,18 @@ pub fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> 
     cmd.output().expect("run the probe")
 }
 
+/// Asserts that the probe rejects `script` before doing anything: exit 2,
+/// nothing on stdout, one `cudaprobe: ` line on stderr.
+pub fn assert_malformed(script: &str) {
+    let output = run("cudaprobe", &[], script, &[]);
+    assert_eq!(output.status.code(), Some(2), "{script}");
+    assert!(output.stdout.is_empty(), "{script}");
+    assert!(
+        String::from_utf8_lossy(&output.stderr).starts_with("cudaprobe: "),
+        "{script}"
+    );
+}
+
 /// The stdout lines of a probe that must succeed.
 pub fn lines(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Vec<String> {
     let output = run(name, options, script, env);
