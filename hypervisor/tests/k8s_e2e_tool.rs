@@ -3,49 +3,16 @@
 //! to stop, and cleans up.
 
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 #[test]
 fn k8s_e2e_writes_the_cdi_env_and_cleans_up() {
-    let dir = std::env::temp_dir().join(format!("hv-k8s-e2e-tool-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let limiter = dir.join("libcuda_limiter.so");
-    std::fs::write(&limiter, b"").unwrap();
-    let out = dir.join("out");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_k8s-e2e"))
-        .args([
-            "--simulate-gpus",
-            "2",
-            "--memory",
-            "4Gi",
-            "--compute",
-            "30",
-            "--max-seconds",
-            "60",
-        ])
-        .arg("--out")
-        .arg(&out)
-        .arg("--limiter")
-        .arg(&limiter)
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !out.join("ready").exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "k8s-e2e never got ready"
-        );
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("k8s-e2e exited early: {status}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let pod = std::fs::read_to_string(out.join("ready"))
-        .unwrap()
-        .trim()
-        .to_owned();
+    let tool = Tool::start(
+        "tool",
+        &["--simulate-gpus", "2", "--memory", "4Gi", "--compute", "30"],
+    );
+    let (out, limiter, pod) = (&tool.out, &tool.limiter, tool.pod.clone());
     let env = std::fs::read_to_string(out.join("env")).unwrap();
     assert!(
         env.lines().any(|l| l == format!("CUDA_LIMITER_POD={pod}")),
@@ -78,15 +45,7 @@ fn k8s_e2e_writes_the_cdi_env_and_cleans_up() {
     assert_eq!(std::fs::read_to_string(&token_host).unwrap().len(), 64);
     assert!(PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}")).exists());
 
-    std::fs::write(out.join("stop"), b"").unwrap();
-    let status = child.wait().unwrap();
-    assert!(status.success());
-    assert_eq!(
-        std::fs::read_to_string(out.join("unprepared")).unwrap(),
-        "clean\n"
-    );
-    let hv: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("status.json")).unwrap()).unwrap();
+    let hv = tool.stop();
     let gpu = &hv["pods"][0]["gpus"][0];
     assert_eq!(
         (
@@ -97,42 +56,24 @@ fn k8s_e2e_writes_the_cdi_env_and_cleans_up() {
         (Some(pod.as_str()), Some(4 << 30), Some(30))
     );
     assert!(!PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}")).exists());
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn k8s_e2e_device_plugin_mode_writes_the_allocate_env_and_cleans_up() {
-    let dir = std::env::temp_dir().join(format!("hv-k8s-e2e-dp-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let limiter = dir.join("libcuda_limiter.so");
-    std::fs::write(&limiter, b"").unwrap();
-    let out = dir.join("out");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_k8s-e2e"))
-        .args([
+    let tool = Tool::start(
+        "dp",
+        &[
             "--simulate-gpus",
             "2",
             "--device-plugin",
             "--gpumem",
             "4096",
-        ])
-        .args(["--gpucores", "30", "--max-seconds", "60", "--skip-identity"])
-        .arg("--out")
-        .arg(&out)
-        .arg("--limiter")
-        .arg(&limiter)
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    while !out.join("ready").exists() {
-        assert!(start.elapsed() < Duration::from_secs(30), "never ready");
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("k8s-e2e exited early: {status}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let pod = std::fs::read_to_string(out.join("ready")).unwrap();
-    let pod = pod.trim();
+            "--gpucores",
+            "30",
+            "--skip-identity",
+        ],
+    );
+    let (out, pod) = (&tool.out, tool.pod.as_str());
     let env = std::fs::read_to_string(out.join("env")).unwrap();
     assert!(
         env.lines().any(|l| l == format!("CUDA_LIMITER_POD={pod}")),
@@ -152,19 +93,84 @@ fn k8s_e2e_device_plugin_mode_writes_the_allocate_env_and_cleans_up() {
             .any(|l| l.contains(" /etc/ld.so.preload ro,")),
         "{mounts}"
     );
-    std::fs::write(out.join("stop"), b"").unwrap();
-    assert!(child.wait().unwrap().success());
-    assert_eq!(
-        std::fs::read_to_string(out.join("unprepared")).unwrap(),
-        "clean\n"
-    );
-    let hv: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("status.json")).unwrap()).unwrap();
+    let hv = tool.stop();
     let gpu = &hv["pods"][0]["gpus"][0];
     assert_eq!(
         (gpu["memory_quota"].as_u64(), gpu["cap_percent"].as_u64()),
         (Some(4 << 30), Some(30))
     );
     assert!(!std::path::Path::new(&region).exists());
-    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A `k8s-e2e` run in a scratch directory (removed on drop), ready.
+struct Tool {
+    dir: PathBuf,
+    out: PathBuf,
+    limiter: PathBuf,
+    child: Child,
+    /// The pod it prepared (`OUT/ready`).
+    pod: String,
+}
+
+impl Tool {
+    /// Starts `k8s-e2e` with `args` and waits until it is ready.
+    fn start(name: &str, args: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!("hv-k8s-e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let limiter = dir.join("libcuda_limiter.so");
+        std::fs::write(&limiter, b"").unwrap();
+        let out = dir.join("out");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_k8s-e2e"))
+            .args(args)
+            .args(["--max-seconds", "60"])
+            .arg("--out")
+            .arg(&out)
+            .arg("--limiter")
+            .arg(&limiter)
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        while !out.join("ready").exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "k8s-e2e never got ready"
+            );
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("k8s-e2e exited early: {status}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let pod = std::fs::read_to_string(out.join("ready"))
+            .unwrap()
+            .trim()
+            .to_owned();
+        Self {
+            dir,
+            out,
+            limiter,
+            child,
+            pod,
+        }
+    }
+
+    /// Tells it to stop; asserts it exited 0 and left nothing behind;
+    /// returns the hypervisor status it wrote.
+    fn stop(mut self) -> serde_json::Value {
+        std::fs::write(self.out.join("stop"), b"").unwrap();
+        assert!(self.child.wait().unwrap().success());
+        assert_eq!(
+            std::fs::read_to_string(self.out.join("unprepared")).unwrap(),
+            "clean\n"
+        );
+        serde_json::from_slice(&std::fs::read(self.out.join("status.json")).unwrap()).unwrap()
+    }
+}
+
+impl Drop for Tool {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
