@@ -62,7 +62,9 @@ def mem_hold(args):
 
 
 def pod_file(pod):
-    return f"/tmp/fakegpu-{os.getuid()}-{pod}"
+    """Where a fake pod's usage is kept: FAKEGPU_STATE_DIR (the test's own
+    directory), else /tmp."""
+    return os.path.join(os.environ.get("FAKEGPU_STATE_DIR", "/tmp"), f"fakegpu-{os.getuid()}-{pod}")
 
 
 def pod_usage(pod):

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -30,8 +31,14 @@ def built(name):
 
 
 @pytest.fixture(scope="module")
-def fake_env(tmp_path_factory):
-    root = tmp_path_factory.mktemp("dry")
+def fake_env():
+    # A directory of its own, removed afterwards: the harness's work, the
+    # fake programs and the fake pods' state leave nothing in /tmp.
+    with tempfile.TemporaryDirectory(prefix="gpu-selftest-") as directory:
+        yield make_fake_env(Path(directory))
+
+
+def make_fake_env(root):
     bins, path, bundle = root / "bin", root / "path", root / "bundle"
     for d in (bins, path, bundle):
         d.mkdir()
@@ -59,7 +66,7 @@ def run_harness(fake_env, name, *args, **env):
     out = root / name
     e = {k: v for k, v in os.environ.items() if not k.startswith(("E2E_", "CUDA_"))}
     e.update(PATH=f"{path}:{e['PATH']}", PYTHON=str(path / "python"), E2E_SHARE_SECS="2", E2E_TORCH_SECS="1",
-             E2E_HV_SIMULATE="1", OUT=str(out), **env)
+             E2E_HV_SIMULATE="1", FAKEGPU_STATE_DIR=str(root), OUT=str(out), **env)
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", str(GPU / "e2e"),
                         "--rootdir", str(GPU / "e2e"), "--bundle", str(bundle), "--bin-dir", str(bins),
                         "--work", str(root / f"{name}-work"), *args], env=e, capture_output=True, text=True,
