@@ -61,7 +61,10 @@ impl Waves {
             return 1;
         };
         let per_wave = u64::from(sms) * u64::from(self.blocks_per_sm(grid, gpu));
-        grid.blocks.div_ceil(per_wave.max(1)).max(1)
+        if grid.blocks <= per_wave {
+            return 1; // most launches: no division on the launch path
+        }
+        grid.blocks.div_ceil(per_wave.max(1))
     }
 
     fn sms(&self, device: usize, gpu: &impl GpuShape) -> Option<u32> {

@@ -215,7 +215,7 @@ def bench_fixed(rn, quick):
 def bench_decode(rn, quick):
     rows = []
     secs = 3 if quick else 6
-    rounds = 2 if quick else 5
+    rounds = 2 if quick else 7
     runs = {None: [], 90: [], 50: []}
     for r in range(rounds):
         order = [None, 90, 50] if r % 2 == 0 else [50, 90, None]

@@ -31,7 +31,7 @@
 //!    launch waits while a latency pod on the device is active.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
@@ -54,7 +54,7 @@ mod sampling;
 mod summary;
 
 use priority::Priority;
-use sampling::Sample;
+use sampling::{RestState, Sample};
 use summary::Held;
 
 /// Names another node activity table (tests: one per test).
@@ -151,8 +151,9 @@ pub struct Throttle {
     events: ArrayQueue<(usize, usize)>,
     monitor: Once,
     monitor_thread: OnceLock<Thread>,
-    /// The monitor is parked for want of samples: wake it after a push.
-    monitor_parked: AtomicBool,
+    /// Whether the monitor, out of samples, naps or is parked: a launch
+    /// that pushes a sample wakes it accordingly.
+    monitor_rest: RestState,
     /// When a new function's first launch was last measured.
     first_sampled_at_ns: AtomicU64,
     /// When the launch of the oldest measurement still running was made; 0
@@ -192,7 +193,7 @@ impl Throttle {
             events: ArrayQueue::new(SPARE_EVENTS),
             monitor: Once::new(),
             monitor_thread: OnceLock::new(),
-            monitor_parked: AtomicBool::new(false),
+            monitor_rest: RestState::default(),
             first_sampled_at_ns: AtomicU64::new(0),
             backlog_since_ns: AtomicU64::new(0),
             activity: OnceLock::new(),
@@ -308,20 +309,25 @@ impl Throttle {
         if charge.unmeasured && !charge.first && charge.ahead >= UNMEASURED_AHEAD {
             self.wait_for_measurement(&charge);
         }
-        self.hold_while_backlogged();
-        let now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device);
-        if self.held.first_launch_ns.load(Ordering::Relaxed) == 0
-            && self
-                .held
-                .first_launch_ns
-                .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.print_summary_at_exit();
+        if self.backlog_since_ns.load(Ordering::Relaxed) != 0 {
+            self.hold_while_backlogged();
+        }
+        // The common case, budget at hand, is one admission; waiting is out
+        // of line, so that the launch path stays a few cache lines of code.
+        let mut now = monotonic_ns();
+        if budget.bucket.admit(now, charge.ns) != Admission::Pass {
+            now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device, now);
+        }
+        if self.held.first_launch_ns.load(Ordering::Relaxed) == 0 {
+            self.first_launch(now);
         }
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(ctx, device, now);
-        let ticket = self.priority.before(ctx, device, stream, timing, now);
+        let ticket = if self.priority.dormant(ctx, now) {
+            priority::Ticket::Free
+        } else {
+            self.priority.before(ctx, device, stream, timing, now)
+        };
 
         let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {
@@ -359,8 +365,25 @@ impl Throttle {
         Ok(result)
     }
 
+    /// The process's first limited launch, at `now`: the exit summary starts
+    /// counting.
+    #[cold]
+    #[inline(never)]
+    fn first_launch(&'static self, now: u64) {
+        if self
+            .held
+            .first_launch_ns
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.print_summary_at_exit();
+        }
+    }
+
     /// Holds a launch of a function whose first measurement is in flight,
     /// so that an unmeasured function cannot queue an unbounded burst.
+    #[cold]
+    #[inline(never)]
     fn wait_for_measurement(&self, charge: &Charge) {
         let start = monotonic_ns();
         let deadline = start.saturating_add(FIRST_MEASUREMENT_WAIT_NS);
@@ -382,7 +405,9 @@ impl Throttle {
     }
 
     /// Holds a launch while the GPU runs more than [`MAX_BACKLOG_NS`] behind
-    /// the pod's launches (a lone load when it does not).
+    /// the pod's launches (the caller saw a measurement running).
+    #[cold]
+    #[inline(never)]
     fn hold_while_backlogged(&self) {
         let since = self.backlog_since_ns.load(Ordering::Relaxed);
         if since == 0 {
@@ -406,25 +431,24 @@ impl Throttle {
         Held::add(&self.held.backlog_ns, now);
     }
 
-    /// Charges `cost` once the bucket allows it; returns the time it did.
+    /// Charges `cost` once the bucket allows it, after an admission at
+    /// `start` found no budget; returns the time it did.
+    #[cold]
+    #[inline(never)]
     fn wait_for_budget(
         &self,
         ctx: &'static Context,
         bucket: &ComputeBucket,
         cost: u64,
         device: usize,
+        start: u64,
     ) -> u64 {
-        let start = monotonic_ns();
+        bucket.waiting.fetch_add(1, Ordering::Relaxed);
         let mut now = start;
-        let mut waited = false;
         loop {
             match bucket.admit(now, cost) {
                 Admission::Pass => break,
                 Admission::Wait(wait) => {
-                    if !waited {
-                        waited = true;
-                        bucket.waiting.fetch_add(1, Ordering::Relaxed);
-                    }
                     // Trap: under a hypervisor, ask it for admission; while
                     // it grants nothing (or does not answer), the local
                     // bucket's refill decides, and it is asked less often.
@@ -435,10 +459,8 @@ impl Throttle {
                 }
             }
         }
-        if waited {
-            bucket.waiting.fetch_sub(1, Ordering::Relaxed);
-            Held::add(&self.held.budget_ns, start);
-        }
+        bucket.waiting.fetch_sub(1, Ordering::Relaxed);
+        Held::add(&self.held.budget_ns, start);
         now
     }
 
@@ -471,15 +493,23 @@ impl Throttle {
     }
 
     /// Stamps the node's activity table for `device`, at most every 10 ms.
+    #[inline]
     fn mark_active(&'static self, ctx: &'static Context, device: usize, now: u64) {
         let Some(marked) = self.marked_at_ns.get(device) else {
             return;
         };
         let last = marked.load(Ordering::Relaxed);
-        if now.saturating_sub(last) < MARK_INTERVAL_NS
-            || marked
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_err()
+        if now.saturating_sub(last) >= MARK_INTERVAL_NS {
+            self.stamp_activity(ctx, device, now, last);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn stamp_activity(&'static self, ctx: &'static Context, device: usize, now: u64, last: u64) {
+        if self.marked_at_ns[device]
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_err()
         {
             return;
         }

@@ -2,7 +2,8 @@
 //! overheads they hold (calibrated once per context), and the monitor
 //! thread that turns completed brackets into prices and corrections.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
 
 use gpushare_utils::bucket::monotonic_ns;
 
@@ -11,6 +12,41 @@ use crate::context::Context;
 use crate::driver::Timing;
 use crate::metering::Charge;
 use crate::sys::{CUevent, CUresult, CUstream};
+
+/// How long an idle monitor naps while the process keeps sampling: the
+/// most a periodic sample waits to be read (settlement, backlog detection).
+const MONITOR_NAP: Duration = Duration::from_millis(1);
+/// The monitor naps while it got a sample this recently, else it parks.
+const NAPPING_FOR_NS: u64 = 100_000_000;
+
+/// What the monitor does while it has no sample to read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MonitorRest {
+    /// Reading samples: it sees a new one without being woken.
+    Awake,
+    /// Napping [`MONITOR_NAP`]: only a first measurement wakes it.
+    Napping,
+    /// Parked until woken, or the next contention check.
+    Parked,
+}
+
+/// A [`MonitorRest`] shared between the monitor and launching threads.
+#[derive(Debug, Default)]
+pub(super) struct RestState(AtomicU8);
+
+impl RestState {
+    fn load(&self, order: Ordering) -> MonitorRest {
+        match self.0.load(order) {
+            0 => MonitorRest::Awake,
+            1 => MonitorRest::Napping,
+            _ => MonitorRest::Parked,
+        }
+    }
+
+    fn store(&self, rest: MonitorRest, order: Ordering) {
+        self.0.store(rest as u8, order);
+    }
+}
 
 /// One launch bracketed by events.
 pub(super) struct Sample {
@@ -143,6 +179,7 @@ impl Throttle {
             return;
         }
         sample.end = end;
+        let first = sample.charge.first;
         if let Err(sample) = self.samples.push(sample) {
             self.model.abandon(&sample.charge);
             self.recycle(timing, sample.context, sample.start);
@@ -151,11 +188,17 @@ impl Throttle {
         }
         self.start_monitor(ctx);
         // Pairs with the monitor's store of `monitor_parked` before it looks
-        // at the queue: one of the two sees the other.
+        // at the queue: one of the two sees the other. A napping monitor
+        // looks again within [`MONITOR_NAP`] by itself: only a function's
+        // first measurement, which later launches may wait for, wakes it
+        // (a wake is a system call on the launching thread).
         std::sync::atomic::fence(Ordering::SeqCst);
-        if self.monitor_parked.load(Ordering::SeqCst)
-            && let Some(monitor) = self.monitor_thread.get()
-        {
+        let wake = match self.monitor_rest.load(Ordering::SeqCst) {
+            MonitorRest::Parked => true,
+            MonitorRest::Napping => first,
+            MonitorRest::Awake => false,
+        };
+        if wake && let Some(monitor) = self.monitor_thread.get() {
             monitor.unpark();
         }
     }
@@ -206,6 +249,7 @@ impl Throttle {
         };
         timing.relax_capture_mode();
         let mut contention_checked = monotonic_ns();
+        let mut sampled_at = 0;
         let mut current: Option<Sample> = None;
         loop {
             let now = monotonic_ns();
@@ -216,17 +260,26 @@ impl Throttle {
             let sample = match current.take() {
                 Some(sample) => Some(sample),
                 None => self.samples.pop().inspect(|sample| {
+                    sampled_at = now;
                     self.backlog_since_ns
                         .store(sample.submitted_at.max(1), Ordering::Relaxed);
                 }),
             };
             let Some(sample) = sample else {
                 self.backlog_since_ns.store(0, Ordering::Relaxed);
-                self.monitor_parked.store(true, Ordering::SeqCst);
+                // While the process samples, nap; once it stops, park until
+                // woken (or the next contention check).
+                let (rest, timeout) = if now.saturating_sub(sampled_at) < NAPPING_FOR_NS {
+                    (MonitorRest::Napping, MONITOR_NAP)
+                } else {
+                    (MonitorRest::Parked, CONTENTION_INTERVAL)
+                };
+                self.monitor_rest.store(rest, Ordering::SeqCst);
                 if self.samples.is_empty() {
-                    std::thread::park_timeout(CONTENTION_INTERVAL);
+                    std::thread::park_timeout(timeout);
                 }
-                self.monitor_parked.store(false, Ordering::SeqCst);
+                self.monitor_rest
+                    .store(MonitorRest::Awake, Ordering::SeqCst);
                 continue;
             };
             match timing.query(sample.end) {

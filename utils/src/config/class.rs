@@ -71,6 +71,13 @@ impl DeviceClasses {
         self.all.is_none() && self.per.iter().all(Option::is_none)
     }
 
+    /// Whether any device's class is latency.
+    pub fn any_latency(&self) -> bool {
+        std::iter::once(&self.all)
+            .chain(&self.per)
+            .any(|class| *class == Some(PodClass::Latency))
+    }
+
     /// Sets the class of `device` (`None`: all devices).
     pub fn set(&mut self, device: Option<u32>, class: PodClass) {
         match device.and_then(|i| self.per.get_mut(i as usize)) {
@@ -111,6 +118,9 @@ mod tests {
         let c = ok(&[("CUDA_LIMITER_CLASS_2", "latency")]);
         assert_eq!(c.class.resolve(2), PodClass::Latency);
         assert_eq!(c.class.resolve(0), PodClass::Batch);
+        assert!(c.class.any_latency());
+        assert!(!ok(&[("CUDA_LIMITER_CLASS", "batch")]).class.any_latency());
+        assert!(!ok(&[]).class.any_latency());
     }
 
     #[test]

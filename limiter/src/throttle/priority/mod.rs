@@ -191,6 +191,8 @@ pub struct Priority {
     watcher_parked: AtomicBool,
     /// Bumped by every latency launch, so the watcher never parks past one.
     generation: AtomicU64,
+    /// Some device's configured class is latency.
+    latency_configured: bool,
 }
 
 // SAFETY: the event handles queued are driver handles, usable from any
@@ -203,6 +205,7 @@ impl Priority {
     /// `pod_key`: the pod's key in node tables ([`gpushare_utils::activity::pod_key`]).
     pub fn new(classes: DeviceClasses, tuning: Tuning, pod_key: u64) -> Self {
         Self {
+            latency_configured: classes.any_latency(),
             classes,
             tuning,
             pod_key,
@@ -224,6 +227,18 @@ impl Priority {
     /// in classes: a class is configured, or the hypervisor gives them.
     pub(super) fn engaged(&self, ctx: &'static Context) -> bool {
         !self.classes.is_empty() || ctx.hypervisor().is_some()
+    }
+
+    /// Whether classes cannot matter to a launch at `now`: this pod is batch
+    /// everywhere by its own configuration, and no latency pod's table has
+    /// been found (it is looked for again every [`LOOK_AGAIN_NS`]). The
+    /// launch path of a pod without classes then costs two loads here.
+    #[inline]
+    pub(super) fn dormant(&self, ctx: &'static Context, now: u64) -> bool {
+        self.table.get().is_none()
+            && now < self.look_again_at_ns.load(Ordering::Relaxed)
+            && !self.latency_configured
+            && ctx.hypervisor().is_none()
     }
 
     /// The pod's class on `device`: the hypervisor's when it sets the
