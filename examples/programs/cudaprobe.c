@@ -125,6 +125,21 @@
  *                            function i % F, each a distinct handle named
  *                            gpushare_spin_f<k> (the double's modules hold any
  *                            name; a real driver answers NOT_FOUND)
+ *   periodic K DUR_US PERIOD_US N
+ *                         -> "periodic K DUR_US PERIOD_US N -> RESULT
+ *                            late_max_ns=L at=a,b,c": N requests on a fixed
+ *                            schedule, request i due PERIOD_US * i after the
+ *                            first (an absolute sleep until then): K
+ *                            cuLaunchKernel of DUR_US µs kernels, then
+ *                            cuCtxSynchronize, as an inference server's
+ *                            step; `at` lists each request's arrival (the
+ *                            clock just before its first launch), L the
+ *                            latest an arrival was behind its due time. It
+ *                            counts as a run for series, idle and maxstall.
+ *                            (The double keeps one timeline per process, so
+ *                            whether another process's kernel was running at
+ *                            an arrival is for the caller to read from that
+ *                            process's idle output.)
  *   series WINDOW_MS      -> "series WINDOW_MS pm=a,b,c": for the last spin,
  *                            run or pace, the busy share in per mille of each
  *                            whole WINDOW_MS window from the start of its W
@@ -142,8 +157,8 @@
  *
  * Numbers are printed in decimal; on a failed query the figures are 0. Exit
  * status 0, or 2 with a message on stderr for a malformed script (checked in
- * full before anything runs; series and maxstall need an earlier spin, run or
- * pace, and series a WINDOW_MS of 1 or more) or an unknown ID.
+ * full before anything runs; series and maxstall need an earlier spin, run,
+ * pace or periodic, and series a WINDOW_MS of 1 or more) or an unknown ID.
  */
 #include "probe.h"
 
@@ -464,6 +479,26 @@ static void run_script(int argc, char **argv, int execute) {
             measured = 1;
             if (execute) {
                 cmd_functions(f_text, f, &p);
+            }
+        } else if (strcmp(cmd, "periodic") == 0) {
+            struct periodic p;
+            p.kernels_text = NEXT();
+            p.kernels = arg_number(p.kernels_text);
+            p.dur_text = NEXT();
+            p.dur_us = arg_number(p.dur_text);
+            p.period_text = NEXT();
+            p.period_us = arg_number(p.period_text);
+            p.count_text = NEXT();
+            p.count = arg_number(p.count_text);
+            if (p.kernels == 0 || p.kernels > 1000000 || p.period_us == 0 ||
+                p.dur_us > ~0ULL / 1000 || p.count > 1000000 ||
+                p.period_us > ~0ULL / 1000 / (p.count + 1)) {
+                die(2, "periodic needs 1 to 1000000 kernels, a period of 1 us or more and "
+                       "at most 1000000 requests");
+            }
+            measured = 1;
+            if (execute) {
+                cmd_periodic(&p);
             }
         } else if (strcmp(cmd, "series") == 0) {
             const char *window_text = NEXT();

@@ -165,6 +165,12 @@ struct paced {
     unsigned long long dur_us, count, host_us;
 };
 
+/* The arguments of periodic, as written and as numbers. */
+struct periodic {
+    const char *kernels_text, *dur_text, *period_text, *count_text;
+    unsigned long long kernels, dur_us, period_us, count;
+};
+
 /* probe_memory.c: allocations, memory queries, NVML. */
 void cmd_alloc(const char *api_text, enum api_kind api, const char *size_text, size_t size);
 void cmd_free(const char *id_text, unsigned long long id);
@@ -186,6 +192,7 @@ void cmd_run(const char *api_text, enum launch_api api, const char *dur_text,
 void cmd_pace(const char *api_text, enum launch_api api, const struct paced *p);
 void cmd_shapes(const char *n_text, unsigned long long n, const struct paced *p);
 void cmd_functions(const char *f_text, unsigned long long f, const struct paced *p);
+void cmd_periodic(const struct periodic *p);
 void cmd_series(const char *window_text, unsigned long long window_ms);
 void cmd_idle(const char *step_text, unsigned long long step_us);
 void cmd_maxstall(void);

@@ -336,6 +336,53 @@ void cmd_functions(const char *f_text, unsigned long long f, const struct paced 
     emit_paced("functions", f_text, p, rc);
 }
 
+/* Sleeps until CLOCK_MONOTONIC reaches `at` ns. */
+static void sleep_until(unsigned long long at) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)(at / 1000000000ULL);
+    ts.tv_nsec = (long)(at % 1000000000ULL);
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+static void append_text(char **text, size_t *len, size_t *cap, const char *item, size_t n);
+
+void cmd_periodic(const struct periodic *p) {
+    struct launcher l;
+    CUresult rc = launcher_open(&l, LAUNCH_KERNEL, p->dur_us);
+    unsigned long long start = now_ns(), late_max = 0, i, k;
+    size_t cap = 64, len = 0;
+    char *text = malloc(cap);
+    if (text == NULL) {
+        die(1, "out of host memory");
+    }
+    text[0] = '\0';
+    last_run.max_call = 0;
+    for (i = 0; rc == CUDA_SUCCESS && i < p->count; i++) {
+        unsigned long long due = start + i * p->period_us * 1000ULL, arrival;
+        char item[32];
+        int n;
+        sleep_until(due);
+        arrival = now_ns();
+        if (arrival - due > late_max) {
+            late_max = arrival - due;
+        }
+        for (k = 0; rc == CUDA_SUCCESS && k < p->kernels; k++) {
+            rc = timed_launch(&l);
+        }
+        if (rc == CUDA_SUCCESS) {
+            rc = CU(cuCtxSynchronize)();
+        }
+        n = snprintf(item, sizeof item, "%s%llu", len == 0 ? "" : ",", arrival);
+        append_text(&text, &len, &cap, item, (size_t)n);
+    }
+    rc = finish_run(rc, start);
+    launcher_close(&l);
+    emit("periodic %s %s %s %s -> %d late_max_ns=%llu at=%s", p->kernels_text, p->dur_text,
+         p->period_text, p->count_text, (int)rc, late_max, text);
+    free(text);
+}
+
 /* Appends item (n bytes) to the growing NUL-terminated string *text. */
 static void append_text(char **text, size_t *len, size_t *cap, const char *item, size_t n) {
     if (*len + n + 1 > *cap) {

@@ -178,6 +178,40 @@ fn a_full_launch_queue_blocks_the_launch() {
 }
 
 #[test]
+fn periodic_requests_arrive_on_their_schedule() {
+    let out = lines("cudaprobe", &[], "periodic 2 100 2000 5 series 2", &[]);
+    let context = format!("{out:?}");
+    assert!(
+        out[0].starts_with("periodic 2 100 2000 5 -> 0 late_max_ns="),
+        "{context}"
+    );
+    let arrivals: Vec<u64> = out[0]
+        .split_once(" at=")
+        .expect(&context)
+        .1
+        .split(',')
+        .map(|at| at.parse().expect("arrival"))
+        .collect();
+    assert_eq!(arrivals.len(), 5, "{context}");
+    // Due every 2 ms from the first: late by little, never early.
+    let first = arrivals[0];
+    for (i, at) in arrivals.iter().enumerate() {
+        let due = first + i as u64 * 2 * MS;
+        assert!(*at >= due && *at < due + 2 * MS, "request {i}: {context}");
+    }
+    // Each request keeps the GPU busy 200 µs of its 2 ms: ~100 per mille.
+    let windows: Vec<u64> = out[1]
+        .strip_prefix("series 2 pm=")
+        .expect(&context)
+        .split(',')
+        .map(|pm| pm.parse().expect("pm"))
+        .collect();
+    assert!(windows.len() >= 3, "{context}");
+    assert!(windows.iter().all(|&pm| pm <= 200), "{context}");
+    assert!(windows.iter().sum::<u64>() >= 200, "{context}");
+}
+
+#[test]
 fn malformed_compute_scripts_exit_2_before_doing_anything() {
     for script in [
         "series 10",
@@ -188,6 +222,9 @@ fn malformed_compute_scripts_exit_2_before_doing_anything() {
         "run kernel x 1",
         "pace kernel 1 1",
         "spin kernel 1 1 series 0",
+        "periodic 0 100 2000 3",
+        "periodic 1 100 0 3",
+        "periodic 1 100 2000",
     ] {
         assert_malformed(script);
     }

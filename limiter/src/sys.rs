@@ -216,6 +216,8 @@ pub type CuGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult
 /// `CU_STREAM_NON_BLOCKING`.
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 pub type CuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
+/// `CU_EVENT_DISABLE_TIMING`: an event that can be queried, not timed.
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
 pub type CuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
 pub type CuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
 pub type CuEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;

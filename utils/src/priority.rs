@@ -5,8 +5,9 @@
 //! zero-filled when empty like the activity table ([`crate::activity`]):
 //! - per device, one [`LatencyDevice`] line: when a latency pod last
 //!   launched there or was seen with work in flight (`active_at_ns`), and its
-//!   heartbeat (`present_at_ns`). A batch pod reads the line with one load per
-//!   launch and decides with [`gate`];
+//!   heartbeat (`present_at_ns`), and when its next request is expected
+//!   (`next_arrival_ns`, `period_ns`). A batch pod reads the line (loads of
+//!   one cache line) per launch and decides with [`gate`];
 //! - per device and pod, a [`PodPriority`] slot of counters: how long the
 //!   pod's launches were held (batch) and its queueing delay (latency), which
 //!   the hypervisor reports.
@@ -40,6 +41,18 @@ pub const STARVATION_NS: u64 = 100_000_000;
 /// `active_at_ns` every few µs; a count not refreshed for this long is stale
 /// (its process died, or its watcher did not run: batch pods then go on).
 pub const STALL_NS: u64 = 50_000_000;
+/// A process counted in flight refreshes `active_at_ns` every ~10 µs; counts
+/// met with no refresh for this long belong to processes that died in flight
+/// and are dropped (a live process whose watcher was starved that long loses
+/// only its count: its stamps still hold batch pods).
+pub const FLIGHT_GRACE_NS: u64 = 1_000_000;
+/// A batch kernel launched under a prediction must be done this long before
+/// the predicted arrival (the latency pod's host-side jitter, the launch).
+pub const PREDICT_MARGIN_NS: u64 = 20_000;
+/// Prediction holds batch launches only while their kernels last at most
+/// `period / PREDICT_KERNEL_SHARE`: longer ones would cost the batch pod
+/// a large share of each period for little gain.
+pub const PREDICT_KERNEL_SHARE: u64 = 5;
 /// A slot idle this long may be taken by another pod.
 const STALE_NS: u64 = 600_000_000_000;
 
@@ -59,7 +72,14 @@ pub struct LatencyDevice {
     /// `active_at_ns` is within [`STALL_NS`], so a process that died busy
     /// holds nobody for long.
     pub in_flight: AtomicU64,
-    pub reserved: [AtomicU64; 4],
+    /// When the latency pod's next request is expected to launch (its
+    /// latest request start plus `period_ns`). Written by a latency process
+    /// at each request start; zero in tables of older writers (the words
+    /// were reserved, zero-filled), which readers take as no prediction.
+    pub next_arrival_ns: AtomicU64,
+    /// The period of its requests; 0: no prediction.
+    pub period_ns: AtomicU64,
+    pub reserved: [AtomicU64; 2],
 }
 
 /// One pod's priority counters on one device.
@@ -105,6 +125,9 @@ pub enum Gate {
     Bounded,
     /// A latency pod is active: wait.
     Hold,
+    /// A latency pod is idle, but its next request is due before a batch
+    /// kernel launched now would be done: wait (bounded like [`Gate::Hold`]).
+    Predicted,
 }
 
 /// A device's latency line as a batch launch sees it.
@@ -113,15 +136,19 @@ pub struct LatencyView {
     pub active_at_ns: u64,
     pub in_flight: u64,
     pub present_at_ns: u64,
+    pub next_arrival_ns: u64,
+    pub period_ns: u64,
 }
 
 /// The gate for a batch launch at `now` given its device's latency line,
-/// with hold window `hold_ns`.
-pub fn gate(line: LatencyView, now_ns: u64, hold_ns: u64) -> Gate {
+/// with hold window `hold_ns`; `kernel_ns`: how long the batch thread's
+/// launches take to complete (0: unknown, no prediction).
+pub fn gate(line: LatencyView, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> Gate {
     let LatencyView {
         active_at_ns,
         in_flight,
         present_at_ns,
+        ..
     } = line;
     // A stamp a little ahead of `now` (another process read the clock later)
     // counts as now.
@@ -129,10 +156,29 @@ pub fn gate(line: LatencyView, now_ns: u64, hold_ns: u64) -> Gate {
     if active_at_ns != 0 && (since < hold_ns || (in_flight > 0 && since < STALL_NS)) {
         Gate::Hold
     } else if present_at_ns != 0 && now_ns.saturating_sub(present_at_ns) < PRESENT_WINDOW_NS {
-        Gate::Bounded
+        if predicted(line, now_ns, hold_ns, kernel_ns) {
+            Gate::Predicted
+        } else {
+            Gate::Bounded
+        }
     } else {
         Gate::Free
     }
+}
+
+/// Whether a batch kernel of `kernel_ns` launched at `now` could still run
+/// when the latency pod's predicted request arrives: from `kernel_ns` plus
+/// [`PREDICT_MARGIN_NS`] before the arrival until `hold_ns` after it (a late
+/// request), never past half a period after it (a stale prediction: a
+/// latency pod that stopped holds nobody).
+fn predicted(line: LatencyView, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> bool {
+    let (next, period) = (line.next_arrival_ns, line.period_ns);
+    if next == 0 || period == 0 || kernel_ns == 0 || kernel_ns > period / PREDICT_KERNEL_SHARE {
+        return false;
+    }
+    let opens = next.saturating_sub(kernel_ns.saturating_add(PREDICT_MARGIN_NS));
+    let closes = next.saturating_add(hold_ns.min(period / 2));
+    (opens..closes).contains(&now_ns)
 }
 
 /// A pod's counters, summed over devices.
@@ -168,16 +214,18 @@ impl NodePriority {
         self.table.devices.get(device)
     }
 
-    /// The gate of a batch launch on `device` at `now_ns`: three loads of
-    /// one cache line.
-    pub fn gate(&self, device: usize, now_ns: u64, hold_ns: u64) -> Gate {
+    /// The gate of a batch launch on `device` at `now_ns` whose kernels
+    /// take `kernel_ns` (0: unknown): loads of one cache line.
+    pub fn gate(&self, device: usize, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> Gate {
         self.device(device).map_or(Gate::Free, |line| {
             let view = LatencyView {
                 active_at_ns: line.active_at_ns.load(Ordering::Acquire),
                 in_flight: line.in_flight.load(Ordering::Acquire),
                 present_at_ns: line.present_at_ns.load(Ordering::Relaxed),
+                next_arrival_ns: line.next_arrival_ns.load(Ordering::Acquire),
+                period_ns: line.period_ns.load(Ordering::Relaxed),
             };
-            gate(view, now_ns, hold_ns)
+            gate(view, now_ns, hold_ns, kernel_ns)
         })
     }
 
@@ -256,10 +304,40 @@ impl LatencyDevice {
         }
     }
 
-    /// One more latency process has work in flight.
+    /// One more latency process has work in flight. Counts left by
+    /// processes that died in flight are dropped first.
     pub fn enter_flight(&self, now_ns: u64) {
+        self.drop_stale_flight(now_ns);
         self.stamp_active(now_ns);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Drops the in-flight counts when no process refreshed the line for
+    /// [`FLIGHT_GRACE_NS`]: a process counted in flight refreshes it every
+    /// few µs, so these counts are of processes that died in flight.
+    /// Otherwise a live latency pod's stamps would make them count again
+    /// after each of its requests, holding batch pods for [`STALL_NS`] each
+    /// time. Called by latency processes not in flight on the device; true
+    /// if it dropped any.
+    pub fn drop_stale_flight(&self, now_ns: u64) -> bool {
+        let counted = self.in_flight.load(Ordering::Acquire);
+        let quiet = now_ns.saturating_sub(self.active_at_ns.load(Ordering::Acquire));
+        // A process entering meanwhile changes the count: the exchange fails.
+        counted != 0
+            && quiet > FLIGHT_GRACE_NS
+            && self
+                .in_flight
+                .compare_exchange(counted, 0, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Publishes the prediction of the next request: at `next_ns`, with
+    /// `period_ns` (0: none).
+    pub fn publish_prediction(&self, next_ns: u64, period_ns: u64) {
+        // The period first: a reader that sees the new arrival with the old
+        // period still has a plausible pair.
+        self.period_ns.store(period_ns, Ordering::Relaxed);
+        self.next_arrival_ns.store(next_ns, Ordering::Release);
     }
 
     /// One latency process has no more work in flight (never below 0).
@@ -333,9 +411,118 @@ mod tests {
                 active_at_ns,
                 in_flight,
                 present_at_ns,
+                ..LatencyView::default()
             };
-            assert_eq!(gate(view, now, hold), want, "{view:?}");
+            assert_eq!(gate(view, now, hold, 200 * US), want, "{view:?}");
         }
+    }
+
+    #[test]
+    fn the_gate_holds_before_a_predicted_arrival() {
+        let (hold, period, kernel) = (DEFAULT_HOLD_NS, 2 * MS, 200 * US);
+        let next = 10_000 * MS;
+        let opens = next - kernel - PREDICT_MARGIN_NS;
+        let view = LatencyView {
+            active_at_ns: next - period + 300 * US,
+            present_at_ns: next - 5 * MS,
+            next_arrival_ns: next,
+            period_ns: period,
+            ..LatencyView::default()
+        };
+        // (now, batch kernel, expected)
+        let table: &[(u64, u64, Gate)] = &[
+            (opens - 1, kernel, Gate::Bounded),
+            (opens, kernel, Gate::Predicted),
+            (next - 1, kernel, Gate::Predicted),
+            (next + hold - 1, kernel, Gate::Predicted),
+            // A late request is waited for no longer than the hold.
+            (next + hold, kernel, Gate::Bounded),
+            // No estimate of the batch kernel yet: no prediction.
+            (next - 10 * US, 0, Gate::Bounded),
+            // Kernels longer than a fifth of the period: not worth holding.
+            (
+                next - 10 * US,
+                period / PREDICT_KERNEL_SHARE + 1,
+                Gate::Bounded,
+            ),
+            (
+                next - 10 * US,
+                period / PREDICT_KERNEL_SHARE,
+                Gate::Predicted,
+            ),
+        ];
+        for &(now, kernel_ns, want) in table {
+            assert_eq!(
+                gate(view, now, hold, kernel_ns),
+                want,
+                "at {now} kernel {kernel_ns}"
+            );
+        }
+        // Without a period, with no latency pod present, or while it is
+        // active, prediction does not decide.
+        let none = LatencyView {
+            period_ns: 0,
+            ..view
+        };
+        assert_eq!(gate(none, next - 10 * US, hold, kernel), Gate::Bounded);
+        let gone = LatencyView {
+            present_at_ns: 0,
+            ..view
+        };
+        assert_eq!(gate(gone, next - 10 * US, hold, kernel), Gate::Free);
+        let active = LatencyView {
+            active_at_ns: next - 20 * US,
+            ..view
+        };
+        assert_eq!(gate(active, next - 10 * US, hold, kernel), Gate::Hold);
+        // A stale prediction holds nobody, even with a long hold window.
+        let (long_hold, quiet) = (
+            5 * MS,
+            LatencyView {
+                active_at_ns: next - 10 * MS,
+                ..view
+            },
+        );
+        assert_eq!(
+            gate(quiet, next + period / 2 - 1, long_hold, kernel),
+            Gate::Predicted
+        );
+        assert_eq!(
+            gate(quiet, next + period / 2, long_hold, kernel),
+            Gate::Bounded
+        );
+    }
+
+    #[test]
+    fn counts_of_a_process_dead_in_flight_are_dropped() {
+        let table = Table::new("dead");
+        let line = table.1.device(0).expect("line");
+        let t = 1_000 * MS;
+        line.present_at_ns.store(t, Ordering::Relaxed);
+        // A process enters flight and dies there.
+        line.enter_flight(t);
+        // Another latency process enters and leaves within the grace: the
+        // dead count is still trusted (it cannot tell yet).
+        line.enter_flight(t + FLIGHT_GRACE_NS / 2);
+        line.leave_flight(t + FLIGHT_GRACE_NS / 2 + 300 * US);
+        assert_eq!(line.in_flight.load(Ordering::Relaxed), 1);
+        let after = t + FLIGHT_GRACE_NS + 500 * US;
+        assert_eq!(table.1.gate(0, after, DEFAULT_HOLD_NS, 0), Gate::Hold);
+        // Its next request, after a quiet grace: the dead count goes.
+        let next = t + 3 * FLIGHT_GRACE_NS;
+        line.enter_flight(next);
+        assert_eq!(line.in_flight.load(Ordering::Relaxed), 1);
+        line.leave_flight(next + 300 * US);
+        assert_eq!(
+            table.1.gate(0, next + MS, DEFAULT_HOLD_NS, 0),
+            Gate::Bounded
+        );
+        // A live process in flight refreshes the line: never dropped.
+        line.enter_flight(next + 2 * MS);
+        line.stamp_active(next + 2 * MS + FLIGHT_GRACE_NS);
+        assert!(!line.drop_stale_flight(next + 2 * MS + FLIGHT_GRACE_NS + 10 * US));
+        assert!(line.drop_stale_flight(next + 4 * MS + FLIGHT_GRACE_NS));
+        assert!(!line.drop_stale_flight(next + 5 * MS + FLIGHT_GRACE_NS));
     }
 
     #[test]
@@ -347,17 +534,26 @@ mod tests {
         line.stamp_active(now);
         line.stamp_active(now - MS);
         line.present_at_ns.store(now, Ordering::Relaxed);
-        assert_eq!(table.1.gate(2, now + 50 * US, DEFAULT_HOLD_NS), Gate::Hold);
-        assert_eq!(table.1.gate(2, now + MS, DEFAULT_HOLD_NS), Gate::Bounded);
-        assert_eq!(table.1.gate(1, now, DEFAULT_HOLD_NS), Gate::Free);
-        assert_eq!(table.1.gate(MAX_DEVICES, now, DEFAULT_HOLD_NS), Gate::Free);
+        assert_eq!(
+            table.1.gate(2, now + 50 * US, DEFAULT_HOLD_NS, 0),
+            Gate::Hold
+        );
+        assert_eq!(table.1.gate(2, now + MS, DEFAULT_HOLD_NS, 0), Gate::Bounded);
+        assert_eq!(table.1.gate(1, now, DEFAULT_HOLD_NS, 0), Gate::Free);
+        assert_eq!(
+            table.1.gate(MAX_DEVICES, now, DEFAULT_HOLD_NS, 0),
+            Gate::Free
+        );
         line.enter_flight(now);
-        assert_eq!(table.1.gate(2, now + 10 * MS, DEFAULT_HOLD_NS), Gate::Hold);
+        assert_eq!(
+            table.1.gate(2, now + 10 * MS, DEFAULT_HOLD_NS, 0),
+            Gate::Hold
+        );
         line.leave_flight(now + 20 * MS);
         line.leave_flight(now + 20 * MS);
         assert_eq!(line.in_flight.load(Ordering::Relaxed), 0);
         assert_eq!(
-            table.1.gate(2, now + 21 * MS, DEFAULT_HOLD_NS),
+            table.1.gate(2, now + 21 * MS, DEFAULT_HOLD_NS, 0),
             Gate::Bounded
         );
 

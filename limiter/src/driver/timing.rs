@@ -7,11 +7,12 @@ use super::symbol;
 mod calibration;
 
 use crate::sys::{
-    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_STREAM_CAPTURE_MODE_RELAXED,
-    CU_STREAM_CAPTURE_STATUS_NONE, CUcontext, CUdevice, CUevent, CUfunction, CUresult, CUstream,
-    CuCtxGetCurrent, CuDeviceGetAttribute, CuEventCreate, CuEventDestroy, CuEventElapsedTime,
-    CuEventQuery, CuEventRecord, CuOccupancyMaxActiveBlocksPerMultiprocessor, CuStreamGetCtx,
-    CuStreamIsCapturing, CuStreamQuery, CuThreadExchangeStreamCaptureMode,
+    CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_EVENT_DISABLE_TIMING,
+    CU_STREAM_CAPTURE_MODE_RELAXED, CU_STREAM_CAPTURE_STATUS_NONE, CUcontext, CUdevice, CUevent,
+    CUfunction, CUresult, CUstream, CuCtxGetCurrent, CuDeviceGetAttribute, CuEventCreate,
+    CuEventDestroy, CuEventElapsedTime, CuEventQuery, CuEventRecord,
+    CuOccupancyMaxActiveBlocksPerMultiprocessor, CuStreamGetCtx, CuStreamIsCapturing,
+    CuStreamQuery, CuThreadExchangeStreamCaptureMode,
 };
 use calibration::CalibrationApi;
 
@@ -143,6 +144,15 @@ impl Timing {
         let mut event: CUevent = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; flags 0 = default (timing enabled).
         let result = unsafe { (self.event_create)(&mut event, 0) };
+        result.is_success().then_some(event)
+    }
+
+    /// A new event without timing, only to be queried: cheaper to record
+    /// on real drivers than a timing one.
+    pub fn create_sync_event(&self) -> Option<CUevent> {
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; a documented flag.
+        let result = unsafe { (self.event_create)(&mut event, CU_EVENT_DISABLE_TIMING) };
         result.is_success().then_some(event)
     }
 

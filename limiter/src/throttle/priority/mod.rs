@@ -7,18 +7,22 @@
 //!    stream; a watcher thread polls the trackers every ~10 µs and keeps the
 //!    stamp fresh while any is pending, so work queued behind other pods'
 //!    kernels counts as active however long it waits. The watcher also
-//!    stamps a heartbeat while the process lives.
-//! 2. A batch pod's launch loads the line ([`gate`]): no latency pod on the
-//!    device costs those two loads. While a latency pod is present, the batch
-//!    thread keeps at most [`WINDOW_VARIABLE`] launches in flight (an event
-//!    after each, waited for before the next), so a latency kernel finds at
-//!    most that much batch work in front of it (the GPU time-slices between
-//!    processes' contexts, so queued batch work would otherwise cost it up to
-//!    a timeslice). While the latency pod is active (stamped within
-//!    [`HOLD_VARIABLE`]), the batch launch waits (trap-and-wait), spinning
-//!    then sleeping briefly, and goes as soon as the stamp ages out: the
-//!    batch pod gets the whole GPU back at once.
-//! 3. Held time (batch) and the queueing delay of sampled launches (latency:
+//!    stamps a heartbeat while the process lives (`latency`, `watcher`).
+//! 2. A launch that finds the process with no work in flight on the device
+//!    starts a request: from the last nine starts the process predicts the
+//!    next one (`predict`) and publishes it on the line, unless
+//!    [`tuning::PREDICT_VARIABLE`] is `0`.
+//! 3. A batch pod's launch loads the line ([`gpushare_utils::priority::gate`]):
+//!    no latency pod on the device costs those loads. While a latency pod is
+//!    present, the batch thread keeps at most [`tuning::WINDOW_VARIABLE`] launches in
+//!    flight (an event after each, waited for before the next), so a latency
+//!    kernel finds at most that much batch work in front of it (the GPU
+//!    time-slices between processes' contexts, so queued batch work would
+//!    otherwise cost it up to a timeslice). While the latency pod is active
+//!    (stamped within [`tuning::HOLD_VARIABLE`]), or its next request is due before
+//!    the batch thread's launch would be done, the batch launch waits
+//!    (trap-and-wait), spinning then sleeping briefly (`batch`).
+//! 4. Held time (batch) and the queueing delay of sampled launches (latency:
 //!    an event recorded before the launch, polled by the watcher: from the
 //!    launch call until the GPU reached it) are added to the pod's counters
 //!    in the table, which the hypervisor reports.
@@ -34,26 +38,24 @@ use crossbeam_queue::ArrayQueue;
 use gpushare_utils::bucket::monotonic_ns;
 use gpushare_utils::config::{DeviceClasses, MAX_DEVICES, PodClass};
 use gpushare_utils::limits::GpuLimits;
-use gpushare_utils::priority::{
-    DEFAULT_HOLD_NS, Gate, NodePriority, PRIORITY_REGION, PodPriority, STARVATION_NS,
-};
+use gpushare_utils::priority::{NodePriority, PRIORITY_REGION, PodPriority};
 
 use crate::context::Context;
 use crate::driver::Timing;
 use crate::sys::{CUevent, CUresult, CUstream};
+use predict::{Arrivals, Spans};
 
+mod batch;
+mod latency;
+mod predict;
+mod tuning;
 mod watcher;
+
+use tuning::MAX_WINDOW;
+pub use tuning::Tuning;
 
 /// Names another priority table (tests: one per test).
 pub const PRIORITY_REGION_VARIABLE: &str = "GPUSHARE_PRIORITY_REGION";
-/// Microseconds a batch launch is held after a latency pod's last launch or
-/// last work seen in flight; default [`DEFAULT_HOLD_NS`].
-pub const HOLD_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_HOLD_US";
-/// Launches a batch thread keeps in flight while a latency pod is on its
-/// device, 1 to [`MAX_WINDOW`]; default 1.
-pub const WINDOW_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_WINDOW";
-/// Most launches a batch thread may keep in flight next to a latency pod.
-pub const MAX_WINDOW: usize = 8;
 /// Latency threads tracked at once (further ones are covered by their stamps).
 const TRACKERS: usize = 64;
 /// A latency thread measures its queueing delay at most this often.
@@ -65,9 +67,6 @@ const WATCH_POLL: Duration = Duration::from_micros(10);
 /// A waiting batch thread spins (yielding) this long, then sleeps.
 const SPIN_NS: u64 = 2_000_000;
 const WAIT_SLEEP: Duration = Duration::from_micros(20);
-/// Longest a batch launch waits for its own earlier one (its stream may wait
-/// on something this thread has yet to do).
-const IN_FLIGHT_WAIT_MAX_NS: u64 = 50_000_000;
 /// A batch pod looks for the table (created by the first latency pod) at
 /// most this often.
 const LOOK_AGAIN_NS: u64 = 100_000_000;
@@ -81,9 +80,13 @@ static TRACKED: [(AtomicUsize, AtomicUsize); TRACKERS] =
 /// This thread's tracker slot (latency) and in-flight ring (batch).
 struct ThreadState {
     tracker: Cell<Option<(usize, usize)>>,
-    ring: [Cell<usize>; MAX_WINDOW],
-    head: Cell<usize>,
     probed_at_ns: Cell<u64>,
+    /// Events after this thread's batch launches, and when each returned.
+    ring: [Cell<usize>; MAX_WINDOW],
+    launched_at: [Cell<u64>; MAX_WINDOW],
+    head: Cell<usize>,
+    /// How long its batch launches took to complete.
+    spans: Spans,
 }
 
 impl Drop for ThreadState {
@@ -101,55 +104,13 @@ thread_local! {
     static THREAD: ThreadState = const {
         ThreadState {
             tracker: Cell::new(None),
-            ring: [const { Cell::new(0) }; MAX_WINDOW],
-            head: Cell::new(0),
             probed_at_ns: Cell::new(0),
+            ring: [const { Cell::new(0) }; MAX_WINDOW],
+            launched_at: [const { Cell::new(0) }; MAX_WINDOW],
+            head: Cell::new(0),
+            spans: Spans::new(),
         }
     };
-}
-
-/// How the classes are tuned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tuning {
-    pub hold_ns: u64,
-    pub window: usize,
-}
-
-impl Tuning {
-    /// From [`HOLD_VARIABLE`] and [`WINDOW_VARIABLE`]; a bad value is a
-    /// configuration error.
-    pub fn from_env() -> Result<Self, String> {
-        Self::from_values(
-            std::env::var(HOLD_VARIABLE).ok().as_deref(),
-            std::env::var(WINDOW_VARIABLE).ok().as_deref(),
-        )
-    }
-
-    fn from_values(hold_us: Option<&str>, window: Option<&str>) -> Result<Self, String> {
-        let bad = |name: &str, text: &str, expected: &str| {
-            format!("cuda-limiter: configuration error: {name}={text:?} is not {expected}")
-        };
-        let hold_ns = match hold_us {
-            None => DEFAULT_HOLD_NS,
-            Some(text) => text
-                .trim()
-                .parse::<u64>()
-                .ok()
-                .filter(|us| (1..=100_000).contains(us))
-                .ok_or_else(|| bad(HOLD_VARIABLE, text, "a number of µs from 1 to 100000"))?
-                .saturating_mul(1_000),
-        };
-        let window = match window {
-            None => 1,
-            Some(text) => text
-                .trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|n| (1..=MAX_WINDOW).contains(n))
-                .ok_or_else(|| bad(WINDOW_VARIABLE, text, "a number of launches from 1 to 8"))?,
-        };
-        Ok(Self { hold_ns, window })
-    }
 }
 
 /// What [`Priority::before`] decided for one launch.
@@ -193,6 +154,10 @@ pub struct Priority {
     generation: AtomicU64,
     /// Some device's configured class is latency.
     latency_configured: bool,
+    /// Request starts per device (latency).
+    arrivals: [Arrivals; MAX_DEVICES],
+    /// This process's latest latency launch per device.
+    launched_at: [AtomicU64; MAX_DEVICES],
 }
 
 // SAFETY: the event handles queued are driver handles, usable from any
@@ -220,6 +185,8 @@ impl Priority {
             watcher_thread: OnceLock::new(),
             watcher_parked: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            arrivals: [const { Arrivals::new() }; MAX_DEVICES],
+            launched_at: [const { AtomicU64::new(0) }; MAX_DEVICES],
         }
     }
 
@@ -272,6 +239,7 @@ impl Priority {
             std::env::var(PRIORITY_REGION_VARIABLE).unwrap_or_else(|_| PRIORITY_REGION.to_owned());
         match NodePriority::open_named(&name, create) {
             Ok(table) => {
+                tracing::debug!(name, create, "priority table mapped");
                 // Two threads may both map it; the second mapping is dropped
                 // unused (a table is never unmapped).
                 let _ = self.table.set(table);
@@ -312,46 +280,8 @@ impl Priority {
         now: u64,
     ) -> Ticket {
         match self.class(ctx, device) {
-            PodClass::Latency => {
-                let Some(table) = self.table(now, true) else {
-                    return Ticket::Free;
-                };
-                if let Some(line) = table.device(device) {
-                    let bit = 1 << (device % 32);
-                    if self.in_flight.load(Ordering::Relaxed) & bit == 0
-                        && self.in_flight.fetch_or(bit, Ordering::AcqRel) & bit == 0
-                    {
-                        line.enter_flight(now);
-                    } else {
-                        line.stamp_active(now);
-                    }
-                    line.launches.fetch_add(1, Ordering::Relaxed);
-                }
-                if let Some(timing) = timing {
-                    self.probe_queue(timing, table, device, stream, now);
-                }
-                self.latency_devices
-                    .fetch_or(1 << (device % 32), Ordering::Relaxed);
-                self.start_watcher(ctx);
-                Ticket::Latency { device }
-            }
-            PodClass::Batch => {
-                let Some(table) = self.table(now, false) else {
-                    return Ticket::Free;
-                };
-                match table.gate(device, now, self.tuning.hold_ns) {
-                    Gate::Free => Ticket::Free,
-                    gate => {
-                        if let Some(timing) = timing {
-                            self.wait_in_flight(timing);
-                        }
-                        if gate == Gate::Hold {
-                            self.hold(table, device, now);
-                        }
-                        Ticket::Bounded
-                    }
-                }
-            }
+            PodClass::Latency => self.before_latency(ctx, device, stream, timing, now),
+            PodClass::Batch => self.before_batch(device, timing, now),
         }
     }
 
@@ -368,112 +298,15 @@ impl Priority {
         };
         match ticket {
             Ticket::Free => {}
-            Ticket::Bounded => THREAD.with(|thread| {
-                let head = thread.head.get() % self.tuning.window;
-                let slot = &thread.ring[head];
-                if let Some(event) = recorded(timing, slot.get(), stream) {
-                    slot.set(event);
-                    thread.head.set(head + 1);
-                }
-            }),
-            Ticket::Latency { device } => {
-                THREAD.with(|thread| self.track(timing, thread, device, stream));
-                self.generation.fetch_add(1, Ordering::SeqCst);
-                if self.watcher_parked.load(Ordering::SeqCst)
-                    && let Some(watcher) = self.watcher_thread.get()
-                {
-                    watcher.unpark();
-                }
-            }
+            Ticket::Bounded => self.after_batch(timing, stream),
+            Ticket::Latency { device } => self.after_latency(timing, device, stream),
         }
-    }
-
-    /// Re-records this thread's tracker event after its latency launch.
-    fn track(&self, timing: &Timing, thread: &ThreadState, device: usize, stream: CUstream) {
-        let (slot, event) = match thread.tracker.get() {
-            Some(tracker) => tracker,
-            None => {
-                let Some(slot) = TRACKED.iter().position(|(event, _)| {
-                    event
-                        .compare_exchange(0, usize::MAX, Ordering::AcqRel, Ordering::Relaxed)
-                        .is_ok()
-                }) else {
-                    return; // every slot taken: the launch stamps cover this thread
-                };
-                (slot, 0)
-            }
-        };
-        let Some(event) = recorded(timing, event, stream) else {
-            TRACKED[slot].0.store(0, Ordering::Release);
-            thread.tracker.set(None);
-            return;
-        };
-        TRACKED[slot].1.store(device + 1, Ordering::Relaxed);
-        TRACKED[slot].0.store(event, Ordering::Release);
-        thread.tracker.set(Some((slot, event)));
-    }
-
-    /// Records an event before a latency launch, at most every
-    /// [`QUEUE_SAMPLE_INTERVAL_NS`] per thread, for the watcher to time.
-    fn probe_queue(
-        &self,
-        timing: &Timing,
-        table: &NodePriority,
-        device: usize,
-        stream: CUstream,
-        now: u64,
-    ) {
-        let due = THREAD.with(|thread| {
-            let due = now.saturating_sub(thread.probed_at_ns.get()) >= QUEUE_SAMPLE_INTERVAL_NS;
-            if due {
-                thread.probed_at_ns.set(now);
-            }
-            due
-        });
-        if !due || self.probes.is_full() || self.slot(table, device, PodClass::Latency).is_none() {
-            return;
-        }
-        if let Some(event) = recorded(timing, 0, stream) {
-            let probe = Probe {
-                event,
-                device,
-                submitted_at: monotonic_ns(),
-            };
-            if let Err(probe) = self.probes.push(probe) {
-                timing.destroy(probe.event as CUevent);
-            }
-        }
-    }
-
-    /// Waits until this thread has fewer than the window's launches in
-    /// flight: the oldest of its ring is done.
-    fn wait_in_flight(&self, timing: &Timing) {
-        let oldest =
-            THREAD.with(|thread| thread.ring[thread.head.get() % self.tuning.window].get());
-        if oldest == 0 {
-            return;
-        }
-        let done = || !matches!(timing.query(oldest as CUevent), Ok(false));
-        wait_until(monotonic_ns().saturating_add(IN_FLIGHT_WAIT_MAX_NS), done);
-    }
-
-    /// Holds a batch launch while a latency pod on `device` is active (at
-    /// most [`STARVATION_NS`]); counts the time held.
-    fn hold(&self, table: &NodePriority, device: usize, since: u64) {
-        let hold_ns = self.tuning.hold_ns;
-        wait_until(since.saturating_add(STARVATION_NS), || {
-            table.gate(device, monotonic_ns(), hold_ns) != Gate::Hold
-        });
-        let held = monotonic_ns().saturating_sub(since);
-        if let Some(slot) = self.slot(table, device, PodClass::Batch) {
-            slot.add_hold(held);
-        }
-        tracing::trace!(device, held, "batch launch held");
     }
 }
 
 /// `event` (0: a new one) recorded on `stream`; a failed record (another
-/// context) drops the event and tries once with a new one.
+/// context) drops the event and tries once with a new one. The events are
+/// only queried: no timing, which makes records cheaper on real drivers.
 fn recorded(timing: &Timing, event: usize, stream: CUstream) -> Option<usize> {
     if event != 0 && event != usize::MAX {
         if timing.record(event as CUevent, stream) {
@@ -481,7 +314,7 @@ fn recorded(timing: &Timing, event: usize, stream: CUstream) -> Option<usize> {
         }
         timing.destroy(event as CUevent);
     }
-    let fresh = timing.create_event()?;
+    let fresh = timing.create_sync_event()?;
     if timing.record(fresh, stream) {
         Some(fresh as usize)
     } else {
@@ -504,43 +337,5 @@ fn wait_until(deadline: u64, mut done: impl FnMut() -> bool) {
         } else {
             std::thread::sleep(WAIT_SLEEP);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tuning_defaults_and_bounds() {
-        assert_eq!(
-            Tuning::from_values(None, None),
-            Ok(Tuning {
-                hold_ns: DEFAULT_HOLD_NS,
-                window: 1
-            })
-        );
-        assert_eq!(
-            Tuning::from_values(Some(" 50 "), Some("2")),
-            Ok(Tuning {
-                hold_ns: 50_000,
-                window: 2
-            })
-        );
-        for (hold, window) in [
-            (Some("0"), None),
-            (Some("x"), None),
-            (None, Some("0")),
-            (None, Some("9")),
-        ] {
-            assert!(
-                Tuning::from_values(hold, window).is_err(),
-                "{hold:?} {window:?}"
-            );
-        }
-        assert_eq!(
-            Tuning::from_values(None, Some("many")),
-            Err("cuda-limiter: configuration error: CUDA_LIMITER_PRIORITY_WINDOW=\"many\" is not a number of launches from 1 to 8".to_owned())
-        );
     }
 }

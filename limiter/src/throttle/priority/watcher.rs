@@ -1,6 +1,7 @@
 //! The latency pod's watcher thread: keeps its device's "latency work in
 //! flight" stamp fresh while its tracked launches run, times queueing probes,
-//! stamps the heartbeat; and counts the process out of flight at exit.
+//! stamps the heartbeat, drops in-flight counts of dead processes; and counts
+//! the process out of flight at exit.
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -10,6 +11,10 @@ use gpushare_utils::config::{MAX_DEVICES, PodClass};
 use gpushare_utils::priority::{HEARTBEAT_NS, NodePriority};
 
 use super::{MAX_PROBES, Priority, Probe, TRACKED, WATCH_POLL};
+
+/// With a request predicted, the idle watcher polls from this long before
+/// it: the request's first launch then finds it awake, and needs no wake-up.
+const WAKE_LEAD_NS: u64 = 100_000;
 use crate::context::{AtExit, Context, register_at_exit};
 use crate::driver::Timing;
 use crate::sys::CUevent;
@@ -51,10 +56,11 @@ impl Priority {
         timing.relax_capture_mode();
         let mut probes: Vec<Probe> = Vec::with_capacity(MAX_PROBES);
         let mut heartbeat_at = 0;
+        let mut was_pending = 0u32;
         loop {
             let generation = self.generation.load(Ordering::SeqCst);
             let now = monotonic_ns();
-            let busy = self.stamp_in_flight(timing, table, now);
+            let busy = self.stamp_in_flight(timing, table, now, &mut was_pending);
             while let Some(probe) = self.probes.pop() {
                 probes.push(probe);
             }
@@ -74,21 +80,31 @@ impl Priority {
                 heartbeat_at = now;
                 self.heartbeat(table, now);
             }
-            if busy || !probes.is_empty() {
+            let wake_at = self.predicted_wake(table, now);
+            if busy || !probes.is_empty() || wake_at.is_some_and(|at| at <= now) {
                 std::thread::sleep(WATCH_POLL);
                 continue;
             }
+            let nap = wake_at.map_or(HEARTBEAT_NS / 2, |at| (at - now).min(HEARTBEAT_NS / 2));
             self.watcher_parked.store(true, Ordering::SeqCst);
             if self.generation.load(Ordering::SeqCst) == generation {
-                std::thread::park_timeout(Duration::from_nanos(HEARTBEAT_NS / 2));
+                std::thread::park_timeout(Duration::from_nanos(nap));
             }
             self.watcher_parked.store(false, Ordering::SeqCst);
         }
     }
 
     /// Stamps the devices whose latency trackers are pending, and counts
-    /// this process in or out of flight there; true if any is pending.
-    fn stamp_in_flight(&self, timing: &Timing, table: &NodePriority, now: u64) -> bool {
+    /// this process in or out of flight there; true while any is pending or
+    /// its process still counts in flight. `was_pending`: the devices the
+    /// previous poll found pending.
+    fn stamp_in_flight(
+        &self,
+        timing: &Timing,
+        table: &NodePriority,
+        now: u64,
+        was_pending: &mut u32,
+    ) -> bool {
         let mut pending = 0u32;
         for (event, device) in &TRACKED {
             let handle = event.load(Ordering::Acquire);
@@ -100,6 +116,7 @@ impl Priority {
             }
         }
         let now = monotonic_ns().max(now);
+        let mut lingering = false;
         for device in 0..MAX_DEVICES.min(32) {
             let (bit, Some(line)) = (1u32 << device, table.device(device)) else {
                 continue;
@@ -110,22 +127,65 @@ impl Priority {
                 } else {
                     line.stamp_active(now);
                 }
-            } else if self.in_flight.load(Ordering::Relaxed) & bit != 0
-                && self.in_flight.fetch_and(!bit, Ordering::AcqRel) & bit != 0
-            {
-                line.leave_flight(now);
+                continue;
+            }
+            if self.in_flight.load(Ordering::Relaxed) & bit == 0 {
+                continue;
+            }
+            // The request goes on while launches come within the hold: a
+            // launch that just counted the process in has no tracker yet,
+            // and a host gap between two launches of one request is no new
+            // request (the start the predictor counts).
+            let launched = self.launched_at[device].load(Ordering::Acquire);
+            if now.saturating_sub(launched) < self.tuning.hold_ns {
+                lingering = true;
+            } else if self.in_flight.fetch_and(!bit, Ordering::AcqRel) & bit != 0 {
+                // Work just seen done leaves now; after a request whose work
+                // was done within the hold, the launch's stamp stands.
+                line.leave_flight(if *was_pending & bit != 0 {
+                    now
+                } else {
+                    launched
+                });
             }
         }
-        pending != 0
+        *was_pending = pending;
+        pending != 0 || lingering
     }
 
+    /// Stamps the heartbeat; where the process is not in flight, drops the
+    /// counts of processes that died in flight.
     fn heartbeat(&self, table: &NodePriority, now: u64) {
         let devices = self.latency_devices.load(Ordering::Relaxed);
+        let flying = self.in_flight.load(Ordering::Acquire);
         for device in (0..MAX_DEVICES.min(32)).filter(|d| devices & (1 << d) != 0) {
             if let Some(line) = table.device(device) {
                 line.present_at_ns.store(now, Ordering::Release);
+                if flying & (1 << device) == 0 && line.drop_stale_flight(now) {
+                    tracing::debug!(device, "dropped in-flight counts of dead latency processes");
+                }
             }
         }
+    }
+
+    /// When the idle watcher should poll again for this process's next
+    /// predicted request: [`WAKE_LEAD_NS`] before the earliest prediction on
+    /// its devices that is not stale; `None` without one.
+    fn predicted_wake(&self, table: &NodePriority, now: u64) -> Option<u64> {
+        if !self.tuning.predict {
+            return None;
+        }
+        let devices = self.latency_devices.load(Ordering::Relaxed);
+        (0..MAX_DEVICES.min(32))
+            .filter(|d| devices & (1 << d) != 0)
+            .filter_map(|device| {
+                let line = table.device(device)?;
+                let next = line.next_arrival_ns.load(Ordering::Acquire);
+                let period = line.period_ns.load(Ordering::Relaxed);
+                (period != 0 && now < next.saturating_add(period / 2))
+                    .then(|| next.saturating_sub(WAKE_LEAD_NS))
+            })
+            .min()
     }
 }
 

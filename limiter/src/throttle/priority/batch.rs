@@ -1,0 +1,99 @@
+//! A batch pod's launches next to a latency pod: keep the thread's launches
+//! in flight bounded, learn how long they take, and hold them while the
+//! latency pod is active or its next request is due.
+
+use gpushare_utils::bucket::monotonic_ns;
+use gpushare_utils::config::PodClass;
+use gpushare_utils::priority::{Gate, NodePriority, STARVATION_NS};
+
+use super::{Priority, THREAD, Ticket, recorded, wait_until};
+use crate::driver::Timing;
+use crate::sys::{CUevent, CUstream};
+
+/// Longest a batch launch waits for its own earlier one (its stream may wait
+/// on something this thread has yet to do).
+const IN_FLIGHT_WAIT_MAX_NS: u64 = 50_000_000;
+
+impl Priority {
+    /// A batch launch on `device` at `now`: free with no latency pod there;
+    /// else it waits for its window, and while the gate holds.
+    pub(super) fn before_batch(&self, device: usize, timing: Option<&Timing>, now: u64) -> Ticket {
+        let Some(table) = self.table(now, false) else {
+            return Ticket::Free;
+        };
+        let kernel_ns = THREAD.with(|thread| thread.spans.estimate());
+        if table.gate(device, now, self.tuning.hold_ns, kernel_ns) == Gate::Free {
+            return Ticket::Free;
+        }
+        let mut since = now;
+        if let Some(timing) = timing {
+            self.wait_in_flight(timing);
+            // The latency pod may have become active, or its request due,
+            // while this thread waited for its previous launch.
+            since = monotonic_ns();
+        }
+        let kernel_ns = THREAD.with(|thread| thread.spans.estimate());
+        if matches!(
+            table.gate(device, since, self.tuning.hold_ns, kernel_ns),
+            Gate::Hold | Gate::Predicted
+        ) {
+            self.hold(table, device, since);
+        }
+        Ticket::Bounded
+    }
+
+    /// After a bounded batch launch: records its event in the ring.
+    pub(super) fn after_batch(&self, timing: &Timing, stream: CUstream) {
+        THREAD.with(|thread| {
+            let head = thread.head.get() % self.tuning.window;
+            let slot = &thread.ring[head];
+            if let Some(event) = recorded(timing, slot.get(), stream) {
+                slot.set(event);
+                thread.launched_at[head].set(monotonic_ns());
+                thread.head.set(head + 1);
+            }
+        });
+    }
+
+    /// Waits until this thread has fewer than the window's launches in
+    /// flight: the oldest of its ring is done. A wait that saw it pending
+    /// learns how long that launch took (launch to completion, seen within a
+    /// yield of the spin); one found done at once says nothing.
+    fn wait_in_flight(&self, timing: &Timing) {
+        THREAD.with(|thread| {
+            let oldest = thread.head.get() % self.tuning.window;
+            let event = thread.ring[oldest].get();
+            if event == 0 {
+                return;
+            }
+            let (mut pending, mut done) = (false, false);
+            wait_until(monotonic_ns().saturating_add(IN_FLIGHT_WAIT_MAX_NS), || {
+                done = !matches!(timing.query(event as CUevent), Ok(false));
+                pending |= !done;
+                done
+            });
+            if pending && done {
+                let took = monotonic_ns().saturating_sub(thread.launched_at[oldest].get());
+                thread.spans.add(took);
+            }
+        });
+    }
+
+    /// Holds a batch launch while a latency pod on `device` is active or
+    /// about to be (at most [`STARVATION_NS`]); counts the time held.
+    fn hold(&self, table: &NodePriority, device: usize, since: u64) {
+        let hold_ns = self.tuning.hold_ns;
+        let kernel_ns = THREAD.with(|thread| thread.spans.estimate());
+        wait_until(since.saturating_add(STARVATION_NS), || {
+            !matches!(
+                table.gate(device, monotonic_ns(), hold_ns, kernel_ns),
+                Gate::Hold | Gate::Predicted
+            )
+        });
+        let held = monotonic_ns().saturating_sub(since);
+        if let Some(slot) = self.slot(table, device, PodClass::Batch) {
+            slot.add_hold(held);
+        }
+        tracing::trace!(device, held, "batch launch held");
+    }
+}
