@@ -4,7 +4,7 @@
 # On the GPU machine, from the repository root (PyTorch with CUDA installed):
 #   bash scripts/bench/priority.sh gpu-bundle [--quick] [--seconds S] [--period-us P]
 # gpu-bundle/ holds libcuda_limiter.so (scripts/make-gpu-bundle.sh). About
-# 3 minutes (9 runs of 8 s plus start-up); results in $OUT (default
+# 4 minutes (12 runs of 8 s plus start-up); results in $OUT (default
 # ./priority-bench-out): priority-bench.md, .json, .log.
 set -euo pipefail
 bundle=${1:?usage: priority.sh BUNDLE_DIR [priority_bench.py options]}

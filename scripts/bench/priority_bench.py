@@ -29,7 +29,12 @@ runs alone in it):
   latency + unlimited batch, per size (no limiter on either)
   latency (class latency) + batch (class batch), both under the limiter, per
   size; and with ~0.2 ms kernels also with an in-flight window of 2 launches
-  (CUDA_LIMITER_PRIORITY_WINDOW=2) to show what the window costs.
+  (CUDA_LIMITER_PRIORITY_WINDOW=2) to show what the window costs, and with
+  arrival prediction off (CUDA_LIMITER_PRIORITY_PREDICT=0) to show what it
+  adds;
+  Poisson arrivals (exponential gaps of the same mean period): the latency pod
+  alone and with classes next to ~0.2 ms batch kernels, where prediction
+  withholds itself (the requests are not periodic): what classes alone give.
 Criteria (the issue's): with ~0.2 ms batch kernels the latency pod's p50 is
 within 1.2x and its p99 within 2x of alone, and the batch pod keeps at least
 0.8 x (1 - busy) of its alone throughput (busy: the latency pod's gpu busy
@@ -39,6 +44,7 @@ fraction alone; the bar with the wall busy fraction is printed too). With
 import argparse
 import json
 import os
+import random
 import select
 import statistics
 import struct
@@ -97,8 +103,12 @@ def worker_latency(args):
     starts, steps, gpu = [], [], []
     late = 0
     i = 0
+    # Poisson arrivals: exponential gaps of the same mean, a fixed seed.
+    gaps = random.Random(1)
+    due = start
     while True:
-        due = start + i * period
+        if i > 0:
+            due += gaps.expovariate(1 / period) if args.arrivals == "poisson" else period
         if due >= end:
             break
         now = time.monotonic()
@@ -220,7 +230,7 @@ class Bench:
             self.log.write(f"== {name} FAILED: {error}\n")
             return {"error": str(error)}
 
-    def run_once(self, name, latency=None, batch=None, size=None, extra=None):
+    def run_once(self, name, latency=None, batch=None, size=None, extra=None, arrivals="fixed"):
         """One run: latency and/or batch workers; None = absent, "" = no
         limiter, else the class."""
         self.serial += 1
@@ -234,7 +244,7 @@ class Bench:
             env, pod = self.env(cls or None, region, extra or {})
             argv = [sys.executable, str(Path(__file__).resolve()), "worker", role,
                     "--seconds", str(seconds + (1.0 if role == "latency" and batch is not None else 0)),
-                    "--period-us", str(self.args.period_us)]
+                    "--period-us", str(self.args.period_us), "--arrivals", arrivals]
             if role == "batch":
                 argv += ["--size", str(size)]
             errors = open(self.out / f"worker-{self.serial}-{role}.stderr", "w+")
@@ -319,6 +329,7 @@ def main():
     w.add_argument("--seconds", type=float, required=True)
     w.add_argument("--period-us", type=float, default=2000)
     w.add_argument("--size", type=int, default=4096)
+    w.add_argument("--arrivals", choices=["fixed", "poisson"], default="fixed")
     p.add_argument("--lib")
     p.add_argument("--out", default=os.environ.get("OUT", "priority-bench-out"))
     p.add_argument("--seconds", type=float, default=8.0)
@@ -348,6 +359,14 @@ def main():
     runs[f"priority {short} window 2"] = bench.run(
         f"latency + batch {short}, classes, window 2", latency="latency", batch="batch", size=short,
         extra={"CUDA_LIMITER_PRIORITY_WINDOW": "2"})
+    runs[f"priority {short} no prediction"] = bench.run(
+        f"latency + batch {short}, classes, prediction off", latency="latency", batch="batch",
+        size=short, extra={"CUDA_LIMITER_PRIORITY_PREDICT": "0"})
+    runs["latency alone poisson"] = bench.run("latency alone, Poisson arrivals", latency="",
+                                              arrivals="poisson")
+    runs[f"priority {short} poisson"] = bench.run(
+        f"latency + batch {short}, classes, Poisson arrivals", latency="latency", batch="batch",
+        size=short, arrivals="poisson")
     report(args, runs, time.monotonic() - t_begin)
 
 
@@ -379,6 +398,8 @@ def report(args, runs, took):
     for key, label, size in [(f"unlimited {short}", "+ unlimited batch", short),
                              (f"priority {short}", "+ batch, classes", short),
                              (f"priority {short} window 2", "+ batch, classes, window 2", short),
+                             (f"priority {short} no prediction", "+ batch, classes, prediction off", short),
+                             (f"priority {short} poisson", "Poisson arrivals: + batch, classes", short),
                              (f"unlimited {long_}", "+ unlimited batch", long_),
                              (f"priority {long_}", "+ batch, classes", long_)]:
         run, alone_run = runs[key], runs[f"batch alone {size}"]
@@ -387,7 +408,18 @@ def report(args, runs, took):
             continue
         lat, bat = run["latency"], run["batch"]
         batch_alone = alone_run["batch"]
-        p50, p99, c50, c99 = latency_cells(lat)
+        if key.endswith("poisson"):
+            # Against the latency pod alone under the same arrivals.
+            base = runs["latency alone poisson"]
+            if "error" in base:
+                rows.append((f"{label} ({size}^2 matmuls)", "no Poisson baseline", "", "", "", "", ""))
+                continue
+            p50_base, p99_base = pct(base["latency"]["steps_us"], .5), pct(base["latency"]["steps_us"], .99)
+            p50, p99 = pct(lat["steps_us"], .5), pct(lat["steps_us"], .99)
+            c50 = f"{p50:.0f} ({p50 / p50_base:.2f}x of {p50_base:.0f})"
+            c99 = f"{p99:.0f} ({p99 / p99_base:.2f}x of {p99_base:.0f})"
+        else:
+            p50, p99, c50, c99 = latency_cells(lat)
         ratio = bat["per_s"] / batch_alone["per_s"]
         counters = bat.get("counters") or {}
         lat_counters = lat.get("counters") or {}
