@@ -47,8 +47,6 @@ pub const INITIAL_PER_WAVE_NS: u64 = 20_000;
 pub const UNMEASURED_AHEAD: u64 = 1;
 /// How much an older measurement weighs relative to the next one.
 const DECAY: f64 = 7.0 / 8.0;
-/// A settlement within 1/16 of the charges held the price.
-const PRICE_HELD_WITHIN: u64 = 16;
 /// With measurements at one grid size only, the fixed part is taken as the
 /// smaller of this and the whole (a launch's own latency and ramp), the rest
 /// per wave; measurements at other sizes then fit both.
@@ -178,37 +176,11 @@ impl Unsettled {
     }
 
     /// What the pod owes for everything unsettled at `price`.
-    fn settle(&self, price: (u64, u64)) -> Settlement {
+    fn settle(&self, price: (u64, u64)) -> i64 {
         let launches = self.launches.swap(0, Ordering::Relaxed);
         let waves = self.waves.swap(0, Ordering::Relaxed);
-        let charged_ns = self.ns.swap(0, Ordering::Relaxed);
-        Settlement {
-            owed_ns: signed(Price::of(price, launches, waves)) - signed(charged_ns),
-            charged_ns,
-        }
-    }
-}
-
-/// What a measurement settled: every launch of its function charged since
-/// the function's last measurement, at the price it now has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Settlement {
-    /// What the pod owes on top of its charges (negative: is owed).
-    pub owed_ns: i64,
-    /// What those launches were charged.
-    pub charged_ns: u64,
-}
-
-impl Settlement {
-    /// The measurement left the price where the launches were charged:
-    /// within [`PRICE_HELD_WITHIN`] of it. A converged price moves by an
-    /// eighth of a sample's deviation ([`DECAY`]), so one sample up to half
-    /// off still holds it; a workload that changed does not.
-    pub fn price_held(&self) -> bool {
-        self.owed_ns
-            .unsigned_abs()
-            .saturating_mul(PRICE_HELD_WITHIN)
-            <= self.charged_ns
+        let charged = self.ns.swap(0, Ordering::Relaxed);
+        signed(Price::of(price, launches, waves)) - signed(charged)
     }
 }
 
@@ -341,11 +313,11 @@ impl CostModel {
     }
 
     /// Folds in that `charge`'s launch kept the GPU busy `measured_ns`, and
-    /// settles every launch of the function charged since its last
-    /// measurement: what the pod owes on top of its charges.
+    /// returns what the pod owes on top of its charges (negative: is owed)
+    /// for every launch of the function charged since its last measurement.
     /// `contended`: another pod launched on the device meanwhile. Called by
     /// the monitor thread only.
-    pub fn record(&self, charge: &Charge, measured_ns: u64, contended: bool) -> Settlement {
+    pub fn record(&self, charge: &Charge, measured_ns: u64, contended: bool) -> i64 {
         let measured = measured_ns.max(1);
         let (fit, price) = charge
             .slot
@@ -417,10 +389,7 @@ mod tests {
         assert!(first.first && first.unmeasured);
         assert_eq!(first.ns, INITIAL_PER_WAVE_NS);
         // Measured at 50 µs: its charge is settled at that.
-        assert_eq!(
-            model.record(&first, 50 * US, false).owed_ns,
-            signed(30 * US)
-        );
+        assert_eq!(model.record(&first, 50 * US, false), signed(30 * US));
         assert_eq!(price(&model, key, 1), 50 * US);
         // Larger grids: the time beyond a launch's fixed part scales.
         assert_eq!(price(&model, key, 10), 3 * US + 10 * 47 * US);
@@ -440,28 +409,21 @@ mod tests {
         );
         let charged: u64 = charges.iter().map(|c| c.ns).sum();
         // 2 ms each: the pod owes what 6 launches cost, less what it paid.
-        let settled = model.record(&charges[0], 2_000 * US, false);
-        assert_eq!(settled.owed_ns, signed(6 * 2_000 * US) - signed(charged));
-        assert_eq!(settled.charged_ns, charged);
-        assert!(!settled.price_held(), "priced at the first guess");
+        let owed = model.record(&charges[0], 2_000 * US, false);
+        assert_eq!(owed, signed(6 * 2_000 * US) - signed(charged));
         assert!(!model.awaiting_measurement(&charges[5]));
         // The function slows down (a longer KV cache, say): the launches
         // priced before are settled at the updated price.
         let slower: Vec<Charge> = (0..10).map(|_| model.charge(key, 1)).collect();
         assert!(slower.iter().all(|charge| charge.ns == 2_000 * US));
-        let settled = model.record(&slower[3], 3_000 * US, false);
+        let owed = model.record(&slower[3], 3_000 * US, false);
         let updated = price(&model, key, 1);
         assert!(updated > 2_000 * US && updated < 3_000 * US, "{updated}");
-        assert_eq!(settled.owed_ns, 10 * (signed(updated) - signed(2_000 * US)));
-        assert!(!settled.price_held(), "half again as long moves the price");
+        assert_eq!(owed, 10 * (signed(updated) - signed(2_000 * US)));
         // Settled once: nothing is left for a later measurement.
         let later = model.charge(key, 1);
-        let settled = model.record(&later, later.ns, false);
-        assert_eq!(
-            settled.owed_ns,
-            signed(price(&model, key, 1)) - signed(later.ns)
-        );
-        assert!(settled.price_held(), "measured at its price");
+        let owed = model.record(&later, later.ns, false);
+        assert_eq!(owed, signed(price(&model, key, 1)) - signed(later.ns));
     }
 
     #[test]
@@ -484,25 +446,6 @@ mod tests {
         model.record(&charge, mean + 800 * US, true);
         let moved = price(&model, key, 1);
         assert!(moved > mean && moved < mean + 40 * US, "{mean} -> {moved}");
-    }
-
-    #[test]
-    fn a_converged_price_holds_against_one_noisy_sample_but_not_a_change() {
-        let model = CostModel::default();
-        let key = LaunchKey::kernel(11);
-        for _ in 0..64 {
-            let charge = model.charge(key, 1);
-            model.record(&charge, 100 * US, false);
-        }
-        let settle = |measured: u64| {
-            let charges: Vec<Charge> = (0..20).map(|_| model.charge(key, 1)).collect();
-            model.record(&charges[0], measured, false)
-        };
-        assert!(settle(100 * US).price_held());
-        // A sample 40% off moves the price 5%: still held.
-        assert!(settle(140 * US).price_held());
-        // The kernel now takes twice as long: the price moves an eighth.
-        assert!(!settle(200 * US).price_held());
     }
 
     #[test]
@@ -534,10 +477,10 @@ mod tests {
         let charged: u64 = unslotted.iter().map(|charge| charge.ns).sum();
         let launches = unslotted.len() as u64;
         let waves: u64 = unslotted.iter().map(|charge| charge.waves).sum();
-        let settled = model.record(&unslotted[0], 40 * US, false);
+        let owed = model.record(&unslotted[0], 40 * US, false);
         let (fixed, per_wave) = model.process_price();
         let want = signed(fixed * launches + per_wave * waves) - signed(charged);
-        assert_eq!(settled.owed_ns, want);
+        assert_eq!(owed, want);
     }
 
     #[test]
@@ -551,9 +494,6 @@ mod tests {
         let retry = model.charge(key, 1);
         assert!(retry.first, "another launch takes the measurement");
         assert_eq!(retry.ahead, 0, "the failed launch is not counted ahead");
-        assert_eq!(
-            model.record(&retry, 40 * US, false).owed_ns,
-            signed(20 * US)
-        );
+        assert_eq!(model.record(&retry, 40 * US, false), signed(20 * US));
     }
 }

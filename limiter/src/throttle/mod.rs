@@ -12,10 +12,7 @@
 //!    within about the timer slack (tens of µs) of budget returning. Launches
 //!    of one thread are never reordered: the thread itself waits.
 //! 3. A few launches are measured: each function's first, then at most one
-//!    per [`SAMPLE_INTERVAL_NS`] per thread, bracketed by two events; that
-//!    interval doubles, up to [`MAX_SAMPLE_INTERVAL_NS`], while measurements
-//!    leave prices where they were, and comes back at the first that moves
-//!    one (a sample costs its thread microseconds of driver calls). A
+//!    per [`SAMPLE_INTERVAL_NS`] per thread, bracketed by two events. A
 //!    monitor thread reads their elapsed GPU time when they complete, feeds
 //!    the cost model, and debits or credits the bucket so that every launch
 //!    of the function since its last measurement is paid at the measured
@@ -62,14 +59,10 @@ use summary::Held;
 
 /// Names another node activity table (tests: one per test).
 pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
-/// At most one sampled launch per thread this often while prices move. A
-/// sample costs its thread a stream query and two event records: about 12 µs
-/// on an H100's driver in a VM, 0.6% at this interval, which is still
-/// hundreds of measurements a second to fit from.
+/// At most one sampled launch per thread this often. A sample costs its
+/// thread about 5 µs (a stream query, two event records): 0.25% at this
+/// interval, which is still hundreds of measurements a second to fit from.
 pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
-/// The longest interval, reached while samples hold the prices: 0.08%, still
-/// sixty measurements a second per thread.
-pub const MAX_SAMPLE_INTERVAL_NS: u64 = 16_000_000;
 /// A sampled launch whose call took longer than this is not measured: the
 /// driver loaded the function's module in the call (lazy loading: a first
 /// launch takes milliseconds), or the thread was preempted in it; either
@@ -161,9 +154,6 @@ pub struct Throttle {
     /// Whether the monitor, out of samples, naps or is parked: a launch
     /// that pushes a sample wakes it accordingly.
     monitor_rest: RestState,
-    /// Launches of a thread are sampled at most this often (see
-    /// [`MAX_SAMPLE_INTERVAL_NS`]); set by the monitor.
-    sample_interval_ns: AtomicU64,
     /// When a new function's first launch was last measured.
     first_sampled_at_ns: AtomicU64,
     /// When the launch of the oldest measurement still running was made; 0
@@ -204,7 +194,6 @@ impl Throttle {
             monitor: Once::new(),
             monitor_thread: OnceLock::new(),
             monitor_rest: RestState::default(),
-            sample_interval_ns: AtomicU64::new(SAMPLE_INTERVAL_NS),
             first_sampled_at_ns: AtomicU64::new(0),
             backlog_since_ns: AtomicU64::new(0),
             activity: OnceLock::new(),
@@ -340,8 +329,7 @@ impl Throttle {
             self.priority.before(ctx, device, stream, timing, now)
         };
 
-        let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get))
-            >= self.sample_interval_ns.load(Ordering::Relaxed);
+        let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
         let sample = match timing {
             Some(timing) if first || due => self.begin_sample(timing, stream),
             _ => None,

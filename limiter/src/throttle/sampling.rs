@@ -7,13 +7,10 @@ use std::time::Duration;
 
 use gpushare_utils::bucket::monotonic_ns;
 
-use super::{
-    CONTENTION_INTERVAL, MAX_SAMPLE_INTERVAL_NS, MAX_SAMPLED_CALL_NS, POLL_INTERVAL,
-    SAMPLE_INTERVAL_NS, Throttle,
-};
+use super::{CONTENTION_INTERVAL, MAX_SAMPLED_CALL_NS, POLL_INTERVAL, Throttle};
 use crate::context::Context;
 use crate::driver::Timing;
-use crate::metering::{Charge, Settlement};
+use crate::metering::Charge;
 use crate::sys::{CUevent, CUresult, CUstream};
 
 /// How long an idle monitor naps while the process keeps sampling: the
@@ -326,9 +323,7 @@ impl Throttle {
                 let contended = self.activity().is_some_and(|table| {
                     table.contended(sample.device, self.pod_key(ctx), monotonic_ns())
                 });
-                let settled = self.model.record(&sample.charge, measured, contended);
-                self.held.measured_samples.fetch_add(1, Ordering::Relaxed);
-                self.adapt_sample_interval(settled);
+                let owed = self.model.record(&sample.charge, measured, contended);
                 tracing::trace!(
                     bracket,
                     idle_gap = ?sample.idle_gap_ns,
@@ -336,31 +331,17 @@ impl Throttle {
                     measured,
                     charged = sample.charge.ns,
                     waves = sample.charge.waves,
-                    owed = settled.owed_ns,
+                    owed,
                     "sample"
                 );
                 if let Some(budget) = self.budget(ctx, sample.device) {
-                    budget.bucket.correct(settled.owed_ns);
+                    budget.bucket.correct(owed);
                 }
             }
             None => self.model.abandon(&sample.charge),
         }
         self.recycle(timing, sample.context, sample.start);
         self.recycle(timing, sample.context, sample.end);
-    }
-
-    /// Samples come twice as far apart after one that held its function's
-    /// price, up to [`MAX_SAMPLE_INTERVAL_NS`], and at
-    /// [`SAMPLE_INTERVAL_NS`] again after one that moved it: a steady
-    /// workload pays for few measurements, a changing one gets them.
-    fn adapt_sample_interval(&self, settled: Settlement) {
-        let interval = if settled.price_held() {
-            let now = self.sample_interval_ns.load(Ordering::Relaxed);
-            now.saturating_mul(2).min(MAX_SAMPLE_INTERVAL_NS)
-        } else {
-            SAMPLE_INTERVAL_NS
-        };
-        self.sample_interval_ns.store(interval, Ordering::Relaxed);
     }
 
     fn update_contention(&self, ctx: &'static Context, now: u64) {

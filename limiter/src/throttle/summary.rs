@@ -20,8 +20,6 @@ pub(super) struct Held {
     pub(super) backlog_ns: AtomicU64,
     /// Samples not measured: their launch call took too long.
     pub(super) discarded_samples: AtomicU64,
-    /// Samples measured.
-    pub(super) measured_samples: AtomicU64,
 }
 
 impl Held {
@@ -66,8 +64,7 @@ impl AtExit for Throttle {
                 "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
                  pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
                  held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} \
-                 kernel_idle_extra_ns={} kernel_queued_extra_ns={} samples={} \
-                 discarded_samples={} sample_interval_ms={:.0}",
+                 kernel_idle_extra_ns={} kernel_queued_extra_ns={} discarded_samples={}",
                 std::process::id(),
                 budget.bucket.launches.load(Ordering::Relaxed),
                 ms(charged_ns),
@@ -78,9 +75,7 @@ impl AtExit for Throttle {
                 held(&self.held.backlog_ns),
                 self.kernel_idle_extra_ns.load(Ordering::Relaxed),
                 self.kernel_queued_extra_ns.load(Ordering::Relaxed),
-                self.held.measured_samples.load(Ordering::Relaxed),
                 self.held.discarded_samples.load(Ordering::Relaxed),
-                ms(self.sample_interval_ns.load(Ordering::Relaxed)),
             );
         }
     }

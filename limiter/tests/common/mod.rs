@@ -86,38 +86,6 @@ pub fn check(output: &Output) {
     );
 }
 
-/// The limiter's exit summary (`CUDA_LIMITER_LOG=info`) of a finished probe.
-pub struct ComputeSummary(String);
-
-impl ComputeSummary {
-    /// The summary line in `output`'s stderr, failing the test if the probe
-    /// failed or printed none.
-    pub fn of(output: &Output) -> Self {
-        check(output);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let line = stderr
-            .lines()
-            .find(|line| line.contains("compute summary:"))
-            .unwrap_or_else(|| panic!("no summary in {stderr}"));
-        Self(line.to_owned())
-    }
-
-    /// The value of `key=VALUE` in the summary.
-    pub fn number(&self, key: &str) -> f64 {
-        self.0
-            .split_whitespace()
-            .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-            .and_then(|value| value.parse().ok())
-            .unwrap_or_else(|| panic!("no {key} in {}", self.0))
-    }
-}
-
-impl std::fmt::Display for ComputeSummary {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// `info RESULT free=F total=T` for the given numbers.
 pub fn info(result: u32, free: u64, total: u64) -> String {
     format!("info {result} free={free} total={total}")
