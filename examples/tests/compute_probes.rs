@@ -120,8 +120,7 @@ fn run_series_pace_and_maxstall_report_the_clock() {
         assert_eq!(busy, launches * 200_000, "{context}");
         assert_eq!(field(&out[0], "share_pm"), busy * 1000 / wall, "{context}");
 
-        let series = out[1].strip_prefix("series 10 pm=").expect(&context);
-        let windows: Vec<u64> = series.split(',').map(|pm| pm.parse().unwrap()).collect();
+        let windows = per_mille(&out[1], "series 10", &context);
         assert_eq!(windows.len() as u64, wall / (10 * MS), "{context}");
         assert!(windows.iter().all(|&pm| pm <= 1000), "{context}");
         let mut sorted = windows.clone();
@@ -154,12 +153,7 @@ fn run_series_pace_and_maxstall_report_the_clock() {
         "{out:?}"
     );
     assert!(field(&out[0], "ns_per_iter") >= 3 * MS, "{out:?}");
-    let windows: Vec<u64> = out[1]
-        .strip_prefix("series 5 pm=")
-        .unwrap()
-        .split(',')
-        .map(|pm| pm.parse().unwrap())
-        .collect();
+    let windows = per_mille(&out[1], "series 5", &format!("{out:?}"));
     assert!(!windows.is_empty(), "{out:?}");
     assert!(windows.iter().all(|&pm| pm <= 100), "mostly idle: {out:?}");
 }
@@ -175,6 +169,19 @@ fn a_full_launch_queue_blocks_the_launch() {
     assert_eq!(field(&out[0], "busy_ns"), 40 * MS, "{out:?}");
     // The third launch waits for the first kernel (10 ms).
     assert!(field(&out[1], "ns") >= 5 * MS, "{out:?}");
+}
+
+/// The per-mille windows of a `series` line that starts with `command`.
+fn per_mille(line: &str, command: &str, context: &str) -> Vec<u64> {
+    line.strip_prefix(command)
+        .and_then(|rest| rest.strip_prefix(" pm="))
+        .unwrap_or_else(|| panic!("not {command}: {context}"))
+        .split(',')
+        .map(|pm| {
+            pm.parse()
+                .unwrap_or_else(|_| panic!("bad window: {context}"))
+        })
+        .collect()
 }
 
 #[test]
@@ -209,12 +216,7 @@ fn periodic_requests_arrive_on_their_schedule() {
         );
     }
     // Each request keeps the GPU busy 200 µs of its 2 ms: ~100 per mille.
-    let windows: Vec<u64> = out[1]
-        .strip_prefix("series 2 pm=")
-        .expect(&context)
-        .split(',')
-        .map(|pm| pm.parse().expect("pm"))
-        .collect();
+    let windows = per_mille(&out[1], "series 2", &context);
     assert!(windows.len() >= 3, "{context}");
     assert!(windows.iter().all(|&pm| pm <= 200), "{context}");
     assert!(windows.iter().sum::<u64>() >= 200, "{context}");

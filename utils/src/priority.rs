@@ -72,8 +72,9 @@ pub struct LatencyDevice {
     /// `active_at_ns` is within [`STALL_NS`], so a process that died busy
     /// holds nobody for long.
     pub in_flight: AtomicU64,
-    /// When the latency pod's next request is expected to launch (its
-    /// latest request start plus `period_ns`). Written by a latency process
+    /// When the latency pod's next request is expected to launch (the
+    /// median of its recent request starts, each extrapolated by whole
+    /// periods to the next request). Written by a latency process
     /// at each request start; zero in tables of older writers (the words
     /// were reserved, zero-filled), which readers take as no prediction.
     pub next_arrival_ns: AtomicU64,

@@ -37,7 +37,7 @@ impl Priority {
             table.gate(device, since, self.tuning.hold_ns, kernel_ns),
             Gate::Hold | Gate::Predicted
         ) {
-            self.hold(table, device, since);
+            self.hold(table, device, since, kernel_ns);
         }
         Ticket::Bounded
     }
@@ -79,11 +79,11 @@ impl Priority {
         });
     }
 
-    /// Holds a batch launch while a latency pod on `device` is active or
-    /// about to be (at most [`STARVATION_NS`]); counts the time held.
-    fn hold(&self, table: &NodePriority, device: usize, since: u64) {
+    /// Holds a batch launch whose kernels take `kernel_ns` while a latency
+    /// pod on `device` is active or about to be (at most [`STARVATION_NS`]);
+    /// counts the time held.
+    fn hold(&self, table: &NodePriority, device: usize, since: u64, kernel_ns: u64) {
         let hold_ns = self.tuning.hold_ns;
-        let kernel_ns = THREAD.with(|thread| thread.spans.estimate());
         wait_until(since.saturating_add(STARVATION_NS), || {
             !matches!(
                 table.gate(device, monotonic_ns(), hold_ns, kernel_ns),

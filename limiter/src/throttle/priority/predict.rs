@@ -5,9 +5,9 @@
 //!   work in flight on the device. From the last [`STARTS`] starts, the
 //!   period is the median of their intervals; the prediction (the median
 //!   of the starts each extrapolated to the next request: about the last
-//!   start + period, but one late start does not move it) is published on the device's line only when the intervals are
-//!   regular: their median absolute deviation at most period /
-//!   [`MAX_SPREAD_DIVISOR`].
+//!   start + period, but one late start does not move it) is published on
+//!   the device's line only when the intervals are regular: their median
+//!   absolute deviation at most period / [`MAX_SPREAD_DIVISOR`].
 //! - Batch side: each thread keeps the launch-to-completion times its
 //!   in-flight wait observed; the estimate is the second longest of the last
 //!   [`SPANS`] (one outlier, say a launch delayed behind a latency request,

@@ -11,13 +11,13 @@ use gpushare_utils::config::{MAX_DEVICES, PodClass};
 use gpushare_utils::priority::{HEARTBEAT_NS, NodePriority};
 
 use super::{MAX_PROBES, Priority, Probe, TRACKED, WATCH_POLL};
+use crate::context::{AtExit, Context, register_at_exit};
+use crate::driver::Timing;
+use crate::sys::CUevent;
 
 /// With a request predicted, the idle watcher polls from this long before
 /// it: the request's first launch then finds it awake, and needs no wake-up.
 const WAKE_LEAD_NS: u64 = 100_000;
-use crate::context::{AtExit, Context, register_at_exit};
-use crate::driver::Timing;
-use crate::sys::CUevent;
 
 impl Priority {
     /// Starts the watcher thread, once (at the first latency launch).
