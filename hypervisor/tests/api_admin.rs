@@ -152,11 +152,14 @@ fn config_reload_applies_new_limits_new_pods_and_removals() {
         pod_toml(&a, &["index = 0\nmemory = \"5g\"\ncap = 25"]),
         pod_toml(&c, &["index = 0\nmemory = \"1g\""]),
     ));
+    // The region's quota and rate are written one after the other.
     assert!(
-        wait_for(Duration::from_secs(5), || region.quota(0) == 5 << 30),
-        "new quota not applied"
+        wait_for(Duration::from_secs(5), || region.quota(0) == 5 << 30
+            && region.rate(0) == 250_000),
+        "new limits not applied: quota {}, rate {}",
+        region.quota(0),
+        region.rate(0)
     );
-    assert_eq!(region.rate(0), 250_000);
     match worker.next_command(Duration::from_secs(5)) {
         Some(Command::SetLimits { devices }) => assert_eq!(devices[0].memory_bytes, 5 << 30),
         other => panic!("expected SetLimits, got {other:?}"),

@@ -217,50 +217,78 @@ fn elastic_pods_use_idle_time_and_give_it_back() {
     let _ignored = std::fs::remove_file(format!("/dev/shm/{node}"));
 }
 
-#[test]
-fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
-    let summary = |percent: &str, script: &[&str]| {
+/// The exit summary of the probe running `script` under a compute limit of
+/// `percent`, with `env` on top.
+struct Summary(String);
+
+impl Summary {
+    fn of(percent: &str, env: &[(&str, &str)], script: &[&str]) -> Self {
         let pod = Pod::new("summary");
-        let mut command = limited(
-            &pod,
-            &[
-                ("CUDA_DEVICE_SM_LIMIT", percent),
-                ("CUDA_LIMITER_LOG", "info"),
-            ],
-            script,
-        );
-        let output = command.output().expect("spawn probe");
+        let mut vars = vec![
+            ("CUDA_DEVICE_SM_LIMIT", percent),
+            ("CUDA_LIMITER_LOG", "info"),
+        ];
+        vars.extend_from_slice(env);
+        let output = limited(&pod, &vars, script).output().expect("spawn probe");
         common::check(&output);
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let stderr = String::from_utf8_lossy(&output.stderr);
         let line = stderr
             .lines()
             .find(|line| line.contains("compute summary:"))
-            .unwrap_or_else(|| panic!("no summary in {stderr}"))
-            .to_owned();
-        let number = |key: &str| -> f64 {
-            line.split_whitespace()
-                .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-                .and_then(|value| value.parse().ok())
-                .unwrap_or_else(|| panic!("no {key} in {line}"))
-        };
-        (
-            number("charged_share"),
-            number("waited_for_budget_ms"),
-            number("pod_launches"),
-        )
-    };
+            .unwrap_or_else(|| panic!("no summary in {stderr}"));
+        Self(line.to_owned())
+    }
+
+    fn number(&self, key: &str) -> f64 {
+        self.0
+            .split_whitespace()
+            .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {}", self.0))
+    }
+}
+
+#[test]
+fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
     // A saturating loop at 25%: charged about a quarter of the time, and
     // most of the run spent waiting for budget.
-    let (share, waited, launches) = summary("25", &["run", "kernel", "500", "600"]);
+    let bound = Summary::of("25", &[], &["run", "kernel", "500", "600"]);
+    let share = bound.number("charged_share");
     assert!((0.2..=0.3).contains(&share), "share {share}");
+    let waited = bound.number("waited_for_budget_ms");
     assert!(waited > 300.0, "waited {waited} ms of a 600 ms run");
+    let launches = bound.number("pod_launches");
     assert!(launches > 100.0, "{launches} launches");
     // A loop 10% busy under a 50% limit: charged about 10%, never waits.
-    let (share, waited, _) = summary("50", &["pace", "kernel", "5", "2000", "50"]);
+    let free = Summary::of("50", &[], &["pace", "kernel", "5", "2000", "50"]);
+    let share = free.number("charged_share");
     assert!((0.05..=0.2).contains(&share), "share {share}");
+    let waited = free.number("waited_for_budget_ms");
     assert!(
         waited < 1.0,
         "waited {waited} ms under a limit that does not bind"
+    );
+}
+
+#[test]
+fn a_limit_that_does_not_bind_measures_launches_rarely() {
+    // A sample costs driver calls on the launching thread: where the limit
+    // does not bind, one per 16 ms (plus the first launch's); where it
+    // binds, one per 2 ms, for prices that decide what runs.
+    let free = Summary::of("50", &[], &["pace", "kernel", "5", "20000", "45"]);
+    let (samples, wall_ms) = (free.number("samples"), free.number("wall_ms"));
+    assert!(wall_ms > 500.0, "{}", free.0);
+    assert!(
+        samples <= wall_ms / 16.0 + 4.0,
+        "{samples} samples in {wall_ms} ms not bound ({})",
+        free.0
+    );
+    let bound = Summary::of("25", &[], &["run", "kernel", "100", "1000"]);
+    let (samples, wall_ms) = (bound.number("samples"), bound.number("wall_ms"));
+    assert!(
+        samples >= wall_ms / 2.0 / 2.0,
+        "{samples} samples in {wall_ms} ms bound ({})",
+        bound.0
     );
 }
 
@@ -270,33 +298,15 @@ fn a_first_launch_that_loads_its_module_is_not_priced_at_the_load() {
     // functions (milliseconds). That launch's bracket holds the load: priced
     // at it, every launch of the function until the price recovers would be
     // charged milliseconds, and a limit that does not bind would.
-    let pod = Pod::new("lazy");
-    let mut command = limited(
-        &pod,
-        &[
-            ("CUDA_DEVICE_SM_LIMIT", "50"),
-            ("CUDA_LIMITER_LOG", "info"),
-            ("GPUSHARE_DOUBLE_LAZY_LOAD_US", "30000"),
-        ],
+    let summary = Summary::of(
+        "50",
+        &[("GPUSHARE_DOUBLE_LAZY_LOAD_US", "30000")],
         &["pace", "kernel", "5", "4000", "50"],
     );
-    let output = command.output().expect("spawn probe");
-    common::check(&output);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let line = stderr
-        .lines()
-        .find(|line| line.contains("compute summary:"))
-        .unwrap_or_else(|| panic!("no summary in {stderr}"));
-    let number = |key: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-            .and_then(|value| value.parse().ok())
-            .unwrap_or_else(|| panic!("no {key} in {line}"))
-    };
     // About 10% busy: charged about that, never waiting for budget.
-    let share = number("charged_share");
-    assert!(share < 0.25, "charged {share} of the time ({line})");
-    let waited = number("waited_for_budget_ms");
-    assert!(waited < 1.0, "waited {waited} ms ({line})");
-    assert!(number("discarded_samples") >= 1.0, "{line}");
+    let share = summary.number("charged_share");
+    assert!(share < 0.25, "charged {share} of the time ({})", summary.0);
+    let waited = summary.number("waited_for_budget_ms");
+    assert!(waited < 1.0, "waited {waited} ms ({})", summary.0);
+    assert!(summary.number("discarded_samples") >= 1.0, "{}", summary.0);
 }

@@ -6,6 +6,7 @@ OUT/compute-bench.md, everything in OUT/compute-bench.json.
 
 Usage: compute_bench.py --lib PATH/libcuda_limiter.so --bin PATH/compute_bench
                         [--out DIR] [--only NAME ...] [--quick] [--cpus LIST]
+                        [--fixed-us US ...]
 
 Every run, without and with the limiter alike, is pinned to the same CPUs
 (--cpus, a taskset list; by default four of the GPU's local CPUs, CPU 0
@@ -17,6 +18,7 @@ Rows (the limit is CUDA_DEVICE_SM_LIMIT, a fresh pod per run):
                 (does not bind: the GPU is mostly idle): launches/s within 3%
   shapes-20s    the same with 20,000 shapes over 20 s
   saturated     3,000 shapes, no host work, L=25: share = launches/s ratio, 25 +- 2 pp
+                (its own bench: --only saturated)
   fixed-US-L    fixed-work kernels of ~50 us and ~2 ms at L=10/25/50/75:
                 share = kernels/s ratio, L +- 1.5 pp
   decode-L      PyTorch decode loop (torch_workloads.py decode): tokens/s at
@@ -184,6 +186,11 @@ def bench_shapes(rn, quick):
                         f"{n} distinct grid sizes, 20 us host work, {seconds} s, L=50 (GPU busy {busy:.1f}% without): launches/s",
                         f"{med(free):,.0f}", f"{med(lim):,.0f} ({change:+.2f}%)", "within 3%",
                         abs(change) <= 3, {"without": free, "with": lim, "gpu_busy_without": busy}))
+    return rows
+
+
+def bench_saturated(rn, quick):
+    rows = []
     args = ["shapes", 3000, 2 if quick else 4, 0, 4000]
     free, lim = alternate(3, lambda: float(rn.cuda(args, None)["launches_per_s"]),
                           lambda: float(rn.cuda(args, 25)["launches_per_s"]))
@@ -194,10 +201,13 @@ def bench_shapes(rn, quick):
     return rows
 
 
+FIXED_TARGETS = (50, 2000)  # kernel lengths in us (--fixed-us)
+
+
 def bench_fixed(rn, quick):
     rows = []
     secs = 2 if quick else 3
-    for target in (50, 2000):
+    for target in FIXED_TARGETS:
         iters = int(rn.cuda(["calibrate", target], None)["iters"])
         for limit in (10, 25, 50, 75):
             args = ["fixed", iters, secs]
@@ -285,6 +295,7 @@ def bench_cost(rn, quick):
 
 BENCHES = {
     "shapes": bench_shapes,
+    "saturated": bench_saturated,
     "fixed": bench_fixed,
     "decode": bench_decode,
     "saturating": bench_saturating,
@@ -308,7 +319,11 @@ def main():
     ap.add_argument("--only", nargs="*", choices=sorted(BENCHES))
     ap.add_argument("--quick", action="store_true", help="shorter runs, for a dry run")
     ap.add_argument("--cpus", help="taskset CPU list every run is pinned to (default: 4 GPU-local CPUs)")
+    ap.add_argument("--fixed-us", nargs="+", type=int, help="fixed-work kernel lengths (default: 50 2000)")
     args = ap.parse_args()
+    if args.fixed_us:
+        global FIXED_TARGETS
+        FIXED_TARGETS = tuple(args.fixed_us)
     cpus = args.cpus or gpu_local_cpus()
     print(f"[pinned to CPUs {cpus}]", file=sys.stderr, flush=True)
     out = Path(args.out)

@@ -165,9 +165,23 @@ impl<'a> Bucket<'a> {
         rate
     }
 
-    /// Admits a launch estimated at `cost_ns` at monotonic time `now_ns`.
+    /// Admits a launch estimated at `cost_ns` at monotonic time `now_ns`
+    /// while the bucket holds anything.
     #[inline]
     pub fn admit(&self, now_ns: u64, cost_ns: u64) -> Admission {
+        self.admit_above(now_ns, cost_ns, 0)
+    }
+
+    /// Admits a launch estimated at `cost_ns` at monotonic time `now_ns`
+    /// once the bucket holds more than `floor_ns`. A launch that had to wait
+    /// resumes above a floor of a few launches' worth, so that a throttled
+    /// loop runs in short back-to-back bursts: a kernel queued behind the
+    /// previous one takes its back-to-back time, one launched alone into an
+    /// idle GPU takes longer, and the pod would pay for that difference.
+    #[inline]
+    pub fn admit_above(&self, now_ns: u64, cost_ns: u64, floor_ns: i64) -> Admission {
+        // Reachable: the bucket never holds more than its capacity.
+        let floor_ns = floor_ns.clamp(0, CAPACITY_NS / 2);
         if self.limits.suspended.load(Ordering::Relaxed) != 0 {
             return Admission::Wait(MAX_WAIT);
         }
@@ -182,17 +196,18 @@ impl<'a> Bucket<'a> {
         let mut tokens = self.tokens_ns.load(Ordering::Acquire);
         let stale =
             now_ns.saturating_sub(self.refilled_at_ns.load(Ordering::Relaxed)) >= REFILL_MAX_AGE_NS;
-        if stale || tokens <= i64::try_from(cost_ns).unwrap_or(i64::MAX) {
+        let cost = i64::try_from(cost_ns).unwrap_or(i64::MAX);
+        if stale || tokens <= cost.saturating_add(floor_ns) {
             self.refill(now_ns, rate);
             tokens = self.tokens_ns.load(Ordering::Acquire);
         }
-        if tokens > 0 {
+        if tokens > floor_ns {
             self.charge(cost_ns);
             self.launches.fetch_add(1, Ordering::Relaxed);
             return Admission::Pass;
         }
-        // Time until the bucket is positive again at this rate.
-        let deficit = tokens.unsigned_abs() + 1;
+        // Time until the bucket is above the floor again at this rate.
+        let deficit = floor_ns.saturating_sub(tokens).unsigned_abs() + 1;
         let wait_ns = (u128::from(deficit) * u128::from(PPM) / u128::from(rate)) as u64;
         Admission::Wait(Duration::from_nanos(wait_ns).min(MAX_WAIT))
     }
@@ -290,20 +305,44 @@ mod tests {
     /// Runs a simulated GPU-bound loop of `kernel_ns` kernels through the
     /// bucket for `duration_ns` and returns the share of time admitted.
     fn simulate(bucket: &Bucket<'_>, kernel_ns: u64, duration_ns: u64) -> f64 {
+        simulate_bursts(bucket, kernel_ns, duration_ns, 0).0
+    }
+
+    /// [`simulate`], where a launch that had to wait resumes above
+    /// `floor_ns`; also returns the longest run of launches admitted
+    /// between two waits in steady state.
+    fn simulate_bursts(
+        bucket: &Bucket<'_>,
+        kernel_ns: u64,
+        duration_ns: u64,
+        floor_ns: i64,
+    ) -> (f64, u64) {
         let start = 1_000 * MS;
         let mut now = start;
         let mut admitted = 0u64;
+        let (mut waited, mut burst, mut longest) = (false, 0, 0);
         while now < start + duration_ns {
-            match bucket.admit(now, kernel_ns) {
+            let floor = if waited { floor_ns } else { 0 };
+            match bucket.admit_above(now, kernel_ns, floor) {
                 Admission::Pass => {
                     admitted += kernel_ns;
                     // The launch returns at once; the next one follows.
                     now += 1_000;
+                    waited = false;
+                    burst += 1;
                 }
-                Admission::Wait(wait) => now += wait.as_nanos() as u64,
+                Admission::Wait(wait) => {
+                    // In steady state, once the first capacity is spent.
+                    if now > start + 100 * MS {
+                        longest = longest.max(burst);
+                    }
+                    now += wait.as_nanos() as u64;
+                    waited = true;
+                    burst = 0;
+                }
             }
         }
-        admitted as f64 / duration_ns as f64
+        (admitted as f64 / duration_ns as f64, longest)
     }
 
     #[test]
@@ -320,6 +359,29 @@ mod tests {
                     "{percent}% with {kernel} ns kernels gave {share}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_throttled_loop_resumes_in_bursts_at_the_same_share() {
+        let kernel = 40_000;
+        for percent in [10u8, 25, 75] {
+            let owned = Owned::default();
+            let bucket = owned.bucket();
+            bucket.configure(percent, percent);
+            let (share, longest) = simulate_bursts(&bucket, kernel, 2_000 * MS, 8 * kernel as i64);
+            let target = f64::from(percent) / 100.0;
+            assert!((share - target).abs() < 0.01, "{percent}%: {share}");
+            // Above a floor of 8 launches, 9 pass before the next wait
+            // (plus what refills meanwhile); without one, a single launch.
+            assert!(
+                (9..=12).contains(&longest),
+                "{percent}%: bursts of {longest}"
+            );
+            let owned = Owned::default();
+            let bucket = owned.bucket();
+            bucket.configure(percent, percent);
+            assert_eq!(simulate_bursts(&bucket, kernel, 2_000 * MS, 0).1, 1);
         }
     }
 

@@ -8,11 +8,14 @@
 //!    processes in the ledger region. With budget, that is a clock read and a
 //!    few atomic operations, no lock, no system call.
 //! 2. Without budget the calling thread waits (trap-and-wait) for the time
-//!    the bucket needs to refill, in sleeps of at most 2 ms, so it wakes
-//!    within about the timer slack (tens of µs) of budget returning. Launches
-//!    of one thread are never reordered: the thread itself waits.
-//! 3. A few launches are measured: each function's first, then at most one
-//!    per [`SAMPLE_INTERVAL_NS`] per thread, bracketed by two events. A
+//!    the bucket needs to refill a few launches' worth, in sleeps of at most
+//!    2 ms, so it wakes within about the timer slack (tens of µs) of budget
+//!    returning, and a throttled loop runs in short back-to-back bursts.
+//!    Launches of one thread are never reordered: the thread itself waits.
+//! 3. A few launches are measured: each function's first, then about one
+//!    per [`SAMPLE_INTERVAL_NS`] per thread while the limit binds, per
+//!    [`RELAXED_SAMPLE_INTERVAL_NS`] while it does not (picked by counting
+//!    launches: [`cadence`]), bracketed by two events. A
 //!    monitor thread reads their elapsed GPU time when they complete, feeds
 //!    the cost model, and debits or credits the bucket so that every launch
 //!    of the function since its last measurement is paid at the measured
@@ -39,7 +42,7 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 
 use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity};
-use gpushare_utils::bucket::{Admission, ComputeBucket, monotonic_ns};
+use gpushare_utils::bucket::{Admission, CAPACITY_NS, ComputeBucket, monotonic_ns};
 use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
 
 use crate::context::Context;
@@ -49,20 +52,36 @@ use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
+mod cadence;
 pub mod priority;
 mod sampling;
 mod summary;
 
+use cadence::Cadence;
 use priority::Priority;
 use sampling::{RestState, Sample};
 use summary::Held;
 
 /// Names another node activity table (tests: one per test).
 pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
-/// At most one sampled launch per thread this often. A sample costs its
-/// thread about 5 µs (a stream query, two event records): 0.25% at this
-/// interval, which is still hundreds of measurements a second to fit from.
+/// About one sampled launch per thread this often while the pod's limit
+/// binds (its bucket holds less than [`RELAXED_TOKENS_NS`]): hundreds of
+/// measurements a second to fit from, where prices decide what runs.
 pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
+/// About one sampled launch per thread this often while the limit does not
+/// bind. A sample costs its thread about 10 µs of driver calls on an H100 (a
+/// stream query, two event records): 0.5% of a host-bound loop at 2 ms, the
+/// largest part of what the limiter adds to its launches. There prices only
+/// need to say when the limit starts to bind, and the first launch after the
+/// bucket drops below [`RELAXED_TOKENS_NS`] samples at the shorter interval.
+pub const RELAXED_SAMPLE_INTERVAL_NS: u64 = 16_000_000;
+/// A bucket holding at least this much is not near its limit.
+const RELAXED_TOKENS_NS: i64 = CAPACITY_NS / 2;
+/// A launch that waited for budget resumes once the bucket holds this many
+/// of its price beyond it (at most [`RESUME_MAX_NS`]): see
+/// [`ComputeBucket::admit_above`].
+const RESUME_LAUNCHES: u64 = 8;
+const RESUME_MAX_NS: u64 = 500_000;
 /// A sampled launch whose call took longer than this is not measured: the
 /// driver loaded the function's module in the call (lazy loading: a first
 /// launch takes milliseconds), or the thread was preempted in it; either
@@ -104,7 +123,7 @@ const POLL_INTERVAL: Duration = Duration::from_micros(100);
 const CONTENTION_INTERVAL: Duration = Duration::from_millis(50);
 
 thread_local! {
-    static LAST_SAMPLE_NS: Cell<u64> = const { Cell::new(0) };
+    static CADENCE: Cell<Cadence> = const { Cell::new(Cadence::new()) };
     /// When this thread may ask the hypervisor for admission again, and the
     /// current backoff.
     static NEXT_ADMISSION_NS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
@@ -329,7 +348,17 @@ impl Throttle {
             self.priority.before(ctx, device, stream, timing, now)
         };
 
-        let due = now.saturating_sub(LAST_SAMPLE_NS.with(Cell::get)) >= SAMPLE_INTERVAL_NS;
+        let interval = if budget.bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS {
+            RELAXED_SAMPLE_INTERVAL_NS
+        } else {
+            SAMPLE_INTERVAL_NS
+        };
+        let due = CADENCE.with(|cell| {
+            let mut cadence = cell.get();
+            let due = cadence.due(now, interval);
+            cell.set(cadence);
+            due
+        });
         let sample = match timing {
             Some(timing) if first || due => self.begin_sample(timing, stream),
             _ => None,
@@ -346,7 +375,11 @@ impl Throttle {
         }
         self.priority.after(ticket, stream, timing, result);
         if let (Some(start), Some(timing)) = (sample, timing) {
-            LAST_SAMPLE_NS.with(|last| last.set(now));
+            CADENCE.with(|cell| {
+                let mut cadence = cell.get();
+                cadence.sampled(now, interval);
+                cell.set(cadence);
+            });
             let pending = Sample {
                 call_ns: monotonic_ns().saturating_sub(submitted_at),
                 context: start.context,
@@ -444,9 +477,10 @@ impl Throttle {
         start: u64,
     ) -> u64 {
         bucket.waiting.fetch_add(1, Ordering::Relaxed);
+        let floor = cost.saturating_mul(RESUME_LAUNCHES).min(RESUME_MAX_NS) as i64;
         let mut now = start;
         loop {
-            match bucket.admit(now, cost) {
+            match bucket.admit_above(now, cost, floor) {
                 Admission::Pass => break,
                 Admission::Wait(wait) => {
                     // Trap: under a hypervisor, ask it for admission; while

@@ -186,6 +186,7 @@ impl Throttle {
             self.recycle(timing, sample.context, sample.end);
             return;
         }
+        self.held.samples.fetch_add(1, Ordering::Relaxed);
         self.start_monitor(ctx);
         // Pairs with the monitor's store of `monitor_parked` before it looks
         // at the queue: one of the two sees the other. A napping monitor

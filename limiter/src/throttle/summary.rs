@@ -18,6 +18,8 @@ pub(super) struct Held {
     pub(super) budget_ns: AtomicU64,
     pub(super) measurement_ns: AtomicU64,
     pub(super) backlog_ns: AtomicU64,
+    /// Launches bracketed by events for the monitor to measure.
+    pub(super) samples: AtomicU64,
     /// Samples not measured: their launch call took too long.
     pub(super) discarded_samples: AtomicU64,
 }
@@ -64,7 +66,7 @@ impl AtExit for Throttle {
                 "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
                  pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
                  held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} \
-                 kernel_idle_extra_ns={} kernel_queued_extra_ns={} discarded_samples={}",
+                 kernel_idle_extra_ns={} kernel_queued_extra_ns={} samples={} discarded_samples={}",
                 std::process::id(),
                 budget.bucket.launches.load(Ordering::Relaxed),
                 ms(charged_ns),
@@ -75,6 +77,7 @@ impl AtExit for Throttle {
                 held(&self.held.backlog_ns),
                 self.kernel_idle_extra_ns.load(Ordering::Relaxed),
                 self.kernel_queued_extra_ns.load(Ordering::Relaxed),
+                self.held.samples.load(Ordering::Relaxed),
                 self.held.discarded_samples.load(Ordering::Relaxed),
             );
         }

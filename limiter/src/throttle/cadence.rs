@@ -1,0 +1,179 @@
+//! Which launches are measured: about one per interval per thread, picked by
+//! counting launches, not by the clock.
+//!
+//! "The first launch once the interval has passed" is the launch after the
+//! longest gap: in a throttled loop, the one right after the thread slept
+//! for budget, which finds the GPU idle, its clocks lowered, and runs
+//! longer than the launches queued behind it. Priced by such launches, a
+//! loop that runs in bursts paid up to a quarter more than it used (50 µs
+//! kernels on the H100: 57–63 µs a launch). Counting picks launches whatever
+//! the gaps before them: the next sample is a random number of launches
+//! away, on average the launches of one interval at the thread's rate since
+//! the last sample (random, so that a loop's period cannot alias with it).
+//! A thread whose rate falls is sampled at the latest after
+//! [`BACKSTOP_INTERVALS`] intervals.
+
+use crate::hash::mix;
+
+/// A thread that launches far less often than its last rate is sampled
+/// after this many intervals.
+const BACKSTOP_INTERVALS: u64 = 4;
+/// Most launches between two samples.
+const MAX_STRIDE: u64 = 1 << 16;
+
+/// One thread's count towards its next sample.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Cadence {
+    /// Launches left before the next sample (1: this one); 0 until a rate
+    /// is measured, when the clock decides.
+    left: u64,
+    /// When the last sample was taken.
+    sampled_at_ns: u64,
+    /// The thread's launches in one interval, as last measured; 0 before.
+    per_interval: u64,
+    /// Launches since `window_start_ns`, over which the rate is measured:
+    /// at least an interval, since launches come in bursts.
+    window_launches: u64,
+    window_start_ns: u64,
+    /// Random state.
+    seed: u64,
+}
+
+impl Cadence {
+    pub(super) const fn new() -> Self {
+        Self {
+            left: 0,
+            sampled_at_ns: 0,
+            per_interval: 0,
+            window_launches: 0,
+            window_start_ns: 0,
+            seed: 0,
+        }
+    }
+
+    /// Counts a launch at `now`; true when it is to be measured, the
+    /// interval being `interval_ns`.
+    #[inline]
+    pub(super) fn due(&mut self, now: u64, interval_ns: u64) -> bool {
+        self.window_launches += 1;
+        let since = now.saturating_sub(self.sampled_at_ns);
+        match self.left {
+            // No rate measured yet: by the clock.
+            0 => since >= interval_ns,
+            1 => true,
+            _ if since >= interval_ns * BACKSTOP_INTERVALS => true,
+            _ => {
+                self.left -= 1;
+                false
+            }
+        }
+    }
+
+    /// A launch was measured at `now`: draws how many launches away the next
+    /// one is.
+    pub(super) fn sampled(&mut self, now: u64, interval_ns: u64) {
+        let window = now.saturating_sub(self.window_start_ns);
+        if self.window_start_ns == 0 {
+            self.window_start_ns = now;
+            self.window_launches = 0;
+        } else if window >= interval_ns {
+            self.per_interval = ((u128::from(self.window_launches) * u128::from(interval_ns)
+                + u128::from(window / 2))
+                / u128::from(window))
+            .clamp(1, u128::from(MAX_STRIDE)) as u64;
+            self.window_start_ns = now;
+            self.window_launches = 0;
+        }
+        self.seed = mix(self.seed ^ now);
+        // Uniform in [1, 2 × per_interval − 1]: the mean is one interval's
+        // launches (0 until a rate is measured: by the clock).
+        self.left = match self.per_interval {
+            0 => 0,
+            per_interval => 1 + self.seed % (2 * per_interval - 1),
+        };
+        self.sampled_at_ns = now;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    /// Runs `launches` launches at the times `at(i)` through a cadence that
+    /// samples every due launch; returns the indices sampled.
+    fn sampled(launches: u64, interval: u64, at: impl Fn(u64) -> u64) -> Vec<u64> {
+        let mut cadence = Cadence::new();
+        (0..launches)
+            .filter(|&i| {
+                let now = at(i);
+                let due = cadence.due(now, interval);
+                if due {
+                    cadence.sampled(now, interval);
+                }
+                due
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_steady_loop_is_sampled_once_an_interval_on_average() {
+        // 20 µs a launch, 2 ms interval: 100 launches an interval.
+        let picks = sampled(100_000, 2 * MS, |i| MS + i * 20_000);
+        let n = picks.len() as f64;
+        assert!(
+            (900.0..=1_100.0).contains(&n),
+            "{n} samples of 1,000 intervals"
+        );
+    }
+
+    #[test]
+    fn launches_after_long_gaps_are_not_favoured() {
+        // Bursts of 8 launches 2 µs apart, every 400 µs: the clock would
+        // pick the first of a burst every time; counting, any position.
+        let at = |i: u64| MS + (i / 8) * 400_000 + (i % 8) * 2_000;
+        let picks = sampled(80_000, 2 * MS, at);
+        let mut positions = [0u32; 8];
+        for i in &picks {
+            positions[(i % 8) as usize] += 1;
+        }
+        let first = f64::from(positions[0]) / picks.len() as f64;
+        assert!(
+            first < 0.25,
+            "first of a burst in {first} of samples: {positions:?}"
+        );
+        assert!(positions.iter().all(|&n| n > 0), "{positions:?}");
+    }
+
+    #[test]
+    fn a_loop_in_bursts_is_sampled_at_its_mean_rate() {
+        // Bursts of 9 launches 1 µs apart every 3.6 ms (2,500 launches a
+        // second, 5 an interval): about 500 samples a second, not one a
+        // burst, nor one a rate measured inside a burst.
+        let at = |i: u64| MS + (i / 9) * 3_600_000 + (i % 9) * 1_000;
+        let picks = sampled(25_000, 2 * MS, at);
+        let n = picks.len() as f64;
+        assert!((4_000.0..=6_000.0).contains(&n), "{n} samples in 10 s");
+    }
+
+    #[test]
+    fn a_thread_that_slows_down_is_still_sampled() {
+        // 10,000 launches 2 µs apart, then one every 10 ms: sampled within
+        // the backstop of the slowdown.
+        let at = |i: u64| {
+            if i < 10_000 {
+                MS + i * 2_000
+            } else {
+                MS + 20 * MS + (i - 10_000) * 10 * MS
+            }
+        };
+        let picks = sampled(10_100, 2 * MS, at);
+        let late: Vec<_> = picks.iter().filter(|&&i| i >= 10_000).collect();
+        assert!(
+            late.len() >= 90,
+            "{} of 100 slow launches sampled",
+            late.len()
+        );
+    }
+}
