@@ -6,7 +6,7 @@ OUT/compute-bench.md, everything in OUT/compute-bench.json.
 
 Usage: compute_bench.py --lib PATH/libcuda_limiter.so --bin PATH/compute_bench
                         [--out DIR] [--only NAME ...] [--quick] [--cpus LIST]
-                        [--fixed-us US ...]
+                        [--fixed-us US ...] [--rounds NAME=N ...]
 
 Every run, without and with the limiter alike, is pinned to the same CPUs
 (--cpus, a taskset list; by default four of the GPU's local CPUs, CPU 0
@@ -27,8 +27,9 @@ Rows (the limit is CUDA_DEVICE_SM_LIMIT, a fresh pod per run):
   triton-L, graph-L  saturating, memory-bound Triton softmax loop / CUDA-graph
                 replay at L=20/50: GPU time share (iterations/s ratio x the
                 unlimited run's busy share) L +- 2 pp
-  tight, pace   200k empty launches back to back with L=50 / 100k x (20 us
-                host work + 1 empty launch) at L=50: added cost (pace <= 1%)
+  tight, pace   200k empty launches back to back with L=50 / 30k x (20 us
+                host work + 1 empty launch) at L=50, 31 rounds: added cost
+                (pace <= 1%; with the 95% interval of the mean difference)
 """
 import argparse
 import json
@@ -133,6 +134,17 @@ def med(values):
     return statistics.median(values)
 
 
+def mean_difference_ci(a, b):
+    """95% interval of mean(b) - mean(a), two independent samples (Welch,
+    normal approximation: the rounds are many)."""
+    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    d = statistics.mean(b) - statistics.mean(a)
+    return d - 1.96 * se, d + 1.96 * se
+
+
+ROUNDS = {}  # alternated rounds per bench, from --rounds NAME=N
+
+
 class Utilization:
     """nvidia-smi utilization.gpu sampled every 200 ms while a run lasts."""
 
@@ -174,9 +186,10 @@ def bench_shapes(rn, quick):
     def paced(n, seconds, limit):
         return rn.cuda(["shapes", n, seconds, 20, SHAPES_ITERS], limit)
 
-    long_rounds = 1 if quick else 3
-    for n, seconds, rounds in ((1, secs, 5), (100, secs, 5), (3000, secs, 5), (20000, secs, 5),
-                               (20000, 5 if quick else 20, long_rounds)):
+    rounds_5s = ROUNDS.get("shapes", 5)
+    long_rounds = ROUNDS.get("shapes-long", 1 if quick else 3)
+    for n, seconds, rounds in ((1, secs, rounds_5s), (100, secs, rounds_5s), (3000, secs, rounds_5s),
+                               (20000, secs, rounds_5s), (20000, 5 if quick else 20, long_rounds)):
         free_runs, lim_runs = alternate(rounds, lambda: paced(n, seconds, None), lambda: paced(n, seconds, 50))
         free = [float(r["launches_per_s"]) for r in free_runs]
         lim = [float(r["launches_per_s"]) for r in lim_runs]
@@ -225,7 +238,7 @@ def bench_fixed(rn, quick):
 def bench_decode(rn, quick):
     rows = []
     secs = 3 if quick else 6
-    rounds = 2 if quick else 7
+    rounds = ROUNDS.get("decode", 2 if quick else 7)
     runs = {None: [], 90: [], 50: []}
     for r in range(rounds):
         order = [None, 90, 50] if r % 2 == 0 else [50, 90, None]
@@ -269,25 +282,29 @@ def bench_saturating(rn, quick):
 
 
 def bench_cost(rn, quick):
-    rounds = 5 if quick else 9
     rows = []
-    free, lim = alternate(rounds, lambda: float(rn.cuda(["tight", 200000], None)["ns_per_launch"]),
+    free, lim = alternate(5, lambda: float(rn.cuda(["tight", 200000], None)["ns_per_launch"]),
                           lambda: float(rn.cuda(["tight", 200000], 50)["ns_per_launch"]))
     change = (med(lim) / med(free) - 1) * 100
     rows.append(Row("tight", "200k empty launches back to back, L=50 (binds: the launch cost itself is reported)",
                     f"{med(free):.1f} ns", f"{med(lim):.1f} ns ({change:+.2f}%)", "reported", None,
                     {"without": free, "with": lim}))
-    # 100k iterations (2.4 s) a round: shorter rounds spread by +-3% alone.
-    pace = ["pace", 20, 20000 if quick else 100000]
+    # The launch call's time differs from process to process by up to 30%
+    # (3.9 to 5.3 us, the same binary, no limiter, on the H100): many short
+    # rounds measure the added cost better than a few long ones.
+    rounds = ROUNDS.get("pace", 9 if quick else 31)
+    pace = ["pace", 20, 30000]
     free_runs, lim_runs = alternate(rounds, lambda: rn.cuda(pace, None), lambda: rn.cuda(pace, 50))
     free = [float(r["ns_per_iter"]) for r in free_runs]
     lim = [float(r["ns_per_iter"]) for r in lim_runs]
     free_call = [float(r["call_ns"]) for r in free_runs]
     lim_call = [float(r["call_ns"]) for r in lim_runs]
     change = (med(lim) / med(free) - 1) * 100
-    rows.append(Row("pace", "20 us host work + 1 empty launch x100k, L=50 (does not bind): ns per iteration",
+    low, high = mean_difference_ci(free, lim)
+    rows.append(Row("pace", f"20 us host work + 1 empty launch x30k, {rounds} rounds, L=50 (does not bind): ns per iteration",
                     f"{med(free):.1f} ns (in the launch call {med(free_call):.0f} ns)",
-                    f"{med(lim):.1f} ns ({change:+.2f}%; in the launch call {med(lim_call):.0f} ns)",
+                    f"{med(lim):.1f} ns ({change:+.2f}%; mean difference {low:+.0f} to {high:+.0f} ns, 95%; "
+                    f"in the launch call {med(lim_call):.0f} ns)",
                     "added <= 1%", change <= 1,
                     {"without": free, "with": lim, "call_without": free_call, "call_with": lim_call}))
     return rows
@@ -320,10 +337,16 @@ def main():
     ap.add_argument("--quick", action="store_true", help="shorter runs, for a dry run")
     ap.add_argument("--cpus", help="taskset CPU list every run is pinned to (default: 4 GPU-local CPUs)")
     ap.add_argument("--fixed-us", nargs="+", type=int, help="fixed-work kernel lengths (default: 50 2000)")
+    ap.add_argument("--rounds", nargs="+", default=[], metavar="NAME=N",
+                    help="alternated rounds: shapes (5 s rows, default 5), shapes-long (20 s, 3), "
+                         "decode (7), pace (31)")
     args = ap.parse_args()
     if args.fixed_us:
         global FIXED_TARGETS
         FIXED_TARGETS = tuple(args.fixed_us)
+    for item in args.rounds:
+        name, _, count = item.partition("=")
+        ROUNDS[name] = int(count)
     cpus = args.cpus or gpu_local_cpus()
     print(f"[pinned to CPUs {cpus}]", file=sys.stderr, flush=True)
     out = Path(args.out)
