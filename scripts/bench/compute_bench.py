@@ -29,7 +29,8 @@ Rows (the limit is CUDA_DEVICE_SM_LIMIT, a fresh pod per run):
                 unlimited run's busy share) L +- 2 pp
   tight, pace   200k empty launches back to back with L=50 / 30k x (20 us
                 host work + 1 empty launch) at L=50, 31 rounds: added cost
-                (pace <= 1%; with the 95% interval of the mean difference)
+                (pace <= 1%; with the 95% interval of the mean difference);
+                pace-no-limit: the same with the limiter loaded, no limit
 """
 import argparse
 import json
@@ -92,10 +93,11 @@ class Runner:
             self.pod += 1
             env.update(
                 LD_PRELOAD=self.lib,
-                CUDA_DEVICE_SM_LIMIT=str(limit),
                 CUDA_LIMITER_POD=f"bench-{os.getpid()}-{self.pod}",
                 CUDA_LIMITER_LOG="info",  # its exit summary goes to the log
             )
+            if limit != NO_LIMIT:
+                env["CUDA_DEVICE_SM_LIMIT"] = str(limit)
         return env
 
     def run(self, argv, limit, timeout=300):
@@ -143,6 +145,7 @@ def mean_difference_ci(a, b):
 
 
 ROUNDS = {}  # alternated rounds per bench, from --rounds NAME=N
+NO_LIMIT = "none"  # a run's limit: the limiter loaded, no compute limit set
 
 
 class Utilization:
@@ -294,19 +297,26 @@ def bench_cost(rn, quick):
     # rounds measure the added cost better than a few long ones.
     rounds = ROUNDS.get("pace", 9 if quick else 31)
     pace = ["pace", 20, 30000]
-    free_runs, lim_runs = alternate(rounds, lambda: rn.cuda(pace, None), lambda: rn.cuda(pace, 50))
-    free = [float(r["ns_per_iter"]) for r in free_runs]
-    lim = [float(r["ns_per_iter"]) for r in lim_runs]
-    free_call = [float(r["call_ns"]) for r in free_runs]
-    lim_call = [float(r["call_ns"]) for r in lim_runs]
-    change = (med(lim) / med(free) - 1) * 100
-    low, high = mean_difference_ci(free, lim)
-    rows.append(Row("pace", f"20 us host work + 1 empty launch x30k, {rounds} rounds, L=50 (does not bind): ns per iteration",
-                    f"{med(free):.1f} ns (in the launch call {med(free_call):.0f} ns)",
-                    f"{med(lim):.1f} ns ({change:+.2f}%; mean difference {low:+.0f} to {high:+.0f} ns, 95%; "
-                    f"in the launch call {med(lim_call):.0f} ns)",
-                    "added <= 1%", change <= 1,
-                    {"without": free, "with": lim, "call_without": free_call, "call_with": lim_call}))
+
+    def pace_row(name, what, limit):
+        free_runs, lim_runs = alternate(rounds, lambda: rn.cuda(pace, None), lambda: rn.cuda(pace, limit))
+        free = [float(r["ns_per_iter"]) for r in free_runs]
+        lim = [float(r["ns_per_iter"]) for r in lim_runs]
+        free_call = [float(r["call_ns"]) for r in free_runs]
+        lim_call = [float(r["call_ns"]) for r in lim_runs]
+        change = (med(lim) / med(free) - 1) * 100
+        low, high = mean_difference_ci(free, lim)
+        return Row(name, f"20 us host work + 1 empty launch x30k, {rounds} rounds, {what}: ns per iteration",
+                   f"{med(free):.1f} ns (in the launch call {med(free_call):.0f} ns)",
+                   f"{med(lim):.1f} ns ({change:+.2f}%; mean difference {low:+.0f} to {high:+.0f} ns, 95%; "
+                   f"in the launch call {med(lim_call):.0f} ns)",
+                   "added <= 1%", change <= 1,
+                   {"without": free, "with": lim, "call_without": free_call, "call_with": lim_call})
+
+    rows.append(pace_row("pace", "L=50 (does not bind)", 50))
+    # The limiter loaded, no compute limit: what every launch pays for the
+    # detour alone.
+    rows.append(pace_row("pace-no-limit", "limiter loaded without a compute limit", NO_LIMIT))
     return rows
 
 
