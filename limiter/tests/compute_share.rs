@@ -273,13 +273,16 @@ fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
 #[test]
 fn a_limit_that_does_not_bind_measures_launches_rarely() {
     // A sample costs driver calls on the launching thread: where the limit
-    // does not bind, one per 16 ms (plus the first launch's); where it
-    // binds, one per 2 ms, for prices that decide what runs.
+    // does not bind, about one per 16 ms (plus a few by the clock while the
+    // bucket fills and the rate is first measured); where it binds, about
+    // one per 2 ms, for prices that decide what runs. The strides between
+    // samples are random: at 60 of them the count spreads by about ±5 (one
+    // standard deviation); one per 2 ms would be 470.
     let free = Summary::of("50", &[], &["pace", "kernel", "5", "20000", "45"]);
     let (samples, wall_ms) = (free.number("samples"), free.number("wall_ms"));
     assert!(wall_ms > 500.0, "{}", free.0);
     assert!(
-        samples <= wall_ms / 16.0 + 4.0,
+        samples <= wall_ms / 16.0 * 1.25 + 8.0,
         "{samples} samples in {wall_ms} ms not bound ({})",
         free.0
     );

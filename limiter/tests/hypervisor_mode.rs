@@ -91,6 +91,31 @@ fn quota_and_share_come_from_the_hypervisor() {
 }
 
 #[test]
+fn a_throttled_loop_asks_the_hypervisor_once_a_burst() {
+    let pod = Pod::new("hv-asks");
+    let hypervisor = start(&pod, "cap = 40\npolicy = \"fixed\"");
+    let asked = || hypervisor.hypervisor().status().admission.count;
+    let before = asked();
+    let lines = run(managed(
+        &pod,
+        &hypervisor.url(),
+        TOKEN,
+        &["run", "kernel", "100", "1000"],
+    ));
+    let asks = asked() - before;
+    let launches = field(&lines[0], "launches");
+    let share = field(&lines[0], "share_pm");
+    assert!((share - 400).abs() <= 40, "{lines:?}");
+    // A thread that finds the bucket empty asks; the hypervisor answers as
+    // soon as there is any budget, and the rest of the floor (8 launches)
+    // refills locally, without asking again.
+    assert!(
+        i64::try_from(asks * 4).expect("asks") <= launches,
+        "{asks} admission requests for {launches} launches"
+    );
+}
+
+#[test]
 fn suspended_pods_wait_and_resume_without_losing_work() {
     let pod = Pod::new("hv-suspend");
     let hypervisor = start(&pod, "cap = 50\npolicy = \"fixed\"");

@@ -483,10 +483,13 @@ impl Throttle {
             match bucket.admit_above(now, cost, floor) {
                 Admission::Pass => break,
                 Admission::Wait(wait) => {
-                    // Trap: under a hypervisor, ask it for admission; while
-                    // it grants nothing (or does not answer), the local
-                    // bucket's refill decides, and it is asked less often.
-                    if !self.hypervisor_granted(ctx, device, cost, now) {
+                    // Trap: under a hypervisor, ask it for admission while
+                    // the bucket is empty (it answers once there is any: the
+                    // rest up to the floor refills here); while it grants
+                    // nothing (or does not answer), the local bucket's
+                    // refill decides, and it is asked less often.
+                    let empty = bucket.tokens_ns.load(Ordering::Relaxed) <= 0;
+                    if !(empty && self.hypervisor_granted(ctx, device, cost, now)) {
                         std::thread::sleep(wait);
                     }
                     now = monotonic_ns();
