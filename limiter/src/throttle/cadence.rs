@@ -6,10 +6,11 @@
 //! for budget, which finds the GPU idle, its clocks lowered, and runs
 //! longer than the launches queued behind it. Priced by such launches, a
 //! loop that runs in bursts paid up to a quarter more than it used (50 µs
-//! kernels on the H100: 57–63 µs a launch). Counting picks launches whatever
+//! kernels on the H100: 52–63 µs a launch). Counting picks launches whatever
 //! the gaps before them: the next sample is a random number of launches
-//! away, on average the launches of one interval at the thread's rate since
-//! the last sample (random, so that a loop's period cannot alias with it).
+//! away, on average the launches of one interval at the thread's rate
+//! (measured over windows of at least an interval, since launches come in
+//! bursts; random, so that a loop's period cannot alias with it).
 //! A thread whose rate falls is sampled at the latest after
 //! [`BACKSTOP_INTERVALS`] intervals.
 
