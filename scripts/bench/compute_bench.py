@@ -342,7 +342,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--bin", required=True)
-    ap.add_argument("--out", default=tempfile.mkdtemp(prefix="compute-bench."))
+    ap.add_argument("--out", help="results folder (default: a new temporary one)")
     ap.add_argument("--only", nargs="*", choices=sorted(BENCHES))
     ap.add_argument("--quick", action="store_true", help="shorter runs, for a dry run")
     ap.add_argument("--cpus", help="taskset CPU list every run is pinned to (default: 4 GPU-local CPUs)")
@@ -359,7 +359,7 @@ def main():
         ROUNDS[name] = int(count)
     cpus = args.cpus or gpu_local_cpus()
     print(f"[pinned to CPUs {cpus}]", file=sys.stderr, flush=True)
-    out = Path(args.out)
+    out = Path(args.out or tempfile.mkdtemp(prefix="compute-bench."))
     out.mkdir(parents=True, exist_ok=True)
     rows, errors = [], []
     started = time.time()
