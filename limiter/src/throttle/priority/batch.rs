@@ -21,7 +21,8 @@ impl Priority {
         let Some(table) = self.table(now, false) else {
             return Ticket::Free;
         };
-        let kernel_ns = THREAD.with(|thread| thread.spans.estimate());
+        let estimate = || THREAD.with(|thread| thread.spans.estimate());
+        let mut kernel_ns = estimate();
         if table.gate(device, now, self.tuning.hold_ns, kernel_ns) == Gate::Free {
             return Ticket::Free;
         }
@@ -29,10 +30,11 @@ impl Priority {
         if let Some(timing) = timing {
             self.wait_in_flight(timing);
             // The latency pod may have become active, or its request due,
-            // while this thread waited for its previous launch.
+            // while this thread waited for its previous launch (whose time
+            // the wait may have learnt).
             since = monotonic_ns();
+            kernel_ns = estimate();
         }
-        let kernel_ns = THREAD.with(|thread| thread.spans.estimate());
         if matches!(
             table.gate(device, since, self.tuning.hold_ns, kernel_ns),
             Gate::Hold | Gate::Predicted

@@ -158,7 +158,7 @@ impl Priority {
     fn heartbeat(&self, table: &NodePriority, now: u64) {
         let devices = self.latency_devices.load(Ordering::Relaxed);
         let flying = self.in_flight.load(Ordering::Acquire);
-        for device in (0..MAX_DEVICES.min(32)).filter(|d| devices & (1 << d) != 0) {
+        for device in devices_in(devices) {
             if let Some(line) = table.device(device) {
                 line.present_at_ns.store(now, Ordering::Release);
                 if flying & (1 << device) == 0 && line.drop_stale_flight(now) {
@@ -176,8 +176,7 @@ impl Priority {
             return None;
         }
         let devices = self.latency_devices.load(Ordering::Relaxed);
-        (0..MAX_DEVICES.min(32))
-            .filter(|d| devices & (1 << d) != 0)
+        devices_in(devices)
             .filter_map(|device| {
                 let line = table.device(device)?;
                 let next = line.next_arrival_ns.load(Ordering::Acquire);
@@ -202,10 +201,15 @@ impl AtExit for Priority {
             return;
         };
         let now = monotonic_ns();
-        for device in (0..MAX_DEVICES.min(32)).filter(|d| bits & (1 << d) != 0) {
+        for device in devices_in(bits) {
             if let Some(line) = table.device(device) {
                 line.leave_flight(now);
             }
         }
     }
+}
+
+/// The devices of a per-device bit set (bit `d`: device `d`).
+fn devices_in(bits: u32) -> impl Iterator<Item = usize> {
+    (0..MAX_DEVICES.min(32)).filter(move |device| bits & (1 << device) != 0)
 }
