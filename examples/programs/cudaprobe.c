@@ -109,10 +109,12 @@
  *                         -> "pace API DUR_US COUNT HOST_US -> RESULT
  *                            ns_per_iter=X": COUNT times (HOST_US µs of
  *                            busy-waiting on the host, then one launch);
- *                            X = W / COUNT (0 when COUNT is 0)
+ *                            X = W / COUNT (0 when COUNT is 0); W starts
+ *                            after one warm-up launch and a synchronize
  *   shapes N DUR_US COUNT HOST_US
  *                         -> "shapes N DUR_US COUNT HOST_US -> RESULT
- *                            ns_per_iter=X busy_ns=B share_pm=S": as pace with
+ *                            ns_per_iter=X busy_ns=B share_pm=S": as pace
+ *                            (warm-up included) with
  *                            cuLaunchKernel, but launch i has a grid of
  *                            1 + (i * 7919) % N blocks of 128 threads (N
  *                            distinct shapes; every block spins DUR_US, so on
@@ -124,7 +126,8 @@
  *                            cuLaunchKernel of 1x1 grids, but launch i runs
  *                            function i % F, each a distinct handle named
  *                            gpushare_spin_f<k> (the double's modules hold any
- *                            name; a real driver answers NOT_FOUND)
+ *                            name; a real driver answers NOT_FOUND); the
+ *                            warm-up launch runs another function
  *   periodic K DUR_US PERIOD_US N
  *                         -> "periodic K DUR_US PERIOD_US N -> RESULT
  *                            late_max_ns=L at=a,b,c": N requests on a fixed
