@@ -227,7 +227,20 @@ impl Default for CostModel {
 
 impl CostModel {
     /// The entry of `key`, claimed if absent; `None` when there is no room.
+    /// Most launches find their function at its home entry: that is the
+    /// inlined path, the probing the out-of-line one.
+    #[inline]
     fn slot(&self, key: LaunchKey) -> Option<usize> {
+        let home = key.0 as usize % SLOTS;
+        if self.slots[home].key.load(Ordering::Acquire) == key.0 {
+            return Some(home);
+        }
+        self.probe(key)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn probe(&self, key: LaunchKey) -> Option<usize> {
         let start = key.0 as usize % SLOTS;
         for probe in 0..PROBES {
             let index = (start + probe) % SLOTS;

@@ -56,10 +56,17 @@ impl Default for Waves {
 
 impl Waves {
     /// The number of waves `grid` runs in on `device` (at least 1).
+    #[inline]
     pub fn count(&self, device: usize, grid: Grid, gpu: &impl GpuShape) -> u64 {
         let Some(sms) = self.sms(device, gpu) else {
             return 1;
         };
+        // Every SM holds at least one block of a launchable kernel: a grid
+        // of at most one block per SM (most small launches) is one wave
+        // without looking its occupancy up.
+        if grid.blocks <= u64::from(sms) {
+            return 1;
+        }
         let per_wave = u64::from(sms) * u64::from(self.blocks_per_sm(grid, gpu));
         if grid.blocks <= per_wave {
             return 1; // most launches: no division on the launch path
@@ -67,6 +74,7 @@ impl Waves {
         grid.blocks.div_ceil(per_wave.max(1))
     }
 
+    #[inline]
     fn sms(&self, device: usize, gpu: &impl GpuShape) -> Option<u32> {
         let slot = self.sm_count.get(device)?;
         match slot.load(Ordering::Relaxed) {
@@ -79,6 +87,7 @@ impl Waves {
         }
     }
 
+    #[inline]
     fn blocks_per_sm(&self, grid: Grid, gpu: &impl GpuShape) -> u32 {
         // Kernels whose dynamic shared memory follows the data (softmax over
         // a growing sequence) would miss the cache at every launch: asked in
@@ -97,6 +106,19 @@ impl Waves {
         if cached != 0 && cached & !0xff == tag {
             return (cached & 0xff) as u32;
         }
+        Self::ask_occupancy(slot, tag, grid, shared_bytes, gpu)
+    }
+
+    /// Asks the driver for an occupancy the cache lacks, and caches it.
+    #[cold]
+    #[inline(never)]
+    fn ask_occupancy(
+        slot: &AtomicU64,
+        tag: u64,
+        grid: Grid,
+        shared_bytes: u32,
+        gpu: &impl GpuShape,
+    ) -> u32 {
         let blocks = gpu
             .blocks_per_sm(grid.function, grid.threads, shared_bytes)
             .unwrap_or_else(|| fallback_blocks_per_sm(grid.threads))
@@ -147,7 +169,11 @@ mod tests {
             asked: Cell::new(0),
         };
         let waves = Waves::default();
+        // One block per SM at most: one wave, no occupancy asked.
         assert_eq!(waves.count(0, grid(1, 1, 256), &gpu), 1);
+        assert_eq!(waves.count(0, grid(1, 132, 256), &gpu), 1);
+        assert_eq!(gpu.asked.get(), 0, "a grid the SMs hold at one block each");
+        assert_eq!(waves.count(0, grid(1, 133, 256), &gpu), 1);
         assert_eq!(waves.count(0, grid(1, 1056, 256), &gpu), 1);
         assert_eq!(waves.count(0, grid(1, 1057, 256), &gpu), 2);
         assert_eq!(waves.count(0, grid(1, 10_560, 256), &gpu), 10);
@@ -162,7 +188,7 @@ mod tests {
         for shared_bytes in (0..8192).step_by(64) {
             let grid = Grid {
                 shared_bytes,
-                ..grid(1, 1, 256)
+                ..grid(1, 1000, 256)
             };
             waves.count(0, grid, &gpu);
         }

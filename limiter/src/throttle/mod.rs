@@ -59,7 +59,7 @@ mod summary;
 
 use cadence::Cadence;
 use priority::Priority;
-use sampling::{RestState, Sample};
+use sampling::{RestState, Sample, SampleStart};
 use summary::Held;
 
 /// Names another node activity table (tests: one per test).
@@ -141,6 +141,31 @@ pub enum Work {
 struct DeviceBudget {
     bucket: &'static ComputeBucket,
     elastic: bool,
+}
+
+/// A launch let through by [`Throttle::admit`]: what is done after it ran.
+struct Admitted {
+    device: usize,
+    stream: CUstream,
+    timing: Option<&'static Timing>,
+    ticket: priority::Ticket,
+    /// `None` where no compute limit applies (only the pod's class).
+    metered: Option<Metered>,
+}
+
+/// A launch charged against a compute limit.
+struct Metered {
+    bucket: &'static ComputeBucket,
+    key: LaunchKey,
+    charge: Charge,
+    /// When it was admitted.
+    now: u64,
+    /// The sampling interval in force.
+    interval: u64,
+    /// Its measurement's start, when it is measured.
+    sample: Option<SampleStart>,
+    /// When it was submitted, if measured.
+    submitted_at: u64,
 }
 
 /// The driver as the wave counter asks it.
@@ -264,6 +289,12 @@ impl Throttle {
     /// Admits one launch of `work` on `stream`, waiting for budget if
     /// there is none, then runs `launch`; `per_thread` says the launch API
     /// took stream 0 as the per-thread default stream.
+    ///
+    /// Generic over the launch only: what comes before and after it is one
+    /// copy of code for every launch API (not one of 3 KB per API), with the
+    /// rare branches out of line, so that fewer lines of code are fetched
+    /// when the path runs cold after a stretch of application work.
+    #[inline]
     pub fn launch(
         &'static self,
         ctx: &'static Context,
@@ -272,6 +303,22 @@ impl Throttle {
         per_thread: bool,
         launch: impl FnOnce() -> CUresult,
     ) -> Result<CUresult> {
+        let admitted = self.admit(ctx, work, stream, per_thread)?;
+        let result = launch();
+        self.launched(ctx, admitted, result);
+        Ok(result)
+    }
+
+    /// Everything before a launch: its budget, its price and admission, its
+    /// class, whether it is measured (the start event is then recorded).
+    #[inline(never)]
+    fn admit(
+        &'static self,
+        ctx: &'static Context,
+        work: Work,
+        stream: CUstream,
+        per_thread: bool,
+    ) -> Result<Admitted> {
         let driver = ctx
             .driver()
             .ok_or(LimiterError::Bypass("driver not resolved"))?;
@@ -306,9 +353,13 @@ impl Throttle {
             let ticket = self
                 .priority
                 .before(ctx, device, stream, timing, monotonic_ns());
-            let result = launch();
-            self.priority.after(ticket, stream, timing, result);
-            return Ok(result);
+            return Ok(Admitted {
+                device,
+                stream,
+                timing,
+                ticket,
+                metered: None,
+            });
         };
 
         let (key, waves) = match work {
@@ -367,35 +418,82 @@ impl Throttle {
             self.model.abandon(&charge);
         }
         let submitted_at = if sample.is_some() { monotonic_ns() } else { 0 };
-        let result = launch();
-        if !result.is_success() {
+        Ok(Admitted {
+            device,
+            stream,
+            timing,
+            ticket,
+            metered: Some(Metered {
+                bucket: budget.bucket,
+                key,
+                charge,
+                now,
+                interval,
+                sample,
+                submitted_at,
+            }),
+        })
+    }
+
+    /// Everything after a launch that returned `result`.
+    #[inline(never)]
+    fn launched(&'static self, ctx: &'static Context, admitted: Admitted, result: CUresult) {
+        let Admitted {
+            device,
+            stream,
+            timing,
+            ticket,
+            metered,
+        } = admitted;
+        if let Some(metered) = &metered
+            && !result.is_success()
+        {
             // Nothing runs: give the charge back.
-            budget.bucket.correct(-(charge.ns as i64));
-            self.model.refund(&charge);
+            metered.bucket.correct(-(metered.charge.ns as i64));
+            self.model.refund(&metered.charge);
         }
         self.priority.after(ticket, stream, timing, result);
-        if let (Some(start), Some(timing)) = (sample, timing) {
-            CADENCE.with(|cell| {
-                let mut cadence = cell.get();
-                cadence.sampled(now, interval);
-                cell.set(cadence);
-            });
-            let pending = Sample {
-                call_ns: monotonic_ns().saturating_sub(submitted_at),
-                context: start.context,
-                start: start.event,
-                end: std::ptr::null_mut(),
-                graph: key.is_graph(),
-                device,
-                charge,
-                idle_gap_ns: start
-                    .idle
-                    .then(|| submitted_at.saturating_sub(start.recorded_at)),
-                submitted_at,
-            };
-            self.end_sample(ctx, timing, pending, stream, result);
+        if let (Some(mut metered), Some(timing)) = (metered, timing)
+            && let Some(start) = metered.sample.take()
+        {
+            self.finish_sample(ctx, timing, device, stream, &metered, start, result);
         }
-        Ok(result)
+    }
+
+    /// Queues the measurement of a sampled launch for the monitor.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn finish_sample(
+        &'static self,
+        ctx: &'static Context,
+        timing: &Timing,
+        device: usize,
+        stream: CUstream,
+        metered: &Metered,
+        start: SampleStart,
+        result: CUresult,
+    ) {
+        CADENCE.with(|cell| {
+            let mut cadence = cell.get();
+            cadence.sampled(metered.now, metered.interval);
+            cell.set(cadence);
+        });
+        let submitted_at = metered.submitted_at;
+        let pending = Sample {
+            call_ns: monotonic_ns().saturating_sub(submitted_at),
+            context: start.context,
+            start: start.event,
+            end: std::ptr::null_mut(),
+            graph: metered.key.is_graph(),
+            device,
+            charge: metered.charge,
+            idle_gap_ns: start
+                .idle
+                .then(|| submitted_at.saturating_sub(start.recorded_at)),
+            submitted_at,
+        };
+        self.end_sample(ctx, timing, pending, stream, result);
     }
 
     /// The process's first limited launch, at `now`: the exit summary starts

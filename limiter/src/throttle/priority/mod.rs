@@ -286,6 +286,7 @@ impl Priority {
     }
 
     /// After the launch of `ticket` into `stream` returned `result`.
+    #[inline]
     pub(super) fn after(
         &'static self,
         ticket: Ticket,
