@@ -497,6 +497,39 @@ mod tests {
     }
 
     #[test]
+    fn functions_sharing_a_home_entry_keep_their_own_entries_and_prices() {
+        let model = CostModel::default();
+        let home = |function: usize| LaunchKey::kernel(function).0 as usize % SLOTS;
+        // Three functions with one home entry: the second and third are
+        // placed past it, and each is found again where it was placed.
+        let first = 1;
+        let others: Vec<usize> = (2..)
+            .filter(|&function| home(function) == home(first))
+            .take(2)
+            .collect();
+        let functions = [first, others[0], others[1]];
+        let slots: Vec<Option<usize>> = functions
+            .iter()
+            .map(|&function| model.slot(LaunchKey::kernel(function)))
+            .collect();
+        assert_eq!(slots[0], Some(home(first)));
+        assert!(slots.iter().all(Option::is_some), "{slots:?}");
+        assert!(slots[0] != slots[1] && slots[1] != slots[2] && slots[0] != slots[2]);
+        for (&function, &slot) in functions.iter().zip(&slots) {
+            assert_eq!(model.slot(LaunchKey::kernel(function)), slot);
+        }
+        for (&function, us) in functions.iter().zip([10, 20, 40]) {
+            let charge = model.charge(LaunchKey::kernel(function), 1);
+            model.record(&charge, us * US, false);
+        }
+        let prices: Vec<u64> = functions
+            .iter()
+            .map(|&function| price(&model, LaunchKey::kernel(function), 1))
+            .collect();
+        assert_eq!(prices, [10 * US, 20 * US, 40 * US]);
+    }
+
+    #[test]
     fn a_lost_or_failed_launch_is_neither_measured_nor_settled() {
         let model = CostModel::default();
         let key = LaunchKey::graph(3);
