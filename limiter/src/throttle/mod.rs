@@ -453,27 +453,28 @@ impl Throttle {
             self.model.refund(&metered.charge);
         }
         self.priority.after(ticket, stream, timing, result);
-        if let (Some(mut metered), Some(timing)) = (metered, timing)
-            && let Some(start) = metered.sample.take()
+        if let (Some(metered), Some(timing)) = (metered, timing)
+            && metered.sample.is_some()
         {
-            self.finish_sample(ctx, timing, device, stream, &metered, start, result);
+            self.finish_sample(ctx, timing, device, stream, metered, result);
         }
     }
 
     /// Queues the measurement of a sampled launch for the monitor.
     #[cold]
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
     fn finish_sample(
         &'static self,
         ctx: &'static Context,
         timing: &Timing,
         device: usize,
         stream: CUstream,
-        metered: &Metered,
-        start: SampleStart,
+        metered: Metered,
         result: CUresult,
     ) {
+        let Some(start) = metered.sample else {
+            return;
+        };
         CADENCE.with(|cell| {
             let mut cadence = cell.get();
             cadence.sampled(metered.now, metered.interval);
