@@ -156,12 +156,20 @@
  *                            from the start of the first such window to the
  *                            end of the last, CLOCK_MONOTONIC ns ("at=" when
  *                            none)
+ *   settled               -> "settled ns=N": when the device finished the
+ *                            work of the last spin, run, pace or periodic:
+ *                            the end of its last busy stretch on the
+ *                            double's timeline, CLOCK_MONOTONIC ns (0 when
+ *                            it had none, or without the double's accessor).
+ *                            A clock read after the command can be later
+ *                            by any delay in waking the process once the
+ *                            device is idle
  *   clock                 -> "clock ns=N": CLOCK_MONOTONIC now
  *
  * Numbers are printed in decimal; on a failed query the figures are 0. Exit
  * status 0, or 2 with a message on stderr for a malformed script (checked in
- * full before anything runs; series and maxstall need an earlier spin, run,
- * pace or periodic, and series a WINDOW_MS of 1 or more) or an unknown ID.
+ * full before anything runs; series, idle, settled and maxstall need an
+ * earlier spin, run, pace or periodic, and series a WINDOW_MS of 1 or more) or an unknown ID.
  */
 #include "probe.h"
 
@@ -526,6 +534,13 @@ static void run_script(int argc, char **argv, int execute) {
             }
             if (execute) {
                 cmd_idle(step_text, step_us);
+            }
+        } else if (strcmp(cmd, "settled") == 0) {
+            if (!measured) {
+                die(2, "settled needs an earlier spin, run or pace");
+            }
+            if (execute) {
+                cmd_settled();
             }
         } else if (strcmp(cmd, "clock") == 0) {
             if (execute) {

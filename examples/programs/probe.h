@@ -195,6 +195,7 @@ void cmd_functions(const char *f_text, unsigned long long f, const struct paced 
 void cmd_periodic(const struct periodic *p);
 void cmd_series(const char *window_text, unsigned long long window_ms);
 void cmd_idle(const char *step_text, unsigned long long step_us);
+void cmd_settled(void);
 void cmd_maxstall(void);
 
 #endif

@@ -464,6 +464,21 @@ void cmd_idle(const char *step_text, unsigned long long step_us) {
     free(text);
 }
 
+void cmd_settled(void) {
+    /* The smallest t with no busy time in [t, end): busy_between(end, end)
+     * is 0, so the search starts with a bound that holds. */
+    unsigned long long lo = last_run.start, hi = last_run.end;
+    while (lo < hi) {
+        unsigned long long mid = lo + (hi - lo) / 2;
+        if (busy_between(mid, last_run.end) == 0) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    emit("settled ns=%llu", busy_between(last_run.start, last_run.end) == 0 ? 0ULL : lo);
+}
+
 void cmd_maxstall(void) {
     emit("maxstall ns=%llu", last_run.max_call);
 }

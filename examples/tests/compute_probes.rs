@@ -1,4 +1,4 @@
-//! The probe's `spin`, `run`, `series`, `pace` and `maxstall` report the
+//! The probe's `spin`, `run`, `series`, `pace`, `settled` and `maxstall` report the
 //! double's simulated GPU clock, through every launch API and whichever way
 //! they reach the driver.
 //!
@@ -159,6 +159,29 @@ fn run_series_pace_and_maxstall_report_the_clock() {
 }
 
 #[test]
+fn settled_is_when_the_device_finished_the_last_run() {
+    for &(name, options) in VARIANTS {
+        let out = lines(name, options, "clock spin kernel 1000 5 settled clock", &[]);
+        let context = format!("{name} {options:?}: {out:#?}");
+        assert_eq!(out.len(), 4, "{context}");
+        assert!(out[2].starts_with("settled ns="), "{context}");
+        let (before, settled, after) = (
+            field(&out[0], "ns"),
+            field(&out[2], "ns"),
+            field(&out[3], "ns"),
+        );
+        // Five 1 ms kernels back to back, finished before the synchronize
+        // returned.
+        assert!(settled >= before + 5 * MS, "{context}");
+        assert!(settled <= after, "{context}");
+        assert!(
+            settled + field(&out[1], "busy_ns") <= after + 5 * MS,
+            "{context}"
+        );
+    }
+}
+
+#[test]
 fn a_full_launch_queue_blocks_the_launch() {
     let out = lines(
         "cudaprobe",
@@ -228,6 +251,7 @@ fn malformed_compute_scripts_exit_2_before_doing_anything() {
         "series 10",
         "maxstall",
         "info maxstall spin kernel 1 1",
+        "settled spin kernel 1 1",
         "spin bogus 1 1",
         "spin kernel 1",
         "run kernel x 1",

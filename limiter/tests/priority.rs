@@ -36,6 +36,15 @@ fn clocks(lines: &[String]) -> Vec<u64> {
         .collect()
 }
 
+/// The `settled ns=N` lines, in order.
+fn settled(lines: &[String]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|line| line.strip_prefix("settled ns="))
+        .map(|n| n.parse().expect("settled"))
+        .collect()
+}
+
 /// The idle stretches of an `idle STEP at=a-b,…` line.
 fn idle(lines: &[String]) -> Vec<(u64, u64)> {
     let spans = field(lines, "idle ", "at");
@@ -101,8 +110,11 @@ fn batch_launches_are_held_while_the_latency_pod_is_active() {
     )
     .spawn()
     .expect("batch");
+    // Each burst is timed from a clock read before it to the end of its
+    // work on the latency pod's timeline: a clock read after the synchronize
+    // would add however long the process took to run again.
     let burst = [
-        "clock", "spin", "kernel", "100", "500", "clock", "sleep", "150",
+        "clock", "spin", "kernel", "100", "500", "settled", "sleep", "150",
     ];
     let mut script = vec!["spin", "kernel", "100", "1", "sleep", "300"];
     for _ in 0..3 {
@@ -115,13 +127,13 @@ fn batch_launches_are_held_while_the_latency_pod_is_active() {
     let batch_lines = lines(batch_child);
     let table = NodePriority::open_named(&priority, false).expect("priority table");
 
-    let clocks = clocks(&latency_lines);
-    assert_eq!(clocks.len(), 6, "{latency_lines:?}");
+    let (starts, ends) = (clocks(&latency_lines), settled(&latency_lines));
+    assert_eq!((starts.len(), ends.len()), (3, 3), "{latency_lines:?}");
     let gaps = idle(&batch_lines);
     let context = || format!("idle {gaps:?}\nlatency {latency_lines:?}\nbatch {batch_lines:?}");
     let mut released_us = Vec::new();
-    for burst in clocks.chunks(2) {
-        let (start, idle_at) = (burst[0], burst[1]);
+    for (&start, &idle_at) in starts.iter().zip(&ends) {
+        assert!(idle_at > start, "{}", context());
         // The stretch of the batch timeline that covers the burst: the
         // batch pod stops within its one launch in flight (the stretch is
         // known to the 50 µs step of the `idle` command).
