@@ -313,3 +313,28 @@ fn a_first_launch_that_loads_its_module_is_not_priced_at_the_load() {
     assert!(waited < 1.0, "waited {waited} ms ({})", summary.0);
     assert!(summary.number("discarded_samples") >= 1.0, "{}", summary.0);
 }
+
+#[test]
+fn a_launch_call_slower_than_calibrated_is_not_charged_as_gpu_time() {
+    // A program that runs each of its functions once (a JIT per shape) pays
+    // a module load inside every launch call: tens of µs of host time, under
+    // the bound past which a sample is dropped. From an idle stream the
+    // bracket holds it, since the kernel starts only once the call is done;
+    // priced at it, the 20 µs kernels of a loop 10-15% busy cost a 50%
+    // limit (4.5-5.5x their GPU time, 150-200 ms waited, here).
+    let summary = Summary::of(
+        "50",
+        &[("GPUSHARE_DOUBLE_LAZY_LOAD_US", "10")],
+        &["functions", "3000", "20", "3000", "50"],
+    );
+    // 3,000 measured launches and the warm-up: 20 µs each on the double.
+    let busy_ms = summary.number("pod_launches") * 0.020;
+    let charged_ms = summary.number("pod_charged_ms");
+    assert!(
+        charged_ms <= 2.0 * busy_ms && charged_ms >= 0.5 * busy_ms,
+        "charged {charged_ms} ms for {busy_ms} ms of kernels ({})",
+        summary.0
+    );
+    let waited = summary.number("waited_for_budget_ms");
+    assert!(waited < 1.0, "waited {waited} ms ({})", summary.0);
+}

@@ -215,6 +215,10 @@ pub struct Throttle {
     kernel_queued_extra_ns: AtomicU64,
     graph_idle_extra_ns: AtomicU64,
     graph_queued_extra_ns: AtomicU64,
+    /// The host time from the launch call to the end event's record in
+    /// those idle brackets; `u64::MAX` until measured (nothing taken off).
+    kernel_idle_host_ns: AtomicU64,
+    graph_idle_host_ns: AtomicU64,
     held: Held,
     priority: Priority,
 }
@@ -248,6 +252,8 @@ impl Throttle {
             kernel_queued_extra_ns: AtomicU64::new(0),
             graph_idle_extra_ns: AtomicU64::new(0),
             graph_queued_extra_ns: AtomicU64::new(0),
+            kernel_idle_host_ns: AtomicU64::new(u64::MAX),
+            graph_idle_host_ns: AtomicU64::new(u64::MAX),
             held: Held::default(),
             priority,
         }
@@ -483,6 +489,7 @@ impl Throttle {
         let submitted_at = metered.submitted_at;
         let pending = Sample {
             call_ns: monotonic_ns().saturating_sub(submitted_at),
+            host_ns: 0,
             context: start.context,
             start: start.event,
             end: std::ptr::null_mut(),

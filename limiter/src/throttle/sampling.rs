@@ -19,6 +19,22 @@ const MONITOR_NAP: Duration = Duration::from_millis(1);
 /// The monitor naps while it got a sample this recently, else it parks.
 const NAPPING_FOR_NS: u64 = 100_000_000;
 
+/// The GPU time of a sampled launch out of its event bracket: less what the
+/// bracket holds besides the kernel (`overhead`), and less `late`, host time
+/// beyond the calibrated in a bracket from an idle stream. A kernel no
+/// longer than the overhead still costs a quarter of the bracket it would
+/// have had without `late`: a price never drops to nothing on an
+/// overestimated overhead. Lateness the bracket cannot hold (the host's and
+/// the GPU's clocks disagree) is not believed.
+fn kernel_ns(bracket: u64, overhead: u64, late: u64) -> u64 {
+    let bracket = if late < bracket {
+        bracket - late
+    } else {
+        bracket
+    };
+    bracket.saturating_sub(overhead).max(bracket / 4)
+}
+
 /// What the monitor does while it has no sample to read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum MonitorRest {
@@ -64,6 +80,9 @@ pub(super) struct Sample {
     pub(super) submitted_at: u64,
     /// How long the launch call took (host clock).
     pub(super) call_ns: u64,
+    /// The host time from the launch call to the end event's record: on an
+    /// idle stream the bracket holds it where the kernel is shorter.
+    pub(super) host_ns: u64,
 }
 
 /// A bracket's start, recorded.
@@ -102,6 +121,13 @@ impl Throttle {
             Some(overheads) => {
                 // Without graphs, a graph's launch is priced like a kernel's.
                 let extras = [
+                    (&self.kernel_idle_host_ns, overheads.kernel_idle_host_ns),
+                    (
+                        &self.graph_idle_host_ns,
+                        overheads
+                            .graph_idle_host_ns
+                            .unwrap_or(overheads.kernel_idle_host_ns),
+                    ),
                     (&self.kernel_idle_extra_ns, overheads.kernel_idle_ns),
                     (&self.kernel_queued_extra_ns, overheads.kernel_queued_ns),
                     (
@@ -172,6 +198,7 @@ impl Throttle {
             self.recycle(timing, sample.context, sample.start);
             return;
         };
+        sample.host_ns = monotonic_ns().saturating_sub(sample.submitted_at);
         if !timing.record(end, stream) {
             timing.destroy(end);
             self.model.abandon(&sample.charge);
@@ -310,17 +337,26 @@ impl Throttle {
                 // A launch queued behind earlier work is measured from that
                 // work's end: its back-to-back period plus the events' own
                 // time. From an idle stream the bracket also holds the host's
-                // way to the launch call and the launch latency, which are
-                // not the pod's GPU time. A kernel no longer than these
-                // still costs a quarter of the bracket.
-                let extra = match (sample.idle_gap_ns, sample.graph) {
-                    (None, false) => &self.kernel_queued_extra_ns,
-                    (None, true) => &self.graph_queued_extra_ns,
-                    (Some(_), false) => &self.kernel_idle_extra_ns,
-                    (Some(_), true) => &self.graph_idle_extra_ns,
+                // way to the launch call, the launch latency, and however
+                // much longer than calibrated the host took from the call to
+                // the end event's record (a cold or preempted call: the
+                // kernel starts that much later, or the end event does).
+                let (overhead, late) = match sample.idle_gap_ns {
+                    None if sample.graph => (self.graph_queued_extra_ns.load(Ordering::Relaxed), 0),
+                    None => (self.kernel_queued_extra_ns.load(Ordering::Relaxed), 0),
+                    Some(gap) => {
+                        let (extra, host) = if sample.graph {
+                            (&self.graph_idle_extra_ns, &self.graph_idle_host_ns)
+                        } else {
+                            (&self.kernel_idle_extra_ns, &self.kernel_idle_host_ns)
+                        };
+                        (
+                            gap + extra.load(Ordering::Relaxed),
+                            sample.host_ns.saturating_sub(host.load(Ordering::Relaxed)),
+                        )
+                    }
                 };
-                let overhead = sample.idle_gap_ns.unwrap_or(0) + extra.load(Ordering::Relaxed);
-                let measured = bracket.saturating_sub(overhead).max(bracket / 4);
+                let measured = kernel_ns(bracket, overhead, late);
                 let contended = self.activity().is_some_and(|table| {
                     table.contended(sample.device, self.pod_key(ctx), monotonic_ns())
                 });
@@ -328,7 +364,9 @@ impl Throttle {
                 tracing::trace!(
                     bracket,
                     idle_gap = ?sample.idle_gap_ns,
+                    host = sample.host_ns,
                     overhead,
+                    late,
                     measured,
                     charged = sample.charge.ns,
                     waves = sample.charge.waves,
@@ -371,5 +409,25 @@ impl Throttle {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_ns;
+
+    #[test]
+    fn a_bracket_is_charged_its_kernel_less_overhead_and_lateness() {
+        // Queued: the events' own time taken off.
+        assert_eq!(kernel_ns(50_000, 2_000, 0), 48_000);
+        // From an idle stream, a call 1.5 µs slower than calibrated: a
+        // 200 ns kernel in a 2 µs bracket with 300 ns of overhead.
+        assert_eq!(kernel_ns(2_000, 300, 1_500), 200);
+        // Lateness never counts against a kernel's floor: a quarter of the
+        // bracket as a call as fast as calibrated would have made it.
+        assert_eq!(kernel_ns(2_000, 600, 1_500), 125);
+        assert_eq!(kernel_ns(2_000, 3_000, 0), 500);
+        // Lateness the bracket cannot hold is not believed.
+        assert_eq!(kernel_ns(1_000, 200, 5_000), 800);
     }
 }

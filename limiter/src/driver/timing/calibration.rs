@@ -3,6 +3,8 @@
 
 use std::ffi::{CStr, c_void};
 
+use gpushare_utils::bucket::monotonic_ns;
+
 use super::Timing;
 use crate::driver::symbol;
 use crate::sys::{
@@ -62,8 +64,25 @@ pub struct LaunchOverheads {
     /// Graph launches start faster; `None` where graphs could not be made.
     pub graph_idle_ns: Option<u64>,
     pub graph_queued_ns: Option<u64>,
+    /// The host time from the launch call to the end event's record in the
+    /// idle brackets, which they hold: a later launch whose call takes longer
+    /// (cold caches, a module loaded in the call) holds the difference too.
+    pub kernel_idle_host_ns: u64,
+    pub graph_idle_host_ns: Option<u64>,
     /// The empty kernel's own back-to-back period, taken off the queued ones.
     pub empty_kernel_ns: u64,
+}
+
+/// One kind of calibration bracket, at its lower quartiles.
+#[derive(Debug, Clone, Copy)]
+struct Bracket {
+    gpu_ns: u64,
+    host_ns: u64,
+}
+
+fn lower_quartile(mut values: Vec<u64>) -> Option<u64> {
+    values.sort_unstable();
+    values.get(values.len() / 4).copied()
 }
 
 /// An empty kernel, and one that holds its stream for its parameter's
@@ -190,7 +209,7 @@ impl Timing {
                 CUresult::ERROR_NOT_READY
             }
         })?;
-        let empty = queued_two.saturating_sub(queued);
+        let empty = queued_two.gpu_ns.saturating_sub(queued.gpu_ns);
         let graph = self.instantiate_graph(api, stream, || launch(function, params, stream));
         let graph_bracket = |queued: bool| {
             let (exec, graph_launch) = graph?;
@@ -207,10 +226,12 @@ impl Timing {
             // From an idle stream the empty kernel's own period is not taken
             // back: a kernel launched into an idle GPU does not start sooner
             // for being longer, and measured so on the H100 (check 11).
-            kernel_idle_ns: idle,
-            kernel_queued_ns: queued.saturating_sub(empty),
-            graph_idle_ns: graph_idle,
-            graph_queued_ns: graph_queued.map(|ns| ns.saturating_sub(empty)),
+            kernel_idle_ns: idle.gpu_ns,
+            kernel_queued_ns: queued.gpu_ns.saturating_sub(empty),
+            graph_idle_ns: graph_idle.map(|bracket| bracket.gpu_ns),
+            graph_queued_ns: graph_queued.map(|bracket| bracket.gpu_ns.saturating_sub(empty)),
+            kernel_idle_host_ns: idle.host_ns,
+            graph_idle_host_ns: graph_idle.map(|bracket| bracket.host_ns),
             empty_kernel_ns: empty,
         })
     }
@@ -243,11 +264,12 @@ impl Timing {
         made.then_some((exec, graph_launch))
     }
 
-    /// The lower quartile of the GPU time between `start` and `end`
+    /// The lower quartiles of the GPU time between `start` and `end`
     /// recorded around `launch`, each time after `before` (which may queue
-    /// work ahead): latencies only ever come out longer than they are, so
-    /// the low ones are the truer, and a quartile of many is stable from
-    /// one process to the next.
+    /// work ahead), and of the host time from the launch call to the end's
+    /// record: latencies only ever come out longer than they are, so the low
+    /// ones are the truer, and a quartile of many is stable from one process
+    /// to the next.
     fn low_bracket(
         &self,
         api: &CalibrationApi,
@@ -256,22 +278,28 @@ impl Timing {
         stream: CUstream,
         mut before: impl FnMut() -> bool,
         mut launch: impl FnMut() -> CUresult,
-    ) -> Option<u64> {
+    ) -> Option<Bracket> {
         const RUNS: usize = 24;
-        let mut brackets = Vec::with_capacity(RUNS);
+        let (mut gpu, mut host) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
         for _ in 0..RUNS {
-            // SAFETY: our own events and stream.
-            let done = before()
-                && self.record(start, stream)
-                && launch().is_success()
+            if !(before() && self.record(start, stream)) {
+                return None;
+            }
+            let called_at = monotonic_ns();
+            let launched = launch().is_success();
+            host.push(monotonic_ns().saturating_sub(called_at));
+            // SAFETY: our own event.
+            let done = launched
                 && self.record(end, stream)
                 && unsafe { (api.event_synchronize)(end) }.is_success();
             if !done {
                 return None;
             }
-            brackets.extend(self.elapsed_ns(start, end));
+            gpu.extend(self.elapsed_ns(start, end));
         }
-        brackets.sort_unstable();
-        brackets.get(brackets.len() / 4).copied()
+        Some(Bracket {
+            gpu_ns: lower_quartile(gpu)?,
+            host_ns: lower_quartile(host)?,
+        })
     }
 }
