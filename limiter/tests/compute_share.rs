@@ -321,7 +321,7 @@ fn a_launch_call_slower_than_calibrated_is_not_charged_as_gpu_time() {
     // the bound past which a sample is dropped. From an idle stream the
     // bracket holds it, since the kernel starts only once the call is done;
     // priced at it, the 20 µs kernels of a loop 10-15% busy cost a 50%
-    // limit (4.5-5.5x their GPU time, 150-200 ms waited, here).
+    // limit (4.5x their GPU time, about 150 ms waited, here).
     let summary = Summary::of(
         "50",
         &[("GPUSHARE_DOUBLE_LAZY_LOAD_US", "10")],

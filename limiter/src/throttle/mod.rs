@@ -15,7 +15,8 @@
 //! 3. A few launches are measured: each function's first, then about one
 //!    per [`SAMPLE_INTERVAL_NS`] per thread while the limit binds, per
 //!    [`RELAXED_SAMPLE_INTERVAL_NS`] while it does not (picked by counting
-//!    launches: [`cadence`]), bracketed by two events. A
+//!    launches: [`cadence`]), bracketed by two events, the second recorded
+//!    the moment the launch returns. A
 //!    monitor thread reads their elapsed GPU time when they complete, feeds
 //!    the cost model, and debits or credits the bucket so that every launch
 //!    of the function since its last measurement is paid at the measured
@@ -25,7 +26,9 @@
 //!    idle as the bracket began, the host's way to the launch and the launch
 //!    latency beyond the back-to-back gap (both measured once per context
 //!    with kernels of our own, launched directly and as a graph) are
-//!    subtracted: pods pay for their kernels, not for idle gaps.
+//!    subtracted, and so is a launch call's delay beyond twice its usual
+//!    length (a module loaded in it): pods pay for their kernels, not for
+//!    idle gaps.
 //! 4. Launches into a stream being captured do not run and are not charged;
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
@@ -166,6 +169,10 @@ struct Metered {
     sample: Option<SampleStart>,
     /// When it was submitted, if measured.
     submitted_at: u64,
+    /// How long its launch call took, if measured (once it returned).
+    call_ns: u64,
+    /// Its bracket's end is recorded, if measured (once it returned).
+    closed: bool,
 }
 
 /// The driver as the wave counter asks it.
@@ -215,10 +222,10 @@ pub struct Throttle {
     kernel_queued_extra_ns: AtomicU64,
     graph_idle_extra_ns: AtomicU64,
     graph_queued_extra_ns: AtomicU64,
-    /// The host time from the launch call to the end event's record in
-    /// those idle brackets; `u64::MAX` until measured (nothing taken off).
-    kernel_idle_host_ns: AtomicU64,
-    graph_idle_host_ns: AtomicU64,
+    /// How long the launch call typically took in those idle brackets;
+    /// `u64::MAX` until measured (nothing counts as late).
+    kernel_idle_call_ns: AtomicU64,
+    graph_idle_call_ns: AtomicU64,
     held: Held,
     priority: Priority,
 }
@@ -252,8 +259,8 @@ impl Throttle {
             kernel_queued_extra_ns: AtomicU64::new(0),
             graph_idle_extra_ns: AtomicU64::new(0),
             graph_queued_extra_ns: AtomicU64::new(0),
-            kernel_idle_host_ns: AtomicU64::new(u64::MAX),
-            graph_idle_host_ns: AtomicU64::new(u64::MAX),
+            kernel_idle_call_ns: AtomicU64::new(u64::MAX),
+            graph_idle_call_ns: AtomicU64::new(u64::MAX),
             held: Held::default(),
             priority,
         }
@@ -437,6 +444,8 @@ impl Throttle {
                 interval,
                 sample,
                 submitted_at,
+                call_ns: 0,
+                closed: false,
             }),
         })
     }
@@ -449,8 +458,17 @@ impl Throttle {
             stream,
             timing,
             ticket,
-            metered,
+            mut metered,
         } = admitted;
+        // A measured launch's call has just returned: its length, as the
+        // calibration took it, says how late its kernel may have started,
+        // and its bracket closes before anything else runs.
+        if let (Some(metered), Some(timing)) = (metered.as_mut(), timing)
+            && let Some(start) = &metered.sample
+        {
+            metered.call_ns = monotonic_ns().saturating_sub(metered.submitted_at);
+            metered.closed = self.close_bracket(timing, start, stream, result);
+        }
         if let Some(metered) = &metered
             && !result.is_success()
         {
@@ -462,7 +480,7 @@ impl Throttle {
         if let (Some(metered), Some(timing)) = (metered, timing)
             && metered.sample.is_some()
         {
-            self.finish_sample(ctx, timing, device, stream, metered, result);
+            self.finish_sample(ctx, timing, device, metered);
         }
     }
 
@@ -474,9 +492,7 @@ impl Throttle {
         ctx: &'static Context,
         timing: &Timing,
         device: usize,
-        stream: CUstream,
         metered: Metered,
-        result: CUresult,
     ) {
         let Some(start) = metered.sample else {
             return;
@@ -488,11 +504,10 @@ impl Throttle {
         });
         let submitted_at = metered.submitted_at;
         let pending = Sample {
-            call_ns: monotonic_ns().saturating_sub(submitted_at),
-            host_ns: 0,
+            call_ns: metered.call_ns,
             context: start.context,
             start: start.event,
-            end: std::ptr::null_mut(),
+            end: start.end,
             graph: metered.key.is_graph(),
             device,
             charge: metered.charge,
@@ -501,7 +516,7 @@ impl Throttle {
                 .then(|| submitted_at.saturating_sub(start.recorded_at)),
             submitted_at,
         };
-        self.end_sample(ctx, timing, pending, stream, result);
+        self.end_sample(ctx, timing, pending, metered.closed);
     }
 
     /// The process's first limited launch, at `now`: the exit summary starts

@@ -66,7 +66,7 @@ impl AtExit for Throttle {
                 "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
                  pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
                  held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} \
-                 kernel_idle_extra_ns={} kernel_idle_host_ns={} kernel_queued_extra_ns={} samples={} \
+                 kernel_idle_extra_ns={} kernel_idle_call_ns={} kernel_queued_extra_ns={} samples={} \
                  discarded_samples={}",
                 std::process::id(),
                 budget.bucket.launches.load(Ordering::Relaxed),
@@ -78,7 +78,7 @@ impl AtExit for Throttle {
                 held(&self.held.backlog_ns),
                 self.kernel_idle_extra_ns.load(Ordering::Relaxed),
                 // u64::MAX: not measured.
-                self.kernel_idle_host_ns.load(Ordering::Relaxed) % u64::MAX,
+                self.kernel_idle_call_ns.load(Ordering::Relaxed) % u64::MAX,
                 self.kernel_queued_extra_ns.load(Ordering::Relaxed),
                 self.held.samples.load(Ordering::Relaxed),
                 self.held.discarded_samples.load(Ordering::Relaxed),

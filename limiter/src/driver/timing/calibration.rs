@@ -64,25 +64,27 @@ pub struct LaunchOverheads {
     /// Graph launches start faster; `None` where graphs could not be made.
     pub graph_idle_ns: Option<u64>,
     pub graph_queued_ns: Option<u64>,
-    /// The host time from the launch call to the end event's record in the
-    /// idle brackets, which they hold: a later launch whose call takes longer
-    /// (cold caches, a module loaded in the call) holds the difference too.
-    pub kernel_idle_host_ns: u64,
-    pub graph_idle_host_ns: Option<u64>,
+    /// How long the launch call typically took (the median) in the idle
+    /// brackets, which hold it: a later launch whose call takes longer (cold
+    /// caches, a module loaded in the call) holds the difference too.
+    pub kernel_idle_call_ns: u64,
+    pub graph_idle_call_ns: Option<u64>,
     /// The empty kernel's own back-to-back period, taken off the queued ones.
     pub empty_kernel_ns: u64,
 }
 
-/// One kind of calibration bracket, at its lower quartiles.
+/// One kind of calibration bracket: its GPU time's lower quartile, its
+/// launch call's median.
 #[derive(Debug, Clone, Copy)]
 struct Bracket {
     gpu_ns: u64,
-    host_ns: u64,
+    call_ns: u64,
 }
 
-fn lower_quartile(mut values: Vec<u64>) -> Option<u64> {
+/// The `quarters`/4 quantile of `values`.
+fn quantile(mut values: Vec<u64>, quarters: usize) -> Option<u64> {
     values.sort_unstable();
-    values.get(values.len() / 4).copied()
+    values.get(values.len() * quarters / 4).copied()
 }
 
 /// An empty kernel, and one that holds its stream for its parameter's
@@ -230,8 +232,8 @@ impl Timing {
             kernel_queued_ns: queued.gpu_ns.saturating_sub(empty),
             graph_idle_ns: graph_idle.map(|bracket| bracket.gpu_ns),
             graph_queued_ns: graph_queued.map(|bracket| bracket.gpu_ns.saturating_sub(empty)),
-            kernel_idle_host_ns: idle.host_ns,
-            graph_idle_host_ns: graph_idle.map(|bracket| bracket.host_ns),
+            kernel_idle_call_ns: idle.call_ns,
+            graph_idle_call_ns: graph_idle.map(|bracket| bracket.call_ns),
             empty_kernel_ns: empty,
         })
     }
@@ -264,12 +266,14 @@ impl Timing {
         made.then_some((exec, graph_launch))
     }
 
-    /// The lower quartiles of the GPU time between `start` and `end`
+    /// The lower quartile of the GPU time between `start` and `end`
     /// recorded around `launch`, each time after `before` (which may queue
-    /// work ahead), and of the host time from the launch call to the end's
-    /// record: latencies only ever come out longer than they are, so the low
-    /// ones are the truer, and a quartile of many is stable from one process
-    /// to the next.
+    /// work ahead): latencies only ever come out longer than they are, so
+    /// the low ones are the truer, and a quartile of many is stable from one
+    /// process to the next. And the median of how long the launch call took:
+    /// a sample's call is taken as late only beyond a typical one, so that
+    /// where a kernel outlasts the call (and the call's end is not in the
+    /// bracket) a call of the usual length takes nothing off its time.
     fn low_bracket(
         &self,
         api: &CalibrationApi,
@@ -280,14 +284,14 @@ impl Timing {
         mut launch: impl FnMut() -> CUresult,
     ) -> Option<Bracket> {
         const RUNS: usize = 24;
-        let (mut gpu, mut host) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
+        let (mut gpu, mut call) = (Vec::with_capacity(RUNS), Vec::with_capacity(RUNS));
         for _ in 0..RUNS {
             if !(before() && self.record(start, stream)) {
                 return None;
             }
             let called_at = monotonic_ns();
             let launched = launch().is_success();
-            host.push(monotonic_ns().saturating_sub(called_at));
+            call.push(monotonic_ns().saturating_sub(called_at));
             // SAFETY: our own event.
             let done = launched
                 && self.record(end, stream)
@@ -298,8 +302,8 @@ impl Timing {
             gpu.extend(self.elapsed_ns(start, end));
         }
         Some(Bracket {
-            gpu_ns: lower_quartile(gpu)?,
-            host_ns: lower_quartile(host)?,
+            gpu_ns: quantile(gpu, 1)?,
+            call_ns: quantile(call, 2)?,
         })
     }
 }
