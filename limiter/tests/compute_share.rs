@@ -1,11 +1,12 @@
 //! Compute shares on the driver double's simulated GPU clock: every launch
-//! API, accuracy, pod-wide sharing, wake-up, elastic ceilings.
+//! API, accuracy, pod-wide sharing, wake-up, elastic ceilings. The tests
+//! take turns: each times the limiter against the CPUs it has.
 
 mod common;
 
 use std::process::{Command, Stdio};
 
-use common::{Pod, probe, run};
+use common::{Pod, probe, run, serial};
 
 /// `key=value` out of a probe line.
 fn field(line: &str, key: &str) -> i64 {
@@ -44,6 +45,7 @@ fn share(lines: &[String]) -> i64 {
 
 #[test]
 fn share_matches_the_limit_for_short_and_long_kernels() {
+    let _serial = serial();
     for percent in [10, 25, 50, 75] {
         for kernel_us in ["100", "2000"] {
             let pod = Pod::new("share");
@@ -65,6 +67,7 @@ fn share_matches_the_limit_for_short_and_long_kernels() {
 
 #[test]
 fn every_launch_api_is_limited() {
+    let _serial = serial();
     let apis = [
         "kernel",
         "kernel_ptsz",
@@ -102,6 +105,7 @@ fn every_launch_api_is_limited() {
 
 #[test]
 fn without_a_compute_limit_launches_run_free() {
+    let _serial = serial();
     let pod = Pod::new("free");
     let lines = run(limited(
         &pod,
@@ -113,6 +117,7 @@ fn without_a_compute_limit_launches_run_free() {
 
 #[test]
 fn the_share_settles_within_a_second_and_stalls_stay_short() {
+    let _serial = serial();
     let pod = Pod::new("settle");
     let lines = run(limited(
         &pod,
@@ -133,6 +138,7 @@ fn the_share_settles_within_a_second_and_stalls_stay_short() {
 
 #[test]
 fn two_processes_of_one_pod_share_one_budget() {
+    let _serial = serial();
     let pod = Pod::new("pod-share");
     let spawn = || {
         limited(
@@ -163,6 +169,7 @@ fn two_processes_of_one_pod_share_one_budget() {
 
 #[test]
 fn a_host_bound_program_is_not_slowed_by_a_limit_it_stays_under() {
+    let _serial = serial();
     let pod = Pod::new("pace");
     let script = ["pace", "kernel", "5", "2000", "50"];
     let free = run(limited(&pod, &[], &script));
@@ -181,6 +188,7 @@ fn a_host_bound_program_is_not_slowed_by_a_limit_it_stays_under() {
 
 #[test]
 fn elastic_pods_use_idle_time_and_give_it_back() {
+    let _serial = serial();
     let pod = Pod::new("elastic");
     let node = format!("gpushare-node-test-{}", pod.0);
     let elastic = [
@@ -250,6 +258,7 @@ impl Summary {
 
 #[test]
 fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
+    let _serial = serial();
     // A saturating loop at 25%: charged about a quarter of the time, and
     // most of the run spent waiting for budget.
     let bound = Summary::of("25", &[], &["run", "kernel", "500", "600"]);
@@ -272,6 +281,7 @@ fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
 
 #[test]
 fn a_limit_that_does_not_bind_measures_launches_rarely() {
+    let _serial = serial();
     // A sample costs driver calls on the launching thread: where the limit
     // does not bind, about one per 16 ms (plus a few by the clock while the
     // bucket fills and the rate is first measured); where it binds, about
@@ -297,6 +307,7 @@ fn a_limit_that_does_not_bind_measures_launches_rarely() {
 
 #[test]
 fn a_first_launch_that_loads_its_module_is_not_priced_at_the_load() {
+    let _serial = serial();
     // CUDA loads a module lazily, inside the first launch of one of its
     // functions (milliseconds). That launch's bracket holds the load: priced
     // at it, every launch of the function until the price recovers would be
@@ -316,6 +327,7 @@ fn a_first_launch_that_loads_its_module_is_not_priced_at_the_load() {
 
 #[test]
 fn a_launch_call_slower_than_calibrated_is_not_charged_as_gpu_time() {
+    let _serial = serial();
     // A program that runs each of its functions once (a JIT per shape) pays
     // a module load inside every launch call: tens of µs of host time, under
     // the bound past which a sample is dropped. From an idle stream the

@@ -6,19 +6,8 @@
 mod common;
 
 use std::process::Command;
-use std::sync::{Mutex, MutexGuard};
 
-use common::{Pod, probe, run};
-
-/// Timed runs busy-wait on the host: one at a time, or on a small machine
-/// they would measure each other.
-static TIMED: Mutex<()> = Mutex::new(());
-
-fn timed() -> MutexGuard<'static, ()> {
-    TIMED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+use common::{Pod, probe, run, serial};
 
 /// `key=value` out of a probe line.
 fn field(line: &str, key: &str) -> u64 {
@@ -71,7 +60,9 @@ fn paced(limit: &str, args: &[&str], rounds: usize) -> (u64, u64) {
 /// `args` (a paced loop) under a 50% limit it does not need keeps at least
 /// 85% of its launches/s.
 fn keeps_throughput_at_half(args: &[&str]) {
-    let _one_at_a_time = timed();
+    // Timed runs busy-wait on the host: one at a time, or on a small
+    // machine they would measure each other.
+    let _serial = serial();
     let (free, limited) = paced("50", args, 3);
     let ratio = free as f64 / limited as f64;
     assert!(
@@ -100,7 +91,9 @@ fn more_functions_than_the_table_holds_do_not_slow_launches_down() {
 fn a_saturating_loop_of_new_shapes_gets_its_share() {
     // No host work: the GPU is the bottleneck, and 3,000 distinct grid sizes
     // (1 or 2 waves of 50 µs) must still get 25% of its time.
-    let _one_at_a_time = timed();
+    // Timed runs busy-wait on the host: one at a time, or on a small
+    // machine they would measure each other.
+    let _serial = serial();
     for attempt in 0.. {
         let pod = Pod::new("shapes-share");
         let line = probe_at(&pod, Some("25"), &["shapes", "3000", "50", "6000", "0"]);

@@ -7,7 +7,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use common::{Pod, probe};
+use common::{Pod, probe, serial};
 use gpushare_utils::activity::pod_key;
 use gpushare_utils::priority::NodePriority;
 
@@ -81,15 +81,6 @@ fn lines(child: std::process::Child) -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
-}
-
-/// The tests take turns: each needs the CPUs of a small CI machine to
-/// itself to keep its timing.
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[test]

@@ -111,3 +111,12 @@ pub const VIAS: [(&str, &[&str]); 3] = [
     ("cudaprobe", &["--via", "dlsym"]),
     ("cudaprobe", &["--via", "getproc"]),
 ];
+
+/// Timed tests of one binary take turns: each needs the CPUs of a small CI
+/// machine to itself to keep its timing.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
