@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
-use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity};
+use gpushare_utils::activity::NodeActivity;
 use gpushare_utils::bucket::{Admission, CAPACITY_NS, ComputeBucket, monotonic_ns};
 use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
 
@@ -58,15 +58,15 @@ use crate::waves::{GpuShape, Grid, Waves};
 mod cadence;
 pub mod priority;
 mod sampling;
+mod stamp;
 mod summary;
+mod wait;
 
 use cadence::Cadence;
 use priority::Priority;
 use sampling::{RestState, Sample, SampleStart};
 use summary::Held;
 
-/// Names another node activity table (tests: one per test).
-pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
 /// About one sampled launch per thread this often while the pod's limit
 /// binds (its bucket holds less than [`RELAXED_TOKENS_NS`]): hundreds of
 /// measurements a second to fit from, where prices decide what runs.
@@ -80,11 +80,6 @@ pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
 pub const RELAXED_SAMPLE_INTERVAL_NS: u64 = 16_000_000;
 /// A bucket holding at least this much is not near its limit.
 const RELAXED_TOKENS_NS: i64 = CAPACITY_NS / 2;
-/// A launch that waited for budget resumes once the bucket holds this many
-/// of its price beyond it (at most [`RESUME_MAX_NS`]): see
-/// [`ComputeBucket::admit_above`].
-const RESUME_LAUNCHES: u64 = 8;
-const RESUME_MAX_NS: u64 = 500_000;
 /// A sampled launch whose call took longer than this is not measured: the
 /// driver loaded the function's module in the call (lazy loading: a first
 /// launch takes milliseconds), or the thread was preempted in it; either
@@ -98,28 +93,6 @@ const CALIBRATED_CONTEXTS: usize = 64;
 const SPARE_EVENTS: usize = 2 * MAX_PENDING_SAMPLES;
 /// At most one new function's first launch is measured this often.
 const FIRST_SAMPLE_INTERVAL_NS: u64 = 1_000_000;
-/// Longest a launch waits for its function's first measurement (beyond
-/// [`UNMEASURED_AHEAD`] launches): bounded, in case the stream waits on
-/// something this thread has yet to do.
-const FIRST_MEASUREMENT_WAIT_NS: u64 = 5_000_000;
-/// How often such a launch looks whether the measurement came.
-const FIRST_MEASUREMENT_POLL: Duration = Duration::from_micros(20);
-/// A measurement still running this long after its launch means the GPU
-/// runs this far behind the pod's launches: the pod's launches are held until
-/// it completes, so that work priced before any measurement could correct its
-/// price never piles up beyond this (the bounded queue of in-flight work).
-const MAX_BACKLOG_NS: u64 = 10_000_000;
-/// Longest a launch is held for one backlogged measurement (its stream may
-/// wait on something this thread has yet to do); that measurement then
-/// holds no more launches.
-const BACKLOG_HOLD_MAX_NS: u64 = 20_000_000;
-/// How often a held launch looks again.
-const BACKLOG_POLL: Duration = Duration::from_micros(50);
-/// After the hypervisor grants nothing, a waiting thread asks again after
-/// this long at the earliest, doubling up to [`ADMISSION_BACKOFF_MAX_NS`];
-/// meanwhile the local bucket's refill decides.
-const ADMISSION_BACKOFF_NS: u64 = 100_000_000;
-const ADMISSION_BACKOFF_MAX_NS: u64 = 1_600_000_000;
 /// How often the monitor polls a sample whose events are not done.
 const POLL_INTERVAL: Duration = Duration::from_micros(100);
 /// How often the monitor re-checks contention for elastic pods.
@@ -127,9 +100,6 @@ const CONTENTION_INTERVAL: Duration = Duration::from_millis(50);
 
 thread_local! {
     static CADENCE: Cell<Cadence> = const { Cell::new(Cadence::new()) };
-    /// When this thread may ask the hypervisor for admission again, and the
-    /// current backoff.
-    static NEXT_ADMISSION_NS: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
 }
 
 /// What a launch runs: a kernel grid or an instantiated graph.
@@ -534,19 +504,6 @@ impl Throttle {
         }
     }
 
-    /// Holds a launch of a function whose first measurement is in flight,
-    /// so that an unmeasured function cannot queue an unbounded burst.
-    #[cold]
-    #[inline(never)]
-    fn wait_for_measurement(&self, charge: &Charge) {
-        let start = monotonic_ns();
-        let deadline = start.saturating_add(FIRST_MEASUREMENT_WAIT_NS);
-        while self.model.awaiting_measurement(charge) && monotonic_ns() < deadline {
-            std::thread::sleep(FIRST_MEASUREMENT_POLL);
-        }
-        Held::add(&self.held.measurement_ns, start);
-    }
-
     /// Whether a new function's first launch may be measured now.
     fn may_sample_first(&self) -> bool {
         let now = monotonic_ns();
@@ -556,146 +513,5 @@ impl Throttle {
                 .first_sampled_at_ns
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-    }
-
-    /// Holds a launch while the GPU runs more than [`MAX_BACKLOG_NS`] behind
-    /// the pod's launches (the caller saw a measurement running).
-    #[cold]
-    #[inline(never)]
-    fn hold_while_backlogged(&self) {
-        let since = self.backlog_since_ns.load(Ordering::Relaxed);
-        if since == 0 {
-            return;
-        }
-        let now = monotonic_ns();
-        if now.saturating_sub(since) < MAX_BACKLOG_NS {
-            return;
-        }
-        let deadline = now.saturating_add(BACKLOG_HOLD_MAX_NS);
-        while self.backlog_since_ns.load(Ordering::Relaxed) == since {
-            if monotonic_ns() >= deadline {
-                // Stuck behind something else: stop holding for it.
-                self.backlog_since_ns
-                    .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed)
-                    .ok();
-                break;
-            }
-            std::thread::sleep(BACKLOG_POLL);
-        }
-        Held::add(&self.held.backlog_ns, now);
-    }
-
-    /// Charges `cost` once the bucket allows it, after an admission at
-    /// `start` found no budget; returns the time it did.
-    #[cold]
-    #[inline(never)]
-    fn wait_for_budget(
-        &self,
-        ctx: &'static Context,
-        bucket: &ComputeBucket,
-        cost: u64,
-        device: usize,
-        start: u64,
-    ) -> u64 {
-        bucket.waiting.fetch_add(1, Ordering::Relaxed);
-        let floor = cost.saturating_mul(RESUME_LAUNCHES).min(RESUME_MAX_NS) as i64;
-        let mut now = start;
-        loop {
-            match bucket.admit_above(now, cost, floor) {
-                Admission::Pass => break,
-                Admission::Wait(wait) => {
-                    // Trap: under a hypervisor, ask it for admission while
-                    // the bucket is empty (it answers once there is any: the
-                    // rest up to the floor refills here); while it grants
-                    // nothing (or does not answer), the local bucket's
-                    // refill decides, and it is asked less often.
-                    let empty = bucket.tokens_ns.load(Ordering::Relaxed) <= 0;
-                    if !(empty && self.hypervisor_granted(ctx, device, cost, now)) {
-                        std::thread::sleep(wait);
-                    }
-                    now = monotonic_ns();
-                }
-            }
-        }
-        bucket.waiting.fetch_sub(1, Ordering::Relaxed);
-        Held::add(&self.held.budget_ns, start);
-        now
-    }
-
-    /// Asks the hypervisor to admit `cost` on `device`, unless this thread
-    /// was refused recently; true when it granted budget.
-    fn hypervisor_granted(
-        &self,
-        ctx: &'static Context,
-        device: usize,
-        cost: u64,
-        now: u64,
-    ) -> bool {
-        let Some(link) = ctx.hypervisor() else {
-            return false;
-        };
-        let (next, backoff) = NEXT_ADMISSION_NS.with(Cell::get);
-        if now < next {
-            return false;
-        }
-        let uuid = ctx.device_uuid(device);
-        let granted = uuid.is_some_and(|uuid| link.admission(&uuid, cost).is_ok_and(|ns| ns > 0));
-        let state = if granted {
-            (0, 0)
-        } else {
-            let backoff = (backoff * 2).clamp(ADMISSION_BACKOFF_NS, ADMISSION_BACKOFF_MAX_NS);
-            (monotonic_ns().saturating_add(backoff), backoff)
-        };
-        NEXT_ADMISSION_NS.with(|cell| cell.set(state));
-        granted
-    }
-
-    /// Stamps the node's activity table for `device`, at most every 10 ms.
-    #[inline]
-    fn mark_active(&'static self, ctx: &'static Context, device: usize, now: u64) {
-        let Some(marked) = self.marked_at_ns.get(device) else {
-            return;
-        };
-        let last = marked.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= MARK_INTERVAL_NS {
-            self.stamp_activity(ctx, device, now, last);
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn stamp_activity(&'static self, ctx: &'static Context, device: usize, now: u64, last: u64) {
-        if self.marked_at_ns[device]
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        if let Some(table) = self.activity() {
-            table.mark(device, self.pod_key(ctx), now);
-        }
-        self.start_monitor(ctx);
-    }
-
-    fn activity(&self) -> Option<&NodeActivity> {
-        self.activity
-            .get_or_init(|| match std::env::var(NODE_REGION_VARIABLE) {
-                Ok(name) => NodeActivity::open_named(&name),
-                Err(_) => NodeActivity::open(),
-            }
-            .map_or_else(
-                |error| {
-                    tracing::warn!(%error, "no node activity table: elastic pods stay at their share");
-                    None
-                },
-                Some,
-            ))
-            .as_ref()
-    }
-
-    fn pod_key(&self, ctx: &Context) -> u64 {
-        *self
-            .pod_key
-            .get_or_init(|| activity::pod_key(ctx.pod.as_str()))
     }
 }
