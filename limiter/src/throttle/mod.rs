@@ -422,35 +422,28 @@ impl Throttle {
 
     /// Everything after a launch that returned `result`.
     #[inline(never)]
-    fn launched(&'static self, ctx: &'static Context, admitted: Admitted, result: CUresult) {
-        let Admitted {
-            device,
-            stream,
-            timing,
-            ticket,
-            mut metered,
-        } = admitted;
-        // A measured launch's call has just returned: its length, as the
-        // calibration took it, says how late its kernel may have started,
-        // and its bracket closes before anything else runs.
-        if let (Some(metered), Some(timing)) = (metered.as_mut(), timing)
-            && let Some(start) = &metered.sample
-        {
-            metered.call_ns = monotonic_ns().saturating_sub(metered.submitted_at);
-            metered.closed = self.close_bracket(timing, start, stream, result);
+    fn launched(&'static self, ctx: &'static Context, mut admitted: Admitted, result: CUresult) {
+        // Fields are used in place: the launch record is moved no more.
+        let (stream, timing) = (admitted.stream, admitted.timing);
+        if let Some(metered) = admitted.metered.as_mut() {
+            // A measured launch's call has just returned: its length, as the
+            // calibration took it, says how late its kernel may have
+            // started, and its bracket closes before anything else runs.
+            if let (Some(start), Some(timing)) = (&metered.sample, timing) {
+                metered.call_ns = monotonic_ns().saturating_sub(metered.submitted_at);
+                metered.closed = self.close_bracket(timing, start, stream, result);
+            }
+            if !result.is_success() {
+                // Nothing runs: give the charge back.
+                metered.bucket.correct(-(metered.charge.ns as i64));
+                self.model.refund(&metered.charge);
+            }
         }
-        if let Some(metered) = &metered
-            && !result.is_success()
-        {
-            // Nothing runs: give the charge back.
-            metered.bucket.correct(-(metered.charge.ns as i64));
-            self.model.refund(&metered.charge);
-        }
-        self.priority.after(ticket, stream, timing, result);
-        if let (Some(metered), Some(timing)) = (metered, timing)
+        self.priority.after(admitted.ticket, stream, timing, result);
+        if let (Some(metered), Some(timing)) = (&admitted.metered, timing)
             && metered.sample.is_some()
         {
-            self.finish_sample(ctx, timing, device, metered);
+            self.finish_sample(ctx, timing, admitted.device, metered);
         }
     }
 
@@ -462,9 +455,9 @@ impl Throttle {
         ctx: &'static Context,
         timing: &Timing,
         device: usize,
-        metered: Metered,
+        metered: &Metered,
     ) {
-        let Some(start) = metered.sample else {
+        let Some(start) = &metered.sample else {
             return;
         };
         CADENCE.with(|cell| {
