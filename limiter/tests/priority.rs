@@ -27,21 +27,12 @@ fn field<'a>(lines: &'a [String], prefix: &str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {prefix}… {key}= in {lines:?}"))
 }
 
-/// The `clock ns=N` lines, in order.
-fn clocks(lines: &[String]) -> Vec<u64> {
+/// The N of each `COMMAND ns=N` line (`clock`, `settled`), in order.
+fn times(lines: &[String], command: &str) -> Vec<u64> {
     lines
         .iter()
-        .filter_map(|line| line.strip_prefix("clock ns="))
-        .map(|n| n.parse().expect("clock"))
-        .collect()
-}
-
-/// The `settled ns=N` lines, in order.
-fn settled(lines: &[String]) -> Vec<u64> {
-    lines
-        .iter()
-        .filter_map(|line| line.strip_prefix("settled ns="))
-        .map(|n| n.parse().expect("settled"))
+        .filter_map(|line| line.strip_prefix(command)?.strip_prefix(" ns="))
+        .map(|n| n.parse().expect("ns"))
         .collect()
 }
 
@@ -118,7 +109,10 @@ fn batch_launches_are_held_while_the_latency_pod_is_active() {
     let batch_lines = lines(batch_child);
     let table = NodePriority::open_named(&priority, false).expect("priority table");
 
-    let (starts, ends) = (clocks(&latency_lines), settled(&latency_lines));
+    let (starts, ends) = (
+        times(&latency_lines, "clock"),
+        times(&latency_lines, "settled"),
+    );
     assert_eq!((starts.len(), ends.len()), (3, 3), "{latency_lines:?}");
     let gaps = idle(&batch_lines);
     let context = || format!("idle {gaps:?}\nlatency {latency_lines:?}\nbatch {batch_lines:?}");
@@ -214,7 +208,7 @@ fn periodic(predict: &str) -> Periodic {
         .period_ns
         .load(std::sync::atomic::Ordering::Relaxed);
 
-    let batch_start = clocks(&batch_lines)[0];
+    let batch_start = times(&batch_lines, "clock")[0];
     let batch_end = batch_start
         + field(&batch_lines, "run ", "wall_ns")
             .parse::<u64>()
