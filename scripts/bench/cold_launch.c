@@ -1,5 +1,6 @@
 /*
  * The launch path when it runs cold: COUNT x (touch KB of host memory, one
+ * byte every STRIDE bytes (default 64, every cache line), then one
  * empty-kernel launch through the driver API), printing the mean time per
  * iteration and inside the launch call. A host-bound application's own work
  * between launches evicts the limiter's code and data; a tight loop hides
@@ -30,6 +31,12 @@
  * on the double (callgrind) against 889 before; in the same runs (9 each)
  * KB=64 408 ns (min 360) against 414 (380), KB=4096 1630 (1443) against
  * 1649 (1484): within the noise.
+ * Caches or address translation: KB=128 STRIDE=64 touches 2,048 lines on
+ * 32 pages, KB=8320 STRIDE=4160 the same number of lines on 2,048 pages
+ * (past the TLBs). Stop 21, a slower day on the same machine, medians of 7
+ * alternated runs: no limiter 203 and 411 ns, limiter 611 and 974: the
+ * limiter adds 408 ns with its lines evicted from L1, 563 with its pages
+ * evicted from the TLBs too (~16 pages a launch, valgrind lackey).
  */
 #include "cuda_min.h"
 
@@ -59,12 +66,17 @@ static unsigned long long now_ns(void) {
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: cold_launch COUNT KB\n");
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: cold_launch COUNT KB [STRIDE]\n");
         return 2;
     }
     long count = atol(argv[1]);
     size_t bytes = (size_t)atol(argv[2]) * 1024;
+    size_t stride = argc == 4 ? (size_t)atol(argv[3]) : 64;
+    if (stride == 0) {
+        fprintf(stderr, "STRIDE must be at least 1\n");
+        return 2;
+    }
     CUdevice device;
     CUcontext context;
     CUmodule module;
@@ -83,7 +95,7 @@ int main(int argc, char **argv) {
     memset((char *)buffer, 1, bytes + 1);
     unsigned long long in_call = 0, start = now_ns();
     for (long i = 0; i < count; i++) {
-        for (size_t j = 0; j < bytes; j += 64) {
+        for (size_t j = 0; j < bytes; j += stride) {
             buffer[j]++;
         }
         unsigned long long before = now_ns();
