@@ -26,9 +26,9 @@
 //!    idle as the bracket began, the host's way to the launch and the launch
 //!    latency beyond the back-to-back gap (both measured once per context
 //!    with kernels of our own, launched directly and as a graph) are
-//!    subtracted, and so is a launch call's delay beyond twice its usual
-//!    length (a module loaded in it): pods pay for their kernels, not for
-//!    idle gaps.
+//!    subtracted, and so is a kernel launch call's delay beyond twice its
+//!    usual length (a module loaded in it): pods pay for their kernels, not
+//!    for idle gaps.
 //! 4. Launches into a stream being captured do not run and are not charged;
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
@@ -192,10 +192,9 @@ pub struct Throttle {
     kernel_queued_extra_ns: AtomicU64,
     graph_idle_extra_ns: AtomicU64,
     graph_queued_extra_ns: AtomicU64,
-    /// How long the launch call typically took in those idle brackets;
+    /// How long the kernel launch call typically took in the idle brackets;
     /// `u64::MAX` until measured (nothing counts as late).
     kernel_idle_call_ns: AtomicU64,
-    graph_idle_call_ns: AtomicU64,
     held: Held,
     priority: Priority,
 }
@@ -230,7 +229,6 @@ impl Throttle {
             graph_idle_extra_ns: AtomicU64::new(0),
             graph_queued_extra_ns: AtomicU64::new(0),
             kernel_idle_call_ns: AtomicU64::new(u64::MAX),
-            graph_idle_call_ns: AtomicU64::new(u64::MAX),
             held: Held::default(),
             priority,
         }

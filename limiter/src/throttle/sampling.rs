@@ -132,12 +132,6 @@ impl Throttle {
                 // Without graphs, a graph's launch is priced like a kernel's.
                 let extras = [
                     (&self.kernel_idle_call_ns, overheads.kernel_idle_call_ns),
-                    (
-                        &self.graph_idle_call_ns,
-                        overheads
-                            .graph_idle_call_ns
-                            .unwrap_or(overheads.kernel_idle_call_ns),
-                    ),
                     (&self.kernel_idle_extra_ns, overheads.kernel_idle_ns),
                     (&self.kernel_queued_extra_ns, overheads.kernel_queued_ns),
                     (
@@ -363,24 +357,25 @@ impl Throttle {
                 // A launch queued behind earlier work is measured from that
                 // work's end: its back-to-back period plus the events' own
                 // time. From an idle stream the bracket also holds the host's
-                // way to the launch call, the launch latency, and however
-                // much longer than calibrated the call took (cold caches, a
-                // module loaded, a preemption: the kernel starts that much
-                // later, or the end event does).
-                let (overhead, late) = match sample.idle_gap_ns {
-                    None if sample.graph => (self.graph_queued_extra_ns.load(Ordering::Relaxed), 0),
-                    None => (self.kernel_queued_extra_ns.load(Ordering::Relaxed), 0),
-                    Some(gap) => {
-                        let (extra, call) = if sample.graph {
-                            (&self.graph_idle_extra_ns, &self.graph_idle_call_ns)
-                        } else {
-                            (&self.kernel_idle_extra_ns, &self.kernel_idle_call_ns)
-                        };
-                        (
-                            gap + extra.load(Ordering::Relaxed),
-                            late_ns(sample.call_ns, call.load(Ordering::Relaxed)),
-                        )
+                // way to the launch call, the launch latency, and for a
+                // kernel, however much longer than calibrated its call took
+                // (a module loaded in it: the kernel starts that much
+                // later). Not for a graph: its call grows with its nodes,
+                // whose work may start while the call still submits the
+                // rest, and the calibrated graph has one node.
+                let (overhead, late) = match (sample.idle_gap_ns, sample.graph) {
+                    (None, true) => (self.graph_queued_extra_ns.load(Ordering::Relaxed), 0),
+                    (None, false) => (self.kernel_queued_extra_ns.load(Ordering::Relaxed), 0),
+                    (Some(gap), true) => {
+                        (gap + self.graph_idle_extra_ns.load(Ordering::Relaxed), 0)
                     }
+                    (Some(gap), false) => (
+                        gap + self.kernel_idle_extra_ns.load(Ordering::Relaxed),
+                        late_ns(
+                            sample.call_ns,
+                            self.kernel_idle_call_ns.load(Ordering::Relaxed),
+                        ),
+                    ),
                 };
                 let measured = kernel_ns(bracket, overhead, late);
                 let contended = self.activity().is_some_and(|table| {

@@ -64,11 +64,10 @@ pub struct LaunchOverheads {
     /// Graph launches start faster; `None` where graphs could not be made.
     pub graph_idle_ns: Option<u64>,
     pub graph_queued_ns: Option<u64>,
-    /// How long the launch call typically took (the median) in the idle
-    /// brackets, which hold it: a later launch whose call takes longer (cold
-    /// caches, a module loaded in the call) holds the difference too.
+    /// How long the kernel launch call typically took (the median) in the
+    /// idle brackets, which hold it: a later launch whose call takes longer
+    /// (a module loaded in the call) holds the difference too.
     pub kernel_idle_call_ns: u64,
-    pub graph_idle_call_ns: Option<u64>,
     /// The empty kernel's own back-to-back period, taken off the queued ones.
     pub empty_kernel_ns: u64,
 }
@@ -233,7 +232,6 @@ impl Timing {
             graph_idle_ns: graph_idle.map(|bracket| bracket.gpu_ns),
             graph_queued_ns: graph_queued.map(|bracket| bracket.gpu_ns.saturating_sub(empty)),
             kernel_idle_call_ns: idle.call_ns,
-            graph_idle_call_ns: graph_idle.map(|bracket| bracket.call_ns),
             empty_kernel_ns: empty,
         })
     }
