@@ -64,7 +64,7 @@ mod wait;
 
 use cadence::Cadence;
 use priority::Priority;
-use sampling::{RestState, Sample, SampleStart};
+use sampling::{Bracket, RestState, Sample};
 use summary::Held;
 
 /// About one sampled launch per thread this often while the pod's limit
@@ -102,6 +102,17 @@ thread_local! {
     static CADENCE: Cell<Cadence> = const { Cell::new(Cadence::new()) };
 }
 
+/// Runs `f` on this thread's cadence.
+#[inline]
+fn with_cadence<R>(f: impl FnOnce(&mut Cadence) -> R) -> R {
+    CADENCE.with(|cell| {
+        let mut cadence = cell.get();
+        let result = f(&mut cadence);
+        cell.set(cadence);
+        result
+    })
+}
+
 /// What a launch runs: a kernel grid or an instantiated graph.
 #[derive(Debug, Clone, Copy)]
 pub enum Work {
@@ -135,14 +146,8 @@ struct Metered {
     now: u64,
     /// The sampling interval in force.
     interval: u64,
-    /// Its measurement's start, when it is measured.
-    sample: Option<SampleStart>,
-    /// When it was submitted, if measured.
-    submitted_at: u64,
-    /// How long its launch call took, if measured (once it returned).
-    call_ns: u64,
-    /// Its bracket's end is recorded, if measured (once it returned).
-    closed: bool,
+    /// Its bracket, when it is measured.
+    sample: Option<Bracket>,
 }
 
 /// The driver as the wave counter asks it.
@@ -385,20 +390,15 @@ impl Throttle {
         } else {
             SAMPLE_INTERVAL_NS
         };
-        let due = CADENCE.with(|cell| {
-            let mut cadence = cell.get();
-            let due = cadence.due(now, interval);
-            cell.set(cadence);
-            due
-        });
-        let sample = match timing {
+        let due = with_cadence(|cadence| cadence.due(now, interval));
+        let mut sample = match timing {
             Some(timing) if first || due => self.begin_sample(timing, stream),
             _ => None,
         };
-        if sample.is_none() {
-            self.model.abandon(&charge);
+        match &mut sample {
+            Some(bracket) => bracket.submitted_at = monotonic_ns(),
+            None => self.model.abandon(&charge),
         }
-        let submitted_at = if sample.is_some() { monotonic_ns() } else { 0 };
         Ok(Admitted {
             device,
             stream,
@@ -411,9 +411,6 @@ impl Throttle {
                 now,
                 interval,
                 sample,
-                submitted_at,
-                call_ns: 0,
-                closed: false,
             }),
         })
     }
@@ -424,12 +421,9 @@ impl Throttle {
         // Fields are used in place: the launch record is moved no more.
         let (stream, timing) = (admitted.stream, admitted.timing);
         if let Some(metered) = admitted.metered.as_mut() {
-            // A measured launch's call has just returned: its length, as the
-            // calibration took it, says how late its kernel may have
-            // started, and its bracket closes before anything else runs.
-            if let (Some(start), Some(timing)) = (&metered.sample, timing) {
-                metered.call_ns = monotonic_ns().saturating_sub(metered.submitted_at);
-                metered.closed = self.close_bracket(timing, start, stream, result);
+            // A measured launch's bracket closes before anything else runs.
+            if let (Some(bracket), Some(timing)) = (metered.sample.as_mut(), timing) {
+                self.close_bracket(timing, bracket, stream, result);
             }
             if !result.is_success() {
                 // Nothing runs: give the charge back.
@@ -439,9 +433,9 @@ impl Throttle {
         }
         self.priority.after(admitted.ticket, stream, timing, result);
         if let (Some(metered), Some(timing)) = (&admitted.metered, timing)
-            && metered.sample.is_some()
+            && let Some(bracket) = &metered.sample
         {
-            self.finish_sample(ctx, timing, admitted.device, metered);
+            self.finish_sample(ctx, timing, admitted.device, metered, bracket);
         }
     }
 
@@ -454,30 +448,23 @@ impl Throttle {
         timing: &Timing,
         device: usize,
         metered: &Metered,
+        bracket: &Bracket,
     ) {
-        let Some(start) = &metered.sample else {
-            return;
-        };
-        CADENCE.with(|cell| {
-            let mut cadence = cell.get();
-            cadence.sampled(metered.now, metered.interval);
-            cell.set(cadence);
-        });
-        let submitted_at = metered.submitted_at;
+        with_cadence(|cadence| cadence.sampled(metered.now, metered.interval));
         let pending = Sample {
-            call_ns: metered.call_ns,
-            context: start.context,
-            start: start.event,
-            end: start.end,
+            call_ns: bracket.call_ns,
+            context: bracket.context,
+            start: bracket.start,
+            end: bracket.end,
             graph: metered.key.is_graph(),
             device,
             charge: metered.charge,
-            idle_gap_ns: start
+            idle_gap_ns: bracket
                 .idle
-                .then(|| submitted_at.saturating_sub(start.recorded_at)),
-            submitted_at,
+                .then(|| bracket.submitted_at.saturating_sub(bracket.recorded_at)),
+            submitted_at: bracket.submitted_at,
         };
-        self.end_sample(ctx, timing, pending, metered.closed);
+        self.end_sample(ctx, timing, pending, bracket.closed);
     }
 
     /// The process's first limited launch, at `now`: the exit summary starts

@@ -93,15 +93,21 @@ pub(super) struct Sample {
     pub(super) call_ns: u64,
 }
 
-/// A bracket's start, recorded, and its end event, ready to record the
-/// moment the launch returns.
-pub(super) struct SampleStart {
+/// A measured launch's bracket: its start recorded, its end event ready to
+/// record the moment the launch returns.
+pub(super) struct Bracket {
     pub(super) context: usize,
-    pub(super) event: CUevent,
+    pub(super) start: CUevent,
     pub(super) end: CUevent,
     /// The stream had no work queued.
     pub(super) idle: bool,
     pub(super) recorded_at: u64,
+    /// When the launch was submitted (set just before the call).
+    pub(super) submitted_at: u64,
+    /// How long the launch call took, once it returned.
+    pub(super) call_ns: u64,
+    /// The end is recorded, once the launch returned.
+    pub(super) closed: bool,
 }
 
 // SAFETY: events are plain driver handles, usable from any thread.
@@ -161,7 +167,7 @@ impl Throttle {
         &'static self,
         timing: &Timing,
         stream: CUstream,
-    ) -> Option<SampleStart> {
+    ) -> Option<Bracket> {
         if self.samples.is_full() {
             return None;
         }
@@ -174,12 +180,15 @@ impl Throttle {
         };
         let idle = timing.stream_idle(stream).unwrap_or(false);
         if timing.record(start, stream) {
-            Some(SampleStart {
+            Some(Bracket {
                 context,
-                event: start,
+                start,
                 end,
                 idle,
                 recorded_at: monotonic_ns(),
+                submitted_at: 0,
+                call_ns: 0,
+                closed: false,
             })
         } else {
             // Pooled events whose context is gone fail to record: drop them.
@@ -192,24 +201,25 @@ impl Throttle {
     /// Closes the bracket of a measured launch that returned `result`, the
     /// moment it returned: what the thread does after is the limiter's own
     /// bookkeeping, not the pod's GPU time (on a cold path, microseconds).
-    /// False if it cannot be; the end event is then given back.
+    /// Also times the call, whose length, against the calibrated one, says
+    /// how late the kernel may have started. If the end cannot be recorded,
+    /// its event is given back and the bracket stays open.
     pub(super) fn close_bracket(
         &self,
         timing: &Timing,
-        start: &SampleStart,
+        bracket: &mut Bracket,
         stream: CUstream,
         result: CUresult,
-    ) -> bool {
+    ) {
+        bracket.call_ns = monotonic_ns().saturating_sub(bracket.submitted_at);
         if !result.is_success() {
-            self.recycle(timing, start.context, start.end);
-            return false;
+            self.recycle(timing, bracket.context, bracket.end);
+        } else if timing.record(bracket.end, stream) {
+            bracket.closed = true;
+        } else {
+            // A pooled event whose context is gone fails to record: drop it.
+            timing.destroy(bracket.end);
         }
-        if timing.record(start.end, stream) {
-            return true;
-        }
-        // A pooled event whose context is gone fails to record: drop it.
-        timing.destroy(start.end);
-        false
     }
 
     /// Queues `sample` for the monitor if its bracket was closed, else
