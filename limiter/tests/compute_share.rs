@@ -280,7 +280,7 @@ fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
 }
 
 #[test]
-fn a_limit_that_does_not_bind_measures_launches_rarely() {
+fn a_limit_that_does_not_bind_measures_launches_rarely_and_rests_the_monitor() {
     let _serial = serial();
     // A sample costs driver calls on the launching thread: where the limit
     // does not bind, about one per 16 ms (plus a few by the clock while the
@@ -294,6 +294,16 @@ fn a_limit_that_does_not_bind_measures_launches_rarely() {
     assert!(
         samples <= wall_ms / 16.0 * 1.25 + 8.0,
         "{samples} samples in {wall_ms} ms not bound ({})",
+        free.0
+    );
+    // The monitor reads those samples when each wakes it, a poll or two
+    // while the kernel runs, and checks contention every 50 ms; it does
+    // not nap every millisecond as it does while the limit binds (about
+    // 850 wake-ups in this run).
+    let wakeups = free.number("monitor_wakeups");
+    assert!(
+        wakeups <= 3.0 * samples + wall_ms / 50.0 + 10.0,
+        "{wakeups} monitor wake-ups for {samples} samples in {wall_ms} ms ({})",
         free.0
     );
     let bound = Summary::of("25", &[], &["run", "kernel", "100", "1000"]);

@@ -463,6 +463,7 @@ impl Throttle {
                 .idle
                 .then(|| bracket.submitted_at.saturating_sub(bracket.recorded_at)),
             submitted_at: bracket.submitted_at,
+            relaxed: metered.interval == RELAXED_SAMPLE_INTERVAL_NS,
         };
         self.end_sample(ctx, timing, pending, bracket.closed);
     }

@@ -13,10 +13,15 @@ use crate::driver::Timing;
 use crate::metering::Charge;
 use crate::sys::{CUevent, CUresult, CUstream};
 
-/// How long an idle monitor naps while the process keeps sampling: the
-/// most a periodic sample waits to be read (settlement, backlog detection).
+/// How long an idle monitor naps while the pod's limit binds: the most a
+/// periodic sample then waits to be read (settlement, backlog detection).
 const MONITOR_NAP: Duration = Duration::from_millis(1);
-/// The monitor naps while it got a sample this recently, else it parks.
+/// The monitor naps while it got a sample taken at the binding cadence this
+/// recently, else it parks and the next sample wakes it. Samples at the
+/// relaxed cadence (the limit does not bind) come every 16 ms a thread:
+/// waking the monitor for each is one system call on the launching thread
+/// per 16 ms, where napping would wake it 1,000 times a second on CPUs the
+/// application may need (a pod's CPU quota, a process pinned to one CPU).
 const NAPPING_FOR_NS: u64 = 100_000_000;
 
 /// The GPU time of a sampled launch out of its event bracket: less what the
@@ -91,6 +96,8 @@ pub(super) struct Sample {
     pub(super) submitted_at: u64,
     /// How long the launch call took (host clock).
     pub(super) call_ns: u64,
+    /// Taken at the relaxed cadence: the limit did not bind.
+    pub(super) relaxed: bool,
 }
 
 /// A measured launch's bracket: its start recorded, its end event ready to
@@ -307,7 +314,8 @@ impl Throttle {
         };
         timing.relax_capture_mode();
         let mut contention_checked = monotonic_ns();
-        let mut sampled_at = 0;
+        // When the last sample taken at the binding cadence was read.
+        let mut binding_sampled_at = 0;
         let mut current: Option<Sample> = None;
         loop {
             let now = monotonic_ns();
@@ -318,16 +326,18 @@ impl Throttle {
             let sample = match current.take() {
                 Some(sample) => Some(sample),
                 None => self.samples.pop().inspect(|sample| {
-                    sampled_at = now;
+                    if !sample.relaxed {
+                        binding_sampled_at = now;
+                    }
                     self.backlog_since_ns
                         .store(sample.submitted_at.max(1), Ordering::Relaxed);
                 }),
             };
             let Some(sample) = sample else {
                 self.backlog_since_ns.store(0, Ordering::Relaxed);
-                // While the process samples, nap; once it stops, park until
-                // woken (or the next contention check).
-                let (rest, timeout) = if now.saturating_sub(sampled_at) < NAPPING_FOR_NS {
+                // While the limit binds, nap; otherwise park until woken
+                // (or the next contention check).
+                let (rest, timeout) = if now.saturating_sub(binding_sampled_at) < NAPPING_FOR_NS {
                     (MonitorRest::Napping, MONITOR_NAP)
                 } else {
                     (MonitorRest::Parked, CONTENTION_INTERVAL)
@@ -335,6 +345,7 @@ impl Throttle {
                 self.monitor_rest.store(rest, Ordering::SeqCst);
                 if self.samples.is_empty() {
                     std::thread::park_timeout(timeout);
+                    self.held.monitor_wakeups.fetch_add(1, Ordering::Relaxed);
                 }
                 self.monitor_rest
                     .store(MonitorRest::Awake, Ordering::SeqCst);
@@ -345,6 +356,7 @@ impl Throttle {
                 Ok(false) => {
                     current = Some(sample);
                     std::thread::sleep(POLL_INTERVAL);
+                    self.held.monitor_wakeups.fetch_add(1, Ordering::Relaxed);
                 }
                 Err(code) => {
                     // The context is gone: its events with it.

@@ -22,6 +22,8 @@ pub(super) struct Held {
     pub(super) samples: AtomicU64,
     /// Samples not measured: their launch call took too long.
     pub(super) discarded_samples: AtomicU64,
+    /// Times the monitor thread ran again after a nap, a park or a poll.
+    pub(super) monitor_wakeups: AtomicU64,
 }
 
 impl Held {
@@ -67,7 +69,7 @@ impl AtExit for Throttle {
                  pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
                  held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} \
                  kernel_idle_extra_ns={} kernel_idle_call_ns={} kernel_queued_extra_ns={} samples={} \
-                 discarded_samples={}",
+                 discarded_samples={} monitor_wakeups={}",
                 std::process::id(),
                 budget.bucket.launches.load(Ordering::Relaxed),
                 ms(charged_ns),
@@ -82,6 +84,7 @@ impl AtExit for Throttle {
                 self.kernel_queued_extra_ns.load(Ordering::Relaxed),
                 self.held.samples.load(Ordering::Relaxed),
                 self.held.discarded_samples.load(Ordering::Relaxed),
+                self.held.monitor_wakeups.load(Ordering::Relaxed),
             );
         }
     }
