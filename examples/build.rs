@@ -3,6 +3,8 @@
 //!
 //! - `$OUT_DIR/double/libcuda.so.1` (+ `libcuda.so`) and
 //!   `$OUT_DIR/double/libnvidia-ml.so.1` (+ `libnvidia-ml.so`), from `double/`;
+//! - `$OUT_DIR/double/libfail_limiter_threads.so`, a fixture that refuses
+//!   the limiter's threads;
 //! - `$OUT_DIR/bin/cudaprobe` and `$OUT_DIR/bin/cudaprobe_linked`, from
 //!   `programs/`.
 //!
@@ -27,6 +29,7 @@ const SOURCES: &[&str] = &[
     "double/nvml_entry.S",
     "double/nvml.c",
     "double/libnvidia-ml.map",
+    "double/fail_limiter_threads.c",
     "programs/probe.h",
     "programs/cudaprobe.c",
     "programs/probe_memory.c",
@@ -105,6 +108,10 @@ fn main() {
         let link_name = soname.trim_end_matches(".1");
         symlink(soname, &double_dir.join(link_name)).expect("symlink the development name");
     }
+
+    let fixture = double_dir.join("libfail_limiter_threads.so");
+    let fixture_source = double_src.join("fail_limiter_threads.c");
+    cc(&[&"-shared", &"-fPIC", &"-o", &fixture, &fixture_source]);
 
     let probe: Vec<PathBuf> = PROBE_SOURCES.iter().map(|s| programs_src.join(s)).collect();
     let probe_args = || probe.iter().map(|s| s as &dyn AsRef<std::ffi::OsStr>);

@@ -146,6 +146,12 @@ mod double {
         Path::new(env!("GPUSHARE_DOUBLE_DIR"))
     }
 
+    /// A library to preload after the limiter: `pthread_create` fails for
+    /// the limiter's own threads (a pod at its limit of threads), no other.
+    pub fn fail_limiter_threads() -> PathBuf {
+        double_dir().join("libfail_limiter_threads.so")
+    }
+
     /// Path of a probe program built from `programs/`: `cudaprobe` (driver
     /// through `dlopen`, needs `LD_LIBRARY_PATH`) or `cudaprobe_linked`
     /// (linked against the double, found through its rpath).

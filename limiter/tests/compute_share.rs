@@ -239,7 +239,10 @@ impl Summary {
         vars.extend_from_slice(env);
         let output = limited(&pod, &vars, script).output().expect("spawn probe");
         common::check(&output);
-        let stderr = String::from_utf8_lossy(&output.stderr);
+        Self::in_stderr(&String::from_utf8_lossy(&output.stderr))
+    }
+
+    fn in_stderr(stderr: &str) -> Self {
         let line = stderr
             .lines()
             .find(|line| line.contains("compute summary:"))
@@ -359,4 +362,54 @@ fn a_launch_call_slower_than_calibrated_is_not_charged_as_gpu_time() {
     );
     let waited = summary.number("waited_for_budget_ms");
     assert!(waited < 1.0, "waited {waited} ms ({})", summary.0);
+}
+
+#[test]
+fn without_its_monitor_thread_the_limiter_still_measures_and_holds_the_limit() {
+    let _serial = serial();
+    // A pod at its limit of threads: the monitor cannot start, and launching
+    // threads read the measurements. Before, each launch of a function after
+    // its first waited the longest for a measurement nobody read: 5 ms, a
+    // loop 100 times slower.
+    let preload = format!(
+        "{} {}",
+        common::limiter().display(),
+        gpushare_examples::fail_limiter_threads().display()
+    );
+    let without_monitor = |percent: &str, script: &[&str]| {
+        let pod = Pod::new("no-monitor");
+        let env = [
+            ("LD_PRELOAD", preload.as_str()),
+            ("CUDA_DEVICE_SM_LIMIT", percent),
+            ("CUDA_LIMITER_LOG", "info"),
+        ];
+        let output = limited(&pod, &env, script).output().expect("spawn probe");
+        common::check(&output);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(stderr.contains("cannot start the monitor"), "{stderr}");
+        let summary = Summary::in_stderr(&stderr);
+        let lines: Vec<String> = String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        (lines, summary)
+    };
+
+    // 50 µs of host work and a 5 µs kernel: about 55 µs an iteration.
+    let (lines, summary) = without_monitor("50", &["pace", "kernel", "5", "2000", "50"]);
+    let per_iteration = field(&lines[0], "ns_per_iter");
+    assert!(
+        per_iteration < 100_000,
+        "{per_iteration} ns ({})",
+        summary.0
+    );
+    let held = summary.number("held_for_measurements_ms");
+    assert!(held < 20.0, "held {held} ms ({})", summary.0);
+    assert_eq!(summary.number("monitor_wakeups"), 0.0, "{}", summary.0);
+
+    // A limit that binds holds: prices come from measurements, not from the
+    // first guess (20 µs a wave, 25 times too little for 500 µs kernels).
+    let (lines, summary) = without_monitor("25", &["run", "kernel", "500", "1000"]);
+    let got = share(&lines);
+    assert!((got - 250).abs() <= 30, "{got}‰ ({})", summary.0);
 }

@@ -87,6 +87,22 @@ impl Timing {
         result.is_success() && status != CU_STREAM_CAPTURE_STATUS_NONE
     }
 
+    /// Runs `f` with the calling thread's capture mode relaxed, then gives
+    /// the thread its own mode back: `f` may query and synchronise while
+    /// another thread captures a graph in global mode.
+    pub fn with_relaxed_capture<R>(&self, f: impl FnOnce() -> R) -> R {
+        let Some(exchange) = self.exchange_capture_mode else {
+            return f();
+        };
+        let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: a valid in/out pointer.
+        unsafe { exchange(&mut mode) };
+        let result = f();
+        // SAFETY: restores the thread's own mode.
+        unsafe { exchange(&mut mode) };
+        result
+    }
+
     /// The context of `stream` (the current one for the default streams).
     pub fn stream_context(&self, stream: CUstream) -> Option<CUcontext> {
         let mut context: CUcontext = std::ptr::null_mut();

@@ -37,7 +37,7 @@
 //!    launch waits while a latency pod on the device is active.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
@@ -180,6 +180,8 @@ pub struct Throttle {
     /// Whether the monitor, out of samples, naps or is parked: a launch
     /// that pushes a sample wakes it accordingly.
     monitor_rest: RestState,
+    /// A launching thread reads samples, where no monitor runs.
+    reading_here: AtomicBool,
     /// When a new function's first launch was last measured.
     first_sampled_at_ns: AtomicU64,
     /// When the launch of the oldest measurement still running was made; 0
@@ -223,6 +225,7 @@ impl Throttle {
             monitor: Once::new(),
             monitor_thread: OnceLock::new(),
             monitor_rest: RestState::default(),
+            reading_here: AtomicBool::new(false),
             first_sampled_at_ns: AtomicU64::new(0),
             backlog_since_ns: AtomicU64::new(0),
             activity: OnceLock::new(),
@@ -363,7 +366,7 @@ impl Throttle {
         // all the time (JIT per shape) must not sample every launch.
         let first = charge.first && self.may_sample_first();
         if charge.unmeasured && !charge.first && charge.ahead >= UNMEASURED_AHEAD {
-            self.wait_for_measurement(&charge);
+            self.wait_for_measurement(ctx, timing, &charge);
         }
         if self.backlog_since_ns.load(Ordering::Relaxed) != 0 {
             self.hold_while_backlogged();

@@ -252,6 +252,10 @@ impl Throttle {
         }
         self.held.samples.fetch_add(1, Ordering::Relaxed);
         self.start_monitor(ctx);
+        let Some(monitor) = self.monitor_thread.get() else {
+            self.read_samples_here(ctx, timing);
+            return;
+        };
         // Pairs with the monitor's store of `monitor_parked` before it looks
         // at the queue: one of the two sees the other. A napping monitor
         // looks again within [`MONITOR_NAP`] by itself: only a function's
@@ -263,9 +267,44 @@ impl Throttle {
             MonitorRest::Napping => first,
             MonitorRest::Awake => false,
         };
-        if wake && let Some(monitor) = self.monitor_thread.get() {
+        if wake {
             monitor.unpark();
         }
+    }
+
+    /// Where no monitor thread runs (none could be started: a pod at its
+    /// limit of processes and threads), reads on the calling thread the
+    /// samples whose launches completed, so that prices and corrections
+    /// still follow measurements, a sample late, and a new function's first
+    /// measurement still comes: without it, every later launch of the
+    /// function would wait the longest for one, and prices would stay at
+    /// the first guess. Only once starting the monitor failed, one thread at
+    /// a time; samples still running wait for the next sampled launch.
+    pub(super) fn read_samples_here(&self, ctx: &'static Context, timing: &Timing) {
+        let monitor_failed = self.monitor.is_completed() && self.monitor_thread.get().is_none();
+        if !monitor_failed || self.reading_here.swap(true, Ordering::Acquire) {
+            return;
+        }
+        timing.with_relaxed_capture(|| {
+            for _ in 0..self.samples.len() {
+                let Some(sample) = self.samples.pop() else {
+                    break;
+                };
+                match timing.query(sample.end) {
+                    Ok(true) => self.complete(ctx, timing, sample),
+                    Ok(false) => {
+                        if let Err(sample) = self.samples.push(sample) {
+                            self.model.abandon(&sample.charge);
+                            self.recycle(timing, sample.context, sample.start);
+                            self.recycle(timing, sample.context, sample.end);
+                        }
+                    }
+                    // The context is gone: its events with it.
+                    Err(_) => self.model.abandon(&sample.charge),
+                }
+            }
+        });
+        self.reading_here.store(false, Ordering::Release);
     }
 
     /// Starts the monitor thread, once: at the first sample, or at the first
@@ -280,7 +319,7 @@ impl Throttle {
                     self.monitor_thread.set(handle.thread().clone()).ok();
                 }
                 Err(error) => {
-                    tracing::error!(%error, "cannot start the monitor; launches stay at their first price");
+                    tracing::error!(%error, "cannot start the monitor; launching threads read the measurements");
                 }
             }
         });

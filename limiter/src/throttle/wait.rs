@@ -13,6 +13,7 @@ use gpushare_utils::bucket::{Admission, ComputeBucket, monotonic_ns};
 use super::Throttle;
 use super::summary::Held;
 use crate::context::Context;
+use crate::driver::Timing;
 use crate::metering::Charge;
 
 /// A launch that waited for budget resumes once the bucket holds this many
@@ -54,11 +55,19 @@ impl Throttle {
     /// so that an unmeasured function cannot queue an unbounded burst.
     #[cold]
     #[inline(never)]
-    pub(super) fn wait_for_measurement(&self, charge: &Charge) {
+    pub(super) fn wait_for_measurement(
+        &self,
+        ctx: &'static Context,
+        timing: Option<&Timing>,
+        charge: &Charge,
+    ) {
         let start = monotonic_ns();
         let deadline = start.saturating_add(FIRST_MEASUREMENT_WAIT_NS);
         while self.model.awaiting_measurement(charge) && monotonic_ns() < deadline {
             std::thread::sleep(FIRST_MEASUREMENT_POLL);
+            if let Some(timing) = timing {
+                self.read_samples_here(ctx, timing);
+            }
         }
         Held::add(&self.held.measurement_ns, start);
     }

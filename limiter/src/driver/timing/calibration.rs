@@ -127,17 +127,7 @@ impl Timing {
     pub fn launch_overheads(&self, app_stream: Option<CUstream>) -> Option<LaunchOverheads> {
         let api = self.calibration.as_ref()?;
         // Synchronising below must not break another thread's global capture.
-        let mut previous_mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-        if let Some(exchange) = self.exchange_capture_mode {
-            // SAFETY: a valid in/out pointer.
-            unsafe { exchange(&mut previous_mode) };
-        }
-        let measured = self.measure_overheads(api, app_stream);
-        if let Some(exchange) = self.exchange_capture_mode {
-            // SAFETY: restores the thread's own mode.
-            unsafe { exchange(&mut previous_mode) };
-        }
-        measured
+        self.with_relaxed_capture(|| self.measure_overheads(api, app_stream))
     }
 
     fn measure_overheads(
