@@ -244,10 +244,7 @@ impl Throttle {
             return;
         }
         let first = sample.charge.first;
-        if let Err(sample) = self.samples.push(sample) {
-            self.model.abandon(&sample.charge);
-            self.recycle(timing, sample.context, sample.start);
-            self.recycle(timing, sample.context, sample.end);
+        if !self.queue(timing, sample) {
             return;
         }
         self.held.samples.fetch_add(1, Ordering::Relaxed);
@@ -290,21 +287,39 @@ impl Throttle {
                 let Some(sample) = self.samples.pop() else {
                     break;
                 };
-                match timing.query(sample.end) {
-                    Ok(true) => self.complete(ctx, timing, sample),
-                    Ok(false) => {
-                        if let Err(sample) = self.samples.push(sample) {
-                            self.model.abandon(&sample.charge);
-                            self.recycle(timing, sample.context, sample.start);
-                            self.recycle(timing, sample.context, sample.end);
-                        }
-                    }
-                    // The context is gone: its events with it.
-                    Err(_) => self.model.abandon(&sample.charge),
+                if let Some(running) = self.read(ctx, timing, sample) {
+                    self.queue(timing, running);
                 }
             }
         });
         self.reading_here.store(false, Ordering::Release);
+    }
+
+    /// Queues `sample` to be read; false when the queue is full: the sample
+    /// is given up, its events kept for reuse.
+    fn queue(&self, timing: &Timing, sample: Sample) -> bool {
+        let Err(sample) = self.samples.push(sample) else {
+            return true;
+        };
+        self.model.abandon(&sample.charge);
+        self.recycle(timing, sample.context, sample.start);
+        self.recycle(timing, sample.context, sample.end);
+        false
+    }
+
+    /// Reads `sample` if its launch completed; gives it back while the
+    /// launch still runs.
+    fn read(&self, ctx: &'static Context, timing: &Timing, sample: Sample) -> Option<Sample> {
+        match timing.query(sample.end) {
+            Ok(true) => self.complete(ctx, timing, sample),
+            Ok(false) => return Some(sample),
+            Err(code) => {
+                // The context is gone: its events with it.
+                self.model.abandon(&sample.charge);
+                tracing::debug!(code = code.0, "sample lost");
+            }
+        }
+        None
     }
 
     /// Starts the monitor thread, once: at the first sample, or at the first
@@ -390,18 +405,10 @@ impl Throttle {
                     .store(MonitorRest::Awake, Ordering::SeqCst);
                 continue;
             };
-            match timing.query(sample.end) {
-                Ok(true) => self.complete(ctx, timing, sample),
-                Ok(false) => {
-                    current = Some(sample);
-                    std::thread::sleep(POLL_INTERVAL);
-                    self.held.monitor_wakeups.fetch_add(1, Ordering::Relaxed);
-                }
-                Err(code) => {
-                    // The context is gone: its events with it.
-                    self.model.abandon(&sample.charge);
-                    tracing::debug!(code = code.0, "sample lost");
-                }
+            if let Some(running) = self.read(ctx, timing, sample) {
+                current = Some(running);
+                std::thread::sleep(POLL_INTERVAL);
+                self.held.monitor_wakeups.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
