@@ -319,6 +319,27 @@ fn a_limit_that_does_not_bind_measures_launches_rarely_and_rests_the_monitor() {
 }
 
 #[test]
+fn a_loop_busy_again_after_idling_is_not_measured_at_every_launch() {
+    let _serial = serial();
+    // A server between requests: 100 ms idle, then a paced loop, four
+    // times. The rate measured across the idle gap is one launch an
+    // interval; drawn from it, the strides sampled every launch of the next
+    // 16 ms (223 and 249 samples in two runs, against 71 and 78 now).
+    let mut args = vec!["pace", "kernel", "5", "10", "45"];
+    for _ in 0..4 {
+        args.extend(["sleep", "100", "pace", "kernel", "5", "4000", "45"]);
+    }
+    let summary = Summary::of("50", &[], &args);
+    let (samples, wall_ms) = (summary.number("samples"), summary.number("wall_ms"));
+    assert!(wall_ms > 500.0, "{}", summary.0);
+    assert!(
+        samples <= wall_ms / 16.0 * 1.25 + 8.0,
+        "{samples} samples in {wall_ms} ms ({})",
+        summary.0
+    );
+}
+
+#[test]
 fn a_first_launch_that_loads_its_module_is_not_priced_at_the_load() {
     let _serial = serial();
     // CUDA loads a module lazily, inside the first launch of one of its

@@ -12,13 +12,21 @@
 //! (measured over windows of at least an interval, since launches come in
 //! bursts; random, so that a loop's period cannot alias with it).
 //! A thread whose rate falls is sampled at the latest after
-//! [`BACKSTOP_INTERVALS`] intervals.
+//! [`BACKSTOP_INTERVALS`] intervals. One whose rate rises (a server busy
+//! again after idling) still has the stride of its idle rate, as short as one
+//! launch: past [`MAX_PER_WINDOW`] samples in one rate window (about an
+//! interval), the clock decides the next, which measures the rate afresh.
+//! Before, every launch of the next interval was measured (about 10 µs of
+//! driver calls each on an H100: 450 samples after one idle gap).
 
 use crate::hash::mix;
 
 /// A thread that launches far less often than its last rate is sampled
 /// after this many intervals.
 const BACKSTOP_INTERVALS: u64 = 4;
+/// Samples by count in one rate window, at most: a steady loop takes about
+/// one, a loop in bursts a few.
+const MAX_PER_WINDOW: u64 = 8;
 /// Most launches between two samples.
 const MAX_STRIDE: u64 = 1 << 16;
 
@@ -35,6 +43,8 @@ pub(super) struct Cadence {
     /// Launches since `window_start_ns`, over which the rate is measured:
     /// at least an interval, since launches come in bursts.
     window_launches: u64,
+    /// Samples taken since `window_start_ns`.
+    window_samples: u64,
     window_start_ns: u64,
     /// Random state.
     seed: u64,
@@ -47,6 +57,7 @@ impl Cadence {
             sampled_at_ns: 0,
             per_interval: 0,
             window_launches: 0,
+            window_samples: 0,
             window_start_ns: 0,
             seed: 0,
         }
@@ -74,21 +85,24 @@ impl Cadence {
     /// one is.
     pub(super) fn sampled(&mut self, now: u64, interval_ns: u64) {
         let window = now.saturating_sub(self.window_start_ns);
-        if self.window_start_ns == 0 {
+        if self.window_start_ns == 0 || window >= interval_ns {
+            if self.window_start_ns != 0 {
+                self.per_interval = ((u128::from(self.window_launches) * u128::from(interval_ns)
+                    + u128::from(window / 2))
+                    / u128::from(window))
+                .clamp(1, u128::from(MAX_STRIDE)) as u64;
+            }
             self.window_start_ns = now;
             self.window_launches = 0;
-        } else if window >= interval_ns {
-            self.per_interval = ((u128::from(self.window_launches) * u128::from(interval_ns)
-                + u128::from(window / 2))
-                / u128::from(window))
-            .clamp(1, u128::from(MAX_STRIDE)) as u64;
-            self.window_start_ns = now;
-            self.window_launches = 0;
+            self.window_samples = 0;
         }
+        self.window_samples += 1;
         self.seed = mix(self.seed ^ now);
         // Uniform in [1, 2 × per_interval − 1]: the mean is one interval's
-        // launches (0 until a rate is measured: by the clock).
+        // launches. By the clock until a rate is measured, and once the
+        // thread outran the rate (its window's samples exhausted).
         self.left = match self.per_interval {
+            _ if self.window_samples >= MAX_PER_WINDOW => 0,
             0 => 0,
             per_interval => 1 + self.seed % (2 * per_interval - 1),
         };
@@ -156,6 +170,30 @@ mod tests {
         let picks = sampled(25_000, 2 * MS, at);
         let n = picks.len() as f64;
         assert!((4_000.0..=6_000.0).contains(&n), "{n} samples in 10 s");
+    }
+
+    #[test]
+    fn a_thread_busy_again_after_idling_is_not_sampled_at_every_launch() {
+        // One launch, 200 ms idle (a server between requests, or a first
+        // launch that loaded modules), then 10,000 launches 25 µs apart:
+        // the rate measured over the idle window is one launch an interval.
+        let at = |i: u64| {
+            if i == 0 {
+                20 * MS
+            } else {
+                220 * MS + i * 25_000
+            }
+        };
+        let picks = sampled(10_001, 16 * MS, at);
+        assert_eq!(picks[..2], [0, 1]);
+        // 250 ms of launches: about 16 samples, and at most 8 at the rate of
+        // the idle window, not one a launch for 16 ms.
+        assert!(
+            picks.len() <= 16 + 8 + 4,
+            "{} samples: {picks:?}",
+            picks.len()
+        );
+        assert!(picks.len() >= 12, "{} samples: {picks:?}", picks.len());
     }
 
     #[test]

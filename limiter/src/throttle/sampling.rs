@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use gpushare_utils::bucket::monotonic_ns;
 
+use super::summary::Held;
 use super::{CONTENTION_INTERVAL, MAX_SAMPLED_CALL_NS, POLL_INTERVAL, Throttle};
 use crate::context::Context;
 use crate::driver::Timing;
@@ -139,8 +140,11 @@ impl Throttle {
         }
         // The sampled stream itself when it is idle: launch latency depends
         // on the kind of stream.
+        let began = monotonic_ns();
         let idle = timing.stream_idle(stream) == Some(true);
-        match timing.launch_overheads(idle.then_some(stream)) {
+        let measured = timing.launch_overheads(idle.then_some(stream));
+        Held::add(&self.held.calibration_ns, began);
+        match measured {
             Some(overheads) => {
                 // Without graphs, a graph's launch is priced like a kernel's.
                 let extras = [
@@ -460,6 +464,8 @@ impl Throttle {
                     charged = sample.charge.ns,
                     waves = sample.charge.waves,
                     owed,
+                    first = sample.charge.first,
+                    relaxed = sample.relaxed,
                     "sample"
                 );
                 if let Some(budget) = self.budget(ctx, sample.device) {

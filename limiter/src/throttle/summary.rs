@@ -18,6 +18,8 @@ pub(super) struct Held {
     pub(super) budget_ns: AtomicU64,
     pub(super) measurement_ns: AtomicU64,
     pub(super) backlog_ns: AtomicU64,
+    /// Measuring the launch overhead of a context, on a launching thread.
+    pub(super) calibration_ns: AtomicU64,
     /// Launches bracketed by events for the monitor to measure.
     pub(super) samples: AtomicU64,
     /// Samples not measured: their launch call took too long.
@@ -67,7 +69,7 @@ impl AtExit for Throttle {
             eprintln!(
                 "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
                  pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
-                 held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} \
+                 held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} held_for_calibration_ms={:.1} \
                  kernel_idle_extra_ns={} kernel_idle_call_ns={} kernel_queued_extra_ns={} samples={} \
                  discarded_samples={} monitor_wakeups={}",
                 std::process::id(),
@@ -78,6 +80,7 @@ impl AtExit for Throttle {
                 held(&self.held.budget_ns),
                 held(&self.held.measurement_ns),
                 held(&self.held.backlog_ns),
+                held(&self.held.calibration_ns),
                 self.kernel_idle_extra_ns.load(Ordering::Relaxed),
                 // u64::MAX: not measured.
                 self.kernel_idle_call_ns.load(Ordering::Relaxed) % u64::MAX,
