@@ -11,7 +11,11 @@
 //!   allocations account for, measured at the first allocation or memory
 //!   query on the device and again at most every [`OVERHEAD_REFRESH_MS`].
 //!   So the pod's footprint as `nvidia-smi` shows it stays within the quota,
-//!   except for driver memory taken since the last measurement.
+//!   except for driver memory taken since the last measurement. While one of
+//!   this process's allocations or frees is between the ledger and the driver,
+//!   the two disagree by its bytes, always on the low side: a measurement
+//!   that overlapped one may only raise the overhead, and the next call
+//!   with none under way measures again.
 //! - Reports show total = quota, free = quota − pod usage, never below zero
 //!   and never above what the device really has free. Before answering, the
 //!   pod's dead processes' charges are given back (at most every
@@ -21,7 +25,7 @@
 //!   it at. Under a hypervisor the quota is the one in its read-only limits.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use gpushare_utils::bucket::monotonic_ns;
@@ -58,12 +62,52 @@ pub struct Charge {
     pub bytes: u64,
 }
 
+/// This process's allocations and frees under way between the ledger and
+/// the driver, and how many ended: a measurement of the overhead that saw
+/// the same count before and after, none under way, overlapped none.
+#[derive(Default)]
+struct Changes {
+    under_way: AtomicU64,
+    ended: AtomicU64,
+}
+
+impl Changes {
+    fn snapshot(&self) -> (u64, u64) {
+        (
+            self.under_way.load(Ordering::SeqCst),
+            self.ended.load(Ordering::SeqCst),
+        )
+    }
+}
+
+/// One allocation or free under way, from before the ledger changes until
+/// both the ledger and the driver did.
+pub struct Change<'a>(&'a Changes);
+
+impl<'a> Change<'a> {
+    fn begin(changes: &'a Changes) -> Self {
+        changes.under_way.fetch_add(1, Ordering::SeqCst);
+        Change(changes)
+    }
+}
+
+impl Drop for Change<'_> {
+    fn drop(&mut self) {
+        self.0.ended.fetch_add(1, Ordering::SeqCst);
+        self.0.under_way.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The quota state of this process.
 pub struct MemoryQuota {
     configured: DeviceLimits<u64>,
     limits: [OnceLock<Option<u64>>; MAX_DEVICES],
     charges: Mutex<HashMap<Resource, Charge>>,
+    changes: Changes,
     overhead_measured_ms: [AtomicU64; MAX_DEVICES],
+    /// The last measurement overlapped a change: measure again when none is
+    /// under way.
+    overhead_unsettled: [AtomicBool; MAX_DEVICES],
     /// Monotonic ms + 1 of this process's last report-time scan; 0: never.
     reclaimed_ms: AtomicU64,
 }
@@ -74,7 +118,9 @@ impl MemoryQuota {
             configured,
             limits: [const { OnceLock::new() }; MAX_DEVICES],
             charges: Mutex::new(HashMap::new()),
+            changes: Changes::default(),
             overhead_measured_ms: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            overhead_unsettled: [const { AtomicBool::new(false) }; MAX_DEVICES],
             reclaimed_ms: AtomicU64::new(0),
         }
     }
@@ -144,11 +190,13 @@ impl MemoryQuota {
         let entry = ctx
             .ledger_entry(device)
             .ok_or(LimiterError::LedgerUnavailable)?;
+        let change = self.change();
         ledger
             .try_reserve_under(entry, bytes, limit)
             .map_err(|error| refusal(device, error))?;
         Ok(Reservation {
             quota: self,
+            _change: change,
             ledger,
             limit,
             charge: Charge {
@@ -156,6 +204,12 @@ impl MemoryQuota {
                 bytes,
             },
         })
+    }
+
+    /// Marks a free under way until the returned guard drops (after the
+    /// driver freed and the ledger was credited, or the charge restored).
+    pub fn change(&self) -> Change<'_> {
+        Change::begin(&self.changes)
     }
 
     /// Removes a resource's charge before it is freed; `None` when it was not
@@ -233,7 +287,10 @@ impl MemoryQuota {
         // Milliseconds of the node's monotonic clock; 0 means never measured.
         let now = monotonic_ns() / 1_000_000 + 1;
         let previous = last.load(Ordering::Relaxed);
-        if !force && previous != 0 && now.saturating_sub(previous) < OVERHEAD_REFRESH_MS {
+        let before = self.changes.snapshot();
+        let settle = before.0 == 0 && self.overhead_unsettled[device].load(Ordering::Relaxed);
+        if !force && !settle && previous != 0 && now.saturating_sub(previous) < OVERHEAD_REFRESH_MS
+        {
             return;
         }
         if last
@@ -256,6 +313,20 @@ impl MemoryQuota {
         };
         let allocated = ledger.process_usage(entry).unwrap_or(0);
         let overhead = seen.saturating_sub(allocated);
+        let clean = before.0 == 0 && self.changes.snapshot() == before;
+        self.overhead_unsettled[device].store(!clean, Ordering::Relaxed);
+        // A change under way made the overhead look smaller by its bytes
+        // (reserved and not yet allocated, or freed and not yet credited):
+        // believed only where it raises the overhead.
+        if !clean && overhead <= ledger.process_overhead(entry).unwrap_or(0) {
+            tracing::trace!(
+                device,
+                seen,
+                overhead,
+                "overhead measured during a change: kept"
+            );
+            return;
+        }
         match ledger.set_overhead(entry, overhead) {
             Ok(()) => tracing::debug!(device, seen, overhead, "driver overhead measured"),
             Err(error) => tracing::warn!(device, %error, "driver overhead not recorded"),
@@ -266,6 +337,8 @@ impl MemoryQuota {
 /// An accepted reservation; given back on drop unless committed.
 pub struct Reservation<'a> {
     quota: &'a MemoryQuota,
+    /// Ends once the driver allocated and the charge is kept, or given back.
+    _change: Change<'a>,
     ledger: &'static PodLedger,
     /// The quota reserved against (0 = unlimited).
     limit: u64,
@@ -292,10 +365,11 @@ impl Reservation<'_> {
     }
 
     /// Keeps the reservation as the charge of `resource`.
-    pub fn commit(self, resource: Resource) {
+    pub fn commit(mut self, resource: Resource) {
         if let Ok(mut charges) = self.quota.charges.lock() {
             charges.insert(resource, self.charge);
-            std::mem::forget(self);
+            // Kept: the drop gives nothing back, and ends the change.
+            self.charge.bytes = 0;
         }
         // A poisoned map drops the reservation: the pod gets the bytes back
         // rather than leaking them forever.

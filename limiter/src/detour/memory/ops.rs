@@ -251,6 +251,7 @@ impl Memory {
 
     /// Frees `resource` with `free` and credits its charge if that succeeds.
     pub fn free(self, resource: Resource, free: impl FnOnce() -> CUresult) -> Result<CUresult> {
+        let _change = self.quota.change();
         let charge = self
             .quota
             .take(resource)
