@@ -202,10 +202,15 @@ impl Priority {
     /// launch path of a pod without classes then costs two loads here.
     #[inline]
     pub(super) fn dormant(&self, ctx: &'static Context, now: u64) -> bool {
-        self.table.get().is_none()
-            && now < self.look_again_at_ns.load(Ordering::Relaxed)
-            && !self.latency_configured
-            && ctx.hypervisor().is_none()
+        self.classless(ctx) && now < self.look_again_at_ns.load(Ordering::Relaxed)
+    }
+
+    /// [`dormant`](Self::dormant) but for the time: no class can matter
+    /// unless a latency pod's table turns up. Classes time holds to within
+    /// microseconds; where this is false, launches read the precise clock.
+    #[inline]
+    pub(super) fn classless(&self, ctx: &'static Context) -> bool {
+        self.table.get().is_none() && !self.latency_configured && ctx.hypervisor().is_none()
     }
 
     /// The pod's class on `device`: the hypervisor's when it sets the
