@@ -7,6 +7,7 @@ OUT/compute-bench.md, everything in OUT/compute-bench.json.
 Usage: compute_bench.py --lib PATH/libcuda_limiter.so --bin PATH/compute_bench
                         [--out DIR] [--only NAME ...] [--quick] [--cpus LIST]
                         [--fixed-us US ...] [--rounds NAME=N ...]
+                        [--pace-iterations N]
 
 Every run, without and with the limiter alike, is pinned to the same CPUs
 (--cpus, a taskset list; by default four of the GPU's local CPUs, CPU 0
@@ -27,10 +28,11 @@ Rows (the limit is CUDA_DEVICE_SM_LIMIT, a fresh pod per run):
   triton-L, graph-L  saturating, memory-bound Triton softmax loop / CUDA-graph
                 replay at L=20/50: GPU time share (iterations/s ratio x the
                 unlimited run's busy share) L +- 2 pp
-  tight, pace   200k empty launches back to back with L=50 / 30k x (20 us
-                host work + 1 empty launch) at L=50, 31 rounds: added cost
-                (pace <= 1%; with the 95% interval of the mean difference);
-                pace-no-limit: the same with the limiter loaded, no limit
+  tight, pace   200k empty launches back to back with L=50 / 6,000 x (20 us
+                host work + 1 empty launch) at L=50, 120 rounds of one short
+                process each: added cost (pace <= 1%, by the medians; the mean
+                difference with its 95% interval beside it); pace-no-limit: the
+                same with the limiter loaded, no limit. `cost` runs all three
 """
 import argparse
 import json
@@ -284,40 +286,61 @@ def bench_saturating(rn, quick):
     return rows
 
 
-def bench_cost(rn, quick):
-    rows = []
+PACE_HOST_US = 20
+PACE_ITERATIONS = 6000  # per round (--pace-iterations)
+
+
+def bench_tight(rn, quick):
     free, lim = alternate(5, lambda: float(rn.cuda(["tight", 200000], None)["ns_per_launch"]),
                           lambda: float(rn.cuda(["tight", 200000], 50)["ns_per_launch"]))
     change = (med(lim) / med(free) - 1) * 100
-    rows.append(Row("tight", "200k empty launches back to back, L=50 (binds: the launch cost itself is reported)",
-                    f"{med(free):.1f} ns", f"{med(lim):.1f} ns ({change:+.2f}%)", "reported", None,
-                    {"without": free, "with": lim}))
-    # The launch call's time differs from process to process by up to 30%
-    # (3.9 to 5.3 us, the same binary, no limiter, on the H100): many short
-    # rounds measure the added cost better than a few long ones.
-    rounds = ROUNDS.get("pace", 9 if quick else 31)
-    pace = ["pace", 20, 30000]
+    return [Row("tight", "200k empty launches back to back, L=50 (binds: the launch cost itself is reported)",
+                f"{med(free):.1f} ns", f"{med(lim):.1f} ns ({change:+.2f}%)", "reported", None,
+                {"without": free, "with": lim})]
 
-    def pace_row(name, what, limit):
-        free_runs, lim_runs = alternate(rounds, lambda: rn.cuda(pace, None), lambda: rn.cuda(pace, limit))
-        free = [float(r["ns_per_iter"]) for r in free_runs]
-        lim = [float(r["ns_per_iter"]) for r in lim_runs]
-        free_call = [float(r["call_ns"]) for r in free_runs]
-        lim_call = [float(r["call_ns"]) for r in lim_runs]
-        change = (med(lim) / med(free) - 1) * 100
-        low, high = mean_difference_ci(free, lim)
-        return Row(name, f"20 us host work + 1 empty launch x30k, {rounds} rounds, {what}: ns per iteration",
-                   f"{med(free):.1f} ns (in the launch call {med(free_call):.0f} ns)",
-                   f"{med(lim):.1f} ns ({change:+.2f}%; mean difference {low:+.0f} to {high:+.0f} ns, 95%; "
-                   f"in the launch call {med(lim_call):.0f} ns)",
-                   "added <= 1%", change <= 1,
-                   {"without": free, "with": lim, "call_without": free_call, "call_with": lim_call})
 
-    rows.append(pace_row("pace", "L=50 (does not bind)", 50))
+def pace_row(rn, quick, name, what, limit):
+    """The paced loop without and with the limiter: added cost per iteration.
+
+    The launch call's time differs from process to process far more than the
+    limiter adds (3.1 to 7.8 us, the same binary, no limiter, on the H100;
+    the spread narrowed without address-space randomisation, so it follows
+    where things land in memory): the rounds are many short processes, and
+    the verdict is the median's, with the mean difference's 95% interval
+    beside it."""
+    rounds = ROUNDS.get("pace", 15 if quick else 120)
+    args = ["pace", PACE_HOST_US, PACE_ITERATIONS]
+    free_runs, lim_runs = alternate(rounds, lambda: rn.cuda(args, None), lambda: rn.cuda(args, limit))
+    free = [float(r["ns_per_iter"]) for r in free_runs]
+    lim = [float(r["ns_per_iter"]) for r in lim_runs]
+    free_call = [float(r["call_ns"]) for r in free_runs]
+    lim_call = [float(r["call_ns"]) for r in lim_runs]
+    change = (med(lim) / med(free) - 1) * 100
+    low, high = mean_difference_ci(free, lim)
+    mean_free = statistics.mean(free)
+    mean_change = (statistics.mean(lim) / mean_free - 1) * 100
+    return Row(name, f"{PACE_HOST_US} us host work + 1 empty launch x{PACE_ITERATIONS:,}, {rounds} rounds, "
+                     f"{what}: ns per iteration",
+               f"{med(free):.1f} ns (in the launch call {med(free_call):.0f} ns)",
+               f"{med(lim):.1f} ns ({change:+.2f}%; mean {mean_change:+.2f}%, 95% interval "
+               f"{low / mean_free * 100:+.2f}% to {high / mean_free * 100:+.2f}%; "
+               f"in the launch call {med(lim_call):.0f} ns)",
+               "added <= 1%", change <= 1,
+               {"without": free, "with": lim, "call_without": free_call, "call_with": lim_call})
+
+
+def bench_pace(rn, quick):
+    return [pace_row(rn, quick, "pace", "L=50 (does not bind)", 50)]
+
+
+def bench_pace_no_limit(rn, quick):
     # The limiter loaded, no compute limit: what every launch pays for the
     # detour alone.
-    rows.append(pace_row("pace-no-limit", "limiter loaded without a compute limit", NO_LIMIT))
-    return rows
+    return [pace_row(rn, quick, "pace-no-limit", "limiter loaded without a compute limit", NO_LIMIT)]
+
+
+def bench_cost(rn, quick):
+    return bench_tight(rn, quick) + bench_pace(rn, quick) + bench_pace_no_limit(rn, quick)
 
 
 BENCHES = {
@@ -326,7 +349,10 @@ BENCHES = {
     "fixed": bench_fixed,
     "decode": bench_decode,
     "saturating": bench_saturating,
-    "cost": bench_cost,
+    "cost": bench_cost,  # tight, pace and pace-no-limit
+    "tight": bench_tight,
+    "pace": bench_pace,
+    "pace-no-limit": bench_pace_no_limit,
 }
 
 
@@ -339,6 +365,7 @@ def table(rows):
 
 
 def main():
+    global PACE_ITERATIONS, FIXED_TARGETS
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--bin", required=True)
@@ -349,10 +376,12 @@ def main():
     ap.add_argument("--fixed-us", nargs="+", type=int, help="fixed-work kernel lengths (default: 50 2000)")
     ap.add_argument("--rounds", nargs="+", default=[], metavar="NAME=N",
                     help="alternated rounds: shapes (5 s rows, default 5), shapes-long (20 s, 3), "
-                         "decode (7), pace (31)")
+                         "decode (7), pace (120)")
+    ap.add_argument("--pace-iterations", type=int, default=PACE_ITERATIONS,
+                    help=f"iterations of the paced loop per round (default {PACE_ITERATIONS})")
     args = ap.parse_args()
+    PACE_ITERATIONS = args.pace_iterations
     if args.fixed_us:
-        global FIXED_TARGETS
         FIXED_TARGETS = tuple(args.fixed_us)
     for item in args.rounds:
         name, _, count = item.partition("=")
