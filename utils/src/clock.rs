@@ -6,16 +6,7 @@
 /// Inlined: it is on the launch path, which runs cold.
 #[inline]
 pub fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux,
-    // and is answered by the vDSO without a system call.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    (now.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(now.tv_nsec as u64)
+    read(libc::CLOCK_MONOTONIC)
 }
 
 /// [`monotonic_ns`] as of the kernel's last timer tick: never ahead of it,
@@ -24,13 +15,19 @@ pub fn monotonic_ns() -> u64 {
 /// [`monotonic_ns`] takes 41. For decisions a tick's lag cannot change.
 #[inline]
 pub fn monotonic_coarse_ns() -> u64 {
+    read(libc::CLOCK_MONOTONIC_COARSE)
+}
+
+/// Reads `clock` in nanoseconds.
+#[inline]
+fn read(clock: libc::clockid_t) -> u64 {
     let mut now = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC_COARSE exists on every
-    // Linux since 2.6.32, answered by the vDSO.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut now) };
+    // SAFETY: a valid out-pointer; both clocks read here exist on every
+    // Linux since 2.6.32 and are answered by the vDSO without a system call.
+    unsafe { libc::clock_gettime(clock, &mut now) };
     (now.tv_sec as u64)
         .saturating_mul(1_000_000_000)
         .saturating_add(now.tv_nsec as u64)
