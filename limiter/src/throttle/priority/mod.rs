@@ -205,9 +205,9 @@ impl Priority {
         self.classless(ctx) && now < self.look_again_at_ns.load(Ordering::Relaxed)
     }
 
-    /// [`dormant`](Self::dormant) but for the time: no class can matter
-    /// unless a latency pod's table turns up. Classes time holds to within
-    /// microseconds; where this is false, launches read the precise clock.
+    /// [`dormant`](Self::dormant) without its time check: no class can
+    /// matter unless a latency pod's table turns up. Class holds are timed
+    /// in microseconds, so where this is false launches read the precise clock.
     #[inline]
     pub(super) fn classless(&self, ctx: &'static Context) -> bool {
         self.table.get().is_none() && !self.latency_configured && ctx.hypervisor().is_none()
