@@ -1,42 +1,36 @@
 /*
  * The launch path when it runs cold: COUNT x (touch KB of host memory, one
- * byte every STRIDE bytes (default 64, every cache line), then one
+ * byte every STRIDE bytes (default 64, every cache line), spin SPIN_US µs on
+ * the clock (default 0; 20 is compute_bench's paced loop), then one
  * empty-kernel launch through the driver API), printing the mean time per
- * iteration and inside the launch call. A host-bound application's own work
- * between launches evicts the limiter's code and data; a tight loop hides
- * that. Run without and with the limiter (LD_PRELOAD, a limit that does not
- * bind) and compare call_ns.
+ * iteration, and the mean and median time inside the launch call. A
+ * host-bound application's own work between launches evicts the limiter's
+ * code and data; a tight loop hides that. Run without and with the limiter
+ * (LD_PRELOAD, a limit that does not bind) and compare call_median_ns. One
+ * launch and a synchronisation come before the timed loop: the limiter's
+ * first limited launch measures the context's launch overhead (about 10 ms
+ * on the double), which spread over 100,000 launches added ~95 ns to every
+ * call of the figures taken before stop 24.
  *
  * Against the workspace's driver double (no GPU; DOUBLE = the double's
- * folder, target/debug/build/gpushare-examples-HASH/out/double):
+ * folder, target/release/build/gpushare-examples-HASH/out/double):
  *   cc -O2 -I examples/double -o cold_launch scripts/bench/cold_launch.c -L$DOUBLE -l:libcuda.so.1
  *   LD_LIBRARY_PATH=$DOUBLE [LD_PRELOAD=.../libcuda_limiter.so CUDA_DEVICE_SM_LIMIT=50] \
- *     taskset -c 1 ./cold_launch 100000 4096
+ *     taskset -c 1 ./cold_launch 100000 64
+ * On a real driver: cc ... -l:libcuda.so.1 without -L, and no LD_LIBRARY_PATH;
+ * ./cold_launch 20000 0 64 20 is the paced loop of compute_bench (20 µs).
  * Check that the limit does not bind (CUDA_LIMITER_LOG=info prints the exit
- * summary: waited_for_budget_ms must be 0): with KB=0 a launch comes every
- * ~0.5 us and a 50% limit binds on the double (charged_share 0.51), so the
- * call time then holds waiting, not the launch path; KB=64 (host work that
- * evicts the L1 caches, about 1 us) does not bind.
- * On the double, a limit of 50%, medians of 9 alternated runs (min):
- *   KB=64:   no limiter 179 ns a call (168); limiter 385 (376), of which
- *            the detour ~30 ns, budget, waves and price ~35, the rest (clock,
- *            admission, class, sampling decision, launch through the
- *            forwarder) ~140; without the bucket's admission 381 (369): its
- *            atomic operations cost next to nothing.
- *   KB=4096: no limiter 517 (397); limiter 1649 (1484): the path's ~20
- *            distinct cold data lines (cachegrind) cost far more than its
- *            ~700 instructions.
- * The launch path's code is now one shared copy (Throttle::admit and
- * ::launched) with the rare branches out of line: 735 instructions a launch
- * on the double (callgrind) against 889 before; in the same runs (9 each)
- * KB=64 408 ns (min 360) against 414 (380), KB=4096 1630 (1443) against
- * 1649 (1484): within the noise.
- * Caches or address translation: KB=128 STRIDE=64 touches 2,048 lines on
- * 32 pages, KB=8320 STRIDE=4160 the same number of lines on 2,048 pages
- * (past the TLBs). Stop 21, a slower day on the same machine, medians of 7
- * alternated runs: no limiter 203 and 411 ns, limiter 611 and 974: the
- * limiter adds 408 ns with its lines evicted from L1, 563 with its pages
- * evicted from the TLBs too (~16 pages a launch, valgrind lackey).
+ * summary: waited_for_budget_ms must be 0): on the double a kernel lasts
+ * 100 ns, so a loop without host work (KB=0, no spin) binds at 50%.
+ * Stop 24, on the double, KB=64, taskset -c 1, 3 runs each, call medians:
+ * no limiter 107 ns; limiter 170/171/170 (commit a5009ac), 162/161/167 with
+ * leases. Two processes of one pod, KB=0, 1 µs spin, one core each:
+ * 201-211 ns (a5009ac) against 125-129 with leases (one process alone:
+ * 138-142 and 125-129): the shared bucket's line moving between cores.
+ * Each process lands in a layout of its own (per-process call medians on
+ * the H100 machine spread from 3.2 to 4.6 µs, a tenth of them near 8), so
+ * compare many alternated processes, or the metering against itself in one
+ * process.
  */
 #include "cuda_min.h"
 
@@ -56,6 +50,11 @@ static unsigned long long now_ns(void) {
     return (unsigned long long)t.tv_sec * 1000000000ULL + (unsigned long long)t.tv_nsec;
 }
 
+static int by_value(const void *a, const void *b) {
+    unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return (x > y) - (x < y);
+}
+
 #define CHECK(call)                                                  \
     do {                                                             \
         CUresult rc_ = (call);                                       \
@@ -66,16 +65,21 @@ static unsigned long long now_ns(void) {
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc != 3 && argc != 4) {
-        fprintf(stderr, "usage: cold_launch COUNT KB [STRIDE]\n");
+    if (argc < 3 || argc > 5) {
+        fprintf(stderr, "usage: cold_launch COUNT KB [STRIDE [SPIN_US]]\n");
         return 2;
     }
     long count = atol(argv[1]);
     size_t bytes = (size_t)atol(argv[2]) * 1024;
-    size_t stride = argc == 4 ? (size_t)atol(argv[3]) : 64;
-    if (stride == 0) {
-        fprintf(stderr, "STRIDE must be at least 1\n");
+    size_t stride = argc >= 4 ? (size_t)atol(argv[3]) : 64;
+    unsigned long long spin_ns = argc == 5 ? (unsigned long long)(atof(argv[4]) * 1000) : 0;
+    if (stride == 0 || count < 1) {
+        fprintf(stderr, "STRIDE and COUNT must be at least 1\n");
         return 2;
+    }
+    unsigned long long *calls = malloc((size_t)count * sizeof *calls);
+    if (calls == NULL) {
+        return 1;
     }
     CUdevice device;
     CUcontext context;
@@ -93,17 +97,30 @@ int main(int argc, char **argv) {
         return 1;
     }
     memset((char *)buffer, 1, bytes + 1);
+    /* Warm up outside the timed loop, as compute_bench's modes do: the
+     * limiter's first limited launch measures the context's launch overhead
+     * (about 10 ms on the double), which would otherwise add ~100 ns to
+     * every call of a 100,000-launch run. */
+    CHECK(cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
+    CHECK(cuCtxSynchronize());
     unsigned long long in_call = 0, start = now_ns();
     for (long i = 0; i < count; i++) {
         for (size_t j = 0; j < bytes; j += stride) {
             buffer[j]++;
         }
+        for (unsigned long long until = now_ns() + spin_ns; spin_ns > 0 && now_ns() < until;) {
+        }
         unsigned long long before = now_ns();
         CHECK(cuLaunchKernel(function, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL));
-        in_call += now_ns() - before;
+        calls[i] = now_ns() - before;
+        in_call += calls[i];
     }
     CHECK(cuCtxSynchronize());
-    printf("mode=cold kb=%ld launches=%ld ns_per_iter=%.0f call_ns=%.0f\n", atol(argv[2]), count,
-           (double)(now_ns() - start) / (double)count, (double)in_call / (double)count);
+    double wall = (double)(now_ns() - start);
+    qsort(calls, (size_t)count, sizeof *calls, by_value);
+    printf("mode=cold kb=%ld launches=%ld ns_per_iter=%.0f call_ns=%.0f call_median_ns=%llu\n",
+           atol(argv[2]), count, wall / (double)count, (double)in_call / (double)count,
+           calls[count / 2]);
+    free(calls);
     return 0;
 }

@@ -212,6 +212,14 @@ impl<'a> Bucket<'a> {
         Admission::Wait(Duration::from_nanos(wait_ns).min(MAX_WAIT))
     }
 
+    /// Counts `launches` admitted without an admission of their own (paid
+    /// from time charged ahead).
+    pub fn count_launches(&self, launches: u64) {
+        if launches > 0 {
+            self.launches.fetch_add(launches, Ordering::Relaxed);
+        }
+    }
+
     /// Adds `delta_ns` (measured minus charged) to what the pod has used.
     pub fn correct(&self, delta_ns: i64) {
         if delta_ns >= 0 {

@@ -6,7 +6,9 @@
 //!    size never seen before costs what its function's others did. It is
 //!    charged that in the pod's [`ComputeBucket`], shared by all its
 //!    processes in the ledger region. With budget, that is a clock read and a
-//!    few atomic operations, no lock, no system call.
+//!    few atomic operations, no lock, no system call; while the pod is far
+//!    from its limit, a thread pays from GPU time it bought ahead ([`lease`])
+//!    and touches the shared bucket once in dozens of launches.
 //! 2. Without budget the calling thread waits (trap-and-wait) for the time
 //!    the bucket needs to refill a few launches' worth, in sleeps of at most
 //!    2 ms, so it wakes within about the timer slack (tens of µs) of budget
@@ -57,6 +59,7 @@ use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
 mod cadence;
+mod lease;
 pub mod priority;
 mod sampling;
 mod stamp;
@@ -378,19 +381,29 @@ impl Throttle {
         if self.backlog_since_ns.load(Ordering::Relaxed) != 0 {
             self.hold_while_backlogged();
         }
-        // A bucket far from its limit, in a pod without classes, admits on
-        // the coarse clock (see [`COARSE_TOKENS_NS`]); otherwise the precise
-        // one. The common case, budget at hand, is one admission; waiting is
-        // out of line, so that the launch path stays a few cache lines of code.
-        let coarse = budget.bucket.tokens_ns.load(Ordering::Relaxed) >= COARSE_TOKENS_NS
-            && self.priority.classless(ctx);
+        // A pod without classes whose bucket is far from its limit admits on
+        // the coarse clock (see [`COARSE_TOKENS_NS`]), from the thread's
+        // prepaid lease ([`lease`]); otherwise on the precise clock, in the
+        // bucket. Waiting is out of line, so that the launch path stays a few
+        // cache lines of code.
+        let classless = self.priority.classless(ctx);
+        let leased = classless && lease::pay(budget.bucket, charge.ns);
+        let coarse = leased
+            || classless && budget.bucket.tokens_ns.load(Ordering::Relaxed) >= COARSE_TOKENS_NS;
         let mut now = if coarse {
             monotonic_coarse_ns()
         } else {
             monotonic_ns()
         };
-        if budget.bucket.admit(now, charge.ns) != Admission::Pass {
-            now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device, monotonic_ns());
+        let paid = leased || coarse && lease::renew(budget.bucket, now, charge.ns);
+        if !paid {
+            if !coarse {
+                // Near the limit every launch is metered in the bucket.
+                lease::give_back();
+            }
+            if budget.bucket.admit(now, charge.ns) != Admission::Pass {
+                now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device, monotonic_ns());
+            }
         }
         if self.held.first_launch_ns.load(Ordering::Relaxed) == 0 {
             self.first_launch();
@@ -403,11 +416,13 @@ impl Throttle {
             self.priority.before(ctx, device, stream, timing, now)
         };
 
-        let interval = if budget.bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS {
-            RELAXED_SAMPLE_INTERVAL_NS
-        } else {
-            SAMPLE_INTERVAL_NS
-        };
+        // A lease is bought with plenty in the bucket.
+        let interval =
+            if leased || budget.bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS {
+                RELAXED_SAMPLE_INTERVAL_NS
+            } else {
+                SAMPLE_INTERVAL_NS
+            };
         let due = with_cadence(|cadence| cadence.due(now, interval));
         let mut sample = match timing {
             Some(timing) if first || due => self.begin_sample(timing, stream),

@@ -58,6 +58,8 @@ impl AtExit for Throttle {
         if first == 0 {
             return;
         }
+        // The exiting thread's prepaid time is not charged as used.
+        super::lease::give_back();
         let wall_ns = monotonic_ns().saturating_sub(first).max(1);
         let ms = |ns: u64| ns as f64 / 1e6;
         let held = |counter: &AtomicU64| ms(counter.load(Ordering::Relaxed));
