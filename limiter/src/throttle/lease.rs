@@ -129,6 +129,8 @@ pub(super) fn give_back() {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use gpushare_utils::bucket::{BucketLimits, BucketState, CAPACITY_NS};
 
     use super::*;
@@ -138,14 +140,12 @@ mod tests {
         let limits: &'static BucketLimits = Box::leak(Box::default());
         let bucket = Box::leak(Box::new(ComputeBucket::new(state, limits)));
         bucket.configure(50, 50);
-        state
-            .tokens_ns
-            .store(CAPACITY_NS, std::sync::atomic::Ordering::Relaxed);
+        state.tokens_ns.store(CAPACITY_NS, Ordering::Relaxed);
         bucket
     }
 
     fn tokens(bucket: &ComputeBucket) -> i64 {
-        bucket.tokens_ns.load(std::sync::atomic::Ordering::Relaxed)
+        bucket.tokens_ns.load(Ordering::Relaxed)
     }
 
     #[test]
@@ -167,12 +167,12 @@ mod tests {
         give_back();
         let state = bucket.state();
         assert_eq!(
-            state.launches.load(std::sync::atomic::Ordering::Relaxed),
+            state.launches.load(Ordering::Relaxed),
             200,
             "every launch counted"
         );
         assert_eq!(
-            state.charged_ns.load(std::sync::atomic::Ordering::Relaxed),
+            state.charged_ns.load(Ordering::Relaxed),
             LEASE_NS,
             "what 200 launches of 1 us cost"
         );
@@ -185,10 +185,7 @@ mod tests {
         assert!(pay(bucket, 10_000));
         give_back();
         let state = bucket.state();
-        assert_eq!(
-            state.charged_ns.load(std::sync::atomic::Ordering::Relaxed),
-            20_000
-        );
+        assert_eq!(state.charged_ns.load(Ordering::Relaxed), 20_000);
         assert_eq!(tokens(bucket), CAPACITY_NS - 20_000);
         assert!(!pay(bucket, 1), "nothing held after giving back");
     }
@@ -199,13 +196,7 @@ mod tests {
         assert!(renew(bucket, 1_000_000_000, 1_000));
         assert!(!renew(bucket, 1_000_000_000, MAX_LEASED_COST_NS + 1));
         assert!(!pay(bucket, 1), "given back");
-        assert_eq!(
-            bucket
-                .state()
-                .charged_ns
-                .load(std::sync::atomic::Ordering::Relaxed),
-            1_000
-        );
+        assert_eq!(bucket.state().charged_ns.load(Ordering::Relaxed), 1_000);
     }
 
     #[test]
@@ -215,10 +206,7 @@ mod tests {
         assert!(!pay(second, 1_000));
         assert!(renew(second, 1_000_000_000, 1_000));
         assert_eq!(
-            first
-                .state()
-                .charged_ns
-                .load(std::sync::atomic::Ordering::Relaxed),
+            first.state().charged_ns.load(Ordering::Relaxed),
             1_000,
             "the first lease was given back when the second was bought"
         );
