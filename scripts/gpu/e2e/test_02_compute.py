@@ -150,17 +150,22 @@ def test_torch_share(check):
 
 LAUNCH_PRELOAD = AddedAtMost(1)
 LAUNCH_PACE = AddedAtMost(3)
+# Rounds of each: one process's launches run up to 12% faster or slower than
+# the next's, limiter or not (stop 24: 3,340 to 4,177 ns a launch without
+# it), so the 1% bar needs many more processes than the 3% one.
+THROUGHPUT_ROUNDS = 31
+PACE_ROUNDS = 9
 
 
 @pytest.mark.check("14")
 def test_launch_cost(check):
-    """14: launch cost, medians of 9 alternated runs: 200k empty kernels with
-    the limiter active and no compute limit (added <= 1%); 20 us host work +
-    1 launch x20000 at L=50 (added <= 3%)."""
+    """14: launch cost, medians of alternated runs: 200k empty kernels with
+    the limiter active and no compute limit (31 runs, added <= 1%); 20 us
+    host work + 1 launch x20000 at L=50 (9 runs, added <= 3%)."""
     sm = check.s.sm_var
-    r1 = check.row("14. 200k empty-kernel launches, ns/launch, median of 9 (limiter active with a memory quota, "
-                   "no compute limit)", str(LAUNCH_PRELOAD))
-    r2 = check.row(f"14. 20us host work + 1 empty launch x20k, ns/iteration, median of 9 ({sm}=50)",
+    r1 = check.row(f"14. 200k empty-kernel launches, ns/launch, median of {THROUGHPUT_ROUNDS} (limiter active "
+                   "with a memory quota, no compute limit)", str(LAUNCH_PRELOAD))
+    r2 = check.row(f"14. 20us host work + 1 empty launch x20k, ns/iteration, median of {PACE_ROUNDS} ({sm}=50)",
                    str(LAUNCH_PACE))
     if not check.s.built("launch_overhead"):
         r1.done("not built", "not built", "build failed")
@@ -182,13 +187,15 @@ def test_launch_cost(check):
 
     steps = {"tb": ("base", "-", "throughput", "base"), "tl": ("pre", "-", "throughput", "pre"),
              "pb": ("base", "-", "pace", "base"), "pl": ("sm:50", "e2e-c14-pace", "pace", "L50")}
-    for i in range(1, 10):
+    for i in range(1, THROUGHPUT_ROUNDS + 1):
         # alternate which goes first, so slow drift cancels out
         order = ("tb", "tl", "pb", "pl") if i % 2 else ("tl", "tb", "pl", "pb")
         for k in order:
-            v[k].append(one(*steps[k], i))
-        v["cb"].append(Log(check.log / f"14-pace-base-{i}.log").kv("pace_launch_ns") or "")
-        v["cl"].append(Log(check.log / f"14-pace-L50-{i}.log").kv("pace_launch_ns") or "")
+            if k in ("tb", "tl") or i <= PACE_ROUNDS:
+                v[k].append(one(*steps[k], i))
+        if i <= PACE_ROUNDS:
+            v["cb"].append(Log(check.log / f"14-pace-base-{i}.log").kv("pace_launch_ns") or "")
+            v["cl"].append(Log(check.log / f"14-pace-L50-{i}.log").kv("pace_launch_ns") or "")
     clean_shm()
     check.say(f"   launch throughput ns/launch without: {' '.join(v['tb'])}  with (preload, no limit): {' '.join(v['tl'])}")
     check.say(f"   pace ns/iteration without: {' '.join(v['pb'])}  with ({sm}=50): {' '.join(v['pl'])}")
