@@ -4,7 +4,8 @@
 Usage: torch_workloads.py MODE SECONDS
   decode   a small transformer (random weights, no download), batch 1, a KV
            cache that grows by one position every step, 256 steps per
-           generation, generations repeated for SECONDS -> tokens_per_s
+           generation, generations repeated for SECONDS after 3 s of
+           warm-up -> tokens_per_s
            (attention's shapes change with every step, like a server's)
   triton   a Triton softmax over a 4096 x 8192 fp32 matrix, eight per
            iteration, back to back
@@ -67,15 +68,36 @@ def decode(seconds):
             token = logits.argmax(dim=-1)
         return token.item()
 
-    generate()  # warm-up: kernels chosen, caches of the allocator
+    # Warm-up: kernels chosen, the allocator's caches filled, and the GPU's
+    # clock settled at what the loop's load holds it to.
+    warm_until = time.perf_counter() + WARM_UP_S
+    generate()
+    while time.perf_counter() < warm_until:
+        generate()
     torch.cuda.synchronize()
     pin_main_thread()
+    probe_ms = cpu_probe_ms()
     tokens, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         generate()
         tokens += steps
     wall = time.perf_counter() - start
-    return {"tokens": tokens, "wall_s": f"{wall:.3f}", "tokens_per_s": f"{tokens / wall:.1f}"}
+    return {"tokens": tokens, "wall_s": f"{wall:.3f}", "tokens_per_s": f"{tokens / wall:.1f}",
+            "cpu_probe_ms": f"{probe_ms:.1f}"}
+
+
+def cpu_probe_ms():
+    """How long this thread takes for a fixed Python loop (no GPU): the
+    decode loop is bound by its host thread, so a process whose CPU runs
+    slower shows it here too."""
+    start = time.perf_counter()
+    total = 0
+    for i in range(1_000_000):
+        total += i & 7
+    return (time.perf_counter() - start) * 1e3
+
+
+WARM_UP_S = 3.0
 
 
 def pin_main_thread():
