@@ -1,9 +1,11 @@
 /*
  * The launch path when it runs cold: COUNT x (touch KB of host memory, one
- * byte every STRIDE bytes (default 64, every cache line), spin SPIN_US µs on
- * the clock (default 0; 20 is compute_bench's paced loop), then one
- * empty-kernel launch through the driver API), printing the mean time per
- * iteration, and the mean and median time inside the launch call. A
+ * byte every STRIDE bytes (default 64, every cache line), with CODE 1 run
+ * 64 KB of straight-line code (the L1 instruction cache), with CODE 2 also
+ * jump through 2,048 code pages (the TLBs), spin SPIN_US µs on the clock
+ * (default 0; 20 is compute_bench's paced loop), then one empty-kernel
+ * launch through the driver API), printing the mean time per iteration,
+ * and the mean and median time inside the launch call. A
  * host-bound application's own work between launches evicts the limiter's
  * code and data; a tight loop hides that. Run without and with the limiter
  * (LD_PRELOAD, a limit that does not bind) and compare call_median_ns. One
@@ -27,6 +29,12 @@
  * leases. Two processes of one pod, KB=0, 1 µs spin, one core each:
  * 201-211 ns (a5009ac) against 125-129 with leases (one process alone:
  * 138-142 and 125-129): the shared bucket's line moving between cores.
+ * Stop 25, on the double, KB=3072 CODE=1 SPIN_US=5 (the path runs from the
+ * last-level cache), medians of 8 alternated processes: no limiter 500-522
+ * ns, an experiment build that bypassed at its admission's start 551-572,
+ * the limiter with the device, budget and class resolved and no limit
+ * applying (L=100) 636-640, the full path 760-770;
+ * KB=64 CODE=2: 368 against 508-521.
  * Each process lands in a layout of its own (per-process call medians on
  * the H100 machine spread from 3.2 to 4.6 µs, a tenth of them near 8), so
  * compare many alternated processes, or the metering against itself in one
@@ -43,6 +51,18 @@
 static const char ptx[] =
     ".version 6.4\n.target sm_75\n.address_size 64\n"
     ".visible .entry gpushare_empty(.param .u64 ns)\n{\n    ret;\n}\n";
+
+/* 64 KB of straight-line code: run between launches, it leaves the
+ * limiter's code out of the L1 instruction cache, as a driver's launch does. */
+__attribute__((noinline)) static void evict_code(void) {
+    __asm__ volatile(".rept 16384\n\tlea 1(%%rax), %%rax\n\t.endr" ::: "rax");
+}
+
+/* A chain of jumps through 2,048 code pages (8 MB): run between launches,
+ * it leaves the limiter's code pages out of the TLBs, as a real driver's
+ * launch (libcuda is ~100 MB) may. */
+__asm__(".text\n.p2align 12\n.globl tlb_chain\ntlb_chain:\n.rept 2048\njmp 1f\n.p2align 12\n1:\n.endr\nret\n");
+void tlb_chain(void);
 
 static unsigned long long now_ns(void) {
     struct timespec t;
@@ -65,14 +85,15 @@ static int by_value(const void *a, const void *b) {
     } while (0)
 
 int main(int argc, char **argv) {
-    if (argc < 3 || argc > 5) {
-        fprintf(stderr, "usage: cold_launch COUNT KB [STRIDE [SPIN_US]]\n");
+    if (argc < 3 || argc > 6) {
+        fprintf(stderr, "usage: cold_launch COUNT KB [STRIDE [SPIN_US [CODE]]]\n");
         return 2;
     }
     long count = atol(argv[1]);
     size_t bytes = (size_t)atol(argv[2]) * 1024;
     size_t stride = argc >= 4 ? (size_t)atol(argv[3]) : 64;
-    unsigned long long spin_ns = argc == 5 ? (unsigned long long)(atof(argv[4]) * 1000) : 0;
+    int code = argc == 6 ? atoi(argv[5]) : 0;
+    unsigned long long spin_ns = argc >= 5 ? (unsigned long long)(atof(argv[4]) * 1000) : 0;
     if (stride == 0 || count < 1) {
         fprintf(stderr, "STRIDE and COUNT must be at least 1\n");
         return 2;
@@ -107,6 +128,12 @@ int main(int argc, char **argv) {
     for (long i = 0; i < count; i++) {
         for (size_t j = 0; j < bytes; j += stride) {
             buffer[j]++;
+        }
+        if (code) {
+            evict_code();
+        }
+        if (code > 1) {
+            tlb_chain();
         }
         for (unsigned long long until = now_ns() + spin_ns; spin_ns > 0 && now_ns() < until;) {
         }
