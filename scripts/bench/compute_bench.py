@@ -269,12 +269,12 @@ def bench_fixed(rn, quick):
 def bench_decode(rn, quick):
     """Tokens/s of one process differ from the next far more than the bars:
     stop 24, six-second runs, 209.6 to 264.4 tokens/s without a limiter in
-    one call; stop 25, three-second runs, 161.6 to 304.5. The loop keeps the
-    GPU ~18% busy, where its clock moves with the load (345 MHz idle): each
-    run warms up for 3 s (torch_workloads.py) and is measured for 5, and its
-    median SM clock (stop 25: 1,980 MHz in every run), the share of CPU
-    time the virtual machine's host stole and how long its thread took for a
-    fixed Python loop are kept beside it."""
+    one call; stop 25, three-second runs, 161.6 to 304.5. Each run warms up
+    for 3 s (torch_workloads.py) and is measured for 5; its median SM clock
+    (the GPU idles at 345 MHz; stop 25: 1,980 MHz in every run), the share
+    of CPU time the virtual machine's host stole (~0) and how long its
+    thread took for a fixed Python loop (37 to 101 ms, which tokens/s
+    followed) are kept beside it."""
     rows = []
     secs = 2 if quick else 5
     rounds = ROUNDS.get("decode", 2 if quick else 11)

@@ -68,8 +68,8 @@ def decode(seconds):
             token = logits.argmax(dim=-1)
         return token.item()
 
-    # Warm-up: kernels chosen, the allocator's caches filled, and the GPU's
-    # clock settled at what the loop's load holds it to.
+    # Warm-up: kernels chosen, the allocator's caches filled, the GPU's clock
+    # raised from idle by the loop's load.
     warm_until = time.perf_counter() + WARM_UP_S
     generate()
     while time.perf_counter() < warm_until:
