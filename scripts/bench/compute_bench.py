@@ -30,9 +30,10 @@ Rows (the limit is CUDA_DEVICE_SM_LIMIT, a fresh pod per run):
                 unlimited run's busy share) L +- 2 pp
   tight, pace   200k empty launches back to back with L=50 / 6,000 x (20 us
                 host work + 1 empty launch) at L=50, 240 rounds of one short
-                process each (pace-no-limit 120): added cost (pace <= 1%, by the medians; the mean
-                difference with its 95% interval beside it); pace-no-limit: the
-                same with the limiter loaded, no limit. `cost` runs all three
+                process each (pace-no-limit 120): added cost (pace <= 1%, by
+                the medians; the mean difference with its 95% interval beside
+                it); pace-no-limit: the same with the limiter loaded, no
+                limit. `cost` runs all three
 """
 import argparse
 import json
@@ -157,6 +158,11 @@ def med(values):
     return statistics.median(values)
 
 
+def column(runs, key):
+    """One figure of every run (the parsed key=value lines of Runner.run)."""
+    return [float(run[key]) for run in runs]
+
+
 def mean_difference_ci(a, b):
     """95% interval of mean(b) - mean(a), two independent samples (Welch,
     normal approximation: the rounds are many)."""
@@ -222,9 +228,8 @@ def bench_shapes(rn, quick):
     for n, seconds, rounds in ((1, secs, rounds_5s), (100, secs, rounds_5s), (3000, secs, rounds_5s),
                                (20000, secs, rounds_5s), (20000, 5 if quick else 20, long_rounds)):
         free_runs, lim_runs = alternate(rounds, lambda: paced(n, seconds, None), lambda: paced(n, seconds, 50))
-        free = [float(r["launches_per_s"]) for r in free_runs]
-        lim = [float(r["launches_per_s"]) for r in lim_runs]
-        busy = med([float(r["gpu_busy"]) for r in free_runs]) * 100
+        free, lim = column(free_runs, "launches_per_s"), column(lim_runs, "launches_per_s")
+        busy = med(column(free_runs, "gpu_busy")) * 100
         change = (med(lim) / med(free) - 1) * 100
         rows.append(Row(f"shapes-{n}-{seconds}s",
                         f"{n} distinct grid sizes, 20 us host work, {seconds} s, L=50 (GPU busy {busy:.1f}% without): launches/s",
@@ -279,29 +284,23 @@ def bench_decode(rn, quick):
     secs = 2 if quick else 5
     rounds = ROUNDS.get("decode", 2 if quick else 11)
     runs = {None: [], 90: [], 50: []}
-    steal = {None: [], 90: [], 50: []}
-    clock = {None: [], 90: [], 50: []}
-    probe = {None: [], 90: [], 50: []}
     for r in range(rounds):
         order = [None, 90, 50] if r % 2 == 0 else [50, 90, None]
         for limit in order:
             with Utilization("clocks.sm") as sm_clock:
                 result = rn.torch(["decode", secs], limit)
-            runs[limit].append(float(result["tokens_per_s"]))
-            steal[limit].append(float(result["steal_pct"]))
-            clock[limit].append(sm_clock.median())
-            probe[limit].append(float(result["cpu_probe_ms"]))
-    base = runs[None]
+            runs[limit].append({**result, "sm_mhz": sm_clock.median()})
+    base = column(runs[None], "tokens_per_s")
     for limit in (90, 50):
-        change = (med(runs[limit]) / med(base) - 1) * 100
+        tokens = column(runs[limit], "tokens_per_s")
+        change = (med(tokens) / med(base) - 1) * 100
+        raw = {"without": base, "with": tokens}
+        for key in ("steal_pct", "sm_mhz", "cpu_probe_ms"):
+            raw[f"{key}_without"], raw[f"{key}_with"] = column(runs[None], key), column(runs[limit], key)
         rows.append(Row(f"decode-L{limit}", f"PyTorch decode, batch 1, KV cache growing 256 steps, L={limit}, "
                                             f"{rounds} rounds of {secs} s: tokens/s",
-                        f"{med(base):,.1f}", f"{med(runs[limit]):,.1f} ({change:+.2f}%)", "within 3%",
-                        abs(change) <= 3, {"without": base, "with": runs[limit],
-                                           "steal_pct_without": steal[None], "steal_pct_with": steal[limit],
-                                           "sm_mhz_without": clock[None], "sm_mhz_with": clock[limit],
-                                           "cpu_probe_ms_without": probe[None],
-                                           "cpu_probe_ms_with": probe[limit]}))
+                        f"{med(base):,.1f}", f"{med(tokens):,.1f} ({change:+.2f}%)", "within 3%",
+                        abs(change) <= 3, raw))
     busy_secs = 3 if quick else 6  # 30 utilization samples
     with Utilization() as free_util:
         free = float(rn.torch(["decode", busy_secs], None)["tokens_per_s"])
@@ -362,10 +361,8 @@ def pace_row(rn, quick, name, what, limit):
     rounds = ROUNDS.get(name, 15 if quick else PACE_ROUNDS[name])
     args = ["pace", PACE_HOST_US, PACE_ITERATIONS]
     free_runs, lim_runs = alternate(rounds, lambda: rn.cuda(args, None), lambda: rn.cuda(args, limit))
-    free = [float(r["ns_per_iter"]) for r in free_runs]
-    lim = [float(r["ns_per_iter"]) for r in lim_runs]
-    free_call = [float(r["call_ns"]) for r in free_runs]
-    lim_call = [float(r["call_ns"]) for r in lim_runs]
+    free, lim = column(free_runs, "ns_per_iter"), column(lim_runs, "ns_per_iter")
+    free_call, lim_call = column(free_runs, "call_ns"), column(lim_runs, "call_ns")
     change = (med(lim) / med(free) - 1) * 100
     low, high = mean_difference_ci(free, lim)
     mean_free = statistics.mean(free)
@@ -384,8 +381,8 @@ def pace_row(rn, quick, name, what, limit):
                f"in the launch call {med(lim_call):.0f} ns; {slow_lim} slow processes)",
                "added <= 1%", change <= 1,
                {"without": free, "with": lim, "call_without": free_call, "call_with": lim_call,
-                "steal_pct_without": [float(r["steal_pct"]) for r in free_runs],
-                "steal_pct_with": [float(r["steal_pct"]) for r in lim_runs]})
+                "steal_pct_without": column(free_runs, "steal_pct"),
+                "steal_pct_with": column(lim_runs, "steal_pct")})
 
 
 def bench_pace(rn, quick):

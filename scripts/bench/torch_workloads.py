@@ -30,6 +30,9 @@ import time
 import torch
 
 
+WARM_UP_S = 3.0  # untimed generations before decode's measured ones
+
+
 def decode(seconds):
     torch.manual_seed(0)
     layers, dim, heads, vocab, steps = 12, 768, 12, 32000, 256
@@ -95,9 +98,6 @@ def cpu_probe_ms():
     for i in range(1_000_000):
         total += i & 7
     return (time.perf_counter() - start) * 1e3
-
-
-WARM_UP_S = 3.0
 
 
 def pin_main_thread():
