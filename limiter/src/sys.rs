@@ -7,11 +7,15 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use gpushare_utils::hook::Unavailable;
+use gpushare_utils::thread_local::ZeroInit;
 
 /// `CUresult`, a distinct type so that it has its own conversions.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CUresult(pub c_uint);
+
+// SAFETY: a plain integer (0 is `CUDA_SUCCESS`).
+unsafe impl ZeroInit for CUresult {}
 
 impl CUresult {
     pub const SUCCESS: Self = Self(0);
@@ -123,6 +127,9 @@ const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40);
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct nvmlReturn_t(pub c_uint);
+
+// SAFETY: a plain integer (0 is `NVML_SUCCESS`).
+unsafe impl ZeroInit for nvmlReturn_t {}
 
 impl nvmlReturn_t {
     pub const SUCCESS: Self = Self(0);

@@ -28,7 +28,9 @@
 //! - `ENTRY`, the install entry; and the table `MEMORY_DETOURS: &[HookEntry]`.
 //!
 //! The return type must implement `gpushare_utils::hook::Unavailable`, the
-//! value returned in the one case no original exists (never, once installed).
+//! value returned in the one case no original exists (never, once installed),
+//! and `gpushare_utils::thread_local::ZeroInit` (the remembered result is an
+//! initial-exec thread-local: see `gpushare_utils::thread_local`).
 //!
 //! A declaration marked `ptsz` (`required ptsz fn cuLaunchKernel(...) -> CUresult
 //! => ops::launch_kernel;`) also declares the driver's per-thread-default-stream
@@ -219,11 +221,10 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
             /// The trampoline to the original, filled at installation.
             pub static ORIGINAL: #hook::Original<Signature> = #hook::Original::new();
 
-            ::std::thread_local! {
+            ::gpushare_utils::initial_exec_thread_local! {
                 /// What the original returned inside the current detour call,
-                /// once the handler called it.
-                static FORWARDED: ::std::cell::Cell<Option<#output>> =
-                    const { ::std::cell::Cell::new(None) };
+                /// once the handler called it (`true` and the value).
+                static FORWARDED: (bool, #output);
             }
 
             /// The original as the handler sees it: calls it and remembers
@@ -237,7 +238,7 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
                 // SAFETY: the handler passes the caller's arguments (or
                 // values it vetted) to the original of the same signature.
                 let value = unsafe { original(#(#names),*) };
-                FORWARDED.with(|slot| slot.set(Some(value)));
+                FORWARDED.with(|slot| slot.set((true, value)));
                 value
             }
 
@@ -251,11 +252,13 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
                     // original of the same signature.
                     return unsafe { original(#(#names),*) };
                 };
-                FORWARDED.with(|slot| slot.set(None));
+                FORWARDED.with(|slot| slot.set(::gpushare_utils::thread_local::zeroed()));
                 let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
                     #handler(forward, #(#names),*)
                 }));
-                let forwarded = FORWARDED.with(::std::cell::Cell::take);
+                let (called, value) = FORWARDED
+                    .with(|slot| slot.replace(::gpushare_utils::thread_local::zeroed()));
+                let forwarded = called.then_some(value);
                 match outcome {
                     Ok(Ok(value)) => value,
                     Ok(Err(error)) => match #hook::IntoReturn::<#output>::into_return(error) {

@@ -9,6 +9,9 @@ use gpushare_utils::hook::{Disposition, IntoReturn, Unavailable, set_enabled};
 #[repr(transparent)]
 pub struct Status(u64);
 
+// SAFETY: a plain integer.
+unsafe impl gpushare_utils::thread_local::ZeroInit for Status {}
+
 impl Unavailable for Status {
     const UNAVAILABLE: Self = Status(u64::MAX);
 }

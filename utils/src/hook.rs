@@ -17,7 +17,6 @@
 //! through a [`DetourGuard`], which forwards to the original when the limiter
 //! is off or when the limiter itself calls the driver from inside a detour.
 
-use std::cell::Cell;
 use std::ffi::{CStr, c_void};
 use std::fmt;
 use std::marker::PhantomData;
@@ -279,10 +278,9 @@ pub fn is_enabled() -> bool {
     ENABLED.load(Ordering::Acquire)
 }
 
-thread_local! {
-    // No destructor: usable at any point of a thread's life, even during
-    // thread-local teardown, when the driver may still be called.
-    static INSIDE_DETOUR: Cell<bool> = const { Cell::new(false) };
+crate::initial_exec_thread_local! {
+    /// The thread runs detour logic (initial-exec: read on every launch).
+    static INSIDE_DETOUR: bool;
 }
 
 /// Marks the current thread as running detour logic. While one is held, any

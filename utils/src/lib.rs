@@ -16,6 +16,7 @@ pub mod priority;
 pub mod process;
 pub mod protocol;
 pub mod shm;
+pub mod thread_local;
 
 /// The most devices a process can have limits for; device indices are `0..MAX_DEVICES`.
 pub const MAX_DEVICES: usize = 16;

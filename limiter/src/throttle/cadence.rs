@@ -50,8 +50,13 @@ pub(super) struct Cadence {
     seed: u64,
 }
 
+// SAFETY: all integers; all zero is a thread's state before its first
+// launch ([`Cadence::new`]).
+unsafe impl gpushare_utils::thread_local::ZeroInit for Cadence {}
+
 impl Cadence {
-    pub(super) const fn new() -> Self {
+    #[cfg(test)]
+    const fn new() -> Self {
         Self {
             left: 0,
             sampled_at_ns: 0,

@@ -24,9 +24,8 @@
 //! never behind. Launches paid from a lease reach the bucket's launch count
 //! when the lease is renewed or given back.
 
-use std::cell::Cell;
-
 use gpushare_utils::bucket::{Admission, ComputeBucket};
+use gpushare_utils::thread_local::ZeroInit;
 
 /// GPU time a thread buys at once: 4% of the bucket, a few dozen short
 /// launches.
@@ -34,8 +33,9 @@ pub(super) const LEASE_NS: u64 = 200_000;
 /// Launches priced above this are admitted one by one.
 const MAX_LEASED_COST_NS: u64 = LEASE_NS / 4;
 
-thread_local! {
-    static LEASE: Cell<Lease> = const { Cell::new(Lease::none()) };
+gpushare_utils::initial_exec_thread_local! {
+    /// This thread's lease (initial-exec: read on every launch).
+    static LEASE: Lease;
 }
 
 /// A thread's prepaid GPU time in one bucket.
@@ -47,6 +47,10 @@ struct Lease {
     /// Launches paid from it since the bucket last counted them.
     launches: u64,
 }
+
+// SAFETY: all zero is `none()`: no bucket (a null reference is `None`: the
+// only niche of the bucket is its references), no time, no launches.
+unsafe impl ZeroInit for Lease {}
 
 impl Lease {
     const fn none() -> Self {
@@ -129,6 +133,7 @@ pub(super) fn give_back() {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::Cell;
     use std::sync::atomic::Ordering;
 
     use gpushare_utils::bucket::{BucketLimits, BucketState, CAPACITY_NS};
@@ -146,6 +151,19 @@ mod tests {
 
     fn tokens(bucket: &ComputeBucket) -> i64 {
         bucket.tokens_ns.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_threads_zeroed_lease_is_none() {
+        let zeroed: Lease = gpushare_utils::thread_local::zeroed();
+        assert!(zeroed.bucket.is_none() && zeroed.ns == 0 && zeroed.launches == 0);
+        std::thread::spawn(|| {
+            let lease = LEASE.with(Cell::get);
+            assert!(lease.bucket.is_none() && lease.ns == 0 && lease.launches == 0);
+            assert!(!pay(bucket(), 1), "a new thread holds no lease");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

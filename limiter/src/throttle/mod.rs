@@ -38,7 +38,6 @@
 //! 6. Once admitted, a launch passes its pod's class ([`priority`]): a batch
 //!    launch waits while a latency pod on the device is active.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 use std::thread::Thread;
@@ -110,8 +109,10 @@ const POLL_INTERVAL: Duration = Duration::from_micros(100);
 /// How often the monitor re-checks contention for elastic pods.
 const CONTENTION_INTERVAL: Duration = Duration::from_millis(50);
 
-thread_local! {
-    static CADENCE: Cell<Cadence> = const { Cell::new(Cadence::new()) };
+gpushare_utils::initial_exec_thread_local! {
+    /// This thread's count towards its next sample (initial-exec: read on
+    /// every launch).
+    static CADENCE: Cadence;
 }
 
 /// Runs `f` on this thread's cadence.

@@ -454,7 +454,12 @@ impl Throttle {
                     table.contended(sample.device, self.pod_key(ctx), monotonic_ns())
                 });
                 let owed = self.model.record(&sample.charge, measured, contended);
+                let tokens = self.budget(ctx, sample.device).map(|budget| {
+                    budget.bucket.correct(owed);
+                    budget.bucket.tokens_ns.load(Ordering::Relaxed)
+                });
                 tracing::trace!(
+                    submitted_at = sample.submitted_at,
                     bracket,
                     idle_gap = ?sample.idle_gap_ns,
                     call = sample.call_ns,
@@ -464,13 +469,11 @@ impl Throttle {
                     charged = sample.charge.ns,
                     waves = sample.charge.waves,
                     owed,
+                    ?tokens,
                     first = sample.charge.first,
                     relaxed = sample.relaxed,
                     "sample"
                 );
-                if let Some(budget) = self.budget(ctx, sample.device) {
-                    budget.bucket.correct(owed);
-                }
             }
             None => self.model.abandon(&sample.charge),
         }

@@ -133,6 +133,12 @@ impl Throttle {
         }
         bucket.waiting.fetch_sub(1, Ordering::Relaxed);
         Held::add(&self.held.budget_ns, start);
+        tracing::trace!(
+            start,
+            cost,
+            waited = now.saturating_sub(start),
+            "waited for budget"
+        );
         now
     }
 
