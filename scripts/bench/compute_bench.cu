@@ -2,11 +2,16 @@
 // one line of key=value pairs. Built by scripts/bench/run.sh with nvcc
 // (static cudart, so launches reach the driver's cuLaunchKernel*).
 //
-//   shapes N SECONDS HOST_US ITERS  launch i runs a grid of 1 + (i * 7919) % N
+//   shapes N SECONDS HOST_US ITERS [BUSY]
+//                                   launch i runs a grid of 1 + (i * 7919) % N
 //                                   blocks of 128 threads (N distinct shapes),
 //                                   each block ITERS dependent FMAs, after
 //                                   HOST_US of host busy-work; for SECONDS
-//                                   -> launches_per_s
+//                                   -> launches_per_s; then, unless BUSY is 0,
+//                                   the same launches back to back -> gpu_busy
+//                                   (a limited run passes 0: there those
+//                                   launches bind, and its exit summary's waits
+//                                   and charged share would count them)
 //   calibrate US                    ITERS for which `fixed` kernels last ~US µs
 //   fixed ITERS SECONDS             back-to-back kernels of one 32-thread block
 //                                   per SM doing ITERS dependent FMAs (same
@@ -70,7 +75,7 @@ static float *sink() {
     return buffer;
 }
 
-static void shapes(long n, double seconds, double host_us, long iters) {
+static void shapes(long n, double seconds, double host_us, long iters, bool busy) {
     float *out = sink();
     fma_chain<<<1, 128>>>(out, iters);  // warm up: module load, first launch
     CHECK(cudaDeviceSynchronize());
@@ -87,6 +92,11 @@ static void shapes(long n, double seconds, double host_us, long iters) {
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaGetLastError());
     double wall = now_s() - start;
+    if (!busy) {
+        printf("mode=shapes shapes=%ld launches=%ld wall_s=%.4f launches_per_s=%.1f\n", n, launches,
+               wall, launches / wall);
+        return;
+    }
     // The GPU time of the same launches back to back: the share of the GPU
     // the paced loop needed (meaningful without a limiter, which may hold
     // launches and so leave gaps inside this bracket).
@@ -183,8 +193,9 @@ static void pace(double host_us, long count) {
 
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "";
-    if (strcmp(mode, "shapes") == 0 && argc == 6) {
-        shapes(atol(argv[2]), atof(argv[3]), atof(argv[4]), atol(argv[5]));
+    if (strcmp(mode, "shapes") == 0 && (argc == 6 || argc == 7)) {
+        shapes(atol(argv[2]), atof(argv[3]), atof(argv[4]), atol(argv[5]),
+               argc == 6 || atoi(argv[6]) != 0);
     } else if (strcmp(mode, "calibrate") == 0 && argc == 3) {
         calibrate(atof(argv[2]));
     } else if (strcmp(mode, "fixed") == 0 && argc == 4) {

@@ -221,7 +221,8 @@ def bench_shapes(rn, quick):
     secs = 2 if quick else 5
 
     def paced(n, seconds, limit):
-        return rn.cuda(["shapes", n, seconds, 20, SHAPES_ITERS], limit)
+        # The GPU's busy share is measured after the unlimited runs only.
+        return rn.cuda(["shapes", n, seconds, 20, SHAPES_ITERS, int(limit is None)], limit)
 
     rounds_5s = ROUNDS.get("shapes", 5)
     long_rounds = ROUNDS.get("shapes-long", 1 if quick else 3)
@@ -240,7 +241,7 @@ def bench_shapes(rn, quick):
 
 def bench_saturated(rn, quick):
     rows = []
-    args = ["shapes", 3000, 2 if quick else 4, 0, 4000]
+    args = ["shapes", 3000, 2 if quick else 4, 0, 4000, 0]
     free, lim = alternate(3, lambda: float(rn.cuda(args, None)["launches_per_s"]),
                           lambda: float(rn.cuda(args, 25)["launches_per_s"]))
     share = med(lim) / med(free) * 100
