@@ -68,14 +68,10 @@ impl Waves {
             return 1;
         }
         let per_wave = u64::from(sms) * u64::from(self.blocks_per_sm(grid, gpu));
-        waves_of(grid.blocks, per_wave)
-    }
-
-    /// How many blocks of `grid`'s function, block size and shared memory
-    /// one wave on `device` holds; `None` when the SM count is unknown.
-    pub fn per_wave(&self, device: usize, grid: Grid, gpu: &impl GpuShape) -> Option<u64> {
-        let sms = self.sms(device, gpu)?;
-        Some(u64::from(sms) * u64::from(self.blocks_per_sm(grid, gpu)))
+        if grid.blocks <= per_wave {
+            return 1; // most launches: no division on the launch path
+        }
+        grid.blocks.div_ceil(per_wave.max(1))
     }
 
     #[inline]
@@ -130,15 +126,6 @@ impl Waves {
         slot.store(tag | u64::from(blocks), Ordering::Relaxed);
         blocks
     }
-}
-
-/// The waves `blocks` blocks run in, `per_wave` at a time (at least 1).
-#[inline]
-pub fn waves_of(blocks: u64, per_wave: u64) -> u64 {
-    if blocks <= per_wave {
-        return 1; // most launches: no division on the launch path
-    }
-    blocks.div_ceil(per_wave.max(1))
 }
 
 /// Resident blocks per SM from the thread and block limits alone.

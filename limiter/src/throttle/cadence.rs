@@ -86,28 +86,6 @@ impl Cadence {
         }
     }
 
-    /// Launches that may pass without being counted one by one (the
-    /// express door's): all but the one due next, none while the clock
-    /// decides.
-    pub(super) fn uncounted_room(&self) -> u64 {
-        self.left.saturating_sub(1)
-    }
-
-    /// When the clock makes the next launch due whatever the count: the
-    /// backstop of a thread whose rate fell.
-    pub(super) fn backstop_at(&self, interval_ns: u64) -> u64 {
-        self.sampled_at_ns
-            .saturating_add(interval_ns.saturating_mul(BACKSTOP_INTERVALS))
-    }
-
-    /// Counts `launches` that passed within [`uncounted_room`](Self::uncounted_room).
-    pub(super) fn count_uncounted(&mut self, launches: u64) {
-        self.window_launches += launches;
-        if self.left > 1 {
-            self.left = self.left.saturating_sub(launches).max(1);
-        }
-    }
-
     /// A launch was measured at `now`: draws how many launches away the next
     /// one is.
     pub(super) fn sampled(&mut self, now: u64, interval_ns: u64) {

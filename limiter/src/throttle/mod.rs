@@ -8,10 +8,7 @@
 //!    processes in the ledger region. With budget, that is a clock read and a
 //!    few atomic operations, no lock, no system call; while the pod is far
 //!    from its limit, a thread pays from GPU time it bought ahead ([`lease`])
-//!    and touches the shared bucket once in dozens of launches; its next
-//!    launches of the same kernel then take its [`express`] door, which
-//!    prices and pays them from the thread's own state until anything else
-//!    could change.
+//!    and touches the shared bucket once in dozens of launches.
 //! 2. Without budget the calling thread waits (trap-and-wait) for the time
 //!    the bucket needs to refill a few launches' worth, in sleeps of at most
 //!    2 ms, so it wakes within about the timer slack (tens of µs) of budget
@@ -48,7 +45,7 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
-use gpushare_utils::activity::{MARK_INTERVAL_NS, NodeActivity};
+use gpushare_utils::activity::NodeActivity;
 use gpushare_utils::bucket::{Admission, CAPACITY_NS, ComputeBucket, monotonic_ns};
 use gpushare_utils::clock::monotonic_coarse_ns;
 use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
@@ -61,7 +58,6 @@ use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
 mod cadence;
-mod express;
 mod lease;
 pub mod priority;
 mod sampling;
@@ -304,19 +300,6 @@ impl Throttle {
             .copied()
     }
 
-    /// Runs `launch` of `work` through the calling thread's express door
-    /// ([`express`]), if a full admission opened it to this launch: before
-    /// the limiter's entry is looked at. Gives `launch` back otherwise.
-    #[inline]
-    pub fn launch_express<F: FnOnce() -> CUresult>(
-        work: Work,
-        stream: CUstream,
-        per_thread: bool,
-        launch: F,
-    ) -> std::result::Result<CUresult, F> {
-        express::enter(work, stream, per_thread, launch)
-    }
-
     /// Admits one launch of `work` on `stream`, waiting for budget if
     /// there is none, then runs `launch`; `per_thread` says the launch API
     /// took stream 0 as the per-thread default stream.
@@ -359,10 +342,10 @@ impl Throttle {
             .ok_or(LimiterError::Bypass("driver not resolved"))?;
         // With one device visible, every context is on device 0: no driver
         // call (a launch without a context fails in the driver, refunded).
-        let single_device = *self
+        let device = if *self
             .single_device
-            .get_or_init(|| driver.device_count() == Some(1));
-        let device = if single_device {
+            .get_or_init(|| driver.device_count() == Some(1))
+        {
             0
         } else {
             let device = driver
@@ -374,7 +357,6 @@ impl Throttle {
         if budget.is_none() && !self.priority.engaged(ctx) {
             return Err(LimiterError::Bypass("device unlimited"));
         }
-        let raw_stream = stream;
         let stream = if per_thread && stream.is_null() {
             CU_STREAM_PER_THREAD
         } else {
@@ -460,19 +442,7 @@ impl Throttle {
             } else {
                 SAMPLE_INTERVAL_NS
             };
-        // The launches the thread's express door let through since its last
-        // full admission count towards the cadence first.
-        let passed = express::close();
-        if passed != 0 {
-            self.held
-                .express_launches
-                .fetch_add(passed, Ordering::Relaxed);
-        }
-        let (due, room, backstop_at) = with_cadence(|cadence| {
-            cadence.count_uncounted(passed);
-            let due = cadence.due(now, interval);
-            (due, cadence.uncounted_room(), cadence.backstop_at(interval))
-        });
+        let due = with_cadence(|cadence| cadence.due(now, interval));
         let mut sample = match timing {
             Some(timing) if first || due => self.begin_sample(timing, stream),
             _ => None,
@@ -480,32 +450,6 @@ impl Throttle {
         match &mut sample {
             Some(bracket) => bracket.submitted_at = monotonic_ns(),
             None => self.model.abandon(&charge),
-        }
-        // Far from the limit, no class, one device, a measured function and
-        // no sample: the thread's next launches of this kernel (or graph)
-        // may take the express door until anything else could change.
-        if leased && single_device && sample.is_none() && !charge.unmeasured {
-            let per_wave = match work {
-                Work::Kernel(grid) => timing
-                    .and_then(|timing| self.waves.per_wave(device, grid, &DriverShape(timing)))
-                    .unwrap_or(0),
-                Work::Graph(_) => 0,
-            };
-            let marked_at = self.marked_at_ns[device].load(Ordering::Relaxed);
-            express::open(express::Opening {
-                throttle: self,
-                timing,
-                bucket: *budget.bucket,
-                work,
-                per_wave,
-                stream: raw_stream,
-                per_thread,
-                launches: room,
-                until_ns: (now.saturating_add(express::SPAN_NS))
-                    .min(marked_at.saturating_add(MARK_INTERVAL_NS))
-                    .min(self.priority.dormant_until())
-                    .min(backstop_at),
-            });
         }
         Ok(Admitted {
             device,

@@ -26,9 +26,6 @@ pub(super) struct Held {
     pub(super) discarded_samples: AtomicU64,
     /// Times the monitor thread ran again after a nap, a park or a poll.
     pub(super) monitor_wakeups: AtomicU64,
-    /// Launches admitted through a thread's express door (counted when the
-    /// door closes).
-    pub(super) express_launches: AtomicU64,
 }
 
 impl Held {
@@ -63,9 +60,6 @@ impl AtExit for Throttle {
         }
         // The exiting thread's prepaid time is not charged as used.
         super::lease::give_back();
-        self.held
-            .express_launches
-            .fetch_add(super::express::close(), Ordering::Relaxed);
         let wall_ns = monotonic_ns().saturating_sub(first).max(1);
         let ms = |ns: u64| ns as f64 / 1e6;
         let held = |counter: &AtomicU64| ms(counter.load(Ordering::Relaxed));
@@ -79,7 +73,7 @@ impl AtExit for Throttle {
                  pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
                  held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} held_for_calibration_ms={:.1} \
                  kernel_idle_extra_ns={} kernel_idle_call_ns={} kernel_queued_extra_ns={} samples={} \
-                 discarded_samples={} monitor_wakeups={} express_launches={}",
+                 discarded_samples={} monitor_wakeups={}",
                 std::process::id(),
                 budget.bucket.launches.load(Ordering::Relaxed),
                 ms(charged_ns),
@@ -96,7 +90,6 @@ impl AtExit for Throttle {
                 self.held.samples.load(Ordering::Relaxed),
                 self.held.discarded_samples.load(Ordering::Relaxed),
                 self.held.monitor_wakeups.load(Ordering::Relaxed),
-                self.held.express_launches.load(Ordering::Relaxed),
             );
         }
     }

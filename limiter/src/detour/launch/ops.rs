@@ -5,7 +5,7 @@
 use crate::entry;
 use crate::error::{LimiterError, Result};
 use crate::sys::{CUfunction, CUgraphExec, CUresult, CUstream};
-use crate::throttle::{Throttle, Work};
+use crate::throttle::Work;
 use crate::waves::Grid;
 
 /// Admits a launch of `work`; the one branch taken when no device has a
@@ -17,17 +17,12 @@ fn admit(
     per_thread: bool,
     launch: impl FnOnce() -> CUresult,
 ) -> Result<CUresult> {
-    let work = work();
-    let launch = match Throttle::launch_express(work, stream, per_thread, launch) {
-        Ok(result) => return Ok(result),
-        Err(launch) => launch,
-    };
     let limiter = entry::limiter().ok_or(LimiterError::Bypass("no compute limit"))?;
     let throttle = limiter
         .compute
         .as_ref()
         .ok_or(LimiterError::Bypass("no compute limit"))?;
-    throttle.launch(&limiter.context, work, stream, per_thread, launch)
+    throttle.launch(&limiter.context, work(), stream, per_thread, launch)
 }
 
 /// A kernel of `grid` blocks of `block` threads and `shared_bytes` dynamic

@@ -205,13 +205,6 @@ impl Priority {
         self.classless(ctx) && now < self.look_again_at_ns.load(Ordering::Relaxed)
     }
 
-    /// Until when a classless pod stays [`dormant`](Self::dormant): the next
-    /// look for a latency pod's table.
-    #[inline]
-    pub(super) fn dormant_until(&self) -> u64 {
-        self.look_again_at_ns.load(Ordering::Relaxed)
-    }
-
     /// [`dormant`](Self::dormant) without its time check: no class can
     /// matter unless a latency pod's table turns up. Class holds are timed
     /// in microseconds, so where this is false launches read the precise clock.
