@@ -260,49 +260,52 @@ fn periodic(predict: &str) -> Periodic {
 #[test]
 fn a_periodic_latency_pod_finds_no_batch_kernel_running_when_it_arrives() {
     let _serial = serial();
-    let off = periodic("0");
-    let on = periodic("1");
-    for run in [&off, &on] {
+    // Where requests land against batch kernels is timing: on a 2-core
+    // machine either process may be descheduled for a scheduler tick at a
+    // request, a few in a row (stop 26: this test failed 3 of 20 runs on an
+    // idle 2-core machine with one try). Three tries; a prediction that does
+    // not work fails all three.
+    for attempt in 0.. {
+        let off = periodic("0");
+        let on = periodic("1");
+        for run in [&off, &on] {
+            assert!(
+                run.arrivals.len() >= 50,
+                "too few requests overlapped the batch pod: {}",
+                run.context
+            );
+        }
+        assert_eq!(off.period_ns, 0, "{}", off.context);
         assert!(
-            run.arrivals.len() >= 50,
-            "too few requests overlapped the batch pod: {}",
-            run.context
+            on.period_ns.abs_diff(2 * MS) <= MS / 10,
+            "published period {} ns\n{}",
+            on.period_ns,
+            on.context
+        );
+        let share = |run: &Periodic| run.collided as f64 / run.arrivals.len() as f64;
+        // Without prediction a request arrives while a batch kernel runs most
+        // of the time (but for the hold after the previous request); with it,
+        // the batch pod is idle when the request comes (seen here: off
+        // 38–84%, on 3–22%). The batch pod keeps most of the GPU: requests
+        // take 10% of it, the hold after them 5%, the wait for the predicted
+        // arrival ~6%.
+        let separated = share(&off) >= 0.3
+            && share(&on) <= 0.3
+            && share(&on) * 2.5 <= share(&off)
+            && on.batch_share >= 0.45;
+        if separated {
+            break;
+        }
+        assert!(
+            attempt < 2,
+            "off: {} of {} collided; on: {} of {} collided, batch share {:.3}\n{}\n{}",
+            off.collided,
+            off.arrivals.len(),
+            on.collided,
+            on.arrivals.len(),
+            on.batch_share,
+            off.context,
+            on.context
         );
     }
-    let share = |run: &Periodic| run.collided as f64 / run.arrivals.len() as f64;
-    // Without prediction a request arrives while a batch kernel runs most of
-    // the time (but for the hold after the previous request); with it, the
-    // batch pod is idle when the request comes. The bounds leave room for a
-    // loaded 2-core machine, where either process may be descheduled (seen
-    // here: off 38–84%, on 3–22%).
-    assert!(
-        share(&off) >= 0.3,
-        "off: {} of {} collided\n{}",
-        off.collided,
-        off.arrivals.len(),
-        off.context
-    );
-    assert_eq!(off.period_ns, 0, "{}", off.context);
-    assert!(
-        on.period_ns.abs_diff(2 * MS) <= MS / 10,
-        "published period {} ns\n{}",
-        on.period_ns,
-        on.context
-    );
-    assert!(
-        share(&on) <= 0.3 && share(&on) * 2.5 <= share(&off),
-        "on: {} of {} collided, off: {}\n{}",
-        on.collided,
-        on.arrivals.len(),
-        off.collided,
-        on.context
-    );
-    // The batch pod keeps most of the GPU: requests take 10% of it, the
-    // hold after them 5%, the wait for the predicted arrival ~6%.
-    assert!(
-        on.batch_share >= 0.45,
-        "batch share {:.3}\n{}",
-        on.batch_share,
-        on.context
-    );
 }
