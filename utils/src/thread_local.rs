@@ -7,9 +7,12 @@
 //! this repository's machine, two such accesses after 3 MB of other memory
 //! traffic took ~400 cycles, against ~250 in the initial-exec model, which
 //! reads the variable's offset from the GOT and adds it to the thread pointer
-//! (`%fs:0`). The limiter is loaded at startup (`LD_PRELOAD`), where the
-//! loader gives it static TLS; a library of this model loaded by `dlopen` takes
-//! the loader's spare static TLS, which these few bytes fit in.
+//! (`%fs:0`). The model marks the library `STATIC_TLS`: its whole TLS block
+//! (976 bytes for the limiter, the standard library's included) gets a fixed
+//! place at the thread pointer. The limiter is loaded at startup (`LD_PRELOAD`
+//! or `/etc/ld.so.preload`; it must be, to interpose `dlopen`), where that
+//! place is made for it; loaded by `dlopen` it would need that much of the
+//! loader's spare static TLS.
 //!
 //! [`initial_exec_thread_local!`](crate::initial_exec_thread_local) declares
 //! one such variable: a `Cell` of a [`ZeroInit`] type, zero at every thread's
