@@ -52,7 +52,8 @@ pub const fn zeroed<T: ZeroInit>() -> T {
 
 /// Declares a thread-local `Cell<$ty>` in the initial-exec TLS model, zero at
 /// each thread's start; read through `NAME.with(|cell| ...)`, like
-/// `std::thread_local!`. `$ty` must be [`ZeroInit`]. An item: declared at a
+/// `std::thread_local!`. `$ty` must be [`ZeroInit`] and `Copy` (nothing is
+/// dropped when a thread ends). An item: declared at a
 /// module's level, not inside a function (the variable is assembly there).
 ///
 /// ```
@@ -73,8 +74,9 @@ macro_rules! initial_exec_thread_local {
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
         $vis struct $name;
 
+        // Zero at each thread's start, and never dropped: plain data only.
         const _: () = {
-            const fn zero_init<T: $crate::thread_local::ZeroInit>() {}
+            const fn zero_init<T: $crate::thread_local::ZeroInit + Copy>() {}
             zero_init::<$ty>()
         };
 
