@@ -84,11 +84,11 @@ macro_rules! initial_exec_thread_local {
         ::core::arch::global_asm!(
             ".pushsection .tbss.gpushare,\"awT\",@nobits",
             ".balign {align}",
-            concat!(".globl \"", module_path!(), "::", stringify!($name), "\""),
-            concat!(".hidden \"", module_path!(), "::", stringify!($name), "\""),
-            concat!(".type \"", module_path!(), "::", stringify!($name), "\",@object"),
-            concat!(".size \"", module_path!(), "::", stringify!($name), "\", {size}"),
-            concat!("\"", module_path!(), "::", stringify!($name), "\":"),
+            concat!(".globl ", $crate::__initial_exec_symbol!($name)),
+            concat!(".hidden ", $crate::__initial_exec_symbol!($name)),
+            concat!(".type ", $crate::__initial_exec_symbol!($name), ",@object"),
+            concat!(".size ", $crate::__initial_exec_symbol!($name), ", {size}"),
+            concat!($crate::__initial_exec_symbol!($name), ":"),
             ".zero {size}",
             ".popsection",
             align = const ::core::mem::align_of::<::core::cell::Cell<$ty>>(),
@@ -112,9 +112,9 @@ macro_rules! initial_exec_thread_local {
                     ::core::arch::asm!(
                         "mov {cell}, qword ptr fs:[0]",
                         concat!(
-                            "add {cell}, qword ptr [rip + \"",
-                            module_path!(), "::", stringify!($name),
-                            "\"@GOTTPOFF]"
+                            "add {cell}, qword ptr [rip + ",
+                            $crate::__initial_exec_symbol!($name),
+                            "@GOTTPOFF]"
                         ),
                         cell = out(reg) cell,
                         options(nostack, pure, readonly),
@@ -135,6 +135,16 @@ macro_rules! initial_exec_thread_local {
                 CELL.with(f)
             }
         }
+    };
+}
+
+/// The quoted assembly name of the variable `$name` declared in the calling
+/// module: its path, so that one name in two modules makes two variables.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __initial_exec_symbol {
+    ($name:ident) => {
+        concat!("\"", module_path!(), "::", stringify!($name), "\"")
     };
 }
 
