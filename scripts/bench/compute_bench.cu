@@ -19,12 +19,32 @@
 //                                   the clock does not depend on the power
 //                                   drawn) -> kernels_per_s, kernel_us
 //   tight COUNT                     COUNT empty-kernel launches -> ns_per_launch
-//   pace HOST_US COUNT              COUNT x (HOST_US host work, one empty
-//                                   launch) -> ns_per_iter
+//   pace HOST_US COUNT [WINDOWS]    COUNT x (HOST_US host work, one empty
+//                                   launch) -> ns_per_iter, call_ns; WINDOWS
+//                                   (default 1) such runs back to back in the
+//                                   process, each also printed (iterK, callK):
+//                                   one-time costs land in the first, and a
+//                                   process that speeds up as it runs shows it
+//   mimic COUNT ROUNDS              a limiter's sample imitated without one:
+//                                   ROUNDS x 5 windows of COUNT paced launches
+//                                   (20 us host work), window K in mode K:
+//                                   0 nothing; 1 every 640th launch bracketed
+//                                   like a sample (stream query, two timing
+//                                   events) and read by a monitor thread (woken
+//                                   by a condition variable, polling every
+//                                   100 us); 2 read by the launching thread at
+//                                   its next sample instead; 3 as 1 without the
+//                                   stream query; 4 as 1 with events without
+//                                   timing -> rRmK=ns_per_iter/call_ns
+// pace's windows and mimic are run by scripts/bench/launch_cost.sh.
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <thread>
 
 #define CHECK(call)                                                                   \
     do {                                                                              \
@@ -175,20 +195,140 @@ static void tight(long count) {
     printf("mode=tight launches=%ld ns_per_launch=%.1f\n", count, wall * 1e9 / count);
 }
 
-static void pace(double host_us, long count) {
-    empty_kernel<<<1, 1>>>();
-    CHECK(cudaDeviceSynchronize());
-    double start = now_s(), in_call = 0;
+// One window of the paced loop: COUNT x (HOST_US host work, one empty
+// launch); returns its wall time and adds the time inside launches to in_call.
+static double paced_window(double host_us, long count, double *in_call) {
+    double start = now_s();
     for (long i = 0; i < count; i++) {
         host_work(host_us);
         double before = now_s();
         empty_kernel<<<1, 1>>>();
-        in_call += now_s() - before;
+        *in_call += now_s() - before;
+    }
+    return now_s() - start;
+}
+
+static void pace(double host_us, long count, int windows) {
+    empty_kernel<<<1, 1>>>();
+    CHECK(cudaDeviceSynchronize());
+    double start = now_s(), in_call = 0;
+    char each[64 * 32] = "";
+    for (int w = 0; w < windows; w++) {
+        double window_call = 0;
+        double window = paced_window(host_us, count, &window_call);
+        in_call += window_call;
+        if (windows > 1 && w < 64) {
+            size_t used = strlen(each);
+            snprintf(each + used, sizeof each - used, " iter%d=%.1f call%d=%.1f", w,
+                     window * 1e9 / count, w, window_call * 1e9 / count);
+        }
     }
     CHECK(cudaDeviceSynchronize());
     double wall = now_s() - start;
-    printf("mode=pace host_us=%.1f launches=%ld ns_per_iter=%.1f call_ns=%.1f\n", host_us, count,
-           wall * 1e9 / count, in_call * 1e9 / count);
+    long launches = count * windows;
+    printf("mode=pace host_us=%.1f launches=%ld ns_per_iter=%.1f call_ns=%.1f%s\n", host_us,
+           launches, wall * 1e9 / launches, in_call * 1e9 / launches, each);
+}
+
+// The monitor of `mimic`: reads each bracket handed to it once its end event
+// completed, polling every 100 us, as the limiter's monitor thread does.
+struct MimicMonitor {
+    std::mutex mu;
+    std::condition_variable cv;
+    cudaEvent_t start = nullptr, end = nullptr;
+    bool pending = false, quit = false;
+    std::atomic<long> reads{0};
+
+    void run() {
+        std::unique_lock<std::mutex> lock(mu);
+        while (true) {
+            cv.wait(lock, [this] { return pending || quit; });
+            if (quit) {
+                return;
+            }
+            cudaEvent_t a = start, b = end;
+            pending = false;
+            lock.unlock();
+            while (cudaEventQuery(b) == cudaErrorNotReady) {
+                std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
+            float ms;
+            cudaEventElapsedTime(&ms, a, b);
+            reads++;
+            lock.lock();
+        }
+    }
+
+    void hand(cudaEvent_t a, cudaEvent_t b) {
+        std::lock_guard<std::mutex> guard(mu);
+        start = a;
+        end = b;
+        pending = true;
+        cv.notify_one();
+    }
+
+    void stop() {
+        std::lock_guard<std::mutex> guard(mu);
+        quit = true;
+        cv.notify_one();
+    }
+};
+
+static void mimic(long count, int rounds) {
+    empty_kernel<<<1, 1>>>();
+    CHECK(cudaDeviceSynchronize());
+    cudaEvent_t timed[8], untimed[8];
+    for (int i = 0; i < 8; i++) {
+        CHECK(cudaEventCreate(&timed[i]));
+        CHECK(cudaEventCreateWithFlags(&untimed[i], cudaEventDisableTiming));
+    }
+    MimicMonitor monitor;
+    std::thread monitor_thread([&monitor] { monitor.run(); });
+    int next = 0;
+    cudaEvent_t own_start = nullptr, own_end = nullptr;
+    printf("mode=mimic");
+    for (int r = 0; r < rounds; r++) {
+        for (int mode = 0; mode < 5; mode++) {
+            double start = now_s(), in_call = 0;
+            for (long i = 0; i < count; i++) {
+                host_work(20);
+                bool sample = mode != 0 && i % 640 == 320;
+                double before = now_s();
+                if (sample) {
+                    cudaEvent_t *pool = mode == 4 ? untimed : timed;
+                    cudaEvent_t a = pool[next % 8], b = pool[(next + 1) % 8];
+                    next += 2;
+                    if (mode != 3) {
+                        cudaStreamQuery(0);
+                    }
+                    if (mode == 2 && own_end != nullptr) {
+                        while (cudaEventQuery(own_end) == cudaErrorNotReady) {
+                        }
+                        float ms;
+                        cudaEventElapsedTime(&ms, own_start, own_end);
+                    }
+                    cudaEventRecord(a, 0);
+                    empty_kernel<<<1, 1>>>();
+                    cudaEventRecord(b, 0);
+                    if (mode == 2) {
+                        own_start = a;
+                        own_end = b;
+                    } else {
+                        monitor.hand(a, b);
+                    }
+                } else {
+                    empty_kernel<<<1, 1>>>();
+                }
+                in_call += now_s() - before;
+            }
+            double wall = now_s() - start;
+            printf(" r%dm%d=%.1f/%.1f", r, mode, wall * 1e9 / count, in_call * 1e9 / count);
+            CHECK(cudaDeviceSynchronize());
+        }
+    }
+    monitor.stop();
+    monitor_thread.join();
+    printf(" reads=%ld\n", monitor.reads.load());
 }
 
 int main(int argc, char **argv) {
@@ -202,8 +342,10 @@ int main(int argc, char **argv) {
         fixed(atol(argv[2]), atof(argv[3]));
     } else if (strcmp(mode, "tight") == 0 && argc == 3) {
         tight(atol(argv[2]));
-    } else if (strcmp(mode, "pace") == 0 && argc == 4) {
-        pace(atof(argv[2]), atol(argv[3]));
+    } else if (strcmp(mode, "pace") == 0 && (argc == 4 || (argc == 5 && atoi(argv[4]) >= 1))) {
+        pace(atof(argv[2]), atol(argv[3]), argc == 5 ? atoi(argv[4]) : 1);
+    } else if (strcmp(mode, "mimic") == 0 && argc == 4) {
+        mimic(atol(argv[2]), atoi(argv[3]));
     } else {
         fprintf(stderr, "usage: see the comment at the top of compute_bench.cu\n");
         return 2;

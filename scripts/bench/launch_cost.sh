@@ -4,7 +4,8 @@
 #
 #   bash scripts/bench/launch_cost.sh [--seconds S] LIMITER.so...
 #     the paced loop (20 µs of host work, one empty launch) in 4 consecutive
-#     windows of 6,000 iterations per process (pace_windows.cu), one process
+#     windows of 6,000 iterations per process (`compute_bench pace 20 6000 4`),
+#     one process
 #     without a limiter and one per LIMITER.so (CUDA_DEVICE_SM_LIMIT=50, which
 #     does not bind) in rotating order until S seconds (default 300) passed;
 #     prints each arm's per-window medians and change against no limiter.
@@ -12,7 +13,8 @@
 #     that part costs; the windows show whether a process speeds up as it
 #     runs (stop 26: without a limiter it does, by ~2% of the launch call).
 #   bash scripts/bench/launch_cost.sh --mimic [--seconds S]
-#     the limiter's sample mimicked in an unlimited process (sample_mimic.cu):
+#     the limiter's sample mimicked in an unlimited process (`compute_bench
+#     mimic 6000 2`):
 #     each mode's iteration and launch call against the plain windows of the
 #     same process, in its first round and in its second.
 #
@@ -38,23 +40,22 @@ cpus=$(cd "$here" && python3 -c "import compute_bench as c; print(c.gpu_local_cp
 build=$(mktemp -d /tmp/launch-cost.XXXXXX)
 trap 'rm -rf "$build"' EXIT
 raw=$build/raw.txt
+${NVCC:-nvcc} -O2 -arch=native -o "$build/compute_bench" "$here/compute_bench.cu"
 end=$((SECONDS + seconds))
 if [ $mimic = 1 ]; then
-  ${NVCC:-nvcc} -O2 -arch=native -o "$build/mimic" "$here/sample_mimic.cu"
-  while [ $SECONDS -lt $end ]; do taskset -c "$cpus" "$build/mimic" 6000 2; done > "$raw"
+  while [ $SECONDS -lt $end ]; do taskset -c "$cpus" "$build/compute_bench" mimic 6000 2; done > "$raw"
 else
-  ${NVCC:-nvcc} -O2 -arch=native -o "$build/windows" "$here/pace_windows.cu"
   arms=(none "${limiters[@]}")
   round=0
   while [ $SECONDS -lt $end ]; do
     for ((i = 0; i < ${#arms[@]}; i++)); do
       arm=${arms[$(((round + i) % ${#arms[@]}))]}
       if [ "$arm" = none ]; then
-        echo "none $(taskset -c "$cpus" "$build/windows" 6000)"
+        echo "none $(taskset -c "$cpus" "$build/compute_bench" pace 20 6000 4)"
       else
         pod=launch-cost-$$
         echo "$(basename "$arm") $(LD_PRELOAD=$arm CUDA_DEVICE_SM_LIMIT=50 CUDA_LIMITER_POD=$pod \
-          taskset -c "$cpus" "$build/windows" 6000)"
+          taskset -c "$cpus" "$build/compute_bench" pace 20 6000 4)"
         rm -f "/dev/shm/gpushare-pod-$pod"
       fi
     done
