@@ -154,13 +154,8 @@ impl Admitted {
     /// Whether nothing is left to do after the launch returned `result`: it
     /// ran (nothing to refund), is not measured, and its class needs nothing.
     #[inline]
-    fn done_by(&self, result: CUresult) -> bool {
-        result.is_success()
-            && matches!(self.ticket, priority::Ticket::Free)
-            && self
-                .metered
-                .as_ref()
-                .is_none_or(|metered| metered.sample.is_none())
+    fn done_by(&self, result: CUresult, sample: &Option<Bracket>) -> bool {
+        result.is_success() && matches!(self.ticket, priority::Ticket::Free) && sample.is_none()
     }
 }
 
@@ -171,8 +166,6 @@ struct Metered {
     charge: Charge,
     /// The sampling interval in force.
     interval: u64,
-    /// Its bracket, when it is measured.
-    sample: Option<Bracket>,
 }
 
 /// The driver as the wave counter asks it.
@@ -270,8 +263,13 @@ impl Throttle {
     /// The budget of `device`, resolved once; `None` when it is unlimited.
     /// Under a hypervisor, the bucket whose limits it sets in the pod's
     /// read-only limits object, looked at on every launch: limits change live.
-    fn budget(&self, ctx: &'static Context, device: usize) -> Option<DeviceBudget> {
-        if ctx.hypervisor().is_some() {
+    fn budget(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        hypervised: bool,
+    ) -> Option<DeviceBudget> {
+        if hypervised {
             let bucket = ctx.bucket(device)?;
             return bucket.is_limited().then_some(DeviceBudget {
                 bucket,
@@ -304,10 +302,13 @@ impl Throttle {
     /// there is none, then runs `launch`; `per_thread` says the launch API
     /// took stream 0 as the per-thread default stream.
     ///
-    /// Generic over the launch only: what comes before and after it is one
-    /// copy of code for every launch API (not one of 3 KB per API), with the
-    /// rare branches out of line, so that fewer lines of code are fetched
-    /// when the path runs cold after a stretch of application work.
+    /// What comes before and after the launch is one copy of code for every
+    /// launch API (not one of 3 KB per API), reached through `launch` as a
+    /// trait object, with the rare branches out of line, so that few lines of
+    /// code are fetched when the path runs cold after a stretch of
+    /// application work. The admission is inlined into that one body: its
+    /// record stays in registers and the frame, where returning it from a
+    /// call of its own copied ~200 bytes twice per launch.
     #[inline]
     pub fn launch(
         &'static self,
@@ -315,27 +316,44 @@ impl Throttle {
         work: Work,
         stream: CUstream,
         per_thread: bool,
-        launch: impl FnOnce() -> CUresult,
+        launch: impl Fn() -> CUresult,
     ) -> Result<CUresult> {
-        let admitted = self.admit(ctx, work, stream, per_thread)?;
+        self.admit_and_launch(ctx, work, stream, per_thread, &launch)
+    }
+
+    #[inline(never)]
+    fn admit_and_launch(
+        &'static self,
+        ctx: &'static Context,
+        work: Work,
+        stream: CUstream,
+        per_thread: bool,
+        launch: &dyn Fn() -> CUresult,
+    ) -> Result<CUresult> {
+        // A measured launch's bracket, apart from the launch record: most
+        // launches have none, and do not move its bytes around.
+        let mut sample = None;
+        let admitted = self.admit(ctx, work, stream, per_thread, &mut sample)?;
         let result = launch();
         // Most launches leave nothing to do after them: their code is not
         // fetched (a launch after a stretch of application work runs cold).
-        if !admitted.done_by(result) {
-            self.launched(ctx, admitted, result);
+        if !admitted.done_by(result, &sample) {
+            self.launched(ctx, admitted, result, &mut sample);
         }
         Ok(result)
     }
 
     /// Everything before a launch: its budget, its price and admission, its
-    /// class, whether it is measured (the start event is then recorded).
-    #[inline(never)]
+    /// class, whether it is measured (the start event is then recorded, its
+    /// bracket left in `sample`).
+    #[inline(always)]
     fn admit(
         &'static self,
         ctx: &'static Context,
         work: Work,
         stream: CUstream,
         per_thread: bool,
+        sample: &mut Option<Bracket>,
     ) -> Result<Admitted> {
         let driver = ctx
             .driver()
@@ -353,7 +371,9 @@ impl Throttle {
                 .map_err(|_| LimiterError::Bypass("no current context"))?;
             usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?
         };
-        let budget = self.budget(ctx, device);
+        // Whether the hypervisor's limits are in force, read once a launch.
+        let hypervised = ctx.hypervisor().is_some();
+        let budget = self.budget(ctx, device, hypervised);
         if budget.is_none() && !self.priority.engaged(ctx) {
             return Err(LimiterError::Bypass("device unlimited"));
         }
@@ -405,7 +425,7 @@ impl Throttle {
         // prepaid lease ([`lease`]); otherwise on the precise clock, in the
         // bucket. Waiting is out of line, so that the launch path stays a few
         // cache lines of code.
-        let classless = self.priority.classless(ctx);
+        let classless = !hypervised && self.priority.classless_locally();
         let leased = classless && lease::pay(budget.bucket, charge.ns);
         let coarse = leased
             || classless && budget.bucket.tokens_ns.load(Ordering::Relaxed) >= COARSE_TOKENS_NS;
@@ -424,12 +444,14 @@ impl Throttle {
                 now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device, monotonic_ns());
             }
         }
-        if self.held.first_launch_ns.load(Ordering::Relaxed) == 0 {
+        // A thread's first launch is never paid from a lease: the process's
+        // first limited launch is seen here.
+        if !leased && self.held.first_launch_ns.load(Ordering::Relaxed) == 0 {
             self.first_launch();
         }
         // Every limited pod stamps the node table, so elastic pods see it.
         self.mark_active(ctx, device, now);
-        let ticket = if self.priority.dormant(ctx, now) {
+        let ticket = if classless && self.priority.dormant_at(now) {
             priority::Ticket::Free
         } else {
             self.priority.before(ctx, device, stream, timing, now)
@@ -443,11 +465,12 @@ impl Throttle {
                 SAMPLE_INTERVAL_NS
             };
         let due = with_cadence(|cadence| cadence.due(now, interval));
-        let mut sample = match timing {
-            Some(timing) if first || due => self.begin_sample(timing, stream),
-            _ => None,
-        };
-        match &mut sample {
+        if let Some(timing) = timing
+            && (first || due)
+        {
+            *sample = self.begin_sample(timing, stream);
+        }
+        match sample {
             Some(bracket) => bracket.submitted_at = monotonic_ns(),
             None => self.model.abandon(&charge),
         }
@@ -461,31 +484,33 @@ impl Throttle {
                 key,
                 charge,
                 interval,
-                sample,
             }),
         })
     }
 
     /// Everything after a launch that returned `result`.
     #[inline(never)]
-    fn launched(&'static self, ctx: &'static Context, mut admitted: Admitted, result: CUresult) {
-        // Fields are used in place: the launch record is moved no more.
+    fn launched(
+        &'static self,
+        ctx: &'static Context,
+        admitted: Admitted,
+        result: CUresult,
+        sample: &mut Option<Bracket>,
+    ) {
         let (stream, timing) = (admitted.stream, admitted.timing);
-        if let Some(metered) = admitted.metered.as_mut() {
-            // A measured launch's bracket closes before anything else runs.
-            if let (Some(bracket), Some(timing)) = (metered.sample.as_mut(), timing) {
-                self.close_bracket(timing, bracket, stream, result);
-            }
-            if !result.is_success() {
-                // Nothing runs: give the charge back.
-                metered.bucket.correct(-(metered.charge.ns as i64));
-                self.model.refund(&metered.charge);
-            }
+        // A measured launch's bracket closes before anything else runs.
+        if let (Some(bracket), Some(timing)) = (sample.as_mut(), timing) {
+            self.close_bracket(timing, bracket, stream, result);
+        }
+        if let Some(metered) = &admitted.metered
+            && !result.is_success()
+        {
+            // Nothing runs: give the charge back.
+            metered.bucket.correct(-(metered.charge.ns as i64));
+            self.model.refund(&metered.charge);
         }
         self.priority.after(admitted.ticket, stream, timing, result);
-        if let (Some(metered), Some(timing)) = (&admitted.metered, timing)
-            && let Some(bracket) = &metered.sample
-        {
+        if let (Some(metered), Some(timing), Some(bracket)) = (&admitted.metered, timing, sample) {
             self.finish_sample(ctx, timing, admitted.device, metered, bracket);
         }
     }

@@ -454,10 +454,12 @@ impl Throttle {
                     table.contended(sample.device, self.pod_key(ctx), monotonic_ns())
                 });
                 let owed = self.model.record(&sample.charge, measured, contended);
-                let tokens = self.budget(ctx, sample.device).map(|budget| {
-                    budget.bucket.correct(owed);
-                    budget.bucket.tokens_ns.load(Ordering::Relaxed)
-                });
+                let tokens = self
+                    .budget(ctx, sample.device, ctx.hypervisor().is_some())
+                    .map(|budget| {
+                        budget.bucket.correct(owed);
+                        budget.bucket.tokens_ns.load(Ordering::Relaxed)
+                    });
                 tracing::trace!(
                     submitted_at = sample.submitted_at,
                     bracket,

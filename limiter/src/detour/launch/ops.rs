@@ -15,7 +15,7 @@ fn admit(
     work: impl FnOnce() -> Work,
     stream: CUstream,
     per_thread: bool,
-    launch: impl FnOnce() -> CUresult,
+    launch: impl Fn() -> CUresult,
 ) -> Result<CUresult> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass("no compute limit"))?;
     let throttle = limiter
@@ -36,7 +36,7 @@ pub fn kernel(
     shared_bytes: u32,
     stream: CUstream,
     per_thread: bool,
-    launch: impl FnOnce() -> CUresult,
+    launch: impl Fn() -> CUresult,
 ) -> Result<CUresult> {
     let work = || {
         Work::Kernel(Grid {
@@ -55,7 +55,7 @@ pub fn graph(
     exec: CUgraphExec,
     stream: CUstream,
     per_thread: bool,
-    launch: impl FnOnce() -> CUresult,
+    launch: impl Fn() -> CUresult,
 ) -> Result<CUresult> {
     admit(|| Work::Graph(exec as usize), stream, per_thread, launch)
 }
@@ -66,7 +66,7 @@ pub fn legacy(
     width: i32,
     height: i32,
     stream: CUstream,
-    launch: impl FnOnce() -> CUresult,
+    launch: impl Fn() -> CUresult,
 ) -> Result<CUresult> {
     let grid = [width.max(0) as u32, height.max(0) as u32, 1];
     kernel(f, grid, [1, 1, 1], 0, stream, false, launch)

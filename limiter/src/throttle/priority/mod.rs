@@ -196,21 +196,23 @@ impl Priority {
         !self.classes.is_empty() || ctx.hypervisor().is_some()
     }
 
-    /// Whether classes cannot matter to a launch at `now`: this pod is batch
-    /// everywhere by its own configuration, and no latency pod's table has
-    /// been found (it is looked for again every [`LOOK_AGAIN_NS`]). The
-    /// launch path of a pod without classes then costs two loads here.
+    /// Whether classes cannot matter to a launch at `now`, for a pod that is
+    /// [`classless_locally`](Self::classless_locally) without a hypervisor
+    /// (no latency pod's table found): until it is time to look for one
+    /// again (every [`LOOK_AGAIN_NS`]). The launch path of a pod without
+    /// classes then costs one load here.
     #[inline]
-    pub(super) fn dormant(&self, ctx: &'static Context, now: u64) -> bool {
-        self.classless(ctx) && now < self.look_again_at_ns.load(Ordering::Relaxed)
+    pub(super) fn dormant_at(&self, now: u64) -> bool {
+        now < self.look_again_at_ns.load(Ordering::Relaxed)
     }
 
-    /// [`dormant`](Self::dormant) without its time check: no class can
-    /// matter unless a latency pod's table turns up. Class holds are timed
-    /// in microseconds, so where this is false launches read the precise clock.
+    /// Whether no class can matter unless a latency pod's table turns up,
+    /// for a launch that knows no hypervisor's limits are in force: this pod
+    /// is batch everywhere by its own configuration. Class holds are timed in
+    /// microseconds, so where this is false launches read the precise clock.
     #[inline]
-    pub(super) fn classless(&self, ctx: &'static Context) -> bool {
-        self.table.get().is_none() && !self.latency_configured && ctx.hypervisor().is_none()
+    pub(super) fn classless_locally(&self) -> bool {
+        self.table.get().is_none() && !self.latency_configured
     }
 
     /// The pod's class on `device`: the hypervisor's when it sets the
