@@ -376,7 +376,7 @@ impl Throttle {
         // Whether the hypervisor's limits are in force, read once a launch.
         let hypervised = ctx.hypervisor().is_some();
         let budget = self.budget(ctx, device, hypervised);
-        if budget.is_none() && !self.priority.engaged(ctx) {
+        if budget.is_none() && !self.priority.engaged(hypervised) {
             return Err(LimiterError::Bypass("device unlimited"));
         }
         let stream = if per_thread && stream.is_null() {

@@ -191,9 +191,10 @@ impl Priority {
     }
 
     /// Whether launches on a device without a compute limit still take part
-    /// in classes: a class is configured, or the hypervisor gives them.
-    pub(super) fn engaged(&self, ctx: &'static Context) -> bool {
-        !self.classes.is_empty() || ctx.hypervisor().is_some()
+    /// in classes: a class is configured, or the hypervisor gives them
+    /// (`hypervised`: its limits are in force).
+    pub(super) fn engaged(&self, hypervised: bool) -> bool {
+        !self.classes.is_empty() || hypervised
     }
 
     /// Whether classes cannot matter to a launch at `now`, for a pod that is
