@@ -286,17 +286,31 @@ fn the_exit_summary_tells_a_binding_limit_from_a_free_run() {
 fn a_limit_that_does_not_bind_measures_launches_rarely_and_rests_the_monitor() {
     let _serial = serial();
     // A sample costs driver calls on the launching thread: where the limit
-    // does not bind, about one per 16 ms (plus a few by the clock while the
-    // bucket fills and the rate is first measured); where it binds, about
-    // one per 2 ms, for prices that decide what runs. The strides between
-    // samples are random: at 60 of them the count spreads by about ±5 (one
-    // standard deviation); one per 2 ms would be 470.
+    // does not bind, about one per 4 ms of GPU time charged (this loop, 5 µs
+    // kernels every ~50 µs, is charged about a tenth of its time: one per
+    // ~40 ms), never more than one per 16 ms (plus a few by the clock while
+    // the bucket fills and the rate is first measured); where it binds,
+    // about one per 2 ms, for prices that decide what runs. The strides
+    // between samples are random: at 25 of them the count spreads by about
+    // ±3 (one standard deviation); one per 16 ms would be about 57, one per
+    // 2 ms 460.
     let free = Summary::of("50", &[], &["pace", "kernel", "5", "20000", "45"]);
     let (samples, wall_ms) = (free.number("samples"), free.number("wall_ms"));
     assert!(wall_ms > 500.0, "{}", free.0);
     assert!(
         samples <= wall_ms / 16.0 * 1.25 + 8.0,
         "{samples} samples in {wall_ms} ms not bound ({})",
+        free.0
+    );
+    let charged_ms = free.number("pod_charged_ms");
+    assert!(
+        charged_ms < wall_ms / 4.0,
+        "a light loop charged {charged_ms} ms in {wall_ms} ({})",
+        free.0
+    );
+    assert!(
+        samples <= charged_ms / 4.0 * 1.25 + 8.0,
+        "{samples} samples for {charged_ms} ms of GPU time charged in {wall_ms} ms ({})",
         free.0
     );
     // The monitor reads those samples when each wakes it, a poll or two

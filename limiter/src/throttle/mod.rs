@@ -16,8 +16,8 @@
 //!    Launches of one thread are never reordered: the thread itself waits.
 //! 3. A few launches are measured: each function's first, then about one
 //!    per [`SAMPLE_INTERVAL_NS`] per thread while the limit binds, per
-//!    [`RELAXED_SAMPLE_INTERVAL_NS`] while it does not (picked by counting
-//!    launches: [`cadence`]), bracketed by two events, the second recorded
+//!    [`RELAXED_CHARGED_NS`] of GPU time charged (every 16 to 128 ms) while
+//!    it does not (picked by counting launches: [`cadence`]), bracketed by two events, the second recorded
 //!    the moment the launch returns. A
 //!    monitor thread reads their elapsed GPU time when they complete, feeds
 //!    the cost model, and debits or credits the bucket so that every launch
@@ -74,20 +74,32 @@ use summary::Held;
 /// binds (its bucket holds less than [`RELAXED_TOKENS_NS`]): hundreds of
 /// measurements a second to fit from, where prices decide what runs.
 pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
-/// About one sampled launch per thread this often while the limit does not
-/// bind. A sample costs its thread about 10 µs of driver calls on an H100 (a
-/// stream query, two event records): 0.5% of a host-bound loop at 2 ms, the
-/// largest part of what the limiter adds to its launches. There prices only
-/// need to say when the limit starts to bind, and the first launch after the
-/// bucket drops below [`RELAXED_TOKENS_NS`] samples at the shorter interval.
+/// About one sampled launch per thread per this much GPU time charged while
+/// the limit does not bind, at most one per [`RELAXED_SAMPLE_INTERVAL_NS`]
+/// and at least one per [`MAX_RELAXED_INTERVAL_NS`]. A sample costs its
+/// thread about 10 µs of driver calls on an H100 (a stream query, two event
+/// records), and the launch calls after it run slower for a while: the
+/// largest part of what the limiter adds to a host-bound loop of small
+/// launches (stop 26: the paced loop with samples of first launches only
+/// cost −0.03..+0.88% by window, with one every 16 ms +1.15..+2.07%). There
+/// prices only need to say when the limit starts to bind, and what a
+/// settlement corrects is the price's error times the GPU time charged
+/// since the last: at 4 ms, a 25% error moves the bucket by 1 ms of its 5.
+/// The first launch after the bucket drops below [`RELAXED_TOKENS_NS`]
+/// samples at the binding interval within [`SAMPLE_INTERVAL_NS`] × 4.
+pub const RELAXED_CHARGED_NS: u64 = 4_000_000;
+/// The shortest relaxed interval: a thread charged a quarter of the GPU's
+/// time or more.
 pub const RELAXED_SAMPLE_INTERVAL_NS: u64 = 16_000_000;
+/// The longest relaxed interval: a thread charged little.
+pub const MAX_RELAXED_INTERVAL_NS: u64 = 128_000_000;
 /// A bucket holding at least this much is not near its limit.
 const RELAXED_TOKENS_NS: i64 = CAPACITY_NS / 2;
 /// A bucket holding at least this much admits on the coarse clock, which
 /// lags by at most a tick (1 to 4 ms): that only delays a refill (the time is
 /// banked, never lost or counted twice: a refill ignores a clock behind the
 /// last one), which 4 ms of GPU time in hand does not need. The activity
-/// stamp (10 ms apart, read over 200 ms) and the cadence (2 to 16 ms
+/// stamp (10 ms apart, read over 200 ms) and the cadence (2 to 128 ms
 /// intervals) take the same lag. On the H100 machine's host the precise
 /// clock costs 41 ns a launch, the coarse one 9.
 const COARSE_TOKENS_NS: i64 = CAPACITY_NS * 4 / 5;
@@ -164,8 +176,8 @@ struct Metered {
     bucket: &'static ComputeBucket,
     key: LaunchKey,
     charge: Charge,
-    /// The sampling interval in force.
-    interval: u64,
+    /// Whether the limit did not bind: the relaxed sampling interval.
+    relaxed: bool,
 }
 
 /// The driver as the wave counter asks it.
@@ -460,13 +472,9 @@ impl Throttle {
         };
 
         // A lease is bought with plenty in the bucket.
-        let interval =
-            if leased || budget.bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS {
-                RELAXED_SAMPLE_INTERVAL_NS
-            } else {
-                SAMPLE_INTERVAL_NS
-            };
-        let due = with_cadence(|cadence| cadence.due(now, interval));
+        let relaxed =
+            leased || budget.bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS;
+        let due = with_cadence(|cadence| cadence.due(now, cadence.interval(relaxed), charge.ns));
         if let Some(timing) = timing
             && (first || due)
         {
@@ -485,7 +493,7 @@ impl Throttle {
                 bucket: budget.bucket,
                 key,
                 charge,
-                interval,
+                relaxed,
             }),
         })
     }
@@ -529,7 +537,7 @@ impl Throttle {
         bracket: &Bracket,
     ) {
         // The precise time: the rate window is measured between samples.
-        with_cadence(|cadence| cadence.sampled(bracket.submitted_at, metered.interval));
+        with_cadence(|cadence| cadence.sampled(bracket.submitted_at, metered.relaxed));
         let pending = Sample {
             call_ns: bracket.call_ns,
             context: bracket.context,
@@ -542,7 +550,7 @@ impl Throttle {
                 .idle
                 .then(|| bracket.submitted_at.saturating_sub(bracket.recorded_at)),
             submitted_at: bracket.submitted_at,
-            relaxed: metered.interval == RELAXED_SAMPLE_INTERVAL_NS,
+            relaxed: metered.relaxed,
         };
         self.end_sample(ctx, timing, pending, bracket.closed);
     }

@@ -19,9 +19,9 @@ use crate::sys::{CUevent, CUresult, CUstream};
 const MONITOR_NAP: Duration = Duration::from_millis(1);
 /// The monitor naps while it got a sample taken at the binding cadence this
 /// recently, else it parks and the next sample wakes it. Samples at the
-/// relaxed cadence (the limit does not bind) come every 16 ms a thread:
-/// waking the monitor for each is one system call on the launching thread
-/// per 16 ms, where napping would wake it 1,000 times a second on CPUs the
+/// relaxed cadence (the limit does not bind) come every 16 to 128 ms a
+/// thread: waking the monitor for each is one system call on the launching
+/// thread per sample, where napping would wake it 1,000 times a second on CPUs the
 /// application may need (a pod's CPU quota, a process pinned to one CPU).
 const NAPPING_FOR_NS: u64 = 100_000_000;
 
