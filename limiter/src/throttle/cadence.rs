@@ -125,6 +125,8 @@ impl Cadence {
         let window = now.saturating_sub(self.window_start_ns);
         if self.window_start_ns == 0 || window >= self.interval(relaxed) {
             if self.window_start_ns != 0 {
+                // The window closed at the old interval; the next strides
+                // are drawn for the interval the window's charge sets.
                 self.relaxed_ns = relaxed_interval(self.window_charged_ns, window);
                 self.per_interval = ((u128::from(self.window_launches)
                     * u128::from(self.interval(relaxed))

@@ -17,8 +17,8 @@
 //! 3. A few launches are measured: each function's first, then about one
 //!    per [`SAMPLE_INTERVAL_NS`] per thread while the limit binds, per
 //!    [`RELAXED_CHARGED_NS`] of GPU time charged (every 16 to 128 ms) while
-//!    it does not (picked by counting launches: [`cadence`]), bracketed by two events, the second recorded
-//!    the moment the launch returns. A
+//!    it does not (picked by counting launches: [`cadence`]), bracketed by
+//!    two events, the second recorded the moment the launch returns. A
 //!    monitor thread reads their elapsed GPU time when they complete, feeds
 //!    the cost model, and debits or credits the bucket so that every launch
 //!    of the function since its last measurement is paid at the measured
@@ -78,13 +78,12 @@ pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
 /// the limit does not bind, at most one per [`RELAXED_SAMPLE_INTERVAL_NS`]
 /// and at least one per [`MAX_RELAXED_INTERVAL_NS`]. A sample costs its
 /// thread about 10 µs of driver calls on an H100 (a stream query, two event
-/// records), and the launch calls after it run slower for a while: the
-/// largest part of what the limiter adds to a host-bound loop of small
-/// launches (stop 26: the paced loop with samples of first launches only
-/// cost −0.03..+0.88% by window, with one every 16 ms +1.15..+2.07%). There
-/// prices only need to say when the limit starts to bind, and what a
-/// settlement corrects is the price's error times the GPU time charged
-/// since the last: at 4 ms, a 25% error moves the bucket by 1 ms of its 5.
+/// records). There prices only need to say when the limit starts to bind,
+/// and what a settlement corrects is the price's error times the GPU time
+/// charged since the last: at 4 ms, a 25% error moves the bucket by 1 ms of
+/// its 5. (Stop 28: the H100's paced loop, 1–3 samples a process instead of
+/// ~10, cost what it did with 16 ms; its cost is the admission of every
+/// launch, not the samples.)
 /// The first launch after the bucket drops below [`RELAXED_TOKENS_NS`]
 /// samples at the binding interval within [`SAMPLE_INTERVAL_NS`] × 4.
 pub const RELAXED_CHARGED_NS: u64 = 4_000_000;

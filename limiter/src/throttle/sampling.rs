@@ -21,8 +21,9 @@ const MONITOR_NAP: Duration = Duration::from_millis(1);
 /// recently, else it parks and the next sample wakes it. Samples at the
 /// relaxed cadence (the limit does not bind) come every 16 to 128 ms a
 /// thread: waking the monitor for each is one system call on the launching
-/// thread per sample, where napping would wake it 1,000 times a second on CPUs the
-/// application may need (a pod's CPU quota, a process pinned to one CPU).
+/// thread per sample, where napping would wake it 1,000 times a second on
+/// CPUs the application may need (a pod's CPU quota, a process pinned to one
+/// CPU).
 const NAPPING_FOR_NS: u64 = 100_000_000;
 
 /// The GPU time of a sampled launch out of its event bracket: less what the
