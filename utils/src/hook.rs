@@ -348,6 +348,14 @@ pub trait IntoReturn<R> {
     fn into_return(self) -> Disposition<R>;
 }
 
+/// What an `around` handler (see `gpushare_macros::detours!`) hands its
+/// detour when it lets a call through: the detour calls the original itself,
+/// then gives this the result, which is what the caller gets.
+pub trait AfterCall<R> {
+    /// Runs once the original returned `result`.
+    fn after(self, result: R);
+}
+
 static PANIC_REPORTED: AtomicBool = AtomicBool::new(false);
 
 /// Reports, once per process, that detour logic panicked and the call fell

@@ -49,6 +49,7 @@ use gpushare_utils::activity::NodeActivity;
 use gpushare_utils::bucket::{Admission, CAPACITY_NS, ComputeBucket, monotonic_ns};
 use gpushare_utils::clock::monotonic_coarse_ns;
 use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
+use gpushare_utils::hook::AfterCall;
 
 use crate::context::Context;
 use crate::driver::Timing;
@@ -151,22 +152,39 @@ struct DeviceBudget {
     elastic: bool,
 }
 
-/// A launch let through by [`Throttle::admit`]: what is done after it ran.
-struct Admitted {
+/// A launch let through by [`Throttle::admit`]: what is done once the
+/// driver returned (the detour makes the launch).
+pub struct Admitted {
+    throttle: &'static Throttle,
+    ctx: &'static Context,
     device: usize,
     stream: CUstream,
     timing: Option<&'static Timing>,
     ticket: priority::Ticket,
     /// `None` where no compute limit applies (only the pod's class).
     metered: Option<Metered>,
+    /// The launch is measured: its bracket is held by the thread
+    /// ([`sampling::set_in_flight`]), which keeps this a few words for the detour.
+    sampled: bool,
 }
 
 impl Admitted {
     /// Whether nothing is left to do after the launch returned `result`: it
     /// ran (nothing to refund), is not measured, and its class needs nothing.
     #[inline]
-    fn done_by(&self, result: CUresult, sample: &Option<Bracket>) -> bool {
-        result.is_success() && matches!(self.ticket, priority::Ticket::Free) && sample.is_none()
+    fn done_by(&self, result: CUresult) -> bool {
+        result.is_success() && matches!(self.ticket, priority::Ticket::Free) && !self.sampled
+    }
+}
+
+impl AfterCall<CUresult> for Admitted {
+    /// Most launches leave nothing to do after them: their code is not
+    /// fetched (a launch after a stretch of application work runs cold).
+    #[inline]
+    fn after(self, result: CUresult) {
+        if !self.done_by(result) {
+            self.throttle.launched(self, result);
+        }
     }
 }
 
@@ -310,63 +328,22 @@ impl Throttle {
     }
 
     /// Admits one launch of `work` on `stream`, waiting for budget if
-    /// there is none, then runs `launch`; `per_thread` says the launch API
-    /// took stream 0 as the per-thread default stream.
+    /// there is none; `per_thread` says the launch API took stream 0 as the
+    /// per-thread default stream. Its budget, its price and admission, its
+    /// class, whether it is measured (the start event is then recorded).
+    /// The detour then makes the launch and hands [`Admitted`] the result.
     ///
-    /// What comes before and after the launch is one copy of code for every
-    /// launch API (not one of 3 KB per API), reached through `launch` as a
-    /// trait object, with the rare branches out of line, so that few lines of
-    /// code are fetched when the path runs cold after a stretch of
-    /// application work. The admission is inlined into that one body and a
-    /// measured launch's bracket kept apart from its record, which a call of
-    /// its own returned through memory: on the driver double, 428 instead
-    /// of 493 instructions a launch in the limiter (stop 27; on the H100 the
-    /// paced loop's cost did not measurably change).
-    #[inline]
-    pub fn launch(
-        &'static self,
-        ctx: &'static Context,
-        work: Work,
-        stream: CUstream,
-        per_thread: bool,
-        launch: impl Fn() -> CUresult,
-    ) -> Result<CUresult> {
-        self.admit_and_launch(ctx, work, stream, per_thread, &launch)
-    }
-
+    /// One copy of code for every launch API (not one of 3 KB per API), with
+    /// the rare branches out of line, so that few lines of code are fetched
+    /// when the path runs cold after a stretch of application work: on the
+    /// driver double, 428 instructions a launch in the limiter (stop 27).
     #[inline(never)]
-    fn admit_and_launch(
+    pub fn admit(
         &'static self,
         ctx: &'static Context,
         work: Work,
         stream: CUstream,
         per_thread: bool,
-        launch: &dyn Fn() -> CUresult,
-    ) -> Result<CUresult> {
-        // A measured launch's bracket, apart from the launch record: most
-        // launches have none, and do not move its bytes around.
-        let mut sample = None;
-        let admitted = self.admit(ctx, work, stream, per_thread, &mut sample)?;
-        let result = launch();
-        // Most launches leave nothing to do after them: their code is not
-        // fetched (a launch after a stretch of application work runs cold).
-        if !admitted.done_by(result, &sample) {
-            self.launched(ctx, admitted, result, &mut sample);
-        }
-        Ok(result)
-    }
-
-    /// Everything before a launch: its budget, its price and admission, its
-    /// class, whether it is measured (the start event is then recorded, its
-    /// bracket left in `sample`).
-    #[inline(always)]
-    fn admit(
-        &'static self,
-        ctx: &'static Context,
-        work: Work,
-        stream: CUstream,
-        per_thread: bool,
-        sample: &mut Option<Bracket>,
     ) -> Result<Admitted> {
         let driver = ctx
             .driver()
@@ -405,11 +382,14 @@ impl Throttle {
                 .priority
                 .before(ctx, device, stream, timing, monotonic_ns());
             return Ok(Admitted {
+                throttle: self,
+                ctx,
                 device,
                 stream,
                 timing,
                 ticket,
                 metered: None,
+                sampled: false,
             });
         };
 
@@ -474,16 +454,20 @@ impl Throttle {
         let relaxed =
             leased || budget.bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS;
         let due = with_cadence(|cadence| cadence.due(now, cadence.interval(relaxed), charge.ns));
+        let mut sampled = false;
         if let Some(timing) = timing
             && (first || due)
+            && let Some(mut bracket) = self.begin_sample(timing, stream)
         {
-            *sample = self.begin_sample(timing, stream);
-        }
-        match sample {
-            Some(bracket) => bracket.submitted_at = monotonic_ns(),
-            None => self.model.abandon(&charge),
+            bracket.submitted_at = monotonic_ns();
+            sampling::set_in_flight(bracket);
+            sampled = true;
+        } else {
+            self.model.abandon(&charge);
         }
         Ok(Admitted {
+            throttle: self,
+            ctx,
             device,
             stream,
             timing,
@@ -494,33 +478,39 @@ impl Throttle {
                 charge,
                 relaxed,
             }),
+            sampled,
         })
     }
 
-    /// Everything after a launch that returned `result`.
+    /// Everything after a launch that returned `result`, when there is
+    /// anything: a refund, a class's record, a measurement.
     #[inline(never)]
-    fn launched(
-        &'static self,
-        ctx: &'static Context,
-        admitted: Admitted,
-        result: CUresult,
-        sample: &mut Option<Bracket>,
-    ) {
-        let (stream, timing) = (admitted.stream, admitted.timing);
+    fn launched(&'static self, admitted: Admitted, result: CUresult) {
+        let Admitted {
+            ctx,
+            device,
+            stream,
+            timing,
+            ticket,
+            metered,
+            sampled,
+            ..
+        } = admitted;
+        let mut sample = sampled.then(sampling::take_in_flight).flatten();
         // A measured launch's bracket closes before anything else runs.
         if let (Some(bracket), Some(timing)) = (sample.as_mut(), timing) {
             self.close_bracket(timing, bracket, stream, result);
         }
-        if let Some(metered) = &admitted.metered
+        if let Some(metered) = &metered
             && !result.is_success()
         {
             // Nothing runs: give the charge back.
             metered.bucket.correct(-(metered.charge.ns as i64));
             self.model.refund(&metered.charge);
         }
-        self.priority.after(admitted.ticket, stream, timing, result);
-        if let (Some(metered), Some(timing), Some(bracket)) = (&admitted.metered, timing, sample) {
-            self.finish_sample(ctx, timing, admitted.device, metered, bracket);
+        self.priority.after(ticket, stream, timing, result);
+        if let (Some(metered), Some(timing), Some(bracket)) = (&metered, timing, &sample) {
+            self.finish_sample(ctx, timing, device, metered, bracket);
         }
     }
 

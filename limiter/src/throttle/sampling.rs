@@ -2,6 +2,7 @@
 //! overheads they hold (calibrated once per context), and the monitor
 //! thread that turns completed brackets into prices and corrections.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
@@ -100,6 +101,23 @@ pub(super) struct Sample {
     pub(super) call_ns: u64,
     /// Taken at the relaxed cadence: the limit did not bind.
     pub(super) relaxed: bool,
+}
+
+thread_local! {
+    /// The bracket of the measured launch this thread is making, from its
+    /// admission until the driver returned it: a thread makes one launch at
+    /// a time, and most launches are not measured.
+    static IN_FLIGHT: Cell<Option<Bracket>> = const { Cell::new(None) };
+}
+
+/// Holds the bracket of the launch this thread is about to make.
+pub(super) fn set_in_flight(bracket: Bracket) {
+    IN_FLIGHT.set(Some(bracket));
+}
+
+/// The bracket held for the launch this thread just made.
+pub(super) fn take_in_flight() -> Option<Bracket> {
+    IN_FLIGHT.take()
 }
 
 /// A measured launch's bracket: its start recorded, its end event ready to

@@ -1,28 +1,23 @@
 //! Launch logic, in safe Rust on typed values: say what the launch runs,
-//! then let the throttle admit it. `launch` is the driver's original, as a
-//! closure from the adapter.
+//! then let the throttle admit it. The detour makes the launch once it is
+//! admitted.
 
 use crate::entry;
 use crate::error::{LimiterError, Result};
-use crate::sys::{CUfunction, CUgraphExec, CUresult, CUstream};
-use crate::throttle::Work;
+use crate::sys::{CUfunction, CUgraphExec, CUstream};
+use crate::throttle::{Admitted, Work};
 use crate::waves::Grid;
 
 /// Admits a launch of `work`; the one branch taken when no device has a
 /// compute limit is the `Bypass` here.
 #[inline(always)]
-fn admit(
-    work: impl FnOnce() -> Work,
-    stream: CUstream,
-    per_thread: bool,
-    launch: impl Fn() -> CUresult,
-) -> Result<CUresult> {
+fn admit(work: impl FnOnce() -> Work, stream: CUstream, per_thread: bool) -> Result<Admitted> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass("no compute limit"))?;
     let throttle = limiter
         .compute
         .as_ref()
         .ok_or(LimiterError::Bypass("no compute limit"))?;
-    throttle.launch(&limiter.context, work(), stream, per_thread, launch)
+    throttle.admit(&limiter.context, work(), stream, per_thread)
 }
 
 /// A kernel of `grid` blocks of `block` threads and `shared_bytes` dynamic
@@ -36,8 +31,7 @@ pub fn kernel(
     shared_bytes: u32,
     stream: CUstream,
     per_thread: bool,
-    launch: impl Fn() -> CUresult,
-) -> Result<CUresult> {
+) -> Result<Admitted> {
     let work = || {
         Work::Kernel(Grid {
             function: f as usize,
@@ -46,28 +40,17 @@ pub fn kernel(
             shared_bytes,
         })
     };
-    admit(work, stream, per_thread, launch)
+    admit(work, stream, per_thread)
 }
 
 /// An instantiated graph.
 #[inline(always)]
-pub fn graph(
-    exec: CUgraphExec,
-    stream: CUstream,
-    per_thread: bool,
-    launch: impl Fn() -> CUresult,
-) -> Result<CUresult> {
-    admit(|| Work::Graph(exec as usize), stream, per_thread, launch)
+pub fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Result<Admitted> {
+    admit(|| Work::Graph(exec as usize), stream, per_thread)
 }
 
 /// A legacy launch of a `width` × `height` grid of one-thread blocks.
-pub fn legacy(
-    f: CUfunction,
-    width: i32,
-    height: i32,
-    stream: CUstream,
-    launch: impl Fn() -> CUresult,
-) -> Result<CUresult> {
+pub fn legacy(f: CUfunction, width: i32, height: i32, stream: CUstream) -> Result<Admitted> {
     let grid = [width.max(0) as u32, height.max(0) as u32, 1];
-    kernel(f, grid, [1, 1, 1], 0, stream, false, launch)
+    kernel(f, grid, [1, 1, 1], 0, stream, false)
 }
