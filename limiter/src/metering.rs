@@ -28,6 +28,15 @@
 //! 5. While another pod launches on the device (its time slices can inflate
 //!    a measurement, never shorten it) a measurement above the price weighs
 //!    a quarter.
+//! 6. A thread's charges to one entry in a row add up in its own [`Batch`]
+//!    and reach the entry together (at most [`BATCH_LAUNCHES`] launches or
+//!    [`BATCH_NS`] charged), so a loop of one kernel makes three atomic
+//!    additions a batch, not a launch. A batch not yet added is settled by
+//!    the entry's next measurement after it is; a thread that takes a
+//!    measurement adds its batch first. A launch priced before its function
+//!    was measured goes to the entry at once: its charge is a guess, which
+//!    the first measurement must settle (batched, the guess's error came a
+//!    measurement late, and the double's stalls at L = 25 grew 9 -> 14 ms).
 //!
 //! Only the monitor thread records measurements, so each fit has a single
 //! writer; launches read its price, two relaxed loads.
@@ -45,6 +54,11 @@ const PROBES: usize = 16;
 pub const INITIAL_PER_WAVE_NS: u64 = 20_000;
 /// Launches of an unmeasured function admitted ahead of its first measurement.
 pub const UNMEASURED_AHEAD: u64 = 1;
+/// A thread's launches of one function added to its entry at once, at most.
+pub const BATCH_LAUNCHES: u64 = 64;
+/// GPU time a thread's batch holds, at most, before it is added: what a
+/// thread that stops launching leaves unsettled (its price error times this).
+pub const BATCH_NS: u64 = 1_000_000;
 /// How much an older measurement weighs relative to the next one.
 const DECAY: f64 = 7.0 / 8.0;
 /// With measurements at one grid size only, the fixed part is taken as the
@@ -159,10 +173,10 @@ struct Unsettled {
 }
 
 impl Unsettled {
-    fn add(&self, waves: u64, ns: u64) {
-        self.launches.fetch_add(1, Ordering::Relaxed);
-        self.waves.fetch_add(waves, Ordering::Relaxed);
-        self.ns.fetch_add(ns, Ordering::Relaxed);
+    fn add(&self, batch: &Batch) {
+        self.launches.fetch_add(batch.launches, Ordering::Relaxed);
+        self.waves.fetch_add(batch.waves, Ordering::Relaxed);
+        self.ns.fetch_add(batch.ns, Ordering::Relaxed);
     }
 
     fn remove(&self, waves: u64, ns: u64) {
@@ -181,6 +195,33 @@ impl Unsettled {
         let waves = self.waves.swap(0, Ordering::Relaxed);
         let charged = self.ns.swap(0, Ordering::Relaxed);
         signed(Price::of(price, launches, waves)) - signed(charged)
+    }
+}
+
+/// A thread's charges to one entry not added to it yet (see the module's
+/// docs, 6). All zero is an empty batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The entry's index + 1, or [`UNSLOTTED`]; 0 while empty.
+    entry: usize,
+    launches: u64,
+    waves: u64,
+    ns: u64,
+}
+
+// SAFETY: integers only; all zero is the empty batch.
+unsafe impl gpushare_utils::thread_local::ZeroInit for Batch {}
+
+/// A batch's `entry` for launches of functions without an entry.
+const UNSLOTTED: usize = usize::MAX;
+
+impl Batch {
+    fn entry_of(slot: Option<usize>) -> usize {
+        slot.map_or(UNSLOTTED, |index| index + 1)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.launches == 0
     }
 }
 
@@ -266,9 +307,10 @@ impl CostModel {
         slot.map_or(&self.unslotted, |index| &self.slots[index].unsettled)
     }
 
-    /// Charges one launch of `key` running in `waves` waves.
+    /// Charges one launch of `key` running in `waves` waves, in the calling
+    /// thread's `batch`.
     #[inline]
-    pub fn charge(&self, key: LaunchKey, waves: u64) -> Charge {
+    pub fn charge(&self, key: LaunchKey, waves: u64, batch: &mut Batch) -> Charge {
         let waves = waves.max(1);
         let mut charge = Charge {
             ns: 0,
@@ -291,8 +333,36 @@ impl CostModel {
             None => self.process_price(),
         };
         charge.ns = Price::of(price, 1, waves).max(1);
-        self.unsettled(charge.slot).add(waves, charge.ns);
+        let entry = Batch::entry_of(charge.slot);
+        if charge.unmeasured {
+            // Priced at a guess: its first measurement settles it, at once.
+            let one = Batch {
+                entry,
+                launches: 1,
+                waves,
+                ns: charge.ns,
+            };
+            self.unsettled(charge.slot).add(&one);
+            return charge;
+        }
+        if batch.entry != entry || batch.launches >= BATCH_LAUNCHES || batch.ns >= BATCH_NS {
+            self.flush(batch);
+            batch.entry = entry;
+        }
+        batch.launches += 1;
+        batch.waves += waves;
+        batch.ns += charge.ns;
         charge
+    }
+
+    /// Adds a thread's `batch` to its entry, and empties it.
+    #[inline(never)]
+    pub fn flush(&self, batch: &mut Batch) {
+        if !batch.is_empty() {
+            let slot = (batch.entry != UNSLOTTED).then(|| batch.entry - 1);
+            self.unsettled(slot).add(batch);
+        }
+        *batch = Batch::default();
     }
 
     /// Whether the function of `charge` is still unmeasured with its first
@@ -304,9 +374,16 @@ impl CostModel {
         })
     }
 
-    /// Takes back a charge whose launch did not run.
-    pub fn refund(&self, charge: &Charge) {
-        self.unsettled(charge.slot).remove(charge.waves, charge.ns);
+    /// Takes back a charge whose launch did not run, made by the calling
+    /// thread, whose `batch` holds it unless it was added since.
+    pub fn refund(&self, charge: &Charge, batch: &mut Batch) {
+        if batch.entry == Batch::entry_of(charge.slot) && !batch.is_empty() {
+            batch.launches -= 1;
+            batch.waves = batch.waves.saturating_sub(charge.waves);
+            batch.ns = batch.ns.saturating_sub(charge.ns);
+        } else {
+            self.unsettled(charge.slot).remove(charge.waves, charge.ns);
+        }
         if let (true, Some(index)) = (charge.unmeasured, charge.slot) {
             self.slots[index]
                 .unmeasured_launches
@@ -368,10 +445,22 @@ mod tests {
 
     const US: u64 = 1_000;
 
+    /// A charge added to its entry at once: a batch of one.
+    fn charge(model: &CostModel, key: LaunchKey, waves: u64) -> Charge {
+        let mut batch = Batch::default();
+        let charge = model.charge(key, waves, &mut batch);
+        model.flush(&mut batch);
+        charge
+    }
+
+    fn refund(model: &CostModel, charge: &Charge) {
+        model.refund(charge, &mut Batch::default());
+    }
+
     fn price(model: &CostModel, key: LaunchKey, waves: u64) -> u64 {
-        let charge = model.charge(key, waves);
-        model.refund(&charge);
-        charge.ns
+        let charged = charge(model, key, waves);
+        refund(model, &charged);
+        charged.ns
     }
 
     #[test]
@@ -381,7 +470,7 @@ mod tests {
         // A kernel of 2 µs plus 0.5 µs a wave, measured at 1 to 4 waves.
         for round in 0..40 {
             let waves = 1 + round % 4;
-            let charge = model.charge(key, waves);
+            let charge = charge(&model, key, waves);
             model.record(&charge, 2 * US + waves * US / 2, false);
         }
         for waves in [1u64, 10, 100, 2_000] {
@@ -398,7 +487,7 @@ mod tests {
     fn one_size_only_is_priced_as_it_was_measured() {
         let model = CostModel::default();
         let key = LaunchKey::kernel(0x2000);
-        let first = model.charge(key, 1);
+        let first = charge(&model, key, 1);
         assert!(first.first && first.unmeasured);
         assert_eq!(first.ns, INITIAL_PER_WAVE_NS);
         // Measured at 50 µs: its charge is settled at that.
@@ -412,7 +501,7 @@ mod tests {
     fn a_measurement_settles_every_launch_since_the_last() {
         let model = CostModel::default();
         let key = LaunchKey::kernel(7);
-        let charges: Vec<Charge> = (0..6).map(|_| model.charge(key, 1)).collect();
+        let charges: Vec<Charge> = (0..6).map(|_| charge(&model, key, 1)).collect();
         assert!(charges[0].first);
         assert!(model.awaiting_measurement(&charges[5]));
         assert!(charges[1..].iter().all(|charge| !charge.first));
@@ -427,14 +516,14 @@ mod tests {
         assert!(!model.awaiting_measurement(&charges[5]));
         // The function slows down (a longer KV cache, say): the launches
         // priced before are settled at the updated price.
-        let slower: Vec<Charge> = (0..10).map(|_| model.charge(key, 1)).collect();
+        let slower: Vec<Charge> = (0..10).map(|_| charge(&model, key, 1)).collect();
         assert!(slower.iter().all(|charge| charge.ns == 2_000 * US));
         let owed = model.record(&slower[3], 3_000 * US, false);
         let updated = price(&model, key, 1);
         assert!(updated > 2_000 * US && updated < 3_000 * US, "{updated}");
         assert_eq!(owed, 10 * (signed(updated) - signed(2_000 * US)));
         // Settled once: nothing is left for a later measurement.
-        let later = model.charge(key, 1);
+        let later = charge(&model, key, 1);
         let owed = model.record(&later, later.ns, false);
         assert_eq!(owed, signed(price(&model, key, 1)) - signed(later.ns));
     }
@@ -445,7 +534,7 @@ mod tests {
         let key = LaunchKey::kernel(9);
         // Alternating 100 and 200 µs at one size: priced at the mean.
         for round in 0..200 {
-            let charge = model.charge(key, 1);
+            let charge = charge(&model, key, 1);
             model.record(
                 &charge,
                 if round % 2 == 0 { 100 * US } else { 200 * US },
@@ -455,7 +544,7 @@ mod tests {
         let mean = price(&model, key, 1);
         assert!((140 * US..=160 * US).contains(&mean), "{mean}");
         // Under contention an inflated measurement weighs a quarter.
-        let charge = model.charge(key, 1);
+        let charge = charge(&model, key, 1);
         model.record(&charge, mean + 800 * US, true);
         let moved = price(&model, key, 1);
         assert!(moved > mean && moved < mean + 40 * US, "{mean} -> {moved}");
@@ -464,7 +553,7 @@ mod tests {
     #[test]
     fn unknown_functions_cost_the_process_price_and_a_full_table_stays_cheap() {
         let model = CostModel::default();
-        let seed = model.charge(LaunchKey::kernel(1), 1);
+        let seed = charge(&model, LaunchKey::kernel(1), 1);
         model.record(&seed, 30 * US, false);
         // Ten times more functions than slots, each launched once with a
         // different grid: no charge is a default of milliseconds, and past the
@@ -472,7 +561,11 @@ mod tests {
         let mut firsts = 0;
         let mut unslotted = Vec::new();
         for function in 2..(SLOTS * 10) {
-            let charge = model.charge(LaunchKey::kernel(function), 1 + (function as u64 % 3));
+            let charge = charge(
+                &model,
+                LaunchKey::kernel(function),
+                1 + (function as u64 % 3),
+            );
             assert!(charge.ns <= 3 * 30 * US, "charged {} ns", charge.ns);
             firsts += usize::from(charge.first);
             if charge.slot.is_none() {
@@ -519,7 +612,7 @@ mod tests {
             assert_eq!(model.slot(LaunchKey::kernel(function)), slot);
         }
         for (&function, us) in functions.iter().zip([10, 20, 40]) {
-            let charge = model.charge(LaunchKey::kernel(function), 1);
+            let charge = charge(&model, LaunchKey::kernel(function), 1);
             model.record(&charge, us * US, false);
         }
         let prices: Vec<u64> = functions
@@ -530,14 +623,70 @@ mod tests {
     }
 
     #[test]
+    fn a_threads_launches_of_one_function_reach_its_entry_in_batches() {
+        let model = CostModel::default();
+        let (key, other) = (LaunchKey::kernel(11), LaunchKey::kernel(12));
+        let seed = charge(&model, key, 1);
+        model.record(&seed, 10 * US, false);
+        let seed_other = charge(&model, other, 1);
+        model.record(&seed_other, 10 * US, false);
+        let mut batch = Batch::default();
+        let launches: Vec<Charge> = (0..10).map(|_| model.charge(key, 2, &mut batch)).collect();
+        let unsettled = &model.slots[seed.slot.unwrap()].unsettled;
+        assert_eq!(
+            unsettled.launches.load(Ordering::Relaxed),
+            0,
+            "all in the batch"
+        );
+        assert_eq!((batch.launches, batch.waves), (10, 20));
+        // A failed launch comes back out of the batch that holds it.
+        model.refund(&launches[9], &mut batch);
+        assert_eq!((batch.launches, batch.waves), (9, 18));
+        // A launch of another function adds the batch to its entry.
+        model.charge(other, 1, &mut batch);
+        assert_eq!(unsettled.launches.load(Ordering::Relaxed), 9);
+        assert_eq!(unsettled.waves.load(Ordering::Relaxed), 18);
+        assert_eq!(batch.launches, 1);
+        // Its next measurement settles all nine at the measured price.
+        let charged: u64 = launches[..9].iter().map(|charge| charge.ns).sum();
+        let owed = model.record(&launches[0], 25 * US, false);
+        let updated = price(&model, key, 2);
+        assert_eq!(owed, 9 * signed(updated) - signed(charged));
+        // A launch priced before its function was measured is not batched.
+        let new = LaunchKey::kernel(14);
+        let guess = model.charge(new, 1, &mut batch);
+        assert!(guess.unmeasured);
+        let entry = &model.slots[guess.slot.unwrap()].unsettled;
+        assert_eq!(entry.launches.load(Ordering::Relaxed), 1);
+        assert_eq!(batch.launches, 1, "the batch of the other function stays");
+        // A batch is added at its bounds, in launches and in time.
+        model.flush(&mut batch);
+        assert_eq!(batch, Batch::default());
+        for _ in 0..BATCH_LAUNCHES + 1 {
+            model.charge(key, 1, &mut batch);
+        }
+        assert_eq!(batch.launches, 1, "{BATCH_LAUNCHES} launches were added");
+        let long = LaunchKey::kernel(13);
+        let seed = charge(&model, long, 1);
+        model.record(&seed, BATCH_NS / 2, false);
+        for _ in 0..3 {
+            model.charge(long, 1, &mut batch);
+        }
+        assert_eq!(
+            batch.launches, 1,
+            "two were added once they held {BATCH_NS} ns"
+        );
+    }
+
+    #[test]
     fn a_lost_or_failed_launch_is_neither_measured_nor_settled() {
         let model = CostModel::default();
         let key = LaunchKey::graph(3);
         assert!(key.is_graph() && !LaunchKey::kernel(3).is_graph());
-        let first = model.charge(key, 1);
+        let first = charge(&model, key, 1);
         model.abandon(&first);
-        model.refund(&first);
-        let retry = model.charge(key, 1);
+        refund(&model, &first);
+        let retry = charge(&model, key, 1);
         assert!(retry.first, "another launch takes the measurement");
         assert_eq!(retry.ahead, 0, "the failed launch is not counted ahead");
         assert_eq!(model.record(&retry, 40 * US, false), signed(20 * US));

@@ -54,7 +54,7 @@ use gpushare_utils::hook::AfterCall;
 use crate::context::Context;
 use crate::driver::Timing;
 use crate::error::{LimiterError, Result};
-use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
+use crate::metering::{Batch, Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
@@ -127,6 +127,11 @@ gpushare_utils::initial_exec_thread_local! {
     static CADENCE: Cadence;
 }
 
+gpushare_utils::initial_exec_thread_local! {
+    /// This thread's charges not yet added to their entry of the cost model.
+    static BATCH: Batch;
+}
+
 /// Runs `f` on this thread's cadence.
 #[inline]
 fn with_cadence<R>(f: impl FnOnce(&mut Cadence) -> R) -> R {
@@ -134,6 +139,17 @@ fn with_cadence<R>(f: impl FnOnce(&mut Cadence) -> R) -> R {
         let mut cadence = cell.get();
         let result = f(&mut cadence);
         cell.set(cadence);
+        result
+    })
+}
+
+/// Runs `f` on this thread's batch of charges.
+#[inline]
+fn with_batch<R>(f: impl FnOnce(&mut Batch) -> R) -> R {
+    BATCH.with(|cell| {
+        let mut batch = cell.get();
+        let result = f(&mut batch);
+        cell.set(batch);
         result
     })
 }
@@ -402,7 +418,7 @@ impl Throttle {
             }
             Work::Graph(exec) => (LaunchKey::graph(exec), 1),
         };
-        let charge = self.model.charge(key, waves);
+        let charge = with_batch(|batch| self.model.charge(key, waves, batch));
         // A new function's first launch is measured, at most one such a
         // [`FIRST_SAMPLE_INTERVAL_NS`]: a program that makes new functions
         // all the time (JIT per shape) must not sample every launch.
@@ -506,7 +522,7 @@ impl Throttle {
         {
             // Nothing runs: give the charge back.
             metered.bucket.correct(-(metered.charge.ns as i64));
-            self.model.refund(&metered.charge);
+            with_batch(|batch| self.model.refund(&metered.charge, batch));
         }
         self.priority.after(ticket, stream, timing, result);
         if let (Some(metered), Some(timing), Some(bracket)) = (&metered, timing, &sample) {
@@ -527,6 +543,8 @@ impl Throttle {
     ) {
         // The precise time: the rate window is measured between samples.
         with_cadence(|cadence| cadence.sampled(bracket.submitted_at, metered.relaxed));
+        // The measurement settles this thread's own launches too.
+        with_batch(|batch| self.model.flush(batch));
         let pending = Sample {
             call_ns: bracket.call_ns,
             context: bracket.context,
@@ -560,6 +578,8 @@ impl Throttle {
     }
 
     /// Whether a new function's first launch may be measured now.
+    #[cold]
+    #[inline(never)]
     fn may_sample_first(&self) -> bool {
         let now = monotonic_ns();
         let last = self.first_sampled_at_ns.load(Ordering::Relaxed);

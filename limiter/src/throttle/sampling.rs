@@ -192,7 +192,10 @@ impl Throttle {
 
     /// Records a start event on `stream`, from the pool of its context,
     /// and takes the end event from there; also says whether the stream was
-    /// idle.
+    /// idle. Out of line: a few launches a second are measured, and the
+    /// admission's code stays a few lines for the others.
+    #[cold]
+    #[inline(never)]
     pub(super) fn begin_sample(
         &'static self,
         timing: &Timing,
