@@ -2,6 +2,8 @@
 # Builds the release artifacts and copies just those into gpu-bundle/ (git-
 # ignored), small enough to carry to the GPU machine, which has no Rust; there:
 #   bash scripts/gpu/run.sh gpu-bundle   (the pytest harness of scripts/gpu/e2e)
+# With AB=1 it also builds the limiter with the `launch-ab` feature, as
+# gpu-bundle/libcuda_limiter_ab.so, for scripts/bench/launch_ab.sh only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p cuda-limiter -p hypervisor
@@ -15,6 +17,10 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "latency" and m.get("executable"):
         print(m["executable"])' | tail -n 1)
 [ -n "$latency" ] && cp "$latency" gpu-bundle/hypervisor-latency-test
+if [ "${AB:-0}" = 1 ]; then
+  cargo build --release --locked -p cuda-limiter --features launch-ab --target-dir target/launch-ab
+  cp target/launch-ab/release/libcuda_limiter.so gpu-bundle/libcuda_limiter_ab.so
+fi
 strip --strip-debug gpu-bundle/*
 git rev-parse --short HEAD > gpu-bundle/COMMIT 2>/dev/null || true
 ls -l gpu-bundle

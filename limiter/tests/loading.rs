@@ -8,7 +8,7 @@ use std::process::Command;
 use common::limiter;
 
 #[test]
-fn exports_no_driver_or_nvml_symbol() {
+fn exports_no_driver_or_nvml_symbol_and_no_way_to_switch_limits_off() {
     let output = Command::new("nm")
         .args(["-D", "--defined-only"])
         .arg(limiter())
@@ -26,6 +26,12 @@ fn exports_no_driver_or_nvml_symbol() {
         .filter(|name| name.starts_with("cu") || name.starts_with("nvml"))
         .collect();
     assert!(driver.is_empty(), "exports {driver:?}");
+    // The benchmarks' switch that turns admission off (feature `launch-ab`)
+    // is not in a default build: a program could lift its own limit.
+    assert!(
+        !names.contains(&"gpushare_launch_ab_bypass"),
+        "the launch A/B switch is exported"
+    );
 }
 
 #[test]

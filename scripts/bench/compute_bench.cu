@@ -36,7 +36,16 @@
 //                                   its next sample instead; 3 as 1 without the
 //                                   stream query; 4 as 1 with events without
 //                                   timing -> rRmK=ns_per_iter/call_ns
-// pace's windows and mimic are run by scripts/bench/launch_cost.sh.
+//   pace-ab HOST_US COUNT           the paced loop inside one process, the
+//                                   limiter's admission switched off on every
+//                                   other pair of launches (ABBA) through
+//                                   gpushare_launch_ab_bypass, which only a
+//                                   limiter built with the `launch-ab` feature
+//                                   exports -> call_full/call_bypass (medians),
+//                                   iter_full/iter_bypass (means), ns
+// pace's windows and mimic are run by scripts/bench/launch_cost.sh, pace-ab
+// by scripts/bench/launch_ab.sh.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -45,6 +54,9 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
+
+#include <dlfcn.h>
 
 #define CHECK(call)                                                                   \
     do {                                                                              \
@@ -230,6 +242,43 @@ static void pace(double host_us, long count, int windows) {
            launches, wall * 1e9 / launches, in_call * 1e9 / launches, each);
 }
 
+// The paced loop with the limiter's admission on and off in turn (ABBA), so
+// that the host's drift and the process's layout are the same for both.
+static void pace_ab(double host_us, long count) {
+    auto bypass = (void (*)(int))dlsym(RTLD_DEFAULT, "gpushare_launch_ab_bypass");
+    if (!bypass) {
+        fprintf(stderr, "pace-ab: no gpushare_launch_ab_bypass (a limiter built with "
+                        "--features launch-ab must be preloaded)\n");
+        exit(2);
+    }
+    empty_kernel<<<1, 1>>>();
+    CHECK(cudaDeviceSynchronize());
+    std::vector<double> call[2];
+    double iter[2] = {0, 0};
+    for (long i = 0; i < count; i++) {
+        int off = (i & 3) == 1 || (i & 3) == 2;
+        bypass(off);
+        double start = now_s();
+        host_work(host_us);
+        double before = now_s();
+        empty_kernel<<<1, 1>>>();
+        double after = now_s();
+        call[off].push_back((after - before) * 1e9);
+        iter[off] += (after - start) * 1e9;
+    }
+    bypass(0);
+    CHECK(cudaDeviceSynchronize());
+    double median[2];
+    for (int m = 0; m < 2; m++) {
+        std::sort(call[m].begin(), call[m].end());
+        median[m] = call[m][call[m].size() / 2];
+    }
+    printf("mode=pace-ab host_us=%.1f launches=%ld call_full=%.1f call_bypass=%.1f "
+           "iter_full=%.1f iter_bypass=%.1f\n",
+           host_us, count, median[0], median[1], iter[0] / call[0].size(),
+           iter[1] / call[1].size());
+}
+
 // The monitor of `mimic`: reads each bracket handed to it once its end event
 // completed, polling every 100 us, as the limiter's monitor thread does.
 struct MimicMonitor {
@@ -344,6 +393,8 @@ int main(int argc, char **argv) {
         tight(atol(argv[2]));
     } else if (strcmp(mode, "pace") == 0 && (argc == 4 || (argc == 5 && atoi(argv[4]) >= 1))) {
         pace(atof(argv[2]), atol(argv[3]), argc == 5 ? atoi(argv[4]) : 1);
+    } else if (strcmp(mode, "pace-ab") == 0 && argc == 4 && atol(argv[3]) >= 4) {
+        pace_ab(atof(argv[2]), atol(argv[3]));
     } else if (strcmp(mode, "mimic") == 0 && argc == 4) {
         mimic(atol(argv[2]), atoi(argv[3]));
     } else {

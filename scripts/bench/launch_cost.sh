@@ -40,7 +40,7 @@ cpus=$(cd "$here" && python3 -c "import compute_bench as c; print(c.gpu_local_cp
 build=$(mktemp -d /tmp/launch-cost.XXXXXX)
 trap 'rm -rf "$build"' EXIT
 raw=$build/raw.txt
-${NVCC:-nvcc} -O2 -arch=native -o "$build/compute_bench" "$here/compute_bench.cu"
+${NVCC:-nvcc} -O2 -arch=native -o "$build/compute_bench" "$here/compute_bench.cu" -ldl
 end=$((SECONDS + seconds))
 if [ $mimic = 1 ]; then
   while [ $SECONDS -lt $end ]; do taskset -c "$cpus" "$build/compute_bench" mimic 6000 2; done > "$raw"

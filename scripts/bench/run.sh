@@ -10,7 +10,7 @@ shift
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(mktemp -d /tmp/compute-bench.XXXXXX)
 trap 'rm -rf "$build"' EXIT
-nvcc -O2 -arch=native -o "$build/compute_bench" "$here/compute_bench.cu"
+nvcc -O2 -arch=native -o "$build/compute_bench" "$here/compute_bench.cu" -ldl
 out=${OUT:-$build/out}
 PYTHONUNBUFFERED=1 python3 "$here/compute_bench.py" --lib "$bundle/libcuda_limiter.so" \
   --bin "$build/compute_bench" --out "$out" "$@"

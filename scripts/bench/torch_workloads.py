@@ -9,6 +9,10 @@ Usage: torch_workloads.py MODE SECONDS
            (attention's shapes change with every step, like a server's)
   triton   a Triton softmax over a 4096 x 8192 fp32 matrix, eight per
            iteration, back to back
+  decode-ab  the decode loop, GENERATIONS (in place of SECONDS) generations
+           with the limiter's admission switched off on every other pair
+           of steps (a limiter built with the `launch-ab` feature) ->
+           step_cost_pct: the full steps' time over the bypassed ones'
   graph    a CUDA graph of sixteen kernels (elementwise updates of a 64 Mi-
            element fp32 tensor and a 1024^2 matmul), replayed back to back
 Both are bound by memory bandwidth, so a kernel takes the same time at any
@@ -22,7 +26,9 @@ the launch). At most 4 iterations are queued ahead, so the GPU never waits
 on the host and the run ends soon after SECONDS.
 Prints one line of key=value pairs.
 """
+import ctypes
 import os
+import statistics
 import sys
 import threading
 import time
@@ -31,11 +37,15 @@ import torch
 
 
 WARM_UP_S = 3.0  # untimed generations before decode's measured ones
+DECODE_STEPS = 256  # tokens a generation: the KV cache grows this long
 
 
-def decode(seconds):
+def decoder():
+    """A small transformer with random weights (no download), batch 1: returns
+    `step(state)`, one token with the KV cache grown by one, and `start()`,
+    a fresh state."""
     torch.manual_seed(0)
-    layers, dim, heads, vocab, steps = 12, 768, 12, 32000, 256
+    layers, dim, heads, vocab = 12, 768, 12, 32000
     head = dim // heads
     dev, dt = "cuda", torch.float16
     w = [
@@ -49,44 +59,89 @@ def decode(seconds):
     ]
     emb = torch.randn(vocab, dim, device=dev, dtype=dt) * 0.02
 
-    def generate():
-        caches = [(None, None) for _ in range(layers)]
-        token = torch.zeros(1, dtype=torch.long, device=dev)
-        for _ in range(steps):
-            x = emb[token].view(1, 1, dim)
-            for i, p in enumerate(w):
-                h = torch.nn.functional.layer_norm(x, (dim,))
-                q, k, v = (h @ p["qkv"]).split(dim, dim=-1)
-                q, k, v = (t.view(1, 1, heads, head).transpose(1, 2) for t in (q, k, v))
-                ck, cv = caches[i]
-                ck = k if ck is None else torch.cat([ck, k], dim=2)
-                cv = v if cv is None else torch.cat([cv, v], dim=2)
-                caches[i] = (ck, cv)
-                att = torch.softmax((q @ ck.transpose(-1, -2)) / head**0.5, dim=-1)
-                y = (att @ cv).transpose(1, 2).reshape(1, 1, dim)
-                x = x + y @ p["out"]
-                h = torch.nn.functional.layer_norm(x, (dim,))
-                x = x + torch.nn.functional.gelu(h @ p["up"]) @ p["down"]
-            logits = x.view(1, dim) @ emb.t()
-            token = logits.argmax(dim=-1)
-        return token.item()
+    def start():
+        return {"caches": [(None, None) for _ in range(layers)],
+                "token": torch.zeros(1, dtype=torch.long, device=dev)}
 
-    # Warm-up: kernels chosen, the allocator's caches filled, the GPU's clock
-    # raised from idle by the loop's load.
+    def step(state):
+        caches = state["caches"]
+        x = emb[state["token"]].view(1, 1, dim)
+        for i, p in enumerate(w):
+            h = torch.nn.functional.layer_norm(x, (dim,))
+            q, k, v = (h @ p["qkv"]).split(dim, dim=-1)
+            q, k, v = (t.view(1, 1, heads, head).transpose(1, 2) for t in (q, k, v))
+            ck, cv = caches[i]
+            ck = k if ck is None else torch.cat([ck, k], dim=2)
+            cv = v if cv is None else torch.cat([cv, v], dim=2)
+            caches[i] = (ck, cv)
+            att = torch.softmax((q @ ck.transpose(-1, -2)) / head**0.5, dim=-1)
+            y = (att @ cv).transpose(1, 2).reshape(1, 1, dim)
+            x = x + y @ p["out"]
+            h = torch.nn.functional.layer_norm(x, (dim,))
+            x = x + torch.nn.functional.gelu(h @ p["up"]) @ p["down"]
+        logits = x.view(1, dim) @ emb.t()
+        state["token"] = logits.argmax(dim=-1)
+
+    return step, start
+
+
+def warm_decoder():
+    """The decoder, warmed up: kernels chosen, the allocator's caches filled,
+    the GPU's clock raised from idle by the loop's load; then the thread
+    pinned. Returns `generate()`, 256 steps from a fresh cache, and `step`."""
+    step, start = decoder()
+
+    def generate():
+        state = start()
+        for _ in range(DECODE_STEPS):
+            step(state)
+        return state["token"].item()
+
     warm_until = time.perf_counter() + WARM_UP_S
     generate()
     while time.perf_counter() < warm_until:
         generate()
     torch.cuda.synchronize()
     pin_main_thread()
+    return generate, step, start
+
+
+def decode(seconds):
+    generate, _, _ = warm_decoder()
     probe_ms = cpu_probe_ms()
-    tokens, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    tokens, begin = 0, time.perf_counter()
+    while time.perf_counter() - begin < seconds:
         generate()
-        tokens += steps
-    wall = time.perf_counter() - start
+        tokens += DECODE_STEPS
+    wall = time.perf_counter() - begin
     return {"tokens": tokens, "wall_s": f"{wall:.3f}", "tokens_per_s": f"{tokens / wall:.1f}",
             "cpu_probe_ms": f"{probe_ms:.1f}"}
+
+
+def decode_ab(generations):
+    """The decode loop inside one process, the limiter's admission switched
+    off on every other pair of steps (ABBA) through gpushare_launch_ab_bypass
+    (a limiter built with the `launch-ab` feature): the host's speed, which
+    drifts second by second, is the same for both within a few steps. Per
+    generation, the full steps' time over the bypassed steps' time."""
+    bypass = getattr(ctypes.CDLL(None), "gpushare_launch_ab_bypass", None)
+    if bypass is None:
+        sys.exit("decode-ab: no gpushare_launch_ab_bypass (preload a limiter built with --features launch-ab)")
+    _, step, start = warm_decoder()
+    costs = []
+    for _ in range(generations):
+        state, spent = start(), [0.0, 0.0]
+        for i in range(DECODE_STEPS):
+            off = int(i % 4 in (1, 2))
+            bypass(off)
+            begin = time.perf_counter()
+            step(state)
+            spent[off] += time.perf_counter() - begin
+        bypass(0)
+        state["token"].item()
+        costs.append((spent[0] / spent[1] - 1) * 100)
+    return {"generations": generations, "step_cost_pct_median": f"{statistics.median(costs):+.3f}",
+            "step_cost_pct": ",".join(f"{cost:+.2f}" for cost in costs)}
 
 
 def cpu_probe_ms():
@@ -199,6 +254,8 @@ def main():
     mode, seconds = sys.argv[1], float(sys.argv[2])
     if mode == "decode":
         result = decode(seconds)
+    elif mode == "decode-ab":
+        result = decode_ab(int(seconds))
     elif mode == "triton":
         result = saturate(triton_step(), seconds)
     elif mode == "graph":

@@ -12,6 +12,10 @@ use crate::waves::Grid;
 /// compute limit is the `Bypass` here.
 #[inline(always)]
 fn admit(work: impl FnOnce() -> Work, stream: CUstream, per_thread: bool) -> Result<Admitted> {
+    #[cfg(feature = "launch-ab")]
+    if ab::bypassed() {
+        return Err(LimiterError::Bypass("A/B: admission switched off"));
+    }
     let limiter = entry::limiter().ok_or(LimiterError::Bypass("no compute limit"))?;
     let throttle = limiter
         .compute
@@ -53,4 +57,24 @@ pub fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Result<Ad
 pub fn legacy(f: CUfunction, width: i32, height: i32, stream: CUstream) -> Result<Admitted> {
     let grid = [width.max(0) as u32, height.max(0) as u32, 1];
     kernel(f, grid, [1, 1, 1], 0, stream, false)
+}
+
+/// The launch path's within-process A/B (feature `launch-ab`, benchmarks
+/// only): a program switches the admission off and on between its launches,
+/// so that both arms share its host's drift and its memory layout.
+#[cfg(feature = "launch-ab")]
+mod ab {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static BYPASSED: AtomicBool = AtomicBool::new(false);
+
+    pub(super) fn bypassed() -> bool {
+        BYPASSED.load(Ordering::Relaxed)
+    }
+
+    /// Launches bypass the admission while `off` is nonzero.
+    #[unsafe(no_mangle)]
+    pub extern "C" fn gpushare_launch_ab_bypass(off: i32) {
+        BYPASSED.store(off != 0, Ordering::Relaxed);
+    }
 }
