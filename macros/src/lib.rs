@@ -216,25 +216,45 @@ impl Entry {
     }
 }
 
+/// What the generated code of one detour is made of.
+struct Parts<'a> {
+    names: Vec<&'a Ident>,
+    types: Vec<&'a Type>,
+    output: &'a Type,
+    handler: &'a TokenStream2,
+    symbol_str: String,
+    hook: TokenStream2,
+}
+
 fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
     let Detour {
+        attrs,
         required,
         symbol,
         signature: Signature { args, output },
-        ..
+        handler,
+        around,
     } = detour;
-    let types: Vec<&Type> = args.iter().map(|(_, ty)| ty).collect();
-    let symbol_str = symbol.to_string();
+    let parts = Parts {
+        names: args.iter().map(|(name, _)| name).collect(),
+        types: args.iter().map(|(_, ty)| ty).collect(),
+        output,
+        handler,
+        symbol_str: symbol.to_string(),
+        hook: quote!(::gpushare_utils::hook),
+    };
     let symbol_cstr = syn::LitCStr::new(
-        &std::ffi::CString::new(symbol_str.clone()).unwrap_or_default(),
+        &std::ffi::CString::new(parts.symbol_str.clone()).unwrap_or_default(),
         symbol.span(),
     );
-    let hook = quote!(::gpushare_utils::hook);
-    let calls = if detour.around {
-        around_detour(detour)
+    let (support, body) = if *around {
+        (TokenStream2::new(), around_body(&parts))
     } else {
-        forwarding_detour(detour)
+        forwarding_parts(&parts)
     };
+    let Parts {
+        names, types, hook, ..
+    } = &parts;
     quote! {
         #[allow(non_snake_case)]
         pub mod #symbol {
@@ -247,7 +267,20 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
             /// The trampoline to the original, filled at installation.
             pub static ORIGINAL: #hook::Original<Signature> = #hook::Original::new();
 
-            #calls
+            #support
+
+            #attrs
+            pub unsafe extern "C" fn detour(#(#names: #types),*) -> #output {
+                let Some(original) = ORIGINAL.get() else {
+                    return <#output as #hook::Unavailable>::UNAVAILABLE;
+                };
+                let Some(_guard) = #hook::DetourGuard::enter() else {
+                    // SAFETY: the caller's arguments go unchanged to the
+                    // original of the same signature.
+                    return unsafe { original(#(#names),*) };
+                };
+                #body
+            }
 
             /// How the installer finds and fills this detour.
             pub const ENTRY: #hook::HookEntry = #hook::HookEntry {
@@ -260,21 +293,19 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
     }
 }
 
-/// The detour of a handler that calls the original itself, through the
-/// forwarder that remembers its result.
-fn forwarding_detour(detour: &Detour<'_>) -> TokenStream2 {
-    let Detour {
-        attrs,
-        symbol,
-        signature: Signature { args, output },
+/// A handler that calls the original itself, through the forwarder that
+/// remembers its result: the forwarder and its thread-local (`support`), and
+/// the detour's body once the guard is held.
+fn forwarding_parts(parts: &Parts<'_>) -> (TokenStream2, TokenStream2) {
+    let Parts {
+        names,
+        types,
+        output,
         handler,
-        ..
-    } = detour;
-    let names: Vec<&Ident> = args.iter().map(|(name, _)| name).collect();
-    let types: Vec<&Type> = args.iter().map(|(_, ty)| ty).collect();
-    let symbol_str = symbol.to_string();
-    let hook = quote!(::gpushare_utils::hook);
-    quote! {
+        symbol_str,
+        hook,
+    } = parts;
+    let support = quote! {
         ::gpushare_utils::initial_exec_thread_local! {
             /// What the original returned inside the current detour call,
             /// once the handler called it (`true` and the value).
@@ -295,94 +326,72 @@ fn forwarding_detour(detour: &Detour<'_>) -> TokenStream2 {
             FORWARDED.with(|slot| slot.set((true, value)));
             value
         }
-
-        #attrs
-        pub unsafe extern "C" fn detour(#(#names: #types),*) -> #output {
-            let Some(original) = ORIGINAL.get() else {
-                return <#output as #hook::Unavailable>::UNAVAILABLE;
-            };
-            let Some(_guard) = #hook::DetourGuard::enter() else {
-                // SAFETY: the caller's arguments go unchanged to the
-                // original of the same signature.
-                return unsafe { original(#(#names),*) };
-            };
-            FORWARDED.with(|slot| slot.set(::gpushare_utils::thread_local::zeroed()));
-            let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
-                #handler(forward, #(#names),*)
-            }));
-            let (called, value) = FORWARDED
-                .with(|slot| slot.replace(::gpushare_utils::thread_local::zeroed()));
-            let forwarded = called.then_some(value);
-            match outcome {
-                Ok(Ok(value)) => value,
-                Ok(Err(error)) => match #hook::IntoReturn::<#output>::into_return(error) {
-                    #hook::Disposition::Return(value) => value,
-                    // SAFETY: as above, the caller's own arguments; only
-                    // if the handler has not run the original already.
-                    #hook::Disposition::CallOriginal => {
-                        forwarded.unwrap_or_else(|| unsafe { original(#(#names),*) })
-                    }
-                },
-                Err(_) => {
-                    #hook::report_panic(#symbol_str);
-                    // SAFETY: as above.
+    };
+    let body = quote! {
+        FORWARDED.with(|slot| slot.set(::gpushare_utils::thread_local::zeroed()));
+        let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
+            #handler(forward, #(#names),*)
+        }));
+        let (called, value) = FORWARDED
+            .with(|slot| slot.replace(::gpushare_utils::thread_local::zeroed()));
+        let forwarded = called.then_some(value);
+        match outcome {
+            Ok(Ok(value)) => value,
+            Ok(Err(error)) => match #hook::IntoReturn::<#output>::into_return(error) {
+                #hook::Disposition::Return(value) => value,
+                // SAFETY: as above, the caller's own arguments; only
+                // if the handler has not run the original already.
+                #hook::Disposition::CallOriginal => {
                     forwarded.unwrap_or_else(|| unsafe { original(#(#names),*) })
                 }
+            },
+            Err(_) => {
+                #hook::report_panic(#symbol_str);
+                // SAFETY: as above.
+                forwarded.unwrap_or_else(|| unsafe { original(#(#names),*) })
             }
         }
-    }
+    };
+    (support, body)
 }
 
-/// The detour of an `around` handler: the handler decides, the detour calls
-/// the original from its own frame and hands the result back.
-fn around_detour(detour: &Detour<'_>) -> TokenStream2 {
-    let Detour {
-        attrs,
-        symbol,
-        signature: Signature { args, output },
+/// The body of an `around` handler's detour once the guard is held: the
+/// handler decides, the detour calls the original from its own frame and
+/// hands the result back.
+fn around_body(parts: &Parts<'_>) -> TokenStream2 {
+    let Parts {
+        names,
+        output,
         handler,
+        symbol_str,
+        hook,
         ..
-    } = detour;
-    let names: Vec<&Ident> = args.iter().map(|(name, _)| name).collect();
-    let types: Vec<&Type> = args.iter().map(|(_, ty)| ty).collect();
-    let symbol_str = symbol.to_string();
-    let hook = quote!(::gpushare_utils::hook);
+    } = parts;
     quote! {
-        #attrs
-        pub unsafe extern "C" fn detour(#(#names: #types),*) -> #output {
-            let Some(original) = ORIGINAL.get() else {
-                return <#output as #hook::Unavailable>::UNAVAILABLE;
-            };
-            let Some(_guard) = #hook::DetourGuard::enter() else {
-                // SAFETY: the caller's arguments go unchanged to the
-                // original of the same signature.
-                return unsafe { original(#(#names),*) };
-            };
-            let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
-                #handler(#(#names),*)
-            }));
-            match outcome {
-                Ok(Ok(after)) => {
-                    // SAFETY: as above.
-                    let value = unsafe { original(#(#names),*) };
-                    let done = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
-                        #hook::AfterCall::<#output>::after(after, value)
-                    }));
-                    if done.is_err() {
-                        #hook::report_panic(#symbol_str);
-                    }
-                    value
-                }
-                Ok(Err(error)) => match #hook::IntoReturn::<#output>::into_return(error) {
-                    #hook::Disposition::Return(value) => value,
-                    // SAFETY: as above.
-                    #hook::Disposition::CallOriginal => unsafe { original(#(#names),*) },
-                },
-                Err(_) => {
+        let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
+            #handler(#(#names),*)
+        }));
+        match outcome {
+            Ok(Ok(after)) => {
+                // SAFETY: as above.
+                let value = unsafe { original(#(#names),*) };
+                let done = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
+                    #hook::AfterCall::<#output>::after(after, value)
+                }));
+                if done.is_err() {
                     #hook::report_panic(#symbol_str);
-                    // SAFETY: as above; the handler cannot call the original.
-                    unsafe { original(#(#names),*) }
                 }
+                value
+            }
+            Ok(Err(error)) => match #hook::IntoReturn::<#output>::into_return(error) {
+                #hook::Disposition::Return(value) => value,
+                // SAFETY: as above.
+                #hook::Disposition::CallOriginal => unsafe { original(#(#names),*) },
+            },
+            Err(_) => {
+                #hook::report_panic(#symbol_str);
+                // SAFETY: as above; the handler cannot call the original.
+                unsafe { original(#(#names),*) }
             }
         }
     }

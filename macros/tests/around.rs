@@ -2,20 +2,13 @@
 //! original exactly once, with the caller's arguments, hands the result to
 //! what the handler returned, and returns it, whatever the handler does.
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpushare_utils::hook::{AfterCall, Disposition, IntoReturn, Unavailable, set_enabled};
+use gpushare_utils::hook::{AfterCall, Disposition, IntoReturn, set_enabled};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(transparent)]
-pub struct Status(u64);
-
-// SAFETY: a plain integer.
-unsafe impl gpushare_utils::thread_local::ZeroInit for Status {}
-
-impl Unavailable for Status {
-    const UNAVAILABLE: Self = Status(u64::MAX);
-}
+use common::Status;
 
 /// A handler's refusal, or its request for the original.
 pub enum Refusal {

@@ -1,29 +1,13 @@
 //! The generated detour calls the original at most once per call, whatever
 //! its handler does after calling it.
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpushare_utils::hook::{Disposition, IntoReturn, Unavailable, set_enabled};
+use gpushare_utils::hook::set_enabled;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(transparent)]
-pub struct Status(u64);
-
-// SAFETY: a plain integer.
-unsafe impl gpushare_utils::thread_local::ZeroInit for Status {}
-
-impl Unavailable for Status {
-    const UNAVAILABLE: Self = Status(u64::MAX);
-}
-
-/// A handler error that asks for the original.
-pub struct Bypass;
-
-impl IntoReturn<Status> for Bypass {
-    fn into_return(self) -> Disposition<Status> {
-        Disposition::CallOriginal
-    }
-}
+use common::{Bypass, Status};
 
 static CALLS: AtomicU64 = AtomicU64::new(0);
 

@@ -2,28 +2,13 @@
 //! one signature: each forwards to its own original, tells its handler which
 //! it is, and sits in the install table right after the other.
 
+mod common;
+
 use std::sync::atomic::Ordering;
 
-use gpushare_utils::hook::{Disposition, IntoReturn, Unavailable, set_enabled};
+use gpushare_utils::hook::set_enabled;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(transparent)]
-pub struct Status(u64);
-
-// SAFETY: a plain integer.
-unsafe impl gpushare_utils::thread_local::ZeroInit for Status {}
-
-impl Unavailable for Status {
-    const UNAVAILABLE: Self = Status(u64::MAX);
-}
-
-pub struct Bypass;
-
-impl IntoReturn<Status> for Bypass {
-    fn into_return(self) -> Disposition<Status> {
-        Disposition::CallOriginal
-    }
-}
+use common::{Bypass, Status};
 
 /// The plain "driver" entry point.
 unsafe extern "C" fn plain(x: u64, y: u64) -> Status {

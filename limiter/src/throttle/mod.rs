@@ -38,6 +38,7 @@
 //! 6. Once admitted, a launch passes its pod's class ([`priority`]): a batch
 //!    launch waits while a latency pod on the device is active.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 use std::thread::Thread;
@@ -132,26 +133,25 @@ gpushare_utils::initial_exec_thread_local! {
     static BATCH: Batch;
 }
 
+/// Runs `f` on the value in a thread's `cell`, then stores it back.
+#[inline]
+fn update<T: Copy, R>(cell: &Cell<T>, f: impl FnOnce(&mut T) -> R) -> R {
+    let mut value = cell.get();
+    let result = f(&mut value);
+    cell.set(value);
+    result
+}
+
 /// Runs `f` on this thread's cadence.
 #[inline]
 fn with_cadence<R>(f: impl FnOnce(&mut Cadence) -> R) -> R {
-    CADENCE.with(|cell| {
-        let mut cadence = cell.get();
-        let result = f(&mut cadence);
-        cell.set(cadence);
-        result
-    })
+    CADENCE.with(|cell| update(cell, f))
 }
 
 /// Runs `f` on this thread's batch of charges.
 #[inline]
 fn with_batch<R>(f: impl FnOnce(&mut Batch) -> R) -> R {
-    BATCH.with(|cell| {
-        let mut batch = cell.get();
-        let result = f(&mut batch);
-        cell.set(batch);
-        result
-    })
+    BATCH.with(|cell| update(cell, f))
 }
 
 /// What a launch runs: a kernel grid or an instantiated graph.
