@@ -42,7 +42,9 @@
 //                                   gpushare_launch_ab_bypass, which only a
 //                                   limiter built with the `launch-ab` feature
 //                                   exports -> call_full/call_bypass (medians),
-//                                   iter_full/iter_bypass (means), ns
+//                                   p99_/p999_/mean_full/bypass (the launch
+//                                   call's 99th and 99.9th percentiles and
+//                                   mean), iter_full/iter_bypass (means), ns
 // pace's windows and mimic are run by scripts/bench/launch_cost.sh, pace-ab
 // by scripts/bench/launch_ab.sh.
 #include <algorithm>
@@ -268,15 +270,24 @@ static void pace_ab(double host_us, long count) {
     }
     bypass(0);
     CHECK(cudaDeviceSynchronize());
-    double median[2];
+    double median[2], p99[2], p999[2], mean[2];
     for (int m = 0; m < 2; m++) {
-        std::sort(call[m].begin(), call[m].end());
-        median[m] = call[m][call[m].size() / 2];
+        std::vector<double> &calls = call[m];
+        std::sort(calls.begin(), calls.end());
+        median[m] = calls[calls.size() / 2];
+        p99[m] = calls[calls.size() * 99 / 100];
+        p999[m] = calls[calls.size() * 999 / 1000];
+        double sum = 0;
+        for (double ns : calls) sum += ns;
+        mean[m] = sum / calls.size();
     }
+    // Where the mean's difference comes from: the common launch (median) or
+    // the rare slow ones (the tail).
     printf("mode=pace-ab host_us=%.1f launches=%ld call_full=%.1f call_bypass=%.1f "
-           "iter_full=%.1f iter_bypass=%.1f\n",
-           host_us, count, median[0], median[1], iter[0] / call[0].size(),
-           iter[1] / call[1].size());
+           "p99_full=%.1f p99_bypass=%.1f p999_full=%.1f p999_bypass=%.1f mean_full=%.1f "
+           "mean_bypass=%.1f iter_full=%.1f iter_bypass=%.1f\n",
+           host_us, count, median[0], median[1], p99[0], p99[1], p999[0], p999[1], mean[0],
+           mean[1], iter[0] / call[0].size(), iter[1] / call[1].size());
 }
 
 // The monitor of `mimic`: reads each bracket handed to it once its end event

@@ -68,6 +68,9 @@ if pace:
     bypass = st.median(float(r["call_bypass"]) for r in pace)
     print(f"pace-ab, {len(pace)} processes: launch call, full - bypass, ns: {summary(call)} "
           f"(bypass {bypass:.0f} ns); iteration, %: {summary(iters, 2)}")
+    for name in ("mean", "p99", "p999"):
+        diff = [float(r[f"{name}_full"]) - float(r[f"{name}_bypass"]) for r in pace]
+        print(f"  launch call's {name}, full - bypass, ns: {summary(diff)}")
 decode = rows(sys.argv[2], "decode-ab")
 costs = [float(x) for r in decode for x in r["step_cost_pct"].split(",")]
 if costs:
