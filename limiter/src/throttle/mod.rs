@@ -179,8 +179,9 @@ pub struct Admitted {
     ticket: priority::Ticket,
     /// `None` where no compute limit applies (only the pod's class).
     metered: Option<Metered>,
-    /// The launch is measured: its bracket is held by the thread
-    /// ([`sampling::set_in_flight`]), which keeps this a few words for the detour.
+    /// The launch is measured: its bracket waits in a thread-local
+    /// ([`sampling::set_in_flight`]), not in this record, which the detour
+    /// holds across the driver's call (136 bytes, not ~200 copied by memcpy).
     sampled: bool,
 }
 
