@@ -119,10 +119,13 @@ fn an_admission_request_reschedules_at_once() {
     // refilled it, and b's rate was cut in the same request.
     let worker = register_ok(&h.url(), &a).worker_id;
     let bucket = ra.bucket(0);
-    bucket.tokens_ns.store(-100_000, Ordering::Release);
+    // The refill time first: a refill between the two stores (the daemon
+    // reads the bucket too) then earns nothing, where it could otherwise
+    // bank the time since the last one over the debt (CI: answered in 245 µs).
     bucket
         .refilled_at_ns
         .store(monotonic_ns(), Ordering::Release);
+    bucket.tokens_ns.store(-100_000, Ordering::Release);
     let mut client = RawClient::new(h.addr());
     let body = format!(
         "{{\"worker_id\":\"{worker}\",\"uuid\":\"{}\",\"cost_ns\":50000}}",
