@@ -276,12 +276,10 @@ fn a_periodic_latency_pod_finds_no_batch_kernel_running_when_it_arrives() {
             );
         }
         assert_eq!(off.period_ns, 0, "{}", off.context);
-        assert!(
-            on.period_ns.abs_diff(2 * MS) <= MS / 10,
-            "published period {} ns\n{}",
-            on.period_ns,
-            on.context
-        );
+        // Late requests (a descheduled process) can keep the period from
+        // being published in one try (CI, stop 29: a request 1.2 ms late,
+        // period 0): a try, like the collisions below.
+        let published = on.period_ns.abs_diff(2 * MS) <= MS / 10;
         let share = |run: &Periodic| run.collided as f64 / run.arrivals.len() as f64;
         // Without prediction a request arrives while a batch kernel runs most
         // of the time (but for the hold after the previous request); with it,
@@ -293,12 +291,13 @@ fn a_periodic_latency_pod_finds_no_batch_kernel_running_when_it_arrives() {
             && share(&on) <= 0.3
             && share(&on) * 2.5 <= share(&off)
             && on.batch_share >= 0.45;
-        if separated {
+        if published && separated {
             break;
         }
         assert!(
             attempt < 2,
-            "off: {} of {} collided; on: {} of {} collided, batch share {:.3}\n{}\n{}",
+            "published period {} ns; off: {} of {} collided; on: {} of {} collided, batch share {:.3}\n{}\n{}",
+            on.period_ns,
             off.collided,
             off.arrivals.len(),
             on.collided,
