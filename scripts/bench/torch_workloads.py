@@ -7,12 +7,12 @@ Usage: torch_workloads.py MODE SECONDS
            generation, generations repeated for SECONDS after 3 s of
            warm-up -> tokens_per_s
            (attention's shapes change with every step, like a server's)
-  triton   a Triton softmax over a 4096 x 8192 fp32 matrix, eight per
-           iteration, back to back
   decode-ab  the decode loop, GENERATIONS (in place of SECONDS) generations
            with the limiter's admission switched off on every other pair
            of steps (a limiter built with the `launch-ab` feature) ->
            step_cost_pct: the full steps' time over the bypassed ones'
+  triton   a Triton softmax over a 4096 x 8192 fp32 matrix, eight per
+           iteration, back to back
   graph    a CUDA graph of sixteen kernels (elementwise updates of a 64 Mi-
            element fp32 tensor and a 1024^2 matmul), replayed back to back
 Both are bound by memory bandwidth, so a kernel takes the same time at any
@@ -88,7 +88,8 @@ def decoder():
 def warm_decoder():
     """The decoder, warmed up: kernels chosen, the allocator's caches filled,
     the GPU's clock raised from idle by the loop's load; then the thread
-    pinned. Returns `generate()`, 256 steps from a fresh cache, and `step`."""
+    pinned. Returns `generate()` (DECODE_STEPS steps from a fresh cache),
+    `step` and `start`, as `decoder` makes them."""
     step, start = decoder()
 
     def generate():
