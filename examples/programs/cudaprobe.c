@@ -97,24 +97,28 @@
  * before the first launch to the return of cuCtxSynchronize; B (busy_ns) is
  * the device's busy time within it from the double's accessor
  * gpushare_double_busy_ns (found with dlsym; 0 on a real driver, which has
- * none); S (share_pm) = 1000 * B / W, rounded down. All times in ns.
+ * none); S (share_pm) = 1000 * B / W, rounded down; D (delay_ns) is how
+ * long the launching thread was runnable but waiting for a CPU within W
+ * (/proc/thread-self/schedstat; 0 where the kernel keeps no such account):
+ * what a loaded machine, not the limiter, took from the run. All times in
+ * ns.
  *   spin API DUR_US COUNT -> "spin API DUR_US COUNT -> RESULT wall_ns=W busy_ns=B
- *                            share_pm=S": COUNT launches of DUR_US µs kernels,
+ *                            share_pm=S delay_ns=D": COUNT launches of DUR_US µs kernels,
  *                            back to back
  *   run API DUR_US MS     -> "run API DUR_US MS -> RESULT launches=N wall_ns=W
- *                            busy_ns=B share_pm=S": launches as fast as the API
+ *                            busy_ns=B share_pm=S delay_ns=D": launches as fast as the API
  *                            returns until MS ms have passed since the first;
  *                            N = successful launches
  *   pace API DUR_US COUNT HOST_US
  *                         -> "pace API DUR_US COUNT HOST_US -> RESULT
- *                            ns_per_iter=X": COUNT times (HOST_US µs of
+ *                            ns_per_iter=X delay_ns=D": COUNT times (HOST_US µs of
  *                            busy-waiting on the host, then one launch);
  *                            X = W / COUNT (0 when COUNT is 0); W starts
  *                            after one warm-up launch and a synchronize
  *   shapes N DUR_US COUNT HOST_US
  *                         -> "shapes N DUR_US COUNT HOST_US -> RESULT
- *                            ns_per_iter=X busy_ns=B share_pm=S": as pace
- *                            (warm-up included) with
+ *                            ns_per_iter=X busy_ns=B share_pm=S delay_ns=D": as
+ *                            pace (warm-up included) with
  *                            cuLaunchKernel, but launch i has a grid of
  *                            1 + (i * 7919) % N blocks of 128 threads (N
  *                            distinct shapes; every block spins DUR_US, so on
@@ -122,8 +126,8 @@
  *                            132 * 16 blocks); HOST_US 0 launches back to back
  *   functions F DUR_US COUNT HOST_US
  *                         -> "functions F DUR_US COUNT HOST_US -> RESULT
- *                            ns_per_iter=X busy_ns=B share_pm=S": as pace with
- *                            cuLaunchKernel of 1x1 grids, but launch i runs
+ *                            ns_per_iter=X busy_ns=B share_pm=S delay_ns=D": as
+ *                            pace with cuLaunchKernel of 1x1 grids, but launch i runs
  *                            function i % F, each a distinct handle named
  *                            gpushare_spin_f<k> (the double's modules hold any
  *                            name; a real driver answers NOT_FOUND); the

@@ -174,10 +174,35 @@ static CUresult launch_once(struct launcher *l) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-/* The last spin, run or pace: its interval and its slowest launch call. */
+/* The last spin, run or pace: its interval, its slowest launch call, and
+ * how long the launching thread waited for a CPU meanwhile. */
 static struct {
-    unsigned long long start, end, max_call;
+    unsigned long long start, end, max_call, delay;
 } last_run;
+
+/* The calling thread's run delay so far: the time it was runnable but not
+ * running, the second field of /proc/thread-self/schedstat (0 where the
+ * kernel keeps no such account). On a loaded machine this is what the
+ * scheduler, not the limiter, took from a timed run. */
+static unsigned long long run_delay_ns(void) {
+    unsigned long long on_cpu = 0, waited = 0;
+    FILE *f = fopen("/proc/thread-self/schedstat", "r");
+    if (f == NULL) {
+        return 0;
+    }
+    if (fscanf(f, "%llu %llu", &on_cpu, &waited) != 2) {
+        waited = 0;
+    }
+    fclose(f);
+    return waited;
+}
+
+/* Opens a measured command's interval: returns its start. */
+static unsigned long long begin_run(void) {
+    last_run.max_call = 0;
+    last_run.delay = run_delay_ns();
+    return now_ns();
+}
 
 /* Notes how long a launch call made at `before` took, for maxstall. */
 static void note_call(unsigned long long before) {
@@ -226,6 +251,7 @@ static CUresult finish_run(CUresult rc, unsigned long long start) {
     CUresult sync = CU(cuCtxSynchronize)();
     last_run.start = start;
     last_run.end = now_ns();
+    last_run.delay = run_delay_ns() - last_run.delay;
     return rc != CUDA_SUCCESS ? rc : sync;
 }
 
@@ -242,8 +268,7 @@ static CUresult launch_loop(enum launch_api api, unsigned long long dur_us,
                             unsigned long long count, int for_ns, unsigned long long *launches) {
     struct launcher l;
     CUresult rc = launcher_open(&l, api, dur_us);
-    unsigned long long start = now_ns();
-    last_run.max_call = 0;
+    unsigned long long start = begin_run();
     *launches = 0;
     while (rc == CUDA_SUCCESS && (for_ns ? now_ns() - start < count : *launches < count)) {
         rc = timed_launch(&l);
@@ -262,8 +287,8 @@ void cmd_spin(const char *api_text, enum launch_api api, const char *dur_text,
     CUresult rc = launch_loop(api, dur_us, count, 0, &launches);
     wall = last_run.end - last_run.start;
     busy = busy_between(last_run.start, last_run.end);
-    emit("spin %s %s %s -> %d wall_ns=%llu busy_ns=%llu share_pm=%llu", api_text, dur_text,
-         count_text, (int)rc, wall, busy, per_mille(busy, wall));
+    emit("spin %s %s %s -> %d wall_ns=%llu busy_ns=%llu share_pm=%llu delay_ns=%llu", api_text,
+         dur_text, count_text, (int)rc, wall, busy, per_mille(busy, wall), last_run.delay);
 }
 
 void cmd_run(const char *api_text, enum launch_api api, const char *dur_text,
@@ -272,39 +297,39 @@ void cmd_run(const char *api_text, enum launch_api api, const char *dur_text,
     CUresult rc = launch_loop(api, dur_us, ms * 1000000ULL, 1, &launches);
     wall = last_run.end - last_run.start;
     busy = busy_between(last_run.start, last_run.end);
-    emit("run %s %s %s -> %d launches=%llu wall_ns=%llu busy_ns=%llu share_pm=%llu", api_text,
-         dur_text, ms_text, (int)rc, launches, wall, busy, per_mille(busy, wall));
+    emit("run %s %s %s -> %d launches=%llu wall_ns=%llu busy_ns=%llu share_pm=%llu delay_ns=%llu",
+         api_text, dur_text, ms_text, (int)rc, launches, wall, busy, per_mille(busy, wall),
+         last_run.delay);
 }
 /* The closing line of shapes and functions: `what` is the command and its
  * first argument. */
 static void emit_paced(const char *cmd, const char *what, const struct paced *p, CUresult rc) {
     unsigned long long wall = last_run.end - last_run.start;
     unsigned long long busy = busy_between(last_run.start, last_run.end);
-    emit("%s %s %s %s %s -> %d ns_per_iter=%llu busy_ns=%llu share_pm=%llu", cmd, what,
-         p->dur_text, p->count_text, p->host_text, (int)rc, p->count == 0 ? 0 : wall / p->count,
-         busy, per_mille(busy, wall));
+    emit("%s %s %s %s %s -> %d ns_per_iter=%llu busy_ns=%llu share_pm=%llu delay_ns=%llu", cmd,
+         what, p->dur_text, p->count_text, p->host_text, (int)rc,
+         p->count == 0 ? 0 : wall / p->count, busy, per_mille(busy, wall), last_run.delay);
 }
 
 void cmd_pace(const char *api_text, enum launch_api api, const struct paced *p) {
     struct launcher l;
     CUresult rc = warm_up(&l, launcher_open(&l, api, p->dur_us));
-    unsigned long long start = now_ns(), i;
-    last_run.max_call = 0;
+    unsigned long long start = begin_run(), i;
     for (i = 0; rc == CUDA_SUCCESS && i < p->count; i++) {
         host_work(p->host_us);
         rc = timed_launch(&l);
     }
     rc = finish_run(rc, start);
     launcher_close(&l);
-    emit("pace %s %s %s %s -> %d ns_per_iter=%llu", api_text, p->dur_text, p->count_text,
-         p->host_text, (int)rc, p->count == 0 ? 0 : (last_run.end - last_run.start) / p->count);
+    emit("pace %s %s %s %s -> %d ns_per_iter=%llu delay_ns=%llu", api_text, p->dur_text,
+         p->count_text, p->host_text, (int)rc,
+         p->count == 0 ? 0 : (last_run.end - last_run.start) / p->count, last_run.delay);
 }
 
 void cmd_shapes(const char *n_text, unsigned long long n, const struct paced *p) {
     struct launcher l;
     CUresult rc = warm_up(&l, launcher_open(&l, LAUNCH_KERNEL, p->dur_us));
-    unsigned long long start = now_ns(), i;
-    last_run.max_call = 0;
+    unsigned long long start = begin_run(), i;
     for (i = 0; rc == CUDA_SUCCESS && i < p->count; i++) {
         unsigned grid = (unsigned)(1 + (i * 7919ULL) % n);
         unsigned long long before;
@@ -336,8 +361,7 @@ void cmd_functions(const char *f_text, unsigned long long f, const struct paced 
         snprintf(name, sizeof name, "gpushare_spin_f%llu", i);
         rc = CU_OPT(cuModuleGetFunction, &functions[i], module, name);
     }
-    start = now_ns();
-    last_run.max_call = 0;
+    start = begin_run();
     for (i = 0; rc == CUDA_SUCCESS && i < p->count; i++) {
         unsigned long long before;
         host_work(p->host_us);
@@ -365,14 +389,13 @@ static void append_text(char **text, size_t *len, size_t *cap, const char *item,
 void cmd_periodic(const struct periodic *p) {
     struct launcher l;
     CUresult rc = launcher_open(&l, LAUNCH_KERNEL, p->dur_us);
-    unsigned long long start = now_ns(), late_max = 0, i, k;
+    unsigned long long start = begin_run(), late_max = 0, i, k;
     size_t cap = 64, len = 0;
     char *text = malloc(cap);
     if (text == NULL) {
         die(1, "out of host memory");
     }
     text[0] = '\0';
-    last_run.max_call = 0;
     for (i = 0; rc == CUDA_SUCCESS && i < p->count; i++) {
         unsigned long long due = start + i * p->period_us * 1000ULL, arrival;
         char item[32];

@@ -147,7 +147,6 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
     );
     assert!(lines[1].contains("-> 2 "), "{lines:?}");
     assert!(lines[2].contains("-> 0 "), "{lines:?}");
-    let share = gpushare_examples::probe_field(lines[3], "share_pm").expect("share") as i64;
-    assert!((share - 300).abs() <= 40, "{lines:?}");
+    common::assert_share(lines[3], 300, 40);
     runtime.block_on(async move { node.0.stop().await });
 }

@@ -4,7 +4,6 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 use common::{Pod, probe, run};
 
@@ -40,13 +39,13 @@ fn two_processes_of_one_pod_share_the_quota_and_sigkill_gives_back() {
     ));
     assert!(other[0].contains("-> 0"), "{other:?}");
 
-    // SIGKILL: no chance to clean up; the next allocation reclaims.
+    // SIGKILL: no chance to clean up; the next allocation reclaims. An
+    // allocation that does not fit is refused at once, never waited on, so
+    // its success is the reclaim.
     holder.kill().expect("kill holder");
     holder.wait().expect("reap holder");
-    let started = Instant::now();
     let after = run(probe("cudaprobe", &pod, &limit, &["alloc", "mem", "3g"]));
     assert!(after[0].contains("-> 0"), "{after:?}");
-    assert!(started.elapsed() < Duration::from_secs(1));
 
     // A holder that exits normally gives back too.
     let mut holder = probe("cudaprobe", &pod, &limit, &["alloc", "mem", "3g", "wait"])

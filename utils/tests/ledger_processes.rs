@@ -223,11 +223,11 @@ fn sigkilled_child_is_reclaimed_on_next_reserve() {
     assert_eq!(child.report(), "ok");
     assert!(parent.try_reserve(DEV, 2 * GIB).is_err());
 
+    // A reservation that does not fit scans for dead processes at once and
+    // never waits, so its success is the reclaim.
     child.sigkill();
     child.reap();
-    let killed = Instant::now();
     parent.try_reserve(DEV, 2 * GIB).unwrap();
-    assert!(killed.elapsed() < Duration::from_secs(1));
     assert_eq!(parent.usage(DEV).unwrap().used, 2 * GIB);
     assert_eq!(slot_of(&parent, child.pid()), None);
 }
@@ -241,12 +241,14 @@ fn sigkilled_zombie_is_reclaimed_by_periodic_scan() {
 
     // Not reaped: the child lingers as a zombie. No quota: no over-quota scan,
     // only the periodic one inside try_reserve.
+    // The scan is due every 250 ms; without it the bytes are never given
+    // back. Five seconds is twenty intervals: room for a loaded machine.
     child.sigkill();
     let killed = Instant::now();
     while parent.usage(DEV).unwrap().used != 0 {
         assert!(
-            killed.elapsed() < Duration::from_secs(1),
-            "dead child's bytes still counted after 1 s"
+            killed.elapsed() < Duration::from_secs(5),
+            "dead child's bytes still counted after 5 s"
         );
         parent.try_reserve(DEV, 1).unwrap();
         assert_eq!(parent.release(DEV, 1).unwrap(), 1);

@@ -120,3 +120,107 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// `key=value` of a probe line as a number.
+pub fn number(line: &str, key: &str) -> i64 {
+    line.split_whitespace()
+        .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+/// How much of a `run`/`spin` line's wall time its launching thread spent
+/// runnable but waiting for a CPU, in per mille.
+pub fn delay_pm(line: &str) -> i64 {
+    let wall = number(line, "wall_ns").max(1);
+    number(line, "delay_ns") * 1000 / wall
+}
+
+/// Asserts that a `run`/`spin` line's busy share is `want` per mille within
+/// `tolerance`, less the launching thread's run delay (see [`assert_share_of`]).
+pub fn assert_share(line: &str, want: i64, tolerance: i64) {
+    assert_share_of(
+        number(line, "share_pm"),
+        delay_pm(line),
+        want,
+        tolerance,
+        line,
+    );
+}
+
+/// Asserts that a busy share of `got` per mille is `want` within `tolerance`
+/// above it, and within `tolerance` plus `delay` (the launching thread's run
+/// delay, per mille of the run) below it. A limit caps the share however the
+/// machine is loaded; it cannot run a thread the kernel does not schedule,
+/// and a thread that waits for a CPU for some time idles the GPU for at most
+/// that time. So on a busy CI machine the share can only fall short, by no
+/// more than the delay the probe measured: a shortfall beyond it, or any
+/// excess, is the limiter's.
+pub fn assert_share_of(got: i64, delay: i64, want: i64, tolerance: i64, context: &str) {
+    assert!(
+        got <= want + tolerance && got >= want - tolerance - delay,
+        "share {got}‰, want {want}‰ ± {tolerance}‰ (less the {delay}‰ the thread waited for a CPU): {context}"
+    );
+}
+
+/// The `key=value` of the first line starting with `prefix` that has `key`.
+pub fn line_field<'a>(lines: &'a [String], prefix: &str, key: &str) -> &'a str {
+    lines
+        .iter()
+        .filter(|line| line.starts_with(prefix))
+        .find_map(|line| {
+            line.split_whitespace()
+                .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
+        })
+        .unwrap_or_else(|| panic!("no {prefix}… {key}= in {lines:?}"))
+}
+
+/// The N of each `COMMAND ns=N` line (`clock`, `settled`), in order.
+pub fn times(lines: &[String], command: &str) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|line| line.strip_prefix(command)?.strip_prefix(" ns="))
+        .map(|n| n.parse().expect("ns"))
+        .collect()
+}
+
+/// The idle stretches of an `idle STEP at=a-b,…` line.
+pub fn idle_spans(lines: &[String]) -> Vec<(u64, u64)> {
+    line_field(lines, "idle ", "at")
+        .split(',')
+        .filter(|span| !span.is_empty())
+        .map(|span| {
+            let (a, b) = span.split_once('-').expect("a-b");
+            (a.parse().expect("a"), b.parse().expect("b"))
+        })
+        .collect()
+}
+
+/// The probe as one pod of priority class `class`, on its own node and
+/// priority tables, its output piped.
+pub fn class_probe(pod: &Pod, node: &str, priority: &str, class: &str, args: &[&str]) -> Command {
+    let mut command = probe(
+        "cudaprobe",
+        pod,
+        &[
+            ("CUDA_LIMITER_CLASS", class),
+            ("GPUSHARE_NODE_REGION", node),
+            ("GPUSHARE_PRIORITY_REGION", priority),
+        ],
+        args,
+    );
+    command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    command
+}
+
+/// A finished child's stdout lines, failing the test on a non-zero exit.
+pub fn output_lines(child: std::process::Child) -> Vec<String> {
+    let output = child.wait_with_output().expect("probe");
+    check(&output);
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
