@@ -9,14 +9,14 @@ cd "$(dirname "$0")/.."
 cargo build --release --locked -p cuda-limiter -p hypervisor
 rm -rf gpu-bundle && mkdir -p gpu-bundle
 cp target/release/libcuda_limiter.so target/release/hypervisor target/release/k8s-e2e gpu-bundle/
-# The hypervisor's own admission-latency test, as a standalone binary.
-latency=$(cargo test --release --locked -p hypervisor --test latency --no-run --message-format=json 2>/dev/null \
+# The hypervisor's admission-latency benchmark, as a standalone binary.
+latency=$(cargo bench --locked -p hypervisor --bench admission_latency --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "latency" and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m.get("target", {}).get("name") == "admission_latency" and m.get("executable"):
         print(m["executable"])' | tail -n 1)
-[ -n "$latency" ] && cp "$latency" gpu-bundle/hypervisor-latency-test
+[ -n "$latency" ] && cp "$latency" gpu-bundle/hypervisor-admission-latency
 if [ "${AB:-0}" = 1 ]; then
   cargo build --release --locked -p cuda-limiter --features launch-ab --target-dir target/launch-ab
   cp target/launch-ab/release/libcuda_limiter.so gpu-bundle/libcuda_limiter_ab.so

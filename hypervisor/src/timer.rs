@@ -162,8 +162,11 @@ fn run(shared: &Shared) {
 mod tests {
     use super::*;
 
+    /// Every sleep lasts at least until its deadline, also when a later one
+    /// was queued first. Only lower bounds: how far past the deadline a
+    /// sleep ends depends on the machine's load; it is printed, not asserted.
     #[test]
-    fn sleeps_are_short_and_ordered() {
+    fn sleeps_last_until_their_deadlines() {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -178,15 +181,22 @@ mod tests {
                 assert!(took >= Duration::from_micros(100));
                 worst = worst.max(took);
             }
-            // Far below tokio's millisecond, with room for a loaded machine.
+            // On an idle machine far below tokio's millisecond.
             eprintln!("worst 100 µs sleep: {worst:?}");
             let start = Instant::now();
-            let (a, b) = tokio::join!(
-                timer.sleep_until(start + Duration::from_millis(3)),
-                timer.sleep_until(start + Duration::from_millis(1)),
+            let (late, early) = tokio::join!(
+                async {
+                    timer.sleep_until(start + Duration::from_millis(3)).await;
+                    start.elapsed()
+                },
+                async {
+                    timer.sleep_until(start + Duration::from_millis(1)).await;
+                    start.elapsed()
+                },
             );
-            let _ = (a, b);
-            assert!(start.elapsed() >= Duration::from_millis(3));
+            // Waking the earlier deadline does not end the later one with it.
+            assert!(late >= Duration::from_millis(3), "{late:?}");
+            assert!(early >= Duration::from_millis(1), "{early:?}");
         });
     }
 }

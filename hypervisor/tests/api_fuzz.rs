@@ -286,10 +286,12 @@ fn hung_clients_do_not_block_others() {
         call("GET", &format!("{url}/api/v1/status"), None, None).0,
         200
     );
-    assert!(
-        start.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        start.elapsed()
-    );
+    // Blocked behind a hung connection, a request would wait for it to end:
+    // never for the half-sent bodies, 30 s for the long-polls; `call` gives
+    // up after 10 s. The 23 requests above take well under a second, even on
+    // a loaded machine: 5 s lies between the two.
+    let took = start.elapsed();
+    println!("23 requests beside 40 hung connections: {took:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
     drop(hung);
 }

@@ -1,4 +1,4 @@
-//! Weighted fair sharing as the buckets see it, and admission latency.
+//! Weighted fair sharing as the buckets see it, and rescheduling on admission.
 
 mod common;
 
@@ -121,7 +121,8 @@ fn an_admission_request_reschedules_at_once() {
     let bucket = ra.bucket(0);
     // The refill time first: a refill between the two stores (the daemon
     // reads the bucket too) then earns nothing, where it could otherwise
-    // bank the time since the last one over the debt (CI: answered in 245 µs).
+    // bank the time since the last one over the debt, and the answer would
+    // come before the debt could have been paid back.
     bucket
         .refilled_at_ns
         .store(monotonic_ns(), Ordering::Release);
@@ -135,6 +136,10 @@ fn an_admission_request_reschedules_at_once() {
     let (status, reply) = client.request("POST", "/api/v1/admission", &token_of(&a), &body);
     let took = start.elapsed();
     assert_eq!(status, 200, "{reply}");
+    // Read right after the answer: a's demand from the request keeps it
+    // active for the scheduler's ACTIVE_WINDOW (200 ms), after which a
+    // background tick may give b the whole GPU again. Microseconds of work
+    // here against 200 ms of window.
     assert_eq!(
         rb.rate(0),
         750_000,
@@ -144,9 +149,13 @@ fn an_admission_request_reschedules_at_once() {
         serde_json::from_str::<serde_json::Value>(&reply).expect("json")["granted_ns"]
             .as_u64()
             .expect("granted_ns");
+    // A request that gets no budget within the admission window
+    // (ADMISSION_WAIT, 50 ms) is answered granted_ns 0: this catches it.
     assert!(granted > 0 && granted <= CAPACITY_NS as u64, "{reply}");
-    // 100 µs of debt at 25% takes 400 µs to pay back.
+    // 100 µs of debt at 25% takes 400 µs to pay back: an answer sooner gave
+    // budget the pod had not earned. A lower bound, which load cannot break.
+    // How soon after that the answer comes is a performance figure, measured
+    // by benches/admission_latency.rs, not asserted here.
     assert!(took >= Duration::from_micros(300), "{took:?}");
-    assert!(took < Duration::from_millis(40), "{took:?}");
     println!("admission with 100 µs of debt at 25%: {took:?}");
 }

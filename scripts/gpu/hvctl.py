@@ -9,7 +9,7 @@
   hvctl.py URL wait-workers UNTIL_EPOCH POD... poll the status (every 20 ms) until every POD
                                                has a worker listed, or UNTIL_EPOCH
   hvctl.py - latency LOG                       p50/p99 from the output of the hypervisor's
-                                               latency test (tests/latency.rs)
+                                               latency benchmark (benches/admission_latency.rs)
 
 Only the standard library; proxies from the environment are ignored. Every
 command ends with ok=1 when it got what it asked for, ok=0 otherwise (exit

@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu/run.sh gpu-bundle [pytest args, e.g. -k "busy_share and 2000us" or --checks "1 4 7"]
 #
-# gpu-bundle holds libcuda_limiter.so, hypervisor, hypervisor-latency-test
+# gpu-bundle holds libcuda_limiter.so, hypervisor, hypervisor-admission-latency
 # (scripts/make-gpu-bundle.sh). E2E_BIN_DIR=dir: use programs already built
 # there. Exit status: 0 when every check passed, 1 otherwise, 2 on a usage error.
 set -o pipefail

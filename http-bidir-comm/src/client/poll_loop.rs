@@ -316,6 +316,9 @@ mod tests {
         thread::sleep(Duration::from_millis(20));
         stop.set();
         let (stopped, took) = sleeper.join().unwrap();
-        assert!(stopped && took < Duration::from_secs(2));
+        assert!(stopped);
+        // The sleeper waits up to 10 s; ending only then is the bug. Woken,
+        // it ends some 20 ms in, however loaded the machine: < 5 s.
+        assert!(took < Duration::from_secs(5), "{took:?}");
     }
 }

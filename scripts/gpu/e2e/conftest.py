@@ -103,7 +103,7 @@ class Session:
             share_secs=_posint(config.getoption("--share-secs"), 3),
             torch_secs=_posint(config.getoption("--torch-secs"), 6),
             hypervisor=self._copy_exe(hv, "hypervisor"),
-            latency_test=self._copy_exe(str(bdir / "hypervisor-latency-test"), "hypervisor-latency-test"),
+            latency_test=self._copy_exe(str(bdir / "hypervisor-admission-latency"), "hypervisor-admission-latency"),
             hv_log=os.environ.get("E2E_HV_LOG") or "info",
             hv_b_weight=_posint(os.environ.get("E2E_HV_B_WEIGHT"), 1),
             hv_simulate=os.environ.get("E2E_HV_SIMULATE", "") if re.fullmatch(r"[1-9]", os.environ.get(
