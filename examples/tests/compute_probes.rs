@@ -2,8 +2,10 @@
 //! double's simulated GPU clock, through every launch API and whichever way
 //! they reach the driver.
 //!
-//! Timer-based assertions leave room for a loaded CI box: busy time is exact
-//! (it is booked, not measured), shares are retried a few times.
+//! Busy time is exact (it is booked, not measured). What depends on when the
+//! probe's thread ran (a share, an idle window, a stall) is bounded with the
+//! time that thread waited for a CPU, which the probe reports (`delay_ns`):
+//! on a loaded machine a launch can only come late, never early.
 #![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
 mod common;
@@ -31,31 +33,12 @@ fn field(line: &str, key: &str) -> u64 {
     probe_field(line, key).unwrap_or_else(|| panic!("no {key}= in {line:?}"))
 }
 
-/// Runs the one-command `script` until its share reaches `min_pm` (timers on
-/// a loaded box oversleep), at most 5 times; returns the last line.
-fn best_share(
-    name: &str,
-    options: &[&str],
-    script: &str,
-    env: &[(&str, &str)],
-    min_pm: u64,
-) -> String {
-    let mut line = String::new();
-    for _ in 0..5 {
-        line = lines(name, options, script, env).remove(0);
-        if field(&line, "share_pm") >= min_pm {
-            break;
-        }
-    }
-    line
-}
-
 #[test]
 fn spin_fills_the_gpu_through_every_launch_api() {
     for &(name, options) in VARIANTS {
         for api in TIMED_APIS {
             let script = format!("spin {api} 1000 20");
-            let line = best_share(name, options, &script, &[], 950);
+            let line = lines(name, options, &script, &[]).remove(0);
             let context = format!("{name} {options:?}: {line}");
             assert!(
                 line.starts_with(&format!("{script} -> 0 wall_ns=")),
@@ -65,7 +48,10 @@ fn spin_fills_the_gpu_through_every_launch_api() {
             assert!(busy.abs_diff(20 * MS) <= 20 * MS / 100, "{context}");
             assert!(wall >= busy, "{context}");
             assert_eq!(field(&line, "share_pm"), busy * 1000 / wall, "{context}");
-            assert!(field(&line, "share_pm") >= 950, "{context}");
+            // Back to back, the GPU idles only while the launching thread
+            // waits for a CPU.
+            let delay_pm = field(&line, "delay_ns") * 1000 / wall;
+            assert!(field(&line, "share_pm") + delay_pm >= 950, "{context}");
         }
     }
 }
@@ -123,9 +109,12 @@ fn run_series_pace_and_maxstall_report_the_clock() {
         let windows = per_mille(&out[1], "series 10", &context);
         assert_eq!(windows.len() as u64, wall / (10 * MS), "{context}");
         assert!(windows.iter().all(|&pm| pm <= 1000), "{context}");
+        // Full but for the time the thread waited for a CPU, which could all
+        // fall in the median window (per mille of 10 ms: ns / 10,000).
         let mut sorted = windows.clone();
         sorted.sort_unstable();
-        assert!(sorted[sorted.len() / 2] >= 900, "{context}");
+        let window_delay = field(&out[0], "delay_ns") / 10_000;
+        assert!(sorted[sorted.len() / 2] + window_delay >= 900, "{context}");
 
         // With the queue full, a launch waits for a kernel to finish.
         assert!(out[2].starts_with("maxstall ns="), "{context}");
@@ -138,7 +127,10 @@ fn run_series_pace_and_maxstall_report_the_clock() {
         );
         assert!(field(&out[3], "ns_per_iter") >= MS, "{context}");
         assert!(out[4].starts_with("maxstall ns="), "{context}");
-        assert!(field(&out[4], "ns") < 100 * MS, "{context}");
+        assert!(
+            field(&out[4], "ns") < 100 * MS + field(&out[3], "delay_ns"),
+            "{context}"
+        );
     }
 
     // Host-bound: 3 ms of host work per 100 µs kernel.
@@ -239,9 +231,15 @@ fn periodic_requests_arrive_on_their_schedule() {
         );
     }
     // Each request keeps the GPU busy 200 µs of its 2 ms: ~100 per mille.
+    // Requests due while the probe was descheduled come together once it
+    // runs: one late by L shares its window with up to L / 2 ms more.
     let windows = per_mille(&out[1], "series 2", &context);
     assert!(windows.len() >= 3, "{context}");
-    assert!(windows.iter().all(|&pm| pm <= 200), "{context}");
+    let bunched = late_max.div_ceil(2 * MS);
+    assert!(
+        windows.iter().all(|&pm| pm <= 200 + 100 * bunched),
+        "{context}"
+    );
     assert!(windows.iter().sum::<u64>() >= 200, "{context}");
 }
 
