@@ -103,8 +103,10 @@
  * what a loaded machine, not the limiter, took from the run. All times in
  * ns.
  *   spin API DUR_US COUNT -> "spin API DUR_US COUNT -> RESULT wall_ns=W busy_ns=B
- *                            share_pm=S delay_ns=D": COUNT launches of DUR_US µs kernels,
- *                            back to back
+ *                            share_pm=S delay_ns=D launching_ns=L": COUNT launches
+ *                            of DUR_US µs kernels, back to back; L is how long
+ *                            after the start of W the last launch call
+ *                            returned (the GPU can idle only before then)
  *   run API DUR_US MS     -> "run API DUR_US MS -> RESULT launches=N wall_ns=W
  *                            busy_ns=B share_pm=S delay_ns=D": launches as fast as the API
  *                            returns until MS ms have passed since the first;

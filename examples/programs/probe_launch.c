@@ -174,10 +174,11 @@ static CUresult launch_once(struct launcher *l) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
-/* The last spin, run or pace: its interval, its slowest launch call, and
- * how long the launching thread waited for a CPU meanwhile. */
+/* The last spin, run or pace: its interval, its slowest launch call, how
+ * long the launching thread waited for a CPU meanwhile, and when its last
+ * launch call returned. */
 static struct {
-    unsigned long long start, end, max_call, delay;
+    unsigned long long start, end, max_call, delay, launched;
 } last_run;
 
 /* The calling thread's run delay so far: the time it was runnable but not
@@ -217,6 +218,7 @@ static CUresult timed_launch(struct launcher *l) {
     unsigned long long before = now_ns();
     CUresult rc = launch_once(l);
     note_call(before);
+    last_run.launched = now_ns();
     return rc;
 }
 
@@ -269,6 +271,7 @@ static CUresult launch_loop(enum launch_api api, unsigned long long dur_us,
     struct launcher l;
     CUresult rc = launcher_open(&l, api, dur_us);
     unsigned long long start = begin_run();
+    last_run.launched = start;
     *launches = 0;
     while (rc == CUDA_SUCCESS && (for_ns ? now_ns() - start < count : *launches < count)) {
         rc = timed_launch(&l);
@@ -287,8 +290,10 @@ void cmd_spin(const char *api_text, enum launch_api api, const char *dur_text,
     CUresult rc = launch_loop(api, dur_us, count, 0, &launches);
     wall = last_run.end - last_run.start;
     busy = busy_between(last_run.start, last_run.end);
-    emit("spin %s %s %s -> %d wall_ns=%llu busy_ns=%llu share_pm=%llu delay_ns=%llu", api_text,
-         dur_text, count_text, (int)rc, wall, busy, per_mille(busy, wall), last_run.delay);
+    emit("spin %s %s %s -> %d wall_ns=%llu busy_ns=%llu share_pm=%llu delay_ns=%llu "
+         "launching_ns=%llu",
+         api_text, dur_text, count_text, (int)rc, wall, busy, per_mille(busy, wall),
+         last_run.delay, last_run.launched - last_run.start);
 }
 
 void cmd_run(const char *api_text, enum launch_api api, const char *dur_text,

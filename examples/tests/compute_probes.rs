@@ -48,10 +48,12 @@ fn spin_fills_the_gpu_through_every_launch_api() {
             assert!(busy.abs_diff(20 * MS) <= 20 * MS / 100, "{context}");
             assert!(wall >= busy, "{context}");
             assert_eq!(field(&line, "share_pm"), busy * 1000 / wall, "{context}");
-            // Back to back, the GPU idles only while the launching thread
-            // waits for a CPU.
-            let delay_pm = field(&line, "delay_ns") * 1000 / wall;
-            assert!(field(&line, "share_pm") + delay_pm >= 950, "{context}");
+            // Back to back, the GPU idles only until the last launch is in
+            // (microseconds, unless the machine kept the thread off its CPU)
+            // and while the synchronize wakes (its wait for a CPU, and 1 ms
+            // of slack).
+            let (launching, delay) = (field(&line, "launching_ns"), field(&line, "delay_ns"));
+            assert!(wall - busy <= launching + delay + MS, "{context}");
         }
     }
 }
