@@ -25,7 +25,9 @@ use std::time::{Duration, Instant};
 use gpushare_utils::bucket::{CAPACITY_NS, PPM, REFILL_BATCH_NS, monotonic_ns};
 use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::MAX_DEVICES;
-use gpushare_utils::protocol::{BudgetGrant, BudgetRequest, Register, Registered};
+use gpushare_utils::protocol::{
+    BudgetGrant, BudgetRequest, MAX_HOSTNAME_LEN, MAX_UUID_LEN, Register, Registered,
+};
 use http_bidir_comm::ClientId;
 use http_bidir_comm::server::read_body;
 use http_bidir_comm::server::{Refusal, bearer, json_error, json_response, malformed};
@@ -132,6 +134,18 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
         return json_error(
             StatusCode::BAD_REQUEST,
             &format!("at most {MAX_DEVICES} devices per worker"),
+        );
+    }
+    if reg.hostname.len() > MAX_HOSTNAME_LEN {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("hostname longer than {MAX_HOSTNAME_LEN} bytes"),
+        );
+    }
+    if reg.devices.iter().any(|d| d.uuid.len() > MAX_UUID_LEN) {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            &format!("device UUID longer than {MAX_UUID_LEN} bytes"),
         );
     }
     if let Some(refusal) = screen(hv, &pod, &token, reg.pid).await {
@@ -366,6 +380,7 @@ fn schedule_error(e: &ScheduleError) -> Response {
     match e {
         ScheduleError::NoSuchPod(_) => json_error(StatusCode::NOT_FOUND, &e.to_string()),
         ScheduleError::Region { .. } => json_error(StatusCode::CONFLICT, &e.to_string()),
+        ScheduleError::Invalid { .. } => json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
 }
 

@@ -62,6 +62,9 @@ pub enum ScheduleError {
         #[source]
         source: RegionError,
     },
+    /// GPU limits that would not hold as given; nothing was changed.
+    #[error("pod {pod}: {reason}")]
+    Invalid { pod: String, reason: String },
 }
 
 /// What [`Scheduler::apply`] did.
@@ -312,6 +315,10 @@ impl Scheduler {
             .pods
             .get_mut(pod)
             .ok_or_else(|| ScheduleError::NoSuchPod(pod.to_owned()))?;
+        check_gpus(&gpus, &self.gpus).map_err(|reason| ScheduleError::Invalid {
+            pod: pod.to_owned(),
+            reason,
+        })?;
         p.spec.gpus = gpus;
         rebuild_gpus(p, now);
         place(p, &self.gpus);
@@ -424,6 +431,34 @@ pub(crate) fn rebuild_gpus(pod: &mut Pod, now: Instant) {
 
 /// Resolves every GPU of `pod` to a UUID; returns whether any placement
 /// changed. A GPU named twice (by index and by UUID) is placed once.
+/// Why GPU limits set at run time cannot be applied as given: more GPUs than
+/// a pod's objects hold, a GPU this node does not have, or one GPU selected
+/// twice. Each would leave a GPU the pod was meant to have unplaced (and so
+/// unlimited) or a limit silently dropped; the request is refused whole.
+fn check_gpus(specs: &[GpuSpec], gpus: &[GpuInfo]) -> Result<(), String> {
+    if specs.len() > MAX_DEVICES {
+        return Err(format!(
+            "{} GPUs given; a pod holds at most {MAX_DEVICES}",
+            specs.len()
+        ));
+    }
+    let mut selected: Vec<(&str, &GpuSelector)> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let found = gpus.iter().find(|g| match &spec.gpu {
+            GpuSelector::Index(i) => g.index == *i,
+            GpuSelector::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
+        });
+        let Some(gpu) = found else {
+            return Err(format!("{} is not a GPU of this node", spec.gpu));
+        };
+        if let Some((_, first)) = selected.iter().find(|(uuid, _)| *uuid == gpu.uuid) {
+            return Err(format!("{first} and {} select the same GPU", spec.gpu));
+        }
+        selected.push((gpu.uuid.as_str(), &spec.gpu));
+    }
+    Ok(())
+}
+
 pub(crate) fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
     let mut changed = false;
     let mut taken: Vec<String> = Vec::new();

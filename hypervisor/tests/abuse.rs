@@ -265,3 +265,36 @@ fn check_config_says_each_cause_once_and_warns_of_risks() {
         );
     }
 }
+
+#[test]
+fn registrations_with_oversized_strings_are_refused() {
+    // A registration's strings are kept for the life of the worker: a body
+    // of up to 64 KiB a worker, times the workers of a pod, would otherwise
+    // be what a pod can make the daemon hold.
+    let pod = unique("long");
+    let _regions = Regions(vec![pod.clone()]);
+    let config = ConfigFile::new(&format!(
+        "listen = \"127.0.0.1:0\"\n{}",
+        pod_toml(&pod, &["index = 0\nmemory = \"1g\""])
+    ));
+    let (_daemon, addr) = serve(&config, 4096);
+    let mut client = RawClient::new(addr.parse().expect("addr"));
+    let register = |client: &mut RawClient, hostname: String, uuid: String| {
+        let body = serde_json::to_string(&Register {
+            pod: pod.clone(),
+            pid: std::process::id(),
+            hostname,
+            devices: vec![WorkerDevice { index: 0, uuid }],
+        })
+        .expect("encode");
+        client.request("POST", "/api/v1/workers", &token_of(&pod), &body)
+    };
+    let (status, body) = register(&mut client, "h".repeat(60_000), gpu(0));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("hostname longer than 253 bytes"), "{body}");
+    let (status, body) = register(&mut client, "node-1".to_owned(), "GPU-".repeat(15_000));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("device UUID longer than 96 bytes"), "{body}");
+    let (status, body) = register(&mut client, "h".repeat(253), gpu(0));
+    assert_eq!(status, 200, "{body}");
+}

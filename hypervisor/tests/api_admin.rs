@@ -111,6 +111,35 @@ fn suspend_resume_and_live_limits_reach_region_and_worker() {
         let (status, body) = call("PUT", &limits, Some(ADMIN), Some(bad));
         assert_eq!(status, 400, "{bad}: {body}");
     }
+    // GPUs the pod's objects cannot hold, that the node does not have, or
+    // one GPU twice: refused whole, and the limits in force stay.
+    let many: Vec<String> = (0..40)
+        .map(|n| format!(r#"{{"uuid":"GPU-{n:08x}-0000-4000-8000-000000000000","memory":"1g"}}"#))
+        .collect();
+    let unknown = r#"{"gpus":[{"uuid":"GPU-00000000-1111-4000-8000-000000000000","memory":"1g"}]}"#;
+    let twice = format!(
+        r#"{{"gpus":[{{"index":0,"memory":"1g"}},{{"uuid":"{}","memory":"2g"}}]}}"#,
+        gpu(0)
+    );
+    for (bad, reason) in [
+        (format!(r#"{{"gpus":[{}]}}"#, many.join(",")), "at most 16"),
+        (unknown.to_owned(), "is not a GPU of this node"),
+        (twice, "select the same GPU"),
+    ] {
+        let (status, body) = call("PUT", &limits, Some(ADMIN), Some(&bad));
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert!(body.contains(reason), "{bad}: {body}");
+        assert_eq!(
+            region.quota(0),
+            3 << 30,
+            "{bad}: the limits in force changed"
+        );
+        assert_eq!(
+            region.rate(0),
+            200_000,
+            "{bad}: the limits in force changed"
+        );
+    }
     // The worker's answers are recorded.
     assert!(wait_for(Duration::from_secs(5), || {
         h.hv.hypervisor()

@@ -33,7 +33,7 @@ pub enum State {
     /// No limit is configured: nothing is patched, every call is the driver's.
     Off,
     /// The configuration is broken: CUDA is refused rather than run unlimited.
-    Refusing(String),
+    Refusing(Refusal),
     /// Limits are enforced.
     Limiting(Box<Limiter>),
 }
@@ -52,17 +52,38 @@ pub struct Limiter {
     refusal: OnceLock<String>,
 }
 
+/// Why CUDA is refused in this process, said once, by the first `cuInit`:
+/// a process that never initialises CUDA (a shell, a tool the container runs)
+/// is not the one to tell, and one that does is told what happened to it.
+pub struct Refusal {
+    message: String,
+    told: std::sync::Once,
+}
+
+impl Refusal {
+    fn new(message: String) -> Self {
+        Self {
+            message,
+            told: std::sync::Once::new(),
+        }
+    }
+
+    /// Prints the one line saying that `cuInit` was refused and why, the
+    /// first time it is called.
+    pub fn tell(&self) {
+        self.told
+            .call_once(|| eprintln!("{}; cuInit refused", self.message));
+    }
+}
+
 static STATE: OnceLock<State> = OnceLock::new();
 
 /// Reads the configuration and fixes the state; later calls return the first.
 pub fn init_from_env() -> &'static State {
     STATE.get_or_init(|| match build() {
         Ok(state) => state,
-        Err(message) => {
-            // One clear line, also when logging is off.
-            eprintln!("{message}; CUDA will refuse to initialise in this process");
-            State::Refusing(message)
-        }
+        // One clear line, also when logging is off, by the first cuInit.
+        Err(message) => State::Refusing(Refusal::new(message)),
     })
 }
 

@@ -45,6 +45,8 @@ pub enum LinkError {
         #[source]
         source: std::io::Error,
     },
+    #[error("refusing token file {path}: {reason}")]
+    TokenFileRefused { path: String, reason: String },
     #[error("request failed: {0}")]
     Request(#[from] ChannelError),
     #[error("not registered yet")]
@@ -53,6 +55,54 @@ pub enum LinkError {
     /// published limits or the local ones apply.
     #[error("unusable address: {0}")]
     Address(String),
+}
+
+/// The most a token file may hold: a token is tens of bytes.
+const TOKEN_FILE_MAX: u64 = 4096;
+
+/// The token in the file at `path`, read so that no file can hang or exhaust
+/// the process that loads the library (every process of a container does):
+/// opened non-blocking (a FIFO with no writer does not wait), accepted only
+/// when it is a regular file (not a FIFO, a socket or `/dev/zero`) of at most
+/// [`TOKEN_FILE_MAX`] bytes, and read no further than that. Symbolic links
+/// are followed: Kubernetes mounts secrets through them.
+fn read_token_file(path: &str) -> Result<String, LinkError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    let unreadable = |source| LinkError::TokenFile {
+        path: path.to_owned(),
+        source,
+    };
+    let refused = |reason: String| LinkError::TokenFileRefused {
+        path: path.to_owned(),
+        reason,
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(unreadable)?;
+    let metadata = file.metadata().map_err(unreadable)?;
+    if !metadata.is_file() {
+        return Err(refused("not a regular file".to_owned()));
+    }
+    if metadata.len() > TOKEN_FILE_MAX {
+        return Err(refused(format!(
+            "{} bytes, more than a token's {TOKEN_FILE_MAX}",
+            metadata.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(TOKEN_FILE_MAX + 1)
+        .read_to_end(&mut bytes)
+        .map_err(unreadable)?;
+    if bytes.len() as u64 > TOKEN_FILE_MAX {
+        return Err(refused(format!(
+            "more than a token's {TOKEN_FILE_MAX} bytes"
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| refused("not UTF-8 text".to_owned()))
 }
 
 /// How long registration waits for the application to initialise CUDA, so
@@ -119,8 +169,7 @@ impl Link {
             std::env::var("CUDA_LIMITER_TOKEN_FILE"),
         ) {
             (Ok(token), _) => token,
-            (Err(_), Ok(path)) => std::fs::read_to_string(&path)
-                .map_err(|source| LinkError::TokenFile { path, source })?,
+            (Err(_), Ok(path)) => read_token_file(&path)?,
             _ => return Err(LinkError::NoToken),
         };
         let token = token.trim().to_owned();

@@ -207,3 +207,114 @@ fn a_wrong_token_is_refused_and_cuda_with_it() {
         "registered: {status}"
     );
 }
+
+/// Runs `command` to its end, or kills it after `limit` and fails the test.
+fn output_within(mut command: std::process::Command, limit: Duration) -> std::process::Output {
+    let mut child = command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let started = std::time::Instant::now();
+    while child.try_wait().expect("wait").is_none() {
+        if started.elapsed() > limit {
+            let _ignored = child.kill();
+            let output = child.wait_with_output().expect("reap");
+            panic!("still running after {limit:?}: {output:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("output")
+}
+
+/// A directory of the test's own, removed after.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(test: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("gpushare-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&path).expect("temp dir");
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ignored = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_token_file_that_is_not_a_small_regular_file_is_refused_at_once() {
+    // The token file is read when the library loads, in every process of the
+    // container: one that blocks (a FIFO with no writer) or never ends
+    // (/dev/zero) must not hang or exhaust the process. Each is refused with
+    // one line, CUDA refused with it; a process that never uses CUDA runs.
+    let dir = TempDir::new("token-file");
+    let fifo = dir.0.join("fifo");
+    let path = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+    let large = dir.0.join("large");
+    std::fs::File::create(&large)
+        .and_then(|file| file.set_len(100 << 20))
+        .expect("a sparse 100 MB file");
+    let cases = [
+        (fifo.as_path(), "not a regular file"),
+        (Path::new("/dev/zero"), "not a regular file"),
+        (dir.0.as_path(), "not a regular file"),
+        (large.as_path(), "104857600 bytes"),
+    ];
+    for (file, reason) in cases {
+        let pod = Pod::new("token-file");
+        let mut command = probe(
+            "cudaprobe",
+            &pod,
+            &[
+                ("CUDA_LIMITER_HYPERVISOR", "http://127.0.0.1:9"),
+                ("CUDA_LIMITER_TOKEN_FILE", file.to_str().expect("utf-8")),
+            ],
+            &["info"],
+        );
+        command.env_remove("CUDA_LIMITER_TOKEN");
+        let output = output_within(command, Duration::from_secs(20));
+        assert!(!output.status.success(), "{file:?}: {output:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let ours: Vec<&str> = stderr
+            .lines()
+            .filter(|line| line.starts_with("cuda-limiter:"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{file:?}: one line: {stderr}");
+        assert!(
+            ours[0].contains("refusing token file") && ours[0].contains(reason),
+            "{file:?}: {stderr}"
+        );
+        assert!(stderr.contains("cuInit failed"), "{file:?}: {stderr}");
+
+        let mut plain = std::process::Command::new("true");
+        plain
+            .env("LD_PRELOAD", common::limiter())
+            .env("CUDA_LIMITER_POD", &pod.0)
+            .env("CUDA_LIMITER_HYPERVISOR", "http://127.0.0.1:9")
+            .env("CUDA_LIMITER_TOKEN_FILE", file)
+            .env_remove("CUDA_LIMITER_TOKEN");
+        let output = output_within(plain, Duration::from_secs(20));
+        assert!(output.status.success(), "{file:?}: {output:?}");
+        assert!(output.stderr.is_empty(), "{file:?}: {output:?}");
+    }
+}
+
+#[test]
+fn a_token_from_a_regular_file_registers() {
+    let pod = Pod::new("hv-token-file");
+    let hypervisor = start(&pod, "memory = \"1g\"");
+    let dir = TempDir::new("token-file-ok");
+    let token = dir.0.join("token");
+    std::fs::write(&token, format!("{TOKEN}\n")).expect("token file");
+    let mut command = managed(&pod, &hypervisor.url(), TOKEN, &["info"]);
+    command
+        .env_remove("CUDA_LIMITER_TOKEN")
+        .env("CUDA_LIMITER_TOKEN_FILE", &token);
+    let lines = run(command);
+    assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB), "{lines:?}");
+}

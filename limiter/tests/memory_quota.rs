@@ -238,7 +238,16 @@ fn malformed_configuration_is_one_clear_line_and_cuda_is_refused() {
             && first.contains("4x"),
         "{stderr}"
     );
-    // A process that never touches CUDA still runs.
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|line| line.starts_with("cuda-limiter:"))
+            .count(),
+        1,
+        "said once: {stderr}"
+    );
+    // A process that never touches CUDA still runs, and is not the one to
+    // say what is wrong (every process of a container loads the library).
     let output = std::process::Command::new("sh")
         .args(["-c", "exit 0"])
         .env("LD_PRELOAD", common::limiter())
@@ -246,4 +255,5 @@ fn malformed_configuration_is_one_clear_line_and_cuda_is_refused() {
         .output()
         .expect("spawn sh");
     assert!(output.status.success());
+    assert!(output.stderr.is_empty(), "{output:?}");
 }

@@ -28,6 +28,14 @@ pub struct WorkerDevice {
     pub uuid: String,
 }
 
+/// The longest hostname a registration may carry, in bytes (a DNS name's
+/// limit; Linux hostnames are at most 64). The daemon keeps it for the life
+/// of the worker, so it is bounded like everything else a pod can send.
+pub const MAX_HOSTNAME_LEN: usize = 253;
+/// The longest GPU or MIG UUID a registration may carry, in bytes (a MIG
+/// device's `MIG-GPU-…/gi/ci` form is about 50).
+pub const MAX_UUID_LEN: usize = 96;
+
 /// A limiter process introducing itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Register {

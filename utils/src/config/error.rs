@@ -26,8 +26,9 @@ pub enum ConfigError {
     NotUnicode { var: String, lossy: String },
 
     #[error(
-        "{var}={} has device suffix {suffix:?}, which is not a device index (expected {base}_<i> with i from 0 to {})",
+        "{var}={} has device suffix {}, which is not a device index (expected {base}_<i> with i from 0 to {})",
         quoted(.value),
+        escaped(.suffix),
         MAX_DEVICES - 1
     )]
     BadSuffix {
@@ -38,8 +39,9 @@ pub enum ConfigError {
     },
 
     #[error(
-        "{var}={} names device {index}, but device indices go from 0 to {}",
+        "{var}={} names device {}, but device indices go from 0 to {}",
         quoted(.value),
+        Clipped(.index),
         MAX_DEVICES - 1
     )]
     IndexOutOfRange {
@@ -86,10 +88,10 @@ pub enum ConfigError {
         example: &'static str,
     },
 
-    #[error("{var} has key {key:?}, which is not {JSON_KEY_SYNTAX}")]
+    #[error("{var} has key {}, which is not {JSON_KEY_SYNTAX}", escaped(.key))]
     JsonKey { var: String, key: String },
 
-    #[error("{var} has {key:?}: {value}, which is not {expected}")]
+    #[error("{var} has {}: {}, which is not {expected}", escaped(.key), Clipped(.value))]
     JsonValue {
         var: String,
         key: String,
@@ -99,7 +101,9 @@ pub enum ConfigError {
     },
 
     #[error(
-        "{var} names one device twice, as {first:?} and {second:?} (expected each device once)"
+        "{var} names one device twice, as {} and {} (expected each device once)",
+        escaped(.first),
+        escaped(.second)
     )]
     JsonDuplicate {
         var: String,
@@ -120,8 +124,30 @@ pub enum ConfigError {
     Class { var: String, value: String },
 }
 
+/// The most characters of a user's value or key an error shows: a variable
+/// can hold 128 KiB, and its error is one line of a log.
+pub const SHOWN_CHARS: usize = 200;
+
+/// The first [`SHOWN_CHARS`] characters of `s`, and how many more it has.
+fn clipped(s: &str) -> (&str, usize) {
+    match s.char_indices().nth(SHOWN_CHARS) {
+        Some((at, _)) => (&s[..at], s[at..].chars().count()),
+        None => (s, 0),
+    }
+}
+
+/// Says how much of a value was left out, after what was shown of it.
+fn left_out(f: &mut fmt::Formatter<'_>, more: usize) -> fmt::Result {
+    if more == 0 {
+        Ok(())
+    } else {
+        write!(f, "… ({more} more characters)")
+    }
+}
+
 /// Shows a user's value in one line: `"4x"`, `'{"0": 1}'` when it holds double
-/// quotes, escaped when it holds control characters.
+/// quotes, escaped when it holds control characters; at most [`SHOWN_CHARS`]
+/// characters of it.
 pub(super) struct Quoted<'a>(&'a str);
 
 pub(super) fn quoted(s: &str) -> Quoted<'_> {
@@ -130,15 +156,44 @@ pub(super) fn quoted(s: &str) -> Quoted<'_> {
 
 impl fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = self.0;
+        let (s, more) = clipped(self.0);
         let plain = !s.chars().any(char::is_control);
         if plain && !s.contains('"') {
-            write!(f, "\"{s}\"")
+            write!(f, "\"{s}\"")?;
         } else if plain && !s.contains('\'') {
-            write!(f, "'{s}'")
+            write!(f, "'{s}'")?;
         } else {
-            write!(f, "{s:?}")
+            write!(f, "{s:?}")?;
         }
+        left_out(f, more)
+    }
+}
+
+/// Shows text (compact JSON, a device index) as it is, at most
+/// [`SHOWN_CHARS`] characters of it.
+pub(super) struct Clipped<'a>(pub(super) &'a str);
+
+impl fmt::Display for Clipped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (s, more) = clipped(self.0);
+        f.write_str(s)?;
+        left_out(f, more)
+    }
+}
+
+/// Shows a user's key or name as a Rust string literal, at most
+/// [`SHOWN_CHARS`] characters of it.
+pub(super) struct Escaped<'a>(&'a str);
+
+pub(super) fn escaped(s: &str) -> Escaped<'_> {
+    Escaped(s)
+}
+
+impl fmt::Display for Escaped<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (s, more) = clipped(self.0);
+        write!(f, "{s:?}")?;
+        left_out(f, more)
     }
 }
 
@@ -152,6 +207,34 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "CUDA_DEVICE_MEMORY_LIMIT_0=\"4x\" is not a size (expected bytes or a number with k, m, g or t, e.g. 4g, 1024m, 1048576k)"
+        );
+    }
+
+    #[test]
+    fn errors_show_at_most_200_characters_of_a_value_or_key() {
+        let long = "9".repeat(131_072);
+        let key = format!("GPU-{}", "a".repeat(5_000));
+        let cases = [
+            ("CUDA_DEVICE_MEMORY_LIMIT", format!("{long}x")),
+            ("CUDA_LIMITER_SM_LIMIT", long.clone()),
+            ("TENSOR_FUSION_CUDA_MEM_LIMIT", format!("[{long}]")),
+            ("TENSOR_FUSION_CUDA_MEM_LIMIT", format!("{{\"{key}\": -1}}")),
+            ("TENSOR_FUSION_CUDA_MEM_LIMIT", format!("{{\"{long}\": 1}}")),
+            (
+                "TENSOR_FUSION_CUDA_UP_LIMIT",
+                format!("{{\"0\": \"{long}\"}}"),
+            ),
+        ];
+        for (name, value) in &cases {
+            let msg = err(&[(name, value)]).to_string();
+            assert!(msg.len() < 1_000, "{name}: {} bytes: {msg}", msg.len());
+            assert!(msg.contains("more characters)"), "{name}: {msg}");
+        }
+        // A short value is shown whole, with nothing said of the rest.
+        let msg = err(&[("CUDA_LIMITER_SM_LIMIT", "101")]).to_string();
+        assert!(
+            msg.contains("\"101\"") && !msg.contains("more characters"),
+            "{msg}"
         );
     }
 

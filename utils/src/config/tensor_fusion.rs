@@ -74,6 +74,36 @@ pub(super) fn json_device(key: &str) -> Option<Device> {
     is_uuid.then(|| Device::Uuid(key.to_ascii_lowercase()))
 }
 
+/// A JSON object's members in order, a key given twice kept twice: a map
+/// keeps only the last, which would let `{"0": 1073741824, "0": 0}` end
+/// unlimited where its writer meant a quota.
+struct Members(Vec<(String, serde_json::Value)>);
+
+impl<'de> serde::Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Members;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
+}
+
 pub(super) fn parse_json_limits<T>(
     v: &RawVar,
     out: &mut DeviceLimits<T>,
@@ -88,17 +118,19 @@ pub(super) fn parse_json_limits<T>(
     };
     let json: serde_json::Value =
         serde_json::from_str(&v.value).map_err(|e| not_object(e.to_string()))?;
-    let found = match json {
-        serde_json::Value::Object(map) => map,
+    match json {
+        serde_json::Value::Object(_) => {}
         serde_json::Value::Null => return Err(not_object("found null".to_owned())),
         serde_json::Value::Bool(_) => return Err(not_object("found a boolean".to_owned())),
         serde_json::Value::Number(_) => return Err(not_object("found a number".to_owned())),
         serde_json::Value::String(_) => return Err(not_object("found a string".to_owned())),
         serde_json::Value::Array(_) => return Err(not_object("found an array".to_owned())),
     };
-    let map = found;
-    let mut seen: Vec<(Device, &str)> = Vec::with_capacity(map.len());
-    for (key, value) in &map {
+    // Parsed once more, as members: the object above has lost any key
+    // given twice.
+    let Members(members) = serde_json::from_str(&v.value).map_err(|e| not_object(e.to_string()))?;
+    let mut seen: Vec<(Device, &str)> = Vec::with_capacity(members.len());
+    for (key, value) in &members {
         let Some(device) = json_device(key) else {
             return Err(ConfigError::JsonKey {
                 var: v.name.clone(),
@@ -224,6 +256,16 @@ mod tests {
                 "TENSOR_FUSION_CUDA_MEM_LIMIT",
                 r#"{"GPU-abc": 1, "gpu-ABC": 2}"#,
                 r#"TENSOR_FUSION_CUDA_MEM_LIMIT names one device twice, as "GPU-abc" and "gpu-ABC" (expected each device once)"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_MEM_LIMIT",
+                r#"{"0": 1073741824, "0": 0}"#,
+                r#"TENSOR_FUSION_CUDA_MEM_LIMIT names one device twice, as "0" and "0" (expected each device once)"#,
+            ),
+            (
+                "TENSOR_FUSION_CUDA_UP_LIMIT",
+                r#"{"0": 30, "GPU-abc": 50, "0": 100}"#,
+                r#"TENSOR_FUSION_CUDA_UP_LIMIT names one device twice, as "0" and "0" (expected each device once)"#,
             ),
             (
                 "TENSOR_FUSION_CUDA_UP_LIMIT",

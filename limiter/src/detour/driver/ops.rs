@@ -9,12 +9,13 @@ use crate::sys::CUresult;
 /// `cuInit`: `CUDA_ERROR_NOT_INITIALIZED` under a broken configuration, an
 /// unpatchable driver, or (under a hypervisor) no grant and no local limit,
 /// so the program fails where CUDA starts instead of running without its
-/// limits. Each cause printed its one line when it was found.
+/// limits. A broken configuration says so once, here; the other causes
+/// printed their one line when they were found.
 /// `initialise` is the driver's original, as a closure from the adapter.
 pub fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
     let limiter = match entry::state() {
-        Some(State::Refusing(message)) => {
-            eprintln!("{message}; cuInit refused");
+        Some(State::Refusing(refusal)) => {
+            refusal.tell();
             return Err(LimiterError::Misconfigured("configuration error"));
         }
         Some(State::Limiting(limiter)) => limiter,
