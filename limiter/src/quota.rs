@@ -126,14 +126,12 @@ impl MemoryQuota {
     }
 
     /// The quota of CUDA device `device` (as the application numbers it), or
-    /// `None` when it is unlimited. Under a hypervisor, read live from its
-    /// read-only limits; locally, resolved once per device.
+    /// `None` when it is unlimited; `Some(0)` refuses every allocation. Under
+    /// a hypervisor, read live from its read-only limits; locally, resolved
+    /// once per device.
     pub fn limit(&self, ctx: &'static Context, device: usize) -> Option<u64> {
         match ctx.grant() {
-            Grant::Hypervisor(_) => {
-                let uuid = ctx.device_uuid(device)?;
-                self.limit_for(ctx, device, Some(&uuid))
-            }
+            Grant::Hypervisor(_) => self.limit_for(ctx, device, ctx.device_uuid(device).as_deref()),
             // Refused: cuInit failed; should a call come anyway, the device
             // shows nothing and every reservation is refused.
             Grant::Refused => Some(0),
@@ -156,7 +154,10 @@ impl MemoryQuota {
     }
 
     /// The quota of a device known by index and UUID: the hypervisor's for
-    /// that UUID when it granted limits, else the configured one.
+    /// that UUID when it granted limits, else the configured one. Under the
+    /// hypervisor a GPU it published no limits for (one the pod was not
+    /// given, a UUID it does not know) has a quota of 0: every allocation
+    /// on it is refused, where no quota would leave it unlimited.
     pub fn limit_for(
         &self,
         ctx: &'static Context,
@@ -164,10 +165,11 @@ impl MemoryQuota {
         uuid: Option<&str>,
     ) -> Option<u64> {
         if let Some(limits) = ctx.hypervisor_limits() {
-            return limits
-                .find(uuid?)
-                .map(|gpu| gpu.quota.load(Ordering::Acquire))
-                .filter(|bytes| *bytes > 0);
+            let Some(gpu) = uuid.and_then(|uuid| limits.find(uuid)) else {
+                return Some(0);
+            };
+            let bytes = gpu.quota.load(Ordering::Acquire);
+            return (bytes > 0).then_some(bytes);
         }
         self.configured
             .resolve(device as u32, uuid)
@@ -185,7 +187,17 @@ impl MemoryQuota {
             return Err(LimiterError::Misconfigured("no limits granted"));
         }
         self.measure_overhead(ctx, device, false);
-        let limit = self.limit(ctx, device).unwrap_or(0);
+        // A quota of 0 is a GPU on which nothing may be allocated (one the
+        // hypervisor gave the pod no limits for); to the ledger, 0 would
+        // mean no quota at all.
+        let Some(limit) = self.limit(ctx, device).filter(|&bytes| bytes > 0) else {
+            return Err(LimiterError::OverQuota {
+                device,
+                requested: bytes,
+                used: 0,
+                quota: 0,
+            });
+        };
         let ledger = ctx.ledger().ok_or(LimiterError::LedgerUnavailable)?;
         let entry = ctx
             .ledger_entry(device)

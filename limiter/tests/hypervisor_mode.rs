@@ -318,3 +318,26 @@ fn a_token_from_a_regular_file_registers() {
     let lines = run(command);
     assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB), "{lines:?}");
 }
+
+#[test]
+fn a_gpu_the_hypervisor_gave_the_pod_no_limits_for_is_refused() {
+    // The node's hypervisor knows GPU 0; the process also sees a second GPU
+    // (another pod's, made visible, or a UUID the configuration does not
+    // name). Its allocations there are refused, never unlimited.
+    let pod = Pod::new("hv-unlisted");
+    let hypervisor = start(&pod, "memory = \"1g\"");
+    for (visible, want) in [("0", "-> 0 "), ("1", "-> 2 ")] {
+        let mut command = managed(
+            &pod,
+            &hypervisor.url(),
+            TOKEN,
+            &["alloc", "mem", "64m", "alloc", "mem", "5g"],
+        );
+        command
+            .env("GPUSHARE_DOUBLE_DEVICES", "2")
+            .env("CUDA_VISIBLE_DEVICES", visible);
+        let lines = run(command);
+        assert!(lines[0].contains(want), "GPU {visible}: {lines:?}");
+        assert!(lines[1].contains("-> 2 "), "GPU {visible}: {lines:?}");
+    }
+}
