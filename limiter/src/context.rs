@@ -32,8 +32,13 @@ pub struct Context {
     /// hypervisor grants none).
     local_limits: bool,
     grant_timeout: Duration,
-    /// Owners the pod's regions may have.
+    /// Owners the pod's ledger may have: root, the process's own uid, the
+    /// configured region owner.
     trust: Trust,
+    /// Owners the pod's limits object may have: root and the configured
+    /// region owner only. The limits are the daemon's to write; one created
+    /// by the pod's own uid (before the daemon made it) is forged.
+    limits_trust: Trust,
     grant: OnceLock<Grant>,
     ledger: OnceLock<Option<PodLedger>>,
     /// Per CUDA ordinal: the pod's compute bucket there.
@@ -52,14 +57,15 @@ impl Context {
         link: Option<Link>,
         local_limits: bool,
         grant_timeout: Duration,
-        trust: Trust,
+        region_owner: Option<u32>,
     ) -> Self {
         Self {
             pod,
             link,
             local_limits,
             grant_timeout,
-            trust,
+            trust: Trust::own_or_root(region_owner),
+            limits_trust: Trust::root_or(region_owner),
             grant: OnceLock::new(),
             ledger: OnceLock::new(),
             buckets: [const { OnceLock::new() }; MAX_DEVICES],
@@ -134,7 +140,7 @@ impl Context {
                 link,
                 &self.driver,
                 self.pod.as_str(),
-                &self.trust,
+                &self.limits_trust,
                 self.grant_timeout,
                 self.local_limits,
             ),

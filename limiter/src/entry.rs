@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use gpushare_utils::activity;
 use gpushare_utils::config::LimiterConfig;
-use gpushare_utils::shm::Trust;
 
 use crate::context::Context;
 use crate::hypervisor::Link;
@@ -142,13 +141,7 @@ fn build() -> Result<State, String> {
         compute: metered.then(|| Throttle::new(config.compute, priority)),
         memory: MemoryQuota::new(config.memory),
         spill: Spill::new(config.oversubscribe, config.spill_limit),
-        context: Context::new(
-            config.pod,
-            link,
-            local_limits,
-            grant_timeout,
-            Trust::own_or_root(owner),
-        ),
+        context: Context::new(config.pod, link, local_limits, grant_timeout, owner),
         allow_unpatched,
         refusal: OnceLock::new(),
     })))

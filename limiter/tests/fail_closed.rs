@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use common::{CONTEXT_BYTES, GIB, Pod, info, probe, run};
 use gpushare_utils::ledger::{MAX_DEVICES, PodLedger, REGION_SIZE};
+use gpushare_utils::limits::PodLimits;
+use gpushare_utils::shm::Creation;
 use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError};
 use hypervisor::{Options, RunningHypervisor, config};
 
@@ -377,4 +379,54 @@ fn nvml_not_knowing_a_process_figure_charges_nothing() {
     assert_eq!(lines[0], info(0, 4 * GIB, 4 * GIB));
     assert!(lines[1].starts_with("alloc mem 1g -> 0 "), "{lines:?}");
     assert_eq!(lines[2], info(0, 3 * GIB, 4 * GIB));
+}
+
+#[test]
+fn limits_a_pod_publishes_for_itself_are_not_trusted() {
+    let Some(uid) = nobody() else {
+        eprintln!("skipped: forging limits needs root to act as another user (uid 65534)");
+        return;
+    };
+    // An unprivileged pod creates its limits object before the daemon does,
+    // well formed and published, with 64 GiB for its GPU, then runs a process
+    // with a local 1 GiB limit and a daemon it cannot reach.
+    let pod = Pod::new("forged");
+    let forged = PodLimits::create_or_adopt(
+        &pod.0,
+        &Creation {
+            uid: Some(uid),
+            gid: Some(uid),
+            mode: 0o644,
+        },
+    )
+    .expect("forged limits");
+    forged
+        .set(&gpushare_examples::uuid(0), 64 * GIB)
+        .expect("forged quota");
+    forged.publish();
+    let output = managed(
+        &pod,
+        "http://127.0.0.1:9",
+        TOKEN,
+        &[
+            ("CUDA_DEVICE_MEMORY_LIMIT", "1g"),
+            ("CUDA_LIMITER_GRANT_TIMEOUT_MS", "300"),
+        ],
+        &["info", "alloc", "mem", "2g", "alloc", "mem", "512m"],
+    )
+    .uid(uid)
+    .gid(uid)
+    .output()
+    .expect("probe");
+    let lines = stdout(&output);
+    assert!(output.status.success(), "{output:?}");
+    // The local limit holds, and the line says why the limits were refused.
+    assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB), "{output:?}");
+    assert!(lines[1].starts_with("alloc mem 2g -> 2 "), "{output:?}");
+    assert!(lines[2].starts_with("alloc mem 512m -> 0 "), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("owned by uid {uid}, which is not trusted")),
+        "{stderr}"
+    );
 }

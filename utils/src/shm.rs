@@ -33,6 +33,16 @@ impl Trust {
         Self { owners }
     }
 
+    /// Root, plus `extra` (a configured uid): for objects only the node's
+    /// daemon may create, which a process must not trust merely because its
+    /// own uid made them.
+    pub fn root_or(extra: Option<u32>) -> Self {
+        let mut owners = vec![0];
+        owners.extend(extra);
+        owners.dedup();
+        Self { owners }
+    }
+
     /// Exactly these uids.
     pub fn only(owners: &[u32]) -> Self {
         Self {
