@@ -20,11 +20,9 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use gpushare_utils::bucket::monotonic_ns;
 use hypervisor::status::LatencySnapshot;
 
 const P50: Duration = Duration::from_micros(200);
@@ -86,32 +84,12 @@ fn main() {
 /// 100 registered workers of 4 pods on one simulated GPU; each request is a
 /// trap as the limiter makes it (bucket emptied just before).
 fn one_client_100_workers(build: &str) {
-    const PODS: usize = 4;
-    const WORKERS: usize = 100;
+    const PODS: usize = Traps::PODS;
+    const WORKERS: usize = Traps::WORKERS;
     const WARM_UP: usize = 100;
     const REQUESTS: usize = 2000;
-    let pods: Vec<String> = (0..PODS).map(|i| unique(&format!("lat{i}"))).collect();
-    let config: String = pods
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            pod_toml(
-                p,
-                &[&format!(
-                    "index = 0\nweight = {}\npolicy = \"fixed\"\nmemory = \"1g\"",
-                    i + 1
-                )],
-            )
-        })
-        .collect();
-    let names: Vec<&str> = pods.iter().map(String::as_str).collect();
-    let h = Harness::start(&config, 1, &names);
-    let workers: Vec<(String, usize)> = (0..WORKERS)
-        .map(|i| (register_ok(&h.url(), &pods[i % PODS]).worker_id, i % PODS))
-        .collect();
-    let regions: Vec<RegionView> = pods.iter().map(|p| RegionView::open(p)).collect();
-    let tokens: Vec<String> = pods.iter().map(|p| token_of(p)).collect();
-    let uuid = gpu(0);
+    let traps = Traps::start();
+    let h = &traps.h;
     let mut client = RawClient::new(h.addr());
 
     // The floor: a request that does nothing, on the same connection.
@@ -126,10 +104,6 @@ fn one_client_100_workers(build: &str) {
         .collect();
     let (floor_p50, floor_p99, _) = quantiles(floor);
 
-    let bodies: Vec<String> = workers
-        .iter()
-        .map(|(w, _)| format!("{{\"worker_id\":\"{w}\",\"uuid\":\"{uuid}\",\"cost_ns\":20000}}"))
-        .collect();
     let mut latencies = Vec::with_capacity(REQUESTS);
     let mut empty = 0usize;
     let mut before = None;
@@ -141,16 +115,8 @@ fn one_client_100_workers(build: &str) {
             before = Some(h.hv.hypervisor().status().admission);
             started = Instant::now();
         }
-        let k = n % WORKERS;
-        let pod = workers[k].1;
-        let bucket = regions[pod].bucket(0);
-        // The trap: the launch found the bucket empty.
-        bucket.tokens_ns.store(0, Ordering::Release);
-        bucket
-            .refilled_at_ns
-            .store(monotonic_ns(), Ordering::Release);
         let start = Instant::now();
-        let (status, reply) = client.request("POST", "/api/v1/admission", &tokens[pod], &bodies[k]);
+        let (status, reply) = traps.trap(&mut client, n);
         let took = start.elapsed();
         assert_eq!(status, 200, "{reply}");
         if reply.contains("\"granted_ns\":0}") {
@@ -187,48 +153,18 @@ fn one_client_100_workers(build: &str) {
 fn concurrent_clients() {
     const CLIENTS: usize = 4;
     const REQUESTS: usize = 300;
-    let pod = unique("conc");
-    let h = Harness::start(
-        &pod_toml(&pod, &["index = 0\npolicy = \"fixed\"\nweight = 1"]),
-        1,
-        &[&pod],
-    );
-    let token = token_of(&pod);
-    let region = RegionView::open(&pod);
-    let workers: Vec<String> = (0..CLIENTS)
-        .map(|_| register_ok(&h.url(), &pod).worker_id)
-        .collect();
-    let before = h.hv.hypervisor().status().admission;
-    let latencies: Vec<Duration> = std::thread::scope(|s| {
-        let handles: Vec<_> = workers
-            .iter()
-            .map(|w| {
-                let (token, region, addr) = (&token, &region, h.addr());
-                s.spawn(move || {
-                    let mut client = RawClient::new(addr);
-                    let body = format!(
-                        "{{\"worker_id\":\"{w}\",\"uuid\":\"{}\",\"cost_ns\":1000}}",
-                        gpu(0)
-                    );
-                    (0..REQUESTS)
-                        .map(|_| {
-                            region.bucket(0).tokens_ns.store(0, Ordering::Release);
-                            let start = Instant::now();
-                            let (status, reply) =
-                                client.request("POST", "/api/v1/admission", token, &body);
-                            let took = start.elapsed();
-                            assert_eq!(status, 200, "{reply}");
-                            took
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("client"))
-            .collect()
+    let mut before = None;
+    let (h, answers) = concurrent_traps(CLIENTS, REQUESTS, |h| {
+        before = Some(h.hv.hypervisor().status().admission);
     });
+    let before = before.expect("taken before the asks");
+    let latencies: Vec<Duration> = answers
+        .into_iter()
+        .map(|(status, reply, took)| {
+            assert_eq!(status, 200, "{reply}");
+            took
+        })
+        .collect();
     let (p50, p99, max) = quantiles(latencies);
     let server = since(&before, &h.hv.hypervisor().status().admission);
     let (server_p50, server_p99) = server_bounds(&server);

@@ -7,10 +7,7 @@
 
 mod common;
 
-use std::sync::atomic::Ordering;
-
 use common::*;
-use gpushare_utils::bucket::monotonic_ns;
 
 /// 100 registered workers of 4 pods on one simulated GPU; each request is a
 /// trap as the limiter makes it (bucket emptied just before). Every one is
@@ -18,47 +15,15 @@ use gpushare_utils::bucket::monotonic_ns;
 /// request waits, so none may come back empty-handed.
 #[test]
 fn admission_with_100_workers_grants_every_trap() {
-    const PODS: usize = 4;
-    const WORKERS: usize = 100;
     const REQUESTS: usize = 2000;
-    let pods: Vec<String> = (0..PODS).map(|i| unique(&format!("lat{i}"))).collect();
-    let config: String = pods
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            pod_toml(
-                p,
-                &[&format!(
-                    "index = 0\nweight = {}\npolicy = \"fixed\"\nmemory = \"1g\"",
-                    i + 1
-                )],
-            )
-        })
-        .collect();
-    let names: Vec<&str> = pods.iter().map(String::as_str).collect();
-    let h = Harness::start(&config, 1, &names);
-    let workers: Vec<(String, usize)> = (0..WORKERS)
-        .map(|i| (register_ok(&h.url(), &pods[i % PODS]).worker_id, i % PODS))
-        .collect();
-    assert_eq!(h.hv.hypervisor().status().workers.len(), WORKERS);
-    let regions: Vec<RegionView> = pods.iter().map(|p| RegionView::open(p)).collect();
-    let tokens: Vec<String> = pods.iter().map(|p| token_of(p)).collect();
-    let uuid = gpu(0);
-    let mut client = RawClient::new(h.addr());
-    let bodies: Vec<String> = workers
-        .iter()
-        .map(|(w, _)| format!("{{\"worker_id\":\"{w}\",\"uuid\":\"{uuid}\",\"cost_ns\":20000}}"))
-        .collect();
+    let traps = Traps::start();
+    assert_eq!(
+        traps.h.hv.hypervisor().status().workers.len(),
+        Traps::WORKERS
+    );
+    let mut client = RawClient::new(traps.h.addr());
     for n in 0..REQUESTS {
-        let k = n % WORKERS;
-        let pod = workers[k].1;
-        let bucket = regions[pod].bucket(0);
-        // The trap: the launch found the bucket empty.
-        bucket.tokens_ns.store(0, Ordering::Release);
-        bucket
-            .refilled_at_ns
-            .store(monotonic_ns(), Ordering::Release);
-        let (status, reply) = client.request("POST", "/api/v1/admission", &tokens[pod], &bodies[k]);
+        let (status, reply) = traps.trap(&mut client, n);
         assert_eq!(status, 200, "request {n}: {reply}");
         let granted =
             serde_json::from_str::<serde_json::Value>(&reply).expect("json")["granted_ns"]
@@ -68,7 +33,7 @@ fn admission_with_100_workers_grants_every_trap() {
     }
     // The daemon's own count agrees: every request recorded, none of them
     // answered empty after waiting out its admission window.
-    let server = h.hv.hypervisor().status().admission;
+    let server = traps.h.hv.hypervisor().status().admission;
     assert_eq!(server.count, REQUESTS as u64);
     assert_eq!(server.timeouts, 0);
 }
@@ -79,39 +44,9 @@ fn admission_with_100_workers_grants_every_trap() {
 fn concurrent_admissions_are_all_answered() {
     const CLIENTS: usize = 4;
     const REQUESTS: usize = 300;
-    let pod = unique("conc");
-    let h = Harness::start(
-        &pod_toml(&pod, &["index = 0\npolicy = \"fixed\"\nweight = 1"]),
-        1,
-        &[&pod],
-    );
-    let token = token_of(&pod);
-    let region = RegionView::open(&pod);
-    let workers: Vec<String> = (0..CLIENTS)
-        .map(|_| register_ok(&h.url(), &pod).worker_id)
-        .collect();
-    let answered: usize = std::thread::scope(|s| {
-        let handles: Vec<_> = workers
-            .iter()
-            .map(|w| {
-                let (token, region, addr) = (&token, &region, h.addr());
-                s.spawn(move || {
-                    let mut client = RawClient::new(addr);
-                    let body = format!(
-                        "{{\"worker_id\":\"{w}\",\"uuid\":\"{}\",\"cost_ns\":1000}}",
-                        gpu(0)
-                    );
-                    for n in 0..REQUESTS {
-                        region.bucket(0).tokens_ns.store(0, Ordering::Release);
-                        let (status, reply) =
-                            client.request("POST", "/api/v1/admission", token, &body);
-                        assert_eq!(status, 200, "{w}, request {n}: {reply}");
-                    }
-                    REQUESTS
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("client")).sum()
-    });
-    assert_eq!(answered, CLIENTS * REQUESTS);
+    let (_h, answers) = concurrent_traps(CLIENTS, REQUESTS, |_| {});
+    assert_eq!(answers.len(), CLIENTS * REQUESTS);
+    for (n, (status, reply, _)) in answers.iter().enumerate() {
+        assert_eq!(*status, 200, "request {n}: {reply}");
+    }
 }

@@ -25,7 +25,9 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{Pod, class_probe, idle_spans, line_field, number, output_lines, probe, run, times};
+use common::{
+    Bursts, Periodic, Pod, idle_spans, line_field, number, output_lines, probe, run, times,
+};
 
 const MS: u64 = 1_000_000;
 
@@ -152,40 +154,12 @@ fn paced(rounds: usize) {
 fn release(rounds: usize) {
     let mut released = Vec::new();
     for _ in 0..rounds {
-        let (latency, batch) = (Pod::new("bench-latency"), Pod::new("bench-batch"));
-        let node = format!("gpushare-node-test-{}", latency.0);
-        let priority = format!("gpushare-priority-test-{}", latency.0);
-        let batch_child = class_probe(
-            &batch,
-            &node,
-            &priority,
-            "batch",
-            &["run", "kernel", "100", "1100", "idle", "50"],
-        )
-        .spawn()
-        .expect("batch");
-        let burst = [
-            "clock", "spin", "kernel", "100", "500", "settled", "sleep", "150",
-        ];
-        let mut script = vec!["spin", "kernel", "100", "1", "sleep", "300"];
-        for _ in 0..3 {
-            script.extend(burst);
-        }
-        let latency_child = class_probe(&latency, &node, &priority, "latency", &script)
-            .spawn()
-            .expect("latency");
-        let latency_lines = output_lines(latency_child);
-        let batch_lines = output_lines(batch_child);
-        let gaps = idle_spans(&batch_lines);
-        let starts = times(&latency_lines, "clock");
-        let ends = times(&latency_lines, "settled");
-        let round: Vec<f64> = starts
-            .iter()
-            .zip(&ends)
-            .filter_map(|(&start, &idle_at)| {
-                gaps.iter()
-                    .find(|(a, b)| *a <= start + 2 * MS && *b + 50_000 >= idle_at)
-                    .map(|gap| gap.1.saturating_sub(idle_at) as f64 / 1e3)
+        let round: Vec<f64> = Bursts::run()
+            .holds()
+            .into_iter()
+            .filter_map(|hold| {
+                hold.gap
+                    .map(|(_, end)| end.saturating_sub(hold.idle_at) as f64 / 1e3)
             })
             .collect();
         println!("release round: batch released {round:?} µs after each burst");
@@ -224,28 +198,13 @@ fn collisions(predict: &str) -> Collisions {
     /// prediction can place a request its own process did not make on time.
     const ON_TIME_NS: u64 = 200_000;
     const PERIOD_NS: u64 = 2 * MS;
-    let (latency, batch) = (Pod::new("bench-periodic"), Pod::new("bench-periodic-batch"));
-    let node = format!("gpushare-node-test-{}", latency.0);
-    let priority = format!("gpushare-priority-test-{}", latency.0);
-    let mut batch_command = class_probe(
-        &batch,
-        &node,
-        &priority,
-        "batch",
+    // Bound whole: the pods' objects live until the end of the function.
+    let pods = Periodic::start(
+        predict,
         &["clock", "run", "kernel", "200", "800", "idle", "5"],
     );
-    // A shallow launch queue: what the batch pod queued before it found the
-    // table would otherwise run for 200 ms whatever the classes say.
-    batch_command.env("GPUSHARE_DOUBLE_QUEUE_DEPTH", "4");
-    let batch_child = batch_command.spawn().expect("batch");
-    let script = [
-        "spin", "kernel", "100", "1", "sleep", "250", "periodic", "2", "100", "2000", "120",
-    ];
-    let mut latency_command = class_probe(&latency, &node, &priority, "latency", &script);
-    latency_command.env("CUDA_LIMITER_PRIORITY_PREDICT", predict);
-    let latency_child = latency_command.spawn().expect("latency");
-    let latency_lines = output_lines(latency_child);
-    let batch_lines = output_lines(batch_child);
+    let latency_lines = output_lines(pods.latency_child);
+    let batch_lines = output_lines(pods.batch_child);
 
     let batch_start = times(&batch_lines, "clock")[0];
     let batch_end = batch_start

@@ -15,66 +15,31 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{Pod, class_probe, idle_spans, output_lines, serial, times};
+use common::{Bursts, Periodic, output_lines, serial};
 use gpushare_utils::activity::pod_key;
 use gpushare_utils::priority::NodePriority;
 
 const MS: u64 = 1_000_000;
-/// The step of the batch probe's `idle` command.
-const STEP_NS: u64 = 50_000;
 
 #[test]
 fn batch_launches_are_held_while_the_latency_pod_is_active() {
     let _serial = serial();
-    let (latency, batch) = (Pod::new("latency"), Pod::new("batch"));
-    let node = format!("gpushare-node-test-{}", latency.0);
-    let priority = format!("gpushare-priority-test-{}", latency.0);
-    // The batch pod saturates its GPU with 100 µs kernels for 1.1 s. The
-    // latency pod launches once (it is then on the GPU), and 300 ms later
-    // queues 50 ms of work in one burst, three times, 150 ms apart.
-    let batch_child = class_probe(
-        &batch,
-        &node,
-        &priority,
-        "batch",
-        &["run", "kernel", "100", "1100", "idle", "50"],
-    )
-    .spawn()
-    .expect("batch");
-    // Each burst is timed from a clock read before it to the end of its
-    // work on the latency pod's timeline: a clock read after the synchronize
-    // would add however long the process took to run again.
-    let burst = [
-        "clock", "spin", "kernel", "100", "500", "settled", "sleep", "150",
-    ];
-    let mut script = vec!["spin", "kernel", "100", "1", "sleep", "300"];
-    for _ in 0..3 {
-        script.extend(burst);
-    }
-    let latency_child = class_probe(&latency, &node, &priority, "latency", &script)
-        .spawn()
-        .expect("latency");
-    let latency_lines = output_lines(latency_child);
-    let batch_lines = output_lines(batch_child);
-    let table = NodePriority::open_named(&priority, false).expect("priority table");
-
-    let (starts, ends) = (
-        times(&latency_lines, "clock"),
-        times(&latency_lines, "settled"),
-    );
-    assert_eq!((starts.len(), ends.len()), (3, 3), "{latency_lines:?}");
-    let gaps = idle_spans(&batch_lines);
-    let context = || format!("idle {gaps:?}\nlatency {latency_lines:?}\nbatch {batch_lines:?}");
+    let bursts = Bursts::run();
+    let table = NodePriority::open_named(&bursts.priority, false).expect("priority table");
+    let (latency_lines, batch_lines) = (&bursts.latency_lines, &bursts.batch_lines);
+    let holds = bursts.holds();
+    let context = || format!("holds {holds:?}\nlatency {latency_lines:?}\nbatch {batch_lines:?}");
+    assert_eq!(holds.len(), 3, "{}", context());
     let mut released_us = Vec::new();
-    for (&start, &idle_at) in starts.iter().zip(&ends) {
+    for &common::Hold {
+        start,
+        idle_at,
+        gap,
+    } in &holds
+    {
         assert!(idle_at > start, "{}", context());
-        // The stretch of the batch timeline that covers the burst: the
-        // batch pod stops within its one launch in flight (the stretch is
-        // known to the 50 µs step of the `idle` command).
-        let gap = gaps
-            .iter()
-            .find(|(a, b)| *a <= start + 2 * MS && *b + STEP_NS >= idle_at)
-            .unwrap_or_else(|| panic!("batch not held over {start}..{idle_at}: {}", context()));
+        let gap =
+            gap.unwrap_or_else(|| panic!("batch not held over {start}..{idle_at}: {}", context()));
         released_us.push(gap.1.saturating_sub(idle_at) / 1_000);
     }
     // Released once the latency pod is idle: within 20 ms, plus however
@@ -92,10 +57,14 @@ fn batch_launches_are_held_while_the_latency_pod_is_active() {
         context()
     );
 
-    let held = table.stats(pod_key(&batch.0)).expect("batch counters");
+    let held = table
+        .stats(pod_key(&bursts.batch.0))
+        .expect("batch counters");
     assert!(held.held_ns >= 80 * MS, "held {held:?}");
     assert!(held.held_launches >= 2, "{held:?}");
-    let waited = table.stats(pod_key(&latency.0)).expect("latency counters");
+    let waited = table
+        .stats(pod_key(&bursts.latency.0))
+        .expect("latency counters");
     assert_eq!(waited.held_ns, 0, "{waited:?}");
     assert!(waited.queue_samples >= 1, "{waited:?}");
 }
@@ -105,27 +74,12 @@ fn batch_launches_are_held_while_the_latency_pod_is_active() {
 /// read every 200 µs, and the batch pod's counters after. The latency pod's
 /// requests (two 100 µs kernels, then a synchronize) are due every 2 ms.
 fn periods_published(predict: &str) -> (Vec<u64>, gpushare_utils::priority::PriorityStats) {
-    let (latency, batch) = (Pod::new("periodic-latency"), Pod::new("periodic-batch"));
-    let node = format!("gpushare-node-test-{}", latency.0);
-    let priority = format!("gpushare-priority-test-{}", latency.0);
-    let mut batch_command = class_probe(
-        &batch,
-        &node,
-        &priority,
-        "batch",
-        &["run", "kernel", "200", "800"],
-    );
-    batch_command.env("GPUSHARE_DOUBLE_QUEUE_DEPTH", "4");
-    let batch_child = batch_command.spawn().expect("batch");
-    let script = [
-        "spin", "kernel", "100", "1", "sleep", "250", "periodic", "2", "100", "2000", "120",
-    ];
-    let mut latency_command = class_probe(&latency, &node, &priority, "latency", &script);
-    latency_command.env("CUDA_LIMITER_PRIORITY_PREDICT", predict);
-    let mut latency_child = latency_command.spawn().expect("latency");
+    // Bound whole: the pods' objects live until the end of the function.
+    let mut pods = Periodic::start(predict, &["run", "kernel", "200", "800"]);
+    let priority = pods.priority.clone();
     let mut periods = Vec::new();
     let mut table = None;
-    while latency_child.try_wait().expect("latency").is_none() {
+    while pods.latency_child.try_wait().expect("latency").is_none() {
         if table.is_none() {
             table = NodePriority::open_named(&priority, false).ok();
         }
@@ -134,8 +88,8 @@ fn periods_published(predict: &str) -> (Vec<u64>, gpushare_utils::priority::Prio
         }
         std::thread::sleep(Duration::from_micros(200));
     }
-    let latency_lines = output_lines(latency_child);
-    let batch_lines = output_lines(batch_child);
+    let latency_lines = output_lines(pods.latency_child);
+    let batch_lines = output_lines(pods.batch_child);
     assert!(
         latency_lines
             .iter()
@@ -149,7 +103,7 @@ fn periods_published(predict: &str) -> (Vec<u64>, gpushare_utils::priority::Prio
         "{batch_lines:?}"
     );
     let table = NodePriority::open_named(&priority, false).expect("priority table");
-    let stats = table.stats(pod_key(&batch.0)).expect("batch counters");
+    let stats = table.stats(pod_key(&pods.batch.0)).expect("batch counters");
     (periods, stats)
 }
 

@@ -442,3 +442,131 @@ pub fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16,
     reader.read_exact(&mut body)?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
+
+/// 100 registered workers of 4 pods (weights 1 to 4, fixed, 1 GiB each) on
+/// one simulated GPU, whose admission requests are traps as the limiter
+/// makes them: the pod's bucket emptied just before each.
+pub struct Traps {
+    pub h: Harness,
+    /// Each worker's id and its pod's place in `pods`.
+    workers: Vec<(String, usize)>,
+    regions: Vec<RegionView>,
+    tokens: Vec<String>,
+    bodies: Vec<String>,
+}
+
+impl Traps {
+    pub const PODS: usize = 4;
+    pub const WORKERS: usize = 100;
+
+    pub fn start() -> Self {
+        let pods: Vec<String> = (0..Self::PODS)
+            .map(|i| unique(&format!("lat{i}")))
+            .collect();
+        let config: String = pods
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                pod_toml(
+                    p,
+                    &[&format!(
+                        "index = 0\nweight = {}\npolicy = \"fixed\"\nmemory = \"1g\"",
+                        i + 1
+                    )],
+                )
+            })
+            .collect();
+        let names: Vec<&str> = pods.iter().map(String::as_str).collect();
+        let h = Harness::start(&config, 1, &names);
+        let workers: Vec<(String, usize)> = (0..Self::WORKERS)
+            .map(|i| {
+                let pod = i % Self::PODS;
+                (register_ok(&h.url(), &pods[pod]).worker_id, pod)
+            })
+            .collect();
+        let uuid = gpu(0);
+        let bodies = workers
+            .iter()
+            .map(|(w, _)| {
+                format!("{{\"worker_id\":\"{w}\",\"uuid\":\"{uuid}\",\"cost_ns\":20000}}")
+            })
+            .collect();
+        Self {
+            regions: pods.iter().map(|p| RegionView::open(p)).collect(),
+            tokens: pods.iter().map(|p| token_of(p)).collect(),
+            h,
+            workers,
+            bodies,
+        }
+    }
+
+    /// Request `n`: worker `n % 100` traps; its status and reply.
+    pub fn trap(&self, client: &mut RawClient, n: usize) -> (u16, String) {
+        let k = n % Self::WORKERS;
+        let pod = self.workers[k].1;
+        let bucket = self.regions[pod].bucket(0);
+        // The trap: the launch found the bucket empty.
+        bucket.tokens_ns.store(0, Ordering::Release);
+        bucket
+            .refilled_at_ns
+            .store(gpushare_utils::bucket::monotonic_ns(), Ordering::Release);
+        client.request(
+            "POST",
+            "/api/v1/admission",
+            &self.tokens[pod],
+            &self.bodies[k],
+        )
+    }
+}
+
+/// One pod with `clients` workers, each asking for admission `requests`
+/// times on its own connection, the bucket emptied before each ask. Returns
+/// the harness (to read the daemon's figures) and every answer with how
+/// long it took, the asks of each client in order.
+pub fn concurrent_traps(
+    clients: usize,
+    requests: usize,
+    before: impl FnOnce(&Harness),
+) -> (Harness, Vec<(u16, String, Duration)>) {
+    let pod = unique("conc");
+    let h = Harness::start(
+        &pod_toml(&pod, &["index = 0\npolicy = \"fixed\"\nweight = 1"]),
+        1,
+        &[&pod],
+    );
+    let token = token_of(&pod);
+    let region = RegionView::open(&pod);
+    let workers: Vec<String> = (0..clients)
+        .map(|_| register_ok(&h.url(), &pod).worker_id)
+        .collect();
+    before(&h);
+    let answers = std::thread::scope(|s| {
+        let handles: Vec<_> = workers
+            .iter()
+            .map(|w| {
+                let (token, region, addr) = (&token, &region, h.addr());
+                s.spawn(move || {
+                    let mut client = RawClient::new(addr);
+                    let body = format!(
+                        "{{\"worker_id\":\"{w}\",\"uuid\":\"{}\",\"cost_ns\":1000}}",
+                        gpu(0)
+                    );
+                    (0..requests)
+                        .map(|_| {
+                            region.bucket(0).tokens_ns.store(0, Ordering::Release);
+                            let start = Instant::now();
+                            let (status, reply) =
+                                client.request("POST", "/api/v1/admission", token, &body);
+                            (status, reply, start.elapsed())
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("client"))
+            .collect()
+    });
+    (h, answers)
+}

@@ -224,3 +224,134 @@ pub fn output_lines(child: std::process::Child) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// One burst of [`Bursts`]: its start, when the latency pod went idle, and
+/// the stretch of the batch pod's timeline that covers it (`None`: the
+/// batch pod was not held), CLOCK_MONOTONIC ns.
+#[derive(Debug, Clone, Copy)]
+pub struct Hold {
+    pub start: u64,
+    pub idle_at: u64,
+    pub gap: Option<(u64, u64)>,
+}
+
+/// A latency pod's bursts next to a saturating batch pod, as each saw them
+/// (the pods' objects are removed when this drops).
+pub struct Bursts {
+    pub latency: Pod,
+    pub batch: Pod,
+    /// The priority table's name.
+    pub priority: String,
+    pub latency_lines: Vec<String>,
+    pub batch_lines: Vec<String>,
+}
+
+impl Bursts {
+    /// The batch pod saturates its GPU with 100 µs kernels for 1.1 s. The
+    /// latency pod launches once (it is then on the GPU), and 300 ms later
+    /// queues 50 ms of work in one burst, three times, 150 ms apart. Each
+    /// burst is timed from a clock read before it to the end of its work on
+    /// the latency pod's timeline: a clock read after the synchronize would
+    /// add however long the process took to run again.
+    pub fn run() -> Self {
+        let (latency, batch) = (Pod::new("latency"), Pod::new("batch"));
+        let node = format!("gpushare-node-test-{}", latency.0);
+        let priority = format!("gpushare-priority-test-{}", latency.0);
+        let batch_child = class_probe(
+            &batch,
+            &node,
+            &priority,
+            "batch",
+            &["run", "kernel", "100", "1100", "idle", "50"],
+        )
+        .spawn()
+        .expect("batch");
+        let burst = [
+            "clock", "spin", "kernel", "100", "500", "settled", "sleep", "150",
+        ];
+        let mut script = vec!["spin", "kernel", "100", "1", "sleep", "300"];
+        for _ in 0..3 {
+            script.extend(burst);
+        }
+        let latency_child = class_probe(&latency, &node, &priority, "latency", &script)
+            .spawn()
+            .expect("latency");
+        let latency_lines = output_lines(latency_child);
+        let batch_lines = output_lines(batch_child);
+        Self {
+            latency,
+            batch,
+            priority,
+            latency_lines,
+            batch_lines,
+        }
+    }
+
+    /// Per burst, how the batch pod was held over it. The batch pod stops
+    /// within its one launch in flight (2 ms), and the stretch is known to
+    /// the 50 µs step of `idle`.
+    pub fn holds(&self) -> Vec<Hold> {
+        const STEP_NS: u64 = 50_000;
+        const MS: u64 = 1_000_000;
+        let gaps = idle_spans(&self.batch_lines);
+        let starts = times(&self.latency_lines, "clock");
+        let ends = times(&self.latency_lines, "settled");
+        starts
+            .iter()
+            .zip(&ends)
+            .map(|(&start, &idle_at)| {
+                let gap = gaps
+                    .iter()
+                    .find(|(a, b)| *a <= start + 2 * MS && *b + STEP_NS >= idle_at)
+                    .copied();
+                Hold {
+                    start,
+                    idle_at,
+                    gap,
+                }
+            })
+            .collect()
+    }
+}
+
+/// A periodic latency pod next to a saturating batch pod, both running (the
+/// pods' objects are removed when this drops).
+pub struct Periodic {
+    pub latency: Pod,
+    pub batch: Pod,
+    /// The priority table's name.
+    pub priority: String,
+    pub latency_child: std::process::Child,
+    pub batch_child: std::process::Child,
+}
+
+impl Periodic {
+    /// Starts the batch pod's `batch_script` (its launches of 200 µs kernels
+    /// back to back) on a shallow launch queue, then the latency pod: one
+    /// launch makes the table, and 250 ms later 120 requests (two 100 µs
+    /// kernels, then a synchronize) are due every 2 ms, prediction `predict`.
+    pub fn start(predict: &str, batch_script: &[&str]) -> Self {
+        let (latency, batch) = (Pod::new("periodic-latency"), Pod::new("periodic-batch"));
+        let node = format!("gpushare-node-test-{}", latency.0);
+        let priority = format!("gpushare-priority-test-{}", latency.0);
+        let mut batch_command = class_probe(&batch, &node, &priority, "batch", batch_script);
+        // A shallow launch queue: what the batch pod queued before it found
+        // the table (up to 1024 kernels by default) would otherwise run for
+        // 200 ms whatever the classes say.
+        batch_command.env("GPUSHARE_DOUBLE_QUEUE_DEPTH", "4");
+        let batch_child = batch_command.spawn().expect("batch");
+        let script = [
+            "spin", "kernel", "100", "1", "sleep", "250", "periodic", "2", "100", "2000", "120",
+        ];
+        let mut latency_command = class_probe(&latency, &node, &priority, "latency", &script);
+        latency_command.env("CUDA_LIMITER_PRIORITY_PREDICT", predict);
+        let latency_child = latency_command.spawn().expect("latency");
+        Self {
+            latency,
+            batch,
+            priority,
+            latency_child,
+            batch_child,
+        }
+    }
+}
