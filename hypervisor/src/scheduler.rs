@@ -429,8 +429,6 @@ pub(crate) fn rebuild_gpus(pod: &mut Pod, now: Instant) {
         .collect();
 }
 
-/// Resolves every GPU of `pod` to a UUID; returns whether any placement
-/// changed. A GPU named twice (by index and by UUID) is placed once.
 /// Why GPU limits set at run time cannot be applied as given: more GPUs than
 /// a pod's objects hold, a GPU this node does not have, or one GPU selected
 /// twice. Each would leave a GPU the pod was meant to have unplaced (and so
@@ -459,6 +457,8 @@ fn check_gpus(specs: &[GpuSpec], gpus: &[GpuInfo]) -> Result<(), String> {
     Ok(())
 }
 
+/// Resolves every GPU of `pod` to a UUID; returns whether any placement
+/// changed. A GPU named twice (by index and by UUID) is placed once.
 pub(crate) fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
     let mut changed = false;
     let mut taken: Vec<String> = Vec::new();
