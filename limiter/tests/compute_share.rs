@@ -13,15 +13,7 @@ mod common;
 
 use std::process::{Command, Stdio};
 
-use common::{Pod, assert_share, delay_pm, probe, run, serial};
-
-/// `key=value` out of a probe line.
-fn field(line: &str, key: &str) -> i64 {
-    line.split_whitespace()
-        .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
-}
+use common::{Pod, assert_share, delay_pm, number, probe, run, serial};
 
 /// The probe under the limiter with a compute limit, its own node table.
 fn limited(pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> Command {
@@ -52,7 +44,7 @@ fn run_line(lines: &[String]) -> &str {
 }
 
 fn share(lines: &[String]) -> i64 {
-    field(run_line(lines), "share_pm")
+    number(run_line(lines), "share_pm")
 }
 
 #[test]
@@ -136,7 +128,7 @@ fn the_share_settles_within_a_second_and_no_launch_sleeps_through_refills() {
     // Every window after the first second within ±3 pp; below that by at
     // most the time the thread waited for a CPU, which at worst all fell
     // in one window.
-    let delay_ns = field(&lines[0], "delay_ns");
+    let delay_ns = number(&lines[0], "delay_ns");
     let window_delay = delay_ns * 1000 / 250_000_000;
     for window in &series[4..series.len() - 1] {
         assert!(
@@ -149,7 +141,7 @@ fn the_share_settles_within_a_second_and_no_launch_sleeps_through_refills() {
     // prints the stalls: about 9 ms on an idle machine). A launch that
     // waited 50 ms more than the scheduler kept it from running slept
     // through six refills: woken by something other than its budget.
-    let stall = field(&lines[2], "ns");
+    let stall = number(&lines[2], "ns");
     assert!(
         stall < 50_000_000 + delay_ns,
         "largest stall {stall} ns (thread waited {delay_ns} ns for a CPU)"
@@ -176,10 +168,7 @@ fn two_processes_of_one_pod_share_one_budget() {
         .map(|child| {
             let output = child.wait_with_output().expect("wait");
             common::check(&output);
-            let lines: Vec<String> = String::from_utf8_lossy(&output.stdout)
-                .lines()
-                .map(str::to_owned)
-                .collect();
+            let lines = common::stdout_lines(&output);
             (share(&lines), delay_pm(run_line(&lines)))
         })
         .collect();
@@ -229,7 +218,7 @@ fn elastic_pods_use_idle_time_and_give_it_back() {
     let series = series(&shared[1]);
     other.wait().expect("other pod");
     // Below 30% by at most the thread's wait for a CPU, all in one window.
-    let window_delay = field(&shared[0], "delay_ns") * 1000 / 250_000_000;
+    let window_delay = number(&shared[0], "delay_ns") * 1000 / 250_000_000;
     for window in &series[4..series.len() - 1] {
         assert!(
             *window <= 340 && *window >= 260 - window_delay,
@@ -262,24 +251,17 @@ impl Summary {
             .lines()
             .find(|line| line.contains("compute summary:"))
             .unwrap_or_else(|| panic!("no summary in {stderr}"));
-        let lines = String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect();
+        let lines = common::stdout_lines(output);
         Self(line.to_owned(), lines)
     }
 
     /// The run delay of the probe's first measured command, in ms.
     fn delay_ms(&self) -> f64 {
-        field(&self.1[0], "delay_ns") as f64 / 1e6
+        number(&self.1[0], "delay_ns") as f64 / 1e6
     }
 
     fn number(&self, key: &str) -> f64 {
-        self.0
-            .split_whitespace()
-            .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-            .and_then(|value| value.parse().ok())
-            .unwrap_or_else(|| panic!("no {key} in {}", self.0))
+        common::summary_number(&self.0, key)
     }
 }
 
@@ -476,8 +458,8 @@ fn without_its_monitor_thread_the_limiter_still_measures_and_holds_the_limit() {
     // a launch waiting for its measurement took 5 ms. Less than 1 ms, plus
     // the iteration's share of the time the thread waited for a CPU.
     let summary = without_monitor("50", &["pace", "kernel", "5", "2000", "50"]);
-    let per_iteration = field(&summary.1[0], "ns_per_iter");
-    let delay_per_iteration = field(&summary.1[0], "delay_ns") / 2000;
+    let per_iteration = number(&summary.1[0], "ns_per_iter");
+    let delay_per_iteration = number(&summary.1[0], "delay_ns") / 2000;
     assert!(
         per_iteration < 1_000_000 + delay_per_iteration,
         "{per_iteration} ns ({})",

@@ -74,13 +74,6 @@ fn our_lines(output: &Output) -> Vec<String> {
         .collect()
 }
 
-fn stdout(output: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 /// A loopback port nothing listens on.
 fn closed_port_url() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -117,7 +110,7 @@ fn hypervisor_faults_apply_the_local_limit_or_refuse_cuda() {
         )
         .output()
         .expect("probe");
-        let lines = stdout(&output);
+        let lines = common::stdout_lines(&output);
         assert!(output.status.success(), "{what}: {output:?}");
         assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB), "{what}");
         assert!(
@@ -241,7 +234,7 @@ fn a_region_squatted_by_another_user_is_refused() {
     )
     .output()
     .expect("probe");
-    let lines = stdout(&output);
+    let lines = common::stdout_lines(&output);
     assert!(lines[0].starts_with("alloc mem 2g -> 2 "), "{output:?}");
     assert!(lines[1].starts_with("alloc mem 512m -> 2 "), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -291,7 +284,7 @@ fn containers_with_different_visible_gpus_each_get_their_quota() {
         drop(child.stdin.take());
         let output = child.wait_with_output().expect("container");
         common::check(&output);
-        stdout(&output)
+        common::stdout_lines(&output)
     };
     let (first, second) = (finish(first), finish(second));
     assert_eq!(
@@ -418,7 +411,7 @@ fn limits_a_pod_publishes_for_itself_are_not_trusted() {
     .gid(uid)
     .output()
     .expect("probe");
-    let lines = stdout(&output);
+    let lines = common::stdout_lines(&output);
     assert!(output.status.success(), "{output:?}");
     // The local limit holds, and the line says why the limits were refused.
     assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB), "{output:?}");

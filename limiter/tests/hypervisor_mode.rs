@@ -44,13 +44,6 @@ fn start(pod: &Pod, gpu: &str) -> RunningHypervisor {
     .expect("hypervisor starts")
 }
 
-fn field(line: &str, key: &str) -> i64 {
-    line.split_whitespace()
-        .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
-}
-
 fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Command {
     let mut command = probe(
         "cudaprobe",
@@ -102,7 +95,7 @@ fn a_throttled_loop_asks_the_hypervisor_once_a_burst() {
         &["run", "kernel", "100", "1000"],
     ));
     let asks = asked() - before;
-    let launches = field(&lines[0], "launches");
+    let launches = common::number(&lines[0], "launches");
     common::assert_share(&lines[0], 400, 40);
     // A thread that finds the bucket empty asks; the hypervisor answers as
     // soon as there is any budget, and the rest of the floor (8 launches)
@@ -153,7 +146,7 @@ fn suspended_pods_wait_and_resume_without_losing_work() {
     // Windows of 250 ms: running at 50%, then stopped, then 50% again;
     // running windows below 50% by at most the time the thread waited for
     // a CPU (at worst all of it in one window).
-    let window_delay = field(lines[0], "delay_ns") * 1000 / 250_000_000;
+    let window_delay = common::number(lines[0], "delay_ns") * 1000 / 250_000_000;
     let running = |window: i64| window <= 560 && window >= 440 - window_delay;
     assert!(running(series[1]), "{series:?}");
     assert!(

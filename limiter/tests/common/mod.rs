@@ -70,6 +70,11 @@ pub fn probe(program: &str, pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> C
 pub fn run(mut command: Command) -> Vec<String> {
     let output = command.output().expect("spawn probe");
     check(&output);
+    stdout_lines(&output)
+}
+
+/// A finished probe's stdout, a string a line.
+pub fn stdout_lines(output: &Output) -> Vec<String> {
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .map(str::to_owned)
@@ -123,10 +128,19 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// `key=value` of a probe line as a number.
 pub fn number(line: &str, key: &str) -> i64 {
-    line.split_whitespace()
+    gpushare_examples::probe_field(line, key)
+        .and_then(|value| i64::try_from(value).ok())
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+/// `key=value` of the limiter's exit summary (`compute summary: …`), whose
+/// figures may have decimals.
+pub fn summary_number(summary: &str, key: &str) -> f64 {
+    summary
+        .split_whitespace()
         .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
         .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+        .unwrap_or_else(|| panic!("no {key} in {summary}"))
 }
 
 /// How much of a `run`/`spin` line's wall time its launching thread spent
@@ -219,10 +233,7 @@ pub fn class_probe(pod: &Pod, node: &str, priority: &str, class: &str, args: &[&
 pub fn output_lines(child: std::process::Child) -> Vec<String> {
     let output = child.wait_with_output().expect("probe");
     check(&output);
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    stdout_lines(&output)
 }
 
 /// One burst of [`Bursts`]: its start, when the latency pod went idle, and
