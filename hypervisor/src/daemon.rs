@@ -35,6 +35,7 @@ use http_bidir_comm::{ClientId, Hub, HubConfig};
 
 use crate::config::{Config, ConfigError};
 use crate::metrics::LatencyHistogram;
+use crate::node_tables::{NodeTableNames, NodeTables};
 use crate::observer::{GpuObserver, ObserverError};
 use crate::scheduler::Scheduler;
 use crate::timer::PreciseTimer;
@@ -76,6 +77,8 @@ pub struct Options {
     pub observer: Arc<dyn GpuObserver>,
     /// Reload on SIGHUP (the binary does; tests in one process do not).
     pub handle_sighup: bool,
+    /// The node tables this hypervisor makes (tests name their own).
+    pub node_tables: NodeTableNames,
 }
 
 impl Hypervisor {
@@ -85,7 +88,8 @@ impl Hypervisor {
     pub fn new(options: Options) -> Result<Self, Error> {
         let gpus = options.observer.gpus()?;
         let now = Instant::now();
-        let mut scheduler = Scheduler::new(gpus, options.config.regions);
+        let tables = NodeTables::create(&options.node_tables, &options.config.regions);
+        let mut scheduler = Scheduler::new(gpus, options.config.regions, tables);
         let report = scheduler.apply(options.config.pods.clone(), now);
         log_report(&report);
         let config_stamp = options.config_path.as_deref().and_then(stamp);

@@ -56,6 +56,7 @@ pub mod fakes;
 pub mod identity;
 pub mod kubernetes;
 pub mod metrics;
+pub mod node_tables;
 pub mod observer;
 pub mod priority;
 pub mod provision;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use hypervisor::node_tables::NodeTableNames;
 use hypervisor::observer::{GpuObserver, NvmlObserver, SimulatedGpus};
 use hypervisor::status::{Status, render_table};
 use hypervisor::{Hypervisor, Options, config};
@@ -260,6 +261,7 @@ fn serve(
             listen,
             observer: Arc::clone(&observer),
             handle_sighup: true,
+            node_tables: NodeTableNames::from_env(),
         })?;
         let addr = hv.listen_addr();
         let listener = tokio::net::TcpListener::bind(addr)

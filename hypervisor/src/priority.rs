@@ -1,11 +1,9 @@
 //! What priority classes cost each pod, read from the node's priority table
-//! (`/dev/shm/gpushare-priority-v1`, created by the first latency pod): the
-//! time its launches were held (batch) and its queueing delay (latency).
-
-use std::sync::OnceLock;
+//! ([`crate::node_tables`]): the time its launches were held (batch) and its
+//! queueing delay (latency).
 
 use gpushare_utils::activity::pod_key;
-use gpushare_utils::priority::{NodePriority, PRIORITY_REGION, PriorityStats};
+use gpushare_utils::priority::{NodePriority, PriorityStats};
 use serde::{Deserialize, Serialize};
 
 /// One pod's priority figures, summed over its GPUs.
@@ -37,17 +35,7 @@ impl From<PriorityStats> for PriorityStatus {
     }
 }
 
-/// The figures of pod `id`, when a limiter of it recorded any.
-pub fn status(id: &str) -> Option<PriorityStatus> {
-    table()?.stats(pod_key(id)).map(PriorityStatus::from)
-}
-
-/// The node's table once some latency pod created it (never created here).
-fn table() -> Option<&'static NodePriority> {
-    static TABLE: OnceLock<NodePriority> = OnceLock::new();
-    if let Some(table) = TABLE.get() {
-        return Some(table);
-    }
-    let table = NodePriority::open_named(PRIORITY_REGION, false).ok()?;
-    Some(TABLE.get_or_init(|| table))
+/// The figures of pod `id` in `table`, when a limiter of it recorded any.
+pub fn status(table: &NodePriority, id: &str) -> Option<PriorityStatus> {
+    table.stats(pod_key(id)).map(PriorityStatus::from)
 }

@@ -39,6 +39,7 @@ use tokio::sync::Notify;
 
 use crate::config::RegionOptions;
 use crate::fairshare::Allotment;
+use crate::node_tables::NodeTables;
 use crate::observer::GpuInfo;
 use crate::region::{PodRegion, RegionError};
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
@@ -144,15 +145,18 @@ pub struct Scheduler {
     pub(crate) pods: BTreeMap<String, Pod>,
     pub(crate) failed: BTreeMap<String, PodSpec>,
     pub(crate) regions: RegionOptions,
+    /// The node's activity and priority tables (made at start).
+    pub(crate) tables: NodeTables,
 }
 
 impl Scheduler {
-    pub fn new(gpus: Vec<GpuInfo>, regions: RegionOptions) -> Self {
+    pub fn new(gpus: Vec<GpuInfo>, regions: RegionOptions, tables: NodeTables) -> Self {
         Self {
             gpus,
             pods: BTreeMap::new(),
             failed: BTreeMap::new(),
             regions,
+            tables,
         }
     }
 

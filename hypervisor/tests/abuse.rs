@@ -32,6 +32,7 @@ fn serve(config: &ConfigFile, files: u64) -> (Daemon, String) {
         .arg(&config.path)
         .args(["--simulate-gpus", "1"])
         .stdout(Stdio::piped());
+    use_node_tables(&mut command, &config.path);
     // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
     unsafe {
         command.pre_exec(move || {

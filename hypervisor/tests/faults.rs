@@ -215,15 +215,14 @@ fn the_binary_reloads_on_sighup_prints_status_and_stops_on_sigterm() {
     };
     let config = ConfigFile::new(&text("1g"));
     let _regions = Regions(vec![a.clone()]);
-    let mut daemon = Daemon(
-        Process::new(bin())
-            .args(["serve", "--config"])
-            .arg(&config.path)
-            .args(["--simulate-gpus", "1"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn hypervisor"),
-    );
+    let mut serve = Process::new(bin());
+    serve
+        .args(["serve", "--config"])
+        .arg(&config.path)
+        .args(["--simulate-gpus", "1"])
+        .stdout(Stdio::piped());
+    use_node_tables(&mut serve, &config.path);
+    let mut daemon = Daemon(serve.spawn().expect("spawn hypervisor"));
     let stdout = daemon.0.stdout.take().expect("stdout");
     let mut line = String::new();
     BufReader::new(stdout)

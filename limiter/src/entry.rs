@@ -7,7 +7,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use gpushare_utils::activity;
+use gpushare_utils::activity::{self, TableAccess};
 use gpushare_utils::config::LimiterConfig;
 
 use crate::context::Context;
@@ -132,13 +132,21 @@ fn build() -> Result<State, String> {
     };
     let local_limits = !config.memory.is_empty() || !config.compute.is_empty();
     let metered = !config.compute.is_empty() || !config.class.is_empty() || link.is_some();
+    // The node's tables: under a hypervisor, the ones it made; alone, this
+    // process creates them when absent.
+    let tables = if link.is_some() {
+        TableAccess::managed(owner)
+    } else {
+        TableAccess::local(owner)
+    };
     let priority = Priority::new(
         config.class,
         Tuning::from_env()?,
         activity::pod_key(config.pod.as_str()),
+        tables.clone(),
     );
     Ok(State::Limiting(Box::new(Limiter {
-        compute: metered.then(|| Throttle::new(config.compute, priority)),
+        compute: metered.then(|| Throttle::new(config.compute, priority, tables)),
         memory: MemoryQuota::new(config.memory),
         spill: Spill::new(config.oversubscribe, config.spill_limit),
         context: Context::new(config.pod, link, local_limits, grant_timeout, owner),

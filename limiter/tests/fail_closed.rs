@@ -51,6 +51,7 @@ fn start(pod: &Pod, gpus: &[&str], count: u8) -> RunningHypervisor {
         listen: None,
         observer: Arc::new(DoubleGpus(count)),
         handle_sighup: false,
+        node_tables: common::node_tables(pod),
     })
     .expect("hypervisor starts")
 }
@@ -62,6 +63,7 @@ fn managed(pod: &Pod, url: &str, token: &str, env: &[(&str, &str)], args: &[&str
         .env("CUDA_LIMITER_HYPERVISOR", url)
         .env("CUDA_LIMITER_TOKEN", token)
         .env("CUDA_LIMITER_GRANT_TIMEOUT_MS", "500");
+    common::use_node_tables(&mut command, pod);
     command
 }
 

@@ -40,6 +40,7 @@ fn start(pod: &Pod, gpu: &str) -> RunningHypervisor {
         listen: None,
         observer: Arc::new(DoubleGpu),
         handle_sighup: false,
+        node_tables: common::node_tables(pod),
     })
     .expect("hypervisor starts")
 }
@@ -54,10 +55,7 @@ fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Co
         ],
         args,
     );
-    command.env(
-        "GPUSHARE_NODE_REGION",
-        format!("gpushare-node-test-{}", pod.0),
-    );
+    common::use_node_tables(&mut command, pod);
     command
 }
 
@@ -316,21 +314,28 @@ fn a_token_from_a_regular_file_registers() {
 fn a_gpu_the_hypervisor_gave_the_pod_no_limits_for_is_refused() {
     // The node's hypervisor knows GPU 0; the process also sees a second GPU
     // (another pod's, made visible, or a UUID the configuration does not
-    // name). Its allocations there are refused, never unlimited.
+    // name). Its allocations and its launches there are refused (out of
+    // memory; not permitted), never unlimited.
     let pod = Pod::new("hv-unlisted");
     let hypervisor = start(&pod, "memory = \"1g\"");
-    for (visible, want) in [("0", "-> 0 "), ("1", "-> 2 ")] {
+    for (visible, alloc, launch) in [("0", "-> 0 ", "-> 0 "), ("1", "-> 2 ", "-> 800 ")] {
         let mut command = managed(
             &pod,
             &hypervisor.url(),
             TOKEN,
-            &["alloc", "mem", "64m", "alloc", "mem", "5g"],
+            &[
+                "alloc", "mem", "64m", "alloc", "mem", "5g", "run", "kernel", "100", "20",
+            ],
         );
         command
             .env("GPUSHARE_DOUBLE_DEVICES", "2")
             .env("CUDA_VISIBLE_DEVICES", visible);
         let lines = run(command);
-        assert!(lines[0].contains(want), "GPU {visible}: {lines:?}");
+        assert!(lines[0].contains(alloc), "GPU {visible}: {lines:?}");
         assert!(lines[1].contains("-> 2 "), "GPU {visible}: {lines:?}");
+        assert!(
+            lines[2].starts_with("run kernel") && lines[2].contains(launch),
+            "GPU {visible}: {lines:?}"
+        );
     }
 }

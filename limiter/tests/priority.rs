@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{Bursts, Periodic, output_lines, serial};
-use gpushare_utils::activity::pod_key;
+use gpushare_utils::activity::{TableAccess, pod_key};
 use gpushare_utils::priority::NodePriority;
 
 const MS: u64 = 1_000_000;
@@ -25,7 +25,8 @@ const MS: u64 = 1_000_000;
 fn batch_launches_are_held_while_the_latency_pod_is_active() {
     let _serial = serial();
     let bursts = Bursts::run();
-    let table = NodePriority::open_named(&bursts.priority, false).expect("priority table");
+    let table = NodePriority::open_named(&bursts.priority, &TableAccess::managed(None))
+        .expect("priority table");
     let (latency_lines, batch_lines) = (&bursts.latency_lines, &bursts.batch_lines);
     let holds = bursts.holds();
     let context = || format!("holds {holds:?}\nlatency {latency_lines:?}\nbatch {batch_lines:?}");
@@ -81,7 +82,7 @@ fn periods_published(predict: &str) -> (Vec<u64>, gpushare_utils::priority::Prio
     let mut table = None;
     while pods.latency_child.try_wait().expect("latency").is_none() {
         if table.is_none() {
-            table = NodePriority::open_named(&priority, false).ok();
+            table = NodePriority::open_named(&priority, &TableAccess::managed(None)).ok();
         }
         if let Some(line) = table.as_ref().and_then(|table| table.device(0)) {
             periods.push(line.period_ns.load(Ordering::Relaxed));
@@ -102,7 +103,8 @@ fn periods_published(predict: &str) -> (Vec<u64>, gpushare_utils::priority::Prio
             .any(|line| line.starts_with("run ") && line.contains("-> 0 ")),
         "{batch_lines:?}"
     );
-    let table = NodePriority::open_named(&priority, false).expect("priority table");
+    let table =
+        NodePriority::open_named(&priority, &TableAccess::managed(None)).expect("priority table");
     let stats = table.stats(pod_key(&pods.batch.0)).expect("batch counters");
     (periods, stats)
 }

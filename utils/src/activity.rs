@@ -9,10 +9,11 @@
 //! needs no initialisation protocol: every process maps the same file of the
 //! same size, and the version is in the name.
 
-use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use crate::MAX_DEVICES;
+use crate::shm::{self, Creation, ShmError, Trust};
 
 /// The table's name in `/dev/shm`.
 pub const NODE_REGION: &str = "gpushare-node-v1";
@@ -44,33 +45,39 @@ pub struct ActivityTable {
 const _: () = assert!(size_of::<PodActivity>() == 16);
 const _: () = assert!(size_of::<ActivityTable>() == 16 * PODS_PER_DEVICE * MAX_DEVICES);
 
-/// Why the table could not be mapped.
+/// How long a table's creator may take to size it.
+const READY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Why a node table could not be mapped.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot map /dev/shm/{name}: {source}")]
-pub struct ActivityError {
-    name: String,
-    #[source]
-    source: std::io::Error,
+pub enum ActivityError {
+    #[error(transparent)]
+    Shm(#[from] ShmError),
+    #[error("/dev/shm/{name} does not exist (or its creator never sized it)")]
+    Absent { name: String },
 }
 
 /// The node's activity table, mapped.
 pub struct NodeActivity {
     table: &'static ActivityTable,
+    mapping: &'static shm::Mapping,
 }
 
 impl NodeActivity {
-    /// Maps the node's table, creating it when absent.
-    pub fn open() -> Result<Self, ActivityError> {
-        Self::open_named(NODE_REGION)
-    }
-
-    /// Maps the table named `name` in `/dev/shm` (tests use their own).
-    pub fn open_named(name: &str) -> Result<Self, ActivityError> {
-        let mapped = map_node_object(name, size_of::<ActivityTable>(), true)?;
+    /// Maps the table named `name` in `/dev/shm` (the node's is
+    /// [`NODE_REGION`]; tests use their own), as `access` says.
+    pub fn open_named(name: &str, access: &TableAccess) -> Result<Self, ActivityError> {
+        let mapping = map_node_table(name, size_of::<ActivityTable>(), access)?;
         // SAFETY: a shared mapping of the table's size, never unmapped, whose
         // fields are all atomics (valid for any bit pattern written by peers).
-        let table = unsafe { &*(mapped as *const ActivityTable) };
-        Ok(Self { table })
+        let table = unsafe { mapping.base().cast::<ActivityTable>().as_ref() };
+        Ok(Self { table, mapping })
+    }
+
+    /// Whether the table was shrunk under this process (it then reads
+    /// zeros: no pod seen, which only costs elastic pods their idle time).
+    pub fn is_broken(&self) -> bool {
+        self.mapping.is_broken()
     }
 
     /// Stamps `pod` as launching on `device` at `now_ns`.
@@ -120,54 +127,65 @@ impl NodeActivity {
     }
 }
 
-/// Maps the node-wide object `name` of `size` bytes read-write, creating it
-/// zero-filled (the empty state of every node table) when absent and
-/// `create`; never unmapped.
-pub(crate) fn map_node_object(
+/// How a process gets a node table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TableAccess {
+    /// The node's one creator (the hypervisor; the limiter in local mode):
+    /// creates the table when absent (`O_EXCL`, owner and mode from
+    /// `creation`), else opens it if `trust` allows its owner.
+    Create { creation: Creation, trust: Trust },
+    /// Everyone else: opens an existing table whose owner `trust` allows.
+    Open(Trust),
+}
+
+impl TableAccess {
+    /// A limiter without a hypervisor: creates the table (owner: this uid,
+    /// mode 0600), or opens one that this uid, root or `region_owner` owns.
+    pub fn local(region_owner: Option<u32>) -> Self {
+        Self::Create {
+            creation: Creation::default(),
+            trust: Trust::own_or_root(region_owner),
+        }
+    }
+
+    /// A limiter under a hypervisor: opens the table the hypervisor made
+    /// (owned by it or by the pods' configured `region_owner`), never
+    /// creates one.
+    pub fn managed(region_owner: Option<u32>) -> Self {
+        Self::Open(Trust::own_or_root(region_owner))
+    }
+}
+
+/// Maps the node-wide table `name` of `size` bytes read-write (zero-filled
+/// is the empty state of every node table), never unmapped: created or
+/// opened as `access` says, checked like every shared object ([`shm`]:
+/// regular file, trusted owner, nobody else may write it, exact size), and
+/// guarded against being shrunk under us.
+pub(crate) fn map_node_table(
     name: &str,
     size: usize,
-    create: bool,
-) -> Result<*mut libc::c_void, ActivityError> {
-    let error = |source| ActivityError {
+    access: &TableAccess,
+) -> Result<&'static shm::Mapping, ActivityError> {
+    let absent = || ActivityError::Absent {
         name: name.to_owned(),
-        source,
     };
-    let path = CString::new(format!("/{name}"))
-        .map_err(|_| error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
-    let flags = if create {
-        libc::O_RDWR | libc::O_CREAT
-    } else {
-        libc::O_RDWR
-    };
-    // SAFETY: a NUL-terminated name; the descriptor is closed below.
-    let fd = unsafe { libc::shm_open(path.as_ptr(), flags, 0o666) };
-    if fd < 0 {
-        return Err(error(std::io::Error::last_os_error()));
-    }
-    // SAFETY: fd is ours; growing to the same size from several processes
-    // is idempotent and the new bytes are zero (the empty table).
-    unsafe {
-        let mut stat: libc::stat = std::mem::zeroed();
-        let ok = libc::fstat(fd, &mut stat) == 0
-            && (stat.st_size as usize >= size || libc::ftruncate(fd, size as libc::off_t) == 0);
-        let address = if ok {
-            libc::mmap(
-                std::ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            )
-        } else {
-            libc::MAP_FAILED
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        let mapped = match access {
+            TableAccess::Create { creation, trust } => match shm::create(name, size, creation)? {
+                Some(mapping) => Some(mapping),
+                None => shm::open(name, size, true, trust)?,
+            },
+            TableAccess::Open(trust) => shm::open(name, size, true, trust)?,
         };
-        let failure = std::io::Error::last_os_error();
-        libc::close(fd);
-        if address == libc::MAP_FAILED {
-            return Err(error(failure));
+        if let Some(mapping) = mapped {
+            return Ok(Box::leak(Box::new(mapping)));
         }
-        Ok(address)
+        // Absent, or its creator has not sized it yet.
+        if matches!(access, TableAccess::Open(_)) || Instant::now() >= deadline {
+            return Err(absent());
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -186,12 +204,16 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
+    fn local() -> TableAccess {
+        TableAccess::local(None)
+    }
+
     struct Table(String, NodeActivity);
 
     impl Table {
         fn new(test: &str) -> Self {
             let name = format!("gpushare-activity-test-{}-{test}", std::process::id());
-            let table = NodeActivity::open_named(&name).expect("map");
+            let table = NodeActivity::open_named(&name, &local()).expect("map");
             Self(name, table)
         }
     }
@@ -221,7 +243,8 @@ mod tests {
     #[test]
     fn two_mappings_see_the_same_table() {
         let table = Table::new("shared");
-        let other = NodeActivity::open_named(&table.0).expect("second map");
+        let other =
+            NodeActivity::open_named(&table.0, &TableAccess::managed(None)).expect("second map");
         other.mark(3, pod_key("x"), 5 * MS);
         assert!(table.1.contended(3, pod_key("y"), 6 * MS));
     }
@@ -235,5 +258,84 @@ mod tests {
         let late = 20_000_000 * MS;
         table.1.mark(0, 999, late);
         assert!(table.1.contended(0, 1, late));
+    }
+
+    #[test]
+    fn a_table_someone_else_made_is_refused_not_adopted() {
+        let name = format!("gpushare-activity-test-{}-squat", std::process::id());
+        let _cleanup = Table(
+            name.clone(),
+            NodeActivity::open_named(&name, &local()).expect("map"),
+        );
+        // Owned by a uid the opener does not trust (as if another user had
+        // created it first): neither the creator nor an opener maps it.
+        let path = format!("/dev/shm/{name}");
+        std::os::unix::fs::chown(&path, Some(65533), None).expect("chown (tests run as root)");
+        let trust = Trust::only(&[crate::shm::effective_uid()]);
+        for access in [
+            TableAccess::Open(trust.clone()),
+            TableAccess::Create {
+                creation: Creation::default(),
+                trust,
+            },
+        ] {
+            let error = NodeActivity::open_named(&name, &access)
+                .err()
+                .expect("refused");
+            assert!(
+                matches!(
+                    error,
+                    ActivityError::Shm(ShmError::UntrustedOwner { uid: 65533, .. })
+                ),
+                "{error}"
+            );
+        }
+        // Writable by others: refused even from a trusted owner.
+        std::os::unix::fs::chown(&path, Some(crate::shm::effective_uid()), None).expect("chown");
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .expect("chmod");
+        let error = NodeActivity::open_named(&name, &local())
+            .err()
+            .expect("refused");
+        assert!(
+            matches!(error, ActivityError::Shm(ShmError::Writable { .. })),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_link_or_a_wrong_size_is_refused_and_absent_is_said() {
+        let base = format!("gpushare-activity-test-{}-", std::process::id());
+        let real = Table::new("link-target");
+        let link = format!("{base}link");
+        std::os::unix::fs::symlink(format!("/dev/shm/{}", real.0), format!("/dev/shm/{link}"))
+            .expect("symlink");
+        let through_link = NodeActivity::open_named(&link, &local()).err();
+        let _ = std::fs::remove_file(format!("/dev/shm/{link}"));
+        assert!(
+            matches!(
+                through_link,
+                Some(ActivityError::Shm(ShmError::Open { .. }))
+            ),
+            "{through_link:?}"
+        );
+        let short = format!("{base}short");
+        std::fs::write(format!("/dev/shm/{short}"), [0u8; 4096]).expect("write");
+        let error = NodeActivity::open_named(&short, &local()).err();
+        let _ = std::fs::remove_file(format!("/dev/shm/{short}"));
+        assert!(
+            matches!(
+                error,
+                Some(ActivityError::Shm(ShmError::Size { found: 4096, .. }))
+            ),
+            "{error:?}"
+        );
+        let missing = format!("{base}missing");
+        let error = NodeActivity::open_named(&missing, &TableAccess::managed(None)).err();
+        assert!(
+            matches!(error, Some(ActivityError::Absent { .. })),
+            "{error:?}"
+        );
+        assert!(!std::path::Path::new(&format!("/dev/shm/{missing}")).exists());
     }
 }

@@ -19,8 +19,9 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::MAX_DEVICES;
-use crate::activity::{ActivityError, PODS_PER_DEVICE, map_node_object};
+use crate::activity::{ActivityError, PODS_PER_DEVICE, TableAccess, map_node_table};
 use crate::config::PodClass;
+use crate::shm;
 
 /// The table's name in `/dev/shm`.
 pub const PRIORITY_REGION: &str = "gpushare-priority-v1";
@@ -196,18 +197,24 @@ pub struct PriorityStats {
 /// The node's priority table, mapped.
 pub struct NodePriority {
     table: &'static PriorityTable,
+    mapping: &'static shm::Mapping,
 }
 
 impl NodePriority {
     /// Maps the table named `name` in `/dev/shm` (the node's is
-    /// [`PRIORITY_REGION`]), creating it when absent and `create` (latency
-    /// pods create it; batch pods and the hypervisor only look).
-    pub fn open_named(name: &str, create: bool) -> Result<Self, ActivityError> {
-        let mapped = map_node_object(name, size_of::<PriorityTable>(), create)?;
+    /// [`PRIORITY_REGION`]) as `access` says.
+    pub fn open_named(name: &str, access: &TableAccess) -> Result<Self, ActivityError> {
+        let mapping = map_node_table(name, size_of::<PriorityTable>(), access)?;
         // SAFETY: a shared mapping of the table's size, never unmapped, whose
         // fields are all atomics (valid for any bit pattern written by peers).
-        let table = unsafe { &*(mapped as *const PriorityTable) };
-        Ok(Self { table })
+        let table = unsafe { mapping.base().cast::<PriorityTable>().as_ref() };
+        Ok(Self { table, mapping })
+    }
+
+    /// Whether the table was shrunk under this process (it then reads zeros:
+    /// no latency pod seen, so batch launches go on unheld).
+    pub fn is_broken(&self) -> bool {
+        self.mapping.is_broken()
     }
 
     /// The latency line of `device`.
@@ -378,7 +385,7 @@ mod tests {
     impl Table {
         fn new(test: &str) -> Self {
             let name = format!("gpushare-priority-test-{}-{test}", std::process::id());
-            let table = NodePriority::open_named(&name, true).expect("map");
+            let table = NodePriority::open_named(&name, &TableAccess::local(None)).expect("map");
             Self(name, table)
         }
     }
@@ -529,7 +536,8 @@ mod tests {
     #[test]
     fn two_mappings_share_lines_and_counters() {
         let table = Table::new("shared");
-        let other = NodePriority::open_named(&table.0, false).expect("second map");
+        let other =
+            NodePriority::open_named(&table.0, &TableAccess::managed(None)).expect("second map");
         let now = 5_000 * MS;
         let line = other.device(2).expect("line");
         line.stamp_active(now);

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::dra::plugin::PluginSockets;
 use crate::kubernetes::{AgentOptions, NodeAgent};
+use crate::node_tables::NodeTableNames;
 use crate::observer::GpuObserver;
 use crate::provision::ProvisionConfig;
 use crate::{Hypervisor, Options};
@@ -25,6 +26,20 @@ pub struct TestNode {
     pub options: AgentOptions,
     stop: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The node tables its hypervisor made: removed when the node is dropped.
+    tables: NodeTableNames,
+}
+
+/// Node tables of their own for the node whose folders are under `dir`.
+pub fn node_tables(dir: &Path) -> NodeTableNames {
+    let id = dir
+        .file_name()
+        .map(|name| name.to_string_lossy().replace(['/', '\0'], "_"))
+        .unwrap_or_default();
+    NodeTableNames {
+        activity: format!("gpushare-node-test-{id}"),
+        priority: format!("gpushare-priority-test-{id}"),
+    }
 }
 
 /// The agent's options with every folder under `dir` and the limiter at `limiter`.
@@ -73,12 +88,20 @@ impl TestNode {
             Path::new("."),
         )?;
         let gpus = observer.gpus()?;
+        let tables = node_tables(
+            options
+                .provision
+                .state_dir
+                .parent()
+                .unwrap_or(&options.provision.state_dir),
+        );
         let hv = Hypervisor::new(Options {
             config,
             config_path: None,
             listen: None,
             observer,
             handle_sighup: false,
+            node_tables: tables.clone(),
         })?;
         let listener = tokio::net::TcpListener::bind(hv.listen_addr()).await?;
         let hv_url = format!("http://{}", listener.local_addr()?);
@@ -119,15 +142,23 @@ impl TestNode {
             options,
             stop,
             tasks,
+            tables,
         })
     }
 
     /// Stops the agent and the hypervisor (regions and checkpoint stay, as
     /// when the DaemonSet's pod restarts).
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         let _ = self.stop.send(true);
-        for task in self.tasks {
+        for task in std::mem::take(&mut self.tasks) {
             let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
+    }
+}
+
+impl Drop for TestNode {
+    fn drop(&mut self) {
+        let _ = gpushare_utils::shm::unlink(&self.tables.activity);
+        let _ = gpushare_utils::shm::unlink(&self.tables.priority);
     }
 }

@@ -70,7 +70,11 @@ impl Scheduler {
                 suspended: pod.suspended,
                 workers: workers(id),
                 gpus: pod.gpus.iter().map(|g| gpu_status(pod, g)).collect(),
-                priority: crate::priority::status(id),
+                priority: self
+                    .tables
+                    .priority
+                    .as_ref()
+                    .and_then(|table| crate::priority::status(table, id)),
             })
             .collect()
     }

@@ -17,6 +17,7 @@ use gpushare_utils::limits::PodLimits;
 use gpushare_utils::protocol::{Command, CommandResult, Register, Registered, WorkerDevice};
 use gpushare_utils::shm::{self, Trust};
 use http_bidir_comm::{Client, ClientOptions, LoopHandle, Task};
+use hypervisor::node_tables::NodeTableNames;
 use hypervisor::observer::SimulatedGpus;
 use hypervisor::{Options, RunningHypervisor, config};
 
@@ -84,7 +85,25 @@ impl ConfigFile {
 impl Drop for ConfigFile {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        let tables = node_tables(&self.path);
+        let _ = shm::unlink(&tables.activity);
+        let _ = shm::unlink(&tables.priority);
     }
+}
+
+/// Has the hypervisor binary `command` runs make the node tables of
+/// [`node_tables`]`(path)`.
+pub fn use_node_tables(command: &mut std::process::Command, path: &Path) {
+    let tables = node_tables(path);
+    command
+        .env("GPUSHARE_NODE_REGION", tables.activity)
+        .env("GPUSHARE_PRIORITY_REGION", tables.priority);
+}
+
+/// Node tables of their own for the hypervisor configured by `path` (a
+/// [`ConfigFile`]'s, whose folder is unique; removed with it).
+pub fn node_tables(path: &Path) -> NodeTableNames {
+    hypervisor::fakes::node::node_tables(path.parent().unwrap_or(path))
 }
 
 /// A running hypervisor with its config file; regions removed at the end.
@@ -141,6 +160,7 @@ pub fn start_hypervisor(path: &Path, sim: Arc<SimulatedGpus>) -> RunningHypervis
         listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         observer: sim,
         handle_sighup: false,
+        node_tables: node_tables(path),
     })
     .expect("hypervisor starts")
 }

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
-use gpushare_utils::activity::NodeActivity;
+use gpushare_utils::activity::{NodeActivity, TableAccess};
 use gpushare_utils::bucket::{Admission, CAPACITY_NS, ComputeBucket, monotonic_ns};
 use gpushare_utils::clock::monotonic_coarse_ns;
 use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
@@ -251,6 +251,10 @@ pub struct Throttle {
     /// When the launch of the oldest measurement still running was made; 0
     /// when none runs or it holds launches no more.
     backlog_since_ns: AtomicU64,
+    /// How the node's activity table is mapped.
+    tables: TableAccess,
+    /// Under a hypervisor: whether it listed each device.
+    listed: [OnceLock<bool>; MAX_DEVICES],
     activity: OnceLock<Option<NodeActivity>>,
     pod_key: OnceLock<u64>,
     marked_at_ns: [AtomicU64; MAX_DEVICES],
@@ -277,8 +281,15 @@ unsafe impl Sync for Throttle {}
 unsafe impl Send for Throttle {}
 
 impl Throttle {
-    pub fn new(configured: DeviceLimits<ComputeLimit>, priority: Priority) -> Self {
+    /// `tables`: how the node's activity table is mapped.
+    pub fn new(
+        configured: DeviceLimits<ComputeLimit>,
+        priority: Priority,
+        tables: TableAccess,
+    ) -> Self {
         Self {
+            tables,
+            listed: [const { OnceLock::new() }; MAX_DEVICES],
             configured,
             budgets: [const { OnceLock::new() }; MAX_DEVICES],
             single_device: OnceLock::new(),
@@ -344,6 +355,29 @@ impl Throttle {
             .copied()
     }
 
+    /// Whether the hypervisor published limits for `device` (asked once per
+    /// device; a device it did not list runs nothing: fail closed).
+    fn listed(&self, ctx: &'static Context, device: usize) -> bool {
+        let Some(cell) = self.listed.get(device) else {
+            return false;
+        };
+        *cell.get_or_init(|| {
+            let uuid = ctx.device_uuid(device);
+            let listed = uuid
+                .as_deref()
+                .zip(ctx.hypervisor_limits())
+                .is_some_and(|(uuid, limits)| limits.find(uuid).is_some());
+            if !listed {
+                tracing::warn!(
+                    device,
+                    ?uuid,
+                    "the hypervisor gave this pod no limits for this GPU: its launches are refused"
+                );
+            }
+            listed
+        })
+    }
+
     /// Admits one launch of `work` on `stream`, waiting for budget if
     /// there is none; `per_thread` says the launch API took stream 0 as the
     /// per-thread default stream. Its budget, its price and admission, its
@@ -381,6 +415,9 @@ impl Throttle {
         // Whether the hypervisor's limits are in force, read once a launch.
         let hypervised = ctx.hypervisor().is_some();
         let budget = self.budget(ctx, device, hypervised);
+        if budget.is_none() && hypervised && !self.listed(ctx, device) {
+            return Err(LimiterError::Unlisted { device });
+        }
         if budget.is_none() && !self.priority.engaged(hypervised) {
             return Err(LimiterError::Bypass("device unlimited"));
         }

@@ -41,9 +41,10 @@ impl Throttle {
 
     pub(super) fn activity(&self) -> Option<&NodeActivity> {
         self.activity
-            .get_or_init(|| match std::env::var(NODE_REGION_VARIABLE) {
-                Ok(name) => NodeActivity::open_named(&name),
-                Err(_) => NodeActivity::open(),
+            .get_or_init(|| {
+                let name = std::env::var(NODE_REGION_VARIABLE)
+                    .unwrap_or_else(|_| activity::NODE_REGION.to_owned());
+                NodeActivity::open_named(&name, &self.tables)
             }
             .map_or_else(
                 |error| {

@@ -50,6 +50,22 @@ impl Drop for Pod {
     }
 }
 
+/// The node tables a hypervisor of `pod`'s test makes (removed with the pod).
+pub fn node_tables(pod: &Pod) -> hypervisor::node_tables::NodeTableNames {
+    hypervisor::node_tables::NodeTableNames {
+        activity: format!("gpushare-node-test-{}", pod.0),
+        priority: format!("gpushare-priority-test-{}", pod.0),
+    }
+}
+
+/// Points `command`'s limiter at the node tables of [`node_tables`].
+pub fn use_node_tables(command: &mut Command, pod: &Pod) {
+    let tables = node_tables(pod);
+    command
+        .env("GPUSHARE_NODE_REGION", tables.activity)
+        .env("GPUSHARE_PRIORITY_REGION", tables.priority);
+}
+
 /// `program` (a probe of the double) under the limiter, for `pod`, with the
 /// fake GPU's size and extra environment.
 pub fn probe(program: &str, pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> Command {

@@ -103,6 +103,7 @@ impl PodLedger {
             return Ok(());
         }
         let slot = self.my_slot()?;
+        self.check_intact()?;
         self.maybe_reclaim();
         if reserve_on(device, bytes, quota).is_err() {
             let reclaimed = self.reclaim_dead();
@@ -122,7 +123,8 @@ impl PodLedger {
             }
         }
         slot.used[dev].fetch_add(bytes, Ordering::AcqRel);
-        Ok(())
+        // Shrunk while reserving: the count went to zeros of our own.
+        self.check_intact()
     }
 
     /// Gives back up to `bytes` on `dev` and returns how many this process

@@ -117,4 +117,14 @@ pub enum LedgerError {
         /// Bytes asked for.
         requested: u64,
     },
+    /// The region was shrunk under this process (by a process of the pod,
+    /// or anyone who may write it): what it reads now is not the pod's
+    /// ledger, so every reservation is refused (fail closed).
+    #[error(
+        "ledger {name} was shrunk while mapped; its counts are lost and reservations are refused"
+    )]
+    Shrunk {
+        /// The region's name.
+        name: String,
+    },
 }

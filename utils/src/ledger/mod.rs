@@ -155,6 +155,22 @@ impl PodLedger {
         &self.name
     }
 
+    /// Whether the region was shrunk under this process ([`crate::shm`]):
+    /// then nothing it reads can be trusted.
+    pub fn is_shrunk(&self) -> bool {
+        self.map._map.is_broken()
+    }
+
+    /// `Err(Shrunk)` once the region was shrunk under this process.
+    pub(super) fn check_intact(&self) -> Result<(), LedgerError> {
+        if self.is_shrunk() {
+            return Err(LedgerError::Shrunk {
+                name: self.name.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// The raw shared region, for observers (the hypervisor) and tests. Every
     /// field is an atomic, so reading is always sound; writing outside the
     /// protocol in the module documentation corrupts the accounting.

@@ -41,6 +41,7 @@ impl PodLedger {
             return Err(refused(device.spilled.load(Ordering::Acquire)));
         }
         let slot = self.my_slot()?;
+        self.check_intact()?;
         self.maybe_reclaim();
         let reserve = || reserve_cell(&device.spilled, &device.spill_peak, bytes, cap);
         if reserve().is_err() {
@@ -48,7 +49,7 @@ impl PodLedger {
             reserve().map_err(|(_, spilled)| refused(spilled))?;
         }
         slot.spilled[dev].fetch_add(bytes, Ordering::AcqRel);
-        Ok(())
+        self.check_intact()
     }
 
     /// Gives back up to `bytes` of spill on `dev`; returns how many this

@@ -509,3 +509,33 @@ fn spill_is_capped_pod_wide_and_kept_apart_from_device_usage() {
     assert_eq!((usage.spilled, usage.peak), (0, 100));
     assert_eq!(b.usage(dev).expect("usage").used, 0);
 }
+
+#[test]
+fn a_shrunk_ledger_refuses_reservations_and_does_not_crash() {
+    let region = TestRegion::new();
+    let ledger = region.open();
+    ledger
+        .try_reserve_under(DEV, 1 << 20, 1 << 30)
+        .expect("reserve");
+    // Any process that may write the region can shrink it.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(format!("/dev/shm/{}", region.0))
+        .expect("open")
+        .set_len(0)
+        .expect("shrink");
+    // Every page is now past the end: reading the usage touches one.
+    let usage = ledger.usage(DEV).expect("usage");
+    assert_eq!(usage.used, 0, "the lost count reads as zero");
+    assert!(ledger.is_shrunk());
+    let refused = ledger.try_reserve_under(DEV, 1, 1 << 30);
+    assert!(
+        matches!(refused, Err(LedgerError::Shrunk { .. })),
+        "{refused:?}"
+    );
+    let refused = ledger.try_spill_under(DEV, 1, 1 << 30);
+    assert!(
+        matches!(refused, Err(LedgerError::Shrunk { .. })),
+        "{refused:?}"
+    );
+}

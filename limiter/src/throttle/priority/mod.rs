@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
+use gpushare_utils::activity::TableAccess;
 use gpushare_utils::bucket::monotonic_ns;
 use gpushare_utils::config::{DeviceClasses, MAX_DEVICES, PodClass};
 use gpushare_utils::limits::GpuLimits;
@@ -137,6 +138,8 @@ pub struct Priority {
     pod_key: u64,
     classes: DeviceClasses,
     tuning: Tuning,
+    /// How the node's table is mapped (created only by the node's creator).
+    tables: TableAccess,
     table: OnceLock<NodePriority>,
     look_again_at_ns: AtomicU64,
     /// Under a hypervisor: the GPU's limits, where the class is.
@@ -168,8 +171,10 @@ unsafe impl Send for Priority {}
 
 impl Priority {
     /// `pod_key`: the pod's key in node tables ([`gpushare_utils::activity::pod_key`]).
-    pub fn new(classes: DeviceClasses, tuning: Tuning, pod_key: u64) -> Self {
+    /// `tables`: how the node's priority table is mapped.
+    pub fn new(classes: DeviceClasses, tuning: Tuning, pod_key: u64, tables: TableAccess) -> Self {
         Self {
+            tables,
             latency_configured: classes.any_latency(),
             classes,
             tuning,
@@ -245,7 +250,13 @@ impl Priority {
             .store(now.saturating_add(LOOK_AGAIN_NS), Ordering::Relaxed);
         let name =
             std::env::var(PRIORITY_REGION_VARIABLE).unwrap_or_else(|_| PRIORITY_REGION.to_owned());
-        match NodePriority::open_named(&name, create) {
+        // Batch pods only look; latency pods create the table when this
+        // process may create node tables at all.
+        let access = match &self.tables {
+            TableAccess::Create { trust, .. } if !create => TableAccess::Open(trust.clone()),
+            access => access.clone(),
+        };
+        match NodePriority::open_named(&name, &access) {
             Ok(table) => {
                 tracing::debug!(name, create, "priority table mapped");
                 // Two threads may both map it; the second mapping is dropped

@@ -13,6 +13,9 @@
 //! - **Read-only** opens map the object `PROT_READ` from an `O_RDONLY`
 //!   descriptor: the process cannot write it even by mistake, and the kernel
 //!   refuses `mprotect` to writable on such a mapping.
+//! - **Shrinking** an object is harmless to those who map it: see [`guard`].
+
+mod guard;
 
 use std::ffi::CString;
 use std::io;
@@ -123,6 +126,8 @@ pub enum Origin {
 pub struct Mapping {
     base: NonNull<u8>,
     len: usize,
+    /// Released before the pages are unmapped.
+    guard: Option<guard::Guarded>,
 }
 
 // SAFETY: the mapping is process-wide memory; the owner only unmaps it on drop.
@@ -143,10 +148,18 @@ impl Mapping {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Whether the object was shrunk under this mapping: a touched page past
+    /// its new end now reads zeros of this process's own, so nothing read
+    /// from the mapping can be trusted any more.
+    pub fn is_broken(&self) -> bool {
+        self.guard.as_ref().is_some_and(guard::Guarded::is_broken)
+    }
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        drop(self.guard.take());
         // SAFETY: `base`/`len` are exactly what mmap returned; nothing borrows
         // the mapping past its owner.
         unsafe { libc::munmap(self.base.as_ptr().cast(), self.len) };
@@ -303,9 +316,21 @@ fn map(fd: &Fd, len: usize, writable: bool) -> io::Result<Mapping> {
     if base == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
-    NonNull::new(base.cast::<u8>())
-        .map(|base| Mapping { base, len })
-        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidData))
+    let Some(base) = NonNull::new(base.cast::<u8>()) else {
+        return Err(io::Error::from(io::ErrorKind::InvalidData));
+    };
+    match guard::register(base.as_ptr() as usize, len) {
+        Some(guard) => Ok(Mapping {
+            base,
+            len,
+            guard: Some(guard),
+        }),
+        None => {
+            // SAFETY: the mapping we just made, not yet shared with anyone.
+            unsafe { libc::munmap(base.as_ptr().cast(), len) };
+            Err(io::Error::other("too many shared-memory mappings to guard"))
+        }
+    }
 }
 
 /// This process's effective uid.
