@@ -8,8 +8,8 @@
 //!
 //! 1. **Config.** The operator lists pods in a TOML file ([`config`]); each
 //!    becomes a [`spec::PodSpec`] and [`scheduler::Scheduler::apply`] opens
-//!    its ledger and creates its read-only limits object ([`region`]; a
-//!    squatted one is refused), and writes its quotas and rates there, by GPU
+//!    its ledger and creates its read-only limits object ([`region`]; one
+//!    planted by another user is replaced), and writes its quotas and rates there, by GPU
 //!    UUID. A reload (SIGHUP, or the file changing) applies the
 //!    new list the same way; a Kubernetes pod watcher can later feed the
 //!    same `apply`.

@@ -13,8 +13,8 @@
 //! `region_mode` (default 0600, never group- or other-writable); the limits
 //! owned by the hypervisor, mode 0644 (0640 with `region_gid`). An existing
 //! object is adopted only from a trusted owner (the hypervisor, or
-//! `region_uid` for the ledger) and when nobody else may write it: a region
-//! squatted by another user is refused, and the pod left out.
+//! `region_uid` for the ledger) and when nobody else may write it: an object
+//! planted by another user is removed and made again.
 //!
 //! Opening registers the hypervisor as one of the ledger's process slots; it
 //! holds no memory there. Neither object is unlinked while the pod is
@@ -28,7 +28,7 @@ use gpushare_utils::bucket::Bucket;
 use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::{DeviceUsage, LedgerError, POD_REGION_PREFIX, PodLedger, SpillUsage};
 use gpushare_utils::limits::{LimitsError, PodLimits};
-use gpushare_utils::shm::{self, Creation, Trust};
+use gpushare_utils::shm::{self, Creation, ShmError, Trust};
 
 use crate::config::RegionOptions;
 use crate::fairshare::Allotment;
@@ -62,35 +62,50 @@ impl std::fmt::Debug for PodRegion {
 }
 
 impl PodRegion {
-    /// Creates or adopts the ledger and the limits of `pod`.
+    /// Creates or adopts the ledger and the limits of `pod`. An object
+    /// planted by someone else (an untrusted owner, writable by others, not
+    /// a regular file) is removed and made again, so that squatting a pod's
+    /// name before it is provisioned blocks nobody.
     pub fn open(pod: &PodId, options: &RegionOptions) -> Result<Self, RegionError> {
         let name = format!("{POD_REGION_PREFIX}{pod}");
         let mut owners = vec![shm::effective_uid()];
         owners.extend(options.uid);
-        let ledger = PodLedger::open_with(
-            &name,
-            &Trust::only(&owners),
-            &Creation {
-                uid: options.uid,
-                gid: options.gid,
-                mode: options.mode.unwrap_or(0o600),
-            },
-            Duration::from_secs(1),
-        )?;
-        let limits = PodLimits::create_or_adopt(
-            pod.as_str(),
-            &Creation {
-                uid: None,
-                gid: options.gid,
-                mode: if options.gid.is_some() { 0o640 } else { 0o644 },
-            },
-        )?;
+        let ledger = replacing_planted(&name, || {
+            PodLedger::open_with(
+                &name,
+                &Trust::only(&owners),
+                &Creation {
+                    uid: options.uid,
+                    gid: options.gid,
+                    mode: options.mode.unwrap_or(0o600),
+                },
+                Duration::from_secs(1),
+            )
+            .map_err(RegionError::from)
+        })?;
+        let limits = replacing_planted(&PodLimits::name_of(pod.as_str()), || {
+            PodLimits::create_or_adopt(
+                pod.as_str(),
+                &Creation {
+                    uid: None,
+                    gid: options.gid,
+                    mode: if options.gid.is_some() { 0o640 } else { 0o644 },
+                },
+            )
+            .map_err(RegionError::from)
+        })?;
         let path = PathBuf::from(SHM_DIR).join(name);
         Ok(Self {
             ledger,
             limits,
             path,
         })
+    }
+
+    /// Whether the pod's ledger was shrunk under the daemon (by a process
+    /// that may write it): its figures then read as zeros.
+    pub fn is_shrunk(&self) -> bool {
+        self.ledger.is_shrunk()
     }
 
     /// The ledger's file, e.g. `/dev/shm/gpushare-pod-a`.
@@ -202,5 +217,37 @@ impl PodRegion {
     pub fn refill(&self, uuid: &str, now_ns: u64) -> i64 {
         self.bucket(uuid)
             .map_or(0, |bucket| bucket.refill_now(now_ns))
+    }
+}
+
+/// Runs `open`; when it refuses an object someone else planted under
+/// `name`, removes that object and runs `open` once more.
+fn replacing_planted<T>(
+    name: &str,
+    open: impl Fn() -> Result<T, RegionError>,
+) -> Result<T, RegionError> {
+    let planted = |error: &RegionError| {
+        let shm = match error {
+            RegionError::Ledger(LedgerError::Shm(shm))
+            | RegionError::Limits(LimitsError::Shm(shm)) => shm,
+            _ => return false,
+        };
+        matches!(
+            shm,
+            ShmError::UntrustedOwner { .. }
+                | ShmError::Writable { .. }
+                | ShmError::NotRegular { .. }
+        )
+    };
+    match open() {
+        Err(error) if planted(&error) => {
+            tracing::warn!(%error, name, "replacing an object the hypervisor did not make");
+            if let Err(unlinked) = shm::unlink(name) {
+                tracing::warn!(error = %unlinked, name, "cannot remove it");
+                return Err(error);
+            }
+            open()
+        }
+        result => result,
     }
 }

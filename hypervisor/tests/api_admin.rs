@@ -235,8 +235,8 @@ fn regions_are_created_private_and_limits_read_only() {
     };
     assert_eq!(mode(format!("gpushare-pod-{a}")), 0o640);
     assert_eq!(mode(format!("gpushare-limits-{a}")), 0o644);
-    // A region someone else left group- or world-writable is refused, not
-    // adopted: the pod is left out until it is fixed.
+    // A region someone else left group- or world-writable is not adopted:
+    // it is removed and made again, and the pod served from its own.
     let squatted = format!("/dev/shm/gpushare-pod-{b}");
     std::fs::write(&squatted, vec![0u8; 4096]).expect("plant a region");
     std::fs::set_permissions(&squatted, std::fs::Permissions::from_mode(0o666)).expect("chmod");
@@ -247,11 +247,16 @@ fn regions_are_created_private_and_limits_read_only() {
     ));
     assert!(wait_for(Duration::from_secs(5), || {
         let (_, body) = call("GET", &format!("{}/api/v1/status", h.url()), None, None);
-        body.contains(&a) && !body.contains(&format!("\"{b}\""))
+        body.contains(&a) && body.contains(&format!("\"{b}\""))
     }));
+    assert_eq!(
+        mode(format!("gpushare-pod-{b}")) & 0o022,
+        0,
+        "not the planted 0666"
+    );
     assert!(
-        !std::path::Path::new(&format!("/dev/shm/gpushare-limits-{b}")).exists(),
-        "no limits published for a pod whose region is refused"
+        std::path::Path::new(&format!("/dev/shm/gpushare-limits-{b}")).exists(),
+        "limits published for the pod"
     );
 }
 

@@ -4,6 +4,7 @@
 mod common;
 
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
@@ -194,7 +195,7 @@ fn nobody() -> Option<u32> {
 }
 
 #[test]
-fn a_region_squatted_by_another_user_is_refused() {
+fn a_region_squatted_by_another_user_is_replaced() {
     let Some(uid) = nobody() else {
         eprintln!("skipped: squatting needs root to act as another user (uid 65534)");
         return;
@@ -202,7 +203,8 @@ fn a_region_squatted_by_another_user_is_refused() {
     let pod = Pod::new("squat");
     let path = format!("/dev/shm/gpushare-pod-{}", pod.0);
     // Another user creates the pod's region first, in the layout a limiter
-    // expects (all zero is a valid empty ledger), writable by all.
+    // expects (all zero is a valid empty ledger), writable by all, and
+    // keeps it open.
     let status = Command::new("sh")
         .args([
             "-c",
@@ -213,34 +215,36 @@ fn a_region_squatted_by_another_user_is_refused() {
         .status()
         .expect("sh");
     assert!(status.success(), "could not plant the region as uid {uid}");
-    let hypervisor = start(&pod, &["index = 0\nmemory = \"1g\""], 1);
-    // The hypervisor refuses it: the pod is left out, no limits published.
-    let status = serde_json::to_string(&hypervisor.hypervisor().status()).expect("json");
-    assert!(
-        !status.contains(&format!("\"id\":\"{}\"", pod.0)),
-        "{status}"
-    );
-    // The squatter zeroes every quota it can reach.
-    let mut file = std::fs::OpenOptions::new()
+    let mut planted = std::fs::OpenOptions::new()
         .write(true)
         .open(&path)
         .expect("squatted region");
-    file.write_all(&[0u8; 64]).expect("write");
-    // A limiter process refuses the region too: nothing is allocated.
+    let hypervisor = start(&pod, &["index = 0\nmemory = \"1g\""], 1);
+    // The hypervisor replaces it: the pod is served from a region of its own.
+    let status = serde_json::to_string(&hypervisor.hypervisor().status()).expect("json");
+    assert!(
+        status.contains(&format!("\"id\":\"{}\"", pod.0)),
+        "{status}"
+    );
+    let meta = std::fs::metadata(&path).expect("region");
+    assert_eq!(
+        (meta.uid(), meta.mode() & 0o777),
+        (gpushare_utils::shm::effective_uid(), 0o600)
+    );
+    // What the squatter writes lands in its own, unlinked object.
+    planted.write_all(&[0xffu8; 64]).expect("write");
     let output = managed(
         &pod,
         &hypervisor.url(),
         TOKEN,
-        &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "8g")],
         &["alloc", "mem", "2g", "alloc", "mem", "512m"],
     )
     .output()
     .expect("probe");
     let lines = common::stdout_lines(&output);
     assert!(lines[0].starts_with("alloc mem 2g -> 2 "), "{output:?}");
-    assert!(lines[1].starts_with("alloc mem 512m -> 2 "), "{output:?}");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains(&format!("owned by uid {uid}")), "{stderr}");
+    assert!(lines[1].starts_with("alloc mem 512m -> 0 "), "{output:?}");
 }
 
 #[test]

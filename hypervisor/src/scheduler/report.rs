@@ -57,6 +57,11 @@ pub struct PodStatus {
     /// Held time and queueing delay under priority classes.
     #[serde(default)]
     pub priority: Option<crate::priority::PriorityStatus>,
+    /// The pod's ledger was shrunk under the daemon (by a process that may
+    /// write it): its usage figures read as zero and its processes' next
+    /// allocations are refused.
+    #[serde(default)]
+    pub ledger_shrunk: bool,
 }
 
 impl Scheduler {
@@ -75,6 +80,7 @@ impl Scheduler {
                     .priority
                     .as_ref()
                     .and_then(|table| crate::priority::status(table, id)),
+                ledger_shrunk: pod.region.is_shrunk(),
             })
             .collect()
     }

@@ -1,0 +1,217 @@
+//! A tenant attacking the node's shared state, as an unprivileged uid
+//! (`setpriv`): the pods' own uid, which may write every pod's ledger and
+//! the node tables, and another uid, which may write none of them. The
+//! daemon and the other processes survive, and no pod gets memory past its
+//! quota.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+use common::{GIB, Pod, node_tables};
+use gpushare_utils::ledger::POD_REGION_PREFIX;
+use gpushare_utils::limits::PodLimits;
+use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError};
+use hypervisor::{Options, RunningHypervisor, config};
+
+/// The uid the pods run as (the hypervisor's `region_uid`).
+const PODS_UID: u32 = 65534;
+/// A local user who is not a pod.
+const STRANGER_UID: u32 = 65533;
+const TOKEN: &str = "pod-token";
+
+struct DoubleGpu;
+
+impl GpuObserver for DoubleGpu {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        Ok(vec![GpuInfo {
+            index: 0,
+            uuid: gpushare_examples::uuid(0),
+            name: "driver double".to_owned(),
+            memory_total: 16 * GIB,
+            memory_used: 0,
+        }])
+    }
+}
+
+/// The hypervisor, making the pods' objects and the node tables for uid
+/// [`PODS_UID`].
+fn start(pod: &Pod) -> RunningHypervisor {
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
+        pod.0
+    );
+    let config = config::parse(&text, Path::new("test.toml"), Path::new(".")).expect("config");
+    RunningHypervisor::start(Options {
+        config,
+        config_path: None,
+        listen: None,
+        observer: Arc::new(DoubleGpu),
+        handle_sighup: false,
+        node_tables: node_tables(pod),
+    })
+    .expect("hypervisor starts")
+}
+
+/// `command` run as `uid` (its group too, no supplementary groups), with
+/// the same environment.
+fn as_uid(command: &Command, uid: u32) -> Command {
+    let mut wrapped = Command::new("setpriv");
+    wrapped
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg("--")
+        .arg(command.get_program())
+        .args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    wrapped
+}
+
+/// Runs the shell `script` as `uid`; whether it succeeded.
+fn shell_as(uid: u32, script: &str) -> bool {
+    let mut shell = Command::new("sh");
+    shell.args(["-c", script]);
+    as_uid(&shell, uid)
+        .stderr(Stdio::null())
+        .status()
+        .expect("setpriv runs")
+        .success()
+}
+
+/// `GET /metrics` on the daemon: its status line.
+fn metrics_status(url: &str) -> String {
+    let address = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).expect("daemon listens");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_owned()
+}
+
+#[test]
+fn shrinking_or_replacing_shared_objects_kills_nobody_and_frees_no_memory() {
+    let pod = Pod::new("attack");
+    let hypervisor = start(&pod);
+    let tables = node_tables(&pod);
+    let ledger = format!("{POD_REGION_PREFIX}{}", pod.0);
+    let limits = PodLimits::name_of(&pod.0);
+
+    // A process of the pod, as the pods' uid: it allocates and launches,
+    // waits while the objects are attacked, then launches and allocates.
+    let mut victim = common::probe(
+        "cudaprobe",
+        &pod,
+        &[
+            ("CUDA_LIMITER_HYPERVISOR", &hypervisor.url()),
+            ("CUDA_LIMITER_TOKEN", TOKEN),
+        ],
+        &[
+            "alloc", "mem", "64m", "run", "kernel", "100", "100", "wait", "run", "kernel", "100",
+            "100", "alloc", "mem", "64m", "info",
+        ],
+    );
+    common::use_node_tables(&mut victim, &pod);
+    let mut victim = as_uid(&victim, PODS_UID)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("victim starts");
+    let mut stdout = BufReader::new(victim.stdout.take().expect("stdout"));
+    let mut before = Vec::new();
+    loop {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).expect("victim output") == 0 {
+            panic!("the victim ended before it waited: {before:?}");
+        }
+        if line.trim_end().ends_with("ready") {
+            break;
+        }
+        before.push(line.trim_end().to_owned());
+    }
+    assert!(before[0].contains("-> 0 "), "{before:?}");
+
+    // Another local user can neither shrink, remove nor replace any object.
+    for name in [&ledger, &limits, &tables.activity, &tables.priority] {
+        let path = format!("/dev/shm/{name}");
+        for attack in [
+            format!("truncate -s 0 {path}"),
+            format!("rm -f {path}"),
+            format!("ln -sf /dev/null {path}"),
+        ] {
+            assert!(
+                !shell_as(STRANGER_UID, &attack),
+                "uid {STRANGER_UID}: {attack}"
+            );
+        }
+        assert!(Path::new(&path).exists(), "{path}");
+    }
+    // The pods' uid may not touch the limits (the hypervisor's), but may
+    // shrink every object it can write: the node tables and the ledger.
+    assert!(!shell_as(
+        PODS_UID,
+        &format!("truncate -s 0 /dev/shm/{limits}")
+    ));
+    for name in [&tables.activity, &tables.priority, &ledger] {
+        assert!(
+            shell_as(PODS_UID, &format!("truncate -s 0 /dev/shm/{name}")),
+            "uid {PODS_UID} may write {name}"
+        );
+    }
+    // The daemon reads the shrunk ledger and priority table for its metrics,
+    // and says what happened.
+    assert_eq!(metrics_status(&hypervisor.url()), "HTTP/1.1 200 OK");
+    let status = hypervisor.hypervisor().status();
+    let pod_status = status
+        .pods
+        .iter()
+        .find(|status| status.id == pod.0)
+        .expect("pod status");
+    assert!(pod_status.ledger_shrunk, "{pod_status:?}");
+
+    victim
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"\n")
+        .expect("resume the victim");
+    let mut rest = String::new();
+    stdout.read_to_string(&mut rest).expect("victim output");
+    let mut stderr = String::new();
+    let _ = victim
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr);
+    let status = victim.wait().expect("victim ends");
+    assert!(status.success(), "{status:?}: {rest}\n{stderr}");
+    let after: Vec<&str> = rest.lines().collect();
+    let line = |prefix: &str| {
+        after
+            .iter()
+            .find(|line| line.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} line: {after:?}"))
+    };
+    assert!(line("run kernel").contains("-> 0 "), "{after:?}");
+    // Its ledger lost its counts: allocations are refused, not unlimited.
+    assert!(line("alloc mem").contains("-> 2 "), "{after:?}\n{stderr}");
+    assert!(stderr.contains("was shrunk"), "{stderr}");
+    assert_eq!(metrics_status(&hypervisor.url()), "HTTP/1.1 200 OK");
+}
