@@ -132,10 +132,16 @@ impl Context {
     }
 
     /// Where the limits come from, decided once (waiting, bounded, for the
-    /// hypervisor when one is configured).
+    /// hypervisor when one is configured). Without one configured, the
+    /// pod's limits still apply when the node's hypervisor published them.
     pub fn grant(&'static self) -> &'static Grant {
         self.grant.get_or_init(|| match &self.link {
-            None => Grant::Local,
+            None => grant::published(
+                self.pod.as_str(),
+                &self.limits_trust,
+                "CUDA_LIMITER_HYPERVISOR is not set",
+            )
+            .unwrap_or(Grant::Local),
             Some(link) => grant::decide(
                 link,
                 &self.driver,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use gpushare_utils::activity::{self, TableAccess};
 use gpushare_utils::config::LimiterConfig;
+use gpushare_utils::limits::PodLimits;
 
 use crate::context::Context;
 use crate::hypervisor::Link;
@@ -131,7 +132,17 @@ fn build() -> Result<State, String> {
         None => None,
     };
     let local_limits = !config.memory.is_empty() || !config.compute.is_empty();
-    let metered = !config.compute.is_empty() || !config.class.is_empty() || link.is_some();
+    // Launches are metered wherever a compute limit may apply: configured
+    // here, or given by the hypervisor (configured, or already published
+    // for the pod: they apply even where the environment names no
+    // hypervisor).
+    let published = std::path::Path::new(&format!(
+        "/dev/shm/{}",
+        PodLimits::name_of(config.pod.as_str())
+    ))
+    .exists();
+    let metered =
+        !config.compute.is_empty() || !config.class.is_empty() || link.is_some() || published;
     // The node's tables: under a hypervisor, the ones it made; alone, this
     // process creates them when absent.
     let tables = if link.is_some() {

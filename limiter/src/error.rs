@@ -25,10 +25,6 @@ pub enum LimiterError {
     /// The configuration is broken: CUDA must not run without its limits.
     #[error("refusing CUDA: {0}")]
     Misconfigured(&'static str),
-    /// Under a hypervisor, a device it published no limits for: its work is
-    /// refused, never run unlimited.
-    #[error("device {device}: the hypervisor gave this pod no limits for it")]
-    Unlisted { device: usize },
     /// A pointer argument the driver requires was null.
     #[error("null argument")]
     NullArgument,
@@ -42,7 +38,6 @@ impl IntoReturn<CUresult> for LimiterError {
                 Disposition::Return(CUresult::ERROR_OUT_OF_MEMORY)
             }
             Self::Misconfigured(_) => Disposition::Return(CUresult::ERROR_NOT_INITIALIZED),
-            Self::Unlisted { .. } => Disposition::Return(CUresult::ERROR_NOT_PERMITTED),
             Self::NullArgument => Disposition::Return(CUresult::ERROR_INVALID_VALUE),
         }
     }

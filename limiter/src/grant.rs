@@ -13,6 +13,12 @@
 //!
 //! A refusal that cannot change (the hypervisor answered 4xx, or the limits
 //! object is squatted) ends the wait at once.
+//!
+//! Wherever the pod's limits are published, local limits never replace
+//! them: the environment only chooses the pod. A process of the pod that
+//! drops `CUDA_LIMITER_HYPERVISOR`, or that sets local limits and whose
+//! registration is refused (a wrong token), runs on the pod's published
+//! limits.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -87,6 +93,13 @@ pub fn decide(
     };
     let waited = timeout.as_millis();
     if local_limits {
+        let why = format!(
+            "no grant from the hypervisor at {} ({reason}) and local limits are set",
+            link.address()
+        );
+        if let Some(grant) = published(pod, trust, &why) {
+            return grant;
+        }
         eprintln!(
             "cuda-limiter: no limits from the hypervisor at {} within {waited} ms ({reason}); the local limits apply",
             link.address()
@@ -100,4 +113,14 @@ pub fn decide(
         eprintln!("{message}");
         Grant::Refused
     }
+}
+
+/// The pod's published limits, when a trusted owner published them; says
+/// once why they apply (`why`: what kept the hypervisor from granting them).
+pub fn published(pod: &str, trust: &Trust, why: &str) -> Option<Grant> {
+    let limits = PodLimits::open_read_only(pod, trust).ok()?;
+    eprintln!(
+        "cuda-limiter: {why}; the limits the node's hypervisor published for pod {pod} apply"
+    );
+    Some(Grant::Hypervisor(limits))
 }

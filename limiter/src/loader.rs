@@ -291,11 +291,13 @@ pub fn install_if_mapped() {
             _ if limiter.is_some_and(|limiter| limiter.compute.is_some()) => &[
                 &detour::driver::DRIVER_DETOURS,
                 &detour::memory::MEMORY_DETOURS,
+                &detour::context::CONTEXT_DETOURS,
                 &detour::launch::LAUNCH_DETOURS,
             ],
             _ => &[
                 &detour::driver::DRIVER_DETOURS,
                 &detour::memory::MEMORY_DETOURS,
+                &detour::context::CONTEXT_DETOURS,
             ],
         };
         let resolved = match limiter {

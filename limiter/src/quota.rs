@@ -395,7 +395,7 @@ impl Drop for Reservation<'_> {
 }
 
 /// Why the ledger refused a reservation, as the detour reports it.
-fn refusal(device: usize, error: LedgerError) -> LimiterError {
+pub(crate) fn refusal(device: usize, error: LedgerError) -> LimiterError {
     match error {
         LedgerError::OverQuota {
             quota,

@@ -24,7 +24,6 @@ impl CUresult {
     pub const ERROR_NOT_INITIALIZED: Self = Self(3);
     pub const ERROR_INVALID_CONTEXT: Self = Self(201);
     pub const ERROR_NOT_READY: Self = Self(600);
-    pub const ERROR_NOT_PERMITTED: Self = Self(800);
 
     pub fn is_success(self) -> bool {
         self == Self::SUCCESS

@@ -86,7 +86,7 @@ fn closed_port_url() -> String {
 }
 
 #[test]
-fn hypervisor_faults_apply_the_local_limit_or_refuse_cuda() {
+fn hypervisor_faults_apply_the_published_or_the_local_limit_or_refuse_cuda() {
     let known = Pod::new("fault-known");
     let live = start(&known, &["index = 0\nmemory = \"4g\""], 1);
     let down = closed_port_url();
@@ -103,21 +103,30 @@ fn hypervisor_faults_apply_the_local_limit_or_refuse_cuda() {
     for (what, url, token, known_pod) in &faults {
         let stranger = Pod::new("fault-stranger");
         let pod = if *known_pod { &known } else { &stranger };
-        // With a local limit: it applies, whatever the hypervisor would give.
+        // With a local limit: it applies, unless the hypervisor published
+        // limits for the pod the environment names (then those apply).
         let output = managed(
             pod,
             url,
             token,
             &[("CUDA_DEVICE_MEMORY_LIMIT", "1g")],
-            &["info", "alloc", "mem", "2g", "alloc", "mem", "512m"],
+            &["info", "alloc", "mem", "5g", "alloc", "mem", "512m"],
         )
         .output()
         .expect("probe");
         let lines = common::stdout_lines(&output);
         assert!(output.status.success(), "{what}: {output:?}");
-        assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB), "{what}");
+        let (quota, said) = if *known_pod {
+            (
+                4 * GIB,
+                "the limits the node's hypervisor published for pod",
+            )
+        } else {
+            (GIB, "the local limits apply")
+        };
+        assert_eq!(lines[0], info(0, quota - CONTEXT_BYTES, quota), "{what}");
         assert!(
-            lines[1].starts_with("alloc mem 2g -> 2 "),
+            lines[1].starts_with("alloc mem 5g -> 2 "),
             "{what}: {lines:?}"
         );
         assert!(
@@ -126,10 +135,7 @@ fn hypervisor_faults_apply_the_local_limit_or_refuse_cuda() {
         );
         let ours = our_lines(&output);
         assert_eq!(ours.len(), 1, "{what}: one line: {ours:?}");
-        assert!(
-            ours[0].contains("the local limits apply"),
-            "{what}: {ours:?}"
-        );
+        assert!(ours[0].contains(said), "{what}: {ours:?}");
 
         // Without: CUDA refuses to initialise, with one line.
         let output = managed(pod, url, token, &[], &["alloc", "mem", "2g"])
@@ -362,7 +368,7 @@ fn a_free_the_driver_refuses_keeps_its_charge() {
 }
 
 #[test]
-fn nvml_not_knowing_a_process_figure_charges_nothing() {
+fn nvml_not_knowing_a_process_figure_keeps_the_context_estimate() {
     let pod = Pod::new("nvml-na");
     let lines = run(probe(
         "cudaprobe",
@@ -373,11 +379,13 @@ fn nvml_not_knowing_a_process_figure_charges_nothing() {
         ],
         &["info", "alloc", "mem", "1g", "info"],
     ));
-    // No driver-overhead charge could be measured: none is made, and
-    // allocations still fit (all ones would have saturated the pod's usage).
-    assert_eq!(lines[0], info(0, 4 * GIB, 4 * GIB));
+    // No driver overhead could be measured: the context stays charged at
+    // what it was reserved at before it was created, nothing more (all ones
+    // would have saturated the pod's usage), and allocations still fit.
+    let context = 512 << 20;
+    assert_eq!(lines[0], info(0, 4 * GIB - context, 4 * GIB));
     assert!(lines[1].starts_with("alloc mem 1g -> 0 "), "{lines:?}");
-    assert_eq!(lines[2], info(0, 3 * GIB, 4 * GIB));
+    assert_eq!(lines[2], info(0, 3 * GIB - context, 4 * GIB));
 }
 
 #[test]

@@ -81,6 +81,43 @@ fn quota_and_share_come_from_the_hypervisor() {
 }
 
 #[test]
+fn the_pods_published_limits_apply_whatever_the_environment_says() {
+    // The environment chooses the pod; where its limits are published, a
+    // process that names no hypervisor, or one the hypervisor refused (a
+    // wrong token), still runs on them, not on a local limit of its own.
+    let pod = Pod::new("hv-env");
+    let hypervisor = start(&pod, "memory = \"1g\"\ncap = 40\npolicy = \"fixed\"");
+    let script = [
+        "info", "alloc", "mem", "2g", "run", "kernel", "1000", "1500",
+    ];
+    let local = [("CUDA_DEVICE_MEMORY_LIMIT", "8g")];
+    let mut without = common::probe("cudaprobe", &pod, &local, &script);
+    common::use_node_tables(&mut without, &pod);
+    let mut wrong_token = managed(&pod, &hypervisor.url(), "not-the-token", &script);
+    wrong_token.env("CUDA_DEVICE_MEMORY_LIMIT", "8g");
+    for (what, mut command) in [("no hypervisor", without), ("wrong token", wrong_token)] {
+        let output = command.output().expect("probe");
+        let lines = common::stdout_lines(&output);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{what}: {output:?}");
+        assert_eq!(
+            lines[0],
+            info(0, GIB - CONTEXT_BYTES, GIB),
+            "{what}: {stderr}"
+        );
+        assert!(lines[1].contains("-> 2 "), "{what}: {lines:?}");
+        common::assert_share(&lines[2], 400, 40);
+        assert!(
+            stderr.contains(&format!(
+                "the limits the node's hypervisor published for pod {} apply",
+                pod.0
+            )),
+            "{what}: {stderr}"
+        );
+    }
+}
+
+#[test]
 fn a_throttled_loop_asks_the_hypervisor_once_a_burst() {
     let pod = Pod::new("hv-asks");
     let hypervisor = start(&pod, "cap = 40\npolicy = \"fixed\"");
@@ -314,28 +351,33 @@ fn a_token_from_a_regular_file_registers() {
 fn a_gpu_the_hypervisor_gave_the_pod_no_limits_for_is_refused() {
     // The node's hypervisor knows GPU 0; the process also sees a second GPU
     // (another pod's, made visible, or a UUID the configuration does not
-    // name). Its allocations and its launches there are refused (out of
-    // memory; not permitted), never unlimited.
+    // name). Nothing runs there: its context is refused (out of memory), so
+    // neither allocations nor launches can be made on it.
     let pod = Pod::new("hv-unlisted");
     let hypervisor = start(&pod, "memory = \"1g\"");
-    for (visible, alloc, launch) in [("0", "-> 0 ", "-> 0 "), ("1", "-> 2 ", "-> 800 ")] {
-        let mut command = managed(
-            &pod,
-            &hypervisor.url(),
-            TOKEN,
-            &[
-                "alloc", "mem", "64m", "alloc", "mem", "5g", "run", "kernel", "100", "20",
-            ],
-        );
+    let script = [
+        "alloc", "mem", "64m", "alloc", "mem", "5g", "run", "kernel", "100", "20",
+    ];
+    let command = |visible: &str| {
+        let mut command = managed(&pod, &hypervisor.url(), TOKEN, &script);
         command
             .env("GPUSHARE_DOUBLE_DEVICES", "2")
             .env("CUDA_VISIBLE_DEVICES", visible);
-        let lines = run(command);
-        assert!(lines[0].contains(alloc), "GPU {visible}: {lines:?}");
-        assert!(lines[1].contains("-> 2 "), "GPU {visible}: {lines:?}");
-        assert!(
-            lines[2].starts_with("run kernel") && lines[2].contains(launch),
-            "GPU {visible}: {lines:?}"
-        );
-    }
+        command
+    };
+    let lines = run(command("0"));
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    assert!(lines[1].contains("-> 2 "), "{lines:?}");
+    assert!(
+        lines[2].starts_with("run kernel") && lines[2].contains("-> 0 "),
+        "{lines:?}"
+    );
+    let output = command("1").output().expect("probe");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{output:?}");
+    assert!(
+        stderr.contains("cudaprobe: cuDevicePrimaryCtxRetain failed: 2"),
+        "{stderr}"
+    );
+    assert!(common::stdout_lines(&output).is_empty(), "{output:?}");
 }

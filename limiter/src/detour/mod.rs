@@ -2,6 +2,7 @@
 //! `hooks.rs` (declarations: the generated `extern "C"` adapters and the
 //! install table) and an `ops.rs` (the logic, returning `Result`).
 
+pub mod context;
 pub mod driver;
 pub mod launch;
 pub mod memory;

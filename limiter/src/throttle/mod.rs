@@ -253,8 +253,6 @@ pub struct Throttle {
     backlog_since_ns: AtomicU64,
     /// How the node's activity table is mapped.
     tables: TableAccess,
-    /// Under a hypervisor: whether it listed each device.
-    listed: [OnceLock<bool>; MAX_DEVICES],
     activity: OnceLock<Option<NodeActivity>>,
     pod_key: OnceLock<u64>,
     marked_at_ns: [AtomicU64; MAX_DEVICES],
@@ -289,7 +287,6 @@ impl Throttle {
     ) -> Self {
         Self {
             tables,
-            listed: [const { OnceLock::new() }; MAX_DEVICES],
             configured,
             budgets: [const { OnceLock::new() }; MAX_DEVICES],
             single_device: OnceLock::new(),
@@ -355,29 +352,6 @@ impl Throttle {
             .copied()
     }
 
-    /// Whether the hypervisor published limits for `device` (asked once per
-    /// device; a device it did not list runs nothing: fail closed).
-    fn listed(&self, ctx: &'static Context, device: usize) -> bool {
-        let Some(cell) = self.listed.get(device) else {
-            return false;
-        };
-        *cell.get_or_init(|| {
-            let uuid = ctx.device_uuid(device);
-            let listed = uuid
-                .as_deref()
-                .zip(ctx.hypervisor_limits())
-                .is_some_and(|(uuid, limits)| limits.find(uuid).is_some());
-            if !listed {
-                tracing::warn!(
-                    device,
-                    ?uuid,
-                    "the hypervisor gave this pod no limits for this GPU: its launches are refused"
-                );
-            }
-            listed
-        })
-    }
-
     /// Admits one launch of `work` on `stream`, waiting for budget if
     /// there is none; `per_thread` says the launch API took stream 0 as the
     /// per-thread default stream. Its budget, its price and admission, its
@@ -413,11 +387,8 @@ impl Throttle {
             usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?
         };
         // Whether the hypervisor's limits are in force, read once a launch.
-        let hypervised = ctx.hypervisor().is_some();
+        let hypervised = ctx.hypervisor_limits().is_some();
         let budget = self.budget(ctx, device, hypervised);
-        if budget.is_none() && hypervised && !self.listed(ctx, device) {
-            return Err(LimiterError::Unlisted { device });
-        }
         if budget.is_none() && !self.priority.engaged(hypervised) {
             return Err(LimiterError::Bypass("device unlimited"));
         }

@@ -477,7 +477,7 @@ impl Throttle {
                 });
                 let owed = self.model.record(&sample.charge, measured, contended);
                 let tokens = self
-                    .budget(ctx, sample.device, ctx.hypervisor().is_some())
+                    .budget(ctx, sample.device, ctx.hypervisor_limits().is_some())
                     .map(|budget| {
                         budget.bucket.correct(owed);
                         budget.bucket.tokens_ns.load(Ordering::Relaxed)
@@ -509,7 +509,7 @@ impl Throttle {
         let Some(table) = self.activity() else {
             return;
         };
-        if ctx.hypervisor().is_some() {
+        if ctx.hypervisor_limits().is_some() {
             return; // the hypervisor decides elastic shares
         }
         for (device, budget) in self.budgets.iter().enumerate() {

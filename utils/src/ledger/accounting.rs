@@ -179,6 +179,64 @@ impl PodLedger {
         }
     }
 
+    /// Raises this process's driver overhead on `dev` to `bytes`, the rise
+    /// reserved against `quota` (0 = unlimited) like an allocation: memory
+    /// the driver is about to take (a context) is counted before it is
+    /// taken, so processes racing cannot pass the quota together. Fails
+    /// with [`LedgerError::OverQuota`] (after giving back what dead
+    /// processes held); nothing changes then.
+    pub fn try_raise_overhead_under(
+        &self,
+        dev: usize,
+        bytes: u64,
+        quota: u64,
+    ) -> Result<(), LedgerError> {
+        let device = self.device(dev)?;
+        let slot = self.my_slot()?;
+        self.check_intact()?;
+        let cell = &slot.overhead[dev];
+        let mut old = cell.load(Ordering::Acquire);
+        let mut reclaimed = false;
+        while old < bytes {
+            let rise = bytes - old;
+            if let Err((quota, used)) = reserve_on(device, rise, quota) {
+                if reclaimed {
+                    return Err(LedgerError::OverQuota {
+                        dev,
+                        quota,
+                        used,
+                        requested: rise,
+                    });
+                }
+                self.reclaim_dead();
+                reclaimed = true;
+                continue;
+            }
+            match cell.compare_exchange(old, bytes, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(current) => {
+                    sub_saturating(&device.used, rise);
+                    old = current;
+                }
+            }
+        }
+        self.check_intact()
+    }
+
+    /// What the next context on `dev` is reserved at: the largest first
+    /// context a process of the pod was measured at there; 0 if none was.
+    pub fn context_bytes(&self, dev: usize) -> Result<u64, LedgerError> {
+        Ok(self.device(dev)?.context_bytes.load(Ordering::Acquire))
+    }
+
+    /// Records a first context's measured footprint on `dev` (kept if larger).
+    pub fn learn_context_bytes(&self, dev: usize, bytes: u64) -> Result<(), LedgerError> {
+        self.device(dev)?
+            .context_bytes
+            .fetch_max(bytes, Ordering::AcqRel);
+        Ok(())
+    }
+
     /// The pod's compute budget on `dev`, with the limits local mode sets.
     pub fn compute(&self, dev: usize) -> Result<Bucket<'_>, LedgerError> {
         let local = self.local_bucket(dev)?;

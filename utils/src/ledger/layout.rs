@@ -80,8 +80,11 @@ pub struct DeviceLedger {
     pub spill_peak: AtomicU64,
     /// Local mode: the pod's cap on `spilled` (0 = no spill), for observers.
     pub spill_limit: AtomicU64,
-    /// Zero; room for a field that defaults to zero.
-    pub reserved: [AtomicU64; 1],
+    /// The largest driver memory a process of the pod was measured to hold
+    /// on this GPU right after creating its first context: what the next
+    /// context is reserved at. 0: none measured yet (a word that was
+    /// reserved, zero in regions of older writers).
+    pub context_bytes: AtomicU64,
 }
 
 /// A GPU's compute bucket in the pod's region: the state every process

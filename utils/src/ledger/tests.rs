@@ -539,3 +539,49 @@ fn a_shrunk_ledger_refuses_reservations_and_does_not_crash() {
         "{refused:?}"
     );
 }
+
+#[test]
+fn a_context_is_reserved_against_the_quota_before_it_is_taken() {
+    let region = TestRegion::new();
+    let ledger = region.open();
+    let quota = 1000;
+    ledger
+        .try_reserve_under(DEV, 100, quota)
+        .expect("an allocation");
+    ledger
+        .try_raise_overhead_under(DEV, 600, quota)
+        .expect("a context that fits");
+    assert_eq!(ledger.usage(DEV).expect("usage").used, 700);
+    // A second context would pass the quota: refused, nothing charged.
+    let refused = ledger.try_raise_overhead_under(DEV, 1000, quota);
+    assert!(
+        matches!(
+            refused,
+            Err(LedgerError::OverQuota {
+                requested: 400,
+                used: 700,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(ledger.process_overhead(DEV).expect("overhead"), 600);
+    // Already held: raising to less changes nothing.
+    ledger
+        .try_raise_overhead_under(DEV, 500, quota)
+        .expect("no-op");
+    assert_eq!(ledger.usage(DEV).expect("usage").used, 700);
+    // The measurement replaces the estimate.
+    ledger.set_overhead(DEV, 300).expect("measured");
+    assert_eq!(ledger.usage(DEV).expect("usage").used, 400);
+    // A dead process's context is given back before refusing.
+    forge_slot(&ledger, DEAD_PID, 1, own_pid_ns(), DEV, 500);
+    ledger
+        .try_raise_overhead_under(DEV, 800, quota)
+        .expect("fits once the dead process's bytes are back");
+    assert_eq!(ledger.usage(DEV).expect("usage").used, 900);
+    assert_eq!(ledger.context_bytes(DEV).expect("context"), 0);
+    ledger.learn_context_bytes(DEV, 300).expect("learn");
+    ledger.learn_context_bytes(DEV, 200).expect("learn");
+    assert_eq!(ledger.context_bytes(DEV).expect("context"), 300);
+}

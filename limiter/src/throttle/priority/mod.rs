@@ -224,7 +224,7 @@ impl Priority {
     /// The pod's class on `device`: the hypervisor's when it sets the
     /// limits (read at every launch: it changes live), else the local one.
     fn class(&self, ctx: &'static Context, device: usize) -> PodClass {
-        if ctx.hypervisor().is_none() {
+        if ctx.hypervisor_limits().is_none() {
             return self.classes.resolve(device as u32);
         }
         let Some(cell) = self.hypervisor_gpus.get(device) else {

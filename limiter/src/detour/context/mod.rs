@@ -1,0 +1,7 @@
+//! Contexts: the memory the driver takes for a context, reserved in the
+//! pod's quota before the driver creates it.
+
+mod hooks;
+mod ops;
+
+pub use hooks::CONTEXT_DETOURS;

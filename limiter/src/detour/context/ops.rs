@@ -1,0 +1,89 @@
+//! Context policy: a context's footprint is reserved against the pod's quota
+//! as this process's driver overhead on the device before the driver
+//! creates it, so that processes of a pod creating contexts at once cannot
+//! pass the quota together; right after, the overhead is measured and the
+//! estimate replaced by what the driver really took.
+//!
+//! The estimate is the largest first context a process of the pod was
+//! measured at on that GPU (kept in the ledger), or
+//! [`DEFAULT_CONTEXT_BYTES`] before any was. A context that does not fit is
+//! refused with `CUDA_ERROR_OUT_OF_MEMORY`, like an allocation.
+
+use crate::entry;
+use crate::error::{LimiterError, Result};
+use crate::grant::Grant;
+use crate::quota;
+use crate::sys::{CUdevice, CUresult};
+
+/// What a context is reserved at before any of the pod's was measured on
+/// the GPU: about what one takes on an H100 (driver 580), so that the first
+/// processes of a pod racing cannot pass the quota by much.
+pub const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
+
+/// Which call creates the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Creation {
+    /// `cuDevicePrimaryCtxRetain`: creates the primary context only if this
+    /// process holds none on the device yet.
+    Primary,
+    /// `cuCtxCreate*`: always a new context.
+    Extra,
+}
+
+/// Reserves the context's footprint, runs `create` (the driver's original),
+/// then charges what it really took.
+pub fn create(
+    device: CUdevice,
+    creation: Creation,
+    create: impl FnOnce() -> CUresult,
+) -> Result<CUresult> {
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
+    let (ctx, memory) = (&limiter.context, &limiter.memory);
+    let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
+    if matches!(ctx.grant(), Grant::Refused) {
+        return Err(LimiterError::Misconfigured("no limits granted"));
+    }
+    let limit = memory
+        .limit(ctx, device)
+        .ok_or(LimiterError::Bypass("device unlimited"))?;
+    if limit == 0 {
+        // A GPU the hypervisor gave the pod nothing on.
+        return Err(LimiterError::OverQuota {
+            device,
+            requested: DEFAULT_CONTEXT_BYTES,
+            used: 0,
+            quota: 0,
+        });
+    }
+    let ledger = ctx.ledger().ok_or(LimiterError::LedgerUnavailable)?;
+    let entry = ctx
+        .ledger_entry(device)
+        .ok_or(LimiterError::LedgerUnavailable)?;
+    let held = ledger.process_overhead(entry).unwrap_or(0);
+    if creation == Creation::Primary && held > 0 {
+        return Err(LimiterError::Bypass("a context of this process is charged"));
+    }
+    let estimate = match ledger.context_bytes(entry) {
+        Ok(learned) if learned > 0 => learned,
+        _ => DEFAULT_CONTEXT_BYTES,
+    };
+    ledger
+        .try_raise_overhead_under(entry, held.saturating_add(estimate), limit)
+        .map_err(|error| quota::refusal(device, error))?;
+    let result = create();
+    if !result.is_success() {
+        if let Err(error) = ledger.set_overhead(entry, held) {
+            tracing::warn!(device, %error, "context reservation not given back");
+        }
+        return Ok(result);
+    }
+    memory.measure_overhead(ctx, device, true);
+    // This process's first context on the device: what it took is what the
+    // next one of the pod is reserved at (unchanged when NVML cannot say).
+    if held == 0
+        && let Ok(measured) = ledger.process_overhead(entry)
+    {
+        let _ = ledger.learn_context_bytes(entry, measured);
+    }
+    Ok(result)
+}
