@@ -53,7 +53,8 @@ pub fn decide(
     local_limits: bool,
 ) -> Grant {
     link.start(driver);
-    let deadline = Instant::now() + timeout;
+    let started = Instant::now();
+    let deadline = started + timeout;
     let mut last = "no answer from the hypervisor".to_owned();
     let reason = loop {
         let status = link.status();
@@ -91,7 +92,8 @@ pub fn decide(
         }
         std::thread::sleep(POLL);
     };
-    let waited = timeout.as_millis();
+    // What happened: a refusal that came at once says so, not the timeout.
+    let waited = started.elapsed().as_millis();
     if local_limits {
         let why = format!(
             "no grant from the hypervisor at {} ({reason}) and local limits are set",
@@ -101,13 +103,13 @@ pub fn decide(
             return grant;
         }
         eprintln!(
-            "cuda-limiter: no limits from the hypervisor at {} within {waited} ms ({reason}); the local limits apply",
+            "cuda-limiter: no limits from the hypervisor at {} after {waited} ms ({reason}); the local limits apply",
             link.address()
         );
         Grant::Local
     } else {
         let message = format!(
-            "cuda-limiter: no limits from the hypervisor at {} within {waited} ms ({reason}) and no local limit is set; CUDA refuses to initialise",
+            "cuda-limiter: no limits from the hypervisor at {} after {waited} ms ({reason}) and no local limit is set; CUDA refuses to initialise",
             link.address()
         );
         eprintln!("{message}");

@@ -142,6 +142,7 @@ impl MemoryQuota {
                     let limit = self.limit_for(ctx, device, uuid.as_deref());
                     if let (Some(bytes), Some(ledger), Some(entry)) =
                         (limit, ctx.ledger(), ctx.ledger_entry(device))
+                        && bytes > 0
                         && let Err(error) = ledger.set_quota(entry, bytes)
                     {
                         tracing::warn!(device, %error, "quota not recorded in the pod ledger");
@@ -157,7 +158,8 @@ impl MemoryQuota {
     /// that UUID when it granted limits, else the configured one. Under the
     /// hypervisor a GPU it published no limits for (one the pod was not
     /// given, a UUID it does not know) has a quota of 0: every allocation
-    /// on it is refused, where no quota would leave it unlimited.
+    /// on it is refused, where no quota would leave it unlimited. So has,
+    /// locally, a GPU that limits naming GPUs only by UUID do not name.
     pub fn limit_for(
         &self,
         ctx: &'static Context,
@@ -170,6 +172,18 @@ impl MemoryQuota {
             };
             let bytes = gpu.quota.load(Ordering::Acquire);
             return (bytes > 0).then_some(bytes);
+        }
+        if self.configured.lookup(device as u32, uuid).is_none()
+            && self.configured.names_only_uuids()
+        {
+            // Limits that name GPUs only by UUID, none of them this one: a
+            // mistyped or stale UUID must not leave the GPU unlimited.
+            tracing::error!(
+                device,
+                ?uuid,
+                "the memory limits name GPUs by UUID, none of them this one: nothing may be allocated on it"
+            );
+            return Some(0);
         }
         self.configured
             .resolve(device as u32, uuid)

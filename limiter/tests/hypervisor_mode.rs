@@ -229,6 +229,15 @@ fn a_wrong_token_is_refused_and_cuda_with_it() {
         .collect();
     assert_eq!(ours.len(), 1, "one line: {stderr}");
     assert!(ours[0].contains("registration refused (401"), "{stderr}");
+    // Refused at once: the line says how long it really waited, not the
+    // 2000 ms it would have.
+    let waited: u64 = ours[0]
+        .split(" after ")
+        .nth(1)
+        .and_then(|rest| rest.split(" ms").next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no wait said: {stderr}"));
+    assert!(waited < 1500, "{stderr}");
     let status = serde_json::to_string(&hypervisor.hypervisor().status()).expect("json");
     assert!(
         !status.contains(&format!("\"{}-", pod.0)),

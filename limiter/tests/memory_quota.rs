@@ -219,6 +219,44 @@ fn migrated_configurations_apply_by_index_and_uuid() {
 }
 
 #[test]
+fn limits_that_name_other_gpus_by_uuid_leave_this_one_nothing() {
+    // A mistyped or stale UUID must not leave the GPU unlimited: limits
+    // that name GPUs only by UUID give one they do not name no memory, so
+    // its context is refused.
+    let other = gpushare_examples::uuid(7);
+    let pod = Pod::new("other-uuid");
+    let output = probe(
+        "cudaprobe",
+        &pod,
+        &[(
+            "TENSOR_FUSION_CUDA_MEM_LIMIT",
+            &format!("{{\"{other}\": {GIB}}}"),
+        )],
+        &["info"],
+    )
+    .output()
+    .expect("spawn");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "ran: {output:?}");
+    assert!(
+        stderr.contains("cuDevicePrimaryCtxRetain failed: 2")
+            && stderr.contains("name GPUs by UUID, none of them this one"),
+        "{stderr}"
+    );
+    // Named by index too, or by its own UUID: its limit applies as before.
+    let lines = run(probe(
+        "cudaprobe",
+        &pod,
+        &[(
+            "TENSOR_FUSION_CUDA_MEM_LIMIT",
+            &format!("{{\"{other}\": {GIB}, \"0\": {}}}", 2 * GIB),
+        )],
+        &["info"],
+    ));
+    assert_eq!(lines[0], info(0, 2 * GIB - CONTEXT_BYTES, 2 * GIB));
+}
+
+#[test]
 fn malformed_configuration_is_one_clear_line_and_cuda_is_refused() {
     let pod = Pod::new("broken");
     let output = probe(

@@ -168,6 +168,17 @@ impl<T: Copy> DeviceLimits<T> {
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
+
+    /// True when keys are set and every one names a GPU by UUID: then a GPU
+    /// none of them names is most likely a mistyped or stale UUID, not one
+    /// meant to run unlimited.
+    pub fn names_only_uuids(&self) -> bool {
+        !self.entries.is_empty()
+            && self
+                .entries
+                .iter()
+                .all(|entry| matches!(entry.device, Device::Uuid(_)))
+    }
 }
 
 #[cfg(test)]
