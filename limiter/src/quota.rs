@@ -190,20 +190,16 @@ impl MemoryQuota {
             .filter(|bytes| *bytes > 0)
     }
 
-    /// Reserves `bytes` on `device` for an allocation about to be made.
-    pub fn reserve(
+    /// Where `bytes` on `device` would be reserved: the pod's ledger, the
+    /// GPU's entry in it and the quota. A quota of 0 is a GPU on which
+    /// nothing may be taken (one the hypervisor gave the pod no limits for):
+    /// refused here, since to the ledger 0 would mean no quota at all.
+    pub fn reservable(
         &self,
         ctx: &'static Context,
         device: usize,
         bytes: u64,
-    ) -> Result<Reservation<'_>> {
-        if matches!(ctx.grant(), Grant::Refused) {
-            return Err(LimiterError::Misconfigured("no limits granted"));
-        }
-        self.measure_overhead(ctx, device, false);
-        // A quota of 0 is a GPU on which nothing may be allocated (one the
-        // hypervisor gave the pod no limits for); to the ledger, 0 would
-        // mean no quota at all.
+    ) -> Result<(&'static PodLedger, usize, u64)> {
         let Some(limit) = self.limit(ctx, device).filter(|&bytes| bytes > 0) else {
             return Err(LimiterError::OverQuota {
                 device,
@@ -216,6 +212,21 @@ impl MemoryQuota {
         let entry = ctx
             .ledger_entry(device)
             .ok_or(LimiterError::LedgerUnavailable)?;
+        Ok((ledger, entry, limit))
+    }
+
+    /// Reserves `bytes` on `device` for an allocation about to be made.
+    pub fn reserve(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        bytes: u64,
+    ) -> Result<Reservation<'_>> {
+        if matches!(ctx.grant(), Grant::Refused) {
+            return Err(LimiterError::Misconfigured("no limits granted"));
+        }
+        self.measure_overhead(ctx, device, false);
+        let (ledger, entry, limit) = self.reservable(ctx, device, bytes)?;
         let change = self.change();
         ledger
             .try_reserve_under(entry, bytes, limit)

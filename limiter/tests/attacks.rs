@@ -11,10 +11,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 
-use common::{GIB, Pod, node_tables};
+use common::{DoubleGpus, Pod, node_tables};
 use gpushare_utils::ledger::POD_REGION_PREFIX;
 use gpushare_utils::limits::PodLimits;
-use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError};
 use hypervisor::{Options, RunningHypervisor, config};
 
 /// The uid the pods run as (the hypervisor's `region_uid`).
@@ -22,20 +21,6 @@ const PODS_UID: u32 = 65534;
 /// A local user who is not a pod.
 const STRANGER_UID: u32 = 65533;
 const TOKEN: &str = "pod-token";
-
-struct DoubleGpu;
-
-impl GpuObserver for DoubleGpu {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        Ok(vec![GpuInfo {
-            index: 0,
-            uuid: gpushare_examples::uuid(0),
-            name: "driver double".to_owned(),
-            memory_total: 16 * GIB,
-            memory_used: 0,
-        }])
-    }
-}
 
 /// The hypervisor, making the pods' objects and the node tables for uid
 /// [`PODS_UID`].
@@ -50,7 +35,7 @@ fn start(pod: &Pod) -> RunningHypervisor {
         config,
         config_path: None,
         listen: None,
-        observer: Arc::new(DoubleGpu),
+        observer: Arc::new(DoubleGpus(1)),
         handle_sighup: false,
         node_tables: node_tables(pod),
     })

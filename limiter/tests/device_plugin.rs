@@ -11,31 +11,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{CONTEXT_BYTES, GIB, MIB, info};
+use common::{CONTEXT_BYTES, DoubleGpus, GIB, MIB, info};
 use hypervisor::deviceplugin::DevicePluginConfig;
 use hypervisor::fakes::apiserver::FakeApiServer;
 use hypervisor::fakes::cluster;
 use hypervisor::fakes::device_kubelet::FakeDeviceKubelet;
 use hypervisor::fakes::node::{self, TestNode};
-use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError};
 use serde_json::json;
-
-/// The double's two GPUs, as NVML would show them to the hypervisor.
-struct DoubleGpus;
-
-impl GpuObserver for DoubleGpus {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        Ok((0..2u8)
-            .map(|i| GpuInfo {
-                index: u32::from(i),
-                uuid: gpushare_examples::uuid(i),
-                name: "driver double".to_owned(),
-                memory_total: 16 * GIB,
-                memory_used: 0,
-            })
-            .collect())
-    }
-}
 
 struct Cleanup {
     dir: std::path::PathBuf,
@@ -79,7 +61,7 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
             .await
             .unwrap();
         cluster::create_node(&client, "node-probe").await.unwrap();
-        let node = TestNode::start(&api, Arc::new(DoubleGpus), options)
+        let node = TestNode::start(&api, Arc::new(DoubleGpus(2)), options)
             .await
             .unwrap();
         let plugin = kubelet

@@ -10,30 +10,13 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
-use common::{CONTEXT_BYTES, GIB, Pod, info, probe, run};
+use common::{CONTEXT_BYTES, DoubleGpus, GIB, Pod, info, probe, run};
 use gpushare_utils::ledger::{MAX_DEVICES, PodLedger, REGION_SIZE};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Creation;
-use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError};
 use hypervisor::{Options, RunningHypervisor, config};
 
 /// The double's GPUs, as NVML would show them to the hypervisor.
-struct DoubleGpus(u8);
-
-impl GpuObserver for DoubleGpus {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        Ok((0..self.0)
-            .map(|index| GpuInfo {
-                index: u32::from(index),
-                uuid: gpushare_examples::uuid(index),
-                name: "driver double".to_owned(),
-                memory_total: 16 * GIB,
-                memory_used: 0,
-            })
-            .collect())
-    }
-}
-
 const TOKEN: &str = "pod-token";
 
 /// A hypervisor on loopback for `pod` (`gpus`: `[[pods.gpus]]` bodies).

@@ -7,24 +7,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{CONTEXT_BYTES, GIB, Pod, info, probe, run};
-use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError};
+use common::{CONTEXT_BYTES, DoubleGpus, GIB, Pod, info, probe, run};
 use hypervisor::{Options, RunningHypervisor, config};
-
-/// The driver double's GPU, as NVML would show it to the hypervisor.
-struct DoubleGpu;
-
-impl GpuObserver for DoubleGpu {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        Ok(vec![GpuInfo {
-            index: 0,
-            uuid: gpushare_examples::uuid(0),
-            name: "driver double".to_owned(),
-            memory_total: 16 * GIB,
-            memory_used: 0,
-        }])
-    }
-}
 
 const TOKEN: &str = "pod-token";
 
@@ -38,7 +22,7 @@ fn start(pod: &Pod, gpu: &str) -> RunningHypervisor {
         config,
         config_path: None,
         listen: None,
-        observer: Arc::new(DoubleGpu),
+        observer: Arc::new(DoubleGpus(1)),
         handle_sighup: false,
         node_tables: common::node_tables(pod),
     })

@@ -50,6 +50,26 @@ impl Drop for Pod {
     }
 }
 
+/// The driver double's first `.0` GPUs, as NVML would show them to a
+/// hypervisor.
+pub struct DoubleGpus(pub u8);
+
+impl hypervisor::observer::GpuObserver for DoubleGpus {
+    fn gpus(
+        &self,
+    ) -> Result<Vec<hypervisor::observer::GpuInfo>, hypervisor::observer::ObserverError> {
+        Ok((0..self.0)
+            .map(|index| hypervisor::observer::GpuInfo {
+                index: u32::from(index),
+                uuid: gpushare_examples::uuid(index),
+                name: "driver double".to_owned(),
+                memory_total: 16 * GIB,
+                memory_used: 0,
+            })
+            .collect())
+    }
+}
+
 /// The node tables a hypervisor of `pod`'s test makes (removed with the pod).
 pub fn node_tables(pod: &Pod) -> hypervisor::node_tables::NodeTableNames {
     hypervisor::node_tables::NodeTableNames {

@@ -43,22 +43,10 @@ pub fn create(
     if matches!(ctx.grant(), Grant::Refused) {
         return Err(LimiterError::Misconfigured("no limits granted"));
     }
-    let limit = memory
-        .limit(ctx, device)
-        .ok_or(LimiterError::Bypass("device unlimited"))?;
-    if limit == 0 {
-        // A GPU the hypervisor gave the pod nothing on.
-        return Err(LimiterError::OverQuota {
-            device,
-            requested: DEFAULT_CONTEXT_BYTES,
-            used: 0,
-            quota: 0,
-        });
+    if memory.limit(ctx, device).is_none() {
+        return Err(LimiterError::Bypass("device unlimited"));
     }
-    let ledger = ctx.ledger().ok_or(LimiterError::LedgerUnavailable)?;
-    let entry = ctx
-        .ledger_entry(device)
-        .ok_or(LimiterError::LedgerUnavailable)?;
+    let (ledger, entry, limit) = memory.reservable(ctx, device, DEFAULT_CONTEXT_BYTES)?;
     let held = ledger.process_overhead(entry).unwrap_or(0);
     if creation == Creation::Primary && held > 0 {
         return Err(LimiterError::Bypass("a context of this process is charged"));
