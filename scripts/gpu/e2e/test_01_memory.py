@@ -1,8 +1,9 @@
-"""Checks 1-10: the per-pod memory quota (CUDA_DEVICE_MEMORY_LIMIT=4g)."""
+"""Checks 1-10 and 27: the per-pod memory quota (CUDA_DEVICE_MEMORY_LIMIT=4g)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 
@@ -27,7 +28,7 @@ from harness.checks import (
     q,
 )
 from harness.parse import api_field, median, smi_fields, smi_line
-from harness.proc import SMI_MEM, Proc, clean_shm, run, wait_holding
+from harness.proc import SMI_MEM, Proc, clean_shm, footprints, run, wait_holding
 
 NOT_BUILT = ("not built", "not built")
 
@@ -346,3 +347,56 @@ def test_no_libcuda_in_plain_programs(check):
     why.need(lc == 0, "libcuda-mapped")
     why.need(lcl >= 1, "limiter-not-mapped")
     row.done(f"libcuda.so={bc}", f"libcuda.so={lc} limiter={lcl}", why)
+
+
+#: Check 27: processes of one pod started at once, what each allocates, and
+#: how far past the quota their footprint read from outside may be (MiB).
+RACERS, RACER_BYTES, FOOTPRINT_SLACK_MIB = 8, 256 * MiB, 64
+
+
+def context_race(check, mode: str, tag: str):
+    """Starts RACERS mem_hold processes of pod e2e-ctxrace at once; while the
+    survivors hold, reads their footprints. Returns (held, MiB held in all,
+    the alloc_rc of those that did not hold, the runs)."""
+    s = check.s
+    flag = s.work / f"release-27-{tag}"
+    flag.unlink(missing_ok=True)
+    clean_shm()
+    procs = [Proc(s, mode, "e2e-ctxrace", check.log / f"27-{tag}-{i}.log", 150,
+                  [s.bin("mem_hold"), str(RACER_BYTES), str(flag), "120"]).start() for i in range(RACERS)]
+    for p in procs:
+        wait_holding(p)
+    time.sleep(1)
+    seen = footprints(s)
+    holding = [p for p in procs if re.search(r"^holding=1", p.text(), re.MULTILINE)]
+    total = sum(seen.get(p.pid, 0) for p in holding)
+    flag.touch()
+    for p in procs:
+        p.wait()
+    refused = [p.kv("alloc_rc") or "none" for p in procs if p not in holding]
+    return len(holding), total, refused, procs
+
+
+@pytest.mark.check("27")
+def test_context_race(check):
+    """27: eight processes of one pod start at once under the 4 GiB quota and
+    each allocates 256 MiB: their contexts are reserved in the quota before
+    the driver creates them, so what they hold together, read from outside,
+    stays within the quota, and those that do not fit are refused with
+    cudaErrorMemoryAllocation (2). Without the limiter all eight hold."""
+    row = check.row("27. 8 processes of one pod start at once, 256 MiB each: held, pod footprint (MiB, nvidia-smi)",
+                    f"with: footprint<={QUOTA_MIB}+{FOOTPRINT_SLACK_MIB}, the others rc=2; without: 8 hold")
+    if not check.s.built("mem_hold"):
+        return row.done(*NOT_BUILT, "build failed")
+    b_held, b_total, b_refused, b_runs = context_race(check, "base", "base")
+    l_held, l_total, l_refused, l_runs = context_race(check, "lim", "lim")
+    why = Why()
+    for tag, runs in (("base", b_runs), ("lim", l_runs)):
+        for i, p in enumerate(runs):
+            why.add(p.exit_why(f"{tag}-{i}"))
+    why.need(b_held == RACERS, "baseline-not-all-held")
+    why.need(l_held >= 1, "none-held")
+    why.need(AtMost(QUOTA_MIB + FOOTPRINT_SLACK_MIB).holds(l_total), "footprint-over-quota")
+    why.need(all(rc == "2" for rc in l_refused), "refused-not-oom")
+    row.done(f"held={b_held} footprint={b_total}",
+             f"held={l_held} footprint={l_total} refused={','.join(l_refused) or '-'}", why)

@@ -54,6 +54,7 @@ def mem_hold(args):
         out(done=1)
         return
     mark(pod, size)
+    show_footprint(size // MiB)
     out(holding=1)
     end = time.time() + float(args[2] if len(args) > 2 else 120)
     while not os.path.exists(args[1]) and time.time() < end:
@@ -61,10 +62,59 @@ def mem_hold(args):
     out(kept=1, done=1)
 
 
-def pod_file(pod):
-    """Where a fake pod's usage is kept: FAKEGPU_STATE_DIR (the test's own
+#: implicit_mem's paths: the step that takes the memory, and whether it is a
+#: driver API one (its error names are CUDA_*).
+IMPLICIT = {"graph_node": ("instantiate", False), "graph_capture": ("capture", False), "heap": ("setlimit", False),
+            "stack": ("setlimit", False), "printf_fifo": ("setlimit", False), "module": ("load", True),
+            "library": ("load", True), "pool": ("malloc", False), "contexts": ("create", True)}
+CONTEXT_MIB = 500
+
+
+def implicit_mem(args):
+    """Under the 4 GiB quota every path is refused (2) and the process holds
+    its context, what fitted and the 64 MiB of the usable step; otherwise it
+    takes what it was asked (the pool gives its half back when trimmed). The
+    printf FIFO takes no device memory, so it is never refused."""
+    path, size = args[0], int(args[1])
+    step, driver = IMPLICIT[path]
+    host_side = path == "printf_fifo"
+    rc = 2 if LIMITED and not host_side else 0
+    out(pid=os.getpid(), path=path, bytes=size, ctx_rc=0)
+    fp = CONTEXT_MIB + 64
+    if path == "contexts":
+        n = 7 if LIMITED else 16
+        out(contexts=n, create_rc=rc, restore_rc=0)
+        fp += n * CONTEXT_MIB
+    elif path == "pool":
+        out(stream_rc=0, pool_rc=0, threshold_rc=0, kept_rc=0, reserved=size // 2, malloc_rc=rc, trim_rc=0,
+            retried=int(LIMITED), after_trim_rc=0)
+        fp += size // 2 // MiB
+    elif path in ("module", "library"):  # 1 GiB a load: what fits is loaded
+        n = 3 if LIMITED else size // GiB
+        out(modules=n, global_bytes=GiB, loaded_bytes=n * GiB, **{f"{step}_rc": rc})
+        fp += n * GiB // MiB
+    else:
+        out(**{f"{step}_rc": rc})
+        fp += 0 if LIMITED or host_side else size // MiB
+    names = ("CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY") if driver else ("cudaSuccess", "cudaErrorMemoryAllocation")
+    out(op_rc=rc, op_name=names[rc // 2], usable_rc=0, usable=1)
+    show_footprint(fp)
+    out(holding=1)
+    end = time.time() + float(args[3] if len(args) > 3 else 120)
+    while not os.path.exists(args[2]) and time.time() < end:
+        time.sleep(0.05)
+    out(done=1)
+
+
+def state_file(name):
+    """Where the fakes keep what they share: FAKEGPU_STATE_DIR (the test's own
     directory), else /tmp."""
-    return os.path.join(os.environ.get("FAKEGPU_STATE_DIR", "/tmp"), f"fakegpu-{os.getuid()}-{pod}")
+    return os.path.join(os.environ.get("FAKEGPU_STATE_DIR", "/tmp"), f"fakegpu-{os.getuid()}-{name}")
+
+
+def pod_file(pod):
+    """Where a fake pod's usage is kept."""
+    return state_file(pod)
 
 
 def pod_usage(pod):
@@ -76,9 +126,34 @@ def pod_usage(pod):
     total = 0
     for entry in lines:
         pid, size = entry.split(":")
-        if os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z":
+        if alive(pid):
             total += int(size)
     return total
+
+
+def alive(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def show_footprint(mib):
+    """What nvidia-smi --query-compute-apps lists for this process while it lives (MiB)."""
+    with open(state_file("footprints"), "a") as f:
+        f.write(f"{os.getpid()}:{mib}\n")
+
+
+def footprints():
+    """(pid, MiB) of the live processes that showed a footprint."""
+    try:
+        lines = open(state_file("footprints")).read().split()
+    except OSError:
+        return
+    for entry in lines:
+        pid, mib = entry.split(":")
+        if alive(pid):
+            yield pid, mib
 
 
 def mark(pod, size):
@@ -127,6 +202,8 @@ def nvidia_smi(args):
     elif any("compute-apps" in a for a in args):
         for pid, limited in oversub_holders():
             print(f"{pid}, {3900 if limited else 6600}")
+        for pid, mib in footprints():
+            print(f"{pid}, {mib}")
     else:
         print("fake nvidia-smi")
 

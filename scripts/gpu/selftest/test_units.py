@@ -8,7 +8,7 @@ import hv_intervals
 import hvctl
 from harness.checks import (GiB, AddedAtMost, AddedBelow, Above, AtLeast, AtMost, Below, Between, Equal, Tolerance,
                             Why, fmt, gib, mibs, num, pct_from_ppm)
-from harness.parse import api_field, kv, median, series_summary, smi_fields, smi_line, smi_mean
+from harness.parse import api_field, compute_apps, kv, median, series_summary, smi_fields, smi_line, smi_mean
 from harness.report import Progress, Recorder
 
 
@@ -78,6 +78,12 @@ def test_smi_line():
     assert smi_line(text) == "4096,12,4084"
     assert smi_fields(smi_line(text)) == ["4096", "12", "4084"]
     assert smi_line("No devices were found\n") is None and smi_fields(None)[0] == ""
+
+
+def test_compute_apps():
+    text = "1234, 4096\n 77 ,512\nNo running processes found\n88, [N/A]\n"
+    assert compute_apps(text) == {1234: 4096, 77: 512}
+    assert compute_apps("") == {}
 
 
 def test_median():

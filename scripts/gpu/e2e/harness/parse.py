@@ -46,6 +46,17 @@ def smi_fields(line: str | None) -> list[str | None]:
     return (parts + [None, None, None])[:3]
 
 
+def compute_apps(text: str) -> dict:
+    """MiB by pid from nvidia-smi's "pid, used_memory" csv (no header, no
+    units); lines that are not two numbers are skipped."""
+    out = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit():
+            out[int(fields[0])] = int(fields[1])
+    return out
+
+
 def median(values: Iterable) -> float | None:
     """Median of the numbers among values (others ignored); None when none."""
     xs = sorted(x for x in (num(v) for v in values) if x is not None)

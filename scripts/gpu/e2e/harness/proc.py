@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .parse import kv
+from .parse import compute_apps, kv
 
 # Removed from the environment of every run, then set again by the mode.
 LIMITER_VARS = (
@@ -296,6 +296,17 @@ def wait_holding(a: Proc, limit_s: float = 60.0) -> None:
 
 SMI_MEM = ["nvidia-smi", "-i", "0", "--query-gpu=memory.total,memory.used,memory.free",
            "--format=csv,noheader,nounits"]
+SMI_APPS = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+
+
+def footprints(s: Settings) -> dict:
+    """Every compute process's device memory as NVML sees it from outside
+    (nvidia-smi), MiB by pid; {} when nvidia-smi does not answer."""
+    try:
+        text = subprocess.run(SMI_APPS, capture_output=True, text=True, timeout=30, env=env_for(s, "base")).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return compute_apps(text)
 
 
 def run(s: Settings, mode: str, pod: str, log: Path, timeout: float, cmd: Sequence[str], **kw) -> Proc:
