@@ -34,11 +34,17 @@ const SOURCES: &[&str] = &[
     "programs/cudaprobe.c",
     "programs/probe_memory.c",
     "programs/probe_launch.c",
+    "programs/probe_held.c",
 ];
 
 /// The probe's C files, in `programs/` (with `probe.h`), linked into both
 /// `cudaprobe` and `cudaprobe_linked`.
-const PROBE_SOURCES: &[&str] = &["cudaprobe.c", "probe_memory.c", "probe_launch.c"];
+const PROBE_SOURCES: &[&str] = &[
+    "cudaprobe.c",
+    "probe_memory.c",
+    "probe_launch.c",
+    "probe_held.c",
+];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

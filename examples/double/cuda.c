@@ -8,29 +8,92 @@
  * - GPUSHARE_DOUBLE_DEVICES fake GPUs of GPUSHARE_DOUBLE_TOTAL bytes each
  *   (double_common.h).
  * - Contexts: one primary context per GPU (reference counted) and up to
- *   DOUBLE_MAX_CREATED created ones. While a GPU has at least one live context,
- *   the process is charged GPUSHARE_DOUBLE_CONTEXT_BYTES on it: the driver's
- *   own memory, seen in cuMemGetInfo and NVML, never through an allocation.
- *   Destroying a context (or releasing a primary one to zero) frees the
- *   allocations made in it, as the real driver does; cuMemCreate handles
- *   belong to no context.
+ *   DOUBLE_MAX_CREATED created ones. Destroying a context (or releasing a
+ *   primary one to zero) frees the allocations made in it and unloads its
+ *   modules, as the real driver does; cuMemCreate handles belong to no
+ *   context.
  * - Allocations get fake addresses (never dereferenced) from a bump pointer in
- *   a 1 TiB region per GPU, 512-byte aligned, in address space reserved at
- *   load (PROT_NONE), so that no host mapping can share an address with a
- *   device allocation (pinned host memory is addressed by its host address,
- *   as under UVA); the
- *   bump restarts when the GPU has no live allocation. Arrays, mipmapped
- *   arrays and cuMemCreate handles take their values from the same space.
+ *   the lower half of a 1 TiB region per GPU, 512-byte aligned, in address
+ *   space reserved at load (PROT_NONE), so that no host mapping can share an
+ *   address with a device allocation (pinned host memory is addressed by its
+ *   host address, as under UVA); the bump restarts when the GPU has no live
+ *   allocation. Arrays, mipmapped arrays and cuMemCreate handles take their
+ *   values from the same space; graph allocations (third quarter) and module
+ *   globals (last quarter) from bumps of their own that never restart.
  *   A GPU is charged exactly the computed size of each allocation; an
  *   allocation that does not fit fails with CUDA_ERROR_OUT_OF_MEMORY.
  * - Before cuInit every call fails with CUDA_ERROR_NOT_INITIALIZED, except
  *   cuInit, cuDriverGetVersion, cuGetProcAddress(_v2) and, as in the real
  *   driver, cuGetErrorString/cuGetErrorName.
- * - Stream-ordered allocations and frees complete at once; pools and streams
- *   are not checked (a NULL pool means the GPU's default pool).
+ * - Stream-ordered allocations and frees complete at once, on the stream's
+ *   GPU (or the pool's).
  * - Pinned host memory (cuMemHostAlloc, cuMemHostGetDevicePointer_v2,
  *   cuMemFreeHost, cuPointerGetAttribute): host_memory.c. It is never charged
  *   to a GPU; cuMemGetAddressRange_v2 answers for it too.
+ *
+ * Driver-held memory: what the real driver takes on a GPU without an
+ * allocation call. Each byte of it counts in what the process uses on the
+ * GPU (cuMemGetInfo, NVML's device and per-process figures) as allocations
+ * do, so allocations fail with CUDA_ERROR_OUT_OF_MEMORY when it fills the
+ * GPU; an operation whose driver-held bytes do not fit fails with
+ * CUDA_ERROR_OUT_OF_MEMORY and changes nothing. When a GPU's last context
+ * goes, its limits return to their defaults and its retained pool and graph
+ * memory is released; loaded libraries and live graph execs keep theirs.
+ * - Contexts: each live context charges GPUSHARE_DOUBLE_CONTEXT_BYTES on its
+ *   GPU: the primary one while retained, each created one (cuCtxCreate_v2)
+ *   while alive.
+ * - Context limits (cuCtxSetLimit/cuCtxGetLimit of the current context's
+ *   GPU, kept per GPU): CU_LIMIT_MALLOC_HEAP_SIZE (default 8 MiB) and
+ *   CU_LIMIT_PRINTF_FIFO_SIZE (default 1 MiB) hold what they are set above
+ *   their defaults, CU_LIMIT_STACK_SIZE (default 1024) what it is set above
+ *   its default times DOUBLE_STACK_THREADS (every resident thread: SMs
+ *   times threads per SM). The other limits below CU_LIMIT_MAX are stored and hold
+ *   nothing (CUDA_ERROR_UNSUPPORTED_LIMIT past it). A set that does not fit
+ *   leaves the limit as it was.
+ * - Modules and libraries: an image (cuModuleLoadData(Ex),
+ *   cuModuleLoadFatBinary, cuLibraryLoadData; the file's first bytes for
+ *   cuModuleLoad and cuLibraryLoadFromFile) whose text begins with
+ *   "gpushare-double-module globals=N" (N in decimal) holds N bytes of module
+ *   globals on the current context's GPU while loaded; cuModuleGetGlobal_v2
+ *   answers, for any name, their first address and N (CUDA_ERROR_NOT_FOUND
+ *   when there are none). Any other image loads and holds nothing.
+ *   cuModuleUnload and cuLibraryUnload give the globals back; a module also
+ *   goes with its context, a library (context-independent) only when
+ *   unloaded.
+ * - Graph memory: a mem alloc node (cuGraphAddMemAllocNode, or a
+ *   cuMemAllocAsync/cuMemAllocFromPoolAsync captured on a stream) gets a
+ *   fixed fake address and charges nothing; a mem free node
+ *   (cuGraphAddMemFreeNode, or a captured cuMemFreeAsync) takes only such an
+ *   address and changes no charge. A graph exec needs, on each GPU, the sum
+ *   of its graph's alloc node sizes there, as instantiated. Its first
+ *   cuGraphUpload or cuGraphLaunch (or cuGraphInstantiateWithParams with
+ *   CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD) reserves that need, taking the GPU's
+ *   retained graph memory first, or fails with CUDA_ERROR_OUT_OF_MEMORY and
+ *   leaves the exec unreserved; the reservation stays while the exec lives.
+ *   cuGraphExecDestroy moves it to the GPU's retained graph memory, which
+ *   cuDeviceGraphMemTrim gives back; cuDeviceGetGraphMemAttribute reports
+ *   the live execs' reservations (USED_MEM_CURRENT) and those plus the
+ *   retained bytes (RESERVED_MEM_CURRENT). cuGraphGetNodes lists a graph's kernel
+ *   nodes (one per captured launch), child graph nodes (a captured graph
+ *   launch) and memory nodes.
+ * - Memory pools: one default pool per GPU (cuDeviceGetDefaultMemPool and
+ *   cuDeviceGetMemPool give it; a NULL pool means the current GPU's). A pool
+ *   allocation (cuMemAllocAsync/cuMemAllocFromPoolAsync, not captured) takes
+ *   the pool's retained bytes when there are at least its size, else is new;
+ *   either way it is charged as an allocation. cuMemFreeAsync of a pool
+ *   allocation ends that charge; with the pool's release threshold
+ *   (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0) at 0 its bytes are
+ *   released at once, else the pool retains them (driver-held) until a
+ *   successful cuStreamSynchronize, cuCtxSynchronize or cuEventSynchronize on
+ *   the GPU releases retained bytes down to reserved (live pool allocations
+ *   + retained) <= max(threshold, live pool allocations). cuMemPoolTrimTo
+ *   releases them down to reserved <= max(minBytesToKeep, live pool
+ *   allocations). CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT and
+ *   CU_MEMPOOL_ATTR_USED_MEM_CURRENT read reserved and live pool
+ *   allocations; the CU_MEMPOOL_ATTR_REUSE_* flags are stored and change
+ *   nothing; other attributes fail with CUDA_ERROR_INVALID_VALUE.
+ *   cuMemFree_v2 of a pool allocation, or its context's end, releases it at
+ *   once.
  *
  * Compute, on a simulated clock (CLOCK_MONOTONIC nanoseconds):
  * - Kernels run nowhere; each occupies its device's one timeline, as kernels
@@ -114,12 +177,24 @@ static const char *const exported_names[] = {
 static unsigned long long g_region_base = FALLBACK_REGION_BASE;
 #define REGION_BASE g_region_base
 #define REGION_SIZE (1ULL << 40)
+/* Within a GPU's region: allocations below GRAPH_OFFSET, graph allocations
+ * below GLOBALS_OFFSET, module globals above. */
+#define GRAPH_OFFSET (REGION_SIZE / 2)
+#define GLOBALS_OFFSET (REGION_SIZE / 4 * 3)
 #define ADDRESS_ALIGN 512ULL
 #define GRANULARITY (2ULL << 20)
 #define DRIVER_VERSION 13000
 #define DEFAULT_KERNEL_NS 100000ULL
 #define DEFAULT_QUEUE_DEPTH 1024ULL
 #define MAX_QUEUE_DEPTH (1ULL << 20)
+/* Context limits: the defaults of an H100, and the threads the device keeps
+ * a stack for (each byte of stack above the default is held this many times):
+ * every resident thread, 132 SMs of 2048 as cuDeviceGetAttribute reports
+ * them, as driver 580 holds them on an H100. */
+#define DEFAULT_STACK_SIZE 1024ULL
+#define DEFAULT_PRINTF_FIFO_SIZE (1ULL << 20)
+#define DEFAULT_MALLOC_HEAP_SIZE (8ULL << 20)
+#define DOUBLE_STACK_THREADS (132ULL * 2048ULL)
 
 enum kind { KIND_POINTER = 1, KIND_HANDLE = 2, KIND_ARRAY = 4, KIND_MIPMAP = 8 };
 
@@ -135,12 +210,21 @@ struct record {
     CUcontext ctx; /* NULL for cuMemCreate handles */
     unsigned char kind;
     unsigned char live;
+    unsigned char pooled; /* from the GPU's default pool */
 };
 
 struct device {
     unsigned live_contexts;
     unsigned long long alloc_bytes;
-    unsigned long long next; /* bump pointer */
+    /* Driver-held, besides the contexts (the pool's retained bytes are in
+     * g_pools): */
+    size_t limits[CU_LIMIT_MAX];
+    unsigned long long module_bytes;   /* globals of loaded modules and libraries */
+    unsigned long long graph_bytes;    /* reserved by live graph execs */
+    unsigned long long graph_retained; /* of destroyed execs, until trimmed */
+    unsigned long long next;           /* bump pointer */
+    unsigned long long graph_next;     /* bump of graph allocation addresses */
+    unsigned long long globals_next;   /* bump of module globals addresses */
     /* Sorted by addr (the bump only grows); dead entries are compacted away. */
     struct record *records;
     size_t len, cap, live;
@@ -157,6 +241,16 @@ static struct CUctx_st g_primary[DOUBLE_MAX_DEVICES];
 static struct CUctx_st g_created[DOUBLE_MAX_CREATED];
 static __thread CUcontext t_current;
 
+/* The default memory pool of each GPU (by ordinal). */
+struct CUmemPoolHandle_st {
+    int device;
+    unsigned long long threshold; /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
+    unsigned long long used;      /* its live allocations */
+    unsigned long long retained;  /* freed into it and kept: driver-held */
+    int reuse[3];                 /* the CU_MEMPOOL_ATTR_REUSE_* flags: stored only */
+};
+static struct CUmemPoolHandle_st g_pools[DOUBLE_MAX_DEVICES];
+
 /* Pinned mapped host memory, in host_memory.c. */
 int double_host_range(unsigned long long addr, unsigned long long *base, unsigned long long *size);
 
@@ -165,6 +259,8 @@ static unsigned long long now_ns(void);
 static void sleep_until(unsigned long long ns);
 static unsigned long long device_busy_until(int dev);
 static CUresult context_sync_locked(int dev);
+/* Modules, further down: those of a context go with it. */
+static void unload_context_modules_locked(CUcontext ctx);
 
 /* A plain decimal count from the environment, within [min, max]. */
 static unsigned long long env_count(const char *name, unsigned long long fallback,
@@ -239,6 +335,17 @@ static void load_visible(void) {
     g_config.devices = count;
 }
 
+static unsigned long long region_start(int dev) {
+    return REGION_BASE + (unsigned long long)dev * REGION_SIZE;
+}
+
+static void reset_limits(struct device *d) {
+    memset(d->limits, 0, sizeof d->limits);
+    d->limits[CU_LIMIT_STACK_SIZE] = (size_t)DEFAULT_STACK_SIZE;
+    d->limits[CU_LIMIT_PRINTF_FIFO_SIZE] = (size_t)DEFAULT_PRINTF_FIFO_SIZE;
+    d->limits[CU_LIMIT_MALLOC_HEAP_SIZE] = (size_t)DEFAULT_MALLOC_HEAP_SIZE;
+}
+
 static void load_config(void) {
     int i;
     g_config = double_config_from_env();
@@ -256,7 +363,12 @@ static void load_config(void) {
     for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
         g_primary[i].device = i;
         g_primary[i].primary = 1;
-        g_devices[i].next = REGION_BASE + (unsigned long long)i * REGION_SIZE;
+        g_devices[i].next = region_start(i);
+        g_devices[i].graph_next = region_start(i) + GRAPH_OFFSET;
+        g_devices[i].globals_next = region_start(i) + GLOBALS_OFFSET;
+        reset_limits(&g_devices[i]);
+        g_pools[i].device = i;
+        g_pools[i].reuse[0] = g_pools[i].reuse[1] = g_pools[i].reuse[2] = 1;
     }
 }
 
@@ -277,9 +389,64 @@ static int context_alive(CUcontext ctx) {
     return ctx != NULL && ctx->refs > 0;
 }
 
-static unsigned long long used_bytes(int dev) {
+/* a + b, or ~0 when that overflows (then it fits nowhere). */
+static unsigned long long add_sat(unsigned long long a, unsigned long long b) {
+    return a > ~0ULL - b ? ~0ULL : a + b;
+}
+
+/* What the limits hold above their defaults (see the model above). */
+static unsigned long long limit_bytes(const size_t *limits) {
+    unsigned long long held = 0, stack = limits[CU_LIMIT_STACK_SIZE];
+    if (limits[CU_LIMIT_MALLOC_HEAP_SIZE] > DEFAULT_MALLOC_HEAP_SIZE) {
+        held = limits[CU_LIMIT_MALLOC_HEAP_SIZE] - DEFAULT_MALLOC_HEAP_SIZE;
+    }
+    if (limits[CU_LIMIT_PRINTF_FIFO_SIZE] > DEFAULT_PRINTF_FIFO_SIZE) {
+        held = add_sat(held, limits[CU_LIMIT_PRINTF_FIFO_SIZE] - DEFAULT_PRINTF_FIFO_SIZE);
+    }
+    if (stack > DEFAULT_STACK_SIZE) {
+        stack -= DEFAULT_STACK_SIZE;
+        held = add_sat(held, stack > ~0ULL / DOUBLE_STACK_THREADS ? ~0ULL
+                                                                  : stack * DOUBLE_STACK_THREADS);
+    }
+    return held;
+}
+
+static unsigned long long context_bytes(int dev) {
+    return (unsigned long long)g_devices[dev].live_contexts * g_config.context_bytes;
+}
+
+/* Driver-held bytes on dev besides the contexts'. */
+static unsigned long long held_bytes(int dev) {
     const struct device *d = &g_devices[dev];
-    return (d->live_contexts > 0 ? g_config.context_bytes : 0) + d->alloc_bytes;
+    unsigned long long held = add_sat(limit_bytes(d->limits), d->module_bytes);
+    held = add_sat(held, d->graph_bytes);
+    held = add_sat(held, d->graph_retained);
+    return add_sat(held, g_pools[dev].retained);
+}
+
+static unsigned long long used_bytes(int dev) {
+    return add_sat(add_sat(context_bytes(dev), g_devices[dev].alloc_bytes), held_bytes(dev));
+}
+
+/* Whether `size` more bytes fit on dev. */
+static int fits(int dev, unsigned long long size) {
+    return size <= g_config.total && used_bytes(dev) <= g_config.total - size;
+}
+
+/* Releases the pool's retained bytes until reserved <= max(keep, used). */
+static void pool_release_locked(struct CUmemPoolHandle_st *p, unsigned long long keep) {
+    unsigned long long reserved = p->used + p->retained;
+    if (keep < p->used) {
+        keep = p->used;
+    }
+    if (reserved > keep) {
+        p->retained -= reserved - keep < p->retained ? reserved - keep : p->retained;
+    }
+}
+
+/* A synchronize on dev: its pool gives back what is above its threshold. */
+static void pool_settle_locked(int dev) {
+    pool_release_locked(&g_pools[dev], g_pools[dev].threshold);
 }
 
 /* Everything below that ends in _locked runs under g_lock. */
@@ -310,6 +477,9 @@ static void forget_locked(int dev, struct record *r) {
     r->live = 0;
     d->alloc_bytes -= r->size;
     d->live--;
+    if (r->pooled) {
+        g_pools[dev].used -= r->size;
+    }
 }
 
 /* After frees: restart the bump when nothing is left, or drop dead records. */
@@ -317,7 +487,7 @@ static void tidy_locked(int dev) {
     struct device *d = &g_devices[dev];
     if (d->live == 0) {
         d->len = 0;
-        d->next = REGION_BASE + (unsigned long long)dev * REGION_SIZE;
+        d->next = region_start(dev);
     } else if (d->len > 64 && d->live < d->len / 2) {
         compact_locked(d);
     }
@@ -326,12 +496,12 @@ static void tidy_locked(int dev) {
 static CUresult alloc_locked(int dev, CUcontext ctx, unsigned long long size, enum kind kind,
                              unsigned long long *addr) {
     struct device *d = &g_devices[dev];
-    unsigned long long end = REGION_BASE + (unsigned long long)(dev + 1) * REGION_SIZE;
+    unsigned long long end = region_start(dev) + GRAPH_OFFSET;
     unsigned long long span;
     if (size == 0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    if (size > g_config.total || used_bytes(dev) > g_config.total - size) {
+    if (!fits(dev, size)) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     span = (size + ADDRESS_ALIGN - 1) & ~(ADDRESS_ALIGN - 1);
@@ -352,6 +522,7 @@ static CUresult alloc_locked(int dev, CUcontext ctx, unsigned long long size, en
     d->records[d->len].ctx = ctx;
     d->records[d->len].kind = (unsigned char)kind;
     d->records[d->len].live = 1;
+    d->records[d->len].pooled = 0;
     d->len++;
     d->live++;
     d->alloc_bytes += size;
@@ -441,8 +612,25 @@ static CUresult free_any(unsigned long long addr, unsigned kinds, CUresult unkno
     return rc;
 }
 
-static void context_up_locked(int dev) {
+/* A fake address for `size` bytes from the bump at *next, below end. */
+static CUresult bump_locked(unsigned long long *next, unsigned long long end,
+                            unsigned long long size, unsigned long long *addr) {
+    unsigned long long span = (size + ADDRESS_ALIGN - 1) & ~(ADDRESS_ALIGN - 1);
+    if (span < size || span > end - *next) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *addr = *next;
+    *next += span;
+    return CUDA_SUCCESS;
+}
+
+/* A new context on dev: its bytes, if they fit. */
+static CUresult context_up_locked(int dev) {
+    if (!fits(dev, g_config.context_bytes)) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     g_devices[dev].live_contexts++;
+    return CUDA_SUCCESS;
 }
 
 static void context_down_locked(CUcontext ctx) {
@@ -454,7 +642,13 @@ static void context_down_locked(CUcontext ctx) {
         }
     }
     tidy_locked(ctx->device);
-    d->live_contexts--;
+    unload_context_modules_locked(ctx);
+    if (--d->live_contexts == 0) {
+        /* What only the driver keeps for the GPU goes with its last context. */
+        reset_limits(d);
+        d->graph_retained = 0;
+        g_pools[ctx->device].retained = 0;
+    }
 }
 
 /* ---------------------------------------------------------------- init, devices */
@@ -600,10 +794,8 @@ CUresult impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (!valid_device(dev)) {
         rc = CUDA_ERROR_INVALID_DEVICE;
-    } else {
-        if (g_primary[dev].refs++ == 0) {
-            context_up_locked(dev);
-        }
+    } else if (g_primary[dev].refs > 0 || (rc = context_up_locked(dev)) == CUDA_SUCCESS) {
+        g_primary[dev].refs++;
         *pctx = &g_primary[dev];
     }
     unlock();
@@ -640,13 +832,14 @@ CUresult impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) 
     } else {
         for (i = 0; i < DOUBLE_MAX_CREATED; i++) {
             if (g_created[i].refs == 0) {
-                g_created[i].device = dev;
-                g_created[i].primary = 0;
-                g_created[i].refs = 1;
-                context_up_locked(dev);
-                *pctx = &g_created[i];
-                t_current = &g_created[i];
-                rc = CUDA_SUCCESS;
+                rc = context_up_locked(dev);
+                if (rc == CUDA_SUCCESS) {
+                    g_created[i].device = dev;
+                    g_created[i].primary = 0;
+                    g_created[i].refs = 1;
+                    *pctx = &g_created[i];
+                    t_current = &g_created[i];
+                }
                 break;
             }
         }
@@ -743,11 +936,54 @@ CUresult impl_cuCtxSynchronize(void) {
     }
     if (rc == CUDA_SUCCESS) {
         at = device_busy_until(dev);
+        pool_settle_locked(dev);
     }
     unlock();
     if (at > now_ns()) {
         sleep_until(at);
     }
+    return rc;
+}
+
+/* Limits of the current context's GPU; those with a cost hold it while set. */
+CUresult impl_cuCtxSetLimit(CUlimit limit, size_t value) {
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = current_device_locked(&dev);
+    if (rc == CUDA_SUCCESS && (unsigned)limit >= CU_LIMIT_MAX) {
+        rc = CUDA_ERROR_UNSUPPORTED_LIMIT;
+    } else if (rc == CUDA_SUCCESS) {
+        struct device *d = &g_devices[dev];
+        size_t old = d->limits[limit];
+        unsigned long long before = limit_bytes(d->limits), after;
+        d->limits[limit] = value;
+        after = limit_bytes(d->limits);
+        d->limits[limit] = old;
+        /* The check runs with the old limit charged, so it asks only for the growth. */
+        if (after > before && !fits(dev, after - before)) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            d->limits[limit] = value;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuCtxGetLimit(size_t *pvalue, CUlimit limit) {
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = current_device_locked(&dev);
+    if (rc == CUDA_SUCCESS && pvalue == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS && (unsigned)limit >= CU_LIMIT_MAX) {
+        rc = CUDA_ERROR_UNSUPPORTED_LIMIT;
+    } else if (rc == CUDA_SUCCESS) {
+        *pvalue = g_devices[dev].limits[limit];
+    }
+    unlock();
     return rc;
 }
 
@@ -819,32 +1055,14 @@ CUresult impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int
     return alloc_current(bytesize, KIND_POINTER, dptr);
 }
 
-CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    (void)hStream;
-    return impl_cuMemAlloc_v2(dptr, bytesize);
-}
-
-CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-    return impl_cuMemAllocAsync(dptr, bytesize, hStream);
-}
-
-CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                      CUstream hStream) {
-    (void)pool;
-    return impl_cuMemAllocAsync(dptr, bytesize, hStream);
-}
-
-CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                           CUstream hStream) {
-    return impl_cuMemAllocFromPoolAsync(dptr, bytesize, pool, hStream);
-}
-
-/* GPUSHARE_DOUBLE_FAIL_FREES=N: the first N cuMemFree_v2 calls of the
- * process fail with CUDA_ERROR_ILLEGAL_ADDRESS and free nothing (a sticky
- * error in the real driver), so tests can see a failed free keep its charge. */
+/* GPUSHARE_DOUBLE_FAIL_FREES=N: the first N cuMemFree_v2 and (uncaptured)
+ * cuMemFreeAsync calls of the process fail with CUDA_ERROR_ILLEGAL_ADDRESS
+ * and free nothing (a sticky error in the real driver), so tests can see a
+ * failed free keep its charge. */
 static long g_fail_frees = -1;
 
-CUresult impl_cuMemFree_v2(CUdeviceptr dptr) {
+/* Whether this free is one of the first N (cuMemFreeAsync counts too). */
+static int free_fails(void) {
     long left = __atomic_load_n(&g_fail_frees, __ATOMIC_ACQUIRE);
     if (left < 0) {
         const char *text = getenv("GPUSHARE_DOUBLE_FAIL_FREES");
@@ -854,19 +1072,17 @@ CUresult impl_cuMemFree_v2(CUdeviceptr dptr) {
     while (left > 0) {
         if (__atomic_compare_exchange_n(&g_fail_frees, &left, left - 1, 0, __ATOMIC_ACQ_REL,
                                         __ATOMIC_ACQUIRE)) {
-            return CUDA_ERROR_ILLEGAL_ADDRESS;
+            return 1;
         }
     }
+    return 0;
+}
+
+CUresult impl_cuMemFree_v2(CUdeviceptr dptr) {
+    if (free_fails()) {
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
     return free_any(dptr, KIND_POINTER, CUDA_ERROR_INVALID_VALUE);
-}
-
-CUresult impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
-    (void)hStream;
-    return impl_cuMemFree_v2(dptr);
-}
-
-CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
-    return impl_cuMemFreeAsync(dptr, hStream);
 }
 
 CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -1105,10 +1321,20 @@ struct timeline {
     size_t pending_head, pending_len;
 };
 
+struct node {
+    CUgraphNodeType type;
+    int device;               /* memory nodes */
+    unsigned long long bytes; /* alloc nodes */
+    unsigned long long addr;  /* memory nodes */
+};
+
 struct CUgraph_st {
     int live;
+    unsigned serial; /* names the graph in its nodes' handles; never 0 */
     unsigned long long ns; /* the captured kernels, back to back */
     unsigned long long kernels;
+    struct node *nodes;
+    size_t node_len, node_cap;
     /* While a stream captures into the graph: */
     int capturing;
     int invalidated;          /* a prohibited call broke the capture */
@@ -1119,8 +1345,10 @@ struct CUgraph_st {
 
 struct CUgraphExec_st {
     int live;
+    int reserved; /* its need is charged */
     unsigned long long ns;
     unsigned long long kernels;
+    unsigned long long need[DOUBLE_MAX_DEVICES]; /* its graph's alloc nodes, per GPU */
 };
 
 struct CUstream_st {
@@ -1134,11 +1362,21 @@ struct CUevent_st {
     int live;
     int recorded;
     unsigned flags;
+    int device;            /* where it was created, then last recorded */
     unsigned long long at; /* when the work captured by the last record completes */
 };
 
+/* A loaded module, or the image of a library. */
 struct CUmod_st {
     int live;
+    int device;
+    CUcontext ctx;                 /* a module's; NULL for a library's image */
+    unsigned long long globals;    /* bytes of module globals held */
+    unsigned long long globals_at; /* their first fake address */
+};
+
+struct CUlib_st {
+    struct CUmod_st image;
 };
 
 struct CUfunc_st {
@@ -1153,6 +1391,8 @@ static struct CUevent_st g_events[DOUBLE_MAX_EVENTS];
 static struct CUgraph_st g_graphs[DOUBLE_MAX_GRAPHS];
 static struct CUgraphExec_st g_execs[DOUBLE_MAX_EXECS];
 static struct CUmod_st g_modules[DOUBLE_MAX_MODULES];
+static struct CUlib_st g_libraries[DOUBLE_MAX_MODULES];
+static unsigned g_graph_serial;
 static struct CUfunc_st g_functions[DOUBLE_MAX_FUNCTIONS];
 /* The per-thread default stream of this thread (its capture state). */
 static __thread struct CUstream_st t_per_thread = {1, 0, NULL, NULL};
@@ -1209,6 +1449,133 @@ static struct CUgraphExec_st *exec_locked(CUgraphExec e) {
 static struct CUstream_st *created_stream_locked(CUstream s) {
     long i = SLOT(g_streams, s);
     return i >= 0 && g_streams[i].live ? &g_streams[i] : NULL;
+}
+
+/* A new empty graph on dev, or NULL when every slot is taken. */
+static struct CUgraph_st *graph_new_locked(int dev) {
+    size_t i;
+    for (i = 0; i < DOUBLE_MAX_GRAPHS; i++) {
+        struct CUgraph_st *g = &g_graphs[i];
+        if (!g->live) {
+            memset(g, 0, sizeof *g);
+            g->live = 1;
+            if (++g_graph_serial == 0) {
+                g_graph_serial = 1;
+            }
+            g->serial = g_graph_serial;
+            g->device = dev;
+            return g;
+        }
+    }
+    return NULL;
+}
+
+static void graph_free_locked(struct CUgraph_st *g) {
+    free(g->nodes);
+    memset(g, 0, sizeof *g);
+}
+
+/* A node's handle: its graph's serial and its index + 1, never dereferenced. */
+static CUgraphNode node_handle(const struct CUgraph_st *g, size_t index) {
+    return (CUgraphNode)(uintptr_t)((unsigned long long)g->serial << 32 | (index + 1));
+}
+
+/* The node a handle names (its graph in *graph), or NULL. */
+static struct node *node_locked(CUgraphNode h, struct CUgraph_st **graph) {
+    unsigned long long v = (uintptr_t)h;
+    unsigned serial = (unsigned)(v >> 32);
+    unsigned long long index = v & 0xffffffffULL;
+    size_t i;
+    if (serial == 0 || index == 0) {
+        return NULL;
+    }
+    for (i = 0; i < DOUBLE_MAX_GRAPHS; i++) {
+        struct CUgraph_st *g = &g_graphs[i];
+        if (g->live && g->serial == serial) {
+            if (index > g->node_len) {
+                return NULL;
+            }
+            *graph = g;
+            return &g->nodes[index - 1];
+        }
+    }
+    return NULL;
+}
+
+/* Appends n to g; its handle in *out unless out is NULL. */
+static CUresult graph_add_locked(struct CUgraph_st *g, struct node n, CUgraphNode *out) {
+    if (g->node_len == g->node_cap) {
+        size_t cap = g->node_cap ? g->node_cap * 2 : 16;
+        struct node *grown = realloc(g->nodes, cap * sizeof *grown);
+        if (grown == NULL) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        g->nodes = grown;
+        g->node_cap = cap;
+    }
+    g->nodes[g->node_len++] = n;
+    if (out != NULL) {
+        *out = node_handle(g, g->node_len - 1);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* An alloc node of `size` bytes on dev: a fixed address, nothing charged. */
+static CUresult graph_alloc_node_locked(struct CUgraph_st *g, int dev, unsigned long long size,
+                                        unsigned long long *addr, CUgraphNode *out) {
+    struct node n = {CU_GRAPH_NODE_TYPE_MEM_ALLOC, dev, size, 0};
+    CUresult rc;
+    if (size == 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    rc = bump_locked(&g_devices[dev].graph_next, region_start(dev) + GLOBALS_OFFSET, size,
+                     &n.addr);
+    if (rc == CUDA_SUCCESS) {
+        rc = graph_add_locked(g, n, out);
+    }
+    if (rc == CUDA_SUCCESS) {
+        *addr = n.addr;
+    }
+    return rc;
+}
+
+/* A free node of addr, which must come from an alloc node. */
+static CUresult graph_free_node_locked(struct CUgraph_st *g, unsigned long long addr,
+                                       CUgraphNode *out) {
+    struct node n = {CU_GRAPH_NODE_TYPE_MEM_FREE, 0, 0, addr};
+    int dev;
+    if (addr < REGION_BASE) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    dev = (int)((addr - REGION_BASE) / REGION_SIZE);
+    if (dev >= g_config.devices || addr < region_start(dev) + GRAPH_OFFSET ||
+        addr >= g_devices[dev].graph_next) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    n.device = dev;
+    return graph_add_locked(g, n, out);
+}
+
+/* Charges an exec's need at its first upload or launch, if it fits. */
+static CUresult exec_reserve_locked(struct CUgraphExec_st *e) {
+    int dev;
+    if (e->reserved) {
+        return CUDA_SUCCESS;
+    }
+    for (dev = 0; dev < g_config.devices; dev++) {
+        unsigned long long retained = g_devices[dev].graph_retained;
+        unsigned long long reuse = retained < e->need[dev] ? retained : e->need[dev];
+        if (e->need[dev] > 0 && !fits(dev, e->need[dev] - reuse)) {
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    for (dev = 0; dev < g_config.devices; dev++) {
+        struct device *d = &g_devices[dev];
+        d->graph_retained -= d->graph_retained < e->need[dev] ? d->graph_retained : e->need[dev];
+        d->graph_bytes += e->need[dev];
+    }
+    e->reserved = 1;
+    return CUDA_SUCCESS;
 }
 
 /*
@@ -1355,13 +1722,15 @@ static unsigned long long kernel_ns(void **kernelParams) {
 
 /*
  * Runs `ns` of work (`kernels` kernels) on the stream h: recorded into the
- * graph when the stream is capturing, else queued on the device's timeline,
- * after sleeping while the queue is full. Under the lock, after the stream,
+ * graph as a node of `type` when the stream is capturing, else queued on the
+ * device's timeline, after sleeping while the queue is full. Under the lock,
+ * after the stream,
  * `check` vets the launched object (NULL: nothing to vet), then `args_ok`
  * the other arguments (CUDA_ERROR_INVALID_VALUE when 0).
  */
 static CUresult enqueue(CUstream h, int ptsz, unsigned long long ns, unsigned long long kernels,
-                        CUresult (*check)(const void *), const void *object, int args_ok) {
+                        CUgraphNodeType type, CUresult (*check)(const void *),
+                        const void *object, int args_ok) {
     for (;;) {
         struct CUstream_st *s = NULL;
         CUdevice dev = 0;
@@ -1376,9 +1745,10 @@ static CUresult enqueue(CUstream h, int ptsz, unsigned long long ns, unsigned lo
             rc = CUDA_ERROR_INVALID_VALUE;
         }
         if (rc == CUDA_SUCCESS && s != NULL && s->capture != NULL) {
+            struct node n = {type, dev, 0, 0};
             if (s->capture->invalidated) {
                 rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-            } else {
+            } else if ((rc = graph_add_locked(s->capture, n, NULL)) == CUDA_SUCCESS) {
                 s->capture->ns += ns;
                 s->capture->kernels += kernels;
             }
@@ -1455,8 +1825,8 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
                        unsigned by, unsigned bz, CUstream h, int ptsz, unsigned long long ns) {
     int ok = valid_dims(gx, gy, gz, bx, by, bz);
     load_lazily(f);
-    return enqueue(h, ptsz, ok ? ns * waves(gx, gy, gz, bx, by, bz) : ns, 1, check_function,
-                   (const void *)f, ok);
+    return enqueue(h, ptsz, ok ? ns * waves(gx, gy, gz, bx, by, bz) : ns, 1,
+                   CU_GRAPH_NODE_TYPE_KERNEL, check_function, (const void *)f, ok);
 }
 
 CUresult impl_cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func,
@@ -1500,10 +1870,12 @@ CUresult impl_cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned 
 static CUresult launch_ex(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
                           int ptsz) {
     if (config == NULL) {
-        return enqueue(NULL, ptsz, 0, 0, check_function, (const void *)f, 0);
+        return enqueue(NULL, ptsz, 0, 0, CU_GRAPH_NODE_TYPE_KERNEL, check_function,
+                       (const void *)f, 0);
     }
     if (config->numAttrs > 0 && config->attrs == NULL) {
-        return enqueue(config->hStream, ptsz, 0, 0, check_function, (const void *)f, 0);
+        return enqueue(config->hStream, ptsz, 0, 0, CU_GRAPH_NODE_TYPE_KERNEL, check_function,
+                       (const void *)f, 0);
     }
     return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX,
                   config->blockDimY, config->blockDimZ, config->hStream, ptsz,
@@ -1562,15 +1934,39 @@ CUresult impl_cuLaunchGridAsync(CUfunction f, int grid_width, int grid_height, C
 
 /* ---------------------------------------------------------------- graphs */
 
+/*
+ * Before an exec first runs on the stream h, its need is reserved (not when
+ * its launch is captured into another graph). Bad handles are left for the
+ * launch to report.
+ */
+static CUresult exec_prepare(CUgraphExec e, CUstream h, int ptsz) {
+    struct CUstream_st *s = NULL;
+    struct CUgraphExec_st *x;
+    CUdevice dev = 0;
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    x = exec_locked(e);
+    if (x != NULL && stream_locked(h, ptsz, &s, &dev) == CUDA_SUCCESS &&
+        (s == NULL || s->capture == NULL)) {
+        rc = exec_reserve_locked(x);
+    }
+    unlock();
+    return rc;
+}
+
 static CUresult graph_launch(CUgraphExec e, CUstream h, int ptsz) {
     unsigned long long ns = 0, kernels = 0;
+    CUresult rc = exec_prepare(e, h, ptsz);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
     lock();
     if (exec_locked(e) != NULL) {
         ns = e->ns;
         kernels = e->kernels;
     }
     unlock();
-    return enqueue(h, ptsz, ns, kernels, check_exec, (const void *)e, 1);
+    return enqueue(h, ptsz, ns, kernels, CU_GRAPH_NODE_TYPE_GRAPH, check_exec, (const void *)e, 1);
 }
 
 CUresult impl_cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
@@ -1581,11 +1977,57 @@ CUresult impl_cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
     return graph_launch(hGraphExec, hStream, 1);
 }
 
+/* An upload runs nothing: it reserves the exec's graph memory. */
+static CUresult graph_upload(CUgraphExec e, CUstream h, int ptsz) {
+    struct CUstream_st *s = NULL;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && exec_locked(e) == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = exec_reserve_locked(e);
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) {
+    return graph_upload(hGraphExec, hStream, 0);
+}
+
+CUresult impl_cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+    return graph_upload(hGraphExec, hStream, 1);
+}
+
+/* A new exec of g: its kernels, and the need of its alloc nodes per GPU. */
+static CUresult instantiate_locked(CUgraphExec *out, const struct CUgraph_st *g) {
+    size_t i, k;
+    for (i = 0; i < DOUBLE_MAX_EXECS; i++) {
+        struct CUgraphExec_st *e = &g_execs[i];
+        if (!e->live) {
+            memset(e, 0, sizeof *e);
+            e->live = 1;
+            e->ns = g->ns;
+            e->kernels = g->kernels;
+            for (k = 0; k < g->node_len; k++) {
+                const struct node *n = &g->nodes[k];
+                if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+                    e->need[n->device] = add_sat(e->need[n->device], n->bytes);
+                }
+            }
+            *out = e;
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+
 CUresult impl_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
                                           unsigned long long flags) {
-    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc;
     struct CUgraph_st *g;
-    size_t i;
     lock();
     g = graph_locked(hGraph);
     if (!g_initialized) {
@@ -1595,24 +2037,49 @@ CUresult impl_cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGra
     } else if (g == NULL) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     } else {
-        for (i = 0; i < DOUBLE_MAX_EXECS; i++) {
-            if (!g_execs[i].live) {
-                g_execs[i].live = 1;
-                g_execs[i].ns = g->ns;
-                g_execs[i].kernels = g->kernels;
-                *phGraphExec = &g_execs[i];
-                rc = CUDA_SUCCESS;
-                break;
-            }
-        }
+        rc = instantiate_locked(phGraphExec, g);
     }
     unlock();
     return rc;
 }
 
+/* With CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD the exec's need is reserved at
+ * once; when it does not fit, no exec is made. */
+CUresult impl_cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                           CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams) {
+    CUDA_GRAPH_INSTANTIATE_PARAMS *params = instantiateParams;
+    CUresult rc;
+    struct CUgraph_st *g;
+    lock();
+    g = graph_locked(hGraph);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (phGraphExec == NULL || params == NULL || (params->flags & ~0xfULL) != 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (g == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        rc = instantiate_locked(phGraphExec, g);
+        if (rc == CUDA_SUCCESS && (params->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) {
+            rc = exec_reserve_locked(*phGraphExec);
+            if (rc != CUDA_SUCCESS) {
+                (*phGraphExec)->live = 0;
+                *phGraphExec = NULL;
+            }
+        }
+        params->hErrNode_out = NULL;
+        params->result_out =
+            rc == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+    }
+    unlock();
+    return rc;
+}
+
+/* A reserved exec's graph memory stays with its GPU, retained for reuse. */
 CUresult impl_cuGraphExecDestroy(CUgraphExec hGraphExec) {
     CUresult rc = CUDA_SUCCESS;
     struct CUgraphExec_st *e;
+    int dev;
     lock();
     e = exec_locked(hGraphExec);
     if (!g_initialized) {
@@ -1620,6 +2087,10 @@ CUresult impl_cuGraphExecDestroy(CUgraphExec hGraphExec) {
     } else if (e == NULL) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     } else {
+        for (dev = 0; e->reserved && dev < g_config.devices; dev++) {
+            g_devices[dev].graph_bytes -= e->need[dev];
+            g_devices[dev].graph_retained += e->need[dev];
+        }
         e->live = 0;
     }
     unlock();
@@ -1636,7 +2107,197 @@ CUresult impl_cuGraphDestroy(CUgraph hGraph) {
     } else if (g == NULL) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     } else {
-        g->live = 0;
+        graph_free_locked(g);
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuGraphCreate(CUgraph *phGraph, unsigned int flags) {
+    CUresult rc = CUDA_SUCCESS;
+    struct CUgraph_st *g;
+    lock();
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (phGraph == NULL || flags != 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if ((g = graph_new_locked(context_alive(t_current) ? t_current->device : 0)) == NULL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+        *phGraph = g;
+    }
+    unlock();
+    return rc;
+}
+
+/* A node's dependencies must be nodes of its graph. */
+static CUresult dependencies_locked(const struct CUgraph_st *g, const CUgraphNode *deps,
+                                    size_t count) {
+    struct CUgraph_st *owner = NULL;
+    size_t i;
+    if (count > 0 && deps == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (i = 0; i < count; i++) {
+        if (node_locked(deps[i], &owner) == NULL || owner != g) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+CUresult impl_cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                     const CUgraphNode *dependencies, size_t numDependencies,
+                                     CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams) {
+    CUDA_MEM_ALLOC_NODE_PARAMS *p = nodeParams;
+    CUresult rc;
+    struct CUgraph_st *g;
+    unsigned long long addr = 0;
+    lock();
+    g = graph_locked(hGraph);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (phGraphNode == NULL || p == NULL ||
+               p->poolProps.allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
+               p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (g == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (!valid_device(p->poolProps.location.id)) {
+        rc = CUDA_ERROR_INVALID_DEVICE;
+    } else if ((rc = dependencies_locked(g, dependencies, numDependencies)) == CUDA_SUCCESS) {
+        rc = graph_alloc_node_locked(g, p->poolProps.location.id, p->bytesize, &addr,
+                                     phGraphNode);
+        if (rc == CUDA_SUCCESS) {
+            p->dptr = addr;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuGraphAddMemFreeNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                    const CUgraphNode *dependencies, size_t numDependencies,
+                                    CUdeviceptr dptr) {
+    CUresult rc;
+    struct CUgraph_st *g;
+    lock();
+    g = graph_locked(hGraph);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (phGraphNode == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (g == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if ((rc = dependencies_locked(g, dependencies, numDependencies)) == CUDA_SUCCESS) {
+        rc = graph_free_node_locked(g, dptr, phGraphNode);
+    }
+    unlock();
+    return rc;
+}
+
+/* In the order they were added; past the graph's nodes, NULL entries. */
+CUresult impl_cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes) {
+    CUresult rc = CUDA_SUCCESS;
+    struct CUgraph_st *g;
+    size_t i, n;
+    lock();
+    g = graph_locked(hGraph);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (numNodes == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (g == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (nodes == NULL) {
+        *numNodes = g->node_len;
+    } else {
+        n = *numNodes < g->node_len ? *numNodes : g->node_len;
+        for (i = 0; i < *numNodes; i++) {
+            nodes[i] = i < n ? node_handle(g, i) : NULL;
+        }
+        *numNodes = n;
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type) {
+    CUresult rc = CUDA_SUCCESS;
+    struct CUgraph_st *g = NULL;
+    struct node *n;
+    lock();
+    n = node_locked(hNode, &g);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (type == NULL || n == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        *type = n->type;
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuGraphMemAllocNodeGetParams(CUgraphNode hNode,
+                                           CUDA_MEM_ALLOC_NODE_PARAMS *params_out) {
+    CUresult rc = CUDA_SUCCESS;
+    struct CUgraph_st *g = NULL;
+    struct node *n;
+    lock();
+    n = node_locked(hNode, &g);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (params_out == NULL || n == NULL || n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        memset(params_out, 0, sizeof *params_out);
+        params_out->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        params_out->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        params_out->poolProps.location.id = n->device;
+        params_out->bytesize = (size_t)n->bytes;
+        params_out->dptr = n->addr;
+    }
+    unlock();
+    return rc;
+}
+
+/* Gives back the GPU's retained graph memory; reservations stay. */
+CUresult impl_cuDeviceGraphMemTrim(CUdevice device) {
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (!valid_device(device)) {
+        rc = CUDA_ERROR_INVALID_DEVICE;
+    } else {
+        g_devices[device].graph_retained = 0;
+    }
+    unlock();
+    return rc;
+}
+
+/*
+ * CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT (0) and RESERVED_MEM_CURRENT (2): what
+ * live execs reserved, and that plus what destroyed ones left until trimmed
+ * (a cuuint64_t through value). The high watermarks are not kept.
+ */
+CUresult impl_cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void *value) {
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (!valid_device(device)) {
+        rc = CUDA_ERROR_INVALID_DEVICE;
+    } else if (value == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (attr == CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) {
+        *(unsigned long long *)value = g_devices[device].graph_bytes;
+    } else if (attr == CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) {
+        *(unsigned long long *)value =
+            add_sat(g_devices[device].graph_bytes, g_devices[device].graph_retained);
+    } else {
+        rc = CUDA_ERROR_INVALID_VALUE;
     }
     unlock();
     return rc;
@@ -1648,7 +2309,6 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptsz) {
     struct CUstream_st *s = NULL;
     CUdevice dev = 0;
     CUresult rc;
-    size_t i;
     lock();
     rc = stream_locked(h, ptsz, &s, &dev);
     if (rc == CUDA_SUCCESS && mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
@@ -1659,14 +2319,14 @@ static CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, int ptsz) {
     } else if (rc == CUDA_SUCCESS && s->capture != NULL) {
         rc = CUDA_ERROR_ILLEGAL_STATE;
     } else if (rc == CUDA_SUCCESS) {
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-        for (i = 0; i < DOUBLE_MAX_GRAPHS; i++) {
-            if (!g_graphs[i].live) {
-                g_graphs[i] = (struct CUgraph_st){1, 0, 0, 1, 0, mode, &t_thread_token, dev};
-                s->capture = &g_graphs[i];
-                rc = CUDA_SUCCESS;
-                break;
-            }
+        struct CUgraph_st *g = graph_new_locked(dev);
+        if (g == NULL) {
+            rc = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            g->capturing = 1;
+            g->mode = mode;
+            g->owner = &t_thread_token;
+            s->capture = g;
         }
     }
     unlock();
@@ -1692,7 +2352,7 @@ static CUresult end_capture(CUstream h, CUgraph *phGraph, int ptsz) {
     } else if (rc == CUDA_SUCCESS && (s == NULL || s->capture == NULL)) {
         rc = CUDA_ERROR_ILLEGAL_STATE; /* not capturing */
     } else if (rc == CUDA_SUCCESS && s->capture->invalidated) {
-        s->capture->live = 0; /* no graph comes out of a broken capture */
+        graph_free_locked(s->capture); /* no graph comes out of a broken capture */
         s->capture = NULL;
         *phGraph = NULL;
         rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
@@ -1809,7 +2469,7 @@ CUresult impl_cuStreamDestroy_v2(CUstream hStream) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     } else {
         if (s->capture != NULL) {
-            s->capture->live = 0; /* the capture is abandoned */
+            graph_free_locked(s->capture); /* the capture is abandoned */
         }
         s->live = 0;
         s->capture = NULL;
@@ -1821,9 +2481,11 @@ CUresult impl_cuStreamDestroy_v2(CUstream hStream) {
 /*
  * When the work submitted so far on the stream h completes (one timeline per
  * device: all of the device's work). Waiting for a capturing stream breaks
- * its capture, in any mode; for another, the capture rules apply.
+ * its capture, in any mode; for another, the capture rules apply. A
+ * synchronize (settle) lets the device's pool release what it holds over
+ * its threshold.
  */
-static CUresult stream_done_at(CUstream h, int ptsz, unsigned long long *at) {
+static CUresult stream_done_at(CUstream h, int ptsz, unsigned long long *at, int settle) {
     struct CUstream_st *s = NULL;
     CUdevice dev = 0;
     CUresult rc;
@@ -1837,6 +2499,9 @@ static CUresult stream_done_at(CUstream h, int ptsz, unsigned long long *at) {
     }
     if (rc == CUDA_SUCCESS) {
         *at = g_timelines[dev].busy_until;
+        if (settle) {
+            pool_settle_locked(dev);
+        }
     }
     unlock();
     return rc;
@@ -1844,7 +2509,7 @@ static CUresult stream_done_at(CUstream h, int ptsz, unsigned long long *at) {
 
 static CUresult stream_synchronize(CUstream h, int ptsz) {
     unsigned long long at = 0;
-    CUresult rc = stream_done_at(h, ptsz, &at);
+    CUresult rc = stream_done_at(h, ptsz, &at, 1);
     if (rc == CUDA_SUCCESS && at > now_ns()) {
         sleep_until(at);
     }
@@ -1853,7 +2518,7 @@ static CUresult stream_synchronize(CUstream h, int ptsz) {
 
 static CUresult stream_query(CUstream h, int ptsz) {
     unsigned long long at = 0;
-    CUresult rc = stream_done_at(h, ptsz, &at);
+    CUresult rc = stream_done_at(h, ptsz, &at, 0);
     if (rc == CUDA_SUCCESS && at > now_ns()) {
         rc = CUDA_ERROR_NOT_READY;
     }
@@ -1876,6 +2541,226 @@ CUresult impl_cuStreamQuery_ptsz(CUstream hStream) {
     return stream_query(hStream, 1);
 }
 
+/* ---------------------------------------------------------------- stream-ordered memory, pools */
+
+/* The pool a call names; NULL is the current GPU's default pool. */
+static CUresult pool_locked(CUmemoryPool pool, struct CUmemPoolHandle_st **out) {
+    CUdevice dev = 0;
+    long i;
+    if (pool == NULL) {
+        CUresult rc = current_device_locked(&dev);
+        if (rc == CUDA_SUCCESS) {
+            *out = &g_pools[dev];
+        }
+        return rc;
+    }
+    if (!g_initialized) {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    i = SLOT(g_pools, pool);
+    if (i < 0 || i >= g_config.devices) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *out = &g_pools[i];
+    return CUDA_SUCCESS;
+}
+
+/*
+ * From `pool` (NULL: the default pool of the stream's GPU). On a capturing
+ * stream, an alloc node of the capture's graph; else served by the pool's
+ * retained bytes when there are enough, and charged as an allocation.
+ */
+static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream h,
+                           int ptsz) {
+    struct CUstream_st *s = NULL;
+    struct CUmemPoolHandle_st *p = NULL;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && pool != NULL) {
+        rc = pool_locked(pool, &p);
+    } else if (rc == CUDA_SUCCESS) {
+        p = &g_pools[dev];
+    }
+    if (rc == CUDA_SUCCESS && dptr == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS && s != NULL && s->capture != NULL) {
+        rc = s->capture->invalidated
+                 ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                 : graph_alloc_node_locked(s->capture, p->device, size, dptr, NULL);
+    } else if (rc == CUDA_SUCCESS) {
+        struct device *d = &g_devices[p->device];
+        CUcontext ctx = s != NULL && s->ctx != NULL ? s->ctx : t_current;
+        unsigned long long reuse = size > 0 && p->retained >= size ? size : 0;
+        p->retained -= reuse;
+        rc = alloc_locked(p->device, ctx, size, KIND_POINTER, dptr);
+        if (rc == CUDA_SUCCESS) {
+            d->records[d->len - 1].pooled = 1;
+            p->used += size;
+        } else {
+            p->retained += reuse;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return pool_alloc(dptr, bytesize, NULL, hStream, 0);
+}
+
+CUresult impl_cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
+    return pool_alloc(dptr, bytesize, NULL, hStream, 1);
+}
+
+CUresult impl_cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                      CUstream hStream) {
+    return pool_alloc(dptr, bytesize, pool, hStream, 0);
+}
+
+CUresult impl_cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                           CUstream hStream) {
+    return pool_alloc(dptr, bytesize, pool, hStream, 1);
+}
+
+/*
+ * On a capturing stream, a free node of a graph allocation; else the end of
+ * an allocation's charge. A pool allocation's bytes stay with its pool
+ * (retained) unless the pool's release threshold is 0.
+ */
+static CUresult pool_free(CUdeviceptr dptr, CUstream h, int ptsz) {
+    struct CUstream_st *s = NULL;
+    struct record *r;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && s != NULL && s->capture != NULL) {
+        rc = s->capture->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                                     : graph_free_node_locked(s->capture, dptr, NULL);
+        unlock();
+        return rc;
+    }
+    unlock();
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    if (free_fails()) {
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    }
+    lock();
+    r = find_locked(dptr, 1, &dev);
+    if (r == NULL || !(r->kind & KIND_POINTER)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        int retain = r->pooled && g_pools[dev].threshold > 0;
+        unsigned long long size = r->size;
+        forget_locked(dev, r);
+        tidy_locked(dev);
+        if (retain) {
+            g_pools[dev].retained += size;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream) {
+    return pool_free(dptr, hStream, 0);
+}
+
+CUresult impl_cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) {
+    return pool_free(dptr, hStream, 1);
+}
+
+CUresult impl_cuDeviceGetDefaultMemPool(CUmemoryPool *pool_out, CUdevice dev) {
+    CUresult rc = check_device(dev);
+    if (rc != CUDA_SUCCESS) {
+        return rc;
+    }
+    if (pool_out == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    *pool_out = &g_pools[dev];
+    return CUDA_SUCCESS;
+}
+
+/* No cuDeviceSetMemPool: the current pool is the default one. */
+CUresult impl_cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    return impl_cuDeviceGetDefaultMemPool(pool, dev);
+}
+
+/* The release threshold (cuuint64_t) and the reuse flags (int, no effect). */
+CUresult impl_cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    struct CUmemPoolHandle_st *p = NULL;
+    CUresult rc;
+    lock();
+    rc = pool_locked(pool, &p);
+    if (rc == CUDA_SUCCESS && value == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            p->threshold = *(const cuuint64_t *)value;
+            break;
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES] =
+                *(const int *)value;
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value) {
+    struct CUmemPoolHandle_st *p = NULL;
+    CUresult rc;
+    lock();
+    rc = pool_locked(pool, &p);
+    if (rc == CUDA_SUCCESS && value == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+            *(cuuint64_t *)value = p->threshold;
+            break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+            *(cuuint64_t *)value = p->used + p->retained;
+            break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+            *(cuuint64_t *)value = p->used;
+            break;
+        case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+        case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+            *(int *)value = p->reuse[attr - CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES];
+            break;
+        default:
+            rc = CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
+    struct CUmemPoolHandle_st *p = NULL;
+    CUresult rc;
+    lock();
+    rc = pool_locked(pool, &p);
+    if (rc == CUDA_SUCCESS) {
+        pool_release_locked(p, minBytesToKeep);
+    }
+    unlock();
+    return rc;
+}
+
 /* ---------------------------------------------------------------- events */
 
 CUresult impl_cuEventCreate(CUevent *phEvent, unsigned int Flags) {
@@ -1893,7 +2778,7 @@ CUresult impl_cuEventCreate(CUevent *phEvent, unsigned int Flags) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
         for (i = 0; i < DOUBLE_MAX_EVENTS; i++) {
             if (!g_events[i].live) {
-                g_events[i] = (struct CUevent_st){1, 0, Flags, 0};
+                g_events[i] = (struct CUevent_st){1, 0, Flags, dev, 0};
                 *phEvent = &g_events[i];
                 rc = CUDA_SUCCESS;
                 break;
@@ -1922,6 +2807,7 @@ static CUresult event_record(CUevent hEvent, CUstream h, int ptsz) {
         }
     } else if (rc == CUDA_SUCCESS) {
         e->recorded = 1;
+        e->device = dev;
         e->at = drained_at_locked(dev, now_ns());
     }
     unlock();
@@ -1936,8 +2822,10 @@ CUresult impl_cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
     return event_record(hEvent, hStream, 1);
 }
 
-/* The completion time of the event's last record; 0 when never recorded. */
-static CUresult event_at(CUevent hEvent, unsigned long long *at) {
+/* The completion time of the event's last record; 0 when never recorded. A
+ * synchronize (settle) lets the event's device's pool release what it holds
+ * over its threshold. */
+static CUresult event_at(CUevent hEvent, unsigned long long *at, int settle) {
     struct CUevent_st *e;
     CUresult rc = CUDA_SUCCESS;
     lock();
@@ -1948,6 +2836,9 @@ static CUresult event_at(CUevent hEvent, unsigned long long *at) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     } else if ((rc = unsafe_call_locked()) == CUDA_SUCCESS) {
         *at = e->recorded ? e->at : 0;
+        if (settle) {
+            pool_settle_locked(e->device);
+        }
     }
     unlock();
     return rc;
@@ -1955,7 +2846,7 @@ static CUresult event_at(CUevent hEvent, unsigned long long *at) {
 
 CUresult impl_cuEventQuery(CUevent hEvent) {
     unsigned long long at = 0;
-    CUresult rc = event_at(hEvent, &at);
+    CUresult rc = event_at(hEvent, &at, 0);
     if (rc == CUDA_SUCCESS && at > now_ns()) {
         rc = CUDA_ERROR_NOT_READY;
     }
@@ -1964,7 +2855,7 @@ CUresult impl_cuEventQuery(CUevent hEvent) {
 
 CUresult impl_cuEventSynchronize(CUevent hEvent) {
     unsigned long long at = 0;
-    CUresult rc = event_at(hEvent, &at);
+    CUresult rc = event_at(hEvent, &at, 1);
     if (rc == CUDA_SUCCESS && at > now_ns()) {
         sleep_until(at);
     }
@@ -2016,7 +2907,82 @@ CUresult impl_cuEventDestroy_v2(CUevent hEvent) {
 
 /* ---------------------------------------------------------------- modules */
 
-CUresult impl_cuModuleLoadData(CUmodule *module, const void *image) {
+#define MODULE_HEADER "gpushare-double-module globals="
+
+/* N of an image that begins with MODULE_HEADER and N, else 0. Any other
+ * image differs from the header within its first bytes, so nothing past
+ * them is read. */
+static unsigned long long image_globals(const void *image) {
+    const char *text = image;
+    const size_t len = sizeof MODULE_HEADER - 1;
+    char *end = NULL;
+    unsigned long long n;
+    if (strncmp(text, MODULE_HEADER, len) != 0 || text[len] < '0' || text[len] > '9') {
+        return 0;
+    }
+    errno = 0;
+    n = strtoull(text + len, &end, 10);
+    return errno == 0 ? n : 0;
+}
+
+/* The first bytes of the file at path, NUL-terminated: enough for the header. */
+static CUresult read_image(const char *path, char *buf, size_t size) {
+    FILE *f;
+    size_t n;
+    if (path == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    f = fopen(path, "rb");
+    if (f == NULL) {
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    }
+    n = fread(buf, 1, size - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return CUDA_SUCCESS;
+}
+
+/* Fills the free slot m with image on dev (for ctx; NULL for a library),
+ * charging its globals if they fit. */
+static CUresult load_locked(struct CUmod_st *m, int dev, CUcontext ctx, const void *image) {
+    struct device *d = &g_devices[dev];
+    unsigned long long globals = image_globals(image), at = 0;
+    if (globals > 0) {
+        CUresult rc = fits(dev, globals) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+        if (rc == CUDA_SUCCESS) {
+            rc = bump_locked(&d->globals_next, region_start(dev) + REGION_SIZE, globals, &at);
+        }
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+    }
+    *m = (struct CUmod_st){1, dev, ctx, globals, at};
+    d->module_bytes += globals;
+    return CUDA_SUCCESS;
+}
+
+static void unload_locked(struct CUmod_st *m) {
+    size_t i;
+    g_devices[m->device].module_bytes -= m->globals;
+    m->live = 0;
+    for (i = 0; i < DOUBLE_MAX_FUNCTIONS; i++) {
+        if (g_functions[i].module == m) {
+            g_functions[i].module = NULL;
+        }
+    }
+}
+
+static void unload_context_modules_locked(CUcontext ctx) {
+    size_t i;
+    for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
+        if (g_modules[i].live && g_modules[i].ctx == ctx) {
+            unload_locked(&g_modules[i]);
+        }
+    }
+}
+
+/* A module of the current context. */
+static CUresult module_load(CUmodule *module, const void *image) {
     CUdevice dev = 0;
     CUresult rc;
     size_t i;
@@ -2028,15 +2994,42 @@ CUresult impl_cuModuleLoadData(CUmodule *module, const void *image) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
         for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
             if (!g_modules[i].live) {
-                g_modules[i].live = 1;
-                *module = &g_modules[i];
-                rc = CUDA_SUCCESS;
+                rc = load_locked(&g_modules[i], dev, t_current, image);
+                if (rc == CUDA_SUCCESS) {
+                    *module = &g_modules[i];
+                }
                 break;
             }
         }
     }
     unlock();
     return rc;
+}
+
+CUresult impl_cuModuleLoadData(CUmodule *module, const void *image) {
+    return module_load(module, image);
+}
+
+CUresult impl_cuModuleLoadDataEx(CUmodule *module, const void *image, unsigned int numOptions,
+                                 CUjit_option *options, void **optionValues) {
+    (void)numOptions;
+    (void)options;
+    (void)optionValues;
+    return module_load(module, image);
+}
+
+CUresult impl_cuModuleLoadFatBinary(CUmodule *module, const void *fatCubin) {
+    return module_load(module, fatCubin);
+}
+
+CUresult impl_cuModuleLoad(CUmodule *module, const char *fname) {
+    char image[128];
+    CUresult rc;
+    if (!double_initialized()) {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    rc = read_image(fname, image, sizeof image);
+    return rc == CUDA_SUCCESS ? module_load(module, image) : rc;
 }
 
 static struct CUmod_st *module_locked(CUmodule m) {
@@ -2047,7 +3040,6 @@ static struct CUmod_st *module_locked(CUmodule m) {
 CUresult impl_cuModuleUnload(CUmodule hmod) {
     struct CUmod_st *m;
     CUresult rc = CUDA_SUCCESS;
-    size_t i;
     lock();
     m = module_locked(hmod);
     if (!g_initialized) {
@@ -2055,12 +3047,106 @@ CUresult impl_cuModuleUnload(CUmodule hmod) {
     } else if (m == NULL) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     } else {
-        m->live = 0;
-        for (i = 0; i < DOUBLE_MAX_FUNCTIONS; i++) {
-            if (g_functions[i].module == m) {
-                g_functions[i].module = NULL;
+        unload_locked(m);
+    }
+    unlock();
+    return rc;
+}
+
+/* Every name is a global of a module with globals: all of them. */
+CUresult impl_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod,
+                                   const char *name) {
+    struct CUmod_st *m;
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    m = module_locked(hmod);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (m == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (name == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (m->globals == 0) {
+        rc = CUDA_ERROR_NOT_FOUND;
+    } else {
+        if (dptr != NULL) {
+            *dptr = m->globals_at;
+        }
+        if (bytes != NULL) {
+            *bytes = (size_t)m->globals;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+/* A library: context-independent, charged to the current context's GPU. */
+static CUresult library_load(CUlibrary *library, const void *code) {
+    CUdevice dev = 0;
+    CUresult rc;
+    size_t i;
+    lock();
+    rc = current_device_locked(&dev);
+    if (rc == CUDA_SUCCESS && (library == NULL || code == NULL)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
+            if (!g_libraries[i].image.live) {
+                rc = load_locked(&g_libraries[i].image, dev, NULL, code);
+                if (rc == CUDA_SUCCESS) {
+                    *library = &g_libraries[i];
+                }
+                break;
             }
         }
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                void **jitOptionsValues, unsigned int numJitOptions,
+                                CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                unsigned int numLibraryOptions) {
+    (void)jitOptions;
+    (void)jitOptionsValues;
+    (void)numJitOptions;
+    (void)libraryOptions;
+    (void)libraryOptionValues;
+    (void)numLibraryOptions;
+    return library_load(library, code);
+}
+
+CUresult impl_cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
+                                    CUjit_option *jitOptions, void **jitOptionsValues,
+                                    unsigned int numJitOptions, CUlibraryOption *libraryOptions,
+                                    void **libraryOptionValues, unsigned int numLibraryOptions) {
+    char image[128];
+    CUresult rc;
+    (void)jitOptions;
+    (void)jitOptionsValues;
+    (void)numJitOptions;
+    (void)libraryOptions;
+    (void)libraryOptionValues;
+    (void)numLibraryOptions;
+    if (!double_initialized()) {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    rc = read_image(fileName, image, sizeof image);
+    return rc == CUDA_SUCCESS ? library_load(library, image) : rc;
+}
+
+CUresult impl_cuLibraryUnload(CUlibrary library) {
+    long i = SLOT(g_libraries, library);
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (i < 0 || !g_libraries[i].image.live) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        unload_locked(&g_libraries[i].image);
     }
     unlock();
     return rc;
@@ -2160,6 +3246,8 @@ static const struct {
     {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
     {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
     {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
+    {CUDA_ERROR_UNSUPPORTED_LIMIT, "CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported"},
+    {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
      "the operation cannot be performed in the present state"},
@@ -2227,6 +3315,8 @@ static const struct {
      NULL, 0},
     {"cuGraphLaunch", "cuGraphLaunch", "cuGraphLaunch_ptsz", NULL, 0},
     {"cuGraphInstantiate", "cuGraphInstantiateWithFlags", NULL, NULL, 0},
+    {"cuGraphUpload", "cuGraphUpload", "cuGraphUpload_ptsz", NULL, 0},
+    {"cuModuleGetGlobal", "cuModuleGetGlobal_v2", NULL, NULL, 0},
     {"cuStreamBeginCapture", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz", NULL, 0},
     {"cuStreamEndCapture", "cuStreamEndCapture", "cuStreamEndCapture_ptsz", NULL, 0},
     {"cuStreamIsCapturing", "cuStreamIsCapturing", "cuStreamIsCapturing_ptsz", NULL, 0},
@@ -2329,8 +3419,9 @@ EXPORT int gpushare_double_state(int device, struct gpushare_double_snapshot *ou
                 continue;
             }
             out->has_context = g_devices[ordinal].live_contexts > 0;
-            out->context_bytes = out->has_context ? g_config.context_bytes : 0;
+            out->context_bytes = context_bytes(ordinal);
             out->alloc_bytes = g_devices[ordinal].alloc_bytes;
+            out->driver_bytes = held_bytes(ordinal);
         }
     }
     unlock();

@@ -7,8 +7,8 @@
  *   GPUSHARE_DOUBLE_DEVICES        number of fake GPUs, 0..8 (default 1)
  *   GPUSHARE_DOUBLE_TOTAL          bytes per GPU, plain or with a binary
  *                                  k/m/g/t suffix (default 16 GiB)
- *   GPUSHARE_DOUBLE_CONTEXT_BYTES  bytes the first context on a GPU charges to
- *                                  the process, the driver's own memory
+ *   GPUSHARE_DOUBLE_CONTEXT_BYTES  bytes each live context on a GPU charges
+ *                                  to the process, the driver's own memory
  *                                  (default 300 MiB)
  *
  * Device i has the UUID bytes 11 22 33 44 55 66 77 88 99 aa bb cc dd ee ff i,
@@ -33,6 +33,8 @@ struct gpushare_double_snapshot {
     unsigned long long context_bytes; /* driver memory charged by this process's contexts */
     unsigned long long alloc_bytes;   /* live allocations of this process on the GPU */
     int has_context;                  /* this process has a live context on the GPU */
+    unsigned long long driver_bytes;  /* other driver-held memory of this process: context
+                                         limits, module globals, graph and pool memory */
 };
 
 /*

@@ -6,9 +6,9 @@
  * process, memory and process figures come from its hidden accessor
  * `gpushare_double_state`; otherwise NVML sees the same environment
  * (double_common.h) and reports every GPU unused. Figures are those of this
- * process only: used = its context bytes + its live allocations, free =
- * total - used, and one compute process (this one) while it holds a context
- * or an allocation on the GPU.
+ * process only: used = its context bytes + its live allocations + its other
+ * driver-held bytes, free = total - used, and one compute process (this one)
+ * while it holds a context, an allocation or driver-held bytes on the GPU.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -262,7 +262,7 @@ nvmlReturn_t impl_nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
 static void memory_figures(const struct gpushare_double_snapshot *s, unsigned long long *total,
                            unsigned long long *free, unsigned long long *used) {
     *total = s->total;
-    *used = s->context_bytes + s->alloc_bytes;
+    *used = s->context_bytes + s->alloc_bytes + s->driver_bytes;
     *free = *used >= s->total ? 0 : s->total - *used;
 }
 
@@ -308,7 +308,7 @@ nvmlReturn_t impl_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
     if (infoCount == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    needed = (s.has_context || s.alloc_bytes > 0) ? 1 : 0;
+    needed = (s.has_context || s.alloc_bytes > 0 || s.driver_bytes > 0) ? 1 : 0;
     if (*infoCount < needed) {
         *infoCount = needed;
         return NVML_ERROR_INSUFFICIENT_SIZE;
@@ -324,7 +324,7 @@ nvmlReturn_t impl_nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
         const char *unavailable = getenv("GPUSHARE_DOUBLE_NVML_UNAVAILABLE");
         infos[0].usedGpuMemory = unavailable != NULL && unavailable[0] == '1'
                                      ? ~0ULL
-                                     : s.context_bytes + s.alloc_bytes;
+                                     : s.context_bytes + s.alloc_bytes + s.driver_bytes;
         infos[0].gpuInstanceId = NVML_VALUE_NOT_AVAILABLE;
         infos[0].computeInstanceId = NVML_VALUE_NOT_AVAILABLE;
     }

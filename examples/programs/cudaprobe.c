@@ -10,7 +10,9 @@
  *   for the _ptsz APIs; the legacy v1 cuMemGetInfo and cuDeviceTotalMem with
  *   cudaVersion 3010). NVML functions always come from dlsym. The compute
  *   entry points (modules, launches, streams, graphs) are optional there: one
- *   the driver lacks fails its command with CUDA_ERROR_NOT_FOUND (500).
+ *   the driver lacks fails its command with CUDA_ERROR_NOT_FOUND (500), and
+ *   so do those of driver-held memory (cuCtxCreate asked for with
+ *   cudaVersion 11000, which names cuCtxCreate_v2).
  * - cudaprobe_linked (-DCUDAPROBE_LINKED): linked with -lcuda -lnvidia-ml and
  *   calling the functions directly (through the PLT).
  *
@@ -172,6 +174,52 @@
  *                            device is idle
  *   clock                 -> "clock ns=N": CLOCK_MONOTONIC now
  *
+ * Driver-held memory: what the driver takes on the GPU without an allocation
+ * call (the double's model is in its cuda.c). IDs of images, graph execs and
+ * contexts count 0, 1, 2, ... in a table of each kind; an unknown ID exits
+ * with status 2. KIND is stack, fifo or heap (CU_LIMIT_STACK_SIZE,
+ * CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_MALLOC_HEAP_SIZE).
+ *   setlimit KIND SIZE    -> "setlimit KIND SIZE -> RESULT"   (cuCtxSetLimit)
+ *   getlimit KIND         -> "getlimit KIND -> RESULT VALUE"  (cuCtxGetLimit)
+ *   module SIZE           -> "module SIZE -> RESULT ID" (ID "-" on failure):
+ *                            cuModuleLoadData of the image
+ *                            "gpushare-double-module globals=<SIZE in bytes>\n",
+ *                            whose globals the double holds while loaded
+ *   module_ex SIZE        -> the same through cuModuleLoadDataEx, no options
+ *   library SIZE          -> the same through cuLibraryLoadData, no options
+ *   unload ID             -> "unload ID -> RESULT": cuModuleUnload or
+ *                            cuLibraryUnload, as ID was loaded
+ *   graph_alloc SIZE      -> "graph_alloc SIZE -> RESULT ID" (ID "-" on
+ *                            failure): cuGraphCreate, cuGraphAddMemAllocNode
+ *                            (SIZE, pinned, device N, no dependencies),
+ *                            cuGraphInstantiateWithFlags(0), then
+ *                            cuGraphDestroy; RESULT the first failure
+ *   capture_alloc SIZE    -> "capture_alloc SIZE -> RESULT ID": on a new
+ *                            stream, cuStreamBeginCapture_v2 (GLOBAL),
+ *                            cuMemAllocAsync(SIZE), cuStreamEndCapture,
+ *                            cuGraphInstantiateWithFlags(0), then
+ *                            cuGraphDestroy and cuStreamDestroy_v2
+ *   graph_launch ID       -> "graph_launch ID -> RESULT": cuGraphLaunch on the
+ *                            probe's stream (created at first use, non-blocking),
+ *                            then cuStreamSynchronize
+ *   graph_upload ID       -> "graph_upload ID -> RESULT": cuGraphUpload on it
+ *   graph_destroy ID      -> "graph_destroy ID -> RESULT": cuGraphExecDestroy
+ *   graph_trim            -> "graph_trim -> RESULT": cuDeviceGraphMemTrim(N)
+ *   pool_threshold SIZE   -> "pool_threshold SIZE -> RESULT": the release
+ *                            threshold of device N's default pool
+ *                            (cuDeviceGetDefaultMemPool, cuMemPoolSetAttribute);
+ *                            SIZE may be max (UINT64_MAX)
+ *   pool_trim SIZE        -> "pool_trim SIZE -> RESULT": cuMemPoolTrimTo(SIZE)
+ *                            of that pool
+ *   pool_reserved         -> "pool_reserved RESULT reserved=R used=U": that
+ *                            pool's CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT and
+ *                            CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+ *   sync                  -> "sync RESULT"                    (cuCtxSynchronize)
+ *   context               -> "context -> RESULT ID": cuCtxCreate_v2(0, device
+ *                            N), then cuCtxSetCurrent of the primary context,
+ *                            so later commands run where they did
+ *   context_destroy ID    -> "context_destroy ID -> RESULT"   (cuCtxDestroy_v2)
+ *
  * Numbers are printed in decimal; on a failed query the figures are 0. Exit
  * status 0, or 2 with a message on stderr for a malformed script (checked in
  * full before anything runs; series, idle, settled and maxstall need an
@@ -249,6 +297,7 @@ static void load_api(int via_getproc) {
         drv.name = (__typeof__(&name))p;                                                \
     }
         CU_COMPUTE_FUNCS(CU_GETPROC_OPT)
+        CU_HELD_FUNCS(CU_GETPROC_OPT)
 #undef CU_GETPROC_OPT
     } else {
 #define CU_DLSYM(name, base, version, flags) drv.name = (__typeof__(&name))symbol(cuda, #name);
@@ -256,6 +305,7 @@ static void load_api(int via_getproc) {
 #undef CU_DLSYM
 #define CU_DLSYM_OPT(name, base, version, flags) drv.name = (__typeof__(&name))dlsym(cuda, #name);
         CU_COMPUTE_FUNCS(CU_DLSYM_OPT)
+        CU_HELD_FUNCS(CU_DLSYM_OPT)
 #undef CU_DLSYM_OPT
     }
     busy = dlsym(cuda, GPUSHARE_DOUBLE_BUSY_SYMBOL);
@@ -340,6 +390,18 @@ static enum api_kind arg_api(const char *text) {
 
 static enum launch_api arg_launch(const char *text) {
     return (enum launch_api)arg_name(text, launch_names, LAUNCH_COUNT, "launch");
+}
+
+static enum held_limit arg_limit(const char *text) {
+    static const char *const names[HELD_LIMIT_COUNT] = {"stack", "fifo", "heap"};
+    int i;
+    for (i = 0; i < HELD_LIMIT_COUNT; i++) {
+        if (text != NULL && strcmp(text, names[i]) == 0) {
+            return (enum held_limit)i;
+        }
+    }
+    die(2, "unknown limit '%s'", text ? text : "");
+    return HELD_LIMIT_COUNT;
 }
 
 /* Reads DUR COUNT HOST from argv at *i, in that order. */
@@ -547,6 +609,88 @@ static void run_script(int argc, char **argv, int execute) {
             }
             if (execute) {
                 cmd_settled();
+            }
+        } else if (strcmp(cmd, "setlimit") == 0) {
+            const char *kind_text = NEXT();
+            enum held_limit kind = arg_limit(kind_text);
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_setlimit(kind_text, kind, size_text, size);
+            }
+        } else if (strcmp(cmd, "getlimit") == 0) {
+            const char *kind_text = NEXT();
+            enum held_limit kind = arg_limit(kind_text);
+            if (execute) {
+                cmd_getlimit(kind_text, kind);
+            }
+        } else if (strcmp(cmd, "module") == 0 || strcmp(cmd, "module_ex") == 0 ||
+                   strcmp(cmd, "library") == 0) {
+            enum held_image kind = cmd[0] == 'l'  ? HELD_LIBRARY
+                                   : cmd[6] != '\0' ? HELD_MODULE_EX
+                                                    : HELD_MODULE;
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_load(cmd, kind, size_text, size);
+            }
+        } else if (strcmp(cmd, "unload") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_unload(id_text, id);
+            }
+        } else if (strcmp(cmd, "graph_alloc") == 0 || strcmp(cmd, "capture_alloc") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_graph_alloc(cmd, cmd[0] == 'c', size_text, size);
+            }
+        } else if (strcmp(cmd, "graph_launch") == 0 || strcmp(cmd, "graph_upload") == 0 ||
+                   strcmp(cmd, "graph_destroy") == 0) {
+            enum held_graph op = cmd[6] == 'l'   ? HELD_LAUNCH
+                                 : cmd[6] == 'u' ? HELD_UPLOAD
+                                                 : HELD_DESTROY;
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_graph(cmd, op, id_text, id);
+            }
+        } else if (strcmp(cmd, "graph_trim") == 0) {
+            if (execute) {
+                cmd_graph_trim();
+            }
+        } else if (strcmp(cmd, "pool_threshold") == 0) {
+            const char *size_text = NEXT();
+            unsigned long long size = size_text != NULL && strcmp(size_text, "max") == 0
+                                          ? UINT64_MAX
+                                          : arg_size(size_text);
+            if (execute) {
+                cmd_pool_threshold(size_text, size);
+            }
+        } else if (strcmp(cmd, "pool_trim") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_pool_trim(size_text, size);
+            }
+        } else if (strcmp(cmd, "pool_reserved") == 0) {
+            if (execute) {
+                cmd_pool_reserved();
+            }
+        } else if (strcmp(cmd, "sync") == 0) {
+            if (execute) {
+                cmd_sync();
+            }
+        } else if (strcmp(cmd, "context") == 0) {
+            if (execute) {
+                cmd_context();
+            }
+        } else if (strcmp(cmd, "context_destroy") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_context_destroy(id_text, id);
             }
         } else if (strcmp(cmd, "clock") == 0) {
             if (execute) {

@@ -1,9 +1,9 @@
 /*
  * What the probe's files share: the driver entry points it calls (through
  * drv in the dlopen build, directly in the linked one), the device it runs
- * on, its output and failure helpers, and the commands of probe_memory.c
- * and probe_launch.c that cudaprobe.c's script runner calls. The script
- * format is described in cudaprobe.c.
+ * on, its output and failure helpers, and the commands of probe_memory.c,
+ * probe_launch.c and probe_held.c that cudaprobe.c's script runner calls.
+ * The script format is described in cudaprobe.c.
  */
 #ifndef CUDAPROBE_PROBE_H
 #define CUDAPROBE_PROBE_H
@@ -27,6 +27,8 @@
 
 #define CUDA_VERSION_USED 13000
 #define CUDA_VERSION_LEGACY 3010
+/* Before cuCtxCreate_v3 (11.4): the version that names cuCtxCreate_v2. */
+#define CUDA_VERSION_CTX_V2 11000
 
 /* (function, base name for cuGetProcAddress, cudaVersion, flags) */
 #define CU_FUNCS(X)                                                                     \
@@ -86,6 +88,30 @@
     X(cuPointerGetAttribute, "cuPointerGetAttribute", CUDA_VERSION_USED, 0)             \
     X(cuMemGetAddressRange_v2, "cuMemGetAddressRange", CUDA_VERSION_USED, 0)
 
+/*
+ * The entry points of driver-held memory (probe_held.c), optional like the
+ * compute ones: a command that needs a missing one reports
+ * CUDA_ERROR_NOT_FOUND (500).
+ */
+#define CU_HELD_FUNCS(X)                                                                \
+    X(cuCtxCreate_v2, "cuCtxCreate", CUDA_VERSION_CTX_V2, 0)                            \
+    X(cuCtxDestroy_v2, "cuCtxDestroy", CUDA_VERSION_USED, 0)                            \
+    X(cuCtxSetLimit, "cuCtxSetLimit", CUDA_VERSION_USED, 0)                             \
+    X(cuCtxGetLimit, "cuCtxGetLimit", CUDA_VERSION_USED, 0)                             \
+    X(cuModuleLoadDataEx, "cuModuleLoadDataEx", CUDA_VERSION_USED, 0)                   \
+    X(cuModuleUnload, "cuModuleUnload", CUDA_VERSION_USED, 0)                           \
+    X(cuLibraryLoadData, "cuLibraryLoadData", CUDA_VERSION_USED, 0)                     \
+    X(cuLibraryUnload, "cuLibraryUnload", CUDA_VERSION_USED, 0)                         \
+    X(cuGraphCreate, "cuGraphCreate", CUDA_VERSION_USED, 0)                             \
+    X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", CUDA_VERSION_USED, 0)           \
+    X(cuGraphUpload, "cuGraphUpload", CUDA_VERSION_USED, 0)                             \
+    X(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", CUDA_VERSION_USED, 0)               \
+    X(cuStreamSynchronize, "cuStreamSynchronize", CUDA_VERSION_USED, 0)                 \
+    X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", CUDA_VERSION_USED, 0)     \
+    X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", CUDA_VERSION_USED, 0)             \
+    X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", CUDA_VERSION_USED, 0)             \
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", CUDA_VERSION_USED, 0)
+
 #define NVML_FUNCS(X)                                                                   \
     X(nvmlInit_v2)                                                                      \
     X(nvmlShutdown)                                                                     \
@@ -103,6 +129,7 @@ struct probe_driver {
 #define CU_SLOT(name, base, version, flags) __typeof__(&name) name;
     CU_FUNCS(CU_SLOT)
     CU_COMPUTE_FUNCS(CU_SLOT)
+    CU_HELD_FUNCS(CU_SLOT)
 #undef CU_SLOT
 #define NVML_SLOT(name) __typeof__(&name) name;
     NVML_FUNCS(NVML_SLOT)
@@ -197,5 +224,23 @@ void cmd_series(const char *window_text, unsigned long long window_ms);
 void cmd_idle(const char *step_text, unsigned long long step_us);
 void cmd_settled(void);
 void cmd_maxstall(void);
+
+/* probe_held.c: memory the driver takes without an allocation call. */
+enum held_limit { HELD_STACK, HELD_FIFO, HELD_HEAP, HELD_LIMIT_COUNT };
+enum held_image { HELD_MODULE, HELD_MODULE_EX, HELD_LIBRARY, HELD_IMAGE_COUNT };
+enum held_graph { HELD_LAUNCH, HELD_UPLOAD, HELD_DESTROY };
+void cmd_setlimit(const char *kind_text, enum held_limit kind, const char *size_text, size_t size);
+void cmd_getlimit(const char *kind_text, enum held_limit kind);
+void cmd_load(const char *cmd, enum held_image kind, const char *size_text, size_t size);
+void cmd_unload(const char *id_text, unsigned long long id);
+void cmd_graph_alloc(const char *cmd, int captured, const char *size_text, size_t size);
+void cmd_graph(const char *cmd, enum held_graph op, const char *id_text, unsigned long long id);
+void cmd_graph_trim(void);
+void cmd_pool_threshold(const char *size_text, unsigned long long size);
+void cmd_pool_trim(const char *size_text, size_t size);
+void cmd_pool_reserved(void);
+void cmd_sync(void);
+void cmd_context(void);
+void cmd_context_destroy(const char *id_text, unsigned long long id);
 
 #endif

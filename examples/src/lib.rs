@@ -23,11 +23,18 @@
 //! `GPUSHARE_DOUBLE_DEVICES` (0..8, default 1), `GPUSHARE_DOUBLE_TOTAL`
 //! (bytes per GPU, plain or with a binary `k/m/g/t` suffix, default
 //! [`DEFAULT_TOTAL`]), `GPUSHARE_DOUBLE_CONTEXT_BYTES` (the driver's own memory,
-//! charged to the process by its first context on a GPU, default
+//! charged to the process by each live context on a GPU, default
 //! [`DEFAULT_CONTEXT_BYTES`]). Allocations are charged their exact size
 //! (pitch: width rounded up to 512 × height; arrays: element × W × max(H,1) ×
 //! max(D,1), mipmaps summed over the levels), fail with
 //! `CUDA_ERROR_OUT_OF_MEMORY` when they do not fit, and free gives back.
+//! Memory the real driver takes without an allocation call is modelled too,
+//! and counted the same way: context limits above their defaults
+//! (`cuCtxSetLimit`), module globals (an image that begins
+//! `gpushare-double-module globals=N`), graph memory (reserved at a graph
+//! exec's first upload or launch, retained after it until
+//! `cuDeviceGraphMemTrim`) and the default pool's retained bytes (kept by a
+//! release threshold, released at synchronize or `cuMemPoolTrimTo`).
 //! `cuMemGetInfo` and NVML report this process's usage only. Device `i` has
 //! the UUID [`uuid`]`(i)`. `CUDA_VISIBLE_DEVICES` (indices, or UUIDs as the device plugin and CDI
 //! specs give them) renumbers
@@ -111,7 +118,7 @@ mod double {
     /// Bytes per fake GPU unless `GPUSHARE_DOUBLE_TOTAL` says otherwise (16 GiB).
     pub const DEFAULT_TOTAL: u64 = 16 << 30;
 
-    /// Bytes the first context on a GPU charges, unless
+    /// Bytes each live context on a GPU charges, unless
     /// `GPUSHARE_DOUBLE_CONTEXT_BYTES` says otherwise (300 MiB).
     pub const DEFAULT_CONTEXT_BYTES: u64 = 300 << 20;
 

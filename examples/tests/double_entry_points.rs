@@ -37,7 +37,7 @@ fn le_i32(bytes: &[u8]) -> i32 {
 fn every_cu_entry_point_starts_with_the_h100_prologue() {
     let lib = Lib::open("libcuda.so.1");
     let names: Vec<&str> = cu_entry_points().collect();
-    assert_eq!(names.len(), 89, "{names:?}");
+    assert_eq!(names.len(), 114, "{names:?}");
     for name in names {
         let code = lib.code(name, CU_PROLOGUE_LEN + 8);
         assert_eq!(code[..12], CU_PROLOGUE, "{name}");
@@ -236,6 +236,48 @@ fn get_proc_address_hands_out_the_exported_addresses() {
         ("cuModuleGetFunction", 13000, 0, "cuModuleGetFunction"),
         ("cuModuleUnload", 13000, 0, "cuModuleUnload"),
         ("cuDeviceGetAttribute", 13000, 0, "cuDeviceGetAttribute"),
+        // Driver-held memory: limits, modules and libraries, graph memory,
+        // pools.
+        ("cuCtxSetLimit", 13000, 0, "cuCtxSetLimit"),
+        ("cuCtxGetLimit", 13000, 0, "cuCtxGetLimit"),
+        ("cuCtxDestroy", 13000, 0, "cuCtxDestroy_v2"),
+        ("cuModuleLoad", 13000, 0, "cuModuleLoad"),
+        ("cuModuleLoadDataEx", 13000, 0, "cuModuleLoadDataEx"),
+        ("cuModuleLoadFatBinary", 13000, 0, "cuModuleLoadFatBinary"),
+        ("cuModuleGetGlobal", 13000, 0, "cuModuleGetGlobal_v2"),
+        ("cuLibraryLoadData", 13000, 0, "cuLibraryLoadData"),
+        ("cuLibraryLoadFromFile", 13000, 0, "cuLibraryLoadFromFile"),
+        ("cuLibraryUnload", 13000, 0, "cuLibraryUnload"),
+        ("cuGraphCreate", 13000, 0, "cuGraphCreate"),
+        ("cuGraphAddMemAllocNode", 13000, 0, "cuGraphAddMemAllocNode"),
+        ("cuGraphAddMemFreeNode", 13000, 0, "cuGraphAddMemFreeNode"),
+        ("cuGraphGetNodes", 13000, 0, "cuGraphGetNodes"),
+        ("cuGraphNodeGetType", 13000, 0, "cuGraphNodeGetType"),
+        (
+            "cuGraphMemAllocNodeGetParams",
+            13000,
+            0,
+            "cuGraphMemAllocNodeGetParams",
+        ),
+        ("cuGraphUpload", 13000, 0, "cuGraphUpload"),
+        ("cuGraphUpload", 13000, 2, "cuGraphUpload_ptsz"),
+        (
+            "cuGraphInstantiateWithParams",
+            13000,
+            0,
+            "cuGraphInstantiateWithParams",
+        ),
+        ("cuDeviceGraphMemTrim", 13000, 0, "cuDeviceGraphMemTrim"),
+        (
+            "cuDeviceGetDefaultMemPool",
+            13000,
+            0,
+            "cuDeviceGetDefaultMemPool",
+        ),
+        ("cuDeviceGetMemPool", 13000, 0, "cuDeviceGetMemPool"),
+        ("cuMemPoolSetAttribute", 13000, 0, "cuMemPoolSetAttribute"),
+        ("cuMemPoolGetAttribute", 13000, 2, "cuMemPoolGetAttribute"),
+        ("cuMemPoolTrimTo", 13000, 0, "cuMemPoolTrimTo"),
     ] {
         let (rc, pfn, status) = lookup(base, version, flags);
         assert_eq!(
@@ -253,6 +295,8 @@ fn get_proc_address_hands_out_the_exported_addresses() {
         "cuLaunchKernel_ptsz",
         "cuStreamBeginCapture_v2",
         "cuEventDestroy_v2",
+        "cuModuleGetGlobal_v2",
+        "cuGraphUpload_ptsz",
         "gpushare_double_state",
         "gpushare_double_busy_ns",
         "cuserid",
