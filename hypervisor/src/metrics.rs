@@ -188,6 +188,16 @@ pub fn render(status: &Status) -> String {
         "gauge",
         "Memory NVML attributes to the pod's processes on the GPU (audit of the ledger).",
     );
+    let driver_held = x.family(
+        "gpushare_pod_memory_driver_held_bytes",
+        "gauge",
+        "Of the pod's used memory, what the driver holds outside allocations (contexts, modules, heaps, graph and pool memory).",
+    );
+    let unaccounted = x.family(
+        "gpushare_pod_memory_unaccounted_bytes",
+        "gauge",
+        "Memory NVML attributes to the pod beyond its ledger, charged to it by the audit.",
+    );
     for pod in &status.pods {
         let pod_label = format!("pod=\"{}\"", escape(&pod.id));
         x.sample(suspended, "", &pod_label, u8::from(pod.suspended));
@@ -211,6 +221,8 @@ pub fn render(status: &Status) -> String {
             if let Some(bytes) = gpu.memory_nvml {
                 x.sample(nvml, "", &labels, bytes);
             }
+            x.sample(driver_held, "", &labels, gpu.memory_driver_held);
+            x.sample(unaccounted, "", &labels, gpu.memory_unaccounted);
         }
     }
     render_spill(&mut x, status);

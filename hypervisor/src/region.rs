@@ -150,6 +150,31 @@ impl PodRegion {
         }
     }
 
+    /// Charges the pod `bytes` of driver-held memory on the GPU `uuid` that
+    /// its ledger does not count (the audit's finding; 0 clears it).
+    pub fn set_unaccounted(&self, uuid: &str, bytes: u64) {
+        if let Some(gpu) = self.limits.find(uuid) {
+            gpu.unaccounted.store(bytes, Ordering::Release);
+        }
+    }
+
+    /// Driver-held memory the pod's processes charged themselves on the GPU
+    /// `uuid` (contexts, modules, heaps, graph and pool memory).
+    pub fn driver_held(&self, uuid: &str) -> u64 {
+        self.ledger
+            .device_for(uuid)
+            .ok()
+            .and_then(|entry| self.ledger.driver_held(entry).ok())
+            .unwrap_or(0)
+    }
+
+    /// What the pod is charged on the GPU `uuid` beyond its ledger.
+    pub fn unaccounted(&self, uuid: &str) -> u64 {
+        self.limits
+            .find(uuid)
+            .map_or(0, |gpu| gpu.unaccounted.load(Ordering::Acquire))
+    }
+
     /// Forgets every GPU but `keep`, then publishes the limits: the pod's
     /// processes may use them from now on.
     pub fn publish(&self, keep: &[&str]) {

@@ -358,9 +358,19 @@ fn usage_a_pod_does_not_report_is_caught_against_nvml() {
     let seen = gpu_status();
     assert_eq!(seen.memory_used, 0);
     assert!(seen.memory_under_reported, "{seen:?}");
+    // Charged to the pod as driver-held memory: its processes' next
+    // reservations and reports count it.
+    assert_eq!(seen.memory_unaccounted, 2 << 30, "{seen:?}");
     let (_, metrics) = call("GET", &format!("{}/metrics", h.url()), None, None);
     assert!(
         metrics.contains("gpushare_pod_memory_nvml_bytes{") && metrics.contains(" 2147483648"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.lines().any(
+            |line| line.starts_with("gpushare_pod_memory_unaccounted_bytes{")
+                && line.ends_with(" 2147483648")
+        ),
         "{metrics}"
     );
     // Reported now: no longer flagged.
@@ -370,4 +380,10 @@ fn usage_a_pod_does_not_report_is_caught_against_nvml() {
         .expect("reserve");
     assert!(wait_for(Duration::from_secs(5), || !gpu_status()
         .memory_under_reported));
+    assert!(
+        wait_for(Duration::from_secs(5), || gpu_status().memory_unaccounted
+            == 0),
+        "{:?}",
+        gpu_status()
+    );
 }

@@ -292,12 +292,14 @@ pub fn install_if_mapped() {
                 &detour::driver::DRIVER_DETOURS,
                 &detour::memory::MEMORY_DETOURS,
                 &detour::context::CONTEXT_DETOURS,
+                &detour::held::HELD_DETOURS,
                 &detour::launch::LAUNCH_DETOURS,
             ],
             _ => &[
                 &detour::driver::DRIVER_DETOURS,
                 &detour::memory::MEMORY_DETOURS,
                 &detour::context::CONTEXT_DETOURS,
+                &detour::held::HELD_DETOURS,
             ],
         };
         let resolved = match limiter {

@@ -16,6 +16,12 @@
 //!   the two disagree by its bytes, always on the low side: a measurement
 //!   that overlapped one may only raise the overhead, and the next call
 //!   with none under way measures again.
+//! - Memory the driver takes for the process through calls that name no
+//!   size (context limits, modules, graph allocation nodes, pools: see
+//!   `detour::held`) is reserved before the call where its size is known,
+//!   measured right after it, and counted as *pending* while the driver has
+//!   not taken it yet (the malloc heap until the next launch, graph nodes
+//!   until upload), so that no measurement in between forgets it.
 //! - Reports show total = quota, free = quota − pod usage, never below zero
 //!   and never above what the device really has free. Before answering, the
 //!   pod's dead processes' charges are given back (at most every
@@ -35,6 +41,7 @@ use gpushare_utils::ledger::{LedgerError, PodLedger};
 use crate::context::Context;
 use crate::error::{LimiterError, Result};
 use crate::grant::Grant;
+use crate::sys::CUresult;
 
 /// How often a device's driver overhead is measured again, at most.
 pub const OVERHEAD_REFRESH_MS: u64 = 200;
@@ -52,6 +59,8 @@ pub enum Resource {
     Array(usize),
     /// A mipmapped array, by handle.
     Mipmap(usize),
+    /// A graph exec, whose allocation nodes are charged.
+    GraphExec(usize),
 }
 
 /// What an allocation charged, and where.
@@ -98,6 +107,9 @@ impl Drop for Change<'_> {
     }
 }
 
+/// A graph exec's charge: `(device, bytes, bytes reserved for it)` a device.
+type GraphParts = Vec<(usize, u64, u64)>;
+
 /// The quota state of this process.
 pub struct MemoryQuota {
     configured: DeviceLimits<u64>,
@@ -110,6 +122,20 @@ pub struct MemoryQuota {
     overhead_unsettled: [AtomicBool; MAX_DEVICES],
     /// Monotonic ms + 1 of this process's last report-time scan; 0: never.
     reclaimed_ms: AtomicU64,
+    /// Heap growth reserved and not yet in the process's footprint, and
+    /// the footprint it will show on top of.
+    pending: [AtomicU64; MAX_DEVICES],
+    pending_base: [AtomicU64; MAX_DEVICES],
+    /// What live graph execs' allocation nodes take on each device, and
+    /// each exec's part: `(device, bytes, bytes reserved for it)`.
+    graph_need: [AtomicU64; MAX_DEVICES],
+    graph_execs: Mutex<HashMap<Resource, GraphParts>>,
+    /// A pool keeps freed memory: a free gives back less than its bytes.
+    pools_keep: AtomicBool,
+    /// What this process's contexts were measured at when made: the
+    /// overhead never counts less while they live, even where allocations
+    /// charged in full are not resident yet (managed memory).
+    context_floor: [AtomicU64; MAX_DEVICES],
 }
 
 impl MemoryQuota {
@@ -122,6 +148,12 @@ impl MemoryQuota {
             overhead_measured_ms: [const { AtomicU64::new(0) }; MAX_DEVICES],
             overhead_unsettled: [const { AtomicBool::new(false) }; MAX_DEVICES],
             reclaimed_ms: AtomicU64::new(0),
+            pending: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            pending_base: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            graph_need: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            graph_execs: Mutex::new(HashMap::new()),
+            pools_keep: AtomicBool::new(false),
+            context_floor: [const { AtomicU64::new(0) }; MAX_DEVICES],
         }
     }
 
@@ -212,7 +244,35 @@ impl MemoryQuota {
         let entry = ctx
             .ledger_entry(device)
             .ok_or(LimiterError::LedgerUnavailable)?;
-        Ok((ledger, entry, limit))
+        // What the hypervisor's audit found the pod holding beyond its
+        // ledger leaves that much less to reserve.
+        let unaccounted = self.unaccounted(ctx, device);
+        if unaccounted >= limit {
+            return Err(LimiterError::OverQuota {
+                device,
+                requested: bytes,
+                used: unaccounted,
+                quota: limit,
+            });
+        }
+        Ok((ledger, entry, limit - unaccounted))
+    }
+
+    /// Driver-held memory the hypervisor's audit charged the pod on
+    /// `device` beyond its ledger; 0 without a hypervisor.
+    pub fn unaccounted(&self, ctx: &'static Context, device: usize) -> u64 {
+        if ctx.hypervisor_limits().is_none() {
+            return 0;
+        }
+        ctx.device_uuid(device)
+            .map_or(0, |uuid| self.unaccounted_of(ctx, &uuid))
+    }
+
+    /// [`unaccounted`](Self::unaccounted) of the GPU `uuid`.
+    pub fn unaccounted_of(&self, ctx: &'static Context, uuid: &str) -> u64 {
+        ctx.hypervisor_limits()
+            .and_then(|limits| limits.find(uuid))
+            .map_or(0, |gpu| gpu.unaccounted.load(Ordering::Acquire))
     }
 
     /// Reserves `bytes` on `device` for an allocation about to be made.
@@ -282,7 +342,8 @@ impl MemoryQuota {
         self.measure_overhead(ctx, device, false);
         let used = ctx
             .ledger_entry(device)
-            .map_or(0, |entry| self.pod_used(ctx, entry));
+            .map_or(0, |entry| self.pod_used(ctx, entry))
+            .saturating_add(self.unaccounted(ctx, device));
         Some(virtual_report(limit, used, real_free, real_total))
     }
 
@@ -316,10 +377,12 @@ impl MemoryQuota {
     }
 
     /// Charges what NVML attributes to this process on `device` beyond its
-    /// accounted allocations. Rate-limited unless `force`.
-    pub fn measure_overhead(&self, ctx: &'static Context, device: usize, force: bool) {
+    /// accounted allocations, plus what the driver is yet to take (pending
+    /// heap, graph nodes not uploaded). Rate-limited unless `force`; false
+    /// when nothing was measured.
+    pub fn measure_overhead(&self, ctx: &'static Context, device: usize, force: bool) -> bool {
         let Some(last) = self.overhead_measured_ms.get(device) else {
-            return;
+            return false;
         };
         // Milliseconds of the node's monotonic clock; 0 means never measured.
         let now = monotonic_ns() / 1_000_000 + 1;
@@ -328,28 +391,32 @@ impl MemoryQuota {
         let settle = before.0 == 0 && self.overhead_unsettled[device].load(Ordering::Relaxed);
         if !force && !settle && previous != 0 && now.saturating_sub(previous) < OVERHEAD_REFRESH_MS
         {
-            return;
+            return false;
         }
         if last
             .compare_exchange(previous, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
-            return; // another thread is measuring
+            return false; // another thread is measuring
         }
         let Some(uuid) = ctx.device_uuid(device) else {
-            return;
+            return false;
         };
         let (Some(ledger), Some(entry)) = (ctx.ledger(), ctx.ledger_entry_of(&uuid)) else {
-            return;
+            return false;
         };
         let Some(seen) = ctx
             .nvml()
             .and_then(|nvml| nvml.process_used(&uuid, std::process::id()))
         else {
-            return;
+            return false;
         };
         let allocated = ledger.process_usage(entry).unwrap_or(0);
-        let overhead = seen.saturating_sub(allocated);
+        let overhead = seen
+            .saturating_sub(allocated)
+            .max(self.context_floor[device].load(Ordering::Relaxed))
+            .saturating_add(self.unseen_pending(device, seen))
+            .saturating_add(self.unseen_graphs(ctx, device));
         let clean = before.0 == 0 && self.changes.snapshot() == before;
         self.overhead_unsettled[device].store(!clean, Ordering::Relaxed);
         // A change under way made the overhead look smaller by its bytes
@@ -362,11 +429,246 @@ impl MemoryQuota {
                 overhead,
                 "overhead measured during a change: kept"
             );
-            return;
+            return true;
         }
         match ledger.set_overhead(entry, overhead) {
             Ok(()) => tracing::debug!(device, seen, overhead, "driver overhead measured"),
             Err(error) => tracing::warn!(device, %error, "driver overhead not recorded"),
+        }
+        true
+    }
+
+    /// This process's footprint on `device` as NVML sees it.
+    fn seen(&self, ctx: &'static Context, device: usize) -> Option<u64> {
+        let uuid = ctx.device_uuid(device)?;
+        ctx.nvml()?.process_used(&uuid, std::process::id())
+    }
+
+    /// Heap growth the footprint `seen` does not show yet; forgotten once
+    /// it does.
+    fn unseen_pending(&self, device: usize, seen: u64) -> u64 {
+        let pending = self.pending[device].load(Ordering::Acquire);
+        if pending == 0 {
+            return 0;
+        }
+        let base = self.pending_base[device].load(Ordering::Acquire);
+        if seen >= base.saturating_add(pending) {
+            let _ = self.pending[device].compare_exchange(
+                pending,
+                0,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            return 0;
+        }
+        pending
+    }
+
+    /// What live graph execs need on `device` beyond what its graph pool
+    /// holds already.
+    fn unseen_graphs(&self, ctx: &'static Context, device: usize) -> u64 {
+        let need = self.graph_need[device].load(Ordering::Acquire);
+        if need == 0 {
+            return 0;
+        }
+        need.saturating_sub(self.graph_reserved(ctx, device).unwrap_or(0))
+    }
+
+    fn graph_reserved(&self, ctx: &'static Context, device: usize) -> Option<u64> {
+        ctx.driver()?
+            .held
+            .graph_reserved(i32::try_from(device).ok()?)
+    }
+
+    /// Runs `op`, which makes the driver take memory on `device` that no
+    /// call names (about `estimate` bytes; 0 when unknown): the estimate is
+    /// reserved first, the process measured right after, and when the pod
+    /// ends over its quota `undo` gives the memory back and the call is
+    /// refused. Where NVML cannot measure, the estimate stays charged.
+    pub fn measured(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        estimate: u64,
+        op: impl FnOnce() -> CUresult,
+        undo: impl FnOnce(),
+    ) -> Result<CUresult> {
+        let (ledger, entry, limit) = self.reservable(ctx, device, estimate)?;
+        self.measure_overhead(ctx, device, false);
+        let held = ledger.process_overhead(entry).unwrap_or(0);
+        ledger
+            .try_raise_overhead_under(entry, held.saturating_add(estimate), limit)
+            .map_err(|error| refusal(device, error))?;
+        let result = op();
+        if !result.is_success() {
+            let _ = ledger.set_overhead(entry, held);
+            return Ok(result);
+        }
+        self.measure_overhead(ctx, device, true);
+        let used = ledger.usage(entry).map_or(0, |usage| usage.used);
+        if used <= limit {
+            return Ok(result);
+        }
+        let taken = ledger
+            .process_overhead(entry)
+            .unwrap_or(0)
+            .saturating_sub(held);
+        undo();
+        if !self.measure_overhead(ctx, device, true) {
+            let _ = ledger.set_overhead(entry, held);
+        }
+        tracing::debug!(device, taken, used, limit, "driver-held memory refused");
+        Err(LimiterError::OverQuota {
+            device,
+            requested: taken,
+            used: used.saturating_sub(taken),
+            quota: limit,
+        })
+    }
+
+    /// Runs `op`, after which the driver takes `bytes` more on `device` at
+    /// the process's next launch (the malloc heap): reserved now, and
+    /// pending until the process's footprint has grown by them.
+    pub fn pending(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        bytes: u64,
+        op: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
+        let (ledger, entry, limit) = self.reservable(ctx, device, bytes)?;
+        self.measure_overhead(ctx, device, true);
+        let held = ledger.process_overhead(entry).unwrap_or(0);
+        ledger
+            .try_raise_overhead_under(entry, held.saturating_add(bytes), limit)
+            .map_err(|error| refusal(device, error))?;
+        let seen = self.seen(ctx, device);
+        let result = op();
+        if !result.is_success() {
+            let _ = ledger.set_overhead(entry, held);
+            return Ok(result);
+        }
+        if self.pending[device].fetch_add(bytes, Ordering::AcqRel) == 0 {
+            // Without NVML nothing is measured: the reservation stays as is.
+            self.pending_base[device].store(seen.unwrap_or(u64::MAX), Ordering::Release);
+        }
+        Ok(result)
+    }
+
+    /// Reserves what a graph's allocation nodes take (`(device, bytes)`),
+    /// beyond what each device's graph pool holds unneeded already.
+    pub fn graph_holds(
+        &self,
+        ctx: &'static Context,
+        needs: &[(usize, u64)],
+    ) -> Result<GraphHold<'_>> {
+        let mut hold = GraphHold {
+            quota: self,
+            ctx,
+            parts: Vec::with_capacity(needs.len()),
+        };
+        for &(device, bytes) in needs {
+            let (ledger, entry, limit) = self.reservable(ctx, device, bytes)?;
+            self.measure_overhead(ctx, device, false);
+            let spare = self
+                .graph_reserved(ctx, device)
+                .unwrap_or(0)
+                .saturating_sub(self.graph_need[device].load(Ordering::Acquire));
+            let rise = bytes.saturating_sub(spare);
+            let held = ledger.process_overhead(entry).unwrap_or(0);
+            ledger
+                .try_raise_overhead_under(entry, held.saturating_add(rise), limit)
+                .map_err(|error| refusal(device, error))?;
+            self.graph_need[device].fetch_add(bytes, Ordering::AcqRel);
+            hold.parts.push((device, bytes, rise));
+        }
+        Ok(hold)
+    }
+
+    /// Ends a graph exec's charge; what its nodes took stays with the
+    /// device's graph pool, and is measured, until it is trimmed.
+    pub fn end_graph(&self, ctx: &'static Context, exec: Resource) {
+        let parts = self
+            .graph_execs
+            .lock()
+            .ok()
+            .and_then(|mut execs| execs.remove(&exec));
+        for (device, bytes, _) in parts.unwrap_or_default() {
+            let _ =
+                self.graph_need[device].fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    Some(n.saturating_sub(bytes))
+                });
+        }
+        self.remeasure(ctx);
+    }
+
+    /// Records what this process's contexts on `device` hold (0: none).
+    pub fn set_context_floor(&self, device: usize, bytes: u64) {
+        if let Some(floor) = self.context_floor.get(device) {
+            floor.store(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// From now on a pool may keep what is freed into it.
+    pub fn pools_keep(&self) {
+        self.pools_keep.store(true, Ordering::Relaxed);
+    }
+
+    /// After a stream-ordered free: where pools keep freed memory, the
+    /// next allocation measures the process again.
+    pub fn freed_into_pool(&self) {
+        if self.pools_keep.load(Ordering::Relaxed) {
+            for unsettled in &self.overhead_unsettled {
+                unsettled.store(true, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Measures every device measured before again, now: the driver may
+    /// hold less.
+    pub fn remeasure(&self, ctx: &'static Context) {
+        for device in 0..MAX_DEVICES {
+            if self.overhead_measured_ms[device].load(Ordering::Relaxed) != 0
+                && !self.measure_overhead(ctx, device, true)
+            {
+                self.overhead_unsettled[device].store(true, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// What a graph's allocation nodes reserve until its exec is made; given
+/// back on drop unless committed.
+pub struct GraphHold<'a> {
+    quota: &'a MemoryQuota,
+    ctx: &'static Context,
+    parts: GraphParts,
+}
+
+impl GraphHold<'_> {
+    /// Keeps the reservation as the charge of the exec `exec`.
+    pub fn commit(mut self, exec: Resource) {
+        if let Ok(mut execs) = self.quota.graph_execs.lock() {
+            execs.insert(exec, std::mem::take(&mut self.parts));
+        }
+    }
+}
+
+impl Drop for GraphHold<'_> {
+    fn drop(&mut self) {
+        let Some(ledger) = self.ctx.ledger() else {
+            return;
+        };
+        for &(device, bytes, rise) in &self.parts {
+            let _ = self.quota.graph_need[device].fetch_update(
+                Ordering::AcqRel,
+                Ordering::Acquire,
+                |n| Some(n.saturating_sub(bytes)),
+            );
+            if let Some(entry) = self.ctx.ledger_entry(device) {
+                let held = ledger.process_overhead(entry).unwrap_or(0);
+                let _ = ledger.set_overhead(entry, held.saturating_sub(rise));
+            }
         }
     }
 }

@@ -23,6 +23,7 @@ impl CUresult {
     pub const ERROR_OUT_OF_MEMORY: Self = Self(2);
     pub const ERROR_NOT_INITIALIZED: Self = Self(3);
     pub const ERROR_INVALID_CONTEXT: Self = Self(201);
+    pub const ERROR_NOT_FOUND: Self = Self(500);
     pub const ERROR_NOT_READY: Self = Self(600);
 
     pub fn is_success(self) -> bool {
@@ -121,6 +122,84 @@ pub struct CUmemAllocationProp {
 }
 
 const _: () = assert!(size_of::<CUmemAllocationProp>() == 32);
+
+/// `CUmemPoolProps` (CUDA 12.2+ layout; older drivers' is the same size).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemPoolProps {
+    pub alloc_type: c_int,
+    pub handle_types: c_int,
+    pub location: CUmemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 are the same).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub pool_props: CUmemPoolProps,
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+
+impl Default for CUDA_MEM_ALLOC_NODE_PARAMS {
+    fn default() -> Self {
+        Self {
+            pool_props: CUmemPoolProps {
+                alloc_type: 0,
+                handle_types: 0,
+                location: CUmemLocation { type_: 0, id: 0 },
+                win32_security_attributes: std::ptr::null_mut(),
+                max_size: 0,
+                usage: 0,
+                reserved: [0; 54],
+            },
+            access_descs: std::ptr::null(),
+            access_desc_count: 0,
+            bytesize: 0,
+            dptr: 0,
+        }
+    }
+}
+
+const _: () = assert!(size_of::<CUmemPoolProps>() == 88);
+const _: () = assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
+const _: () = assert!(std::mem::offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104);
+
+/// `CUlimit`.
+pub type CUlimit = c_int;
+/// `CU_LIMIT_STACK_SIZE`: bytes of stack per thread.
+pub const CU_LIMIT_STACK_SIZE: CUlimit = 0x00;
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`: bytes of the printf FIFO.
+pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 0x01;
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`: bytes of the device malloc heap.
+pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 0x02;
+pub type CUlibrary = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+/// `CU_GRAPH_NODE_TYPE_GRAPH`: a child graph.
+pub const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 4;
+/// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`: a memory allocation node.
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+/// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: what the device's graph pool holds.
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: what a pool keeps after frees.
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+/// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
+pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
+pub type CuCtxGetLimit = unsafe extern "C" fn(*mut usize, CUlimit) -> CUresult;
+pub type CuGraphGetNodes = unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
+pub type CuGraphNodeGetType = unsafe extern "C" fn(CUgraphNode, *mut c_int) -> CUresult;
+pub type CuGraphMemAllocNodeGetParams =
+    unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
+pub type CuGraphChildGraphNodeGetGraph =
+    unsafe extern "C" fn(CUgraphNode, *mut CUgraph) -> CUresult;
+pub type CuDeviceGetGraphMemAttribute =
+    unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult;
 const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40);
 
 /// `nvmlReturn_t`, a distinct type so that it has its own conversions.

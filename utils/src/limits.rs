@@ -66,7 +66,11 @@ pub struct GpuLimits {
     /// Bytes of host memory the pod may spill to past its quota
     /// (oversubscription); 0 = none. Zero means "absent", so version 1 holds it.
     pub spill_limit: AtomicU64,
-    pub reserved: [AtomicU64; 2],
+    /// Bytes the driver attributes to the pod's processes on the GPU beyond
+    /// what its ledger counts (the hypervisor's audit): charged to the pod
+    /// as driver-held memory. Zero means "absent", so version 1 holds it.
+    pub unaccounted: AtomicU64,
+    pub reserved: [AtomicU64; 1],
 }
 
 impl GpuLimits {
@@ -99,6 +103,7 @@ const _: () = {
     assert!(offset_of!(GpuLimits, compute) == 16);
     assert!(offset_of!(GpuLimits, class) == 32);
     assert!(offset_of!(GpuLimits, spill_limit) == 40);
+    assert!(offset_of!(GpuLimits, unaccounted) == 48);
 };
 
 /// Errors of the limits object.
@@ -252,6 +257,7 @@ impl PodLimits {
                 gpu.key.store(0, Ordering::Release);
                 gpu.quota.store(0, Ordering::Release);
                 gpu.spill_limit.store(0, Ordering::Release);
+                gpu.unaccounted.store(0, Ordering::Release);
                 gpu.compute.rate_ppm.store(0, Ordering::Release);
                 gpu.compute.ceiling_ppm.store(0, Ordering::Release);
                 gpu.compute.suspended.store(0, Ordering::Release);

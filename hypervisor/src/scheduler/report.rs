@@ -27,6 +27,16 @@ pub struct GpuStatus {
     /// [`Scheduler::audit`]).
     #[serde(default)]
     pub memory_under_reported: bool,
+    /// Of `memory_used`, what the driver holds for the pod's processes
+    /// outside allocations (contexts, modules, heaps, graph and pool
+    /// memory), as they measured it.
+    #[serde(default)]
+    pub memory_driver_held: u64,
+    /// Memory NVML attributes to the pod beyond its ledger, charged to it
+    /// by the audit (counted in its reports and refusals, not in
+    /// `memory_used`).
+    #[serde(default)]
+    pub memory_unaccounted: u64,
     /// Host memory the pod's processes hold past the quota
     /// (oversubscription), its peak, and the cap (0 = no oversubscription).
     #[serde(default)]
@@ -104,6 +114,8 @@ pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
         memory_peak: usage.map_or(0, |u| u.peak),
         memory_nvml: g.nvml_bytes,
         memory_under_reported: g.under_reported,
+        memory_driver_held: uuid.map_or(0, |u| pod.region.driver_held(u)),
+        memory_unaccounted: uuid.map_or(0, |u| pod.region.unaccounted(u)),
         spill_used: spill.map_or(0, |s| s.spilled),
         spill_peak: spill.map_or(0, |s| s.peak),
         spill_limit: spill.map_or(g.spec.spill_bytes, |s| s.limit),

@@ -15,6 +15,10 @@ use super::*;
 /// driver memory taken since the pod last measured it).
 pub const AUDIT_SLACK: u64 = 256 << 20;
 
+/// Usage NVML sees beyond a pod's ledger that is not charged to the pod
+/// (rounding); past it, the whole excess is charged as driver-held memory.
+pub const UNACCOUNTED_SLACK: u64 = 64 << 20;
+
 /// A pod whose processes hold more than its ledger says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
@@ -109,6 +113,7 @@ impl Scheduler {
                     continue;
                 };
                 let Some(processes) = memory.get(&placement.uuid.to_ascii_lowercase()) else {
+                    // Unseen: the last charge stands (fail closed).
                     gpu.nvml_bytes = None;
                     continue;
                 };
@@ -119,6 +124,15 @@ impl Scheduler {
                     .fold(0, u64::saturating_add);
                 let ledger = pod.region.usage(&placement.uuid).map_or(0, |u| u.used);
                 gpu.nvml_bytes = Some(seen);
+                // What no hook charged is charged now: the pod's next
+                // allocations see it, on every process.
+                let excess = seen.saturating_sub(ledger);
+                let charged = if excess > UNACCOUNTED_SLACK {
+                    excess
+                } else {
+                    0
+                };
+                pod.region.set_unaccounted(&placement.uuid, charged);
                 let under = seen > ledger.saturating_add(AUDIT_SLACK);
                 if under && !gpu.under_reported {
                     found.push(Mismatch {

@@ -4,6 +4,7 @@
 
 pub mod context;
 pub mod driver;
+pub mod held;
 pub mod launch;
 pub mod memory;
 pub mod nvml;

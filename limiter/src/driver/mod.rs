@@ -8,7 +8,9 @@
 //!   and (`timing/calibration.rs`) what an event bracket holds besides the
 //!   kernel ([`Timing::launch_overheads`]);
 //! - [`Nvml`] (`nvml.rs`): the UUIDs, indices and per-process usage of NVML;
-//! - [`HostMemory`] (`host.rs`): pinned mapped host memory, for oversubscription.
+//! - [`HostMemory`] (`host.rs`): pinned mapped host memory, for oversubscription;
+//! - [`Held`] (`held.rs`): context limits, graph allocation nodes and graph
+//!   pools: memory the driver holds outside allocations.
 
 use std::ffi::{CStr, c_void};
 
@@ -16,10 +18,12 @@ use crate::sys::{
     CUdevice, CUresult, CUuuid, CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
 };
 
+mod held;
 mod host;
 mod nvml;
 mod timing;
 
+pub use held::Held;
 pub use host::{HostMemory, MappedHost};
 pub use nvml::Nvml;
 pub use timing::Timing;
@@ -48,6 +52,8 @@ pub struct Driver {
     pub timing: Option<Timing>,
     /// Pinned mapped host memory, for oversubscription.
     pub host: Option<HostMemory>,
+    /// What the driver holds outside allocations.
+    pub held: Held,
 }
 
 impl Driver {
@@ -62,6 +68,7 @@ impl Driver {
                 device_get_count: symbol(handle, c"cuDeviceGetCount"),
                 timing: Timing::load(handle),
                 host: HostMemory::load(handle),
+                held: Held::load(handle),
             })
         }
     }

@@ -86,6 +86,20 @@ impl PodLedger {
             .map_or(0, |slot| slot.overhead[dev].load(Ordering::Acquire)))
     }
 
+    /// Driver-held memory charged to the pod's live processes on `dev`
+    /// (contexts, modules, heaps, graph and pool memory): the part of its
+    /// usage no allocation call names.
+    pub fn driver_held(&self, dev: usize) -> Result<u64, LedgerError> {
+        self.device(dev)?;
+        Ok(self
+            .region()
+            .processes
+            .iter()
+            .filter(|slot| slot.pid.load(Ordering::Acquire) != 0)
+            .map(|slot| slot.overhead[dev].load(Ordering::Acquire))
+            .fold(0, u64::saturating_add))
+    }
+
     /// Reserves `bytes` on `dev` for this process, or fails with
     /// [`LedgerError::OverQuota`] if the pod would exceed its quota (after
     /// giving back what dead processes held).

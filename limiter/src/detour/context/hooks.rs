@@ -33,6 +33,23 @@ gpushare_macros::detours! {
         flags: u32,
         device: CUdevice,
     ) -> CUresult => ctx_create_v4;
+    /// A green context (a partition of the device's SMs), which takes its
+    /// own memory like any context. Its resource descriptor is a pointer.
+    optional fn cuGreenCtxCreate(
+        pctx: *mut c_void,
+        desc: *mut c_void,
+        device: CUdevice,
+        flags: u32,
+    ) -> CUresult => green_ctx_create;
+
+    /// Gives an extra context's memory back.
+    optional fn cuCtxDestroy_v2(context: CUcontext) -> CUresult => ctx_destroy;
+    /// Gives the primary context's memory back on the last release.
+    optional fn cuDevicePrimaryCtxRelease_v2(device: CUdevice) -> CUresult => primary_release;
+    /// Destroys the primary context.
+    optional fn cuDevicePrimaryCtxReset_v2(device: CUdevice) -> CUresult => primary_reset;
+    /// Destroys a green context.
+    optional fn cuGreenCtxDestroy(context: *mut c_void) -> CUresult => green_ctx_destroy;
 }
 
 fn primary_retain(
@@ -83,4 +100,46 @@ fn ctx_create_v4(
     ops::create(device, Creation::Extra, || unsafe {
         original(pctx, params, flags, device)
     })
+}
+
+fn green_ctx_create(
+    original: cuGreenCtxCreate::Signature,
+    pctx: *mut c_void,
+    desc: *mut c_void,
+    device: CUdevice,
+    flags: u32,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    ops::create(device, Creation::Extra, || unsafe {
+        original(pctx, desc, device, flags)
+    })
+}
+
+fn ctx_destroy(original: cuCtxDestroy_v2::Signature, context: CUcontext) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::destroyed(|| unsafe { original(context) })
+}
+
+fn primary_release(
+    original: cuDevicePrimaryCtxRelease_v2::Signature,
+    device: CUdevice,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::destroyed(|| unsafe { original(device) })
+}
+
+fn primary_reset(
+    original: cuDevicePrimaryCtxReset_v2::Signature,
+    device: CUdevice,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::destroyed(|| unsafe { original(device) })
+}
+
+fn green_ctx_destroy(
+    original: cuGreenCtxDestroy::Signature,
+    context: *mut c_void,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::destroyed(|| unsafe { original(context) })
 }

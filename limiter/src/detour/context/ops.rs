@@ -65,13 +65,31 @@ pub fn create(
         }
         return Ok(result);
     }
-    memory.measure_overhead(ctx, device, true);
+    if memory.measure_overhead(ctx, device, true)
+        && let Ok(measured) = ledger.process_overhead(entry)
+    {
+        memory.set_context_floor(device, measured);
+    }
     // This process's first context on the device: what it took is what the
     // next one of the pod is reserved at (unchanged when NVML cannot say).
     if held == 0
         && let Ok(measured) = ledger.process_overhead(entry)
     {
         let _ = ledger.learn_context_bytes(entry, measured);
+    }
+    Ok(result)
+}
+
+/// Runs `destroy`, which may end a context: what it held is measured again.
+pub fn destroyed(destroy: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
+    let result = destroy();
+    if result.is_success() {
+        // The contexts left are measured again from scratch.
+        for device in 0..gpushare_utils::config::MAX_DEVICES {
+            limiter.memory.set_context_floor(device, 0);
+        }
+        limiter.memory.remeasure(&limiter.context);
     }
     Ok(result)
 }

@@ -152,6 +152,7 @@ fn mem_alloc_async<const PER_THREAD: bool>(
     bytesize: usize,
     stream: CUstream,
 ) -> Result<CUresult> {
+    captured(stream)?;
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(dptr, bytesize, stream) };
     pointer_allocation(dptr, bytesize, allocate)
@@ -164,9 +165,25 @@ fn mem_alloc_from_pool<const PER_THREAD: bool>(
     pool: CUmemoryPool,
     stream: CUstream,
 ) -> Result<CUresult> {
+    captured(stream)?;
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(dptr, bytesize, pool, stream) };
     pointer_allocation(dptr, bytesize, allocate)
+}
+
+/// A stream-ordered allocation into a graph being captured takes nothing
+/// now: the graph's allocation node is charged when it is instantiated.
+fn captured(stream: CUstream) -> Result<()> {
+    let memory = memory()?;
+    let capturing = memory
+        .ctx
+        .driver()
+        .and_then(|driver| driver.timing.as_ref())
+        .is_some_and(|timing| timing.is_capturing(stream));
+    if capturing {
+        return Err(LimiterError::Bypass("captured into a graph"));
+    }
+    Ok(())
 }
 
 fn mem_alloc_pitch(
@@ -327,9 +344,14 @@ fn mem_free_async<const PER_THREAD: bool>(
     dptr: CUdeviceptr,
     stream: CUstream,
 ) -> Result<CUresult> {
+    let memory = memory()?;
     // SAFETY: the caller's own arguments.
     let free = || unsafe { original(dptr, stream) };
-    memory()?.free_linear(dptr, true, free)
+    let result = memory.free_linear(dptr, true, free);
+    if matches!(result, Ok(CUresult::SUCCESS)) {
+        memory.quota.freed_into_pool();
+    }
+    result
 }
 
 fn mem_release(

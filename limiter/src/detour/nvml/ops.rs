@@ -55,7 +55,8 @@ pub fn pod_view(
     // Usage follows the GPU, whatever index this process sees it at.
     let used = ctx
         .ledger_entry_of(&uuid)
-        .map_or(0, |entry| quota.pod_used(ctx, entry));
+        .map_or(0, |entry| quota.pod_used(ctx, entry))
+        .saturating_add(quota.unaccounted_of(ctx, &uuid));
     let (free, total) = virtual_report(limit, used, real_free, real_total);
     Ok((free, total, total - free))
 }

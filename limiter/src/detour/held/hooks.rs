@@ -1,0 +1,339 @@
+//! Detours of the calls that make the driver hold device memory no
+//! allocation call names, and of those that give it back. The adapters read
+//! the caller's out-pointers once the driver succeeded and hand typed values
+//! to the policy in `ops`.
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use super::ops::{self, Effect};
+use crate::error::Result;
+use crate::sys::{
+    CUdevice, CUgraph, CUgraphExec, CUlibrary, CUlimit, CUmemoryPool, CUmodule, CUresult,
+};
+
+gpushare_macros::detours! {
+    /// Context limits, modules and libraries, graph memory and pools.
+    pub static HELD_DETOURS;
+
+    /// The device malloc heap, the printf FIFO and the thread stacks.
+    optional fn cuCtxSetLimit(limit: CUlimit, size: usize) -> CUresult => ctx_set_limit;
+
+    /// A module from a file: its globals are allocated as it loads.
+    optional fn cuModuleLoad(module: *mut CUmodule, fname: *const c_char) -> CUresult
+        => module_load;
+    /// A module from an image.
+    optional fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult
+        => module_load_data;
+    /// A module from an image, with JIT options.
+    optional fn cuModuleLoadDataEx(
+        module: *mut CUmodule,
+        image: *const c_void,
+        num_options: c_uint,
+        options: *mut c_int,
+        option_values: *mut *mut c_void,
+    ) -> CUresult => module_load_data_ex;
+    /// A module from a fat binary.
+    optional fn cuModuleLoadFatBinary(module: *mut CUmodule, fat_cubin: *const c_void) -> CUresult
+        => module_load_fat_binary;
+    /// Gives a module's globals back.
+    optional fn cuModuleUnload(module: CUmodule) -> CUresult => module_unload;
+
+    /// A library from an image. On driver 580 a library takes its globals
+    /// at its first use in a context, not here; where it takes them here
+    /// (eager loading), they are measured like a module's.
+    optional fn cuLibraryLoadData(
+        library: *mut CUlibrary,
+        code: *const c_void,
+        jit_options: *mut c_int,
+        jit_option_values: *mut *mut c_void,
+        num_jit_options: c_uint,
+        library_options: *mut c_int,
+        library_option_values: *mut *mut c_void,
+        num_library_options: c_uint,
+    ) -> CUresult => library_load_data;
+    /// A library from a file.
+    optional fn cuLibraryLoadFromFile(
+        library: *mut CUlibrary,
+        file_name: *const c_char,
+        jit_options: *mut c_int,
+        jit_option_values: *mut *mut c_void,
+        num_jit_options: c_uint,
+        library_options: *mut c_int,
+        library_option_values: *mut *mut c_void,
+        num_library_options: c_uint,
+    ) -> CUresult => library_load_from_file;
+    /// A library's globals are allocated when it is first used in a context:
+    /// its global looked up here.
+    optional fn cuLibraryGetGlobal(
+        dptr: *mut u64,
+        bytes: *mut usize,
+        library: CUlibrary,
+        name: *const c_char,
+    ) -> CUresult => library_get_global;
+    /// Gives a library's globals back.
+    optional fn cuLibraryUnload(library: CUlibrary) -> CUresult => library_unload;
+
+    /// A graph exec: its allocation nodes' memory is taken at upload or launch.
+    optional fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) -> CUresult
+        => graph_instantiate;
+    /// A graph exec, with instantiation parameters.
+    optional ptsz fn cuGraphInstantiateWithParams(
+        exec: *mut CUgraphExec,
+        graph: CUgraph,
+        params: *mut c_void,
+    ) -> CUresult => graph_instantiate_with_params;
+    /// Ends a graph exec's charge (its memory stays with the device's graph
+    /// pool until trimmed).
+    optional fn cuGraphExecDestroy(exec: CUgraphExec) -> CUresult => graph_exec_destroy;
+    /// Gives the device's unused graph memory back.
+    optional fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => graph_mem_trim;
+
+    /// A pool's release threshold decides what it keeps after frees.
+    optional fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: c_int, setting: *mut c_void) -> CUresult
+        => mem_pool_set_attribute;
+    /// Gives a pool's unused memory back.
+    optional fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize) -> CUresult
+        => mem_pool_trim_to;
+    /// Gives a pool's memory back.
+    optional fn cuMemPoolDestroy(pool: CUmemoryPool) -> CUresult => mem_pool_destroy;
+}
+
+fn ctx_set_limit(
+    original: cuCtxSetLimit::Signature,
+    limit: CUlimit,
+    size: usize,
+) -> Result<CUresult> {
+    // SAFETY: the caller's limit, at the size asked or the one it had.
+    ops::held()?.set_limit(limit, size, |size| unsafe { original(limit, size) })
+}
+
+/// Loads a module through `load`; past the quota, unloads it again.
+fn loaded_module(module: *mut CUmodule, load: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    if module.is_null() {
+        return Err(crate::error::LimiterError::Bypass("null out-pointer"));
+    }
+    let unload = || {
+        // SAFETY: `module` was checked non-null and holds the module just loaded.
+        let loaded = unsafe { module.read() };
+        if let Some(unload) = cuModuleUnload::ORIGINAL.get() {
+            // SAFETY: unloads the module this call loaded, through the original.
+            let _ = unsafe { unload(loaded) };
+        }
+    };
+    ops::held()?.load_module(load, unload)
+}
+
+fn module_load(
+    original: cuModuleLoad::Signature,
+    module: *mut CUmodule,
+    fname: *const c_char,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    loaded_module(module, || unsafe { original(module, fname) })
+}
+
+fn module_load_data(
+    original: cuModuleLoadData::Signature,
+    module: *mut CUmodule,
+    image: *const c_void,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    loaded_module(module, || unsafe { original(module, image) })
+}
+
+fn module_load_data_ex(
+    original: cuModuleLoadDataEx::Signature,
+    module: *mut CUmodule,
+    image: *const c_void,
+    num_options: c_uint,
+    options: *mut c_int,
+    option_values: *mut *mut c_void,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    loaded_module(module, || unsafe {
+        original(module, image, num_options, options, option_values)
+    })
+}
+
+fn module_load_fat_binary(
+    original: cuModuleLoadFatBinary::Signature,
+    module: *mut CUmodule,
+    fat_cubin: *const c_void,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    loaded_module(module, || unsafe { original(module, fat_cubin) })
+}
+
+fn module_unload(original: cuModuleUnload::Signature, module: CUmodule) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::held()?.release(Effect::Returned, || unsafe { original(module) })
+}
+
+/// Loads a library through `load`; past the quota, unloads it again.
+fn loaded_library(library: *mut CUlibrary, load: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    if library.is_null() {
+        return Err(crate::error::LimiterError::Bypass("null out-pointer"));
+    }
+    let unload = || {
+        // SAFETY: `library` is non-null and holds the library just loaded.
+        let loaded = unsafe { library.read() };
+        if let Some(unload) = cuLibraryUnload::ORIGINAL.get() {
+            // SAFETY: unloads the library this call loaded, through the original.
+            let _ = unsafe { unload(loaded) };
+        }
+    };
+    ops::held()?.load_module(load, unload)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn library_load_data(
+    original: cuLibraryLoadData::Signature,
+    library: *mut CUlibrary,
+    code: *const c_void,
+    jit_options: *mut c_int,
+    jit_option_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut c_int,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    loaded_library(library, || unsafe {
+        original(
+            library,
+            code,
+            jit_options,
+            jit_option_values,
+            num_jit_options,
+            library_options,
+            library_option_values,
+            num_library_options,
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn library_load_from_file(
+    original: cuLibraryLoadFromFile::Signature,
+    library: *mut CUlibrary,
+    file_name: *const c_char,
+    jit_options: *mut c_int,
+    jit_option_values: *mut *mut c_void,
+    num_jit_options: c_uint,
+    library_options: *mut c_int,
+    library_option_values: *mut *mut c_void,
+    num_library_options: c_uint,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    loaded_library(library, || unsafe {
+        original(
+            library,
+            file_name,
+            jit_options,
+            jit_option_values,
+            num_jit_options,
+            library_options,
+            library_option_values,
+            num_library_options,
+        )
+    })
+}
+
+fn library_get_global(
+    original: cuLibraryGetGlobal::Signature,
+    dptr: *mut u64,
+    bytes: *mut usize,
+    library: CUlibrary,
+    name: *const c_char,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    ops::held()?.first_use(|| unsafe { original(dptr, bytes, library, name) })
+}
+
+fn library_unload(original: cuLibraryUnload::Signature, library: CUlibrary) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::held()?.release(Effect::Returned, || unsafe { original(library) })
+}
+
+/// Instantiates through `instantiate`, charging the graph's allocation nodes.
+fn instantiated(
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    instantiate: impl FnOnce() -> CUresult,
+) -> Result<CUresult> {
+    if exec.is_null() {
+        return Err(crate::error::LimiterError::Bypass("null out-pointer"));
+    }
+    // SAFETY: exec is non-null, and written by the call that succeeded.
+    let made = || unsafe { exec.read() } as usize;
+    ops::held()?.instantiate(graph, instantiate, made)
+}
+
+fn graph_instantiate(
+    original: cuGraphInstantiateWithFlags::Signature,
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    flags: u64,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    instantiated(exec, graph, || unsafe { original(exec, graph, flags) })
+}
+
+fn graph_instantiate_with_params<const PER_THREAD: bool>(
+    original: cuGraphInstantiateWithParams::Signature,
+    exec: *mut CUgraphExec,
+    graph: CUgraph,
+    params: *mut c_void,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    instantiated(exec, graph, || unsafe { original(exec, graph, params) })
+}
+
+fn graph_exec_destroy(
+    original: cuGraphExecDestroy::Signature,
+    exec: CUgraphExec,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::held()?.destroy_exec(exec as usize, || unsafe { original(exec) })
+}
+
+fn graph_mem_trim(original: cuDeviceGraphMemTrim::Signature, device: CUdevice) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::held()?.release(Effect::Returned, || unsafe { original(device) })
+}
+
+fn mem_pool_set_attribute(
+    original: cuMemPoolSetAttribute::Signature,
+    pool: CUmemoryPool,
+    attribute: c_int,
+    setting: *mut c_void,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    let result = || unsafe { original(pool, attribute, setting) };
+    let keeps = attribute == crate::sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+        && !setting.is_null()
+        // SAFETY: the release threshold is a cuuint64_t the caller passes by pointer.
+        && unsafe { setting.cast::<u64>().read_unaligned() } > 0;
+    let effect = if keeps {
+        Effect::PoolsKeep
+    } else {
+        Effect::Returned
+    };
+    ops::held()?.release(effect, result)
+}
+
+fn mem_pool_trim_to(
+    original: cuMemPoolTrimTo::Signature,
+    pool: CUmemoryPool,
+    min_bytes_to_keep: usize,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    ops::held()?.release(Effect::Returned, || unsafe {
+        original(pool, min_bytes_to_keep)
+    })
+}
+
+fn mem_pool_destroy(original: cuMemPoolDestroy::Signature, pool: CUmemoryPool) -> Result<CUresult> {
+    // SAFETY: the caller's own argument.
+    ops::held()?.release(Effect::Returned, || unsafe { original(pool) })
+}

@@ -1,0 +1,187 @@
+//! What the driver reports about memory it holds for the process outside
+//! allocations: context limits, the allocation nodes of a graph, and the
+//! real free memory of the current device.
+
+use std::ffi::c_void;
+
+use super::symbol;
+use crate::sys::{
+    CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUdevice, CUgraph, CUgraphNode,
+    CUlimit, CUresult, CuCtxGetLimit, CuDeviceGetAttribute, CuDeviceGetGraphMemAttribute,
+    CuGraphChildGraphNodeGetGraph, CuGraphGetNodes, CuGraphMemAllocNodeGetParams,
+    CuGraphNodeGetType,
+};
+
+/// How deep child graphs are followed; deeper ones count as refused.
+const MAX_GRAPH_DEPTH: usize = 16;
+
+/// Queries about driver-held memory; each part is absent from drivers that
+/// lack it.
+pub struct Held {
+    ctx_get_limit: Option<CuCtxGetLimit>,
+    device_attribute: Option<CuDeviceGetAttribute>,
+    graph_mem_attribute: Option<CuDeviceGetGraphMemAttribute>,
+    graph: Option<GraphQueries>,
+}
+
+struct GraphQueries {
+    get_nodes: CuGraphGetNodes,
+    node_type: CuGraphNodeGetType,
+    alloc_params: CuGraphMemAllocNodeGetParams,
+    child: Option<CuGraphChildGraphNodeGetGraph>,
+}
+
+/// The device memory a graph's allocation nodes take when it runs.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct GraphAllocations {
+    /// Bytes by the device the nodes name; `None`: the node names none.
+    pub by_device: Vec<(Option<CUdevice>, u64)>,
+}
+
+impl GraphAllocations {
+    fn add(&mut self, device: Option<CUdevice>, bytes: u64) {
+        match self.by_device.iter_mut().find(|(d, _)| *d == device) {
+            Some((_, total)) => *total = total.saturating_add(bytes),
+            None => self.by_device.push((device, bytes)),
+        }
+    }
+}
+
+impl Held {
+    /// # Safety
+    ///
+    /// `handle` is a loaded libcuda.
+    pub(super) unsafe fn load(handle: *mut c_void) -> Self {
+        // SAFETY: the types are the driver's signatures for these symbols.
+        unsafe {
+            let graph = match (
+                symbol(handle, c"cuGraphGetNodes"),
+                symbol(handle, c"cuGraphNodeGetType"),
+                symbol(handle, c"cuGraphMemAllocNodeGetParams"),
+            ) {
+                (Some(get_nodes), Some(node_type), Some(alloc_params)) => Some(GraphQueries {
+                    get_nodes,
+                    node_type,
+                    alloc_params,
+                    child: symbol(handle, c"cuGraphChildGraphNodeGetGraph"),
+                }),
+                _ => None,
+            };
+            Self {
+                ctx_get_limit: symbol(handle, c"cuCtxGetLimit"),
+                device_attribute: symbol(handle, c"cuDeviceGetAttribute"),
+                graph_mem_attribute: symbol(handle, c"cuDeviceGetGraphMemAttribute"),
+                graph,
+            }
+        }
+    }
+
+    /// The current context's value of `limit`.
+    pub fn limit(&self, limit: CUlimit) -> Result<usize, CUresult> {
+        let get = self.ctx_get_limit.ok_or(CUresult::ERROR_NOT_FOUND)?;
+        let mut value = 0usize;
+        // SAFETY: a valid out-pointer.
+        let result = unsafe { get(&mut value, limit) };
+        if result.is_success() {
+            Ok(value)
+        } else {
+            Err(result)
+        }
+    }
+
+    /// How many threads `device` keeps a stack for: every resident one.
+    pub fn resident_threads(&self, device: CUdevice) -> Option<u64> {
+        let attribute = self.device_attribute?;
+        let read = |which| {
+            let mut value = 0;
+            // SAFETY: a valid out-pointer.
+            let result = unsafe { attribute(&mut value, which, device) };
+            (result.is_success() && value > 0).then_some(value as u64)
+        };
+        Some(
+            read(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+                * read(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+        )
+    }
+
+    /// What `device`'s graph memory pool holds for this process.
+    pub fn graph_reserved(&self, device: CUdevice) -> Option<u64> {
+        let attribute = self.graph_mem_attribute?;
+        let mut value = 0u64;
+        // SAFETY: the attribute is a cuuint64_t written through the pointer.
+        let result = unsafe {
+            attribute(
+                device,
+                CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT,
+                (&raw mut value).cast(),
+            )
+        };
+        result.is_success().then_some(value)
+    }
+
+    /// What `graph`'s allocation nodes (its child graphs' included) take.
+    pub fn graph_allocations(&self, graph: CUgraph) -> Result<GraphAllocations, CUresult> {
+        let queries = self.graph.as_ref().ok_or(CUresult::ERROR_NOT_FOUND)?;
+        let mut found = GraphAllocations::default();
+        queries.walk(graph, 0, &mut found)?;
+        Ok(found)
+    }
+}
+
+impl GraphQueries {
+    fn walk(
+        &self,
+        graph: CUgraph,
+        depth: usize,
+        found: &mut GraphAllocations,
+    ) -> Result<(), CUresult> {
+        if depth > MAX_GRAPH_DEPTH {
+            return Err(CUresult::ERROR_INVALID_VALUE);
+        }
+        let mut count = 0usize;
+        // SAFETY: a null array asks for the count alone.
+        let result = unsafe { (self.get_nodes)(graph, std::ptr::null_mut(), &mut count) };
+        if !result.is_success() {
+            return Err(result);
+        }
+        let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); count];
+        // SAFETY: room for `count` nodes; the driver writes at most that many.
+        let result = unsafe { (self.get_nodes)(graph, nodes.as_mut_ptr(), &mut count) };
+        if !result.is_success() {
+            return Err(result);
+        }
+        nodes.truncate(count);
+        for node in nodes {
+            let mut kind = 0;
+            // SAFETY: a node of the graph and a valid out-pointer.
+            let result = unsafe { (self.node_type)(node, &mut kind) };
+            if !result.is_success() {
+                return Err(result);
+            }
+            if kind == CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+                let mut params = CUDA_MEM_ALLOC_NODE_PARAMS::default();
+                // SAFETY: an allocation node and a valid out-pointer of its type.
+                let result = unsafe { (self.alloc_params)(node, &mut params) };
+                if !result.is_success() {
+                    return Err(result);
+                }
+                let location = params.pool_props.location;
+                let device = (location.type_ == CU_MEM_LOCATION_TYPE_DEVICE).then_some(location.id);
+                found.add(device, params.bytesize as u64);
+            } else if kind == CU_GRAPH_NODE_TYPE_GRAPH
+                && let Some(child) = self.child
+            {
+                let mut inner: CUgraph = std::ptr::null_mut();
+                // SAFETY: a child-graph node and a valid out-pointer.
+                let result = unsafe { child(node, &mut inner) };
+                if !result.is_success() {
+                    return Err(result);
+                }
+                self.walk(inner, depth + 1, found)?;
+            }
+        }
+        Ok(())
+    }
+}

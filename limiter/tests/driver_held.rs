@@ -1,0 +1,343 @@
+//! Device memory the driver takes without an allocation call (context
+//! limits, module and library globals, graph allocation nodes, what pools
+//! keep, extra contexts) is charged to the pod: refused past the quota with
+//! CUDA_ERROR_OUT_OF_MEMORY, the process left usable, and given back when
+//! the driver gives it back. Against the driver double, which holds these
+//! bytes as the real driver does (its header comment says when).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{CONTEXT_BYTES, DoubleGpus, GIB, MIB, Pod, info, probe, result_of, run};
+use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
+use hypervisor::{Options, RunningHypervisor, config};
+
+const QUOTA: u64 = 4 * GIB;
+/// The double's default malloc heap, held by every context already.
+const DEFAULT_HEAP: u64 = 8 * MIB;
+
+fn quota4g(pod: &Pod, script: &[&str]) -> Vec<String> {
+    run(probe(
+        "cudaprobe",
+        pod,
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "4g")],
+        script,
+    ))
+}
+
+/// The free bytes of an `info` line.
+fn free_of(line: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|field| field.strip_prefix("free="))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no free= in {line:?}"))
+}
+
+#[test]
+fn the_malloc_heap_is_reserved_when_set_and_refused_past_the_quota() {
+    let pod = Pod::new("heap");
+    let lines = quota4g(
+        &pod,
+        &[
+            "setlimit", "heap", "5g", "getlimit", "heap", "setlimit", "heap", "2g", "info",
+            "alloc", "mem", "2g", "alloc", "mem", "1g",
+        ],
+    );
+    assert_eq!(result_of(&lines[0]), 2, "{lines:?}");
+    // Refused: the heap is as it was.
+    assert_eq!(
+        lines[1],
+        format!("getlimit heap -> 0 {DEFAULT_HEAP}"),
+        "{lines:?}"
+    );
+    assert_eq!(result_of(&lines[2]), 0, "{lines:?}");
+    let heap = 2 * GIB - DEFAULT_HEAP;
+    assert_eq!(lines[3], info(0, QUOTA - CONTEXT_BYTES - heap, QUOTA));
+    assert_eq!(result_of(&lines[4]), 2, "the heap is charged: {lines:?}");
+    assert_eq!(result_of(&lines[5]), 0, "{lines:?}");
+}
+
+#[test]
+fn thread_stacks_are_reserved_for_every_resident_thread() {
+    let pod = Pod::new("stack");
+    // Each byte of stack is held for each of the double's 132 x 2048
+    // resident threads, as on an H100.
+    let threads = 132 * 2048;
+    let lines = quota4g(
+        &pod,
+        &[
+            "info", "setlimit", "stack", "16k", "getlimit", "stack", "info", "setlimit", "stack",
+            "2k", "info", "alloc", "mem", "1g", "setlimit", "stack", "1k", "info",
+        ],
+    );
+    let before = free_of(&lines[0]);
+    // 15 KiB a thread: 3.9 GiB, past what the context leaves.
+    assert_eq!(result_of(&lines[1]), 2, "{lines:?}");
+    assert_eq!(lines[2], "getlimit stack -> 0 1024", "as it was: {lines:?}");
+    assert_eq!(
+        free_of(&lines[3]),
+        before,
+        "nothing stays charged: {lines:?}"
+    );
+    assert_eq!(result_of(&lines[4]), 0, "{lines:?}");
+    assert_eq!(free_of(&lines[5]), before - 1024 * threads, "{lines:?}");
+    assert_eq!(result_of(&lines[6]), 0, "{lines:?}");
+    assert_eq!(result_of(&lines[7]), 0, "{lines:?}");
+    assert_eq!(free_of(&lines[8]), before - GIB, "given back: {lines:?}");
+}
+
+#[test]
+fn module_and_library_globals_are_charged_and_one_past_the_quota_is_unloaded() {
+    for kind in ["module", "module_ex", "library"] {
+        let pod = Pod::new("globals");
+        let lines = quota4g(
+            &pod,
+            &[
+                "info", kind, "1g", "info", kind, "3g", "info", "alloc", "mem", "1g", "unload",
+                "0", "info",
+            ],
+        );
+        let before = free_of(&lines[0]);
+        assert_eq!(result_of(&lines[1]), 0, "{kind}: {lines:?}");
+        assert_eq!(free_of(&lines[2]), before - GIB, "{kind}: {lines:?}");
+        assert_eq!(result_of(&lines[3]), 2, "{kind}: {lines:?}");
+        assert_eq!(
+            free_of(&lines[4]),
+            before - GIB,
+            "{kind}: unloaded: {lines:?}"
+        );
+        assert_eq!(result_of(&lines[5]), 0, "{kind}: still usable: {lines:?}");
+        assert_eq!(result_of(&lines[6]), 0, "{kind}: {lines:?}");
+        assert_eq!(
+            free_of(&lines[7]),
+            before - GIB,
+            "{kind}: given back: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn graph_allocation_nodes_are_charged_at_instantiation_until_trimmed() {
+    let pod = Pod::new("graph");
+    let lines = quota4g(
+        &pod,
+        &[
+            "info",
+            "graph_alloc",
+            "3g",
+            "info",
+            "graph_alloc",
+            "1g",
+            "capture_alloc",
+            "1g",
+            "graph_launch",
+            "0",
+            "info",
+            "graph_destroy",
+            "0",
+            "info",
+            "graph_trim",
+            "info",
+            "capture_alloc",
+            "2g",
+            "graph_launch",
+            "1",
+            "info",
+        ],
+    );
+    let before = free_of(&lines[0]);
+    assert_eq!(result_of(&lines[1]), 0, "{lines:?}");
+    assert_eq!(
+        free_of(&lines[2]),
+        before - 3 * GIB,
+        "charged when instantiated: {lines:?}"
+    );
+    assert_eq!(result_of(&lines[3]), 2, "{lines:?}");
+    assert_eq!(
+        result_of(&lines[4]),
+        2,
+        "a captured allocation too: {lines:?}"
+    );
+    assert_eq!(result_of(&lines[5]), 0, "{lines:?}");
+    assert_eq!(
+        free_of(&lines[6]),
+        before - 3 * GIB,
+        "launched: once: {lines:?}"
+    );
+    assert_eq!(result_of(&lines[7]), 0, "{lines:?}");
+    assert_eq!(
+        free_of(&lines[8]),
+        before - 3 * GIB,
+        "the graph pool keeps it: {lines:?}"
+    );
+    assert_eq!(result_of(&lines[9]), 0, "{lines:?}");
+    assert_eq!(free_of(&lines[10]), before, "trimmed: {lines:?}");
+    assert_eq!(result_of(&lines[11]), 0, "{lines:?}");
+    assert_eq!(result_of(&lines[12]), 0, "{lines:?}");
+    assert_eq!(free_of(&lines[13]), before - 2 * GIB, "{lines:?}");
+}
+
+#[test]
+fn what_a_pool_keeps_is_charged_until_trimmed() {
+    let pod = Pod::new("pool");
+    let lines = quota4g(
+        &pod,
+        &[
+            "pool_threshold",
+            "max",
+            "alloc",
+            "async",
+            "3g",
+            "free",
+            "0",
+            "pool_reserved",
+            "alloc",
+            "mem",
+            "1g",
+            "pool_trim",
+            "0",
+            "alloc",
+            "mem",
+            "1g",
+        ],
+    );
+    assert_eq!(result_of(&lines[0]), 0, "{lines:?}");
+    assert_eq!(result_of(&lines[1]), 0, "{lines:?}");
+    assert_eq!(result_of(&lines[2]), 0, "{lines:?}");
+    assert!(
+        lines[3].contains(&format!("reserved={}", 3 * GIB)),
+        "the pool keeps it: {lines:?}"
+    );
+    assert_eq!(result_of(&lines[4]), 2, "kept memory is charged: {lines:?}");
+    assert_eq!(result_of(&lines[5]), 0, "{lines:?}");
+    assert_eq!(result_of(&lines[6]), 0, "trimmed, it fits: {lines:?}");
+}
+
+#[test]
+fn extra_contexts_are_charged_each_and_given_back_when_destroyed() {
+    let pod = Pod::new("contexts");
+    // The primary context and 12 more hold 13 x 300 MiB of the 4 GiB.
+    let mut script = vec!["info"];
+    script.extend(std::iter::repeat_n("context", 13));
+    script.extend(["info", "context_destroy", "0", "info", "context"]);
+    let lines = quota4g(&pod, &script);
+    let before = free_of(&lines[0]);
+    let made = lines[1..14].iter().filter(|l| result_of(l) == 0).count() as u64;
+    assert_eq!(made, 12, "{lines:?}");
+    assert_eq!(result_of(&lines[13]), 2, "{lines:?}");
+    assert_eq!(
+        free_of(&lines[14]),
+        before - 12 * CONTEXT_BYTES,
+        "{lines:?}"
+    );
+    assert_eq!(result_of(&lines[15]), 0, "{lines:?}");
+    assert_eq!(
+        free_of(&lines[16]),
+        before - 11 * CONTEXT_BYTES,
+        "{lines:?}"
+    );
+    assert_eq!(result_of(&lines[17]), 0, "room again: {lines:?}");
+}
+
+/// The double's GPU, with what NVML attributes to each process set by the test.
+struct SeenGpus(Mutex<Vec<ProcessMemory>>);
+
+impl GpuObserver for SeenGpus {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        DoubleGpus(1).gpus()
+    }
+
+    fn process_memory(&self, _index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
+        Ok(self.0.lock().map(|seen| seen.clone()).unwrap_or_default())
+    }
+}
+
+#[test]
+fn memory_the_audit_finds_beyond_the_ledger_is_charged_to_the_pod() {
+    let pod = Pod::new("audit");
+    let seen = Arc::new(SeenGpus(Mutex::new(Vec::new())));
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"t\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
+        pod.0
+    );
+    let config = config::parse(&text, Path::new("test.toml"), Path::new(".")).expect("config");
+    let hypervisor = RunningHypervisor::start(Options {
+        config,
+        config_path: None,
+        listen: None,
+        observer: Arc::clone(&seen) as Arc<dyn GpuObserver>,
+        handle_sighup: false,
+        node_tables: common::node_tables(&pod),
+    })
+    .expect("hypervisor starts");
+    let mut command = probe(
+        "cudaprobe",
+        &pod,
+        &[
+            ("CUDA_LIMITER_HYPERVISOR", &hypervisor.url()),
+            ("CUDA_LIMITER_TOKEN", "t"),
+        ],
+        &[
+            "info", "pid", "wait", "info", "alloc", "mem", "2500m", "alloc", "mem", "1g",
+        ],
+    );
+    common::use_node_tables(&mut command, &pod);
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("probe");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    let mut lines = Vec::new();
+    while !line.starts_with("ready") {
+        line.clear();
+        assert!(out.read_line(&mut line).expect("read") > 0, "{lines:?}");
+        lines.push(line.trim().to_owned());
+    }
+    let pid: u32 = lines[1]
+        .strip_prefix("pid ")
+        .and_then(|pid| pid.parse().ok())
+        .expect("pid line");
+    // NVML says the process holds 1.5 GiB more than its ledger counts (its
+    // context): memory no hook saw.
+    let hidden = 3 * GIB / 2;
+    *seen.0.lock().expect("lock") = vec![ProcessMemory {
+        pid,
+        bytes: CONTEXT_BYTES + hidden,
+    }];
+    let status = || hypervisor.hypervisor().status().pods[0].gpus[0].clone();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status().memory_unaccounted != hidden && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(status().memory_unaccounted, hidden, "{:?}", status());
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"go\n")
+        .expect("resume");
+    let rest: Vec<String> = out.lines().map(|l| l.expect("line")).collect();
+    assert!(child.wait().expect("exit").success(), "{rest:?}");
+    assert_eq!(lines[0], info(0, QUOTA - CONTEXT_BYTES, QUOTA));
+    // After "resumed": charged in the report and in refusals.
+    assert_eq!(
+        rest[1],
+        info(0, QUOTA - CONTEXT_BYTES - hidden, QUOTA),
+        "{rest:?}"
+    );
+    assert_eq!(result_of(&rest[2]), 2, "{rest:?}");
+    assert_eq!(result_of(&rest[3]), 0, "{rest:?}");
+    let metrics = hypervisor::metrics::render(&hypervisor.hypervisor().status());
+    assert!(
+        metrics.contains("gpushare_pod_memory_unaccounted_bytes{")
+            && metrics.contains(&format!(" {hidden}")),
+        "{metrics}"
+    );
+}
