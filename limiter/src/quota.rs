@@ -41,7 +41,7 @@ use gpushare_utils::ledger::{LedgerError, PodLedger};
 use crate::context::Context;
 use crate::error::{LimiterError, Result};
 use crate::grant::Grant;
-use crate::sys::CUresult;
+use crate::sys::{CUdevice, CUresult};
 
 /// How often a device's driver overhead is measured again, at most.
 pub const OVERHEAD_REFRESH_MS: u64 = 200;
@@ -220,6 +220,26 @@ impl MemoryQuota {
         self.configured
             .resolve(device as u32, uuid)
             .filter(|bytes| *bytes > 0)
+    }
+
+    /// The CUDA device `device`, or that of the calling thread's current
+    /// context (`None`), when it is limited; `Bypass` when nothing is
+    /// enforced there (without a current context the driver reports its
+    /// own error).
+    pub fn limited_device(&self, ctx: &'static Context, device: Option<CUdevice>) -> Result<usize> {
+        let device = match device {
+            Some(device) => device,
+            None => ctx
+                .driver()
+                .ok_or(LimiterError::Bypass("driver not resolved"))?
+                .current_device()
+                .map_err(|_| LimiterError::Bypass("no current context"))?,
+        };
+        let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
+        match self.limit(ctx, device) {
+            Some(_) => Ok(device),
+            None => Err(LimiterError::Bypass("device unlimited")),
+        }
     }
 
     /// Where `bytes` on `device` would be reserved: the pod's ledger, the

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use common::{DoubleGpus, Pod, node_tables};
 use gpushare_utils::ledger::POD_REGION_PREFIX;
 use gpushare_utils::limits::PodLimits;
-use hypervisor::{Options, RunningHypervisor, config};
+use hypervisor::RunningHypervisor;
 
 /// The uid the pods run as (the hypervisor's `region_uid`).
 const PODS_UID: u32 = 65534;
@@ -30,16 +30,7 @@ fn start(pod: &Pod) -> RunningHypervisor {
          [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
         pod.0
     );
-    let config = config::parse(&text, Path::new("test.toml"), Path::new(".")).expect("config");
-    RunningHypervisor::start(Options {
-        config,
-        config_path: None,
-        listen: None,
-        observer: Arc::new(DoubleGpus(1)),
-        handle_sighup: false,
-        node_tables: node_tables(pod),
-    })
-    .expect("hypervisor starts")
+    common::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
 }
 
 /// `command` run as `uid` (its group too, no supplementary groups), with

@@ -8,14 +8,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{CONTEXT_BYTES, DoubleGpus, GIB, MIB, Pod, info, probe, result_of, run};
 use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
-use hypervisor::{Options, RunningHypervisor, config};
 
 const QUOTA: u64 = 4 * GIB;
 /// The double's default malloc heap, held by every context already.
@@ -265,16 +263,7 @@ fn memory_the_audit_finds_beyond_the_ledger_is_charged_to_the_pod() {
         "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"t\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
         pod.0
     );
-    let config = config::parse(&text, Path::new("test.toml"), Path::new(".")).expect("config");
-    let hypervisor = RunningHypervisor::start(Options {
-        config,
-        config_path: None,
-        listen: None,
-        observer: Arc::clone(&seen) as Arc<dyn GpuObserver>,
-        handle_sighup: false,
-        node_tables: common::node_tables(&pod),
-    })
-    .expect("hypervisor starts");
+    let hypervisor = common::hypervisor(&pod, &text, Arc::clone(&seen) as Arc<dyn GpuObserver>);
     let mut command = probe(
         "cudaprobe",
         &pod,

@@ -6,7 +6,6 @@ mod common;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
-use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
@@ -14,9 +13,8 @@ use common::{CONTEXT_BYTES, DoubleGpus, GIB, Pod, info, probe, run};
 use gpushare_utils::ledger::{MAX_DEVICES, PodLedger, REGION_SIZE};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Creation;
-use hypervisor::{Options, RunningHypervisor, config};
+use hypervisor::RunningHypervisor;
 
-/// The double's GPUs, as NVML would show them to the hypervisor.
 const TOKEN: &str = "pod-token";
 
 /// A hypervisor on loopback for `pod` (`gpus`: `[[pods.gpus]]` bodies).
@@ -28,16 +26,7 @@ fn start(pod: &Pod, gpus: &[&str], count: u8) -> RunningHypervisor {
     for gpu in gpus {
         text.push_str(&format!("[[pods.gpus]]\n{gpu}\n"));
     }
-    let config = config::parse(&text, Path::new("test.toml"), Path::new(".")).expect("config");
-    RunningHypervisor::start(Options {
-        config,
-        config_path: None,
-        listen: None,
-        observer: Arc::new(DoubleGpus(count)),
-        handle_sighup: false,
-        node_tables: common::node_tables(pod),
-    })
-    .expect("hypervisor starts")
+    common::hypervisor(pod, &text, Arc::new(DoubleGpus(count)))
 }
 
 /// A probe of `pod` under the hypervisor at `url` with `token`.

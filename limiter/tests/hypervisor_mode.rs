@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{CONTEXT_BYTES, DoubleGpus, GIB, Pod, info, probe, run};
-use hypervisor::{Options, RunningHypervisor, config};
+use hypervisor::RunningHypervisor;
 
 const TOKEN: &str = "pod-token";
 
@@ -17,16 +17,7 @@ fn start(pod: &Pod, gpu: &str) -> RunningHypervisor {
         "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\n{gpu}\n",
         pod.0
     );
-    let config = config::parse(&text, Path::new("test.toml"), Path::new(".")).expect("config");
-    RunningHypervisor::start(Options {
-        config,
-        config_path: None,
-        listen: None,
-        observer: Arc::new(DoubleGpus(1)),
-        handle_sighup: false,
-        node_tables: common::node_tables(pod),
-    })
-    .expect("hypervisor starts")
+    common::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
 }
 
 fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Command {

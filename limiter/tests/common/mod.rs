@@ -70,6 +70,30 @@ impl hypervisor::observer::GpuObserver for DoubleGpus {
     }
 }
 
+/// A hypervisor on loopback running `config` (its TOML) for `pod`'s test,
+/// seeing GPUs through `observer`, with the test's node tables.
+pub fn hypervisor(
+    pod: &Pod,
+    config: &str,
+    observer: std::sync::Arc<dyn hypervisor::observer::GpuObserver>,
+) -> hypervisor::RunningHypervisor {
+    let config = hypervisor::config::parse(
+        config,
+        std::path::Path::new("test.toml"),
+        std::path::Path::new("."),
+    )
+    .expect("config");
+    hypervisor::RunningHypervisor::start(hypervisor::Options {
+        config,
+        config_path: None,
+        listen: None,
+        observer,
+        handle_sighup: false,
+        node_tables: node_tables(pod),
+    })
+    .expect("hypervisor starts")
+}
+
 /// The node tables a hypervisor of `pod`'s test makes (removed with the pod).
 pub fn node_tables(pod: &Pod) -> hypervisor::node_tables::NodeTableNames {
     hypervisor::node_tables::NodeTableNames {

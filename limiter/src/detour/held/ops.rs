@@ -22,6 +22,7 @@
 //! was before the call.
 
 use crate::context::Context;
+use crate::driver::Driver;
 use crate::entry;
 use crate::error::{LimiterError, Result};
 use crate::grant::Grant;
@@ -62,22 +63,13 @@ impl Held {
         if matches!(self.ctx.grant(), Grant::Refused) {
             return Err(LimiterError::Misconfigured("no limits granted"));
         }
-        let driver = self
-            .ctx
-            .driver()
-            .ok_or(LimiterError::Bypass("driver not resolved"))?;
-        let device = driver
-            .current_device()
-            .map_err(|_| LimiterError::Bypass("no current context"))?;
-        self.limited(device)
+        self.quota.limited_device(self.ctx, None)
     }
 
-    fn limited(self, device: i32) -> Result<usize> {
-        let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
-        match self.quota.limit(self.ctx, device) {
-            Some(_) => Ok(device),
-            None => Err(LimiterError::Bypass("device unlimited")),
-        }
+    fn driver(self) -> Result<&'static Driver> {
+        self.ctx
+            .driver()
+            .ok_or(LimiterError::Bypass("driver not resolved"))
     }
 
     /// `cuCtxSetLimit`: `set` sets the limit to the value it is given.
@@ -97,10 +89,7 @@ impl Held {
             return Err(LimiterError::Bypass("a limit that holds no memory"));
         }
         let device = self.current()?;
-        let driver = self
-            .ctx
-            .driver()
-            .ok_or(LimiterError::Bypass("driver not resolved"))?;
+        let driver = self.driver()?;
         // Unknown: the whole new value is counted as growth.
         let old = driver.held.limit(limit).unwrap_or(0);
         if value <= old {
@@ -177,10 +166,7 @@ impl Held {
         if matches!(self.ctx.grant(), Grant::Refused) {
             return Err(LimiterError::Misconfigured("no limits granted"));
         }
-        let driver = self
-            .ctx
-            .driver()
-            .ok_or(LimiterError::Bypass("driver not resolved"))?;
+        let driver = self.driver()?;
         // A graph the driver cannot walk is the driver's to refuse.
         let allocations = driver
             .held
@@ -197,7 +183,7 @@ impl Held {
                     .current_device()
                     .map_err(|_| LimiterError::Bypass("no current context"))?,
             };
-            match self.limited(device) {
+            match self.quota.limited_device(self.ctx, Some(device)) {
                 Ok(device) => needs.push((device, bytes)),
                 Err(LimiterError::Bypass(_)) => {}
                 Err(error) => return Err(error),

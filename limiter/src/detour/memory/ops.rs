@@ -79,23 +79,10 @@ impl Memory {
     /// enforce.
     fn limited_device(self, placement: Placement) -> Result<usize> {
         let device = match placement {
-            Placement::Current => {
-                let driver = self
-                    .ctx
-                    .driver()
-                    .ok_or(LimiterError::Bypass("driver not resolved"))?;
-                // Without a current context the driver reports its own error.
-                driver
-                    .current_device()
-                    .map_err(|_| LimiterError::Bypass("no current context"))?
-            }
-            Placement::Device(device) => device,
+            Placement::Current => None,
+            Placement::Device(device) => Some(device),
         };
-        let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
-        match self.quota.limit(self.ctx, device) {
-            Some(_) => Ok(device),
-            None => Err(LimiterError::Bypass("device unlimited")),
-        }
+        self.quota.limited_device(self.ctx, device)
     }
 
     /// Reserves `bytes` at `placement`, runs `allocate`, and keeps the charge
