@@ -187,6 +187,9 @@
  *                            whose globals the double holds while loaded
  *   module_ex SIZE        -> the same through cuModuleLoadDataEx, no options
  *   library SIZE          -> the same through cuLibraryLoadData, no options
+ *   library_file SIZE     -> the same through cuLibraryLoadFromFile of the
+ *                            image written to a temporary file (removed once
+ *                            loaded)
  *   unload ID             -> "unload ID -> RESULT": cuModuleUnload or
  *                            cuLibraryUnload, as ID was loaded
  *   graph_alloc SIZE      -> "graph_alloc SIZE -> RESULT ID" (ID "-" on
@@ -625,10 +628,11 @@ static void run_script(int argc, char **argv, int execute) {
                 cmd_getlimit(kind_text, kind);
             }
         } else if (strcmp(cmd, "module") == 0 || strcmp(cmd, "module_ex") == 0 ||
-                   strcmp(cmd, "library") == 0) {
-            enum held_image kind = cmd[0] == 'l'  ? HELD_LIBRARY
-                                   : cmd[6] != '\0' ? HELD_MODULE_EX
-                                                    : HELD_MODULE;
+                   strcmp(cmd, "library") == 0 || strcmp(cmd, "library_file") == 0) {
+            enum held_image kind = strcmp(cmd, "library_file") == 0 ? HELD_LIBRARY_FILE
+                                   : cmd[0] == 'l'                  ? HELD_LIBRARY
+                                   : cmd[6] != '\0'                 ? HELD_MODULE_EX
+                                                                    : HELD_MODULE;
             const char *size_text = NEXT();
             size_t size = arg_size(size_text);
             if (execute) {

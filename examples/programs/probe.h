@@ -101,6 +101,7 @@
     X(cuModuleLoadDataEx, "cuModuleLoadDataEx", CUDA_VERSION_USED, 0)                   \
     X(cuModuleUnload, "cuModuleUnload", CUDA_VERSION_USED, 0)                           \
     X(cuLibraryLoadData, "cuLibraryLoadData", CUDA_VERSION_USED, 0)                     \
+    X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", CUDA_VERSION_USED, 0)             \
     X(cuLibraryUnload, "cuLibraryUnload", CUDA_VERSION_USED, 0)                         \
     X(cuGraphCreate, "cuGraphCreate", CUDA_VERSION_USED, 0)                             \
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", CUDA_VERSION_USED, 0)           \
@@ -227,7 +228,7 @@ void cmd_maxstall(void);
 
 /* probe_held.c: memory the driver takes without an allocation call. */
 enum held_limit { HELD_STACK, HELD_FIFO, HELD_HEAP, HELD_LIMIT_COUNT };
-enum held_image { HELD_MODULE, HELD_MODULE_EX, HELD_LIBRARY, HELD_IMAGE_COUNT };
+enum held_image { HELD_MODULE, HELD_MODULE_EX, HELD_LIBRARY, HELD_LIBRARY_FILE, HELD_IMAGE_COUNT };
 enum held_graph { HELD_LAUNCH, HELD_UPLOAD, HELD_DESTROY };
 void cmd_setlimit(const char *kind_text, enum held_limit kind, const char *size_text, size_t size);
 void cmd_getlimit(const char *kind_text, enum held_limit kind);

@@ -85,6 +85,23 @@ void cmd_load(const char *cmd, enum held_image kind, const char *size_text, size
         handle = library;
         break;
     }
+    case HELD_LIBRARY_FILE: {
+        /* The image in a file of its own, gone once loaded. */
+        char path[] = "/tmp/cudaprobe-library-XXXXXX";
+        CUlibrary library = NULL;
+        int fd = mkstemp(path);
+        if (fd < 0) {
+            die(1, "mkstemp: %s", strerror(errno));
+        }
+        if (write(fd, image, strlen(image) + 1) != (ssize_t)(strlen(image) + 1)) {
+            die(1, "write %s: %s", path, strerror(errno));
+        }
+        close(fd);
+        rc = CU_OPT(cuLibraryLoadFromFile, &library, path, NULL, NULL, 0, NULL, NULL, 0);
+        unlink(path);
+        handle = library;
+        break;
+    }
     case HELD_IMAGE_COUNT:
         break;
     }
@@ -97,7 +114,7 @@ void cmd_load(const char *cmd, enum held_image kind, const char *size_text, size
 
 void cmd_unload(const char *id_text, unsigned long long id) {
     void *handle = table_get(&images, id_text, id);
-    CUresult rc = images.kinds[id] == HELD_LIBRARY
+    CUresult rc = images.kinds[id] == HELD_LIBRARY || images.kinds[id] == HELD_LIBRARY_FILE
                       ? CU_OPT(cuLibraryUnload, (CUlibrary)handle)
                       : CU_OPT(cuModuleUnload, (CUmodule)handle);
     emit("unload %s -> %d", id_text, (int)rc);

@@ -191,6 +191,7 @@ pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
 pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
 pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
+pub type CuLibraryGetModule = unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult;
 pub type CuCtxGetLimit = unsafe extern "C" fn(*mut usize, CUlimit) -> CUresult;
 pub type CuGraphGetNodes = unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
 pub type CuGraphNodeGetType = unsafe extern "C" fn(CUgraphNode, *mut c_int) -> CUresult;

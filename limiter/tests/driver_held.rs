@@ -91,7 +91,7 @@ fn thread_stacks_are_reserved_for_every_resident_thread() {
 
 #[test]
 fn module_and_library_globals_are_charged_and_one_past_the_quota_is_unloaded() {
-    for kind in ["module", "module_ex", "library"] {
+    for kind in ["module", "module_ex", "library", "library_file"] {
         let pod = Pod::new("globals");
         let lines = quota4g(
             &pod,

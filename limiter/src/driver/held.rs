@@ -9,9 +9,9 @@ use crate::sys::{
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUdevice, CUgraph, CUgraphNode,
-    CUlimit, CUresult, CuCtxGetLimit, CuDeviceGetAttribute, CuDeviceGetGraphMemAttribute,
-    CuGraphChildGraphNodeGetGraph, CuGraphGetNodes, CuGraphMemAllocNodeGetParams,
-    CuGraphNodeGetType,
+    CUlibrary, CUlimit, CUmodule, CUresult, CuCtxGetLimit, CuDeviceGetAttribute,
+    CuDeviceGetGraphMemAttribute, CuGraphChildGraphNodeGetGraph, CuGraphGetNodes,
+    CuGraphMemAllocNodeGetParams, CuGraphNodeGetType, CuLibraryGetModule,
 };
 
 /// How deep child graphs are followed; deeper ones count as refused.
@@ -23,6 +23,7 @@ pub struct Held {
     ctx_get_limit: Option<CuCtxGetLimit>,
     device_attribute: Option<CuDeviceGetAttribute>,
     graph_mem_attribute: Option<CuDeviceGetGraphMemAttribute>,
+    library_get_module: Option<CuLibraryGetModule>,
     graph: Option<GraphQueries>,
 }
 
@@ -73,6 +74,7 @@ impl Held {
                 ctx_get_limit: symbol(handle, c"cuCtxGetLimit"),
                 device_attribute: symbol(handle, c"cuDeviceGetAttribute"),
                 graph_mem_attribute: symbol(handle, c"cuDeviceGetGraphMemAttribute"),
+                library_get_module: symbol(handle, c"cuLibraryGetModule"),
                 graph,
             }
         }
@@ -119,6 +121,20 @@ impl Held {
             )
         };
         result.is_success().then_some(value)
+    }
+
+    /// Loads `library` into the current context now, its globals with it,
+    /// where lazy loading would at its first use there.
+    pub fn load_into_context(&self, library: CUlibrary) -> Result<(), CUresult> {
+        let get = self.library_get_module.ok_or(CUresult::ERROR_NOT_FOUND)?;
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: a library just loaded and a valid out-pointer.
+        let result = unsafe { get(&mut module, library) };
+        if result.is_success() {
+            Ok(())
+        } else {
+            Err(result)
+        }
     }
 
     /// What `graph`'s allocation nodes (its child graphs' included) take.

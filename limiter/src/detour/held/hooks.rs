@@ -51,7 +51,7 @@ gpushare_macros::detours! {
         library_option_values: *mut *mut c_void,
         num_library_options: c_uint,
     ) -> CUresult => library_load_data;
-    /// A library from a file.
+    /// A library from a file: loaded into the current context at once.
     optional fn cuLibraryLoadFromFile(
         library: *mut CUlibrary,
         file_name: *const c_char,
@@ -169,20 +169,30 @@ fn module_unload(original: cuModuleUnload::Signature, module: CUmodule) -> Resul
     ops::held()?.release(Effect::Returned, || unsafe { original(module) })
 }
 
-/// Loads a library through `load`; past the quota, unloads it again.
-fn loaded_library(library: *mut CUlibrary, load: impl FnOnce() -> CUresult) -> Result<CUresult> {
+/// Loads a library through `load` (at once into the current context when
+/// `from_file`); past the quota, unloads it again.
+fn loaded_library(
+    library: *mut CUlibrary,
+    from_file: bool,
+    load: impl FnOnce() -> CUresult,
+) -> Result<CUresult> {
     if library.is_null() {
         return Err(crate::error::LimiterError::Bypass("null out-pointer"));
     }
+    // SAFETY: `library` is non-null and holds the library once loaded.
+    let loaded = || unsafe { library.read() };
     let unload = || {
-        // SAFETY: `library` is non-null and holds the library just loaded.
-        let loaded = unsafe { library.read() };
         if let Some(unload) = cuLibraryUnload::ORIGINAL.get() {
             // SAFETY: unloads the library this call loaded, through the original.
-            let _ = unsafe { unload(loaded) };
+            let _ = unsafe { unload(loaded()) };
         }
     };
-    ops::held()?.load_module(load, unload)
+    let held = ops::held()?;
+    if from_file {
+        held.load_library_file(load, loaded, unload)
+    } else {
+        held.load_module(load, unload)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -198,7 +208,7 @@ fn library_load_data(
     num_library_options: c_uint,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    loaded_library(library, || unsafe {
+    loaded_library(library, false, || unsafe {
         original(
             library,
             code,
@@ -225,7 +235,7 @@ fn library_load_from_file(
     num_library_options: c_uint,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    loaded_library(library, || unsafe {
+    loaded_library(library, true, || unsafe {
         original(
             library,
             file_name,

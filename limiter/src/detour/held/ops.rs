@@ -9,10 +9,12 @@
 //! - graph allocation nodes are taken at the exec's upload or first launch:
 //!   their sizes are reserved at instantiation, held until the device's
 //!   graph pool shows them, and an exec that does not fit is refused;
-//! - a library's globals are taken when it is first used in a context: its
-//!   load and the lookup of a global are measured; a load past the quota is
-//!   undone, but a first use past it can only be refused, and what it took
-//!   stays held (and charged) until the library is unloaded;
+//! - a library's globals are taken when it is first used in a context: one
+//!   loaded from a file is loaded into the current context at once, so
+//!   measured and undone like a module; one from a memory image (the
+//!   runtime's fat binaries) stays lazy: its load and the lookup of a
+//!   global are measured, and a first use past the quota can only be
+//!   refused, what it took staying held (and charged) until it is unloaded;
 //! - the printf FIFO takes no device memory: measured, nothing charged;
 //! - pools with a release threshold keep freed memory: after that, every
 //!   free measures the process again at the next allocation;
@@ -28,8 +30,8 @@ use crate::error::{LimiterError, Result};
 use crate::grant::Grant;
 use crate::quota::{MemoryQuota, Resource};
 use crate::sys::{
-    CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_STACK_SIZE, CUgraph, CUlimit,
-    CUresult,
+    CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_STACK_SIZE, CUgraph, CUlibrary,
+    CUlimit, CUresult,
 };
 
 /// What a call that gives memory back changed.
@@ -132,6 +134,32 @@ impl Held {
         unload: impl FnOnce(),
     ) -> Result<CUresult> {
         let device = self.current()?;
+        self.quota.measured(self.ctx, device, 0, load, unload)
+    }
+
+    /// A library loaded from a file, which the program names itself: it is
+    /// loaded into the current context at once (`loaded` names it once
+    /// `load` succeeded), so that its globals are measured, and undone past
+    /// the quota, here rather than at a first use that could not be undone.
+    /// Libraries from memory images (the runtime registers every fat binary
+    /// of a program that way) stay lazy.
+    pub fn load_library_file(
+        self,
+        load: impl FnOnce() -> CUresult,
+        loaded: impl FnOnce() -> CUlibrary,
+        unload: impl FnOnce(),
+    ) -> Result<CUresult> {
+        let device = self.current()?;
+        let driver = self.driver()?;
+        let load = || {
+            let result = load();
+            if result.is_success()
+                && let Err(error) = driver.held.load_into_context(loaded())
+            {
+                tracing::debug!(code = error.0, "library left to load at its first use");
+            }
+            result
+        };
         self.quota.measured(self.ctx, device, 0, load, unload)
     }
 
