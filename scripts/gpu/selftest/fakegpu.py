@@ -287,6 +287,11 @@ def python(args):
                    f"{p}_alloc2g_rc": 2 if LIMITED else 0, f"{p}_free_back_diff": 0})
     elif script == "mem_torch.py":
         out(total=TOTAL, free=TOTAL - GiB, alloc2g="ok", over="oom" if LIMITED else "ok")
+    elif script == "mem_frameworks.py":
+        fw = args[1]
+        total_mib = 4096 if LIMITED else 81079
+        seen = {"limit_mib": total_mib * 3 // 4} if fw == "jax" else {"total_mib": total_mib}
+        out(sum=8192 if fw == "jax" else (256 << 20) + 4096, **seen, **{fw: "ok"})
     elif script == "oversub_torch.py":
         oversub_torch(args[1:])
     elif script == "torch_matmul.py":

@@ -19,7 +19,7 @@ GPU = HERE.parent
 REPO = GPU.parents[1]
 PROGRAMS = ["mem_runtime", "mem_runtime_shared", "mem_apis", "mem_hold", "mem_pairs", "mem_bench", "spin",
             "launch_overhead", "implicit_mem"]
-ROWS = 74  # the table of scripts/gpu-e2e.sh had 60 rows; oversubscription added 4, the context race 1, implicit 9
+ROWS = 76  # the table of scripts/gpu-e2e.sh had 60 rows; oversubscription added 4, the context race 1, implicit 9, frameworks 2
 
 
 def built(name):
