@@ -40,8 +40,8 @@
  * goes, its limits return to their defaults and its retained pool and graph
  * memory is released; loaded libraries and live graph execs keep theirs.
  * - Contexts: each live context charges GPUSHARE_DOUBLE_CONTEXT_BYTES on its
- *   GPU: the primary one while retained, each created one (cuCtxCreate_v2)
- *   while alive.
+ *   GPU: the primary one while retained, each created one (cuCtxCreate_v2,
+ *   and cuGreenCtxCreate, which does not make it current) while alive.
  * - Context limits (cuCtxSetLimit/cuCtxGetLimit of the current context's
  *   GPU, kept per GPU): CU_LIMIT_MALLOC_HEAP_SIZE (default 8 MiB) and
  *   CU_LIMIT_PRINTF_FIFO_SIZE (default 1 MiB) hold what they are set above
@@ -818,10 +818,10 @@ CUresult impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     return rc;
 }
 
-CUresult impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+/* A created context on dev in *pctx, made current when `current`. */
+static CUresult create_context(CUcontext *pctx, CUdevice dev, int current) {
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     int i;
-    (void)flags;
     lock();
     if (!g_initialized) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
@@ -838,7 +838,9 @@ CUresult impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) 
                     g_created[i].primary = 0;
                     g_created[i].refs = 1;
                     *pctx = &g_created[i];
-                    t_current = &g_created[i];
+                    if (current) {
+                        t_current = &g_created[i];
+                    }
                 }
                 break;
             }
@@ -846,6 +848,22 @@ CUresult impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) 
     }
     unlock();
     return rc;
+}
+
+CUresult impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    return create_context(pctx, dev, 1);
+}
+
+/*
+ * A green context is a created context that is not made current; any
+ * resource descriptor is accepted (the double has no SM partitions).
+ */
+CUresult impl_cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevice dev,
+                               unsigned int flags) {
+    (void)desc;
+    (void)flags;
+    return create_context((CUcontext *)phCtx, dev, 0);
 }
 
 static int is_created_context(CUcontext ctx) {
@@ -878,6 +896,10 @@ CUresult impl_cuCtxDestroy_v2(CUcontext ctx) {
     }
     unlock();
     return rc;
+}
+
+CUresult impl_cuGreenCtxDestroy(CUgreenCtx hCtx) {
+    return impl_cuCtxDestroy_v2((CUcontext)hCtx);
 }
 
 CUresult impl_cuCtxSetCurrent(CUcontext ctx) {

@@ -221,7 +221,10 @@
  *   context               -> "context -> RESULT ID": cuCtxCreate_v2(0, device
  *                            N), then cuCtxSetCurrent of the primary context,
  *                            so later commands run where they did
- *   context_destroy ID    -> "context_destroy ID -> RESULT"   (cuCtxDestroy_v2)
+ *   green_context         -> "green_context -> RESULT ID": cuGreenCtxCreate(
+ *                            NULL descriptor, device N, 0), in the same table
+ *   context_destroy ID    -> "context_destroy ID -> RESULT"   (cuCtxDestroy_v2,
+ *                            or cuGreenCtxDestroy for a green one)
  *
  * Numbers are printed in decimal; on a failed query the figures are 0. Exit
  * status 0, or 2 with a message on stderr for a malformed script (checked in
@@ -689,6 +692,10 @@ static void run_script(int argc, char **argv, int execute) {
         } else if (strcmp(cmd, "context") == 0) {
             if (execute) {
                 cmd_context();
+            }
+        } else if (strcmp(cmd, "green_context") == 0) {
+            if (execute) {
+                cmd_green_context();
             }
         } else if (strcmp(cmd, "context_destroy") == 0) {
             const char *id_text = NEXT();

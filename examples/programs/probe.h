@@ -102,6 +102,8 @@
     X(cuModuleUnload, "cuModuleUnload", CUDA_VERSION_USED, 0)                           \
     X(cuLibraryLoadData, "cuLibraryLoadData", CUDA_VERSION_USED, 0)                     \
     X(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", CUDA_VERSION_USED, 0)             \
+    X(cuGreenCtxCreate, "cuGreenCtxCreate", CUDA_VERSION_USED, 0)                       \
+    X(cuGreenCtxDestroy, "cuGreenCtxDestroy", CUDA_VERSION_USED, 0)                     \
     X(cuLibraryUnload, "cuLibraryUnload", CUDA_VERSION_USED, 0)                         \
     X(cuGraphCreate, "cuGraphCreate", CUDA_VERSION_USED, 0)                             \
     X(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", CUDA_VERSION_USED, 0)           \
@@ -242,6 +244,7 @@ void cmd_pool_trim(const char *size_text, size_t size);
 void cmd_pool_reserved(void);
 void cmd_sync(void);
 void cmd_context(void);
+void cmd_green_context(void);
 void cmd_context_destroy(const char *id_text, unsigned long long id);
 
 #endif

@@ -299,7 +299,20 @@ void cmd_context(void) {
     }
 }
 
+/* A green context (kind 1 in the table): never current, so nothing to restore. */
+void cmd_green_context(void) {
+    CUgreenCtx created = NULL;
+    CUresult rc = CU_OPT(cuGreenCtxCreate, &created, NULL, device, 0);
+    if (rc == CUDA_SUCCESS) {
+        emit("green_context -> %d %zu", (int)rc, table_add(&contexts, created, 1));
+    } else {
+        emit("green_context -> %d -", (int)rc);
+    }
+}
+
 void cmd_context_destroy(const char *id_text, unsigned long long id) {
-    CUcontext ctx = (CUcontext)table_get(&contexts, id_text, id);
-    emit("context_destroy %s -> %d", id_text, (int)CU_OPT(cuCtxDestroy_v2, ctx));
+    void *ctx = table_get(&contexts, id_text, id);
+    CUresult rc = contexts.kinds[id] == 1 ? CU_OPT(cuGreenCtxDestroy, (CUgreenCtx)ctx)
+                                          : CU_OPT(cuCtxDestroy_v2, (CUcontext)ctx);
+    emit("context_destroy %s -> %d", id_text, (int)rc);
 }

@@ -242,6 +242,31 @@ fn extra_contexts_are_charged_each_and_given_back_when_destroyed() {
     assert_eq!(result_of(&lines[17]), 0, "room again: {lines:?}");
 }
 
+#[test]
+fn green_contexts_are_charged_like_any_context() {
+    let pod = Pod::new("green");
+    let mut script = vec!["info"];
+    script.extend(std::iter::repeat_n("green_context", 13));
+    script.extend(["info", "context_destroy", "0", "info", "green_context"]);
+    let lines = quota4g(&pod, &script);
+    let before = free_of(&lines[0]);
+    let made = lines[1..14].iter().filter(|l| result_of(l) == 0).count() as u64;
+    assert_eq!(made, 12, "{lines:?}");
+    assert_eq!(result_of(&lines[13]), 2, "{lines:?}");
+    assert_eq!(
+        free_of(&lines[14]),
+        before - 12 * CONTEXT_BYTES,
+        "{lines:?}"
+    );
+    assert_eq!(result_of(&lines[15]), 0, "{lines:?}");
+    assert_eq!(
+        free_of(&lines[16]),
+        before - 11 * CONTEXT_BYTES,
+        "{lines:?}"
+    );
+    assert_eq!(result_of(&lines[17]), 0, "room again: {lines:?}");
+}
+
 /// The double's GPU, with what NVML attributes to each process set by the test.
 struct SeenGpus(Mutex<Vec<ProcessMemory>>);
 
