@@ -153,7 +153,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             .cdi_dir
             .join(format!("gpushare.dev-gpu_{uid}.json"));
         write_outputs(&out, &spec_path, &cdi)?;
-        std::fs::write(out.join("ready"), format!("{pod_uid}\n"))?;
+        mark_ready(&out, &pod_uid)?;
         println!(
             "k8s-e2e: claim {uid} of pod {pod_uid} prepared: {}",
             cdi.join(" ")
@@ -263,4 +263,12 @@ fn write_outputs(out: &Path, spec_path: &Path, cdi: &[String]) -> anyhow::Result
     std::fs::write(out.join("device-nodes"), nodes.join("\n") + "\n")?;
     std::fs::write(out.join("cdi-devices"), cdi.join("\n") + "\n")?;
     Ok(())
+}
+
+/// Writes the pod's UID to `out/ready` whole, by renaming a finished file:
+/// whoever waits for `ready` to exist never reads it half written.
+fn mark_ready(out: &Path, pod_uid: &str) -> std::io::Result<()> {
+    let partial = out.join("ready.partial");
+    std::fs::write(&partial, format!("{pod_uid}\n"))?;
+    std::fs::rename(&partial, out.join("ready"))
 }
