@@ -189,12 +189,14 @@ static unsigned long long g_region_base = FALLBACK_REGION_BASE;
 #define MAX_QUEUE_DEPTH (1ULL << 20)
 /* Context limits: the defaults of an H100, and the threads the device keeps
  * a stack for (each byte of stack above the default is held this many times):
- * every resident thread, 132 SMs of 2048 as cuDeviceGetAttribute reports
- * them, as driver 580 holds them on an H100. */
+ * every resident thread, its SMs times threads per SM (an H100's, as
+ * cuDeviceGetAttribute reports them), as driver 580 holds them. */
 #define DEFAULT_STACK_SIZE 1024ULL
 #define DEFAULT_PRINTF_FIFO_SIZE (1ULL << 20)
 #define DEFAULT_MALLOC_HEAP_SIZE (8ULL << 20)
-#define DOUBLE_STACK_THREADS (132ULL * 2048ULL)
+#define DOUBLE_SM_COUNT 132
+#define DOUBLE_THREADS_PER_SM 2048
+#define DOUBLE_STACK_THREADS ((unsigned long long)DOUBLE_SM_COUNT * DOUBLE_THREADS_PER_SM)
 
 enum kind { KIND_POINTER = 1, KIND_HANDLE = 2, KIND_ARRAY = 4, KIND_MIPMAP = 8 };
 
@@ -1806,14 +1808,13 @@ static int valid_dims(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsign
 /* Resident blocks per SM for blocks of `threads` threads: an H100's thread
  * and block limits (2048 and 32 per SM), as if nothing else limited occupancy. */
 static unsigned blocks_per_sm(unsigned long long threads) {
-    unsigned long long fit = threads == 0 ? 32 : 2048 / threads;
+    unsigned long long fit = threads == 0 ? 32 : DOUBLE_THREADS_PER_SM / threads;
     return fit == 0 ? 1 : fit > 32 ? 32 : (unsigned)fit;
 }
 
 /* A kernel of `blocks` blocks runs in waves of DOUBLE_SM_COUNT * blocks_per_sm
  * blocks; each block lasts the kernel's parameter, so the kernel lasts that
  * times its waves (1 for grids that fit at once, as every 1x1 launch does). */
-#define DOUBLE_SM_COUNT 132
 static unsigned long long waves(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                 unsigned bz) {
     unsigned long long blocks = (unsigned long long)gx * gy * gz;
@@ -3239,7 +3240,7 @@ CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice 
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: value = 1; break;
     case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: value = (int)double_pci_bus(dev); break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: value = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: value = 2048; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: value = DOUBLE_THREADS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: value = 1; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: value = 0; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: value = 9; break;

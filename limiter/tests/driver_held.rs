@@ -216,13 +216,14 @@ fn what_a_pool_keeps_is_charged_until_trimmed() {
     assert_eq!(result_of(&lines[6]), 0, "trimmed, it fits: {lines:?}");
 }
 
-#[test]
-fn extra_contexts_are_charged_each_and_given_back_when_destroyed() {
-    let pod = Pod::new("contexts");
-    // The primary context and 12 more hold 13 x 300 MiB of the 4 GiB.
+/// Thirteen contexts made by `command` under the 4 GiB quota: the primary
+/// context and 12 more hold 13 x 300 MiB, the 13th is refused, and
+/// destroying one makes room again.
+fn contexts_are_charged_each(pod: &str, command: &str) {
+    let pod = Pod::new(pod);
     let mut script = vec!["info"];
-    script.extend(std::iter::repeat_n("context", 13));
-    script.extend(["info", "context_destroy", "0", "info", "context"]);
+    script.extend(std::iter::repeat_n(command, 13));
+    script.extend(["info", "context_destroy", "0", "info", command]);
     let lines = quota4g(&pod, &script);
     let before = free_of(&lines[0]);
     let made = lines[1..14].iter().filter(|l| result_of(l) == 0).count() as u64;
@@ -243,28 +244,13 @@ fn extra_contexts_are_charged_each_and_given_back_when_destroyed() {
 }
 
 #[test]
+fn extra_contexts_are_charged_each_and_given_back_when_destroyed() {
+    contexts_are_charged_each("contexts", "context");
+}
+
+#[test]
 fn green_contexts_are_charged_like_any_context() {
-    let pod = Pod::new("green");
-    let mut script = vec!["info"];
-    script.extend(std::iter::repeat_n("green_context", 13));
-    script.extend(["info", "context_destroy", "0", "info", "green_context"]);
-    let lines = quota4g(&pod, &script);
-    let before = free_of(&lines[0]);
-    let made = lines[1..14].iter().filter(|l| result_of(l) == 0).count() as u64;
-    assert_eq!(made, 12, "{lines:?}");
-    assert_eq!(result_of(&lines[13]), 2, "{lines:?}");
-    assert_eq!(
-        free_of(&lines[14]),
-        before - 12 * CONTEXT_BYTES,
-        "{lines:?}"
-    );
-    assert_eq!(result_of(&lines[15]), 0, "{lines:?}");
-    assert_eq!(
-        free_of(&lines[16]),
-        before - 11 * CONTEXT_BYTES,
-        "{lines:?}"
-    );
-    assert_eq!(result_of(&lines[17]), 0, "room again: {lines:?}");
+    contexts_are_charged_each("green", "green_context");
 }
 
 /// The double's GPU, with what NVML attributes to each process set by the test.

@@ -3,6 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
+use gpushare_utils::ledger::PodLedger;
+
 use super::{GraphParts, MemoryQuota, Resource, refusal};
 use crate::context::Context;
 use crate::error::{LimiterError, Result};
@@ -24,10 +26,7 @@ impl MemoryQuota {
     ) -> Result<CUresult> {
         let (ledger, entry, limit) = self.reservable(ctx, device, estimate)?;
         self.measure_overhead(ctx, device, false);
-        let held = ledger.process_overhead(entry).unwrap_or(0);
-        ledger
-            .try_raise_overhead_under(entry, held.saturating_add(estimate), limit)
-            .map_err(|error| refusal(device, error))?;
+        let held = raise_overhead(ledger, entry, device, limit, estimate)?;
         let result = op();
         if !result.is_success() {
             let _ = ledger.set_overhead(entry, held);
@@ -67,10 +66,7 @@ impl MemoryQuota {
     ) -> Result<CUresult> {
         let (ledger, entry, limit) = self.reservable(ctx, device, bytes)?;
         self.measure_overhead(ctx, device, true);
-        let held = ledger.process_overhead(entry).unwrap_or(0);
-        ledger
-            .try_raise_overhead_under(entry, held.saturating_add(bytes), limit)
-            .map_err(|error| refusal(device, error))?;
+        let held = raise_overhead(ledger, entry, device, limit, bytes)?;
         let seen = self.seen(ctx, device);
         let result = op();
         if !result.is_success() {
@@ -104,10 +100,7 @@ impl MemoryQuota {
                 .unwrap_or(0)
                 .saturating_sub(self.graph_need[device].load(Ordering::Acquire));
             let rise = bytes.saturating_sub(spare);
-            let held = ledger.process_overhead(entry).unwrap_or(0);
-            ledger
-                .try_raise_overhead_under(entry, held.saturating_add(rise), limit)
-                .map_err(|error| refusal(device, error))?;
+            raise_overhead(ledger, entry, device, limit, rise)?;
             self.graph_need[device].fetch_add(bytes, Ordering::AcqRel);
             hold.parts.push((device, bytes, rise));
         }
@@ -130,6 +123,24 @@ impl MemoryQuota {
         }
         self.remeasure(ctx);
     }
+}
+
+/// Raises this process's driver overhead on ledger entry `entry` (CUDA
+/// device `device`) by `bytes`, reserved against `limit` like an
+/// allocation: memory the driver is about to take is counted before it is
+/// taken. Returns the overhead before, to give the rise back with.
+pub fn raise_overhead(
+    ledger: &PodLedger,
+    entry: usize,
+    device: usize,
+    limit: u64,
+    bytes: u64,
+) -> Result<u64> {
+    let held = ledger.process_overhead(entry).unwrap_or(0);
+    ledger
+        .try_raise_overhead_under(entry, held.saturating_add(bytes), limit)
+        .map_err(|error| refusal(device, error))?;
+    Ok(held)
 }
 
 /// What a graph's allocation nodes reserve until its exec is made; given

@@ -46,6 +46,8 @@ use crate::sys::CUdevice;
 mod held;
 mod measure;
 
+pub use held::raise_overhead;
+
 /// How often a device's driver overhead is measured again, at most.
 pub const OVERHEAD_REFRESH_MS: u64 = 200;
 /// How often a memory report scans for dead processes first, at most.

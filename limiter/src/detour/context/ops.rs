@@ -47,17 +47,14 @@ pub fn create(
         return Err(LimiterError::Bypass("device unlimited"));
     }
     let (ledger, entry, limit) = memory.reservable(ctx, device, DEFAULT_CONTEXT_BYTES)?;
-    let held = ledger.process_overhead(entry).unwrap_or(0);
-    if creation == Creation::Primary && held > 0 {
+    if creation == Creation::Primary && ledger.process_overhead(entry).unwrap_or(0) > 0 {
         return Err(LimiterError::Bypass("a context of this process is charged"));
     }
     let estimate = match ledger.context_bytes(entry) {
         Ok(learned) if learned > 0 => learned,
         _ => DEFAULT_CONTEXT_BYTES,
     };
-    ledger
-        .try_raise_overhead_under(entry, held.saturating_add(estimate), limit)
-        .map_err(|error| quota::refusal(device, error))?;
+    let held = quota::raise_overhead(ledger, entry, device, limit, estimate)?;
     let result = create();
     if !result.is_success() {
         if let Err(error) = ledger.set_overhead(entry, held) {
