@@ -60,6 +60,31 @@
  *   cuModuleUnload and cuLibraryUnload give the globals back; a module also
  *   goes with its context, a library (context-independent) only when
  *   unloaded.
+ * - Lazily loaded libraries, as the CUDA runtime registers each translation
+ *   unit with cuLibraryLoadData (measured on driver 580): a fat binary (the
+ *   u32 magic 0xBA55ED50 first, or a __fatBinC_Wrapper_t, magic 0x466243B1,
+ *   whose data points at one) loads holding nothing, with or without a
+ *   current context. Its globals are the sizes of the sections named
+ *   .nv.global* in its first uncompressed ELF entry for arch 90 (the compute
+ *   capability 9.0 that cuDeviceGetAttribute reports); none without such an
+ *   entry or in a malformed container, of which nothing past its stated
+ *   size is read. The library's first use in a context takes them on that
+ *   context's GPU, once per (library, context), or fails with
+ *   CUDA_ERROR_OUT_OF_MEMORY taking nothing: the first launch of one of its
+ *   kernels there (the launch then does not run), cuKernelGetFunction,
+ *   cuLibraryGetModule or cuLibraryGetGlobal. cuLibraryUnload or the
+ *   context's end gives them back. cuLibraryGetKernel gives one CUkernel
+ *   per (library, name), any name; every launch API takes it as a function
+ *   of the library in the launch's context (the stream's, else the current
+ *   one); cuKernelGetLibrary answers its library, and
+ *   CUDA_ERROR_INVALID_HANDLE for anything else (a module's function);
+ *   cuKernelGetFunction gives its function in the current context.
+ *   cuLibraryGetModule gives the library's module in the current context,
+ *   which goes only with the library or the context (cuModuleUnload refuses
+ *   it); cuLibraryGetGlobal answers as cuModuleGetGlobal_v2. A text-image
+ *   library has kernels and modules too; its globals stay with the library.
+ *   To every other load (modules, cuLibraryLoadFromFile) a fat binary is any
+ *   other image.
  * - Graph memory: a mem alloc node (cuGraphAddMemAllocNode, or a
  *   cuMemAllocAsync/cuMemAllocFromPoolAsync captured on a stream) gets a
  *   fixed fake address and charges nothing; a mem free node
@@ -197,6 +222,10 @@ static unsigned long long g_region_base = FALLBACK_REGION_BASE;
 #define DOUBLE_SM_COUNT 132
 #define DOUBLE_THREADS_PER_SM 2048
 #define DOUBLE_STACK_THREADS ((unsigned long long)DOUBLE_SM_COUNT * DOUBLE_THREADS_PER_SM)
+/* An H100's compute capability: the arch of the fat binary entries it loads. */
+#define DOUBLE_CC_MAJOR 9
+#define DOUBLE_CC_MINOR 0
+#define DOUBLE_ARCH (DOUBLE_CC_MAJOR * 10 + DOUBLE_CC_MINOR)
 
 enum kind { KIND_POINTER = 1, KIND_HANDLE = 2, KIND_ARRAY = 4, KIND_MIPMAP = 8 };
 
@@ -261,8 +290,10 @@ static unsigned long long now_ns(void);
 static void sleep_until(unsigned long long ns);
 static unsigned long long device_busy_until(int dev);
 static CUresult context_sync_locked(int dev);
-/* Modules, further down: those of a context go with it. */
+/* Modules, further down: those of a context go with it, and a library's
+ * kernel launches as its function in a context. */
 static void unload_context_modules_locked(CUcontext ctx);
+static CUresult kernel_launch_function(CUfunction *f, CUstream h, int ptsz);
 
 /* A plain decimal count from the environment, within [min, max]. */
 static unsigned long long env_count(const char *name, unsigned long long fallback,
@@ -1327,8 +1358,10 @@ CUresult impl_cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdevic
 #define DOUBLE_MAX_EVENTS 4096
 #define DOUBLE_MAX_GRAPHS 256
 #define DOUBLE_MAX_EXECS 256
-#define DOUBLE_MAX_MODULES 64
+/* Modules, and libraries' modules in each context, share the slots. */
+#define DOUBLE_MAX_MODULES 256
 #define DOUBLE_MAX_FUNCTIONS 8192
+#define DOUBLE_MAX_KERNELS 4096
 #define FUNCTION_NAME_MAX 128
 
 struct span {
@@ -1390,23 +1423,32 @@ struct CUevent_st {
     unsigned long long at; /* when the work captured by the last record completes */
 };
 
-/* A loaded module, or the image of a library. */
+/* A loaded module, the image of a library, or a library's module in a context. */
 struct CUmod_st {
     int live;
     int device;
     CUcontext ctx;                 /* a module's; NULL for a library's image */
     unsigned long long globals;    /* bytes of module globals held */
     unsigned long long globals_at; /* their first fake address */
+    struct CUlib_st *library;      /* the library whose module in ctx this is, or NULL */
 };
 
 struct CUlib_st {
     struct CUmod_st image;
+    int lazy;                        /* a fat binary: its globals come at first use */
+    unsigned long long lazy_globals; /* what its first use in each context takes */
 };
 
 struct CUfunc_st {
     struct CUmod_st *module; /* NULL: free slot */
     char name[FUNCTION_NAME_MAX];
     int launched; /* lazy loading: the first launch loads the module */
+};
+
+/* A library's kernel: context-independent, one per (library, name). */
+struct CUkern_st {
+    struct CUlib_st *library; /* NULL: free slot */
+    char name[FUNCTION_NAME_MAX];
 };
 
 static struct timeline g_timelines[DOUBLE_MAX_DEVICES];
@@ -1418,6 +1460,7 @@ static struct CUmod_st g_modules[DOUBLE_MAX_MODULES];
 static struct CUlib_st g_libraries[DOUBLE_MAX_MODULES];
 static unsigned g_graph_serial;
 static struct CUfunc_st g_functions[DOUBLE_MAX_FUNCTIONS];
+static struct CUkern_st g_kernels[DOUBLE_MAX_KERNELS];
 /* The per-thread default stream of this thread (its capture state). */
 static __thread struct CUstream_st t_per_thread = {1, 0, NULL, NULL};
 /* This thread's capture interaction mode (cuThreadExchangeStreamCaptureMode). */
@@ -1453,6 +1496,12 @@ static long slot_of(const void *base, size_t size, size_t count, const void *p) 
 static struct CUfunc_st *function_locked(CUfunction f) {
     long i = SLOT(g_functions, f);
     return i >= 0 && g_functions[i].module != NULL ? &g_functions[i] : NULL;
+}
+
+/* A kernel handle; launches take one where they take a function. */
+static struct CUkern_st *kernel_locked(const void *k) {
+    long i = SLOT(g_kernels, k);
+    return i >= 0 && g_kernels[i].library != NULL ? &g_kernels[i] : NULL;
 }
 
 static struct CUevent_st *event_locked(CUevent e) {
@@ -1788,8 +1837,9 @@ static CUresult enqueue(CUstream h, int ptsz, unsigned long long ns, unsigned lo
 }
 
 static CUresult check_function(const void *f) {
-    return function_locked((CUfunction)(uintptr_t)f) != NULL ? CUDA_SUCCESS
-                                                             : CUDA_ERROR_INVALID_HANDLE;
+    return function_locked((CUfunction)(uintptr_t)f) != NULL || kernel_locked(f) != NULL
+               ? CUDA_SUCCESS
+               : CUDA_ERROR_INVALID_HANDLE;
 }
 
 static CUresult check_exec(const void *e) {
@@ -1844,9 +1894,18 @@ static void load_lazily(CUfunction f) {
     }
 }
 
+/* A launch with valid dimensions of a kernel handle runs its library's
+ * function in the launch's context, after the library's first use there (a
+ * first use that does not fit fails the launch). */
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                        unsigned by, unsigned bz, CUstream h, int ptsz, unsigned long long ns) {
     int ok = valid_dims(gx, gy, gz, bx, by, bz);
+    if (ok) {
+        CUresult rc = kernel_launch_function(&f, h, ptsz);
+        if (rc != CUDA_SUCCESS) {
+            return rc;
+        }
+    }
     load_lazily(f);
     return enqueue(h, ptsz, ok ? ns * waves(gx, gy, gz, bx, by, bz) : ns, 1,
                    CU_GRAPH_NODE_TYPE_KERNEL, check_function, (const void *)f, ok);
@@ -2965,11 +3024,133 @@ static CUresult read_image(const char *path, char *buf, size_t size) {
     return CUDA_SUCCESS;
 }
 
-/* Fills the free slot m with image on dev (for ctx; NULL for a library),
- * charging its globals if they fit. */
-static CUresult load_locked(struct CUmod_st *m, int dev, CUcontext ctx, const void *image) {
+/*
+ * Fat binaries, as nvcc 13 writes them (little endian): a 16-byte header
+ * {u32 magic, u16 version 1, u16 header size 16, u64 bytes of entries},
+ * then entries back to back, each a header of at least 64 bytes {u16 kind,
+ * u16 version, u32 header size, u64 payload size, u32 compressed size, u32,
+ * u16 minor, u16 major, u32 arch, u32 name offset, u32 name length, u64
+ * flags, u64, u64 decompressed size} and its payload. The runtime passes a
+ * __fatBinC_Wrapper_t {int magic, int version, data, filename} whose data
+ * is the header.
+ */
+#define FATBIN_MAGIC 0xBA55ED50U
+#define FATBIN_WRAPPER_MAGIC 0x466243B1U
+#define FATBIN_HEADER_SIZE 16
+#define FATBIN_ENTRY_SIZE 64
+#define FATBIN_KIND_ELF 2
+#define FATBIN_COMPRESSED (0x8000ULL | 0x2000ULL) /* zstd, LZ4 */
+#define ELF_HEADER_SIZE 64
+#define ELF_SECTION_SIZE 64
+#define GLOBALS_SECTION ".nv.global"
+
+static unsigned le16(const unsigned char *p) {
+    return (unsigned)p[0] | (unsigned)p[1] << 8;
+}
+
+static unsigned long long le32(const unsigned char *p) {
+    return (unsigned long long)le16(p) | (unsigned long long)le16(p + 2) << 16;
+}
+
+static unsigned long long le64(const unsigned char *p) {
+    return le32(p) | le32(p + 4) << 32;
+}
+
+/* Whether p begins with the little-endian magic, read a byte at a time so
+ * that an image differing in its first byte is read no further. */
+static int has_magic(const unsigned char *p, unsigned magic) {
+    int i;
+    for (i = 0; i < 4; i++) {
+        if (p[i] != (unsigned char)(magic >> (8 * i))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The sizes of the sections named .nv.global* (uninitialised globals, and
+ * .nv.global.init's initialised ones) of the ELF64 cubin in the len bytes at
+ * elf; 0 when it is not one, or anything it points at lies outside them. */
+static unsigned long long elf_globals(const unsigned char *elf, unsigned long long len) {
+    const size_t prefix = sizeof GLOBALS_SECTION - 1;
+    unsigned long long shoff, shentsize, shnum, shstrndx, names, names_size, total = 0, i;
+    const unsigned char *sh;
+    if (len < ELF_HEADER_SIZE || memcmp(elf, "\177ELF", 4) != 0 || elf[4] != 2 || elf[5] != 1) {
+        return 0; /* not ELF64 little endian */
+    }
+    shoff = le64(elf + 0x28);
+    shentsize = le16(elf + 0x3a);
+    shnum = le16(elf + 0x3c);
+    shstrndx = le16(elf + 0x3e);
+    if (shentsize < ELF_SECTION_SIZE || shstrndx >= shnum || shoff > len ||
+        shnum * shentsize > len - shoff) {
+        return 0;
+    }
+    sh = elf + shoff + shstrndx * shentsize;
+    names = le64(sh + 0x18);
+    names_size = le64(sh + 0x20);
+    if (names > len || names_size > len - names) {
+        return 0;
+    }
+    for (i = 0; i < shnum; i++) {
+        unsigned long long name;
+        sh = elf + shoff + i * shentsize;
+        name = le32(sh);
+        if (name < names_size && names_size - name >= prefix &&
+            memcmp(elf + names + name, GLOBALS_SECTION, prefix) == 0) {
+            total = add_sat(total, le64(sh + 0x20));
+        }
+    }
+    return total;
+}
+
+/*
+ * Whether image is a fat binary (or its wrapper). If so, *globals gets the
+ * .nv.global* bytes of its first uncompressed ELF entry for DOUBLE_ARCH (0
+ * when there is none, or the container is malformed). No byte past the
+ * header's count of entry bytes is read.
+ */
+static int fatbin_globals(const void *image, unsigned long long *globals) {
+    const unsigned char *fat = image;
+    unsigned long long size, pos = 0;
+    *globals = 0;
+    if (has_magic(fat, FATBIN_WRAPPER_MAGIC)) {
+        const void *data;
+        memcpy(&data, fat + 8, sizeof data);
+        fat = data;
+        if (fat == NULL || !has_magic(fat, FATBIN_MAGIC)) {
+            return 1;
+        }
+    } else if (!has_magic(fat, FATBIN_MAGIC)) {
+        return 0;
+    }
+    if (le16(fat + 4) != 1 || le16(fat + 6) != FATBIN_HEADER_SIZE) {
+        return 1;
+    }
+    size = le64(fat + 8);
+    fat += FATBIN_HEADER_SIZE;
+    while (size - pos >= FATBIN_ENTRY_SIZE) {
+        const unsigned char *entry = fat + pos;
+        unsigned long long header = le32(entry + 4), payload = le64(entry + 8);
+        if (header < FATBIN_ENTRY_SIZE || header > size - pos || payload > size - pos - header) {
+            return 1;
+        }
+        if (le16(entry) == FATBIN_KIND_ELF && le32(entry + 28) == DOUBLE_ARCH &&
+            le32(entry + 16) == 0 && (le64(entry + 40) & FATBIN_COMPRESSED) == 0) {
+            *globals = elf_globals(entry + header, payload);
+            return 1;
+        }
+        pos += header + payload;
+    }
+    return 1;
+}
+
+/* Fills the free slot m on dev (for ctx; NULL for a library's image),
+ * charging `globals` bytes of module globals if they fit. */
+static CUresult load_locked(struct CUmod_st *m, int dev, CUcontext ctx,
+                            unsigned long long globals) {
     struct device *d = &g_devices[dev];
-    unsigned long long globals = image_globals(image), at = 0;
+    unsigned long long at = 0;
     if (globals > 0) {
         CUresult rc = fits(dev, globals) ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
         if (rc == CUDA_SUCCESS) {
@@ -2979,7 +3160,7 @@ static CUresult load_locked(struct CUmod_st *m, int dev, CUcontext ctx, const vo
             return rc;
         }
     }
-    *m = (struct CUmod_st){1, dev, ctx, globals, at};
+    *m = (struct CUmod_st){1, dev, ctx, globals, at, NULL};
     d->module_bytes += globals;
     return CUDA_SUCCESS;
 }
@@ -2995,6 +3176,7 @@ static void unload_locked(struct CUmod_st *m) {
     }
 }
 
+/* A context's modules go with it, libraries' modules in it included. */
 static void unload_context_modules_locked(CUcontext ctx) {
     size_t i;
     for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
@@ -3017,7 +3199,7 @@ static CUresult module_load(CUmodule *module, const void *image) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
         for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
             if (!g_modules[i].live) {
-                rc = load_locked(&g_modules[i], dev, t_current, image);
+                rc = load_locked(&g_modules[i], dev, t_current, image_globals(image));
                 if (rc == CUDA_SUCCESS) {
                     *module = &g_modules[i];
                 }
@@ -3060,6 +3242,7 @@ static struct CUmod_st *module_locked(CUmodule m) {
     return i >= 0 && g_modules[i].live ? &g_modules[i] : NULL;
 }
 
+/* A library's module in a context goes with the library or the context only. */
 CUresult impl_cuModuleUnload(CUmodule hmod) {
     struct CUmod_st *m;
     CUresult rc = CUDA_SUCCESS;
@@ -3067,7 +3250,7 @@ CUresult impl_cuModuleUnload(CUmodule hmod) {
     m = module_locked(hmod);
     if (!g_initialized) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
-    } else if (m == NULL) {
+    } else if (m == NULL || m->library != NULL) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     } else {
         unload_locked(m);
@@ -3077,52 +3260,178 @@ CUresult impl_cuModuleUnload(CUmodule hmod) {
 }
 
 /* Every name is a global of a module with globals: all of them. */
+static CUresult global_locked(const struct CUmod_st *m, const char *name, CUdeviceptr *dptr,
+                              size_t *bytes) {
+    if (name == NULL) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (m->globals == 0) {
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    if (dptr != NULL) {
+        *dptr = m->globals_at;
+    }
+    if (bytes != NULL) {
+        *bytes = (size_t)m->globals;
+    }
+    return CUDA_SUCCESS;
+}
+
 CUresult impl_cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule hmod,
                                    const char *name) {
     struct CUmod_st *m;
-    CUresult rc = CUDA_SUCCESS;
+    CUresult rc;
     lock();
     m = module_locked(hmod);
     if (!g_initialized) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
     } else if (m == NULL) {
         rc = CUDA_ERROR_INVALID_HANDLE;
-    } else if (name == NULL) {
-        rc = CUDA_ERROR_INVALID_VALUE;
-    } else if (m->globals == 0) {
-        rc = CUDA_ERROR_NOT_FOUND;
     } else {
-        if (dptr != NULL) {
-            *dptr = m->globals_at;
-        }
-        if (bytes != NULL) {
-            *bytes = (size_t)m->globals;
+        rc = global_locked(m, name, dptr, bytes);
+    }
+    unlock();
+    return rc;
+}
+
+/* ---------------------------------------------------------------- libraries */
+
+/*
+ * A library: context-independent. A text image's globals are charged to the
+ * current context's GPU at once; a fat binary (when fat is set) takes
+ * nothing, and needs no current context.
+ */
+static CUresult library_load(CUlibrary *library, const void *code, int fat) {
+    unsigned long long globals = 0;
+    int lazy = fat && code != NULL && fatbin_globals(code, &globals);
+    CUdevice dev = 0;
+    CUresult rc;
+    size_t i;
+    lock();
+    rc = current_device_locked(&dev);
+    if (rc == CUDA_ERROR_INVALID_CONTEXT && lazy) {
+        rc = CUDA_SUCCESS;
+        dev = 0; /* the image holds nothing on any GPU */
+    }
+    if (rc == CUDA_SUCCESS && (library == NULL || code == NULL)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
+            struct CUlib_st *lib = &g_libraries[i];
+            if (!lib->image.live) {
+                rc = load_locked(&lib->image, dev, NULL, lazy ? 0 : image_globals(code));
+                if (rc == CUDA_SUCCESS) {
+                    lib->lazy = lazy;
+                    lib->lazy_globals = globals;
+                    *library = lib;
+                }
+                break;
+            }
         }
     }
     unlock();
     return rc;
 }
 
-/* A library: context-independent, charged to the current context's GPU. */
-static CUresult library_load(CUlibrary *library, const void *code) {
-    CUdevice dev = 0;
-    CUresult rc;
+static struct CUlib_st *library_locked(CUlibrary library) {
+    long i = SLOT(g_libraries, library);
+    return i >= 0 && g_libraries[i].image.live ? &g_libraries[i] : NULL;
+}
+
+/* Its modules in every context and its kernels go with it. */
+static void library_unload_locked(struct CUlib_st *lib) {
     size_t i;
-    lock();
-    rc = current_device_locked(&dev);
-    if (rc == CUDA_SUCCESS && (library == NULL || code == NULL)) {
-        rc = CUDA_ERROR_INVALID_VALUE;
-    } else if (rc == CUDA_SUCCESS) {
-        rc = CUDA_ERROR_OUT_OF_MEMORY;
-        for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
-            if (!g_libraries[i].image.live) {
-                rc = load_locked(&g_libraries[i].image, dev, NULL, code);
-                if (rc == CUDA_SUCCESS) {
-                    *library = &g_libraries[i];
-                }
-                break;
-            }
+    for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
+        if (g_modules[i].live && g_modules[i].library == lib) {
+            unload_locked(&g_modules[i]);
         }
+    }
+    for (i = 0; i < DOUBLE_MAX_KERNELS; i++) {
+        if (g_kernels[i].library == lib) {
+            g_kernels[i].library = NULL;
+        }
+    }
+    unload_locked(&lib->image);
+}
+
+/*
+ * The library's module in ctx, made at its first use there: that takes a
+ * fat binary's globals on ctx's GPU, or fails with CUDA_ERROR_OUT_OF_MEMORY
+ * and takes nothing. A text image's globals stay with the library's image.
+ */
+static CUresult library_module_locked(struct CUlib_st *lib, CUcontext ctx,
+                                      struct CUmod_st **out) {
+    size_t i, free_slot = DOUBLE_MAX_MODULES;
+    CUresult rc;
+    if (!context_alive(ctx)) {
+        return CUDA_ERROR_INVALID_CONTEXT;
+    }
+    for (i = 0; i < DOUBLE_MAX_MODULES; i++) {
+        if (g_modules[i].live && g_modules[i].library == lib && g_modules[i].ctx == ctx) {
+            *out = &g_modules[i];
+            return CUDA_SUCCESS;
+        }
+        if (!g_modules[i].live && free_slot == DOUBLE_MAX_MODULES) {
+            free_slot = i;
+        }
+    }
+    if (free_slot == DOUBLE_MAX_MODULES) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    rc = load_locked(&g_modules[free_slot], ctx->device, ctx, lib->lazy ? lib->lazy_globals : 0);
+    if (rc == CUDA_SUCCESS) {
+        g_modules[free_slot].library = lib;
+        *out = &g_modules[free_slot];
+    }
+    return rc;
+}
+
+/* Every name is a function of m; the same name gives the same handle. */
+static CUresult function_get_locked(struct CUmod_st *m, const char *name, CUfunction *out) {
+    size_t i, free_slot = DOUBLE_MAX_FUNCTIONS;
+    if (*name == '\0' || strlen(name) >= FUNCTION_NAME_MAX) {
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    for (i = 0; i < DOUBLE_MAX_FUNCTIONS; i++) {
+        if (g_functions[i].module == m && strcmp(g_functions[i].name, name) == 0) {
+            *out = &g_functions[i];
+            return CUDA_SUCCESS;
+        }
+        if (g_functions[i].module == NULL && free_slot == DOUBLE_MAX_FUNCTIONS) {
+            free_slot = i;
+        }
+    }
+    if (free_slot == DOUBLE_MAX_FUNCTIONS) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g_functions[free_slot].module = m;
+    g_functions[free_slot].launched = 0;
+    snprintf(g_functions[free_slot].name, FUNCTION_NAME_MAX, "%s", name);
+    *out = &g_functions[free_slot];
+    return CUDA_SUCCESS;
+}
+
+/* The function of kernel k in ctx, after its library's first use there. */
+static CUresult kernel_function_locked(const struct CUkern_st *k, CUcontext ctx,
+                                       CUfunction *out) {
+    struct CUmod_st *m = NULL;
+    CUresult rc = library_module_locked(k->library, ctx, &m);
+    return rc == CUDA_SUCCESS ? function_get_locked(m, k->name, out) : rc;
+}
+
+/* A kernel handle launched on h becomes its function in the stream's context
+ * (the current one for the default streams). Anything else, a bad stream
+ * included, is left for the launch to report. */
+static CUresult kernel_launch_function(CUfunction *f, CUstream h, int ptsz) {
+    struct CUstream_st *s = NULL;
+    const struct CUkern_st *k;
+    CUdevice dev = 0;
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    k = kernel_locked(*f);
+    if (k != NULL && stream_locked(h, ptsz, &s, &dev) == CUDA_SUCCESS) {
+        rc = kernel_function_locked(k, s != NULL && s->ctx != NULL ? s->ctx : t_current, f);
     }
     unlock();
     return rc;
@@ -3138,9 +3447,10 @@ CUresult impl_cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_opti
     (void)libraryOptions;
     (void)libraryOptionValues;
     (void)numLibraryOptions;
-    return library_load(library, code);
+    return library_load(library, code, 1);
 }
 
+/* Only the file's first bytes are read: a text image's header. */
 CUresult impl_cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
                                     CUjit_option *jitOptions, void **jitOptionsValues,
                                     unsigned int numJitOptions, CUlibraryOption *libraryOptions,
@@ -3157,29 +3467,144 @@ CUresult impl_cuLibraryLoadFromFile(CUlibrary *library, const char *fileName,
         return CUDA_ERROR_NOT_INITIALIZED;
     }
     rc = read_image(fileName, image, sizeof image);
-    return rc == CUDA_SUCCESS ? library_load(library, image) : rc;
+    return rc == CUDA_SUCCESS ? library_load(library, image, 0) : rc;
 }
 
 CUresult impl_cuLibraryUnload(CUlibrary library) {
-    long i = SLOT(g_libraries, library);
+    struct CUlib_st *lib;
     CUresult rc = CUDA_SUCCESS;
     lock();
+    lib = library_locked(library);
     if (!g_initialized) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
-    } else if (i < 0 || !g_libraries[i].image.live) {
+    } else if (lib == NULL) {
         rc = CUDA_ERROR_INVALID_HANDLE;
     } else {
-        unload_locked(&g_libraries[i].image);
+        library_unload_locked(lib);
     }
     unlock();
     return rc;
 }
 
-/* Every name is a kernel of every module; the same name gives the same handle. */
+/* Every name is a kernel of every library; the same name gives the same handle. */
+CUresult impl_cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name) {
+    struct CUlib_st *lib;
+    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
+    size_t i, free_slot = DOUBLE_MAX_KERNELS;
+    lock();
+    lib = library_locked(library);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (pKernel == NULL || name == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (lib == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (*name == '\0' || strlen(name) >= FUNCTION_NAME_MAX) {
+        rc = CUDA_ERROR_NOT_FOUND;
+    } else {
+        for (i = 0; i < DOUBLE_MAX_KERNELS; i++) {
+            if (g_kernels[i].library == lib && strcmp(g_kernels[i].name, name) == 0) {
+                free_slot = i;
+                break;
+            }
+            if (g_kernels[i].library == NULL && free_slot == DOUBLE_MAX_KERNELS) {
+                free_slot = i;
+            }
+        }
+        if (free_slot < DOUBLE_MAX_KERNELS) {
+            g_kernels[free_slot].library = lib;
+            snprintf(g_kernels[free_slot].name, FUNCTION_NAME_MAX, "%s", name);
+            *pKernel = &g_kernels[free_slot];
+            rc = CUDA_SUCCESS;
+        }
+    }
+    unlock();
+    return rc;
+}
+
+/* The library's module in the current context: its first use there. */
+CUresult impl_cuLibraryGetModule(CUmodule *pMod, CUlibrary library) {
+    struct CUlib_st *lib;
+    struct CUmod_st *m = NULL;
+    CUresult rc;
+    lock();
+    lib = library_locked(library);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (pMod == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (lib == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if ((rc = library_module_locked(lib, t_current, &m)) == CUDA_SUCCESS) {
+        *pMod = m;
+    }
+    unlock();
+    return rc;
+}
+
+/* As cuModuleGetGlobal_v2, after the library's first use in the current
+ * context: a fat binary's globals there, a text image's with the library. */
+CUresult impl_cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary library,
+                                 const char *name) {
+    struct CUlib_st *lib;
+    struct CUmod_st *m = NULL;
+    CUresult rc;
+    lock();
+    lib = library_locked(library);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (lib == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (name == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if ((rc = library_module_locked(lib, t_current, &m)) == CUDA_SUCCESS) {
+        rc = global_locked(lib->lazy ? m : &lib->image, name, dptr, bytes);
+    }
+    unlock();
+    return rc;
+}
+
+/* A kernel's library; anything else, a module's function included, is not a kernel. */
+CUresult impl_cuKernelGetLibrary(CUlibrary *pLib, CUkernel kernel) {
+    const struct CUkern_st *k;
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    k = kernel_locked(kernel);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (pLib == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (k == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        *pLib = k->library;
+    }
+    unlock();
+    return rc;
+}
+
+/* The kernel's function in the current context: its library's first use there. */
+CUresult impl_cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel) {
+    const struct CUkern_st *k;
+    CUresult rc;
+    lock();
+    k = kernel_locked(kernel);
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (pFunc == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (k == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else {
+        rc = kernel_function_locked(k, t_current, pFunc);
+    }
+    unlock();
+    return rc;
+}
+
 CUresult impl_cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
     struct CUmod_st *m;
-    CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
-    size_t i, free_slot = DOUBLE_MAX_FUNCTIONS;
+    CUresult rc;
     lock();
     m = module_locked(hmod);
     if (!g_initialized) {
@@ -3188,25 +3613,8 @@ CUresult impl_cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (m == NULL) {
         rc = CUDA_ERROR_INVALID_HANDLE;
-    } else if (*name == '\0' || strlen(name) >= FUNCTION_NAME_MAX) {
-        rc = CUDA_ERROR_NOT_FOUND;
     } else {
-        for (i = 0; i < DOUBLE_MAX_FUNCTIONS; i++) {
-            if (g_functions[i].module == m && strcmp(g_functions[i].name, name) == 0) {
-                free_slot = i;
-                break;
-            }
-            if (g_functions[i].module == NULL && free_slot == DOUBLE_MAX_FUNCTIONS) {
-                free_slot = i;
-            }
-        }
-        if (free_slot < DOUBLE_MAX_FUNCTIONS) {
-            g_functions[free_slot].module = m;
-            g_functions[free_slot].launched = 0;
-            snprintf(g_functions[free_slot].name, FUNCTION_NAME_MAX, "%s", name);
-            *hfunc = &g_functions[free_slot];
-            rc = CUDA_SUCCESS;
-        }
+        rc = function_get_locked(m, name, hfunc);
     }
     unlock();
     return rc;
@@ -3243,8 +3651,8 @@ CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice 
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: value = DOUBLE_THREADS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: value = 1; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: value = 0; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: value = 9; break;
-    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: value = 0; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: value = DOUBLE_CC_MAJOR; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: value = DOUBLE_CC_MINOR; break;
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: value = 1; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: value = 1; break;
     default:

@@ -175,10 +175,10 @@
  *   clock                 -> "clock ns=N": CLOCK_MONOTONIC now
  *
  * Driver-held memory: what the driver takes on the GPU without an allocation
- * call (the double's model is in its cuda.c). IDs of images, graph execs and
- * contexts count 0, 1, 2, ... in a table of each kind; an unknown ID exits
- * with status 2. KIND is stack, fifo or heap (CU_LIMIT_STACK_SIZE,
- * CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_MALLOC_HEAP_SIZE).
+ * call (the double's model is in its cuda.c). IDs of images, graph execs,
+ * contexts and kernels count 0, 1, 2, ... in a table of each kind; an
+ * unknown ID exits with status 2. KIND is stack, fifo or heap
+ * (CU_LIMIT_STACK_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_MALLOC_HEAP_SIZE).
  *   setlimit KIND SIZE    -> "setlimit KIND SIZE -> RESULT"   (cuCtxSetLimit)
  *   getlimit KIND         -> "getlimit KIND -> RESULT VALUE"  (cuCtxGetLimit)
  *   module SIZE           -> "module SIZE -> RESULT ID" (ID "-" on failure):
@@ -192,6 +192,31 @@
  *                            loaded)
  *   unload ID             -> "unload ID -> RESULT": cuModuleUnload or
  *                            cuLibraryUnload, as ID was loaded
+ *   fatlib SIZE           -> "fatlib SIZE -> RESULT ID" (ID "-" on failure;
+ *                            an image ID, for unload): cuLibraryLoadData
+ *                            of a __fatBinC_Wrapper_t, as the CUDA runtime
+ *                            registers a translation unit, whose fat binary
+ *                            holds one uncompressed ELF cubin for the device's
+ *                            arch (cuDeviceGetAttribute's compute capability,
+ *                            90 for 9.0) defining one global,
+ *                            gpushare_global, of SIZE bytes in a NOBITS
+ *                            .nv.global section, and no code; the image
+ *                            stays in memory for the process's life. The
+ *                            double and driver 580 take those globals at the
+ *                            library's first use in a context
+ *   libkernel ID NAME     -> "libkernel ID NAME -> RESULT KID" (KID "-" on
+ *                            failure): cuLibraryGetKernel(library ID, NAME);
+ *                            the ID of a module exits with status 2; a real
+ *                            driver finds no kernel in fatlib's cubin
+ *                            (CUDA_ERROR_NOT_FOUND), the double any name
+ *   libglobal ID          -> "libglobal ID -> RESULT BYTES": cuLibraryGetGlobal
+ *                            (library ID, "gpushare_global"), BYTES its size
+ *                            (0 on failure): a first use on a real driver too
+ *   launchk KID           -> "launchk KID -> RESULT": cuLaunchKernel of the
+ *                            kernel handle as a function, grid and block
+ *                            1x1x1, no parameters, on the legacy stream
+ *   kernelfunc KID        -> "kernelfunc KID -> RESULT"   (cuKernelGetFunction)
+ *   kernellib KID         -> "kernellib KID -> RESULT"    (cuKernelGetLibrary)
  *   graph_alloc SIZE      -> "graph_alloc SIZE -> RESULT ID" (ID "-" on
  *                            failure): cuGraphCreate, cuGraphAddMemAllocNode
  *                            (SIZE, pinned, device N, no dependencies),
@@ -646,6 +671,38 @@ static void run_script(int argc, char **argv, int execute) {
             unsigned long long id = arg_number(id_text);
             if (execute) {
                 cmd_unload(id_text, id);
+            }
+        } else if (strcmp(cmd, "fatlib") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_fatlib(size_text, size);
+            }
+        } else if (strcmp(cmd, "libkernel") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            const char *name = NEXT();
+            if (name == NULL) {
+                die(2, "libkernel needs a library ID and a kernel name");
+            }
+            if (execute) {
+                cmd_libkernel(id_text, id, name);
+            }
+        } else if (strcmp(cmd, "libglobal") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_libglobal(id_text, id);
+            }
+        } else if (strcmp(cmd, "launchk") == 0 || strcmp(cmd, "kernelfunc") == 0 ||
+                   strcmp(cmd, "kernellib") == 0) {
+            enum held_kernel_op op = cmd[0] == 'l'   ? HELD_KERNEL_LAUNCH
+                                     : cmd[6] == 'f' ? HELD_KERNEL_FUNCTION
+                                                     : HELD_KERNEL_LIBRARY;
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_kernel(cmd, op, id_text, id);
             }
         } else if (strcmp(cmd, "graph_alloc") == 0 || strcmp(cmd, "capture_alloc") == 0) {
             const char *size_text = NEXT();

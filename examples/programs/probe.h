@@ -113,7 +113,12 @@
     X(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", CUDA_VERSION_USED, 0)     \
     X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", CUDA_VERSION_USED, 0)             \
     X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", CUDA_VERSION_USED, 0)             \
-    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", CUDA_VERSION_USED, 0)
+    X(cuMemPoolTrimTo, "cuMemPoolTrimTo", CUDA_VERSION_USED, 0)                         \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute", CUDA_VERSION_USED, 0)               \
+    X(cuLibraryGetKernel, "cuLibraryGetKernel", CUDA_VERSION_USED, 0)                   \
+    X(cuKernelGetLibrary, "cuKernelGetLibrary", CUDA_VERSION_USED, 0)                   \
+    X(cuKernelGetFunction, "cuKernelGetFunction", CUDA_VERSION_USED, 0)                 \
+    X(cuLibraryGetGlobal, "cuLibraryGetGlobal", CUDA_VERSION_USED, 0)
 
 #define NVML_FUNCS(X)                                                                   \
     X(nvmlInit_v2)                                                                      \
@@ -230,12 +235,25 @@ void cmd_maxstall(void);
 
 /* probe_held.c: memory the driver takes without an allocation call. */
 enum held_limit { HELD_STACK, HELD_FIFO, HELD_HEAP, HELD_LIMIT_COUNT };
-enum held_image { HELD_MODULE, HELD_MODULE_EX, HELD_LIBRARY, HELD_LIBRARY_FILE, HELD_IMAGE_COUNT };
+enum held_image {
+    HELD_MODULE,
+    HELD_MODULE_EX,
+    HELD_LIBRARY,
+    HELD_LIBRARY_FILE,
+    HELD_FAT_LIBRARY,
+    HELD_IMAGE_COUNT
+};
+enum held_kernel_op { HELD_KERNEL_LAUNCH, HELD_KERNEL_FUNCTION, HELD_KERNEL_LIBRARY };
 enum held_graph { HELD_LAUNCH, HELD_UPLOAD, HELD_DESTROY };
 void cmd_setlimit(const char *kind_text, enum held_limit kind, const char *size_text, size_t size);
 void cmd_getlimit(const char *kind_text, enum held_limit kind);
 void cmd_load(const char *cmd, enum held_image kind, const char *size_text, size_t size);
 void cmd_unload(const char *id_text, unsigned long long id);
+void cmd_fatlib(const char *size_text, size_t size);
+void cmd_libkernel(const char *id_text, unsigned long long id, const char *name);
+void cmd_libglobal(const char *id_text, unsigned long long id);
+void cmd_kernel(const char *cmd, enum held_kernel_op op, const char *id_text,
+                unsigned long long id);
 void cmd_graph_alloc(const char *cmd, int captured, const char *size_text, size_t size);
 void cmd_graph(const char *cmd, enum held_graph op, const char *id_text, unsigned long long id);
 void cmd_graph_trim(void);

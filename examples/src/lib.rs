@@ -31,7 +31,9 @@
 //! Memory the real driver takes without an allocation call is modelled too,
 //! and counted the same way: context limits above their defaults
 //! (`cuCtxSetLimit`), module globals (an image that begins
-//! `gpushare-double-module globals=N`), graph memory (reserved at a graph
+//! `gpushare-double-module globals=N`; for a fat binary given to
+//! `cuLibraryLoadData`, its cubin's `.nv.global*` sections, taken at the
+//! library's first use in each context), graph memory (reserved at a graph
 //! exec's first upload or launch, retained after it until
 //! `cuDeviceGraphMemTrim`) and the default pool's retained bytes (kept by a
 //! release threshold, released at synchronize or `cuMemPoolTrimTo`).

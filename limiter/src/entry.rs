@@ -45,7 +45,8 @@ pub struct Limiter {
     pub memory: MemoryQuota,
     /// Oversubscription: what may be served from host memory past the quota.
     pub spill: Spill,
-    /// `None` when no compute limit is configured: launches are not patched.
+    /// `None` when no compute limit is configured: launches are only
+    /// checked for a library's first use (see `quota::LazyLibraries`).
     pub compute: Option<Throttle>,
     allow_unpatched: bool,
     /// Set when CUDA must be refused after load (the driver cannot be patched).

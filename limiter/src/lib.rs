@@ -39,6 +39,7 @@ mod error;
 mod grant;
 mod hash;
 mod hypervisor;
+mod image;
 mod loader;
 mod metering;
 mod quota;

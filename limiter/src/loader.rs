@@ -287,19 +287,14 @@ pub fn install_if_mapped() {
         // limits cannot be had (broken config, no grant, unpatchable driver).
         let tables: &[&[HookEntry]] = match state {
             State::Refusing(_) => &[&detour::driver::DRIVER_DETOURS],
-            // Launches are patched only where a compute limit may apply.
-            _ if limiter.is_some_and(|limiter| limiter.compute.is_some()) => &[
-                &detour::driver::DRIVER_DETOURS,
-                &detour::memory::MEMORY_DETOURS,
-                &detour::context::CONTEXT_DETOURS,
-                &detour::held::HELD_DETOURS,
-                &detour::launch::LAUNCH_DETOURS,
-            ],
+            // Launches are patched wherever limits apply: a compute limit
+            // admits them, and a first launch may load a library's globals.
             _ => &[
                 &detour::driver::DRIVER_DETOURS,
                 &detour::memory::MEMORY_DETOURS,
                 &detour::context::CONTEXT_DETOURS,
                 &detour::held::HELD_DETOURS,
+                &detour::launch::LAUNCH_DETOURS,
             ],
         };
         let resolved = match limiter {

@@ -192,6 +192,13 @@ pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
 pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
 pub type CuLibraryGetModule = unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult;
+/// A library's kernel, context-independent (`cuLibraryGetKernel`); the
+/// runtime launches these as functions.
+pub type CUkernel = *mut c_void;
+pub type CuKernelGetLibrary = unsafe extern "C" fn(*mut CUlibrary, CUkernel) -> CUresult;
+/// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` (`_MINOR` is the next).
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 pub type CuCtxGetLimit = unsafe extern "C" fn(*mut usize, CUlimit) -> CUresult;
 pub type CuGraphGetNodes = unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
 pub type CuGraphNodeGetType = unsafe extern "C" fn(CUgraphNode, *mut c_int) -> CUresult;

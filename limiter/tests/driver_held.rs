@@ -20,12 +20,13 @@ const QUOTA: u64 = 4 * GIB;
 const DEFAULT_HEAP: u64 = 8 * MIB;
 
 fn quota4g(pod: &Pod, script: &[&str]) -> Vec<String> {
-    run(probe(
-        "cudaprobe",
-        pod,
-        &[("CUDA_DEVICE_MEMORY_LIMIT", "4g")],
-        script,
-    ))
+    quota4g_with(pod, &[], script)
+}
+
+fn quota4g_with(pod: &Pod, env: &[(&str, &str)], script: &[&str]) -> Vec<String> {
+    let mut env = env.to_vec();
+    env.push(("CUDA_DEVICE_MEMORY_LIMIT", "4g"));
+    run(probe("cudaprobe", pod, &env, script))
 }
 
 /// The free bytes of an `info` line.
@@ -93,8 +94,16 @@ fn thread_stacks_are_reserved_for_every_resident_thread() {
 fn module_and_library_globals_are_charged_and_one_past_the_quota_is_unloaded() {
     for kind in ["module", "module_ex", "library", "library_file"] {
         let pod = Pod::new("globals");
-        let lines = quota4g(
+        // The double's text images are loaded at once, as libraries are
+        // under eager loading (lazy ones are the fat binaries below).
+        let eager: &[(&str, &str)] = if kind == "library" {
+            &[("CUDA_MODULE_LOADING", "EAGER")]
+        } else {
+            &[]
+        };
+        let lines = quota4g_with(
             &pod,
+            eager,
             &[
                 "info", kind, "1g", "info", kind, "3g", "info", "alloc", "mem", "1g", "unload",
                 "0", "info",
@@ -117,6 +126,119 @@ fn module_and_library_globals_are_charged_and_one_past_the_quota_is_unloaded() {
             "{kind}: given back: {lines:?}"
         );
     }
+}
+
+/// The runtime's libraries (fat binaries, loaded lazily): their globals are
+/// taken at the first use in a context; the limiter reads their size from
+/// the image and reserves it before, so a first use past the quota takes
+/// nothing and is refused, and one that fits is charged once.
+#[test]
+fn lazily_loaded_library_globals_are_reserved_at_their_first_use() {
+    for first_use in ["launchk", "kernelfunc", "libglobal"] {
+        let pod = Pod::new("lazy");
+        let use_it = |id: &'static str| -> [&'static str; 2] { [first_use, id] };
+        let (kernel, library) = ("0", "0");
+        let target = if first_use == "libglobal" {
+            library
+        } else {
+            kernel
+        };
+        let mut script = vec![
+            "info",
+            "fatlib",
+            "3g",
+            "info",
+            "alloc",
+            "mem",
+            "1g",
+            "libkernel",
+            "0",
+            "k0",
+        ];
+        script.extend(use_it(target));
+        script.extend(["info", "free", "0"]);
+        script.extend(use_it(target));
+        script.extend([
+            "info",
+            "libkernel",
+            "0",
+            "k1",
+            "launchk",
+            "1",
+            "info",
+            "alloc",
+            "mem",
+            "1g",
+        ]);
+        script.extend(["unload", "0", "info"]);
+        let lines = quota4g(&pod, &script);
+        let before = free_of(&lines[0]);
+        assert_eq!(result_of(&lines[1]), 0, "{first_use}: {lines:?}");
+        assert_eq!(
+            free_of(&lines[2]),
+            before,
+            "{first_use}: the load takes nothing: {lines:?}"
+        );
+        assert_eq!(result_of(&lines[3]), 0, "{first_use}: {lines:?}");
+        // 1 GiB allocated, 3 GiB of globals and the context: past 4 GiB.
+        assert_eq!(result_of(&lines[5]), 2, "{first_use}: refused: {lines:?}");
+        assert_eq!(
+            free_of(&lines[6]),
+            before - GIB,
+            "{first_use}: nothing taken: {lines:?}"
+        );
+        assert_eq!(result_of(&lines[7]), 0, "{first_use}: {lines:?}");
+        assert_eq!(result_of(&lines[8]), 0, "{first_use}: fits now: {lines:?}");
+        assert_eq!(
+            free_of(&lines[9]),
+            before - 3 * GIB,
+            "{first_use}: {lines:?}"
+        );
+        // Another kernel of the library: nothing more.
+        assert_eq!(result_of(&lines[11]), 0, "{first_use}: {lines:?}");
+        assert_eq!(
+            free_of(&lines[12]),
+            before - 3 * GIB,
+            "{first_use}: once: {lines:?}"
+        );
+        assert_eq!(result_of(&lines[13]), 2, "{first_use}: charged: {lines:?}");
+        assert_eq!(result_of(&lines[14]), 0, "{first_use}: {lines:?}");
+        assert_eq!(
+            free_of(&lines[15]),
+            before,
+            "{first_use}: given back: {lines:?}"
+        );
+    }
+}
+
+/// Small globals are not reserved ahead (no NVML call at every small
+/// library's first launch): the next measurement (at most 200 ms apart)
+/// charges them.
+#[test]
+fn small_library_globals_are_charged_by_the_next_measurement() {
+    let pod = Pod::new("lazy-small");
+    let lines = quota4g(
+        &pod,
+        &[
+            "info",
+            "fatlib",
+            "512k",
+            "libkernel",
+            "0",
+            "k",
+            "launchk",
+            "0",
+            "sleep",
+            "250",
+            "alloc",
+            "mem",
+            "1m",
+            "info",
+        ],
+    );
+    let before = free_of(&lines[0]);
+    assert_eq!(result_of(&lines[3]), 0, "{lines:?}");
+    assert_eq!(free_of(&lines[6]), before - 512 * 1024 - MIB, "{lines:?}");
 }
 
 #[test]

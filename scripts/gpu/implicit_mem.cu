@@ -1,5 +1,5 @@
-// Checks 28-36: the ways the CUDA driver takes device memory without an
-// allocation call of the program. Runs one <path>, then shows the process
+// Checks 28-36, 38 and 39: the ways the CUDA driver takes device memory
+// without an allocation call of the program. Runs one <path>, then shows the process
 // still works (64 MiB cudaMalloc + memset + synchronize), then keeps what it
 // took until <release-file> exists (polls every 100 ms, gives up after
 // <max_s> seconds, default 120) so that its footprint can be read from
@@ -17,13 +17,19 @@
 //                  (release threshold UINT64_MAX), then cudaMalloc(<bytes>/2);
 //                  cudaMemPoolTrimTo(0) and the cudaMalloc again if it failed
 //   contexts       up to 16 more contexts with cuCtxCreate
+//   lazy_global    cudaMalloc of <bytes> less 3 GiB (+ a memset), then the
+//                  first launch of a kernel of lazy_global.cu, a unit with
+//                  a 3 GiB __device__ global that the runtime loads only then
+//   green_contexts up to 16 green contexts (CUDA 13 driver API), each on
+//                  one group of the fewest SMs the device splits off
 // Prints key=value lines: <step>_rc=<int> for each step it ran, op_rc= (the
 // first failure of the steps that take the memory, 0 when none), op_name=,
 // usable_rc=, usable=1 when the 64 MiB step worked, holding=1, done=1.
 // Exit status 0 whatever the driver answered; 64 on a usage error.
 // Usage: implicit_mem <path> [bytes [release-file [max_s [cubin]]]]
 //        (bytes default 6 GiB; cubin needed by module and library)
-// Build: nvcc -O2 -arch=sm_90 -o implicit_mem implicit_mem.cu -lcuda
+// Build: nvcc -O2 -arch=sm_90 -Xcompiler -mcmodel=medium -o implicit_mem implicit_mem.cu lazy_global.cu -lcuda
+//        (the host shadow of lazy_global.cu's 3 GiB global needs the medium code model)
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cstdint>
@@ -36,6 +42,14 @@ static const size_t MiB = 1ull << 20;
 static const size_t USABLE = 64 * MiB;
 static const int MAX_CONTEXTS = 16;
 static const int MAX_LOADS = 64;
+// The SMs asked for each green context's group; the driver rounds it up to
+// its granularity (8 on compute capability 9.0).
+static const unsigned GREEN_SMS = 8;
+
+// lazy_global.cu, a translation unit of its own (its module is loaded at the
+// first launch of its kernel).
+size_t lazy_global_bytes();
+cudaError_t lazy_global_touch(size_t bytes);
 
 static int op_rc = 0;
 static const char *op_name = nullptr;
@@ -76,6 +90,8 @@ struct Held {
   int loads = 0;
   CUcontext ctxs[MAX_CONTEXTS] = {};
   int contexts = 0;
+  CUgreenCtx greens[MAX_CONTEXTS] = {};
+  int green = 0;
 };
 
 __device__ int malloc_ok;
@@ -280,6 +296,55 @@ static void contexts(Held &h) {
   drv("restore", cuCtxSetCurrent(primary), false);
 }
 
+// The plain cudaMalloc first (charged like any allocation), then the launch
+// that makes the runtime load lazy_global.cu's module and its 3 GiB global.
+static void lazy_global(Held &h, size_t bytes) {
+  size_t global = lazy_global_bytes();
+  size_t plain = bytes > global ? bytes - global : 0;
+  printf("global_bytes=%zu\nplain_bytes=%zu\n", global, plain);
+  if (plain) {
+    if (!rt("malloc", cudaMalloc(&h.plain, plain))) {
+      h.plain = nullptr;
+      return;
+    }
+    cudaError_t e = cudaMemset(h.plain, 1, plain);
+    if (e == cudaSuccess) e = cudaDeviceSynchronize();
+    if (!rt("memset", e)) return;
+  }
+  if (!rt("launch", lazy_global_touch(global))) return;
+  rt("sync", cudaDeviceSynchronize());
+}
+
+// Green contexts from one SM group; the same descriptor serves each of them.
+// cuGreenCtxCreate does not make the context current.
+static void green_contexts(Held &h) {
+  CUcontext primary = nullptr;
+  CUdevice dev = 0;
+  CUresult r = cuCtxGetCurrent(&primary);
+  if (r == CUDA_SUCCESS) r = cuDeviceGet(&dev, 0);
+  if (!drv("device", r)) return;
+  CUdevResource all, group, rest;
+  memset(&all, 0, sizeof all);
+  memset(&group, 0, sizeof group);
+  memset(&rest, 0, sizeof rest);
+  if (!drv("resource", cuDeviceGetDevResource(dev, &all, CU_DEV_RESOURCE_TYPE_SM))) return;
+  unsigned groups = 1;
+  if (!drv("split", cuDevSmResourceSplitByCount(&group, &groups, &all, &rest, 0, GREEN_SMS))) return;
+  printf("sms=%u\ngroups=%u\ngreen_sms=%u\n", all.sm.smCount, groups, group.sm.smCount);
+  CUdevResourceDesc desc = nullptr;
+  if (!drv("desc", cuDevResourceGenerateDesc(&desc, &group, 1))) return;
+  CUresult create = CUDA_SUCCESS;
+  while (h.green < MAX_CONTEXTS) {
+    create = cuGreenCtxCreate(&h.greens[h.green], desc, dev, CU_GREEN_CTX_DEFAULT_STREAM);
+    if (create != CUDA_SUCCESS) break;
+    h.green++;
+  }
+  printf("contexts=%d\n", h.green);
+  drv("create", create);
+  // Should a driver make one current, the runtime's steps still use the primary one.
+  drv("restore", cuCtxSetCurrent(primary), false);
+}
+
 static void release(Held &h) {
   if (h.usable) cudaFree(h.usable);
   if (h.plain) cudaFree(h.plain);
@@ -292,10 +357,12 @@ static void release(Held &h) {
     if (h.libs[i]) cuLibraryUnload(h.libs[i]);
   }
   for (int i = h.contexts - 1; i >= 0; i--) cuCtxDestroy(h.ctxs[i]);
+  for (int i = h.green - 1; i >= 0; i--) cuGreenCtxDestroy(h.greens[i]);
 }
 
 static const char *const PATHS[] = {"graph_node", "graph_capture", "heap", "stack", "printf_fifo",
-                                    "module", "library", "pool", "contexts"};
+                                    "module", "library", "pool", "contexts", "lazy_global",
+                                    "green_contexts"};
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -306,7 +373,8 @@ int main(int argc, char **argv) {
   const char *release_file = argc > 3 ? argv[3] : nullptr;
   int max_s = argc > 4 ? atoi(argv[4]) : 120;
   const char *cubin = argc > 5 ? argv[5] : nullptr;
-  bool driver_path = !strcmp(path, "module") || !strcmp(path, "library") || !strcmp(path, "contexts");
+  bool driver_path = !strcmp(path, "module") || !strcmp(path, "library") || !strcmp(path, "contexts") ||
+                     !strcmp(path, "green_contexts");
   bool needs_cubin = !strcmp(path, "module") || !strcmp(path, "library");
   if (!known || bytes == 0 || (needs_cubin && !cubin)) {
     fprintf(stderr, "usage: %s <path> [bytes [release-file [max_s [cubin]]]]\n  paths:", argv[0]);
@@ -328,7 +396,9 @@ int main(int argc, char **argv) {
   else if (!strcmp(path, "module")) modules(h, cubin, bytes, false);
   else if (!strcmp(path, "library")) modules(h, cubin, bytes, true);
   else if (!strcmp(path, "pool")) pool(h, bytes);
-  else contexts(h);
+  else if (!strcmp(path, "contexts")) contexts(h);
+  else if (!strcmp(path, "lazy_global")) lazy_global(h, bytes);
+  else green_contexts(h);
   if (!op_name) op_name = driver_path ? "CUDA_SUCCESS" : "cudaSuccess";
   printf("op_rc=%d\nop_name=%s\n", op_rc, op_name);
 

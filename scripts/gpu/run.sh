@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU end-to-end check: builds the CUDA programs of scripts/gpu with nvcc,
-# then runs the pytest harness in scripts/gpu/e2e (checks 1-37; see its
+# then runs the pytest harness in scripts/gpu/e2e (checks 1-41; see its
 # conftest.py for the knobs), which writes table.md, results.json, e2e.log and
 # e2e-logs.tar.gz to $OUT (default: the work dir) and prints the table last.
 #
@@ -51,7 +51,10 @@ build() {
   one mem_bench "${NV[@]}" -o "$BIN/mem_bench" "$SRC/mem_bench.cu" "${L[@]}" -lcuda
   one spin "${NV[@]}" -o "$BIN/spin" "$SRC/spin.cu"
   one launch_overhead "${NV[@]}" -o "$BIN/launch_overhead" "$SRC/launch_overhead.cu"
-  one implicit_mem "${NV[@]}" -o "$BIN/implicit_mem" "$SRC/implicit_mem.cu" "${L[@]}" -lcuda
+  # lazy_global.cu's 3 GiB __device__ global has a 3 GiB host shadow: the medium code model for the whole link
+  one implicit_mem "${NV[@]}" -Xcompiler -mcmodel=medium -o "$BIN/implicit_mem" "$SRC/implicit_mem.cu" \
+    "$SRC/lazy_global.cu" "${L[@]}" -lcuda
+  one ipc_share "${NV[@]}" -o "$BIN/ipc_share" "$SRC/ipc_share.cu" "${L[@]}" -lcuda
   one big_global.cubin "${NV[@]}" -cubin -o "$BIN/big_global.cubin" "$SRC/big_global.cu"
   if [[ -n $cc ]]; then
     one spawn_bench "$cc" -O2 -o "$BIN/spawn_bench" "$SRC/spawn_bench.c"

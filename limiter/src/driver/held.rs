@@ -6,12 +6,14 @@ use std::ffi::c_void;
 
 use super::symbol;
 use crate::sys::{
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUdevice, CUgraph, CUgraphNode,
-    CUlibrary, CUlimit, CUmodule, CUresult, CuCtxGetLimit, CuDeviceGetAttribute,
-    CuDeviceGetGraphMemAttribute, CuGraphChildGraphNodeGetGraph, CuGraphGetNodes,
-    CuGraphMemAllocNodeGetParams, CuGraphNodeGetType, CuLibraryGetModule,
+    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUcontext, CUdevice, CUgraph,
+    CUgraphNode, CUkernel, CUlibrary, CUlimit, CUmodule, CUresult, CuCtxGetCurrent, CuCtxGetLimit,
+    CuDeviceGetAttribute, CuDeviceGetGraphMemAttribute, CuGraphChildGraphNodeGetGraph,
+    CuGraphGetNodes, CuGraphMemAllocNodeGetParams, CuGraphNodeGetType, CuKernelGetLibrary,
+    CuLibraryGetModule,
 };
 
 /// How deep child graphs are followed; deeper ones count as refused.
@@ -24,6 +26,8 @@ pub struct Held {
     device_attribute: Option<CuDeviceGetAttribute>,
     graph_mem_attribute: Option<CuDeviceGetGraphMemAttribute>,
     library_get_module: Option<CuLibraryGetModule>,
+    kernel_get_library: Option<CuKernelGetLibrary>,
+    ctx_get_current: Option<CuCtxGetCurrent>,
     graph: Option<GraphQueries>,
 }
 
@@ -75,6 +79,8 @@ impl Held {
                 device_attribute: symbol(handle, c"cuDeviceGetAttribute"),
                 graph_mem_attribute: symbol(handle, c"cuDeviceGetGraphMemAttribute"),
                 library_get_module: symbol(handle, c"cuLibraryGetModule"),
+                kernel_get_library: symbol(handle, c"cuKernelGetLibrary"),
+                ctx_get_current: symbol(handle, c"cuCtxGetCurrent"),
                 graph,
             }
         }
@@ -135,6 +141,49 @@ impl Held {
         } else {
             Err(result)
         }
+    }
+
+    /// The library of `kernel`, when it is a library's kernel (the
+    /// runtime's launches); a module's function is not.
+    pub fn kernel_library(&self, kernel: CUkernel) -> Result<CUlibrary, CUresult> {
+        let get = self.kernel_get_library.ok_or(CUresult::ERROR_NOT_FOUND)?;
+        let mut library: CUlibrary = std::ptr::null_mut();
+        // SAFETY: any handle value is accepted (an invalid one is refused)
+        // and a valid out-pointer.
+        let result = unsafe { get(&mut library, kernel) };
+        if result.is_success() && !library.is_null() {
+            Ok(library)
+        } else {
+            Err(result)
+        }
+    }
+
+    /// The calling thread's current context (null: none).
+    pub fn current_context(&self) -> Result<CUcontext, CUresult> {
+        let get = self.ctx_get_current.ok_or(CUresult::ERROR_NOT_FOUND)?;
+        let mut context: CUcontext = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer.
+        let result = unsafe { get(&mut context) };
+        if result.is_success() {
+            Ok(context)
+        } else {
+            Err(result)
+        }
+    }
+
+    /// `device`'s compute capability as major × 10 + minor (90: sm_90).
+    pub fn compute_capability(&self, device: CUdevice) -> Option<u32> {
+        let attribute = self.device_attribute?;
+        let read = |which| {
+            let mut value = 0;
+            // SAFETY: a valid out-pointer.
+            let result = unsafe { attribute(&mut value, which, device) };
+            (result.is_success() && value >= 0).then_some(value as u32)
+        };
+        Some(
+            read(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? * 10
+                + read(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        )
     }
 
     /// What `graph`'s allocation nodes (its child graphs' included) take.

@@ -44,7 +44,10 @@ use crate::grant::Grant;
 use crate::sys::CUdevice;
 
 mod held;
+mod lazy;
 mod measure;
+
+pub use lazy::{FirstUse, LazyLibraries};
 
 pub use held::raise_overhead;
 
@@ -141,6 +144,11 @@ pub struct MemoryQuota {
     /// overhead never counts less while they live, even where allocations
     /// charged in full are not resident yet (managed memory).
     context_floor: [AtomicU64; MAX_DEVICES],
+    /// Libraries loaded at their first use in a context.
+    pub lazy: LazyLibraries,
+    /// `CUDA_MODULE_LOADING=EAGER`: libraries are loaded into contexts by
+    /// the calls that load them, not at their first use.
+    pub eager_loading: bool,
 }
 
 impl MemoryQuota {
@@ -159,6 +167,9 @@ impl MemoryQuota {
             graph_execs: Mutex::new(HashMap::new()),
             pools_keep: AtomicBool::new(false),
             context_floor: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            lazy: LazyLibraries::default(),
+            eager_loading: std::env::var_os("CUDA_MODULE_LOADING")
+                .is_some_and(|mode| mode.eq_ignore_ascii_case("EAGER")),
         }
     }
 

@@ -5,6 +5,10 @@ nvidia-smi, python for the .py helpers, ...), it prints the key=value lines
 the real program prints, with the numbers a working limiter gives when the
 limiter's variables are set. FAKEGPU_CRASH=name makes that program die of
 SIGSEGV, to check that a crash becomes a FAIL row and the run goes on.
+FAKEGPU_GREEN_MIB=N: what one green context takes (default 5 MiB, as
+measured on the H100 with driver 580: 16 fit the quota; 300: they do not).
+FAKEGPU_IPC_CHARGED=1: the fake limiter charges an IPC import to the
+importer too (a limiter that counts shared memory twice).
 
 Only for scripts/gpu/selftest: it shows that every check's plumbing runs
 and parses; it says nothing about the limiter.
@@ -12,6 +16,7 @@ and parses; it says nothing about the limiter.
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -66,15 +71,22 @@ def mem_hold(args):
 #: driver API one (its error names are CUDA_*).
 IMPLICIT = {"graph_node": ("instantiate", False), "graph_capture": ("capture", False), "heap": ("setlimit", False),
             "stack": ("setlimit", False), "printf_fifo": ("setlimit", False), "module": ("load", True),
-            "library": ("load", True), "pool": ("malloc", False), "contexts": ("create", True)}
+            "library": ("load", True), "pool": ("malloc", False), "contexts": ("create", True),
+            "lazy_global": ("launch", False), "green_contexts": ("create", True)}
 CONTEXT_MIB = 500
+CONTEXTS = 16
+QUOTA_MIB = 4096
+LAZY_GLOBAL_MIB = 3072
 
 
 def implicit_mem(args):
     """Under the 4 GiB quota every path is refused (2) and the process holds
     its context, what fitted and the 64 MiB of the usable step; otherwise it
     takes what it was asked (the pool gives its half back when trimmed). The
-    printf FIFO takes no device memory, so it is never refused."""
+    printf FIFO takes no device memory, so it is never refused. Green
+    contexts (FAKEGPU_GREEN_MIB each) are refused only once they do not fit;
+    the lazy global's plain cudaMalloc fits, the load of its global at the
+    launch does not."""
     path, size = args[0], int(args[1])
     step, driver = IMPLICIT[path]
     host_side = path == "printf_fifo"
@@ -82,13 +94,27 @@ def implicit_mem(args):
     out(pid=os.getpid(), path=path, bytes=size, ctx_rc=0)
     fp = CONTEXT_MIB + 64
     if path == "contexts":
-        n = 7 if LIMITED else 16
+        n = 7 if LIMITED else CONTEXTS
         out(contexts=n, create_rc=rc, restore_rc=0)
         fp += n * CONTEXT_MIB
     elif path == "pool":
         out(stream_rc=0, pool_rc=0, threshold_rc=0, kept_rc=0, reserved=size // 2, malloc_rc=rc, trim_rc=0,
             retried=int(LIMITED), after_trim_rc=0)
         fp += size // 2 // MiB
+    elif path == "green_contexts":  # what fits is made
+        green = int(E.get("FAKEGPU_GREEN_MIB", "5"))
+        n = min(CONTEXTS, (QUOTA_MIB - CONTEXT_MIB) // green) if LIMITED else CONTEXTS
+        rc = 0 if n == CONTEXTS else 2
+        out(device_rc=0, resource_rc=0, split_rc=0, sms=132, groups=1, green_sms=8, desc_rc=0, contexts=n,
+            create_rc=rc, restore_rc=0)
+        fp += n * green
+    elif path == "lazy_global":  # the plain part fits; the global's load at the launch does not
+        plain = size // MiB - LAZY_GLOBAL_MIB
+        rc = 2 if LIMITED and CONTEXT_MIB + plain + LAZY_GLOBAL_MIB > QUOTA_MIB else 0
+        out(global_bytes=LAZY_GLOBAL_MIB * MiB, plain_bytes=plain * MiB, malloc_rc=0, memset_rc=0, launch_rc=rc)
+        if not rc:
+            out(sync_rc=0)
+        fp += plain + (0 if rc else LAZY_GLOBAL_MIB)
     elif path in ("module", "library"):  # 1 GiB a load: what fits is loaded
         n = 3 if LIMITED else size // GiB
         out(modules=n, global_bytes=GiB, loaded_bytes=n * GiB, **{f"{step}_rc": rc})
@@ -97,13 +123,97 @@ def implicit_mem(args):
         out(**{f"{step}_rc": rc})
         fp += 0 if LIMITED or host_side else size // MiB
     names = ("CUDA_SUCCESS", "CUDA_ERROR_OUT_OF_MEMORY") if driver else ("cudaSuccess", "cudaErrorMemoryAllocation")
-    out(op_rc=rc, op_name=names[rc // 2], usable_rc=0, usable=1)
+    usable = fp <= QUOTA_MIB or not LIMITED
+    out(op_rc=rc, op_name=names[rc // 2], usable_rc=0 if usable else 2, usable=int(usable))
     show_footprint(fp)
     out(holding=1)
     end = time.time() + float(args[3] if len(args) > 3 else 120)
     while not os.path.exists(args[2]) and time.time() < end:
         time.sleep(0.05)
     out(done=1)
+
+
+#: ipc_share's sizes (MiB): what the exporter shares, the importer's own, then more.
+IPC_SHARED_MIB, IPC_OWN_MIB, IPC_MORE_MIB = 2048, 256, 1024
+
+
+def admit(pod, mib):
+    """The fake limiter's answer to mib more for the pod: 0 (and the pod is
+    charged) when it fits the 4 GiB quota, else 2; without the quota, 0."""
+    if LIMITED and pod_usage(pod) + mib * MiB > 4 * GiB:
+        return 2
+    mark(pod, mib * MiB)
+    return 0
+
+
+def ipc_share(args):
+    """ipc_share.cu as a working limiter makes it run: the exporter starts the
+    importer, a process of its own with the pod's environment; each charges
+    its context and its own memory to the pod; the import is charged to no
+    one (FAKEGPU_IPC_CHARGED=1: to the importer too). As NVML does, the
+    importer's footprint never holds the import."""
+    if args[0] == "import":
+        ipc_import(*args[1:5])
+        return
+    kind, release = args[0], args[1]
+    max_s = float(args[2]) if len(args) > 2 else 120
+    pod = E.get("CUDA_LIMITER_POD", "-")
+    out(pid=os.getpid(), mode=kind, ctx_rc=admit(pod, CONTEXT_MIB))
+    rc = admit(pod, IPC_SHARED_MIB)
+    out(alloc_rc=rc)
+    if rc:
+        out(done=1)
+        return
+    fds = ()
+    if kind == "vmm":
+        fds = (os.open(os.devnull, os.O_RDONLY),)  # the exported handle, kept open across exec
+        out(reserve_rc=0, map_rc=0, access_rc=0, memset_rc=0, export_rc=0, fd=fds[0], cloexec_rc=0)
+        handle = str(fds[0])
+    else:
+        out(memset_rc=0, export_rc=0)
+        handle = os.urandom(64).hex()
+    child = subprocess.Popen([sys.argv[0], "import", kind, handle, release, str(int(max_s))], pass_fds=fds,
+                             stdin=subprocess.DEVNULL)
+    out(spawn_rc=0, importer_pid=child.pid)
+    show_footprint(CONTEXT_MIB + IPC_SHARED_MIB)
+    end = time.time() + max_s
+    while not os.path.exists(release) and time.time() < end and child.poll() is None:
+        time.sleep(0.05)
+    rc = child.wait()
+    out(importer_exit=rc if rc >= 0 else 128 - rc, done=1)
+
+
+def ipc_import(kind, handle, release, max_s):
+    pod = E.get("CUDA_LIMITER_POD", "-")
+    out(import_pid=os.getpid(), import_ctx_rc=admit(pod, CONTEXT_MIB))
+    rc = 1  # CUDA_ERROR_INVALID_VALUE, unless the handle is what ipc_share.cu passes:
+    try:  # an open fd (vmm), or the 64 bytes of a cudaIpcMemHandle_t in hex (legacy)
+        if kind == "vmm":
+            os.fstat(int(handle))
+            rc = 0
+        elif len(bytes.fromhex(handle)) == 64:
+            rc = 0
+    except (OSError, ValueError):
+        pass
+    if rc == 0 and E.get("FAKEGPU_IPC_CHARGED") == "1":
+        rc = admit(pod, IPC_SHARED_MIB)
+    out(import_open_rc=rc)
+    if rc == 0 and kind == "vmm":
+        out(import_reserve_rc=0, import_map_rc=0, import_access_rc=0)
+    out(import_rc=rc)
+    if rc == 0:
+        out(import_read_rc=0)
+    out(import_ok=int(rc == 0))
+    own = admit(pod, IPC_OWN_MIB)
+    more = admit(pod, IPC_MORE_MIB)
+    out(own_rc=own, more_rc=more)
+    show_footprint(CONTEXT_MIB + (0 if own else IPC_OWN_MIB) + (0 if more else IPC_MORE_MIB))
+    if release != "-":
+        out(holding=1)
+    end = time.time() + float(max_s)
+    while release != "-" and not os.path.exists(release) and time.time() < end:
+        time.sleep(0.05)
+    out(importer_done=1)
 
 
 def state_file(name):

@@ -18,8 +18,10 @@ HERE = Path(__file__).resolve().parent
 GPU = HERE.parent
 REPO = GPU.parents[1]
 PROGRAMS = ["mem_runtime", "mem_runtime_shared", "mem_apis", "mem_hold", "mem_pairs", "mem_bench", "spin",
-            "launch_overhead", "implicit_mem"]
-ROWS = 76  # the table of scripts/gpu-e2e.sh had 60 rows; oversubscription added 4, the context race 1, implicit 9, frameworks 2
+            "launch_overhead", "implicit_mem", "ipc_share"]
+# the table of scripts/gpu-e2e.sh had 60 rows; oversubscription added 4, the context race 1, implicit 9,
+# frameworks 2, the lazy global and green contexts 2, IPC and VMM imports 2
+ROWS = 80
 
 
 def built(name):
@@ -83,13 +85,13 @@ def test_every_check_runs(fake_env):
     crashed = [x for x in rows if any(w.startswith("crashed") for w in x["reasons"])]
     assert not crashed, crashed
     assert len(rows) == ROWS + ("0. limiter library present" in names), names
-    for prefix in [f"{n}." for n in range(1, 37) if n not in (17, 22)] + ["17a.", "17b.", "22a.", "22b."]:
+    for prefix in [f"{n}." for n in range(1, 42) if n not in (17, 22)] + ["17a.", "17b.", "22a.", "22b."]:
         assert any(n.startswith(prefix) for n in names), prefix
     by = {x["check"]: x for x in rows}
     # the fakes report what a working limiter gives: these rows pass
     bad = [by[n] for n in names if by[n]["result"] != "PASS" and n.startswith(
         ("1.", "2.", "3.", "4.", "5.", "6.", "7.", "8.", "9.", "11.", "12.", "14.", "21.", "22", "23.", "24.",
-         "25.", "26.", "28.", "29.", "30.", "31.", "32.", "33.", "34.", "35.", "36."))]
+         "25.", "26.", "28.", "29.", "30.", "31.", "32.", "33.", "34.", "35.", "36.", "38.", "39.", "40.", "41."))]
     assert not bad, bad
     assert (out / "table.md").read_text().splitlines()[0].startswith("| check | without limiter |")
     assert {p.name for p in out.iterdir()} == {"table.md", "results.json", "e2e.log", "e2e-logs.tar.gz"}
@@ -117,6 +119,27 @@ def test_oversubscription_by_k(fake_env):
     assert [x["check"][:3] for x in data["rows"]] == ["23.", "24.", "25.", "26."], data["rows"]
     assert all(x["result"] == "PASS" for x in data["rows"]), data["rows"]
     assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_green_contexts_that_do_not_fit(fake_env):
+    """Check 39 when 16 green contexts do not fit the quota without the
+    limiter: the limiter refuses (2) the one that does not fit. (The
+    default fake's fit, as on the H100: nothing may be refused.)"""
+    r, data, _ = run_harness(fake_env, "green", "--checks", "39", FAKEGPU_GREEN_MIB="300")
+    [row] = data["rows"]
+    assert row["result"] == "PASS" and "op_rc=2" in row["with"] and "contexts=11" in row["with"], row
+    assert r.returncode == 0, r.stdout[-3000:]
+
+
+def test_ipc_import_charged_twice_fails(fake_env):
+    """Checks 40 and 41 fail when the limiter charges an import to the importer
+    as well as to the exporter."""
+    r, data, _ = run_harness(fake_env, "ipc", "-k", "ipc", FAKEGPU_IPC_CHARGED="1")
+    assert [x["check"][:3] for x in data["rows"]] == ["40.", "41."], data["rows"]
+    for row in data["rows"]:
+        assert row["result"] == "FAIL" and "import_rc!=0" in row["reasons"], row
+        assert not any(w.startswith("base-") or w.startswith("pre-") for w in row["reasons"]), row
+    assert r.returncode == 1
 
 
 def test_selection_by_k(fake_env):

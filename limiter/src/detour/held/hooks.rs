@@ -7,8 +7,10 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use super::ops::{self, Effect};
 use crate::error::Result;
+use crate::image;
 use crate::sys::{
-    CUdevice, CUgraph, CUgraphExec, CUlibrary, CUlimit, CUmemoryPool, CUmodule, CUresult,
+    CUdevice, CUfunction, CUgraph, CUgraphExec, CUkernel, CUlibrary, CUlimit, CUmemoryPool,
+    CUmodule, CUresult,
 };
 
 gpushare_macros::detours! {
@@ -38,9 +40,11 @@ gpushare_macros::detours! {
     /// Gives a module's globals back.
     optional fn cuModuleUnload(module: CUmodule) -> CUresult => module_unload;
 
-    /// A library from an image. On driver 580 a library takes its globals
-    /// at its first use in a context, not here; where it takes them here
-    /// (eager loading), they are measured like a module's.
+    /// A library from an image (how the runtime registers a program's
+    /// kernels). On driver 580 a library takes its globals at its first use
+    /// in a context, not here: its image is kept to reserve them then.
+    /// Where it takes them here (eager loading), they are measured like a
+    /// module's.
     optional fn cuLibraryLoadData(
         library: *mut CUlibrary,
         code: *const c_void,
@@ -70,6 +74,12 @@ gpushare_macros::detours! {
         library: CUlibrary,
         name: *const c_char,
     ) -> CUresult => library_get_global;
+    /// Loads a library into the current context (a first use).
+    optional fn cuLibraryGetModule(module: *mut CUmodule, library: CUlibrary) -> CUresult
+        => library_get_module;
+    /// A kernel's function in the current context: its library's first use there.
+    optional fn cuKernelGetFunction(function: *mut CUfunction, kernel: CUkernel) -> CUresult
+        => kernel_get_function;
     /// Gives a library's globals back.
     optional fn cuLibraryUnload(library: CUlibrary) -> CUresult => library_unload;
 
@@ -166,14 +176,21 @@ fn module_load_fat_binary(
 
 fn module_unload(original: cuModuleUnload::Signature, module: CUmodule) -> Result<CUresult> {
     // SAFETY: the caller's own argument.
-    ops::held()?.release(Effect::Returned, || unsafe { original(module) })
+    ops::held()?.unload_module(|| unsafe { original(module) })
 }
 
-/// Loads a library through `load` (at once into the current context when
-/// `from_file`); past the quota, unloads it again.
+/// How a library is loaded.
+enum LibraryFrom {
+    /// From a file: at once into the current context.
+    File,
+    /// From the caller's image, at this address.
+    Image(*const c_void),
+}
+
+/// Loads a library through `load`; past the quota, unloads it again.
 fn loaded_library(
     library: *mut CUlibrary,
-    from_file: bool,
+    from: LibraryFrom,
     load: impl FnOnce() -> CUresult,
 ) -> Result<CUresult> {
     if library.is_null() {
@@ -188,10 +205,17 @@ fn loaded_library(
         }
     };
     let held = ops::held()?;
-    if from_file {
-        held.load_library_file(load, loaded, unload)
-    } else {
-        held.load_module(load, unload)
+    match from {
+        LibraryFrom::File => held.load_library_file(load, loaded, unload),
+        LibraryFrom::Image(code) => {
+            let code = code.cast::<u8>();
+            // SAFETY: the caller's image, which the driver is about to read
+            // as one of the formats `extent` reads; it stays valid while
+            // the library is loaded when it lies in a loaded object.
+            let image =
+                unsafe { image::extent(code) }.map(|bytes| (bytes, image::in_loaded_object(code)));
+            held.load_library_data(image, load, loaded, unload)
+        }
     }
 }
 
@@ -208,7 +232,7 @@ fn library_load_data(
     num_library_options: c_uint,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    loaded_library(library, false, || unsafe {
+    loaded_library(library, LibraryFrom::Image(code), || unsafe {
         original(
             library,
             code,
@@ -235,7 +259,7 @@ fn library_load_from_file(
     num_library_options: c_uint,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    loaded_library(library, true, || unsafe {
+    loaded_library(library, LibraryFrom::File, || unsafe {
         original(
             library,
             file_name,
@@ -257,12 +281,30 @@ fn library_get_global(
     name: *const c_char,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    ops::held()?.first_use(|| unsafe { original(dptr, bytes, library, name) })
+    ops::held()?.first_use(library, || unsafe { original(dptr, bytes, library, name) })
+}
+
+fn library_get_module(
+    original: cuLibraryGetModule::Signature,
+    module: *mut CUmodule,
+    library: CUlibrary,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    ops::held()?.first_use(library, || unsafe { original(module, library) })
+}
+
+fn kernel_get_function(
+    original: cuKernelGetFunction::Signature,
+    function: *mut CUfunction,
+    kernel: CUkernel,
+) -> Result<CUresult> {
+    // SAFETY: the caller's own arguments.
+    ops::held()?.kernel_function(kernel, || unsafe { original(function, kernel) })
 }
 
 fn library_unload(original: cuLibraryUnload::Signature, library: CUlibrary) -> Result<CUresult> {
     // SAFETY: the caller's own argument.
-    ops::held()?.release(Effect::Returned, || unsafe { original(library) })
+    ops::held()?.unload_library(library, || unsafe { original(library) })
 }
 
 /// Instantiates through `instantiate`, charging the graph's allocation nodes.

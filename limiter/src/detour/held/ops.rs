@@ -12,9 +12,10 @@
 //! - a library's globals are taken when it is first used in a context: one
 //!   loaded from a file is loaded into the current context at once, so
 //!   measured and undone like a module; one from a memory image (the
-//!   runtime's fat binaries) stays lazy: its load and the lookup of a
-//!   global are measured, and a first use past the quota can only be
-//!   refused, what it took staying held (and charged) until it is unloaded;
+//!   runtime's fat binaries) stays lazy: what its globals take is read from
+//!   the image, and its first use in a context (the first launch of one of
+//!   its kernels, a kernel's function, a module or global lookup) reserves
+//!   that before the driver takes it, or is refused;
 //! - the printf FIFO takes no device memory: measured, nothing charged;
 //! - pools with a release threshold keep freed memory: after that, every
 //!   free measures the process again at the next allocation;
@@ -28,10 +29,10 @@ use crate::driver::Driver;
 use crate::entry;
 use crate::error::{LimiterError, Result};
 use crate::grant::Grant;
-use crate::quota::{MemoryQuota, Resource};
+use crate::quota::{FirstUse, MemoryQuota, Resource};
 use crate::sys::{
-    CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_STACK_SIZE, CUgraph, CUlibrary,
-    CUlimit, CUresult,
+    CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_STACK_SIZE, CUgraph, CUkernel,
+    CUlibrary, CUlimit, CUresult,
 };
 
 /// What a call that gives memory back changed.
@@ -163,12 +164,161 @@ impl Held {
         self.quota.measured(self.ctx, device, 0, load, unload)
     }
 
-    /// A library's first use in the current context (a global's lookup):
-    /// its globals may be taken now. Past the quota the lookup is refused;
-    /// what the library took stays until it is unloaded, and is charged.
-    pub fn first_use(self, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    /// A library from a memory image (`image`: its bytes, and whether they
+    /// lie in a loaded object). Under lazy loading the load takes nothing
+    /// on the device: the library is registered, its first use in a
+    /// context reserved later ([`Self::first_use`]). Under eager loading
+    /// it is measured like a module.
+    pub fn load_library_data(
+        self,
+        image: Option<(&'static [u8], bool)>,
+        load: impl FnOnce() -> CUresult,
+        loaded: impl FnOnce() -> CUlibrary,
+        unload: impl FnOnce(),
+    ) -> Result<CUresult> {
+        if self.quota.eager_loading {
+            return self.load_module(load, unload);
+        }
+        let result = load();
+        if result.is_success()
+            && let Some((bytes, mapped)) = image
+        {
+            self.quota.lazy.register(loaded() as usize, bytes, mapped);
+        }
+        Ok(result)
+    }
+
+    /// `op` may be `library`'s first use in the current context, which
+    /// loads it there (a global's or its module's lookup, a kernel's
+    /// function). A registered library's globals are reserved first, from
+    /// its image; past the quota the call is refused before the driver
+    /// takes anything. One not registered is measured: what it took stays
+    /// until it is unloaded, and a use past the quota is refused.
+    pub fn first_use(self, library: CUlibrary, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
         let device = self.current()?;
-        self.quota.measured(self.ctx, device, 0, op, || {})
+        match self.first_use_of(device, library)? {
+            Some(bytes) => self.reserve_first_use(device, library, bytes, op),
+            None if self.quota.lazy.is_registered(library as usize) => {
+                Err(LimiterError::Bypass("nothing to reserve"))
+            }
+            None => self.quota.measured(self.ctx, device, 0, op, || {}),
+        }
+    }
+
+    /// `cuKernelGetFunction`: the first use of `kernel`'s library here.
+    pub fn kernel_function(
+        self,
+        kernel: CUkernel,
+        op: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
+        let library = self
+            .driver()?
+            .held
+            .kernel_library(kernel)
+            .map_err(|_| LimiterError::Bypass("not a library's kernel"))?;
+        self.first_use(library, op)
+    }
+
+    /// The first launch of `handle` seen: when it is a registered library's
+    /// kernel whose first use in the current context is ahead, the library
+    /// is loaded into the context now, its globals reserved, so that the
+    /// launch takes nothing unreserved; past the quota the launch is
+    /// refused. The handle is not looked at again once settled.
+    pub fn first_launch(self, handle: usize) -> Result<()> {
+        let lazy = &self.quota.lazy;
+        let driver = self.driver()?;
+        let Ok(library) = driver.held.kernel_library(handle as CUkernel) else {
+            lazy.checked(handle); // a module's function: its module is loaded
+            return Ok(());
+        };
+        let device = match self.current() {
+            Ok(device) => device,
+            Err(LimiterError::Bypass(_)) => {
+                lazy.checked(handle);
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
+        let Some(bytes) = self.first_use_of(device, library)? else {
+            lazy.checked(handle);
+            return Ok(());
+        };
+        let load = || match driver.held.load_into_context(library) {
+            Ok(()) => CUresult::SUCCESS,
+            Err(result) => result,
+        };
+        // A load that failed is the launch's to report.
+        if self
+            .reserve_first_use(device, library, bytes, load)?
+            .is_success()
+        {
+            lazy.checked(handle);
+        }
+        Ok(())
+    }
+
+    /// What `library`'s first use in the current context on `device` takes,
+    /// when that is to be reserved.
+    fn first_use_of(self, device: usize, library: CUlibrary) -> Result<Option<u64>> {
+        let driver = self.driver()?;
+        let context = driver
+            .held
+            .current_context()
+            .map_err(|_| LimiterError::Bypass("no current context"))?;
+        let Some(arch) = driver.held.compute_capability(device as i32) else {
+            return Ok(None);
+        };
+        Ok(
+            match self
+                .quota
+                .lazy
+                .first_use(library as usize, context as usize, arch)
+            {
+                FirstUse::Globals(bytes) => Some(bytes),
+                FirstUse::Nothing => None,
+            },
+        )
+    }
+
+    /// Reserves `bytes` for `library`'s first use in the current context,
+    /// which `op` makes, and measures what it took.
+    fn reserve_first_use(
+        self,
+        device: usize,
+        library: CUlibrary,
+        bytes: u64,
+        op: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
+        let result = self.quota.measured(self.ctx, device, bytes, op, || {})?;
+        if result.is_success()
+            && let Ok(context) = self.driver()?.held.current_context()
+        {
+            self.quota.lazy.used_in(library as usize, context as usize);
+        }
+        Ok(result)
+    }
+
+    /// Unloads a library: its globals come back, its image is forgotten.
+    pub fn unload_library(
+        self,
+        library: CUlibrary,
+        op: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
+        let result = self.release(Effect::Returned, op)?;
+        if result.is_success() {
+            self.quota.lazy.unregister(library as usize);
+        }
+        Ok(result)
+    }
+
+    /// Unloads a module: its globals come back, and its functions' handles
+    /// may name another's functions from now on.
+    pub fn unload_module(self, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
+        let result = self.release(Effect::Returned, op)?;
+        if result.is_success() {
+            self.quota.lazy.forget_checked();
+        }
+        Ok(result)
     }
 
     /// A call that may give memory back, run by `op`.

@@ -2,6 +2,7 @@
 //! then let the throttle admit it. The detour makes the launch once it is
 //! admitted.
 
+use crate::detour::held;
 use crate::entry;
 use crate::error::{LimiterError, Result};
 use crate::sys::{CUfunction, CUgraphExec, CUstream};
@@ -36,6 +37,11 @@ pub fn kernel(
     stream: CUstream,
     per_thread: bool,
 ) -> Result<Admitted> {
+    #[cfg(feature = "launch-ab")]
+    if ab::bypassed() {
+        return Err(LimiterError::Bypass("A/B: admission switched off"));
+    }
+    first_launch(f)?;
     let work = || {
         Work::Kernel(Grid {
             function: f as usize,
@@ -45,6 +51,29 @@ pub fn kernel(
         })
     };
     admit(work, stream, per_thread)
+}
+
+/// A handle launched for the first time may load its library's globals
+/// (lazy loading): checked once, off the fast path, which is one load and a
+/// probe of the checked handles.
+#[inline(always)]
+fn first_launch(f: CUfunction) -> Result<()> {
+    match entry::limiter() {
+        Some(limiter) if limiter.memory.lazy.unchecked(f as usize) => check_first_launch(f),
+        _ => Ok(()),
+    }
+}
+
+/// Only a refusal for memory stops the launch; anything else lets it run.
+#[cold]
+#[inline(never)]
+fn check_first_launch(f: CUfunction) -> Result<()> {
+    match held::first_launch(f as usize) {
+        Err(error @ (LimiterError::OverQuota { .. } | LimiterError::LedgerUnavailable)) => {
+            Err(error)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// An instantiated graph.
