@@ -9,10 +9,14 @@
 # machine, from the repository root:
 #   bash scripts/bench/launch_ab.sh gpu-bundle/libcuda_limiter_ab.so [PACE_S] [DECODE_S]
 # runs processes of each for PACE_S (default 90) and DECODE_S (default 150)
-# seconds, at L=50 (does not bind), pinned like compute_bench.py's, and prints
+# seconds, at L=50 (does not bind) unless LAUNCH_AB_LIMITS says otherwise, pinned like compute_bench.py's, and prints
 # the medians of the per-process differences with the 95% interval of their
 # mean. Raw lines go to $OUT (default: a temporary folder) as pace-ab.txt and
-# decode-ab.txt.
+# decode-ab.txt. LAUNCH_AB_LIMITS (default CUDA_DEVICE_SM_LIMIT=50) sets the
+# limits the processes run under (e.g. CUDA_DEVICE_MEMORY_LIMIT=40g: the
+# launch path of a pod with a memory quota alone);
+# GPUSHARE_LAUNCH_AB_PART=first-launch makes the switch take out only the
+# check of a library's first use at a launch, not the whole admission.
 set -euo pipefail
 lib=$(realpath "${1:?usage: launch_ab.sh LIMITER_AB.so [PACE_S] [DECODE_S]}")
 pace_s=${2:-90}
@@ -33,7 +37,8 @@ repeat() {
   while [ "$SECONDS" -lt "$end" ]; do
     n=$((n + 1))
     local pod="launch-ab-$$-$n"
-    LD_PRELOAD="$lib" CUDA_DEVICE_SM_LIMIT=50 CUDA_LIMITER_POD="$pod" taskset -c "$cpus" "$@" || true
+    # shellcheck disable=SC2086 # the limits are words VAR=VALUE
+    env LD_PRELOAD="$lib" ${LAUNCH_AB_LIMITS:-CUDA_DEVICE_SM_LIMIT=50} CUDA_LIMITER_POD="$pod" taskset -c "$cpus" "$@" || true
     rm -f "/dev/shm/gpushare-pod-$pod"
   done
 }

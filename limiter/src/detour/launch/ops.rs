@@ -41,7 +41,13 @@ pub fn kernel(
     if ab::bypassed() {
         return Err(LimiterError::Bypass("A/B: admission switched off"));
     }
-    first_launch(f)?;
+    #[cfg(feature = "launch-ab")]
+    let check = !ab::first_launch_bypassed();
+    #[cfg(not(feature = "launch-ab"))]
+    let check = true;
+    if check {
+        first_launch(f)?;
+    }
     let work = || {
         Work::Kernel(Grid {
             function: f as usize,
@@ -90,15 +96,31 @@ pub fn legacy(f: CUfunction, width: i32, height: i32, stream: CUstream) -> Resul
 
 /// The launch path's within-process A/B (feature `launch-ab`, benchmarks
 /// only): a program switches the admission off and on between its launches,
-/// so that both arms share its host's drift and its memory layout.
+/// so that both arms share its host's drift and its memory layout. With
+/// `GPUSHARE_LAUNCH_AB_PART=first-launch` the switch takes out only the
+/// first-launch check of libraries' globals, and the admission stays.
 #[cfg(feature = "launch-ab")]
 mod ab {
+    use std::sync::OnceLock;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     static BYPASSED: AtomicBool = AtomicBool::new(false);
+    static FIRST_LAUNCH_ONLY: OnceLock<bool> = OnceLock::new();
 
+    fn first_launch_only() -> bool {
+        *FIRST_LAUNCH_ONLY.get_or_init(|| {
+            std::env::var("GPUSHARE_LAUNCH_AB_PART").is_ok_and(|part| part == "first-launch")
+        })
+    }
+
+    /// The whole admission is switched off.
     pub(super) fn bypassed() -> bool {
-        BYPASSED.load(Ordering::Relaxed)
+        BYPASSED.load(Ordering::Relaxed) && !first_launch_only()
+    }
+
+    /// Only the first-launch check is switched off.
+    pub(super) fn first_launch_bypassed() -> bool {
+        BYPASSED.load(Ordering::Relaxed) && first_launch_only()
     }
 
     /// Launches bypass the admission while `off` is nonzero.
