@@ -40,8 +40,9 @@
  * goes, its limits return to their defaults and its retained pool and graph
  * memory is released; loaded libraries and live graph execs keep theirs.
  * - Contexts: each live context charges GPUSHARE_DOUBLE_CONTEXT_BYTES on its
- *   GPU: the primary one while retained, each created one (cuCtxCreate_v2,
- *   and cuGreenCtxCreate, which does not make it current) while alive.
+ *   GPU: the primary one while retained, each created one (cuCtxCreate_v2)
+ *   while alive; a green context (cuGreenCtxCreate, not made current)
+ *   charges GPUSHARE_DOUBLE_GREEN_CONTEXT_BYTES while alive.
  * - Context limits (cuCtxSetLimit/cuCtxGetLimit of the current context's
  *   GPU, kept per GPU): CU_LIMIT_MALLOC_HEAP_SIZE (default 8 MiB) and
  *   CU_LIMIT_PRINTF_FIFO_SIZE (default 1 MiB) hold what they are set above
@@ -232,6 +233,7 @@ enum kind { KIND_POINTER = 1, KIND_HANDLE = 2, KIND_ARRAY = 4, KIND_MIPMAP = 8 }
 struct CUctx_st {
     int device;
     int primary;
+    int green;     /* a green context: charges the green bytes */
     unsigned refs; /* primary: retain count; created: 1 while alive */
 };
 
@@ -246,6 +248,7 @@ struct record {
 
 struct device {
     unsigned live_contexts;
+    unsigned live_green;     /* of which green contexts */
     unsigned long long alloc_bytes;
     /* Driver-held, besides the contexts (the pool's retained bytes are in
      * g_pools): */
@@ -445,7 +448,9 @@ static unsigned long long limit_bytes(const size_t *limits) {
 }
 
 static unsigned long long context_bytes(int dev) {
-    return (unsigned long long)g_devices[dev].live_contexts * g_config.context_bytes;
+    const struct device *d = &g_devices[dev];
+    return (unsigned long long)(d->live_contexts - d->live_green) * g_config.context_bytes +
+           (unsigned long long)d->live_green * g_config.green_context_bytes;
 }
 
 /* Driver-held bytes on dev besides the contexts'. */
@@ -657,12 +662,13 @@ static CUresult bump_locked(unsigned long long *next, unsigned long long end,
     return CUDA_SUCCESS;
 }
 
-/* A new context on dev: its bytes, if they fit. */
-static CUresult context_up_locked(int dev) {
-    if (!fits(dev, g_config.context_bytes)) {
+/* A new context on dev (green or not): its bytes, if they fit. */
+static CUresult context_up_locked(int dev, int green) {
+    if (!fits(dev, green ? g_config.green_context_bytes : g_config.context_bytes)) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     g_devices[dev].live_contexts++;
+    g_devices[dev].live_green += green ? 1 : 0;
     return CUDA_SUCCESS;
 }
 
@@ -676,6 +682,7 @@ static void context_down_locked(CUcontext ctx) {
     }
     tidy_locked(ctx->device);
     unload_context_modules_locked(ctx);
+    d->live_green -= ctx->green ? 1 : 0;
     if (--d->live_contexts == 0) {
         /* What only the driver keeps for the GPU goes with its last context. */
         reset_limits(d);
@@ -827,7 +834,7 @@ CUresult impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (!valid_device(dev)) {
         rc = CUDA_ERROR_INVALID_DEVICE;
-    } else if (g_primary[dev].refs > 0 || (rc = context_up_locked(dev)) == CUDA_SUCCESS) {
+    } else if (g_primary[dev].refs > 0 || (rc = context_up_locked(dev, 0)) == CUDA_SUCCESS) {
         g_primary[dev].refs++;
         *pctx = &g_primary[dev];
     }
@@ -852,7 +859,8 @@ CUresult impl_cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 
 /* A created context on dev in *pctx, made current when `current`. */
-static CUresult create_context(CUcontext *pctx, CUdevice dev, int current) {
+/* A created context on dev; a green one is not made current. */
+static CUresult create_context(CUcontext *pctx, CUdevice dev, int green) {
     CUresult rc = CUDA_ERROR_OUT_OF_MEMORY;
     int i;
     lock();
@@ -865,13 +873,14 @@ static CUresult create_context(CUcontext *pctx, CUdevice dev, int current) {
     } else {
         for (i = 0; i < DOUBLE_MAX_CREATED; i++) {
             if (g_created[i].refs == 0) {
-                rc = context_up_locked(dev);
+                rc = context_up_locked(dev, green);
                 if (rc == CUDA_SUCCESS) {
                     g_created[i].device = dev;
                     g_created[i].primary = 0;
+                    g_created[i].green = green;
                     g_created[i].refs = 1;
                     *pctx = &g_created[i];
-                    if (current) {
+                    if (!green) {
                         t_current = &g_created[i];
                     }
                 }
@@ -885,7 +894,7 @@ static CUresult create_context(CUcontext *pctx, CUdevice dev, int current) {
 
 CUresult impl_cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     (void)flags;
-    return create_context(pctx, dev, 1);
+    return create_context(pctx, dev, 0);
 }
 
 /*
@@ -896,7 +905,7 @@ CUresult impl_cuGreenCtxCreate(CUgreenCtx *phCtx, CUdevResourceDesc desc, CUdevi
                                unsigned int flags) {
     (void)desc;
     (void)flags;
-    return create_context((CUcontext *)phCtx, dev, 0);
+    return create_context((CUcontext *)phCtx, dev, 1);
 }
 
 static int is_created_context(CUcontext ctx) {

@@ -10,6 +10,9 @@
  *   GPUSHARE_DOUBLE_CONTEXT_BYTES  bytes each live context on a GPU charges
  *                                  to the process, the driver's own memory
  *                                  (default 300 MiB)
+ *   GPUSHARE_DOUBLE_GREEN_CONTEXT_BYTES  bytes each live green context
+ *                                  charges (default 5 MiB: what one takes
+ *                                  on an H100 with driver 580)
  *
  * Device i has the UUID bytes 11 22 33 44 55 66 77 88 99 aa bb cc dd ee ff i,
  * printed GPU-11223344-5566-7788-99aa-bbccddeeff0i (lower-case hex), and the
@@ -25,6 +28,7 @@
 #define DOUBLE_MAX_DEVICES 8
 #define DOUBLE_DEFAULT_TOTAL (16ULL << 30)
 #define DOUBLE_DEFAULT_CONTEXT_BYTES (300ULL << 20)
+#define DOUBLE_DEFAULT_GREEN_CONTEXT_BYTES (5ULL << 20)
 #define DOUBLE_UUID_STRING_LEN 40 /* "GPU-" + 36 */
 
 /* What libnvidia-ml.so.1 learns about one fake GPU from libcuda.so.1. */
@@ -58,6 +62,7 @@ struct double_config {
     int devices;
     unsigned long long total;
     unsigned long long context_bytes;
+    unsigned long long green_context_bytes;
 };
 
 /* Parses "123", "4k", "16g" (binary suffixes). Returns 0 on success. */
@@ -116,6 +121,8 @@ static inline struct double_config double_config_from_env(void) {
     config.total = double_env_bytes("GPUSHARE_DOUBLE_TOTAL", DOUBLE_DEFAULT_TOTAL);
     config.context_bytes =
         double_env_bytes("GPUSHARE_DOUBLE_CONTEXT_BYTES", DOUBLE_DEFAULT_CONTEXT_BYTES);
+    config.green_context_bytes = double_env_bytes("GPUSHARE_DOUBLE_GREEN_CONTEXT_BYTES",
+                                                  DOUBLE_DEFAULT_GREEN_CONTEXT_BYTES);
     return config;
 }
 

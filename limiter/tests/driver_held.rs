@@ -341,12 +341,12 @@ fn what_a_pool_keeps_is_charged_until_trimmed() {
 /// Thirteen contexts made by `command` under the 4 GiB quota: the primary
 /// context and 12 more hold 13 x 300 MiB, the 13th is refused, and
 /// destroying one makes room again.
-fn contexts_are_charged_each(pod: &str, command: &str) {
+fn contexts_are_charged_each(pod: &str, command: &str, env: &[(&str, &str)]) {
     let pod = Pod::new(pod);
     let mut script = vec!["info"];
     script.extend(std::iter::repeat_n(command, 13));
     script.extend(["info", "context_destroy", "0", "info", command]);
-    let lines = quota4g(&pod, &script);
+    let lines = quota4g_with(&pod, env, &script);
     let before = free_of(&lines[0]);
     let made = lines[1..14].iter().filter(|l| result_of(l) == 0).count() as u64;
     assert_eq!(made, 12, "{lines:?}");
@@ -367,12 +367,33 @@ fn contexts_are_charged_each(pod: &str, command: &str) {
 
 #[test]
 fn extra_contexts_are_charged_each_and_given_back_when_destroyed() {
-    contexts_are_charged_each("contexts", "context");
+    contexts_are_charged_each("contexts", "context", &[]);
 }
 
+/// Green contexts are measured, not reserved at a context's size: ones as
+/// large as a context are refused past the quota like contexts, and small
+/// ones (as on an H100) are not refused where a context would not fit.
 #[test]
-fn green_contexts_are_charged_like_any_context() {
-    contexts_are_charged_each("green", "green_context");
+fn green_contexts_are_charged_at_what_they_take() {
+    let context = CONTEXT_BYTES.to_string();
+    let large = [("GPUSHARE_DOUBLE_GREEN_CONTEXT_BYTES", context.as_str())];
+    contexts_are_charged_each("green", "green_context", &large);
+    let pod = Pod::new("green-small");
+    let mut script = vec!["info", "alloc", "mem", "3500m", "context", "info"];
+    script.extend(std::iter::repeat_n("green_context", 16));
+    script.push("info");
+    let lines = quota4g(&pod, &script);
+    let before = free_of(&lines[0]);
+    assert_eq!(result_of(&lines[1]), 0, "{lines:?}");
+    assert_eq!(result_of(&lines[2]), 2, "no room for a context: {lines:?}");
+    assert_eq!(free_of(&lines[3]), before - 3500 * MIB, "{lines:?}");
+    let made = lines[4..20].iter().filter(|l| result_of(l) == 0).count();
+    assert_eq!(made, 16, "5 MiB each fit: {lines:?}");
+    assert_eq!(
+        free_of(&lines[20]),
+        before - 3500 * MIB - 16 * 5 * MIB,
+        "{lines:?}"
+    );
 }
 
 /// The double's GPU, with what NVML attributes to each process set by the test.

@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 
 use super::ops::{self, Creation};
-use crate::error::Result;
+use crate::error::{LimiterError, Result};
 use crate::sys::{CUcontext, CUdevice, CUresult};
 
 gpushare_macros::detours! {
@@ -33,8 +33,9 @@ gpushare_macros::detours! {
         flags: u32,
         device: CUdevice,
     ) -> CUresult => ctx_create_v4;
-    /// A green context (a partition of the device's SMs), which takes its
-    /// own memory like any context. Its resource descriptor is a pointer.
+    /// A green context (a partition of the device's SMs), which takes a
+    /// little memory of its own (measured). Its resource descriptor is a
+    /// pointer.
     optional fn cuGreenCtxCreate(
         pctx: *mut c_void,
         desc: *mut c_void,
@@ -109,10 +110,23 @@ fn green_ctx_create(
     device: CUdevice,
     flags: u32,
 ) -> Result<CUresult> {
+    if pctx.is_null() {
+        return Err(LimiterError::Bypass("null out-pointer"));
+    }
+    let destroy = || {
+        // SAFETY: `pctx` is non-null and holds the green context just made.
+        let made = unsafe { pctx.cast::<*mut c_void>().read() };
+        if let Some(destroy) = cuGreenCtxDestroy::ORIGINAL.get() {
+            // SAFETY: destroys the green context this call made, through the original.
+            let _ = unsafe { destroy(made) };
+        }
+    };
     // SAFETY: the caller's own arguments.
-    ops::create(device, Creation::Extra, || unsafe {
-        original(pctx, desc, device, flags)
-    })
+    ops::create_green(
+        device,
+        || unsafe { original(pctx, desc, device, flags) },
+        destroy,
+    )
 }
 
 fn ctx_destroy(original: cuCtxDestroy_v2::Signature, context: CUcontext) -> Result<CUresult> {
