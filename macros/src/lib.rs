@@ -46,8 +46,8 @@
 //! the caller's arguments and hands its result to that value, and the caller
 //! gets the original's result. Why: the driver runs from the detour's frame,
 //! not from under the handler's; the H100 machine's kernel launch call took
-//! 130–140 ns longer when called five frames deeper, under the handler
-//! (stop 29). Errors and panics are handled as above; a panic after the call
+//! 130–140 ns longer when called five frames deeper, under the handler.
+//! Errors and panics are handled as above; a panic after the call
 //! still returns the original's result.
 
 use proc_macro::TokenStream;

@@ -11,8 +11,8 @@
  * (LD_PRELOAD, a limit that does not bind) and compare call_median_ns. One
  * launch and a synchronisation come before the timed loop: the limiter's
  * first limited launch measures the context's launch overhead (about 10 ms
- * on the double), which spread over 100,000 launches added ~95 ns to every
- * call of the figures taken before stop 24.
+ * on the double), which spread over 100,000 launches would add ~95 ns to
+ * every call.
  *
  * Against the workspace's driver double (no GPU; DOUBLE = the double's
  * folder, target/release/build/gpushare-examples-HASH/out/double):
@@ -24,12 +24,12 @@
  * Check that the limit does not bind (CUDA_LIMITER_LOG=info prints the exit
  * summary: waited_for_budget_ms must be 0): on the double a kernel lasts
  * 100 ns, so a loop without host work (KB=0, no spin) binds at 50%.
- * Stop 24, on the double, KB=64, taskset -c 1, 3 runs each, call medians:
- * no limiter 107 ns; limiter 170/171/170 (commit a5009ac), 162/161/167 with
- * leases. Two processes of one pod, KB=0, 1 µs spin, one core each:
- * 201-211 ns (a5009ac) against 125-129 with leases (one process alone:
+ * On the double, KB=64, taskset -c 1, 3 runs each, call medians:
+ * no limiter 107 ns; limiter 170/171/170 without leases, 162/161/167 with
+ * them. Two processes of one pod, KB=0, 1 µs spin, one core each:
+ * 201-211 ns without leases against 125-129 with them (one process alone:
  * 138-142 and 125-129): the shared bucket's line moving between cores.
- * Stop 25, on the double, KB=3072 CODE=1 SPIN_US=5 (the path runs from the
+ * On the double, KB=3072 CODE=1 SPIN_US=5 (the path runs from the
  * last-level cache), medians of 8 alternated processes: no limiter 500-522
  * ns, an experiment build that bypassed at its admission's start 551-572,
  * the limiter with the device, budget and class resolved and no limit

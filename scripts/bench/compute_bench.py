@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Compute-limiter benchmarks on a real GPU, without and with the limiter in
-one run (issue 8). Every figure is a median of alternated rounds; every row
+one run. Every figure is a median of alternated rounds; every row
 prints its raw rounds. Results: a Markdown table on stdout and in
 OUT/compute-bench.md, everything in OUT/compute-bench.json.
 
@@ -274,10 +274,10 @@ def bench_fixed(rn, quick):
 
 def bench_decode(rn, quick):
     """Tokens/s of one process differ from the next far more than the bars:
-    stop 24, six-second runs, 209.6 to 264.4 tokens/s without a limiter in
-    one call; stop 25, three-second runs, 161.6 to 304.5. Each run warms up
+    six-second runs on the H100, 209.6 to 264.4 tokens/s without a limiter in
+    one call; three-second runs, 161.6 to 304.5. Each run warms up
     for 3 s (torch_workloads.py) and is measured for 5; its median SM clock
-    (the GPU idles at 345 MHz; stop 25: 1,980 MHz in every run), the share
+    (the GPU idles at 345 MHz; 1,980 MHz in every run measured), the share
     of CPU time the virtual machine's host stole (~0) and how long its
     thread took for a fixed Python loop (37 to 101 ms, which tokens/s
     followed) are kept beside it."""
@@ -357,7 +357,7 @@ def pace_row(rn, quick, name, what, limit):
     where things land in memory): the rounds are many short processes, and
     the verdict is the median's, with the mean difference's 95% interval
     beside it. With 40 processes an arm, the same limiter's median came out
-    +0.76% and +0.35% over the unlimited one's in two calls (stop 25):
+    +0.76% and +0.35% over the unlimited one's in two calls:
     pace takes 240 an arm."""
     rounds = ROUNDS.get(name, 15 if quick else PACE_ROUNDS[name])
     args = ["pace", PACE_HOST_US, PACE_ITERATIONS]

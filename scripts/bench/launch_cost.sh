@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the limiter's launch cost goes, on the GPU machine (issue 8's 20 µs
+# Where the limiter's launch cost goes, on the GPU machine (the 20 µs
 # cadence row, taken apart). From the repository root:
 #
 #   bash scripts/bench/launch_cost.sh [--seconds S] LIMITER.so...
@@ -11,7 +11,7 @@
 #     prints each arm's per-window medians and change against no limiter.
 #     Pass limiters built with a part of the launch path cut out to see what
 #     that part costs; the windows show whether a process speeds up as it
-#     runs (stop 26: without a limiter it does, by ~2% of the launch call).
+#     runs (without a limiter it does, by ~2% of the launch call).
 #   bash scripts/bench/launch_cost.sh --mimic [--seconds S]
 #     the limiter's sample mimicked in an unlimited process (`compute_bench
 #     mimic 6000 2`):

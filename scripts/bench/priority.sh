@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Priority classes on the GPU (issue 14): a latency pod's inference step next
+# Priority classes on the GPU: a latency pod's inference step next
 # to a batch pod, without and with classes (scripts/bench/priority_bench.py).
 # On the GPU machine, from the repository root (PyTorch with CUDA installed):
 #   bash scripts/bench/priority.sh gpu-bundle [--quick] [--seconds S] [--period-us P]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Priority classes on a real GPU (issue 14): a latency pod's inference step
+"""Priority classes on a real GPU: a latency pod's inference step
 next to a batch pod that fills the GPU, without and with the limiter's
 classes, in one run. Results: a Markdown table on stdout and in
 OUT/priority-bench.md, raw numbers in OUT/priority-bench.json.

@@ -110,7 +110,7 @@ def cmd_status(base, json_out=None):
         r.line(f"pod_{pid}_workers={pod.get('workers', 0)}")
         pg = pod.get("gpus") or []
         # Placed: the pod's GPU resolved to a device UUID (quotas follow
-        # UUIDs; status has no CUDA ordinal since issue 9).
+        # UUIDs; status has no CUDA ordinal).
         placed = bool(pg) and pg[0].get("uuid") is not None
         r.line(f"pod_{pid}_placed={1 if placed else 0}")
         if pg:

@@ -1,6 +1,6 @@
 //! Memory quota accounting for this process's pod.
 //!
-//! Rules (also in the README):
+//! Rules (also in docs/memory.md):
 //! - Every allocation reserves its size in the pod's shared ledger *before*
 //!   the driver allocates, so concurrent threads and processes cannot
 //!   overshoot; a failed allocation gives the reservation back.

@@ -83,8 +83,8 @@ pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
 /// records). There prices only need to say when the limit starts to bind,
 /// and what a settlement corrects is the price's error times the GPU time
 /// charged since the last: at 4 ms, a 25% error moves the bucket by 1 ms of
-/// its 5. (Stop 28: the H100's paced loop, 1–3 samples a process instead of
-/// ~10, cost what it did with 16 ms; its cost is the admission of every
+/// its 5. (On the H100, the paced loop with 1–3 samples a process instead of
+/// ~10 cost what it did with 16 ms: its cost is the admission of every
 /// launch, not the samples.)
 /// The first launch after the bucket drops below [`RELAXED_TOKENS_NS`]
 /// samples at the binding interval within [`SAMPLE_INTERVAL_NS`] × 4.
@@ -361,7 +361,7 @@ impl Throttle {
     /// One copy of code for every launch API (not one of 3 KB per API), with
     /// the rare branches out of line, so that few lines of code are fetched
     /// when the path runs cold after a stretch of application work: on the
-    /// driver double, 428 instructions a launch in the limiter (stop 27).
+    /// driver double, 428 instructions a launch in the limiter.
     #[inline(never)]
     pub fn admit(
         &'static self,

@@ -151,7 +151,7 @@ def test_torch_share(check):
 LAUNCH_PRELOAD = AddedAtMost(1)
 LAUNCH_PACE = AddedAtMost(3)
 # Rounds of each: one process's launches run up to 12% faster or slower than
-# the next's, limiter or not (stop 24: 3,340 to 4,177 ns a launch without
+# the next's, limiter or not (on the H100: 3,340 to 4,177 ns a launch without
 # it), so the 1% bar needs many more processes than the 3% one.
 THROUGHPUT_ROUNDS = 31
 PACE_ROUNDS = 9

@@ -1,4 +1,4 @@
-"""Checks 21-22 (issue 9): fail closed, and reports right at once."""
+"""Checks 21-22: fail closed, and reports right at once."""
 
 from __future__ import annotations
 
