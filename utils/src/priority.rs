@@ -7,14 +7,15 @@
 //!   launched there or was seen with work in flight (`active_at_ns`), and its
 //!   heartbeat (`present_at_ns`), and when its next request is expected
 //!   (`next_arrival_ns`, `period_ns`). A batch pod reads the line (loads of
-//!   one cache line) per launch and decides with [`gate`];
+//!   one cache line) per launch and decides whether to wait (the limiter's
+//!   policy);
 //! - per device and pod, a [`PodPriority`] slot of counters: how long the
 //!   pod's launches were held (batch) and its queueing delay (latency), which
 //!   the hypervisor reports.
 //!
 //! The table is writable by every limited process, like the activity table: a
-//! pod that writes it directly can hold batch pods (at most
-//! [`STARVATION_NS`] per launch) or spoil the counters, never raise a limit.
+//! pod that writes it directly can hold batch pods (for a bounded time per
+//! launch) or spoil the counters, never raise a limit.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -25,19 +26,8 @@ use crate::shm;
 
 /// The table's name in `/dev/shm`.
 pub const PRIORITY_REGION: &str = "gpushare-priority-v1";
-/// Default of how long after a latency pod's last launch, or its last work
-/// seen in flight, batch launches on its GPU are held: longer than the host
-/// gaps between the launches of one request (tens of µs in PyTorch).
-pub const DEFAULT_HOLD_NS: u64 = 100_000;
-/// A latency pod whose heartbeat is this recent is on the GPU: batch pods
-/// there keep their in-flight work bounded even while it is idle, so that its
-/// next request finds at most that much in front of it.
-pub const PRESENT_WINDOW_NS: u64 = 100_000_000;
 /// A latency pod's processes stamp their heartbeat this often.
 pub const HEARTBEAT_NS: u64 = 20_000_000;
-/// A batch launch held this long goes through anyway: a latency pod that is
-/// never idle slows batch pods to a trickle but never stops them.
-pub const STARVATION_NS: u64 = 100_000_000;
 /// While a latency pod counts itself in flight, its watcher refreshes
 /// `active_at_ns` every few µs; a count not refreshed for this long is stale
 /// (its process died, or its watcher did not run: batch pods then go on).
@@ -47,13 +37,6 @@ pub const STALL_NS: u64 = 50_000_000;
 /// and are dropped (a live process whose watcher was starved that long loses
 /// only its count: its stamps still hold batch pods).
 pub const FLIGHT_GRACE_NS: u64 = 1_000_000;
-/// A batch kernel launched under a prediction must be done this long before
-/// the predicted arrival (the latency pod's host-side jitter, the launch).
-pub const PREDICT_MARGIN_NS: u64 = 20_000;
-/// Prediction holds batch launches only while their kernels last at most
-/// `period / PREDICT_KERNEL_SHARE`: longer ones would cost the batch pod
-/// a large share of each period for little gain.
-pub const PREDICT_KERNEL_SHARE: u64 = 5;
 /// A slot idle this long may be taken by another pod.
 const STALE_NS: u64 = 600_000_000_000;
 
@@ -117,21 +100,6 @@ const _: () = assert!(size_of::<LatencyDevice>() == 64);
 const _: () = assert!(size_of::<PodPriority>() == 64);
 const _: () = assert!(size_of::<PriorityTable>() == 64 * MAX_DEVICES * (1 + PODS_PER_DEVICE));
 
-/// What a batch launch does, from its device's [`LatencyDevice`] line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
-    /// No latency pod on the device: launch as usual.
-    Free,
-    /// A latency pod is on the device but idle: launch, keeping the pod's
-    /// work in flight bounded.
-    Bounded,
-    /// A latency pod is active: wait.
-    Hold,
-    /// A latency pod is idle, but its next request is due before a batch
-    /// kernel launched now would be done: wait (bounded like [`Gate::Hold`]).
-    Predicted,
-}
-
 /// A device's latency line as a batch launch sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LatencyView {
@@ -140,47 +108,6 @@ pub struct LatencyView {
     pub present_at_ns: u64,
     pub next_arrival_ns: u64,
     pub period_ns: u64,
-}
-
-/// The gate for a batch launch at `now` given its device's latency line,
-/// with hold window `hold_ns`; `kernel_ns`: how long the batch thread's
-/// launches take to complete (0: unknown, no prediction).
-pub fn gate(line: LatencyView, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> Gate {
-    let LatencyView {
-        active_at_ns,
-        in_flight,
-        present_at_ns,
-        ..
-    } = line;
-    // A stamp a little ahead of `now` (another process read the clock later)
-    // counts as now.
-    let since = now_ns.saturating_sub(active_at_ns);
-    if active_at_ns != 0 && (since < hold_ns || (in_flight > 0 && since < STALL_NS)) {
-        Gate::Hold
-    } else if present_at_ns != 0 && now_ns.saturating_sub(present_at_ns) < PRESENT_WINDOW_NS {
-        if predicted(line, now_ns, hold_ns, kernel_ns) {
-            Gate::Predicted
-        } else {
-            Gate::Bounded
-        }
-    } else {
-        Gate::Free
-    }
-}
-
-/// Whether a batch kernel of `kernel_ns` launched at `now` could still run
-/// when the latency pod's predicted request arrives: from `kernel_ns` plus
-/// [`PREDICT_MARGIN_NS`] before the arrival until `hold_ns` after it (a late
-/// request), never past half a period after it (a stale prediction: a
-/// latency pod that stopped holds nobody).
-fn predicted(line: LatencyView, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> bool {
-    let (next, period) = (line.next_arrival_ns, line.period_ns);
-    if next == 0 || period == 0 || kernel_ns == 0 || kernel_ns > period / PREDICT_KERNEL_SHARE {
-        return false;
-    }
-    let opens = next.saturating_sub(kernel_ns.saturating_add(PREDICT_MARGIN_NS));
-    let closes = next.saturating_add(hold_ns.min(period / 2));
-    (opens..closes).contains(&now_ns)
 }
 
 /// A pod's counters, summed over devices.
@@ -222,19 +149,17 @@ impl NodePriority {
         self.table.devices.get(device)
     }
 
-    /// The gate of a batch launch on `device` at `now_ns` whose kernels
-    /// take `kernel_ns` (0: unknown): loads of one cache line.
-    pub fn gate(&self, device: usize, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> Gate {
-        self.device(device).map_or(Gate::Free, |line| {
-            let view = LatencyView {
+    /// `device`'s latency line as a batch launch reads it (all zero, no
+    /// latency pod, for a device past the table): loads of one cache line.
+    pub fn latency(&self, device: usize) -> LatencyView {
+        self.device(device)
+            .map_or(LatencyView::default(), |line| LatencyView {
                 active_at_ns: line.active_at_ns.load(Ordering::Acquire),
                 in_flight: line.in_flight.load(Ordering::Acquire),
                 present_at_ns: line.present_at_ns.load(Ordering::Relaxed),
                 next_arrival_ns: line.next_arrival_ns.load(Ordering::Acquire),
                 period_ns: line.period_ns.load(Ordering::Relaxed),
-            };
-            gate(view, now_ns, hold_ns, kernel_ns)
-        })
+            })
     }
 
     /// `pod`'s slot on `device`, claimed (for `class`) when it has none;
@@ -397,111 +322,6 @@ mod tests {
     }
 
     #[test]
-    fn the_gate_holds_within_the_window_and_bounds_while_present() {
-        let hold = DEFAULT_HOLD_NS;
-        let now = 10_000 * MS;
-        // (active_at, in_flight, present_at, expected)
-        let table: &[(u64, u64, u64, Gate)] = &[
-            (0, 0, 0, Gate::Free),
-            (0, 1, now, Gate::Bounded),
-            (now - 50 * US, 0, now - MS, Gate::Hold),
-            (now + 5 * US, 0, 0, Gate::Hold),
-            (now - hold, 0, now - MS, Gate::Bounded),
-            (now - hold - 1, 0, 0, Gate::Free),
-            (now - 10 * MS, 1, now, Gate::Hold),
-            (now - STALL_NS + 1, 2, now, Gate::Hold),
-            (now - STALL_NS, 1, now, Gate::Bounded),
-            (now - 10 * MS, 0, now - PRESENT_WINDOW_NS + 1, Gate::Bounded),
-            (now - 10 * MS, 0, now - PRESENT_WINDOW_NS, Gate::Free),
-        ];
-        for &(active_at_ns, in_flight, present_at_ns, want) in table {
-            let view = LatencyView {
-                active_at_ns,
-                in_flight,
-                present_at_ns,
-                ..LatencyView::default()
-            };
-            assert_eq!(gate(view, now, hold, 200 * US), want, "{view:?}");
-        }
-    }
-
-    #[test]
-    fn the_gate_holds_before_a_predicted_arrival() {
-        let (hold, period, kernel) = (DEFAULT_HOLD_NS, 2 * MS, 200 * US);
-        let next = 10_000 * MS;
-        let opens = next - kernel - PREDICT_MARGIN_NS;
-        let view = LatencyView {
-            active_at_ns: next - period + 300 * US,
-            present_at_ns: next - 5 * MS,
-            next_arrival_ns: next,
-            period_ns: period,
-            ..LatencyView::default()
-        };
-        // (now, batch kernel, expected)
-        let table: &[(u64, u64, Gate)] = &[
-            (opens - 1, kernel, Gate::Bounded),
-            (opens, kernel, Gate::Predicted),
-            (next - 1, kernel, Gate::Predicted),
-            (next + hold - 1, kernel, Gate::Predicted),
-            // A late request is waited for no longer than the hold.
-            (next + hold, kernel, Gate::Bounded),
-            // No estimate of the batch kernel yet: no prediction.
-            (next - 10 * US, 0, Gate::Bounded),
-            // Kernels longer than a fifth of the period: not worth holding.
-            (
-                next - 10 * US,
-                period / PREDICT_KERNEL_SHARE + 1,
-                Gate::Bounded,
-            ),
-            (
-                next - 10 * US,
-                period / PREDICT_KERNEL_SHARE,
-                Gate::Predicted,
-            ),
-        ];
-        for &(now, kernel_ns, want) in table {
-            assert_eq!(
-                gate(view, now, hold, kernel_ns),
-                want,
-                "at {now} kernel {kernel_ns}"
-            );
-        }
-        // Without a period, with no latency pod present, or while it is
-        // active, prediction does not decide.
-        let none = LatencyView {
-            period_ns: 0,
-            ..view
-        };
-        assert_eq!(gate(none, next - 10 * US, hold, kernel), Gate::Bounded);
-        let gone = LatencyView {
-            present_at_ns: 0,
-            ..view
-        };
-        assert_eq!(gate(gone, next - 10 * US, hold, kernel), Gate::Free);
-        let active = LatencyView {
-            active_at_ns: next - 20 * US,
-            ..view
-        };
-        assert_eq!(gate(active, next - 10 * US, hold, kernel), Gate::Hold);
-        // A stale prediction holds nobody, even with a long hold window.
-        let (long_hold, quiet) = (
-            5 * MS,
-            LatencyView {
-                active_at_ns: next - 10 * MS,
-                ..view
-            },
-        );
-        assert_eq!(
-            gate(quiet, next + period / 2 - 1, long_hold, kernel),
-            Gate::Predicted
-        );
-        assert_eq!(
-            gate(quiet, next + period / 2, long_hold, kernel),
-            Gate::Bounded
-        );
-    }
-
-    #[test]
     fn counts_of_a_process_dead_in_flight_are_dropped() {
         let table = Table::new("dead");
         let line = table.1.device(0).expect("line");
@@ -514,17 +334,13 @@ mod tests {
         line.enter_flight(t + FLIGHT_GRACE_NS / 2);
         line.leave_flight(t + FLIGHT_GRACE_NS / 2 + 300 * US);
         assert_eq!(line.in_flight.load(Ordering::Relaxed), 1);
-        let after = t + FLIGHT_GRACE_NS + 500 * US;
-        assert_eq!(table.1.gate(0, after, DEFAULT_HOLD_NS, 0), Gate::Hold);
+        assert_eq!(table.1.latency(0).in_flight, 1, "still counted in flight");
         // Its next request, after a quiet grace: the dead count goes.
         let next = t + 3 * FLIGHT_GRACE_NS;
         line.enter_flight(next);
         assert_eq!(line.in_flight.load(Ordering::Relaxed), 1);
         line.leave_flight(next + 300 * US);
-        assert_eq!(
-            table.1.gate(0, next + MS, DEFAULT_HOLD_NS, 0),
-            Gate::Bounded
-        );
+        assert_eq!(table.1.latency(0).in_flight, 0, "the dead count dropped");
         // A live process in flight refreshes the line: never dropped.
         line.enter_flight(next + 2 * MS);
         line.stamp_active(next + 2 * MS + FLIGHT_GRACE_NS);
@@ -543,28 +359,16 @@ mod tests {
         line.stamp_active(now);
         line.stamp_active(now - MS);
         line.present_at_ns.store(now, Ordering::Relaxed);
-        assert_eq!(
-            table.1.gate(2, now + 50 * US, DEFAULT_HOLD_NS, 0),
-            Gate::Hold
-        );
-        assert_eq!(table.1.gate(2, now + MS, DEFAULT_HOLD_NS, 0), Gate::Bounded);
-        assert_eq!(table.1.gate(1, now, DEFAULT_HOLD_NS, 0), Gate::Free);
-        assert_eq!(
-            table.1.gate(MAX_DEVICES, now, DEFAULT_HOLD_NS, 0),
-            Gate::Free
-        );
+        // The latest stamp stays; the other mapping reads what this one wrote.
+        let seen = table.1.latency(2);
+        assert_eq!((seen.active_at_ns, seen.present_at_ns), (now, now));
+        assert_eq!(table.1.latency(1), LatencyView::default());
+        assert_eq!(table.1.latency(MAX_DEVICES), LatencyView::default());
         line.enter_flight(now);
-        assert_eq!(
-            table.1.gate(2, now + 10 * MS, DEFAULT_HOLD_NS, 0),
-            Gate::Hold
-        );
+        assert_eq!(table.1.latency(2).in_flight, 1);
         line.leave_flight(now + 20 * MS);
         line.leave_flight(now + 20 * MS);
-        assert_eq!(line.in_flight.load(Ordering::Relaxed), 0);
-        assert_eq!(
-            table.1.gate(2, now + 21 * MS, DEFAULT_HOLD_NS, 0),
-            Gate::Bounded
-        );
+        assert_eq!(table.1.latency(2).in_flight, 0, "never below zero");
 
         let (batch, latency) = (pod_key("batch"), pod_key("latency"));
         let slot = other.slot(0, batch, PodClass::Batch, now).expect("slot");

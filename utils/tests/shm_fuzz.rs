@@ -193,7 +193,7 @@ proptest! {
             if let Some(len) = shrink {
                 p.shrink(len);
             }
-            let _ = table.gate(device, now, 100_000, now % 1_000_000);
+            let _ = table.latency(device);
             let _ = table.stats(pod);
             if let Some(line) = table.device(device) {
                 line.stamp_active(now);

@@ -2,7 +2,7 @@
 //! allocations: context limits, the allocation nodes of a graph, and the
 //! real free memory of the current device.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 
 use super::symbol;
 use crate::sys::{
@@ -101,17 +101,20 @@ impl Held {
 
     /// How many threads `device` keeps a stack for: every resident one.
     pub fn resident_threads(&self, device: CUdevice) -> Option<u64> {
-        let attribute = self.device_attribute?;
-        let read = |which| {
-            let mut value = 0;
-            // SAFETY: a valid out-pointer.
-            let result = unsafe { attribute(&mut value, which, device) };
-            (result.is_success() && value > 0).then_some(value as u64)
-        };
+        let positive = |which| self.attribute(device, which).filter(|&value| value > 0);
         Some(
-            read(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-                * read(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
+            positive(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+                * positive(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)?,
         )
+    }
+
+    /// `device`'s attribute `which`, when the driver answers it.
+    fn attribute(&self, device: CUdevice, which: c_int) -> Option<u64> {
+        let attribute = self.device_attribute?;
+        let mut value = 0;
+        // SAFETY: a valid out-pointer.
+        let result = unsafe { attribute(&mut value, which, device) };
+        (result.is_success() && value >= 0).then_some(value as u64)
     }
 
     /// What `device`'s graph memory pool holds for this process.
@@ -173,17 +176,9 @@ impl Held {
 
     /// `device`'s compute capability as major × 10 + minor (90: sm_90).
     pub fn compute_capability(&self, device: CUdevice) -> Option<u32> {
-        let attribute = self.device_attribute?;
-        let read = |which| {
-            let mut value = 0;
-            // SAFETY: a valid out-pointer.
-            let result = unsafe { attribute(&mut value, which, device) };
-            (result.is_success() && value >= 0).then_some(value as u32)
-        };
-        Some(
-            read(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? * 10
-                + read(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-        )
+        let major = self.attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = self.attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        u32::try_from(major * 10 + minor).ok()
     }
 
     /// What `graph`'s allocation nodes (its child graphs' included) take.

@@ -4,7 +4,9 @@
 
 use gpushare_utils::bucket::monotonic_ns;
 use gpushare_utils::config::PodClass;
-use gpushare_utils::priority::{Gate, NodePriority, STARVATION_NS};
+use gpushare_utils::priority::NodePriority;
+
+use super::gate::{Gate, STARVATION_NS, gate};
 
 use super::{Priority, THREAD, Ticket, recorded, wait_until};
 use crate::driver::Timing;
@@ -23,7 +25,7 @@ impl Priority {
         };
         let estimate = || THREAD.with(|thread| thread.spans.estimate());
         let mut kernel_ns = estimate();
-        if table.gate(device, now, self.tuning.hold_ns, kernel_ns) == Gate::Free {
+        if gate(table.latency(device), now, self.tuning.hold_ns, kernel_ns) == Gate::Free {
             return Ticket::Free;
         }
         let mut since = now;
@@ -36,7 +38,7 @@ impl Priority {
             kernel_ns = estimate();
         }
         if matches!(
-            table.gate(device, since, self.tuning.hold_ns, kernel_ns),
+            gate(table.latency(device), since, self.tuning.hold_ns, kernel_ns),
             Gate::Hold | Gate::Predicted
         ) {
             self.hold(table, device, since, kernel_ns);
@@ -88,7 +90,7 @@ impl Priority {
         let hold_ns = self.tuning.hold_ns;
         wait_until(since.saturating_add(STARVATION_NS), || {
             !matches!(
-                table.gate(device, monotonic_ns(), hold_ns, kernel_ns),
+                gate(table.latency(device), monotonic_ns(), hold_ns, kernel_ns),
                 Gate::Hold | Gate::Predicted
             )
         });

@@ -12,7 +12,7 @@
 //!    starts a request: from the last nine starts the process predicts the
 //!    next one (`predict`) and publishes it on the line, unless
 //!    [`tuning::PREDICT_VARIABLE`] is `0`.
-//! 3. A batch pod's launch loads the line ([`gpushare_utils::priority::gate`]):
+//! 3. A batch pod's launch loads the line ([`gate::gate`]):
 //!    no latency pod on the device costs those loads. While a latency pod is
 //!    present, the batch thread keeps at most [`tuning::WINDOW_VARIABLE`] launches in
 //!    flight (an event after each, waited for before the next), so a latency
@@ -47,6 +47,7 @@ use crate::sys::{CUevent, CUresult, CUstream};
 use predict::{Arrivals, Spans};
 
 mod batch;
+mod gate;
 mod latency;
 mod predict;
 mod tuning;

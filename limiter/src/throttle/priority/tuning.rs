@@ -1,6 +1,6 @@
 //! How the classes are tuned: the priority variables, read once at load.
 
-use gpushare_utils::priority::DEFAULT_HOLD_NS;
+use super::gate::DEFAULT_HOLD_NS;
 
 /// Microseconds a batch launch is held after a latency pod's last launch or
 /// last work seen in flight; default [`DEFAULT_HOLD_NS`].
