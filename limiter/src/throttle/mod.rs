@@ -38,7 +38,6 @@
 //! 6. Once admitted, a launch passes its pod's class ([`priority`]): a batch
 //!    launch waits while a latency pod on the device is active.
 
-use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Once, OnceLock};
 use std::thread::Thread;
@@ -55,19 +54,20 @@ use gpushare_utils::hook::AfterCall;
 use crate::context::Context;
 use crate::driver::Timing;
 use crate::error::{LimiterError, Result};
-use crate::metering::{Batch, Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
+use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
 mod cadence;
 mod lease;
+mod locals;
 pub mod priority;
 mod sampling;
 mod stamp;
 mod summary;
 mod wait;
 
-use cadence::Cadence;
+use locals::{with_batch, with_cadence};
 use priority::Priority;
 use sampling::{Bracket, RestState, Sample};
 use summary::Held;
@@ -121,38 +121,6 @@ const FIRST_SAMPLE_INTERVAL_NS: u64 = 1_000_000;
 const POLL_INTERVAL: Duration = Duration::from_micros(100);
 /// How often the monitor re-checks contention for elastic pods.
 const CONTENTION_INTERVAL: Duration = Duration::from_millis(50);
-
-gpushare_utils::initial_exec_thread_local! {
-    /// This thread's count towards its next sample (initial-exec: read on
-    /// every launch).
-    static CADENCE: Cadence;
-}
-
-gpushare_utils::initial_exec_thread_local! {
-    /// This thread's charges not yet added to their entry of the cost model.
-    static BATCH: Batch;
-}
-
-/// Runs `f` on the value in a thread's `cell`, then stores it back.
-#[inline]
-fn update<T: Copy, R>(cell: &Cell<T>, f: impl FnOnce(&mut T) -> R) -> R {
-    let mut value = cell.get();
-    let result = f(&mut value);
-    cell.set(value);
-    result
-}
-
-/// Runs `f` on this thread's cadence.
-#[inline]
-fn with_cadence<R>(f: impl FnOnce(&mut Cadence) -> R) -> R {
-    CADENCE.with(|cell| update(cell, f))
-}
-
-/// Runs `f` on this thread's batch of charges.
-#[inline]
-fn with_batch<R>(f: impl FnOnce(&mut Batch) -> R) -> R {
-    BATCH.with(|cell| update(cell, f))
-}
 
 /// What a launch runs: a kernel grid or an instantiated graph.
 #[derive(Debug, Clone, Copy)]
