@@ -18,29 +18,43 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// What the build reads besides `CUDA_SOURCES` and `PROBE_SOURCES`.
 const SOURCES: &[&str] = &[
     "double/cuda_min.h",
     "double/double_common.h",
+    "double/double_internal.h",
     "double/cuda_entries.def",
-    "double/cuda_entry.S",
-    "double/cuda.c",
-    "double/host_memory.c",
     "double/libcuda.map",
     "double/nvml_entry.S",
     "double/nvml.c",
     "double/libnvidia-ml.map",
     "double/fail_limiter_threads.c",
     "programs/probe.h",
-    "programs/cudaprobe.c",
-    "programs/probe_memory.c",
-    "programs/probe_launch.c",
-    "programs/probe_held.c",
+];
+
+/// The files of `libcuda.so.1`, in `double/` (with `double_internal.h`):
+/// one per concern, the model described in `cuda.c`.
+const CUDA_SOURCES: &[&str] = &[
+    "cuda.c",
+    "contexts.c",
+    "memory.c",
+    "pools.c",
+    "launch.c",
+    "streams.c",
+    "events.c",
+    "graphs.c",
+    "images.c",
+    "modules.c",
+    "lookup.c",
+    "host_memory.c",
+    "cuda_entry.S",
 ];
 
 /// The probe's C files, in `programs/` (with `probe.h`), linked into both
 /// `cudaprobe` and `cudaprobe_linked`.
 const PROBE_SOURCES: &[&str] = &[
     "cudaprobe.c",
+    "probe_script.c",
     "probe_memory.c",
     "probe_launch.c",
     "probe_held.c",
@@ -50,6 +64,12 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     for source in SOURCES {
         println!("cargo:rerun-if-changed={source}");
+    }
+    for source in CUDA_SOURCES {
+        println!("cargo:rerun-if-changed=double/{source}");
+    }
+    for source in PROBE_SOURCES {
+        println!("cargo:rerun-if-changed=programs/{source}");
     }
 
     let arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
@@ -84,11 +104,7 @@ fn main() {
     };
 
     for (soname, sources, map) in [
-        (
-            "libcuda.so.1",
-            &["cuda.c", "host_memory.c", "cuda_entry.S"][..],
-            "libcuda.map",
-        ),
+        ("libcuda.so.1", CUDA_SOURCES, "libcuda.map"),
         (
             "libnvidia-ml.so.1",
             &["nvml.c", "nvml_entry.S"][..],

@@ -43,6 +43,6 @@
         .size \name, . - \name
 .endm
 
-        /* One line per entry point, shared with cuda.c and the tests. */
+        /* One line per entry point, shared with the C files and the tests. */
 #define CU_ENTRY(name) cu_stub name
 #include "cuda_entries.def"

@@ -13,9 +13,9 @@
  *   pointers and non-zero flags are CUDA_ERROR_INVALID_VALUE.
  * - cuMemFreeHost(p): p must start an allocation (else
  *   CUDA_ERROR_INVALID_VALUE); cuMemFree_v2 of it is CUDA_ERROR_INVALID_VALUE,
- *   as on the real driver (cuda.c knows only device records).
+ *   as on the real driver (memory.c knows only device records).
  * - cuPointerGetAttribute: MEMORY_TYPE (HOST for this memory, DEVICE for
- *   cuda.c's linear allocations), DEVICE_POINTER, HOST_POINTER (host memory
+ *   memory.c's linear allocations), DEVICE_POINTER, HOST_POINTER (host memory
  *   only), IS_MANAGED (0), DEVICE_ORDINAL, RANGE_START_ADDR, RANGE_SIZE,
  *   MAPPED (1); any other attribute, and an unknown pointer,
  *   CUDA_ERROR_INVALID_VALUE.
@@ -24,21 +24,8 @@
  * pinned memory: past it cuMemHostAlloc fails with CUDA_ERROR_OUT_OF_MEMORY,
  * as pinning fails on a real node that is out of memory.
  */
-#define _GNU_SOURCE
-#include <pthread.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-
-#include "cuda_min.h"
-#include "double_common.h"
-
-/* From cuda.c. */
-int double_initialized(void);
-int double_device_range(unsigned long long addr, unsigned long long *base,
-                        unsigned long long *size, int *device);
-int double_host_range(unsigned long long addr, unsigned long long *base, unsigned long long *size);
+/* double_initialized and double_device_range come from memory.c. */
+#include "double_internal.h"
 
 #define HOST_MAX_ALLOCATIONS 4096
 #define HOST_FLAGS                                                                             \

@@ -1,9 +1,10 @@
 /*
  * What the probe's files share: the driver entry points it calls (through
  * drv in the dlopen build, directly in the linked one), the device it runs
- * on, its output and failure helpers, and the commands of probe_memory.c,
- * probe_launch.c and probe_held.c that cudaprobe.c's script runner calls.
- * The script format is described in cudaprobe.c.
+ * on, its output and failure helpers, the script runner of probe_script.c
+ * that cudaprobe.c's main calls, and the commands of probe_memory.c,
+ * probe_launch.c and probe_held.c that the runner calls. The script format
+ * is described in cudaprobe.c.
  */
 #ifndef CUDAPROBE_PROBE_H
 #define CUDAPROBE_PROBE_H
@@ -160,6 +161,12 @@ extern CUcontext context;
 void die(int status, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 /* One output line, flushed at once: tests read it while we run. */
 void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* probe_script.c: runs (execute) or only checks (!execute) the script of
+ * argc words at argv; returns at its end. */
+void run_script(int argc, char **argv, int execute);
+/* A plain decimal number; dies (status 2) on anything else. */
+unsigned long long arg_number(const char *text);
 
 enum api_kind {
     API_MEM,

@@ -1,0 +1,437 @@
+/*
+ * cudaprobe's script: its arguments parsed, and its commands checked in full
+ * (before anything runs) or run, left to right. The format is described in
+ * cudaprobe.c.
+ */
+#include "probe.h"
+
+static const char *const api_names[API_COUNT] = {
+    "mem", "pitch", "managed", "async", "async_ptsz", "pool", "pool_ptsz",
+    "create", "array", "array3d", "mipmap",
+};
+
+static const char *const launch_names[LAUNCH_COUNT] = {
+    "kernel", "kernel_ptsz", "ex",     "ex_ptsz", "coop",      "coop_ptsz",
+    "graph",  "graph_ptsz",  "legacy", "grid",    "grid_async",
+};
+
+/* ---------------------------------------------------------------- parsing */
+
+static int parse_u64(const char *text, unsigned long long *out, int allow_suffix) {
+    char *end = NULL;
+    unsigned long long value;
+    unsigned shift = 0;
+    if (text == NULL || *text < '0' || *text > '9') {
+        return -1;
+    }
+    errno = 0;
+    value = strtoull(text, &end, 10);
+    if (errno != 0) {
+        return -1;
+    }
+    if (allow_suffix) {
+        switch (*end) {
+        case 'k': case 'K': shift = 10; end++; break;
+        case 'm': case 'M': shift = 20; end++; break;
+        case 'g': case 'G': shift = 30; end++; break;
+        case 't': case 'T': shift = 40; end++; break;
+        default: break;
+        }
+    }
+    if (*end != '\0' || (shift != 0 && value > (~0ULL >> shift))) {
+        return -1;
+    }
+    *out = value << shift;
+    return 0;
+}
+
+static size_t arg_size(const char *text) {
+    unsigned long long v = 0;
+    if (parse_u64(text, &v, 1) != 0 || v > SIZE_MAX) {
+        die(2, "bad size '%s'", text ? text : "");
+    }
+    return (size_t)v;
+}
+
+unsigned long long arg_number(const char *text) {
+    unsigned long long v = 0;
+    if (parse_u64(text, &v, 0) != 0) {
+        die(2, "bad number '%s'", text ? text : "");
+    }
+    return v;
+}
+
+/* The index of `text` among the `count` names; dies naming `what` if absent. */
+static int arg_name(const char *text, const char *const *names, int count, const char *what) {
+    int i;
+    for (i = 0; i < count; i++) {
+        if (text != NULL && strcmp(text, names[i]) == 0) {
+            return i;
+        }
+    }
+    die(2, "unknown %s API '%s'", what, text ? text : "");
+    return count;
+}
+
+static enum api_kind arg_api(const char *text) {
+    return (enum api_kind)arg_name(text, api_names, API_COUNT, "allocation");
+}
+
+static enum launch_api arg_launch(const char *text) {
+    return (enum launch_api)arg_name(text, launch_names, LAUNCH_COUNT, "launch");
+}
+
+static enum held_limit arg_limit(const char *text) {
+    static const char *const names[HELD_LIMIT_COUNT] = {"stack", "fifo", "heap"};
+    int i;
+    for (i = 0; i < HELD_LIMIT_COUNT; i++) {
+        if (text != NULL && strcmp(text, names[i]) == 0) {
+            return (enum held_limit)i;
+        }
+    }
+    die(2, "unknown limit '%s'", text ? text : "");
+    return HELD_LIMIT_COUNT;
+}
+
+/* Reads DUR COUNT HOST from argv at *i, in that order. */
+static struct paced paced_args(int argc, char **argv, int *i) {
+    struct paced p;
+    p.dur_text = *i < argc ? argv[(*i)++] : NULL;
+    p.dur_us = arg_number(p.dur_text);
+    p.count_text = *i < argc ? argv[(*i)++] : NULL;
+    p.count = arg_number(p.count_text);
+    p.host_text = *i < argc ? argv[(*i)++] : NULL;
+    p.host_us = arg_number(p.host_text);
+    return p;
+}
+
+/* Dies if the microseconds of `p` overflow nanoseconds. */
+static void check_paced(const char *cmd, const struct paced *p) {
+    if (p->dur_us > ~0ULL / 1000 || p->host_us > ~0ULL / 1000) {
+        die(2, "%s: number too large", cmd);
+    }
+}
+
+/* Runs (execute) or only checks (!execute) the script; returns at its end. */
+void run_script(int argc, char **argv, int execute) {
+    int i = 0;
+    int measured = 0; /* a spin, run or pace came earlier */
+#define NEXT() (i < argc ? argv[i++] : NULL)
+    while (i < argc) {
+        const char *cmd = NEXT();
+        if (strcmp(cmd, "alloc") == 0) {
+            const char *api_text = NEXT();
+            enum api_kind api = arg_api(api_text);
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_alloc(api_text, api, size_text, size);
+            }
+        } else if (strcmp(cmd, "free") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_free(id_text, id);
+            }
+        } else if (strcmp(cmd, "ptr") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_ptr(id_text, id);
+            }
+        } else if (strcmp(cmd, "info") == 0 || strcmp(cmd, "info_v1") == 0) {
+            if (execute) {
+                cmd_info(cmd);
+            }
+        } else if (strcmp(cmd, "totalmem") == 0 || strcmp(cmd, "totalmem_v1") == 0) {
+            if (execute) {
+                cmd_totalmem(cmd);
+            }
+        } else if (strcmp(cmd, "nvml") == 0 || strcmp(cmd, "nvml_v2") == 0) {
+            if (execute) {
+                cmd_nvml(cmd, cmd[4] != '\0');
+            }
+        } else if (strcmp(cmd, "nvml_procs") == 0) {
+            if (execute) {
+                cmd_nvml_procs();
+            }
+        } else if (strcmp(cmd, "fill") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_fill(size_text, size);
+            }
+        } else if (strcmp(cmd, "hammer") == 0) {
+            unsigned long long threads = arg_number(NEXT());
+            unsigned long long iters = arg_number(NEXT());
+            size_t size = arg_size(NEXT());
+            if (threads == 0 || threads > 1024) {
+                die(2, "hammer needs 1..1024 threads");
+            }
+            if (execute) {
+                cmd_hammer(threads, iters, size);
+            }
+        } else if (strcmp(cmd, "freeall") == 0) {
+            if (execute) {
+                cmd_freeall();
+            }
+        } else if (strcmp(cmd, "sleep") == 0) {
+            const char *ms_text = NEXT();
+            unsigned long long ms = arg_number(ms_text);
+            if (execute) {
+                struct timespec ts;
+                ts.tv_sec = (time_t)(ms / 1000);
+                ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+                while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+                }
+                emit("sleep %s", ms_text);
+            }
+        } else if (strcmp(cmd, "wait") == 0) {
+            if (execute) {
+                char line[256];
+                emit("ready");
+                if (fgets(line, sizeof line, stdin) == NULL) {
+                    clearerr(stdin);
+                }
+                emit("resumed");
+            }
+        } else if (strcmp(cmd, "pid") == 0) {
+            if (execute) {
+                emit("pid %ld", (long)getpid());
+            }
+        } else if (strcmp(cmd, "spin") == 0 || strcmp(cmd, "run") == 0) {
+            const char *api_text = NEXT();
+            enum launch_api api = arg_launch(api_text);
+            const char *dur_text = NEXT();
+            unsigned long long dur_us = arg_number(dur_text);
+            const char *n_text = NEXT();
+            unsigned long long n = arg_number(n_text);
+            if (dur_us > ~0ULL / 1000 || (cmd[0] == 'r' && n > ~0ULL / 1000000)) {
+                die(2, "%s: number too large", cmd);
+            }
+            measured = 1;
+            if (execute && cmd[0] == 's') {
+                cmd_spin(api_text, api, dur_text, dur_us, n_text, n);
+            } else if (execute) {
+                cmd_run(api_text, api, dur_text, dur_us, n_text, n);
+            }
+        } else if (strcmp(cmd, "pace") == 0) {
+            const char *api_text = NEXT();
+            enum launch_api api = arg_launch(api_text);
+            struct paced p = paced_args(argc, argv, &i);
+            check_paced(cmd, &p);
+            measured = 1;
+            if (execute) {
+                cmd_pace(api_text, api, &p);
+            }
+        } else if (strcmp(cmd, "shapes") == 0) {
+            const char *n_text = NEXT();
+            unsigned long long n = arg_number(n_text);
+            struct paced p = paced_args(argc, argv, &i);
+            if (n == 0 || n > 0x7fffffffULL) {
+                die(2, "shapes: N must be 1 to 2^31-1");
+            }
+            check_paced(cmd, &p);
+            measured = 1;
+            if (execute) {
+                cmd_shapes(n_text, n, &p);
+            }
+        } else if (strcmp(cmd, "functions") == 0) {
+            const char *f_text = NEXT();
+            unsigned long long f = arg_number(f_text);
+            struct paced p = paced_args(argc, argv, &i);
+            if (f == 0 || f > 1000000) {
+                die(2, "functions: F must be 1 to 1000000");
+            }
+            check_paced(cmd, &p);
+            measured = 1;
+            if (execute) {
+                cmd_functions(f_text, f, &p);
+            }
+        } else if (strcmp(cmd, "periodic") == 0) {
+            struct periodic p;
+            p.kernels_text = NEXT();
+            p.kernels = arg_number(p.kernels_text);
+            p.dur_text = NEXT();
+            p.dur_us = arg_number(p.dur_text);
+            p.period_text = NEXT();
+            p.period_us = arg_number(p.period_text);
+            p.count_text = NEXT();
+            p.count = arg_number(p.count_text);
+            if (p.kernels == 0 || p.kernels > 1000000 || p.period_us == 0 ||
+                p.dur_us > ~0ULL / 1000 || p.count > 1000000 ||
+                p.period_us > ~0ULL / 1000 / (p.count + 1)) {
+                die(2, "periodic needs 1 to 1000000 kernels, a period of 1 us or more and "
+                       "at most 1000000 requests");
+            }
+            measured = 1;
+            if (execute) {
+                cmd_periodic(&p);
+            }
+        } else if (strcmp(cmd, "series") == 0) {
+            const char *window_text = NEXT();
+            unsigned long long window_ms = arg_number(window_text);
+            if (window_ms == 0 || window_ms > ~0ULL / 1000000) {
+                die(2, "series needs a window of 1 ms or more");
+            }
+            if (!measured) {
+                die(2, "series needs an earlier spin, run or pace");
+            }
+            if (execute) {
+                cmd_series(window_text, window_ms);
+            }
+        } else if (strcmp(cmd, "idle") == 0) {
+            const char *step_text = NEXT();
+            unsigned long long step_us = arg_number(step_text);
+            if (step_us == 0 || step_us > ~0ULL / 1000) {
+                die(2, "idle needs a step of 1 us or more");
+            }
+            if (!measured) {
+                die(2, "idle needs an earlier spin, run or pace");
+            }
+            if (execute) {
+                cmd_idle(step_text, step_us);
+            }
+        } else if (strcmp(cmd, "settled") == 0) {
+            if (!measured) {
+                die(2, "settled needs an earlier spin, run or pace");
+            }
+            if (execute) {
+                cmd_settled();
+            }
+        } else if (strcmp(cmd, "setlimit") == 0) {
+            const char *kind_text = NEXT();
+            enum held_limit kind = arg_limit(kind_text);
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_setlimit(kind_text, kind, size_text, size);
+            }
+        } else if (strcmp(cmd, "getlimit") == 0) {
+            const char *kind_text = NEXT();
+            enum held_limit kind = arg_limit(kind_text);
+            if (execute) {
+                cmd_getlimit(kind_text, kind);
+            }
+        } else if (strcmp(cmd, "module") == 0 || strcmp(cmd, "module_ex") == 0 ||
+                   strcmp(cmd, "library") == 0 || strcmp(cmd, "library_file") == 0) {
+            enum held_image kind = strcmp(cmd, "library_file") == 0 ? HELD_LIBRARY_FILE
+                                   : cmd[0] == 'l'                  ? HELD_LIBRARY
+                                   : cmd[6] != '\0'                 ? HELD_MODULE_EX
+                                                                    : HELD_MODULE;
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_load(cmd, kind, size_text, size);
+            }
+        } else if (strcmp(cmd, "unload") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_unload(id_text, id);
+            }
+        } else if (strcmp(cmd, "fatlib") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_fatlib(size_text, size);
+            }
+        } else if (strcmp(cmd, "libkernel") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            const char *name = NEXT();
+            if (name == NULL) {
+                die(2, "libkernel needs a library ID and a kernel name");
+            }
+            if (execute) {
+                cmd_libkernel(id_text, id, name);
+            }
+        } else if (strcmp(cmd, "libglobal") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_libglobal(id_text, id);
+            }
+        } else if (strcmp(cmd, "launchk") == 0 || strcmp(cmd, "kernelfunc") == 0 ||
+                   strcmp(cmd, "kernellib") == 0) {
+            enum held_kernel_op op = cmd[0] == 'l'   ? HELD_KERNEL_LAUNCH
+                                     : cmd[6] == 'f' ? HELD_KERNEL_FUNCTION
+                                                     : HELD_KERNEL_LIBRARY;
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_kernel(cmd, op, id_text, id);
+            }
+        } else if (strcmp(cmd, "graph_alloc") == 0 || strcmp(cmd, "capture_alloc") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_graph_alloc(cmd, cmd[0] == 'c', size_text, size);
+            }
+        } else if (strcmp(cmd, "graph_launch") == 0 || strcmp(cmd, "graph_upload") == 0 ||
+                   strcmp(cmd, "graph_destroy") == 0) {
+            enum held_graph op = cmd[6] == 'l'   ? HELD_LAUNCH
+                                 : cmd[6] == 'u' ? HELD_UPLOAD
+                                                 : HELD_DESTROY;
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_graph(cmd, op, id_text, id);
+            }
+        } else if (strcmp(cmd, "graph_trim") == 0) {
+            if (execute) {
+                cmd_graph_trim();
+            }
+        } else if (strcmp(cmd, "pool_threshold") == 0) {
+            const char *size_text = NEXT();
+            unsigned long long size = size_text != NULL && strcmp(size_text, "max") == 0
+                                          ? UINT64_MAX
+                                          : arg_size(size_text);
+            if (execute) {
+                cmd_pool_threshold(size_text, size);
+            }
+        } else if (strcmp(cmd, "pool_trim") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_pool_trim(size_text, size);
+            }
+        } else if (strcmp(cmd, "pool_reserved") == 0) {
+            if (execute) {
+                cmd_pool_reserved();
+            }
+        } else if (strcmp(cmd, "sync") == 0) {
+            if (execute) {
+                cmd_sync();
+            }
+        } else if (strcmp(cmd, "context") == 0) {
+            if (execute) {
+                cmd_context();
+            }
+        } else if (strcmp(cmd, "green_context") == 0) {
+            if (execute) {
+                cmd_green_context();
+            }
+        } else if (strcmp(cmd, "context_destroy") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            if (execute) {
+                cmd_context_destroy(id_text, id);
+            }
+        } else if (strcmp(cmd, "clock") == 0) {
+            if (execute) {
+                emit("clock ns=%llu", now_ns());
+            }
+        } else if (strcmp(cmd, "maxstall") == 0) {
+            if (!measured) {
+                die(2, "maxstall needs an earlier spin, run or pace");
+            }
+            if (execute) {
+                cmd_maxstall();
+            }
+        } else {
+            die(2, "unknown command '%s'", cmd);
+        }
+    }
+#undef NEXT
+}
