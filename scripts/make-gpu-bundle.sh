@@ -4,11 +4,15 @@
 #   bash scripts/gpu/run.sh gpu-bundle   (the pytest harness of scripts/gpu/e2e)
 # With AB=1 it also builds the limiter with the `launch-ab` feature, as
 # gpu-bundle/libcuda_limiter_ab.so, for scripts/bench/launch_ab.sh only.
+# The limiter is the shipped build: linked against glibc 2.17 with
+# cargo-zigbuild (scripts/build-limiter.sh), checked by scripts/check-glibc.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --locked -p cuda-limiter -p hypervisor
+cargo build --release --locked -p hypervisor -p kube-fakes
+limiter=$(scripts/build-limiter.sh | tail -n 1)
+python3 scripts/check-glibc.py "$limiter"
 rm -rf gpu-bundle && mkdir -p gpu-bundle
-cp target/release/libcuda_limiter.so target/release/hypervisor target/release/k8s-e2e gpu-bundle/
+cp "$limiter" target/release/hypervisor target/release/k8s-e2e gpu-bundle/
 # The hypervisor's admission-latency benchmark, as a standalone binary.
 latency=$(cargo bench --locked -p hypervisor --bench admission_latency --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
@@ -18,8 +22,8 @@ for line in sys.stdin:
         print(m["executable"])' | tail -n 1)
 [ -n "$latency" ] && cp "$latency" gpu-bundle/hypervisor-admission-latency
 if [ "${AB:-0}" = 1 ]; then
-  cargo build --release --locked -p cuda-limiter --features launch-ab --target-dir target/launch-ab
-  cp target/launch-ab/release/libcuda_limiter.so gpu-bundle/libcuda_limiter_ab.so
+  ab=$(TARGET_DIR=target/launch-ab scripts/build-limiter.sh --features launch-ab | tail -n 1)
+  cp "$ab" gpu-bundle/libcuda_limiter_ab.so
 fi
 strip --strip-debug gpu-bundle/*
 git rev-parse --short HEAD > gpu-bundle/COMMIT 2>/dev/null || true

@@ -17,6 +17,8 @@
 //! through a [`DetourGuard`], which forwards to the original when the limiter
 //! is off or when the limiter itself calls the driver from inside a detour.
 
+pub mod thread_local;
+
 use std::ffi::{CStr, c_void};
 use std::fmt;
 use std::marker::PhantomData;

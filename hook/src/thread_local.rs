@@ -57,7 +57,7 @@ pub const fn zeroed<T: ZeroInit>() -> T {
 /// module's level, not inside a function (the variable is assembly there).
 ///
 /// ```
-/// gpushare_utils::initial_exec_thread_local! {
+/// gpushare_hook::initial_exec_thread_local! {
 ///     /// Launches this thread made.
 ///     static LAUNCHES: u64;
 /// }

@@ -7,7 +7,7 @@ use std::ffi::{CStr, c_void};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use gpushare_utils::hook::{HookEntry, Original, install_tables};
+use gpushare_hook::{HookEntry, Original, install_tables};
 
 type Unary = unsafe extern "C" fn(u64) -> u64;
 

@@ -28,6 +28,10 @@
 //! these routes carries [`INSTANCE_HEADER`], which changes when the server
 //! restarts.
 //!
+//! The server may be on TCP (`http://host:port` base URLs) or on a Unix socket
+//! (`http+unix://` and the socket's percent-encoded path, [`unix`]): a node
+//! daemon whose API is on no network address.
+//!
 //! Client side, [`Client::spawn_loop`] runs steps 1, 2 and 5 on a thread,
 //! reconnecting with bounded, jittered exponential backoff and saying hello
 //! again after a reconnect or a hub restart; [`LoopHandle::stop`] ends it
@@ -44,6 +48,7 @@
 pub mod client;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod unix;
 mod wire;
 
 #[cfg(feature = "client")]
@@ -52,6 +57,7 @@ pub use client::{Backoff, ChannelError, Client, ClientOptions, LoopHandle, Reque
 pub use server::{
     AuthHook, ClientInfo, Hub, HubConfig, HubEvent, HubEvents, RemovedClient, SubmitError,
 };
+pub use unix::{UNIX_SCHEME, split_unix_url, unix_socket_url};
 pub use wire::{
     ClientId, ErrorBody, HelloReply, INSTANCE_HEADER, InvalidClientId, MAX_CLIENT_ID_LEN, Task,
     TaskId, TaskResult,

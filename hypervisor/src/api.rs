@@ -16,8 +16,11 @@
 //! - `POST /api/v1/pods/{id}/health`: `Health` to the pod's workers.
 //! - `POST /api/v1/reload`: read the config file again.
 //!
-//! Anyone on the node: `GET /api/v1/status` (JSON), `GET /metrics`
-//! (Prometheus), `GET /healthz`.
+//! Anyone who reaches the API: `GET /api/v1/status` (JSON), `GET /metrics`
+//! (Prometheus), `GET /healthz` (the process answers), `GET /readyz` (200
+//! once nothing is pending, e.g. the Kubernetes agent's start; 503 naming
+//! what is). The metrics listener ([`metrics_routes`]) serves only these
+//! last three: it may face the cluster, the rest only the node.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -86,21 +89,45 @@ pub(crate) fn routes(hv: &Hypervisor) -> impl Endpoint<Output = Response> + 'sta
         .nest("/channel", hv.shared.hub.route());
     Route::new()
         .nest("/api/v1", api)
-        .at(
-            "/metrics",
-            get(ep(hv, |hv, _| async move {
-                Response::builder()
-                    .content_type("text/plain; version=0.0.4")
-                    .body(crate::metrics::render(&hv.status()))
-            })),
-        )
+        .at("/metrics", get(ep(hv, |hv, _| async move { metrics(&hv) })))
         .at("/healthz", get(make(|_| async { "ok" })))
+        .at("/readyz", get(ep(hv, |hv, _| async move { readyz(&hv) })))
         .with(CatchPanic::new())
         // Unknown routes (404), wrong methods (405) and anything else poem
         // refuses by itself answer in the same JSON as ours.
         .catch_all_error(|error: poem::Error| async move {
             json_error(error.status(), &error.to_string())
         })
+}
+
+/// `/metrics`, `/healthz` and `/readyz` alone: what probes and Prometheus
+/// need, on a listener that may face the cluster's network.
+pub(crate) fn metrics_routes(hv: &Hypervisor) -> impl Endpoint<Output = Response> + 'static {
+    Route::new()
+        .at("/metrics", get(ep(hv, |hv, _| async move { metrics(&hv) })))
+        .at("/healthz", get(make(|_| async { "ok" })))
+        .at("/readyz", get(ep(hv, |hv, _| async move { readyz(&hv) })))
+        .with(CatchPanic::new())
+        .catch_all_error(|error: poem::Error| async move {
+            json_error(error.status(), &error.to_string())
+        })
+}
+
+fn metrics(hv: &Hypervisor) -> Response {
+    Response::builder()
+        .content_type("text/plain; version=0.0.4")
+        .body(crate::metrics::render(&hv.status()))
+}
+
+fn readyz(hv: &Hypervisor) -> Response {
+    let waiting = hv.waiting_for();
+    if waiting.is_empty() {
+        return Response::builder().body("ok");
+    }
+    json_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        &format!("not ready: {}", waiting.join(", ")),
+    )
 }
 
 /// An endpoint running `f` with a handle on the hypervisor.

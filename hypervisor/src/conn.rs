@@ -12,6 +12,9 @@
 //!   half-open ones an attacker holds), else is itself closed at once.
 //! - **Accept errors** (out of descriptors) pause accepting briefly instead
 //!   of spinning.
+//!
+//! The same bounds hold on TCP and on the Unix socket the pods reach the
+//! daemon through ([`Listener`]).
 
 use std::collections::BTreeMap;
 use std::io;
@@ -25,7 +28,7 @@ use poem::http::uri::Scheme;
 use poem::listener::Acceptor;
 use poem::web::{LocalAddr, RemoteAddr};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::time::{Instant, Sleep};
 
 /// Bounds on connections.
@@ -75,17 +78,65 @@ struct Table {
     open: BTreeMap<u64, Arc<Shared>>,
 }
 
-/// Accepts TCP connections within [`ConnLimits`].
+/// A bound listener: TCP, or a Unix socket.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(listener: TcpListener) -> Self {
+        Self::Tcp(listener)
+    }
+}
+
+impl From<UnixListener> for Listener {
+    fn from(listener: UnixListener) -> Self {
+        Self::Unix(listener)
+    }
+}
+
+impl Listener {
+    fn local_addr(&self) -> io::Result<LocalAddr> {
+        Ok(match self {
+            Self::Tcp(listener) => LocalAddr(listener.local_addr()?.into()),
+            Self::Unix(listener) => LocalAddr(listener.local_addr()?.into()),
+        })
+    }
+
+    async fn accept(&self) -> io::Result<(Stream, RemoteAddr)> {
+        Ok(match self {
+            Self::Tcp(listener) => {
+                let (stream, addr) = listener.accept().await?;
+                (Stream::Tcp(stream), RemoteAddr(addr.into()))
+            }
+            Self::Unix(listener) => {
+                let (stream, addr) = listener.accept().await?;
+                (Stream::Unix(stream), RemoteAddr(addr.into()))
+            }
+        })
+    }
+}
+
+/// An accepted connection of either kind.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// Accepts connections within [`ConnLimits`].
 pub struct GuardedAcceptor {
-    listener: TcpListener,
+    listener: Listener,
     local: LocalAddr,
     limits: ConnLimits,
     table: Arc<Mutex<Table>>,
 }
 
 impl GuardedAcceptor {
-    pub fn new(listener: TcpListener, limits: ConnLimits) -> io::Result<Self> {
-        let local = LocalAddr(listener.local_addr()?.into());
+    pub fn new(listener: impl Into<Listener>, limits: ConnLimits) -> io::Result<Self> {
+        let listener = listener.into();
+        let local = listener.local_addr()?;
         Ok(Self {
             listener,
             local,
@@ -126,7 +177,7 @@ impl Acceptor for GuardedAcceptor {
 
     async fn accept(&mut self) -> io::Result<(Guarded, LocalAddr, RemoteAddr, Scheme)> {
         loop {
-            let (stream, addr) = match self.listener.accept().await {
+            let (stream, remote) = match self.listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // EMFILE and friends: the pending connection stays queued;
@@ -150,19 +201,14 @@ impl Acceptor for GuardedAcceptor {
                 tail: [0; 3],
                 in_headers: true,
             };
-            return Ok((
-                guarded,
-                self.local.clone(),
-                RemoteAddr(addr.into()),
-                Scheme::HTTP,
-            ));
+            return Ok((guarded, self.local.clone(), remote, Scheme::HTTP));
         }
     }
 }
 
 /// A connection under the limits.
 pub struct Guarded {
-    stream: TcpStream,
+    stream: Stream,
     id: u64,
     shared: Arc<Shared>,
     table: Arc<Mutex<Table>>,
@@ -245,7 +291,11 @@ impl AsyncRead for Guarded {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+        let read = match &mut this.stream {
+            Stream::Tcp(stream) => Pin::new(stream).poll_read(cx, buf),
+            Stream::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
+        };
+        match read {
             Poll::Ready(Ok(())) => {
                 let data = buf.filled()[before..].to_vec();
                 this.saw(&data);
@@ -268,7 +318,10 @@ impl AsyncWrite for Guarded {
         if this.shared.evicted.load(Ordering::Acquire) {
             return Poll::Ready(Err(timed_out()));
         }
-        let written = Pin::new(&mut this.stream).poll_write(cx, data);
+        let written = match &mut this.stream {
+            Stream::Tcp(stream) => Pin::new(stream).poll_write(cx, data),
+            Stream::Unix(stream) => Pin::new(stream).poll_write(cx, data),
+        };
         if matches!(written, Poll::Ready(Ok(n)) if n > 0) && this.deadline.is_none() {
             // A response: the connection now idles until the next request.
             this.shared.awaiting_headers.store(true, Ordering::Release);
@@ -280,11 +333,17 @@ impl AsyncWrite for Guarded {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        match &mut self.get_mut().stream {
+            Stream::Tcp(stream) => Pin::new(stream).poll_flush(cx),
+            Stream::Unix(stream) => Pin::new(stream).poll_flush(cx),
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+        match &mut self.get_mut().stream {
+            Stream::Tcp(stream) => Pin::new(stream).poll_shutdown(cx),
+            Stream::Unix(stream) => Pin::new(stream).poll_shutdown(cx),
+        }
     }
 }
 

@@ -128,6 +128,7 @@ impl Hypervisor {
                 handle_sighup: options.handle_sighup,
                 listen: options.listen.unwrap_or(options.config.listen),
                 identity: std::sync::OnceLock::new(),
+                pending: Mutex::default(),
             }
         });
         *lock(&shared.events) = events;

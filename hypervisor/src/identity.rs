@@ -5,7 +5,9 @@
 //! A worker reports its pid as its own pid namespace numbers it; the
 //! hypervisor (host PID namespace) finds the host process whose innermost
 //! `NSpid` is that pid and whose cgroup names the pod the worker registers
-//! for. No such process: the registration is refused, whatever the token.
+//! for, or one of the pods that share that identity's claims (a claim used
+//! by several pods is one quota: [`crate::kubernetes::claims`]). No such
+//! process: the registration is refused, whatever the token.
 
 use std::path::{Path, PathBuf};
 
@@ -39,7 +41,7 @@ impl CgroupIdentity {
         }
     }
 
-    fn matches(&self, host_pid: &Path, pod: &str, pid: u32) -> bool {
+    fn matches(&self, host_pid: &Path, pods: &dyn Fn(&str) -> bool, pid: u32) -> bool {
         let innermost = std::fs::read_to_string(host_pid.join("status"))
             .ok()
             .and_then(|status| {
@@ -50,14 +52,19 @@ impl CgroupIdentity {
             && std::fs::read_to_string(host_pid.join("cgroup"))
                 .ok()
                 .and_then(|text| pod_uid(&text))
-                .is_some_and(|uid| uid == pod)
+                .is_some_and(|uid| pods(&uid))
     }
-}
 
-impl WorkerIdentity for CgroupIdentity {
-    fn verify(&self, pod: &PodId, pid: u32) -> Result<u32, IdentityError> {
+    /// The host pid of worker `pid` of `pod`, whose process may be in any
+    /// pod that `accept` takes (by pod UID).
+    pub fn find(
+        &self,
+        pod: &PodId,
+        pid: u32,
+        accept: &dyn Fn(&str) -> bool,
+    ) -> Result<u32, IdentityError> {
         // The worker shares the host PID namespace (hostPID pods): one look.
-        if self.matches(&self.proc_root.join(pid.to_string()), pod.as_str(), pid) {
+        if self.matches(&self.proc_root.join(pid.to_string()), accept, pid) {
             return Ok(pid);
         }
         let entries = std::fs::read_dir(&self.proc_root)
@@ -70,7 +77,7 @@ impl WorkerIdentity for CgroupIdentity {
             else {
                 continue;
             };
-            if self.matches(&entry.path(), pod.as_str(), pid) {
+            if self.matches(&entry.path(), accept, pid) {
                 return Ok(host_pid);
             }
         }
@@ -78,6 +85,12 @@ impl WorkerIdentity for CgroupIdentity {
             pod: pod.to_string(),
             pid,
         })
+    }
+}
+
+impl WorkerIdentity for CgroupIdentity {
+    fn verify(&self, pod: &PodId, pid: u32) -> Result<u32, IdentityError> {
+        self.find(pod, pid, &|uid| uid == pod.as_str())
     }
 }
 
@@ -108,6 +121,28 @@ pub fn pod_uid(cgroup: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_worker_of_another_pod_of_the_claim_is_accepted_only_when_asked() {
+        let proc = std::env::temp_dir().join(format!("gpushare-identity-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&proc);
+        // Host pid 900, pid 7 in its container, in pod B.
+        let entry = proc.join("900");
+        std::fs::create_dir_all(&entry).unwrap();
+        std::fs::write(entry.join("status"), "Name:\tpython\nNSpid:\t900\t7\n").unwrap();
+        let pod_b = "b0000000-0000-4000-8000-00000000000b";
+        std::fs::write(
+            entry.join("cgroup"),
+            format!("0::/kubepods/besteffort/pod{pod_b}/c1\n"),
+        )
+        .unwrap();
+        let identity = CgroupIdentity::new(&proc);
+        let pod_a = PodId::new("a0000000-0000-4000-8000-00000000000a".to_owned()).unwrap();
+        assert!(identity.verify(&pod_a, 7).is_err());
+        let shared = |uid: &str| uid == pod_a.as_str() || uid == pod_b;
+        assert_eq!(identity.find(&pod_a, 7, &shared), Ok(900));
+        std::fs::remove_dir_all(&proc).unwrap();
+    }
 
     const UID: &str = "0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4a";
 

@@ -1,5 +1,6 @@
 //! `hypervisor serve` runs the node daemon; `hypervisor status` prints its
-//! state as a table.
+//! state as a table; `hypervisor limiter install` puts a limiter library on
+//! the host without touching the files running processes map.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,8 +9,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use hypervisor::conn::Listener;
 use hypervisor::node_tables::NodeTableNames;
 use hypervisor::observer::{GpuObserver, NvmlObserver, SimulatedGpus};
+use hypervisor::serve::Listeners;
 use hypervisor::status::{Status, render_table};
 use hypervisor::{Hypervisor, Options, config};
 
@@ -32,6 +35,14 @@ enum Cmd {
         /// Listen address (IP:port), overriding the file's `listen`.
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// Also serve the whole API on this Unix socket (the pods' way in,
+        /// with --kubernetes: their CDI specs mount its folder).
+        #[arg(long, value_name = "PATH")]
+        socket: Option<PathBuf>,
+        /// Serve /metrics, /healthz and /readyz alone on this address too
+        /// (probes and Prometheus; nothing else of the API is there).
+        #[arg(long, value_name = "IP:PORT")]
+        metrics_listen: Option<SocketAddr>,
         /// Simulate N GPUs instead of asking NVML (tests, demos).
         #[arg(long, value_name = "N")]
         simulate_gpus: Option<u32>,
@@ -52,6 +63,40 @@ enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
+    /// The limiter library on the host: versioned files, an atomic switch.
+    Limiter {
+        #[command(subcommand)]
+        command: LimiterCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum LimiterCmd {
+    /// Write LIBRARY as a file named by version and content hash beside
+    /// LINK, switch LINK (a symlink) to it in one rename, then remove the
+    /// old versions no process maps.
+    Install {
+        /// The library to install.
+        #[arg(long, value_name = "LIBRARY")]
+        source: PathBuf,
+        /// The stable name that CDI specs and preload files use.
+        #[arg(long, default_value = "/var/lib/gpushare/lib/libcuda_limiter.so")]
+        link: PathBuf,
+        /// The version in the file name; default: this binary's.
+        #[arg(long, default_value = env!("CARGO_PKG_VERSION"))]
+        version: String,
+        /// The host's /proc (hostPID): which files processes map.
+        #[arg(long, default_value = "/proc")]
+        proc: PathBuf,
+    },
+    /// Remove the versions behind LINK that it does not name and that no
+    /// process maps.
+    Collect {
+        #[arg(long, default_value = "/var/lib/gpushare/lib/libcuda_limiter.so")]
+        link: PathBuf,
+        #[arg(long, default_value = "/proc")]
+        proc: PathBuf,
+    },
 }
 
 /// `serve --kubernetes`: the node agent of the DRA driver.
@@ -70,7 +115,8 @@ struct KubeArgs {
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// CUDA_LIMITER_HYPERVISOR for the pods; default: $HYPERVISOR_URL, else
-    /// http://<listen address> (the DaemonSet sets http://$(HOST_IP):7070).
+    /// the --socket (its folder mounted into the pods), else
+    /// http://<listen address>.
     #[arg(long)]
     hypervisor_url: Option<String>,
     /// Checkpoint, tokens and the preload file.
@@ -105,7 +151,11 @@ struct KubeArgs {
 }
 
 impl KubeArgs {
-    fn options(&self, listen: SocketAddr) -> anyhow::Result<hypervisor::kubernetes::AgentOptions> {
+    fn options(
+        &self,
+        listen: SocketAddr,
+        socket: Option<&std::path::Path>,
+    ) -> anyhow::Result<hypervisor::kubernetes::AgentOptions> {
         use hypervisor::dra::plugin::PluginSockets;
         use hypervisor::provision::ProvisionConfig;
         let node = self
@@ -113,16 +163,16 @@ impl KubeArgs {
             .clone()
             .or_else(|| std::env::var("NODE_NAME").ok().filter(|n| !n.is_empty()))
             .context("--kubernetes needs the node name: --node-name or NODE_NAME")?;
-        let url = self
-            .hypervisor_url
-            .clone()
-            .or_else(|| {
-                std::env::var("HYPERVISOR_URL")
-                    .ok()
-                    .filter(|u| !u.is_empty())
-            })
-            .unwrap_or_else(|| format!("http://{listen}"));
-        let mut provision = ProvisionConfig::daemonset(&url);
+        let url = self.hypervisor_url.clone().or_else(|| {
+            std::env::var("HYPERVISOR_URL")
+                .ok()
+                .filter(|u| !u.is_empty())
+        });
+        let mut provision = match (url, socket) {
+            (Some(url), _) => ProvisionConfig::daemonset(&url),
+            (None, Some(socket)) => ProvisionConfig::daemonset_socket(socket)?,
+            (None, None) => ProvisionConfig::daemonset(&format!("http://{listen}")),
+        };
         provision.state_dir = self.state_dir.clone();
         provision.host_state_dir = self.state_dir.clone();
         provision.cdi_dir = self.cdi_dir.clone();
@@ -155,11 +205,23 @@ fn main() {
         Cmd::Serve {
             config,
             listen,
+            socket,
+            metrics_listen,
             simulate_gpus,
             kubernetes,
-        } => serve(config, listen, simulate_gpus, &kubernetes),
+        } => serve(
+            config,
+            Where {
+                listen,
+                socket,
+                metrics: metrics_listen,
+            },
+            simulate_gpus,
+            &kubernetes,
+        ),
         Cmd::Status { addr, json } => status(&addr, json),
         Cmd::CheckConfig { config } => check_config(&config),
+        Cmd::Limiter { command } => limiter(command),
     };
     if let Err(error) = result {
         eprintln!("hypervisor: {}", one_line(&error));
@@ -208,12 +270,25 @@ fn raise_fd_limit() -> u64 {
     limit.rlim_cur
 }
 
+/// Where `serve` listens.
+struct Where {
+    listen: Option<SocketAddr>,
+    socket: Option<PathBuf>,
+    metrics: Option<SocketAddr>,
+}
+
+/// How often the daemon removes limiter versions that no process maps.
+const LIMITER_COLLECT_EVERY: Duration = Duration::from_secs(600);
+/// The readiness condition of the Kubernetes agent's start.
+const AGENT_STARTING: &str = "the Kubernetes agent is starting (checkpoint, ResourceSlice)";
+
 fn serve(
     path: Option<PathBuf>,
-    listen: Option<SocketAddr>,
+    at: Where,
     simulate: Option<u32>,
     kube: &KubeArgs,
 ) -> anyhow::Result<()> {
+    let listen = at.listen;
     gpushare_utils::logging::init("HYPERVISOR_LOG");
     let mut config = match &path {
         Some(path) => config::load(path)?,
@@ -270,31 +345,164 @@ fn serve(
         let bound = listener.local_addr().unwrap_or(addr);
         // One line on stdout, for scripts and tests that asked for port 0.
         println!("hypervisor listening on {bound}");
-        if !kube.kubernetes {
-            hv.serve(listener, shutdown_signal()).await?;
-            return Ok(());
+        let mut api = vec![Listener::from(listener)];
+        if let Some(socket) = &at.socket {
+            let unix = hypervisor::serve::bind_socket(socket)
+                .with_context(|| format!("cannot listen on {}", socket.display()))?;
+            println!("hypervisor listening on {}", socket.display());
+            api.push(unix.into());
         }
-        let options = kube.options(bound)?;
-        let gpus = observer.gpus().context("cannot list the GPUs")?;
-        let agent = hypervisor::kubernetes::NodeAgent::start(hv.clone(), gpus, options)
-            .await
-            .context("Kubernetes agent")?;
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        let agent_task = tokio::spawn(agent.run(wait(stopped.clone())));
-        let served = hv.serve(listener, async move {
-            shutdown_signal().await;
-            let _ = stop.send(true);
-        });
-        served.await?;
-        agent_task
+        // Probes and metrics from the start, the API once the pods it serves
+        // are known (a worker asking earlier waits in the accept queue).
+        if kube.kubernetes {
+            hv.not_ready(AGENT_STARTING);
+        }
+        let metrics_task = match at.metrics {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr}"))?;
+                println!(
+                    "hypervisor metrics on {}",
+                    listener.local_addr().unwrap_or(addr)
+                );
+                Some(tokio::spawn(
+                    hv.clone()
+                        .serve_metrics(listener.into(), wait(stopped.clone())),
+                ))
+            }
+            None => None,
+        };
+        let listeners = Listeners { api, metrics: None };
+        let result = if kube.kubernetes {
+            serve_kubernetes(
+                &hv,
+                &observer,
+                kube,
+                bound,
+                at.socket.as_deref(),
+                listeners,
+                stop,
+            )
             .await
-            .context("Kubernetes agent task")?
-            .context("Kubernetes agent")?;
-        Ok(())
+        } else {
+            let served = hv.clone().serve_on(listeners, async move {
+                shutdown_signal().await;
+                let _ = stop.send(true);
+            });
+            served.await.map_err(anyhow::Error::from)
+        };
+        if let Some(task) = metrics_task {
+            task.abort();
+        }
+        result
     })
+}
+
+/// `serve --kubernetes` once the listeners are bound: the agent starts,
+/// then the API is served with it until SIGTERM.
+async fn serve_kubernetes(
+    hv: &Hypervisor,
+    observer: &Arc<dyn GpuObserver>,
+    kube: &KubeArgs,
+    bound: SocketAddr,
+    socket: Option<&std::path::Path>,
+    listeners: Listeners,
+    stop: tokio::sync::watch::Sender<bool>,
+) -> anyhow::Result<()> {
+    let options = kube.options(bound, socket)?;
+    let host_limiter = options.provision.host_limiter.clone();
+    let proc_root = options.proc_root.clone();
+    let gpus = observer.gpus().context("cannot list the GPUs")?;
+    let agent = hypervisor::kubernetes::NodeAgent::start(hv.clone(), gpus, options)
+        .await
+        .context("Kubernetes agent")?;
+    hv.ready(AGENT_STARTING);
+    let stopped = stop.subscribe();
+    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let agent_task = tokio::spawn(agent.run(wait(stopped.clone())));
+    let collector = tokio::spawn(async move {
+        let mut every = tokio::time::interval(LIMITER_COLLECT_EVERY);
+        loop {
+            every.tick().await;
+            let (link, proc_root) = (host_limiter.clone(), proc_root.clone());
+            match tokio::task::spawn_blocking(move || {
+                hypervisor::limiter_files::collect(&link, &proc_root)
+            })
+            .await
+            {
+                Ok(Ok(collected)) => log_collected(&collected),
+                Ok(Err(error)) => tracing::warn!(%error, "old limiter versions not collected"),
+                Err(error) => tracing::warn!(%error, "limiter collection task"),
+            }
+        }
+    });
+    let served = hv.clone().serve_on(listeners, async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let result = served.await;
+    collector.abort();
+    result?;
+    agent_task
+        .await
+        .context("Kubernetes agent task")?
+        .context("Kubernetes agent")?;
+    Ok(())
+}
+
+fn log_collected(collected: &hypervisor::limiter_files::Collected) {
+    for path in &collected.removed {
+        tracing::info!(path = %path.display(), "old limiter version removed: no process maps it");
+    }
+    if let Some(reason) = &collected.unknown {
+        tracing::warn!(
+            reason,
+            "old limiter versions kept: cannot tell which are in use"
+        );
+    }
+}
+
+fn limiter(command: LimiterCmd) -> anyhow::Result<()> {
+    use hypervisor::limiter_files;
+    let collected = match command {
+        LimiterCmd::Install {
+            source,
+            link,
+            version,
+            proc,
+        } => {
+            let installed = limiter_files::install(&source, &link, &version, &proc)?;
+            println!(
+                "{} {} -> {}",
+                if installed.switched {
+                    "switched"
+                } else {
+                    "unchanged"
+                },
+                link.display(),
+                installed.file.display()
+            );
+            installed.collected
+        }
+        LimiterCmd::Collect { link, proc } => limiter_files::collect(&link, &proc)?,
+    };
+    for path in &collected.removed {
+        println!("removed {} (no process maps it)", path.display());
+    }
+    for path in &collected.in_use {
+        println!("kept {} (in use)", path.display());
+    }
+    if let Some(reason) = &collected.unknown {
+        println!("kept every old version: {reason}");
+    }
+    Ok(())
 }
 
 async fn shutdown_signal() {

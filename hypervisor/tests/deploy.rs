@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
 use serde::Deserialize;
@@ -27,6 +27,7 @@ fn check(object: Value, origin: &str) -> String {
     match kind.as_str() {
         "Namespace" => strict::<Namespace>(&object, origin),
         "ServiceAccount" => strict::<ServiceAccount>(&object, origin),
+        "Service" => strict::<Service>(&object, origin),
         "ClusterRole" => strict::<ClusterRole>(&object, origin),
         "ClusterRoleBinding" => strict::<ClusterRoleBinding>(&object, origin),
         "DaemonSet" => strict::<DaemonSet>(&object, origin),
@@ -75,6 +76,7 @@ fn every_object_parses_into_its_type() {
             "Namespace",
             "Pod",
             "ResourceClaimTemplate",
+            "Service",
             "ServiceAccount"
         ]
     );

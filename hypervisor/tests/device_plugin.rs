@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hypervisor::deviceplugin::DevicePluginConfig;
-use hypervisor::fakes::apiserver::FakeApiServer;
-use hypervisor::fakes::cluster;
-use hypervisor::fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
-use hypervisor::fakes::node::{self, TestNode};
 use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use kube_fakes::apiserver::FakeApiServer;
+use kube_fakes::cluster;
+use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
+use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 
 const NODE: &str = "node-dp";

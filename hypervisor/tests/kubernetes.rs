@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor::fakes::apiserver::FakeApiServer;
-use hypervisor::fakes::cluster;
-use hypervisor::fakes::kubelet::Version;
-use hypervisor::fakes::node::{self, TestNode};
 use hypervisor::observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube_fakes::apiserver::FakeApiServer;
+use kube_fakes::cluster;
+use kube_fakes::kubelet::Version;
+use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 
 const DRIVER: &str = "gpu.gpushare.dev";
@@ -144,7 +144,7 @@ impl World {
         version: Version,
         name: &str,
         uid: &str,
-    ) -> hypervisor::fakes::kubelet::Prepared {
+    ) -> kube_fakes::kubelet::Prepared {
         self.node()
             .kubelet
             .prepare(version, "default", name, uid)

@@ -1,16 +1,103 @@
 //! The limiter's typed outcome of a detour, converted once into what the
 //! caller sees (`CUresult` or `nvmlReturn_t`).
 
-use gpushare_utils::hook::{Disposition, IntoReturn};
+use gpushare_hook::{Disposition, IntoReturn};
 
 use crate::sys::{CUresult, nvmlReturn_t};
+
+/// Why a detour leaves a call to the driver as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Pass {
+    /// A null out-pointer: the driver answers it.
+    #[error("a null out-pointer: the driver answers it")]
+    NullOutPointer,
+    /// The limiter is off in this process.
+    #[error("the limiter is off in this process")]
+    LimitsOff,
+    /// The device has no limit.
+    #[error("the device has no limit")]
+    DeviceUnlimited,
+    /// No current context.
+    #[error("no current context")]
+    NoCurrentContext,
+    /// The driver's own functions are not resolved.
+    #[error("the driver's own functions are not resolved")]
+    DriverNotResolved,
+    /// A device index out of range.
+    #[error("a device index out of range")]
+    BadDevice,
+    /// No compute limit.
+    #[error("no compute limit")]
+    NoComputeLimit,
+    /// An allocation of nothing.
+    #[error("an allocation of nothing")]
+    EmptyAllocation,
+    /// The driver refused the call.
+    #[error("the driver refused the call")]
+    DriverRefused,
+    /// Captured into a graph: the graph's launch is admitted.
+    #[error("captured into a graph: the graph's launch is admitted")]
+    Captured,
+    /// The benchmark switched the admission off.
+    #[cfg(feature = "launch-ab")]
+    #[error("the benchmark switched the admission off")]
+    AbSwitchedOff,
+    /// A size that overflows.
+    #[error("a size that overflows")]
+    SizeOverflows,
+    /// Nothing to reserve.
+    #[error("nothing to reserve")]
+    NothingToReserve,
+    /// Not charged by the limiter.
+    #[error("not charged by the limiter")]
+    NotCharged,
+    /// Not a library's kernel.
+    #[error("not a library's kernel")]
+    NotLibraryKernel,
+    /// No allocation properties.
+    #[error("no allocation properties")]
+    NoProperties,
+    /// No launch configuration.
+    #[error("no launch configuration")]
+    NoLaunchConfiguration,
+    /// No device index.
+    #[error("no device index")]
+    NoIndex,
+    /// No hypervisor to wait for.
+    #[error("no hypervisor to wait for")]
+    NoHypervisor,
+    /// No array descriptor.
+    #[error("no array descriptor")]
+    NoDescriptor,
+    /// A graph without allocation nodes.
+    #[error("a graph without allocation nodes")]
+    NoAllocationNodes,
+    /// No device UUID.
+    #[error("no device UUID")]
+    NoUuid,
+    /// Host memory, not the device's.
+    #[error("host memory, not the device's")]
+    HostMemory,
+    /// A graph the driver cannot walk: its own to refuse.
+    #[error("a graph the driver cannot walk: its own to refuse")]
+    GraphNotWalked,
+    /// A context limit that holds no memory.
+    #[error("a context limit that holds no memory")]
+    LimitHoldsNoMemory,
+    /// A context of this process is charged already.
+    #[error("a context of this process is charged already")]
+    ContextCharged,
+    /// NVML is not resolved.
+    #[error("NVML is not resolved")]
+    NvmlUnresolved,
+}
 
 /// Why a detour did not simply return the driver's answer.
 #[derive(Debug, thiserror::Error)]
 pub enum LimiterError {
     /// Nothing for the limiter to do here; the original runs unchanged.
     #[error("pass through: {0}")]
-    Bypass(&'static str),
+    Bypass(Pass),
     /// The allocation would take the pod over its quota on this device.
     #[error("device {device}: {requested} bytes requested, {used} of {quota} in use by the pod")]
     OverQuota {

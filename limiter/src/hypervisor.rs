@@ -253,7 +253,7 @@ impl Link {
     }
 
     fn run(&'static self, driver: &'static OnceLock<Driver>) {
-        let _guard = gpushare_utils::hook::DetourGuard::enter_always();
+        let _guard = gpushare_hook::DetourGuard::enter_always();
         let seed = u64::from(std::process::id());
         let mut backoff = Backoff::new(REGISTER_BACKOFF_MIN, REGISTER_BACKOFF_MAX, seed);
         if self.token.is_empty() {

@@ -19,7 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use gpushare_utils::hook::{self, HookEntry};
+use gpushare_hook::{self as hook, HookEntry};
 
 use crate::detour;
 use crate::driver::Driver;

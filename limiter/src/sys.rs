@@ -6,8 +6,8 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use gpushare_utils::hook::Unavailable;
-use gpushare_utils::thread_local::ZeroInit;
+use gpushare_hook::Unavailable;
+use gpushare_hook::thread_local::ZeroInit;
 
 /// `CUresult`, a distinct type so that it has its own conversions.
 #[repr(transparent)]

@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use common::{CONTEXT_BYTES, DoubleGpus, GIB, MIB, info};
 use hypervisor::deviceplugin::DevicePluginConfig;
-use hypervisor::fakes::apiserver::FakeApiServer;
-use hypervisor::fakes::cluster;
-use hypervisor::fakes::device_kubelet::FakeDeviceKubelet;
-use hypervisor::fakes::node::{self, TestNode};
+use kube_fakes::apiserver::FakeApiServer;
+use kube_fakes::cluster;
+use kube_fakes::device_kubelet::FakeDeviceKubelet;
+use kube_fakes::node::{self, TestNode};
 use serde_json::json;
 
 struct Cleanup {

@@ -21,16 +21,16 @@
 //!   already inside a detour (the limiter's own driver calls), otherwise runs
 //!   the handler `ops::mem_alloc(original, dptr, bytesize)` under
 //!   `catch_unwind`, and turns its `Err` into a return value or a call of the
-//!   original through `gpushare_utils::hook::IntoReturn`; a panic falls back
+//!   original through `gpushare_hook::IntoReturn`; a panic falls back
 //!   to the original, reported once. The handler's `original` is a forwarder
 //!   that remembers the result: a handler that fails after calling it gets
 //!   that result returned, so no call reaches the driver twice;
 //! - `ENTRY`, the install entry; and the table `MEMORY_DETOURS: &[HookEntry]`.
 //!
-//! The return type must implement `gpushare_utils::hook::Unavailable`, the
+//! The return type must implement `gpushare_hook::Unavailable`, the
 //! value returned in the one case no original exists (never, once installed),
-//! and `gpushare_utils::thread_local::ZeroInit` (the remembered result is an
-//! initial-exec thread-local: see `gpushare_utils::thread_local`).
+//! and `gpushare_hook::thread_local::ZeroInit` (the remembered result is an
+//! initial-exec thread-local: see `gpushare_hook::thread_local`).
 //!
 //! A declaration marked `ptsz` (`required ptsz fn cuLaunchKernel(...) -> CUresult
 //! => ops::launch_kernel;`) also declares the driver's per-thread-default-stream
@@ -42,7 +42,7 @@
 //! A declaration whose handler is marked `around` (`=> around ops::launch;`)
 //! leaves the call of the original to the detour: the handler, called
 //! without `original`, decides before the call and returns a value of
-//! `gpushare_utils::hook::AfterCall`; the detour then calls the original with
+//! `gpushare_hook::AfterCall`; the detour then calls the original with
 //! the caller's arguments and hands its result to that value, and the caller
 //! gets the original's result. Why: the driver runs from the detour's frame,
 //! not from under the handler's; the H100 machine's kernel launch call took
@@ -241,7 +241,7 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
         output,
         handler,
         symbol_str: symbol.to_string(),
-        hook: quote!(::gpushare_utils::hook),
+        hook: quote!(::gpushare_hook),
     };
     let symbol_cstr = syn::LitCStr::new(
         &std::ffi::CString::new(parts.symbol_str.clone()).unwrap_or_default(),
@@ -306,7 +306,7 @@ fn forwarding_parts(parts: &Parts<'_>) -> (TokenStream2, TokenStream2) {
         hook,
     } = parts;
     let support = quote! {
-        ::gpushare_utils::initial_exec_thread_local! {
+        ::gpushare_hook::initial_exec_thread_local! {
             /// What the original returned inside the current detour call,
             /// once the handler called it (`true` and the value).
             static FORWARDED: (bool, #output);
@@ -328,12 +328,12 @@ fn forwarding_parts(parts: &Parts<'_>) -> (TokenStream2, TokenStream2) {
         }
     };
     let body = quote! {
-        FORWARDED.with(|slot| slot.set(::gpushare_utils::thread_local::zeroed()));
+        FORWARDED.with(|slot| slot.set(::gpushare_hook::thread_local::zeroed()));
         let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
             #handler(forward, #(#names),*)
         }));
         let (called, value) = FORWARDED
-            .with(|slot| slot.replace(::gpushare_utils::thread_local::zeroed()));
+            .with(|slot| slot.replace(::gpushare_hook::thread_local::zeroed()));
         let forwarded = called.then_some(value);
         match outcome {
             Ok(Ok(value)) => value,
@@ -415,7 +415,7 @@ pub fn detours(input: TokenStream) -> TokenStream {
         #(#modules)*
 
         #(#attrs)*
-        #vis static #name: [::gpushare_utils::hook::HookEntry; #count] = [#(#symbols::ENTRY),*];
+        #vis static #name: [::gpushare_hook::HookEntry; #count] = [#(#symbols::ENTRY),*];
     }
     .into()
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpushare_utils::hook::{AfterCall, Disposition, IntoReturn, set_enabled};
+use gpushare_hook::{AfterCall, Disposition, IntoReturn, set_enabled};
 
 use common::Status;
 

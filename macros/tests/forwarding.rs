@@ -5,7 +5,7 @@ mod common;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpushare_utils::hook::set_enabled;
+use gpushare_hook::set_enabled;
 
 use common::{Bypass, Status};
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::sync::atomic::Ordering;
 
-use gpushare_utils::hook::set_enabled;
+use gpushare_hook::set_enabled;
 
 use common::{Bypass, Status};
 

@@ -2,6 +2,7 @@
 //! bounded time and size), and [`Requester`] for the plain JSON requests a
 //! process makes besides the channel.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -17,18 +18,20 @@ use crate::wire::{ErrorBody, INSTANCE_HEADER};
 #[derive(Debug, Clone)]
 pub struct Requester {
     agent: ureq::Agent,
-    base: String,
+    base: Target,
     auth: Option<HeaderValue>,
     opts: ClientOptions,
 }
 
 impl Requester {
-    /// Requests to paths below `base_url` (`http://` only), with
-    /// [`ClientOptions::token`] as bearer token. Makes no request.
+    /// Requests to paths below `base_url` (`http://`, or `http+unix://` and
+    /// a socket, [`crate::unix`]), with [`ClientOptions::token`] as bearer
+    /// token. Makes no request.
     pub fn new(base_url: &str, options: ClientOptions) -> Result<Self, ChannelError> {
+        let base = check_base_url(base_url)?;
         Ok(Self {
-            agent: build_agent(&options),
-            base: check_base_url(base_url)?,
+            agent: build_agent(&options, base.socket.as_deref()),
+            base,
             auth: bearer(options.token.as_deref())?,
             opts: options,
         })
@@ -36,7 +39,7 @@ impl Requester {
 
     /// The base URL, without a trailing `/`.
     pub fn base_url(&self) -> &str {
-        &self.base
+        &self.base.given
     }
 
     /// `POST {base}{path}` with `body` as JSON; a 2xx answer decodes as `R`,
@@ -49,7 +52,7 @@ impl Requester {
         timeout: Option<Duration>,
     ) -> Result<R, ChannelError> {
         let body = serde_json::to_vec(body).map_err(ChannelError::Encode)?;
-        let url = format!("{}{path}", self.base);
+        let url = format!("{}{path}", self.base.request);
         let timeout = timeout.unwrap_or(self.opts.request_timeout);
         let reply = post(
             &self.agent,
@@ -123,29 +126,62 @@ pub(super) fn read(
     })
 }
 
-pub(super) fn build_agent(opts: &ClientOptions) -> ureq::Agent {
-    ureq::Agent::config_builder()
+/// The agent of a client: on TCP, or on the Unix socket `socket`.
+pub(super) fn build_agent(opts: &ClientOptions, socket: Option<&Path>) -> ureq::Agent {
+    let config = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
         .max_redirects(0)
         .timeout_connect(Some(opts.connect_timeout))
         .timeout_global(Some(opts.request_timeout))
         .user_agent(concat!("http-bidir-comm/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .new_agent()
+        .build();
+    match socket {
+        None => config.new_agent(),
+        Some(socket) => ureq::Agent::with_parts(
+            config,
+            super::unix::UnixConnector(socket.to_owned()),
+            super::unix::NoLookup,
+        ),
+    }
 }
 
-pub(super) fn check_base_url(url: &str) -> Result<String, ChannelError> {
+/// Where a client's requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Target {
+    /// The base URL as given, without a trailing `/`.
+    pub(super) given: String,
+    /// What request URLs start with: `given`, or for a Unix socket a
+    /// placeholder host and the base's path.
+    pub(super) request: String,
+    /// The Unix socket every request connects to.
+    pub(super) socket: Option<PathBuf>,
+}
+
+pub(super) fn check_base_url(url: &str) -> Result<Target, ChannelError> {
     let bad = |reason| ChannelError::InvalidUrl {
         url: url.to_owned(),
         reason,
     };
     let base = url.trim_end_matches('/');
+    if base.starts_with(crate::unix::UNIX_SCHEME) {
+        let (socket, path) = crate::unix::split_unix_url(base)
+            .ok_or_else(|| bad("http+unix:// takes a percent-encoded absolute socket path"))?;
+        if path.contains(['?', '#']) {
+            return Err(bad("a base URL takes no query"));
+        }
+        let path = path.trim_end_matches('/');
+        return Ok(Target {
+            given: base.to_owned(),
+            request: format!("{}{path}", super::unix::PLACEHOLDER_BASE),
+            socket: Some(socket),
+        });
+    }
     let uri: Uri = base.parse().map_err(|_| bad("not a URL"))?;
     match uri.scheme_str() {
         Some("http") => {}
         Some("https") => return Err(bad("https is not supported (built without TLS)")),
-        _ => return Err(bad("scheme must be http://")),
+        _ => return Err(bad("scheme must be http:// or http+unix://")),
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err(bad("no host"));
@@ -153,7 +189,11 @@ pub(super) fn check_base_url(url: &str) -> Result<String, ChannelError> {
     if uri.query().is_some() {
         return Err(bad("a base URL takes no query"));
     }
-    Ok(base.to_owned())
+    Ok(Target {
+        given: base.to_owned(),
+        request: base.to_owned(),
+        socket: None,
+    })
 }
 
 pub(super) fn status_error(reply: &Reply) -> ChannelError {
@@ -183,7 +223,16 @@ mod tests {
         for url in ok {
             assert!(check_base_url(url).is_ok(), "{url}");
         }
-        assert_eq!(check_base_url("http://h:1/api/").unwrap(), "http://h:1/api");
+        assert_eq!(
+            check_base_url("http://h:1/api/").unwrap().given,
+            "http://h:1/api"
+        );
+        let unix = check_base_url("http+unix://%2Frun%2Fhv.sock/api/v1/").unwrap();
+        assert_eq!(unix.given, "http+unix://%2Frun%2Fhv.sock/api/v1");
+        assert_eq!(unix.request, "http://localhost/api/v1");
+        assert_eq!(unix.socket.as_deref(), Some(Path::new("/run/hv.sock")));
+        let bare = check_base_url("http+unix://%2Frun%2Fhv.sock").unwrap();
+        assert_eq!(bare.request, "http://localhost");
         let bad = [
             "",
             "127.0.0.1:8000",
@@ -191,6 +240,9 @@ mod tests {
             "ftp://h",
             "http://h/?x=1",
             "http:// h",
+            "http+unix://relative.sock",
+            "http+unix://%2Frun%2Fhv.sock/api?x=1",
+            "unix:///run/hv.sock",
         ];
         for url in bad {
             assert!(check_base_url(url).is_err(), "{url}");

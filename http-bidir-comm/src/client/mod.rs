@@ -16,6 +16,7 @@
 mod backoff;
 mod http;
 mod poll_loop;
+mod unix;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -167,7 +168,7 @@ pub struct Client {
 
 pub(super) struct Inner {
     pub(super) agent: ureq::Agent,
-    pub(super) base: String,
+    pub(super) base: http::Target,
     pub(super) id: ClientId,
     pub(super) auth: Option<HeaderValue>,
     pub(super) opts: ClientOptions,
@@ -184,7 +185,7 @@ pub(super) struct Reply {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client")
-            .field("base", &self.inner.base)
+            .field("base", &self.inner.base.given)
             .field("id", &self.inner.id)
             .finish_non_exhaustive()
     }
@@ -204,7 +205,7 @@ impl Client {
         let auth = bearer(options.token.as_deref())?;
         Ok(Self {
             inner: Arc::new(Inner {
-                agent: build_agent(&options),
+                agent: build_agent(&options, base.socket.as_deref()),
                 base,
                 id,
                 auth,
@@ -301,7 +302,7 @@ impl Client {
         let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
         let url = format!(
             "{}/clients/{}/tasks?wait_ms={wait_ms}",
-            self.inner.base, self.inner.id
+            self.inner.base.request, self.inner.id
         );
         let timeout = wait.saturating_add(self.inner.opts.request_timeout);
         let mut req = self
@@ -327,7 +328,10 @@ impl Client {
     }
 
     fn post(&self, what: &str, body: &[u8]) -> Result<Reply, ChannelError> {
-        let url = format!("{}/clients/{}/{what}", self.inner.base, self.inner.id);
+        let url = format!(
+            "{}/clients/{}/{what}",
+            self.inner.base.request, self.inner.id
+        );
         let inner = &self.inner;
         let timeout = inner.opts.request_timeout;
         post(

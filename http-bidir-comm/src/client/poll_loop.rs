@@ -32,7 +32,7 @@ impl Client {
     {
         let client = Self {
             inner: Arc::new(Inner {
-                agent: build_agent(&self.inner.opts),
+                agent: build_agent(&self.inner.opts, self.inner.base.socket.as_deref()),
                 base: self.inner.base.clone(),
                 id: self.inner.id.clone(),
                 auth: self.inner.auth.clone(),

@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub listen: SocketAddr,
     /// Kubernetes: checks a registering worker's cgroup (`None`: no check).
     pub(crate) identity: std::sync::OnceLock<Arc<dyn crate::identity::WorkerIdentity>>,
+    /// What the daemon still waits for before it is ready (`GET /readyz`).
+    pub(crate) pending: Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// The hypervisor's state and operations. Cloning is cheap (one `Arc`).
@@ -56,6 +58,22 @@ impl Hypervisor {
     /// pod it names (set once; later calls are ignored).
     pub fn set_worker_identity(&self, identity: Arc<dyn crate::identity::WorkerIdentity>) {
         let _ = self.shared.identity.set(identity);
+    }
+
+    /// Not ready until [`Hypervisor::ready`] is called with the same `what`
+    /// (`GET /readyz` answers 503 naming it meanwhile).
+    pub fn not_ready(&self, what: &str) {
+        lock(&self.shared.pending).insert(what.to_owned());
+    }
+
+    /// `what` is done.
+    pub fn ready(&self, what: &str) {
+        lock(&self.shared.pending).remove(what);
+    }
+
+    /// What the daemon still waits for; empty: ready.
+    pub fn waiting_for(&self) -> Vec<String> {
+        lock(&self.shared.pending).iter().cloned().collect()
     }
 
     /// Where the config says to listen (or the `--listen` override).

@@ -1,10 +1,10 @@
 //! The node agent: reflectors, the ResourceSlice, the kubelet plugin and the
 //! clean-up of pods that are gone, around one [`Provisioner`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -20,10 +20,11 @@ use crate::daemon::Hypervisor;
 use crate::deviceplugin::{DevicePluginConfig, GpuHealth};
 use crate::dra::plugin::{self, PluginSockets};
 use crate::dra::{ClaimPreparer, ClaimRef, PreparedDevice};
-use crate::identity::CgroupIdentity;
+use crate::identity::{CgroupIdentity, IdentityError, WorkerIdentity};
 use crate::observer::GpuInfo;
 use crate::provision::{ClaimRequest, PodRef, ProvisionConfig, Provisioner};
 use crate::source;
+use gpushare_utils::config::PodId;
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -87,9 +88,6 @@ impl NodeAgent {
             source::SourceError::Provision(p) => KubeError::Provision(p),
             other => KubeError::Client(other.to_string()),
         })?;
-        if options.check_identity {
-            hv.set_worker_identity(Arc::new(CgroupIdentity::new(&options.proc_root)));
-        }
         slice::publish(&client, &options.node, &options.driver, &gpus).await?;
         let (pods, pod_writer) = reflector::store::<Pod>();
         let (claims, claim_writer) = reflector::store::<ResourceClaim>();
@@ -106,6 +104,12 @@ impl NodeAgent {
             gpu_health,
             allocated: Mutex::new(BTreeMap::new()),
         });
+        if inner.options.check_identity {
+            inner.hv.set_worker_identity(Arc::new(ClaimIdentity {
+                cgroup: CgroupIdentity::new(&inner.options.proc_root),
+                agent: Arc::downgrade(&inner),
+            }));
+        }
         let on_node =
             watcher::Config::default().fields(&format!("spec.nodeName={}", inner.options.node));
         let weak = Arc::downgrade(&inner);
@@ -246,28 +250,33 @@ impl NodeAgent {
     /// returns the pods cleaned up.
     pub async fn collect_garbage(&self) -> Result<Vec<String>, KubeError> {
         let _busy = self.inner.busy.lock().await;
-        let prepared: BTreeMap<String, PodRef> = self
+        // Each quota identity, and whether it is a shared claim's own.
+        let prepared: BTreeMap<String, (PodRef, bool)> = self
             .provisioner()
             .claims()
             .values()
-            .map(|c| (c.request.pod.uid.clone(), c.request.pod.clone()))
+            .map(|c| {
+                let own = c.request.pod.uid == c.request.claim_uid;
+                (c.request.pod.uid.clone(), (c.request.pod.clone(), own))
+            })
             .collect();
         let mut gone = Vec::new();
-        for (uid, pod) in prepared {
-            let cached = self
-                .inner
-                .pods
-                .find(|p| p.metadata.uid.as_deref() == Some(&uid));
-            if cached.as_deref().is_some_and(|p| !finished(p)) {
+        for (uid, (pod, claims_own)) in prepared {
+            // Another pod that uses the identity's claims keeps it: the
+            // quota is the claims', kept until their last consumer ends.
+            let others_run = consumers(&self.inner, &uid)
+                .iter()
+                .filter(|other| **other != uid)
+                .any(|other| {
+                    self.inner
+                        .pods
+                        .find(|p| p.metadata.uid.as_deref() == Some(other))
+                        .is_some_and(|p| !finished(&p))
+                });
+            if others_run {
                 continue;
             }
-            // The reflector may lag behind a pod just created: ask.
-            let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &pod.namespace);
-            let live = api
-                .get_opt(&pod.name)
-                .await
-                .map_err(KubeError::api("get pod"))?;
-            if live.is_some_and(|p| p.metadata.uid.as_deref() == Some(&uid) && !finished(&p)) {
+            if !claims_own && self.pod_runs(&uid, &pod).await? {
                 continue;
             }
             let forgotten = self.provisioner().forget_pod(&uid)?;
@@ -278,6 +287,24 @@ impl NodeAgent {
             self.sync()?;
         }
         Ok(gone)
+    }
+
+    /// Whether pod `uid` still exists and has not finished.
+    async fn pod_runs(&self, uid: &str, pod: &PodRef) -> Result<bool, KubeError> {
+        let cached = self
+            .inner
+            .pods
+            .find(|p| p.metadata.uid.as_deref() == Some(uid));
+        if cached.as_deref().is_some_and(|p| !finished(p)) {
+            return Ok(true);
+        }
+        // The reflector may lag behind a pod just created: ask.
+        let api: Api<Pod> = Api::namespaced(self.inner.client.clone(), &pod.namespace);
+        let live = api
+            .get_opt(&pod.name)
+            .await
+            .map_err(KubeError::api("get pod"))?;
+        Ok(live.is_some_and(|p| p.metadata.uid.as_deref() == Some(uid) && !finished(&p)))
     }
 
     /// Prepares `request` and opens its pod's region with its limits (the
@@ -332,6 +359,57 @@ impl NodeAgent {
             .await
             .map_err(|e| format!("cannot read claim {}/{}: {e}", claim.namespace, claim.name))
     }
+}
+
+/// The cgroup check of a registering worker, where the pods that use the
+/// claims prepared under its quota identity are that identity's too.
+struct ClaimIdentity {
+    cgroup: CgroupIdentity,
+    agent: Weak<Inner>,
+}
+
+impl WorkerIdentity for ClaimIdentity {
+    fn verify(&self, pod: &PodId, pid: u32) -> Result<u32, IdentityError> {
+        let shared = self
+            .agent
+            .upgrade()
+            .map(|inner| consumers(&inner, pod.as_str()))
+            .unwrap_or_default();
+        self.cgroup
+            .find(pod, pid, &|uid| uid == pod.as_str() || shared.contains(uid))
+    }
+}
+
+/// The pods (UIDs) in the `reservedFor` of the claims prepared under quota
+/// identity `identity`, as the claims' reflector has them.
+fn consumers(inner: &Inner, identity: &str) -> BTreeSet<String> {
+    let prepared: Vec<(String, String, String)> = inner
+        .source
+        .provisioner
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .claims()
+        .values()
+        .filter(|c| c.request.pod.uid == identity)
+        .map(|c| {
+            let r = &c.request;
+            (r.namespace.clone(), r.name.clone(), r.claim_uid.clone())
+        })
+        .collect();
+    let mut pods = BTreeSet::new();
+    for (namespace, name, uid) in prepared {
+        let key = ObjectRef::new(&name).within(&namespace);
+        if let Some(claim) = inner.claims.get(&key)
+            && claim.metadata.uid.as_deref() == Some(uid.as_str())
+        {
+            pods.extend(
+                claims::consumer_pods(&claim)
+                    .into_iter()
+                    .map(|(pod, _)| pod),
+            );
+        }
+    }
+    pods
 }
 
 fn finished(pod: &Pod) -> bool {

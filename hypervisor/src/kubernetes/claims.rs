@@ -2,6 +2,21 @@
 //! pod it is reserved for, and per device of this driver and node the GPU,
 //! the consumed `memory` and `compute`, and the opaque parameters.
 //!
+//! **Whose quota a claim is.** A claim is one allocation: the scheduler took
+//! its `memory` and `compute` from the device once, whatever the number of
+//! pods in its `reservedFor`. And the kubelet prepares a claim once per node
+//! (`NodePrepareResources` names the claim, not the pod) and gives every
+//! later pod that uses it the same CDI devices, whose edits (the region, the
+//! token, `CUDA_LIMITER_POD`) cannot differ by pod. So the pods of a shared
+//! claim cannot each get a quota of their own; they share the claim's one
+//! quota identity ([`quota_identity`]):
+//! - one consumer when prepared (a claim from a pod's template, or a claim of
+//!   its own used by one pod so far): the pod, as for any claim;
+//! - several consumers when prepared: the claim itself (its UID and name);
+//! - either way, every pod in `reservedFor` is accepted as that identity's
+//!   worker (the cgroup check, [`consumer_pods`]), and the identity is kept
+//!   until the last of them has ended, not the first one.
+//!
 //! Opaque parameters (`spec.devices.config[].opaque.parameters`, copied by
 //! the scheduler into `status.allocation.devices.config`, class configs
 //! first, claim configs after and winning):
@@ -92,13 +107,7 @@ pub fn to_request(
         .and_then(|s| s.allocation.as_ref())
         .and_then(|a| a.devices.as_ref())
         .ok_or_else(|| ClaimError::NotAllocated(name.clone()))?;
-    let pod = status
-        .and_then(|s| s.reserved_for.as_ref())
-        .and_then(|r| {
-            r.iter()
-                .find(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
-        })
-        .ok_or_else(|| ClaimError::NoPod(name.clone()))?;
+    let pod = quota_identity(claim).ok_or_else(|| ClaimError::NoPod(name.clone()))?;
     let configs = allocation.config.as_deref().unwrap_or_default();
     let mut devices = Vec::new();
     for result in allocation.results.as_deref().unwrap_or_default() {
@@ -148,13 +157,44 @@ pub fn to_request(
         claim_uid: claim.metadata.uid.clone().unwrap_or_default(),
         namespace: namespace.clone(),
         name,
-        pod: PodRef {
-            uid: pod.uid.clone(),
-            namespace,
-            name: pod.name.clone(),
-        },
+        pod,
         devices,
     })
+}
+
+/// The pods `claim` is reserved for: (UID, name) of each.
+pub fn consumer_pods(claim: &ResourceClaim) -> Vec<(String, String)> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.reserved_for.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|c| c.resource == "pods" && c.api_group.as_deref().unwrap_or("").is_empty())
+        .map(|c| (c.uid.clone(), c.name.clone()))
+        .collect()
+}
+
+/// Whose quota `claim` is (see the module's doc): its one consumer pod, or
+/// the claim itself when several pods use it; `None` when no pod does.
+pub fn quota_identity(claim: &ResourceClaim) -> Option<PodRef> {
+    let namespace = claim.metadata.namespace.clone().unwrap_or_default();
+    match consumer_pods(claim).as_slice() {
+        [] => None,
+        [(uid, name)] => Some(PodRef {
+            uid: uid.clone(),
+            namespace,
+            name: name.clone(),
+        }),
+        _ => Some(PodRef {
+            uid: claim.metadata.uid.clone().unwrap_or_default(),
+            namespace,
+            name: format!(
+                "resourceclaim/{}",
+                claim.metadata.name.as_deref().unwrap_or_default()
+            ),
+        }),
+    }
 }
 
 /// The parameters for `request`: every config of ours that applies to it
@@ -287,6 +327,39 @@ mod tests {
                 .is_err_and(|e| e.contains("spillLimit \"lots\" is not a size"))
         );
         assert!(get(serde_json::json!({"oversubscribe": "yes"})).is_err());
+    }
+
+    fn claim(consumers: &[(&str, &str)]) -> ResourceClaim {
+        let reserved: Vec<serde_json::Value> = consumers
+            .iter()
+            .map(|(uid, name)| serde_json::json!({"resource": "pods", "name": name, "uid": uid}))
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "shared", "namespace": "ml", "uid": "c1a1e000-0000-4000-8000-000000000001"},
+            "spec": {"devices": {}},
+            "status": {"reservedFor": reserved},
+        }))
+        .expect("claim")
+    }
+
+    #[test]
+    fn one_consumer_is_the_quota_identity_several_share_the_claims() {
+        let a = ("a0000000-0000-4000-8000-00000000000a", "trainer-a");
+        let b = ("b0000000-0000-4000-8000-00000000000b", "trainer-b");
+        assert_eq!(quota_identity(&claim(&[])), None);
+        let one = quota_identity(&claim(&[a])).unwrap();
+        assert_eq!((one.uid.as_str(), one.name.as_str()), a);
+        assert_eq!(one.namespace, "ml");
+        // Not the first pod's: the claim's, whichever pod starts first.
+        for order in [[a, b], [b, a]] {
+            let shared = quota_identity(&claim(&order)).unwrap();
+            assert_eq!(shared.uid, "c1a1e000-0000-4000-8000-000000000001");
+            assert_eq!(shared.name, "resourceclaim/shared");
+        }
+        assert_eq!(
+            consumer_pods(&claim(&[a, b])),
+            [a, b].map(|(u, n)| (u.to_owned(), n.to_owned()))
+        );
     }
 
     fn parameters_of(configs: &[DeviceAllocationConfiguration]) -> Result<SharingParams, String> {

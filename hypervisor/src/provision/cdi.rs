@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use super::{
-    CONTAINER_LIMITER, CONTAINER_PRELOAD, CONTAINER_SHM, CONTAINER_TOKEN, ClaimRequest,
-    ProvisionConfig, ProvisionError,
+    CONTAINER_LIMITER, CONTAINER_PRELOAD, CONTAINER_SHM, CONTAINER_SOCKET_DIR, CONTAINER_TOKEN,
+    ClaimRequest, ProvisionConfig, ProvisionError,
 };
 use crate::observer::GpuInfo;
 use gpushare_utils::ledger::POD_REGION_PREFIX;
@@ -99,7 +99,7 @@ pub fn claim_spec(
         device_nodes.push(node(control));
     }
     let ro = || ["ro", "nosuid", "nodev", "bind"].map(String::from).to_vec();
-    let mounts = vec![
+    let mut mounts = vec![
         Mount {
             host_path: path_text(&config.host_limiter),
             container_path: CONTAINER_LIMITER.to_owned(),
@@ -134,6 +134,18 @@ pub fn claim_spec(
                 .to_vec(),
         },
     ];
+    // The hypervisor's socket: its folder, not the socket file, so that a
+    // daemon restarted (a new socket inode) is reached again. Read-only
+    // still lets a process connect, and no pod can put a socket of its own there.
+    if let Some(dir) = &config.host_socket_dir {
+        mounts.push(Mount {
+            host_path: path_text(dir),
+            container_path: CONTAINER_SOCKET_DIR.to_owned(),
+            options: ["ro", "nosuid", "nodev", "noexec", "bind"]
+                .map(String::from)
+                .to_vec(),
+        });
+    }
     Ok(Spec {
         cdi_version: CDI_VERSION.to_owned(),
         kind: config.cdi_kind(),
@@ -189,4 +201,93 @@ pub fn device_minor(host_root: &Path, gpu: &GpuInfo) -> u32 {
         }
     }
     gpu.index
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provision::{DeviceGrant, PodRef, SharingParams};
+
+    fn request() -> ClaimRequest {
+        ClaimRequest {
+            claim_uid: "0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4a".into(),
+            namespace: "default".into(),
+            name: "gpu".into(),
+            pod: PodRef {
+                uid: "1c8d9b63-4f2e-4b8f-8d5f-3a7e2e3d4c5b".into(),
+                namespace: "default".into(),
+                name: "trainer".into(),
+            },
+            devices: vec![DeviceGrant {
+                requests: vec!["gpu".into()],
+                pool: "node".into(),
+                device: "gpu-0".into(),
+                gpu_uuid: "GPU-0".into(),
+                gpu_index: 0,
+                memory_bytes: 1 << 30,
+                compute_percent: 30,
+                params: SharingParams::default(),
+            }],
+        }
+    }
+
+    fn gpus() -> Vec<GpuInfo> {
+        vec![GpuInfo {
+            index: 0,
+            uuid: "GPU-0".into(),
+            name: "test".into(),
+            memory_total: 8 << 30,
+            memory_used: 0,
+        }]
+    }
+
+    #[test]
+    fn pods_reach_the_hypervisor_through_its_socket_folder() {
+        let config =
+            ProvisionConfig::daemonset_socket(Path::new("/var/lib/gpushare/run/hypervisor.sock"))
+                .unwrap();
+        let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t")).unwrap();
+        let edits = &spec.devices[0].container_edits;
+        assert!(edits.env.contains(
+            &"CUDA_LIMITER_HYPERVISOR=http+unix://%2Fvar%2Frun%2Fgpushare%2Fhypervisor%2Fhypervisor.sock"
+                .to_owned()
+        ));
+        let mount = edits
+            .mounts
+            .iter()
+            .find(|m| m.container_path == CONTAINER_SOCKET_DIR)
+            .expect("the socket's folder is mounted");
+        assert_eq!(mount.host_path, "/var/lib/gpushare/run");
+        assert!(mount.options.contains(&"ro".to_owned()));
+        // The URL the limiter gets names the socket as the container sees it.
+        let url = edits
+            .env
+            .iter()
+            .find_map(|e| e.strip_prefix("CUDA_LIMITER_HYPERVISOR="))
+            .unwrap();
+        let (socket, _) = http_bidir_comm::split_unix_url(url).unwrap();
+        assert_eq!(
+            socket,
+            Path::new(CONTAINER_SOCKET_DIR).join("hypervisor.sock")
+        );
+    }
+
+    #[test]
+    fn a_tcp_address_mounts_no_socket_folder() {
+        let config = ProvisionConfig::daemonset("http://10.0.0.1:7070");
+        let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t")).unwrap();
+        let edits = &spec.devices[0].container_edits;
+        assert!(
+            edits
+                .env
+                .contains(&"CUDA_LIMITER_HYPERVISOR=http://10.0.0.1:7070".to_owned())
+        );
+        assert!(
+            !edits
+                .mounts
+                .iter()
+                .any(|m| m.container_path == CONTAINER_SOCKET_DIR)
+        );
+        assert!(ProvisionConfig::daemonset_socket(Path::new("hypervisor.sock")).is_err());
+    }
 }

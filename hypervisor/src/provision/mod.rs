@@ -45,6 +45,8 @@ pub const CONTAINER_LIMITER: &str = "/usr/local/gpushare/lib/libcuda_limiter.so"
 pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
 pub const CONTAINER_TOKEN: &str = "/var/run/gpushare/token";
 pub const CONTAINER_SHM: &str = "/dev/shm";
+/// Where the hypervisor's socket folder appears inside a container.
+pub const CONTAINER_SOCKET_DIR: &str = "/var/run/gpushare/hypervisor";
 
 /// Why a claim could not be provisioned (one line each).
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +88,8 @@ pub enum ProvisionError {
     },
     #[error("cannot draw a random token: {0}")]
     Random(#[source] std::io::Error),
+    #[error("the hypervisor's socket {} has no folder or file name", .0.display())]
+    SocketPath(PathBuf),
 }
 
 /// Where things are, as the agent sees them and as the host (the container
@@ -106,8 +110,12 @@ pub struct ProvisionConfig {
     pub host_region_dir: PathBuf,
     /// The limiter library on the host.
     pub host_limiter: PathBuf,
-    /// `CUDA_LIMITER_HYPERVISOR` for the pods (`http://<node IP>:7070`).
+    /// `CUDA_LIMITER_HYPERVISOR` for the pods: `http+unix://` and the socket's
+    /// path in the container, or an `http://` address.
     pub hypervisor_url: String,
+    /// The host folder of the hypervisor's Unix socket, mounted read-only
+    /// at [`CONTAINER_SOCKET_DIR`] (`None`: the pods use a TCP address).
+    pub host_socket_dir: Option<PathBuf>,
     /// CDI vendor and class: devices are `<vendor>/<class>=<claim uid>`.
     pub cdi_vendor: String,
     pub cdi_class: String,
@@ -127,10 +135,27 @@ impl ProvisionConfig {
             host_region_dir: PathBuf::from("/var/lib/gpushare/shm"),
             host_limiter: PathBuf::from("/var/lib/gpushare/lib/libcuda_limiter.so"),
             hypervisor_url: url.to_owned(),
+            host_socket_dir: None,
             cdi_vendor: "gpushare.dev".to_owned(),
             cdi_class: "gpu".to_owned(),
             host_root: PathBuf::from("/"),
         }
+    }
+
+    /// The defaults of the DaemonSet, with the hypervisor on the Unix socket
+    /// `socket` (the same path on the host and in the agent): the pods get
+    /// its folder and an `http+unix://` address.
+    pub fn daemonset_socket(socket: &Path) -> Result<Self, ProvisionError> {
+        let bad = || ProvisionError::SocketPath(socket.to_owned());
+        let dir = socket
+            .parent()
+            .filter(|d| !d.as_os_str().is_empty())
+            .ok_or_else(bad)?;
+        let name = socket.file_name().ok_or_else(bad)?;
+        let inside = Path::new(CONTAINER_SOCKET_DIR).join(name);
+        let mut config = Self::daemonset(&http_bidir_comm::unix_socket_url(&inside));
+        config.host_socket_dir = Some(dir.to_owned());
+        Ok(config)
     }
 
     /// `<vendor>/<class>`.

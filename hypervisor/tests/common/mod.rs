@@ -103,7 +103,7 @@ pub fn use_node_tables(command: &mut std::process::Command, path: &Path) {
 /// Node tables of their own for the hypervisor configured by `path` (a
 /// [`ConfigFile`]'s, whose folder is unique; removed with it).
 pub fn node_tables(path: &Path) -> NodeTableNames {
-    hypervisor::fakes::node::node_tables(path.parent().unwrap_or(path))
+    kube_fakes::node::node_tables(path.parent().unwrap_or(path))
 }
 
 /// A running hypervisor with its config file; regions removed at the end.

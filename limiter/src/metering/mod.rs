@@ -210,7 +210,7 @@ pub struct Batch {
 }
 
 // SAFETY: integers only; all zero is the empty batch.
-unsafe impl gpushare_utils::thread_local::ZeroInit for Batch {}
+unsafe impl gpushare_hook::thread_local::ZeroInit for Batch {}
 
 /// A batch's `entry` for launches of functions without an entry.
 const UNSLOTTED: usize = usize::MAX;

@@ -39,7 +39,7 @@ use gpushare_utils::config::{DeviceLimits, MAX_DEVICES};
 use gpushare_utils::ledger::{LedgerError, PodLedger};
 
 use crate::context::Context;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;
 use crate::sys::CUdevice;
 
@@ -247,14 +247,14 @@ impl MemoryQuota {
             Some(device) => device,
             None => ctx
                 .driver()
-                .ok_or(LimiterError::Bypass("driver not resolved"))?
+                .ok_or(LimiterError::Bypass(Pass::DriverNotResolved))?
                 .current_device()
-                .map_err(|_| LimiterError::Bypass("no current context"))?,
+                .map_err(|_| LimiterError::Bypass(Pass::NoCurrentContext))?,
         };
-        let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
+        let device = usize::try_from(device).map_err(|_| LimiterError::Bypass(Pass::BadDevice))?;
         match self.limit(ctx, device) {
             Some(_) => Ok(device),
-            None => Err(LimiterError::Bypass("device unlimited")),
+            None => Err(LimiterError::Bypass(Pass::DeviceUnlimited)),
         }
     }
 

@@ -71,7 +71,7 @@ pub(super) struct Cadence {
 
 // SAFETY: all integers; all zero is a thread's state before its first
 // launch ([`Cadence::new`]).
-unsafe impl gpushare_utils::thread_local::ZeroInit for Cadence {}
+unsafe impl gpushare_hook::thread_local::ZeroInit for Cadence {}
 
 impl Cadence {
     #[cfg(test)]

@@ -24,8 +24,8 @@
 //! never behind. Launches paid from a lease reach the bucket's launch count
 //! when the lease is renewed or given back.
 
+use gpushare_hook::thread_local::ZeroInit;
 use gpushare_utils::bucket::{Admission, ComputeBucket};
-use gpushare_utils::thread_local::ZeroInit;
 
 /// GPU time a thread buys at once: 4% of the bucket, a few dozen short
 /// launches.
@@ -33,7 +33,7 @@ pub(super) const LEASE_NS: u64 = 200_000;
 /// Launches priced above this are admitted one by one.
 const MAX_LEASED_COST_NS: u64 = LEASE_NS / 4;
 
-gpushare_utils::initial_exec_thread_local! {
+gpushare_hook::initial_exec_thread_local! {
     /// This thread's lease (initial-exec: read on every launch).
     static LEASE: Lease;
 }
@@ -155,7 +155,7 @@ mod tests {
 
     #[test]
     fn a_threads_zeroed_lease_is_none() {
-        let zeroed: Lease = gpushare_utils::thread_local::zeroed();
+        let zeroed: Lease = gpushare_hook::thread_local::zeroed();
         assert!(zeroed.bucket.is_none() && zeroed.ns == 0 && zeroed.launches == 0);
         std::thread::spawn(|| {
             let lease = LEASE.with(Cell::get);

@@ -8,13 +8,13 @@ use std::cell::Cell;
 use super::cadence::Cadence;
 use crate::metering::Batch;
 
-gpushare_utils::initial_exec_thread_local! {
+gpushare_hook::initial_exec_thread_local! {
     /// This thread's count towards its next sample (initial-exec: read on
     /// every launch).
     static CADENCE: Cadence;
 }
 
-gpushare_utils::initial_exec_thread_local! {
+gpushare_hook::initial_exec_thread_local! {
     /// This thread's charges not yet added to their entry of the cost model.
     static BATCH: Batch;
 }

@@ -45,15 +45,15 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
+use gpushare_hook::AfterCall;
 use gpushare_utils::activity::{NodeActivity, TableAccess};
 use gpushare_utils::bucket::{Admission, CAPACITY_NS, ComputeBucket, monotonic_ns};
 use gpushare_utils::clock::monotonic_coarse_ns;
 use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
-use gpushare_utils::hook::AfterCall;
 
 use crate::context::Context;
 use crate::driver::Timing;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
@@ -340,7 +340,7 @@ impl Throttle {
     ) -> Result<Admitted> {
         let driver = ctx
             .driver()
-            .ok_or(LimiterError::Bypass("driver not resolved"))?;
+            .ok_or(LimiterError::Bypass(Pass::DriverNotResolved))?;
         // With one device visible, every context is on device 0: no driver
         // call (a launch without a context fails in the driver, refunded).
         let device = if *self
@@ -351,14 +351,14 @@ impl Throttle {
         } else {
             let device = driver
                 .current_device()
-                .map_err(|_| LimiterError::Bypass("no current context"))?;
-            usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?
+                .map_err(|_| LimiterError::Bypass(Pass::NoCurrentContext))?;
+            usize::try_from(device).map_err(|_| LimiterError::Bypass(Pass::BadDevice))?
         };
         // Whether the hypervisor's limits are in force, read once a launch.
         let hypervised = ctx.hypervisor_limits().is_some();
         let budget = self.budget(ctx, device, hypervised);
         if budget.is_none() && !self.priority.engaged(hypervised) {
-            return Err(LimiterError::Bypass("device unlimited"));
+            return Err(LimiterError::Bypass(Pass::DeviceUnlimited));
         }
         let stream = if per_thread && stream.is_null() {
             CU_STREAM_PER_THREAD
@@ -367,7 +367,7 @@ impl Throttle {
         };
         let timing = driver.timing.as_ref();
         if timing.is_some_and(|timing| timing.is_capturing(stream)) {
-            return Err(LimiterError::Bypass("captured into a graph"));
+            return Err(LimiterError::Bypass(Pass::Captured));
         }
         let Some(budget) = budget else {
             // No compute limit here: only the class applies.

@@ -388,7 +388,7 @@ impl Throttle {
     /// corrections, and keeps elastic pods' contention up to date.
     fn monitor(&'static self, ctx: &'static Context) {
         // Its own driver calls never go through the detours.
-        let _guard = gpushare_utils::hook::DetourGuard::enter_always();
+        let _guard = gpushare_hook::DetourGuard::enter_always();
         let Some(timing) = ctx.driver().and_then(|driver| driver.timing.as_ref()) else {
             return;
         };

@@ -1,14 +1,14 @@
 //! What the detour tests share: a return type for their "driver" functions,
 //! and a handler error that asks for the original.
 
-use gpushare_utils::hook::{Disposition, IntoReturn, Unavailable};
+use gpushare_hook::{Disposition, IntoReturn, Unavailable};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(transparent)]
 pub struct Status(pub u64);
 
 // SAFETY: a plain integer.
-unsafe impl gpushare_utils::thread_local::ZeroInit for Status {}
+unsafe impl gpushare_hook::thread_local::ZeroInit for Status {}
 
 impl Unavailable for Status {
     const UNAVAILABLE: Self = Status(u64::MAX);

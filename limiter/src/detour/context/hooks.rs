@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 
 use super::ops::{self, Creation};
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::sys::{CUcontext, CUdevice, CUresult};
 
 gpushare_macros::detours! {
@@ -111,7 +111,7 @@ fn green_ctx_create(
     flags: u32,
 ) -> Result<CUresult> {
     if pctx.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
+        return Err(LimiterError::Bypass(Pass::NullOutPointer));
     }
     let destroy = || {
         // SAFETY: `pctx` is non-null and holds the green context just made.

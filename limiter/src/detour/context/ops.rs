@@ -10,7 +10,7 @@
 //! refused with `CUDA_ERROR_OUT_OF_MEMORY`, like an allocation.
 
 use crate::entry;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;
 use crate::quota;
 use crate::sys::{CUdevice, CUresult};
@@ -37,18 +37,18 @@ pub fn create(
     creation: Creation,
     create: impl FnOnce() -> CUresult,
 ) -> Result<CUresult> {
-    let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
     let (ctx, memory) = (&limiter.context, &limiter.memory);
-    let device = usize::try_from(device).map_err(|_| LimiterError::Bypass("bad device"))?;
+    let device = usize::try_from(device).map_err(|_| LimiterError::Bypass(Pass::BadDevice))?;
     if matches!(ctx.grant(), Grant::Refused) {
         return Err(LimiterError::Misconfigured("no limits granted"));
     }
     if memory.limit(ctx, device).is_none() {
-        return Err(LimiterError::Bypass("device unlimited"));
+        return Err(LimiterError::Bypass(Pass::DeviceUnlimited));
     }
     let (ledger, entry, limit) = memory.reservable(ctx, device, DEFAULT_CONTEXT_BYTES)?;
     if creation == Creation::Primary && ledger.process_overhead(entry).unwrap_or(0) > 0 {
-        return Err(LimiterError::Bypass("a context of this process is charged"));
+        return Err(LimiterError::Bypass(Pass::ContextCharged));
     }
     let estimate = match ledger.context_bytes(entry) {
         Ok(learned) if learned > 0 => learned,
@@ -91,7 +91,7 @@ pub fn create_green(
     create: impl FnOnce() -> CUresult,
     destroy: impl FnOnce(),
 ) -> Result<CUresult> {
-    let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
     let (ctx, memory) = (&limiter.context, &limiter.memory);
     if matches!(ctx.grant(), Grant::Refused) {
         return Err(LimiterError::Misconfigured("no limits granted"));
@@ -102,7 +102,7 @@ pub fn create_green(
 
 /// Runs `destroy`, which may end a context: what it held is measured again.
 pub fn destroyed(destroy: impl FnOnce() -> CUresult) -> Result<CUresult> {
-    let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
     let result = destroy();
     if result.is_success() {
         // The contexts left are measured again from scratch.

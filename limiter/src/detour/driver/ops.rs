@@ -2,7 +2,7 @@
 //! limits cannot be had.
 
 use crate::entry::{self, State};
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;
 use crate::sys::CUresult;
 
@@ -19,13 +19,13 @@ pub fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
             return Err(LimiterError::Misconfigured("configuration error"));
         }
         Some(State::Limiting(limiter)) => limiter,
-        _ => return Err(LimiterError::Bypass("limits off")),
+        _ => return Err(LimiterError::Bypass(Pass::LimitsOff)),
     };
     if limiter.refusal().is_some() {
         return Err(LimiterError::Misconfigured("driver cannot be patched"));
     }
     if limiter.context.link().is_none() {
-        return Err(LimiterError::Bypass("no hypervisor to wait for"));
+        return Err(LimiterError::Bypass(Pass::NoHypervisor));
     }
     // The driver first: registration tells the hypervisor which GPUs this
     // process sees, which needs an initialised driver.

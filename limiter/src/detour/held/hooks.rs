@@ -6,7 +6,7 @@
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
 use super::ops::{self, Effect};
-use crate::error::Result;
+use crate::error::{Pass, Result};
 use crate::image;
 use crate::sys::{
     CUdevice, CUfunction, CUgraph, CUgraphExec, CUkernel, CUlibrary, CUlimit, CUmemoryPool,
@@ -120,7 +120,7 @@ fn ctx_set_limit(
 /// Loads a module through `load`; past the quota, unloads it again.
 fn loaded_module(module: *mut CUmodule, load: impl FnOnce() -> CUresult) -> Result<CUresult> {
     if module.is_null() {
-        return Err(crate::error::LimiterError::Bypass("null out-pointer"));
+        return Err(crate::error::LimiterError::Bypass(Pass::NullOutPointer));
     }
     let unload = || {
         // SAFETY: `module` was checked non-null and holds the module just loaded.
@@ -194,7 +194,7 @@ fn loaded_library(
     load: impl FnOnce() -> CUresult,
 ) -> Result<CUresult> {
     if library.is_null() {
-        return Err(crate::error::LimiterError::Bypass("null out-pointer"));
+        return Err(crate::error::LimiterError::Bypass(Pass::NullOutPointer));
     }
     // SAFETY: `library` is non-null and holds the library once loaded.
     let loaded = || unsafe { library.read() };
@@ -314,7 +314,7 @@ fn instantiated(
     instantiate: impl FnOnce() -> CUresult,
 ) -> Result<CUresult> {
     if exec.is_null() {
-        return Err(crate::error::LimiterError::Bypass("null out-pointer"));
+        return Err(crate::error::LimiterError::Bypass(Pass::NullOutPointer));
     }
     // SAFETY: exec is non-null, and written by the call that succeeded.
     let made = || unsafe { exec.read() } as usize;

@@ -27,7 +27,7 @@
 use crate::context::Context;
 use crate::driver::Driver;
 use crate::entry;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;
 use crate::quota::{FirstUse, MemoryQuota, Resource};
 use crate::sys::{
@@ -53,7 +53,7 @@ pub struct Held {
 
 /// The policy, when limits are enforced.
 pub fn held() -> Result<Held> {
-    let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
     Ok(Held {
         quota: &limiter.memory,
         ctx: &limiter.context,
@@ -72,7 +72,7 @@ impl Held {
     fn driver(self) -> Result<&'static Driver> {
         self.ctx
             .driver()
-            .ok_or(LimiterError::Bypass("driver not resolved"))
+            .ok_or(LimiterError::Bypass(Pass::DriverNotResolved))
     }
 
     /// `cuCtxSetLimit`: `set` sets the limit to the value it is given.
@@ -89,7 +89,7 @@ impl Held {
         ]
         .contains(&limit)
         {
-            return Err(LimiterError::Bypass("a limit that holds no memory"));
+            return Err(LimiterError::Bypass(Pass::LimitHoldsNoMemory));
         }
         let device = self.current()?;
         let driver = self.driver()?;
@@ -199,7 +199,7 @@ impl Held {
         match self.first_use_of(device, library)? {
             Some(bytes) => self.reserve_first_use(device, library, bytes, op),
             None if self.quota.lazy.is_registered(library as usize) => {
-                Err(LimiterError::Bypass("nothing to reserve"))
+                Err(LimiterError::Bypass(Pass::NothingToReserve))
             }
             None => self.quota.measured(self.ctx, device, 0, op, || {}),
         }
@@ -215,7 +215,7 @@ impl Held {
             .driver()?
             .held
             .kernel_library(kernel)
-            .map_err(|_| LimiterError::Bypass("not a library's kernel"))?;
+            .map_err(|_| LimiterError::Bypass(Pass::NotLibraryKernel))?;
         self.first_use(library, op)
     }
 
@@ -264,7 +264,7 @@ impl Held {
         let context = driver
             .held
             .current_context()
-            .map_err(|_| LimiterError::Bypass("no current context"))?;
+            .map_err(|_| LimiterError::Bypass(Pass::NoCurrentContext))?;
         let Some(arch) = driver.held.compute_capability(device as i32) else {
             return Ok(None);
         };
@@ -349,9 +349,9 @@ impl Held {
         let allocations = driver
             .held
             .graph_allocations(graph)
-            .map_err(|_| LimiterError::Bypass("graph not walked"))?;
+            .map_err(|_| LimiterError::Bypass(Pass::GraphNotWalked))?;
         if allocations.by_device.is_empty() {
-            return Err(LimiterError::Bypass("no allocation nodes"));
+            return Err(LimiterError::Bypass(Pass::NoAllocationNodes));
         }
         let mut needs = Vec::with_capacity(allocations.by_device.len());
         for (device, bytes) in allocations.by_device {
@@ -359,7 +359,7 @@ impl Held {
                 Some(device) => device,
                 None => driver
                     .current_device()
-                    .map_err(|_| LimiterError::Bypass("no current context"))?,
+                    .map_err(|_| LimiterError::Bypass(Pass::NoCurrentContext))?,
             };
             match self.quota.limited_device(self.ctx, Some(device)) {
                 Ok(device) => needs.push((device, bytes)),

@@ -8,7 +8,7 @@
 use std::ffi::c_void;
 
 use super::ops;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::sys::{CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
 use crate::throttle::Admitted;
 
@@ -96,7 +96,7 @@ fn launch_kernel_ex<const PER_THREAD: bool>(
     // SAFETY: the caller's launch configuration, null or valid for reads.
     let shape = unsafe { config.as_ref() }
         .copied()
-        .ok_or(LimiterError::Bypass("no launch configuration"))?;
+        .ok_or(LimiterError::Bypass(Pass::NoLaunchConfiguration))?;
     let grid = [shape.gridDimX, shape.gridDimY, shape.gridDimZ];
     let block = [shape.blockDimX, shape.blockDimY, shape.blockDimZ];
     ops::kernel(

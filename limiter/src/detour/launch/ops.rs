@@ -4,7 +4,7 @@
 
 use crate::detour::held;
 use crate::entry;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::sys::{CUfunction, CUgraphExec, CUstream};
 use crate::throttle::{Admitted, Work};
 use crate::waves::Grid;
@@ -15,13 +15,13 @@ use crate::waves::Grid;
 fn admit(work: impl FnOnce() -> Work, stream: CUstream, per_thread: bool) -> Result<Admitted> {
     #[cfg(feature = "launch-ab")]
     if ab::bypassed() {
-        return Err(LimiterError::Bypass("A/B: admission switched off"));
+        return Err(LimiterError::Bypass(Pass::AbSwitchedOff));
     }
-    let limiter = entry::limiter().ok_or(LimiterError::Bypass("no compute limit"))?;
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::NoComputeLimit))?;
     let throttle = limiter
         .compute
         .as_ref()
-        .ok_or(LimiterError::Bypass("no compute limit"))?;
+        .ok_or(LimiterError::Bypass(Pass::NoComputeLimit))?;
     throttle.admit(&limiter.context, work(), stream, per_thread)
 }
 
@@ -39,7 +39,7 @@ pub fn kernel(
 ) -> Result<Admitted> {
     #[cfg(feature = "launch-ab")]
     if ab::bypassed() {
-        return Err(LimiterError::Bypass("A/B: admission switched off"));
+        return Err(LimiterError::Bypass(Pass::AbSwitchedOff));
     }
     #[cfg(feature = "launch-ab")]
     let check = !ab::first_launch_bypassed();

@@ -6,7 +6,7 @@
 
 use super::ops::{self, DeviceOnly, Memory, Pitched, Placement, Served};
 use crate::entry;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::quota::Resource;
 use crate::sys::{
     CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUarray, CUdevice, CUdeviceptr,
@@ -89,7 +89,7 @@ gpushare_macros::detours! {
 
 /// The memory policy, when limits are enforced.
 fn memory() -> Result<Memory> {
-    let limiter = entry::limiter().ok_or(LimiterError::Bypass("limits off"))?;
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
     Ok(Memory {
         quota: &limiter.memory,
         spill: &limiter.spill,
@@ -105,7 +105,7 @@ fn pointer_allocation(
     allocate: impl FnOnce() -> CUresult,
 ) -> Result<CUresult> {
     if dptr.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
+        return Err(LimiterError::Bypass(Pass::NullOutPointer));
     }
     // SAFETY: dptr is non-null, and written by the call that succeeded.
     let made = || Resource::Pointer(unsafe { dptr.read() });
@@ -135,7 +135,7 @@ fn mem_alloc_managed(
     flags: u32,
 ) -> Result<CUresult> {
     if dptr.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
+        return Err(LimiterError::Bypass(Pass::NullOutPointer));
     }
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(dptr, bytesize, flags) };
@@ -181,7 +181,7 @@ fn captured(stream: CUstream) -> Result<()> {
         .and_then(|driver| driver.timing.as_ref())
         .is_some_and(|timing| timing.is_capturing(stream));
     if capturing {
-        return Err(LimiterError::Bypass("captured into a graph"));
+        return Err(LimiterError::Bypass(Pass::Captured));
     }
     Ok(())
 }
@@ -195,7 +195,7 @@ fn mem_alloc_pitch(
     element_size_bytes: u32,
 ) -> Result<CUresult> {
     if dptr.is_null() || pitch.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
+        return Err(LimiterError::Bypass(Pass::NullOutPointer));
     }
     let served = memory()?.allocate_pitched(
         width_in_bytes,
@@ -235,10 +235,10 @@ fn mem_create(
     flags: u64,
 ) -> Result<CUresult> {
     if handle.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
+        return Err(LimiterError::Bypass(Pass::NullOutPointer));
     }
     // SAFETY: the caller's property struct, null or valid for reads.
-    let properties = unsafe { prop.as_ref() }.ok_or(LimiterError::Bypass("no properties"))?;
+    let properties = unsafe { prop.as_ref() }.ok_or(LimiterError::Bypass(Pass::NoProperties))?;
     memory()?.allocate_physical(
         properties,
         size as u64,
@@ -272,11 +272,11 @@ fn array_allocation<H>(
 /// `descriptor` is null or valid for reads (the driver's contract).
 unsafe fn array_shape<H, D: Copy>(array: *mut *mut H, descriptor: *const D) -> Result<D> {
     if array.is_null() {
-        return Err(LimiterError::Bypass("null out-pointer"));
+        return Err(LimiterError::Bypass(Pass::NullOutPointer));
     }
     // SAFETY: forwarded from the caller.
     let shape = unsafe { descriptor.as_ref() }.copied();
-    shape.ok_or(LimiterError::Bypass("no descriptor"))
+    shape.ok_or(LimiterError::Bypass(Pass::NoDescriptor))
 }
 
 fn array_create(
@@ -413,7 +413,7 @@ fn report_memory<T: Bytes>(
     // SAFETY: valid locals as out-pointers.
     let result = unsafe { original(&mut real_free, &mut real_total) };
     if !result.is_success() {
-        return Err(LimiterError::Bypass("driver refused"));
+        return Err(LimiterError::Bypass(Pass::DriverRefused));
     }
     let real = (real_free.to_u64(), real_total.to_u64());
     let (shown_free, shown_total) = memory()
@@ -439,7 +439,7 @@ fn report_total<T: Bytes>(
     // SAFETY: a valid local as out-pointer.
     let result = unsafe { original(&mut real, device) };
     if !result.is_success() {
-        return Err(LimiterError::Bypass("driver refused"));
+        return Err(LimiterError::Bypass(Pass::DriverRefused));
     }
     let real = real.to_u64();
     let shown = memory()

@@ -6,7 +6,7 @@
 //! pod opted in; the other APIs stay on the device.
 
 use crate::context::Context;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::quota::{MemoryQuota, Resource};
 use crate::spill::Spill;
 use crate::sys::{
@@ -96,7 +96,7 @@ impl Memory {
     ) -> Result<CUresult> {
         let device = self.limited_device(placement)?;
         if bytes == 0 {
-            return Err(LimiterError::Bypass("empty allocation"));
+            return Err(LimiterError::Bypass(Pass::EmptyAllocation));
         }
         let reservation = self.quota.reserve(self.ctx, device, bytes)?;
         let result = allocate();
@@ -172,7 +172,7 @@ impl Memory {
         made: impl FnOnce() -> Resource,
     ) -> Result<CUresult> {
         if prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
-            return Err(LimiterError::Bypass("host memory"));
+            return Err(LimiterError::Bypass(Pass::HostMemory));
         }
         let placement = Placement::Device(prop.location.id);
         self.allocate_on_device(placement, bytes, DeviceOnly::PHYSICAL, allocate, made)
@@ -196,9 +196,9 @@ impl Memory {
         let estimate = width
             .checked_next_multiple_of(PITCH_ESTIMATE_ALIGNMENT)
             .and_then(|row| row.checked_mul(height))
-            .ok_or(LimiterError::Bypass("size overflows"))?;
+            .ok_or(LimiterError::Bypass(Pass::SizeOverflows))?;
         if estimate == 0 {
-            return Err(LimiterError::Bypass("empty allocation"));
+            return Err(LimiterError::Bypass(Pass::EmptyAllocation));
         }
         let mut reservation = match self.quota.reserve(self.ctx, device, estimate as u64) {
             Ok(reservation) => reservation,
@@ -242,7 +242,7 @@ impl Memory {
         let charge = self
             .quota
             .take(resource)
-            .ok_or(LimiterError::Bypass("not charged"))?;
+            .ok_or(LimiterError::Bypass(Pass::NotCharged))?;
         let result = free();
         if result.is_success() {
             self.quota.credit(self.ctx, charge);
@@ -258,7 +258,7 @@ impl Memory {
         let device = self.limited_device(Placement::Current)?;
         self.quota
             .report(self.ctx, device, real_free, real_total)
-            .ok_or(LimiterError::Bypass("device unlimited"))
+            .ok_or(LimiterError::Bypass(Pass::DeviceUnlimited))
     }
 
     /// The total the pod sees for `device`; `Bypass` when it is unlimited.
@@ -267,7 +267,7 @@ impl Memory {
         let limit = self
             .quota
             .limit(self.ctx, device)
-            .ok_or(LimiterError::Bypass("device unlimited"))?;
+            .ok_or(LimiterError::Bypass(Pass::DeviceUnlimited))?;
         Ok(limit.min(real_total))
     }
 }

@@ -4,7 +4,7 @@
 
 use super::ops;
 use crate::entry;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::sys::{nvmlDevice_t, nvmlMemory_t, nvmlMemory_v2_t, nvmlReturn_t};
 
 gpushare_macros::detours! {
@@ -65,7 +65,7 @@ fn memory_info<R: MemoryReport>(
     let report = unsafe { memory.as_mut() }.ok_or(LimiterError::NullArgument)?;
     let (real_free, real_total) = report.real();
     let view = entry::limiter()
-        .ok_or(LimiterError::Bypass("limits off"))
+        .ok_or(LimiterError::Bypass(Pass::LimitsOff))
         .and_then(|limiter| {
             ops::pod_view(
                 &limiter.memory,

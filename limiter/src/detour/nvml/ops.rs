@@ -7,7 +7,7 @@
 //! model, which is what pods are scheduled on).
 
 use crate::context::Context;
-use crate::error::{LimiterError, Result};
+use crate::error::{LimiterError, Pass, Result};
 use crate::quota::{MemoryQuota, virtual_report};
 use crate::sys::nvmlDevice_t;
 
@@ -39,19 +39,21 @@ pub fn pod_view(
     real_free: u64,
     real_total: u64,
 ) -> Result<(u64, u64, u64)> {
-    let nvml = ctx.nvml().ok_or(LimiterError::Bypass("NVML unresolved"))?;
+    let nvml = ctx
+        .nvml()
+        .ok_or(LimiterError::Bypass(Pass::NvmlUnresolved))?;
     let uuid = nvml
         .device_uuid(device)
-        .ok_or(LimiterError::Bypass("no UUID"))?;
+        .ok_or(LimiterError::Bypass(Pass::NoUuid))?;
     let nvml_index = nvml
         .device_index(device)
-        .ok_or(LimiterError::Bypass("no index"))?;
+        .ok_or(LimiterError::Bypass(Pass::NoIndex))?;
     let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
     let index = cuda_index(visible.as_deref(), nvml_index, &uuid);
     // Under a hypervisor, its quota for this UUID; locally, the configured one.
     let limit = quota
         .limit_for(ctx, index.unwrap_or(usize::MAX), Some(&uuid))
-        .ok_or(LimiterError::Bypass("device unlimited"))?;
+        .ok_or(LimiterError::Bypass(Pass::DeviceUnlimited))?;
     // Usage follows the GPU, whatever index this process sees it at.
     let used = ctx
         .ledger_entry_of(&uuid)

@@ -44,7 +44,7 @@ impl Priority {
     /// flight, times queueing probes, stamps the heartbeat.
     fn watch(&'static self, ctx: &'static Context) {
         // Its own driver calls never go through the detours.
-        let _guard = gpushare_utils::hook::DetourGuard::enter_always();
+        let _guard = gpushare_hook::DetourGuard::enter_always();
         // SAFETY: sets this thread's timer slack (1 µs), nothing else.
         unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64) };
         let (Some(timing), Some(table)) = (

@@ -42,10 +42,12 @@ pub async fn create_pod(
             "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
             "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
         },
-        "status": {"phase": "Running", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]},
     }))?;
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    pods.create(&PostParams::default(), &pod).await?;
+    // A create leaves the status as the server sets it; the kubelet writes it.
+    let status = json!({"status": {"phase": "Running", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .map_err(Into::into)
 }
@@ -147,7 +149,6 @@ pub async fn create_gpu_pod(
             "nodeName": node,
             "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
         },
-        "status": {"phase": "Pending"},
     }))?;
     Api::<Pod>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &pod)

@@ -19,7 +19,6 @@
 //! percent) through the device plugin instead; the files are the same, from
 //! the `Allocate` answer, and the end deletes the pod.
 
-#[path = "k8s_e2e/device_plugin.rs"]
 mod device_plugin;
 
 use std::path::{Path, PathBuf};
@@ -28,12 +27,12 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use clap::Parser;
-use hypervisor::fakes::apiserver::FakeApiServer;
-use hypervisor::fakes::cluster;
-use hypervisor::fakes::kubelet::Version;
-use hypervisor::fakes::node::{self, TestNode};
 use hypervisor::kubernetes::DRIVER;
 use hypervisor::observer::{GpuObserver, NvmlObserver, SimulatedGpus};
+use kube_fakes::apiserver::FakeApiServer;
+use kube_fakes::cluster;
+use kube_fakes::kubelet::Version;
+use kube_fakes::node::{self, TestNode};
 use serde_json::Value;
 
 #[derive(Parser)]

@@ -13,21 +13,23 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
-use crate::deviceplugin::pb::podresources::pod_resources_lister_server::{
+use hypervisor::deviceplugin::pb::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use crate::deviceplugin::pb::podresources::{
+use hypervisor::deviceplugin::pb::podresources::{
     ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
     PodResources,
 };
-use crate::deviceplugin::pb::v1beta1::device_plugin_client::DevicePluginClient;
-use crate::deviceplugin::pb::v1beta1::registration_server::{Registration, RegistrationServer};
-use crate::deviceplugin::pb::v1beta1::{
+use hypervisor::deviceplugin::pb::v1beta1::device_plugin_client::DevicePluginClient;
+use hypervisor::deviceplugin::pb::v1beta1::registration_server::{
+    Registration, RegistrationServer,
+};
+use hypervisor::deviceplugin::pb::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, Device, Empty,
     PreStartContainerRequest, RegisterRequest,
 };
-use crate::deviceplugin::{API_VERSION, kubelet::KUBELET_SOCKET};
-use crate::dra::socket;
+use hypervisor::deviceplugin::{API_VERSION, kubelet::KUBELET_SOCKET};
+use hypervisor::dra::socket;
 
 use super::kubelet::KubeletError;
 

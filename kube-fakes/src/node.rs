@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dra::plugin::PluginSockets;
-use crate::kubernetes::{AgentOptions, NodeAgent};
-use crate::node_tables::NodeTableNames;
-use crate::observer::GpuObserver;
-use crate::provision::ProvisionConfig;
-use crate::{Hypervisor, Options};
+use hypervisor::dra::plugin::PluginSockets;
+use hypervisor::kubernetes::{AgentOptions, NodeAgent};
+use hypervisor::node_tables::NodeTableNames;
+use hypervisor::observer::GpuObserver;
+use hypervisor::provision::ProvisionConfig;
+use hypervisor::{Hypervisor, Options};
 
 use super::apiserver::FakeApiServer;
 use super::kubelet::FakeKubelet;
@@ -52,6 +52,7 @@ pub fn options(dir: &Path, node: &str, driver: &str, limiter: &Path) -> AgentOpt
         host_region_dir: PathBuf::from("/dev/shm"),
         host_limiter: limiter.to_owned(),
         hypervisor_url: String::new(),
+        host_socket_dir: None,
         cdi_vendor: "gpushare.dev".to_owned(),
         cdi_class: "gpu".to_owned(),
         host_root: PathBuf::from("/"),
@@ -82,7 +83,7 @@ impl TestNode {
         if let Some(path) = &options.kubeconfig {
             api.write_kubeconfig(path).context("kubeconfig")?;
         }
-        let config = crate::config::parse(
+        let config = hypervisor::config::parse(
             "listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n",
             Path::new("(test)"),
             Path::new("."),

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use anyhow::{Context, ensure};
 use hypervisor::deviceplugin::DevicePluginConfig;
-use hypervisor::fakes::apiserver::FakeApiServer;
-use hypervisor::fakes::cluster;
-use hypervisor::fakes::device_kubelet::FakeDeviceKubelet;
-use hypervisor::fakes::node::{self, TestNode};
 use hypervisor::kubernetes::DRIVER;
 use hypervisor::observer::GpuObserver;
+use kube_fakes::apiserver::FakeApiServer;
+use kube_fakes::cluster;
+use kube_fakes::device_kubelet::FakeDeviceKubelet;
+use kube_fakes::node::{self, TestNode};
 use serde_json::json;
 
 const NODE: &str = "e2e-node";

@@ -1,0 +1,218 @@
+//! A ResourceClaim shared by several pods (one claim named by two pods'
+//! `resourceClaimName`) against the fake API server and kubelet: the kubelet
+//! prepares it once, so its pods share one quota identity; the second pod's
+//! workers are accepted as that identity's, a pod that does not use the
+//! claim is not, and the identity (spec, token, region) outlives the first
+//! pod and goes with the last one.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, Patch, PatchParams};
+use kube_fakes::apiserver::FakeApiServer;
+use kube_fakes::cluster;
+use kube_fakes::kubelet::Version;
+use kube_fakes::node::{self, TestNode};
+use serde_json::{Value, json};
+
+const DRIVER: &str = "gpu.gpushare.dev";
+const NODE: &str = "node-a";
+
+/// The test's folder, and the regions of the identities it names, removed
+/// at the end.
+struct Scratch {
+    dir: PathBuf,
+    identities: std::sync::Mutex<Vec<String>>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for id in self.identities.lock().unwrap().iter() {
+            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{id}"));
+            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-limits-{id}"));
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting: {what}");
+}
+
+/// Writes `/proc/<host pid>` of a process that is pid 7 in pod `pod`.
+fn process_of(proc_root: &std::path::Path, host_pid: u32, pod: &str) {
+    let p = proc_root.join(host_pid.to_string());
+    std::fs::create_dir_all(&p).unwrap();
+    std::fs::write(
+        p.join("status"),
+        format!("Name:\tpython\nNSpid:\t{host_pid}\t7\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        p.join("cgroup"),
+        format!("0::/kubepods/burstable/pod{pod}/c1\n"),
+    )
+    .unwrap();
+}
+
+/// The registration of pid 7 as `identity` with `token`: the status.
+async fn register(url: &str, identity: &str, token: &str) -> u16 {
+    let (url, identity, token) = (url.to_owned(), identity.to_owned(), token.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .new_agent();
+        let body = json!({"pod": identity, "pid": 7, "hostname": "x", "devices": []}).to_string();
+        agent
+            .post(&format!("{url}/api/v1/workers"))
+            .header("authorization", &format!("Bearer {token}"))
+            .header("content-type", "application/json")
+            .send(body)
+            .unwrap()
+            .status()
+            .as_u16()
+    })
+    .await
+    .unwrap()
+}
+
+#[test]
+fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
+    let dir = std::env::temp_dir().join(format!("hv-shared-claim-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
+    let scratch = Scratch {
+        dir,
+        identities: std::sync::Mutex::new(Vec::new()),
+    };
+    runtime().block_on(async {
+        let d = &scratch.dir;
+        let api = FakeApiServer::start().await.unwrap();
+        api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
+        let client = hypervisor::kubernetes::client(Some(&d.join("kubeconfig")))
+            .await
+            .unwrap();
+        cluster::create_node(&client, NODE).await.unwrap();
+        let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+        options.proc_root = d.join("proc");
+        let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
+        let node = TestNode::start(&api, gpus, options).await.unwrap();
+
+        let claim = cluster::create_claim(&client, "default", "shared", DRIVER, "4Gi", "30", None)
+            .await
+            .unwrap();
+        let a = cluster::create_pod(&client, "default", "sa", NODE, "shared")
+            .await
+            .unwrap();
+        let b = cluster::create_pod(&client, "default", "sb", NODE, "shared")
+            .await
+            .unwrap();
+        let stranger = cluster::create_pod(&client, "default", "sc", NODE, "other")
+            .await
+            .unwrap();
+        let uid = |p: &k8s_openapi::api::core::v1::Pod| p.metadata.uid.clone().unwrap();
+        let (a_uid, b_uid, c_uid) = (uid(&a), uid(&b), uid(&stranger));
+        cluster::allocate(&client, &claim, &a, DRIVER, NODE, "gpu-0")
+            .await
+            .unwrap();
+        // The scheduler reserves the claim for its second pod too.
+        let reserved = json!({"status": {"reservedFor": [
+            {"resource": "pods", "name": "sa", "uid": a_uid},
+            {"resource": "pods", "name": "sb", "uid": b_uid},
+        ]}});
+        Api::<ResourceClaim>::namespaced(client.clone(), "default")
+            .patch_status("shared", &PatchParams::default(), &Patch::Merge(&reserved))
+            .await
+            .unwrap();
+        let claim_uid = claim.metadata.uid.clone().unwrap();
+
+        // The kubelet prepares the claim once, for whichever pod starts first.
+        let prepared = node
+            .kubelet
+            .prepare(Version::V1, "default", "shared", &claim_uid)
+            .await
+            .unwrap();
+        assert_eq!(prepared.error, "");
+        let spec_path = d
+            .join("cdi")
+            .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
+        let spec: Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
+        let env: Vec<&str> = spec["devices"][0]["containerEdits"]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_str().unwrap())
+            .collect();
+        let identity = env
+            .iter()
+            .find_map(|e| e.strip_prefix("CUDA_LIMITER_POD="))
+            .unwrap()
+            .to_owned();
+        scratch.identities.lock().unwrap().push(identity.clone());
+        // With both pods reserved when prepared, the claim's own identity;
+        // had the kubelet's first prepare seen the first pod alone, that pod's
+        // (both are correct: the rest of the test holds for either).
+        assert!(
+            identity == claim_uid || identity == a_uid,
+            "{identity} is neither the claim nor its first pod"
+        );
+        let token_path = d.join("state/pods").join(&identity).join("token");
+        let token = std::fs::read_to_string(&token_path).unwrap();
+        let url = node.hv_url.clone();
+
+        // A process of the second pod registers as the claim's identity...
+        let proc_root = d.join("proc");
+        process_of(&proc_root, 5001, &b_uid);
+        let mut status = 0;
+        for _ in 0..100 {
+            status = register(&url, &identity, &token).await;
+            if status == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(status, 200, "pod B's worker refused as the claim's");
+        // ...a process of a pod that does not use the claim does not.
+        std::fs::remove_dir_all(proc_root.join("5001")).unwrap();
+        process_of(&proc_root, 5002, &c_uid);
+        assert_eq!(register(&url, &identity, &token).await, 403);
+
+        // The first pod ends: the second still uses the claim, which stays.
+        let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{identity}"));
+        assert!(region.exists());
+        api.delete("pods", "default", "sa");
+        node.agent.collect_garbage().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert!(
+            spec_path.exists() && token_path.exists() && region.exists(),
+            "the claim's spec, token and region went with its first pod"
+        );
+
+        // The last pod ends: everything goes.
+        api.delete("pods", "default", "sb");
+        eventually("the claim cleaned up with its last pod", || {
+            !spec_path.exists() && !token_path.exists() && !region.exists()
+        })
+        .await;
+        node.stop().await;
+    });
+}

@@ -1,0 +1,218 @@
+//! Failures as the API server words them: a `Status` object (kind Status,
+//! apiVersion v1, status Failure) with the HTTP code, a reason clients
+//! match on, a message, and details (name, group, kind, causes).
+
+use poem::Response;
+use poem::http::StatusCode;
+use serde_json::{Value, json};
+
+use super::resources::Resource;
+
+/// One failed request.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+}
+
+/// One reason a field is invalid, as `details.causes` lists it.
+#[derive(Debug, Clone)]
+pub(crate) struct Cause {
+    /// `FieldValueInvalid`, `FieldValueRequired`, `FieldValueForbidden`, ...
+    pub reason: &'static str,
+    pub field: String,
+    pub message: String,
+}
+
+impl Cause {
+    pub fn invalid(field: &str, value: &str, why: &str) -> Self {
+        Self {
+            reason: "FieldValueInvalid",
+            field: field.to_owned(),
+            message: format!("Invalid value: {value:?}: {why}"),
+        }
+    }
+
+    pub fn required(field: &str, why: &str) -> Self {
+        let message = if why.is_empty() {
+            "Required value".to_owned()
+        } else {
+            format!("Required value: {why}")
+        };
+        Self {
+            reason: "FieldValueRequired",
+            field: field.to_owned(),
+            message,
+        }
+    }
+
+    pub fn forbidden(field: &str, why: &str) -> Self {
+        Self {
+            reason: "FieldValueForbidden",
+            field: field.to_owned(),
+            message: format!("Forbidden: {why}"),
+        }
+    }
+
+    pub fn duplicate(field: &str, value: &str) -> Self {
+        Self {
+            reason: "FieldValueDuplicate",
+            field: field.to_owned(),
+            message: format!("Duplicate value: {value:?}"),
+        }
+    }
+}
+
+fn details(r: &Resource, name: &str) -> Value {
+    let mut d = json!({"name": name, "kind": r.plural});
+    if !r.group.is_empty() {
+        d["group"] = json!(r.group);
+    }
+    d
+}
+
+fn qualified(r: &Resource) -> String {
+    if r.group.is_empty() {
+        r.plural.to_owned()
+    } else {
+        format!("{}.{}", r.plural, r.group)
+    }
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    pub fn path_not_found() -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+
+    pub fn not_found(r: &Resource, name: &str) -> Self {
+        Self {
+            details: Some(details(r, name)),
+            ..Self::new(
+                404,
+                "NotFound",
+                format!("{} {name:?} not found", qualified(r)),
+            )
+        }
+    }
+
+    pub fn already_exists(r: &Resource, name: &str) -> Self {
+        Self {
+            details: Some(details(r, name)),
+            ..Self::new(
+                409,
+                "AlreadyExists",
+                format!("{} {name:?} already exists", qualified(r)),
+            )
+        }
+    }
+
+    /// An optimistic-concurrency failure.
+    pub fn conflict(r: &Resource, name: &str, why: &str) -> Self {
+        Self {
+            details: Some(details(r, name)),
+            ..Self::new(
+                409,
+                "Conflict",
+                format!(
+                    "Operation cannot be fulfilled on {} {name:?}: {why}",
+                    qualified(r)
+                ),
+            )
+        }
+    }
+
+    pub fn modified(r: &Resource, name: &str) -> Self {
+        Self::conflict(
+            r,
+            name,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )
+    }
+
+    /// 422 with one cause a field.
+    pub fn invalid(r: &Resource, name: &str, causes: Vec<Cause>) -> Self {
+        let listed: Vec<String> = causes
+            .iter()
+            .map(|c| format!("{}: {}", c.field, c.message))
+            .collect();
+        let what = if listed.len() == 1 {
+            listed[0].clone()
+        } else {
+            format!("[{}]", listed.join(", "))
+        };
+        let mut d = json!({"name": name, "kind": r.kind, "causes": causes.iter().map(|c| json!({
+            "reason": c.reason, "message": c.message, "field": c.field,
+        })).collect::<Vec<_>>()});
+        if !r.group.is_empty() {
+            d["group"] = json!(r.group);
+        }
+        Self {
+            details: Some(d),
+            ..Self::new(
+                422,
+                "Invalid",
+                format!("{} {name:?} is invalid: {what}", r.kind),
+            )
+        }
+    }
+
+    pub fn expired(message: impl Into<String>) -> Self {
+        Self::new(410, "Expired", message)
+    }
+
+    /// The `Status` object.
+    pub fn status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": self.message, "reason": self.reason,
+            "code": self.code,
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
+    }
+
+    pub fn response(&self) -> Response {
+        json_response(
+            &self.status(),
+            StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        )
+    }
+}
+
+/// `value` as a JSON response with `code`.
+pub(crate) fn json_response(value: &Value, code: StatusCode) -> Response {
+    Response::builder()
+        .status(code)
+        .content_type("application/json")
+        .body(value.to_string())
+}
+
+/// The success `Status` a delete answers with for most resources.
+pub(crate) fn deleted(r: &Resource, name: &str, uid: &Value) -> Value {
+    let mut d = details(r, name);
+    d["uid"] = uid.clone();
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": d})
+}
+
+pub(crate) type Result<T> = std::result::Result<T, ApiError>;
