@@ -113,6 +113,19 @@ fn check_type(r: &Resource, object: &mut Value) -> Result<()> {
     Ok(())
 }
 
+/// The checks of a body written to a named object's URL: its type, its
+/// namespace, and a name that is the URL's.
+fn check_named(r: &Resource, target: &Target, name: &str, object: &mut Value) -> Result<()> {
+    check_type(r, object)?;
+    check_namespace(r, target.namespace.as_deref().unwrap_or_default(), object)?;
+    match str_at(object, "/metadata/name") {
+        Some(theirs) if theirs != name => Err(ApiError::bad_request(format!(
+            "the name of the object ({theirs}) does not match the name on the URL ({name})"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Refuses a body naming another namespace; sets the request's.
 fn check_namespace(r: &Resource, ns: &str, object: &mut Value) -> Result<()> {
     let m = meta(object);
@@ -490,20 +503,7 @@ pub(crate) fn update(
     let name = target.name.clone().unwrap_or_default();
     let dry = dry_run(params, None)?;
     let manager = manager(params, user_agent)?;
-    check_type(r, &mut body)?;
-    check_namespace(
-        r,
-        target.namespace.as_deref().unwrap_or_default(),
-        &mut body,
-    )?;
-    match str_at(&body, "/metadata/name") {
-        Some(theirs) if theirs != name => {
-            return Err(ApiError::bad_request(format!(
-                "the name of the object ({theirs}) does not match the name on the URL ({name})"
-            )));
-        }
-        _ => {}
-    }
+    check_named(r, target, &name, &mut body)?;
     let mut store = state.store();
     let (_, found) = current(&store, target);
     let old = found.ok_or_else(|| ApiError::not_found(r, &name))?;
@@ -632,20 +632,7 @@ pub(crate) fn patch(
                 "apiVersion and kind must be set in an apply configuration",
             ));
         }
-        check_type(r, &mut config)?;
-        check_namespace(
-            r,
-            target.namespace.as_deref().unwrap_or_default(),
-            &mut config,
-        )?;
-        match str_at(&config, "/metadata/name") {
-            Some(theirs) if theirs != name => {
-                return Err(ApiError::bad_request(format!(
-                    "the name of the object ({theirs}) does not match the name on the URL ({name})"
-                )));
-            }
-            _ => {}
-        }
+        check_named(r, target, &name, &mut config)?;
         let live = match &found {
             Some(object) => object.clone(),
             None if target.status => return Err(ApiError::not_found(r, &name)),
