@@ -52,9 +52,20 @@ fn a_process_that_never_uses_cuda_does_not_load_it() {
 
 /// A program whose RUNPATH alone finds a library it `dlopen`s by bare name
 /// keeps finding it with the limiter's `dlopen` in between.
+/// A scratch folder, removed when dropped (also when the test fails).
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ignored = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 #[test]
 fn dlopen_searches_the_callers_runpath() {
-    let work = std::env::temp_dir().join(format!("limiter-runpath-{}", std::process::id()));
+    let scratch =
+        Scratch(std::env::temp_dir().join(format!("limiter-runpath-{}", std::process::id())));
+    let work = &scratch.0;
     let libs = work.join("libs");
     std::fs::create_dir_all(&libs).expect("mkdir");
     let library_source = work.join("plugin.c");
@@ -107,5 +118,4 @@ int main(void) {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    let _ignored = std::fs::remove_dir_all(&work);
 }
