@@ -62,8 +62,11 @@ struct Library {
 /// What a library's first use in a context takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FirstUse {
-    /// Nothing to reserve: not a registered library, already used in the
-    /// context, or globals below [`RESERVED_GLOBALS`] (or unreadable).
+    /// Not a library registered from an image: what it takes is unknown.
+    Unregistered,
+    /// Nothing to reserve: already used in the context, or globals below
+    /// [`RESERVED_GLOBALS`] (or unreadable, or the device's architecture
+    /// unknown).
     Nothing,
     /// Its globals, to reserve before the load.
     Globals(u64),
@@ -163,13 +166,6 @@ impl LazyLibraries {
         }
     }
 
-    /// Whether `library` was registered from an image.
-    pub fn is_registered(&self, library: usize) -> bool {
-        self.libraries
-            .lock()
-            .is_ok_and(|libraries| libraries.contains_key(&library))
-    }
-
     /// Forgets `library`, unloaded.
     pub fn unregister(&self, library: usize) {
         if let Ok(mut libraries) = self.libraries.lock()
@@ -181,17 +177,17 @@ impl LazyLibraries {
     }
 
     /// What the first use of `library` in `context`, on a device of
-    /// compute capability `arch`, takes.
-    pub fn first_use(&self, library: usize, context: usize, arch: u32) -> FirstUse {
+    /// compute capability `arch` (`None`: unknown), takes.
+    pub fn first_use(&self, library: usize, context: usize, arch: Option<u32>) -> FirstUse {
         let Ok(mut libraries) = self.libraries.lock() else {
-            return FirstUse::Nothing;
+            return FirstUse::Unregistered;
         };
         let Some(entry) = libraries.get_mut(&library) else {
+            return FirstUse::Unregistered;
+        };
+        let Some(arch) = arch.filter(|_| !entry.contexts.contains(&context)) else {
             return FirstUse::Nothing;
         };
-        if entry.contexts.contains(&context) {
-            return FirstUse::Nothing;
-        }
         let globals = match entry.globals.iter().find(|(a, _)| *a == arch) {
             Some(&(_, globals)) => globals,
             None => {
@@ -258,22 +254,23 @@ mod tests {
         let lazy = LazyLibraries::default();
         lazy.register(1, ptx(8 << 20), true);
         lazy.register(2, ptx(4096), false);
-        assert_eq!(lazy.first_use(1, 10, 90), FirstUse::Globals(8 << 20));
+        assert_eq!(lazy.first_use(1, 10, Some(90)), FirstUse::Globals(8 << 20));
         // Not done yet: asked again, the same answer.
-        assert_eq!(lazy.first_use(1, 10, 90), FirstUse::Globals(8 << 20));
+        assert_eq!(lazy.first_use(1, 10, Some(90)), FirstUse::Globals(8 << 20));
         lazy.used_in(1, 10);
-        assert_eq!(lazy.first_use(1, 10, 90), FirstUse::Nothing);
-        assert_eq!(lazy.first_use(1, 11, 90), FirstUse::Globals(8 << 20));
+        assert_eq!(lazy.first_use(1, 10, Some(90)), FirstUse::Nothing);
+        assert_eq!(lazy.first_use(1, 11, Some(90)), FirstUse::Globals(8 << 20));
         assert_eq!(
-            lazy.first_use(2, 10, 90),
+            lazy.first_use(2, 10, Some(90)),
             FirstUse::Nothing,
             "small globals"
         );
         assert_eq!(
-            lazy.first_use(3, 10, 90),
-            FirstUse::Nothing,
+            lazy.first_use(3, 10, Some(90)),
+            FirstUse::Unregistered,
             "not registered"
         );
+        assert_eq!(lazy.first_use(1, 12, None), FirstUse::Nothing, "no arch");
     }
 
     #[test]

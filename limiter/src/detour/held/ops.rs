@@ -197,11 +197,11 @@ impl Held {
     pub fn first_use(self, library: CUlibrary, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
         let device = self.current()?;
         match self.first_use_of(device, library)? {
-            Some(bytes) => self.reserve_first_use(device, library, bytes, op),
-            None if self.quota.lazy.is_registered(library as usize) => {
-                Err(LimiterError::Bypass(Pass::NothingToReserve))
+            (context, FirstUse::Globals(bytes)) => {
+                self.reserve_first_use(device, library, context, bytes, op)
             }
-            None => self.quota.measured(self.ctx, device, 0, op, || {}),
+            (_, FirstUse::Nothing) => Err(LimiterError::Bypass(Pass::NothingToReserve)),
+            (_, FirstUse::Unregistered) => self.quota.measured(self.ctx, device, 0, op, || {}),
         }
     }
 
@@ -239,7 +239,7 @@ impl Held {
             }
             Err(error) => return Err(error),
         };
-        let Some(bytes) = self.first_use_of(device, library)? else {
+        let (context, FirstUse::Globals(bytes)) = self.first_use_of(device, library)? else {
             lazy.checked(handle);
             return Ok(());
         };
@@ -249,7 +249,7 @@ impl Held {
         };
         // A load that failed is the launch's to report.
         if self
-            .reserve_first_use(device, library, bytes, load)?
+            .reserve_first_use(device, library, context, bytes, load)?
             .is_success()
         {
             lazy.checked(handle);
@@ -257,43 +257,33 @@ impl Held {
         Ok(())
     }
 
-    /// What `library`'s first use in the current context on `device` takes,
-    /// when that is to be reserved.
-    fn first_use_of(self, device: usize, library: CUlibrary) -> Result<Option<u64>> {
+    /// The current context, and what `library`'s first use there (on
+    /// `device`) takes.
+    fn first_use_of(self, device: usize, library: CUlibrary) -> Result<(usize, FirstUse)> {
         let driver = self.driver()?;
         let context = driver
             .held
             .current_context()
-            .map_err(|_| LimiterError::Bypass(Pass::NoCurrentContext))?;
-        let Some(arch) = driver.held.compute_capability(device as i32) else {
-            return Ok(None);
-        };
-        Ok(
-            match self
-                .quota
-                .lazy
-                .first_use(library as usize, context as usize, arch)
-            {
-                FirstUse::Globals(bytes) => Some(bytes),
-                FirstUse::Nothing => None,
-            },
-        )
+            .map_err(|_| LimiterError::Bypass(Pass::NoCurrentContext))?
+            as usize;
+        let arch = driver.held.compute_capability(device as i32);
+        let first_use = self.quota.lazy.first_use(library as usize, context, arch);
+        Ok((context, first_use))
     }
 
-    /// Reserves `bytes` for `library`'s first use in the current context,
-    /// which `op` makes, and measures what it took.
+    /// Reserves `bytes` for `library`'s first use in `context` (the current
+    /// one), which `op` makes, and measures what it took.
     fn reserve_first_use(
         self,
         device: usize,
         library: CUlibrary,
+        context: usize,
         bytes: u64,
         op: impl FnOnce() -> CUresult,
     ) -> Result<CUresult> {
         let result = self.quota.measured(self.ctx, device, bytes, op, || {})?;
-        if result.is_success()
-            && let Ok(context) = self.driver()?.held.current_context()
-        {
-            self.quota.lazy.used_in(library as usize, context as usize);
+        if result.is_success() {
+            self.quota.lazy.used_in(library as usize, context);
         }
         Ok(result)
     }
