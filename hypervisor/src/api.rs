@@ -16,18 +16,24 @@
 //! - `POST /api/v1/pods/{id}/health`: `Health` to the pod's workers.
 //! - `POST /api/v1/reload`: read the config file again.
 //!
-//! Anyone who reaches the API: `GET /api/v1/status` (JSON), `GET /metrics`
-//! (Prometheus), `GET /healthz` (the process answers), `GET /readyz` (200
-//! once nothing is pending, e.g. the Kubernetes agent's start; 503 naming
-//! what is). The metrics listener ([`metrics_routes`]) serves only these
-//! last three: it may face the cluster, the rest only the node.
+//! Anyone who reaches a TCP listener (the node: in Kubernetes the daemon's
+//! own loopback): `GET /api/v1/status` (JSON), `GET /metrics` (Prometheus),
+//! `GET /healthz` (the process answers), `GET /readyz` (200 once nothing is
+//! pending, e.g. the Kubernetes agent's start; 503 naming what is). The
+//! metrics listener ([`metrics_routes`]) serves only these last three: it may
+//! face the cluster, the rest only the node.
+//!
+//! On the Unix socket, which is mounted into the pods ([`Audience::Pods`]),
+//! the status names other pods only for the admin token: a pod's token gets
+//! its own pod alone (its GPUs' usage, workers and processes), no token a
+//! 401; `/metrics` needs the admin token.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use gpushare_utils::bucket::{CAPACITY_NS, PPM, REFILL_BATCH_NS, monotonic_ns};
-use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::MAX_DEVICES;
+use gpushare_utils::pod::PodId;
 use gpushare_utils::protocol::{
     BudgetGrant, BudgetRequest, MAX_HOSTNAME_LEN, MAX_UUID_LEN, Register, Registered,
 };
@@ -52,7 +58,20 @@ pub const ADMISSION_WAIT: Duration = Duration::from_millis(50);
 /// Longest single wait inside an admission request before looking again.
 const ADMISSION_STEP: Duration = Duration::from_millis(2);
 
-pub(crate) fn routes(hv: &Hypervisor) -> impl Endpoint<Output = Response> + 'static {
+/// Who reaches a listener of the API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Audience {
+    /// The node's operators: a TCP address, the daemon's loopback in
+    /// Kubernetes.
+    Node,
+    /// The pods too: the Unix socket whose folder is mounted into them.
+    Pods,
+}
+
+pub(crate) fn routes(
+    hv: &Hypervisor,
+    audience: Audience,
+) -> impl Endpoint<Output = Response> + 'static {
     let api = Route::new()
         .at(
             "/workers",
@@ -64,7 +83,10 @@ pub(crate) fn routes(hv: &Hypervisor) -> impl Endpoint<Output = Response> + 'sta
         )
         .at(
             "/status",
-            get(ep(hv, |hv, _| async move { json_ok(&hv.status()) })),
+            get(ep(
+                hv,
+                move |hv, req| async move { status(&hv, &req, audience) },
+            )),
         )
         .at(
             "/reload",
@@ -89,7 +111,18 @@ pub(crate) fn routes(hv: &Hypervisor) -> impl Endpoint<Output = Response> + 'sta
         .nest("/channel", hv.shared.hub.route());
     Route::new()
         .nest("/api/v1", api)
-        .at("/metrics", get(ep(hv, |hv, _| async move { metrics(&hv) })))
+        .at(
+            "/metrics",
+            get(ep(hv, move |hv, req| async move {
+                match audience {
+                    Audience::Pods => match admin(&hv, &req) {
+                        Ok(()) => metrics(&hv),
+                        Err(refusal) => refusal.into_response(),
+                    },
+                    Audience::Node => metrics(&hv),
+                }
+            })),
+        )
         .at("/healthz", get(make(|_| async { "ok" })))
         .at("/readyz", get(ep(hv, |hv, _| async move { readyz(&hv) })))
         .with(CatchPanic::new())
@@ -116,7 +149,15 @@ pub(crate) fn metrics_routes(hv: &Hypervisor) -> impl Endpoint<Output = Response
 fn metrics(hv: &Hypervisor) -> Response {
     Response::builder()
         .content_type("text/plain; version=0.0.4")
-        .body(crate::metrics::render(&hv.status()))
+        .body({
+            let status = hv.status();
+            let mut text = crate::metrics::render(&status);
+            text.push_str(&crate::metrics::render_health(
+                &status.gpus,
+                &hv.unhealthy_gpus(),
+            ));
+            text
+        })
 }
 
 fn readyz(hv: &Hypervisor) -> Response {
@@ -144,13 +185,9 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
     let Some(token) = bearer(&req).map(str::to_owned) else {
         return unauthorized();
     };
-    let body = match read_body(&mut req, MAX_BODY).await {
-        Ok(body) => body,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let reg: Register = match serde_json::from_slice(&body) {
+    let reg: Register = match json_body(&mut req).await {
         Ok(reg) => reg,
-        Err(e) => return malformed(&e),
+        Err(refusal) => return refusal,
     };
     let Ok(pod) = PodId::new(reg.pod.clone()) else {
         return unauthorized();
@@ -223,13 +260,9 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
     let Some(token) = bearer(&req).map(str::to_owned) else {
         return unauthorized();
     };
-    let body = match read_body(&mut req, MAX_BODY).await {
-        Ok(body) => body,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let ask: BudgetRequest = match serde_json::from_slice(&body) {
+    let ask: BudgetRequest = match json_body(&mut req).await {
         Ok(ask) => ask,
-        Err(e) => return malformed(&e),
+        Err(refusal) => return refusal,
     };
     let Ok(id) = ClientId::new(ask.worker_id.clone()) else {
         return unauthorized();
@@ -322,6 +355,29 @@ fn admin(hv: &Hypervisor, req: &Request) -> Result<(), Refusal> {
     }
 }
 
+/// The status: all of it for the node, or with the admin token; only the
+/// caller's pod for a pod's token on the pods' socket.
+fn status(hv: &Hypervisor, req: &Request, audience: Audience) -> Response {
+    let status = hv.status();
+    if audience == Audience::Node || admin(hv, req).is_ok() {
+        return json_ok(&status);
+    }
+    let Some(token) = bearer(req) else {
+        return unauthorized();
+    };
+    let pod = {
+        let core = hv.core();
+        core.scheduler
+            .pod_ids()
+            .into_iter()
+            .find(|pod| core.scheduler.token(pod).is_some_and(|t| t.matches(token)))
+    };
+    match pod {
+        Some(pod) => json_ok(&status.of_pod(&pod)),
+        None => unauthorized(),
+    }
+}
+
 fn pod_param(req: &Request) -> Result<String, Refusal> {
     req.raw_path_param("id")
         .and_then(|id| PodId::new(id).ok())
@@ -370,13 +426,9 @@ async fn limits(hv: &Hypervisor, mut req: Request) -> Response {
         Ok(pod) => pod,
         Err(refusal) => return refusal.into_response(),
     };
-    let body = match read_body(&mut req, MAX_BODY).await {
-        Ok(body) => body,
-        Err(refusal) => return refusal.into_response(),
-    };
-    let parsed: LimitsBody = match serde_json::from_slice(&body) {
+    let parsed: LimitsBody = match json_body(&mut req).await {
         Ok(parsed) => parsed,
-        Err(e) => return malformed(&e),
+        Err(refusal) => return refusal,
     };
     let gpus = match config::resolve_gpus(&format!("pod {pod:?}"), &parsed.gpus) {
         Ok(gpus) => gpus,
@@ -401,6 +453,15 @@ fn reload(hv: &Hypervisor, req: &Request) -> Response {
         })),
         Err(e) => json_error(StatusCode::BAD_REQUEST, &e.to_string()),
     }
+}
+
+/// The JSON body of `req` (at most [`MAX_BODY`] bytes), or the answer
+/// refusing it.
+async fn json_body<T: serde::de::DeserializeOwned>(req: &mut Request) -> Result<T, Response> {
+    let body = read_body(req, MAX_BODY)
+        .await
+        .map_err(|refusal| refusal.into_response())?;
+    serde_json::from_slice(&body).map_err(|e| malformed(&e))
 }
 
 fn schedule_error(e: &ScheduleError) -> Response {

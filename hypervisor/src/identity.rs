@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use gpushare_utils::config::PodId;
+use gpushare_utils::pod::PodId;
 
 /// Why a worker's identity was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

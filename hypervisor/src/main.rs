@@ -11,7 +11,8 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use hypervisor::conn::Listener;
 use hypervisor::node_tables::NodeTableNames;
-use hypervisor::observer::{GpuObserver, NvmlObserver, SimulatedGpus};
+use hypervisor::observer::GpuObserver;
+use hypervisor::observer::flags::ObserverArgs;
 use hypervisor::serve::Listeners;
 use hypervisor::status::{Status, render_table};
 use hypervisor::{Hypervisor, Options, config};
@@ -43,9 +44,8 @@ enum Cmd {
         /// (probes and Prometheus; nothing else of the API is there).
         #[arg(long, value_name = "IP:PORT")]
         metrics_listen: Option<SocketAddr>,
-        /// Simulate N GPUs instead of asking NVML (tests, demos).
-        #[arg(long, value_name = "N")]
-        simulate_gpus: Option<u32>,
+        #[command(flatten)]
+        gpus: ObserverArgs,
         #[command(flatten)]
         kubernetes: Box<KubeArgs>,
     },
@@ -207,7 +207,7 @@ fn main() {
             listen,
             socket,
             metrics_listen,
-            simulate_gpus,
+            gpus,
             kubernetes,
         } => serve(
             config,
@@ -216,7 +216,7 @@ fn main() {
                 socket,
                 metrics: metrics_listen,
             },
-            simulate_gpus,
+            &gpus,
             &kubernetes,
         ),
         Cmd::Status { addr, json } => status(&addr, json),
@@ -285,7 +285,7 @@ const AGENT_STARTING: &str = "the Kubernetes agent is starting (checkpoint, Reso
 fn serve(
     path: Option<PathBuf>,
     at: Where,
-    simulate: Option<u32>,
+    gpus: &ObserverArgs,
     kube: &KubeArgs,
 ) -> anyhow::Result<()> {
     let listen = at.listen;
@@ -318,12 +318,9 @@ fn serve(
     connections.max_connections = connections
         .max_connections
         .min(files.saturating_sub(64).max(16));
-    let observer: Arc<dyn GpuObserver> = match simulate {
-        Some(n) => Arc::new(SimulatedGpus::new(n)),
-        None => Arc::new(NvmlObserver::new().context(
-            "NVML is not available (no NVIDIA driver here?); --simulate-gpus N runs without it",
-        )?),
-    };
+    let observer = gpus.observer().context(
+        "NVML is not available (no NVIDIA driver here?); --simulate-gpus N runs without it",
+    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .thread_name("hypervisor")
         .enable_all()

@@ -1,10 +1,12 @@
 //! Prometheus text exposition of the status, and the admission latency
 //! histogram (lock-free: every admission records into it).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::observer::{GpuInfo, Unhealthy};
 use crate::status::{LatencySnapshot, Status};
 
 /// Upper bounds of the latency buckets, in microseconds.
@@ -271,6 +273,28 @@ pub fn render(status: &Status) -> String {
     x.render()
 }
 
+/// `gpushare_gpu_healthy`: 1 per GPU of `gpus`, 0 for those in
+/// `unhealthy` (by UUID; the reason is in the log and the ResourceSlice's
+/// taint). Appended to [`render`]'s exposition by whoever has both.
+pub fn render_health(gpus: &[GpuInfo], unhealthy: &BTreeMap<String, Unhealthy>) -> String {
+    let mut x = Exposition::default();
+    let healthy = x.family(
+        "gpushare_gpu_healthy",
+        "gauge",
+        "1 while the GPU is healthy; 0 after a critical XID or ECC error (until a reset and restart) or while it is lost.",
+    );
+    for gpu in gpus {
+        let labels = format!("gpu=\"{}\",index=\"{}\"", escape(&gpu.uuid), gpu.index);
+        x.sample(
+            healthy,
+            "",
+            &labels,
+            u8::from(!unhealthy.contains_key(&gpu.uuid)),
+        );
+    }
+    x.render()
+}
+
 /// Per pod and GPU with oversubscription on (or host memory still spilled):
 /// the spill, kept apart from the device memory families.
 fn render_spill(x: &mut Exposition, status: &Status) {
@@ -374,6 +398,26 @@ mod tests {
         assert_eq!(s.quantile_bound_us(0.5), Some(50));
         assert_eq!(s.quantile_bound_us(0.66), Some(200));
         assert_eq!(s.quantile_bound_us(1.0), Some(u64::MAX));
+    }
+
+    #[test]
+    fn gpu_health_gauge() {
+        use crate::observer::{Fault, GpuObserver, SimulatedGpus};
+        let gpus = SimulatedGpus::new(2).gpus().unwrap();
+        let lost = Unhealthy {
+            fault: Fault::Lost,
+            since: 0,
+        };
+        let text = render_health(&gpus, &BTreeMap::from([(gpus[1].uuid.clone(), lost)]));
+        assert!(text.contains("# TYPE gpushare_gpu_healthy gauge"));
+        assert!(text.contains(&format!(
+            "gpushare_gpu_healthy{{gpu=\"{}\",index=\"0\"}} 1",
+            gpus[0].uuid
+        )));
+        assert!(text.contains(&format!(
+            "gpushare_gpu_healthy{{gpu=\"{}\",index=\"1\"}} 0",
+            gpus[1].uuid
+        )));
     }
 
     #[test]

@@ -25,9 +25,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpushare_utils::bucket::Bucket;
-use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::{DeviceUsage, LedgerError, POD_REGION_PREFIX, PodLedger, SpillUsage};
 use gpushare_utils::limits::{LimitsError, PodLimits};
+use gpushare_utils::pod::PodId;
 use gpushare_utils::shm::{self, Creation, ShmError, Trust};
 
 use crate::config::RegionOptions;

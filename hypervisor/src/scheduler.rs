@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::MAX_DEVICES;
+use gpushare_utils::pod::PodId;
 use gpushare_utils::protocol::PodGpuLimits;
 use tokio::sync::Notify;
 

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use crate::api::Audience;
 use crate::conn::{GuardedAcceptor, Listener};
 use crate::daemon::{Error, Hypervisor, Options};
 
@@ -74,8 +75,12 @@ impl Hypervisor {
         let limits = self.core().settings.connections;
         let mut servers = Vec::new();
         for listener in listeners.api {
+            let audience = match listener {
+                Listener::Tcp(_) => Audience::Node,
+                Listener::Unix(_) => Audience::Pods,
+            };
             let acceptor = GuardedAcceptor::new(listener, limits).map_err(Error::Serve)?;
-            let app = crate::api::routes(self);
+            let app = crate::api::routes(self, audience);
             servers.push(
                 poem::Server::new_with_acceptor(acceptor)
                     .run_with_graceful_shutdown(app, shutdown.clone(), Some(GRACE))

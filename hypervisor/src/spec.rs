@@ -5,7 +5,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use gpushare_utils::config::{PodClass, PodId, default_spill_limit};
+use gpushare_utils::limits::default_spill_limit;
+use gpushare_utils::pod::{PodClass, PodId};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
@@ -16,7 +17,7 @@ pub const MAX_TOKEN_LEN: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     #[error("{0}")]
-    PodId(#[from] gpushare_utils::config::InvalidPodId),
+    PodId(#[from] gpushare_utils::pod::InvalidPodId),
     #[error("token is empty")]
     EmptyToken,
     #[error("token is longer than {MAX_TOKEN_LEN} bytes")]

@@ -46,6 +46,17 @@ pub struct Status {
     pub admission: LatencySnapshot,
 }
 
+impl Status {
+    /// What pod `pod` may see: the node's GPUs and the admission figures,
+    /// and of the pods, workers and processes its own alone.
+    pub fn of_pod(mut self, pod: &str) -> Self {
+        self.pods.retain(|p| p.id == pod);
+        self.workers.retain(|w| w.pod == pod);
+        self.processes.retain(|p| p.pod.as_deref() == Some(pod));
+        self
+    }
+}
+
 /// The status as a plain-text table.
 pub fn render_table(status: &Status) -> String {
     let mut out = String::new();

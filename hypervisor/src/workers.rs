@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use gpushare_utils::config::PodId;
+use gpushare_utils::pod::PodId;
 use gpushare_utils::protocol::{CommandResult, WorkerDevice};
 use http_bidir_comm::ClientId;
 use serde::Serialize;

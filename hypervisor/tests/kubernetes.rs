@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hypervisor::observer::{GpuObserver, SimulatedGpus};
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::cluster;
 use kube_fakes::kubelet::Version;
@@ -373,6 +375,225 @@ fn two_claims_share_one_gpu_and_one_too_many_is_refused() {
     });
 }
 
+/// Creates pod `name` bound to the node whose container uses `claims`
+/// (claim names), running; returns its UID.
+async fn pod_with_claims(world: &World, name: &str, claims: &[&str]) -> String {
+    let refs: Vec<Value> = claims.iter().map(|c| json!({"name": c})).collect();
+    let sources: Vec<Value> = claims
+        .iter()
+        .map(|c| json!({"name": c, "resourceClaimName": c}))
+        .collect();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": NODE,
+            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": refs}}],
+            "resourceClaims": sources,
+        },
+    }))
+    .unwrap();
+    let pod = Api::<Pod>::namespaced(world.client.clone(), "default")
+        .create(&PostParams::default(), &pod)
+        .await
+        .unwrap();
+    let uid = pod.metadata.uid.unwrap();
+    world.scratch.track(&uid);
+    uid
+}
+
+/// Creates claim `name` whose request `gpus` asks `count` devices, each with
+/// `memory`/`compute`, and allocates it on `devices` of the node for pod
+/// (`pod`, `pod_uid`) as the scheduler does; returns the claim's UID.
+async fn multi_device_claim(
+    world: &World,
+    name: &str,
+    memory: &str,
+    compute: &str,
+    devices: &[&str],
+    pod: (&str, &str),
+) -> String {
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+            "deviceClassName": DRIVER,
+            "allocationMode": "ExactCount",
+            "count": devices.len(),
+            "capacity": {"requests": {"memory": memory, "compute": compute}},
+        }}]}},
+    }))
+    .unwrap();
+    let claims = Api::<ResourceClaim>::namespaced(world.client.clone(), "default");
+    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let uid = claim.metadata.uid.unwrap();
+    let results: Vec<Value> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            json!({
+                "request": "gpus", "driver": DRIVER, "pool": NODE, "device": device,
+                "consumedCapacity": {"memory": memory, "compute": compute},
+                "shareID": format!("{:0>8}", format!("{}{i}", &uid[uid.len() - 7..])),
+            })
+        })
+        .collect();
+    let status = json!({"status": {
+        "allocation": {"devices": {"results": results}},
+        "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}],
+    }});
+    claims
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    uid
+}
+
+/// The CDI spec of claim `uid`: (CUDA_VISIBLE_DEVICES, device node paths).
+fn spec_gpus(world: &World, uid: &str) -> (String, Vec<String>) {
+    let raw: Value = serde_json::from_slice(&std::fs::read(world.spec_path(uid)).unwrap()).unwrap();
+    let edits = &raw["devices"][0]["containerEdits"];
+    let visible = edits["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v.as_str()?.strip_prefix("CUDA_VISIBLE_DEVICES="))
+        .unwrap()
+        .to_owned();
+    let nodes = edits["deviceNodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["path"].as_str().unwrap().to_owned())
+        .filter(|p| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok())
+        .collect();
+    (visible, nodes)
+}
+
+#[test]
+fn a_claim_of_two_gpus_gives_the_container_both_with_a_quota_on_each() {
+    runtime().block_on(async {
+        let world = World::start("two-gpus").await;
+        let pod = pod_with_claims(&world, "wide", &["wide-gpus"]).await;
+        let uid = multi_device_claim(
+            &world,
+            "wide-gpus",
+            "4Gi",
+            "30",
+            &["gpu-0", "gpu-1"],
+            ("wide", &pod),
+        )
+        .await;
+        let prepared = world.prepare(Version::V1, "wide-gpus", &uid).await;
+        assert_eq!(prepared.error, "");
+        let cdi = vec![format!("gpushare.dev/gpu={uid}")];
+        assert_eq!(
+            prepared.devices,
+            vec![("gpu-0".to_owned(), cdi.clone()), ("gpu-1".to_owned(), cdi)]
+        );
+        let gpus = world.gpus.gpus().unwrap();
+        assert_eq!(
+            spec_gpus(&world, &uid),
+            (
+                format!("{},{}", gpus[0].uuid, gpus[1].uuid),
+                vec!["/dev/nvidia0".to_owned(), "/dev/nvidia1".to_owned()]
+            )
+        );
+        // One pod, a quota on each of its two GPUs, in CUDA's order.
+        let status = pod_status(&world, &pod).expect("pod in the hypervisor");
+        let held: Vec<(String, u64, u64)> = status["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| {
+                (
+                    g["uuid"].as_str().unwrap().to_owned(),
+                    g["memory_quota"].as_u64().unwrap(),
+                    g["cap_percent"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            held,
+            vec![
+                (gpus[0].uuid.clone(), 4 << 30, 30),
+                (gpus[1].uuid.clone(), 4 << 30, 30)
+            ]
+        );
+        world.stop().await;
+    });
+}
+
+#[test]
+fn a_container_with_two_claims_sees_both_gpus_whichever_spec_comes_last() {
+    runtime().block_on(async {
+        let world = World::start("two-claims").await;
+        let pod = pod_with_claims(&world, "pair", &["pair-a", "pair-b"]).await;
+        let a = multi_device_claim(&world, "pair-a", "2Gi", "20", &["gpu-0"], ("pair", &pod)).await;
+        let b = multi_device_claim(&world, "pair-b", "6Gi", "40", &["gpu-1"], ("pair", &pod)).await;
+        assert_eq!(world.prepare(Version::V1, "pair-a", &a).await.error, "");
+        let gpus = world.gpus.gpus().unwrap();
+        assert_eq!(spec_gpus(&world, &a).0, gpus[0].uuid);
+        assert_eq!(world.prepare(Version::V1, "pair-b", &b).await.error, "");
+        // Each spec's variables replace the other's: both name both GPUs.
+        let both = (
+            format!("{},{}", gpus[0].uuid, gpus[1].uuid),
+            vec!["/dev/nvidia0".to_owned(), "/dev/nvidia1".to_owned()],
+        );
+        assert_eq!(spec_gpus(&world, &a), both);
+        assert_eq!(spec_gpus(&world, &b), both);
+        let status = pod_status(&world, &pod).unwrap();
+        let quotas: Vec<u64> = status["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["memory_quota"].as_u64().unwrap())
+            .collect();
+        assert_eq!(quotas, vec![2 << 30, 6 << 30]);
+        // One claim unprepared: the other names its own GPU alone again.
+        let error = world
+            .node()
+            .kubelet
+            .unprepare(Version::V1, "default", "pair-b", &b)
+            .await
+            .unwrap();
+        assert_eq!(error, "");
+        assert!(!world.spec_path(&b).exists());
+        assert_eq!(
+            spec_gpus(&world, &a),
+            (gpus[0].uuid.clone(), vec!["/dev/nvidia0".to_owned()])
+        );
+        world.stop().await;
+    });
+}
+
+#[test]
+fn two_requests_of_one_claim_on_one_gpu_are_counted_together() {
+    runtime().block_on(async {
+        let world = World::start("same-gpu").await;
+        let pod = pod_with_claims(&world, "twice", &["twice-gpus"]).await;
+        // 2 x 60% of one GPU: each fits alone, not together.
+        let uid = multi_device_claim(
+            &world,
+            "twice-gpus",
+            "1Gi",
+            "60",
+            &["gpu-0", "gpu-0"],
+            ("twice", &pod),
+        )
+        .await;
+        let refused = world.prepare(Version::V1, "twice-gpus", &uid).await;
+        assert!(
+            refused
+                .error
+                .contains("compute 60 asked, but only 40 of 100"),
+            "{}",
+            refused.error
+        );
+        assert!(!world.spec_path(&uid).exists());
+        assert!(pod_status(&world, &pod).is_none());
+        world.stop().await;
+    });
+}
+
 #[test]
 fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
     runtime().block_on(async {
@@ -425,7 +646,7 @@ fn a_worker_whose_cgroup_is_another_pods_is_refused() {
     )
     .unwrap();
     let identity = CgroupIdentity::new(&proc_root);
-    let id = |s: &str| gpushare_utils::config::PodId::new(s).unwrap();
+    let id = |s: &str| gpushare_utils::pod::PodId::new(s).unwrap();
     assert_eq!(identity.verify(&id(pod_a), 7), Ok(4242));
     assert!(identity.verify(&id(pod_b), 7).is_err());
     assert!(identity.verify(&id(pod_a), 8).is_err());

@@ -136,3 +136,89 @@ fn readyz_names_what_the_daemon_still_waits_for() {
     hv.ready("the Kubernetes agent is starting");
     assert_eq!(call("GET", &url, None, None).0, 200);
 }
+
+/// `(status, body)` of `GET path` over the Unix socket at `socket`, with an
+/// optional bearer token (HTTP/1.1, the connection closed after it).
+fn get_on_socket(socket: &std::path::Path, path: &str, token: Option<&str>) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: hypervisor\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).unwrap();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_owned())
+}
+
+#[test]
+fn on_the_pods_socket_a_pod_sees_its_own_status_and_only_the_admin_sees_all() {
+    let (a, b) = (unique("own-a"), unique("own-b"));
+    let _regions = Regions(vec![a.clone(), b.clone()]);
+    let config = ConfigFile::new(&two_pods(&a, &b, ""));
+    let socket = config.dir.join("run/hypervisor.sock");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_hypervisor"));
+    command
+        .args(["serve", "--simulate-gpus", "1", "--listen", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(&config.path)
+        .arg("--socket")
+        .arg(&socket)
+        .stdout(Stdio::piped());
+    use_node_tables(&mut command, &config.path);
+    let mut daemon = Daemon(command.spawn().expect("spawn hypervisor"));
+    let mut lines = BufReader::new(daemon.0.stdout.take().unwrap()).lines();
+    let tcp = lines.next().expect("a line").expect("stdout");
+    let tcp = tcp
+        .strip_prefix("hypervisor listening on ")
+        .expect("the TCP address")
+        .to_owned();
+    let _ = lines.next();
+
+    let pods = |body: &str| -> Vec<String> {
+        let status: serde_json::Value = serde_json::from_str(body).expect(body);
+        let mut ids: Vec<String> = status["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["id"].as_str().unwrap().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    // No token: nothing; a wrong one: nothing.
+    for token in [None, Some("wrong")] {
+        let (status, body) = get_on_socket(&socket, "/api/v1/status", token);
+        assert_eq!(status, 401, "{body}");
+        let (status, _) = get_on_socket(&socket, "/metrics", token);
+        assert_eq!(status, 401);
+    }
+    // A pod's token: that pod alone.
+    let (status, body) = get_on_socket(&socket, "/api/v1/status", Some(&token_of(&a)));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(pods(&body), vec![a.clone()]);
+    assert!(!body.contains(&b), "{body}");
+    let (status, _) = get_on_socket(&socket, "/metrics", Some(&token_of(&a)));
+    assert_eq!(status, 401, "metrics name every pod: the admin's");
+    // The admin token: everything.
+    let (status, body) = get_on_socket(&socket, "/api/v1/status", Some(ADMIN));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(pods(&body), both);
+    let (status, text) = get_on_socket(&socket, "/metrics", Some(ADMIN));
+    assert_eq!(status, 200);
+    assert!(text.contains(&a) && text.contains(&b));
+    // The node's TCP address answers the whole status, as `hypervisor status` reads it.
+    let (status, body) = call("GET", &format!("http://{tcp}/api/v1/status"), None, None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(pods(&body), both);
+}

@@ -18,13 +18,25 @@ pub enum ClusterError {
 
 type Result<T> = std::result::Result<T, ClusterError>;
 
-/// Creates node `name`.
-pub async fn create_node(client: &kube::Client, name: &str) -> Result<Node> {
-    let node: Node = serde_json::from_value(json!({"metadata": {"name": name}}))?;
-    Api::<Node>::all(client.clone())
-        .create(&PostParams::default(), &node)
+/// Creates `object` (JSON) through `api`.
+async fn create<K>(api: Api<K>, object: Value) -> Result<K>
+where
+    K: Clone + std::fmt::Debug,
+    K: k8s_openapi::serde::Serialize + k8s_openapi::serde::de::DeserializeOwned,
+{
+    let object: K = serde_json::from_value(object)?;
+    api.create(&PostParams::default(), &object)
         .await
         .map_err(Into::into)
+}
+
+/// Creates node `name`.
+pub async fn create_node(client: &kube::Client, name: &str) -> Result<Node> {
+    create(
+        Api::<Node>::all(client.clone()),
+        json!({"metadata": {"name": name}}),
+    )
+    .await
 }
 
 /// Creates a running pod bound to `node` that uses claim `claim`.
@@ -35,21 +47,24 @@ pub async fn create_pod(
     node: &str,
     claim: &str,
 ) -> Result<Pod> {
-    let pod: Pod = serde_json::from_value(json!({
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    create(pods.clone(), json!({
         "metadata": {"name": name, "namespace": ns},
         "spec": {
             "nodeName": node,
             "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}]}}],
             "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
         },
-    }))?;
-    let pods = Api::<Pod>::namespaced(client.clone(), ns);
-    pods.create(&PostParams::default(), &pod).await?;
+    }))
+    .await?;
     // A create leaves the status as the server sets it; the kubelet writes it.
-    let status = json!({"status": {"phase": "Running", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .map_err(Into::into)
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&running(claim)),
+    )
+    .await
+    .map_err(Into::into)
 }
 
 /// Creates claim `name` asking for one GPU of `class` with `memory` and
@@ -71,17 +86,12 @@ pub async fn create_claim(
         spec["devices"]["config"] =
             json!([{"requests": ["gpu"], "opaque": {"driver": class, "parameters": parameters}}]);
     }
-    let claim: ResourceClaim =
-        serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}, "spec": spec}))?;
-    Api::<ResourceClaim>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &claim)
-        .await
-        .map_err(Into::into)
+    let claim = json!({"metadata": {"name": name, "namespace": ns}, "spec": spec});
+    create(Api::<ResourceClaim>::namespaced(client.clone(), ns), claim).await
 }
 
 /// Allocates `claim` on device `device` of `node`'s pool as the scheduler
-/// does with consumable capacity: the result with its consumed capacity
-/// and share ID, the claim's configs copied, the pod in `reservedFor`.
+/// does with consumable capacity (see [`allocation`]).
 pub async fn allocate(
     client: &kube::Client,
     claim: &ResourceClaim,
@@ -92,44 +102,63 @@ pub async fn allocate(
 ) -> Result<ResourceClaim> {
     let ns = claim.metadata.namespace.clone().unwrap_or_default();
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let exact = claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.devices.as_ref())
-        .and_then(|d| d.requests.as_ref())
-        .and_then(|r| r.first())
-        .and_then(|r| r.exactly.as_ref());
-    let consumed = exact
-        .and_then(|e| e.capacity.as_ref())
-        .and_then(|c| c.requests.clone())
-        .unwrap_or_default();
-    let config: Vec<Value> = claim
-        .spec
-        .as_ref()
-        .and_then(|s| s.devices.as_ref())
-        .and_then(|d| d.config.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| json!({"source": "FromClaim", "requests": c.requests, "opaque": c.opaque}))
-        .collect();
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    let status = json!({"status": {
-        "allocation": {
-            "devices": {
-                "results": [{
-                    "request": "gpu", "driver": driver, "pool": node, "device": device,
-                    "consumedCapacity": consumed, "shareID": format!("{:0>8}", &uid[uid.len().saturating_sub(8)..]),
-                }],
-                "config": config,
-            },
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-        },
-        "reservedFor": [{"resource": "pods", "name": pod.metadata.name, "uid": pod.metadata.uid}],
-    }});
+    let status = allocation(
+        &serde_json::to_value(claim)?,
+        &serde_json::to_value(pod)?,
+        driver,
+        node,
+        device,
+    );
     Api::<ResourceClaim>::namespaced(client.clone(), &ns)
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .map_err(Into::into)
+}
+
+/// The merge patch of `claim`'s status (JSON, as stored) with which the
+/// scheduler allocates it on device `device` of `node`'s pool with
+/// consumable capacity: one result per request with its consumed capacity
+/// (what the request asks) and a share ID (a UUID, as the API server
+/// requires), the claim's configs copied, `pod` (JSON) in `reservedFor`.
+pub fn allocation(claim: &Value, pod: &Value, driver: &str, node: &str, device: &str) -> Value {
+    let spec = &claim["spec"]["devices"];
+    let uid = claim["metadata"]["uid"].as_str().unwrap_or_default();
+    let tail: String = uid.chars().filter(char::is_ascii_hexdigit).collect();
+    let share = format!(
+        "00000000-0000-4000-8000-{:0>12}",
+        &tail[tail.len().saturating_sub(12)..]
+    );
+    let results: Vec<Value> = spec["requests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|request| {
+            json!({
+                "request": request["name"], "driver": driver, "pool": node, "device": device,
+                "consumedCapacity": request["exactly"]["capacity"]["requests"],
+                "shareID": share,
+            })
+        })
+        .collect();
+    let config: Vec<Value> = spec["config"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| json!({"source": "FromClaim", "requests": c["requests"], "opaque": c["opaque"]}))
+        .collect();
+    json!({"status": {
+        "allocation": {
+            "devices": {"results": results, "config": config},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        },
+        "reservedFor": [{"resource": "pods", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}],
+    }})
+}
+
+/// The merge patch of a pod's status with which its kubelet reports it
+/// running, its claim `gpu` being `claim`.
+pub fn running(claim: &str) -> Value {
+    json!({"status": {"phase": "Running", "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}})
 }
 
 /// Creates pod `name` bound to `node`, pending (its containers not started),
@@ -143,15 +172,12 @@ pub async fn create_gpu_pod(
     limits: Value,
     annotations: Value,
 ) -> Result<Pod> {
-    let pod: Pod = serde_json::from_value(json!({
+    let pod = json!({
         "metadata": {"name": name, "namespace": ns, "annotations": annotations},
         "spec": {
             "nodeName": node,
             "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
         },
-    }))?;
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pod)
-        .await
-        .map_err(Into::into)
+    });
+    create(Api::<Pod>::namespaced(client.clone(), ns), pod).await
 }

@@ -51,6 +51,28 @@ pub struct Prepared {
     pub error: String,
 }
 
+/// The plugin's answer for one claim (`(namespace, name, uid)`) to
+/// `$method` with a `$request` of it, on the `DRAPlugin` service of
+/// version `$v`: a macro, as each version's types are generated apart.
+macro_rules! one_claim {
+    ($kubelet:ident, $v:ident, $method:ident, $request:ident, $claim:expr) => {{
+        let (namespace, name, uid) = $claim;
+        let mut client = pb::$v::dra_plugin_client::DraPluginClient::new($kubelet.channel.clone());
+        let request = pb::$v::$request {
+            claims: vec![pb::$v::Claim {
+                namespace: namespace.into(),
+                uid: uid.into(),
+                name: name.into(),
+            }],
+        };
+        let mut answer = client.$method(request).await?.into_inner();
+        answer
+            .claims
+            .remove(uid)
+            .ok_or_else(|| KubeletError::Refused(format!("no answer for claim {uid}")))?
+    }};
+}
+
 impl FakeKubelet {
     /// Waits (up to `wait`) for a socket in `registry_dir` whose plugin says
     /// it is `driver`, registers it, and connects to its endpoint.
@@ -128,35 +150,26 @@ impl FakeKubelet {
         name: &str,
         uid: &str,
     ) -> Result<Prepared, KubeletError> {
-        macro_rules! call {
+        let claim = (namespace, name, uid);
+        macro_rules! prepared {
             ($v:ident) => {{
-                let mut client =
-                    pb::$v::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let request = pb::$v::NodePrepareResourcesRequest {
-                    claims: vec![pb::$v::Claim {
-                        namespace: namespace.into(),
-                        uid: uid.into(),
-                        name: name.into(),
-                    }],
-                };
-                let mut answer = client.node_prepare_resources(request).await?.into_inner();
-                let one = answer
-                    .claims
-                    .remove(uid)
-                    .ok_or_else(|| KubeletError::Refused(format!("no answer for claim {uid}")))?;
+                let one = one_claim!(
+                    self,
+                    $v,
+                    node_prepare_resources,
+                    NodePrepareResourcesRequest,
+                    claim
+                );
+                let devices = one.devices.into_iter();
                 Prepared {
-                    devices: one
-                        .devices
-                        .into_iter()
-                        .map(|d| (d.device_name, d.cdi_device_ids))
-                        .collect(),
+                    devices: devices.map(|d| (d.device_name, d.cdi_device_ids)).collect(),
                     error: one.error,
                 }
             }};
         }
         Ok(match version {
-            Version::V1 => call!(v1),
-            Version::V1beta1 => call!(v1beta1),
+            Version::V1 => prepared!(v1),
+            Version::V1beta1 => prepared!(v1beta1),
         })
     }
 
@@ -168,28 +181,28 @@ impl FakeKubelet {
         name: &str,
         uid: &str,
     ) -> Result<String, KubeletError> {
-        macro_rules! call {
-            ($v:ident) => {{
-                let mut client =
-                    pb::$v::dra_plugin_client::DraPluginClient::new(self.channel.clone());
-                let request = pb::$v::NodeUnprepareResourcesRequest {
-                    claims: vec![pb::$v::Claim {
-                        namespace: namespace.into(),
-                        uid: uid.into(),
-                        name: name.into(),
-                    }],
-                };
-                let mut answer = client.node_unprepare_resources(request).await?.into_inner();
-                answer
-                    .claims
-                    .remove(uid)
-                    .ok_or_else(|| KubeletError::Refused(format!("no answer for claim {uid}")))?
-                    .error
-            }};
-        }
+        let claim = (namespace, name, uid);
         Ok(match version {
-            Version::V1 => call!(v1),
-            Version::V1beta1 => call!(v1beta1),
+            Version::V1 => {
+                one_claim!(
+                    self,
+                    v1,
+                    node_unprepare_resources,
+                    NodeUnprepareResourcesRequest,
+                    claim
+                )
+                .error
+            }
+            Version::V1beta1 => {
+                one_claim!(
+                    self,
+                    v1beta1,
+                    node_unprepare_resources,
+                    NodeUnprepareResourcesRequest,
+                    claim
+                )
+                .error
+            }
         })
     }
 }

@@ -5,6 +5,7 @@
 //! against them. A dev-only crate: the daemon never links it.
 
 pub mod apiserver;
+pub mod clients;
 pub mod cluster;
 pub mod device_kubelet;
 pub mod kubelet;

@@ -9,6 +9,8 @@
 
 use serde_json::Value;
 
+use crate::apiserver::qualified_part;
+
 /// One parsed requirement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Requirement {
@@ -25,16 +27,6 @@ enum Requirement {
 /// A selector: every requirement must hold.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Selector(Vec<Requirement>);
-
-fn qualified_part(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
 
 fn label_key(key: &str) -> Result<String, String> {
     let part = match key.split_once('/') {

@@ -9,10 +9,11 @@ use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use gpushare_utils::MAX_DEVICES;
 use gpushare_utils::bucket::ComputeBucket;
-use gpushare_utils::config::{MAX_DEVICES, PodId};
 use gpushare_utils::ledger::{POD_REGION_PREFIX, PodLedger};
 use gpushare_utils::limits::PodLimits;
+use gpushare_utils::pod::PodId;
 use gpushare_utils::shm::{Creation, Trust};
 
 use crate::driver::{Driver, Nvml};

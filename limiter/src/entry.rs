@@ -8,9 +8,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use gpushare_utils::activity::{self, TableAccess};
-use gpushare_utils::config::LimiterConfig;
 use gpushare_utils::limits::PodLimits;
 
+use crate::config::LimiterConfig;
 use crate::context::Context;
 use crate::hypervisor::Link;
 use crate::quota::MemoryQuota;

@@ -3,9 +3,10 @@
 //!
 //! The life of a call:
 //! 1. At load (`LD_PRELOAD`), the constructor reads the configuration
-//!    into the one [`entry`] state and its [`context`]. No limit configured:
-//!    nothing else happens. A broken configuration: one error line, and CUDA
-//!    is refused at `cuInit`.
+//!    from the environment ([`config`], parsed here: the local limits, the
+//!    pod, the hypervisor's address) into the one [`entry`] state and its
+//!    [`context`]. No limit configured: nothing else happens. A broken
+//!    configuration: one error line, and CUDA is refused at `cuInit`.
 //! 2. If libcuda / libnvidia-ml are already mapped they are patched at once;
 //!    otherwise the exported `dlopen` ([`loader`]) patches them the moment a
 //!    `dlopen` maps them, before that `dlopen` returns.
@@ -31,6 +32,7 @@
 // would act inside the test binary), which leaves most entry paths unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod config;
 mod context;
 mod detour;
 mod driver;

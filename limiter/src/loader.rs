@@ -130,6 +130,18 @@ struct Elf64Dyn {
     d_val: u64,
 }
 
+// The leading fields of glibc's `struct link_map` (link.h), read through the
+// pointer `dladdr1` returns (its later fields are never touched, so only
+// offsets are checked), and `Elf64_Dyn` (elf.h, `d_un` a union of two 8-byte
+// words); figures from gcc on x86_64 glibc.
+const _: () = {
+    assert!(std::mem::offset_of!(LinkMap, l_addr) == 0);
+    assert!(std::mem::offset_of!(LinkMap, l_name) == 8);
+    assert!(std::mem::offset_of!(LinkMap, l_ld) == 16);
+    assert!(size_of::<Elf64Dyn>() == 16 && align_of::<Elf64Dyn>() == 8);
+    assert!(std::mem::offset_of!(Elf64Dyn, d_val) == 8);
+};
+
 const DT_NULL: i64 = 0;
 const DT_STRTAB: i64 = 5;
 const DT_RPATH: i64 = 15;

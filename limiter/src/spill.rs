@@ -43,9 +43,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use gpushare_utils::config::{DeviceLimits, default_spill_limit};
 use gpushare_utils::ledger::LedgerError;
+use gpushare_utils::limits::default_spill_limit;
 
+use crate::config::DeviceLimits;
 use crate::context::Context;
 use crate::driver::{HostMemory, MappedHost};
 use crate::grant::Grant;
@@ -135,7 +136,7 @@ impl Spill {
         let size = usize::try_from(bytes).map_err(|_| give_back("size overflows".into()))?;
         let memory = host
             .allocate_mapped(size)
-            .map_err(|(api, result)| give_back(format!("{api} failed ({})", result.0)))?;
+            .map_err(|error| give_back(error.to_string()))?;
         let pointer = memory.device_pointer();
         let spilled = Spilled {
             memory,
@@ -179,36 +180,30 @@ impl Spill {
             restore(spilled);
             return None;
         };
-        if ordered {
-            let result = host.synchronize();
-            if !result.is_success() {
-                restore(spilled);
-                return Some(result);
-            }
+        if ordered && let Err(error) = host.synchronize() {
+            restore(spilled);
+            return Some(error.code());
         }
         let Spilled {
             memory,
             bytes,
             entry,
         } = spilled;
-        let result = match host.free(memory) {
-            Ok(result) => result,
-            Err((memory, result)) => {
-                restore(Spilled {
-                    memory,
-                    bytes,
-                    entry,
-                });
-                return Some(result);
-            }
-        };
+        if let Err((memory, error)) = host.free(memory) {
+            restore(Spilled {
+                memory,
+                bytes,
+                entry,
+            });
+            return Some(error.code());
+        }
         self.live.fetch_sub(1, Ordering::AcqRel);
         if let Some(ledger) = ctx.ledger()
             && let Err(error) = ledger.release_spill(entry, bytes)
         {
             tracing::warn!(%error, "spill release refused by the pod ledger");
         }
-        Some(result)
+        Some(CUresult::SUCCESS)
     }
 }
 

@@ -1,10 +1,16 @@
 //! The few CUDA driver and NVML types the limiter needs, with the layouts of
 //! `cuda.h` / `nvml.h` (CUDA 13). Kept minimal on purpose: everything else
 //! passes through the detours untouched.
+//!
+//! Every struct is followed by compile-time checks of its size, alignment
+//! and field offsets against the header it copies: the x86_64 figures that
+//! `sizeof`, `_Alignof` and `offsetof` give for the header's type, compiled
+//! with gcc against CUDA 13.0's `cuda.h` and `nvml.h` (driver 580).
 
 #![allow(non_camel_case_types, non_snake_case, dead_code)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::mem::offset_of;
 
 use gpushare_hook::Unavailable;
 use gpushare_hook::thread_local::ZeroInit;
@@ -53,6 +59,9 @@ pub struct CUuuid {
     pub bytes: [u8; 16],
 }
 
+// `CUuuid` (`struct CUuuid_st`, cuda.h): `char bytes[16]`.
+const _: () = assert!(size_of::<CUuuid>() == 16 && align_of::<CUuuid>() == 1);
+
 /// `CUarray_format`.
 pub type CUarray_format = c_uint;
 
@@ -65,6 +74,14 @@ pub struct CUDA_ARRAY_DESCRIPTOR {
     pub NumChannels: c_uint,
 }
 
+// `CUDA_ARRAY_DESCRIPTOR_v2` (cuda.h).
+const _: () = {
+    assert!(size_of::<CUDA_ARRAY_DESCRIPTOR>() == 24 && align_of::<CUDA_ARRAY_DESCRIPTOR>() == 8);
+    assert!(offset_of!(CUDA_ARRAY_DESCRIPTOR, Height) == 8);
+    assert!(offset_of!(CUDA_ARRAY_DESCRIPTOR, Format) == 16);
+    assert!(offset_of!(CUDA_ARRAY_DESCRIPTOR, NumChannels) == 20);
+};
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct CUDA_ARRAY3D_DESCRIPTOR {
@@ -75,6 +92,17 @@ pub struct CUDA_ARRAY3D_DESCRIPTOR {
     pub NumChannels: c_uint,
     pub Flags: c_uint,
 }
+
+// `CUDA_ARRAY3D_DESCRIPTOR_v2` (cuda.h).
+const _: () = {
+    assert!(
+        size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40 && align_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 8
+    );
+    assert!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, Depth) == 16);
+    assert!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, Format) == 24);
+    assert!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, NumChannels) == 28);
+    assert!(offset_of!(CUDA_ARRAY3D_DESCRIPTOR, Flags) == 32);
+};
 
 /// The per-thread default stream handle (`CU_STREAM_PER_THREAD`).
 pub const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
@@ -93,9 +121,28 @@ pub struct CUlaunchConfig {
     pub blockDimZ: c_uint,
     pub sharedMemBytes: c_uint,
     pub hStream: CUstream,
+    /// `CUlaunchAttribute *`: never read here, so its element type (72
+    /// bytes, a 64-byte value union after the 4-byte id and padding) is
+    /// not declared.
     pub attrs: *mut c_void,
     pub numAttrs: c_uint,
 }
+
+// `CUlaunchConfig` (`struct CUlaunchConfig_st`, cuda.h): seven `unsigned
+// int`s, padding to 32, two pointers, `numAttrs`, tail padding to 56.
+const _: () = {
+    assert!(size_of::<CUlaunchConfig>() == 56 && align_of::<CUlaunchConfig>() == 8);
+    assert!(offset_of!(CUlaunchConfig, gridDimX) == 0);
+    assert!(offset_of!(CUlaunchConfig, gridDimY) == 4);
+    assert!(offset_of!(CUlaunchConfig, gridDimZ) == 8);
+    assert!(offset_of!(CUlaunchConfig, blockDimX) == 12);
+    assert!(offset_of!(CUlaunchConfig, blockDimY) == 16);
+    assert!(offset_of!(CUlaunchConfig, blockDimZ) == 20);
+    assert!(offset_of!(CUlaunchConfig, sharedMemBytes) == 24);
+    assert!(offset_of!(CUlaunchConfig, hStream) == 32);
+    assert!(offset_of!(CUlaunchConfig, attrs) == 40);
+    assert!(offset_of!(CUlaunchConfig, numAttrs) == 48);
+};
 
 /// `CUDA_ARRAY3D_LAYERED`: Depth counts layers.
 pub const CUDA_ARRAY3D_LAYERED: c_uint = 0x01;
@@ -109,6 +156,12 @@ pub struct CUmemLocation {
     pub id: c_int,
 }
 
+// `CUmemLocation_v1` (cuda.h): an enum and an `int`.
+const _: () = {
+    assert!(size_of::<CUmemLocation>() == 8 && align_of::<CUmemLocation>() == 4);
+    assert!(offset_of!(CUmemLocation, id) == 4);
+};
+
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 #[repr(C)]
@@ -121,7 +174,14 @@ pub struct CUmemAllocationProp {
     pub allocFlags: [u8; 8],
 }
 
-const _: () = assert!(size_of::<CUmemAllocationProp>() == 32);
+// `CUmemAllocationProp_v1` (cuda.h), the VMM allocation's properties;
+// `allocFlags` is a struct of 8 bytes (compression, RDMA, usage, reserved).
+const _: () = {
+    assert!(size_of::<CUmemAllocationProp>() == 32 && align_of::<CUmemAllocationProp>() == 8);
+    assert!(offset_of!(CUmemAllocationProp, location) == 8);
+    assert!(offset_of!(CUmemAllocationProp, win32HandleMetaData) == 16);
+    assert!(offset_of!(CUmemAllocationProp, allocFlags) == 24);
+};
 
 /// `CUmemPoolProps` (CUDA 12.2+ layout; older drivers' is the same size).
 #[repr(C)]
@@ -167,9 +227,30 @@ impl Default for CUDA_MEM_ALLOC_NODE_PARAMS {
     }
 }
 
-const _: () = assert!(size_of::<CUmemPoolProps>() == 88);
-const _: () = assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
-const _: () = assert!(std::mem::offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104);
+// `CUmemPoolProps_v1` (cuda.h), a memory pool's properties.
+const _: () = {
+    assert!(size_of::<CUmemPoolProps>() == 88 && align_of::<CUmemPoolProps>() == 8);
+    assert!(offset_of!(CUmemPoolProps, location) == 8);
+    assert!(offset_of!(CUmemPoolProps, win32_security_attributes) == 16);
+    assert!(offset_of!(CUmemPoolProps, max_size) == 24);
+    assert!(offset_of!(CUmemPoolProps, usage) == 32);
+    assert!(offset_of!(CUmemPoolProps, reserved) == 34);
+};
+
+// `CUDA_MEM_ALLOC_NODE_PARAMS_v1` (cuda.h; `_v2` has the same layout), a
+// graph's allocation node: the limiter reads `poolProps.location` and
+// `bytesize`.
+const _: () = {
+    assert!(
+        size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120
+            && align_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 8
+    );
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, pool_props) == 0);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, access_descs) == 88);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, access_desc_count) == 96);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104);
+    assert!(offset_of!(CUDA_MEM_ALLOC_NODE_PARAMS, dptr) == 112);
+};
 
 /// `CUlimit`.
 pub type CUlimit = c_int;
@@ -208,7 +289,6 @@ pub type CuGraphChildGraphNodeGetGraph =
     unsafe extern "C" fn(CUgraphNode, *mut CUgraph) -> CUresult;
 pub type CuDeviceGetGraphMemAttribute =
     unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult;
-const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40);
 
 /// `nvmlReturn_t`, a distinct type so that it has its own conversions.
 #[repr(transparent)]
@@ -243,6 +323,13 @@ pub struct nvmlMemory_t {
     pub used: u64,
 }
 
+// `nvmlMemory_t` (`struct nvmlMemory_st`, nvml.h).
+const _: () = {
+    assert!(size_of::<nvmlMemory_t>() == 24 && align_of::<nvmlMemory_t>() == 8);
+    assert!(offset_of!(nvmlMemory_t, free) == 8);
+    assert!(offset_of!(nvmlMemory_t, used) == 16);
+};
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct nvmlMemory_v2_t {
@@ -253,6 +340,16 @@ pub struct nvmlMemory_v2_t {
     pub used: u64,
 }
 
+// `nvmlMemory_v2_t` (`struct nvmlMemory_v2_st`, nvml.h): the version, then
+// four counters from offset 8.
+const _: () = {
+    assert!(size_of::<nvmlMemory_v2_t>() == 40 && align_of::<nvmlMemory_v2_t>() == 8);
+    assert!(offset_of!(nvmlMemory_v2_t, total) == 8);
+    assert!(offset_of!(nvmlMemory_v2_t, reserved) == 16);
+    assert!(offset_of!(nvmlMemory_v2_t, free) == 24);
+    assert!(offset_of!(nvmlMemory_v2_t, used) == 32);
+};
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct nvmlProcessInfo_t {
@@ -262,6 +359,15 @@ pub struct nvmlProcessInfo_t {
     pub computeInstanceId: c_uint,
 }
 
+// `nvmlProcessInfo_t` (`struct nvmlProcessInfo_st`, nvml.h; the layout of
+// `nvmlProcessInfo_v2_t`, which the `_v2`/`_v3` process queries write).
+const _: () = {
+    assert!(size_of::<nvmlProcessInfo_t>() == 24 && align_of::<nvmlProcessInfo_t>() == 8);
+    assert!(offset_of!(nvmlProcessInfo_t, usedGpuMemory) == 8);
+    assert!(offset_of!(nvmlProcessInfo_t, gpuInstanceId) == 16);
+    assert!(offset_of!(nvmlProcessInfo_t, computeInstanceId) == 20);
+};
+
 /// `nvmlProcessInfo_v1_t`, what the unversioned
 /// `nvmlDeviceGetComputeRunningProcesses` writes.
 #[repr(C)]
@@ -270,6 +376,12 @@ pub struct nvmlProcessInfo_v1_t {
     pub pid: c_uint,
     pub usedGpuMemory: u64,
 }
+
+// `nvmlProcessInfo_v1_t` (`struct nvmlProcessInfo_v1_st`, nvml.h).
+const _: () = {
+    assert!(size_of::<nvmlProcessInfo_v1_t>() == 16 && align_of::<nvmlProcessInfo_v1_t>() == 8);
+    assert!(offset_of!(nvmlProcessInfo_v1_t, usedGpuMemory) == 8);
+};
 
 /// `NVML_VALUE_NOT_AVAILABLE` for unsigned long long fields.
 pub const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;

@@ -10,7 +10,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use gpushare_utils::config::MAX_DEVICES;
+use gpushare_utils::MAX_DEVICES;
 
 use crate::hash::mix;
 

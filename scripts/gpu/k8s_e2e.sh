@@ -32,7 +32,7 @@ case "${MODE:-dra}" in
   *) echo "MODE is dra or device-plugin"; exit 2 ;;
 esac
 echo "mode: ${MODE:-dra}"
-"$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" "${ASK[@]}" \
+HYPERVISOR_LOG=${HYPERVISOR_LOG:-info} "$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" "${ASK[@]}" \
   --skip-identity --max-seconds 900 >"$WORK/k8s-e2e.log" 2>&1 &
 E2E=$!
 for _ in $(seq 100); do [ -f "$OUT/ready" ] && break; sleep 0.2; done
@@ -58,6 +58,18 @@ with() {
 }
 without() { env -u LD_PRELOAD "$@"; }
 
+# 0 the node's ResourceSlice (DRA mode): every GPU NVML sees, none tainted
+# (the health watch found nothing), and the watch waiting for XID/ECC events.
+if [ "${MODE:-dra}" = dra ]; then
+  slice=$(python3 -c "
+import json
+s = json.load(open('$OUT/resourceslice.json'))[0]['spec']['devices']
+print(len(s), sum(1 for d in s if d.get('taints')))" 2>/dev/null || echo "? ?")
+  watch=$(grep -c 'waiting for NVML XID and ECC events' "$WORK/k8s-e2e.log")
+  ok=FAIL; [ "$slice" = "$(nvidia-smi -L | wc -l) 0" ] && [ "$watch" -ge 1 ] && ok=PASS
+  row "ResourceSlice devices, tainted; NVML event watch" "$(nvidia-smi -L | wc -l) GPUs" "${slice% *}, ${slice#* }; watch=$watch" $ok
+fi
+
 # 1 memory: cudaMalloc 256 MiB chunks until failure (error 2); quota total, footprint <= 4 GiB.
 for mode in without with; do
   $mode "$WORK/mem_runtime" >"$WORK/mem.$mode" 2>&1
@@ -81,12 +93,28 @@ s1=$(kv share_after1s_pct "$WORK/spin.with")
 ok=FAIL; python3 -c "import sys; sys.exit(0 if abs(float('$s1') - 30) <= 3 else 1)" 2>/dev/null && ok=PASS
 row "CUDA spin busy share % (from 1 s)" "$(kv share_after1s_pct "$WORK/spin.without")" "$s1" $ok
 
-# 4 PyTorch compute: bf16 matmul throughput ratio = 0.30 +- 0.05.
-for mode in without with; do $mode python3 "$SRC/torch_matmul.py" 6 2 >"$WORK/mm.$mode" 2>&1; done
+# 4 PyTorch compute: bf16 matmul loop, GPU time share = 30 +- 3 pp, from
+# nvidia-smi's utilization.gpu sampled each second while the GPU is busy (the
+# first busy sample skipped), as check 13 judges it. The throughput ratio is
+# reported, not judged: unlimited, an 8192^2 bf16 loop is power-capped (lower
+# SM clock); at 30% busy the GPU runs at full clock, so each busy second does
+# more matmuls and the ratio comes out above 0.30 by the clock ratio.
+smi_mean() { awk -F', ' -v f="$2" 'NR > 1 && $6 + 0 > 0 { n++; if (n > 1) { s += $f + 0; c++ } }
+  END { if (c) printf "%.1f", s / c; else print "nan" }' "$1"; }
+for mode in without with; do
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
+    --format=csv -lms 1000 >"$WORK/mm-smi.$mode" 2>&1 &
+  SMI=$!
+  $mode python3 "$SRC/torch_matmul.py" 6 2 >"$WORK/mm.$mode" 2>&1
+  kill $SMI 2>/dev/null; wait $SMI 2>/dev/null
+done
 r0=$(kv matmuls_per_s "$WORK/mm.without"); r1=$(kv matmuls_per_s "$WORK/mm.with")
 ratio=$(python3 -c "print(round(float('$r1') / float('$r0'), 3))" 2>/dev/null || echo nan)
-ok=FAIL; python3 -c "import sys; sys.exit(0 if abs($ratio - 0.30) <= 0.05 else 1)" 2>/dev/null && ok=PASS
-row "PyTorch matmul/s (ratio)" "$r0" "$r1 ($ratio)" $ok
+u0=$(smi_mean "$WORK/mm-smi.without" 6); u1=$(smi_mean "$WORK/mm-smi.with" 6)
+c0=$(smi_mean "$WORK/mm-smi.without" 2); c1=$(smi_mean "$WORK/mm-smi.with" 2)
+ok=FAIL; python3 -c "import sys; sys.exit(0 if abs(float('$u1') - 30) <= 3 else 1)" 2>/dev/null && ok=PASS
+row "PyTorch matmul loop: GPU busy % (nvidia-smi), SM MHz; matmul/s (ratio, reported)" \
+  "$u0%, $c0 MHz; $r0" "$u1%, $c1 MHz; $r1 ($ratio)" $ok
 
 touch "$OUT/stop"; wait $E2E; rc=$?
 ok=FAIL; [ $rc = 0 ] && [ "$(cat "$OUT/unprepared" 2>/dev/null)" = clean ] && ok=PASS

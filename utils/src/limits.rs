@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::MAX_DEVICES;
 use crate::bucket::BucketLimits;
-use crate::config::PodClass;
+use crate::pod::PodClass;
 use crate::shm::{self, Creation, Mapping, ShmError, Trust};
 
 /// Prefix of a pod's limits object.
@@ -135,6 +135,29 @@ pub fn uuid_key(uuid: &str) -> u64 {
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
     hash.max(1)
+}
+
+/// Without a configured spill cap, a pod may spill this fraction (1/N) of the
+/// node's memory per device: pinned pages cannot be swapped or reclaimed, so
+/// the node keeps the rest for the pods' own host memory and the kernel.
+pub const SPILL_DEFAULT_DIVISOR: u64 = 4;
+
+/// The spill cap a pod gets when none is configured, under a hypervisor
+/// ([`GpuLimits::spill_limit`]) and in local mode alike:
+/// [`SPILL_DEFAULT_DIVISOR`]th of `MemTotal` in `/proc/meminfo`; 0 (no
+/// spill) when it cannot be read.
+pub fn default_spill_limit() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| mem_total(&text))
+        .map_or(0, |bytes| bytes / SPILL_DEFAULT_DIVISOR)
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+fn mem_total(meminfo: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }
 
 /// A pod's limits object, mapped read-only (limiter) or read-write (hypervisor).
@@ -283,6 +306,17 @@ mod tests {
         fn drop(&mut self) {
             let _ = shm::unlink(&PodLimits::name_of(&self.0));
         }
+    }
+
+    #[test]
+    fn the_default_spill_cap_is_a_share_of_the_node_memory() {
+        let meminfo = "MemTotal:       131072000 kB\nMemFree:        1 kB\n";
+        assert_eq!(mem_total(meminfo), Some(131_072_000 * 1024));
+        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
+        assert!(
+            default_spill_limit() > 0,
+            "this machine has a /proc/meminfo"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::MAX_DEVICES;
 use crate::activity::{ActivityError, PODS_PER_DEVICE, TableAccess, map_node_table};
-use crate::config::PodClass;
+use crate::pod::PodClass;
 use crate::shm;
 
 /// The table's name in `/dev/shm`.

@@ -43,7 +43,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use gpushare_utils::config::{PodClass, PodId, parse_size};
+use gpushare_utils::pod::{PodClass, PodId};
+use gpushare_utils::units::parse_size;
 use serde::Deserialize;
 
 use crate::conn::ConnLimits;
@@ -86,7 +87,7 @@ pub enum ConfigError {
     Size {
         what: String,
         #[source]
-        source: gpushare_utils::config::SizeError,
+        source: gpushare_utils::units::SizeError,
     },
     #[error("{what}: set exactly one of uuid and index")]
     GpuSelector { what: String },

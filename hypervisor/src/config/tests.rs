@@ -69,7 +69,7 @@ fn oversubscription_per_gpu() {
     assert_eq!(gpu("oversubscribe = false").unwrap(), 0);
     assert_eq!(
         gpu("oversubscribe = true").unwrap(),
-        gpushare_utils::config::default_spill_limit()
+        gpushare_utils::limits::default_spill_limit()
     );
     let error = gpu("spill_limit = \"lots\"").unwrap_err().to_string();
     assert!(error.contains("gpu #1"), "{error}");

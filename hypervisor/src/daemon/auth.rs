@@ -1,6 +1,6 @@
 //! Which worker may do what.
 
-use gpushare_utils::config::PodId;
+use gpushare_utils::pod::PodId;
 use gpushare_utils::protocol::Command;
 use http_bidir_comm::ClientId;
 

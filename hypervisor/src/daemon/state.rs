@@ -1,5 +1,6 @@
 //! The state every part shares: the scheduler, the workers, the hub.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -10,7 +11,7 @@ use http_bidir_comm::{Hub, HubEvents};
 
 use crate::config::Settings;
 use crate::metrics::LatencyHistogram;
-use crate::observer::{GpuObserver, ProcessUtilization};
+use crate::observer::{GpuObserver, ProcessUtilization, Unhealthy};
 use crate::scheduler::Scheduler;
 use crate::spec::Token;
 use crate::timer::PreciseTimer;
@@ -79,6 +80,22 @@ impl Hypervisor {
     /// Where the config says to listen (or the `--listen` override).
     pub fn listen_addr(&self) -> SocketAddr {
         self.shared.listen
+    }
+
+    /// The GPUs that are unhealthy now, by UUID; empty where the observer
+    /// does not watch health.
+    pub fn unhealthy_gpus(&self) -> BTreeMap<String, Unhealthy> {
+        self.shared
+            .observer
+            .health()
+            .map(|board| board.unhealthy())
+            .unwrap_or_default()
+    }
+
+    /// Changes whenever a GPU's health does; `None` where the observer does
+    /// not watch health.
+    pub fn gpu_health_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.shared.observer.health().map(|board| board.subscribe())
     }
 }
 

@@ -24,7 +24,8 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use gpushare_utils::config::{PodClass, parse_switch};
+use gpushare_utils::pod::PodClass;
+use gpushare_utils::units::parse_switch;
 
 use crate::quantity;
 use crate::spec::{self, Policy};
@@ -363,7 +364,7 @@ mod tests {
         );
         assert_eq!(
             spill(json!({"gpushare.dev/oversubscribe": "True"})),
-            Ok(gpushare_utils::config::default_spill_limit())
+            Ok(gpushare_utils::limits::default_spill_limit())
         );
         assert_eq!(
             spill(

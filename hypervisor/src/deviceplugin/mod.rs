@@ -10,10 +10,12 @@
 //!    socket in the kubelet's `device-plugins` folder and registers it with
 //!    the kubelet's `Registration`; when the kubelet restarts (the folder is
 //!    emptied) it serves and registers again. `ListAndWatch` streams the
-//!    shares, `Unhealthy` when their GPU is no longer seen ([`service`]).
+//!    shares, `Unhealthy` when their GPU is no longer seen or NVML reports
+//!    it unhealthy ([`crate::observer::health`]), so the kubelet stops
+//!    giving them out ([`service`]).
 //! 3. **Allocate.** The kubelet names only share IDs. The container they are
 //!    for is found ([`podresources`] or the pods pending on the node), its
-//!    ask read ([`ask`]), GPUs chosen ([`placement`]), and the pod's region,
+//!    ask read ([`ask`]), healthy GPUs chosen ([`placement`]), and the pod's region,
 //!    token and files provisioned by [`crate::provision`], as for DRA; the
 //!    answer is the container edits as env, mounts and device specs.
 //!    A container that fits on no GPU of the node is refused, with an event

@@ -161,7 +161,7 @@ mod tests {
             nouse_types: vec![],
             packing,
             policy: Policy::Fixed,
-            class: gpushare_utils::config::PodClass::Batch,
+            class: gpushare_utils::pod::PodClass::Batch,
             spill_bytes: 0,
         }
     }

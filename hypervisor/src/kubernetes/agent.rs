@@ -21,10 +21,10 @@ use crate::deviceplugin::{DevicePluginConfig, GpuHealth};
 use crate::dra::plugin::{self, PluginSockets};
 use crate::dra::{ClaimPreparer, ClaimRef, PreparedDevice};
 use crate::identity::{CgroupIdentity, IdentityError, WorkerIdentity};
-use crate::observer::GpuInfo;
+use crate::observer::{GpuInfo, Unhealthy};
 use crate::provision::{ClaimRequest, PodRef, ProvisionConfig, Provisioner};
 use crate::source;
-use gpushare_utils::config::PodId;
+use gpushare_utils::pod::PodId;
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ pub struct AgentOptions {
 }
 
 pub(super) struct Inner {
-    hv: Hypervisor,
+    pub(super) hv: Hypervisor,
     pub(super) client: kube::Client,
     pub(super) options: AgentOptions,
     source: KubernetesSource,
@@ -63,6 +63,10 @@ pub(super) struct Inner {
     /// Device plugin allocations not yet started: the sorted share IDs, and
     /// the (pod UID, container) they were provisioned for.
     pub(super) allocated: Mutex<BTreeMap<Vec<String>, (String, String)>>,
+    /// The unhealthy GPUs whose taints the API server dropped (its
+    /// `DRADeviceTaints` gate is off): published without taints until
+    /// health changes again.
+    taints_dropped: Mutex<Option<BTreeMap<String, Unhealthy>>>,
 }
 
 /// The running agent; cheap to clone.
@@ -88,10 +92,12 @@ impl NodeAgent {
             source::SourceError::Provision(p) => KubeError::Provision(p),
             other => KubeError::Client(other.to_string()),
         })?;
-        slice::publish(&client, &options.node, &options.driver, &gpus).await?;
+        let unhealthy = hv.unhealthy_gpus();
+        let taints_dropped = Mutex::new(None);
+        publish(&client, &options, &gpus, &unhealthy, &taints_dropped).await?;
         let (pods, pod_writer) = reflector::store::<Pod>();
         let (claims, claim_writer) = reflector::store::<ResourceClaim>();
-        let (gpu_health, _) = watch::channel(super::devices::health(&gpus, &[]));
+        let (gpu_health, _) = watch::channel(super::devices::health(&gpus, &[], &unhealthy));
         let inner = Arc::new(Inner {
             hv,
             client: client.clone(),
@@ -103,6 +109,7 @@ impl NodeAgent {
             changed: Notify::new(),
             gpu_health,
             allocated: Mutex::new(BTreeMap::new()),
+            taints_dropped,
         });
         if inner.options.check_identity {
             inner.hv.set_worker_identity(Arc::new(ClaimIdentity {
@@ -175,6 +182,16 @@ impl NodeAgent {
                 .await;
             }
         });
+        // A GPU's health changed: publish at once, not at the next resync.
+        let health = self.inner.hv.gpu_health_changes().map(|mut changes| {
+            let weak = Arc::downgrade(&self.inner);
+            tokio::spawn(async move {
+                while changes.changed().await.is_ok() {
+                    let Some(inner) = weak.upgrade() else { break };
+                    inner.changed.notify_one();
+                }
+            })
+        });
         let options = &self.inner.options;
         let (stop, stopped) = watch::channel(false);
         let devices = options.device_plugin.clone().map(|config| {
@@ -202,6 +219,9 @@ impl NodeAgent {
         .await
         .map_err(KubeError::Plugin);
         tidy.abort();
+        if let Some(health) = health {
+            health.abort();
+        }
         if let Some(devices) = devices {
             match devices.await {
                 Ok(Err(error)) => tracing::error!(%error, "device plugin"),
@@ -222,28 +242,36 @@ impl NodeAgent {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Publishes the slice again with the GPUs the hypervisor sees now.
+    /// Publishes the slice again with the GPUs the hypervisor sees now and
+    /// their health; the device plugin's list too.
     pub async fn republish(&self) -> Result<(), KubeError> {
         let gpus = self.inner.hv.status().gpus;
+        let unhealthy = self.inner.hv.unhealthy_gpus();
         self.provisioner().set_gpus(gpus.clone());
         let o = &self.inner.options;
         if o.device_plugin.is_some() {
             self.inner.gpu_health.send_if_modified(|health| {
-                let new = super::devices::health(&gpus, health);
+                let new = super::devices::health(&gpus, health, &unhealthy);
                 let changed = *health != new;
                 *health = new;
                 changed
             });
             // Not fatal to the slice: retried at the next resync.
             if let Err(error) =
-                super::devices::advertise_capacity(&self.inner.client, &o.node, &gpus).await
+                super::devices::advertise_capacity(&self.inner.client, &o.node, &gpus, &unhealthy)
+                    .await
             {
                 tracing::warn!(%error, "node capacity for the device plugin not advertised");
             }
         }
-        slice::publish(&self.inner.client, &o.node, &o.driver, &gpus)
-            .await
-            .map(|_| ())
+        publish(
+            &self.inner.client,
+            o,
+            &gpus,
+            &unhealthy,
+            &self.inner.taints_dropped,
+        )
+        .await
     }
 
     /// Unprepares the claims of pods that no longer exist or have finished;
@@ -359,6 +387,49 @@ impl NodeAgent {
             .await
             .map_err(|e| format!("cannot read claim {}/{}: {e}", claim.namespace, claim.name))
     }
+}
+
+/// Publishes the slice with `unhealthy` tainted, unless the API server
+/// dropped the taints of these same unhealthy GPUs before (then it would
+/// only raise the generation again for nothing); warns once when it drops
+/// them.
+async fn publish(
+    client: &kube::Client,
+    o: &AgentOptions,
+    gpus: &[GpuInfo],
+    unhealthy: &BTreeMap<String, Unhealthy>,
+    taints_dropped: &Mutex<Option<BTreeMap<String, Unhealthy>>>,
+) -> Result<(), KubeError> {
+    let untainted = BTreeMap::new();
+    let dropped_before = taints_dropped
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .as_ref()
+        == Some(unhealthy);
+    let taints = if dropped_before {
+        &untainted
+    } else {
+        unhealthy
+    };
+    let stored = slice::publish(client, &o.node, &o.driver, gpus, taints).await?;
+    let dropped = !taints.is_empty() && !slice::has_taints(&stored);
+    if dropped {
+        let reasons: Vec<String> = unhealthy
+            .iter()
+            .map(|(uuid, u)| format!("{uuid}: {}", u.fault.reason()))
+            .collect();
+        tracing::warn!(
+            unhealthy = ?reasons,
+            "the API server dropped the ResourceSlice's device taints (feature gate \
+             DRADeviceTaints off): unhealthy GPUs stay allocatable through DRA"
+        );
+    }
+    if !dropped_before {
+        *taints_dropped
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = dropped.then(|| unhealthy.clone());
+    }
+    Ok(())
 }
 
 /// The cgroup check of a registering worker, where the pods that use the

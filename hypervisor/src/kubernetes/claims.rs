@@ -35,7 +35,7 @@
 //!                    # node's memory; 0 = none)
 //! ```
 
-use gpushare_utils::config::PodClass;
+use gpushare_utils::pod::PodClass;
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
 use serde::Deserialize;
 
@@ -316,7 +316,7 @@ mod tests {
         assert_eq!(get(serde_json::json!({"spillLimit": 4096})), Ok(4096));
         assert_eq!(
             get(serde_json::json!({"oversubscribe": true})),
-            Ok(gpushare_utils::config::default_spill_limit())
+            Ok(gpushare_utils::limits::default_spill_limit())
         );
         assert_eq!(
             get(serde_json::json!({"oversubscribe": false, "spillLimit": "1Gi"})),

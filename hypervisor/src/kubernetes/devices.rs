@@ -3,6 +3,8 @@
 //! DRA claim, the refusal as an event on the pod, and the node capacity of
 //! the memory and compute names so the default scheduler admits such pods.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -13,7 +15,7 @@ use super::agent::NodeAgent;
 use crate::deviceplugin::ask::{self, CORES, MEMORY_MIB, MEMORY_PERCENT};
 use crate::deviceplugin::placement::{self, GpuLoad};
 use crate::deviceplugin::{Allocator, GpuHealth, podresources};
-use crate::observer::GpuInfo;
+use crate::observer::{GpuInfo, Unhealthy};
 use crate::provision::cdi::ContainerEdits;
 use crate::provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams, new_uid};
 use crate::spec::Policy;
@@ -23,13 +25,18 @@ pub const REFUSED: &str = "GpuShareAllocationFailed";
 pub const ALLOCATED: &str = "GpuShareAllocated";
 const COMPONENT: &str = "gpushare-device-plugin";
 
-/// The GPUs seen now, healthy; those advertised before and gone, unhealthy.
-pub fn health(gpus: &[GpuInfo], before: &[GpuHealth]) -> Vec<GpuHealth> {
+/// The GPUs seen now, healthy unless in `unhealthy` (by UUID); those
+/// advertised before and gone, unhealthy.
+pub fn health(
+    gpus: &[GpuInfo],
+    before: &[GpuHealth],
+    unhealthy: &BTreeMap<String, Unhealthy>,
+) -> Vec<GpuHealth> {
     let mut health: Vec<GpuHealth> = gpus
         .iter()
         .map(|g| GpuHealth {
             uuid: g.uuid.clone(),
-            healthy: true,
+            healthy: !unhealthy.contains_key(&g.uuid),
         })
         .collect();
     for old in before {
@@ -45,22 +52,33 @@ pub fn health(gpus: &[GpuInfo], before: &[GpuHealth]) -> Vec<GpuHealth> {
 
 /// Advertises the memory (MiB) and compute (percent) names as capacity of
 /// `node`: without them the default scheduler refuses pods that name them.
+/// Allocatable leaves out the GPUs in `unhealthy`, as the kubelet does for
+/// the shares.
 pub async fn advertise_capacity(
     client: &kube::Client,
     node: &str,
     gpus: &[GpuInfo],
+    unhealthy: &BTreeMap<String, Unhealthy>,
 ) -> Result<(), KubeError> {
-    let mib: u64 = gpus.iter().map(|g| g.memory_total >> 20).sum();
-    let percent = 100 * gpus.len() as u64;
-    let mut capacity = serde_json::Map::new();
-    for name in MEMORY_MIB {
-        capacity.insert(name.to_owned(), json!(mib.to_string()));
-    }
-    capacity.insert(MEMORY_PERCENT.to_owned(), json!(percent.to_string()));
-    for name in CORES {
-        capacity.insert(name.to_owned(), json!(percent.to_string()));
-    }
-    let patch = json!({"status": {"capacity": capacity, "allocatable": capacity}});
+    let names = |gpus: &[&GpuInfo]| {
+        let mib: u64 = gpus.iter().map(|g| g.memory_total >> 20).sum();
+        let percent = 100 * gpus.len() as u64;
+        let mut names = serde_json::Map::new();
+        for name in MEMORY_MIB {
+            names.insert(name.to_owned(), json!(mib.to_string()));
+        }
+        names.insert(MEMORY_PERCENT.to_owned(), json!(percent.to_string()));
+        for name in CORES {
+            names.insert(name.to_owned(), json!(percent.to_string()));
+        }
+        names
+    };
+    let all: Vec<&GpuInfo> = gpus.iter().collect();
+    let healthy: Vec<&GpuInfo> = gpus
+        .iter()
+        .filter(|g| !unhealthy.contains_key(&g.uuid))
+        .collect();
+    let patch = json!({"status": {"capacity": names(&all), "allocatable": names(&healthy)}});
     Api::<Node>::all(client.clone())
         .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -186,11 +204,15 @@ impl NodeAgent {
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("container {} asks for no {resource}", container.name))?;
         let prefs = ask::pod_prefs(pod).map_err(|e| e.to_string())?;
+        // An unhealthy GPU takes no new container, whichever share the
+        // kubelet picked.
+        let unhealthy = self.inner.hv.unhealthy_gpus();
         let loads: Vec<GpuLoad> = {
             let provisioner = self.provisioner();
             provisioner
                 .gpus()
                 .iter()
+                .filter(|g| !unhealthy.contains_key(&g.uuid))
                 .map(|g| {
                     let (memory_held, compute_held) = provisioner.held(&g.uuid);
                     GpuLoad {

@@ -1,20 +1,26 @@
 //! The node's ResourceSlice: every GPU one device, shareable by several
 //! claims (KEP-5075 consumable capacity), each consuming part of its
-//! `memory` (bytes) and `compute` (percent).
+//! `memory` (bytes) and `compute` (percent). An unhealthy GPU carries a
+//! device taint `<driver>/unhealthy=<reason>` (KEP-5055, beta behind the
+//! `DRADeviceTaints` gate): `NoExecute` when its work cannot go on (lost,
+//! XID 79), else `NoSchedule`.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::{Api, PostParams};
 
 use super::KubeError;
-use crate::observer::GpuInfo;
+use crate::observer::{GpuInfo, Unhealthy};
+
+/// The key of the unhealthy taint under the driver's name.
+pub const UNHEALTHY_KEY: &str = "unhealthy";
 
 /// Smallest memory part a claim may take, and its step.
 pub const MEMORY_STEP: u64 = 256 << 20;
@@ -34,10 +40,34 @@ pub fn slice_name(node: &str, driver: &str) -> String {
     format!("{node}-{driver}")
 }
 
-/// The slice of `node` for `gpus`. A claim that names no capacity takes a
-/// whole GPU (the defaults); one that does takes what it asks, rounded up to
-/// 256 MiB of memory and whole percents.
-pub fn build(node: &str, driver: &str, gpus: &[GpuInfo], owner: Option<&Node>) -> ResourceSlice {
+/// The taint of a GPU that is `unhealthy`.
+pub fn taint(driver: &str, unhealthy: &Unhealthy) -> DeviceTaint {
+    DeviceTaint {
+        key: format!("{driver}/{UNHEALTHY_KEY}"),
+        value: Some(unhealthy.fault.reason()),
+        effect: if unhealthy.fault.evicts() {
+            "NoExecute"
+        } else {
+            "NoSchedule"
+        }
+        .to_owned(),
+        time_added: k8s_openapi::jiff::Timestamp::from_second(unhealthy.since)
+            .ok()
+            .map(Time),
+    }
+}
+
+/// The slice of `node` for `gpus`, those in `unhealthy` (by UUID) tainted.
+/// A claim that names no capacity takes a whole GPU (the defaults); one
+/// that does takes what it asks, rounded up to 256 MiB of memory and whole
+/// percents.
+pub fn build(
+    node: &str,
+    driver: &str,
+    gpus: &[GpuInfo],
+    unhealthy: &BTreeMap<String, Unhealthy>,
+    owner: Option<&Node>,
+) -> ResourceSlice {
     let devices = gpus
         .iter()
         .map(|gpu| {
@@ -88,6 +118,7 @@ pub fn build(node: &str, driver: &str, gpus: &[GpuInfo], owner: Option<&Node>) -
                 attributes: Some(attributes),
                 capacity: Some(capacity),
                 allow_multiple_allocations: Some(true),
+                taints: unhealthy.get(&gpu.uuid).map(|u| vec![taint(driver, u)]),
                 ..Device::default()
             }
         })
@@ -129,20 +160,49 @@ fn text_attr(value: &str) -> DeviceAttribute {
     }
 }
 
+/// Whether any device of `slice` carries a taint.
+pub fn has_taints(slice: &ResourceSlice) -> bool {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+}
+
+/// Whether `a` and `b` list the same devices, the times taints were added
+/// aside (the API server fills those it is not given, and keeps seconds only).
+fn same_devices(a: &ResourceSlice, b: &ResourceSlice) -> bool {
+    let untimed = |slice: &ResourceSlice| {
+        let mut devices = slice.spec.devices.clone().unwrap_or_default();
+        for taint in devices
+            .iter_mut()
+            .flat_map(|d| d.taints.iter_mut().flatten())
+        {
+            taint.time_added = None;
+        }
+        devices
+    };
+    untimed(a) == untimed(b)
+}
+
 /// Creates the slice, or replaces it when its devices changed (the pool's
-/// generation then goes up, as the scheduler expects).
+/// generation then goes up, as the scheduler expects); the GPUs in
+/// `unhealthy` (by UUID) tainted. Returns the slice as the API server
+/// stored it: without taints where `DRADeviceTaints` is off there.
 pub async fn publish(
     client: &kube::Client,
     node: &str,
     driver: &str,
     gpus: &[GpuInfo],
+    unhealthy: &BTreeMap<String, Unhealthy>,
 ) -> Result<ResourceSlice, KubeError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let owner = nodes
         .get_opt(node)
         .await
         .map_err(KubeError::api("get node"))?;
-    let mut wanted = build(node, driver, gpus, owner.as_ref());
+    let mut wanted = build(node, driver, gpus, unhealthy, owner.as_ref());
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let name = slice_name(node, driver);
     match slices
@@ -154,7 +214,7 @@ pub async fn publish(
             .create(&PostParams::default(), &wanted)
             .await
             .map_err(KubeError::api("create resourceslice")),
-        Some(current) if current.spec.devices == wanted.spec.devices => Ok(current),
+        Some(current) if same_devices(&current, &wanted) => Ok(current),
         Some(current) => {
             wanted.spec.pool.generation = current.spec.pool.generation + 1;
             wanted.metadata.resource_version = current.metadata.resource_version;
@@ -163,5 +223,62 @@ pub async fn publish(
                 .await
                 .map_err(KubeError::api("replace resourceslice"))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observer::{Fault, GpuObserver, SimulatedGpus};
+
+    #[test]
+    fn unhealthy_gpus_are_tainted_alone() {
+        let gpus = SimulatedGpus::new(2).gpus().unwrap();
+        let since = 1_700_000_000;
+        let unhealthy = BTreeMap::from([(
+            gpus[1].uuid.clone(),
+            Unhealthy {
+                fault: Fault::Xid(Some(48)),
+                since,
+            },
+        )]);
+        let slice = build("n", "gpu.example.com", &gpus, &unhealthy, None);
+        assert!(has_taints(&slice));
+        let devices = slice.spec.devices.as_deref().unwrap();
+        assert_eq!(devices[0].taints, None);
+        let taint = &devices[1].taints.as_deref().unwrap()[0];
+        assert_eq!(
+            (
+                taint.key.as_str(),
+                taint.value.as_deref(),
+                taint.effect.as_str()
+            ),
+            ("gpu.example.com/unhealthy", Some("xid-48"), "NoSchedule")
+        );
+        assert_eq!(taint.time_added.as_ref().unwrap().0.as_second(), since);
+        let lost = Unhealthy {
+            fault: Fault::Lost,
+            since,
+        };
+        assert_eq!(taint_for(&lost).effect, "NoExecute");
+
+        // The server's own times do not make the devices differ; the taints do.
+        let mut stored = slice.clone();
+        for t in stored
+            .spec
+            .devices
+            .iter_mut()
+            .flatten()
+            .flat_map(|d| d.taints.iter_mut().flatten())
+        {
+            t.time_added = None;
+        }
+        assert!(same_devices(&slice, &stored));
+        let healthy = build("n", "gpu.example.com", &gpus, &BTreeMap::new(), None);
+        assert!(!has_taints(&healthy) && !same_devices(&slice, &healthy));
+    }
+
+    fn taint_for(unhealthy: &Unhealthy) -> DeviceTaint {
+        taint("gpu.example.com", unhealthy)
     }
 }

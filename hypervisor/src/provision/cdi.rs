@@ -73,7 +73,7 @@ pub fn spec_file_name(config: &ProvisionConfig, claim_uid: &str) -> String {
 }
 
 /// The spec of `request`, whose pod's token is `token_file` (agent's view)
-/// and whose GPUs are `gpus` (NVML index order).
+/// and which gives the container `gpus` (NVML index order).
 pub fn claim_spec(
     config: &ProvisionConfig,
     request: &ClaimRequest,

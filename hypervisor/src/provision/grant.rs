@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::ProvisionError;
-use gpushare_utils::config::PodClass;
+use gpushare_utils::pod::PodClass;
 
 use crate::spec::Policy;
 
@@ -155,7 +155,7 @@ mod policy_text {
 }
 
 mod class_text {
-    use gpushare_utils::config::PodClass;
+    use gpushare_utils::pod::PodClass;
     use serde::{Deserialize, Deserializer, Serializer, de::Error};
 
     pub fn serialize<S: Serializer>(class: &PodClass, s: S) -> Result<S::Ok, S::Error> {

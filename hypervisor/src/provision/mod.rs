@@ -23,17 +23,20 @@
 
 pub mod cdi;
 pub mod checkpoint;
+mod files;
 mod grant;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use gpushare_utils::config::PodId;
 use gpushare_utils::ledger::POD_REGION_PREFIX;
+use gpushare_utils::pod::PodId;
 
+pub use files::new_uid;
+pub(crate) use files::{io, write_file};
 pub use grant::{ClaimRequest, DeviceGrant, PodRef, SharingParams, is_uid};
+
+use files::{random_token, remove_if_there};
 
 use crate::observer::GpuInfo;
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, SpecError, Token};
@@ -224,22 +227,10 @@ impl Provisioner {
             Some(token) => token.clone(),
             None => random_token()?,
         };
-        let token_file = self.write_token(&request.pod.uid, &token)?;
-        let gpus = self.gpus_of(&request)?;
-        let spec = cdi::claim_spec(&self.config, &request, &gpus, &token_file)?;
-        let spec_path = self
-            .config
-            .cdi_dir
-            .join(cdi::spec_file_name(&self.config, &request.claim_uid));
-        let json = serde_json::to_vec_pretty(&spec).map_err(|e| ProvisionError::Invalid {
-            claim: request.claim_uid.clone(),
-            message: e.to_string(),
-        })?;
-        write_file(&spec_path, &json, 0o644)?;
+        self.write_token(&request.pod.uid, &token)?;
         let cdi_devices = vec![cdi::device_id(&self.config, &request.claim_uid)];
-        self.checkpoint
-            .tokens
-            .insert(request.pod.uid.clone(), token);
+        let pod = request.pod.uid.clone();
+        self.checkpoint.tokens.insert(pod.clone(), token);
         self.checkpoint.claims.insert(
             request.claim_uid.clone(),
             PreparedClaim {
@@ -247,9 +238,14 @@ impl Provisioner {
                 cdi_devices: cdi_devices.clone(),
             },
         );
-        if let Err(error) = self.checkpoint.save(&self.config.state_dir) {
+        if let Err(error) = self
+            .write_specs(&pod)
+            .and_then(|()| self.checkpoint.save(&self.config.state_dir))
+        {
             self.checkpoint.claims.remove(&request.claim_uid);
-            let _ = std::fs::remove_file(&spec_path);
+            let _ = remove_if_there(&self.spec_path(&request.claim_uid));
+            // The pod's other claims name this one's GPUs by now: not any more.
+            let _ = self.write_specs(&pod);
             return Err(error);
         }
         tracing::info!(claim = %request.claim_uid, pod = %request.pod, "claim prepared");
@@ -272,14 +268,11 @@ impl Provisioner {
             self.checkpoint.tokens.remove(&pod);
         }
         self.checkpoint.save(&self.config.state_dir)?;
-        remove_if_there(
-            &self
-                .config
-                .cdi_dir
-                .join(cdi::spec_file_name(&self.config, uid)),
-        )?;
+        remove_if_there(&self.spec_path(uid))?;
         if last {
             self.remove_pod_files(&pod)?;
+        } else {
+            self.write_specs(&pod)?;
         }
         tracing::info!(claim = uid, pod, "claim unprepared");
         Ok(true)
@@ -410,9 +403,7 @@ impl Provisioner {
             message: "not prepared".to_owned(),
         };
         let claim = self.checkpoint.claims.get(uid).ok_or_else(not_prepared)?;
-        let gpus = self.gpus_of(&claim.request)?;
-        let token = self.token_file(&claim.request.pod.uid);
-        let spec = cdi::claim_spec(&self.config, &claim.request, &gpus, &token)?;
+        let spec = self.claim_spec(&claim.request, false)?;
         spec.devices
             .into_iter()
             .next()
@@ -421,13 +412,16 @@ impl Provisioner {
     }
 
     fn check_capacity(&self, request: &ClaimRequest) -> Result<(), ProvisionError> {
-        for device in &request.devices {
+        for (i, device) in request.devices.iter().enumerate() {
             let gpu = self.gpu(&device.gpu_uuid)?;
+            // The other claims' parts of this GPU, and this claim's own
+            // earlier ones (two of its requests may share one GPU).
             let held = |f: fn(&DeviceGrant) -> u64| -> u64 {
                 self.checkpoint
                     .claims
                     .values()
                     .flat_map(|c| &c.request.devices)
+                    .chain(&request.devices[..i])
                     .filter(|d| d.gpu_uuid == device.gpu_uuid)
                     .map(f)
                     .sum()
@@ -461,9 +455,13 @@ impl Provisioner {
         Ok(())
     }
 
-    fn gpus_of(&self, request: &ClaimRequest) -> Result<Vec<GpuInfo>, ProvisionError> {
+    /// The GPUs of `devices`, each once, in NVML index order.
+    fn gpus_of<'a>(
+        &self,
+        devices: impl IntoIterator<Item = &'a DeviceGrant>,
+    ) -> Result<Vec<GpuInfo>, ProvisionError> {
         let mut gpus = Vec::new();
-        for device in &request.devices {
+        for device in devices {
             let gpu = self.gpu(&device.gpu_uuid)?;
             if !gpus.iter().any(|g: &GpuInfo| g.uuid == gpu.uuid) {
                 gpus.push(gpu.clone());
@@ -471,6 +469,55 @@ impl Provisioner {
         }
         gpus.sort_by_key(|g| g.index);
         Ok(gpus)
+    }
+
+    /// The CDI spec of prepared claim `request`. With `pod_wide`, the GPUs
+    /// of every claim of its pod: a container that uses two claims gets both
+    /// specs' variables, the later replacing the earlier, so each spec must
+    /// name all of them (the DRA kubelet prepares all the claims of a pod
+    /// before its containers start). The device plugin's claims are one per
+    /// container and give only their own.
+    fn claim_spec(
+        &self,
+        request: &ClaimRequest,
+        pod_wide: bool,
+    ) -> Result<cdi::Spec, ProvisionError> {
+        let pod = &request.pod.uid;
+        let gpus = if pod_wide {
+            self.gpus_of(
+                self.checkpoint
+                    .claims
+                    .values()
+                    .filter(|c| c.request.pod.uid == *pod)
+                    .flat_map(|c| &c.request.devices)
+                    .chain(&request.devices),
+            )?
+        } else {
+            self.gpus_of(&request.devices)?
+        };
+        cdi::claim_spec(&self.config, request, &gpus, &self.token_file(pod))
+    }
+
+    /// (Re)writes the CDI specs of every prepared claim of pod `pod`.
+    fn write_specs(&self, pod: &str) -> Result<(), ProvisionError> {
+        for claim in self.checkpoint.claims.values() {
+            if claim.request.pod.uid != pod {
+                continue;
+            }
+            let spec = self.claim_spec(&claim.request, true)?;
+            let json = serde_json::to_vec_pretty(&spec).map_err(|e| ProvisionError::Invalid {
+                claim: claim.request.claim_uid.clone(),
+                message: e.to_string(),
+            })?;
+            write_file(&self.spec_path(&claim.request.claim_uid), &json, 0o644)?;
+        }
+        Ok(())
+    }
+
+    fn spec_path(&self, claim_uid: &str) -> PathBuf {
+        self.config
+            .cdi_dir
+            .join(cdi::spec_file_name(&self.config, claim_uid))
     }
 
     fn write_token(&self, pod: &str, token: &str) -> Result<PathBuf, ProvisionError> {
@@ -501,76 +548,5 @@ impl Provisioner {
             }),
             _ => Ok(()),
         }
-    }
-}
-
-/// A random (version 4) UID, for claims that have none in the API: those
-/// the device plugin makes for a container.
-pub fn new_uid() -> Result<String, ProvisionError> {
-    let mut b = [0u8; 16];
-    let mut file = std::fs::File::open("/dev/urandom").map_err(ProvisionError::Random)?;
-    std::io::Read::read_exact(&mut file, &mut b).map_err(ProvisionError::Random)?;
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    Ok(format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    ))
-}
-
-fn random_token() -> Result<String, ProvisionError> {
-    let mut bytes = [0u8; 32];
-    let mut file = std::fs::File::open("/dev/urandom").map_err(ProvisionError::Random)?;
-    std::io::Read::read_exact(&mut file, &mut bytes).map_err(ProvisionError::Random)?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-pub(crate) fn io<'a>(
-    what: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> ProvisionError + 'a {
-    move |source| ProvisionError::Io {
-        what,
-        path: path.to_owned(),
-        source,
-    }
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename, so
-/// readers see the old or the new content, never a part.
-pub(crate) fn write_file(path: &Path, bytes: &[u8], mode: u32) -> Result<(), ProvisionError> {
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result.map_err(io("cannot write", path))
-}
-
-fn remove_if_there(path: &Path) -> Result<(), ProvisionError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(ProvisionError::Io {
-            what: "cannot remove",
-            path: path.to_owned(),
-            source,
-        }),
     }
 }

@@ -59,7 +59,7 @@ mod write;
 
 pub use store::{Change, EventType, Key};
 
-pub(crate) use validate::subdomain;
+pub(crate) use validate::{qualified_part, subdomain};
 
 use resources::Resource;
 use status::{ApiError, json_response};

@@ -53,7 +53,9 @@ pub(crate) struct Resource {
     pub fields: &'static [&'static str],
     /// Whether `metadata.generation` is kept (and raised on spec changes).
     pub generation: bool,
-    /// Whether a delete answers with the object (else a success `Status`).
+    /// Whether a delete answers with the object (else a success `Status`),
+    /// as that resource's registry does: the OpenAPI (and the clients made
+    /// from it) name the object as the answer of its `DELETE`.
     pub returns_deleted: bool,
 }
 
@@ -162,10 +164,12 @@ pub(crate) static RESOURCES: &[Resource] = &[
         categories: &["all"],
         status: Some(InitialStatus::Clear),
         names: NameRule::Label1035,
+        returns_deleted: true,
         ..resource("", "services", "service", "Service", true)
     },
     Resource {
         short_names: &["sa"],
+        returns_deleted: true,
         ..resource(
             "",
             "serviceaccounts",
@@ -196,6 +200,7 @@ pub(crate) static RESOURCES: &[Resource] = &[
     },
     Resource {
         generation: true,
+        returns_deleted: true,
         ..resource(
             "resource.k8s.io",
             "deviceclasses",
@@ -207,6 +212,7 @@ pub(crate) static RESOURCES: &[Resource] = &[
     Resource {
         status: Some(InitialStatus::Clear),
         generation: true,
+        returns_deleted: true,
         ..resource(
             "resource.k8s.io",
             "resourceclaims",
@@ -217,6 +223,7 @@ pub(crate) static RESOURCES: &[Resource] = &[
     },
     Resource {
         generation: true,
+        returns_deleted: true,
         ..resource(
             "resource.k8s.io",
             "resourceclaimtemplates",
@@ -228,6 +235,7 @@ pub(crate) static RESOURCES: &[Resource] = &[
     Resource {
         fields: &["spec.nodeName", "spec.driver"],
         generation: true,
+        returns_deleted: true,
         ..resource(
             "resource.k8s.io",
             "resourceslices",

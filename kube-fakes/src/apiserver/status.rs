@@ -103,41 +103,47 @@ impl ApiError {
         )
     }
 
-    pub fn not_found(r: &Resource, name: &str) -> Self {
+    /// A failure about `r`'s object `name`, which its details name.
+    pub fn about(
+        r: &Resource,
+        name: &str,
+        code: u16,
+        reason: &'static str,
+        message: String,
+    ) -> Self {
         Self {
             details: Some(details(r, name)),
-            ..Self::new(
-                404,
-                "NotFound",
-                format!("{} {name:?} not found", qualified(r)),
-            )
+            ..Self::new(code, reason, message)
         }
     }
 
-    pub fn already_exists(r: &Resource, name: &str) -> Self {
-        Self {
-            details: Some(details(r, name)),
-            ..Self::new(
-                409,
-                "AlreadyExists",
-                format!("{} {name:?} already exists", qualified(r)),
-            )
+    /// `self` with `causes` in its details, which name the object's type
+    /// by `kind` (its kind or its plural, as the server words each failure).
+    pub fn with_causes(mut self, kind: &str, causes: Vec<Value>) -> Self {
+        if let Some(details) = &mut self.details {
+            details["kind"] = json!(kind);
+            details["causes"] = Value::Array(causes);
         }
+        self
+    }
+
+    pub fn not_found(r: &Resource, name: &str) -> Self {
+        let message = format!("{} {name:?} not found", qualified(r));
+        Self::about(r, name, 404, "NotFound", message)
+    }
+
+    pub fn already_exists(r: &Resource, name: &str) -> Self {
+        let message = format!("{} {name:?} already exists", qualified(r));
+        Self::about(r, name, 409, "AlreadyExists", message)
     }
 
     /// An optimistic-concurrency failure.
     pub fn conflict(r: &Resource, name: &str, why: &str) -> Self {
-        Self {
-            details: Some(details(r, name)),
-            ..Self::new(
-                409,
-                "Conflict",
-                format!(
-                    "Operation cannot be fulfilled on {} {name:?}: {why}",
-                    qualified(r)
-                ),
-            )
-        }
+        let message = format!(
+            "Operation cannot be fulfilled on {} {name:?}: {why}",
+            qualified(r)
+        );
+        Self::about(r, name, 409, "Conflict", message)
     }
 
     pub fn modified(r: &Resource, name: &str) -> Self {
@@ -159,20 +165,12 @@ impl ApiError {
         } else {
             format!("[{}]", listed.join(", "))
         };
-        let mut d = json!({"name": name, "kind": r.kind, "causes": causes.iter().map(|c| json!({
-            "reason": c.reason, "message": c.message, "field": c.field,
-        })).collect::<Vec<_>>()});
-        if !r.group.is_empty() {
-            d["group"] = json!(r.group);
-        }
-        Self {
-            details: Some(d),
-            ..Self::new(
-                422,
-                "Invalid",
-                format!("{} {name:?} is invalid: {what}", r.kind),
-            )
-        }
+        let causes = causes
+            .iter()
+            .map(|c| json!({"reason": c.reason, "message": c.message, "field": c.field}))
+            .collect();
+        let message = format!("{} {name:?} is invalid: {what}", r.kind);
+        Self::about(r, name, 422, "Invalid", message).with_causes(r.kind, causes)
     }
 
     pub fn expired(message: impl Into<String>) -> Self {

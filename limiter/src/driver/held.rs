@@ -4,13 +4,13 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::symbol;
+use super::{DriverError, symbol};
 use crate::sys::{
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUcontext, CUdevice, CUgraph,
-    CUgraphNode, CUkernel, CUlibrary, CUlimit, CUmodule, CUresult, CuCtxGetCurrent, CuCtxGetLimit,
+    CUgraphNode, CUkernel, CUlibrary, CUlimit, CUmodule, CuCtxGetCurrent, CuCtxGetLimit,
     CuDeviceGetAttribute, CuDeviceGetGraphMemAttribute, CuGraphChildGraphNodeGetGraph,
     CuGraphGetNodes, CuGraphMemAllocNodeGetParams, CuGraphNodeGetType, CuKernelGetLibrary,
     CuLibraryGetModule,
@@ -87,16 +87,12 @@ impl Held {
     }
 
     /// The current context's value of `limit`.
-    pub fn limit(&self, limit: CUlimit) -> Result<usize, CUresult> {
-        let get = self.ctx_get_limit.ok_or(CUresult::ERROR_NOT_FOUND)?;
+    pub fn limit(&self, limit: CUlimit) -> Result<usize, DriverError> {
+        let get = self.ctx_get_limit.ok_or(DriverError::NOT_FOUND)?;
         let mut value = 0usize;
         // SAFETY: a valid out-pointer.
-        let result = unsafe { get(&mut value, limit) };
-        if result.is_success() {
-            Ok(value)
-        } else {
-            Err(result)
-        }
+        unsafe { get(&mut value, limit) }.result()?;
+        Ok(value)
     }
 
     /// How many threads `device` keeps a stack for: every resident one.
@@ -134,44 +130,35 @@ impl Held {
 
     /// Loads `library` into the current context now, its globals with it,
     /// where lazy loading would at its first use there.
-    pub fn load_into_context(&self, library: CUlibrary) -> Result<(), CUresult> {
-        let get = self.library_get_module.ok_or(CUresult::ERROR_NOT_FOUND)?;
+    pub fn load_into_context(&self, library: CUlibrary) -> Result<(), DriverError> {
+        let get = self.library_get_module.ok_or(DriverError::NOT_FOUND)?;
         let mut module: CUmodule = std::ptr::null_mut();
         // SAFETY: a library just loaded and a valid out-pointer.
-        let result = unsafe { get(&mut module, library) };
-        if result.is_success() {
-            Ok(())
-        } else {
-            Err(result)
-        }
+        unsafe { get(&mut module, library) }.result()
     }
 
     /// The library of `kernel`, when it is a library's kernel (the
     /// runtime's launches); a module's function is not.
-    pub fn kernel_library(&self, kernel: CUkernel) -> Result<CUlibrary, CUresult> {
-        let get = self.kernel_get_library.ok_or(CUresult::ERROR_NOT_FOUND)?;
+    /// A null library from a call that succeeded is `NOT_FOUND`.
+    pub fn kernel_library(&self, kernel: CUkernel) -> Result<CUlibrary, DriverError> {
+        let get = self.kernel_get_library.ok_or(DriverError::NOT_FOUND)?;
         let mut library: CUlibrary = std::ptr::null_mut();
         // SAFETY: any handle value is accepted (an invalid one is refused)
         // and a valid out-pointer.
-        let result = unsafe { get(&mut library, kernel) };
-        if result.is_success() && !library.is_null() {
-            Ok(library)
-        } else {
-            Err(result)
+        unsafe { get(&mut library, kernel) }.result()?;
+        if library.is_null() {
+            return Err(DriverError::NOT_FOUND);
         }
+        Ok(library)
     }
 
     /// The calling thread's current context (null: none).
-    pub fn current_context(&self) -> Result<CUcontext, CUresult> {
-        let get = self.ctx_get_current.ok_or(CUresult::ERROR_NOT_FOUND)?;
+    pub fn current_context(&self) -> Result<CUcontext, DriverError> {
+        let get = self.ctx_get_current.ok_or(DriverError::NOT_FOUND)?;
         let mut context: CUcontext = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
-        let result = unsafe { get(&mut context) };
-        if result.is_success() {
-            Ok(context)
-        } else {
-            Err(result)
-        }
+        unsafe { get(&mut context) }.result()?;
+        Ok(context)
     }
 
     /// `device`'s compute capability as major × 10 + minor (90: sm_90).
@@ -182,8 +169,8 @@ impl Held {
     }
 
     /// What `graph`'s allocation nodes (its child graphs' included) take.
-    pub fn graph_allocations(&self, graph: CUgraph) -> Result<GraphAllocations, CUresult> {
-        let queries = self.graph.as_ref().ok_or(CUresult::ERROR_NOT_FOUND)?;
+    pub fn graph_allocations(&self, graph: CUgraph) -> Result<GraphAllocations, DriverError> {
+        let queries = self.graph.as_ref().ok_or(DriverError::NOT_FOUND)?;
         let mut found = GraphAllocations::default();
         queries.walk(graph, 0, &mut found)?;
         Ok(found)
@@ -196,37 +183,25 @@ impl GraphQueries {
         graph: CUgraph,
         depth: usize,
         found: &mut GraphAllocations,
-    ) -> Result<(), CUresult> {
+    ) -> Result<(), DriverError> {
         if depth > MAX_GRAPH_DEPTH {
-            return Err(CUresult::ERROR_INVALID_VALUE);
+            return Err(DriverError::INVALID_VALUE);
         }
         let mut count = 0usize;
         // SAFETY: a null array asks for the count alone.
-        let result = unsafe { (self.get_nodes)(graph, std::ptr::null_mut(), &mut count) };
-        if !result.is_success() {
-            return Err(result);
-        }
+        unsafe { (self.get_nodes)(graph, std::ptr::null_mut(), &mut count) }.result()?;
         let mut nodes: Vec<CUgraphNode> = vec![std::ptr::null_mut(); count];
         // SAFETY: room for `count` nodes; the driver writes at most that many.
-        let result = unsafe { (self.get_nodes)(graph, nodes.as_mut_ptr(), &mut count) };
-        if !result.is_success() {
-            return Err(result);
-        }
+        unsafe { (self.get_nodes)(graph, nodes.as_mut_ptr(), &mut count) }.result()?;
         nodes.truncate(count);
         for node in nodes {
             let mut kind = 0;
             // SAFETY: a node of the graph and a valid out-pointer.
-            let result = unsafe { (self.node_type)(node, &mut kind) };
-            if !result.is_success() {
-                return Err(result);
-            }
+            unsafe { (self.node_type)(node, &mut kind) }.result()?;
             if kind == CU_GRAPH_NODE_TYPE_MEM_ALLOC {
                 let mut params = CUDA_MEM_ALLOC_NODE_PARAMS::default();
                 // SAFETY: an allocation node and a valid out-pointer of its type.
-                let result = unsafe { (self.alloc_params)(node, &mut params) };
-                if !result.is_success() {
-                    return Err(result);
-                }
+                unsafe { (self.alloc_params)(node, &mut params) }.result()?;
                 let location = params.pool_props.location;
                 let device = (location.type_ == CU_MEM_LOCATION_TYPE_DEVICE).then_some(location.id);
                 found.add(device, params.bytesize as u64);
@@ -235,10 +210,7 @@ impl GraphQueries {
             {
                 let mut inner: CUgraph = std::ptr::null_mut();
                 // SAFETY: a child-graph node and a valid out-pointer.
-                let result = unsafe { child(node, &mut inner) };
-                if !result.is_success() {
-                    return Err(result);
-                }
+                unsafe { child(node, &mut inner) }.result()?;
                 self.walk(inner, depth + 1, found)?;
             }
         }

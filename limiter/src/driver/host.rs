@@ -3,9 +3,9 @@
 
 use std::ffi::c_void;
 
-use super::symbol;
+use super::{DriverError, symbol};
 use crate::sys::{
-    CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CUdeviceptr, CUresult, CuCtxSynchronize,
+    CU_MEMHOSTALLOC_DEVICEMAP, CU_MEMHOSTALLOC_PORTABLE, CUdeviceptr, CuCtxSynchronize,
     CuMemFreeHost, CuMemHostAlloc, CuMemHostGetDevicePointer,
 };
 
@@ -15,6 +15,17 @@ pub struct HostMemory {
     device_pointer: CuMemHostGetDevicePointer,
     free: CuMemFreeHost,
     synchronize: CuCtxSynchronize,
+}
+
+/// Why pinned mapped host memory could not be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum HostMemoryError {
+    #[error("cuMemHostAlloc failed: {0}")]
+    Alloc(DriverError),
+    #[error("cuMemHostAlloc returned a null pointer")]
+    NullPointer,
+    #[error("cuMemHostGetDevicePointer failed: {0}")]
+    DevicePointer(DriverError),
 }
 
 /// Pinned host memory the device can address. Made only by
@@ -52,22 +63,24 @@ impl HostMemory {
     }
 
     /// `bytes` of pinned host memory (`DEVICEMAP | PORTABLE`) and its device
-    /// address; on failure, what failed and the driver's answer.
-    pub fn allocate_mapped(&self, bytes: usize) -> Result<MappedHost, (&'static str, CUresult)> {
+    /// address; on failure, which call failed and the driver's answer.
+    pub fn allocate_mapped(&self, bytes: usize) -> Result<MappedHost, HostMemoryError> {
         let mut pointer: *mut c_void = std::ptr::null_mut();
         let flags = CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: a valid out-pointer; the driver's signature.
-        let result = unsafe { (self.alloc)(&mut pointer, bytes, flags) };
-        if !result.is_success() || pointer.is_null() {
-            return Err(("cuMemHostAlloc", result));
+        unsafe { (self.alloc)(&mut pointer, bytes, flags) }
+            .result()
+            .map_err(HostMemoryError::Alloc)?;
+        if pointer.is_null() {
+            return Err(HostMemoryError::NullPointer);
         }
         let mut device: CUdeviceptr = 0;
         // SAFETY: `pointer` is the mapped pinned memory just allocated.
-        let result = unsafe { (self.device_pointer)(&mut device, pointer, 0) };
-        if !result.is_success() {
+        let mapped = unsafe { (self.device_pointer)(&mut device, pointer, 0) }.result();
+        if let Err(error) = mapped {
             // SAFETY: ours, never handed out.
             let _freed = unsafe { (self.free)(pointer) };
-            return Err(("cuMemHostGetDevicePointer", result));
+            return Err(HostMemoryError::DevicePointer(error));
         }
         Ok(MappedHost {
             host: pointer as usize,
@@ -76,20 +89,16 @@ impl HostMemory {
     }
 
     /// Frees `memory`; the driver refusing hands it back with its answer.
-    pub fn free(&self, memory: MappedHost) -> Result<CUresult, (MappedHost, CUresult)> {
+    pub fn free(&self, memory: MappedHost) -> Result<(), (MappedHost, DriverError)> {
         // SAFETY: a pointer cuMemHostAlloc returned; `MappedHost` is consumed
         // here, so it is freed once.
         let result = unsafe { (self.free)(memory.host as *mut c_void) };
-        if result.is_success() {
-            Ok(result)
-        } else {
-            Err((memory, result))
-        }
+        result.result().map_err(|error| (memory, error))
     }
 
     /// Waits for the calling thread's current context.
-    pub fn synchronize(&self) -> CUresult {
+    pub fn synchronize(&self) -> Result<(), DriverError> {
         // SAFETY: no arguments.
-        unsafe { (self.synchronize)() }
+        unsafe { (self.synchronize)() }.result()
     }
 }

@@ -15,18 +15,20 @@
 use std::ffi::{CStr, c_void};
 
 use crate::sys::{
-    CUdevice, CUresult, CUuuid, CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
+    CUdevice, CUuuid, CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
 };
 
 mod held;
 mod host;
 mod nvml;
+mod result;
 mod timing;
 
 pub use held::Held;
 pub use host::{HostMemory, MappedHost};
 pub use nvml::Nvml;
-pub use timing::Timing;
+pub use result::DriverError;
+pub use timing::{LaunchOverheads, Timing};
 
 /// Looks `name` up in `handle` as a function of type `F`.
 ///
@@ -74,15 +76,11 @@ impl Driver {
     }
 
     /// The device of the calling thread's current context.
-    pub fn current_device(&self) -> Result<CUdevice, CUresult> {
+    pub fn current_device(&self) -> Result<CUdevice, DriverError> {
         let mut device: CUdevice = 0;
         // SAFETY: a valid out-pointer, per the driver's contract.
-        let result = unsafe { (self.ctx_get_device)(&mut device) };
-        if result.is_success() {
-            Ok(device)
-        } else {
-            Err(result)
-        }
+        unsafe { (self.ctx_get_device)(&mut device) }.result()?;
+        Ok(device)
     }
 
     /// The number of devices, once the application has initialised CUDA.

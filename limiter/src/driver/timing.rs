@@ -2,7 +2,7 @@
 
 use std::ffi::c_void;
 
-use super::symbol;
+use super::{DriverError, symbol};
 
 mod calibration;
 
@@ -15,6 +15,7 @@ use crate::sys::{
     CuStreamQuery, CuThreadExchangeStreamCaptureMode,
 };
 use calibration::CalibrationApi;
+pub use calibration::LaunchOverheads;
 
 /// Events and streams, to measure how long launches keep the GPU busy.
 pub struct Timing {
@@ -68,9 +69,8 @@ impl Timing {
         };
         let mut mode = CU_STREAM_CAPTURE_MODE_RELAXED;
         // SAFETY: a valid in/out pointer.
-        let result = unsafe { exchange(&mut mode) };
-        if !result.is_success() {
-            tracing::warn!(code = result.0, "cannot relax the monitor's capture mode");
+        if let Err(error) = unsafe { exchange(&mut mode) }.result() {
+            tracing::warn!(%error, "cannot relax the monitor's capture mode");
         }
     }
 
@@ -178,12 +178,11 @@ impl Timing {
     }
 
     /// `Ok(true)` once the event's work is done, `Ok(false)` before.
-    pub fn query(&self, event: CUevent) -> Result<bool, CUresult> {
+    pub fn query(&self, event: CUevent) -> Result<bool, DriverError> {
         // SAFETY: an event of ours.
         match unsafe { (self.event_query)(event) } {
-            CUresult::SUCCESS => Ok(true),
             CUresult::ERROR_NOT_READY => Ok(false),
-            error => Err(error),
+            status => status.result().map(|()| true),
         }
     }
 
@@ -197,9 +196,8 @@ impl Timing {
 
     pub fn destroy(&self, event: CUevent) {
         // SAFETY: an event of ours, used no more.
-        let result = unsafe { (self.event_destroy)(event) };
-        if !result.is_success() {
-            tracing::debug!(code = result.0, "cuEventDestroy failed");
+        if let Err(error) = unsafe { (self.event_destroy)(event) }.result() {
+            tracing::debug!(%error, "cuEventDestroy failed");
         }
     }
 }

@@ -3,8 +3,8 @@
 
 use std::sync::atomic::Ordering;
 
+use gpushare_utils::MAX_DEVICES;
 use gpushare_utils::bucket::monotonic_ns;
-use gpushare_utils::config::MAX_DEVICES;
 
 use super::{MemoryQuota, OVERHEAD_REFRESH_MS};
 use crate::context::Context;

@@ -34,10 +34,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+use gpushare_utils::MAX_DEVICES;
 use gpushare_utils::bucket::monotonic_ns;
-use gpushare_utils::config::{DeviceLimits, MAX_DEVICES};
 use gpushare_utils::ledger::{LedgerError, PodLedger};
 
+use crate::config::DeviceLimits;
 use crate::context::Context;
 use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;

@@ -37,20 +37,24 @@
 //!    up to its ceiling while no other pod launched on the device recently.
 //! 6. Once admitted, a launch passes its pod's class ([`priority`]): a batch
 //!    launch waits while a latency pod on the device is active.
+//!
+//! The [`Throttle`] is made of parts, each owning its state behind a small
+//! API: `budgets` (the device of a launch and the bucket that pays for it),
+//! the [`CostModel`] and [`Waves`] (prices), `sampler` (samples waiting for
+//! the GPU, spare events, the backlog), `overheads` (what a bracket holds
+//! besides its kernel, per context), `monitor` (the thread that reads
+//! samples, and its rest), `stamp` (the node's activity table), `summary`
+//! (where launches waited) and [`priority`]. The launch path (this file),
+//! `sampling`, `wait` and the monitor's loop run through them.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Once, OnceLock};
-use std::thread::Thread;
-use std::time::Duration;
-
-use crossbeam_queue::ArrayQueue;
+use std::sync::atomic::Ordering;
 
 use gpushare_hook::AfterCall;
-use gpushare_utils::activity::{NodeActivity, TableAccess};
+use gpushare_utils::activity::TableAccess;
 use gpushare_utils::bucket::{Admission, CAPACITY_NS, ComputeBucket, monotonic_ns};
 use gpushare_utils::clock::monotonic_coarse_ns;
-use gpushare_utils::config::{ComputeLimit, ComputePolicy, DeviceLimits, MAX_DEVICES};
 
+use crate::config::{ComputeLimit, DeviceLimits};
 use crate::context::Context;
 use crate::driver::Timing;
 use crate::error::{LimiterError, Pass, Result};
@@ -58,18 +62,27 @@ use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
+mod budgets;
 mod cadence;
 mod lease;
 mod locals;
+mod monitor;
+mod overheads;
 pub mod priority;
+mod sample;
+mod sampler;
 mod sampling;
 mod stamp;
 mod summary;
 mod wait;
 
+use budgets::Budgets;
 use locals::{with_batch, with_cadence};
+use monitor::Monitor;
+use overheads::Overheads;
 use priority::Priority;
-use sampling::{Bracket, RestState, Sample};
+use sampler::Sampler;
+use stamp::Stamps;
 use summary::Held;
 
 /// About one sampled launch per thread this often while the pod's limit
@@ -109,31 +122,12 @@ const COARSE_TOKENS_NS: i64 = CAPACITY_NS * 4 / 5;
 /// launch takes milliseconds), or the thread was preempted in it; either
 /// way its bracket holds host time the kernel did not use.
 pub(crate) const MAX_SAMPLED_CALL_NS: u64 = 100_000;
-/// Samples waiting for the GPU beyond this many are not taken.
-const MAX_PENDING_SAMPLES: usize = 256;
-/// Contexts whose launch overhead is measured, at most.
-const CALIBRATED_CONTEXTS: usize = 64;
-/// Spare events kept for reuse.
-const SPARE_EVENTS: usize = 2 * MAX_PENDING_SAMPLES;
-/// At most one new function's first launch is measured this often.
-const FIRST_SAMPLE_INTERVAL_NS: u64 = 1_000_000;
-/// How often the monitor polls a sample whose events are not done.
-const POLL_INTERVAL: Duration = Duration::from_micros(100);
-/// How often the monitor re-checks contention for elastic pods.
-const CONTENTION_INTERVAL: Duration = Duration::from_millis(50);
 
 /// What a launch runs: a kernel grid or an instantiated graph.
 #[derive(Debug, Clone, Copy)]
 pub enum Work {
     Kernel(Grid),
     Graph(usize),
-}
-
-/// A device's compute limit, resolved.
-#[derive(Clone, Copy)]
-struct DeviceBudget {
-    bucket: &'static ComputeBucket,
-    elastic: bool,
 }
 
 /// A launch let through by [`Throttle::admit`]: what is done once the
@@ -148,7 +142,7 @@ pub struct Admitted {
     /// `None` where no compute limit applies (only the pod's class).
     metered: Option<Metered>,
     /// The launch is measured: its bracket waits in a thread-local
-    /// ([`sampling::set_in_flight`]), not in this record, which the detour
+    /// ([`sample::set_in_flight`]), not in this record, which the detour
     /// holds across the driver's call (136 bytes, not ~200 copied by memcpy).
     sampled: bool,
 }
@@ -196,55 +190,27 @@ impl GpuShape for DriverShape<'_> {
     }
 }
 
-/// The compute limits of this process's pod.
+/// The compute limits of this process's pod: its parts, each with its own
+/// state, and the launch path that runs through them.
 pub struct Throttle {
-    configured: DeviceLimits<ComputeLimit>,
-    budgets: [OnceLock<Option<DeviceBudget>>; MAX_DEVICES],
-    /// The process sees exactly one device.
-    single_device: OnceLock<bool>,
+    /// Per device: the bucket that pays for its launches.
+    budgets: Budgets,
+    /// What launches cost, by function and waves.
     model: CostModel,
     waves: Waves,
-    samples: ArrayQueue<Sample>,
-    /// Spare events (context, event), reused by later samples.
-    events: ArrayQueue<(usize, usize)>,
-    monitor: Once,
-    monitor_thread: OnceLock<Thread>,
-    /// Whether the monitor, out of samples, naps or is parked: a launch
-    /// that pushes a sample wakes it accordingly.
-    monitor_rest: RestState,
-    /// A launching thread reads samples, where no monitor runs.
-    reading_here: AtomicBool,
-    /// When a new function's first launch was last measured.
-    first_sampled_at_ns: AtomicU64,
-    /// When the launch of the oldest measurement still running was made; 0
-    /// when none runs or it holds launches no more.
-    backlog_since_ns: AtomicU64,
-    /// How the node's activity table is mapped.
-    tables: TableAccess,
-    activity: OnceLock<Option<NodeActivity>>,
-    pod_key: OnceLock<u64>,
-    marked_at_ns: [AtomicU64; MAX_DEVICES],
-    /// Contexts whose launch overhead was measured.
-    calibrated: [AtomicUsize; CALIBRATED_CONTEXTS],
-    /// What a bracket holds beyond the launch's back-to-back period, from
-    /// an idle stream and queued, kernels and graphs (see
-    /// [`Timing::launch_overheads`]); 0 until measured.
-    kernel_idle_extra_ns: AtomicU64,
-    kernel_queued_extra_ns: AtomicU64,
-    graph_idle_extra_ns: AtomicU64,
-    graph_queued_extra_ns: AtomicU64,
-    /// How long the kernel launch call typically took in the idle brackets;
-    /// `u64::MAX` until measured (nothing counts as late).
-    kernel_idle_call_ns: AtomicU64,
+    /// Measured launches waiting for the GPU, and their events.
+    sampler: Sampler,
+    /// What a bracket holds besides its kernel, per context.
+    overheads: Overheads,
+    /// The thread that reads the measurements.
+    monitor: Monitor,
+    /// This process's stamps in the node's activity table.
+    stamps: Stamps,
+    /// Where launches waited, for the exit summary.
     held: Held,
+    /// The pod's class at the launch.
     priority: Priority,
 }
-
-// SAFETY: the event handles held are driver handles, usable from any thread;
-// everything else is atomics and locks.
-unsafe impl Sync for Throttle {}
-// SAFETY: as above.
-unsafe impl Send for Throttle {}
 
 impl Throttle {
     /// `tables`: how the node's activity table is mapped.
@@ -254,70 +220,16 @@ impl Throttle {
         tables: TableAccess,
     ) -> Self {
         Self {
-            tables,
-            configured,
-            budgets: [const { OnceLock::new() }; MAX_DEVICES],
-            single_device: OnceLock::new(),
+            budgets: Budgets::new(configured),
             model: CostModel::default(),
             waves: Waves::default(),
-            samples: ArrayQueue::new(MAX_PENDING_SAMPLES),
-            events: ArrayQueue::new(SPARE_EVENTS),
-            monitor: Once::new(),
-            monitor_thread: OnceLock::new(),
-            monitor_rest: RestState::default(),
-            reading_here: AtomicBool::new(false),
-            first_sampled_at_ns: AtomicU64::new(0),
-            backlog_since_ns: AtomicU64::new(0),
-            activity: OnceLock::new(),
-            pod_key: OnceLock::new(),
-            marked_at_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
-            calibrated: [const { AtomicUsize::new(0) }; CALIBRATED_CONTEXTS],
-            kernel_idle_extra_ns: AtomicU64::new(0),
-            kernel_queued_extra_ns: AtomicU64::new(0),
-            graph_idle_extra_ns: AtomicU64::new(0),
-            graph_queued_extra_ns: AtomicU64::new(0),
-            kernel_idle_call_ns: AtomicU64::new(u64::MAX),
+            sampler: Sampler::default(),
+            overheads: Overheads::default(),
+            monitor: Monitor::default(),
+            stamps: Stamps::new(tables),
             held: Held::default(),
             priority,
         }
-    }
-
-    /// The budget of `device`, resolved once; `None` when it is unlimited.
-    /// Under a hypervisor, the bucket whose limits it sets in the pod's
-    /// read-only limits object, looked at on every launch: limits change live.
-    fn budget(
-        &self,
-        ctx: &'static Context,
-        device: usize,
-        hypervised: bool,
-    ) -> Option<DeviceBudget> {
-        if hypervised {
-            let bucket = ctx.bucket(device)?;
-            return bucket.is_limited().then_some(DeviceBudget {
-                bucket,
-                elastic: false,
-            });
-        }
-        self.budgets
-            .get(device)?
-            .get_or_init(|| {
-                let uuid = ctx.device_uuid(device);
-                let limit = self.configured.resolve(device as u32, uuid.as_deref())?;
-                if limit.policy == ComputePolicy::None {
-                    return None;
-                }
-                // Unusable ledger: already reported; launch unthrottled
-                // rather than block the application for ever.
-                let bucket = ctx.bucket(device)?;
-                bucket.configure(limit.percent, limit.ceiling());
-                tracing::debug!(device, ?uuid, ?limit, "compute limit resolved");
-                Some(DeviceBudget {
-                    bucket,
-                    elastic: limit.policy == ComputePolicy::Elastic,
-                })
-            })
-            .as_ref()
-            .copied()
     }
 
     /// Admits one launch of `work` on `stream`, waiting for budget if
@@ -341,22 +253,10 @@ impl Throttle {
         let driver = ctx
             .driver()
             .ok_or(LimiterError::Bypass(Pass::DriverNotResolved))?;
-        // With one device visible, every context is on device 0: no driver
-        // call (a launch without a context fails in the driver, refunded).
-        let device = if *self
-            .single_device
-            .get_or_init(|| driver.device_count() == Some(1))
-        {
-            0
-        } else {
-            let device = driver
-                .current_device()
-                .map_err(|_| LimiterError::Bypass(Pass::NoCurrentContext))?;
-            usize::try_from(device).map_err(|_| LimiterError::Bypass(Pass::BadDevice))?
-        };
+        let device = self.budgets.device(driver)?;
         // Whether the hypervisor's limits are in force, read once a launch.
         let hypervised = ctx.hypervisor_limits().is_some();
-        let budget = self.budget(ctx, device, hypervised);
+        let budget = self.budgets.get(ctx, device, hypervised);
         if budget.is_none() && !self.priority.engaged(hypervised) {
             return Err(LimiterError::Bypass(Pass::DeviceUnlimited));
         }
@@ -399,11 +299,11 @@ impl Throttle {
         // A new function's first launch is measured, at most one such a
         // [`FIRST_SAMPLE_INTERVAL_NS`]: a program that makes new functions
         // all the time (JIT per shape) must not sample every launch.
-        let first = charge.first && self.may_sample_first();
+        let first = charge.first && self.sampler.may_sample_first();
         if charge.unmeasured && !charge.first && charge.ahead >= UNMEASURED_AHEAD {
             self.wait_for_measurement(ctx, timing, &charge);
         }
-        if self.backlog_since_ns.load(Ordering::Relaxed) != 0 {
+        if self.sampler.backlog_since() != 0 {
             self.hold_while_backlogged();
         }
         // A pod without classes whose bucket is far from its limit admits on
@@ -453,7 +353,7 @@ impl Throttle {
             && let Some(mut bracket) = self.begin_sample(timing, stream)
         {
             bracket.submitted_at = monotonic_ns();
-            sampling::set_in_flight(bracket);
+            sample::set_in_flight(bracket);
             sampled = true;
         } else {
             self.model.abandon(&charge);
@@ -489,7 +389,7 @@ impl Throttle {
             sampled,
             ..
         } = admitted;
-        let mut sample = sampled.then(sampling::take_in_flight).flatten();
+        let mut sample = sampled.then(sample::take_in_flight).flatten();
         // A measured launch's bracket closes before anything else runs.
         if let (Some(bracket), Some(timing)) = (sample.as_mut(), timing) {
             self.close_bracket(timing, bracket, stream, result);
@@ -507,38 +407,6 @@ impl Throttle {
         }
     }
 
-    /// Queues the measurement of a sampled launch for the monitor.
-    #[cold]
-    #[inline(never)]
-    fn finish_sample(
-        &'static self,
-        ctx: &'static Context,
-        timing: &Timing,
-        device: usize,
-        metered: &Metered,
-        bracket: &Bracket,
-    ) {
-        // The precise time: the rate window is measured between samples.
-        with_cadence(|cadence| cadence.sampled(bracket.submitted_at, metered.relaxed));
-        // The measurement settles this thread's own launches too.
-        with_batch(|batch| self.model.flush(batch));
-        let pending = Sample {
-            call_ns: bracket.call_ns,
-            context: bracket.context,
-            start: bracket.start,
-            end: bracket.end,
-            graph: metered.key.is_graph(),
-            device,
-            charge: metered.charge,
-            idle_gap_ns: bracket
-                .idle
-                .then(|| bracket.submitted_at.saturating_sub(bracket.recorded_at)),
-            submitted_at: bracket.submitted_at,
-            relaxed: metered.relaxed,
-        };
-        self.end_sample(ctx, timing, pending, bracket.closed);
-    }
-
     /// The process's first limited launch: the exit summary starts counting.
     #[cold]
     #[inline(never)]
@@ -554,16 +422,21 @@ impl Throttle {
         }
     }
 
-    /// Whether a new function's first launch may be measured now.
+    /// Stamps the node's activity table for `device`, at most every 10 ms.
+    #[inline]
+    fn mark_active(&'static self, ctx: &'static Context, device: usize, now: u64) {
+        if let Some(last) = self.stamps.due(device, now) {
+            self.stamp_activity(ctx, device, now, last);
+        }
+    }
+
+    /// Takes a stamp that was due; the monitor keeps elastic pods'
+    /// contention up to date from then on.
     #[cold]
     #[inline(never)]
-    fn may_sample_first(&self) -> bool {
-        let now = monotonic_ns();
-        let last = self.first_sampled_at_ns.load(Ordering::Relaxed);
-        now.saturating_sub(last) >= FIRST_SAMPLE_INTERVAL_NS
-            && self
-                .first_sampled_at_ns
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+    fn stamp_activity(&'static self, ctx: &'static Context, device: usize, now: u64, last: u64) {
+        if self.stamps.stamp(ctx, device, now, last) {
+            self.start_monitor(ctx);
+        }
     }
 }

@@ -1,44 +1,73 @@
 //! The node's activity table: every limited pod stamps it when it launches,
 //! so that elastic pods see whether another pod uses the device.
 
-use std::sync::atomic::Ordering;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity};
+use gpushare_utils::MAX_DEVICES;
+use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity, TableAccess};
 
-use super::Throttle;
 use crate::context::Context;
 
 /// Names another node activity table (tests: one per test).
 const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
 
-impl Throttle {
-    /// Stamps the node's activity table for `device`, at most every 10 ms.
-    #[inline]
-    pub(super) fn mark_active(&'static self, ctx: &'static Context, device: usize, now: u64) {
-        let Some(marked) = self.marked_at_ns.get(device) else {
-            return;
-        };
-        let last = marked.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= MARK_INTERVAL_NS {
-            self.stamp_activity(ctx, device, now, last);
+/// This process's stamps in the node's activity table, and the table.
+pub(super) struct Stamps {
+    /// How the node's activity table is mapped.
+    tables: TableAccess,
+    activity: OnceLock<Option<NodeActivity>>,
+    pod_key: OnceLock<u64>,
+    /// When this process last stamped each device.
+    marked_at_ns: [AtomicU64; MAX_DEVICES],
+}
+
+impl Stamps {
+    pub(super) fn new(tables: TableAccess) -> Self {
+        Self {
+            tables,
+            activity: OnceLock::new(),
+            pod_key: OnceLock::new(),
+            marked_at_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
         }
     }
 
+    /// When `device` was last stamped, if a stamp is due at `now` (at most
+    /// one every [`MARK_INTERVAL_NS`]).
+    #[inline]
+    pub(super) fn due(&self, device: usize, now: u64) -> Option<u64> {
+        let last = self.marked_at_ns.get(device)?.load(Ordering::Relaxed);
+        (now.saturating_sub(last) >= MARK_INTERVAL_NS).then_some(last)
+    }
+
+    /// Stamps `device` at `now` if no other thread did since `last`; true
+    /// when this call took the stamp.
     #[cold]
     #[inline(never)]
-    fn stamp_activity(&'static self, ctx: &'static Context, device: usize, now: u64, last: u64) {
-        if self.marked_at_ns[device]
+    pub(super) fn stamp(&self, ctx: &Context, device: usize, now: u64, last: u64) -> bool {
+        let Some(marked) = self.marked_at_ns.get(device) else {
+            return false;
+        };
+        if marked
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_err()
         {
-            return;
+            return false;
         }
         if let Some(table) = self.activity() {
             table.mark(device, self.pod_key(ctx), now);
         }
-        self.start_monitor(ctx);
+        true
     }
 
+    /// Whether another pod launched on `device` recently; false without a
+    /// table.
+    pub(super) fn contended(&self, ctx: &Context, device: usize, now: u64) -> bool {
+        self.activity()
+            .is_some_and(|table| table.contended(device, self.pod_key(ctx), now))
+    }
+
+    /// The node's activity table, opened at its first use.
     pub(super) fn activity(&self) -> Option<&NodeActivity> {
         self.activity
             .get_or_init(|| {
@@ -56,7 +85,7 @@ impl Throttle {
             .as_ref()
     }
 
-    pub(super) fn pod_key(&self, ctx: &Context) -> u64 {
+    fn pod_key(&self, ctx: &Context) -> u64 {
         *self
             .pod_key
             .get_or_init(|| activity::pod_key(ctx.pod.as_str()))

@@ -63,10 +63,9 @@ impl AtExit for Throttle {
         let wall_ns = monotonic_ns().saturating_sub(first).max(1);
         let ms = |ns: u64| ns as f64 / 1e6;
         let held = |counter: &AtomicU64| ms(counter.load(Ordering::Relaxed));
-        for (device, budget) in self.budgets.iter().enumerate() {
-            let Some(Some(budget)) = budget.get() else {
-                continue;
-            };
+        let (kernel_idle_extra_ns, kernel_queued_extra_ns, kernel_idle_call_ns) =
+            self.overheads.kernel_figures();
+        for (device, budget) in self.budgets.local() {
             let charged_ns = budget.bucket.charged_ns.load(Ordering::Relaxed);
             eprintln!(
                 "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
@@ -83,10 +82,9 @@ impl AtExit for Throttle {
                 held(&self.held.measurement_ns),
                 held(&self.held.backlog_ns),
                 held(&self.held.calibration_ns),
-                self.kernel_idle_extra_ns.load(Ordering::Relaxed),
-                // u64::MAX: not measured.
-                self.kernel_idle_call_ns.load(Ordering::Relaxed) % u64::MAX,
-                self.kernel_queued_extra_ns.load(Ordering::Relaxed),
+                kernel_idle_extra_ns,
+                kernel_idle_call_ns,
+                kernel_queued_extra_ns,
                 self.held.samples.load(Ordering::Relaxed),
                 self.held.discarded_samples.load(Ordering::Relaxed),
                 self.held.monitor_wakeups.load(Ordering::Relaxed),

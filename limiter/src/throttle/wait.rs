@@ -77,7 +77,7 @@ impl Throttle {
     #[cold]
     #[inline(never)]
     pub(super) fn hold_while_backlogged(&self) {
-        let since = self.backlog_since_ns.load(Ordering::Relaxed);
+        let since = self.sampler.backlog_since();
         if since == 0 {
             return;
         }
@@ -86,12 +86,10 @@ impl Throttle {
             return;
         }
         let deadline = now.saturating_add(BACKLOG_HOLD_MAX_NS);
-        while self.backlog_since_ns.load(Ordering::Relaxed) == since {
+        while self.sampler.backlog_since() == since {
             if monotonic_ns() >= deadline {
                 // Stuck behind something else: stop holding for it.
-                self.backlog_since_ns
-                    .compare_exchange(since, 0, Ordering::Relaxed, Ordering::Relaxed)
-                    .ok();
+                self.sampler.release_backlog(since);
                 break;
             }
             std::thread::sleep(BACKLOG_POLL);

@@ -152,6 +152,12 @@ fn run(args: Args) -> anyhow::Result<()> {
             .cdi_dir
             .join(format!("gpushare.dev-gpu_{uid}.json"));
         write_outputs(&out, &spec_path, &cdi)?;
+        // The node's slice as the API stored it: the GPUs as NVML sees them,
+        // and a taint on any the health watch found unhealthy.
+        std::fs::write(
+            out.join("resourceslice.json"),
+            serde_json::to_vec_pretty(&api.list("resourceslices"))?,
+        )?;
         mark_ready(&out, &pod_uid)?;
         println!(
             "k8s-e2e: claim {uid} of pod {pod_uid} prepared: {}",

@@ -106,7 +106,7 @@ pub fn destroyed(destroy: impl FnOnce() -> CUresult) -> Result<CUresult> {
     let result = destroy();
     if result.is_success() {
         // The contexts left are measured again from scratch.
-        for device in 0..gpushare_utils::config::MAX_DEVICES {
+        for device in 0..gpushare_utils::MAX_DEVICES {
             limiter.memory.set_context_floor(device, 0);
         }
         limiter.memory.remeasure(&limiter.context);

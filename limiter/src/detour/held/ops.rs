@@ -157,7 +157,7 @@ impl Held {
             if result.is_success()
                 && let Err(error) = driver.held.load_into_context(loaded())
             {
-                tracing::debug!(code = error.0, "library left to load at its first use");
+                tracing::debug!(%error, "library left to load at its first use");
             }
             result
         };
@@ -245,7 +245,7 @@ impl Held {
         };
         let load = || match driver.held.load_into_context(library) {
             Ok(()) => CUresult::SUCCESS,
-            Err(result) => result,
+            Err(error) => error.code(),
         };
         // A load that failed is the launch's to report.
         if self

@@ -412,9 +412,9 @@ fn report_memory<T: Bytes>(
     let (mut real_free, mut real_total) = (T::default(), T::default());
     // SAFETY: valid locals as out-pointers.
     let result = unsafe { original(&mut real_free, &mut real_total) };
-    if !result.is_success() {
-        return Err(LimiterError::Bypass(Pass::DriverRefused));
-    }
+    result
+        .result()
+        .map_err(|_| LimiterError::Bypass(Pass::DriverRefused))?;
     let real = (real_free.to_u64(), real_total.to_u64());
     let (shown_free, shown_total) = memory()
         .and_then(|memory| memory.current_report(real.0, real.1))
@@ -438,9 +438,9 @@ fn report_total<T: Bytes>(
     let mut real = T::default();
     // SAFETY: a valid local as out-pointer.
     let result = unsafe { original(&mut real, device) };
-    if !result.is_success() {
-        return Err(LimiterError::Bypass(Pass::DriverRefused));
-    }
+    result
+        .result()
+        .map_err(|_| LimiterError::Bypass(Pass::DriverRefused))?;
     let real = real.to_u64();
     let shown = memory()
         .and_then(|memory| memory.total(device, real))

@@ -3,7 +3,7 @@
 //! latency pod is active or its next request is due.
 
 use gpushare_utils::bucket::monotonic_ns;
-use gpushare_utils::config::PodClass;
+use gpushare_utils::pod::PodClass;
 use gpushare_utils::priority::NodePriority;
 
 use super::gate::{Gate, STARVATION_NS, gate};

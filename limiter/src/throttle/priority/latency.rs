@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 
 use gpushare_utils::bucket::monotonic_ns;
-use gpushare_utils::config::PodClass;
+use gpushare_utils::pod::PodClass;
 use gpushare_utils::priority::{LatencyDevice, NodePriority};
 
 use super::{

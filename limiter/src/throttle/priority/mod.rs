@@ -35,12 +35,14 @@ use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
+use gpushare_utils::MAX_DEVICES;
 use gpushare_utils::activity::TableAccess;
 use gpushare_utils::bucket::monotonic_ns;
-use gpushare_utils::config::{DeviceClasses, MAX_DEVICES, PodClass};
 use gpushare_utils::limits::GpuLimits;
+use gpushare_utils::pod::PodClass;
 use gpushare_utils::priority::{NodePriority, PRIORITY_REGION, PodPriority};
 
+use crate::config::DeviceClasses;
 use crate::context::Context;
 use crate::driver::Timing;
 use crate::sys::{CUevent, CUresult, CUstream};
@@ -163,12 +165,6 @@ pub struct Priority {
     /// This process's latest latency launch per device.
     launched_at: [AtomicU64; MAX_DEVICES],
 }
-
-// SAFETY: the event handles queued are driver handles, usable from any
-// thread; everything else is atomics and locks.
-unsafe impl Sync for Priority {}
-// SAFETY: as above.
-unsafe impl Send for Priority {}
 
 impl Priority {
     /// `pod_key`: the pod's key in node tables ([`gpushare_utils::activity::pod_key`]).

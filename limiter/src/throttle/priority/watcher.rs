@@ -6,8 +6,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use gpushare_utils::MAX_DEVICES;
 use gpushare_utils::bucket::monotonic_ns;
-use gpushare_utils::config::{MAX_DEVICES, PodClass};
+use gpushare_utils::pod::PodClass;
 use gpushare_utils::priority::{HEARTBEAT_NS, NodePriority};
 
 use super::{MAX_PROBES, Priority, Probe, TRACKED, WATCH_POLL};

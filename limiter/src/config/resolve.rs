@@ -1,18 +1,19 @@
 //! Resolution: the collected variables parsed in a fixed order, so the error
 //! reported does not depend on the order of the environment.
 
+use gpushare_utils::MAX_DEVICES;
+use gpushare_utils::pod::{PodClass, PodId};
+use gpushare_utils::units::parse_size;
+
 use super::compute::{CorePair, OursSm};
 use super::error::{MEM_JSON_EXAMPLE, UP_JSON_EXAMPLE};
 use super::limits::Device;
 use super::oversubscribe::{push_oversubscribe, push_spill_limit};
+use super::percent::{limited, parse_percent};
 use super::scan::{RawVar, RawVars};
 use super::tensor_fusion::{json_bytes, json_percent, parse_json_limits};
-use super::units::{limited, parse_percent};
 use super::vars::{Kind, Scope, rank};
-use super::{
-    ComputeLimit, ComputePolicy, ConfigError, LimiterConfig, MAX_DEVICES, PodClass, PodId,
-    parse_size,
-};
+use super::{ComputeLimit, ComputePolicy, ConfigError, LimiterConfig};
 
 impl RawVars {
     pub(super) fn finish(mut self) -> Result<LimiterConfig, ConfigError> {
@@ -336,6 +337,41 @@ mod tests {
         assert!(
             !ok_spec("~MEMORY_LIMIT=0").memory.is_empty(),
             "an explicit 0 is a key"
+        );
+    }
+
+    #[test]
+    fn pod_and_hypervisor() {
+        let c = ok(&[]);
+        assert_eq!(c.pod.as_str(), "default");
+        assert_eq!(c.hypervisor, None);
+        let c = ok(&[
+            ("CUDA_LIMITER_POD", " team-a.job_7 "),
+            ("CUDA_LIMITER_HYPERVISOR", " http://127.0.0.1:8000 "),
+        ]);
+        assert_eq!(c.pod.to_string(), "team-a.job_7");
+        assert_eq!(c.hypervisor.as_deref(), Some("http://127.0.0.1:8000"));
+
+        let long = "a".repeat(64);
+        let too_long = "a".repeat(65);
+        let table: &[(&str, bool)] = &[
+            ("default", true),
+            (long.as_str(), true),
+            ("", false),
+            (too_long.as_str(), false),
+            ("pod/1", false),
+            ("pöd", false),
+        ];
+        for &(id, valid) in table {
+            assert_eq!(cfg(&[("CUDA_LIMITER_POD", id)]).is_ok(), valid, "{id:?}");
+        }
+        assert_eq!(
+            err(&[("CUDA_LIMITER_POD", "pod/1")]).to_string(),
+            "CUDA_LIMITER_POD=\"pod/1\" is not a pod id (expected 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-')"
+        );
+        assert_eq!(
+            err(&[("CUDA_LIMITER_HYPERVISOR", "  ")]).to_string(),
+            "CUDA_LIMITER_HYPERVISOR=\"  \" is empty (expected an address such as http://127.0.0.1:8000, or leave it unset for local mode)"
         );
     }
 }

@@ -1,11 +1,13 @@
 //! TensorFusion JSON maps (`TENSOR_FUSION_CUDA_MEM_LIMIT`, `TENSOR_FUSION_CUDA_UP_LIMIT`).
 
+use gpushare_utils::units::parse_size;
+
 use super::error::{MEM_JSON_VALUE, UP_JSON_VALUE};
 use super::limits::Device;
+use super::percent::limited;
 use super::scan::RawVar;
-use super::units::limited;
 use super::vars::{Suffix, parse_index, rank};
-use super::{ComputeLimit, ConfigError, DeviceLimits, parse_size};
+use super::{ComputeLimit, ConfigError, DeviceLimits};
 
 /// One JSON value of a TensorFusion map; `Ok(None)` means unlimited.
 pub(super) type JsonValueParser<T> =

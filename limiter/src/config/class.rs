@@ -1,62 +1,11 @@
-//! Pod classes: `latency` pods are served first on a GPU; `batch` pods (the
-//! default) are held while a latency pod on the same GPU has work in flight.
-//!
-//! `CUDA_LIMITER_CLASS_<i>` (device `i`) beats `CUDA_LIMITER_CLASS` (all
-//! devices); the value is `latency` or `batch`, case-insensitive.
+//! The pod's class per device, from `CUDA_LIMITER_CLASS_<i>` (device `i`),
+//! which beats `CUDA_LIMITER_CLASS` (all devices); the value is `latency` or
+//! `batch`, case-insensitive ([`PodClass::parse`]). `latency` pods are served
+//! first on a GPU; `batch` pods (the default) are held while a latency pod on
+//! the same GPU has work in flight.
 
-use std::fmt;
-
-use super::MAX_DEVICES;
-
-/// A pod's class on one GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PodClass {
-    /// Held at the launch while a latency pod on the GPU is active.
-    #[default]
-    Batch,
-    /// Keeps its latency next to batch pods.
-    Latency,
-}
-
-impl PodClass {
-    /// `latency` or `batch`, case-insensitive, surrounding whitespace allowed.
-    pub fn parse(s: &str) -> Option<Self> {
-        let s = s.trim();
-        [("batch", Self::Batch), ("latency", Self::Latency)]
-            .into_iter()
-            .find_map(|(name, class)| name.eq_ignore_ascii_case(s).then_some(class))
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Batch => "batch",
-            Self::Latency => "latency",
-        }
-    }
-
-    /// Its code in shared memory (0, the zeroed state, is batch).
-    pub const fn code(self) -> u32 {
-        match self {
-            Self::Batch => 0,
-            Self::Latency => 1,
-        }
-    }
-
-    /// The class of a code; an unknown code is batch (never a priority the
-    /// writer did not give).
-    pub const fn from_code(code: u32) -> Self {
-        match code {
-            1 => Self::Latency,
-            _ => Self::Batch,
-        }
-    }
-}
-
-impl fmt::Display for PodClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use gpushare_utils::MAX_DEVICES;
+use gpushare_utils::pod::PodClass;
 
 /// The classes configured per device index.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -133,15 +82,5 @@ mod tests {
             err(&[("CUDA_LIMITER_CLASS_x", "batch")]),
             crate::config::ConfigError::BadSuffix { .. }
         ));
-    }
-
-    #[test]
-    fn codes_round_trip_and_unknown_codes_are_batch() {
-        for class in [PodClass::Batch, PodClass::Latency] {
-            assert_eq!(PodClass::from_code(class.code()), class);
-            assert_eq!(PodClass::parse(class.as_str()), Some(class));
-        }
-        assert_eq!(PodClass::from_code(7), PodClass::Batch);
-        assert_eq!(PodClass::parse(""), None);
     }
 }

@@ -12,7 +12,7 @@
 //! `CUDA_MEM_LIMIT_<i>` / `CUDA_CORE_LIMIT_<i>` pair.
 //!
 //! `<i>` is the device index as the application sees it: the CUDA ordinal after
-//! `CUDA_VISIBLE_DEVICES`, from 0 to 15 ([`MAX_DEVICES`] - 1), written without
+//! `CUDA_VISIBLE_DEVICES`, from 0 to 15 ([`MAX_DEVICES`](gpushare_utils::MAX_DEVICES) - 1), written without
 //! leading zeros. A larger index is an error naming the variable.
 //!
 //! # Memory limits (bytes)
@@ -31,7 +31,8 @@
 //! `k`, `m`, `g`, `t` (or `kb`/`kib`/`ki`, `mb`/`mib`/`mi`, ...; all mean
 //! 1024^n, case-insensitive; `b` means bytes). Surrounding whitespace is
 //! allowed; empty, negative, fractional and overflowing values are errors. See
-//! [`parse_size`].
+//! [`parse_size`](gpushare_utils::units::parse_size) (shared with the
+//! hypervisor).
 //!
 //! `TENSOR_FUSION_CUDA_MEM_LIMIT` is a JSON object keyed by GPU UUID
 //! (`GPU-…` or `MIG-…`, case-insensitive) or by device index (`"0"`), whose
@@ -109,7 +110,8 @@
 //! A *switch* is `true`/`false`, `1`/`0`, `yes`/`no` or `on`/`off`
 //! (case-insensitive). Off unless set; per-device before all-devices, ours
 //! before the foreign names. The spill cap defaults to a quarter of the
-//! node's memory ([`default_spill_limit`]).
+//! node's memory ([`default_spill_limit`](gpushare_utils::limits::default_spill_limit),
+//! shared with the hypervisor).
 //!
 //! # Other
 //!
@@ -117,7 +119,7 @@
 //! | --- | --- |
 //! | `CUDA_LIMITER_POD` | pod identity, see [`PodId`]; default `default` |
 //! | `CUDA_LIMITER_HYPERVISOR` | hypervisor address, e.g. `http://127.0.0.1:8000`; unset means local mode |
-//! | `CUDA_LIMITER_CLASS`, `CUDA_LIMITER_CLASS_<i>` | `latency` or `batch` (default), see [`PodClass`] |
+//! | `CUDA_LIMITER_CLASS`, `CUDA_LIMITER_CLASS_<i>` | `latency` or `batch` (default), see [`PodClass`](gpushare_utils::pod::PodClass) |
 //!
 //! Other `CUDA_LIMITER_*` names (typos included) are ignored, except a variable
 //! of ours with a device suffix that is not an index (`CUDA_LIMITER_MEMORY_LIMIT_x`),
@@ -128,25 +130,23 @@
 mod class;
 mod compute;
 mod error;
+#[cfg(test)]
+mod fuzz;
 mod limits;
 mod oversubscribe;
-mod pod;
+mod percent;
 mod resolve;
 mod scan;
 mod tensor_fusion;
 #[cfg(test)]
 mod test_support;
-mod units;
 mod vars;
 
-pub use crate::MAX_DEVICES;
-pub use class::{DeviceClasses, PodClass};
+pub use class::DeviceClasses;
 pub use error::ConfigError;
-pub use limits::{ComputeLimit, ComputePolicy, DeviceLimits, Resolved};
-pub use oversubscribe::{SPILL_DEFAULT_DIVISOR, default_spill_limit, parse_switch};
-pub use pod::{InvalidPodId, PodId};
-pub use units::{SizeError, SizeErrorKind, parse_size};
+pub use limits::{ComputeLimit, ComputePolicy, DeviceLimits};
 
+use gpushare_utils::pod::PodId;
 use scan::RawVars;
 
 /// The limiter's configuration in local mode.
@@ -160,7 +160,7 @@ pub struct LimiterConfig {
     /// served from host memory; unset or `None` (explicitly off): never.
     pub oversubscribe: DeviceLimits<bool>,
     /// The pod's cap on that host memory per device, in bytes (0 = none);
-    /// unset: [`default_spill_limit`].
+    /// unset: [`default_spill_limit`](gpushare_utils::limits::default_spill_limit).
     pub spill_limit: DeviceLimits<u64>,
     /// Address of the node hypervisor, e.g. `http://127.0.0.1:8000`; `None`: local mode.
     pub hypervisor: Option<String>,
@@ -185,7 +185,9 @@ impl LimiterConfig {
     }
 
     /// Reads the given variables as if they were the environment; for a name
-    /// given twice, the last value wins.
+    /// given twice, the last value wins. (Tests only: the library reads its
+    /// own environment.)
+    #[cfg(test)]
     pub fn from_vars<I, K, V>(vars: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,

@@ -1,13 +1,11 @@
 //! Configuration errors, and the texts that say what was expected.
 
-use std::fmt;
+use gpushare_utils::MAX_DEVICES;
+use gpushare_utils::pod::InvalidPodId;
+use gpushare_utils::quote::{Clipped, escaped, quoted};
+use gpushare_utils::units::SizeError;
 
-use super::{InvalidPodId, MAX_DEVICES, SizeError};
-
-pub(super) const SIZE_SYNTAX: &str =
-    "bytes or a number with k, m, g or t, e.g. 4g, 1024m, 1048576k";
 pub(super) const PERCENT_SYNTAX: &str = "a whole number from 0 to 100; 0 and 100 mean unlimited";
-pub(super) const POD_SYNTAX: &str = "1 to 64 characters of A-Z, a-z, 0-9, '_', '.' and '-'";
 pub(super) const JSON_KEY_SYNTAX: &str =
     "a GPU UUID (GPU-… or MIG-…) or a device index from 0 to 15";
 pub(super) const MEM_JSON_EXAMPLE: &str =
@@ -122,79 +120,6 @@ pub enum ConfigError {
 
     #[error("{var}={} is not a class (expected latency or batch)", quoted(.value))]
     Class { var: String, value: String },
-}
-
-/// The most characters of a user's value or key an error shows: a variable
-/// can hold 128 KiB, and its error is one line of a log.
-pub const SHOWN_CHARS: usize = 200;
-
-/// The first [`SHOWN_CHARS`] characters of `s`, and how many more it has.
-fn clipped(s: &str) -> (&str, usize) {
-    match s.char_indices().nth(SHOWN_CHARS) {
-        Some((at, _)) => (&s[..at], s[at..].chars().count()),
-        None => (s, 0),
-    }
-}
-
-/// Says how much of a value was left out, after what was shown of it.
-fn left_out(f: &mut fmt::Formatter<'_>, more: usize) -> fmt::Result {
-    if more == 0 {
-        Ok(())
-    } else {
-        write!(f, "… ({more} more characters)")
-    }
-}
-
-/// Shows a user's value in one line: `"4x"`, `'{"0": 1}'` when it holds double
-/// quotes, escaped when it holds control characters; at most [`SHOWN_CHARS`]
-/// characters of it.
-pub(super) struct Quoted<'a>(&'a str);
-
-pub(super) fn quoted(s: &str) -> Quoted<'_> {
-    Quoted(s)
-}
-
-impl fmt::Display for Quoted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (s, more) = clipped(self.0);
-        let plain = !s.chars().any(char::is_control);
-        if plain && !s.contains('"') {
-            write!(f, "\"{s}\"")?;
-        } else if plain && !s.contains('\'') {
-            write!(f, "'{s}'")?;
-        } else {
-            write!(f, "{s:?}")?;
-        }
-        left_out(f, more)
-    }
-}
-
-/// Shows text (compact JSON, a device index) as it is, at most
-/// [`SHOWN_CHARS`] characters of it.
-pub(super) struct Clipped<'a>(pub(super) &'a str);
-
-impl fmt::Display for Clipped<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (s, more) = clipped(self.0);
-        f.write_str(s)?;
-        left_out(f, more)
-    }
-}
-
-/// Shows a user's key or name as a Rust string literal, at most
-/// [`SHOWN_CHARS`] characters of it.
-pub(super) struct Escaped<'a>(&'a str);
-
-pub(super) fn escaped(s: &str) -> Escaped<'_> {
-    Escaped(s)
-}
-
-impl fmt::Display for Escaped<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (s, more) = clipped(self.0);
-        write!(f, "{s:?}")?;
-        left_out(f, more)
-    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The variable table: which environment variables are ours, what each sets
 //! and for which devices, and their precedence ranks.
 
-use super::MAX_DEVICES;
+use gpushare_utils::MAX_DEVICES;
 
 // ---------------------------------------------------------------------------
 // Reading: first collect the variables we know (last value of a name wins),

@@ -1,45 +1,13 @@
 //! Oversubscription: the switches that let allocations past the quota be
-//! served from host memory, and the cap on that memory.
+//! served from host memory, and the cap on that memory (unset: the shared
+//! default, [`gpushare_utils::limits::default_spill_limit`]).
 
+use gpushare_utils::units::{parse_size, parse_switch};
+
+use super::ConfigError;
 use super::limits::{Device, DeviceLimits};
 use super::scan::RawVar;
 use super::vars::{Kind, Scope, rank};
-use super::{ConfigError, parse_size};
-
-/// Without `CUDA_LIMITER_SPILL_LIMIT`, a pod may spill this fraction (1/N) of
-/// the node's memory per device: pinned pages cannot be swapped or reclaimed,
-/// so the node keeps the rest for the pods' own host memory and the kernel.
-pub const SPILL_DEFAULT_DIVISOR: u64 = 4;
-
-/// `true`/`1`/`yes`/`on` or `false`/`0`/`no`/`off`, case-insensitive,
-/// surrounding whitespace allowed.
-pub fn parse_switch(s: &str) -> Option<bool> {
-    let s = s.trim();
-    let is = |words: [&str; 4]| words.iter().any(|w| w.eq_ignore_ascii_case(s));
-    if is(["true", "1", "yes", "on"]) {
-        Some(true)
-    } else if is(["false", "0", "no", "off"]) {
-        Some(false)
-    } else {
-        None
-    }
-}
-
-/// The default spill cap: [`SPILL_DEFAULT_DIVISOR`]th of `MemTotal` in
-/// `/proc/meminfo`; 0 (no spill) when it cannot be read.
-pub fn default_spill_limit() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|text| mem_total(&text))
-        .map_or(0, |bytes| bytes / SPILL_DEFAULT_DIVISOR)
-}
-
-/// `MemTotal` of a `/proc/meminfo` text, in bytes.
-fn mem_total(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}
 
 fn device_of(v: &RawVar) -> Device {
     match v.scope {
@@ -169,12 +137,5 @@ mod tests {
         assert_eq!(c.spill_limit.resolve(0, None), Some(8 * GIB));
         assert_eq!(c.spill_limit.resolve(1, None), Some(0));
         assert_eq!(ok(&[]).spill_limit.resolve(0, None), None);
-        let meminfo = "MemTotal:       131072000 kB\nMemFree:        1 kB\n";
-        assert_eq!(mem_total(meminfo), Some(131_072_000 * 1024));
-        assert_eq!(mem_total("MemFree: 1 kB\n"), None);
-        assert!(
-            default_spill_limit() > 0,
-            "this machine has a /proc/meminfo"
-        );
     }
 }

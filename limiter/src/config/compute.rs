@@ -1,11 +1,13 @@
 //! Compute keys: a limit, a policy and a soft limit combined into one
 //! [`ComputeLimit`] per key.
 
+use gpushare_utils::MAX_DEVICES;
+
 use super::limits::Device;
+use super::percent::{ceiling, limited};
 use super::resolve::Val;
-use super::units::{ceiling, limited};
 use super::vars::{Scope, rank};
-use super::{ComputeLimit, ComputePolicy, ConfigError, DeviceLimits, MAX_DEVICES};
+use super::{ComputeLimit, ComputePolicy, ConfigError, DeviceLimits};
 
 #[derive(Default, Clone, Copy)]
 pub(super) struct SmTriple<'a> {
@@ -184,6 +186,7 @@ pub(super) fn soft_below_hard(soft: Val<'_, u8>, hard_var: &str, hard: u8) -> Co
 
 #[cfg(test)]
 mod tests {
+    use crate::config::limits::Resolved;
     use crate::config::test_support::*;
     use crate::config::*;
 

@@ -1,8 +1,11 @@
-//! Sizes and percents as users write them.
+//! Sizes and switches as users write them, in the limiter's environment and
+//! in the hypervisor's configuration and claims alike.
 
 use std::fmt;
 
-use super::error::{SIZE_SYNTAX, quoted};
+use crate::quote::quoted;
+
+const SIZE_SYNTAX: &str = "bytes or a number with k, m, g or t, e.g. 4g, 1024m, 1048576k";
 
 /// Why a string is not a size; see [`parse_size`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,30 +112,26 @@ pub fn parse_size(s: &str) -> Result<u64, SizeError> {
     }
 }
 
-/// A whole number from 0 to 100, optional trailing `%`, surrounding whitespace allowed.
-pub(super) fn parse_percent(s: &str) -> Option<u8> {
-    let t = s.trim();
-    let t = t.strip_suffix('%').unwrap_or(t);
-    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+/// `true`/`1`/`yes`/`on` or `false`/`0`/`no`/`off`, case-insensitive,
+/// surrounding whitespace allowed.
+pub fn parse_switch(s: &str) -> Option<bool> {
+    let s = s.trim();
+    let is = |words: [&str; 4]| words.iter().any(|w| w.eq_ignore_ascii_case(s));
+    if is(["true", "1", "yes", "on"]) {
+        Some(true)
+    } else if is(["false", "0", "no", "off"]) {
+        Some(false)
+    } else {
+        None
     }
-    t.parse::<u8>().ok().filter(|p| *p <= 100)
-}
-
-/// `None` for 0 and 100, which mean unlimited.
-pub(super) fn limited(percent: u8) -> Option<u8> {
-    (1..100).contains(&percent).then_some(percent)
-}
-
-/// The elastic ceiling as stored: 100 means the whole device.
-pub(super) fn ceiling(soft: u8) -> Option<u8> {
-    (soft < 100).then_some(soft)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::test_support::*;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
 
     #[test]
     fn sizes_accepted() {
@@ -248,26 +247,22 @@ mod tests {
     }
 
     #[test]
-    fn percents() {
-        let table: &[(&str, Option<u8>)] = &[
-            ("0", Some(0)),
-            ("1", Some(1)),
-            ("050", Some(50)),
-            ("99", Some(99)),
-            ("100", Some(100)),
-            (" 42 ", Some(42)),
-            ("42%", Some(42)),
-            ("101", None),
-            ("256", None),
-            ("-1", None),
+    fn switches() {
+        let table: &[(&str, Option<bool>)] = &[
+            ("true", Some(true)),
+            (" ON ", Some(true)),
+            ("Yes", Some(true)),
+            ("1", Some(true)),
+            ("false", Some(false)),
+            ("off", Some(false)),
+            ("NO", Some(false)),
+            ("0", Some(false)),
             ("", None),
-            ("%", None),
-            ("4.5", None),
-            ("fifty", None),
-            ("99999999999999999999", None),
+            ("maybe", None),
+            ("2", None),
         ];
         for &(input, want) in table {
-            assert_eq!(parse_percent(input), want, "{input:?}");
+            assert_eq!(parse_switch(input), want, "{input:?}");
         }
     }
 }

@@ -5,8 +5,9 @@
 //! whatever else it holds: taking either value silently could turn a quota
 //! off.
 
-use gpushare_utils::config::LimiterConfig;
 use proptest::prelude::*;
+
+use super::LimiterConfig;
 
 /// The variables the parser reads, with and without device suffixes.
 const NAMES: &[&str] = &[

@@ -1,0 +1,346 @@
+//! GPU health published to Kubernetes, end to end without a cluster: health
+//! events injected into simulated GPUs, the real agent against the fake API
+//! server (the ResourceSlice read back through the API) and, in
+//! device-plugin mode, the fake kubelet's `ListAndWatch`.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypervisor::deviceplugin::DevicePluginConfig;
+use hypervisor::kubernetes::slice::slice_name;
+use hypervisor::observer::{GpuObserver, HealthEvent, SimulatedGpus};
+use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
+use kube::api::Api;
+use kube_fakes::apiserver::FakeApiServer;
+use kube_fakes::cluster;
+use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
+use kube_fakes::node::{self, TestNode};
+use serde_json::json;
+
+const DRIVER: &str = "gpu.gpushare.dev";
+const NODE: &str = "node-health";
+const GPU: &str = "nvidia.com/gpu";
+const TAINT_KEY: &str = "gpu.gpushare.dev/unhealthy";
+
+/// A folder under the temp dir, removed with the regions of the pods it
+/// names, also when the test fails.
+struct Scratch {
+    dir: PathBuf,
+    pods: Vec<String>,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hv-health-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
+        Self {
+            dir,
+            pods: Vec::new(),
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for pod in &self.pods {
+            for prefix in ["gpushare-pod-", "gpushare-limits-"] {
+                let _ = std::fs::remove_file(format!("/dev/shm/{prefix}{pod}"));
+            }
+        }
+    }
+}
+
+struct World {
+    node: Option<TestNode>,
+    plugin: Option<(FakeDeviceKubelet, PluginClient)>,
+    client: kube::Client,
+    gpus: Arc<SimulatedGpus>,
+    api: FakeApiServer,
+    scratch: Scratch,
+}
+
+impl World {
+    /// A node with two simulated GPUs; a device plugin too with `device_plugin`.
+    async fn start(tag: &str, device_plugin: bool) -> Self {
+        let scratch = Scratch::new(tag);
+        let d = &scratch.dir;
+        let api = FakeApiServer::start().await.unwrap();
+        api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
+        let client = hypervisor::kubernetes::client(Some(&d.join("kubeconfig")))
+            .await
+            .unwrap();
+        cluster::create_node(&client, NODE).await.unwrap();
+        let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+        options.check_identity = false;
+        let mut kubelet = None;
+        if device_plugin {
+            let mut config = DevicePluginConfig::under(&d.join("kubelet"), 2);
+            config.pod_resources = d.join("no-pod-resources.sock");
+            std::fs::create_dir_all(&config.dir).unwrap();
+            kubelet = Some(FakeDeviceKubelet::start(&config.dir, None).unwrap());
+            options.device_plugin = Some(config);
+        }
+        let gpus = Arc::new(SimulatedGpus::new(2));
+        let observer: Arc<dyn GpuObserver> = gpus.clone();
+        let node = TestNode::start(&api, observer, options).await.unwrap();
+        let plugin = match kubelet {
+            Some(kubelet) => {
+                let plugin = kubelet.plugin(GPU, Duration::from_secs(10)).await.unwrap();
+                Some((kubelet, plugin))
+            }
+            None => None,
+        };
+        Self {
+            node: Some(node),
+            plugin,
+            client,
+            gpus,
+            api,
+            scratch,
+        }
+    }
+
+    async fn slice(&self) -> ResourceSlice {
+        Api::<ResourceSlice>::all(self.client.clone())
+            .get(&slice_name(NODE, DRIVER))
+            .await
+            .unwrap()
+    }
+
+    /// The slice once `done` holds of it (10 s at most).
+    async fn slice_when(&self, done: impl Fn(&ResourceSlice) -> bool) -> ResourceSlice {
+        eventually(|| async {
+            let slice = self.slice().await;
+            done(&slice).then_some(slice)
+        })
+        .await
+    }
+
+    /// Starts a HAMi pod's container of 1 GiB, with `packing`, on `share`
+    /// as the kubelet picks; returns the GPU it got.
+    async fn container(&mut self, name: &str, share: String, packing: &str) -> String {
+        let pod = cluster::create_gpu_pod(
+            &self.client,
+            "default",
+            name,
+            NODE,
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"}),
+            json!({"hami.io/gpu-scheduler-policy": packing}),
+        )
+        .await
+        .unwrap();
+        self.scratch.pods.push(pod.metadata.uid.unwrap());
+        let (kubelet, plugin) = self.plugin.as_ref().expect("a device plugin");
+        kubelet.admit("default", name, &["main"]);
+        let answer = plugin
+            .start_container(("default", name, "main"), vec![share])
+            .await
+            .unwrap();
+        answer.envs["CUDA_VISIBLE_DEVICES"].clone()
+    }
+
+    fn plugin(&self) -> &PluginClient {
+        &self.plugin.as_ref().expect("a device plugin").1
+    }
+
+    async fn stop(mut self) {
+        if let Some(node) = self.node.take() {
+            node.stop().await;
+        }
+    }
+}
+
+/// Polls `probe` until it answers (every 50 ms, 10 s at most).
+async fn eventually<T, F: Future<Output = Option<T>>>(probe: impl Fn() -> F) -> T {
+    for _ in 0..200 {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("not within 10 s");
+}
+
+/// The taints of each device, by name.
+fn taints(slice: &ResourceSlice) -> Vec<(String, Vec<DeviceTaint>)> {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .map(|d| (d.name.clone(), d.taints.clone().unwrap_or_default()))
+        .collect()
+}
+
+fn tainted(slice: &ResourceSlice) -> bool {
+    taints(slice).iter().any(|(_, t)| !t.is_empty())
+}
+
+/// The one taint of `gpu-1` as (key, value, effect); `gpu-0` untainted.
+fn gpu1_taint(slice: &ResourceSlice) -> (String, String, String) {
+    let devices = taints(slice);
+    assert_eq!(devices.len(), 2, "{devices:?}");
+    assert_eq!(devices[0], ("gpu-0".to_owned(), Vec::new()));
+    let (name, taints) = &devices[1];
+    assert_eq!((name.as_str(), taints.len()), ("gpu-1", 1), "{taints:?}");
+    let t = &taints[0];
+    assert!(t.time_added.is_some());
+    (
+        t.key.clone(),
+        t.value.clone().unwrap_or_default(),
+        t.effect.clone(),
+    )
+}
+
+/// Longer than the agent's resync (500 ms): whatever would be published is.
+const SETTLE: Duration = Duration::from_millis(1_500);
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn an_xid_taints_its_gpu_and_an_ignored_one_changes_nothing() {
+    runtime().block_on(async {
+        let world = World::start("xid", false).await;
+        let first = world.slice().await;
+        assert!(!tainted(&first), "{:?}", taints(&first));
+        let generation = first.spec.pool.generation;
+
+        // XID 13 is the application's: nothing changes.
+        assert!(!world.gpus.inject(1, HealthEvent::Xid(Some(13))).unwrap());
+        tokio::time::sleep(SETTLE).await;
+        let same = world.slice().await;
+        assert!(!tainted(&same));
+        assert_eq!(same.spec.pool.generation, generation);
+        assert_eq!(
+            same.metadata.resource_version,
+            first.metadata.resource_version
+        );
+
+        // XID 48 (double-bit ECC) is the GPU's: gpu-1 alone is tainted.
+        assert!(world.gpus.inject(1, HealthEvent::Xid(Some(48))).unwrap());
+        let slice = world.slice_when(tainted).await;
+        assert_eq!(
+            gpu1_taint(&slice),
+            (
+                TAINT_KEY.to_owned(),
+                "xid-48".to_owned(),
+                "NoSchedule".to_owned()
+            )
+        );
+        assert!(slice.spec.pool.generation > generation);
+        let generation = slice.spec.pool.generation;
+
+        // The GPU answering again is no reset: the taint stays, and the
+        // slice is not rewritten at each resync.
+        assert!(!world.gpus.inject(1, HealthEvent::Found).unwrap());
+        tokio::time::sleep(SETTLE).await;
+        let kept = world.slice().await;
+        assert_eq!(gpu1_taint(&kept).1, "xid-48");
+        assert_eq!(kept.spec.pool.generation, generation);
+
+        // Off the bus: the worse XID replaces it, and evicts.
+        assert!(world.gpus.inject(1, HealthEvent::Xid(Some(79))).unwrap());
+        let slice = world
+            .slice_when(|s| {
+                taints(s)[1].1.first().and_then(|t| t.value.as_deref()) == Some("xid-79")
+            })
+            .await;
+        assert_eq!(gpu1_taint(&slice).2, "NoExecute");
+        assert!(slice.spec.pool.generation > generation);
+        world.stop().await;
+    });
+}
+
+#[test]
+fn a_lost_gpu_is_tainted_until_it_answers_again() {
+    runtime().block_on(async {
+        let world = World::start("lost", false).await;
+        let generation = world.slice().await.spec.pool.generation;
+
+        assert!(world.gpus.inject(1, HealthEvent::Lost).unwrap());
+        let lost = world.slice_when(tainted).await;
+        assert_eq!(
+            gpu1_taint(&lost),
+            (
+                TAINT_KEY.to_owned(),
+                "gpu-lost".to_owned(),
+                "NoExecute".to_owned()
+            )
+        );
+        assert!(lost.spec.pool.generation > generation);
+        let node = world.node.as_ref().unwrap();
+        assert_eq!(
+            node.hv.unhealthy_gpus().keys().collect::<Vec<_>>(),
+            [&SimulatedGpus::uuid(1)]
+        );
+
+        assert!(world.gpus.inject(1, HealthEvent::Found).unwrap());
+        let back = world.slice_when(|s| !tainted(s)).await;
+        assert!(back.spec.pool.generation > lost.spec.pool.generation);
+        assert!(node.hv.unhealthy_gpus().is_empty());
+        world.stop().await;
+    });
+}
+
+#[test]
+fn the_device_plugin_lists_an_unhealthy_gpu_as_unhealthy_and_places_nothing_on_it() {
+    runtime().block_on(async {
+        let mut world = World::start("dp", true).await;
+        let (gpu0, gpu1) = (SimulatedGpus::uuid(0), SimulatedGpus::uuid(1));
+        let devices = world.plugin().devices().await.unwrap();
+        assert_eq!(devices.len(), 4);
+        assert!(devices.iter().all(|d| d.health == "Healthy"));
+        // A first container on gpu-0, so that one asking to spread would
+        // go to gpu-1 were it healthy.
+        let first = world
+            .container("first", format!("{gpu1}::0"), "binpack")
+            .await;
+        assert_eq!(first, gpu0);
+
+        assert!(!world.gpus.inject(1, HealthEvent::Xid(Some(31))).unwrap());
+        assert!(world.gpus.inject(1, HealthEvent::Xid(Some(94))).unwrap());
+        let devices = eventually(|| async {
+            let devices = world.plugin().devices().await.unwrap();
+            devices
+                .iter()
+                .any(|d| d.health == "Unhealthy")
+                .then_some(devices)
+        })
+        .await;
+        for device in &devices {
+            let on_gpu1 = device.id.starts_with(&format!("{gpu1}::"));
+            assert!(on_gpu1 || device.id.starts_with(&format!("{gpu0}::")));
+            let expected = if on_gpu1 { "Unhealthy" } else { "Healthy" };
+            assert_eq!(device.health, expected, "{devices:?}");
+        }
+        // The slice says so too, and the node's allocatable leaves gpu-1 out.
+        assert_eq!(gpu1_taint(&world.slice_when(tainted).await).1, "xid-94");
+        let node = eventually(|| async {
+            let node = world.api.get("nodes", "", NODE)?;
+            (node["status"]["allocatable"]["nvidia.com/gpumem"] == "81920").then_some(node)
+        })
+        .await;
+        assert_eq!(node["status"]["capacity"]["nvidia.com/gpumem"], "163840");
+
+        // A pod that asks to spread goes to gpu-0 whichever share the
+        // kubelet picked: gpu-1 takes no new container.
+        assert_eq!(
+            world
+                .container("second", format!("{gpu1}::1"), "spread")
+                .await,
+            gpu0
+        );
+        world.stop().await;
+    });
+}
