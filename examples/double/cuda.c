@@ -169,6 +169,10 @@
  */
 #include "double_internal.h"
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 /* ---------------------------------------------------------------- state */
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -178,6 +182,8 @@ struct double_config g_config;
 unsigned long long g_config_kernel_ns;
 unsigned long long g_config_queue_depth;
 int g_initialized;
+/* Whether cuInit found an MPS control daemon (CU_DEVICE_ATTRIBUTE_MPS_ENABLED). */
+static int g_mps_enabled;
 struct device g_devices[DOUBLE_MAX_DEVICES];
 __thread CUcontext t_current;
 
@@ -330,16 +336,48 @@ long slot_of(const void *base, size_t size, size_t count, const void *p) {
 
 /* ---------------------------------------------------------------- init, devices */
 
+/* The MPS model: like the real driver, cuInit tries to reach an MPS control
+ * daemon and runs as its client when it can, alone (without MPS) when it
+ * cannot. Here the daemon is up when CUDA_MPS_PIPE_DIRECTORY names a folder
+ * whose `control` Unix socket accepts a connection; unset, the double does
+ * not look at the driver's default folder, so no test depends on the
+ * machine's /tmp. */
+static int mps_daemon_reachable(void) {
+    const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    struct sockaddr_un address;
+    int fd, written, connected;
+    if (dir == NULL || *dir == '\0') {
+        return 0;
+    }
+    memset(&address, 0, sizeof address);
+    address.sun_family = AF_UNIX;
+    written = snprintf(address.sun_path, sizeof address.sun_path, "%s/control", dir);
+    if (written < 0 || (size_t)written >= sizeof address.sun_path) {
+        return 0;
+    }
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return 0;
+    }
+    connected = connect(fd, (const struct sockaddr *)&address, sizeof address) == 0;
+    close(fd);
+    return connected;
+}
+
 CUresult impl_cuInit(unsigned int Flags) {
     CUresult rc = CUDA_SUCCESS;
+    int mps;
     if (Flags != 0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
+    mps = mps_daemon_reachable();
     lock();
     if (g_config.devices == 0) {
         rc = CUDA_ERROR_NO_DEVICE;
-    } else {
+    } else if (!g_initialized) {
+        /* Decided by the first cuInit, as the real driver's client is. */
         g_initialized = 1;
+        g_mps_enabled = mps;
     }
     unlock();
     return rc;
@@ -495,6 +533,7 @@ CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice 
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: value = DOUBLE_CC_MINOR; break;
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: value = 1; break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: value = 1; break;
+    case CU_DEVICE_ATTRIBUTE_MPS_ENABLED: value = g_mps_enabled; break;
     default:
         return CUDA_ERROR_INVALID_VALUE;
     }

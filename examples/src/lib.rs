@@ -44,6 +44,14 @@
 //! listed GPU, with its UUID); NVML still sees every GPU by its own index. `cuGetProcAddress(_v2)` hands out the exported
 //! addresses (`cuMemAlloc` → `cuMemAlloc_v2`, with the per-thread flag
 //! `cuMemAllocAsync` → `cuMemAllocAsync_ptsz`, …) like the real driver.
+//! MPS: the first `cuInit` makes the process an MPS client when
+//! `CUDA_MPS_PIPE_DIRECTORY` names a folder whose `control` Unix socket
+//! accepts a connection (the MPS control daemon is up), and
+//! `cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133)` then
+//! answers 1 on every device; otherwise (unset, no socket, nobody
+//! listening: no daemon, no MPS) it answers 0, as the real driver does when
+//! it falls back to running without MPS. The driver's default folder
+//! (`/tmp/nvidia-mps`) is never looked at.
 //! The sources in `double/` say the rest.
 //!
 //! # The simulated GPU clock

@@ -276,6 +276,31 @@ impl Guarded {
     }
 }
 
+/// Raises the soft limit on open files to the hard one, so that the
+/// connection cap, not the descriptor table, bounds the daemon; returns it.
+pub fn raise_fd_limit() -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return 1024;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: a valid rlimit; raising the soft limit up to the hard one
+        // needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return raised.rlim_cur;
+        }
+    }
+    limit.rlim_cur
+}
+
 fn timed_out() -> io::Error {
     io::Error::new(
         io::ErrorKind::TimedOut,

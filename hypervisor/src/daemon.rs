@@ -129,6 +129,7 @@ impl Hypervisor {
                 listen: options.listen.unwrap_or(options.config.listen),
                 identity: std::sync::OnceLock::new(),
                 pending: Mutex::default(),
+                corun: std::sync::OnceLock::new(),
             }
         });
         *lock(&shared.events) = events;

@@ -48,6 +48,7 @@
 pub mod api;
 pub mod config;
 pub mod conn;
+pub mod corun;
 pub mod daemon;
 pub mod deviceplugin;
 pub mod dra;

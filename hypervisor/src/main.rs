@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use hypervisor::conn::Listener;
+use hypervisor::corun::{CorunArgs, CorunOptions, MpsSupervisor};
 use hypervisor::node_tables::NodeTableNames;
 use hypervisor::observer::GpuObserver;
 use hypervisor::observer::flags::ObserverArgs;
@@ -46,6 +47,8 @@ enum Cmd {
         metrics_listen: Option<SocketAddr>,
         #[command(flatten)]
         gpus: ObserverArgs,
+        #[command(flatten)]
+        corun: CorunArgs,
         #[command(flatten)]
         kubernetes: Box<KubeArgs>,
     },
@@ -155,6 +158,7 @@ impl KubeArgs {
         &self,
         listen: SocketAddr,
         socket: Option<&std::path::Path>,
+        corun: Option<&CorunOptions>,
     ) -> anyhow::Result<hypervisor::kubernetes::AgentOptions> {
         use hypervisor::dra::plugin::PluginSockets;
         use hypervisor::provision::ProvisionConfig;
@@ -178,6 +182,7 @@ impl KubeArgs {
         provision.cdi_dir = self.cdi_dir.clone();
         provision.host_region_dir = self.host_region_dir.clone();
         provision.host_limiter = self.host_limiter.clone();
+        provision.corun = corun.cloned();
         Ok(hypervisor::kubernetes::AgentOptions {
             node,
             sockets: PluginSockets::under(&self.kubelet_dir, &self.driver),
@@ -208,6 +213,7 @@ fn main() {
             socket,
             metrics_listen,
             gpus,
+            corun,
             kubernetes,
         } => serve(
             config,
@@ -217,6 +223,7 @@ fn main() {
                 metrics: metrics_listen,
             },
             &gpus,
+            &corun,
             &kubernetes,
         ),
         Cmd::Status { addr, json } => status(&addr, json),
@@ -245,31 +252,6 @@ fn one_line(error: &anyhow::Error) -> String {
     line
 }
 
-/// Raises the soft limit on open files to the hard one, so that the
-/// connection cap, not the descriptor table, bounds the daemon; returns it.
-fn raise_fd_limit() -> u64 {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return 1024;
-    }
-    if limit.rlim_cur < limit.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: limit.rlim_max,
-            rlim_max: limit.rlim_max,
-        };
-        // SAFETY: a valid rlimit; raising the soft limit up to the hard one
-        // needs no privilege.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            return raised.rlim_cur;
-        }
-    }
-    limit.rlim_cur
-}
-
 /// Where `serve` listens.
 struct Where {
     listen: Option<SocketAddr>,
@@ -286,6 +268,7 @@ fn serve(
     path: Option<PathBuf>,
     at: Where,
     gpus: &ObserverArgs,
+    corun: &CorunArgs,
     kube: &KubeArgs,
 ) -> anyhow::Result<()> {
     let listen = at.listen;
@@ -313,7 +296,7 @@ fn serve(
         eprintln!("hypervisor: warning: {warning}");
     }
     // Room for the runtime, the regions, NVML and the log besides the connections.
-    let files = usize::try_from(raise_fd_limit()).unwrap_or(usize::MAX);
+    let files = usize::try_from(hypervisor::conn::raise_fd_limit()).unwrap_or(usize::MAX);
     let connections = &mut config.settings.connections;
     connections.max_connections = connections
         .max_connections
@@ -321,6 +304,7 @@ fn serve(
     let observer = gpus.observer().context(
         "NVML is not available (no NVIDIA driver here?); --simulate-gpus N runs without it",
     )?;
+    let corun = corun.options(&observer.gpus().context("cannot list the GPUs")?)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .thread_name("hypervisor")
         .enable_all()
@@ -335,6 +319,12 @@ fn serve(
             handle_sighup: true,
             node_tables: NodeTableNames::from_env(),
         })?;
+        // Co-run GPUs' MPS daemons, until the daemon stops (dropping it on
+        // an early return quits them too).
+        let supervisor = corun.as_ref().map(MpsSupervisor::start).transpose()?;
+        if let Some(supervisor) = &supervisor {
+            hv.set_corun_board(supervisor.board());
+        }
         let addr = hv.listen_addr();
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -379,7 +369,7 @@ fn serve(
             serve_kubernetes(
                 &hv,
                 &observer,
-                kube,
+                (kube, corun.as_ref()),
                 bound,
                 at.socket.as_deref(),
                 listeners,
@@ -396,6 +386,9 @@ fn serve(
         if let Some(task) = metrics_task {
             task.abort();
         }
+        if let Some(supervisor) = supervisor {
+            let _ = tokio::task::spawn_blocking(move || supervisor.shutdown()).await;
+        }
         result
     })
 }
@@ -405,13 +398,13 @@ fn serve(
 async fn serve_kubernetes(
     hv: &Hypervisor,
     observer: &Arc<dyn GpuObserver>,
-    kube: &KubeArgs,
+    (kube, corun): (&KubeArgs, Option<&CorunOptions>),
     bound: SocketAddr,
     socket: Option<&std::path::Path>,
     listeners: Listeners,
     stop: tokio::sync::watch::Sender<bool>,
 ) -> anyhow::Result<()> {
-    let options = kube.options(bound, socket)?;
+    let options = kube.options(bound, socket, corun)?;
     let host_limiter = options.provision.host_limiter.clone();
     let proc_root = options.proc_root.clone();
     let gpus = observer.gpus().context("cannot list the GPUs")?;

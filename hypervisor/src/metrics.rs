@@ -229,6 +229,7 @@ pub fn render(status: &Status) -> String {
     }
     render_spill(&mut x, status);
     render_priority(&mut x, status);
+    render_corun(&mut x, status);
     let process_sm = x.family(
         "gpushare_process_sm_utilization_ratio",
         "gauge",
@@ -366,6 +367,25 @@ fn render_priority(x: &mut Exposition, status: &Status) {
         x.sample(delay, "_sum", &labels, p.queue_delay_sum_seconds);
         x.sample(delay, "_count", &labels, p.queue_delay_samples);
         x.sample(delay_max, "", &labels, p.queue_delay_max_seconds);
+    }
+}
+
+/// Per co-run GPU: whether its MPS control daemon answers, and its restarts.
+fn render_corun(x: &mut Exposition, status: &Status) {
+    let up = x.family(
+        "gpushare_mps_up",
+        "gauge",
+        "1 while the co-run GPU's MPS control daemon answers; 0 while it starts or is down (its pods then run without MPS).",
+    );
+    let restarts = x.family(
+        "gpushare_mps_restarts_total",
+        "counter",
+        "Times the co-run GPU's MPS control daemon was started again after it exited or did not answer.",
+    );
+    for gpu in &status.corun {
+        let labels = format!("gpu=\"{}\"", escape(&gpu.gpu));
+        x.sample(up, "", &labels, u8::from(gpu.is_up()));
+        x.sample(restarts, "", &labels, gpu.restarts);
     }
 }
 

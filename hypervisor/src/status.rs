@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::{Deserialize, Serialize};
 
+use crate::corun::{CorunGpuStatus, MpsState};
 use crate::observer::GpuInfo;
 use crate::scheduler::PodStatus;
 
@@ -44,6 +45,9 @@ pub struct Status {
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
     pub admission: LatencySnapshot,
+    /// Co-run mode: each co-run GPU's MPS control daemon (empty without).
+    #[serde(default)]
+    pub corun: Vec<CorunGpuStatus>,
 }
 
 impl Status {
@@ -140,6 +144,7 @@ pub fn render_table(status: &Status) -> String {
     }
     render_spill(&mut out, status);
     render_priority(&mut out, status);
+    render_corun(&mut out, status);
     let _ = writeln!(out, "\nWORKERS");
     let _ = writeln!(out, "{:<48} {:<20} {:>8}  LAST COMMAND", "ID", "POD", "PID");
     for w in &status.workers {
@@ -255,6 +260,35 @@ fn render_spill(out: &mut String, status: &Status) {
             bytes(gpu.spill_used),
             bytes(gpu.spill_peak),
             bytes(gpu.spill_limit)
+        );
+    }
+}
+
+/// Co-run GPUs: their MPS control daemon's state and restarts.
+fn render_corun(out: &mut String, status: &Status) {
+    if status.corun.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nCO-RUN (MPS)");
+    let _ = writeln!(
+        out,
+        "{:<42} {:<8} {:>8} {:>8}  DETAIL",
+        "GPU", "STATE", "PID", "RESTARTS"
+    );
+    for gpu in &status.corun {
+        let (state, detail) = match &gpu.state {
+            MpsState::Starting => ("starting", String::new()),
+            MpsState::Up { since } => ("up", format!("since {since}")),
+            MpsState::Down { reason, since } => ("down", format!("since {since}: {reason}")),
+            MpsState::Stopped => ("stopped", String::new()),
+        };
+        let _ = writeln!(
+            out,
+            "{:<42} {:<8} {:>8} {:>8}  {detail}",
+            gpu.gpu,
+            state,
+            gpu.pid.map_or("-".to_owned(), |p| p.to_string()),
+            gpu.restarts
         );
     }
 }

@@ -226,6 +226,8 @@ fn slice_published_for_two_gpus() {
             assert_eq!(device.allow_multiple_allocations, Some(true));
             let attrs = device.attributes.as_ref().unwrap();
             assert_eq!(attrs["uuid"].string.as_deref(), Some(gpu.uuid.as_str()));
+            // No GPU is in co-run mode here.
+            assert_eq!(attrs["corun"].bool, Some(false));
             let capacity = device.capacity.as_ref().unwrap();
             let memory: u64 = capacity["memory"].value.0.parse().unwrap();
             assert!(memory <= gpu.memory_total && gpu.memory_total - memory < 256 << 20);

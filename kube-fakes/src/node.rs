@@ -56,6 +56,7 @@ pub fn options(dir: &Path, node: &str, driver: &str, limiter: &Path) -> AgentOpt
         cdi_vendor: "gpushare.dev".to_owned(),
         cdi_class: "gpu".to_owned(),
         host_root: PathBuf::from("/"),
+        corun: None,
     };
     AgentOptions {
         node: node.to_owned(),

@@ -10,9 +10,10 @@ use std::time::Duration;
 use gpushare_utils::activity::{self, TableAccess};
 use gpushare_utils::limits::PodLimits;
 
-use crate::config::LimiterConfig;
+use crate::config::{LimiterConfig, MpsMode};
 use crate::context::Context;
 use crate::hypervisor::Link;
+use crate::mps::MpsRequirement;
 use crate::quota::MemoryQuota;
 use crate::spill::Spill;
 use crate::throttle::Throttle;
@@ -48,6 +49,8 @@ pub struct Limiter {
     /// `None` when no compute limit is configured: launches are only
     /// checked for a library's first use (see `quota::LazyLibraries`).
     pub compute: Option<Throttle>,
+    /// Whether CUDA runs only as an MPS client (a co-run GPU's pod).
+    pub mps: MpsRequirement,
     allow_unpatched: bool,
     /// Set when CUDA must be refused after load (the driver cannot be patched).
     refusal: OnceLock<String>,
@@ -95,6 +98,7 @@ fn build() -> Result<State, String> {
         && config.compute.is_empty()
         && config.class.is_empty()
         && config.hypervisor.is_none()
+        && config.mps == MpsMode::Optional
     {
         return Ok(State::Off);
     }
@@ -161,6 +165,7 @@ fn build() -> Result<State, String> {
         compute: metered.then(|| Throttle::new(config.compute, priority, tables)),
         memory: MemoryQuota::new(config.memory),
         spill: Spill::new(config.oversubscribe, config.spill_limit),
+        mps: MpsRequirement::new(config.mps),
         context: Context::new(config.pod, link, local_limits, grant_timeout, owner),
         allow_unpatched,
         refusal: OnceLock::new(),

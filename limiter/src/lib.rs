@@ -44,6 +44,7 @@ mod hypervisor;
 mod image;
 mod loader;
 mod metering;
+mod mps;
 mod quota;
 mod spill;
 mod sys;

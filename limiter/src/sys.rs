@@ -435,6 +435,9 @@ pub type CuOccupancyMaxActiveBlocksPerMultiprocessor =
     unsafe extern "C" fn(*mut c_int, CUfunction, c_int, usize) -> CUresult;
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
 pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+/// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`: 1 when the device's contexts are
+/// shared through MPS (this process is an MPS client), else 0.
+pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: c_int = 133;
 pub type CuDeviceGet = unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult;
 pub type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
 pub type CuDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;

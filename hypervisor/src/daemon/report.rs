@@ -47,6 +47,12 @@ impl Hypervisor {
             workers,
             processes,
             admission: self.shared.latency.snapshot(),
+            corun: self
+                .shared
+                .corun
+                .get()
+                .map(|board| board.snapshot())
+                .unwrap_or_default(),
         }
     }
 }

@@ -10,6 +10,7 @@ use gpushare_utils::protocol::{Command, CommandResult};
 use http_bidir_comm::{Hub, HubEvents};
 
 use crate::config::Settings;
+use crate::corun::MpsBoard;
 use crate::metrics::LatencyHistogram;
 use crate::observer::{GpuObserver, ProcessUtilization, Unhealthy};
 use crate::scheduler::Scheduler;
@@ -42,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) identity: std::sync::OnceLock<Arc<dyn crate::identity::WorkerIdentity>>,
     /// What the daemon still waits for before it is ready (`GET /readyz`).
     pub(crate) pending: Mutex<std::collections::BTreeSet<String>>,
+    /// Co-run mode: the state of each co-run GPU's MPS control daemon.
+    pub(crate) corun: std::sync::OnceLock<Arc<MpsBoard>>,
 }
 
 /// The hypervisor's state and operations. Cloning is cheap (one `Arc`).
@@ -72,9 +75,20 @@ impl Hypervisor {
         lock(&self.shared.pending).remove(what);
     }
 
+    /// Co-run mode: the status and `/readyz` show `board`'s GPUs, and the
+    /// daemon is not ready while an MPS control daemon there is not up (set
+    /// once; later calls are ignored).
+    pub fn set_corun_board(&self, board: Arc<MpsBoard>) {
+        let _ = self.shared.corun.set(board);
+    }
+
     /// What the daemon still waits for; empty: ready.
     pub fn waiting_for(&self) -> Vec<String> {
-        lock(&self.shared.pending).iter().cloned().collect()
+        let mut waiting: Vec<String> = lock(&self.shared.pending).iter().cloned().collect();
+        if let Some(board) = self.shared.corun.get() {
+            waiting.extend(board.waiting());
+        }
+        waiting
     }
 
     /// Where the config says to listen (or the `--listen` override).

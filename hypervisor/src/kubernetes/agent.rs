@@ -411,7 +411,15 @@ async fn publish(
     } else {
         unhealthy
     };
-    let stored = slice::publish(client, &o.node, &o.driver, gpus, taints).await?;
+    let stored = slice::publish(
+        client,
+        &o.node,
+        &o.driver,
+        gpus,
+        taints,
+        o.provision.corun.as_ref(),
+    )
+    .await?;
     let dropped = !taints.is_empty() && !slice::has_taints(&stored);
     if dropped {
         let reasons: Vec<String> = unhealthy

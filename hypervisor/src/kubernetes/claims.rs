@@ -28,7 +28,9 @@
 //! policy: elastic    # fixed (default) | elastic | none
 //! ceiling: 80        # elastic ceiling in percent (default 100)
 //! priority: 10       # default 0
-//! class: latency     # batch (default) | latency: served first on the GPU
+//! class: latency     # batch (default) | latency: served first on the GPU;
+//!                    # on a co-run GPU also its MPS client's share of
+//!                    # the SMs and priority (see `provision::mps`)
 //! oversubscribe: true  # past the quota, serve from pinned host memory (default false)
 //! spillLimit: 16Gi   # pod-wide cap of that host memory per GPU (implies
 //!                    # oversubscribe; default with it: a quarter of the

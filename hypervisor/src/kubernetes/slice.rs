@@ -3,7 +3,10 @@
 //! `memory` (bytes) and `compute` (percent). An unhealthy GPU carries a
 //! device taint `<driver>/unhealthy=<reason>` (KEP-5055, beta behind the
 //! `DRADeviceTaints` gate): `NoExecute` when its work cannot go on (lost,
-//! XID 79), else `NoSchedule`.
+//! XID 79), else `NoSchedule`. Every device says whether its GPU is in
+//! co-run mode (the boolean attribute [`CORUN_ATTRIBUTE`]), so a claim can
+//! ask for one, or avoid one, with CEL:
+//! `device.attributes["<driver>"].corun == true`.
 
 use std::collections::BTreeMap;
 
@@ -17,7 +20,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube::api::{Api, PostParams};
 
 use super::KubeError;
+use crate::corun::CorunOptions;
 use crate::observer::{GpuInfo, Unhealthy};
+
+/// The boolean device attribute: true on co-run (MPS) GPUs.
+pub const CORUN_ATTRIBUTE: &str = "corun";
 
 /// The key of the unhealthy taint under the driver's name.
 pub const UNHEALTHY_KEY: &str = "unhealthy";
@@ -57,8 +64,8 @@ pub fn taint(driver: &str, unhealthy: &Unhealthy) -> DeviceTaint {
     }
 }
 
-/// The slice of `node` for `gpus`, those in `unhealthy` (by UUID) tainted.
-/// A claim that names no capacity takes a whole GPU (the defaults); one
+/// The slice of `node` for `gpus`, those in `unhealthy` (by UUID) tainted,
+/// those `corun` covers marked `corun: true`. A claim that names no capacity takes a whole GPU (the defaults); one
 /// that does takes what it asks, rounded up to 256 MiB of memory and whole
 /// percents.
 pub fn build(
@@ -66,6 +73,7 @@ pub fn build(
     driver: &str,
     gpus: &[GpuInfo],
     unhealthy: &BTreeMap<String, Unhealthy>,
+    corun: Option<&CorunOptions>,
     owner: Option<&Node>,
 ) -> ResourceSlice {
     let devices = gpus
@@ -79,6 +87,13 @@ pub fn build(
                 "index".to_owned(),
                 DeviceAttribute {
                     int: Some(i64::from(gpu.index)),
+                    ..DeviceAttribute::default()
+                },
+            );
+            attributes.insert(
+                CORUN_ATTRIBUTE.to_owned(),
+                DeviceAttribute {
+                    bool: Some(corun.is_some_and(|c| c.covers(&gpu.uuid))),
                     ..DeviceAttribute::default()
                 },
             );
@@ -188,7 +203,7 @@ fn same_devices(a: &ResourceSlice, b: &ResourceSlice) -> bool {
 
 /// Creates the slice, or replaces it when its devices changed (the pool's
 /// generation then goes up, as the scheduler expects); the GPUs in
-/// `unhealthy` (by UUID) tainted. Returns the slice as the API server
+/// `unhealthy` (by UUID) tainted, those `corun` covers marked. Returns the slice as the API server
 /// stored it: without taints where `DRADeviceTaints` is off there.
 pub async fn publish(
     client: &kube::Client,
@@ -196,13 +211,14 @@ pub async fn publish(
     driver: &str,
     gpus: &[GpuInfo],
     unhealthy: &BTreeMap<String, Unhealthy>,
+    corun: Option<&CorunOptions>,
 ) -> Result<ResourceSlice, KubeError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let owner = nodes
         .get_opt(node)
         .await
         .map_err(KubeError::api("get node"))?;
-    let mut wanted = build(node, driver, gpus, unhealthy, owner.as_ref());
+    let mut wanted = build(node, driver, gpus, unhealthy, corun, owner.as_ref());
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let name = slice_name(node, driver);
     match slices
@@ -242,7 +258,7 @@ mod tests {
                 since,
             },
         )]);
-        let slice = build("n", "gpu.example.com", &gpus, &unhealthy, None);
+        let slice = build("n", "gpu.example.com", &gpus, &unhealthy, None, None);
         assert!(has_taints(&slice));
         let devices = slice.spec.devices.as_deref().unwrap();
         assert_eq!(devices[0].taints, None);
@@ -274,8 +290,31 @@ mod tests {
             t.time_added = None;
         }
         assert!(same_devices(&slice, &stored));
-        let healthy = build("n", "gpu.example.com", &gpus, &BTreeMap::new(), None);
+        let healthy = build("n", "gpu.example.com", &gpus, &BTreeMap::new(), None, None);
         assert!(!has_taints(&healthy) && !same_devices(&slice, &healthy));
+    }
+
+    #[test]
+    fn corun_gpus_carry_the_attribute() {
+        let gpus = SimulatedGpus::new(2).gpus().unwrap();
+        let corun = CorunOptions {
+            gpus: vec![gpus[1].uuid.clone()],
+            dir: "/run/gpushare/mps".into(),
+            host_dir: "/run/gpushare/mps".into(),
+            latency_reserve: crate::corun::DEFAULT_LATENCY_RESERVE,
+            control: crate::corun::DEFAULT_MPS_CONTROL.into(),
+        };
+        let flags = |corun: Option<&CorunOptions>| -> Vec<Option<bool>> {
+            build("n", "d", &gpus, &BTreeMap::new(), corun, None)
+                .spec
+                .devices
+                .unwrap_or_default()
+                .iter()
+                .map(|d| d.attributes.as_ref().and_then(|a| a[CORUN_ATTRIBUTE].bool))
+                .collect()
+        };
+        assert_eq!(flags(Some(&corun)), [Some(false), Some(true)]);
+        assert_eq!(flags(None), [Some(false), Some(false)]);
     }
 
     fn taint_for(unhealthy: &Unhealthy) -> DeviceTaint {

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use super::mps::{CONTAINER_MPS_PIPE_DIR, MpsClient};
 use super::{
     CONTAINER_LIMITER, CONTAINER_PRELOAD, CONTAINER_SHM, CONTAINER_SOCKET_DIR, CONTAINER_TOKEN,
     ClaimRequest, ProvisionConfig, ProvisionError,
@@ -73,17 +74,19 @@ pub fn spec_file_name(config: &ProvisionConfig, claim_uid: &str) -> String {
 }
 
 /// The spec of `request`, whose pod's token is `token_file` (agent's view)
-/// and which gives the container `gpus` (NVML index order).
+/// and which gives the container `gpus` (NVML index order), as a client of
+/// their MPS daemon where `mps` says (a co-run GPU, [`super::mps`]).
 pub fn claim_spec(
     config: &ProvisionConfig,
     request: &ClaimRequest,
     gpus: &[GpuInfo],
     token_file: &Path,
+    mps: Option<&MpsClient>,
 ) -> Result<Spec, ProvisionError> {
     let host_token = host_view(token_file, &config.state_dir, &config.host_state_dir);
     let region = format!("{POD_REGION_PREFIX}{}", request.pod.uid);
     let visible: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
-    let env = vec![
+    let mut env = vec![
         format!("CUDA_LIMITER_HYPERVISOR={}", config.hypervisor_url),
         format!("CUDA_LIMITER_POD={}", request.pod.uid),
         format!("CUDA_LIMITER_TOKEN_FILE={CONTAINER_TOKEN}"),
@@ -142,6 +145,17 @@ pub fn claim_spec(
             host_path: path_text(dir),
             container_path: CONTAINER_SOCKET_DIR.to_owned(),
             options: ["ro", "nosuid", "nodev", "noexec", "bind"]
+                .map(String::from)
+                .to_vec(),
+        });
+    }
+    // An MPS client: read-write, as clients make their pipes in the folder.
+    if let Some(client) = mps {
+        env.extend(client.env.iter().cloned());
+        mounts.push(Mount {
+            host_path: path_text(&client.host_pipe_dir),
+            container_path: CONTAINER_MPS_PIPE_DIR.to_owned(),
+            options: ["rw", "nosuid", "nodev", "noexec", "bind"]
                 .map(String::from)
                 .to_vec(),
         });
@@ -246,7 +260,7 @@ mod tests {
         let config =
             ProvisionConfig::daemonset_socket(Path::new("/var/lib/gpushare/run/hypervisor.sock"))
                 .unwrap();
-        let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t")).unwrap();
+        let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t"), None).unwrap();
         let edits = &spec.devices[0].container_edits;
         assert!(edits.env.contains(
             &"CUDA_LIMITER_HYPERVISOR=http+unix://%2Fvar%2Frun%2Fgpushare%2Fhypervisor%2Fhypervisor.sock"
@@ -275,7 +289,7 @@ mod tests {
     #[test]
     fn a_tcp_address_mounts_no_socket_folder() {
         let config = ProvisionConfig::daemonset("http://10.0.0.1:7070");
-        let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t")).unwrap();
+        let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t"), None).unwrap();
         let edits = &spec.devices[0].container_edits;
         assert!(
             edits
@@ -289,5 +303,36 @@ mod tests {
                 .any(|m| m.container_path == CONTAINER_SOCKET_DIR)
         );
         assert!(ProvisionConfig::daemonset_socket(Path::new("hypervisor.sock")).is_err());
+    }
+
+    #[test]
+    fn an_mps_client_gets_its_pipe_folder_read_write_and_its_variables() {
+        let config = ProvisionConfig::daemonset("http://10.0.0.1:7070");
+        let client = MpsClient {
+            host_pipe_dir: PathBuf::from("/var/lib/gpushare/mps/GPU-0/pipe"),
+            env: vec!["CUDA_LIMITER_MPS=required".into()],
+        };
+        let spec =
+            claim_spec(&config, &request(), &gpus(), Path::new("/t"), Some(&client)).unwrap();
+        let edits = &spec.devices[0].container_edits;
+        assert!(edits.env.contains(&"CUDA_LIMITER_MPS=required".to_owned()));
+        assert!(edits.env.contains(&"CUDA_VISIBLE_DEVICES=GPU-0".to_owned()));
+        let mount = edits
+            .mounts
+            .iter()
+            .find(|m| m.container_path == CONTAINER_MPS_PIPE_DIR)
+            .expect("the pipe folder is mounted");
+        assert_eq!(mount.host_path, "/var/lib/gpushare/mps/GPU-0/pipe");
+        assert_eq!(mount.options, ["rw", "nosuid", "nodev", "noexec", "bind"]);
+        // Without a client: no pipe folder, no MPS variable.
+        let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t"), None).unwrap();
+        let edits = &spec.devices[0].container_edits;
+        assert!(
+            !edits
+                .mounts
+                .iter()
+                .any(|m| m.container_path == CONTAINER_MPS_PIPE_DIR)
+        );
+        assert!(!edits.env.iter().any(|e| e.contains("MPS")));
     }
 }

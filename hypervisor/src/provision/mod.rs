@@ -25,6 +25,7 @@ pub mod cdi;
 pub mod checkpoint;
 mod files;
 mod grant;
+pub mod mps;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -93,6 +94,14 @@ pub enum ProvisionError {
     Random(#[source] std::io::Error),
     #[error("the hypervisor's socket {} has no folder or file name", .0.display())]
     SocketPath(PathBuf),
+    /// GPUs that cannot go to one pod in co-run mode (`subject`: the claim,
+    /// or its pod).
+    #[error("{subject}: {conflict}")]
+    Corun {
+        subject: String,
+        #[source]
+        conflict: mps::CorunConflict,
+    },
 }
 
 /// Where things are, as the agent sees them and as the host (the container
@@ -125,6 +134,9 @@ pub struct ProvisionConfig {
     /// Root of the host's `/dev` and `/proc/driver/nvidia` (`/`): where the
     /// GPU device nodes and their minor numbers are looked up.
     pub host_root: PathBuf,
+    /// The node's co-run GPUs, whose pods are provisioned as MPS clients
+    /// ([`mps`]); `None`: no GPU is in co-run mode.
+    pub corun: Option<crate::corun::CorunOptions>,
 }
 
 impl ProvisionConfig {
@@ -142,6 +154,7 @@ impl ProvisionConfig {
             cdi_vendor: "gpushare.dev".to_owned(),
             cdi_class: "gpu".to_owned(),
             host_root: PathBuf::from("/"),
+            corun: None,
         }
     }
 
@@ -223,6 +236,13 @@ impl Provisioner {
         }
         request.validate()?;
         self.check_capacity(&request)?;
+        let others = self
+            .checkpoint
+            .claims
+            .values()
+            .filter(|c| c.request.pod.uid == request.pod.uid)
+            .flat_map(|c| &c.request.devices);
+        mps::check_request(self.config.corun.as_ref(), &request, others)?;
         let token = match self.checkpoint.tokens.get(&request.pod.uid) {
             Some(token) => token.clone(),
             None => random_token()?,
@@ -495,7 +515,24 @@ impl Provisioner {
         } else {
             self.gpus_of(&request.devices)?
         };
-        cdi::claim_spec(&self.config, request, &gpus, &self.token_file(pod))
+        // The pod's grants (this claim's once, prepared or not) set its
+        // MPS client's class and memory fence on a co-run GPU.
+        let pod_devices = self
+            .checkpoint
+            .claims
+            .values()
+            .filter(|c| c.request.pod.uid == *pod && c.request.claim_uid != request.claim_uid)
+            .flat_map(|c| &c.request.devices)
+            .chain(&request.devices);
+        let client =
+            mps::client(self.config.corun.as_ref(), &gpus, pod_devices).map_err(|conflict| {
+                ProvisionError::Corun {
+                    subject: format!("pod {}", request.pod),
+                    conflict,
+                }
+            })?;
+        let token = self.token_file(pod);
+        cdi::claim_spec(&self.config, request, &gpus, &token, client.as_ref())
     }
 
     /// (Re)writes the CDI specs of every prepared claim of pod `pod`.

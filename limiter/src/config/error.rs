@@ -120,6 +120,12 @@ pub enum ConfigError {
 
     #[error("{var}={} is not a class (expected latency or batch)", quoted(.value))]
     Class { var: String, value: String },
+
+    #[error(
+        "CUDA_LIMITER_MPS={} is not required (expected required, or leave it unset)",
+        quoted(.value)
+    )]
+    Mps { value: String },
 }
 
 #[cfg(test)]
@@ -185,6 +191,7 @@ mod tests {
             ("CUDA_CORE_SOFT_LIMIT_0", "7"),
             ("CUDA_LIMITER_POD", "a\nb"),
             ("CUDA_LIMITER_HYPERVISOR", "\n"),
+            ("CUDA_LIMITER_MPS", "required\n?"),
             ("CUDA_LIMITER_MEMORY_LIMIT_x\ny", "1g"),
         ];
         for &(name, value) in table {

@@ -120,6 +120,7 @@
 //! | `CUDA_LIMITER_POD` | pod identity, see [`PodId`]; default `default` |
 //! | `CUDA_LIMITER_HYPERVISOR` | hypervisor address, e.g. `http://127.0.0.1:8000`; unset means local mode |
 //! | `CUDA_LIMITER_CLASS`, `CUDA_LIMITER_CLASS_<i>` | `latency` or `batch` (default), see [`PodClass`](gpushare_utils::pod::PodClass) |
+//! | `CUDA_LIMITER_MPS` | `required` or unset: with `required`, CUDA is refused unless every device runs as an MPS client, see [`MpsMode`] |
 //!
 //! Other `CUDA_LIMITER_*` names (typos included) are ignored, except a variable
 //! of ours with a device suffix that is not an index (`CUDA_LIMITER_MEMORY_LIMIT_x`),
@@ -133,6 +134,7 @@ mod error;
 #[cfg(test)]
 mod fuzz;
 mod limits;
+mod mps;
 mod oversubscribe;
 mod percent;
 mod resolve;
@@ -145,6 +147,7 @@ mod vars;
 pub use class::DeviceClasses;
 pub use error::ConfigError;
 pub use limits::{ComputeLimit, ComputePolicy, DeviceLimits};
+pub use mps::MpsMode;
 
 use gpushare_utils::pod::PodId;
 use scan::RawVars;
@@ -166,6 +169,8 @@ pub struct LimiterConfig {
     pub hypervisor: Option<String>,
     /// The pod's class per device (`CUDA_LIMITER_CLASS[_<i>]`).
     pub class: DeviceClasses,
+    /// Whether CUDA runs only as an MPS client (`CUDA_LIMITER_MPS`).
+    pub mps: MpsMode,
 }
 
 impl LimiterConfig {

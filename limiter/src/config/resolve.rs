@@ -8,6 +8,7 @@ use gpushare_utils::units::parse_size;
 use super::compute::{CorePair, OursSm};
 use super::error::{MEM_JSON_EXAMPLE, UP_JSON_EXAMPLE};
 use super::limits::Device;
+use super::mps::parse_mps;
 use super::oversubscribe::{push_oversubscribe, push_spill_limit};
 use super::percent::{limited, parse_percent};
 use super::scan::{RawVar, RawVars};
@@ -109,6 +110,7 @@ impl RawVars {
                     };
                     config.class.set(index, class);
                 }
+                Kind::Mps => config.mps = parse_mps(v)?,
             }
         }
         sm.push_to(&mut config.compute)?;

@@ -12,10 +12,11 @@
 //! - [`Held`] (`held.rs`): context limits, graph allocation nodes and graph
 //!   pools: memory the driver holds outside allocations.
 
-use std::ffi::{CStr, c_void};
+use std::ffi::{CStr, c_int, c_void};
 
 use crate::sys::{
-    CUdevice, CUuuid, CuCtxGetDevice, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
+    CU_DEVICE_ATTRIBUTE_MPS_ENABLED, CUdevice, CUuuid, CuCtxGetDevice, CuDeviceGet,
+    CuDeviceGetAttribute, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
 };
 
 mod held;
@@ -50,6 +51,8 @@ pub struct Driver {
     ctx_get_device: CuCtxGetDevice,
     device_get_uuid: CuDeviceGetUuid,
     device_get_count: Option<CuDeviceGetCount>,
+    device_get: Option<CuDeviceGet>,
+    device_get_attribute: Option<CuDeviceGetAttribute>,
     /// Measuring kernels; absent from drivers that lack any of it.
     pub timing: Option<Timing>,
     /// Pinned mapped host memory, for oversubscription.
@@ -68,6 +71,8 @@ impl Driver {
                 device_get_uuid: symbol(handle, c"cuDeviceGetUuid_v2")
                     .or_else(|| symbol(handle, c"cuDeviceGetUuid"))?,
                 device_get_count: symbol(handle, c"cuDeviceGetCount"),
+                device_get: symbol(handle, c"cuDeviceGet"),
+                device_get_attribute: symbol(handle, c"cuDeviceGetAttribute"),
                 timing: Timing::load(handle),
                 host: HostMemory::load(handle),
                 held: Held::load(handle),
@@ -90,6 +95,22 @@ impl Driver {
         // SAFETY: a valid out-pointer.
         let result = unsafe { count(&mut devices) };
         (result.is_success()).then(|| devices.max(0) as u32)
+    }
+
+    /// Whether CUDA device `ordinal`'s contexts run under MPS
+    /// (`CU_DEVICE_ATTRIBUTE_MPS_ENABLED`): false when the driver found no
+    /// MPS control daemon, or was refused by it, and runs alone.
+    pub fn mps_enabled(&self, ordinal: u32) -> Result<bool, DriverError> {
+        let get = self.device_get.ok_or(DriverError::NOT_FOUND)?;
+        let attribute = self.device_get_attribute.ok_or(DriverError::NOT_FOUND)?;
+        let ordinal = c_int::try_from(ordinal).map_err(|_| DriverError::INVALID_VALUE)?;
+        let mut device: CUdevice = 0;
+        // SAFETY: a valid out-pointer, per the driver's contract.
+        unsafe { get(&mut device, ordinal) }.result()?;
+        let mut enabled: c_int = 0;
+        // SAFETY: a valid out-pointer; this attribute is an int.
+        unsafe { attribute(&mut enabled, CU_DEVICE_ATTRIBUTE_MPS_ENABLED, device) }.result()?;
+        Ok(enabled != 0)
     }
 
     /// The device's UUID as NVML prints it (`GPU-…`).

@@ -7,9 +7,9 @@ use crate::grant::Grant;
 use crate::sys::CUresult;
 
 /// `cuInit`: `CUDA_ERROR_NOT_INITIALIZED` under a broken configuration, an
-/// unpatchable driver, or (under a hypervisor) no grant and no local limit,
-/// so the program fails where CUDA starts instead of running without its
-/// limits. A broken configuration says so once, here; the other causes
+/// unpatchable driver, MPS required but not in effect, or (under a
+/// hypervisor) no grant and no local limit, so the program fails where CUDA
+/// starts instead of running without its limits. A broken configuration says so once, here; the other causes
 /// printed their one line when they were found.
 /// `initialise` is the driver's original, as a closure from the adapter.
 pub fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
@@ -24,13 +24,22 @@ pub fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
     if limiter.refusal().is_some() {
         return Err(LimiterError::Misconfigured("driver cannot be patched"));
     }
-    if limiter.context.link().is_none() {
+    if limiter.context.link().is_none() && !limiter.mps.is_required() {
         return Err(LimiterError::Bypass(Pass::NoHypervisor));
     }
     // The driver first: registration tells the hypervisor which GPUs this
-    // process sees, which needs an initialised driver.
+    // process sees, and the devices say whether MPS is on, both of which
+    // need an initialised driver.
     let result = initialise();
     if !result.is_success() {
+        return Ok(result);
+    }
+    if limiter.mps.verify(limiter.context.driver()).is_err() {
+        return Err(LimiterError::Misconfigured(
+            "MPS required but not in effect",
+        ));
+    }
+    if limiter.context.link().is_none() {
         return Ok(result);
     }
     match limiter.context.grant() {

@@ -1,0 +1,138 @@
+//! What the supervisor knows of each co-run GPU's MPS control daemon, shared
+//! with the status, the metrics and `/readyz`.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+/// The state of one GPU's MPS control daemon.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum MpsState {
+    /// Started (or about to be), not answering yet.
+    Starting,
+    /// Answering since `since` (Unix seconds).
+    Up { since: u64 },
+    /// Not running since `since` (Unix seconds), for `reason`; the
+    /// supervisor starts it again after its backoff.
+    Down { reason: String, since: u64 },
+    /// Stopped with the hypervisor.
+    Stopped,
+}
+
+/// One co-run GPU as the status shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CorunGpuStatus {
+    /// The GPU's UUID.
+    pub gpu: String,
+    #[serde(flatten)]
+    pub state: MpsState,
+    /// Times the control daemon was started again after it exited or never
+    /// answered.
+    pub restarts: u64,
+    /// The control daemon's pid while it runs.
+    #[serde(default)]
+    pub pid: Option<u32>,
+}
+
+impl CorunGpuStatus {
+    pub fn is_up(&self) -> bool {
+        matches!(self.state, MpsState::Up { .. })
+    }
+}
+
+/// Every co-run GPU's state, in the order of the options.
+#[derive(Debug)]
+pub struct MpsBoard {
+    gpus: Mutex<Vec<CorunGpuStatus>>,
+}
+
+impl MpsBoard {
+    /// Every GPU of `gpus` starting.
+    pub fn new(gpus: &[String]) -> Self {
+        Self {
+            gpus: Mutex::new(
+                gpus.iter()
+                    .map(|gpu| CorunGpuStatus {
+                        gpu: gpu.clone(),
+                        state: MpsState::Starting,
+                        restarts: 0,
+                        pid: None,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// A copy, for the status.
+    pub fn snapshot(&self) -> Vec<CorunGpuStatus> {
+        self.lock().clone()
+    }
+
+    /// What `/readyz` waits for: one line per GPU whose daemon is not up.
+    pub fn waiting(&self) -> Vec<String> {
+        self.lock()
+            .iter()
+            .filter(|g| !g.is_up())
+            .map(|g| match &g.state {
+                MpsState::Down { reason, .. } => format!("MPS of GPU {} is down: {reason}", g.gpu),
+                MpsState::Stopped => format!("MPS of GPU {} is stopped", g.gpu),
+                _ => format!("MPS of GPU {} is starting", g.gpu),
+            })
+            .collect()
+    }
+
+    /// Applies `change` to GPU `gpu`'s entry.
+    pub(crate) fn update(&self, gpu: &str, change: impl FnOnce(&mut CorunGpuStatus)) {
+        if let Some(entry) = self.lock().iter_mut().find(|g| g.gpu == gpu) {
+            change(entry);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<CorunGpuStatus>> {
+        // Every update is one assignment: a poisoned lock still holds a
+        // consistent list.
+        self.gpus.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Now, in Unix seconds.
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_read_as_json_and_readiness() {
+        let board = MpsBoard::new(&["GPU-a".into(), "GPU-b".into()]);
+        board.update("GPU-a", |g| g.state = MpsState::Up { since: 5 });
+        board.update("GPU-b", |g| {
+            g.state = MpsState::Down {
+                reason: "exited with status 1".into(),
+                since: 6,
+            };
+            g.restarts = 2;
+        });
+        assert_eq!(
+            board.waiting(),
+            ["MPS of GPU GPU-b is down: exited with status 1"]
+        );
+        let json = serde_json::to_value(board.snapshot()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"gpu": "GPU-a", "state": "up", "since": 5, "restarts": 0, "pid": null},
+                {"gpu": "GPU-b", "state": "down", "reason": "exited with status 1",
+                 "since": 6, "restarts": 2, "pid": null},
+            ])
+        );
+        let back: Vec<CorunGpuStatus> = serde_json::from_value(json).unwrap();
+        assert_eq!(back, board.snapshot());
+    }
+}

@@ -1,0 +1,142 @@
+//! Co-run mode: GPUs whose pods run their kernels at the same time on
+//! different SMs, as clients of NVIDIA's MPS, instead of taking turns.
+//!
+//! A GPU is put in this mode by the node's operator (`--corun-gpu`). The
+//! daemon then runs one MPS control daemon for it, with its own pipe and log
+//! folders under [`CorunOptions::dir`] ([`pipe_dir`], [`log_dir`]), and every
+//! pod given that GPU is provisioned as an MPS client of it. MPS fixes a
+//! client's share of the SMs (its active thread percentage) when the client
+//! starts, and no command changes it for a running client; so the SMs kept
+//! for latency pods are kept from batch clients for their whole life
+//! ([`active_thread_percentage`]): a batch pod never occupies them, even
+//! when no latency pod runs. Memory quotas, reports and refusals stay the
+//! limiter's, inside every client.
+//!
+//! The daemon's side: [`flags`] (the `serve` flags that make the options),
+//! [`supervisor`] (one supervised control daemon per co-run GPU, through
+//! [`control`], the control program's client mode), [`board`] (each GPU's
+//! state, read by the status, the metrics and `/readyz`).
+
+pub mod board;
+pub mod control;
+pub mod flags;
+pub mod supervisor;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpushare_utils::pod::PodClass;
+
+pub use board::{CorunGpuStatus, MpsBoard, MpsState};
+pub use flags::CorunArgs;
+pub use supervisor::{MpsSupervisor, Timing};
+
+/// Why co-run mode could not start, or a command to MPS failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CorunError {
+    #[error("--corun-gpu {0}: no such GPU (a UUID or an index the observer lists)")]
+    UnknownGpu(String),
+    #[error("cannot make the MPS folder {}: {source}", path.display())]
+    Folder {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run {}: {source}", program.display())]
+    Spawn {
+        program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("MPS command {command:?} failed: {detail}")]
+    Command { command: String, detail: String },
+    #[error("MPS command {command:?} took longer than {after:?}")]
+    Timeout { command: String, after: Duration },
+    #[error("cannot start an MPS supervision thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Percent of a co-run GPU's SMs kept for latency pods by default.
+pub const DEFAULT_LATENCY_RESERVE: u8 = 20;
+
+/// Where the MPS control program usually is.
+pub const DEFAULT_MPS_CONTROL: &str = "/usr/bin/nvidia-cuda-mps-control";
+
+/// The co-run GPUs of this node and how they are run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorunOptions {
+    /// UUIDs (`GPU-…`) of the GPUs in co-run mode.
+    pub gpus: Vec<String>,
+    /// Folder of the MPS folders, as the daemon sees it.
+    pub dir: PathBuf,
+    /// `dir` as the host (the container runtime) sees it.
+    pub host_dir: PathBuf,
+    /// Percent of the SMs batch clients are kept from, for latency pods.
+    pub latency_reserve: u8,
+    /// The `nvidia-cuda-mps-control` program.
+    pub control: PathBuf,
+}
+
+impl CorunOptions {
+    /// Whether GPU `uuid` is in co-run mode.
+    pub fn covers(&self, uuid: &str) -> bool {
+        self.gpus.iter().any(|g| g.eq_ignore_ascii_case(uuid))
+    }
+}
+
+/// The pipe folder of GPU `uuid`'s MPS control daemon under `dir`
+/// (`CUDA_MPS_PIPE_DIRECTORY` of the daemon and of its clients).
+pub fn pipe_dir(dir: &Path, uuid: &str) -> PathBuf {
+    dir.join(uuid).join("pipe")
+}
+
+/// The log folder of GPU `uuid`'s MPS control daemon under `dir`
+/// (`CUDA_MPS_LOG_DIRECTORY`).
+pub fn log_dir(dir: &Path, uuid: &str) -> PathBuf {
+    dir.join(uuid).join("log")
+}
+
+/// The active thread percentage (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) of a
+/// client of class `class` when `reserve` percent is kept for latency
+/// pods: all of the GPU for a latency pod, the rest for a batch pod.
+pub fn active_thread_percentage(class: PodClass, reserve: u8) -> u8 {
+    match class {
+        PodClass::Latency => 100,
+        PodClass::Batch => 100 - reserve.min(99),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_clients_leave_the_reserve_to_latency_pods() {
+        assert_eq!(active_thread_percentage(PodClass::Latency, 20), 100);
+        assert_eq!(active_thread_percentage(PodClass::Batch, 20), 80);
+        assert_eq!(active_thread_percentage(PodClass::Batch, 0), 100);
+        // A batch client keeps at least 1%.
+        assert_eq!(active_thread_percentage(PodClass::Batch, 100), 1);
+    }
+
+    #[test]
+    fn folders_are_per_gpu() {
+        let dir = Path::new("/run/gpushare/mps");
+        assert_eq!(
+            pipe_dir(dir, "GPU-1"),
+            PathBuf::from("/run/gpushare/mps/GPU-1/pipe")
+        );
+        assert_eq!(
+            log_dir(dir, "GPU-1"),
+            PathBuf::from("/run/gpushare/mps/GPU-1/log")
+        );
+        let options = CorunOptions {
+            gpus: vec!["GPU-AB".into()],
+            dir: dir.into(),
+            host_dir: dir.into(),
+            latency_reserve: DEFAULT_LATENCY_RESERVE,
+            control: DEFAULT_MPS_CONTROL.into(),
+        };
+        assert!(options.covers("gpu-ab") && !options.covers("GPU-CD"));
+    }
+}

@@ -1,0 +1,363 @@
+//! One supervised MPS control daemon per co-run GPU.
+//!
+//! For each GPU a thread of its own (the daemon is a child process that is
+//! waited for, and the control program's client mode blocks; neither
+//! belongs on the async runtime's threads):
+//!
+//! 1. makes the GPU's pipe and log folders ([`control::prepare_folders`]);
+//! 2. quits a control daemon an earlier run of ours left there (its pid
+//!    file names a live process running the control program);
+//! 3. starts `<control> -f` with `CUDA_VISIBLE_DEVICES=<uuid>` (it serves
+//!    that GPU alone), `CUDA_MPS_PIPE_DIRECTORY` and
+//!    `CUDA_MPS_LOG_DIRECTORY`;
+//! 4. polls `get_server_list` through the client mode: up once it answers
+//!    (a client whose daemon does not answer runs without MPS, so "up" is
+//!    what `/readyz` waits for);
+//! 5. when the daemon exits, starts it again after a backoff of 1 s,
+//!    doubling to 30 s, back to 1 s once a daemon stayed up a minute;
+//! 6. on shutdown sends `quit`, waits up to 5 s, then SIGTERM, then SIGKILL,
+//!    and removes the socket and pid file a killed daemon leaves.
+//!
+//! Every step is written to the [`MpsBoard`] the status, the metrics and
+//! `/readyz` read.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::board::{MpsBoard, MpsState, unix_now};
+use super::control::{self, Control};
+use super::{CorunError, CorunOptions, log_dir, pipe_dir};
+
+/// How long each step may take; [`Timing::default`] is what the daemon
+/// uses, tests shorten some.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timing {
+    /// The wait before the first restart.
+    pub first_backoff: Duration,
+    /// The longest wait between restarts.
+    pub max_backoff: Duration,
+    /// A daemon up this long resets the backoff.
+    pub stable_after: Duration,
+    /// A started daemon not answering by then is killed and restarted.
+    pub ready_within: Duration,
+    /// How long one command through the client mode may take.
+    pub command_timeout: Duration,
+    /// How long a daemon has to exit after `quit`.
+    pub quit_grace: Duration,
+    /// How long after SIGTERM before SIGKILL.
+    pub term_grace: Duration,
+    /// How often readiness and the daemon's exit are looked at.
+    pub poll: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            first_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+            stable_after: Duration::from_secs(60),
+            ready_within: Duration::from_secs(30),
+            command_timeout: Duration::from_secs(5),
+            quit_grace: Duration::from_secs(5),
+            term_grace: Duration::from_secs(2),
+            poll: Duration::from_millis(50),
+        }
+    }
+}
+
+/// The running supervision; stops its daemons when shut down or dropped.
+pub struct MpsSupervisor {
+    board: Arc<MpsBoard>,
+    stop: Arc<Stop>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl MpsSupervisor {
+    /// Makes every co-run GPU's folders and starts supervising its daemon.
+    pub fn start(options: &CorunOptions) -> Result<Self, CorunError> {
+        Self::with_timing(options, Timing::default())
+    }
+
+    /// [`MpsSupervisor::start`] with other timings.
+    pub fn with_timing(options: &CorunOptions, timing: Timing) -> Result<Self, CorunError> {
+        for uuid in &options.gpus {
+            control::prepare_folders(&pipe_dir(&options.dir, uuid), &log_dir(&options.dir, uuid))?;
+        }
+        let board = Arc::new(MpsBoard::new(&options.gpus));
+        let stop = Arc::new(Stop::default());
+        let mut threads = Vec::new();
+        for uuid in &options.gpus {
+            let gpu = Supervised {
+                uuid: uuid.clone(),
+                control: Control {
+                    program: options.control.clone(),
+                    pipe: pipe_dir(&options.dir, uuid),
+                },
+                log: log_dir(&options.dir, uuid),
+                board: Arc::clone(&board),
+                stop: Arc::clone(&stop),
+                timing,
+            };
+            let spawned = std::thread::Builder::new()
+                .name(format!("mps-{}", short(uuid)))
+                .spawn(move || gpu.run());
+            match spawned {
+                Ok(thread) => threads.push(thread),
+                Err(source) => {
+                    // Stops the threads already started.
+                    drop(Self {
+                        board,
+                        stop,
+                        threads,
+                    });
+                    return Err(CorunError::Thread(source));
+                }
+            }
+        }
+        Ok(Self {
+            board,
+            stop,
+            threads,
+        })
+    }
+
+    /// The GPUs' states, for the hypervisor's status and `/readyz`.
+    pub fn board(&self) -> Arc<MpsBoard> {
+        Arc::clone(&self.board)
+    }
+
+    /// Quits every daemon (see the module's step 6) and waits for it.
+    pub fn shutdown(mut self) {
+        self.stop_all();
+    }
+
+    fn stop_all(&mut self) {
+        self.stop.set();
+        for thread in self.threads.drain(..) {
+            if thread.join().is_err() {
+                tracing::error!("an MPS supervision thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for MpsSupervisor {
+    fn drop(&mut self) {
+        self.stop_all();
+    }
+}
+
+/// The end of one daemon's life.
+enum Ended {
+    /// The hypervisor stops: the daemon was quit.
+    Stopped,
+    /// It exited or never answered; the reason.
+    Failed(String),
+}
+
+/// One GPU's daemon and what its thread needs.
+struct Supervised {
+    uuid: String,
+    control: Control,
+    log: PathBuf,
+    board: Arc<MpsBoard>,
+    stop: Arc<Stop>,
+    timing: Timing,
+}
+
+impl Supervised {
+    fn run(self) {
+        self.quit_leftover();
+        let mut backoff = self.timing.first_backoff;
+        let mut first = true;
+        while !self.stop.is_set() {
+            self.board.update(&self.uuid, |g| {
+                g.state = MpsState::Starting;
+                g.restarts += u64::from(!first);
+            });
+            first = false;
+            let started = Instant::now();
+            let reason = match self.run_once() {
+                Ended::Stopped => break,
+                Ended::Failed(reason) => reason,
+            };
+            if started.elapsed() >= self.timing.stable_after {
+                backoff = self.timing.first_backoff;
+            }
+            tracing::warn!(gpu = %self.uuid, %reason, retry_in = ?backoff, "MPS control daemon down");
+            self.board.update(&self.uuid, |g| {
+                g.state = MpsState::Down {
+                    reason,
+                    since: unix_now(),
+                };
+                g.pid = None;
+            });
+            if self.stop.wait(backoff) {
+                break;
+            }
+            backoff = (backoff * 2).min(self.timing.max_backoff);
+        }
+        self.board.update(&self.uuid, |g| {
+            g.state = MpsState::Stopped;
+            g.pid = None;
+        });
+    }
+
+    /// Starts the daemon, waits until it answers, then until it exits or
+    /// the hypervisor stops.
+    fn run_once(&self) -> Ended {
+        let mut child = match self.spawn() {
+            Ok(child) => child,
+            Err(error) => return Ended::Failed(error.to_string()),
+        };
+        let pid = child.id();
+        self.board.update(&self.uuid, |g| g.pid = Some(pid));
+        let deadline = Instant::now() + self.timing.ready_within;
+        loop {
+            if self.stop.is_set() {
+                self.quit(&mut child);
+                return Ended::Stopped;
+            }
+            if let Some(ended) = exited(&mut child) {
+                return Ended::Failed(format!("{ended} before answering"));
+            }
+            match self
+                .control
+                .send("get_server_list", self.timing.command_timeout)
+            {
+                Ok(_) => break,
+                Err(error) if Instant::now() >= deadline => {
+                    self.quit(&mut child);
+                    return Ended::Failed(format!(
+                        "no answer within {:?}: {error}",
+                        self.timing.ready_within
+                    ));
+                }
+                Err(_) => {}
+            }
+            if self.stop.wait(self.timing.poll) {
+                self.quit(&mut child);
+                return Ended::Stopped;
+            }
+        }
+        tracing::info!(gpu = %self.uuid, pid, "MPS control daemon up");
+        self.board.update(&self.uuid, |g| {
+            g.state = MpsState::Up { since: unix_now() };
+        });
+        loop {
+            if self.stop.wait(self.timing.poll) {
+                self.quit(&mut child);
+                return Ended::Stopped;
+            }
+            if let Some(ended) = exited(&mut child) {
+                return Ended::Failed(ended);
+            }
+        }
+    }
+
+    fn spawn(&self) -> Result<Child, CorunError> {
+        Command::new(&self.control.program)
+            .arg("-f")
+            .env("CUDA_VISIBLE_DEVICES", &self.uuid)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &self.control.pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", &self.log)
+            // The daemon's own value would become its servers' default;
+            // each client sets its share instead.
+            .env_remove("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|source| CorunError::Spawn {
+                program: self.control.program.clone(),
+                source,
+            })
+    }
+
+    /// Step 6 for our child: `quit`, then SIGTERM, then SIGKILL.
+    fn quit(&self, child: &mut Child) {
+        let asked = Instant::now();
+        if let Err(error) = self.control.send("quit", self.timing.quit_grace) {
+            tracing::debug!(gpu = %self.uuid, %error, "quit not answered");
+        }
+        let left = self.timing.quit_grace.saturating_sub(asked.elapsed());
+        if control::wait_exit(child, left).is_none() {
+            tracing::warn!(gpu = %self.uuid, "MPS control daemon ignored quit: SIGTERM");
+            if let Ok(pid) = i32::try_from(child.id()) {
+                control::signal(pid, libc::SIGTERM);
+            }
+            if control::wait_exit(child, self.timing.term_grace).is_none() {
+                tracing::warn!(gpu = %self.uuid, "MPS control daemon ignored SIGTERM: SIGKILL");
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        control::remove_daemon_files(&self.control.pipe);
+    }
+
+    /// Step 2: a daemon of an earlier run (not our child) in our pipe folder.
+    fn quit_leftover(&self) {
+        let Some(pid) = control::leftover_daemon(&self.control.pipe, &self.control.program) else {
+            control::remove_daemon_files(&self.control.pipe);
+            return;
+        };
+        tracing::warn!(gpu = %self.uuid, pid, "quitting the MPS control daemon of an earlier run");
+        if let Err(error) = self.control.send("quit", self.timing.quit_grace) {
+            tracing::debug!(gpu = %self.uuid, %error, "quit not answered");
+        }
+        if !control::wait_gone(pid, self.timing.quit_grace) {
+            control::signal(pid, libc::SIGTERM);
+            if !control::wait_gone(pid, self.timing.term_grace) {
+                control::signal(pid, libc::SIGKILL);
+                control::wait_gone(pid, self.timing.term_grace);
+            }
+        }
+        control::remove_daemon_files(&self.control.pipe);
+    }
+}
+
+/// How `child` ended, if it did.
+fn exited(child: &mut Child) -> Option<String> {
+    match child.try_wait() {
+        Ok(Some(status)) => Some(format!("exited ({status})")),
+        Ok(None) => None,
+        Err(error) => Some(format!("cannot be waited for: {error}")),
+    }
+}
+
+/// The end of a GPU's UUID, for thread names (at most 15 bytes in all).
+fn short(uuid: &str) -> &str {
+    let start = uuid.len().saturating_sub(8);
+    uuid.get(start..).unwrap_or(uuid)
+}
+
+/// The stop signal of every supervision thread: waits wake at once on it.
+#[derive(Default)]
+struct Stop {
+    stopped: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Stop {
+    fn set(&self) {
+        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.changed.notify_all();
+    }
+
+    fn is_set(&self) -> bool {
+        *self.stopped.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits up to `timeout`; true when stopped.
+    fn wait(&self, timeout: Duration) -> bool {
+        let guard = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        let (guard, _) = self
+            .changed
+            .wait_timeout_while(guard, timeout, |stopped| !*stopped)
+            .unwrap_or_else(PoisonError::into_inner);
+        *guard
+    }
+}

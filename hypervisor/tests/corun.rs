@@ -1,0 +1,385 @@
+//! Co-run mode's daemon side against the fake `nvidia-cuda-mps-control`
+//! (crate `mps-fake`): one control daemon per co-run GPU with the right
+//! environment, `/readyz` waiting for it, restarts counted, `quit` on
+//! shutdown, a leftover daemon quit at start; and the ResourceSlice's
+//! `corun` attribute.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use hypervisor::corun::{
+    CorunGpuStatus, CorunOptions, MpsState, MpsSupervisor, Timing, log_dir, pipe_dir,
+};
+use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
+
+/// The fake control program, built once per test process.
+///
+/// Cargo builds the libraries of dev-dependencies, never their binaries,
+/// and `CARGO_BIN_EXE_*` exists only in the tests of the binary's own
+/// crate. So this runs `cargo build -p mps-fake --bin
+/// nvidia-cuda-mps-control` (a no-op when fresh, so a changed fake is never
+/// missed) into the target folder and profile of this test binary, which
+/// lives in `<target>/<profile>/deps/`: the fake is then
+/// `<target>/<profile>/nvidia-cuda-mps-control`. Cargo releases its build
+/// lock before it runs tests, so the nested build does not wait for the
+/// outer one. Run by hand without `$CARGO`, an existing build is used.
+fn fake_control() -> &'static Path {
+    static FAKE: OnceLock<PathBuf> = OnceLock::new();
+    FAKE.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary lives in <target>/<profile>/deps");
+        let fake = profile_dir.join("nvidia-cuda-mps-control");
+        let target = profile_dir.parent().expect("<target>");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev",
+            Some(other) => other,
+        };
+        let built = std::env::var_os("CARGO").map(|cargo| {
+            Command::new(cargo)
+                .args(["build", "--quiet", "-p", "mps-fake", "--bin"])
+                .arg("nvidia-cuda-mps-control")
+                .args(["--profile", profile])
+                .env("CARGO_TARGET_DIR", target)
+                .status()
+        });
+        match built {
+            Some(Ok(status)) if status.success() => {}
+            other if fake.exists() => {
+                eprintln!(
+                    "building the fake failed ({other:?}); using {}",
+                    fake.display()
+                );
+            }
+            other => panic!(
+                "cannot build the fake nvidia-cuda-mps-control ({other:?}): run \
+                 `cargo build -p mps-fake` first"
+            ),
+        }
+        assert!(fake.exists(), "{} missing after the build", fake.display());
+        fake
+    })
+}
+
+/// The test's MPS folder under /tmp, removed when dropped, also when the
+/// test fails. A leftover daemon the test started is killed first.
+struct Scratch {
+    dir: PathBuf,
+    leftover: Option<Child>,
+}
+
+impl Scratch {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(common::unique("corun"));
+        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        Self {
+            dir,
+            leftover: None,
+        }
+    }
+
+    /// A control program under the real name that starts `-f` after
+    /// `delay` (the client mode at once): `/readyz` is seen waiting.
+    fn slow_control(&self, delay: Duration) -> PathBuf {
+        let path = self.dir.join("bin").join("nvidia-cuda-mps-control");
+        let script = format!(
+            "#!/bin/sh\n[ \"$1\" = -f ] && sleep {}\nexec '{}' \"$@\"\n",
+            delay.as_secs_f64(),
+            fake_control().display()
+        );
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    fn options(&self, gpus: &[String], control: &Path) -> CorunOptions {
+        CorunOptions {
+            gpus: gpus.to_vec(),
+            dir: self.dir.join("mps"),
+            host_dir: self.dir.join("mps"),
+            latency_reserve: 20,
+            control: control.to_owned(),
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.leftover.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Short backoffs, so a restart is seen quickly; the rest as the daemon.
+fn quick() -> Timing {
+    Timing {
+        first_backoff: Duration::from_millis(100),
+        poll: Duration::from_millis(20),
+        ..Timing::default()
+    }
+}
+
+fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn entry(board: &[CorunGpuStatus], gpu: &str) -> CorunGpuStatus {
+    board.iter().find(|g| g.gpu == gpu).unwrap().clone()
+}
+
+fn up_pid(supervisor: &MpsSupervisor, gpu: &str) -> Option<u32> {
+    let g = entry(&supervisor.board().snapshot(), gpu);
+    g.is_up().then_some(g.pid).flatten()
+}
+
+fn read_log(options: &CorunOptions, gpu: &str) -> String {
+    std::fs::read_to_string(log_dir(&options.dir, gpu).join(LOG_FILE)).unwrap_or_default()
+}
+
+fn alive(pid: u32) -> bool {
+    !gpushare_utils::process::process_is_gone(pid as i32, 0)
+}
+
+#[test]
+fn one_daemon_per_gpu_ready_restarted_and_quit_on_shutdown() {
+    let scratch = Scratch::new();
+    let harness = common::Harness::start("", 2, &[]);
+    let gpus = [common::gpu(0), common::gpu(1)];
+    let control = scratch.slow_control(Duration::from_millis(300));
+    let options = scratch.options(&gpus, &control);
+    let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
+    harness.hv.hypervisor().set_corun_board(supervisor.board());
+
+    // Not ready while the daemons start, naming each GPU.
+    let (code, body) = common::call("GET", &format!("{}/readyz", harness.url()), None, None);
+    assert_eq!(code, 503, "{body}");
+    for gpu in &gpus {
+        assert!(body.contains(&format!("MPS of GPU {gpu}")), "{body}");
+    }
+    let pids: Vec<u32> = gpus
+        .iter()
+        .map(|gpu| eventually("MPS up", || up_pid(&supervisor, gpu)))
+        .collect();
+    assert_ne!(pids[0], pids[1]);
+    eventually("ready", || {
+        let (code, _) = common::call("GET", &format!("{}/readyz", harness.url()), None, None);
+        (code == 200).then_some(())
+    });
+
+    // Each daemon serves its GPU alone, in its own folders.
+    for gpu in &gpus {
+        let (pipe, logs) = (pipe_dir(&options.dir, gpu), log_dir(&options.dir, gpu));
+        let text = read_log(&options, gpu);
+        assert_eq!(
+            log::started_env(&text, "CUDA_VISIBLE_DEVICES"),
+            Some(gpu.as_str())
+        );
+        assert_eq!(
+            log::started_env(&text, "CUDA_MPS_PIPE_DIRECTORY").map(PathBuf::from),
+            Some(pipe.clone())
+        );
+        assert_eq!(
+            log::started_env(&text, "CUDA_MPS_LOG_DIRECTORY").map(PathBuf::from),
+            Some(logs.clone())
+        );
+        assert!(log::commands(&text).contains(&"get_server_list"), "{text}");
+        for dir in [&pipe, &logs] {
+            let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o7777;
+            assert_eq!(mode, 0o777, "{}", dir.display());
+        }
+    }
+
+    // The status and the metrics say so.
+    let status = harness.hv.hypervisor().status();
+    assert_eq!(status.corun.len(), 2);
+    assert!(status.corun.iter().all(|g| g.is_up() && g.restarts == 0));
+    let (_, metrics) = common::call("GET", &format!("{}/metrics", harness.url()), None, None);
+    assert!(metrics.contains(&format!("gpushare_mps_up{{gpu=\"{}\"}} 1", gpus[0])));
+    assert!(metrics.contains(&format!(
+        "gpushare_mps_restarts_total{{gpu=\"{}\"}} 0",
+        gpus[0]
+    )));
+
+    // Killed: down, then started again, the restart counted; the other
+    // GPU's daemon untouched.
+    // SAFETY: signals the daemon the supervisor started for this test.
+    assert_eq!(unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) }, 0);
+    let restarted = eventually("restarted", || {
+        let g = entry(&supervisor.board().snapshot(), &gpus[0]);
+        (g.is_up() && g.restarts == 1 && g.pid != Some(pids[0])).then_some(g)
+    });
+    assert!(restarted.pid.is_some_and(alive));
+    assert_eq!(up_pid(&supervisor, &gpus[1]), Some(pids[1]));
+    let (_, metrics) = common::call("GET", &format!("{}/metrics", harness.url()), None, None);
+    assert!(metrics.contains(&format!(
+        "gpushare_mps_restarts_total{{gpu=\"{}\"}} 1",
+        gpus[0]
+    )));
+    let (_, json) = common::call(
+        "GET",
+        &format!("{}/api/v1/status", harness.url()),
+        None,
+        None,
+    );
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["corun"][0]["state"], "up");
+    assert_eq!(json["corun"][0]["restarts"], 1);
+
+    // Shutdown: `quit` to each, the daemons gone, their socket and pid file too.
+    let board = supervisor.board();
+    let last = [restarted.pid.unwrap(), pids[1]];
+    supervisor.shutdown();
+    for (gpu, pid) in gpus.iter().zip(last) {
+        assert_eq!(
+            log::commands(&read_log(&options, gpu)).last(),
+            Some(&"quit")
+        );
+        let pipe = pipe_dir(&options.dir, gpu);
+        assert!(!pipe.join(SOCKET).exists() && !pipe.join(PID_FILE).exists());
+        assert!(!alive(pid));
+        assert_eq!(entry(&board.snapshot(), gpu).state, MpsState::Stopped);
+    }
+}
+
+#[test]
+fn a_daemon_that_cannot_start_is_down_with_its_reason_and_retried() {
+    let scratch = Scratch::new();
+    let harness = common::Harness::start("", 1, &[]);
+    let gpu = common::gpu(0);
+    let missing = scratch.dir.join("bin").join("no-such-control");
+    let options = scratch.options(std::slice::from_ref(&gpu), &missing);
+    let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
+    harness.hv.hypervisor().set_corun_board(supervisor.board());
+    let down = eventually("retried", || {
+        let g = entry(&supervisor.board().snapshot(), &gpu);
+        (g.restarts >= 2 && matches!(g.state, MpsState::Down { .. })).then_some(g)
+    });
+    let MpsState::Down { reason, .. } = down.state else {
+        unreachable!()
+    };
+    assert!(reason.contains("no-such-control"), "{reason}");
+    let (code, body) = common::call("GET", &format!("{}/readyz", harness.url()), None, None);
+    assert_eq!(code, 503);
+    assert!(
+        body.contains(&format!("MPS of GPU {gpu} is down")),
+        "{body}"
+    );
+    let (_, metrics) = common::call("GET", &format!("{}/metrics", harness.url()), None, None);
+    assert!(metrics.contains(&format!("gpushare_mps_up{{gpu=\"{gpu}\"}} 0")));
+    // Stopping does not wait out the backoff.
+    let asked = Instant::now();
+    supervisor.shutdown();
+    assert!(asked.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_daemon_left_by_an_earlier_run_is_quit_first() {
+    let mut scratch = Scratch::new();
+    let gpu = common::gpu(0);
+    let options = scratch.options(std::slice::from_ref(&gpu), fake_control());
+    let pipe = pipe_dir(&options.dir, &gpu);
+    let logs = log_dir(&options.dir, &gpu);
+    std::fs::create_dir_all(&pipe).unwrap();
+    std::fs::create_dir_all(&logs).unwrap();
+    let leftover = Command::new(fake_control())
+        .arg("-f")
+        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &logs)
+        .env("CUDA_VISIBLE_DEVICES", "earlier-run")
+        .spawn()
+        .unwrap();
+    let old = leftover.id();
+    scratch.leftover = Some(leftover);
+    eventually("the leftover answers", || {
+        std::os::unix::net::UnixStream::connect(pipe.join(SOCKET))
+            .ok()
+            .map(drop)
+    });
+
+    let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
+    let new = eventually("MPS up", || up_pid(&supervisor, &gpu));
+    assert_ne!(new, old);
+    let status = scratch
+        .leftover
+        .as_mut()
+        .unwrap()
+        .try_wait()
+        .unwrap()
+        .expect("the leftover was quit before ours started");
+    assert!(status.success(), "quit, not killed: {status}");
+    let text = read_log(&options, &gpu);
+    let quit = text.find(&format!("Control {old}] {} quit", log::COMMAND));
+    let started = text.rfind(log::STARTED);
+    assert!(quit.is_some() && started > quit, "{text}");
+    assert_eq!(
+        log::started_env(&text, "CUDA_VISIBLE_DEVICES"),
+        Some(gpu.as_str())
+    );
+    supervisor.shutdown();
+}
+
+#[test]
+fn co_run_gpus_carry_the_slice_attribute() {
+    let scratch = Scratch::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let sim = Arc::new(SimulatedGpus::new(2));
+        let gpus = sim.gpus().unwrap();
+        let api = kube_fakes::apiserver::FakeApiServer::start().await.unwrap();
+        let kubeconfig = scratch.dir.join("kubeconfig");
+        api.write_kubeconfig(&kubeconfig).unwrap();
+        let client = hypervisor::kubernetes::client(Some(&kubeconfig))
+            .await
+            .unwrap();
+        kube_fakes::cluster::create_node(&client, "node-c")
+            .await
+            .unwrap();
+        let limiter = scratch.dir.join("libcuda_limiter.so");
+        std::fs::write(&limiter, b"").unwrap();
+        let mut options =
+            kube_fakes::node::options(&scratch.dir, "node-c", "gpu.gpushare.dev", &limiter);
+        options.provision.corun =
+            Some(scratch.options(std::slice::from_ref(&gpus[1].uuid), fake_control()));
+        let observer: Arc<dyn GpuObserver> = sim.clone();
+        let node = kube_fakes::node::TestNode::start(&api, observer, options)
+            .await
+            .unwrap();
+        let slices = api.list("resourceslices");
+        let corun: Vec<_> = slices[0]["spec"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| (d["name"].clone(), d["attributes"]["corun"]["bool"].clone()))
+            .collect();
+        assert_eq!(
+            corun,
+            [
+                (serde_json::json!("gpu-0"), serde_json::json!(false)),
+                (serde_json::json!("gpu-1"), serde_json::json!(true)),
+            ]
+        );
+        node.stop().await;
+    });
+}

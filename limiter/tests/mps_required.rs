@@ -1,0 +1,125 @@
+//! `CUDA_LIMITER_MPS=required` (a co-run GPU's pod): CUDA runs only as an MPS
+//! client. The driver double is an MPS client when `CUDA_MPS_PIPE_DIRECTORY`
+//! holds a `control` socket that accepts connections; without one the
+//! driver runs alone, and the limiter refuses CUDA at `cuInit`.
+
+mod common;
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::process::Output;
+
+use common::{Pod, probe, result_of};
+
+/// A pipe folder of its own, removed after the test.
+struct PipeDir(PathBuf);
+
+impl PipeDir {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("mps-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("pipe folder");
+        Self(dir)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("a UTF-8 temp path")
+    }
+}
+
+impl Drop for PipeDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The probe under a 4 GiB quota with `CUDA_LIMITER_MPS=mps` and the pipe
+/// folder `pipe` (`None`: unset), allocating 3 GiB then 2 GiB more.
+fn run(pod: &Pod, mps: &str, pipe: Option<&str>) -> Output {
+    let mut command = probe(
+        "cudaprobe",
+        pod,
+        &[
+            ("CUDA_LIMITER_MEMORY_LIMIT", "4g"),
+            ("CUDA_LIMITER_MPS", mps),
+        ],
+        &["alloc", "mem", "3g", "alloc", "mem", "2g"],
+    );
+    match pipe {
+        Some(dir) => command.env("CUDA_MPS_PIPE_DIRECTORY", dir),
+        None => command.env_remove("CUDA_MPS_PIPE_DIRECTORY"),
+    };
+    command.output().expect("spawn probe")
+}
+
+/// The lines this library printed on stderr.
+fn our_lines(output: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .filter(|line| line.starts_with("cuda-limiter:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The probe failed at `cuInit` with `CUDA_ERROR_NOT_INITIALIZED`, and the
+/// limiter said why in one line containing `why`.
+fn assert_refused(output: &Output, why: &str, what: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{what}: ran: {output:?}");
+    assert!(stderr.contains("cuInit failed: 3"), "{what}: {stderr}");
+    let ours = our_lines(output);
+    assert_eq!(ours.len(), 1, "{what}: one line: {stderr}");
+    assert!(ours[0].contains(why), "{what}: {ours:?}");
+    assert!(ours[0].ends_with("cuInit refused"), "{what}: {ours:?}");
+}
+
+#[test]
+fn without_an_mps_daemon_cuda_is_refused() {
+    let pod = Pod::new("mps-none");
+    let output = run(&pod, "required", None);
+    assert_refused(
+        &output,
+        "CUDA_LIMITER_MPS=required but MPS is not in effect: device 0 runs without MPS",
+        "no pipe folder",
+    );
+
+    // A pipe folder with nothing listening: a daemon that is down.
+    let pipe = PipeDir::new("down");
+    let output = run(&pod, "required", Some(pipe.path()));
+    assert_refused(&output, "device 0 runs without MPS", "no listener");
+
+    // A control socket left behind by a daemon that died: nobody accepts.
+    let stale = UnixListener::bind(pipe.0.join("control")).expect("bind control");
+    drop(stale);
+    let output = run(&pod, "required", Some(pipe.path()));
+    assert_refused(&output, "device 0 runs without MPS", "stale socket");
+}
+
+#[test]
+fn with_the_daemon_up_cuda_runs_and_the_quota_holds() {
+    let pod = Pod::new("mps-up");
+    let pipe = PipeDir::new("up");
+    // The daemon's control socket: connections queue in its backlog, which
+    // is all the double's cuInit asks of it.
+    let _control = UnixListener::bind(pipe.0.join("control")).expect("bind control");
+    let output = run(&pod, "required", Some(pipe.path()));
+    common::check(&output);
+    let lines = common::stdout_lines(&output);
+    assert_eq!(result_of(&lines[0]), 0, "3 GiB fit in 4: {lines:?}");
+    assert_eq!(result_of(&lines[1]), 2, "2 GiB more do not: {lines:?}");
+    assert!(our_lines(&output).is_empty(), "{output:?}");
+}
+
+#[test]
+fn a_value_other_than_required_is_a_configuration_error() {
+    let pod = Pod::new("mps-bogus");
+    let pipe = PipeDir::new("bogus");
+    let _control = UnixListener::bind(pipe.0.join("control")).expect("bind control");
+    // Refused even with a daemon up: a typo must not pass for "not required".
+    let output = run(&pod, "bogus", Some(pipe.path()));
+    assert_refused(
+        &output,
+        "cuda-limiter: configuration error: CUDA_LIMITER_MPS=\"bogus\" is not required",
+        "bogus",
+    );
+}

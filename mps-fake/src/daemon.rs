@@ -1,0 +1,111 @@
+//! The fake control daemon: the socket, the pid file, the log, and the loop
+//! that answers one command per connection until `quit` or a signal.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::commands::{Control, Outcome};
+use crate::log::{self, Log};
+use crate::{FakeError, PID_FILE, SOCKET};
+
+/// Set by SIGTERM and SIGINT; the loop stops when it sees it.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// How often the loop looks at [`STOP`] while no client connects.
+const IDLE: Duration = Duration::from_millis(10);
+
+/// How long a client may take to send its command.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// The daemon's files, removed when it stops.
+struct Files {
+    socket: PathBuf,
+    pid: PathBuf,
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+        let _ = std::fs::remove_file(&self.pid);
+    }
+}
+
+/// Runs the daemon in the foreground until `quit`, SIGTERM or SIGINT.
+pub fn run(pipe: &Path, log_dir: &Path) -> Result<(), FakeError> {
+    let log = Log::new(log_dir);
+    let socket = pipe.join(SOCKET);
+    if UnixStream::connect(&socket).is_ok() {
+        return Err(FakeError::AlreadyRunning(socket));
+    }
+    // A socket nobody answers on is left by a daemon that died.
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).map_err(FakeError::io("bind", socket.clone()))?;
+    let files = Files {
+        socket,
+        pid: pipe.join(PID_FILE),
+    };
+    std::fs::write(&files.pid, format!("{}\n", std::process::id()))
+        .map_err(FakeError::io("write", files.pid.clone()))?;
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe; `signal` has no other precondition.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    log.started();
+    listener
+        .set_nonblocking(true)
+        .map_err(FakeError::io("configure", files.socket.clone()))?;
+    let mut control = Control::default();
+    // The connection that sent `quit`: answered (closed) once the files are
+    // gone, so a client that sent it finds the folder clean when it returns.
+    let mut quitting = None;
+    while !STOP.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                quitting = serve(stream, &mut control, &log);
+                if quitting.is_some() {
+                    break;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(IDLE),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(FakeError::io("accept on", &files.socket)(e)),
+        }
+    }
+    log.line(log::EXITING);
+    drop(files);
+    drop(quitting);
+    Ok(())
+}
+
+/// Answers the one command of `stream`; hands the stream back when the
+/// command was `quit`.
+fn serve(stream: UnixStream, control: &mut Control, log: &Log) -> Option<UnixStream> {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
+    let mut line = String::new();
+    if BufReader::new(&stream).read_line(&mut line).is_err() {
+        return None;
+    }
+    let line = line.trim();
+    // A bare connection: someone checking that the daemon is there.
+    if line.is_empty() {
+        return None;
+    }
+    log.line(&format!("{} {line}", log::COMMAND));
+    match control.handle(line) {
+        Outcome::Answer(text) => {
+            let _ = (&stream).write_all(text.as_bytes());
+            None
+        }
+        Outcome::Quit => Some(stream),
+    }
+}
