@@ -46,6 +46,7 @@
 //! binary's error reports.
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod conn;
 pub mod corun;

@@ -81,7 +81,7 @@ impl Workers {
                 pid,
                 hostname,
                 devices,
-                registered_at: epoch_secs(),
+                registered_at: crate::clock::unix_secs(),
                 adopted: false,
                 last_command: None,
                 last_result: None,
@@ -98,7 +98,7 @@ impl Workers {
             pid,
             hostname: String::new(),
             devices: Vec::new(),
-            registered_at: epoch_secs(),
+            registered_at: crate::clock::unix_secs(),
             adopted: true,
             last_command: None,
             last_result: None,
@@ -162,12 +162,6 @@ pub fn parse_id(id: &str) -> Option<(&str, u32)> {
         return None;
     }
     Some((pod, pid.parse().ok()?))
-}
-
-fn epoch_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

@@ -2,7 +2,6 @@
 //! with the status, the metrics and `/readyz`.
 
 use std::sync::{Mutex, PoisonError};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -95,13 +94,6 @@ impl MpsBoard {
         // consistent list.
         self.gpus.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// Now, in Unix seconds.
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 #[cfg(test)]

@@ -27,9 +27,10 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::board::{MpsBoard, MpsState, unix_now};
+use super::board::{MpsBoard, MpsState};
 use super::control::{self, Control};
 use super::{CorunError, CorunOptions, log_dir, pipe_dir};
+use crate::clock::unix_secs;
 
 /// How long each step may take; [`Timing::default`] is what the daemon
 /// uses, tests shorten some.
@@ -191,7 +192,7 @@ impl Supervised {
             self.board.update(&self.uuid, |g| {
                 g.state = MpsState::Down {
                     reason,
-                    since: unix_now(),
+                    since: unix_secs(),
                 };
                 g.pid = None;
             });
@@ -245,7 +246,7 @@ impl Supervised {
         }
         tracing::info!(gpu = %self.uuid, pid, "MPS control daemon up");
         self.board.update(&self.uuid, |g| {
-            g.state = MpsState::Up { since: unix_now() };
+            g.state = MpsState::Up { since: unix_secs() };
         });
         loop {
             if self.stop.wait(self.timing.poll) {

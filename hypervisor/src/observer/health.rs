@@ -305,9 +305,7 @@ impl HealthBoard {
 }
 
 fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+    i64::try_from(crate::clock::unix_secs()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
