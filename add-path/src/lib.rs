@@ -24,7 +24,7 @@
 
 use std::ffi::{CString, OsString};
 use std::io::Write as _;
-use std::os::unix::ffi::OsStrExt as _;
+use std::os::unix::ffi::OsStrExt;
 
 /// How ld.so and libc split one list-valued variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -212,7 +212,7 @@ fn update_all() {
 }
 
 fn as_bytes(value: &Option<OsString>) -> Option<&[u8]> {
-    value.as_deref().map(|value| value.as_bytes())
+    value.as_deref().map(OsStrExt::as_bytes)
 }
 
 /// Sets `name` to `value` in the process's `environ`, overwriting.

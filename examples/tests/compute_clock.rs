@@ -29,7 +29,7 @@ fn events_and_streams_follow_the_simulated_clock() {
     let null: Handle = std::ptr::null_mut();
     let nowhere: *mut *mut c_void = std::ptr::null_mut();
     let (start, end, never) = (cu.event(0), cu.event(0), cu.event(0));
-    // SAFETY (all calls below): the handles come from the double, which
+    // SAFETY: for all calls below: the handles come from the double, which
     // checks them; out-pointers are valid.
     unsafe {
         let mut sms = 0;

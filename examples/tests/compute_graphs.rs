@@ -19,7 +19,7 @@ fn capture_records_kernels_and_graph_launches_run_them() {
     cu.start(0);
     let f = cu.function();
     let null: Handle = std::ptr::null_mut();
-    // SAFETY (all calls below): the handles come from the double, which
+    // SAFETY: for all calls below: the handles come from the double, which
     // checks them; out-pointers are valid.
     unsafe {
         let mut stream = null;
@@ -131,7 +131,7 @@ fn unsafe_calls_during_capture_break_it_as_on_the_real_driver() {
     let null: Handle = std::ptr::null_mut();
     let (done, timed) = (cu.event(0), cu.event(0));
     let mut stream = null;
-    // SAFETY (all calls below): the handles come from the double, which
+    // SAFETY: for all calls below: the handles come from the double, which
     // checks them; out-pointers are valid.
     unsafe {
         assert_eq!((cu.event_record)(done, null), CUDA_SUCCESS);

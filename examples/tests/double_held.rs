@@ -486,7 +486,7 @@ fn modules_and_limits_go_with_their_context_libraries_do_not() {
     .unwrap();
     let path = CString::new(image.to_str().unwrap()).unwrap();
     let cuda = Lib::open("libcuda.so.1");
-    // SAFETY (all transmutes and calls below): the signatures are those of
+    // SAFETY: for all transmutes and calls below: the signatures are those of
     // cuda.h, and every pointer passed is valid for the call.
     unsafe {
         let init: Init = std::mem::transmute(cuda.sym("cuInit"));
@@ -643,7 +643,7 @@ fn graphs_list_their_memory_nodes_and_events_settle_pools() {
     let cuda = Lib::open("libcuda.so.1");
     let cu = common::in_process::Driver::open();
     cu.start(0);
-    // SAFETY (all transmutes and calls below): the signatures are those of
+    // SAFETY: for all transmutes and calls below: the signatures are those of
     // cuda.h, and every pointer passed is valid for the call.
     unsafe {
         let mem_info: MemInfo = std::mem::transmute(cuda.sym("cuMemGetInfo_v2"));
@@ -1098,7 +1098,7 @@ fn library_kernels_take_the_globals_in_each_context_they_are_used_in() {
     let cuda = Lib::open("libcuda.so.1");
     let cu = common::in_process::Driver::open();
     let libs = Libraries::open(&cuda);
-    // SAFETY (all transmutes and calls below): the signatures are those of
+    // SAFETY: for all transmutes and calls below: the signatures are those of
     // cuda.h, and every pointer passed is valid for the call.
     unsafe {
         let release: Release = std::mem::transmute(cuda.sym("cuDevicePrimaryCtxRelease_v2"));

@@ -24,7 +24,7 @@ fn devices_have_the_documented_identity() {
 
     let cuda = Lib::open("libcuda.so.1");
     let nvml = Lib::open("libnvidia-ml.so.1");
-    // SAFETY (all transmutes and calls below): the signatures are those of
+    // SAFETY: for all transmutes and calls below: the signatures are those of
     // cuda.h / nvml.h, and every pointer passed is valid for the call.
     unsafe {
         let cu_init: Init = std::mem::transmute(cuda.sym("cuInit"));
@@ -125,7 +125,7 @@ fn a_process_meets_nvml_first_then_cuda_before_and_after_init() {
         return;
     }
     let total = 4 * GIB;
-    // SAFETY (all transmutes and calls below): the signatures are those of
+    // SAFETY: for all transmutes and calls below: the signatures are those of
     // cuda.h / nvml.h, and every pointer passed is valid for the call.
     unsafe {
         // NVML alone: the device is there, and nothing is used.

@@ -17,6 +17,8 @@
 //! through a [`DetourGuard`], which forwards to the original when the limiter
 //! is off or when the limiter itself calls the driver from inside a detour.
 
+#![warn(missing_docs)]
+
 pub mod thread_local;
 
 use std::ffi::{CStr, c_void};
@@ -32,12 +34,18 @@ use detour::{RawDetour, Threads, Transaction};
 pub enum HookError {
     /// A required symbol is not exported by the library.
     #[error("required symbol {symbol} not found")]
-    MissingSymbol { symbol: String },
+    MissingSymbol {
+        /// The symbol's name.
+        symbol: String,
+    },
     /// The engine could not prepare a detour for this target.
     #[error("cannot detour {symbol} at {address:#x}: {source}")]
     Prepare {
+        /// The patch's name (the exported symbol).
         symbol: String,
+        /// Address of the function that could not be patched.
         address: usize,
+        /// The engine's error.
         #[source]
         source: detour::Error,
     },

@@ -159,7 +159,7 @@ mod tests {
     mod other {
         crate::initial_exec_thread_local! {
             /// The same name in another module: another variable.
-            pub static COUNT: u64;
+            pub(super) static COUNT: u64;
         }
     }
 

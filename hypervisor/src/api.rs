@@ -460,7 +460,7 @@ fn reload(hv: &Hypervisor, req: &Request) -> Response {
 async fn json_body<T: serde::de::DeserializeOwned>(req: &mut Request) -> Result<T, Response> {
     let body = read_body(req, MAX_BODY)
         .await
-        .map_err(|refusal| refusal.into_response())?;
+        .map_err(http_bidir_comm::server::Refusal::into_response)?;
     serde_json::from_slice(&body).map_err(|e| malformed(&e))
 }
 

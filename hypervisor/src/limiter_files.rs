@@ -171,7 +171,7 @@ pub fn collect(link: &Path, proc_root: &Path) -> Result<Collected, InstallError>
     let (dir, stem) = parts(link)?;
     let current = std::fs::read_link(link)
         .ok()
-        .and_then(|target| target.file_name().map(|n| n.to_owned()));
+        .and_then(|target| target.file_name().map(std::borrow::ToOwned::to_owned));
     let prefix = format!("{stem}-");
     let mut old = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io("cannot list", dir))? {

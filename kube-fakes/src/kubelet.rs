@@ -91,7 +91,7 @@ impl FakeKubelet {
                 let Ok(info) = client
                     .get_info(InfoRequest {})
                     .await
-                    .map(|r| r.into_inner())
+                    .map(tonic::Response::into_inner)
                 else {
                     continue;
                 };

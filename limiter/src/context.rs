@@ -25,7 +25,7 @@ const LEDGER_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// This process's pod as the limiter reaches it, and the driver it reaches
 /// the GPUs through.
-pub struct Context {
+pub(crate) struct Context {
     pub pod: PodId,
     /// The node hypervisor, when one is configured: it sets the limits.
     link: Option<Link>,
@@ -53,7 +53,7 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(
+    pub(crate) fn new(
         pod: PodId,
         link: Option<Link>,
         local_limits: bool,
@@ -77,13 +77,13 @@ impl Context {
     }
 
     /// The driver, once libcuda has been seen.
-    pub fn driver(&self) -> Option<&Driver> {
+    pub(crate) fn driver(&self) -> Option<&Driver> {
         self.driver.get()
     }
 
     /// Resolves the driver's functions from a loaded libcuda (the loader,
     /// once); `None` if one it cannot do without is missing.
-    pub fn load_driver(&self, handle: *mut c_void) -> Option<&Driver> {
+    pub(crate) fn load_driver(&self, handle: *mut c_void) -> Option<&Driver> {
         if let Some(driver) = self.driver.get() {
             return Some(driver);
         }
@@ -92,7 +92,7 @@ impl Context {
     }
 
     /// Records libnvidia-ml as the loader found it (`None`: absent).
-    pub fn found_nvml(&self, handle: Option<*mut c_void>) {
+    pub(crate) fn found_nvml(&self, handle: Option<*mut c_void>) {
         // A later sighting is the same library.
         let _first = self.nvml_library.set(handle.map(|handle| handle as usize));
     }
@@ -100,7 +100,7 @@ impl Context {
     /// NVML, initialised on first use; `None` before the loader looked for
     /// it, or where it is absent (then driver overhead cannot be measured; a
     /// warning says so once).
-    pub fn nvml(&self) -> Option<&Nvml> {
+    pub(crate) fn nvml(&self) -> Option<&Nvml> {
         let library = *self.nvml_library.get()?;
         self.nvml
             .get_or_init(|| {
@@ -116,17 +116,17 @@ impl Context {
     }
 
     /// The UUID of CUDA device `device`, as NVML prints it.
-    pub fn device_uuid(&self, device: usize) -> Option<String> {
+    pub(crate) fn device_uuid(&self, device: usize) -> Option<String> {
         self.driver()?.device_uuid(device as i32)
     }
 
     /// The configured hypervisor link, whether or not it granted anything.
-    pub fn link(&self) -> Option<&Link> {
+    pub(crate) fn link(&self) -> Option<&Link> {
         self.link.as_ref()
     }
 
     /// Starts meeting the hypervisor, if one is configured (a CUDA process).
-    pub fn start_link(&'static self) {
+    pub(crate) fn start_link(&'static self) {
         if let Some(link) = &self.link {
             link.start(&self.driver);
         }
@@ -135,7 +135,7 @@ impl Context {
     /// Where the limits come from, decided once (waiting, bounded, for the
     /// hypervisor when one is configured). Without one configured, the
     /// pod's limits still apply when the node's hypervisor published them.
-    pub fn grant(&'static self) -> &'static Grant {
+    pub(crate) fn grant(&'static self) -> &'static Grant {
         self.grant.get_or_init(|| match &self.link {
             None => grant::published(
                 self.pod.as_str(),
@@ -155,13 +155,13 @@ impl Context {
     }
 
     /// The hypervisor link, when the hypervisor's limits are in force.
-    pub fn hypervisor(&'static self) -> Option<&'static Link> {
+    pub(crate) fn hypervisor(&'static self) -> Option<&'static Link> {
         let link = self.link.as_ref()?;
         matches!(self.grant(), Grant::Hypervisor(_)).then_some(link)
     }
 
     /// The hypervisor's read-only limits, when they are in force.
-    pub fn hypervisor_limits(&'static self) -> Option<&'static PodLimits> {
+    pub(crate) fn hypervisor_limits(&'static self) -> Option<&'static PodLimits> {
         match self.grant() {
             Grant::Hypervisor(limits) => Some(limits),
             _ => None,
@@ -170,7 +170,7 @@ impl Context {
 
     /// The pod's shared ledger, opened on first use. Unusable, it is reported
     /// once, and limited devices refuse allocations rather than run unaccounted.
-    pub fn ledger(&'static self) -> Option<&'static PodLedger> {
+    pub(crate) fn ledger(&'static self) -> Option<&'static PodLedger> {
         self.ledger
             .get_or_init(|| {
                 let name = format!("{POD_REGION_PREFIX}{}", self.pod);
@@ -196,12 +196,12 @@ impl Context {
     }
 
     /// The ledger entry of CUDA device `device`, found by the GPU's UUID.
-    pub fn ledger_entry(&'static self, device: usize) -> Option<usize> {
+    pub(crate) fn ledger_entry(&'static self, device: usize) -> Option<usize> {
         self.ledger_entry_of(&self.device_uuid(device)?)
     }
 
     /// The ledger entry of the GPU `uuid`.
-    pub fn ledger_entry_of(&'static self, uuid: &str) -> Option<usize> {
+    pub(crate) fn ledger_entry_of(&'static self, uuid: &str) -> Option<usize> {
         match self.ledger()?.device_for(uuid) {
             Ok(entry) => Some(entry),
             Err(error) => {
@@ -214,7 +214,7 @@ impl Context {
     /// The pod's compute bucket on CUDA device `device`: its state in the
     /// ledger, its limits in the hypervisor's read-only object when it granted
     /// them, else in the ledger (local mode). `None`: no bucket can be had.
-    pub fn bucket(&'static self, device: usize) -> Option<&'static ComputeBucket> {
+    pub(crate) fn bucket(&'static self, device: usize) -> Option<&'static ComputeBucket> {
         self.buckets
             .get(device)?
             .get_or_init(|| {

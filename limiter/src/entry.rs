@@ -20,17 +20,17 @@ use crate::throttle::Throttle;
 use crate::throttle::priority::{Priority, Tuning};
 
 /// How long a process under a hypervisor waits for its grant (milliseconds).
-pub const GRANT_TIMEOUT_VARIABLE: &str = "CUDA_LIMITER_GRANT_TIMEOUT_MS";
+pub(crate) const GRANT_TIMEOUT_VARIABLE: &str = "CUDA_LIMITER_GRANT_TIMEOUT_MS";
 /// A uid, besides this process's own and root, that may own the pod's regions.
-pub const REGION_OWNER_VARIABLE: &str = "CUDA_LIMITER_REGION_OWNER";
+pub(crate) const REGION_OWNER_VARIABLE: &str = "CUDA_LIMITER_REGION_OWNER";
 /// `1`: run unlimited (with a warning) when the driver cannot be patched,
 /// instead of refusing CUDA.
-pub const ALLOW_UNPATCHED_VARIABLE: &str = "CUDA_LIMITER_ALLOW_UNPATCHED";
+pub(crate) const ALLOW_UNPATCHED_VARIABLE: &str = "CUDA_LIMITER_ALLOW_UNPATCHED";
 /// Default of [`GRANT_TIMEOUT_VARIABLE`].
 const DEFAULT_GRANT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the limiter does in this process.
-pub enum State {
+pub(crate) enum State {
     /// No limit is configured: nothing is patched, every call is the driver's.
     Off,
     /// The configuration is broken: CUDA is refused rather than run unlimited.
@@ -40,7 +40,7 @@ pub enum State {
 }
 
 /// The limits of this process's pod, and what enforcing them needs.
-pub struct Limiter {
+pub(crate) struct Limiter {
     /// What the policy works with: the pod's shared state, the grant, the driver.
     pub context: Context,
     pub memory: MemoryQuota,
@@ -59,7 +59,7 @@ pub struct Limiter {
 /// Why CUDA is refused in this process, said once, by the first `cuInit`:
 /// a process that never initialises CUDA (a shell, a tool the container runs)
 /// is not the one to tell, and one that does is told what happened to it.
-pub struct Refusal {
+pub(crate) struct Refusal {
     message: String,
     told: std::sync::Once,
 }
@@ -74,7 +74,7 @@ impl Refusal {
 
     /// Prints the one line saying that `cuInit` was refused and why, the
     /// first time it is called.
-    pub fn tell(&self) {
+    pub(crate) fn tell(&self) {
         self.told
             .call_once(|| eprintln!("{}; cuInit refused", self.message));
     }
@@ -83,7 +83,7 @@ impl Refusal {
 static STATE: OnceLock<State> = OnceLock::new();
 
 /// Reads the configuration and fixes the state; later calls return the first.
-pub fn init_from_env() -> &'static State {
+pub(crate) fn init_from_env() -> &'static State {
     STATE.get_or_init(|| match build() {
         Ok(state) => state,
         // One clear line, also when logging is off, by the first cuInit.
@@ -173,12 +173,12 @@ fn build() -> Result<State, String> {
 }
 
 /// The state, once initialised.
-pub fn state() -> Option<&'static State> {
+pub(crate) fn state() -> Option<&'static State> {
     STATE.get()
 }
 
 /// The limits, when they are enforced.
-pub fn limiter() -> Option<&'static Limiter> {
+pub(crate) fn limiter() -> Option<&'static Limiter> {
     match STATE.get() {
         Some(State::Limiting(limiter)) => Some(limiter),
         _ => None,
@@ -186,7 +186,7 @@ pub fn limiter() -> Option<&'static Limiter> {
 }
 
 /// Refuses CUDA from now on with `message` (printed once, here).
-pub fn refuse(message: String) {
+pub(crate) fn refuse(message: String) {
     eprintln!("{message}");
     if let Some(limiter) = limiter() {
         let _first = limiter.refusal.set(message);
@@ -195,12 +195,12 @@ pub fn refuse(message: String) {
 
 impl Limiter {
     /// Why CUDA is refused after load, if it is.
-    pub fn refusal(&self) -> Option<&str> {
+    pub(crate) fn refusal(&self) -> Option<&str> {
         self.refusal.get().map(String::as_str)
     }
 
     /// Whether the user opted out of refusing CUDA on an unpatchable driver.
-    pub fn allow_unpatched(&self) -> bool {
+    pub(crate) fn allow_unpatched(&self) -> bool {
         self.allow_unpatched
     }
 }

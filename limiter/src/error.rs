@@ -7,7 +7,7 @@ use crate::sys::{CUresult, nvmlReturn_t};
 
 /// Why a detour leaves a call to the driver as it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum Pass {
+pub(crate) enum Pass {
     /// A null out-pointer: the driver answers it.
     #[error("a null out-pointer: the driver answers it")]
     NullOutPointer,
@@ -94,7 +94,7 @@ pub enum Pass {
 
 /// Why a detour did not simply return the driver's answer.
 #[derive(Debug, thiserror::Error)]
-pub enum LimiterError {
+pub(crate) enum LimiterError {
     /// Nothing for the limiter to do here; the original runs unchanged.
     #[error("pass through: {0}")]
     Bypass(Pass),
@@ -141,4 +141,4 @@ impl IntoReturn<nvmlReturn_t> for LimiterError {
 }
 
 /// What detour logic returns.
-pub type Result<T, E = LimiterError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = LimiterError> = std::result::Result<T, E>;

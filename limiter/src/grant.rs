@@ -30,7 +30,7 @@ use crate::driver::Driver;
 use crate::hypervisor::{Link, LinkStatus};
 
 /// Where the limits of this process come from.
-pub enum Grant {
+pub(crate) enum Grant {
     /// The hypervisor's, mapped read-only.
     Hypervisor(PodLimits),
     /// The environment's (local mode, or the fallback).
@@ -44,7 +44,7 @@ const POLL: Duration = Duration::from_millis(10);
 
 /// Waits for the hypervisor's grant; see the module documentation. `driver`
 /// is where the link finds the GPUs this process sees, once it has them.
-pub fn decide(
+pub(crate) fn decide(
     link: &'static Link,
     driver: &'static OnceLock<Driver>,
     pod: &str,
@@ -119,7 +119,7 @@ pub fn decide(
 
 /// The pod's published limits, when a trusted owner published them; says
 /// once why they apply (`why`: what kept the hypervisor from granting them).
-pub fn published(pod: &str, trust: &Trust, why: &str) -> Option<Grant> {
+pub(crate) fn published(pod: &str, trust: &Trust, why: &str) -> Option<Grant> {
     let limits = PodLimits::open_read_only(pod, trust).ok()?;
     eprintln!(
         "cuda-limiter: {why}; the limits the node's hypervisor published for pod {pod} apply"

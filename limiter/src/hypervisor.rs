@@ -36,7 +36,7 @@ const REGISTER_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Why talking to the hypervisor failed.
 #[derive(Debug, thiserror::Error)]
-pub enum LinkError {
+pub(crate) enum LinkError {
     #[error("no token: set CUDA_LIMITER_TOKEN or CUDA_LIMITER_TOKEN_FILE")]
     NoToken,
     #[error("cannot read {path}: {source}")]
@@ -120,7 +120,7 @@ fn visible_devices(driver: Option<&Driver>) -> Vec<WorkerDevice> {
         match driver.device_count() {
             Some(count) => break count,
             None if started.elapsed() < DEVICES_WAIT => {
-                std::thread::sleep(Duration::from_millis(10))
+                std::thread::sleep(Duration::from_millis(10));
             }
             None => return Vec::new(),
         }
@@ -135,7 +135,7 @@ fn visible_devices(driver: Option<&Driver>) -> Vec<WorkerDevice> {
 
 /// Where registration stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LinkStatus {
+pub(crate) enum LinkStatus {
     /// The first registration has not been answered yet.
     Starting,
     /// The hypervisor could not be reached (down, wrong address); retrying.
@@ -148,7 +148,7 @@ pub enum LinkStatus {
 }
 
 /// The hypervisor, as this process knows it.
-pub struct Link {
+pub(crate) struct Link {
     /// As configured, without a trailing `/`.
     address: String,
     token: String,
@@ -163,7 +163,7 @@ pub struct Link {
 
 impl Link {
     /// A link to `address` for `pod`, with the token from the environment.
-    pub fn new(address: &str, pod: &str) -> Result<Self, LinkError> {
+    pub(crate) fn new(address: &str, pod: &str) -> Result<Self, LinkError> {
         let token = match (
             std::env::var("CUDA_LIMITER_TOKEN"),
             std::env::var("CUDA_LIMITER_TOKEN_FILE"),
@@ -192,12 +192,12 @@ impl Link {
     }
 
     /// The hypervisor's address, as configured.
-    pub fn address(&self) -> &str {
+    pub(crate) fn address(&self) -> &str {
         &self.address
     }
 
     /// Where registration stands.
-    pub fn status(&self) -> LinkStatus {
+    pub(crate) fn status(&self) -> LinkStatus {
         self.status.lock().map_or_else(
             |poisoned| poisoned.into_inner().clone(),
             |status| status.clone(),
@@ -239,7 +239,7 @@ impl Link {
     /// Registers (retrying with backoff) and serves commands, on a thread of
     /// its own, once; returns at once. Registration tells the GPUs `driver`
     /// shows, once the loader has resolved it.
-    pub fn start(&'static self, driver: &'static OnceLock<Driver>) {
+    pub(crate) fn start(&'static self, driver: &'static OnceLock<Driver>) {
         self.started.call_once(|| {
             let spawned = std::thread::Builder::new()
                 .name("cuda-limiter-hypervisor".into())
@@ -314,7 +314,7 @@ impl Link {
     }
 
     /// Asks for budget for a trapped launch on the GPU `uuid`.
-    pub fn admission(&self, uuid: &str, cost_ns: u64) -> Result<u64, LinkError> {
+    pub(crate) fn admission(&self, uuid: &str, cost_ns: u64) -> Result<u64, LinkError> {
         let registered = self.registered.get().ok_or(LinkError::NotRegistered)?;
         let admission: BudgetGrant = self.requests()?.post_json(
             "/admission",

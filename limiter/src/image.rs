@@ -46,7 +46,7 @@ const MAX_PTX: usize = 64 << 20;
 /// `image` is null or points at a code image the driver accepts (a fat
 /// binary or its wrapper, a cubin, or NUL-terminated PTX), valid for reads
 /// for as long as the returned slice is used.
-pub unsafe fn extent<'a>(image: *const u8) -> Option<&'a [u8]> {
+pub(crate) unsafe fn extent<'a>(image: *const u8) -> Option<&'a [u8]> {
     if image.is_null() {
         return None;
     }
@@ -125,7 +125,7 @@ unsafe fn elf_extent<'a>(image: *const u8) -> Option<&'a [u8]> {
 /// Whether `address` lies in an object the dynamic loader mapped (the
 /// program or a shared library): an image there lives as long as that
 /// object, as the runtime's fat binaries do.
-pub fn in_loaded_object(address: *const u8) -> bool {
+pub(crate) fn in_loaded_object(address: *const u8) -> bool {
     let mut info = std::mem::MaybeUninit::<libc::Dl_info>::uninit();
     // SAFETY: dladdr only reads the loader's tables and writes `info`.
     unsafe { libc::dladdr(address.cast(), info.as_mut_ptr()) != 0 }
@@ -153,7 +153,7 @@ unsafe fn fatbin_extent<'a>(data: *const u8) -> Option<&'a [u8]> {
 /// The bytes of `__device__` globals `image` takes when loaded on a device
 /// of compute capability `arch` (major × 10 + minor); `None` when the image
 /// says nothing this can read for that device.
-pub fn globals(image: &[u8], arch: u32) -> Option<u64> {
+pub(crate) fn globals(image: &[u8], arch: u32) -> Option<u64> {
     match read_u32(image, 0)? {
         FATBIN_MAGIC => fatbin_globals(image, arch),
         _ if image.starts_with(&ELF_MAGIC) => elf_globals(image),
@@ -479,10 +479,8 @@ mod tests {
         assert_eq!(globals(two, 100), Some(GIB3));
         assert_eq!(globals(two, 75), None);
         // SAFETY: the fat binary in this test's static data.
-        assert_eq!(
-            unsafe { extent(two.as_ptr()) }.map(<[u8]>::len),
-            Some(two.len())
-        );
+        let found = unsafe { extent(two.as_ptr()) };
+        assert_eq!(found.map(<[u8]>::len), Some(two.len()));
     }
 
     #[test]

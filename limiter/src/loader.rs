@@ -51,7 +51,7 @@ fn dlopen_raw(filename: *const c_char, flags: c_int) -> *mut c_void {
 #[cfg(all(not(test), target_arch = "x86_64"))]
 #[unsafe(naked)]
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void {
+pub(crate) unsafe extern "C" fn dlopen(filename: *const c_char, flags: c_int) -> *mut c_void {
     core::arch::naked_asm!("mov rdx, [rsp]", "jmp {}", sym dlopen_from)
 }
 
@@ -273,7 +273,7 @@ static INSTALLED: Mutex<Installed> = Mutex::new(Installed {
 /// Once libcuda is patched under limits, libnvidia-ml is mapped too (the
 /// quota measures the driver's own memory through it) and patched here,
 /// never later from inside a detour.
-pub fn install_if_mapped() {
+pub(crate) fn install_if_mapped() {
     let Some(state) = entry::state() else {
         return;
     };
@@ -348,7 +348,7 @@ pub fn install_if_mapped() {
 /// The driver cannot be limited: CUDA is refused (`cuInit` alone is patched
 /// for that), unless the user opted out with `CUDA_LIMITER_ALLOW_UNPATCHED=1`.
 fn unpatchable(handle: *mut c_void, reason: &str) {
-    if entry::limiter().is_some_and(|limiter| limiter.allow_unpatched()) {
+    if entry::limiter().is_some_and(super::entry::Limiter::allow_unpatched) {
         eprintln!(
             "cuda-limiter: {reason}; running WITHOUT limits because {}=1",
             entry::ALLOW_UNPATCHED_VARIABLE

@@ -15,7 +15,7 @@ use crate::driver::{Driver, DriverError};
 
 /// Why MPS is not known to be in effect.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MpsError {
+pub(crate) enum MpsError {
     #[error("the driver's functions are not resolved")]
     NoDriver,
     #[error("the driver does not say how many devices there are")]
@@ -29,20 +29,20 @@ pub enum MpsError {
 }
 
 /// This process's MPS requirement and, once checked, its outcome.
-pub struct MpsRequirement {
+pub(crate) struct MpsRequirement {
     mode: MpsMode,
     checked: OnceLock<Result<(), MpsError>>,
 }
 
 impl MpsRequirement {
-    pub fn new(mode: MpsMode) -> Self {
+    pub(crate) fn new(mode: MpsMode) -> Self {
         Self {
             mode,
             checked: OnceLock::new(),
         }
     }
 
-    pub fn is_required(&self) -> bool {
+    pub(crate) fn is_required(&self) -> bool {
         self.mode == MpsMode::Required
     }
 
@@ -50,7 +50,7 @@ impl MpsRequirement {
     /// or every device is an MPS client. Checked once (whether a process is
     /// an MPS client is fixed when the driver initialises); a failure prints
     /// its line the first time.
-    pub fn verify(&self, driver: Option<&Driver>) -> Result<(), &MpsError> {
+    pub(crate) fn verify(&self, driver: Option<&Driver>) -> Result<(), &MpsError> {
         if !self.is_required() {
             return Ok(());
         }

@@ -62,7 +62,7 @@ struct Spilled {
 }
 
 /// This process's oversubscription policy and its spilled ranges.
-pub struct Spill {
+pub(crate) struct Spill {
     enabled: DeviceLimits<bool>,
     caps: DeviceLimits<u64>,
     default_cap: OnceLock<u64>,
@@ -72,7 +72,7 @@ pub struct Spill {
 }
 
 impl Spill {
-    pub fn new(enabled: DeviceLimits<bool>, caps: DeviceLimits<u64>) -> Self {
+    pub(crate) fn new(enabled: DeviceLimits<bool>, caps: DeviceLimits<u64>) -> Self {
         Self {
             enabled,
             caps,
@@ -86,7 +86,7 @@ impl Spill {
     /// spill: under a hypervisor its read-only limits say; locally the
     /// switches and `CUDA_LIMITER_SPILL_LIMIT` (default: a quarter of the
     /// node's memory).
-    pub fn cap(&self, ctx: &'static Context, device: usize) -> Option<u64> {
+    pub(crate) fn cap(&self, ctx: &'static Context, device: usize) -> Option<u64> {
         let uuid = ctx.device_uuid(device);
         let cap = match ctx.grant() {
             Grant::Refused => return None,
@@ -113,7 +113,7 @@ impl Spill {
 
     /// Serves `bytes` on CUDA device `device` from pinned mapped host memory
     /// and returns its device pointer; why not, when it cannot.
-    pub fn allocate(
+    pub(crate) fn allocate(
         &self,
         ctx: &'static Context,
         device: usize,
@@ -161,7 +161,7 @@ impl Spill {
     /// Frees `dptr` if it was spilled: `None` when it was not (the caller
     /// frees it as device memory). `ordered`: a stream-ordered free, which
     /// waits for the context's work first.
-    pub fn free(
+    pub(crate) fn free(
         &self,
         ctx: &'static Context,
         dptr: CUdeviceptr,

@@ -18,21 +18,21 @@ use gpushare_hook::thread_local::ZeroInit;
 /// `CUresult`, a distinct type so that it has its own conversions.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CUresult(pub c_uint);
+pub(crate) struct CUresult(pub c_uint);
 
 // SAFETY: a plain integer (0 is `CUDA_SUCCESS`).
 unsafe impl ZeroInit for CUresult {}
 
 impl CUresult {
-    pub const SUCCESS: Self = Self(0);
-    pub const ERROR_INVALID_VALUE: Self = Self(1);
-    pub const ERROR_OUT_OF_MEMORY: Self = Self(2);
-    pub const ERROR_NOT_INITIALIZED: Self = Self(3);
-    pub const ERROR_INVALID_CONTEXT: Self = Self(201);
-    pub const ERROR_NOT_FOUND: Self = Self(500);
-    pub const ERROR_NOT_READY: Self = Self(600);
+    pub(crate) const SUCCESS: Self = Self(0);
+    pub(crate) const ERROR_INVALID_VALUE: Self = Self(1);
+    pub(crate) const ERROR_OUT_OF_MEMORY: Self = Self(2);
+    pub(crate) const ERROR_NOT_INITIALIZED: Self = Self(3);
+    pub(crate) const ERROR_INVALID_CONTEXT: Self = Self(201);
+    pub(crate) const ERROR_NOT_FOUND: Self = Self(500);
+    pub(crate) const ERROR_NOT_READY: Self = Self(600);
 
-    pub fn is_success(self) -> bool {
+    pub(crate) fn is_success(self) -> bool {
         self == Self::SUCCESS
     }
 }
@@ -41,21 +41,21 @@ impl Unavailable for CUresult {
     const UNAVAILABLE: Self = Self::ERROR_NOT_INITIALIZED;
 }
 
-pub type CUdevice = c_int;
-pub type CUcontext = *mut c_void;
-pub type CUfunction = *mut c_void;
-pub type CUevent = *mut c_void;
-pub type CUgraphExec = *mut c_void;
-pub type CUdeviceptr = u64;
-pub type CUstream = *mut c_void;
-pub type CUmemoryPool = *mut c_void;
-pub type CUarray = *mut c_void;
-pub type CUmipmappedArray = *mut c_void;
-pub type CUmemGenericAllocationHandle = u64;
+pub(crate) type CUdevice = c_int;
+pub(crate) type CUcontext = *mut c_void;
+pub(crate) type CUfunction = *mut c_void;
+pub(crate) type CUevent = *mut c_void;
+pub(crate) type CUgraphExec = *mut c_void;
+pub(crate) type CUdeviceptr = u64;
+pub(crate) type CUstream = *mut c_void;
+pub(crate) type CUmemoryPool = *mut c_void;
+pub(crate) type CUarray = *mut c_void;
+pub(crate) type CUmipmappedArray = *mut c_void;
+pub(crate) type CUmemGenericAllocationHandle = u64;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct CUuuid {
+pub(crate) struct CUuuid {
     pub bytes: [u8; 16],
 }
 
@@ -63,11 +63,11 @@ pub struct CUuuid {
 const _: () = assert!(size_of::<CUuuid>() == 16 && align_of::<CUuuid>() == 1);
 
 /// `CUarray_format`.
-pub type CUarray_format = c_uint;
+pub(crate) type CUarray_format = c_uint;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct CUDA_ARRAY_DESCRIPTOR {
+pub(crate) struct CUDA_ARRAY_DESCRIPTOR {
     pub Width: usize,
     pub Height: usize,
     pub Format: CUarray_format,
@@ -84,7 +84,7 @@ const _: () = {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct CUDA_ARRAY3D_DESCRIPTOR {
+pub(crate) struct CUDA_ARRAY3D_DESCRIPTOR {
     pub Width: usize,
     pub Height: usize,
     pub Depth: usize,
@@ -105,14 +105,14 @@ const _: () = {
 };
 
 /// The per-thread default stream handle (`CU_STREAM_PER_THREAD`).
-pub const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
+pub(crate) const CU_STREAM_PER_THREAD: CUstream = 0x2 as CUstream;
 /// `CU_STREAM_CAPTURE_STATUS_NONE`.
-pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+pub(crate) const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
 
 /// `CUlaunchConfig`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct CUlaunchConfig {
+pub(crate) struct CUlaunchConfig {
     pub gridDimX: c_uint,
     pub gridDimY: c_uint,
     pub gridDimZ: c_uint,
@@ -145,13 +145,13 @@ const _: () = {
 };
 
 /// `CUDA_ARRAY3D_LAYERED`: Depth counts layers.
-pub const CUDA_ARRAY3D_LAYERED: c_uint = 0x01;
+pub(crate) const CUDA_ARRAY3D_LAYERED: c_uint = 0x01;
 /// `CUDA_ARRAY3D_CUBEMAP`: six faces (times layers when layered).
-pub const CUDA_ARRAY3D_CUBEMAP: c_uint = 0x04;
+pub(crate) const CUDA_ARRAY3D_CUBEMAP: c_uint = 0x04;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct CUmemLocation {
+pub(crate) struct CUmemLocation {
     pub type_: c_int,
     pub id: c_int,
 }
@@ -162,11 +162,11 @@ const _: () = {
     assert!(offset_of!(CUmemLocation, id) == 4);
 };
 
-pub const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct CUmemAllocationProp {
+pub(crate) struct CUmemAllocationProp {
     pub type_: c_int,
     pub requestedHandleTypes: c_int,
     pub location: CUmemLocation,
@@ -186,7 +186,7 @@ const _: () = {
 /// `CUmemPoolProps` (CUDA 12.2+ layout; older drivers' is the same size).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct CUmemPoolProps {
+pub(crate) struct CUmemPoolProps {
     pub alloc_type: c_int,
     pub handle_types: c_int,
     pub location: CUmemLocation,
@@ -199,7 +199,7 @@ pub struct CUmemPoolProps {
 /// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 are the same).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+pub(crate) struct CUDA_MEM_ALLOC_NODE_PARAMS {
     pub pool_props: CUmemPoolProps,
     pub access_descs: *const c_void,
     pub access_desc_count: usize,
@@ -253,58 +253,59 @@ const _: () = {
 };
 
 /// `CUlimit`.
-pub type CUlimit = c_int;
+pub(crate) type CUlimit = c_int;
 /// `CU_LIMIT_STACK_SIZE`: bytes of stack per thread.
-pub const CU_LIMIT_STACK_SIZE: CUlimit = 0x00;
+pub(crate) const CU_LIMIT_STACK_SIZE: CUlimit = 0x00;
 /// `CU_LIMIT_PRINTF_FIFO_SIZE`: bytes of the printf FIFO.
-pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 0x01;
+pub(crate) const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 0x01;
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`: bytes of the device malloc heap.
-pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 0x02;
-pub type CUlibrary = *mut c_void;
-pub type CUgraphNode = *mut c_void;
+pub(crate) const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 0x02;
+pub(crate) type CUlibrary = *mut c_void;
+pub(crate) type CUgraphNode = *mut c_void;
 /// `CU_GRAPH_NODE_TYPE_GRAPH`: a child graph.
-pub const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 4;
+pub(crate) const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 4;
 /// `CU_GRAPH_NODE_TYPE_MEM_ALLOC`: a memory allocation node.
-pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
+pub(crate) const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
 /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: what the device's graph pool holds.
-pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
+pub(crate) const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
 /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: what a pool keeps after frees.
-pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+pub(crate) const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
 /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
-pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
-pub type CuLibraryGetModule = unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult;
+pub(crate) const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
+pub(crate) type CuLibraryGetModule = unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult;
 /// A library's kernel, context-independent (`cuLibraryGetKernel`); the
 /// runtime launches these as functions.
-pub type CUkernel = *mut c_void;
-pub type CuKernelGetLibrary = unsafe extern "C" fn(*mut CUlibrary, CUkernel) -> CUresult;
+pub(crate) type CUkernel = *mut c_void;
+pub(crate) type CuKernelGetLibrary = unsafe extern "C" fn(*mut CUlibrary, CUkernel) -> CUresult;
 /// `CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR` (`_MINOR` is the next).
-pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
-pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
-pub type CuCtxGetLimit = unsafe extern "C" fn(*mut usize, CUlimit) -> CUresult;
-pub type CuGraphGetNodes = unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
-pub type CuGraphNodeGetType = unsafe extern "C" fn(CUgraphNode, *mut c_int) -> CUresult;
-pub type CuGraphMemAllocNodeGetParams =
+pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+pub(crate) type CuCtxGetLimit = unsafe extern "C" fn(*mut usize, CUlimit) -> CUresult;
+pub(crate) type CuGraphGetNodes =
+    unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
+pub(crate) type CuGraphNodeGetType = unsafe extern "C" fn(CUgraphNode, *mut c_int) -> CUresult;
+pub(crate) type CuGraphMemAllocNodeGetParams =
     unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
-pub type CuGraphChildGraphNodeGetGraph =
+pub(crate) type CuGraphChildGraphNodeGetGraph =
     unsafe extern "C" fn(CUgraphNode, *mut CUgraph) -> CUresult;
-pub type CuDeviceGetGraphMemAttribute =
+pub(crate) type CuDeviceGetGraphMemAttribute =
     unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult;
 
 /// `nvmlReturn_t`, a distinct type so that it has its own conversions.
 #[repr(transparent)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct nvmlReturn_t(pub c_uint);
+pub(crate) struct nvmlReturn_t(pub c_uint);
 
 // SAFETY: a plain integer (0 is `NVML_SUCCESS`).
 unsafe impl ZeroInit for nvmlReturn_t {}
 
 impl nvmlReturn_t {
-    pub const SUCCESS: Self = Self(0);
-    pub const ERROR_UNINITIALIZED: Self = Self(1);
-    pub const ERROR_INVALID_ARGUMENT: Self = Self(2);
-    pub const ERROR_INSUFFICIENT_SIZE: Self = Self(7);
+    pub(crate) const SUCCESS: Self = Self(0);
+    pub(crate) const ERROR_UNINITIALIZED: Self = Self(1);
+    pub(crate) const ERROR_INVALID_ARGUMENT: Self = Self(2);
+    pub(crate) const ERROR_INSUFFICIENT_SIZE: Self = Self(7);
 
-    pub fn is_success(self) -> bool {
+    pub(crate) fn is_success(self) -> bool {
         self == Self::SUCCESS
     }
 }
@@ -313,11 +314,11 @@ impl Unavailable for nvmlReturn_t {
     const UNAVAILABLE: Self = Self::ERROR_UNINITIALIZED;
 }
 
-pub type nvmlDevice_t = *mut c_void;
+pub(crate) type nvmlDevice_t = *mut c_void;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct nvmlMemory_t {
+pub(crate) struct nvmlMemory_t {
     pub total: u64,
     pub free: u64,
     pub used: u64,
@@ -332,7 +333,7 @@ const _: () = {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct nvmlMemory_v2_t {
+pub(crate) struct nvmlMemory_v2_t {
     pub version: c_uint,
     pub total: u64,
     pub reserved: u64,
@@ -352,7 +353,7 @@ const _: () = {
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct nvmlProcessInfo_t {
+pub(crate) struct nvmlProcessInfo_t {
     pub pid: c_uint,
     pub usedGpuMemory: u64,
     pub gpuInstanceId: c_uint,
@@ -372,7 +373,7 @@ const _: () = {
 /// `nvmlDeviceGetComputeRunningProcesses` writes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct nvmlProcessInfo_v1_t {
+pub(crate) struct nvmlProcessInfo_v1_t {
     pub pid: c_uint,
     pub usedGpuMemory: u64,
 }
@@ -384,23 +385,23 @@ const _: () = {
 };
 
 /// `NVML_VALUE_NOT_AVAILABLE` for unsigned long long fields.
-pub const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
+pub(crate) const NVML_VALUE_NOT_AVAILABLE: u64 = u64::MAX;
 
-pub const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
+pub(crate) const NVML_DEVICE_UUID_V2_BUFFER_SIZE: usize = 96;
 
-pub type CuCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
-pub type CuStreamGetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult;
-pub type CuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
-pub type CuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
+pub(crate) type CuCtxGetCurrent = unsafe extern "C" fn(*mut CUcontext) -> CUresult;
+pub(crate) type CuStreamGetCtx = unsafe extern "C" fn(CUstream, *mut CUcontext) -> CUresult;
+pub(crate) type CuStreamIsCapturing = unsafe extern "C" fn(CUstream, *mut c_int) -> CUresult;
+pub(crate) type CuThreadExchangeStreamCaptureMode = unsafe extern "C" fn(*mut c_int) -> CUresult;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
-pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
-pub type CUmodule = *mut c_void;
-pub type CuModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
-pub type CuModuleGetFunction =
+pub(crate) const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+pub(crate) type CUmodule = *mut c_void;
+pub(crate) type CuModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult;
+pub(crate) type CuModuleGetFunction =
     unsafe extern "C" fn(*mut CUfunction, CUmodule, *const std::ffi::c_char) -> CUresult;
-pub type CuStreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
-pub type CuEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
-pub type CuLaunchKernel = unsafe extern "C" fn(
+pub(crate) type CuStreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
+pub(crate) type CuEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
+pub(crate) type CuLaunchKernel = unsafe extern "C" fn(
     CUfunction,
     c_uint,
     c_uint,
@@ -413,49 +414,51 @@ pub type CuLaunchKernel = unsafe extern "C" fn(
     *mut *mut c_void,
     *mut *mut c_void,
 ) -> CUresult;
-pub type CUgraph = *mut c_void;
-pub type CuStreamBeginCapture = unsafe extern "C" fn(CUstream, c_int) -> CUresult;
-pub type CuStreamEndCapture = unsafe extern "C" fn(CUstream, *mut CUgraph) -> CUresult;
-pub type CuGraphInstantiateWithFlags =
+pub(crate) type CUgraph = *mut c_void;
+pub(crate) type CuStreamBeginCapture = unsafe extern "C" fn(CUstream, c_int) -> CUresult;
+pub(crate) type CuStreamEndCapture = unsafe extern "C" fn(CUstream, *mut CUgraph) -> CUresult;
+pub(crate) type CuGraphInstantiateWithFlags =
     unsafe extern "C" fn(*mut CUgraphExec, CUgraph, u64) -> CUresult;
-pub type CuGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
+pub(crate) type CuGraphLaunch = unsafe extern "C" fn(CUgraphExec, CUstream) -> CUresult;
 /// `CU_STREAM_NON_BLOCKING`.
-pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
-pub type CuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
+pub(crate) const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+pub(crate) type CuEventCreate = unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult;
 /// `CU_EVENT_DISABLE_TIMING`: an event that can be queried, not timed.
-pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
-pub type CuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
-pub type CuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
-pub type CuEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
-pub type CuEventDestroy = unsafe extern "C" fn(CUevent) -> CUresult;
-pub type CuCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
-pub type CuStreamQuery = unsafe extern "C" fn(CUstream) -> CUresult;
-pub type CuDeviceGetAttribute = unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult;
-pub type CuOccupancyMaxActiveBlocksPerMultiprocessor =
+pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+pub(crate) type CuEventRecord = unsafe extern "C" fn(CUevent, CUstream) -> CUresult;
+pub(crate) type CuEventQuery = unsafe extern "C" fn(CUevent) -> CUresult;
+pub(crate) type CuEventElapsedTime = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+pub(crate) type CuEventDestroy = unsafe extern "C" fn(CUevent) -> CUresult;
+pub(crate) type CuCtxGetDevice = unsafe extern "C" fn(*mut CUdevice) -> CUresult;
+pub(crate) type CuStreamQuery = unsafe extern "C" fn(CUstream) -> CUresult;
+pub(crate) type CuDeviceGetAttribute =
+    unsafe extern "C" fn(*mut c_int, c_int, CUdevice) -> CUresult;
+pub(crate) type CuOccupancyMaxActiveBlocksPerMultiprocessor =
     unsafe extern "C" fn(*mut c_int, CUfunction, c_int, usize) -> CUresult;
 /// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT`.
-pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+pub(crate) const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 /// `CU_DEVICE_ATTRIBUTE_MPS_ENABLED`: 1 when the device's contexts are
 /// shared through MPS (this process is an MPS client), else 0.
-pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: c_int = 133;
-pub type CuDeviceGet = unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult;
-pub type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
-pub type CuDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;
-pub type NvmlInit = unsafe extern "C" fn() -> nvmlReturn_t;
-pub type NvmlDeviceGetHandleByUUID =
+pub(crate) const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: c_int = 133;
+pub(crate) type CuDeviceGet = unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult;
+pub(crate) type CuDeviceGetCount = unsafe extern "C" fn(*mut c_int) -> CUresult;
+pub(crate) type CuDeviceGetUuid = unsafe extern "C" fn(*mut CUuuid, CUdevice) -> CUresult;
+pub(crate) type NvmlInit = unsafe extern "C" fn() -> nvmlReturn_t;
+pub(crate) type NvmlDeviceGetHandleByUUID =
     unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
-pub type NvmlDeviceGetHandleByIndex =
+pub(crate) type NvmlDeviceGetHandleByIndex =
     unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
-pub type NvmlDeviceGetIndex = unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
-pub type NvmlDeviceGetUUID =
+pub(crate) type NvmlDeviceGetIndex =
+    unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
+pub(crate) type NvmlDeviceGetUUID =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_char, c_uint) -> nvmlReturn_t;
-pub type NvmlDeviceGetComputeRunningProcesses =
+pub(crate) type NvmlDeviceGetComputeRunningProcesses =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_t) -> nvmlReturn_t;
-pub type NvmlDeviceGetComputeRunningProcessesV1 =
+pub(crate) type NvmlDeviceGetComputeRunningProcessesV1 =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint, *mut nvmlProcessInfo_v1_t) -> nvmlReturn_t;
 
 /// Formats a CUDA UUID the way NVML and `nvidia-smi -L` print it.
-pub fn format_uuid(uuid: &CUuuid) -> String {
+pub(crate) fn format_uuid(uuid: &CUuuid) -> String {
     let b = &uuid.bytes;
     format!(
         "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
@@ -479,14 +482,14 @@ pub fn format_uuid(uuid: &CUuuid) -> String {
 }
 
 /// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context.
-pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x01;
+pub(crate) const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x01;
 /// `CU_MEMHOSTALLOC_DEVICEMAP`: mapped into the device's address space.
-pub const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x02;
-pub type CuMemHostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CUresult;
-pub type CuMemHostGetDevicePointer =
+pub(crate) const CU_MEMHOSTALLOC_DEVICEMAP: c_uint = 0x02;
+pub(crate) type CuMemHostAlloc = unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> CUresult;
+pub(crate) type CuMemHostGetDevicePointer =
     unsafe extern "C" fn(*mut CUdeviceptr, *mut c_void, c_uint) -> CUresult;
-pub type CuMemFreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
-pub type CuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+pub(crate) type CuMemFreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
+pub(crate) type CuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 
 #[cfg(test)]
 mod tests {

@@ -24,14 +24,14 @@ const MAX_THREADS_PER_SM: u32 = 2048;
 const MAX_BLOCKS_PER_SM: u32 = 32;
 
 /// What the GPU says about itself; the driver in production, a table in tests.
-pub trait GpuShape {
+pub(crate) trait GpuShape {
     fn sm_count(&self, device: usize) -> Option<u32>;
     fn blocks_per_sm(&self, function: usize, threads: u32, shared_bytes: u32) -> Option<u32>;
 }
 
 /// One kernel launch's dimensions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grid {
+pub(crate) struct Grid {
     pub function: usize,
     pub blocks: u64,
     pub threads: u32,
@@ -39,7 +39,7 @@ pub struct Grid {
 }
 
 /// SM counts per device and occupancies per launch configuration.
-pub struct Waves {
+pub(crate) struct Waves {
     sm_count: [AtomicU32; MAX_DEVICES],
     /// Tag (hash with the low byte cleared) | blocks per SM; 0 = empty.
     occupancy: Box<[AtomicU64]>,
@@ -57,7 +57,7 @@ impl Default for Waves {
 impl Waves {
     /// The number of waves `grid` runs in on `device` (at least 1).
     #[inline]
-    pub fn count(&self, device: usize, grid: Grid, gpu: &impl GpuShape) -> u64 {
+    pub(crate) fn count(&self, device: usize, grid: Grid, gpu: &impl GpuShape) -> u64 {
         let Some(sms) = self.sms(device, gpu) else {
             return 1;
         };

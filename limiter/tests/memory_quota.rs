@@ -192,14 +192,11 @@ fn unlimited_device_and_unconfigured_process_see_the_real_driver() {
 #[test]
 fn migrated_configurations_apply_by_index_and_uuid() {
     let uuid = gpushare_examples::uuid(0).to_uppercase();
-    let tensor_fusion = format!("{{\"{uuid}\": {}}}", GIB);
+    let tensor_fusion = format!("{{\"{uuid}\": {GIB}}}");
     let cases: [(&str, String); 4] = [
         ("CUDA_MEM_LIMIT_0", "1024m".to_owned()),
         ("TENSOR_FUSION_CUDA_MEM_LIMIT", tensor_fusion),
-        (
-            "TENSOR_FUSION_CUDA_MEM_LIMIT",
-            format!("{{\"0\": {}}}", GIB),
-        ),
+        ("TENSOR_FUSION_CUDA_MEM_LIMIT", format!("{{\"0\": {GIB}}}")),
         ("VCUDA_MEMORY_LIMIT", GIB.to_string()),
     ];
     for (variable, value) in cases {

@@ -50,6 +50,8 @@
 //! Errors and panics are handled as above; a panic after the call
 //! still returns the original's result.
 
+#![warn(missing_docs)]
+
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
 use quote::quote;

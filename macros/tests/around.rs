@@ -52,23 +52,23 @@ impl AfterCall<Status> for Admitted {
 mod handlers {
     use super::*;
 
-    pub fn admit(x: u64) -> Result<Admitted, Refusal> {
+    pub(crate) fn admit(x: u64) -> Result<Admitted, Refusal> {
         Ok(Admitted { x, panic: false })
     }
 
-    pub fn admit_then_panic(x: u64) -> Result<Admitted, Refusal> {
+    pub(crate) fn admit_then_panic(x: u64) -> Result<Admitted, Refusal> {
         Ok(Admitted { x, panic: true })
     }
 
-    pub fn bypass(_x: u64) -> Result<Admitted, Refusal> {
+    pub(crate) fn bypass(_x: u64) -> Result<Admitted, Refusal> {
         Err(Refusal::Bypass)
     }
 
-    pub fn refuse(_x: u64) -> Result<Admitted, Refusal> {
+    pub(crate) fn refuse(_x: u64) -> Result<Admitted, Refusal> {
         Err(Refusal::Refuse)
     }
 
-    pub fn panic_before(_x: u64) -> Result<Admitted, Refusal> {
+    pub(crate) fn panic_before(_x: u64) -> Result<Admitted, Refusal> {
         panic!("fault before the original ran");
     }
 }

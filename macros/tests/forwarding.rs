@@ -20,7 +20,7 @@ unsafe extern "C" fn driver(x: u64) -> Status {
 mod handlers {
     use super::*;
 
-    pub fn panic_after(
+    pub(crate) fn panic_after(
         original: super::calls_then_panics::Signature,
         x: u64,
     ) -> Result<Status, Bypass> {
@@ -29,7 +29,7 @@ mod handlers {
         panic!("fault after the original ran");
     }
 
-    pub fn bypass_after(
+    pub(crate) fn bypass_after(
         original: super::calls_then_bypasses::Signature,
         x: u64,
     ) -> Result<Status, Bypass> {
@@ -38,7 +38,7 @@ mod handlers {
         Err(Bypass)
     }
 
-    pub fn panic_before(
+    pub(crate) fn panic_before(
         _original: super::panics_first::Signature,
         _x: u64,
     ) -> Result<Status, Bypass> {

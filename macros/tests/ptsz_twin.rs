@@ -24,7 +24,7 @@ mod handlers {
     use super::*;
 
     /// Forwards, and marks the answer with which twin ran it.
-    pub fn add<const PER_THREAD: bool>(
+    pub(crate) fn add<const PER_THREAD: bool>(
         original: super::add::Signature,
         x: u64,
         y: u64,

@@ -39,6 +39,7 @@ pub struct PodActivity {
 /// The whole table.
 #[repr(C)]
 pub struct ActivityTable {
+    /// Per device, the stamps of up to [`PODS_PER_DEVICE`] pods.
     pub devices: [[PodActivity; PODS_PER_DEVICE]; MAX_DEVICES],
 }
 
@@ -51,10 +52,15 @@ const READY_TIMEOUT: Duration = Duration::from_secs(1);
 /// Why a node table could not be mapped.
 #[derive(Debug, thiserror::Error)]
 pub enum ActivityError {
+    /// Creating or opening the shared-memory object failed.
     #[error(transparent)]
     Shm(#[from] ShmError),
+    /// The table does not exist, or its creator did not size it in time.
     #[error("/dev/shm/{name} does not exist (or its creator never sized it)")]
-    Absent { name: String },
+    Absent {
+        /// Table name in `/dev/shm`.
+        name: String,
+    },
 }
 
 /// The node's activity table, mapped.
@@ -133,7 +139,12 @@ pub enum TableAccess {
     /// The node's one creator (the hypervisor; the limiter in local mode):
     /// creates the table when absent (`O_EXCL`, owner and mode from
     /// `creation`), else opens it if `trust` allows its owner.
-    Create { creation: Creation, trust: Trust },
+    Create {
+        /// Owner and mode of the table if we create it.
+        creation: Creation,
+        /// Who may own the table if it already exists.
+        trust: Trust,
+    },
     /// Everyone else: opens an existing table whose owner `trust` allows.
     Open(Trust),
 }

@@ -40,12 +40,15 @@ const PUBLISHED: u32 = 2;
 #[repr(C)]
 #[derive(Debug)]
 pub struct LimitsHeader {
+    /// [`LIMITS_MAGIC`] once the hypervisor has created the object.
     pub magic: AtomicU64,
+    /// [`LIMITS_VERSION`] of the layout the hypervisor wrote.
     pub version: AtomicU32,
     /// 0 until the hypervisor publishes the pod's limits, then 2.
     pub state: AtomicU32,
     /// Bumped on every change.
     pub generation: AtomicU64,
+    /// Unused; zero.
     pub reserved: [AtomicU64; 5],
 }
 
@@ -62,6 +65,7 @@ pub struct GpuLimits {
     /// The pod's [`PodClass`] on the GPU ([`PodClass::code`]; 0, batch, in
     /// objects written before classes).
     pub class: AtomicU32,
+    /// Unused; zero.
     pub reserved32: AtomicU32,
     /// Bytes of host memory the pod may spill to past its quota
     /// (oversubscription); 0 = none. Zero means "absent", so version 1 holds it.
@@ -70,6 +74,7 @@ pub struct GpuLimits {
     /// what its ledger counts (the hypervisor's audit): charged to the pod
     /// as driver-held memory. Zero means "absent", so version 1 holds it.
     pub unaccounted: AtomicU64,
+    /// Unused; zero.
     pub reserved: [AtomicU64; 1],
 }
 
@@ -89,7 +94,10 @@ impl GpuLimits {
 #[repr(C)]
 #[derive(Debug)]
 pub struct LimitsRegion {
+    /// Magic, version, publication state and generation.
     pub header: LimitsHeader,
+    /// One entry per GPU of the pod, found by [`uuid_key`]; unused entries
+    /// have key 0.
     pub gpus: [GpuLimits; MAX_DEVICES],
 }
 
@@ -109,22 +117,41 @@ const _: () = {
 /// Errors of the limits object.
 #[derive(Debug, thiserror::Error)]
 pub enum LimitsError {
+    /// Creating, opening or checking the shared-memory object failed.
     #[error(transparent)]
     Shm(#[from] ShmError),
+    /// The object does not exist, or is still empty (not sized yet).
     #[error("limits object {name} does not exist (the hypervisor has not provisioned this pod)")]
-    Missing { name: String },
+    Missing {
+        /// Object name.
+        name: String,
+    },
+    /// The hypervisor has not yet published the pod's limits.
     #[error("limits object {name} is not published yet")]
-    NotPublished { name: String },
+    NotPublished {
+        /// Object name.
+        name: String,
+    },
+    /// The object has the wrong magic or layout version.
     #[error(
         "limits object {name} has magic {magic:#x} version {version}, expected version {LIMITS_VERSION}"
     )]
     Foreign {
+        /// Object name.
         name: String,
+        /// Magic found in the header.
         magic: u64,
+        /// Version found in the header.
         version: u32,
     },
+    /// Every GPU entry is taken, so GPU `uuid` cannot be added.
     #[error("limits object {name} holds no room for GPU {uuid} ({MAX_DEVICES} at most)")]
-    Full { name: String, uuid: String },
+    Full {
+        /// Object name.
+        name: String,
+        /// UUID of the GPU that found no free entry.
+        uuid: String,
+    },
 }
 
 /// The key of a GPU: FNV-1a of its lowercase UUID, never 0.

@@ -34,6 +34,7 @@ impl PodId {
         }
     }
 
+    /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -90,6 +91,7 @@ impl PodClass {
             .find_map(|(name, class)| name.eq_ignore_ascii_case(s).then_some(class))
     }
 
+    /// `batch` or `latency`, as [`PodClass::parse`] accepts it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Batch => "batch",

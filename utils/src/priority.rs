@@ -64,6 +64,7 @@ pub struct LatencyDevice {
     pub next_arrival_ns: AtomicU64,
     /// The period of its requests; 0: no prediction.
     pub period_ns: AtomicU64,
+    /// Unused; zero.
     pub reserved: [AtomicU64; 2],
 }
 
@@ -75,6 +76,7 @@ pub struct PodPriority {
     pub pod: AtomicU64,
     /// [`PodClass::code`].
     pub class: AtomicU32,
+    /// Unused; zero.
     pub reserved32: AtomicU32,
     /// When the pod last used the slot.
     pub seen_at_ns: AtomicU64,
@@ -85,14 +87,18 @@ pub struct PodPriority {
     /// Sum, count and maximum of the queueing delay of its sampled launches:
     /// from the launch call until the GPU reached it.
     pub queue_ns: AtomicU64,
+    /// Number of sampled launches summed in `queue_ns`.
     pub queue_samples: AtomicU64,
+    /// Longest queueing delay of a sampled launch.
     pub queue_max_ns: AtomicU64,
 }
 
 /// The whole table.
 #[repr(C)]
 pub struct PriorityTable {
+    /// Latency work per device, indexed by device.
     pub devices: [LatencyDevice; MAX_DEVICES],
+    /// Per device, the counters of up to [`PODS_PER_DEVICE`] pods.
     pub pods: [[PodPriority; PODS_PER_DEVICE]; MAX_DEVICES],
 }
 
@@ -103,21 +109,32 @@ const _: () = assert!(size_of::<PriorityTable>() == 64 * MAX_DEVICES * (1 + PODS
 /// A device's latency line as a batch launch sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LatencyView {
+    /// [`LatencyDevice::active_at_ns`]; 0: never.
     pub active_at_ns: u64,
+    /// [`LatencyDevice::in_flight`]: latency processes with work in flight.
     pub in_flight: u64,
+    /// [`LatencyDevice::present_at_ns`]: latest latency heartbeat.
     pub present_at_ns: u64,
+    /// [`LatencyDevice::next_arrival_ns`]; 0: no prediction.
     pub next_arrival_ns: u64,
+    /// [`LatencyDevice::period_ns`]; 0: no prediction.
     pub period_ns: u64,
 }
 
 /// A pod's counters, summed over devices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PriorityStats {
+    /// Latency if the pod is latency on any device, else batch.
     pub class: PodClass,
+    /// Total time its launches were held for latency pods.
     pub held_ns: u64,
+    /// Launches that were held.
     pub held_launches: u64,
+    /// Sum of the queueing delay of its sampled launches.
     pub queue_ns: u64,
+    /// Number of sampled launches summed in `queue_ns`.
     pub queue_samples: u64,
+    /// Longest queueing delay of a sampled launch, over all devices.
     pub queue_max_ns: u64,
 }
 

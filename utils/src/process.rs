@@ -5,6 +5,7 @@
 use std::io;
 use std::os::unix::fs::MetadataExt;
 
+/// This process's pid, in its own pid namespace.
 pub fn current_pid() -> i32 {
     // SAFETY: getpid has no preconditions and cannot fail.
     unsafe { libc::getpid() }
@@ -23,6 +24,7 @@ pub struct ProcStat {
     pub start_time: u64,
 }
 
+/// Reads the state and start time from a `/proc/<pid>/stat` file at `path`.
 pub fn read_proc_stat(path: &str) -> io::Result<ProcStat> {
     let text = std::fs::read_to_string(path)?;
     let malformed = || io::Error::new(io::ErrorKind::InvalidData, "malformed /proc stat");

@@ -39,8 +39,11 @@ pub const MAX_UUID_LEN: usize = 96;
 /// A limiter process introducing itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Register {
+    /// The process's pod id ([`crate::pod::PodId`]).
     pub pod: String,
+    /// The process's id, as the process sees it.
     pub pid: u32,
+    /// Hostname of the process, for logs; may be empty.
     #[serde(default)]
     pub hostname: String,
     /// Devices visible to the process, when it already knows them.
@@ -66,8 +69,11 @@ pub struct PodGpuLimits {
 /// The hypervisor's answer to [`Register`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Registered {
+    /// Id the hypervisor gave the worker: its client id on the channel.
     pub worker_id: String,
+    /// The worker's pod id.
     pub pod: String,
+    /// The pod's limits on each of its GPUs.
     pub devices: Vec<PodGpuLimits>,
 }
 
@@ -78,9 +84,11 @@ pub enum Command {
     /// Launches block until resumed (the shared flag already says so; this
     /// lets the worker log it and answer).
     Suspend,
+    /// Launches go on again (the shared flag already says so).
     Resume,
     /// New limits (also written to the shared region).
     SetLimits {
+        /// The pod's limits on each of its GPUs.
         devices: Vec<PodGpuLimits>,
     },
     /// Liveness check.
@@ -90,7 +98,9 @@ pub enum Command {
 /// A worker's answer to a [`Command`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CommandResult {
+    /// Whether the worker carried the command out.
     pub ok: bool,
+    /// What the worker did, or why it failed; may be empty.
     #[serde(default)]
     pub message: String,
 }
@@ -98,6 +108,7 @@ pub struct CommandResult {
 /// A trapped launch asking for budget.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetRequest {
+    /// The id [`Registered`] gave the worker.
     pub worker_id: String,
     /// `GPU-…` UUID of the device.
     pub uuid: String,

@@ -10,10 +10,15 @@ const SIZE_SYNTAX: &str = "bytes or a number with k, m, g or t, e.g. 4g, 1024m, 
 /// Why a string is not a size; see [`parse_size`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SizeErrorKind {
+    /// Nothing but whitespace.
     Empty,
+    /// Not a whole number with an optional known unit.
     Invalid,
+    /// A number with a minus sign.
     Negative,
+    /// A number with a fractional part.
     Fractional,
+    /// More than `u64::MAX` bytes.
     Overflow,
 }
 
@@ -38,6 +43,7 @@ pub struct SizeError {
 }
 
 impl SizeError {
+    /// Why the string is not a size.
     pub fn kind(&self) -> SizeErrorKind {
         self.kind
     }

@@ -8,10 +8,10 @@ use gpushare_examples::double_dir;
 use super::CUDA_SUCCESS;
 
 /// One of the double's libraries, opened in this process and never closed.
-pub struct Lib(*mut c_void);
+pub(crate) struct Lib(*mut c_void);
 
 impl Lib {
-    pub fn open(file: &str) -> Lib {
+    pub(crate) fn open(file: &str) -> Lib {
         let path = CString::new(double_dir().join(file).to_str().unwrap()).unwrap();
         // SAFETY: path is a valid C string; the double's constructors are trivial.
         let handle = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -19,7 +19,7 @@ impl Lib {
         Lib(handle)
     }
 
-    pub fn sym(&self, name: &str) -> *const u8 {
+    pub(crate) fn sym(&self, name: &str) -> *const u8 {
         let c_name = CString::new(name).unwrap();
         // SAFETY: self.0 is a live handle and c_name a valid C string.
         let address = unsafe { libc::dlsym(self.0, c_name.as_ptr()) };
@@ -28,42 +28,40 @@ impl Lib {
     }
 
     /// The first `len` bytes of the function `name`.
-    pub fn code(&self, name: &str, len: usize) -> &'static [u8] {
+    pub(crate) fn code(&self, name: &str, len: usize) -> &'static [u8] {
         // SAFETY: code of a loaded library that is never unloaded; every stub
         // is longer than the lengths read here, and text is readable.
         unsafe { std::slice::from_raw_parts(self.sym(name), len) }
     }
 }
 
-pub const CUDA_ERROR_INVALID_VALUE: c_int = 1;
-pub const CUDA_ERROR_INVALID_HANDLE: c_int = 400;
-pub const CUDA_ERROR_ILLEGAL_STATE: c_int = 401;
-pub const CUDA_ERROR_NOT_READY: c_int = 600;
-pub const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: c_int = 900;
-pub const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: c_int = 901;
-pub const CU_STREAM_PER_THREAD: Handle = 2 as Handle;
-pub const CU_EVENT_DISABLE_TIMING: c_uint = 2;
-pub const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
-pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
-pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: c_int = 2;
-pub const CU_STREAM_CAPTURE_MODE_GLOBAL: c_int = 0;
-pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
-pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
-pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
+pub(crate) const CUDA_ERROR_INVALID_VALUE: c_int = 1;
+pub(crate) const CUDA_ERROR_INVALID_HANDLE: c_int = 400;
+pub(crate) const CUDA_ERROR_ILLEGAL_STATE: c_int = 401;
+pub(crate) const CUDA_ERROR_NOT_READY: c_int = 600;
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: c_int = 900;
+pub(crate) const CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: c_int = 901;
+pub(crate) const CU_STREAM_PER_THREAD: Handle = 2 as Handle;
+pub(crate) const CU_EVENT_DISABLE_TIMING: c_uint = 2;
+pub(crate) const CU_STREAM_CAPTURE_STATUS_NONE: c_int = 0;
+pub(crate) const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_int = 1;
+pub(crate) const CU_STREAM_CAPTURE_STATUS_INVALIDATED: c_int = 2;
+pub(crate) const CU_STREAM_CAPTURE_MODE_GLOBAL: c_int = 0;
+pub(crate) const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
+pub(crate) const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
+pub(crate) const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 16;
 
-pub type Handle = *mut c_void;
+pub(crate) type Handle = *mut c_void;
 
 /// `CLOCK_MONOTONIC` in ns, the double's clock.
-pub fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: ts is a valid out-pointer.
-    assert_eq!(
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) },
-        0
-    );
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -71,7 +69,7 @@ pub fn now() -> u64 {
 
 /// `CUlaunchConfig` of cuda.h.
 #[repr(C)]
-pub struct LaunchConfig {
+pub(crate) struct LaunchConfig {
     pub grid: [c_uint; 3],
     pub block: [c_uint; 3],
     pub shared_mem_bytes: c_uint,
@@ -80,7 +78,7 @@ pub struct LaunchConfig {
     pub num_attrs: c_uint,
 }
 
-pub type Launch = unsafe extern "C" fn(
+pub(crate) type Launch = unsafe extern "C" fn(
     Handle,
     c_uint,
     c_uint,
@@ -107,7 +105,7 @@ unsafe fn fn_from<F: Copy>(address: *mut c_void) -> F {
 }
 
 /// The double's entry points these tests call, with the signatures of cuda.h.
-pub struct Driver {
+pub(crate) struct Driver {
     pub init: unsafe extern "C" fn(c_uint) -> c_int,
     pub retain: unsafe extern "C" fn(*mut Handle, c_int) -> c_int,
     pub set_current: unsafe extern "C" fn(Handle) -> c_int,
@@ -154,7 +152,7 @@ pub struct Driver {
 
 impl Driver {
     /// Opens the double's libcuda in this process (never closed).
-    pub fn open() -> Driver {
+    pub(crate) fn open() -> Driver {
         let path = CString::new(double_dir().join("libcuda.so.1").to_str().unwrap()).unwrap();
         // SAFETY: path is a valid C string; the double's constructors are trivial.
         let lib = unsafe { libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
@@ -215,7 +213,7 @@ impl Driver {
     }
 
     /// cuInit, then the primary context of `device` made current.
-    pub fn start(&self, device: c_int) {
+    pub(crate) fn start(&self, device: c_int) {
         let mut ctx = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the arguments are plain values.
         unsafe {
@@ -226,7 +224,7 @@ impl Driver {
     }
 
     /// A kernel handle from a freshly loaded module.
-    pub fn function(&self) -> Handle {
+    pub(crate) fn function(&self) -> Handle {
         let (mut module, mut function) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: valid out-pointers; the image is any non-NULL pointer.
         unsafe {
@@ -243,7 +241,7 @@ impl Driver {
     }
 
     /// cuLaunchKernel (or its _ptsz) of `f` for `ns` on `stream`.
-    pub fn run(&self, launch: Launch, f: Handle, ns: u64, stream: Handle) -> c_int {
+    pub(crate) fn run(&self, launch: Launch, f: Handle, ns: u64, stream: Handle) -> c_int {
         let mut ns = ns;
         let mut params = [(&raw mut ns).cast::<c_void>()];
         // SAFETY: params[0] points to the u64 the double reads during the call.
@@ -264,23 +262,21 @@ impl Driver {
         }
     }
 
-    pub fn busy(&self, device: c_int, from: u64, to: u64) -> u64 {
+    pub(crate) fn busy(&self, device: c_int, from: u64, to: u64) -> u64 {
         // SAFETY: plain values.
         unsafe { (self.busy)(device, from, to) }
     }
 
-    pub fn event(&self, flags: c_uint) -> Handle {
+    pub(crate) fn event(&self, flags: c_uint) -> Handle {
         let mut event = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
-        assert_eq!(
-            unsafe { (self.event_create)(&mut event, flags) },
-            CUDA_SUCCESS
-        );
+        let rc = unsafe { (self.event_create)(&mut event, flags) };
+        assert_eq!(rc, CUDA_SUCCESS);
         event
     }
 
     /// cuEventElapsedTime_v2, and the same from the v1 export.
-    pub fn elapsed(&self, start: Handle, end: Handle) -> (c_int, f32) {
+    pub(crate) fn elapsed(&self, start: Handle, end: Handle) -> (c_int, f32) {
         let (mut ms, mut ms_v1) = (f32::NAN, f32::NAN);
         // SAFETY: valid out-pointers; the handles are checked by the double.
         let (rc, rc_v1) = unsafe {
@@ -296,7 +292,7 @@ impl Driver {
         (rc, ms)
     }
 
-    pub fn capture_status(&self, stream: Handle, ptsz: bool) -> c_int {
+    pub(crate) fn capture_status(&self, stream: Handle, ptsz: bool) -> c_int {
         let mut status = -1;
         let is_capturing = if ptsz {
             self.is_capturing_ptsz

@@ -6,21 +6,21 @@ use std::process::{Command, Output};
 
 use gpushare_examples::{DEFAULT_CONTEXT_BYTES, command, program};
 
-pub mod in_process;
+pub(crate) mod in_process;
 
-pub const KIB: u64 = 1 << 10;
-pub const MIB: u64 = 1 << 20;
-pub const GIB: u64 = 1 << 30;
+pub(crate) const KIB: u64 = 1 << 10;
+pub(crate) const MIB: u64 = 1 << 20;
+pub(crate) const GIB: u64 = 1 << 30;
 /// What a context takes on the simulated GPU, by default.
-pub const CTX: u64 = DEFAULT_CONTEXT_BYTES;
+pub(crate) const CTX: u64 = DEFAULT_CONTEXT_BYTES;
 /// A millisecond in ns.
-pub const MS: u64 = 1_000_000;
+pub(crate) const MS: u64 = 1_000_000;
 
-pub const CUDA_SUCCESS: std::ffi::c_int = 0;
-pub const CUDA_ERROR_NOT_FOUND: std::ffi::c_int = 500;
+pub(crate) const CUDA_SUCCESS: std::ffi::c_int = 0;
+pub(crate) const CUDA_ERROR_NOT_FOUND: std::ffi::c_int = 500;
 
 /// The three ways a program reaches the driver.
-pub const VARIANTS: &[(&str, &[&str])] = &[
+pub(crate) const VARIANTS: &[(&str, &[&str])] = &[
     ("cudaprobe", &["--via", "dlsym"]),
     ("cudaprobe", &["--via", "getproc"]),
     ("cudaprobe_linked", &[]),
@@ -42,7 +42,7 @@ const CHILD: &str = "GPUSHARE_EXAMPLES_TEST_CHILD";
 /// Runs the test `name` again in a fresh process (the double's state, the
 /// simulated GPU included, is per process) with only `env` of the double's
 /// knobs; returns true in that child, which then does the work.
-pub fn in_fresh_process(name: &str, env: &[(&str, &str)]) -> bool {
+pub(crate) fn in_fresh_process(name: &str, env: &[(&str, &str)]) -> bool {
     if std::env::var_os(CHILD).is_some() {
         return true;
     }
@@ -69,7 +69,7 @@ pub fn in_fresh_process(name: &str, env: &[(&str, &str)]) -> bool {
 /// Runs a probe with only the given double environment (nothing inherited
 /// from GPUSHARE_DOUBLE_* or LD_PRELOAD). The linked variant runs without
 /// LD_LIBRARY_PATH, to show its rpath finds the double.
-pub fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Output {
+pub(crate) fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Output {
     let mut cmd = if name == "cudaprobe_linked" {
         let mut cmd = Command::new(program(name));
         cmd.env_remove("LD_LIBRARY_PATH");
@@ -88,7 +88,7 @@ pub fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> 
 
 /// Asserts that the probe rejects `script` before doing anything: exit 2,
 /// nothing on stdout, one `cudaprobe: ` line on stderr.
-pub fn assert_malformed(script: &str) {
+pub(crate) fn assert_malformed(script: &str) {
     let output = run("cudaprobe", &[], script, &[]);
     assert_eq!(output.status.code(), Some(2), "{script}");
     assert!(output.stdout.is_empty(), "{script}");
@@ -99,7 +99,12 @@ pub fn assert_malformed(script: &str) {
 }
 
 /// The stdout lines of a probe that must succeed.
-pub fn lines(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Vec<String> {
+pub(crate) fn lines(
+    name: &str,
+    options: &[&str],
+    script: &str,
+    env: &[(&str, &str)],
+) -> Vec<String> {
     let output = run(name, options, script, env);
     assert!(
         output.status.success(),

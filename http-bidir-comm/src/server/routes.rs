@@ -245,6 +245,9 @@ pub(crate) fn parse_wait_ms(query: Option<&str>) -> Result<u64, &'static str> {
     Ok(wait)
 }
 
+/// The token of an `Authorization: Bearer <token>` header (scheme in any
+/// case, surrounding whitespace trimmed); `None` if absent, another scheme,
+/// or empty. Shared with servers that mount the hub next to their own routes.
 pub fn bearer(req: &Request) -> Option<&str> {
     let value = req.header(header::AUTHORIZATION)?.trim();
     let (scheme, token) = value.split_once(' ')?;

@@ -13,16 +13,16 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// Where the hub's routes are nested, as the hypervisor would.
-pub const PREFIX: &str = "/api/v1";
+pub(crate) const PREFIX: &str = "/api/v1";
 
-pub struct TestServer {
+pub(crate) struct TestServer {
     pub addr: SocketAddr,
     rt: Option<tokio::runtime::Runtime>,
 }
 
 impl TestServer {
     /// Serves `hub` on an ephemeral loopback port.
-    pub fn start<T, R>(hub: &Hub<T, R>) -> Self
+    pub(crate) fn start<T, R>(hub: &Hub<T, R>) -> Self
     where
         T: Serialize + DeserializeOwned + Send + 'static,
         R: Serialize + DeserializeOwned + Send + 'static,
@@ -32,7 +32,7 @@ impl TestServer {
 
     /// Serves `hub` on loopback `port` (0: ephemeral). Retries the bind for a
     /// while, as a restarted server would.
-    pub fn start_on<T, R>(hub: &Hub<T, R>, port: u16) -> Self
+    pub(crate) fn start_on<T, R>(hub: &Hub<T, R>, port: u16) -> Self
     where
         T: Serialize + DeserializeOwned + Send + 'static,
         R: Serialize + DeserializeOwned + Send + 'static,
@@ -75,13 +75,13 @@ impl TestServer {
         Self { addr, rt: Some(rt) }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}{PREFIX}", self.addr)
     }
 
     /// Stops the server the hard way: every task (listener, connections,
     /// parked long-polls) is dropped and its sockets closed, like a crash.
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.shutdown();
     }
 
@@ -99,7 +99,7 @@ impl Drop for TestServer {
 }
 
 /// Options for tests: short waits and backoff so failures show quickly.
-pub fn fast_options() -> ClientOptions {
+pub(crate) fn fast_options() -> ClientOptions {
     ClientOptions {
         long_poll_wait: Duration::from_secs(2),
         request_timeout: Duration::from_secs(3),
@@ -112,7 +112,7 @@ pub fn fast_options() -> ClientOptions {
 }
 
 /// Waits up to `within` for an event matching `want`; other events are dropped.
-pub fn wait_event<R>(
+pub(crate) fn wait_event<R>(
     events: &mut HubEvents<R>,
     within: Duration,
     mut want: impl FnMut(&HubEvent<R>) -> bool,
@@ -129,7 +129,7 @@ pub fn wait_event<R>(
 }
 
 /// Waits up to `within` for `cond`.
-pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
         if cond() {
@@ -141,7 +141,7 @@ pub fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
 }
 
 /// A plain agent that reports every status instead of failing on 4xx/5xx.
-pub fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
@@ -153,7 +153,7 @@ pub fn agent() -> ureq::Agent {
 /// Sends `request` as raw bytes on a fresh connection and returns the status
 /// of the answer, or `None` if none came within the timeout. The request
 /// should say `Connection: close`: the answer is read to the end.
-pub fn raw_status(addr: SocketAddr, request: &[u8]) -> Option<u16> {
+pub(crate) fn raw_status(addr: SocketAddr, request: &[u8]) -> Option<u16> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(3))).ok()?;
     stream

@@ -102,14 +102,17 @@ impl Hypervisor {
         self.shared
             .observer
             .health()
-            .map(|board| board.unhealthy())
+            .map(super::super::observer::health::HealthBoard::unhealthy)
             .unwrap_or_default()
     }
 
     /// Changes whenever a GPU's health does; `None` where the observer does
     /// not watch health.
     pub fn gpu_health_changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        self.shared.observer.health().map(|board| board.subscribe())
+        self.shared
+            .observer
+            .health()
+            .map(super::super::observer::health::HealthBoard::subscribe)
     }
 }
 

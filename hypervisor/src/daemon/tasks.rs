@@ -93,7 +93,7 @@ impl Hypervisor {
                 match observer.process_utilization(gpu.index) {
                     Ok(samples) => utilization.extend(samples.into_iter().map(|s| (gpu.index, s))),
                     Err(error) => {
-                        tracing::debug!(%error, gpu = gpu.index, "no process utilization")
+                        tracing::debug!(%error, gpu = gpu.index, "no process utilization");
                     }
                 }
                 match observer.process_memory(gpu.index) {

@@ -64,7 +64,7 @@ pub async fn serve<A: Allocator>(
                 result = Err(DevicePluginError::Socket {
                     path: config.dir.clone(),
                     source: std::io::Error::other(join),
-                })
+                });
             }
             _ => {}
         }

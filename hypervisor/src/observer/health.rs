@@ -233,7 +233,7 @@ impl HealthBoard {
         if let Verdict::Ignore(why) = verdict {
             match why {
                 Ignored::ApplicationXid(xid) => {
-                    tracing::info!(gpu = uuid, xid, "XID ignored: the application's fault")
+                    tracing::info!(gpu = uuid, xid, "XID ignored: the application's fault");
                 }
                 Ignored::Corrected => tracing::debug!(gpu = uuid, "corrected ECC error"),
                 Ignored::Disabled => {}
@@ -295,7 +295,7 @@ impl HealthBoard {
                 "GPU unhealthy"
             ),
             (Some(was), None) => {
-                tracing::info!(gpu = uuid, was = was.fault.reason(), "GPU healthy again")
+                tracing::info!(gpu = uuid, was = was.fault.reason(), "GPU healthy again");
             }
             (None, None) => {}
         }

@@ -33,7 +33,7 @@ impl Checkpoint {
     /// Reads `dir/checkpoint.json`; none there is an empty checkpoint. A file
     /// that cannot be read is an error: starting empty would forget claims
     /// whose containers run.
-    pub fn load(dir: &Path) -> Result<Self, ProvisionError> {
+    pub(crate) fn load(dir: &Path) -> Result<Self, ProvisionError> {
         let path = dir.join(FILE);
         let text = match std::fs::read(&path) {
             Ok(text) => text,
@@ -62,7 +62,7 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
-    pub fn save(&self, dir: &Path) -> Result<(), ProvisionError> {
+    pub(crate) fn save(&self, dir: &Path) -> Result<(), ProvisionError> {
         let path = dir.join(FILE);
         let json = serde_json::to_vec_pretty(self).map_err(|e| ProvisionError::Checkpoint {
             path: path.clone(),

@@ -142,11 +142,11 @@ mod policy_text {
 
     use crate::spec::Policy;
 
-    pub fn serialize<S: Serializer>(policy: &Policy, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(policy: &Policy, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(policy.as_str())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Policy, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Policy, D::Error> {
         let text = String::deserialize(d)?;
         Policy::parse(&text).ok_or_else(|| {
             D::Error::custom(format!("policy {text:?} is not fixed, elastic or none"))
@@ -158,11 +158,11 @@ mod class_text {
     use gpushare_utils::pod::PodClass;
     use serde::{Deserialize, Deserializer, Serializer, de::Error};
 
-    pub fn serialize<S: Serializer>(class: &PodClass, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(class: &PodClass, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(class.as_str())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PodClass, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<PodClass, D::Error> {
         let text = String::deserialize(d)?;
         PodClass::parse(&text)
             .ok_or_else(|| D::Error::custom(format!("class {text:?} is not latency or batch")))
@@ -194,7 +194,7 @@ pub(crate) struct Totals {
 }
 
 impl Totals {
-    pub fn add(&mut self, d: &DeviceGrant) {
+    pub(super) fn add(&mut self, d: &DeviceGrant) {
         self.memory_bytes = self.memory_bytes.saturating_add(d.memory_bytes);
         self.compute_percent += u32::from(d.compute_percent);
         self.weight = self.weight.max(d.params.weight);
@@ -212,7 +212,7 @@ impl Totals {
 
     /// Cap, guaranteed share and policy for the hypervisor: a fixed share is
     /// a hard cap; an elastic one is guaranteed and may grow to the ceiling.
-    pub fn compute(&self) -> (Option<u8>, Option<u8>, Policy) {
+    pub(super) fn compute(&self) -> (Option<u8>, Option<u8>, Policy) {
         let share = self.compute_percent.min(100) as u8;
         match self.policy.unwrap_or(Policy::Fixed) {
             Policy::Fixed => (Some(share.max(1)), None, Policy::Fixed),

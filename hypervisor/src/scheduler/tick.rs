@@ -13,11 +13,11 @@ use super::*;
 
 /// Usage NVML sees beyond what a pod's ledger says, tolerated (rounding,
 /// driver memory taken since the pod last measured it).
-pub const AUDIT_SLACK: u64 = 256 << 20;
+pub(super) const AUDIT_SLACK: u64 = 256 << 20;
 
 /// Usage NVML sees beyond a pod's ledger that is not charged to the pod
 /// (rounding); past it, the whole excess is charged as driver-held memory.
-pub const UNACCOUNTED_SLACK: u64 = 64 << 20;
+pub(super) const UNACCOUNTED_SLACK: u64 = 64 << 20;
 
 /// A pod whose processes hold more than its ledger says.
 #[derive(Debug, Clone, PartialEq, Eq)]

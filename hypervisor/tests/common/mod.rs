@@ -21,10 +21,10 @@ use hypervisor::node_tables::NodeTableNames;
 use hypervisor::observer::SimulatedGpus;
 use hypervisor::{Options, RunningHypervisor, config};
 
-pub const ADMIN: &str = "admin-secret";
+pub(crate) const ADMIN: &str = "admin-secret";
 
 /// A name no other test (or earlier run) uses: `hvt-<tag>-<pid>-<n>`.
-pub fn unique(tag: &str) -> String {
+pub(crate) fn unique(tag: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     format!(
         "hvt-{tag}-{}-{}",
@@ -33,17 +33,17 @@ pub fn unique(tag: &str) -> String {
     )
 }
 
-pub fn token_of(pod: &str) -> String {
+pub(crate) fn token_of(pod: &str) -> String {
     format!("tok-{pod}")
 }
 
 /// The UUID of simulated GPU `i`.
-pub fn gpu(i: u32) -> String {
+pub(crate) fn gpu(i: u32) -> String {
     SimulatedGpus::uuid(i)
 }
 
 /// Removes the regions of `pods` when dropped (after the hypervisor stopped).
-pub struct Regions(pub Vec<String>);
+pub(crate) struct Regions(pub Vec<String>);
 
 impl Drop for Regions {
     fn drop(&mut self) {
@@ -55,13 +55,13 @@ impl Drop for Regions {
 }
 
 /// A config file in a folder of its own, removed when dropped.
-pub struct ConfigFile {
+pub(crate) struct ConfigFile {
     pub dir: PathBuf,
     pub path: PathBuf,
 }
 
 impl ConfigFile {
-    pub fn new(text: &str) -> Self {
+    pub(crate) fn new(text: &str) -> Self {
         let dir = std::env::temp_dir().join(unique("cfg"));
         std::fs::create_dir_all(&dir).expect("config dir");
         let path = dir.join("hypervisor.toml");
@@ -71,7 +71,7 @@ impl ConfigFile {
 
     /// Rewrites the file and moves its mtime forward, so the poll sees it
     /// even within the file system's timestamp granularity.
-    pub fn rewrite(&self, text: &str) {
+    pub(crate) fn rewrite(&self, text: &str) {
         std::fs::write(&self.path, text).expect("rewrite config");
         let file = std::fs::File::options()
             .write(true)
@@ -93,7 +93,7 @@ impl Drop for ConfigFile {
 
 /// Has the hypervisor binary `command` runs make the node tables of
 /// [`node_tables`]`(path)`.
-pub fn use_node_tables(command: &mut std::process::Command, path: &Path) {
+pub(crate) fn use_node_tables(command: &mut std::process::Command, path: &Path) {
     let tables = node_tables(path);
     command
         .env("GPUSHARE_NODE_REGION", tables.activity)
@@ -102,12 +102,12 @@ pub fn use_node_tables(command: &mut std::process::Command, path: &Path) {
 
 /// Node tables of their own for the hypervisor configured by `path` (a
 /// [`ConfigFile`]'s, whose folder is unique; removed with it).
-pub fn node_tables(path: &Path) -> NodeTableNames {
+pub(crate) fn node_tables(path: &Path) -> NodeTableNames {
     kube_fakes::node::node_tables(path.parent().unwrap_or(path))
 }
 
 /// A running hypervisor with its config file; regions removed at the end.
-pub struct Harness {
+pub(crate) struct Harness {
     pub hv: RunningHypervisor,
     pub sim: Arc<SimulatedGpus>,
     pub config: ConfigFile,
@@ -117,7 +117,7 @@ pub struct Harness {
 
 impl Harness {
     /// The status of pod `pod`'s first GPU.
-    pub fn first_gpu_status(&self, pod: &str) -> hypervisor::scheduler::GpuStatus {
+    pub(crate) fn first_gpu_status(&self, pod: &str) -> hypervisor::scheduler::GpuStatus {
         let status = self.hv.hypervisor().status();
         let pod = status.pods.into_iter().find(|p| p.id == pod);
         pod.and_then(|p| p.gpus.into_iter().next())
@@ -126,12 +126,12 @@ impl Harness {
 
     /// Starts with `text` (a config without `listen`; 127.0.0.1:0 is used)
     /// and `gpus` simulated GPUs; `pods` are removed from /dev/shm at the end.
-    pub fn start(text: &str, gpus: u32, pods: &[&str]) -> Self {
+    pub(crate) fn start(text: &str, gpus: u32, pods: &[&str]) -> Self {
         let config = ConfigFile::new(text);
         Self::start_with(config, gpus, pods)
     }
 
-    pub fn start_with(config: ConfigFile, gpus: u32, pods: &[&str]) -> Self {
+    pub(crate) fn start_with(config: ConfigFile, gpus: u32, pods: &[&str]) -> Self {
         let regions = Regions(pods.iter().map(|p| (*p).to_owned()).collect());
         let sim = Arc::new(SimulatedGpus::new(gpus));
         let hv = start_hypervisor(&config.path, Arc::clone(&sim));
@@ -143,16 +143,16 @@ impl Harness {
         }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         self.hv.url()
     }
 
-    pub fn addr(&self) -> SocketAddr {
+    pub(crate) fn addr(&self) -> SocketAddr {
         self.hv.addr()
     }
 }
 
-pub fn start_hypervisor(path: &Path, sim: Arc<SimulatedGpus>) -> RunningHypervisor {
+pub(crate) fn start_hypervisor(path: &Path, sim: Arc<SimulatedGpus>) -> RunningHypervisor {
     let config = config::load(path).expect("valid config");
     RunningHypervisor::start(Options {
         config,
@@ -167,7 +167,7 @@ pub fn start_hypervisor(path: &Path, sim: Arc<SimulatedGpus>) -> RunningHypervis
 
 /// A pod's config section: `[[pods]]` with one GPU table per `gpus` entry
 /// (each a few `key = value` lines).
-pub fn pod_toml(pod: &str, gpus: &[&str]) -> String {
+pub(crate) fn pod_toml(pod: &str, gpus: &[&str]) -> String {
     let mut text = format!("[[pods]]\nid = \"{pod}\"\ntoken = \"{}\"\n", token_of(pod));
     for g in gpus {
         text.push_str("[[pods.gpus]]\n");
@@ -179,7 +179,7 @@ pub fn pod_toml(pod: &str, gpus: &[&str]) -> String {
 
 /// Two pods on GPU 0 with the admin token: `a` with 1 GiB and a 40% cap,
 /// `b` with 2 GiB and 60%; `extra` goes between the token and the pods.
-pub fn two_pods(a: &str, b: &str, extra: &str) -> String {
+pub(crate) fn two_pods(a: &str, b: &str, extra: &str) -> String {
     format!(
         "admin_token = \"{ADMIN}\"\n{extra}\n{}{}",
         pod_toml(a, &["index = 0\nmemory = \"1g\"\ncap = 40"]),
@@ -187,7 +187,7 @@ pub fn two_pods(a: &str, b: &str, extra: &str) -> String {
     )
 }
 
-pub fn agent() -> ureq::Agent {
+pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
@@ -197,7 +197,12 @@ pub fn agent() -> ureq::Agent {
 }
 
 /// `(status, body)` of a request with an optional bearer token and JSON body.
-pub fn call(method: &str, url: &str, token: Option<&str>, body: Option<&str>) -> (u16, String) {
+pub(crate) fn call(
+    method: &str,
+    url: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
     let agent = agent();
     let auth = token.map(|t| format!("Bearer {t}"));
     let mut response = match (method, body) {
@@ -227,7 +232,7 @@ pub fn call(method: &str, url: &str, token: Option<&str>, body: Option<&str>) ->
     (status, text)
 }
 
-pub fn register(base: &str, pod: &str, token: &str, pid: u32) -> (u16, String) {
+pub(crate) fn register(base: &str, pod: &str, token: &str, pid: u32) -> (u16, String) {
     let body = serde_json::to_string(&Register {
         pod: pod.to_owned(),
         pid,
@@ -243,13 +248,17 @@ pub fn register(base: &str, pod: &str, token: &str, pid: u32) -> (u16, String) {
     )
 }
 
-pub fn register_ok(base: &str, pod: &str) -> Registered {
+pub(crate) fn register_ok(base: &str, pod: &str) -> Registered {
     let (status, body) = register(base, pod, &token_of(pod), std::process::id());
     assert_eq!(status, 200, "{body}");
     serde_json::from_str(&body).expect("Registered")
 }
 
-pub fn register_with_devices(base: &str, pod: &str, devices: Vec<WorkerDevice>) -> Registered {
+pub(crate) fn register_with_devices(
+    base: &str,
+    pod: &str,
+    devices: Vec<WorkerDevice>,
+) -> Registered {
     let body = serde_json::to_string(&Register {
         pod: pod.to_owned(),
         pid: std::process::id(),
@@ -269,14 +278,14 @@ pub fn register_with_devices(base: &str, pod: &str, devices: Vec<WorkerDevice>) 
 
 /// A worker's command loop, as the limiter runs it; the commands it got
 /// arrive on `commands`.
-pub struct FakeWorker {
+pub(crate) struct FakeWorker {
     pub id: String,
     pub commands: mpsc::Receiver<Command>,
     handle: Option<LoopHandle>,
 }
 
 impl FakeWorker {
-    pub fn start(base: &str, pod: &str, worker_id: &str) -> Self {
+    pub(crate) fn start(base: &str, pod: &str, worker_id: &str) -> Self {
         let options = ClientOptions {
             token: Some(token_of(pod)),
             long_poll_wait: Duration::from_millis(500),
@@ -305,7 +314,7 @@ impl FakeWorker {
     }
 
     /// The next command other than `Health`, within `limit`.
-    pub fn next_command(&self, limit: Duration) -> Option<Command> {
+    pub(crate) fn next_command(&self, limit: Duration) -> Option<Command> {
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.checked_duration_since(Instant::now())?;
@@ -327,7 +336,7 @@ impl Drop for FakeWorker {
 }
 
 /// Polls `check` every 10 ms until it holds or `limit` passes.
-pub fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+pub(crate) fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     loop {
         if check() {
@@ -342,29 +351,29 @@ pub fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
 
 /// The test process's own view of a pod's ledger and limits, by simulated
 /// GPU index (`SimulatedGpus::uuid`).
-pub struct RegionView(pub PodLedger, pub PodLimits);
+pub(crate) struct RegionView(pub PodLedger, pub PodLimits);
 
 impl RegionView {
-    pub fn open(pod: &str) -> Self {
+    pub(crate) fn open(pod: &str) -> Self {
         let limits =
             PodLimits::open_read_only(pod, &Trust::own_or_root(None)).expect("open limits");
         Self(PodLedger::open(pod).expect("open region"), limits)
     }
 
     /// The ledger entry of simulated GPU `dev`.
-    pub fn entry(&self, dev: usize) -> usize {
+    pub(crate) fn entry(&self, dev: usize) -> usize {
         self.0
             .device_for(&SimulatedGpus::uuid(dev as u32))
             .expect("ledger entry")
     }
 
-    pub fn bucket(&self, dev: usize) -> Bucket<'_> {
+    pub(crate) fn bucket(&self, dev: usize) -> Bucket<'_> {
         let state = self.0.compute_state(self.entry(dev)).expect("bucket");
         Bucket::new(state, self.limits(dev))
     }
 
     /// The limits of GPU `dev`; all zero (unlimited) when the pod has none there.
-    pub fn limits(&self, dev: usize) -> &BucketLimits {
+    pub(crate) fn limits(&self, dev: usize) -> &BucketLimits {
         static NONE: BucketLimits = BucketLimits {
             rate_ppm: std::sync::atomic::AtomicU32::new(0),
             ceiling_ppm: std::sync::atomic::AtomicU32::new(0),
@@ -376,23 +385,23 @@ impl RegionView {
             .map_or(&NONE, |gpu| &gpu.compute)
     }
 
-    pub fn rate(&self, dev: usize) -> u32 {
+    pub(crate) fn rate(&self, dev: usize) -> u32 {
         self.limits(dev).rate_ppm.load(Ordering::Acquire)
     }
 
-    pub fn quota(&self, dev: usize) -> u64 {
+    pub(crate) fn quota(&self, dev: usize) -> u64 {
         self.1
             .find(&SimulatedGpus::uuid(dev as u32))
             .map_or(0, |gpu| gpu.quota.load(Ordering::Acquire))
     }
 
     /// Pod usage of GPU `dev`.
-    pub fn used(&self, dev: usize) -> u64 {
+    pub(crate) fn used(&self, dev: usize) -> u64 {
         self.0.usage(self.entry(dev)).expect("usage").used
     }
 
     /// Makes the pod look busy (a launch waiting) or idle on `dev`.
-    pub fn set_waiting(&self, dev: usize, waiting: bool) {
+    pub(crate) fn set_waiting(&self, dev: usize, waiting: bool) {
         self.bucket(dev)
             .waiting
             .store(u32::from(waiting), Ordering::Release);
@@ -401,13 +410,13 @@ impl RegionView {
 
 /// A minimal HTTP/1.1 client on one keep-alive connection: what the latency
 /// test measures is the server, not a client library.
-pub struct RawClient {
+pub(crate) struct RawClient {
     stream: BufReader<TcpStream>,
     message: Vec<u8>,
 }
 
 impl RawClient {
-    pub fn new(addr: SocketAddr) -> Self {
+    pub(crate) fn new(addr: SocketAddr) -> Self {
         let s = TcpStream::connect(addr).expect("connect");
         s.set_nodelay(true).expect("nodelay");
         s.set_read_timeout(Some(Duration::from_secs(10)))
@@ -419,7 +428,13 @@ impl RawClient {
     }
 
     /// `(status, body)`.
-    pub fn request(&mut self, method: &str, path: &str, token: &str, body: &str) -> (u16, String) {
+    pub(crate) fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        token: &str,
+        body: &str,
+    ) -> (u16, String) {
         self.message.clear();
         write!(
             self.message,
@@ -436,7 +451,7 @@ impl RawClient {
 }
 
 /// Reads one response (Content-Length bodies only).
-pub fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16, String)> {
+pub(crate) fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16, String)> {
     let mut status_line = String::new();
     reader.read_line(&mut status_line)?;
     let status = status_line
@@ -466,7 +481,7 @@ pub fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16,
 /// 100 registered workers of 4 pods (weights 1 to 4, fixed, 1 GiB each) on
 /// one simulated GPU, whose admission requests are traps as the limiter
 /// makes them: the pod's bucket emptied just before each.
-pub struct Traps {
+pub(crate) struct Traps {
     pub h: Harness,
     /// Each worker's id and its pod's place in `pods`.
     workers: Vec<(String, usize)>,
@@ -476,10 +491,10 @@ pub struct Traps {
 }
 
 impl Traps {
-    pub const PODS: usize = 4;
-    pub const WORKERS: usize = 100;
+    pub(crate) const PODS: usize = 4;
+    pub(crate) const WORKERS: usize = 100;
 
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let pods: Vec<String> = (0..Self::PODS)
             .map(|i| unique(&format!("lat{i}")))
             .collect();
@@ -521,7 +536,7 @@ impl Traps {
     }
 
     /// Request `n`: worker `n % 100` traps; its status and reply.
-    pub fn trap(&self, client: &mut RawClient, n: usize) -> (u16, String) {
+    pub(crate) fn trap(&self, client: &mut RawClient, n: usize) -> (u16, String) {
         let k = n % Self::WORKERS;
         let pod = self.workers[k].1;
         let bucket = self.regions[pod].bucket(0);
@@ -543,7 +558,7 @@ impl Traps {
 /// times on its own connection, the bucket emptied before each ask. Returns
 /// the harness (to read the daemon's figures) and every answer with how
 /// long it took, the asks of each client in order.
-pub fn concurrent_traps(
+pub(crate) fn concurrent_traps(
     clients: usize,
     requests: usize,
     before: impl FnOnce(&Harness),

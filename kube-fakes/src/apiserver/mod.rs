@@ -235,14 +235,14 @@ fn uid_prefix() -> String {
 pub(crate) struct Params(Vec<(String, String)>);
 
 impl Params {
-    pub fn get(&self, key: &str) -> Option<&str> {
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     }
 
-    pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> {
+    pub(crate) fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> {
         self.0
             .iter()
             .filter(move |(k, _)| k == key)
@@ -250,7 +250,7 @@ impl Params {
     }
 
     /// A boolean parameter (`true`, `1`).
-    pub fn flag(&self, key: &str) -> bool {
+    pub(crate) fn flag(&self, key: &str) -> bool {
         matches!(self.get(key), Some("true" | "1"))
     }
 }

@@ -23,7 +23,7 @@ pub(crate) struct Filter {
 
 impl Filter {
     /// From the request; 400 for a selector the server would refuse.
-    pub fn new(target: &Target, params: &Params) -> Result<Self> {
+    pub(super) fn new(target: &Target, params: &Params) -> Result<Self> {
         let labels = Selector::labels(params.get("labelSelector").unwrap_or_default())
             .map_err(ApiError::bad_request)?;
         let mut text = params.get("fieldSelector").unwrap_or_default().to_owned();
@@ -48,7 +48,7 @@ impl Filter {
     }
 
     /// Whether `object` (stored in `namespace`) is selected.
-    pub fn matches(&self, namespace: &str, object: &Value) -> bool {
+    pub(super) fn matches(&self, namespace: &str, object: &Value) -> bool {
         self.namespace.as_deref().is_none_or(|ns| ns == namespace)
             && self.labels.matches_labels(object)
             && self.fields.matches_fields(object)

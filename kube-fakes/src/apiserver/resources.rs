@@ -61,7 +61,7 @@ pub(crate) struct Resource {
 
 impl Resource {
     /// `v1` or `group/version`.
-    pub fn api_version(&self) -> String {
+    pub(crate) fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.to_owned()
         } else {
@@ -70,7 +70,7 @@ impl Resource {
     }
 
     /// Whether `label` may be used in a field selector.
-    pub fn selectable(&self, label: &str) -> bool {
+    pub(crate) fn selectable(&self, label: &str) -> bool {
         label == "metadata.name"
             || (label == "metadata.namespace" && self.namespaced)
             || self.fields.contains(&label)

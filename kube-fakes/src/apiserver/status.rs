@@ -27,7 +27,7 @@ pub(crate) struct Cause {
 }
 
 impl Cause {
-    pub fn invalid(field: &str, value: &str, why: &str) -> Self {
+    pub(super) fn invalid(field: &str, value: &str, why: &str) -> Self {
         Self {
             reason: "FieldValueInvalid",
             field: field.to_owned(),
@@ -35,7 +35,7 @@ impl Cause {
         }
     }
 
-    pub fn required(field: &str, why: &str) -> Self {
+    pub(super) fn required(field: &str, why: &str) -> Self {
         let message = if why.is_empty() {
             "Required value".to_owned()
         } else {
@@ -48,7 +48,7 @@ impl Cause {
         }
     }
 
-    pub fn forbidden(field: &str, why: &str) -> Self {
+    pub(super) fn forbidden(field: &str, why: &str) -> Self {
         Self {
             reason: "FieldValueForbidden",
             field: field.to_owned(),
@@ -56,7 +56,7 @@ impl Cause {
         }
     }
 
-    pub fn duplicate(field: &str, value: &str) -> Self {
+    pub(super) fn duplicate(field: &str, value: &str) -> Self {
         Self {
             reason: "FieldValueDuplicate",
             field: field.to_owned(),
@@ -82,7 +82,7 @@ fn qualified(r: &Resource) -> String {
 }
 
 impl ApiError {
-    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
             reason,
@@ -91,11 +91,11 @@ impl ApiError {
         }
     }
 
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(super) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(400, "BadRequest", message)
     }
 
-    pub fn path_not_found() -> Self {
+    pub(super) fn path_not_found() -> Self {
         Self::new(
             404,
             "NotFound",
@@ -104,7 +104,7 @@ impl ApiError {
     }
 
     /// A failure about `r`'s object `name`, which its details name.
-    pub fn about(
+    pub(super) fn about(
         r: &Resource,
         name: &str,
         code: u16,
@@ -119,7 +119,7 @@ impl ApiError {
 
     /// `self` with `causes` in its details, which name the object's type
     /// by `kind` (its kind or its plural, as the server words each failure).
-    pub fn with_causes(mut self, kind: &str, causes: Vec<Value>) -> Self {
+    pub(super) fn with_causes(mut self, kind: &str, causes: Vec<Value>) -> Self {
         if let Some(details) = &mut self.details {
             details["kind"] = json!(kind);
             details["causes"] = Value::Array(causes);
@@ -127,18 +127,18 @@ impl ApiError {
         self
     }
 
-    pub fn not_found(r: &Resource, name: &str) -> Self {
+    pub(super) fn not_found(r: &Resource, name: &str) -> Self {
         let message = format!("{} {name:?} not found", qualified(r));
         Self::about(r, name, 404, "NotFound", message)
     }
 
-    pub fn already_exists(r: &Resource, name: &str) -> Self {
+    pub(super) fn already_exists(r: &Resource, name: &str) -> Self {
         let message = format!("{} {name:?} already exists", qualified(r));
         Self::about(r, name, 409, "AlreadyExists", message)
     }
 
     /// An optimistic-concurrency failure.
-    pub fn conflict(r: &Resource, name: &str, why: &str) -> Self {
+    pub(super) fn conflict(r: &Resource, name: &str, why: &str) -> Self {
         let message = format!(
             "Operation cannot be fulfilled on {} {name:?}: {why}",
             qualified(r)
@@ -146,7 +146,7 @@ impl ApiError {
         Self::about(r, name, 409, "Conflict", message)
     }
 
-    pub fn modified(r: &Resource, name: &str) -> Self {
+    pub(super) fn modified(r: &Resource, name: &str) -> Self {
         Self::conflict(
             r,
             name,
@@ -155,7 +155,7 @@ impl ApiError {
     }
 
     /// 422 with one cause a field.
-    pub fn invalid(r: &Resource, name: &str, causes: Vec<Cause>) -> Self {
+    pub(super) fn invalid(r: &Resource, name: &str, causes: Vec<Cause>) -> Self {
         let listed: Vec<String> = causes
             .iter()
             .map(|c| format!("{}: {}", c.field, c.message))
@@ -173,12 +173,12 @@ impl ApiError {
         Self::about(r, name, 422, "Invalid", message).with_causes(r.kind, causes)
     }
 
-    pub fn expired(message: impl Into<String>) -> Self {
+    pub(super) fn expired(message: impl Into<String>) -> Self {
         Self::new(410, "Expired", message)
     }
 
     /// The `Status` object.
-    pub fn status(&self) -> Value {
+    pub(super) fn status(&self) -> Value {
         let mut status = json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {},
             "status": "Failure", "message": self.message, "reason": self.reason,
@@ -190,7 +190,7 @@ impl ApiError {
         status
     }
 
-    pub fn response(&self) -> Response {
+    pub(super) fn response(&self) -> Response {
         json_response(
             &self.status(),
             StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),

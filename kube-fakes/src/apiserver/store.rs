@@ -59,7 +59,7 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    pub fn new(uid_prefix: String, history_limit: usize) -> Self {
+    pub(crate) fn new(uid_prefix: String, history_limit: usize) -> Self {
         Self {
             uid_prefix,
             rv: 0,
@@ -72,14 +72,14 @@ impl Store {
     }
 
     /// A new UID.
-    pub fn uid(&mut self) -> String {
+    pub(crate) fn uid(&mut self) -> String {
         self.next_uid += 1;
         format!("{}-8000-{:012x}", self.uid_prefix, self.next_uid)
     }
 
     /// Stores `object` at `key` with the next resourceVersion; returns the
     /// change to publish.
-    pub fn write(&mut self, key: Key, mut object: Value) -> Change {
+    pub(crate) fn write(&mut self, key: Key, mut object: Value) -> Change {
         self.rv += 1;
         object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
         let previous = self.objects.insert(key.clone(), object.clone());
@@ -98,7 +98,7 @@ impl Store {
     }
 
     /// Removes the object at `key`; returns the change to publish.
-    pub fn remove(&mut self, key: &Key) -> Option<Change> {
+    pub(crate) fn remove(&mut self, key: &Key) -> Option<Change> {
         let previous = self.objects.remove(key)?;
         self.rv += 1;
         let mut object = previous.clone();
@@ -123,7 +123,7 @@ impl Store {
     }
 
     /// Forgets the history up to and including `rv`.
-    pub fn compact_through(&mut self, rv: u64) {
+    pub(crate) fn compact_through(&mut self, rv: u64) {
         while self.log.front().is_some_and(|c| c.rv <= rv) {
             self.log.pop_front();
         }
@@ -132,13 +132,13 @@ impl Store {
 
     /// The changes after `rv`, or `None` when history no longer reaches back
     /// that far.
-    pub fn since(&self, rv: u64) -> Option<Vec<Change>> {
+    pub(crate) fn since(&self, rv: u64) -> Option<Vec<Change>> {
         (rv >= self.compacted).then(|| self.log.iter().filter(|c| c.rv > rv).cloned().collect())
     }
 
     /// The objects of `resource` as they were at `rv` (history rolled back),
     /// or `None` when it is compacted.
-    pub fn snapshot(&self, resource: &str, rv: u64) -> Option<BTreeMap<Key, Value>> {
+    pub(crate) fn snapshot(&self, resource: &str, rv: u64) -> Option<BTreeMap<Key, Value>> {
         if rv < self.compacted {
             return None;
         }
@@ -160,7 +160,7 @@ impl Store {
     }
 
     /// The current objects of `resource`.
-    pub fn of(&self, resource: &str) -> impl Iterator<Item = (&Key, &Value)> {
+    pub(crate) fn of(&self, resource: &str) -> impl Iterator<Item = (&Key, &Value)> {
         self.objects.range(range_of(resource))
     }
 }

@@ -13,18 +13,18 @@ use kube_fakes::apiserver::{FakeApiServer, Options};
 use kube_fakes::clients::{self, Kubectl};
 
 /// `kubectl` 1.37; a missing one fails the test, naming the pip package.
-pub fn kubectl() -> &'static Path {
+pub(crate) fn kubectl() -> &'static Path {
     clients::kubectl().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Python with the official client; a missing one fails the test, naming
 /// the pip package.
-pub fn python_client() -> PathBuf {
+pub(crate) fn python_client() -> PathBuf {
     clients::python_client().unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A fake API server with a scratch folder.
-pub struct Cluster {
+pub(crate) struct Cluster {
     pub api: FakeApiServer,
     pub dir: PathBuf,
     pub kubeconfig: PathBuf,
@@ -33,11 +33,11 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub fn start(name: &str) -> Self {
+    pub(crate) fn start(name: &str) -> Self {
         Self::start_with(name, Options::default())
     }
 
-    pub fn start_with(name: &str, options: Options) -> Self {
+    pub(crate) fn start_with(name: &str, options: Options) -> Self {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -61,17 +61,17 @@ impl Cluster {
 
     /// `kubectl` set up for this server: its kubeconfig, its caches and
     /// home in the scratch folder.
-    pub fn client(&self) -> Kubectl {
+    pub(crate) fn client(&self) -> Kubectl {
         Kubectl::new(&self.kubeconfig, &self.dir)
     }
 
     /// The `kubectl` command of [`client`](Self::client), arguments still to add.
-    pub fn kubectl(&self) -> Command {
+    pub(crate) fn kubectl(&self) -> Command {
         self.client().command().unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Runs `kubectl args`; its output, whatever the exit status.
-    pub fn run(&self, args: &[&str]) -> Output {
+    pub(crate) fn run(&self, args: &[&str]) -> Output {
         self.client()
             .run(args, None)
             .unwrap_or_else(|e| panic!("{e}"))
@@ -79,7 +79,7 @@ impl Cluster {
 
     /// Runs `kubectl args` with `input` on its standard input (`-f -`)
     /// and asserts it succeeds; its stdout.
-    pub fn ok_with(&self, args: &[&str], input: &str) -> String {
+    pub(crate) fn ok_with(&self, args: &[&str], input: &str) -> String {
         self.client()
             .ok(args, Some(input))
             .unwrap_or_else(|e| panic!("{e}"))
@@ -88,7 +88,7 @@ impl Cluster {
     /// Creates config map `name` in `default` through `kubectl create -f`
     /// (`kubectl create configmap` sends protobuf, which the fake does not
     /// read).
-    pub fn config_map(&self, name: &str, data: &[(&str, &str)]) {
+    pub(crate) fn config_map(&self, name: &str, data: &[(&str, &str)]) {
         let mut yaml = format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\n");
         if !data.is_empty() {
             yaml.push_str("data:\n");
@@ -100,14 +100,14 @@ impl Cluster {
     }
 
     /// Runs `kubectl args` and asserts it succeeds; its stdout.
-    pub fn ok(&self, args: &[&str]) -> String {
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
         self.client()
             .ok(args, None)
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Runs `kubectl args` and asserts it fails; its stderr.
-    pub fn fails(&self, args: &[&str]) -> String {
+    pub(crate) fn fails(&self, args: &[&str]) -> String {
         let out = self.run(args);
         assert!(
             !out.status.success(),
@@ -118,7 +118,7 @@ impl Cluster {
     }
 
     /// Writes `text` to `name` in the scratch folder; its path.
-    pub fn file(&self, name: &str, text: &str) -> PathBuf {
+    pub(crate) fn file(&self, name: &str, text: &str) -> PathBuf {
         let path = self.dir.join(name);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).unwrap();
@@ -128,7 +128,7 @@ impl Cluster {
     }
 
     /// Runs a future on the server's runtime.
-    pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
+    pub(crate) fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
         self.runtime.block_on(future)
     }
 }

@@ -9,26 +9,26 @@ use gpushare_utils::pod::PodClass;
 
 /// The classes configured per device index.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DeviceClasses {
+pub(crate) struct DeviceClasses {
     all: Option<PodClass>,
     per: [Option<PodClass>; MAX_DEVICES],
 }
 
 impl DeviceClasses {
     /// Whether no class variable was set.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.all.is_none() && self.per.iter().all(Option::is_none)
     }
 
     /// Whether any device's class is latency.
-    pub fn any_latency(&self) -> bool {
+    pub(crate) fn any_latency(&self) -> bool {
         std::iter::once(&self.all)
             .chain(&self.per)
             .any(|class| *class == Some(PodClass::Latency))
     }
 
     /// Sets the class of `device` (`None`: all devices).
-    pub fn set(&mut self, device: Option<u32>, class: PodClass) {
+    pub(crate) fn set(&mut self, device: Option<u32>, class: PodClass) {
         match device.and_then(|i| self.per.get_mut(i as usize)) {
             Some(slot) => *slot = Some(class),
             None => self.all = Some(class),
@@ -36,7 +36,7 @@ impl DeviceClasses {
     }
 
     /// The class of device `device`: its own, else all devices', else batch.
-    pub fn resolve(&self, device: u32) -> PodClass {
+    pub(crate) fn resolve(&self, device: u32) -> PodClass {
         self.per
             .get(device as usize)
             .copied()

@@ -19,7 +19,7 @@ pub(super) const UP_JSON_VALUE: &str = "a whole-number percent from 0 to 100";
 /// value and what was expected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     #[error("{var}={} is not valid UTF-8", quoted(.lossy))]
     NotUnicode { var: String, lossy: String },
 

@@ -5,7 +5,7 @@ use std::fmt;
 
 /// How a compute limit treats SM time other pods leave idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum ComputePolicy {
+pub(crate) enum ComputePolicy {
     /// Never more than the limit.
     #[default]
     Fixed,
@@ -18,7 +18,7 @@ pub enum ComputePolicy {
 
 impl ComputePolicy {
     /// `fixed`, `elastic` or `none`, case-insensitive, surrounding whitespace allowed.
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         let s = s.trim();
         [
             ("fixed", Self::Fixed),
@@ -29,7 +29,7 @@ impl ComputePolicy {
         .find_map(|(name, policy)| name.eq_ignore_ascii_case(s).then_some(policy))
     }
 
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::Fixed => "fixed",
             Self::Elastic => "elastic",
@@ -46,7 +46,7 @@ impl fmt::Display for ComputePolicy {
 
 /// A limited share of one device's SM time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ComputeLimit {
+pub(crate) struct ComputeLimit {
     /// Guaranteed (elastic) or maximum (fixed) share, 1 to 99.
     pub percent: u8,
     /// [`ComputePolicy::Fixed`] or [`ComputePolicy::Elastic`].
@@ -58,7 +58,7 @@ pub struct ComputeLimit {
 
 impl ComputeLimit {
     /// A fixed limit of `percent`.
-    pub fn fixed(percent: u8) -> Self {
+    pub(crate) fn fixed(percent: u8) -> Self {
         Self {
             percent,
             policy: ComputePolicy::Fixed,
@@ -68,7 +68,7 @@ impl ComputeLimit {
 
     /// The most SM time the pod may use: the limit when fixed, the soft limit
     /// (or 100) when elastic.
-    pub fn ceiling(&self) -> u8 {
+    pub(crate) fn ceiling(&self) -> u8 {
         match self.policy {
             ComputePolicy::Elastic => self.soft_percent.unwrap_or(100),
             ComputePolicy::Fixed | ComputePolicy::None => self.percent,
@@ -106,7 +106,7 @@ struct Entry<T> {
 
 /// The key that decided a device's limit, from [`DeviceLimits::lookup`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Resolved<'a, T> {
+pub(crate) struct Resolved<'a, T> {
     /// `None`: the key says "unlimited" (e.g. a size of 0).
     pub limit: Option<T>,
     /// The variable (and JSON key) it came from, e.g. `CUDA_DEVICE_MEMORY_LIMIT_0`
@@ -117,7 +117,7 @@ pub struct Resolved<'a, T> {
 /// Limits keyed by device index, by GPU UUID and for all devices, resolved in
 /// the precedence order of the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeviceLimits<T> {
+pub(crate) struct DeviceLimits<T> {
     /// Sorted by rank (lower wins); entries of one rank never name the same device.
     entries: Vec<Entry<T>>,
 }
@@ -148,13 +148,13 @@ impl<T> DeviceLimits<T> {
 impl<T: Copy> DeviceLimits<T> {
     /// The limit of device `index` (CUDA ordinal) with GPU UUID `uuid`; `None`
     /// when unset or explicitly unlimited.
-    pub fn resolve(&self, index: u32, uuid: Option<&str>) -> Option<T> {
+    pub(crate) fn resolve(&self, index: u32, uuid: Option<&str>) -> Option<T> {
         self.lookup(index, uuid).and_then(|r| r.limit)
     }
 
     /// The key that decides device `index` with GPU UUID `uuid`; `None` when no
     /// key applies to it.
-    pub fn lookup(&self, index: u32, uuid: Option<&str>) -> Option<Resolved<'_, T>> {
+    pub(crate) fn lookup(&self, index: u32, uuid: Option<&str>) -> Option<Resolved<'_, T>> {
         self.entries
             .iter()
             .find(|e| e.device.matches(index, uuid))
@@ -165,14 +165,14 @@ impl<T: Copy> DeviceLimits<T> {
     }
 
     /// True when no variable set a key (a key meaning "unlimited" counts as set).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
     /// True when keys are set and every one names a GPU by UUID: then a GPU
     /// none of them names is most likely a mistyped or stale UUID, not one
     /// meant to run unlimited.
-    pub fn names_only_uuids(&self) -> bool {
+    pub(crate) fn names_only_uuids(&self) -> bool {
         !self.entries.is_empty()
             && self
                 .entries

@@ -144,17 +144,17 @@ mod tensor_fusion;
 mod test_support;
 mod vars;
 
-pub use class::DeviceClasses;
-pub use error::ConfigError;
-pub use limits::{ComputeLimit, ComputePolicy, DeviceLimits};
-pub use mps::MpsMode;
+pub(crate) use class::DeviceClasses;
+pub(crate) use error::ConfigError;
+pub(crate) use limits::{ComputeLimit, ComputePolicy, DeviceLimits};
+pub(crate) use mps::MpsMode;
 
 use gpushare_utils::pod::PodId;
 use scan::RawVars;
 
 /// The limiter's configuration in local mode.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LimiterConfig {
+pub(crate) struct LimiterConfig {
     pub pod: PodId,
     /// Bytes.
     pub memory: DeviceLimits<u64>,
@@ -178,7 +178,7 @@ impl LimiterConfig {
     ///
     /// Variables with non-UTF-8 names or values are skipped unless they are
     /// ones we read; a non-UTF-8 value of one we read is an error.
-    pub fn from_env() -> Result<Self, ConfigError> {
+    pub(crate) fn from_env() -> Result<Self, ConfigError> {
         let mut raw = RawVars::default();
         for (name, value) in std::env::vars_os() {
             let Some(name) = name.to_str() else {
@@ -193,7 +193,7 @@ impl LimiterConfig {
     /// given twice, the last value wins. (Tests only: the library reads its
     /// own environment.)
     #[cfg(test)]
-    pub fn from_vars<I, K, V>(vars: I) -> Result<Self, ConfigError>
+    pub(crate) fn from_vars<I, K, V>(vars: I) -> Result<Self, ConfigError>
     where
         I: IntoIterator<Item = (K, V)>,
         K: AsRef<str>,

@@ -9,7 +9,7 @@ use super::scan::RawVar;
 
 /// Whether MPS must be in effect for CUDA to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum MpsMode {
+pub(crate) enum MpsMode {
     /// Unset: the limiter does not look.
     #[default]
     Optional,

@@ -75,14 +75,14 @@ pub(super) const RULES: [(&str, Kind, Scopes); 20] = [
 /// Precedence ranks, lower wins; every per-device rank is below every
 /// all-devices rank.
 pub(super) mod rank {
-    pub const OURS_INDEX: u8 = 0;
-    pub const HAMI_INDEX: u8 = 1;
-    pub const LEGACY_INDEX: u8 = 2;
-    pub const TF_UUID: u8 = 3;
-    pub const TF_INDEX: u8 = 4;
-    pub const OURS_ALL: u8 = 5;
-    pub const HAMI_ALL: u8 = 6;
-    pub const VCUDA_ALL: u8 = 7;
+    pub(crate) const OURS_INDEX: u8 = 0;
+    pub(crate) const HAMI_INDEX: u8 = 1;
+    pub(crate) const LEGACY_INDEX: u8 = 2;
+    pub(crate) const TF_UUID: u8 = 3;
+    pub(crate) const TF_INDEX: u8 = 4;
+    pub(crate) const OURS_ALL: u8 = 5;
+    pub(crate) const HAMI_ALL: u8 = 6;
+    pub(crate) const VCUDA_ALL: u8 = 7;
 }
 
 pub(super) enum Suffix {

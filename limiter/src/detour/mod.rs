@@ -2,9 +2,9 @@
 //! `hooks.rs` (declarations: the generated `extern "C"` adapters and the
 //! install table) and an `ops.rs` (the logic, returning `Result`).
 
-pub mod context;
-pub mod driver;
-pub mod held;
-pub mod launch;
-pub mod memory;
-pub mod nvml;
+pub(crate) mod context;
+pub(crate) mod driver;
+pub(crate) mod held;
+pub(crate) mod launch;
+pub(crate) mod memory;
+pub(crate) mod nvml;

@@ -21,7 +21,7 @@ const MAX_GRAPH_DEPTH: usize = 16;
 
 /// Queries about driver-held memory; each part is absent from drivers that
 /// lack it.
-pub struct Held {
+pub(crate) struct Held {
     ctx_get_limit: Option<CuCtxGetLimit>,
     device_attribute: Option<CuDeviceGetAttribute>,
     graph_mem_attribute: Option<CuDeviceGetGraphMemAttribute>,
@@ -40,7 +40,7 @@ struct GraphQueries {
 
 /// The device memory a graph's allocation nodes take when it runs.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct GraphAllocations {
+pub(crate) struct GraphAllocations {
     /// Bytes by the device the nodes name; `None`: the node names none.
     pub by_device: Vec<(Option<CUdevice>, u64)>,
 }
@@ -87,7 +87,7 @@ impl Held {
     }
 
     /// The current context's value of `limit`.
-    pub fn limit(&self, limit: CUlimit) -> Result<usize, DriverError> {
+    pub(crate) fn limit(&self, limit: CUlimit) -> Result<usize, DriverError> {
         let get = self.ctx_get_limit.ok_or(DriverError::NOT_FOUND)?;
         let mut value = 0usize;
         // SAFETY: a valid out-pointer.
@@ -96,7 +96,7 @@ impl Held {
     }
 
     /// How many threads `device` keeps a stack for: every resident one.
-    pub fn resident_threads(&self, device: CUdevice) -> Option<u64> {
+    pub(crate) fn resident_threads(&self, device: CUdevice) -> Option<u64> {
         let positive = |which| self.attribute(device, which).filter(|&value| value > 0);
         Some(
             positive(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
@@ -114,7 +114,7 @@ impl Held {
     }
 
     /// What `device`'s graph memory pool holds for this process.
-    pub fn graph_reserved(&self, device: CUdevice) -> Option<u64> {
+    pub(crate) fn graph_reserved(&self, device: CUdevice) -> Option<u64> {
         let attribute = self.graph_mem_attribute?;
         let mut value = 0u64;
         // SAFETY: the attribute is a cuuint64_t written through the pointer.
@@ -130,7 +130,7 @@ impl Held {
 
     /// Loads `library` into the current context now, its globals with it,
     /// where lazy loading would at its first use there.
-    pub fn load_into_context(&self, library: CUlibrary) -> Result<(), DriverError> {
+    pub(crate) fn load_into_context(&self, library: CUlibrary) -> Result<(), DriverError> {
         let get = self.library_get_module.ok_or(DriverError::NOT_FOUND)?;
         let mut module: CUmodule = std::ptr::null_mut();
         // SAFETY: a library just loaded and a valid out-pointer.
@@ -140,7 +140,7 @@ impl Held {
     /// The library of `kernel`, when it is a library's kernel (the
     /// runtime's launches); a module's function is not.
     /// A null library from a call that succeeded is `NOT_FOUND`.
-    pub fn kernel_library(&self, kernel: CUkernel) -> Result<CUlibrary, DriverError> {
+    pub(crate) fn kernel_library(&self, kernel: CUkernel) -> Result<CUlibrary, DriverError> {
         let get = self.kernel_get_library.ok_or(DriverError::NOT_FOUND)?;
         let mut library: CUlibrary = std::ptr::null_mut();
         // SAFETY: any handle value is accepted (an invalid one is refused)
@@ -153,7 +153,7 @@ impl Held {
     }
 
     /// The calling thread's current context (null: none).
-    pub fn current_context(&self) -> Result<CUcontext, DriverError> {
+    pub(crate) fn current_context(&self) -> Result<CUcontext, DriverError> {
         let get = self.ctx_get_current.ok_or(DriverError::NOT_FOUND)?;
         let mut context: CUcontext = std::ptr::null_mut();
         // SAFETY: a valid out-pointer.
@@ -162,14 +162,17 @@ impl Held {
     }
 
     /// `device`'s compute capability as major × 10 + minor (90: sm_90).
-    pub fn compute_capability(&self, device: CUdevice) -> Option<u32> {
+    pub(crate) fn compute_capability(&self, device: CUdevice) -> Option<u32> {
         let major = self.attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = self.attribute(device, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         u32::try_from(major * 10 + minor).ok()
     }
 
     /// What `graph`'s allocation nodes (its child graphs' included) take.
-    pub fn graph_allocations(&self, graph: CUgraph) -> Result<GraphAllocations, DriverError> {
+    pub(crate) fn graph_allocations(
+        &self,
+        graph: CUgraph,
+    ) -> Result<GraphAllocations, DriverError> {
         let queries = self.graph.as_ref().ok_or(DriverError::NOT_FOUND)?;
         let mut found = GraphAllocations::default();
         queries.walk(graph, 0, &mut found)?;

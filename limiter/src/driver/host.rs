@@ -10,7 +10,7 @@ use crate::sys::{
 };
 
 /// The driver's pinned-host-memory functions.
-pub struct HostMemory {
+pub(crate) struct HostMemory {
     alloc: CuMemHostAlloc,
     device_pointer: CuMemHostGetDevicePointer,
     free: CuMemFreeHost,
@@ -19,7 +19,7 @@ pub struct HostMemory {
 
 /// Why pinned mapped host memory could not be had.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum HostMemoryError {
+pub(crate) enum HostMemoryError {
     #[error("cuMemHostAlloc failed: {0}")]
     Alloc(DriverError),
     #[error("cuMemHostAlloc returned a null pointer")]
@@ -32,14 +32,14 @@ pub enum HostMemoryError {
 /// [`HostMemory::allocate_mapped`] and consumed by [`HostMemory::free`], so
 /// it is freed at most once.
 #[derive(Debug)]
-pub struct MappedHost {
+pub(crate) struct MappedHost {
     host: usize,
     device: CUdeviceptr,
 }
 
 impl MappedHost {
     /// The address kernels reach it at.
-    pub fn device_pointer(&self) -> CUdeviceptr {
+    pub(crate) fn device_pointer(&self) -> CUdeviceptr {
         self.device
     }
 }
@@ -64,7 +64,7 @@ impl HostMemory {
 
     /// `bytes` of pinned host memory (`DEVICEMAP | PORTABLE`) and its device
     /// address; on failure, which call failed and the driver's answer.
-    pub fn allocate_mapped(&self, bytes: usize) -> Result<MappedHost, HostMemoryError> {
+    pub(crate) fn allocate_mapped(&self, bytes: usize) -> Result<MappedHost, HostMemoryError> {
         let mut pointer: *mut c_void = std::ptr::null_mut();
         let flags = CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE;
         // SAFETY: a valid out-pointer; the driver's signature.
@@ -89,7 +89,7 @@ impl HostMemory {
     }
 
     /// Frees `memory`; the driver refusing hands it back with its answer.
-    pub fn free(&self, memory: MappedHost) -> Result<(), (MappedHost, DriverError)> {
+    pub(crate) fn free(&self, memory: MappedHost) -> Result<(), (MappedHost, DriverError)> {
         // SAFETY: a pointer cuMemHostAlloc returned; `MappedHost` is consumed
         // here, so it is freed once.
         let result = unsafe { (self.free)(memory.host as *mut c_void) };
@@ -97,7 +97,7 @@ impl HostMemory {
     }
 
     /// Waits for the calling thread's current context.
-    pub fn synchronize(&self) -> Result<(), DriverError> {
+    pub(crate) fn synchronize(&self) -> Result<(), DriverError> {
         // SAFETY: no arguments.
         unsafe { (self.synchronize)() }.result()
     }

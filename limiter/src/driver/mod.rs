@@ -25,11 +25,11 @@ mod nvml;
 mod result;
 mod timing;
 
-pub use held::Held;
-pub use host::{HostMemory, MappedHost};
-pub use nvml::Nvml;
-pub use result::DriverError;
-pub use timing::{LaunchOverheads, Timing};
+pub(crate) use held::Held;
+pub(crate) use host::{HostMemory, MappedHost};
+pub(crate) use nvml::Nvml;
+pub(crate) use result::DriverError;
+pub(crate) use timing::{LaunchOverheads, Timing};
 
 /// Looks `name` up in `handle` as a function of type `F`.
 ///
@@ -47,7 +47,7 @@ unsafe fn symbol<F: Copy>(handle: *mut c_void, name: &CStr) -> Option<F> {
 }
 
 /// CUDA driver functions the limiter calls itself.
-pub struct Driver {
+pub(crate) struct Driver {
     ctx_get_device: CuCtxGetDevice,
     device_get_uuid: CuDeviceGetUuid,
     device_get_count: Option<CuDeviceGetCount>,
@@ -63,7 +63,7 @@ pub struct Driver {
 
 impl Driver {
     /// Resolves the functions from a loaded libcuda; `None` if one is missing.
-    pub fn load(handle: *mut c_void) -> Option<Driver> {
+    pub(crate) fn load(handle: *mut c_void) -> Option<Driver> {
         // SAFETY: the types are the driver's signatures for these symbols.
         unsafe {
             Some(Driver {
@@ -81,7 +81,7 @@ impl Driver {
     }
 
     /// The device of the calling thread's current context.
-    pub fn current_device(&self) -> Result<CUdevice, DriverError> {
+    pub(crate) fn current_device(&self) -> Result<CUdevice, DriverError> {
         let mut device: CUdevice = 0;
         // SAFETY: a valid out-pointer, per the driver's contract.
         unsafe { (self.ctx_get_device)(&mut device) }.result()?;
@@ -89,7 +89,7 @@ impl Driver {
     }
 
     /// The number of devices, once the application has initialised CUDA.
-    pub fn device_count(&self) -> Option<u32> {
+    pub(crate) fn device_count(&self) -> Option<u32> {
         let count = self.device_get_count?;
         let mut devices = 0;
         // SAFETY: a valid out-pointer.
@@ -100,7 +100,7 @@ impl Driver {
     /// Whether CUDA device `ordinal`'s contexts run under MPS
     /// (`CU_DEVICE_ATTRIBUTE_MPS_ENABLED`): false when the driver found no
     /// MPS control daemon, or was refused by it, and runs alone.
-    pub fn mps_enabled(&self, ordinal: u32) -> Result<bool, DriverError> {
+    pub(crate) fn mps_enabled(&self, ordinal: u32) -> Result<bool, DriverError> {
         let get = self.device_get.ok_or(DriverError::NOT_FOUND)?;
         let attribute = self.device_get_attribute.ok_or(DriverError::NOT_FOUND)?;
         let ordinal = c_int::try_from(ordinal).map_err(|_| DriverError::INVALID_VALUE)?;
@@ -114,7 +114,7 @@ impl Driver {
     }
 
     /// The device's UUID as NVML prints it (`GPU-…`).
-    pub fn device_uuid(&self, device: CUdevice) -> Option<String> {
+    pub(crate) fn device_uuid(&self, device: CUdevice) -> Option<String> {
         let mut uuid = CUuuid::default();
         // SAFETY: a valid out-pointer, per the driver's contract.
         let result = unsafe { (self.device_get_uuid)(&mut uuid, device) };

@@ -12,7 +12,7 @@ use crate::sys::{
 };
 
 /// NVML functions the limiter calls itself.
-pub struct Nvml {
+pub(crate) struct Nvml {
     get_handle_by_uuid: NvmlDeviceGetHandleByUUID,
     get_uuid: NvmlDeviceGetUUID,
     /// Only the NVML reports need it; older libraries may lack it.
@@ -77,7 +77,7 @@ enum ProcessList {
 impl Nvml {
     /// Resolves and initialises NVML from a loaded libnvidia-ml; `None` if
     /// a function is missing or `nvmlInit_v2` fails.
-    pub fn open(handle: *mut c_void) -> Option<Nvml> {
+    pub(crate) fn open(handle: *mut c_void) -> Option<Nvml> {
         // SAFETY: the types are NVML's signatures for these symbols.
         let (init, nvml) = unsafe {
             let init: NvmlInit = symbol(handle, c"nvmlInit_v2")?;
@@ -107,7 +107,7 @@ impl Nvml {
     }
 
     /// The UUID of an NVML device handle.
-    pub fn device_uuid(&self, device: nvmlDevice_t) -> Option<String> {
+    pub(crate) fn device_uuid(&self, device: nvmlDevice_t) -> Option<String> {
         let mut buffer = [0 as c_char; NVML_DEVICE_UUID_V2_BUFFER_SIZE];
         // SAFETY: the buffer and its length match.
         let result =
@@ -121,7 +121,7 @@ impl Nvml {
     }
 
     /// The NVML index of a device handle.
-    pub fn device_index(&self, device: nvmlDevice_t) -> Option<u32> {
+    pub(crate) fn device_index(&self, device: nvmlDevice_t) -> Option<u32> {
         let get_index = self.get_index?;
         let mut index: c_uint = 0;
         // SAFETY: a valid out-pointer.
@@ -131,7 +131,7 @@ impl Nvml {
 
     /// Device memory NVML attributes to process `pid` on the GPU `uuid`:
     /// everything it holds there, allocations and the driver's own.
-    pub fn process_used(&self, uuid: &str, pid: u32) -> Option<u64> {
+    pub(crate) fn process_used(&self, uuid: &str, pid: u32) -> Option<u64> {
         let uuid = std::ffi::CString::new(uuid).ok()?;
         let mut device: nvmlDevice_t = std::ptr::null_mut();
         // SAFETY: a NUL-terminated UUID and a valid out-pointer.

@@ -9,21 +9,21 @@ use crate::sys::CUresult;
 /// `CUDA_SUCCESS`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("CUDA driver error {} ({})", .0.0, self.name())]
-pub struct DriverError(CUresult);
+pub(crate) struct DriverError(CUresult);
 
 impl DriverError {
     /// No such function in this driver (an optional symbol not resolved).
-    pub const NOT_FOUND: Self = Self(CUresult::ERROR_NOT_FOUND);
+    pub(crate) const NOT_FOUND: Self = Self(CUresult::ERROR_NOT_FOUND);
     /// An argument out of range.
-    pub const INVALID_VALUE: Self = Self(CUresult::ERROR_INVALID_VALUE);
+    pub(crate) const INVALID_VALUE: Self = Self(CUresult::ERROR_INVALID_VALUE);
 
     /// The status as the driver returned it, to hand on to the application.
-    pub fn code(self) -> CUresult {
+    pub(crate) fn code(self) -> CUresult {
         self.0
     }
 
     /// The status's name in `cuda.h`, for the statuses the limiter knows.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self.0 {
             CUresult::ERROR_INVALID_VALUE => "CUDA_ERROR_INVALID_VALUE",
             CUresult::ERROR_OUT_OF_MEMORY => "CUDA_ERROR_OUT_OF_MEMORY",
@@ -45,7 +45,7 @@ impl From<DriverError> for CUresult {
 impl CUresult {
     /// `Ok` for `CUDA_SUCCESS`, else the status as a [`DriverError`].
     #[inline]
-    pub fn result(self) -> Result<(), DriverError> {
+    pub(crate) fn result(self) -> Result<(), DriverError> {
         if self.is_success() {
             Ok(())
         } else {

@@ -15,10 +15,10 @@ use crate::sys::{
     CuStreamQuery, CuThreadExchangeStreamCaptureMode,
 };
 use calibration::CalibrationApi;
-pub use calibration::LaunchOverheads;
+pub(crate) use calibration::LaunchOverheads;
 
 /// Events and streams, to measure how long launches keep the GPU busy.
-pub struct Timing {
+pub(crate) struct Timing {
     ctx_get_current: CuCtxGetCurrent,
     stream_get_ctx: CuStreamGetCtx,
     stream_is_capturing: CuStreamIsCapturing,
@@ -63,7 +63,7 @@ impl Timing {
     /// Lets the calling thread query events while another thread captures a
     /// graph in global mode: otherwise each query would invalidate the
     /// application's capture (error 900).
-    pub fn relax_capture_mode(&self) {
+    pub(crate) fn relax_capture_mode(&self) {
         let Some(exchange) = self.exchange_capture_mode else {
             return;
         };
@@ -75,7 +75,7 @@ impl Timing {
     }
 
     /// Whether `stream` is being captured into a graph (its launches do not run).
-    pub fn is_capturing(&self, stream: CUstream) -> bool {
+    pub(crate) fn is_capturing(&self, stream: CUstream) -> bool {
         // The legacy default stream (0 or CU_STREAM_LEGACY) cannot be
         // captured: skip the driver call on the most common launch path.
         if (stream as usize) <= 1 {
@@ -90,7 +90,7 @@ impl Timing {
     /// Runs `f` with the calling thread's capture mode relaxed, then gives
     /// the thread its own mode back: `f` may query and synchronise while
     /// another thread captures a graph in global mode.
-    pub fn with_relaxed_capture<R>(&self, f: impl FnOnce() -> R) -> R {
+    pub(crate) fn with_relaxed_capture<R>(&self, f: impl FnOnce() -> R) -> R {
         let Some(exchange) = self.exchange_capture_mode else {
             return f();
         };
@@ -104,7 +104,7 @@ impl Timing {
     }
 
     /// The context of `stream` (the current one for the default streams).
-    pub fn stream_context(&self, stream: CUstream) -> Option<CUcontext> {
+    pub(crate) fn stream_context(&self, stream: CUstream) -> Option<CUcontext> {
         let mut context: CUcontext = std::ptr::null_mut();
         // SAFETY: valid out-pointers; the caller's stream.
         let result = unsafe {
@@ -118,7 +118,7 @@ impl Timing {
     }
 
     /// Whether all work queued on `stream` has finished (`None`: unknown).
-    pub fn stream_idle(&self, stream: CUstream) -> Option<bool> {
+    pub(crate) fn stream_idle(&self, stream: CUstream) -> Option<bool> {
         let query = self.stream_query?;
         // SAFETY: the caller's stream.
         match unsafe { query(stream) } {
@@ -129,7 +129,7 @@ impl Timing {
     }
 
     /// The number of SMs of `device`.
-    pub fn sm_count(&self, device: CUdevice) -> Option<u32> {
+    pub(crate) fn sm_count(&self, device: CUdevice) -> Option<u32> {
         let attribute = self.device_attribute?;
         let mut count = 0;
         // SAFETY: a valid out-pointer; any device ordinal is checked by the driver.
@@ -140,7 +140,7 @@ impl Timing {
 
     /// How many blocks of `threads` threads and `shared_bytes` dynamic shared
     /// memory of `function` one SM holds at once.
-    pub fn blocks_per_sm(
+    pub(crate) fn blocks_per_sm(
         &self,
         function: CUfunction,
         threads: u32,
@@ -156,7 +156,7 @@ impl Timing {
     }
 
     /// A new timing event in the current context.
-    pub fn create_event(&self) -> Option<CUevent> {
+    pub(crate) fn create_event(&self) -> Option<CUevent> {
         let mut event: CUevent = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; flags 0 = default (timing enabled).
         let result = unsafe { (self.event_create)(&mut event, 0) };
@@ -165,20 +165,20 @@ impl Timing {
 
     /// A new event without timing, only to be queried: cheaper to record
     /// on real drivers than a timing one.
-    pub fn create_sync_event(&self) -> Option<CUevent> {
+    pub(crate) fn create_sync_event(&self) -> Option<CUevent> {
         let mut event: CUevent = std::ptr::null_mut();
         // SAFETY: a valid out-pointer; a documented flag.
         let result = unsafe { (self.event_create)(&mut event, CU_EVENT_DISABLE_TIMING) };
         result.is_success().then_some(event)
     }
 
-    pub fn record(&self, event: CUevent, stream: CUstream) -> bool {
+    pub(crate) fn record(&self, event: CUevent, stream: CUstream) -> bool {
         // SAFETY: an event of ours and the caller's stream.
         unsafe { (self.event_record)(event, stream) }.is_success()
     }
 
     /// `Ok(true)` once the event's work is done, `Ok(false)` before.
-    pub fn query(&self, event: CUevent) -> Result<bool, DriverError> {
+    pub(crate) fn query(&self, event: CUevent) -> Result<bool, DriverError> {
         // SAFETY: an event of ours.
         match unsafe { (self.event_query)(event) } {
             CUresult::ERROR_NOT_READY => Ok(false),
@@ -187,14 +187,14 @@ impl Timing {
     }
 
     /// GPU nanoseconds between two completed events.
-    pub fn elapsed_ns(&self, start: CUevent, end: CUevent) -> Option<u64> {
+    pub(crate) fn elapsed_ns(&self, start: CUevent, end: CUevent) -> Option<u64> {
         let mut milliseconds = 0f32;
         // SAFETY: a valid out-pointer; events of ours.
         let result = unsafe { (self.event_elapsed)(&mut milliseconds, start, end) };
         (result.is_success() && milliseconds >= 0.0).then(|| (f64::from(milliseconds) * 1e6) as u64)
     }
 
-    pub fn destroy(&self, event: CUevent) {
+    pub(crate) fn destroy(&self, event: CUevent) {
         // SAFETY: an event of ours, used no more.
         if let Err(error) = unsafe { (self.event_destroy)(event) }.result() {
             tracing::debug!(%error, "cuEventDestroy failed");

@@ -46,19 +46,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::hash::mix;
 
 /// Functions and graphs with their own price.
-pub const SLOTS: usize = 4096;
+pub(crate) const SLOTS: usize = 4096;
 const PROBES: usize = 16;
 /// What a wave costs before anything has been measured in the process: a
 /// short kernel. A first launch is measured and settled, so this only sets
 /// the size of the first burst, which [`UNMEASURED_AHEAD`] bounds.
-pub const INITIAL_PER_WAVE_NS: u64 = 20_000;
+pub(crate) const INITIAL_PER_WAVE_NS: u64 = 20_000;
 /// Launches of an unmeasured function admitted ahead of its first measurement.
-pub const UNMEASURED_AHEAD: u64 = 1;
+pub(crate) const UNMEASURED_AHEAD: u64 = 1;
 /// A thread's launches of one function added to its entry at once, at most.
-pub const BATCH_LAUNCHES: u64 = 64;
+pub(crate) const BATCH_LAUNCHES: u64 = 64;
 /// GPU time a thread's batch holds, at most, before it is added: what a
 /// thread that stops launching leaves unsettled (its price error times this).
-pub const BATCH_NS: u64 = 1_000_000;
+pub(crate) const BATCH_NS: u64 = 1_000_000;
 /// How much an older measurement weighs relative to the next one.
 const DECAY: f64 = 7.0 / 8.0;
 /// With measurements at one grid size only, the fixed part is taken as the
@@ -68,28 +68,28 @@ const FIXED_PRIOR_NS: f64 = 3_000.0;
 
 /// Identifies a kernel's function or a graph exec; the low bit tells graphs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaunchKey(u64);
+pub(crate) struct LaunchKey(u64);
 
 impl LaunchKey {
     /// Launches of `function`, whatever their grid.
-    pub fn kernel(function: usize) -> Self {
+    pub(crate) fn kernel(function: usize) -> Self {
         Self(mix(function as u64) & !1 | 2)
     }
 
     /// Launches of an instantiated graph.
-    pub fn graph(exec: usize) -> Self {
+    pub(crate) fn graph(exec: usize) -> Self {
         Self(mix(exec as u64 ^ 0x9e37_79b9_7f4a_7c15) | 1)
     }
 
     /// Whether this is a graph launch.
-    pub fn is_graph(self) -> bool {
+    pub(crate) fn is_graph(self) -> bool {
         self.0 & 1 == 1
     }
 }
 
 /// What one launch was charged, and how to measure it.
 #[derive(Debug, Clone, Copy)]
-pub struct Charge {
+pub(crate) struct Charge {
     pub ns: u64,
     pub waves: u64,
     /// The function's table entry; `None` when the table is full.
@@ -201,7 +201,7 @@ impl Unsettled {
 /// A thread's charges to one entry not added to it yet (see the module's
 /// docs, 6). All zero is an empty batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Batch {
+pub(crate) struct Batch {
     /// The entry's index + 1, or [`UNSLOTTED`]; 0 while empty.
     entry: usize,
     launches: u64,
@@ -246,7 +246,7 @@ const _: () = assert!(std::mem::offset_of!(Slot, fit) == 64);
 const _: () = assert!(size_of::<Slot>() == 128);
 
 /// Per-function fits and the process-wide one.
-pub struct CostModel {
+pub(crate) struct CostModel {
     slots: Box<[Slot]>,
     /// Over every measurement: prices functions not measured yet.
     process: Fit,
@@ -310,7 +310,7 @@ impl CostModel {
     /// Charges one launch of `key` running in `waves` waves, in the calling
     /// thread's `batch`.
     #[inline]
-    pub fn charge(&self, key: LaunchKey, waves: u64, batch: &mut Batch) -> Charge {
+    pub(crate) fn charge(&self, key: LaunchKey, waves: u64, batch: &mut Batch) -> Charge {
         let waves = waves.max(1);
         let mut charge = Charge {
             ns: 0,
@@ -357,7 +357,7 @@ impl CostModel {
 
     /// Adds a thread's `batch` to its entry, and empties it.
     #[inline(never)]
-    pub fn flush(&self, batch: &mut Batch) {
+    pub(crate) fn flush(&self, batch: &mut Batch) {
         if !batch.is_empty() {
             let slot = (batch.entry != UNSLOTTED).then(|| batch.entry - 1);
             self.unsettled(slot).add(batch);
@@ -367,7 +367,7 @@ impl CostModel {
 
     /// Whether the function of `charge` is still unmeasured with its first
     /// measurement in flight.
-    pub fn awaiting_measurement(&self, charge: &Charge) -> bool {
+    pub(crate) fn awaiting_measurement(&self, charge: &Charge) -> bool {
         charge.slot.is_some_and(|index| {
             let slot = &self.slots[index];
             slot.price.get().is_none() && slot.measuring.load(Ordering::Acquire)
@@ -376,7 +376,7 @@ impl CostModel {
 
     /// Takes back a charge whose launch did not run, made by the calling
     /// thread, whose `batch` holds it unless it was added since.
-    pub fn refund(&self, charge: &Charge, batch: &mut Batch) {
+    pub(crate) fn refund(&self, charge: &Charge, batch: &mut Batch) {
         if batch.entry == Batch::entry_of(charge.slot) && !batch.is_empty() {
             batch.launches -= 1;
             batch.waves = batch.waves.saturating_sub(charge.waves);
@@ -396,7 +396,7 @@ impl CostModel {
 
     /// The measurement `charge`'s launch was to give will not come: another
     /// launch of the function may take it.
-    pub fn abandon(&self, charge: &Charge) {
+    pub(crate) fn abandon(&self, charge: &Charge) {
         if let (true, Some(index)) = (charge.first, charge.slot) {
             self.slots[index].measuring.store(false, Ordering::Release);
         }
@@ -407,7 +407,7 @@ impl CostModel {
     /// for every launch of the function charged since its last measurement.
     /// `contended`: another pod launched on the device meanwhile. Called by
     /// the monitor thread only.
-    pub fn record(&self, charge: &Charge, measured_ns: u64, contended: bool) -> i64 {
+    pub(crate) fn record(&self, charge: &Charge, measured_ns: u64, contended: bool) -> i64 {
         let measured = measured_ns.max(1);
         let (fit, price) = charge
             .slot

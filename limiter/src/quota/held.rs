@@ -16,7 +16,7 @@ impl MemoryQuota {
     /// reserved first, the process measured right after, and when the pod
     /// ends over its quota `undo` gives the memory back and the call is
     /// refused. Where NVML cannot measure, the estimate stays charged.
-    pub fn measured(
+    pub(crate) fn measured(
         &self,
         ctx: &'static Context,
         device: usize,
@@ -57,7 +57,7 @@ impl MemoryQuota {
     /// Runs `op`, after which the driver takes `bytes` more on `device` at
     /// the process's next launch (the malloc heap): reserved now, and
     /// pending until the process's footprint has grown by them.
-    pub fn pending(
+    pub(crate) fn pending(
         &self,
         ctx: &'static Context,
         device: usize,
@@ -82,7 +82,7 @@ impl MemoryQuota {
 
     /// Reserves what a graph's allocation nodes take (`(device, bytes)`),
     /// beyond what each device's graph pool holds unneeded already.
-    pub fn graph_holds(
+    pub(crate) fn graph_holds(
         &self,
         ctx: &'static Context,
         needs: &[(usize, u64)],
@@ -109,7 +109,7 @@ impl MemoryQuota {
 
     /// Ends a graph exec's charge; what its nodes took stays with the
     /// device's graph pool, and is measured, until it is trimmed.
-    pub fn end_graph(&self, ctx: &'static Context, exec: Resource) {
+    pub(crate) fn end_graph(&self, ctx: &'static Context, exec: Resource) {
         let parts = self
             .graph_execs
             .lock()
@@ -129,7 +129,7 @@ impl MemoryQuota {
 /// device `device`) by `bytes`, reserved against `limit` like an
 /// allocation: memory the driver is about to take is counted before it is
 /// taken. Returns the overhead before, to give the rise back with.
-pub fn raise_overhead(
+pub(crate) fn raise_overhead(
     ledger: &PodLedger,
     entry: usize,
     device: usize,
@@ -145,7 +145,7 @@ pub fn raise_overhead(
 
 /// What a graph's allocation nodes reserve until its exec is made; given
 /// back on drop unless committed.
-pub struct GraphHold<'a> {
+pub(crate) struct GraphHold<'a> {
     quota: &'a MemoryQuota,
     ctx: &'static Context,
     parts: GraphParts,
@@ -153,7 +153,7 @@ pub struct GraphHold<'a> {
 
 impl GraphHold<'_> {
     /// Keeps the reservation as the charge of the exec `exec`.
-    pub fn commit(mut self, exec: Resource) {
+    pub(crate) fn commit(mut self, exec: Resource) {
         if let Ok(mut execs) = self.quota.graph_execs.lock() {
             execs.insert(exec, std::mem::take(&mut self.parts));
         }

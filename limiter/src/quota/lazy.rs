@@ -20,7 +20,7 @@ use crate::image;
 /// Libraries whose globals take less than this are not reserved before
 /// their first use: the next measurement charges them (NVML is not called
 /// at the first launch of every small library a framework registers).
-pub const RESERVED_GLOBALS: u64 = 1 << 20;
+pub(super) const RESERVED_GLOBALS: u64 = 1 << 20;
 /// Handles the checked table holds (a power of two).
 const SLOTS: usize = 1 << 14;
 /// A full table checks no new handle: beyond this many, launches stop
@@ -61,7 +61,7 @@ struct Library {
 
 /// What a library's first use in a context takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FirstUse {
+pub(crate) enum FirstUse {
     /// Not a library registered from an image: what it takes is unknown.
     Unregistered,
     /// Nothing to reserve: already used in the context, or globals below
@@ -73,7 +73,7 @@ pub enum FirstUse {
 }
 
 /// The process's lazily loaded libraries and the launch handles checked.
-pub struct LazyLibraries {
+pub(crate) struct LazyLibraries {
     libraries: Mutex<HashMap<usize, Library>>,
     /// How many libraries are registered: launches look no further while none is.
     registered: AtomicUsize,
@@ -96,7 +96,7 @@ impl LazyLibraries {
     /// Whether a launch of `handle` must be checked first: a library is
     /// registered and the handle was not checked yet.
     #[inline(always)]
-    pub fn unchecked(&self, handle: usize) -> bool {
+    pub(crate) fn unchecked(&self, handle: usize) -> bool {
         self.registered.load(Ordering::Relaxed) != 0
             && handle != 0
             && !self.is_checked(handle)
@@ -117,7 +117,7 @@ impl LazyLibraries {
     }
 
     /// Marks `handle` checked: its launches look no further.
-    pub fn checked(&self, handle: usize) {
+    pub(crate) fn checked(&self, handle: usize) {
         let start = slot(handle);
         for probe in 0..PROBES {
             let cell = &self.checked[(start + probe) % SLOTS];
@@ -136,8 +136,8 @@ impl LazyLibraries {
 
     /// Forgets every checked handle: an unload may free handles the driver
     /// hands out again for another library's kernels.
-    pub fn forget_checked(&self) {
-        for cell in self.checked.iter() {
+    pub(crate) fn forget_checked(&self) {
+        for cell in &self.checked {
             cell.store(0, Ordering::Relaxed);
         }
         self.checked_len.store(0, Ordering::Relaxed);
@@ -145,7 +145,7 @@ impl LazyLibraries {
 
     /// Registers `library`, loaded from `image` (the bytes its headers
     /// span) which lies in a loaded object's mapping when `mapped`.
-    pub fn register(&self, library: usize, image: &'static [u8], mapped: bool) {
+    pub(crate) fn register(&self, library: usize, image: &'static [u8], mapped: bool) {
         let source = if mapped {
             Source::Mapped(image)
         } else if image.len() <= MAX_COPIED_IMAGE {
@@ -167,7 +167,7 @@ impl LazyLibraries {
     }
 
     /// Forgets `library`, unloaded.
-    pub fn unregister(&self, library: usize) {
+    pub(crate) fn unregister(&self, library: usize) {
         if let Ok(mut libraries) = self.libraries.lock()
             && libraries.remove(&library).is_some()
         {
@@ -178,7 +178,7 @@ impl LazyLibraries {
 
     /// What the first use of `library` in `context`, on a device of
     /// compute capability `arch` (`None`: unknown), takes.
-    pub fn first_use(&self, library: usize, context: usize, arch: Option<u32>) -> FirstUse {
+    pub(crate) fn first_use(&self, library: usize, context: usize, arch: Option<u32>) -> FirstUse {
         let Ok(mut libraries) = self.libraries.lock() else {
             return FirstUse::Unregistered;
         };
@@ -204,7 +204,7 @@ impl LazyLibraries {
     }
 
     /// Notes that `library`'s first use in `context` was reserved and done.
-    pub fn used_in(&self, library: usize, context: usize) {
+    pub(crate) fn used_in(&self, library: usize, context: usize) {
         if let Ok(mut libraries) = self.libraries.lock()
             && let Some(entry) = libraries.get_mut(&library)
             && !entry.contexts.contains(&context)

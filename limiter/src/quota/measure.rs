@@ -14,7 +14,12 @@ impl MemoryQuota {
     /// accounted allocations, plus what the driver is yet to take (pending
     /// heap, graph nodes not uploaded). Rate-limited unless `force`; false
     /// when nothing was measured.
-    pub fn measure_overhead(&self, ctx: &'static Context, device: usize, force: bool) -> bool {
+    pub(crate) fn measure_overhead(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        force: bool,
+    ) -> bool {
         let Some(last) = self.overhead_measured_ms.get(device) else {
             return false;
         };
@@ -115,20 +120,20 @@ impl MemoryQuota {
     }
 
     /// Records what this process's contexts on `device` hold (0: none).
-    pub fn set_context_floor(&self, device: usize, bytes: u64) {
+    pub(crate) fn set_context_floor(&self, device: usize, bytes: u64) {
         if let Some(floor) = self.context_floor.get(device) {
             floor.store(bytes, Ordering::Relaxed);
         }
     }
 
     /// From now on a pool may keep what is freed into it.
-    pub fn pools_keep(&self) {
+    pub(crate) fn pools_keep(&self) {
         self.pools_keep.store(true, Ordering::Relaxed);
     }
 
     /// After a stream-ordered free: where pools keep freed memory, the
     /// next allocation measures the process again.
-    pub fn freed_into_pool(&self) {
+    pub(crate) fn freed_into_pool(&self) {
         if self.pools_keep.load(Ordering::Relaxed) {
             for unsettled in &self.overhead_unsettled {
                 unsettled.store(true, Ordering::Relaxed);
@@ -138,7 +143,7 @@ impl MemoryQuota {
 
     /// Measures every device measured before again, now: the driver may
     /// hold less.
-    pub fn remeasure(&self, ctx: &'static Context) {
+    pub(crate) fn remeasure(&self, ctx: &'static Context) {
         for device in 0..MAX_DEVICES {
             if self.overhead_measured_ms[device].load(Ordering::Relaxed) != 0
                 && !self.measure_overhead(ctx, device, true)

@@ -48,18 +48,18 @@ mod held;
 mod lazy;
 mod measure;
 
-pub use lazy::{FirstUse, LazyLibraries};
+pub(crate) use lazy::{FirstUse, LazyLibraries};
 
-pub use held::raise_overhead;
+pub(crate) use held::raise_overhead;
 
 /// How often a device's driver overhead is measured again, at most.
-pub const OVERHEAD_REFRESH_MS: u64 = 200;
+pub(crate) const OVERHEAD_REFRESH_MS: u64 = 200;
 /// How often a memory report scans for dead processes first, at most.
-pub const REPORT_RECLAIM_MS: u64 = 100;
+pub(crate) const REPORT_RECLAIM_MS: u64 = 100;
 
 /// A driver object whose memory is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Resource {
+pub(crate) enum Resource {
     /// Linear memory (`cuMemAlloc*`), by device pointer.
     Pointer(u64),
     /// A VMM physical allocation (`cuMemCreate`), by handle.
@@ -74,7 +74,7 @@ pub enum Resource {
 
 /// What an allocation charged, and where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Charge {
+pub(crate) struct Charge {
     /// The pod ledger's entry of the GPU (not the CUDA ordinal).
     pub device: usize,
     pub bytes: u64,
@@ -100,7 +100,7 @@ impl Changes {
 
 /// One allocation or free under way, from before the ledger changes until
 /// both the ledger and the driver did.
-pub struct Change<'a>(&'a Changes);
+pub(crate) struct Change<'a>(&'a Changes);
 
 impl<'a> Change<'a> {
     fn begin(changes: &'a Changes) -> Self {
@@ -120,7 +120,7 @@ impl Drop for Change<'_> {
 type GraphParts = Vec<(usize, u64, u64)>;
 
 /// The quota state of this process.
-pub struct MemoryQuota {
+pub(crate) struct MemoryQuota {
     configured: DeviceLimits<u64>,
     limits: [OnceLock<Option<u64>>; MAX_DEVICES],
     charges: Mutex<HashMap<Resource, Charge>>,
@@ -153,7 +153,7 @@ pub struct MemoryQuota {
 }
 
 impl MemoryQuota {
-    pub fn new(configured: DeviceLimits<u64>) -> Self {
+    pub(crate) fn new(configured: DeviceLimits<u64>) -> Self {
         Self {
             configured,
             limits: [const { OnceLock::new() }; MAX_DEVICES],
@@ -178,7 +178,7 @@ impl MemoryQuota {
     /// `None` when it is unlimited; `Some(0)` refuses every allocation. Under
     /// a hypervisor, read live from its read-only limits; locally, resolved
     /// once per device.
-    pub fn limit(&self, ctx: &'static Context, device: usize) -> Option<u64> {
+    pub(crate) fn limit(&self, ctx: &'static Context, device: usize) -> Option<u64> {
         match ctx.grant() {
             Grant::Hypervisor(_) => self.limit_for(ctx, device, ctx.device_uuid(device).as_deref()),
             // Refused: cuInit failed; should a call come anyway, the device
@@ -209,7 +209,7 @@ impl MemoryQuota {
     /// given, a UUID it does not know) has a quota of 0: every allocation
     /// on it is refused, where no quota would leave it unlimited. So has,
     /// locally, a GPU that limits naming GPUs only by UUID do not name.
-    pub fn limit_for(
+    pub(crate) fn limit_for(
         &self,
         ctx: &'static Context,
         device: usize,
@@ -243,7 +243,11 @@ impl MemoryQuota {
     /// context (`None`), when it is limited; `Bypass` when nothing is
     /// enforced there (without a current context the driver reports its
     /// own error).
-    pub fn limited_device(&self, ctx: &'static Context, device: Option<CUdevice>) -> Result<usize> {
+    pub(crate) fn limited_device(
+        &self,
+        ctx: &'static Context,
+        device: Option<CUdevice>,
+    ) -> Result<usize> {
         let device = match device {
             Some(device) => device,
             None => ctx
@@ -263,7 +267,7 @@ impl MemoryQuota {
     /// GPU's entry in it and the quota. A quota of 0 is a GPU on which
     /// nothing may be taken (one the hypervisor gave the pod no limits for):
     /// refused here, since to the ledger 0 would mean no quota at all.
-    pub fn reservable(
+    pub(crate) fn reservable(
         &self,
         ctx: &'static Context,
         device: usize,
@@ -297,7 +301,7 @@ impl MemoryQuota {
 
     /// Driver-held memory the hypervisor's audit charged the pod on
     /// `device` beyond its ledger; 0 without a hypervisor.
-    pub fn unaccounted(&self, ctx: &'static Context, device: usize) -> u64 {
+    pub(crate) fn unaccounted(&self, ctx: &'static Context, device: usize) -> u64 {
         if ctx.hypervisor_limits().is_none() {
             return 0;
         }
@@ -306,14 +310,14 @@ impl MemoryQuota {
     }
 
     /// [`unaccounted`](Self::unaccounted) of the GPU `uuid`.
-    pub fn unaccounted_of(&self, ctx: &'static Context, uuid: &str) -> u64 {
+    pub(crate) fn unaccounted_of(&self, ctx: &'static Context, uuid: &str) -> u64 {
         ctx.hypervisor_limits()
             .and_then(|limits| limits.find(uuid))
             .map_or(0, |gpu| gpu.unaccounted.load(Ordering::Acquire))
     }
 
     /// Reserves `bytes` on `device` for an allocation about to be made.
-    pub fn reserve(
+    pub(crate) fn reserve(
         &self,
         ctx: &'static Context,
         device: usize,
@@ -342,25 +346,25 @@ impl MemoryQuota {
 
     /// Marks a free under way until the returned guard drops (after the
     /// driver freed and the ledger was credited, or the charge restored).
-    pub fn change(&self) -> Change<'_> {
+    pub(crate) fn change(&self) -> Change<'_> {
         Change::begin(&self.changes)
     }
 
     /// Removes a resource's charge before it is freed; `None` when it was not
     /// charged (allocated before the limiter, or on an unlimited device).
-    pub fn take(&self, resource: Resource) -> Option<Charge> {
+    pub(crate) fn take(&self, resource: Resource) -> Option<Charge> {
         self.charges.lock().ok()?.remove(&resource)
     }
 
     /// Puts a charge back after the driver refused to free its resource.
-    pub fn restore(&self, resource: Resource, charge: Charge) {
+    pub(crate) fn restore(&self, resource: Resource, charge: Charge) {
         if let Ok(mut charges) = self.charges.lock() {
             charges.insert(resource, charge);
         }
     }
 
     /// Gives a freed resource's charge back to the pod.
-    pub fn credit(&self, ctx: &'static Context, charge: Charge) {
+    pub(crate) fn credit(&self, ctx: &'static Context, charge: Charge) {
         if let Some(ledger) = ctx.ledger() {
             release(ledger, charge.device, charge.bytes);
         }
@@ -368,7 +372,7 @@ impl MemoryQuota {
 
     /// The memory report of a limited device: `(free, total)` from the real
     /// ones, or `None` when the device is unlimited.
-    pub fn report(
+    pub(crate) fn report(
         &self,
         ctx: &'static Context,
         device: usize,
@@ -386,7 +390,7 @@ impl MemoryQuota {
 
     /// Pod usage of ledger entry `entry` (see [`Context::ledger_entry_of`]),
     /// after giving back what dead processes held.
-    pub fn pod_used(&self, ctx: &'static Context, entry: usize) -> u64 {
+    pub(crate) fn pod_used(&self, ctx: &'static Context, entry: usize) -> u64 {
         let Some(ledger) = ctx.ledger() else {
             return 0;
         };
@@ -415,7 +419,7 @@ impl MemoryQuota {
 }
 
 /// An accepted reservation; given back on drop unless committed.
-pub struct Reservation<'a> {
+pub(crate) struct Reservation<'a> {
     quota: &'a MemoryQuota,
     /// Ends once the driver allocated and the charge is kept, or given back.
     _change: Change<'a>,
@@ -428,7 +432,7 @@ pub struct Reservation<'a> {
 
 impl Reservation<'_> {
     /// Changes the reserved size to what the driver actually allocated.
-    pub fn resize(&mut self, bytes: u64) -> Result<()> {
+    pub(crate) fn resize(&mut self, bytes: u64) -> Result<()> {
         let Charge {
             device,
             bytes: held,
@@ -445,7 +449,7 @@ impl Reservation<'_> {
     }
 
     /// Keeps the reservation as the charge of `resource`.
-    pub fn commit(mut self, resource: Resource) {
+    pub(crate) fn commit(mut self, resource: Resource) {
         if let Ok(mut charges) = self.quota.charges.lock() {
             charges.insert(resource, self.charge);
             // Kept: the drop gives nothing back, and ends the change.
@@ -493,7 +497,7 @@ fn release(ledger: &PodLedger, device: usize, bytes: u64) {
 
 /// `(free, total)` as a pod with `limit` and `used` should see a device that
 /// really has `real_free` of `real_total`.
-pub fn virtual_report(limit: u64, used: u64, real_free: u64, real_total: u64) -> (u64, u64) {
+pub(crate) fn virtual_report(limit: u64, used: u64, real_free: u64, real_total: u64) -> (u64, u64) {
     let total = limit.min(real_total);
     let free = total.saturating_sub(used).min(real_free);
     (free, total)

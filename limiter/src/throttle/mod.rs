@@ -68,7 +68,7 @@ mod lease;
 mod locals;
 mod monitor;
 mod overheads;
-pub mod priority;
+pub(crate) mod priority;
 mod sample;
 mod sampler;
 mod sampling;
@@ -88,7 +88,7 @@ use summary::Held;
 /// About one sampled launch per thread this often while the pod's limit
 /// binds (its bucket holds less than [`RELAXED_TOKENS_NS`]): hundreds of
 /// measurements a second to fit from, where prices decide what runs.
-pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
+pub(crate) const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
 /// About one sampled launch per thread per this much GPU time charged while
 /// the limit does not bind, at most one per [`RELAXED_SAMPLE_INTERVAL_NS`]
 /// and at least one per [`MAX_RELAXED_INTERVAL_NS`]. A sample costs its
@@ -101,12 +101,12 @@ pub const SAMPLE_INTERVAL_NS: u64 = 2_000_000;
 /// launch, not the samples.)
 /// The first launch after the bucket drops below [`RELAXED_TOKENS_NS`]
 /// samples at the binding interval within [`SAMPLE_INTERVAL_NS`] × 4.
-pub const RELAXED_CHARGED_NS: u64 = 4_000_000;
+pub(crate) const RELAXED_CHARGED_NS: u64 = 4_000_000;
 /// The shortest relaxed interval: a thread charged a quarter of the GPU's
 /// time or more.
-pub const RELAXED_SAMPLE_INTERVAL_NS: u64 = 16_000_000;
+pub(crate) const RELAXED_SAMPLE_INTERVAL_NS: u64 = 16_000_000;
 /// The longest relaxed interval: a thread charged little.
-pub const MAX_RELAXED_INTERVAL_NS: u64 = 128_000_000;
+pub(crate) const MAX_RELAXED_INTERVAL_NS: u64 = 128_000_000;
 /// A bucket holding at least this much is not near its limit.
 const RELAXED_TOKENS_NS: i64 = CAPACITY_NS / 2;
 /// A bucket holding at least this much admits on the coarse clock, which
@@ -125,14 +125,14 @@ pub(crate) const MAX_SAMPLED_CALL_NS: u64 = 100_000;
 
 /// What a launch runs: a kernel grid or an instantiated graph.
 #[derive(Debug, Clone, Copy)]
-pub enum Work {
+pub(crate) enum Work {
     Kernel(Grid),
     Graph(usize),
 }
 
 /// A launch let through by [`Throttle::admit`]: what is done once the
 /// driver returned (the detour makes the launch).
-pub struct Admitted {
+pub(crate) struct Admitted {
     throttle: &'static Throttle,
     ctx: &'static Context,
     device: usize,
@@ -192,7 +192,7 @@ impl GpuShape for DriverShape<'_> {
 
 /// The compute limits of this process's pod: its parts, each with its own
 /// state, and the launch path that runs through them.
-pub struct Throttle {
+pub(crate) struct Throttle {
     /// Per device: the bucket that pays for its launches.
     budgets: Budgets,
     /// What launches cost, by function and waves.
@@ -214,7 +214,7 @@ pub struct Throttle {
 
 impl Throttle {
     /// `tables`: how the node's activity table is mapped.
-    pub fn new(
+    pub(crate) fn new(
         configured: DeviceLimits<ComputeLimit>,
         priority: Priority,
         tables: TableAccess,
@@ -243,7 +243,7 @@ impl Throttle {
     /// when the path runs cold after a stretch of application work: on the
     /// driver double, 428 instructions a launch in the limiter.
     #[inline(never)]
-    pub fn admit(
+    pub(crate) fn admit(
         &'static self,
         ctx: &'static Context,
         work: Work,

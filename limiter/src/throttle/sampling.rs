@@ -116,7 +116,7 @@ impl Throttle {
     ) {
         // The precise time: the rate window is measured between samples.
         super::locals::with_cadence(|cadence| {
-            cadence.sampled(bracket.submitted_at, metered.relaxed)
+            cadence.sampled(bracket.submitted_at, metered.relaxed);
         });
         // The measurement settles this thread's own launches too.
         super::locals::with_batch(|batch| self.model.flush(batch));

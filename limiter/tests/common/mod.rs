@@ -6,13 +6,13 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub const MIB: u64 = 1 << 20;
-pub const GIB: u64 = 1 << 30;
+pub(crate) const MIB: u64 = 1 << 20;
+pub(crate) const GIB: u64 = 1 << 30;
 /// What the double's first context charges as the driver's own memory.
-pub const CONTEXT_BYTES: u64 = 300 * MIB;
+pub(crate) const CONTEXT_BYTES: u64 = 300 * MIB;
 
 /// The limiter built for this test run (cargo builds the cdylib into `deps/`).
-pub fn limiter() -> PathBuf {
+pub(crate) fn limiter() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().expect("deps directory");
     let library = deps.join("libcuda_limiter.so");
@@ -22,10 +22,10 @@ pub fn limiter() -> PathBuf {
 
 /// A pod identity of its own for each test; its ledger, limits and test node
 /// table are removed after, whatever the test's outcome.
-pub struct Pod(pub String);
+pub(crate) struct Pod(pub String);
 
 impl Pod {
-    pub fn new(test: &str) -> Self {
+    pub(crate) fn new(test: &str) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let id = format!(
             "t{}-{}-{}",
@@ -52,7 +52,7 @@ impl Drop for Pod {
 
 /// The driver double's first `.0` GPUs, as NVML would show them to a
 /// hypervisor.
-pub struct DoubleGpus(pub u8);
+pub(crate) struct DoubleGpus(pub u8);
 
 impl hypervisor::observer::GpuObserver for DoubleGpus {
     fn gpus(
@@ -72,7 +72,7 @@ impl hypervisor::observer::GpuObserver for DoubleGpus {
 
 /// A hypervisor on loopback running `config` (its TOML) for `pod`'s test,
 /// seeing GPUs through `observer`, with the test's node tables.
-pub fn hypervisor(
+pub(crate) fn hypervisor(
     pod: &Pod,
     config: &str,
     observer: std::sync::Arc<dyn hypervisor::observer::GpuObserver>,
@@ -95,7 +95,7 @@ pub fn hypervisor(
 }
 
 /// The node tables a hypervisor of `pod`'s test makes (removed with the pod).
-pub fn node_tables(pod: &Pod) -> hypervisor::node_tables::NodeTableNames {
+pub(crate) fn node_tables(pod: &Pod) -> hypervisor::node_tables::NodeTableNames {
     hypervisor::node_tables::NodeTableNames {
         activity: format!("gpushare-node-test-{}", pod.0),
         priority: format!("gpushare-priority-test-{}", pod.0),
@@ -103,7 +103,7 @@ pub fn node_tables(pod: &Pod) -> hypervisor::node_tables::NodeTableNames {
 }
 
 /// Points `command`'s limiter at the node tables of [`node_tables`].
-pub fn use_node_tables(command: &mut Command, pod: &Pod) {
+pub(crate) fn use_node_tables(command: &mut Command, pod: &Pod) {
     let tables = node_tables(pod);
     command
         .env("GPUSHARE_NODE_REGION", tables.activity)
@@ -112,7 +112,7 @@ pub fn use_node_tables(command: &mut Command, pod: &Pod) {
 
 /// `program` (a probe of the double) under the limiter, for `pod`, with the
 /// fake GPU's size and extra environment.
-pub fn probe(program: &str, pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> Command {
+pub(crate) fn probe(program: &str, pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> Command {
     let mut command = gpushare_examples::command(program);
     command
         .env("LD_PRELOAD", limiter())
@@ -127,21 +127,21 @@ pub fn probe(program: &str, pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> C
 }
 
 /// Runs and returns stdout lines, failing the test with stderr on a non-zero exit.
-pub fn run(mut command: Command) -> Vec<String> {
+pub(crate) fn run(mut command: Command) -> Vec<String> {
     let output = command.output().expect("spawn probe");
     check(&output);
     stdout_lines(&output)
 }
 
 /// A finished probe's stdout, a string a line.
-pub fn stdout_lines(output: &Output) -> Vec<String> {
+pub(crate) fn stdout_lines(output: &Output) -> Vec<String> {
     String::from_utf8_lossy(&output.stdout)
         .lines()
         .map(str::to_owned)
         .collect()
 }
 
-pub fn check(output: &Output) {
+pub(crate) fn check(output: &Output) {
     assert!(
         output.status.success(),
         "probe failed: {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -152,12 +152,12 @@ pub fn check(output: &Output) {
 }
 
 /// `info RESULT free=F total=T` for the given numbers.
-pub fn info(result: u32, free: u64, total: u64) -> String {
+pub(crate) fn info(result: u32, free: u64, total: u64) -> String {
     format!("info {result} free={free} total={total}")
 }
 
 /// The `CUresult` of an `alloc`/`free`/`ptr` line (`... -> RESULT ...`).
-pub fn result_of(line: &str) -> u32 {
+pub(crate) fn result_of(line: &str) -> u32 {
     let after = line
         .split("-> ")
         .nth(1)
@@ -171,7 +171,7 @@ pub fn result_of(line: &str) -> u32 {
 
 /// The probe programs and how each reaches the driver: linked, `dlsym`,
 /// `cuGetProcAddress`.
-pub const VIAS: [(&str, &[&str]); 3] = [
+pub(crate) const VIAS: [(&str, &[&str]); 3] = [
     ("cudaprobe_linked", &[]),
     ("cudaprobe", &["--via", "dlsym"]),
     ("cudaprobe", &["--via", "getproc"]),
@@ -179,7 +179,7 @@ pub const VIAS: [(&str, &[&str]); 3] = [
 
 /// Timed tests of one binary take turns: each needs the CPUs of a small CI
 /// machine to itself to keep its timing.
-pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL
         .lock()
@@ -187,7 +187,7 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 /// `key=value` of a probe line as a number.
-pub fn number(line: &str, key: &str) -> i64 {
+pub(crate) fn number(line: &str, key: &str) -> i64 {
     gpushare_examples::probe_field(line, key)
         .and_then(|value| i64::try_from(value).ok())
         .unwrap_or_else(|| panic!("no {key} in {line:?}"))
@@ -195,7 +195,7 @@ pub fn number(line: &str, key: &str) -> i64 {
 
 /// `key=value` of the limiter's exit summary (`compute summary: …`), whose
 /// figures may have decimals.
-pub fn summary_number(summary: &str, key: &str) -> f64 {
+pub(crate) fn summary_number(summary: &str, key: &str) -> f64 {
     summary
         .split_whitespace()
         .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
@@ -205,14 +205,14 @@ pub fn summary_number(summary: &str, key: &str) -> f64 {
 
 /// How much of a `run`/`spin` line's wall time its launching thread spent
 /// runnable but waiting for a CPU, in per mille.
-pub fn delay_pm(line: &str) -> i64 {
+pub(crate) fn delay_pm(line: &str) -> i64 {
     let wall = number(line, "wall_ns").max(1);
     number(line, "delay_ns") * 1000 / wall
 }
 
 /// Asserts that a `run`/`spin` line's busy share is `want` per mille within
 /// `tolerance`, less the launching thread's run delay (see [`assert_share_of`]).
-pub fn assert_share(line: &str, want: i64, tolerance: i64) {
+pub(crate) fn assert_share(line: &str, want: i64, tolerance: i64) {
     assert_share_of(
         number(line, "share_pm"),
         delay_pm(line),
@@ -230,7 +230,7 @@ pub fn assert_share(line: &str, want: i64, tolerance: i64) {
 /// that time. So on a busy CI machine the share can only fall short, by no
 /// more than the delay the probe measured: a shortfall beyond it, or any
 /// excess, is the limiter's.
-pub fn assert_share_of(got: i64, delay: i64, want: i64, tolerance: i64, context: &str) {
+pub(crate) fn assert_share_of(got: i64, delay: i64, want: i64, tolerance: i64, context: &str) {
     assert!(
         got <= want + tolerance && got >= want - tolerance - delay,
         "share {got}‰, want {want}‰ ± {tolerance}‰ (less the {delay}‰ the thread waited for a CPU): {context}"
@@ -238,7 +238,7 @@ pub fn assert_share_of(got: i64, delay: i64, want: i64, tolerance: i64, context:
 }
 
 /// The `key=value` of the first line starting with `prefix` that has `key`.
-pub fn line_field<'a>(lines: &'a [String], prefix: &str, key: &str) -> &'a str {
+pub(crate) fn line_field<'a>(lines: &'a [String], prefix: &str, key: &str) -> &'a str {
     lines
         .iter()
         .filter(|line| line.starts_with(prefix))
@@ -250,7 +250,7 @@ pub fn line_field<'a>(lines: &'a [String], prefix: &str, key: &str) -> &'a str {
 }
 
 /// The N of each `COMMAND ns=N` line (`clock`, `settled`), in order.
-pub fn times(lines: &[String], command: &str) -> Vec<u64> {
+pub(crate) fn times(lines: &[String], command: &str) -> Vec<u64> {
     lines
         .iter()
         .filter_map(|line| line.strip_prefix(command)?.strip_prefix(" ns="))
@@ -259,7 +259,7 @@ pub fn times(lines: &[String], command: &str) -> Vec<u64> {
 }
 
 /// The idle stretches of an `idle STEP at=a-b,…` line.
-pub fn idle_spans(lines: &[String]) -> Vec<(u64, u64)> {
+pub(crate) fn idle_spans(lines: &[String]) -> Vec<(u64, u64)> {
     line_field(lines, "idle ", "at")
         .split(',')
         .filter(|span| !span.is_empty())
@@ -272,7 +272,13 @@ pub fn idle_spans(lines: &[String]) -> Vec<(u64, u64)> {
 
 /// The probe as one pod of priority class `class`, on its own node and
 /// priority tables, its output piped.
-pub fn class_probe(pod: &Pod, node: &str, priority: &str, class: &str, args: &[&str]) -> Command {
+pub(crate) fn class_probe(
+    pod: &Pod,
+    node: &str,
+    priority: &str,
+    class: &str,
+    args: &[&str],
+) -> Command {
     let mut command = probe(
         "cudaprobe",
         pod,
@@ -290,7 +296,7 @@ pub fn class_probe(pod: &Pod, node: &str, priority: &str, class: &str, args: &[&
 }
 
 /// A finished child's stdout lines, failing the test on a non-zero exit.
-pub fn output_lines(child: std::process::Child) -> Vec<String> {
+pub(crate) fn output_lines(child: std::process::Child) -> Vec<String> {
     let output = child.wait_with_output().expect("probe");
     check(&output);
     stdout_lines(&output)
@@ -300,7 +306,7 @@ pub fn output_lines(child: std::process::Child) -> Vec<String> {
 /// the stretch of the batch pod's timeline that covers it (`None`: the
 /// batch pod was not held), CLOCK_MONOTONIC ns.
 #[derive(Debug, Clone, Copy)]
-pub struct Hold {
+pub(crate) struct Hold {
     pub start: u64,
     pub idle_at: u64,
     pub gap: Option<(u64, u64)>,
@@ -308,7 +314,7 @@ pub struct Hold {
 
 /// A latency pod's bursts next to a saturating batch pod, as each saw them
 /// (the pods' objects are removed when this drops).
-pub struct Bursts {
+pub(crate) struct Bursts {
     pub latency: Pod,
     pub batch: Pod,
     /// The priority table's name.
@@ -324,7 +330,7 @@ impl Bursts {
     /// burst is timed from a clock read before it to the end of its work on
     /// the latency pod's timeline: a clock read after the synchronize would
     /// add however long the process took to run again.
-    pub fn run() -> Self {
+    pub(crate) fn run() -> Self {
         let (latency, batch) = (Pod::new("latency"), Pod::new("batch"));
         let node = format!("gpushare-node-test-{}", latency.0);
         let priority = format!("gpushare-priority-test-{}", latency.0);
@@ -361,7 +367,7 @@ impl Bursts {
     /// Per burst, how the batch pod was held over it. The batch pod stops
     /// within its one launch in flight (2 ms), and the stretch is known to
     /// the 50 µs step of `idle`.
-    pub fn holds(&self) -> Vec<Hold> {
+    pub(crate) fn holds(&self) -> Vec<Hold> {
         const STEP_NS: u64 = 50_000;
         const MS: u64 = 1_000_000;
         let gaps = idle_spans(&self.batch_lines);
@@ -387,7 +393,7 @@ impl Bursts {
 
 /// A periodic latency pod next to a saturating batch pod, both running (the
 /// pods' objects are removed when this drops).
-pub struct Periodic {
+pub(crate) struct Periodic {
     pub latency: Pod,
     pub batch: Pod,
     /// The priority table's name.
@@ -401,7 +407,7 @@ impl Periodic {
     /// back to back) on a shallow launch queue, then the latency pod: one
     /// launch makes the table, and 250 ms later 120 requests (two 100 µs
     /// kernels, then a synchronize) are due every 2 ms, prediction `predict`.
-    pub fn start(predict: &str, batch_script: &[&str]) -> Self {
+    pub(crate) fn start(predict: &str, batch_script: &[&str]) -> Self {
         let (latency, batch) = (Pod::new("periodic-latency"), Pod::new("periodic-batch"));
         let node = format!("gpushare-node-test-{}", latency.0);
         let priority = format!("gpushare-priority-test-{}", latency.0);

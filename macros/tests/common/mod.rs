@@ -16,7 +16,7 @@ impl Unavailable for Status {
 
 /// A handler error that asks for the original.
 #[allow(dead_code, reason = "not every test file uses it")]
-pub struct Bypass;
+pub(crate) struct Bypass;
 
 impl IntoReturn<Status> for Bypass {
     fn into_return(self) -> Disposition<Status> {

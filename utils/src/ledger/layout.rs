@@ -92,7 +92,10 @@ pub struct DeviceLedger {
 #[repr(C)]
 #[derive(Debug, Default)]
 pub struct LocalBucket {
+    /// Tokens and counters, updated by every process of the pod.
     pub state: BucketState,
+    /// Share, ceiling and suspension; set here only in local mode (under a
+    /// hypervisor they live in the limits object).
     pub limits: BucketLimits,
 }
 

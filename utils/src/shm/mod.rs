@@ -64,6 +64,7 @@ impl Trust {
 pub struct Creation {
     /// `None` keeps our own uid / gid.
     pub uid: Option<u32>,
+    /// Group of the object; `None` keeps our own gid.
     pub gid: Option<u32>,
     /// Permission bits; group and other write bits are always cleared.
     pub mode: u32,
@@ -82,34 +83,58 @@ impl Default for Creation {
 /// Errors of shared-memory objects.
 #[derive(Debug, thiserror::Error)]
 pub enum ShmError {
+    /// Creating, owning or sizing the object failed.
     #[error("cannot create /dev/shm/{name}: {source}")]
     Create {
+        /// Object name, without the leading `/`.
         name: String,
+        /// The failed system call's error.
         #[source]
         source: io::Error,
     },
+    /// Opening, inspecting or mapping the object failed.
     #[error("cannot open /dev/shm/{name}: {source}")]
     Open {
+        /// Object name, without the leading `/`.
         name: String,
+        /// The failed system call's error.
         #[source]
         source: io::Error,
     },
+    /// The object's owner is not one of the trusted uids.
     #[error(
         "refusing /dev/shm/{name}: owned by uid {uid}, which is not trusted (allowed: {allowed:?})"
     )]
     UntrustedOwner {
+        /// Object name, without the leading `/`.
         name: String,
+        /// Uid that owns the object.
         uid: u32,
+        /// The uids that were trusted.
         allowed: Vec<u32>,
     },
+    /// Group or others may write the object.
     #[error("refusing /dev/shm/{name}: mode {mode:04o} lets group or others write it")]
-    Writable { name: String, mode: u32 },
+    Writable {
+        /// Object name, without the leading `/`.
+        name: String,
+        /// The object's permission bits.
+        mode: u32,
+    },
+    /// The object is not a regular file.
     #[error("refusing /dev/shm/{name}: not a regular file")]
-    NotRegular { name: String },
+    NotRegular {
+        /// Object name, without the leading `/`.
+        name: String,
+    },
+    /// The object is neither empty (not ready) nor of the expected length.
     #[error("/dev/shm/{name} is {found} bytes, expected {expected}")]
     Size {
+        /// Object name, without the leading `/`.
         name: String,
+        /// The object's length in bytes.
         found: u64,
+        /// The length the caller expected, in bytes.
         expected: u64,
     },
 }
@@ -117,7 +142,9 @@ pub enum ShmError {
 /// How an object was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Origin {
+    /// We created it (and sized it).
     Created,
+    /// Someone else had created it; we opened it.
     Opened,
 }
 
@@ -141,10 +168,12 @@ impl Mapping {
         self.base
     }
 
+    /// Length of the mapping in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the mapping has length 0.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

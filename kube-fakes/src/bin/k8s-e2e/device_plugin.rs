@@ -22,7 +22,7 @@ use serde_json::json;
 const NODE: &str = "e2e-node";
 
 /// Runs the mode; `wait` serves until the caller's stop condition.
-pub async fn run(
+pub(crate) async fn run(
     out: &Path,
     limiter: &Path,
     observer: Arc<dyn GpuObserver>,

@@ -4,4 +4,4 @@
 mod hooks;
 mod ops;
 
-pub use hooks::CONTEXT_DETOURS;
+pub(crate) use hooks::CONTEXT_DETOURS;

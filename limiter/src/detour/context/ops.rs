@@ -18,11 +18,11 @@ use crate::sys::{CUdevice, CUresult};
 /// What a context is reserved at before any of the pod's was measured on
 /// the GPU: about what one takes on an H100 (driver 580), so that the first
 /// processes of a pod racing cannot pass the quota by much.
-pub const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
+pub(super) const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
 
 /// Which call creates the context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Creation {
+pub(super) enum Creation {
     /// `cuDevicePrimaryCtxRetain`: creates the primary context only if this
     /// process holds none on the device yet.
     Primary,
@@ -32,7 +32,7 @@ pub enum Creation {
 
 /// Reserves the context's footprint, runs `create` (the driver's original),
 /// then charges what it really took.
-pub fn create(
+pub(super) fn create(
     device: CUdevice,
     creation: Creation,
     create: impl FnOnce() -> CUresult,
@@ -81,12 +81,12 @@ pub fn create(
 /// about 5 MiB past the primary context on an H100 (driver 580), far less
 /// than a context, so reserving a context's size would refuse green
 /// contexts that fit.
-pub const GREEN_CONTEXT_BYTES: u64 = 8 << 20;
+pub(super) const GREEN_CONTEXT_BYTES: u64 = 8 << 20;
 
 /// Reserves a green context's footprint, runs `create`, and measures what
 /// it took; a pod left over its quota gets it destroyed again (`destroy`)
 /// and the call refused.
-pub fn create_green(
+pub(super) fn create_green(
     device: CUdevice,
     create: impl FnOnce() -> CUresult,
     destroy: impl FnOnce(),
@@ -101,7 +101,7 @@ pub fn create_green(
 }
 
 /// Runs `destroy`, which may end a context: what it held is measured again.
-pub fn destroyed(destroy: impl FnOnce() -> CUresult) -> Result<CUresult> {
+pub(super) fn destroyed(destroy: impl FnOnce() -> CUresult) -> Result<CUresult> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
     let result = destroy();
     if result.is_success() {

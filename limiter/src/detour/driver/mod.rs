@@ -3,4 +3,4 @@
 mod hooks;
 mod ops;
 
-pub use hooks::DRIVER_DETOURS;
+pub(crate) use hooks::DRIVER_DETOURS;

@@ -12,7 +12,7 @@ use crate::sys::CUresult;
 /// starts instead of running without its limits. A broken configuration says so once, here; the other causes
 /// printed their one line when they were found.
 /// `initialise` is the driver's original, as a closure from the adapter.
-pub fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
+pub(super) fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
     let limiter = match entry::state() {
         Some(State::Refusing(refusal)) => {
             refusal.tell();

@@ -5,10 +5,10 @@
 mod hooks;
 mod ops;
 
-pub use hooks::HELD_DETOURS;
+pub(crate) use hooks::HELD_DETOURS;
 
 /// The first launch of `handle` (a launch detour's check): see
 /// [`ops::Held::first_launch`].
-pub fn first_launch(handle: usize) -> crate::error::Result<()> {
+pub(crate) fn first_launch(handle: usize) -> crate::error::Result<()> {
     ops::held()?.first_launch(handle)
 }

@@ -37,7 +37,7 @@ use crate::sys::{
 
 /// What a call that gives memory back changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Effect {
+pub(super) enum Effect {
     /// The driver may hold less now: measure again.
     Returned,
     /// A pool keeps freed memory from now on: frees measure again too.
@@ -46,13 +46,13 @@ pub enum Effect {
 
 /// The quota and the context it answers in.
 #[derive(Clone, Copy)]
-pub struct Held {
+pub(super) struct Held {
     quota: &'static MemoryQuota,
     ctx: &'static Context,
 }
 
 /// The policy, when limits are enforced.
-pub fn held() -> Result<Held> {
+pub(super) fn held() -> Result<Held> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
     Ok(Held {
         quota: &limiter.memory,
@@ -76,7 +76,7 @@ impl Held {
     }
 
     /// `cuCtxSetLimit`: `set` sets the limit to the value it is given.
-    pub fn set_limit(
+    pub(super) fn set_limit(
         self,
         limit: CUlimit,
         value: usize,
@@ -129,7 +129,7 @@ impl Held {
     }
 
     /// A module load: its globals are taken by the call.
-    pub fn load_module(
+    pub(super) fn load_module(
         self,
         load: impl FnOnce() -> CUresult,
         unload: impl FnOnce(),
@@ -144,7 +144,7 @@ impl Held {
     /// the quota, here rather than at a first use that could not be undone.
     /// Libraries from memory images (the runtime registers every fat binary
     /// of a program that way) stay lazy.
-    pub fn load_library_file(
+    pub(super) fn load_library_file(
         self,
         load: impl FnOnce() -> CUresult,
         loaded: impl FnOnce() -> CUlibrary,
@@ -169,7 +169,7 @@ impl Held {
     /// on the device: the library is registered, its first use in a
     /// context reserved later ([`Self::first_use`]). Under eager loading
     /// it is measured like a module.
-    pub fn load_library_data(
+    pub(super) fn load_library_data(
         self,
         image: Option<(&'static [u8], bool)>,
         load: impl FnOnce() -> CUresult,
@@ -194,7 +194,11 @@ impl Held {
     /// its image; past the quota the call is refused before the driver
     /// takes anything. One not registered is measured: what it took stays
     /// until it is unloaded, and a use past the quota is refused.
-    pub fn first_use(self, library: CUlibrary, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    pub(super) fn first_use(
+        self,
+        library: CUlibrary,
+        op: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
         let device = self.current()?;
         match self.first_use_of(device, library)? {
             (context, FirstUse::Globals(bytes)) => {
@@ -206,7 +210,7 @@ impl Held {
     }
 
     /// `cuKernelGetFunction`: the first use of `kernel`'s library here.
-    pub fn kernel_function(
+    pub(super) fn kernel_function(
         self,
         kernel: CUkernel,
         op: impl FnOnce() -> CUresult,
@@ -224,7 +228,7 @@ impl Held {
     /// is loaded into the context now, its globals reserved, so that the
     /// launch takes nothing unreserved; past the quota the launch is
     /// refused. The handle is not looked at again once settled.
-    pub fn first_launch(self, handle: usize) -> Result<()> {
+    pub(super) fn first_launch(self, handle: usize) -> Result<()> {
         let lazy = &self.quota.lazy;
         let driver = self.driver()?;
         let Ok(library) = driver.held.kernel_library(handle as CUkernel) else {
@@ -289,7 +293,7 @@ impl Held {
     }
 
     /// Unloads a library: its globals come back, its image is forgotten.
-    pub fn unload_library(
+    pub(super) fn unload_library(
         self,
         library: CUlibrary,
         op: impl FnOnce() -> CUresult,
@@ -303,7 +307,7 @@ impl Held {
 
     /// Unloads a module: its globals come back, and its functions' handles
     /// may name another's functions from now on.
-    pub fn unload_module(self, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    pub(super) fn unload_module(self, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
         let result = self.release(Effect::Returned, op)?;
         if result.is_success() {
             self.quota.lazy.forget_checked();
@@ -312,7 +316,7 @@ impl Held {
     }
 
     /// A call that may give memory back, run by `op`.
-    pub fn release(self, effect: Effect, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    pub(super) fn release(self, effect: Effect, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
         let result = op();
         if result.is_success() {
             if effect == Effect::PoolsKeep {
@@ -325,7 +329,7 @@ impl Held {
 
     /// Instantiates `graph`, charging what its allocation nodes will take
     /// on their devices; `made` names the exec once it is made.
-    pub fn instantiate(
+    pub(super) fn instantiate(
         self,
         graph: CUgraph,
         instantiate: impl FnOnce() -> CUresult,
@@ -366,7 +370,11 @@ impl Held {
     }
 
     /// Destroys a graph exec, ending its charge.
-    pub fn destroy_exec(self, exec: usize, destroy: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    pub(super) fn destroy_exec(
+        self,
+        exec: usize,
+        destroy: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
         let result = destroy();
         if result.is_success() {
             self.quota.end_graph(self.ctx, Resource::GraphExec(exec));

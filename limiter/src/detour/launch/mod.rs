@@ -4,4 +4,4 @@
 mod hooks;
 mod ops;
 
-pub use hooks::LAUNCH_DETOURS;
+pub(crate) use hooks::LAUNCH_DETOURS;

@@ -29,7 +29,7 @@ fn admit(work: impl FnOnce() -> Work, stream: CUstream, per_thread: bool) -> Res
 /// shared memory; `per_thread` when the API took stream 0 as the per-thread
 /// default stream.
 #[inline(always)]
-pub fn kernel(
+pub(super) fn kernel(
     f: CUfunction,
     grid: [u32; 3],
     block: [u32; 3],
@@ -84,12 +84,12 @@ fn check_first_launch(f: CUfunction) -> Result<()> {
 
 /// An instantiated graph.
 #[inline(always)]
-pub fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Result<Admitted> {
+pub(super) fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Result<Admitted> {
     admit(|| Work::Graph(exec as usize), stream, per_thread)
 }
 
 /// A legacy launch of a `width` × `height` grid of one-thread blocks.
-pub fn legacy(f: CUfunction, width: i32, height: i32, stream: CUstream) -> Result<Admitted> {
+pub(super) fn legacy(f: CUfunction, width: i32, height: i32, stream: CUstream) -> Result<Admitted> {
     let grid = [width.max(0) as u32, height.max(0) as u32, 1];
     kernel(f, grid, [1, 1, 1], 0, stream, false)
 }
@@ -125,7 +125,7 @@ mod ab {
 
     /// Launches bypass the admission while `off` is nonzero.
     #[unsafe(no_mangle)]
-    pub extern "C" fn gpushare_launch_ab_bypass(off: i32) {
+    pub(super) extern "C" fn gpushare_launch_ab_bypass(off: i32) {
         BYPASSED.store(off != 0, Ordering::Relaxed);
     }
 }

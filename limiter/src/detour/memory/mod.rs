@@ -4,4 +4,4 @@
 mod hooks;
 mod ops;
 
-pub use hooks::MEMORY_DETOURS;
+pub(crate) use hooks::MEMORY_DETOURS;

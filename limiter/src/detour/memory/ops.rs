@@ -16,7 +16,7 @@ use crate::sys::{
 
 /// The quota, the oversubscription policy, and the context they answer in.
 #[derive(Clone, Copy)]
-pub struct Memory {
+pub(super) struct Memory {
     pub quota: &'static MemoryQuota,
     pub spill: &'static Spill,
     pub ctx: &'static Context,
@@ -24,7 +24,7 @@ pub struct Memory {
 
 /// Where a linear allocation was served from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Served {
+pub(super) enum Served {
     /// The driver's own answer (the pointer is where it wrote it).
     Device(CUresult),
     /// Past the quota, from pinned mapped host memory at this device address.
@@ -33,7 +33,7 @@ pub enum Served {
 
 /// Where a pitched allocation was served from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pitched {
+pub(super) enum Pitched {
     /// The driver's own answer (pointer and pitch are where it wrote them).
     Device(CUresult),
     /// Past the quota, from host memory: its device address and pitch.
@@ -42,22 +42,22 @@ pub enum Pitched {
 
 /// An allocation API that is never served from host memory, and why.
 #[derive(Debug, Clone, Copy)]
-pub struct DeviceOnly {
+pub(super) struct DeviceOnly {
     pub api: &'static str,
     pub why: &'static str,
 }
 
 impl DeviceOnly {
-    pub const MANAGED: Self = Self {
+    pub(super) const MANAGED: Self = Self {
         api: "cuMemAllocManaged",
         why: "cuMemAdvise and cuMemPrefetchAsync need managed memory",
     };
-    pub const PHYSICAL: Self = Self {
+    pub(super) const PHYSICAL: Self = Self {
         api: "cuMemCreate",
         why: "VMM memory is mapped as device memory",
     };
     /// An array API (`api`): opaque device layouts.
-    pub const fn array(api: &'static str) -> Self {
+    pub(super) const fn array(api: &'static str) -> Self {
         Self {
             api,
             why: "arrays are opaque device layouts",
@@ -67,7 +67,7 @@ impl DeviceOnly {
 
 /// The device an allocation goes to.
 #[derive(Debug, Clone, Copy)]
-pub enum Placement {
+pub(super) enum Placement {
     /// The device of the calling thread's current context.
     Current,
     /// A device named by the call.
@@ -87,7 +87,7 @@ impl Memory {
 
     /// Reserves `bytes` at `placement`, runs `allocate`, and keeps the charge
     /// under the resource it made (`made` is asked only after it succeeded).
-    pub fn allocate(
+    pub(super) fn allocate(
         self,
         placement: Placement,
         bytes: u64,
@@ -108,7 +108,7 @@ impl Memory {
 
     /// Linear memory on the current device ([`Self::allocate`]); past the
     /// quota, served from host memory when the pod may spill there.
-    pub fn allocate_linear(
+    pub(super) fn allocate_linear(
         self,
         bytes: u64,
         allocate: impl FnOnce() -> CUresult,
@@ -122,7 +122,7 @@ impl Memory {
 
     /// Memory that must stay on the device ([`Self::allocate`]); past the
     /// quota it is refused, the reason logged when the pod opted in.
-    pub fn allocate_on_device(
+    pub(super) fn allocate_on_device(
         self,
         placement: Placement,
         bytes: u64,
@@ -164,7 +164,7 @@ impl Memory {
 
     /// VMM physical memory with properties `prop`: charged to the device it
     /// names; host memory is not ours to count.
-    pub fn allocate_physical(
+    pub(super) fn allocate_physical(
         self,
         prop: &CUmemAllocationProp,
         bytes: u64,
@@ -184,7 +184,7 @@ impl Memory {
     /// not fit, the allocation is undone with `free`, as if the driver had
     /// refused. Past the quota, the usual pitch is served from host memory
     /// when the pod may spill there.
-    pub fn allocate_pitched(
+    pub(super) fn allocate_pitched(
         self,
         width: usize,
         height: usize,
@@ -224,7 +224,7 @@ impl Memory {
 
     /// Frees linear memory at `pointer`: host memory it was spilled to, else
     /// with `free` as [`Self::free`]. `ordered`: a stream-ordered free.
-    pub fn free_linear(
+    pub(super) fn free_linear(
         self,
         pointer: CUdeviceptr,
         ordered: bool,
@@ -237,7 +237,11 @@ impl Memory {
     }
 
     /// Frees `resource` with `free` and credits its charge if that succeeds.
-    pub fn free(self, resource: Resource, free: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    pub(super) fn free(
+        self,
+        resource: Resource,
+        free: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
         let _change = self.quota.change();
         let charge = self
             .quota
@@ -254,7 +258,7 @@ impl Memory {
 
     /// `(free, total)` of the current device as the pod sees it, from the
     /// real ones; `Bypass` when it is unlimited.
-    pub fn current_report(self, real_free: u64, real_total: u64) -> Result<(u64, u64)> {
+    pub(super) fn current_report(self, real_free: u64, real_total: u64) -> Result<(u64, u64)> {
         let device = self.limited_device(Placement::Current)?;
         self.quota
             .report(self.ctx, device, real_free, real_total)
@@ -262,7 +266,7 @@ impl Memory {
     }
 
     /// The total the pod sees for `device`; `Bypass` when it is unlimited.
-    pub fn total(self, device: CUdevice, real_total: u64) -> Result<u64> {
+    pub(super) fn total(self, device: CUdevice, real_total: u64) -> Result<u64> {
         let device = self.limited_device(Placement::Device(device))?;
         let limit = self
             .quota
@@ -290,7 +294,7 @@ fn element_bytes(format: CUarray_format) -> u64 {
 
 /// Bytes of an array of the given shape; a zero height or depth means the
 /// dimension is absent.
-pub fn array_bytes(descriptor: &CUDA_ARRAY3D_DESCRIPTOR) -> u64 {
+pub(super) fn array_bytes(descriptor: &CUDA_ARRAY3D_DESCRIPTOR) -> u64 {
     let faces = if descriptor.Flags & CUDA_ARRAY3D_CUBEMAP != 0 {
         6
     } else {
@@ -307,7 +311,7 @@ pub fn array_bytes(descriptor: &CUDA_ARRAY3D_DESCRIPTOR) -> u64 {
 
 /// Bytes of a mipmapped array: every level halves each present dimension
 /// (layers and faces stay).
-pub fn mipmapped_bytes(descriptor: &CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> u64 {
+pub(super) fn mipmapped_bytes(descriptor: &CUDA_ARRAY3D_DESCRIPTOR, levels: u32) -> u64 {
     let layered = descriptor.Flags & CUDA_ARRAY3D_LAYERED != 0;
     let mut level = *descriptor;
     let mut total = 0u64;

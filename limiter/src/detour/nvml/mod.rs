@@ -3,4 +3,4 @@
 mod hooks;
 mod ops;
 
-pub use hooks::NVML_DETOURS;
+pub(crate) use hooks::NVML_DETOURS;

@@ -13,7 +13,7 @@ use crate::sys::nvmlDevice_t;
 
 /// The CUDA index of the device with NVML index `nvml_index` and `uuid`, given
 /// the value of `CUDA_VISIBLE_DEVICES`.
-pub fn cuda_index(visible: Option<&str>, nvml_index: u32, uuid: &str) -> Option<usize> {
+pub(super) fn cuda_index(visible: Option<&str>, nvml_index: u32, uuid: &str) -> Option<usize> {
     let Some(visible) = visible else {
         return Some(nvml_index as usize);
     };
@@ -32,7 +32,7 @@ pub fn cuda_index(visible: Option<&str>, nvml_index: u32, uuid: &str) -> Option<
 
 /// `(free, total, used)` of a limited device as the pod sees it, from the
 /// real free and total; `Bypass` when it is unlimited.
-pub fn pod_view(
+pub(super) fn pod_view(
     quota: &MemoryQuota,
     ctx: &'static Context,
     device: nvmlDevice_t,

@@ -58,7 +58,7 @@ impl CalibrationApi {
 /// into an idle stream (the events' own time and the launch latency) and
 /// queued behind other work (the events' own time, about 2 µs on an H100).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LaunchOverheads {
+pub(crate) struct LaunchOverheads {
     pub kernel_idle_ns: u64,
     pub kernel_queued_ns: u64,
     /// Graph launches start faster; `None` where graphs could not be made.
@@ -124,7 +124,7 @@ impl Timing {
     /// given, since launch latency depends on the kind of stream (the legacy
     /// default stream's is longer), else on a private stream. `None` if it
     /// cannot be measured.
-    pub fn launch_overheads(&self, app_stream: Option<CUstream>) -> Option<LaunchOverheads> {
+    pub(crate) fn launch_overheads(&self, app_stream: Option<CUstream>) -> Option<LaunchOverheads> {
         let api = self.calibration.as_ref()?;
         // Synchronising below must not break another thread's global capture.
         self.with_relaxed_capture(|| self.measure_overheads(api, app_stream))
@@ -204,7 +204,7 @@ impl Timing {
         let graph = self.instantiate_graph(api, stream, || launch(function, params, stream));
         let graph_bracket = |queued: bool| {
             let (exec, graph_launch) = graph?;
-            // SAFETY (closure): our own graph; the stream as above.
+            // SAFETY: for closure: our own graph; the stream as above.
             let replay = || unsafe { graph_launch(exec, measured) };
             let before = || !queued || hold_stream();
             self.low_bracket(api, start, end, measured, before, replay)

@@ -7,27 +7,27 @@ use gpushare_utils::priority::{LatencyView, STALL_NS};
 /// Default of how long after a latency pod's last launch, or its last work
 /// seen in flight, batch launches on its GPU are held: longer than the host
 /// gaps between the launches of one request (tens of µs in PyTorch).
-pub const DEFAULT_HOLD_NS: u64 = 100_000;
+pub(super) const DEFAULT_HOLD_NS: u64 = 100_000;
 /// A latency pod whose heartbeat is this recent is on the GPU: batch pods
 /// there keep their in-flight work bounded even while it is idle, so that its
 /// next request finds at most that much in front of it.
-pub const PRESENT_WINDOW_NS: u64 = 100_000_000;
+pub(super) const PRESENT_WINDOW_NS: u64 = 100_000_000;
 
 /// A batch launch held this long goes through anyway: a latency pod that is
 /// never idle slows batch pods to a trickle but never stops them.
-pub const STARVATION_NS: u64 = 100_000_000;
+pub(super) const STARVATION_NS: u64 = 100_000_000;
 
 /// A batch kernel launched under a prediction must be done this long before
 /// the predicted arrival (the latency pod's host-side jitter, the launch).
-pub const PREDICT_MARGIN_NS: u64 = 20_000;
+pub(super) const PREDICT_MARGIN_NS: u64 = 20_000;
 /// Prediction holds batch launches only while their kernels last at most
 /// `period / PREDICT_KERNEL_SHARE`: longer ones would cost the batch pod
 /// a large share of each period for little gain.
-pub const PREDICT_KERNEL_SHARE: u64 = 5;
+pub(super) const PREDICT_KERNEL_SHARE: u64 = 5;
 
 /// What a batch launch does, from its device's latency line ([`LatencyView`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gate {
+pub(super) enum Gate {
     /// No latency pod on the device: launch as usual.
     Free,
     /// A latency pod is on the device but idle: launch, keeping the pod's
@@ -43,7 +43,7 @@ pub enum Gate {
 /// The gate for a batch launch at `now` given its device's latency line,
 /// with hold window `hold_ns`; `kernel_ns`: how long the batch thread's
 /// launches take to complete (0: unknown, no prediction).
-pub fn gate(line: LatencyView, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> Gate {
+pub(super) fn gate(line: LatencyView, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> Gate {
     let LatencyView {
         active_at_ns,
         in_flight,

@@ -56,10 +56,10 @@ mod tuning;
 mod watcher;
 
 use tuning::MAX_WINDOW;
-pub use tuning::Tuning;
+pub(crate) use tuning::Tuning;
 
 /// Names another priority table (tests: one per test).
-pub const PRIORITY_REGION_VARIABLE: &str = "GPUSHARE_PRIORITY_REGION";
+pub(crate) const PRIORITY_REGION_VARIABLE: &str = "GPUSHARE_PRIORITY_REGION";
 /// Latency threads tracked at once (further ones are covered by their stamps).
 const TRACKERS: usize = 64;
 /// A latency thread measures its queueing delay at most this often.
@@ -136,7 +136,7 @@ struct Probe {
 }
 
 /// The pod's classes and the priority state of this process.
-pub struct Priority {
+pub(crate) struct Priority {
     /// The pod's key in the node tables.
     pod_key: u64,
     classes: DeviceClasses,
@@ -169,7 +169,12 @@ pub struct Priority {
 impl Priority {
     /// `pod_key`: the pod's key in node tables ([`gpushare_utils::activity::pod_key`]).
     /// `tables`: how the node's priority table is mapped.
-    pub fn new(classes: DeviceClasses, tuning: Tuning, pod_key: u64, tables: TableAccess) -> Self {
+    pub(crate) fn new(
+        classes: DeviceClasses,
+        tuning: Tuning,
+        pod_key: u64,
+        tables: TableAccess,
+    ) -> Self {
         Self {
             tables,
             latency_configured: classes.any_latency(),
@@ -231,7 +236,7 @@ impl Priority {
             let uuid = ctx.driver()?.device_uuid(device as i32)?;
             ctx.hypervisor_limits()?.find(&uuid)
         });
-        gpu.map_or(PodClass::Batch, |gpu| gpu.class())
+        gpu.map_or(PodClass::Batch, gpushare_utils::limits::GpuLimits::class)
     }
 
     /// The node's table: created by a latency pod, looked for by batch pods

@@ -53,7 +53,7 @@ pub(super) struct Arrivals {
 }
 
 impl Arrivals {
-    pub const fn new() -> Self {
+    pub(super) const fn new() -> Self {
         Self {
             starts: [const { AtomicU64::new(0) }; STARTS],
             count: AtomicU64::new(0),
@@ -61,7 +61,7 @@ impl Arrivals {
     }
 
     /// Records a request start at `now_ns`; the prediction it gives, if any.
-    pub fn record(&self, now_ns: u64) -> Option<Prediction> {
+    pub(super) fn record(&self, now_ns: u64) -> Option<Prediction> {
         let count = self.count.load(Ordering::Relaxed);
         self.starts[(count % STARTS as u64) as usize].store(now_ns, Ordering::Relaxed);
         let count = count + 1;
@@ -126,7 +126,7 @@ pub(super) struct Spans {
 }
 
 impl Spans {
-    pub const fn new() -> Self {
+    pub(super) const fn new() -> Self {
         Self {
             spans: [const { Cell::new(0) }; SPANS],
             count: Cell::new(0),
@@ -134,7 +134,7 @@ impl Spans {
         }
     }
 
-    pub fn add(&self, ns: u64) {
+    pub(super) fn add(&self, ns: u64) {
         let count = self.count.get();
         self.spans[count % SPANS].set(ns);
         self.count.set(count.wrapping_add(1));
@@ -147,7 +147,7 @@ impl Spans {
     }
 
     /// How long this thread's launches take to complete; 0: not known yet.
-    pub fn estimate(&self) -> u64 {
+    pub(super) fn estimate(&self) -> u64 {
         self.estimate.get()
     }
 }

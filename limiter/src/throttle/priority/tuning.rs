@@ -4,19 +4,19 @@ use super::gate::DEFAULT_HOLD_NS;
 
 /// Microseconds a batch launch is held after a latency pod's last launch or
 /// last work seen in flight; default [`DEFAULT_HOLD_NS`].
-pub const HOLD_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_HOLD_US";
+pub(super) const HOLD_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_HOLD_US";
 /// Launches a batch thread keeps in flight while a latency pod is on its
 /// device, 1 to [`MAX_WINDOW`]; default 1.
-pub const WINDOW_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_WINDOW";
+pub(super) const WINDOW_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_WINDOW";
 /// `1` (default) or `0`: whether a latency pod publishes when its next
 /// request is expected, for batch pods to be idle by then.
-pub const PREDICT_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_PREDICT";
+pub(super) const PREDICT_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_PREDICT";
 /// Most launches a batch thread may keep in flight next to a latency pod.
-pub const MAX_WINDOW: usize = 8;
+pub(super) const MAX_WINDOW: usize = 8;
 
 /// How the classes are tuned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tuning {
+pub(crate) struct Tuning {
     pub hold_ns: u64,
     pub window: usize,
     pub predict: bool,
@@ -25,7 +25,7 @@ pub struct Tuning {
 impl Tuning {
     /// From [`HOLD_VARIABLE`], [`WINDOW_VARIABLE`] and [`PREDICT_VARIABLE`];
     /// a bad value is a configuration error.
-    pub fn from_env() -> Result<Self, String> {
+    pub(crate) fn from_env() -> Result<Self, String> {
         let var = |name| std::env::var(name).ok();
         Self::from_values(
             var(HOLD_VARIABLE).as_deref(),
