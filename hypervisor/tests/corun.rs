@@ -1,8 +1,8 @@
 //! Co-run mode's daemon side against the fake `nvidia-cuda-mps-control`
 //! (crate `mps-fake`): one control daemon per co-run GPU with the right
-//! environment, `/readyz` waiting for it, restarts counted, `quit` on
-//! shutdown, a leftover daemon quit at start; and the ResourceSlice's
-//! `corun` attribute.
+//! environment, `/readyz` waiting for it, restarts counted, a hung daemon
+//! killed and restarted, `quit` on shutdown, a leftover daemon quit at
+//! start; and the ResourceSlice's `corun` attribute.
 
 mod common;
 
@@ -94,6 +94,24 @@ impl Scratch {
             "#!/bin/sh\n[ \"$1\" = -f ] && sleep {}\nexec '{}' \"$@\"\n",
             delay.as_secs_f64(),
             fake_control().display()
+        );
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// A control program under the real name whose first `-f` hangs after
+    /// `answers` answered commands (the fake's [`mps_fake::HANG_AFTER`]
+    /// hook); a marker file makes every later start answer for good.
+    fn hanging_control(&self, answers: u32) -> PathBuf {
+        let path = self.dir.join("bin").join("nvidia-cuda-mps-control");
+        let marker = self.dir.join("bin").join("hung-once");
+        let script = format!(
+            "#!/bin/sh\nif [ \"$1\" = -f ] && [ ! -e '{marker}' ]; then\n  \
+             : > '{marker}'\n  export {hook}={answers}\nfi\nexec '{fake}' \"$@\"\n",
+            marker = marker.display(),
+            hook = mps_fake::HANG_AFTER,
+            fake = fake_control().display(),
         );
         std::fs::write(&path, script).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -288,6 +306,66 @@ fn a_daemon_that_cannot_start_is_down_with_its_reason_and_retried() {
     let asked = Instant::now();
     supervisor.shutdown();
     assert!(asked.elapsed() < Duration::from_secs(2));
+}
+
+#[test]
+fn a_hung_daemon_is_seen_down_killed_and_restarted() {
+    let scratch = Scratch::new();
+    let gpu = common::gpu(0);
+    // Answers readiness, then hangs, alive.
+    let control = scratch.hanging_control(1);
+    let options = scratch.options(std::slice::from_ref(&gpu), &control);
+    let timing = Timing {
+        // Long enough for the down state to be seen between kill and restart.
+        first_backoff: Duration::from_millis(500),
+        liveness_interval: Duration::from_millis(100),
+        liveness_failures: 3,
+        command_timeout: Duration::from_millis(200),
+        ..quick()
+    };
+    let supervisor = MpsSupervisor::with_timing(&options, timing).unwrap();
+    let hung = eventually("MPS up", || up_pid(&supervisor, &gpu));
+    let up_at = Instant::now();
+
+    let down = eventually("seen down", || {
+        let g = entry(&supervisor.board().snapshot(), &gpu);
+        matches!(g.state, MpsState::Down { .. }).then_some(g)
+    });
+    // 3 checks, each up to an interval plus the command timeout, then the kill;
+    // the rest is slack for a loaded machine.
+    assert!(
+        up_at.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        up_at.elapsed()
+    );
+    let MpsState::Down { reason, .. } = &down.state else {
+        unreachable!()
+    };
+    assert!(reason.contains("does not answer"), "{reason}");
+    assert_eq!((down.restarts, down.pid), (0, None));
+    // Killed, not left running beside the next one.
+    assert!(!alive(hung));
+    let waiting = supervisor.board().waiting();
+    assert_eq!(waiting.len(), 1);
+    assert!(waiting[0].contains("does not answer"), "{waiting:?}");
+
+    // Started again (the marker keeps the new one answering), counted, up.
+    let restarted = eventually("restarted", || {
+        let g = entry(&supervisor.board().snapshot(), &gpu);
+        (g.is_up() && g.restarts == 1).then_some(g)
+    });
+    assert!(restarted.pid.is_some_and(|pid| pid != hung && alive(pid)));
+    // It keeps passing the checks: several intervals later still up, once restarted.
+    std::thread::sleep(Duration::from_millis(600));
+    let later = entry(&supervisor.board().snapshot(), &gpu);
+    assert!(later.is_up() && later.restarts == 1, "{later:?}");
+    let text = read_log(&options, &gpu);
+    let checks = log::commands(&text)
+        .iter()
+        .filter(|c| **c == "get_server_list")
+        .count();
+    assert!(checks >= 4, "{text}");
+    supervisor.shutdown();
 }
 
 #[test]

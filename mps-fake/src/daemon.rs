@@ -37,8 +37,10 @@ impl Drop for Files {
     }
 }
 
-/// Runs the daemon in the foreground until `quit`, SIGTERM or SIGINT.
-pub fn run(pipe: &Path, log_dir: &Path) -> Result<(), FakeError> {
+/// Runs the daemon in the foreground until `quit`, SIGTERM or SIGINT;
+/// after `hang_after` answered commands (the test hook
+/// [`crate::HANG_AFTER`]) it stops answering but stays alive.
+pub fn run(pipe: &Path, log_dir: &Path, hang_after: Option<u64>) -> Result<(), FakeError> {
     let log = Log::new(log_dir);
     let socket = pipe.join(SOCKET);
     if UnixStream::connect(&socket).is_ok() {
@@ -67,10 +69,19 @@ pub fn run(pipe: &Path, log_dir: &Path) -> Result<(), FakeError> {
     // The connection that sent `quit`: answered (closed) once the files are
     // gone, so a client that sent it finds the folder clean when it returns.
     let mut quitting = None;
+    let mut answered: u64 = 0;
+    // Connections a hung daemon took and never answers: held open, so
+    // their clients wait as they would on a hung real daemon.
+    let mut unanswered = Vec::new();
     while !STOP.load(Ordering::SeqCst) {
         match listener.accept() {
+            Ok((stream, _)) if hang_after.is_some_and(|n| answered >= n) => {
+                unanswered.push(stream);
+            }
             Ok((stream, _)) => {
-                quitting = serve(stream, &mut control, &log);
+                let served = serve(stream, &mut control, &log);
+                answered += u64::from(served.answered);
+                quitting = served.quitting;
                 if quitting.is_some() {
                     break;
                 }
@@ -83,29 +94,44 @@ pub fn run(pipe: &Path, log_dir: &Path) -> Result<(), FakeError> {
     log.line(log::EXITING);
     drop(files);
     drop(quitting);
+    drop(unanswered);
     Ok(())
 }
 
-/// Answers the one command of `stream`; hands the stream back when the
-/// command was `quit`.
-fn serve(stream: UnixStream, control: &mut Control, log: &Log) -> Option<UnixStream> {
+/// What serving one connection did.
+#[derive(Default)]
+struct Served {
+    /// A command was answered (counts toward [`crate::HANG_AFTER`]).
+    answered: bool,
+    /// The stream of a `quit`, answered once the files are gone.
+    quitting: Option<UnixStream>,
+}
+
+/// Answers the one command of `stream`.
+fn serve(stream: UnixStream, control: &mut Control, log: &Log) -> Served {
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
     let mut line = String::new();
     if BufReader::new(&stream).read_line(&mut line).is_err() {
-        return None;
+        return Served::default();
     }
     let line = line.trim();
     // A bare connection: someone checking that the daemon is there.
     if line.is_empty() {
-        return None;
+        return Served::default();
     }
     log.line(&format!("{} {line}", log::COMMAND));
     match control.handle(line) {
         Outcome::Answer(text) => {
             let _ = (&stream).write_all(text.as_bytes());
-            None
+            Served {
+                answered: true,
+                quitting: None,
+            }
         }
-        Outcome::Quit => Some(stream),
+        Outcome::Quit => Served {
+            answered: false,
+            quitting: Some(stream),
+        },
     }
 }

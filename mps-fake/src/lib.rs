@@ -20,6 +20,13 @@
 //! 4. **Client** (no argument): every line of stdin goes to the daemon as
 //!    one connection; the answers are printed. Without a daemon it prints
 //!    [`client::NO_DAEMON`] on stderr and exits 1, as the real one does.
+//!
+//! One test hook the real program does not have: [`HANG_AFTER`]
+//! (`MPS_FAKE_HANG_AFTER=<n>`), read when the daemon starts, makes it stop
+//! answering after `n` answered commands while staying alive: it still
+//! accepts connections, holds them open and never answers, as a hung
+//! daemon does; SIGTERM and SIGINT still stop it. For the supervisor's
+//! liveness check.
 
 pub mod client;
 pub mod commands;
@@ -34,6 +41,26 @@ pub const SOCKET: &str = "control";
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// The daemon's log in the log folder.
 pub const LOG_FILE: &str = "control.log";
+
+/// Test hook (not in the real program): the environment variable naming
+/// how many commands the daemon answers before it hangs.
+pub const HANG_AFTER: &str = "MPS_FAKE_HANG_AFTER";
+
+/// The daemon's [`HANG_AFTER`] count: `None` when unset or empty (it never
+/// hangs), an error when it is not a number, so a test's typo is loud.
+pub fn hang_after() -> Result<Option<u64>, FakeError> {
+    let Some(value) = std::env::var_os(HANG_AFTER).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .and_then(|text| text.trim().parse().ok())
+        .map(Some)
+        .ok_or_else(|| FakeError::Hook {
+            name: HANG_AFTER,
+            value: value.to_string_lossy().into_owned(),
+        })
+}
 
 /// The pipe folder: `$CUDA_MPS_PIPE_DIRECTORY`, else the real default.
 pub fn pipe_dir() -> PathBuf {
@@ -60,6 +87,9 @@ pub enum FakeError {
     /// No daemon answers on the socket (client mode).
     #[error("{}", client::NO_DAEMON)]
     NoDaemon,
+    /// A test hook's environment variable is not what it takes.
+    #[error("{name}={value:?} is not a number")]
+    Hook { name: &'static str, value: String },
     /// A file or socket operation failed.
     #[error("cannot {what} {}: {source}", .path.display())]
     Io {

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use mps_fake::{FakeError, SOCKET, client, daemon, log_dir, pipe_dir};
+use mps_fake::{FakeError, SOCKET, client, daemon, hang_after, log_dir, pipe_dir};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["-f"] => daemon::run(&pipe_dir(), &log_dir()),
+        ["-f"] => hang_after().and_then(|hang| daemon::run(&pipe_dir(), &log_dir(), hang)),
         ["-d"] => background(),
         [] => client::run(
             &pipe_dir(),

@@ -50,10 +50,16 @@ impl Dirs {
 
     /// Starts `-f` and waits until its socket answers.
     fn start(&mut self) {
+        self.start_with(&[]);
+    }
+
+    /// [`Dirs::start`] with more environment variables.
+    fn start_with(&mut self, env: &[(&str, &str)]) {
         let child = self
             .command()
             .arg("-f")
             .env("CUDA_VISIBLE_DEVICES", "GPU-fake-1")
+            .envs(env.iter().copied())
             .spawn()
             .unwrap();
         self.daemon = Some(child);
@@ -224,4 +230,47 @@ fn background_daemon_starts_and_quits() {
     wait_until("the background daemon exits", || unsafe {
         libc::kill(pid, 0) != 0
     });
+}
+
+#[test]
+fn hang_hook_stops_answers_but_not_the_process() {
+    use std::io::Read;
+    let mut dirs = Dirs::new();
+    dirs.start_with(&[(mps_fake::HANG_AFTER, "2")]);
+    // The bare connection of `start` is no command: two are answered.
+    assert_eq!(dirs.ask("get_server_list"), "");
+    assert_eq!(dirs.ask("get_default_active_thread_percentage"), "100.0\n");
+    // The third is taken and held open, never answered.
+    let mut stream = std::os::unix::net::UnixStream::connect(dirs.pipe().join(SOCKET)).unwrap();
+    stream.write_all(b"get_server_list\n").unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let mut answer = Vec::new();
+    let error = stream.read_to_end(&mut answer).unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::WouldBlock, "{answer:?}");
+    assert!(dirs.daemon.as_mut().unwrap().try_wait().unwrap().is_none());
+    // SIGTERM still stops it, clean.
+    let pid = dirs.daemon.as_ref().unwrap().id() as i32;
+    // SAFETY: signals our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert!(dirs.wait_exit().success());
+    assert!(dirs.files_gone());
+    assert_eq!(
+        log::commands(&dirs.log()),
+        ["get_server_list", "get_default_active_thread_percentage"]
+    );
+}
+
+#[test]
+fn hang_hook_that_is_no_number_is_refused() {
+    let dirs = Dirs::new();
+    let out = dirs
+        .command()
+        .arg("-f")
+        .env(mps_fake::HANG_AFTER, "soon")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(mps_fake::HANG_AFTER));
 }

@@ -27,8 +27,8 @@ pub struct CorunGpuStatus {
     pub gpu: String,
     #[serde(flatten)]
     pub state: MpsState,
-    /// Times the control daemon was started again after it exited or never
-    /// answered.
+    /// Times the control daemon was started again after it exited, never
+    /// answered or stopped answering.
     pub restarts: u64,
     /// The control daemon's pid while it runs.
     #[serde(default)]

@@ -13,9 +13,14 @@
 //! 4. polls `get_server_list` through the client mode: up once it answers
 //!    (a client whose daemon does not answer runs without MPS, so "up" is
 //!    what `/readyz` waits for);
-//! 5. when the daemon exits, starts it again after a backoff of 1 s,
-//!    doubling to 30 s, back to 1 s once a daemon stayed up a minute;
-//! 6. on shutdown sends `quit`, waits up to 5 s, then SIGTERM, then SIGKILL,
+//! 5. while it is up, sends `get_server_list` every 10 s: after 3 failures
+//!    in a row it is hung (alive, not answering: new clients would run
+//!    without MPS), so it is marked down ("does not answer") and killed,
+//!    SIGTERM then SIGKILL;
+//! 6. when the daemon exits or was killed, starts it again after a backoff
+//!    of 1 s, doubling to 30 s, back to 1 s once a daemon stayed up a
+//!    minute;
+//! 7. on shutdown sends `quit`, waits up to 5 s, then SIGTERM, then SIGKILL,
 //!    and removes the socket and pid file a killed daemon leaves.
 //!
 //! Every step is written to the [`MpsBoard`] the status, the metrics and
@@ -52,6 +57,10 @@ pub struct Timing {
     pub term_grace: Duration,
     /// How often readiness and the daemon's exit are looked at.
     pub poll: Duration,
+    /// How often an up daemon is asked `get_server_list`.
+    pub liveness_interval: Duration,
+    /// Failed liveness checks in a row after which the daemon is killed.
+    pub liveness_failures: u32,
 }
 
 impl Default for Timing {
@@ -65,6 +74,8 @@ impl Default for Timing {
             quit_grace: Duration::from_secs(5),
             term_grace: Duration::from_secs(2),
             poll: Duration::from_millis(50),
+            liveness_interval: Duration::from_secs(10),
+            liveness_failures: 3,
         }
     }
 }
@@ -130,7 +141,7 @@ impl MpsSupervisor {
         Arc::clone(&self.board)
     }
 
-    /// Quits every daemon (see the module's step 6) and waits for it.
+    /// Quits every daemon (see the module's step 7) and waits for it.
     pub fn shutdown(mut self) {
         self.stop_all();
     }
@@ -155,7 +166,7 @@ impl Drop for MpsSupervisor {
 enum Ended {
     /// The hypervisor stops: the daemon was quit.
     Stopped,
-    /// It exited or never answered; the reason.
+    /// It exited, never answered or stopped answering; the reason.
     Failed(String),
 }
 
@@ -207,8 +218,8 @@ impl Supervised {
         });
     }
 
-    /// Starts the daemon, waits until it answers, then until it exits or
-    /// the hypervisor stops.
+    /// Starts the daemon, waits until it answers, then watches it until it
+    /// exits, stops answering or the hypervisor stops.
     fn run_once(&self) -> Ended {
         let mut child = match self.spawn() {
             Ok(child) => child,
@@ -248,14 +259,50 @@ impl Supervised {
         self.board.update(&self.uuid, |g| {
             g.state = MpsState::Up { since: unix_secs() };
         });
+        self.watch(&mut child)
+    }
+
+    /// Step 5: while the daemon is up, looks at its exit every poll and
+    /// asks it `get_server_list` every liveness interval, until it exits,
+    /// fails the check too often (then it is killed) or the hypervisor
+    /// stops.
+    fn watch(&self, child: &mut Child) -> Ended {
+        let mut next_check = Instant::now() + self.timing.liveness_interval;
+        let mut failures: u32 = 0;
         loop {
+            // The condvar wakes this at once on shutdown; only a check in
+            // flight (at most the command timeout) delays it.
             if self.stop.wait(self.timing.poll) {
-                self.quit(&mut child);
+                self.quit(child);
                 return Ended::Stopped;
             }
-            if let Some(ended) = exited(&mut child) {
+            if let Some(ended) = exited(child) {
                 return Ended::Failed(ended);
             }
+            if Instant::now() < next_check {
+                continue;
+            }
+            match self
+                .control
+                .send("get_server_list", self.timing.command_timeout)
+            {
+                Ok(_) => failures = 0,
+                Err(error) => {
+                    failures += 1;
+                    tracing::warn!(gpu = %self.uuid, failures, %error, "MPS control daemon did not answer");
+                    if failures >= self.timing.liveness_failures {
+                        // Exited while it was asked: that is the reason.
+                        if let Some(ended) = exited(child) {
+                            return Ended::Failed(ended);
+                        }
+                        self.kill(child);
+                        return Ended::Failed(format!(
+                            "does not answer ({failures} checks in a row): {error}"
+                        ));
+                    }
+                }
+            }
+            next_check = Instant::now() + self.timing.liveness_interval;
         }
     }
 
@@ -278,7 +325,7 @@ impl Supervised {
             })
     }
 
-    /// Step 6 for our child: `quit`, then SIGTERM, then SIGKILL.
+    /// Step 7 for our child: `quit`, then SIGTERM, then SIGKILL.
     fn quit(&self, child: &mut Child) {
         let asked = Instant::now();
         if let Err(error) = self.control.send("quit", self.timing.quit_grace) {
@@ -287,14 +334,22 @@ impl Supervised {
         let left = self.timing.quit_grace.saturating_sub(asked.elapsed());
         if control::wait_exit(child, left).is_none() {
             tracing::warn!(gpu = %self.uuid, "MPS control daemon ignored quit: SIGTERM");
-            if let Ok(pid) = i32::try_from(child.id()) {
-                control::signal(pid, libc::SIGTERM);
-            }
-            if control::wait_exit(child, self.timing.term_grace).is_none() {
-                tracing::warn!(gpu = %self.uuid, "MPS control daemon ignored SIGTERM: SIGKILL");
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+            self.kill(child);
+        } else {
+            control::remove_daemon_files(&self.control.pipe);
+        }
+    }
+
+    /// SIGTERM, SIGKILL after the term grace, then the files a killed
+    /// daemon leaves removed. For a daemon that cannot be asked to quit.
+    fn kill(&self, child: &mut Child) {
+        if let Ok(pid) = i32::try_from(child.id()) {
+            control::signal(pid, libc::SIGTERM);
+        }
+        if control::wait_exit(child, self.timing.term_grace).is_none() {
+            tracing::warn!(gpu = %self.uuid, "MPS control daemon ignored SIGTERM: SIGKILL");
+            let _ = child.kill();
+            let _ = child.wait();
         }
         control::remove_daemon_files(&self.control.pipe);
     }
