@@ -133,45 +133,31 @@ fn loaded_module(module: *mut CUmodule, load: impl FnOnce() -> CUresult) -> Resu
     ops::held()?.load_module(load, unload)
 }
 
-fn module_load(
-    original: cuModuleLoad::Signature,
-    module: *mut CUmodule,
-    fname: *const c_char,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    loaded_module(module, || unsafe { original(module, fname) })
+/// Adapters whose original loads a module into `module`: each runs it
+/// through [`loaded_module`] with the caller's own arguments.
+macro_rules! module_loads {
+    ($($adapter:ident: $api:ident($($arg:ident: $ty:ty),*);)*) => {$(
+        fn $adapter(
+            original: $api::Signature,
+            module: *mut CUmodule,
+            $($arg: $ty),*
+        ) -> Result<CUresult> {
+            // SAFETY: the caller's own arguments.
+            loaded_module(module, || unsafe { original(module, $($arg),*) })
+        }
+    )*};
 }
 
-fn module_load_data(
-    original: cuModuleLoadData::Signature,
-    module: *mut CUmodule,
-    image: *const c_void,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    loaded_module(module, || unsafe { original(module, image) })
-}
-
-fn module_load_data_ex(
-    original: cuModuleLoadDataEx::Signature,
-    module: *mut CUmodule,
-    image: *const c_void,
-    num_options: c_uint,
-    options: *mut c_int,
-    option_values: *mut *mut c_void,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    loaded_module(module, || unsafe {
-        original(module, image, num_options, options, option_values)
-    })
-}
-
-fn module_load_fat_binary(
-    original: cuModuleLoadFatBinary::Signature,
-    module: *mut CUmodule,
-    fat_cubin: *const c_void,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    loaded_module(module, || unsafe { original(module, fat_cubin) })
+module_loads! {
+    module_load: cuModuleLoad(fname: *const c_char);
+    module_load_data: cuModuleLoadData(image: *const c_void);
+    module_load_data_ex: cuModuleLoadDataEx(
+        image: *const c_void,
+        num_options: c_uint,
+        options: *mut c_int,
+        option_values: *mut *mut c_void
+    );
+    module_load_fat_binary: cuModuleLoadFatBinary(fat_cubin: *const c_void);
 }
 
 fn module_unload(original: cuModuleUnload::Signature, module: CUmodule) -> Result<CUresult> {
@@ -219,58 +205,43 @@ fn loaded_library(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn library_load_data(
-    original: cuLibraryLoadData::Signature,
-    library: *mut CUlibrary,
-    code: *const c_void,
-    jit_options: *mut c_int,
-    jit_option_values: *mut *mut c_void,
-    num_jit_options: c_uint,
-    library_options: *mut c_int,
-    library_option_values: *mut *mut c_void,
-    num_library_options: c_uint,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    loaded_library(library, LibraryFrom::Image(code), || unsafe {
-        original(
-            library,
-            code,
-            jit_options,
-            jit_option_values,
-            num_jit_options,
-            library_options,
-            library_option_values,
-            num_library_options,
-        )
-    })
+/// Adapters whose original loads a library into `library` from `$source`
+/// (with the JIT and library options): each runs it through
+/// [`loaded_library`] with the caller's own arguments.
+macro_rules! library_loads {
+    ($($adapter:ident: $api:ident($source:ident: $source_ty:ty) from $from:expr;)*) => {$(
+        #[allow(clippy::too_many_arguments)]
+        fn $adapter(
+            original: $api::Signature,
+            library: *mut CUlibrary,
+            $source: $source_ty,
+            jit_options: *mut c_int,
+            jit_option_values: *mut *mut c_void,
+            num_jit_options: c_uint,
+            library_options: *mut c_int,
+            library_option_values: *mut *mut c_void,
+            num_library_options: c_uint,
+        ) -> Result<CUresult> {
+            // SAFETY: the caller's own arguments.
+            loaded_library(library, $from, || unsafe {
+                original(
+                    library,
+                    $source,
+                    jit_options,
+                    jit_option_values,
+                    num_jit_options,
+                    library_options,
+                    library_option_values,
+                    num_library_options,
+                )
+            })
+        }
+    )*};
 }
 
-#[allow(clippy::too_many_arguments)]
-fn library_load_from_file(
-    original: cuLibraryLoadFromFile::Signature,
-    library: *mut CUlibrary,
-    file_name: *const c_char,
-    jit_options: *mut c_int,
-    jit_option_values: *mut *mut c_void,
-    num_jit_options: c_uint,
-    library_options: *mut c_int,
-    library_option_values: *mut *mut c_void,
-    num_library_options: c_uint,
-) -> Result<CUresult> {
-    // SAFETY: the caller's own arguments.
-    loaded_library(library, LibraryFrom::File, || unsafe {
-        original(
-            library,
-            file_name,
-            jit_options,
-            jit_option_values,
-            num_jit_options,
-            library_options,
-            library_option_values,
-            num_library_options,
-        )
-    })
+library_loads! {
+    library_load_data: cuLibraryLoadData(code: *const c_void) from LibraryFrom::Image(code);
+    library_load_from_file: cuLibraryLoadFromFile(file_name: *const c_char) from LibraryFrom::File;
 }
 
 fn library_get_global(
