@@ -54,6 +54,7 @@ pub mod daemon;
 pub mod deviceplugin;
 pub mod dra;
 pub mod fairshare;
+pub mod file_error;
 pub mod identity;
 pub mod kubernetes;
 pub mod limiter_files;

@@ -31,23 +31,20 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::file_error::FileError;
+
 /// Why an install or a collection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    #[error("{what} {}: {source}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] FileError),
     #[error("{} has no file name and folder", .0.display())]
     BadLink(PathBuf),
 }
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> InstallError {
     let path = path.to_owned();
-    move |source| InstallError::Io { what, path, source }
+    move |source| InstallError::Io(FileError { what, path, source })
 }
 
 /// What an install did.

@@ -6,6 +6,7 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use super::ProvisionError;
+use crate::file_error::FileError;
 
 /// A random (version 4) UID, for claims that have none in the API: those
 /// the device plugin makes for a container.
@@ -37,10 +38,12 @@ pub(crate) fn io<'a>(
     what: &'static str,
     path: &'a Path,
 ) -> impl FnOnce(std::io::Error) -> ProvisionError + 'a {
-    move |source| ProvisionError::Io {
-        what,
-        path: path.to_owned(),
-        source,
+    move |source| {
+        ProvisionError::Io(FileError {
+            what,
+            path: path.to_owned(),
+            source,
+        })
     }
 }
 
@@ -70,10 +73,6 @@ pub(super) fn remove_if_there(path: &Path) -> Result<(), ProvisionError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(ProvisionError::Io {
-            what: "cannot remove",
-            path: path.to_owned(),
-            source,
-        }),
+        Err(source) => Err(io("cannot remove", path)(source)),
     }
 }

@@ -39,6 +39,7 @@ pub use grant::{ClaimRequest, DeviceGrant, PodRef, SharingParams, is_uid};
 
 use files::{random_token, remove_if_there};
 
+use crate::file_error::FileError;
 use crate::observer::GpuInfo;
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, SpecError, Token};
 use checkpoint::{Checkpoint, PreparedClaim};
@@ -55,13 +56,8 @@ pub const CONTAINER_SOCKET_DIR: &str = "/var/run/gpushare/hypervisor";
 /// Why a claim could not be provisioned (one line each).
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {
-    #[error("{what} {}: {source}", path.display())]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] FileError),
     #[error("checkpoint {}: {message}", path.display())]
     Checkpoint { path: PathBuf, message: String },
     #[error("no GPU {0} on this node")]
@@ -578,11 +574,10 @@ impl Provisioner {
         // agent's shared memory, which a DaemonSet mounts as `region_dir`).
         let limits = gpushare_utils::limits::PodLimits::name_of(pod);
         match gpushare_utils::shm::unlink(&limits) {
-            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(ProvisionError::Io {
-                what: "cannot remove",
-                path: PathBuf::from(format!("/dev/shm/{limits}")),
-                source: error,
-            }),
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(io(
+                "cannot remove",
+                &PathBuf::from(format!("/dev/shm/{limits}")),
+            )(error)),
             _ => Ok(()),
         }
     }
