@@ -41,6 +41,14 @@ impl Drop for Files {
 /// after `hang_after` answered commands (the test hook
 /// [`crate::HANG_AFTER`]) it stops answering but stays alive.
 pub fn run(pipe: &Path, log_dir: &Path, hang_after: Option<u64>) -> Result<(), FakeError> {
+    // Before the socket exists: whoever sees it may signal at once, and the
+    // signal must find the handler, not the default (death without cleanup).
+    // SAFETY: the handler only stores to an atomic, which is
+    // async-signal-safe; `signal` has no other precondition.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
     let log = Log::new(log_dir);
     let socket = pipe.join(SOCKET);
     if UnixStream::connect(&socket).is_ok() {
@@ -55,12 +63,6 @@ pub fn run(pipe: &Path, log_dir: &Path, hang_after: Option<u64>) -> Result<(), F
     };
     std::fs::write(&files.pid, format!("{}\n", std::process::id()))
         .map_err(FakeError::io("write", files.pid.clone()))?;
-    // SAFETY: the handler only stores to an atomic, which is
-    // async-signal-safe; `signal` has no other precondition.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-    }
     log.started();
     listener
         .set_nonblocking(true)
