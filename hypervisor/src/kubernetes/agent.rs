@@ -1,7 +1,7 @@
 //! The node agent: reflectors, the ResourceSlice, the kubelet plugin and the
 //! clean-up of pods that are gone, around one [`Provisioner`].
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -292,15 +292,23 @@ impl NodeAgent {
         for (uid, (pod, claims_own)) in prepared {
             // Another pod that uses the identity's claims keeps it: the
             // quota is the claims', kept until their last consumer ends.
-            let others_run = consumers(&self.inner, &uid)
-                .iter()
-                .filter(|other| **other != uid)
-                .any(|other| {
-                    self.inner
-                        .pods
-                        .find(|p| p.metadata.uid.as_deref() == Some(other))
-                        .is_some_and(|p| !finished(&p))
-                });
+            // The reflector may not have seen another consumer yet:
+            // `pod_runs` asks the API for any it does not know.
+            let mut others_run = false;
+            for (other, name) in consumers(&self.inner, &uid) {
+                if other == uid {
+                    continue;
+                }
+                let other_pod = PodRef {
+                    uid: other.clone(),
+                    namespace: pod.namespace.clone(),
+                    name,
+                };
+                if self.pod_runs(&other, &other_pod).await? {
+                    others_run = true;
+                    break;
+                }
+            }
             if others_run {
                 continue;
             }
@@ -454,14 +462,15 @@ impl WorkerIdentity for ClaimIdentity {
             .upgrade()
             .map(|inner| consumers(&inner, pod.as_str()))
             .unwrap_or_default();
-        self.cgroup
-            .find(pod, pid, &|uid| uid == pod.as_str() || shared.contains(uid))
+        self.cgroup.find(pod, pid, &|uid| {
+            uid == pod.as_str() || shared.contains_key(uid)
+        })
     }
 }
 
-/// The pods (UIDs) in the `reservedFor` of the claims prepared under quota
-/// identity `identity`, as the claims' reflector has them.
-fn consumers(inner: &Inner, identity: &str) -> BTreeSet<String> {
+/// The pods (UID → name) in the `reservedFor` of the claims prepared under
+/// quota identity `identity`, as the claims' reflector has them.
+fn consumers(inner: &Inner, identity: &str) -> BTreeMap<String, String> {
     let prepared: Vec<(String, String, String)> = inner
         .source
         .provisioner
@@ -475,17 +484,13 @@ fn consumers(inner: &Inner, identity: &str) -> BTreeSet<String> {
             (r.namespace.clone(), r.name.clone(), r.claim_uid.clone())
         })
         .collect();
-    let mut pods = BTreeSet::new();
+    let mut pods = BTreeMap::new();
     for (namespace, name, uid) in prepared {
         let key = ObjectRef::new(&name).within(&namespace);
         if let Some(claim) = inner.claims.get(&key)
             && claim.metadata.uid.as_deref() == Some(uid.as_str())
         {
-            pods.extend(
-                claims::consumer_pods(&claim)
-                    .into_iter()
-                    .map(|(pod, _)| pod),
-            );
+            pods.extend(claims::consumer_pods(&claim));
         }
     }
     pods
