@@ -28,6 +28,20 @@ struct Scratch {
     identities: std::sync::Mutex<Vec<String>>,
 }
 
+impl Scratch {
+    fn new(test: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("hv-shared-claim-{test}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
+        Self {
+            dir,
+            identities: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -94,28 +108,40 @@ async fn register(url: &str, identity: &str, token: &str) -> u16 {
     .unwrap()
 }
 
+/// A client of `api`, the node in it, and the node's agent, hypervisor and
+/// kubelet with their files under `d` (processes under `d/proc`).
+async fn start_node(api: &FakeApiServer, d: &std::path::Path) -> (kube::Client, TestNode) {
+    api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
+    let client = hypervisor::kubernetes::client(Some(&d.join("kubeconfig")))
+        .await
+        .unwrap();
+    cluster::create_node(&client, NODE).await.unwrap();
+    let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+    options.proc_root = d.join("proc");
+    let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
+    let node = TestNode::start(api, gpus, options).await.unwrap();
+    (client, node)
+}
+
+/// The quota identity in the CDI spec at `spec_path`.
+fn identity_in(spec_path: &std::path::Path) -> String {
+    let spec: Value = serde_json::from_slice(&std::fs::read(spec_path).unwrap()).unwrap();
+    spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|e| e.as_str().unwrap().strip_prefix("CUDA_LIMITER_POD="))
+        .unwrap()
+        .to_owned()
+}
+
 #[test]
 fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
-    let dir = std::env::temp_dir().join(format!("hv-shared-claim-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
-    let scratch = Scratch {
-        dir,
-        identities: std::sync::Mutex::new(Vec::new()),
-    };
+    let scratch = Scratch::new("two-pods");
     runtime().block_on(async {
         let d = &scratch.dir;
         let api = FakeApiServer::start().await.unwrap();
-        api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
-        let client = hypervisor::kubernetes::client(Some(&d.join("kubeconfig")))
-            .await
-            .unwrap();
-        cluster::create_node(&client, NODE).await.unwrap();
-        let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
-        options.proc_root = d.join("proc");
-        let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
-        let node = TestNode::start(&api, gpus, options).await.unwrap();
+        let (client, node) = start_node(&api, d).await;
 
         let claim = cluster::create_claim(&client, "default", "shared", DRIVER, "4Gi", "30", None)
             .await
@@ -155,18 +181,7 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
         let spec_path = d
             .join("cdi")
             .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
-        let spec: Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
-        let env: Vec<&str> = spec["devices"][0]["containerEdits"]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| e.as_str().unwrap())
-            .collect();
-        let identity = env
-            .iter()
-            .find_map(|e| e.strip_prefix("CUDA_LIMITER_POD="))
-            .unwrap()
-            .to_owned();
+        let identity = identity_in(&spec_path);
         scratch.identities.lock().unwrap().push(identity.clone());
         // With both pods reserved when prepared, the claim's own identity;
         // had the kubelet's first prepare seen the first pod alone, that pod's
@@ -208,6 +223,97 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
         );
 
         // The last pod ends: everything goes.
+        api.delete("pods", "default", "sb");
+        eventually("the claim cleaned up with its last pod", || {
+            !spec_path.exists() && !token_path.exists() && !region.exists()
+        })
+        .await;
+        node.stop().await;
+    });
+}
+
+/// The agent's pod cache may not have seen a pod at all (a reflector that is
+/// still listing, or re-listing after its watch broke): the claim's other
+/// consumer is then looked up in the API, and the claim's identity is kept
+/// while it runs. The fake server holds back every pod event from before the
+/// agent starts, so its cache knows neither pod.
+#[test]
+fn a_consumer_the_agents_pod_cache_has_not_seen_keeps_the_shared_claim() {
+    let scratch = Scratch::new("unseen");
+    runtime().block_on(async {
+        let d = &scratch.dir;
+        let api = FakeApiServer::start().await.unwrap();
+        let pod_events = api.hold_watch_events("pods");
+        let (client, node) = start_node(&api, d).await;
+
+        let claim = cluster::create_claim(&client, "default", "shared", DRIVER, "4Gi", "30", None)
+            .await
+            .unwrap();
+        let a = cluster::create_pod(&client, "default", "sa", NODE, "shared")
+            .await
+            .unwrap();
+        let b = cluster::create_pod(&client, "default", "sb", NODE, "shared")
+            .await
+            .unwrap();
+        let b_uid = b.metadata.uid.clone().unwrap();
+        // Allocated and reserved for both pods in one write, so the claim is
+        // prepared as its own quota identity.
+        let mut status = cluster::allocation(
+            &serde_json::to_value(&claim).unwrap(),
+            &serde_json::to_value(&a).unwrap(),
+            DRIVER,
+            NODE,
+            "gpu-0",
+        );
+        status["status"]["reservedFor"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"resource": "pods", "name": "sb", "uid": b_uid}));
+        Api::<ResourceClaim>::namespaced(client.clone(), "default")
+            .patch_status("shared", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
+        let claim_uid = claim.metadata.uid.clone().unwrap();
+        let prepared = node
+            .kubelet
+            .prepare(Version::V1, "default", "shared", &claim_uid)
+            .await
+            .unwrap();
+        assert_eq!(prepared.error, "");
+        let spec_path = d
+            .join("cdi")
+            .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
+        let identity = identity_in(&spec_path);
+        scratch.identities.lock().unwrap().push(identity.clone());
+        assert_eq!(identity, claim_uid, "not the claim's own identity");
+        let token_path = d.join("state/pods").join(&identity).join("token");
+        let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{identity}"));
+
+        // The agent's claim cache has both consumers once pod B's worker is
+        // accepted as the claim's (its pod cache has neither pod).
+        process_of(&d.join("proc"), 5001, &b_uid);
+        let token = std::fs::read_to_string(&token_path).unwrap();
+        let mut accepted = 0;
+        for _ in 0..100 {
+            accepted = register(&node.hv_url, &identity, &token).await;
+            if accepted == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(accepted, 200, "pod B's worker refused as the claim's");
+
+        // The first pod ends; the second, unknown to the cache, still runs.
+        api.delete("pods", "default", "sa");
+        let gone = node.agent.collect_garbage().await.unwrap();
+        assert!(gone.is_empty(), "collected {gone:?} while pod B runs");
+        assert!(
+            spec_path.exists() && token_path.exists() && region.exists(),
+            "the claim's spec, token and region went while pod B runs"
+        );
+
+        // The cache catches up, the last pod ends: everything goes.
+        drop(pod_events);
         api.delete("pods", "default", "sb");
         eventually("the claim cleaned up with its last pod", || {
             !spec_path.exists() && !token_path.exists() && !region.exists()

@@ -3,7 +3,7 @@
 //! `sendInitialEvents`, compaction (410 for old watches and continue
 //! tokens, automatically past the history limit), reading history with
 //! `resourceVersionMatch=Exact`, `/status` on `PUT`, finalizers and
-//! delete preconditions.
+//! delete preconditions, watch events held back and released.
 
 mod common;
 
@@ -223,6 +223,37 @@ fn watches_resume_bookmark_and_send_initial_events() {
         None,
     );
     assert_eq!((code, &refused["reason"]), (422, &json!("Invalid")));
+}
+
+/// Events held back (a lagging watch cache, for clients' tests) reach a
+/// watch only when released, in order; lists see the store meanwhile.
+#[test]
+fn held_watch_events_arrive_in_order_when_released() {
+    let c = Cluster::start("raw-held");
+    let start = c.api.resource_version();
+    let hold = c.api.hold_watch_events("configmaps");
+    std::thread::scope(|s| {
+        let (sent, received) = std::sync::mpsc::channel();
+        let c = &c;
+        s.spawn(move || {
+            let path = format!("/api/v1/watch/configmaps?resourceVersion={start}&timeoutSeconds=5");
+            let _ = sent.send(watch(c, &path, 2).0);
+        });
+        create_cm(c, "a", json!({}));
+        create_cm(c, "b", json!({}));
+        let (code, list) = call(c, "GET", "/api/v1/namespaces/default/configmaps", None);
+        assert_eq!(
+            (code, list["items"].as_array().map(Vec::len)),
+            (200, Some(2))
+        );
+        assert!(
+            received.recv_timeout(Duration::from_millis(500)).is_err(),
+            "a held event was sent"
+        );
+        drop(hold);
+        let events = received.recv_timeout(Duration::from_secs(4)).unwrap();
+        assert_eq!(kinds(&events), [("ADDED", "a"), ("ADDED", "b")]);
+    });
 }
 
 #[test]

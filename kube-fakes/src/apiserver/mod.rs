@@ -35,6 +35,7 @@
 //! against schemas (`fieldValidation` is accepted and unknown fields kept),
 //! managedFields written by clients (the server keeps its own).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -86,6 +87,9 @@ impl Default for Options {
 pub(crate) struct State {
     store: Mutex<Store>,
     pub(crate) changes: broadcast::Sender<Change>,
+    /// The resources (plural) whose watch events are held back, as a slow
+    /// watch cache or network would: tests make a client's cache lag.
+    pub(crate) held: tokio::sync::watch::Sender<BTreeSet<String>>,
     pub(crate) options: Options,
     addr: SocketAddr,
 }
@@ -124,6 +128,7 @@ impl FakeApiServer {
         let state = Arc::new(State {
             store: Mutex::new(Store::new(uid_prefix(), options.history_limit)),
             changes,
+            held: tokio::sync::watch::Sender::new(BTreeSet::new()),
             options,
             addr,
         });
@@ -206,12 +211,40 @@ impl FakeApiServer {
         self.state.store().rv
     }
 
+    /// Holds back the watch events of `resource` (plural) from every watch
+    /// until the returned guard is dropped, when they are sent in order:
+    /// a client's watch cache lags the store as on a slow server. Lists and
+    /// gets see the store as it is.
+    pub fn hold_watch_events(&self, resource: &str) -> WatchHold {
+        self.state.held.send_modify(|held| {
+            held.insert(resource.to_owned());
+        });
+        WatchHold {
+            state: Arc::clone(&self.state),
+            resource: resource.to_owned(),
+        }
+    }
+
     /// Compacts history up to now, as etcd's periodic compaction does:
     /// watches and continue tokens from before get 410 Expired.
     pub fn compact(&self) {
         let mut store = self.state.store();
         let rv = store.rv;
         store.compact_through(rv);
+    }
+}
+
+/// Watch events of one resource held back; sent when this is dropped.
+pub struct WatchHold {
+    state: Arc<State>,
+    resource: String,
+}
+
+impl Drop for WatchHold {
+    fn drop(&mut self) {
+        self.state.held.send_modify(|held| {
+            held.remove(&self.resource);
+        });
     }
 }
 

@@ -12,7 +12,7 @@
 //!   resourceVersion reached) every [`Options::bookmark_interval`](super::Options);
 //! - the stream ends after `timeoutSeconds`.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +96,8 @@ struct Stream {
     /// Lines ready to send.
     ready: VecDeque<Vec<u8>>,
     live: broadcast::Receiver<Change>,
+    /// The resources whose events are held back (see `hold_watch_events`).
+    held: tokio::sync::watch::Receiver<BTreeSet<String>>,
     /// The highest resourceVersion looked at (sent or filtered out).
     seen: u64,
     bookmarks: Option<tokio::time::Interval>,
@@ -117,6 +119,13 @@ impl Stream {
 
     async fn next(&mut self) -> Option<Vec<u8>> {
         loop {
+            if self.held.borrow_and_update().contains(self.r.plural) {
+                tokio::select! {
+                    changed = self.held.changed() => if changed.is_err() { return None },
+                    () = tokio::time::sleep_until(self.deadline) => return None,
+                }
+                continue;
+            }
             if let Some(line) = self.ready.pop_front() {
                 return Some(line);
             }
@@ -195,6 +204,7 @@ pub(crate) fn serve(state: &Arc<State>, target: &Target, params: &Params) -> Res
         filter,
         ready: VecDeque::new(),
         live,
+        held: state.held.subscribe(),
         seen: 0,
         bookmarks: None,
         deadline: tokio::time::Instant::now() + timeout,
