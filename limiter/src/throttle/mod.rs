@@ -269,21 +269,22 @@ impl Throttle {
         if timing.is_some_and(|timing| timing.is_capturing(stream)) {
             return Err(LimiterError::Bypass(Pass::Captured));
         }
+        let admitted = |ticket, metered, sampled| Admitted {
+            throttle: self,
+            ctx,
+            device,
+            stream,
+            timing,
+            ticket,
+            metered,
+            sampled,
+        };
         let Some(budget) = budget else {
             // No compute limit here: only the class applies.
             let ticket = self
                 .priority
                 .before(ctx, device, stream, timing, monotonic_ns());
-            return Ok(Admitted {
-                throttle: self,
-                ctx,
-                device,
-                stream,
-                timing,
-                ticket,
-                metered: None,
-                sampled: false,
-            });
+            return Ok(admitted(ticket, None, false));
         };
 
         let (key, waves) = match work {
@@ -358,21 +359,13 @@ impl Throttle {
         } else {
             self.model.abandon(&charge);
         }
-        Ok(Admitted {
-            throttle: self,
-            ctx,
-            device,
-            stream,
-            timing,
-            ticket,
-            metered: Some(Metered {
-                bucket: budget.bucket,
-                key,
-                charge,
-                relaxed,
-            }),
-            sampled,
-        })
+        let metered = Metered {
+            bucket: budget.bucket,
+            key,
+            charge,
+            relaxed,
+        };
+        Ok(admitted(ticket, Some(metered), sampled))
     }
 
     /// Everything after a launch that returned `result`, when there is
