@@ -164,11 +164,12 @@
  *                            from the start of the first such window to the
  *                            end of the last, CLOCK_MONOTONIC ns ("at=" when
  *                            none)
- *   settled               -> "settled ns=N": when the device finished the
- *                            work of the last spin, run, pace or periodic:
- *                            the end of its last busy stretch on the
- *                            double's timeline, CLOCK_MONOTONIC ns (0 when
- *                            it had none, or without the double's accessor).
+ *   settled               -> "settled ns=N from_start_ns=S": when the device
+ *                            finished the work of the last spin, run, pace or
+ *                            periodic: the end of its last busy stretch on
+ *                            the double's timeline, CLOCK_MONOTONIC ns, and
+ *                            S = N - the start of W (both 0 when it had none,
+ *                            or without the double's accessor).
  *                            A clock read after the command can be later
  *                            by any delay in waking the process once the
  *                            device is idle

@@ -504,7 +504,11 @@ void cmd_settled(void) {
             lo = mid + 1;
         }
     }
-    emit("settled ns=%llu", busy_between(last_run.start, last_run.end) == 0 ? 0ULL : lo);
+    if (busy_between(last_run.start, last_run.end) == 0) {
+        lo = last_run.start;
+    }
+    emit("settled ns=%llu from_start_ns=%llu", lo == last_run.start ? 0ULL : lo,
+         lo - last_run.start);
 }
 
 void cmd_maxstall(void) {
