@@ -304,7 +304,10 @@ fn serve(
     let observer = gpus.observer().context(
         "NVML is not available (no NVIDIA driver here?); --simulate-gpus N runs without it",
     )?;
-    let corun = corun.options(&observer.gpus().context("cannot list the GPUs")?)?;
+    let corun = corun.options(
+        &observer.gpus().context("cannot list the GPUs")?,
+        kube.kubernetes,
+    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .thread_name("hypervisor")
         .enable_all()

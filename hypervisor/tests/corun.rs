@@ -2,7 +2,8 @@
 //! (crate `mps-fake`): one control daemon per co-run GPU with the right
 //! environment, `/readyz` waiting for it, restarts counted, a hung daemon
 //! killed and restarted, `quit` on shutdown, a leftover daemon quit at
-//! start; and the ResourceSlice's `corun` attribute.
+//! start; a daemon for container clients with its own `/dev/shm`; and the
+//! ResourceSlice's `corun` attribute.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use hypervisor::corun::{
-    CorunGpuStatus, CorunOptions, MpsState, MpsSupervisor, Timing, log_dir, pipe_dir,
+    CorunGpuStatus, CorunOptions, MpsState, MpsSupervisor, Timing, log_dir, pipe_dir, shm_dir,
 };
 use hypervisor::observer::{GpuObserver, SimulatedGpus};
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
@@ -125,6 +126,7 @@ impl Scratch {
             host_dir: self.dir.join("mps"),
             latency_reserve: 20,
             control: control.to_owned(),
+            private_shm: false,
         }
     }
 }
@@ -306,6 +308,47 @@ fn a_daemon_that_cannot_start_is_down_with_its_reason_and_retried() {
     let asked = Instant::now();
     supervisor.shutdown();
     assert!(asked.elapsed() < Duration::from_secs(2));
+}
+
+/// Where pods are containers, each daemon runs in a mount namespace of its
+/// own whose `/dev/shm` is its GPU's folder (what its clients get), not the
+/// host's. That takes CAP_SYS_ADMIN: where this test cannot make a mount
+/// namespace itself, the daemon must be down, saying so, never up without
+/// its folder.
+#[test]
+fn a_daemon_for_container_clients_has_its_gpus_folder_as_dev_shm() {
+    use std::os::unix::fs::MetadataExt;
+    let scratch = Scratch::new();
+    let gpu = common::gpu(0);
+    let options = CorunOptions {
+        private_shm: true,
+        ..scratch.options(std::slice::from_ref(&gpu), fake_control())
+    };
+    let folder = shm_dir(&options.dir, &gpu);
+    let can_unshare = Command::new("unshare")
+        .args(["--mount", "true"])
+        .status()
+        .is_ok_and(|s| s.success());
+    let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
+    let mode = std::fs::metadata(&folder).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o1777);
+    if can_unshare {
+        let pid = eventually("MPS up", || up_pid(&supervisor, &gpu));
+        let seen = std::fs::metadata(format!("/proc/{pid}/root/dev/shm")).unwrap();
+        let own = std::fs::metadata(&folder).unwrap();
+        assert_eq!((seen.dev(), seen.ino()), (own.dev(), own.ino()));
+        let host = std::fs::metadata("/dev/shm").unwrap();
+        assert_ne!((host.dev(), host.ino()), (own.dev(), own.ino()));
+    } else {
+        let reason = eventually("down", || {
+            match entry(&supervisor.board().snapshot(), &gpu).state {
+                MpsState::Down { reason, .. } => Some(reason),
+                _ => None,
+            }
+        });
+        assert!(reason.contains("CAP_SYS_ADMIN"), "{reason}");
+    }
+    supervisor.shutdown();
 }
 
 #[test]

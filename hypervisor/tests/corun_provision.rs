@@ -55,6 +55,8 @@ impl World {
             host_dir: dir.join("host-mps"),
             latency_reserve: corun::DEFAULT_LATENCY_RESERVE,
             control: corun::DEFAULT_MPS_CONTROL.into(),
+            // Pods are containers: each daemon's /dev/shm is its own.
+            private_shm: true,
         });
         let mut device_kubelet = None;
         if device_plugin {
@@ -204,6 +206,7 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
         let mut world = World::start("client", false).await;
         let gpu0 = world.uuid(0);
         let pipe = world.dir.join("host-mps").join(&gpu0).join("pipe");
+        let shm = world.dir.join("host-mps").join(&gpu0).join("shm");
         let cases = [
             // (pod, memory, parameters, device, the MPS variables)
             (
@@ -249,11 +252,16 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
             assert_eq!(mps_variables(&env), want, "{name}");
             assert!(env.contains(&format!("CUDA_LIMITER_POD={pod}")), "{name}");
             let pipe_mount = mounts.iter().find(|m| m.1 == PIPE);
+            let shm_mount = mounts.iter().find(|m| m.1 == "/dev/shm");
             if want.is_empty() {
                 assert!(pipe_mount.is_none(), "{name}: {mounts:?}");
+                assert!(shm_mount.is_none(), "{name}: {mounts:?}");
             } else {
                 let (host, _, options) = pipe_mount.expect("the pipe folder is mounted");
                 assert_eq!(Path::new(host), pipe, "{name}");
+                assert!(options.contains(&"rw".to_owned()), "{name}: {options:?}");
+                let (host, _, options) = shm_mount.expect("the daemon's /dev/shm is mounted");
+                assert_eq!(Path::new(host), shm, "{name}");
                 assert!(options.contains(&"rw".to_owned()), "{name}: {options:?}");
             }
         }
@@ -412,6 +420,16 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
             .expect("the pipe folder is mounted");
         assert_eq!(Path::new(&mount.host_path), pipe);
         assert!(!mount.read_only);
+        let shm = answer
+            .mounts
+            .iter()
+            .find(|m| m.container_path == "/dev/shm")
+            .expect("the daemon's /dev/shm is mounted");
+        assert_eq!(
+            Path::new(&shm.host_path),
+            world.dir.join("host-mps").join(&gpu0).join("shm")
+        );
+        assert!(!shm.read_only);
         world.stop().await;
     });
 }

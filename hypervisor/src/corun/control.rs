@@ -96,41 +96,50 @@ fn reap(child: &mut Child) {
 }
 
 /// Makes the folders of one daemon. The GPU's folder is 0755: only we may
-/// replace the pipe and log folders in it. The pipe and log folders are
-/// 0777, set explicitly past the umask: MPS starts each server as the uid
-/// of its first client, and that server creates its pipes in the pipe
-/// folder and writes `server.log` in the log folder, so pods of any uid
+/// replace the pipe, log and shared-memory folders in it. The pipe and log
+/// folders are 0777, set explicitly past the umask: MPS starts each server
+/// as the uid of its first client, and that server creates its pipes in the
+/// pipe folder and writes `server.log` in the log folder, so pods of any uid
 /// need to write there. Not sticky (01777): a server of the next uid must
-/// be able to replace the pipes the previous uid's server left.
-pub fn prepare_folders(pipe: &Path, log: &Path) -> Result<(), CorunError> {
-    for dir in [pipe, log] {
-        let folder = |source| CorunError::Folder {
-            path: dir.to_owned(),
-            source,
-        };
-        if let Some(parent) = dir.parent() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o755)
-                .create(parent)
-                .map_err(folder)?;
-        }
-        match std::fs::symlink_metadata(dir) {
-            Ok(meta) if meta.is_dir() => {}
-            Ok(_) => {
-                return Err(folder(std::io::Error::new(
-                    std::io::ErrorKind::AlreadyExists,
-                    "exists and is not a folder",
-                )));
-            }
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir(dir).map_err(folder)?;
-            }
-            Err(error) => return Err(folder(error)),
-        }
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(folder)?;
+/// be able to replace the pipes the previous uid's server left. The
+/// shared-memory folder, where there is one, is 01777 as `/dev/shm` is: a
+/// client may not remove another's files.
+pub fn prepare_folders(pipe: &Path, log: &Path, shm: Option<&Path>) -> Result<(), CorunError> {
+    make_folder(pipe, 0o777)?;
+    make_folder(log, 0o777)?;
+    if let Some(shm) = shm {
+        make_folder(shm, 0o1777)?;
     }
     Ok(())
+}
+
+/// `dir` (its parent 0755 where missing) with mode `mode`.
+fn make_folder(dir: &Path, mode: u32) -> Result<(), CorunError> {
+    let folder = |source| CorunError::Folder {
+        path: dir.to_owned(),
+        source,
+    };
+    if let Some(parent) = dir.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(parent)
+            .map_err(folder)?;
+    }
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => {
+            return Err(folder(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a folder",
+            )));
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir(dir).map_err(folder)?;
+        }
+        Err(error) => return Err(folder(error)),
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).map_err(folder)
 }
 
 /// Removes the socket and the pid file a daemon left in `pipe`.
@@ -209,19 +218,19 @@ mod tests {
     fn folders_are_open_to_every_uid() {
         let root = std::env::temp_dir().join(format!("corun-folders-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let (pipe, log) = (root.join("G/pipe"), root.join("G/log"));
-        let result = prepare_folders(&pipe, &log);
-        let modes: Vec<u32> = [&pipe, &log, &root.join("G")]
+        let (pipe, log, shm) = (root.join("G/pipe"), root.join("G/log"), root.join("G/shm"));
+        let result = prepare_folders(&pipe, &log, Some(&shm));
+        let modes: Vec<u32> = [&pipe, &log, &shm, &root.join("G")]
             .iter()
             .map(|d| std::fs::metadata(d).map_or(0, |m| m.permissions().mode() & 0o7777))
             .collect();
         // A file where a folder belongs is refused.
         std::fs::remove_dir(&log).ok();
         std::fs::write(&log, "").ok();
-        let refused = prepare_folders(&pipe, &log);
+        let refused = prepare_folders(&pipe, &log, None);
         let _ = std::fs::remove_dir_all(&root);
         result.unwrap();
-        assert_eq!(modes, [0o777, 0o777, 0o755]);
+        assert_eq!(modes, [0o777, 0o777, 0o1777, 0o755]);
         assert!(matches!(refused, Err(CorunError::Folder { .. })));
     }
 

@@ -39,8 +39,13 @@ pub struct CorunArgs {
 
 impl CorunArgs {
     /// The options, `None` without `--corun-gpu`; each GPU by the UUID the
-    /// observer reports, once.
-    pub fn options(&self, gpus: &[GpuInfo]) -> Result<Option<CorunOptions>, CorunError> {
+    /// observer reports, once. Where pods are containers (Kubernetes), each
+    /// daemon and its clients share a `/dev/shm` of their own.
+    pub fn options(
+        &self,
+        gpus: &[GpuInfo],
+        pods_are_containers: bool,
+    ) -> Result<Option<CorunOptions>, CorunError> {
         if self.corun_gpus.is_empty() {
             return Ok(None);
         }
@@ -66,6 +71,7 @@ impl CorunArgs {
                 .unwrap_or_else(|| self.corun_dir.clone()),
             latency_reserve: self.corun_latency_reserve,
             control: self.mps_control.clone(),
+            private_shm: pods_are_containers,
         }))
     }
 }
@@ -90,7 +96,7 @@ mod tests {
     #[test]
     fn flags_make_the_options() {
         let gpus = SimulatedGpus::new(3).gpus().unwrap();
-        assert_eq!(parse(&[]).unwrap().options(&gpus).unwrap(), None);
+        assert_eq!(parse(&[]).unwrap().options(&gpus, false).unwrap(), None);
         let uuid2 = gpus[2].uuid.to_lowercase();
         let args = parse(&[
             "--corun-gpu",
@@ -103,22 +109,24 @@ mod tests {
             "30",
         ])
         .unwrap();
-        let options = args.options(&gpus).unwrap().unwrap();
+        let options = args.options(&gpus, false).unwrap().unwrap();
         assert_eq!(options.gpus, [gpus[0].uuid.clone(), gpus[2].uuid.clone()]);
         assert_eq!(options.dir, PathBuf::from(DEFAULT_CORUN_DIR));
         assert_eq!(options.host_dir, options.dir);
         assert_eq!(options.latency_reserve, 30);
         assert_eq!(options.control, PathBuf::from(DEFAULT_MPS_CONTROL));
+        assert!(!options.private_shm);
 
         let moved = parse(&["--corun-gpu", "1", "--corun-host-dir", "/var/run/mps"]).unwrap();
-        let options = moved.options(&gpus).unwrap().unwrap();
+        let options = moved.options(&gpus, true).unwrap().unwrap();
         assert_eq!(options.host_dir, PathBuf::from("/var/run/mps"));
+        assert!(options.private_shm);
         assert_eq!(options.latency_reserve, DEFAULT_LATENCY_RESERVE);
 
         for unknown in ["7", "GPU-nope"] {
             let error = parse(&["--corun-gpu", unknown])
                 .unwrap()
-                .options(&gpus)
+                .options(&gpus, false)
                 .unwrap_err();
             assert!(error.to_string().contains(unknown), "{error}");
         }

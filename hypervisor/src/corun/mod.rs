@@ -12,6 +12,13 @@
 //! when no latency pod runs. Memory quotas, reports and refusals stay the
 //! limiter's, inside every client.
 //!
+//! MPS clients and their server share memory through `/dev/shm`; a
+//! container has a `/dev/shm` of its own. Where pods are containers
+//! ([`CorunOptions::private_shm`]), each GPU's daemon runs in a mount
+//! namespace of its own whose `/dev/shm` is the GPU's [`shm_dir`], and that
+//! folder is what its pods' containers get at `/dev/shm` ([`shm`]): never
+//! the daemon's own `/dev/shm`, which holds every pod's region and limits.
+//!
 //! The daemon's side: [`flags`] (the `serve` flags that make the options),
 //! [`supervisor`] (one supervised control daemon per co-run GPU, through
 //! [`control`], the control program's client mode), [`board`] (each GPU's
@@ -20,6 +27,7 @@
 pub mod board;
 pub mod control;
 pub mod flags;
+pub mod shm;
 pub mod supervisor;
 
 use std::path::{Path, PathBuf};
@@ -45,6 +53,23 @@ pub enum CorunError {
     #[error("cannot run {}: {source}", program.display())]
     Spawn {
         program: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot run {} in a mount namespace with {} as its /dev/shm (needs CAP_SYS_ADMIN): {source}",
+        program.display(),
+        folder.display()
+    )]
+    SpawnWithShm {
+        program: PathBuf,
+        folder: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the MPS shared-memory folder {}: {source}", folder.display())]
+    Shm {
+        folder: PathBuf,
         #[source]
         source: std::io::Error,
     },
@@ -75,6 +100,10 @@ pub struct CorunOptions {
     pub latency_reserve: u8,
     /// The `nvidia-cuda-mps-control` program.
     pub control: PathBuf,
+    /// Whether each daemon gets its GPU's [`shm_dir`] as `/dev/shm` (and its
+    /// clients the same folder): pods are containers, which do not see the
+    /// host's `/dev/shm`. Off, daemon and clients share the host's.
+    pub private_shm: bool,
 }
 
 impl CorunOptions {
@@ -94,6 +123,12 @@ pub fn pipe_dir(dir: &Path, uuid: &str) -> PathBuf {
 /// (`CUDA_MPS_LOG_DIRECTORY`).
 pub fn log_dir(dir: &Path, uuid: &str) -> PathBuf {
     dir.join(uuid).join("log")
+}
+
+/// The shared-memory folder of GPU `uuid`'s MPS daemon and clients under
+/// `dir`, where [`CorunOptions::private_shm`] is on.
+pub fn shm_dir(dir: &Path, uuid: &str) -> PathBuf {
+    dir.join(uuid).join("shm")
 }
 
 /// The active thread percentage (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) of a
@@ -130,12 +165,17 @@ mod tests {
             log_dir(dir, "GPU-1"),
             PathBuf::from("/run/gpushare/mps/GPU-1/log")
         );
+        assert_eq!(
+            shm_dir(dir, "GPU-1"),
+            PathBuf::from("/run/gpushare/mps/GPU-1/shm")
+        );
         let options = CorunOptions {
             gpus: vec!["GPU-AB".into()],
             dir: dir.into(),
             host_dir: dir.into(),
             latency_reserve: DEFAULT_LATENCY_RESERVE,
             control: DEFAULT_MPS_CONTROL.into(),
+            private_shm: false,
         };
         assert!(options.covers("gpu-ab") && !options.covers("GPU-CD"));
     }

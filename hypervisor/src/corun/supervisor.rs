@@ -4,12 +4,14 @@
 //! waited for, and the control program's client mode blocks; neither
 //! belongs on the async runtime's threads):
 //!
-//! 1. makes the GPU's pipe and log folders ([`control::prepare_folders`]);
+//! 1. makes the GPU's pipe and log folders ([`control::prepare_folders`]),
+//!    and its shared-memory folder where clients are containers;
 //! 2. quits a control daemon an earlier run of ours left there (its pid
 //!    file names a live process running the control program);
 //! 3. starts `<control> -f` with `CUDA_VISIBLE_DEVICES=<uuid>` (it serves
 //!    that GPU alone), `CUDA_MPS_PIPE_DIRECTORY` and
-//!    `CUDA_MPS_LOG_DIRECTORY`;
+//!    `CUDA_MPS_LOG_DIRECTORY`, in a mount namespace whose `/dev/shm` is
+//!    the shared-memory folder where there is one ([`super::shm`]);
 //! 4. polls `get_server_list` through the client mode: up once it answers
 //!    (a client whose daemon does not answer runs without MPS, so "up" is
 //!    what `/readyz` waits for);
@@ -34,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use super::board::{MpsBoard, MpsState};
 use super::control::{self, Control};
-use super::{CorunError, CorunOptions, log_dir, pipe_dir};
+use super::{CorunError, CorunOptions, log_dir, pipe_dir, shm, shm_dir};
 use crate::clock::unix_secs;
 
 /// How long each step may take; [`Timing::default`] is what the daemon
@@ -95,8 +97,19 @@ impl MpsSupervisor {
 
     /// [`MpsSupervisor::start`] with other timings.
     pub fn with_timing(options: &CorunOptions, timing: Timing) -> Result<Self, CorunError> {
+        let shm = |uuid: &str| options.private_shm.then(|| shm_dir(&options.dir, uuid));
         for uuid in &options.gpus {
-            control::prepare_folders(&pipe_dir(&options.dir, uuid), &log_dir(&options.dir, uuid))?;
+            let (pipe, log) = (pipe_dir(&options.dir, uuid), log_dir(&options.dir, uuid));
+            let shm = shm(uuid);
+            control::prepare_folders(&pipe, &log, shm.as_deref())?;
+            if let Some(shm) = &shm
+                && !shm::is_tmpfs(shm).unwrap_or(false)
+            {
+                tracing::warn!(
+                    folder = %shm.display(),
+                    "the MPS shared-memory folder is not on a tmpfs: clients and servers exchange memory through files on disk (put --corun-dir on a tmpfs, as /run is)"
+                );
+            }
         }
         let board = Arc::new(MpsBoard::new(&options.gpus));
         let stop = Arc::new(Stop::default());
@@ -109,6 +122,7 @@ impl MpsSupervisor {
                     pipe: pipe_dir(&options.dir, uuid),
                 },
                 log: log_dir(&options.dir, uuid),
+                shm: shm(uuid),
                 board: Arc::clone(&board),
                 stop: Arc::clone(&stop),
                 timing,
@@ -175,6 +189,8 @@ struct Supervised {
     uuid: String,
     control: Control,
     log: PathBuf,
+    /// The daemon's `/dev/shm`, where it has one of its own.
+    shm: Option<PathBuf>,
     board: Arc<MpsBoard>,
     stop: Arc<Stop>,
     timing: Timing,
@@ -307,7 +323,14 @@ impl Supervised {
     }
 
     fn spawn(&self) -> Result<Child, CorunError> {
-        Command::new(&self.control.program)
+        let mut command = Command::new(&self.control.program);
+        if let Some(folder) = &self.shm {
+            shm::run_with_shm(&mut command, folder).map_err(|source| CorunError::Shm {
+                folder: folder.clone(),
+                source,
+            })?;
+        }
+        command
             .arg("-f")
             .env("CUDA_VISIBLE_DEVICES", &self.uuid)
             .env("CUDA_MPS_PIPE_DIRECTORY", &self.control.pipe)
@@ -319,9 +342,17 @@ impl Supervised {
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .map_err(|source| CorunError::Spawn {
-                program: self.control.program.clone(),
-                source,
+            .map_err(|source| match &self.shm {
+                // The namespace's failure or the exec's: both named.
+                Some(folder) => CorunError::SpawnWithShm {
+                    program: self.control.program.clone(),
+                    folder: folder.clone(),
+                    source,
+                },
+                None => CorunError::Spawn {
+                    program: self.control.program.clone(),
+                    source,
+                },
             })
     }
 

@@ -303,6 +303,7 @@ mod tests {
             host_dir: "/run/gpushare/mps".into(),
             latency_reserve: crate::corun::DEFAULT_LATENCY_RESERVE,
             control: crate::corun::DEFAULT_MPS_CONTROL.into(),
+            private_shm: true,
         };
         let flags = |corun: Option<&CorunOptions>| -> Vec<Option<bool>> {
             build("n", "d", &gpus, &BTreeMap::new(), corun, None)

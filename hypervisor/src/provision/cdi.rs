@@ -149,16 +149,32 @@ pub fn claim_spec(
                 .to_vec(),
         });
     }
-    // An MPS client: read-write, as clients make their pipes in the folder.
+    // An MPS client: read-write, as clients make their pipes in the folder
+    // and their shared memory in the daemon's /dev/shm. That folder goes on
+    // /dev/shm first, so that the region and limits above are mounted on it,
+    // not hidden under it (CDI also sorts a parent before its children).
     if let Some(client) = mps {
         env.extend(client.env.iter().cloned());
+        let rw = || {
+            ["rw", "nosuid", "nodev", "noexec", "bind"]
+                .map(String::from)
+                .to_vec()
+        };
         mounts.push(Mount {
             host_path: path_text(&client.host_pipe_dir),
             container_path: CONTAINER_MPS_PIPE_DIR.to_owned(),
-            options: ["rw", "nosuid", "nodev", "noexec", "bind"]
-                .map(String::from)
-                .to_vec(),
+            options: rw(),
         });
+        if let Some(shm) = &client.host_shm_dir {
+            mounts.insert(
+                0,
+                Mount {
+                    host_path: path_text(shm),
+                    container_path: CONTAINER_SHM.to_owned(),
+                    options: rw(),
+                },
+            );
+        }
     }
     Ok(Spec {
         cdi_version: CDI_VERSION.to_owned(),
@@ -308,8 +324,9 @@ mod tests {
     #[test]
     fn an_mps_client_gets_its_pipe_folder_read_write_and_its_variables() {
         let config = ProvisionConfig::daemonset("http://10.0.0.1:7070");
-        let client = MpsClient {
+        let mut client = MpsClient {
             host_pipe_dir: PathBuf::from("/var/lib/gpushare/mps/GPU-0/pipe"),
+            host_shm_dir: None,
             env: vec!["CUDA_LIMITER_MPS=required".into()],
         };
         let spec =
@@ -324,6 +341,33 @@ mod tests {
             .expect("the pipe folder is mounted");
         assert_eq!(mount.host_path, "/var/lib/gpushare/mps/GPU-0/pipe");
         assert_eq!(mount.options, ["rw", "nosuid", "nodev", "noexec", "bind"]);
+        // The host's /dev/shm is the daemon's: the container keeps its own.
+        assert!(
+            !edits
+                .mounts
+                .iter()
+                .any(|m| m.container_path == CONTAINER_SHM)
+        );
+        // A daemon with a /dev/shm of its own: that folder on the
+        // container's, before the region and limits mounted in it.
+        client.host_shm_dir = Some(PathBuf::from("/var/lib/gpushare/mps/GPU-0/shm"));
+        let spec =
+            claim_spec(&config, &request(), &gpus(), Path::new("/t"), Some(&client)).unwrap();
+        let mounts = &spec.devices[0].container_edits.mounts;
+        let at = |path: &str| {
+            mounts
+                .iter()
+                .position(|m| m.container_path.starts_with(path))
+        };
+        let shm = at(CONTAINER_SHM).unwrap();
+        assert_eq!(mounts[shm].container_path, CONTAINER_SHM);
+        assert_eq!(mounts[shm].host_path, "/var/lib/gpushare/mps/GPU-0/shm");
+        assert_eq!(
+            mounts[shm].options,
+            ["rw", "nosuid", "nodev", "noexec", "bind"]
+        );
+        assert!(shm < at("/dev/shm/gpushare-pod-").unwrap());
+        assert!(shm < at("/dev/shm/gpushare-limits-").unwrap());
         // Without a client: no pipe folder, no MPS variable.
         let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t"), None).unwrap();
         let edits = &spec.devices[0].container_edits;

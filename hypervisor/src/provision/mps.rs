@@ -3,7 +3,9 @@
 //!
 //! Such a container gets, besides the limiter's edits, the GPU's pipe folder
 //! (read-write: clients make their own pipes there) at
-//! [`CONTAINER_MPS_PIPE_DIR`] and the variables of an MPS client:
+//! [`CONTAINER_MPS_PIPE_DIR`], where the daemon has a `/dev/shm` of its own
+//! that folder on the container's `/dev/shm` ([`crate::corun::shm`]), and
+//! the variables of an MPS client:
 //! `CUDA_MPS_PIPE_DIRECTORY`, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (by the
 //! pod's class, [`corun::active_thread_percentage`]),
 //! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (the pod's quota, a second fence behind
@@ -114,6 +116,10 @@ pub struct MpsClient {
     /// The GPU's pipe folder as the host sees it, mounted read-write at
     /// [`CONTAINER_MPS_PIPE_DIR`].
     pub host_pipe_dir: PathBuf,
+    /// The `/dev/shm` the GPU's daemon shares with its clients, as the host
+    /// sees it, mounted read-write on the container's `/dev/shm`; `None`
+    /// where daemon and clients share the host's.
+    pub host_shm_dir: Option<PathBuf>,
     /// `NAME=value` lines.
     pub env: Vec<String>,
 }
@@ -155,6 +161,9 @@ pub fn client<'a>(
         .unwrap_or_default();
     Ok(Some(MpsClient {
         host_pipe_dir: corun::pipe_dir(&options.host_dir, uuid),
+        host_shm_dir: options
+            .private_shm
+            .then(|| corun::shm_dir(&options.host_dir, uuid)),
         env: vec![
             format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_MPS_PIPE_DIR}"),
             format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percentage}"),
@@ -186,6 +195,7 @@ mod tests {
             host_dir: "/var/lib/gpushare/mps".into(),
             latency_reserve: 25,
             control: corun::DEFAULT_MPS_CONTROL.into(),
+            private_shm: false,
         }
     }
 
@@ -265,6 +275,18 @@ mod tests {
         assert_eq!(
             edits.host_pipe_dir,
             PathBuf::from("/var/lib/gpushare/mps/GPU-a/pipe")
+        );
+        // Daemon and clients share the host's /dev/shm...
+        assert_eq!(edits.host_shm_dir, None);
+        // ...unless the clients are containers: the GPU's folder then.
+        let containers = CorunOptions {
+            private_shm: true,
+            ..options()
+        };
+        let edits_in_containers = client(Some(&containers), &gpus, &batch).unwrap().unwrap();
+        assert_eq!(
+            edits_in_containers.host_shm_dir,
+            Some(PathBuf::from("/var/lib/gpushare/mps/GPU-a/shm"))
         );
         assert_eq!(
             edits.env,
