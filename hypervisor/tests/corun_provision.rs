@@ -430,6 +430,52 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
             world.dir.join("host-mps").join(&gpu0).join("shm")
         );
         assert!(!shm.read_only);
+
+        // A pod that wants no co-run GPU gets the ordinary one, no MPS.
+        let gpu1 = world.uuid(1);
+        let pod = cluster::create_gpu_pod(
+            &world.client,
+            "default",
+            "solo",
+            NODE,
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3072"}),
+            json!({"gpushare.dev/corun": "false"}),
+        )
+        .await
+        .unwrap();
+        kubelet.admit("default", "solo", &["main"]);
+        world.pods.push(pod.metadata.uid.unwrap());
+        let answer = plugin
+            .start_container(("default", "solo", "main"), vec![format!("{gpu0}::1")])
+            .await
+            .unwrap();
+        assert_eq!(answer.envs["CUDA_VISIBLE_DEVICES"], gpu1);
+        assert!(!answer.envs.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
+
+        // Two GPUs for one container: never the co-run one, so none here.
+        let pod = cluster::create_gpu_pod(
+            &world.client,
+            "default",
+            "pair",
+            NODE,
+            json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1024"}),
+            json!({}),
+        )
+        .await
+        .unwrap();
+        kubelet.admit("default", "pair", &["main"]);
+        world.pods.push(pod.metadata.uid.unwrap());
+        let refused = plugin
+            .start_container(
+                ("default", "pair", "main"),
+                vec![format!("{gpu0}::2"), format!("{gpu1}::2")],
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("an MPS client sees one GPU alone"),
+            "{refused}"
+        );
         world.stop().await;
     });
 }

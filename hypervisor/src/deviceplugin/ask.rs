@@ -14,6 +14,7 @@
 //! | annotation | `hami.io/gpu-scheduler-policy`, `nvidia.com/device-scheduler-policy` | `binpack` (default) or `spread` |
 //! | annotation | `nvidia.com/vgpu-compute-policy` | `fixed` (default), `balance` (elastic), `none` |
 //! | annotation | `gpushare.dev/class` | `batch` (default) or `latency` (served first on its GPUs) |
+//! | annotation | `gpushare.dev/corun` | `true`: only co-run GPUs (MPS clients); `false`: none; default: either, never mixed |
 //! | annotation | `gpushare.dev/oversubscribe` | `true`: past the quota, linear allocations are served from pinned host memory (default `false`) |
 //! | annotation | `gpushare.dev/spill-limit` | that host memory's pod-wide cap per GPU, a quantity (`16Gi`); implies oversubscription; default with it: a quarter of the node's memory; `0`: none |
 //!
@@ -45,6 +46,7 @@ const COMPUTE_POLICY: &str = "nvidia.com/vgpu-compute-policy";
 const CLASS: &str = "gpushare.dev/class";
 const OVERSUBSCRIBE: &str = "gpushare.dev/oversubscribe";
 const SPILL_LIMIT: &str = "gpushare.dev/spill-limit";
+const CORUN: &str = "gpushare.dev/corun";
 
 /// Why a pod's ask cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -106,6 +108,8 @@ pub struct PodPrefs {
     pub class: PodClass,
     /// Host memory the pod may spill to past its quota per GPU; 0 = none.
     pub spill_bytes: u64,
+    /// Only co-run GPUs (`Some(true)`), none (`Some(false)`), or either.
+    pub corun: Option<bool>,
 }
 
 /// The ask of `container` for `resource` (the count), or `None` when it asks
@@ -221,15 +225,19 @@ pub fn pod_prefs(pod: &Pod) -> Result<PodPrefs, AskError> {
             allowed: "batch, latency",
         })?,
     };
-    let oversubscribe = first(&[OVERSUBSCRIBE])
-        .map(|(name, v)| {
-            parse_switch(v).ok_or_else(|| AskError::Word {
-                name,
-                value: v.to_owned(),
-                allowed: "true, false",
+    let switch = |name: &'static str| {
+        first(&[name])
+            .map(|(name, v)| {
+                parse_switch(v).ok_or_else(|| AskError::Word {
+                    name,
+                    value: v.to_owned(),
+                    allowed: "true, false",
+                })
             })
-        })
-        .transpose()?;
+            .transpose()
+    };
+    let oversubscribe = switch(OVERSUBSCRIBE)?;
+    let corun = switch(CORUN)?;
     let spill_limit = first(&[SPILL_LIMIT])
         .map(|(name, v)| {
             quantity::parse(v).ok_or_else(|| AskError::Quantity {
@@ -247,6 +255,7 @@ pub fn pod_prefs(pod: &Pod) -> Result<PodPrefs, AskError> {
         policy,
         class,
         spill_bytes: spec::spill_cap(oversubscribe, spill_limit),
+        corun,
     })
 }
 
@@ -374,5 +383,21 @@ mod tests {
         );
         assert!(spill(json!({"gpushare.dev/oversubscribe": "maybe"})).is_err());
         assert!(spill(json!({"gpushare.dev/spill-limit": "lots"})).is_err());
+    }
+
+    #[test]
+    fn the_corun_annotation_picks_the_kind_of_gpu() {
+        let corun = |annotations: serde_json::Value| {
+            let pod: Pod =
+                serde_json::from_value(json!({"metadata": {"annotations": annotations}})).unwrap();
+            pod_prefs(&pod).map(|prefs| prefs.corun)
+        };
+        assert_eq!(corun(json!({})), Ok(None));
+        assert_eq!(corun(json!({"gpushare.dev/corun": "true"})), Ok(Some(true)));
+        assert_eq!(
+            corun(json!({"gpushare.dev/corun": "False"})),
+            Ok(Some(false))
+        );
+        assert!(corun(json!({"gpushare.dev/corun": "sometimes"})).is_err());
     }
 }

@@ -3,6 +3,11 @@
 //! claims hold; the most used first (binpack) or the least used (spread).
 //! The default scheduler only counted shares, so this is where memory
 //! fragmentation across the node's GPUs is resolved, or the pod refused.
+//!
+//! A process is the MPS client of one co-run GPU, whose server sees no
+//! other GPU: a container of several GPUs gets ordinary ones, and a pod
+//! with a co-run GPU keeps all its containers on it (the provisioner
+//! refuses any mix; here the mix is never picked).
 
 use super::ask::{ContainerAsk, MemoryAsk, Packing, PodPrefs};
 
@@ -17,6 +22,8 @@ pub struct GpuLoad {
     pub memory_total: u64,
     pub memory_held: u64,
     pub compute_held: u32,
+    /// In co-run mode (its pods are MPS clients).
+    pub corun: bool,
 }
 
 /// A GPU given to the container, and its part of it.
@@ -38,11 +45,13 @@ pub struct Refusal {
     pub why: String,
 }
 
-/// Places `ask` on `gpus`.
+/// Places `ask` on `gpus`, for a pod whose other containers hold
+/// `pod_gpus` (UUIDs).
 pub fn place(
     ask: &ContainerAsk,
     prefs: &PodPrefs,
     gpus: &[GpuLoad],
+    pod_gpus: &[String],
 ) -> Result<Vec<Placed>, Refusal> {
     let cores = u32::from(ask.cores.unwrap_or(0));
     let memory_of = |gpu: &GpuLoad| match ask.memory {
@@ -52,9 +61,16 @@ pub fn place(
     };
     let mut reasons = Vec::new();
     let mut fitting: Vec<&GpuLoad> = Vec::new();
+    let held = |g: &&GpuLoad| pod_gpus.iter().any(|u| u.eq_ignore_ascii_case(&g.uuid));
+    let pod_corun = gpus.iter().filter(held).find(|g| g.corun);
+    let pod_ordinary = gpus.iter().filter(held).any(|g| !g.corun);
     for gpu in gpus {
         if !prefs.allows(&gpu.uuid, &gpu.name) {
             reasons.push(format!("{} excluded by the pod's annotations", label(gpu)));
+            continue;
+        }
+        if let Some(why) = corun_excludes(gpu, ask, prefs, pod_corun, pod_ordinary) {
+            reasons.push(format!("{} {why}", label(gpu)));
             continue;
         }
         let free_memory = gpu.memory_total.saturating_sub(gpu.memory_held);
@@ -110,6 +126,34 @@ pub fn place(
     Ok(placed)
 }
 
+/// Why co-run mode keeps `gpu` from `ask`, if it does.
+fn corun_excludes(
+    gpu: &GpuLoad,
+    ask: &ContainerAsk,
+    prefs: &PodPrefs,
+    pod_corun: Option<&GpuLoad>,
+    pod_ordinary: bool,
+) -> Option<String> {
+    match prefs.corun {
+        Some(true) if !gpu.corun => return Some("is not a co-run GPU (gpushare.dev/corun)".into()),
+        Some(false) if gpu.corun => return Some("is a co-run GPU (gpushare.dev/corun)".into()),
+        _ => {}
+    }
+    if gpu.corun && ask.count > 1 {
+        return Some("is a co-run GPU, and an MPS client sees one GPU alone".into());
+    }
+    if gpu.corun && pod_ordinary {
+        return Some("is a co-run GPU, and the pod holds an ordinary one".into());
+    }
+    match pod_corun {
+        Some(own) if own.uuid != gpu.uuid => Some(format!(
+            "is not the co-run GPU the pod's other containers are MPS clients of ({})",
+            own.uuid
+        )),
+        _ => None,
+    }
+}
+
 fn label(gpu: &GpuLoad) -> String {
     format!("GPU {} ({})", gpu.index, gpu.uuid)
 }
@@ -141,6 +185,7 @@ mod tests {
             memory_total: 80 * GIB,
             memory_held: held_gib * GIB,
             compute_held: compute,
+            corun: false,
         }
     }
 
@@ -163,6 +208,7 @@ mod tests {
             policy: Policy::Fixed,
             class: gpushare_utils::pod::PodClass::Batch,
             spill_bytes: 0,
+            corun: None,
         }
     }
 
@@ -179,7 +225,8 @@ mod tests {
             uuids(place(
                 &ask(1, mib, Some(30)),
                 &prefs(Packing::Binpack),
-                &node
+                &node,
+                &[]
             )),
             [1]
         );
@@ -187,7 +234,8 @@ mod tests {
             uuids(place(
                 &ask(1, mib, Some(30)),
                 &prefs(Packing::Spread),
-                &node
+                &node,
+                &[]
             )),
             [2]
         );
@@ -196,7 +244,8 @@ mod tests {
             uuids(place(
                 &ask(1, MemoryAsk::Mib(20 * 1024), None),
                 &prefs(Packing::Binpack),
-                &node
+                &node,
+                &[]
             )),
             [0]
         );
@@ -204,19 +253,21 @@ mod tests {
             uuids(place(
                 &ask(2, MemoryAsk::Percent(50), Some(10)),
                 &prefs(Packing::Binpack),
-                &node
+                &node,
+                &[]
             )),
             [0, 2]
         );
         let mut only = prefs(Packing::Binpack);
         only.use_uuids = vec!["GPU-2".into()];
-        assert_eq!(uuids(place(&ask(1, mib, None), &only, &node)), [2]);
+        assert_eq!(uuids(place(&ask(1, mib, None), &only, &node, &[])), [2]);
         // Whole GPUs: only the empty one.
         assert_eq!(
             uuids(place(
                 &ask(1, MemoryAsk::Whole, Some(100)),
                 &prefs(Packing::Binpack),
-                &node
+                &node,
+                &[]
             )),
             [2]
         );
@@ -224,6 +275,7 @@ mod tests {
             &ask(1, MemoryAsk::Percent(25), Some(30)),
             &prefs(Packing::Spread),
             &node,
+            &[],
         )
         .unwrap();
         assert_eq!(
@@ -239,6 +291,7 @@ mod tests {
             &ask(1, MemoryAsk::Mib(4096), Some(30)),
             &prefs(Packing::Binpack),
             &node,
+            &[],
         )
         .unwrap_err()
         .to_string();
@@ -252,8 +305,67 @@ mod tests {
             &ask(3, MemoryAsk::Mib(1), None),
             &prefs(Packing::Binpack),
             &node,
+            &[],
         )
         .unwrap_err();
         assert_eq!(refused.why, "the node has 2 GPUs");
+    }
+
+    #[test]
+    fn co_run_gpus_are_never_mixed() {
+        // GPU 1 is in co-run mode and the fullest: binpack's first choice.
+        let mut node = [gpu(0, 10, 0), gpu(1, 40, 0), gpu(2, 0, 0)];
+        node[1].corun = true;
+        let indices = |r: Result<Vec<Placed>, Refusal>| -> Vec<u32> {
+            r.map(|v| v.iter().map(|p| p.index).collect())
+                .unwrap_or_default()
+        };
+        let mib = MemoryAsk::Mib(4096);
+        let any = prefs(Packing::Binpack);
+        assert_eq!(indices(place(&ask(1, mib, None), &any, &node, &[])), [1]);
+        // Several GPUs: ordinary ones only.
+        assert_eq!(indices(place(&ask(2, mib, None), &any, &node, &[])), [0, 2]);
+        let refused = place(&ask(3, mib, None), &any, &node, &[]).unwrap_err();
+        assert!(
+            refused.why.contains("an MPS client sees one GPU alone"),
+            "{refused}"
+        );
+        // The annotation picks the kind.
+        let mut corun = prefs(Packing::Binpack);
+        corun.corun = Some(true);
+        assert_eq!(indices(place(&ask(1, mib, None), &corun, &node, &[])), [1]);
+        corun.corun = Some(false);
+        assert_eq!(indices(place(&ask(1, mib, None), &corun, &node, &[])), [0]);
+        // A pod's containers stay on its co-run GPU, or off co-run GPUs.
+        let on_corun = ["GPU-1".to_owned()];
+        let mut spread = prefs(Packing::Spread);
+        assert_eq!(
+            indices(place(&ask(1, mib, None), &spread, &node, &on_corun)),
+            [1]
+        );
+        let refused = place(
+            &ask(1, MemoryAsk::Mib(50 * 1024), None),
+            &spread,
+            &node,
+            &on_corun,
+        )
+        .unwrap_err();
+        assert!(
+            refused
+                .why
+                .contains("other containers are MPS clients of (GPU-1)"),
+            "{refused}"
+        );
+        let on_ordinary = ["GPU-2".to_owned()];
+        assert_eq!(
+            indices(place(&ask(1, mib, None), &any, &node, &on_ordinary)),
+            [0]
+        );
+        spread.corun = Some(true);
+        let refused = place(&ask(1, mib, None), &spread, &node, &on_ordinary).unwrap_err();
+        assert!(
+            refused.why.contains("the pod holds an ordinary one"),
+            "{refused}"
+        );
     }
 }

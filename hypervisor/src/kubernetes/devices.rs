@@ -207,9 +207,11 @@ impl NodeAgent {
         // An unhealthy GPU takes no new container, whichever share the
         // kubelet picked.
         let unhealthy = self.inner.hv.unhealthy_gpus();
-        let loads: Vec<GpuLoad> = {
+        let pod_uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let (loads, pod_gpus): (Vec<GpuLoad>, Vec<String>) = {
             let provisioner = self.provisioner();
-            provisioner
+            let corun = provisioner.config().corun.as_ref();
+            let loads = provisioner
                 .gpus()
                 .iter()
                 .filter(|g| !unhealthy.contains_key(&g.uuid))
@@ -222,11 +224,21 @@ impl NodeAgent {
                         memory_total: g.memory_total,
                         memory_held,
                         compute_held,
+                        corun: corun.is_some_and(|c| c.covers(&g.uuid)),
                     }
                 })
-                .collect()
+                .collect();
+            // The GPUs the pod's other containers were given.
+            let pod_gpus = provisioner
+                .claims()
+                .values()
+                .filter(|c| c.request.pod.uid == pod_uid)
+                .flat_map(|c| c.request.devices.iter().map(|d| d.gpu_uuid.clone()))
+                .collect();
+            (loads, pod_gpus)
         };
-        let placed = placement::place(&asked, &prefs, &loads).map_err(|r| r.to_string())?;
+        let placed =
+            placement::place(&asked, &prefs, &loads, &pod_gpus).map_err(|r| r.to_string())?;
         let policy = if asked.cores.is_none() {
             Policy::None
         } else {
