@@ -254,6 +254,7 @@ pub(crate) fn times(lines: &[String], command: &str) -> Vec<u64> {
     lines
         .iter()
         .filter_map(|line| line.strip_prefix(command)?.strip_prefix(" ns="))
+        .map(|rest| rest.split_whitespace().next().unwrap_or(rest))
         .map(|n| n.parse().expect("ns"))
         .collect()
 }
