@@ -10,7 +10,7 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hypervisor::corun::{
@@ -18,57 +18,6 @@ use hypervisor::corun::{
 };
 use hypervisor::observer::{GpuObserver, SimulatedGpus};
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
-
-/// The fake control program, built once per test process.
-///
-/// Cargo builds the libraries of dev-dependencies, never their binaries,
-/// and `CARGO_BIN_EXE_*` exists only in the tests of the binary's own
-/// crate. So this runs `cargo build -p mps-fake --bin
-/// nvidia-cuda-mps-control` (a no-op when fresh, so a changed fake is never
-/// missed) into the target folder and profile of this test binary, which
-/// lives in `<target>/<profile>/deps/`: the fake is then
-/// `<target>/<profile>/nvidia-cuda-mps-control`. Cargo releases its build
-/// lock before it runs tests, so the nested build does not wait for the
-/// outer one. Run by hand without `$CARGO`, an existing build is used.
-fn fake_control() -> &'static Path {
-    static FAKE: OnceLock<PathBuf> = OnceLock::new();
-    FAKE.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test binary lives in <target>/<profile>/deps");
-        let fake = profile_dir.join("nvidia-cuda-mps-control");
-        let target = profile_dir.parent().expect("<target>");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev",
-            Some(other) => other,
-        };
-        let built = std::env::var_os("CARGO").map(|cargo| {
-            Command::new(cargo)
-                .args(["build", "--quiet", "-p", "mps-fake", "--bin"])
-                .arg("nvidia-cuda-mps-control")
-                .args(["--profile", profile])
-                .env("CARGO_TARGET_DIR", target)
-                .status()
-        });
-        match built {
-            Some(Ok(status)) if status.success() => {}
-            other if fake.exists() => {
-                eprintln!(
-                    "building the fake failed ({other:?}); using {}",
-                    fake.display()
-                );
-            }
-            other => panic!(
-                "cannot build the fake nvidia-cuda-mps-control ({other:?}): run \
-                 `cargo build -p mps-fake` first"
-            ),
-        }
-        assert!(fake.exists(), "{} missing after the build", fake.display());
-        fake
-    })
-}
 
 /// The test's MPS folder under /tmp, removed when dropped, also when the
 /// test fails. A leftover daemon the test started is killed first.
@@ -94,7 +43,7 @@ impl Scratch {
         let script = format!(
             "#!/bin/sh\n[ \"$1\" = -f ] && sleep {}\nexec '{}' \"$@\"\n",
             delay.as_secs_f64(),
-            fake_control().display()
+            mps_fake::program().display()
         );
         std::fs::write(&path, script).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -112,7 +61,7 @@ impl Scratch {
              : > '{marker}'\n  export {hook}={answers}\nfi\nexec '{fake}' \"$@\"\n",
             marker = marker.display(),
             hook = mps_fake::HANG_AFTER,
-            fake = fake_control().display(),
+            fake = mps_fake::program().display(),
         );
         std::fs::write(&path, script).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -322,7 +271,7 @@ fn a_daemon_for_container_clients_has_its_gpus_folder_as_dev_shm() {
     let gpu = common::gpu(0);
     let options = CorunOptions {
         private_shm: true,
-        ..scratch.options(std::slice::from_ref(&gpu), fake_control())
+        ..scratch.options(std::slice::from_ref(&gpu), mps_fake::program())
     };
     let folder = shm_dir(&options.dir, &gpu);
     let can_unshare = Command::new("unshare")
@@ -415,12 +364,12 @@ fn a_hung_daemon_is_seen_down_killed_and_restarted() {
 fn a_daemon_left_by_an_earlier_run_is_quit_first() {
     let mut scratch = Scratch::new();
     let gpu = common::gpu(0);
-    let options = scratch.options(std::slice::from_ref(&gpu), fake_control());
+    let options = scratch.options(std::slice::from_ref(&gpu), mps_fake::program());
     let pipe = pipe_dir(&options.dir, &gpu);
     let logs = log_dir(&options.dir, &gpu);
     std::fs::create_dir_all(&pipe).unwrap();
     std::fs::create_dir_all(&logs).unwrap();
-    let leftover = Command::new(fake_control())
+    let leftover = Command::new(mps_fake::program())
         .arg("-f")
         .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
         .env("CUDA_MPS_LOG_DIRECTORY", &logs)
@@ -433,6 +382,11 @@ fn a_daemon_left_by_an_earlier_run_is_quit_first() {
         std::os::unix::net::UnixStream::connect(pipe.join(SOCKET))
             .ok()
             .map(drop)
+    });
+    // Its pid file, written just after the socket, names it.
+    eventually("the leftover's pid file", || {
+        let text = std::fs::read_to_string(pipe.join(PID_FILE)).ok()?;
+        (text.trim() == old.to_string()).then_some(())
     });
 
     let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
@@ -482,7 +436,7 @@ fn co_run_gpus_carry_the_slice_attribute() {
         let mut options =
             kube_fakes::node::options(&scratch.dir, "node-c", "gpu.gpushare.dev", &limiter);
         options.provision.corun =
-            Some(scratch.options(std::slice::from_ref(&gpus[1].uuid), fake_control()));
+            Some(scratch.options(std::slice::from_ref(&gpus[1].uuid), mps_fake::program()));
         let observer: Arc<dyn GpuObserver> = sim.clone();
         let node = kube_fakes::node::TestNode::start(&api, observer, options)
             .await

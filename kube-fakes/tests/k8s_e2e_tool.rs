@@ -1,6 +1,7 @@
 //! The `k8s-e2e` tool's plumbing on simulated GPUs: it prepares a claim for
 //! 4 GiB / 30%, writes the env and mounts of the CDI spec, serves until told
-//! to stop, and cleans up.
+//! to stop, and cleans up; the same through the device plugin, and with the
+//! GPU in co-run mode (the fake MPS control daemon supervised).
 
 use std::path::PathBuf;
 use std::process::{Child, Command};
@@ -100,6 +101,69 @@ fn k8s_e2e_device_plugin_mode_writes_the_allocate_env_and_cleans_up() {
         (Some(4 << 30), Some(30))
     );
     assert!(!std::path::Path::new(&region).exists());
+}
+
+#[test]
+fn k8s_e2e_corun_mode_supervises_mps_and_gives_the_container_its_shm() {
+    let tool = Tool::start(
+        "corun",
+        &[
+            "--simulate-gpus",
+            "2",
+            "--memory",
+            "4Gi",
+            "--compute",
+            "30",
+            "--corun",
+            "--mps-control",
+            mps_fake::program().to_str().unwrap(),
+        ],
+    );
+    let out = &tool.out;
+    let mps = std::fs::read_to_string(out.join("mps")).unwrap();
+    let fields: Vec<&str> = mps.split_whitespace().collect();
+    let [gpu, pid, shm] = fields[..] else {
+        panic!("{mps}")
+    };
+    assert!(gpu.starts_with("GPU-"), "{mps}");
+    assert_eq!(
+        PathBuf::from(shm),
+        out.join("node/mps").join(gpu).join("shm")
+    );
+    let env = std::fs::read_to_string(out.join("env")).unwrap();
+    for wanted in [
+        "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpushare/mps",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=80",
+        "CUDA_LIMITER_MPS=required",
+    ] {
+        assert!(env.lines().any(|l| l == wanted), "{wanted}: {env}");
+    }
+    // The daemon's /dev/shm is the container's, mounted before the region.
+    let mounts = std::fs::read_to_string(out.join("mounts")).unwrap();
+    assert!(
+        mounts
+            .lines()
+            .next()
+            .unwrap()
+            .starts_with(&format!("{shm} /dev/shm rw,")),
+        "{mounts}"
+    );
+    // Where this test may make a mount namespace, the daemon runs in one
+    // with that folder as its /dev/shm.
+    if Command::new("unshare")
+        .args(["--mount", "true"])
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        use std::os::unix::fs::MetadataExt;
+        let seen = std::fs::metadata(format!("/proc/{pid}/root/dev/shm")).unwrap();
+        let own = std::fs::metadata(shm).unwrap();
+        assert_eq!((seen.dev(), seen.ino()), (own.dev(), own.ino()));
+    }
+    let hv = tool.stop();
+    assert_eq!(hv["corun"][0]["gpu"].as_str(), Some(gpu), "{hv}");
+    // Quit on shutdown.
+    assert!(!PathBuf::from(format!("/proc/{pid}")).exists());
 }
 
 /// A `k8s-e2e` run in a scratch directory (removed on drop), ready.

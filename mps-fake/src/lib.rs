@@ -33,7 +33,9 @@ pub mod commands;
 pub mod daemon;
 pub mod log;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 
 /// The daemon's socket in the pipe folder.
 pub const SOCKET: &str = "control";
@@ -109,4 +111,56 @@ impl FakeError {
         let path = path.as_ref().to_owned();
         move |source| Self::Io { what, path, source }
     }
+}
+
+/// The fake control program, built once per test process, for tests of
+/// other crates.
+///
+/// Cargo builds the libraries of dev-dependencies, never their binaries,
+/// and `CARGO_BIN_EXE_*` exists only in the tests of the binary's own
+/// crate. So this runs `cargo build -p mps-fake --bin
+/// nvidia-cuda-mps-control` (a no-op when fresh, so a changed fake is never
+/// missed) into the target folder and profile of this test binary, which
+/// lives in `<target>/<profile>/deps/`: the fake is then
+/// `<target>/<profile>/nvidia-cuda-mps-control`. Cargo releases its build
+/// lock before it runs tests, so the nested build does not wait for the
+/// outer one. Run by hand without `$CARGO`, an existing build is used.
+pub fn program() -> &'static Path {
+    static FAKE: OnceLock<PathBuf> = OnceLock::new();
+    FAKE.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test binary lives in <target>/<profile>/deps");
+        let fake = profile_dir.join("nvidia-cuda-mps-control");
+        let target = profile_dir.parent().expect("<target>");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev",
+            Some(other) => other,
+        };
+        let built = std::env::var_os("CARGO").map(|cargo| {
+            Command::new(cargo)
+                .args(["build", "--quiet", "-p", "mps-fake", "--bin"])
+                .arg("nvidia-cuda-mps-control")
+                .args(["--profile", profile])
+                .env("CARGO_TARGET_DIR", target)
+                .status()
+        });
+        match built {
+            Some(Ok(status)) if status.success() => {}
+            other if fake.exists() => {
+                eprintln!(
+                    "building the fake failed ({other:?}); using {}",
+                    fake.display()
+                );
+            }
+            other => panic!(
+                "cannot build the fake nvidia-cuda-mps-control ({other:?}): run \
+                 `cargo build -p mps-fake` first"
+            ),
+        }
+        assert!(fake.exists(), "{} missing after the build", fake.display());
+        fake
+    })
 }

@@ -11,6 +11,11 @@
 #     the same checks for a HAMi-style pod (nvidia.com/gpumem: 4096,
 #     nvidia.com/gpucores: 30) taken through the device plugin: the env and
 #     mounts are those Allocate returned.
+#   MODE=corun bash scripts/gpu/k8s_e2e.sh gpu-bundle
+#     the claim's GPU in co-run mode: the real nvidia-cuda-mps-control runs
+#     supervised with a /dev/shm of its own, and the programs run as MPS
+#     clients (CUDA_LIMITER_MPS=required: CUDA works only under MPS) with
+#     that folder on their /dev/shm, as a container would.
 set -uo pipefail
 BUNDLE=$(cd "${1:-gpu-bundle}" && pwd)
 SRC=$(cd "$(dirname "$0")" && pwd)
@@ -29,7 +34,8 @@ kv() { sed -n "s/^$1=//p" "$2" | tail -n 1; }
 case "${MODE:-dra}" in
   dra) ASK=(--memory 4Gi --compute 30) ;;
   device-plugin) ASK=(--device-plugin --gpumem 4096 --gpucores 30) ;;
-  *) echo "MODE is dra or device-plugin"; exit 2 ;;
+  corun) ASK=(--memory 4Gi --compute 30 --corun) ;;
+  *) echo "MODE is dra, device-plugin or corun"; exit 2 ;;
 esac
 echo "mode: ${MODE:-dra}"
 HYPERVISOR_LOG=${HYPERVISOR_LOG:-info} "$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" "${ASK[@]}" \
@@ -48,7 +54,7 @@ with() {
     while read -r host ctr opts; do
       [ -n "$host" ] || continue
       mkdir -p "$(dirname "$ctr")"
-      case "$ctr" in /dev/shm/*) ;; *) mount -t tmpfs none "$(dirname "$ctr")" 2>/dev/null || true ;; esac
+      case "$ctr" in /dev/shm | /dev/shm/*) ;; *) mount -t tmpfs none "$(dirname "$ctr")" 2>/dev/null || true ;; esac
       [ -e "$ctr" ] || touch "$ctr"
       mount --bind "$host" "$ctr"
       case "$opts" in ro*) mount -o remount,bind,ro "$ctr" ;; esac
@@ -58,9 +64,9 @@ with() {
 }
 without() { env -u LD_PRELOAD "$@"; }
 
-# 0 the node's ResourceSlice (DRA mode): every GPU NVML sees, none tainted
+# 0 the node's ResourceSlice (DRA and co-run modes): every GPU NVML sees, none tainted
 # (the health watch found nothing), and the watch waiting for XID/ECC events.
-if [ "${MODE:-dra}" = dra ]; then
+if [ "${MODE:-dra}" != device-plugin ]; then
   slice=$(python3 -c "
 import json
 s = json.load(open('$OUT/resourceslice.json'))[0]['spec']['devices']
@@ -80,6 +86,24 @@ ok=FAIL; [ "$t1" = 4294967296 ] && [ -n "$g1" ] && [ "$g1" -le 4294967296 ] && [
   && [ -n "$f1" ] && [ "$f1" -le 4096 ] && ok=PASS
 row "CUDA total / obtained / nvidia-smi footprint MiB" "$t0 / $(kv obtained "$WORK/mem.without") / $(kv footprint_mib "$WORK/mem.without")" \
   "$t1 / $g1 / $f1" $ok
+
+# 1b co-run: the daemon sees the GPU's folder as its /dev/shm, and a client
+# (a spin running WITH the spec's env and mounts) makes the daemon start an
+# MPS server on the GPU; what the clients left in the folder is reported.
+if [ "${MODE:-dra}" = corun ]; then
+  read -r _ mpid mshm <"$OUT/mps"
+  same=no
+  [ "$(stat -Lc %d:%i "/proc/$mpid/root/dev/shm" 2>/dev/null)" = "$(stat -c %d:%i "$mshm")" ] && same=yes
+  with "$WORK/spin" runtime 2000 4 >"$WORK/spin.mps" 2>&1 &
+  SP=$!
+  sleep 2
+  servers=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader | grep -c mps-server)
+  files=$(ls "$mshm" | grep -vc '^gpushare-')
+  wait $SP; src=$?
+  ok=FAIL; [ $same = yes ] && [ "$servers" -ge 1 ] && [ $src = 0 ] && ok=PASS
+  row "co-run: daemon's /dev/shm is the GPU's folder; MPS servers on the GPU while a client runs; client exit; MPS files in the folder" \
+    "-" "$same; $servers; $src; $files" $ok
+fi
 
 # 2 PyTorch memory: total 4 GiB, 5 GiB tensor -> OOM.
 for mode in without with; do $mode python3 "$SRC/mem_torch.py" >"$WORK/torch.$mode" 2>&1; done
@@ -119,6 +143,11 @@ row "PyTorch matmul loop: GPU busy % (nvidia-smi), SM MHz; matmul/s (ratio, repo
 touch "$OUT/stop"; wait $E2E; rc=$?
 ok=FAIL; [ $rc = 0 ] && [ "$(cat "$OUT/unprepared" 2>/dev/null)" = clean ] && ok=PASS
 row "unprepare: spec, token, region removed" "-" "$(cat "$OUT/unprepared" 2>/dev/null)" $ok
+if [ "${MODE:-dra}" = corun ]; then
+  left=$(pgrep -fc 'nvidia-cuda-mps' || true)
+  ok=FAIL; [ "$left" = 0 ] && ok=PASS
+  row "co-run: MPS processes left after the daemon stopped" "-" "$left" $ok
+fi
 python3 -c "import json; s = json.load(open('$OUT/status.json')); print('workers seen:', len(s['workers']), [w['pod'] for w in s['workers']])"
 
 echo; echo "| check | without | with (CDI env + mounts) | result |"; echo "| --- | --- | --- | --- |"

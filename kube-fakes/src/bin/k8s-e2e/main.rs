@@ -18,7 +18,10 @@
 //! `--device-plugin` takes a HAMi-style pod (`--gpumem` MiB, `--gpucores`
 //! percent) through the device plugin instead; the files are the same, from
 //! the `Allocate` answer, and the end deletes the pod.
+//!
+//! `--corun` puts the claim's GPU in co-run mode first (see `corun`).
 
+mod corun;
 mod device_plugin;
 
 use std::path::{Path, PathBuf};
@@ -72,6 +75,13 @@ struct Args {
     /// Stop by itself after this many seconds.
     #[arg(long, default_value_t = 600)]
     max_seconds: u64,
+    /// The claim's GPU in co-run mode: its pods are MPS clients of the
+    /// control daemon this run supervises (DRA only).
+    #[arg(long, conflicts_with = "device_plugin")]
+    corun: bool,
+    /// With --corun: the nvidia-cuda-mps-control program.
+    #[arg(long, default_value = hypervisor::corun::DEFAULT_MPS_CONTROL)]
+    mps_control: PathBuf,
 }
 
 fn main() {
@@ -116,7 +126,28 @@ fn run(args: Args) -> anyhow::Result<()> {
         let mut options = node::options(&out.join("node"), "e2e-node", DRIVER, &limiter);
         options.check_identity = !args.skip_identity;
         std::fs::create_dir_all(out.join("node"))?;
+        let supervisor = if args.corun {
+            let index = args
+                .device
+                .strip_prefix("gpu-")
+                .and_then(|n| n.parse().ok())
+                .with_context(|| format!("--device {}: not gpu-N", args.device))?;
+            let corun = corun::options(
+                &observer,
+                index,
+                &out.join("node").join("mps"),
+                &args.mps_control,
+            )?;
+            let supervisor = corun::start(&corun, &out)?;
+            options.provision.corun = Some(corun);
+            Some(supervisor)
+        } else {
+            None
+        };
         let node = TestNode::start(&api, observer, options).await?;
+        if let Some(supervisor) = &supervisor {
+            node.hv.set_corun_board(supervisor.board());
+        }
         let client = hypervisor::kubernetes::client(node.options.kubeconfig.as_deref()).await?;
         cluster::create_node(&client, "e2e-node").await?;
         let claim = cluster::create_claim(
@@ -187,6 +218,9 @@ fn run(args: Args) -> anyhow::Result<()> {
             &[("spec", &spec_path), ("token", &token), ("region", &region)],
         )?;
         node.stop().await;
+        if let Some(supervisor) = supervisor {
+            supervisor.shutdown();
+        }
         ensure!(clean, "unprepare left files behind");
         Ok(())
     })
