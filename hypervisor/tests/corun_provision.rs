@@ -216,7 +216,8 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
                 "gpu-0",
                 vec![
                     format!("CUDA_MPS_PIPE_DIRECTORY={PIPE}"),
-                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100".to_owned(),
+                    // The claim's fixed compute share, of the SMs here.
+                    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30".to_owned(),
                     "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M".to_owned(),
                     "CUDA_MPS_CLIENT_PRIORITY=0".to_owned(),
                     "CUDA_LIMITER_MPS=required".to_owned(),
@@ -225,7 +226,9 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
             (
                 "batch",
                 "2Gi",
-                json!({"weight": 2}),
+                // An elastic share stays a time share (weights): the SMs
+                // are the class's part.
+                json!({"weight": 2, "policy": "elastic"}),
                 "gpu-0",
                 vec![
                     format!("CUDA_MPS_PIPE_DIRECTORY={PIPE}"),
@@ -251,6 +254,22 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
             let (env, mounts) = edits(&path);
             assert_eq!(mps_variables(&env), want, "{name}");
             assert!(env.contains(&format!("CUDA_LIMITER_POD={pod}")), "{name}");
+            // The hypervisor's time cap: none where the fixed share went to
+            // the SMs (co-run), the elastic share's ceiling (a time share
+            // still), the fixed share itself on the ordinary GPU.
+            let status = serde_json::to_value(world.node.as_ref().unwrap().hv.status()).unwrap();
+            let cap = status["pods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["id"] == pod.as_str())
+                .map(|p| p["gpus"][0]["cap_percent"].clone());
+            let want_cap = match name {
+                "latency" => json!(null),
+                "batch" => json!(100),
+                _ => json!(30),
+            };
+            assert_eq!(cap, Some(want_cap), "{name}: {status}");
             let pipe_mount = mounts.iter().find(|m| m.1 == PIPE);
             let shm_mount = mounts.iter().find(|m| m.1 == "/dev/shm");
             if want.is_empty() {
@@ -408,7 +427,8 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         let env = &answer.envs;
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], gpu0);
         assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], PIPE);
-        assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "80");
+        // nvidia.com/gpucores 30: a share of the SMs on a co-run GPU.
+        assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "30");
         assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=3072M");
         assert_eq!(env["CUDA_MPS_CLIENT_PRIORITY"], "1");
         assert_eq!(env["CUDA_LIMITER_MPS"], "required");

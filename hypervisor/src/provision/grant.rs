@@ -223,6 +223,23 @@ impl Totals {
             Policy::None => (None, None, Policy::None),
         }
     }
+
+    /// [`Totals::compute`] on a co-run GPU: a fixed share is the client's
+    /// share of the SMs there ([`Totals::sm_share`]), not of the time, so it
+    /// leaves no time cap; an elastic share (weights) stays a time share.
+    pub(super) fn compute_on_corun(&self) -> (Option<u8>, Option<u8>, Policy) {
+        match self.policy.unwrap_or(Policy::Fixed) {
+            Policy::Fixed => (None, None, Policy::None),
+            Policy::Elastic | Policy::None => self.compute(),
+        }
+    }
+
+    /// The percent of the SMs a fixed share becomes on a co-run GPU; `None`
+    /// for an elastic share or none.
+    pub(super) fn sm_share(&self) -> Option<u8> {
+        (self.policy.unwrap_or(Policy::Fixed) == Policy::Fixed)
+            .then(|| (self.compute_percent.min(100) as u8).max(1))
+    }
 }
 
 #[cfg(test)]
@@ -278,6 +295,27 @@ mod tests {
             grants.iter().for_each(|g| totals.add(g));
             assert_eq!(totals.compute(), want, "{grants:?}");
         }
+    }
+
+    #[test]
+    fn on_a_corun_gpu_a_fixed_share_is_of_the_sms() {
+        let totals = |grants: &[DeviceGrant]| {
+            let mut totals = Totals::default();
+            grants.iter().for_each(|g| totals.add(g));
+            totals
+        };
+        let fixed = totals(&[
+            grant(30, Policy::Fixed, None),
+            grant(20, Policy::Fixed, None),
+        ]);
+        assert_eq!(fixed.sm_share(), Some(50));
+        assert_eq!(fixed.compute_on_corun(), (None, None, Policy::None));
+        let elastic = totals(&[grant(30, Policy::Elastic, Some(80))]);
+        assert_eq!(elastic.sm_share(), None);
+        assert_eq!(elastic.compute_on_corun(), elastic.compute());
+        let none = totals(&[grant(0, Policy::None, None)]);
+        assert_eq!(none.sm_share(), None);
+        assert_eq!(none.compute_on_corun(), (None, None, Policy::None));
     }
 
     #[test]

@@ -360,7 +360,12 @@ impl Provisioner {
             };
             let mut gpus = Vec::with_capacity(per_gpu.len());
             for (uuid, totals) in per_gpu.values() {
-                let (cap, share, policy) = totals.compute();
+                let corun = self.config.corun.as_ref().is_some_and(|c| c.covers(uuid));
+                let (cap, share, policy) = if corun {
+                    totals.compute_on_corun()
+                } else {
+                    totals.compute()
+                };
                 let gpu = GpuSpec::new(
                     GpuSelector::uuid(uuid).map_err(spec_err)?,
                     totals.memory_bytes,

@@ -7,7 +7,8 @@
 //! that folder on the container's `/dev/shm` ([`crate::corun::shm`]), and
 //! the variables of an MPS client:
 //! `CUDA_MPS_PIPE_DIRECTORY`, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (by the
-//! pod's class, [`corun::active_thread_percentage`]),
+//! pod's class, [`corun::active_thread_percentage`], narrowed to its fixed
+//! compute share: on a co-run GPU that share is of the SMs, not of the time),
 //! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (the pod's quota, a second fence behind
 //! the limiter's), `CUDA_MPS_CLIENT_PRIORITY` (batch below normal) and
 //! `CUDA_LIMITER_MPS=required`, so that a process the driver ran without MPS
@@ -143,16 +144,13 @@ pub fn client<'a>(
         .into_iter()
         .filter(|d| d.gpu_uuid.eq_ignore_ascii_case(uuid))
         .for_each(|d| totals.add(d));
-    let (percentage, priority) = match totals.class {
-        PodClass::Latency => (
-            corun::active_thread_percentage(PodClass::Latency, options.latency_reserve),
-            PRIORITY_NORMAL,
-        ),
-        PodClass::Batch => (
-            corun::active_thread_percentage(PodClass::Batch, options.latency_reserve),
-            PRIORITY_BELOW_NORMAL,
-        ),
+    let priority = match totals.class {
+        PodClass::Latency => PRIORITY_NORMAL,
+        PodClass::Batch => PRIORITY_BELOW_NORMAL,
     };
+    // The class's part of the SMs, narrowed to a fixed compute share.
+    let percentage = corun::active_thread_percentage(totals.class, options.latency_reserve);
+    let percentage = totals.sm_share().map_or(percentage, |s| s.min(percentage));
     // Mixing is refused, so the co-run GPU is the container's only one:
     // its CUDA ordinal is the position in `gpus`, 0.
     let ordinal = gpus
@@ -187,6 +185,7 @@ fn mebibytes_up(bytes: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::provision::SharingParams;
+    use crate::spec::Policy;
 
     fn options() -> CorunOptions {
         CorunOptions {
@@ -209,6 +208,7 @@ mod tests {
         }
     }
 
+    /// A grant of memory alone (no compute limit).
     fn grant(uuid: &str, memory_bytes: u64, class: PodClass) -> DeviceGrant {
         DeviceGrant {
             requests: vec!["gpu".into()],
@@ -217,12 +217,21 @@ mod tests {
             gpu_uuid: uuid.into(),
             gpu_index: 0,
             memory_bytes,
-            compute_percent: 30,
+            compute_percent: 0,
             params: SharingParams {
                 class,
+                policy: Policy::None,
                 ..SharingParams::default()
             },
         }
+    }
+
+    /// The same with a compute share under `policy`.
+    fn share(uuid: &str, compute: u8, policy: Policy, class: PodClass) -> DeviceGrant {
+        let mut g = grant(uuid, 1 << 30, class);
+        g.compute_percent = compute;
+        g.params.policy = policy;
+        g
     }
 
     #[test]
@@ -307,6 +316,32 @@ mod tests {
         assert!(env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100".to_owned()));
         assert!(env.contains(&"CUDA_MPS_CLIENT_PRIORITY=0".to_owned()));
         assert!(env.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M".to_owned()));
+        // A fixed compute share is a share of the SMs: the class's part
+        // narrowed to it, two claims' shares added up.
+        let percentage = |grants: &[DeviceGrant]| -> String {
+            let env = client(Some(&o), &gpus, grants).unwrap().unwrap().env;
+            env[1].clone()
+        };
+        let fixed = |compute, class| share("GPU-a", compute, Policy::Fixed, class);
+        assert_eq!(
+            percentage(&[fixed(30, PodClass::Latency)]),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"
+        );
+        assert_eq!(
+            percentage(&[fixed(30, PodClass::Batch), fixed(20, PodClass::Batch)]),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"
+        );
+        // A batch pod never gets the reserve, whatever its share.
+        assert_eq!(
+            percentage(&[fixed(90, PodClass::Batch)]),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75"
+        );
+        // An elastic share stays a time share: the class's part.
+        let elastic = share("GPU-a", 30, Policy::Elastic, PodClass::Batch);
+        assert_eq!(
+            percentage(&[elastic]),
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=75"
+        );
         // An ordinary GPU, or no co-run GPU on the node: nothing.
         assert_eq!(client(Some(&o), &[gpu(0, "GPU-b")], &batch), Ok(None));
         assert_eq!(client(None, &gpus, &batch), Ok(None));
