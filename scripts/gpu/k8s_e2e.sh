@@ -24,7 +24,10 @@ OUT=$WORK/out
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 rows=()
 pass=0 fail=0
-row() { rows+=("| $1 | $2 | $3 | $4 |"); if [ "$4" = PASS ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi; }
+row() {
+  rows+=("| $1 | $2 | $3 | $4 |")
+  case "$4" in PASS) pass=$((pass + 1)) ;; INFO) ;; *) fail=$((fail + 1)) ;; esac
+}
 kv() { sed -n "s/^$1=//p" "$2" | tail -n 1; }
 
 "$NVCC" -O2 -arch=sm_90 -o "$WORK/mem_runtime" "$SRC/mem_runtime.cu" || { echo "nvcc failed"; exit 1; }
@@ -111,11 +114,14 @@ ok=FAIL; [ "$(kv total "$WORK/torch.with")" = 4294967296 ] && [ "$(kv over "$WOR
 row "PyTorch total / 5 GiB tensor" "$(kv total "$WORK/torch.without") / $(kv over "$WORK/torch.without")" \
   "$(kv total "$WORK/torch.with") / $(kv over "$WORK/torch.with")" $ok
 
-# 3 compute: spin 2 ms kernels for 4 s; busy share after 1 s = 30 +- 3.
-for mode in without with; do $mode "$WORK/spin" runtime 2000 4 >"$WORK/spin.$mode" 2>&1; done
-s1=$(kv share_after1s_pct "$WORK/spin.with")
-ok=FAIL; python3 -c "import sys; sys.exit(0 if abs(float('$s1') - 30) <= 3 else 1)" 2>/dev/null && ok=PASS
-row "CUDA spin busy share % (from 1 s)" "$(kv share_after1s_pct "$WORK/spin.without")" "$s1" $ok
+# 3 compute: spin 2 ms kernels for 4 s; busy share after 1 s = 30 +- 3. Not
+# in co-run mode: there the 30% is of the SMs, not of the time.
+if [ "${MODE:-dra}" != corun ]; then
+  for mode in without with; do $mode "$WORK/spin" runtime 2000 4 >"$WORK/spin.$mode" 2>&1; done
+  s1=$(kv share_after1s_pct "$WORK/spin.with")
+  ok=FAIL; python3 -c "import sys; sys.exit(0 if abs(float('$s1') - 30) <= 3 else 1)" 2>/dev/null && ok=PASS
+  row "CUDA spin busy share % (from 1 s)" "$(kv share_after1s_pct "$WORK/spin.without")" "$s1" $ok
+fi
 
 # 4 PyTorch compute: bf16 matmul loop, GPU time share = 30 +- 3 pp, from
 # nvidia-smi's utilization.gpu sampled each second while the GPU is busy (the
@@ -137,6 +143,8 @@ ratio=$(python3 -c "print(round(float('$r1') / float('$r0'), 3))" 2>/dev/null ||
 u0=$(smi_mean "$WORK/mm-smi.without" 6); u1=$(smi_mean "$WORK/mm-smi.with" 6)
 c0=$(smi_mean "$WORK/mm-smi.without" 2); c1=$(smi_mean "$WORK/mm-smi.with" 2)
 ok=FAIL; python3 -c "import sys; sys.exit(0 if abs(float('$u1') - 30) <= 3 else 1)" 2>/dev/null && ok=PASS
+# Co-run: 30% of the SMs, no time cap; the figures are reported, not judged.
+[ "${MODE:-dra}" = corun ] && ok=INFO
 row "PyTorch matmul loop: GPU busy % (nvidia-smi), SM MHz; matmul/s (ratio, reported)" \
   "$u0%, $c0 MHz; $r0" "$u1%, $c1 MHz; $r1 ($ratio)" $ok
 
