@@ -196,12 +196,18 @@ impl Tool {
             .unwrap();
         let start = Instant::now();
         while !out.join("ready").exists() {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "k8s-e2e never got ready"
-            );
-            if let Some(status) = child.try_wait().unwrap() {
-                panic!("k8s-e2e exited early: {status}");
+            let failed = match child.try_wait().unwrap() {
+                Some(status) => Some(format!("k8s-e2e exited early: {status}")),
+                None if start.elapsed() > Duration::from_secs(30) => {
+                    Some("k8s-e2e never got ready".to_owned())
+                }
+                None => None,
+            };
+            if let Some(failed) = failed {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = std::fs::remove_dir_all(&dir);
+                panic!("{failed}");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
