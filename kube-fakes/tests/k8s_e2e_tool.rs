@@ -133,7 +133,8 @@ fn k8s_e2e_corun_mode_supervises_mps_and_gives_the_container_its_shm() {
     let env = std::fs::read_to_string(out.join("env")).unwrap();
     for wanted in [
         "CUDA_MPS_PIPE_DIRECTORY=/var/run/gpushare/mps",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=80",
+        // The claim's fixed 30%, of the SMs on a co-run GPU.
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30",
         "CUDA_LIMITER_MPS=required",
     ] {
         assert!(env.lines().any(|l| l == wanted), "{wanted}: {env}");
@@ -238,7 +239,15 @@ impl Tool {
 }
 
 impl Drop for Tool {
+    /// After a failed assertion: asks the tool to stop as `stop` does, so
+    /// that it unprepares and quits an MPS daemon it runs; kills it if it
+    /// has not within 15 s.
     fn drop(&mut self) {
+        let _ = std::fs::write(self.out.join("stop"), b"");
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
