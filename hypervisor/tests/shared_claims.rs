@@ -123,6 +123,35 @@ async fn start_node(api: &FakeApiServer, d: &std::path::Path) -> (kube::Client, 
     (client, node)
 }
 
+/// Writes `status` (a merge patch: the allocation, `reservedFor`) to claim
+/// `shared`, has the kubelet prepare it, and returns its CDI spec's path and
+/// the quota identity in it (its region removed at the end).
+async fn reserve_and_prepare(
+    client: &kube::Client,
+    node: &TestNode,
+    scratch: &Scratch,
+    status: &Value,
+    claim_uid: &str,
+) -> (PathBuf, String) {
+    Api::<ResourceClaim>::namespaced(client.clone(), "default")
+        .patch_status("shared", &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    let prepared = node
+        .kubelet
+        .prepare(Version::V1, "default", "shared", claim_uid)
+        .await
+        .unwrap();
+    assert_eq!(prepared.error, "");
+    let spec_path = scratch
+        .dir
+        .join("cdi")
+        .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
+    let identity = identity_in(&spec_path);
+    scratch.identities.lock().unwrap().push(identity.clone());
+    (spec_path, identity)
+}
+
 /// The quota identity in the CDI spec at `spec_path`.
 fn identity_in(spec_path: &std::path::Path) -> String {
     let spec: Value = serde_json::from_slice(&std::fs::read(spec_path).unwrap()).unwrap();
@@ -165,24 +194,10 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
             {"resource": "pods", "name": "sa", "uid": a_uid},
             {"resource": "pods", "name": "sb", "uid": b_uid},
         ]}});
-        Api::<ResourceClaim>::namespaced(client.clone(), "default")
-            .patch_status("shared", &PatchParams::default(), &Patch::Merge(&reserved))
-            .await
-            .unwrap();
         let claim_uid = claim.metadata.uid.clone().unwrap();
-
         // The kubelet prepares the claim once, for whichever pod starts first.
-        let prepared = node
-            .kubelet
-            .prepare(Version::V1, "default", "shared", &claim_uid)
-            .await
-            .unwrap();
-        assert_eq!(prepared.error, "");
-        let spec_path = d
-            .join("cdi")
-            .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
-        let identity = identity_in(&spec_path);
-        scratch.identities.lock().unwrap().push(identity.clone());
+        let (spec_path, identity) =
+            reserve_and_prepare(&client, &node, &scratch, &reserved, &claim_uid).await;
         // With both pods reserved when prepared, the claim's own identity;
         // had the kubelet's first prepare seen the first pod alone, that pod's
         // (both are correct: the rest of the test holds for either).
@@ -269,22 +284,9 @@ fn a_consumer_the_agents_pod_cache_has_not_seen_keeps_the_shared_claim() {
             .as_array_mut()
             .unwrap()
             .push(json!({"resource": "pods", "name": "sb", "uid": b_uid}));
-        Api::<ResourceClaim>::namespaced(client.clone(), "default")
-            .patch_status("shared", &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
         let claim_uid = claim.metadata.uid.clone().unwrap();
-        let prepared = node
-            .kubelet
-            .prepare(Version::V1, "default", "shared", &claim_uid)
-            .await
-            .unwrap();
-        assert_eq!(prepared.error, "");
-        let spec_path = d
-            .join("cdi")
-            .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
-        let identity = identity_in(&spec_path);
-        scratch.identities.lock().unwrap().push(identity.clone());
+        let (spec_path, identity) =
+            reserve_and_prepare(&client, &node, &scratch, &status, &claim_uid).await;
         assert_eq!(identity, claim_uid, "not the claim's own identity");
         let token_path = d.join("state/pods").join(&identity).join("token");
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{identity}"));
