@@ -247,18 +247,22 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
     });
 }
 
-/// The agent's pod cache may not have seen a pod at all (a reflector that is
-/// still listing, or re-listing after its watch broke): the claim's other
-/// consumer is then looked up in the API, and the claim's identity is kept
-/// while it runs. The fake server holds back every pod event from before the
-/// agent starts, so its cache knows neither pod.
+/// The agent's caches may not have seen a pod or a claim's reservation at
+/// all (reflectors still listing, or re-listing after a watch broke): the
+/// claim's consumers are then read from the API before its identity is
+/// forgotten, and a consumer the pod cache does not know is looked up there.
+/// The fake server holds back every pod and claim event from before the
+/// agent starts, so its caches know neither pod nor the claim.
 #[test]
-fn a_consumer_the_agents_pod_cache_has_not_seen_keeps_the_shared_claim() {
+fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
     let scratch = Scratch::new("unseen");
     runtime().block_on(async {
         let d = &scratch.dir;
         let api = FakeApiServer::start().await.unwrap();
-        let pod_events = api.hold_watch_events("pods");
+        let held = [
+            api.hold_watch_events("pods"),
+            api.hold_watch_events("resourceclaims"),
+        ];
         let (client, node) = start_node(&api, d).await;
 
         let claim = cluster::create_claim(&client, "default", "shared", DRIVER, "4Gi", "30", None)
@@ -290,32 +294,24 @@ fn a_consumer_the_agents_pod_cache_has_not_seen_keeps_the_shared_claim() {
         assert_eq!(identity, claim_uid, "not the claim's own identity");
         let token_path = d.join("state/pods").join(&identity).join("token");
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{identity}"));
+        let kept = || spec_path.exists() && token_path.exists() && region.exists();
 
-        // The agent's claim cache has both consumers once pod B's worker is
-        // accepted as the claim's (its pod cache has neither pod).
-        process_of(&d.join("proc"), 5001, &b_uid);
-        let token = std::fs::read_to_string(&token_path).unwrap();
-        let mut accepted = 0;
-        for _ in 0..100 {
-            accepted = register(&node.hv_url, &identity, &token).await;
-            if accepted == 200 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert_eq!(accepted, 200, "pod B's worker refused as the claim's");
-
-        // The first pod ends; the second, unknown to the cache, still runs.
+        // Just prepared, used by two pods neither cache knows: kept.
+        let gone = node.agent.collect_garbage().await.unwrap();
+        assert!(
+            gone.is_empty() && kept(),
+            "collected {gone:?} just prepared"
+        );
+        // The first pod ends; the second still runs: kept.
         api.delete("pods", "default", "sa");
         let gone = node.agent.collect_garbage().await.unwrap();
-        assert!(gone.is_empty(), "collected {gone:?} while pod B runs");
         assert!(
-            spec_path.exists() && token_path.exists() && region.exists(),
-            "the claim's spec, token and region went while pod B runs"
+            gone.is_empty() && kept(),
+            "collected {gone:?} while pod B runs"
         );
 
-        // The cache catches up, the last pod ends: everything goes.
-        drop(pod_events);
+        // The caches catch up, the last pod ends: everything goes.
+        drop(held);
         api.delete("pods", "default", "sb");
         eventually("the claim cleaned up with its last pod", || {
             !spec_path.exists() && !token_path.exists() && !region.exists()

@@ -292,27 +292,20 @@ impl NodeAgent {
         for (uid, (pod, claims_own)) in prepared {
             // Another pod that uses the identity's claims keeps it: the
             // quota is the claims', kept until their last consumer ends.
-            // The reflector may not have seen another consumer yet:
-            // `pod_runs` asks the API for any it does not know.
-            let mut others_run = false;
-            for (other, name) in consumers(&self.inner, &uid) {
-                if other == uid {
-                    continue;
-                }
-                let other_pod = PodRef {
-                    uid: other.clone(),
-                    namespace: pod.namespace.clone(),
-                    name,
-                };
-                if self.pod_runs(&other, &other_pod).await? {
-                    others_run = true;
-                    break;
-                }
-            }
-            if others_run {
+            // The reflectors may lag a claim's reservation or a pod: before
+            // forgetting, the claims are read again from the API, and
+            // `pod_runs` asks it for any pod the cache does not know.
+            // The identity's own pod first: what keeps most, from the cache.
+            if !claims_own && self.pod_runs(&uid, &pod).await? {
                 continue;
             }
-            if !claims_own && self.pod_runs(&uid, &pod).await? {
+            if self
+                .others_run(&uid, &pod, consumers(&self.inner, &uid))
+                .await?
+                || self
+                    .others_run(&uid, &pod, self.consumers_from_api(&uid).await?)
+                    .await?
+            {
                 continue;
             }
             let forgotten = self.provisioner().forget_pod(&uid)?;
@@ -323,6 +316,50 @@ impl NodeAgent {
             self.sync()?;
         }
         Ok(gone)
+    }
+
+    /// Whether a pod of `consumers` other than `identity` (of `pod`'s
+    /// namespace) runs.
+    async fn others_run(
+        &self,
+        identity: &str,
+        pod: &PodRef,
+        consumers: BTreeMap<String, String>,
+    ) -> Result<bool, KubeError> {
+        for (other, name) in consumers {
+            if other == identity {
+                continue;
+            }
+            let other_pod = PodRef {
+                uid: other.clone(),
+                namespace: pod.namespace.clone(),
+                name,
+            };
+            if self.pod_runs(&other, &other_pod).await? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// [`consumers`] as the API has the claims now (a claim deleted or
+    /// replaced by another of its name has none).
+    async fn consumers_from_api(
+        &self,
+        identity: &str,
+    ) -> Result<BTreeMap<String, String>, KubeError> {
+        let mut pods = BTreeMap::new();
+        for (namespace, name, uid) in prepared_claims(&self.inner, identity) {
+            let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &namespace);
+            let live = api
+                .get_opt(&name)
+                .await
+                .map_err(KubeError::api("get claim"))?;
+            if let Some(claim) = live.filter(|c| c.metadata.uid.as_deref() == Some(uid.as_str())) {
+                pods.extend(claims::consumer_pods(&claim));
+            }
+        }
+        Ok(pods)
     }
 
     /// Whether pod `uid` still exists and has not finished.
@@ -471,7 +508,19 @@ impl WorkerIdentity for ClaimIdentity {
 /// The pods (UID → name) in the `reservedFor` of the claims prepared under
 /// quota identity `identity`, as the claims' reflector has them.
 fn consumers(inner: &Inner, identity: &str) -> BTreeMap<String, String> {
-    let prepared: Vec<(String, String, String)> = inner
+    let mut pods = BTreeMap::new();
+    for (namespace, name, uid) in prepared_claims(inner, identity) {
+        if let Some(claim) = cached_claim(inner, &namespace, &name, &uid) {
+            pods.extend(claims::consumer_pods(&claim));
+        }
+    }
+    pods
+}
+
+/// The (namespace, name, UID) of the claims prepared under quota identity
+/// `identity`.
+fn prepared_claims(inner: &Inner, identity: &str) -> Vec<(String, String, String)> {
+    inner
         .source
         .provisioner
         .lock()
@@ -483,17 +532,25 @@ fn consumers(inner: &Inner, identity: &str) -> BTreeMap<String, String> {
             let r = &c.request;
             (r.namespace.clone(), r.name.clone(), r.claim_uid.clone())
         })
-        .collect();
-    let mut pods = BTreeMap::new();
-    for (namespace, name, uid) in prepared {
-        let key = ObjectRef::new(&name).within(&namespace);
-        if let Some(claim) = inner.claims.get(&key)
-            && claim.metadata.uid.as_deref() == Some(uid.as_str())
-        {
-            pods.extend(claims::consumer_pods(&claim));
-        }
-    }
-    pods
+        .collect()
+}
+
+/// Claim `namespace/name` as the claims' reflector has it, if it is the
+/// one with UID `uid` and its reservation is there.
+fn cached_claim(
+    inner: &Inner,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+) -> Option<Arc<ResourceClaim>> {
+    let key = ObjectRef::new(name).within(namespace);
+    inner.claims.get(&key).filter(|claim| {
+        claim.metadata.uid.as_deref() == Some(uid)
+            && claim
+                .status
+                .as_ref()
+                .is_some_and(|s| s.reserved_for.is_some())
+    })
 }
 
 fn finished(pod: &Pod) -> bool {
