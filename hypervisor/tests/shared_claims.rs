@@ -250,7 +250,8 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
 /// The agent's caches may not have seen a pod or a claim's reservation at
 /// all (reflectors still listing, or re-listing after a watch broke): the
 /// claim's consumers are then read from the API before its identity is
-/// forgotten, and a consumer the pod cache does not know is looked up there.
+/// forgotten or a worker of another pod is refused as its, and a consumer
+/// the pod cache does not know is looked up there.
 /// The fake server holds back every pod and claim event from before the
 /// agent starts, so its caches know neither pod nor the claim.
 #[test]
@@ -296,12 +297,16 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{identity}"));
         let kept = || spec_path.exists() && token_path.exists() && region.exists();
 
-        // Just prepared, used by two pods neither cache knows: kept.
+        // Just prepared, used by two pods neither cache knows: kept, and a
+        // worker of the second pod is accepted as the claim's at once.
         let gone = node.agent.collect_garbage().await.unwrap();
         assert!(
             gone.is_empty() && kept(),
             "collected {gone:?} just prepared"
         );
+        process_of(&d.join("proc"), 5001, &b_uid);
+        let token = std::fs::read_to_string(&token_path).unwrap();
+        assert_eq!(register(&node.hv_url, &identity, &token).await, 200);
         // The first pod ends; the second still runs: kept.
         api.delete("pods", "default", "sa");
         let gone = node.agent.collect_garbage().await.unwrap();

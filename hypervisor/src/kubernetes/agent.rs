@@ -303,7 +303,7 @@ impl NodeAgent {
                 .others_run(&uid, &pod, consumers(&self.inner, &uid))
                 .await?
                 || self
-                    .others_run(&uid, &pod, self.consumers_from_api(&uid).await?)
+                    .others_run(&uid, &pod, consumers_from_api(&self.inner, &uid).await?)
                     .await?
             {
                 continue;
@@ -340,26 +340,6 @@ impl NodeAgent {
             }
         }
         Ok(false)
-    }
-
-    /// [`consumers`] as the API has the claims now (a claim deleted or
-    /// replaced by another of its name has none).
-    async fn consumers_from_api(
-        &self,
-        identity: &str,
-    ) -> Result<BTreeMap<String, String>, KubeError> {
-        let mut pods = BTreeMap::new();
-        for (namespace, name, uid) in prepared_claims(&self.inner, identity) {
-            let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &namespace);
-            let live = api
-                .get_opt(&name)
-                .await
-                .map_err(KubeError::api("get claim"))?;
-            if let Some(claim) = live.filter(|c| c.metadata.uid.as_deref() == Some(uid.as_str())) {
-                pods.extend(claims::consumer_pods(&claim));
-            }
-        }
-        Ok(pods)
     }
 
     /// Whether pod `uid` still exists and has not finished.
@@ -493,15 +473,36 @@ struct ClaimIdentity {
 }
 
 impl WorkerIdentity for ClaimIdentity {
+    /// Runs on a blocking thread of the runtime (the registration handler's
+    /// `spawn_blocking`).
     fn verify(&self, pod: &PodId, pid: u32) -> Result<u32, IdentityError> {
-        let shared = self
-            .agent
-            .upgrade()
-            .map(|inner| consumers(&inner, pod.as_str()))
-            .unwrap_or_default();
-        self.cgroup.find(pod, pid, &|uid| {
-            uid == pod.as_str() || shared.contains_key(uid)
-        })
+        let Some(inner) = self.agent.upgrade() else {
+            return self.cgroup.find(pod, pid, &|uid| uid == pod.as_str());
+        };
+        let check = |shared: &BTreeMap<String, String>| {
+            self.cgroup.find(pod, pid, &|uid| {
+                uid == pod.as_str() || shared.contains_key(uid)
+            })
+        };
+        let refused = match check(&consumers(&inner, pod.as_str())) {
+            Err(refused @ IdentityError::NotInPod { .. }) => refused,
+            other => return other,
+        };
+        // The claims' reflector may not have a reservation made just now:
+        // the API's claims decide, where the identity has claims at all.
+        if prepared_claims(&inner, pod.as_str()).is_empty() {
+            return Err(refused);
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return Err(refused);
+        };
+        match runtime.block_on(consumers_from_api(&inner, pod.as_str())) {
+            Ok(live) => check(&live),
+            Err(error) => {
+                tracing::warn!(%error, pod = %pod, "claims not read from the API for a worker's check");
+                Err(refused)
+            }
+        }
     }
 }
 
@@ -515,6 +516,26 @@ fn consumers(inner: &Inner, identity: &str) -> BTreeMap<String, String> {
         }
     }
     pods
+}
+
+/// [`consumers`] as the API has the claims now (a claim deleted or replaced
+/// by another of its name has none).
+async fn consumers_from_api(
+    inner: &Inner,
+    identity: &str,
+) -> Result<BTreeMap<String, String>, KubeError> {
+    let mut pods = BTreeMap::new();
+    for (namespace, name, uid) in prepared_claims(inner, identity) {
+        let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), &namespace);
+        let live = api
+            .get_opt(&name)
+            .await
+            .map_err(KubeError::api("get claim"))?;
+        if let Some(claim) = live.filter(|c| c.metadata.uid.as_deref() == Some(uid.as_str())) {
+            pods.extend(claims::consumer_pods(&claim));
+        }
+    }
+    Ok(pods)
 }
 
 /// The (namespace, name, UID) of the claims prepared under quota identity
