@@ -136,6 +136,10 @@ fn daemon_answers_keeps_state_and_quits_clean() {
     let pid = dirs.daemon.as_ref().unwrap().id();
     let pid_file = std::fs::read_to_string(dirs.pipe().join(PID_FILE)).unwrap();
     assert_eq!(pid_file.trim(), pid.to_string());
+    // The start is logged just after the pid file is written.
+    wait_until("the start logged", || {
+        log::started_env(&dirs.log(), "CUDA_VISIBLE_DEVICES").is_some()
+    });
     let text = dirs.log();
     assert_eq!(
         log::started_env(&text, "CUDA_VISIBLE_DEVICES"),
