@@ -152,6 +152,26 @@ async fn reserve_and_prepare(
     (spec_path, identity)
 }
 
+/// Claim `shared` (4Gi, 30) and pods `sa` and `sb` on the node naming it.
+async fn claim_and_two_pods(
+    client: &kube::Client,
+) -> (
+    ResourceClaim,
+    k8s_openapi::api::core::v1::Pod,
+    k8s_openapi::api::core::v1::Pod,
+) {
+    let claim = cluster::create_claim(client, "default", "shared", DRIVER, "4Gi", "30", None)
+        .await
+        .unwrap();
+    let a = cluster::create_pod(client, "default", "sa", NODE, "shared")
+        .await
+        .unwrap();
+    let b = cluster::create_pod(client, "default", "sb", NODE, "shared")
+        .await
+        .unwrap();
+    (claim, a, b)
+}
+
 /// The quota identity in the CDI spec at `spec_path`.
 fn identity_in(spec_path: &std::path::Path) -> String {
     let spec: Value = serde_json::from_slice(&std::fs::read(spec_path).unwrap()).unwrap();
@@ -172,15 +192,7 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
         let api = FakeApiServer::start().await.unwrap();
         let (client, node) = start_node(&api, d).await;
 
-        let claim = cluster::create_claim(&client, "default", "shared", DRIVER, "4Gi", "30", None)
-            .await
-            .unwrap();
-        let a = cluster::create_pod(&client, "default", "sa", NODE, "shared")
-            .await
-            .unwrap();
-        let b = cluster::create_pod(&client, "default", "sb", NODE, "shared")
-            .await
-            .unwrap();
+        let (claim, a, b) = claim_and_two_pods(&client).await;
         let stranger = cluster::create_pod(&client, "default", "sc", NODE, "other")
             .await
             .unwrap();
@@ -266,15 +278,7 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
         ];
         let (client, node) = start_node(&api, d).await;
 
-        let claim = cluster::create_claim(&client, "default", "shared", DRIVER, "4Gi", "30", None)
-            .await
-            .unwrap();
-        let a = cluster::create_pod(&client, "default", "sa", NODE, "shared")
-            .await
-            .unwrap();
-        let b = cluster::create_pod(&client, "default", "sb", NODE, "shared")
-            .await
-            .unwrap();
+        let (claim, a, b) = claim_and_two_pods(&client).await;
         let b_uid = b.metadata.uid.clone().unwrap();
         // Allocated and reserved for both pods in one write, so the claim is
         // prepared as its own quota identity.

@@ -290,15 +290,15 @@ impl NodeAgent {
             .collect();
         let mut gone = Vec::new();
         for (uid, (pod, claims_own)) in prepared {
+            // The identity's own pod first: what keeps most, from the cache.
+            if !claims_own && self.pod_runs(&uid, &pod).await? {
+                continue;
+            }
             // Another pod that uses the identity's claims keeps it: the
             // quota is the claims', kept until their last consumer ends.
             // The reflectors may lag a claim's reservation or a pod: before
             // forgetting, the claims are read again from the API, and
             // `pod_runs` asks it for any pod the cache does not know.
-            // The identity's own pod first: what keeps most, from the cache.
-            if !claims_own && self.pod_runs(&uid, &pod).await? {
-                continue;
-            }
             if self
                 .others_run(&uid, &pod, consumers(&self.inner, &uid))
                 .await?
