@@ -378,6 +378,13 @@ CUresult impl_cuInit(unsigned int Flags) {
         /* Decided by the first cuInit, as the real driver's client is. */
         g_initialized = 1;
         g_mps_enabled = mps;
+        if (mps) {
+            /* The share of the SMs the client takes, read here as the real
+             * driver reads it; said on stderr for the tests. */
+            const char *share = getenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE");
+            fprintf(stderr, "driver double: MPS client, active thread percentage %s\n",
+                    share != NULL ? share : "unset");
+        }
     }
     unlock();
     return rc;

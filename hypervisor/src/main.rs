@@ -325,8 +325,9 @@ fn serve(
         // Co-run GPUs' MPS daemons, until the daemon stops (dropping it on
         // an early return quits them too).
         let supervisor = corun.as_ref().map(MpsSupervisor::start).transpose()?;
-        if let Some(supervisor) = &supervisor {
+        if let (Some(supervisor), Some(options)) = (&supervisor, &corun) {
             hv.set_corun_board(supervisor.board());
+            hv.set_corun_gpus(options);
         }
         let addr = hv.listen_addr();
         let listener = tokio::net::TcpListener::bind(addr)

@@ -202,6 +202,16 @@ impl PodRegion {
         false
     }
 
+    /// Sets the MPS active thread percentage a client of the pod that
+    /// starts now takes on the co-run GPU `uuid` (0 clears it).
+    pub fn set_sm_percent(&self, uuid: &str, percent: u8) {
+        if let Some(gpu) = self.limits.find(uuid)
+            && gpu.sm_percent() != Some(percent)
+        {
+            gpu.set_sm_percent(percent);
+        }
+    }
+
     /// Sets or clears the suspended flag on every GPU of the pod.
     pub fn set_suspended(&self, suspended: bool) {
         for gpu in &self.limits.region().gpus {

@@ -38,6 +38,7 @@ use gpushare_utils::protocol::PodGpuLimits;
 use tokio::sync::Notify;
 
 use crate::config::RegionOptions;
+use crate::corun::CorunOptions;
 use crate::fairshare::Allotment;
 use crate::node_tables::NodeTables;
 use crate::observer::GpuInfo;
@@ -147,6 +148,8 @@ pub struct Scheduler {
     pub(crate) regions: RegionOptions,
     /// The node's activity and priority tables (made at start).
     pub(crate) tables: NodeTables,
+    /// Co-run mode: its GPUs and the SMs kept for latency pods there.
+    pub(crate) corun: Option<CorunOptions>,
 }
 
 impl Scheduler {
@@ -157,7 +160,14 @@ impl Scheduler {
             failed: BTreeMap::new(),
             regions,
             tables,
+            corun: None,
         }
+    }
+
+    /// Co-run mode: each tick gives the pods of `options`' GPUs the share of
+    /// the SMs their next MPS client takes ([`tick`]).
+    pub fn set_corun(&mut self, options: CorunOptions) {
+        self.corun = Some(options);
     }
 
     /// The GPUs last observed.

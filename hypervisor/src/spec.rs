@@ -206,6 +206,9 @@ pub struct GpuSpec {
     /// Oversubscription: bytes of host memory the pod may spill to past its
     /// quota on the GPU, pod-wide; 0 = none (see [`spill_cap`]).
     pub spill_bytes: u64,
+    /// On a co-run GPU: the pod's fixed share of the SMs, in percent; its
+    /// MPS clients never take more.
+    pub sm_share: Option<u8>,
 }
 
 /// The spill cap a pod's GPU setting asks for: `limit` when given (0 =
@@ -232,6 +235,11 @@ impl GpuSpec {
             spill_bytes,
             ..self
         }
+    }
+
+    /// The same spec with a fixed share of a co-run GPU's SMs.
+    pub fn with_sm_share(self, sm_share: Option<u8>) -> Self {
+        Self { sm_share, ..self }
     }
 
     /// A validated spec; `policy` `None` takes [`Policy::default_for`].
@@ -270,6 +278,7 @@ impl GpuSpec {
             policy: policy.unwrap_or_else(|| Policy::default_for(cap_percent, share_percent)),
             class: PodClass::Batch,
             spill_bytes: 0,
+            sm_share: None,
         })
     }
 

@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpushare_utils::limits::PodLimits;
+use gpushare_utils::shm::Trust;
 use hypervisor::corun::{self, CorunOptions};
 use hypervisor::deviceplugin::DevicePluginConfig;
 use hypervisor::observer::{GpuObserver, SimulatedGpus};
@@ -284,6 +286,57 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
                 assert!(options.contains(&"rw".to_owned()), "{name}: {options:?}");
             }
         }
+        world.stop().await;
+    });
+}
+
+/// The share of the SMs pod `pod`'s limits give its next MPS client, once
+/// the scheduler's ticks have written `want` (`None`: none given).
+fn sm_percent_becomes(pod: &str, want: Option<u8>) -> Option<u8> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let limits = PodLimits::open_read_only(pod, &Trust::own_or_root(None)).unwrap();
+        let seen = limits.sm_percent();
+        if seen == want || std::time::Instant::now() > deadline {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_batch_pods_next_client_takes_the_whole_gpu_until_a_latency_pod_shares_it() {
+    runtime().block_on(async {
+        let mut world = World::start("share", false).await;
+        // An elastic batch pod: a time share, so no fixed share of the SMs.
+        let (batch, batch_uid) = world
+            .claim("batch", "2Gi", json!({"policy": "elastic"}), "gpu-0")
+            .await;
+        assert_eq!(world.prepare("batch-gpu", &batch_uid).await, "");
+        // Alone on the co-run GPU: all of it.
+        assert_eq!(sm_percent_becomes(&batch, Some(100)), Some(100));
+        // A latency pod (its fixed compute share of 30, of the SMs here)
+        // comes: a batch client that starts now leaves the reserve.
+        let (latency, latency_uid) = world
+            .claim("latency", "2Gi", json!({"class": "latency"}), "gpu-0")
+            .await;
+        assert_eq!(world.prepare("latency-gpu", &latency_uid).await, "");
+        assert_eq!(sm_percent_becomes(&batch, Some(80)), Some(80));
+        assert_eq!(sm_percent_becomes(&latency, Some(30)), Some(30));
+        // A pod on the ordinary GPU is given none.
+        let (plain, plain_uid) = world.claim("plain", "2Gi", json!({}), "gpu-1").await;
+        assert_eq!(world.prepare("plain-gpu", &plain_uid).await, "");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(sm_percent_becomes(&plain, None), None);
+        // The latency pod gone, the whole GPU again.
+        let node = world.node.as_ref().unwrap();
+        let error = node
+            .kubelet
+            .unprepare(Version::V1, "default", "latency-gpu", &latency_uid)
+            .await
+            .unwrap();
+        assert_eq!(error, "");
+        assert_eq!(sm_percent_becomes(&batch, Some(100)), Some(100));
         world.stop().await;
     });
 }

@@ -76,6 +76,12 @@ impl Context {
         }
     }
 
+    /// The pod's limits as published now, without waiting for a grant
+    /// (`None`: none published, or not by a trusted owner).
+    pub(crate) fn published_limits(&self) -> Option<PodLimits> {
+        PodLimits::open_read_only(self.pod.as_str(), &self.limits_trust).ok()
+    }
+
     /// The driver, once libcuda has been seen.
     pub(crate) fn driver(&self) -> Option<&Driver> {
         self.driver.get()

@@ -7,6 +7,17 @@
 //! whether MPS is in effect (`CU_DEVICE_ATTRIBUTE_MPS_ENABLED`); one that
 //! says no, or a question the driver cannot answer, refuses CUDA (`cuInit`
 //! fails) with one line, like the limiter's other refusals.
+//!
+//! Its share of the SMs: MPS fixes a client's active thread percentage
+//! (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) when the driver starts. Provisioning
+//! sets what a client of the pod may take beside a latency pod; the node's
+//! hypervisor writes into the pod's limits what a client that starts now
+//! takes (the whole GPU for a batch pod while no latency pod shares it). So
+//! before the driver's `cuInit` that value replaces the variable
+//! ([`MpsRequirement::take_sm_share`]). A client that took no more than the
+//! provisioned share is kept off the SMs reserved for latency pods, and its
+//! launches are not held for them; one that took more (it started alone)
+//! is held by the priority classes while a latency pod works.
 
 use std::sync::OnceLock;
 
@@ -28,10 +39,49 @@ pub(crate) enum MpsError {
     Off { device: u32 },
 }
 
+/// The MPS client's share of the SMs, in percent.
+pub(crate) const ACTIVE_THREAD_VARIABLE: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE";
+
 /// This process's MPS requirement and, once checked, its outcome.
 pub(crate) struct MpsRequirement {
     mode: MpsMode,
     checked: OnceLock<Result<(), MpsError>>,
+    /// Whether the share this client took keeps it off the reserve.
+    off_reserve: OnceLock<bool>,
+}
+
+/// The share of the SMs an MPS client takes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct SmShare {
+    /// The variable's value as provisioned: the client's share beside a
+    /// latency pod (`None`: unset or not a percentage).
+    pub provisioned: Option<f64>,
+    /// What the pod's limits give a client that starts now.
+    pub given: Option<u8>,
+}
+
+impl SmShare {
+    /// The value the variable takes: the given share where there is one
+    /// and the variable was provisioned (it is only ever replaced).
+    pub(crate) fn replacement(&self) -> Option<u8> {
+        self.provisioned.and(self.given)
+    }
+
+    /// Whether the client stays within the provisioned share, so off the
+    /// SMs reserved for latency pods.
+    pub(crate) fn off_reserve(&self) -> bool {
+        match (self.provisioned, self.replacement()) {
+            (Some(provisioned), Some(taken)) => f64::from(taken) <= provisioned,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+}
+
+/// A percentage as MPS reads it: a number in (0, 100].
+fn percentage(text: &str) -> Option<f64> {
+    let value: f64 = text.trim().parse().ok()?;
+    (value > 0.0 && value <= 100.0).then_some(value)
 }
 
 impl MpsRequirement {
@@ -39,7 +89,42 @@ impl MpsRequirement {
         Self {
             mode,
             checked: OnceLock::new(),
+            off_reserve: OnceLock::new(),
         }
+    }
+
+    /// Before the driver's `cuInit`, where MPS is required: replaces the
+    /// provisioned share of the SMs by the one the pod's limits give now
+    /// (`given`, asked only here). Returns whether the client is kept off
+    /// the SMs reserved for latency pods. Decided once.
+    pub(crate) fn take_sm_share(&self, given: impl FnOnce() -> Option<u8>) -> bool {
+        if !self.is_required() {
+            return false;
+        }
+        *self.off_reserve.get_or_init(|| {
+            let share = SmShare {
+                provisioned: std::env::var(ACTIVE_THREAD_VARIABLE)
+                    .ok()
+                    .as_deref()
+                    .and_then(percentage),
+                given: given(),
+            };
+            if let Some(taken) = share.replacement() {
+                // SAFETY: the variable exists (provisioned), so glibc's
+                // setenv stores a new string in its slot of the environment
+                // without moving the array, and never frees the old string:
+                // a thread reading the environment meanwhile sees one value
+                // or the other. The driver reads it when it initialises,
+                // which is after this call.
+                unsafe { std::env::set_var(ACTIVE_THREAD_VARIABLE, taken.to_string()) };
+                tracing::info!(
+                    taken,
+                    provisioned = share.provisioned,
+                    "MPS share of the SMs given by the pod's limits"
+                );
+            }
+            share.off_reserve()
+        })
     }
 
     pub(crate) fn is_required(&self) -> bool {
@@ -94,6 +179,34 @@ mod tests {
         assert_eq!(required.verify(None), Err(&MpsError::NoDriver));
         // Decided once.
         assert_eq!(required.verify(None), Err(&MpsError::NoDriver));
+    }
+
+    #[test]
+    fn the_given_share_replaces_a_provisioned_one_and_says_whether_it_keeps_off_the_reserve() {
+        let share = |provisioned: Option<f64>, given: Option<u8>| SmShare { provisioned, given };
+        // Alone: the whole GPU, past the provisioned 80%: held by classes.
+        assert_eq!(share(Some(80.0), Some(100)).replacement(), Some(100));
+        assert!(!share(Some(80.0), Some(100)).off_reserve());
+        // Beside a latency pod, or a fixed share: within the provisioned.
+        assert!(share(Some(80.0), Some(80)).off_reserve());
+        assert!(share(Some(80.0), Some(50)).off_reserve());
+        // Nothing given (no limits published yet): the provisioned stands.
+        assert_eq!(share(Some(80.0), None).replacement(), None);
+        assert!(share(Some(80.0), None).off_reserve());
+        // Never provisioned: never set, and the client may be anywhere.
+        assert_eq!(share(None, Some(100)).replacement(), None);
+        assert!(!share(None, Some(100)).off_reserve());
+        assert_eq!(percentage(" 80 "), Some(80.0));
+        assert_eq!(percentage("12.5"), Some(12.5));
+        for bad in ["0", "101", "-5", "most", ""] {
+            assert_eq!(percentage(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_optional_process_takes_no_share() {
+        let optional = MpsRequirement::new(MpsMode::Optional);
+        assert!(!optional.take_sm_share(|| panic!("not asked")));
     }
 
     #[test]

@@ -8,6 +8,11 @@ mod common;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::Output;
+use std::sync::Arc;
+
+use gpushare_utils::limits::PodLimits;
+use gpushare_utils::shm::Trust;
+use hypervisor::corun::CorunOptions;
 
 use common::{Pod, probe, result_of};
 
@@ -122,4 +127,85 @@ fn a_value_other_than_required_is_a_configuration_error() {
         "cuda-limiter: configuration error: CUDA_LIMITER_MPS=\"bogus\" is not required",
         "bogus",
     );
+}
+
+/// What the driver double's `cuInit` read as its MPS client's share of the
+/// SMs (it says so on stderr).
+fn share_the_driver_read(output: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("driver double: MPS client, active thread percentage "))
+        .unwrap_or_else(|| panic!("the double says no share: {stderr}"))
+        .to_owned()
+}
+
+/// Runs pod `pod`'s probe (batch, its share provisioned at 80%) as an MPS
+/// client under a hypervisor whose GPU 0 is in co-run mode and whose pods
+/// are `pods` (`[[pods]]` bodies after id and token); returns what the
+/// driver read.
+fn share_under(pod: &Pod, others: &[&str]) -> String {
+    let token = "mps-token";
+    let mut config = format!(
+        "listen = \"127.0.0.1:0\"\n[[pods]]\nid = \"{}\"\ntoken = \"{token}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
+        pod.0
+    );
+    for other in others {
+        config.push_str(&format!(
+            "[[pods]]\nid = \"{other}\"\ntoken = \"other\"\n[[pods.gpus]]\nindex = 0\nclass = \"latency\"\n"
+        ));
+    }
+    let running = common::hypervisor(pod, &config, Arc::new(common::DoubleGpus(1)));
+    running.hypervisor().set_corun_gpus(&CorunOptions {
+        gpus: vec![gpushare_examples::uuid(0)],
+        dir: std::env::temp_dir(),
+        host_dir: std::env::temp_dir(),
+        latency_reserve: 20,
+        control: "/nonexistent/nvidia-cuda-mps-control".into(),
+        private_shm: false,
+    });
+    // The scheduler's next tick writes the share into the pod's limits.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while PodLimits::open_read_only(&pod.0, &Trust::own_or_root(None))
+        .ok()
+        .and_then(|limits| limits.sm_percent())
+        .is_none()
+    {
+        assert!(std::time::Instant::now() < deadline, "no share written");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let pipe = PipeDir::new(&format!("share-{}", others.len()));
+    let _control = UnixListener::bind(pipe.0.join("control")).expect("bind control");
+    let mut command = probe(
+        "cudaprobe",
+        pod,
+        &[
+            ("CUDA_LIMITER_MPS", "required"),
+            ("CUDA_MPS_PIPE_DIRECTORY", pipe.path()),
+            ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "80"),
+            ("CUDA_LIMITER_HYPERVISOR", &running.url()),
+            ("CUDA_LIMITER_TOKEN", token),
+        ],
+        &["alloc", "mem", "3g", "alloc", "mem", "2g"],
+    );
+    common::use_node_tables(&mut command, pod);
+    let output = command.output().expect("spawn probe");
+    common::check(&output);
+    let lines = common::stdout_lines(&output);
+    assert_eq!(result_of(&lines[0]), 0, "3 GiB fit in 4: {lines:?}");
+    assert_eq!(result_of(&lines[1]), 2, "2 GiB more do not: {lines:?}");
+    running.stop();
+    share_the_driver_read(&output)
+}
+
+#[test]
+fn a_batch_client_takes_the_share_its_pods_limits_give_when_it_starts() {
+    // Alone on the co-run GPU: the whole of it, in place of the 80%
+    // provisioned for a batch pod beside a latency pod.
+    let pod = Pod::new("mps-alone");
+    assert_eq!(share_under(&pod, &[]), "100");
+    // Beside a latency pod: the provisioned 80%.
+    let pod = Pod::new("mps-beside");
+    let latency = Pod::new("mps-latency");
+    assert_eq!(share_under(&pod, &[&latency.0]), "80");
 }

@@ -70,6 +70,39 @@ fn batch_launches_are_held_while_the_latency_pod_is_active() {
     assert!(waited.queue_samples >= 1, "{waited:?}");
 }
 
+#[test]
+fn an_mps_client_kept_off_the_latency_reserve_is_never_held() {
+    let _serial = serial();
+    // A co-run pod's batch client within its provisioned share of the SMs
+    // (no limits give it more): the latency pod's kernels run beside its
+    // own, on the SMs kept for them, so nothing holds its launches.
+    let pipe = std::env::temp_dir().join(format!("mps-priority-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&pipe);
+    std::fs::create_dir_all(&pipe).expect("pipe folder");
+    let control = std::os::unix::net::UnixListener::bind(pipe.join("control"));
+    let pipe_text = pipe.to_str().expect("a UTF-8 temp path").to_owned();
+    let bursts = Bursts::run_with(&[
+        ("CUDA_LIMITER_MPS", "required"),
+        ("CUDA_MPS_PIPE_DIRECTORY", &pipe_text),
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "80"),
+    ]);
+    drop(control.expect("bind control"));
+    let _ = std::fs::remove_dir_all(&pipe);
+    let table = NodePriority::open_named(&bursts.priority, &TableAccess::managed(None))
+        .expect("priority table");
+    let latency = table
+        .stats(pod_key(&bursts.latency.0))
+        .expect("latency counters");
+    assert!(
+        latency.queue_samples >= 1,
+        "the latency pod worked: {latency:?}"
+    );
+    let held = table
+        .stats(pod_key(&bursts.batch.0))
+        .map_or(0, |stats| stats.held_ns);
+    assert_eq!(held, 0, "batch held: {:?}", bursts.batch_lines);
+}
+
 /// Every period the device's line of the priority table showed while a
 /// latency pod with prediction `predict` ran next to a saturating batch pod,
 /// read every 200 µs, and the batch pod's counters after. The latency pod's

@@ -230,35 +230,44 @@ class Bench:
             self.log.write(f"== {name} FAILED: {error}\n")
             return {"error": str(error)}
 
-    def run_once(self, name, latency=None, batch=None, size=None, extra=None, arrivals="fixed"):
+    def run_once(self, name, latency=None, batch=None, size=None, extra=None, arrivals="fixed",
+                 between=None):
         """One run: latency and/or batch workers; None = absent, "" = no
-        limiter, else the class."""
+        limiter, else the class. With `between` (a callable), the batch
+        worker starts first; once it is ready (CUDA up), `between()` runs,
+        then the latency worker starts."""
         self.serial += 1
         region = f"gpushare-priority-bench-{os.getpid()}-{self.serial}"
         seconds = self.args.seconds
         procs = {}
         pods = {}
-        for role, cls in (("latency", latency), ("batch", batch)):
-            if cls is None:
-                continue
-            env, pod = self.env(cls or None, region, extra or {})
-            argv = [sys.executable, str(Path(__file__).resolve()), "worker", role,
-                    "--seconds", str(seconds + (1.0 if role == "latency" and batch is not None else 0)),
-                    "--period-us", str(self.args.period_us), "--arrivals", arrivals]
-            if role == "batch":
-                argv += ["--size", str(size)]
-            errors = open(self.out / f"worker-{self.serial}-{role}.stderr", "w+")
-            procs[role] = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                           stderr=errors, text=True)
-            procs[role].errors = errors
-            pods[role] = pod
+        roles = (("latency", latency), ("batch", batch))
+        if between is not None:
+            roles = roles[::-1]
         results = {}
         try:
+            ready_roles = set()
+            for role, cls in roles:
+                if cls is None:
+                    continue
+                if role == "latency" and between is not None and "batch" in procs:
+                    self.wait_ready(name, "batch", procs["batch"])
+                    ready_roles.add("batch")
+                    between()
+                env, pod = self.env(cls or None, region, extra or {})
+                argv = [sys.executable, str(Path(__file__).resolve()), "worker", role,
+                        "--seconds", str(seconds + (1.0 if role == "latency" and batch is not None else 0)),
+                        "--period-us", str(self.args.period_us), "--arrivals", arrivals]
+                if role == "batch":
+                    argv += ["--size", str(size)]
+                errors = open(self.out / f"worker-{self.serial}-{role}.stderr", "w+")
+                procs[role] = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                               stderr=errors, text=True)
+                procs[role].errors = errors
+                pods[role] = pod
             for role, proc in procs.items():
-                ready, _, _ = select.select([proc.stdout], [], [], 180)
-                line = proc.stdout.readline() if ready else ""
-                if line.strip() != "ready":
-                    raise RuntimeError(f"{name}: {role} not ready: {line!r} {tail(proc)}")
+                if role not in ready_roles:
+                    self.wait_ready(name, role, proc)
             start = time.monotonic() + 0.3
             for proc in procs.values():
                 proc.stdin.write(f"{start}\n")
@@ -272,7 +281,7 @@ class Bench:
                 results[role] = json.loads(lines[-1])
             for role, pod in pods.items():
                 if pod:
-                    results[role]["counters"] = priority_counters(region, pod)
+                    results[role]["counters"] = self.counters(region, pod)
         finally:
             for proc in procs.values():
                 if proc.poll() is None:
@@ -281,7 +290,7 @@ class Bench:
                 Path(f"/dev/shm/{region}{suffix}").unlink(missing_ok=True)
             for pod in pods.values():
                 if pod:
-                    Path(f"/dev/shm/gpushare-pod-{pod}").unlink(missing_ok=True)
+                    self.forget(pod)
             self.log.flush()
         lat = results.get("latency")
         if lat is not None and batch is not None:
@@ -291,6 +300,23 @@ class Bench:
                 lat[key] = [lat[key][i] for i in keep]
         print(f"  {name}: {summary(results)}", flush=True)
         return results
+
+
+    def counters(self, region, pod):
+        """A run's priority counters of `pod` (table `region`)."""
+        return priority_counters(region, pod)
+
+    def forget(self, pod):
+        """Removes what a run's pod left in /dev/shm."""
+        Path(f"/dev/shm/gpushare-pod-{pod}").unlink(missing_ok=True)
+
+    @staticmethod
+    def wait_ready(name, role, proc):
+        """Waits for a worker's `ready` line (its CUDA is up)."""
+        ready, _, _ = select.select([proc.stdout], [], [], 180)
+        line = proc.stdout.readline() if ready else ""
+        if line.strip() != "ready":
+            raise RuntimeError(f"{name}: {role} not ready: {line!r} {tail(proc)}")
 
 
 def tail(proc, size=2000):

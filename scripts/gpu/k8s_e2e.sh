@@ -49,16 +49,32 @@ for _ in $(seq 100); do [ -f "$OUT/ready" ] && break; sleep 0.2; done
 echo "prepared: $(cat "$OUT/cdi-devices")"; cat "$OUT/env"; cat "$OUT/mounts"
 
 # with PROG ARGS...: PROG in a mount namespace holding the spec's mounts, with
-# only the spec's variables (plus PATH/HOME), as in a container.
+# only the spec's variables (plus PATH/HOME), as in a container. A runtime
+# binds host paths into the container's own tree; here the two are one tree,
+# so the host's /dev/shm is bound aside first and host paths under it are read
+# from there (in co-run mode the GPU's folder goes on /dev/shm before the
+# region and limits, which are host files under /dev/shm).
+mkdir -p "$WORK/host-shm"
 with() {
   mapfile -t envs <"$OUT/env"
-  unshare -m bash -c '
+  HOST_SHM="$WORK/host-shm" unshare -m bash -c '
     set -e
+    mount --bind /dev/shm "$HOST_SHM"
+    covered=" "
     while read -r host ctr opts; do
       [ -n "$host" ] || continue
-      mkdir -p "$(dirname "$ctr")"
-      case "$ctr" in /dev/shm | /dev/shm/*) ;; *) mount -t tmpfs none "$(dirname "$ctr")" 2>/dev/null || true ;; esac
-      [ -e "$ctr" ] || touch "$ctr"
+      case "$host" in /dev/shm/*) host="$HOST_SHM/${host#/dev/shm/}" ;; esac
+      parent=$(dirname "$ctr")
+      mkdir -p "$parent"
+      # A fresh tmpfs over the folder of the mount point, once (a second one
+      # would hide what the first holds), never over /dev/shm.
+      case "$ctr" in /dev/shm | /dev/shm/*) ;; *)
+        case "$covered" in *" $parent "*) ;; *)
+          mount -t tmpfs none "$parent" 2>/dev/null || true
+          covered="$covered$parent " ;;
+        esac ;;
+      esac
+      if [ -d "$host" ]; then mkdir -p "$ctr"; else [ -e "$ctr" ] || touch "$ctr"; fi
       mount --bind "$host" "$ctr"
       case "$opts" in ro*) mount -o remount,bind,ro "$ctr" ;; esac
     done <"$0"
@@ -108,6 +124,24 @@ if [ "${MODE:-dra}" = corun ]; then
     "-" "$same; $servers; $src; $files" $ok
 fi
 
+# 1c co-run: the claim's fixed compute share (30) is the client's share of
+# the SMs, as the driver reports the context's SM count.
+if [ "${MODE:-dra}" = corun ]; then
+  sm_probe='import ctypes, torch
+torch.zeros(1, device="cuda"); torch.cuda.synchronize()
+class A(ctypes.Structure): _fields_ = [("type", ctypes.c_int), ("n", ctypes.c_uint)]
+a = A(); rc = ctypes.CDLL("libcuda.so.1").cuCtxGetExecAffinity(ctypes.byref(a), 0)
+print(f"rc={rc}\nsm_count={a.n}\nsms={torch.cuda.get_device_properties(0).multi_processor_count}")'
+  for mode in without with; do $mode python3 -c "$sm_probe" >"$WORK/sm.$mode" 2>&1; done
+  # The GPU's SMs as a process without MPS sees them (an MPS client's
+  # device properties count its own share).
+  n0=$(kv sm_count "$WORK/sm.without"); n1=$(kv sm_count "$WORK/sm.with"); sms=$(kv sms "$WORK/sm.without")
+  ok=FAIL
+  python3 -c "import sys; sys.exit(0 if 0 < int('$n1') <= int('$sms') * 0.30 + 2 and int('$n0') == int('$sms') else 1)" \
+    2>/dev/null && ok=PASS
+  row "co-run: SMs the client's context has (cuCtxGetExecAffinity), of $sms" "$n0" "$n1 (compute 30)" $ok
+fi
+
 # 2 PyTorch memory: total 4 GiB, 5 GiB tensor -> OOM.
 for mode in without with; do $mode python3 "$SRC/mem_torch.py" >"$WORK/torch.$mode" 2>&1; done
 ok=FAIL; [ "$(kv total "$WORK/torch.with")" = 4294967296 ] && [ "$(kv over "$WORK/torch.with")" = oom ] && ok=PASS
@@ -152,7 +186,7 @@ touch "$OUT/stop"; wait $E2E; rc=$?
 ok=FAIL; [ $rc = 0 ] && [ "$(cat "$OUT/unprepared" 2>/dev/null)" = clean ] && ok=PASS
 row "unprepare: spec, token, region removed" "-" "$(cat "$OUT/unprepared" 2>/dev/null)" $ok
 if [ "${MODE:-dra}" = corun ]; then
-  left=$(pgrep -fc 'nvidia-cuda-mps' || true)
+  left=$(pgrep -c nvidia-cuda-mps || true)
   ok=FAIL; [ "$left" = 0 ] && ok=PASS
   row "co-run: MPS processes left after the daemon stopped" "-" "$left" $ok
 fi

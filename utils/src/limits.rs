@@ -13,7 +13,7 @@
 //! | offset | size | what |
 //! | --- | --- | --- |
 //! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16 |
-//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
+//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]), `sm_percent` u32 @36 (a co-run GPU's MPS active thread percentage for the pod's next client, 0 = as provisioned), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
 //! container's `CUDA_VISIBLE_DEVICES` gives it, and nothing a worker says at
@@ -65,8 +65,11 @@ pub struct GpuLimits {
     /// The pod's [`PodClass`] on the GPU ([`PodClass::code`]; 0, batch, in
     /// objects written before classes).
     pub class: AtomicU32,
-    /// Unused; zero.
-    pub reserved32: AtomicU32,
+    /// On a co-run GPU: the MPS active thread percentage (1..=100) a client
+    /// of the pod that starts now takes, which depends on whether a latency
+    /// pod shares the GPU; 0: none given, the provisioned variable stands.
+    /// Zero means "absent", so version 1 holds it.
+    pub sm_percent: AtomicU32,
     /// Bytes of host memory the pod may spill to past its quota
     /// (oversubscription); 0 = none. Zero means "absent", so version 1 holds it.
     pub spill_limit: AtomicU64,
@@ -87,6 +90,21 @@ impl GpuLimits {
     /// Sets the pod's class on the GPU (hypervisor only).
     pub fn set_class(&self, class: PodClass) {
         self.class.store(class.code(), Ordering::Release);
+    }
+
+    /// The active thread percentage a new MPS client of the pod takes on
+    /// the GPU, when the hypervisor gives one (1..=100).
+    pub fn sm_percent(&self) -> Option<u8> {
+        match self.sm_percent.load(Ordering::Acquire) {
+            percent @ 1..=100 => u8::try_from(percent).ok(),
+            _ => None,
+        }
+    }
+
+    /// Sets [`Self::sm_percent`] (hypervisor only); 0 clears it.
+    pub fn set_sm_percent(&self, percent: u8) {
+        self.sm_percent
+            .store(u32::from(percent.min(100)), Ordering::Release);
     }
 }
 
@@ -110,6 +128,7 @@ const _: () = {
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
     assert!(offset_of!(GpuLimits, compute) == 16);
     assert!(offset_of!(GpuLimits, class) == 32);
+    assert!(offset_of!(GpuLimits, sm_percent) == 36);
     assert!(offset_of!(GpuLimits, spill_limit) == 40);
     assert!(offset_of!(GpuLimits, unaccounted) == 48);
 };
@@ -298,6 +317,17 @@ impl PodLimits {
         Ok(entry)
     }
 
+    /// The smallest active thread percentage the hypervisor gives the pod's
+    /// new MPS clients on any of its GPUs (a co-run pod has one GPU).
+    pub fn sm_percent(&self) -> Option<u8> {
+        self.region()
+            .gpus
+            .iter()
+            .filter(|gpu| gpu.key.load(Ordering::Acquire) != 0)
+            .filter_map(GpuLimits::sm_percent)
+            .min()
+    }
+
     /// Forgets every GPU not in `keep` (hypervisor only).
     pub fn retain(&self, keep: &[&str]) {
         let keys: Vec<u64> = keep.iter().map(|uuid| uuid_key(uuid)).collect();
@@ -312,6 +342,7 @@ impl PodLimits {
                 gpu.compute.ceiling_ppm.store(0, Ordering::Release);
                 gpu.compute.suspended.store(0, Ordering::Release);
                 gpu.class.store(PodClass::Batch.code(), Ordering::Release);
+                gpu.sm_percent.store(0, Ordering::Release);
             }
         }
     }
@@ -384,8 +415,17 @@ mod tests {
         assert_eq!(reader.find("GPU-2").unwrap().class(), PodClass::Latency);
         assert_eq!(reader.find("GPU-1").unwrap().class(), PodClass::Batch);
         assert!(reader.find("GPU-3").is_none());
+        // The next MPS client's share of the SMs: the smallest given.
+        assert_eq!(reader.sm_percent(), None);
+        writer.find("GPU-1").unwrap().set_sm_percent(80);
+        writer.find("GPU-2").unwrap().set_sm_percent(100);
+        assert_eq!(reader.find("GPU-2").unwrap().sm_percent(), Some(100));
+        assert_eq!(reader.sm_percent(), Some(80));
         writer.retain(&["GPU-2"]);
         assert!(reader.find("GPU-1").is_none());
+        assert_eq!(reader.sm_percent(), Some(100));
+        writer.find("GPU-2").unwrap().set_sm_percent(0);
+        assert_eq!(reader.sm_percent(), None);
         // A second hypervisor run adopts its own object.
         let again = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
         assert!(again.find("GPU-2").is_some());

@@ -6,11 +6,15 @@
 //! folders under [`CorunOptions::dir`] ([`pipe_dir`], [`log_dir`]), and every
 //! pod given that GPU is provisioned as an MPS client of it. MPS fixes a
 //! client's share of the SMs (its active thread percentage) when the client
-//! starts, and no command changes it for a running client; so the SMs kept
-//! for latency pods are kept from batch clients for their whole life
-//! ([`active_thread_percentage`]): a batch pod never occupies them, even
-//! when no latency pod runs. Memory quotas, reports and refusals stay the
-//! limiter's, inside every client.
+//! starts, and no command changes it for a running client. So the share is
+//! chosen for each client as it starts ([`active_thread_percentage`]): the
+//! scheduler writes into each pod's limits what a client starting now
+//! takes, which for a batch pod is the whole GPU while no latency pod is
+//! provisioned there and the rest of the SMs, past the reserve, while one
+//! is; the limiter sets it before the driver starts. A batch client that
+//! started alone keeps the whole GPU when a latency pod comes, and the
+//! priority classes hold its launches while the latency pod works. Memory
+//! quotas, reports and refusals stay the limiter's, inside every client.
 //!
 //! MPS clients and their server share memory through `/dev/shm`; a
 //! container has a `/dev/shm` of its own. Where pods are containers
@@ -131,14 +135,26 @@ pub fn shm_dir(dir: &Path, uuid: &str) -> PathBuf {
     dir.join(uuid).join("shm")
 }
 
-/// The active thread percentage (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) of a
-/// client of class `class` when `reserve` percent is kept for latency
-/// pods: all of the GPU for a latency pod, the rest for a batch pod.
-pub fn active_thread_percentage(class: PodClass, reserve: u8) -> u8 {
-    match class {
-        PodClass::Latency => 100,
-        PodClass::Batch => 100 - reserve.min(99),
-    }
+/// The active thread percentage (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) a
+/// client of class `class` takes when it starts, `reserve` percent being
+/// kept for latency pods: all of the GPU for a latency pod; for a batch pod
+/// the rest while a latency pod shares the GPU (`beside_latency`), all of
+/// it while none does. A fixed `sm_share` narrows either.
+///
+/// MPS fixes the percentage for the client's life, so a batch client that
+/// started alone keeps the whole GPU when a latency pod comes; that one is
+/// held back by the priority classes instead (the limiter's, in time).
+pub fn active_thread_percentage(
+    class: PodClass,
+    reserve: u8,
+    sm_share: Option<u8>,
+    beside_latency: bool,
+) -> u8 {
+    let class_part = match class {
+        PodClass::Batch if beside_latency => 100 - reserve.min(99),
+        PodClass::Latency | PodClass::Batch => 100,
+    };
+    sm_share.map_or(class_part, |share| share.clamp(1, class_part))
 }
 
 #[cfg(test)]
@@ -146,12 +162,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batch_clients_leave_the_reserve_to_latency_pods() {
-        assert_eq!(active_thread_percentage(PodClass::Latency, 20), 100);
-        assert_eq!(active_thread_percentage(PodClass::Batch, 20), 80);
-        assert_eq!(active_thread_percentage(PodClass::Batch, 0), 100);
+    fn batch_clients_leave_the_reserve_to_latency_pods_beside_them() {
+        let atp = active_thread_percentage;
+        assert_eq!(atp(PodClass::Latency, 20, None, true), 100);
+        assert_eq!(atp(PodClass::Latency, 20, None, false), 100);
+        assert_eq!(atp(PodClass::Batch, 20, None, true), 80);
+        // Alone, a batch client takes the whole GPU.
+        assert_eq!(atp(PodClass::Batch, 20, None, false), 100);
+        assert_eq!(atp(PodClass::Batch, 0, None, true), 100);
         // A batch client keeps at least 1%.
-        assert_eq!(active_thread_percentage(PodClass::Batch, 100), 1);
+        assert_eq!(atp(PodClass::Batch, 100, None, true), 1);
+        // A fixed share narrows, never widens, and is at least 1%.
+        assert_eq!(atp(PodClass::Batch, 20, Some(50), true), 50);
+        assert_eq!(atp(PodClass::Batch, 20, Some(90), true), 80);
+        assert_eq!(atp(PodClass::Batch, 20, Some(90), false), 90);
+        assert_eq!(atp(PodClass::Latency, 20, Some(30), true), 30);
+        assert_eq!(atp(PodClass::Batch, 20, Some(0), false), 1);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use gpushare_utils::protocol::{Command, CommandResult};
 use http_bidir_comm::{Hub, HubEvents};
 
 use crate::config::Settings;
-use crate::corun::MpsBoard;
+use crate::corun::{CorunOptions, MpsBoard};
 use crate::metrics::LatencyHistogram;
 use crate::observer::{GpuObserver, ProcessUtilization, Unhealthy};
 use crate::scheduler::Scheduler;
@@ -80,6 +80,12 @@ impl Hypervisor {
     /// once; later calls are ignored).
     pub fn set_corun_board(&self, board: Arc<MpsBoard>) {
         let _ = self.shared.corun.set(board);
+    }
+
+    /// Co-run mode on `options`' GPUs: the pods there are told, in their
+    /// limits, what share of the SMs their next MPS client takes.
+    pub fn set_corun_gpus(&self, options: &CorunOptions) {
+        self.core().scheduler.set_corun(options.clone());
     }
 
     /// What the daemon still waits for; empty: ready.

@@ -85,6 +85,9 @@ impl NodeAgent {
     ) -> Result<Self, KubeError> {
         let client = super::client(options.kubeconfig.as_deref()).await?;
         let provisioner = Provisioner::open(options.provision.clone(), gpus.clone())?;
+        if let Some(corun) = &options.provision.corun {
+            hv.set_corun_gpus(corun);
+        }
         let source = KubernetesSource {
             provisioner: Arc::new(Mutex::new(provisioner)),
         };

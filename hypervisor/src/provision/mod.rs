@@ -376,7 +376,8 @@ impl Provisioner {
                 )
                 .map_err(spec_err)?
                 .with_class(totals.class)
-                .with_spill(totals.spill_bytes);
+                .with_spill(totals.spill_bytes)
+                .with_sm_share(totals.sm_share().filter(|_| corun));
                 gpus.push(gpu);
             }
             let token =

@@ -6,9 +6,12 @@
 //! [`CONTAINER_MPS_PIPE_DIR`], where the daemon has a `/dev/shm` of its own
 //! that folder on the container's `/dev/shm` ([`crate::corun::shm`]), and
 //! the variables of an MPS client:
-//! `CUDA_MPS_PIPE_DIRECTORY`, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (by the
-//! pod's class, [`corun::active_thread_percentage`], narrowed to its fixed
-//! compute share: on a co-run GPU that share is of the SMs, not of the time),
+//! `CUDA_MPS_PIPE_DIRECTORY`, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (what a
+//! client of the pod's class takes beside a latency pod,
+//! [`corun::active_thread_percentage`], narrowed to its fixed compute
+//! share: on a co-run GPU that share is of the SMs, not of the time; the
+//! limiter replaces it, before the driver starts, by what the pod's limits
+//! give a client that starts now),
 //! `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (the pod's quota, a second fence behind
 //! the limiter's), `CUDA_MPS_CLIENT_PRIORITY` (batch below normal) and
 //! `CUDA_LIMITER_MPS=required`, so that a process the driver ran without MPS
@@ -148,9 +151,15 @@ pub fn client<'a>(
         PodClass::Latency => PRIORITY_NORMAL,
         PodClass::Batch => PRIORITY_BELOW_NORMAL,
     };
-    // The class's part of the SMs, narrowed to a fixed compute share.
-    let percentage = corun::active_thread_percentage(totals.class, options.latency_reserve);
-    let percentage = totals.sm_share().map_or(percentage, |s| s.min(percentage));
+    // What a client takes beside a latency pod: where the limiter cannot
+    // read what the hypervisor gives a client that starts now (the pod's
+    // limits), it keeps off the reserve.
+    let percentage = corun::active_thread_percentage(
+        totals.class,
+        options.latency_reserve,
+        totals.sm_share(),
+        true,
+    );
     // Mixing is refused, so the co-run GPU is the container's only one:
     // its CUDA ordinal is the position in `gpus`, 0.
     let ordinal = gpus

@@ -5,6 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use gpushare_utils::pod::PodClass;
+
+use crate::corun;
 use crate::fairshare::{self};
 use crate::observer::ProcessMemory;
 use crate::spec::Policy;
@@ -81,6 +84,7 @@ impl Scheduler {
             if entries.len() != members.len() {
                 continue;
             }
+            self.write_sm_percents(members);
             let grants = fairshare::plan(&entries);
             for ((id, k), grant) in members.iter().zip(grants) {
                 let Some(pod) = self.pods.get_mut(id) else {
@@ -96,6 +100,39 @@ impl Scheduler {
                     pod.notify.notify_waiters();
                 }
             }
+        }
+    }
+
+    /// On a co-run GPU, the pods of `members` (its pods, by id and GPU
+    /// position): what the next MPS client of each takes
+    /// ([`corun::active_thread_percentage`]), which for a batch pod depends
+    /// on whether a latency pod is provisioned on the GPU, running or not.
+    fn write_sm_percents(&self, members: &[(String, usize)]) {
+        let Some(corun) = &self.corun else {
+            return;
+        };
+        let gpus: Vec<(&Pod, &PodGpu, &Placement)> = members
+            .iter()
+            .filter_map(|(id, k)| {
+                let pod = self.pods.get(id)?;
+                let gpu = pod.gpus.get(*k)?;
+                Some((pod, gpu, gpu.placement.as_ref()?))
+            })
+            .collect();
+        if !gpus.iter().any(|(_, _, p)| corun.covers(&p.uuid)) {
+            return;
+        }
+        let latency = gpus
+            .iter()
+            .any(|(_, gpu, _)| gpu.spec.class == PodClass::Latency);
+        for (pod, gpu, placement) in gpus {
+            let percent = corun::active_thread_percentage(
+                gpu.spec.class,
+                corun.latency_reserve,
+                gpu.spec.sm_share,
+                latency,
+            );
+            pod.region.set_sm_percent(&placement.uuid, percent);
         }
     }
 

@@ -232,6 +232,12 @@ impl Throttle {
         }
     }
 
+    /// This process is an MPS client kept off the SMs reserved for latency
+    /// pods: its batch launches are never held for them.
+    pub(crate) fn keep_off_reserve(&self) {
+        self.priority.keep_off_reserve();
+    }
+
     /// Admits one launch of `work` on `stream`, waiting for budget if
     /// there is none; `per_thread` says the launch API took stream 0 as the
     /// per-thread default stream. Its budget, its price and admission, its

@@ -332,6 +332,11 @@ impl Bursts {
     /// the latency pod's timeline: a clock read after the synchronize would
     /// add however long the process took to run again.
     pub(crate) fn run() -> Self {
+        Self::run_with(&[])
+    }
+
+    /// [`Bursts::run`] with `batch_env` set for the batch pod.
+    pub(crate) fn run_with(batch_env: &[(&str, &str)]) -> Self {
         let (latency, batch) = (Pod::new("latency"), Pod::new("batch"));
         let node = format!("gpushare-node-test-{}", latency.0);
         let priority = format!("gpushare-priority-test-{}", latency.0);
@@ -342,6 +347,7 @@ impl Bursts {
             "batch",
             &["run", "kernel", "100", "1100", "idle", "50"],
         )
+        .envs(batch_env.iter().copied())
         .spawn()
         .expect("batch");
         let burst = [

@@ -27,6 +27,14 @@ pub(super) fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
     if limiter.context.link().is_none() && !limiter.mps.is_required() {
         return Err(LimiterError::Bypass(Pass::NoHypervisor));
     }
+    // Before the driver reads it: an MPS client's share of the SMs.
+    if limiter
+        .mps
+        .take_sm_share(|| limiter.context.published_limits()?.sm_percent())
+        && let Some(throttle) = &limiter.compute
+    {
+        throttle.keep_off_reserve();
+    }
     // The driver first: registration tells the hypervisor which GPUs this
     // process sees, and the devices say whether MPS is on, both of which
     // need an initialised driver.

@@ -164,6 +164,10 @@ pub(crate) struct Priority {
     arrivals: [Arrivals; MAX_DEVICES],
     /// This process's latest latency launch per device.
     launched_at: [AtomicU64; MAX_DEVICES],
+    /// An MPS client kept off the SMs reserved for latency pods: its
+    /// kernels and theirs run side by side, so its batch launches are never
+    /// held.
+    off_reserve: AtomicBool,
 }
 
 impl Priority {
@@ -194,7 +198,14 @@ impl Priority {
             generation: AtomicU64::new(0),
             arrivals: [const { Arrivals::new() }; MAX_DEVICES],
             launched_at: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            off_reserve: AtomicBool::new(false),
         }
+    }
+
+    /// Marks this process an MPS client kept off the SMs reserved for
+    /// latency pods; set once, before the driver starts.
+    pub(super) fn keep_off_reserve(&self) {
+        self.off_reserve.store(true, Ordering::Relaxed);
     }
 
     /// Whether launches on a device without a compute limit still take part
@@ -302,6 +313,7 @@ impl Priority {
     ) -> Ticket {
         match self.class(ctx, device) {
             PodClass::Latency => self.before_latency(ctx, device, stream, timing, now),
+            PodClass::Batch if self.off_reserve.load(Ordering::Relaxed) => Ticket::Free,
             PodClass::Batch => self.before_batch(device, timing, now),
         }
     }
