@@ -377,32 +377,25 @@ impl Throttle {
     /// Everything after a launch that returned `result`, when there is
     /// anything: a refund, a class's record, a measurement.
     #[inline(never)]
-    fn launched(&'static self, admitted: Admitted, result: CUresult) {
-        let Admitted {
-            ctx,
-            device,
-            stream,
-            timing,
-            ticket,
-            metered,
-            sampled,
-            ..
-        } = admitted;
-        let mut sample = sampled.then(sample::take_in_flight).flatten();
+    fn launched(&'static self, launch: Admitted, result: CUresult) {
+        let mut sample = launch.sampled.then(sample::take_in_flight).flatten();
         // A measured launch's bracket closes before anything else runs.
-        if let (Some(bracket), Some(timing)) = (sample.as_mut(), timing) {
-            self.close_bracket(timing, bracket, stream, result);
+        if let (Some(bracket), Some(timing)) = (sample.as_mut(), launch.timing) {
+            self.close_bracket(timing, bracket, launch.stream, result);
         }
-        if let Some(metered) = &metered
+        if let Some(metered) = &launch.metered
             && !result.is_success()
         {
             // Nothing runs: give the charge back.
             metered.bucket.correct(-(metered.charge.ns as i64));
             with_batch(|batch| self.model.refund(&metered.charge, batch));
         }
-        self.priority.after(ticket, stream, timing, result);
-        if let (Some(metered), Some(timing), Some(bracket)) = (&metered, timing, &sample) {
-            self.finish_sample(ctx, timing, device, metered, bracket);
+        self.priority
+            .after(launch.ticket, launch.stream, launch.timing, result);
+        if let (Some(metered), Some(timing), Some(bracket)) =
+            (&launch.metered, launch.timing, &sample)
+        {
+            self.finish_sample(launch.ctx, timing, launch.device, metered, bracket);
         }
     }
 
