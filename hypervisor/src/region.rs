@@ -212,6 +212,11 @@ impl PodRegion {
         }
     }
 
+    /// What [`Self::set_sm_percent`] last wrote for the GPU `uuid`.
+    pub fn sm_percent(&self, uuid: &str) -> Option<u8> {
+        self.limits.find(uuid)?.sm_percent()
+    }
+
     /// Sets or clears the suspended flag on every GPU of the pod.
     pub fn set_suspended(&self, suspended: bool) {
         for gpu in &self.limits.region().gpus {

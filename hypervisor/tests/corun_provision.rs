@@ -304,6 +304,18 @@ fn sm_percent_becomes(pod: &str, want: Option<u8>) -> Option<u8> {
     }
 }
 
+/// The `sm_percent` the status shows for pod `pod`'s first GPU.
+fn sm_percent_shown(world: &World, pod: &str) -> Value {
+    let status = serde_json::to_value(world.node.as_ref().unwrap().hv.status()).unwrap();
+    status["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == pod)
+        .map(|p| p["gpus"][0]["sm_percent"].clone())
+        .unwrap_or_else(|| panic!("no pod {pod}: {status}"))
+}
+
 #[test]
 fn a_batch_pods_next_client_takes_the_whole_gpu_until_a_latency_pod_shares_it() {
     runtime().block_on(async {
@@ -323,11 +335,15 @@ fn a_batch_pods_next_client_takes_the_whole_gpu_until_a_latency_pod_shares_it() 
         assert_eq!(world.prepare("latency-gpu", &latency_uid).await, "");
         assert_eq!(sm_percent_becomes(&batch, Some(80)), Some(80));
         assert_eq!(sm_percent_becomes(&latency, Some(30)), Some(30));
+        // The status says so.
+        assert_eq!(sm_percent_shown(&world, &batch), json!(80));
+        assert_eq!(sm_percent_shown(&world, &latency), json!(30));
         // A pod on the ordinary GPU is given none.
         let (plain, plain_uid) = world.claim("plain", "2Gi", json!({}), "gpu-1").await;
         assert_eq!(world.prepare("plain-gpu", &plain_uid).await, "");
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(sm_percent_becomes(&plain, None), None);
+        assert_eq!(sm_percent_shown(&world, &plain), json!(null));
         // The latency pod gone, the whole GPU again.
         let node = world.node.as_ref().unwrap();
         let error = node

@@ -54,6 +54,10 @@ pub struct GpuStatus {
     pub launches: u64,
     pub tokens_ns: i64,
     pub active: bool,
+    /// On a co-run GPU: the share of the SMs, in percent, a client of the
+    /// pod that starts now takes.
+    #[serde(default)]
+    pub sm_percent: Option<u8>,
 }
 
 /// Snapshot of one pod.
@@ -130,5 +134,6 @@ pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
         launches: bucket.map_or(0, |b| b.launches.load(Ordering::Relaxed)),
         tokens_ns: bucket.map_or(0, |b| b.tokens_ns.load(Ordering::Relaxed)),
         active: g.active,
+        sm_percent: uuid.and_then(|u| pod.region.sm_percent(u)),
     }
 }
