@@ -78,10 +78,30 @@ pub async fn create_claim(
     compute: &str,
     parameters: Option<Value>,
 ) -> Result<ResourceClaim> {
-    let mut spec = json!({"devices": {"requests": [{"name": "gpu", "exactly": {
+    create_claim_for_gpus(client, ns, name, class, 1, (memory, compute), parameters).await
+}
+
+/// Creates claim `name` whose one request asks for `count` GPUs of `class`,
+/// each with `capacity` (memory and compute quantities), and `parameters`
+/// as its opaque configuration.
+pub async fn create_claim_for_gpus(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    class: &str,
+    count: usize,
+    (memory, compute): (&str, &str),
+    parameters: Option<Value>,
+) -> Result<ResourceClaim> {
+    let mut exactly = json!({
         "deviceClassName": class,
         "capacity": {"requests": {"memory": memory, "compute": compute}},
-    }}]}});
+    });
+    if count > 1 {
+        exactly["allocationMode"] = json!("ExactCount");
+        exactly["count"] = json!(count);
+    }
+    let mut spec = json!({"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}});
     if let Some(parameters) = parameters {
         spec["devices"]["config"] =
             json!([{"requests": ["gpu"], "opaque": {"driver": class, "parameters": parameters}}]);
@@ -100,14 +120,27 @@ pub async fn allocate(
     node: &str,
     device: &str,
 ) -> Result<ResourceClaim> {
+    allocate_on(client, claim, pod, driver, node, &[device]).await
+}
+
+/// Allocates each request of `claim` on every device of `devices` (a
+/// request for as many GPUs) of `node`'s pool (see [`allocation_on`]).
+pub async fn allocate_on(
+    client: &kube::Client,
+    claim: &ResourceClaim,
+    pod: &Pod,
+    driver: &str,
+    node: &str,
+    devices: &[&str],
+) -> Result<ResourceClaim> {
     let ns = claim.metadata.namespace.clone().unwrap_or_default();
     let name = claim.metadata.name.clone().unwrap_or_default();
-    let status = allocation(
+    let status = allocation_on(
         &serde_json::to_value(claim)?,
         &serde_json::to_value(pod)?,
         driver,
         node,
-        device,
+        devices,
     );
     Api::<ResourceClaim>::namespaced(client.clone(), &ns)
         .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
@@ -121,22 +154,44 @@ pub async fn allocate(
 /// (what the request asks) and a share ID (a UUID, as the API server
 /// requires), the claim's configs copied, `pod` (JSON) in `reservedFor`.
 pub fn allocation(claim: &Value, pod: &Value, driver: &str, node: &str, device: &str) -> Value {
+    allocation_on(claim, pod, driver, node, &[device])
+}
+
+/// [`allocation`] with each request on every device of `devices`: one
+/// result per request and device, each share with an ID of its own.
+pub fn allocation_on(
+    claim: &Value,
+    pod: &Value,
+    driver: &str,
+    node: &str,
+    devices: &[&str],
+) -> Value {
     let spec = &claim["spec"]["devices"];
     let uid = claim["metadata"]["uid"].as_str().unwrap_or_default();
     let tail: String = uid.chars().filter(char::is_ascii_hexdigit).collect();
-    let share = format!(
-        "00000000-0000-4000-8000-{:0>12}",
-        &tail[tail.len().saturating_sub(12)..]
-    );
+    let tail = &tail[tail.len().saturating_sub(12)..];
+    // The claim's tail, its last digits replaced by the device's position
+    // where there are several.
+    let share = |i: usize| {
+        let id = if devices.len() > 1 {
+            let kept = tail.len().saturating_sub(2);
+            format!("{}{i:02x}", &tail[..kept])
+        } else {
+            tail.to_owned()
+        };
+        format!("00000000-0000-4000-8000-{id:0>12}")
+    };
     let results: Vec<Value> = spec["requests"]
         .as_array()
         .into_iter()
         .flatten()
-        .map(|request| {
-            json!({
-                "request": request["name"], "driver": driver, "pool": node, "device": device,
-                "consumedCapacity": request["exactly"]["capacity"]["requests"],
-                "shareID": share,
+        .flat_map(|request| {
+            devices.iter().enumerate().map(move |(i, device)| {
+                json!({
+                    "request": request["name"], "driver": driver, "pool": node, "device": device,
+                    "consumedCapacity": request["exactly"]["capacity"]["requests"],
+                    "shareID": share(i),
+                })
             })
         })
         .collect();

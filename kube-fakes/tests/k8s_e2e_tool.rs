@@ -60,6 +60,49 @@ fn k8s_e2e_writes_the_cdi_env_and_cleans_up() {
 }
 
 #[test]
+fn k8s_e2e_prepares_a_claim_for_two_gpus_each_with_its_quota() {
+    let tool = Tool::start(
+        "two",
+        &[
+            "--simulate-gpus",
+            "2",
+            "--device",
+            "gpu-0,gpu-1",
+            "--memory",
+            "4Gi",
+            "--compute",
+            "30",
+        ],
+    );
+    let env = std::fs::read_to_string(tool.out.join("env")).unwrap();
+    let visible = env
+        .lines()
+        .find_map(|l| l.strip_prefix("CUDA_VISIBLE_DEVICES="))
+        .unwrap_or_else(|| panic!("{env}"))
+        .to_owned();
+    assert_eq!(visible.split(',').count(), 2, "{env}");
+    let hv = tool.stop();
+    let gpus = hv["pods"][0]["gpus"].as_array().unwrap();
+    let mut seen: Vec<(String, u64, u64)> = gpus
+        .iter()
+        .map(|g| {
+            (
+                g["uuid"].as_str().unwrap().to_owned(),
+                g["memory_quota"].as_u64().unwrap(),
+                g["cap_percent"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let mut want: Vec<(String, u64, u64)> = visible
+        .split(',')
+        .map(|uuid| (uuid.to_owned(), 4 << 30, 30))
+        .collect();
+    want.sort();
+    assert_eq!(seen, want, "{hv}");
+}
+
+#[test]
 fn k8s_e2e_device_plugin_mode_writes_the_allocate_env_and_cleans_up() {
     let tool = Tool::start(
         "dp",

@@ -11,6 +11,10 @@
 #     the same checks for a HAMi-style pod (nvidia.com/gpumem: 4096,
 #     nvidia.com/gpucores: 30) taken through the device plugin: the env and
 #     mounts are those Allocate returned.
+#   MODE=two-gpu bash scripts/gpu/k8s_e2e.sh gpu-bundle
+#     a claim for two GPUs (gpu-0 and gpu-1, 4Gi and 30 each; needs two):
+#     the process sees both, each with its quota, and nvidia-smi shows its
+#     footprint on each within it.
 #   MODE=corun bash scripts/gpu/k8s_e2e.sh gpu-bundle
 #     the claim's GPU in co-run mode: the real nvidia-cuda-mps-control runs
 #     supervised with a /dev/shm of its own, and the programs run as MPS
@@ -38,7 +42,8 @@ case "${MODE:-dra}" in
   dra) ASK=(--memory 4Gi --compute 30) ;;
   device-plugin) ASK=(--device-plugin --gpumem 4096 --gpucores 30) ;;
   corun) ASK=(--memory 4Gi --compute 30 --corun) ;;
-  *) echo "MODE is dra, device-plugin or corun"; exit 2 ;;
+  two-gpu) ASK=(--memory 4Gi --compute 30 --device gpu-0,gpu-1) ;;
+  *) echo "MODE is dra, device-plugin, two-gpu or corun"; exit 2 ;;
 esac
 echo "mode: ${MODE:-dra}"
 HYPERVISOR_LOG=${HYPERVISOR_LOG:-info} "$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" "${ASK[@]}" \
@@ -140,6 +145,33 @@ print(f"rc={rc}\nsm_count={a.n}\nsms={torch.cuda.get_device_properties(0).multi_
   python3 -c "import sys; sys.exit(0 if 0 < int('$n1') <= int('$sms') * 0.30 + 2 and int('$n0') == int('$sms') else 1)" \
     2>/dev/null && ok=PASS
   row "co-run: SMs the client's context has (cuCtxGetExecAffinity), of $sms" "$n0" "$n1 (compute 30)" $ok
+fi
+
+# 1d two GPUs: the process sees both; on each, total 4 GiB, 3 GiB taken, 5
+# GiB more refused, and nvidia-smi's footprint of the process within 4 GiB.
+if [ "${MODE:-dra}" = two-gpu ]; then
+  two_probe='import os, subprocess, torch
+n = torch.cuda.device_count(); print(f"devices={n}"); held = []
+for d in range(n):
+    total = torch.cuda.mem_get_info(d)[1]; held.append(torch.empty(3 << 30, dtype=torch.uint8, device=f"cuda:{d}"))
+    try: x = torch.empty(5 << 30, dtype=torch.uint8, device=f"cuda:{d}"); over = "ok"; del x
+    except torch.OutOfMemoryError: over = "oom"
+    print(f"total{d}={total}\nover{d}={over}")
+torch.cuda.synchronize()
+smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], capture_output=True, text=True).stdout
+print("footprints=" + ",".join(l.split(", ")[1] for l in smi.splitlines() if l.split(", ")[0] == str(os.getpid())))'
+  for mode in without with; do $mode python3 -c "$two_probe" >"$WORK/two.$mode" 2>&1; done
+  fps=$(kv footprints "$WORK/two.with")
+  ok=FAIL
+  python3 -c "
+import sys
+f = [int(x) for x in '$fps'.split(',') if x]
+ok = ('$(kv devices "$WORK/two.with")' == '2' and '$(kv total0 "$WORK/two.with")' == '$(kv total1 "$WORK/two.with")' == '4294967296'
+      and '$(kv over0 "$WORK/two.with")' == '$(kv over1 "$WORK/two.with")' == 'oom' and len(f) == 2 and max(f) <= 4096 + 64)
+sys.exit(0 if ok else 1)" 2>/dev/null && ok=PASS
+  row "two GPUs: devices; total, 5 GiB more after 3 GiB, on each; nvidia-smi MiB per GPU" \
+    "$(kv devices "$WORK/two.without"); $(kv total0 "$WORK/two.without") $(kv over0 "$WORK/two.without")" \
+    "$(kv devices "$WORK/two.with"); $(kv total0 "$WORK/two.with") $(kv over0 "$WORK/two.with"), $(kv total1 "$WORK/two.with") $(kv over1 "$WORK/two.with"); $fps" $ok
 fi
 
 # 2 PyTorch memory: total 4 GiB, 5 GiB tensor -> OOM.

@@ -54,7 +54,8 @@ struct Args {
     memory: String,
     #[arg(long, default_value = "30")]
     compute: String,
-    /// The slice device to allocate.
+    /// The slice devices to allocate, comma-separated: several make one
+    /// request for as many GPUs, each with `--memory` and `--compute`.
     #[arg(long, default_value = "gpu-0")]
     device: String,
     /// Simulate N GPUs instead of asking NVML.
@@ -126,6 +127,11 @@ fn run(args: Args) -> anyhow::Result<()> {
         let mut options = node::options(&out.join("node"), "e2e-node", DRIVER, &limiter);
         options.check_identity = !args.skip_identity;
         std::fs::create_dir_all(out.join("node"))?;
+        let devices: Vec<&str> = args.device.split(',').map(str::trim).collect();
+        ensure!(
+            !(args.corun && devices.len() > 1),
+            "--corun takes one --device: an MPS client sees one co-run GPU"
+        );
         let supervisor = if args.corun {
             let index = args
                 .device
@@ -150,19 +156,19 @@ fn run(args: Args) -> anyhow::Result<()> {
         }
         let client = hypervisor::kubernetes::client(node.options.kubeconfig.as_deref()).await?;
         cluster::create_node(&client, "e2e-node").await?;
-        let claim = cluster::create_claim(
+        let claim = cluster::create_claim_for_gpus(
             &client,
             "default",
             "e2e-gpu",
             DRIVER,
-            &args.memory,
-            &args.compute,
+            devices.len(),
+            (&args.memory, &args.compute),
             None,
         )
         .await?;
         let pod = cluster::create_pod(&client, "default", "e2e", "e2e-node", "e2e-gpu").await?;
         let claim =
-            cluster::allocate(&client, &claim, &pod, DRIVER, "e2e-node", &args.device).await?;
+            cluster::allocate_on(&client, &claim, &pod, DRIVER, "e2e-node", &devices).await?;
         let uid = claim.metadata.uid.clone().unwrap_or_default();
         let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
         let prepared = node
