@@ -75,15 +75,32 @@ fn k8s_e2e_prepares_a_claim_for_two_gpus_each_with_its_quota() {
         ],
     );
     let env = std::fs::read_to_string(tool.out.join("env")).unwrap();
+    let hv = tool.stop();
+    assert_each_visible_gpu_has(&env, &hv, 2, (4 << 30, 30));
+}
+
+/// Every GPU in `env`'s `CUDA_VISIBLE_DEVICES` (`count` of them) is one of
+/// the pod's GPUs in the status `hv`, with `quota` bytes and `cap` percent,
+/// and the pod has no other.
+fn assert_each_visible_gpu_has(
+    env: &str,
+    hv: &serde_json::Value,
+    count: usize,
+    (quota, cap): (u64, u64),
+) {
     let visible = env
         .lines()
         .find_map(|l| l.strip_prefix("CUDA_VISIBLE_DEVICES="))
-        .unwrap_or_else(|| panic!("{env}"))
-        .to_owned();
-    assert_eq!(visible.split(',').count(), 2, "{env}");
-    let hv = tool.stop();
-    let gpus = hv["pods"][0]["gpus"].as_array().unwrap();
-    let mut seen: Vec<(String, u64, u64)> = gpus
+        .unwrap_or_else(|| panic!("{env}"));
+    let mut want: Vec<(String, u64, u64)> = visible
+        .split(',')
+        .map(|uuid| (uuid.to_owned(), quota, cap))
+        .collect();
+    want.sort();
+    assert_eq!(want.len(), count, "{env}");
+    let mut seen: Vec<(String, u64, u64)> = hv["pods"][0]["gpus"]
+        .as_array()
+        .unwrap()
         .iter()
         .map(|g| {
             (
@@ -94,11 +111,6 @@ fn k8s_e2e_prepares_a_claim_for_two_gpus_each_with_its_quota() {
         })
         .collect();
     seen.sort();
-    let mut want: Vec<(String, u64, u64)> = visible
-        .split(',')
-        .map(|uuid| (uuid.to_owned(), 4 << 30, 30))
-        .collect();
-    want.sort();
     assert_eq!(seen, want, "{hv}");
 }
 
@@ -144,6 +156,28 @@ fn k8s_e2e_device_plugin_mode_writes_the_allocate_env_and_cleans_up() {
         (Some(4 << 30), Some(30))
     );
     assert!(!std::path::Path::new(&region).exists());
+}
+
+#[test]
+fn k8s_e2e_device_plugin_mode_gives_a_container_two_gpus_each_with_its_quota() {
+    let tool = Tool::start(
+        "dp-two",
+        &[
+            "--simulate-gpus",
+            "2",
+            "--device-plugin",
+            "--gpus",
+            "2",
+            "--gpumem",
+            "4096",
+            "--gpucores",
+            "30",
+            "--skip-identity",
+        ],
+    );
+    let env = std::fs::read_to_string(tool.out.join("env")).unwrap();
+    let hv = tool.stop();
+    assert_each_visible_gpu_has(&env, &hv, 2, (4 << 30, 30));
 }
 
 #[test]

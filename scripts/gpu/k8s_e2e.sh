@@ -14,7 +14,8 @@
 #   MODE=two-gpu bash scripts/gpu/k8s_e2e.sh gpu-bundle
 #     a claim for two GPUs (gpu-0 and gpu-1, 4Gi and 30 each; needs two):
 #     the process sees both, each with its quota, and nvidia-smi shows its
-#     footprint on each within it.
+#     footprint on each within it. MODE=two-gpu-dp: the same for a
+#     device-plugin pod asking nvidia.com/gpu: 2.
 #   MODE=corun bash scripts/gpu/k8s_e2e.sh gpu-bundle
 #     the claim's GPU in co-run mode: the real nvidia-cuda-mps-control runs
 #     supervised with a /dev/shm of its own, and the programs run as MPS
@@ -43,7 +44,8 @@ case "${MODE:-dra}" in
   device-plugin) ASK=(--device-plugin --gpumem 4096 --gpucores 30) ;;
   corun) ASK=(--memory 4Gi --compute 30 --corun) ;;
   two-gpu) ASK=(--memory 4Gi --compute 30 --device gpu-0,gpu-1) ;;
-  *) echo "MODE is dra, device-plugin, two-gpu or corun"; exit 2 ;;
+  two-gpu-dp) ASK=(--device-plugin --gpus 2 --gpumem 4096 --gpucores 30) ;;
+  *) echo "MODE is dra, device-plugin, two-gpu, two-gpu-dp or corun"; exit 2 ;;
 esac
 echo "mode: ${MODE:-dra}"
 HYPERVISOR_LOG=${HYPERVISOR_LOG:-info} "$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" "${ASK[@]}" \
@@ -90,7 +92,7 @@ without() { env -u LD_PRELOAD "$@"; }
 
 # 0 the node's ResourceSlice (DRA and co-run modes): every GPU NVML sees, none tainted
 # (the health watch found nothing), and the watch waiting for XID/ECC events.
-if [ "${MODE:-dra}" != device-plugin ]; then
+if [ "${MODE:-dra}" != device-plugin ] && [ "${MODE:-dra}" != two-gpu-dp ]; then
   slice=$(python3 -c "
 import json
 s = json.load(open('$OUT/resourceslice.json'))[0]['spec']['devices']
@@ -149,7 +151,7 @@ fi
 
 # 1d two GPUs: the process sees both; on each, total 4 GiB, 3 GiB taken, 5
 # GiB more refused, and nvidia-smi's footprint of the process within 4 GiB.
-if [ "${MODE:-dra}" = two-gpu ]; then
+if [ "${MODE:-dra}" = two-gpu ] || [ "${MODE:-dra}" = two-gpu-dp ]; then
   two_probe='import os, subprocess, torch
 n = torch.cuda.device_count(); print(f"devices={n}"); held = []
 for d in range(n):

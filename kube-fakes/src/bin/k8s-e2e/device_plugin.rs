@@ -1,4 +1,4 @@
-//! `k8s-e2e --device-plugin`: a HAMi-style pod (`nvidia.com/gpu: 1`,
+//! `k8s-e2e --device-plugin`: a HAMi-style pod (`nvidia.com/gpu`: `--gpus`,
 //! `nvidia.com/gpumem`, `nvidia.com/gpucores`) taken through the device
 //! plugin (fake API server, the agent of `serve --kubernetes
 //! --device-plugin`, fake kubelet over the device plugin's sockets); the
@@ -26,7 +26,7 @@ pub(crate) async fn run(
     out: &Path,
     limiter: &Path,
     observer: Arc<dyn GpuObserver>,
-    (gpumem, gpucores): (u64, u8),
+    (gpus, gpumem, gpucores): (usize, u64, u8),
     check_identity: bool,
     wait: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
@@ -47,15 +47,19 @@ pub(crate) async fn run(
         .await?;
     let devices = plugin.devices().await?;
     let limits = json!({
-        "nvidia.com/gpu": "1",
+        "nvidia.com/gpu": gpus.to_string(),
         "nvidia.com/gpumem": gpumem.to_string(),
         "nvidia.com/gpucores": gpucores.to_string(),
     });
     let pod = cluster::create_gpu_pod(&client, "default", "e2e", NODE, limits, json!({})).await?;
     kubelet.admit("default", "e2e", &["main"]);
-    let share = devices.first().context("no device advertised")?.id.clone();
+    // The kubelet's pick: the first advertised shares; the plugin places
+    // the container's GPUs itself.
+    let shares: Vec<String> = devices.iter().take(gpus).map(|d| d.id.clone()).collect();
+    ensure!(shares.len() == gpus, "{} devices advertised", devices.len());
+    let share = shares.join(",");
     let answer = plugin
-        .start_container(("default", "e2e", "main"), vec![share.clone()])
+        .start_container(("default", "e2e", "main"), shares)
         .await
         .context("Allocate refused")?;
     let pod_uid = pod.metadata.uid.clone().unwrap_or_default();

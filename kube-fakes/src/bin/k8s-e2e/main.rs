@@ -67,6 +67,9 @@ struct Args {
     /// Through the device plugin, with a HAMi-style pod, instead of a claim.
     #[arg(long)]
     device_plugin: bool,
+    /// Device plugin: `nvidia.com/gpu`, the GPUs the container asks.
+    #[arg(long, default_value_t = 1)]
+    gpus: usize,
     /// Device plugin: `nvidia.com/gpumem` (MiB).
     #[arg(long, default_value_t = 4096)]
     gpumem: u64,
@@ -117,7 +120,7 @@ fn run(args: Args) -> anyhow::Result<()> {
             &out,
             &limiter,
             observer,
-            (args.gpumem, args.gpucores),
+            (args.gpus, args.gpumem, args.gpucores),
             !args.skip_identity,
             wait,
         ));
