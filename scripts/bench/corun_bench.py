@@ -42,6 +42,7 @@ of solo.
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import struct
@@ -334,6 +335,9 @@ def main():
                          timeout=120)
     Path(f"/dev/shm/gpushare-pod-{env['CUDA_LIMITER_POD']}").unlink(missing_ok=True)
     checks["required, MPS stopped"] = (out.stdout.strip() + " " + out.stderr.strip()[-300:]).strip()
+    # The daemon's folders (config, log, MPS pipes): the log is copied out.
+    shutil.copy(work / "hypervisor.log", Path(args.out) / "hypervisor.log")
+    shutil.rmtree(work, ignore_errors=True)
     report(args, runs, checks, time.monotonic() - t_begin)
 
 
