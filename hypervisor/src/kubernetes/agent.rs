@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -15,16 +15,16 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 
+use super::consumers::{ClaimIdentity, consumers, consumers_from_api};
 use super::{KubeError, KubernetesSource, claims, slice};
 use crate::daemon::Hypervisor;
 use crate::deviceplugin::{DevicePluginConfig, GpuHealth};
 use crate::dra::plugin::{self, PluginSockets};
 use crate::dra::{ClaimPreparer, ClaimRef, PreparedDevice};
-use crate::identity::{CgroupIdentity, IdentityError, WorkerIdentity};
+use crate::identity::CgroupIdentity;
 use crate::observer::{GpuInfo, Unhealthy};
 use crate::provision::{ClaimRequest, PodRef, ProvisionConfig, Provisioner};
 use crate::source;
-use gpushare_utils::pod::PodId;
 
 /// How the agent runs.
 #[derive(Debug, Clone)]
@@ -52,9 +52,9 @@ pub(super) struct Inner {
     pub(super) hv: Hypervisor,
     pub(super) client: kube::Client,
     pub(super) options: AgentOptions,
-    source: KubernetesSource,
+    pub(super) source: KubernetesSource,
     pods: Store<Pod>,
-    claims: Store<ResourceClaim>,
+    pub(super) claims: Store<ResourceClaim>,
     /// Serialises prepare, unprepare, allocate and clean-up.
     pub(super) busy: tokio::sync::Mutex<()>,
     changed: Notify,
@@ -466,115 +466,6 @@ async fn publish(
             .unwrap_or_else(PoisonError::into_inner) = dropped.then(|| unhealthy.clone());
     }
     Ok(())
-}
-
-/// The cgroup check of a registering worker, where the pods that use the
-/// claims prepared under its quota identity are that identity's too.
-struct ClaimIdentity {
-    cgroup: CgroupIdentity,
-    agent: Weak<Inner>,
-}
-
-impl WorkerIdentity for ClaimIdentity {
-    /// Runs on a blocking thread of the runtime (the registration handler's
-    /// `spawn_blocking`).
-    fn verify(&self, pod: &PodId, pid: u32) -> Result<u32, IdentityError> {
-        let Some(inner) = self.agent.upgrade() else {
-            return self.cgroup.find(pod, pid, &|uid| uid == pod.as_str());
-        };
-        let check = |shared: &BTreeMap<String, String>| {
-            self.cgroup.find(pod, pid, &|uid| {
-                uid == pod.as_str() || shared.contains_key(uid)
-            })
-        };
-        let refused = match check(&consumers(&inner, pod.as_str())) {
-            Err(refused @ IdentityError::NotInPod { .. }) => refused,
-            other => return other,
-        };
-        // The claims' reflector may not have a reservation made just now:
-        // the API's claims decide, where the identity has claims at all.
-        if prepared_claims(&inner, pod.as_str()).is_empty() {
-            return Err(refused);
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return Err(refused);
-        };
-        match runtime.block_on(consumers_from_api(&inner, pod.as_str())) {
-            Ok(live) => check(&live),
-            Err(error) => {
-                tracing::warn!(%error, pod = %pod, "claims not read from the API for a worker's check");
-                Err(refused)
-            }
-        }
-    }
-}
-
-/// The pods (UID → name) in the `reservedFor` of the claims prepared under
-/// quota identity `identity`, as the claims' reflector has them.
-fn consumers(inner: &Inner, identity: &str) -> BTreeMap<String, String> {
-    let mut pods = BTreeMap::new();
-    for (namespace, name, uid) in prepared_claims(inner, identity) {
-        if let Some(claim) = cached_claim(inner, &namespace, &name, &uid) {
-            pods.extend(claims::consumer_pods(&claim));
-        }
-    }
-    pods
-}
-
-/// [`consumers`] as the API has the claims now (a claim deleted or replaced
-/// by another of its name has none).
-async fn consumers_from_api(
-    inner: &Inner,
-    identity: &str,
-) -> Result<BTreeMap<String, String>, KubeError> {
-    let mut pods = BTreeMap::new();
-    for (namespace, name, uid) in prepared_claims(inner, identity) {
-        let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), &namespace);
-        let live = api
-            .get_opt(&name)
-            .await
-            .map_err(KubeError::api("get claim"))?;
-        if let Some(claim) = live.filter(|c| c.metadata.uid.as_deref() == Some(uid.as_str())) {
-            pods.extend(claims::consumer_pods(&claim));
-        }
-    }
-    Ok(pods)
-}
-
-/// The (namespace, name, UID) of the claims prepared under quota identity
-/// `identity`.
-fn prepared_claims(inner: &Inner, identity: &str) -> Vec<(String, String, String)> {
-    inner
-        .source
-        .provisioner
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .claims()
-        .values()
-        .filter(|c| c.request.pod.uid == identity)
-        .map(|c| {
-            let r = &c.request;
-            (r.namespace.clone(), r.name.clone(), r.claim_uid.clone())
-        })
-        .collect()
-}
-
-/// Claim `namespace/name` as the claims' reflector has it, if it is the
-/// one with UID `uid` and its reservation is there.
-fn cached_claim(
-    inner: &Inner,
-    namespace: &str,
-    name: &str,
-    uid: &str,
-) -> Option<Arc<ResourceClaim>> {
-    let key = ObjectRef::new(name).within(namespace);
-    inner.claims.get(&key).filter(|claim| {
-        claim.metadata.uid.as_deref() == Some(uid)
-            && claim
-                .status
-                .as_ref()
-                .is_some_and(|s| s.reserved_for.is_some())
-    })
 }
 
 fn finished(pod: &Pod) -> bool {

@@ -11,15 +11,18 @@
 //!    ([`KubernetesSource`]), which opens the pod's region with its limits
 //!    before the containers start.
 //! 4. **Pods gone**: a pod with prepared claims that the API server no
-//!    longer has (or that finished) loses its claims, token and region.
+//!    longer has (or that finished) loses its claims, token and region,
+//!    unless another running pod uses them ([`consumers`]).
 //! 5. **Identity**: workers are checked against their cgroup
-//!    ([`crate::identity`]).
+//!    ([`crate::identity`]); a pod that uses a claim prepared under another
+//!    quota identity counts as that identity's ([`consumers`]).
 //! 6. **Device plugin** (`--device-plugin`, [`devices`]): containers that ask
 //!    for `nvidia.com/gpu` shares get a claim of their own, made from their
 //!    pod's resource names, provisioned as in 3.
 
 pub mod agent;
 pub mod claims;
+mod consumers;
 pub mod devices;
 pub mod slice;
 
