@@ -20,8 +20,7 @@ use std::process::Command;
 /// is `folder`. Needs `CAP_SYS_ADMIN`: without it the spawn fails with the
 /// error of `unshare` (`EPERM`).
 pub fn run_with_shm(command: &mut Command, folder: &Path) -> io::Result<()> {
-    let source = CString::new(folder.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+    let source = c_path(folder)?;
     // SAFETY: the closure runs in the child between fork and exec; it only
     // makes system calls, allocates nothing (the path was made above) and
     // takes no lock.
@@ -68,10 +67,15 @@ fn private_shm(source: &CStr) -> io::Result<()> {
     Ok(())
 }
 
+/// `path` as the C string system calls take.
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))
+}
+
 /// Whether `folder` is on a tmpfs (memory, as `/dev/shm` is).
 pub fn is_tmpfs(folder: &Path) -> io::Result<bool> {
-    let path = CString::new(folder.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))?;
+    let path = c_path(folder)?;
     let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
     // SAFETY: `path` is NUL-terminated; `stat` is written by the call, read
     // only when it succeeded.

@@ -102,6 +102,11 @@ pub fn claim_spec(
         device_nodes.push(node(control));
     }
     let ro = || ["ro", "nosuid", "nodev", "bind"].map(String::from).to_vec();
+    let rw = || {
+        ["rw", "nosuid", "nodev", "noexec", "bind"]
+            .map(String::from)
+            .to_vec()
+    };
     let mut mounts = vec![
         Mount {
             host_path: path_text(&config.host_limiter),
@@ -132,9 +137,7 @@ pub fn claim_spec(
         Mount {
             host_path: path_text(&config.host_region_dir.join(&region)),
             container_path: format!("{CONTAINER_SHM}/{region}"),
-            options: ["rw", "nosuid", "nodev", "noexec", "bind"]
-                .map(String::from)
-                .to_vec(),
+            options: rw(),
         },
     ];
     // The hypervisor's socket: its folder, not the socket file, so that a
@@ -155,11 +158,6 @@ pub fn claim_spec(
     // not hidden under it (CDI also sorts a parent before its children).
     if let Some(client) = mps {
         env.extend(client.env.iter().cloned());
-        let rw = || {
-            ["rw", "nosuid", "nodev", "noexec", "bind"]
-                .map(String::from)
-                .to_vec()
-        };
         mounts.push(Mount {
             host_path: path_text(&client.host_pipe_dir),
             container_path: CONTAINER_MPS_PIPE_DIR.to_owned(),
