@@ -347,11 +347,7 @@ mod tests {
         )
         .unwrap();
         assert!(pod_prefs(&bad).is_err());
-        let bad: Pod = serde_json::from_value(
-            json!({"metadata": {"annotations": {"gpushare.dev/class": "urgent"}}}),
-        )
-        .unwrap();
-        assert!(pod_prefs(&bad).is_err());
+        assert!(prefs_with(json!({"gpushare.dev/class": "urgent"})).is_err());
         let plain = pod_prefs(&Pod::default()).unwrap();
         assert_eq!(plain.class, PodClass::Batch);
         assert_eq!(
@@ -360,13 +356,17 @@ mod tests {
         );
     }
 
+    /// The prefs of a pod with `annotations`.
+    fn prefs_with(annotations: serde_json::Value) -> Result<PodPrefs, AskError> {
+        let pod: Pod =
+            serde_json::from_value(json!({"metadata": {"annotations": annotations}})).unwrap();
+        pod_prefs(&pod)
+    }
+
     #[test]
     fn oversubscription_annotations() {
-        let spill = |annotations: serde_json::Value| {
-            let pod: Pod =
-                serde_json::from_value(json!({"metadata": {"annotations": annotations}})).unwrap();
-            pod_prefs(&pod).map(|prefs| prefs.spill_bytes)
-        };
+        let spill =
+            |annotations: serde_json::Value| prefs_with(annotations).map(|prefs| prefs.spill_bytes);
         assert_eq!(
             spill(json!({"gpushare.dev/spill-limit": "16Gi"})),
             Ok(16 << 30)
@@ -387,11 +387,8 @@ mod tests {
 
     #[test]
     fn the_corun_annotation_picks_the_kind_of_gpu() {
-        let corun = |annotations: serde_json::Value| {
-            let pod: Pod =
-                serde_json::from_value(json!({"metadata": {"annotations": annotations}})).unwrap();
-            pod_prefs(&pod).map(|prefs| prefs.corun)
-        };
+        let corun =
+            |annotations: serde_json::Value| prefs_with(annotations).map(|prefs| prefs.corun);
         assert_eq!(corun(json!({})), Ok(None));
         assert_eq!(corun(json!({"gpushare.dev/corun": "true"})), Ok(Some(true)));
         assert_eq!(
