@@ -25,8 +25,15 @@ const MS: u64 = 1_000_000;
 fn batch_launches_are_held_while_the_latency_pod_is_active() {
     let _serial = serial();
     let bursts = Bursts::run();
-    let table = NodePriority::open_named(&bursts.priority, &TableAccess::managed(None))
-        .expect("priority table");
+    assert_held_over_each_burst(&bursts);
+    let waited = latency_counters(&bursts).expect("latency counters");
+    assert_eq!(waited.held_ns, 0, "{waited:?}");
+    assert!(waited.queue_samples >= 1, "{waited:?}");
+}
+
+/// The batch pod of `bursts` was held over each of the latency pod's bursts,
+/// released soon after each, and counted its holds.
+fn assert_held_over_each_burst(bursts: &Bursts) {
     let (latency_lines, batch_lines) = (&bursts.latency_lines, &bursts.batch_lines);
     let holds = bursts.holds();
     let context = || format!("holds {holds:?}\nlatency {latency_lines:?}\nbatch {batch_lines:?}");
@@ -57,50 +64,111 @@ fn batch_launches_are_held_while_the_latency_pod_is_active() {
          {delay_us} µs waiting for a CPU: {}",
         context()
     );
-
-    let held = table
-        .stats(pod_key(&bursts.batch.0))
-        .expect("batch counters");
+    let held = bursts.table().stats(pod_key(&bursts.batch.0));
+    let held = held.expect("batch counters");
     assert!(held.held_ns >= 80 * MS, "held {held:?}");
     assert!(held.held_launches >= 2, "{held:?}");
-    let waited = table
-        .stats(pod_key(&bursts.latency.0))
-        .expect("latency counters");
-    assert_eq!(waited.held_ns, 0, "{waited:?}");
-    assert!(waited.queue_samples >= 1, "{waited:?}");
+}
+
+/// Device 0's line after `bursts`: the latency launches tracked there, and
+/// the latest launch of a batch pod that waited for latency pods.
+fn line_stamps(bursts: &Bursts) -> (u64, u64) {
+    let table = bursts.table();
+    let line = table.device(0).expect("device 0's line");
+    (
+        line.launches.load(Ordering::Relaxed),
+        line.contended_at_ns.load(Ordering::Relaxed),
+    )
+}
+
+fn latency_counters(bursts: &Bursts) -> Option<gpushare_utils::priority::PriorityStats> {
+    bursts.table().stats(pod_key(&bursts.latency.0))
+}
+
+/// An MPS pipe folder whose control socket answers nothing: the driver
+/// double takes a process whose `CUDA_MPS_PIPE_DIRECTORY` has one for an
+/// MPS client. Removed on drop.
+struct MpsPipe {
+    folder: std::path::PathBuf,
+    _control: std::os::unix::net::UnixListener,
+}
+
+impl MpsPipe {
+    fn new() -> Self {
+        let folder = std::env::temp_dir().join(format!("mps-priority-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&folder);
+        std::fs::create_dir_all(&folder).expect("pipe folder");
+        let control = std::os::unix::net::UnixListener::bind(folder.join("control"));
+        Self {
+            _control: control.expect("bind control"),
+            folder,
+        }
+    }
+
+    fn path(&self) -> &str {
+        self.folder.to_str().expect("a UTF-8 temp path")
+    }
+}
+
+impl Drop for MpsPipe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.folder);
+    }
 }
 
 #[test]
-fn an_mps_client_kept_off_the_latency_reserve_is_never_held() {
+fn co_run_clients_off_the_latency_reserve_are_never_held_and_never_tracked_for() {
     let _serial = serial();
-    // A co-run pod's batch client within its provisioned share of the SMs
-    // (no limits give it more): the latency pod's kernels run beside its
-    // own, on the SMs kept for them, so nothing holds its launches.
-    let pipe = std::env::temp_dir().join(format!("mps-priority-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&pipe);
-    std::fs::create_dir_all(&pipe).expect("pipe folder");
-    let control = std::os::unix::net::UnixListener::bind(pipe.join("control"));
-    let pipe_text = pipe.to_str().expect("a UTF-8 temp path").to_owned();
-    let bursts = Bursts::run_with(&[
+    // Co-run pods: a batch client within its provisioned share of the SMs
+    // (no limits give it more) and a latency client. The latency pod's
+    // kernels run beside the batch pod's, on the SMs kept for them: nothing
+    // holds the batch launches, and the latency pod spends nothing on
+    // tracking its work for a batch pod that never waits.
+    let pipe = MpsPipe::new();
+    let mps = [
         ("CUDA_LIMITER_MPS", "required"),
-        ("CUDA_MPS_PIPE_DIRECTORY", &pipe_text),
-        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "80"),
-    ]);
-    drop(control.expect("bind control"));
-    let _ = std::fs::remove_dir_all(&pipe);
-    let table = NodePriority::open_named(&bursts.priority, &TableAccess::managed(None))
-        .expect("priority table");
-    let latency = table
-        .stats(pod_key(&bursts.latency.0))
-        .expect("latency counters");
-    assert!(
-        latency.queue_samples >= 1,
-        "the latency pod worked: {latency:?}"
+        ("CUDA_MPS_PIPE_DIRECTORY", pipe.path()),
+    ];
+    let batch = [mps[0], mps[1], ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "80")];
+    let bursts = Bursts::run_with(&mps, &batch);
+    let settled = common::times(&bursts.latency_lines, "settled").len();
+    assert_eq!(
+        settled, 3,
+        "the latency pod worked: {:?}",
+        bursts.latency_lines
     );
-    let held = table
+    let (launches, contended_at) = line_stamps(&bursts);
+    assert_eq!(launches, 0, "latency launches tracked");
+    assert_eq!(contended_at, 0, "a batch pod waited for the latency pod");
+    assert_eq!(latency_counters(&bursts).map_or(0, |s| s.queue_samples), 0);
+    let held = bursts
+        .table()
         .stats(pod_key(&bursts.batch.0))
         .map_or(0, |stats| stats.held_ns);
     assert_eq!(held, 0, "batch held: {:?}", bursts.batch_lines);
+}
+
+#[test]
+fn a_co_run_latency_pod_tracks_its_work_next_to_a_batch_client_with_the_whole_gpu() {
+    let _serial = serial();
+    // The batch client took the whole GPU (no share provisioned: it started
+    // before any latency pod was on it), so its kernels fill the reserve
+    // too: the classes hold it as on a time-sliced GPU, and the latency pod
+    // tracks its work for it.
+    let pipe = MpsPipe::new();
+    let mps = [
+        ("CUDA_LIMITER_MPS", "required"),
+        ("CUDA_MPS_PIPE_DIRECTORY", pipe.path()),
+    ];
+    let bursts = Bursts::run_with(&mps, &mps);
+    assert_held_over_each_burst(&bursts);
+    let (launches, contended_at) = line_stamps(&bursts);
+    assert!(
+        launches > 0 && contended_at > 0,
+        "{launches} {contended_at}"
+    );
+    let waited = latency_counters(&bursts).expect("latency counters");
+    assert!(waited.queue_samples >= 1, "{waited:?}");
 }
 
 /// Every period the device's line of the priority table showed while a

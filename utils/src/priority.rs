@@ -11,7 +11,11 @@
 //!   policy);
 //! - per device and pod, a [`PodPriority`] slot of counters: how long the
 //!   pod's launches were held (batch) and its queueing delay (latency), which
-//!   the hypervisor reports.
+//!   the hypervisor reports;
+//! - per device, when a batch pod that latency work can wait behind last
+//!   launched there (`contended_at_ns`): an MPS client kept off the SMs
+//!   reserved for latency pods never waits for them and never stamps it, so
+//!   a co-run latency pod with no other neighbour skips tracking its work.
 //!
 //! The table is writable by every limited process, like the activity table: a
 //! pod that writes it directly can hold batch pods (for a bounded time per
@@ -39,6 +43,13 @@ pub const STALL_NS: u64 = 50_000_000;
 pub const FLIGHT_GRACE_NS: u64 = 1_000_000;
 /// A slot idle this long may be taken by another pod.
 const STALE_NS: u64 = 600_000_000_000;
+/// A batch pod refreshes `contended_at_ns` at most this often, so that its
+/// launches do not keep taking the line's cache line from latency pods.
+pub const CONTENDED_REFRESH_NS: u64 = 1_000_000;
+/// A batch pod whose launch stamped `contended_at_ns` this recently is on
+/// the device: longer than the longest hold of one of its launches, so a
+/// held batch pod never drops out of view.
+pub const CONTENDED_WINDOW_NS: u64 = 1_000_000_000;
 
 /// Latency work on one device.
 #[repr(C)]
@@ -64,8 +75,12 @@ pub struct LatencyDevice {
     pub next_arrival_ns: AtomicU64,
     /// The period of its requests; 0: no prediction.
     pub period_ns: AtomicU64,
+    /// Latest launch, refreshed every [`CONTENDED_REFRESH_NS`], of a batch
+    /// pod whose launches are held for latency pods; 0: none yet (and in
+    /// tables of older writers, whose reserved word this was).
+    pub contended_at_ns: AtomicU64,
     /// Unused; zero.
-    pub reserved: [AtomicU64; 2],
+    pub reserved: [AtomicU64; 1],
 }
 
 /// One pod's priority counters on one device.
@@ -290,6 +305,22 @@ impl LatencyDevice {
         self.next_arrival_ns.store(next_ns, Ordering::Release);
     }
 
+    /// A batch pod whose launches latency pods hold launched at `now_ns`:
+    /// stored only when the stamp is [`CONTENDED_REFRESH_NS`] old.
+    pub fn stamp_contended(&self, now_ns: u64) {
+        let stamped = self.contended_at_ns.load(Ordering::Relaxed);
+        if now_ns.saturating_sub(stamped) >= CONTENDED_REFRESH_NS {
+            self.contended_at_ns.store(now_ns, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a batch pod that latency pods hold launched on the device
+    /// within [`CONTENDED_WINDOW_NS`] of `now_ns`.
+    pub fn contended(&self, now_ns: u64) -> bool {
+        let stamped = self.contended_at_ns.load(Ordering::Relaxed);
+        stamped != 0 && now_ns.saturating_sub(stamped) < CONTENDED_WINDOW_NS
+    }
+
     /// One latency process has no more work in flight (never below 0).
     pub fn leave_flight(&self, now_ns: u64) {
         self.stamp_active(now_ns);
@@ -386,6 +417,19 @@ mod tests {
         line.leave_flight(now + 20 * MS);
         line.leave_flight(now + 20 * MS);
         assert_eq!(table.1.latency(2).in_flight, 0, "never below zero");
+
+        // A held batch pod's launches: seen by the other mapping for the
+        // window, refreshed at most once per refresh interval.
+        let seen = table.1.device(2).expect("line");
+        assert!(!seen.contended(now), "never stamped");
+        line.stamp_contended(now);
+        line.stamp_contended(now + CONTENDED_REFRESH_NS / 2);
+        assert_eq!(seen.contended_at_ns.load(Ordering::Relaxed), now);
+        line.stamp_contended(now + CONTENDED_REFRESH_NS);
+        let last = now + CONTENDED_REFRESH_NS;
+        assert!(seen.contended(last + CONTENDED_WINDOW_NS - 1));
+        assert!(!seen.contended(last + CONTENDED_WINDOW_NS));
+        assert!(!table.1.device(1).expect("line").contended(now));
 
         let (batch, latency) = (pod_key("batch"), pod_key("latency"));
         let slot = other.slot(0, batch, PodClass::Batch, now).expect("slot");

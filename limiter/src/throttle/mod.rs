@@ -232,10 +232,11 @@ impl Throttle {
         }
     }
 
-    /// This process is an MPS client kept off the SMs reserved for latency
-    /// pods: its batch launches are never held for them.
-    pub(crate) fn keep_off_reserve(&self) {
-        self.priority.keep_off_reserve();
+    /// This process is an MPS client of a co-run GPU; `off_reserve`: kept
+    /// off the SMs reserved for latency pods, so its batch launches are
+    /// never held for them.
+    pub(crate) fn join_corun(&self, off_reserve: bool) {
+        self.priority.join_corun(off_reserve);
     }
 
     /// Admits one launch of `work` on `stream`, waiting for budget if

@@ -332,11 +332,12 @@ impl Bursts {
     /// the latency pod's timeline: a clock read after the synchronize would
     /// add however long the process took to run again.
     pub(crate) fn run() -> Self {
-        Self::run_with(&[])
+        Self::run_with(&[], &[])
     }
 
-    /// [`Bursts::run`] with `batch_env` set for the batch pod.
-    pub(crate) fn run_with(batch_env: &[(&str, &str)]) -> Self {
+    /// [`Bursts::run`] with `latency_env` set for the latency pod and
+    /// `batch_env` for the batch pod.
+    pub(crate) fn run_with(latency_env: &[(&str, &str)], batch_env: &[(&str, &str)]) -> Self {
         let (latency, batch) = (Pod::new("latency"), Pod::new("batch"));
         let node = format!("gpushare-node-test-{}", latency.0);
         let priority = format!("gpushare-priority-test-{}", latency.0);
@@ -358,6 +359,7 @@ impl Bursts {
             script.extend(burst);
         }
         let latency_child = class_probe(&latency, &node, &priority, "latency", &script)
+            .envs(latency_env.iter().copied())
             .spawn()
             .expect("latency");
         let latency_lines = output_lines(latency_child);
@@ -369,6 +371,13 @@ impl Bursts {
             latency_lines,
             batch_lines,
         }
+    }
+
+    /// The priority table the pods shared.
+    pub(crate) fn table(&self) -> gpushare_utils::priority::NodePriority {
+        let access = gpushare_utils::activity::TableAccess::managed(None);
+        gpushare_utils::priority::NodePriority::open_named(&self.priority, &access)
+            .expect("priority table")
     }
 
     /// Per burst, how the batch pod was held over it. The batch pod stops

@@ -28,12 +28,13 @@ pub(super) fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
         return Err(LimiterError::Bypass(Pass::NoHypervisor));
     }
     // Before the driver reads it: an MPS client's share of the SMs.
-    if limiter
+    let off_reserve = limiter
         .mps
-        .take_sm_share(|| limiter.context.published_limits()?.sm_percent())
+        .take_sm_share(|| limiter.context.published_limits()?.sm_percent());
+    if limiter.mps.is_required()
         && let Some(throttle) = &limiter.compute
     {
-        throttle.keep_off_reserve();
+        throttle.join_corun(off_reserve);
     }
     // The driver first: registration tells the hypervisor which GPUs this
     // process sees, and the devices say whether MPS is on, both of which

@@ -23,6 +23,9 @@ impl Priority {
         let Some(table) = self.table(now, false) else {
             return Ticket::Free;
         };
+        if let Some(line) = table.device(device) {
+            line.stamp_contended(now);
+        }
         let estimate = || THREAD.with(|thread| thread.spans.estimate());
         let mut kernel_ns = estimate();
         if gate(table.latency(device), now, self.tuning.hold_ns, kernel_ns) == Gate::Free {

@@ -1,5 +1,7 @@
 //! A latency pod's launches: stamp the device's line, count the process in
 //! flight, start requests (and predict the next), track and probe the work.
+//! A co-run MPS client does all this only while a batch pod that waits for
+//! it launches on the device (the line's `contended_at_ns`).
 
 use std::sync::atomic::Ordering;
 
@@ -28,6 +30,16 @@ impl Priority {
         let Some(table) = self.table(now, true) else {
             return Ticket::Free;
         };
+        if self.corun.load(Ordering::Relaxed)
+            && !table.device(device).is_some_and(|line| line.contended(now))
+        {
+            // Co-run with no batch pod that waits for this one: its kernels
+            // run beside theirs, and only the heartbeat is read (a batch
+            // client that took the whole GPU then keeps its work in flight
+            // bounded until it is seen).
+            self.be_present(ctx, device);
+            return Ticket::Free;
+        }
         if let (Some(line), Some(launched_at)) =
             (table.device(device), self.launched_at.get(device))
         {
@@ -48,10 +60,17 @@ impl Priority {
         if let Some(timing) = timing {
             self.probe_queue(timing, table, device, stream, now);
         }
-        self.latency_devices
-            .fetch_or(1 << (device % 32), Ordering::Relaxed);
-        self.start_watcher(ctx);
+        self.be_present(ctx, device);
         Ticket::Latency { device }
+    }
+
+    /// The watcher stamps this process's heartbeat on `device`'s line.
+    fn be_present(&'static self, ctx: &'static Context, device: usize) {
+        let bit = 1 << (device % 32);
+        if self.latency_devices.load(Ordering::Relaxed) & bit == 0 {
+            self.latency_devices.fetch_or(bit, Ordering::Relaxed);
+        }
+        self.start_watcher(ctx);
     }
 
     /// A request started on `device` at `now`: publishes the prediction of

@@ -26,6 +26,12 @@
 //!    an event recorded before the launch, polled by the watcher: from the
 //!    launch call until the GPU reached it) are added to the pod's counters
 //!    in the table, which the hypervisor reports.
+//! 5. On a co-run GPU (MPS clients), a batch client kept off the SMs reserved
+//!    for latency pods is never held (`off_reserve`); one that took the whole
+//!    GPU is, and its launches stamp the line's `contended_at_ns`. A co-run
+//!    latency pod does steps 1, 2 and 4 only while that stamp is recent:
+//!    with no batch pod waiting for it, its event records and its watcher's
+//!    polling would only add to its own latency.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -164,6 +170,11 @@ pub(crate) struct Priority {
     arrivals: [Arrivals; MAX_DEVICES],
     /// This process's latest latency launch per device.
     launched_at: [AtomicU64; MAX_DEVICES],
+    /// An MPS client of a co-run GPU: its latency launches are tracked only
+    /// while a batch pod that waits for them is there (one that took the
+    /// whole GPU); next to batch clients kept off the reserve its kernels
+    /// already run beside theirs, and tracking would only cost it time.
+    corun: AtomicBool,
     /// An MPS client kept off the SMs reserved for latency pods: its
     /// kernels and theirs run side by side, so its batch launches are never
     /// held.
@@ -198,14 +209,17 @@ impl Priority {
             generation: AtomicU64::new(0),
             arrivals: [const { Arrivals::new() }; MAX_DEVICES],
             launched_at: [const { AtomicU64::new(0) }; MAX_DEVICES],
+            corun: AtomicBool::new(false),
             off_reserve: AtomicBool::new(false),
         }
     }
 
-    /// Marks this process an MPS client kept off the SMs reserved for
-    /// latency pods; set once, before the driver starts.
-    pub(super) fn keep_off_reserve(&self) {
-        self.off_reserve.store(true, Ordering::Relaxed);
+    /// Marks this process an MPS client of a co-run GPU, kept off the SMs
+    /// reserved for latency pods or not (it took the whole GPU); set once,
+    /// before the driver starts.
+    pub(super) fn join_corun(&self, off_reserve: bool) {
+        self.corun.store(true, Ordering::Relaxed);
+        self.off_reserve.store(off_reserve, Ordering::Relaxed);
     }
 
     /// Whether launches on a device without a compute limit still take part
