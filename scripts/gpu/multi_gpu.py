@@ -20,8 +20,9 @@ Rows (each WITHOUT the limiter and WITH it, in this call):
     6g on device 1; what nvidia-smi --query-compute-apps shows the process
     holding on each GPU is at most its quota + 64 MiB.
 On one GPU the rows of device 0 run, and NCCL with one rank. Not here:
-a DRA claim and a device-plugin request for two GPUs (scripts/gpu/k8s_e2e.sh
-runs the one-GPU flow) and two pods with weights on GPU 1.
+a DRA claim and a device-plugin request for two GPUs (MODE=two-gpu and
+MODE=two-gpu-dp of scripts/gpu/k8s_e2e.sh) and two pods with weights on
+GPU 1 (check 16 of the GPU check runs on the machine's last GPU).
 Prints a Markdown table; exit status 0 when every row passed.
 """
 import argparse

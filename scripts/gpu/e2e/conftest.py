@@ -197,6 +197,7 @@ def pytest_sessionstart(session):
     global SESSION
     if session.config.option.collectonly:
         return
+    proc.use_own_node_tables()
     SESSION = Session(session.config)
     SESSION.preflight()
     proc.clean_shm()
@@ -206,6 +207,7 @@ def pytest_sessionfinish(session, exitstatus):
     if SESSION is None:
         return
     table = SESSION.finish()
+    proc.remove_own_node_tables()
     passed, failed = SESSION.rec.counts()
     SESSION.progress.say(f"\nlogs: {SESSION.log_dir}  combined: {SESSION.out / 'e2e.log'}  "
                          f"table: {SESSION.out / 'table.md'}  ({time.time() - SESSION.t0:.0f} s)\n")

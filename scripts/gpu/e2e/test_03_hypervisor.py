@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from harness.checks import AtLeast, AtMost, Tolerance, Why, num, pct_from_ppm, q
 from harness.hv import Daemon, HvError, Timeline, pod_section, registered, write_config
-from harness.proc import Proc, clean_shm, run, wait_ready
+from harness.proc import Proc, clean_shm, gpu_count, run, wait_ready
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import hv_intervals
@@ -60,12 +60,16 @@ def start(check, d: Daemon) -> str:
     return ""
 
 
-def hv_spin(check, tag: str, pod: str, secs, go: Path) -> Proc:
-    """spin runtime 2000 us for secs under the daemon, released by go."""
+def hv_spin(check, tag: str, pod: str, secs, go: Path, gpu: int = 0) -> Proc:
+    """spin runtime 2000 us for secs under the daemon, released by go, on
+    GPU index gpu (the only one the process sees)."""
     log, dump = check.log / f"{tag}.log", check.s.work / f"{tag}.intervals"
     dump.unlink(missing_ok=True)
-    return Proc(check.s, "hv", pod, log, int(float(secs)) + 60,
-                [check.s.bin("spin"), "runtime", "2000", str(secs), str(dump), str(go)]).start()
+    p = Proc(check.s, "hv", pod, log, int(float(secs)) + 60,
+             [check.s.bin("spin"), "runtime", "2000", str(secs), str(dump), str(go)])
+    if gpu:
+        p.env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return p.start()
 
 
 def analyse(check, tag: str, files, **opts) -> dict:
@@ -82,21 +86,23 @@ def analyse(check, tag: str, files, **opts) -> dict:
 @pytest.mark.check("16")
 def test_weighted(check):
     """16: pods A, B weights 1:3, policy fixed, no cap, 4 s at once: A = 25 +- 3,
-    B = 75 +- 3 pp (from 1 s, common span; spin union)."""
-    a, b = "e2e-c16-a", "e2e-c16-b"
-    row = check.row("16. hypervisor weighted sharing: pods A (weight 1) and B (weight 3), policy fixed, no cap; "
-                    "spin 2000us runtime 4 s each, at once: own busy share from 1 s (common span)", "A=25+-3%, B=75+-3%")
+    B = 75 +- 3 pp (from 1 s, common span; spin union). On the machine's last
+    GPU: GPU 1 of two, where the daemon's per-GPU sharing shows past index 0."""
+    a, b, gpu = "e2e-c16-a", "e2e-c16-b", gpu_count() - 1
+    row = check.row(f"16. hypervisor weighted sharing on GPU {gpu}: pods A (weight 1) and B (weight 3), policy fixed, "
+                    "no cap; spin 2000us runtime 4 s each, at once: own busy share from 1 s (common span)",
+                    "A=25+-3%, B=75+-3%")
     if prereq(check):
         return row.fail(prereq(check))
-    d = daemon(check, "16", pod_section(a, "weight = 1", 'policy = "fixed"'),
-               pod_section(b, "weight = 3", 'policy = "fixed"'))
+    d = daemon(check, "16", pod_section(a, "weight = 1", 'policy = "fixed"', gpu=gpu),
+               pod_section(b, "weight = 3", 'policy = "fixed"', gpu=gpu))
     go, tl, why = check.s.work / "go-16", Timeline(), Why()
     go.unlink(missing_ok=True)
     try:
         if (err := start(check, d)):
             return row.fail(err)
         why.add(*d.placed("16-start", a, b))
-        pa, pb = hv_spin(check, "16-A", a, 4, go), hv_spin(check, "16-B", b, 4, go)
+        pa, pb = hv_spin(check, "16-A", a, 4, go, gpu), hv_spin(check, "16-B", b, 4, go, gpu)
         why.need(wait_ready([pa, pb], 40), "not-ready")
         tl.go(go)
         tl.sleep_until(2.5)

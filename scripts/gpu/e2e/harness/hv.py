@@ -27,10 +27,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def pod_section(pod: str, *lines: str) -> str:
-    """One [[pods]] section on GPU index 0."""
+def pod_section(pod: str, *lines: str, gpu: int = 0) -> str:
+    """One [[pods]] section on GPU index `gpu`."""
     body = "\n".join(lines)
-    return f'[[pods]]\nid = "{pod}"\ntoken = "{hv_token(pod)}"\n[[pods.gpus]]\nindex = 0\n{body}\n\n'
+    return f'[[pods]]\nid = "{pod}"\ntoken = "{hv_token(pod)}"\n[[pods.gpus]]\nindex = {gpu}\n{body}\n\n'
 
 
 def write_config(path: Path, admin: str, *sections: str) -> Path:
@@ -140,7 +140,7 @@ class Daemon:
 
     def placed(self, tag: str, *pods: str) -> list:
         st = self.status(tag)
-        return [f"{p}-not-placed-on-gpu0" for p in pods if st.get(f"pod_{p}_placed") != "1"]
+        return [f"{p}-not-placed" for p in pods if st.get(f"pod_{p}_placed") != "1"]
 
     def admin(self, token: str, action: str, pod: str, at: float, tag: str) -> dict:
         r = hvctl.cmd_admin(self.url, token, action, pod, at)

@@ -110,6 +110,35 @@ def stamp() -> str:
     return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1e9):09d}"
 
 
+# The node's activity and priority tables under the harness's own names, for
+# every run and hypervisor of the session: the machine's default tables are
+# left alone, and the session removes its own at the end.
+NODE_TABLES = {"GPUSHARE_NODE_REGION": "gpushare-node-e2e", "GPUSHARE_PRIORITY_REGION": "gpushare-priority-e2e"}
+
+
+def use_own_node_tables() -> None:
+    """Names the node's tables for the session (a name set already stays)."""
+    for var, name in NODE_TABLES.items():
+        os.environ.setdefault(var, name)
+
+
+def remove_own_node_tables() -> None:
+    for name in NODE_TABLES.values():
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:
+            pass
+
+
+def gpu_count() -> int:
+    """The GPUs nvidia-smi lists (1 when it lists none: the checks' device 0)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 1
+    return max(1, sum(line.startswith("GPU ") for line in out.splitlines()))
+
+
 def clean_shm() -> None:
     """Every pod of the harness is named e2e-*: other users' regions stay."""
     for p in glob.glob("/dev/shm/gpushare-pod-e2e-*") + glob.glob("/dev/shm/gpushare-limits-e2e-*"):
