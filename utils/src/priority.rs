@@ -19,7 +19,8 @@
 //!
 //! The table is writable by every limited process, like the activity table: a
 //! pod that writes it directly can hold batch pods (for a bounded time per
-//! launch) or spoil the counters, never raise a limit.
+//! launch), spoil the counters, or keep a co-run latency pod from tracking
+//! its work for batch pods (which then go unheld), never raise a limit.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
