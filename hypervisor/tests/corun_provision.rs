@@ -290,6 +290,53 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
     });
 }
 
+#[test]
+fn unprepare_removes_the_mount_points_a_runtime_left_in_the_gpus_folder() {
+    runtime().block_on(async {
+        let mut world = World::start("mount-points", false).await;
+        let gpu0 = world.uuid(0);
+        let (_, uid) = world.claim("batch", "2Gi", json!({}), "gpu-0").await;
+        assert_eq!(world.prepare("batch-gpu", &uid).await, "");
+        // What a container runtime leaves in the GPU's folder (the
+        // container's /dev/shm): an empty file for each file mounted under
+        // it, the pod's region and limits.
+        let folder = world.dir.join("mps").join(&gpu0).join("shm");
+        std::fs::create_dir_all(&folder).unwrap();
+        let (_, mounts) = edits(&world.spec_path(&uid));
+        let points: Vec<PathBuf> = mounts
+            .iter()
+            .filter_map(|(_, inside, _)| inside.strip_prefix("/dev/shm/"))
+            .map(|name| folder.join(name))
+            .collect();
+        assert_eq!(points.len(), 2, "{mounts:?}");
+        for point in &points {
+            std::fs::write(point, b"").unwrap();
+        }
+        // Another pod's, and an MPS client's own shared memory, stay.
+        let others = [
+            folder.join("gpushare-pod-another"),
+            folder.join("cuda.shm.0"),
+        ];
+        for other in &others {
+            std::fs::write(other, b"").unwrap();
+        }
+        let node = world.node.as_ref().unwrap();
+        let error = node
+            .kubelet
+            .unprepare(Version::V1, "default", "batch-gpu", &uid)
+            .await
+            .unwrap();
+        assert_eq!(error, "");
+        for point in &points {
+            assert!(!point.exists(), "{} left", point.display());
+        }
+        for other in &others {
+            assert!(other.exists(), "{} removed", other.display());
+        }
+        world.stop().await;
+    });
+}
+
 /// The share of the SMs pod `pod`'s limits give its next MPS client, once
 /// the scheduler's ticks have written `want` (`None`: none given).
 fn sm_percent_becomes(pod: &str, want: Option<u8>) -> Option<u8> {

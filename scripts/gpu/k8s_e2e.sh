@@ -221,8 +221,11 @@ ok=FAIL; [ $rc = 0 ] && [ "$(cat "$OUT/unprepared" 2>/dev/null)" = clean ] && ok
 row "unprepare: spec, token, region removed" "-" "$(cat "$OUT/unprepared" 2>/dev/null)" $ok
 if [ "${MODE:-dra}" = corun ]; then
   left=$(pgrep -c nvidia-cuda-mps || true)
-  ok=FAIL; [ "$left" = 0 ] && ok=PASS
-  row "co-run: MPS processes left after the daemon stopped" "-" "$left" $ok
+  # The empty files the mounts under the container's /dev/shm made in the
+  # GPU's folder (the region's and the limits'), removed with the claim.
+  points=$(ls "$mshm" | grep -c '^gpushare-' || true)
+  ok=FAIL; [ "$left" = 0 ] && [ "$points" = 0 ] && ok=PASS
+  row "co-run: MPS processes left after the daemon stopped; mount points left in the GPU's folder" "-" "$left; $points" $ok
 fi
 python3 -c "import json; s = json.load(open('$OUT/status.json')); print('workers seen:', len(s['workers']), [w['pod'] for w in s['workers']])"
 

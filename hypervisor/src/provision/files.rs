@@ -6,7 +6,9 @@ use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use super::ProvisionError;
+use crate::corun::CorunOptions;
 use crate::file_error::FileError;
+use gpushare_utils::ledger::POD_REGION_PREFIX;
 
 /// A random (version 4) UID, for claims that have none in the API: those
 /// the device plugin makes for a container.
@@ -75,4 +77,26 @@ pub(super) fn remove_if_there(path: &Path) -> Result<(), ProvisionError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(io("cannot remove", path)(source)),
     }
+}
+
+/// The mount points a container runtime left for pod `pod`'s region and
+/// limits in the co-run GPUs' shared-memory folders: a co-run container's
+/// `/dev/shm` is its GPU's folder, and the runtime makes an empty file there
+/// for each file mounted under it, which outlives the container. Only
+/// regular files of those two names are removed.
+pub(super) fn remove_mount_points(corun: &CorunOptions, pod: &str) -> Result<(), ProvisionError> {
+    let names = [
+        format!("{POD_REGION_PREFIX}{pod}"),
+        gpushare_utils::limits::PodLimits::name_of(pod),
+    ];
+    for uuid in &corun.gpus {
+        let folder = crate::corun::shm_dir(&corun.dir, uuid);
+        for name in &names {
+            let path = folder.join(name);
+            if std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_file()) {
+                remove_if_there(&path)?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -576,6 +576,9 @@ impl Provisioner {
             std::fs::remove_dir_all(&dir).map_err(io("cannot remove", &dir))?;
         }
         remove_if_there(&self.region_file(pod))?;
+        if let Some(corun) = self.config.corun.as_ref().filter(|c| c.private_shm) {
+            files::remove_mount_points(corun, pod)?;
+        }
         // The limits object the hypervisor published for the pod (in the
         // agent's shared memory, which a DaemonSet mounts as `region_dir`).
         let limits = gpushare_utils::limits::PodLimits::name_of(pod);
