@@ -45,7 +45,6 @@ import os
 import shutil
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -168,12 +167,17 @@ class Daemon:
         want = 100 - self.reserve if "latency" in roles else 100
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            listed = sorted(p["id"] for p in self.status().get("pods", []))
-            if listed == sorted(self.pods) and sm_percent(PODS["batch"][0]) == want:
+            pods = {p["id"]: p for p in self.status().get("pods", [])}
+            listed = sorted(pods)
+            # What the batch pod's limits give its next client, as the
+            # daemon reports it.
+            batch = pods.get(PODS["batch"][0], {})
+            share = (batch.get("gpus") or [{}])[0].get("sm_percent")
+            if listed == sorted(self.pods) and share == want:
                 return
             time.sleep(0.05)
         raise RuntimeError(f"pods {roles} not in force: status lists {listed},"
-                           f" batch share {sm_percent(PODS['batch'][0])}, want {want}")
+                           f" batch share {share}, want {want}")
 
     def status(self):
         with urllib.request.urlopen(self.url + "/api/v1/status", timeout=5) as r:
@@ -192,18 +196,6 @@ class Daemon:
                 Path(f"/dev/shm/{prefix}{pod}").unlink(missing_ok=True)
         for name in self.tables.values():
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
-
-
-def sm_percent(pod):
-    """The share of the SMs pod `pod`'s limits give its next MPS client
-    (utils/src/limits.rs: the first GPU entry at 64, its sm_percent at 36)."""
-    try:
-        data = Path(f"/dev/shm/gpushare-limits-{pod}").read_bytes()
-    except OSError:
-        return None
-    key, = struct.unpack_from("<Q", data, 64)
-    value, = struct.unpack_from("<I", data, 64 + 36)
-    return value if key else None
 
 
 def mps_processes():
