@@ -56,13 +56,19 @@ pub fn run(pipe: &Path, log_dir: &Path, hang_after: Option<u64>) -> Result<(), F
     }
     // A socket nobody answers on is left by a daemon that died.
     let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket).map_err(FakeError::io("bind", socket.clone()))?;
-    let files = Files {
-        socket,
-        pid: pipe.join(PID_FILE),
-    };
-    std::fs::write(&files.pid, format!("{}\n", std::process::id()))
-        .map_err(FakeError::io("write", files.pid.clone()))?;
+    // The pid file is complete before the socket exists: whoever found the
+    // socket answering (`-d` returns then) may read it at once. Written
+    // aside and renamed, so no reader ever sees it empty.
+    let pid = pipe.join(PID_FILE);
+    let staged = pipe.join(format!("{PID_FILE}.new"));
+    std::fs::write(&staged, format!("{}\n", std::process::id()))
+        .and_then(|()| std::fs::rename(&staged, &pid))
+        .map_err(FakeError::io("write", pid.clone()))?;
+    let listener = UnixListener::bind(&socket).map_err(|error| {
+        let _ = std::fs::remove_file(&pid);
+        FakeError::io("bind", socket.clone())(error)
+    })?;
+    let files = Files { socket, pid };
     log.started();
     listener
         .set_nonblocking(true)
