@@ -15,7 +15,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 
-use super::consumers::{ClaimIdentity, consumers, consumers_from_api};
+use super::consumers::{ClaimIdentity, consumers, consumers_from_api, prepared_claims};
 use super::{KubeError, KubernetesSource, claims, slice};
 use crate::daemon::Hypervisor;
 use crate::deviceplugin::{DevicePluginConfig, GpuHealth};
@@ -302,11 +302,12 @@ impl NodeAgent {
             // The reflectors may lag a claim's reservation or a pod: before
             // forgetting, the claims are read again from the API, and
             // `pod_runs` asks it for any pod the cache does not know.
+            let claims = prepared_claims(&self.inner, &uid);
             if self
-                .others_run(&uid, &pod, consumers(&self.inner, &uid))
+                .others_run(&uid, &pod, consumers(&self.inner, &claims))
                 .await?
                 || self
-                    .others_run(&uid, &pod, consumers_from_api(&self.inner, &uid).await?)
+                    .others_run(&uid, &pod, consumers_from_api(&self.inner, &claims).await?)
                     .await?
             {
                 continue;

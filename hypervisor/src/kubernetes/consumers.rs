@@ -34,19 +34,20 @@ impl WorkerIdentity for ClaimIdentity {
                 uid == pod.as_str() || shared.contains_key(uid)
             })
         };
-        let refused = match check(&consumers(&inner, pod.as_str())) {
+        let prepared = prepared_claims(&inner, pod.as_str());
+        let refused = match check(&consumers(&inner, &prepared)) {
             Err(refused @ IdentityError::NotInPod { .. }) => refused,
             other => return other,
         };
         // The claims' reflector may not have a reservation made just now:
         // the API's claims decide, where the identity has claims at all.
-        if prepared_claims(&inner, pod.as_str()).is_empty() {
+        if prepared.is_empty() {
             return Err(refused);
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return Err(refused);
         };
-        match runtime.block_on(consumers_from_api(&inner, pod.as_str())) {
+        match runtime.block_on(consumers_from_api(&inner, &prepared)) {
             Ok(live) => check(&live),
             Err(error) => {
                 tracing::warn!(%error, pod = %pod, "claims not read from the API for a worker's check");
@@ -56,12 +57,24 @@ impl WorkerIdentity for ClaimIdentity {
     }
 }
 
-/// The pods (UID → name) in the `reservedFor` of the claims prepared under
-/// quota identity `identity`, as the claims' reflector has them.
-pub(super) fn consumers(inner: &Inner, identity: &str) -> BTreeMap<String, String> {
+/// A claim prepared on this node, by the names the API knows it by.
+pub(super) struct PreparedClaim {
+    namespace: String,
+    name: String,
+    uid: String,
+}
+
+/// The pods (UID → name) in the `reservedFor` of claims `prepared`, as the
+/// claims' reflector has them.
+pub(super) fn consumers(inner: &Inner, prepared: &[PreparedClaim]) -> BTreeMap<String, String> {
     let mut pods = BTreeMap::new();
-    for (namespace, name, uid) in prepared_claims(inner, identity) {
-        if let Some(claim) = cached_claim(inner, &namespace, &name, &uid) {
+    for PreparedClaim {
+        namespace,
+        name,
+        uid,
+    } in prepared
+    {
+        if let Some(claim) = cached_claim(inner, namespace, name, uid) {
             pods.extend(claims::consumer_pods(&claim));
         }
     }
@@ -72,13 +85,18 @@ pub(super) fn consumers(inner: &Inner, identity: &str) -> BTreeMap<String, Strin
 /// by another of its name has none).
 pub(super) async fn consumers_from_api(
     inner: &Inner,
-    identity: &str,
+    prepared: &[PreparedClaim],
 ) -> Result<BTreeMap<String, String>, KubeError> {
     let mut pods = BTreeMap::new();
-    for (namespace, name, uid) in prepared_claims(inner, identity) {
-        let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), &namespace);
+    for PreparedClaim {
+        namespace,
+        name,
+        uid,
+    } in prepared
+    {
+        let api: Api<ResourceClaim> = Api::namespaced(inner.client.clone(), namespace);
         let live = api
-            .get_opt(&name)
+            .get_opt(name)
             .await
             .map_err(KubeError::api("get claim"))?;
         if let Some(claim) = live.filter(|c| c.metadata.uid.as_deref() == Some(uid.as_str())) {
@@ -88,9 +106,8 @@ pub(super) async fn consumers_from_api(
     Ok(pods)
 }
 
-/// The (namespace, name, UID) of the claims prepared under quota identity
-/// `identity`.
-fn prepared_claims(inner: &Inner, identity: &str) -> Vec<(String, String, String)> {
+/// The claims prepared under quota identity `identity`.
+pub(super) fn prepared_claims(inner: &Inner, identity: &str) -> Vec<PreparedClaim> {
     inner
         .source
         .provisioner
@@ -99,9 +116,10 @@ fn prepared_claims(inner: &Inner, identity: &str) -> Vec<(String, String, String
         .claims()
         .values()
         .filter(|c| c.request.pod.uid == identity)
-        .map(|c| {
-            let r = &c.request;
-            (r.namespace.clone(), r.name.clone(), r.claim_uid.clone())
+        .map(|c| PreparedClaim {
+            namespace: c.request.namespace.clone(),
+            name: c.request.name.clone(),
+            uid: c.request.claim_uid.clone(),
         })
         .collect()
 }
