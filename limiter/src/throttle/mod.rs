@@ -80,6 +80,7 @@ use budgets::Budgets;
 use locals::{with_batch, with_cadence};
 use monitor::Monitor;
 use overheads::Overheads;
+pub(crate) use priority::CorunSms;
 use priority::Priority;
 use sampler::Sampler;
 use stamp::Stamps;
@@ -232,11 +233,9 @@ impl Throttle {
         }
     }
 
-    /// This process is an MPS client of a co-run GPU; `off_reserve`: kept
-    /// off the SMs reserved for latency pods, so its batch launches are
-    /// never held for them.
-    pub(crate) fn join_corun(&self, off_reserve: bool) {
-        self.priority.join_corun(off_reserve);
+    /// This process is an MPS client of a co-run GPU running on `sms`.
+    pub(crate) fn join_corun(&self, sms: CorunSms) {
+        self.priority.join_corun(sms);
     }
 
     /// Admits one launch of `work` on `stream`, waiting for budget if

@@ -5,6 +5,7 @@ use crate::entry::{self, State};
 use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;
 use crate::sys::CUresult;
+use crate::throttle::CorunSms;
 
 /// `cuInit`: `CUDA_ERROR_NOT_INITIALIZED` under a broken configuration, an
 /// unpatchable driver, MPS required but not in effect, or (under a
@@ -34,7 +35,11 @@ pub(super) fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
     if limiter.mps.is_required()
         && let Some(throttle) = &limiter.compute
     {
-        throttle.join_corun(off_reserve);
+        throttle.join_corun(if off_reserve {
+            CorunSms::OffReserve
+        } else {
+            CorunSms::WholeGpu
+        });
     }
     // The driver first: registration tells the hypervisor which GPUs this
     // process sees, and the devices say whether MPS is on, both of which

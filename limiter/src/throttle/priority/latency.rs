@@ -30,7 +30,7 @@ impl Priority {
         let Some(table) = self.table(now, true) else {
             return Ticket::Free;
         };
-        if self.corun.load(Ordering::Relaxed)
+        if self.corun.get().is_some()
             && !table.device(device).is_some_and(|line| line.contended(now))
         {
             // Co-run with no batch pod that waits for this one: its kernels

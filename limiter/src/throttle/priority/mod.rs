@@ -170,15 +170,23 @@ pub(crate) struct Priority {
     arrivals: [Arrivals; MAX_DEVICES],
     /// This process's latest latency launch per device.
     launched_at: [AtomicU64; MAX_DEVICES],
-    /// An MPS client of a co-run GPU: its latency launches are tracked only
-    /// while a batch pod that waits for them is there (one that took the
-    /// whole GPU); next to batch clients kept off the reserve its kernels
-    /// already run beside theirs, and tracking would only cost it time.
-    corun: AtomicBool,
-    /// An MPS client kept off the SMs reserved for latency pods: its
-    /// kernels and theirs run side by side, so its batch launches are never
-    /// held.
-    off_reserve: AtomicBool,
+    /// Set where this process is an MPS client of a co-run GPU: its latency
+    /// launches are tracked only while a batch pod that waits for them is
+    /// there (one that took the whole GPU); next to batch clients kept off
+    /// the reserve its kernels already run beside theirs, and tracking
+    /// would only cost it time.
+    corun: OnceLock<CorunSms>,
+}
+
+/// The SMs an MPS client of a co-run GPU runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CorunSms {
+    /// All of them: a batch client that started with no latency pod there,
+    /// or a latency client.
+    WholeGpu,
+    /// All but those reserved for latency pods: its kernels and theirs run
+    /// side by side, so its batch launches are never held.
+    OffReserve,
 }
 
 impl Priority {
@@ -209,17 +217,14 @@ impl Priority {
             generation: AtomicU64::new(0),
             arrivals: [const { Arrivals::new() }; MAX_DEVICES],
             launched_at: [const { AtomicU64::new(0) }; MAX_DEVICES],
-            corun: AtomicBool::new(false),
-            off_reserve: AtomicBool::new(false),
+            corun: OnceLock::new(),
         }
     }
 
-    /// Marks this process an MPS client of a co-run GPU, kept off the SMs
-    /// reserved for latency pods or not (it took the whole GPU); set once,
-    /// before the driver starts.
-    pub(super) fn join_corun(&self, off_reserve: bool) {
-        self.corun.store(true, Ordering::Relaxed);
-        self.off_reserve.store(off_reserve, Ordering::Relaxed);
+    /// Marks this process an MPS client of a co-run GPU running on `sms`;
+    /// set once, before the driver starts (a second call changes nothing).
+    pub(super) fn join_corun(&self, sms: CorunSms) {
+        let _ = self.corun.set(sms);
     }
 
     /// Whether launches on a device without a compute limit still take part
@@ -327,7 +332,7 @@ impl Priority {
     ) -> Ticket {
         match self.class(ctx, device) {
             PodClass::Latency => self.before_latency(ctx, device, stream, timing, now),
-            PodClass::Batch if self.off_reserve.load(Ordering::Relaxed) => Ticket::Free,
+            PodClass::Batch if self.corun.get() == Some(&CorunSms::OffReserve) => Ticket::Free,
             PodClass::Batch => self.before_batch(device, timing, now),
         }
     }
