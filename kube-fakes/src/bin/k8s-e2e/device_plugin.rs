@@ -89,7 +89,7 @@ pub(crate) async fn run(
         .collect();
     std::fs::write(out.join("device-nodes"), nodes.join("\n") + "\n")?;
     std::fs::write(out.join("cdi-devices"), format!("{share}\n"))?;
-    std::fs::write(out.join("ready"), format!("{pod_uid}\n"))?;
+    crate::mark_ready(out, &pod_uid)?;
     println!("k8s-e2e: pod {pod_uid} allocated through the device plugin ({share})");
     println!(
         "k8s-e2e: env and mounts in {}; touch {}/stop to finish",

@@ -315,7 +315,7 @@ fn write_outputs(out: &Path, spec_path: &Path, cdi: &[String]) -> anyhow::Result
 
 /// Writes the pod's UID to `out/ready` whole, by renaming a finished file:
 /// whoever waits for `ready` to exist never reads it half written.
-fn mark_ready(out: &Path, pod_uid: &str) -> std::io::Result<()> {
+pub(crate) fn mark_ready(out: &Path, pod_uid: &str) -> std::io::Result<()> {
     let partial = out.join("ready.partial");
     std::fs::write(&partial, format!("{pod_uid}\n"))?;
     std::fs::rename(&partial, out.join("ready"))
