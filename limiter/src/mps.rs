@@ -46,8 +46,19 @@ pub(crate) const ACTIVE_THREAD_VARIABLE: &str = "CUDA_MPS_ACTIVE_THREAD_PERCENTA
 pub(crate) struct MpsRequirement {
     mode: MpsMode,
     checked: OnceLock<Result<(), MpsError>>,
-    /// Whether the share this client took keeps it off the reserve.
-    off_reserve: OnceLock<bool>,
+    /// The SMs the share this client took gives it.
+    sms: OnceLock<CorunSms>,
+}
+
+/// The SMs an MPS client of a co-run GPU runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CorunSms {
+    /// All of them: a batch client that started with no latency pod there,
+    /// or a latency client.
+    WholeGpu,
+    /// All but those reserved for latency pods: its kernels and theirs run
+    /// side by side, so its batch launches are never held.
+    OffReserve,
 }
 
 /// The share of the SMs an MPS client takes.
@@ -89,19 +100,19 @@ impl MpsRequirement {
         Self {
             mode,
             checked: OnceLock::new(),
-            off_reserve: OnceLock::new(),
+            sms: OnceLock::new(),
         }
     }
 
     /// Before the driver's `cuInit`, where MPS is required: replaces the
     /// provisioned share of the SMs by the one the pod's limits give now
-    /// (`given`, asked only here). Returns whether the client is kept off
-    /// the SMs reserved for latency pods. Decided once.
-    pub(crate) fn take_sm_share(&self, given: impl FnOnce() -> Option<u8>) -> bool {
+    /// (`given`, asked only here). Returns the SMs the client runs on;
+    /// `None` where MPS is not required. Decided once.
+    pub(crate) fn take_sm_share(&self, given: impl FnOnce() -> Option<u8>) -> Option<CorunSms> {
         if !self.is_required() {
-            return false;
+            return None;
         }
-        *self.off_reserve.get_or_init(|| {
+        Some(*self.sms.get_or_init(|| {
             let share = SmShare {
                 provisioned: std::env::var(ACTIVE_THREAD_VARIABLE)
                     .ok()
@@ -123,8 +134,12 @@ impl MpsRequirement {
                     "MPS share of the SMs given by the pod's limits"
                 );
             }
-            share.off_reserve()
-        })
+            if share.off_reserve() {
+                CorunSms::OffReserve
+            } else {
+                CorunSms::WholeGpu
+            }
+        }))
     }
 
     pub(crate) fn is_required(&self) -> bool {
@@ -206,7 +221,7 @@ mod tests {
     #[test]
     fn an_optional_process_takes_no_share() {
         let optional = MpsRequirement::new(MpsMode::Optional);
-        assert!(!optional.take_sm_share(|| panic!("not asked")));
+        assert_eq!(optional.take_sm_share(|| panic!("not asked")), None);
     }
 
     #[test]

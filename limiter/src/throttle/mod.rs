@@ -59,6 +59,7 @@ use crate::context::Context;
 use crate::driver::Timing;
 use crate::error::{LimiterError, Pass, Result};
 use crate::metering::{Charge, CostModel, LaunchKey, UNMEASURED_AHEAD};
+use crate::mps::CorunSms;
 use crate::sys::{CU_STREAM_PER_THREAD, CUfunction, CUresult, CUstream};
 use crate::waves::{GpuShape, Grid, Waves};
 
@@ -80,7 +81,6 @@ use budgets::Budgets;
 use locals::{with_batch, with_cadence};
 use monitor::Monitor;
 use overheads::Overheads;
-pub(crate) use priority::CorunSms;
 use priority::Priority;
 use sampler::Sampler;
 use stamp::Stamps;

@@ -5,7 +5,6 @@ use crate::entry::{self, State};
 use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;
 use crate::sys::CUresult;
-use crate::throttle::CorunSms;
 
 /// `cuInit`: `CUDA_ERROR_NOT_INITIALIZED` under a broken configuration, an
 /// unpatchable driver, MPS required but not in effect, or (under a
@@ -29,17 +28,11 @@ pub(super) fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
         return Err(LimiterError::Bypass(Pass::NoHypervisor));
     }
     // Before the driver reads it: an MPS client's share of the SMs.
-    let off_reserve = limiter
+    let sms = limiter
         .mps
         .take_sm_share(|| limiter.context.published_limits()?.sm_percent());
-    if limiter.mps.is_required()
-        && let Some(throttle) = &limiter.compute
-    {
-        throttle.join_corun(if off_reserve {
-            CorunSms::OffReserve
-        } else {
-            CorunSms::WholeGpu
-        });
+    if let (Some(sms), Some(throttle)) = (sms, &limiter.compute) {
+        throttle.join_corun(sms);
     }
     // The driver first: registration tells the hypervisor which GPUs this
     // process sees, and the devices say whether MPS is on, both of which

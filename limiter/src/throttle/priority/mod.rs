@@ -51,6 +51,7 @@ use gpushare_utils::priority::{NodePriority, PRIORITY_REGION, PodPriority};
 use crate::config::DeviceClasses;
 use crate::context::Context;
 use crate::driver::Timing;
+use crate::mps::CorunSms;
 use crate::sys::{CUevent, CUresult, CUstream};
 use predict::{Arrivals, Spans};
 
@@ -176,17 +177,6 @@ pub(crate) struct Priority {
     /// the reserve its kernels already run beside theirs, and tracking
     /// would only cost it time.
     corun: OnceLock<CorunSms>,
-}
-
-/// The SMs an MPS client of a co-run GPU runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum CorunSms {
-    /// All of them: a batch client that started with no latency pod there,
-    /// or a latency client.
-    WholeGpu,
-    /// All but those reserved for latency pods: its kernels and theirs run
-    /// side by side, so its batch launches are never held.
-    OffReserve,
 }
 
 impl Priority {
