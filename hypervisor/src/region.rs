@@ -25,7 +25,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpushare_utils::bucket::Bucket;
-use gpushare_utils::ledger::{DeviceUsage, LedgerError, POD_REGION_PREFIX, PodLedger, SpillUsage};
+use gpushare_utils::ledger::{DeviceUsage, LedgerError, PodLedger, SpillUsage};
 use gpushare_utils::limits::{LimitsError, PodLimits};
 use gpushare_utils::pod::PodId;
 use gpushare_utils::shm::{self, Creation, ShmError, Trust};
@@ -67,7 +67,7 @@ impl PodRegion {
     /// a regular file) is removed and made again, so that squatting a pod's
     /// name before it is provisioned blocks nobody.
     pub fn open(pod: &PodId, options: &RegionOptions) -> Result<Self, RegionError> {
-        let name = format!("{POD_REGION_PREFIX}{pod}");
+        let name = PodLedger::name_of(pod.as_str());
         let mut owners = vec![shm::effective_uid()];
         owners.extend(options.uid);
         let ledger = replacing_planted(&name, || {

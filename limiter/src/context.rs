@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use gpushare_utils::MAX_DEVICES;
 use gpushare_utils::bucket::ComputeBucket;
-use gpushare_utils::ledger::{POD_REGION_PREFIX, PodLedger};
+use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::pod::PodId;
 use gpushare_utils::shm::{Creation, Trust};
@@ -179,7 +179,7 @@ impl Context {
     pub(crate) fn ledger(&'static self) -> Option<&'static PodLedger> {
         self.ledger
             .get_or_init(|| {
-                let name = format!("{POD_REGION_PREFIX}{}", self.pod);
+                let name = PodLedger::name_of(self.pod.as_str());
                 match PodLedger::open_with(&name, &self.trust, &Creation::default(), LEDGER_OPEN_TIMEOUT) {
                     Ok(ledger) => {
                         if !register_at_exit(self) {

@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use common::{DoubleGpus, Pod, node_tables};
-use gpushare_utils::ledger::POD_REGION_PREFIX;
+use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::limits::PodLimits;
 use hypervisor::RunningHypervisor;
 
@@ -86,7 +86,7 @@ fn shrinking_or_replacing_shared_objects_kills_nobody_and_frees_no_memory() {
     let pod = Pod::new("attack");
     let hypervisor = start(&pod);
     let tables = node_tables(&pod);
-    let ledger = format!("{POD_REGION_PREFIX}{}", pod.0);
+    let ledger = PodLedger::name_of(&pod.0);
     let limits = PodLimits::name_of(&pod.0);
 
     // A process of the pod, as the pods' uid: it allocates and launches,

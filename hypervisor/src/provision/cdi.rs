@@ -17,8 +17,8 @@ use super::{
     ClaimRequest, ProvisionConfig, ProvisionError,
 };
 use crate::observer::GpuInfo;
-use gpushare_utils::ledger::POD_REGION_PREFIX;
-use gpushare_utils::limits::LIMITS_PREFIX;
+use gpushare_utils::ledger::PodLedger;
+use gpushare_utils::limits::PodLimits;
 
 pub const CDI_VERSION: &str = "0.6.0";
 
@@ -84,7 +84,8 @@ pub fn claim_spec(
     mps: Option<&MpsClient>,
 ) -> Result<Spec, ProvisionError> {
     let host_token = host_view(token_file, &config.state_dir, &config.host_state_dir);
-    let region = format!("{POD_REGION_PREFIX}{}", request.pod.uid);
+    let region = PodLedger::name_of(&request.pod.uid);
+    let limits = PodLimits::name_of(&request.pod.uid);
     let visible: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
     let mut env = vec![
         format!("CUDA_LIMITER_HYPERVISOR={}", config.hypervisor_url),
@@ -125,12 +126,8 @@ pub fn claim_spec(
         },
         // The limits the hypervisor writes: the limiter reads them, never writes.
         Mount {
-            host_path: path_text(
-                &config
-                    .host_region_dir
-                    .join(format!("{LIMITS_PREFIX}{}", request.pod.uid)),
-            ),
-            container_path: format!("{CONTAINER_SHM}/{LIMITS_PREFIX}{}", request.pod.uid),
+            host_path: path_text(&config.host_region_dir.join(&limits)),
+            container_path: format!("{CONTAINER_SHM}/{limits}"),
             options: ro(),
         },
         // Read-write: the pod's processes keep their usage and budget in it.

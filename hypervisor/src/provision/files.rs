@@ -8,7 +8,8 @@ use std::path::Path;
 use super::ProvisionError;
 use crate::corun::CorunOptions;
 use crate::file_error::FileError;
-use gpushare_utils::ledger::POD_REGION_PREFIX;
+use gpushare_utils::ledger::PodLedger;
+use gpushare_utils::limits::PodLimits;
 
 /// A random (version 4) UID, for claims that have none in the API: those
 /// the device plugin makes for a container.
@@ -85,10 +86,7 @@ pub(super) fn remove_if_there(path: &Path) -> Result<(), ProvisionError> {
 /// for each file mounted under it, which outlives the container. Only
 /// regular files of those two names are removed.
 pub(super) fn remove_mount_points(corun: &CorunOptions, pod: &str) -> Result<(), ProvisionError> {
-    let names = [
-        format!("{POD_REGION_PREFIX}{pod}"),
-        gpushare_utils::limits::PodLimits::name_of(pod),
-    ];
+    let names = [PodLedger::name_of(pod), PodLimits::name_of(pod)];
     for uuid in &corun.gpus {
         let folder = crate::corun::shm_dir(&corun.dir, uuid);
         for name in &names {

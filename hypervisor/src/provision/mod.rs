@@ -30,7 +30,7 @@ pub mod mps;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use gpushare_utils::ledger::POD_REGION_PREFIX;
+use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::pod::PodId;
 
 pub use files::new_uid;
@@ -330,9 +330,7 @@ impl Provisioner {
 
     /// The region of pod `uid` as the agent sees it.
     pub fn region_file(&self, uid: &str) -> PathBuf {
-        self.config
-            .region_dir
-            .join(format!("{POD_REGION_PREFIX}{uid}"))
+        self.config.region_dir.join(PodLedger::name_of(uid))
     }
 
     /// The hypervisor's pods: one per pod with prepared claims, its GPUs in

@@ -150,6 +150,11 @@ fn unpack(reg: u64) -> (i32, usize) {
 }
 
 impl PodLedger {
+    /// The shared-memory name of `pod`'s region.
+    pub fn name_of(pod: &str) -> String {
+        format!("{POD_REGION_PREFIX}{pod}")
+    }
+
     /// The region's shared-memory name.
     pub fn name(&self) -> &str {
         &self.name

@@ -26,7 +26,7 @@ impl PodLedger {
     /// Creates or opens the ledger of `pod` (`/dev/shm/gpushare-pod-<pod>`) and
     /// registers this process in it.
     pub fn open(pod: &str) -> Result<Self, LedgerError> {
-        Self::open_named(&format!("{POD_REGION_PREFIX}{pod}"))
+        Self::open_named(&Self::name_of(pod))
     }
 
     /// Creates or opens the ledger region `os_id` (a `/dev/shm` entry name,

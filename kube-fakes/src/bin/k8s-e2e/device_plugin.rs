@@ -104,7 +104,8 @@ pub(crate) async fn run(
     // The pod is deleted: the agent removes its claim, token and region.
     api.delete("pods", "default", "e2e");
     let token = node.options.provision.state_dir.join("pods").join(&pod_uid);
-    let region = std::path::PathBuf::from(format!("/dev/shm/gpushare-pod-{pod_uid}"));
+    let region =
+        std::path::Path::new("/dev/shm").join(gpushare_utils::ledger::PodLedger::name_of(&pod_uid));
     for _ in 0..100 {
         if !token.exists() && !region.exists() {
             break;

@@ -219,7 +219,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             .unprepare(Version::V1, "default", "e2e-gpu", &uid)
             .await?;
         let token = node.options.provision.state_dir.join("pods").join(&pod_uid);
-        let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{pod_uid}"));
+        let region =
+            Path::new("/dev/shm").join(gpushare_utils::ledger::PodLedger::name_of(&pod_uid));
         let error = (!error.is_empty()).then(|| format!("error={error:?}"));
         let clean = write_unprepared(
             &out,
