@@ -140,6 +140,15 @@ impl World {
         prepared.error
     }
 
+    /// Unprepares claim `name` (UID `uid`); the error the kubelet got.
+    async fn unprepare(&self, name: &str, uid: &str) -> String {
+        let node = self.node.as_ref().unwrap();
+        node.kubelet
+            .unprepare(Version::V1, "default", name, uid)
+            .await
+            .unwrap()
+    }
+
     async fn stop(mut self) {
         if let Some(node) = self.node.take() {
             node.stop().await;
@@ -320,13 +329,7 @@ fn unprepare_removes_the_mount_points_a_runtime_left_in_the_gpus_folder() {
         for other in &others {
             std::fs::write(other, b"").unwrap();
         }
-        let node = world.node.as_ref().unwrap();
-        let error = node
-            .kubelet
-            .unprepare(Version::V1, "default", "batch-gpu", &uid)
-            .await
-            .unwrap();
-        assert_eq!(error, "");
+        assert_eq!(world.unprepare("batch-gpu", &uid).await, "");
         for point in &points {
             assert!(!point.exists(), "{} left", point.display());
         }
@@ -392,13 +395,7 @@ fn a_batch_pods_next_client_takes_the_whole_gpu_until_a_latency_pod_shares_it() 
         assert_eq!(sm_percent_becomes(&plain, None), None);
         assert_eq!(sm_percent_shown(&world, &plain), json!(null));
         // The latency pod gone, the whole GPU again.
-        let node = world.node.as_ref().unwrap();
-        let error = node
-            .kubelet
-            .unprepare(Version::V1, "default", "latency-gpu", &latency_uid)
-            .await
-            .unwrap();
-        assert_eq!(error, "");
+        assert_eq!(world.unprepare("latency-gpu", &latency_uid).await, "");
         assert_eq!(sm_percent_becomes(&batch, Some(100)), Some(100));
         world.stop().await;
     });

@@ -105,8 +105,14 @@ impl MpsPipe {
         }
     }
 
-    fn path(&self) -> &str {
-        self.folder.to_str().expect("a UTF-8 temp path")
+    /// What a co-run pod's processes are given: MPS required, through this
+    /// pipe folder.
+    fn required(&self) -> [(&'static str, &str); 2] {
+        let path = self.folder.to_str().expect("a UTF-8 temp path");
+        [
+            ("CUDA_LIMITER_MPS", "required"),
+            ("CUDA_MPS_PIPE_DIRECTORY", path),
+        ]
     }
 }
 
@@ -125,10 +131,7 @@ fn co_run_clients_off_the_latency_reserve_are_never_held_and_never_tracked_for()
     // holds the batch launches, and the latency pod spends nothing on
     // tracking its work for a batch pod that never waits.
     let pipe = MpsPipe::new();
-    let mps = [
-        ("CUDA_LIMITER_MPS", "required"),
-        ("CUDA_MPS_PIPE_DIRECTORY", pipe.path()),
-    ];
+    let mps = pipe.required();
     let batch = [mps[0], mps[1], ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "80")];
     let bursts = Bursts::run_with(&mps, &batch);
     let settled = common::times(&bursts.latency_lines, "settled").len();
@@ -156,10 +159,7 @@ fn a_co_run_latency_pod_tracks_its_work_next_to_a_batch_client_with_the_whole_gp
     // too: the classes hold it as on a time-sliced GPU, and the latency pod
     // tracks its work for it.
     let pipe = MpsPipe::new();
-    let mps = [
-        ("CUDA_LIMITER_MPS", "required"),
-        ("CUDA_MPS_PIPE_DIRECTORY", pipe.path()),
-    ];
+    let mps = pipe.required();
     let bursts = Bursts::run_with(&mps, &mps);
     assert_held_over_each_burst(&bursts);
     let (launches, contended_at) = line_stamps(&bursts);
