@@ -27,11 +27,11 @@
 //!    launch call until the GPU reached it) are added to the pod's counters
 //!    in the table, which the hypervisor reports.
 //! 5. On a co-run GPU (MPS clients), a batch client kept off the SMs reserved
-//!    for latency pods is never held (`off_reserve`); one that took the whole
-//!    GPU is, and its launches stamp the line's `contended_at_ns`. A co-run
-//!    latency pod does steps 1, 2 and 4 only while that stamp is recent:
-//!    with no batch pod waiting for it, its event records and its watcher's
-//!    polling would only add to its own latency.
+//!    for latency pods is never held (`CorunSms::OffReserve`); one that took
+//!    the whole GPU is, and its launches stamp the line's `contended_at_ns`.
+//!    A co-run latency pod does steps 1, 2 and 4 only while that stamp is
+//!    recent: with no batch pod waiting for it, its event records and its
+//!    watcher's polling would only add to its own latency.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
