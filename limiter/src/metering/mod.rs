@@ -23,12 +23,18 @@
 //!    function's first launch is), and while that measurement is in flight at
 //!    most [`UNMEASURED_AHEAD`] more run ahead of it; the caller holds the
 //!    next until it comes.
-//! 4. A function the table has no room for is priced and settled by the
+//! 4. A function measured at one grid size only cannot tell its fixed part
+//!    from its time per wave: its first launch at another size is measured
+//!    too (as a first launch is), so that a loop of shapes is not priced,
+//!    and settled, for long at a split of one size's time into fixed and
+//!    per-wave parts that nothing measured (a kernel of one short wave is
+//!    all fixed part by that split: its ten-wave launches would pay for one).
+//! 5. A function the table has no room for is priced and settled by the
 //!    process-wide fit: no entry, no per-launch sampling, no slowdown.
-//! 5. While another pod launches on the device (its time slices can inflate
+//! 6. While another pod launches on the device (its time slices can inflate
 //!    a measurement, never shorten it) a measurement above the price weighs
 //!    a quarter.
-//! 6. A thread's charges to one entry in a row add up in its own [`Batch`]
+//! 7. A thread's charges to one entry in a row add up in its own [`Batch`]
 //!    and reach the entry together (at most [`BATCH_LAUNCHES`] launches or
 //!    [`BATCH_NS`] charged), so a loop of one kernel makes three atomic
 //!    additions a batch, not a launch. A batch not yet added is settled by
@@ -41,7 +47,7 @@
 //! Only the monitor thread records measurements, so each fit has a single
 //! writer; launches read its price, two relaxed loads.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crate::hash::mix;
 
@@ -96,8 +102,9 @@ pub(crate) struct Charge {
     pub slot: Option<usize>,
     /// Priced before the function was ever measured.
     pub unmeasured: bool,
-    /// This launch should be measured: its function's first measurement.
-    pub first: bool,
+    /// This launch should be measured: its function's first measurement,
+    /// or its first at another grid size than the one it was measured at.
+    pub wanted: bool,
     /// Unmeasured launches of the function admitted before this one.
     pub ahead: u64,
 }
@@ -133,8 +140,9 @@ struct Fit {
 
 impl Fit {
     /// Adds a measurement of `ns` for `waves` waves with weight `weight`,
-    /// and sets `price` to the updated fit.
-    fn add(&self, price: &Price, waves: u64, ns: u64, weight: f64) {
+    /// and sets `price` to the updated fit. Returns whether the fit holds
+    /// one grid size only, and so split its time by [`FIXED_PRIOR_NS`].
+    fn add(&self, price: &Price, waves: u64, ns: u64, weight: f64) -> bool {
         let (x, y) = (waves as f64, ns as f64);
         let terms = [1.0, x, x * x, y, x * y];
         let mut sums = [0.0; 5];
@@ -145,7 +153,8 @@ impl Fit {
         let [n, sx, sxx, sy, sxy] = sums;
         let (mean_x, mean_y) = (sx / n, sy / n);
         let var = sxx / n - mean_x * mean_x;
-        let (mut fixed, mut per_wave) = if var > 0.01 * mean_x * mean_x {
+        let one_size = var <= 0.01 * mean_x * mean_x;
+        let (mut fixed, mut per_wave) = if !one_size {
             let slope = ((sxy / n - mean_x * mean_y) / var).max(0.0);
             (mean_y - slope * mean_x, slope)
         } else {
@@ -161,6 +170,7 @@ impl Fit {
         // Never (0, 0), which means "not measured".
         let per_wave = (per_wave.round() as u64).max(u64::from(fixed < 1.0));
         price.per_wave_ns.store(per_wave, Ordering::Relaxed);
+        one_size
     }
 }
 
@@ -237,8 +247,12 @@ struct Slot {
     unsettled: Unsettled,
     /// Launches priced before the first measurement.
     unmeasured_launches: AtomicU64,
-    /// A first measurement of the function is in flight.
+    /// A wanted measurement of the function (see [`Charge::wanted`]) is
+    /// in flight.
     measuring: AtomicBool,
+    /// The grid size, in waves, of every measurement the fit holds; 0 once
+    /// it holds several sizes (or none).
+    lone_waves: AtomicU32,
     fit: Fit,
 }
 
@@ -317,18 +331,27 @@ impl CostModel {
             waves,
             slot: self.slot(key),
             unmeasured: false,
-            first: false,
+            wanted: false,
             ahead: 0,
         };
         let price = match charge.slot {
             Some(index) => {
                 let slot = &self.slots[index];
-                slot.price.get().unwrap_or_else(|| {
-                    charge.unmeasured = true;
-                    charge.ahead = slot.unmeasured_launches.fetch_add(1, Ordering::Relaxed);
-                    charge.first = !slot.measuring.swap(true, Ordering::AcqRel);
-                    self.process_price()
-                })
+                match slot.price.get() {
+                    Some(price) => {
+                        let lone = slot.lone_waves.load(Ordering::Relaxed);
+                        if lone != 0 && u64::from(lone) != waves {
+                            charge.wanted = !slot.measuring.swap(true, Ordering::AcqRel);
+                        }
+                        price
+                    }
+                    None => {
+                        charge.unmeasured = true;
+                        charge.ahead = slot.unmeasured_launches.fetch_add(1, Ordering::Relaxed);
+                        charge.wanted = !slot.measuring.swap(true, Ordering::AcqRel);
+                        self.process_price()
+                    }
+                }
             }
             None => self.process_price(),
         };
@@ -397,7 +420,7 @@ impl CostModel {
     /// The measurement `charge`'s launch was to give will not come: another
     /// launch of the function may take it.
     pub(crate) fn abandon(&self, charge: &Charge) {
-        if let (true, Some(index)) = (charge.first, charge.slot) {
+        if let (true, Some(index)) = (charge.wanted, charge.slot) {
             self.slots[index].measuring.store(false, Ordering::Release);
         }
     }
@@ -422,12 +445,15 @@ impl CostModel {
             self.process
                 .add(&self.process_price, charge.waves, measured, weight);
         }
-        fit.add(price, charge.waves, measured, weight);
+        let one_size = fit.add(price, charge.waves, measured, weight);
         let Some(index) = charge.slot else {
             return self.unslotted.settle(self.process_price());
         };
         let slot = &self.slots[index];
-        if charge.first {
+        // Waves beyond u32 are as good as several sizes: never wanted.
+        let lone = u32::try_from(charge.waves).ok().filter(|_| one_size);
+        slot.lone_waves.store(lone.unwrap_or(0), Ordering::Relaxed);
+        if charge.wanted {
             slot.measuring.store(false, Ordering::Release);
         }
         slot.unsettled

@@ -47,7 +47,7 @@ fn one_size_only_is_priced_as_it_was_measured() {
     let model = CostModel::default();
     let key = LaunchKey::kernel(0x2000);
     let first = charge(&model, key, 1);
-    assert!(first.first && first.unmeasured);
+    assert!(first.wanted && first.unmeasured);
     assert_eq!(first.ns, INITIAL_PER_WAVE_NS);
     // Measured at 50 µs: its charge is settled at that.
     assert_eq!(model.record(&first, 50 * US, false), signed(30 * US));
@@ -61,9 +61,9 @@ fn a_measurement_settles_every_launch_since_the_last() {
     let model = CostModel::default();
     let key = LaunchKey::kernel(7);
     let charges: Vec<Charge> = (0..6).map(|_| charge(&model, key, 1)).collect();
-    assert!(charges[0].first);
+    assert!(charges[0].wanted);
     assert!(model.awaiting_measurement(&charges[5]));
-    assert!(charges[1..].iter().all(|charge| !charge.first));
+    assert!(charges[1..].iter().all(|charge| !charge.wanted));
     assert_eq!(
         charges.iter().map(|c| c.ahead).collect::<Vec<_>>(),
         [0, 1, 2, 3, 4, 5]
@@ -126,7 +126,7 @@ fn unknown_functions_cost_the_process_price_and_a_full_table_stays_cheap() {
             1 + (function as u64 % 3),
         );
         assert!(charge.ns <= 3 * 30 * US, "charged {} ns", charge.ns);
-        firsts += usize::from(charge.first);
+        firsts += usize::from(charge.wanted);
         if charge.slot.is_none() {
             unslotted.push(charge);
         }
@@ -246,7 +246,42 @@ fn a_lost_or_failed_launch_is_neither_measured_nor_settled() {
     model.abandon(&first);
     refund(&model, &first);
     let retry = charge(&model, key, 1);
-    assert!(retry.first, "another launch takes the measurement");
+    assert!(retry.wanted, "another launch takes the measurement");
     assert_eq!(retry.ahead, 0, "the failed launch is not counted ahead");
     assert_eq!(model.record(&retry, 40 * US, false), signed(20 * US));
+}
+
+#[test]
+fn a_function_measured_at_one_size_wants_its_next_other_size_measured() {
+    let model = CostModel::default();
+    let key = LaunchKey::kernel(0x3000);
+    // A kernel of 1 µs a wave: measured at one wave, all of it is taken
+    // as the fixed part, and ten waves would be priced as one.
+    let first = charge(&model, key, 1);
+    model.record(&first, US, false);
+    // More launches at the measured size want nothing.
+    assert!(!charge(&model, key, 1).wanted);
+    // The first at another size is wanted, once while it is in flight.
+    let other = charge(&model, key, 10);
+    assert!(other.wanted && !other.unmeasured);
+    assert_eq!(other.ns, US);
+    assert!(!charge(&model, key, 5).wanted);
+    // Measured, the fit holds two sizes: the launches charged meanwhile
+    // (1 + 10 + 5 waves at 1 µs) are settled at the fitted price.
+    let owed = model.record(&other, 10 * US, false);
+    assert_eq!(owed, signed(16 * US) - signed(3 * US));
+    assert_eq!(price(&model, key, 7), 7 * US);
+    assert!(!charge(&model, key, 3).wanted);
+}
+
+#[test]
+fn a_wanted_measurement_given_up_is_wanted_again() {
+    let model = CostModel::default();
+    let key = LaunchKey::kernel(0x4000);
+    let first = charge(&model, key, 2);
+    model.record(&first, 4 * US, false);
+    let other = charge(&model, key, 4);
+    assert!(other.wanted);
+    model.abandon(&other);
+    assert!(charge(&model, key, 6).wanted, "another launch takes it");
 }

@@ -303,11 +303,12 @@ impl Throttle {
             Work::Graph(exec) => (LaunchKey::graph(exec), 1),
         };
         let charge = with_batch(|batch| self.model.charge(key, waves, batch));
-        // A new function's first launch is measured, at most one such a
-        // [`FIRST_SAMPLE_INTERVAL_NS`]: a program that makes new functions
-        // all the time (JIT per shape) must not sample every launch.
-        let first = charge.first && self.sampler.may_sample_first();
-        if charge.unmeasured && !charge.first && charge.ahead >= UNMEASURED_AHEAD {
+        // A new function's first launch is measured, and its first at a
+        // second grid size, at most one such a [`FIRST_SAMPLE_INTERVAL_NS`]:
+        // a program that makes new functions all the time (JIT per shape)
+        // must not sample every launch.
+        let wanted = charge.wanted && self.sampler.may_sample_first();
+        if charge.unmeasured && !charge.wanted && charge.ahead >= UNMEASURED_AHEAD {
             self.wait_for_measurement(ctx, timing, &charge);
         }
         if self.sampler.backlog_since() != 0 {
@@ -356,7 +357,7 @@ impl Throttle {
         let due = with_cadence(|cadence| cadence.due(now, cadence.interval(relaxed), charge.ns));
         let mut sampled = false;
         if let Some(timing) = timing
-            && (first || due)
+            && (wanted || due)
             && let Some(mut bracket) = self.begin_sample(timing, stream)
         {
             bracket.submitted_at = monotonic_ns();

@@ -17,7 +17,8 @@ use crate::sys::CUevent;
 const MAX_PENDING_SAMPLES: usize = 256;
 /// Spare events kept for reuse.
 const SPARE_EVENTS: usize = 2 * MAX_PENDING_SAMPLES;
-/// At most one new function's first launch is measured this often.
+/// At most one measurement a function's fit wants (its first, its first
+/// at a second grid size) is taken this often.
 const FIRST_SAMPLE_INTERVAL_NS: u64 = 1_000_000;
 
 /// Measured launches on their way to the monitor, and the events they use.
@@ -104,7 +105,8 @@ impl Sampler {
         }
     }
 
-    /// Whether a new function's first launch may be measured now (at most
+    /// Whether a launch whose measurement a fit wants (a new function's
+    /// first, or its first at a second grid size) may be measured now (at most
     /// one every [`FIRST_SAMPLE_INTERVAL_NS`]: a program that makes new
     /// functions all the time, JIT per shape, must not sample every launch).
     #[cold]

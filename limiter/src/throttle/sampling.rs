@@ -151,13 +151,14 @@ impl Throttle {
             self.sampler.recycle(timing, sample.context, sample.start);
             return;
         }
-        let first = sample.charge.first;
+        // Launches wait only for a function's first measurement.
+        let awaited = sample.charge.wanted && sample.charge.unmeasured;
         if !self.queue(timing, sample) {
             return;
         }
         self.held.samples.fetch_add(1, Ordering::Relaxed);
         self.start_monitor(ctx);
-        if !self.monitor.notify(first) {
+        if !self.monitor.notify(awaited) {
             self.read_samples_here(ctx, timing);
         }
     }
@@ -256,7 +257,7 @@ impl Throttle {
                     waves = sample.charge.waves,
                     owed,
                     ?tokens,
-                    first = sample.charge.first,
+                    wanted = sample.charge.wanted,
                     relaxed = sample.relaxed,
                     "sample"
                 );
