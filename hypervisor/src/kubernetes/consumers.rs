@@ -67,18 +67,11 @@ pub(super) struct PreparedClaim {
 /// The pods (UID → name) in the `reservedFor` of claims `prepared`, as the
 /// claims' reflector has them.
 pub(super) fn consumers(inner: &Inner, prepared: &[PreparedClaim]) -> BTreeMap<String, String> {
-    let mut pods = BTreeMap::new();
-    for PreparedClaim {
-        namespace,
-        name,
-        uid,
-    } in prepared
-    {
-        if let Some(claim) = cached_claim(inner, namespace, name, uid) {
-            pods.extend(claims::consumer_pods(&claim));
-        }
-    }
-    pods
+    prepared
+        .iter()
+        .filter_map(|c| cached_claim(inner, &c.namespace, &c.name, &c.uid))
+        .flat_map(|claim| claims::consumer_pods(&claim))
+        .collect()
 }
 
 /// [`consumers`] as the API has the claims now (a claim deleted or replaced
