@@ -1256,6 +1256,9 @@ fn library_kernels_take_the_globals_in_each_context_they_are_used_in() {
         let (rc, library) = libs.load(huge.as_ptr().cast());
         assert_eq!(rc, CUDA_SUCCESS);
         let kernel = libs.kernel(library, c"k");
+        // The earlier launches (one of the double's default 100 µs) have
+        // finished: what runs from here is this launch's.
+        assert_eq!((cu.ctx_synchronize)(), CUDA_SUCCESS);
         let from = now();
         assert_eq!(
             cu.run(cu.launch, kernel, 50 * common::MS, null),

@@ -381,21 +381,30 @@ impl Bursts {
     }
 
     /// Per burst, how the batch pod was held over it. The batch pod stops
-    /// within its one launch in flight (2 ms), and the stretch is known to
-    /// the 50 µs step of `idle`.
+    /// within its one launch in flight (2 ms) of the latency pod's first
+    /// launch, which comes after the burst's clock read by however long
+    /// the latency pod then waited for a CPU (its burst's `delay_ns`); the
+    /// stretch is known to the 50 µs step of `idle`.
     pub(crate) fn holds(&self) -> Vec<Hold> {
         const STEP_NS: u64 = 50_000;
         const MS: u64 = 1_000_000;
         let gaps = idle_spans(&self.batch_lines);
         let starts = times(&self.latency_lines, "clock");
         let ends = times(&self.latency_lines, "settled");
+        // Each burst's spin line follows its clock line.
+        let delays = self
+            .latency_lines
+            .windows(2)
+            .filter(|pair| pair[0].starts_with("clock "))
+            .map(|pair| number(&pair[1], "delay_ns") as u64);
         starts
             .iter()
             .zip(&ends)
-            .map(|(&start, &idle_at)| {
+            .zip(delays)
+            .map(|((&start, &idle_at), delay)| {
                 let gap = gaps
                     .iter()
-                    .find(|(a, b)| *a <= start + 2 * MS && *b + STEP_NS >= idle_at)
+                    .find(|(a, b)| *a <= start + 2 * MS + delay && *b + STEP_NS >= idle_at)
                     .copied();
                 Hold {
                     start,
