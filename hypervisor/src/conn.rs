@@ -10,6 +10,10 @@
 //! - **Connection cap**: at [`ConnLimits::max_connections`] open, a new
 //!   connection closes the oldest one still waiting for its headers (the
 //!   half-open ones an attacker holds), else is itself closed at once.
+//! - **Evictions before accepts**: an evicted connection closes on its own
+//!   task; while more than [`MAX_CLOSING`] still hold their descriptors the
+//!   acceptor waits for them (at most [`ACCEPT_PAUSE`]), so that a flood
+//!   of connections does not run the daemon out of descriptors.
 //! - **Accept errors** (out of descriptors) pause accepting briefly instead
 //!   of spinning.
 //!
@@ -18,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -28,8 +33,39 @@ use poem::http::uri::Scheme;
 use poem::listener::Acceptor;
 use poem::web::{LocalAddr, RemoteAddr};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
+
+/// Connections the kernel may queue for the daemon to accept: as many as
+/// it allows (it caps this at `net.core.somaxconn`, 4,096 by default). Once
+/// the queue is full the kernel drops new TCP handshakes, and a client
+/// whose handshake was dropped tries again a second later: behind a flood
+/// of connections larger than tokio's default queue of 1,024, a probe
+/// could wait that second while the daemon drained the flood.
+const LISTEN_BACKLOG: u32 = 65_535;
+
+/// Evicted connections that may still hold their descriptors before the
+/// acceptor waits for them: well inside the descriptors the connection cap
+/// leaves to the rest of the daemon (64).
+const MAX_CLOSING: usize = 16;
+/// The longest the acceptor waits: for evicted connections to close, or
+/// after an accept error.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(20);
+
+/// A TCP listener on `addr` (address reuse on, as `TcpListener::bind`
+/// sets it) with the longest accept queue the kernel allows. Called on the
+/// runtime that will serve it.
+pub fn bind_tcp(addr: SocketAddr) -> io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// Bounds on connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +112,21 @@ impl Shared {
 struct Table {
     next: u64,
     open: BTreeMap<u64, Arc<Shared>>,
+    /// Evicted connections not dropped yet.
+    closing: usize,
+}
+
+/// An acceptor's connections, and the signal that an evicted one closed.
+#[derive(Default)]
+struct Connections {
+    table: Mutex<Table>,
+    closed: Notify,
+}
+
+impl Connections {
+    fn table(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// A bound listener: TCP, or a Unix socket.
@@ -130,7 +181,7 @@ pub struct GuardedAcceptor {
     listener: Listener,
     local: LocalAddr,
     limits: ConnLimits,
-    table: Arc<Mutex<Table>>,
+    connections: Arc<Connections>,
 }
 
 impl GuardedAcceptor {
@@ -141,13 +192,13 @@ impl GuardedAcceptor {
             listener,
             local,
             limits,
-            table: Arc::default(),
+            connections: Arc::default(),
         })
     }
 
     /// Registers a new connection; `None` when it must be closed at once.
     fn admit(&self) -> Option<(u64, Arc<Shared>)> {
-        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut table = self.connections.table();
         if table.open.len() >= self.limits.max_connections {
             let oldest = table
                 .open
@@ -155,7 +206,10 @@ impl GuardedAcceptor {
                 .find(|(_, c)| c.awaiting_headers.load(Ordering::Acquire))
                 .map(|(id, _)| *id);
             match oldest.and_then(|id| table.open.remove(&id)) {
-                Some(victim) => victim.evict(),
+                Some(victim) => {
+                    table.closing += 1;
+                    victim.evict();
+                }
                 None => return None,
             }
         }
@@ -165,6 +219,18 @@ impl GuardedAcceptor {
         shared.awaiting_headers.store(true, Ordering::Release);
         table.open.insert(id, Arc::clone(&shared));
         Some((id, shared))
+    }
+
+    /// Waits, at most [`ACCEPT_PAUSE`], while more than [`MAX_CLOSING`]
+    /// evicted connections still hold their descriptors.
+    async fn wait_for_closing(&self) {
+        let deadline = Instant::now() + ACCEPT_PAUSE;
+        while self.connections.table().closing > MAX_CLOSING {
+            let closed = self.connections.closed.notified();
+            if tokio::time::timeout_at(deadline, closed).await.is_err() {
+                return;
+            }
+        }
     }
 }
 
@@ -177,13 +243,14 @@ impl Acceptor for GuardedAcceptor {
 
     async fn accept(&mut self) -> io::Result<(Guarded, LocalAddr, RemoteAddr, Scheme)> {
         loop {
+            self.wait_for_closing().await;
             let (stream, remote) = match self.listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(error) => {
                     // EMFILE and friends: the pending connection stays queued;
                     // retrying at once would spin.
                     tracing::warn!(%error, "accept failed; pausing");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(ACCEPT_PAUSE).await;
                     continue;
                 }
             };
@@ -195,7 +262,7 @@ impl Acceptor for GuardedAcceptor {
                 stream,
                 id,
                 shared,
-                table: Arc::clone(&self.table),
+                connections: Arc::clone(&self.connections),
                 limits: self.limits,
                 deadline: Some(Box::pin(tokio::time::sleep(self.limits.header_timeout))),
                 tail: [0; 3],
@@ -211,7 +278,7 @@ pub struct Guarded {
     stream: Stream,
     id: u64,
     shared: Arc<Shared>,
-    table: Arc<Mutex<Table>>,
+    connections: Arc<Connections>,
     limits: ConnLimits,
     /// When the connection is closed unless it makes progress; `None` while
     /// a request is being served.
@@ -374,10 +441,54 @@ impl AsyncWrite for Guarded {
 
 impl Drop for Guarded {
     fn drop(&mut self) {
-        self.table
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .open
-            .remove(&self.id);
+        let mut table = self.connections.table();
+        if self.shared.evicted.load(Ordering::Acquire) {
+            // Removed from the open ones when it was evicted.
+            table.closing = table.closing.saturating_sub(1);
+            drop(table);
+            self.connections.closed.notify_one();
+        } else {
+            table.open.remove(&self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// A listener that accepts nothing still queues more handshakes than
+    /// tokio's default of 1,024: a client behind them connects at once.
+    /// Past a full queue the kernel drops the handshake, and the client's
+    /// connect returns only when it tries again, a second later.
+    #[test]
+    fn the_accept_queue_holds_a_flood_of_connections() {
+        const QUEUED: u64 = 1_500;
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok());
+        if somaxconn.is_some_and(|max| max < QUEUED) || raise_fd_limit() < QUEUED + 256 {
+            eprintln!("skipped: the kernel's queue or this process's descriptors are too few");
+            return;
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .expect("runtime");
+        let _entered = runtime.enter();
+        let listener = bind_tcp(SocketAddr::from(([127, 0, 0, 1], 0))).expect("listen");
+        let addr = listener.local_addr().expect("address");
+        let mut queued = Vec::new();
+        for n in 0..QUEUED {
+            let started = Instant::now();
+            queued.push(std::net::TcpStream::connect(addr).expect("connect"));
+            let took = started.elapsed();
+            assert!(
+                took < Duration::from_millis(500),
+                "connection {n} took {took:?}"
+            );
+        }
     }
 }

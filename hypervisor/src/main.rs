@@ -330,9 +330,8 @@ fn serve(
             hv.set_corun_gpus(options);
         }
         let addr = hv.listen_addr();
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
+        let listener =
+            hypervisor::conn::bind_tcp(addr).with_context(|| format!("cannot listen on {addr}"))?;
         let bound = listener.local_addr().unwrap_or(addr);
         // One line on stdout, for scripts and tests that asked for port 0.
         println!("hypervisor listening on {bound}");
@@ -354,8 +353,7 @@ fn serve(
         }
         let metrics_task = match at.metrics {
             Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
+                let listener = hypervisor::conn::bind_tcp(addr)
                     .with_context(|| format!("cannot listen on {addr}"))?;
                 println!(
                     "hypervisor metrics on {}",

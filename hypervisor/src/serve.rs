@@ -153,9 +153,8 @@ impl RunningHypervisor {
         let (hypervisor, listener) = runtime.block_on(async {
             let hypervisor = Hypervisor::new(options)?;
             let addr = hypervisor.listen_addr();
-            let listener = tokio::net::TcpListener::bind(addr)
-                .await
-                .map_err(|source| Error::Listen { addr, source })?;
+            let listener =
+                crate::conn::bind_tcp(addr).map_err(|source| Error::Listen { addr, source })?;
             Ok::<_, Error>((hypervisor, listener))
         })?;
         let addr = listener.local_addr().map_err(|source| Error::Listen {

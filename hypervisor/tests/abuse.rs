@@ -118,11 +118,13 @@ fn half_open_connections_leave_healthz_answering() {
     // With too few descriptors for all of them, the daemon can answer only
     // because it closes the oldest half-open connection as each new one
     // comes (its connection cap sits below the descriptor limit). The
-    // failure this guards against is /healthz waiting for the header timeout
-    // (1000 ms) to free descriptors. Answered, it takes about a millisecond
-    // on an idle machine even behind the queued connections; 500 ms is
-    // hundreds of times that, out of reach of CPU load, and still half of
-    // the failure's 1000 ms.
+    // failures this guards against are /healthz waiting for the header
+    // timeout (1000 ms) to free descriptors, and its handshake waiting a
+    // second to be tried again after a full accept queue dropped it (the
+    // daemon's queue holds the whole flood). Answered, it takes about a
+    // millisecond on an idle machine even behind the queued connections;
+    // 500 ms is hundreds of times that, out of reach of CPU load, and still
+    // half of the failures' second.
     for _ in 0..3 {
         let took = healthz(&addr);
         println!("/healthz with {HALF_OPEN} half-open connections: {took:?}");
