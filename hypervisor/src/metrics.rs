@@ -375,7 +375,7 @@ fn render_corun(x: &mut Exposition, status: &Status) {
     let up = x.family(
         "gpushare_mps_up",
         "gauge",
-        "1 while the co-run GPU's MPS control daemon answers; 0 while it starts or is down (its pods then run without MPS).",
+        "1 while the co-run GPU's MPS control daemon answers; 0 while it starts or is down (its pods' processes are then refused CUDA).",
     );
     let restarts = x.family(
         "gpushare_mps_restarts_total",

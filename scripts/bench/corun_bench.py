@@ -35,6 +35,9 @@ memory quota (4 GiB: 3 GiB taken, 2 GiB more refused), from inside and from
 nvidia-smi; and with the MPS daemon stopped, a client with
 CUDA_LIMITER_MPS=required is refused CUDA (the driver would run it without
 MPS, on every SM).
+Every run also reports the SM clock and the board's power draw (nvidia-smi,
+sampled through the run) and the latency step's GPU time: a card at its
+power limit runs every kernel at a lower clock, on reserved SMs too.
 Targets (co-run, both configured first): latency p50 <= 1.2x and p99 <= 1.5x
 alone, batch >= 0.85 of its solo throughput; a lone co-run batch pod >= 0.97
 of solo.
@@ -342,6 +345,16 @@ def report(args, runs, checks, took):
         lat = runs.get(key, {}).get("latency")
         return (pct(lat["steps_us"], .5), pct(lat["steps_us"], .99)) if lat else None
 
+    def on_gpu(key):
+        """The latency step's GPU time (p50, events around it) and the SM
+        clock and power through the run: whether its kernels ran slower."""
+        run = runs.get(key, {})
+        lat, gpu = run.get("latency"), run.get("gpu")
+        parts = [f"step on the GPU p50 {pct(lat['gpu_us'], .5):.0f} us"] if lat else []
+        if gpu:
+            parts.append(f"SM {gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W")
+        return ", ".join(parts)
+
     rounds = range(args.rounds)
     alone = [p for p in (percentiles(f"latency alone #{r}") for r in rounds) if p]
     if not alone:
@@ -349,7 +362,8 @@ def report(args, runs, checks, took):
         return
     # The baseline: the median of the rounds' percentiles.
     p50_alone, p99_alone = med(p[0] for p in alone), med(p[1] for p in alone)
-    raw = [f"latency alone, p50/p99 us by round: {[f'{a:.0f}/{b:.0f}' for a, b in alone]}"]
+    raw = [f"latency alone, p50/p99 us by round: {[f'{a:.0f}/{b:.0f}' for a, b in alone]}",
+           f"latency alone by round: {[on_gpu(f'latency alone #{r}') for r in rounds]}"]
     rows = [(f"latency alone (no MPS, no limiter; median of {len(alone)})", f"{p50_alone:.0f}",
              f"{p99_alone:.0f}", "", "", "")]
     verdicts = []
@@ -372,6 +386,8 @@ def report(args, runs, checks, took):
             solo_per_s = solo["per_s"]
             by_round = [f"{c[0][0]:.0f}/{c[0][1]:.0f}, {c[1] / solo_per_s:.3f}, held {c[2]}" for c in corun]
             raw.append(f"co-run {size}^2, p50/p99 us, batch ratio, batch held ns by round: {by_round}")
+            raw.append(f"co-run {size}^2 by round: {[on_gpu(f'corun {size} #{r}') for r in rounds]}")
+            raw.append(f"batch alone {size}^2: {on_gpu(f'batch alone {size}')}")
             corun_row = (f"+ batch, co-run (MPS) ({solo['kernel_ms']:.2f} ms kernels; median of {len(corun)})",
                          f"{p50:.0f} ({p50 / p50_alone:.2f}x)", f"{p99:.0f} ({p99 / p99_alone:.2f}x)",
                          f"{ratio * solo['per_s']:.1f} / {solo['per_s']:.1f}", f"{ratio:.3f}", verdict)

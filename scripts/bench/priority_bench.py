@@ -50,6 +50,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -245,6 +246,7 @@ class Bench:
         if between is not None:
             roles = roles[::-1]
         results = {}
+        clocks = None
         try:
             ready_roles = set()
             for role, cls in roles:
@@ -269,6 +271,7 @@ class Bench:
                 if role not in ready_roles:
                     self.wait_ready(name, role, proc)
             start = time.monotonic() + 0.3
+            clocks = ClockSampler()
             for proc in procs.values():
                 proc.stdin.write(f"{start}\n")
                 proc.stdin.flush()
@@ -279,10 +282,15 @@ class Bench:
                 if proc.returncode != 0 or not lines:
                     raise RuntimeError(f"{name}: {role} failed ({proc.returncode}): {tail(proc)}")
                 results[role] = json.loads(lines[-1])
+            clocks.stop()
+            # The window the bars count (the batch pod's run, when there is one).
+            results["gpu"] = clocks.between(start, start + seconds)
             for role, pod in pods.items():
                 if pod:
                     results[role]["counters"] = self.counters(region, pod)
         finally:
+            if clocks is not None:
+                clocks.stop()
             for proc in procs.values():
                 if proc.poll() is None:
                     proc.kill()
@@ -319,6 +327,49 @@ class Bench:
             raise RuntimeError(f"{name}: {role} not ready: {line!r} {tail(proc)}")
 
 
+class ClockSampler:
+    """The GPU's SM clock and power draw while a run lasts, as nvidia-smi
+    reads them every 100 ms, each sample stamped as it arrives (a card held
+    at its power limit lowers its clock, and every kernel on it runs
+    slower)."""
+
+    def __init__(self):
+        self.samples = []
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                 "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        except OSError:
+            self.proc = None
+            return
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            try:
+                mhz, watts = (float(v) for v in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.monotonic(), mhz, watts))
+
+    def stop(self):
+        """Stops sampling (again: nothing)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.reader.join(timeout=10)
+
+    def between(self, start, end):
+        """The medians of the samples taken in [start, end]: {"sm_mhz",
+        "power_w", "samples"}, or None without any."""
+        kept = [(m, w) for t, m, w in self.samples if start <= t <= end]
+        if not kept:
+            return None
+        return {"sm_mhz": statistics.median(m for m, _ in kept),
+                "power_w": statistics.median(w for _, w in kept), "samples": len(kept)}
+
+
 def tail(proc, size=2000):
     """The end of a worker's stderr."""
     proc.errors.flush()
@@ -344,6 +395,9 @@ def summary(results):
     bat = results.get("batch")
     if bat:
         parts.append(f"batch {bat['per_s']:.1f} matmuls/s (kernel {bat['kernel_ms']:.3f} ms)")
+    gpu = results.get("gpu")
+    if gpu:
+        parts.append(f"SM {gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W")
     return "; ".join(parts)
 
 

@@ -243,16 +243,7 @@ mod tests {
                 namespace: "default".into(),
                 name: "trainer".into(),
             },
-            devices: vec![DeviceGrant {
-                requests: vec!["gpu".into()],
-                pool: "node".into(),
-                device: "gpu-0".into(),
-                gpu_uuid: "GPU-0".into(),
-                gpu_index: 0,
-                memory_bytes: 1 << 30,
-                compute_percent: 30,
-                params: SharingParams::default(),
-            }],
+            devices: vec![DeviceGrant::example(30, SharingParams::default())],
         }
     }
 

@@ -243,24 +243,34 @@ impl Totals {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn grant(compute: u8, policy: Policy, ceiling: Option<u8>) -> DeviceGrant {
-        DeviceGrant {
+impl DeviceGrant {
+    /// The tests' grant: 1 GiB and `compute_percent` of GPU 0 (`GPU-0`,
+    /// device `gpu-0` of pool `node`) for request `gpu`.
+    pub(crate) fn example(compute_percent: u8, params: SharingParams) -> Self {
+        Self {
             requests: vec!["gpu".into()],
             pool: "node".into(),
             device: "gpu-0".into(),
             gpu_uuid: "GPU-0".into(),
             gpu_index: 0,
             memory_bytes: 1 << 30,
-            compute_percent: compute,
-            params: SharingParams {
-                policy,
-                ceiling,
-                ..SharingParams::default()
-            },
+            compute_percent,
+            params,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(compute: u8, policy: Policy, ceiling: Option<u8>) -> DeviceGrant {
+        let params = SharingParams {
+            policy,
+            ceiling,
+            ..SharingParams::default()
+        };
+        DeviceGrant::example(compute, params)
     }
 
     #[test]

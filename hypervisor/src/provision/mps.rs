@@ -219,19 +219,15 @@ mod tests {
 
     /// A grant of memory alone (no compute limit).
     fn grant(uuid: &str, memory_bytes: u64, class: PodClass) -> DeviceGrant {
+        let params = SharingParams {
+            class,
+            policy: Policy::None,
+            ..SharingParams::default()
+        };
         DeviceGrant {
-            requests: vec!["gpu".into()],
-            pool: "node".into(),
-            device: "gpu-0".into(),
             gpu_uuid: uuid.into(),
-            gpu_index: 0,
             memory_bytes,
-            compute_percent: 0,
-            params: SharingParams {
-                class,
-                policy: Policy::None,
-                ..SharingParams::default()
-            },
+            ..DeviceGrant::example(0, params)
         }
     }
 

@@ -287,9 +287,13 @@ impl Throttle {
         };
         let Some(budget) = budget else {
             // No compute limit here: only the class applies.
-            let ticket = self
-                .priority
-                .before(ctx, device, stream, timing, monotonic_ns());
+            let launch = priority::Launch {
+                device,
+                stream,
+                timing,
+                now: monotonic_ns(),
+            };
+            let ticket = self.priority.before(ctx, launch);
             return Ok(admitted(ticket, None, false));
         };
 
@@ -348,7 +352,13 @@ impl Throttle {
         let ticket = if classless && self.priority.dormant_at(now) {
             priority::Ticket::Free
         } else {
-            self.priority.before(ctx, device, stream, timing, now)
+            let launch = priority::Launch {
+                device,
+                stream,
+                timing,
+                now,
+            };
+            self.priority.before(ctx, launch)
         };
 
         // A lease is bought with plenty in the bucket.

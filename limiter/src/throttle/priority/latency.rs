@@ -10,23 +10,27 @@ use gpushare_utils::pod::PodClass;
 use gpushare_utils::priority::{LatencyDevice, NodePriority};
 
 use super::{
-    Priority, Probe, QUEUE_SAMPLE_INTERVAL_NS, THREAD, TRACKED, ThreadState, Ticket, recorded,
+    Launch, Priority, Probe, QUEUE_SAMPLE_INTERVAL_NS, THREAD, TRACKED, ThreadState, Ticket,
+    recorded,
 };
 use crate::context::Context;
 use crate::driver::Timing;
 use crate::sys::{CUevent, CUstream};
 
 impl Priority {
-    /// A latency launch on `device` at `now`: stamps the line; the first
-    /// launch with no work of the process in flight there starts a request.
+    /// A latency launch: stamps its device's line; the first launch with no
+    /// work of the process in flight there starts a request.
     pub(super) fn before_latency(
         &'static self,
         ctx: &'static Context,
-        device: usize,
-        stream: CUstream,
-        timing: Option<&Timing>,
-        now: u64,
+        launch: Launch<'_>,
     ) -> Ticket {
+        let Launch {
+            device,
+            stream,
+            timing,
+            now,
+        } = launch;
         let Some(table) = self.table(now, true) else {
             return Ticket::Free;
         };

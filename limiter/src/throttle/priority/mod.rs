@@ -124,6 +124,16 @@ thread_local! {
     };
 }
 
+/// A launch as the classes see it: on `device`, into `stream`, at `now`
+/// (the caller's clock read).
+#[derive(Clone, Copy)]
+pub(super) struct Launch<'t> {
+    pub(super) device: usize,
+    pub(super) stream: CUstream,
+    pub(super) timing: Option<&'t Timing>,
+    pub(super) now: u64,
+}
+
 /// What [`Priority::before`] decided for one launch.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Ticket {
@@ -308,22 +318,14 @@ impl Priority {
             .get_or_init(|| table.slot(device, self.pod_key, class, monotonic_ns()))
     }
 
-    /// Before a launch on `device` into `stream` at `now` (the caller's
-    /// clock read): a latency launch stamps its device; a batch launch waits
-    /// while a latency pod is active and for its own launches beyond the
-    /// window.
-    pub(super) fn before(
-        &'static self,
-        ctx: &'static Context,
-        device: usize,
-        stream: CUstream,
-        timing: Option<&Timing>,
-        now: u64,
-    ) -> Ticket {
-        match self.class(ctx, device) {
-            PodClass::Latency => self.before_latency(ctx, device, stream, timing, now),
+    /// Before `launch`: a latency launch stamps its device; a batch launch
+    /// waits while a latency pod is active and for its own launches beyond
+    /// the window.
+    pub(super) fn before(&'static self, ctx: &'static Context, launch: Launch<'_>) -> Ticket {
+        match self.class(ctx, launch.device) {
+            PodClass::Latency => self.before_latency(ctx, launch),
             PodClass::Batch if self.corun.get() == Some(&CorunSms::OffReserve) => Ticket::Free,
-            PodClass::Batch => self.before_batch(device, timing, now),
+            PodClass::Batch => self.before_batch(launch.device, launch.timing, launch.now),
         }
     }
 
