@@ -77,6 +77,10 @@ def handshake():
 
 
 def worker_latency(args):
+    # A fixed CPU where the runner gives one (BENCH_LATENCY_CPU), as a
+    # latency pod with an exclusive core has.
+    if os.environ.get("BENCH_LATENCY_CPU"):
+        os.sched_setaffinity(0, {int(os.environ["BENCH_LATENCY_CPU"])})
     import torch
 
     torch.manual_seed(0)
