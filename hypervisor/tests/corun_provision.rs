@@ -367,7 +367,7 @@ fn sm_percent_shown(world: &World, pod: &str) -> Value {
 }
 
 #[test]
-fn a_batch_pods_next_client_takes_the_whole_gpu_until_a_latency_pod_shares_it() {
+fn a_pods_next_client_takes_the_whole_gpu_until_a_pod_of_the_other_class_shares_it() {
     runtime().block_on(async {
         let mut world = World::start("share", false).await;
         // An elastic batch pod: a time share, so no fixed share of the SMs.
@@ -394,8 +394,21 @@ fn a_batch_pods_next_client_takes_the_whole_gpu_until_a_latency_pod_shares_it() 
         std::thread::sleep(Duration::from_millis(50));
         assert_eq!(sm_percent_becomes(&plain, None), None);
         assert_eq!(sm_percent_shown(&world, &plain), json!(null));
-        // The latency pod gone, the whole GPU again.
+        // A latency pod with no fixed share (elastic: a time share) keeps
+        // to the reserve beside the batch pod.
+        let (elastic, elastic_uid) = world
+            .claim(
+                "elastic",
+                "2Gi",
+                json!({"class": "latency", "policy": "elastic"}),
+                "gpu-0",
+            )
+            .await;
+        assert_eq!(world.prepare("elastic-gpu", &elastic_uid).await, "");
+        assert_eq!(sm_percent_becomes(&elastic, Some(20)), Some(20));
+        // The latency pods gone, the whole GPU again.
         assert_eq!(world.unprepare("latency-gpu", &latency_uid).await, "");
+        assert_eq!(world.unprepare("elastic-gpu", &elastic_uid).await, "");
         assert_eq!(sm_percent_becomes(&batch, Some(100)), Some(100));
         world.stop().await;
     });

@@ -10,14 +10,14 @@
 //!
 //! Its share of the SMs: MPS fixes a client's active thread percentage
 //! (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) when the driver starts. Provisioning
-//! sets what a client of the pod may take beside a latency pod; the node's
-//! hypervisor writes into the pod's limits what a client that starts now
-//! takes (the whole GPU for a batch pod while no latency pod shares it). So
-//! before the driver's `cuInit` that value replaces the variable
-//! ([`MpsRequirement::take_sm_share`]). A client that took no more than the
-//! provisioned share is kept off the SMs reserved for latency pods, and its
-//! launches are not held for them; one that took more (it started alone)
-//! is held by the priority classes while a latency pod works.
+//! sets what a client of the pod may take beside pods of the other class;
+//! the node's hypervisor writes into the pod's limits what a client that
+//! starts now takes (the whole GPU while no pod of the other class shares
+//! it). So before the driver's `cuInit` that value replaces the variable
+//! ([`MpsRequirement::take_sm_share`]). A batch client that took no more
+//! than the provisioned share is kept off the SMs reserved for latency pods,
+//! and its launches are not held for them; one that took more (it started
+//! alone) is held by the priority classes while a latency pod works.
 
 use std::sync::OnceLock;
 
@@ -53,19 +53,20 @@ pub(crate) struct MpsRequirement {
 /// The SMs an MPS client of a co-run GPU runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CorunSms {
-    /// All of them: a batch client that started with no latency pod there,
-    /// or a latency client.
+    /// More than its class's part beside the other class: all of them, for
+    /// a client that started with no pod of the other class there.
     WholeGpu,
-    /// All but those reserved for latency pods: its kernels and theirs run
-    /// side by side, so its batch launches are never held.
+    /// Its class's part: for a batch client all but those reserved for
+    /// latency pods (its kernels and theirs run side by side, so its batch
+    /// launches are never held); for a latency client the reserve.
     OffReserve,
 }
 
 /// The share of the SMs an MPS client takes.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct SmShare {
-    /// The variable's value as provisioned: the client's share beside a
-    /// latency pod (`None`: unset or not a percentage).
+    /// The variable's value as provisioned: the client's share beside pods
+    /// of the other class (`None`: unset or not a percentage).
     pub provisioned: Option<f64>,
     /// What the pod's limits give a client that starts now.
     pub given: Option<u8>,

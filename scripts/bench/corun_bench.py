@@ -17,7 +17,7 @@ N=4096 ~0.2 ms, N=8192 ~1.7 ms on an H100). Runs, per batch size:
   the MPS control daemon and manages two pods on GPU 0 (a batch pod and a
   latency pod, 4 GiB quotas, from its config file); their workers are its
   MPS clients with the variables its provisioning gives (pipe folder, active
-  thread percentage provisioned for the class beside a latency pod, client
+  thread percentage provisioned for the class beside the other class, client
   priority, pinned memory limit, CUDA_LIMITER_MPS=required) and the limiter
   under the daemon, which replaces the percentage by what the pod's limits
   give a client that starts now:
@@ -91,7 +91,7 @@ class CorunBench(pb.Bench):
             CUDA_LIMITER_MPS="required", **self.daemon.tables,
             # As provisioning gives a co-run GPU's client (provision/mps.rs).
             CUDA_MPS_PIPE_DIRECTORY=str(self.daemon.pipe),
-            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(100 if latency else 100 - self.reserve),
+            CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(self.reserve if latency else 100 - self.reserve),
             CUDA_MPS_CLIENT_PRIORITY="0" if latency else "1",
             CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={QUOTA >> 20}M",
         )

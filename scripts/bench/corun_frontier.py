@@ -7,7 +7,7 @@ in OUT/corun-frontier.json.
 
 Usage: corun_frontier.py --bundle DIR [--out DIR] [--reserves R ...] [--seconds S]
                          [--rounds N] [--sizes N N] [--period-us P] [--mps-control PATH]
-                         [--pin-cpu CPU] [--confined]
+                         [--pin-cpu CPU] [--whole-gpu]
 
 The workers, pods and daemon are corun_bench.py's. First each batch size
 alone (no MPS, no limiter: the solo throughput). Then per reserve, the daemon
@@ -21,11 +21,10 @@ power (nvidia-smi) and the step's GPU time.
 
 With --pin-cpu, every latency worker runs on that one CPU (as a latency pod
 with an exclusive core does), and each round also runs the latency pod alone
-unpinned: how much of the baseline's spread is the host's. With --confined,
-each round also runs the latency worker as an MPS client whose active thread
-percentage is the reserve itself (no limiter, the batch pod as before):
-whether a latency client kept to as many SMs as are free for it fares
-better than one that may spread over all of them.
+unpinned: how much of the baseline's spread is the host's. The latency pod's
+client keeps to the reserve beside a batch pod; with --whole-gpu each round
+also runs the latency worker as an MPS client on every SM (no limiter, the
+batch pod as before): what keeping it to the reserve spares it.
 
 What it shows: MPS keeps the reserved SMs free for the latency pod, but a
 card at its power limit runs every SM at a lower clock; a larger reserve
@@ -54,16 +53,16 @@ med = statistics.median
 
 class FrontierBench(cb.CorunBench):
     """corun_bench's runner with two more worker kinds: `unpinned` (no MPS,
-    no limiter, never pinned) and `corun-latency-confined` (the latency
-    pod's MPS client on `reserve` percent of the SMs, no limiter); with a
-    CPU to pin, every other latency worker runs on it."""
+    no limiter, never pinned) and `corun-latency-at-N` (the latency pod's
+    MPS client on N percent of the SMs, no limiter); with a CPU to pin,
+    every other latency worker runs on it."""
 
     def env(self, cls, region, extra):
         if cls == "unpinned":
             return super().env(None, region, extra)
-        if cls == "corun-latency-confined":
+        if (cls or "").startswith("corun-latency-at-"):
             env, pod = super().env("corun-latency", region, extra)
-            env.update(LD_PRELOAD="", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=str(self.reserve))
+            env.update(LD_PRELOAD="", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=cls.rsplit("-", 1)[1])
         else:
             env, pod = super().env(cls, region, extra)
         if self.args.pin_cpu is not None:
@@ -82,8 +81,8 @@ def main():
     p.add_argument("--sizes", type=int, nargs=2, default=[4096, 8192], metavar=("SHORT", "LONG"))
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control")
     p.add_argument("--pin-cpu", type=int, help="the CPU every latency worker runs on")
-    p.add_argument("--confined", action="store_true",
-                   help="also run the latency client on the reserve's share of the SMs")
+    p.add_argument("--whole-gpu", action="store_true",
+                   help="also run the latency client on every SM")
     args = p.parse_args()
     bundle = Path(args.bundle).resolve()
     args.lib = str(bundle / "libcuda_limiter.so")
@@ -118,10 +117,10 @@ def main():
                     runs[f"{reserve} corun {size} #{r}"] = bench.run(
                         f"reserve {reserve}%: latency + batch {size}, co-run, round {r + 1}",
                         latency="corun-latency", batch="corun-batch", size=size)
-                    if args.confined:
-                        runs[f"{reserve} confined {size} #{r}"] = bench.run(
-                            f"reserve {reserve}%: latency client on {reserve}% + batch {size}, round {r + 1}",
-                            latency="corun-latency-confined", batch="corun-batch", size=size)
+                    if args.whole_gpu:
+                        runs[f"{reserve} whole {size} #{r}"] = bench.run(
+                            f"reserve {reserve}%: latency client on every SM + batch {size}, round {r + 1}",
+                            latency="corun-latency-at-100", batch="corun-batch", size=size)
         finally:
             daemon.stop()
             shutil.copy(work / "hypervisor.log", Path(args.out) / f"hypervisor-reserve-{reserve}.log")
@@ -180,7 +179,7 @@ def report(args, runs, took):
         if client:
             latency_row(reserve, "latency alone, MPS client, limiter", [client], base,
                         ("", gpu_of(runs.get(f"{reserve} client alone")), ""))
-        for kind, label in (("corun", "co-run"), ("confined", "co-run, latency client on the reserve")):
+        for kind, label in (("corun", "co-run"), ("whole", "co-run, latency client on every SM")):
             for size in args.sizes:
                 solo = runs[f"batch alone {size}"].get("batch")
                 keys = [f"{reserve} {kind} {size} #{r}" for r in rounds]

@@ -154,16 +154,44 @@ def worker_batch(args):
     start = handshake()
     wait_until(start)
     end = start + args.seconds
-    count = 0
-    while time.monotonic() < end:
-        for _ in range(8):
-            torch.matmul(a, b, out=c)
-        count += 8
-    torch.cuda.synchronize()
-    elapsed = time.monotonic() - start
+    if args.phase_ms:
+        count, elapsed = batch_phases(torch, lambda: torch.matmul(a, b, out=c), start, end, args.phase_ms / 1e3)
+    else:
+        count = 0
+        while time.monotonic() < end:
+            for _ in range(8):
+                torch.matmul(a, b, out=c)
+            count += 8
+        torch.cuda.synchronize()
+        elapsed = time.monotonic() - start
     print(json.dumps({"role": "batch", "size": n, "matmuls": count, "elapsed": elapsed,
                       "per_s": count / elapsed, "kernel_ms": statistics.median(kernel_ms)}),
           flush=True)
+
+
+def batch_phases(torch, matmul, start, end, phase):
+    """Works in the even phases of `phase` seconds from `start` and idles
+    in the odd ones, until `end`: at most two pairs of matmuls queued, so
+    the GPU is idle soon after a phase ends. Returns (matmuls, seconds of
+    work)."""
+    events = [torch.cuda.Event() for _ in range(3)]
+    count, busy, k = 0, 0.0, 0
+    while start + 2 * k * phase < end:
+        on, off = start + 2 * k * phase, min(start + (2 * k + 1) * phase, end)
+        wait_until(on)
+        pair = 0
+        while time.monotonic() < off:
+            if pair >= 2:
+                events[(pair - 2) % 3].synchronize()
+            matmul()
+            matmul()
+            events[pair % 3].record()
+            pair += 1
+        torch.cuda.synchronize()
+        count += 2 * pair
+        busy += time.monotonic() - on
+        k += 1
+    return count, busy
 
 
 # ---------------------------------------------------------------- the table
@@ -236,11 +264,12 @@ class Bench:
             return {"error": str(error)}
 
     def run_once(self, name, latency=None, batch=None, size=None, extra=None, arrivals="fixed",
-                 between=None):
+                 between=None, phase_ms=0):
         """One run: latency and/or batch workers; None = absent, "" = no
         limiter, else the class. With `between` (a callable), the batch
         worker starts first; once it is ready (CUDA up), `between()` runs,
-        then the latency worker starts."""
+        then the latency worker starts. With `phase_ms`, the batch worker
+        works and idles in turns of that long (`batch_phases`)."""
         self.serial += 1
         region = f"gpushare-priority-bench-{os.getpid()}-{self.serial}"
         seconds = self.args.seconds
@@ -265,7 +294,7 @@ class Bench:
                         "--seconds", str(seconds + (1.0 if role == "latency" and batch is not None else 0)),
                         "--period-us", str(self.args.period_us), "--arrivals", arrivals]
                 if role == "batch":
-                    argv += ["--size", str(size)]
+                    argv += ["--size", str(size), "--phase-ms", str(phase_ms)]
                 errors = open(self.out / f"worker-{self.serial}-{role}.stderr", "w+")
                 procs[role] = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                                stderr=errors, text=True)
@@ -414,6 +443,8 @@ def main():
     w.add_argument("--period-us", type=float, default=2000)
     w.add_argument("--size", type=int, default=4096)
     w.add_argument("--arrivals", choices=["fixed", "poisson"], default="fixed")
+    w.add_argument("--phase-ms", type=float, default=0,
+                   help="batch: work and idle in turns of this long (0: work throughout)")
     p.add_argument("--lib")
     p.add_argument("--out", default=os.environ.get("OUT", "priority-bench-out"))
     p.add_argument("--seconds", type=float, default=8.0)

@@ -9,11 +9,12 @@
 //! starts, and no command changes it for a running client. So the share is
 //! chosen for each client as it starts ([`active_thread_percentage`]): the
 //! scheduler writes into each pod's limits what a client starting now
-//! takes, which for a batch pod is the whole GPU while no latency pod is
-//! provisioned there and the rest of the SMs, past the reserve, while one
-//! is; the limiter sets it before the driver starts. A batch client that
-//! started alone keeps the whole GPU when a latency pod comes, and the
-//! priority classes hold its launches while the latency pod works. Memory
+//! takes: the whole GPU while no pod of the other class is provisioned
+//! there; while one is, the reserve for a latency pod and the rest of the
+//! SMs for a batch pod. The limiter sets it before the driver starts. A
+//! batch client that started alone keeps the whole GPU when a latency pod
+//! comes, and the priority classes hold its launches while the latency pod
+//! works. Memory
 //! quotas, reports and refusals stay the limiter's, inside every client.
 //!
 //! MPS clients and their server share memory through `/dev/shm`; a
@@ -136,25 +137,41 @@ pub fn shm_dir(dir: &Path, uuid: &str) -> PathBuf {
 }
 
 /// The active thread percentage (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`) a
-/// client of class `class` takes when it starts, `reserve` percent being
-/// kept for latency pods: all of the GPU for a latency pod; for a batch pod
-/// the rest while a latency pod shares the GPU (`beside_latency`), all of
-/// it while none does. A fixed `sm_share` narrows either.
+/// client of class `class` takes when it starts, `reserve` percent of the
+/// SMs being kept for latency pods. Beside pods of the other class
+/// (`beside_other_class`), each class keeps to its part: a batch client to
+/// the rest, a latency client to the reserve (its kernels would otherwise
+/// also land on SMs the batch clients hold; with no reserve, all of it).
+/// Alone, either takes the whole GPU. A batch pod's fixed `sm_share`
+/// narrows its part; a latency pod's is its part, whatever the reserve.
 ///
-/// MPS fixes the percentage for the client's life, so a batch client that
-/// started alone keeps the whole GPU when a latency pod comes; that one is
-/// held back by the priority classes instead (the limiter's, in time).
+/// MPS fixes the percentage for the client's life, so a client that started
+/// alone keeps the whole GPU when a pod of the other class comes; a batch
+/// one is then held back by the priority classes (the limiter's, in time).
 pub fn active_thread_percentage(
     class: PodClass,
     reserve: u8,
     sm_share: Option<u8>,
-    beside_latency: bool,
+    beside_other_class: bool,
 ) -> u8 {
-    let class_part = match class {
-        PodClass::Batch if beside_latency => 100 - reserve.min(99),
-        PodClass::Latency | PodClass::Batch => 100,
-    };
-    sm_share.map_or(class_part, |share| share.clamp(1, class_part))
+    match class {
+        PodClass::Batch => {
+            let part = if beside_other_class {
+                100 - reserve.min(99)
+            } else {
+                100
+            };
+            sm_share.map_or(part, |share| share.clamp(1, part))
+        }
+        PodClass::Latency => {
+            let part = if beside_other_class && reserve > 0 {
+                reserve.min(100)
+            } else {
+                100
+            };
+            sm_share.map_or(part, |share| share.clamp(1, 100))
+        }
+    }
 }
 
 #[cfg(test)]
@@ -162,10 +179,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batch_clients_leave_the_reserve_to_latency_pods_beside_them() {
+    fn beside_each_other_each_class_keeps_to_its_part() {
         let atp = active_thread_percentage;
-        assert_eq!(atp(PodClass::Latency, 20, None, true), 100);
+        // Beside batch pods, a latency client keeps to the reserve; alone,
+        // or with no reserve, it takes the whole GPU.
+        assert_eq!(atp(PodClass::Latency, 20, None, true), 20);
         assert_eq!(atp(PodClass::Latency, 20, None, false), 100);
+        assert_eq!(atp(PodClass::Latency, 0, None, true), 100);
         assert_eq!(atp(PodClass::Batch, 20, None, true), 80);
         // Alone, a batch client takes the whole GPU.
         assert_eq!(atp(PodClass::Batch, 20, None, false), 100);
@@ -176,7 +196,9 @@ mod tests {
         assert_eq!(atp(PodClass::Batch, 20, Some(50), true), 50);
         assert_eq!(atp(PodClass::Batch, 20, Some(90), true), 80);
         assert_eq!(atp(PodClass::Batch, 20, Some(90), false), 90);
+        // A latency pod's fixed share is its part, whatever the reserve.
         assert_eq!(atp(PodClass::Latency, 20, Some(30), true), 30);
+        assert_eq!(atp(PodClass::Latency, 20, Some(10), false), 10);
         assert_eq!(atp(PodClass::Batch, 20, Some(0), false), 1);
     }
 

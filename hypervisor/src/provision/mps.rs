@@ -7,7 +7,7 @@
 //! that folder on the container's `/dev/shm` ([`crate::corun::shm`]), and
 //! the variables of an MPS client:
 //! `CUDA_MPS_PIPE_DIRECTORY`, `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (what a
-//! client of the pod's class takes beside a latency pod,
+//! client of the pod's class takes beside pods of the other class,
 //! [`corun::active_thread_percentage`], narrowed to its fixed compute
 //! share: on a co-run GPU that share is of the SMs, not of the time; the
 //! limiter replaces it, before the driver starts, by what the pod's limits
@@ -151,9 +151,10 @@ pub fn client<'a>(
         PodClass::Latency => PRIORITY_NORMAL,
         PodClass::Batch => PRIORITY_BELOW_NORMAL,
     };
-    // What a client takes beside a latency pod: where the limiter cannot
-    // read what the hypervisor gives a client that starts now (the pod's
-    // limits), it keeps off the reserve.
+    // What a client takes beside pods of the other class: where the limiter
+    // cannot read what the hypervisor gives a client that starts now (the
+    // pod's limits), a batch client keeps off the reserve and a latency
+    // client to it.
     let percentage = corun::active_thread_percentage(
         totals.class,
         options.latency_reserve,
@@ -312,13 +313,13 @@ mod tests {
                 "CUDA_LIMITER_MPS=required",
             ]
         );
-        // Latency when any claim is: all the SMs, normal priority.
+        // Latency when any claim is: the reserve, normal priority.
         let latency = [
             grant("GPU-a", 2 << 30, PodClass::Batch),
             grant("GPU-a", 2 << 30, PodClass::Latency),
         ];
         let env = client(Some(&o), &gpus, &latency).unwrap().unwrap().env;
-        assert!(env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100".to_owned()));
+        assert!(env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25".to_owned()));
         assert!(env.contains(&"CUDA_MPS_CLIENT_PRIORITY=0".to_owned()));
         assert!(env.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M".to_owned()));
         // A fixed compute share is a share of the SMs: the class's part

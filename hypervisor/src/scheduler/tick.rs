@@ -105,8 +105,8 @@ impl Scheduler {
 
     /// On a co-run GPU, the pods of `members` (its pods, by id and GPU
     /// position): what the next MPS client of each takes
-    /// ([`corun::active_thread_percentage`]), which for a batch pod depends
-    /// on whether a latency pod is provisioned on the GPU, running or not.
+    /// ([`corun::active_thread_percentage`]), which depends on whether a pod
+    /// of the other class is provisioned on the GPU, running or not.
     fn write_sm_percents(&self, members: &[(String, usize)]) {
         let Some(corun) = &self.corun else {
             return;
@@ -122,15 +122,18 @@ impl Scheduler {
         if !gpus.iter().any(|(_, _, p)| corun.covers(&p.uuid)) {
             return;
         }
-        let latency = gpus
-            .iter()
-            .any(|(_, gpu, _)| gpu.spec.class == PodClass::Latency);
+        let has = |class| gpus.iter().any(|(_, gpu, _)| gpu.spec.class == class);
+        let (latency, batch) = (has(PodClass::Latency), has(PodClass::Batch));
         for (pod, gpu, placement) in gpus {
+            let beside_other_class = match gpu.spec.class {
+                PodClass::Latency => batch,
+                PodClass::Batch => latency,
+            };
             let percent = corun::active_thread_percentage(
                 gpu.spec.class,
                 corun.latency_reserve,
                 gpu.spec.sm_share,
-                latency,
+                beside_other_class,
             );
             pod.region.set_sm_percent(&placement.uuid, percent);
         }
