@@ -27,12 +27,9 @@ the idle turn after it) the ratio of the two turns' p50; the figure is the
 median of those ratios with a bootstrap 95% interval over the cycles.
 """
 import argparse
-import json
-import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,23 +66,13 @@ def interval(ratios, draws=10000, seed=1):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--out", default=os.environ.get("OUT", "corun-ab-out"))
+    cb.common_args(p, "corun-ab", 20.0)
     p.add_argument("--reserve", type=int, default=20)
-    p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--phase-ms", type=float, default=1000)
     p.add_argument("--settle-ms", type=float, default=100)
-    p.add_argument("--period-us", type=float, default=2000)
-    p.add_argument("--sizes", type=int, nargs=2, default=[4096, 8192], metavar=("SHORT", "LONG"))
-    p.add_argument("--mps-control", default="nvidia-cuda-mps-control")
     args = p.parse_args()
-    bundle = Path(args.bundle).resolve()
-    args.lib = str(bundle / "libcuda_limiter.so")
     args.pin_cpu = None
-    control = subprocess.run(["sh", "-c", f"command -v {args.mps_control}"], capture_output=True,
-                             text=True).stdout.strip() or args.mps_control
-    if cb.mps_processes():
-        raise SystemExit(f"an MPS daemon already runs: {cb.mps_processes()}")
+    bundle, control = cb.prepare(args)
     bench = cf.FrontierBench(args)
     t_begin = time.monotonic()
     print(f"co-run A/B: {args.seconds:.0f} s per run, turns of {args.phase_ms:.0f} ms, {args.reserve}% kept,"
@@ -152,11 +139,7 @@ def report(args, runs, took):
     text = (f"Co-run A/B, a request every {args.period_us:.0f} us, {args.seconds:.0f} s per run, turns of"
             f" {args.phase_ms:.0f} ms ({args.settle_ms:.0f} ms left out each), {args.reserve}% kept"
             f" ({took:.0f} s in all)\n\n{table}\n" + "".join(f"- {v}\n" for v in raw))
-    out = Path(args.out)
-    (out / "corun-ab.md").write_text(text)
-    (out / "corun-ab.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1, default=str))
-    print()
-    print(text)
+    cb.publish(args, "corun-ab", text, {"runs": runs})
 
 
 if __name__ == "__main__":

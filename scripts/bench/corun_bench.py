@@ -256,29 +256,51 @@ def probe(bench, script, cls="corun-batch"):
     return (out.stdout.strip() + " " + out.stderr.strip()[-300:]).strip()
 
 
-def main():
-    p = argparse.ArgumentParser()
+def common_args(p, name, seconds):
+    """The options every co-run bench takes; `name` names its output."""
     p.add_argument("--bundle", required=True)
-    p.add_argument("--out", default=os.environ.get("OUT", "corun-bench-out"))
-    p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--out", default=os.environ.get("OUT", f"{name}-out"))
+    p.add_argument("--seconds", type=float, default=seconds)
     p.add_argument("--period-us", type=float, default=2000)
     p.add_argument("--sizes", type=int, nargs=2, default=[4096, 8192], metavar=("SHORT", "LONG"))
-    p.add_argument("--reserve", type=int, default=20)
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds of the latency pod alone and of both pods co-run, alternated")
-    args = p.parse_args()
+
+
+def prepare(args):
+    """The bundle's folder and the control program's path; sets args.lib.
+    Refuses to start beside an MPS daemon that already runs."""
     bundle = Path(args.bundle).resolve()
     args.lib = str(bundle / "libcuda_limiter.so")
     control = subprocess.run(["sh", "-c", f"command -v {args.mps_control}"], capture_output=True,
                              text=True).stdout.strip() or args.mps_control
+    if mps_processes():
+        raise SystemExit(f"an MPS daemon already runs: {mps_processes()}")
+    return bundle, control
+
+
+def publish(args, name, text, data):
+    """Writes OUT/name.md (`text`) and OUT/name.json (`data` and the
+    arguments), and prints `text`."""
+    out = Path(args.out)
+    (out / f"{name}.md").write_text(text)
+    (out / f"{name}.json").write_text(json.dumps({"args": vars(args), **data}, indent=1, default=str))
+    print()
+    print(text)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    common_args(p, "corun-bench", 6.0)
+    p.add_argument("--reserve", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of the latency pod alone and of both pods co-run, alternated")
+    args = p.parse_args()
+    bundle, control = prepare(args)
     bench = CorunBench(args)
     t_begin = time.monotonic()
     short, long_ = args.sizes
     print(f"co-run bench: {args.seconds:.0f} s per run, a request every {args.period_us:.0f} us, batch"
           f" matmuls {short}^2 and {long_}^2, {args.reserve}% of the SMs kept for latency pods", flush=True)
-    if mps_processes():
-        raise SystemExit(f"an MPS daemon already runs: {mps_processes()}")
     runs = {}
     for size in (short, long_):
         runs[f"batch alone {size}"] = bench.run(f"batch alone {size}", batch="", size=size)
@@ -337,7 +359,6 @@ def main():
 
 
 def report(args, runs, checks, took):
-    out = Path(args.out)
     pct = pb.pct
     med = statistics.median
 
@@ -429,11 +450,7 @@ def report(args, runs, checks, took):
             + "".join(f"- {v}\n" for v in verdicts)
             + "".join(f"- {v}\n" for v in raw)
             + "".join(f"- {k}: {v}\n" for k, v in checks.items()))
-    (out / "corun-bench.md").write_text(text)
-    (out / "corun-bench.json").write_text(json.dumps({"args": vars(args), "runs": runs, "checks": checks},
-                                                     indent=1, default=str))
-    print()
-    print(text)
+    publish(args, "corun-bench", text, {"runs": runs, "checks": checks})
 
 
 if __name__ == "__main__":

@@ -33,11 +33,8 @@ of corun_bench.py (latency p50 <= 1.2x and p99 <= 1.5x alone, batch >= 0.85
 of solo) can both hold, and with what margin, is read off this table.
 """
 import argparse
-import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -72,25 +69,15 @@ class FrontierBench(cb.CorunBench):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--out", default=os.environ.get("OUT", "corun-frontier-out"))
+    cb.common_args(p, "corun-frontier", 4.0)
     p.add_argument("--reserves", type=int, nargs="+", default=[10, 20, 25, 30, 40])
-    p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--period-us", type=float, default=2000)
-    p.add_argument("--sizes", type=int, nargs=2, default=[4096, 8192], metavar=("SHORT", "LONG"))
-    p.add_argument("--mps-control", default="nvidia-cuda-mps-control")
     p.add_argument("--pin-cpu", type=int, help="the CPU every latency worker runs on")
     p.add_argument("--whole-gpu", action="store_true",
                    help="also run the latency client on every SM")
     args = p.parse_args()
-    bundle = Path(args.bundle).resolve()
-    args.lib = str(bundle / "libcuda_limiter.so")
     args.reserve = args.reserves[0]
-    control = subprocess.run(["sh", "-c", f"command -v {args.mps_control}"], capture_output=True,
-                             text=True).stdout.strip() or args.mps_control
-    if cb.mps_processes():
-        raise SystemExit(f"an MPS daemon already runs: {cb.mps_processes()}")
+    bundle, control = cb.prepare(args)
     bench = FrontierBench(args)
     t_begin = time.monotonic()
     print(f"co-run frontier: reserves {args.reserves}%, {args.seconds:.0f} s per run, {args.rounds} rounds,"
@@ -211,11 +198,7 @@ def report(args, runs, took):
     text = (f"Co-run frontier, a request every {args.period_us:.0f} us, {args.seconds:.0f} s per run,"
             f" medians of {args.rounds} rounds ({took:.0f} s in all)\n\n{table}\n"
             + "".join(f"- {v}\n" for v in raw))
-    out = Path(args.out)
-    (out / "corun-frontier.md").write_text(text)
-    (out / "corun-frontier.json").write_text(json.dumps({"args": vars(args), "runs": runs}, indent=1, default=str))
-    print()
-    print(text)
+    cb.publish(args, "corun-frontier", text, {"runs": runs})
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@
 //! SMs for a batch pod. The limiter sets it before the driver starts. A
 //! batch client that started alone keeps the whole GPU when a latency pod
 //! comes, and the priority classes hold its launches while the latency pod
-//! works. Memory
-//! quotas, reports and refusals stay the limiter's, inside every client.
+//! works. Memory quotas, reports and refusals stay the limiter's, inside
+//! every client.
 //!
 //! MPS clients and their server share memory through `/dev/shm`; a
 //! container has a `/dev/shm` of its own. Where pods are containers
