@@ -24,7 +24,8 @@ pub struct CorunArgs {
     #[arg(long, value_name = "DIR")]
     pub corun_host_dir: Option<PathBuf>,
     /// Percent of a co-run GPU's SMs kept from batch pods for latency pods,
-    /// for each batch client's whole life.
+    /// for each batch client's whole life; beside batch pods, a latency
+    /// client keeps to it (0: no reserve, every client on every SM).
     #[arg(
         long,
         value_name = "PERCENT",
