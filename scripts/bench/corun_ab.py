@@ -38,7 +38,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import corun_bench as cb  # noqa: E402
-import corun_frontier as cf  # noqa: E402  (the latency client on every SM)
 import priority_bench as pb  # noqa: E402
 
 med = statistics.median
@@ -71,9 +70,8 @@ def main():
     p.add_argument("--phase-ms", type=float, default=1000)
     p.add_argument("--settle-ms", type=float, default=100)
     args = p.parse_args()
-    args.pin_cpu = None
     bundle, control = cb.prepare(args)
-    bench = cf.FrontierBench(args)
+    bench = cb.CorunBench(args)
     t_begin = time.monotonic()
     print(f"co-run A/B: {args.seconds:.0f} s per run, turns of {args.phase_ms:.0f} ms, {args.reserve}% kept,"
           f" batch matmuls {args.sizes[0]}^2 and {args.sizes[1]}^2", flush=True)
@@ -124,14 +122,14 @@ def report(args, runs, took):
                          f"{pb.pct(idle, .1):.0f} / {pb.pct(idle, .5):.0f} / {pb.pct(idle, .99):.0f}",
                          f"{pb.pct(working, .1):.0f} / {pb.pct(working, .5):.0f} / {pb.pct(working, .99):.0f}",
                          f"{med(ratios):.3f} [{lo:.3f}, {hi:.3f}]",
-                         f"{pb.pct(idle, .5) / a50:.2f}x", f"{ratio:.3f}", cf.gpu_of(run)))
+                         f"{pb.pct(idle, .5) / a50:.2f}x", f"{ratio:.3f}", pb.clocks(run)))
             raw.append(f"{size}^2, {label}: p50 working/idle us by cycle "
                        f"{[f'{pb.pct(w, .5):.0f}/{pb.pct(i, .5):.0f}' for w, i in cycles]};"
                        f" batch {run['batch']['per_s']:.1f}/s against {solo['per_s']:.1f}/s alone in the same turns")
     if alone:
         raw.append(f"latency alone (no MPS, no limiter, another process): p10/p50/p99"
                    f" {pb.pct(alone['steps_us'], .1):.0f}/{a50:.0f}/{pb.pct(alone['steps_us'], .99):.0f} us,"
-                   f" {cf.gpu_of(runs['latency alone'])}")
+                   f" {pb.clocks(runs['latency alone'])}")
     head = ("| batch | latency pod | cycles | idle turns p10 / p50 / p99 us | working turns p10 / p50 / p99 us |"
             " p50 working / idle, median [95%] | idle p50 / alone p50 (two processes) | batch / solo |"
             " SM clock, power |\n|---|---|---|---|---|---|---|---|---|\n")

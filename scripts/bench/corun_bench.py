@@ -69,7 +69,8 @@ DAEMON_PODS = {pod for pod, _, _ in PODS.values()}
 class CorunBench(pb.Bench):
     """priority_bench's runner; a class of `corun-latency` or `corun-batch`
     makes the worker an MPS client of the supervised daemon, as the daemon's
-    pod of that class."""
+    pod of that class; `corun-latency-at-N`, the latency pod's MPS client on
+    N percent of the SMs, without the limiter."""
 
     def __init__(self, args):
         super().__init__(args)
@@ -83,7 +84,7 @@ class CorunBench(pb.Bench):
             return super().env(cls, region, extra)
         env = {k: v for k, v in os.environ.items()
                if not k.startswith(("CUDA_LIMITER_", "CUDA_MPS_")) and k not in ("LD_PRELOAD",)}
-        latency = cls == "corun-latency"
+        latency = cls.startswith("corun-latency")
         pod, token, _ = PODS["latency" if latency else "batch"]
         env.update(
             LD_PRELOAD=self.lib, CUDA_LIMITER_POD=pod, CUDA_LIMITER_TOKEN=token,
@@ -95,6 +96,8 @@ class CorunBench(pb.Bench):
             CUDA_MPS_CLIENT_PRIORITY="0" if latency else "1",
             CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=f"0={QUOTA >> 20}M",
         )
+        if cls.startswith("corun-latency-at-"):
+            env.update(LD_PRELOAD="", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=cls.rsplit("-", 1)[1])
         env.update(extra)
         return env, pod
 
@@ -373,7 +376,7 @@ def report(args, runs, checks, took):
         lat, gpu = run.get("latency"), run.get("gpu")
         parts = [f"step on the GPU p50 {pct(lat['gpu_us'], .5):.0f} us"] if lat else []
         if gpu:
-            parts.append(f"SM {gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W")
+            parts.append(pb.clocks(run))
         return ", ".join(parts)
 
     rounds = range(args.rounds)

@@ -49,19 +49,14 @@ med = statistics.median
 
 
 class FrontierBench(cb.CorunBench):
-    """corun_bench's runner with two more worker kinds: `unpinned` (no MPS,
-    no limiter, never pinned) and `corun-latency-at-N` (the latency pod's
-    MPS client on N percent of the SMs, no limiter); with a CPU to pin,
-    every other latency worker runs on it."""
+    """corun_bench's runner with one more worker kind, `unpinned` (no MPS,
+    no limiter, never pinned); with a CPU to pin, every other latency
+    worker runs on it."""
 
     def env(self, cls, region, extra):
         if cls == "unpinned":
             return super().env(None, region, extra)
-        if (cls or "").startswith("corun-latency-at-"):
-            env, pod = super().env("corun-latency", region, extra)
-            env.update(LD_PRELOAD="", CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=cls.rsplit("-", 1)[1])
-        else:
-            env, pod = super().env(cls, region, extra)
+        env, pod = super().env(cls, region, extra)
         if self.args.pin_cpu is not None:
             env["BENCH_LATENCY_CPU"] = str(self.args.pin_cpu)
         return env, pod
@@ -126,11 +121,6 @@ def latency_of(run):
     return pb.pct(steps, .5), pb.pct(steps, .99), pb.pct(lat["gpu_us"], .5), pb.pct(steps, .1)
 
 
-def gpu_of(run):
-    gpu = (run or {}).get("gpu")
-    return f"{gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W" if gpu else ""
-
-
 def by_round(values):
     return [f"{x[3]:.0f}/{x[0]:.0f}/{x[1]:.0f}/{x[2]:.0f}" for x in values]
 
@@ -156,7 +146,7 @@ def report(args, runs, took):
         base = [med(x[i] for x in alone) for i in range(4)]
         pinned = " (pinned)" if args.pin_cpu is not None else ""
         latency_row(reserve, f"latency alone{pinned}, no MPS, no limiter", alone, base,
-                    ("", " / ".join(gpu_of(runs.get(f"{reserve} alone #{r}")) for r in rounds), "baseline"))
+                    ("", " / ".join(pb.clocks(runs.get(f"{reserve} alone #{r}")) for r in rounds), "baseline"))
         raw.append(f"reserve {reserve}%, alone{pinned}, p10/p50/p99/GPU us by round: {by_round(alone)}")
         unpinned = [x for x in (latency_of(runs.get(f"{reserve} unpinned #{r}")) for r in rounds) if x]
         if unpinned:
@@ -165,7 +155,7 @@ def report(args, runs, took):
         client = latency_of(runs.get(f"{reserve} client alone"))
         if client:
             latency_row(reserve, "latency alone, MPS client, limiter", [client], base,
-                        ("", gpu_of(runs.get(f"{reserve} client alone")), ""))
+                        ("", pb.clocks(runs.get(f"{reserve} client alone")), ""))
         for kind, label in (("corun", "co-run"), ("whole", "co-run, latency client on every SM")):
             for size in args.sizes:
                 solo = runs[f"batch alone {size}"].get("batch")
@@ -182,7 +172,7 @@ def report(args, runs, took):
                 c = [med(lat[i] for lat, _, _ in pairs) for i in range(4)]
                 ok = c[0] <= 1.2 * base[0] and c[1] <= 1.5 * base[1] and ratio >= 0.85
                 latency_row(reserve, f"{label}, {solo['kernel_ms']:.2f} ms kernels", [lat for lat, _, _ in pairs],
-                            base, (f"{ratio:.3f}", " / ".join(gpu_of(runs.get(k)) for _, _, k in pairs),
+                            base, (f"{ratio:.3f}", " / ".join(pb.clocks(runs.get(k)) for _, _, k in pairs),
                                    "both bars" if ok else "misses"))
                 raw.append(f"reserve {reserve}%, {label} {size}^2, p10/p50/p99/GPU us by round:"
                            f" {by_round([lat for lat, _, _ in pairs])};"
@@ -191,7 +181,7 @@ def report(args, runs, took):
         run = runs[f"batch alone {size}"]
         if "batch" in run:
             raw.append(f"batch alone {size}^2: {run['batch']['per_s']:.1f} matmuls/s,"
-                       f" {run['batch']['kernel_ms']:.3f} ms kernels, {gpu_of(run)}")
+                       f" {run['batch']['kernel_ms']:.3f} ms kernels, {pb.clocks(run)}")
     head = ("| reserve | run | latency p10 us (vs alone) | p50 | p99 | step on the GPU p50 us |"
             " batch / solo | SM clock, power | bars |\n|---|---|---|---|---|---|---|---|---|\n")
     table = head + "".join("| " + " | ".join(r) + " |\n" for r in rows)

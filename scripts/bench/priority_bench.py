@@ -419,6 +419,13 @@ def pct(values, q):
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
 
 
+def clocks(run):
+    """A run's SM clock and board power (ClockSampler's medians) as text;
+    "" without samples."""
+    gpu = (run or {}).get("gpu")
+    return f"SM {gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W" if gpu else ""
+
+
 def summary(results):
     parts = []
     lat = results.get("latency")
@@ -428,9 +435,8 @@ def summary(results):
     bat = results.get("batch")
     if bat:
         parts.append(f"batch {bat['per_s']:.1f} matmuls/s (kernel {bat['kernel_ms']:.3f} ms)")
-    gpu = results.get("gpu")
-    if gpu:
-        parts.append(f"SM {gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W")
+    if results.get("gpu"):
+        parts.append(clocks(results))
     return "; ".join(parts)
 
 
