@@ -118,9 +118,10 @@ class CorunBench(pb.Bench):
 
 class Daemon:
     """`hypervisor serve` in local mode with GPU 0 in co-run mode, managing
-    the pods of PODS named in its config file."""
+    the pods of PODS named in its config file; `env`, more variables for it
+    (and so for the MPS control daemon it starts)."""
 
-    def __init__(self, bundle, work, reserve, control):
+    def __init__(self, bundle, work, reserve, control, env=None):
         self.work = work
         self.reserve = reserve
         self.config = work / "hypervisor.toml"
@@ -135,7 +136,7 @@ class Daemon:
              "--corun-gpu", "0", "--corun-dir", str(work / "mps"),
              "--corun-latency-reserve", str(reserve), "--mps-control", control],
             stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, "HYPERVISOR_LOG": "info", **self.tables})
+            env={**os.environ, "HYPERVISOR_LOG": "info", **self.tables, **(env or {})})
         line = self.proc.stdout.readline()
         if not line.startswith("hypervisor listening on "):
             raise RuntimeError(f"hypervisor did not start: {line!r}")
@@ -206,7 +207,8 @@ class Daemon:
 
 def mps_processes():
     out = subprocess.run(["pgrep", "-a", "nvidia-cuda-mps"], capture_output=True, text=True).stdout
-    return [l for l in out.splitlines() if l.strip()]
+    # A zombie left by a daemon that quit is no daemon.
+    return [l for l in out.splitlines() if l.strip() and not l.rstrip().endswith("<defunct>")]
 
 
 MEMORY_PROBE = r"""

@@ -86,7 +86,17 @@ def worker_latency(args):
     torch.manual_seed(0)
     dev = torch.device("cuda")
     x = torch.randn(64, 2048, dtype=torch.bfloat16, device=dev)
-    ws = [torch.randn(2048, 2048, dtype=torch.bfloat16, device=dev) / 45 for _ in range(4)]
+    l2 = None
+    if os.environ.get("BENCH_L2_PERSIST"):
+        # The weights in one block that the step's stream marks persisting
+        # in L2 (what the context's set-aside can hold of it).
+        block = torch.randn(4, 2048, 2048, dtype=torch.bfloat16, device=dev) / 45
+        ws = list(block.unbind(0))
+        stream = torch.cuda.Stream()
+        torch.cuda.set_stream(stream)
+        l2 = persist_in_l2(stream.cuda_stream, block.data_ptr(), block.numel() * block.element_size())
+    else:
+        ws = [torch.randn(2048, 2048, dtype=torch.bfloat16, device=dev) / 45 for _ in range(4)]
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def step(timed):
@@ -129,7 +139,34 @@ def worker_latency(args):
         gpu.append(g * 1e3)
         i += 1
     print(json.dumps({"role": "latency", "starts": starts, "steps_us": steps, "gpu_us": gpu,
-                      "late": late, "seconds": args.seconds}), flush=True)
+                      "late": late, "seconds": args.seconds, "l2": l2}), flush=True)
+
+
+def persist_in_l2(stream, base, size):
+    """Sets an access policy window on `stream` over [base, base + size):
+    hits persist, misses stream, with the hit ratio the context's L2
+    set-aside can hold (under MPS the set-aside is the server's, fixed at its
+    start). Returns {"set_aside", "window", "hit_ratio", "rc"}."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+
+    class Window(ctypes.Structure):
+        _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hit_ratio", ctypes.c_float),
+                    ("hit_prop", ctypes.c_int), ("miss_prop", ctypes.c_int)]
+
+    class Value(ctypes.Union):  # CUstreamAttrValue: 64 bytes
+        _fields_ = [("window", Window), ("pad", ctypes.c_char * 64)]
+
+    set_aside, most = ctypes.c_size_t(), ctypes.c_int()
+    cuda.cuCtxGetLimit(ctypes.byref(set_aside), 0x06)  # CU_LIMIT_PERSISTING_L2_CACHE_SIZE
+    cuda.cuDeviceGetAttribute(ctypes.byref(most), 109, 0)  # MAX_ACCESS_POLICY_WINDOW_SIZE
+    window = min(size, most.value)
+    ratio = min(1.0, set_aside.value / window) if window else 0.0
+    value = Value()
+    value.window = Window(base, window, ratio, 2, 1)  # hits PERSISTING, misses STREAMING
+    rc = cuda.cuStreamSetAttribute(ctypes.c_void_p(stream), 1, ctypes.byref(value))  # ACCESS_POLICY_WINDOW
+    return {"set_aside": set_aside.value, "window": window, "hit_ratio": ratio, "rc": rc}
 
 
 def worker_batch(args):
@@ -394,13 +431,15 @@ class ClockSampler:
             self.reader.join(timeout=10)
 
     def between(self, start, end):
-        """The medians of the samples taken in [start, end]: {"sm_mhz",
-        "power_w", "samples"}, or None without any."""
+        """The medians of the samples taken in [start, end] and the samples
+        themselves, their times from `start`: {"sm_mhz", "power_w", "samples",
+        "series"}, or None without any."""
         kept = [(m, w) for t, m, w in self.samples if start <= t <= end]
         if not kept:
             return None
         return {"sm_mhz": statistics.median(m for m, _ in kept),
-                "power_w": statistics.median(w for _, w in kept), "samples": len(kept)}
+                "power_w": statistics.median(w for _, w in kept), "samples": len(kept),
+                "series": [(t - start, m, w) for t, m, w in self.samples if start <= t <= end]}
 
 
 def tail(proc, size=2000):
