@@ -44,10 +44,8 @@ how much of that the board's clock explains.
 """
 import argparse
 import random
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -73,29 +71,37 @@ def arms(args):
     }
 
 
+def turn_of(t, seconds, phase, settle):
+    """The turn that time `t` (s from the run's start) falls in: (cycle,
+    0 working or 1 idle); None in the first `settle` s of a turn or past
+    the run's `seconds`."""
+    k = int(t // phase)
+    if t >= seconds or t - k * phase < settle:
+        return None
+    return k // 2, k % 2
+
+
 def turns(run, seconds, phase, settle, key="steps_us"):
     """The latency steps of `run` by cycle: [(working, idle)], each a list
-    of one of the steps' figures (`key`: the step's time, or its GPU time),
-    leaving out the first `settle` s of each turn."""
+    of one of the steps' figures (`key`: the step's time, or its GPU time)."""
     lat = run["latency"]
     cycles = {}
     for start, value in zip(lat["starts"], lat[key]):
-        k = int(start // phase)
-        if start >= seconds or start - k * phase < settle:
-            continue
-        cycles.setdefault(k // 2, ([], []))[k % 2].append(value)
+        turn = turn_of(start, seconds, phase, settle)
+        if turn is not None:
+            cycles.setdefault(turn[0], ([], []))[turn[1]].append(value)
     return [c for _, c in sorted(cycles.items()) if c[0] and c[1]]
 
 
 def turn_clocks(run, seconds, phase, settle):
     """The median SM clock (MHz) in the working turns and in the idle turns
-    (the samples nvidia-smi took in them, past the settling time)."""
+    (the samples nvidia-smi took in them)."""
     series = ((run.get("gpu") or {}).get("series")) or []
     split = ([], [])
     for t, mhz, _ in series:
-        k = int(t // phase)
-        if t < seconds and t - k * phase >= settle:
-            split[k % 2].append(mhz)
+        turn = turn_of(t, seconds, phase, settle)
+        if turn is not None:
+            split[turn[1]].append(mhz)
     return tuple(med(s) if s else float("nan") for s in split)
 
 
@@ -131,12 +137,9 @@ def main():
     runs["latency alone"] = bench.run("latency alone", latency="")
     # One daemon per set-aside: the MPS server takes it when it starts.
     for set_aside in sorted({known[a][1] for a in args.arms}):
-        work = Path(tempfile.mkdtemp(prefix="corun-ab-"))
         env = {"CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT": str(set_aside)} if set_aside else {}
-        daemon = cb.Daemon(bundle, work, args.reserve, control, env=env)
-        bench.daemon = daemon
-        try:
-            daemon.set_pods(["batch", "latency"])
+        with cb.daemon_for(args, bundle, control, args.reserve, f"l2-{set_aside}", env) as daemon:
+            bench.daemon = daemon
             for size in args.sizes:
                 for arm in args.arms:
                     cls, want, extra, _ = known[arm]
@@ -144,16 +147,7 @@ def main():
                         runs[f"{arm} {size}"] = bench.run(f"latency ({arm}) + batch {size} in turns",
                                                           latency=cls, batch="corun-batch", size=size,
                                                           phase_ms=args.phase_ms, extra=extra)
-        finally:
-            daemon.stop()
-            shutil.copy(work / "hypervisor.log", Path(args.out) / f"hypervisor-{set_aside}.log")
-            # The MPS control daemon's and server's logs (a server that fails
-            # to start says why there).
-            for log in (work / "mps").rglob("*.log"):
-                shutil.copy(log, Path(args.out) / f"mps-{set_aside}-{log.name}")
-            shutil.rmtree(work, ignore_errors=True)
-    if cb.mps_processes():
-        print(f"MPS processes left: {cb.mps_processes()}", flush=True)
+    cb.say_mps_left()
     report(args, runs, time.monotonic() - t_begin)
 
 

@@ -43,6 +43,7 @@ alone, batch >= 0.85 of its solo throughput; a lone co-run batch pod >= 0.97
 of solo.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -211,6 +212,35 @@ def mps_processes():
     return [l for l in out.splitlines() if l.strip() and not l.rstrip().endswith("<defunct>")]
 
 
+def say_mps_left():
+    """Prints the MPS processes still running, if any (a bench's daemons
+    quit theirs)."""
+    left = mps_processes()
+    if left:
+        print(f"MPS processes left: {left}", flush=True)
+
+
+@contextlib.contextmanager
+def daemon_for(args, bundle, control, reserve, label, env=None):
+    """A Daemon (`env` for it) in a folder of its own, both pods
+    configured; when the block ends it is stopped, its log and its MPS
+    control daemon's and server's logs are copied to OUT as
+    hypervisor-LABEL.log and mps-LABEL-*.log (a server that fails to start
+    says why there), and its folder removed."""
+    work = Path(tempfile.mkdtemp(prefix=f"corun-{label}-"))
+    daemon = Daemon(bundle, work, reserve, control, env=env)
+    try:
+        daemon.set_pods(["batch", "latency"])
+        yield daemon
+    finally:
+        daemon.stop()
+        out = Path(args.out)
+        shutil.copy(work / "hypervisor.log", out / f"hypervisor-{label}.log")
+        for log in (work / "mps").rglob("*.log"):
+            shutil.copy(log, out / f"mps-{label}-{log.name}")
+        shutil.rmtree(work, ignore_errors=True)
+
+
 MEMORY_PROBE = r"""
 import os, subprocess, torch
 GIB = 1 << 30
@@ -278,8 +308,9 @@ def prepare(args):
     args.lib = str(bundle / "libcuda_limiter.so")
     control = subprocess.run(["sh", "-c", f"command -v {args.mps_control}"], capture_output=True,
                              text=True).stdout.strip() or args.mps_control
-    if mps_processes():
-        raise SystemExit(f"an MPS daemon already runs: {mps_processes()}")
+    running = mps_processes()
+    if running:
+        raise SystemExit(f"an MPS daemon already runs: {running}")
     return bundle, control
 
 

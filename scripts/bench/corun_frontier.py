@@ -33,10 +33,8 @@ of corun_bench.py (latency p50 <= 1.2x and p99 <= 1.5x alone, batch >= 0.85
 of solo) can both hold, and with what margin, is read off this table.
 """
 import argparse
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -80,11 +78,8 @@ def main():
     runs = {f"batch alone {size}": bench.run(f"batch alone {size}", batch="", size=size)
             for size in args.sizes}
     for reserve in args.reserves:
-        work = Path(tempfile.mkdtemp(prefix="corun-frontier-"))
-        daemon = cb.Daemon(bundle, work, reserve, control)
-        bench.daemon, bench.reserve, bench.seen = daemon, reserve, {}
-        try:
-            daemon.set_pods(["batch", "latency"])
+        with cb.daemon_for(args, bundle, control, reserve, f"reserve-{reserve}") as daemon:
+            bench.daemon, bench.reserve, bench.seen = daemon, reserve, {}
             for r in range(args.rounds):
                 runs[f"{reserve} alone #{r}"] = bench.run(f"reserve {reserve}%: latency alone, round {r + 1}",
                                                           latency="")
@@ -103,12 +98,7 @@ def main():
                         runs[f"{reserve} whole {size} #{r}"] = bench.run(
                             f"reserve {reserve}%: latency client on every SM + batch {size}, round {r + 1}",
                             latency="corun-latency-at-100", batch="corun-batch", size=size)
-        finally:
-            daemon.stop()
-            shutil.copy(work / "hypervisor.log", Path(args.out) / f"hypervisor-reserve-{reserve}.log")
-            shutil.rmtree(work, ignore_errors=True)
-    if cb.mps_processes():
-        print(f"MPS processes left: {cb.mps_processes()}", flush=True)
+    cb.say_mps_left()
     report(args, runs, time.monotonic() - t_begin)
 
 

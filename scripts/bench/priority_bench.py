@@ -434,12 +434,12 @@ class ClockSampler:
         """The medians of the samples taken in [start, end] and the samples
         themselves, their times from `start`: {"sm_mhz", "power_w", "samples",
         "series"}, or None without any."""
-        kept = [(m, w) for t, m, w in self.samples if start <= t <= end]
-        if not kept:
+        series = [(t - start, m, w) for t, m, w in self.samples if start <= t <= end]
+        if not series:
             return None
-        return {"sm_mhz": statistics.median(m for m, _ in kept),
-                "power_w": statistics.median(w for _, w in kept), "samples": len(kept),
-                "series": [(t - start, m, w) for t, m, w in self.samples if start <= t <= end]}
+        return {"sm_mhz": statistics.median(m for _, m, _ in series),
+                "power_w": statistics.median(w for _, _, w in series), "samples": len(series),
+                "series": series}
 
 
 def tail(proc, size=2000):
