@@ -223,10 +223,8 @@ def say_mps_left():
 @contextlib.contextmanager
 def daemon_for(args, bundle, control, reserve, label, env=None):
     """A Daemon (`env` for it) in a folder of its own, both pods
-    configured; when the block ends it is stopped, its log and its MPS
-    control daemon's and server's logs are copied to OUT as
-    hypervisor-LABEL.log and mps-LABEL-*.log (a server that fails to start
-    says why there), and its folder removed."""
+    configured; when the block ends it is stopped, its log is copied to OUT
+    as hypervisor-LABEL.log and its folder removed."""
     work = Path(tempfile.mkdtemp(prefix=f"corun-{label}-"))
     daemon = Daemon(bundle, work, reserve, control, env=env)
     try:
@@ -234,10 +232,7 @@ def daemon_for(args, bundle, control, reserve, label, env=None):
         yield daemon
     finally:
         daemon.stop()
-        out = Path(args.out)
-        shutil.copy(work / "hypervisor.log", out / f"hypervisor-{label}.log")
-        for log in (work / "mps").rglob("*.log"):
-            shutil.copy(log, out / f"mps-{label}-{log.name}")
+        shutil.copy(work / "hypervisor.log", Path(args.out) / f"hypervisor-{label}.log")
         shutil.rmtree(work, ignore_errors=True)
 
 
