@@ -370,7 +370,8 @@ fn render_priority(x: &mut Exposition, status: &Status) {
     }
 }
 
-/// Per co-run GPU: whether its MPS control daemon answers, and its restarts.
+/// Per co-run GPU: whether its MPS control daemon answers, its restarts and
+/// its servers' failures.
 fn render_corun(x: &mut Exposition, status: &Status) {
     let up = x.family(
         "gpushare_mps_up",
@@ -382,10 +383,16 @@ fn render_corun(x: &mut Exposition, status: &Status) {
         "counter",
         "Times the co-run GPU's MPS control daemon was started again after it exited or did not answer.",
     );
+    let server_failures = x.family(
+        "gpushare_mps_server_failures_total",
+        "counter",
+        "MPS servers of the co-run GPU that exited failing, as its control daemon logged it (a server that fails to start refuses its clients CUDA).",
+    );
     for gpu in &status.corun {
         let labels = format!("gpu=\"{}\"", escape(&gpu.gpu));
         x.sample(up, "", &labels, u8::from(gpu.is_up()));
         x.sample(restarts, "", &labels, gpu.restarts);
+        x.sample(server_failures, "", &labels, gpu.server_failures);
     }
 }
 

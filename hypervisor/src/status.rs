@@ -264,7 +264,8 @@ fn render_spill(out: &mut String, status: &Status) {
     }
 }
 
-/// Co-run GPUs: their MPS control daemon's state and restarts.
+/// Co-run GPUs: their MPS control daemon's state and restarts, and the
+/// servers that failed.
 fn render_corun(out: &mut String, status: &Status) {
     if status.corun.is_empty() {
         return;
@@ -272,8 +273,8 @@ fn render_corun(out: &mut String, status: &Status) {
     let _ = writeln!(out, "\nCO-RUN (MPS)");
     let _ = writeln!(
         out,
-        "{:<42} {:<8} {:>8} {:>8}  DETAIL",
-        "GPU", "STATE", "PID", "RESTARTS"
+        "{:<42} {:<8} {:>8} {:>8} {:>8}  DETAIL",
+        "GPU", "STATE", "PID", "RESTARTS", "SRV-FAIL"
     );
     for gpu in &status.corun {
         let (state, detail) = match &gpu.state {
@@ -284,12 +285,16 @@ fn render_corun(out: &mut String, status: &Status) {
         };
         let _ = writeln!(
             out,
-            "{:<42} {:<8} {:>8} {:>8}  {detail}",
+            "{:<42} {:<8} {:>8} {:>8} {:>8}  {detail}",
             gpu.gpu,
             state,
             gpu.pid.map_or("-".to_owned(), |p| p.to_string()),
-            gpu.restarts
+            gpu.restarts,
+            gpu.server_failures
         );
+        if let Some(last) = &gpu.last_server_failure {
+            let _ = writeln!(out, "{:<42} last at {}: {}", "", last.at, last.failure);
+        }
     }
 }
 

@@ -2,8 +2,9 @@
 //! (crate `mps-fake`): one control daemon per co-run GPU with the right
 //! environment, `/readyz` waiting for it, restarts counted, a hung daemon
 //! killed and restarted, `quit` on shutdown, a leftover daemon quit at
-//! start; a daemon for container clients with its own `/dev/shm`; and the
-//! ResourceSlice's `corun` attribute.
+//! start; its log in the GPU's log folder, a server that fails to start
+//! reported; a daemon for container clients with its own `/dev/shm`; and
+//! the ResourceSlice's `corun` attribute.
 
 mod common;
 
@@ -13,10 +14,12 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hypervisor::corun::control::Control;
 use hypervisor::corun::{
     CorunGpuStatus, CorunOptions, MpsState, MpsSupervisor, Timing, log_dir, pipe_dir, shm_dir,
 };
 use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use mps_fake::commands::FIRST_SERVER_PID;
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
 
 /// The test's MPS folder under /tmp, removed when dropped, also when the
@@ -44,6 +47,20 @@ impl Scratch {
             "#!/bin/sh\n[ \"$1\" = -f ] && sleep {}\nexec '{}' \"$@\"\n",
             delay.as_secs_f64(),
             mps_fake::program().display()
+        );
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        path
+    }
+
+    /// A control program under the real name whose every server fails to
+    /// start for `reason` (the fake's [`mps_fake::SERVER_FAILS`] hook).
+    fn failing_control(&self, reason: &str) -> PathBuf {
+        let path = self.dir.join("bin").join("nvidia-cuda-mps-control");
+        let script = format!(
+            "#!/bin/sh\nexport {hook}='{reason}'\nexec '{fake}' \"$@\"\n",
+            hook = mps_fake::SERVER_FAILS,
+            fake = mps_fake::program().display(),
         );
         std::fs::write(&path, script).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -259,6 +276,68 @@ fn a_daemon_that_cannot_start_is_down_with_its_reason_and_retried() {
     assert!(asked.elapsed() < Duration::from_secs(2));
 }
 
+/// A server that fails to start refuses its clients CUDA: the daemon's log
+/// (in the GPU's log folder) says so, and the node daemon counts it and
+/// names its reason in the status, the metrics and its own log; the
+/// control daemon stays up.
+#[test]
+fn a_server_that_fails_to_start_is_reported_with_its_reason() {
+    let scratch = Scratch::new();
+    let harness = common::Harness::start("", 1, &[]);
+    let gpu = common::gpu(0);
+    let control = scratch.failing_control("invalid argument");
+    let options = scratch.options(std::slice::from_ref(&gpu), &control);
+    let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
+    harness.hv.hypervisor().set_corun_board(supervisor.board());
+    let pid = eventually("MPS up", || up_pid(&supervisor, &gpu));
+    let client = Control {
+        program: control.clone(),
+        pipe: pipe_dir(&options.dir, &gpu),
+    };
+    // What a client's first connection asks of the daemon, twice.
+    for _ in 0..2 {
+        client
+            .send("start_server -uid 0", Duration::from_secs(5))
+            .unwrap();
+    }
+    let failed = eventually("the failures reported", || {
+        let g = entry(&supervisor.board().snapshot(), &gpu);
+        (g.server_failures == 2).then_some(g)
+    });
+    let last = failed.last_server_failure.clone().unwrap();
+    assert_eq!(last.failure.server, FIRST_SERVER_PID + 1);
+    assert_eq!(last.failure.status, 1);
+    assert_eq!(
+        last.failure.reason.as_deref(),
+        Some(format!("{} invalid argument", log::FAILED_TO_START).as_str())
+    );
+    assert_eq!((failed.is_up(), failed.pid), (true, Some(pid)));
+    let (_, metrics) = common::call("GET", &format!("{}/metrics", harness.url()), None, None);
+    assert!(
+        metrics.contains(&format!(
+            "gpushare_mps_server_failures_total{{gpu=\"{gpu}\"}} 2"
+        )),
+        "{metrics}"
+    );
+    let text = hypervisor::status::render_table(&harness.hv.hypervisor().status());
+    assert!(
+        text.contains("exited with status 1: Failed to start : invalid argument"),
+        "{text}"
+    );
+    // The daemon's own lines and its servers' went to the log folder.
+    let log_text = read_log(&options, &gpu);
+    assert!(
+        log_text.contains("Server encountered a fatal exception"),
+        "{log_text}"
+    );
+    let asked: Vec<_> = log::commands_of(&log_text, pid)
+        .into_iter()
+        .filter(|c| *c != "get_server_list")
+        .collect();
+    assert_eq!(asked, ["start_server -uid 0", "start_server -uid 0"]);
+    supervisor.shutdown();
+}
+
 /// Where pods are containers, each daemon runs in a mount namespace of its
 /// own whose `/dev/shm` is its GPU's folder (what its clients get), not the
 /// host's. That takes CAP_SYS_ADMIN: where this test cannot make a mount
@@ -369,11 +448,18 @@ fn a_daemon_left_by_an_earlier_run_is_quit_first() {
     let logs = log_dir(&options.dir, &gpu);
     std::fs::create_dir_all(&pipe).unwrap();
     std::fs::create_dir_all(&logs).unwrap();
+    // Its log where an earlier supervisor put it.
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(logs.join(LOG_FILE))
+        .unwrap();
     let leftover = Command::new(mps_fake::program())
         .arg("-f")
         .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
         .env("CUDA_MPS_LOG_DIRECTORY", &logs)
         .env("CUDA_VISIBLE_DEVICES", "earlier-run")
+        .stdout(log_file)
         .spawn()
         .unwrap();
     let old = leftover.id();
@@ -401,7 +487,8 @@ fn a_daemon_left_by_an_earlier_run_is_quit_first() {
         .expect("the leftover was quit before ours started");
     assert!(status.success(), "quit, not killed: {status}");
     let text = read_log(&options, &gpu);
-    let quit = text.find(&format!("Control {old}] {} quit", log::COMMAND));
+    assert_eq!(log::commands_of(&text, old), ["quit"], "{text}");
+    let quit = text.find(&format!("{} quit", log::COMMAND));
     let started = text.rfind(log::STARTED);
     assert!(quit.is_some() && started > quit, "{text}");
     assert_eq!(

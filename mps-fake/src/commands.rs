@@ -12,6 +12,13 @@ pub enum Outcome {
     Answer(String),
     /// Stop: remove the socket and the pid file, exit 0.
     Quit,
+    /// A server was started and failed to (the test hook
+    /// [`crate::SERVER_FAILS`]): log it, answer nothing.
+    ServerFailed {
+        server: u32,
+        uid: u32,
+        reason: String,
+    },
 }
 
 /// A fake MPS server: a number, not a process.
@@ -27,6 +34,8 @@ pub struct Control {
     default_percentage: f64,
     servers: BTreeMap<u32, Server>,
     next_server: u32,
+    /// Why every server fails to start, if they do.
+    server_fails: Option<String>,
 }
 
 /// Where fake server pids start: far above the daemon's own pid range in
@@ -39,11 +48,20 @@ impl Default for Control {
             default_percentage: 100.0,
             servers: BTreeMap::new(),
             next_server: FIRST_SERVER_PID,
+            server_fails: None,
         }
     }
 }
 
 impl Control {
+    /// A daemon whose servers all fail to start, for `reason`.
+    pub fn with_failing_servers(reason: impl Into<String>) -> Self {
+        Self {
+            server_fails: Some(reason.into()),
+            ..Self::default()
+        }
+    }
+
     /// Answers one command line.
     pub fn handle(&mut self, line: &str) -> Outcome {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -51,7 +69,7 @@ impl Control {
             ["quit"] | ["quit", "-t", _] => return Outcome::Quit,
             ["get_server_list"] => self.servers.keys().map(|pid| format!("{pid}\n")).collect(),
             ["start_server", "-uid", uid] => match uid.parse() {
-                Ok(uid) => self.start_server(uid),
+                Ok(uid) => return self.start_server(uid),
                 Err(_) => format!("Invalid user id {uid}\n"),
             },
             ["shutdown_server", pid] | ["shutdown_server", pid, "-f"] => {
@@ -102,13 +120,20 @@ impl Control {
         &self.servers
     }
 
-    fn start_server(&mut self, uid: u32) -> String {
+    fn start_server(&mut self, uid: u32) -> Outcome {
         // One server per user at a time, as the real daemon.
         if let Some((pid, _)) = self.servers.iter().find(|(_, s)| s.uid == uid) {
-            return format!("{pid}\n");
+            return Outcome::Answer(format!("{pid}\n"));
         }
         let pid = self.next_server;
         self.next_server += 1;
+        if let Some(reason) = &self.server_fails {
+            return Outcome::ServerFailed {
+                server: pid,
+                uid,
+                reason: reason.clone(),
+            };
+        }
         self.servers.insert(
             pid,
             Server {
@@ -116,7 +141,7 @@ impl Control {
                 active_thread_percentage: self.default_percentage,
             },
         );
-        format!("{pid}\n")
+        Outcome::Answer(format!("{pid}\n"))
     }
 
     fn server_pid(&self, word: &str) -> Option<u32> {
@@ -141,7 +166,7 @@ mod tests {
     fn answer(control: &mut Control, line: &str) -> String {
         match control.handle(line) {
             Outcome::Answer(text) => text,
-            Outcome::Quit => panic!("{line}: quit"),
+            other => panic!("{line}: {other:?}"),
         }
     }
 
@@ -178,5 +203,21 @@ mod tests {
             assert_eq!(answer(&mut c, line), expected, "{line}");
         }
         assert_eq!(c.handle("quit"), Outcome::Quit);
+    }
+
+    #[test]
+    fn failing_servers_are_never_listed() {
+        let mut c = Control::with_failing_servers("invalid argument");
+        let failed = |server| Outcome::ServerFailed {
+            server,
+            uid: 0,
+            reason: "invalid argument".into(),
+        };
+        assert_eq!(c.handle("start_server -uid 0"), failed(FIRST_SERVER_PID));
+        assert_eq!(
+            c.handle("start_server -uid 0"),
+            failed(FIRST_SERVER_PID + 1)
+        );
+        assert_eq!(answer(&mut c, "get_server_list"), "");
     }
 }

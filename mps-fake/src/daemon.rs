@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::commands::{Control, Outcome};
 use crate::log::{self, Log};
-use crate::{FakeError, PID_FILE, SOCKET};
+use crate::{FakeError, Hooks, PID_FILE, SOCKET};
 
 /// Set by SIGTERM and SIGINT; the loop stops when it sees it.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -37,10 +37,9 @@ impl Drop for Files {
     }
 }
 
-/// Runs the daemon in the foreground until `quit`, SIGTERM or SIGINT;
-/// after `hang_after` answered commands (the test hook
-/// [`crate::HANG_AFTER`]) it stops answering but stays alive.
-pub fn run(pipe: &Path, log_dir: &Path, hang_after: Option<u64>) -> Result<(), FakeError> {
+/// Runs the daemon in the foreground until `quit`, SIGTERM or SIGINT,
+/// its log on stdout; with the test hooks of `hooks`.
+pub fn run(pipe: &Path, hooks: Hooks) -> Result<(), FakeError> {
     // Before the socket exists: whoever sees it may signal at once, and the
     // signal must find the handler, not the default (death without cleanup).
     // SAFETY: the handler only stores to an atomic, which is
@@ -49,7 +48,7 @@ pub fn run(pipe: &Path, log_dir: &Path, hang_after: Option<u64>) -> Result<(), F
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
     }
-    let log = Log::new(log_dir);
+    let log = Log::default();
     let socket = pipe.join(SOCKET);
     if UnixStream::connect(&socket).is_ok() {
         return Err(FakeError::AlreadyRunning(socket));
@@ -73,7 +72,11 @@ pub fn run(pipe: &Path, log_dir: &Path, hang_after: Option<u64>) -> Result<(), F
     listener
         .set_nonblocking(true)
         .map_err(FakeError::io("configure", files.socket.clone()))?;
-    let mut control = Control::default();
+    let mut control = match hooks.server_fails {
+        Some(reason) => Control::with_failing_servers(reason),
+        None => Control::default(),
+    };
+    let hang_after = hooks.hang_after;
     // The connection that sent `quit`: answered (closed) once the files are
     // gone, so a client that sent it finds the folder clean when it returns.
     let mut quitting = None;
@@ -141,5 +144,16 @@ fn serve(stream: UnixStream, control: &mut Control, log: &Log) -> Served {
             answered: false,
             quitting: Some(stream),
         },
+        Outcome::ServerFailed {
+            server,
+            uid,
+            reason,
+        } => {
+            log.server_failed(server, uid, &reason);
+            Served {
+                answered: true,
+                quitting: None,
+            }
+        }
     }
 }

@@ -6,8 +6,9 @@
 //! 1. **Daemon** (`-f`, in the foreground; `-d` starts one in the
 //!    background and returns once it answers). It binds the Unix socket
 //!    [`SOCKET`] in `$CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`),
-//!    writes its pid to [`PID_FILE`] there and appends to [`LOG_FILE`] in
-//!    `$CUDA_MPS_LOG_DIRECTORY` (default `/var/log/nvidia-mps`): a line with
+//!    writes its pid to [`PID_FILE`] there and logs, as the real one in the
+//!    foreground, to stdout ([`log`]; `-d` appends it to [`LOG_FILE`] in
+//!    `$CUDA_MPS_LOG_DIRECTORY`, default `/var/log/nvidia-mps`): a line with
 //!    the environment it was started with ([`log::STARTED`]), then one per
 //!    command received ([`log::COMMAND`]), so tests can check both.
 //! 2. **Commands** ([`commands`]): one text line each, answered with text.
@@ -21,12 +22,15 @@
 //!    one connection; the answers are printed. Without a daemon it prints
 //!    [`client::NO_DAEMON`] on stderr and exits 1, as the real one does.
 //!
-//! One test hook the real program does not have: [`HANG_AFTER`]
-//! (`MPS_FAKE_HANG_AFTER=<n>`), read when the daemon starts, makes it stop
-//! answering after `n` answered commands while staying alive: it still
+//! Two test hooks the real program does not have, read when the daemon
+//! starts ([`Hooks`]): [`HANG_AFTER`] (`MPS_FAKE_HANG_AFTER=<n>`) makes it
+//! stop answering after `n` answered commands while staying alive: it still
 //! accepts connections, holds them open and never answers, as a hung
 //! daemon does; SIGTERM and SIGINT still stop it. For the supervisor's
-//! liveness check.
+//! liveness check. [`SERVER_FAILS`] (`MPS_FAKE_SERVER_FAILS=<reason>`)
+//! makes every server it starts fail to, logging what the real daemon logs
+//! then ([`log::Log::server_failed`]). For the supervisor's report of
+//! servers that refuse their clients.
 
 pub mod client;
 pub mod commands;
@@ -48,20 +52,42 @@ pub const LOG_FILE: &str = "control.log";
 /// how many commands the daemon answers before it hangs.
 pub const HANG_AFTER: &str = "MPS_FAKE_HANG_AFTER";
 
-/// The daemon's [`HANG_AFTER`] count: `None` when unset or empty (it never
-/// hangs), an error when it is not a number, so a test's typo is loud.
-pub fn hang_after() -> Result<Option<u64>, FakeError> {
-    let Some(value) = std::env::var_os(HANG_AFTER).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    value
-        .to_str()
-        .and_then(|text| text.trim().parse().ok())
-        .map(Some)
-        .ok_or_else(|| FakeError::Hook {
-            name: HANG_AFTER,
-            value: value.to_string_lossy().into_owned(),
+/// Test hook (not in the real program): the environment variable naming
+/// why every server the daemon starts fails to.
+pub const SERVER_FAILS: &str = "MPS_FAKE_SERVER_FAILS";
+
+/// The test hooks a daemon starts with.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Hooks {
+    /// [`HANG_AFTER`]: `None` when unset or empty (it never hangs).
+    pub hang_after: Option<u64>,
+    /// [`SERVER_FAILS`]: `None` when unset or empty (servers start).
+    pub server_fails: Option<String>,
+}
+
+impl Hooks {
+    /// The hooks of this process's environment; an error when
+    /// [`HANG_AFTER`] is not a number, so a test's typo is loud.
+    pub fn from_env() -> Result<Self, FakeError> {
+        let set = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+        let hang_after = match set(HANG_AFTER) {
+            None => None,
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .and_then(|text| text.trim().parse().ok())
+                    .ok_or_else(|| FakeError::Hook {
+                        name: HANG_AFTER,
+                        value: value.to_string_lossy().into_owned(),
+                    })?,
+            ),
+        };
+        let server_fails = set(SERVER_FAILS).map(|v| v.to_string_lossy().into_owned());
+        Ok(Self {
+            hang_after,
+            server_fails,
         })
+    }
 }
 
 /// The pipe folder: `$CUDA_MPS_PIPE_DIRECTORY`, else the real default.

@@ -1,8 +1,13 @@
-//! The daemon's log, `control.log`: lines as the real one writes them,
-//! `[<time> Control <pid>] <message>`, with the messages tests look for.
+//! The daemon's log: lines as the real one writes them,
+//! `[<time> <source> <pid>] <message>` (source `Control` for the daemon,
+//! `Server` for one of its servers; the pid right-aligned in five columns),
+//! with the messages tests look for. As the real daemon in the foreground
+//! (`-f`), the fake writes its lines and its servers' to stdout; `-d`
+//! points that at [`crate::LOG_FILE`] in the log folder (the real one
+//! writes its servers' lines to `server.log` there; the fake keeps one
+//! file).
 
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Starts the line written at start, followed by the environment
@@ -12,6 +17,9 @@ pub const STARTED: &str = "Starting control daemon";
 pub const COMMAND: &str = "Command:";
 /// The line written when the daemon stops.
 pub const EXITING: &str = "Exiting control daemon";
+/// What a server that failed to start last says (the real server's words),
+/// followed by the reason.
+pub const FAILED_TO_START: &str = "Failed to start :";
 
 /// The environment variables the start line records.
 pub const RECORDED_ENV: [&str; 3] = [
@@ -20,38 +28,42 @@ pub const RECORDED_ENV: [&str; 3] = [
     "CUDA_MPS_LOG_DIRECTORY",
 ];
 
-/// Appends lines to `<dir>/control.log`, best effort: a daemon whose log
-/// folder is gone goes on answering.
+/// Writes the daemon's lines to stdout, best effort: a daemon whose
+/// reader is gone goes on answering.
 pub struct Log {
-    path: PathBuf,
     pid: u32,
 }
 
-impl Log {
-    pub fn new(dir: &Path) -> Self {
+impl Default for Log {
+    fn default() -> Self {
         Self {
-            path: dir.join(crate::LOG_FILE),
             pid: std::process::id(),
         }
     }
+}
 
+impl Log {
+    /// A line of the daemon's own.
     pub fn line(&self, message: &str) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default();
-        let line = format!(
-            "[{}.{:03} Control {}] {message}\n",
-            now.as_secs(),
-            now.subsec_millis(),
-            self.pid
+        write("Control", self.pid, message);
+    }
+
+    /// A line of server `server`'s.
+    pub fn server_line(&self, server: u32, message: &str) {
+        write("Server", server, message);
+    }
+
+    /// What the real daemon writes when a server it started fails to:
+    /// the server's reason, then the daemon's notice of its exit.
+    pub fn server_failed(&self, server: u32, uid: u32, reason: &str) {
+        write(
+            "Control",
+            server,
+            &format!("Starting new server {server} for user {uid}"),
         );
-        if let Ok(mut file) = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
-        {
-            let _ = file.write_all(line.as_bytes());
-        }
+        self.server_line(server, &format!("{FAILED_TO_START} {reason}"));
+        self.line("Server encountered a fatal exception. Shutting down");
+        self.line(&format!("Server {server} exited with status 1"));
     }
 
     /// The start line: [`STARTED`] and the [`RECORDED_ENV`] values.
@@ -63,6 +75,31 @@ impl Log {
         }
         self.line(&message);
     }
+}
+
+fn write(source: &str, pid: u32, message: &str) {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let line = format!(
+        "[{}.{:03} {source} {pid:>5}] {message}\n",
+        now.as_secs(),
+        now.subsec_millis(),
+    );
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+}
+
+/// The commands a log's `text` records as received by daemon `pid`.
+pub fn commands_of(text: &str, pid: u32) -> Vec<&str> {
+    text.lines()
+        .filter(|l| {
+            l.split_once(']')
+                .and_then(|(head, _)| head.split_whitespace().last())
+                == Some(pid.to_string().as_str())
+        })
+        .filter_map(|l| Some(l.split_once(COMMAND)?.1.trim()))
+        .collect()
 }
 
 /// The value of `name` on the last start line of a log's `text`.
@@ -86,12 +123,17 @@ mod tests {
 
     #[test]
     fn lines_are_read_back() {
-        let text = "[1.000 Control 7] Starting control daemon CUDA_VISIBLE_DEVICES=GPU-1 \
+        let text = "[1.000 Control     7] Starting control daemon CUDA_VISIBLE_DEVICES=GPU-1 \
                     CUDA_MPS_PIPE_DIRECTORY=/p CUDA_MPS_LOG_DIRECTORY=/l\n\
-                    [1.001 Control 7] Command: get_server_list\n\
-                    [1.002 Control 7] Command: quit\n";
+                    [1.001 Control     7] Command: get_server_list\n\
+                    [1.002 Control    77] Command: start_server -uid 0\n\
+                    [1.003 Control     7] Command: quit\n";
         assert_eq!(started_env(text, "CUDA_VISIBLE_DEVICES"), Some("GPU-1"));
         assert_eq!(started_env(text, "CUDA_MPS_PIPE_DIRECTORY"), Some("/p"));
-        assert_eq!(commands(text), ["get_server_list", "quit"]);
+        assert_eq!(
+            commands(text),
+            ["get_server_list", "start_server -uid 0", "quit"]
+        );
+        assert_eq!(commands_of(text, 7), ["get_server_list", "quit"]);
     }
 }

@@ -8,7 +8,7 @@ use std::os::unix::net::UnixStream;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
-use mps_fake::{FakeError, SOCKET, client, daemon, hang_after, log_dir, pipe_dir};
+use mps_fake::{FakeError, Hooks, LOG_FILE, SOCKET, client, daemon, log_dir, pipe_dir};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         .collect::<Vec<_>>()
         .as_slice()
     {
-        ["-f"] => hang_after().and_then(|hang| daemon::run(&pipe_dir(), &log_dir(), hang)),
+        ["-f"] => Hooks::from_env().and_then(|hooks| daemon::run(&pipe_dir(), hooks)),
         ["-d"] => background(),
         [] => client::run(
             &pipe_dir(),
@@ -39,14 +39,21 @@ fn main() -> ExitCode {
     }
 }
 
-/// `-d`: starts `-f` in a session of its own and returns once it answers.
+/// `-d`: starts `-f` in a session of its own, its log appended to the log
+/// folder's [`LOG_FILE`], and returns once it answers.
 fn background() -> Result<(), FakeError> {
     use std::os::unix::process::CommandExt;
     let exe = std::env::current_exe().map_err(FakeError::io("find", "itself"))?;
+    let path = log_dir().join(LOG_FILE);
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(FakeError::io("open", &path))?;
     Command::new(&exe)
         .arg("-f")
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(log)
         .stderr(Stdio::null())
         .process_group(0)
         .spawn()

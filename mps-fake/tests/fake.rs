@@ -1,6 +1,8 @@
 //! The fake `nvidia-cuda-mps-control` as the supervisor uses it: a daemon
-//! in the foreground with its socket, pid file and log; commands through
-//! the client mode; `quit` and SIGTERM; a client without a daemon.
+//! in the foreground with its socket, pid file and log (on stdout, which
+//! these tests point at the log folder's file, as the supervisor does);
+//! commands through the client mode; `quit` and SIGTERM; a client without a
+//! daemon; the test hooks.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -55,11 +57,17 @@ impl Dirs {
 
     /// [`Dirs::start`] with more environment variables.
     fn start_with(&mut self, env: &[(&str, &str)]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root.join("log").join(LOG_FILE))
+            .unwrap();
         let child = self
             .command()
             .arg("-f")
             .env("CUDA_VISIBLE_DEVICES", "GPU-fake-1")
             .envs(env.iter().copied())
+            .stdout(log)
             .spawn()
             .unwrap();
         self.daemon = Some(child);
@@ -234,6 +242,30 @@ fn background_daemon_starts_and_quits() {
     wait_until("the background daemon exits", || unsafe {
         libc::kill(pid, 0) != 0
     });
+    // Its log went to the log folder.
+    assert_eq!(log::commands_of(&dirs.log(), pid as u32), ["quit"]);
+}
+
+#[test]
+fn server_hook_fails_every_server_as_the_real_daemon_logs_it() {
+    let mut dirs = Dirs::new();
+    dirs.start_with(&[(mps_fake::SERVER_FAILS, "invalid argument")]);
+    assert_eq!(dirs.ask("start_server -uid 0"), "");
+    assert_eq!(dirs.ask("get_server_list"), "");
+    assert_eq!(dirs.ask("quit"), "");
+    assert!(dirs.wait_exit().success());
+    let text = dirs.log();
+    let server = mps_fake::commands::FIRST_SERVER_PID;
+    let failed = text
+        .find(&format!(
+            "Server {server}] {} invalid argument",
+            log::FAILED_TO_START
+        ))
+        .unwrap_or_else(|| panic!("{text}"));
+    let exited = text
+        .find(&format!("] Server {server} exited with status 1"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(failed < exited, "{text}");
 }
 
 #[test]

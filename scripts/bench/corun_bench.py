@@ -32,9 +32,11 @@ N=4096 ~0.2 ms, N=8192 ~1.7 ms on an H100). Runs, per batch size:
 Then, in co-run mode: the share of the SMs each client took, as the driver
 reports it (cuCtxGetExecAffinity) alone and beside the latency pod; the
 memory quota (4 GiB: 3 GiB taken, 2 GiB more refused), from inside and from
-nvidia-smi; and with the MPS daemon stopped, a client with
+nvidia-smi; with the MPS daemon stopped, a client with
 CUDA_LIMITER_MPS=required is refused CUDA (the driver would run it without
-MPS, on every SM).
+MPS, on every SM); and with a daemon whose MPS server fails to start (it
+asks for more L2 set-aside than the card allows), a pod's client is refused
+CUDA and the daemon reports the server's failure and reason.
 Every run also reports the SM clock and the board's power draw (nvidia-smi,
 sampled through the run) and the latency step's GPU time: a card at its
 power limit runs every kernel at a lower clock, on reserved SMs too.
@@ -368,6 +370,9 @@ def main():
         checks["memory quota under MPS"] = probe(bench, MEMORY_PROBE)
         checks["MPS processes while up"] = mps_processes()
         checks["daemon status"] = daemon.status().get("corun")
+        mps_log = (work / "mps" / daemon.uuid / "log" / "control.log").read_text().splitlines()
+        checks["MPS log"] = (f"{len(mps_log)} lines, {sum('NEW CLIENT' in l for l in mps_log)} client"
+                             f" connections, {sum('Failed' in l for l in mps_log)} 'Failed' lines")
         pipe = daemon.pipe
     finally:
         daemon.stop()
@@ -383,10 +388,36 @@ def main():
                          timeout=120)
     Path(f"/dev/shm/gpushare-pod-{env['CUDA_LIMITER_POD']}").unlink(missing_ok=True)
     checks["required, MPS stopped"] = (out.stdout.strip() + " " + out.stderr.strip()[-300:]).strip()
+    checks.update(server_refusing(args, bench, bundle, control))
     # The daemon's folders (config, log, MPS pipes): the log is copied out.
     shutil.copy(work / "hypervisor.log", Path(args.out) / "hypervisor.log")
     shutil.rmtree(work, ignore_errors=True)
     report(args, runs, checks, time.monotonic() - t_begin)
+
+
+def server_refusing(args, bench, bundle, control):
+    """A real MPS server that fails to start, its control daemon started
+    asking more of the L2 cache set aside than the card allows (75%: the
+    server says "Failed to start : invalid argument" on the H100 and the
+    H200): a client of a pod is refused CUDA, and the daemon reports the
+    failure with the server's reason (status, log). The checks, by name."""
+    env = {"CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT": "75"}
+    with daemon_for(args, bundle, control, args.reserve, "server-fails", env=env) as failing:
+        bench.daemon = failing
+        refused = probe(bench, INIT_PROBE)
+        time.sleep(0.5)  # the supervisor reads the MPS log every 50 ms
+        gpu = failing.status()["corun"][0]
+        said = [l.strip() for l in (failing.work / "hypervisor.log").read_text().splitlines()
+                if "exited with status" in l]
+        mps_log = failing.work / "mps" / failing.uuid / "log" / "control.log"
+        failed_lines = sum("Failed to start" in l for l in mps_log.read_text().splitlines())
+    return {
+        "server refusing: client": refused,
+        "server refusing: daemon status": {k: gpu.get(k) for k in
+                                           ("state", "restarts", "server_failures", "last_server_failure")},
+        "server refusing: daemon log": f"{len(said)} lines, first: {said[0][-240:] if said else None}",
+        "server refusing: MPS log": f"{mps_log.relative_to(failing.work)}: {failed_lines} 'Failed to start' lines",
+    }
 
 
 def report(args, runs, checks, took):

@@ -5,6 +5,8 @@ use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 
+use super::mps_log::ServerFailure;
+
 /// The state of one GPU's MPS control daemon.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -33,6 +35,21 @@ pub struct CorunGpuStatus {
     /// The control daemon's pid while it runs.
     #[serde(default)]
     pub pid: Option<u32>,
+    /// MPS servers that exited failing (each refused or dropped its
+    /// clients), as the daemon's log notes them.
+    #[serde(default)]
+    pub server_failures: u64,
+    /// The last of them.
+    #[serde(default)]
+    pub last_server_failure: Option<LastServerFailure>,
+}
+
+/// A server failure and when the supervisor read it (Unix seconds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastServerFailure {
+    #[serde(flatten)]
+    pub failure: ServerFailure,
+    pub at: u64,
 }
 
 impl CorunGpuStatus {
@@ -58,6 +75,8 @@ impl MpsBoard {
                         state: MpsState::Starting,
                         restarts: 0,
                         pid: None,
+                        server_failures: 0,
+                        last_server_failure: None,
                     })
                     .collect(),
             ),
@@ -110,6 +129,15 @@ mod tests {
                 since: 6,
             };
             g.restarts = 2;
+            g.server_failures = 1;
+            g.last_server_failure = Some(LastServerFailure {
+                failure: ServerFailure {
+                    server: 9,
+                    status: 1,
+                    reason: Some("Failed to start : invalid argument".into()),
+                },
+                at: 4,
+            });
         });
         assert_eq!(
             board.waiting(),
@@ -119,9 +147,12 @@ mod tests {
         assert_eq!(
             json,
             serde_json::json!([
-                {"gpu": "GPU-a", "state": "up", "since": 5, "restarts": 0, "pid": null},
+                {"gpu": "GPU-a", "state": "up", "since": 5, "restarts": 0, "pid": null,
+                 "server_failures": 0, "last_server_failure": null},
                 {"gpu": "GPU-b", "state": "down", "reason": "exited with status 1",
-                 "since": 6, "restarts": 2, "pid": null},
+                 "since": 6, "restarts": 2, "pid": null, "server_failures": 1,
+                 "last_server_failure": {"server": 9, "status": 1,
+                     "reason": "Failed to start : invalid argument", "at": 4}},
             ])
         );
         let back: Vec<CorunGpuStatus> = serde_json::from_value(json).unwrap();

@@ -26,12 +26,14 @@
 //!
 //! The daemon's side: [`flags`] (the `serve` flags that make the options),
 //! [`supervisor`] (one supervised control daemon per co-run GPU, through
-//! [`control`], the control program's client mode), [`board`] (each GPU's
-//! state, read by the status, the metrics and `/readyz`).
+//! [`control`], the control program's client mode, and [`mps_log`], what
+//! the daemon and its servers log), [`board`] (each GPU's state, read by
+//! the status, the metrics and `/readyz`).
 
 pub mod board;
 pub mod control;
 pub mod flags;
+pub mod mps_log;
 pub mod shm;
 pub mod supervisor;
 
@@ -69,6 +71,12 @@ pub enum CorunError {
     SpawnWithShm {
         program: PathBuf,
         folder: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot open the MPS log {}: {source}", path.display())]
+    Log {
+        path: PathBuf,
         #[source]
         source: std::io::Error,
     },

@@ -11,14 +11,18 @@
 //! 3. starts `<control> -f` with `CUDA_VISIBLE_DEVICES=<uuid>` (it serves
 //!    that GPU alone), `CUDA_MPS_PIPE_DIRECTORY` and
 //!    `CUDA_MPS_LOG_DIRECTORY`, in a mount namespace whose `/dev/shm` is
-//!    the shared-memory folder where there is one ([`super::shm`]);
+//!    the shared-memory folder where there is one ([`super::shm`]), its
+//!    stdout and stderr (its log and its servers', in the foreground)
+//!    appended to `control.log` in the log folder ([`super::mps_log`]);
 //! 4. polls `get_server_list` through the client mode: up once it answers
 //!    (a client whose daemon does not answer runs without MPS, so "up" is
 //!    what `/readyz` waits for);
-//! 5. while it is up, sends `get_server_list` every 10 s: after 3 failures
-//!    in a row it is hung (alive, not answering: new clients would run
-//!    without MPS), so it is marked down ("does not answer") and killed,
-//!    SIGTERM then SIGKILL;
+//! 5. while it is up, reads what the log gains every poll: a server that
+//!    exited failing (its clients were refused CUDA) is counted on the
+//!    board and logged with its last line; and sends `get_server_list`
+//!    every 10 s: after 3 failures in a row it is hung (alive, not
+//!    answering: new clients would run without MPS), so it is marked down
+//!    ("does not answer") and killed, SIGTERM then SIGKILL;
 //! 6. when the daemon exits or was killed, starts it again after a backoff
 //!    of 1 s, doubling to 30 s, back to 1 s once a daemon stayed up a
 //!    minute;
@@ -34,8 +38,9 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::board::{MpsBoard, MpsState};
+use super::board::{LastServerFailure, MpsBoard, MpsState};
 use super::control::{self, Control};
+use super::mps_log::{self, DaemonLog};
 use super::{CorunError, CorunOptions, log_dir, pipe_dir, shm, shm_dir};
 use crate::clock::unix_secs;
 
@@ -199,6 +204,7 @@ struct Supervised {
 impl Supervised {
     fn run(self) {
         self.quit_leftover();
+        let mut log = DaemonLog::follow(&self.log);
         let mut backoff = self.timing.first_backoff;
         let mut first = true;
         while !self.stop.is_set() {
@@ -208,7 +214,7 @@ impl Supervised {
             });
             first = false;
             let started = Instant::now();
-            let reason = match self.run_once() {
+            let reason = match self.run_once(&mut log) {
                 Ended::Stopped => break,
                 Ended::Failed(reason) => reason,
             };
@@ -234,9 +240,9 @@ impl Supervised {
         });
     }
 
-    /// Starts the daemon, waits until it answers, then watches it until it
-    /// exits, stops answering or the hypervisor stops.
-    fn run_once(&self) -> Ended {
+    /// Starts the daemon, waits until it answers, then watches it (and its
+    /// `log`) until it exits, stops answering or the hypervisor stops.
+    fn run_once(&self, log: &mut DaemonLog) -> Ended {
         let mut child = match self.spawn() {
             Ok(child) => child,
             Err(error) => return Ended::Failed(error.to_string()),
@@ -275,22 +281,34 @@ impl Supervised {
         self.board.update(&self.uuid, |g| {
             g.state = MpsState::Up { since: unix_secs() };
         });
-        self.watch(&mut child)
+        self.watch(&mut child, log)
     }
 
-    /// Step 5: while the daemon is up, looks at its exit every poll and
-    /// asks it `get_server_list` every liveness interval, until it exits,
-    /// fails the check too often (then it is killed) or the hypervisor
-    /// stops.
-    fn watch(&self, child: &mut Child) -> Ended {
+    /// Step 5: while the daemon is up, looks at its exit and its log every
+    /// poll and asks it `get_server_list` every liveness interval, until it
+    /// exits, fails the check too often (then it is killed) or the
+    /// hypervisor stops.
+    fn watch(&self, child: &mut Child, log: &mut DaemonLog) -> Ended {
         let mut next_check = Instant::now() + self.timing.liveness_interval;
         let mut failures: u32 = 0;
+        let mut unreadable = false;
         loop {
             // The condvar wakes this at once on shutdown; only a check in
             // flight (at most the command timeout) delays it.
             if self.stop.wait(self.timing.poll) {
                 self.quit(child);
                 return Ended::Stopped;
+            }
+            match log.failures() {
+                Ok(servers) => {
+                    unreadable = false;
+                    servers.into_iter().for_each(|s| self.server_failed(s));
+                }
+                Err(error) if !unreadable => {
+                    unreadable = true;
+                    tracing::warn!(gpu = %self.uuid, log = %log.path().display(), %error, "cannot read the MPS log: failing servers go unreported");
+                }
+                Err(_) => {}
             }
             if let Some(ended) = exited(child) {
                 return Ended::Failed(ended);
@@ -322,7 +340,30 @@ impl Supervised {
         }
     }
 
+    /// A server exited failing: its clients were refused CUDA.
+    fn server_failed(&self, failure: mps_log::ServerFailure) {
+        tracing::warn!(gpu = %self.uuid, "{failure}: its MPS clients are refused CUDA");
+        self.board.update(&self.uuid, |g| {
+            g.server_failures += 1;
+            g.last_server_failure = Some(LastServerFailure {
+                failure,
+                at: unix_secs(),
+            });
+        });
+    }
+
     fn spawn(&self) -> Result<Child, CorunError> {
+        let path = self.log.join(mps_log::LOG_FILE);
+        let log_error = |source| CorunError::Log {
+            path: path.clone(),
+            source,
+        };
+        let stdout = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(log_error)?;
+        let stderr = stdout.try_clone().map_err(log_error)?;
         let mut command = Command::new(&self.control.program);
         if let Some(folder) = &self.shm {
             shm::run_with_shm(&mut command, folder).map_err(|source| CorunError::Shm {
@@ -339,8 +380,8 @@ impl Supervised {
             // each client sets its share instead.
             .env_remove("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stdout(stdout)
+            .stderr(stderr)
             .spawn()
             .map_err(|source| match &self.shm {
                 // The namespace's failure or the exec's: both named.
