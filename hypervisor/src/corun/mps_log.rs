@@ -183,7 +183,8 @@ impl LogTail {
             }
             None => Vec::new(),
         };
-        if self.offset > self.cap {
+        // Only once every byte seen was read: none is left unparsed.
+        if self.offset > self.cap && self.offset >= len {
             self.rotate()?;
         }
         Ok(lines)

@@ -340,9 +340,10 @@ impl Supervised {
         }
     }
 
-    /// A server exited failing: its clients were refused CUDA.
+    /// A server exited failing: its clients were refused CUDA (one that
+    /// could not start) or lost it.
     fn server_failed(&self, failure: mps_log::ServerFailure) {
-        tracing::warn!(gpu = %self.uuid, "{failure}: its MPS clients are refused CUDA");
+        tracing::warn!(gpu = %self.uuid, "{failure}; its clients were refused CUDA or lost it");
         self.board.update(&self.uuid, |g| {
             g.server_failures += 1;
             g.last_server_failure = Some(LastServerFailure {
