@@ -285,15 +285,15 @@ impl Throttle {
             metered,
             sampled,
         };
+        let launch_at = |now| priority::Launch {
+            device,
+            stream,
+            timing,
+            now,
+        };
         let Some(budget) = budget else {
             // No compute limit here: only the class applies.
-            let launch = priority::Launch {
-                device,
-                stream,
-                timing,
-                now: monotonic_ns(),
-            };
-            let ticket = self.priority.before(ctx, launch);
+            let ticket = self.priority.before(ctx, launch_at(monotonic_ns()));
             return Ok(admitted(ticket, None, false));
         };
 
@@ -352,13 +352,7 @@ impl Throttle {
         let ticket = if classless && self.priority.dormant_at(now) {
             priority::Ticket::Free
         } else {
-            let launch = priority::Launch {
-                device,
-                stream,
-                timing,
-                now,
-            };
-            self.priority.before(ctx, launch)
+            self.priority.before(ctx, launch_at(now))
         };
 
         // A lease is bought with plenty in the bucket.
