@@ -42,43 +42,38 @@ impl Scratch {
     /// A control program under the real name that starts `-f` after
     /// `delay` (the client mode at once): `/readyz` is seen waiting.
     fn slow_control(&self, delay: Duration) -> PathBuf {
-        let path = self.dir.join("bin").join("nvidia-cuda-mps-control");
-        let script = format!(
-            "#!/bin/sh\n[ \"$1\" = -f ] && sleep {}\nexec '{}' \"$@\"\n",
-            delay.as_secs_f64(),
-            mps_fake::program().display()
-        );
-        std::fs::write(&path, script).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
+        self.control_running_first(&format!(
+            "[ \"$1\" = -f ] && sleep {}\n",
+            delay.as_secs_f64()
+        ))
     }
 
     /// A control program under the real name whose every server fails to
     /// start for `reason` (the fake's [`mps_fake::SERVER_FAILS`] hook).
     fn failing_control(&self, reason: &str) -> PathBuf {
-        let path = self.dir.join("bin").join("nvidia-cuda-mps-control");
-        let script = format!(
-            "#!/bin/sh\nexport {hook}='{reason}'\nexec '{fake}' \"$@\"\n",
-            hook = mps_fake::SERVER_FAILS,
-            fake = mps_fake::program().display(),
-        );
-        std::fs::write(&path, script).unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-        path
+        self.control_running_first(&format!("export {}='{reason}'\n", mps_fake::SERVER_FAILS))
     }
 
     /// A control program under the real name whose first `-f` hangs after
     /// `answers` answered commands (the fake's [`mps_fake::HANG_AFTER`]
     /// hook); a marker file makes every later start answer for good.
     fn hanging_control(&self, answers: u32) -> PathBuf {
-        let path = self.dir.join("bin").join("nvidia-cuda-mps-control");
         let marker = self.dir.join("bin").join("hung-once");
-        let script = format!(
-            "#!/bin/sh\nif [ \"$1\" = -f ] && [ ! -e '{marker}' ]; then\n  \
-             : > '{marker}'\n  export {hook}={answers}\nfi\nexec '{fake}' \"$@\"\n",
+        self.control_running_first(&format!(
+            "if [ \"$1\" = -f ] && [ ! -e '{marker}' ]; then\n  \
+             : > '{marker}'\n  export {hook}={answers}\nfi\n",
             marker = marker.display(),
             hook = mps_fake::HANG_AFTER,
-            fake = mps_fake::program().display(),
+        ))
+    }
+
+    /// A control program under the real name: a shell script that runs
+    /// `prelude`, then the fake with the same arguments.
+    fn control_running_first(&self, prelude: &str) -> PathBuf {
+        let path = self.dir.join("bin").join("nvidia-cuda-mps-control");
+        let script = format!(
+            "#!/bin/sh\n{prelude}exec '{}' \"$@\"\n",
+            mps_fake::program().display()
         );
         std::fs::write(&path, script).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();

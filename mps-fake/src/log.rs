@@ -94,11 +94,10 @@ fn write(source: &str, pid: u32, message: &str) {
 pub fn commands_of(text: &str, pid: u32) -> Vec<&str> {
     text.lines()
         .filter(|l| {
-            l.split_once(']')
-                .and_then(|(head, _)| head.split_whitespace().last())
-                == Some(pid.to_string().as_str())
+            let head = l.split_once(']').map(|(head, _)| head);
+            head.and_then(|h| h.split_whitespace().last()?.parse().ok()) == Some(pid)
         })
-        .filter_map(|l| Some(l.split_once(COMMAND)?.1.trim()))
+        .filter_map(command)
         .collect()
 }
 
@@ -112,9 +111,12 @@ pub fn started_env<'a>(text: &'a str, name: &str) -> Option<&'a str> {
 
 /// The commands a log's `text` records, in order.
 pub fn commands(text: &str) -> Vec<&str> {
-    text.lines()
-        .filter_map(|l| Some(l.split_once(COMMAND)?.1.trim()))
-        .collect()
+    text.lines().filter_map(command).collect()
+}
+
+/// The command a log line records, if it records one.
+fn command(line: &str) -> Option<&str> {
+    Some(line.split_once(COMMAND)?.1.trim())
 }
 
 #[cfg(test)]

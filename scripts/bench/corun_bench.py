@@ -159,6 +159,8 @@ class Daemon:
         gpu = status["corun"][0]
         self.uuid = gpu["gpu"]
         self.pipe = work / "mps" / self.uuid / "pipe"
+        # The MPS control daemon's log and its servers', as the daemon keeps it.
+        self.mps_log = work / "mps" / self.uuid / "log" / "control.log"
 
     def write_config(self, roles):
         text = 'listen = "127.0.0.1:0"\n'
@@ -370,7 +372,7 @@ def main():
         checks["memory quota under MPS"] = probe(bench, MEMORY_PROBE)
         checks["MPS processes while up"] = mps_processes()
         checks["daemon status"] = daemon.status().get("corun")
-        mps_log = (work / "mps" / daemon.uuid / "log" / "control.log").read_text().splitlines()
+        mps_log = daemon.mps_log.read_text().splitlines()
         checks["MPS log"] = (f"{len(mps_log)} lines, {sum('NEW CLIENT' in l for l in mps_log)} client"
                              f" connections, {sum('Failed' in l for l in mps_log)} 'Failed' lines")
         pipe = daemon.pipe
@@ -409,7 +411,7 @@ def server_refusing(args, bench, bundle, control):
         gpu = failing.status()["corun"][0]
         said = [l.strip() for l in (failing.work / "hypervisor.log").read_text().splitlines()
                 if "exited with status" in l]
-        mps_log = failing.work / "mps" / failing.uuid / "log" / "control.log"
+        mps_log = failing.mps_log
         failed_lines = sum("Failed to start" in l for l in mps_log.read_text().splitlines())
     return {
         "server refusing: client": refused,

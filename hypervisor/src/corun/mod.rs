@@ -162,24 +162,18 @@ pub fn active_thread_percentage(
     sm_share: Option<u8>,
     beside_other_class: bool,
 ) -> u8 {
-    match class {
-        PodClass::Batch => {
-            let part = if beside_other_class {
-                100 - reserve.min(99)
-            } else {
-                100
-            };
-            sm_share.map_or(part, |share| share.clamp(1, part))
-        }
-        PodClass::Latency => {
-            let part = if beside_other_class && reserve > 0 {
-                reserve.min(100)
-            } else {
-                100
-            };
-            sm_share.map_or(part, |share| share.clamp(1, 100))
-        }
-    }
+    let part = match class {
+        _ if !beside_other_class => 100,
+        PodClass::Batch => 100 - reserve.min(99),
+        PodClass::Latency if reserve == 0 => 100,
+        PodClass::Latency => reserve.min(100),
+    };
+    // A fixed share stays within a batch pod's part; it is a latency pod's.
+    let ceiling = match class {
+        PodClass::Batch => part,
+        PodClass::Latency => 100,
+    };
+    sm_share.map_or(part, |share| share.clamp(1, ceiling))
 }
 
 #[cfg(test)]
