@@ -264,7 +264,18 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
             spec.validate().unwrap();
             let (env, mounts) = edits(&path);
             assert_eq!(mps_variables(&env), want, "{name}");
-            assert!(env.contains(&format!("CUDA_LIMITER_POD={pod}")), "{name}");
+            // The pod file says the pod, and that it runs as an MPS client
+            // where a GPU of its is in co-run mode.
+            let pod_file = mounts
+                .iter()
+                .find(|m| m.1 == "/usr/local/gpushare/lib/gpushare-pod.json")
+                .map(|m| {
+                    let text = std::fs::read(&m.0).unwrap();
+                    serde_json::from_slice::<gpushare_utils::pod_file::PodFile>(&text).unwrap()
+                })
+                .expect("the pod file is mounted");
+            assert_eq!(pod_file.pod, pod, "{name}");
+            assert_eq!(pod_file.mps_required, !want.is_empty(), "{name}");
             // The hypervisor's time cap: none where the fixed share went to
             // the SMs (co-run), the elastic share's ceiling (a time share
             // still), the fixed share itself on the ordinary GPU.

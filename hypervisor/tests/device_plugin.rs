@@ -177,29 +177,33 @@ fn registers_lists_shares_and_allocates_a_hami_pod() {
             .await
             .unwrap();
         let env = &answer.envs;
-        assert_eq!(env["CUDA_LIMITER_POD"], uid);
-        assert_eq!(env["CUDA_LIMITER_TOKEN_FILE"], "/var/run/gpushare/token");
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], gpu0);
-        assert_eq!(
-            env["CUDA_LIMITER_HYPERVISOR"],
-            world.node.as_ref().unwrap().hv_url
-        );
+        // The pod, the daemon and the token are the pod file's: no variable.
+        assert!(!env.keys().any(|k| k.starts_with("CUDA_LIMITER_")), "{env:?}");
         let mounts: Vec<(&str, &str, bool)> = answer
             .mounts
             .iter()
             .map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only))
             .collect();
         let region = format!("/dev/shm/gpushare-pod-{uid}");
-        let token = world.dir.join(format!("state/pods/{uid}/token"));
+        let token = world.dir.join(format!("state/pods/{uid}/gpushare-pod.json"));
         assert!(mounts.contains(&(region.as_str(), region.as_str(), false)), "{mounts:?}");
         let limits = format!("/dev/shm/gpushare-limits-{uid}");
         assert!(mounts.contains(&(limits.as_str(), limits.as_str(), true)), "{mounts:?}");
-        assert!(mounts.contains(&(token.to_str().unwrap(), "/var/run/gpushare/token", true)));
+        assert!(mounts.contains(&(
+            token.to_str().unwrap(),
+            "/usr/local/gpushare/lib/gpushare-pod.json",
+            true
+        )));
         assert!(mounts.iter().any(|m| m.1 == "/etc/ld.so.preload" && m.2));
         assert!(mounts.iter().any(|m| m.1 == "/usr/local/gpushare/lib/libcuda_limiter.so" && m.2));
         assert!(answer.devices.iter().any(|d| d.host_path == "/dev/nvidia0" && d.permissions == "rw"));
         assert!(std::path::Path::new(&region).exists());
-        assert_eq!(std::fs::read_to_string(&token).unwrap().len(), 64);
+        let pod_file: gpushare_utils::pod_file::PodFile =
+            serde_json::from_slice(&std::fs::read(&token).unwrap()).unwrap();
+        assert_eq!(pod_file.pod, uid);
+        assert_eq!(pod_file.hypervisor, world.node.as_ref().unwrap().hv_url);
+        assert_eq!(pod_file.token.len(), 64);
         let gpu = world.pod_gpu(&uid).expect("pod in the hypervisor");
         assert_eq!(
             (gpu["uuid"].as_str(), gpu["memory_quota"].as_u64(), gpu["cap_percent"].as_u64()),

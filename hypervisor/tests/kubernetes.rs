@@ -161,12 +161,14 @@ impl World {
             .join(format!("gpushare.dev-gpu_{claim_uid}.json"))
     }
 
-    fn token_path(&self, pod_uid: &str) -> PathBuf {
+    /// The pod file the agent wrote for pod `pod_uid`: its limiters' pod,
+    /// daemon and token.
+    fn pod_file_path(&self, pod_uid: &str) -> PathBuf {
         self.scratch
             .dir
             .join("state/pods")
             .join(pod_uid)
-            .join("token")
+            .join(gpushare_utils::pod_file::FILE_NAME)
     }
 
     async fn stop(mut self) {
@@ -274,12 +276,11 @@ fn prepare_gives_a_valid_cdi_spec_with_4gib_and_30_percent_then_unprepare_cleans
             .map(|v| v.as_str().unwrap())
             .collect();
         let gpu1 = &world.gpus.gpus().unwrap()[1];
+        // The pod, the daemon and the token are the pod file's: no variable.
         assert!(
-            env.contains(&format!("CUDA_LIMITER_POD={pod}").as_str()),
+            !env.iter().any(|e| e.starts_with("CUDA_LIMITER_")),
             "{env:?}"
         );
-        assert!(env.contains(&format!("CUDA_LIMITER_HYPERVISOR={}", world.node().hv_url).as_str()));
-        assert!(env.contains(&"CUDA_LIMITER_TOKEN_FILE=/var/run/gpushare/token"));
         assert!(env.contains(&format!("CUDA_VISIBLE_DEVICES={}", gpu1.uuid).as_str()));
         let mounts: Vec<(&str, &str)> = edits["mounts"]
             .as_array()
@@ -292,8 +293,14 @@ fn prepare_gives_a_valid_cdi_spec_with_4gib_and_30_percent_then_unprepare_cleans
                 )
             })
             .collect();
-        let token = world.token_path(&pod);
-        assert!(mounts.contains(&(token.to_str().unwrap(), "/var/run/gpushare/token")));
+        let token = world.pod_file_path(&pod);
+        assert!(mounts.contains(&(
+            token.to_str().unwrap(),
+            "/usr/local/gpushare/lib/gpushare-pod.json"
+        )));
+        let pod_file = pod_file_of(&token);
+        assert_eq!(pod_file.pod, pod);
+        assert_eq!(pod_file.hypervisor, world.node().hv_url);
         assert!(mounts.iter().any(|(_, c)| *c == "/etc/ld.so.preload"));
         let region = format!("/dev/shm/gpushare-pod-{pod}");
         assert!(mounts.contains(&(region.as_str(), region.as_str())));
@@ -313,8 +320,7 @@ fn prepare_gives_a_valid_cdi_spec_with_4gib_and_30_percent_then_unprepare_cleans
         assert_eq!(gpu["weight"], 2);
         assert_eq!(gpu["uuid"], gpu1.uuid.as_str());
         assert!(Path::new(&region).exists());
-        let token_text = std::fs::read_to_string(&token).unwrap();
-        assert_eq!(token_text.len(), 64);
+        assert_eq!(pod_file.token.len(), 64);
 
         // Preparing again answers the same; unprepare removes everything.
         assert_eq!(
@@ -614,8 +620,8 @@ fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
             before.devices
         );
 
-        // The pod is deleted: its claim, token and region go.
-        let token = world.token_path(&pod);
+        // The pod is deleted: its claim, pod file and region go.
+        let token = world.pod_file_path(&pod);
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}"));
         assert!(token.exists() && region.exists());
         world.api.delete("pods", "default", "keep");
@@ -687,7 +693,7 @@ fn a_worker_whose_cgroup_is_another_pods_is_refused() {
                     .as_u16()
             })
         };
-        let token = |pod: &str| std::fs::read_to_string(world.token_path(pod)).unwrap();
+        let token = |pod: &str| pod_file_of(&world.pod_file_path(pod)).token;
         let url = world.node().hv_url.clone();
         // Pod A's process with pod A's token: in.
         assert_eq!(
@@ -704,4 +710,9 @@ fn a_worker_whose_cgroup_is_another_pods_is_refused() {
         world.stop().await;
     });
     drop(scratch);
+}
+
+/// The pod file at `path`, as the agent wrote it.
+fn pod_file_of(path: &Path) -> gpushare_utils::pod_file::PodFile {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }

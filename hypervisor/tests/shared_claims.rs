@@ -172,16 +172,19 @@ async fn claim_and_two_pods(
     (claim, a, b)
 }
 
-/// The quota identity in the CDI spec at `spec_path`.
+/// The quota identity the CDI spec at `spec_path` gives: its pod file's pod.
 fn identity_in(spec_path: &std::path::Path) -> String {
     let spec: Value = serde_json::from_slice(&std::fs::read(spec_path).unwrap()).unwrap();
-    spec["devices"][0]["containerEdits"]["env"]
+    let pod_file = spec["devices"][0]["containerEdits"]["mounts"]
         .as_array()
         .unwrap()
         .iter()
-        .find_map(|e| e.as_str().unwrap().strip_prefix("CUDA_LIMITER_POD="))
-        .unwrap()
-        .to_owned()
+        .find(|m| m["containerPath"] == "/usr/local/gpushare/lib/gpushare-pod.json")
+        .and_then(|m| m["hostPath"].as_str())
+        .expect("the pod file is mounted");
+    let pod_file: gpushare_utils::pod_file::PodFile =
+        serde_json::from_slice(&std::fs::read(pod_file).unwrap()).unwrap();
+    pod_file.pod
 }
 
 #[test]
@@ -217,8 +220,11 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
             identity == claim_uid || identity == a_uid,
             "{identity} is neither the claim nor its first pod"
         );
-        let token_path = d.join("state/pods").join(&identity).join("token");
-        let token = std::fs::read_to_string(&token_path).unwrap();
+        let token_path = d
+            .join("state/pods")
+            .join(&identity)
+            .join(gpushare_utils::pod_file::FILE_NAME);
+        let token = token_in(&token_path);
         let url = node.hv_url.clone();
 
         // A process of the second pod registers as the claim's identity...
@@ -297,7 +303,10 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
         let (spec_path, identity) =
             reserve_and_prepare(&client, &node, &scratch, &status, &claim_uid).await;
         assert_eq!(identity, claim_uid, "not the claim's own identity");
-        let token_path = d.join("state/pods").join(&identity).join("token");
+        let token_path = d
+            .join("state/pods")
+            .join(&identity)
+            .join(gpushare_utils::pod_file::FILE_NAME);
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{identity}"));
         let kept = || spec_path.exists() && token_path.exists() && region.exists();
 
@@ -309,7 +318,7 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
             "collected {gone:?} just prepared"
         );
         process_of(&d.join("proc"), 5001, &b_uid);
-        let token = std::fs::read_to_string(&token_path).unwrap();
+        let token = token_in(&token_path);
         assert_eq!(register(&node.hv_url, &identity, &token).await, 200);
         // The first pod ends; the second still runs: kept.
         api.delete("pods", "default", "sa");
@@ -328,4 +337,11 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
         .await;
         node.stop().await;
     });
+}
+
+/// The token in the pod file at `path`.
+fn token_in(path: &std::path::Path) -> String {
+    let pod_file: gpushare_utils::pod_file::PodFile =
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    pod_file.token
 }

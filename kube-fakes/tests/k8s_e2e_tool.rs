@@ -15,18 +15,8 @@ fn k8s_e2e_writes_the_cdi_env_and_cleans_up() {
     );
     let (out, limiter, pod) = (&tool.out, &tool.limiter, tool.pod.clone());
     let env = std::fs::read_to_string(out.join("env")).unwrap();
-    assert!(
-        env.lines().any(|l| l == format!("CUDA_LIMITER_POD={pod}")),
-        "{env}"
-    );
-    assert!(
-        env.lines()
-            .any(|l| l.starts_with("CUDA_LIMITER_HYPERVISOR=http://127.0.0.1:"))
-    );
-    assert!(
-        env.lines()
-            .any(|l| l == "CUDA_LIMITER_TOKEN_FILE=/var/run/gpushare/token")
-    );
+    // The pod, the daemon and the token are the pod file's: no variable.
+    assert!(!env.contains("CUDA_LIMITER_"), "{env}");
     let mounts = std::fs::read_to_string(out.join("mounts")).unwrap();
     let limiter_line = format!(
         "{} /usr/local/gpushare/lib/libcuda_limiter.so ro,",
@@ -36,14 +26,10 @@ fn k8s_e2e_writes_the_cdi_env_and_cleans_up() {
         mounts.lines().any(|l| l.starts_with(&limiter_line)),
         "{mounts}"
     );
-    let token_host = mounts
-        .lines()
-        .find_map(|l| {
-            l.split_once(" /var/run/gpushare/token ")
-                .map(|(h, _)| PathBuf::from(h))
-        })
-        .unwrap();
-    assert_eq!(std::fs::read_to_string(&token_host).unwrap().len(), 64);
+    let pod_file = pod_file_in(&mounts);
+    assert_eq!(pod_file.pod, pod);
+    assert!(pod_file.hypervisor.starts_with("http://127.0.0.1:"));
+    assert_eq!(pod_file.token.len(), 64);
     assert!(PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}")).exists());
 
     let hv = tool.stop();
@@ -130,12 +116,8 @@ fn k8s_e2e_device_plugin_mode_writes_the_allocate_env_and_cleans_up() {
         ],
     );
     let (out, pod) = (&tool.out, tool.pod.as_str());
-    let env = std::fs::read_to_string(out.join("env")).unwrap();
-    assert!(
-        env.lines().any(|l| l == format!("CUDA_LIMITER_POD={pod}")),
-        "{env}"
-    );
     let mounts = std::fs::read_to_string(out.join("mounts")).unwrap();
+    assert_eq!(pod_file_in(&mounts).pod, pod);
     let region = format!("/dev/shm/gpushare-pod-{pod}");
     assert!(
         mounts
@@ -329,4 +311,16 @@ impl Drop for Tool {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The pod file mounted beside the limiter, from the `mounts` the tool wrote.
+fn pod_file_in(mounts: &str) -> gpushare_utils::pod_file::PodFile {
+    let host = mounts
+        .lines()
+        .find_map(|l| {
+            l.split_once(" /usr/local/gpushare/lib/gpushare-pod.json ro,")
+                .map(|(h, _)| PathBuf::from(h))
+        })
+        .unwrap_or_else(|| panic!("no pod file mounted: {mounts}"));
+    serde_json::from_slice(&std::fs::read(host).unwrap()).unwrap()
 }

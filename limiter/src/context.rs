@@ -25,13 +25,24 @@ const LEDGER_OPEN_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// This process's pod as the limiter reaches it, and the driver it reaches
 /// the GPUs through.
+/// What local limits (set in the environment) do beside a hypervisor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LocalLimits {
+    /// None are set.
+    None,
+    /// They apply where the hypervisor grants none.
+    Fallback,
+    /// A provisioned container's: never a fallback; a lower one tightens
+    /// the published quota.
+    Tighten,
+}
+
 pub(crate) struct Context {
     pub pod: PodId,
     /// The node hypervisor, when one is configured: it sets the limits.
     link: Option<Link>,
-    /// Whether the environment sets local limits (the fallback when the
-    /// hypervisor grants none).
-    local_limits: bool,
+    /// What the environment's local limits do.
+    local_limits: LocalLimits,
     grant_timeout: Duration,
     /// Owners the pod's ledger may have: root, the process's own uid, the
     /// configured region owner.
@@ -56,7 +67,7 @@ impl Context {
     pub(crate) fn new(
         pod: PodId,
         link: Option<Link>,
-        local_limits: bool,
+        local_limits: LocalLimits,
         grant_timeout: Duration,
         region_owner: Option<u32>,
     ) -> Self {
@@ -155,9 +166,15 @@ impl Context {
                 self.pod.as_str(),
                 &self.limits_trust,
                 self.grant_timeout,
-                self.local_limits,
+                self.local_limits == LocalLimits::Fallback,
             ),
         })
+    }
+
+    /// Whether a lower local limit tightens the hypervisor's (a
+    /// provisioned container).
+    pub(crate) fn local_limits_tighten(&self) -> bool {
+        self.local_limits == LocalLimits::Tighten
     }
 
     /// The hypervisor link, when the hypervisor's limits are in force.

@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use gpushare_utils::activity::{self, TableAccess};
 use gpushare_utils::limits::PodLimits;
+use gpushare_utils::quote::quoted;
 
-use crate::config::{LimiterConfig, MpsMode};
-use crate::context::Context;
+use crate::config::{ComputeLimit, DeviceLimits, LimiterConfig, MpsMode};
+use crate::context::{Context, LocalLimits};
 use crate::hypervisor::Link;
 use crate::mps::MpsRequirement;
+use crate::provisioned;
 use crate::quota::MemoryQuota;
 use crate::spill::Spill;
 use crate::throttle::Throttle;
@@ -52,8 +54,33 @@ pub(crate) struct Limiter {
     /// Whether CUDA runs only as an MPS client (a co-run GPU's pod).
     pub mps: MpsRequirement,
     allow_unpatched: bool,
+    /// The JSON maps that name GPUs both by index and by UUID: checked once
+    /// the driver can say which UUID each index has.
+    mixed_maps: MixedMaps,
     /// Set when CUDA must be refused after load (the driver cannot be patched).
     refusal: OnceLock<String>,
+}
+
+/// The memory and compute limits whose JSON maps name GPUs both by index
+/// and by UUID (`None`: that kind's do not).
+struct MixedMaps {
+    memory: Option<DeviceLimits<u64>>,
+    compute: Option<DeviceLimits<ComputeLimit>>,
+}
+
+impl MixedMaps {
+    fn of(config: &LimiterConfig) -> Self {
+        Self {
+            memory: config
+                .memory
+                .mixes_indices_and_uuids()
+                .then(|| config.memory.clone()),
+            compute: config
+                .compute
+                .mixes_indices_and_uuids()
+                .then(|| config.compute.clone()),
+        }
+    }
 }
 
 /// Why CUDA is refused in this process, said once, by the first `cuInit`:
@@ -92,8 +119,13 @@ pub(crate) fn init_from_env() -> &'static State {
 }
 
 fn build() -> Result<State, String> {
-    let config =
+    let mut config =
         LimiterConfig::from_env().map_err(|e| format!("cuda-limiter: configuration error: {e}"))?;
+    let provisioned =
+        provisioned::find().map_err(|e| format!("cuda-limiter: configuration error: {e}"))?;
+    if let Some(provisioned) = &provisioned {
+        provisioned.apply(&mut config);
+    }
     if config.memory.is_empty()
         && config.compute.is_empty()
         && config.class.is_empty()
@@ -106,37 +138,43 @@ fn build() -> Result<State, String> {
         match std::env::var(name) {
             Err(_) => Ok(None),
             Ok(text) => text.trim().parse().map(Some).map_err(|_| {
-                format!("cuda-limiter: configuration error: {name}={text:?} is not a whole number")
+                format!(
+                    "cuda-limiter: configuration error: {name}={} is not a whole number",
+                    quoted(&text)
+                )
             }),
         }
     };
     let grant_timeout =
         number(GRANT_TIMEOUT_VARIABLE)?.map_or(DEFAULT_GRANT_TIMEOUT, Duration::from_millis);
-    let owner = number(REGION_OWNER_VARIABLE)?
-        .map(|uid| {
-            u32::try_from(uid).map_err(|_| {
-                format!(
-                    "cuda-limiter: configuration error: {REGION_OWNER_VARIABLE}={uid} is not a uid"
-                )
-            })
-        })
-        .transpose()?;
-    let allow_unpatched = match std::env::var(ALLOW_UNPATCHED_VARIABLE).as_deref() {
-        Err(_) | Ok("" | "0") => false,
-        Ok("1") => true,
-        Ok(other) => {
-            return Err(format!(
-                "cuda-limiter: configuration error: {ALLOW_UNPATCHED_VARIABLE}={other:?} is not 0 or 1"
-            ));
-        }
+    // Who owns trusted limits, and whether an unpatchable driver may run
+    // unlimited: in a provisioned container the daemon's statement, never
+    // the tenant's variables.
+    let (owner, allow_unpatched, link) = match &provisioned {
+        Some(provisioned) => (
+            provisioned.file.limits_owner,
+            false,
+            Some(Link::new(
+                &provisioned.file.hypervisor,
+                config.pod.as_str(),
+                &provisioned.file.token,
+            )),
+        ),
+        None => (
+            region_owner(number(REGION_OWNER_VARIABLE)?)?,
+            allow_unpatched()?,
+            link_from_env(&config)?,
+        ),
     };
-    let link = match config.hypervisor.as_deref() {
-        Some(address) => Some(Link::new(address, config.pod.as_str()).map_err(|error| {
-            format!("cuda-limiter: configuration error: CUDA_LIMITER_HYPERVISOR is set but {error}")
-        })?),
-        None => None,
+    // Local limits are a fallback where the hypervisor grants nothing,
+    // except in a provisioned container: there they only tighten.
+    let local_limits = if provisioned.is_some() {
+        LocalLimits::Tighten
+    } else if !config.memory.is_empty() || !config.compute.is_empty() {
+        LocalLimits::Fallback
+    } else {
+        LocalLimits::None
     };
-    let local_limits = !config.memory.is_empty() || !config.compute.is_empty();
     // Launches are metered wherever a compute limit may apply: configured
     // here, or given by the hypervisor (configured, or already published
     // for the pod: they apply even where the environment names no
@@ -155,6 +193,7 @@ fn build() -> Result<State, String> {
     } else {
         TableAccess::local(owner)
     };
+    let mixed_maps = MixedMaps::of(&config);
     let priority = Priority::new(
         config.class,
         Tuning::from_env()?,
@@ -162,6 +201,7 @@ fn build() -> Result<State, String> {
         tables.clone(),
     );
     Ok(State::Limiting(Box::new(Limiter {
+        mixed_maps,
         compute: metered.then(|| Throttle::new(config.compute, priority, tables)),
         memory: MemoryQuota::new(config.memory),
         spill: Spill::new(config.oversubscribe, config.spill_limit),
@@ -170,6 +210,41 @@ fn build() -> Result<State, String> {
         allow_unpatched,
         refusal: OnceLock::new(),
     })))
+}
+
+fn region_owner(uid: Option<u64>) -> Result<Option<u32>, String> {
+    uid.map(|uid| {
+        u32::try_from(uid).map_err(|_| {
+            format!("cuda-limiter: configuration error: {REGION_OWNER_VARIABLE}={uid} is not a uid")
+        })
+    })
+    .transpose()
+}
+
+fn allow_unpatched() -> Result<bool, String> {
+    match std::env::var(ALLOW_UNPATCHED_VARIABLE).as_deref() {
+        Err(_) | Ok("" | "0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(other) => Err(format!(
+            "cuda-limiter: configuration error: {ALLOW_UNPATCHED_VARIABLE}={} is not 0 or 1",
+            quoted(other)
+        )),
+    }
+}
+
+/// The link to the hypervisor the environment names, with its token.
+fn link_from_env(config: &LimiterConfig) -> Result<Option<Link>, String> {
+    let Some(address) = config.hypervisor.as_deref() else {
+        return Ok(None);
+    };
+    Link::from_env(address, config.pod.as_str())
+        .map(Some)
+        .map_err(|error| {
+            format!(
+                "cuda-limiter: configuration error: CUDA_LIMITER_HYPERVISOR={} is set but {error}",
+                quoted(address)
+            )
+        })
 }
 
 /// The state, once initialised.
@@ -197,6 +272,33 @@ impl Limiter {
     /// Why CUDA is refused after load, if it is.
     pub(crate) fn refusal(&self) -> Option<&str> {
         self.refusal.get().map(String::as_str)
+    }
+
+    /// Whether a JSON map must be checked against the driver's devices
+    /// ([`Self::device_named_twice`]).
+    pub(crate) fn maps_mix_indices_and_uuids(&self) -> bool {
+        self.mixed_maps.memory.is_some() || self.mixed_maps.compute.is_some()
+    }
+
+    /// The configuration error, one line, when a JSON map names one of the
+    /// driver's devices twice, by its index and by its UUID.
+    pub(crate) fn device_named_twice(&self) -> Option<String> {
+        if !self.maps_mix_indices_and_uuids() {
+            return None;
+        }
+        let driver = self.context.driver()?;
+        let count = driver
+            .device_count()?
+            .min(gpushare_utils::MAX_DEVICES as u32);
+        (0..count).find_map(|index| {
+            let uuid = driver.device_uuid(index as i32)?;
+            let memory = self.mixed_maps.memory.as_ref();
+            let compute = self.mixed_maps.compute.as_ref();
+            let error = memory
+                .and_then(|limits| limits.named_twice(index, &uuid))
+                .or_else(|| compute.and_then(|limits| limits.named_twice(index, &uuid)))?;
+            Some(format!("cuda-limiter: configuration error: {error}"))
+        })
     }
 
     /// Whether the user opted out of refusing CUDA on an unpatchable driver.

@@ -13,7 +13,8 @@
 //!    timeout. If the hypervisor is down, the launch waits for the local
 //!    bucket instead: the last limits stay in force.
 //!
-//! Tokens: `CUDA_LIMITER_TOKEN`, or the file named by `CUDA_LIMITER_TOKEN_FILE`.
+//! Tokens: in a provisioned container the pod file's ([`crate::provisioned`]);
+//! elsewhere `CUDA_LIMITER_TOKEN`, or the file named by `CUDA_LIMITER_TOKEN_FILE`.
 
 use std::sync::{Mutex, Once, OnceLock};
 use std::time::Duration;
@@ -22,6 +23,7 @@ use gpushare_utils::protocol::{
     API_PREFIX, BudgetGrant, BudgetRequest, Command, CommandResult, Register, Registered,
     WorkerDevice,
 };
+use gpushare_utils::quote::Clipped;
 
 use crate::driver::Driver;
 use http_bidir_comm::{Backoff, ChannelError, Client, ClientOptions, Requester, Task};
@@ -39,13 +41,13 @@ const REGISTER_BACKOFF_MAX: Duration = Duration::from_secs(5);
 pub(crate) enum LinkError {
     #[error("no token: set CUDA_LIMITER_TOKEN or CUDA_LIMITER_TOKEN_FILE")]
     NoToken,
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {}: {source}", Clipped(.path))]
     TokenFile {
         path: String,
         #[source]
         source: std::io::Error,
     },
-    #[error("refusing token file {path}: {reason}")]
+    #[error("refusing token file {}: {reason}", Clipped(.path))]
     TokenFileRefused { path: String, reason: String },
     #[error("request failed: {0}")]
     Request(#[from] ChannelError),
@@ -53,7 +55,7 @@ pub(crate) enum LinkError {
     NotRegistered,
     /// Behaves like an unreachable hypervisor: retried, the pod's last
     /// published limits or the local ones apply.
-    #[error("unusable address: {0}")]
+    #[error("unusable address: {}", Clipped(.0))]
     Address(String),
 }
 
@@ -163,7 +165,7 @@ pub(crate) struct Link {
 
 impl Link {
     /// A link to `address` for `pod`, with the token from the environment.
-    pub(crate) fn new(address: &str, pod: &str) -> Result<Self, LinkError> {
+    pub(crate) fn from_env(address: &str, pod: &str) -> Result<Self, LinkError> {
         let token = match (
             std::env::var("CUDA_LIMITER_TOKEN"),
             std::env::var("CUDA_LIMITER_TOKEN_FILE"),
@@ -172,6 +174,12 @@ impl Link {
             (Err(_), Ok(path)) => read_token_file(&path)?,
             _ => return Err(LinkError::NoToken),
         };
+        Ok(Self::new(address, pod, &token))
+    }
+
+    /// A link to `address` for `pod` with `token` (a provisioned
+    /// container's, from its pod file).
+    pub(crate) fn new(address: &str, pod: &str, token: &str) -> Self {
         let token = token.trim().to_owned();
         let options = ClientOptions {
             token: Some(token.clone()),
@@ -180,7 +188,7 @@ impl Link {
             ..ClientOptions::default()
         };
         let base = format!("{}{API_PREFIX}", address.trim_end_matches('/'));
-        Ok(Self {
+        Self {
             address: address.trim_end_matches('/').to_owned(),
             token,
             pod: pod.to_owned(),
@@ -188,12 +196,13 @@ impl Link {
             registered: OnceLock::new(),
             status: Mutex::new(LinkStatus::Starting),
             started: Once::new(),
-        })
+        }
     }
 
-    /// The hypervisor's address, as configured.
-    pub(crate) fn address(&self) -> &str {
-        &self.address
+    /// The hypervisor's address as a message shows it: at most
+    /// [`SHOWN_CHARS`](gpushare_utils::quote::SHOWN_CHARS) characters.
+    pub(crate) fn address(&self) -> Clipped<'_> {
+        Clipped(&self.address)
     }
 
     /// Where registration stands.

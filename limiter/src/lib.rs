@@ -5,8 +5,11 @@
 //! 1. At load (`LD_PRELOAD`), the constructor reads the configuration
 //!    from the environment ([`config`], parsed here: the local limits, the
 //!    pod, the hypervisor's address) into the one [`entry`] state and its
-//!    [`context`]. No limit configured: nothing else happens. A broken
-//!    configuration: one error line, and CUDA is refused at `cuInit`.
+//!    [`context`]. In a container the node daemon provisioned, the pod file
+//!    beside the library ([`provisioned`]) decides the pod, the daemon and
+//!    the token, whatever the environment says. No limit configured:
+//!    nothing else happens. A broken configuration: one error line, and
+//!    CUDA is refused at `cuInit`.
 //! 2. If libcuda / libnvidia-ml are already mapped they are patched at once;
 //!    otherwise the exported `dlopen` ([`loader`]) patches them the moment a
 //!    `dlopen` maps them, before that `dlopen` returns.
@@ -45,6 +48,7 @@ mod image;
 mod loader;
 mod metering;
 mod mps;
+mod provisioned;
 mod quota;
 mod spill;
 mod sys;

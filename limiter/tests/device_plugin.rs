@@ -2,16 +2,16 @@
 //! limits: a pod asking `nvidia.com/gpumem: 4096` and `nvidia.com/gpucores:
 //! 30` is allocated by the real agent (fake API server and kubelet), then
 //! the driver double's probe runs with exactly the env `Allocate` returned,
-//! the mounts emulated by their host paths (the token file named by its host
-//! path, the preload file's library by `LD_PRELOAD`; the region's host path
-//! is its container path here).
+//! the mounts emulated by their host paths (the preload file's library by
+//! `LD_PRELOAD` of a link with the pod file beside it; the region's host
+//! path is its container path here).
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{CONTEXT_BYTES, DoubleGpus, GIB, MIB, info};
+use common::{CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, info};
 use hypervisor::deviceplugin::DevicePluginConfig;
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::cluster;
@@ -98,21 +98,26 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         gpushare_examples::uuid(1)
     );
 
+    let pod_file = answer
+        .mounts
+        .iter()
+        .find(|m| m.container_path == hypervisor::provision::CONTAINER_POD_FILE)
+        .expect("pod file mount");
+    assert!(pod_file.read_only);
+    assert!(
+        !answer.envs.keys().any(|k| k.starts_with("CUDA_LIMITER_")),
+        "{:?}",
+        answer.envs
+    );
+    let container = ContainerLib::mounting(std::path::Path::new(&pod_file.host_path));
     let mut command = gpushare_examples::command("cudaprobe");
     command
         .env_remove("CUDA_LIMITER_LOG")
         .env("GPUSHARE_DOUBLE_DEVICES", "2")
         .env("GPUSHARE_DOUBLE_TOTAL", "16g")
         .env("GPUSHARE_NODE_REGION", &node_region)
-        .env("LD_PRELOAD", common::limiter())
+        .env("LD_PRELOAD", container.library())
         .envs(&answer.envs);
-    let token = answer
-        .mounts
-        .iter()
-        .find(|m| m.container_path == answer.envs["CUDA_LIMITER_TOKEN_FILE"])
-        .expect("token mount");
-    assert!(token.read_only);
-    command.env("CUDA_LIMITER_TOKEN_FILE", &token.host_path);
     command.args([
         "info", "alloc", "mem", "5g", "alloc", "mem", "3g", "run", "kernel", "1000", "1500",
     ]);

@@ -6,8 +6,9 @@
 //! the fake kubelet prepares the claim over the plugin's socket; the CDI
 //! spec written is the container's whole view: the driver double's probe
 //! runs under the limiter with exactly its env (its mounts emulated by
-//! their host paths: the token by its host path, the preload file's library
-//! by `LD_PRELOAD`, the regions' host paths being their container paths)
+//! their host paths: the preload file's library by `LD_PRELOAD` of a link
+//! with the pod file beside it, the regions' host paths being their
+//! container paths)
 //! and gets the claim's memory quota; deleting pod and claim, then the
 //! kubelet's unprepare, leaves nothing in the CDI folder or `/dev/shm`.
 
@@ -19,8 +20,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{CONTEXT_BYTES, DoubleGpus, GIB, MIB, info};
-use hypervisor::provision::{CONTAINER_PRELOAD, CONTAINER_SHM, CONTAINER_TOKEN};
+use common::{CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, info};
+use gpushare_utils::pod_file::PodFile;
+use hypervisor::provision::{CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM};
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::clients::{self, Kubectl};
 use kube_fakes::cluster;
@@ -291,9 +293,21 @@ impl World {
             mounts,
         };
         let uuid = gpushare_examples::uuid(gpu);
-        assert_eq!(prepared.env("CUDA_LIMITER_POD"), prepared.pod_uid);
-        assert_eq!(prepared.env("CUDA_LIMITER_HYPERVISOR"), self.node().hv_url);
-        assert_eq!(prepared.env("CUDA_LIMITER_TOKEN_FILE"), CONTAINER_TOKEN);
+        // The pod, the daemon and the token: the pod file's, not variables.
+        let pod_file = PodFile::read(Path::new(prepared.host_path(CONTAINER_POD_FILE)))
+            .unwrap()
+            .expect("the pod file is written");
+        assert_eq!(pod_file.pod, prepared.pod_uid);
+        assert_eq!(pod_file.hypervisor, self.node().hv_url);
+        assert!(!pod_file.token.is_empty());
+        assert!(
+            !prepared
+                .env
+                .iter()
+                .any(|(k, _)| k.starts_with("CUDA_LIMITER_")),
+            "{:?}",
+            prepared.env
+        );
         assert_eq!(prepared.env("CUDA_VISIBLE_DEVICES"), uuid);
         assert_eq!(prepared.env("NVIDIA_VISIBLE_DEVICES"), uuid);
         let device_nodes = edits["deviceNodes"].as_array().unwrap();
@@ -325,13 +339,21 @@ impl World {
     }
 
     /// The driver double's probe as the container would start it: exactly
-    /// the CDI spec's env, the preload file's library by `LD_PRELOAD`, the
-    /// token file by its host path; the double's GPUs and the node's tables.
+    /// the CDI spec's env, the preload file's library by `LD_PRELOAD` with
+    /// the pod file mounted beside it; the double's GPUs and the node's
+    /// tables.
     fn probe(&self, prepared: &Prepared, args: &[String]) -> Vec<String> {
         let preload = prepared.host_path(CONTAINER_PRELOAD);
         let named = std::fs::read_to_string(preload).unwrap();
-        let library = prepared.host_path(named.trim());
-        assert_eq!(Path::new(library), common::limiter());
+        assert_eq!(
+            Path::new(prepared.host_path(named.trim())),
+            common::limiter()
+        );
+        assert_eq!(
+            PodFile::beside(Path::new(named.trim())),
+            Path::new(CONTAINER_POD_FILE)
+        );
+        let container = ContainerLib::mounting(Path::new(prepared.host_path(CONTAINER_POD_FILE)));
         let tables = node::node_tables(&self.scratch.dir);
         let mut command = gpushare_examples::command("cudaprobe");
         command
@@ -341,11 +363,7 @@ impl World {
             .env("GPUSHARE_NODE_REGION", &tables.activity)
             .env("GPUSHARE_PRIORITY_REGION", &tables.priority)
             .envs(prepared.env.iter().map(|(k, v)| (k, v)))
-            .env("LD_PRELOAD", library)
-            .env(
-                "CUDA_LIMITER_TOKEN_FILE",
-                prepared.host_path(prepared.env("CUDA_LIMITER_TOKEN_FILE")),
-            )
+            .env("LD_PRELOAD", container.library())
             .args(args);
         // The agent and the hypervisor keep serving on the runtime's threads.
         common::run(command)
@@ -365,11 +383,11 @@ impl World {
             ))
             .unwrap();
         assert_eq!(error, "");
-        let token = PathBuf::from(prepared.host_path(CONTAINER_TOKEN));
+        let pod_file = PathBuf::from(prepared.host_path(CONTAINER_POD_FILE));
         eventually("the claim's files gone", || {
             let left: Vec<PathBuf> = Scratch::pod_files(&prepared.pod_uid)
                 .into_iter()
-                .chain([prepared.spec_path.clone(), token.clone()])
+                .chain([prepared.spec_path.clone(), pod_file.clone()])
                 .filter(|f| f.exists())
                 .collect();
             left.is_empty().then_some(())

@@ -254,6 +254,50 @@ fn limits_that_name_other_gpus_by_uuid_leave_this_one_nothing() {
 }
 
 #[test]
+fn a_map_naming_one_gpu_by_index_and_by_uuid_refuses_cuda() {
+    // Which key wins is no answer: {"0": 1 GiB, "GPU-…": 0} would run GPU 0
+    // unlimited where its writer may have meant a quota.
+    let uuid = gpushare_examples::uuid(0).to_uppercase();
+    let pod = Pod::new("named-twice");
+    for (variable, value) in [
+        (
+            "TENSOR_FUSION_CUDA_MEM_LIMIT",
+            format!("{{\"0\": {GIB}, \"{uuid}\": 0}}"),
+        ),
+        (
+            "TENSOR_FUSION_CUDA_UP_LIMIT",
+            format!("{{\"{uuid}\": 30, \"0\": 0}}"),
+        ),
+    ] {
+        let output = probe("cudaprobe", &pod, &[(variable, value.as_str())], &["info"])
+            .output()
+            .expect("spawn");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{variable}: ran: {output:?}");
+        assert!(
+            stderr.contains("cuInit failed: 3")
+                && stderr.contains(&format!(
+                    "cuda-limiter: configuration error: {variable} names one device twice"
+                )),
+            "{variable}: {stderr}"
+        );
+    }
+    // The same map on a process that sees another GPU as device 0 names
+    // each of its devices once.
+    let other = gpushare_examples::uuid(1);
+    let lines = run(probe(
+        "cudaprobe",
+        &pod,
+        &[(
+            "TENSOR_FUSION_CUDA_MEM_LIMIT",
+            &format!("{{\"0\": {GIB}, \"{other}\": 0}}"),
+        )],
+        &["info"],
+    ));
+    assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
+}
+
+#[test]
 fn malformed_configuration_is_one_clear_line_and_cuda_is_refused() {
     let pod = Pod::new("broken");
     let output = probe(

@@ -2,7 +2,8 @@
 //! hypervisor: the per-pod shared-memory ledger (usage, written by the pod)
 //! and limits (written by the hypervisor only), the node tables, the trusted
 //! shared-memory objects they live in, the pod's identity and class
-//! ([`pod`]), sizes and switches as users write them ([`units`]), the wire
+//! ([`pod`]), what the daemon tells a provisioned container's limiter
+//! ([`pod_file`]), sizes and switches as users write them ([`units`]), the wire
 //! protocol and logging. Each side's configuration (the limiter's
 //! environment, the hypervisor's file) is parsed in that side's crate.
 //! The hook engine the limiter patches the driver with is `gpushare-hook`.
@@ -16,6 +17,7 @@ pub mod ledger;
 pub mod limits;
 pub mod logging;
 pub mod pod;
+pub mod pod_file;
 pub mod priority;
 pub mod process;
 pub mod protocol;

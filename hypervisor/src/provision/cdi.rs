@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::mps::{CONTAINER_MPS_PIPE_DIR, MpsClient};
 use super::{
-    CONTAINER_LIMITER, CONTAINER_PRELOAD, CONTAINER_SHM, CONTAINER_SOCKET_DIR, CONTAINER_TOKEN,
+    CONTAINER_LIMITER, CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM, CONTAINER_SOCKET_DIR,
     ClaimRequest, ProvisionConfig, ProvisionError,
 };
 use crate::observer::GpuInfo;
@@ -73,24 +73,23 @@ pub fn spec_file_name(config: &ProvisionConfig, claim_uid: &str) -> String {
     )
 }
 
-/// The spec of `request`, whose pod's token is `token_file` (agent's view)
-/// and which gives the container `gpus` (NVML index order), as a client of
-/// their MPS daemon where `mps` says (a co-run GPU, [`super::mps`]).
+/// The spec of `request`, whose pod's pod file is `pod_file` (agent's
+/// view) and which gives the container `gpus` (NVML index order), as a
+/// client of their MPS daemon where `mps` says (a co-run GPU,
+/// [`super::mps`]). The pod, the daemon and the token reach the limiter
+/// only through the pod file: variables are the tenant's to change.
 pub fn claim_spec(
     config: &ProvisionConfig,
     request: &ClaimRequest,
     gpus: &[GpuInfo],
-    token_file: &Path,
+    pod_file: &Path,
     mps: Option<&MpsClient>,
 ) -> Result<Spec, ProvisionError> {
-    let host_token = host_view(token_file, &config.state_dir, &config.host_state_dir);
+    let host_pod_file = host_view(pod_file, &config.state_dir, &config.host_state_dir);
     let region = PodLedger::name_of(&request.pod.uid);
     let limits = PodLimits::name_of(&request.pod.uid);
     let visible: Vec<&str> = gpus.iter().map(|g| g.uuid.as_str()).collect();
     let mut env = vec![
-        format!("CUDA_LIMITER_HYPERVISOR={}", config.hypervisor_url),
-        format!("CUDA_LIMITER_POD={}", request.pod.uid),
-        format!("CUDA_LIMITER_TOKEN_FILE={CONTAINER_TOKEN}"),
         format!("CUDA_VISIBLE_DEVICES={}", visible.join(",")),
         format!("NVIDIA_VISIBLE_DEVICES={}", visible.join(",")),
     ];
@@ -120,8 +119,8 @@ pub fn claim_spec(
             options: ro(),
         },
         Mount {
-            host_path: path_text(&host_token),
-            container_path: CONTAINER_TOKEN.to_owned(),
+            host_path: path_text(&host_pod_file),
+            container_path: CONTAINER_POD_FILE.to_owned(),
             options: ro(),
         },
         // The limits the hypervisor writes: the limiter reads them, never writes.
@@ -258,16 +257,44 @@ mod tests {
     }
 
     #[test]
+    fn the_pod_file_is_mounted_read_only_beside_the_library_and_no_variable_says_it() {
+        assert_eq!(
+            Path::new(CONTAINER_POD_FILE),
+            gpushare_utils::pod_file::PodFile::beside(Path::new(CONTAINER_LIMITER))
+        );
+        let mut config = ProvisionConfig::daemonset("http://10.0.0.1:7070");
+        config.state_dir = PathBuf::from("/agent/state");
+        config.host_state_dir = PathBuf::from("/host/state");
+        let pod_file = Path::new("/agent/state/pods/p/gpushare-pod.json");
+        let spec = claim_spec(&config, &request(), &gpus(), pod_file, None).unwrap();
+        let edits = &spec.devices[0].container_edits;
+        let mount = edits
+            .mounts
+            .iter()
+            .find(|m| m.container_path == CONTAINER_POD_FILE)
+            .expect("the pod file is mounted");
+        assert_eq!(mount.host_path, "/host/state/pods/p/gpushare-pod.json");
+        assert_eq!(mount.options, ["ro", "nosuid", "nodev", "bind"]);
+        // The pod, the daemon and the token are the pod file's to say: a
+        // variable would be the tenant's to unset.
+        assert!(
+            !edits.env.iter().any(|e| e.starts_with("CUDA_LIMITER_")),
+            "{:?}",
+            edits.env
+        );
+    }
+
+    #[test]
     fn pods_reach_the_hypervisor_through_its_socket_folder() {
         let config =
             ProvisionConfig::daemonset_socket(Path::new("/var/lib/gpushare/run/hypervisor.sock"))
                 .unwrap();
+        assert_eq!(
+            config.hypervisor_url,
+            "http+unix://%2Fvar%2Frun%2Fgpushare%2Fhypervisor%2Fhypervisor.sock"
+        );
         let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t"), None).unwrap();
         let edits = &spec.devices[0].container_edits;
-        assert!(edits.env.contains(
-            &"CUDA_LIMITER_HYPERVISOR=http+unix://%2Fvar%2Frun%2Fgpushare%2Fhypervisor%2Fhypervisor.sock"
-                .to_owned()
-        ));
         let mount = edits
             .mounts
             .iter()
@@ -276,12 +303,7 @@ mod tests {
         assert_eq!(mount.host_path, "/var/lib/gpushare/run");
         assert!(mount.options.contains(&"ro".to_owned()));
         // The URL the limiter gets names the socket as the container sees it.
-        let url = edits
-            .env
-            .iter()
-            .find_map(|e| e.strip_prefix("CUDA_LIMITER_HYPERVISOR="))
-            .unwrap();
-        let (socket, _) = http_bidir_comm::split_unix_url(url).unwrap();
+        let (socket, _) = http_bidir_comm::split_unix_url(&config.hypervisor_url).unwrap();
         assert_eq!(
             socket,
             Path::new(CONTAINER_SOCKET_DIR).join("hypervisor.sock")
@@ -293,11 +315,6 @@ mod tests {
         let config = ProvisionConfig::daemonset("http://10.0.0.1:7070");
         let spec = claim_spec(&config, &request(), &gpus(), Path::new("/t"), None).unwrap();
         let edits = &spec.devices[0].container_edits;
-        assert!(
-            edits
-                .env
-                .contains(&"CUDA_LIMITER_HYPERVISOR=http://10.0.0.1:7070".to_owned())
-        );
         assert!(
             !edits
                 .mounts

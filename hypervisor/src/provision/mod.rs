@@ -3,11 +3,13 @@
 //!
 //! 1. **Prepare** a claim ([`Provisioner::prepare`]): the GPUs and the part
 //!    of each that the claim was given are checked against what the other
-//!    prepared claims hold; the pod gets a token (one per pod, a file under
-//!    `state_dir/pods/<uid>/token`), and the claim a CDI spec in `cdi_dir`
-//!    ([`cdi`]) whose edits give the container the GPU device nodes, the
-//!    limiter library with an `/etc/ld.so.preload` naming it, the pod's region
-//!    and token (read-only), and the variables. The claim is recorded in the
+//!    prepared claims hold; the pod gets a token (one per pod) and a pod
+//!    file (`state_dir/pods/<uid>/gpushare-pod.json`: the pod, the daemon's
+//!    address, the token; see [`gpushare_utils::pod_file`]), and the claim a
+//!    CDI spec in `cdi_dir` ([`cdi`]) whose edits give the container the GPU
+//!    device nodes, the limiter library with an `/etc/ld.so.preload` naming
+//!    it and the pod file beside it, the pod's region (all read-only but the
+//!    ledger), and the variables. The claim is recorded in the
 //!    checkpoint ([`checkpoint`]) before the answer, so a restarted agent
 //!    keeps it.
 //! 2. **Limits**: [`Provisioner::pod_specs`] turns the prepared claims into
@@ -44,11 +46,12 @@ use crate::observer::GpuInfo;
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, SpecError, Token};
 use checkpoint::{Checkpoint, PreparedClaim};
 
-/// Where the limiter library, the preload file, the token and the region
-/// appear inside a container.
+/// Where the limiter library, the preload file, the pod file and the
+/// region appear inside a container. The pod file sits beside the library,
+/// where the limiter looks for it ([`gpushare_utils::pod_file`]).
 pub const CONTAINER_LIMITER: &str = "/usr/local/gpushare/lib/libcuda_limiter.so";
 pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
-pub const CONTAINER_TOKEN: &str = "/var/run/gpushare/token";
+pub const CONTAINER_POD_FILE: &str = "/usr/local/gpushare/lib/gpushare-pod.json";
 pub const CONTAINER_SHM: &str = "/dev/shm";
 /// Where the hypervisor's socket folder appears inside a container.
 pub const CONTAINER_SOCKET_DIR: &str = "/var/run/gpushare/hypervisor";
@@ -243,7 +246,6 @@ impl Provisioner {
             Some(token) => token.clone(),
             None => random_token()?,
         };
-        self.write_token(&request.pod.uid, &token)?;
         let cdi_devices = vec![cdi::device_id(&self.config, &request.claim_uid)];
         let pod = request.pod.uid.clone();
         self.checkpoint.tokens.insert(pod.clone(), token);
@@ -323,9 +325,14 @@ impl Provisioner {
         &self.checkpoint.claims
     }
 
-    /// The token file of pod `uid` as the agent sees it.
-    pub fn token_file(&self, uid: &str) -> PathBuf {
-        self.config.state_dir.join("pods").join(uid).join("token")
+    /// The pod file of pod `uid` as the agent sees it: what its containers'
+    /// limiters are told (pod, daemon, token), mounted read-only.
+    pub fn pod_file(&self, uid: &str) -> PathBuf {
+        self.config
+            .state_dir
+            .join("pods")
+            .join(uid)
+            .join(gpushare_utils::pod_file::FILE_NAME)
     }
 
     /// The region of pod `uid` as the agent sees it.
@@ -531,12 +538,14 @@ impl Provisioner {
                     conflict,
                 }
             })?;
-        let token = self.token_file(pod);
-        cdi::claim_spec(&self.config, request, &gpus, &token, client.as_ref())
+        let pod_file = self.pod_file(pod);
+        cdi::claim_spec(&self.config, request, &gpus, &pod_file, client.as_ref())
     }
 
-    /// (Re)writes the CDI specs of every prepared claim of pod `pod`.
+    /// (Re)writes the pod file and the CDI specs of every prepared claim of
+    /// pod `pod`.
     fn write_specs(&self, pod: &str) -> Result<(), ProvisionError> {
+        self.write_pod_file(pod)?;
         for claim in self.checkpoint.claims.values() {
             if claim.request.pod.uid != pod {
                 continue;
@@ -557,15 +566,43 @@ impl Provisioner {
             .join(cdi::spec_file_name(&self.config, claim_uid))
     }
 
-    fn write_token(&self, pod: &str, token: &str) -> Result<PathBuf, ProvisionError> {
-        let path = self.token_file(pod);
+    /// Writes what pod `pod`'s limiters are told: its id, the daemon's
+    /// address, its token, who owns its limits, and whether it runs as an MPS
+    /// client (any of its GPUs in co-run mode).
+    fn write_pod_file(&self, pod: &str) -> Result<(), ProvisionError> {
+        let token = self
+            .checkpoint
+            .tokens
+            .get(pod)
+            .ok_or_else(|| ProvisionError::Checkpoint {
+                path: self.config.state_dir.clone(),
+                message: format!("pod {pod} has claims but no token"),
+            })?;
+        let mps_required = self.config.corun.as_ref().is_some_and(|corun| {
+            self.checkpoint
+                .claims
+                .values()
+                .filter(|c| c.request.pod.uid == pod)
+                .flat_map(|c| &c.request.devices)
+                .any(|device| corun.covers(&device.gpu_uuid))
+        });
+        let file = gpushare_utils::pod_file::PodFile {
+            version: gpushare_utils::pod_file::VERSION,
+            pod: pod.to_owned(),
+            hypervisor: self.config.hypervisor_url.clone(),
+            token: token.clone(),
+            // The limits objects are this daemon's: root's, or its own uid's.
+            limits_owner: Some(gpushare_utils::shm::effective_uid()).filter(|&uid| uid != 0),
+            mps_required,
+        };
+        let path = self.pod_file(pod);
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
         }
         // Read-only to everyone: the pod's processes run as any user and see
-        // it through a read-only mount; no other pod mounts it.
-        write_file(&path, token.as_bytes(), 0o444)?;
-        Ok(path)
+        // it through a read-only mount; no other pod mounts it. The limiter
+        // trusts it only as root's (the daemon's) file.
+        write_file(&path, file.to_json().as_bytes(), 0o444)
     }
 
     fn remove_pod_files(&self, pod: &str) -> Result<(), ProvisionError> {

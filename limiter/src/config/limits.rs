@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use super::ConfigError;
+
 /// How a compute limit treats SM time other pods leave idle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) enum ComputePolicy {
@@ -102,6 +104,8 @@ struct Entry<T> {
     /// `None`: explicitly unlimited.
     pub(super) limit: Option<T>,
     pub(super) source: String,
+    /// The variable and key of a JSON map's member (`None`: a plain variable).
+    pub(super) member: Option<(String, String)>,
 }
 
 /// The key that decided a device's limit, from [`DeviceLimits::lookup`].
@@ -132,16 +136,69 @@ impl<T> Default for DeviceLimits<T> {
 
 impl<T> DeviceLimits<T> {
     pub(super) fn push(&mut self, rank: u8, device: Device, limit: Option<T>, source: String) {
-        let at = self.entries.partition_point(|e| e.rank <= rank);
-        self.entries.insert(
-            at,
-            Entry {
-                rank,
-                device,
-                limit,
-                source,
-            },
-        );
+        self.insert(Entry {
+            rank,
+            device,
+            limit,
+            source,
+            member: None,
+        });
+    }
+
+    /// A member `key` of the JSON map in variable `var`.
+    pub(super) fn push_member(
+        &mut self,
+        rank: u8,
+        device: Device,
+        limit: Option<T>,
+        var: &str,
+        key: &str,
+    ) {
+        self.insert(Entry {
+            rank,
+            device,
+            limit,
+            source: format!("{var}[{key:?}]"),
+            member: Some((var.to_owned(), key.to_owned())),
+        });
+    }
+
+    fn insert(&mut self, entry: Entry<T>) {
+        let at = self.entries.partition_point(|e| e.rank <= entry.rank);
+        self.entries.insert(at, entry);
+    }
+
+    /// Whether a JSON map names devices both by index and by UUID: only
+    /// then can one device be named twice, which only the driver can tell
+    /// ([`Self::named_twice`]).
+    pub(crate) fn mixes_indices_and_uuids(&self) -> bool {
+        let members = || self.entries.iter().filter(|e| e.member.is_some());
+        members().any(|e| matches!(e.device, Device::Index(_)))
+            && members().any(|e| matches!(e.device, Device::Uuid(_)))
+    }
+
+    /// The error when one JSON map names device `index`, whose UUID is
+    /// `uuid`, twice: by its index and by its UUID. Which of the two would
+    /// win is no answer: `{"0": 1073741824, "GPU-…": 0}` would run the GPU
+    /// unlimited where its writer may have meant a quota.
+    pub(crate) fn named_twice(&self, index: u32, uuid: &str) -> Option<ConfigError> {
+        let member = |by_uuid: bool| {
+            self.entries.iter().find_map(|e| {
+                let named = match &e.device {
+                    Device::Uuid(u) => by_uuid && u.eq_ignore_ascii_case(uuid),
+                    Device::Index(i) => !by_uuid && *i == index,
+                    Device::All => false,
+                };
+                named.then_some(e.member.as_ref()?)
+            })
+        };
+        let (var, by_index) = member(false)?;
+        let (uuid_var, by_uuid) = member(true)?;
+        (var == uuid_var).then(|| ConfigError::JsonDuplicate {
+            var: var.clone(),
+            first: by_index.clone(),
+            second: by_uuid.clone(),
+        })
     }
 }
 

@@ -151,7 +151,7 @@ pub(super) fn parse_json_limits<T>(
             Device::Uuid(_) => rank::TF_UUID,
             _ => rank::TF_INDEX,
         };
-        out.push(rank, device.clone(), limit, format!("{}[{key:?}]", v.name));
+        out.push_member(rank, device.clone(), limit, &v.name, key);
         seen.push((device, key.as_str()));
     }
     Ok(())
@@ -184,6 +184,51 @@ mod tests {
             .compute
             .resolve(0, Some("mig-5C8E6D2A-1B3F-5F0E-8C9D-0A1B2C3D4E5F"));
         assert_eq!(got, Some(ComputeLimit::fixed(30)));
+    }
+
+    #[test]
+    fn a_map_naming_a_device_by_index_and_by_uuid_names_it_twice() {
+        for name in [
+            "TENSOR_FUSION_CUDA_MEM_LIMIT",
+            "TENSOR_FUSION_CUDA_UP_LIMIT",
+        ] {
+            let json = format!(r#"{{"0": 30, "{}": 0}}"#, UUID.to_uppercase());
+            let c = ok(&[(name, json.as_str())]);
+            let limits_mix = if name.contains("MEM") {
+                c.memory.mixes_indices_and_uuids()
+            } else {
+                c.compute.mixes_indices_and_uuids()
+            };
+            assert!(limits_mix, "{name}");
+            let twice = |index: u32, uuid: &str| {
+                if name.contains("MEM") {
+                    c.memory.named_twice(index, uuid)
+                } else {
+                    c.compute.named_twice(index, uuid)
+                }
+            };
+            let error = twice(0, UUID).expect("device 0 is named twice");
+            assert_eq!(
+                error.to_string(),
+                format!(
+                    r#"{name} names one device twice, as "0" and "{}" (expected each device once)"#,
+                    UUID.to_uppercase()
+                )
+            );
+            // Another index, or another GPU at index 0: each named once.
+            assert_eq!(twice(1, UUID), None, "{name}");
+            assert_eq!(twice(0, "GPU-other"), None, "{name}");
+        }
+        // Keys of one kind only, or of different variables: nothing to check.
+        let c = ok(&[("TENSOR_FUSION_CUDA_MEM_LIMIT", r#"{"0": 1, "1": 2}"#)]);
+        assert!(!c.memory.mixes_indices_and_uuids());
+        let json = format!(r#"{{"{UUID}": 1073741824}}"#);
+        let c = ok(&[
+            ("TENSOR_FUSION_CUDA_MEM_LIMIT", json.as_str()),
+            ("CUDA_LIMITER_MEMORY_LIMIT_0", "2g"),
+        ]);
+        assert!(!c.memory.mixes_indices_and_uuids());
+        assert_eq!(c.memory.named_twice(0, UUID), None);
     }
 
     #[test]

@@ -204,7 +204,8 @@ impl MemoryQuota {
     }
 
     /// The quota of a device known by index and UUID: the hypervisor's for
-    /// that UUID when it granted limits, else the configured one. Under the
+    /// that UUID when it granted limits (or, in a provisioned container,
+    /// the configured one where that is lower), else the configured one. Under the
     /// hypervisor a GPU it published no limits for (one the pod was not
     /// given, a UUID it does not know) has a quota of 0: every allocation
     /// on it is refused, where no quota would leave it unlimited. So has,
@@ -220,7 +221,22 @@ impl MemoryQuota {
                 return Some(0);
             };
             let bytes = gpu.quota.load(Ordering::Acquire);
-            return (bytes > 0).then_some(bytes);
+            // In a provisioned container a lower local limit tightens the
+            // published quota; a higher one changes nothing.
+            let local = ctx
+                .local_limits_tighten()
+                .then(|| self.configured.resolve(device as u32, uuid))
+                .flatten();
+            return [(bytes > 0).then_some(bytes), local]
+                .into_iter()
+                .flatten()
+                .min();
+        }
+        if let Some(error) = uuid.and_then(|uuid| self.configured.named_twice(device as u32, uuid))
+        {
+            // Refused at cuInit already; a program that goes on gets no memory.
+            tracing::error!(device, %error, "nothing may be allocated on the device");
+            return Some(0);
         }
         if self.configured.lookup(device as u32, uuid).is_none()
             && self.configured.names_only_uuids()

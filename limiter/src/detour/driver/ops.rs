@@ -7,7 +7,8 @@ use crate::grant::Grant;
 use crate::sys::CUresult;
 
 /// `cuInit`: `CUDA_ERROR_NOT_INITIALIZED` under a broken configuration, an
-/// unpatchable driver, MPS required but not in effect, or (under a
+/// unpatchable driver, a JSON map naming one device twice (by index and by
+/// UUID), MPS required but not in effect, or (under a
 /// hypervisor) no grant and no local limit, so the program fails where CUDA
 /// starts instead of running without its limits. A broken configuration says so once, here; the other causes
 /// printed their one line when they were found.
@@ -24,7 +25,10 @@ pub(super) fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
     if limiter.refusal().is_some() {
         return Err(LimiterError::Misconfigured("driver cannot be patched"));
     }
-    if limiter.context.link().is_none() && !limiter.mps.is_required() {
+    if limiter.context.link().is_none()
+        && !limiter.mps.is_required()
+        && !limiter.maps_mix_indices_and_uuids()
+    {
         return Err(LimiterError::Bypass(Pass::NoHypervisor));
     }
     // Before the driver reads it: an MPS client's share of the SMs.
@@ -40,6 +44,11 @@ pub(super) fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
     let result = initialise();
     if !result.is_success() {
         return Ok(result);
+    }
+    // Which UUID each index has is known now.
+    if let Some(message) = limiter.device_named_twice() {
+        entry::refuse(message);
+        return Err(LimiterError::Misconfigured("configuration error"));
     }
     if limiter.mps.verify(limiter.context.driver()).is_err() {
         return Err(LimiterError::Misconfigured(

@@ -1,0 +1,241 @@
+//! A provisioned container (device plugin or DRA): the limiter comes from
+//! `/etc/ld.so.preload` and its pod, daemon and token from the pod file
+//! mounted read-only beside it. A tenant controls its environment, not those
+//! files: no variable it removes, changes or adds loosens its limits.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::process::Output;
+use std::sync::Arc;
+
+use common::{CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, Pod, info};
+use gpushare_utils::limits::PodLimits;
+use gpushare_utils::pod_file::{PodFile, VERSION};
+use gpushare_utils::shm::Creation;
+
+const TOKEN: &str = "provisioned-token";
+/// The pods' uid (the daemon's `region_uid`).
+const POD_UID: u32 = 65534;
+
+/// Whether this process may act as the pods' uid (root).
+fn root() -> bool {
+    gpushare_utils::shm::effective_uid() == 0
+}
+
+/// The daemon for `pod`: 1 GiB on GPU 0, its ledger owned by the pods' uid.
+fn daemon(pod: &Pod) -> hypervisor::RunningHypervisor {
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nregion_uid = {POD_UID}\nregion_gid = {POD_UID}\nregion_mode = \"0600\"\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
+        pod.0
+    );
+    common::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
+}
+
+/// The pod file the daemon's provisioning writes for `pod`.
+fn pod_file(pod: &Pod, url: &str) -> String {
+    PodFile {
+        version: VERSION,
+        pod: pod.0.clone(),
+        hypervisor: url.to_owned(),
+        token: TOKEN.to_owned(),
+        limits_owner: None,
+        mps_required: false,
+    }
+    .to_json()
+}
+
+/// The probe in the container, as the pods' uid, with no CUDA variable of
+/// the test's but `env` (and the double's, and the test's node tables).
+fn in_container(
+    container: &ContainerLib,
+    pod: &Pod,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> Output {
+    let mut command = gpushare_examples::command("cudaprobe");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("CUDA_") {
+            command.env_remove(name);
+        }
+    }
+    command
+        .env("LD_PRELOAD", container.library())
+        .env("GPUSHARE_DOUBLE_TOTAL", "16g")
+        .env("CUDA_LIMITER_GRANT_TIMEOUT_MS", "2000")
+        .envs(env.iter().copied())
+        .args(args)
+        .uid(POD_UID)
+        .gid(POD_UID);
+    common::use_node_tables(&mut command, pod);
+    command.output().expect("probe")
+}
+
+#[test]
+fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits() {
+    if !root() {
+        eprintln!("skipped: a container's pod file is root's, and its pods another user");
+        return;
+    }
+    let pod = Pod::new("provisioned");
+    let daemon = daemon(&pod);
+    let container = ContainerLib::with_text(&pod_file(&pod, &daemon.url()));
+    // A limits object the tenant forged for a pod name of its own, owned by
+    // its uid, with 3 GiB: trusted only if the environment could name the
+    // pod and say its uid owns trusted objects.
+    let forged_pod = Pod::new("forged");
+    let forged = PodLimits::create_or_adopt(
+        &forged_pod.0,
+        &Creation {
+            uid: Some(POD_UID),
+            gid: Some(POD_UID),
+            mode: 0o644,
+        },
+    )
+    .expect("forged limits");
+    forged
+        .set(&gpushare_examples::uuid(0), 3 * GIB)
+        .expect("forged quota");
+    forged.publish();
+    let wrong_token = format!("{TOKEN}-not");
+    let uid = POD_UID.to_string();
+    let cases: [(&str, Vec<(&str, &str)>); 4] = [
+        ("no variable at all", vec![]),
+        (
+            "the pod, the daemon, the token and the owner changed",
+            vec![
+                ("CUDA_LIMITER_POD", &forged_pod.0),
+                ("CUDA_LIMITER_HYPERVISOR", "http://127.0.0.1:9"),
+                ("CUDA_LIMITER_TOKEN", &wrong_token),
+                ("CUDA_LIMITER_REGION_OWNER", &uid),
+                ("CUDA_LIMITER_ALLOW_UNPATCHED", "1"),
+            ],
+        ),
+        (
+            "a higher local limit",
+            vec![
+                ("CUDA_DEVICE_MEMORY_LIMIT", "8g"),
+                ("CUDA_LIMITER_MEMORY_LIMIT_0", "0"),
+            ],
+        ),
+        (
+            "a higher local limit, another pod and its owner",
+            vec![
+                ("CUDA_LIMITER_MEMORY_LIMIT", "3g"),
+                ("CUDA_LIMITER_POD", &forged_pod.0),
+                ("CUDA_LIMITER_REGION_OWNER", &uid),
+            ],
+        ),
+    ];
+    for (what, env) in &cases {
+        let output = in_container(
+            &container,
+            &pod,
+            env,
+            &["info", "alloc", "mem", "2g", "alloc", "mem", "512m"],
+        );
+        let lines = common::stdout_lines(&output);
+        assert!(output.status.success(), "{what}: {output:?}");
+        assert_eq!(
+            lines[0],
+            info(0, GIB - CONTEXT_BYTES, GIB),
+            "{what}: {output:?}"
+        );
+        assert!(
+            lines[1].starts_with("alloc mem 2g -> 2 "),
+            "{what}: {output:?}"
+        );
+        assert!(
+            lines[2].starts_with("alloc mem 512m -> 0 "),
+            "{what}: {output:?}"
+        );
+    }
+    // The daemon counts the pod's processes as its own: every one registered
+    // under the pod file's pod and token.
+    let status = serde_json::to_value(daemon.hypervisor().status()).expect("json");
+    let ours = status["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .find(|p| p["id"] == pod.0.as_str())
+        .expect("the pod");
+    assert_eq!(ours["gpus"][0]["memory_quota"], GIB);
+    // A lower local limit tightens the published one.
+    let output = in_container(
+        &container,
+        &pod,
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "768m")],
+        &["info", "alloc", "mem", "512m"],
+    );
+    let lines = common::stdout_lines(&output);
+    assert_eq!(
+        lines[0],
+        info(0, 768 * MIB - CONTEXT_BYTES, 768 * MIB),
+        "{output:?}"
+    );
+    assert!(lines[1].starts_with("alloc mem 512m -> 2 "), "{output:?}");
+    drop(forged);
+    let _ = std::fs::remove_file(format!("/dev/shm/{}", PodLimits::name_of(&forged_pod.0)));
+}
+
+#[test]
+fn a_pod_file_that_is_not_the_daemons_refuses_cuda() {
+    if !root() {
+        eprintln!("skipped: a container's pod file is root's, and its pods another user");
+        return;
+    }
+    let pod = Pod::new("bad-pod-file");
+    let text = pod_file(&pod, "http://127.0.0.1:9");
+    let cases: [(&str, Box<dyn Fn(&ContainerLib)>, &str); 3] = [
+        (
+            "owned by the tenant",
+            Box::new(|c| std::os::unix::fs::chown(c.pod_file(), Some(POD_UID), None).unwrap()),
+            "not root",
+        ),
+        (
+            "writable by others",
+            Box::new(|c| {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(c.pod_file(), std::fs::Permissions::from_mode(0o666))
+                    .unwrap();
+            }),
+            "writable by group or others",
+        ),
+        (
+            "of another version",
+            Box::new(|c| {
+                let path = c.pod_file();
+                std::fs::remove_file(&path).unwrap();
+                std::fs::write(&path, text.replace("\"version\": 1", "\"version\": 9")).unwrap();
+            }),
+            "version 9",
+        ),
+    ];
+    for (what, spoil, want) in &cases {
+        let container = ContainerLib::with_text(&text);
+        spoil(&container);
+        let output = in_container(&container, &pod, &[], &["info"]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{what}: ran: {output:?}");
+        assert!(
+            stderr.contains("cuInit failed: 3")
+                && stderr.contains("cuda-limiter: configuration error: ")
+                && stderr.contains(want),
+            "{what}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn without_a_pod_file_the_environment_decides_as_before() {
+    // Local mode: a library with nothing beside it reads its variables.
+    let pod = Pod::new("local");
+    let lines = common::run(common::probe(
+        "cudaprobe",
+        &pod,
+        &[("CUDA_DEVICE_MEMORY_LIMIT", "2g")],
+        &["info"],
+    ));
+    assert_eq!(lines[0], info(0, 2 * GIB - CONTEXT_BYTES, 2 * GIB));
+}
