@@ -187,7 +187,8 @@ fn a_pod_file_that_is_not_the_daemons_refuses_cuda() {
     }
     let pod = Pod::new("bad-pod-file");
     let text = pod_file(&pod, "http://127.0.0.1:9");
-    let cases: [(&str, Box<dyn Fn(&ContainerLib)>, &str); 3] = [
+    type Spoil<'a> = Box<dyn Fn(&ContainerLib) + 'a>;
+    let cases: [(&str, Spoil<'_>, &str); 3] = [
         (
             "owned by the tenant",
             Box::new(|c| std::os::unix::fs::chown(c.pod_file(), Some(POD_UID), None).unwrap()),

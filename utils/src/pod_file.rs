@@ -214,7 +214,8 @@ mod tests {
         let path = dir.0.join(FILE_NAME);
         let root = crate::shm::effective_uid() == 0;
         let text = example().to_json();
-        let cases: Vec<(&str, Box<dyn Fn()>, &str)> = vec![
+        type Case<'a> = (&'a str, Box<dyn Fn() + 'a>, &'a str);
+        let cases: Vec<Case<'_>> = vec![
             (
                 "writable by others",
                 Box::new(|| write(&path, &text, 0o666)),
@@ -259,7 +260,7 @@ mod tests {
                         &path,
                         &text.replace("\"version\": 1", "\"version\": 2"),
                         0o444,
-                    )
+                    );
                 }),
                 if root { "version 2" } else { "not root" },
             ),
@@ -270,7 +271,7 @@ mod tests {
                         &path,
                         &text.replace("\"pod\"", "\"allow_unlimited\": true, \"pod\""),
                         0o444,
-                    )
+                    );
                 }),
                 if root { "unknown field" } else { "not root" },
             ),
@@ -281,7 +282,7 @@ mod tests {
                         &path,
                         "{\"version\": 1, \"pod\": \"p\", \"hypervisor\": \"http://x\"}",
                         0o444,
-                    )
+                    );
                 }),
                 if root {
                     "missing field `token`"
