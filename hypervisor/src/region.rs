@@ -13,8 +13,10 @@
 //! `region_mode` (default 0600, never group- or other-writable); the limits
 //! owned by the hypervisor, mode 0644 (0640 with `region_gid`). An existing
 //! object is adopted only from a trusted owner (the hypervisor, or
-//! `region_uid` for the ledger) and when nobody else may write it: an object
-//! planted by another user is removed and made again.
+//! `region_uid` for the ledger), when nobody else may write it and it has
+//! the right size. Anything else at the name (a squat: a link, a directory,
+//! a FIFO, a file planted by another user, one left empty) is removed
+//! without being followed ([`squat`]) and the object made again.
 //!
 //! Opening registers the hypervisor as one of the ledger's process slots; it
 //! holds no memory there. Neither object is unlinked while the pod is
@@ -28,11 +30,13 @@ use gpushare_utils::bucket::Bucket;
 use gpushare_utils::ledger::{DeviceUsage, LedgerError, PodLedger, SpillUsage};
 use gpushare_utils::limits::{LimitsError, PodLimits};
 use gpushare_utils::pod::PodId;
-use gpushare_utils::shm::{self, Creation, ShmError, Trust};
+use gpushare_utils::shm::{self, Creation, Squat, Trust};
 
 use crate::config::RegionOptions;
 use crate::fairshare::Allotment;
 use crate::spec::GpuSpec;
+
+mod squat;
 
 /// Why a region could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -41,6 +45,14 @@ pub enum RegionError {
     Ledger(#[from] LedgerError),
     #[error(transparent)]
     Limits(#[from] LimitsError),
+    /// Something else stands at the name and may not be removed.
+    #[error("/dev/shm/{name} is {found}, which the hypervisor cannot remove: {source}")]
+    Squat {
+        name: String,
+        found: Squat,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// Where `/dev/shm` entries live.
@@ -62,10 +74,11 @@ impl std::fmt::Debug for PodRegion {
 }
 
 impl PodRegion {
-    /// Creates or adopts the ledger and the limits of `pod`. An object
-    /// planted by someone else (an untrusted owner, writable by others, not
-    /// a regular file) is removed and made again, so that squatting a pod's
-    /// name before it is provisioned blocks nobody.
+    /// Creates or adopts the ledger and the limits of `pod`. Whatever else
+    /// stands at their names (a link, a directory, a file of an untrusted
+    /// owner, writable by others or of the wrong size) is removed and the
+    /// object made again, so that squatting a pod's name before it is
+    /// provisioned blocks nobody.
     pub fn open(pod: &PodId, options: &RegionOptions) -> Result<Self, RegionError> {
         let name = PodLedger::name_of(pod.as_str());
         let mut owners = vec![shm::effective_uid()];
@@ -260,34 +273,39 @@ impl PodRegion {
     }
 }
 
-/// Runs `open`; when it refuses an object someone else planted under
-/// `name`, removes that object and runs `open` once more.
+/// What stands at the name in place of an object the daemon may use, when
+/// `error` says so: the daemon owns the name and replaces it.
+fn squat_in(error: &RegionError) -> Option<Squat> {
+    match error {
+        RegionError::Ledger(LedgerError::Shm(shm)) | RegionError::Limits(LimitsError::Shm(shm)) => {
+            shm.squat()
+        }
+        // Left empty, or half-made, past the wait: nobody is making it.
+        RegionError::Ledger(LedgerError::Timeout { .. })
+        | RegionError::Limits(LimitsError::Missing { .. }) => Some(Squat::Unready),
+        _ => None,
+    }
+}
+
+/// Runs `open`; when it finds something else at `name` (a link, a
+/// directory, a file it may not adopt), removes that without following it
+/// ([`squat::remove`]) and runs `open` once more.
 fn replacing_planted<T>(
     name: &str,
     open: impl Fn() -> Result<T, RegionError>,
 ) -> Result<T, RegionError> {
-    let planted = |error: &RegionError| {
-        let shm = match error {
-            RegionError::Ledger(LedgerError::Shm(shm))
-            | RegionError::Limits(LimitsError::Shm(shm)) => shm,
-            _ => return false,
-        };
-        matches!(
-            shm,
-            ShmError::UntrustedOwner { .. }
-                | ShmError::Writable { .. }
-                | ShmError::NotRegular { .. }
-        )
+    let error = match open() {
+        Err(error) => error,
+        opened => return opened,
     };
-    match open() {
-        Err(error) if planted(&error) => {
-            tracing::warn!(%error, name, "replacing an object the hypervisor did not make");
-            if let Err(unlinked) = shm::unlink(name) {
-                tracing::warn!(error = %unlinked, name, "cannot remove it");
-                return Err(error);
-            }
-            open()
-        }
-        result => result,
-    }
+    let Some(found) = squat_in(&error) else {
+        return Err(error);
+    };
+    squat::remove(name).map_err(|source| RegionError::Squat {
+        name: name.to_owned(),
+        found,
+        source,
+    })?;
+    tracing::warn!(name, %found, %error, "removed what stood at a name the hypervisor owns, to make its own object");
+    open()
 }

@@ -21,10 +21,12 @@
 //! `CUDA_VISIBLE_DEVICES` numbers them. Nothing a worker reports can move a
 //! quota to another GPU.
 //!
-//! The periodic work (rates, audit, reclaim) is in [`tick`]; the status
-//! report in [`report`].
+//! The periodic work (rates, audit, reclaim) is in [`tick`], which also
+//! tries again the pods left out ([`retry`]); the status report in
+//! [`report`].
 
 mod report;
+mod retry;
 mod tick;
 
 use std::collections::BTreeMap;
@@ -46,6 +48,7 @@ use crate::region::{PodRegion, RegionError};
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
 
 pub use report::{GpuStatus, PodStatus};
+use retry::LeftOut;
 
 /// A pod wants a GPU for this long after the last sign of demand.
 pub const ACTIVE_WINDOW: Duration = Duration::from_millis(200);
@@ -76,8 +79,8 @@ pub struct ApplyReport {
     /// Pods whose GPU limits changed (their workers are told).
     pub changed: Vec<String>,
     pub removed: Vec<String>,
-    /// Pods left out: their region could not be opened. Retried on the next
-    /// [`Scheduler::retry_failed`].
+    /// Pods left out: their region could not be opened. Tried again on the
+    /// periodic tick until served.
     pub failed: Vec<(String, String)>,
 }
 
@@ -144,7 +147,8 @@ pub struct AdmissionTarget {
 pub struct Scheduler {
     pub(crate) gpus: Vec<GpuInfo>,
     pub(crate) pods: BTreeMap<String, Pod>,
-    pub(crate) failed: BTreeMap<String, PodSpec>,
+    /// Pods left out, tried again from the tick ([`retry`]).
+    pub(crate) failed: BTreeMap<String, LeftOut>,
     pub(crate) regions: RegionOptions,
     /// The node's activity and priority tables (made at start).
     pub(crate) tables: NodeTables,
@@ -228,16 +232,9 @@ impl Scheduler {
                         report.changed.push(id);
                     }
                 }
-                None => match self.open_pod(spec.clone(), now) {
-                    Ok(()) => {
-                        self.failed.remove(&id);
-                        report.added.push(id);
-                    }
-                    Err(e) => {
-                        tracing::error!(pod = %id, error = %e, "pod left out");
-                        report.failed.push((id.clone(), e.to_string()));
-                        self.failed.insert(id, spec);
-                    }
+                None => match self.open_or_leave_out(spec, now) {
+                    Ok(()) => report.added.push(id),
+                    Err(reason) => report.failed.push((id, reason)),
                 },
             }
         }
@@ -245,18 +242,10 @@ impl Scheduler {
         report
     }
 
-    /// Opens the regions of pods that failed before.
+    /// Opens the regions of pods left out whose next try is due (the
+    /// periodic [`Self::tick`] does too); returns those now served.
     pub fn retry_failed(&mut self, now: Instant) -> Vec<String> {
-        let failed = std::mem::take(&mut self.failed);
-        let mut added = Vec::new();
-        for (id, spec) in failed {
-            match self.open_pod(spec.clone(), now) {
-                Ok(()) => added.push(id),
-                Err(_) => {
-                    self.failed.insert(id, spec);
-                }
-            }
-        }
+        let added = self.retry_due(now);
         if !added.is_empty() {
             self.tick(now, None);
         }

@@ -32,8 +32,13 @@ pub struct Mismatch {
 }
 
 impl Scheduler {
-    /// One scheduling round: of every GPU, or of the GPU `only` (lowercase UUID).
+    /// One scheduling round: of every GPU, or of the GPU `only` (lowercase
+    /// UUID). A round of every GPU first tries again the pods left out
+    /// whose turn has come ([`super::retry`]).
     pub fn tick(&mut self, now: Instant, only: Option<&str>) {
+        if only.is_none() && !self.failed.is_empty() {
+            self.retry_due(now);
+        }
         let mut by_gpu: BTreeMap<String, Vec<(String, usize)>> = BTreeMap::new();
         for (id, pod) in &mut self.pods {
             for (k, gpu) in pod.gpus.iter_mut().enumerate() {

@@ -13,6 +13,10 @@
 //! - **Read-only** opens map the object `PROT_READ` from an `O_RDONLY`
 //!   descriptor: the process cannot write it even by mistake, and the kernel
 //!   refuses `mprotect` to writable on such a mapping.
+//! - **Squats**: an open never waits on what it finds (a FIFO), and an
+//!   error that means something else stands at the name says what
+//!   ([`ShmError::squat`]: a link, a directory, a file it may not adopt),
+//!   for the object's creator to remove.
 //! - **Shrinking** an object is harmless to those who map it: see [`guard`].
 
 mod guard;
@@ -137,6 +141,69 @@ pub enum ShmError {
         /// The length the caller expected, in bytes.
         expected: u64,
     },
+}
+
+/// What stands at an object's name in place of an object that may be
+/// adopted, as an opener found it ([`ShmError::squat`]): only the object's
+/// creator (the hypervisor, for a pod's objects) removes it, never
+/// following it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Squat {
+    /// A symbolic link (`O_NOFOLLOW` refused it).
+    Link,
+    /// A directory.
+    Directory,
+    /// Something else that is not a regular file: a FIFO, a socket, a
+    /// device (or a directory opened read-only).
+    Special,
+    /// A regular file owned by this uid, which is not trusted.
+    Owner(u32),
+    /// A regular file with these permission bits: group or others may write it.
+    Writable(u32),
+    /// A regular file of this many bytes, not the object's size.
+    Size(u64),
+    /// A regular file that stayed empty, or whose header was never made ready.
+    Unready,
+    /// An entry this process may not open.
+    Unopenable,
+}
+
+impl std::fmt::Display for Squat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Squat::Link => f.write_str("a symbolic link"),
+            Squat::Directory => f.write_str("a directory"),
+            Squat::Special => f.write_str("not a regular file"),
+            Squat::Owner(uid) => write!(f, "a file of the untrusted uid {uid}"),
+            Squat::Writable(mode) => write!(f, "a file of mode {mode:04o}"),
+            Squat::Size(bytes) => write!(f, "a file of {bytes} bytes"),
+            Squat::Unready => f.write_str("a file never made ready"),
+            Squat::Unopenable => f.write_str("an entry the opener may not open"),
+        }
+    }
+}
+
+impl ShmError {
+    /// What stands at the name, when this error says it is not an object
+    /// of ours (nor a failure to create one): a link, a directory, a file
+    /// that may not be adopted.
+    pub fn squat(&self) -> Option<Squat> {
+        match self {
+            ShmError::Open { source, .. } => match source.raw_os_error()? {
+                libc::ELOOP => Some(Squat::Link),
+                libc::EISDIR => Some(Squat::Directory),
+                // A socket.
+                libc::ENXIO => Some(Squat::Special),
+                libc::EACCES | libc::EPERM => Some(Squat::Unopenable),
+                _ => None,
+            },
+            ShmError::NotRegular { .. } => Some(Squat::Special),
+            ShmError::UntrustedOwner { uid, .. } => Some(Squat::Owner(*uid)),
+            ShmError::Writable { mode, .. } => Some(Squat::Writable(*mode)),
+            ShmError::Size { found, .. } => Some(Squat::Size(*found)),
+            ShmError::Create { .. } => None,
+        }
+    }
 }
 
 /// How an object was obtained.
@@ -271,20 +338,26 @@ pub fn open(
     } else {
         libc::O_RDONLY
     };
+    // O_NONBLOCK: a FIFO planted at the name is opened (and refused below)
+    // at once, never waited on; it changes nothing for a regular file.
     // SAFETY: a valid NUL-terminated name.
     let fd = unsafe {
         libc::shm_open(
             path.as_ptr(),
-            access | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            access | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
             0,
         )
     };
     if fd < 0 {
         let error = io::Error::last_os_error();
-        if error.raw_os_error() == Some(libc::ENOENT) {
-            return Ok(None);
+        match error.raw_os_error() {
+            Some(libc::ENOENT) => return Ok(None),
+            // glibc's shm_open reports a directory as EINVAL: say what it is.
+            Some(libc::EINVAL) if is_directory(name) => {
+                return Err(fail(io::Error::from_raw_os_error(libc::EISDIR)));
+            }
+            _ => return Err(fail(error)),
         }
-        return Err(fail(error));
     }
     let fd = Fd(fd);
     // SAFETY: an all-zero stat is a valid out-buffer.
@@ -321,6 +394,12 @@ pub fn open(
             expected: len as u64,
         }),
     }
+}
+
+/// Whether `/dev/shm/<name>` is a directory (not a link to one).
+fn is_directory(name: &str) -> bool {
+    !name.contains('/')
+        && std::fs::symlink_metadata(format!("/dev/shm/{name}")).is_ok_and(|m| m.is_dir())
 }
 
 /// Removes `name` (tests, and pods the hypervisor forgets).
@@ -366,4 +445,72 @@ fn map(fd: &Fd, len: usize, writable: bool) -> io::Result<Mapping> {
 pub fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::symlink;
+    use std::path::PathBuf;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A name of this test's own; whatever is there is removed when dropped.
+    struct Name(String);
+
+    impl Name {
+        fn path(&self) -> PathBuf {
+            PathBuf::from(format!("/dev/shm/{}", self.0))
+        }
+
+        fn clear(&self) {
+            let _ = std::fs::remove_file(self.path());
+            let _ = std::fs::remove_dir(self.path());
+        }
+
+        /// What opening it (`writable` or not) says stands there, within
+        /// 5 s: an open never waits on what it finds.
+        fn squat(&self, writable: bool) -> Option<Squat> {
+            let (name, (tx, rx)) = (self.0.clone(), mpsc::channel());
+            std::thread::spawn(move || {
+                let trust = Trust::own_or_root(None);
+                let _ = tx.send(open(&name, 4096, writable, &trust).err());
+            });
+            let error = rx
+                .recv_timeout(Duration::from_secs(5))
+                .expect("the open returns");
+            error.expect("refused").squat()
+        }
+    }
+
+    impl Drop for Name {
+        fn drop(&mut self) {
+            self.clear();
+        }
+    }
+
+    #[test]
+    fn an_opener_says_what_stands_at_the_name() {
+        let name = Name(format!("gpushare-shm-squat-test-{}", std::process::id()));
+        symlink("/nowhere", name.path()).expect("symlink");
+        assert_eq!(name.squat(true), Some(Squat::Link));
+        assert_eq!(name.squat(false), Some(Squat::Link));
+        name.clear();
+        std::fs::create_dir(name.path()).expect("directory");
+        assert_eq!(name.squat(true), Some(Squat::Directory));
+        assert_eq!(name.squat(false), Some(Squat::Special));
+        name.clear();
+        let fifo = CString::new(name.path().into_os_string().into_encoded_bytes()).expect("path");
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0, "mkfifo");
+        assert_eq!(name.squat(false), Some(Squat::Special));
+        assert_eq!(name.squat(true), Some(Squat::Special));
+        name.clear();
+        std::fs::write(name.path(), [0u8; 100]).expect("file");
+        assert_eq!(name.squat(true), Some(Squat::Size(100)));
+        name.clear();
+        let nothing = open(&name.0, 4096, true, &Trust::own_or_root(None));
+        assert!(matches!(nothing, Ok(None)), "nothing there");
+    }
 }
