@@ -16,6 +16,10 @@
 //!   of connections does not run the daemon out of descriptors.
 //! - **Accept errors** (out of descriptors) pause accepting briefly instead
 //!   of spinning.
+//! - **Refusals in JSON** ([`refusal`]): a request whose head passes
+//!   [`MAX_HEADER_BYTES`](refusal::MAX_HEADER_BYTES) is answered 431 here;
+//!   what hyper answers by itself (400, 414, 431, empty) is replaced by the
+//!   same answer with a JSON body. Either way the connection then closes.
 //!
 //! The same bounds hold on TCP and on the Unix socket the pods reach the
 //! daemon through ([`Listener`]).
@@ -26,7 +30,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use poem::http::uri::Scheme;
@@ -36,6 +40,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
+
+use refusal::{Answer, MAX_HEADER_BYTES};
+
+mod refusal;
 
 /// Connections the kernel may queue for the daemon to accept: as many as
 /// it allows (it caps this at `net.core.somaxconn`, 4,096 by default). Once
@@ -176,6 +184,15 @@ enum Stream {
     Unix(UnixStream),
 }
 
+impl Stream {
+    fn poll_write(&mut self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        match self {
+            Self::Tcp(stream) => Pin::new(stream).poll_write(cx, data),
+            Self::Unix(stream) => Pin::new(stream).poll_write(cx, data),
+        }
+    }
+}
+
 /// Accepts connections within [`ConnLimits`].
 pub struct GuardedAcceptor {
     listener: Listener,
@@ -267,6 +284,9 @@ impl Acceptor for GuardedAcceptor {
                 deadline: Some(Box::pin(tokio::time::sleep(self.limits.header_timeout))),
                 tail: [0; 3],
                 in_headers: true,
+                head_bytes: 0,
+                answer: None,
+                answered: false,
             };
             return Ok((guarded, self.local.clone(), remote, Scheme::HTTP));
         }
@@ -287,6 +307,13 @@ pub struct Guarded {
     tail: [u8; 3],
     /// Bytes of the current request's headers have arrived.
     in_headers: bool,
+    /// Bytes of the current request's head read so far.
+    head_bytes: usize,
+    /// The connection's own answer to a refused request, while it is written.
+    answer: Option<Answer>,
+    /// That answer is written: hyper reads the end of the stream and
+    /// writes nothing more.
+    answered: bool,
 }
 
 impl Guarded {
@@ -299,13 +326,14 @@ impl Guarded {
     }
 
     /// Notes `data` read: the end of a request's headers lifts the deadline;
-    /// the first byte of a new request starts the header timeout.
-    fn saw(&mut self, data: &[u8]) {
+    /// the first byte of a new request starts the header timeout. False
+    /// when the request's head has passed [`MAX_HEADER_BYTES`].
+    fn saw(&mut self, data: &[u8]) -> bool {
         if data.is_empty() {
-            return;
+            return true;
         }
         if !self.shared.awaiting_headers.load(Ordering::Acquire) {
-            return; // a body, or bytes pipelined behind a request: served first
+            return true; // a body, or bytes pipelined behind a request: served first
         }
         if !self.in_headers {
             self.in_headers = true;
@@ -315,10 +343,17 @@ impl Guarded {
         let mut window = Vec::with_capacity(3 + data.len());
         window.extend_from_slice(&self.tail);
         window.extend_from_slice(data);
-        if window.windows(4).any(|w| w == b"\r\n\r\n") {
+        let end = window.windows(4).position(|w| w == b"\r\n\r\n");
+        // The blank line's last byte is `data[at]`.
+        self.head_bytes += end.map_or(data.len(), |at| at + 1);
+        if self.head_bytes > MAX_HEADER_BYTES {
+            return false;
+        }
+        if end.is_some() {
             self.shared.awaiting_headers.store(false, Ordering::Release);
             self.in_headers = false;
             self.deadline = None;
+            self.head_bytes = 0;
         }
         let keep = window.len().min(3);
         self.tail.copy_from_slice(&{
@@ -326,6 +361,22 @@ impl Guarded {
             t[3 - keep..].copy_from_slice(&window[window.len() - keep..]);
             t
         });
+        true
+    }
+
+    /// Writes the connection's own answer; ready once it is all written.
+    fn poll_answer(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while let Some(answer) = &mut self.answer {
+            let n = ready!(self.stream.poll_write(cx, answer.rest()))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            if answer.advance(n) {
+                self.answer = None;
+                self.answered = true;
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
@@ -382,20 +433,33 @@ impl AsyncRead for Guarded {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let before = buf.filled().len();
-        let read = match &mut this.stream {
-            Stream::Tcp(stream) => Pin::new(stream).poll_read(cx, buf),
-            Stream::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
-        };
-        match read {
-            Poll::Ready(Ok(())) => {
-                let data = buf.filled()[before..].to_vec();
-                this.saw(&data);
-                Poll::Ready(Ok(()))
+        if this.answer.is_none() && !this.answered {
+            let before = buf.filled().len();
+            let read = match &mut this.stream {
+                Stream::Tcp(stream) => Pin::new(stream).poll_read(cx, buf),
+                Stream::Unix(stream) => Pin::new(stream).poll_read(cx, buf),
+            };
+            match read {
+                Poll::Ready(Ok(())) => {
+                    let data = buf.filled()[before..].to_vec();
+                    if this.saw(&data) {
+                        return Poll::Ready(Ok(()));
+                    }
+                    // Hyper never sees this part: the connection answers 431.
+                    buf.set_filled(before);
+                    this.answer = Some(Answer::new(431));
+                    tracing::debug!("request head too large; answered 431");
+                }
+                Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                Poll::Pending if this.expired(cx) => return Poll::Ready(Err(timed_out())),
+                Poll::Pending => return Poll::Pending,
             }
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+        }
+        // Refused here: the answer goes out, then hyper reads the end of the
+        // stream (an unfinished head, so it writes nothing) and closes.
+        match this.poll_answer(cx) {
             Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
-            Poll::Pending => Poll::Pending,
+            answered => answered,
         }
     }
 }
@@ -410,14 +474,23 @@ impl AsyncWrite for Guarded {
         if this.shared.evicted.load(Ordering::Acquire) {
             return Poll::Ready(Err(timed_out()));
         }
-        let written = match &mut this.stream {
-            Stream::Tcp(stream) => Pin::new(stream).poll_write(cx, data),
-            Stream::Unix(stream) => Pin::new(stream).poll_write(cx, data),
-        };
+        if this.answer.is_none()
+            && !this.answered
+            && let Some(status) = refusal::hyper_refusal(data)
+        {
+            this.answer = Some(Answer::new(status));
+        }
+        if this.answer.is_some() || this.answered {
+            // Hyper's empty refusal goes out as the JSON one; after an
+            // answer of the connection's own, nothing more does.
+            return this.poll_answer(cx).map_ok(|()| data.len());
+        }
+        let written = this.stream.poll_write(cx, data);
         if matches!(written, Poll::Ready(Ok(n)) if n > 0) && this.deadline.is_none() {
             // A response: the connection now idles until the next request.
             this.shared.awaiting_headers.store(true, Ordering::Release);
             this.tail = [0; 3];
+            this.head_bytes = 0;
             let idle = this.limits.idle_timeout;
             this.set_deadline(idle);
         }

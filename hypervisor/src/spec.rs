@@ -7,13 +7,15 @@ use std::sync::Arc;
 
 use gpushare_utils::limits::default_spill_limit;
 use gpushare_utils::pod::{PodClass, PodId};
+use gpushare_utils::quote::quoted;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 
 /// Longest accepted token, in bytes.
 pub const MAX_TOKEN_LEN: usize = 4096;
 
-/// Why a spec is refused. Every message names the field.
+/// Why a spec is refused. Every message names the field, and shows at most
+/// 200 characters of a value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     #[error("{0}")]
@@ -32,7 +34,7 @@ pub enum SpecError {
     BadShare(u8),
     #[error("share {share}% is above cap {cap}%")]
     ShareAboveCap { share: u8, cap: u8 },
-    #[error("GPU uuid {0:?} is not a GPU-… or MIG-… UUID")]
+    #[error("GPU uuid {} is not a GPU-… or MIG-… UUID", quoted(.0))]
     BadUuid(String),
     #[error("GPU index {0} is beyond the 16 devices a region holds")]
     BadIndex(u32),

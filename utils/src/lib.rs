@@ -3,7 +3,8 @@
 //! and limits (written by the hypervisor only), the node tables, the trusted
 //! shared-memory objects they live in, the pod's identity and class
 //! ([`pod`]), what the daemon tells a provisioned container's limiter
-//! ([`pod_file`]), sizes and switches as users write them ([`units`]), the wire
+//! ([`pod_file`]), sizes and switches as users write them ([`units`]), small
+//! files a user names, read within a bound ([`small_file`]), the wire
 //! protocol and logging. Each side's configuration (the limiter's
 //! environment, the hypervisor's file) is parsed in that side's crate.
 //! The hook engine the limiter patches the driver with is `gpushare-hook`.
@@ -23,6 +24,7 @@ pub mod process;
 pub mod protocol;
 pub mod quote;
 pub mod shm;
+pub mod small_file;
 pub mod units;
 
 /// The most devices a process can have limits for; device indices are `0..MAX_DEVICES`.

@@ -79,6 +79,59 @@ impl fmt::Display for Escaped<'_> {
     }
 }
 
+/// Shows a path as it is (lossily, when it is not UTF-8), at most
+/// [`SHOWN_CHARS`] characters of it.
+pub struct ClippedPath<'a>(pub &'a std::path::Path);
+
+impl fmt::Display for ClippedPath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Clipped(&self.0.to_string_lossy()).fmt(f)
+    }
+}
+
+/// Shows a message someone else wrote (a parser's error), each of its runs
+/// between backticks or double quotes, where parsers put the user's text, at
+/// most [`SHOWN_CHARS`] characters long.
+pub struct ClippedRuns<'a>(pub &'a str);
+
+impl fmt::Display for ClippedRuns<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut rest = self.0;
+        while let Some(open) = rest.find(['`', '"']) {
+            let delimiter = rest.as_bytes()[open];
+            f.write_str(&rest[..=open])?;
+            let body = &rest[open + 1..];
+            let close = closing(body, delimiter);
+            let (run, more) = clipped(&body[..close.unwrap_or(body.len())]);
+            f.write_str(run)?;
+            match close {
+                Some(at) => {
+                    f.write_str(&body[at..=at])?;
+                    rest = &body[at + 1..];
+                }
+                None => rest = "",
+            }
+            left_out(f, more)?;
+        }
+        f.write_str(rest)
+    }
+}
+
+/// Where the run in `body` that `delimiter` opened ends; a double-quoted
+/// run skips escaped characters (`\"`).
+fn closing(body: &str, delimiter: u8) -> Option<usize> {
+    let mut escaped = false;
+    for (at, byte) in body.bytes().enumerate() {
+        match byte {
+            _ if escaped => escaped = false,
+            b'\\' if delimiter == b'"' => escaped = true,
+            _ if byte == delimiter => return Some(at),
+            _ => {}
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +155,39 @@ mod tests {
             Clipped(&long)
                 .to_string()
                 .ends_with("é… (5 more characters)")
+        );
+    }
+
+    #[test]
+    fn runs_of_a_parsers_message_are_clipped_one_by_one() {
+        let long = "x".repeat(SHOWN_CHARS + 7);
+        let message = format!("unknown field `{long}`, expected `listen`");
+        assert_eq!(
+            ClippedRuns(&message).to_string(),
+            format!(
+                "unknown field `{}`… (7 more characters), expected `listen`",
+                &long[..SHOWN_CHARS]
+            )
+        );
+        let escaped = format!("invalid type: string \"a\\\"{long}\", expected a boolean");
+        let out = ClippedRuns(&escaped).to_string();
+        assert!(
+            out.ends_with("\"… (10 more characters), expected a boolean"),
+            "{out}"
+        );
+        let open = format!("unterminated `{long}");
+        assert!(
+            ClippedRuns(&open)
+                .to_string()
+                .ends_with("x… (7 more characters)")
+        );
+        assert_eq!(
+            ClippedRuns("plain `a` \"b\"").to_string(),
+            "plain `a` \"b\""
+        );
+        assert_eq!(
+            ClippedPath(std::path::Path::new(&long)).to_string(),
+            Clipped(&long).to_string()
         );
     }
 }

@@ -35,7 +35,9 @@ use crate::wire::{ClientId, TaskId};
 
 pub use hub::Hub;
 use hub::*;
-pub use routes::{Refusal, bearer, json_error, json_response, malformed, read_body};
+pub use routes::{
+    MAX_ERROR_CHARS, Refusal, bearer, json_error, json_response, malformed, read_body,
+};
 
 /// Authentication hook: given the client id from the path and the bearer token
 /// from `Authorization: Bearer ...` (if any), says whether to serve the request.

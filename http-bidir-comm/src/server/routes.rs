@@ -272,14 +272,24 @@ pub fn json_response<B: Serialize>(status: StatusCode, body: &B) -> Response {
     }
 }
 
-/// `{"error": message}` with `status`: every error body of the channel.
+/// The most characters of a message an error body carries. Messages show at
+/// most 200 characters of any value they quote; this bounds the body even
+/// where one does not.
+pub const MAX_ERROR_CHARS: usize = 1024;
+
+/// `{"error": message}` with `status`: every error body of the channel, and
+/// of the servers that mount it. A message longer than [`MAX_ERROR_CHARS`]
+/// is cut there, and says how much was left out.
 pub fn json_error(status: StatusCode, message: &str) -> Response {
-    json_response(
-        status,
-        &ErrorBody {
-            error: message.to_owned(),
-        },
-    )
+    let error = match message.char_indices().nth(MAX_ERROR_CHARS) {
+        Some((at, _)) => format!(
+            "{}… ({} more characters)",
+            &message[..at],
+            message[at..].chars().count()
+        ),
+        None => message.to_owned(),
+    };
+    json_response(status, &ErrorBody { error })
 }
 
 pub(super) fn too_large(limit: usize) -> Refusal {
@@ -375,6 +385,24 @@ mod tests {
         for (query, want) in cases {
             assert_eq!(&parse_wait_ms(*query).map_err(|_| ()), want, "{query:?}");
         }
+    }
+
+    #[test]
+    fn long_error_messages_are_cut() {
+        let body = |message: &str| {
+            let resp = json_error(StatusCode::BAD_REQUEST, message);
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let bytes = runtime.block_on(resp.into_body().into_vec()).unwrap();
+            let body: ErrorBody = serde_json::from_slice(&bytes).unwrap();
+            body.error
+        };
+        assert_eq!(body("no such pod"), "no such pod");
+        let long = "é".repeat(MAX_ERROR_CHARS + 3);
+        let cut = body(&long);
+        assert!(cut.ends_with("é… (3 more characters)"), "{cut}");
+        assert_eq!(cut.chars().filter(|c| *c == 'é').count(), MAX_ERROR_CHARS);
     }
 
     #[test]

@@ -38,17 +38,27 @@
 //! NVML index), whatever index a container's `CUDA_VISIBLE_DEVICES` gives it.
 //!
 //! Relative `token_file` paths are relative to the config file's folder.
+//! The config file and token files must be regular files (a FIFO or a
+//! device is refused, never waited on) of at most 1 MiB and 4 KiB
+//! ([`files`]); errors show at most 200 characters of any value
+//! ([`gpushare_utils::quote`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gpushare_utils::pod::{PodClass, PodId};
+use gpushare_utils::quote::{ClippedPath, ClippedRuns, escaped, quoted};
+use gpushare_utils::small_file::SmallFileError;
 use gpushare_utils::units::parse_size;
 use serde::Deserialize;
 
 use crate::conn::ConnLimits;
 use crate::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token};
+
+mod files;
+
+pub use files::{CONFIG_MAX_BYTES, LOAD_TIMEOUT};
 
 /// Where the hypervisor listens when neither the file nor `--listen` says.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
@@ -56,26 +66,33 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// Why a config (or a limits body) is refused. One line each.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {}: {source}", path.display())]
+    #[error("cannot read {}: {source}", ClippedPath(path))]
     Read {
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: SmallFileError,
     },
-    #[error("{}: {message}", path.display())]
+    #[error(
+        "cannot read {} and its token files within {}s: a file system is not answering",
+        ClippedPath(path),
+        after.as_secs()
+    )]
+    Timeout { path: PathBuf, after: Duration },
+    /// `message` is the parser's, its quoted runs clipped when shown.
+    #[error("{}: {}", ClippedPath(path), ClippedRuns(message))]
     Syntax { path: PathBuf, message: String },
-    #[error("listen = {0:?} is not an IP:port such as 127.0.0.1:7070")]
+    #[error("listen = {} is not an IP:port such as 127.0.0.1:7070", quoted(.0))]
     Listen(String),
     #[error("{what}: set exactly one of {keys}")]
     TokenSource { what: String, keys: &'static str },
-    #[error("{what}: cannot read token file {}: {source}", path.display())]
+    #[error("{what}: cannot read token file {}: {source}", ClippedPath(path))]
     TokenFile {
         what: String,
         path: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: SmallFileError,
     },
-    #[error("{what}: environment variable {var} is not set")]
+    #[error("{what}: environment variable {} is not set", escaped(var))]
     TokenEnv { what: String, var: String },
     #[error("{what}: {source}")]
     Spec {
@@ -91,11 +108,14 @@ pub enum ConfigError {
     },
     #[error("{what}: set exactly one of uuid and index")]
     GpuSelector { what: String },
-    #[error("{what}: class {value:?} is not latency or batch")]
+    #[error("{what}: class {} is not latency or batch", quoted(value))]
     Class { what: String, value: String },
-    #[error("{what}: policy {value:?} is not fixed, elastic or none")]
+    #[error("{what}: policy {} is not fixed, elastic or none", quoted(value))]
     Policy { what: String, value: String },
-    #[error("region_mode {0:?} must be octal permission bits without g+w or o+w, such as \"0640\"")]
+    #[error(
+        "region_mode {} must be octal permission bits without g+w or o+w, such as \"0640\"",
+        quoted(.0)
+    )]
     RegionMode(String),
     #[error("{0}")]
     Pods(SpecError),
@@ -212,14 +232,15 @@ pub struct LimitsBody {
     pub gpus: Vec<RawGpu>,
 }
 
-/// Reads and resolves the file at `path` (tokens from files and the environment included).
+/// Reads and resolves the file at `path` (tokens from files and the
+/// environment included), within [`LOAD_TIMEOUT`].
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    let base = path.parent().unwrap_or_else(|| Path::new("."));
-    parse(&text, path, base)
+    let owned = path.to_owned();
+    files::within_timeout(path, move || {
+        let text = files::read_config(&owned)?;
+        let base = owned.parent().unwrap_or_else(|| Path::new("."));
+        parse(&text, &owned, base)
+    })
 }
 
 /// Resolves `text` as if read from `path`; relative token files are under `base`.
@@ -287,7 +308,7 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
     };
     let mut pods = Vec::with_capacity(raw.pods.len());
     for pod in raw.pods {
-        let what = format!("pod {:?}", pod.id);
+        let what = format!("pod {}", quoted(&pod.id));
         let id = PodId::new(pod.id.clone()).map_err(|e| ConfigError::Spec {
             what: what.clone(),
             source: e.into(),
@@ -400,14 +421,7 @@ fn resolve_token(
     let text = match (inline, file, env) {
         (None, None, None) if optional => return Ok(None),
         (Some(token), None, None) => token.to_owned(),
-        (None, Some(file), None) => {
-            let path = base.join(file);
-            std::fs::read_to_string(&path).map_err(|source| ConfigError::TokenFile {
-                what: what.to_owned(),
-                path,
-                source,
-            })?
-        }
+        (None, Some(file), None) => files::read_token(what, &base.join(file))?,
         (None, None, Some(var)) => std::env::var(var).map_err(|_| ConfigError::TokenEnv {
             what: what.to_owned(),
             var: var.to_owned(),

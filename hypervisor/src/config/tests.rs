@@ -138,3 +138,113 @@ fn token_files_are_relative_to_the_config() {
     assert!(config.pods[0].token.matches("from-file"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A folder of the test's own, removed when dropped.
+struct Dir(std::path::PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hv-config-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        Self(dir)
+    }
+
+    fn fifo(&self, name: &str) -> std::path::PathBuf {
+        let path = self.0.join(name);
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid path string.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        path
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn token_files_that_are_not_small_regular_files_are_refused_at_once() {
+    let dir = Dir::new("tokens");
+    let fifo = dir.fifo("fifo");
+    std::fs::write(dir.0.join("large"), "x".repeat(4097)).unwrap();
+    let cases = [
+        (fifo.display().to_string(), "a FIFO, not a regular file"),
+        (
+            "/dev/zero".to_owned(),
+            "a character device, not a regular file",
+        ),
+        ("large".to_owned(), "more than 4096 bytes"),
+        (".".to_owned(), "a folder, not a regular file"),
+    ];
+    for (file, why) in cases {
+        let text = format!("[[pods]]\nid = \"a\"\ntoken_file = \"{file}\"\n");
+        let started = std::time::Instant::now();
+        let error = parse(&text, &dir.0.join("c.toml"), &dir.0)
+            .unwrap_err()
+            .to_string();
+        assert!(started.elapsed() < Duration::from_secs(1), "{error}");
+        assert!(
+            error.starts_with("pod \"a\": cannot read token file ") && error.ends_with(why),
+            "{file}: {error}"
+        );
+        let admin = format!("admin_token_file = \"{file}\"\n");
+        let error = parse(&admin, &dir.0.join("c.toml"), &dir.0)
+            .unwrap_err()
+            .to_string();
+        assert!(error.ends_with(why), "{file}: {error}");
+    }
+}
+
+#[test]
+fn a_config_file_that_is_a_fifo_is_refused_at_once() {
+    let dir = Dir::new("fifo");
+    let fifo = dir.fifo("c.toml");
+    let error = load(&fifo).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        format!("cannot read {}: a FIFO, not a regular file", fifo.display())
+    );
+    let large = dir.0.join("large.toml");
+    std::fs::write(&large, "#".repeat(CONFIG_MAX_BYTES as usize + 1)).unwrap();
+    let error = load(&large).unwrap_err().to_string();
+    assert!(error.ends_with("more than 1048576 bytes"), "{error}");
+}
+
+#[test]
+fn errors_show_at_most_200_characters_of_a_value() {
+    let long = "x".repeat(131_000);
+    let cases = [
+        format!("listen = \"{long}\"\n"),
+        format!("region_mode = \"{long}\"\n"),
+        format!("{long} = 1\n"),
+        format!("check_pids = \"{long}\"\n"),
+        format!("[[pods]]\nid = \"{long}\"\ntoken = \"x\"\n"),
+        format!("[[pods]]\nid = \"{long}\"\n"),
+        format!("[[pods]]\nid = \"a\"\ntoken_file = \"{long}\"\n"),
+        format!("[[pods]]\nid = \"a\"\ntoken_env = \"{long}\"\n"),
+        format!("[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nuuid = \"{long}\"\n"),
+        format!(
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\nclass = \"{long}\"\n"
+        ),
+        format!(
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\npolicy = \"{long}\"\n"
+        ),
+        format!(
+            "[[pods]]\nid = \"a\"\ntoken = \"x\"\n[[pods.gpus]]\nindex = 0\nmemory = \"{long}\"\n"
+        ),
+        format!("listen = \"{long}\n"),
+        format!("listen = {long}\n"),
+    ];
+    let too_much = "x".repeat(201);
+    for text in cases {
+        let error = parse_str(&text).unwrap_err().to_string();
+        assert!(
+            !error.contains(&too_much) && !error.contains('\n'),
+            "{}: {error}",
+            &text[..40]
+        );
+    }
+}

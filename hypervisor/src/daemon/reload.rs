@@ -43,13 +43,15 @@ impl Hypervisor {
     }
 
     /// Reads the config file again and applies it. The listen address and the
-    /// worker TTL need a restart; everything else takes effect now.
+    /// worker TTL need a restart; everything else takes effect now. A file
+    /// that cannot be read or resolved (a token file that is a FIFO, say)
+    /// refuses the reload and the old config stays.
     pub fn reload(&self) -> Result<ApplyReport, ConfigError> {
         let Some(path) = self.shared.config_path.clone() else {
             return Ok(ApplyReport::default());
         };
-        let before = stamp(&path);
-        let config = config::load(&path)?;
+        let (before, config) = off_the_workers(|| (stamp(&path), config::load(&path)));
+        let config = config?;
         {
             let mut core = self.core();
             core.config_stamp = before;
@@ -67,5 +69,20 @@ impl Hypervisor {
             tracing::warn!(listen = %config.listen, "listen address changes take effect at the next restart");
         }
         Ok(self.apply(config.pods))
+    }
+}
+
+/// Runs `read`, which may wait on the file system (up to
+/// [`config::LOAD_TIMEOUT`]), so that the runtime's other tasks (the API,
+/// `/healthz`, SIGTERM) do not wait with it: on a multi-threaded runtime
+/// this worker's tasks move to another thread meanwhile. Reloads come from
+/// SIGHUP, the file's poll and the admin route, all on that runtime.
+fn off_the_workers<T>(read: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(read)
+        }
+        _ => read(),
     }
 }
