@@ -16,6 +16,7 @@
 //! Tokens: in a provisioned container the pod file's ([`crate::provisioned`]);
 //! elsewhere `CUDA_LIMITER_TOKEN`, or the file named by `CUDA_LIMITER_TOKEN_FILE`.
 
+use std::path::Path;
 use std::sync::{Mutex, Once, OnceLock};
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use gpushare_utils::protocol::{
     WorkerDevice,
 };
 use gpushare_utils::quote::Clipped;
+use gpushare_utils::small_file::{self, SmallFileError};
 
 use crate::driver::Driver;
 use http_bidir_comm::{Backoff, ChannelError, Client, ClientOptions, Requester, Task};
@@ -59,52 +61,25 @@ pub(crate) enum LinkError {
     Address(String),
 }
 
-/// The most a token file may hold: a token is tens of bytes.
-const TOKEN_FILE_MAX: u64 = 4096;
-
 /// The token in the file at `path`, read so that no file can hang or exhaust
 /// the process that loads the library (every process of a container does):
-/// opened non-blocking (a FIFO with no writer does not wait), accepted only
-/// when it is a regular file (not a FIFO, a socket or `/dev/zero`) of at most
-/// [`TOKEN_FILE_MAX`] bytes, and read no further than that. Symbolic links
-/// are followed: Kubernetes mounts secrets through them.
+/// a regular file (not a FIFO, a socket or `/dev/zero`) of at most
+/// [`TOKEN_FILE_MAX`](small_file::TOKEN_FILE_MAX) bytes, opened
+/// non-blocking ([`small_file`]). Symbolic links are followed: Kubernetes
+/// mounts secrets through them.
 fn read_token_file(path: &str) -> Result<String, LinkError> {
-    use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
-
-    let unreadable = |source| LinkError::TokenFile {
-        path: path.to_owned(),
-        source,
-    };
-    let refused = |reason: String| LinkError::TokenFileRefused {
-        path: path.to_owned(),
-        reason,
-    };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(unreadable)?;
-    let metadata = file.metadata().map_err(unreadable)?;
-    if !metadata.is_file() {
-        return Err(refused("not a regular file".to_owned()));
-    }
-    if metadata.len() > TOKEN_FILE_MAX {
-        return Err(refused(format!(
-            "{} bytes, more than a token's {TOKEN_FILE_MAX}",
-            metadata.len()
-        )));
-    }
-    let mut bytes = Vec::with_capacity(metadata.len() as usize);
-    file.take(TOKEN_FILE_MAX + 1)
-        .read_to_end(&mut bytes)
-        .map_err(unreadable)?;
-    if bytes.len() as u64 > TOKEN_FILE_MAX {
-        return Err(refused(format!(
-            "more than a token's {TOKEN_FILE_MAX} bytes"
-        )));
-    }
-    String::from_utf8(bytes).map_err(|_| refused("not UTF-8 text".to_owned()))
+    small_file::read_text(Path::new(path), small_file::TOKEN_FILE_MAX).map_err(
+        |error| match error {
+            SmallFileError::Io(source) => LinkError::TokenFile {
+                path: path.to_owned(),
+                source,
+            },
+            refused => LinkError::TokenFileRefused {
+                path: path.to_owned(),
+                reason: refused.to_string(),
+            },
+        },
+    )
 }
 
 /// How long registration waits for the application to initialise CUDA, so

@@ -3,7 +3,7 @@
 # memory 4Gi, compute 30 on GPU 0 (fake API server and kubelet, the real agent
 # and hypervisor), then a CUDA program and a PyTorch program run WITHOUT the
 # limiter and WITH exactly what the CDI spec gives a container: its variables,
-# and its mounts (limiter, /etc/ld.so.preload, token, region) bound in a
+# and its mounts (limiter, /etc/ld.so.preload, the pod file, region) bound in a
 # private mount namespace (unshare -m; run as root). Prints a table.
 #
 #   bash scripts/gpu/k8s_e2e.sh gpu-bundle     # needs nvcc, python3 + torch, root
@@ -113,6 +113,16 @@ ok=FAIL; [ "$t1" = 4294967296 ] && [ -n "$g1" ] && [ "$g1" -le 4294967296 ] && [
 row "CUDA total / obtained / nvidia-smi footprint MiB" "$t0 / $(kv obtained "$WORK/mem.without") / $(kv footprint_mib "$WORK/mem.without")" \
   "$t1 / $g1 / $f1" $ok
 
+# 1a the tenant's variables: the pod, the daemon, the token and the owner of
+# trusted limits changed, a higher local limit and the unpatched opt-out
+# added. The pod file mounted beside the limiter decides: the same quota.
+with CUDA_LIMITER_POD=forged CUDA_LIMITER_HYPERVISOR=http://127.0.0.1:9 CUDA_LIMITER_TOKEN=forged \
+  CUDA_LIMITER_REGION_OWNER="$(id -u nobody)" CUDA_LIMITER_ALLOW_UNPATCHED=1 CUDA_DEVICE_MEMORY_LIMIT=64g \
+  "$WORK/mem_runtime" >"$WORK/mem.forged" 2>&1
+t2=$(kv total0 "$WORK/mem.forged"); g2=$(kv obtained "$WORK/mem.forged"); f2=$(kv footprint_mib "$WORK/mem.forged")
+ok=FAIL; [ "$t2" = 4294967296 ] && [ -n "$g2" ] && [ "$g2" -le 4294967296 ] && [ -n "$f2" ] && [ "$f2" -le 4096 ] && ok=PASS
+row "variables changed (pod, daemon, token, owner, 64g): total / obtained / nvidia-smi MiB" "-" "$t2 / $g2 / $f2" $ok
+
 # 1b co-run: the daemon sees the GPU's folder as its /dev/shm, and a client
 # (a spin running WITH the spec's env and mounts) makes the daemon start an
 # MPS server on the GPU; what the clients left in the folder is reported.
@@ -219,7 +229,7 @@ row "PyTorch matmul loop: GPU busy % (nvidia-smi), SM MHz; matmul/s (ratio, repo
 
 touch "$OUT/stop"; wait $E2E; rc=$?
 ok=FAIL; [ $rc = 0 ] && [ "$(cat "$OUT/unprepared" 2>/dev/null)" = clean ] && ok=PASS
-row "unprepare: spec, token, region removed" "-" "$(cat "$OUT/unprepared" 2>/dev/null)" $ok
+row "unprepare: spec, pod file, region removed" "-" "$(cat "$OUT/unprepared" 2>/dev/null)" $ok
 if [ "${MODE:-dra}" = corun ]; then
   left=$(pgrep -c nvidia-cuda-mps || true)
   # The empty files the mounts under the container's /dev/shm made in the

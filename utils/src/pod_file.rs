@@ -11,11 +11,12 @@
 //! not root's regular file, writable by nobody else, of a bounded size and
 //! of this version, refuses CUDA (fail closed); no file at all is local mode.
 
-use std::io::Read;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::small_file::{self, Links, SmallFileError};
 
 /// The file's name, in the folder of the limiter library.
 pub const FILE_NAME: &str = "gpushare-pod.json";
@@ -88,30 +89,24 @@ impl PodFile {
     /// a device is refused without waiting on it), owned by root, writable
     /// by nobody else, at most [`MAX_BYTES`], and of [`VERSION`].
     pub fn read(path: &Path) -> Result<Option<Self>, PodFileError> {
-        let io = |source| PodFileError::Io {
-            path: path.to_owned(),
-            source,
-        };
         let untrusted = |reason: String| PodFileError::Untrusted {
             path: path.to_owned(),
             reason,
         };
-        let file = match std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY)
-            .open(path)
-        {
-            Ok(file) => file,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) if error.raw_os_error() == Some(libc::ELOOP) => {
-                return Err(untrusted("a symbolic link".to_owned()));
-            }
-            Err(error) => return Err(io(error)),
+        let refused = |error: SmallFileError| match error {
+            SmallFileError::Io(source) => PodFileError::Io {
+                path: path.to_owned(),
+                source,
+            },
+            other => untrusted(other.to_string()),
         };
-        let meta = file.metadata().map_err(io)?;
-        if !meta.file_type().is_file() {
-            return Err(untrusted("not a regular file".to_owned()));
-        }
+        let (file, meta) = match small_file::open(path, Links::Refuse) {
+            Ok(opened) => opened,
+            Err(SmallFileError::Io(error)) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None);
+            }
+            Err(error) => return Err(refused(error)),
+        };
         if meta.uid() != 0 {
             return Err(untrusted(format!("owned by uid {}, not root", meta.uid())));
         }
@@ -121,19 +116,7 @@ impl PodFile {
                 meta.mode() & 0o7777
             )));
         }
-        if meta.len() > MAX_BYTES {
-            return Err(untrusted(format!(
-                "{} bytes, more than {MAX_BYTES}",
-                meta.len()
-            )));
-        }
-        let mut text = Vec::new();
-        file.take(MAX_BYTES + 1)
-            .read_to_end(&mut text)
-            .map_err(io)?;
-        if text.len() as u64 > MAX_BYTES {
-            return Err(untrusted(format!("more than {MAX_BYTES} bytes")));
-        }
+        let text = small_file::read_open(file, &meta, MAX_BYTES).map_err(refused)?;
         let invalid = |reason: String| PodFileError::Invalid {
             path: path.to_owned(),
             reason,

@@ -13,7 +13,7 @@
 //! A file system that does not answer (a hung network mount) can still hold
 //! a read; callers that must not wait bound the whole read in time.
 
-use std::fs::{FileType, OpenOptions};
+use std::fs::{File, FileType, Metadata, OpenOptions};
 use std::io::Read;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
@@ -42,16 +42,54 @@ pub enum SmallFileError {
     NotUtf8,
 }
 
+/// What to do with a symbolic link at the path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Links {
+    /// Follow it (Kubernetes mounts secrets as links).
+    Follow,
+    /// Refuse it: the file must be at the name itself.
+    Refuse,
+}
+
 /// The bytes of the regular file at `path`, at most `max` of them.
 pub fn read(path: &Path, max: u64) -> Result<Vec<u8>, SmallFileError> {
+    let (file, meta) = open(path, Links::Follow)?;
+    read_open(file, &meta, max)
+}
+
+/// The regular file at `path`, opened for reading, and what `fstat` says of
+/// it: for a caller that checks its owner or mode before reading it with
+/// [`read_open`].
+pub fn open(path: &Path, links: Links) -> Result<(File, Metadata), SmallFileError> {
     // Refused before any open: a device's open can do something.
-    regular(std::fs::metadata(path)?.file_type())?;
+    let kind = match links {
+        Links::Follow => std::fs::metadata(path)?.file_type(),
+        Links::Refuse => std::fs::symlink_metadata(path)?.file_type(),
+    };
+    if kind.is_symlink() {
+        return Err(SmallFileError::NotRegular("a symbolic link"));
+    }
+    regular(kind)?;
+    let nofollow = if links == Links::Refuse {
+        libc::O_NOFOLLOW
+    } else {
+        0
+    };
     let file = OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .open(path)?;
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | nofollow)
+        .open(path)
+        .map_err(|error| match error.raw_os_error() {
+            Some(libc::ELOOP) => SmallFileError::NotRegular("a symbolic link"),
+            _ => SmallFileError::Io(error),
+        })?;
     let meta = file.metadata()?;
     regular(meta.file_type())?;
+    Ok((file, meta))
+}
+
+/// At most `max` bytes of `file`, opened by [`open`] (`meta`: its metadata).
+pub fn read_open(file: File, meta: &Metadata, max: u64) -> Result<Vec<u8>, SmallFileError> {
     if meta.len() > max {
         return Err(SmallFileError::TooLarge { max });
     }
