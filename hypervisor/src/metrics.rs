@@ -229,6 +229,7 @@ pub fn render(status: &Status) -> String {
     }
     render_spill(&mut x, status);
     render_priority(&mut x, status);
+    render_node_tables(&mut x);
     render_corun(&mut x, status);
     let process_sm = x.family(
         "gpushare_process_sm_utilization_ratio",
@@ -367,6 +368,20 @@ fn render_priority(x: &mut Exposition, status: &Status) {
         x.sample(delay, "_sum", &labels, p.queue_delay_sum_seconds);
         x.sample(delay, "_count", &labels, p.queue_delay_samples);
         x.sample(delay_max, "", &labels, p.queue_delay_max_seconds);
+    }
+}
+
+/// Per node table: how many times the daemon repaired it (a process-wide
+/// count, like the tables: [`crate::node_tables::repairs`]).
+fn render_node_tables(x: &mut Exposition) {
+    let repairs = x.family(
+        "gpushare_node_table_repairs_total",
+        "counter",
+        "Times the daemon found a node table damaged (a wrong header, or the table shrunk, removed or replaced) and repaired it.",
+    );
+    for table in crate::node_tables::TableKind::ALL {
+        let labels = format!("table=\"{}\"", table.as_str());
+        x.sample(repairs, "", &labels, crate::node_tables::repairs(table));
     }
 }
 

@@ -1,17 +1,32 @@
 //! The node-wide tables every limited process maps: activity (which pods
 //! launch on each GPU) and priority (latency pods' lines, each pod's held
 //! time and queueing delay). The hypervisor is their one creator: it makes
-//! them at start with `O_EXCL`, owner and mode of the pods' regions
-//! (`region_uid`, `region_gid`, `region_mode`), and limiters under it only
-//! open them, after checking owner, mode and size ([`gpushare_utils::shm`]).
+//! them at start with `O_EXCL|O_NOFOLLOW`, owner and mode of the pods'
+//! regions (`region_uid`, `region_gid`, `region_mode`), and limiters under
+//! it only open them, after checking owner, mode and size
+//! ([`gpushare_utils::shm`]).
 //!
-//! A table someone else made before the hypervisor started (another user
-//! squatting the name, an older layout) is not adopted: it is unlinked and
-//! made again. Processes that mapped the old one keep it, unseen by the rest.
+//! A table found under a table's name at start is never adopted: the pods'
+//! uid may write (and so plant) one of the right size, owner and mode, and
+//! nothing tells it from one an earlier run made. It is unlinked and made
+//! again, with a warning. Processes that mapped the old one keep it, unseen
+//! by the rest.
+//!
+//! Every pod may write the tables, so maintenance checks them every second
+//! ([`NodeTables::check`]): a header that is not exactly the layout's is
+//! rewritten in place (readers ignore a table with a wrong header, so until
+//! then it held nobody); a table shrunk, removed, replaced under its name or
+//! given another owner or mode is made again, at most [`MAX_REMAKES`] times
+//! (each leaves the old mapping in this process: tables are never unmapped).
+//! Each repair is logged and counted ([`repairs`],
+//! `gpushare_node_table_repairs_total` in `/metrics`).
 
-use gpushare_utils::activity::{ActivityError, NODE_REGION, NodeActivity, TableAccess};
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use gpushare_utils::activity::{ActivityError, NODE_REGION, NodeActivity, NodeTable, TableAccess};
 use gpushare_utils::priority::{NodePriority, PRIORITY_REGION};
-use gpushare_utils::shm::{self, Creation, Trust};
+use gpushare_utils::shm::{self, Creation};
 
 use crate::config::RegionOptions;
 
@@ -43,11 +58,62 @@ impl NodeTableNames {
     }
 }
 
-/// The tables, as this hypervisor made or adopted them; a table it could
-/// not make is `None` (a warning said why).
+/// Which node table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableKind {
+    Activity,
+    Priority,
+}
+
+impl TableKind {
+    pub const ALL: [Self; 2] = [Self::Activity, Self::Priority];
+
+    /// The `table` label of the repairs counter.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Activity => "activity",
+            Self::Priority => "priority",
+        }
+    }
+}
+
+/// How many times a table is made again after it was tampered with; past
+/// that a warning says it is left as it is.
+pub const MAX_REMAKES: u32 = 8;
+
+/// Repairs per table, by every hypervisor of this process: a counter of the
+/// node, like the tables themselves (the daemon runs one hypervisor).
+static REPAIRS: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+
+/// How many times this process repaired `table` ([`NodeTables::check`]).
+pub fn repairs(table: TableKind) -> u64 {
+    REPAIRS[table as usize].load(Ordering::Relaxed)
+}
+
+/// The tables, as this hypervisor made them; a table it could not make is
+/// `None` (a warning said why).
 pub struct NodeTables {
     pub activity: Option<NodeActivity>,
     pub priority: Option<NodePriority>,
+    /// How they were made, to check them (none for [`NodeTables::none`]).
+    made: Option<Made>,
+}
+
+/// How this hypervisor made its tables, and which objects it made.
+struct Made {
+    names: NodeTableNames,
+    creation: Creation,
+    /// Each table's object ([`TableKind`] order).
+    objects: [Object; 2],
+}
+
+/// The object this hypervisor made for a table.
+#[derive(Debug, Clone, Copy)]
+struct Object {
+    /// Its inode, to see the name taken over by another object.
+    inode: Option<u64>,
+    /// How many times it was made again.
+    remakes: u32,
 }
 
 impl std::fmt::Debug for NodeTables {
@@ -55,24 +121,29 @@ impl std::fmt::Debug for NodeTables {
         f.debug_struct("NodeTables")
             .field("activity", &self.activity.is_some())
             .field("priority", &self.priority.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
 impl NodeTables {
-    /// Makes (or adopts from a trusted owner) both tables.
+    /// Makes both tables, replacing whatever is found under their names.
     pub fn create(names: &NodeTableNames, regions: &RegionOptions) -> Self {
-        let access = TableAccess::Create {
-            creation: Creation {
-                uid: regions.uid,
-                gid: regions.gid,
-                mode: regions.mode.unwrap_or(0o600),
-            },
-            trust: Trust::only(&trusted(regions)),
+        let creation = Creation {
+            uid: regions.uid,
+            gid: regions.gid,
+            mode: regions.mode.unwrap_or(0o600),
         };
+        let (activity, activity_inode) = make(&names.activity, &creation);
+        let (priority, priority_inode) = make(&names.priority, &creation);
+        let object = |inode| Object { inode, remakes: 0 };
         Self {
-            activity: make(&names.activity, &access, NodeActivity::open_named),
-            priority: make(&names.priority, &access, NodePriority::open_named),
+            activity,
+            priority,
+            made: Some(Made {
+                names: names.clone(),
+                creation,
+                objects: [object(activity_inode), object(priority_inode)],
+            }),
         }
     }
 
@@ -81,41 +152,191 @@ impl NodeTables {
         Self {
             activity: None,
             priority: None,
+            made: None,
         }
     }
-}
 
-fn trusted(regions: &RegionOptions) -> Vec<u32> {
-    let mut owners = vec![shm::effective_uid()];
-    owners.extend(regions.uid);
-    owners
-}
-
-/// Creates or adopts `name`; replaces a table it may not adopt.
-fn make<T>(
-    name: &str,
-    access: &TableAccess,
-    open: impl Fn(&str, &TableAccess) -> Result<T, ActivityError>,
-) -> Option<T> {
-    let refused = match open(name, access) {
-        Ok(table) => return Some(table),
-        Err(error) => error,
-    };
-    tracing::warn!(%refused, name, "replacing a node table this hypervisor did not make");
-    if let Err(error) = shm::unlink(name) {
-        tracing::warn!(%error, name, "cannot remove it: limited processes go without it");
-        return None;
+    /// Checks both tables (maintenance, every second): rewrites a wrong
+    /// header in place, makes again a table shrunk, removed, replaced or
+    /// given another owner or mode; logs and counts each repair.
+    pub fn check(&mut self) {
+        let Some(made) = &mut self.made else {
+            return;
+        };
+        let [activity, priority] = &mut made.objects;
+        check(
+            TableKind::Activity,
+            &made.names.activity,
+            &made.creation,
+            activity,
+            &mut self.activity,
+        );
+        check(
+            TableKind::Priority,
+            &made.names.priority,
+            &made.creation,
+            priority,
+            &mut self.priority,
+        );
     }
-    open(name, access)
-        .inspect_err(|error| {
+}
+
+/// What is wrong with a table this hypervisor made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Damage {
+    /// Its header is not exactly its layout's: readers ignore the table.
+    Header,
+    /// It was shrunk, or its name now names no object or another one, or
+    /// its owner or mode changed: limiters opening it get another table or
+    /// none.
+    Object(&'static str),
+}
+
+fn check<T: NodeTable>(
+    kind: TableKind,
+    name: &str,
+    creation: &Creation,
+    object: &mut Object,
+    table: &mut Option<T>,
+) {
+    let Some(current) = table.as_ref() else {
+        return;
+    };
+    if object.remakes > MAX_REMAKES {
+        return;
+    }
+    let Some(damage) = damage(current, name, creation, object.inode) else {
+        return;
+    };
+    match damage {
+        Damage::Header => {
+            current.header().write(&T::LAYOUT);
+            tracing::warn!(
+                table = kind.as_str(),
+                name,
+                "a node table's header was overwritten (readers ignored the table): rewritten"
+            );
+        }
+        Damage::Object(what) if object.remakes == MAX_REMAKES => {
+            object.remakes += 1;
+            tracing::error!(
+                table = kind.as_str(),
+                name,
+                what,
+                "a node table was tampered with again: left as it is (made again {MAX_REMAKES} times already)"
+            );
+            return;
+        }
+        Damage::Object(what) => {
+            tracing::warn!(
+                table = kind.as_str(),
+                name,
+                what,
+                "a node table was tampered with: made again (processes that mapped the old one keep it)"
+            );
+            let (remade, inode) = make(name, creation);
+            let repaired = remade.is_some();
+            *table = remade;
+            *object = Object {
+                inode,
+                remakes: object.remakes + 1,
+            };
+            if !repaired {
+                return;
+            }
+        }
+    }
+    REPAIRS[kind as usize].fetch_add(1, Ordering::Relaxed);
+}
+
+/// What is wrong with `table`, made as `name` with `creation` (inode
+/// `inode`), if anything.
+fn damage<T: NodeTable>(
+    table: &T,
+    name: &str,
+    creation: &Creation,
+    inode: Option<u64>,
+) -> Option<Damage> {
+    if table.is_broken() {
+        return Some(Damage::Object("shrunk"));
+    }
+    let Ok(meta) = std::fs::symlink_metadata(path(name)) else {
+        return Some(Damage::Object("removed"));
+    };
+    let owner = creation.uid.unwrap_or_else(shm::effective_uid);
+    let object = if Some(meta.ino()) != inode || !meta.file_type().is_file() {
+        Some("replaced")
+    } else if meta.len() != T::LAYOUT.size {
+        Some("resized")
+    } else if meta.uid() != owner || meta.mode() & 0o022 != 0 {
+        Some("given another owner or mode")
+    } else {
+        None
+    };
+    if let Some(what) = object {
+        Some(Damage::Object(what))
+    } else if !table.header().is_exactly(&T::LAYOUT) {
+        Some(Damage::Header)
+    } else {
+        None
+    }
+}
+
+fn path(name: &str) -> String {
+    format!("/dev/shm/{name}")
+}
+
+/// Makes `name` (`O_EXCL`), and says its inode; whatever object is found
+/// under the name is unlinked first, with a warning. No table when that
+/// fails (a warning says why).
+fn make<T: NodeTable>(name: &str, creation: &Creation) -> (Option<T>, Option<u64>) {
+    let access = TableAccess::Fresh(*creation);
+    let made = match T::open_named(name, &access) {
+        Err(ActivityError::Exists { .. }) => {
+            let found = std::fs::symlink_metadata(path(name)).map_or_else(
+                |error| error.to_string(),
+                |meta| {
+                    format!(
+                        "uid {} mode {:04o}, {} bytes",
+                        meta.uid(),
+                        meta.mode() & 0o7777,
+                        meta.len()
+                    )
+                },
+            );
+            tracing::warn!(
+                name,
+                found,
+                "replacing the node table found at start: nothing tells one this daemon made \
+                 before a restart from one a pod planted (processes that mapped it keep it)"
+            );
+            if let Err(error) = shm::unlink(name) {
+                tracing::warn!(%error, name, "cannot remove it: limited processes go without it");
+                return (None, None);
+            }
+            T::open_named(name, &access)
+        }
+        made => made,
+    };
+    match made {
+        Ok(table) => {
+            let inode = std::fs::symlink_metadata(path(name))
+                .ok()
+                .map(|meta| meta.ino());
+            (Some(table), inode)
+        }
+        Err(error) => {
             tracing::warn!(%error, name, "no node table: limited processes go without it");
-        })
-        .ok()
+            (None, None)
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpushare_utils::activity::ACTIVITY_LAYOUT;
+    use gpushare_utils::priority::PRIORITY_LAYOUT;
 
     struct Names(NodeTableNames);
 
@@ -137,18 +358,21 @@ mod tests {
     }
 
     fn stat(name: &str) -> std::fs::Metadata {
-        std::fs::metadata(format!("/dev/shm/{name}")).expect("table exists")
+        std::fs::metadata(path(name)).expect("table exists")
     }
 
-    #[test]
-    fn tables_are_made_with_the_regions_owner_and_mode_and_adopted_after_a_restart() {
-        use std::os::unix::fs::MetadataExt;
-        let names = Names::new("owner");
-        let regions = RegionOptions {
+    fn pods_regions() -> RegionOptions {
+        RegionOptions {
             mode: Some(0o640),
             uid: Some(65534),
             gid: Some(65534),
-        };
+        }
+    }
+
+    #[test]
+    fn tables_are_made_with_the_regions_owner_and_mode_and_made_again_after_a_restart() {
+        let names = Names::new("owner");
+        let regions = pods_regions();
         let tables = NodeTables::create(&names.0, &regions);
         assert!(tables.activity.is_some() && tables.priority.is_some());
         for name in [&names.0.activity, &names.0.priority] {
@@ -158,23 +382,35 @@ mod tests {
                 (65534, 65534, 0o640)
             );
         }
+        assert!(
+            tables
+                .activity
+                .as_ref()
+                .is_some_and(NodeActivity::header_is_exact)
+        );
+        assert!(
+            tables
+                .priority
+                .as_ref()
+                .is_some_and(NodePriority::header_is_exact)
+        );
         let inode = stat(&names.0.priority).ino();
-        // A restarted hypervisor (the tables are never unmapped) adopts them.
+        // A restarted hypervisor (the tables are never unmapped) cannot tell
+        // them from tables a pod of the region's uid planted: made again.
         let again = NodeTables::create(&names.0, &regions);
         assert!(again.priority.is_some());
-        assert_eq!(
+        assert_ne!(
             stat(&names.0.priority).ino(),
             inode,
-            "adopted, not replaced"
+            "replaced, not adopted"
         );
     }
 
     #[test]
     fn a_squatted_table_is_replaced() {
-        use std::os::unix::fs::MetadataExt;
         let names = Names::new("squat");
         // Another user made the activity table first, writable by all.
-        let path = format!("/dev/shm/{}", names.0.activity);
+        let path = path(&names.0.activity);
         std::fs::write(&path, vec![0u8; 4096]).expect("squat");
         std::os::unix::fs::chown(&path, Some(65533), Some(65533)).expect("chown (root)");
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
@@ -188,5 +424,94 @@ mod tests {
             (meta.uid(), meta.mode() & 0o777),
             (shm::effective_uid(), 0o600)
         );
+    }
+
+    #[test]
+    fn a_table_the_pods_uid_planted_with_the_right_size_and_mode_is_replaced() {
+        let names = Names::new("planted");
+        // What a pod of uid 65534 can make before the daemon starts: exact
+        // size, mode 0600, its own; with the right header or any other.
+        for (name, size) in [
+            (&names.0.activity, ACTIVITY_LAYOUT.size),
+            (&names.0.priority, PRIORITY_LAYOUT.size),
+        ] {
+            let path = path(name);
+            let mut bytes = vec![0x5a; usize::try_from(size).expect("size")];
+            bytes[..8].copy_from_slice(&ACTIVITY_LAYOUT.magic.to_le_bytes());
+            std::fs::write(&path, bytes).expect("plant");
+            std::os::unix::fs::chown(&path, Some(65534), Some(65534)).expect("chown (root)");
+            std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .expect("chmod");
+        }
+        let planted = [stat(&names.0.activity).ino(), stat(&names.0.priority).ino()];
+        let regions = RegionOptions {
+            mode: None,
+            ..pods_regions()
+        };
+        let tables = NodeTables::create(&names.0, &regions);
+        let made = [stat(&names.0.activity).ino(), stat(&names.0.priority).ino()];
+        assert!(made[0] != planted[0] && made[1] != planted[1], "adopted");
+        assert!(
+            tables
+                .activity
+                .as_ref()
+                .is_some_and(NodeActivity::header_is_exact)
+        );
+        let priority = tables.priority.as_ref().expect("priority table");
+        assert!(priority.header_is_exact());
+        assert_eq!(
+            priority.latency(0, 1),
+            Default::default(),
+            "the planted lines are gone"
+        );
+    }
+
+    #[test]
+    fn the_check_rewrites_a_wrong_header_and_remakes_a_table_tampered_with() {
+        let names = Names::new("check");
+        let mut tables = NodeTables::create(&names.0, &pods_regions());
+        let before = TableKind::ALL.map(repairs);
+        tables.check();
+        assert_eq!(TableKind::ALL.map(repairs), before, "nothing to repair");
+
+        // Garbage over the priority table's header: rewritten in place.
+        let priority = tables.priority.as_ref().expect("priority");
+        priority
+            .header()
+            .magic
+            .store(0x0123_4567_89ab_cdef, Ordering::Relaxed);
+        priority.header().reserved[0].store(7, Ordering::Relaxed);
+        let inode = stat(&names.0.priority).ino();
+        tables.check();
+        let priority = tables.priority.as_ref().expect("priority");
+        assert!(priority.header_is_exact());
+        assert_eq!(stat(&names.0.priority).ino(), inode, "repaired in place");
+        assert!(repairs(TableKind::Priority) > before[1]);
+
+        // The activity table shrunk, then replaced by another object: made
+        // again, each time.
+        let activity = path(&names.0.activity);
+        std::fs::File::options()
+            .write(true)
+            .open(&activity)
+            .and_then(|file| file.set_len(0))
+            .expect("shrink");
+        tables.check();
+        let meta = stat(&names.0.activity);
+        assert_eq!(meta.len(), ACTIVITY_LAYOUT.size);
+        assert!(
+            tables
+                .activity
+                .as_ref()
+                .is_some_and(NodeActivity::header_is_exact)
+        );
+        let counted = repairs(TableKind::Activity);
+        assert!(counted > before[0]);
+        shm::unlink(&names.0.activity).expect("unlink");
+        std::fs::write(&activity, vec![0u8; 64]).expect("plant");
+        tables.check();
+        assert_ne!(stat(&names.0.activity).ino(), meta.ino());
+        assert_eq!(stat(&names.0.activity).len(), ACTIVITY_LAYOUT.size);
+        assert!(repairs(TableKind::Activity) > counted);
     }
 }

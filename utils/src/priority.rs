@@ -1,8 +1,9 @@
 //! Priority classes across the pods of a node: which GPUs have a latency pod
 //! with work in flight, and what the classes cost each pod.
 //!
-//! A node-wide shared-memory table (`/dev/shm/gpushare-priority-v1`),
-//! zero-filled when empty like the activity table ([`crate::activity`]):
+//! A node-wide shared-memory table (`/dev/shm/gpushare-priority-v2`): a
+//! [`TableHeader`], then zero-filled when empty like the activity table
+//! ([`crate::activity`]):
 //! - per device, one [`LatencyDevice`] line: when a latency pod last
 //!   launched there or was seen with work in flight (`active_at_ns`), and its
 //!   heartbeat (`present_at_ns`), and when its next request is expected
@@ -17,20 +18,44 @@
 //!   reserved for latency pods never waits for them and never stamps it, so
 //!   a co-run latency pod with no other neighbour skips tracking its work.
 //!
-//! The table is writable by every limited process, like the activity table: a
-//! pod that writes it directly can hold batch pods (for a bounded time per
-//! launch), spoil the counters, or keep a co-run latency pod from tracking
-//! its work for batch pods (which then go unheld), never raise a limit.
+//! The table is writable by every limited process, like the activity table,
+//! so readers check what they read: a table whose header is not exactly this
+//! layout's reads as no table (no latency pod anywhere: batch launches go
+//! unheld), and values no writer of this node could have written are
+//! ignored ([`LatencyView::plausible`]: stamps past the reader's clock by
+//! more than [`FUTURE_SLACK_NS`], counts past [`MAX_IN_FLIGHT`],
+//! predictions further ahead than their period or with a period past
+//! [`MAX_PERIOD_NS`]; counters that contradict each other). A pod that writes plausible values
+//! can still hold batch pods (as a latency pod that is never idle would: a
+//! bounded time per launch), spoil the counters, or keep a co-run latency
+//! pod from tracking its work for batch pods (which then go unheld); the
+//! device's line says nothing of who wrote it. It never raises a limit.
+//!
+//! [`FUTURE_SLACK_NS`]: crate::activity::FUTURE_SLACK_NS
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::MAX_DEVICES;
-use crate::activity::{ActivityError, PODS_PER_DEVICE, TableAccess, map_node_table};
+use crate::activity::{
+    ActivityError, NodeTable, PODS_PER_DEVICE, TableAccess, TableHeader, TableLayout,
+    map_node_table, plausible_stamp,
+};
+use crate::ledger::MAX_PROCESSES;
 use crate::pod::PodClass;
 use crate::shm;
 
-/// The table's name in `/dev/shm`.
-pub const PRIORITY_REGION: &str = "gpushare-priority-v1";
+/// The table's name in `/dev/shm`: the version is in the name.
+pub const PRIORITY_REGION: &str = "gpushare-priority-v2";
+/// First word of the priority table: `b"GPUSHPRI"` read as a little-endian u64.
+pub const PRIORITY_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHPRI");
+/// Version of the priority table's layout: 2 added the header (1 had none).
+pub const PRIORITY_VERSION: u32 = 2;
+/// Latency processes a device's line can count in flight: each counts
+/// itself once, and a node holds at most this many pods' processes.
+pub const MAX_IN_FLIGHT: u64 = (PODS_PER_DEVICE * MAX_PROCESSES) as u64;
+/// The longest period of requests a prediction may have: a schedule slower
+/// than this is no schedule a batch pod should wait for.
+pub const MAX_PERIOD_NS: u64 = 60_000_000_000;
 /// A latency pod's processes stamp their heartbeat this often.
 pub const HEARTBEAT_NS: u64 = 20_000_000;
 /// While a latency pod counts itself in flight, its watcher refreshes
@@ -112,6 +137,8 @@ pub struct PodPriority {
 /// The whole table.
 #[repr(C)]
 pub struct PriorityTable {
+    /// What the table is; checked by every reader.
+    pub header: TableHeader,
     /// Latency work per device, indexed by device.
     pub devices: [LatencyDevice; MAX_DEVICES],
     /// Per device, the counters of up to [`PODS_PER_DEVICE`] pods.
@@ -120,7 +147,18 @@ pub struct PriorityTable {
 
 const _: () = assert!(size_of::<LatencyDevice>() == 64);
 const _: () = assert!(size_of::<PodPriority>() == 64);
-const _: () = assert!(size_of::<PriorityTable>() == 64 * MAX_DEVICES * (1 + PODS_PER_DEVICE));
+const _: () = assert!(std::mem::offset_of!(PriorityTable, devices) == 64);
+const _: () = assert!(size_of::<PriorityTable>() == 64 + 64 * MAX_DEVICES * (1 + PODS_PER_DEVICE));
+
+/// The priority table's header.
+pub const PRIORITY_LAYOUT: TableLayout = TableLayout::new(
+    PRIORITY_MAGIC,
+    PRIORITY_VERSION,
+    size_of::<PriorityTable>(),
+    MAX_DEVICES,
+    PODS_PER_DEVICE,
+    size_of::<PodPriority>(),
+);
 
 /// A device's latency line as a batch launch sees it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -135,6 +173,36 @@ pub struct LatencyView {
     pub next_arrival_ns: u64,
     /// [`LatencyDevice::period_ns`]; 0: no prediction.
     pub period_ns: u64,
+}
+
+impl LatencyView {
+    /// The line as a reader at `now_ns` may believe it: each value no
+    /// writer of this node could have written reads as "none". A stamp past
+    /// `now_ns` by more than [`FUTURE_SLACK_NS`] is 0; a count in flight
+    /// past [`MAX_IN_FLIGHT`] is 0; a prediction whose period is past
+    /// [`MAX_PERIOD_NS`], or whose arrival lies further ahead than one
+    /// period (it is published at a request's start, a period before the
+    /// next), is none.
+    ///
+    /// [`FUTURE_SLACK_NS`]: crate::activity::FUTURE_SLACK_NS
+    #[inline]
+    pub fn plausible(self, now_ns: u64) -> Self {
+        let stamp = |at: u64| if plausible_stamp(at, now_ns) { at } else { 0 };
+        let predicted = self.period_ns != 0
+            && self.period_ns <= MAX_PERIOD_NS
+            && plausible_stamp(self.next_arrival_ns, now_ns.saturating_add(self.period_ns));
+        Self {
+            active_at_ns: stamp(self.active_at_ns),
+            in_flight: if self.in_flight <= MAX_IN_FLIGHT {
+                self.in_flight
+            } else {
+                0
+            },
+            present_at_ns: stamp(self.present_at_ns),
+            next_arrival_ns: if predicted { self.next_arrival_ns } else { 0 },
+            period_ns: if predicted { self.period_ns } else { 0 },
+        }
+    }
 }
 
 /// A pod's counters, summed over devices.
@@ -160,11 +228,27 @@ pub struct NodePriority {
     mapping: &'static shm::Mapping,
 }
 
+impl NodeTable for NodePriority {
+    const LAYOUT: TableLayout = PRIORITY_LAYOUT;
+
+    fn open_named(name: &str, access: &TableAccess) -> Result<Self, ActivityError> {
+        Self::open_named(name, access)
+    }
+
+    fn header(&self) -> &TableHeader {
+        &self.table.header
+    }
+
+    fn is_broken(&self) -> bool {
+        self.is_broken()
+    }
+}
+
 impl NodePriority {
     /// Maps the table named `name` in `/dev/shm` (the node's is
     /// [`PRIORITY_REGION`]) as `access` says.
     pub fn open_named(name: &str, access: &TableAccess) -> Result<Self, ActivityError> {
-        let mapping = map_node_table(name, size_of::<PriorityTable>(), access)?;
+        let mapping = map_node_table(name, &PRIORITY_LAYOUT, access)?;
         // SAFETY: a shared mapping of the table's size, never unmapped, whose
         // fields are all atomics (valid for any bit pattern written by peers).
         let table = unsafe { mapping.base().cast::<PriorityTable>().as_ref() };
@@ -177,22 +261,47 @@ impl NodePriority {
         self.mapping.is_broken()
     }
 
-    /// The latency line of `device`.
+    /// The latency line of `device`, to write (readers go through
+    /// [`latency`](Self::latency) and [`contended`](Self::contended), which
+    /// check what they read).
     pub fn device(&self, device: usize) -> Option<&'static LatencyDevice> {
         self.table.devices.get(device)
     }
 
-    /// `device`'s latency line as a batch launch reads it (all zero, no
-    /// latency pod, for a device past the table): loads of one cache line.
-    pub fn latency(&self, device: usize) -> LatencyView {
-        self.device(device)
-            .map_or(LatencyView::default(), |line| LatencyView {
+    /// Whether every byte of the header is right (the hypervisor's check).
+    pub fn header_is_exact(&self) -> bool {
+        self.table.header.is_exactly(&PRIORITY_LAYOUT)
+    }
+
+    /// `device`'s latency line as a batch launch at `now_ns` reads it: loads
+    /// of the header's and the line's cache lines, and only what may be
+    /// believed ([`LatencyView::plausible`]). All zero (no latency pod) for
+    /// a device past the table, or while the header is wrong.
+    #[inline]
+    pub fn latency(&self, device: usize, now_ns: u64) -> LatencyView {
+        if !self.is_sound() {
+            return LatencyView::default();
+        }
+        self.device(device).map_or(LatencyView::default(), |line| {
+            LatencyView {
                 active_at_ns: line.active_at_ns.load(Ordering::Acquire),
                 in_flight: line.in_flight.load(Ordering::Acquire),
                 present_at_ns: line.present_at_ns.load(Ordering::Relaxed),
                 next_arrival_ns: line.next_arrival_ns.load(Ordering::Acquire),
                 period_ns: line.period_ns.load(Ordering::Relaxed),
-            })
+            }
+            .plausible(now_ns)
+        })
+    }
+
+    /// Whether a batch pod that latency pods hold launched on `device`
+    /// within [`CONTENDED_WINDOW_NS`] of `now_ns` ([`LatencyDevice::contended`]);
+    /// false while the header is wrong.
+    pub fn contended(&self, device: usize, now_ns: u64) -> bool {
+        self.is_sound()
+            && self
+                .device(device)
+                .is_some_and(|line| line.contended(now_ns))
     }
 
     /// `pod`'s slot on `device`, claimed (for `class`) when it has none;
@@ -216,8 +325,10 @@ impl NodePriority {
         }
         let free = slots.iter().find(|slot| {
             let owner = slot.pod.load(Ordering::Acquire);
+            let seen_at = slot.seen_at_ns.load(Ordering::Acquire);
             (owner == 0
-                || now_ns.saturating_sub(slot.seen_at_ns.load(Ordering::Acquire)) > STALE_NS)
+                || now_ns.saturating_sub(seen_at) > STALE_NS
+                || !plausible_stamp(seen_at, now_ns))
                 && slot
                     .pod
                     .compare_exchange(owner, pod, Ordering::AcqRel, Ordering::Acquire)
@@ -237,35 +348,78 @@ impl NodePriority {
         Some(free)
     }
 
-    /// The counters of `pod` over every device (the hypervisor's view).
+    /// The counters of `pod` over every device (the hypervisor's view):
+    /// none while the header is wrong; slots whose counters contradict each
+    /// other are left out, and sums saturate.
     pub fn stats(&self, pod: u64) -> Option<PriorityStats> {
+        if !self.is_sound() {
+            return None;
+        }
         let pod = pod.max(1);
         let mut found = None;
         for slot in self.table.pods.iter().flatten() {
             if slot.pod.load(Ordering::Acquire) != pod {
                 continue;
             }
+            let Some(counts) = SlotCounts::read(slot) else {
+                continue;
+            };
             let stats = found.get_or_insert_with(PriorityStats::default);
             let class = PodClass::from_code(slot.class.load(Ordering::Relaxed));
             if class == PodClass::Latency {
                 stats.class = class;
             }
-            stats.held_ns += slot.held_ns.load(Ordering::Relaxed);
-            stats.held_launches += slot.held_launches.load(Ordering::Relaxed);
-            stats.queue_ns += slot.queue_ns.load(Ordering::Relaxed);
-            stats.queue_samples += slot.queue_samples.load(Ordering::Relaxed);
-            stats.queue_max_ns = stats
-                .queue_max_ns
-                .max(slot.queue_max_ns.load(Ordering::Relaxed));
+            stats.held_ns = stats.held_ns.saturating_add(counts.held_ns);
+            stats.held_launches = stats.held_launches.saturating_add(counts.held_launches);
+            stats.queue_ns = stats.queue_ns.saturating_add(counts.queue_ns);
+            stats.queue_samples = stats.queue_samples.saturating_add(counts.queue_samples);
+            stats.queue_max_ns = stats.queue_max_ns.max(counts.queue_max_ns);
         }
         found
     }
 }
 
+/// One slot's counters, read once.
+struct SlotCounts {
+    held_ns: u64,
+    held_launches: u64,
+    queue_ns: u64,
+    queue_samples: u64,
+    queue_max_ns: u64,
+}
+
+impl SlotCounts {
+    /// `slot`'s counters, unless they contradict each other (time without
+    /// launches or samples, a maximum above the sum): no writer of the
+    /// table adds them that way.
+    fn read(slot: &PodPriority) -> Option<Self> {
+        // Loaded in the reverse of the order they are added in.
+        let held_ns = slot.held_ns.load(Ordering::Acquire);
+        let queue_max_ns = slot.queue_max_ns.load(Ordering::Acquire);
+        let queue_ns = slot.queue_ns.load(Ordering::Acquire);
+        let counts = Self {
+            held_ns,
+            held_launches: slot.held_launches.load(Ordering::Acquire),
+            queue_ns,
+            queue_samples: slot.queue_samples.load(Ordering::Acquire),
+            queue_max_ns,
+        };
+        let consistent = (counts.held_launches != 0 || counts.held_ns == 0)
+            && (counts.queue_samples != 0 || counts.queue_ns == 0)
+            && counts.queue_max_ns <= counts.queue_ns;
+        consistent.then_some(counts)
+    }
+}
+
 impl LatencyDevice {
-    /// Marks latency work at `now_ns` (never moves the stamp back).
+    /// Marks latency work at `now_ns`: never moves the stamp back, except
+    /// from the future beyond [`FUTURE_SLACK_NS`] (garbage, which would
+    /// otherwise keep every later stamp out).
+    ///
+    /// [`FUTURE_SLACK_NS`]: crate::activity::FUTURE_SLACK_NS
     pub fn stamp_active(&self, now_ns: u64) {
-        if self.active_at_ns.load(Ordering::Relaxed) < now_ns {
+        let stamped = self.active_at_ns.load(Ordering::Relaxed);
+        if stamped < now_ns || !plausible_stamp(stamped, now_ns) {
             self.active_at_ns.store(now_ns, Ordering::Release);
         }
     }
@@ -287,7 +441,13 @@ impl LatencyDevice {
     /// if it dropped any.
     pub fn drop_stale_flight(&self, now_ns: u64) -> bool {
         let counted = self.in_flight.load(Ordering::Acquire);
-        let quiet = now_ns.saturating_sub(self.active_at_ns.load(Ordering::Acquire));
+        let active_at = self.active_at_ns.load(Ordering::Acquire);
+        // A stamp from the future is garbage: nobody refreshed the line.
+        let quiet = if plausible_stamp(active_at, now_ns) {
+            now_ns.saturating_sub(active_at)
+        } else {
+            u64::MAX
+        };
         // A process entering meanwhile changes the count: the exchange fails.
         counted != 0
             && quiet > FLIGHT_GRACE_NS
@@ -307,19 +467,29 @@ impl LatencyDevice {
     }
 
     /// A batch pod whose launches latency pods hold launched at `now_ns`:
-    /// stored only when the stamp is [`CONTENDED_REFRESH_NS`] old.
+    /// stored only when the stamp is [`CONTENDED_REFRESH_NS`] old (or from
+    /// the future beyond [`FUTURE_SLACK_NS`]: garbage).
+    ///
+    /// [`FUTURE_SLACK_NS`]: crate::activity::FUTURE_SLACK_NS
     pub fn stamp_contended(&self, now_ns: u64) {
         let stamped = self.contended_at_ns.load(Ordering::Relaxed);
-        if now_ns.saturating_sub(stamped) >= CONTENDED_REFRESH_NS {
+        if now_ns.saturating_sub(stamped) >= CONTENDED_REFRESH_NS
+            || !plausible_stamp(stamped, now_ns)
+        {
             self.contended_at_ns.store(now_ns, Ordering::Relaxed);
         }
     }
 
     /// Whether a batch pod that latency pods hold launched on the device
-    /// within [`CONTENDED_WINDOW_NS`] of `now_ns`.
+    /// within [`CONTENDED_WINDOW_NS`] of `now_ns` (a stamp from the future
+    /// beyond [`FUTURE_SLACK_NS`] is none).
+    ///
+    /// [`FUTURE_SLACK_NS`]: crate::activity::FUTURE_SLACK_NS
     pub fn contended(&self, now_ns: u64) -> bool {
         let stamped = self.contended_at_ns.load(Ordering::Relaxed);
-        stamped != 0 && now_ns.saturating_sub(stamped) < CONTENDED_WINDOW_NS
+        stamped != 0
+            && plausible_stamp(stamped, now_ns)
+            && now_ns.saturating_sub(stamped) < CONTENDED_WINDOW_NS
     }
 
     /// One latency process has no more work in flight (never below 0).
@@ -332,24 +502,26 @@ impl LatencyDevice {
 }
 
 impl PodPriority {
-    /// Adds a hold of `ns` to the pod's counters.
+    /// Adds a hold of `ns` to the pod's counters (the count first: a
+    /// reader never sees time held by no launch, which it would drop).
     pub fn add_hold(&self, ns: u64) {
-        self.held_ns.fetch_add(ns, Ordering::Relaxed);
-        self.held_launches.fetch_add(1, Ordering::Relaxed);
+        self.held_launches.fetch_add(1, Ordering::Release);
+        self.held_ns.fetch_add(ns, Ordering::Release);
     }
 
-    /// Adds one sampled queueing delay of `ns`.
+    /// Adds one sampled queueing delay of `ns` (the count, then the sum,
+    /// then the maximum, for the same reason).
     pub fn add_queue_delay(&self, ns: u64) {
-        self.queue_ns.fetch_add(ns, Ordering::Relaxed);
-        self.queue_samples.fetch_add(1, Ordering::Relaxed);
-        self.queue_max_ns.fetch_max(ns, Ordering::Relaxed);
+        self.queue_samples.fetch_add(1, Ordering::Release);
+        self.queue_ns.fetch_add(ns, Ordering::Release);
+        self.queue_max_ns.fetch_max(ns, Ordering::Release);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::activity::pod_key;
+    use crate::activity::{FUTURE_SLACK_NS, pod_key};
 
     const US: u64 = 1_000;
     const MS: u64 = 1_000_000;
@@ -383,13 +555,21 @@ mod tests {
         line.enter_flight(t + FLIGHT_GRACE_NS / 2);
         line.leave_flight(t + FLIGHT_GRACE_NS / 2 + 300 * US);
         assert_eq!(line.in_flight.load(Ordering::Relaxed), 1);
-        assert_eq!(table.1.latency(0).in_flight, 1, "still counted in flight");
+        assert_eq!(
+            table.1.latency(0, t + MS).in_flight,
+            1,
+            "still counted in flight"
+        );
         // Its next request, after a quiet grace: the dead count goes.
         let next = t + 3 * FLIGHT_GRACE_NS;
         line.enter_flight(next);
         assert_eq!(line.in_flight.load(Ordering::Relaxed), 1);
         line.leave_flight(next + 300 * US);
-        assert_eq!(table.1.latency(0).in_flight, 0, "the dead count dropped");
+        assert_eq!(
+            table.1.latency(0, next + MS).in_flight,
+            0,
+            "the dead count dropped"
+        );
         // A live process in flight refreshes the line: never dropped.
         line.enter_flight(next + 2 * MS);
         line.stamp_active(next + 2 * MS + FLIGHT_GRACE_NS);
@@ -409,15 +589,19 @@ mod tests {
         line.stamp_active(now - MS);
         line.present_at_ns.store(now, Ordering::Relaxed);
         // The latest stamp stays; the other mapping reads what this one wrote.
-        let seen = table.1.latency(2);
+        let seen = table.1.latency(2, now);
         assert_eq!((seen.active_at_ns, seen.present_at_ns), (now, now));
-        assert_eq!(table.1.latency(1), LatencyView::default());
-        assert_eq!(table.1.latency(MAX_DEVICES), LatencyView::default());
+        assert_eq!(table.1.latency(1, now), LatencyView::default());
+        assert_eq!(table.1.latency(MAX_DEVICES, now), LatencyView::default());
         line.enter_flight(now);
-        assert_eq!(table.1.latency(2).in_flight, 1);
+        assert_eq!(table.1.latency(2, now).in_flight, 1);
         line.leave_flight(now + 20 * MS);
         line.leave_flight(now + 20 * MS);
-        assert_eq!(table.1.latency(2).in_flight, 0, "never below zero");
+        assert_eq!(
+            table.1.latency(2, now + 20 * MS).in_flight,
+            0,
+            "never below zero"
+        );
 
         // A held batch pod's launches: seen by the other mapping for the
         // window, refreshed at most once per refresh interval.
@@ -456,6 +640,154 @@ mod tests {
             (50 * US, 2, 40 * US)
         );
         assert_eq!(table.1.stats(pod_key("nobody")), None);
+    }
+
+    #[test]
+    fn a_wrong_header_makes_the_table_read_as_none() {
+        let table = Table::new("header");
+        assert!(table.1.is_sound() && table.1.header_is_exact());
+        let now = 5_000 * MS;
+        let line = table.1.device(0).expect("line");
+        line.stamp_active(now);
+        line.present_at_ns.store(now, Ordering::Relaxed);
+        line.stamp_contended(now);
+        let batch = pod_key("batch");
+        table
+            .1
+            .slot(0, batch, PodClass::Batch, now)
+            .expect("slot")
+            .add_hold(MS);
+        assert_eq!(table.1.latency(0, now).active_at_ns, now);
+        // Random bytes over the header (the first 64 bytes of the table).
+        let header = table.1.header();
+        for (word, value) in [
+            (&header.magic, 0x3c6e_f372_fe94_f82b_u64),
+            (&header.size, 0xa54f_f53a_5f1d_36f1),
+            (&header.shape, 0x510e_527f_ade6_82d1),
+        ] {
+            word.store(value, Ordering::Relaxed);
+        }
+        assert!(!table.1.is_sound());
+        assert_eq!(table.1.latency(0, now), LatencyView::default());
+        assert!(!table.1.contended(0, now));
+        assert_eq!(table.1.stats(batch), None);
+        // Only the version wrong is as wrong.
+        header.write(&PRIORITY_LAYOUT);
+        header
+            .version
+            .store(PRIORITY_VERSION + 1, Ordering::Relaxed);
+        assert_eq!(table.1.latency(0, now), LatencyView::default());
+        header.write(&PRIORITY_LAYOUT);
+        assert!(table.1.header_is_exact());
+        assert_eq!(table.1.latency(0, now).active_at_ns, now);
+        assert!(table.1.contended(0, now));
+        assert_eq!(table.1.stats(batch).map(|s| s.held_ns), Some(MS));
+    }
+
+    #[test]
+    fn values_no_writer_could_have_written_are_ignored() {
+        let now = 5_000 * MS;
+        let sane = LatencyView {
+            active_at_ns: now - MS,
+            in_flight: 2,
+            present_at_ns: now + FUTURE_SLACK_NS,
+            next_arrival_ns: now + 2 * MS,
+            period_ns: 2 * MS,
+        };
+        assert_eq!(sane.plausible(now), sane, "all of it may be true");
+        // (forged line, what a reader believes)
+        let table: &[(LatencyView, LatencyView)] = &[
+            (
+                LatencyView {
+                    active_at_ns: u64::MAX,
+                    present_at_ns: now + FUTURE_SLACK_NS + 1,
+                    ..sane
+                },
+                LatencyView {
+                    active_at_ns: 0,
+                    present_at_ns: 0,
+                    ..sane
+                },
+            ),
+            (
+                LatencyView {
+                    in_flight: MAX_IN_FLIGHT + 1,
+                    ..sane
+                },
+                LatencyView {
+                    in_flight: 0,
+                    ..sane
+                },
+            ),
+            (
+                LatencyView {
+                    next_arrival_ns: now + 2 * MS + FUTURE_SLACK_NS + 1,
+                    ..sane
+                },
+                LatencyView {
+                    next_arrival_ns: 0,
+                    period_ns: 0,
+                    ..sane
+                },
+            ),
+            (
+                LatencyView {
+                    next_arrival_ns: now + 1,
+                    period_ns: MAX_PERIOD_NS + 1,
+                    ..sane
+                },
+                LatencyView {
+                    next_arrival_ns: 0,
+                    period_ns: 0,
+                    ..sane
+                },
+            ),
+        ];
+        for &(forged, believed) in table {
+            assert_eq!(forged.plausible(now), believed, "{forged:?}");
+        }
+    }
+
+    #[test]
+    fn garbage_on_a_line_neither_holds_readers_nor_blocks_writers() {
+        let table = Table::new("garbage");
+        let line = table.1.device(0).expect("line");
+        for word in [
+            &line.active_at_ns,
+            &line.present_at_ns,
+            &line.in_flight,
+            &line.next_arrival_ns,
+            &line.contended_at_ns,
+        ] {
+            word.store(u64::MAX - 7, Ordering::Relaxed);
+        }
+        line.period_ns.store(MS, Ordering::Relaxed);
+        let now = 5_000 * MS;
+        assert_eq!(table.1.latency(0, now), LatencyView::default());
+        assert!(!table.1.contended(0, now));
+        // A latency pod's stamps and a batch pod's replace it.
+        line.stamp_active(now);
+        line.stamp_contended(now);
+        assert_eq!(table.1.latency(0, now).active_at_ns, now);
+        assert!(table.1.contended(0, now));
+        // The garbage count goes once the line is quiet.
+        line.active_at_ns.store(u64::MAX, Ordering::Relaxed);
+        assert!(line.drop_stale_flight(now));
+        assert_eq!(line.in_flight.load(Ordering::Relaxed), 0);
+        // A slot stamped from the future is free to take; counters that
+        // contradict each other are left out of the stats.
+        let slot = &table.1.table.pods[0][0];
+        slot.pod.store(0xdead, Ordering::Relaxed);
+        slot.seen_at_ns.store(u64::MAX, Ordering::Relaxed);
+        let pod = pod_key("pod");
+        let mine = table.1.slot(0, pod, PodClass::Batch, now).expect("slot");
+        assert!(std::ptr::eq(mine, slot));
+        mine.held_ns.store(u64::MAX, Ordering::Relaxed);
+        assert_eq!(table.1.stats(pod), None, "time held by no launch");
+        mine.held_launches.store(1, Ordering::Relaxed);
+        let other = table.1.slot(1, pod, PodClass::Batch, now).expect("slot");
+        other.add_hold(MS);
+        assert_eq!(table.1.stats(pod).map(|s| s.held_ns), Some(u64::MAX));
     }
 
     #[test]

@@ -6,10 +6,14 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gpushare_utils::activity::{NodeActivity, TableAccess};
+use gpushare_utils::activity::{
+    ACTIVITY_LAYOUT, FUTURE_SLACK_NS, NodeActivity, NodeTable, TableAccess, TableLayout,
+};
 use gpushare_utils::ledger::{LAYOUT_VERSION, MAGIC, MAX_DEVICES, PodLedger, REGION_SIZE};
 use gpushare_utils::limits::{LIMITS_MAGIC, LIMITS_SIZE, LIMITS_VERSION, PodLimits};
-use gpushare_utils::priority::NodePriority;
+use gpushare_utils::priority::{
+    LatencyView, MAX_IN_FLIGHT, MAX_PERIOD_NS, NodePriority, PRIORITY_LAYOUT,
+};
 use gpushare_utils::shm::Trust;
 use proptest::prelude::*;
 
@@ -100,6 +104,22 @@ fn limits_header() -> Vec<u8> {
     header
 }
 
+/// The 64-byte header a node table's creator writes for `layout`.
+fn node_table_header(layout: &TableLayout) -> Vec<u8> {
+    let mut header = Vec::new();
+    header.extend(layout.magic.to_le_bytes());
+    header.extend(layout.version.to_le_bytes());
+    header.extend(64u32.to_le_bytes());
+    header.extend(layout.size.to_le_bytes());
+    header.extend(layout.shape.to_le_bytes());
+    header.extend([0u8; 32]);
+    header
+}
+
+fn table_size(layout: &TableLayout) -> usize {
+    usize::try_from(layout.size).expect("a table's size")
+}
+
 fn uuid() -> impl Strategy<Value = String> {
     prop_oneof![
         Just("GPU-00000000-0000-0000-0000-000000000000".to_owned()),
@@ -171,8 +191,8 @@ proptest! {
 
     #[test]
     fn node_table_readers_answer_whatever_the_tables_hold(
-        activity in contents(16 * 64 * MAX_DEVICES, Vec::new()),
-        priority in contents(64 * MAX_DEVICES * 65, Vec::new()),
+        activity in contents(table_size(&ACTIVITY_LAYOUT), node_table_header(&ACTIVITY_LAYOUT)),
+        priority in contents(table_size(&PRIORITY_LAYOUT), node_table_header(&PRIORITY_LAYOUT)),
         pod in any::<u64>(),
         device in 0..MAX_DEVICES + 2,
         now in any::<u64>(),
@@ -187,13 +207,25 @@ proptest! {
                 a.shrink(len);
             }
             table.mark(device, pod, now);
-            let _ = table.contended(device, pod, now);
+            let contended = table.contended(device, pod, now);
+            prop_assert!(table.is_sound() || !contended, "a table with a wrong header read");
+            let _ = table.header_is_exact();
         }
         if let Ok(table) = NodePriority::open_named(&p.0, &access) {
             if let Some(len) = shrink {
                 p.shrink(len);
             }
-            let _ = table.latency(device);
+            let line = table.latency(device, now);
+            // A wrong header is no table; otherwise only what may be true.
+            if !table.is_sound() {
+                prop_assert_eq!(line, LatencyView::default());
+            }
+            let bound = now.saturating_add(FUTURE_SLACK_NS);
+            prop_assert!(line.active_at_ns <= bound && line.present_at_ns <= bound);
+            prop_assert!(line.in_flight <= MAX_IN_FLIGHT && line.period_ns <= MAX_PERIOD_NS);
+            prop_assert!(line.next_arrival_ns <= bound.saturating_add(line.period_ns));
+            let _ = table.contended(device, now);
+            let _ = table.header_is_exact();
             let _ = table.stats(pod);
             if let Some(line) = table.device(device) {
                 line.stamp_active(now);

@@ -124,6 +124,8 @@ impl Hypervisor {
             Ok(Err(error)) => tracing::warn!(%error, "GPU observation failed"),
             Err(error) => tracing::warn!(%error, "GPU observation task failed"),
         }
+        // Every pod may write the node tables: a damaged one is repaired.
+        self.core().scheduler.tables.check();
         let dead_workers = {
             let mut core = self.core();
             let added = core.scheduler.retry_failed(Instant::now());

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpushare_utils::MAX_DEVICES;
-use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity, TableAccess};
+use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity, NodeTable, TableAccess};
 
 use crate::context::Context;
 
@@ -67,7 +67,9 @@ impl Stamps {
             .is_some_and(|table| table.contended(device, self.pod_key(ctx), now))
     }
 
-    /// The node's activity table, opened at its first use.
+    /// The node's activity table, opened at its first use; none while its
+    /// header is wrong (every pod may write it): then, as without a table,
+    /// nothing is stamped and no other pod is seen.
     pub(super) fn activity(&self) -> Option<&NodeActivity> {
         self.activity
             .get_or_init(|| {
@@ -83,6 +85,7 @@ impl Stamps {
                 Some,
             ))
             .as_ref()
+            .filter(|table| table.is_sound())
     }
 
     fn pod_key(&self, ctx: &Context) -> u64 {

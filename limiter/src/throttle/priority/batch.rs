@@ -28,7 +28,13 @@ impl Priority {
         }
         let estimate = || THREAD.with(|thread| thread.spans.estimate());
         let mut kernel_ns = estimate();
-        if gate(table.latency(device), now, self.tuning.hold_ns, kernel_ns) == Gate::Free {
+        if gate(
+            table.latency(device, now),
+            now,
+            self.tuning.hold_ns,
+            kernel_ns,
+        ) == Gate::Free
+        {
             return Ticket::Free;
         }
         let mut since = now;
@@ -41,7 +47,12 @@ impl Priority {
             kernel_ns = estimate();
         }
         if matches!(
-            gate(table.latency(device), since, self.tuning.hold_ns, kernel_ns),
+            gate(
+                table.latency(device, since),
+                since,
+                self.tuning.hold_ns,
+                kernel_ns
+            ),
             Gate::Hold | Gate::Predicted
         ) {
             self.hold(table, device, since, kernel_ns);
@@ -92,8 +103,9 @@ impl Priority {
     fn hold(&self, table: &NodePriority, device: usize, since: u64, kernel_ns: u64) {
         let hold_ns = self.tuning.hold_ns;
         wait_until(since.saturating_add(STARVATION_NS), || {
+            let now = monotonic_ns();
             !matches!(
-                gate(table.latency(device), monotonic_ns(), hold_ns, kernel_ns),
+                gate(table.latency(device, now), now, hold_ns, kernel_ns),
                 Gate::Hold | Gate::Predicted
             )
         });

@@ -40,9 +40,13 @@ pub(super) enum Gate {
     Predicted,
 }
 
-/// The gate for a batch launch at `now` given its device's latency line,
-/// with hold window `hold_ns`; `kernel_ns`: how long the batch thread's
-/// launches take to complete (0: unknown, no prediction).
+/// The gate for a batch launch at `now` given its device's latency line
+/// (as [`NodePriority::latency`] reads it: only what may be believed, all
+/// zero for a table whose header is wrong), with hold window `hold_ns`;
+/// `kernel_ns`: how long the batch thread's launches take to complete (0:
+/// unknown, no prediction).
+///
+/// [`NodePriority::latency`]: gpushare_utils::priority::NodePriority::latency
 pub(super) fn gate(line: LatencyView, now_ns: u64, hold_ns: u64, kernel_ns: u64) -> Gate {
     let LatencyView {
         active_at_ns,
@@ -51,7 +55,7 @@ pub(super) fn gate(line: LatencyView, now_ns: u64, hold_ns: u64, kernel_ns: u64)
         ..
     } = line;
     // A stamp a little ahead of `now` (another process read the clock later)
-    // counts as now.
+    // counts as now; one further ahead than the slack was dropped as garbage.
     let since = now_ns.saturating_sub(active_at_ns);
     if active_at_ns != 0 && (since < hold_ns || (in_flight > 0 && since < STALL_NS)) {
         Gate::Hold

@@ -34,9 +34,7 @@ impl Priority {
         let Some(table) = self.table(now, true) else {
             return Ticket::Free;
         };
-        if self.corun.get().is_some()
-            && !table.device(device).is_some_and(|line| line.contended(now))
-        {
+        if self.corun.get().is_some() && !table.contended(device, now) {
             // Co-run with no batch pod that waits for this one: its kernels
             // run beside theirs, and only the heartbeat is read (a batch
             // client that took the whole GPU then keeps its work in flight

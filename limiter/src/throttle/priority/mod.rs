@@ -13,7 +13,10 @@
 //!    next one (`predict`) and publishes it on the line, unless
 //!    [`tuning::PREDICT_VARIABLE`] is `0`.
 //! 3. A batch pod's launch loads the line ([`gate::gate`]):
-//!    no latency pod on the device costs those loads. While a latency pod is
+//!    no latency pod on the device costs those loads (and those of the
+//!    table's header: every process may write the table, so a wrong header
+//!    reads as no latency pod, and so do values no writer could have written:
+//!    `LatencyView::plausible`). While a latency pod is
 //!    present, the batch thread keeps at most [`tuning::WINDOW_VARIABLE`] launches in
 //!    flight (an event after each, waited for before the next), so a latency
 //!    kernel finds at most that much batch work in front of it (the GPU

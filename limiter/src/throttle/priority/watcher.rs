@@ -171,7 +171,8 @@ impl Priority {
 
     /// When the idle watcher should poll again for this process's next
     /// predicted request: [`WAKE_LEAD_NS`] before the earliest prediction on
-    /// its devices that is not stale; `None` without one.
+    /// its devices that is not stale (nor implausible: another process may
+    /// have written the line); `None` without one.
     fn predicted_wake(&self, table: &NodePriority, now: u64) -> Option<u64> {
         if !self.tuning.predict {
             return None;
@@ -179,9 +180,8 @@ impl Priority {
         let devices = self.latency_devices.load(Ordering::Relaxed);
         devices_in(devices)
             .filter_map(|device| {
-                let line = table.device(device)?;
-                let next = line.next_arrival_ns.load(Ordering::Acquire);
-                let period = line.period_ns.load(Ordering::Relaxed);
+                let line = table.latency(device, now);
+                let (next, period) = (line.next_arrival_ns, line.period_ns);
                 (period != 0 && now < next.saturating_add(period / 2))
                     .then(|| next.saturating_sub(WAKE_LEAD_NS))
             })
