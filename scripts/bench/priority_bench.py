@@ -247,11 +247,12 @@ def priority_counters(region, pod):
     if not path.exists():
         return None
     data = path.read_bytes()
-    devices, pods_per_device, line = 16, 64, 64
+    # After the table's 64-byte header, the 16 devices' lines, then the slots.
+    header, devices, pods_per_device, line = 64, 16, 64, 64
     key = pod_key(pod)
     out = None
     for slot in range(devices * pods_per_device):
-        offset = devices * line + slot * line
+        offset = header + devices * line + slot * line
         fields = struct.unpack_from("<QIIQQQQQQ", data, offset)
         if fields[0] != key:
             continue
