@@ -4,35 +4,20 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
+use common::daemon::{Killed, bin, listening, serve};
 use common::*;
 use gpushare_utils::protocol::{Register, WorkerDevice};
 
-/// Kills the daemon when dropped (a test that failed half-way).
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts `hypervisor serve` on `config` with at most `files` descriptors;
 /// returns it and its address.
-fn serve(config: &ConfigFile, files: u64) -> (Daemon, String) {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_hypervisor"));
-    command
-        .args(["serve", "--config"])
-        .arg(&config.path)
-        .args(["--simulate-gpus", "1"])
-        .stdout(Stdio::piped());
-    use_node_tables(&mut command, &config.path);
+fn serve_with_files(config: &ConfigFile, files: u64) -> (Killed, String) {
+    let mut command = serve(config);
     // SAFETY: setrlimit is async-signal-safe; nothing else runs in the child.
     unsafe {
         command.pre_exec(move || {
@@ -46,18 +31,7 @@ fn serve(config: &ConfigFile, files: u64) -> (Daemon, String) {
             Ok(())
         });
     }
-    let mut daemon = Daemon(command.spawn().expect("spawn hypervisor"));
-    let stdout = daemon.0.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("first line");
-    let addr = line
-        .trim()
-        .strip_prefix("hypervisor listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    (daemon, addr)
+    listening(command)
 }
 
 /// Raises this process's descriptor limit to what it needs, if it can.
@@ -76,22 +50,6 @@ fn allow_files(needed: u64) -> bool {
     }
 }
 
-/// One `GET /healthz` on a fresh connection; how long it took to answer 200.
-fn healthz(addr: &str) -> Duration {
-    let started = Instant::now();
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: hv\r\nConnection: close\r\n\r\n")
-        .expect("request");
-    let mut reader = BufReader::new(stream);
-    let (status, body) = read_response(&mut reader).expect("healthz answers");
-    assert_eq!((status, body.as_str()), (200, "ok"));
-    started.elapsed()
-}
-
 /// How long `/healthz` may take in `half_open_connections_leave_healthz_answering`:
 /// half the header timeout that test configures (see there).
 const HEALTHZ_LIMIT: Duration = Duration::from_millis(500);
@@ -105,7 +63,7 @@ fn half_open_connections_leave_healthz_answering() {
     }
     let config = ConfigFile::new("listen = \"127.0.0.1:0\"\nheader_timeout_ms = 1000\n");
     // 1,024 descriptors: fewer than the half-open connections.
-    let (_daemon, addr) = serve(&config, 1024);
+    let (_daemon, addr) = serve_with_files(&config, 1024);
     let mut held = Vec::with_capacity(HALF_OPEN);
     for _ in 0..HALF_OPEN {
         let mut stream = TcpStream::connect(&addr).expect("connect");
@@ -168,7 +126,7 @@ fn registrations_sprayed_with_devices_leave_memory_bounded() {
         "listen = \"127.0.0.1:0\"\n{}",
         pod_toml(&pod, &["index = 0\nmemory = \"1g\""])
     ));
-    let (daemon, addr) = serve(&config, 4096);
+    let (daemon, addr) = serve_with_files(&config, 4096);
     let pid = daemon.0.id();
     let mut client = RawClient::new(addr.parse().expect("addr"));
     let body = |n: u32| {
@@ -204,7 +162,7 @@ fn registrations_sprayed_with_devices_leave_memory_bounded() {
 #[test]
 fn every_route_answers_errors_in_json() {
     let config = ConfigFile::new("listen = \"127.0.0.1:0\"\n");
-    let (_daemon, addr) = serve(&config, 4096);
+    let (_daemon, addr) = serve_with_files(&config, 4096);
     let base = format!("http://{addr}");
     for (method, path, want) in [
         ("GET", "/nope", 404),
@@ -224,7 +182,7 @@ fn every_route_answers_errors_in_json() {
 #[test]
 fn check_config_says_each_cause_once_and_warns_of_risks() {
     let missing = ConfigFile::new("[[pods]]\nid = \"a\"\ntoken_file = \"no-such-token\"\n");
-    let output = Command::new(env!("CARGO_BIN_EXE_hypervisor"))
+    let output = Command::new(bin())
         .args(["check-config", "--config"])
         .arg(&missing.path)
         .output()
@@ -247,7 +205,7 @@ fn check_config_says_each_cause_once_and_warns_of_risks() {
          [[pods.gpus]]\nindex = 0\nshare = 60\n",
         gpu(0)
     ));
-    let output = Command::new(env!("CARGO_BIN_EXE_hypervisor"))
+    let output = Command::new(bin())
         .args(["check-config", "--config"])
         .arg(&risky.path)
         .output()
@@ -280,7 +238,7 @@ fn registrations_with_oversized_strings_are_refused() {
         "listen = \"127.0.0.1:0\"\n{}",
         pod_toml(&pod, &["index = 0\nmemory = \"1g\""])
     ));
-    let (_daemon, addr) = serve(&config, 4096);
+    let (_daemon, addr) = serve_with_files(&config, 4096);
     let mut client = RawClient::new(addr.parse().expect("addr"));
     let register = |client: &mut RawClient, hostname: String, uuid: String| {
         let body = serde_json::to_string(&Register {

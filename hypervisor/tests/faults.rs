@@ -4,11 +4,12 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command as Process, Stdio};
+use std::process::{Command as Process, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::daemon::{Killed, bin, listening, serve};
 use common::*;
 use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::protocol::Command;
@@ -27,16 +28,6 @@ fn child_helper() {
     println!("ready");
     loop {
         std::thread::sleep(Duration::from_secs(1));
-    }
-}
-
-/// Kills (and reaps) the child when dropped.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 
@@ -187,20 +178,6 @@ fn a_restart_keeps_regions_and_takes_workers_back() {
     drop(regions);
 }
 
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_hypervisor")
-}
-
-/// Kills the daemon when dropped (a test that failed half-way).
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn the_binary_reloads_on_sighup_prints_status_and_stops_on_sigterm() {
     let a = unique("bin");
@@ -215,24 +192,7 @@ fn the_binary_reloads_on_sighup_prints_status_and_stops_on_sigterm() {
     };
     let config = ConfigFile::new(&text("1g"));
     let _regions = Regions(vec![a.clone()]);
-    let mut serve = Process::new(bin());
-    serve
-        .args(["serve", "--config"])
-        .arg(&config.path)
-        .args(["--simulate-gpus", "1"])
-        .stdout(Stdio::piped());
-    use_node_tables(&mut serve, &config.path);
-    let mut daemon = Daemon(serve.spawn().expect("spawn hypervisor"));
-    let stdout = daemon.0.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("first line");
-    let addr = line
-        .trim()
-        .strip_prefix("hypervisor listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
+    let (mut daemon, addr) = listening(serve(&config));
     let region = RegionView::open(&a);
     assert_eq!(region.quota(0), 1 << 30);
 

@@ -6,31 +6,18 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::daemon::{Killed, bin, listening, serve};
 use common::*;
 
 /// How long refusing a file may take: it is refused without waiting, in
 /// well under a millisecond; a FIFO read as before waits forever.
 const AT_ONCE: Duration = Duration::from_secs(5);
-
-fn bin() -> &'static str {
-    env!("CARGO_BIN_EXE_hypervisor")
-}
-
-/// Kills the daemon when dropped (a test that failed half-way).
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Waits at most `limit` for `child` to exit.
 fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
@@ -57,7 +44,7 @@ fn run(config: &ConfigFile, args: &[&str]) -> (ExitStatus, String) {
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
     use_node_tables(&mut command, &config.path);
-    let mut child = Daemon(command.spawn().expect("spawn hypervisor"));
+    let mut child = Killed(command.spawn().expect("spawn hypervisor"));
     // Read meanwhile: a long line would fill the pipe and hold the child.
     let mut pipe = child.0.stderr.take().expect("stderr");
     let reader = std::thread::spawn(move || {
@@ -141,20 +128,8 @@ fn a_value_of_131000_characters_is_cut_in_the_error_line() {
 
 /// `GET /healthz` on a fresh connection answers 200 within a second.
 fn healthz_answers(addr: &str) {
-    let started = Instant::now();
-    let mut stream = TcpStream::connect(addr).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(2)))
-        .expect("timeout");
-    stream
-        .write_all(b"GET /healthz HTTP/1.1\r\nHost: hv\r\nConnection: close\r\n\r\n")
-        .expect("request");
-    let answer = read_response(&mut BufReader::new(stream));
-    let took = started.elapsed();
-    assert!(
-        matches!(&answer, Ok((200, body)) if body == "ok") && took < Duration::from_secs(1),
-        "/healthz: {answer:?} after {took:?}"
-    );
+    let took = healthz(addr);
+    assert!(took < Duration::from_secs(1), "/healthz after {took:?}");
 }
 
 #[test]
@@ -166,24 +141,9 @@ fn a_reload_onto_a_fifo_or_dev_zero_token_file_is_refused_and_the_daemon_keeps_s
     );
     let config = ConfigFile::new(&good);
     let _regions = Regions(vec![a.clone(), b.clone()]);
-    let mut serve = Command::new(bin());
-    serve
-        .args(["serve", "--config"])
-        .arg(&config.path)
-        .args(["--simulate-gpus", "1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    use_node_tables(&mut serve, &config.path);
-    let mut daemon = Daemon(serve.spawn().expect("spawn hypervisor"));
-    let mut line = String::new();
-    BufReader::new(daemon.0.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("first line");
-    let addr = line
-        .trim()
-        .strip_prefix("hypervisor listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
+    let mut serve = serve(&config);
+    serve.stderr(Stdio::null());
+    let (mut daemon, addr) = listening(serve);
     let region = RegionView::open(&a);
     assert_eq!(region.quota(0), 1 << 30);
     // Serving, and (a moment later) listening for SIGHUP, whose default

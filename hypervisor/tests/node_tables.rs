@@ -5,26 +5,17 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::os::unix::fs::MetadataExt;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 
-use common::{ConfigFile, use_node_tables};
+use common::ConfigFile;
+use common::daemon::{listening, serve};
 use gpushare_utils::activity::{ACTIVITY_LAYOUT, NodeActivity, TableAccess, TableLayout};
 use gpushare_utils::priority::{LatencyView, NodePriority, PRIORITY_LAYOUT};
 
 /// The uid the pods run as (the daemon's `region_uid`).
 const PODS_UID: u32 = 65534;
-
-/// Kills the daemon when dropped (a test that failed half-way).
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// What a pod of uid [`PODS_UID`] can leave at `name`: the table's exact
 /// size, its own, mode 0600, with the layout's header and every line of
@@ -60,21 +51,9 @@ fn tables_planted_before_the_daemon_starts_are_replaced_and_the_log_says_so() {
         plant(&tables.priority, &PRIORITY_LAYOUT),
     ];
 
-    let mut serve = Command::new(env!("CARGO_BIN_EXE_hypervisor"));
-    serve
-        .args(["serve", "--config"])
-        .arg(&config.path)
-        .args(["--simulate-gpus", "1"])
-        .env_remove("HYPERVISOR_LOG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    use_node_tables(&mut serve, &config.path);
-    let mut daemon = Daemon(serve.spawn().expect("spawn hypervisor"));
-    let mut line = String::new();
-    BufReader::new(daemon.0.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("first line");
-    assert!(line.starts_with("hypervisor listening on "), "{line:?}");
+    let mut serve = serve(&config);
+    serve.env_remove("HYPERVISOR_LOG").stderr(Stdio::piped());
+    let (mut daemon, _addr) = listening(serve);
 
     // Made anew: other objects, the pods' own, with the daemon's header and
     // empty lines.

@@ -8,12 +8,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::daemon::{Killed, as_uid, listening, serve};
 use common::*;
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
@@ -37,12 +38,9 @@ fn is_root() -> bool {
 /// Runs the shell `script` as `uid` (its group too, no supplementary
 /// groups); panics if it fails.
 fn shell_as(uid: u32, script: &str) {
-    let status = Command::new("setpriv")
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .args(["--clear-groups", "--", "sh", "-ec", script])
-        .status()
-        .expect("setpriv runs");
+    let mut shell = Command::new("sh");
+    shell.args(["-ec", script]);
+    let status = as_uid(&shell, uid).status().expect("setpriv runs");
     assert!(status.success(), "as uid {uid}: {script}");
 }
 
@@ -244,9 +242,10 @@ fn links_and_directories_at_a_pods_names_are_replaced_without_being_followed() {
     outside.assert_untouched();
 }
 
-/// `hypervisor serve` run as `uid`, its log (at info) in a file.
+/// `hypervisor serve` run as `uid`, its log (at info) in a file; killed
+/// when dropped.
 struct Daemon {
-    child: Child,
+    child: Killed,
     addr: String,
     log: PathBuf,
 }
@@ -254,30 +253,11 @@ struct Daemon {
 impl Daemon {
     fn start(config: &ConfigFile, uid: u32) -> Self {
         let log = config.dir.join("daemon.log");
-        let mut command = Command::new("setpriv");
-        command
-            .arg(format!("--reuid={uid}"))
-            .arg(format!("--regid={uid}"))
-            .args(["--clear-groups", "--"])
-            .arg(env!("CARGO_BIN_EXE_hypervisor"))
-            .args(["serve", "--config"])
-            .arg(&config.path)
-            .args(["--simulate-gpus", "1"])
-            .env("HYPERVISOR_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log file"));
-        use_node_tables(&mut command, &config.path);
-        let mut child = command.spawn().expect("spawn hypervisor");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("first line");
-        let addr = line
-            .trim()
-            .strip_prefix("hypervisor listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
+        let mut serve = serve(config);
+        serve.env("HYPERVISOR_LOG", "info");
+        let mut command = as_uid(&serve, uid);
+        command.stderr(std::fs::File::create(&log).expect("log file"));
+        let (child, addr) = listening(command);
         Self { child, addr, log }
     }
 
@@ -299,19 +279,11 @@ impl Daemon {
     }
 
     /// Stops it; its log.
-    fn stop(mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn stop(self) -> String {
+        drop(self.child);
         let mut text = String::new();
         let _ = std::fs::File::open(&self.log).and_then(|mut f| f.read_to_string(&mut text));
         text
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

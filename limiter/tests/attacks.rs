@@ -9,49 +9,14 @@ mod common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 
-use common::{DoubleGpus, Pod, node_tables};
+use common::{PODS_UID, Pod, as_uid, node_tables, pods_uid_hypervisor};
 use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::limits::PodLimits;
-use hypervisor::RunningHypervisor;
 
-/// The uid the pods run as (the hypervisor's `region_uid`).
-const PODS_UID: u32 = 65534;
 /// A local user who is not a pod.
 const STRANGER_UID: u32 = 65533;
 const TOKEN: &str = "pod-token";
-
-/// The hypervisor, making the pods' objects and the node tables for uid
-/// [`PODS_UID`].
-fn start(pod: &Pod) -> RunningHypervisor {
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\n\
-         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
-        pod.0
-    );
-    common::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
-}
-
-/// `command` run as `uid` (its group too, no supplementary groups), with
-/// the same environment.
-fn as_uid(command: &Command, uid: u32) -> Command {
-    let mut wrapped = Command::new("setpriv");
-    wrapped
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .arg("--clear-groups")
-        .arg("--")
-        .arg(command.get_program())
-        .args(command.get_args());
-    for (key, value) in command.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    wrapped
-}
 
 /// Runs the shell `script` as `uid`; whether it succeeded.
 fn shell_as(uid: u32, script: &str) -> bool {
@@ -66,25 +31,17 @@ fn shell_as(uid: u32, script: &str) -> bool {
 
 /// `GET /metrics` on the daemon: its status line.
 fn metrics_status(url: &str) -> String {
-    let address = url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).expect("daemon listens");
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer.lines().next().unwrap_or_default().to_owned()
+    common::metrics(url)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
 }
 
 #[test]
 fn shrinking_or_replacing_shared_objects_kills_nobody_and_frees_no_memory() {
     let pod = Pod::new("attack");
-    let hypervisor = start(&pod);
+    let hypervisor = pods_uid_hypervisor(&pod, TOKEN);
     let tables = node_tables(&pod);
     let ledger = PodLedger::name_of(&pod.0);
     let limits = PodLimits::name_of(&pod.0);

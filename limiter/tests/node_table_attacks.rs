@@ -11,18 +11,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{DoubleGpus, Pod, node_tables};
+use common::{PODS_UID, Pod, as_uid, node_tables, pods_uid_hypervisor};
 use gpushare_utils::activity::{NodeActivity, TableAccess, pod_key};
 use gpushare_utils::priority::NodePriority;
 use hypervisor::RunningHypervisor;
 
-/// The uid the pods run as (the hypervisor's `region_uid`).
-const PODS_UID: u32 = 65534;
 const TOKEN: &str = "pod-token";
 /// The batch pod's kernels.
 const KERNEL_US: u64 = 100;
@@ -31,37 +28,6 @@ const RUN_MS: u64 = 600;
 /// How long the daemon may take to see a damaged table: its maintenance
 /// runs every second.
 const REPAIR_WITHIN: Duration = Duration::from_secs(3);
-
-/// The hypervisor, making the pods' objects and the node tables for uid
-/// [`PODS_UID`]; `pod` has a memory quota and no compute limit.
-fn start(pod: &Pod) -> RunningHypervisor {
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\n\
-         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
-        pod.0
-    );
-    common::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
-}
-
-/// `command` run as `uid` (its group too, no supplementary groups), with
-/// the same environment.
-fn as_uid(command: &Command, uid: u32) -> Command {
-    let mut wrapped = Command::new("setpriv");
-    wrapped
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .arg("--clear-groups")
-        .arg("--")
-        .arg(command.get_program())
-        .args(command.get_args());
-    for (key, value) in command.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    wrapped
-}
 
 /// Names the tables and the offset the test binary, run as [`Vandal`],
 /// writes over: `OFFSET:NAME,NAME`.
@@ -197,28 +163,10 @@ fn assert_unheld(run: &str, stall_ns: u64, context: &str) {
     common::assert_share(run, 1000, 50);
 }
 
-/// `GET /metrics` on the daemon: its body.
-fn metrics(url: &str) -> String {
-    use std::io::Write;
-    let address = url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).expect("daemon listens");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer
-}
-
 /// The daemon's count of repairs of `table`.
 fn repairs(url: &str, table: &str) -> u64 {
     let sample = format!("gpushare_node_table_repairs_total{{table=\"{table}\"}} ");
-    let text = metrics(url);
+    let text = common::metrics(url);
     text.lines()
         .find_map(|line| line.strip_prefix(&sample))
         .and_then(|value| value.trim().parse().ok())
@@ -245,7 +193,7 @@ fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
 fn garbage_over_the_node_tables_holds_no_launch_and_the_daemon_repairs_the_headers() {
     let _serial = common::serial();
     let pod = Pod::new("vandal");
-    let hypervisor = start(&pod);
+    let hypervisor = pods_uid_hypervisor(&pod, TOKEN);
     let tables = node_tables(&pod);
     let access = TableAccess::managed(Some(PODS_UID));
     let activity = NodeActivity::open_named(&tables.activity, &access).expect("activity table");

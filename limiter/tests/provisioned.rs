@@ -7,30 +7,16 @@ mod common;
 
 use std::os::unix::process::CommandExt;
 use std::process::Output;
-use std::sync::Arc;
 
-use common::{CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, Pod, info};
+use common::{CONTEXT_BYTES, ContainerLib, GIB, MIB, PODS_UID, Pod, info, pods_uid_hypervisor};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::pod_file::{PodFile, VERSION};
 use gpushare_utils::shm::Creation;
 
 const TOKEN: &str = "provisioned-token";
-/// The pods' uid (the daemon's `region_uid`).
-const POD_UID: u32 = 65534;
-
 /// Whether this process may act as the pods' uid (root).
 fn root() -> bool {
     gpushare_utils::shm::effective_uid() == 0
-}
-
-/// The daemon for `pod`: 1 GiB on GPU 0, its ledger owned by the pods' uid.
-fn daemon(pod: &Pod) -> hypervisor::RunningHypervisor {
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\nregion_uid = {POD_UID}\nregion_gid = {POD_UID}\nregion_mode = \"0600\"\n\
-         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
-        pod.0
-    );
-    common::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
 }
 
 /// The pod file the daemon's provisioning writes for `pod`.
@@ -66,8 +52,8 @@ fn in_container(
         .env("CUDA_LIMITER_GRANT_TIMEOUT_MS", "2000")
         .envs(env.iter().copied())
         .args(args)
-        .uid(POD_UID)
-        .gid(POD_UID);
+        .uid(PODS_UID)
+        .gid(PODS_UID);
     common::use_node_tables(&mut command, pod);
     command.output().expect("probe")
 }
@@ -79,7 +65,7 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
         return;
     }
     let pod = Pod::new("provisioned");
-    let daemon = daemon(&pod);
+    let daemon = pods_uid_hypervisor(&pod, TOKEN);
     let container = ContainerLib::with_text(&pod_file(&pod, &daemon.url()));
     // A limits object the tenant forged for a pod name of its own, owned by
     // its uid, with 3 GiB: trusted only if the environment could name the
@@ -88,8 +74,8 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
     let forged = PodLimits::create_or_adopt(
         &forged_pod.0,
         &Creation {
-            uid: Some(POD_UID),
-            gid: Some(POD_UID),
+            uid: Some(PODS_UID),
+            gid: Some(PODS_UID),
             mode: 0o644,
         },
     )
@@ -99,7 +85,7 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
         .expect("forged quota");
     forged.publish();
     let wrong_token = format!("{TOKEN}-not");
-    let uid = POD_UID.to_string();
+    let uid = PODS_UID.to_string();
     let cases: [(&str, Vec<(&str, &str)>); 4] = [
         ("no variable at all", vec![]),
         (
@@ -191,7 +177,7 @@ fn a_pod_file_that_is_not_the_daemons_refuses_cuda() {
     let cases: [(&str, Spoil<'_>, &str); 3] = [
         (
             "owned by the tenant",
-            Box::new(|c| std::os::unix::fs::chown(c.pod_file(), Some(POD_UID), None).unwrap()),
+            Box::new(|c| std::os::unix::fs::chown(c.pod_file(), Some(PODS_UID), None).unwrap()),
             "not root",
         ),
         (

@@ -25,6 +25,8 @@ pub mod protocol;
 pub mod quote;
 pub mod shm;
 pub mod small_file;
+#[cfg(test)]
+mod test_dir;
 pub mod units;
 
 /// The most devices a process can have limits for; device indices are `0..MAX_DEVICES`.

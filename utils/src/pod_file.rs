@@ -138,24 +138,8 @@ impl PodFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_dir::Dir;
     use std::os::unix::fs::PermissionsExt;
-
-    struct Dir(PathBuf);
-
-    impl Dir {
-        fn new(tag: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("pod-file-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 
     fn example() -> PodFile {
         PodFile {

@@ -127,28 +127,10 @@ fn regular(kind: FileType) -> Result<(), SmallFileError> {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
     use std::time::{Duration, Instant};
 
     use super::*;
-
-    /// A folder of the test's own, removed when dropped.
-    struct Dir(PathBuf);
-
-    impl Dir {
-        fn new(tag: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("small-file-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Self(dir)
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    use crate::test_dir::Dir;
 
     #[test]
     fn a_small_regular_file_is_read_whole() {

@@ -21,6 +21,8 @@ use hypervisor::node_tables::NodeTableNames;
 use hypervisor::observer::SimulatedGpus;
 use hypervisor::{Options, RunningHypervisor, config};
 
+pub(crate) mod daemon;
+
 pub(crate) const ADMIN: &str = "admin-secret";
 
 /// A name no other test (or earlier run) uses: `hvt-<tag>-<pid>-<n>`.
@@ -476,6 +478,23 @@ pub(crate) fn read_response(reader: &mut BufReader<TcpStream>) -> std::io::Resul
     let mut body = vec![0; length];
     reader.read_exact(&mut body)?;
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// One `GET /healthz` on a fresh connection to `addr`, which must answer
+/// 200 `ok`; how long it took.
+pub(crate) fn healthz(addr: &str) -> Duration {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: hv\r\nConnection: close\r\n\r\n")
+        .expect("request");
+    let mut reader = BufReader::new(stream);
+    let (status, body) = read_response(&mut reader).expect("healthz answers");
+    assert_eq!((status, body.as_str()), (200, "ok"));
+    started.elapsed()
 }
 
 /// 100 registered workers of 4 pods (weights 1 to 4, fixed, 1 GiB each) on

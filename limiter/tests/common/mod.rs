@@ -152,6 +152,62 @@ pub(crate) fn node_tables(pod: &Pod) -> hypervisor::node_tables::NodeTableNames 
     }
 }
 
+/// The uid the pods run as, in the tests whose hypervisor has it as
+/// `region_uid` ([`pods_uid_hypervisor`]).
+pub(crate) const PODS_UID: u32 = 65534;
+
+/// A hypervisor for `pod`'s test that makes the pods' objects and the node
+/// tables for uid [`PODS_UID`] (`region_uid`, `region_gid`; mode 0600, the
+/// default `region_mode`), with the test's node tables: `pod`, of `token`,
+/// has 1 GiB on GPU 0 and no compute limit.
+pub(crate) fn pods_uid_hypervisor(pod: &Pod, token: &str) -> hypervisor::RunningHypervisor {
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{token}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
+        pod.0
+    );
+    hypervisor(pod, &text, std::sync::Arc::new(DoubleGpus(1)))
+}
+
+/// `command` run as `uid` (its group too, no supplementary groups), with
+/// the same environment.
+pub(crate) fn as_uid(command: &Command, uid: u32) -> Command {
+    let mut wrapped = Command::new("setpriv");
+    wrapped
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={uid}"))
+        .arg("--clear-groups")
+        .arg("--")
+        .arg(command.get_program())
+        .args(command.get_args());
+    for (key, value) in command.get_envs() {
+        match value {
+            Some(value) => wrapped.env(key, value),
+            None => wrapped.env_remove(key),
+        };
+    }
+    wrapped
+}
+
+/// `GET /metrics` on the hypervisor at `url`: the whole answer, its status
+/// line first.
+pub(crate) fn metrics(url: &str) -> String {
+    use std::io::{Read, Write};
+    let address = url.trim_start_matches("http://");
+    let mut stream = std::net::TcpStream::connect(address).expect("daemon listens");
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .expect("timeout");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
+
 /// Points `command`'s limiter at the node tables of [`node_tables`].
 pub(crate) fn use_node_tables(command: &mut Command, pod: &Pod) {
     let tables = node_tables(pod);
