@@ -229,7 +229,7 @@ pub fn render(status: &Status) -> String {
     }
     render_spill(&mut x, status);
     render_priority(&mut x, status);
-    render_node_tables(&mut x);
+    render_node_tables(&mut x, status);
     render_corun(&mut x, status);
     let process_sm = x.family(
         "gpushare_process_sm_utilization_ratio",
@@ -371,9 +371,8 @@ fn render_priority(x: &mut Exposition, status: &Status) {
     }
 }
 
-/// Per node table: how many times the daemon repaired it (a process-wide
-/// count, like the tables: [`crate::node_tables::repairs`]).
-fn render_node_tables(x: &mut Exposition) {
+/// Per node table: how many times the daemon repaired it.
+fn render_node_tables(x: &mut Exposition, status: &Status) {
     let repairs = x.family(
         "gpushare_node_table_repairs_total",
         "counter",
@@ -381,7 +380,7 @@ fn render_node_tables(x: &mut Exposition) {
     );
     for table in crate::node_tables::TableKind::ALL {
         let labels = format!("table=\"{}\"", table.as_str());
-        x.sample(repairs, "", &labels, crate::node_tables::repairs(table));
+        x.sample(repairs, "", &labels, status.node_table_repairs.of(table));
     }
 }
 

@@ -22,7 +22,6 @@
 //! `gpushare_node_table_repairs_total` in `/metrics`).
 
 use std::os::unix::fs::MetadataExt;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpushare_utils::activity::{ActivityError, NODE_REGION, NodeActivity, NodeTable, TableAccess};
 use gpushare_utils::priority::{NodePriority, PRIORITY_REGION};
@@ -81,13 +80,28 @@ impl TableKind {
 /// that a warning says it is left as it is.
 pub const MAX_REMAKES: u32 = 8;
 
-/// Repairs per table, by every hypervisor of this process: a counter of the
-/// node, like the tables themselves (the daemon runs one hypervisor).
-static REPAIRS: [AtomicU64; 2] = [const { AtomicU64::new(0) }; 2];
+/// How many times this hypervisor repaired each table ([`NodeTables::check`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Repairs {
+    pub activity: u64,
+    pub priority: u64,
+}
 
-/// How many times this process repaired `table` ([`NodeTables::check`]).
-pub fn repairs(table: TableKind) -> u64 {
-    REPAIRS[table as usize].load(Ordering::Relaxed)
+impl Repairs {
+    /// The count of `table`.
+    pub fn of(&self, table: TableKind) -> u64 {
+        match table {
+            TableKind::Activity => self.activity,
+            TableKind::Priority => self.priority,
+        }
+    }
+
+    fn count(&mut self, table: TableKind) {
+        match table {
+            TableKind::Activity => self.activity += 1,
+            TableKind::Priority => self.priority += 1,
+        }
+    }
 }
 
 /// The tables, as this hypervisor made them; a table it could not make is
@@ -97,6 +111,7 @@ pub struct NodeTables {
     pub priority: Option<NodePriority>,
     /// How they were made, to check them (none for [`NodeTables::none`]).
     made: Option<Made>,
+    repairs: Repairs,
 }
 
 /// How this hypervisor made its tables, and which objects it made.
@@ -144,6 +159,7 @@ impl NodeTables {
                 creation,
                 objects: [object(activity_inode), object(priority_inode)],
             }),
+            repairs: Repairs::default(),
         }
     }
 
@@ -153,6 +169,7 @@ impl NodeTables {
             activity: None,
             priority: None,
             made: None,
+            repairs: Repairs::default(),
         }
     }
 
@@ -164,20 +181,29 @@ impl NodeTables {
             return;
         };
         let [activity, priority] = &mut made.objects;
-        check(
+        if check(
             TableKind::Activity,
             &made.names.activity,
             &made.creation,
             activity,
             &mut self.activity,
-        );
-        check(
+        ) {
+            self.repairs.count(TableKind::Activity);
+        }
+        if check(
             TableKind::Priority,
             &made.names.priority,
             &made.creation,
             priority,
             &mut self.priority,
-        );
+        ) {
+            self.repairs.count(TableKind::Priority);
+        }
+    }
+
+    /// How many times [`Self::check`] repaired each table.
+    pub fn repairs(&self) -> Repairs {
+        self.repairs
     }
 }
 
@@ -192,21 +218,22 @@ enum Damage {
     Object(&'static str),
 }
 
+/// Checks `table` and repairs what is wrong; whether it repaired it.
 fn check<T: NodeTable>(
     kind: TableKind,
     name: &str,
     creation: &Creation,
     object: &mut Object,
     table: &mut Option<T>,
-) {
+) -> bool {
     let Some(current) = table.as_ref() else {
-        return;
+        return false;
     };
     if object.remakes > MAX_REMAKES {
-        return;
+        return false;
     }
     let Some(damage) = damage(current, name, creation, object.inode) else {
-        return;
+        return false;
     };
     match damage {
         Damage::Header => {
@@ -216,6 +243,7 @@ fn check<T: NodeTable>(
                 name,
                 "a node table's header was overwritten (readers ignored the table): rewritten"
             );
+            true
         }
         Damage::Object(what) if object.remakes == MAX_REMAKES => {
             object.remakes += 1;
@@ -225,7 +253,7 @@ fn check<T: NodeTable>(
                 what,
                 "a node table was tampered with again: left as it is (made again {MAX_REMAKES} times already)"
             );
-            return;
+            false
         }
         Damage::Object(what) => {
             tracing::warn!(
@@ -241,12 +269,9 @@ fn check<T: NodeTable>(
                 inode,
                 remakes: object.remakes + 1,
             };
-            if !repaired {
-                return;
-            }
+            repaired
         }
     }
-    REPAIRS[kind as usize].fetch_add(1, Ordering::Relaxed);
 }
 
 /// What is wrong with `table`, made as `name` with `creation` (inode
@@ -337,6 +362,7 @@ mod tests {
     use super::*;
     use gpushare_utils::activity::ACTIVITY_LAYOUT;
     use gpushare_utils::priority::PRIORITY_LAYOUT;
+    use std::sync::atomic::Ordering;
 
     struct Names(NodeTableNames);
 
@@ -470,9 +496,8 @@ mod tests {
     fn the_check_rewrites_a_wrong_header_and_remakes_a_table_tampered_with() {
         let names = Names::new("check");
         let mut tables = NodeTables::create(&names.0, &pods_regions());
-        let before = TableKind::ALL.map(repairs);
         tables.check();
-        assert_eq!(TableKind::ALL.map(repairs), before, "nothing to repair");
+        assert_eq!(tables.repairs(), Repairs::default(), "nothing to repair");
 
         // Garbage over the priority table's header: rewritten in place.
         let priority = tables.priority.as_ref().expect("priority");
@@ -486,7 +511,7 @@ mod tests {
         let priority = tables.priority.as_ref().expect("priority");
         assert!(priority.header_is_exact());
         assert_eq!(stat(&names.0.priority).ino(), inode, "repaired in place");
-        assert!(repairs(TableKind::Priority) > before[1]);
+        assert_eq!(tables.repairs().priority, 1);
 
         // The activity table shrunk, then replaced by another object: made
         // again, each time.
@@ -505,13 +530,12 @@ mod tests {
                 .as_ref()
                 .is_some_and(NodeActivity::header_is_exact)
         );
-        let counted = repairs(TableKind::Activity);
-        assert!(counted > before[0]);
+        assert_eq!(tables.repairs().activity, 1);
         shm::unlink(&names.0.activity).expect("unlink");
         std::fs::write(&activity, vec![0u8; 64]).expect("plant");
         tables.check();
         assert_ne!(stat(&names.0.activity).ino(), meta.ino());
         assert_eq!(stat(&names.0.activity).len(), ACTIVITY_LAYOUT.size);
-        assert!(repairs(TableKind::Activity) > counted);
+        assert_eq!(tables.repairs().activity, 2);
     }
 }

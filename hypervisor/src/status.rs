@@ -48,6 +48,9 @@ pub struct Status {
     /// Co-run mode: each co-run GPU's MPS control daemon (empty without).
     #[serde(default)]
     pub corun: Vec<CorunGpuStatus>,
+    /// How many times the daemon repaired each node table.
+    #[serde(default)]
+    pub node_table_repairs: crate::node_tables::Repairs,
 }
 
 impl Status {

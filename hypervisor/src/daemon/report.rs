@@ -53,6 +53,7 @@ impl Hypervisor {
                 .get()
                 .map(|board| board.snapshot())
                 .unwrap_or_default(),
+            node_table_repairs: core.scheduler.tables.repairs(),
         }
     }
 }
