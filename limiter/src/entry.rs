@@ -28,6 +28,15 @@ pub(crate) const REGION_OWNER_VARIABLE: &str = "CUDA_LIMITER_REGION_OWNER";
 /// `1`: run unlimited (with a warning) when the driver cannot be patched,
 /// instead of refusing CUDA.
 pub(crate) const ALLOW_UNPATCHED_VARIABLE: &str = "CUDA_LIMITER_ALLOW_UNPATCHED";
+/// The variables a provisioned container's pod file overrides.
+const PROVISIONED_OVERRIDES: [&str; 6] = [
+    "CUDA_LIMITER_POD",
+    "CUDA_LIMITER_HYPERVISOR",
+    "CUDA_LIMITER_TOKEN",
+    "CUDA_LIMITER_TOKEN_FILE",
+    REGION_OWNER_VARIABLE,
+    ALLOW_UNPATCHED_VARIABLE,
+];
 /// Default of [`GRANT_TIMEOUT_VARIABLE`].
 const DEFAULT_GRANT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -124,7 +133,7 @@ fn build() -> Result<State, String> {
     let provisioned =
         provisioned::find().map_err(|e| format!("cuda-limiter: configuration error: {e}"))?;
     if let Some(provisioned) = &provisioned {
-        provisioned.apply(&mut config);
+        provisioned.apply(&mut config, &PROVISIONED_OVERRIDES);
     }
     if config.memory.is_empty()
         && config.compute.is_empty()

@@ -15,16 +15,6 @@ use gpushare_utils::quote::Clipped;
 
 use crate::config::{LimiterConfig, MpsMode};
 
-/// The variables a provisioned container's pod file overrides.
-const OVERRIDDEN: [&str; 6] = [
-    "CUDA_LIMITER_POD",
-    "CUDA_LIMITER_HYPERVISOR",
-    "CUDA_LIMITER_TOKEN",
-    "CUDA_LIMITER_TOKEN_FILE",
-    crate::entry::REGION_OWNER_VARIABLE,
-    crate::entry::ALLOW_UNPATCHED_VARIABLE,
-];
-
 /// What the daemon stated for this container, read from its pod file.
 pub(crate) struct Provisioned {
     pub file: PodFile,
@@ -54,10 +44,12 @@ pub(crate) fn find() -> Result<Option<Provisioned>, String> {
 
 impl Provisioned {
     /// Puts the daemon's statements in `config`, over whatever the
-    /// environment said; what the environment said of them is ignored.
-    pub(crate) fn apply(&self, config: &mut LimiterConfig) {
-        let ignored: Vec<&str> = OVERRIDDEN
-            .into_iter()
+    /// environment said; `overridden`: the variables of the environment
+    /// that say the same things, said once in the log to be ignored.
+    pub(crate) fn apply(&self, config: &mut LimiterConfig, overridden: &[&str]) {
+        let ignored: Vec<&str> = overridden
+            .iter()
+            .copied()
             .filter(|name| std::env::var_os(name).is_some())
             .collect();
         if !ignored.is_empty() {
