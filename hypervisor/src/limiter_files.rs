@@ -84,12 +84,10 @@ fn parts(link: &Path) -> Result<(&Path, String), InstallError> {
     Ok((dir, stem))
 }
 
-/// FNV-1a, 64 bits: names versions apart, not a security measure (an
-/// existing file of the same name is compared byte for byte).
+/// FNV-1a: names versions apart, not a security measure (an existing file
+/// of the same name is compared byte for byte).
 fn content_hash(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
+    gpushare_utils::fnv::fnv1a(bytes.iter().copied())
 }
 
 /// The versioned file name of `bytes` for the link's `stem`.

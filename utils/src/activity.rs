@@ -410,13 +410,9 @@ pub(crate) fn map_node_table(
     }
 }
 
-/// A stable 64-bit key for a pod identity (FNV-1a).
+/// A stable 64-bit key for a pod identity (FNV-1a), never 0.
 pub fn pod_key(pod: &str) -> u64 {
-    pod.bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-            (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-        })
-        .max(1)
+    crate::fnv::fnv1a(pod.bytes()).max(1)
 }
 
 #[cfg(test)]

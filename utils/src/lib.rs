@@ -14,6 +14,7 @@
 pub mod activity;
 pub mod bucket;
 pub mod clock;
+pub mod fnv;
 pub mod ledger;
 pub mod limits;
 pub mod logging;

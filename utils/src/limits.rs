@@ -175,12 +175,7 @@ pub enum LimitsError {
 
 /// The key of a GPU: FNV-1a of its lowercase UUID, never 0.
 pub fn uuid_key(uuid: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in uuid.trim().bytes() {
-        hash ^= u64::from(byte.to_ascii_lowercase());
-        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    hash.max(1)
+    crate::fnv::fnv1a(uuid.trim().bytes().map(|byte| byte.to_ascii_lowercase())).max(1)
 }
 
 /// Without a configured spill cap, a pod may spill this fraction (1/N) of the
