@@ -183,6 +183,7 @@ impl KubeArgs {
         provision.host_region_dir = self.host_region_dir.clone();
         provision.host_limiter = self.host_limiter.clone();
         provision.corun = corun.cloned();
+        provision.node_tables = hypervisor::node_tables::NodeTableNames::from_env();
         Ok(hypervisor::kubernetes::AgentOptions {
             node,
             sockets: PluginSockets::under(&self.kubelet_dir, &self.driver),

@@ -23,39 +23,15 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use gpushare_utils::activity::{ActivityError, NODE_REGION, NodeActivity, NodeTable, TableAccess};
-use gpushare_utils::priority::{NodePriority, PRIORITY_REGION};
+use gpushare_utils::activity::{ActivityError, NodeActivity, NodeTable, TableAccess};
+use gpushare_utils::priority::NodePriority;
 use gpushare_utils::shm::{self, Creation};
 
 use crate::config::RegionOptions;
 
-/// Where the tables live in `/dev/shm` (tests name their own).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeTableNames {
-    pub activity: String,
-    pub priority: String,
-}
-
-impl Default for NodeTableNames {
-    fn default() -> Self {
-        Self {
-            activity: NODE_REGION.to_owned(),
-            priority: PRIORITY_REGION.to_owned(),
-        }
-    }
-}
-
-impl NodeTableNames {
-    /// The default names, or those of `GPUSHARE_NODE_REGION` and
-    /// `GPUSHARE_PRIORITY_REGION`, the variables limiters read them from.
-    pub fn from_env() -> Self {
-        let default = Self::default();
-        Self {
-            activity: std::env::var("GPUSHARE_NODE_REGION").unwrap_or(default.activity),
-            priority: std::env::var("GPUSHARE_PRIORITY_REGION").unwrap_or(default.priority),
-        }
-    }
-}
+/// Where the tables live (the daemon's: `GPUSHARE_NODE_REGION`,
+/// `GPUSHARE_PRIORITY_REGION` or the defaults).
+pub use gpushare_utils::activity::NodeTableNames;
 
 /// Which node table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -57,6 +57,7 @@ pub fn options(dir: &Path, node: &str, driver: &str, limiter: &Path) -> AgentOpt
         cdi_class: "gpu".to_owned(),
         host_root: PathBuf::from("/"),
         corun: None,
+        node_tables: node_tables(dir),
     };
     AgentOptions {
         node: node.to_owned(),
@@ -90,13 +91,8 @@ impl TestNode {
             Path::new("."),
         )?;
         let gpus = observer.gpus()?;
-        let tables = node_tables(
-            options
-                .provision
-                .state_dir
-                .parent()
-                .unwrap_or(&options.provision.state_dir),
-        );
+        // The tables the pod files name.
+        let tables = options.provision.node_tables.clone();
         let hv = Hypervisor::new(Options {
             config,
             config_path: None,

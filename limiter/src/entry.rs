@@ -7,7 +7,9 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use gpushare_utils::activity::{self, TableAccess};
+use gpushare_utils::activity::{
+    self, NODE_REGION_VARIABLE, NodeTableNames, PRIORITY_REGION_VARIABLE, TableAccess,
+};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::quote::quoted;
 
@@ -29,13 +31,15 @@ pub(crate) const REGION_OWNER_VARIABLE: &str = "CUDA_LIMITER_REGION_OWNER";
 /// instead of refusing CUDA.
 pub(crate) const ALLOW_UNPATCHED_VARIABLE: &str = "CUDA_LIMITER_ALLOW_UNPATCHED";
 /// The variables a provisioned container's pod file overrides.
-const PROVISIONED_OVERRIDES: [&str; 6] = [
+const PROVISIONED_OVERRIDES: [&str; 8] = [
     "CUDA_LIMITER_POD",
     "CUDA_LIMITER_HYPERVISOR",
     "CUDA_LIMITER_TOKEN",
     "CUDA_LIMITER_TOKEN_FILE",
     REGION_OWNER_VARIABLE,
     ALLOW_UNPATCHED_VARIABLE,
+    NODE_REGION_VARIABLE,
+    PRIORITY_REGION_VARIABLE,
 ];
 /// Default of [`GRANT_TIMEOUT_VARIABLE`].
 const DEFAULT_GRANT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -203,15 +207,20 @@ fn build() -> Result<State, String> {
         TableAccess::local(owner)
     };
     let mixed_maps = MixedMaps::of(&config);
+    // The node tables' names: the daemon's, in a provisioned container.
+    let names = provisioned
+        .as_ref()
+        .map_or_else(NodeTableNames::from_env, |p| p.file.node_tables.clone());
     let priority = Priority::new(
         config.class,
         Tuning::from_env()?,
         activity::pod_key(config.pod.as_str()),
         tables.clone(),
+        names.priority,
     );
     Ok(State::Limiting(Box::new(Limiter {
         mixed_maps,
-        compute: metered.then(|| Throttle::new(config.compute, priority, tables)),
+        compute: metered.then(|| Throttle::new(config.compute, priority, tables, names.activity)),
         memory: MemoryQuota::new(config.memory),
         spill: Spill::new(config.oversubscribe, config.spill_limit),
         mps: MpsRequirement::new(config.mps),

@@ -90,8 +90,6 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
     cleanup
         .files
         .push(format!("/dev/shm/gpushare-limits-{pod}"));
-    let node_region = format!("gpushare-node-test-dp-{}", std::process::id());
-    cleanup.files.push(format!("/dev/shm/{node_region}"));
     // GPU 0 excluded by the annotation: GPU 1, the double's second.
     assert_eq!(
         answer.envs["CUDA_VISIBLE_DEVICES"],
@@ -115,7 +113,6 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         .env_remove("CUDA_LIMITER_LOG")
         .env("GPUSHARE_DOUBLE_DEVICES", "2")
         .env("GPUSHARE_DOUBLE_TOTAL", "16g")
-        .env("GPUSHARE_NODE_REGION", &node_region)
         .env("LD_PRELOAD", container.library())
         .envs(&answer.envs);
     command.args([

@@ -340,8 +340,8 @@ impl World {
 
     /// The driver double's probe as the container would start it: exactly
     /// the CDI spec's env, the preload file's library by `LD_PRELOAD` with
-    /// the pod file mounted beside it; the double's GPUs and the node's
-    /// tables.
+    /// the pod file mounted beside it (which names the node's tables); the
+    /// double's GPUs.
     fn probe(&self, prepared: &Prepared, args: &[String]) -> Vec<String> {
         let preload = prepared.host_path(CONTAINER_PRELOAD);
         let named = std::fs::read_to_string(preload).unwrap();
@@ -354,14 +354,11 @@ impl World {
             Path::new(CONTAINER_POD_FILE)
         );
         let container = ContainerLib::mounting(Path::new(prepared.host_path(CONTAINER_POD_FILE)));
-        let tables = node::node_tables(&self.scratch.dir);
         let mut command = gpushare_examples::command("cudaprobe");
         command
             .env_remove("CUDA_LIMITER_LOG")
             .env("GPUSHARE_DOUBLE_DEVICES", GPUS.to_string())
             .env("GPUSHARE_DOUBLE_TOTAL", "16g")
-            .env("GPUSHARE_NODE_REGION", &tables.activity)
-            .env("GPUSHARE_PRIORITY_REGION", &tables.priority)
             .envs(prepared.env.iter().map(|(k, v)| (k, v)))
             .env("LD_PRELOAD", container.library())
             .args(args);

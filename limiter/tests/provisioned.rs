@@ -7,8 +7,11 @@ mod common;
 
 use std::os::unix::process::CommandExt;
 use std::process::Output;
+use std::sync::Arc;
 
-use common::{CONTEXT_BYTES, ContainerLib, GIB, MIB, PODS_UID, Pod, info, pods_uid_hypervisor};
+use common::{
+    CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, PODS_UID, Pod, info, pods_uid_hypervisor,
+};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::pod_file::{PodFile, VERSION};
 use gpushare_utils::shm::Creation;
@@ -28,18 +31,15 @@ fn pod_file(pod: &Pod, url: &str) -> String {
         token: TOKEN.to_owned(),
         limits_owner: None,
         mps_required: false,
+        node_tables: common::node_tables(pod),
     }
     .to_json()
 }
 
 /// The probe in the container, as the pods' uid, with no CUDA variable of
-/// the test's but `env` (and the double's, and the test's node tables).
-fn in_container(
-    container: &ContainerLib,
-    pod: &Pod,
-    env: &[(&str, &str)],
-    args: &[&str],
-) -> Output {
+/// the test's but `env` (and the double's); the pod file names the test's
+/// node tables.
+fn in_container(container: &ContainerLib, env: &[(&str, &str)], args: &[&str]) -> Output {
     let mut command = gpushare_examples::command("cudaprobe");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("CUDA_") {
@@ -54,7 +54,6 @@ fn in_container(
         .args(args)
         .uid(PODS_UID)
         .gid(PODS_UID);
-    common::use_node_tables(&mut command, pod);
     command.output().expect("probe")
 }
 
@@ -117,7 +116,6 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
     for (what, env) in &cases {
         let output = in_container(
             &container,
-            &pod,
             env,
             &["info", "alloc", "mem", "2g", "alloc", "mem", "512m"],
         );
@@ -150,7 +148,6 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
     // A lower local limit tightens the published one.
     let output = in_container(
         &container,
-        &pod,
         &[("CUDA_DEVICE_MEMORY_LIMIT", "768m")],
         &["info", "alloc", "mem", "512m"],
     );
@@ -163,6 +160,55 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
     assert!(lines[1].starts_with("alloc mem 512m -> 2 "), "{output:?}");
     drop(forged);
     let _ = std::fs::remove_file(format!("/dev/shm/{}", PodLimits::name_of(&forged_pod.0)));
+}
+
+#[test]
+fn the_node_tables_are_the_pod_files_whatever_the_variables_name() {
+    if !root() {
+        eprintln!("skipped: a container's pod file is root's, and its pods another user");
+        return;
+    }
+    // A pod with a compute cap stamps the node's activity table at its
+    // launches: the table the daemon made and the pod file names, not one
+    // the tenant's variables name (where it could hide from other pods).
+    let pod = Pod::new("provisioned-tables");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\ncap = 50\n",
+        pod.0
+    );
+    let daemon = common::hypervisor(&pod, &text, Arc::new(DoubleGpus(1)));
+    let container = ContainerLib::with_text(&pod_file(&pod, &daemon.url()));
+    let elsewhere = common::node_tables(&Pod::new("elsewhere"));
+    let output = in_container(
+        &container,
+        &[
+            ("GPUSHARE_NODE_REGION", &elsewhere.activity),
+            ("GPUSHARE_PRIORITY_REGION", &elsewhere.priority),
+        ],
+        &["run", "kernel", "1000", "300"],
+    );
+    assert!(output.status.success(), "{output:?}");
+    let table = std::fs::read(format!("/dev/shm/{}", common::node_tables(&pod).activity))
+        .expect("the daemon's activity table");
+    // After the 64-byte header, device 0's slots of 16 bytes: pod key, time.
+    let key = gpushare_utils::activity::pod_key(&pod.0);
+    let stamped = (0..gpushare_utils::activity::PODS_PER_DEVICE).any(|slot| {
+        let at = 64 + slot * 16;
+        table
+            .get(at..at + 8)
+            .is_some_and(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()) == key)
+    });
+    assert!(
+        stamped,
+        "no stamp of the pod in the daemon's table: {output:?}"
+    );
+    for name in [&elsewhere.activity, &elsewhere.priority] {
+        assert!(
+            !std::path::Path::new(&format!("/dev/shm/{name}")).exists(),
+            "a table was made under the variables' name {name}"
+        );
+    }
 }
 
 #[test]
@@ -202,7 +248,7 @@ fn a_pod_file_that_is_not_the_daemons_refuses_cuda() {
     for (what, spoil, want) in &cases {
         let container = ContainerLib::with_text(&text);
         spoil(&container);
-        let output = in_container(&container, &pod, &[], &["info"]);
+        let output = in_container(&container, &[], &["info"]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{what}: ran: {output:?}");
         assert!(

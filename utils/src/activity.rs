@@ -24,6 +24,44 @@ use crate::shm::{self, Creation, ShmError, Trust};
 
 /// The table's name in `/dev/shm`: the version is in the name.
 pub const NODE_REGION: &str = "gpushare-node-v2";
+/// Names the node's activity table in `/dev/shm` (an operator setting; a
+/// daemon and the limiters it serves must agree).
+pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
+/// Names the node's priority table, as [`NODE_REGION_VARIABLE`] does the
+/// activity table.
+pub const PRIORITY_REGION_VARIABLE: &str = "GPUSHARE_PRIORITY_REGION";
+
+/// Where the node tables live in `/dev/shm` (tests name their own).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeTableNames {
+    /// The activity table ([`NODE_REGION`] by default).
+    pub activity: String,
+    /// The priority table ([`crate::priority::PRIORITY_REGION`] by default).
+    pub priority: String,
+}
+
+impl Default for NodeTableNames {
+    fn default() -> Self {
+        Self {
+            activity: NODE_REGION.to_owned(),
+            priority: crate::priority::PRIORITY_REGION.to_owned(),
+        }
+    }
+}
+
+impl NodeTableNames {
+    /// The default names, or those of [`NODE_REGION_VARIABLE`] and
+    /// [`PRIORITY_REGION_VARIABLE`].
+    pub fn from_env() -> Self {
+        let default = Self::default();
+        Self {
+            activity: std::env::var(NODE_REGION_VARIABLE).unwrap_or(default.activity),
+            priority: std::env::var(PRIORITY_REGION_VARIABLE).unwrap_or(default.priority),
+        }
+    }
+}
+
 /// Pods tracked per device.
 pub const PODS_PER_DEVICE: usize = 64;
 /// A process stamps its pod at most this often.

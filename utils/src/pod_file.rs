@@ -4,7 +4,8 @@
 //! In such a container the limiter comes from `/etc/ld.so.preload`, which
 //! the tenant cannot unset; its environment it can. So the pod, the
 //! daemon's address, the token, the uid that owns the pod's limits and
-//! whether CUDA must run as an MPS client come from this file, never from
+//! whether CUDA must run as an MPS client and which node tables to use come
+//! from this file, never from
 //! variables: the container's library is `<dir>/libcuda_limiter.so` and the
 //! file `<dir>/gpushare-pod.json`, both bind-mounted read-only by the
 //! container runtime from the daemon's CDI edits. A file that is there but
@@ -16,6 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::activity::NodeTableNames;
 use crate::small_file::{self, Links, SmallFileError};
 
 /// The file's name, in the folder of the limiter library.
@@ -46,6 +48,9 @@ pub struct PodFile {
     /// CUDA runs only as a client of an MPS server (a co-run GPU's pod).
     #[serde(default)]
     pub mps_required: bool,
+    /// The node tables the daemon made (their default names when absent).
+    #[serde(default)]
+    pub node_tables: NodeTableNames,
 }
 
 /// Why a pod file that is there cannot be used.
@@ -149,6 +154,10 @@ mod tests {
             token: "0123abcd".into(),
             limits_owner: Some(1000),
             mps_required: true,
+            node_tables: NodeTableNames {
+                activity: "gpushare-node-test".into(),
+                priority: "gpushare-priority-test".into(),
+            },
         }
     }
 

@@ -136,6 +136,8 @@ pub struct ProvisionConfig {
     /// The node's co-run GPUs, whose pods are provisioned as MPS clients
     /// ([`mps`]); `None`: no GPU is in co-run mode.
     pub corun: Option<crate::corun::CorunOptions>,
+    /// The node tables the daemon made, named in the pod files.
+    pub node_tables: crate::node_tables::NodeTableNames,
 }
 
 impl ProvisionConfig {
@@ -154,6 +156,7 @@ impl ProvisionConfig {
             cdi_class: "gpu".to_owned(),
             host_root: PathBuf::from("/"),
             corun: None,
+            node_tables: Default::default(),
         }
     }
 
@@ -594,6 +597,7 @@ impl Provisioner {
             // The limits objects are this daemon's: root's, or its own uid's.
             limits_owner: Some(gpushare_utils::shm::effective_uid()).filter(|&uid| uid != 0),
             mps_required,
+            node_tables: self.config.node_tables.clone(),
         };
         let path = self.pod_file(pod);
         if let Some(dir) = path.parent() {

@@ -214,11 +214,12 @@ pub(crate) struct Throttle {
 }
 
 impl Throttle {
-    /// `tables`: how the node's activity table is mapped.
+    /// `tables`: how the node's activity table is mapped, `activity`: its name.
     pub(crate) fn new(
         configured: DeviceLimits<ComputeLimit>,
         priority: Priority,
         tables: TableAccess,
+        activity: String,
     ) -> Self {
         Self {
             budgets: Budgets::new(configured),
@@ -227,7 +228,7 @@ impl Throttle {
             sampler: Sampler::default(),
             overheads: Overheads::default(),
             monitor: Monitor::default(),
-            stamps: Stamps::new(tables),
+            stamps: Stamps::new(tables, activity),
             held: Held::default(),
             priority,
         }

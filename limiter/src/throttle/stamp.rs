@@ -9,13 +9,11 @@ use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity, NodeTable, 
 
 use crate::context::Context;
 
-/// Names another node activity table (tests: one per test).
-const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";
-
 /// This process's stamps in the node's activity table, and the table.
 pub(super) struct Stamps {
-    /// How the node's activity table is mapped.
+    /// How the node's activity table is mapped, and its name.
     tables: TableAccess,
+    name: String,
     activity: OnceLock<Option<NodeActivity>>,
     pod_key: OnceLock<u64>,
     /// When this process last stamped each device.
@@ -23,9 +21,10 @@ pub(super) struct Stamps {
 }
 
 impl Stamps {
-    pub(super) fn new(tables: TableAccess) -> Self {
+    pub(super) fn new(tables: TableAccess, name: String) -> Self {
         Self {
             tables,
+            name,
             activity: OnceLock::new(),
             pod_key: OnceLock::new(),
             marked_at_ns: [const { AtomicU64::new(0) }; MAX_DEVICES],
@@ -73,9 +72,7 @@ impl Stamps {
     pub(super) fn activity(&self) -> Option<&NodeActivity> {
         self.activity
             .get_or_init(|| {
-                let name = std::env::var(NODE_REGION_VARIABLE)
-                    .unwrap_or_else(|_| activity::NODE_REGION.to_owned());
-                NodeActivity::open_named(&name, &self.tables)
+                NodeActivity::open_named(&self.name, &self.tables)
             }
             .map_or_else(
                 |error| {

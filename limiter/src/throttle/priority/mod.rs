@@ -49,7 +49,7 @@ use gpushare_utils::activity::TableAccess;
 use gpushare_utils::bucket::monotonic_ns;
 use gpushare_utils::limits::GpuLimits;
 use gpushare_utils::pod::PodClass;
-use gpushare_utils::priority::{NodePriority, PRIORITY_REGION, PodPriority};
+use gpushare_utils::priority::{NodePriority, PodPriority};
 
 use crate::config::DeviceClasses;
 use crate::context::Context;
@@ -68,8 +68,6 @@ mod watcher;
 use tuning::MAX_WINDOW;
 pub(crate) use tuning::Tuning;
 
-/// Names another priority table (tests: one per test).
-pub(crate) const PRIORITY_REGION_VARIABLE: &str = "GPUSHARE_PRIORITY_REGION";
 /// Latency threads tracked at once (further ones are covered by their stamps).
 const TRACKERS: usize = 64;
 /// A latency thread measures its queueing delay at most this often.
@@ -163,6 +161,8 @@ pub(crate) struct Priority {
     tuning: Tuning,
     /// How the node's table is mapped (created only by the node's creator).
     tables: TableAccess,
+    /// The priority table's name in `/dev/shm`.
+    name: String,
     table: OnceLock<NodePriority>,
     look_again_at_ns: AtomicU64,
     /// Under a hypervisor: the GPU's limits, where the class is.
@@ -194,15 +194,17 @@ pub(crate) struct Priority {
 
 impl Priority {
     /// `pod_key`: the pod's key in node tables ([`gpushare_utils::activity::pod_key`]).
-    /// `tables`: how the node's priority table is mapped.
+    /// `tables`: how the node's priority table is mapped, `name`: its name.
     pub(crate) fn new(
         classes: DeviceClasses,
         tuning: Tuning,
         pod_key: u64,
         tables: TableAccess,
+        name: String,
     ) -> Self {
         Self {
             tables,
+            name,
             latency_configured: classes.any_latency(),
             classes,
             tuning,
@@ -283,15 +285,14 @@ impl Priority {
         }
         self.look_again_at_ns
             .store(now.saturating_add(LOOK_AGAIN_NS), Ordering::Relaxed);
-        let name =
-            std::env::var(PRIORITY_REGION_VARIABLE).unwrap_or_else(|_| PRIORITY_REGION.to_owned());
+        let name = self.name.as_str();
         // Batch pods only look; latency pods create the table when this
         // process may create node tables at all.
         let access = match &self.tables {
             TableAccess::Create { trust, .. } if !create => TableAccess::Open(trust.clone()),
             access => access.clone(),
         };
-        match NodePriority::open_named(&name, &access) {
+        match NodePriority::open_named(name, &access) {
             Ok(table) => {
                 tracing::debug!(name, create, "priority table mapped");
                 // Two threads may both map it; the second mapping is dropped
