@@ -8,8 +8,10 @@
 //!
 //! A table found under a table's name at start is never adopted: the pods'
 //! uid may write (and so plant) one of the right size, owner and mode, and
-//! nothing tells it from one an earlier run made. It is unlinked and made
-//! again, with a warning. Processes that mapped the old one keep it, unseen
+//! nothing tells it from one an earlier run made. Whatever stands at the
+//! name (a file, a link, a directory) is removed without being followed, as
+//! at a pod's names ([`crate::region::squat`]), and the table made again,
+//! with a warning. Processes that mapped the old one keep it, unseen
 //! by the rest.
 //!
 //! Every pod may write the tables, so maintenance checks them every second
@@ -18,7 +20,7 @@
 //! then it held nobody); a table shrunk, removed, replaced under its name or
 //! given another owner or mode is made again, at most [`MAX_REMAKES`] times
 //! (each leaves the old mapping in this process: tables are never unmapped).
-//! Each repair is logged and counted ([`repairs`],
+//! Each repair is logged and counted ([`NodeTables::repairs`],
 //! `gpushare_node_table_repairs_total` in `/metrics`).
 
 use std::os::unix::fs::MetadataExt;
@@ -287,8 +289,8 @@ fn path(name: &str) -> String {
     format!("/dev/shm/{name}")
 }
 
-/// Makes `name` (`O_EXCL`), and says its inode; whatever object is found
-/// under the name is unlinked first, with a warning. No table when that
+/// Makes `name` (`O_EXCL`), and says its inode; whatever is found under the
+/// name is removed first, never followed, with a warning. No table when that
 /// fails (a warning says why).
 fn make<T: NodeTable>(name: &str, creation: &Creation) -> (Option<T>, Option<u64>) {
     let access = TableAccess::Fresh(*creation);
@@ -311,7 +313,7 @@ fn make<T: NodeTable>(name: &str, creation: &Creation) -> (Option<T>, Option<u64
                 "replacing the node table found at start: nothing tells one this daemon made \
                  before a restart from one a pod planted (processes that mapped it keep it)"
             );
-            if let Err(error) = shm::unlink(name) {
+            if let Err(error) = crate::region::squat::remove(name) {
                 tracing::warn!(%error, name, "cannot remove it: limited processes go without it");
                 return (None, None);
             }
@@ -465,6 +467,39 @@ mod tests {
             priority.latency(0, 1),
             Default::default(),
             "the planted lines are gone"
+        );
+    }
+
+    #[test]
+    fn a_directory_or_a_link_at_a_tables_name_is_replaced_without_being_followed() {
+        let names = Names::new("links");
+        // A directory with a file in it at one name, a link to a file
+        // outside /dev/shm at the other.
+        let directory = path(&names.0.activity);
+        std::fs::create_dir(&directory).expect("directory");
+        std::fs::write(format!("{directory}/inside"), b"x").expect("file inside");
+        let target = std::env::temp_dir().join(format!("node-table-link-{}", std::process::id()));
+        std::fs::write(&target, b"kept").expect("target");
+        std::os::unix::fs::symlink(&target, path(&names.0.priority)).expect("link");
+        let tables = NodeTables::create(&names.0, &pods_regions());
+        let target_text = std::fs::read(&target);
+        let _ = std::fs::remove_file(&target);
+        assert_eq!(target_text.expect("the link's target"), b"kept");
+        for name in [&names.0.activity, &names.0.priority] {
+            let meta = std::fs::symlink_metadata(path(name)).expect("made");
+            assert!(meta.file_type().is_file(), "{name}: {meta:?}");
+        }
+        assert!(
+            tables
+                .activity
+                .as_ref()
+                .is_some_and(NodeActivity::header_is_exact)
+        );
+        assert!(
+            tables
+                .priority
+                .as_ref()
+                .is_some_and(NodePriority::header_is_exact)
         );
     }
 

@@ -36,7 +36,7 @@ use crate::config::RegionOptions;
 use crate::fairshare::Allotment;
 use crate::spec::GpuSpec;
 
-mod squat;
+pub(crate) mod squat;
 
 /// Why a region could not be used.
 #[derive(Debug, thiserror::Error)]

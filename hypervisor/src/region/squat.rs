@@ -26,7 +26,7 @@ const ASIDE_TRIES: u32 = 8;
 
 /// Removes what stands at `/dev/shm/<name>` without following it; `Ok`
 /// also when nothing is there any more.
-pub(super) fn remove(name: &str) -> io::Result<()> {
+pub(crate) fn remove(name: &str) -> io::Result<()> {
     if name.is_empty() || name.contains('/') || name.starts_with('.') {
         return Err(io::Error::from(io::ErrorKind::InvalidInput));
     }
