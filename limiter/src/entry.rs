@@ -13,7 +13,7 @@ use gpushare_utils::activity::{
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::quote::quoted;
 
-use crate::config::{ComputeLimit, DeviceLimits, LimiterConfig, MpsMode};
+use crate::config::{LimiterConfig, MpsMode};
 use crate::context::{Context, LocalLimits};
 use crate::hypervisor::Link;
 use crate::mps::MpsRequirement;
@@ -67,33 +67,8 @@ pub(crate) struct Limiter {
     /// Whether CUDA runs only as an MPS client (a co-run GPU's pod).
     pub mps: MpsRequirement,
     allow_unpatched: bool,
-    /// The JSON maps that name GPUs both by index and by UUID: checked once
-    /// the driver can say which UUID each index has.
-    mixed_maps: MixedMaps,
     /// Set when CUDA must be refused after load (the driver cannot be patched).
     refusal: OnceLock<String>,
-}
-
-/// The memory and compute limits whose JSON maps name GPUs both by index
-/// and by UUID (`None`: that kind's do not).
-struct MixedMaps {
-    memory: Option<DeviceLimits<u64>>,
-    compute: Option<DeviceLimits<ComputeLimit>>,
-}
-
-impl MixedMaps {
-    fn of(config: &LimiterConfig) -> Self {
-        Self {
-            memory: config
-                .memory
-                .mixes_indices_and_uuids()
-                .then(|| config.memory.clone()),
-            compute: config
-                .compute
-                .mixes_indices_and_uuids()
-                .then(|| config.compute.clone()),
-        }
-    }
 }
 
 /// Why CUDA is refused in this process, said once, by the first `cuInit`:
@@ -206,7 +181,6 @@ fn build() -> Result<State, String> {
     } else {
         TableAccess::local(owner)
     };
-    let mixed_maps = MixedMaps::of(&config);
     // The node tables' names: the daemon's, in a provisioned container.
     let names = provisioned
         .as_ref()
@@ -219,7 +193,6 @@ fn build() -> Result<State, String> {
         names.priority,
     );
     Ok(State::Limiting(Box::new(Limiter {
-        mixed_maps,
         compute: metered.then(|| Throttle::new(config.compute, priority, tables, names.activity)),
         memory: MemoryQuota::new(config.memory),
         spill: Spill::new(config.oversubscribe, config.spill_limit),
@@ -292,10 +265,14 @@ impl Limiter {
         self.refusal.get().map(String::as_str)
     }
 
-    /// Whether a JSON map must be checked against the driver's devices
-    /// ([`Self::device_named_twice`]).
+    /// Whether a JSON map names GPUs both by index and by UUID, and so must
+    /// be checked against the driver's devices ([`Self::device_named_twice`]).
     pub(crate) fn maps_mix_indices_and_uuids(&self) -> bool {
-        self.mixed_maps.memory.is_some() || self.mixed_maps.compute.is_some()
+        self.memory.configured().mixes_indices_and_uuids()
+            || self
+                .compute
+                .as_ref()
+                .is_some_and(|compute| compute.configured().mixes_indices_and_uuids())
     }
 
     /// The configuration error, one line, when a JSON map names one of the
@@ -310,10 +287,11 @@ impl Limiter {
             .min(gpushare_utils::MAX_DEVICES as u32);
         (0..count).find_map(|index| {
             let uuid = driver.device_uuid(index as i32)?;
-            let memory = self.mixed_maps.memory.as_ref();
-            let compute = self.mixed_maps.compute.as_ref();
-            let error = memory
-                .and_then(|limits| limits.named_twice(index, &uuid))
+            let compute = self.compute.as_ref().map(Throttle::configured);
+            let error = self
+                .memory
+                .configured()
+                .named_twice(index, &uuid)
                 .or_else(|| compute.and_then(|limits| limits.named_twice(index, &uuid)))?;
             Some(format!("cuda-limiter: configuration error: {error}"))
         })

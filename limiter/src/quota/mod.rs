@@ -174,6 +174,11 @@ impl MemoryQuota {
         }
     }
 
+    /// The memory limits the environment configured.
+    pub(crate) fn configured(&self) -> &DeviceLimits<u64> {
+        &self.configured
+    }
+
     /// The quota of CUDA device `device` (as the application numbers it), or
     /// `None` when it is unlimited; `Some(0)` refuses every allocation. Under
     /// a hypervisor, read live from its read-only limits; locally, resolved

@@ -38,6 +38,11 @@ impl Budgets {
         }
     }
 
+    /// The compute limits the environment configured.
+    pub(super) fn configured(&self) -> &DeviceLimits<ComputeLimit> {
+        &self.configured
+    }
+
     /// The device of the calling thread's launch. With one device visible,
     /// every context is on device 0: no driver call (a launch without a
     /// context fails in the driver, refunded).

@@ -234,6 +234,11 @@ impl Throttle {
         }
     }
 
+    /// The compute limits the environment configured.
+    pub(crate) fn configured(&self) -> &DeviceLimits<ComputeLimit> {
+        self.budgets.configured()
+    }
+
     /// This process is an MPS client of a co-run GPU running on `sms`.
     pub(crate) fn join_corun(&self, sms: CorunSms) {
         self.priority.join_corun(sms);
