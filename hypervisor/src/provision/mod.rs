@@ -388,14 +388,7 @@ impl Provisioner {
                 .with_sm_share(totals.sm_share().filter(|_| corun));
                 gpus.push(gpu);
             }
-            let token =
-                self.checkpoint
-                    .tokens
-                    .get(&pod)
-                    .ok_or_else(|| ProvisionError::Checkpoint {
-                        path: self.config.state_dir.clone(),
-                        message: format!("pod {pod} has claims but no token"),
-                    })?;
+            let token = self.token_of(&pod)?;
             let id = PodId::new(pod.clone()).map_err(|e| spec_err(e.into()))?;
             let token = Token::new(token).map_err(spec_err)?;
             specs.push(PodSpec::new(id, token, gpus).map_err(spec_err)?);
@@ -569,18 +562,22 @@ impl Provisioner {
             .join(cdi::spec_file_name(&self.config, claim_uid))
     }
 
-    /// Writes what pod `pod`'s limiters are told: its id, the daemon's
-    /// address, its token, who owns its limits, and whether it runs as an MPS
-    /// client (any of its GPUs in co-run mode).
-    fn write_pod_file(&self, pod: &str) -> Result<(), ProvisionError> {
-        let token = self
-            .checkpoint
+    /// The token of pod `pod`, which has prepared claims.
+    fn token_of(&self, pod: &str) -> Result<&String, ProvisionError> {
+        self.checkpoint
             .tokens
             .get(pod)
             .ok_or_else(|| ProvisionError::Checkpoint {
                 path: self.config.state_dir.clone(),
                 message: format!("pod {pod} has claims but no token"),
-            })?;
+            })
+    }
+
+    /// Writes what pod `pod`'s limiters are told: its id, the daemon's
+    /// address, its token, who owns its limits, and whether it runs as an MPS
+    /// client (any of its GPUs in co-run mode).
+    fn write_pod_file(&self, pod: &str) -> Result<(), ProvisionError> {
+        let token = self.token_of(pod)?;
         let mps_required = self.config.corun.as_ref().is_some_and(|corun| {
             self.checkpoint
                 .claims
