@@ -159,6 +159,7 @@ impl KubeArgs {
         listen: SocketAddr,
         socket: Option<&std::path::Path>,
         corun: Option<&CorunOptions>,
+        node_tables: &NodeTableNames,
     ) -> anyhow::Result<hypervisor::kubernetes::AgentOptions> {
         use hypervisor::dra::plugin::PluginSockets;
         use hypervisor::provision::ProvisionConfig;
@@ -183,7 +184,8 @@ impl KubeArgs {
         provision.host_region_dir = self.host_region_dir.clone();
         provision.host_limiter = self.host_limiter.clone();
         provision.corun = corun.cloned();
-        provision.node_tables = hypervisor::node_tables::NodeTableNames::from_env();
+        // The tables the daemon made: the pod files name them.
+        provision.node_tables = node_tables.clone();
         Ok(hypervisor::kubernetes::AgentOptions {
             node,
             sockets: PluginSockets::under(&self.kubelet_dir, &self.driver),
@@ -314,6 +316,7 @@ fn serve(
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    let node_tables = NodeTableNames::from_env();
     runtime.block_on(async move {
         let hv = Hypervisor::new(Options {
             config,
@@ -321,7 +324,7 @@ fn serve(
             listen,
             observer: Arc::clone(&observer),
             handle_sighup: true,
-            node_tables: NodeTableNames::from_env(),
+            node_tables: node_tables.clone(),
         })?;
         // Co-run GPUs' MPS daemons, until the daemon stops (dropping it on
         // an early return quits them too).
@@ -372,7 +375,7 @@ fn serve(
             serve_kubernetes(
                 &hv,
                 &observer,
-                (kube, corun.as_ref()),
+                (kube, corun.as_ref(), &node_tables),
                 bound,
                 at.socket.as_deref(),
                 listeners,
@@ -401,13 +404,13 @@ fn serve(
 async fn serve_kubernetes(
     hv: &Hypervisor,
     observer: &Arc<dyn GpuObserver>,
-    (kube, corun): (&KubeArgs, Option<&CorunOptions>),
+    (kube, corun, node_tables): (&KubeArgs, Option<&CorunOptions>, &NodeTableNames),
     bound: SocketAddr,
     socket: Option<&std::path::Path>,
     listeners: Listeners,
     stop: tokio::sync::watch::Sender<bool>,
 ) -> anyhow::Result<()> {
-    let options = kube.options(bound, socket, corun)?;
+    let options = kube.options(bound, socket, corun, node_tables)?;
     let host_limiter = options.provision.host_limiter.clone();
     let proc_root = options.proc_root.clone();
     let gpus = observer.gpus().context("cannot list the GPUs")?;
