@@ -278,7 +278,7 @@ fn damage<T: NodeTable>(
     };
     if let Some(what) = object {
         Some(Damage::Object(what))
-    } else if !table.header().is_exactly(&T::LAYOUT) {
+    } else if !table.header_is_exact() {
         Some(Damage::Header)
     } else {
         None

@@ -16,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{PODS_UID, Pod, as_uid, node_tables, pods_uid_hypervisor};
-use gpushare_utils::activity::{NodeActivity, TableAccess, pod_key};
+use gpushare_utils::activity::{NodeActivity, NodeTable, TableAccess, pod_key};
 use gpushare_utils::priority::NodePriority;
 use hypervisor::RunningHypervisor;
 

@@ -259,6 +259,11 @@ pub trait NodeTable: Sized {
     fn is_sound(&self) -> bool {
         self.header().holds(&Self::LAYOUT)
     }
+
+    /// Whether every byte of the header is right (the hypervisor's check).
+    fn header_is_exact(&self) -> bool {
+        self.header().is_exactly(&Self::LAYOUT)
+    }
 }
 
 /// The node's activity table, mapped.
@@ -352,11 +357,6 @@ impl NodeActivity {
                 && plausible_stamp(at, now_ns)
                 && now_ns.saturating_sub(at) < ACTIVE_WINDOW_NS
         })
-    }
-
-    /// Whether every byte of the header is right (the hypervisor's check).
-    pub fn header_is_exact(&self) -> bool {
-        self.table.header.is_exactly(&ACTIVITY_LAYOUT)
     }
 }
 

@@ -268,11 +268,6 @@ impl NodePriority {
         self.table.devices.get(device)
     }
 
-    /// Whether every byte of the header is right (the hypervisor's check).
-    pub fn header_is_exact(&self) -> bool {
-        self.table.header.is_exactly(&PRIORITY_LAYOUT)
-    }
-
     /// `device`'s latency line as a batch launch at `now_ns` reads it: loads
     /// of the header's and the line's cache lines, and only what may be
     /// believed ([`LatencyView::plausible`]). All zero (no latency pod) for
