@@ -361,6 +361,18 @@ mod tests {
         }
     }
 
+    /// Whether both tables are made, their headers exact.
+    fn both_exact(tables: &NodeTables) -> bool {
+        tables
+            .activity
+            .as_ref()
+            .is_some_and(NodeActivity::header_is_exact)
+            && tables
+                .priority
+                .as_ref()
+                .is_some_and(NodePriority::header_is_exact)
+    }
+
     fn stat(name: &str) -> std::fs::Metadata {
         std::fs::metadata(path(name)).expect("table exists")
     }
@@ -386,18 +398,7 @@ mod tests {
                 (65534, 65534, 0o640)
             );
         }
-        assert!(
-            tables
-                .activity
-                .as_ref()
-                .is_some_and(NodeActivity::header_is_exact)
-        );
-        assert!(
-            tables
-                .priority
-                .as_ref()
-                .is_some_and(NodePriority::header_is_exact)
-        );
+        assert!(both_exact(&tables));
         let inode = stat(&names.0.priority).ino();
         // A restarted hypervisor (the tables are never unmapped) cannot tell
         // them from tables a pod of the region's uid planted: made again.
@@ -489,18 +490,7 @@ mod tests {
             let meta = std::fs::symlink_metadata(path(name)).expect("made");
             assert!(meta.file_type().is_file(), "{name}: {meta:?}");
         }
-        assert!(
-            tables
-                .activity
-                .as_ref()
-                .is_some_and(NodeActivity::header_is_exact)
-        );
-        assert!(
-            tables
-                .priority
-                .as_ref()
-                .is_some_and(NodePriority::header_is_exact)
-        );
+        assert!(both_exact(&tables));
     }
 
     #[test]
