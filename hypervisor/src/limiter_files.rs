@@ -31,7 +31,7 @@ use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::file_error::FileError;
+use hypervisor_core::file_error::FileError;
 
 /// Why an install or a collection failed.
 #[derive(Debug, thiserror::Error)]

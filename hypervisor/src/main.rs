@@ -4,19 +4,17 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use hypervisor::conn::Listener;
-use hypervisor::corun::{CorunArgs, CorunOptions, MpsSupervisor};
-use hypervisor::node_tables::NodeTableNames;
-use hypervisor::observer::GpuObserver;
-use hypervisor::observer::flags::ObserverArgs;
-use hypervisor::serve::Listeners;
-use hypervisor::status::{Status, render_table};
-use hypervisor::{Hypervisor, Options, config};
+use hypervisor::node::{Node, NodeSpec};
+use hypervisor_core::config;
+use hypervisor_core::node_tables::NodeTableNames;
+use hypervisor_corun::CorunArgs;
+use hypervisor_daemon::Options;
+use hypervisor_daemon::status::{Status, render_table};
+use hypervisor_observer::flags::ObserverArgs;
 
 #[derive(Parser)]
 #[command(name = "hypervisor", version, about = "Per-node GPU-sharing daemon")]
@@ -112,7 +110,7 @@ struct KubeArgs {
     #[arg(long, requires = "kubernetes")]
     node_name: Option<String>,
     /// The DRA driver name.
-    #[arg(long, default_value = hypervisor::kubernetes::DRIVER)]
+    #[arg(long, default_value = hypervisor_kubernetes::DRIVER)]
     driver: String,
     /// A kubeconfig; default: the in-cluster service account.
     #[arg(long)]
@@ -154,15 +152,14 @@ struct KubeArgs {
 }
 
 impl KubeArgs {
+    /// The agent's options; an empty `hypervisor_url` is the bound address,
+    /// filled in by the node.
     fn options(
         &self,
-        listen: SocketAddr,
         socket: Option<&std::path::Path>,
-        corun: Option<&CorunOptions>,
-        node_tables: &NodeTableNames,
-    ) -> anyhow::Result<hypervisor::kubernetes::AgentOptions> {
-        use hypervisor::dra::plugin::PluginSockets;
-        use hypervisor::provision::ProvisionConfig;
+    ) -> anyhow::Result<hypervisor_kubernetes::AgentOptions> {
+        use hypervisor_kubernetes::dra::plugin::PluginSockets;
+        use hypervisor_kubernetes::provision::ProvisionConfig;
         let node = self
             .node_name
             .clone()
@@ -176,17 +173,15 @@ impl KubeArgs {
         let mut provision = match (url, socket) {
             (Some(url), _) => ProvisionConfig::daemonset(&url),
             (None, Some(socket)) => ProvisionConfig::daemonset_socket(socket)?,
-            (None, None) => ProvisionConfig::daemonset(&format!("http://{listen}")),
+            // The node fills in the address it bound.
+            (None, None) => ProvisionConfig::daemonset(""),
         };
         provision.state_dir = self.state_dir.clone();
         provision.host_state_dir = self.state_dir.clone();
         provision.cdi_dir = self.cdi_dir.clone();
         provision.host_region_dir = self.host_region_dir.clone();
         provision.host_limiter = self.host_limiter.clone();
-        provision.corun = corun.cloned();
-        // The tables the daemon made: the pod files name them.
-        provision.node_tables = node_tables.clone();
-        Ok(hypervisor::kubernetes::AgentOptions {
+        Ok(hypervisor_kubernetes::AgentOptions {
             node,
             sockets: PluginSockets::under(&self.kubelet_dir, &self.driver),
             driver: self.driver.clone(),
@@ -196,7 +191,7 @@ impl KubeArgs {
             check_identity: true,
             resync: Duration::from_secs(30),
             device_plugin: self.device_plugin.then(|| {
-                let mut config = hypervisor::deviceplugin::DevicePluginConfig::under(
+                let mut config = hypervisor_kubernetes::deviceplugin::DevicePluginConfig::under(
                     &self.kubelet_dir,
                     self.shares_per_gpu,
                 );
@@ -262,11 +257,6 @@ struct Where {
     metrics: Option<SocketAddr>,
 }
 
-/// How often the daemon removes limiter versions that no process maps.
-const LIMITER_COLLECT_EVERY: Duration = Duration::from_secs(600);
-/// The readiness condition of the Kubernetes agent's start.
-const AGENT_STARTING: &str = "the Kubernetes agent is starting (checkpoint, ResourceSlice)";
-
 fn serve(
     path: Option<PathBuf>,
     at: Where,
@@ -274,7 +264,6 @@ fn serve(
     corun: &CorunArgs,
     kube: &KubeArgs,
 ) -> anyhow::Result<()> {
-    let listen = at.listen;
     gpushare_utils::logging::init("HYPERVISOR_LOG");
     let mut config = match &path {
         Some(path) => config::load(path)?,
@@ -299,7 +288,7 @@ fn serve(
         eprintln!("hypervisor: warning: {warning}");
     }
     // Room for the runtime, the regions, NVML and the log besides the connections.
-    let files = usize::try_from(hypervisor::conn::raise_fd_limit()).unwrap_or(usize::MAX);
+    let files = usize::try_from(hypervisor_daemon::conn::raise_fd_limit()).unwrap_or(usize::MAX);
     let connections = &mut config.settings.connections;
     connections.max_connections = connections
         .max_connections
@@ -311,158 +300,44 @@ fn serve(
         &observer.gpus().context("cannot list the GPUs")?,
         kube.kubernetes,
     )?;
+    let kubernetes = if kube.kubernetes {
+        Some(kube.options(at.socket.as_deref())?)
+    } else {
+        None
+    };
+    let spec = NodeSpec {
+        daemon: Options {
+            config,
+            config_path,
+            listen: at.listen,
+            observer,
+            handle_sighup: true,
+            node_tables: NodeTableNames::from_env(),
+        },
+        socket: at.socket.clone(),
+        metrics: at.metrics,
+        corun,
+        kubernetes,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .thread_name("hypervisor")
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let node_tables = NodeTableNames::from_env();
     runtime.block_on(async move {
-        let hv = Hypervisor::new(Options {
-            config,
-            config_path,
-            listen,
-            observer: Arc::clone(&observer),
-            handle_sighup: true,
-            node_tables: node_tables.clone(),
-        })?;
-        // Co-run GPUs' MPS daemons, until the daemon stops (dropping it on
-        // an early return quits them too).
-        let supervisor = corun.as_ref().map(MpsSupervisor::start).transpose()?;
-        if let (Some(supervisor), Some(options)) = (&supervisor, &corun) {
-            hv.set_corun_board(supervisor.board());
-            hv.set_corun_gpus(options);
-        }
-        let addr = hv.listen_addr();
-        let listener =
-            hypervisor::conn::bind_tcp(addr).with_context(|| format!("cannot listen on {addr}"))?;
-        let bound = listener.local_addr().unwrap_or(addr);
-        // One line on stdout, for scripts and tests that asked for port 0.
-        println!("hypervisor listening on {bound}");
-        let mut api = vec![Listener::from(listener)];
+        let bound = Node::bind(spec).await?;
+        // One line each on stdout, for scripts and tests that asked for port 0.
+        println!("hypervisor listening on {}", bound.addr());
         if let Some(socket) = &at.socket {
-            let unix = hypervisor::serve::bind_socket(socket)
-                .with_context(|| format!("cannot listen on {}", socket.display()))?;
             println!("hypervisor listening on {}", socket.display());
-            api.push(unix.into());
         }
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        // Probes and metrics from the start, the API once the pods it serves
-        // are known (a worker asking earlier waits in the accept queue).
-        if kube.kubernetes {
-            hv.not_ready(AGENT_STARTING);
+        if let Some(metrics) = bound.metrics_addr() {
+            println!("hypervisor metrics on {metrics}");
         }
-        let metrics_task = match at.metrics {
-            Some(addr) => {
-                let listener = hypervisor::conn::bind_tcp(addr)
-                    .with_context(|| format!("cannot listen on {addr}"))?;
-                println!(
-                    "hypervisor metrics on {}",
-                    listener.local_addr().unwrap_or(addr)
-                );
-                Some(tokio::spawn(
-                    hv.clone()
-                        .serve_metrics(listener.into(), wait(stopped.clone())),
-                ))
-            }
-            None => None,
-        };
-        let listeners = Listeners { api, metrics: None };
-        let result = if kube.kubernetes {
-            serve_kubernetes(
-                &hv,
-                &observer,
-                (kube, corun.as_ref(), &node_tables),
-                bound,
-                at.socket.as_deref(),
-                listeners,
-                stop,
-            )
-            .await
-        } else {
-            let served = hv.clone().serve_on(listeners, async move {
-                shutdown_signal().await;
-                let _ = stop.send(true);
-            });
-            served.await.map_err(anyhow::Error::from)
-        };
-        if let Some(task) = metrics_task {
-            task.abort();
-        }
-        if let Some(supervisor) = supervisor {
-            let _ = tokio::task::spawn_blocking(move || supervisor.shutdown()).await;
-        }
-        result
+        let node = bound.start().await?;
+        node.run_until(shutdown_signal()).await?;
+        Ok(())
     })
-}
-
-/// `serve --kubernetes` once the listeners are bound: the agent starts,
-/// then the API is served with it until SIGTERM.
-async fn serve_kubernetes(
-    hv: &Hypervisor,
-    observer: &Arc<dyn GpuObserver>,
-    (kube, corun, node_tables): (&KubeArgs, Option<&CorunOptions>, &NodeTableNames),
-    bound: SocketAddr,
-    socket: Option<&std::path::Path>,
-    listeners: Listeners,
-    stop: tokio::sync::watch::Sender<bool>,
-) -> anyhow::Result<()> {
-    let options = kube.options(bound, socket, corun, node_tables)?;
-    let host_limiter = options.provision.host_limiter.clone();
-    let proc_root = options.proc_root.clone();
-    let gpus = observer.gpus().context("cannot list the GPUs")?;
-    let agent = hypervisor::kubernetes::NodeAgent::start(hv.clone(), gpus, options)
-        .await
-        .context("Kubernetes agent")?;
-    hv.ready(AGENT_STARTING);
-    let stopped = stop.subscribe();
-    let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    let agent_task = tokio::spawn(agent.run(wait(stopped.clone())));
-    let collector = tokio::spawn(async move {
-        let mut every = tokio::time::interval(LIMITER_COLLECT_EVERY);
-        loop {
-            every.tick().await;
-            let (link, proc_root) = (host_limiter.clone(), proc_root.clone());
-            match tokio::task::spawn_blocking(move || {
-                hypervisor::limiter_files::collect(&link, &proc_root)
-            })
-            .await
-            {
-                Ok(Ok(collected)) => log_collected(&collected),
-                Ok(Err(error)) => tracing::warn!(%error, "old limiter versions not collected"),
-                Err(error) => tracing::warn!(%error, "limiter collection task"),
-            }
-        }
-    });
-    let served = hv.clone().serve_on(listeners, async move {
-        shutdown_signal().await;
-        let _ = stop.send(true);
-    });
-    let result = served.await;
-    collector.abort();
-    result?;
-    agent_task
-        .await
-        .context("Kubernetes agent task")?
-        .context("Kubernetes agent")?;
-    Ok(())
-}
-
-fn log_collected(collected: &hypervisor::limiter_files::Collected) {
-    for path in &collected.removed {
-        tracing::info!(path = %path.display(), "old limiter version removed: no process maps it");
-    }
-    if let Some(reason) = &collected.unknown {
-        tracing::warn!(
-            reason,
-            "old limiter versions kept: cannot tell which are in use"
-        );
-    }
 }
 
 fn limiter(command: LimiterCmd) -> anyhow::Result<()> {

@@ -268,7 +268,7 @@ fn status_and_metrics_show_pods_gpus_and_latency() {
     let w = register_ok(&url, &a).worker_id;
     h.sim.set_processes(
         0,
-        vec![hypervisor::observer::ProcessUtilization {
+        vec![hypervisor_observer::ProcessUtilization {
             pid: std::process::id(),
             sm_percent: 42,
             memory_percent: 1,
@@ -321,10 +321,11 @@ fn status_and_metrics_show_pods_gpus_and_latency() {
     }
     let (status, json) = call("GET", &format!("{url}/api/v1/status"), None, None);
     assert_eq!(status, 200);
-    let parsed: hypervisor::status::Status = serde_json::from_str(&json).expect("status JSON");
+    let parsed: hypervisor_daemon::status::Status =
+        serde_json::from_str(&json).expect("status JSON");
     assert_eq!(parsed.pods.len(), 2);
     assert_eq!(parsed.admission.count, 5);
-    let table = hypervisor::status::render_table(&parsed);
+    let table = hypervisor_daemon::status::render_table(&parsed);
     assert!(table.contains(&a) && table.contains("GRANTED"), "{table}");
     assert_eq!(
         call("GET", &format!("{url}/healthz"), None, None),
@@ -343,7 +344,7 @@ fn usage_a_pod_does_not_report_is_caught_against_nvml() {
     let region = RegionView::open(&a);
     h.sim.set_process_memory(
         0,
-        vec![hypervisor::observer::ProcessMemory {
+        vec![hypervisor_observer::ProcessMemory {
             pid: std::process::id(),
             bytes: 2 << 30,
         }],

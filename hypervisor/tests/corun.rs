@@ -14,11 +14,11 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypervisor::corun::control::Control;
-use hypervisor::corun::{
+use hypervisor_corun::control::Control;
+use hypervisor_corun::{
     CorunGpuStatus, CorunOptions, MpsState, MpsSupervisor, Timing, log_dir, pipe_dir, shm_dir,
 };
-use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use mps_fake::commands::FIRST_SERVER_PID;
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
 
@@ -314,7 +314,7 @@ fn a_server_that_fails_to_start_is_reported_with_its_reason() {
         )),
         "{metrics}"
     );
-    let text = hypervisor::status::render_table(&harness.hv.hypervisor().status());
+    let text = hypervisor_daemon::status::render_table(&harness.hv.hypervisor().status());
     assert!(
         text.contains("exited with status 1: Failed to start : invalid argument"),
         "{text}"
@@ -507,7 +507,7 @@ fn co_run_gpus_carry_the_slice_attribute() {
         let api = kube_fakes::apiserver::FakeApiServer::start().await.unwrap();
         let kubeconfig = scratch.dir.join("kubeconfig");
         api.write_kubeconfig(&kubeconfig).unwrap();
-        let client = hypervisor::kubernetes::client(Some(&kubeconfig))
+        let client = hypervisor_kubernetes::client(Some(&kubeconfig))
             .await
             .unwrap();
         kube_fakes::cluster::create_node(&client, "node-c")

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
-use hypervisor::corun::{self, CorunOptions};
-use hypervisor::deviceplugin::DevicePluginConfig;
-use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use hypervisor_corun::{self as corun, CorunOptions};
+use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
+use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -70,7 +70,7 @@ impl World {
         }
         let api = FakeApiServer::start().await.unwrap();
         api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-        let client = hypervisor::kubernetes::client(Some(&dir.join("kubeconfig")))
+        let client = hypervisor_kubernetes::client(Some(&dir.join("kubeconfig")))
             .await
             .unwrap();
         cluster::create_node(&client, NODE).await.unwrap();

@@ -91,7 +91,7 @@ fn the_example_asks_for_4gib_and_30_percent_of_our_class() {
     let spec = template.spec.unwrap().spec.unwrap();
     let request = &spec.devices.unwrap().requests.unwrap()[0];
     let exactly = request.exactly.as_ref().unwrap();
-    assert_eq!(exactly.device_class_name, hypervisor::kubernetes::DRIVER);
+    assert_eq!(exactly.device_class_name, hypervisor_kubernetes::DRIVER);
     let asked = exactly
         .capacity
         .as_ref()
@@ -100,7 +100,7 @@ fn the_example_asks_for_4gib_and_30_percent_of_our_class() {
         .as_ref()
         .unwrap();
     assert_eq!(
-        hypervisor::quantity::parse(&asked["memory"].0),
+        hypervisor_kubernetes::quantity::parse(&asked["memory"].0),
         Some(4 << 30)
     );
     assert_eq!(asked["compute"].0, "30");

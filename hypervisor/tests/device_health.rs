@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor::deviceplugin::DevicePluginConfig;
-use hypervisor::kubernetes::slice::slice_name;
-use hypervisor::observer::{GpuObserver, HealthEvent, SimulatedGpus};
+use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
+use hypervisor_kubernetes::dra::slice::slice_name;
+use hypervisor_observer::{GpuObserver, HealthEvent, SimulatedGpus};
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use kube::api::Api;
 use kube_fakes::apiserver::FakeApiServer;
@@ -71,7 +71,7 @@ impl World {
         let d = &scratch.dir;
         let api = FakeApiServer::start().await.unwrap();
         api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
-        let client = hypervisor::kubernetes::client(Some(&d.join("kubeconfig")))
+        let client = hypervisor_kubernetes::client(Some(&d.join("kubeconfig")))
             .await
             .unwrap();
         cluster::create_node(&client, NODE).await.unwrap();

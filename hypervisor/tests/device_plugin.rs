@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor::deviceplugin::DevicePluginConfig;
-use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
+use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::cluster;
 use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
@@ -49,7 +49,7 @@ impl World {
             FakeDeviceKubelet::start(&config.dir, pod_resources.then_some(&*config.pod_resources))
                 .unwrap();
         api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-        let client = hypervisor::kubernetes::client(Some(&dir.join("kubeconfig")))
+        let client = hypervisor_kubernetes::client(Some(&dir.join("kubeconfig")))
             .await
             .unwrap();
         cluster::create_node(&client, NODE).await.unwrap();
@@ -84,7 +84,8 @@ impl World {
         &self,
         name: &str,
         devices: &[&str],
-    ) -> Result<hypervisor::deviceplugin::pb::v1beta1::ContainerAllocateResponse, String> {
+    ) -> Result<hypervisor_kubernetes::deviceplugin::pb::v1beta1::ContainerAllocateResponse, String>
+    {
         self.plugin
             .start_container(
                 ("default", name, "main"),

@@ -13,7 +13,7 @@ use common::daemon::{Killed, bin, listening, serve};
 use common::*;
 use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::protocol::Command;
-use hypervisor::observer::SimulatedGpus;
+use hypervisor_observer::SimulatedGpus;
 
 /// Not a test of its own: the child process of
 /// `a_dead_worker_is_removed_and_its_memory_given_back`, which reserves

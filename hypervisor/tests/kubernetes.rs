@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -66,7 +66,7 @@ impl World {
         let api = FakeApiServer::start().await.unwrap();
         let kubeconfig = scratch.dir.join("kubeconfig");
         api.write_kubeconfig(&kubeconfig).unwrap();
-        let client = hypervisor::kubernetes::client(Some(&kubeconfig))
+        let client = hypervisor_kubernetes::client(Some(&kubeconfig))
             .await
             .unwrap();
         cluster::create_node(&client, NODE).await.unwrap();
@@ -82,7 +82,7 @@ impl World {
         world
     }
 
-    fn options(&self) -> hypervisor::kubernetes::AgentOptions {
+    fn options(&self) -> hypervisor_kubernetes::AgentOptions {
         let d = &self.scratch.dir;
         let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
         // Workers' cgroups are looked up in a /proc the tests write.
@@ -636,7 +636,7 @@ fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
 
 #[test]
 fn a_worker_whose_cgroup_is_another_pods_is_refused() {
-    use hypervisor::identity::{CgroupIdentity, WorkerIdentity};
+    use hypervisor_core::identity::{CgroupIdentity, WorkerIdentity};
     let scratch = Scratch::new("identity");
     let proc_root = scratch.dir.join("proc");
     let pod_a = "0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4a";

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor::observer::{GpuObserver, SimulatedGpus};
+use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams};
 use kube_fakes::apiserver::FakeApiServer;
@@ -112,7 +112,7 @@ async fn register(url: &str, identity: &str, token: &str) -> u16 {
 /// kubelet with their files under `d` (processes under `d/proc`).
 async fn start_node(api: &FakeApiServer, d: &std::path::Path) -> (kube::Client, TestNode) {
     api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
-    let client = hypervisor::kubernetes::client(Some(&d.join("kubeconfig")))
+    let client = hypervisor_kubernetes::client(Some(&d.join("kubeconfig")))
         .await
         .unwrap();
     cluster::create_node(&client, NODE).await.unwrap();

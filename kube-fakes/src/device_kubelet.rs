@@ -13,23 +13,23 @@ use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
-use hypervisor::deviceplugin::pb::podresources::pod_resources_lister_server::{
+use hypervisor_kubernetes::deviceplugin::pb::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
 };
-use hypervisor::deviceplugin::pb::podresources::{
+use hypervisor_kubernetes::deviceplugin::pb::podresources::{
     ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
     PodResources,
 };
-use hypervisor::deviceplugin::pb::v1beta1::device_plugin_client::DevicePluginClient;
-use hypervisor::deviceplugin::pb::v1beta1::registration_server::{
+use hypervisor_kubernetes::deviceplugin::pb::v1beta1::device_plugin_client::DevicePluginClient;
+use hypervisor_kubernetes::deviceplugin::pb::v1beta1::registration_server::{
     Registration, RegistrationServer,
 };
-use hypervisor::deviceplugin::pb::v1beta1::{
+use hypervisor_kubernetes::deviceplugin::pb::v1beta1::{
     AllocateRequest, ContainerAllocateRequest, ContainerAllocateResponse, Device, Empty,
     PreStartContainerRequest, RegisterRequest,
 };
-use hypervisor::deviceplugin::{API_VERSION, kubelet::KUBELET_SOCKET};
-use hypervisor::dra::socket;
+use hypervisor_kubernetes::deviceplugin::{API_VERSION, kubelet::KUBELET_SOCKET};
+use hypervisor_kubernetes::dra::socket;
 
 use super::kubelet::KubeletError;
 

@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hypervisor::dra::pb::registration::registration_client::RegistrationClient;
-use hypervisor::dra::pb::registration::{InfoRequest, PluginInfo, RegistrationStatus};
-use hypervisor::dra::{PLUGIN_TYPE, pb, socket};
+use hypervisor_kubernetes::dra::pb::registration::registration_client::RegistrationClient;
+use hypervisor_kubernetes::dra::pb::registration::{InfoRequest, PluginInfo, RegistrationStatus};
+use hypervisor_kubernetes::dra::{PLUGIN_TYPE, pb, socket};
 
 /// Why the fake kubelet gave up.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,5 @@
-//! A node under test: the real hypervisor and Kubernetes agent (the library
-//! code `serve --kubernetes` runs), pointed by a kubeconfig at a fake API
+//! A node under test: the real hypervisor and Kubernetes agent, started by
+//! the builder `serve --kubernetes` uses, pointed by a kubeconfig at a fake API
 //! server, with its plugin registered by the fake kubelet. Every path is
 //! under one folder, except the regions (`/dev/shm`, where the ledger lives).
 
@@ -7,25 +7,27 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor::dra::plugin::PluginSockets;
-use hypervisor::kubernetes::{AgentOptions, NodeAgent};
-use hypervisor::node_tables::NodeTableNames;
-use hypervisor::observer::GpuObserver;
-use hypervisor::provision::ProvisionConfig;
-use hypervisor::{Hypervisor, Options};
+use hypervisor::{Node, NodeSpec};
+use hypervisor_core::node_tables::NodeTableNames;
+use hypervisor_corun::{CorunOptions, MpsBoard};
+use hypervisor_daemon::{Hypervisor, Options};
+use hypervisor_kubernetes::dra::plugin::PluginSockets;
+use hypervisor_kubernetes::provision::ProvisionConfig;
+use hypervisor_kubernetes::{AgentOptions, NodeAgent};
+use hypervisor_observer::GpuObserver;
 
 use super::apiserver::FakeApiServer;
 use super::kubelet::FakeKubelet;
 
-/// One running node.
+/// One running node: the product's [`Node`] and the fake kubelet its
+/// plugin registered with.
 pub struct TestNode {
+    node: Option<Node>,
     pub hv: Hypervisor,
     pub hv_url: String,
     pub agent: NodeAgent,
     pub kubelet: FakeKubelet,
     pub options: AgentOptions,
-    stop: tokio::sync::watch::Sender<bool>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
     /// The node tables its hypervisor made: removed when the node is dropped.
     tables: NodeTableNames,
 }
@@ -73,57 +75,53 @@ pub fn options(dir: &Path, node: &str, driver: &str, limiter: &Path) -> AgentOpt
 }
 
 impl TestNode {
-    /// Starts the hypervisor (loopback, ephemeral port) and the agent with
-    /// `options` (its `hypervisor_url` filled in), writes the kubeconfig for
-    /// `api`, and registers the plugin with the fake kubelet.
+    /// Starts the node (loopback, ephemeral port) through [`Node::start`],
+    /// with its agent on `options` (`hypervisor_url` the node's address when
+    /// empty), writes the kubeconfig for `api`, and registers the plugin
+    /// with the fake kubelet.
     pub async fn start(
         api: &FakeApiServer,
         observer: Arc<dyn GpuObserver>,
-        mut options: AgentOptions,
+        options: AgentOptions,
+    ) -> anyhow::Result<Self> {
+        Self::start_with(api, observer, options, None).await
+    }
+
+    /// [`TestNode::start`] with the co-run GPUs of `corun`.
+    pub async fn start_with(
+        api: &FakeApiServer,
+        observer: Arc<dyn GpuObserver>,
+        options: AgentOptions,
+        corun: Option<CorunOptions>,
     ) -> anyhow::Result<Self> {
         use anyhow::Context;
         if let Some(path) = &options.kubeconfig {
             api.write_kubeconfig(path).context("kubeconfig")?;
         }
-        let config = hypervisor::config::parse(
+        let config = hypervisor_core::config::parse(
             "listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n",
             Path::new("(test)"),
             Path::new("."),
         )?;
-        let gpus = observer.gpus()?;
         // The tables the pod files name.
         let tables = options.provision.node_tables.clone();
-        let hv = Hypervisor::new(Options {
-            config,
-            config_path: None,
-            listen: None,
-            observer,
-            handle_sighup: false,
-            node_tables: tables.clone(),
-        })?;
-        let listener = tokio::net::TcpListener::bind(hv.listen_addr()).await?;
-        let hv_url = format!("http://{}", listener.local_addr()?);
-        if options.provision.hypervisor_url.is_empty() {
-            options.provision.hypervisor_url = hv_url.clone();
-        }
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let wait = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
-        let mut tasks = Vec::new();
-        let serving = hv.clone();
-        let until = wait(stopped.clone());
-        tasks.push(tokio::spawn(async move {
-            let _ = serving.serve(listener, until).await;
-        }));
-        let agent = NodeAgent::start(hv.clone(), gpus, options.clone()).await?;
-        let running = agent.clone();
-        let until = wait(stopped);
-        tasks.push(tokio::spawn(async move {
-            if let Err(error) = running.run(until).await {
-                tracing::error!(%error, "agent ended");
-            }
-        }));
+        let node = Node::start(NodeSpec {
+            daemon: Options {
+                config,
+                config_path: None,
+                listen: None,
+                observer,
+                handle_sighup: false,
+                node_tables: tables.clone(),
+            },
+            socket: None,
+            metrics: None,
+            corun,
+            kubernetes: Some(options),
+        })
+        .await?;
+        let agent = node.agent().context("the node runs no agent")?.clone();
+        let options = agent.options().clone();
         let registry = options
             .sockets
             .registration
@@ -133,23 +131,28 @@ impl TestNode {
         let kubelet =
             FakeKubelet::register(&registry, &options.driver, Duration::from_secs(10)).await?;
         Ok(Self {
-            hv,
-            hv_url,
+            hv: node.hypervisor().clone(),
+            hv_url: node.url(),
+            node: Some(node),
             agent,
             kubelet,
             options,
-            stop,
-            tasks,
             tables,
         })
+    }
+
+    /// The co-run GPUs' states, if the node has any.
+    pub fn corun_board(&self) -> Option<Arc<MpsBoard>> {
+        self.node.as_ref().and_then(Node::corun_board)
     }
 
     /// Stops the agent and the hypervisor (regions and checkpoint stay, as
     /// when the DaemonSet's pod restarts).
     pub async fn stop(mut self) {
-        let _ = self.stop.send(true);
-        for task in std::mem::take(&mut self.tasks) {
-            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        if let Some(node) = self.node.take()
+            && let Err(error) = node.stop().await
+        {
+            tracing::error!(%error, "the node stopped with an error");
         }
     }
 }

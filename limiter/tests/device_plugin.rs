@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, info};
-use hypervisor::deviceplugin::DevicePluginConfig;
+use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::cluster;
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
@@ -57,7 +57,7 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         options.device_plugin = Some(config.clone());
         let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
         api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-        let client = hypervisor::kubernetes::client(Some(&dir.join("kubeconfig")))
+        let client = hypervisor_kubernetes::client(Some(&dir.join("kubeconfig")))
             .await
             .unwrap();
         cluster::create_node(&client, "node-probe").await.unwrap();
@@ -99,7 +99,7 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
     let pod_file = answer
         .mounts
         .iter()
-        .find(|m| m.container_path == hypervisor::provision::CONTAINER_POD_FILE)
+        .find(|m| m.container_path == hypervisor_kubernetes::provision::CONTAINER_POD_FILE)
         .expect("pod file mount");
     assert!(pod_file.read_only);
     assert!(

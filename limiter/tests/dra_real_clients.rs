@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use common::{CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, info};
 use gpushare_utils::pod_file::PodFile;
-use hypervisor::provision::{CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM};
+use hypervisor_kubernetes::provision::{CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM};
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::clients::{self, Kubectl};
 use kube_fakes::cluster;

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{CONTEXT_BYTES, DoubleGpus, GIB, MIB, Pod, info, probe, result_of, run};
-use hypervisor::observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
+use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
 
 const QUOTA: u64 = 4 * GIB;
 /// The double's default malloc heap, held by every context already.
@@ -477,7 +477,7 @@ fn memory_the_audit_finds_beyond_the_ledger_is_charged_to_the_pod() {
     );
     assert_eq!(result_of(&rest[2]), 2, "{rest:?}");
     assert_eq!(result_of(&rest[3]), 0, "{rest:?}");
-    let metrics = hypervisor::metrics::render(&hypervisor.hypervisor().status());
+    let metrics = hypervisor_daemon::metrics::render(&hypervisor.hypervisor().status());
     assert!(
         metrics.contains("gpushare_pod_memory_unaccounted_bytes{")
             && metrics.contains(&format!(" {hidden}")),

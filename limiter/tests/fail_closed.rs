@@ -13,12 +13,12 @@ use common::{CONTEXT_BYTES, DoubleGpus, GIB, Pod, info, probe, run};
 use gpushare_utils::ledger::{MAX_DEVICES, PodLedger, REGION_SIZE};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Creation;
-use hypervisor::RunningHypervisor;
+use system_tests::RunningNode;
 
 const TOKEN: &str = "pod-token";
 
 /// A hypervisor on loopback for `pod` (`gpus`: `[[pods.gpus]]` bodies).
-fn start(pod: &Pod, gpus: &[&str], count: u8) -> RunningHypervisor {
+fn start(pod: &Pod, gpus: &[&str], count: u8) -> RunningNode {
     let mut text = format!(
         "listen = \"127.0.0.1:0\"\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n",
         pod.0

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{CONTEXT_BYTES, DoubleGpus, GIB, Pod, info, probe, run};
-use hypervisor::RunningHypervisor;
+use system_tests::RunningNode;
 
 const TOKEN: &str = "pod-token";
 
-fn start(pod: &Pod, gpu: &str) -> RunningHypervisor {
+fn start(pod: &Pod, gpu: &str) -> RunningNode {
     let text = format!(
         "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\n{gpu}\n",
         pod.0

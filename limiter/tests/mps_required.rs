@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
-use hypervisor::corun::CorunOptions;
+use hypervisor_corun::CorunOptions;
 
 use common::{Pod, probe, result_of};
 

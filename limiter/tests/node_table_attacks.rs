@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use common::{PODS_UID, Pod, as_uid, node_tables, pods_uid_hypervisor};
 use gpushare_utils::activity::{NodeActivity, NodeTable, TableAccess, pod_key};
 use gpushare_utils::priority::NodePriority;
-use hypervisor::RunningHypervisor;
+use system_tests::RunningNode;
 
 const TOKEN: &str = "pod-token";
 /// The batch pod's kernels.
@@ -116,7 +116,7 @@ fn vandal() {
 /// The batch pod's launches, as the pods' uid: after a first launch (which
 /// maps the tables), [`RUN_MS`] of [`KERNEL_US`] kernels back to back. Its
 /// `run` line and the longest a launch call took.
-fn batch_run(pod: &Pod, hypervisor: &RunningHypervisor) -> (String, u64) {
+fn batch_run(pod: &Pod, hypervisor: &RunningNode) -> (String, u64) {
     let (kernel, run_ms) = (KERNEL_US.to_string(), RUN_MS.to_string());
     let mut command = common::probe(
         "cudaprobe",

@@ -123,6 +123,15 @@ impl fmt::Display for PodClass {
     }
 }
 
+/// Kubernetes UIDs: 36 characters of hex digits and dashes (8-4-4-4-12).
+pub fn is_uid(s: &str) -> bool {
+    s.len() == 36
+        && s.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +174,13 @@ mod tests {
         assert_eq!(PodClass::from_code(7), PodClass::Batch);
         assert_eq!(PodClass::parse(""), None);
         assert_eq!(PodClass::parse(" Latency "), Some(PodClass::Latency));
+    }
+
+    #[test]
+    fn uids() {
+        assert!(is_uid("0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4a"));
+        assert!(!is_uid("0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4"));
+        assert!(!is_uid("0b7c8a52_3f1e-4a7e-9c4e-2f6f1d2c3b4a"));
+        assert!(!is_uid("../../etc/passwd-aaaaaaaaaaaaaaaaaaaaaaaa"));
     }
 }

@@ -17,9 +17,11 @@ use gpushare_utils::limits::PodLimits;
 use gpushare_utils::protocol::{Command, CommandResult, Register, Registered, WorkerDevice};
 use gpushare_utils::shm::{self, Trust};
 use http_bidir_comm::{Client, ClientOptions, LoopHandle, Task};
-use hypervisor::node_tables::NodeTableNames;
-use hypervisor::observer::SimulatedGpus;
-use hypervisor::{Options, RunningHypervisor, config};
+use hypervisor_core::config;
+use hypervisor_core::node_tables::NodeTableNames;
+use hypervisor_daemon::Options;
+use hypervisor_observer::SimulatedGpus;
+use system_tests::RunningNode;
 
 pub(crate) mod daemon;
 
@@ -110,7 +112,7 @@ pub(crate) fn node_tables(path: &Path) -> NodeTableNames {
 
 /// A running hypervisor with its config file; regions removed at the end.
 pub(crate) struct Harness {
-    pub hv: RunningHypervisor,
+    pub hv: RunningNode,
     pub sim: Arc<SimulatedGpus>,
     pub config: ConfigFile,
     // Dropped last: after the hypervisor gave its slots back.
@@ -119,7 +121,7 @@ pub(crate) struct Harness {
 
 impl Harness {
     /// The status of pod `pod`'s first GPU.
-    pub(crate) fn first_gpu_status(&self, pod: &str) -> hypervisor::scheduler::GpuStatus {
+    pub(crate) fn first_gpu_status(&self, pod: &str) -> hypervisor_core::scheduler::GpuStatus {
         let status = self.hv.hypervisor().status();
         let pod = status.pods.into_iter().find(|p| p.id == pod);
         pod.and_then(|p| p.gpus.into_iter().next())
@@ -154,9 +156,9 @@ impl Harness {
     }
 }
 
-pub(crate) fn start_hypervisor(path: &Path, sim: Arc<SimulatedGpus>) -> RunningHypervisor {
+pub(crate) fn start_hypervisor(path: &Path, sim: Arc<SimulatedGpus>) -> RunningNode {
     let config = config::load(path).expect("valid config");
-    RunningHypervisor::start(Options {
+    RunningNode::daemon(Options {
         config,
         config_path: Some(path.to_owned()),
         listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),

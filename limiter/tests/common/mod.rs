@@ -104,12 +104,12 @@ impl Drop for Pod {
 /// hypervisor.
 pub(crate) struct DoubleGpus(pub u8);
 
-impl hypervisor::observer::GpuObserver for DoubleGpus {
+impl hypervisor_observer::GpuObserver for DoubleGpus {
     fn gpus(
         &self,
-    ) -> Result<Vec<hypervisor::observer::GpuInfo>, hypervisor::observer::ObserverError> {
+    ) -> Result<Vec<hypervisor_observer::GpuInfo>, hypervisor_observer::ObserverError> {
         Ok((0..self.0)
-            .map(|index| hypervisor::observer::GpuInfo {
+            .map(|index| hypervisor_observer::GpuInfo {
                 index: u32::from(index),
                 uuid: gpushare_examples::uuid(index),
                 name: "driver double".to_owned(),
@@ -125,15 +125,15 @@ impl hypervisor::observer::GpuObserver for DoubleGpus {
 pub(crate) fn hypervisor(
     pod: &Pod,
     config: &str,
-    observer: std::sync::Arc<dyn hypervisor::observer::GpuObserver>,
-) -> hypervisor::RunningHypervisor {
-    let config = hypervisor::config::parse(
+    observer: std::sync::Arc<dyn hypervisor_observer::GpuObserver>,
+) -> system_tests::RunningNode {
+    let config = hypervisor_core::config::parse(
         config,
         std::path::Path::new("test.toml"),
         std::path::Path::new("."),
     )
     .expect("config");
-    hypervisor::RunningHypervisor::start(hypervisor::Options {
+    system_tests::RunningNode::daemon(hypervisor_daemon::Options {
         config,
         config_path: None,
         listen: None,
@@ -145,8 +145,8 @@ pub(crate) fn hypervisor(
 }
 
 /// The node tables a hypervisor of `pod`'s test makes (removed with the pod).
-pub(crate) fn node_tables(pod: &Pod) -> hypervisor::node_tables::NodeTableNames {
-    hypervisor::node_tables::NodeTableNames {
+pub(crate) fn node_tables(pod: &Pod) -> hypervisor_core::node_tables::NodeTableNames {
+    hypervisor_core::node_tables::NodeTableNames {
         activity: format!("gpushare-node-test-{}", pod.0),
         priority: format!("gpushare-priority-test-{}", pod.0),
     }
@@ -160,7 +160,7 @@ pub(crate) const PODS_UID: u32 = 65534;
 /// tables for uid [`PODS_UID`] (`region_uid`, `region_gid`; mode 0600, the
 /// default `region_mode`), with the test's node tables: `pod`, of `token`,
 /// has 1 GiB on GPU 0 and no compute limit.
-pub(crate) fn pods_uid_hypervisor(pod: &Pod, token: &str) -> hypervisor::RunningHypervisor {
+pub(crate) fn pods_uid_hypervisor(pod: &Pod, token: &str) -> system_tests::RunningNode {
     let text = format!(
         "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\n\
          [[pods]]\nid = \"{}\"\ntoken = \"{token}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",

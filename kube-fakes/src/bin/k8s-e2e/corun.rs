@@ -1,6 +1,6 @@
 //! `--corun`: the claim's GPU in co-run mode, as `serve --kubernetes
 //! --corun-gpu` runs it: the real MPS control daemon (or `--mps-control`'s
-//! program) supervised with a `/dev/shm` of its own, and the claim's CDI
+//! program) supervised by the node with a `/dev/shm` of its own, and the claim's CDI
 //! spec making the container its MPS client.
 //!
 //! Written besides the usual files: `OUT/mps` (`GPU_UUID DAEMON_PID SHM_DIR`
@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use hypervisor::corun::{CorunOptions, DEFAULT_LATENCY_RESERVE, MpsState, MpsSupervisor, shm_dir};
-use hypervisor::observer::GpuObserver;
+use hypervisor_corun::{CorunOptions, DEFAULT_LATENCY_RESERVE, MpsBoard, MpsState, shm_dir};
+use hypervisor_observer::GpuObserver;
 
 /// How long the daemon has to answer before the run gives up.
 const UP_WITHIN: Duration = Duration::from_secs(60);
@@ -42,13 +42,15 @@ pub(crate) fn options(
     })
 }
 
-/// Starts the supervisor and waits until the daemon answers; writes
-/// `out/mps`.
-pub(crate) fn start(options: &CorunOptions, out: &Path) -> anyhow::Result<MpsSupervisor> {
-    let supervisor = MpsSupervisor::start(options).context("cannot start MPS supervision")?;
+/// Waits until the daemon on `board` answers; writes `out/mps`.
+pub(crate) fn wait_up(board: &MpsBoard, options: &CorunOptions, out: &Path) -> anyhow::Result<()> {
     let deadline = Instant::now() + UP_WITHIN;
     loop {
-        let gpu = supervisor.board().snapshot().remove(0);
+        let gpu = board
+            .snapshot()
+            .into_iter()
+            .next()
+            .context("no co-run GPU on the board")?;
         match (&gpu.state, gpu.pid) {
             (MpsState::Up { .. }, Some(pid)) => {
                 let shm = shm_dir(&options.dir, &gpu.gpu);
@@ -56,7 +58,7 @@ pub(crate) fn start(options: &CorunOptions, out: &Path) -> anyhow::Result<MpsSup
                     out.join("mps"),
                     format!("{} {pid} {}\n", gpu.gpu, shm.display()),
                 )?;
-                return Ok(supervisor);
+                return Ok(());
             }
             (MpsState::Down { reason, .. }, _) if Instant::now() >= deadline => {
                 bail!("the MPS control daemon of {} is down: {reason}", gpu.gpu)

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use hypervisor::deviceplugin::DevicePluginConfig;
-use hypervisor::kubernetes::DRIVER;
-use hypervisor::observer::GpuObserver;
+use hypervisor_kubernetes::DRIVER;
+use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
+use hypervisor_observer::GpuObserver;
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::cluster;
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
@@ -40,7 +40,7 @@ pub(crate) async fn run(
     options.device_plugin = Some(config.clone());
     let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources))?;
     let node = TestNode::start(&api, observer, options).await?;
-    let client = hypervisor::kubernetes::client(node.options.kubeconfig.as_deref()).await?;
+    let client = hypervisor_kubernetes::client(node.options.kubeconfig.as_deref()).await?;
     cluster::create_node(&client, NODE).await?;
     let plugin = kubelet
         .plugin("nvidia.com/gpu", Duration::from_secs(10))

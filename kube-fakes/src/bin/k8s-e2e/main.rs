@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use clap::Parser;
-use hypervisor::kubernetes::DRIVER;
-use hypervisor::observer::{GpuObserver, NvmlObserver, SimulatedGpus};
+use hypervisor_kubernetes::DRIVER;
+use hypervisor_observer::{GpuObserver, NvmlObserver, SimulatedGpus};
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::cluster;
 use kube_fakes::kubelet::Version;
@@ -84,7 +84,7 @@ struct Args {
     #[arg(long, conflicts_with = "device_plugin")]
     corun: bool,
     /// With --corun: the nvidia-cuda-mps-control program.
-    #[arg(long, default_value = hypervisor::corun::DEFAULT_MPS_CONTROL)]
+    #[arg(long, default_value = hypervisor_corun::DEFAULT_MPS_CONTROL)]
     mps_control: PathBuf,
 }
 
@@ -135,29 +135,27 @@ fn run(args: Args) -> anyhow::Result<()> {
             !(args.corun && devices.len() > 1),
             "--corun takes one --device: an MPS client sees one co-run GPU"
         );
-        let supervisor = if args.corun {
+        let mps = if args.corun {
             let index = args
                 .device
                 .strip_prefix("gpu-")
                 .and_then(|n| n.parse().ok())
                 .with_context(|| format!("--device {}: not gpu-N", args.device))?;
-            let corun = corun::options(
+            Some(corun::options(
                 &observer,
                 index,
                 &out.join("node").join("mps"),
                 &args.mps_control,
-            )?;
-            let supervisor = corun::start(&corun, &out)?;
-            options.provision.corun = Some(corun);
-            Some(supervisor)
+            )?)
         } else {
             None
         };
-        let node = TestNode::start(&api, observer, options).await?;
-        if let Some(supervisor) = &supervisor {
-            node.hv.set_corun_board(supervisor.board());
+        let node = TestNode::start_with(&api, observer, options, mps.clone()).await?;
+        if let (Some(mps), Some(board)) = (mps, node.corun_board()) {
+            let out = out.clone();
+            tokio::task::spawn_blocking(move || corun::wait_up(&board, &mps, &out)).await??;
         }
-        let client = hypervisor::kubernetes::client(node.options.kubeconfig.as_deref()).await?;
+        let client = hypervisor_kubernetes::client(node.options.kubeconfig.as_deref()).await?;
         cluster::create_node(&client, "e2e-node").await?;
         let claim = cluster::create_claim_for_gpus(
             &client,
@@ -227,10 +225,8 @@ fn run(args: Args) -> anyhow::Result<()> {
             error,
             &[("spec", &spec_path), ("token", &token), ("region", &region)],
         )?;
+        // Stopping the node quits the MPS control daemon too.
         node.stop().await;
-        if let Some(supervisor) = supervisor {
-            supervisor.shutdown();
-        }
         ensure!(clean, "unprepare left files behind");
         Ok(())
     })

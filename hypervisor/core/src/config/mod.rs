@@ -1,0 +1,520 @@
+//! The config file (TOML), read at start and again on SIGHUP or when its
+//! modification time changes.
+//!
+//! ```toml
+//! listen = "127.0.0.1:7070"          # IP:port; --listen overrides it
+//! admin_token_file = "/etc/gpushare/admin-token"   # or admin_token / admin_token_env
+//! worker_ttl_ms = 30000              # a worker silent this long is removed
+//! health_interval_ms = 10000         # Health ping to every worker; 0 = off
+//! check_pids = false                 # remove workers whose pid is gone (hostPID only)
+//! max_connections = 4096             # open HTTP connections; beyond, the oldest
+//!                                    # one still sending headers is closed
+//! header_timeout_ms = 5000           # a request's headers must arrive this fast
+//! idle_timeout_ms = 60000            # a kept-alive connection idle this long is closed
+//! region_mode = "0640"               # mode of /dev/shm/gpushare-pod-*; never g+w or o+w
+//! region_gid = 1000                  # chown group of the regions (region_uid too)
+//!
+//! [[pods]]
+//! id = "a"
+//! token_file = "tokens/a"            # or token = "…" or token_env = "VAR": exactly one
+//! [[pods.gpus]]
+//! uuid = "GPU-3430f778-7a25-704c-9090-8b0bb2478114"   # or index = 0
+//! memory = "4g"                      # size string or bytes; 0/absent = unlimited
+//! weight = 1                         # default 1
+//! cap = 30                           # percent, hard cap
+//! share = 25                         # percent, guaranteed when contended
+//! policy = "fixed"                   # fixed | elastic | none; default: fixed with
+//!                                    # a cap, elastic with only a share, else none
+//! class = "batch"                    # batch | latency: latency pods are served
+//!                                    # first, batch pods wait while one is active
+//! oversubscribe = true               # past the quota, serve linear allocations from
+//!                                    # pinned host memory (default false)
+//! spill_limit = "16g"                # pod-wide cap of that host memory on this GPU
+//!                                    # (implies oversubscribe; default with it: a
+//!                                    # quarter of the node's memory; 0 = none)
+//! ```
+//!
+//! Limits follow the GPU's UUID (an `index` is resolved to the UUID of that
+//! NVML index), whatever index a container's `CUDA_VISIBLE_DEVICES` gives it.
+//!
+//! Relative `token_file` paths are relative to the config file's folder.
+//! The config file and token files must be regular files (a FIFO or a
+//! device is refused, never waited on) of at most 1 MiB and 4 KiB
+//! ([`files`]); errors show at most 200 characters of any value
+//! ([`gpushare_utils::quote`]).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use gpushare_utils::pod::{PodClass, PodId};
+use gpushare_utils::quote::{ClippedPath, ClippedRuns, escaped, quoted};
+use gpushare_utils::small_file::SmallFileError;
+use gpushare_utils::units::parse_size;
+use serde::Deserialize;
+
+use crate::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token};
+
+mod files;
+
+pub use files::{CONFIG_MAX_BYTES, LOAD_TIMEOUT};
+
+/// Where the hypervisor listens when neither the file nor `--listen` says.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+
+/// Why a config (or a limits body) is refused. One line each.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {}: {source}", ClippedPath(path))]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: SmallFileError,
+    },
+    #[error(
+        "cannot read {} and its token files within {}s: a file system is not answering",
+        ClippedPath(path),
+        after.as_secs()
+    )]
+    Timeout { path: PathBuf, after: Duration },
+    /// `message` is the parser's, its quoted runs clipped when shown.
+    #[error("{}: {}", ClippedPath(path), ClippedRuns(message))]
+    Syntax { path: PathBuf, message: String },
+    #[error("listen = {} is not an IP:port such as 127.0.0.1:7070", quoted(.0))]
+    Listen(String),
+    #[error("{what}: set exactly one of {keys}")]
+    TokenSource { what: String, keys: &'static str },
+    #[error("{what}: cannot read token file {}: {source}", ClippedPath(path))]
+    TokenFile {
+        what: String,
+        path: PathBuf,
+        #[source]
+        source: SmallFileError,
+    },
+    #[error("{what}: environment variable {} is not set", escaped(var))]
+    TokenEnv { what: String, var: String },
+    #[error("{what}: {source}")]
+    Spec {
+        what: String,
+        #[source]
+        source: SpecError,
+    },
+    #[error("{what}: memory {source}")]
+    Size {
+        what: String,
+        #[source]
+        source: gpushare_utils::units::SizeError,
+    },
+    #[error("{what}: set exactly one of uuid and index")]
+    GpuSelector { what: String },
+    #[error("{what}: class {} is not latency or batch", quoted(value))]
+    Class { what: String, value: String },
+    #[error("{what}: policy {} is not fixed, elastic or none", quoted(value))]
+    Policy { what: String, value: String },
+    #[error(
+        "region_mode {} must be octal permission bits without g+w or o+w, such as \"0640\"",
+        quoted(.0)
+    )]
+    RegionMode(String),
+    #[error("{0}")]
+    Pods(SpecError),
+}
+
+/// Daemon tuning from the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// A worker with no channel request for this long is removed.
+    pub worker_ttl: Duration,
+    /// Health pings to every worker; `None`: off.
+    pub health_interval: Option<Duration>,
+    /// Remove workers whose pid no longer exists (only meaningful when the
+    /// hypervisor shares the pods' pid namespace).
+    pub check_pids: bool,
+    /// Most workers one pod may register at once.
+    pub max_workers_per_pod: usize,
+    /// Bounds on HTTP connections (needs a restart to change).
+    pub connections: ConnLimits,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            worker_ttl: Duration::from_secs(30),
+            health_interval: Some(Duration::from_secs(10)),
+            check_pids: false,
+            max_workers_per_pod: 1024,
+            connections: ConnLimits::default(),
+        }
+    }
+}
+
+/// Ownership and mode applied to every region file the hypervisor opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegionOptions {
+    /// Permission bits; `None` keeps what the file has (0600 when the
+    /// hypervisor creates it), less any o+w bit.
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+}
+
+/// The whole file, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub admin_token: Option<Token>,
+    pub settings: Settings,
+    pub regions: RegionOptions,
+    pub pods: Vec<PodSpec>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    admin_token: Option<String>,
+    admin_token_file: Option<PathBuf>,
+    admin_token_env: Option<String>,
+    worker_ttl_ms: Option<u64>,
+    health_interval_ms: Option<u64>,
+    check_pids: Option<bool>,
+    max_workers_per_pod: Option<usize>,
+    max_connections: Option<usize>,
+    header_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    region_mode: Option<String>,
+    region_uid: Option<u32>,
+    region_gid: Option<u32>,
+    #[serde(default)]
+    pods: Vec<RawPod>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPod {
+    id: String,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    token_env: Option<String>,
+    #[serde(default)]
+    gpus: Vec<RawGpu>,
+}
+
+/// One `[[pods.gpus]]` table; also the JSON of the admin limits body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawGpu {
+    pub uuid: Option<String>,
+    pub index: Option<u32>,
+    pub memory: Option<SizeValue>,
+    pub weight: Option<u32>,
+    pub cap: Option<u8>,
+    pub share: Option<u8>,
+    pub policy: Option<String>,
+    pub class: Option<String>,
+    pub oversubscribe: Option<bool>,
+    pub spill_limit: Option<SizeValue>,
+}
+
+/// A memory size: bytes, or a size string such as `"4g"`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
+/// Body of `PUT /api/v1/pods/{id}/limits`: the pod's new GPU list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsBody {
+    pub gpus: Vec<RawGpu>,
+}
+
+/// Reads and resolves the file at `path` (tokens from files and the
+/// environment included), within [`LOAD_TIMEOUT`].
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let owned = path.to_owned();
+    files::within_timeout(path, move || {
+        let text = files::read_config(&owned)?;
+        let base = owned.parent().unwrap_or_else(|| Path::new("."));
+        parse(&text, &owned, base)
+    })
+}
+
+/// Resolves `text` as if read from `path`; relative token files are under `base`.
+pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError> {
+    let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+        path: path.to_owned(),
+        // toml's message spans lines (it quotes the source); keep one line.
+        message: one_line(&e.to_string()),
+    })?;
+    let listen_text = raw.listen.as_deref().unwrap_or(DEFAULT_LISTEN);
+    let listen = listen_text
+        .parse()
+        .map_err(|_| ConfigError::Listen(listen_text.to_owned()))?;
+    let admin_token = resolve_token(
+        "admin token",
+        raw.admin_token.as_deref(),
+        raw.admin_token_file.as_deref(),
+        raw.admin_token_env.as_deref(),
+        base,
+        true,
+    )?;
+    let defaults = Settings::default();
+    let settings = Settings {
+        worker_ttl: raw
+            .worker_ttl_ms
+            .map_or(defaults.worker_ttl, |ms| Duration::from_millis(ms.max(100))),
+        health_interval: match raw.health_interval_ms {
+            None => defaults.health_interval,
+            Some(0) => None,
+            Some(ms) => Some(Duration::from_millis(ms.max(100))),
+        },
+        check_pids: raw.check_pids.unwrap_or(defaults.check_pids),
+        max_workers_per_pod: raw
+            .max_workers_per_pod
+            .unwrap_or(defaults.max_workers_per_pod)
+            .max(1),
+        connections: ConnLimits {
+            max_connections: raw
+                .max_connections
+                .unwrap_or(defaults.connections.max_connections)
+                .max(16),
+            header_timeout: raw
+                .header_timeout_ms
+                .map_or(defaults.connections.header_timeout, |ms| {
+                    Duration::from_millis(ms.max(100))
+                }),
+            idle_timeout: raw
+                .idle_timeout_ms
+                .map_or(defaults.connections.idle_timeout, |ms| {
+                    Duration::from_millis(ms.max(100))
+                }),
+        },
+    };
+    let mode = match raw.region_mode.as_deref() {
+        None => None,
+        Some(text) => match u32::from_str_radix(text.trim().trim_start_matches("0o"), 8) {
+            Ok(mode) if mode <= 0o777 && mode & 0o022 == 0 => Some(mode),
+            _ => return Err(ConfigError::RegionMode(text.to_owned())),
+        },
+    };
+    let regions = RegionOptions {
+        mode,
+        uid: raw.region_uid,
+        gid: raw.region_gid,
+    };
+    let mut pods = Vec::with_capacity(raw.pods.len());
+    for pod in raw.pods {
+        let what = format!("pod {}", quoted(&pod.id));
+        let id = PodId::new(pod.id.clone()).map_err(|e| ConfigError::Spec {
+            what: what.clone(),
+            source: e.into(),
+        })?;
+        let token = resolve_token(
+            &what,
+            pod.token.as_deref(),
+            pod.token_file.as_deref(),
+            pod.token_env.as_deref(),
+            base,
+            false,
+        )?
+        .ok_or_else(|| ConfigError::TokenSource {
+            what: what.clone(),
+            keys: "token, token_file and token_env",
+        })?;
+        let gpus = resolve_gpus(&what, &pod.gpus)?;
+        let spec = PodSpec::new(id, token, gpus).map_err(|source| ConfigError::Spec {
+            what: what.clone(),
+            source,
+        })?;
+        pods.push(spec);
+    }
+    spec::check_pods(&pods).map_err(ConfigError::Pods)?;
+    Ok(Config {
+        listen,
+        admin_token,
+        settings,
+        regions,
+        pods,
+    })
+}
+
+/// Resolves a GPU list (from the file or an admin request) for `what`.
+pub fn resolve_gpus(what: &str, raw: &[RawGpu]) -> Result<Vec<GpuSpec>, ConfigError> {
+    let mut gpus = Vec::with_capacity(raw.len());
+    for (n, gpu) in raw.iter().enumerate() {
+        let what = format!("{what} gpu #{}", n + 1);
+        let spec_err = |source| ConfigError::Spec {
+            what: what.clone(),
+            source,
+        };
+        let selector = match (&gpu.uuid, gpu.index) {
+            (Some(uuid), None) => GpuSelector::uuid(uuid).map_err(spec_err)?,
+            (None, Some(index)) => GpuSelector::index(index).map_err(spec_err)?,
+            _ => return Err(ConfigError::GpuSelector { what }),
+        };
+        let size = |value: &Option<SizeValue>| match value {
+            None => Ok(None),
+            Some(SizeValue::Bytes(bytes)) => Ok(Some(*bytes)),
+            Some(SizeValue::Text(text)) => {
+                parse_size(text)
+                    .map(Some)
+                    .map_err(|source| ConfigError::Size {
+                        what: what.clone(),
+                        source,
+                    })
+            }
+        };
+        let memory_bytes = size(&gpu.memory)?.unwrap_or(0);
+        let spill_bytes = spec::spill_cap(gpu.oversubscribe, size(&gpu.spill_limit)?);
+        let policy = match &gpu.policy {
+            None => None,
+            Some(text) => Some(Policy::parse(text).ok_or_else(|| ConfigError::Policy {
+                what: what.clone(),
+                value: text.clone(),
+            })?),
+        };
+        let class = match &gpu.class {
+            None => PodClass::Batch,
+            Some(text) => PodClass::parse(text).ok_or_else(|| ConfigError::Class {
+                what: what.clone(),
+                value: text.clone(),
+            })?,
+        };
+        gpus.push(
+            GpuSpec::new(
+                selector,
+                memory_bytes,
+                gpu.weight.unwrap_or(1),
+                gpu.cap,
+                gpu.share,
+                policy,
+            )
+            .map_err(spec_err)?
+            .with_class(class)
+            .with_spill(spill_bytes),
+        );
+    }
+    spec::check_gpus(&gpus).map_err(|source| ConfigError::Spec {
+        what: what.to_owned(),
+        source,
+    })?;
+    Ok(gpus)
+}
+
+fn resolve_token(
+    what: &str,
+    inline: Option<&str>,
+    file: Option<&Path>,
+    env: Option<&str>,
+    base: &Path,
+    optional: bool,
+) -> Result<Option<Token>, ConfigError> {
+    let keys = if optional {
+        "admin_token, admin_token_file and admin_token_env"
+    } else {
+        "token, token_file and token_env"
+    };
+    let text = match (inline, file, env) {
+        (None, None, None) if optional => return Ok(None),
+        (Some(token), None, None) => token.to_owned(),
+        (None, Some(file), None) => files::read_token(what, &base.join(file))?,
+        (None, None, Some(var)) => std::env::var(var).map_err(|_| ConfigError::TokenEnv {
+            what: what.to_owned(),
+            var: var.to_owned(),
+        })?,
+        _ => {
+            return Err(ConfigError::TokenSource {
+                what: what.to_owned(),
+                keys,
+            });
+        }
+    };
+    // Files and variables often end in a newline.
+    Token::new(text.trim())
+        .map(Some)
+        .map_err(|source| ConfigError::Spec {
+            what: what.to_owned(),
+            source,
+        })
+}
+
+/// Risky choices a config may make, one line each: worth saying, not refusing.
+pub fn warnings(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if !config.listen.ip().is_loopback() {
+        out.push(format!(
+            "listen = {} is not a loopback address: tokens travel in clear text to anyone who can reach it",
+            config.listen
+        ));
+    }
+    for (n, a) in config.pods.iter().enumerate() {
+        for b in &config.pods[n + 1..] {
+            if a.token == b.token {
+                out.push(format!(
+                    "pods {} and {} share one token: each can act as the other",
+                    a.id, b.id
+                ));
+            }
+        }
+        let by_index = a
+            .gpus
+            .iter()
+            .any(|g| matches!(g.gpu, GpuSelector::Index(_)));
+        let by_uuid = a.gpus.iter().any(|g| matches!(g.gpu, GpuSelector::Uuid(_)));
+        if by_index && by_uuid {
+            out.push(format!(
+                "pod {} names GPUs both by index and by UUID: one GPU given twice keeps only its first limits",
+                a.id
+            ));
+        }
+    }
+    let mut shares: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    for pod in &config.pods {
+        for gpu in &pod.gpus {
+            let floor = u32::from(gpu.share_percent.unwrap_or(0));
+            *shares.entry(gpu.gpu.to_string()).or_default() += floor;
+        }
+    }
+    for (gpu, total) in shares {
+        if total > 100 {
+            out.push(format!(
+                "GPU {gpu}: guaranteed shares add up to {total}%: they cannot all be honoured"
+            ));
+        }
+    }
+    out
+}
+
+fn one_line(message: &str) -> String {
+    let mut parts = message.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = parts.next().unwrap_or_default().to_owned();
+    // The last line holds the reason; the ones between quote the source.
+    match parts.next_back() {
+        Some(last) if last != first => format!("{first}: {last}"),
+        _ => first,
+    }
+}
+
+/// Bounds on the daemon's connections (`[connections]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 4096,
+            header_timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

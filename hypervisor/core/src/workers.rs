@@ -1,0 +1,204 @@
+//! Registered workers: the limiter processes of the pods, one id each.
+//!
+//! A worker id is `<pod>-<pid>-<n>`, with `n` counting up from the time the
+//! hypervisor started in milliseconds, so ids stay unique across restarts. A
+//! worker registered with an earlier run of the hypervisor (which forgot it)
+//! is adopted again when it shows up with a well-formed id and its pod's
+//! token: a restart costs the workers nothing.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gpushare_utils::pod::PodId;
+use gpushare_utils::protocol::{CommandResult, WorkerDevice};
+use http_bidir_comm::ClientId;
+use serde::Serialize;
+
+/// One worker.
+#[derive(Debug, Clone, Serialize)]
+pub struct Worker {
+    pub id: ClientId,
+    #[serde(serialize_with = "ser_pod")]
+    pub pod: PodId,
+    pub pid: u32,
+    pub hostname: String,
+    pub devices: Vec<WorkerDevice>,
+    /// Seconds since the epoch.
+    pub registered_at: u64,
+    /// Known from a channel or admission request rather than a registration
+    /// (it registered with an earlier run of the hypervisor).
+    pub adopted: bool,
+    /// The last command sent, and the last answer received.
+    pub last_command: Option<String>,
+    pub last_result: Option<CommandResult>,
+}
+
+fn ser_pod<S: serde::Serializer>(pod: &PodId, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(pod.as_str())
+}
+
+/// All registered workers.
+#[derive(Debug)]
+pub struct Workers {
+    by_id: HashMap<ClientId, Worker>,
+    next: u64,
+}
+
+impl Default for Workers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Workers {
+    pub fn new() -> Self {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_millis() as u64);
+        Self {
+            by_id: HashMap::new(),
+            next: now_ms,
+        }
+    }
+
+    /// Registers a new worker of `pod`; returns its id.
+    pub fn register(
+        &mut self,
+        pod: &PodId,
+        pid: u32,
+        hostname: String,
+        devices: Vec<WorkerDevice>,
+    ) -> Option<ClientId> {
+        let n = self.next;
+        self.next += 1;
+        // A pod id is ≤ 64 characters of the client id alphabet: always valid.
+        let id = ClientId::new(format!("{pod}-{pid}-{n}")).ok()?;
+        self.by_id.insert(
+            id.clone(),
+            Worker {
+                id: id.clone(),
+                pod: pod.clone(),
+                pid,
+                hostname,
+                devices,
+                registered_at: hypervisor_observer::clock::unix_secs(),
+                adopted: false,
+                last_command: None,
+                last_result: None,
+            },
+        );
+        Some(id)
+    }
+
+    /// Takes back a worker an earlier run registered.
+    pub fn adopt(&mut self, id: &ClientId, pod: &PodId, pid: u32) {
+        self.by_id.entry(id.clone()).or_insert_with(|| Worker {
+            id: id.clone(),
+            pod: pod.clone(),
+            pid,
+            hostname: String::new(),
+            devices: Vec::new(),
+            registered_at: hypervisor_observer::clock::unix_secs(),
+            adopted: true,
+            last_command: None,
+            last_result: None,
+        });
+    }
+
+    pub fn get(&self, id: &ClientId) -> Option<&Worker> {
+        self.by_id.get(id)
+    }
+
+    pub fn get_mut(&mut self, id: &ClientId) -> Option<&mut Worker> {
+        self.by_id.get_mut(id)
+    }
+
+    pub fn remove(&mut self, id: &ClientId) -> Option<Worker> {
+        self.by_id.remove(id)
+    }
+
+    /// Ids of `pod`'s workers, sorted.
+    pub fn of_pod(&self, pod: &str) -> Vec<ClientId> {
+        let mut ids: Vec<ClientId> = self
+            .by_id
+            .values()
+            .filter(|w| w.pod.as_str() == pod)
+            .map(|w| w.id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    pub fn count_of_pod(&self, pod: &str) -> usize {
+        self.by_id
+            .values()
+            .filter(|w| w.pod.as_str() == pod)
+            .count()
+    }
+
+    /// Every worker, sorted by id.
+    pub fn all(&self) -> Vec<&Worker> {
+        let mut all: Vec<&Worker> = self.by_id.values().collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        all
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}
+
+/// Splits a worker id into pod and pid: `<pod>-<pid>-<n>`, read from the
+/// right (pod ids may hold `-`).
+pub fn parse_id(id: &str) -> Option<(&str, u32)> {
+    let (rest, n) = id.rsplit_once('-')?;
+    let (pod, pid) = rest.rsplit_once('-')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if pod.is_empty() || !digits(n) || !digits(pid) {
+        return None;
+    }
+    Some((pod, pid.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_unique_and_parse_back() {
+        let mut workers = Workers::new();
+        let pod = PodId::new("team-a.x").unwrap();
+        let a = workers.register(&pod, 42, String::new(), vec![]).unwrap();
+        let b = workers.register(&pod, 42, String::new(), vec![]).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(parse_id(a.as_str()), Some(("team-a.x", 42)));
+        assert_eq!(workers.of_pod("team-a.x"), {
+            let mut v = vec![a.clone(), b.clone()];
+            v.sort();
+            v
+        });
+        assert_eq!(workers.count_of_pod("team-a"), 0);
+        assert!(workers.remove(&a).is_some());
+        assert_eq!(workers.len(), 1);
+    }
+
+    #[test]
+    fn id_parsing_table() {
+        let cases = [
+            ("a-1-2", Some(("a", 1))),
+            ("a-b-1-2", Some(("a-b", 1))),
+            ("a-1", None),
+            ("-1-2", None),
+            ("a-x-2", None),
+            ("a-1-", None),
+            ("a-99999999999-2", None),
+        ];
+        for (id, want) in cases {
+            assert_eq!(parse_id(id), want, "{id}");
+        }
+    }
+}

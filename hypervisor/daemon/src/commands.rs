@@ -1,0 +1,120 @@
+//! Commands to workers: suspend, resume, limits, health.
+
+use std::time::Instant;
+
+use gpushare_utils::protocol::{Command, PodGpuLimits};
+use http_bidir_comm::ClientId;
+
+use hypervisor_core::scheduler::ScheduleError;
+use hypervisor_core::spec::GpuSpec;
+
+use super::*;
+
+impl Hypervisor {
+    /// Sends `command` to the workers `ids` (queued on the channel).
+    pub fn send(&self, ids: &[ClientId], command: &Command) {
+        let name = command_name(command);
+        {
+            let mut core = self.core();
+            for id in ids {
+                if let Some(worker) = core.workers.get_mut(id) {
+                    worker.last_command = Some(name.to_owned());
+                }
+            }
+        }
+        for id in ids {
+            if let Err(error) = self.shared.hub.submit(id, command.clone()) {
+                tracing::error!(worker = %id, %error, "command not queued");
+            }
+        }
+    }
+
+    /// The workers of `pod`.
+    pub fn workers_of(&self, pod: &str) -> Vec<ClientId> {
+        self.core().workers.of_pod(pod)
+    }
+
+    /// Suspends `pod`: the flag in its region, then `Suspend` to its workers.
+    pub fn suspend(&self, pod: &str) -> Result<Vec<ClientId>, ScheduleError> {
+        self.set_suspended(pod, true)
+    }
+
+    /// Resumes `pod`: the flag cleared, then `Resume` to its workers.
+    pub fn resume(&self, pod: &str) -> Result<Vec<ClientId>, ScheduleError> {
+        self.set_suspended(pod, false)
+    }
+
+    pub(crate) fn set_suspended(
+        &self,
+        pod: &str,
+        suspended: bool,
+    ) -> Result<Vec<ClientId>, ScheduleError> {
+        let ids = {
+            let mut core = self.core();
+            core.scheduler
+                .set_suspended(pod, suspended, Instant::now())?;
+            core.workers.of_pod(pod)
+        };
+        let command = if suspended {
+            Command::Suspend
+        } else {
+            Command::Resume
+        };
+        self.send(&ids, &command);
+        Ok(ids)
+    }
+
+    /// Replaces `pod`'s GPU limits until the next reload of the config file;
+    /// writes its region and sends `SetLimits` to its workers.
+    pub fn set_limits(
+        &self,
+        pod: &str,
+        gpus: Vec<GpuSpec>,
+    ) -> Result<(Vec<PodGpuLimits>, Vec<ClientId>), ScheduleError> {
+        let (devices, ids) = {
+            let mut core = self.core();
+            let devices = core.scheduler.set_gpus(pod, gpus, Instant::now())?;
+            (devices, core.workers.of_pod(pod))
+        };
+        self.send(
+            &ids,
+            &Command::SetLimits {
+                devices: devices.clone(),
+            },
+        );
+        Ok((devices, ids))
+    }
+
+    /// Sends `Health` to `pod`'s workers.
+    pub fn ping(&self, pod: &str) -> Result<Vec<ClientId>, ScheduleError> {
+        let ids = {
+            let core = self.core();
+            if core.scheduler.pod_id(pod).is_none() {
+                return Err(ScheduleError::NoSuchPod(pod.to_owned()));
+            }
+            core.workers.of_pod(pod)
+        };
+        self.send(&ids, &Command::Health);
+        Ok(ids)
+    }
+
+    pub(crate) fn ping_all(&self) {
+        let ids: Vec<ClientId> = self
+            .core()
+            .workers
+            .all()
+            .into_iter()
+            .map(|w| w.id.clone())
+            .collect();
+        self.send(&ids, &Command::Health);
+    }
+}
+
+pub(crate) fn command_name(command: &Command) -> &'static str {
+    match command {
+        Command::Suspend => "suspend",
+        Command::Resume => "resume",
+        Command::SetLimits { .. } => "set_limits",
+        Command::Health => "health",
+    }
+}

@@ -1,0 +1,324 @@
+//! The node's ResourceSlice: every GPU one device, shareable by several
+//! claims (KEP-5075 consumable capacity), each consuming part of its
+//! `memory` (bytes) and `compute` (percent). An unhealthy GPU carries a
+//! device taint `<driver>/unhealthy=<reason>` (KEP-5055, beta behind the
+//! `DRADeviceTaints` gate): `NoExecute` when its work cannot go on (lost,
+//! XID 79), else `NoSchedule`. Every device says whether its GPU is in
+//! co-run mode (the boolean attribute [`CORUN_ATTRIBUTE`]), so a claim can
+//! ask for one, or avoid one, with CEL:
+//! `device.attributes["<driver>"].corun == true`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::api::{Api, PostParams};
+
+use crate::KubeError;
+use hypervisor_corun::CorunOptions;
+use hypervisor_observer::{GpuInfo, Unhealthy};
+
+/// The boolean device attribute: true on co-run (MPS) GPUs.
+pub const CORUN_ATTRIBUTE: &str = "corun";
+
+/// The key of the unhealthy taint under the driver's name.
+pub const UNHEALTHY_KEY: &str = "unhealthy";
+
+/// Smallest memory part a claim may take, and its step.
+pub const MEMORY_STEP: u64 = 256 << 20;
+
+/// The name of the device for GPU `index` (`gpu-0`).
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+/// The GPU index of device `name`, if it is one of ours.
+pub fn device_index(name: &str) -> Option<u32> {
+    name.strip_prefix("gpu-")?.parse().ok()
+}
+
+/// The slice's name: `<node>-<driver>`.
+pub fn slice_name(node: &str, driver: &str) -> String {
+    format!("{node}-{driver}")
+}
+
+/// The taint of a GPU that is `unhealthy`.
+pub fn taint(driver: &str, unhealthy: &Unhealthy) -> DeviceTaint {
+    DeviceTaint {
+        key: format!("{driver}/{UNHEALTHY_KEY}"),
+        value: Some(unhealthy.fault.reason()),
+        effect: if unhealthy.fault.evicts() {
+            "NoExecute"
+        } else {
+            "NoSchedule"
+        }
+        .to_owned(),
+        time_added: k8s_openapi::jiff::Timestamp::from_second(unhealthy.since)
+            .ok()
+            .map(Time),
+    }
+}
+
+/// The slice of `node` for `gpus`, those in `unhealthy` (by UUID) tainted,
+/// those `corun` covers marked `corun: true`. A claim that names no capacity takes a whole GPU (the defaults); one
+/// that does takes what it asks, rounded up to 256 MiB of memory and whole
+/// percents.
+pub fn build(
+    node: &str,
+    driver: &str,
+    gpus: &[GpuInfo],
+    unhealthy: &BTreeMap<String, Unhealthy>,
+    corun: Option<&CorunOptions>,
+    owner: Option<&Node>,
+) -> ResourceSlice {
+    let devices = gpus
+        .iter()
+        .map(|gpu| {
+            let usable = gpu.memory_total - gpu.memory_total % MEMORY_STEP;
+            let mut attributes = BTreeMap::new();
+            attributes.insert("uuid".to_owned(), text_attr(&gpu.uuid));
+            attributes.insert("model".to_owned(), text_attr(&gpu.name));
+            attributes.insert(
+                "index".to_owned(),
+                DeviceAttribute {
+                    int: Some(i64::from(gpu.index)),
+                    ..DeviceAttribute::default()
+                },
+            );
+            attributes.insert(
+                CORUN_ATTRIBUTE.to_owned(),
+                DeviceAttribute {
+                    bool: Some(corun.is_some_and(|c| c.covers(&gpu.uuid))),
+                    ..DeviceAttribute::default()
+                },
+            );
+            let mut capacity = BTreeMap::new();
+            capacity.insert(
+                "memory".to_owned(),
+                DeviceCapacity {
+                    value: Quantity(usable.to_string()),
+                    request_policy: Some(CapacityRequestPolicy {
+                        default: Some(Quantity(usable.to_string())),
+                        valid_range: Some(CapacityRequestPolicyRange {
+                            min: Quantity(MEMORY_STEP.to_string()),
+                            max: Some(Quantity(usable.to_string())),
+                            step: Some(Quantity(MEMORY_STEP.to_string())),
+                        }),
+                        valid_values: None,
+                    }),
+                },
+            );
+            capacity.insert(
+                "compute".to_owned(),
+                DeviceCapacity {
+                    value: Quantity("100".to_owned()),
+                    request_policy: Some(CapacityRequestPolicy {
+                        default: Some(Quantity("100".to_owned())),
+                        valid_range: Some(CapacityRequestPolicyRange {
+                            min: Quantity("1".to_owned()),
+                            max: Some(Quantity("100".to_owned())),
+                            step: Some(Quantity("1".to_owned())),
+                        }),
+                        valid_values: None,
+                    }),
+                },
+            );
+            Device {
+                name: device_name(gpu.index),
+                attributes: Some(attributes),
+                capacity: Some(capacity),
+                allow_multiple_allocations: Some(true),
+                taints: unhealthy.get(&gpu.uuid).map(|u| vec![taint(driver, u)]),
+                ..Device::default()
+            }
+        })
+        .collect();
+    let owner_references = owner.and_then(|node| {
+        Some(vec![OwnerReference {
+            api_version: "v1".to_owned(),
+            kind: "Node".to_owned(),
+            name: node.metadata.name.clone()?,
+            uid: node.metadata.uid.clone()?,
+            controller: Some(true),
+            block_owner_deletion: None,
+        }])
+    });
+    ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(slice_name(node, driver)),
+            owner_references,
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: driver.to_owned(),
+            node_name: Some(node.to_owned()),
+            pool: ResourcePool {
+                name: node.to_owned(),
+                generation: 1,
+                resource_slice_count: 1,
+            },
+            devices: Some(devices),
+            ..ResourceSliceSpec::default()
+        },
+    }
+}
+
+fn text_attr(value: &str) -> DeviceAttribute {
+    DeviceAttribute {
+        string: Some(value.to_owned()),
+        ..DeviceAttribute::default()
+    }
+}
+
+/// Whether any device of `slice` carries a taint.
+pub fn has_taints(slice: &ResourceSlice) -> bool {
+    slice
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+}
+
+/// Whether `a` and `b` list the same devices, the times taints were added
+/// aside (the API server fills those it is not given, and keeps seconds only).
+fn same_devices(a: &ResourceSlice, b: &ResourceSlice) -> bool {
+    let untimed = |slice: &ResourceSlice| {
+        let mut devices = slice.spec.devices.clone().unwrap_or_default();
+        for taint in devices
+            .iter_mut()
+            .flat_map(|d| d.taints.iter_mut().flatten())
+        {
+            taint.time_added = None;
+        }
+        devices
+    };
+    untimed(a) == untimed(b)
+}
+
+/// Creates the slice, or replaces it when its devices changed (the pool's
+/// generation then goes up, as the scheduler expects); the GPUs in
+/// `unhealthy` (by UUID) tainted, those `corun` covers marked. Returns the slice as the API server
+/// stored it: without taints where `DRADeviceTaints` is off there.
+pub async fn publish(
+    client: &kube::Client,
+    node: &str,
+    driver: &str,
+    gpus: &[GpuInfo],
+    unhealthy: &BTreeMap<String, Unhealthy>,
+    corun: Option<&CorunOptions>,
+) -> Result<ResourceSlice, KubeError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let owner = nodes
+        .get_opt(node)
+        .await
+        .map_err(KubeError::api("get node"))?;
+    let mut wanted = build(node, driver, gpus, unhealthy, corun, owner.as_ref());
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let name = slice_name(node, driver);
+    match slices
+        .get_opt(&name)
+        .await
+        .map_err(KubeError::api("get resourceslice"))?
+    {
+        None => slices
+            .create(&PostParams::default(), &wanted)
+            .await
+            .map_err(KubeError::api("create resourceslice")),
+        Some(current) if same_devices(&current, &wanted) => Ok(current),
+        Some(current) => {
+            wanted.spec.pool.generation = current.spec.pool.generation + 1;
+            wanted.metadata.resource_version = current.metadata.resource_version;
+            slices
+                .replace(&name, &PostParams::default(), &wanted)
+                .await
+                .map_err(KubeError::api("replace resourceslice"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hypervisor_observer::{Fault, GpuObserver, SimulatedGpus};
+
+    #[test]
+    fn unhealthy_gpus_are_tainted_alone() {
+        let gpus = SimulatedGpus::new(2).gpus().unwrap();
+        let since = 1_700_000_000;
+        let unhealthy = BTreeMap::from([(
+            gpus[1].uuid.clone(),
+            Unhealthy {
+                fault: Fault::Xid(Some(48)),
+                since,
+            },
+        )]);
+        let slice = build("n", "gpu.example.com", &gpus, &unhealthy, None, None);
+        assert!(has_taints(&slice));
+        let devices = slice.spec.devices.as_deref().unwrap();
+        assert_eq!(devices[0].taints, None);
+        let taint = &devices[1].taints.as_deref().unwrap()[0];
+        assert_eq!(
+            (
+                taint.key.as_str(),
+                taint.value.as_deref(),
+                taint.effect.as_str()
+            ),
+            ("gpu.example.com/unhealthy", Some("xid-48"), "NoSchedule")
+        );
+        assert_eq!(taint.time_added.as_ref().unwrap().0.as_second(), since);
+        let lost = Unhealthy {
+            fault: Fault::Lost,
+            since,
+        };
+        assert_eq!(taint_for(&lost).effect, "NoExecute");
+
+        // The server's own times do not make the devices differ; the taints do.
+        let mut stored = slice.clone();
+        for t in stored
+            .spec
+            .devices
+            .iter_mut()
+            .flatten()
+            .flat_map(|d| d.taints.iter_mut().flatten())
+        {
+            t.time_added = None;
+        }
+        assert!(same_devices(&slice, &stored));
+        let healthy = build("n", "gpu.example.com", &gpus, &BTreeMap::new(), None, None);
+        assert!(!has_taints(&healthy) && !same_devices(&slice, &healthy));
+    }
+
+    #[test]
+    fn corun_gpus_carry_the_attribute() {
+        let gpus = SimulatedGpus::new(2).gpus().unwrap();
+        let corun = CorunOptions {
+            gpus: vec![gpus[1].uuid.clone()],
+            dir: "/run/gpushare/mps".into(),
+            host_dir: "/run/gpushare/mps".into(),
+            latency_reserve: hypervisor_corun::DEFAULT_LATENCY_RESERVE,
+            control: hypervisor_corun::DEFAULT_MPS_CONTROL.into(),
+            private_shm: true,
+        };
+        let flags = |corun: Option<&CorunOptions>| -> Vec<Option<bool>> {
+            build("n", "d", &gpus, &BTreeMap::new(), corun, None)
+                .spec
+                .devices
+                .unwrap_or_default()
+                .iter()
+                .map(|d| d.attributes.as_ref().and_then(|a| a[CORUN_ATTRIBUTE].bool))
+                .collect()
+        };
+        assert_eq!(flags(Some(&corun)), [Some(false), Some(true)]);
+        assert_eq!(flags(None), [Some(false), Some(false)]);
+    }
+
+    fn taint_for(unhealthy: &Unhealthy) -> DeviceTaint {
+        taint("gpu.example.com", unhealthy)
+    }
+}

@@ -1,0 +1,122 @@
+//! `hypervisor serve --kubernetes`: the node agent of the DRA driver.
+//!
+//! 1. **Slice** ([`dra::slice`]): the node's GPUs published as one ResourceSlice,
+//!    shareable devices with `memory` and `compute` capacities.
+//! 2. **Reflectors** (the agent): this node's Pods (field selector
+//!    `spec.nodeName`) and the ResourceClaims, kept in memory by kube-rs.
+//! 3. **Prepare** (the kubelet, over [`crate::dra`]): the claim read from the
+//!    reflector (or the API server when it is newer than the reflector),
+//!    translated ([`dra::claims`]), provisioned ([`crate::provision`]), and the
+//!    hypervisor's pods made those of the prepared claims
+//!    ([`KubernetesSource`]), which opens the pod's region with its limits
+//!    before the containers start.
+//! 4. **Pods gone**: a pod with prepared claims that the API server no
+//!    longer has (or that finished) loses its claims, token and region,
+//!    unless another running pod uses them ([`consumers`]).
+//! 5. **Identity**: workers are checked against their cgroup
+//!    ([`hypervisor_core::identity`]); a pod that uses a claim prepared under another
+//!    quota identity counts as that identity's ([`consumers`]).
+//! 6. **Device plugin** (`--device-plugin`, [`deviceplugin::allocator`]): containers that ask
+//!    for `nvidia.com/gpu` shares get a claim of their own, made from their
+//!    pod's resource names, provisioned as in 3.
+//!
+//! The modules form one way: [`options`] (plain settings) ← `state` (what
+//! the agent holds, and provisioning a claim) ← one folder per mode,
+//! [`dra`] and [`deviceplugin`], and `consumers` ← `agent` (start, run,
+//! clean-up of pods that are gone). [`provision`] is what both modes give a
+//! container.
+
+mod agent;
+mod consumers;
+pub mod deviceplugin;
+pub mod dra;
+pub mod options;
+pub mod provision;
+pub mod quantity;
+mod state;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+pub use options::AgentOptions;
+pub use state::NodeAgent;
+
+use crate::provision::Provisioner;
+use hypervisor_core::spec::PodSpec;
+use hypervisor_daemon::source::PodSource;
+
+/// The default driver name.
+pub const DRIVER: &str = "gpu.gpushare.dev";
+
+/// Why the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    #[error("kubeconfig {path}: {message}")]
+    Kubeconfig { path: String, message: String },
+    #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
+    Infer(String),
+    #[error("cannot build the API client: {0}")]
+    Client(String),
+    #[error("{what}: {source}")]
+    Api {
+        what: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Provision(#[from] crate::provision::ProvisionError),
+    #[error("device plugin: {0}")]
+    DevicePlugin(String),
+    #[error("kubelet plugin sockets: {0}")]
+    Plugin(#[source] std::io::Error),
+}
+
+impl KubeError {
+    pub(crate) fn api(what: &'static str) -> impl FnOnce(kube::Error) -> Self {
+        move |source| Self::Api { what, source }
+    }
+}
+
+/// A client from the kubeconfig at `path`, or the in-cluster service
+/// account (then `KUBECONFIG`, `~/.kube/config`) when `None`.
+pub async fn client(path: Option<&Path>) -> Result<kube::Client, KubeError> {
+    // Already installed (by an earlier call): fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = match path {
+        Some(path) => {
+            let kubeconfig =
+                kube::config::Kubeconfig::read_from(path).map_err(|e| KubeError::Kubeconfig {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| KubeError::Kubeconfig {
+                    path: path.display().to_string(),
+                    message: e.to_string(),
+                })?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| KubeError::Infer(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| KubeError::Client(e.to_string()))
+}
+
+/// The hypervisor's pods from the prepared claims.
+#[derive(Clone)]
+pub struct KubernetesSource {
+    pub provisioner: Arc<Mutex<Provisioner>>,
+}
+
+impl PodSource for KubernetesSource {
+    type Error = crate::provision::ProvisionError;
+
+    fn pods(&self) -> Result<Vec<PodSpec>, Self::Error> {
+        let provisioner = self
+            .provisioner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        provisioner.pod_specs()
+    }
+}

@@ -1,0 +1,115 @@
+//! The node agent's state, shared by both modes and the clean-up: the
+//! client, the reflectors' stores, the prepared claims, and what each mode
+//! keeps; and what both modes do with it (provision a claim, make the
+//! hypervisor's pods those of the prepared claims).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::Api;
+use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::{Notify, watch};
+
+use crate::dra::ClaimRef;
+use crate::options::{AgentOptions, GpuHealth};
+use crate::provision::{ClaimRequest, Provisioner};
+use crate::{KubeError, KubernetesSource};
+use hypervisor_daemon::Hypervisor;
+use hypervisor_daemon::source;
+use hypervisor_observer::Unhealthy;
+
+/// What the agent holds.
+pub(crate) struct Inner {
+    pub(crate) hv: Hypervisor,
+    pub(crate) client: kube::Client,
+    pub(crate) options: AgentOptions,
+    pub(crate) source: KubernetesSource,
+    pub(crate) pods: Store<Pod>,
+    pub(crate) claims: Store<ResourceClaim>,
+    /// Serialises prepare, unprepare, allocate and clean-up.
+    pub(crate) busy: tokio::sync::Mutex<()>,
+    pub(crate) changed: Notify,
+    /// The GPUs as the device plugin advertises them.
+    pub(crate) gpu_health: watch::Sender<Vec<GpuHealth>>,
+    /// Device plugin allocations not yet started: the sorted share IDs, and
+    /// the (pod UID, container) they were provisioned for.
+    pub(crate) allocated: Mutex<BTreeMap<Vec<String>, (String, String)>>,
+    /// The unhealthy GPUs whose taints the API server dropped (its
+    /// `DRADeviceTaints` gate is off): published without taints until
+    /// health changes again.
+    pub(crate) taints_dropped: Mutex<Option<BTreeMap<String, Unhealthy>>>,
+}
+
+/// The running agent; cheap to clone.
+#[derive(Clone)]
+pub struct NodeAgent {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl NodeAgent {
+    /// The options it runs with (the hypervisor's URL filled in).
+    pub fn options(&self) -> &AgentOptions {
+        &self.inner.options
+    }
+
+    /// The provisioner (prepared claims), to look at.
+    pub fn provisioner(&self) -> MutexGuard<'_, Provisioner> {
+        self.inner
+            .source
+            .provisioner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Prepares `request` and opens its pod's region with its limits (the
+    /// caller holds `busy`); nothing is left when the region cannot be
+    /// opened. Returns the CDI device IDs.
+    pub(crate) fn provision(&self, request: &ClaimRequest) -> Result<Vec<String>, String> {
+        let cdi = self
+            .provisioner()
+            .prepare(request.clone())
+            .map_err(|e| e.to_string())?;
+        let report = source::sync(&self.inner.hv, &self.inner.source);
+        let failed = match &report {
+            Ok(report) => report.failed.iter().any(|(pod, _)| *pod == request.pod.uid),
+            Err(_) => true,
+        };
+        if failed {
+            // No region, no limits: the container must not start.
+            let _ = self.provisioner().unprepare(&request.claim_uid);
+            let _ = self.sync();
+            return Err(format!(
+                "claim {}: the pod's region could not be opened: {report:?}",
+                request.claim_uid
+            ));
+        }
+        Ok(cdi)
+    }
+
+    pub(crate) fn sync(&self) -> Result<(), KubeError> {
+        let report = source::sync(&self.inner.hv, &self.inner.source)?;
+        if !report.failed.is_empty() {
+            tracing::error!(failed = ?report.failed, "pods without a region");
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, String> {
+        let key = ObjectRef::new(&claim.name).within(&claim.namespace);
+        if let Some(cached) = self.inner.claims.get(&key)
+            && cached.metadata.uid.as_deref() == Some(&claim.uid)
+            && cached
+                .status
+                .as_ref()
+                .is_some_and(|s| s.allocation.is_some() && s.reserved_for.is_some())
+        {
+            return Ok((*cached).clone());
+        }
+        let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &claim.namespace);
+        api.get(&claim.name)
+            .await
+            .map_err(|e| format!("cannot read claim {}/{}: {e}", claim.namespace, claim.name))
+    }
+}

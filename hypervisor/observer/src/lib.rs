@@ -1,0 +1,81 @@
+//! What the node's GPUs look like: NVML on a real node ([`nvml`]), a
+//! simulation in tests ([`simulated`]), and whether they are healthy
+//! ([`health`]).
+
+pub mod clock;
+pub mod flags;
+pub mod health;
+pub mod nvml;
+pub mod simulated;
+
+use serde::{Deserialize, Serialize};
+
+pub use health::{Fault, HealthBoard, HealthEvent, HealthPolicy, Unhealthy};
+pub use nvml::NvmlObserver;
+pub use simulated::SimulatedGpus;
+
+/// One GPU of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    pub name: String,
+    pub memory_total: u64,
+    pub memory_used: u64,
+}
+
+/// One process's recent use of one GPU, in percent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProcessUtilization {
+    /// Host pid.
+    pub pid: u32,
+    pub sm_percent: u32,
+    pub memory_percent: u32,
+}
+
+/// Device memory NVML attributes to one process on one GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProcessMemory {
+    /// Host pid.
+    pub pid: u32,
+    pub bytes: u64,
+}
+
+/// Why the GPUs could not be looked at.
+#[derive(Debug, thiserror::Error)]
+pub enum ObserverError {
+    #[error("NVML: {0}")]
+    Nvml(#[from] nvml_wrapper::error::NvmlError),
+    #[error("GPU index {0} does not exist")]
+    NoSuchGpu(u32),
+    #[error("cannot start the NVML event thread: {0}")]
+    Thread(#[source] std::io::Error),
+}
+
+/// Looks at the node's GPUs. Calls may block for milliseconds (NVML): the
+/// daemon makes them off its async threads.
+pub trait GpuObserver: Send + Sync {
+    /// All GPUs, by index.
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError>;
+
+    /// Per-process utilization of GPU `index` since the last call, where the
+    /// GPU reports it; empty where it does not.
+    fn process_utilization(&self, index: u32) -> Result<Vec<ProcessUtilization>, ObserverError> {
+        let _ = index;
+        Ok(Vec::new())
+    }
+
+    /// Device memory of each compute process on GPU `index`; processes whose
+    /// figure NVML does not know are left out.
+    fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
+        let _ = index;
+        Ok(Vec::new())
+    }
+
+    /// The GPUs' health, where it is watched.
+    fn health(&self) -> Option<&HealthBoard> {
+        None
+    }
+}
