@@ -11,9 +11,8 @@ use std::process::Stdio;
 
 use common::ConfigFile;
 use common::daemon::{listening, serve};
-use gpushare_utils::activity::{
-    ACTIVITY_LAYOUT, NodeActivity, NodeTable, TableAccess, TableLayout,
-};
+use gpushare_utils::activity::{ACTIVITY_LAYOUT, NodeActivity};
+use gpushare_utils::node_table::{NodeTable, TableAccess, TableLayout};
 use gpushare_utils::priority::{LatencyView, NodePriority, PRIORITY_LAYOUT};
 
 /// The uid the pods run as (the daemon's `region_uid`).

@@ -9,5 +9,6 @@ pub mod clients;
 pub mod cluster;
 pub mod device_kubelet;
 pub mod kubelet;
+mod names;
 pub mod node;
 pub mod selector;

@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use crate::apiserver::qualified_part;
+use crate::names::{qualified_part, subdomain};
 
 /// One parsed requirement.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +31,7 @@ pub struct Selector(Vec<Requirement>);
 fn label_key(key: &str) -> Result<String, String> {
     let part = match key.split_once('/') {
         Some((prefix, part)) => {
-            if crate::apiserver::subdomain(prefix).is_err() {
+            if subdomain(prefix).is_err() {
                 return Err(format!(
                     "invalid label key {key:?}: prefix part must be a DNS subdomain"
                 ));

@@ -7,10 +7,10 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use gpushare_utils::activity::{
+use gpushare_utils::limits::PodLimits;
+use gpushare_utils::node_table::{
     self, NODE_REGION_VARIABLE, NodeTableNames, PRIORITY_REGION_VARIABLE, TableAccess,
 };
-use gpushare_utils::limits::PodLimits;
 use gpushare_utils::quote::quoted;
 
 use crate::config::{LimiterConfig, MpsMode};
@@ -188,7 +188,7 @@ fn build() -> Result<State, String> {
     let priority = Priority::new(
         config.class,
         Tuning::from_env()?,
-        activity::pod_key(config.pod.as_str()),
+        node_table::pod_key(config.pod.as_str()),
         tables.clone(),
         names.priority,
     );

@@ -16,7 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{PODS_UID, Pod, as_uid, node_tables, pods_uid_hypervisor};
-use gpushare_utils::activity::{NodeActivity, NodeTable, TableAccess, pod_key};
+use gpushare_utils::activity::NodeActivity;
+use gpushare_utils::node_table::{NodeTable, TableAccess, pod_key};
 use gpushare_utils::priority::NodePriority;
 use system_tests::RunningNode;
 

@@ -16,7 +16,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{Bursts, Periodic, output_lines, serial};
-use gpushare_utils::activity::{TableAccess, pod_key};
+use gpushare_utils::node_table::{TableAccess, pod_key};
 use gpushare_utils::priority::NodePriority;
 
 const MS: u64 = 1_000_000;

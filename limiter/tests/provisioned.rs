@@ -192,8 +192,8 @@ fn the_node_tables_are_the_pod_files_whatever_the_variables_name() {
     let table = std::fs::read(format!("/dev/shm/{}", common::node_tables(&pod).activity))
         .expect("the daemon's activity table");
     // After the 64-byte header, device 0's slots of 16 bytes: pod key, time.
-    let key = gpushare_utils::activity::pod_key(&pod.0);
-    let stamped = (0..gpushare_utils::activity::PODS_PER_DEVICE).any(|slot| {
+    let key = gpushare_utils::node_table::pod_key(&pod.0);
+    let stamped = (0..gpushare_utils::node_table::PODS_PER_DEVICE).any(|slot| {
         let at = 64 + slot * 16;
         table
             .get(at..at + 8)

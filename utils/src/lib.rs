@@ -18,6 +18,7 @@ pub mod fnv;
 pub mod ledger;
 pub mod limits;
 pub mod logging;
+pub mod node_table;
 pub mod pod;
 pub mod pod_file;
 pub mod priority;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::activity::NodeTableNames;
+use crate::node_table::NodeTableNames;
 use crate::small_file::{self, Links, SmallFileError};
 
 /// The file's name, in the folder of the limiter library.

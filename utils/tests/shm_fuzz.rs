@@ -6,11 +6,10 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use gpushare_utils::activity::{
-    ACTIVITY_LAYOUT, FUTURE_SLACK_NS, NodeActivity, NodeTable, TableAccess, TableLayout,
-};
+use gpushare_utils::activity::{ACTIVITY_LAYOUT, NodeActivity};
 use gpushare_utils::ledger::{LAYOUT_VERSION, MAGIC, MAX_DEVICES, PodLedger, REGION_SIZE};
 use gpushare_utils::limits::{LIMITS_MAGIC, LIMITS_SIZE, LIMITS_VERSION, PodLimits};
+use gpushare_utils::node_table::{FUTURE_SLACK_NS, NodeTable, TableAccess, TableLayout};
 use gpushare_utils::priority::{
     LatencyView, MAX_IN_FLIGHT, MAX_PERIOD_NS, NodePriority, PRIORITY_LAYOUT,
 };

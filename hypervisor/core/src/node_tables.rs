@@ -25,7 +25,8 @@
 
 use std::os::unix::fs::MetadataExt;
 
-use gpushare_utils::activity::{ActivityError, NodeActivity, NodeTable, TableAccess};
+use gpushare_utils::activity::NodeActivity;
+use gpushare_utils::node_table::{ActivityError, NodeTable, TableAccess};
 use gpushare_utils::priority::NodePriority;
 use gpushare_utils::shm::{self, Creation};
 
@@ -33,7 +34,7 @@ use crate::config::RegionOptions;
 
 /// Where the tables live (the daemon's: `GPUSHARE_NODE_REGION`,
 /// `GPUSHARE_PRIORITY_REGION` or the defaults).
-pub use gpushare_utils::activity::NodeTableNames;
+pub use gpushare_utils::node_table::NodeTableNames;
 
 /// Which node table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

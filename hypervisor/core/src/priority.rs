@@ -2,7 +2,7 @@
 //! ([`crate::node_tables`]): the time its launches were held (batch) and its
 //! queueing delay (latency).
 
-use gpushare_utils::activity::pod_key;
+use gpushare_utils::node_table::pod_key;
 use gpushare_utils::priority::{NodePriority, PriorityStats};
 use serde::{Deserialize, Serialize};
 

@@ -60,8 +60,6 @@ mod write;
 
 pub use store::{Change, EventType, Key};
 
-pub(crate) use validate::{qualified_part, subdomain};
-
 use resources::Resource;
 use status::{ApiError, json_response};
 use store::Store;

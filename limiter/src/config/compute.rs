@@ -5,7 +5,7 @@ use gpushare_utils::MAX_DEVICES;
 
 use super::limits::Device;
 use super::percent::{ceiling, limited};
-use super::resolve::Val;
+use super::scan::Val;
 use super::vars::{Scope, rank};
 use super::{ComputeLimit, ComputePolicy, ConfigError, DeviceLimits};
 

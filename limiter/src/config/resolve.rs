@@ -11,7 +11,7 @@ use super::limits::Device;
 use super::mps::parse_mps;
 use super::oversubscribe::{push_oversubscribe, push_spill_limit};
 use super::percent::{limited, parse_percent};
-use super::scan::{RawVar, RawVars};
+use super::scan::{RawVar, RawVars, Val};
 use super::tensor_fusion::{json_bytes, json_percent, parse_json_limits};
 use super::vars::{Kind, Scope, rank};
 use super::{ComputeLimit, ComputePolicy, ConfigError, LimiterConfig};
@@ -123,24 +123,6 @@ impl RawVars {
             }
         }
         Ok(config)
-    }
-}
-
-/// A parsed value with the variable it came from, for error messages.
-#[derive(Clone, Copy)]
-pub(super) struct Val<'a, T> {
-    pub(super) name: &'a str,
-    pub(super) raw: &'a str,
-    pub(super) parsed: T,
-}
-
-impl<'a, T> Val<'a, T> {
-    pub(super) fn new(var: &'a RawVar, parsed: T) -> Self {
-        Self {
-            name: &var.name,
-            raw: &var.value,
-            parsed,
-        }
     }
 }
 

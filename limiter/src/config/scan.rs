@@ -1,5 +1,6 @@
 //! The environment scan: collect the variables we know (last value of a name
-//! wins); parsing happens afterwards, in [`resolve`](super::resolve).
+//! wins); parsing happens afterwards, in [`resolve`](super::resolve), each
+//! parsed value kept with its variable as a [`Val`].
 
 use std::ffi::OsStr;
 
@@ -11,6 +12,24 @@ pub(super) struct RawVar {
     pub(super) scope: Scope,
     pub(super) name: String,
     pub(super) value: String,
+}
+
+/// A parsed value with the variable it came from, for error messages.
+#[derive(Clone, Copy)]
+pub(super) struct Val<'a, T> {
+    pub(super) name: &'a str,
+    pub(super) raw: &'a str,
+    pub(super) parsed: T,
+}
+
+impl<'a, T> Val<'a, T> {
+    pub(super) fn new(var: &'a RawVar, parsed: T) -> Self {
+        Self {
+            name: &var.name,
+            raw: &var.value,
+            parsed,
+        }
+    }
 }
 
 #[derive(Default)]

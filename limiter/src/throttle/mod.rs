@@ -50,9 +50,9 @@
 use std::sync::atomic::Ordering;
 
 use gpushare_hook::AfterCall;
-use gpushare_utils::activity::TableAccess;
 use gpushare_utils::bucket::{Admission, CAPACITY_NS, ComputeBucket, monotonic_ns};
 use gpushare_utils::clock::monotonic_coarse_ns;
+use gpushare_utils::node_table::TableAccess;
 
 use crate::config::{ComputeLimit, DeviceLimits};
 use crate::context::Context;

@@ -5,7 +5,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpushare_utils::MAX_DEVICES;
-use gpushare_utils::activity::{self, MARK_INTERVAL_NS, NodeActivity, NodeTable, TableAccess};
+use gpushare_utils::activity::{MARK_INTERVAL_NS, NodeActivity};
+use gpushare_utils::node_table::{self, NodeTable, TableAccess};
 
 use crate::context::Context;
 
@@ -88,6 +89,6 @@ impl Stamps {
     fn pod_key(&self, ctx: &Context) -> u64 {
         *self
             .pod_key
-            .get_or_init(|| activity::pod_key(ctx.pod.as_str()))
+            .get_or_init(|| node_table::pod_key(ctx.pod.as_str()))
     }
 }

@@ -481,7 +481,7 @@ impl Bursts {
 
     /// The priority table the pods shared.
     pub(crate) fn table(&self) -> gpushare_utils::priority::NodePriority {
-        let access = gpushare_utils::activity::TableAccess::managed(None);
+        let access = gpushare_utils::node_table::TableAccess::managed(None);
         gpushare_utils::priority::NodePriority::open_named(&self.priority, &access)
             .expect("priority table")
     }

@@ -45,9 +45,9 @@ use std::time::Duration;
 use crossbeam_queue::ArrayQueue;
 
 use gpushare_utils::MAX_DEVICES;
-use gpushare_utils::activity::TableAccess;
 use gpushare_utils::bucket::monotonic_ns;
 use gpushare_utils::limits::GpuLimits;
+use gpushare_utils::node_table::TableAccess;
 use gpushare_utils::pod::PodClass;
 use gpushare_utils::priority::{NodePriority, PodPriority};
 
@@ -193,7 +193,7 @@ pub(crate) struct Priority {
 }
 
 impl Priority {
-    /// `pod_key`: the pod's key in node tables ([`gpushare_utils::activity::pod_key`]).
+    /// `pod_key`: the pod's key in node tables ([`gpushare_utils::node_table::pod_key`]).
     /// `tables`: how the node's priority table is mapped, `name`: its name.
     pub(crate) fn new(
         classes: DeviceClasses,

@@ -1,0 +1,357 @@
+//! The workspace's shape, checked: modules form a one-way graph in every
+//! crate, no source file is over 600 lines outside tests, the node daemon's
+//! crates stay small, and its core builds without Kubernetes or gRPC.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The most lines one source file may have (tests excepted).
+const FILE_LINES: usize = 600;
+/// The most lines of source one of the node daemon's crates may have.
+const DAEMON_CRATE_LINES: usize = 6_000;
+/// The daemon's crates that must build without Kubernetes or gRPC.
+const NO_KUBERNETES: &[&str] = &[
+    "hypervisor-observer",
+    "hypervisor-corun",
+    "hypervisor-core",
+    "hypervisor-daemon",
+];
+/// Packages that bring Kubernetes or gRPC.
+const KUBERNETES_OR_GRPC: &[&str] = &["kube", "k8s-openapi", "tonic", "prost"];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_owned()
+}
+
+/// Each member's folder, from the workspace's `Cargo.toml`.
+fn members() -> Vec<PathBuf> {
+    let text = std::fs::read_to_string(root().join("Cargo.toml")).unwrap();
+    let start = text.find("members = [").expect("a members list") + "members = [".len();
+    let end = start + text[start..].find(']').unwrap();
+    text[start..end]
+        .split(',')
+        .map(|m| m.trim().trim_matches('"'))
+        .filter(|m| !m.is_empty())
+        .map(|m| root().join(m))
+        .collect()
+}
+
+/// Every `.rs` file under `dir`, not following into other packages.
+fn sources(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return found;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            if !path.join("Cargo.toml").exists() {
+                found.extend(sources(&path));
+            }
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
+        }
+    }
+    found.sort();
+    found
+}
+
+/// The module path of `file` under a crate's `src`.
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut parts: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(
+        parts.last().map(String::as_str),
+        Some("mod" | "lib" | "main")
+    ) {
+        parts.pop();
+    }
+    parts
+}
+
+/// The code of `text` before its unit tests, without comments.
+fn code(text: &str) -> String {
+    let text = text.split("#[cfg(test)]").next().unwrap_or("");
+    text.lines()
+        .filter(|line| !line.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The paths `code` names from `crate::`, `super::` or `self::`, made
+/// absolute from `module` (a `{…}` group gives one path per member).
+fn referenced(code: &str, module: &[String]) -> Vec<Vec<String>> {
+    let mut paths = Vec::new();
+    let bytes = code.as_bytes();
+    for anchor in ["crate::", "super::", "self::"] {
+        let mut from = 0;
+        while let Some(at) = code[from..].find(anchor) {
+            let start = from + at;
+            from = start + anchor.len();
+            let before = start.checked_sub(1).map(|i| bytes[i]);
+            if before.is_some_and(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':') {
+                continue;
+            }
+            // The module a `super::` or `self::` path starts from.
+            let mut base: Vec<String> = match anchor {
+                "crate::" => Vec::new(),
+                _ => module.to_vec(),
+            };
+            let mut rest = &code[start..];
+            loop {
+                if let Some(r) = rest.strip_prefix("super::") {
+                    // In `a/b.rs` (module a::b), `super` is `a`.
+                    base.pop();
+                    rest = r;
+                } else if let Some(r) = rest.strip_prefix("self::") {
+                    rest = r;
+                } else if let Some(r) = rest.strip_prefix("crate::") {
+                    rest = r;
+                } else {
+                    break;
+                }
+            }
+            if let Some(group) = rest.strip_prefix('{') {
+                let end = group.find('}').unwrap_or(group.len());
+                for item in group[..end].split(',') {
+                    let item = item.trim();
+                    if !item.is_empty() {
+                        paths.push(join(&base, item));
+                    }
+                }
+            } else {
+                let end = rest
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+                    .unwrap_or(rest.len());
+                paths.push(join(&base, &rest[..end]));
+            }
+        }
+    }
+    paths
+}
+
+fn join(base: &[String], path: &str) -> Vec<String> {
+    let mut full = base.to_vec();
+    full.extend(
+        path.split("::")
+            .map(str::trim)
+            .filter(|p| !p.is_empty() && *p != "self")
+            .map(str::to_owned),
+    );
+    full
+}
+
+/// For each parent module, the edges between its children: `a -> b` where
+/// code in `a` (or below) names something in sibling `b` (or below).
+fn sibling_edges(src: &Path) -> BTreeMap<Vec<String>, BTreeSet<(String, String)>> {
+    let files = sources(src);
+    let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_of(src, f)).collect();
+    let mut edges: BTreeMap<Vec<String>, BTreeSet<(String, String)>> = BTreeMap::new();
+    for file in &files {
+        let module = module_of(src, file);
+        let text = std::fs::read_to_string(file).unwrap();
+        for path in referenced(&code(&text), &module) {
+            let Some(target) = (1..=path.len())
+                .rev()
+                .map(|n| path[..n].to_vec())
+                .find(|p| modules.contains(p))
+            else {
+                continue;
+            };
+            let common = module
+                .iter()
+                .zip(&target)
+                .take_while(|(a, b)| a == b)
+                .count();
+            if common < module.len() && common < target.len() {
+                edges
+                    .entry(module[..common].to_vec())
+                    .or_default()
+                    .insert((module[common].clone(), target[common].clone()));
+            }
+        }
+    }
+    edges
+}
+
+/// A cycle among `edges`, if there is one.
+fn cycle(edges: &BTreeSet<(String, String)>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        edges: &BTreeSet<(String, String)>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|n| n == node) {
+            let mut found = path[at..].to_vec();
+            found.push(node.to_owned());
+            return Some(found);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for (_, next) in edges.iter().filter(|(from, _)| from == node) {
+            if let Some(found) = visit(next, edges, path, done) {
+                return Some(found);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    edges
+        .iter()
+        .find_map(|(from, _)| visit(from, edges, &mut Vec::new(), &mut done))
+}
+
+fn is_test_file(path: &Path) -> bool {
+    path.file_name().is_some_and(|n| n == "tests.rs")
+        || path
+            .components()
+            .any(|c| c.as_os_str() == "tests" || c.as_os_str() == "benches")
+}
+
+#[test]
+fn no_two_modules_import_each_other_directly_or_in_a_circle() {
+    let mut cycles = Vec::new();
+    for member in members() {
+        let src = member.join("src");
+        for (parent, edges) in sibling_edges(&src) {
+            if let Some(found) = cycle(&edges) {
+                cycles.push(format!(
+                    "{} in {}: {}",
+                    member.strip_prefix(root()).unwrap().display(),
+                    if parent.is_empty() {
+                        "the crate root".to_owned()
+                    } else {
+                        parent.join("::")
+                    },
+                    found.join(" -> ")
+                ));
+            }
+        }
+    }
+    assert!(cycles.is_empty(), "module cycles:\n{}", cycles.join("\n"));
+}
+
+#[test]
+fn the_checker_finds_a_cycle_and_a_one_way_graph_has_none() {
+    let edge = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    let circle: BTreeSet<_> = [edge("a", "b"), edge("b", "c"), edge("c", "a")].into();
+    assert_eq!(cycle(&circle).map(|c| c.len()), Some(4));
+    let one_way: BTreeSet<_> = [edge("a", "b"), edge("b", "c"), edge("a", "c")].into();
+    assert_eq!(cycle(&one_way), None);
+    let module = vec!["agent".to_owned(), "state".to_owned()];
+    let found = referenced(
+        "use super::{consumers, claims::x};\nuse crate::dra::plugin;",
+        &module,
+    );
+    assert!(found.contains(&vec!["agent".to_owned(), "consumers".to_owned()]));
+    assert!(found.contains(&vec!["dra".to_owned(), "plugin".to_owned()]));
+}
+
+#[test]
+fn no_source_file_is_over_600_lines_outside_tests() {
+    let mut long = Vec::new();
+    for member in members() {
+        for file in sources(&member) {
+            if is_test_file(&file) {
+                continue;
+            }
+            let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+            if lines > FILE_LINES {
+                long.push(format!(
+                    "{}: {lines}",
+                    file.strip_prefix(root()).unwrap().display()
+                ));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "over {FILE_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_node_daemons_crates_are_small() {
+    let mut big = Vec::new();
+    for member in members()
+        .into_iter()
+        .filter(|m| m.starts_with(root().join("hypervisor")))
+    {
+        let lines: usize = sources(&member.join("src"))
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap().lines().count())
+            .sum();
+        if lines > DAEMON_CRATE_LINES {
+            big.push(format!("{}: {lines}", member.display()));
+        }
+    }
+    assert!(
+        big.is_empty(),
+        "over {DAEMON_CRATE_LINES} lines:\n{}",
+        big.join("\n")
+    );
+}
+
+/// Each package's dependencies, by name, from `Cargo.lock`.
+fn lock() -> BTreeMap<String, Vec<String>> {
+    let text = std::fs::read_to_string(root().join("Cargo.lock")).unwrap();
+    let mut packages = BTreeMap::new();
+    for block in text.split("[[package]]").skip(1) {
+        let name = block
+            .lines()
+            .find_map(|l| l.strip_prefix("name = "))
+            .map(|n| n.trim_matches('"').to_owned())
+            .unwrap();
+        let deps = block
+            .split("dependencies = [")
+            .nth(1)
+            .map(|d| {
+                d[..d.find(']').unwrap_or(d.len())]
+                    .lines()
+                    .map(|l| l.trim().trim_end_matches(',').trim_matches('"'))
+                    .filter(|l| !l.is_empty())
+                    // "name version": the name.
+                    .map(|l| l.split(' ').next().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        packages.insert(name, deps);
+    }
+    packages
+}
+
+#[test]
+fn the_daemons_core_builds_without_kubernetes_or_grpc() {
+    let packages = lock();
+    for crate_name in NO_KUBERNETES {
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![(*crate_name).to_owned()];
+        while let Some(name) = todo.pop() {
+            if seen.insert(name.clone()) {
+                todo.extend(packages.get(&name).cloned().unwrap_or_default());
+            }
+        }
+        assert!(seen.len() > 5, "{crate_name} not found in Cargo.lock");
+        let found: Vec<_> = seen
+            .iter()
+            .filter(|name| {
+                KUBERNETES_OR_GRPC
+                    .iter()
+                    .any(|k| *name == k || name.starts_with(&format!("{k}-")))
+            })
+            .collect();
+        assert!(found.is_empty(), "{crate_name} depends on {found:?}");
+    }
+}
