@@ -45,7 +45,7 @@ pub fn python() -> PathBuf {
     if let Some(path) = std::env::var_os("KUBE_FAKES_PYTHON") {
         return PathBuf::from(path);
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/kube-clients/bin/python3");
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/kube-clients/bin/python3");
     if venv.exists() {
         return venv;
     }
