@@ -2,8 +2,9 @@
 # Builds the release artifacts and copies just those into gpu-bundle/ (git-
 # ignored), small enough to carry to the GPU machine, which has no Rust; there:
 #   bash scripts/gpu/run.sh gpu-bundle   (the pytest harness of scripts/gpu/e2e)
+#   python3 -m scripts.bench SUBCOMMAND ...   (the benchmarks; SUBCOMMAND --help)
 # With AB=1 it also builds the limiter with the `launch-ab` feature, as
-# gpu-bundle/libcuda_limiter_ab.so, for scripts/bench/launch_ab.sh only.
+# gpu-bundle/libcuda_limiter_ab.so, for `python3 -m scripts.bench launch-ab` only.
 # The limiter is the shipped build: linked against glibc 2.17 with
 # cargo-zigbuild (scripts/build-limiter.sh), checked by scripts/check-glibc.py.
 set -euo pipefail

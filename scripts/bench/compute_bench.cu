@@ -1,5 +1,5 @@
 // Compute-limiter benchmarks: the CUDA side. One mode per run; each prints
-// one line of key=value pairs. Built by scripts/bench/run.sh with nvcc
+// one line of key=value pairs. Built with nvcc by `python3 -m scripts.bench`
 // (static cudart, so launches reach the driver's cuLaunchKernel*).
 //
 //   shapes N SECONDS HOST_US ITERS [BUSY]
@@ -45,8 +45,8 @@
 //                                   p99_/p999_/mean_full/bypass (the launch
 //                                   call's 99th and 99.9th percentiles and
 //                                   mean), iter_full/iter_bypass (means), ns
-// pace's windows and mimic are run by scripts/bench/launch_cost.sh, pace-ab
-// by scripts/bench/launch_ab.sh.
+// pace's windows and mimic are run by its launch-cost subcommand, pace-ab
+// by launch-ab (scripts/bench/launch.py).
 #include <algorithm>
 #include <atomic>
 #include <chrono>

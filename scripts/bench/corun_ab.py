@@ -1,20 +1,19 @@
-#!/usr/bin/env python3
 """What a batch neighbour costs a co-run latency pod, measured inside one
 latency process: the batch pod works and idles in turns, and the latency
 pod's steps while it works are compared with its steps while it idles.
 Results: a Markdown table on stdout and in OUT/corun-ab.md, raw numbers in
 OUT/corun-ab.json.
 
-Usage: corun_ab.py --bundle DIR [--out DIR] [--reserve R] [--seconds S]
-                   [--phase-ms P] [--settle-ms W] [--sizes N N] [--period-us P]
-                   [--arms A,B] [--l2-percent L] [--mps-control PATH]
+  python3 -m scripts.bench corun-ab --bundle DIR [--out DIR] [--reserve R] [--seconds S]
+          [--phase-ms P] [--settle-ms W] [--sizes N N] [--period-us P]
+          [--arms A,B] [--l2-percent L] [--mps-control PATH]
 
 Why: the latency step (four eager PyTorch matmuls) is host-bound, and on
 these machines its p50 moves by up to 2x from one process to the next and
-within one (corun_frontier.py). A ratio between two processes cannot be
+within one (corun-frontier). A ratio between two processes cannot be
 read to the 20% of the co-run bar; alternated phases of one process can.
 
-Runs, each for S seconds (20) with the daemon of corun_bench.py (both pods
+Runs, each for S seconds (20) with the co-run bench's daemon (both pods
 configured, R% of the SMs kept, 20): the batch pod alone (no MPS, no
 limiter), in the same turns, per batch size (its throughput while it works);
 the latency pod alone (no MPS, no limiter), a whole run; then per batch size
@@ -42,19 +41,14 @@ would give (per cycle, the idle turn's step with its GPU time stretched by
 the idle clock over the working clock): what of the cost is the GPU's, and
 how much of that the board's clock explains.
 """
-import argparse
-import random
-import statistics
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import corun_bench as cb  # noqa: E402
-import priority_bench as pb  # noqa: E402
+from scripts.gpu.e2e.harness.parse import median as med
+from scripts.gpu.e2e.harness.parse import median_interval
+from scripts.gpu.e2e.harness.parse import percentile as pct
 
-med = statistics.median
+from . import corun as cb
+from . import priority as pb
 
 
 # The latency pod's arms: (its worker's class, the L2 set-aside its MPS
@@ -105,15 +99,7 @@ def turn_clocks(run, seconds, phase, settle):
     return tuple(med(s) if s else float("nan") for s in split)
 
 
-def interval(ratios, draws=10000, seed=1):
-    """The bootstrap 95% interval of the median of `ratios`."""
-    rng = random.Random(seed)
-    meds = sorted(med(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
-    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
-
-
-def main():
-    p = argparse.ArgumentParser()
+def add_arguments(p):
     cb.common_args(p, "corun-ab", 20.0)
     p.add_argument("--reserve", type=int, default=20)
     p.add_argument("--phase-ms", type=float, default=1000)
@@ -122,7 +108,9 @@ def main():
                    help="the latency pod's arms, of client, whole, window, l2 (see arms())")
     p.add_argument("--l2-percent", type=int, default=60,
                    help="the l2 arm's set-aside: CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT")
-    args = p.parse_args()
+
+
+def main(p, args):
     args.arms = args.arms.split(",")
     known = arms(args)
     if not args.arms or any(a not in known for a in args.arms):
@@ -154,7 +142,7 @@ def main():
 def report(args, runs, took):
     phase, settle = args.phase_ms / 1e3, args.settle_ms / 1e3
     alone = runs.get("latency alone", {}).get("latency")
-    a50 = pb.pct(alone["steps_us"], .5) if alone else float("nan")
+    a50 = pct(alone["steps_us"], .5) if alone else float("nan")
     known = arms(args)
     rows, raw = [], []
     for size in args.sizes:
@@ -169,10 +157,10 @@ def report(args, runs, took):
             if not cycles:
                 rows.append((f"{size}^2", label, "no cycles") + ("",) * 8)
                 continue
-            ratios = [pb.pct(w, .5) / pb.pct(i, .5) for w, i in cycles]
-            lo, hi = interval(ratios)
+            ratios = [pct(w, .5) / pct(i, .5) for w, i in cycles]
+            lo, hi = median_interval(ratios)
             gpu_cycles = turns(run, args.seconds, phase, settle, "gpu_us")
-            gpu = [pb.pct(w, .5) / pb.pct(i, .5) for w, i in gpu_cycles]
+            gpu = [pct(w, .5) / pct(i, .5) for w, i in gpu_cycles]
             working = [s for w, _ in cycles for s in w]
             idle = [s for _, i in cycles for s in i]
             ratio = run["batch"]["per_s"] / solo["per_s"]
@@ -180,22 +168,22 @@ def report(args, runs, took):
             # The clock alone: the idle turn's step with its GPU time
             # stretched by the idle turn's clock over the working turn's.
             stretch = idle_mhz / busy_mhz - 1
-            model = [1 + pb.pct(gi, .5) * stretch / pb.pct(i, .5) for (_, i), (_, gi) in zip(cycles, gpu_cycles)]
+            model = [1 + pct(gi, .5) * stretch / pct(i, .5) for (_, i), (_, gi) in zip(cycles, gpu_cycles)]
             rows.append((f"{size}^2 ({solo['kernel_ms']:.2f} ms)", label, str(len(cycles)),
-                         f"{pb.pct(idle, .1):.0f} / {pb.pct(idle, .5):.0f} / {pb.pct(idle, .99):.0f}",
-                         f"{pb.pct(working, .1):.0f} / {pb.pct(working, .5):.0f} / {pb.pct(working, .99):.0f}",
+                         f"{pct(idle, .1):.0f} / {pct(idle, .5):.0f} / {pct(idle, .99):.0f}",
+                         f"{pct(working, .1):.0f} / {pct(working, .5):.0f} / {pct(working, .99):.0f}",
                          f"{med(ratios):.3f} [{lo:.3f}, {hi:.3f}]", f"{med(gpu):.3f}",
                          f"{busy_mhz:.0f} / {idle_mhz:.0f}", f"{med(model):.3f}",
-                         f"{pb.pct(idle, .5) / a50:.2f}x", f"{ratio:.3f}"))
+                         f"{pct(idle, .5) / a50:.2f}x", f"{ratio:.3f}"))
             l2 = run["latency"].get("l2")
             raw.append(f"{size}^2, {label}: p50 working/idle us by cycle "
-                       f"{[f'{pb.pct(w, .5):.0f}/{pb.pct(i, .5):.0f}' for w, i in cycles]};"
+                       f"{[f'{pct(w, .5):.0f}/{pct(i, .5):.0f}' for w, i in cycles]};"
                        f" batch {run['batch']['per_s']:.1f}/s against {solo['per_s']:.1f}/s alone in the same turns;"
                        f" {pb.clocks(run)}" + (f"; L2 window {l2}" if l2 else ""))
     if alone:
         raw.append(f"latency alone (no MPS, no limiter, another process): p10/p50/p99"
-                   f" {pb.pct(alone['steps_us'], .1):.0f}/{a50:.0f}/{pb.pct(alone['steps_us'], .99):.0f} us,"
-                   f" GPU time p50 {pb.pct(alone['gpu_us'], .5):.0f} us, {pb.clocks(runs['latency alone'])}")
+                   f" {pct(alone['steps_us'], .1):.0f}/{a50:.0f}/{pct(alone['steps_us'], .99):.0f} us,"
+                   f" GPU time p50 {pct(alone['gpu_us'], .5):.0f} us, {pb.clocks(runs['latency alone'])}")
     head = ("| batch | latency pod | cycles | idle turns p10 / p50 / p99 us | working turns p10 / p50 / p99 us |"
             " p50 working / idle, median [95%] | GPU time p50 working / idle, median | SM MHz working / idle |"
             " the clock alone would give | idle p50 / alone p50 (two processes) | batch / solo |"
@@ -206,6 +194,3 @@ def report(args, runs, took):
             f" ({took:.0f} s in all)\n\n{table}\n" + "".join(f"- {v}\n" for v in raw))
     cb.publish(args, "corun-ab", text, {"runs": runs})
 
-
-if __name__ == "__main__":
-    main()

@@ -1,20 +1,19 @@
-#!/usr/bin/env python3
 """Co-run mode's trade-off on a real GPU: for each share of the SMs kept for
 latency pods (the daemon's `--corun-latency-reserve`), the latency pod's step
 beside a batch pod's kernels and the batch pod's throughput, in one run.
 Results: a Markdown table on stdout and in OUT/corun-frontier.md, raw numbers
 in OUT/corun-frontier.json.
 
-Usage: corun_frontier.py --bundle DIR [--out DIR] [--reserves R ...] [--seconds S]
-                         [--rounds N] [--sizes N N] [--period-us P] [--mps-control PATH]
-                         [--pin-cpu CPU] [--whole-gpu]
+  python3 -m scripts.bench corun-frontier --bundle DIR [--out DIR] [--reserves R ...] [--seconds S]
+          [--rounds N] [--sizes N N] [--period-us P] [--mps-control PATH]
+          [--pin-cpu CPU] [--whole-gpu]
 
-The workers, pods and daemon are corun_bench.py's. First each batch size
-alone (no MPS, no limiter: the solo throughput). Then per reserve, the daemon
-(`hypervisor serve --corun-gpu 0 --corun-latency-reserve R`) runs the MPS
-control daemon with both pods configured, and in ROUNDS rounds (2) runs,
-alternated: the latency pod alone (no MPS, no limiter: the baseline), the
-latency pod alone as its MPS client under the limiter (what the mode costs
+The workers, pods and daemon are the co-run bench's (corun.py). First each
+batch size alone (no MPS, no limiter: the solo throughput). Then per reserve,
+the daemon (`hypervisor serve --corun-gpu 0 --corun-latency-reserve R`) runs
+the MPS control daemon with both pods configured, and in ROUNDS rounds (2)
+runs, alternated: the latency pod alone (no MPS, no limiter: the baseline),
+the latency pod alone as its MPS client under the limiter (what the mode costs
 a step with no neighbour; first round only), and the latency pod beside the
 batch pod for each batch size. Each run reports the SM clock and the board's
 power (nvidia-smi) and the step's GPU time.
@@ -29,25 +28,20 @@ batch pod as before): what keeping it to the reserve spares it.
 What it shows: MPS keeps the reserved SMs free for the latency pod, but a
 card at its power limit runs every SM at a lower clock; a larger reserve
 lowers the batch pod's power, and its throughput, together. Where the bars
-of corun_bench.py (latency p50 <= 1.2x and p99 <= 1.5x alone, batch >= 0.85
+of the co-run bench (latency p50 <= 1.2x and p99 <= 1.5x alone, batch >= 0.85
 of solo) can both hold, and with what margin, is read off this table.
 """
-import argparse
-import statistics
-import sys
 import time
-from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import corun_bench as cb  # noqa: E402  (the daemon, the pods and the runner)
-import priority_bench as pb  # noqa: E402
+from scripts.gpu.e2e.harness.parse import median as med
+from scripts.gpu.e2e.harness.parse import percentile as pct
 
-med = statistics.median
+from . import corun as cb  # the daemon, the pods and the runner
+from . import priority as pb
 
 
 class FrontierBench(cb.CorunBench):
-    """corun_bench's runner with one more worker kind, `unpinned` (no MPS,
+    """The co-run bench's runner with one more worker kind, `unpinned` (no MPS,
     no limiter, never pinned); with a CPU to pin, every other latency
     worker runs on it."""
 
@@ -60,15 +54,16 @@ class FrontierBench(cb.CorunBench):
         return env, pod
 
 
-def main():
-    p = argparse.ArgumentParser()
+def add_arguments(p):
     cb.common_args(p, "corun-frontier", 4.0)
     p.add_argument("--reserves", type=int, nargs="+", default=[10, 20, 25, 30, 40])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--pin-cpu", type=int, help="the CPU every latency worker runs on")
     p.add_argument("--whole-gpu", action="store_true",
                    help="also run the latency client on every SM")
-    args = p.parse_args()
+
+
+def main(p, args):
     args.reserve = args.reserves[0]
     bundle, control = cb.prepare(args)
     bench = FrontierBench(args)
@@ -108,7 +103,7 @@ def latency_of(run):
     if not lat:
         return None
     steps = lat["steps_us"]
-    return pb.pct(steps, .5), pb.pct(steps, .99), pb.pct(lat["gpu_us"], .5), pb.pct(steps, .1)
+    return pct(steps, .5), pct(steps, .99), pct(lat["gpu_us"], .5), pct(steps, .1)
 
 
 def by_round(values):
@@ -180,6 +175,3 @@ def report(args, runs, took):
             + "".join(f"- {v}\n" for v in raw))
     cb.publish(args, "corun-frontier", text, {"runs": runs})
 
-
-if __name__ == "__main__":
-    main()

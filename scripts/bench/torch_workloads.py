@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Compute-limiter benchmarks: the PyTorch and Triton side.
+"""Compute-limiter benchmarks: the PyTorch and Triton side, a program of its
+own (only PyTorch and Triton besides the standard library), run by the
+compute and launch-ab benches; by hand:
 
-Usage: torch_workloads.py MODE SECONDS
+  python3 -m scripts.bench torch MODE SECONDS   (or python3 scripts/bench/torch_workloads.py MODE SECONDS)
   decode   a small transformer (random weights, no download), batch 1, a KV
            cache that grows by one position every step, 256 steps per
            generation, generations repeated for SECONDS after 3 s of

@@ -1,6 +1,7 @@
-"""The node daemon for checks 16-19: config, start on a port the harness picks,
-status, admin calls, stop and kill, and the timeline of a check (t = seconds
-after the go file released the spin processes)."""
+"""The node daemon for checks 16-19 and the co-run benchmarks: config, start
+on a port the harness picks, status, admin calls, reload, stop and kill, and
+the timeline of a check (t = seconds after the go file released the spin
+processes)."""
 
 from __future__ import annotations
 
@@ -44,10 +45,19 @@ class HvError(RuntimeError):
 
 
 class Daemon:
-    """One hypervisor process (restart() starts another on the same port)."""
+    """One hypervisor process (restart() starts another on the same port).
 
-    def __init__(self, s: Settings, tag: str, config: Path, say):
-        self.s, self.tag, self.config, self.say = s, tag, config, say
+    serve_args: more arguments of `serve` (co-run: --corun-gpu ...); env: more
+    variables for it; ready: a path that must answer 200 within ready_s once
+    the status answers (co-run: /readyz, the MPS daemon up); stop_s: how long
+    stop() waits after SIGTERM. say: progress lines (default: the log)."""
+
+    def __init__(self, s: Settings, tag: str, config: Path, say=None, *, serve_args=(), env=None,
+                 ready: str | None = None, ready_s: float = 60.0, stop_s: float = 3.0):
+        self.s, self.tag, self.config = s, tag, config
+        self.say = say or (lambda text: self.note(text.strip()))
+        self.serve_args, self.extra_env = list(serve_args), dict(env or {})
+        self.ready, self.ready_s, self.stop_s = ready, ready_s, stop_s
         self.p: subprocess.Popen | None = None
         self.port: int | None = None
         self.log = s.log_dir / f"{tag}-hypervisor.log"
@@ -81,12 +91,14 @@ class Daemon:
     def _env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         env["HYPERVISOR_LOG"] = self.s.hv_log
+        env.update(self.extra_env)
         return env
 
     def _serve(self) -> str:
         args = [self.s.hypervisor, "serve", "--config", str(self.config), "--listen", f"127.0.0.1:{self.port}"]
         if self.s.hv_simulate:
             args += ["--simulate-gpus", self.s.hv_simulate]
+        args += self.serve_args
         with open(self.log, "a") as f:
             f.write(f"# serve start {stamp()} on port {self.port}\n")
             f.flush()
@@ -101,9 +113,23 @@ class Daemon:
             if r.get("ok") == "1":
                 self.say(f"   hypervisor pid {self.p.pid} on {self.url} (status answered after "
                          f"{(time.time() - t0) * 1000:.0f} ms)")
+                if self.ready and not self._wait_ready():
+                    self.stop()
+                    # Not a port taken by another process: no retry.
+                    raise HvError(f"hypervisor {self.ready} not ready after {self.ready_s:g} s on {self.url}")
                 return ""
         self.stop()
         return f"hypervisor status does not answer on {self.url}"
+
+    def _wait_ready(self) -> bool:
+        end = time.time() + self.ready_s
+        while time.time() < end:
+            if self.p.poll() is not None:
+                return False
+            if hvctl.request(self.url + self.ready, timeout=2.0)[0] == 200:
+                return True
+            time.sleep(0.2)
+        return False
 
     def kill9(self) -> None:
         if self.p and self.p.poll() is None:
@@ -111,18 +137,18 @@ class Daemon:
             self.p.wait()
 
     def stop(self) -> None:
-        """SIGTERM, SIGKILL after 3 s, reaped."""
+        """SIGTERM, SIGKILL after stop_s (3 s), reaped."""
         if not self.p:
             return
         note = ""
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
             try:
-                self.p.wait(timeout=3)
+                self.p.wait(timeout=self.stop_s)
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait()
-                note = " after SIGKILL (3 s)"
+                note = f" after SIGKILL ({self.stop_s:g} s)"
         with open(self.log, "a") as f:
             f.write(f"# stopped {stamp()} (exit {self.p.returncode}){note}\n")
         self.p = None
@@ -131,7 +157,19 @@ class Daemon:
         with open(self.log, "a") as f:
             f.write(f"# {text}\n")
 
+    def reload(self) -> None:
+        """SIGHUP: the daemon reads its config file again."""
+        if self.p and self.p.poll() is None:
+            self.p.send_signal(signal.SIGHUP)
+
     # the API
+    def status_json(self) -> dict:
+        """GET /api/v1/status, parsed; HvError when it does not answer."""
+        st, code, body = hvctl.get_status(self.url, timeout=5.0)
+        if st is None:
+            raise HvError(f"hypervisor status on {self.url}: {code} {hvctl.one_line(body, 200)}")
+        return st
+
     def status(self, tag: str) -> dict:
         """A status snapshot, also saved as TAG-status.log (key=value) and .json."""
         r = hvctl.cmd_status(self.url, str(self.s.log_dir / f"{tag}-status.json"))

@@ -1,9 +1,13 @@
-"""Reading the programs' key=value output, and the statistics of the checks."""
+"""Reading the programs' key=value output, and the statistics of the checks
+and of the benchmarks (scripts/bench)."""
 
 from __future__ import annotations
 
+import math
+import random
 import re
-from collections.abc import Iterable
+import statistics
+from collections.abc import Iterable, Sequence
 
 from .checks import num
 
@@ -15,6 +19,11 @@ def kv(text: str, key: str) -> str | None:
         if line.startswith(prefix):
             return "".join(line[len(prefix):].split())
     return None
+
+
+def fields(line: str) -> dict:
+    """Every "key=value" word of one line, by key (a later key wins)."""
+    return dict(word.split("=", 1) for word in line.split() if "=" in word)
 
 
 def api_field(text: str, api: str, key: str) -> str | None:
@@ -64,6 +73,36 @@ def median(values: Iterable) -> float | None:
         return None
     n = len(xs)
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def percentile(values: Iterable[float], q: float) -> float:
+    """The q-quantile (0..1) of values, linear between the two nearest; nan when none."""
+    xs = sorted(values)
+    if not xs:
+        return math.nan
+    k = (len(xs) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def mean_halfwidth(values: Sequence[float]) -> float:
+    """Half the width of the 95% interval of the mean (normal); nan below 2 values."""
+    return 1.96 * statistics.stdev(values) / len(values) ** 0.5 if len(values) > 1 else math.nan
+
+
+def difference_interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """The 95% interval of mean(b) - mean(a), two independent samples (Welch,
+    normal approximation: the samples are many)."""
+    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
+    d = statistics.mean(b) - statistics.mean(a)
+    return d - 1.96 * se, d + 1.96 * se
+
+
+def median_interval(values: Sequence[float], draws: int = 10000, seed: int = 1) -> tuple[float, float]:
+    """The bootstrap 95% interval of the median of values."""
+    rng = random.Random(seed)
+    meds = sorted(median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return meds[int(0.025 * draws)], meds[int(0.975 * draws) - 1]
 
 
 def series_summary(series: str | None, lo: float, hi: float):

@@ -185,16 +185,20 @@ class Log(Output):
 
 
 class Proc(Output):
-    """One program run, in the foreground (run()) or the background (start())."""
+    """One program run, in the foreground (run()) or the background (start()).
+    env: its whole environment instead of the mode's (mode is then only a
+    label in the log); stdin: a pipe that tell() writes to."""
 
     live: set[Proc] = set()
 
     def __init__(self, s: Settings, mode: str, pod: str, log: Path, timeout: float, cmd: Sequence[str],
-                 limiter_log: str | None = None, cwd: str | None = None, header: str = ""):
+                 limiter_log: str | None = None, cwd: str | None = None, header: str = "",
+                 env: dict | None = None, stdin: bool = False):
         self.mode, self.pod, self.log, self.timeout, self.cmd = mode, pod, Path(log), timeout, list(cmd)
-        self.env = env_for(s, mode, pod, limiter_log)
+        self.env = dict(env) if env is not None else env_for(s, mode, pod, limiter_log)
         self.cwd = cwd
         self.header = header
+        self.stdin = stdin
         self.p: subprocess.Popen | None = None
         self.rc: int | None = None
         self.note = ""
@@ -210,7 +214,9 @@ class Proc(Output):
         out = open(self.log, "a")
         try:
             self.p = subprocess.Popen(self.cmd, stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                                      cwd=self.cwd, start_new_session=True, stdin=subprocess.DEVNULL)
+                                      cwd=self.cwd, start_new_session=True,
+                                      stdin=subprocess.PIPE if self.stdin else subprocess.DEVNULL,
+                                      text=True)
         except OSError as e:
             out.write(f"cannot start: {e}\n")
             out.close()
@@ -226,6 +232,15 @@ class Proc(Output):
 
     def alive(self) -> bool:
         return self.p is not None and self.rc is None and self.p.poll() is None
+
+    def tell(self, text: str) -> bool:
+        """Writes text to its stdin (a Proc made with stdin=True); False when it is gone."""
+        try:
+            self.p.stdin.write(text)
+            self.p.stdin.flush()
+            return True
+        except (AttributeError, OSError):
+            return False
 
     def wait(self) -> int:
         """Until it exits or its time is up (then SIGTERM, SIGKILL 5 s later)."""
@@ -281,6 +296,11 @@ class Proc(Output):
             self.note = f" (killed by signal {rc - 128})"
         self.rc = rc
         Proc.live.discard(self)
+        if self.p is not None and self.p.stdin:
+            try:
+                self.p.stdin.close()
+            except OSError:
+                pass
         with open(self.log, "a") as f:
             f.write(f"# exit={rc} end {stamp()}{self.note}\n")
         return rc

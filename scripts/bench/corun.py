@@ -1,15 +1,14 @@
-#!/usr/bin/env python3
 """Co-run mode on a real GPU: a latency pod's inference step next to a batch
 pod's long kernels, time-sliced and side by side as MPS clients, in one run.
 Results: a Markdown table on stdout and in OUT/corun-bench.md, raw numbers in
 OUT/corun-bench.json.
 
-Usage: corun_bench.py --bundle DIR [--out DIR] [--seconds S] [--period-us P]
-                      [--sizes N N] [--reserve PCT] [--mps-control PATH] [--rounds N]
+  python3 -m scripts.bench corun --bundle DIR [--out DIR] [--seconds S] [--period-us P]
+          [--sizes N N] [--reserve PCT] [--mps-control PATH] [--rounds N]
 
-The workers are priority_bench.py's (the latency step: 64x2048 bf16 through
-four 2048^2 matmuls every P us; the batch pod: back-to-back NxN bf16 matmuls,
-N=4096 ~0.2 ms, N=8192 ~1.7 ms on an H100). Runs, per batch size:
+The workers are the priority bench's (workers.py: the latency step, 64x2048
+bf16 through four 2048^2 matmuls every P us; the batch pod, back-to-back NxN
+bf16 matmuls, N=4096 ~0.2 ms, N=8192 ~1.7 ms on an H100). Runs, per batch size:
   batch alone (no MPS, no limiter: the baseline);
   latency + unlimited batch (no MPS, no limiter);
   latency + batch under the limiter's classes (time slicing, no MPS);
@@ -44,33 +43,34 @@ Targets (co-run, both configured first): latency p50 <= 1.2x and p99 <= 1.5x
 alone, batch >= 0.85 of its solo throughput; a lone co-run batch pod >= 0.97
 of solo.
 """
-import argparse
 import contextlib
 import json
 import os
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import priority_bench as pb  # noqa: E402  (the workers and the runner)
+from scripts.gpu.e2e.harness import hv
+from scripts.gpu.e2e.harness.parse import median as med
+from scripts.gpu.e2e.harness.parse import percentile as pct
+from scripts.gpu.e2e.harness.proc import SMI_APPS
+
+from . import common
+from . import priority as pb
 
 QUOTA = 4 << 30
 # The co-run pods the daemon manages: (pod id, token, class).
 PODS = {"batch": ("corun-batch", "corun-batch-token", "batch"),
         "latency": ("corun-latency", "corun-latency-token", "latency")}
 DAEMON_PODS = {pod for pod, _, _ in PODS.values()}
+SIMULATE = ""  # the daemon's --simulate-gpus (the self tests' dry runs); "": the GPU
 
 
 class CorunBench(pb.Bench):
-    """priority_bench's runner; a class of `corun-latency` or `corun-batch`
+    """The priority bench's runner; a class of `corun-latency` or `corun-batch`
     makes the worker an MPS client of the supervised daemon, as the daemon's
     pod of that class; `corun-latency-at-N`, the latency pod's MPS client on
     N percent of the SMs, without the limiter."""
@@ -85,8 +85,7 @@ class CorunBench(pb.Bench):
     def env(self, cls, region, extra):
         if not (cls or "").startswith("corun-"):
             return super().env(cls, region, extra)
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("CUDA_LIMITER_", "CUDA_MPS_")) and k not in ("LD_PRELOAD",)}
+        env = common.clean_env("CUDA_MPS_")
         latency = cls.startswith("corun-latency")
         pod, token, _ = PODS["latency" if latency else "batch"]
         env.update(
@@ -119,67 +118,58 @@ class CorunBench(pb.Bench):
             super().forget(pod)
 
 
-class Daemon:
-    """`hypervisor serve` in local mode with GPU 0 in co-run mode, managing
-    the pods of PODS named in its config file; `env`, more variables for it
-    (and so for the MPS control daemon it starts)."""
+class CorunDaemon(hv.Daemon):
+    """The harness's daemon: `hypervisor serve` in local mode with GPU 0 in
+    co-run mode, managing the pods of PODS named in its config file, ready
+    once its MPS control daemon is up (/readyz); `env`, more variables for it
+    (and so for the MPS control daemon it starts). Its log: self.log."""
 
     def __init__(self, bundle, work, reserve, control, env=None):
         self.work = work
         self.reserve = reserve
-        self.config = work / "hypervisor.toml"
         tag = f"corun-bench-{os.getpid()}"
         self.tables = {"GPUSHARE_NODE_REGION": f"gpushare-node-{tag}",
                        "GPUSHARE_PRIORITY_REGION": f"gpushare-priority-{tag}"}
         self.pods = []
+        # The MPS control daemon quits its servers on the daemon's SIGTERM: 20 s for it.
+        super().__init__(common.settings("", work, Path(bundle) / "hypervisor", SIMULATE), "corun",
+                         work / "hypervisor.toml",
+                         serve_args=["--corun-gpu", "0", "--corun-dir", str(work / "mps"),
+                                     "--corun-latency-reserve", str(reserve), "--mps-control", str(control)],
+                         env={**self.tables, **(env or {})}, ready="/readyz", ready_s=60, stop_s=20)
         self.write_config([])
-        self.log = open(work / "hypervisor.log", "w")
-        self.proc = subprocess.Popen(
-            [str(bundle / "hypervisor"), "serve", "--config", str(self.config), "--listen", "127.0.0.1:0",
-             "--corun-gpu", "0", "--corun-dir", str(work / "mps"),
-             "--corun-latency-reserve", str(reserve), "--mps-control", control],
-            stdout=subprocess.PIPE, stderr=self.log, text=True,
-            env={**os.environ, "HYPERVISOR_LOG": "info", **self.tables, **(env or {})})
-        line = self.proc.stdout.readline()
-        if not line.startswith("hypervisor listening on "):
-            raise RuntimeError(f"hypervisor did not start: {line!r}")
-        self.url = "http://" + line.split()[-1]
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            time.sleep(0.2)
-        else:
-            raise RuntimeError("the co-run GPU's MPS did not come up (readyz)")
-        status = self.status()
-        gpu = status["corun"][0]
+
+    def start(self, port=None):
+        super().start(port)
+        gpu = self.status_json()["corun"][0]
         self.uuid = gpu["gpu"]
-        self.pipe = work / "mps" / self.uuid / "pipe"
+        self.pipe = self.work / "mps" / self.uuid / "pipe"
         # The MPS control daemon's log and its servers', as the daemon keeps it.
-        self.mps_log = work / "mps" / self.uuid / "log" / "control.log"
+        self.mps_log = self.work / "mps" / self.uuid / "log" / "control.log"
 
     def write_config(self, roles):
-        text = 'listen = "127.0.0.1:0"\n'
+        # The port it listens on once started (--listen): a reload then keeps it.
+        text = f'listen = "127.0.0.1:{self.port or 0}"\n'
         for role in roles:
             pod, token, cls = PODS[role]
             text += (f'[[pods]]\nid = "{pod}"\ntoken = "{token}"\n'
                      f'[[pods.gpus]]\nindex = 0\nmemory = "{QUOTA >> 30}g"\nclass = "{cls}"\n')
-        self.config.write_text(text)
+        # In one rename: the daemon also reloads when it sees the file change,
+        # and a half-written file has no pods.
+        part = self.config.with_suffix(".part")
+        part.write_text(text)
+        os.replace(part, self.config)
         self.pods = [PODS[r][0] for r in roles]
 
     def set_pods(self, roles):
         """Configures the pods of `roles` (SIGHUP) and waits until the batch
         pod's limits give its next client the share that goes with them."""
         self.write_config(roles)
-        self.proc.send_signal(signal.SIGHUP)
+        self.reload()
         want = 100 - self.reserve if "latency" in roles else 100
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            pods = {p["id"]: p for p in self.status().get("pods", [])}
+            pods = {p["id"]: p for p in self.status_json().get("pods", [])}
             listed = sorted(pods)
             # What the batch pod's limits give its next client, as the
             # daemon reports it.
@@ -191,21 +181,9 @@ class Daemon:
         raise RuntimeError(f"pods {roles} not in force: status lists {listed},"
                            f" batch share {share}, want {want}")
 
-    def status(self):
-        with urllib.request.urlopen(self.url + "/api/v1/status", timeout=5) as r:
-            return json.loads(r.read())
-
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
-        for pod, _, _ in PODS.values():
-            for prefix in ("gpushare-pod-", "gpushare-limits-"):
-                Path(f"/dev/shm/{prefix}{pod}").unlink(missing_ok=True)
+        super().stop()
+        common.remove_pod_regions(*DAEMON_PODS)
         for name in self.tables.values():
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
@@ -226,18 +204,25 @@ def say_mps_left():
 
 @contextlib.contextmanager
 def daemon_for(args, bundle, control, reserve, label, env=None):
-    """A Daemon (`env` for it) in a folder of its own, both pods
+    """A started CorunDaemon (`env` for it) in a folder of its own, both pods
     configured; when the block ends it is stopped, its log is copied to OUT
     as hypervisor-LABEL.log and its folder removed."""
     work = Path(tempfile.mkdtemp(prefix=f"corun-{label}-"))
-    daemon = Daemon(bundle, work, reserve, control, env=env)
+    daemon = CorunDaemon(bundle, work, reserve, control, env=env)
     try:
+        daemon.start()
         daemon.set_pods(["batch", "latency"])
         yield daemon
     finally:
         daemon.stop()
-        shutil.copy(work / "hypervisor.log", Path(args.out) / f"hypervisor-{label}.log")
+        keep_log(args, daemon, f"hypervisor-{label}.log")
         shutil.rmtree(work, ignore_errors=True)
+
+
+def keep_log(args, daemon, name):
+    """The daemon's log, copied to OUT/name (when it got as far as writing one)."""
+    if daemon.log.exists():
+        shutil.copy(daemon.log, Path(args.out) / name)
 
 
 MEMORY_PROBE = r"""
@@ -251,11 +236,10 @@ try:
 except torch.OutOfMemoryError:
     more = "oom"
 torch.cuda.synchronize()
-smi = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                     capture_output=True, text=True).stdout
+smi = subprocess.run(%r, capture_output=True, text=True).stdout
 mine = [l for l in smi.splitlines() if l.split(",")[0].strip() == str(os.getpid())]
 print(f"total={total} first=ok more={more} smi_own={mine} smi_all={smi.strip().splitlines()}", flush=True)
-"""
+""" % SMI_APPS
 
 INIT_PROBE = r"""
 import torch
@@ -286,14 +270,19 @@ print(f"rc={rc} sm_count={affinity.sm_count} of {sms}"
 
 def probe(bench, script, cls="corun-batch"):
     env, _ = bench.env(cls, "unused", {})
+    return run_probe(script, env)
+
+
+def run_probe(script, env):
+    """A probe's stdout and the end of its stderr, on one line."""
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     return (out.stdout.strip() + " " + out.stderr.strip()[-300:]).strip()
 
 
 def common_args(p, name, seconds):
     """The options every co-run bench takes; `name` names its output."""
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--out", default=os.environ.get("OUT", f"{name}-out"))
+    p.add_argument("--bundle", required=True, help="the bundle folder: libcuda_limiter.so, hypervisor")
+    p.add_argument("--out", default=os.environ.get("OUT") or f"{name}-out")
     p.add_argument("--seconds", type=float, default=seconds)
     p.add_argument("--period-us", type=float, default=2000)
     p.add_argument("--sizes", type=int, nargs=2, default=[4096, 8192], metavar=("SHORT", "LONG"))
@@ -305,8 +294,7 @@ def prepare(args):
     Refuses to start beside an MPS daemon that already runs."""
     bundle = Path(args.bundle).resolve()
     args.lib = str(bundle / "libcuda_limiter.so")
-    control = subprocess.run(["sh", "-c", f"command -v {args.mps_control}"], capture_output=True,
-                             text=True).stdout.strip() or args.mps_control
+    control = shutil.which(args.mps_control) or args.mps_control
     running = mps_processes()
     if running:
         raise SystemExit(f"an MPS daemon already runs: {running}")
@@ -323,13 +311,14 @@ def publish(args, name, text, data):
     print(text)
 
 
-def main():
-    p = argparse.ArgumentParser()
+def add_arguments(p):
     common_args(p, "corun-bench", 6.0)
     p.add_argument("--reserve", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds of the latency pod alone and of both pods co-run, alternated")
-    args = p.parse_args()
+
+
+def main(p, args):
     bundle, control = prepare(args)
     bench = CorunBench(args)
     t_begin = time.monotonic()
@@ -344,10 +333,11 @@ def main():
         runs[f"classes {size}"] = bench.run(f"latency + batch {size}, classes", latency="latency",
                                             batch="batch", size=size)
     work = Path(tempfile.mkdtemp(prefix="corun-bench-"))
-    daemon = Daemon(bundle, work, args.reserve, control)
+    daemon = CorunDaemon(bundle, work, args.reserve, control)
     bench.daemon = daemon
     checks = {}
     try:
+        daemon.start()
         # The bars' runs, in rounds: the latency pod alone (no MPS, no
         # limiter; the daemon's MPS serves no client meanwhile), then both
         # pods co-run, configured before their clients start.
@@ -371,13 +361,15 @@ def main():
         checks["SMs, latency client"] = probe(bench, SM_PROBE, "corun-latency")
         checks["memory quota under MPS"] = probe(bench, MEMORY_PROBE)
         checks["MPS processes while up"] = mps_processes()
-        checks["daemon status"] = daemon.status().get("corun")
+        checks["daemon status"] = daemon.status_json().get("corun")
         mps_log = daemon.mps_log.read_text().splitlines()
         checks["MPS log"] = (f"{len(mps_log)} lines, {sum('NEW CLIENT' in l for l in mps_log)} client"
                              f" connections, {sum('Failed' in l for l in mps_log)} 'Failed' lines")
         pipe = daemon.pipe
     finally:
         daemon.stop()
+        # The daemon's folders (config, log, MPS pipes): the log is copied out.
+        keep_log(args, daemon, "hypervisor.log")
     checks["MPS processes after stop"] = mps_processes()
     # The daemon stopped: a client of its (now dead) pipe folder, no
     # hypervisor, a local quota.
@@ -386,13 +378,9 @@ def main():
         env.pop(key, None)
     env.update(CUDA_LIMITER_POD=f"corun-bench-stopped-{os.getpid()}", CUDA_DEVICE_MEMORY_LIMIT=str(QUOTA),
                CUDA_MPS_PIPE_DIRECTORY=str(pipe))
-    out = subprocess.run([sys.executable, "-c", INIT_PROBE], env=env, capture_output=True, text=True,
-                         timeout=120)
-    Path(f"/dev/shm/gpushare-pod-{env['CUDA_LIMITER_POD']}").unlink(missing_ok=True)
-    checks["required, MPS stopped"] = (out.stdout.strip() + " " + out.stderr.strip()[-300:]).strip()
+    checks["required, MPS stopped"] = run_probe(INIT_PROBE, env)
+    common.remove_pod_regions(env["CUDA_LIMITER_POD"])
     checks.update(server_refusing(args, bench, bundle, control))
-    # The daemon's folders (config, log, MPS pipes): the log is copied out.
-    shutil.copy(work / "hypervisor.log", Path(args.out) / "hypervisor.log")
     shutil.rmtree(work, ignore_errors=True)
     report(args, runs, checks, time.monotonic() - t_begin)
 
@@ -408,9 +396,8 @@ def server_refusing(args, bench, bundle, control):
         bench.daemon = failing
         refused = probe(bench, INIT_PROBE)
         time.sleep(0.5)  # the supervisor reads the MPS log every 50 ms
-        gpu = failing.status()["corun"][0]
-        said = [l.strip() for l in (failing.work / "hypervisor.log").read_text().splitlines()
-                if "exited with status" in l]
+        gpu = failing.status_json()["corun"][0]
+        said = [l.strip() for l in failing.log.read_text().splitlines() if "exited with status" in l]
         mps_log = failing.mps_log
         failed_lines = sum("Failed to start" in l for l in mps_log.read_text().splitlines())
     return {
@@ -423,9 +410,6 @@ def server_refusing(args, bench, bundle, control):
 
 
 def report(args, runs, checks, took):
-    pct = pb.pct
-    med = statistics.median
-
     def percentiles(key):
         lat = runs.get(key, {}).get("latency")
         return (pct(lat["steps_us"], .5), pct(lat["steps_us"], .99)) if lat else None
@@ -515,7 +499,3 @@ def report(args, runs, checks, took):
             + "".join(f"- {v}\n" for v in raw)
             + "".join(f"- {k}: {v}\n" for k, v in checks.items()))
     publish(args, "corun-bench", text, {"runs": runs, "checks": checks})
-
-
-if __name__ == "__main__":
-    main()

@@ -1,13 +1,13 @@
-#!/usr/bin/env python3
 """Compute-limiter benchmarks on a real GPU, without and with the limiter in
 one run. Every figure is a median of alternated rounds; every row
 prints its raw rounds. Results: a Markdown table on stdout and in
 OUT/compute-bench.md, everything in OUT/compute-bench.json.
 
-Usage: compute_bench.py --lib PATH/libcuda_limiter.so --bin PATH/compute_bench
-                        [--out DIR] [--only NAME ...] [--quick] [--cpus LIST]
-                        [--fixed-us US ...] [--rounds NAME=N ...]
-                        [--pace-iterations N]
+  python3 -m scripts.bench compute --bundle DIR [--out DIR] [--only NAME ...] [--quick]
+          [--cpus LIST] [--fixed-us US ...] [--rounds NAME=N ...] [--pace-iterations N] [--bin PATH]
+
+compute_bench.cu is built with nvcc (NVCC overrides it) unless --bin names a
+built one. OUT: --out, else $OUT, else a new temporary folder.
 
 Every run, without and with the limiter alike, is pinned to the same CPUs
 (--cpus, a taskset list; by default four of the GPU's local CPUs, CPU 0
@@ -35,19 +35,22 @@ Rows (the limit is CUDA_DEVICE_SM_LIMIT, a fresh pod per run):
                 it); pace-no-limit: the same with the limiter loaded, no
                 limit. `cost` runs all three
 """
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from scripts.gpu.e2e.harness.parse import difference_interval, fields
+from scripts.gpu.e2e.harness.parse import median as med
+from scripts.gpu.e2e.harness.smi import Sampler
+
+from . import common
 
 
 @dataclass
@@ -61,37 +64,13 @@ class Row:
     raw: dict = field(default_factory=dict)
 
 
-def parse(line):
-    return dict(part.split("=", 1) for part in line.split() if "=" in part)
-
-
-def gpu_local_cpus(count=4):
-    """`count` CPUs local to GPU 0 (CPU 0 left out), as a taskset list."""
-    allowed = sorted(os.sched_getaffinity(0))
-    try:
-        bus = subprocess.run(["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-        text = Path(f"/sys/bus/pci/devices/{bus[-12:].lower()}/local_cpulist").read_text().strip()
-        local = set()
-        for part in text.split(","):
-            first, _, last = part.partition("-")
-            local.update(range(int(first), int(last or first) + 1))
-        allowed = [cpu for cpu in allowed if cpu in local] or allowed
-    except (OSError, ValueError, subprocess.CalledProcessError):
-        pass
-    chosen = [cpu for cpu in allowed if cpu != 0][:count] or allowed[:count]
-    return ",".join(map(str, chosen))
-
-
 class Runner:
     def __init__(self, lib, binary, log, cpus):
         self.lib, self.binary, self.log, self.cpus = lib, binary, log, cpus
         self.pod = 0
 
     def env(self, limit):
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_LIMITER_")}
-        for k in ("LD_PRELOAD", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_LIMIT"):
-            env.pop(k, None)
+        env = common.clean_env()
         if limit is not None:
             self.pod += 1
             env.update(
@@ -113,27 +92,27 @@ class Runner:
         self.log.flush()
         pod = env.get("CUDA_LIMITER_POD")
         if pod:
-            Path(f"/dev/shm/gpushare-pod-{pod}").unlink(missing_ok=True)
+            common.remove_pod_regions(pod)
         lines = [l for l in proc.stdout.splitlines() if l.startswith("mode=")]
         if proc.returncode != 0 or not lines:
             raise RuntimeError(f"{argv} L={limit} failed ({proc.returncode}): {proc.stderr[-400:]}")
-        return {**parse(lines[-1]), "steal_pct": f"{steal:.2f}"}
+        return {**fields(lines[-1]), "steal_pct": f"{steal:.2f}"}
 
     def cuda(self, args, limit, timeout=300):
         return self.run([self.binary, *map(str, args)], limit, timeout)
 
     def torch(self, args, limit, timeout=300):
-        return self.run([sys.executable, str(HERE / "torch_workloads.py"), *map(str, args)], limit, timeout)
+        return self.run([sys.executable, str(common.TORCH_WORKLOADS), *map(str, args)], limit, timeout)
 
 
 def cpu_times():
     """The machine's CPU time so far, and the part of it stolen by the
     hypervisor of a virtual machine (/proc/stat, in ticks)."""
     try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
     except (OSError, ValueError):
         return 0, 0
-    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+    return sum(ticks[:8]), ticks[7] if len(ticks) > 7 else 0
 
 
 def steal_share(before, after):
@@ -154,63 +133,15 @@ def alternate(rounds, without, with_):
     return a, b
 
 
-def med(values):
-    return statistics.median(values)
-
 
 def column(runs, key):
     """One figure of every run (the parsed key=value lines of Runner.run)."""
     return [float(run[key]) for run in runs]
 
 
-def mean_difference_ci(a, b):
-    """95% interval of mean(b) - mean(a), two independent samples (Welch,
-    normal approximation: the rounds are many)."""
-    se = (statistics.variance(a) / len(a) + statistics.variance(b) / len(b)) ** 0.5
-    d = statistics.mean(b) - statistics.mean(a)
-    return d - 1.96 * se, d + 1.96 * se
-
-
 ROUNDS = {}  # alternated rounds per bench, from --rounds NAME=N
 NO_LIMIT = "none"  # a run's limit: the limiter loaded, no compute limit set
-
-
-class Utilization:
-    """nvidia-smi utilization.gpu (or another `query`) sampled every 200 ms
-    while a run lasts."""
-
-    def __init__(self, query="utilization.gpu"):
-        self.query = query
-
-    def __enter__(self):
-        self.proc = subprocess.Popen(
-            ["nvidia-smi", f"--query-gpu={self.query}", "--format=csv,noheader,nounits", "-lms", "200"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-            env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
-        )
-        self.samples = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-        return self
-
-    def _read(self):
-        for line in self.proc.stdout:
-            try:
-                self.samples.append(float(line.strip()))
-            except ValueError:
-                pass
-
-    def __exit__(self, *exc):
-        self.proc.terminate()
-        self.proc.wait()
-        self.reader.join(timeout=2)
-
-    def busy_mean(self):
-        busy = [s for s in self.samples if s > 0][1:-1]  # first and last straddle the run
-        return statistics.mean(busy) if busy else float("nan")
-
-    def median(self):
-        return statistics.median(self.samples) if self.samples else float("nan")
+SAMPLE_MS = 200  # nvidia-smi's period while a run lasts
 
 
 SHAPES_ITERS = 16  # FMAs per thread: ~3 us kernels, 1-10 waves
@@ -288,7 +219,7 @@ def bench_decode(rn, quick):
     for r in range(rounds):
         order = [None, 90, 50] if r % 2 == 0 else [50, 90, None]
         for limit in order:
-            with Utilization("clocks.sm") as sm_clock:
+            with Sampler(["clocks.sm"], SAMPLE_MS) as sm_clock:
                 result = rn.torch(["decode", secs], limit)
             runs[limit].append({**result, "sm_mhz": sm_clock.median()})
     base = column(runs[None], "tokens_per_s")
@@ -303,14 +234,14 @@ def bench_decode(rn, quick):
                         f"{med(base):,.1f}", f"{med(tokens):,.1f} ({change:+.2f}%)", "within 3%",
                         abs(change) <= 3, raw))
     busy_secs = 3 if quick else 6  # 30 utilization samples
-    with Utilization() as free_util:
+    with Sampler(["utilization.gpu"], SAMPLE_MS) as free_util:
         free = float(rn.torch(["decode", busy_secs], None)["tokens_per_s"])
-    with Utilization() as lim_util:
+    with Sampler(["utilization.gpu"], SAMPLE_MS) as lim_util:
         lim = float(rn.torch(["decode", busy_secs], 10)["tokens_per_s"])
     rows.append(Row("decode-L10", "PyTorch decode at L=10 (binds): GPU time share (nvidia-smi utilization.gpu)",
                     f"{free_util.busy_mean():.1f}% busy, {free:,.1f} tokens/s",
                     f"{lim_util.busy_mean():.1f}% busy, {lim:,.1f} tokens/s", "reported", None,
-                    {"without_util": free_util.samples, "with_util": lim_util.samples,
+                    {"without_util": free_util.values(), "with_util": lim_util.values(),
                      "without_tokens_per_s": free, "with_tokens_per_s": lim}))
     return rows
 
@@ -365,7 +296,7 @@ def pace_row(rn, quick, name, what, limit):
     free, lim = column(free_runs, "ns_per_iter"), column(lim_runs, "ns_per_iter")
     free_call, lim_call = column(free_runs, "call_ns"), column(lim_runs, "call_ns")
     change = (med(lim) / med(free) - 1) * 100
-    low, high = mean_difference_ci(free, lim)
+    low, high = difference_interval(free, lim)
     mean_free = statistics.mean(free)
     mean_change = (statistics.mean(lim) / mean_free - 1) * 100
     # Processes whose launch call ran in the slow mode (1.5x the unlimited
@@ -422,12 +353,11 @@ def table(rows):
     return "\n".join(out)
 
 
-def main():
-    global PACE_ITERATIONS, FIXED_TARGETS
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--bin", required=True)
-    ap.add_argument("--out", help="results folder (default: a new temporary one)")
+def add_arguments(ap):
+    common.limiter_arguments(ap)
+    ap.add_argument("--bin", help="a built compute_bench (default: compute_bench.cu built with nvcc)")
+    ap.add_argument("--out", default=os.environ.get("OUT"),
+                    help="results folder (default: $OUT, else a new temporary one)")
     ap.add_argument("--only", nargs="*", choices=sorted(BENCHES))
     ap.add_argument("--quick", action="store_true", help="shorter runs, for a dry run")
     ap.add_argument("--cpus", help="taskset CPU list every run is pinned to (default: 4 GPU-local CPUs)")
@@ -437,21 +367,32 @@ def main():
                          "decode (11), pace (240), pace-no-limit (120)")
     ap.add_argument("--pace-iterations", type=int, default=PACE_ITERATIONS,
                     help=f"iterations of the paced loop per round (default {PACE_ITERATIONS})")
-    args = ap.parse_args()
+
+
+def main(ap, args):
+    global PACE_ITERATIONS, FIXED_TARGETS
+    lib = common.limiter(ap, args)
     PACE_ITERATIONS = args.pace_iterations
-    if args.fixed_us:
-        FIXED_TARGETS = tuple(args.fixed_us)
+    FIXED_TARGETS = tuple(args.fixed_us) if args.fixed_us else (50, 2000)
+    ROUNDS.clear()
     for item in args.rounds:
         name, _, count = item.partition("=")
         ROUNDS[name] = int(count)
-    cpus = args.cpus or gpu_local_cpus()
+    cpus = args.cpus or common.gpu_local_cpus()
     print(f"[pinned to CPUs {cpus}]", file=sys.stderr, flush=True)
     out = Path(args.out or tempfile.mkdtemp(prefix="compute-bench."))
     out.mkdir(parents=True, exist_ok=True)
+    print(f"[results in {out}]", file=sys.stderr, flush=True)
+    with (nullcontext(None) if args.bin else common.build_folder("compute-bench")) as build:
+        binary = args.bin or common.build_compute_bench(build)
+        return measure(args, lib, binary, cpus, out)
+
+
+def measure(args, lib, binary, cpus, out):
     rows, errors = [], []
     started = time.time()
     with open(out / "compute-bench.log", "w") as log:
-        rn = Runner(str(Path(args.lib).resolve()), str(Path(args.bin).resolve()), log, cpus)
+        rn = Runner(lib, str(Path(binary).resolve()), log, cpus)
         for name in args.only or BENCHES:
             t0 = time.time()
             try:
@@ -472,7 +413,3 @@ def main():
     for r in rows:
         print(f"raw {r.name}: {json.dumps(r.raw)}")
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

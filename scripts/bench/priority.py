@@ -1,25 +1,24 @@
-#!/usr/bin/env python3
-"""Priority classes on a real GPU: a latency pod's inference step
-next to a batch pod that fills the GPU, without and with the limiter's
-classes, in one run. Results: a Markdown table on stdout and in
-OUT/priority-bench.md, raw numbers in OUT/priority-bench.json.
+"""Priority classes on a real GPU: a latency pod's inference step next to a
+batch pod that fills the GPU, without and with the limiter's classes, in one
+run. Results: a Markdown table on stdout and in OUT/priority-bench.md, raw
+numbers in OUT/priority-bench.json, the workers' logs beside them.
 
-Usage: priority_bench.py --lib PATH/libcuda_limiter.so [--out DIR]
-                         [--seconds S] [--period-us P] [--sizes N N] [--quick]
+  python3 -m scripts.bench priority --bundle DIR [--out DIR] [--seconds S] [--period-us P]
+          [--sizes N N] [--quick]
 
-The latency pod: x (64x2048 bf16) through four 2048x2048 bf16 matmuls, then
-torch.cuda.synchronize(): one request every P us (default 2000) on a fixed
-arrival schedule (a request that finds the previous one still running starts
-at once), so it leaves the GPU mostly idle, as an inference server at moderate
-load does; each step is timed on the host from its first launch to the end of
-its synchronize. Its busy fraction alone is the sum of its steps' GPU time
-(CUDA events around each step) over the wall time ("gpu"), and the sum of its
-step times over the wall time ("wall").
+About 4 minutes (12 runs of 8 s plus start-up); OUT: --out, else $OUT, else
+./priority-bench-out.
 
-The batch pod: back-to-back bf16 NxN matmuls (N=4096: ~0.2 ms per kernel on an
-H100, N=8192: ~2 ms; the kernel time is measured alone and printed);
-throughput in matmuls/s, counted over the measured window and the drain of its
-queue at the end.
+The pods are workers.py's: the latency pod's step (64x2048 bf16 through four
+2048x2048 bf16 matmuls, then a synchronize) every P us (default 2000) on a
+fixed arrival schedule (a request that finds the previous one still running
+starts at once), so it leaves the GPU mostly idle, as an inference server at
+moderate load does; each step is timed on the host from its first launch to
+the end of its synchronize. Its busy fraction alone is the sum of its steps'
+GPU time (CUDA events around each step) over the wall time ("gpu"), and the
+sum of its step times over the wall time ("wall"). The batch pod:
+back-to-back bf16 NxN matmuls (N=4096: ~0.2 ms per kernel on an H100,
+N=8192: ~2 ms), throughput in matmuls/s.
 
 Runs (both processes started together, warm-up before a common start time,
 the latency pod running 1 s past the batch pod's window so the batch pod never
@@ -41,195 +40,22 @@ within 1.2x and its p99 within 2x of alone, and the batch pod keeps at least
 fraction alone; the bar with the wall busy fraction is printed too). With
 ~2 ms kernels the same figures are reported.
 """
-import argparse
 import json
 import os
-import random
-import select
-import statistics
 import struct
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+from scripts.gpu.e2e.harness import proc
+from scripts.gpu.e2e.harness.parse import median
+from scripts.gpu.e2e.harness.parse import percentile as pct
+from scripts.gpu.e2e.harness.smi import Sampler
 
-# ---------------------------------------------------------------- workers
+from . import common
 
-
-def wait_until(t):
-    """Sleeps, then spins, until time.monotonic() >= t."""
-    while True:
-        left = t - time.monotonic()
-        if left <= 0:
-            return
-        if left > 0.0005:
-            time.sleep(left - 0.0004)
-
-
-def handshake():
-    """Prints ready, reads the common start time (CLOCK_MONOTONIC seconds)."""
-    print("ready", flush=True)
-    line = sys.stdin.readline()
-    return float(line)
-
-
-def worker_latency(args):
-    # A fixed CPU where the runner gives one (BENCH_LATENCY_CPU), as a
-    # latency pod with an exclusive core has.
-    if os.environ.get("BENCH_LATENCY_CPU"):
-        os.sched_setaffinity(0, {int(os.environ["BENCH_LATENCY_CPU"])})
-    import torch
-
-    torch.manual_seed(0)
-    dev = torch.device("cuda")
-    x = torch.randn(64, 2048, dtype=torch.bfloat16, device=dev)
-    l2 = None
-    if os.environ.get("BENCH_L2_PERSIST"):
-        # The weights in one block that the step's stream marks persisting
-        # in L2 (what the context's set-aside can hold of it).
-        block = torch.randn(4, 2048, 2048, dtype=torch.bfloat16, device=dev) / 45
-        ws = list(block.unbind(0))
-        stream = torch.cuda.Stream()
-        torch.cuda.set_stream(stream)
-        l2 = persist_in_l2(stream.cuda_stream, block.data_ptr(), block.numel() * block.element_size())
-    else:
-        ws = [torch.randn(2048, 2048, dtype=torch.bfloat16, device=dev) / 45 for _ in range(4)]
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def step(timed):
-        if timed:
-            e0.record()
-        y = x
-        for w in ws:
-            y = y @ w
-        if timed:
-            e1.record()
-        torch.cuda.synchronize()
-        return e0.elapsed_time(e1) if timed else 0.0
-
-    for _ in range(300):
-        step(True)
-    start = handshake()
-    period = args.period_us / 1e6
-    end = start + args.seconds
-    starts, steps, gpu = [], [], []
-    late = 0
-    i = 0
-    # Poisson arrivals: exponential gaps of the same mean, a fixed seed.
-    gaps = random.Random(1)
-    due = start
-    while True:
-        if i > 0:
-            due += gaps.expovariate(1 / period) if args.arrivals == "poisson" else period
-        if due >= end:
-            break
-        now = time.monotonic()
-        if now < due:
-            wait_until(due)
-        else:
-            late += now - due > period
-        t0 = time.monotonic()
-        g = step(True)
-        t1 = time.monotonic()
-        starts.append(t0 - start)
-        steps.append((t1 - t0) * 1e6)
-        gpu.append(g * 1e3)
-        i += 1
-    print(json.dumps({"role": "latency", "starts": starts, "steps_us": steps, "gpu_us": gpu,
-                      "late": late, "seconds": args.seconds, "l2": l2}), flush=True)
-
-
-def persist_in_l2(stream, base, size):
-    """Sets an access policy window on `stream` over [base, base + size):
-    hits persist, misses stream, with the hit ratio the context's L2
-    set-aside can hold (under MPS the set-aside is the server's, fixed at its
-    start). Returns {"set_aside", "window", "hit_ratio", "rc"}."""
-    import ctypes
-
-    cuda = ctypes.CDLL("libcuda.so.1")
-
-    class Window(ctypes.Structure):
-        _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hit_ratio", ctypes.c_float),
-                    ("hit_prop", ctypes.c_int), ("miss_prop", ctypes.c_int)]
-
-    class Value(ctypes.Union):  # CUstreamAttrValue: 64 bytes
-        _fields_ = [("window", Window), ("pad", ctypes.c_char * 64)]
-
-    set_aside, most = ctypes.c_size_t(), ctypes.c_int()
-    cuda.cuCtxGetLimit(ctypes.byref(set_aside), 0x06)  # CU_LIMIT_PERSISTING_L2_CACHE_SIZE
-    cuda.cuDeviceGetAttribute(ctypes.byref(most), 109, 0)  # MAX_ACCESS_POLICY_WINDOW_SIZE
-    window = min(size, most.value)
-    ratio = min(1.0, set_aside.value / window) if window else 0.0
-    value = Value()
-    value.window = Window(base, window, ratio, 2, 1)  # hits PERSISTING, misses STREAMING
-    rc = cuda.cuStreamSetAttribute(ctypes.c_void_p(stream), 1, ctypes.byref(value))  # ACCESS_POLICY_WINDOW
-    return {"set_aside": set_aside.value, "window": window, "hit_ratio": ratio, "rc": rc}
-
-
-def worker_batch(args):
-    import torch
-
-    dev = torch.device("cuda")
-    n = args.size
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=dev)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=dev) / 64
-    c = torch.empty(n, n, dtype=torch.bfloat16, device=dev)
-    for _ in range(10):
-        torch.matmul(a, b, out=c)
-    torch.cuda.synchronize()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    kernel_ms = []
-    for _ in range(20):
-        e0.record()
-        torch.matmul(a, b, out=c)
-        e1.record()
-        e1.synchronize()
-        kernel_ms.append(e0.elapsed_time(e1))
-    start = handshake()
-    wait_until(start)
-    end = start + args.seconds
-    if args.phase_ms:
-        count, elapsed = batch_phases(torch, lambda: torch.matmul(a, b, out=c), start, end, args.phase_ms / 1e3)
-    else:
-        count = 0
-        while time.monotonic() < end:
-            for _ in range(8):
-                torch.matmul(a, b, out=c)
-            count += 8
-        torch.cuda.synchronize()
-        elapsed = time.monotonic() - start
-    print(json.dumps({"role": "batch", "size": n, "matmuls": count, "elapsed": elapsed,
-                      "per_s": count / elapsed, "kernel_ms": statistics.median(kernel_ms)}),
-          flush=True)
-
-
-def batch_phases(torch, matmul, start, end, phase):
-    """Works in the even phases of `phase` seconds from `start` and idles
-    in the odd ones, until `end`: at most two pairs of matmuls queued, so
-    the GPU is idle soon after a phase ends. Returns (matmuls, seconds of
-    work)."""
-    events = [torch.cuda.Event() for _ in range(3)]
-    count, busy, k = 0, 0.0, 0
-    while start + 2 * k * phase < end:
-        on, off = start + 2 * k * phase, min(start + (2 * k + 1) * phase, end)
-        wait_until(on)
-        pair = 0
-        while time.monotonic() < off:
-            if pair >= 2:
-                events[(pair - 2) % 3].synchronize()
-            matmul()
-            matmul()
-            events[pair % 3].record()
-            pair += 1
-        torch.cuda.synchronize()
-        count += 2 * pair
-        busy += time.monotonic() - on
-        k += 1
-    return count, busy
-
+READY_S = 180  # a worker's start-up and warm-up
+START_S = 0.3  # from the last worker ready to the common start
 
 # ---------------------------------------------------------------- the table
 
@@ -270,17 +96,20 @@ def priority_counters(region, pod):
 
 
 class Bench:
+    """Runs the workers as the harness's processes (a log each in OUT), waits
+    for their ready=1, gives them a common start time and reads their results."""
+
     def __init__(self, args):
         self.args = args
         self.lib = str(Path(args.lib).resolve())
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
+        self.settings = common.settings(self.lib, self.out)
         self.log = open(self.out / "priority-bench.log", "w")
         self.serial = 0
 
     def env(self, cls, region, extra):
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("CUDA_LIMITER_") and k not in ("LD_PRELOAD", "CUDA_DEVICE_SM_LIMIT")}
+        env = common.clean_env()
         pod = None
         if cls is not None:
             self.serial += 1
@@ -307,7 +136,7 @@ class Bench:
         limiter, else the class. With `between` (a callable), the batch
         worker starts first; once it is ready (CUDA up), `between()` runs,
         then the latency worker starts. With `phase_ms`, the batch worker
-        works and idles in turns of that long (`batch_phases`)."""
+        works and idles in turns of that long (workers.batch_phases)."""
         self.serial += 1
         region = f"gpushare-priority-bench-{os.getpid()}-{self.serial}"
         seconds = self.args.seconds
@@ -328,43 +157,40 @@ class Bench:
                     ready_roles.add("batch")
                     between()
                 env, pod = self.env(cls or None, region, extra or {})
-                argv = [sys.executable, str(Path(__file__).resolve()), "worker", role,
+                argv = [sys.executable, str(common.WORKERS), role,
                         "--seconds", str(seconds + (1.0 if role == "latency" and batch is not None else 0)),
                         "--period-us", str(self.args.period_us), "--arrivals", arrivals]
                 if role == "batch":
                     argv += ["--size", str(size), "--phase-ms", str(phase_ms)]
-                errors = open(self.out / f"worker-{self.serial}-{role}.stderr", "w+")
-                procs[role] = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                               stderr=errors, text=True)
-                procs[role].errors = errors
+                procs[role] = proc.Proc(self.settings, cls or "base", pod or "-",
+                                        self.out / f"worker-{self.serial}-{role}.log",
+                                        READY_S + seconds + 120, argv, env=env, stdin=True).start()
                 pods[role] = pod
-            for role, proc in procs.items():
+            for role, p in procs.items():
                 if role not in ready_roles:
-                    self.wait_ready(name, role, proc)
-            start = time.monotonic() + 0.3
-            clocks = ClockSampler()
-            for proc in procs.values():
-                proc.stdin.write(f"{start}\n")
-                proc.stdin.flush()
-            for role, proc in procs.items():
-                stdout, _ = proc.communicate(timeout=seconds + 120)
-                self.log.write(f"== {name} {role}\n{tail(proc, 20000)}\n")
-                lines = [l for l in stdout.splitlines() if l.startswith("{")]
-                if proc.returncode != 0 or not lines:
-                    raise RuntimeError(f"{name}: {role} failed ({proc.returncode}): {tail(proc)}")
+                    self.wait_ready(name, role, p)
+            start = time.monotonic() + START_S
+            clocks = clock_sampler()
+            for p in procs.values():
+                p.tell(f"{start}\n")
+            for role, p in procs.items():
+                p.wait()
+                self.log.write(f"== {name} {role}\n{tail(p, 20000)}\n")
+                lines = [l for l in p.text().splitlines() if l.startswith("{")]
+                if p.rc != 0 or not lines:
+                    raise RuntimeError(f"{name}: {role} failed ({p.rc}{p.note}): {tail(p)}")
                 results[role] = json.loads(lines[-1])
             clocks.stop()
             # The window the bars count (the batch pod's run, when there is one).
-            results["gpu"] = clocks.between(start, start + seconds)
+            results["gpu"] = gpu_window(clocks, start, start + seconds)
             for role, pod in pods.items():
                 if pod:
                     results[role]["counters"] = self.counters(region, pod)
         finally:
             if clocks is not None:
                 clocks.stop()
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.kill()
+            for p in procs.values():
+                p.stop()
             for suffix in ("", "-node"):
                 Path(f"/dev/shm/{region}{suffix}").unlink(missing_ok=True)
             for pod in pods.values():
@@ -380,87 +206,48 @@ class Bench:
         print(f"  {name}: {summary(results)}", flush=True)
         return results
 
-
     def counters(self, region, pod):
         """A run's priority counters of `pod` (table `region`)."""
         return priority_counters(region, pod)
 
     def forget(self, pod):
         """Removes what a run's pod left in /dev/shm."""
-        Path(f"/dev/shm/gpushare-pod-{pod}").unlink(missing_ok=True)
+        common.remove_pod_regions(pod)
 
     @staticmethod
-    def wait_ready(name, role, proc):
-        """Waits for a worker's `ready` line (its CUDA is up)."""
-        ready, _, _ = select.select([proc.stdout], [], [], 180)
-        line = proc.stdout.readline() if ready else ""
-        if line.strip() != "ready":
-            raise RuntimeError(f"{name}: {role} not ready: {line!r} {tail(proc)}")
+    def wait_ready(name, role, p):
+        """Waits for a worker's ready=1 (its CUDA is up)."""
+        if not proc.wait_ready([p], READY_S):
+            raise RuntimeError(f"{name}: {role} not ready: {tail(p)}")
 
 
-class ClockSampler:
+def clock_sampler():
     """The GPU's SM clock and power draw while a run lasts, as nvidia-smi
     reads them every 100 ms, each sample stamped as it arrives (a card held
     at its power limit lowers its clock, and every kernel on it runs
     slower)."""
-
-    def __init__(self):
-        self.samples = []
-        try:
-            self.proc = subprocess.Popen(
-                ["nvidia-smi", "-i", "0", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                 "-lms", "100"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        except OSError:
-            self.proc = None
-            return
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            try:
-                mhz, watts = (float(v) for v in line.split(","))
-            except ValueError:
-                continue
-            self.samples.append((time.monotonic(), mhz, watts))
-
-    def stop(self):
-        """Stops sampling (again: nothing)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.reader.join(timeout=10)
-
-    def between(self, start, end):
-        """The medians of the samples taken in [start, end] and the samples
-        themselves, their times from `start`: {"sm_mhz", "power_w", "samples",
-        "series"}, or None without any."""
-        series = [(t - start, m, w) for t, m, w in self.samples if start <= t <= end]
-        if not series:
-            return None
-        return {"sm_mhz": statistics.median(m for _, m, _ in series),
-                "power_w": statistics.median(w for _, _, w in series), "samples": len(series),
-                "series": series}
+    return Sampler(["clocks.sm", "power.draw"], 100, gpu=0)
 
 
-def tail(proc, size=2000):
-    """The end of a worker's stderr."""
-    proc.errors.flush()
-    proc.errors.seek(0)
-    return proc.errors.read()[-size:]
+def gpu_window(clocks, start, end):
+    """The medians of the samples taken in [start, end] and the samples
+    themselves, their times from `start`: {"sm_mhz", "power_w", "samples",
+    "series"}, or None without any."""
+    series = clocks.between(start, end)
+    if not series:
+        return None
+    return {"sm_mhz": median(m for _, m, _ in series), "power_w": median(w for _, _, w in series),
+            "samples": len(series), "series": series}
 
 
-def pct(values, q):
-    values = sorted(values)
-    if not values:
-        return float("nan")
-    k = (len(values) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+def tail(p, size=2000):
+    """The end of a worker's log, its result line left out."""
+    return "\n".join(l for l in p.text().splitlines() if not l.startswith("{"))[-size:]
+
 
 
 def clocks(run):
-    """A run's SM clock and board power (ClockSampler's medians) as text;
+    """A run's SM clock and board power (clock_sampler's medians) as text;
     "" without samples."""
     gpu = (run or {}).get("gpu")
     return f"SM {gpu['sm_mhz']:.0f} MHz, {gpu['power_w']:.0f} W" if gpu else ""
@@ -480,28 +267,17 @@ def summary(results):
     return "; ".join(parts)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    sub = p.add_subparsers(dest="cmd")
-    w = sub.add_parser("worker")
-    w.add_argument("role", choices=["latency", "batch"])
-    w.add_argument("--seconds", type=float, required=True)
-    w.add_argument("--period-us", type=float, default=2000)
-    w.add_argument("--size", type=int, default=4096)
-    w.add_argument("--arrivals", choices=["fixed", "poisson"], default="fixed")
-    w.add_argument("--phase-ms", type=float, default=0,
-                   help="batch: work and idle in turns of this long (0: work throughout)")
-    p.add_argument("--lib")
-    p.add_argument("--out", default=os.environ.get("OUT", "priority-bench-out"))
+def add_arguments(p):
+    common.limiter_arguments(p)
+    p.add_argument("--out", default=os.environ.get("OUT") or "priority-bench-out")
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--period-us", type=float, default=2000)
     p.add_argument("--sizes", type=int, nargs=2, default=[4096, 8192], metavar=("SHORT", "LONG"))
     p.add_argument("--quick", action="store_true")
-    args = p.parse_args()
-    if args.cmd == "worker":
-        return worker_latency(args) if args.role == "latency" else worker_batch(args)
-    if not args.lib:
-        p.error("--lib is required")
+
+
+def main(p, args):
+    args.lib = common.limiter(p, args)
     if args.quick:
         args.seconds = 3.0
     bench = Bench(args)
@@ -612,7 +388,3 @@ def report(args, runs, took):
         {"args": vars(args), "busy_gpu": busy_gpu, "busy_wall": busy_wall, "runs": runs}, indent=1))
     print()
     print(text)
-
-
-if __name__ == "__main__":
-    main()

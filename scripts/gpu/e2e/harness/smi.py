@@ -1,0 +1,79 @@
+"""nvidia-smi sampled while a run lasts (the benchmarks' GPU clock, power and
+utilisation beside their figures)."""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+
+from .parse import median
+
+
+class Sampler:
+    """`nvidia-smi --query-gpu=FIELDS` every period_ms, on GPU `gpu` (every
+    GPU when None), run without the limiter; each sample is (time.monotonic()
+    when it arrived, one number per field). A line that is not that is
+    skipped; without nvidia-smi there are no samples. A context manager, or
+    stop() at the end."""
+
+    def __init__(self, fields: Sequence[str], period_ms: int, gpu: int | None = None):
+        self.fields = list(fields)
+        self.samples: list[tuple[float, tuple[float, ...]]] = []
+        self.cmd = (["nvidia-smi"] + ([] if gpu is None else ["-i", str(gpu)])
+                    + [f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
+                       "-lms", str(period_ms)])
+        self.reader = None
+        try:
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                         env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+        except OSError:
+            self.proc = None
+            return
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                values = tuple(float(v) for v in line.split(","))
+            except ValueError:
+                continue
+            if len(values) == len(self.fields):
+                self.samples.append((time.monotonic(), values))
+
+    def stop(self) -> None:
+        """Stops sampling (again: nothing)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        if self.reader is not None:
+            self.reader.join(timeout=10)
+
+    def __enter__(self) -> Sampler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def values(self, field: int = 0) -> list[float]:
+        return [v[field] for _, v in self.samples]
+
+    def between(self, start: float, end: float) -> list[tuple]:
+        """The samples taken in [start, end], as (seconds from start, *values)."""
+        return [(t - start, *v) for t, v in self.samples if start <= t <= end]
+
+    def median(self, field: int = 0) -> float:
+        """The median of a field's samples; nan without any."""
+        m = median(self.values(field))
+        return math.nan if m is None else m
+
+    def busy_mean(self, field: int = 0) -> float:
+        """The mean of a field's samples above 0 but the first and the last,
+        which straddle the run's start and end; nan without any."""
+        busy = [x for x in self.values(field) if x > 0][1:-1]
+        return statistics.mean(busy) if busy else math.nan
