@@ -8,9 +8,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpu_fakes::FakeGpus;
 use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_kubernetes::dra::slice::slice_name;
-use hypervisor_observer::{GpuObserver, HealthEvent, SimulatedGpus};
+use hypervisor_observer::{GpuObserver, HealthEvent};
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use kube::api::Api;
 use kube_fakes::apiserver::FakeApiServer;
@@ -59,7 +60,7 @@ struct World {
     node: Option<TestNode>,
     plugin: Option<(FakeDeviceKubelet, PluginClient)>,
     client: kube::Client,
-    gpus: Arc<SimulatedGpus>,
+    gpus: Arc<FakeGpus>,
     api: FakeApiServer,
     scratch: Scratch,
 }
@@ -85,7 +86,7 @@ impl World {
             kubelet = Some(FakeDeviceKubelet::start(&config.dir, None).unwrap());
             options.device_plugin = Some(config);
         }
-        let gpus = Arc::new(SimulatedGpus::new(2));
+        let gpus = Arc::new(FakeGpus::new(2));
         let observer: Arc<dyn GpuObserver> = gpus.clone();
         let node = TestNode::start(&api, observer, options).await.unwrap();
         let plugin = match kubelet {
@@ -282,7 +283,7 @@ fn a_lost_gpu_is_tainted_until_it_answers_again() {
         let node = world.node.as_ref().unwrap();
         assert_eq!(
             node.hv.unhealthy_gpus().keys().collect::<Vec<_>>(),
-            [&SimulatedGpus::uuid(1)]
+            [&FakeGpus::uuid(1)]
         );
 
         assert!(world.gpus.inject(1, HealthEvent::Found).unwrap());
@@ -297,7 +298,7 @@ fn a_lost_gpu_is_tainted_until_it_answers_again() {
 fn the_device_plugin_lists_an_unhealthy_gpu_as_unhealthy_and_places_nothing_on_it() {
     runtime().block_on(async {
         let mut world = World::start("dp", true).await;
-        let (gpu0, gpu1) = (SimulatedGpus::uuid(0), SimulatedGpus::uuid(1));
+        let (gpu0, gpu1) = (FakeGpus::uuid(0), FakeGpus::uuid(1));
         let devices = world.plugin().devices().await.unwrap();
         assert_eq!(devices.len(), 4);
         assert!(devices.iter().all(|d| d.health == "Healthy"));

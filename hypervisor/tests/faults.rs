@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use common::daemon::{Killed, bin, listening, serve};
 use common::*;
+use gpu_fakes::FakeGpus;
 use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::protocol::Command;
-use hypervisor_observer::SimulatedGpus;
 
 /// Not a test of its own: the child process of
 /// `a_dead_worker_is_removed_and_its_memory_given_back`, which reserves
@@ -118,7 +118,7 @@ fn a_restart_keeps_regions_and_takes_workers_back() {
         pod_toml(&a, &["index = 0\nmemory = \"3g\"\ncap = 30"])
     ));
     let regions = Regions(vec![a.clone()]);
-    let sim = Arc::new(SimulatedGpus::new(1));
+    let sim = Arc::new(FakeGpus::new(1));
     let first = start_hypervisor(&config.path, Arc::clone(&sim));
     let old_worker = register_ok(&first.url(), &a).worker_id;
     assert_eq!(

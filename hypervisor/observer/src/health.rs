@@ -255,18 +255,6 @@ impl HealthBoard {
         self.changed(uuid, before, after)
     }
 
-    /// Forgets every fault of GPU `uuid` (after a reset the daemon did not
-    /// see, or in tests); returns whether there was one.
-    pub fn clear(&self, uuid: &str) -> bool {
-        let before = self
-            .gpus
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(uuid)
-            .unwrap_or_default();
-        self.changed(uuid, before, Condition::default())
-    }
-
     /// The GPUs that are unhealthy now, by UUID.
     pub fn unhealthy(&self) -> BTreeMap<String, Unhealthy> {
         self.gpus
@@ -401,8 +389,6 @@ mod tests {
         assert_eq!(board.unhealthy()["c"].fault, Fault::Lost);
         assert!(board.record("c", HealthEvent::Found));
         assert_eq!(board.unhealthy()["c"].fault, Fault::Xid(Some(48)));
-        assert!(board.clear("c"));
-        assert!(!board.clear("c"));
-        assert_eq!(board.unhealthy().keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(board.unhealthy().keys().collect::<Vec<_>>(), ["a", "c"]);
     }
 }

@@ -11,6 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use gpu_fakes::FakeGpus;
 use gpushare_utils::bucket::{Bucket, BucketLimits};
 use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::limits::PodLimits;
@@ -20,7 +21,6 @@ use http_bidir_comm::{Client, ClientOptions, LoopHandle, Task};
 use hypervisor_core::config;
 use hypervisor_core::node_tables::NodeTableNames;
 use hypervisor_daemon::Options;
-use hypervisor_observer::SimulatedGpus;
 use system_tests::RunningNode;
 
 pub(crate) mod daemon;
@@ -43,7 +43,7 @@ pub(crate) fn token_of(pod: &str) -> String {
 
 /// The UUID of simulated GPU `i`.
 pub(crate) fn gpu(i: u32) -> String {
-    SimulatedGpus::uuid(i)
+    FakeGpus::uuid(i)
 }
 
 /// Removes the regions of `pods` when dropped (after the hypervisor stopped).
@@ -113,7 +113,7 @@ pub(crate) fn node_tables(path: &Path) -> NodeTableNames {
 /// A running hypervisor with its config file; regions removed at the end.
 pub(crate) struct Harness {
     pub hv: RunningNode,
-    pub sim: Arc<SimulatedGpus>,
+    pub sim: Arc<FakeGpus>,
     pub config: ConfigFile,
     // Dropped last: after the hypervisor gave its slots back.
     pub regions: Regions,
@@ -137,7 +137,7 @@ impl Harness {
 
     pub(crate) fn start_with(config: ConfigFile, gpus: u32, pods: &[&str]) -> Self {
         let regions = Regions(pods.iter().map(|p| (*p).to_owned()).collect());
-        let sim = Arc::new(SimulatedGpus::new(gpus));
+        let sim = Arc::new(FakeGpus::new(gpus));
         let hv = start_hypervisor(&config.path, Arc::clone(&sim));
         Self {
             hv,
@@ -156,7 +156,7 @@ impl Harness {
     }
 }
 
-pub(crate) fn start_hypervisor(path: &Path, sim: Arc<SimulatedGpus>) -> RunningNode {
+pub(crate) fn start_hypervisor(path: &Path, sim: Arc<FakeGpus>) -> RunningNode {
     let config = config::load(path).expect("valid config");
     RunningNode::daemon(Options {
         config,
@@ -354,7 +354,7 @@ pub(crate) fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool
 }
 
 /// The test process's own view of a pod's ledger and limits, by simulated
-/// GPU index (`SimulatedGpus::uuid`).
+/// GPU index (`FakeGpus::uuid`).
 pub(crate) struct RegionView(pub PodLedger, pub PodLimits);
 
 impl RegionView {
@@ -367,7 +367,7 @@ impl RegionView {
     /// The ledger entry of simulated GPU `dev`.
     pub(crate) fn entry(&self, dev: usize) -> usize {
         self.0
-            .device_for(&SimulatedGpus::uuid(dev as u32))
+            .device_for(&FakeGpus::uuid(dev as u32))
             .expect("ledger entry")
     }
 
@@ -385,7 +385,7 @@ impl RegionView {
             managed: std::sync::atomic::AtomicU32::new(0),
         };
         self.1
-            .find(&SimulatedGpus::uuid(dev as u32))
+            .find(&FakeGpus::uuid(dev as u32))
             .map_or(&NONE, |gpu| &gpu.compute)
     }
 
@@ -395,7 +395,7 @@ impl RegionView {
 
     pub(crate) fn quota(&self, dev: usize) -> u64 {
         self.1
-            .find(&SimulatedGpus::uuid(dev as u32))
+            .find(&FakeGpus::uuid(dev as u32))
             .map_or(0, |gpu| gpu.quota.load(Ordering::Acquire))
     }
 

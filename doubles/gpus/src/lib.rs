@@ -1,0 +1,163 @@
+//! [`FakeGpus`]: the node's GPUs as a test sets them. The daemon sees them
+//! through its observer trait, as it sees NVML: a test injects the health
+//! events NVML would report, and sets what each GPU says of its processes
+//! and of its memory in use. A dev-only crate: the daemon never links it.
+
+use std::sync::Mutex;
+
+use hypervisor_observer::{
+    GpuInfo, GpuObserver, HealthBoard, HealthEvent, HealthPolicy, ObserverError, ProcessMemory,
+    ProcessUtilization, SimulatedGpus,
+};
+
+/// N GPUs named and sized as `--simulate-gpus N` names them, whose health,
+/// processes and memory in use the test sets.
+pub struct FakeGpus {
+    gpus: Mutex<Vec<GpuInfo>>,
+    processes: Mutex<Vec<(u32, ProcessUtilization)>>,
+    memory: Mutex<Vec<(u32, ProcessMemory)>>,
+    health: HealthBoard,
+}
+
+impl FakeGpus {
+    /// `count` GPUs, health events counted under the default policy.
+    pub fn new(count: u32) -> Self {
+        Self::with_health(count, HealthPolicy::default())
+    }
+
+    /// `count` GPUs whose injected health events count under `policy`.
+    pub fn with_health(count: u32, policy: HealthPolicy) -> Self {
+        let gpus = SimulatedGpus::new(count).gpus().unwrap_or_default();
+        Self {
+            gpus: Mutex::new(gpus),
+            processes: Mutex::new(Vec::new()),
+            memory: Mutex::new(Vec::new()),
+            health: HealthBoard::new(policy),
+        }
+    }
+
+    /// The UUID of GPU `index`.
+    pub fn uuid(index: u32) -> String {
+        SimulatedGpus::uuid(index)
+    }
+
+    /// Records `event` on GPU `index` as NVML would report it (an XID on the
+    /// ignore list changes nothing); returns whether its health changed.
+    pub fn inject(&self, index: u32, event: HealthEvent) -> Result<bool, ObserverError> {
+        Ok(self.health.record(&self.uuid_of(index)?, event))
+    }
+
+    /// Sets what GPU `index` reports of its processes.
+    pub fn set_processes(&self, index: u32, samples: Vec<ProcessUtilization>) {
+        if let Ok(mut processes) = self.processes.lock() {
+            processes.retain(|(gpu, _)| *gpu != index);
+            processes.extend(samples.into_iter().map(|s| (index, s)));
+        }
+    }
+
+    /// Sets the memory GPU `index` attributes to its processes.
+    pub fn set_process_memory(&self, index: u32, processes: Vec<ProcessMemory>) {
+        if let Ok(mut memory) = self.memory.lock() {
+            memory.retain(|(gpu, _)| *gpu != index);
+            memory.extend(processes.into_iter().map(|p| (index, p)));
+        }
+    }
+
+    /// Sets the memory GPU `index` reports as used.
+    pub fn set_used(&self, index: u32, bytes: u64) -> Result<(), ObserverError> {
+        let mut gpus = self
+            .gpus
+            .lock()
+            .map_err(|_| ObserverError::NoSuchGpu(index))?;
+        let gpu = gpus
+            .iter_mut()
+            .find(|g| g.index == index)
+            .ok_or(ObserverError::NoSuchGpu(index))?;
+        gpu.memory_used = bytes;
+        Ok(())
+    }
+
+    fn uuid_of(&self, index: u32) -> Result<String, ObserverError> {
+        self.gpus
+            .lock()
+            .map_err(|_| ObserverError::NoSuchGpu(index))?
+            .iter()
+            .find(|g| g.index == index)
+            .map(|g| g.uuid.clone())
+            .ok_or(ObserverError::NoSuchGpu(index))
+    }
+}
+
+/// What GPU `index` reports of its processes, from `per_gpu`.
+fn of_gpu<T: Copy>(per_gpu: &Mutex<Vec<(u32, T)>>, index: u32) -> Vec<T> {
+    per_gpu
+        .lock()
+        .map(|all| {
+            all.iter()
+                .filter(|(gpu, _)| *gpu == index)
+                .map(|(_, item)| *item)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl GpuObserver for FakeGpus {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        Ok(self
+            .gpus
+            .lock()
+            .map(|gpus| gpus.clone())
+            .unwrap_or_default())
+    }
+
+    fn process_utilization(&self, index: u32) -> Result<Vec<ProcessUtilization>, ObserverError> {
+        Ok(of_gpu(&self.processes, index))
+    }
+
+    fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
+        Ok(of_gpu(&self.memory, index))
+    }
+
+    fn health(&self) -> Option<&HealthBoard> {
+        Some(&self.health)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_the_test_sets_is_what_the_observer_sees() {
+        let gpus = FakeGpus::new(2);
+        assert_eq!(gpus.gpus().unwrap()[1].uuid, FakeGpus::uuid(1));
+        gpus.set_used(1, 5).unwrap();
+        assert_eq!(gpus.gpus().unwrap()[1].memory_used, 5);
+        assert!(gpus.set_used(7, 5).is_err());
+        let sample = ProcessUtilization {
+            pid: 9,
+            sm_percent: 40,
+            memory_percent: 3,
+        };
+        gpus.set_processes(1, vec![sample]);
+        assert_eq!(gpus.process_utilization(1).unwrap(), vec![sample]);
+        assert!(gpus.process_utilization(0).unwrap().is_empty());
+        let held = ProcessMemory { pid: 9, bytes: 7 };
+        gpus.set_process_memory(0, vec![held]);
+        assert_eq!(gpus.process_memory(0).unwrap(), vec![held]);
+        assert!(gpus.process_memory(1).unwrap().is_empty());
+    }
+
+    #[test]
+    fn injected_health_follows_the_policy() {
+        let gpus = FakeGpus::new(2);
+        let board = gpus.health().unwrap();
+        assert!(!gpus.inject(1, HealthEvent::Xid(Some(13))).unwrap());
+        assert!(gpus.inject(1, HealthEvent::Xid(Some(79))).unwrap());
+        assert!(gpus.inject(7, HealthEvent::Lost).is_err());
+        assert_eq!(
+            board.unhealthy().keys().collect::<Vec<_>>(),
+            [&FakeGpus::uuid(1)]
+        );
+    }
+}
