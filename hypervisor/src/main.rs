@@ -229,25 +229,12 @@ fn main() {
         Cmd::Limiter { command } => limiter(command),
     };
     if let Err(error) = result {
-        eprintln!("hypervisor: {}", one_line(&error));
+        eprintln!(
+            "hypervisor: {}",
+            gpushare_utils::logging::one_line(error.as_ref())
+        );
         std::process::exit(1);
     }
-}
-
-/// The error and its causes on one line, each cause said once: a message
-/// that already quotes its source is not followed by it again.
-fn one_line(error: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in error.chain() {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&text);
-        }
-    }
-    line
 }
 
 /// Where `serve` listens.

@@ -372,6 +372,8 @@ fn two_claims_share_one_gpu_and_one_too_many_is_refused() {
             "{}",
             refused.error
         );
+        // One line for the kubelet's event.
+        assert!(!refused.error.contains('\n'), "{}", refused.error);
         assert!(refused.devices.is_empty());
         assert!(!world.spec_path(&c_uid).exists());
         assert!(pod_status(&world, &c).is_none());

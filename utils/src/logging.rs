@@ -152,6 +152,25 @@ where
     }
 }
 
+/// `error` and its sources on one line, each said once (a message that
+/// already quotes its source is not followed by it again), line breaks
+/// made spaces: what a log line, a kubelet or a terminal shows.
+pub fn one_line(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = String::new();
+    let mut cause = Some(error);
+    while let Some(current) = cause {
+        let text = current.to_string().replace(['\n', '\r'], " ");
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        cause = current.source();
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,5 +309,22 @@ mod tests {
         install("GPUSHARE_UTILS_TEST_LOG", Some(OsStr::new("bogus")));
         init("GPUSHARE_UTILS_TEST_LOG");
         init("GPUSHARE_UTILS_TEST_LOG");
+    }
+
+    #[test]
+    fn an_error_and_its_sources_are_one_line_each_said_once() {
+        #[derive(Debug, thiserror::Error)]
+        enum Outer {
+            #[error("cannot prepare")]
+            Quiet(#[source] std::io::Error),
+            #[error("cannot read: {0}")]
+            Quoting(#[source] std::io::Error),
+        }
+        let io = || std::io::Error::other("no such\nfile");
+        assert_eq!(
+            one_line(&Outer::Quiet(io())),
+            "cannot prepare: no such file"
+        );
+        assert_eq!(one_line(&Outer::Quoting(io())), "cannot read: no such file");
     }
 }

@@ -12,13 +12,22 @@ use kube::api::Api;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::{Notify, watch};
 
-use crate::dra::ClaimRef;
+use crate::dra::{ClaimRef, ClaimRefused};
 use crate::options::{AgentOptions, GpuHealth};
-use crate::provision::{ClaimRequest, Provisioner};
+use crate::provision::{ClaimRequest, ProvisionError, Provisioner};
 use crate::{KubeError, KubernetesSource};
 use hypervisor_daemon::Hypervisor;
 use hypervisor_daemon::source;
 use hypervisor_observer::Unhealthy;
+
+/// Why a claim (of either mode) could not be provisioned.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(transparent)]
+    Provision(#[from] ProvisionError),
+    #[error("claim {claim}: the pod's region could not be opened: {reason}")]
+    NoRegion { claim: String, reason: String },
+}
 
 /// What the agent holds.
 pub(crate) struct Inner {
@@ -66,24 +75,24 @@ impl NodeAgent {
     /// Prepares `request` and opens its pod's region with its limits (the
     /// caller holds `busy`); nothing is left when the region cannot be
     /// opened. Returns the CDI device IDs.
-    pub(crate) fn provision(&self, request: &ClaimRequest) -> Result<Vec<String>, String> {
-        let cdi = self
-            .provisioner()
-            .prepare(request.clone())
-            .map_err(|e| e.to_string())?;
-        let report = source::sync(&self.inner.hv, &self.inner.source);
-        let failed = match &report {
-            Ok(report) => report.failed.iter().any(|(pod, _)| *pod == request.pod.uid),
-            Err(_) => true,
+    pub(crate) fn provision(&self, request: &ClaimRequest) -> Result<Vec<String>, PrepareError> {
+        let cdi = self.provisioner().prepare(request.clone())?;
+        let failed = match source::sync(&self.inner.hv, &self.inner.source) {
+            Ok(report) => report
+                .failed
+                .into_iter()
+                .find(|(pod, _)| *pod == request.pod.uid)
+                .map(|(_, reason)| reason),
+            Err(error) => Some(error.to_string()),
         };
-        if failed {
+        if let Some(reason) = failed {
             // No region, no limits: the container must not start.
             let _ = self.provisioner().unprepare(&request.claim_uid);
             let _ = self.sync();
-            return Err(format!(
-                "claim {}: the pod's region could not be opened: {report:?}",
-                request.claim_uid
-            ));
+            return Err(PrepareError::NoRegion {
+                claim: request.claim_uid.clone(),
+                reason,
+            });
         }
         Ok(cdi)
     }
@@ -96,7 +105,7 @@ impl NodeAgent {
         Ok(())
     }
 
-    pub(crate) async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, String> {
+    pub(crate) async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimRefused> {
         let key = ObjectRef::new(&claim.name).within(&claim.namespace);
         if let Some(cached) = self.inner.claims.get(&key)
             && cached.metadata.uid.as_deref() == Some(&claim.uid)
@@ -110,6 +119,10 @@ impl NodeAgent {
         let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &claim.namespace);
         api.get(&claim.name)
             .await
-            .map_err(|e| format!("cannot read claim {}/{}: {e}", claim.namespace, claim.name))
+            .map_err(|source| ClaimRefused::Read {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                source,
+            })
     }
 }

@@ -12,11 +12,12 @@ use serde_json::json;
 
 use super::ask::{self, CORES, MEMORY_MIB, MEMORY_PERCENT};
 use super::placement::{self, GpuLoad};
-use super::{Allocator, GpuHealth, podresources};
+use super::{AllocateError, Allocator, GpuHealth, SharesMismatch, podresources};
 use crate::KubeError;
 use crate::NodeAgent;
 use crate::provision::cdi::ContainerEdits;
 use crate::provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams, new_uid};
+use gpushare_utils::logging::one_line;
 use hypervisor_core::spec::Policy;
 use hypervisor_observer::{GpuInfo, Unhealthy};
 
@@ -95,12 +96,15 @@ struct Target {
 impl NodeAgent {
     /// The pods of this node that may be starting: not finished, not
     /// deleted, oldest first.
-    async fn starting_pods(&self) -> Result<Vec<Pod>, String> {
+    async fn starting_pods(&self) -> Result<Vec<Pod>, AllocateError> {
         let node = &self.inner.options.node;
         let pods = Api::<Pod>::all(self.inner.client.clone())
             .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
             .await
-            .map_err(|e| format!("cannot list the pods of node {node}: {e}"))?;
+            .map_err(|source| AllocateError::Pods {
+                node: node.clone(),
+                source,
+            })?;
         let mut pods: Vec<Pod> = pods
             .items
             .into_iter()
@@ -132,7 +136,7 @@ impl NodeAgent {
     /// the first (oldest pod first) that asks for `devices.len()` of
     /// `resource`, has no claim yet, is not served in the kubelet's
     /// pod-resources and, when that list exists, belongs to a pod in it.
-    async fn target(&self, resource: &str, devices: &[String]) -> Result<Target, String> {
+    async fn target(&self, resource: &str, devices: &[String]) -> Result<Target, AllocateError> {
         let listed = podresources::list(&self.inner.options_device_plugin()?.pod_resources)
             .await
             .unwrap_or_else(|error| {
@@ -184,26 +188,28 @@ impl NodeAgent {
                 });
             }
         }
-        Err(format!(
-            "no pod starting on node {} has a container without GPUs asking for {} {resource}",
-            self.inner.options.node,
-            devices.len()
-        ))
+        Err(AllocateError::NoContainer {
+            node: self.inner.options.node.clone(),
+            count: devices.len(),
+            resource: resource.to_owned(),
+        })
     }
 
     /// The claim of `target`, placed on this node's GPUs.
-    fn device_claim(&self, resource: &str, target: &Target) -> Result<ClaimRequest, String> {
+    fn device_claim(&self, resource: &str, target: &Target) -> Result<ClaimRequest, AllocateError> {
         let pod = &target.pod;
         let container = pod
             .spec
             .iter()
             .flat_map(|s| &s.containers)
             .find(|c| c.name == target.container)
-            .ok_or_else(|| format!("no container {}", target.container))?;
-        let asked = ask::container_ask(container, resource)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("container {} asks for no {resource}", container.name))?;
-        let prefs = ask::pod_prefs(pod).map_err(|e| e.to_string())?;
+            .ok_or_else(|| AllocateError::NoSuchContainer(target.container.clone()))?;
+        let asked =
+            ask::container_ask(container, resource)?.ok_or_else(|| AllocateError::NoAsk {
+                container: container.name.clone(),
+                resource: resource.to_owned(),
+            })?;
+        let prefs = ask::pod_prefs(pod)?;
         // An unhealthy GPU takes no new container, whichever share the
         // kubelet picked.
         let unhealthy = self.inner.hv.unhealthy_gpus();
@@ -237,8 +243,7 @@ impl NodeAgent {
                 .collect();
             (loads, pod_gpus)
         };
-        let placed =
-            placement::place(&asked, &prefs, &loads, &pod_gpus).map_err(|r| r.to_string())?;
+        let placed = placement::place(&asked, &prefs, &loads, &pod_gpus)?;
         let policy = if asked.cores.is_none() {
             Policy::None
         } else {
@@ -246,7 +251,7 @@ impl NodeAgent {
         };
         let node = &self.inner.options.node;
         Ok(ClaimRequest {
-            claim_uid: new_uid().map_err(|e| e.to_string())?,
+            claim_uid: new_uid()?,
             namespace: pod.metadata.namespace.clone().unwrap_or_default(),
             name: container.name.clone(),
             pod: PodRef {
@@ -322,7 +327,7 @@ impl Allocator for NodeAgent {
         &self,
         resource: &str,
         devices: Vec<String>,
-    ) -> Result<ContainerEdits, String> {
+    ) -> Result<ContainerEdits, AllocateError> {
         let _busy = self.inner.busy.lock().await;
         let target = self.target(resource, &devices).await?;
         let uid = target.pod.metadata.uid.clone().unwrap_or_default();
@@ -333,13 +338,15 @@ impl Allocator for NodeAgent {
                 let request = match self.device_claim(resource, &target) {
                     Ok(request) => request,
                     Err(why) => {
-                        self.event(&target.pod, true, REFUSED, &why).await;
+                        self.event(&target.pod, true, REFUSED, &one_line(&why))
+                            .await;
                         return Err(why);
                     }
                 };
                 if let Err(why) = self.provision(&request) {
-                    self.event(&target.pod, true, REFUSED, &why).await;
-                    return Err(why);
+                    self.event(&target.pod, true, REFUSED, &one_line(&why))
+                        .await;
+                    return Err(why.into());
                 }
                 let gpus: Vec<String> = request
                     .devices
@@ -363,12 +370,10 @@ impl Allocator for NodeAgent {
         if let Ok(mut allocated) = self.inner.allocated.lock() {
             allocated.insert(key, (uid, target.container.clone()));
         }
-        self.provisioner()
-            .container_edits(&claim_uid)
-            .map_err(|e| e.to_string())
+        Ok(self.provisioner().container_edits(&claim_uid)?)
     }
 
-    async fn pre_start(&self, resource: &str, devices: Vec<String>) -> Result<(), String> {
+    async fn pre_start(&self, resource: &str, devices: Vec<String>) -> Result<(), AllocateError> {
         let mut key = devices.clone();
         key.sort();
         let Some((uid, container)) = self
@@ -397,17 +402,22 @@ impl Allocator for NodeAgent {
         }
         // Fail closed: these devices went to a container other than the one
         // whose limits were provisioned.
-        Err(format!(
-            "shares {devices:?} went to {ns}/{name} container {holder}, but were provisioned for pod {uid} container {container}"
-        ))
+        Err(AllocateError::Mismatch(Box::new(SharesMismatch {
+            devices,
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            holder: holder.to_owned(),
+            uid,
+            container,
+        })))
     }
 }
 
 impl crate::state::Inner {
-    fn options_device_plugin(&self) -> Result<&super::DevicePluginConfig, String> {
+    fn options_device_plugin(&self) -> Result<&super::DevicePluginConfig, AllocateError> {
         self.options
             .device_plugin
             .as_ref()
-            .ok_or_else(|| "the device plugin is off".to_owned())
+            .ok_or(AllocateError::Off)
     }
 }

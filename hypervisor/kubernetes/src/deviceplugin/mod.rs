@@ -62,22 +62,74 @@ pub fn devices(gpus: &[GpuHealth], shares: u32) -> Vec<pb::v1beta1::Device> {
         .collect()
 }
 
+/// Why a container was refused its shares: the kubelet is told it on one
+/// line ([`gpushare_utils::logging::one_line`]), and so is the pod's event.
+#[derive(Debug, thiserror::Error)]
+pub enum AllocateError {
+    #[error("the device plugin is off")]
+    Off,
+    #[error("cannot list the pods of node {node}: {source}")]
+    Pods {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "no pod starting on node {node} has a container without GPUs asking for {count} {resource}"
+    )]
+    NoContainer {
+        node: String,
+        count: usize,
+        resource: String,
+    },
+    #[error("no container {0}")]
+    NoSuchContainer(String),
+    #[error("container {container} asks for no {resource}")]
+    NoAsk { container: String, resource: String },
+    #[error(transparent)]
+    Ask(#[from] ask::AskError),
+    #[error(transparent)]
+    Placement(#[from] placement::Refusal),
+    #[error(transparent)]
+    Provision(#[from] crate::provision::ProvisionError),
+    #[error(transparent)]
+    Prepare(#[from] crate::state::PrepareError),
+    /// Fail closed: the shares went to another container than the one
+    /// whose limits were provisioned.
+    #[error(transparent)]
+    Mismatch(Box<SharesMismatch>),
+}
+
+/// Shares that went to another container than the one whose limits were
+/// provisioned for them.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "shares {devices:?} went to {namespace}/{name} container {holder}, but were provisioned for pod {uid} container {container}"
+)]
+pub struct SharesMismatch {
+    pub devices: Vec<String>,
+    pub namespace: String,
+    pub name: String,
+    pub holder: String,
+    pub uid: String,
+    pub container: String,
+}
+
 /// What allocating means: the Kubernetes agent's ([`allocator`]).
-/// Errors are one line for the kubelet.
 pub trait Allocator: Send + Sync + 'static {
     /// The edits for the container given `devices` of `resource`.
     fn allocate(
         &self,
         resource: &str,
         devices: Vec<String>,
-    ) -> impl Future<Output = Result<ContainerEdits, String>> + Send;
+    ) -> impl Future<Output = Result<ContainerEdits, AllocateError>> + Send;
     /// Checks, before the container starts, that `devices` went to the
     /// container they were provisioned for.
     fn pre_start(
         &self,
         resource: &str,
         devices: Vec<String>,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<(), AllocateError>> + Send;
 }
 
 /// Why the plugin stopped.

@@ -17,6 +17,7 @@ use super::pb::v1beta1::{
 };
 use super::{Allocator, GpuHealth, devices};
 use crate::provision::cdi::ContainerEdits;
+use gpushare_utils::logging::one_line;
 
 /// The service for `resource`.
 pub struct DevicePluginService<A> {
@@ -132,7 +133,8 @@ impl<A: Allocator> DevicePlugin for DevicePluginService<A> {
                 .allocator
                 .allocate(&self.resource, container.devices_ids)
                 .await
-                .map_err(|error| {
+                .map_err(|refused| {
+                    let error = one_line(&refused);
                     tracing::warn!(resource = self.resource, error, "allocate refused");
                     Status::failed_precondition(error)
                 })?;
@@ -150,7 +152,7 @@ impl<A: Allocator> DevicePlugin for DevicePluginService<A> {
         self.allocator
             .pre_start(&self.resource, request.into_inner().devices_ids)
             .await
-            .map_err(Status::failed_precondition)?;
+            .map_err(|refused| Status::failed_precondition(one_line(&refused)))?;
         Ok(Response::new(PreStartContainerResponse {}))
     }
 }

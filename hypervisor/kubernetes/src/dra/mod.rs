@@ -29,6 +29,10 @@ pub mod pb {
 
 use std::future::Future;
 
+use crate::KubeError;
+use crate::provision::ProvisionError;
+use crate::state::PrepareError;
+
 /// The services a kubelet may call, as listed at registration.
 pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
 /// `PluginInfo.type` of a DRA plugin.
@@ -51,11 +55,34 @@ pub struct PreparedDevice {
     pub cdi_device_ids: Vec<String>,
 }
 
-/// Prepares and unprepares claims; errors are one line for the kubelet.
+/// Why a claim could not be prepared or unprepared: the kubelet is told
+/// it on one line ([`gpushare_utils::logging::one_line`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimRefused {
+    #[error("cannot read claim {namespace}/{name}: {source}")]
+    Read {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Claim(#[from] claims::ClaimError),
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
+    #[error(transparent)]
+    Unprepare(#[from] ProvisionError),
+    #[error(transparent)]
+    Pods(#[from] KubeError),
+}
+
+/// Prepares and unprepares claims.
 pub trait ClaimPreparer: Send + Sync + 'static {
+    /// Prepares `claim`: the devices it got and their CDI IDs.
     fn prepare(
         &self,
         claim: ClaimRef,
-    ) -> impl Future<Output = Result<Vec<PreparedDevice>, String>> + Send;
-    fn unprepare(&self, claim: ClaimRef) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<Vec<PreparedDevice>, ClaimRefused>> + Send;
+    /// Unprepares `claim`; one that is not prepared is no error.
+    fn unprepare(&self, claim: ClaimRef) -> impl Future<Output = Result<(), ClaimRefused>> + Send;
 }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
+use gpushare_utils::logging::one_line;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
@@ -68,7 +69,8 @@ macro_rules! dra_version {
                                     .collect(),
                                 error: String::new(),
                             },
-                            Err(error) => {
+                            Err(refused) => {
+                                let error = one_line(&refused);
                                 tracing::warn!(claim = uid, error, "prepare failed");
                                 v::NodePrepareResourceResponse {
                                     devices: Vec::new(),
@@ -97,7 +99,8 @@ macro_rules! dra_version {
                             .await
                         {
                             Ok(()) => String::new(),
-                            Err(error) => {
+                            Err(refused) => {
+                                let error = one_line(&refused);
                                 tracing::warn!(claim = uid, error, "unprepare failed");
                                 error
                             }

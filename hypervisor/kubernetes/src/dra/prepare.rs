@@ -4,10 +4,10 @@
 
 use crate::NodeAgent;
 use crate::dra::claims;
-use crate::dra::{ClaimPreparer, ClaimRef, PreparedDevice};
+use crate::dra::{ClaimPreparer, ClaimRef, ClaimRefused, PreparedDevice};
 
 impl ClaimPreparer for NodeAgent {
-    async fn prepare(&self, claim: ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    async fn prepare(&self, claim: ClaimRef) -> Result<Vec<PreparedDevice>, ClaimRefused> {
         let _busy = self.inner.busy.lock().await;
         let devices = |request: &crate::provision::ClaimRequest, cdi: &[String]| {
             request
@@ -25,25 +25,21 @@ impl ClaimPreparer for NodeAgent {
             return Ok(devices(&done.request, &done.cdi_devices));
         }
         let object = self.claim(&claim).await?;
-        claims::check_uid(&object, &claim.uid).map_err(|e| e.to_string())?;
+        claims::check_uid(&object, &claim.uid)?;
         let o = &self.inner.options;
         let request = {
             let provisioner = self.provisioner();
-            claims::to_request(&object, &o.driver, &o.node, provisioner.gpus())
-                .map_err(|e| e.to_string())?
+            claims::to_request(&object, &o.driver, &o.node, provisioner.gpus())?
         };
         let cdi = self.provision(&request)?;
         Ok(devices(&request, &cdi))
     }
 
-    async fn unprepare(&self, claim: ClaimRef) -> Result<(), String> {
+    async fn unprepare(&self, claim: ClaimRef) -> Result<(), ClaimRefused> {
         let _busy = self.inner.busy.lock().await;
-        let removed = self
-            .provisioner()
-            .unprepare(&claim.uid)
-            .map_err(|e| e.to_string())?;
+        let removed = self.provisioner().unprepare(&claim.uid)?;
         if removed {
-            self.sync().map_err(|e| e.to_string())?;
+            self.sync()?;
         }
         Ok(())
     }
