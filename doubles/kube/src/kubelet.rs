@@ -13,20 +13,29 @@ use hypervisor_kubernetes::dra::{PLUGIN_TYPE, pb, socket};
 /// Why the fake kubelet gave up.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeletError {
+    /// No plugin of the driver registered in time.
     #[error("no registration socket for {driver} in {} after {waited:?}", dir.display())]
     NoPlugin {
+        /// The DRA driver waited for.
         driver: String,
+        /// The plugin registry folder watched.
         dir: PathBuf,
+        /// How long it waited.
         waited: Duration,
     },
+    /// A socket the plugin named could not be dialled.
     #[error("cannot connect to {}: {source}", path.display())]
     Connect {
+        /// The socket.
         path: PathBuf,
+        /// Why the connection failed.
         #[source]
         source: tonic::transport::Error,
     },
+    /// A call failed at the gRPC level.
     #[error("gRPC: {0}")]
     Rpc(#[from] tonic::Status),
+    /// The plugin answered the registration with an error.
     #[error("plugin refused: {0}")]
     Refused(String),
 }
@@ -34,12 +43,15 @@ pub enum KubeletError {
 /// Which `DRAPlugin` service to call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Version {
+    /// `v1.DRAPlugin` (kubelets of 1.34 and later).
     V1,
+    /// `v1beta1.DRAPlugin` (kubelets of 1.32 and 1.33, and later ones too).
     V1beta1,
 }
 
 /// A registered plugin.
 pub struct FakeKubelet {
+    /// What the plugin said of itself at registration.
     pub info: PluginInfo,
     channel: tonic::transport::Channel,
 }
@@ -47,7 +59,9 @@ pub struct FakeKubelet {
 /// One claim's answer: CDI device IDs per device, or the error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Prepared {
+    /// Each device's name and the CDI device IDs it got.
     pub devices: Vec<(String, Vec<String>)>,
+    /// The plugin's error for the claim; empty when prepared.
     pub error: String,
 }
 

@@ -23,10 +23,15 @@ use super::kubelet::FakeKubelet;
 /// plugin registered with.
 pub struct TestNode {
     node: Option<Node>,
+    /// The node's hypervisor, to look at or drive directly.
     pub hv: Hypervisor,
+    /// `http://` and the hypervisor's loopback address.
     pub hv_url: String,
+    /// The node's Kubernetes agent.
     pub agent: NodeAgent,
+    /// The fake kubelet its DRA plugin registered with.
     pub kubelet: FakeKubelet,
+    /// The options the agent runs with (the hypervisor's URL filled in).
     pub options: AgentOptions,
     /// The node tables its hypervisor made: removed when the node is dropped.
     tables: NodeTableNames,

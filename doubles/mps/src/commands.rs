@@ -15,8 +15,11 @@ pub enum Outcome {
     /// A server was started and failed to (the test hook
     /// [`crate::SERVER_FAILS`]): log it, answer nothing.
     ServerFailed {
+        /// The fake server's number.
         server: u32,
+        /// The user it was started for.
         uid: u32,
+        /// The line it failed with.
         reason: String,
     },
 }
@@ -24,7 +27,9 @@ pub enum Outcome {
 /// A fake MPS server: a number, not a process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Server {
+    /// The user whose clients it serves.
     pub uid: u32,
+    /// The share of the SMs its new clients get, in percent.
     pub active_thread_percentage: f64,
 }
 

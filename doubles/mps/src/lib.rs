@@ -32,6 +32,8 @@
 //! then ([`log::Log::server_failed`]). For the supervisor's report of
 //! servers that refuse their clients.
 
+#![warn(missing_docs)]
+
 pub mod client;
 pub mod commands;
 pub mod daemon;
@@ -117,12 +119,20 @@ pub enum FakeError {
     NoDaemon,
     /// A test hook's environment variable is not what it takes.
     #[error("{name}={value:?} is not a number")]
-    Hook { name: &'static str, value: String },
+    Hook {
+        /// The variable.
+        name: &'static str,
+        /// What it held.
+        value: String,
+    },
     /// A file or socket operation failed.
     #[error("cannot {what} {}: {source}", .path.display())]
     Io {
+        /// What was being done.
         what: &'static str,
+        /// To which file or socket.
         path: PathBuf,
+        /// Why it failed.
         #[source]
         source: std::io::Error,
     },

@@ -16,12 +16,16 @@ pub type Key = (String, String, String);
 /// What a change did, as watchers see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
+    /// The object was created.
     Added,
+    /// The object was written again (spec, status or metadata).
     Modified,
+    /// The object is gone.
     Deleted,
 }
 
 impl EventType {
+    /// The watch event's `type` as the API server writes it.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Added => "ADDED",
@@ -34,8 +38,11 @@ impl EventType {
 /// One change, as watchers see it.
 #[derive(Debug, Clone)]
 pub struct Change {
+    /// The resourceVersion the change made.
     pub rv: u64,
+    /// The object changed: resource, namespace, name.
     pub key: Key,
+    /// What the change did.
     pub kind: EventType,
     /// The object after the change (for a deletion, its last state with the
     /// deletion's resourceVersion).
