@@ -12,10 +12,10 @@
 //!    before the containers start.
 //! 4. **Pods gone**: a pod with prepared claims that the API server no
 //!    longer has (or that finished) loses its claims, token and region,
-//!    unless another running pod uses them ([`consumers`]).
+//!    unless another running pod uses them (`consumers`).
 //! 5. **Identity**: workers are checked against their cgroup
 //!    ([`hypervisor_core::identity`]); a pod that uses a claim prepared under another
-//!    quota identity counts as that identity's ([`consumers`]).
+//!    quota identity counts as that identity's (`consumers`).
 //! 6. **Device plugin** (`--device-plugin`, [`deviceplugin::allocator`]): containers that ask
 //!    for `nvidia.com/gpu` shares get a claim of their own, made from their
 //!    pod's resource names, provisioned as in 3.
@@ -25,6 +25,8 @@
 //! [`dra`] and [`deviceplugin`], and `consumers` ← `agent` (start, run,
 //! clean-up of pods that are gone). [`provision`] is what both modes give a
 //! container.
+
+#![warn(missing_docs)]
 
 mod agent;
 mod consumers;
@@ -51,22 +53,45 @@ pub const DRIVER: &str = "gpu.gpushare.dev";
 /// Why the agent failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {
+    /// The kubeconfig given with `--kubeconfig` cannot be read, parsed or
+    /// turned into a client configuration.
     #[error("kubeconfig {path}: {message}")]
-    Kubeconfig { path: String, message: String },
+    Kubeconfig {
+        /// The file, as given.
+        path: String,
+        /// kube-rs's reason.
+        message: String,
+    },
+    /// No kubeconfig was given and none was found: not in a pod with a
+    /// service account, no `KUBECONFIG`, no `~/.kube/config`.
     #[error("no Kubernetes configuration (in-cluster or KUBECONFIG): {0}")]
     Infer(String),
+    /// The configuration was read but is not usable as a client (its TLS
+    /// settings or credentials, for instance).
     #[error("cannot build the API client: {0}")]
     Client(String),
+    /// A request to the API server failed (unreachable, forbidden by the
+    /// agent's RBAC, or refused).
     #[error("{what}: {source}")]
     Api {
+        /// The request, such as `get pod` or `create resourceslice`.
         what: &'static str,
+        /// kube-rs's error, with the API server's status when it answered.
         #[source]
         source: kube::Error,
     },
+    /// The checkpoint could not be opened, a gone pod's claims not
+    /// removed, or the prepared claims not turned into the hypervisor's
+    /// pods.
     #[error(transparent)]
     Provision(#[from] crate::provision::ProvisionError),
+    /// The device plugin failed. Nothing returns it at present:
+    /// [`NodeAgent::run`] logs the device plugin's errors and goes on
+    /// serving DRA.
     #[error("device plugin: {0}")]
     DevicePlugin(String),
+    /// The DRA plugin's or its registration socket cannot be created or
+    /// served (the kubelet's folders missing or not writable).
     #[error("kubelet plugin sockets: {0}")]
     Plugin(#[source] std::io::Error),
 }
@@ -106,6 +131,8 @@ pub async fn client(path: Option<&Path>) -> Result<kube::Client, KubeError> {
 /// The hypervisor's pods from the prepared claims.
 #[derive(Clone)]
 pub struct KubernetesSource {
+    /// The prepared claims, shared with the agent, which prepares and
+    /// forgets them; [`PodSource::pods`] reads their pods from it.
     pub provisioner: Arc<Mutex<Provisioner>>,
 }
 

@@ -12,10 +12,17 @@ use crate::provision::ProvisionConfig;
 pub struct AgentOptions {
     /// This node (the downward API's `spec.nodeName`).
     pub node: String,
+    /// The DRA driver name (`--driver`, default [`crate::DRIVER`]): the
+    /// ResourceSlice's driver, the plugin's name at registration, the
+    /// prefix of its device taints; claims' devices of other drivers are
+    /// not ours.
     pub driver: String,
-    /// `None`: in-cluster configuration.
+    /// A kubeconfig (`--kubeconfig`); `None`: the in-cluster service
+    /// account, else `KUBECONFIG` or `~/.kube/config` ([`crate::client`]).
     pub kubeconfig: Option<PathBuf>,
+    /// Where provisioning puts the node's files, and what pods are told.
     pub provision: ProvisionConfig,
+    /// Where the DRA plugin serves and registers with the kubelet.
     pub sockets: PluginSockets,
     /// The host's `/proc` (`hostPID`), for the workers' cgroups.
     pub proc_root: PathBuf,
@@ -70,7 +77,10 @@ impl DevicePluginConfig {
 /// One GPU as the plugin advertises it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuHealth {
+    /// The GPU's UUID: its shares are `<uuid>::<k>`.
     pub uuid: String,
+    /// False once NVML reports it unhealthy or it is no longer seen: its
+    /// shares are then advertised `Unhealthy`.
     pub healthy: bool,
 }
 

@@ -21,8 +21,11 @@ use gpushare_utils::logging::one_line;
 use hypervisor_core::spec::Policy;
 use hypervisor_observer::{GpuInfo, Unhealthy};
 
-/// `reason` of the events on pods.
+/// `reason` of the Warning event on a pod whose container was refused its
+/// shares; the message says why.
 pub const REFUSED: &str = "GpuShareAllocationFailed";
+/// `reason` of the Normal event on a pod whose container got its shares;
+/// the message names each GPU with its MiB and percent.
 pub const ALLOCATED: &str = "GpuShareAllocated";
 const COMPONENT: &str = "gpushare-device-plugin";
 

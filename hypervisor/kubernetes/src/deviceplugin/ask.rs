@@ -31,8 +31,15 @@ use gpushare_utils::units::parse_switch;
 use crate::quantity;
 use hypervisor_core::spec::{self, Policy};
 
+/// Limits naming memory per GPU in MiB (HAMi's, vgpu-manager's); either
+/// wins over [`MEMORY_PERCENT`]. Also advertised as node capacity: the
+/// node's memory in MiB.
 pub const MEMORY_MIB: [&str; 2] = ["nvidia.com/gpumem", "nvidia.com/vgpu-memory"];
+/// Limit naming memory as a percent of each GPU's (1..=100). Also
+/// advertised as node capacity: 100 per GPU.
 pub const MEMORY_PERCENT: &str = "nvidia.com/gpumem-percentage";
+/// Limits naming compute as a percent of each GPU (0..=100; 0: no compute
+/// limit). Also advertised as node capacity: 100 per GPU.
 pub const CORES: [&str; 2] = ["nvidia.com/gpucores", "nvidia.com/vgpu-cores"];
 const USE_UUID: [&str; 2] = ["nvidia.com/use-gpuuuid", "nvidia.com/include-gpu-uuid"];
 const NOUSE_UUID: [&str; 2] = ["nvidia.com/nouse-gpuuuid", "nvidia.com/exclude-gpu-uuid"];
@@ -51,19 +58,36 @@ const CORUN: &str = "gpushare.dev/corun";
 /// Why a pod's ask cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AskError {
+    /// A limit or annotation that must be a number or a Kubernetes
+    /// quantity is neither.
     #[error("{name}: {value:?} is not a whole number")]
-    Quantity { name: String, value: String },
+    Quantity {
+        /// The resource name or annotation.
+        name: String,
+        /// Its text, as the pod has it.
+        value: String,
+    },
+    /// A limit outside what it can mean (more than 64 GPUs, a percent
+    /// above 100).
     #[error("{name}: {value} is not within {min}..={max}")]
     Range {
+        /// The resource name.
         name: String,
+        /// The limit, rounded up to a whole number.
         value: u64,
+        /// The least it may be.
         min: u64,
+        /// The most it may be.
         max: u64,
     },
+    /// An annotation whose word is not one it takes.
     #[error("{name}: {value:?} is not one of {allowed}")]
     Word {
+        /// The annotation.
         name: &'static str,
+        /// Its text (the compute policy's lowercased).
         value: String,
+        /// The words it takes, comma-separated.
         allowed: &'static str,
     },
 }
@@ -71,7 +95,9 @@ pub enum AskError {
 /// Memory per GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryAsk {
+    /// MiB on each GPU (`nvidia.com/gpumem`, `nvidia.com/vgpu-memory`).
     Mib(u64),
+    /// Percent of each GPU's memory, 1..=100 (`nvidia.com/gpumem-percentage`).
     Percent(u8),
     /// The whole GPU (no memory limit named).
     Whole,
@@ -89,8 +115,12 @@ pub enum Packing {
 /// One container's ask.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContainerAsk {
+    /// The container's name in its pod.
     pub container: String,
+    /// GPUs asked: the plugin resource's limit, 1..=64; also the number of
+    /// shares the kubelet allocates for it.
     pub count: u32,
+    /// Memory on each of those GPUs.
     pub memory: MemoryAsk,
     /// Percent of each GPU; `None`: no compute limit.
     pub cores: Option<u8>,
@@ -99,12 +129,22 @@ pub struct ContainerAsk {
 /// The pod's annotations that steer placement and sharing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodPrefs {
+    /// The only GPUs the pod may get, by UUID (any case); empty: any GPU.
     pub use_uuids: Vec<String>,
+    /// GPUs the pod must not get, by UUID.
     pub nouse_uuids: Vec<String>,
+    /// Parts of a GPU's product name, any case: when given, only GPUs
+    /// whose name contains one.
     pub use_types: Vec<String>,
+    /// Parts of a GPU's product name that exclude a GPU whose name
+    /// contains one.
     pub nouse_types: Vec<String>,
+    /// Which of the GPUs that fit are taken first; default binpack.
     pub packing: Packing,
+    /// The compute policy of the pod's claims (`balance` is elastic);
+    /// default fixed. Containers without a compute limit get `none`.
     pub policy: Policy,
+    /// Latency pods are served first on their GPUs; default batch.
     pub class: PodClass,
     /// Host memory the pod may spill to past its quota per GPU; 0 = none.
     pub spill_bytes: u64,

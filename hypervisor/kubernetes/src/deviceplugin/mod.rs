@@ -34,7 +34,9 @@ use std::path::PathBuf;
 pub use crate::options::{DEFAULT_RESOURCE, DevicePluginConfig, GpuHealth};
 use crate::provision::cdi::ContainerEdits;
 
-/// Generated from `hypervisor/proto/{deviceplugin,podresources}` by `build.rs`.
+/// Generated from `hypervisor/proto/{deviceplugin,podresources}` by
+/// `build.rs`: documented only where the protos carry comments.
+#[allow(missing_docs)]
 pub mod pb {
     pub mod v1beta1 {
         include!(concat!(env!("OUT_DIR"), "/deviceplugin/v1beta1.rs"));
@@ -46,7 +48,10 @@ pub mod pb {
 
 /// `RegisterRequest.version`.
 pub const API_VERSION: &str = "v1beta1";
+/// `Device.health` of a share whose GPU is seen and healthy.
 pub const HEALTHY: &str = "Healthy";
+/// `Device.health` of a share whose GPU is unhealthy or no longer seen: the
+/// kubelet stops giving it out.
 pub const UNHEALTHY: &str = "Unhealthy";
 
 /// The share IDs of `gpus`: `<uuid>::<k>`.
@@ -66,32 +71,57 @@ pub fn devices(gpus: &[GpuHealth], shares: u32) -> Vec<pb::v1beta1::Device> {
 /// line ([`gpushare_utils::logging::one_line`]), and so is the pod's event.
 #[derive(Debug, thiserror::Error)]
 pub enum AllocateError {
+    /// The agent has no device plugin settings
+    /// ([`crate::AgentOptions::device_plugin`] is `None`), so it cannot
+    /// find the container the shares are for.
     #[error("the device plugin is off")]
     Off,
+    /// The node's pods could not be listed from the API server.
     #[error("cannot list the pods of node {node}: {source}")]
     Pods {
+        /// This node's name.
         node: String,
+        /// kube-rs's error.
         #[source]
         source: kube::Error,
     },
+    /// No container of a pod starting on the node asks for this many shares
+    /// of the resource and still lacks them: the shares match no container.
     #[error(
         "no pod starting on node {node} has a container without GPUs asking for {count} {resource}"
     )]
     NoContainer {
+        /// This node's name.
         node: String,
+        /// The shares the kubelet allocated.
         count: usize,
+        /// The extended resource, such as `nvidia.com/gpu`.
         resource: String,
     },
+    /// The container the kubelet's pod-resources list names for the shares
+    /// is not in its pod's spec (its name).
     #[error("no container {0}")]
     NoSuchContainer(String),
+    /// The container that holds the shares has no limit of the resource.
     #[error("container {container} asks for no {resource}")]
-    NoAsk { container: String, resource: String },
+    NoAsk {
+        /// The container's name.
+        container: String,
+        /// The extended resource.
+        resource: String,
+    },
+    /// The container's limits or its pod's annotations cannot be read.
     #[error(transparent)]
     Ask(#[from] ask::AskError),
+    /// Too few of the node's healthy GPUs fit the ask.
     #[error(transparent)]
     Placement(#[from] placement::Refusal),
+    /// No random UID for the claim, or the prepared claim's container edits
+    /// could not be built.
     #[error(transparent)]
     Provision(#[from] crate::provision::ProvisionError),
+    /// The claim could not be provisioned or its pod's region opened;
+    /// nothing of it is left.
     #[error(transparent)]
     Prepare(#[from] crate::state::PrepareError),
     /// Fail closed: the shares went to another container than the one
@@ -107,11 +137,17 @@ pub enum AllocateError {
     "shares {devices:?} went to {namespace}/{name} container {holder}, but were provisioned for pod {uid} container {container}"
 )]
 pub struct SharesMismatch {
+    /// The share IDs (`<uuid>::<k>`).
     pub devices: Vec<String>,
+    /// Namespace of the pod the kubelet gave them to.
     pub namespace: String,
+    /// Name of that pod.
     pub name: String,
+    /// The container the kubelet's pod-resources list says holds them.
     pub holder: String,
+    /// UID of the pod whose limits were provisioned for them.
     pub uid: String,
+    /// The container whose limits were provisioned for them.
     pub container: String,
 }
 
@@ -135,23 +171,36 @@ pub trait Allocator: Send + Sync + 'static {
 /// Why the plugin stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DevicePluginError {
+    /// A resource's socket cannot be made in the kubelet's
+    /// `device-plugins` folder, or a resource's task panicked.
     #[error("socket {}: {source}", path.display())]
     Socket {
+        /// The socket; the folder for a task that panicked.
         path: PathBuf,
+        /// The system's reason, or the panic.
         #[source]
         source: std::io::Error,
     },
+    /// The kubelet's registration socket cannot be reached (the kubelet is
+    /// down, or the folder is not the kubelet's).
     #[error("cannot connect to the kubelet at {}: {source}", path.display())]
     Connect {
+        /// The kubelet's socket, [`kubelet::KUBELET_SOCKET`] in the folder.
         path: PathBuf,
+        /// tonic's reason.
         #[source]
         source: tonic::transport::Error,
     },
+    /// The kubelet refused to register the plugin for a resource.
     #[error("the kubelet refused {resource}: {status}")]
     Register {
+        /// The extended resource.
         resource: String,
+        /// The kubelet's answer.
         status: tonic::Status,
     },
+    /// The gRPC server failed. Nothing returns it at present:
+    /// [`kubelet::serve`] logs a resource's server error instead.
     #[error("gRPC server: {0}")]
     Serve(#[from] tonic::transport::Error),
 }

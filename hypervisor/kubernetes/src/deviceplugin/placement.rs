@@ -16,11 +16,18 @@ const MIB: u64 = 1 << 20;
 /// A GPU of the node and what the prepared claims hold of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuLoad {
+    /// NVML index; breaks ties between equally used GPUs, lowest first.
     pub index: u32,
+    /// NVML UUID, matched against the pod's UUID annotations.
     pub uuid: String,
+    /// Product name (`NVIDIA H100 80GB HBM3`), matched against the pod's
+    /// GPU-type annotations.
     pub name: String,
+    /// The GPU's memory in bytes.
     pub memory_total: u64,
+    /// Bytes of it the prepared claims hold ([`crate::provision::Provisioner::held`]).
     pub memory_held: u64,
+    /// Percent of its compute the prepared claims hold, added up.
     pub compute_held: u32,
     /// In co-run mode (its pods are MPS clients).
     pub corun: bool,
@@ -29,8 +36,12 @@ pub struct GpuLoad {
 /// A GPU given to the container, and its part of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placed {
+    /// NVML index: the grant's device is `gpu-<index>`.
     pub index: u32,
+    /// NVML UUID.
     pub uuid: String,
+    /// Memory quota in bytes: the ask's MiB, its percent of this GPU's
+    /// memory, or the whole GPU's.
     pub memory_bytes: u64,
     /// Percent; 0 when the container has no compute limit.
     pub compute_percent: u8,
@@ -40,8 +51,12 @@ pub struct Placed {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("container {container} asks for {asked}; {why}")]
 pub struct Refusal {
+    /// The container's name.
     pub container: String,
+    /// What it asked, in words (`1 GPU(s) with 4096 MiB and 30% compute each`).
     pub asked: String,
+    /// How many GPUs fit, and for each that does not, why: excluded by an
+    /// annotation, co-run mode, or too little memory or compute free.
     pub why: String,
 }
 

@@ -13,12 +13,17 @@ use crate::dra::socket;
 /// Why the list could not be had.
 #[derive(Debug, thiserror::Error)]
 pub enum PodResourcesError {
+    /// The socket is there but takes no connection (the kubelet
+    /// restarting, for one).
     #[error("cannot connect to {path}: {source}")]
     Connect {
+        /// The kubelet's pod-resources socket.
         path: String,
+        /// tonic's reason.
         #[source]
         source: tonic::transport::Error,
     },
+    /// The kubelet answered `List` with an error.
     #[error("pod-resources List: {0}")]
     Rpc(#[from] tonic::Status),
 }

@@ -28,6 +28,9 @@ pub struct DevicePluginService<A> {
 }
 
 impl<A> DevicePluginService<A> {
+    /// Advertises `shares` devices per GPU of `gpus` (the agent's list,
+    /// streamed again on every change) and hands `Allocate` and
+    /// `PreStartContainer` to `allocator`.
     pub fn new(
         resource: &str,
         shares: u32,

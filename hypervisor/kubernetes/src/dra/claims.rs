@@ -50,30 +50,60 @@ use hypervisor_observer::GpuInfo;
 /// Why a claim cannot be prepared here.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ClaimError {
+    /// The claim (its name) has no device allocation in its status.
     #[error("claim {0} is not allocated")]
     NotAllocated(String),
+    /// The claim (its name) has no pod in `status.reservedFor`, so it has
+    /// no quota identity.
     #[error("claim {0} is reserved for no pod")]
     NoPod(String),
+    /// The claim was given a device of this driver and node that matches
+    /// none of the GPUs the node sees now.
     #[error("claim {claim}: device {device} of pool {pool} is not a GPU of this node")]
     UnknownDevice {
+        /// The claim's name.
         claim: String,
+        /// The device's pool (this node's name).
         pool: String,
+        /// The device's name, `gpu-<index>` for one of ours.
         device: String,
     },
+    /// A consumed capacity is not a Kubernetes quantity.
     #[error("claim {claim}: consumed {what} {value:?} is not a quantity")]
     Quantity {
+        /// The claim's name.
         claim: String,
+        /// The capacity: `memory` or `compute`.
         what: &'static str,
+        /// Its text in the allocation.
         value: String,
     },
+    /// The consumed `compute` is not a percent from 1 to 100.
     #[error("claim {claim}: compute {value} is not 1..100")]
-    Compute { claim: String, value: u64 },
+    Compute {
+        /// The claim's name.
+        claim: String,
+        /// The consumed compute, rounded up.
+        value: u64,
+    },
+    /// This driver's opaque parameters for the claim cannot be read (an
+    /// unknown field, a word or number out of range).
     #[error("claim {claim}: opaque parameters: {message}")]
-    Parameters { claim: String, message: String },
+    Parameters {
+        /// The claim's name.
+        claim: String,
+        /// What is wrong with them.
+        message: String,
+    },
+    /// The claim the API has under the kubelet's name has another UID: a
+    /// claim of that name was deleted and made again.
     #[error("claim {claim}: the API says UID {actual}, the kubelet {expected}")]
     Uid {
+        /// The claim's name.
         claim: String,
+        /// The UID the kubelet names.
         expected: String,
+        /// The UID of the object the API returned.
         actual: String,
     },
 }

@@ -21,6 +21,8 @@ pub struct DraService<P> {
 }
 
 impl<P> DraService<P> {
+    /// A service that hands each claim to `preparer`, which the services
+    /// of every version share.
     pub fn new(preparer: Arc<P>) -> Self {
         Self { preparer }
     }

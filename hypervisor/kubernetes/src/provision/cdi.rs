@@ -20,43 +20,72 @@ use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::limits::PodLimits;
 use hypervisor_observer::GpuInfo;
 
+/// `cdiVersion` of the specs written: the version whose fields these
+/// types carry.
 pub const CDI_VERSION: &str = "0.6.0";
 
+/// One prepared claim's CDI spec file, in `cdi_dir`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Spec {
+    /// Always [`CDI_VERSION`].
     pub cdi_version: String,
+    /// `<vendor>/<class>` ([`ProvisionConfig::cdi_kind`]): a device's ID is
+    /// `<kind>=<name>`.
     pub kind: String,
+    /// The claim's one device.
     pub devices: Vec<Device>,
 }
 
+/// A CDI device: what the container runtime does to a container that
+/// names it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Device {
+    /// The claim's UID.
     pub name: String,
+    /// What the container gets.
     pub container_edits: ContainerEdits,
 }
 
+/// What a claim gives a container: the CDI device's edits, and the device
+/// plugin's `Allocate` answer ([`crate::deviceplugin::service::container_response`]).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerEdits {
+    /// `NAME=value` lines: the GPUs' UUIDs in `CUDA_VISIBLE_DEVICES` and
+    /// `NVIDIA_VISIBLE_DEVICES`, and an MPS client's variables.
     pub env: Vec<String>,
+    /// Each GPU's `/dev/nvidia<minor>` and the driver's `nvidiactl`,
+    /// `nvidia-uvm` and `nvidia-uvm-tools`.
     pub device_nodes: Vec<DeviceNode>,
+    /// The limiter, the preload file, the pod file, the pod's limits and
+    /// region; where they apply, the hypervisor's socket folder and the
+    /// MPS folders.
     pub mounts: Vec<Mount>,
 }
 
+/// A device node the container gets.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceNode {
+    /// Its path in the container.
     pub path: String,
+    /// Its path on the host: the same.
     pub host_path: String,
 }
 
+/// A bind mount into the container.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Mount {
+    /// The source, as the host (the container runtime) sees it.
     pub host_path: String,
+    /// Where it appears in the container.
     pub container_path: String,
+    /// Mount options: `ro` or `rw` first (the device plugin reads `ro` as
+    /// read-only), with `nosuid`, `nodev` and `bind`; the read-write mounts
+    /// and the socket folder also `noexec`.
     pub options: Vec<String>,
 }
 

@@ -16,7 +16,11 @@ const VERSION: u32 = 1;
 /// A claim that was prepared, and what was answered.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedClaim {
+    /// The claim as prepared: its pod (quota identity) and its part of each
+    /// GPU.
     pub request: ClaimRequest,
+    /// The CDI device IDs answered (`<vendor>/<class>=<claim uid>`), given
+    /// again when the kubelet asks again.
     pub cdi_devices: Vec<String>,
 }
 

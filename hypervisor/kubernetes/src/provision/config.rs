@@ -28,14 +28,16 @@ pub struct ProvisionConfig {
     /// The host folder of the hypervisor's Unix socket, mounted read-only
     /// at [`CONTAINER_SOCKET_DIR`] (`None`: the pods use a TCP address).
     pub host_socket_dir: Option<PathBuf>,
-    /// CDI vendor and class: devices are `<vendor>/<class>=<claim uid>`.
+    /// CDI vendor (`gpushare.dev`): devices are
+    /// `<vendor>/<class>=<claim uid>`, in files `<vendor>-<class>_<claim uid>.json`.
     pub cdi_vendor: String,
+    /// CDI class (`gpu`), the second half of [`Self::cdi_kind`].
     pub cdi_class: String,
     /// Root of the host's `/dev` and `/proc/driver/nvidia` (`/`): where the
     /// GPU device nodes and their minor numbers are looked up.
     pub host_root: PathBuf,
     /// The node's co-run GPUs, whose pods are provisioned as MPS clients
-    /// ([`mps`]); `None`: no GPU is in co-run mode.
+    /// ([`super::mps`]); `None`: no GPU is in co-run mode.
     pub corun: Option<hypervisor_corun::CorunOptions>,
     /// The node tables the daemon made, named in the pod files.
     pub node_tables: hypervisor_core::node_tables::NodeTableNames,

@@ -13,8 +13,13 @@ use hypervisor_core::spec::Policy;
 /// The pod a claim is for.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRef {
+    /// The pod's UID; for a claim several pods share, the claim's UID (the
+    /// quota identity, [`crate::dra::claims::quota_identity`]). Names the
+    /// hypervisor's pod, its token and its region.
     pub uid: String,
+    /// The pod's namespace (the claim's).
     pub namespace: String,
+    /// The pod's name; `resourceclaim/<claim name>` for a shared claim.
     pub name: String,
 }
 
@@ -65,26 +70,40 @@ impl Default for SharingParams {
 pub struct DeviceGrant {
     /// The claim's requests this device serves.
     pub requests: Vec<String>,
-    /// Pool and device name in the ResourceSlice.
+    /// The device's pool in the ResourceSlice: the node's name.
     pub pool: String,
+    /// The device's name in the slice, `gpu-<index>`.
     pub device: String,
+    /// The GPU's NVML UUID: what the hypervisor's limits and
+    /// `CUDA_VISIBLE_DEVICES` name.
     pub gpu_uuid: String,
+    /// The GPU's NVML index, which orders a pod's GPUs.
     pub gpu_index: u32,
     /// Memory quota in bytes (consumed capacity `memory`).
     pub memory_bytes: u64,
     /// Compute share in percent, 1..=100 (consumed capacity `compute`); 0
     /// with policy `none` (a device plugin pod without a compute limit).
     pub compute_percent: u8,
+    /// How the share behaves: the claim's opaque parameters, or for the
+    /// device plugin the pod's annotations.
     pub params: SharingParams,
 }
 
 /// A claim to prepare.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClaimRequest {
+    /// The ResourceClaim's UID; for the device plugin, a random one
+    /// ([`super::new_uid`]). Keys the checkpoint and names the CDI device.
     pub claim_uid: String,
+    /// The claim's namespace (its pod's).
     pub namespace: String,
+    /// The ResourceClaim's name; for the device plugin, the container's.
     pub name: String,
+    /// Whose quota the claim is: its pod, or the claim itself when several
+    /// pods share it.
     pub pod: PodRef,
+    /// One per allocated device of this driver on this node; never empty
+    /// once [`Self::validate`] passes.
     pub devices: Vec<DeviceGrant>,
 }
 

@@ -48,12 +48,17 @@ use hypervisor_core::file_error::FileError;
 use hypervisor_core::spec::{GpuSelector, GpuSpec, PodSpec, SpecError, Token};
 use hypervisor_observer::GpuInfo;
 
-/// Where the limiter library, the preload file, the pod file and the
-/// region appear inside a container. The pod file sits beside the library,
-/// where the limiter looks for it ([`gpushare_utils::pod_file`]).
+/// Where the limiter library appears inside a container (read-only).
 pub const CONTAINER_LIMITER: &str = "/usr/local/gpushare/lib/libcuda_limiter.so";
+/// The container's preload file: the node's, naming [`CONTAINER_LIMITER`],
+/// mounted read-only so that every dynamically linked process loads the
+/// limiter.
 pub const CONTAINER_PRELOAD: &str = "/etc/ld.so.preload";
+/// Where the pod file appears inside a container (read-only): beside the
+/// library, where the limiter looks for it ([`gpushare_utils::pod_file`]).
 pub const CONTAINER_POD_FILE: &str = "/usr/local/gpushare/lib/gpushare-pod.json";
+/// The container's shared-memory folder: the pod's region (read-write) and
+/// limits (read-only) are mounted as files in it.
 pub const CONTAINER_SHM: &str = "/dev/shm";
 /// Where the hypervisor's socket folder appears inside a container.
 pub const CONTAINER_SOCKET_DIR: &str = "/var/run/gpushare/hypervisor";
@@ -61,45 +66,83 @@ pub const CONTAINER_SOCKET_DIR: &str = "/var/run/gpushare/hypervisor";
 /// Why a claim could not be provisioned (one line each).
 #[derive(Debug, thiserror::Error)]
 pub enum ProvisionError {
+    /// A file or folder of the node's state (checkpoint, pod files, CDI
+    /// specs, regions) cannot be created, written or removed.
     #[error(transparent)]
     Io(#[from] FileError),
+    /// The checkpoint cannot be parsed or written, is of another version,
+    /// or lacks the token of a pod with claims. The agent does not start
+    /// empty instead: it would forget claims whose containers run.
     #[error("checkpoint {}: {message}", path.display())]
-    Checkpoint { path: PathBuf, message: String },
+    Checkpoint {
+        /// The checkpoint file; the state folder for a missing token.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// A claim names a GPU (its UUID) that the node does not have or no
+    /// longer sees.
     #[error("no GPU {0} on this node")]
     NoSuchGpu(String),
+    /// A claim asks more of a GPU than the claims already prepared leave:
+    /// the scheduler's count and the node's disagree.
     #[error(
         "GPU {gpu}: {what} {asked} asked, but only {free} of {total} is left by the claims already prepared"
     )]
     OverCapacity {
+        /// The GPU's UUID.
         gpu: String,
+        /// `memory` (the amounts in bytes) or `compute` (in percent).
         what: &'static str,
+        /// What the claim asks.
         asked: u64,
+        /// What the prepared claims leave.
         free: u64,
+        /// The whole GPU: its memory, or 100.
         total: u64,
     },
+    /// A claim that cannot become limits ([`ClaimRequest::validate`]), or
+    /// one whose edits are asked for but that is not prepared.
     #[error("claim {claim}: {message}")]
-    Invalid { claim: String, message: String },
+    Invalid {
+        /// The claim's UID.
+        claim: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A claim already prepared is asked for another pod (quota identity).
     #[error("claim {claim} is prepared for pod {prepared}, not {asked}")]
     OtherPod {
+        /// The claim's UID.
         claim: String,
+        /// The UID it was prepared for.
         prepared: String,
+        /// The UID asked now.
         asked: String,
     },
+    /// A pod's prepared claims do not make a hypervisor pod spec.
     #[error("pod {pod}: {source}")]
     Spec {
+        /// The pod's UID (its quota identity).
         pod: String,
+        /// Why the hypervisor's spec refuses it.
         #[source]
         source: SpecError,
     },
+    /// `/dev/urandom` gave no bytes for a pod's token or a claim's UID.
     #[error("cannot draw a random token: {0}")]
     Random(#[source] std::io::Error),
+    /// The hypervisor's Unix socket path has no folder or file name, so
+    /// its folder cannot be mounted into the pods.
     #[error("the hypervisor's socket {} has no folder or file name", .0.display())]
     SocketPath(PathBuf),
-    /// GPUs that cannot go to one pod in co-run mode (`subject`: the claim,
-    /// or its pod).
+    /// GPUs that cannot go to one pod in co-run mode.
     #[error("{subject}: {conflict}")]
     Corun {
+        /// The claim (`claim <uid>`), or its pod with its other claims
+        /// (`pod <namespace>/<name> (<uid>)`).
         subject: String,
+        /// Which GPUs conflict, and why.
         #[source]
         conflict: mps::CorunConflict,
     },
@@ -129,6 +172,7 @@ impl Provisioner {
         })
     }
 
+    /// The settings it was opened with (folders, CDI kind, co-run GPUs).
     pub fn config(&self) -> &ProvisionConfig {
         &self.config
     }

@@ -48,14 +48,26 @@ const PRIORITY_BELOW_NORMAL: u8 = 1;
 /// Why a set of GPUs cannot go to one pod as an MPS client.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CorunConflict {
+    /// A co-run GPU and an ordinary one.
     #[error(
         "co-run GPU {corun} and ordinary GPU {ordinary} cannot go to one pod: its processes are MPS clients of the co-run GPU's daemon, whose server sees no other GPU"
     )]
-    Mixed { corun: String, ordinary: String },
+    Mixed {
+        /// The co-run GPU's UUID.
+        corun: String,
+        /// The ordinary GPU's UUID.
+        ordinary: String,
+    },
+    /// Two co-run GPUs, each with its own MPS control daemon.
     #[error(
         "co-run GPUs {first} and {second} cannot go to one pod: a process is the client of one MPS control daemon (one CUDA_MPS_PIPE_DIRECTORY), and each co-run GPU has its own"
     )]
-    Several { first: String, second: String },
+    Several {
+        /// One co-run GPU's UUID.
+        first: String,
+        /// The other's.
+        second: String,
+    },
 }
 
 /// The co-run GPU among `uuids` (a pod's or a claim's GPUs, repeats
