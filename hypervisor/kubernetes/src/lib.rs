@@ -85,11 +85,6 @@ pub enum KubeError {
     /// pods.
     #[error(transparent)]
     Provision(#[from] crate::provision::ProvisionError),
-    /// The device plugin failed. Nothing returns it at present:
-    /// [`NodeAgent::run`] logs the device plugin's errors and goes on
-    /// serving DRA.
-    #[error("device plugin: {0}")]
-    DevicePlugin(String),
     /// The DRA plugin's or its registration socket cannot be created or
     /// served (the kubelet's folders missing or not writable).
     #[error("kubelet plugin sockets: {0}")]

@@ -199,8 +199,4 @@ pub enum DevicePluginError {
         /// The kubelet's answer.
         status: tonic::Status,
     },
-    /// The gRPC server failed. Nothing returns it at present:
-    /// [`kubelet::serve`] logs a resource's server error instead.
-    #[error("gRPC server: {0}")]
-    Serve(#[from] tonic::transport::Error),
 }
