@@ -86,14 +86,20 @@ pub enum Ignored {
 /// What an event means for the GPU's health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
+    /// Health is unchanged, for the reason given.
     Ignore(Ignored),
+    /// The GPU is unhealthy from now on (until it answers again, for
+    /// [`Fault::Lost`]; until the daemon restarts, for the others).
     Fault(Fault),
+    /// The GPU answers again: a [`Fault::Lost`] is cleared, sticky faults stay.
     Recovered,
 }
 
 /// Which events count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthPolicy {
+    /// False with `--disable-health-checks`: every event is ignored, no
+    /// event thread is started and every GPU is published healthy.
     pub enabled: bool,
     /// XIDs that leave the GPU healthy.
     pub ignored_xids: BTreeSet<u64>,
@@ -215,6 +221,7 @@ pub struct HealthBoard {
 }
 
 impl HealthBoard {
+    /// A board on which every GPU is healthy, classifying events by `policy`.
     pub fn new(policy: HealthPolicy) -> Self {
         Self {
             policy,
@@ -223,6 +230,8 @@ impl HealthBoard {
         }
     }
 
+    /// The policy events are classified by; the NVML observer starts its
+    /// event thread only where it is enabled.
     pub fn policy(&self) -> &HealthPolicy {
         &self.policy
     }

@@ -2,6 +2,8 @@
 //! simulation in tests ([`simulated`]), and whether they are healthy
 //! ([`health`]).
 
+#![warn(missing_docs)]
+
 pub mod clock;
 pub mod flags;
 pub mod health;
@@ -21,8 +23,13 @@ pub struct GpuInfo {
     pub index: u32,
     /// `GPU-…` UUID.
     pub uuid: String,
+    /// Product name as NVML reports it (`NVIDIA H100 80GB HBM3`); empty where
+    /// NVML would not say.
     pub name: String,
+    /// Device memory, in bytes.
     pub memory_total: u64,
+    /// Device memory in use on the GPU when it was read (every process's and
+    /// the driver's), in bytes.
     pub memory_used: u64,
 }
 
@@ -31,7 +38,11 @@ pub struct GpuInfo {
 pub struct ProcessUtilization {
     /// Host pid.
     pub pid: u32,
+    /// Share of the sample period in which the process had a kernel running
+    /// on the SMs, 0 to 100.
     pub sm_percent: u32,
+    /// Share of the sample period in which the process read or wrote device
+    /// memory, 0 to 100.
     pub memory_percent: u32,
 }
 
@@ -40,16 +51,21 @@ pub struct ProcessUtilization {
 pub struct ProcessMemory {
     /// Host pid.
     pub pid: u32,
+    /// Device memory the process holds, in bytes.
     pub bytes: u64,
 }
 
 /// Why the GPUs could not be looked at.
 #[derive(Debug, thiserror::Error)]
 pub enum ObserverError {
+    /// An NVML call failed (not loaded, no permission, driver error).
     #[error("NVML: {0}")]
     Nvml(#[from] nvml_wrapper::error::NvmlError),
+    /// No GPU has this NVML index (any longer).
     #[error("GPU index {0} does not exist")]
     NoSuchGpu(u32),
+    /// The thread that waits for XID and ECC events could not be spawned,
+    /// so health could not be watched.
     #[error("cannot start the NVML event thread: {0}")]
     Thread(#[source] std::io::Error),
 }
