@@ -13,11 +13,20 @@ use super::mps_log::ServerFailure;
 pub enum MpsState {
     /// Started (or about to be), not answering yet.
     Starting,
-    /// Answering since `since` (Unix seconds).
-    Up { since: u64 },
-    /// Not running since `since` (Unix seconds), for `reason`; the
-    /// supervisor starts it again after its backoff.
-    Down { reason: String, since: u64 },
+    /// Answering since `since`.
+    Up {
+        /// Unix seconds at which it first answered `get_server_list` since
+        /// it was last started.
+        since: u64,
+    },
+    /// Not running since `since`, for `reason`; the supervisor starts it
+    /// again after its backoff.
+    Down {
+        /// Why, for the operator: how it exited, or why it could not start.
+        reason: String,
+        /// Unix seconds at which it went down.
+        since: u64,
+    },
     /// Stopped with the hypervisor.
     Stopped,
 }
@@ -27,6 +36,8 @@ pub enum MpsState {
 pub struct CorunGpuStatus {
     /// The GPU's UUID.
     pub gpu: String,
+    /// Whether its control daemon answers; flattened into the status as a
+    /// `state` tag and that state's fields.
     #[serde(flatten)]
     pub state: MpsState,
     /// Times the control daemon was started again after it exited, never
@@ -47,12 +58,16 @@ pub struct CorunGpuStatus {
 /// A server failure and when the supervisor read it (Unix seconds).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastServerFailure {
+    /// Which server exited, with what status and last line.
     #[serde(flatten)]
     pub failure: ServerFailure,
+    /// Unix seconds at which the supervisor read the exit in the log.
     pub at: u64,
 }
 
 impl CorunGpuStatus {
+    /// Whether the control daemon answers, so clients started now get MPS
+    /// (what `/readyz` asks of every co-run GPU).
     pub fn is_up(&self) -> bool {
         matches!(self.state, MpsState::Up { .. })
     }

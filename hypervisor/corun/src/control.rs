@@ -22,7 +22,10 @@ const POLL: Duration = Duration::from_millis(10);
 /// The control program, aimed at one daemon's pipe folder.
 #[derive(Debug, Clone)]
 pub struct Control {
+    /// The `nvidia-cuda-mps-control` program (`--mps-control`).
     pub program: PathBuf,
+    /// The daemon's pipe folder ([`pipe_dir`](crate::pipe_dir)), passed as
+    /// `CUDA_MPS_PIPE_DIRECTORY`.
     pub pipe: PathBuf,
 }
 

@@ -30,6 +30,8 @@
 //! the daemon and its servers log), [`board`] (each GPU's state, read by
 //! the status, the metrics and `/readyz`).
 
+#![warn(missing_docs)]
+
 pub mod board;
 pub mod control;
 pub mod flags;
@@ -49,47 +51,86 @@ pub use supervisor::{MpsSupervisor, Timing};
 /// Why co-run mode could not start, or a command to MPS failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CorunError {
+    /// A `--corun-gpu` names neither a UUID nor an index of a GPU the
+    /// observer lists.
     #[error("--corun-gpu {0}: no such GPU (a UUID or an index the observer lists)")]
     UnknownGpu(String),
+    /// A GPU's pipe, log or shared-memory folder could not be made, or
+    /// something other than a folder is at its path.
     #[error("cannot make the MPS folder {}: {source}", path.display())]
     Folder {
+        /// The folder that could not be made.
         path: PathBuf,
+        /// The file system's error.
         #[source]
         source: std::io::Error,
     },
+    /// The MPS control program could not be started (not installed at
+    /// `--mps-control`, not executable).
     #[error("cannot run {}: {source}", program.display())]
     Spawn {
+        /// The control program, as configured.
         program: PathBuf,
+        /// The error from starting it.
         #[source]
         source: std::io::Error,
     },
+    /// The control daemon could not be started in a mount namespace of its
+    /// own with the GPU's shared-memory folder at `/dev/shm`: usually the
+    /// hypervisor lacks `CAP_SYS_ADMIN`.
     #[error(
         "cannot run {} in a mount namespace with {} as its /dev/shm (needs CAP_SYS_ADMIN): {source}",
         program.display(),
         folder.display()
     )]
     SpawnWithShm {
+        /// The control program, as configured.
         program: PathBuf,
+        /// The GPU's shared-memory folder (its [`shm_dir`]).
         folder: PathBuf,
+        /// The error from the namespace set-up or from starting the program.
         #[source]
         source: std::io::Error,
     },
+    /// The control daemon's log file could not be opened for its output.
     #[error("cannot open the MPS log {}: {source}", path.display())]
     Log {
+        /// The log file, [`mps_log::LOG_FILE`] in the GPU's [`log_dir`].
         path: PathBuf,
+        /// The file system's error.
         #[source]
         source: std::io::Error,
     },
+    /// The GPU's shared-memory folder could not be set up as the control
+    /// daemon's `/dev/shm` before it starts (its path is not usable, such as
+    /// one with a NUL byte).
     #[error("the MPS shared-memory folder {}: {source}", folder.display())]
     Shm {
+        /// The GPU's shared-memory folder (its [`shm_dir`]).
         folder: PathBuf,
+        /// Why the folder could not be used.
         #[source]
         source: std::io::Error,
     },
+    /// The control program ran but failed: it could not be written to, or it
+    /// exited non-zero (no daemon answering on the pipe folder, for one).
     #[error("MPS command {command:?} failed: {detail}")]
-    Command { command: String, detail: String },
+    Command {
+        /// The command sent on its stdin (`get_server_list`, `quit`).
+        command: String,
+        /// The exit status and the program's stderr, or the write error.
+        detail: String,
+    },
+    /// The control program did not exit within the timeout; it was killed.
     #[error("MPS command {command:?} took longer than {after:?}")]
-    Timeout { command: String, after: Duration },
+    Timeout {
+        /// The command sent on its stdin.
+        command: String,
+        /// The timeout it ran past.
+        after: Duration,
+    },
+    /// A per-GPU supervision thread could not be spawned; the threads
+    /// already started are stopped.
     #[error("cannot start an MPS supervision thread: {0}")]
     Thread(#[source] std::io::Error),
 }

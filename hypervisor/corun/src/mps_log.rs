@@ -34,7 +34,10 @@ const READ_MAX: u64 = 1 << 20;
 pub struct Line<'a> {
     /// `Control`, `Server` or `Other`.
     pub source: &'a str,
+    /// Pid of the process that wrote the line: the control daemon, or the
+    /// server whose line it is.
     pub pid: u32,
+    /// The text after the bracketed header, without its leading space.
     pub message: &'a str,
 }
 
