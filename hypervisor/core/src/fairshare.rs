@@ -25,7 +25,10 @@ pub const MIN_RATE_PPM: u32 = 1_000;
 pub struct Claim {
     /// At least 1 (0 counts as 1).
     pub weight: u32,
+    /// Guaranteed part of the capacity, in ppm; floors that add up to more
+    /// than the capacity are scaled down together.
     pub floor_ppm: u32,
+    /// The most it may be given, in ppm (clipped to the capacity).
     pub bound_ppm: u32,
 }
 
@@ -112,7 +115,10 @@ pub fn water_fill(claims: &[Claim], capacity: u32) -> Vec<u32> {
 /// One pod's standing on one GPU, as [`plan`] needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
+    /// The pod's policy on the GPU: `none` is left unlimited and out of the
+    /// split; `elastic` gets its bound as ceiling.
     pub policy: Policy,
+    /// Its weight in the split, at least 1.
     pub weight: u32,
     /// Percent, 1..=100.
     pub bound_percent: u8,

@@ -16,8 +16,16 @@ use gpushare_utils::pod::PodId;
 /// Why a worker's identity was refused.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IdentityError {
+    /// No host process has that pid as its innermost one and a cgroup of
+    /// an accepted pod: the worker is not what it claims, or has exited.
     #[error("no process {pid} of pod {pod} on this node (by cgroup)")]
-    NotInPod { pod: String, pid: u32 },
+    NotInPod {
+        /// The pod the worker registered for.
+        pod: String,
+        /// The pid the worker reported, in its own pid namespace.
+        pid: u32,
+    },
+    /// The `/proc` folder could not be listed; the path and the error.
     #[error("cannot list {0}")]
     Proc(String),
 }
@@ -35,6 +43,8 @@ pub struct CgroupIdentity {
 }
 
 impl CgroupIdentity {
+    /// Looks at processes under `proc_root`: `/proc` when the daemon shares
+    /// the host's pid namespace, or where the host's is mounted.
     pub fn new(proc_root: impl Into<PathBuf>) -> Self {
         Self {
             proc_root: proc_root.into(),

@@ -39,11 +39,16 @@ pub use gpushare_utils::node_table::NodeTableNames;
 /// Which node table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TableKind {
+    /// Which pods launch on each GPU (`/dev/shm/gpushare-node-v2`), read by
+    /// elastic pods to take idle time.
     Activity,
+    /// Latency pods' lines and each pod's held time and queueing delay
+    /// (`/dev/shm/gpushare-priority-v2`).
     Priority,
 }
 
 impl TableKind {
+    /// Both tables, in the order [`NodeTables`] checks and reports them.
     pub const ALL: [Self; 2] = [Self::Activity, Self::Priority];
 
     /// The `table` label of the repairs counter.
@@ -62,7 +67,9 @@ pub const MAX_REMAKES: u32 = 8;
 /// How many times this hypervisor repaired each table ([`NodeTables::check`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Repairs {
+    /// Repairs of the activity table: headers rewritten, tables made again.
     pub activity: u64,
+    /// Repairs of the priority table: headers rewritten, tables made again.
     pub priority: u64,
 }
 
@@ -86,7 +93,12 @@ impl Repairs {
 /// The tables, as this hypervisor made them; a table it could not make is
 /// `None` (a warning said why).
 pub struct NodeTables {
+    /// The activity table, as mapped now; `None`: it could not be made (a
+    /// warning said why), and no limiter of the node has one.
     pub activity: Option<NodeActivity>,
+    /// The priority table, as mapped now; `None`: it could not be made,
+    /// batch launches are never held for latency pods and the status has no
+    /// priority figures.
     pub priority: Option<NodePriority>,
     /// How they were made, to check them (none for [`NodeTables::none`]).
     made: Option<Made>,

@@ -13,11 +13,15 @@ pub struct PriorityStatus {
     pub class: String,
     /// Total time its launches were held for latency pods.
     pub held_seconds: f64,
+    /// How many of its launches were held (0 for a latency pod).
     pub held_launches: u64,
     /// Queueing delay of its sampled launches: from the launch call until
     /// the GPU reached it.
     pub queue_delay_sum_seconds: f64,
+    /// How many launches were sampled into `queue_delay_sum_seconds`;
+    /// their mean is the sum over this.
     pub queue_delay_samples: u64,
+    /// Longest queueing delay of a sampled launch, over all its GPUs.
     pub queue_delay_max_seconds: f64,
 }
 

@@ -41,15 +41,23 @@ pub(crate) mod squat;
 /// Why a region could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RegionError {
+    /// The pod's ledger (`gpushare-pod-<pod>`) could not be created, opened
+    /// or mapped, or is not a ledger.
     #[error(transparent)]
     Ledger(#[from] LedgerError),
+    /// The pod's limits object (`gpushare-limits-<pod>`) could not be
+    /// created, adopted or mapped.
     #[error(transparent)]
     Limits(#[from] LimitsError),
     /// Something else stands at the name and may not be removed.
     #[error("/dev/shm/{name} is {found}, which the hypervisor cannot remove: {source}")]
     Squat {
+        /// The `/dev/shm` entry's name.
         name: String,
+        /// What stands there instead of the object: a link, a directory, a
+        /// file of an untrusted owner, of the wrong size or mode.
         found: Squat,
+        /// Why removing it failed (usually no permission on `/dev/shm`).
         #[source]
         source: std::io::Error,
     },

@@ -9,9 +9,10 @@
 //! 1. A pod wants a GPU when its bucket has waiting launches, its launch count
 //!    moved since the last tick, or it asked for admission, within the last
 //!    [`ACTIVE_WINDOW`].
-//! 2. Per GPU, [`fairshare::plan`] splits 100% among the pods that want it,
-//!    by weight, within caps and above guaranteed shares; idle pods get the
-//!    share they would have if everyone wanted the GPU.
+//! 2. Per GPU, [`fairshare::plan`](crate::fairshare::plan) splits 100%
+//!    among the pods that want it, by weight, within caps and above
+//!    guaranteed shares; idle pods get the share they would have if
+//!    everyone wanted the GPU.
 //! 3. Rates and ceilings are stored into the buckets (marked managed); a rate
 //!    that rose wakes the pod's admission waiters.
 //!
@@ -59,28 +60,41 @@ pub(crate) const ACHIEVED_WINDOW: Duration = Duration::from_secs(1);
 /// Why a scheduler operation was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleError {
+    /// The pod is not scheduled: not in the current spec list, or left out
+    /// because its region could not be opened.
     #[error("no pod {0}")]
     NoSuchPod(String),
+    /// The pod's region (ledger or limits object) could not be opened.
     #[error("pod {pod}: {source}")]
     Region {
+        /// The pod's id.
         pod: String,
+        /// What went wrong with its objects in `/dev/shm`.
         #[source]
         source: RegionError,
     },
     /// GPU limits that would not hold as given; nothing was changed.
     #[error("pod {pod}: {reason}")]
-    Invalid { pod: String, reason: String },
+    Invalid {
+        /// The pod's id.
+        pod: String,
+        /// Which limit cannot be placed: too many GPUs, a GPU the node does
+        /// not have, or one GPU selected twice.
+        reason: String,
+    },
 }
 
 /// What [`Scheduler::apply`] did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct ApplyReport {
+    /// Pods new to the list whose regions were opened.
     pub added: Vec<String>,
     /// Pods whose GPU limits changed (their workers are told).
     pub changed: Vec<String>,
+    /// Pods no longer in the list; their regions stay with the last limits.
     pub removed: Vec<String>,
-    /// Pods left out: their region could not be opened. Tried again on the
-    /// periodic tick until served.
+    /// Pods left out, with the reason: their region could not be opened.
+    /// Tried again on the periodic tick until served.
     pub failed: Vec<(String, String)>,
 }
 
@@ -138,8 +152,12 @@ pub(crate) struct Pod {
 /// What an admission request waits on.
 #[derive(Clone)]
 pub struct AdmissionTarget {
+    /// The pod's region, whose bucket the request refills and reads.
     pub region: Arc<PodRegion>,
+    /// The GPU's UUID as placed (the observer's spelling).
     pub uuid: String,
+    /// Woken when the pod's rate rises, its suspension changes or it is
+    /// removed: a waiter then looks at its bucket again.
     pub notify: Arc<Notify>,
 }
 
@@ -157,6 +175,8 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// No pods yet, the node's `gpus` as first observed; regions are opened
+    /// with `regions` and the node-wide tables are `tables`.
     pub fn new(gpus: Vec<GpuInfo>, regions: RegionOptions, tables: NodeTables) -> Self {
         Self {
             gpus,
@@ -200,6 +220,7 @@ impl Scheduler {
         self.pods.get(pod).map(|p| &p.spec.token)
     }
 
+    /// The typed id of `pod`; `None` where it is not scheduled.
     pub fn pod_id(&self, pod: &str) -> Option<&PodId> {
         self.pods.get(pod).map(|p| &p.spec.id)
     }
@@ -360,6 +381,7 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Whether `pod`'s launches are held; `None` where it is not scheduled.
     pub fn is_suspended(&self, pod: &str) -> Option<bool> {
         self.pods.get(pod).map(|p| p.suspended)
     }

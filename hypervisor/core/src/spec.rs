@@ -18,28 +18,51 @@ pub const MAX_TOKEN_LEN: usize = 4096;
 /// 200 characters of a value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
+    /// The pod id is not 1 to 64 bytes of ASCII letters, digits, `_`, `.`
+    /// and `-` (it names the pod's region file).
     #[error("{0}")]
     PodId(#[from] gpushare_utils::pod::InvalidPodId),
+    /// The token is empty (the config trims tokens first, so one of only
+    /// whitespace is too).
     #[error("token is empty")]
     EmptyToken,
+    /// The token is longer than [`MAX_TOKEN_LEN`] bytes.
     #[error("token is longer than {MAX_TOKEN_LEN} bytes")]
     LongToken,
+    /// The token holds whitespace or control characters, which cannot
+    /// travel in an `Authorization` header.
     #[error("token holds whitespace or control characters")]
     BadToken,
+    /// `weight = 0`; weights start at 1.
     #[error("weight must be at least 1")]
     ZeroWeight,
+    /// `cap` outside 1..=100; the value given.
     #[error("cap must be a percent from 1 to 100, not {0}")]
     BadCap(u8),
+    /// `share` above 100; the value given.
     #[error("share must be a percent from 0 to 100, not {0}")]
     BadShare(u8),
+    /// A guaranteed share the pod's own cap would never let it reach.
     #[error("share {share}% is above cap {cap}%")]
-    ShareAboveCap { share: u8, cap: u8 },
+    ShareAboveCap {
+        /// The `share` given, in percent.
+        share: u8,
+        /// The `cap` given, in percent.
+        cap: u8,
+    },
+    /// A `uuid` without the `GPU-`/`MIG-` prefix, longer than 96 bytes or
+    /// with characters no NVML UUID has; the value given.
     #[error("GPU uuid {} is not a GPU-… or MIG-… UUID", quoted(.0))]
     BadUuid(String),
+    /// An `index` at or past [`MAX_DEVICES`](gpushare_utils::ledger::MAX_DEVICES),
+    /// the devices a pod's region has room for.
     #[error("GPU index {0} is beyond the 16 devices a region holds")]
     BadIndex(u32),
+    /// One pod names the same GPU twice (by the same UUID, in any case, or
+    /// the same index); the GPU as named.
     #[error("GPU {0} is listed twice for one pod")]
     DuplicateGpu(String),
+    /// Two pods of one list have the same id.
     #[error("pod {0} is listed twice")]
     DuplicatePod(String),
 }
@@ -114,6 +137,8 @@ impl Policy {
         }
     }
 
+    /// The name [`Policy::parse`] reads and the status shows: `fixed`,
+    /// `elastic` or `none`.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Fixed => "fixed",
@@ -192,6 +217,8 @@ impl fmt::Display for GpuSelector {
 /// One pod's limits on one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuSpec {
+    /// The GPU, as the source named it; an index is resolved to a UUID
+    /// against the observer's GPUs when the spec is applied.
     pub gpu: GpuSelector,
     /// Memory quota in bytes; 0 = unlimited.
     pub memory_bytes: u64,
@@ -201,6 +228,8 @@ pub struct GpuSpec {
     pub cap_percent: Option<u8>,
     /// Guaranteed share in percent, 0..=cap.
     pub share_percent: Option<u8>,
+    /// How the share treats idle time; [`Policy::default_for`] the cap and
+    /// share when the source gave none.
     pub policy: Policy,
     /// Latency pods are served first on the GPU; batch (the default) pods
     /// wait while one is active.
@@ -301,8 +330,13 @@ impl GpuSpec {
 /// Everything the hypervisor knows about one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodSpec {
+    /// The pod's id: its region's name and the key of every API call.
     pub id: PodId,
+    /// The bearer token its workers present; unique per pod (a shared one
+    /// lets each act as the other).
     pub token: Token,
+    /// Its limits, one per GPU it may use, no GPU twice; empty: the pod is
+    /// known but given no GPU.
     pub gpus: Vec<GpuSpec>,
 }
 

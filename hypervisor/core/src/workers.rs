@@ -17,11 +17,18 @@ use serde::Serialize;
 /// One worker.
 #[derive(Debug, Clone, Serialize)]
 pub struct Worker {
+    /// `<pod>-<pid>-<n>`: its id on the channel and in the API.
     pub id: ClientId,
+    /// The pod it registered for (its token was that pod's).
     #[serde(serialize_with = "ser_pod")]
     pub pod: PodId,
+    /// The pid it reported, as its own pid namespace numbers it.
     pub pid: u32,
+    /// The hostname it reported (the pod's, in a container); empty for an
+    /// adopted worker.
     pub hostname: String,
+    /// The GPUs its process sees, by CUDA index and UUID, as reported at
+    /// registration; empty for an adopted worker.
     pub devices: Vec<WorkerDevice>,
     /// Seconds since the epoch.
     pub registered_at: u64,
@@ -30,6 +37,8 @@ pub struct Worker {
     pub adopted: bool,
     /// The last command sent, and the last answer received.
     pub last_command: Option<String>,
+    /// The worker's answer to the last command it answered; `None` before
+    /// the first.
     pub last_result: Option<CommandResult>,
 }
 
@@ -51,6 +60,8 @@ impl Default for Workers {
 }
 
 impl Workers {
+    /// No workers; ids count up from the current time in milliseconds, so
+    /// they do not repeat those of an earlier run.
     pub fn new() -> Self {
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -105,14 +116,19 @@ impl Workers {
         });
     }
 
+    /// The worker `id`; `None` where it never registered with this run, or
+    /// was removed.
     pub fn get(&self, id: &ClientId) -> Option<&Worker> {
         self.by_id.get(id)
     }
 
+    /// The worker `id`, to record a command sent or an answer.
     pub fn get_mut(&mut self, id: &ClientId) -> Option<&mut Worker> {
         self.by_id.get_mut(id)
     }
 
+    /// Forgets the worker `id` (silent past the TTL, its pid gone, or its
+    /// pod removed); returns it, `None` where it was not known.
     pub fn remove(&mut self, id: &ClientId) -> Option<Worker> {
         self.by_id.remove(id)
     }
@@ -129,6 +145,7 @@ impl Workers {
         ids
     }
 
+    /// How many workers `pod` has, checked against `max_workers_per_pod`.
     pub fn count_of_pod(&self, pod: &str) -> usize {
         self.by_id
             .values()
@@ -143,10 +160,12 @@ impl Workers {
         all
     }
 
+    /// How many workers are registered, every pod together.
     pub fn len(&self) -> usize {
         self.by_id.len()
     }
 
+    /// Whether no worker is registered.
     pub fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }

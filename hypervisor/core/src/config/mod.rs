@@ -65,57 +65,122 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// Why a config (or a limits body) is refused. One line each.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file could not be read: missing, not a regular file, over
+    /// [`CONFIG_MAX_BYTES`], not UTF-8, or no thread to read it on.
     #[error("cannot read {}: {source}", ClippedPath(path))]
     Read {
+        /// The config file.
         path: PathBuf,
+        /// Why it could not be read.
         #[source]
         source: SmallFileError,
     },
+    /// Reading the file and its token files took longer than
+    /// [`LOAD_TIMEOUT`]: a file system is hanging. The config in force stays.
     #[error(
         "cannot read {} and its token files within {}s: a file system is not answering",
         ClippedPath(path),
         after.as_secs()
     )]
-    Timeout { path: PathBuf, after: Duration },
-    /// `message` is the parser's, its quoted runs clipped when shown.
+    Timeout {
+        /// The config file.
+        path: PathBuf,
+        /// The timeout it ran past ([`LOAD_TIMEOUT`]).
+        after: Duration,
+    },
+    /// The file is not valid TOML or has a key or type the config does not
+    /// know.
     #[error("{}: {}", ClippedPath(path), ClippedRuns(message))]
-    Syntax { path: PathBuf, message: String },
+    Syntax {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's message on one line; its quoted runs are clipped
+        /// when shown.
+        message: String,
+    },
+    /// `listen` is not an `IP:port`; the value given.
     #[error("listen = {} is not an IP:port such as 127.0.0.1:7070", quoted(.0))]
     Listen(String),
+    /// A token is set in none of its three ways, or in more than one (a
+    /// pod's token is required; the admin token is optional).
     #[error("{what}: set exactly one of {keys}")]
-    TokenSource { what: String, keys: &'static str },
+    TokenSource {
+        /// Whose token: `admin token` or `pod "a"`.
+        what: String,
+        /// The keys of which exactly one must be set.
+        keys: &'static str,
+    },
+    /// A `token_file` (or `admin_token_file`) could not be read; relative
+    /// paths are under the config file's folder.
     #[error("{what}: cannot read token file {}: {source}", ClippedPath(path))]
     TokenFile {
+        /// Whose token: `admin token` or `pod "a"`.
         what: String,
+        /// The token file, as resolved.
         path: PathBuf,
+        /// Why it could not be read (missing, not a regular file, over
+        /// 4 KiB).
         #[source]
         source: SmallFileError,
     },
+    /// A `token_env` (or `admin_token_env`) names a variable the daemon's
+    /// environment does not have (or that is not UTF-8).
     #[error("{what}: environment variable {} is not set", escaped(var))]
-    TokenEnv { what: String, var: String },
+    TokenEnv {
+        /// Whose token: `admin token` or `pod "a"`.
+        what: String,
+        /// The variable's name.
+        var: String,
+    },
+    /// A value the spec refuses: pod id, token, weight, cap, share, GPU.
     #[error("{what}: {source}")]
     Spec {
+        /// Where: `admin token`, `pod "a"` or `pod "a" gpu #2`.
         what: String,
+        /// Which value, and why.
         #[source]
         source: SpecError,
     },
+    /// A `memory` or `spill_limit` that is not a size (bytes, or a string
+    /// such as `"4g"`).
     #[error("{what}: memory {source}")]
     Size {
+        /// Where: `pod "a" gpu #2`.
         what: String,
+        /// Why the size was refused.
         #[source]
         source: gpushare_utils::units::SizeError,
     },
+    /// A GPU table with both `uuid` and `index`, or with neither.
     #[error("{what}: set exactly one of uuid and index")]
-    GpuSelector { what: String },
+    GpuSelector {
+        /// Where: `pod "a" gpu #2`.
+        what: String,
+    },
+    /// A `class` other than `latency` or `batch`.
     #[error("{what}: class {} is not latency or batch", quoted(value))]
-    Class { what: String, value: String },
+    Class {
+        /// Where: `pod "a" gpu #2`.
+        what: String,
+        /// The value given.
+        value: String,
+    },
+    /// A `policy` other than `fixed`, `elastic` or `none`.
     #[error("{what}: policy {} is not fixed, elastic or none", quoted(value))]
-    Policy { what: String, value: String },
+    Policy {
+        /// Where: `pod "a" gpu #2`.
+        what: String,
+        /// The value given.
+        value: String,
+    },
+    /// `region_mode` is not octal permission bits, or it lets the group or
+    /// others write the regions; the value given.
     #[error(
         "region_mode {} must be octal permission bits without g+w or o+w, such as \"0640\"",
         quoted(.0)
     )]
     RegionMode(String),
+    /// The pod list as a whole is refused: two pods with one id.
     #[error("{0}")]
     Pods(SpecError),
 }
@@ -154,17 +219,30 @@ pub struct RegionOptions {
     /// Permission bits; `None` keeps what the file has (0600 when the
     /// hypervisor creates it), less any o+w bit.
     pub mode: Option<u32>,
+    /// Owner of the pods' ledgers and the node tables (`region_uid`): the
+    /// pods' user, who must write them; such files are trusted when adopted.
+    /// `None`: the hypervisor's own uid.
     pub uid: Option<u32>,
+    /// Group of every region file and node table (`region_gid`), so the
+    /// pods' processes may read them under a group-readable mode; `None`:
+    /// the hypervisor's group.
     pub gid: Option<u32>,
 }
 
 /// The whole file, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
+    /// Where the API listens ([`DEFAULT_LISTEN`] when the file does not
+    /// say); `--listen` overrides it.
     pub listen: SocketAddr,
+    /// The token of the admin API; `None`: no `admin_token*` key is set,
+    /// and the admin API is off.
     pub admin_token: Option<Token>,
+    /// Worker and connection tuning.
     pub settings: Settings,
+    /// Mode and ownership of the pods' region files.
     pub regions: RegionOptions,
+    /// The pods of the file, in its order, ids unique.
     pub pods: Vec<PodSpec>,
 }
 
@@ -204,15 +282,29 @@ struct RawPod {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawGpu {
+    /// The GPU's `GPU-…`/`MIG-…` UUID; exactly one of this and `index`.
     pub uuid: Option<String>,
+    /// The GPU's NVML index, resolved to its UUID; exactly one of this and
+    /// `uuid`.
     pub index: Option<u32>,
+    /// Memory quota; absent or 0: unlimited.
     pub memory: Option<SizeValue>,
+    /// Weight among the pods that want the GPU; absent: 1.
     pub weight: Option<u32>,
+    /// Hard cap, percent of the GPU's time (1 to 100).
     pub cap: Option<u8>,
+    /// Share guaranteed when contended, percent (0 to the cap).
     pub share: Option<u8>,
+    /// `fixed`, `elastic` or `none`; absent: [`Policy::default_for`] the cap
+    /// and share.
     pub policy: Option<String>,
+    /// `latency` or `batch`; absent: batch.
     pub class: Option<String>,
+    /// Past the quota, serve linear allocations from pinned host memory;
+    /// `false` turns spilling off whatever `spill_limit` says.
     pub oversubscribe: Option<bool>,
+    /// Pod-wide cap of that host memory on this GPU (implies
+    /// `oversubscribe`; 0: none); see [`spec::spill_cap`].
     pub spill_limit: Option<SizeValue>,
 }
 
@@ -220,7 +312,9 @@ pub struct RawGpu {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum SizeValue {
+    /// A number: bytes.
     Bytes(u64),
+    /// A size string (`"4g"`, `"512m"`), parsed by [`parse_size`].
     Text(String),
 }
 
@@ -228,6 +322,8 @@ pub enum SizeValue {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsBody {
+    /// Every GPU the pod may use from now on, as in the file's
+    /// `[[pods.gpus]]`; GPUs left out are no longer the pod's.
     pub gpus: Vec<RawGpu>,
 }
 
@@ -498,11 +594,17 @@ fn one_line(message: &str) -> String {
     }
 }
 
-/// Bounds on the daemon's connections (`[connections]`).
+/// Bounds on the daemon's HTTP connections (`max_connections`,
+/// `header_timeout_ms`, `idle_timeout_ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnLimits {
+    /// Open connections at most (at least 16); past it, the oldest one
+    /// still sending its headers is closed.
     pub max_connections: usize,
+    /// How long a request's headers may take to arrive (at least 100 ms).
     pub header_timeout: Duration,
+    /// How long a kept-alive connection may sit idle before it is closed
+    /// (at least 100 ms).
     pub idle_timeout: Duration,
 }
 

@@ -9,15 +9,30 @@ use super::*;
 /// Snapshot of one pod's GPU.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct GpuStatus {
+    /// The GPU as the pod's spec names it: a UUID, or `index N`.
     pub gpu: String,
+    /// The UUID it was placed on; `None`: not placed (no GPU of the node at
+    /// that index, the same GPU given twice, or more GPUs than a region
+    /// holds), so not limited.
     pub uuid: Option<String>,
+    /// The GPU's NVML index; `None` where it is not placed or its UUID is
+    /// not among the GPUs last observed.
     pub host_index: Option<u32>,
+    /// `fixed`, `elastic` or `none` ([`Policy::as_str`]).
     pub policy: String,
+    /// Weight among the pods that want the GPU.
     pub weight: u32,
+    /// Hard cap in percent, as configured; `None`: none set.
     pub cap_percent: Option<u8>,
+    /// Guaranteed share in percent, as configured; `None`: none set.
     pub share_percent: Option<u8>,
+    /// Memory quota in bytes, from the ledger (the spec's while unplaced);
+    /// 0 = unlimited.
     pub memory_quota: u64,
+    /// Bytes the pod's live processes hold on the GPU, driver overhead
+    /// included, from the ledger; 0 while unplaced.
     pub memory_used: u64,
+    /// Highest `memory_used` since the region was created.
     pub memory_peak: u64,
     /// Device memory NVML attributes to the pod's processes (those the
     /// daemon's pid namespace shows), at the last audit; `None`: not seen.
@@ -41,18 +56,30 @@ pub struct GpuStatus {
     /// (oversubscription), its peak, and the cap (0 = no oversubscription).
     #[serde(default)]
     pub spill_used: u64,
+    /// Highest `spill_used` since the region was created, in bytes.
     #[serde(default)]
     pub spill_peak: u64,
+    /// The pod-wide spill cap on this GPU, in bytes; 0 = no
+    /// oversubscription.
     #[serde(default)]
     pub spill_limit: u64,
     /// Granted share in ppm; 0 = unlimited.
     pub rate_ppm: u32,
+    /// The most the pod may take while others leave the GPU idle, in ppm
+    /// of wall time; equal to `rate_ppm` for a fixed share.
     pub ceiling_ppm: u32,
     /// GPU time charged per wall time over the last second, in ppm.
     pub achieved_ppm: u32,
+    /// The pod's threads waiting for budget on the GPU now.
     pub waiting: u32,
+    /// Launches admitted on the GPU since the region was created.
     pub launches: u64,
+    /// GPU nanoseconds left in the pod's bucket; negative is debt the
+    /// next refills pay off first.
     pub tokens_ns: i64,
+    /// Whether the pod wants the GPU (launches, waiters or an admission
+    /// request within [`ACTIVE_WINDOW`]) and so takes part in the split;
+    /// never for a suspended pod or policy `none`.
     pub active: bool,
     /// On a co-run GPU: the share of the SMs, in percent, a client of the
     /// pod that starts now takes.
@@ -63,10 +90,16 @@ pub struct GpuStatus {
 /// Snapshot of one pod.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct PodStatus {
+    /// The pod's id.
     pub id: String,
+    /// Path of the pod's ledger in `/dev/shm`.
     pub region: String,
+    /// Whether its launches are held (admin API, or left so by an earlier
+    /// run of the daemon).
     pub suspended: bool,
+    /// Workers registered for the pod now.
     pub workers: usize,
+    /// One entry per GPU of its spec, placed or not.
     pub gpus: Vec<GpuStatus>,
     /// Held time and queueing delay under priority classes.
     #[serde(default)]
