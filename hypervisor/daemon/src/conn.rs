@@ -17,7 +17,7 @@
 //! - **Accept errors** (out of descriptors) pause accepting briefly instead
 //!   of spinning.
 //! - **Refusals in JSON** ([`refusal`]): a request whose head passes
-//!   [`MAX_HEADER_BYTES`](refusal::MAX_HEADER_BYTES) is answered 431 here;
+//!   [`MAX_HEADER_BYTES`] is answered 431 here;
 //!   what hyper answers by itself (400, 414, 431, empty) is replaced by the
 //!   same answer with a JSON body. Either way the connection then closes.
 //!
@@ -124,7 +124,11 @@ impl Connections {
 /// A bound listener: TCP, or a Unix socket.
 #[derive(Debug)]
 pub enum Listener {
+    /// A TCP listener (`--listen`, `--metrics-listen`): reached from the
+    /// node, so the whole status is shown without a token.
     Tcp(TcpListener),
+    /// A Unix socket (`--socket`), mounted into the pods: the status shows
+    /// a pod its own alone, and only for its token.
     Unix(UnixListener),
 }
 
@@ -186,6 +190,8 @@ pub struct GuardedAcceptor {
 }
 
 impl GuardedAcceptor {
+    /// Accepts on `listener` within `limits`; fails only where the
+    /// listener's own address cannot be read.
     pub fn new(listener: impl Into<Listener>, limits: ConnLimits) -> io::Result<Self> {
         let listener = listener.into();
         let local = listener.local_addr()?;

@@ -23,6 +23,8 @@
 //! [`timer`] (the tick's precise sleeps). The decisions themselves are
 //! `hypervisor-core`'s.
 
+#![warn(missing_docs)]
+
 pub mod api;
 mod auth;
 mod commands;
@@ -62,29 +64,40 @@ pub use tasks::{MAINTENANCE, TICK};
 /// Why the hypervisor could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The config file could not be read, or a value in it was refused.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The GPUs could not be listed at start (NVML not loaded or failing).
     #[error("cannot observe the GPUs: {0}")]
     Observer(#[from] ObserverError),
+    /// The API's address could not be bound (in use, or not this host's).
     #[error("cannot listen on {addr}: {source}")]
     Listen {
+        /// The address asked for.
         addr: SocketAddr,
+        /// The error from binding it.
         #[source]
         source: std::io::Error,
     },
+    /// The tokio runtime the daemon runs on could not be built.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// A listener's address could not be read, or serving on it failed.
     #[error("server: {0}")]
     Serve(#[source] std::io::Error),
 }
 
 /// How to start.
 pub struct Options {
+    /// The config, loaded: its pods are opened at start, its settings and
+    /// tokens used until a reload replaces them.
     pub config: Config,
     /// The file `config` came from: reloaded on SIGHUP and when it changes.
     pub config_path: Option<PathBuf>,
     /// Overrides `config.listen`.
     pub listen: Option<SocketAddr>,
+    /// Where the GPUs, their processes and their health are read (NVML,
+    /// simulated GPUs, or a test's).
     pub observer: Arc<dyn GpuObserver>,
     /// Reload on SIGHUP (the binary does; tests in one process do not).
     pub handle_sighup: bool,

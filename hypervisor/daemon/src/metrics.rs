@@ -26,6 +26,8 @@ pub struct LatencyHistogram {
 }
 
 impl LatencyHistogram {
+    /// Counts one admission request that took `took` from arrival to answer;
+    /// `granted` false counts it as a timeout too (no budget came in time).
     pub fn record(&self, took: Duration, granted: bool) {
         let us = took.as_micros();
         let at = LATENCY_BOUNDS_US
@@ -43,6 +45,8 @@ impl LatencyHistogram {
         }
     }
 
+    /// The counts so far, for the status and `/metrics`; concurrent
+    /// records may land in some fields and not yet in others.
     pub fn snapshot(&self) -> LatencySnapshot {
         let buckets = self
             .counts

@@ -12,10 +12,17 @@ use hypervisor_observer::GpuInfo;
 /// One worker, as the status shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct WorkerStatus {
+    /// The worker's id, `<pod>-<pid>-<n>`.
     pub id: String,
+    /// The pod it registered for.
     pub pod: String,
+    /// Its pid, as its own pid namespace numbers it.
     pub pid: u32,
+    /// Known from a request with the id an earlier run of the daemon gave it,
+    /// not from a registration with this run.
     pub adopted: bool,
+    /// The last command sent to it (`suspend`, `resume`, `set_limits`,
+    /// `health`); `None` before any.
     pub last_command: Option<String>,
     /// Whether the last answer said ok; `None` before any answer.
     pub last_ok: Option<bool>,
@@ -24,11 +31,17 @@ pub struct WorkerStatus {
 /// One process's recent use of a GPU, as NVML reports it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ProcessStatus {
+    /// NVML index of the GPU.
     pub gpu_index: u32,
+    /// Host pid, as NVML reports it.
     pub pid: u32,
     /// The pod of the worker with this pid, when one is registered.
     pub pod: Option<String>,
+    /// Share of the last sample period the process had a kernel running,
+    /// 0 to 100.
     pub sm_percent: u32,
+    /// Share of the last sample period the process read or wrote device
+    /// memory, 0 to 100.
     pub memory_percent: u32,
 }
 
@@ -37,13 +50,18 @@ pub struct ProcessStatus {
 pub struct Status {
     /// Changes when the hypervisor restarts.
     pub instance: String,
+    /// The daemon's version (its crate's).
     pub version: String,
+    /// The GPUs last observed, by index.
     pub gpus: Vec<GpuInfo>,
+    /// Every pod scheduled, by id.
     pub pods: Vec<PodStatus>,
+    /// Every registered worker, by id.
     pub workers: Vec<WorkerStatus>,
     /// Per-process utilization (empty where the GPUs cannot tell).
     #[serde(default)]
     pub processes: Vec<ProcessStatus>,
+    /// Latency of admission requests since the daemon started.
     pub admission: LatencySnapshot,
     /// Co-run mode: each co-run GPU's MPS control daemon (empty without).
     #[serde(default)]
@@ -213,8 +231,11 @@ pub struct LatencySnapshot {
     /// `(upper bound in µs, count in that bucket)`, non-cumulative; the last
     /// bound is `u64::MAX`.
     pub buckets: Vec<(u64, u64)>,
+    /// Admission requests answered since the daemon started.
     pub count: u64,
+    /// Their latencies added up, in seconds.
     pub sum_seconds: f64,
+    /// Of them, those answered with no budget: the wait ran out.
     pub timeouts: u64,
 }
 
