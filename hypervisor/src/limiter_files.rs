@@ -36,8 +36,14 @@ use hypervisor_core::file_error::FileError;
 /// Why an install or a collection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
+    /// A file system step failed; the error names the step and the path
+    /// (reading the library, writing the versioned file, switching the
+    /// link, listing the folder).
     #[error(transparent)]
     Io(#[from] FileError),
+    /// The stable path given has no folder (a bare file name), no file name
+    /// (`/`, `..`) or a name that is not UTF-8, so no versioned file can be
+    /// named beside it.
     #[error("{} has no file name and folder", .0.display())]
     BadLink(PathBuf),
 }
@@ -56,6 +62,7 @@ pub struct Installed {
     pub written: bool,
     /// Whether the link changed (else it named the file already).
     pub switched: bool,
+    /// The collection of older versions that followed the switch.
     pub collected: Collected,
 }
 

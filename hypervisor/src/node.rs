@@ -45,20 +45,31 @@ pub struct NodeSpec {
 /// Why a node could not start, or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
+    /// The hypervisor could not start (its GPUs not observed) or failed
+    /// while serving.
     #[error(transparent)]
     Daemon(#[from] hypervisor_daemon::Error),
+    /// The co-run GPUs' MPS supervision could not start.
     #[error("co-run: {0}")]
     Corun(#[from] CorunError),
+    /// The GPUs could not be listed for the Kubernetes agent.
     #[error("cannot list the GPUs: {0}")]
     Observer(#[from] ObserverError),
+    /// An API, socket or metrics address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Listen {
+        /// The TCP address, or the Unix socket's path.
         addr: String,
+        /// The error from binding it (in use, no permission, a file other
+        /// than a socket at the path).
         #[source]
         source: std::io::Error,
     },
+    /// The Kubernetes agent could not start, or failed while running.
     #[error("Kubernetes agent: {0}")]
     Agent(#[from] KubeError),
+    /// A task of the node (the server, the agent, the collection of old
+    /// limiters) panicked.
     #[error("a task of the node ended abnormally: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
