@@ -49,7 +49,7 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         .unwrap();
     let (answer, pod, node) = runtime.block_on(async {
         let api = FakeApiServer::start().await.unwrap();
-        let mut options = node::options(&dir, "node-probe", "gpu.gpushare.dev", &common::limiter());
+        let mut options = node::options(&dir, "node-probe", "gpu.gpushare.dev", common::limiter());
         // The probe runs outside any pod's cgroup.
         options.check_identity = false;
         let config = DevicePluginConfig::under(&dir.join("kubelet"), 4);

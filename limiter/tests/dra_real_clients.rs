@@ -144,7 +144,7 @@ impl World {
             "/../deploy/base/deviceclass.yaml"
         );
         world.ok(&["apply", "-f", class]);
-        let mut options = node::options(&world.scratch.dir, NODE, DRIVER, &common::limiter());
+        let mut options = node::options(&world.scratch.dir, NODE, DRIVER, common::limiter());
         // The probe runs outside any pod's cgroup.
         options.check_identity = false;
         let node = world

@@ -1,83 +1,36 @@
-//! Support for tests that run the node daemon in-process: [`RunningNode`],
-//! a node started through the product's own builder on a runtime of its
-//! own, for tests that are not async.
+//! Support for the tests that run the system's parts together: the limiter
+//! preloaded into the driver double's probe programs, the node daemon
+//! in-process, the fake cluster. The tests themselves are this package's
+//! `tests/`, with the repository's checks; the limiter's own tests use the
+//! probe support too. Never shipped.
+//!
+//! A system test typically:
+//!
+//! 1. takes a [`pod::Pod`] of its own (its objects in `/dev/shm` are
+//!    removed after it) and, with the `node` feature, starts a daemon for
+//!    it ([`daemon::hypervisor`], a [`RunningNode`] on loopback seeing the
+//!    double's GPUs, [`daemon::DoubleGpus`]);
+//! 2. runs a probe program under the limiter as that pod
+//!    ([`probes::probe`]; the limiter is built for the run by
+//!    [`artifacts::limiter`]), or inside an emulated provisioned container
+//!    ([`container::ContainerLib`]);
+//! 3. compares the probe's lines with what the limits allow
+//!    ([`probes::result_of`], [`probes::assert_share`], …).
+//!
+//! The `node` feature (on by default) brings the node daemon's crates: the
+//! limiter's tests take this package without it, so that they do not build
+//! the daemon.
 
-use std::net::SocketAddr;
-use std::time::Duration;
+#![warn(missing_docs)]
 
-use hypervisor::{Node, NodeError, NodeSpec};
-use hypervisor_daemon::{Hypervisor, Options};
+pub mod artifacts;
+pub mod container;
+#[cfg(feature = "node")]
+pub mod daemon;
+#[cfg(feature = "node")]
+mod node;
+pub mod pod;
+pub mod probes;
 
-/// A node serving on a runtime of its own. Dropping it stops the node
-/// (regions stay, as when the daemon restarts).
-pub struct RunningNode {
-    node: Option<Node>,
-    hypervisor: Hypervisor,
-    addr: SocketAddr,
-    runtime: Option<tokio::runtime::Runtime>,
-}
-
-impl RunningNode {
-    /// Starts `spec` (port 0 in its config: an ephemeral port).
-    pub fn start(spec: NodeSpec) -> Result<Self, NodeError> {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("hypervisor")
-            .enable_all()
-            .build()
-            .map_err(|error| NodeError::Daemon(hypervisor_daemon::Error::Runtime(error)))?;
-        let node = runtime.block_on(Node::start(spec))?;
-        Ok(Self {
-            hypervisor: node.hypervisor().clone(),
-            addr: node.addr(),
-            node: Some(node),
-            runtime: Some(runtime),
-        })
-    }
-
-    /// Starts the daemon alone: no socket, no co-run GPU, no Kubernetes.
-    pub fn daemon(options: Options) -> Result<Self, NodeError> {
-        Self::start(NodeSpec {
-            daemon: options,
-            socket: None,
-            metrics: None,
-            corun: None,
-            kubernetes: None,
-        })
-    }
-
-    /// Where the API listens.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// `http://ADDR`.
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// The state, to look at or drive directly.
-    pub fn hypervisor(&self) -> &Hypervisor {
-        &self.hypervisor
-    }
-
-    /// Stops the node and waits (bounded) for its runtime to wind down.
-    pub fn stop(mut self) {
-        self.shutdown();
-    }
-
-    fn shutdown(&mut self) {
-        if let (Some(node), Some(runtime)) = (self.node.take(), &self.runtime) {
-            let _ = runtime.block_on(node.stop());
-        }
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_timeout(Duration::from_secs(3));
-        }
-    }
-}
-
-impl Drop for RunningNode {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
+#[cfg(feature = "node")]
+pub use node::RunningNode;

@@ -1,279 +1,25 @@
 //! Running the double's probe programs with the built limiter preloaded.
+//! The support the system tests share too comes from `system_tests`,
+//! re-exported here; the rest is what only the limiter's own tests (and
+//! `benches/double_timing.rs`) use: the probes' three ways to the driver,
+//! the exit summary's figures, timelines on the double's simulated clock
+//! and the priority scenarios.
 
-#![allow(dead_code)]
+// Each test binary uses some of this module.
+#![allow(dead_code, unused_imports)]
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::Command;
 
-pub(crate) const MIB: u64 = 1 << 20;
-pub(crate) const GIB: u64 = 1 << 30;
-/// What the double's first context charges as the driver's own memory.
-pub(crate) const CONTEXT_BYTES: u64 = 300 * MIB;
-
-/// The limiter built for this test run (cargo builds the cdylib into `deps/`).
-pub(crate) fn limiter() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps directory");
-    let library = deps.join("libcuda_limiter.so");
-    assert!(library.exists(), "{} not built", library.display());
-    library
-}
-
-/// A provisioned container's library folder, emulated: the limiter under
-/// the name the CDI spec mounts it at (a link: the limiter looks beside the
-/// name it was loaded by), and the pod file beside it as the read-only bind
-/// mount shows it (root's file, mode 0444). Removed when dropped.
-pub(crate) struct ContainerLib {
-    dir: PathBuf,
-}
-
-impl ContainerLib {
-    /// The folder with the pod file whose text is `pod_file`.
-    pub(crate) fn with_text(pod_file: &str) -> Self {
-        use std::os::unix::fs::PermissionsExt;
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "limiter-container-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let lib = Self { dir };
-        std::os::unix::fs::symlink(limiter(), lib.library()).unwrap();
-        let file = lib.pod_file();
-        std::fs::write(&file, pod_file).unwrap();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
-        lib
-    }
-
-    /// The folder with a copy of the pod file the daemon wrote at `host_path`.
-    pub(crate) fn mounting(host_path: &std::path::Path) -> Self {
-        Self::with_text(&std::fs::read_to_string(host_path).unwrap())
-    }
-
-    /// What `/etc/ld.so.preload` names in the container.
-    pub(crate) fn library(&self) -> PathBuf {
-        self.dir.join("libcuda_limiter.so")
-    }
-
-    /// The pod file beside it.
-    pub(crate) fn pod_file(&self) -> PathBuf {
-        gpushare_utils::pod_file::PodFile::beside(&self.library())
-    }
-}
-
-impl Drop for ContainerLib {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A pod identity of its own for each test; its ledger, limits and test node
-/// table are removed after, whatever the test's outcome.
-pub(crate) struct Pod(pub String);
-
-impl Pod {
-    pub(crate) fn new(test: &str) -> Self {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let id = format!(
-            "t{}-{}-{}",
-            std::process::id(),
-            test,
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        Self(id)
-    }
-}
-
-impl Drop for Pod {
-    fn drop(&mut self) {
-        for prefix in [
-            "gpushare-pod-",
-            "gpushare-limits-",
-            "gpushare-node-test-",
-            "gpushare-priority-test-",
-        ] {
-            let _ignored = std::fs::remove_file(format!("/dev/shm/{prefix}{}", self.0));
-        }
-    }
-}
-
-/// The driver double's first `.0` GPUs, as NVML would show them to a
-/// hypervisor.
-pub(crate) struct DoubleGpus(pub u8);
-
-impl hypervisor_observer::GpuObserver for DoubleGpus {
-    fn gpus(
-        &self,
-    ) -> Result<Vec<hypervisor_observer::GpuInfo>, hypervisor_observer::ObserverError> {
-        Ok((0..self.0)
-            .map(|index| hypervisor_observer::GpuInfo {
-                index: u32::from(index),
-                uuid: gpushare_examples::uuid(index),
-                name: "driver double".to_owned(),
-                memory_total: 16 * GIB,
-                memory_used: 0,
-            })
-            .collect())
-    }
-}
-
-/// A hypervisor on loopback running `config` (its TOML) for `pod`'s test,
-/// seeing GPUs through `observer`, with the test's node tables.
-pub(crate) fn hypervisor(
-    pod: &Pod,
-    config: &str,
-    observer: std::sync::Arc<dyn hypervisor_observer::GpuObserver>,
-) -> system_tests::RunningNode {
-    let config = hypervisor_core::config::parse(
-        config,
-        std::path::Path::new("test.toml"),
-        std::path::Path::new("."),
-    )
-    .expect("config");
-    system_tests::RunningNode::daemon(hypervisor_daemon::Options {
-        config,
-        config_path: None,
-        listen: None,
-        observer,
-        handle_sighup: false,
-        node_tables: node_tables(pod),
-    })
-    .expect("hypervisor starts")
-}
-
-/// The node tables a hypervisor of `pod`'s test makes (removed with the pod).
-pub(crate) fn node_tables(pod: &Pod) -> hypervisor_core::node_tables::NodeTableNames {
-    hypervisor_core::node_tables::NodeTableNames {
-        activity: format!("gpushare-node-test-{}", pod.0),
-        priority: format!("gpushare-priority-test-{}", pod.0),
-    }
-}
-
-/// The uid the pods run as, in the tests whose hypervisor has it as
-/// `region_uid` ([`pods_uid_hypervisor`]).
-pub(crate) const PODS_UID: u32 = 65534;
-
-/// A hypervisor for `pod`'s test that makes the pods' objects and the node
-/// tables for uid [`PODS_UID`] (`region_uid`, `region_gid`; mode 0600, the
-/// default `region_mode`), with the test's node tables: `pod`, of `token`,
-/// has 1 GiB on GPU 0 and no compute limit.
-pub(crate) fn pods_uid_hypervisor(pod: &Pod, token: &str) -> system_tests::RunningNode {
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\n\
-         [[pods]]\nid = \"{}\"\ntoken = \"{token}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
-        pod.0
-    );
-    hypervisor(pod, &text, std::sync::Arc::new(DoubleGpus(1)))
-}
-
-/// `command` run as `uid` (its group too, no supplementary groups), with
-/// the same environment.
-pub(crate) fn as_uid(command: &Command, uid: u32) -> Command {
-    let mut wrapped = Command::new("setpriv");
-    wrapped
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .arg("--clear-groups")
-        .arg("--")
-        .arg(command.get_program())
-        .args(command.get_args());
-    for (key, value) in command.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    wrapped
-}
-
-/// `GET /metrics` on the hypervisor at `url`: the whole answer, its status
-/// line first.
-pub(crate) fn metrics(url: &str) -> String {
-    use std::io::{Read, Write};
-    let address = url.trim_start_matches("http://");
-    let mut stream = std::net::TcpStream::connect(address).expect("daemon listens");
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .expect("timeout");
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n"
-    )
-    .expect("request");
-    let mut answer = String::new();
-    let _ = stream.read_to_string(&mut answer);
-    answer
-}
-
-/// Points `command`'s limiter at the node tables of [`node_tables`].
-pub(crate) fn use_node_tables(command: &mut Command, pod: &Pod) {
-    let tables = node_tables(pod);
-    command
-        .env("GPUSHARE_NODE_REGION", tables.activity)
-        .env("GPUSHARE_PRIORITY_REGION", tables.priority);
-}
-
-/// `program` (a probe of the double) under the limiter, for `pod`, with the
-/// fake GPU's size and extra environment.
-pub(crate) fn probe(program: &str, pod: &Pod, env: &[(&str, &str)], args: &[&str]) -> Command {
-    let mut command = gpushare_examples::command(program);
-    command
-        .env("LD_PRELOAD", limiter())
-        .env("CUDA_LIMITER_POD", &pod.0)
-        .env("GPUSHARE_DOUBLE_TOTAL", "16g")
-        .env_remove("CUDA_LIMITER_LOG")
-        .args(args);
-    for (key, value) in env {
-        command.env(key, value);
-    }
-    command
-}
-
-/// Runs and returns stdout lines, failing the test with stderr on a non-zero exit.
-pub(crate) fn run(mut command: Command) -> Vec<String> {
-    let output = command.output().expect("spawn probe");
-    check(&output);
-    stdout_lines(&output)
-}
-
-/// A finished probe's stdout, a string a line.
-pub(crate) fn stdout_lines(output: &Output) -> Vec<String> {
-    String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-pub(crate) fn check(output: &Output) {
-    assert!(
-        output.status.success(),
-        "probe failed: {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
-/// `info RESULT free=F total=T` for the given numbers.
-pub(crate) fn info(result: u32, free: u64, total: u64) -> String {
-    format!("info {result} free={free} total={total}")
-}
-
-/// The `CUresult` of an `alloc`/`free`/`ptr` line (`... -> RESULT ...`).
-pub(crate) fn result_of(line: &str) -> u32 {
-    let after = line
-        .split("-> ")
-        .nth(1)
-        .unwrap_or_else(|| panic!("no result in {line:?}"));
-    after
-        .split_whitespace()
-        .next()
-        .and_then(|code| code.parse().ok())
-        .unwrap_or_else(|| panic!("bad result in {line:?}"))
-}
+pub(crate) use system_tests::artifacts::limiter;
+pub(crate) use system_tests::container::ContainerLib;
+pub(crate) use system_tests::daemon::{
+    DoubleGpus, PODS_UID, hypervisor, metrics, pods_uid_hypervisor,
+};
+pub(crate) use system_tests::pod::{Pod, node_tables};
+pub(crate) use system_tests::probes::{
+    CONTEXT_BYTES, GIB, MIB, as_uid, assert_share, assert_share_of, check, delay_pm, info,
+    line_field, number, probe, result_of, run, serial, stdout_lines, use_node_tables,
+};
 
 /// The probe programs and how each reaches the driver: linked, `dlsym`,
 /// `cuGetProcAddress`.
@@ -283,22 +29,6 @@ pub(crate) const VIAS: [(&str, &[&str]); 3] = [
     ("cudaprobe", &["--via", "getproc"]),
 ];
 
-/// Timed tests of one binary take turns: each needs the CPUs of a small CI
-/// machine to itself to keep its timing.
-pub(crate) fn serial() -> std::sync::MutexGuard<'static, ()> {
-    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// `key=value` of a probe line as a number.
-pub(crate) fn number(line: &str, key: &str) -> i64 {
-    gpushare_examples::probe_field(line, key)
-        .and_then(|value| i64::try_from(value).ok())
-        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
-}
-
 /// `key=value` of the limiter's exit summary (`compute summary: …`), whose
 /// figures may have decimals.
 pub(crate) fn summary_number(summary: &str, key: &str) -> f64 {
@@ -307,52 +37,6 @@ pub(crate) fn summary_number(summary: &str, key: &str) -> f64 {
         .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
         .and_then(|value| value.parse().ok())
         .unwrap_or_else(|| panic!("no {key} in {summary}"))
-}
-
-/// How much of a `run`/`spin` line's wall time its launching thread spent
-/// runnable but waiting for a CPU, in per mille.
-pub(crate) fn delay_pm(line: &str) -> i64 {
-    let wall = number(line, "wall_ns").max(1);
-    number(line, "delay_ns") * 1000 / wall
-}
-
-/// Asserts that a `run`/`spin` line's busy share is `want` per mille within
-/// `tolerance`, less the launching thread's run delay (see [`assert_share_of`]).
-pub(crate) fn assert_share(line: &str, want: i64, tolerance: i64) {
-    assert_share_of(
-        number(line, "share_pm"),
-        delay_pm(line),
-        want,
-        tolerance,
-        line,
-    );
-}
-
-/// Asserts that a busy share of `got` per mille is `want` within `tolerance`
-/// above it, and within `tolerance` plus `delay` (the launching thread's run
-/// delay, per mille of the run) below it. A limit caps the share however the
-/// machine is loaded; it cannot run a thread the kernel does not schedule,
-/// and a thread that waits for a CPU for some time idles the GPU for at most
-/// that time. So on a busy CI machine the share can only fall short, by no
-/// more than the delay the probe measured: a shortfall beyond it, or any
-/// excess, is the limiter's.
-pub(crate) fn assert_share_of(got: i64, delay: i64, want: i64, tolerance: i64, context: &str) {
-    assert!(
-        got <= want + tolerance && got >= want - tolerance - delay,
-        "share {got}‰, want {want}‰ ± {tolerance}‰ (less the {delay}‰ the thread waited for a CPU): {context}"
-    );
-}
-
-/// The `key=value` of the first line starting with `prefix` that has `key`.
-pub(crate) fn line_field<'a>(lines: &'a [String], prefix: &str, key: &str) -> &'a str {
-    lines
-        .iter()
-        .filter(|line| line.starts_with(prefix))
-        .find_map(|line| {
-            line.split_whitespace()
-                .find_map(|part| part.strip_prefix(key)?.strip_prefix('='))
-        })
-        .unwrap_or_else(|| panic!("no {prefix}… {key}= in {lines:?}"))
 }
 
 /// The N of each `COMMAND ns=N` line (`clock`, `settled`), in order.

@@ -1,0 +1,67 @@
+//! The workspace's shipped programs and libraries, built for the test run
+//! that needs them: [`limiter()`] (`libcuda_limiter.so`).
+//!
+//! Cargo builds a package's cdylib and binaries for that package's own
+//! tests only (`CARGO_BIN_EXE_*` exists only there); a test of another
+//! package gets neither. So they are built here by a nested `cargo build`
+//! (a no-op when fresh, so a changed source is never missed) into the
+//! target folder and profile of the running test binary, which lives in
+//! `<target>/<profile>/deps/`: the artifact is then
+//! `<target>/<profile>/<file>`, as `cargo build` leaves it. The profile's
+//! package settings apply as in any build (`[profile.dev.package.cuda-limiter]`
+//! optimises the limiter in test runs too). Cargo releases its build lock
+//! before it runs tests, so the nested build does not wait for the outer
+//! one. A failed build fails the test; run by hand without `$CARGO`, an
+//! existing build is used. `mps_fake::program()` builds the fake MPS
+//! control program the same way.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The limiter as it ships (`cargo build -p cuda-limiter`), built once per
+/// test process: `<target>/<profile>/libcuda_limiter.so`.
+pub fn limiter() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build("cuda-limiter", &["--lib"], "libcuda_limiter.so"))
+}
+
+/// Runs `cargo build -p PACKAGE TARGETS` for this test binary's target
+/// folder and profile; returns `<target>/<profile>/FILE`.
+fn build(package: &str, targets: &[&str], file: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in <target>/<profile>/deps");
+    let artifact = profile_dir.join(file);
+    let target = profile_dir.parent().expect("<target>");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(other) => other,
+    };
+    match std::env::var_os("CARGO") {
+        Some(cargo) => {
+            let status = Command::new(cargo)
+                .args(["build", "--quiet", "-p", package])
+                .args(targets)
+                .args(["--profile", profile])
+                .env("CARGO_TARGET_DIR", target)
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run cargo to build {package}: {e}"));
+            // A stale artifact would test other code than the source's.
+            assert!(
+                status.success(),
+                "cargo build -p {package} failed: {status}"
+            );
+        }
+        None if artifact.exists() => {}
+        None => panic!("no {file}: run `cargo build -p {package}` first"),
+    }
+    assert!(
+        artifact.exists(),
+        "{} missing after the build",
+        artifact.display()
+    );
+    artifact
+}

@@ -1,0 +1,48 @@
+//! A test's pod: an identity of its own, whose shared objects in `/dev/shm`
+//! are removed after the test whatever its outcome, and the node tables its
+//! processes and its daemon use instead of the node's.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use gpushare_utils::node_table::NodeTableNames;
+
+/// A pod identity of its own for each test; its ledger, limits and test node
+/// tables are removed after, whatever the test's outcome.
+pub struct Pod(pub String);
+
+impl Pod {
+    /// `t<pid>-<test>-<n>`: unique in this process and among concurrent
+    /// test processes.
+    pub fn new(test: &str) -> Self {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let id = format!(
+            "t{}-{}-{}",
+            std::process::id(),
+            test,
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        Self(id)
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        for prefix in [
+            "gpushare-pod-",
+            "gpushare-limits-",
+            "gpushare-node-test-",
+            "gpushare-priority-test-",
+        ] {
+            let _ignored = std::fs::remove_file(format!("/dev/shm/{prefix}{}", self.0));
+        }
+    }
+}
+
+/// The node tables of `pod`'s test, in place of the node's (removed with
+/// the pod): what its daemon makes and its processes are pointed at.
+pub fn node_tables(pod: &Pod) -> NodeTableNames {
+    NodeTableNames {
+        activity: format!("gpushare-node-test-{}", pod.0),
+        priority: format!("gpushare-priority-test-{}", pod.0),
+    }
+}
