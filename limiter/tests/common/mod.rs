@@ -11,14 +11,10 @@
 use std::process::Command;
 
 pub(crate) use system_tests::artifacts::limiter;
-pub(crate) use system_tests::container::ContainerLib;
-pub(crate) use system_tests::daemon::{
-    DoubleGpus, PODS_UID, hypervisor, metrics, pods_uid_hypervisor,
-};
-pub(crate) use system_tests::pod::{Pod, node_tables};
+pub(crate) use system_tests::pod::Pod;
 pub(crate) use system_tests::probes::{
-    CONTEXT_BYTES, GIB, MIB, as_uid, assert_share, assert_share_of, check, delay_pm, info,
-    line_field, number, probe, result_of, run, serial, stdout_lines, use_node_tables,
+    CONTEXT_BYTES, GIB, MIB, assert_share, assert_share_of, check, delay_pm, info, line_field,
+    number, probe, result_of, run, serial, stdout_lines, use_node_tables,
 };
 
 /// The probe programs and how each reaches the driver: linked, `dlsym`,

@@ -5,15 +5,16 @@
 //! the driver gives it back. Against the driver double, which holds these
 //! bytes as the real driver does (its header comment says when).
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{CONTEXT_BYTES, DoubleGpus, GIB, MIB, Pod, info, probe, result_of, run};
 use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
+use system_tests::daemon::DoubleGpus;
+use system_tests::pod::Pod;
+use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info, probe, result_of, run};
+use system_tests::{daemon, probes};
 
 const QUOTA: u64 = 4 * GIB;
 /// The double's default malloc heap, held by every context already.
@@ -417,7 +418,7 @@ fn memory_the_audit_finds_beyond_the_ledger_is_charged_to_the_pod() {
         "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"t\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
         pod.0
     );
-    let hypervisor = common::hypervisor(&pod, &text, Arc::clone(&seen) as Arc<dyn GpuObserver>);
+    let hypervisor = daemon::hypervisor(&pod, &text, Arc::clone(&seen) as Arc<dyn GpuObserver>);
     let mut command = probe(
         "cudaprobe",
         &pod,
@@ -429,7 +430,7 @@ fn memory_the_audit_finds_beyond_the_ledger_is_charged_to_the_pod() {
             "info", "pid", "wait", "info", "alloc", "mem", "2500m", "alloc", "mem", "1g",
         ],
     );
-    common::use_node_tables(&mut command, &pod);
+    probes::use_node_tables(&mut command, &pod);
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

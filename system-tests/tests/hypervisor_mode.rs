@@ -1,14 +1,15 @@
 //! The limiter under a real hypervisor on loopback: limits come from it,
 //! suspend blocks launches, and a dead hypervisor leaves the last limits.
 
-mod common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{CONTEXT_BYTES, DoubleGpus, GIB, Pod, info, probe, run};
 use system_tests::RunningNode;
+use system_tests::daemon::DoubleGpus;
+use system_tests::pod::Pod;
+use system_tests::probes::{CONTEXT_BYTES, GIB, info, probe, run};
+use system_tests::{artifacts, daemon, probes};
 
 const TOKEN: &str = "pod-token";
 
@@ -17,7 +18,7 @@ fn start(pod: &Pod, gpu: &str) -> RunningNode {
         "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\n{gpu}\n",
         pod.0
     );
-    common::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
+    daemon::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
 }
 
 fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Command {
@@ -30,7 +31,7 @@ fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Co
         ],
         args,
     );
-    common::use_node_tables(&mut command, pod);
+    probes::use_node_tables(&mut command, pod);
     command
 }
 
@@ -48,7 +49,7 @@ fn quota_and_share_come_from_the_hypervisor() {
     ));
     assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
     assert!(lines[1].contains("-> 2 "), "{lines:?}");
-    common::assert_share(&lines[2], 400, 40);
+    probes::assert_share(&lines[2], 400, 40);
     // The worker registered, with the device it sees.
     let status = hypervisor.hypervisor().status();
     let status = serde_json::to_string(&status).expect("status json");
@@ -66,13 +67,13 @@ fn the_pods_published_limits_apply_whatever_the_environment_says() {
         "info", "alloc", "mem", "2g", "run", "kernel", "1000", "1500",
     ];
     let local = [("CUDA_DEVICE_MEMORY_LIMIT", "8g")];
-    let mut without = common::probe("cudaprobe", &pod, &local, &script);
-    common::use_node_tables(&mut without, &pod);
+    let mut without = probes::probe("cudaprobe", &pod, &local, &script);
+    probes::use_node_tables(&mut without, &pod);
     let mut wrong_token = managed(&pod, &hypervisor.url(), "not-the-token", &script);
     wrong_token.env("CUDA_DEVICE_MEMORY_LIMIT", "8g");
     for (what, mut command) in [("no hypervisor", without), ("wrong token", wrong_token)] {
         let output = command.output().expect("probe");
-        let lines = common::stdout_lines(&output);
+        let lines = probes::stdout_lines(&output);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(output.status.success(), "{what}: {output:?}");
         assert_eq!(
@@ -81,7 +82,7 @@ fn the_pods_published_limits_apply_whatever_the_environment_says() {
             "{what}: {stderr}"
         );
         assert!(lines[1].contains("-> 2 "), "{what}: {lines:?}");
-        common::assert_share(&lines[2], 400, 40);
+        probes::assert_share(&lines[2], 400, 40);
         assert!(
             stderr.contains(&format!(
                 "the limits the node's hypervisor published for pod {} apply",
@@ -105,8 +106,8 @@ fn a_throttled_loop_asks_the_hypervisor_once_a_burst() {
         &["run", "kernel", "100", "1000"],
     ));
     let asks = asked() - before;
-    let launches = common::number(&lines[0], "launches");
-    common::assert_share(&lines[0], 400, 40);
+    let launches = probes::number(&lines[0], "launches");
+    probes::assert_share(&lines[0], 400, 40);
     // A thread that finds the bucket empty asks; the hypervisor answers as
     // soon as there is any budget, and the rest of the floor (8 launches)
     // refills locally, without asking again.
@@ -142,7 +143,7 @@ fn suspended_pods_wait_and_resume_without_losing_work() {
     hypervisor.hypervisor().resume(&pod.0).expect("resume");
     let output = child.wait_with_output().expect("probe");
     assert!(asks <= 6, "{asks} admission requests while suspended");
-    common::check(&output);
+    probes::check(&output);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     assert!(lines[0].contains("-> 0 "), "{lines:?}");
@@ -156,7 +157,7 @@ fn suspended_pods_wait_and_resume_without_losing_work() {
     // Windows of 250 ms: running at 50%, then stopped, then 50% again;
     // running windows below 50% by at most the time the thread waited for
     // a CPU (at worst all of it in one window).
-    let window_delay = common::number(lines[0], "delay_ns") * 1000 / 250_000_000;
+    let window_delay = probes::number(lines[0], "delay_ns") * 1000 / 250_000_000;
     let running = |window: i64| window <= 560 && window >= 440 - window_delay;
     assert!(running(series[1]), "{series:?}");
     assert!(
@@ -179,7 +180,7 @@ fn a_dead_hypervisor_leaves_the_last_limits_in_force() {
         &["info", "run", "kernel", "1000", "1000"],
     ));
     assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
-    common::assert_share(&lines[1], 300, 40);
+    probes::assert_share(&lines[1], 300, 40);
 }
 
 #[test]
@@ -305,7 +306,7 @@ fn a_token_file_that_is_not_a_small_regular_file_is_refused_at_once() {
 
         let mut plain = std::process::Command::new("true");
         plain
-            .env("LD_PRELOAD", common::limiter())
+            .env("LD_PRELOAD", artifacts::limiter())
             .env("CUDA_LIMITER_POD", &pod.0)
             .env("CUDA_LIMITER_HYPERVISOR", "http://127.0.0.1:9")
             .env("CUDA_LIMITER_TOKEN_FILE", file)
@@ -363,5 +364,5 @@ fn a_gpu_the_hypervisor_gave_the_pod_no_limits_for_is_refused() {
         stderr.contains("cudaprobe: cuDevicePrimaryCtxRetain failed: 2"),
         "{stderr}"
     );
-    assert!(common::stdout_lines(&output).is_empty(), "{output:?}");
+    assert!(probes::stdout_lines(&output).is_empty(), "{output:?}");
 }

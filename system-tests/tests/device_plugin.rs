@@ -6,18 +6,19 @@
 //! `LD_PRELOAD` of a link with the pod file beside it; the region's host
 //! path is its container path here).
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, info};
 use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::cluster;
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::{self, TestNode};
 use serde_json::json;
+use system_tests::container::ContainerLib;
+use system_tests::daemon::DoubleGpus;
+use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
+use system_tests::{artifacts, probes};
 
 struct Cleanup {
     dir: std::path::PathBuf,
@@ -49,7 +50,7 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         .unwrap();
     let (answer, pod, node) = runtime.block_on(async {
         let api = FakeApiServer::start().await.unwrap();
-        let mut options = node::options(&dir, "node-probe", "gpu.gpushare.dev", common::limiter());
+        let mut options = node::options(&dir, "node-probe", "gpu.gpushare.dev", artifacts::limiter());
         // The probe runs outside any pod's cgroup.
         options.check_identity = false;
         let config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
@@ -120,7 +121,7 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
     ]);
     // The agent keeps serving on the runtime's threads meanwhile.
     let output = command.output().unwrap();
-    common::check(&output);
+    probes::check(&output);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let lines: Vec<&str> = stdout.lines().collect();
     // The quota is the total; 5 GiB is refused (CUDA_ERROR_OUT_OF_MEMORY), 3 GiB fits.
@@ -131,6 +132,6 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
     );
     assert!(lines[1].contains("-> 2 "), "{lines:?}");
     assert!(lines[2].contains("-> 0 "), "{lines:?}");
-    common::assert_share(lines[3], 300, 40);
+    probes::assert_share(lines[3], 300, 40);
     runtime.block_on(async move { node.0.stop().await });
 }

@@ -9,17 +9,18 @@
 //! bytes (then device 0's latency line) held every launch for the 100 ms
 //! starvation bound.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{PODS_UID, Pod, as_uid, node_tables, pods_uid_hypervisor};
 use gpushare_utils::activity::NodeActivity;
 use gpushare_utils::node_table::{NodeTable, TableAccess, pod_key};
 use gpushare_utils::priority::NodePriority;
 use system_tests::RunningNode;
+use system_tests::daemon::{PODS_UID, pods_uid_hypervisor};
+use system_tests::pod::{Pod, node_tables};
+use system_tests::probes::as_uid;
+use system_tests::{daemon, probes};
 
 const TOKEN: &str = "pod-token";
 /// The batch pod's kernels.
@@ -119,7 +120,7 @@ fn vandal() {
 /// `run` line and the longest a launch call took.
 fn batch_run(pod: &Pod, hypervisor: &RunningNode) -> (String, u64) {
     let (kernel, run_ms) = (KERNEL_US.to_string(), RUN_MS.to_string());
-    let mut command = common::probe(
+    let mut command = probes::probe(
         "cudaprobe",
         pod,
         &[
@@ -130,14 +131,14 @@ fn batch_run(pod: &Pod, hypervisor: &RunningNode) -> (String, u64) {
             "spin", "kernel", &kernel, "1", "run", "kernel", &kernel, &run_ms, "maxstall",
         ],
     );
-    common::use_node_tables(&mut command, pod);
-    let lines = common::run(as_uid(&command, PODS_UID));
+    probes::use_node_tables(&mut command, pod);
+    let lines = probes::run(as_uid(&command, PODS_UID));
     let run = lines
         .iter()
         .find(|line| line.starts_with("run ") && line.contains("-> 0 "))
         .unwrap_or_else(|| panic!("{lines:?}"))
         .clone();
-    let stall = common::line_field(&lines, "maxstall", "ns")
+    let stall = probes::line_field(&lines, "maxstall", "ns")
         .parse()
         .expect("maxstall ns");
     (run, stall)
@@ -153,7 +154,7 @@ fn assert_unheld(run: &str, stall_ns: u64, context: &str) {
     /// How late a launch that slept on the double's full queue wakes up, at
     /// most, on an idle machine: the timer slack (50 µs) and scheduling.
     const WAKE_UP_NS: u64 = 1_000_000;
-    let delay_ns = common::number(run, "delay_ns") as u64;
+    let delay_ns = probes::number(run, "delay_ns") as u64;
     let bound = KERNEL_US * 1_000 + WAKE_UP_NS + delay_ns;
     println!("{context}: longest launch call {stall_ns} ns (bound {bound} ns): {run}");
     assert!(
@@ -161,13 +162,13 @@ fn assert_unheld(run: &str, stall_ns: u64, context: &str) {
         "{context}: a launch call took {stall_ns} ns, more than one kernel ({KERNEL_US} µs) \
          and the {delay_ns} ns its thread waited for a CPU: {run}"
     );
-    common::assert_share(run, 1000, 50);
+    probes::assert_share(run, 1000, 50);
 }
 
 /// The daemon's count of repairs of `table`.
 fn repairs(url: &str, table: &str) -> u64 {
     let sample = format!("gpushare_node_table_repairs_total{{table=\"{table}\"}} ");
-    let text = common::metrics(url);
+    let text = daemon::metrics(url);
     text.lines()
         .find_map(|line| line.strip_prefix(&sample))
         .and_then(|value| value.trim().parse().ok())
@@ -192,7 +193,7 @@ fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn garbage_over_the_node_tables_holds_no_launch_and_the_daemon_repairs_the_headers() {
-    let _serial = common::serial();
+    let _serial = probes::serial();
     let pod = Pod::new("vandal");
     let hypervisor = pods_uid_hypervisor(&pod, TOKEN);
     let tables = node_tables(&pod);

@@ -1,19 +1,20 @@
 //! Fault injection on the driver double and loopback: no fault, neighbour or
 //! exit turns a limit off or makes a report lie.
 
-mod common;
-
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
-use common::{CONTEXT_BYTES, DoubleGpus, GIB, Pod, info, probe, run};
 use gpushare_utils::ledger::{MAX_DEVICES, PodLedger, REGION_SIZE};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Creation;
 use system_tests::RunningNode;
+use system_tests::daemon::DoubleGpus;
+use system_tests::pod::Pod;
+use system_tests::probes::{CONTEXT_BYTES, GIB, info, probe, run};
+use system_tests::{daemon, probes};
 
 const TOKEN: &str = "pod-token";
 
@@ -26,7 +27,7 @@ fn start(pod: &Pod, gpus: &[&str], count: u8) -> RunningNode {
     for gpu in gpus {
         text.push_str(&format!("[[pods.gpus]]\n{gpu}\n"));
     }
-    common::hypervisor(pod, &text, Arc::new(DoubleGpus(count)))
+    daemon::hypervisor(pod, &text, Arc::new(DoubleGpus(count)))
 }
 
 /// A probe of `pod` under the hypervisor at `url` with `token`.
@@ -36,7 +37,7 @@ fn managed(pod: &Pod, url: &str, token: &str, env: &[(&str, &str)], args: &[&str
         .env("CUDA_LIMITER_HYPERVISOR", url)
         .env("CUDA_LIMITER_TOKEN", token)
         .env("CUDA_LIMITER_GRANT_TIMEOUT_MS", "500");
-    common::use_node_tables(&mut command, pod);
+    probes::use_node_tables(&mut command, pod);
     command
 }
 
@@ -86,7 +87,7 @@ fn hypervisor_faults_apply_the_published_or_the_local_limit_or_refuse_cuda() {
         )
         .output()
         .expect("probe");
-        let lines = common::stdout_lines(&output);
+        let lines = probes::stdout_lines(&output);
         assert!(output.status.success(), "{what}: {output:?}");
         let (quota, said) = if *known_pod {
             (
@@ -220,7 +221,7 @@ fn a_region_squatted_by_another_user_is_replaced() {
     )
     .output()
     .expect("probe");
-    let lines = common::stdout_lines(&output);
+    let lines = probes::stdout_lines(&output);
     assert!(lines[0].starts_with("alloc mem 2g -> 2 "), "{output:?}");
     assert!(lines[1].starts_with("alloc mem 512m -> 0 "), "{output:?}");
 }
@@ -267,8 +268,8 @@ fn containers_with_different_visible_gpus_each_get_their_quota() {
     let finish = |mut child: std::process::Child| {
         drop(child.stdin.take());
         let output = child.wait_with_output().expect("container");
-        common::check(&output);
-        common::stdout_lines(&output)
+        probes::check(&output);
+        probes::stdout_lines(&output)
     };
     let (first, second) = (finish(first), finish(second));
     assert_eq!(
@@ -397,7 +398,7 @@ fn limits_a_pod_publishes_for_itself_are_not_trusted() {
     .gid(uid)
     .output()
     .expect("probe");
-    let lines = common::stdout_lines(&output);
+    let lines = probes::stdout_lines(&output);
     assert!(output.status.success(), "{output:?}");
     // The local limit holds, and the line says why the limits were refused.
     assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB), "{output:?}");

@@ -3,18 +3,18 @@
 //! mounted read-only beside it. A tenant controls its environment, not those
 //! files: no variable it removes, changes or adds loosens its limits.
 
-mod common;
-
 use std::os::unix::process::CommandExt;
 use std::process::Output;
 use std::sync::Arc;
 
-use common::{
-    CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, PODS_UID, Pod, info, pods_uid_hypervisor,
-};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::pod_file::{PodFile, VERSION};
 use gpushare_utils::shm::Creation;
+use system_tests::container::ContainerLib;
+use system_tests::daemon::{DoubleGpus, PODS_UID, pods_uid_hypervisor};
+use system_tests::pod::{Pod, node_tables};
+use system_tests::probes;
+use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
 
 const TOKEN: &str = "provisioned-token";
 /// Whether this process may act as the pods' uid (root).
@@ -31,7 +31,7 @@ fn pod_file(pod: &Pod, url: &str) -> String {
         token: TOKEN.to_owned(),
         limits_owner: None,
         mps_required: false,
-        node_tables: common::node_tables(pod),
+        node_tables: node_tables(pod),
     }
     .to_json()
 }
@@ -119,7 +119,7 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
             env,
             &["info", "alloc", "mem", "2g", "alloc", "mem", "512m"],
         );
-        let lines = common::stdout_lines(&output);
+        let lines = probes::stdout_lines(&output);
         assert!(output.status.success(), "{what}: {output:?}");
         assert_eq!(
             lines[0],
@@ -151,7 +151,7 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
         &[("CUDA_DEVICE_MEMORY_LIMIT", "768m")],
         &["info", "alloc", "mem", "512m"],
     );
-    let lines = common::stdout_lines(&output);
+    let lines = probes::stdout_lines(&output);
     assert_eq!(
         lines[0],
         info(0, 768 * MIB - CONTEXT_BYTES, 768 * MIB),
@@ -177,9 +177,9 @@ fn the_node_tables_are_the_pod_files_whatever_the_variables_name() {
          [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\ncap = 50\n",
         pod.0
     );
-    let daemon = common::hypervisor(&pod, &text, Arc::new(DoubleGpus(1)));
+    let daemon = system_tests::daemon::hypervisor(&pod, &text, Arc::new(DoubleGpus(1)));
     let container = ContainerLib::with_text(&pod_file(&pod, &daemon.url()));
-    let elsewhere = common::node_tables(&Pod::new("elsewhere"));
+    let elsewhere = node_tables(&Pod::new("elsewhere"));
     let output = in_container(
         &container,
         &[
@@ -189,7 +189,7 @@ fn the_node_tables_are_the_pod_files_whatever_the_variables_name() {
         &["run", "kernel", "1000", "300"],
     );
     assert!(output.status.success(), "{output:?}");
-    let table = std::fs::read(format!("/dev/shm/{}", common::node_tables(&pod).activity))
+    let table = std::fs::read(format!("/dev/shm/{}", node_tables(&pod).activity))
         .expect("the daemon's activity table");
     // After the 64-byte header, device 0's slots of 16 bytes: pod key, time.
     let key = gpushare_utils::node_table::pod_key(&pod.0);
@@ -264,7 +264,7 @@ fn a_pod_file_that_is_not_the_daemons_refuses_cuda() {
 fn without_a_pod_file_the_environment_decides_as_before() {
     // Local mode: a library with nothing beside it reads its variables.
     let pod = Pod::new("local");
-    let lines = common::run(common::probe(
+    let lines = probes::run(probes::probe(
         "cudaprobe",
         &pod,
         &[("CUDA_DEVICE_MEMORY_LIMIT", "2g")],

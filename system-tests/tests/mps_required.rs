@@ -3,8 +3,6 @@
 //! holds a `control` socket that accepts connections; without one the
 //! driver runs alone, and the limiter refuses CUDA at `cuInit`.
 
-mod common;
-
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::Output;
@@ -14,7 +12,9 @@ use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
 use hypervisor_corun::CorunOptions;
 
-use common::{Pod, probe, result_of};
+use system_tests::pod::Pod;
+use system_tests::probes::{probe, result_of};
+use system_tests::{daemon, probes};
 
 /// A pipe folder of its own, removed after the test.
 struct PipeDir(PathBuf);
@@ -108,8 +108,8 @@ fn with_the_daemon_up_cuda_runs_and_the_quota_holds() {
     // is all the double's cuInit asks of it.
     let _control = UnixListener::bind(pipe.0.join("control")).expect("bind control");
     let output = run(&pod, "required", Some(pipe.path()));
-    common::check(&output);
-    let lines = common::stdout_lines(&output);
+    probes::check(&output);
+    let lines = probes::stdout_lines(&output);
     assert_eq!(result_of(&lines[0]), 0, "3 GiB fit in 4: {lines:?}");
     assert_eq!(result_of(&lines[1]), 2, "2 GiB more do not: {lines:?}");
     assert!(our_lines(&output).is_empty(), "{output:?}");
@@ -155,7 +155,7 @@ fn share_under(pod: &Pod, others: &[&str]) -> String {
             "[[pods]]\nid = \"{other}\"\ntoken = \"other\"\n[[pods.gpus]]\nindex = 0\nclass = \"latency\"\n"
         ));
     }
-    let running = common::hypervisor(pod, &config, Arc::new(common::DoubleGpus(1)));
+    let running = daemon::hypervisor(pod, &config, Arc::new(daemon::DoubleGpus(1)));
     running.hypervisor().set_corun_gpus(&CorunOptions {
         gpus: vec![gpushare_examples::uuid(0)],
         dir: std::env::temp_dir(),
@@ -188,10 +188,10 @@ fn share_under(pod: &Pod, others: &[&str]) -> String {
         ],
         &["alloc", "mem", "3g", "alloc", "mem", "2g"],
     );
-    common::use_node_tables(&mut command, pod);
+    probes::use_node_tables(&mut command, pod);
     let output = command.output().expect("spawn probe");
-    common::check(&output);
-    let lines = common::stdout_lines(&output);
+    probes::check(&output);
+    let lines = probes::stdout_lines(&output);
     assert_eq!(result_of(&lines[0]), 0, "3 GiB fit in 4: {lines:?}");
     assert_eq!(result_of(&lines[1]), 2, "2 GiB more do not: {lines:?}");
     running.stop();

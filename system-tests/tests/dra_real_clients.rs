@@ -12,15 +12,12 @@
 //! and gets the claim's memory quota; deleting pod and claim, then the
 //! kubelet's unprepare, leaves nothing in the CDI folder or `/dev/shm`.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{CONTEXT_BYTES, ContainerLib, DoubleGpus, GIB, MIB, info};
 use gpushare_utils::pod_file::PodFile;
 use hypervisor_kubernetes::provision::{CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM};
 use kube_fakes::apiserver::FakeApiServer;
@@ -29,6 +26,10 @@ use kube_fakes::cluster;
 use kube_fakes::kubelet::Version;
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
+use system_tests::container::ContainerLib;
+use system_tests::daemon::DoubleGpus;
+use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
+use system_tests::{artifacts, probes};
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-dra";
@@ -144,7 +145,7 @@ impl World {
             "/../deploy/base/deviceclass.yaml"
         );
         world.ok(&["apply", "-f", class]);
-        let mut options = node::options(&world.scratch.dir, NODE, DRIVER, common::limiter());
+        let mut options = node::options(&world.scratch.dir, NODE, DRIVER, artifacts::limiter());
         // The probe runs outside any pod's cgroup.
         options.check_identity = false;
         let node = world
@@ -347,7 +348,7 @@ impl World {
         let named = std::fs::read_to_string(preload).unwrap();
         assert_eq!(
             Path::new(prepared.host_path(named.trim())),
-            common::limiter()
+            artifacts::limiter()
         );
         assert_eq!(
             PodFile::beside(Path::new(named.trim())),
@@ -363,7 +364,7 @@ impl World {
             .env("LD_PRELOAD", container.library())
             .args(args);
         // The agent and the hypervisor keep serving on the runtime's threads.
-        common::run(command)
+        probes::run(command)
     }
 
     /// The kubelet's `NodeUnprepareResources` once pod and claim are
@@ -470,7 +471,7 @@ fn assert_quota(lines: &[String], quota_gib: u64, gib: &[u64]) {
         }
         // CUDA_SUCCESS, or CUDA_ERROR_OUT_OF_MEMORY.
         assert_eq!(
-            common::result_of(line),
+            probes::result_of(line),
             if fits { 0 } else { 2 },
             "{lines:?}"
         );
@@ -552,7 +553,7 @@ fn kubectl_drives_a_claim_from_slice_to_limited_process_and_back() {
         lines
             .iter()
             .skip(1)
-            .map(|l| common::result_of(l))
+            .map(|l| probes::result_of(l))
             .collect::<Vec<_>>(),
         [0, 2]
     );
@@ -713,7 +714,7 @@ fn the_python_client_drives_a_claim_to_a_limited_process() {
     assert_eq!(
         out.iter()
             .skip(1)
-            .map(|l| common::result_of(l))
+            .map(|l| probes::result_of(l))
             .collect::<Vec<_>>(),
         [2, 0, 2]
     );

@@ -4,15 +4,16 @@
 //! daemon and the other processes survive, and no pod gets memory past its
 //! quota.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use common::{PODS_UID, Pod, as_uid, node_tables, pods_uid_hypervisor};
 use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::limits::PodLimits;
+use system_tests::daemon::{PODS_UID, pods_uid_hypervisor};
+use system_tests::pod::{Pod, node_tables};
+use system_tests::probes::as_uid;
+use system_tests::{daemon, probes};
 
 /// A local user who is not a pod.
 const STRANGER_UID: u32 = 65533;
@@ -31,7 +32,7 @@ fn shell_as(uid: u32, script: &str) -> bool {
 
 /// `GET /metrics` on the daemon: its status line.
 fn metrics_status(url: &str) -> String {
-    common::metrics(url)
+    daemon::metrics(url)
         .lines()
         .next()
         .unwrap_or_default()
@@ -48,7 +49,7 @@ fn shrinking_or_replacing_shared_objects_kills_nobody_and_frees_no_memory() {
 
     // A process of the pod, as the pods' uid: it allocates and launches,
     // waits while the objects are attacked, then launches and allocates.
-    let mut victim = common::probe(
+    let mut victim = probes::probe(
         "cudaprobe",
         &pod,
         &[
@@ -60,7 +61,7 @@ fn shrinking_or_replacing_shared_objects_kills_nobody_and_frees_no_memory() {
             "100", "alloc", "mem", "64m", "info",
         ],
     );
-    common::use_node_tables(&mut victim, &pod);
+    probes::use_node_tables(&mut victim, &pod);
     let mut victim = as_uid(&victim, PODS_UID)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
