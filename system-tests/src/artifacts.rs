@@ -1,5 +1,6 @@
 //! The workspace's shipped programs and libraries, built for the test run
-//! that needs them: [`limiter()`] (`libcuda_limiter.so`).
+//! that needs them: [`limiter()`] (`libcuda_limiter.so`) and [`hypervisor()`]
+//! (the node daemon's binary).
 //!
 //! Cargo builds a package's cdylib and binaries for that package's own
 //! tests only (`CARGO_BIN_EXE_*` exists only there); a test of another
@@ -24,6 +25,13 @@ use std::sync::OnceLock;
 pub fn limiter() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| build("cuda-limiter", &["--lib"], "libcuda_limiter.so"))
+}
+
+/// The node daemon's binary (`cargo build -p hypervisor --bin hypervisor`),
+/// built once per test process: `<target>/<profile>/hypervisor`.
+pub fn hypervisor() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| build("hypervisor", &["--bin", "hypervisor"], "hypervisor"))
 }
 
 /// Runs `cargo build -p PACKAGE TARGETS` for this test binary's target

@@ -45,7 +45,7 @@ fn the_daemon_example_passes_its_configuration_check() {
     let dir = folder.0.join("gpushare");
     let script = example_to_check().replace(CONFIG_DIR, dir.to_str().expect("a UTF-8 path"));
     assert!(!script.contains(CONFIG_DIR), "{script}");
-    let binary = PathBuf::from(env!("CARGO_BIN_EXE_hypervisor"));
+    let binary = system_tests::artifacts::hypervisor();
     let path = format!(
         "{}:{}",
         binary.parent().expect("the binary's folder").display(),
