@@ -48,7 +48,7 @@ use http_bidir_comm::{ClientId, Hub, HubConfig};
 
 use crate::metrics::LatencyHistogram;
 use crate::timer::PreciseTimer;
-use hypervisor_core::config::{Config, ConfigError};
+use hypervisor_core::config::Config;
 use hypervisor_core::node_tables::{NodeTableNames, NodeTables};
 use hypervisor_core::scheduler::Scheduler;
 use hypervisor_core::workers::Workers;
@@ -64,21 +64,9 @@ pub use tasks::{MAINTENANCE, TICK};
 /// Why the hypervisor could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The config file could not be read, or a value in it was refused.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
     /// The GPUs could not be listed at start (NVML not loaded or failing).
     #[error("cannot observe the GPUs: {0}")]
     Observer(#[from] ObserverError),
-    /// The API's address could not be bound (in use, or not this host's).
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// The error from binding it.
-        #[source]
-        source: std::io::Error,
-    },
     /// The tokio runtime the daemon runs on could not be built.
     #[error("cannot start the async runtime: {0}")]
     Runtime(#[source] std::io::Error),

@@ -20,20 +20,6 @@ pub struct Listeners {
 }
 
 impl Hypervisor {
-    /// Serves on `listener` until `shutdown` completes, with the background
-    /// tasks running alongside.
-    pub async fn serve(
-        self,
-        listener: tokio::net::TcpListener,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), Error> {
-        let listeners = Listeners {
-            api: vec![listener.into()],
-            metrics: None,
-        };
-        self.serve_on(listeners, shutdown).await
-    }
-
     /// Serves the API on every listener of `listeners.api` and the metrics
     /// routes on `listeners.metrics` until `shutdown` completes, with the
     /// background tasks running alongside.
