@@ -50,11 +50,23 @@ fn build(package: &str, targets: &[&str], file: &str) -> PathBuf {
     };
     match std::env::var_os("CARGO") {
         Some(cargo) => {
-            let status = Command::new(cargo)
+            let mut command = Command::new(cargo);
+            command
                 .args(["build", "--quiet", "-p", package])
                 .args(targets)
                 .args(["--profile", profile])
-                .env("CARGO_TARGET_DIR", target)
+                .env("CARGO_TARGET_DIR", target);
+            // Cargo describes the test's own package in the test's
+            // environment; a build script that tracks those variables
+            // (ring's tracks CARGO_MANIFEST_DIR) would otherwise run again,
+            // with all that depends on it, at every switch between this
+            // build and a plain `cargo build`.
+            for (key, _) in std::env::vars_os() {
+                if key.to_str().is_some_and(describes_package) {
+                    command.env_remove(key);
+                }
+            }
+            let status = command
                 .status()
                 .unwrap_or_else(|e| panic!("cannot run cargo to build {package}: {e}"));
             // A stale artifact would test other code than the source's.
@@ -72,4 +84,18 @@ fn build(package: &str, targets: &[&str], file: &str) -> PathBuf {
         artifact.display()
     );
     artifact
+}
+
+/// Whether `key` is one of the variables cargo sets for a test or program
+/// it runs that describe its package.
+fn describes_package(key: &str) -> bool {
+    key.starts_with("CARGO_PKG_")
+        || matches!(
+            key,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+        )
 }
