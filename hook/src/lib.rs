@@ -17,8 +17,6 @@
 //! through a [`DetourGuard`], which forwards to the original when the limiter
 //! is off or when the limiter itself calls the driver from inside a detour.
 
-#![warn(missing_docs)]
-
 pub mod thread_local;
 
 use std::ffi::{CStr, c_void};

@@ -44,8 +44,6 @@
 //! node-local: no `ring`/`rustls` in the injected library); `serde_json` the
 //! wire format; `thiserror` the error types; `tracing` the logs.
 
-#![warn(missing_docs)]
-
 #[cfg(feature = "client")]
 pub mod client;
 #[cfg(feature = "server")]

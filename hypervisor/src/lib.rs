@@ -6,8 +6,6 @@
 //! [`limiter_files`]: the limiter library installed on the host under a
 //! versioned name and collected once no process maps it.
 
-#![warn(missing_docs)]
-
 pub mod limiter_files;
 pub mod node;
 

@@ -159,7 +159,7 @@ impl KubeArgs {
         socket: Option<&std::path::Path>,
     ) -> anyhow::Result<hypervisor_kubernetes::AgentOptions> {
         use hypervisor_kubernetes::dra::plugin::PluginSockets;
-        use hypervisor_kubernetes::provision::ProvisionConfig;
+        use hypervisor_provision::ProvisionConfig;
         let node = self
             .node_name
             .clone()

@@ -50,8 +50,6 @@
 //! Errors and panics are handled as above; a panic after the call
 //! still returns the original's result.
 
-#![warn(missing_docs)]
-
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
 use quote::quote;
@@ -257,7 +255,9 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
     let Parts {
         names, types, hook, ..
     } = &parts;
+    let module_doc = format!("`{symbol}`: the original, the detour and the install entry.");
     quote! {
+        #[doc = #module_doc]
         #[allow(non_snake_case)]
         pub mod #symbol {
             #[allow(unused_imports)]

@@ -12,7 +12,9 @@ use common::Status;
 
 /// A handler's refusal, or its request for the original.
 pub enum Refusal {
+    /// Call the original.
     Bypass,
+    /// Refuse the call without the original.
     Refuse,
 }
 

@@ -21,8 +21,6 @@
 //! limiter's tests take this package without it, so that they do not build
 //! the daemon.
 
-#![warn(missing_docs)]
-
 pub mod artifacts;
 pub mod container;
 #[cfg(feature = "node")]

@@ -100,7 +100,7 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
     let pod_file = answer
         .mounts
         .iter()
-        .find(|m| m.container_path == hypervisor_kubernetes::provision::CONTAINER_POD_FILE)
+        .find(|m| m.container_path == hypervisor_provision::CONTAINER_POD_FILE)
         .expect("pod file mount");
     assert!(pod_file.read_only);
     assert!(

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpushare_utils::pod_file::PodFile;
-use hypervisor_kubernetes::provision::{CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM};
+use hypervisor_provision::{CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM};
 use kube_fakes::apiserver::FakeApiServer;
 use kube_fakes::clients::{self, Kubectl};
 use kube_fakes::cluster;

@@ -9,8 +9,6 @@
 //! environment, the hypervisor's file) is parsed in that side's crate.
 //! The hook engine the limiter patches the driver with is `gpushare-hook`.
 
-#![warn(missing_docs)]
-
 pub mod activity;
 pub mod bucket;
 pub mod clock;

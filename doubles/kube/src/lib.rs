@@ -4,8 +4,6 @@
 //! limiter's device-plugin test and the `k8s-e2e` tool drive the real agent
 //! against them. A dev-only crate: the daemon never links it.
 
-#![warn(missing_docs)]
-
 pub mod apiserver;
 pub mod clients;
 pub mod cluster;

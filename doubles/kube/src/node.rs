@@ -12,9 +12,9 @@ use hypervisor_core::node_tables::NodeTableNames;
 use hypervisor_corun::{CorunOptions, MpsBoard};
 use hypervisor_daemon::{Hypervisor, Options};
 use hypervisor_kubernetes::dra::plugin::PluginSockets;
-use hypervisor_kubernetes::provision::ProvisionConfig;
 use hypervisor_kubernetes::{AgentOptions, NodeAgent};
 use hypervisor_observer::GpuObserver;
+use hypervisor_provision::ProvisionConfig;
 
 use super::apiserver::FakeApiServer;
 use super::kubelet::FakeKubelet;

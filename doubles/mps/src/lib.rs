@@ -32,8 +32,6 @@
 //! then ([`log::Log::server_failed`]). For the supervisor's report of
 //! servers that refuse their clients.
 
-#![warn(missing_docs)]
-
 pub mod client;
 pub mod commands;
 pub mod daemon;

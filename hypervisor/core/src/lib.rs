@@ -17,8 +17,6 @@
 //! The running daemon (HTTP, tasks) is `hypervisor-daemon`; nothing here
 //! depends on it, on Kubernetes or on gRPC.
 
-#![warn(missing_docs)]
-
 pub mod config;
 pub mod fairshare;
 pub mod file_error;

@@ -30,8 +30,6 @@
 //! the daemon and its servers log), [`board`] (each GPU's state, read by
 //! the status, the metrics and `/readyz`).
 
-#![warn(missing_docs)]
-
 pub mod board;
 pub mod control;
 pub mod flags;

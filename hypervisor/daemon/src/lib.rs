@@ -23,8 +23,6 @@
 //! [`timer`] (the tick's precise sleeps). The decisions themselves are
 //! `hypervisor-core`'s.
 
-#![warn(missing_docs)]
-
 pub mod api;
 mod auth;
 mod commands;

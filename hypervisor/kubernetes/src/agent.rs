@@ -18,13 +18,13 @@ use crate::deviceplugin::allocator;
 use crate::dra::plugin;
 use crate::dra::slice;
 use crate::options::AgentOptions;
-use crate::provision::{PodRef, Provisioner};
 use crate::state::{Inner, NodeAgent};
 use crate::{KubeError, KubernetesSource};
 use hypervisor_core::identity::CgroupIdentity;
 use hypervisor_daemon::Hypervisor;
 use hypervisor_daemon::source;
 use hypervisor_observer::{GpuInfo, Unhealthy};
+use hypervisor_provision::{PodRef, Provisioner};
 
 impl NodeAgent {
     /// Connects, restores the checkpoint's pods into the hypervisor, publishes

@@ -6,7 +6,7 @@
 //!    `spec.nodeName`) and the ResourceClaims, kept in memory by kube-rs.
 //! 3. **Prepare** (the kubelet, over [`crate::dra`]): the claim read from the
 //!    reflector (or the API server when it is newer than the reflector),
-//!    translated ([`dra::claims`]), provisioned ([`crate::provision`]), and the
+//!    translated ([`dra::claims`]), provisioned ([`hypervisor_provision`]), and the
 //!    hypervisor's pods made those of the prepared claims
 //!    ([`KubernetesSource`]), which opens the pod's region with its limits
 //!    before the containers start.
@@ -23,17 +23,14 @@
 //! The modules form one way: [`options`] (plain settings) ← `state` (what
 //! the agent holds, and provisioning a claim) ← one folder per mode,
 //! [`dra`] and [`deviceplugin`], and `consumers` ← `agent` (start, run,
-//! clean-up of pods that are gone). [`provision`] is what both modes give a
+//! clean-up of pods that are gone). `hypervisor-provision` is what both modes give a
 //! container.
-
-#![warn(missing_docs)]
 
 mod agent;
 mod consumers;
 pub mod deviceplugin;
 pub mod dra;
 pub mod options;
-pub mod provision;
 pub mod quantity;
 mod state;
 
@@ -43,9 +40,9 @@ use std::sync::{Arc, Mutex};
 pub use options::AgentOptions;
 pub use state::NodeAgent;
 
-use crate::provision::Provisioner;
 use hypervisor_core::spec::PodSpec;
 use hypervisor_daemon::source::PodSource;
+use hypervisor_provision::Provisioner;
 
 /// The default driver name.
 pub const DRIVER: &str = "gpu.gpushare.dev";
@@ -84,7 +81,7 @@ pub enum KubeError {
     /// removed, or the prepared claims not turned into the hypervisor's
     /// pods.
     #[error(transparent)]
-    Provision(#[from] crate::provision::ProvisionError),
+    Provision(#[from] hypervisor_provision::ProvisionError),
     /// The DRA plugin's or its registration socket cannot be created or
     /// served (the kubelet's folders missing or not writable).
     #[error("kubelet plugin sockets: {0}")]
@@ -132,7 +129,7 @@ pub struct KubernetesSource {
 }
 
 impl PodSource for KubernetesSource {
-    type Error = crate::provision::ProvisionError;
+    type Error = hypervisor_provision::ProvisionError;
 
     fn pods(&self) -> Result<Vec<PodSpec>, Self::Error> {
         let provisioner = self

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::provision::ProvisionConfig;
+use hypervisor_provision::ProvisionConfig;
 
 /// How the agent runs.
 #[derive(Debug, Clone)]

@@ -8,17 +8,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::Api;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::Store;
 use tokio::sync::{Notify, watch};
 
-use crate::dra::{ClaimRef, ClaimRefused};
 use crate::options::{AgentOptions, GpuHealth};
-use crate::provision::{ClaimRequest, ProvisionError, Provisioner};
 use crate::{KubeError, KubernetesSource};
 use hypervisor_daemon::Hypervisor;
 use hypervisor_daemon::source;
 use hypervisor_observer::Unhealthy;
+use hypervisor_provision::{ClaimRequest, ProvisionError, Provisioner};
 
 /// Why a claim (of either mode) could not be provisioned.
 #[derive(Debug, thiserror::Error)]
@@ -103,26 +101,5 @@ impl NodeAgent {
             tracing::error!(failed = ?report.failed, "pods without a region");
         }
         Ok(())
-    }
-
-    pub(crate) async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimRefused> {
-        let key = ObjectRef::new(&claim.name).within(&claim.namespace);
-        if let Some(cached) = self.inner.claims.get(&key)
-            && cached.metadata.uid.as_deref() == Some(&claim.uid)
-            && cached
-                .status
-                .as_ref()
-                .is_some_and(|s| s.allocation.is_some() && s.reserved_for.is_some())
-        {
-            return Ok((*cached).clone());
-        }
-        let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &claim.namespace);
-        api.get(&claim.name)
-            .await
-            .map_err(|source| ClaimRefused::Read {
-                namespace: claim.namespace.clone(),
-                name: claim.name.clone(),
-                source,
-            })
     }
 }

@@ -2,8 +2,6 @@
 //! simulation in tests ([`simulated`]), and whether they are healthy
 //! ([`health`]).
 
-#![warn(missing_docs)]
-
 pub mod clock;
 pub mod flags;
 pub mod health;

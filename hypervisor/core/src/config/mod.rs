@@ -56,8 +56,10 @@ use serde::Deserialize;
 use crate::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token};
 
 mod files;
+mod settings;
 
 pub use files::{CONFIG_MAX_BYTES, LOAD_TIMEOUT};
+pub use settings::{ConnLimits, RegionOptions, Settings};
 
 /// Where the hypervisor listens when neither the file nor `--listen` says.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
@@ -183,50 +185,6 @@ pub enum ConfigError {
     /// The pod list as a whole is refused: two pods with one id.
     #[error("{0}")]
     Pods(SpecError),
-}
-
-/// Daemon tuning from the file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
-    /// A worker with no channel request for this long is removed.
-    pub worker_ttl: Duration,
-    /// Health pings to every worker; `None`: off.
-    pub health_interval: Option<Duration>,
-    /// Remove workers whose pid no longer exists (only meaningful when the
-    /// hypervisor shares the pods' pid namespace).
-    pub check_pids: bool,
-    /// Most workers one pod may register at once.
-    pub max_workers_per_pod: usize,
-    /// Bounds on HTTP connections (needs a restart to change).
-    pub connections: ConnLimits,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            worker_ttl: Duration::from_secs(30),
-            health_interval: Some(Duration::from_secs(10)),
-            check_pids: false,
-            max_workers_per_pod: 1024,
-            connections: ConnLimits::default(),
-        }
-    }
-}
-
-/// Ownership and mode applied to every region file the hypervisor opens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RegionOptions {
-    /// Permission bits; `None` keeps what the file has (0600 when the
-    /// hypervisor creates it), less any o+w bit.
-    pub mode: Option<u32>,
-    /// Owner of the pods' ledgers and the node tables (`region_uid`): the
-    /// pods' user, who must write them; such files are trusted when adopted.
-    /// `None`: the hypervisor's own uid.
-    pub uid: Option<u32>,
-    /// Group of every region file and node table (`region_gid`), so the
-    /// pods' processes may read them under a group-readable mode; `None`:
-    /// the hypervisor's group.
-    pub gid: Option<u32>,
 }
 
 /// The whole file, resolved.
@@ -591,30 +549,6 @@ fn one_line(message: &str) -> String {
     match parts.next_back() {
         Some(last) if last != first => format!("{first}: {last}"),
         _ => first,
-    }
-}
-
-/// Bounds on the daemon's HTTP connections (`max_connections`,
-/// `header_timeout_ms`, `idle_timeout_ms`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnLimits {
-    /// Open connections at most (at least 16); past it, the oldest one
-    /// still sending its headers is closed.
-    pub max_connections: usize,
-    /// How long a request's headers may take to arrive (at least 100 ms).
-    pub header_timeout: Duration,
-    /// How long a kept-alive connection may sit idle before it is closed
-    /// (at least 100 ms).
-    pub idle_timeout: Duration,
-}
-
-impl Default for ConnLimits {
-    fn default() -> Self {
-        Self {
-            max_connections: 4096,
-            header_timeout: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(60),
-        }
     }
 }
 

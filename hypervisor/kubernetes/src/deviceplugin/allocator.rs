@@ -15,11 +15,11 @@ use super::placement::{self, GpuLoad};
 use super::{AllocateError, Allocator, GpuHealth, SharesMismatch, podresources};
 use crate::KubeError;
 use crate::NodeAgent;
-use crate::provision::cdi::ContainerEdits;
-use crate::provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams, new_uid};
 use gpushare_utils::logging::one_line;
 use hypervisor_core::spec::Policy;
 use hypervisor_observer::{GpuInfo, Unhealthy};
+use hypervisor_provision::cdi::ContainerEdits;
+use hypervisor_provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams, new_uid};
 
 /// `reason` of the Warning event on a pod whose container was refused its
 /// shares; the message says why.

@@ -16,7 +16,7 @@
 //! 3. **Allocate.** The kubelet names only share IDs. The container they are
 //!    for is found ([`podresources`] or the pods pending on the node), its
 //!    ask read ([`ask`]), healthy GPUs chosen ([`placement`]), and the pod's region,
-//!    token and files provisioned by [`crate::provision`], as for DRA; the
+//!    token and files provisioned by [`hypervisor_provision`], as for DRA; the
 //!    answer is the container edits as env, mounts and device specs.
 //!    A container that fits on no GPU of the node is refused, with an event
 //!    on its pod.
@@ -32,7 +32,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 pub use crate::options::{DEFAULT_RESOURCE, DevicePluginConfig, GpuHealth};
-use crate::provision::cdi::ContainerEdits;
+use hypervisor_provision::cdi::ContainerEdits;
 
 /// Generated from `hypervisor/proto/{deviceplugin,podresources}` by
 /// `build.rs`: documented only where the protos carry comments.
@@ -119,7 +119,7 @@ pub enum AllocateError {
     /// No random UID for the claim, or the prepared claim's container edits
     /// could not be built.
     #[error(transparent)]
-    Provision(#[from] crate::provision::ProvisionError),
+    Provision(#[from] hypervisor_provision::ProvisionError),
     /// The claim could not be provisioned or its pod's region opened;
     /// nothing of it is left.
     #[error(transparent)]

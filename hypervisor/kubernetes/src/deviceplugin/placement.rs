@@ -25,7 +25,7 @@ pub struct GpuLoad {
     pub name: String,
     /// The GPU's memory in bytes.
     pub memory_total: u64,
-    /// Bytes of it the prepared claims hold ([`crate::provision::Provisioner::held`]).
+    /// Bytes of it the prepared claims hold ([`hypervisor_provision::Provisioner::held`]).
     pub memory_held: u64,
     /// Percent of its compute the prepared claims hold, added up.
     pub compute_held: u32,

@@ -16,8 +16,8 @@ use super::pb::v1beta1::{
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
 use super::{Allocator, GpuHealth, devices};
-use crate::provision::cdi::ContainerEdits;
 use gpushare_utils::logging::one_line;
+use hypervisor_provision::cdi::ContainerEdits;
 
 /// The service for `resource`.
 pub struct DevicePluginService<A> {

@@ -42,10 +42,10 @@ use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClai
 use serde::Deserialize;
 
 use super::slice;
-use crate::provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
 use crate::quantity;
 use hypervisor_core::spec::{self, Policy};
 use hypervisor_observer::GpuInfo;
+use hypervisor_provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
 
 /// Why a claim cannot be prepared here.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -32,8 +32,8 @@ pub mod pb {
 use std::future::Future;
 
 use crate::KubeError;
-use crate::provision::ProvisionError;
 use crate::state::PrepareError;
+use hypervisor_provision::ProvisionError;
 
 /// The services a kubelet may call, as listed at registration.
 pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];

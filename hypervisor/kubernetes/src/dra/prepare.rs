@@ -2,6 +2,10 @@
 //! into a request ([`super::claims`]) and provisioned; unprepared, its
 //! files go and the hypervisor's pods follow.
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::Api;
+use kube::runtime::reflector::ObjectRef;
+
 use crate::NodeAgent;
 use crate::dra::claims;
 use crate::dra::{ClaimPreparer, ClaimRef, ClaimRefused, PreparedDevice};
@@ -9,7 +13,7 @@ use crate::dra::{ClaimPreparer, ClaimRef, ClaimRefused, PreparedDevice};
 impl ClaimPreparer for NodeAgent {
     async fn prepare(&self, claim: ClaimRef) -> Result<Vec<PreparedDevice>, ClaimRefused> {
         let _busy = self.inner.busy.lock().await;
-        let devices = |request: &crate::provision::ClaimRequest, cdi: &[String]| {
+        let devices = |request: &hypervisor_provision::ClaimRequest, cdi: &[String]| {
             request
                 .devices
                 .iter()
@@ -42,5 +46,30 @@ impl ClaimPreparer for NodeAgent {
             self.sync()?;
         }
         Ok(())
+    }
+}
+
+impl NodeAgent {
+    /// The claim the kubelet names: the reflector's copy when it is this
+    /// UID, allocated and reserved; else the API server's.
+    async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimRefused> {
+        let key = ObjectRef::new(&claim.name).within(&claim.namespace);
+        if let Some(cached) = self.inner.claims.get(&key)
+            && cached.metadata.uid.as_deref() == Some(&claim.uid)
+            && cached
+                .status
+                .as_ref()
+                .is_some_and(|s| s.allocation.is_some() && s.reserved_for.is_some())
+        {
+            return Ok((*cached).clone());
+        }
+        let api: Api<ResourceClaim> = Api::namespaced(self.inner.client.clone(), &claim.namespace);
+        api.get(&claim.name)
+            .await
+            .map_err(|source| ClaimRefused::Read {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                source,
+            })
     }
 }

@@ -49,7 +49,7 @@ pub struct Device {
 }
 
 /// What a claim gives a container: the CDI device's edits, and the device
-/// plugin's `Allocate` answer ([`crate::deviceplugin::service::container_response`]).
+/// plugin's `Allocate` answer (the device plugin's `container_response`).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerEdits {
@@ -259,7 +259,7 @@ pub fn device_minor(host_root: &Path, gpu: &GpuInfo) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::{DeviceGrant, PodRef, SharingParams};
+    use crate::{DeviceGrant, PodRef, SharingParams};
 
     fn request() -> ClaimRequest {
         ClaimRequest {

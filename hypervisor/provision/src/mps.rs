@@ -206,7 +206,7 @@ fn mebibytes_up(bytes: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provision::SharingParams;
+    use crate::SharingParams;
     use hypervisor_core::spec::Policy;
 
     fn options() -> CorunOptions {
@@ -368,10 +368,10 @@ mod tests {
 
     /// A provisioner under a folder of its own, with GPUs `GPU-a` (co-run)
     /// and `GPU-b`, `GPU-c` (ordinary; `GPU-c` co-run too with `two`).
-    fn provisioner(tag: &str, two: bool) -> (crate::provision::Provisioner, PathBuf) {
+    fn provisioner(tag: &str, two: bool) -> (crate::Provisioner, PathBuf) {
         let dir = std::env::temp_dir().join(format!("mps-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let mut config = crate::provision::ProvisionConfig::daemonset("http://127.0.0.1:1");
+        let mut config = crate::ProvisionConfig::daemonset("http://127.0.0.1:1");
         config.state_dir = dir.join("state");
         config.host_state_dir = dir.join("state");
         config.cdi_dir = dir.join("cdi");
@@ -382,7 +382,7 @@ mod tests {
         }
         config.corun = Some(corun);
         let gpus = vec![gpu(0, "GPU-a"), gpu(1, "GPU-b"), gpu(2, "GPU-c")];
-        let provisioner = crate::provision::Provisioner::open(config, gpus).unwrap();
+        let provisioner = crate::Provisioner::open(config, gpus).unwrap();
         (provisioner, dir)
     }
 
@@ -391,7 +391,7 @@ mod tests {
             claim_uid: format!("0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4{n}"),
             namespace: "default".into(),
             name: format!("claim-{n}"),
-            pod: crate::provision::PodRef {
+            pod: crate::PodRef {
                 uid: "1c8d9b63-4f2e-4b8f-8d5f-3a7e2e3d4c5b".into(),
                 namespace: "default".into(),
                 name: "pod".into(),

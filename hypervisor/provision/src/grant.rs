@@ -14,7 +14,7 @@ use hypervisor_core::spec::Policy;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PodRef {
     /// The pod's UID; for a claim several pods share, the claim's UID (the
-    /// quota identity, [`crate::dra::claims::quota_identity`]). Names the
+    /// quota identity, the DRA claims' `quota_identity`). Names the
     /// hypervisor's pod, its token and its region.
     pub uid: String,
     /// The pod's namespace (the claim's).

@@ -20,7 +20,7 @@
 //!    region go; the checkpoint follows.
 //!
 //! The device plugin's claims are made here, one per container, from the
-//! pod's resource names ([`crate::deviceplugin::allocator`]); their answer is the
+//! pod's resource names (the device plugin's allocator); their answer is the
 //! same edits ([`Provisioner::container_edits`]) as env, mounts and devices.
 
 pub mod cdi;
