@@ -13,7 +13,7 @@ if ! need cc || ! need nm; then
   apt-get update -qq && apt-get install -y -qq gcc binutils >/dev/null
 fi
 # --- Packaging tools (deploy/ validation, glibc baseline of the limiter) ---
-# Before the tests: hypervisor/tests/packaging.rs runs scripts/validate-manifests.py
+# Before the tests: system-tests/tests/packaging.rs runs scripts/validate-manifests.py
 # (kubectl and kubernetes-validate, pinned in scripts/packaging-requirements.txt)
 # and scripts/build-limiter.sh (cargo-zigbuild with zig from PyPI), and fails
 # when they are missing.
