@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::daemon::{Killed, as_uid, listening, serve};
+use common::daemon::{Killed, listening, serve};
+use system_tests::probes::as_uid;
 use common::*;
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;

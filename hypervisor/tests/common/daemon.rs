@@ -34,7 +34,7 @@ pub(crate) fn serve(config: &ConfigFile) -> Command {
     command
 }
 
-/// Spawns `command` (a [`serve`], perhaps through [`as_uid`]) with its
+/// Spawns `command` (a [`serve`], perhaps through `as_uid`) with its
 /// stdout piped and reads its first line, `hypervisor listening on ADDR`:
 /// the daemon and ADDR.
 pub(crate) fn listening(mut command: Command) -> (Killed, String) {
@@ -56,21 +56,3 @@ pub(crate) fn listening(mut command: Command) -> (Killed, String) {
     (daemon, addr)
 }
 
-/// `command` run as `uid` (its group too, no supplementary groups) through
-/// `setpriv`, with the same environment.
-pub(crate) fn as_uid(command: &Command, uid: u32) -> Command {
-    let mut wrapped = Command::new("setpriv");
-    wrapped
-        .arg(format!("--reuid={uid}"))
-        .arg(format!("--regid={uid}"))
-        .args(["--clear-groups", "--"])
-        .arg(command.get_program())
-        .args(command.get_args());
-    for (key, value) in command.get_envs() {
-        match value {
-            Some(value) => wrapped.env(key, value),
-            None => wrapped.env_remove(key),
-        };
-    }
-    wrapped
-}
