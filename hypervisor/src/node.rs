@@ -21,7 +21,7 @@ use hypervisor_daemon::serve::{Listeners, bind_socket};
 use hypervisor_daemon::{Hypervisor, Options};
 use hypervisor_kubernetes::{AgentOptions, KubeError, NodeAgent};
 use hypervisor_observer::ObserverError;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::limiter_files;
@@ -99,6 +99,9 @@ struct Parts {
     supervisor: Option<MpsSupervisor>,
     stop: watch::Sender<bool>,
     tasks: Vec<Task>,
+    /// Told when a task ends: before the node is stopped, only by failing.
+    ended: mpsc::UnboundedSender<()>,
+    ended_rx: mpsc::UnboundedReceiver<()>,
 }
 
 /// A running node.
@@ -136,12 +139,15 @@ impl Node {
         let hv = Hypervisor::new(daemon)?;
         let supervisor = corun.as_ref().map(MpsSupervisor::start).transpose()?;
         let (stop, _) = watch::channel(false);
+        let (ended, ended_rx) = mpsc::unbounded_channel();
         // From here on, an early return drops the supervisor, which quits
         // the MPS daemons.
         let mut parts = Parts {
             supervisor,
             stop,
             tasks: Vec::new(),
+            ended,
+            ended_rx,
         };
         if let (Some(supervisor), Some(options)) = (&parts.supervisor, &corun) {
             hv.set_corun_board(supervisor.board());
@@ -166,9 +172,7 @@ impl Node {
                 let listener = bind_tcp(at).map_err(listen_error(at))?;
                 let bound = listener.local_addr().map_err(listen_error(at))?;
                 let serving = hv.clone().serve_metrics(listener.into(), parts.stopped());
-                parts
-                    .tasks
-                    .push(tokio::spawn(async move { Ok(serving.await?) }));
+                parts.spawn(async move { Ok(serving.await?) });
                 Some(bound)
             }
             None => None,
@@ -213,9 +217,16 @@ impl Node {
         self.agent.as_ref()
     }
 
-    /// Runs until `shutdown` completes, then stops.
-    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
-        shutdown.await;
+    /// Runs until `shutdown` completes, or until a part of the node (a
+    /// server, the agent) ends by itself, which only a failure does; then
+    /// stops, and returns the failure.
+    pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> Result<(), NodeError> {
+        tokio::select! {
+            () = shutdown => {}
+            _ = self.parts.ended_rx.recv() => {
+                tracing::error!("a part of the node ended by itself: stopping");
+            }
+        }
         self.stop().await
     }
 
@@ -263,23 +274,16 @@ impl BoundNode {
                 let agent = NodeAgent::start(hv.clone(), gpus, options).await?;
                 hv.ready(AGENT_STARTING);
                 let running = agent.clone().run(parts.stopped());
-                parts
-                    .tasks
-                    .push(tokio::spawn(async move { Ok(running.await?) }));
-                parts.tasks.push(tokio::spawn(collect_limiters(
-                    link,
-                    proc_root,
-                    parts.stopped(),
-                )));
+                parts.spawn(async move { Ok(running.await?) });
+                let stopped = parts.stopped();
+                parts.spawn(collect_limiters(link, proc_root, stopped));
                 Some(agent)
             }
             None => None,
         };
         let listeners = Listeners { api, metrics: None };
         let serving = hv.clone().serve_on(listeners, parts.stopped());
-        parts
-            .tasks
-            .push(tokio::spawn(async move { Ok(serving.await?) }));
+        parts.spawn(async move { Ok(serving.await?) });
         Ok(Node {
             hv,
             addr,
@@ -291,6 +295,17 @@ impl BoundNode {
 }
 
 impl Parts {
+    /// Runs `task` until the node stops; its end is told to
+    /// [`Node::run_until`].
+    fn spawn(&mut self, task: impl Future<Output = Result<(), NodeError>> + Send + 'static) {
+        let ended = self.ended.clone();
+        self.tasks.push(tokio::spawn(async move {
+            let result = task.await;
+            let _ = ended.send(());
+            result
+        }));
+    }
+
     /// Completes when the node is told to stop.
     fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
         let mut rx = self.stop.subscribe();
@@ -366,5 +381,94 @@ fn log_collected(collected: &limiter_files::Collected) {
             reason,
             "old limiter versions kept: cannot tell which are in use"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+    use std::sync::Arc;
+
+    use hypervisor_core::node_tables::NodeTableNames;
+    use hypervisor_observer::SimulatedGpus;
+
+    use super::*;
+
+    fn spec(tables: &NodeTableNames) -> NodeSpec {
+        let config = hypervisor_core::config::parse(
+            "listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n",
+            Path::new("(test)"),
+            Path::new("."),
+        )
+        .unwrap();
+        NodeSpec {
+            daemon: Options {
+                config,
+                config_path: None,
+                listen: None,
+                observer: Arc::new(SimulatedGpus::new(1)),
+                handle_sighup: false,
+                node_tables: tables.clone(),
+            },
+            socket: None,
+            metrics: Some("127.0.0.1:0".parse().unwrap()),
+            corun: None,
+            kubernetes: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_part_that_fails_stops_the_node_with_its_error() {
+        let tables = NodeTableNames {
+            activity: format!("gpushare-node-test-fails-{}", std::process::id()),
+            priority: format!("gpushare-priority-test-fails-{}", std::process::id()),
+        };
+        let mut node = Node::start(spec(&tables)).await.unwrap();
+        assert!(node.metrics_addr().is_some_and(|a| a.port() != 0));
+        node.parts.spawn(async {
+            Err(NodeError::Listen {
+                addr: "the test's".to_owned(),
+                source: std::io::Error::other("gone"),
+            })
+        });
+        let ended = tokio::time::timeout(
+            Duration::from_secs(10),
+            node.run_until(std::future::pending()),
+        )
+        .await
+        .expect("the node stops by itself");
+        let _ = gpushare_utils::shm::unlink(&tables.activity);
+        let _ = gpushare_utils::shm::unlink(&tables.priority);
+        assert!(matches!(ended, Err(NodeError::Listen { .. })), "{ended:?}");
+    }
+
+    #[tokio::test]
+    async fn a_node_runs_until_told_and_stops_cleanly() {
+        let tables = NodeTableNames {
+            activity: format!("gpushare-node-test-runs-{}", std::process::id()),
+            priority: format!("gpushare-priority-test-runs-{}", std::process::id()),
+        };
+        let node = Node::start(spec(&tables)).await.unwrap();
+        let url = format!("{}/healthz", node.url());
+        let answered = tokio::task::spawn_blocking(move || {
+            let agent = ureq::Agent::config_builder()
+                .proxy(None)
+                .http_status_as_error(false)
+                .build()
+                .new_agent();
+            agent.get(&url).call().map(|r| r.status().as_u16())
+        })
+        .await
+        .unwrap();
+        let stopped = tokio::time::timeout(
+            Duration::from_secs(10),
+            node.run_until(tokio::time::sleep(Duration::from_millis(200))),
+        )
+        .await
+        .expect("the node stops when told");
+        let _ = gpushare_utils::shm::unlink(&tables.activity);
+        let _ = gpushare_utils::shm::unlink(&tables.priority);
+        stopped.unwrap();
+        assert_eq!(answered.unwrap(), 200);
     }
 }
