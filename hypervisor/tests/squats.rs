@@ -15,10 +15,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::daemon::{Killed, listening, serve};
-use system_tests::probes::as_uid;
 use common::*;
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
+use system_tests::probes::as_uid;
 
 /// The pods' uid (the daemon's `region_uid`).
 const PODS_UID: u32 = 65534;

@@ -55,4 +55,3 @@ pub(crate) fn listening(mut command: Command) -> (Killed, String) {
         .to_owned();
     (daemon, addr)
 }
-
