@@ -10,9 +10,8 @@ use hypervisor_daemon::{Hypervisor, Options};
 /// A node serving on a runtime of its own. Dropping it stops the node
 /// (regions stay, as when the daemon restarts).
 pub struct RunningNode {
+    /// The node: there from the start until it is stopped or dropped.
     node: Option<Node>,
-    hypervisor: Hypervisor,
-    addr: SocketAddr,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -24,11 +23,9 @@ impl RunningNode {
             .thread_name("hypervisor")
             .enable_all()
             .build()
-            .map_err(|error| NodeError::Daemon(hypervisor_daemon::Error::Runtime(error)))?;
+            .expect("a tokio runtime for the node");
         let node = runtime.block_on(Node::start(spec))?;
         Ok(Self {
-            hypervisor: node.hypervisor().clone(),
-            addr: node.addr(),
             node: Some(node),
             runtime: Some(runtime),
         })
@@ -47,17 +44,23 @@ impl RunningNode {
 
     /// Where the API listens.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.node().addr()
     }
 
     /// `http://ADDR`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.node().url()
     }
 
     /// The state, to look at or drive directly.
     pub fn hypervisor(&self) -> &Hypervisor {
-        &self.hypervisor
+        self.node().hypervisor()
+    }
+
+    fn node(&self) -> &Node {
+        self.node
+            .as_ref()
+            .expect("a RunningNode holds its node until stopped")
     }
 
     /// Stops the node and waits (bounded) for its runtime to wind down.

@@ -65,9 +65,6 @@ pub enum Error {
     /// The GPUs could not be listed at start (NVML not loaded or failing).
     #[error("cannot observe the GPUs: {0}")]
     Observer(#[from] ObserverError),
-    /// The tokio runtime the daemon runs on could not be built.
-    #[error("cannot start the async runtime: {0}")]
-    Runtime(#[source] std::io::Error),
     /// A listener's address could not be read, or serving on it failed.
     #[error("server: {0}")]
     Serve(#[source] std::io::Error),
