@@ -3,8 +3,10 @@
 # workspace (once; later runs find it installed), then runs every test.
 #   scripts/test.sh [more cargo test args]
 # No GPU needed: the tests run against the workspace's driver double, the
-# in-process fake API server and kubelet, and the real clients (kubectl, the
-# Python client) against that fake.
+# official control plane (API server, scheduler, controller manager) with
+# our kubelet double, the in-process fake API server where a test needs what
+# a real one cannot do on demand, and the real clients (kubectl, the Python
+# client).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,5 +46,9 @@ if [ "$(cat "$venv/installed" 2>/dev/null)" != "${kube_clients[*]}" ]; then
   "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${kube_clients[@]}"
   echo "${kube_clients[*]}" >"$venv/installed"
 fi
+
+# The official Kubernetes control plane (1.37) the DRA tests run against,
+# built from its Go modules once and cached under target/control-plane.
+scripts/build-control-plane.sh
 
 cargo test --workspace --locked --no-fail-fast "$@"

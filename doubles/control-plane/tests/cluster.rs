@@ -1,0 +1,69 @@
+//! The control plane as a cluster's users meet it: its version, its
+//! authentication and authorization, and the DRA validation our tests rely
+//! on the real server for.
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::api::{Api, ListParams, PostParams};
+use kube_control_plane::{ControlPlane, Credentials, VERSION};
+
+fn status_code(error: &kube::Error) -> Option<u16> {
+    match error {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_control_plane_authenticates_authorizes_and_validates() {
+    let plane = ControlPlane::start().await.expect("control plane");
+    let admin = plane.admin().await.expect("admin client");
+
+    let version = admin.apiserver_version().await.expect("version");
+    assert_eq!(version.git_version, VERSION);
+
+    // Served DRA: the v1 API lists.
+    let classes = Api::<DeviceClass>::all(admin.clone());
+    classes
+        .list(&ListParams::default())
+        .await
+        .expect("resource.k8s.io/v1");
+
+    // A DeviceClass whose CEL selector does not compile is refused.
+    let broken: DeviceClass = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "broken.example.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == "}}]},
+    }))
+    .unwrap();
+    let refused = classes
+        .create(&PostParams::default(), &broken)
+        .await
+        .expect_err("a broken CEL expression is invalid");
+    assert_eq!(status_code(&refused), Some(422), "{refused}");
+
+    // No credentials worth anything: a bogus token is not authenticated.
+    let bogus = plane.dir().join("bogus.kubeconfig");
+    plane
+        .write_kubeconfig(
+            &bogus,
+            "bogus",
+            Credentials::Token("not-a-token"),
+            "default",
+        )
+        .unwrap();
+    let bogus = kube_control_plane::client(&bogus).await.unwrap();
+    let error = Api::<Namespace>::all(bogus)
+        .list(&ListParams::default())
+        .await
+        .expect_err("a bogus token lists nothing");
+    assert_eq!(status_code(&error), Some(401), "{error}");
+
+    // A kubelet's identity reads no secrets it has no pod for.
+    let node = plane.node_kubeconfig("node-a").unwrap();
+    let node = kube_control_plane::client(&node).await.unwrap();
+    let error = Api::<Secret>::namespaced(node, "kube-system")
+        .list(&ListParams::default())
+        .await
+        .expect_err("the Node authorizer confines a kubelet");
+    assert_eq!(status_code(&error), Some(403), "{error}");
+}
