@@ -50,6 +50,7 @@ pub enum Version {
 }
 
 /// A registered plugin.
+#[derive(Clone)]
 pub struct FakeKubelet {
     /// What the plugin said of itself at registration.
     pub info: PluginInfo,

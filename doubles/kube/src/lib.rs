@@ -11,4 +11,5 @@ pub mod device_kubelet;
 pub mod kubelet;
 mod names;
 pub mod node;
+pub mod node_kubelet;
 pub mod selector;

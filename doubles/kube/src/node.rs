@@ -103,6 +103,18 @@ impl TestNode {
         if let Some(path) = &options.kubeconfig {
             api.write_kubeconfig(path).context("kubeconfig")?;
         }
+        Self::start_written(observer, options, corun).await
+    }
+
+    /// [`TestNode::start_with`] for an API server whose kubeconfig is
+    /// already at `options.kubeconfig` (a real cluster's, with the node
+    /// agent's ServiceAccount token).
+    pub async fn start_written(
+        observer: Arc<dyn GpuObserver>,
+        options: AgentOptions,
+        corun: Option<CorunOptions>,
+    ) -> anyhow::Result<Self> {
+        use anyhow::Context;
         let config = hypervisor_core::config::parse(
             "listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n",
             Path::new("(test)"),
@@ -124,7 +136,8 @@ impl TestNode {
             corun,
             kubernetes: Some(options),
         })
-        .await?;
+        .await
+        .inspect_err(|_| unlink(&tables))?;
         let agent = node.agent().context("the node runs no agent")?.clone();
         let options = agent.options().clone();
         let registry = options
@@ -164,7 +177,12 @@ impl TestNode {
 
 impl Drop for TestNode {
     fn drop(&mut self) {
-        let _ = gpushare_utils::shm::unlink(&self.tables.activity);
-        let _ = gpushare_utils::shm::unlink(&self.tables.priority);
+        unlink(&self.tables);
     }
+}
+
+/// Removes the node tables a test node made.
+fn unlink(tables: &NodeTableNames) {
+    let _ = gpushare_utils::shm::unlink(&tables.activity);
+    let _ = gpushare_utils::shm::unlink(&tables.priority);
 }

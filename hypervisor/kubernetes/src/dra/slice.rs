@@ -230,7 +230,15 @@ pub async fn publish(
             .create(&PostParams::default(), &wanted)
             .await
             .map_err(KubeError::api("create resourceslice")),
-        Some(current) if same_devices(&current, &wanted) => Ok(current),
+        // Unchanged devices and owner: nothing to write. A slice published
+        // before its Node existed gets the Node as owner once it does, so
+        // that the garbage collector removes it with the Node.
+        Some(current)
+            if same_devices(&current, &wanted)
+                && current.metadata.owner_references == wanted.metadata.owner_references =>
+        {
+            Ok(current)
+        }
         Some(current) => {
             wanted.spec.pool.generation = current.spec.pool.generation + 1;
             wanted.metadata.resource_version = current.metadata.resource_version;

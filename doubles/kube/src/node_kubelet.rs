@@ -1,0 +1,507 @@
+//! The kubelet of a node in a real cluster, as far as the API and the DRA
+//! plugin see it: it registers its Node (Ready, with room for pods) and
+//! renews the node's lease; it runs the pods the scheduler binds to it as a
+//! kubelet does with DRA: every claim of a pod prepared by the plugin
+//! (`NodePrepareResources`, over the plugin's socket) before the pod starts,
+//! a failure reported as an event and retried; the pod's status written
+//! (Running, then Succeeded or Failed when a test ends its container); on a
+//! graceful deletion, or once the pod has finished, each claim no other pod
+//! of the node uses is unprepared, and then the deletion is confirmed. No
+//! container runs: a test starts a pod's processes from its CDI spec.
+//!
+//! It acts through the API with the node's own credentials
+//! (`system:node:<name>`), so the Node authorizer and the NodeRestriction
+//! admission plugin confine it as they confine a kubelet.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Event, Node, ObjectReference, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+use crate::kubelet::{FakeKubelet, Version};
+
+/// How often the kubelet looks at its pods.
+const SYNC: Duration = Duration::from_millis(200);
+/// How often it renews its lease (a kubelet's default).
+const LEASE_RENEW: Duration = Duration::from_secs(10);
+
+/// A claim the plugin prepared for pods of this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedClaim {
+    /// The claim's namespace.
+    pub namespace: String,
+    /// The claim's name.
+    pub name: String,
+    /// The claim's UID.
+    pub uid: String,
+    /// Each device's name and the CDI device IDs the plugin gave it.
+    pub devices: Vec<(String, Vec<String>)>,
+    /// The UIDs of the node's pods using it now.
+    pub pods: BTreeSet<String>,
+}
+
+/// What the kubelet did and saw, for tests to read.
+#[derive(Debug, Default)]
+struct Record {
+    /// Prepared claims, by UID.
+    prepared: BTreeMap<String, PreparedClaim>,
+    /// Started pods (UID) and the claims (UIDs) they use.
+    started: BTreeMap<String, Vec<String>>,
+    /// Pods (UID) a test asked to end, with their exit code.
+    finish: BTreeMap<String, i32>,
+    /// Pods (UID) finished and cleaned up.
+    finished: BTreeSet<String>,
+    /// Claims (UID) unprepared, in order.
+    unprepared: Vec<String>,
+    /// Errors of the last sync, if it failed.
+    last_error: Option<String>,
+}
+
+/// A running kubelet; stops when dropped.
+pub struct NodeKubelet {
+    node: String,
+    client: kube::Client,
+    record: Arc<Mutex<Record>>,
+    task: JoinHandle<()>,
+}
+
+impl NodeKubelet {
+    /// Registers node `node` with `client` (the node's credentials), with
+    /// `labels`, and starts running its pods with `plugin` (registered).
+    pub async fn start(
+        client: kube::Client,
+        node: &str,
+        labels: BTreeMap<String, String>,
+        plugin: FakeKubelet,
+    ) -> Result<Self, kube::Error> {
+        register(&client, node, labels).await?;
+        let record = Arc::new(Mutex::new(Record::default()));
+        let sync = Sync {
+            client: client.clone(),
+            node: node.to_owned(),
+            plugin,
+            record: record.clone(),
+        };
+        let task = tokio::spawn(sync.run());
+        Ok(Self {
+            node: node.to_owned(),
+            client,
+            record,
+            task,
+        })
+    }
+
+    /// The node's name.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The client with the node's credentials.
+    pub fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.record.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The claims the plugin prepared and that are not unprepared yet.
+    pub fn prepared(&self) -> Vec<PreparedClaim> {
+        self.record().prepared.values().cloned().collect()
+    }
+
+    /// The claims unprepared so far (UIDs), in order.
+    pub fn unprepared(&self) -> Vec<String> {
+        self.record().unprepared.clone()
+    }
+
+    /// Whether pod `uid` was started.
+    pub fn started(&self, uid: &str) -> bool {
+        self.record().started.contains_key(uid)
+    }
+
+    /// The error of the last sync, if it failed.
+    pub fn last_error(&self) -> Option<String> {
+        self.record().last_error.clone()
+    }
+
+    /// Ends pod `uid`'s containers with `code` (0: Succeeded, else Failed).
+    pub fn finish(&self, uid: &str, code: i32) {
+        self.record().finish.insert(uid.to_owned(), code);
+    }
+}
+
+impl Drop for NodeKubelet {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Creates Node `node` (with `labels`) as its kubelet registers it, then
+/// reports it Ready with room for pods.
+pub async fn register(
+    client: &kube::Client,
+    node: &str,
+    mut labels: BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let nodes = Api::<Node>::all(client.clone());
+    labels.insert("kubernetes.io/hostname".to_owned(), node.to_owned());
+    labels.insert("kubernetes.io/os".to_owned(), "linux".to_owned());
+    let object = Node {
+        metadata: ObjectMeta {
+            name: Some(node.to_owned()),
+            labels: Some(labels),
+            ..ObjectMeta::default()
+        },
+        ..Node::default()
+    };
+    if nodes.get_opt(node).await?.is_none() {
+        nodes.create(&PostParams::default(), &object).await?;
+    }
+    report_ready(&nodes, node).await
+}
+
+async fn report_ready(nodes: &Api<Node>, node: &str) -> Result<(), kube::Error> {
+    let now = now_seconds();
+    let room = json!({"cpu": "16", "memory": "64Gi", "pods": "110"});
+    let status = json!({"status": {
+        "capacity": room, "allocatable": room,
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": node}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+            "message": "kubelet is posting ready status",
+            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+    }});
+    nodes
+        .patch_status(node, &PatchParams::default(), &Patch::Strategic(&status))
+        .await
+        .map(drop)
+}
+
+struct Sync {
+    client: kube::Client,
+    node: String,
+    plugin: FakeKubelet,
+    record: Arc<Mutex<Record>>,
+}
+
+impl Sync {
+    async fn run(self) {
+        let mut renewed: Option<tokio::time::Instant> = None;
+        loop {
+            if renewed.is_none_or(|at| at.elapsed() >= LEASE_RENEW) && self.renew().await.is_ok() {
+                renewed = Some(tokio::time::Instant::now());
+            }
+            let outcome = self.sync().await;
+            self.record().last_error = outcome.err().map(|e| e.to_string());
+            tokio::time::sleep(SYNC).await;
+        }
+    }
+
+    fn record(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.record.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Renews the node's lease and its Ready heartbeat.
+    async fn renew(&self) -> Result<(), kube::Error> {
+        let leases = Api::<Lease>::namespaced(self.client.clone(), "kube-node-lease");
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(self.node.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(self.node.clone()),
+                lease_duration_seconds: Some(40),
+                renew_time: Some(MicroTime(Timestamp::now())),
+                ..LeaseSpec::default()
+            }),
+        };
+        let params = PatchParams::apply("kubelet").force();
+        leases
+            .patch(&self.node, &params, &Patch::Apply(&lease))
+            .await?;
+        report_ready(&Api::all(self.client.clone()), &self.node).await
+    }
+
+    async fn sync(&self) -> Result<(), kube::Error> {
+        let all = Api::<Pod>::all(self.client.clone());
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        for pod in all.list(&on_node).await? {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let phase = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            let done = phase == "Succeeded" || phase == "Failed";
+            let (finish, started) = {
+                let record = self.record();
+                (
+                    record.finish.get(&uid).copied(),
+                    record.started.contains_key(&uid),
+                )
+            };
+            if pod.metadata.deletion_timestamp.is_some() {
+                self.clean_up(&uid).await?;
+                self.confirm_deletion(&pod).await?;
+            } else if done {
+                self.clean_up(&uid).await?;
+            } else if let Some(code) = finish {
+                self.end(&pod, code).await?;
+                self.clean_up(&uid).await?;
+            } else if !started {
+                self.start(&pod).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Prepares the pod's claims, then reports it running; an unprepared
+    /// claim (not allocated or reserved yet, or refused) leaves it pending.
+    async fn start(&self, pod: &Pod) -> Result<(), kube::Error> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let mut claims = Vec::new();
+        for name in claim_names(pod) {
+            let Some(name) = name else { return Ok(()) };
+            let Some(claim) = Api::<ResourceClaim>::namespaced(self.client.clone(), &ns)
+                .get_opt(&name)
+                .await?
+            else {
+                return Ok(());
+            };
+            let status = claim.status.clone().unwrap_or_default();
+            let reserved = status.reserved_for.iter().flatten().any(|r| r.uid == uid);
+            if status.allocation.is_none() || !reserved {
+                return Ok(());
+            }
+            let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
+            let prepared = self.record().prepared.contains_key(&claim_uid);
+            if !prepared {
+                let answer = self
+                    .plugin
+                    .prepare(Version::V1, &ns, &name, &claim_uid)
+                    .await;
+                let answer = match answer {
+                    Ok(answer) if answer.error.is_empty() => answer,
+                    Ok(answer) => return self.failed(pod, &answer.error).await,
+                    Err(error) => return self.failed(pod, &error.to_string()).await,
+                };
+                self.record().prepared.insert(
+                    claim_uid.clone(),
+                    PreparedClaim {
+                        namespace: ns.clone(),
+                        name: name.clone(),
+                        uid: claim_uid.clone(),
+                        devices: answer.devices,
+                        pods: BTreeSet::new(),
+                    },
+                );
+            }
+            claims.push(claim_uid);
+        }
+        {
+            let mut record = self.record();
+            for claim in &claims {
+                if let Some(prepared) = record.prepared.get_mut(claim) {
+                    prepared.pods.insert(uid.clone());
+                }
+            }
+            record.started.insert(uid.clone(), claims);
+        }
+        let now = now_seconds();
+        let containers: Vec<_> = containers(pod)
+            .map(|(name, image)| {
+                json!({"name": name, "image": image, "imageID": "", "ready": true,
+                "restartCount": 0, "started": true, "state": {"running": {"startedAt": now}}})
+            })
+            .collect();
+        let condition =
+            |kind: &str| json!({"type": kind, "status": "True", "lastTransitionTime": now});
+        let status = json!({"status": {
+            "phase": "Running", "startTime": now, "hostIP": "127.0.0.1", "podIP": "127.0.0.1",
+            "conditions": [condition("Initialized"), condition("ContainersReady"), condition("Ready")],
+            "containerStatuses": containers,
+        }});
+        self.patch_status(pod, &status).await
+    }
+
+    /// Reports why the pod's claims could not be prepared, as the kubelet's
+    /// event `FailedPrepareDynamicResources`; the pod stays pending.
+    async fn failed(&self, pod: &Pod, message: &str) -> Result<(), kube::Error> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let events = Api::<Event>::namespaced(self.client.clone(), &ns);
+        let reason = "FailedPrepareDynamicResources";
+        let event_name = format!("{name}.{reason}").to_lowercase();
+        if events.get_opt(&event_name).await?.is_some() {
+            return Ok(());
+        }
+        let now = Time(Timestamp::now());
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(event_name),
+                namespace: Some(ns.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                kind: Some("Pod".to_owned()),
+                api_version: Some("v1".to_owned()),
+                namespace: Some(ns),
+                name: Some(name),
+                uid: pod.metadata.uid.clone(),
+                ..ObjectReference::default()
+            },
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            type_: Some("Warning".to_owned()),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            source: Some(k8s_openapi::api::core::v1::EventSource {
+                component: Some("kubelet".to_owned()),
+                host: Some(self.node.clone()),
+            }),
+            ..Event::default()
+        };
+        events
+            .create(&PostParams::default(), &event)
+            .await
+            .map(drop)
+    }
+
+    /// The containers exit with `code`; the pod is Succeeded or Failed.
+    async fn end(&self, pod: &Pod, code: i32) -> Result<(), kube::Error> {
+        let now = now_seconds();
+        let containers: Vec<_> = containers(pod)
+            .map(|(name, image)| json!({"name": name, "image": image, "imageID": "", "ready": false,
+                "restartCount": 0, "started": false,
+                "state": {"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+                    "startedAt": now, "finishedAt": now}}}))
+            .collect();
+        let status = json!({"status": {
+            "phase": if code == 0 { "Succeeded" } else { "Failed" },
+            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}],
+            "containerStatuses": containers,
+        }});
+        self.patch_status(pod, &status).await
+    }
+
+    /// Unprepares the claims pod `uid` used that no other started pod of
+    /// the node uses, once.
+    async fn clean_up(&self, uid: &str) -> Result<(), kube::Error> {
+        let claims = self.record().started.get(uid).cloned().unwrap_or_default();
+        for claim in claims {
+            let unused = {
+                let mut record = self.record();
+                let Some(prepared) = record.prepared.get_mut(&claim) else {
+                    continue;
+                };
+                prepared.pods.remove(uid);
+                prepared.pods.is_empty().then(|| prepared.clone())
+            };
+            let Some(prepared) = unused else { continue };
+            let error = self
+                .plugin
+                .unprepare(
+                    Version::V1,
+                    &prepared.namespace,
+                    &prepared.name,
+                    &prepared.uid,
+                )
+                .await
+                .map_err(|e| kube::Error::Service(e.to_string().into()))?;
+            if !error.is_empty() {
+                return Err(kube::Error::Service(
+                    format!("unprepare {}: {error}", prepared.name).into(),
+                ));
+            }
+            let mut record = self.record();
+            record.prepared.remove(&claim);
+            record.unprepared.push(claim);
+        }
+        let mut record = self.record();
+        if record.started.remove(uid).is_some() {
+            record.finished.insert(uid.to_owned());
+        }
+        Ok(())
+    }
+
+    /// Confirms a graceful deletion: deletes the pod with no grace left.
+    async fn confirm_deletion(&self, pod: &Pod) -> Result<(), kube::Error> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: pod.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match Api::<Pod>::namespaced(self.client.clone(), &ns)
+            .delete(&name, &params)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn patch_status(&self, pod: &Pod, status: &serde_json::Value) -> Result<(), kube::Error> {
+        let ns = pod.metadata.namespace.clone().unwrap_or_default();
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        Api::<Pod>::namespaced(self.client.clone(), &ns)
+            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(status))
+            .await
+            .map(drop)
+    }
+}
+
+/// The name of each claim of `pod`: `None` where the controller has not
+/// yet made the one its template asks for.
+fn claim_names(pod: &Pod) -> Vec<Option<String>> {
+    let statuses = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.resource_claim_statuses.clone())
+        .unwrap_or_default();
+    pod.spec
+        .iter()
+        .flat_map(|s| s.resource_claims.iter().flatten())
+        .map(|claim| {
+            claim.resource_claim_name.clone().or_else(|| {
+                statuses
+                    .iter()
+                    .find(|s| s.name == claim.name)
+                    .and_then(|s| s.resource_claim_name.clone())
+            })
+        })
+        .collect()
+}
+
+/// Each container's name and image.
+fn containers(pod: &Pod) -> impl Iterator<Item = (String, String)> + '_ {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.containers.iter())
+        .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
+}
+
+/// Now, in whole seconds, as the API writes times.
+fn now_seconds() -> String {
+    let now = Timestamp::now();
+    Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
+}
