@@ -21,7 +21,9 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use gpu_fakes::FakeGpus;
 use gpushare_utils::pod_file::PodFile;
+use hypervisor_observer::{GpuObserver, HealthEvent};
 use hypervisor_provision::{CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM};
 use kube_control_plane::ControlPlane;
 use kube_fakes::clients::{self, Kubectl};
@@ -129,7 +131,7 @@ impl World {
         let world = Self::bare(tag);
         world.apply_base();
         let kubeconfig = world.agent_kubeconfig(AGENT.1);
-        world.with_agent(&kubeconfig)
+        world.with_agent(&kubeconfig, Arc::new(DoubleGpus(GPUS)))
     }
 
     /// The control plane and `kubectl`; no node.
@@ -198,7 +200,7 @@ impl World {
     /// runs), the node starts with its agent on `kubeconfig`, and the
     /// kubelet runs the pods bound to it with the plugin the agent
     /// registered.
-    fn with_agent(mut self, kubeconfig: &Path) -> Self {
+    fn with_agent(mut self, kubeconfig: &Path, gpus: Arc<dyn GpuObserver>) -> Self {
         let kubelet_client = self.kubelet_client();
         let options = self.options(kubeconfig);
         let node = self
@@ -206,7 +208,7 @@ impl World {
             .block_on(async {
                 let labels = gpu_labels();
                 kube_fakes::node_kubelet::register(&kubelet_client, NODE, labels).await?;
-                TestNode::start_written(Arc::new(DoubleGpus(GPUS)), options, None).await
+                TestNode::start_written(gpus, options, None).await
             })
             .unwrap_or_else(|e| panic!("{e:#}"));
         let plugin = node.kubelet.clone();
@@ -1143,4 +1145,55 @@ fn the_agent_fails_with_a_role_missing_a_verb_it_uses() {
     };
     assert!(error.contains("create resourceslice"), "{error}");
     assert!(error.contains("forbidden"), "{error}");
+}
+
+#[test]
+fn a_gpu_our_health_check_taints_gets_no_new_claims_and_its_pods_are_evicted() {
+    let world = World::bare("taint");
+    world.apply_base();
+    let kubeconfig = world.agent_kubeconfig(AGENT.1);
+    let gpus = Arc::new(FakeGpus::new(u32::from(GPUS)));
+    let world = world.with_agent(&kubeconfig, gpus.clone());
+    world.ok_with(
+        &["apply", "-f", "-"],
+        &pod_with_template("victim", DRIVER, 1, "1Gi", 10),
+    );
+    let (victim, claim) = world.running("victim");
+    let device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let index: u32 = device.trim_start_matches("gpu-").parse().unwrap();
+    let claim_uid = claim["metadata"]["uid"].as_str().unwrap().to_owned();
+
+    // XID 79 (fallen off the bus): the agent taints the device NoExecute.
+    assert!(gpus.inject(index, HealthEvent::Xid(Some(79))).unwrap());
+    // The device taint eviction controller evicts the pod using it; the
+    // kubelet unprepares its claim and confirms the deletion.
+    eventually("the pod on the tainted GPU evicted", || {
+        let out = world
+            .kubectl
+            .run(&["get", "pod", "victim", "-o", "json"], None)
+            .unwrap();
+        let gone = String::from_utf8_lossy(&out.stderr).contains("NotFound");
+        let replaced = serde_json::from_slice::<Value>(&out.stdout)
+            .is_ok_and(|p| p["metadata"]["uid"] != victim["metadata"]["uid"]);
+        (gone || replaced).then_some(())
+    });
+    eventually("the evicted pod's claim unprepared", || {
+        world
+            .kubelet()
+            .unprepared()
+            .contains(&claim_uid)
+            .then_some(())
+    });
+    // A new claim goes to the other GPU, whichever it asks.
+    world.ok_with(
+        &["apply", "-f", "-"],
+        &pod_with_template("newcomer", DRIVER, 1, "1Gi", 10),
+    );
+    let (_, claim) = world.running("newcomer");
+    let placed = claim["status"]["allocation"]["devices"]["results"][0]["device"].clone();
+    assert_ne!(placed, json!(device), "{claim}");
+    world.stop();
 }
