@@ -1,5 +1,9 @@
-//! The DRA path end to end without a cluster: the real agent against the
-//! fake API server, called by the fake kubelet over its Unix sockets.
+//! The DRA path end to end on the official control plane: the real agent,
+//! on a token of the shipped ServiceAccount, publishes its slice; claims
+//! are allocated by the real scheduler (pinned to a GPU, where a test needs
+//! one, by a CEL selector on the device's `index`, as a user would); the
+//! kubelet double prepares them over the plugin's Unix sockets before it
+//! reports the pod running.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,11 +12,12 @@ use std::time::Duration;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube_fakes::apiserver::FakeApiServer;
-use kube_fakes::cluster;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube_control_plane::ControlPlane;
+use kube_fakes::clients::Kubectl;
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, ClusterNode};
 use kube_fakes::kubelet::Version;
-use kube_fakes::node::{self, TestNode};
+use kube_fakes::node;
 use serde_json::{Value, json};
 
 const DRIVER: &str = "gpu.gpushare.dev";
@@ -52,31 +57,36 @@ impl Drop for Scratch {
     }
 }
 
+/// Fields drop in order: the node, the control plane, then the scratch
+/// folder.
 struct World {
-    scratch: Scratch,
-    api: FakeApiServer,
+    node: Option<ClusterNode>,
     client: kube::Client,
-    node: Option<TestNode>,
+    plane: ControlPlane,
     gpus: Arc<SimulatedGpus>,
+    agent_kubeconfig: PathBuf,
+    scratch: Scratch,
 }
 
 impl World {
     async fn start(tag: &str) -> Self {
         let scratch = Scratch::new(tag);
-        let api = FakeApiServer::start().await.unwrap();
-        let kubeconfig = scratch.dir.join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig).unwrap();
-        let client = hypervisor_kubernetes::client(Some(&kubeconfig))
+        let plane = ControlPlane::start().await.unwrap();
+        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &scratch.dir.join("home"));
+        cluster_node::install(&kubectl).unwrap();
+        let agent_kubeconfig = scratch.dir.join("agent.kubeconfig");
+        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent_kubeconfig)
             .await
             .unwrap();
-        cluster::create_node(&client, NODE).await.unwrap();
+        let client = plane.admin().await.unwrap();
         let gpus = Arc::new(SimulatedGpus::new(2));
         let mut world = Self {
-            scratch,
-            api,
-            client,
             node: None,
+            client,
+            plane,
             gpus,
+            agent_kubeconfig,
+            scratch,
         };
         world.restart().await;
         world
@@ -85,29 +95,79 @@ impl World {
     fn options(&self) -> hypervisor_kubernetes::AgentOptions {
         let d = &self.scratch.dir;
         let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+        options.kubeconfig = Some(self.agent_kubeconfig.clone());
         // Workers' cgroups are looked up in a /proc the tests write.
         options.proc_root = d.join("proc");
         options
     }
 
+    /// (Re)starts the node: the daemon and its agent, and the kubelet.
     async fn restart(&mut self) {
         if let Some(old) = self.node.take() {
             old.stop().await;
         }
         let observer: Arc<dyn GpuObserver> = self.gpus.clone();
         self.node = Some(
-            TestNode::start(&self.api, observer, self.options())
+            ClusterNode::start(&self.plane, observer, self.options(), None)
                 .await
                 .unwrap(),
         );
     }
 
-    fn node(&self) -> &TestNode {
+    fn node(&self) -> &ClusterNode {
         self.node.as_ref().unwrap()
     }
 
-    /// A pod with a claim for `memory`/`compute` allocated on `device`;
-    /// returns (pod uid, claim name, claim uid).
+    /// Creates claim `name` asking `count` GPUs with `memory`/`compute`
+    /// each (on GPU `index` alone when given), weight 2; returns its UID.
+    async fn create_claim(
+        &self,
+        name: &str,
+        count: usize,
+        (memory, compute): (&str, &str),
+        index: Option<u32>,
+    ) -> String {
+        let object = cluster_node::claim(
+            name,
+            DRIVER,
+            count,
+            (memory, compute),
+            index,
+            Some(json!({"weight": 2})),
+        );
+        let claim: ResourceClaim = serde_json::from_value(object).unwrap();
+        Api::<ResourceClaim>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap()
+    }
+
+    /// Creates pod `name` on the node whose container uses `claims`; the
+    /// scheduler binds it. Returns its UID.
+    async fn create_pod(&self, name: &str, claims: &[&str]) -> String {
+        let pod: Pod = serde_json::from_value(cluster_node::pod(name, NODE, claims)).unwrap();
+        let uid = Api::<Pod>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap();
+        self.scratch.track(&uid);
+        uid
+    }
+
+    /// Waits until the kubelet started pod `uid` (its claims prepared).
+    async fn started(&self, uid: &str) {
+        let kubelet = &self.node().kubelet;
+        eventually(&format!("pod {uid} started"), || kubelet.started(uid)).await;
+    }
+
+    /// A pod with a claim for `memory`/`compute` allocated by the scheduler
+    /// on `device`, running; returns (pod uid, claim name, claim uid).
     async fn claim(
         &self,
         name: &str,
@@ -115,32 +175,17 @@ impl World {
         compute: &str,
         device: &str,
     ) -> (String, String, String) {
-        let claim = cluster::create_claim(
-            &self.client,
-            "default",
-            &format!("{name}-gpu"),
-            DRIVER,
-            memory,
-            compute,
-            Some(json!({"weight": 2})),
-        )
-        .await
-        .unwrap();
-        let pod = cluster::create_pod(&self.client, "default", name, NODE, &format!("{name}-gpu"))
-            .await
-            .unwrap();
-        let claim = cluster::allocate(&self.client, &claim, &pod, DRIVER, NODE, device)
-            .await
-            .unwrap();
-        let pod_uid = pod.metadata.uid.unwrap();
-        self.scratch.track(&pod_uid);
-        (
-            pod_uid,
-            claim.metadata.name.unwrap(),
-            claim.metadata.uid.unwrap(),
-        )
+        let index = device.trim_start_matches("gpu-").parse().unwrap();
+        let claim = format!("{name}-gpu");
+        let uid = self
+            .create_claim(&claim, 1, (memory, compute), Some(index))
+            .await;
+        let pod = self.create_pod(name, &[&claim]).await;
+        self.started(&pod).await;
+        (pod, claim, uid)
     }
 
+    /// The kubelet's `NodePrepareResources` for claim `name`, again.
     async fn prepare(
         &self,
         version: Version,
@@ -148,10 +193,39 @@ impl World {
         uid: &str,
     ) -> kube_fakes::kubelet::Prepared {
         self.node()
+            .node
             .kubelet
             .prepare(version, "default", name, uid)
             .await
             .unwrap()
+    }
+
+    /// Why the scheduler leaves pod `name` pending: its `PodScheduled`
+    /// condition's message, once it says so.
+    async fn unschedulable(&self, name: &str) -> String {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        for _ in 0..900 {
+            let pod = pods.get(name).await.unwrap();
+            let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+            if let Some(c) = conditions
+                .iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+            {
+                assert_eq!(c.reason.as_deref(), Some("Unschedulable"), "{c:?}");
+                return c.message.clone().unwrap_or_default();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("pod {name} never said unschedulable");
+    }
+
+    /// Deletes pod `name` as a user does: gracefully, the kubelet
+    /// unpreparing its claims before it confirms.
+    async fn delete_pod(&self, name: &str) {
+        Api::<Pod>::namespaced(self.client.clone(), "default")
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
     }
 
     fn spec_path(&self, claim_uid: &str) -> PathBuf {
@@ -187,7 +261,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn pod_status(world: &World, pod: &str) -> Option<Value> {
-    let status = serde_json::to_value(world.node().hv.status()).unwrap();
+    let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
     status["pods"]
         .as_array()
         .unwrap()
@@ -196,12 +270,14 @@ fn pod_status(world: &World, pod: &str) -> Option<Value> {
         .cloned()
 }
 
+/// Polls `check` (every 100 ms, up to 90 s: the scheduler and the
+/// controllers act on their own time) until it holds.
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..100 {
+    for _ in 0..900 {
         if check() {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("timed out waiting: {what}");
 }
@@ -210,9 +286,13 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 fn slice_published_for_two_gpus() {
     runtime().block_on(async {
         let world = World::start("slice").await;
-        let slices = world.api.list("resourceslices");
+        let slices = Api::<ResourceSlice>::all(world.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
         assert_eq!(slices.len(), 1);
-        let slice: ResourceSlice = serde_json::from_value(slices[0].clone()).unwrap();
+        let slice = slices[0].clone();
         assert_eq!(slice.spec.driver, DRIVER);
         assert_eq!(slice.spec.node_name.as_deref(), Some(NODE));
         assert_eq!(slice.spec.pool.name, NODE);
@@ -300,7 +380,7 @@ fn prepare_gives_a_valid_cdi_spec_with_4gib_and_30_percent_then_unprepare_cleans
         )));
         let pod_file = pod_file_of(&token);
         assert_eq!(pod_file.pod, pod);
-        assert_eq!(pod_file.hypervisor, world.node().hv_url);
+        assert_eq!(pod_file.hypervisor, world.node().node.hv_url);
         assert!(mounts.iter().any(|(_, c)| *c == "/etc/ld.so.preload"));
         let region = format!("/dev/shm/gpushare-pod-{pod}");
         assert!(mounts.contains(&(region.as_str(), region.as_str())));
@@ -322,18 +402,17 @@ fn prepare_gives_a_valid_cdi_spec_with_4gib_and_30_percent_then_unprepare_cleans
         assert!(Path::new(&region).exists());
         assert_eq!(pod_file.token.len(), 64);
 
-        // Preparing again answers the same; unprepare removes everything.
+        // Preparing again answers the same; the pod deleted, the kubelet
+        // unprepares, which removes everything.
         assert_eq!(
             world.prepare(Version::V1beta1, &name, &uid).await.devices,
             prepared.devices
         );
-        let error = world
-            .node()
-            .kubelet
-            .unprepare(Version::V1beta1, "default", &name, &uid)
-            .await
-            .unwrap();
-        assert_eq!(error, "");
+        world.delete_pod("train").await;
+        eventually("the claim unprepared", || {
+            world.node().kubelet.unprepared().contains(&uid)
+        })
+        .await;
         assert!(!world.spec_path(&uid).exists());
         assert!(!token.exists());
         assert!(!Path::new(&region).exists());
@@ -362,99 +441,26 @@ fn two_claims_share_one_gpu_and_one_too_many_is_refused() {
                 (Some(uuid.as_str()), Some(memory), Some(cap))
             );
         }
-        // 30 + 60 + 20 > 100: refused at prepare, nothing left behind.
-        let (c, c_name, c_uid) = world.claim("c", "1Gi", "20", "gpu-0").await;
-        let refused = world.prepare(Version::V1, &c_name, &c_uid).await;
-        assert!(
-            refused
-                .error
-                .contains("compute 20 asked, but only 10 of 100"),
-            "{}",
-            refused.error
-        );
-        // One line for the kubelet's event.
-        assert!(!refused.error.contains('\n'), "{}", refused.error);
-        assert!(refused.devices.is_empty());
+        // 30 + 60 + 20 > 100: the scheduler counts the same capacity and
+        // leaves the third pending; nothing of it reaches the node. (The
+        // agent's own refusal, for a scheduler whose count differs, is
+        // `hypervisor-provision`'s unit test.)
+        let c_uid = world.create_claim("c-gpu", 1, ("1Gi", "20"), Some(0)).await;
+        let c = world.create_pod("c", &["c-gpu"]).await;
+        let message = world.unschedulable("c").await;
+        assert!(message.contains("cannot allocate all claims"), "{message}");
         assert!(!world.spec_path(&c_uid).exists());
         assert!(pod_status(&world, &c).is_none());
-        // More memory than the GPU has.
-        let (_, d_name, d_uid) = world.claim("d", "1000Gi", "5", "gpu-1").await;
-        let refused = world.prepare(Version::V1, &d_name, &d_uid).await;
-        assert!(refused.error.contains("memory"), "{}", refused.error);
+        // More memory than the GPU has: the API server takes the claim, the
+        // scheduler finds no device for it.
+        world
+            .create_claim("d-gpu", 1, ("1000Gi", "5"), Some(1))
+            .await;
+        world.create_pod("d", &["d-gpu"]).await;
+        let message = world.unschedulable("d").await;
+        assert!(message.contains("cannot allocate all claims"), "{message}");
         world.stop().await;
     });
-}
-
-/// Creates pod `name` bound to the node whose container uses `claims`
-/// (claim names), running; returns its UID.
-async fn pod_with_claims(world: &World, name: &str, claims: &[&str]) -> String {
-    let refs: Vec<Value> = claims.iter().map(|c| json!({"name": c})).collect();
-    let sources: Vec<Value> = claims
-        .iter()
-        .map(|c| json!({"name": c, "resourceClaimName": c}))
-        .collect();
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": NODE,
-            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": refs}}],
-            "resourceClaims": sources,
-        },
-    }))
-    .unwrap();
-    let pod = Api::<Pod>::namespaced(world.client.clone(), "default")
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    let uid = pod.metadata.uid.unwrap();
-    world.scratch.track(&uid);
-    uid
-}
-
-/// Creates claim `name` whose request `gpus` asks `count` devices, each with
-/// `memory`/`compute`, and allocates it on `devices` of the node for pod
-/// (`pod`, `pod_uid`) as the scheduler does; returns the claim's UID.
-async fn multi_device_claim(
-    world: &World,
-    name: &str,
-    memory: &str,
-    compute: &str,
-    devices: &[&str],
-    pod: (&str, &str),
-) -> String {
-    let claim: ResourceClaim = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-            "deviceClassName": DRIVER,
-            "allocationMode": "ExactCount",
-            "count": devices.len(),
-            "capacity": {"requests": {"memory": memory, "compute": compute}},
-        }}]}},
-    }))
-    .unwrap();
-    let claims = Api::<ResourceClaim>::namespaced(world.client.clone(), "default");
-    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
-    let uid = claim.metadata.uid.unwrap();
-    let results: Vec<Value> = devices
-        .iter()
-        .enumerate()
-        .map(|(i, device)| {
-            json!({
-                "request": "gpus", "driver": DRIVER, "pool": NODE, "device": device,
-                "consumedCapacity": {"memory": memory, "compute": compute},
-                "shareID": format!("{:0>8}", format!("{}{i}", &uid[uid.len() - 7..])),
-            })
-        })
-        .collect();
-    let status = json!({"status": {
-        "allocation": {"devices": {"results": results}},
-        "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}],
-    }});
-    claims
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
-    uid
 }
 
 /// The CDI spec of claim `uid`: (CUDA_VISIBLE_DEVICES, device node paths).
@@ -482,16 +488,11 @@ fn spec_gpus(world: &World, uid: &str) -> (String, Vec<String>) {
 fn a_claim_of_two_gpus_gives_the_container_both_with_a_quota_on_each() {
     runtime().block_on(async {
         let world = World::start("two-gpus").await;
-        let pod = pod_with_claims(&world, "wide", &["wide-gpus"]).await;
-        let uid = multi_device_claim(
-            &world,
-            "wide-gpus",
-            "4Gi",
-            "30",
-            &["gpu-0", "gpu-1"],
-            ("wide", &pod),
-        )
-        .await;
+        let uid = world
+            .create_claim("wide-gpus", 2, ("4Gi", "30"), None)
+            .await;
+        let pod = world.create_pod("wide", &["wide-gpus"]).await;
+        world.started(&pod).await;
         let prepared = world.prepare(Version::V1, "wide-gpus", &uid).await;
         assert_eq!(prepared.error, "");
         let cdi = vec![format!("gpushare.dev/gpu={uid}")];
@@ -536,13 +537,16 @@ fn a_claim_of_two_gpus_gives_the_container_both_with_a_quota_on_each() {
 fn a_container_with_two_claims_sees_both_gpus_whichever_spec_comes_last() {
     runtime().block_on(async {
         let world = World::start("two-claims").await;
-        let pod = pod_with_claims(&world, "pair", &["pair-a", "pair-b"]).await;
-        let a = multi_device_claim(&world, "pair-a", "2Gi", "20", &["gpu-0"], ("pair", &pod)).await;
-        let b = multi_device_claim(&world, "pair-b", "6Gi", "40", &["gpu-1"], ("pair", &pod)).await;
-        assert_eq!(world.prepare(Version::V1, "pair-a", &a).await.error, "");
+        let a = world
+            .create_claim("pair-a", 1, ("2Gi", "20"), Some(0))
+            .await;
+        let b = world
+            .create_claim("pair-b", 1, ("6Gi", "40"), Some(1))
+            .await;
+        let pod = world.create_pod("pair", &["pair-a", "pair-b"]).await;
+        // The kubelet prepares the pod's claims in its order, a then b.
+        world.started(&pod).await;
         let gpus = world.gpus.gpus().unwrap();
-        assert_eq!(spec_gpus(&world, &a).0, gpus[0].uuid);
-        assert_eq!(world.prepare(Version::V1, "pair-b", &b).await.error, "");
         // Each spec's variables replace the other's: both name both GPUs.
         let both = (
             format!("{},{}", gpus[0].uuid, gpus[1].uuid),
@@ -561,6 +565,7 @@ fn a_container_with_two_claims_sees_both_gpus_whichever_spec_comes_last() {
         // One claim unprepared: the other names its own GPU alone again.
         let error = world
             .node()
+            .node
             .kubelet
             .unprepare(Version::V1, "default", "pair-b", &b)
             .await
@@ -579,25 +584,16 @@ fn a_container_with_two_claims_sees_both_gpus_whichever_spec_comes_last() {
 fn two_requests_of_one_claim_on_one_gpu_are_counted_together() {
     runtime().block_on(async {
         let world = World::start("same-gpu").await;
-        let pod = pod_with_claims(&world, "twice", &["twice-gpus"]).await;
-        // 2 x 60% of one GPU: each fits alone, not together.
-        let uid = multi_device_claim(
-            &world,
-            "twice-gpus",
-            "1Gi",
-            "60",
-            &["gpu-0", "gpu-0"],
-            ("twice", &pod),
-        )
-        .await;
-        let refused = world.prepare(Version::V1, "twice-gpus", &uid).await;
-        assert!(
-            refused
-                .error
-                .contains("compute 60 asked, but only 40 of 100"),
-            "{}",
-            refused.error
-        );
+        // 2 x 60% of one GPU: each fits alone, not together. The scheduler
+        // counts both shares and leaves the pod pending. (The agent's own
+        // count, for a scheduler whose differs, is `hypervisor-provision`'s
+        // unit test.)
+        let uid = world
+            .create_claim("twice-gpus", 2, ("1Gi", "60"), Some(0))
+            .await;
+        let pod = world.create_pod("twice", &["twice-gpus"]).await;
+        let message = world.unschedulable("twice").await;
+        assert!(message.contains("cannot allocate all claims"), "{message}");
         assert!(!world.spec_path(&uid).exists());
         assert!(pod_status(&world, &pod).is_none());
         world.stop().await;
@@ -615,8 +611,12 @@ fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
         // The new hypervisor has the pod from the checkpoint alone.
         let gpu = &pod_status(&world, &pod).expect("pod restored")["gpus"][0];
         assert_eq!(gpu["memory_quota"], 4u64 << 30);
-        // And the kubelet's repeated prepare gets the same devices, even with the claim gone from the API.
-        world.api.delete("resourceclaims", "default", &name);
+        // And the kubelet's repeated prepare gets the same devices, even with
+        // the claim being deleted (its reservation keeps it until the pod goes).
+        Api::<ResourceClaim>::namespaced(world.client.clone(), "default")
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
         assert_eq!(
             world.prepare(Version::V1, &name, &uid).await.devices,
             before.devices
@@ -626,7 +626,7 @@ fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
         let token = world.pod_file_path(&pod);
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}"));
         assert!(token.exists() && region.exists());
-        world.api.delete("pods", "default", "keep");
+        world.delete_pod("keep").await;
         eventually("pod cleaned up", || {
             !token.exists() && !region.exists() && !world.spec_path(&uid).exists()
         })
@@ -696,7 +696,7 @@ fn a_worker_whose_cgroup_is_another_pods_is_refused() {
             })
         };
         let token = |pod: &str| pod_file_of(&world.pod_file_path(pod)).token;
-        let url = world.node().hv_url.clone();
+        let url = world.node().node.hv_url.clone();
         // Pod A's process with pod A's token: in.
         assert_eq!(
             register(a.clone(), token(&a), url.clone()).await.unwrap(),

@@ -366,6 +366,9 @@ impl Drop for ControlPlane {
 
 /// A client from the kubeconfig at `path`.
 pub async fn client(path: &Path) -> Result<kube::Client, Error> {
+    // ring, as the agent's client: a test binary that also links aws-lc
+    // (through another dependency) cannot have rustls pick one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
     let config = kube::Config::from_custom_kubeconfig(
         kubeconfig,

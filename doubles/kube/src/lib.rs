@@ -7,6 +7,7 @@
 pub mod apiserver;
 pub mod clients;
 pub mod cluster;
+pub mod cluster_node;
 pub mod device_kubelet;
 pub mod kubelet;
 mod names;
