@@ -590,3 +590,6 @@ impl Provisioner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
