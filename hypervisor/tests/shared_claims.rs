@@ -1,19 +1,25 @@
 //! A ResourceClaim shared by several pods (one claim named by two pods'
-//! `resourceClaimName`) against the fake API server and kubelet: the kubelet
-//! prepares it once, so its pods share one quota identity; the second pod's
-//! workers are accepted as that identity's, a pod that does not use the
-//! claim is not, and the identity (spec, token, region) outlives the first
-//! pod and goes with the last one.
+//! `resourceClaimName`): the kubelet prepares it once, so its pods share one
+//! quota identity; the second pod's workers are accepted as that
+//! identity's, a pod that does not use the claim is not, and the identity
+//! (spec, token, region) outlives the first pod and goes with the last one.
+//! On the official control plane, the real scheduler allocating and
+//! reserving the claim; and, where the agent's caches must lag the API
+//! (which only the fake API server can hold back), the real scheduler's
+//! objects served by the fake.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, PostParams};
+use kube_control_plane::ControlPlane;
 use kube_fakes::apiserver::FakeApiServer;
-use kube_fakes::cluster;
+use kube_fakes::clients::Kubectl;
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, ClusterNode};
 use kube_fakes::kubelet::Version;
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
@@ -60,12 +66,14 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Polls `check` (every 100 ms, up to 90 s: the scheduler and the
+/// controllers act on their own time) until it holds.
 async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..200 {
+    for _ in 0..900 {
         if check() {
             return;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     panic!("timed out waiting: {what}");
 }
@@ -108,41 +116,71 @@ async fn register(url: &str, identity: &str, token: &str) -> u16 {
     .unwrap()
 }
 
-/// A client of `api`, the node in it, and the node's agent, hypervisor and
-/// kubelet with their files under `d` (processes under `d/proc`).
-async fn start_node(api: &FakeApiServer, d: &std::path::Path) -> (kube::Client, TestNode) {
-    api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
-    let client = hypervisor_kubernetes::client(Some(&d.join("kubeconfig")))
-        .await
-        .unwrap();
-    cluster::create_node(&client, NODE).await.unwrap();
+/// The node's options: its files under `d`, processes under `d/proc`.
+fn options(d: &std::path::Path) -> hypervisor_kubernetes::AgentOptions {
     let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
     options.proc_root = d.join("proc");
-    let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
-    let node = TestNode::start(api, gpus, options).await.unwrap();
-    (client, node)
+    options
 }
 
-/// Writes `status` (a merge patch: the allocation, `reservedFor`) to claim
-/// `shared`, has the kubelet prepare it, and returns its CDI spec's path and
-/// the quota identity in it (its region removed at the end).
-async fn reserve_and_prepare(
-    client: &kube::Client,
-    node: &TestNode,
-    scratch: &Scratch,
-    status: &Value,
-    claim_uid: &str,
-) -> (PathBuf, String) {
-    Api::<ResourceClaim>::namespaced(client.clone(), "default")
-        .patch_status("shared", &PatchParams::default(), &Patch::Merge(status))
+/// The official control plane with `deploy/base` installed; the client of
+/// its administrator; the agent's kubeconfig (a token of the shipped
+/// ServiceAccount) written in `d`.
+async fn cluster(d: &std::path::Path) -> (ControlPlane, kube::Client) {
+    let plane = ControlPlane::start().await.unwrap();
+    let kubectl = Kubectl::new(plane.admin_kubeconfig(), &d.join("home"));
+    cluster_node::install(&kubectl).unwrap();
+    cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &d.join("agent.kubeconfig"))
         .await
         .unwrap();
-    let prepared = node
-        .kubelet
-        .prepare(Version::V1, "default", "shared", claim_uid)
+    let client = plane.admin().await.unwrap();
+    (plane, client)
+}
+
+/// Creates `object` (JSON) in namespace `default`.
+async fn create<K>(client: &kube::Client, object: Value) -> K
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + k8s_openapi::serde::Serialize
+        + k8s_openapi::serde::de::DeserializeOwned,
+    K::DynamicType: Default,
+{
+    let object: K = serde_json::from_value(object).unwrap();
+    Api::<K>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &object)
         .await
-        .unwrap();
-    assert_eq!(prepared.error, "");
+        .unwrap()
+}
+
+/// Claim `shared` (4Gi, 30) and pods `sa` and `sb` on the node naming it;
+/// the scheduler allocates it and reserves it for both.
+async fn claim_and_two_pods(client: &kube::Client) -> (ResourceClaim, Pod, Pod) {
+    let claim = cluster_node::claim("shared", DRIVER, 1, ("4Gi", "30"), None, None);
+    let claim: ResourceClaim = create(client, claim).await;
+    let a: Pod = create(client, cluster_node::pod("sa", NODE, &["shared"])).await;
+    let b: Pod = create(client, cluster_node::pod("sb", NODE, &["shared"])).await;
+    (claim, a, b)
+}
+
+/// Claim `name` once the scheduler has reserved it for `pods` pods.
+async fn reserved_for(client: &kube::Client, name: &str, pods: usize) -> ResourceClaim {
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default");
+    for _ in 0..900 {
+        let claim = claims.get(name).await.unwrap();
+        let status = claim.status.clone().unwrap_or_default();
+        if status.allocation.is_some() && status.reserved_for.iter().flatten().count() == pods {
+            return claim;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("claim {name} never reserved for {pods} pods");
+}
+
+/// The CDI spec of claim `claim_uid` and the quota identity in it (its
+/// region removed at the end).
+fn spec_and_identity(scratch: &Scratch, claim_uid: &str) -> (PathBuf, String) {
     let spec_path = scratch
         .dir
         .join("cdi")
@@ -150,26 +188,6 @@ async fn reserve_and_prepare(
     let identity = identity_in(&spec_path);
     scratch.identities.lock().unwrap().push(identity.clone());
     (spec_path, identity)
-}
-
-/// Claim `shared` (4Gi, 30) and pods `sa` and `sb` on the node naming it.
-async fn claim_and_two_pods(
-    client: &kube::Client,
-) -> (
-    ResourceClaim,
-    k8s_openapi::api::core::v1::Pod,
-    k8s_openapi::api::core::v1::Pod,
-) {
-    let claim = cluster::create_claim(client, "default", "shared", DRIVER, "4Gi", "30", None)
-        .await
-        .unwrap();
-    let a = cluster::create_pod(client, "default", "sa", NODE, "shared")
-        .await
-        .unwrap();
-    let b = cluster::create_pod(client, "default", "sb", NODE, "shared")
-        .await
-        .unwrap();
-    (claim, a, b)
 }
 
 /// The quota identity the CDI spec at `spec_path` gives: its pod file's pod.
@@ -192,44 +210,57 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
     let scratch = Scratch::new("two-pods");
     runtime().block_on(async {
         let d = &scratch.dir;
-        let api = FakeApiServer::start().await.unwrap();
-        let (client, node) = start_node(&api, d).await;
+        let (plane, client) = cluster(d).await;
+        let mut options = options(d);
+        options.kubeconfig = Some(d.join("agent.kubeconfig"));
+        let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
+        let node = ClusterNode::start(&plane, gpus, options, None)
+            .await
+            .unwrap();
 
         let (claim, a, b) = claim_and_two_pods(&client).await;
-        let stranger = cluster::create_pod(&client, "default", "sc", NODE, "other")
-            .await
-            .unwrap();
-        let uid = |p: &k8s_openapi::api::core::v1::Pod| p.metadata.uid.clone().unwrap();
+        // A pod that does not use the claim (its own claim never made).
+        let stranger: Pod = create(&client, cluster_node::pod("sc", NODE, &["other"])).await;
+        let uid = |p: &Pod| p.metadata.uid.clone().unwrap();
         let (a_uid, b_uid, c_uid) = (uid(&a), uid(&b), uid(&stranger));
-        cluster::allocate(&client, &claim, &a, DRIVER, NODE, "gpu-0")
-            .await
-            .unwrap();
-        // The scheduler reserves the claim for its second pod too.
-        let reserved = json!({"status": {"reservedFor": [
-            {"resource": "pods", "name": "sa", "uid": a_uid},
-            {"resource": "pods", "name": "sb", "uid": b_uid},
-        ]}});
         let claim_uid = claim.metadata.uid.clone().unwrap();
-        // The kubelet prepares the claim once, for whichever pod starts first.
-        let (spec_path, identity) =
-            reserve_and_prepare(&client, &node, &scratch, &reserved, &claim_uid).await;
+        reserved_for(&client, "shared", 2).await;
+        // The kubelet prepares the claim once, for whichever pod starts
+        // first, and starts both.
+        eventually("both pods started", || {
+            node.kubelet.started(&a_uid) && node.kubelet.started(&b_uid)
+        })
+        .await;
+        let prepared: Vec<_> = node
+            .kubelet
+            .prepared()
+            .into_iter()
+            .filter(|p| p.uid == claim_uid)
+            .collect();
+        assert_eq!(prepared.len(), 1, "{prepared:?}");
+        let (spec_path, identity) = spec_and_identity(&scratch, &claim_uid);
         // With both pods reserved when prepared, the claim's own identity;
-        // had the kubelet's first prepare seen the first pod alone, that pod's
-        // (both are correct: the rest of the test holds for either).
-        assert!(
-            identity == claim_uid || identity == a_uid,
-            "{identity} is neither the claim nor its first pod"
-        );
+        // had the first prepare seen one pod alone, that pod's (both are
+        // correct: the rest of the test holds for either).
+        let (first, second) = if identity == b_uid {
+            (("sb", &b_uid), ("sa", &a_uid))
+        } else {
+            assert!(
+                identity == claim_uid || identity == a_uid,
+                "{identity} is neither the claim nor one of its pods"
+            );
+            (("sa", &a_uid), ("sb", &b_uid))
+        };
         let token_path = d
             .join("state/pods")
             .join(&identity)
             .join(gpushare_utils::pod_file::FILE_NAME);
         let token = token_in(&token_path);
-        let url = node.hv_url.clone();
+        let url = node.node.hv_url.clone();
 
-        // A process of the second pod registers as the claim's identity...
+        // A process of the other pod registers as the claim's identity...
         let proc_root = d.join("proc");
-        process_of(&proc_root, 5001, &b_uid);
+        process_of(&proc_root, 5001, second.1);
         let mut status = 0;
         for _ in 0..100 {
             status = register(&url, &identity, &token).await;
@@ -238,7 +269,7 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        assert_eq!(status, 200, "pod B's worker refused as the claim's");
+        assert_eq!(status, 200, "the other pod's worker refused as the claim's");
         // ...a process of a pod that does not use the claim does not.
         std::fs::remove_dir_all(proc_root.join("5001")).unwrap();
         process_of(&proc_root, 5002, &c_uid);
@@ -247,16 +278,31 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
         // The first pod ends: the second still uses the claim, which stays.
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{identity}"));
         assert!(region.exists());
-        api.delete("pods", "default", "sa");
-        node.agent.collect_garbage().await.unwrap();
+        let pods = Api::<Pod>::namespaced(client.clone(), "default");
+        pods.delete(first.0, &DeleteParams::default())
+            .await
+            .unwrap();
+        let mut gone = false;
+        for _ in 0..900 {
+            gone = pods.get_opt(first.0).await.unwrap().is_none();
+            if gone {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(gone, "pod {} not deleted", first.0);
+        node.node.agent.collect_garbage().await.unwrap();
         tokio::time::sleep(Duration::from_millis(1200)).await;
         assert!(
             spec_path.exists() && token_path.exists() && region.exists(),
             "the claim's spec, token and region went with its first pod"
         );
+        assert!(!node.kubelet.unprepared().contains(&claim_uid));
 
         // The last pod ends: everything goes.
-        api.delete("pods", "default", "sb");
+        pods.delete(second.0, &DeleteParams::default())
+            .await
+            .unwrap();
         eventually("the claim cleaned up with its last pod", || {
             !spec_path.exists() && !token_path.exists() && !region.exists()
         })
@@ -265,43 +311,82 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
     });
 }
 
+/// The objects of claim `shared` and pods `sa` and `sb` as the official
+/// control plane made them: the claim allocated and reserved for both by
+/// the real scheduler, the pods bound. The node's agent runs only to
+/// publish its slice (its Node registered as its kubelet does); nothing
+/// prepares the claim. Server-kept fields (resource versions, managed
+/// fields) are dropped, so that another server can store them.
+async fn scheduled_by_the_real_scheduler(d: &std::path::Path) -> Vec<(&'static str, Value)> {
+    let (plane, client) = cluster(d).await;
+    let kubelet = plane.node_kubeconfig(NODE).unwrap();
+    let kubelet = kube_control_plane::client(&kubelet).await.unwrap();
+    kube_fakes::node_kubelet::register(&kubelet, NODE, cluster_node::gpu_labels())
+        .await
+        .unwrap();
+    let mut options = options(&d.join("real"));
+    options.kubeconfig = Some(d.join("agent.kubeconfig"));
+    let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
+    let node = TestNode::start_written(gpus, options, None).await.unwrap();
+    claim_and_two_pods(&client).await;
+    let claim = reserved_for(&client, "shared", 2).await;
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    let mut objects = vec![("resourceclaims", serde_json::to_value(&claim).unwrap())];
+    for name in ["sa", "sb"] {
+        objects.push((
+            "pods",
+            serde_json::to_value(pods.get(name).await.unwrap()).unwrap(),
+        ));
+    }
+    node.stop().await;
+    for (_, object) in &mut objects {
+        let metadata = object["metadata"].as_object_mut().unwrap();
+        metadata.remove("resourceVersion");
+        metadata.remove("managedFields");
+    }
+    objects
+}
+
 /// The agent's caches may not have seen a pod or a claim's reservation at
 /// all (reflectors still listing, or re-listing after a watch broke): the
 /// claim's consumers are then read from the API before its identity is
 /// forgotten or a worker of another pod is refused as its, and a consumer
 /// the pod cache does not know is looked up there.
-/// The fake server holds back every pod and claim event from before the
-/// agent starts, so its caches know neither pod nor the claim.
+/// Only the fake API server can hold back watch events: it holds every pod
+/// and claim event, so the agent's caches know neither pod nor the claim,
+/// and serves the objects the official control plane made (the real
+/// scheduler's allocation and reservation).
 #[test]
 fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
     let scratch = Scratch::new("unseen");
     runtime().block_on(async {
         let d = &scratch.dir;
+        let objects = scheduled_by_the_real_scheduler(d).await;
         let api = FakeApiServer::start().await.unwrap();
         let held = [
             api.hold_watch_events("pods"),
             api.hold_watch_events("resourceclaims"),
         ];
-        let (client, node) = start_node(&api, d).await;
-
-        let (claim, a, b) = claim_and_two_pods(&client).await;
-        let b_uid = b.metadata.uid.clone().unwrap();
-        // Allocated and reserved for both pods in one write, so the claim is
-        // prepared as its own quota identity.
-        let mut status = cluster::allocation(
-            &serde_json::to_value(&claim).unwrap(),
-            &serde_json::to_value(&a).unwrap(),
-            DRIVER,
-            NODE,
-            "gpu-0",
-        );
-        status["status"]["reservedFor"]
-            .as_array_mut()
+        api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
+        let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
+        let node = TestNode::start(&api, gpus, options(d)).await.unwrap();
+        for (resource, object) in objects {
+            api.put(resource, object);
+        }
+        let claim = api.get("resourceclaims", "default", "shared").unwrap();
+        let claim_uid = claim["metadata"]["uid"].as_str().unwrap().to_owned();
+        let b_uid = api.get("pods", "default", "sb").unwrap()["metadata"]["uid"]
+            .as_str()
             .unwrap()
-            .push(json!({"resource": "pods", "name": "sb", "uid": b_uid}));
-        let claim_uid = claim.metadata.uid.clone().unwrap();
-        let (spec_path, identity) =
-            reserve_and_prepare(&client, &node, &scratch, &status, &claim_uid).await;
+            .to_owned();
+        // Reserved for both pods when prepared: the claim's own identity.
+        let prepared = node
+            .kubelet
+            .prepare(Version::V1, "default", "shared", &claim_uid)
+            .await
+            .unwrap();
+        assert_eq!(prepared.error, "");
+        let (spec_path, identity) = spec_and_identity(&scratch, &claim_uid);
         assert_eq!(identity, claim_uid, "not the claim's own identity");
         let token_path = d
             .join("state/pods")
