@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The DRA path on the GPU machine: gpu-bundle/k8s-e2e prepares a claim for
-# memory 4Gi, compute 30 on GPU 0 (fake API server and kubelet, the real agent
-# and hypervisor), then a CUDA program and a PyTorch program run WITHOUT the
+# memory 4Gi, compute 30 on GPU 0 (the official control plane, whose
+# scheduler allocates it, the kubelet double, the real agent and hypervisor;
+# the control plane is gpu-bundle/control-plane.xz, unpacked here, or the
+# program $GPUSHARE_CONTROL_PLANE names), then a CUDA program and a PyTorch program run WITHOUT the
 # limiter and WITH exactly what the CDI spec gives a container: its variables,
 # and its mounts (limiter, /etc/ld.so.preload, the pod file, region) bound in a
 # private mount namespace (unshare -m; run as root). Prints a table.
@@ -48,10 +50,15 @@ case "${MODE:-dra}" in
   *) echo "MODE is dra, device-plugin, two-gpu, two-gpu-dp or corun"; exit 2 ;;
 esac
 echo "mode: ${MODE:-dra}"
+if [ -z "${GPUSHARE_CONTROL_PLANE:-}" ] && [ -f "$BUNDLE/control-plane.xz" ]; then
+  xz -dc "$BUNDLE/control-plane.xz" >"$WORK/control-plane" && chmod +x "$WORK/control-plane"
+  export GPUSHARE_CONTROL_PLANE=$WORK/control-plane
+fi
 HYPERVISOR_LOG=${HYPERVISOR_LOG:-info} "$BUNDLE/k8s-e2e" --out "$OUT" --limiter "$BUNDLE/libcuda_limiter.so" "${ASK[@]}" \
   --skip-identity --max-seconds 900 >"$WORK/k8s-e2e.log" 2>&1 &
 E2E=$!
-for _ in $(seq 100); do [ -f "$OUT/ready" ] && break; sleep 0.2; done
+# The control plane starts first: up to two minutes.
+for _ in $(seq 600); do [ -f "$OUT/ready" ] && break; sleep 0.2; done
 [ -f "$OUT/ready" ] || { cat "$WORK/k8s-e2e.log"; exit 1; }
 echo "prepared: $(cat "$OUT/cdi-devices")"; cat "$OUT/env"; cat "$OUT/mounts"
 

@@ -47,6 +47,7 @@ use serde_json::Value;
 use tokio::sync::broadcast;
 
 mod apply;
+mod dra_rules;
 mod patch;
 mod protobuf;
 mod read;

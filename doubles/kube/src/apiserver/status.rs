@@ -56,6 +56,26 @@ impl Cause {
         }
     }
 
+    pub(super) fn too_many(field: &str, count: usize, most: usize) -> Self {
+        Self {
+            reason: "FieldValueTooMany",
+            field: field.to_owned(),
+            message: format!("Too many: {count}: must have at most {most} items"),
+        }
+    }
+
+    pub(super) fn not_supported(field: &str, value: &str, supported: &[&str]) -> Self {
+        let supported: Vec<String> = supported.iter().map(|s| format!("{s:?}")).collect();
+        Self {
+            reason: "FieldValueNotSupported",
+            field: field.to_owned(),
+            message: format!(
+                "Unsupported value: {value:?}: supported values: {}",
+                supported.join(", ")
+            ),
+        }
+    }
+
     pub(super) fn duplicate(field: &str, value: &str) -> Self {
         Self {
             reason: "FieldValueDuplicate",

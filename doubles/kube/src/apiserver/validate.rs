@@ -3,10 +3,11 @@
 //! 1035 labels for services), generateName prefixes, label and annotation
 //! keys and values, finalizers, the required fields of pods, workloads,
 //! config maps, secrets, services and resource slices, the immutable parts
-//! of pods and resource claims.
+//! of pods and resource claims; the DRA objects' own rules in [`dra_rules`].
 
 use serde_json::Value;
 
+use super::dra_rules;
 use super::resources::{NameRule, Resource};
 use super::status::Cause;
 use crate::names::{label_ok, label_value, qualified_name, subdomain};
@@ -229,7 +230,15 @@ pub(crate) fn content(r: &Resource, object: &Value, causes: &mut Vec<Cause>) {
         "Pod" => containers("spec", object.get("spec").unwrap_or(&Value::Null), causes),
         "Deployment" | "DaemonSet" => workload(object, causes),
         "ConfigMap" | "Secret" => config_keys(object, causes),
-        "ResourceSlice" => slice(object, causes),
+        "ResourceSlice" => {
+            slice(object, causes);
+            dra_rules::slice_devices(&object["spec"], causes);
+        }
+        "ResourceClaim" => dra_rules::claim_spec("spec", &object["spec"], causes),
+        "ResourceClaimTemplate" => {
+            dra_rules::claim_spec("spec.spec", &object["spec"]["spec"], causes);
+        }
+        "DeviceClass" => dra_rules::device_class(object, causes),
         "Service" => {
             let spec = &object["spec"];
             let headless = spec.get("clusterIP").and_then(Value::as_str) == Some("None");

@@ -1,8 +1,9 @@
 //! `k8s-e2e`: a claim for a GPU fraction taken through the real DRA path
-//! (fake API server, the agent and hypervisor of `serve --kubernetes`, fake
-//! kubelet over the plugin's Unix sockets), on the machine's GPUs or
-//! simulated ones; then exactly what the CDI spec gives a container is
-//! written out for `scripts/gpu/k8s_e2e.sh`:
+//! (the official control plane of `kube-control-plane`: its scheduler
+//! allocates the claim; the agent and hypervisor of `serve --kubernetes`;
+//! the kubelet double preparing it over the plugin's Unix sockets), on the
+//! machine's GPUs or simulated ones; then exactly what the CDI spec gives a
+//! container is written out for `scripts/gpu/k8s_e2e.sh`:
 //!
 //! - `OUT/env`: the spec's variables, `KEY=VALUE` a line;
 //! - `OUT/mounts`: `HOST_PATH CONTAINER_PATH OPTIONS` a line;
@@ -11,9 +12,15 @@
 //! - `OUT/ready`: written last (the pod UID).
 //!
 //! The hypervisor then serves until `OUT/stop` appears (or SIGTERM); at the
-//! end it writes `OUT/status.json` (pods, workers, memory used), unprepares
-//! the claim and writes `OUT/unprepared` (`clean` when spec, token and region
-//! are gone).
+//! end it writes `OUT/status.json` (pods, workers, memory used), deletes the
+//! pod (the kubelet unprepares the claim) and writes `OUT/unprepared`
+//! (`clean` when spec, token and region are gone).
+//!
+//! The control plane is the program `$GPUSHARE_CONTROL_PLANE` names, or the
+//! one the test command built under `target/control-plane/`. The agent runs
+//! with the administrator's credentials here: no `kubectl` installs
+//! `deploy/base`'s ServiceAccount on a GPU machine (the tests run it with
+//! exactly that role).
 //!
 //! `--device-plugin` takes a HAMi-style pod (`--gpumem` MiB, `--gpucores`
 //! percent) through the device plugin instead; the files are the same, from
@@ -28,20 +35,22 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail, ensure};
+use anyhow::{Context, ensure};
 use clap::Parser;
 use hypervisor_kubernetes::DRIVER;
 use hypervisor_observer::{GpuObserver, NvmlObserver, SimulatedGpus};
-use kube_fakes::apiserver::FakeApiServer;
-use kube_fakes::cluster;
-use kube_fakes::kubelet::Version;
-use kube_fakes::node::{self, TestNode};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube_control_plane::ControlPlane;
+use kube_fakes::cluster_node::{self, ClusterNode};
+use kube_fakes::node;
 use serde_json::Value;
 
 #[derive(Parser)]
 #[command(
     name = "k8s-e2e",
-    about = "The DRA path end to end against fake Kubernetes"
+    about = "The DRA path end to end on the official control plane"
 )]
 struct Args {
     /// Where the env, mounts and the rest are written (created).
@@ -125,111 +134,157 @@ fn run(args: Args) -> anyhow::Result<()> {
             wait,
         ));
     }
-    runtime.block_on(async move {
-        let api = FakeApiServer::start().await?;
-        let mut options = node::options(&out.join("node"), "e2e-node", DRIVER, &limiter);
-        options.check_identity = !args.skip_identity;
-        std::fs::create_dir_all(out.join("node"))?;
-        let devices: Vec<&str> = args.device.split(',').map(str::trim).collect();
-        ensure!(
-            !(args.corun && devices.len() > 1),
-            "--corun takes one --device: an MPS client sees one co-run GPU"
-        );
-        let mps = if args.corun {
-            let index = args
-                .device
+    runtime.block_on(dra(args, out, limiter, observer))
+}
+
+/// The shipped DeviceClass.
+const DEVICE_CLASS: &str = include_str!("../../../../../deploy/base/deviceclass.yaml");
+
+async fn dra(
+    args: Args,
+    out: PathBuf,
+    limiter: PathBuf,
+    observer: Arc<dyn GpuObserver>,
+) -> anyhow::Result<()> {
+    let plane = ControlPlane::start().await?;
+    let client = plane.admin().await?;
+    let class: DeviceClass = serde_yaml::from_str(DEVICE_CLASS)?;
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await?;
+    let mut options = node::options(&out.join("node"), "e2e-node", DRIVER, &limiter);
+    options.kubeconfig = Some(plane.admin_kubeconfig().to_owned());
+    options.check_identity = !args.skip_identity;
+    std::fs::create_dir_all(out.join("node"))?;
+    let devices: Vec<u32> = args
+        .device
+        .split(',')
+        .map(|d| {
+            d.trim()
                 .strip_prefix("gpu-")
                 .and_then(|n| n.parse().ok())
-                .with_context(|| format!("--device {}: not gpu-N", args.device))?;
-            Some(corun::options(
-                &observer,
-                index,
-                &out.join("node").join("mps"),
-                &args.mps_control,
-            )?)
-        } else {
-            None
-        };
-        let node = TestNode::start_with(&api, observer, options, mps.clone()).await?;
-        if let (Some(mps), Some(board)) = (mps, node.corun_board()) {
-            let out = out.clone();
-            tokio::task::spawn_blocking(move || corun::wait_up(&board, &mps, &out)).await??;
-        }
-        let client = hypervisor_kubernetes::client(node.options.kubeconfig.as_deref()).await?;
-        cluster::create_node(&client, "e2e-node").await?;
-        let claim = cluster::create_claim_for_gpus(
-            &client,
-            "default",
-            "e2e-gpu",
-            DRIVER,
-            devices.len(),
-            (&args.memory, &args.compute),
-            None,
-        )
+                .with_context(|| format!("--device {d}: not gpu-N"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    ensure!(
+        !(args.corun && devices.len() > 1),
+        "--corun takes one --device: an MPS client sees one co-run GPU"
+    );
+    let mps = if args.corun {
+        Some(corun::options(
+            &observer,
+            devices[0],
+            &out.join("node").join("mps"),
+            &args.mps_control,
+        )?)
+    } else {
+        None
+    };
+    let gpu_count = observer.gpus()?.len();
+    let cluster = ClusterNode::start(&plane, observer, options, mps.clone()).await?;
+    if let (Some(mps), Some(board)) = (mps, cluster.node.corun_board()) {
+        let out = out.clone();
+        tokio::task::spawn_blocking(move || corun::wait_up(&board, &mps, &out)).await??;
+    }
+    // One GPU: pinned by a CEL selector on its index; several: a request
+    // for as many, which the scheduler spreads over distinct GPUs.
+    ensure!(
+        devices.len() == 1 || devices.len() == gpu_count,
+        "--device names one GPU or every GPU of the node ({gpu_count})"
+    );
+    let pin = (devices.len() == 1).then(|| devices[0]);
+    let claim = cluster_node::claim(
+        "e2e-gpu",
+        DRIVER,
+        devices.len(),
+        (&args.memory, &args.compute),
+        pin,
+        None,
+    );
+    let claim: ResourceClaim = serde_json::from_value(claim)?;
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default");
+    let claim = claims.create(&PostParams::default(), &claim).await?;
+    let pod: Pod = serde_json::from_value(cluster_node::pod("e2e", "e2e-node", &["e2e-gpu"]))?;
+    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    let pod = pods.create(&PostParams::default(), &pod).await?;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !cluster.kubelet.started(&pod_uid) {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the pod did not start in 120 s (kubelet: {:?})",
+            cluster.kubelet.last_error()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let prepared = cluster
+        .kubelet
+        .prepared()
+        .into_iter()
+        .find(|p| p.uid == uid)
+        .context("the claim is not prepared")?;
+    let cdi: Vec<String> = prepared
+        .devices
+        .iter()
+        .flat_map(|(_, ids)| ids.clone())
+        .collect();
+    let node = &cluster.node;
+    let spec_path = node
+        .options
+        .provision
+        .cdi_dir
+        .join(format!("gpushare.dev-gpu_{uid}.json"));
+    write_outputs(&out, &spec_path, &cdi)?;
+    // The node's slice as the API stored it: the GPUs as NVML sees them,
+    // and a taint on any the health watch found unhealthy.
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default())
         .await?;
-        let pod = cluster::create_pod(&client, "default", "e2e", "e2e-node", "e2e-gpu").await?;
-        let claim =
-            cluster::allocate_on(&client, &claim, &pod, DRIVER, "e2e-node", &devices).await?;
-        let uid = claim.metadata.uid.clone().unwrap_or_default();
-        let pod_uid = pod.metadata.uid.clone().unwrap_or_default();
-        let prepared = node
-            .kubelet
-            .prepare(Version::V1, "default", "e2e-gpu", &uid)
-            .await?;
-        if !prepared.error.is_empty() {
-            bail!("prepare refused: {}", prepared.error);
-        }
-        let cdi: Vec<String> = prepared
-            .devices
-            .iter()
-            .flat_map(|(_, ids)| ids.clone())
-            .collect();
-        let spec_path = node
-            .options
-            .provision
-            .cdi_dir
-            .join(format!("gpushare.dev-gpu_{uid}.json"));
-        write_outputs(&out, &spec_path, &cdi)?;
-        // The node's slice as the API stored it: the GPUs as NVML sees them,
-        // and a taint on any the health watch found unhealthy.
-        std::fs::write(
-            out.join("resourceslice.json"),
-            serde_json::to_vec_pretty(&api.list("resourceslices"))?,
-        )?;
-        mark_ready(&out, &pod_uid)?;
-        println!(
-            "k8s-e2e: claim {uid} of pod {pod_uid} prepared: {}",
-            cdi.join(" ")
-        );
-        println!(
-            "k8s-e2e: env and mounts in {}; touch {}/stop to finish",
-            out.display(),
-            out.display()
-        );
+    std::fs::write(
+        out.join("resourceslice.json"),
+        serde_json::to_vec_pretty(&slices.items)?,
+    )?;
+    mark_ready(&out, &pod_uid)?;
+    println!(
+        "k8s-e2e: claim {uid} of pod {pod_uid} prepared: {}",
+        cdi.join(" ")
+    );
+    println!(
+        "k8s-e2e: env and mounts in {}; touch {}/stop to finish",
+        out.display(),
+        out.display()
+    );
 
-        wait_for_stop(out.clone(), args.max_seconds).await?;
-        std::fs::write(
-            out.join("status.json"),
-            serde_json::to_vec_pretty(&node.hv.status())?,
-        )?;
-        let error = node
-            .kubelet
-            .unprepare(Version::V1, "default", "e2e-gpu", &uid)
-            .await?;
-        let token = node.options.provision.state_dir.join("pods").join(&pod_uid);
-        let region =
-            Path::new("/dev/shm").join(gpushare_utils::ledger::PodLedger::name_of(&pod_uid));
-        let error = (!error.is_empty()).then(|| format!("error={error:?}"));
-        let clean = write_unprepared(
-            &out,
-            error,
-            &[("spec", &spec_path), ("token", &token), ("region", &region)],
-        )?;
-        // Stopping the node quits the MPS control daemon too.
-        node.stop().await;
-        ensure!(clean, "unprepare left files behind");
-        Ok(())
-    })
+    wait_for_stop(out.clone(), args.max_seconds).await?;
+    std::fs::write(
+        out.join("status.json"),
+        serde_json::to_vec_pretty(&node.hv.status())?,
+    )?;
+    // The pod deleted: the kubelet unprepares the claim, then confirms.
+    pods.delete("e2e", &DeleteParams::default()).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !cluster.kubelet.unprepared().contains(&uid) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let error = (!cluster.kubelet.unprepared().contains(&uid)).then(|| {
+        format!(
+            "error=\"not unprepared: {}\"",
+            cluster.kubelet.last_error().unwrap_or_default()
+        )
+    });
+    let token = node.options.provision.state_dir.join("pods").join(&pod_uid);
+    let region = Path::new("/dev/shm").join(gpushare_utils::ledger::PodLedger::name_of(&pod_uid));
+    let clean = write_unprepared(
+        &out,
+        error,
+        &[("spec", &spec_path), ("token", &token), ("region", &region)],
+    )?;
+    // Stopping the node quits the MPS control daemon too.
+    cluster.stop().await;
+    drop(plane);
+    ensure!(clean, "unprepare left files behind");
+    Ok(())
 }
 
 /// Writes `OUT/unprepared`: `clean`, or what is left (an error, and which
