@@ -1,0 +1,231 @@
+//! The device-plugin mode on the official control plane, as far as the API
+//! goes without a real kubelet: `deploy/device-plugin` applied by
+//! `kubectl`; the agent, on the shipped ServiceAccount's token and exactly
+//! its roles, advertises the HAMi memory and compute names as the node's
+//! capacity, which the real API server stores; the kubelet double lists the
+//! plugin's shares and advertises them as `nvidia.com/gpu`, as a kubelet
+//! does; a pod written for HAMi is accepted by the real API server and
+//! placed by the real scheduler on those names, and its container's
+//! `Allocate` gives it its limits; a pod asking more than the node has
+//! stays pending with the scheduler's reason.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
+use hypervisor_observer::{GpuObserver, SimulatedGpus};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube_control_plane::ControlPlane;
+use kube_fakes::clients::Kubectl;
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT};
+use kube_fakes::device_kubelet::FakeDeviceKubelet;
+use kube_fakes::node::{self, TestNode};
+use kube_fakes::node_kubelet;
+use serde_json::{Value, json};
+
+const NODE: &str = "node-dp";
+const GPU: &str = "nvidia.com/gpu";
+
+/// The test's folder and the regions of the pods it names, removed at the end.
+struct Scratch {
+    dir: PathBuf,
+    pods: std::sync::Mutex<Vec<String>>,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for pod in self.pods.lock().unwrap().iter() {
+            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{pod}"));
+            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-limits-{pod}"));
+        }
+    }
+}
+
+/// A HAMi pod `name` asking `gpumem` MiB and `gpucores` percent of one GPU.
+fn hami_pod(name: &str, gpumem: u64, gpucores: u8) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+spec:
+  containers:
+    - name: main
+      image: cuda
+      resources:
+        limits:
+          nvidia.com/gpu: 1
+          nvidia.com/gpumem: {gpumem}
+          nvidia.com/gpucores: {gpucores}
+"#
+    )
+}
+
+/// Polls `check` (every 100 ms, up to 90 s) until it gives a value.
+fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    for _ in 0..900 {
+        if let Some(found) = check() {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[test]
+fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises() {
+    let scratch = Scratch {
+        dir: std::env::temp_dir().join(format!("dp-cluster-{}", std::process::id())),
+        pods: std::sync::Mutex::new(Vec::new()),
+    };
+    let _ = std::fs::remove_dir_all(&scratch.dir);
+    std::fs::create_dir_all(&scratch.dir).unwrap();
+    let d = &scratch.dir;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // The kubelet double serves on this runtime.
+    let _entered = runtime.enter();
+    let plane = runtime
+        .block_on(ControlPlane::start())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let kubectl = Kubectl::new(plane.admin_kubeconfig(), &d.join("home"));
+    let overlay = cluster_node::deploy_dir().join("device-plugin");
+    let applied = kubectl
+        .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        applied.contains("clusterrole.rbac.authorization.k8s.io/gpushare-device-plugin created"),
+        "{applied}"
+    );
+    let agent = d.join("agent.kubeconfig");
+    runtime
+        .block_on(cluster_node::agent_kubeconfig(
+            &plane,
+            AGENT_ACCOUNT.1,
+            &agent,
+        ))
+        .unwrap();
+
+    // The kubelet registers the Node; the agent starts with the device
+    // plugin, which registers with the kubelet double.
+    let kubelet_client = runtime
+        .block_on(kube_control_plane::client(
+            &plane.node_kubeconfig(NODE).unwrap(),
+        ))
+        .unwrap();
+    runtime
+        .block_on(node_kubelet::register(
+            &kubelet_client,
+            NODE,
+            cluster_node::gpu_labels(),
+        ))
+        .unwrap();
+    let limiter = d.join("libcuda_limiter.so");
+    std::fs::write(&limiter, b"").unwrap();
+    let mut options = node::options(d, NODE, "gpu.gpushare.dev", &limiter);
+    options.kubeconfig = Some(agent);
+    options.check_identity = false;
+    let mut config = DevicePluginConfig::under(&d.join("kubelet"), 4);
+    config.pod_resources = d.join("pod-resources.sock");
+    std::fs::create_dir_all(&config.dir).unwrap();
+    options.device_plugin = Some(config.clone());
+    let device_kubelet =
+        FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
+    let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(2));
+    let node = runtime
+        .block_on(TestNode::start_written(gpus, options, None))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let plugin = runtime
+        .block_on(device_kubelet.plugin(GPU, Duration::from_secs(10)))
+        .unwrap();
+    // The kubelet's part: the plugin's shares become nvidia.com/gpu.
+    let shares = runtime.block_on(plugin.devices()).unwrap().len();
+    assert_eq!(shares, 8, "4 shares of each of 2 GPUs");
+    let count = json!(shares.to_string());
+    let patch = json!({"status": {"capacity": {GPU: count}, "allocatable": {GPU: count}}});
+    runtime
+        .block_on(Api::<Node>::all(kubelet_client).patch_status(
+            NODE,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        ))
+        .unwrap();
+
+    // The agent's own names, stored by the real server.
+    let get = |what: &[&str]| -> Value {
+        let mut args = vec!["get"];
+        args.extend_from_slice(what);
+        args.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&kubectl.ok(&args, None).unwrap()).unwrap()
+    };
+    let allocatable = eventually("the agent's capacity on the Node", || {
+        let node = get(&["node", NODE]);
+        let allocatable = node["status"]["allocatable"].clone();
+        allocatable
+            .get("nvidia.com/gpumem")
+            .is_some()
+            .then_some(allocatable)
+    });
+    let mib = 2 * (SimulatedGpus::new(2).gpus().unwrap()[0].memory_total >> 20);
+    assert_eq!(allocatable["nvidia.com/gpumem"], json!(mib.to_string()));
+    assert_eq!(allocatable["nvidia.com/gpucores"], json!("200"));
+    assert_eq!(allocatable[GPU], json!("8"));
+
+    // A HAMi pod: accepted, and placed on the node by the real scheduler.
+    kubectl
+        .ok(&["apply", "-f", "-"], Some(&hami_pod("hami", 4096, 30)))
+        .unwrap();
+    let pod = eventually("the HAMi pod scheduled", || {
+        let pod = get(&["pod", "hami"]);
+        (pod["spec"]["nodeName"] == NODE).then_some(pod)
+    });
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
+    scratch.pods.lock().unwrap().push(uid.clone());
+    // The kubelet admits it and allocates one share for its container.
+    device_kubelet.admit("default", "hami", &["main"]);
+    let share = runtime.block_on(plugin.devices()).unwrap()[0].id.clone();
+    let answer = runtime
+        .block_on(plugin.start_container(("default", "hami", "main"), vec![share]))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        !answer.cdi_devices.is_empty() || !answer.envs.is_empty(),
+        "{answer:?}"
+    );
+    let status = serde_json::to_value(node.hv.status()).unwrap();
+    let held = status["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["id"] == uid.as_str())
+        .map(|p| p["gpus"][0].clone())
+        .expect("the pod in the hypervisor");
+    assert_eq!(
+        (&held["memory_quota"], &held["cap_percent"]),
+        (&json!(4096u64 << 20), &json!(30))
+    );
+
+    // More memory than the node has: pending, with the scheduler's reason.
+    kubectl
+        .ok(&["apply", "-f", "-"], Some(&hami_pod("huge", mib + 1, 10)))
+        .unwrap();
+    let reason = eventually("the scheduler's reason", || {
+        let pod = get(&["pod", "huge"]);
+        pod["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "PodScheduled" && c["status"] == "False")
+            .and_then(|c| c["message"].as_str().map(str::to_owned))
+    });
+    assert!(
+        reason.contains("Insufficient nvidia.com/gpumem"),
+        "{reason}"
+    );
+    runtime.block_on(node.stop());
+}
