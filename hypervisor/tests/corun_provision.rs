@@ -1,8 +1,15 @@
-//! Co-run GPUs end to end without a cluster: the real agent against the fake
-//! API server, called by the fake kubelets (DRA and device plugin). A claim
-//! on a co-run GPU is provisioned as an MPS client of the GPU's daemon; a
-//! pod that would mix co-run and ordinary GPUs, or two co-run GPUs, is
-//! refused. No MPS daemon runs: these tests look at what the containers get.
+//! Co-run GPUs end to end on the official control plane: the real agent, on
+//! a token of the shipped ServiceAccount, publishes its slice with the first
+//! of its two GPUs in co-run mode; claims pinned to a GPU by a CEL selector
+//! on the device's `index` are allocated by the real scheduler, and the
+//! kubelet double prepares them over the plugin's sockets before it reports
+//! the pod running. A claim on a co-run GPU is provisioned as an MPS client
+//! of the GPU's daemon. A claim or pod that would mix the co-run GPU with
+//! another is allocated all the same (the scheduler does not know the rule)
+//! and refused by the agent at prepare: the kubelet leaves the pod pending,
+//! with a warning event that says why. The device plugin, on the same
+//! cluster, is called by the device-plugin kubelet double. No MPS daemon
+//! runs: these tests look at what the containers get.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,43 +20,95 @@ use gpushare_utils::shm::Trust;
 use hypervisor_corun::{self as corun, CorunOptions};
 use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube_fakes::apiserver::FakeApiServer;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube_control_plane::ControlPlane;
+use kube_fakes::clients::Kubectl;
 use kube_fakes::cluster;
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, ClusterNode};
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::kubelet::Version;
-use kube_fakes::node::{self, TestNode};
+use kube_fakes::node;
 use serde_json::{Value, json};
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-corun";
 const PIPE: &str = "/var/run/gpushare/mps";
 
-struct World {
+/// A folder under the temp dir, removed with everything the test made there
+/// and the regions of the pods it names.
+struct Scratch {
     dir: PathBuf,
-    pods: Vec<String>,
-    /// Kept: the API server stops when dropped.
-    _api: FakeApiServer,
-    client: kube::Client,
-    node: Option<TestNode>,
-    gpus: Arc<SimulatedGpus>,
+    pods: std::sync::Mutex<Vec<String>>,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hv-corun-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
+        Self {
+            dir,
+            pods: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn track(&self, pod: &str) {
+        self.pods.lock().unwrap().push(pod.to_owned());
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for pod in self.pods.lock().unwrap().iter() {
+            for prefix in ["gpushare-pod-", "gpushare-limits-"] {
+                let _ = std::fs::remove_file(format!("/dev/shm/{prefix}{pod}"));
+            }
+        }
+    }
+}
+
+/// Fields drop in order: the node, the device plugin's kubelet, the control
+/// plane, then the scratch folder.
+struct World {
+    node: Option<ClusterNode>,
     /// The device plugin's kubelet, when the world runs the plugin.
     device_kubelet: Option<FakeDeviceKubelet>,
+    /// An administrator's.
+    client: kube::Client,
+    /// Kept: the control plane stops when dropped.
+    _plane: ControlPlane,
+    gpus: Arc<SimulatedGpus>,
+    scratch: Scratch,
 }
 
 impl World {
     /// A node with two GPUs, the first in co-run mode (20% kept for latency
-    /// pods); with `device_plugin`, the device plugin runs too.
+    /// pods); with `device_plugin`, the device plugin runs too, with the
+    /// rights `deploy/device-plugin` adds.
     async fn start(tag: &str, device_plugin: bool) -> Self {
-        let dir = std::env::temp_dir().join(format!("hv-corun-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let limiter = dir.join("libcuda_limiter.so");
-        std::fs::write(&limiter, b"").unwrap();
+        let scratch = Scratch::new(tag);
+        let dir = &scratch.dir;
+        let plane = ControlPlane::start().await.unwrap();
+        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &dir.join("home"));
+        cluster_node::install(&kubectl).unwrap();
+        if device_plugin {
+            let overlay = cluster_node::deploy_dir().join("device-plugin");
+            kubectl
+                .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
+                .unwrap();
+        }
+        let agent_kubeconfig = dir.join("agent.kubeconfig");
+        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent_kubeconfig)
+            .await
+            .unwrap();
+        let client = plane.admin().await.unwrap();
         let gpus = Arc::new(SimulatedGpus::new(2));
-        let mut options = node::options(&dir, NODE, DRIVER, &limiter);
+        let mut options = node::options(dir, NODE, DRIVER, &dir.join("libcuda_limiter.so"));
+        options.kubeconfig = Some(agent_kubeconfig);
         options.check_identity = false;
         options.provision.corun = Some(CorunOptions {
             gpus: vec![gpus.gpus().unwrap()[0].uuid.clone()],
@@ -68,23 +127,26 @@ impl World {
             device_kubelet = Some(FakeDeviceKubelet::start(&config.dir, None).unwrap());
             options.device_plugin = Some(config);
         }
-        let api = FakeApiServer::start().await.unwrap();
-        api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-        let client = hypervisor_kubernetes::client(Some(&dir.join("kubeconfig")))
+        let observer: Arc<dyn GpuObserver> = gpus.clone();
+        let node = ClusterNode::start(&plane, observer, options, None)
             .await
             .unwrap();
-        cluster::create_node(&client, NODE).await.unwrap();
-        let observer: Arc<dyn GpuObserver> = gpus.clone();
-        let node = TestNode::start(&api, observer, options).await.unwrap();
         Self {
-            dir,
-            pods: Vec::new(),
-            _api: api,
-            client,
             node: Some(node),
-            gpus,
             device_kubelet,
+            client,
+            _plane: plane,
+            gpus,
+            scratch,
         }
+    }
+
+    fn node(&self) -> &ClusterNode {
+        self.node.as_ref().unwrap()
+    }
+
+    fn dir(&self) -> &Path {
+        &self.scratch.dir
     }
 
     fn uuid(&self, index: usize) -> String {
@@ -92,46 +154,73 @@ impl World {
     }
 
     fn spec_path(&self, claim_uid: &str) -> PathBuf {
-        self.dir
+        self.dir()
             .join("cdi")
             .join(format!("gpushare.dev-gpu_{claim_uid}.json"))
     }
 
-    /// Pod `name` with a claim of its own for `memory`/`compute` and
-    /// `parameters`, allocated on `device`; returns (pod UID, claim UID).
+    /// Creates claim `name` asking `count` GPUs with `memory`/`compute`
+    /// each (on GPU `device` alone when given: a CEL selector on its index)
+    /// and `parameters`; returns its UID.
+    async fn create_claim(
+        &self,
+        name: &str,
+        count: usize,
+        (memory, compute): (&str, &str),
+        device: Option<&str>,
+        parameters: Option<Value>,
+    ) -> String {
+        let index = device.map(|d| d.trim_start_matches("gpu-").parse().unwrap());
+        let object = cluster_node::claim(name, DRIVER, count, (memory, compute), index, parameters);
+        let claim: ResourceClaim = serde_json::from_value(object).unwrap();
+        Api::<ResourceClaim>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &claim)
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap()
+    }
+
+    /// Creates pod `name` on the node whose container uses `claims`; the
+    /// scheduler allocates them and binds it. Returns its UID.
+    async fn create_pod(&self, name: &str, claims: &[&str]) -> String {
+        let pod: Pod = serde_json::from_value(cluster_node::pod(name, NODE, claims)).unwrap();
+        let uid = Api::<Pod>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap()
+            .metadata
+            .uid
+            .unwrap();
+        self.scratch.track(&uid);
+        uid
+    }
+
+    /// Pod `name` with a claim of its own for `memory`, compute 30 and
+    /// `parameters`, allocated by the scheduler on `device`, running;
+    /// returns (pod UID, claim UID).
     async fn claim(
-        &mut self,
+        &self,
         name: &str,
         memory: &str,
         parameters: Value,
         device: &str,
     ) -> (String, String) {
-        let claim_name = format!("{name}-gpu");
-        let claim = cluster::create_claim(
-            &self.client,
-            "default",
-            &claim_name,
-            DRIVER,
-            memory,
-            "30",
-            Some(parameters),
-        )
-        .await
-        .unwrap();
-        let pod = cluster::create_pod(&self.client, "default", name, NODE, &claim_name)
-            .await
-            .unwrap();
-        let claim = cluster::allocate(&self.client, &claim, &pod, DRIVER, NODE, device)
-            .await
-            .unwrap();
-        let pod = pod.metadata.uid.unwrap();
-        self.pods.push(pod.clone());
-        (pod, claim.metadata.uid.unwrap())
+        let claim = format!("{name}-gpu");
+        let uid = self
+            .create_claim(&claim, 1, (memory, "30"), Some(device), Some(parameters))
+            .await;
+        let pod = self.create_pod(name, &[&claim]).await;
+        let kubelet = &self.node().kubelet;
+        eventually(&format!("pod {name} started"), || kubelet.started(&pod)).await;
+        (pod, uid)
     }
 
-    /// Prepares claim `name` (UID `uid`); returns the kubelet's error text.
+    /// The kubelet's `NodePrepareResources` for claim `name` (UID `uid`),
+    /// again; its error text.
     async fn prepare(&self, name: &str, uid: &str) -> String {
-        let node = self.node.as_ref().unwrap();
+        let node = &self.node().node;
         let prepared = node
             .kubelet
             .prepare(Version::V1, "default", name, uid)
@@ -140,29 +229,74 @@ impl World {
         prepared.error
     }
 
-    /// Unprepares claim `name` (UID `uid`); the error the kubelet got.
-    async fn unprepare(&self, name: &str, uid: &str) -> String {
-        let node = self.node.as_ref().unwrap();
-        node.kubelet
-            .unprepare(Version::V1, "default", name, uid)
+    /// Deletes pod `name` as a user does, and waits until the kubelet
+    /// unprepared `claims` (UIDs), as it does before it confirms.
+    async fn delete_pod(&self, name: &str, claims: &[&str]) {
+        Api::<Pod>::namespaced(self.client.clone(), "default")
+            .delete(name, &DeleteParams::default())
             .await
-            .unwrap()
+            .unwrap();
+        let kubelet = &self.node().kubelet;
+        eventually(&format!("the claims of pod {name} unprepared"), || {
+            let unprepared = kubelet.unprepared();
+            claims.iter().all(|c| unprepared.iter().any(|u| u == c))
+        })
+        .await;
+    }
+
+    /// The message of pod `name`'s `FailedPrepareDynamicResources`
+    /// warning, once the kubelet reported its refusal; checks that it left
+    /// the pod pending.
+    async fn refused(&self, name: &str) -> String {
+        let events = Api::<Event>::namespaced(self.client.clone(), "default");
+        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        let kubelet = &self.node().kubelet;
+        let event_name = format!("{name}.failedpreparedynamicresources");
+        let mut found = None;
+        for _ in 0..900 {
+            found = events.get_opt(&event_name).await.unwrap();
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let Some(event) = found else {
+            let pod = pods.get(name).await.unwrap();
+            let error = kubelet.last_error();
+            panic!(
+                "no refusal reported for pod {name}: {pod:?}; the kubelet's last error: {error:?}"
+            );
+        };
+        let pod = pods.get(name).await.unwrap();
+        let uid = pod.metadata.uid.unwrap();
+        assert!(!kubelet.started(&uid), "pod {name} started");
+        let phase = pod.status.and_then(|s| s.phase);
+        assert_eq!(phase.as_deref(), Some("Pending"), "pod {name}");
+        assert_eq!(event.type_.as_deref(), Some("Warning"), "{event:?}");
+        assert_eq!(event.involved_object.uid, Some(uid), "{event:?}");
+        event.message.unwrap_or_default()
+    }
+
+    /// Deletes refused pod `name` and waits until it is gone (the kubelet
+    /// unprepares the claims it prepared for it). Left there, it
+    /// is retried at each of the kubelet's syncs, and while its refusal
+    /// cannot be reported (see [`World::refused`]) that sync stops at it,
+    /// before the pods listed after it.
+    async fn delete_refused(&self, name: &str) {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+        for _ in 0..900 {
+            if pods.get_opt(name).await.unwrap().is_none() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("pod {name} not deleted");
     }
 
     async fn stop(mut self) {
         if let Some(node) = self.node.take() {
             node.stop().await;
-        }
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for pod in &self.pods {
-            for prefix in ["gpushare-pod-", "gpushare-limits-"] {
-                let _ = std::fs::remove_file(format!("/dev/shm/{prefix}{pod}"));
-            }
         }
     }
 }
@@ -173,6 +307,18 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
+}
+
+/// Polls `check` (every 100 ms, up to 90 s: the scheduler and the
+/// controllers act on their own time) until it holds.
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..900 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting: {what}");
 }
 
 /// A mount of a CDI spec: host path, container path, options.
@@ -214,10 +360,10 @@ fn mps_variables(env: &[String]) -> Vec<&str> {
 #[test]
 fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
     runtime().block_on(async {
-        let mut world = World::start("client", false).await;
+        let world = World::start("client", false).await;
         let gpu0 = world.uuid(0);
-        let pipe = world.dir.join("host-mps").join(&gpu0).join("pipe");
-        let shm = world.dir.join("host-mps").join(&gpu0).join("shm");
+        let pipe = world.dir().join("host-mps").join(&gpu0).join("pipe");
+        let shm = world.dir().join("host-mps").join(&gpu0).join("shm");
         let cases = [
             // (pod, memory, parameters, device, the MPS variables)
             (
@@ -279,7 +425,7 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
             // The hypervisor's time cap: none where the fixed share went to
             // the SMs (co-run), the elastic share's ceiling (a time share
             // still), the fixed share itself on the ordinary GPU.
-            let status = serde_json::to_value(world.node.as_ref().unwrap().hv.status()).unwrap();
+            let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
             let cap = status["pods"]
                 .as_array()
                 .unwrap()
@@ -313,14 +459,14 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
 #[test]
 fn unprepare_removes_the_mount_points_a_runtime_left_in_the_gpus_folder() {
     runtime().block_on(async {
-        let mut world = World::start("mount-points", false).await;
+        let world = World::start("mount-points", false).await;
         let gpu0 = world.uuid(0);
         let (_, uid) = world.claim("batch", "2Gi", json!({}), "gpu-0").await;
         assert_eq!(world.prepare("batch-gpu", &uid).await, "");
         // What a container runtime leaves in the GPU's folder (the
         // container's /dev/shm): an empty file for each file mounted under
         // it, the pod's region and limits.
-        let folder = world.dir.join("mps").join(&gpu0).join("shm");
+        let folder = world.dir().join("mps").join(&gpu0).join("shm");
         std::fs::create_dir_all(&folder).unwrap();
         let (_, mounts) = edits(&world.spec_path(&uid));
         let points: Vec<PathBuf> = mounts
@@ -340,7 +486,8 @@ fn unprepare_removes_the_mount_points_a_runtime_left_in_the_gpus_folder() {
         for other in &others {
             std::fs::write(other, b"").unwrap();
         }
-        assert_eq!(world.unprepare("batch-gpu", &uid).await, "");
+        // The pod deleted, the kubelet unprepares its claim.
+        world.delete_pod("batch", &[&uid]).await;
         for point in &points {
             assert!(!point.exists(), "{} left", point.display());
         }
@@ -367,7 +514,7 @@ fn sm_percent_becomes(pod: &str, want: Option<u8>) -> Option<u8> {
 
 /// The `sm_percent` the status shows for pod `pod`'s first GPU.
 fn sm_percent_shown(world: &World, pod: &str) -> Value {
-    let status = serde_json::to_value(world.node.as_ref().unwrap().hv.status()).unwrap();
+    let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
     status["pods"]
         .as_array()
         .unwrap()
@@ -380,7 +527,7 @@ fn sm_percent_shown(world: &World, pod: &str) -> Value {
 #[test]
 fn a_pods_next_client_takes_the_whole_gpu_until_a_pod_of_the_other_class_shares_it() {
     runtime().block_on(async {
-        let mut world = World::start("share", false).await;
+        let world = World::start("share", false).await;
         // An elastic batch pod: a time share, so no fixed share of the SMs.
         let (batch, batch_uid) = world
             .claim("batch", "2Gi", json!({"policy": "elastic"}), "gpu-0")
@@ -417,100 +564,53 @@ fn a_pods_next_client_takes_the_whole_gpu_until_a_pod_of_the_other_class_shares_
             .await;
         assert_eq!(world.prepare("elastic-gpu", &elastic_uid).await, "");
         assert_eq!(sm_percent_becomes(&elastic, Some(20)), Some(20));
-        // The latency pods gone, the whole GPU again.
-        assert_eq!(world.unprepare("latency-gpu", &latency_uid).await, "");
-        assert_eq!(world.unprepare("elastic-gpu", &elastic_uid).await, "");
+        // The latency pods gone (their claims unprepared by the kubelet),
+        // the whole GPU again.
+        world.delete_pod("latency", &[&latency_uid]).await;
+        world.delete_pod("elastic", &[&elastic_uid]).await;
         assert_eq!(sm_percent_becomes(&batch, Some(100)), Some(100));
         world.stop().await;
     });
 }
 
-/// Creates claim `name` asking one device per entry of `devices`, allocated
-/// there for pod (`pod`, `pod_uid`); returns its UID.
-async fn claim_on(world: &World, name: &str, devices: &[&str], pod: (&str, &str)) -> String {
-    let claim: ResourceClaim = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-            "deviceClassName": DRIVER,
-            "allocationMode": "ExactCount",
-            "count": devices.len(),
-            "capacity": {"requests": {"memory": "1Gi", "compute": "10"}},
-        }}]}},
-    }))
-    .unwrap();
-    let claims = Api::<ResourceClaim>::namespaced(world.client.clone(), "default");
-    let claim = claims.create(&PostParams::default(), &claim).await.unwrap();
-    let uid = claim.metadata.uid.unwrap();
-    let results: Vec<Value> = devices
-        .iter()
-        .enumerate()
-        .map(|(i, device)| {
-            json!({
-                "request": "gpus", "driver": DRIVER, "pool": NODE, "device": device,
-                "consumedCapacity": {"memory": "1Gi", "compute": "10"},
-                "shareID": format!("00000000-0000-4000-8000-{:0>12}", format!("{}{i}", &uid[uid.len() - 7..])),
-            })
-        })
-        .collect();
-    let status = json!({"status": {
-        "allocation": {"devices": {"results": results}},
-        "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}],
-    }});
-    claims
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
-    uid
-}
-
-/// Pod `name` whose container uses `claims`; returns its UID.
-async fn pod_with_claims(world: &mut World, name: &str, claims: &[&str]) -> String {
-    let refs: Vec<Value> = claims.iter().map(|c| json!({"name": c})).collect();
-    let sources: Vec<Value> = claims
-        .iter()
-        .map(|c| json!({"name": c, "resourceClaimName": c}))
-        .collect();
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": NODE,
-            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": refs}}],
-            "resourceClaims": sources,
-        },
-    }))
-    .unwrap();
-    let pod = Api::<Pod>::namespaced(world.client.clone(), "default")
-        .create(&PostParams::default(), &pod)
-        .await
-        .unwrap();
-    let uid = pod.metadata.uid.unwrap();
-    world.pods.push(uid.clone());
-    uid
-}
-
 #[test]
 fn a_claim_or_pod_mixing_a_corun_gpu_with_another_is_refused() {
     runtime().block_on(async {
-        let mut world = World::start("mix", false).await;
+        let world = World::start("mix", false).await;
         let (gpu0, gpu1) = (world.uuid(0), world.uuid(1));
-        // One claim on both GPUs.
-        let pod = pod_with_claims(&mut world, "wide", &["wide-gpus"]).await;
-        let uid = claim_on(&world, "wide-gpus", &["gpu-0", "gpu-1"], ("wide", &pod)).await;
+        // One claim of two GPUs: the scheduler gives it both (it does not
+        // know the rule), the agent refuses it at prepare and the pod stays
+        // pending.
+        let uid = world
+            .create_claim("wide-gpus", 2, ("1Gi", "10"), None, None)
+            .await;
+        world.create_pod("wide", &["wide-gpus"]).await;
+        let mixed = format!("co-run GPU {gpu0} and ordinary GPU {gpu1} cannot go to one pod");
+        let reported = world.refused("wide").await;
+        assert!(reported.contains(&mixed), "{reported}");
+        // The kubelet asking again gets the same refusal.
         let error = world.prepare("wide-gpus", &uid).await;
         assert!(error.contains(&format!("claim {uid}")), "{error}");
-        assert!(
-            error.contains(&format!(
-                "co-run GPU {gpu0} and ordinary GPU {gpu1} cannot go to one pod"
-            )),
-            "{error}"
-        );
+        assert!(error.contains(&mixed), "{error}");
         assert!(!world.spec_path(&uid).exists());
+        world.delete_refused("wide").await;
 
-        // Two claims of one pod, one on each GPU: the second is refused, the
-        // first stays an MPS client of its GPU alone.
-        let pod = pod_with_claims(&mut world, "pair", &["pair-a", "pair-b"]).await;
-        let a = claim_on(&world, "pair-a", &["gpu-0"], ("pair", &pod)).await;
-        let b = claim_on(&world, "pair-b", &["gpu-1"], ("pair", &pod)).await;
+        // Two claims of one pod, one on each GPU: the kubelet prepares the
+        // first, the second is refused; the first stays an MPS client of
+        // its GPU alone.
+        let a = world
+            .create_claim("pair-a", 1, ("1Gi", "10"), Some("gpu-0"), None)
+            .await;
+        let b = world
+            .create_claim("pair-b", 1, ("1Gi", "10"), Some("gpu-1"), None)
+            .await;
+        world.create_pod("pair", &["pair-a", "pair-b"]).await;
+        let reported = world.refused("pair").await;
+        assert!(reported.contains("(with its other claims)"), "{reported}");
+        assert!(reported.contains("cannot go to one pod"), "{reported}");
+        let prepared = world.node().kubelet.prepared();
+        assert!(prepared.iter().any(|c| c.uid == a), "{prepared:?}");
+        assert!(!prepared.iter().any(|c| c.uid == b), "{prepared:?}");
         assert_eq!(world.prepare("pair-a", &a).await, "");
         let error = world.prepare("pair-b", &b).await;
         assert!(error.contains("(with its other claims)"), "{error}");
@@ -522,28 +622,41 @@ fn a_claim_or_pod_mixing_a_corun_gpu_with_another_is_refused() {
             "{env:?}"
         );
         assert!(env.contains(&"CUDA_LIMITER_MPS=required".to_owned()));
+        world.delete_refused("pair").await;
 
         // The other order: ordinary first, then the co-run GPU.
-        let pod = pod_with_claims(&mut world, "rev", &["rev-a", "rev-b"]).await;
-        let a = claim_on(&world, "rev-a", &["gpu-1"], ("rev", &pod)).await;
-        let b = claim_on(&world, "rev-b", &["gpu-0"], ("rev", &pod)).await;
+        let a = world
+            .create_claim("rev-a", 1, ("1Gi", "10"), Some("gpu-1"), None)
+            .await;
+        let b = world
+            .create_claim("rev-b", 1, ("1Gi", "10"), Some("gpu-0"), None)
+            .await;
+        world.create_pod("rev", &["rev-a", "rev-b"]).await;
+        let reported = world.refused("rev").await;
+        assert!(reported.contains("cannot go to one pod"), "{reported}");
+        let prepared = world.node().kubelet.prepared();
+        assert!(prepared.iter().any(|c| c.uid == a), "{prepared:?}");
+        assert!(!prepared.iter().any(|c| c.uid == b), "{prepared:?}");
         assert_eq!(world.prepare("rev-a", &a).await, "");
         let error = world.prepare("rev-b", &b).await;
         assert!(error.contains("cannot go to one pod"), "{error}");
+        assert!(!world.spec_path(&b).exists());
         world.stop().await;
     });
 }
-
 #[test]
 fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
     runtime().block_on(async {
-        let mut world = World::start("dp", true).await;
+        let world = World::start("dp", true).await;
         let gpu0 = world.uuid(0);
         let kubelet = world.device_kubelet.as_ref().unwrap();
         let plugin = kubelet
             .plugin("nvidia.com/gpu", Duration::from_secs(10))
             .await
             .unwrap();
+        // Each pod is bound by name, as HAMi's scheduler binds: the kubelet
+        // double advertises no nvidia.com/gpu, so the default scheduler
+        // would find no room for it.
         let pod = cluster::create_gpu_pod(
             &world.client,
             "default",
@@ -555,7 +668,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         .await
         .unwrap();
         kubelet.admit("default", "hami", &["main"]);
-        world.pods.push(pod.metadata.uid.unwrap());
+        world.scratch.track(&pod.metadata.uid.unwrap());
         // Binpack puts the first pod on GPU 0, the co-run one.
         let answer = plugin
             .start_container(("default", "hami", "main"), vec![format!("{gpu0}::0")])
@@ -569,7 +682,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=3072M");
         assert_eq!(env["CUDA_MPS_CLIENT_PRIORITY"], "1");
         assert_eq!(env["CUDA_LIMITER_MPS"], "required");
-        let pipe = world.dir.join("host-mps").join(&gpu0).join("pipe");
+        let pipe = world.dir().join("host-mps").join(&gpu0).join("pipe");
         let mount = answer
             .mounts
             .iter()
@@ -584,7 +697,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
             .expect("the daemon's /dev/shm is mounted");
         assert_eq!(
             Path::new(&shm.host_path),
-            world.dir.join("host-mps").join(&gpu0).join("shm")
+            world.dir().join("host-mps").join(&gpu0).join("shm")
         );
         assert!(!shm.read_only);
 
@@ -601,7 +714,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         .await
         .unwrap();
         kubelet.admit("default", "solo", &["main"]);
-        world.pods.push(pod.metadata.uid.unwrap());
+        world.scratch.track(&pod.metadata.uid.unwrap());
         let answer = plugin
             .start_container(("default", "solo", "main"), vec![format!("{gpu0}::1")])
             .await
@@ -621,7 +734,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         .await
         .unwrap();
         kubelet.admit("default", "pair", &["main"]);
-        world.pods.push(pod.metadata.uid.unwrap());
+        world.scratch.track(&pod.metadata.uid.unwrap());
         let refused = plugin
             .start_container(
                 ("default", "pair", "main"),

@@ -231,37 +231,53 @@ impl Sync {
         report_ready(&Api::all(self.client.clone()), &self.node).await
     }
 
+    /// One pass over the node's pods; a pod whose step fails does not hold
+    /// up the others (the errors are joined).
     async fn sync(&self) -> Result<(), kube::Error> {
         let all = Api::<Pod>::all(self.client.clone());
         let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
+        let mut errors = Vec::new();
         for pod in all.list(&on_node).await? {
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let phase = pod
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default();
-            let done = phase == "Succeeded" || phase == "Failed";
-            let (finish, started) = {
-                let record = self.record();
-                (
-                    record.finish.get(&uid).copied(),
-                    record.started.contains_key(&uid),
-                )
-            };
-            if pod.metadata.deletion_timestamp.is_some() {
-                self.clean_up(&uid).await?;
-                self.confirm_deletion(&pod).await?;
-            } else if done {
-                self.clean_up(&uid).await?;
-            } else if let Some(code) = finish {
-                self.end(&pod, code).await?;
-                self.clean_up(&uid).await?;
-            } else if !started {
-                self.start(&pod).await?;
+            if let Err(error) = self.sync_pod(&pod).await {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                errors.push(format!("pod {name}: {error}"));
             }
         }
-        Ok(())
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(kube::Error::Service(errors.join("; ").into()))
+        }
+    }
+
+    async fn sync_pod(&self, pod: &Pod) -> Result<(), kube::Error> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let phase = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.clone())
+            .unwrap_or_default();
+        let done = phase == "Succeeded" || phase == "Failed";
+        let (finish, started) = {
+            let record = self.record();
+            (
+                record.finish.get(&uid).copied(),
+                record.started.contains_key(&uid),
+            )
+        };
+        if pod.metadata.deletion_timestamp.is_some() {
+            self.clean_up(&uid).await?;
+            self.confirm_deletion(pod).await
+        } else if done {
+            self.clean_up(&uid).await
+        } else if let Some(code) = finish {
+            self.end(pod, code).await?;
+            self.clean_up(&uid).await
+        } else if !started {
+            self.start(pod).await
+        } else {
+            Ok(())
+        }
     }
 
     /// Prepares the pod's claims, then reports it running; an unprepared
@@ -284,7 +300,14 @@ impl Sync {
                 return Ok(());
             }
             let claim_uid = claim.metadata.uid.clone().unwrap_or_default();
-            let prepared = self.record().prepared.contains_key(&claim_uid);
+            // Prepared before (for another pod, or an earlier try): this
+            // pod holds it too.
+            let prepared = self
+                .record()
+                .prepared
+                .get_mut(&claim_uid)
+                .map(|claim| claim.pods.insert(uid.clone()))
+                .is_some();
             if !prepared {
                 let answer = self
                     .plugin
@@ -302,21 +325,13 @@ impl Sync {
                         name: name.clone(),
                         uid: claim_uid.clone(),
                         devices: answer.devices,
-                        pods: BTreeSet::new(),
+                        pods: BTreeSet::from([uid.clone()]),
                     },
                 );
             }
             claims.push(claim_uid);
         }
-        {
-            let mut record = self.record();
-            for claim in &claims {
-                if let Some(prepared) = record.prepared.get_mut(claim) {
-                    prepared.pods.insert(uid.clone());
-                }
-            }
-            record.started.insert(uid.clone(), claims);
-        }
+        self.record().started.insert(uid.clone(), claims);
         let now = now_seconds();
         let containers: Vec<_> = containers(pod)
             .map(|(name, image)| {
@@ -342,9 +357,6 @@ impl Sync {
         let events = Api::<Event>::namespaced(self.client.clone(), &ns);
         let reason = "FailedPrepareDynamicResources";
         let event_name = format!("{name}.{reason}").to_lowercase();
-        if events.get_opt(&event_name).await?.is_some() {
-            return Ok(());
-        }
         let now = Time(Timestamp::now());
         let event = Event {
             metadata: ObjectMeta {
@@ -396,18 +408,29 @@ impl Sync {
         self.patch_status(pod, &status).await
     }
 
-    /// Unprepares the claims pod `uid` used that no other started pod of
-    /// the node uses, once.
+    /// Unprepares the claims prepared for pod `uid` (whether it started or
+    /// not) that no other pod of the node uses, once.
     async fn clean_up(&self, uid: &str) -> Result<(), kube::Error> {
-        let claims = self.record().started.get(uid).cloned().unwrap_or_default();
+        let claims: Vec<String> = self
+            .record()
+            .prepared
+            .values()
+            .filter(|p| p.pods.contains(uid))
+            .map(|p| p.uid.clone())
+            .collect();
         for claim in claims {
+            // Another pod still uses it: this one lets go, nothing else.
             let unused = {
                 let mut record = self.record();
                 let Some(prepared) = record.prepared.get_mut(&claim) else {
                     continue;
                 };
-                prepared.pods.remove(uid);
-                prepared.pods.is_empty().then(|| prepared.clone())
+                if prepared.pods.len() > 1 {
+                    prepared.pods.remove(uid);
+                    None
+                } else {
+                    Some(prepared.clone())
+                }
             };
             let Some(prepared) = unused else { continue };
             let error = self
