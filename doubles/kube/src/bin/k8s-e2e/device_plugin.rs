@@ -1,7 +1,9 @@
 //! `k8s-e2e --device-plugin`: a HAMi-style pod (`nvidia.com/gpu`: `--gpus`,
 //! `nvidia.com/gpumem`, `nvidia.com/gpucores`) taken through the device
-//! plugin (fake API server, the agent of `serve --kubernetes
-//! --device-plugin`, fake kubelet over the device plugin's sockets); the
+//! plugin (the official control plane, the agent of `serve --kubernetes
+//! --device-plugin`, the kubelet double over the device plugin's sockets;
+//! the pod is bound to the node by name, as no kubelet here advertises
+//! `nvidia.com/gpu` to the scheduler); the
 //! `Allocate` answer is written out as `env`, `mounts` and `device-nodes`,
 //! in the same formats as the DRA mode's.
 
@@ -13,10 +15,12 @@ use anyhow::{Context, ensure};
 use hypervisor_kubernetes::DRIVER;
 use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::GpuObserver;
-use kube_fakes::apiserver::FakeApiServer;
-use kube_fakes::cluster;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+use kube_control_plane::ControlPlane;
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::{self, TestNode};
+use kube_fakes::{cluster, cluster_node, node_kubelet};
 use serde_json::json;
 
 const NODE: &str = "e2e-node";
@@ -30,18 +34,20 @@ pub(crate) async fn run(
     check_identity: bool,
     wait: impl std::future::Future<Output = anyhow::Result<()>>,
 ) -> anyhow::Result<()> {
-    let api = FakeApiServer::start().await?;
+    let plane = ControlPlane::start().await?;
+    let client = plane.admin().await?;
+    let kubelet_client = kube_control_plane::client(&plane.node_kubeconfig(NODE)?).await?;
+    node_kubelet::register(&kubelet_client, NODE, cluster_node::gpu_labels()).await?;
     let dir = out.join("node");
     std::fs::create_dir_all(&dir)?;
     let mut options = node::options(&dir, NODE, DRIVER, limiter);
     options.check_identity = check_identity;
+    options.kubeconfig = Some(plane.admin_kubeconfig().to_owned());
     let config = DevicePluginConfig::under(&dir.join("kubelet"), 10);
     std::fs::create_dir_all(&config.dir)?;
     options.device_plugin = Some(config.clone());
     let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources))?;
-    let node = TestNode::start(&api, observer, options).await?;
-    let client = hypervisor_kubernetes::client(node.options.kubeconfig.as_deref()).await?;
-    cluster::create_node(&client, NODE).await?;
+    let node = TestNode::start_written(observer, options, None).await?;
     let plugin = kubelet
         .plugin("nvidia.com/gpu", Duration::from_secs(10))
         .await?;
@@ -102,7 +108,13 @@ pub(crate) async fn run(
         serde_json::to_vec_pretty(&node.hv.status())?,
     )?;
     // The pod is deleted: the agent removes its claim, token and region.
-    api.delete("pods", "default", "e2e");
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    Api::<Pod>::namespaced(client, "default")
+        .delete("e2e", &now)
+        .await?;
     let token = node.options.provision.state_dir.join("pods").join(&pod_uid);
     let region =
         std::path::Path::new("/dev/shm").join(gpushare_utils::ledger::PodLedger::name_of(&pod_uid));
@@ -114,6 +126,7 @@ pub(crate) async fn run(
     }
     let clean = super::write_unprepared(out, None, &[("token", &token), ("region", &region)])?;
     node.stop().await;
+    drop(plane);
     ensure!(clean, "deleting the pod left files behind");
     Ok(())
 }
