@@ -4,7 +4,8 @@
 //! killed and restarted, `quit` on shutdown, a leftover daemon quit at
 //! start; its log in the GPU's log folder, a server that fails to start
 //! reported; a daemon for container clients with its own `/dev/shm`; and
-//! the ResourceSlice's `corun` attribute.
+//! the ResourceSlice's `corun` attribute, as the official control plane
+//! stores it.
 
 mod common;
 
@@ -19,6 +20,13 @@ use hypervisor_corun::{
     CorunGpuStatus, CorunOptions, MpsState, MpsSupervisor, Timing, log_dir, pipe_dir, shm_dir,
 };
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, ListParams};
+use kube_control_plane::ControlPlane;
+use kube_fakes::clients::Kubectl;
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT};
+use kube_fakes::node::TestNode;
+use kube_fakes::node_kubelet;
 use mps_fake::commands::FIRST_SERVER_PID;
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
 
@@ -495,6 +503,7 @@ fn a_daemon_left_by_an_earlier_run_is_quit_first() {
 
 #[test]
 fn co_run_gpus_carry_the_slice_attribute() {
+    const NODE: &str = "node-c";
     let scratch = Scratch::new();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -504,39 +513,52 @@ fn co_run_gpus_carry_the_slice_attribute() {
     runtime.block_on(async {
         let sim = Arc::new(SimulatedGpus::new(2));
         let gpus = sim.gpus().unwrap();
-        let api = kube_fakes::apiserver::FakeApiServer::start().await.unwrap();
-        let kubeconfig = scratch.dir.join("kubeconfig");
-        api.write_kubeconfig(&kubeconfig).unwrap();
-        let client = hypervisor_kubernetes::client(Some(&kubeconfig))
+        // The official control plane, `deploy/base` applied, the agent on a
+        // token of the shipped ServiceAccount.
+        let plane = ControlPlane::start().await.unwrap();
+        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &scratch.dir.join("home"));
+        cluster_node::install(&kubectl).unwrap();
+        let kubeconfig = scratch.dir.join("agent.kubeconfig");
+        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &kubeconfig)
             .await
             .unwrap();
-        kube_fakes::cluster::create_node(&client, "node-c")
+        // The kubelet registers the Node with the node's credentials; no
+        // kubelet double runs: no pod runs here.
+        let kubelet = kube_control_plane::client(&plane.node_kubeconfig(NODE).unwrap())
+            .await
+            .unwrap();
+        node_kubelet::register(&kubelet, NODE, cluster_node::gpu_labels())
             .await
             .unwrap();
         let limiter = scratch.dir.join("libcuda_limiter.so");
         std::fs::write(&limiter, b"").unwrap();
         let mut options =
-            kube_fakes::node::options(&scratch.dir, "node-c", "gpu.gpushare.dev", &limiter);
+            kube_fakes::node::options(&scratch.dir, NODE, "gpu.gpushare.dev", &limiter);
+        options.kubeconfig = Some(kubeconfig);
         options.provision.corun =
             Some(scratch.options(std::slice::from_ref(&gpus[1].uuid), mps_fake::program()));
         let observer: Arc<dyn GpuObserver> = sim.clone();
-        let node = kube_fakes::node::TestNode::start(&api, observer, options)
+        let node = TestNode::start_written(observer, options, None)
             .await
             .unwrap();
-        let slices = api.list("resourceslices");
-        let corun: Vec<_> = slices[0]["spec"]["devices"]
-            .as_array()
+        // The slice as the real API server stored it.
+        let slices = Api::<ResourceSlice>::all(plane.admin().await.unwrap())
+            .list(&ListParams::default())
+            .await
             .unwrap()
+            .items;
+        assert_eq!(slices.len(), 1, "{slices:?}");
+        let corun: Vec<_> = slices[0]
+            .spec
+            .devices
             .iter()
-            .map(|d| (d["name"].clone(), d["attributes"]["corun"]["bool"].clone()))
+            .flatten()
+            .map(|d| {
+                let corun = d.attributes.as_ref().and_then(|a| a.get("corun"));
+                (d.name.as_str(), corun.and_then(|a| a.bool))
+            })
             .collect();
-        assert_eq!(
-            corun,
-            [
-                (serde_json::json!("gpu-0"), serde_json::json!(false)),
-                (serde_json::json!("gpu-1"), serde_json::json!(true)),
-            ]
-        );
+        assert_eq!(corun, [("gpu-0", Some(false)), ("gpu-1", Some(true))]);
         node.stop().await;
     });
 }

@@ -1,7 +1,12 @@
-//! GPU health published to Kubernetes, end to end without a cluster: health
-//! events injected into simulated GPUs, the real agent against the fake API
-//! server (the ResourceSlice read back through the API) and, in
-//! device-plugin mode, the fake kubelet's `ListAndWatch`.
+//! GPU health published to Kubernetes, end to end on the official control
+//! plane: health events injected into simulated GPUs; the real agent, on a
+//! token of the shipped ServiceAccount, taints the unhealthy GPU's device
+//! in its ResourceSlice (read back from the real API server as it stored
+//! it) and, in device-plugin mode (with the rights `deploy/device-plugin`
+//! adds), leaves it out of the node's allocatable and lists its shares
+//! unhealthy in the device-plugin kubelet double's `ListAndWatch`. The
+//! kubelet double registers the Node with the node's credentials and keeps
+//! it Ready.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -12,12 +17,15 @@ use gpu_fakes::FakeGpus;
 use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_kubernetes::dra::slice::slice_name;
 use hypervisor_observer::{GpuObserver, HealthEvent};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use kube::api::Api;
-use kube_fakes::apiserver::FakeApiServer;
+use kube_control_plane::ControlPlane;
+use kube_fakes::clients::Kubectl;
 use kube_fakes::cluster;
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, ClusterNode};
 use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
-use kube_fakes::node::{self, TestNode};
+use kube_fakes::node;
 use serde_json::json;
 
 const DRIVER: &str = "gpu.gpushare.dev";
@@ -56,39 +64,60 @@ impl Drop for Scratch {
     }
 }
 
+/// Fields drop in order: the node, the device plugin's kubelet, the control
+/// plane, then the scratch folder.
 struct World {
-    node: Option<TestNode>,
+    node: Option<ClusterNode>,
     plugin: Option<(FakeDeviceKubelet, PluginClient)>,
+    /// An administrator's.
     client: kube::Client,
     gpus: Arc<FakeGpus>,
-    api: FakeApiServer,
+    /// Kept: the control plane stops when dropped.
+    _plane: ControlPlane,
     scratch: Scratch,
 }
 
 impl World {
-    /// A node with two simulated GPUs; a device plugin too with `device_plugin`.
+    /// A node of the official control plane with two simulated GPUs; a
+    /// device plugin too with `device_plugin`, with the rights
+    /// `deploy/device-plugin` adds (events, the Node's status).
     async fn start(tag: &str, device_plugin: bool) -> Self {
         let scratch = Scratch::new(tag);
         let d = &scratch.dir;
-        let api = FakeApiServer::start().await.unwrap();
-        api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
-        let client = hypervisor_kubernetes::client(Some(&d.join("kubeconfig")))
+        let plane = ControlPlane::start().await.unwrap();
+        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &d.join("home"));
+        if device_plugin {
+            // The base and the device plugin's rights.
+            let overlay = cluster_node::deploy_dir().join("device-plugin");
+            kubectl
+                .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
+                .unwrap();
+        } else {
+            cluster_node::install(&kubectl).unwrap();
+        }
+        let agent_kubeconfig = d.join("agent.kubeconfig");
+        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent_kubeconfig)
             .await
             .unwrap();
-        cluster::create_node(&client, NODE).await.unwrap();
+        let client = plane.admin().await.unwrap();
         let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+        options.kubeconfig = Some(agent_kubeconfig);
         options.check_identity = false;
         let mut kubelet = None;
         if device_plugin {
             let mut config = DevicePluginConfig::under(&d.join("kubelet"), 2);
             config.pod_resources = d.join("no-pod-resources.sock");
             std::fs::create_dir_all(&config.dir).unwrap();
+            // Serves on the test's runtime, which this runs on.
             kubelet = Some(FakeDeviceKubelet::start(&config.dir, None).unwrap());
             options.device_plugin = Some(config);
         }
         let gpus = Arc::new(FakeGpus::new(2));
         let observer: Arc<dyn GpuObserver> = gpus.clone();
-        let node = TestNode::start(&api, observer, options).await.unwrap();
+        // The kubelet registers the Node, then the agent starts.
+        let node = ClusterNode::start(&plane, observer, options, None)
+            .await
+            .unwrap();
         let plugin = match kubelet {
             Some(kubelet) => {
                 let plugin = kubelet.plugin(GPU, Duration::from_secs(10)).await.unwrap();
@@ -101,7 +130,7 @@ impl World {
             plugin,
             client,
             gpus,
-            api,
+            _plane: plane,
             scratch,
         }
     }
@@ -113,9 +142,9 @@ impl World {
             .unwrap()
     }
 
-    /// The slice once `done` holds of it (10 s at most).
+    /// The slice once `done` holds of it.
     async fn slice_when(&self, done: impl Fn(&ResourceSlice) -> bool) -> ResourceSlice {
-        eventually(|| async {
+        eventually("the slice", || async {
             let slice = self.slice().await;
             done(&slice).then_some(slice)
         })
@@ -123,7 +152,9 @@ impl World {
     }
 
     /// Starts a HAMi pod's container of 1 GiB, with `packing`, on `share`
-    /// as the kubelet picks; returns the GPU it got.
+    /// as the kubelet picks; returns the GPU it got. The pod is bound by
+    /// name, as HAMi's scheduler binds: the kubelet double advertises no
+    /// `nvidia.com/gpu`, so the default scheduler would find no room for it.
     async fn container(&mut self, name: &str, share: String, packing: &str) -> String {
         let pod = cluster::create_gpu_pod(
             &self.client,
@@ -156,15 +187,16 @@ impl World {
     }
 }
 
-/// Polls `probe` until it answers (every 50 ms, 10 s at most).
-async fn eventually<T, F: Future<Output = Option<T>>>(probe: impl Fn() -> F) -> T {
-    for _ in 0..200 {
+/// Polls `probe` until it answers (every 100 ms, up to 90 s: the agent's
+/// writes go through the real API server, on a busy machine).
+async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, probe: impl Fn() -> F) -> T {
+    for _ in 0..900 {
         if let Some(found) = probe().await {
             return found;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("not within 10 s");
+    panic!("timed out waiting for {what}");
 }
 
 /// The taints of each device, by name.
@@ -280,7 +312,7 @@ fn a_lost_gpu_is_tainted_until_it_answers_again() {
             )
         );
         assert!(lost.spec.pool.generation > generation);
-        let node = world.node.as_ref().unwrap();
+        let node = &world.node.as_ref().unwrap().node;
         assert_eq!(
             node.hv.unhealthy_gpus().keys().collect::<Vec<_>>(),
             [&FakeGpus::uuid(1)]
@@ -311,7 +343,7 @@ fn the_device_plugin_lists_an_unhealthy_gpu_as_unhealthy_and_places_nothing_on_i
 
         assert!(!world.gpus.inject(1, HealthEvent::Xid(Some(31))).unwrap());
         assert!(world.gpus.inject(1, HealthEvent::Xid(Some(94))).unwrap());
-        let devices = eventually(|| async {
+        let devices = eventually("gpu-1's shares unhealthy", || async {
             let devices = world.plugin().devices().await.unwrap();
             devices
                 .iter()
@@ -327,12 +359,15 @@ fn the_device_plugin_lists_an_unhealthy_gpu_as_unhealthy_and_places_nothing_on_i
         }
         // The slice says so too, and the node's allocatable leaves gpu-1 out.
         assert_eq!(gpu1_taint(&world.slice_when(tainted).await).1, "xid-94");
-        let node = eventually(|| async {
-            let node = world.api.get("nodes", "", NODE)?;
-            (node["status"]["allocatable"]["nvidia.com/gpumem"] == "81920").then_some(node)
+        let nodes = Api::<Node>::all(world.client.clone());
+        let status = eventually("gpu-1 out of the node's allocatable", || async {
+            let status = nodes.get(NODE).await.unwrap().status?;
+            let memory = status.allocatable.as_ref()?.get("nvidia.com/gpumem")?;
+            (memory.0 == "81920").then_some(status)
         })
         .await;
-        assert_eq!(node["status"]["capacity"]["nvidia.com/gpumem"], "163840");
+        let capacity = status.capacity.unwrap_or_default();
+        assert_eq!(capacity["nvidia.com/gpumem"].0, "163840");
 
         // A pod that asks to spread goes to gpu-0 whichever share the
         // kubelet picked: gpu-1 takes no new container.

@@ -1,43 +1,120 @@
-//! The device plugin end to end without a cluster: the real agent (with
-//! `--device-plugin`) against the fake API server, registered with and
-//! called by the fake kubelet over the device plugin's Unix sockets, for
-//! pods written for HAMi.
+//! The device plugin end to end on the official control plane, without a
+//! real kubelet: `deploy/device-plugin` applied by `kubectl`; the Node
+//! registered with the kubelet's credentials; the real agent (with
+//! `--device-plugin`), on a token of the shipped ServiceAccount and exactly
+//! its roles, registered with and called by the device-plugin kubelet
+//! double over the device plugin's Unix sockets, for pods written for HAMi.
+//! The pods are created by an administrator already bound to the node by
+//! name, as HAMi's scheduler binds them: the kubelet double advertises no
+//! `nvidia.com/gpu`, so the default scheduler would find no room for them
+//! (`system-tests/tests/device_plugin_cluster.rs` covers the scheduler's
+//! part). The agent's events and the node's capacity are read back from
+//! the real API server.
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
-use kube_fakes::apiserver::FakeApiServer;
-use kube_fakes::cluster;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
+use kube_control_plane::ControlPlane;
+use kube_fakes::clients::Kubectl;
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT};
 use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
 use kube_fakes::node::{self, TestNode};
+use kube_fakes::node_kubelet;
 use serde_json::{Value, json};
 
 const NODE: &str = "node-dp";
 const GPU: &str = "nvidia.com/gpu";
 
-struct World {
+/// A folder under the temp dir, removed with everything the test made there
+/// and the regions of the pods it names.
+struct Scratch {
     dir: PathBuf,
-    pods: Vec<String>,
-    api: FakeApiServer,
-    client: kube::Client,
-    kubelet: FakeDeviceKubelet,
-    node: Option<TestNode>,
-    plugin: PluginClient,
-    gpus: Arc<SimulatedGpus>,
+    pods: std::sync::Mutex<Vec<String>>,
 }
 
-impl World {
-    async fn start(tag: &str, pod_resources: bool) -> Self {
+impl Scratch {
+    fn new(tag: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("hv-dp-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let limiter = dir.join("libcuda_limiter.so");
-        std::fs::write(&limiter, b"").unwrap();
-        let api = FakeApiServer::start().await.unwrap();
-        let mut options = node::options(&dir, NODE, "gpu.gpushare.dev", &limiter);
+        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
+        Self {
+            dir,
+            pods: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn track(&self, pod: &str) {
+        self.pods.lock().unwrap().push(pod.to_owned());
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for pod in self.pods.lock().unwrap().iter() {
+            for prefix in ["gpushare-pod-", "gpushare-limits-"] {
+                let _ = std::fs::remove_file(format!("/dev/shm/{prefix}{pod}"));
+            }
+        }
+    }
+}
+
+/// Fields drop in order: the node, the device plugin's kubelet, the control
+/// plane, then the scratch folder.
+struct World {
+    node: Option<TestNode>,
+    kubelet: FakeDeviceKubelet,
+    plugin: PluginClient,
+    /// An administrator's.
+    client: kube::Client,
+    /// Kept: the control plane stops when dropped.
+    _plane: ControlPlane,
+    gpus: Arc<SimulatedGpus>,
+    scratch: Scratch,
+}
+
+impl World {
+    /// The control plane with `deploy/device-plugin` applied, Node `NODE`
+    /// registered by its kubelet, and the agent with the device plugin on
+    /// two GPUs (4 shares each); with `pod_resources`, the kubelet double
+    /// serves the pod-resources list too.
+    async fn start(tag: &str, pod_resources: bool) -> Self {
+        let scratch = Scratch::new(tag);
+        let dir = &scratch.dir;
+        let plane = ControlPlane::start()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &dir.join("home"));
+        let overlay = cluster_node::deploy_dir().join("device-plugin");
+        kubectl
+            .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let agent_kubeconfig = dir.join("agent.kubeconfig");
+        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent_kubeconfig)
+            .await
+            .unwrap();
+        // The kubelet registers the Node before the agent starts.
+        let kubelet_client = kube_control_plane::client(&plane.node_kubeconfig(NODE).unwrap())
+            .await
+            .unwrap();
+        node_kubelet::register(&kubelet_client, NODE, cluster_node::gpu_labels())
+            .await
+            .unwrap();
+        let client = plane.admin().await.unwrap();
+        let mut options = node::options(
+            dir,
+            NODE,
+            "gpu.gpushare.dev",
+            &dir.join("libcuda_limiter.so"),
+        );
+        options.kubeconfig = Some(agent_kubeconfig);
         options.check_identity = false;
         let mut config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
         if !pod_resources {
@@ -48,35 +125,50 @@ impl World {
         let kubelet =
             FakeDeviceKubelet::start(&config.dir, pod_resources.then_some(&*config.pod_resources))
                 .unwrap();
-        api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-        let client = hypervisor_kubernetes::client(Some(&dir.join("kubeconfig")))
-            .await
-            .unwrap();
-        cluster::create_node(&client, NODE).await.unwrap();
         let gpus = Arc::new(SimulatedGpus::new(2));
         let observer: Arc<dyn GpuObserver> = gpus.clone();
-        let node = TestNode::start(&api, observer, options).await.unwrap();
+        let node = TestNode::start_written(observer, options, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let plugin = kubelet.plugin(GPU, Duration::from_secs(10)).await.unwrap();
         Self {
-            dir,
-            pods: Vec::new(),
-            api,
-            client,
-            kubelet,
             node: Some(node),
+            kubelet,
             plugin,
+            client,
+            _plane: plane,
             gpus,
+            scratch,
         }
     }
 
+    fn dir(&self) -> &std::path::Path {
+        &self.scratch.dir
+    }
+
     /// A pending HAMi-style pod, admitted by the kubelet; returns its UID.
-    async fn pod(&mut self, name: &str, limits: Value, annotations: Value) -> String {
-        let pod = cluster::create_gpu_pod(&self.client, "default", name, NODE, limits, annotations)
+    /// Its container `main` has `limits` (HAMi's names; the API server
+    /// takes extended resources in whole numbers, and sets the requests to
+    /// the limits) and the pod `annotations`. It is created bound to the
+    /// node by name (see the module's comment).
+    async fn pod(&self, name: &str, limits: Value, annotations: Value) -> String {
+        let pod = json!({
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+            "spec": {
+                "nodeName": NODE,
+                "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
+            },
+        });
+        let pod: Pod = serde_json::from_value(pod).unwrap();
+        let uid = Api::<Pod>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &pod)
             .await
+            .unwrap_or_else(|e| panic!("pod {name}: {e}"))
+            .metadata
+            .uid
             .unwrap();
+        self.scratch.track(&uid);
         self.kubelet.admit("default", name, &["main"]);
-        let uid = pod.metadata.uid.unwrap();
-        self.pods.push(uid.clone());
         uid
     }
 
@@ -108,34 +200,64 @@ impl World {
             .map(|p| p["gpus"][0].clone())
     }
 
-    fn events(&self, uid: &str) -> Vec<(String, String)> {
-        self.api
-            .list("events")
-            .into_iter()
-            .filter(|e| e["involvedObject"]["uid"] == uid)
-            .map(|e| {
-                (
-                    e["reason"].as_str().unwrap_or_default().to_owned(),
-                    e["message"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect()
+    /// The (reason, message) of the events the API server holds about pod
+    /// `uid`, once there is one: the agent records them before it answers
+    /// the kubelet.
+    async fn events(&self, uid: &str) -> Vec<(String, String)> {
+        let events = Api::<Event>::namespaced(self.client.clone(), "default");
+        let about = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
+        eventually(&format!("an event about pod {uid}"), || async {
+            let listed = events.list(&about).await.unwrap();
+            let found: Vec<(String, String)> = listed
+                .items
+                .into_iter()
+                .filter(|e| e.involved_object.uid.as_deref() == Some(uid))
+                .map(|e| (e.reason.unwrap_or_default(), e.message.unwrap_or_default()))
+                .collect();
+            (!found.is_empty()).then_some(found)
+        })
+        .await
+    }
+
+    /// Node `NODE`'s status as the API server stores it, once the agent
+    /// advertised its names there.
+    async fn node_status(&self) -> Value {
+        let nodes = Api::<Node>::all(self.client.clone());
+        eventually("the agent's capacity on the Node", || async {
+            let node = serde_json::to_value(nodes.get(NODE).await.unwrap()).unwrap();
+            let status = node["status"].clone();
+            status["allocatable"]
+                .get("nvidia.com/gpucores")
+                .is_some()
+                .then_some(status)
+        })
+        .await
+    }
+
+    /// Deletes pod `name` (UID `uid`) as a user does, then as its kubelet
+    /// confirms once the containers stopped (at once, for that UID); waits
+    /// until the API server no longer has it.
+    async fn delete_pod(&self, name: &str, uid: &str) {
+        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+        let confirm = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        pods.delete(name, &confirm).await.unwrap();
+        eventually(&format!("pod {name} gone"), || async {
+            pods.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
     }
 
     async fn stop(mut self) {
         if let Some(node) = self.node.take() {
             node.stop().await;
-        }
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for pod in &self.pods {
-            for prefix in ["gpushare-pod-", "gpushare-limits-"] {
-                let _ = std::fs::remove_file(format!("/dev/shm/{prefix}{pod}"));
-            }
         }
     }
 }
@@ -148,10 +270,25 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// Polls `check` (every 100 ms, up to 90 s: the control plane and the agent
+/// act on their own time) until it gives a value.
+async fn eventually<T, F>(what: &str, mut check: impl FnMut() -> F) -> T
+where
+    F: Future<Output = Option<T>>,
+{
+    for _ in 0..900 {
+        if let Some(found) = check().await {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
 #[test]
 fn registers_lists_shares_and_allocates_a_hami_pod() {
     runtime().block_on(async {
-        let mut world = World::start("alloc", true).await;
+        let world = World::start("alloc", true).await;
         let registered = &world.plugin.registered;
         assert_eq!(
             (registered.version.as_str(), registered.resource_name.as_str()),
@@ -187,7 +324,7 @@ fn registers_lists_shares_and_allocates_a_hami_pod() {
             .map(|m| (m.host_path.as_str(), m.container_path.as_str(), m.read_only))
             .collect();
         let region = format!("/dev/shm/gpushare-pod-{uid}");
-        let token = world.dir.join(format!("state/pods/{uid}/gpushare-pod.json"));
+        let token = world.dir().join(format!("state/pods/{uid}/gpushare-pod.json"));
         assert!(mounts.contains(&(region.as_str(), region.as_str(), false)), "{mounts:?}");
         let limits = format!("/dev/shm/gpushare-limits-{uid}");
         assert!(mounts.contains(&(limits.as_str(), limits.as_str(), true)), "{mounts:?}");
@@ -210,7 +347,7 @@ fn registers_lists_shares_and_allocates_a_hami_pod() {
             (gpu["uuid"].as_str(), gpu["memory_quota"].as_u64(), gpu["cap_percent"].as_u64()),
             (Some(gpu0.as_str()), Some(4 << 30), Some(30))
         );
-        assert_eq!(world.events(&uid)[0].0, "GpuShareAllocated");
+        assert_eq!(world.events(&uid).await[0].0, "GpuShareAllocated");
 
         // A second pod shares the GPU (binpack); a third asks to spread.
         let b = world
@@ -239,19 +376,18 @@ fn registers_lists_shares_and_allocates_a_hami_pod() {
         // No gpucores: no compute limit.
         assert_eq!(world.pod_gpu(&c).unwrap()["cap_percent"], Value::Null);
 
-        // The node advertises the memory and compute names for the scheduler.
-        let node = world.api.get("nodes", "", NODE).unwrap();
-        assert_eq!(node["status"]["capacity"]["nvidia.com/gpumem"], "163840");
-        assert_eq!(node["status"]["allocatable"]["nvidia.com/gpucores"], "200");
+        // The node advertises the memory and compute names for the
+        // scheduler, stored by the real API server.
+        let status = world.node_status().await;
+        assert_eq!(status["capacity"]["nvidia.com/gpumem"], "163840");
+        assert_eq!(status["allocatable"]["nvidia.com/gpucores"], "200");
 
         // The pod is deleted: its claim, token and region go.
-        world.api.delete("pods", "default", "hami");
-        for _ in 0..100 {
-            if !std::path::Path::new(&region).exists() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        world.delete_pod("hami", &uid).await;
+        eventually("the deleted pod's region removed", || async {
+            (!std::path::Path::new(&region).exists()).then_some(())
+        })
+        .await;
         assert!(!std::path::Path::new(&region).exists());
         assert!(world.pod_gpu(&uid).is_none());
         world.stop().await;
@@ -261,7 +397,7 @@ fn registers_lists_shares_and_allocates_a_hami_pod() {
 #[test]
 fn a_pod_that_fits_nowhere_is_refused_with_an_event_without_pod_resources() {
     runtime().block_on(async {
-        let mut world = World::start("refuse", false).await;
+        let world = World::start("refuse", false).await;
         let gpu0 = world.uuid(0);
         // 70 GiB on GPU 0, then 20 GiB fits only on GPU 1 (fragmentation
         // resolved here), then 70 GiB fits nowhere.
@@ -282,7 +418,7 @@ fn a_pod_that_fits_nowhere_is_refused_with_an_event_without_pod_resources() {
             .await
             .unwrap_err();
         assert!(refused.contains("0 of the node's GPUs fit"), "{refused}");
-        let events = world.events(&c);
+        let events = world.events(&c).await;
         assert_eq!(events.len(), 1, "{events:?}");
         assert_eq!(events[0].0, "GpuShareAllocationFailed");
         assert!(

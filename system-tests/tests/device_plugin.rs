@@ -1,24 +1,36 @@
 //! The device plugin's answer makes the limiter apply a HAMi-style pod's
 //! limits: a pod asking `nvidia.com/gpumem: 4096` and `nvidia.com/gpucores:
-//! 30` is allocated by the real agent (fake API server and kubelet), then
-//! the driver double's probe runs with exactly the env `Allocate` returned,
+//! 30` is allocated by the real agent (on the official control plane, with
+//! `deploy/device-plugin` applied and the agent on a token of the shipped
+//! ServiceAccount; the device-plugin kubelet double calls it), then the
+//! driver double's probe runs with exactly the env `Allocate` returned,
 //! the mounts emulated by their host paths (the preload file's library by
 //! `LD_PRELOAD` of a link with the pod file beside it; the region's host
-//! path is its container path here).
+//! path is its container path here). The pod is created by an
+//! administrator already bound to the node by name, as HAMi's scheduler
+//! binds it: the kubelet double advertises no `nvidia.com/gpu`, so the
+//! default scheduler would find no room for it (`device_plugin_cluster.rs`
+//! covers the scheduler's part).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
-use kube_fakes::apiserver::FakeApiServer;
-use kube_fakes::cluster;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use kube_control_plane::ControlPlane;
+use kube_fakes::clients::Kubectl;
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT};
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::{self, TestNode};
+use kube_fakes::node_kubelet;
 use serde_json::json;
 use system_tests::container::ContainerLib;
 use system_tests::daemon::DoubleGpus;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
 use system_tests::{artifacts, probes};
+
+const NODE: &str = "node-probe";
 
 struct Cleanup {
     dir: std::path::PathBuf,
@@ -48,44 +60,79 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         .enable_all()
         .build()
         .unwrap();
+    // Started from this thread, which it must not outlive; dropped after
+    // the node (declared before it).
+    let plane = runtime
+        .block_on(ControlPlane::start())
+        .unwrap_or_else(|e| panic!("{e}"));
     let (answer, pod, node) = runtime.block_on(async {
-        let api = FakeApiServer::start().await.unwrap();
-        let mut options = node::options(&dir, "node-probe", "gpu.gpushare.dev", artifacts::limiter());
+        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &dir.join("home"));
+        let overlay = cluster_node::deploy_dir().join("device-plugin");
+        kubectl
+            .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let agent = dir.join("agent.kubeconfig");
+        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent)
+            .await
+            .unwrap();
+        // The kubelet registers the Node before the agent starts.
+        let kubelet_client = kube_control_plane::client(&plane.node_kubeconfig(NODE).unwrap())
+            .await
+            .unwrap();
+        node_kubelet::register(&kubelet_client, NODE, cluster_node::gpu_labels())
+            .await
+            .unwrap();
+        let mut options = node::options(&dir, NODE, "gpu.gpushare.dev", artifacts::limiter());
+        options.kubeconfig = Some(agent);
         // The probe runs outside any pod's cgroup.
         options.check_identity = false;
         let config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
         std::fs::create_dir_all(&config.dir).unwrap();
         options.device_plugin = Some(config.clone());
         let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
-        api.write_kubeconfig(&dir.join("kubeconfig")).unwrap();
-        let client = hypervisor_kubernetes::client(Some(&dir.join("kubeconfig")))
+        let node = TestNode::start_written(Arc::new(DoubleGpus(2)), options, None)
             .await
-            .unwrap();
-        cluster::create_node(&client, "node-probe").await.unwrap();
-        let node = TestNode::start(&api, Arc::new(DoubleGpus(2)), options)
-            .await
-            .unwrap();
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let plugin = kubelet
             .plugin("nvidia.com/gpu", Duration::from_secs(10))
             .await
             .unwrap();
-        let pod = cluster::create_gpu_pod(
-            &client,
-            "default",
-            "hami",
-            "node-probe",
-            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"}),
-            json!({"hami.io/gpu-scheduler-policy": "spread", "nvidia.com/nouse-gpuuuid": gpushare_examples::uuid(0)}),
-        )
-        .await
+        // Bound by name (see the module's comment); the API server takes
+        // extended resources in whole numbers and sets the requests to the
+        // limits.
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": "hami",
+                "namespace": "default",
+                "annotations": {
+                    "hami.io/gpu-scheduler-policy": "spread",
+                    "nvidia.com/nouse-gpuuuid": gpushare_examples::uuid(0),
+                },
+            },
+            "spec": {
+                "nodeName": NODE,
+                "containers": [{
+                    "name": "main",
+                    "image": "cuda",
+                    "resources": {"limits": {
+                        "nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30",
+                    }},
+                }],
+            },
+        }))
         .unwrap();
+        let admin = plane.admin().await.unwrap();
+        let pod = Api::<Pod>::namespaced(admin, "default")
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         kubelet.admit("default", "hami", &["main"]);
         let share = format!("{}::0", gpushare_examples::uuid(0));
         let answer = plugin
             .start_container(("default", "hami", "main"), vec![share])
             .await
             .unwrap();
-        (answer, pod.metadata.uid.unwrap(), (node, api, kubelet))
+        (answer, pod.metadata.uid.unwrap(), (node, kubelet))
     });
     cleanup.files.push(format!("/dev/shm/gpushare-pod-{pod}"));
     cleanup
@@ -134,4 +181,5 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
     assert!(lines[2].contains("-> 0 "), "{lines:?}");
     probes::assert_share(lines[3], 300, 40);
     runtime.block_on(async move { node.0.stop().await });
+    drop(plane);
 }

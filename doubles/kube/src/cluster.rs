@@ -1,9 +1,9 @@
-//! What the rest of a cluster would write to the fake API server, through
-//! the API like them, for the device plugin's tests: a node, and pods bound
-//! to it written for HAMi. Claims are never allocated here: the DRA tests
-//! run on the official control plane, whose scheduler allocates them.
+//! What a user writes for the device plugin's tests, through the API: pods
+//! written for HAMi, bound to the node by name (no kubelet here advertises
+//! `nvidia.com/gpu` to the scheduler). Claims are never allocated here: the
+//! scheduler of the official control plane allocates them.
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
@@ -30,15 +30,6 @@ where
     api.create(&PostParams::default(), &object)
         .await
         .map_err(Into::into)
-}
-
-/// Creates node `name`.
-pub async fn create_node(client: &kube::Client, name: &str) -> Result<Node> {
-    create(
-        Api::<Node>::all(client.clone()),
-        json!({"metadata": {"name": name}}),
-    )
-    .await
 }
 
 /// Creates pod `name` bound to `node`, pending (its containers not started),
