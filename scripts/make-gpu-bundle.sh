@@ -5,6 +5,9 @@
 #   python3 -m scripts.bench SUBCOMMAND ...   (the benchmarks; SUBCOMMAND --help)
 # With AB=1 it also builds the limiter with the `launch-ab` feature, as
 # gpu-bundle/libcuda_limiter_ab.so, for `python3 -m scripts.bench launch-ab` only.
+# With K8S=1 it makes gpu-bundle-k8s/ instead, for scripts/gpu/k8s_e2e.sh:
+# k8s-e2e, the limiter and the official control plane the test command
+# builds (scripts/build-control-plane.sh), xz-compressed to fit beside them.
 # The limiter is the shipped build: linked against glibc 2.17 with
 # cargo-zigbuild (scripts/build-limiter.sh), checked by scripts/check-glibc.py.
 set -euo pipefail
@@ -12,6 +15,16 @@ cd "$(dirname "$0")/.."
 cargo build --release --locked -p hypervisor -p kube-fakes
 limiter=$(scripts/build-limiter.sh | tail -n 1)
 python3 scripts/check-glibc.py "$limiter"
+if [ "${K8S:-0}" = 1 ]; then
+  scripts/build-control-plane.sh
+  rm -rf gpu-bundle-k8s && mkdir -p gpu-bundle-k8s
+  cp "$limiter" target/release/k8s-e2e gpu-bundle-k8s/
+  strip --strip-debug gpu-bundle-k8s/*
+  xz -T0 -6 -c "${CARGO_TARGET_DIR:-target}/control-plane/control-plane" >gpu-bundle-k8s/control-plane.xz
+  git rev-parse --short HEAD > gpu-bundle-k8s/COMMIT 2>/dev/null || true
+  ls -l gpu-bundle-k8s
+  exit 0
+fi
 rm -rf gpu-bundle && mkdir -p gpu-bundle
 cp "$limiter" target/release/hypervisor target/release/k8s-e2e gpu-bundle/
 # The hypervisor's admission-latency benchmark, as a standalone binary.
