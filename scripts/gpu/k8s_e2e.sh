@@ -1,30 +1,30 @@
 #!/usr/bin/env bash
-# The DRA path on the GPU machine: gpu-bundle/k8s-e2e prepares a claim for
+# The DRA path on the GPU machine: gpu-bundle-k8s/k8s-e2e prepares a claim for
 # memory 4Gi, compute 30 on GPU 0 (the official control plane, whose
 # scheduler allocates it, the kubelet double, the real agent and hypervisor;
-# the control plane is gpu-bundle/control-plane.xz, unpacked here, or the
-# program $GPUSHARE_CONTROL_PLANE names), then a CUDA program and a PyTorch program run WITHOUT the
-# limiter and WITH exactly what the CDI spec gives a container: its variables,
+# the control plane is gpu-bundle-k8s/control-plane.xz, unpacked here, or
+# the program $GPUSHARE_CONTROL_PLANE names), then a CUDA program and a
+# PyTorch program run WITHOUT the limiter and WITH exactly what the CDI spec gives a container: its variables,
 # and its mounts (limiter, /etc/ld.so.preload, the pod file, region) bound in a
 # private mount namespace (unshare -m; run as root). Prints a table.
 #
-#   bash scripts/gpu/k8s_e2e.sh gpu-bundle     # needs nvcc, python3 + torch, root
-#   MODE=device-plugin bash scripts/gpu/k8s_e2e.sh gpu-bundle
+#   bash scripts/gpu/k8s_e2e.sh gpu-bundle-k8s     # needs nvcc, python3 + torch, root
+#   MODE=device-plugin bash scripts/gpu/k8s_e2e.sh gpu-bundle-k8s
 #     the same checks for a HAMi-style pod (nvidia.com/gpumem: 4096,
 #     nvidia.com/gpucores: 30) taken through the device plugin: the env and
 #     mounts are those Allocate returned.
-#   MODE=two-gpu bash scripts/gpu/k8s_e2e.sh gpu-bundle
+#   MODE=two-gpu bash scripts/gpu/k8s_e2e.sh gpu-bundle-k8s
 #     a claim for two GPUs (gpu-0 and gpu-1, 4Gi and 30 each; needs two):
 #     the process sees both, each with its quota, and nvidia-smi shows its
 #     footprint on each within it. MODE=two-gpu-dp: the same for a
 #     device-plugin pod asking nvidia.com/gpu: 2.
-#   MODE=corun bash scripts/gpu/k8s_e2e.sh gpu-bundle
+#   MODE=corun bash scripts/gpu/k8s_e2e.sh gpu-bundle-k8s
 #     the claim's GPU in co-run mode: the real nvidia-cuda-mps-control runs
 #     supervised with a /dev/shm of its own, and the programs run as MPS
 #     clients (CUDA_LIMITER_MPS=required: CUDA works only under MPS) with
 #     that folder on their /dev/shm, as a container would.
 set -uo pipefail
-BUNDLE=$(cd "${1:-gpu-bundle}" && pwd)
+BUNDLE=$(cd "${1:-gpu-bundle-k8s}" && pwd)
 SRC=$(cd "$(dirname "$0")" && pwd)
 WORK=${WORK:-$(mktemp -d /tmp/k8s-e2e.XXXXXX)}
 OUT=$WORK/out
