@@ -22,11 +22,8 @@ use hypervisor_corun::{
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ListParams};
-use kube_control_plane::ControlPlane;
-use kube_fakes::clients::Kubectl;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT};
+use kube_fakes::cluster_node::{self, Overlay};
 use kube_fakes::node::TestNode;
-use kube_fakes::node_kubelet;
 use mps_fake::commands::FIRST_SERVER_PID;
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
 
@@ -515,21 +512,13 @@ fn co_run_gpus_carry_the_slice_attribute() {
         let gpus = sim.gpus().unwrap();
         // The official control plane, `deploy/base` applied, the agent on a
         // token of the shipped ServiceAccount.
-        let plane = ControlPlane::start().await.unwrap();
-        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &scratch.dir.join("home"));
-        cluster_node::install(&kubectl).unwrap();
         let kubeconfig = scratch.dir.join("agent.kubeconfig");
-        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &kubeconfig)
+        let plane = cluster_node::installed(Overlay::Base, &scratch.dir.join("home"), &kubeconfig)
             .await
             .unwrap();
         // The kubelet registers the Node with the node's credentials; no
         // kubelet double runs: no pod runs here.
-        let kubelet = kube_control_plane::client(&plane.node_kubeconfig(NODE).unwrap())
-            .await
-            .unwrap();
-        node_kubelet::register(&kubelet, NODE, cluster_node::gpu_labels())
-            .await
-            .unwrap();
+        cluster_node::register_node(&plane, NODE).await.unwrap();
         let limiter = scratch.dir.join("libcuda_limiter.so");
         std::fs::write(&limiter, b"").unwrap();
         let mut options =

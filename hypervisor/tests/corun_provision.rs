@@ -24,9 +24,8 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube_control_plane::ControlPlane;
-use kube_fakes::clients::Kubectl;
 use kube_fakes::cluster;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, ClusterNode};
+use kube_fakes::cluster_node::{self, ClusterNode, Overlay};
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::kubelet::Version;
 use kube_fakes::node;
@@ -92,17 +91,13 @@ impl World {
     async fn start(tag: &str, device_plugin: bool) -> Self {
         let scratch = Scratch::new(tag);
         let dir = &scratch.dir;
-        let plane = ControlPlane::start().await.unwrap();
-        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &dir.join("home"));
-        cluster_node::install(&kubectl).unwrap();
-        if device_plugin {
-            let overlay = cluster_node::deploy_dir().join("device-plugin");
-            kubectl
-                .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
-                .unwrap();
-        }
+        let overlay = if device_plugin {
+            Overlay::DevicePlugin
+        } else {
+            Overlay::Base
+        };
         let agent_kubeconfig = dir.join("agent.kubeconfig");
-        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent_kubeconfig)
+        let plane = cluster_node::installed(overlay, &dir.join("home"), &agent_kubeconfig)
             .await
             .unwrap();
         let client = plane.admin().await.unwrap();

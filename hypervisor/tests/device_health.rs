@@ -21,9 +21,8 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use kube::api::Api;
 use kube_control_plane::ControlPlane;
-use kube_fakes::clients::Kubectl;
 use kube_fakes::cluster;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, ClusterNode};
+use kube_fakes::cluster_node::{self, ClusterNode, Overlay};
 use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
 use kube_fakes::node;
 use serde_json::json;
@@ -84,19 +83,14 @@ impl World {
     async fn start(tag: &str, device_plugin: bool) -> Self {
         let scratch = Scratch::new(tag);
         let d = &scratch.dir;
-        let plane = ControlPlane::start().await.unwrap();
-        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &d.join("home"));
-        if device_plugin {
-            // The base and the device plugin's rights.
-            let overlay = cluster_node::deploy_dir().join("device-plugin");
-            kubectl
-                .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
-                .unwrap();
+        // The base, and the device plugin's rights where it runs.
+        let overlay = if device_plugin {
+            Overlay::DevicePlugin
         } else {
-            cluster_node::install(&kubectl).unwrap();
-        }
+            Overlay::Base
+        };
         let agent_kubeconfig = d.join("agent.kubeconfig");
-        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent_kubeconfig)
+        let plane = cluster_node::installed(overlay, &d.join("home"), &agent_kubeconfig)
             .await
             .unwrap();
         let client = plane.admin().await.unwrap();

@@ -21,11 +21,9 @@ use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
 use kube_control_plane::ControlPlane;
-use kube_fakes::clients::Kubectl;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT};
+use kube_fakes::cluster_node::{self, Overlay};
 use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
 use kube_fakes::node::{self, TestNode};
-use kube_fakes::node_kubelet;
 use serde_json::{Value, json};
 
 const NODE: &str = "node-dp";
@@ -88,25 +86,13 @@ impl World {
     async fn start(tag: &str, pod_resources: bool) -> Self {
         let scratch = Scratch::new(tag);
         let dir = &scratch.dir;
-        let plane = ControlPlane::start()
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &dir.join("home"));
-        let overlay = cluster_node::deploy_dir().join("device-plugin");
-        kubectl
-            .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
-            .unwrap_or_else(|e| panic!("{e}"));
         let agent_kubeconfig = dir.join("agent.kubeconfig");
-        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent_kubeconfig)
-            .await
-            .unwrap();
+        let plane =
+            cluster_node::installed(Overlay::DevicePlugin, &dir.join("home"), &agent_kubeconfig)
+                .await
+                .unwrap_or_else(|e| panic!("{e:#}"));
         // The kubelet registers the Node before the agent starts.
-        let kubelet_client = kube_control_plane::client(&plane.node_kubeconfig(NODE).unwrap())
-            .await
-            .unwrap();
-        node_kubelet::register(&kubelet_client, NODE, cluster_node::gpu_labels())
-            .await
-            .unwrap();
+        cluster_node::register_node(&plane, NODE).await.unwrap();
         let client = plane.admin().await.unwrap();
         let mut options = node::options(
             dir,

@@ -14,8 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube_control_plane::ControlPlane;
-use kube_fakes::clients::Kubectl;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, ClusterNode};
+use kube_fakes::cluster_node::{self, ClusterNode, Overlay};
 use kube_fakes::kubelet::Version;
 use kube_fakes::node;
 use serde_json::{Value, json};
@@ -71,11 +70,9 @@ struct World {
 impl World {
     async fn start(tag: &str) -> Self {
         let scratch = Scratch::new(tag);
-        let plane = ControlPlane::start().await.unwrap();
-        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &scratch.dir.join("home"));
-        cluster_node::install(&kubectl).unwrap();
         let agent_kubeconfig = scratch.dir.join("agent.kubeconfig");
-        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent_kubeconfig)
+        let home = scratch.dir.join("home");
+        let plane = cluster_node::installed(Overlay::Base, &home, &agent_kubeconfig)
             .await
             .unwrap();
         let client = plane.admin().await.unwrap();

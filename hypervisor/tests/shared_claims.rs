@@ -18,8 +18,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube_control_plane::ControlPlane;
 use kube_fakes::apiserver::FakeApiServer;
-use kube_fakes::clients::Kubectl;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, ClusterNode};
+use kube_fakes::cluster_node::{self, ClusterNode, Overlay};
 use kube_fakes::kubelet::Version;
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
@@ -127,12 +126,10 @@ fn options(d: &std::path::Path) -> hypervisor_kubernetes::AgentOptions {
 /// its administrator; the agent's kubeconfig (a token of the shipped
 /// ServiceAccount) written in `d`.
 async fn cluster(d: &std::path::Path) -> (ControlPlane, kube::Client) {
-    let plane = ControlPlane::start().await.unwrap();
-    let kubectl = Kubectl::new(plane.admin_kubeconfig(), &d.join("home"));
-    cluster_node::install(&kubectl).unwrap();
-    cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &d.join("agent.kubeconfig"))
-        .await
-        .unwrap();
+    let plane =
+        cluster_node::installed(Overlay::Base, &d.join("home"), &d.join("agent.kubeconfig"))
+            .await
+            .unwrap();
     let client = plane.admin().await.unwrap();
     (plane, client)
 }
@@ -319,11 +316,7 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
 /// fields) are dropped, so that another server can store them.
 async fn scheduled_by_the_real_scheduler(d: &std::path::Path) -> Vec<(&'static str, Value)> {
     let (plane, client) = cluster(d).await;
-    let kubelet = plane.node_kubeconfig(NODE).unwrap();
-    let kubelet = kube_control_plane::client(&kubelet).await.unwrap();
-    kube_fakes::node_kubelet::register(&kubelet, NODE, cluster_node::gpu_labels())
-        .await
-        .unwrap();
+    cluster_node::register_node(&plane, NODE).await.unwrap();
     let mut options = options(&d.join("real"));
     options.kubeconfig = Some(d.join("agent.kubeconfig"));
     let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));

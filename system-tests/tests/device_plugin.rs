@@ -18,12 +18,9 @@ use std::time::Duration;
 use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use kube_control_plane::ControlPlane;
-use kube_fakes::clients::Kubectl;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT};
+use kube_fakes::cluster_node::{self, Overlay};
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::{self, TestNode};
-use kube_fakes::node_kubelet;
 use serde_json::json;
 use system_tests::container::ContainerLib;
 use system_tests::daemon::DoubleGpus;
@@ -62,26 +59,17 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         .unwrap();
     // Started from this thread, which it must not outlive; dropped after
     // the node (declared before it).
+    let agent = dir.join("agent.kubeconfig");
     let plane = runtime
-        .block_on(ControlPlane::start())
-        .unwrap_or_else(|e| panic!("{e}"));
+        .block_on(cluster_node::installed(
+            Overlay::DevicePlugin,
+            &dir.join("home"),
+            &agent,
+        ))
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let (answer, pod, node) = runtime.block_on(async {
-        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &dir.join("home"));
-        let overlay = cluster_node::deploy_dir().join("device-plugin");
-        kubectl
-            .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let agent = dir.join("agent.kubeconfig");
-        cluster_node::agent_kubeconfig(&plane, AGENT_ACCOUNT.1, &agent)
-            .await
-            .unwrap();
         // The kubelet registers the Node before the agent starts.
-        let kubelet_client = kube_control_plane::client(&plane.node_kubeconfig(NODE).unwrap())
-            .await
-            .unwrap();
-        node_kubelet::register(&kubelet_client, NODE, cluster_node::gpu_labels())
-            .await
-            .unwrap();
+        cluster_node::register_node(&plane, NODE).await.unwrap();
         let mut options = node::options(&dir, NODE, "gpu.gpushare.dev", artifacts::limiter());
         options.kubeconfig = Some(agent);
         // The probe runs outside any pod's cgroup.

@@ -19,10 +19,9 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube_control_plane::ControlPlane;
 use kube_fakes::clients::Kubectl;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT};
+use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, Overlay};
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::{self, TestNode};
-use kube_fakes::node_kubelet;
 use serde_json::{Value, json};
 
 const NODE: &str = "node-dp";
@@ -95,10 +94,8 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
         .block_on(ControlPlane::start())
         .unwrap_or_else(|e| panic!("{e}"));
     let kubectl = Kubectl::new(plane.admin_kubeconfig(), &d.join("home"));
-    let overlay = cluster_node::deploy_dir().join("device-plugin");
-    let applied = kubectl
-        .ok(&["apply", "-k", overlay.to_str().unwrap()], None)
-        .unwrap_or_else(|e| panic!("{e}"));
+    let applied =
+        cluster_node::install(&kubectl, Overlay::DevicePlugin).unwrap_or_else(|e| panic!("{e:#}"));
     assert!(
         applied.contains("clusterrole.rbac.authorization.k8s.io/gpushare-device-plugin created"),
         "{applied}"
@@ -115,16 +112,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
     // The kubelet registers the Node; the agent starts with the device
     // plugin, which registers with the kubelet double.
     let kubelet_client = runtime
-        .block_on(kube_control_plane::client(
-            &plane.node_kubeconfig(NODE).unwrap(),
-        ))
-        .unwrap();
-    runtime
-        .block_on(node_kubelet::register(
-            &kubelet_client,
-            NODE,
-            cluster_node::gpu_labels(),
-        ))
+        .block_on(cluster_node::register_node(&plane, NODE))
         .unwrap();
     let limiter = d.join("libcuda_limiter.so");
     std::fs::write(&limiter, b"").unwrap();

@@ -27,12 +27,46 @@ pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
 }
 
-/// `kubectl apply -k deploy/base` with `kubectl` (an administrator's);
+/// Which of `deploy/`'s kustomizations an administrator applies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overlay {
+    /// `deploy/base`: DRA.
+    Base,
+    /// `deploy/device-plugin`: the base and the device plugin's rights.
+    DevicePlugin,
+}
+
+impl Overlay {
+    /// Its folder.
+    pub fn dir(self) -> PathBuf {
+        deploy_dir().join(match self {
+            Overlay::Base => "base",
+            Overlay::DevicePlugin => "device-plugin",
+        })
+    }
+}
+
+/// `kubectl apply -k` of `overlay` with `kubectl` (an administrator's);
 /// what it printed.
-pub fn install(kubectl: &Kubectl) -> anyhow::Result<String> {
-    let base = deploy_dir().join("base");
-    let base = base.to_str().context("deploy/ path")?;
-    Ok(kubectl.ok(&["apply", "-k", base], None)?)
+pub fn install(kubectl: &Kubectl, overlay: Overlay) -> anyhow::Result<String> {
+    let dir = overlay.dir();
+    let dir = dir.to_str().context("deploy/ path")?;
+    Ok(kubectl.ok(&["apply", "-k", dir], None)?)
+}
+
+/// The official control plane with `overlay` installed by `kubectl` as an
+/// administrator does (kubectl's home in `home`), and a kubeconfig at
+/// `agent` with a token of the node agent's ServiceAccount. Start it from
+/// the test's own thread (see [`ControlPlane::start`]).
+pub async fn installed(
+    overlay: Overlay,
+    home: &Path,
+    agent: &Path,
+) -> anyhow::Result<ControlPlane> {
+    let plane = ControlPlane::start().await?;
+    install(&Kubectl::new(plane.admin_kubeconfig(), home), overlay)?;
+    agent_kubeconfig(&plane, AGENT_ACCOUNT.1, agent).await?;
+    Ok(plane)
 }
 
 /// A kubeconfig at `path` with a token of ServiceAccount `account` of the
@@ -46,6 +80,14 @@ pub async fn agent_kubeconfig(
         .service_account_kubeconfig(AGENT_ACCOUNT.0, account, path)
         .await?;
     Ok(())
+}
+
+/// Node `name` registered by its kubelet (with `gpu_labels`), as before
+/// any DaemonSet pod runs there; a client with the kubelet's credentials.
+pub async fn register_node(plane: &ControlPlane, name: &str) -> anyhow::Result<kube::Client> {
+    let client = kube_control_plane::client(&plane.node_kubeconfig(name)?).await?;
+    node_kubelet::register(&client, name, gpu_labels()).await?;
+    Ok(client)
 }
 
 /// The labels of a GPU node (GPU feature discovery sets this one), which
@@ -74,9 +116,7 @@ impl ClusterNode {
         corun: Option<CorunOptions>,
     ) -> anyhow::Result<Self> {
         let name = options.node.clone();
-        let kubeconfig = plane.node_kubeconfig(&name)?;
-        let client = kube_control_plane::client(&kubeconfig).await?;
-        node_kubelet::register(&client, &name, gpu_labels()).await?;
+        let client = register_node(plane, &name).await?;
         let node = TestNode::start_written(observer, options, corun).await?;
         let kubelet = NodeKubelet::start(client, &name, gpu_labels(), node.kubelet.clone()).await?;
         Ok(Self { kubelet, node })
