@@ -102,6 +102,10 @@ pub struct ControlPlane {
 /// slow, busy machine.
 const START_WAIT: Duration = Duration::from_secs(180);
 
+/// How many more starts when a port found free was taken before it was
+/// bound (the ports are picked by binding port 0, then released).
+const PORT_TRIES: u32 = 5;
+
 impl ControlPlane {
     /// Starts etcd, the API server, the scheduler and the controller
     /// manager, and returns once the API server is ready and the controller
@@ -111,6 +115,22 @@ impl ControlPlane {
     /// as the control plane): the components are killed when the thread
     /// that started them ends.
     pub async fn start() -> Result<Self, Error> {
+        let mut tries = 0;
+        loop {
+            match Self::start_on_free_ports().await {
+                // A port found free was taken by another process before the
+                // component bound it: again, on other ports.
+                Err(Error::Exited { ref log, .. })
+                    if log.contains("address already in use") && tries < PORT_TRIES =>
+                {
+                    tries += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_on_free_ports() -> Result<Self, Error> {
         let program = program::find()?;
         let dir = tempfile::Builder::new()
             .prefix("gpushare-control-plane-")
