@@ -57,8 +57,6 @@ struct Record {
     started: BTreeMap<String, Vec<String>>,
     /// Pods (UID) a test asked to end, with their exit code.
     finish: BTreeMap<String, i32>,
-    /// Pods (UID) finished and cleaned up.
-    finished: BTreeSet<String>,
     /// Claims (UID) unprepared, in order.
     unprepared: Vec<String>,
     /// Errors of the last sync, if it failed.
@@ -67,8 +65,6 @@ struct Record {
 
 /// A running kubelet; stops when dropped.
 pub struct NodeKubelet {
-    node: String,
-    client: kube::Client,
     record: Arc<Mutex<Record>>,
     task: JoinHandle<()>,
 }
@@ -85,32 +81,17 @@ impl NodeKubelet {
         register(&client, node, labels).await?;
         let record = Arc::new(Mutex::new(Record::default()));
         let sync = Sync {
-            client: client.clone(),
+            client,
             node: node.to_owned(),
             plugin,
             record: record.clone(),
         };
         let task = tokio::spawn(sync.run());
-        Ok(Self {
-            node: node.to_owned(),
-            client,
-            record,
-            task,
-        })
-    }
-
-    /// The node's name.
-    pub fn node(&self) -> &str {
-        &self.node
-    }
-
-    /// The client with the node's credentials.
-    pub fn client(&self) -> &kube::Client {
-        &self.client
+        Ok(Self { record, task })
     }
 
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
-        self.record.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.record)
     }
 
     /// The claims the plugin prepared and that are not unprepared yet.
@@ -143,6 +124,11 @@ impl Drop for NodeKubelet {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The record, even if a holder panicked.
+fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
+    record.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Creates Node `node` (with `labels`) as its kubelet registers it, then
@@ -206,7 +192,7 @@ impl Sync {
     }
 
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
-        self.record.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.record)
     }
 
     /// Renews the node's lease and its Ready heartbeat.
@@ -452,10 +438,7 @@ impl Sync {
             record.prepared.remove(&claim);
             record.unprepared.push(claim);
         }
-        let mut record = self.record();
-        if record.started.remove(uid).is_some() {
-            record.finished.insert(uid.to_owned());
-        }
+        self.record().started.remove(uid);
         Ok(())
     }
 
