@@ -6,7 +6,9 @@
 //! - `$OUT_DIR/double/libfail_limiter_threads.so`, a fixture that refuses
 //!   the limiter's threads;
 //! - `$OUT_DIR/bin/cudaprobe` and `$OUT_DIR/bin/cudaprobe_linked`, from
-//!   `programs/`.
+//!   `programs/`;
+//! - `$OUT_DIR/bin/ckptprobe`, the checkpoint tests' process, linked with
+//!   the double.
 //!
 //! The paths reach the crate as `GPUSHARE_DOUBLE_DIR` and
 //! `GPUSHARE_PROGRAMS_DIR`. The stubs are x86_64 assembly, so on any other
@@ -30,6 +32,7 @@ const SOURCES: &[&str] = &[
     "double/libnvidia-ml.map",
     "double/fail_limiter_threads.c",
     "programs/probe.h",
+    "programs/ckptprobe.c",
 ];
 
 /// The files of `libcuda.so.1`, in `double/` (with `double_internal.h`):
@@ -39,6 +42,7 @@ const CUDA_SOURCES: &[&str] = &[
     "contexts.c",
     "memory.c",
     "pools.c",
+    "copies.c",
     "launch.c",
     "streams.c",
     "events.c",
@@ -47,6 +51,7 @@ const CUDA_SOURCES: &[&str] = &[
     "modules.c",
     "lookup.c",
     "host_memory.c",
+    "checkpoint.c",
     "cuda_entry.S",
 ];
 
@@ -158,6 +163,16 @@ fn main() {
         &"-lnvidia-ml",
     ]);
     cc(&args);
+    let ckpt_bin = bin_dir.join("ckptprobe");
+    let ckpt_source = programs_src.join("ckptprobe.c");
+    cc(&[
+        &"-o",
+        &ckpt_bin,
+        &ckpt_source,
+        &search,
+        &"-Wl,-rpath,$ORIGIN/../double",
+        &"-lcuda",
+    ]);
 
     println!(
         "cargo:rustc-env=GPUSHARE_DOUBLE_DIR={}",

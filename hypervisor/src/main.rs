@@ -59,6 +59,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Swap a pod's device memory to host memory (`out`) or back (`in`),
+    /// through the daemon's admin API.
+    Swap {
+        /// `out` or `in`.
+        #[arg(value_parser = ["out", "in"])]
+        direction: String,
+        /// The pod's id.
+        pod: String,
+        /// The daemon's address.
+        #[arg(long, default_value = config::DEFAULT_LISTEN)]
+        addr: String,
+        /// A file holding the admin token (else `GPUSHARE_ADMIN_TOKEN`).
+        #[arg(long, value_name = "PATH")]
+        admin_token_file: Option<PathBuf>,
+    },
     /// Check a config file and print what it says.
     CheckConfig {
         #[arg(long)]
@@ -225,6 +240,12 @@ fn main() {
             &kubernetes,
         ),
         Cmd::Status { addr, json } => status(&addr, json),
+        Cmd::Swap {
+            direction,
+            pod,
+            addr,
+            admin_token_file,
+        } => swap(&direction, &pod, &addr, admin_token_file.as_deref()),
         Cmd::CheckConfig { config } => check_config(&config),
         Cmd::Limiter { command } => limiter(command),
     };
@@ -380,19 +401,61 @@ async fn shutdown_signal() {
     tracing::info!("shutting down; regions stay");
 }
 
-fn status(addr: &str, json: bool) -> anyhow::Result<()> {
-    let base = if addr.starts_with("http://") {
+fn base_url(addr: &str) -> String {
+    if addr.starts_with("http://") {
         addr.trim_end_matches('/').to_owned()
     } else {
         format!("http://{addr}")
-    };
-    let agent = ureq::Agent::config_builder()
+    }
+}
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
         .http_status_as_error(false)
         .proxy(None)
-        .timeout_global(Some(Duration::from_secs(5)))
+        .timeout_global(Some(timeout))
         .build()
-        .new_agent();
-    let url = format!("{base}/api/v1/status");
+        .new_agent()
+}
+
+/// `hypervisor swap out|in POD`: prints the daemon's answer (where the
+/// pod's memory is), or fails with its refusal.
+fn swap(
+    direction: &str,
+    pod: &str,
+    addr: &str,
+    token_file: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let token = match token_file {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?
+            .trim()
+            .to_owned(),
+        None => std::env::var("GPUSHARE_ADMIN_TOKEN")
+            .context("give --admin-token-file or set GPUSHARE_ADMIN_TOKEN")?,
+    };
+    let url = format!("{}/api/v1/pods/{pod}/swap-{direction}", base_url(addr));
+    // A swap of tens of GiB takes tens of seconds.
+    let mut response = agent(Duration::from_secs(300))
+        .post(&url)
+        .header("Authorization", &format!("Bearer {token}"))
+        .send_empty()
+        .with_context(|| format!("cannot reach {url}"))?;
+    let code = response.status().as_u16();
+    let body = response
+        .body_mut()
+        .read_to_string()
+        .context("cannot read the answer")?;
+    if code != 200 {
+        bail!("{url} answered {code}: {body}");
+    }
+    println!("{body}");
+    Ok(())
+}
+
+fn status(addr: &str, json: bool) -> anyhow::Result<()> {
+    let url = format!("{}/api/v1/status", base_url(addr));
+    let agent = agent(Duration::from_secs(5));
     let mut response = agent
         .get(&url)
         .call()

@@ -171,6 +171,14 @@ impl Context {
         })
     }
 
+    /// Whether where the limits come from is decided ([`Self::grant`]):
+    /// by `cuInit` where a hypervisor is configured, else by the first call
+    /// that needed the limits. Asking [`Self::grant`] before `cuInit` would
+    /// wait for a registration that waits for `cuInit`.
+    pub(crate) fn grant_decided(&self) -> bool {
+        self.grant.get().is_some()
+    }
+
     /// Whether a lower local limit tightens the hypervisor's (a
     /// provisioned container).
     pub(crate) fn local_limits_tighten(&self) -> bool {

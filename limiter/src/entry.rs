@@ -19,6 +19,7 @@ use crate::hypervisor::Link;
 use crate::mps::MpsRequirement;
 use crate::provisioned;
 use crate::quota::MemoryQuota;
+use crate::residency::SwapGate;
 use crate::spill::Spill;
 use crate::throttle::Throttle;
 use crate::throttle::priority::{Priority, Tuning};
@@ -66,6 +67,8 @@ pub(crate) struct Limiter {
     pub compute: Option<Throttle>,
     /// Whether CUDA runs only as an MPS client (a co-run GPU's pod).
     pub mps: MpsRequirement,
+    /// Where calls that need the GPU wait while the pod is swapped out.
+    pub swap: SwapGate,
     allow_unpatched: bool,
     /// Set when CUDA must be refused after load (the driver cannot be patched).
     refusal: OnceLock<String>,
@@ -197,6 +200,7 @@ fn build() -> Result<State, String> {
         memory: MemoryQuota::new(config.memory),
         spill: Spill::new(config.oversubscribe, config.spill_limit),
         mps: MpsRequirement::new(config.mps),
+        swap: SwapGate::default(),
         context: Context::new(config.pod, link, local_limits, grant_timeout, owner),
         allow_unpatched,
         refusal: OnceLock::new(),
@@ -295,6 +299,13 @@ impl Limiter {
                 .or_else(|| compute.and_then(|limits| limits.named_twice(index, &uuid)))?;
             Some(format!("cuda-limiter: configuration error: {error}"))
         })
+    }
+
+    /// Returns once the pod is on its GPUs: at once, but for a stamp of the
+    /// call, unless the hypervisor swapped it out ([`SwapGate`]).
+    #[inline(always)]
+    pub(crate) fn resident(&'static self) {
+        self.swap.enter(&self.context);
     }
 
     /// Whether the user opted out of refusing CUDA on an unpatchable driver.

@@ -12,6 +12,12 @@
 //!    (`POST /api/v1/admission`) and waits for the answer, bounded by a short
 //!    timeout. If the hypervisor is down, the launch waits for the local
 //!    bucket instead: the last limits stay in force.
+//! 4. A call of a pod the hypervisor swapped out asks for it back
+//!    (`POST /api/v1/swap-in`, answered once it is back: bounded at
+//!    [`SWAP_IN_TIMEOUT`]; see [`crate::residency`]). An allocation within the
+//!    quota that the GPU cannot hold asks it to make room
+//!    (`POST /api/v1/room`: it swaps idle pods out, bounded at
+//!    [`ROOM_TIMEOUT`]).
 //!
 //! Tokens: in a provisioned container the pod file's ([`crate::provisioned`]);
 //! elsewhere `CUDA_LIMITER_TOKEN`, or the file named by `CUDA_LIMITER_TOKEN_FILE`.
@@ -20,9 +26,10 @@ use std::path::Path;
 use std::sync::{Mutex, Once, OnceLock};
 use std::time::Duration;
 
+use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::{
     API_PREFIX, BudgetGrant, BudgetRequest, Command, CommandResult, Register, Registered,
-    WorkerDevice,
+    RoomAnswer, RoomRequest, SwapAnswer, SwapInRequest, WorkerDevice,
 };
 use gpushare_utils::quote::Clipped;
 use gpushare_utils::small_file::{self, SmallFileError};
@@ -33,6 +40,13 @@ use http_bidir_comm::{Backoff, ChannelError, Client, ClientOptions, Requester, T
 /// How long a trapped launch waits for the hypervisor before trusting the
 /// local bucket alone.
 const ADMISSION_TIMEOUT: Duration = Duration::from_millis(100);
+/// How long a call of a swapped-out pod waits for the hypervisor's answer:
+/// it comes once the pod is back, after any swap-out under way ends (about
+/// 15 s) and the restore (about 5 s for 32 GiB).
+const SWAP_IN_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long an allocation waits for the hypervisor to make room: as long
+/// as swapping a pod out may take.
+const ROOM_TIMEOUT: Duration = Duration::from_secs(60);
 /// Registration retries back off from this...
 const REGISTER_BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// ...up to this.
@@ -59,6 +73,9 @@ pub(crate) enum LinkError {
     /// published limits or the local ones apply.
     #[error("unusable address: {}", Clipped(.0))]
     Address(String),
+    /// The hypervisor answered a swap-in with the pod elsewhere.
+    #[error("the pod is {}, not back on its GPUs: {}", Clipped(.residency), Clipped(.message))]
+    NotBack { residency: String, message: String },
 }
 
 /// The token in the file at `path`, read so that no file can hang or exhaust
@@ -310,5 +327,43 @@ impl Link {
             Some(ADMISSION_TIMEOUT),
         )?;
         Ok(admission.granted_ns)
+    }
+
+    /// Asks for the pod back on its GPUs; answered once it is, or could not
+    /// be ([`LinkError::NotBack`]).
+    pub(crate) fn swap_in(&self) -> Result<(), LinkError> {
+        let registered = self.registered.get().ok_or(LinkError::NotRegistered)?;
+        let answer: SwapAnswer = self.requests()?.post_json(
+            "/swap-in",
+            &SwapInRequest {
+                worker_id: registered.worker_id.clone(),
+            },
+            Some(SWAP_IN_TIMEOUT),
+        )?;
+        if answer.residency == Residency::Resident.as_str() {
+            Ok(())
+        } else {
+            Err(LinkError::NotBack {
+                residency: answer.residency,
+                message: answer.message,
+            })
+        }
+    }
+
+    /// Asks for room for `bytes` on the GPU `uuid`, which the driver could
+    /// not find for an allocation within the pod's quota: the hypervisor
+    /// swaps idle pods out there and says how much it freed.
+    pub(crate) fn room(&self, uuid: &str, bytes: u64) -> Result<RoomAnswer, LinkError> {
+        let registered = self.registered.get().ok_or(LinkError::NotRegistered)?;
+        let answer = self.requests()?.post_json(
+            "/room",
+            &RoomRequest {
+                worker_id: registered.worker_id.clone(),
+                uuid: uuid.to_owned(),
+                bytes,
+            },
+            Some(ROOM_TIMEOUT),
+        )?;
+        Ok(answer)
     }
 }

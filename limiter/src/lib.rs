@@ -23,10 +23,12 @@
 //!    hypervisor it waits, bounded, for the pod's read-only limits; without
 //!    them, the local limits apply, or CUDA is refused. Never unlimited.
 //! 5. A detour checks its guard (limiter on, not re-entered), then runs the
-//!    family's logic: an allocation reserves its size in the pod's shared
-//!    ledger ([`quota`]) before calling the original, and fails with
-//!    `CUDA_ERROR_OUT_OF_MEMORY` if the pod would exceed its quota; a free
-//!    credits it back; reports show the quota as total.
+//!    family's logic. A call that needs the GPU first waits while the
+//!    hypervisor has the pod swapped out ([`residency`]); an allocation
+//!    then reserves its size in the pod's shared ledger ([`quota`]) before
+//!    calling the original, and fails with `CUDA_ERROR_OUT_OF_MEMORY` if the
+//!    pod would exceed its quota; a free credits it back; reports show the
+//!    quota as total.
 //! 6. Errors are typed ([`error`]) and become a `CUresult`/`nvmlReturn_t` in
 //!    one place; "not ours to handle" calls the original; a panic is caught
 //!    and falls back to the original.
@@ -50,6 +52,7 @@ mod metering;
 mod mps;
 mod provisioned;
 mod quota;
+mod residency;
 mod spill;
 mod sys;
 mod throttle;

@@ -307,6 +307,7 @@ pub(crate) fn install_if_mapped() {
                 &detour::context::CONTEXT_DETOURS,
                 &detour::held::HELD_DETOURS,
                 &detour::launch::LAUNCH_DETOURS,
+                &detour::gate::GATE_DETOURS,
             ],
         };
         let resolved = match limiter {

@@ -12,7 +12,7 @@
 //!
 //! | offset | size | what |
 //! | --- | --- | --- |
-//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16 |
+//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16, `residency` u32 @24 ([`Residency`]: where the pod's device memory is) |
 //! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]), `sm_percent` u32 @36 (a co-run GPU's MPS active thread percentage for the pod's next client, 0 = as provisioned), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
@@ -48,8 +48,62 @@ pub struct LimitsHeader {
     pub state: AtomicU32,
     /// Bumped on every change.
     pub generation: AtomicU64,
+    /// Where the pod's device memory is ([`Residency::code`]): 0, on its
+    /// GPUs, in objects written before swapping existed too.
+    pub residency: AtomicU32,
     /// Unused; zero.
-    pub reserved: [AtomicU64; 5],
+    pub reserved32: AtomicU32,
+    /// Unused; zero.
+    pub reserved: [AtomicU64; 4],
+}
+
+/// Where a pod's device memory is. Only the hypervisor moves a pod between
+/// these; its processes read it before each CUDA call that needs the GPU,
+/// and a call that finds the pod anywhere but [`Residency::Resident`] waits
+/// (and asks the hypervisor to bring the pod back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residency {
+    /// On its GPUs: calls go on.
+    Resident,
+    /// Being checkpointed to host memory.
+    SwappingOut,
+    /// In host memory: the pod holds no device memory.
+    Swapped,
+    /// Being restored to a GPU.
+    SwappingIn,
+}
+
+impl Residency {
+    /// The value stored in [`LimitsHeader::residency`].
+    pub fn code(self) -> u32 {
+        match self {
+            Self::Resident => 0,
+            Self::SwappingOut => 1,
+            Self::Swapped => 2,
+            Self::SwappingIn => 3,
+        }
+    }
+
+    /// The state a stored value means; an unknown value is not resident
+    /// (fail closed: the call waits and asks).
+    pub fn from_code(code: u32) -> Self {
+        match code {
+            0 => Self::Resident,
+            1 => Self::SwappingOut,
+            3 => Self::SwappingIn,
+            _ => Self::Swapped,
+        }
+    }
+
+    /// Its name in the status, metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Resident => "resident",
+            Self::SwappingOut => "swapping_out",
+            Self::Swapped => "swapped",
+            Self::SwappingIn => "swapping_in",
+        }
+    }
 }
 
 /// One GPU's limits.
@@ -124,6 +178,7 @@ pub const LIMITS_SIZE: usize = size_of::<LimitsRegion>();
 
 const _: () = {
     assert!(size_of::<LimitsHeader>() == 64);
+    assert!(offset_of!(LimitsHeader, residency) == 24);
     assert!(size_of::<GpuLimits>() == 64);
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
     assert!(offset_of!(GpuLimits, compute) == 16);
@@ -340,6 +395,22 @@ impl PodLimits {
                 gpu.sm_percent.store(0, Ordering::Release);
             }
         }
+    }
+
+    /// Where the pod's device memory is. Sequentially consistent: a
+    /// process stamps its call ([`crate::ledger::PodLedger::touch`]) before
+    /// it reads this, and the hypervisor writes this before it reads the
+    /// stamp, so one of them sees the other.
+    pub fn residency(&self) -> Residency {
+        Residency::from_code(self.region().header.residency.load(Ordering::SeqCst))
+    }
+
+    /// Moves the pod to `residency` (hypervisor only).
+    pub fn set_residency(&self, residency: Residency) {
+        self.region()
+            .header
+            .residency
+            .store(residency.code(), Ordering::SeqCst);
     }
 
     /// Marks the limits complete and bumps the generation (hypervisor only).

@@ -9,6 +9,13 @@
 //! - `POST /api/v1/admission` with [`BudgetRequest`] (bearer token): sent
 //!   by a launch that found no budget in the shared bucket (trap); answered
 //!   with [`BudgetGrant`] once the hypervisor has granted budget to the pod.
+//! - `POST /api/v1/swap-in` with [`SwapInRequest`] (bearer token): sent by a
+//!   CUDA call that found its pod swapped out (trap); answered with
+//!   [`SwapAnswer`] once the pod is back on its GPUs, or could not be.
+//! - `POST /api/v1/room` with [`RoomRequest`] (bearer token): sent by an
+//!   allocation within the pod's quota that the GPU could not hold; the
+//!   hypervisor swaps out idle pods of that GPU (memory overcommit) and
+//!   answers [`RoomAnswer`].
 //!
 //! Limits live in the shared region (quota, bucket rate and ceiling, the
 //! suspended flag); the messages carry them too so a worker can log them and
@@ -121,6 +128,46 @@ pub struct BudgetRequest {
 pub struct BudgetGrant {
     /// GPU nanoseconds added to the pod's bucket for this request.
     pub granted_ns: u64,
+}
+
+/// A trapped call of a swapped-out pod asking for it back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwapInRequest {
+    /// The id [`Registered`] gave the worker.
+    pub worker_id: String,
+}
+
+/// The hypervisor's answer to [`SwapInRequest`] and to the operators'
+/// swap requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwapAnswer {
+    /// Where the pod's memory is now ([`crate::limits::Residency::as_str`]).
+    pub residency: String,
+    /// Why the pod is not where it was asked to be; empty when it is.
+    #[serde(default)]
+    pub message: String,
+}
+
+/// An allocation the GPU could not hold, within the pod's quota.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomRequest {
+    /// The id [`Registered`] gave the worker.
+    pub worker_id: String,
+    /// `GPU-…` UUID of the device.
+    pub uuid: String,
+    /// Bytes the allocation needs.
+    pub bytes: u64,
+}
+
+/// The hypervisor's answer to [`RoomRequest`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoomAnswer {
+    /// Bytes of device memory the hypervisor freed on the GPU for the
+    /// request (swapping other pods out); 0: none, the allocation fails.
+    pub freed: u64,
+    /// Why nothing was freed; empty otherwise.
+    #[serde(default)]
+    pub message: String,
 }
 
 #[cfg(test)]

@@ -25,13 +25,25 @@
  *   A GPU is charged exactly the computed size of each allocation; an
  *   allocation that does not fit fails with CUDA_ERROR_OUT_OF_MEMORY.
  * - Before cuInit every call fails with CUDA_ERROR_NOT_INITIALIZED, except
- *   cuInit, cuDriverGetVersion, cuGetProcAddress(_v2) and, as in the real
- *   driver, cuGetErrorString/cuGetErrorName.
+ *   cuInit, cuDriverGetVersion, cuGetProcAddress(_v2), the cuCheckpointProcess*
+ *   calls (they act on another process) and, as in the real driver,
+ *   cuGetErrorString/cuGetErrorName.
  * - Stream-ordered allocations and frees complete at once, on the stream's
  *   GPU (or the pool's).
  * - Pinned host memory (cuMemHostAlloc, cuMemHostGetDevicePointer_v2,
  *   cuMemFreeHost, cuPointerGetAttribute): host_memory.c. It is never charged
  *   to a GPU; cuMemGetAddressRange_v2 answers for it too.
+ * - Copies and sets (cuMemcpy*, cuMemsetD8/D32*, copies.c) move no byte and
+ *   take no time on the simulated clock: each checks init, the current
+ *   context (the stream, for the async ones, as launches do), then that its
+ *   device range lies within one live linear allocation of the process (or
+ *   mapped pinned host memory) and its host pointer is non-NULL, else
+ *   CUDA_ERROR_INVALID_VALUE; zero bytes succeed unchecked. cuMemcpy(Async)
+ *   take a device or host address on either side (unified addressing). On a
+ *   capturing stream an async one is a node of the graph.
+ *   cuStreamWaitEvent(_ptsz) checks the stream, the event
+ *   (CUDA_ERROR_INVALID_HANDLE) and the flags (0 or CU_EVENT_WAIT_EXTERNAL)
+ *   and orders nothing: a device's work is one queue already.
  *
  * Driver-held memory: what the real driver takes on a GPU without an
  * allocation call. Each byte of it counts in what the process uses on the
@@ -166,6 +178,53 @@
  *   busy_until; cuStreamQuery answers CUDA_ERROR_NOT_READY until then. NULL
  *   is the legacy stream (the per-thread one for _ptsz entry points);
  *   CU_STREAM_LEGACY, CU_STREAM_PER_THREAD and created streams are accepted.
+ *
+ * Checkpoints (checkpoint.c, the cuCheckpointProcess* calls, as driver 580
+ * does them for the process with the given pid):
+ * - Only a process whose first cuInit saw GPUSHARE_DOUBLE_CHECKPOINT_DIR
+ *   naming a folder can be checkpointed: it creates <dir>/<pid>, its control
+ *   block (layout in checkpoint.c; the file stays when the process ends),
+ *   and one service thread, asleep on a futex, that serves the requests
+ *   callers write into the block. A caller finds the block through the same
+ *   variable in its own environment; it needs no cuInit. Unset: no file, no
+ *   thread, and no process of the caller's can be checkpointed.
+ * - States: RUNNING -lock-> LOCKED -checkpoint-> CHECKPOINTED -restore->
+ *   LOCKED -unlock-> RUNNING; any other call is CUDA_ERROR_ILLEGAL_STATE
+ *   and changes nothing. FAILED never occurs. A state reads as it was until
+ *   its move completes (CUDA 13.0 has no in-between states).
+ * - Lock: every call of the process (all but cuDriverGetVersion,
+ *   cuGetProcAddress(_v2), the error strings, cuThreadExchangeStreamCaptureMode
+ *   and the checkpoint calls) waits inside the driver until the unlock,
+ *   then goes on with its normal result; a call under way finishes
+ *   first, and a synchronize already sleeping until its device drains
+ *   returns. NVML's view of the process keeps answering. With timeoutMs a
+ *   lock the target has not taken by then fails with CUDA_ERROR_TIMEOUT and
+ *   leaves it running; a caller waits 30 s otherwise.
+ * - Checkpoint: refused with CUDA_ERROR_NOT_SUPPORTED, the process staying
+ *   locked, while a managed allocation (cuMemAllocManaged) is live; the
+ *   double has no IPC memory to refuse. Otherwise, device by device, all
+ *   the process holds there (contexts, allocations, driver-held bytes, as
+ *   cuMemGetInfo counts them) moves to the host: the block counts it in
+ *   host_bytes and moved_bytes, the device's figures (the block's, NVML's)
+ *   read 0, and every record is kept.
+ * - Restore: brings the charges back. Without gpu pairs onto the same GPUs;
+ *   with pairs (UUIDs: old a GPU the process runs on, new any GPU of the
+ *   double, each named once; every GPU the checkpoint took among the old
+ *   ones) each ordinal on an old GPU runs on its new one from then on:
+ *   cuDeviceGetUuid(_v2) of the ordinal answers the new UUID and NVML shows
+ *   the charges there; the process keeps its device numbering. Bad pairs
+ *   fail with CUDA_ERROR_INVALID_VALUE and leave it checkpointed.
+ * - GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES=N (the target's): its first N
+ *   restores with valid arguments fail with CUDA_ERROR_UNKNOWN and leave it
+ *   checkpointed. GPUSHARE_DOUBLE_CHECKPOINT_US_PER_GIB (default 0): the
+ *   service thread takes that long per GiB a checkpoint or restore moves.
+ * - A pid that names no such process (none, a zombie, a process without a
+ *   block, a stale block of a dead one or of an earlier process with its
+ *   pid), or a caller without the variable: CUDA_ERROR_INVALID_VALUE at
+ *   once; a target that dies while a caller waits, the same. Arguments
+ *   whose reserved fields are not zero, a pair count without pairs or above
+ *   16: CUDA_ERROR_INVALID_VALUE. A process checkpointing itself is not
+ *   modelled.
  */
 #include "double_internal.h"
 
@@ -297,13 +356,45 @@ static void load_config(void) {
     }
 }
 
-void lock(void) {
+/* While a checkpoint lock holds the process (checkpoint.c), lock() waits
+ * for its unlock; lock_raw() does not. */
+static pthread_cond_t g_thaw = PTHREAD_COND_INITIALIZER;
+static int g_frozen;
+
+void lock_raw(void) {
     pthread_once(&g_once, load_config);
     pthread_mutex_lock(&g_lock);
 }
 
+void lock(void) {
+    lock_raw();
+    while (g_frozen) {
+        pthread_cond_wait(&g_thaw, &g_lock);
+    }
+}
+
 void unlock(void) {
+    checkpoint_publish_locked();
     pthread_mutex_unlock(&g_lock);
+}
+
+void freeze_locked(int frozen) {
+    g_frozen = frozen;
+    if (!frozen) {
+        pthread_cond_broadcast(&g_thaw);
+    }
+}
+
+int device_gpu(int ordinal) {
+    return g_visible[ordinal];
+}
+
+void set_device_gpu(int ordinal, int gpu) {
+    g_visible[ordinal] = gpu;
+}
+
+int physical_devices(void) {
+    return g_physical_devices;
 }
 
 int valid_device(CUdevice dev) {
@@ -378,6 +469,7 @@ CUresult impl_cuInit(unsigned int Flags) {
         /* Decided by the first cuInit, as the real driver's client is. */
         g_initialized = 1;
         g_mps_enabled = mps;
+        checkpoint_start_locked();
         if (mps) {
             /* The share of the SMs the client takes, read here as the real
              * driver reads it; said on stderr for the tests. */
@@ -476,7 +568,8 @@ CUresult impl_cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
     if (pciBusId == NULL || len < 13) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    snprintf(pciBusId, (size_t)len, "0000:%02X:00.0", double_pci_bus(dev));
+    /* The GPU's, whichever ordinal names it (CUDA_VISIBLE_DEVICES, a restore). */
+    snprintf(pciBusId, (size_t)len, "0000:%02X:00.0", double_pci_bus(g_visible[dev]));
     return CUDA_SUCCESS;
 }
 
@@ -531,7 +624,7 @@ CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice 
     case CU_DEVICE_ATTRIBUTE_INTEGRATED: value = 0; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: value = 0; break; /* default */
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: value = (int)double_pci_bus(dev); break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: value = (int)double_pci_bus(g_visible[dev]); break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: value = 0; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: value = DOUBLE_THREADS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: value = 1; break;
@@ -551,22 +644,25 @@ CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice 
 /* ---------------------------------------------------------------- for libnvidia-ml */
 
 /* NVML's view: every fake GPU, by physical index; a GPU this process does
- * not see through CUDA_VISIBLE_DEVICES shows nothing of it. */
+ * not see through CUDA_VISIBLE_DEVICES shows nothing of it, nor does one
+ * whose charges a checkpoint moved to the host. It answers while a
+ * checkpoint lock holds the process, as NVML does. */
 EXPORT int gpushare_double_state(int device, struct gpushare_double_snapshot *out) {
     int count, ordinal;
-    lock();
+    lock_raw();
     count = g_physical_devices;
     if (out != NULL && device >= 0 && device < count) {
         memset(out, 0, sizeof *out);
         out->total = g_config.total;
+        /* Several ordinals may run on one GPU after a restore onto other GPUs. */
         for (ordinal = 0; ordinal < g_config.devices; ordinal++) {
-            if (g_visible[ordinal] != device) {
+            if (g_visible[ordinal] != device || g_devices[ordinal].parked) {
                 continue;
             }
-            out->has_context = g_devices[ordinal].live_contexts > 0;
-            out->context_bytes = context_bytes(ordinal);
-            out->alloc_bytes = g_devices[ordinal].alloc_bytes;
-            out->driver_bytes = held_bytes(ordinal);
+            out->has_context |= g_devices[ordinal].live_contexts > 0;
+            out->context_bytes += context_bytes(ordinal);
+            out->alloc_bytes += g_devices[ordinal].alloc_bytes;
+            out->driver_bytes = add_sat(out->driver_bytes, held_bytes(ordinal));
         }
     }
     unlock();

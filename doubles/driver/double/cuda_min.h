@@ -29,7 +29,9 @@ typedef enum cudaError_enum {
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
-    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_TIMEOUT = 909,
+    CUDA_ERROR_UNKNOWN = 999
 } CUresult;
 
 typedef int CUdevice;
@@ -64,6 +66,10 @@ typedef struct CUkern_st *CUkernel;
 #define CU_EVENT_DISABLE_TIMING 0x2
 #define CU_EVENT_INTERPROCESS 0x4
 
+/* cuStreamWaitEvent flags. */
+#define CU_EVENT_WAIT_DEFAULT 0x0
+#define CU_EVENT_WAIT_EXTERNAL 0x1
+
 /* cuGraphInstantiateWithFlags flags. */
 #define CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH 1
 #define CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD 2
@@ -85,6 +91,8 @@ typedef struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
 /* The node types the double's graphs hold (cuda.h has more). */
 typedef enum CUgraphNodeType_enum {
     CU_GRAPH_NODE_TYPE_KERNEL = 0,
+    CU_GRAPH_NODE_TYPE_MEMCPY = 1,
+    CU_GRAPH_NODE_TYPE_MEMSET = 2,
     CU_GRAPH_NODE_TYPE_GRAPH = 4,
     CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
     CU_GRAPH_NODE_TYPE_MEM_FREE = 11
@@ -187,6 +195,52 @@ typedef struct CUlaunchConfig_st {
 typedef struct CUuuid_st {
     char bytes[16];
 } CUuuid;
+
+/* The checkpoint API (cuda.h of CUDA 13.0). */
+typedef enum CUprocessState_enum {
+    CU_PROCESS_STATE_RUNNING = 0,
+    CU_PROCESS_STATE_LOCKED = 1,
+    CU_PROCESS_STATE_CHECKPOINTED = 2,
+    CU_PROCESS_STATE_FAILED = 3
+} CUprocessState;
+
+typedef struct CUcheckpointLockArgs_st {
+    unsigned int timeoutMs; /* 0: no timeout */
+    unsigned int reserved0;
+    cuuint64_t reserved1[7];
+} CUcheckpointLockArgs;
+
+typedef struct CUcheckpointCheckpointArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointCheckpointArgs;
+
+typedef struct CUcheckpointGpuPair_st {
+    CUuuid oldUuid;
+    CUuuid newUuid;
+} CUcheckpointGpuPair;
+
+typedef struct CUcheckpointRestoreArgs_st {
+    CUcheckpointGpuPair *gpuPairs;
+    unsigned int gpuPairsCount;
+    char reserved[52 - sizeof(CUcheckpointGpuPair *)];
+    cuuint64_t reserved1;
+} CUcheckpointRestoreArgs;
+
+typedef struct CUcheckpointUnlockArgs_st {
+    cuuint64_t reserved[8];
+} CUcheckpointUnlockArgs;
+
+_Static_assert(sizeof(CUcheckpointLockArgs) == 64, "CUcheckpointLockArgs");
+_Static_assert(offsetof(CUcheckpointLockArgs, reserved1) == 8, "CUcheckpointLockArgs.reserved1");
+_Static_assert(sizeof(CUcheckpointCheckpointArgs) == 64, "CUcheckpointCheckpointArgs");
+_Static_assert(sizeof(CUcheckpointGpuPair) == 32, "CUcheckpointGpuPair");
+_Static_assert(offsetof(CUcheckpointGpuPair, newUuid) == 16, "CUcheckpointGpuPair.newUuid");
+_Static_assert(sizeof(CUcheckpointRestoreArgs) == 64, "CUcheckpointRestoreArgs");
+_Static_assert(offsetof(CUcheckpointRestoreArgs, gpuPairsCount) == 8,
+               "CUcheckpointRestoreArgs.gpuPairsCount");
+_Static_assert(offsetof(CUcheckpointRestoreArgs, reserved1) == 56,
+               "CUcheckpointRestoreArgs.reserved1");
+_Static_assert(sizeof(CUcheckpointUnlockArgs) == 64, "CUcheckpointUnlockArgs");
 
 typedef enum CUarray_format_enum {
     CU_AD_FORMAT_UNSIGNED_INT8 = 0x01,
@@ -386,6 +440,39 @@ CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags);
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned int Flags);
 CUresult cuMemFreeHost(void *p);
 CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr);
+/* Copies and sets: the _ptds/_ptsz variants are those of the per-thread default stream. */
+CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
+CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount);
+CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
+CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount, CUstream hStream);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                              CUstream hStream);
+CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount,
+                                   CUstream hStream);
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                              CUstream hStream);
+CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                   CUstream hStream);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoD_v2_ptds(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount,
+                              CUstream hStream);
+CUresult cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
+                                   size_t ByteCount, CUstream hStream);
+CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, size_t N);
+CUresult cuMemsetD32_v2(CUdeviceptr dstDevice, unsigned int ui, size_t N);
+CUresult cuMemsetD32_v2_ptds(CUdeviceptr dstDevice, unsigned int ui, size_t N);
+CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream);
+CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                              CUstream hStream);
+CUresult cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream);
+CUresult cuMemsetD32Async_ptsz(CUdeviceptr dstDevice, unsigned int ui, size_t N,
+                               CUstream hStream);
 CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev);
 CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *numBlocks, CUfunction func, int blockSize,
                                                      size_t dynamicSMemSize);
@@ -483,12 +570,20 @@ CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags);
 CUresult cuEventRecord(CUevent hEvent, CUstream hStream);
 CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream);
 CUresult cuEventQuery(CUevent hEvent);
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags);
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags);
 CUresult cuEventSynchronize(CUevent hEvent);
 /* CUDA 13's cuda.h declares only the _v2 (cuEventElapsedTime names it); the
  * driver exports both. */
 CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 CUresult cuEventDestroy_v2(CUevent hEvent);
+CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid);
+CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state);
+CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args);
+CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args);
+CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *args);
+CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args);
 CUresult cuGetErrorString(CUresult error, const char **pStr);
 CUresult cuGetErrorName(CUresult error, const char **pStr);
 CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags);

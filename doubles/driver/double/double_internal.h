@@ -10,6 +10,7 @@
  *   memory.c       a GPU's accounting, the allocation records and their fake
  *                  addresses, memory info, allocations, VMM, arrays
  *   pools.c        stream-ordered allocations and frees, memory pools
+ *   copies.c       copies and sets: checks of their ranges and streams
  *   launch.c       the simulated clock (one timeline per device), launches,
  *                  the busy-time accessor
  *   streams.c      streams, stream capture and its rules
@@ -18,6 +19,8 @@
  *   images.c       what a module image holds: text headers, fat binaries
  *   modules.c      modules, libraries, their functions and kernels
  *   lookup.c       cuGetProcAddress and the error strings
+ *   checkpoint.c   the checkpoint API, across processes: the control block,
+ *                  the service thread of a target, the caller's requests
  *   host_memory.c  pinned host memory (its own state and lock)
  *
  * Nothing declared here is exported: the library is built with
@@ -111,6 +114,7 @@ struct record {
     unsigned char kind;
     unsigned char live;
     unsigned char pooled; /* from the GPU's default pool */
+    unsigned char managed; /* cuMemAllocManaged: refuses a checkpoint */
 };
 
 struct device {
@@ -129,6 +133,7 @@ struct device {
     /* Sorted by addr (the bump only grows); dead entries are compacted away. */
     struct record *records;
     size_t len, cap, live;
+    int parked; /* a checkpoint moved its charges to the host */
 };
 
 /* The default memory pool of each GPU (by ordinal). */
@@ -190,7 +195,13 @@ unsigned long long env_count(const char *name, unsigned long long fallback,
 unsigned long long region_start(int dev);
 void reset_limits(struct device *d);
 void lock(void);
+void lock_raw(void);
 void unlock(void);
+void freeze_locked(int frozen);
+/* The fake GPU (its index, what NVML and the UUID name) an ordinal runs on. */
+int device_gpu(int ordinal);
+void set_device_gpu(int ordinal, int gpu);
+int physical_devices(void);
 int valid_device(CUdevice dev);
 int context_alive(CUcontext ctx);
 CUresult current_device_locked(CUdevice *dev);
@@ -208,6 +219,8 @@ unsigned long long add_sat(unsigned long long a, unsigned long long b);
 unsigned long long limit_bytes(const size_t *limits);
 unsigned long long context_bytes(int dev);
 unsigned long long held_bytes(int dev);
+unsigned long long used_bytes(int dev);
+int managed_live_locked(void);
 int fits(int dev, unsigned long long size);
 void forget_locked(int dev, struct record *r);
 void tidy_locked(int dev);
@@ -221,6 +234,11 @@ int free_fails(void);
 int double_initialized(void);
 int double_device_range(unsigned long long addr, unsigned long long *base,
                         unsigned long long *size, int *device);
+
+/* checkpoint.c: started by the first cuInit when GPUSHARE_DOUBLE_CHECKPOINT_DIR
+ * is set; publish writes the process's figures into its control block. */
+void checkpoint_start_locked(void);
+void checkpoint_publish_locked(void);
 
 /* host_memory.c: pinned mapped host memory. */
 int double_host_range(unsigned long long addr, unsigned long long *base, unsigned long long *size);

@@ -1,7 +1,8 @@
 /*
  * Events of the double (the model is in cuda.c): a record stamps the time
  * all work submitted so far on the device completes; queries, synchronize
- * and elapsed time read that stamp against the simulated clock.
+ * and elapsed time read that stamp against the simulated clock; a stream's
+ * wait for an event checks its handles only.
  */
 #include "double_internal.h"
 
@@ -79,6 +80,34 @@ CUresult impl_cuEventRecord(CUevent hEvent, CUstream hStream) {
 
 CUresult impl_cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) {
     return event_record(hEvent, hStream, 1);
+}
+
+/* One timeline per device already orders all of a device's work, so a wait
+ * only checks its handles; into a capturing stream it adds no node. */
+static CUresult stream_wait_event(CUstream h, CUevent hEvent, unsigned Flags, int ptsz) {
+    struct CUstream_st *s = NULL;
+    CUdevice dev = 0;
+    CUresult rc;
+    lock();
+    rc = stream_locked(h, ptsz, &s, &dev);
+    if (rc == CUDA_SUCCESS && event_locked(hEvent) == NULL) {
+        rc = CUDA_ERROR_INVALID_HANDLE;
+    } else if (rc == CUDA_SUCCESS && (Flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) != 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS && s != NULL && s->capture != NULL &&
+               s->capture->invalidated) {
+        rc = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    return stream_wait_event(hStream, hEvent, Flags, 0);
+}
+
+CUresult impl_cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    return stream_wait_event(hStream, hEvent, Flags, 1);
 }
 
 /* The completion time of the event's last record; 0 when never recorded. A

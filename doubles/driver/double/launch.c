@@ -340,7 +340,7 @@ EXPORT unsigned long long gpushare_double_busy_ns(int device, unsigned long long
     const struct timeline *t;
     unsigned long long busy = 0;
     size_t lo = 0, hi, i;
-    lock();
+    lock_raw(); /* an accessor for tests: it answers while a checkpoint lock holds */
     if (device < 0 || device >= g_config.devices || from_ns >= to_ns) {
         unlock();
         return 0;

@@ -39,6 +39,8 @@ static const struct {
      "operation not permitted when stream is capturing"},
     {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
      "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_TIMEOUT, "CUDA_ERROR_TIMEOUT", "wait operation timed out"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
 static CUresult describe(CUresult error, const char **pStr, int want_name) {
@@ -106,6 +108,20 @@ static const struct {
     {"cuStreamGetCtx", "cuStreamGetCtx", "cuStreamGetCtx_ptsz", NULL, 0},
     {"cuStreamDestroy", "cuStreamDestroy_v2", NULL, NULL, 0},
     {"cuEventRecord", "cuEventRecord", "cuEventRecord_ptsz", NULL, 0},
+    {"cuStreamWaitEvent", "cuStreamWaitEvent", "cuStreamWaitEvent_ptsz", NULL, 0},
+    /* Synchronous copies and sets take the per-thread stream as _ptds. */
+    {"cuMemcpy", "cuMemcpy", "cuMemcpy_ptds", NULL, 0},
+    {"cuMemcpyAsync", "cuMemcpyAsync", "cuMemcpyAsync_ptsz", NULL, 0},
+    {"cuMemcpyHtoD", "cuMemcpyHtoD_v2", "cuMemcpyHtoD_v2_ptds", NULL, 0},
+    {"cuMemcpyHtoDAsync", "cuMemcpyHtoDAsync_v2", "cuMemcpyHtoDAsync_v2_ptsz", NULL, 0},
+    {"cuMemcpyDtoH", "cuMemcpyDtoH_v2", "cuMemcpyDtoH_v2_ptds", NULL, 0},
+    {"cuMemcpyDtoHAsync", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoHAsync_v2_ptsz", NULL, 0},
+    {"cuMemcpyDtoD", "cuMemcpyDtoD_v2", "cuMemcpyDtoD_v2_ptds", NULL, 0},
+    {"cuMemcpyDtoDAsync", "cuMemcpyDtoDAsync_v2", "cuMemcpyDtoDAsync_v2_ptsz", NULL, 0},
+    {"cuMemsetD8", "cuMemsetD8_v2", "cuMemsetD8_v2_ptds", NULL, 0},
+    {"cuMemsetD32", "cuMemsetD32_v2", "cuMemsetD32_v2_ptds", NULL, 0},
+    {"cuMemsetD8Async", "cuMemsetD8Async", "cuMemsetD8Async_ptsz", NULL, 0},
+    {"cuMemsetD32Async", "cuMemsetD32Async", "cuMemsetD32Async_ptsz", NULL, 0},
     {"cuEventDestroy", "cuEventDestroy_v2", NULL, NULL, 0},
     {"cuEventElapsedTime", "cuEventElapsedTime_v2", NULL, "cuEventElapsedTime", 12080},
 };
@@ -140,12 +156,13 @@ static const char *resolve_name(const char *symbol, int cudaVersion, cuuint64_t 
         }
         return g_proc_map[i].exported;
     }
-    /* Any other exported name that is itself a base name (no _v2 / _ptsz). */
+    /* Any other exported name that is itself a base name (no _v2 / _ptsz / _ptds). */
     for (i = 0; i < sizeof exported_names / sizeof exported_names[0]; i++) {
         if (strcmp(symbol, exported_names[i]) == 0) {
             size_t n = strlen(symbol);
             if ((n > 3 && strcmp(symbol + n - 3, "_v2") == 0) ||
-                (n > 5 && strcmp(symbol + n - 5, "_ptsz") == 0)) {
+                (n > 5 && strcmp(symbol + n - 5, "_ptsz") == 0) ||
+                (n > 5 && strcmp(symbol + n - 5, "_ptds") == 0)) {
                 return NULL;
             }
             return exported_names[i];

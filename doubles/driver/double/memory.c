@@ -44,7 +44,8 @@ unsigned long long held_bytes(int dev) {
     return add_sat(held, g_pools[dev].retained);
 }
 
-static unsigned long long used_bytes(int dev) {
+/* Everything the process holds on dev. */
+unsigned long long used_bytes(int dev) {
     return add_sat(add_sat(context_bytes(dev), g_devices[dev].alloc_bytes), held_bytes(dev));
 }
 
@@ -114,6 +115,7 @@ CUresult alloc_locked(int dev, CUcontext ctx, unsigned long long size, enum kind
     d->records[d->len].kind = (unsigned char)kind;
     d->records[d->len].live = 1;
     d->records[d->len].pooled = 0;
+    d->records[d->len].managed = 0;
     d->len++;
     d->live++;
     d->alloc_bytes += size;
@@ -277,10 +279,35 @@ CUresult impl_cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t Width
 }
 
 CUresult impl_cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
+    CUdevice dev = 0;
+    CUresult rc;
     if (dptr == NULL || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
         return reject_current();
     }
-    return alloc_current(bytesize, KIND_POINTER, dptr);
+    lock();
+    rc = current_device_locked(&dev);
+    if (rc == CUDA_SUCCESS) {
+        rc = alloc_locked(dev, t_current, bytesize, KIND_POINTER, dptr);
+    }
+    if (rc == CUDA_SUCCESS) {
+        g_devices[dev].records[g_devices[dev].len - 1].managed = 1; /* the one just added */
+    }
+    unlock();
+    return rc;
+}
+
+/* Whether a managed allocation is live (checkpoint.c refuses then). */
+int managed_live_locked(void) {
+    int dev;
+    size_t i;
+    for (dev = 0; dev < g_config.devices; dev++) {
+        for (i = 0; i < g_devices[dev].len; i++) {
+            if (g_devices[dev].records[i].live && g_devices[dev].records[i].managed) {
+                return 1;
+            }
+        }
+    }
+    return 0;
 }
 
 /* GPUSHARE_DOUBLE_FAIL_FREES=N: the first N cuMemFree_v2 and (uncaptured)

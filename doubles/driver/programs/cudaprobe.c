@@ -252,6 +252,28 @@
  *   context_destroy ID    -> "context_destroy ID -> RESULT"   (cuCtxDestroy_v2,
  *                            or cuGreenCtxDestroy for a green one)
  *
+ * Copies, sets and streams (their entry points always found with dlsym in
+ * the loaded libcuda.so.1; one the driver lacks fails its command with
+ * CUDA_ERROR_NOT_FOUND, 500). They work on scratch device memory of their
+ * own, outside the allocation IDs: two blocks of SIZE bytes from
+ * cuMemAlloc_v2, made by the first command that needs more than the blocks
+ * hold (the smaller ones freed first) and kept until exit, so a later
+ * command of no larger SIZE calls only its copy or set. RESULT is the
+ * first failure among those calls, else 0. DIR is h2d (a zeroed host
+ * buffer to the first block), d2h (the first block to a host buffer) or
+ * d2d (the first block to the second).
+ *   copy DIR SIZE         -> "copy DIR SIZE -> RESULT": cuMemcpyHtoD_v2,
+ *                            cuMemcpyDtoH_v2 or cuMemcpyDtoD_v2
+ *   copy_async DIR SIZE   -> "copy_async DIR SIZE -> RESULT": their Async_v2
+ *                            on the legacy default stream (NULL), then
+ *                            cuStreamSynchronize(NULL)
+ *   set SIZE              -> "set SIZE -> RESULT": cuMemsetD8_v2 of the first
+ *                            block's SIZE bytes
+ *   set_async SIZE        -> "set_async SIZE -> RESULT": cuMemsetD8Async on
+ *                            stream NULL, then cuStreamSynchronize(NULL)
+ *   stream_sync           -> "stream_sync RESULT"   (cuStreamSynchronize(NULL))
+ *   stream_query          -> "stream_query RESULT"  (cuStreamQuery(NULL))
+ *
  * Numbers are printed in decimal; on a failed query the figures are 0. Exit
  * status 0, or 2 with a message on stderr for a malformed script (checked in
  * full before anything runs; series, idle, settled and maxstall need an

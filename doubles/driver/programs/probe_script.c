@@ -1,6 +1,7 @@
 /*
  * cudaprobe's script: its arguments parsed, and its commands checked in full
- * (before anything runs) or run, left to right. The format is described in
+ * (before anything runs) or run, left to right; and the copy, set and stream
+ * commands, which use no other file's state. The format is described in
  * cudaprobe.c.
  */
 #include "probe.h"
@@ -111,6 +112,150 @@ static void check_paced(const char *cmd, const struct paced *p) {
         die(2, "%s: number too large", cmd);
     }
 }
+
+/* ------------------------------------------- copies, sets and streams */
+
+/* The directions of copy and copy_async. */
+enum copy_dir { COPY_H2D, COPY_D2H, COPY_D2D, COPY_DIR_COUNT };
+
+static const char *const copy_names[COPY_DIR_COUNT] = {"h2d", "d2h", "d2d"};
+
+static enum copy_dir arg_copy(const char *text) {
+    return (enum copy_dir)arg_name(text, copy_names, COPY_DIR_COUNT, "copy");
+}
+
+/* The entry points of the copy, set and stream commands, found with dlsym
+ * in the loaded libcuda.so.1 in either build (a missing one fails its
+ * command with CUDA_ERROR_NOT_FOUND). */
+static struct {
+    int loaded;
+    __typeof__(&cuMemcpyHtoD_v2) htod;
+    __typeof__(&cuMemcpyDtoH_v2) dtoh;
+    __typeof__(&cuMemcpyDtoD_v2) dtod;
+    __typeof__(&cuMemcpyHtoDAsync_v2) htod_async;
+    __typeof__(&cuMemcpyDtoHAsync_v2) dtoh_async;
+    __typeof__(&cuMemcpyDtoDAsync_v2) dtod_async;
+    __typeof__(&cuMemsetD8_v2) set;
+    __typeof__(&cuMemsetD8Async) set_async;
+    __typeof__(&cuStreamSynchronize) stream_sync;
+    __typeof__(&cuStreamQuery) stream_query;
+} xfer;
+
+#define XFER_CALL(field, ...) (xfer.field == NULL ? CUDA_ERROR_NOT_FOUND : xfer.field(__VA_ARGS__))
+
+static void xfer_load(void) {
+    void *cuda;
+    if (xfer.loaded) {
+        return;
+    }
+    xfer.loaded = 1;
+    cuda = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (cuda == NULL) {
+        return;
+    }
+#define XFER_DLSYM(field, name) xfer.field = (__typeof__(xfer.field))dlsym(cuda, #name);
+    XFER_DLSYM(htod, cuMemcpyHtoD_v2)
+    XFER_DLSYM(dtoh, cuMemcpyDtoH_v2)
+    XFER_DLSYM(dtod, cuMemcpyDtoD_v2)
+    XFER_DLSYM(htod_async, cuMemcpyHtoDAsync_v2)
+    XFER_DLSYM(dtoh_async, cuMemcpyDtoHAsync_v2)
+    XFER_DLSYM(dtod_async, cuMemcpyDtoDAsync_v2)
+    XFER_DLSYM(set, cuMemsetD8_v2)
+    XFER_DLSYM(set_async, cuMemsetD8Async)
+    XFER_DLSYM(stream_sync, cuStreamSynchronize)
+    XFER_DLSYM(stream_query, cuStreamQuery)
+#undef XFER_DLSYM
+}
+
+/* The commands' device memory: two blocks of scratch_size bytes, kept
+ * between commands so that a later one calls only the copy or set. */
+static CUdeviceptr scratch[2];
+static size_t scratch_size;
+
+/* Scratch of at least `size` bytes a block: the blocks are freed and
+ * allocated again (cuMemAlloc_v2) when smaller. */
+static CUresult scratch_for(size_t size) {
+    CUresult rc;
+    int b;
+    size = size ? size : 1;
+    if (size <= scratch_size) {
+        return CUDA_SUCCESS;
+    }
+    for (b = 0; b < 2; b++) {
+        if (scratch[b] != 0) {
+            (void)CU(cuMemFree_v2)(scratch[b]);
+            scratch[b] = 0;
+        }
+    }
+    scratch_size = 0;
+    for (b = 0; b < 2; b++) {
+        rc = CU(cuMemAlloc_v2)(&scratch[b], size);
+        if (rc != CUDA_SUCCESS) {
+            scratch[b] = 0;
+            return rc;
+        }
+    }
+    scratch_size = size;
+    return CUDA_SUCCESS;
+}
+
+/* copy DIR SIZE, copy_async DIR SIZE (then cuStreamSynchronize). */
+static void cmd_copy(const char *cmd, int async, const char *dir_text, enum copy_dir dir,
+                     const char *size_text, size_t size) {
+    CUresult rc;
+    void *host = calloc(size ? size : 1, 1);
+    if (host == NULL) {
+        die(1, "out of host memory");
+    }
+    xfer_load();
+    rc = scratch_for(size);
+    if (rc == CUDA_SUCCESS) {
+        switch (dir) {
+        case COPY_H2D:
+            rc = async ? XFER_CALL(htod_async, scratch[0], host, size, NULL)
+                       : XFER_CALL(htod, scratch[0], host, size);
+            break;
+        case COPY_D2H:
+            rc = async ? XFER_CALL(dtoh_async, host, scratch[0], size, NULL)
+                       : XFER_CALL(dtoh, host, scratch[0], size);
+            break;
+        case COPY_D2D:
+        case COPY_DIR_COUNT:
+            rc = async ? XFER_CALL(dtod_async, scratch[1], scratch[0], size, NULL)
+                       : XFER_CALL(dtod, scratch[1], scratch[0], size);
+            break;
+        }
+    }
+    if (rc == CUDA_SUCCESS && async) {
+        rc = XFER_CALL(stream_sync, NULL);
+    }
+    free(host);
+    emit("%s %s %s -> %d", cmd, dir_text, size_text, (int)rc);
+}
+
+/* set SIZE, set_async SIZE (then cuStreamSynchronize). */
+static void cmd_set(const char *cmd, int async, const char *size_text, size_t size) {
+    CUresult rc;
+    xfer_load();
+    rc = scratch_for(size);
+    if (rc == CUDA_SUCCESS) {
+        rc = async ? XFER_CALL(set_async, scratch[0], 0x5a, size, NULL)
+                   : XFER_CALL(set, scratch[0], 0x5a, size);
+    }
+    if (rc == CUDA_SUCCESS && async) {
+        rc = XFER_CALL(stream_sync, NULL);
+    }
+    emit("%s %s -> %d", cmd, size_text, (int)rc);
+}
+
+/* stream_sync, stream_query: of the legacy default stream. */
+static void cmd_stream(const char *cmd, int query) {
+    xfer_load();
+    emit("%s %d", cmd,
+         (int)(query ? XFER_CALL(stream_query, NULL) : XFER_CALL(stream_sync, NULL)));
+}
+
+/* ---------------------------------------------------------------- running */
 
 /* Runs (execute) or only checks (!execute) the script; returns at its end. */
 void run_script(int argc, char **argv, int execute) {
@@ -403,6 +548,24 @@ void run_script(int argc, char **argv, int execute) {
         } else if (strcmp(cmd, "sync") == 0) {
             if (execute) {
                 cmd_sync();
+            }
+        } else if (strcmp(cmd, "copy") == 0 || strcmp(cmd, "copy_async") == 0) {
+            const char *dir_text = NEXT();
+            enum copy_dir dir = arg_copy(dir_text);
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_copy(cmd, cmd[4] != '\0', dir_text, dir, size_text, size);
+            }
+        } else if (strcmp(cmd, "set") == 0 || strcmp(cmd, "set_async") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_set(cmd, cmd[3] != '\0', size_text, size);
+            }
+        } else if (strcmp(cmd, "stream_sync") == 0 || strcmp(cmd, "stream_query") == 0) {
+            if (execute) {
+                cmd_stream(cmd, cmd[7] == 'q');
             }
         } else if (strcmp(cmd, "context") == 0) {
             if (execute) {

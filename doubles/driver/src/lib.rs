@@ -83,6 +83,27 @@
 //! breaks the application's CUDA graphs. `cuStreamGetCtx(_ptsz)` gives a
 //! created stream's context (the current one for the default streams).
 //!
+//! Copies and sets (`cuMemcpy*`, `cuMemsetD8/D32*`, with their `_ptds` /
+//! `_ptsz` variants) move nothing and take no simulated time: they check the
+//! context, the stream and that the device range lies in a live allocation
+//! (`CUDA_ERROR_INVALID_VALUE` otherwise). `cuStreamWaitEvent(_ptsz)` checks
+//! its handles only.
+//!
+//! # Checkpoints
+//!
+//! `cuCheckpointProcess{Lock,Checkpoint,Restore,Unlock,GetState,GetRestoreThreadId}`
+//! act across processes, as the real driver's do: a process whose first
+//! `cuInit` sees [`CHECKPOINT_DIR_VAR`] naming a folder writes its control
+//! block to `<folder>/<pid>` (a page whose layout `double/checkpoint.c`
+//! gives: state, bytes on each device and on the host, the GPU each ordinal
+//! runs on) and serves requests from a thread of its own; a caller, such as
+//! the node daemon, with the same variable reaches it by pid. A lock holds
+//! every later CUDA call of the target until the unlock; a checkpoint moves
+//! all it holds on its devices to the host; a restore brings it back,
+//! optionally onto other GPUs. `GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES`
+//! and `GPUSHARE_DOUBLE_CHECKPOINT_US_PER_GIB` (the target's) make restores
+//! fail and moves take time. [`program`]`("ckptprobe")` is such a target.
+//!
 //! The hidden export [`BUSY_SYMBOL`] gives the busy nanoseconds of a device
 //! within a window, so a test can assert the share a limiter let through;
 //! `cudaprobe`'s `spin`, `run`, `series`, `pace` and `maxstall` print it
@@ -140,6 +161,10 @@ mod double {
     /// blocks, unless `GPUSHARE_DOUBLE_QUEUE_DEPTH` says otherwise.
     pub const DEFAULT_QUEUE_DEPTH: u64 = 1024;
 
+    /// The variable that names the folder of the checkpoint control blocks,
+    /// read by a target at its first `cuInit` and by each caller.
+    pub const CHECKPOINT_DIR_VAR: &str = "GPUSHARE_DOUBLE_CHECKPOINT_DIR";
+
     /// The double's busy-time accessor, exported by its `libcuda.so.1`:
     /// `unsigned long long gpushare_double_busy_ns(int device, unsigned long
     /// long from_ns, unsigned long long to_ns)`, the nanoseconds of
@@ -170,8 +195,9 @@ mod double {
     }
 
     /// Path of a probe program built from `programs/`: `cudaprobe` (driver
-    /// through `dlopen`, needs `LD_LIBRARY_PATH`) or `cudaprobe_linked`
-    /// (linked against the double, found through its rpath).
+    /// through `dlopen`, needs `LD_LIBRARY_PATH`), `cudaprobe_linked`
+    /// (linked against the double, found through its rpath) or `ckptprobe`
+    /// (linked too: a target for the checkpoint calls, commands on stdin).
     pub fn program(name: &str) -> PathBuf {
         Path::new(env!("GPUSHARE_PROGRAMS_DIR")).join(name)
     }

@@ -37,7 +37,7 @@ fn le_i32(bytes: &[u8]) -> i32 {
 fn every_cu_entry_point_starts_with_the_h100_prologue() {
     let lib = Lib::open("libcuda.so.1");
     let names: Vec<&str> = cu_entry_points().collect();
-    assert_eq!(names.len(), 121, "{names:?}");
+    assert_eq!(names.len(), 153, "{names:?}");
     for name in names {
         let code = lib.code(name, CU_PROLOGUE_LEN + 8);
         assert_eq!(code[..12], CU_PROLOGUE, "{name}");
@@ -278,6 +278,46 @@ fn get_proc_address_hands_out_the_exported_addresses() {
         ("cuMemPoolSetAttribute", 13000, 0, "cuMemPoolSetAttribute"),
         ("cuMemPoolGetAttribute", 13000, 2, "cuMemPoolGetAttribute"),
         ("cuMemPoolTrimTo", 13000, 0, "cuMemPoolTrimTo"),
+        // Copies, sets and stream waits: synchronous ones take the
+        // per-thread stream as _ptds, async ones as _ptsz.
+        ("cuMemcpy", 13000, 0, "cuMemcpy"),
+        ("cuMemcpy", 13000, 2, "cuMemcpy_ptds"),
+        ("cuMemcpyAsync", 13000, 0, "cuMemcpyAsync"),
+        ("cuMemcpyAsync", 13000, 2, "cuMemcpyAsync_ptsz"),
+        ("cuMemcpyHtoD", 13000, 0, "cuMemcpyHtoD_v2"),
+        ("cuMemcpyHtoD", 13000, 2, "cuMemcpyHtoD_v2_ptds"),
+        ("cuMemcpyHtoDAsync", 13000, 0, "cuMemcpyHtoDAsync_v2"),
+        ("cuMemcpyHtoDAsync", 13000, 2, "cuMemcpyHtoDAsync_v2_ptsz"),
+        ("cuMemcpyDtoH", 13000, 0, "cuMemcpyDtoH_v2"),
+        ("cuMemcpyDtoH", 13000, 2, "cuMemcpyDtoH_v2_ptds"),
+        ("cuMemcpyDtoHAsync", 13000, 0, "cuMemcpyDtoHAsync_v2"),
+        ("cuMemcpyDtoHAsync", 13000, 2, "cuMemcpyDtoHAsync_v2_ptsz"),
+        ("cuMemcpyDtoD", 13000, 0, "cuMemcpyDtoD_v2"),
+        ("cuMemcpyDtoD", 13000, 2, "cuMemcpyDtoD_v2_ptds"),
+        ("cuMemcpyDtoDAsync", 13000, 0, "cuMemcpyDtoDAsync_v2"),
+        ("cuMemcpyDtoDAsync", 13000, 2, "cuMemcpyDtoDAsync_v2_ptsz"),
+        ("cuMemsetD8", 13000, 0, "cuMemsetD8_v2"),
+        ("cuMemsetD8", 13000, 2, "cuMemsetD8_v2_ptds"),
+        ("cuMemsetD32", 13000, 0, "cuMemsetD32_v2"),
+        ("cuMemsetD32", 13000, 2, "cuMemsetD32_v2_ptds"),
+        ("cuMemsetD8Async", 13000, 0, "cuMemsetD8Async"),
+        ("cuMemsetD8Async", 13000, 2, "cuMemsetD8Async_ptsz"),
+        ("cuMemsetD32Async", 13000, 0, "cuMemsetD32Async"),
+        ("cuMemsetD32Async", 13000, 2, "cuMemsetD32Async_ptsz"),
+        ("cuStreamWaitEvent", 13000, 0, "cuStreamWaitEvent"),
+        ("cuStreamWaitEvent", 13000, 2, "cuStreamWaitEvent_ptsz"),
+        (
+            "cuCheckpointProcessLock",
+            13000,
+            0,
+            "cuCheckpointProcessLock",
+        ),
+        (
+            "cuCheckpointProcessGetState",
+            13000,
+            2,
+            "cuCheckpointProcessGetState",
+        ),
     ] {
         let (rc, pfn, status) = lookup(base, version, flags);
         assert_eq!(
@@ -297,6 +337,9 @@ fn get_proc_address_hands_out_the_exported_addresses() {
         "cuEventDestroy_v2",
         "cuModuleGetGlobal_v2",
         "cuGraphUpload_ptsz",
+        "cuMemcpy_ptds",
+        "cuMemcpyHtoD_v2",
+        "cuMemsetD8Async_ptsz",
         "gpushare_double_state",
         "gpushare_double_busy_ns",
         "cuserid",

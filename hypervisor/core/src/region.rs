@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use gpushare_utils::bucket::Bucket;
 use gpushare_utils::ledger::{DeviceUsage, LedgerError, PodLedger, SpillUsage};
-use gpushare_utils::limits::{LimitsError, PodLimits};
+use gpushare_utils::limits::{LimitsError, PodLimits, Residency};
 use gpushare_utils::pod::PodId;
 use gpushare_utils::shm::{self, Creation, Squat, Trust};
 
@@ -255,6 +255,24 @@ impl PodRegion {
             .gpus
             .iter()
             .any(|gpu| gpu.compute.suspended.load(Ordering::Acquire) != 0)
+    }
+
+    /// Where the pod's device memory is (the limits object keeps it across
+    /// daemon restarts).
+    pub fn residency(&self) -> Residency {
+        self.limits.residency()
+    }
+
+    /// Moves the pod to `residency`: its processes' CUDA calls wait while
+    /// it is anything but resident.
+    pub fn set_residency(&self, residency: Residency) {
+        self.limits.set_residency(residency);
+    }
+
+    /// `CLOCK_MONOTONIC` milliseconds of the pod's last CUDA call that needs
+    /// its GPU, as its processes stamp it; 0: none yet.
+    pub fn last_call_ms(&self) -> u64 {
+        self.ledger.last_call_ms()
     }
 
     /// Pids of the pod's registered processes that this daemon can see.

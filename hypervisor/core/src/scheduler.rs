@@ -28,6 +28,7 @@
 
 mod report;
 mod retry;
+mod swap_view;
 mod tick;
 
 use std::collections::BTreeMap;
@@ -50,6 +51,7 @@ use hypervisor_observer::GpuInfo;
 
 pub use report::{GpuStatus, PodStatus};
 use retry::LeftOut;
+pub use swap_view::{SwapGpu, SwapView};
 
 /// A pod wants a GPU for this long after the last sign of demand.
 pub const ACTIVE_WINDOW: Duration = Duration::from_millis(200);

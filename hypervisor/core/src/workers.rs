@@ -24,6 +24,10 @@ pub struct Worker {
     pub pod: PodId,
     /// The pid it reported, as its own pid namespace numbers it.
     pub pid: u32,
+    /// Its pid in the daemon's namespace, once known (registration found
+    /// it; an adopted worker's is looked up when needed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host_pid: Option<u32>,
     /// The hostname it reported (the pod's, in a container); empty for an
     /// adopted worker.
     pub hostname: String,
@@ -90,6 +94,7 @@ impl Workers {
                 id: id.clone(),
                 pod: pod.clone(),
                 pid,
+                host_pid: None,
                 hostname,
                 devices,
                 registered_at: hypervisor_observer::clock::unix_secs(),
@@ -107,6 +112,7 @@ impl Workers {
             id: id.clone(),
             pod: pod.clone(),
             pid,
+            host_pid: None,
             hostname: String::new(),
             devices: Vec::new(),
             registered_at: hypervisor_observer::clock::unix_secs(),
@@ -114,6 +120,13 @@ impl Workers {
             last_command: None,
             last_result: None,
         });
+    }
+
+    /// Records the daemon's pid of the worker `id`.
+    pub fn set_host_pid(&mut self, id: &ClientId, host_pid: u32) {
+        if let Some(worker) = self.by_id.get_mut(id) {
+            worker.host_pid = Some(host_pid);
+        }
     }
 
     /// The worker `id`; `None` where it never registered with this run, or

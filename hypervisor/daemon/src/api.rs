@@ -6,6 +6,8 @@
 //! Workers (bearer token of their pod):
 //! - `POST /api/v1/workers` `Register` → `Registered`.
 //! - `POST /api/v1/admission` `BudgetRequest` (its own worker id) → `BudgetGrant`.
+//! - `POST /api/v1/swap-in` `SwapInRequest`, `POST /api/v1/room`
+//!   `RoomRequest` ([`swap`]).
 //! - `/api/v1/channel/clients/{worker}/{hello,tasks,results}`: the command
 //!   channel (`http-bidir-comm`), only for the worker's own id.
 //!
@@ -14,6 +16,8 @@
 //! - `PUT /api/v1/pods/{id}/limits` `{"gpus": [ ... ]}` (the config file's
 //!   `[[pods.gpus]]` tables as JSON): until the next reload of the file.
 //! - `POST /api/v1/pods/{id}/health`: `Health` to the pod's workers.
+//! - `POST /api/v1/pods/{id}/swap-out`, `POST /api/v1/pods/{id}/swap-in`
+//!   → `SwapAnswer` ([`swap`]).
 //! - `POST /api/v1/reload`: read the config file again.
 //!
 //! Anyone who reaches a TCP listener (the node: in Kubernetes the daemon's
@@ -48,6 +52,8 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::{AuthError, Hypervisor};
+
+mod swap;
 use hypervisor_core::config::{self, LimitsBody};
 use hypervisor_core::scheduler::{AdmissionTarget, ScheduleError};
 
@@ -103,6 +109,30 @@ pub(crate) fn routes(
         .at(
             "/pods/:id/health",
             post(ep(hv, |hv, req| async move { health(&hv, &req) })),
+        )
+        .at(
+            "/pods/:id/swap-out",
+            post(ep(hv, |hv, req| async move {
+                swap::operator(&hv, &req, true).await
+            })),
+        )
+        .at(
+            "/pods/:id/swap-in",
+            post(ep(hv, |hv, req| async move {
+                swap::operator(&hv, &req, false).await
+            })),
+        )
+        .at(
+            "/swap-in",
+            post(ep(hv, |hv, req| async move {
+                swap::worker_swap_in(&hv, req).await
+            })),
+        )
+        .at(
+            "/room",
+            post(ep(hv, |hv, req| async move {
+                swap::worker_room(&hv, req).await
+            })),
         )
         .at(
             "/pods/:id/limits",
@@ -212,9 +242,10 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
             &format!("device UUID longer than {MAX_UUID_LEN} bytes"),
         );
     }
-    if let Some(refusal) = screen(hv, &pod, &token, reg.pid).await {
-        return refusal;
-    }
+    let host_pid = match screen(hv, &pod, &token, reg.pid).await {
+        Ok(host_pid) => host_pid,
+        Err(refusal) => return refusal.into_response(),
+    };
     let registered = {
         let mut core = hv.core();
         if !core
@@ -236,6 +267,7 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
         else {
             return json_error(StatusCode::BAD_REQUEST, "cannot form a worker id");
         };
+        core.workers.set_host_pid(&id, host_pid);
         let devices = core
             .scheduler
             .device_limits(pod.as_str())
@@ -481,10 +513,14 @@ fn unauthorized() -> Response {
 }
 
 /// The refusal of a registration whose process is not in the pod it names,
-/// where the hypervisor checks identities; `None`: go on. The token is
-/// checked first, so strangers cannot make the hypervisor walk `/proc`.
-async fn screen(hv: &Hypervisor, pod: &PodId, token: &str, pid: u32) -> Option<poem::Response> {
-    let identity = hv.shared.identity.get()?.clone();
+/// where the hypervisor checks identities; otherwise the process's pid in
+/// the daemon's namespace (the one it reported where nothing checks). The
+/// token is checked first, so strangers cannot make the hypervisor walk
+/// `/proc`.
+async fn screen(hv: &Hypervisor, pod: &PodId, token: &str, pid: u32) -> Result<u32, Refusal> {
+    let Some(identity) = hv.shared.identity.get().cloned() else {
+        return Ok(pid);
+    };
     let token_ok = hv
         .core()
         .scheduler
@@ -492,15 +528,15 @@ async fn screen(hv: &Hypervisor, pod: &PodId, token: &str, pid: u32) -> Option<p
         .is_some_and(|t| t.matches(token));
     if !token_ok {
         // The registration's own check answers 401.
-        return None;
+        return Ok(pid);
     }
     let check_pod = pod.clone();
     let verdict = tokio::task::spawn_blocking(move || identity.verify(&check_pod, pid)).await;
     let error = match verdict {
-        Ok(Ok(_)) => return None,
+        Ok(Ok(host_pid)) => return Ok(host_pid),
         Ok(Err(error)) => error.to_string(),
         Err(error) => format!("identity check failed: {error}"),
     };
     tracing::warn!(pod = %pod, pid, error, "registration refused");
-    Some(json_error(StatusCode::FORBIDDEN, &error))
+    Err(Refusal::new(StatusCode::FORBIDDEN, error))
 }

@@ -20,6 +20,7 @@
 //! [`api`] (the HTTP routes) served by [`serve`] on the listeners of
 //! [`conn`] (bounded connections); [`status`] and [`metrics`] (what the
 //! daemon reports); [`source`] (where pods come from besides the file);
+//! `swap` (pods swapped to host memory and back, and room made for others);
 //! [`timer`] (the tick's precise sleeps). The decisions themselves are
 //! `hypervisor-core`'s.
 
@@ -34,6 +35,7 @@ pub mod serve;
 pub mod source;
 mod state;
 pub mod status;
+mod swap;
 mod tasks;
 pub mod timer;
 
@@ -56,6 +58,7 @@ pub use auth::AuthError;
 pub use state::Hypervisor;
 pub(crate) use state::{Core, Shared};
 use state::{lock, stamp};
+pub use swap::SwapRefusal;
 use tasks::log_report;
 pub use tasks::{MAINTENANCE, TICK};
 
@@ -137,6 +140,7 @@ impl Hypervisor {
                 identity: std::sync::OnceLock::new(),
                 pending: Mutex::default(),
                 corun: std::sync::OnceLock::new(),
+                swapper: swap::Swapper::default(),
             }
         });
         *lock(&shared.events) = events;

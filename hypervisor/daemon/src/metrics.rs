@@ -235,6 +235,7 @@ pub fn render(status: &Status) -> String {
     render_priority(&mut x, status);
     render_node_tables(&mut x, status);
     render_corun(&mut x, status);
+    render_swap(&mut x, status);
     let process_sm = x.family(
         "gpushare_process_sm_utilization_ratio",
         "gauge",
@@ -411,6 +412,69 @@ fn render_corun(x: &mut Exposition, status: &Status) {
         x.sample(up, "", &labels, u8::from(gpu.is_up()));
         x.sample(restarts, "", &labels, gpu.restarts);
         x.sample(server_failures, "", &labels, gpu.server_failures);
+    }
+}
+
+/// Pods swapped to host memory: how many, their bytes there, and the swaps
+/// done, failed and the time they took.
+fn render_swap(x: &mut Exposition, status: &Status) {
+    let totals = &status.swap.totals;
+    let node = [
+        (
+            "gpushare_swapped_pods",
+            "gauge",
+            "Pods whose device memory is in host memory now (swapped out, or being swapped).",
+            totals.swapped_pods as f64,
+        ),
+        (
+            "gpushare_swap_host_bytes",
+            "gauge",
+            "Bytes of swapped pods' device memory held in host memory.",
+            totals.bytes_on_host as f64,
+        ),
+        (
+            "gpushare_swap_outs_total",
+            "counter",
+            "Pods swapped out to host memory.",
+            totals.swap_outs as f64,
+        ),
+        (
+            "gpushare_swap_ins_total",
+            "counter",
+            "Pods swapped back onto their GPUs.",
+            totals.swap_ins as f64,
+        ),
+        (
+            "gpushare_swap_failures_total",
+            "counter",
+            "Swaps refused by the driver or failed (the pod is left running, or in host memory to be tried again).",
+            totals.failures as f64,
+        ),
+        (
+            "gpushare_swap_out_seconds_total",
+            "counter",
+            "Seconds spent swapping pods out.",
+            totals.swap_out_seconds,
+        ),
+        (
+            "gpushare_swap_in_seconds_total",
+            "counter",
+            "Seconds spent swapping pods in.",
+            totals.swap_in_seconds,
+        ),
+    ];
+    for (name, kind, help, value) in node {
+        let at = x.family(name, kind, help);
+        x.sample(at, "", "", value);
+    }
+    let on_host = x.family(
+        "gpushare_pod_swap_host_bytes",
+        "gauge",
+        "Bytes of the pod's device memory in host memory now (0 while it is on its GPUs).",
+    );
+    for (pod, swap) in &status.swap.pods {
+        let labels = format!("pod=\"{}\",state=\"{}\"", escape(pod), swap.state_name());
+        x.sample(on_host, "", &labels, swap.bytes_on_host);
     }
 }
 

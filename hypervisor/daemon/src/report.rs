@@ -54,6 +54,10 @@ impl Hypervisor {
                 .map(|board| board.snapshot())
                 .unwrap_or_default(),
             node_table_repairs: core.scheduler.tables().repairs(),
+            swap: crate::status::SwapStatus {
+                totals: self.swap_board().totals(),
+                pods: self.swap_board().pods(),
+            },
         }
     }
 }

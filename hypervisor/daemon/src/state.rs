@@ -45,6 +45,8 @@ pub(crate) struct Shared {
     pub(crate) pending: Mutex<std::collections::BTreeSet<String>>,
     /// Co-run mode: the state of each co-run GPU's MPS control daemon.
     pub(crate) corun: std::sync::OnceLock<Arc<MpsBoard>>,
+    /// Pods swapped to host memory and back.
+    pub(crate) swapper: crate::swap::Swapper,
 }
 
 /// The hypervisor's state and operations. Cloning is cheap (one `Arc`).

@@ -69,6 +69,19 @@ pub struct Status {
     /// How many times the daemon repaired each node table.
     #[serde(default)]
     pub node_table_repairs: hypervisor_core::node_tables::Repairs,
+    /// Pods swapped to host memory: the node's totals and each pod that
+    /// ever swapped.
+    #[serde(default)]
+    pub swap: SwapStatus,
+}
+
+/// The swap part of the status.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct SwapStatus {
+    /// Over the node.
+    pub totals: hypervisor_swap::SwapTotals,
+    /// By pod id.
+    pub pods: std::collections::BTreeMap<String, hypervisor_swap::PodSwap>,
 }
 
 impl Status {
@@ -77,6 +90,7 @@ impl Status {
     pub fn of_pod(mut self, pod: &str) -> Self {
         self.pods.retain(|p| p.id == pod);
         self.workers.retain(|w| w.pod == pod);
+        self.swap.pods.retain(|id, _| id == pod);
         self.processes.retain(|p| p.pod.as_deref() == Some(pod));
         self
     }

@@ -126,6 +126,7 @@ impl Hypervisor {
         }
         // Every pod may write the node tables: a damaged one is repaired.
         self.core().scheduler.check_tables();
+        self.sweep_swapped().await;
         let dead_workers = {
             let mut core = self.core();
             let added = core.scheduler.retry_failed(Instant::now());

@@ -4,6 +4,7 @@
 
 pub(crate) mod context;
 pub(crate) mod driver;
+pub(crate) mod gate;
 pub(crate) mod held;
 pub(crate) mod launch;
 pub(crate) mod memory;

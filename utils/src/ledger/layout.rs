@@ -57,8 +57,13 @@ pub struct Header {
     pub size: AtomicU64,
     /// `CLOCK_MONOTONIC` milliseconds of the last scan for dead processes.
     pub last_scan_ms: AtomicU64,
+    /// `CLOCK_MONOTONIC` milliseconds of the pod's last CUDA call that
+    /// needs its GPU, as its processes stamp it (at most once a
+    /// millisecond each); 0: none since the region was made. The
+    /// hypervisor swaps out only pods idle by this stamp.
+    pub last_call_ms: AtomicU64,
     /// Zero; room for fields that default to zero.
-    pub reserved: [AtomicU64; 4],
+    pub reserved: [AtomicU64; 3],
 }
 
 /// Memory accounting of one device for the whole pod.
@@ -147,6 +152,7 @@ const _: () = {
     assert!(align_of::<Region>() == 8);
     assert!(offset_of!(Header, magic) == 0);
     assert!(offset_of!(Header, version) == 8);
+    assert!(offset_of!(Header, last_call_ms) == 32);
     assert!(offset_of!(Header, state) == 12);
     assert!(offset_of!(Header, size) == 16);
     assert!(offset_of!(Header, last_scan_ms) == 24);

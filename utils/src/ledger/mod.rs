@@ -6,7 +6,7 @@
 //!
 //! | offset | size | what |
 //! | --- | --- | --- |
-//! | 0 | 64 | [`Header`]: `magic` u64 @0, `version` u32 @8, `state` u32 @12, `size` u64 @16, `last_scan_ms` u64 @24, reserved |
+//! | 0 | 64 | [`Header`]: `magic` u64 @0, `version` u32 @8, `state` u32 @12, `size` u64 @16, `last_scan_ms` u64 @24, `last_call_ms` u64 @32, reserved |
 //! | 64 | 16 × 64 | [`DeviceLedger`] per GPU: `quota` u64 @0 (bytes, 0 = unlimited; local mode only), `used` u64 @8, `peak` u64 @16, `key` u64 @24 (the GPU's [`uuid_key`], 0 = unused), `spilled` u64 @32, `spill_peak` u64 @40, `spill_limit` u64 @48 (local mode; 0 = no spill), `context_bytes` u64 @56 (a context's measured footprint; 0 = unknown) |
 //! | 1088 | 256 × 448 | [`ProcessSlot`]: `pid` i32 @0, `start_time` u64 @8, `pid_ns` u64 @16, `used[16]` @64, `overhead[16]` @192, `spilled[16]` @320 |
 //! | 115776 | 16 × 64 | [`LocalBucket`] per GPU: [`BucketState`] @0, [`BucketLimits`] @48 (local mode) |
@@ -174,6 +174,23 @@ impl PodLedger {
             });
         }
         Ok(())
+    }
+
+    /// Stamps a CUDA call of the pod at `now_ms` (`CLOCK_MONOTONIC`
+    /// milliseconds) when the stamp is older: one load in the common case,
+    /// a sequentially consistent store at most once a millisecond. Read the
+    /// pod's residency after this ([`crate::limits::PodLimits::residency`]).
+    #[inline]
+    pub fn touch(&self, now_ms: u64) {
+        let stamp = &self.region().header.last_call_ms;
+        if stamp.load(Ordering::Relaxed) < now_ms {
+            stamp.store(now_ms, Ordering::SeqCst);
+        }
+    }
+
+    /// The pod's last stamped CUDA call ([`Self::touch`]); 0: none.
+    pub fn last_call_ms(&self) -> u64 {
+        self.region().header.last_call_ms.load(Ordering::SeqCst)
     }
 
     /// The raw shared region, for observers (the hypervisor) and tests. Every

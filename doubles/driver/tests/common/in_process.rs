@@ -27,6 +27,17 @@ impl Lib {
         address.cast()
     }
 
+    /// The function `name`, as the function pointer type `F`.
+    ///
+    /// # Safety
+    ///
+    /// `F` must be the signature of `name` (in cuda.h, nvml.h or
+    /// double_common.h).
+    pub(crate) unsafe fn function<F: Copy>(&self, name: &str) -> F {
+        // SAFETY: the caller vouches for the signature; fn_from checks the size.
+        unsafe { fn_from(self.sym(name).cast_mut().cast()) }
+    }
+
     /// The first `len` bytes of the function `name`.
     pub(crate) fn code(&self, name: &str, len: usize) -> &'static [u8] {
         // SAFETY: code of a loaded library that is never unloaded; every stub

@@ -14,6 +14,15 @@
 //! region_mode = "0640"               # mode of /dev/shm/gpushare-pod-*; never g+w or o+w
 //! region_gid = 1000                  # chown group of the regions (region_uid too)
 //!
+//! [swap]                             # an operator may always swap pods out and in
+//! overcommit = true                  # or [0, 2]: GPUs whose idle pods the daemon swaps
+//!                                    # out when another pod needs memory (default: none)
+//! idle_after_ms = 30000              # idle: no CUDA call for this long
+//! latency_pods = "last"              # last | never: latency pods among those swapped
+//! host_limit = "64g"                 # host memory for swapped pods (default: half the node's)
+//! room_wait_ms = 60000               # longest an allocation or swap-in waits for room
+//! cuda_library = "libcuda.so.1"      # the driver whose checkpoint API swaps
+//!
 //! [[pods]]
 //! id = "a"
 //! token_file = "tokens/a"            # or token = "…" or token_env = "VAR": exactly one
@@ -57,9 +66,10 @@ use crate::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token}
 
 mod files;
 mod settings;
+mod swap;
 
 pub use files::{CONFIG_MAX_BYTES, LOAD_TIMEOUT};
-pub use settings::{ConnLimits, RegionOptions, Settings};
+pub use settings::{ConnLimits, RegionOptions, Settings, SwapSettings};
 
 /// Where the hypervisor listens when neither the file nor `--listen` says.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
@@ -67,6 +77,9 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 /// Why a config (or a limits body) is refused. One line each.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// A key of the `[swap]` table has a value it cannot take.
+    #[error("[swap]: invalid {0}")]
+    Swap(String),
     /// The config file could not be read: missing, not a regular file, over
     /// [`CONFIG_MAX_BYTES`], not UTF-8, or no thread to read it on.
     #[error("cannot read {}: {source}", ClippedPath(path))]
@@ -221,6 +234,7 @@ struct RawConfig {
     region_mode: Option<String>,
     region_uid: Option<u32>,
     region_gid: Option<u32>,
+    swap: Option<swap::RawSwap>,
     #[serde(default)]
     pods: Vec<RawPod>,
 }
@@ -346,6 +360,7 @@ pub fn parse(text: &str, path: &Path, base: &Path) -> Result<Config, ConfigError
                     Duration::from_millis(ms.max(100))
                 }),
         },
+        swap: swap::settings(raw.swap)?,
     };
     let mode = match raw.region_mode.as_deref() {
         None => None,

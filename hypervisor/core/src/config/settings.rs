@@ -17,6 +17,8 @@ pub struct Settings {
     pub max_workers_per_pod: usize,
     /// Bounds on HTTP connections (needs a restart to change).
     pub connections: ConnLimits,
+    /// Swapping pods to host memory, and memory overcommit (`[swap]`).
+    pub swap: SwapSettings,
 }
 
 impl Default for Settings {
@@ -27,6 +29,7 @@ impl Default for Settings {
             check_pids: false,
             max_workers_per_pod: 1024,
             connections: ConnLimits::default(),
+            swap: SwapSettings::default(),
         }
     }
 }
@@ -67,6 +70,49 @@ impl Default for ConnLimits {
             max_connections: 4096,
             header_timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The `[swap]` table: an operator may swap any pod out and in whenever the
+/// driver supports it; with overcommit, the daemon also swaps idle pods out
+/// by itself when a pod needs memory its GPU does not have free.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwapSettings {
+    /// The GPUs (NVML indexes) whose pods the daemon swaps out to make room;
+    /// `None`: every GPU; empty: none (the default).
+    pub overcommit: Option<Vec<u32>>,
+    /// A pod is idle, and may make room, once its last CUDA call is this
+    /// old (at least 100 ms).
+    pub idle_after: Duration,
+    /// Where latency-class pods come among those that make room.
+    pub latency_pods: hypervisor_swap::LatencyPods,
+    /// Host memory swapped pods may take on the node, in bytes.
+    pub host_limit: u64,
+    /// The longest an allocation or a swap-in waits for room.
+    pub room_wait: Duration,
+    /// The driver library whose checkpoint API swaps (`libcuda.so.1`).
+    pub cuda_library: String,
+}
+
+impl SwapSettings {
+    /// Whether the daemon makes room on the GPU of NVML index `index`.
+    pub fn overcommits(&self, index: u32) -> bool {
+        self.overcommit
+            .as_ref()
+            .is_none_or(|gpus| gpus.contains(&index))
+    }
+}
+
+impl Default for SwapSettings {
+    fn default() -> Self {
+        Self {
+            overcommit: Some(Vec::new()),
+            idle_after: Duration::from_secs(30),
+            latency_pods: hypervisor_swap::LatencyPods::Last,
+            host_limit: gpushare_utils::limits::default_spill_limit().saturating_mul(2),
+            room_wait: Duration::from_secs(60),
+            cuda_library: "libcuda.so.1".to_owned(),
         }
     }
 }

@@ -248,3 +248,48 @@ fn errors_show_at_most_200_characters_of_a_value() {
         );
     }
 }
+
+#[test]
+fn the_swap_table() {
+    let defaults = parse_str("").unwrap().settings.swap;
+    assert!(!defaults.overcommits(0), "overcommit is opt-in");
+    assert_eq!(defaults.idle_after, Duration::from_secs(30));
+    assert_eq!(defaults.cuda_library, "libcuda.so.1");
+    let all = parse_str(
+        r#"
+        [swap]
+        overcommit = true
+        idle_after_ms = 2500
+        latency_pods = "never"
+        host_limit = "64g"
+        room_wait_ms = 9000
+        cuda_library = "/opt/driver/libcuda.so.1"
+        "#,
+    )
+    .unwrap()
+    .settings
+    .swap;
+    assert!(all.overcommits(0) && all.overcommits(7));
+    assert_eq!(all.idle_after, Duration::from_millis(2500));
+    assert_eq!(all.latency_pods, hypervisor_swap::LatencyPods::Never);
+    assert_eq!(all.host_limit, 64 << 30);
+    assert_eq!(all.room_wait, Duration::from_secs(9));
+    assert_eq!(all.cuda_library, "/opt/driver/libcuda.so.1");
+    let some = parse_str("[swap]\novercommit = [1, 3]\n")
+        .unwrap()
+        .settings
+        .swap;
+    assert!(!some.overcommits(0) && some.overcommits(1) && some.overcommits(3));
+    for bad in [
+        "[swap]\nlatency_pods = \"first\"\n",
+        "[swap]\nhost_limit = \"lots\"\n",
+        "[swap]\nidle = 3\n",
+    ] {
+        assert!(parse_str(bad).is_err(), "{bad}");
+    }
+    let error = parse_str("[swap]\nlatency_pods = \"first\"\n").unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "[swap]: invalid latency_pods = \"first\""
+    );
+}

@@ -7,7 +7,8 @@
 //! The estimate is the largest first context a process of the pod was
 //! measured at on that GPU (kept in the ledger), or
 //! [`DEFAULT_CONTEXT_BYTES`] before any was. A context that does not fit is
-//! refused with `CUDA_ERROR_OUT_OF_MEMORY`, like an allocation.
+//! refused with `CUDA_ERROR_OUT_OF_MEMORY`, like an allocation. Every call
+//! here needs the GPU: a swapped-out pod is brought back first.
 
 use crate::entry;
 use crate::error::{LimiterError, Pass, Result};
@@ -38,6 +39,7 @@ pub(super) fn create(
     create: impl FnOnce() -> CUresult,
 ) -> Result<CUresult> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
+    limiter.resident();
     let (ctx, memory) = (&limiter.context, &limiter.memory);
     let device = usize::try_from(device).map_err(|_| LimiterError::Bypass(Pass::BadDevice))?;
     if matches!(ctx.grant(), Grant::Refused) {
@@ -92,6 +94,7 @@ pub(super) fn create_green(
     destroy: impl FnOnce(),
 ) -> Result<CUresult> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
+    limiter.resident();
     let (ctx, memory) = (&limiter.context, &limiter.memory);
     if matches!(ctx.grant(), Grant::Refused) {
         return Err(LimiterError::Misconfigured("no limits granted"));
@@ -103,6 +106,7 @@ pub(super) fn create_green(
 /// Runs `destroy`, which may end a context: what it held is measured again.
 pub(super) fn destroyed(destroy: impl FnOnce() -> CUresult) -> Result<CUresult> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
+    limiter.resident();
     let result = destroy();
     if result.is_success() {
         // The contexts left are measured again from scratch.

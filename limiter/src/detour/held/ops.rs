@@ -51,9 +51,12 @@ pub(super) struct Held {
     ctx: &'static Context,
 }
 
-/// The policy, when limits are enforced.
+/// The policy, when limits are enforced, once the pod is on its GPUs: every
+/// call here may take or give back device memory, so a swapped-out pod is
+/// brought back first.
 pub(super) fn held() -> Result<Held> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
+    limiter.resident();
     Ok(Held {
         quota: &limiter.memory,
         ctx: &limiter.context,

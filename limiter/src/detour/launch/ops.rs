@@ -1,23 +1,37 @@
-//! Launch logic, in safe Rust on typed values: say what the launch runs,
-//! then let the throttle admit it. The detour makes the launch once it is
-//! admitted.
+//! Launch logic, in safe Rust on typed values: wait while the pod is
+//! swapped out, say what the launch runs, then let the throttle admit it.
+//! The detour makes the launch once it is admitted.
 
 use crate::detour::held;
-use crate::entry;
+use crate::entry::{self, Limiter};
 use crate::error::{LimiterError, Pass, Result};
 use crate::sys::{CUfunction, CUgraphExec, CUstream};
 use crate::throttle::{Admitted, Work};
 use crate::waves::Grid;
 
-/// Admits a launch of `work`; the one branch taken when no device has a
-/// compute limit is the `Bypass` here.
+/// The limiter, once the pod is on its GPUs: a launch of a swapped-out pod
+/// waits here, before anything is charged (one load, the coarse clock, the
+/// pod's stamp and one more load when it is resident).
 #[inline(always)]
-fn admit(work: impl FnOnce() -> Work, stream: CUstream, per_thread: bool) -> Result<Admitted> {
+fn resident() -> Result<&'static Limiter> {
     #[cfg(feature = "launch-ab")]
     if ab::bypassed() {
         return Err(LimiterError::Bypass(Pass::AbSwitchedOff));
     }
-    let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::NoComputeLimit))?;
+    let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
+    limiter.resident();
+    Ok(limiter)
+}
+
+/// Admits a launch of `work`; the one branch taken when no device has a
+/// compute limit is the `Bypass` here.
+#[inline(always)]
+fn admit(
+    limiter: &'static Limiter,
+    work: impl FnOnce() -> Work,
+    stream: CUstream,
+    per_thread: bool,
+) -> Result<Admitted> {
     let throttle = limiter
         .compute
         .as_ref()
@@ -37,16 +51,13 @@ pub(super) fn kernel(
     stream: CUstream,
     per_thread: bool,
 ) -> Result<Admitted> {
-    #[cfg(feature = "launch-ab")]
-    if ab::bypassed() {
-        return Err(LimiterError::Bypass(Pass::AbSwitchedOff));
-    }
+    let limiter = resident()?;
     #[cfg(feature = "launch-ab")]
     let check = !ab::first_launch_bypassed();
     #[cfg(not(feature = "launch-ab"))]
     let check = true;
     if check {
-        first_launch(f)?;
+        first_launch(limiter, f)?;
     }
     let work = || {
         Work::Kernel(Grid {
@@ -56,17 +67,18 @@ pub(super) fn kernel(
             shared_bytes,
         })
     };
-    admit(work, stream, per_thread)
+    admit(limiter, work, stream, per_thread)
 }
 
 /// A handle launched for the first time may load its library's globals
-/// (lazy loading): checked once, off the fast path, which is one load and a
-/// probe of the checked handles.
+/// (lazy loading): checked once, off the fast path, which is a probe of the
+/// checked handles.
 #[inline(always)]
-fn first_launch(f: CUfunction) -> Result<()> {
-    match entry::limiter() {
-        Some(limiter) if limiter.memory.lazy.unchecked(f as usize) => check_first_launch(f),
-        _ => Ok(()),
+fn first_launch(limiter: &'static Limiter, f: CUfunction) -> Result<()> {
+    if limiter.memory.lazy.unchecked(f as usize) {
+        check_first_launch(f)
+    } else {
+        Ok(())
     }
 }
 
@@ -85,7 +97,8 @@ fn check_first_launch(f: CUfunction) -> Result<()> {
 /// An instantiated graph.
 #[inline(always)]
 pub(super) fn graph(exec: CUgraphExec, stream: CUstream, per_thread: bool) -> Result<Admitted> {
-    admit(|| Work::Graph(exec as usize), stream, per_thread)
+    let limiter = resident()?;
+    admit(limiter, || Work::Graph(exec as usize), stream, per_thread)
 }
 
 /// A legacy launch of a `width` × `height` grid of one-thread blocks.

@@ -87,9 +87,12 @@ gpushare_macros::detours! {
     optional fn cuDeviceTotalMem(bytes: *mut u32, device: CUdevice) -> CUresult => report_total;
 }
 
-/// The memory policy, when limits are enforced.
+/// The memory policy, when limits are enforced, once the pod is on its
+/// GPUs: every call of the family needs them, so a swapped-out pod is
+/// brought back first.
 fn memory() -> Result<Memory> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
+    limiter.resident();
     Ok(Memory {
         quota: &limiter.memory,
         spill: &limiter.spill,
@@ -102,7 +105,7 @@ fn memory() -> Result<Memory> {
 fn pointer_allocation(
     dptr: *mut CUdeviceptr,
     bytesize: usize,
-    allocate: impl FnOnce() -> CUresult,
+    allocate: impl FnMut() -> CUresult,
 ) -> Result<CUresult> {
     if dptr.is_null() {
         return Err(LimiterError::Bypass(Pass::NullOutPointer));
@@ -255,7 +258,7 @@ fn array_allocation<H>(
     api: &'static str,
     array: *mut *mut H,
     bytes: u64,
-    allocate: impl FnOnce() -> CUresult,
+    allocate: impl FnMut() -> CUresult,
     resource: fn(usize) -> Resource,
 ) -> Result<CUresult> {
     // SAFETY: array is non-null (checked by the caller), and written by the
@@ -409,6 +412,8 @@ fn report_memory<T: Bytes>(
     free: *mut T,
     total: *mut T,
 ) -> Result<CUresult> {
+    // Before the driver: a swapped-out pod is brought back first.
+    let memory = memory();
     let (mut real_free, mut real_total) = (T::default(), T::default());
     // SAFETY: valid locals as out-pointers.
     let result = unsafe { original(&mut real_free, &mut real_total) };
@@ -416,7 +421,7 @@ fn report_memory<T: Bytes>(
         .result()
         .map_err(|_| LimiterError::Bypass(Pass::DriverRefused))?;
     let real = (real_free.to_u64(), real_total.to_u64());
-    let (shown_free, shown_total) = memory()
+    let (shown_free, shown_total) = memory
         .and_then(|memory| memory.current_report(real.0, real.1))
         .unwrap_or(real);
     // SAFETY: the caller's out-pointers, null or valid for writes.
@@ -435,6 +440,8 @@ fn report_total<T: Bytes>(
     bytes: *mut T,
     device: CUdevice,
 ) -> Result<CUresult> {
+    // Before the driver: a swapped-out pod is brought back first.
+    let memory = memory();
     let mut real = T::default();
     // SAFETY: a valid local as out-pointer.
     let result = unsafe { original(&mut real, device) };
@@ -442,7 +449,7 @@ fn report_total<T: Bytes>(
         .result()
         .map_err(|_| LimiterError::Bypass(Pass::DriverRefused))?;
     let real = real.to_u64();
-    let shown = memory()
+    let shown = memory
         .and_then(|memory| memory.total(device, real))
         .unwrap_or(real);
     // SAFETY: the caller's out-pointer, null or valid for writes.

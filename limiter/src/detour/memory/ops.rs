@@ -3,11 +3,15 @@
 //! (`hooks.rs`) read and write the caller's pointers and hand the driver's
 //! original over as a closure; nothing here touches a raw pointer. Past the
 //! quota, linear memory may be served from host memory (`spill`) when the
-//! pod opted in; the other APIs stay on the device.
+//! pod opted in; the other APIs stay on the device. Within the quota, an
+//! allocation the GPU cannot hold (other pods fill it) asks the hypervisor
+//! to make room by swapping idle pods out, and is tried again.
+
+use gpushare_utils::quote::Clipped;
 
 use crate::context::Context;
 use crate::error::{LimiterError, Pass, Result};
-use crate::quota::{MemoryQuota, Resource};
+use crate::quota::{MemoryQuota, Reservation, Resource};
 use crate::spill::Spill;
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_DESCRIPTOR,
@@ -91,19 +95,79 @@ impl Memory {
         self,
         placement: Placement,
         bytes: u64,
-        allocate: impl FnOnce() -> CUresult,
+        allocate: impl FnMut() -> CUresult,
         made: impl FnOnce() -> Resource,
     ) -> Result<CUresult> {
         let device = self.limited_device(placement)?;
         if bytes == 0 {
             return Err(LimiterError::Bypass(Pass::EmptyAllocation));
         }
-        let reservation = self.quota.reserve(self.ctx, device, bytes)?;
-        let result = allocate();
-        if result.is_success() {
+        let (result, reservation) = self.reserve_and_allocate(device, bytes, allocate)?;
+        if let Some(reservation) = reservation {
             reservation.commit(made());
         }
         Ok(result)
+    }
+
+    /// Reserves `bytes` on `device` and runs `allocate`: its result, with the
+    /// reservation when it succeeded (given back otherwise). When the driver
+    /// answers out of memory to what the quota admitted, the GPU is full of
+    /// other pods: under a hypervisor, it is asked to make room (the
+    /// reservation given back while it does), and the allocation is tried
+    /// again, reserved again, for at most [`ROOM_ROUNDS`] rooms made. A
+    /// refusal by the quota is an error, in any round.
+    fn reserve_and_allocate(
+        self,
+        device: usize,
+        bytes: u64,
+        mut allocate: impl FnMut() -> CUresult,
+    ) -> Result<(CUresult, Option<Reservation<'static>>)> {
+        let mut rooms = 0;
+        loop {
+            let reservation = self.quota.reserve(self.ctx, device, bytes)?;
+            let result = allocate();
+            if result.is_success() {
+                return Ok((result, Some(reservation)));
+            }
+            drop(reservation);
+            if !(wants_room(result, rooms) && self.made_room(device, bytes)) {
+                return Ok((result, None));
+            }
+            rooms += 1;
+        }
+    }
+
+    /// Whether the hypervisor made room on CUDA device `device` for `bytes`
+    /// the driver could not find; false without a hypervisor, or when it
+    /// freed nothing or could not be asked (the allocation then fails as the
+    /// driver said).
+    fn made_room(self, device: usize, bytes: u64) -> bool {
+        let Some(link) = self.ctx.hypervisor() else {
+            return false;
+        };
+        let Some(uuid) = self.ctx.device_uuid(device) else {
+            return false;
+        };
+        match link.room(&uuid, bytes) {
+            Ok(answer) if answer.freed > 0 => {
+                tracing::info!(
+                    device,
+                    bytes,
+                    freed = answer.freed,
+                    "the hypervisor made room on the GPU"
+                );
+                true
+            }
+            Ok(answer) => {
+                let why = Clipped(&answer.message);
+                tracing::info!(device, bytes, %why, "the GPU is full and the hypervisor made no room");
+                false
+            }
+            Err(error) => {
+                tracing::warn!(device, bytes, %error, "the GPU is full and the hypervisor could not be asked for room");
+                false
+            }
+        }
     }
 
     /// Linear memory on the current device ([`Self::allocate`]); past the
@@ -111,7 +175,7 @@ impl Memory {
     pub(super) fn allocate_linear(
         self,
         bytes: u64,
-        allocate: impl FnOnce() -> CUresult,
+        allocate: impl FnMut() -> CUresult,
         made: impl FnOnce() -> Resource,
     ) -> Result<Served> {
         match self.allocate(Placement::Current, bytes, allocate, made) {
@@ -127,7 +191,7 @@ impl Memory {
         placement: Placement,
         bytes: u64,
         only: DeviceOnly,
-        allocate: impl FnOnce() -> CUresult,
+        allocate: impl FnMut() -> CUresult,
         made: impl FnOnce() -> Resource,
     ) -> Result<CUresult> {
         let outcome = self.allocate(placement, bytes, allocate, made);
@@ -168,7 +232,7 @@ impl Memory {
         self,
         prop: &CUmemAllocationProp,
         bytes: u64,
-        allocate: impl FnOnce() -> CUresult,
+        allocate: impl FnMut() -> CUresult,
         made: impl FnOnce() -> Resource,
     ) -> Result<CUresult> {
         if prop.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
@@ -188,7 +252,7 @@ impl Memory {
         self,
         width: usize,
         height: usize,
-        allocate: impl FnOnce() -> CUresult,
+        allocate: impl FnMut() -> CUresult,
         made: impl FnOnce() -> (CUdeviceptr, usize),
         free: impl FnOnce(CUdeviceptr),
     ) -> Result<Pitched> {
@@ -200,18 +264,16 @@ impl Memory {
         if estimate == 0 {
             return Err(LimiterError::Bypass(Pass::EmptyAllocation));
         }
-        let mut reservation = match self.quota.reserve(self.ctx, device, estimate as u64) {
-            Ok(reservation) => reservation,
-            Err(over) => {
-                let pointer = self.serve_from_host(over, estimate as u64)?;
-                let pitch = estimate / height;
-                return Ok(Pitched::Host { pointer, pitch });
-            }
-        };
-        let result = allocate();
-        if !result.is_success() {
-            return Ok(Pitched::Device(result));
-        }
+        let (result, mut reservation) =
+            match self.reserve_and_allocate(device, estimate as u64, allocate) {
+                Ok((result, Some(reservation))) => (result, reservation),
+                Ok((result, None)) => return Ok(Pitched::Device(result)),
+                Err(over) => {
+                    let pointer = self.serve_from_host(over, estimate as u64)?;
+                    let pitch = estimate / height;
+                    return Ok(Pitched::Host { pointer, pitch });
+                }
+            };
         let (pointer, pitch) = made();
         let actual = (pitch as u64).saturating_mul(height as u64);
         if let Err(over) = reservation.resize(actual) {
@@ -279,6 +341,15 @@ impl Memory {
 /// The driver rounds the pitch up to its alignment; reserve for the usual
 /// 512 bytes and settle on the real pitch afterwards.
 const PITCH_ESTIMATE_ALIGNMENT: usize = 512;
+/// Rooms an allocation asks the hypervisor for, at most, before it fails
+/// as the driver said: other pods' allocations may take what one freed.
+const ROOM_ROUNDS: u32 = 3;
+
+/// Whether an allocation the driver answered `result`, after `rooms` rooms
+/// made for it, asks the hypervisor for another: only for out of memory.
+fn wants_room(result: CUresult, rooms: u32) -> bool {
+    result == CUresult::ERROR_OUT_OF_MEMORY && rooms < ROOM_ROUNDS
+}
 
 /// Bytes of one element of an array format; unknown (e.g. block-compressed
 /// or packed video) formats are counted as 4, and the overhead measurement
@@ -364,6 +435,22 @@ mod tests {
         ];
         for (descriptor, bytes) in cases {
             assert_eq!(array_bytes(&descriptor), bytes, "{descriptor:?}");
+        }
+    }
+
+    #[test]
+    fn only_out_of_memory_asks_for_room_and_only_a_few_times() {
+        let oom = CUresult::ERROR_OUT_OF_MEMORY;
+        let cases = [
+            (oom, 0, true),
+            (oom, ROOM_ROUNDS - 1, true),
+            (oom, ROOM_ROUNDS, false),
+            (CUresult::ERROR_INVALID_VALUE, 0, false),
+            (CUresult::ERROR_NOT_INITIALIZED, 0, false),
+            (CUresult::SUCCESS, 0, false),
+        ];
+        for (result, rooms, asks) in cases {
+            assert_eq!(wants_room(result, rooms), asks, "{result:?} after {rooms}");
         }
     }
 

@@ -1,0 +1,701 @@
+//! The checkpoint API across processes: this test process (in the role of
+//! the node daemon) calls the double's `cuCheckpointProcess*` on a running
+//! `ckptprobe`, and reads the probe's control block (layout in
+//! `double/checkpoint.c`) to see where its memory is.
+#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
+
+use std::ffi::{c_int, c_uint};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::in_process::{CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_VALUE, Lib};
+use common::{CTX, CUDA_SUCCESS, GIB, MIB, in_fresh_process};
+use gpushare_examples::{CHECKPOINT_DIR_VAR as DIR_VAR, DEFAULT_TOTAL, program};
+
+const CUDA_ERROR_NOT_SUPPORTED: c_int = 801;
+const CUDA_ERROR_TIMEOUT: c_int = 909;
+const CUDA_ERROR_UNKNOWN: c_int = 999;
+const RUNNING: u32 = 0;
+const LOCKED: u32 = 1;
+const CHECKPOINTED: u32 = 2;
+/// How long a reply that must not come is waited for.
+const QUIET: Duration = Duration::from_millis(300);
+/// How long a reply that must come may take.
+const REPLY: Duration = Duration::from_secs(10);
+
+/// Runs the test `name` again in a fresh process (the test's own libcuda
+/// reads the variable once) whose `GPUSHARE_DOUBLE_CHECKPOINT_DIR` names a
+/// new folder under the target's temporary directory, removed afterwards;
+/// in that child, the folder.
+fn checkpoint_dir(name: &str) -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(DIR_VAR) {
+        assert!(
+            in_fresh_process(name, &[]),
+            "{DIR_VAR} is set outside the test"
+        );
+        return Some(dir.into());
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("checkpoint")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("a temporary folder");
+    let path = dir.path().to_str().expect("a UTF-8 path");
+    assert!(!in_fresh_process(name, &[(DIR_VAR, path)]));
+    None
+}
+
+// ---------------------------------------------------------------- the driver
+
+#[repr(C)]
+#[derive(Default)]
+struct LockArgs {
+    timeout_ms: c_uint,
+    reserved0: c_uint,
+    reserved1: [u64; 7],
+}
+
+#[repr(C)]
+struct GpuPair {
+    old: [u8; 16],
+    new: [u8; 16],
+}
+
+#[repr(C)]
+struct RestoreArgs {
+    pairs: *const GpuPair,
+    count: c_uint,
+    reserved: [u8; 44],
+    reserved1: u64,
+}
+
+// The layouts of CUDA 13.0's cuda.h.
+const _: () = assert!(size_of::<LockArgs>() == 64);
+const _: () = assert!(size_of::<GpuPair>() == 32);
+const _: () = assert!(size_of::<RestoreArgs>() == 64);
+
+impl RestoreArgs {
+    fn with(pairs: &[GpuPair]) -> RestoreArgs {
+        RestoreArgs {
+            pairs: pairs.as_ptr(),
+            count: pairs.len() as c_uint,
+            reserved: [0; 44],
+            reserved1: 0,
+        }
+    }
+}
+
+type Opaque = std::ffi::c_void;
+
+/// The double's checkpoint entry points, opened in this process.
+struct Api {
+    get_state: unsafe extern "C" fn(c_int, *mut u32) -> c_int,
+    get_tid: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
+    lock: unsafe extern "C" fn(c_int, *mut LockArgs) -> c_int,
+    checkpoint: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
+    restore: unsafe extern "C" fn(c_int, *mut RestoreArgs) -> c_int,
+    unlock: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
+}
+
+impl Api {
+    fn open() -> Api {
+        let lib = Lib::open("libcuda.so.1");
+        // SAFETY: each field's type is the signature of the export in cuda.h
+        // (the checkpoint and unlock arguments are passed NULL only).
+        unsafe {
+            Api {
+                get_state: lib.function("cuCheckpointProcessGetState"),
+                get_tid: lib.function("cuCheckpointProcessGetRestoreThreadId"),
+                lock: lib.function("cuCheckpointProcessLock"),
+                checkpoint: lib.function("cuCheckpointProcessCheckpoint"),
+                restore: lib.function("cuCheckpointProcessRestore"),
+                unlock: lib.function("cuCheckpointProcessUnlock"),
+            }
+        }
+    }
+
+    fn state(&self, pid: i32) -> Result<u32, c_int> {
+        let mut state = u32::MAX;
+        // SAFETY: a valid out-pointer.
+        match unsafe { (self.get_state)(pid, &mut state) } {
+            CUDA_SUCCESS => Ok(state),
+            rc => Err(rc),
+        }
+    }
+
+    fn tid(&self, pid: i32) -> Result<c_int, c_int> {
+        let mut tid = -1;
+        // SAFETY: a valid out-pointer.
+        match unsafe { (self.get_tid)(pid, &mut tid) } {
+            CUDA_SUCCESS => Ok(tid),
+            rc => Err(rc),
+        }
+    }
+
+    fn lock(&self, pid: i32) -> c_int {
+        // SAFETY: NULL arguments are allowed.
+        unsafe { (self.lock)(pid, std::ptr::null_mut()) }
+    }
+
+    fn lock_with(&self, pid: i32, mut args: LockArgs) -> c_int {
+        // SAFETY: args lives across the call.
+        unsafe { (self.lock)(pid, &mut args) }
+    }
+
+    fn checkpoint(&self, pid: i32) -> c_int {
+        // SAFETY: NULL arguments are allowed.
+        unsafe { (self.checkpoint)(pid, std::ptr::null_mut()) }
+    }
+
+    fn restore(&self, pid: i32) -> c_int {
+        // SAFETY: NULL arguments are allowed.
+        unsafe { (self.restore)(pid, std::ptr::null_mut()) }
+    }
+
+    fn restore_onto(&self, pid: i32, pairs: &[GpuPair]) -> c_int {
+        let mut args = RestoreArgs::with(pairs);
+        // SAFETY: args and the pairs it points to live across the call.
+        unsafe { (self.restore)(pid, &mut args) }
+    }
+
+    fn unlock(&self, pid: i32) -> c_int {
+        // SAFETY: NULL arguments are allowed.
+        unsafe { (self.unlock)(pid, std::ptr::null_mut()) }
+    }
+}
+
+/// The UUID bytes of the double's GPU `gpu`.
+fn uuid(gpu: u8) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    for (i, byte) in bytes.iter_mut().take(15).enumerate() {
+        *byte = 0x11 * (i as u8 + 1);
+    }
+    bytes[15] = gpu;
+    bytes
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+// ---------------------------------------------------------------- the block
+
+/// The tests' part of a control block.
+#[derive(Debug)]
+struct Block {
+    magic: [u8; 8],
+    version: u32,
+    state: u32,
+    host_bytes: u64,
+    device_bytes: [u64; 16],
+    gpu: [u32; 16],
+    pid: i32,
+    restore_tid: i32,
+    moved_bytes: [u64; 16],
+    devices: u32,
+}
+
+fn block(dir: &Path, pid: i32) -> Block {
+    let bytes = std::fs::read(dir.join(pid.to_string())).expect("the control block");
+    assert_eq!(bytes.len(), 4096);
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap());
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    Block {
+        magic: bytes[..8].try_into().unwrap(),
+        version: u32_at(8),
+        state: u32_at(12),
+        host_bytes: u64_at(16),
+        device_bytes: std::array::from_fn(|i| u64_at(24 + 8 * i)),
+        gpu: std::array::from_fn(|i| u32_at(152 + 4 * i)),
+        pid: u32_at(216) as i32,
+        restore_tid: u32_at(220) as i32,
+        moved_bytes: std::array::from_fn(|i| u64_at(232 + 8 * i)),
+        devices: u32_at(360),
+    }
+}
+
+// ---------------------------------------------------------------- the probe
+
+/// A running `ckptprobe`, killed when dropped.
+struct Probe {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<String>,
+    pid: i32,
+}
+
+impl Probe {
+    /// Starts `ckptprobe size` with its control block in `dir`, waits until
+    /// it is ready.
+    fn start(dir: &Path, size: &str, env: &[(&str, &str)]) -> Probe {
+        let mut child = Command::new(program("ckptprobe"))
+            .arg(size)
+            .env(DIR_VAR, dir)
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start ckptprobe");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (send, lines) = channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let ready = lines.recv_timeout(REPLY).expect("ckptprobe ready");
+        let pid = ready
+            .strip_prefix("ready pid=")
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("{ready}"));
+        assert_eq!(pid, child.id() as i32);
+        Probe {
+            child,
+            stdin,
+            lines,
+            pid,
+        }
+    }
+
+    fn send(&mut self, command: &str) {
+        writeln!(self.stdin, "{command}").expect("write to ckptprobe");
+        self.stdin.flush().unwrap();
+    }
+
+    /// The next line, if one comes within `wait`.
+    fn reply(&self, wait: Duration) -> Option<String> {
+        self.lines.recv_timeout(wait).ok()
+    }
+
+    fn ask(&mut self, command: &str) -> String {
+        self.send(command);
+        self.reply(REPLY)
+            .unwrap_or_else(|| panic!("no reply to {command}"))
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // it may have exited already
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until /proc says the process `pid` is in `state` (a letter of
+/// /proc/PID/stat: 'T' stopped, 'Z' zombie).
+fn wait_for_state(pid: i32, state: char) {
+    let start = Instant::now();
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("/proc/PID/stat");
+        let now = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        if now == Some(state) {
+            return;
+        }
+        assert!(
+            start.elapsed() < REPLY,
+            "{pid} never reached {state}: {stat}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn gib(n: u64) -> String {
+    format!("{}", n * GIB)
+}
+
+// ---------------------------------------------------------------- tests
+
+#[test]
+fn lock_holds_calls_while_checkpoint_and_restore_move_the_memory() {
+    let Some(dir) = checkpoint_dir("lock_holds_calls_while_checkpoint_and_restore_move_the_memory")
+    else {
+        return;
+    };
+    let api = Api::open();
+    let mut probe = Probe::start(&dir, "1g", &[]);
+    let pid = probe.pid;
+    let held = CTX + GIB;
+
+    let b = block(&dir, pid);
+    assert_eq!(&b.magic, b"GSDCKPT1");
+    assert_eq!((b.version, b.state, b.pid, b.devices), (1, RUNNING, pid, 1));
+    assert_eq!((b.device_bytes[0], b.host_bytes), (held, 0));
+    assert_eq!((b.gpu[0], b.gpu[1]), (0, u32::MAX));
+    assert_eq!(api.state(pid), Ok(RUNNING));
+    let tid = api.tid(pid).expect("the restore thread");
+    assert_eq!(tid, b.restore_tid);
+    assert_ne!(tid, pid);
+    assert!(Path::new(&format!("/proc/{pid}/task/{tid}")).exists());
+
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+    assert_eq!(api.state(pid), Ok(LOCKED));
+    probe.send("info");
+    assert_eq!(probe.reply(QUIET), None, "a locked process's call waits");
+
+    assert_eq!(api.checkpoint(pid), CUDA_SUCCESS);
+    assert_eq!(api.state(pid), Ok(CHECKPOINTED));
+    let b = block(&dir, pid);
+    assert_eq!(
+        (b.state, b.device_bytes[0], b.host_bytes),
+        (CHECKPOINTED, 0, held)
+    );
+    assert_eq!(b.moved_bytes[0], held);
+
+    assert_eq!(api.restore(pid), CUDA_SUCCESS);
+    assert_eq!(api.state(pid), Ok(LOCKED));
+    let b = block(&dir, pid);
+    assert_eq!(
+        (b.device_bytes[0], b.host_bytes, b.moved_bytes[0]),
+        (held, 0, 0)
+    );
+    assert_eq!(b.gpu[0], 0, "no pairs: the same GPU");
+    assert_eq!(probe.reply(QUIET), None, "still locked");
+
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+    assert_eq!(api.state(pid), Ok(RUNNING));
+    assert_eq!(
+        probe.reply(REPLY).as_deref(),
+        Some(format!("info 0 free={} total={DEFAULT_TOTAL}", DEFAULT_TOTAL - held).as_str()),
+        "the waiting call goes on with its normal result"
+    );
+    for command in ["copy", "launch", "sync"] {
+        assert_eq!(probe.ask(command), format!("{command} 0"));
+    }
+    assert_eq!(probe.ask("alloc 1m"), "alloc 0");
+    assert_eq!(block(&dir, pid).device_bytes[0], held + MIB);
+}
+
+#[test]
+fn every_call_waits_for_the_unlock() {
+    let Some(dir) = checkpoint_dir("every_call_waits_for_the_unlock") else {
+        return;
+    };
+    let api = Api::open();
+    let mut probe = Probe::start(&dir, "1m", &[]);
+    let pid = probe.pid;
+    for command in ["alloc 1m", "copy", "launch", "sync", "uuid 0"] {
+        assert_eq!(api.lock(pid), CUDA_SUCCESS);
+        probe.send(command);
+        assert_eq!(probe.reply(QUIET), None, "{command} while locked");
+        assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+        let reply = probe.reply(REPLY).expect("a reply after the unlock");
+        assert!(
+            reply.starts_with(&format!("{} 0", command.split(' ').next().unwrap())),
+            "{reply}"
+        );
+    }
+}
+
+#[test]
+fn calls_out_of_order_are_illegal_state() {
+    let Some(dir) = checkpoint_dir("calls_out_of_order_are_illegal_state") else {
+        return;
+    };
+    let api = Api::open();
+    let probe = Probe::start(&dir, "1m", &[]);
+    let pid = probe.pid;
+    // Running.
+    assert_eq!(api.checkpoint(pid), CUDA_ERROR_ILLEGAL_STATE);
+    assert_eq!(api.restore(pid), CUDA_ERROR_ILLEGAL_STATE);
+    assert_eq!(api.unlock(pid), CUDA_ERROR_ILLEGAL_STATE);
+    // Locked.
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+    assert_eq!(api.lock(pid), CUDA_ERROR_ILLEGAL_STATE);
+    assert_eq!(api.restore(pid), CUDA_ERROR_ILLEGAL_STATE);
+    // Checkpointed.
+    assert_eq!(api.checkpoint(pid), CUDA_SUCCESS);
+    assert_eq!(api.checkpoint(pid), CUDA_ERROR_ILLEGAL_STATE);
+    assert_eq!(api.unlock(pid), CUDA_ERROR_ILLEGAL_STATE);
+    assert_eq!(api.lock(pid), CUDA_ERROR_ILLEGAL_STATE);
+    assert_eq!(api.state(pid), Ok(CHECKPOINTED));
+    // Restored: locked again.
+    assert_eq!(api.restore(pid), CUDA_SUCCESS);
+    assert_eq!(api.restore(pid), CUDA_ERROR_ILLEGAL_STATE);
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+    assert_eq!(api.state(pid), Ok(RUNNING));
+
+    // Reserved fields must be zero.
+    let args = LockArgs {
+        reserved0: 1,
+        ..LockArgs::default()
+    };
+    assert_eq!(api.lock_with(pid, args), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(api.state(pid), Ok(RUNNING));
+}
+
+#[test]
+fn restore_onto_other_gpus_renames_the_devices() {
+    let Some(dir) = checkpoint_dir("restore_onto_other_gpus_renames_the_devices") else {
+        return;
+    };
+    let api = Api::open();
+    let mut probe = Probe::start(&dir, "2g", &[("GPUSHARE_DOUBLE_DEVICES", "3")]);
+    let pid = probe.pid;
+    let held = CTX + 2 * GIB;
+    assert_eq!(probe.ask("uuid 0"), format!("uuid 0 {}", hex(&uuid(0))));
+    assert_eq!(probe.ask("pci 0"), "pci 0 0000:18:00.0");
+    assert_eq!(probe.ask("nvml 0"), format!("nvml context=1 bytes={held}"));
+    assert_eq!(block(&dir, pid).gpu[..4], [0, 1, 2, u32::MAX]);
+
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+    assert_eq!(api.checkpoint(pid), CUDA_SUCCESS);
+    // Refused, and still checkpointed: a GPU the double does not have, a
+    // pair list without the process's GPU 0, a GPU named twice, no pairs
+    // behind a count.
+    for (pairs, why) in [
+        (
+            vec![GpuPair {
+                old: uuid(0),
+                new: uuid(9),
+            }],
+            "unknown new GPU",
+        ),
+        (
+            vec![GpuPair {
+                old: uuid(7),
+                new: uuid(1),
+            }],
+            "unknown old GPU",
+        ),
+        (
+            vec![GpuPair {
+                old: uuid(1),
+                new: uuid(2),
+            }],
+            "GPU 0 left out",
+        ),
+        (
+            vec![
+                GpuPair {
+                    old: uuid(0),
+                    new: uuid(1),
+                },
+                GpuPair {
+                    old: uuid(0),
+                    new: uuid(2),
+                },
+            ],
+            "GPU 0 named twice",
+        ),
+        (
+            vec![
+                GpuPair {
+                    old: uuid(0),
+                    new: uuid(2),
+                },
+                GpuPair {
+                    old: uuid(1),
+                    new: uuid(2),
+                },
+            ],
+            "two GPUs onto one",
+        ),
+    ] {
+        assert_eq!(
+            api.restore_onto(pid, &pairs),
+            CUDA_ERROR_INVALID_VALUE,
+            "{why}"
+        );
+        assert_eq!(api.state(pid), Ok(CHECKPOINTED), "{why}");
+    }
+    let mut args = RestoreArgs::with(&[]);
+    args.pairs = std::ptr::null();
+    args.count = 1;
+    // SAFETY: the double refuses a count without pairs before reading them.
+    let rc = unsafe { (api.restore)(pid, &mut args) };
+    assert_eq!(rc, CUDA_ERROR_INVALID_VALUE, "a count without pairs");
+    assert_eq!(
+        probe.ask("nvml 0"),
+        "nvml context=0 bytes=0",
+        "NVML sees nothing"
+    );
+
+    let pairs = [GpuPair {
+        old: uuid(0),
+        new: uuid(1),
+    }];
+    assert_eq!(api.restore_onto(pid, &pairs), CUDA_SUCCESS);
+    let b = block(&dir, pid);
+    assert_eq!((b.gpu[0], b.device_bytes[0], b.host_bytes), (1, held, 0));
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+    assert_eq!(probe.ask("uuid 0"), format!("uuid 0 {}", hex(&uuid(1))));
+    assert_eq!(probe.ask("pci 0"), "pci 0 0000:19:00.0", "GPU 1's bus");
+    assert_eq!(probe.ask("nvml 1"), format!("nvml context=1 bytes={held}"));
+    assert_eq!(probe.ask("nvml 0"), "nvml context=0 bytes=0");
+    assert_eq!(probe.ask("copy"), "copy 0");
+}
+
+#[test]
+fn managed_memory_refuses_a_checkpoint_and_stays_locked() {
+    let Some(dir) = checkpoint_dir("managed_memory_refuses_a_checkpoint_and_stays_locked") else {
+        return;
+    };
+    let api = Api::open();
+    let mut probe = Probe::start(&dir, "1m", &[]);
+    let pid = probe.pid;
+    assert_eq!(probe.ask("managed 4m"), "managed 0");
+    let held = block(&dir, pid).device_bytes[0];
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+    assert_eq!(api.checkpoint(pid), CUDA_ERROR_NOT_SUPPORTED);
+    assert_eq!(api.state(pid), Ok(LOCKED));
+    let b = block(&dir, pid);
+    assert_eq!((b.device_bytes[0], b.host_bytes), (held, 0));
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+
+    // Without it the checkpoint goes through.
+    assert_eq!(probe.ask("freemanaged"), "freemanaged 0");
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+    assert_eq!(api.checkpoint(pid), CUDA_SUCCESS);
+    assert_eq!(block(&dir, pid).host_bytes, held - 4 * MIB);
+    assert_eq!(api.restore(pid), CUDA_SUCCESS);
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+}
+
+#[test]
+fn a_failed_restore_leaves_it_checkpointed_for_a_retry() {
+    let Some(dir) = checkpoint_dir("a_failed_restore_leaves_it_checkpointed_for_a_retry") else {
+        return;
+    };
+    let api = Api::open();
+    let probe = Probe::start(
+        &dir,
+        "1g",
+        &[("GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES", "1")],
+    );
+    let pid = probe.pid;
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+    assert_eq!(api.checkpoint(pid), CUDA_SUCCESS);
+    assert_eq!(api.restore(pid), CUDA_ERROR_UNKNOWN);
+    assert_eq!(api.state(pid), Ok(CHECKPOINTED));
+    let b = block(&dir, pid);
+    assert_eq!((b.device_bytes[0], b.host_bytes), (0, CTX + GIB));
+    assert_eq!(api.restore(pid), CUDA_SUCCESS);
+    assert_eq!(block(&dir, pid).device_bytes[0], CTX + GIB);
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+}
+
+#[test]
+fn moves_take_time_per_gib_and_a_stopped_target_times_out() {
+    let Some(dir) = checkpoint_dir("moves_take_time_per_gib_and_a_stopped_target_times_out") else {
+        return;
+    };
+    let api = Api::open();
+    // 1 GiB + the context at 400 ms per GiB: about 520 ms each way.
+    let probe = Probe::start(
+        &dir,
+        &gib(1),
+        &[("GPUSHARE_DOUBLE_CHECKPOINT_US_PER_GIB", "400000")],
+    );
+    let pid = probe.pid;
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+    std::thread::scope(|scope| {
+        let start = Instant::now();
+        let checkpoint = scope.spawn(|| api.checkpoint(pid));
+        std::thread::sleep(Duration::from_millis(100));
+        // Under way: still locked, nothing moved yet.
+        assert_eq!(api.state(pid), Ok(LOCKED));
+        assert_eq!(block(&dir, pid).host_bytes, 0);
+        assert_eq!(checkpoint.join().unwrap(), CUDA_SUCCESS);
+        assert!(
+            start.elapsed() >= Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
+    });
+    let start = Instant::now();
+    assert_eq!(api.restore(pid), CUDA_SUCCESS);
+    assert!(start.elapsed() >= Duration::from_millis(500));
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+
+    // A target that does not answer: the lock times out and leaves it running.
+    // SAFETY: signals to our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    wait_for_state(pid, 'T');
+    let start = Instant::now();
+    let args = LockArgs {
+        timeout_ms: 200,
+        ..LockArgs::default()
+    };
+    assert_eq!(api.lock_with(pid, args), CUDA_ERROR_TIMEOUT);
+    let waited = start.elapsed();
+    assert!(waited >= Duration::from_millis(200) && waited < Duration::from_secs(2));
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    assert_eq!(api.state(pid), Ok(RUNNING));
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+}
+
+#[test]
+fn dead_and_foreign_pids_fail_at_once() {
+    let Some(dir) = checkpoint_dir("dead_and_foreign_pids_fail_at_once") else {
+        return;
+    };
+    let api = Api::open();
+    let mut probe = Probe::start(&dir, "1m", &[]);
+    let pid = probe.pid;
+    assert_eq!(api.lock(pid), CUDA_SUCCESS);
+
+    let check_fails_fast = |why: &str| {
+        let start = Instant::now();
+        assert_eq!(api.state(pid), Err(CUDA_ERROR_INVALID_VALUE), "{why}");
+        assert_eq!(api.tid(pid), Err(CUDA_ERROR_INVALID_VALUE), "{why}");
+        assert_eq!(api.unlock(pid), CUDA_ERROR_INVALID_VALUE, "{why}");
+        assert_eq!(api.lock(pid), CUDA_ERROR_INVALID_VALUE, "{why}");
+        assert!(start.elapsed() < Duration::from_secs(1), "{why}");
+    };
+    // A zombie (killed, not yet reaped), then a reaped pid: the file stays.
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
+    wait_for_state(pid, 'Z');
+    check_fails_fast("zombie");
+    probe.child.wait().unwrap();
+    assert!(dir.join(pid.to_string()).exists());
+    check_fails_fast("dead");
+
+    // A live process that is no CUDA process of the double, and no process.
+    let own = std::process::id() as i32;
+    assert_eq!(api.state(own), Err(CUDA_ERROR_INVALID_VALUE));
+    assert_eq!(api.lock(0), CUDA_ERROR_INVALID_VALUE);
+    assert_eq!(api.lock(-1), CUDA_ERROR_INVALID_VALUE);
+}
+
+#[test]
+fn without_the_variable_there_is_no_file_and_no_thread() {
+    let Some(dir) = checkpoint_dir("without_the_variable_there_is_no_file_and_no_thread") else {
+        return;
+    };
+    let mut child = Command::new(program("ckptprobe"))
+        .arg("1m")
+        .env_remove(DIR_VAR)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start ckptprobe");
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut ready = String::new();
+    stdout.read_line(&mut ready).unwrap();
+    assert!(ready.starts_with("ready"), "{ready}");
+    let pid = child.id();
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .count();
+    assert_eq!(threads, 1, "no service thread");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        0,
+        "no control block"
+    );
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+}

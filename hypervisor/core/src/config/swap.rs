@@ -1,0 +1,62 @@
+//! The `[swap]` table of the config file.
+
+use std::time::Duration;
+
+use gpushare_utils::quote::quoted;
+use gpushare_utils::units::parse_size;
+use serde::Deserialize;
+
+use super::{ConfigError, SizeValue, SwapSettings};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSwap {
+    overcommit: Option<Overcommit>,
+    idle_after_ms: Option<u64>,
+    latency_pods: Option<String>,
+    host_limit: Option<SizeValue>,
+    room_wait_ms: Option<u64>,
+    cuda_library: Option<String>,
+}
+
+/// `overcommit = true` (every GPU), `false`, or a list of NVML indexes.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Overcommit {
+    All(bool),
+    Gpus(Vec<u32>),
+}
+
+pub(super) fn settings(raw: Option<RawSwap>) -> Result<SwapSettings, ConfigError> {
+    let defaults = SwapSettings::default();
+    let Some(raw) = raw else {
+        return Ok(defaults);
+    };
+    let invalid = |key: &str, value: &str| ConfigError::Swap(format!("{key} = {}", quoted(value)));
+    let latency_pods = match raw.latency_pods.as_deref() {
+        None => defaults.latency_pods,
+        Some(text) => hypervisor_swap::LatencyPods::parse(text)
+            .ok_or_else(|| invalid("latency_pods", text))?,
+    };
+    let host_limit = match &raw.host_limit {
+        None => defaults.host_limit,
+        Some(SizeValue::Bytes(bytes)) => *bytes,
+        Some(SizeValue::Text(text)) => parse_size(text).map_err(|_| invalid("host_limit", text))?,
+    };
+    Ok(SwapSettings {
+        overcommit: match raw.overcommit {
+            None | Some(Overcommit::All(false)) => Some(Vec::new()),
+            Some(Overcommit::All(true)) => None,
+            Some(Overcommit::Gpus(gpus)) => Some(gpus),
+        },
+        idle_after: raw
+            .idle_after_ms
+            .map_or(defaults.idle_after, |ms| Duration::from_millis(ms.max(100))),
+        latency_pods,
+        host_limit,
+        room_wait: raw
+            .room_wait_ms
+            .map_or(defaults.room_wait, Duration::from_millis),
+        cuda_library: raw.cuda_library.unwrap_or(defaults.cuda_library),
+    })
+}

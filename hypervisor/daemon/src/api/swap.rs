@@ -1,0 +1,112 @@
+//! The swap routes: the operators' `POST /api/v1/pods/{id}/swap-out` and
+//! `…/swap-in` (admin token), and the workers' `POST /api/v1/swap-in` (a
+//! trapped call of a swapped pod) and `POST /api/v1/room` (an allocation
+//! the GPU could not hold), with their pod's token.
+
+use gpushare_utils::protocol::{RoomAnswer, RoomRequest, SwapAnswer, SwapInRequest};
+
+use super::*;
+use crate::SwapRefusal;
+use crate::swap::swap_in_wait;
+
+/// `POST /api/v1/pods/{id}/swap-out` or `…/swap-in`.
+pub(super) async fn operator(hv: &Hypervisor, req: &Request, out: bool) -> Response {
+    if let Err(refusal) = admin(hv, req) {
+        return refusal.into_response();
+    }
+    let pod = match pod_param(req) {
+        Ok(pod) => pod,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let result = if out {
+        hv.swap_out(&pod).await
+    } else {
+        hv.swap_in(&pod).await
+    };
+    match result {
+        Ok(answer) => json_ok(&answer),
+        Err(error) => refusal(&error),
+    }
+}
+
+/// `POST /api/v1/swap-in`: answers once the worker's pod is resident, or
+/// its swap-in failed, or the wait is over (the worker asks again).
+pub(super) async fn worker_swap_in(hv: &Hypervisor, mut req: Request) -> Response {
+    let Some(token) = bearer(&req).map(str::to_owned) else {
+        return unauthorized();
+    };
+    let ask: SwapInRequest = match json_body(&mut req).await {
+        Ok(ask) => ask,
+        Err(refusal) => return refusal,
+    };
+    let pod = match worker_pod(hv, &ask.worker_id, &token) {
+        Ok(pod) => pod,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let wait = swap_in_wait(hv.core().settings.swap.room_wait);
+    match tokio::time::timeout(wait, hv.swap_in(&pod)).await {
+        Ok(Ok(answer)) => json_ok(&answer),
+        Ok(Err(error)) => refusal(&error),
+        Err(_) => json_ok(&SwapAnswer {
+            residency: hv.swap_board().pod(&pod).state_name().to_owned(),
+            message: format!("not back within {} s; ask again", wait.as_secs()),
+        }),
+    }
+}
+
+/// `POST /api/v1/room`: idle pods of the GPU swapped out for the worker's
+/// allocation, within the configured wait.
+pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
+    let Some(token) = bearer(&req).map(str::to_owned) else {
+        return unauthorized();
+    };
+    let ask: RoomRequest = match json_body(&mut req).await {
+        Ok(ask) => ask,
+        Err(refusal) => return refusal,
+    };
+    if ask.uuid.len() > MAX_UUID_LEN {
+        return json_error(StatusCode::BAD_REQUEST, "device UUID too long");
+    }
+    let pod = match worker_pod(hv, &ask.worker_id, &token) {
+        Ok(pod) => pod,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let wait = hv.core().settings.swap.room_wait;
+    let freed = tokio::time::timeout(wait, hv.make_room(&ask.uuid, ask.bytes, &pod))
+        .await
+        .unwrap_or(0);
+    json_ok(&RoomAnswer {
+        freed,
+        message: if freed == 0 {
+            "no idle pod could make room on the GPU (or it does not overcommit)".to_owned()
+        } else {
+            String::new()
+        },
+    })
+}
+
+fn worker_pod(hv: &Hypervisor, worker_id: &str, token: &str) -> Result<String, Refusal> {
+    let Ok(id) = ClientId::new(worker_id.to_owned()) else {
+        return Err(Refusal::unauthorized());
+    };
+    match hv.authorize_worker(&id, token) {
+        Ok(pod) => Ok(pod.to_string()),
+        Err(AuthError::Unauthorized) => Err(Refusal::unauthorized()),
+        Err(AuthError::TooMany) => Err(Refusal::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many workers for this pod",
+        )),
+    }
+}
+
+/// 404 unknown pod, 503 no checkpoint API, 409 a refusal (the pod stays
+/// where it was), 500 a swap-in that failed (the pod stays in host memory).
+fn refusal(error: &SwapRefusal) -> Response {
+    let status = match error {
+        SwapRefusal::UnknownPod(_) => StatusCode::NOT_FOUND,
+        SwapRefusal::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ if error.is_refusal() => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    json_error(status, &error.to_string())
+}

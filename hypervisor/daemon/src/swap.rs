@@ -1,0 +1,411 @@
+//! Swapping pods to host memory and back: what an operator asks
+//! (`POST …/pods/{id}/swap-out`, `…/swap-in`), what a swapped pod's trapped
+//! CUDA call asks (`POST /api/v1/swap-in`), and the room made on a GPU for
+//! a pod that needs memory it does not have free (`POST /api/v1/room`,
+//! memory overcommit). `hypervisor-swap` does the driver's part; this module
+//! picks the processes, keeps the pod's residency in its limits object (so
+//! its processes' calls wait while it is away, and a restarted daemon finds
+//! it) and serialises swaps: one at a time on the node, since each is bound
+//! by the same host link.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpushare_utils::clock::monotonic_ms;
+use gpushare_utils::limits::Residency;
+use gpushare_utils::protocol::SwapAnswer;
+use hypervisor_core::scheduler::SwapView;
+use hypervisor_swap::{
+    Candidate, CheckpointDriver, DriverError, RoomPolicy, SwapBoard, SwapError, SwapState,
+};
+
+use crate::Hypervisor;
+
+/// A swap-out begins once the pod's last call is this old: its processes
+/// stamp calls from a coarse clock (a tick, a few milliseconds, behind at
+/// most), so a call after that moment stamps a newer value, which the
+/// check after the lock sees.
+const QUIET_MS: u64 = 20;
+/// How long a swap-out waits for the pod to be quiet that long.
+const QUIET_WAIT: Duration = Duration::from_secs(1);
+
+/// The daemon's swapping: the board, the driver (loaded at first use) and
+/// the lock that keeps swaps one at a time.
+#[derive(Default)]
+pub(crate) struct Swapper {
+    pub(crate) board: SwapBoard,
+    driver: Mutex<Option<Arc<CheckpointDriver>>>,
+    ops: tokio::sync::Mutex<()>,
+}
+
+/// Why a swap was not done.
+#[derive(Debug, thiserror::Error)]
+pub enum SwapRefusal {
+    /// No such pod is scheduled.
+    #[error("no pod {0}")]
+    UnknownPod(String),
+    /// The driver cannot swap (no driver, or one without the checkpoint API).
+    #[error("swap needs the driver's checkpoint API: {0}")]
+    Unsupported(DriverError),
+    /// Swapping the pod out would pass the host-memory cap.
+    #[error(
+        "host memory for swapped pods is full: {on_host} of {limit} bytes taken, the pod holds {bytes}"
+    )]
+    HostFull {
+        /// Bytes of swapped pods in host memory now.
+        on_host: u64,
+        /// The cap (`[swap] host_limit`).
+        limit: u64,
+        /// What the pod would add.
+        bytes: u64,
+    },
+    /// The engine's refusal or failure.
+    #[error(transparent)]
+    Swap(#[from] SwapError),
+    /// The blocking task that called the driver did not finish.
+    #[error("the swap task failed: {0}")]
+    Task(String),
+}
+
+impl SwapRefusal {
+    /// Whether the pod was left where it was asked to leave (a refusal) as
+    /// opposed to a failure half-way that needs another try.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, Self::Swap(SwapError::Restore(_)) | Self::Task(_))
+    }
+}
+
+impl Hypervisor {
+    /// Each pod's swap state and the node's totals.
+    pub fn swap_board(&self) -> &SwapBoard {
+        &self.shared.swapper.board
+    }
+
+    /// Checkpoints every process of `pod` to host memory: its device memory
+    /// is freed, its quota and ledger stay, and its processes' next CUDA
+    /// call brings it back. A pod that is active (a CUDA call as the swap
+    /// begins) or whose memory the driver cannot checkpoint runs on.
+    pub async fn swap_out(&self, pod: &str) -> Result<SwapAnswer, SwapRefusal> {
+        let view = self.view(pod)?;
+        let _one = self.shared.swapper.ops.lock().await;
+        self.swap_out_locked(&view).await?;
+        Ok(answer(&view))
+    }
+
+    /// Restores every process of `pod` onto its GPUs (making room there
+    /// first where the GPU overcommits), then lets them run.
+    pub async fn swap_in(&self, pod: &str) -> Result<SwapAnswer, SwapRefusal> {
+        let view = self.view(pod)?;
+        let _one = self.shared.swapper.ops.lock().await;
+        self.swap_in_locked(&view).await?;
+        Ok(answer(&view))
+    }
+
+    /// Swaps idle pods of the GPU `uuid` (not `asker`) out until `need`
+    /// bytes are freed, where the GPU overcommits; returns the bytes freed
+    /// (0: none could be, or overcommit is off there).
+    pub async fn make_room(&self, uuid: &str, need: u64, asker: &str) -> u64 {
+        let _one = self.shared.swapper.ops.lock().await;
+        self.make_room_locked(uuid, need, asker).await
+    }
+
+    /// Once a second, while no swap runs: a pod this run did not swap but
+    /// finds away (an earlier run swapped it, or died half-way) is shown
+    /// swapped, and its processes' next call brings it back; a swapped pod
+    /// whose processes all exited is resident again.
+    pub(crate) async fn sweep_swapped(&self) {
+        let Ok(_one) = self.shared.swapper.ops.try_lock() else {
+            return;
+        };
+        let away: Vec<SwapView> = self
+            .core()
+            .scheduler
+            .swap_views()
+            .into_iter()
+            .filter(|v| v.region.residency() != Residency::Resident)
+            .collect();
+        for view in away {
+            if view.region.residency() != Residency::Swapped {
+                view.region.set_residency(Residency::Swapped);
+            }
+            let pids = self.pids_of(&view.pod).await;
+            let alive = pids.iter().any(|&pid| {
+                !gpushare_utils::process::process_is_gone(i32::try_from(pid).unwrap_or(i32::MAX), 0)
+            });
+            // Processes the daemon cannot see (another pid namespace, not
+            // yet adopted) still hold their ledger's bytes until reclaimed.
+            if alive || view.bytes() > 0 {
+                self.swap_board().found_swapped(&view.pod, view.bytes());
+            } else {
+                view.region.set_residency(Residency::Resident);
+                self.swap_board().processes_gone(&view.pod);
+                tracing::info!(pod = %view.pod, "the swapped pod's processes exited; its host memory is free");
+            }
+        }
+    }
+
+    fn view(&self, pod: &str) -> Result<SwapView, SwapRefusal> {
+        self.core()
+            .scheduler
+            .swap_view(pod)
+            .ok_or_else(|| SwapRefusal::UnknownPod(pod.to_owned()))
+    }
+
+    async fn swap_out_locked(&self, view: &SwapView) -> Result<u64, SwapRefusal> {
+        let region = Arc::clone(&view.region);
+        if region.residency() == Residency::Swapped {
+            return Ok(0);
+        }
+        let bytes = view.bytes();
+        let limit = self.core().settings.swap.host_limit;
+        let on_host = self.swap_board().totals().bytes_on_host;
+        if on_host.saturating_add(bytes) > limit {
+            return Err(SwapRefusal::HostFull {
+                on_host,
+                limit,
+                bytes,
+            });
+        }
+        let pids = self.pids_of(&view.pod).await;
+        let driver = self.checkpoint_driver().await?;
+        let board = self.swap_board();
+        let quiet = quiet_stamp(&region).await;
+        let outcome = match quiet {
+            Some(stamp) => {
+                // The residency first, then the stamp again after the lock:
+                // a call that read the pod resident stamped before this
+                // store (each side writes, then reads the other's word).
+                region.set_residency(Residency::SwappingOut);
+                board.set_state(&view.pod, SwapState::SwappingOut);
+                let idle_region = Arc::clone(&region);
+                tokio::task::spawn_blocking(move || {
+                    hypervisor_swap::swap_out(&driver, &pids, || {
+                        idle_region.last_call_ms() == stamp
+                    })
+                })
+                .await
+            }
+            None => Ok(Err(SwapError::Active)),
+        };
+        match flatten(outcome) {
+            Ok(timing) => {
+                region.set_residency(Residency::Swapped);
+                board.swapped_out(&view.pod, bytes, timing.total());
+                tracing::info!(pod = %view.pod, bytes, seconds = timing.total().as_secs_f64(), "pod swapped out");
+                Ok(bytes)
+            }
+            Err(error) => {
+                region.set_residency(Residency::Resident);
+                board.failed(&view.pod, SwapState::Resident, &error.to_string());
+                tracing::warn!(pod = %view.pod, %error, "swap-out not done; the pod runs on");
+                Err(error)
+            }
+        }
+    }
+
+    async fn swap_in_locked(&self, view: &SwapView) -> Result<(), SwapRefusal> {
+        let region = Arc::clone(&view.region);
+        if region.residency() == Residency::Resident {
+            return Ok(());
+        }
+        self.room_for(view).await;
+        let pids = self.pids_of(&view.pod).await;
+        let driver = self.checkpoint_driver().await?;
+        let board = self.swap_board();
+        region.set_residency(Residency::SwappingIn);
+        board.set_state(&view.pod, SwapState::SwappingIn);
+        let outcome =
+            tokio::task::spawn_blocking(move || hypervisor_swap::swap_in(&driver, &pids, &[]))
+                .await;
+        match flatten(outcome) {
+            Ok(timing) => {
+                region.set_residency(Residency::Resident);
+                board.swapped_in(&view.pod, timing.total());
+                tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");
+                Ok(())
+            }
+            Err(error) => {
+                region.set_residency(Residency::Swapped);
+                board.failed(&view.pod, SwapState::Swapped, &error.to_string());
+                tracing::error!(pod = %view.pod, %error, "swap-in failed; the pod stays in host memory");
+                Err(error)
+            }
+        }
+    }
+
+    /// Before a swap-in: where a GPU of the pod overcommits and has less
+    /// free than the pod held there, idle pods make room.
+    async fn room_for(&self, view: &SwapView) {
+        let gpus = self.shared.observer.gpus().unwrap_or_default();
+        for gpu in &view.gpus {
+            let Some(info) = gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(&gpu.uuid)) else {
+                continue;
+            };
+            let free = info.memory_total.saturating_sub(info.memory_used);
+            if free < gpu.bytes {
+                self.make_room_locked(&gpu.uuid, gpu.bytes - free, &view.pod)
+                    .await;
+            }
+        }
+    }
+
+    async fn make_room_locked(&self, uuid: &str, need: u64, asker: &str) -> u64 {
+        let (views, settings, index) = {
+            let core = self.core();
+            let index = core
+                .scheduler
+                .gpus()
+                .iter()
+                .find(|g| g.uuid.eq_ignore_ascii_case(uuid))
+                .map(|g| g.index);
+            (
+                core.scheduler.swap_views_on(uuid),
+                core.settings.swap.clone(),
+                index,
+            )
+        };
+        if !index.is_some_and(|index| settings.overcommits(index)) {
+            return 0;
+        }
+        let candidates: Vec<Candidate> = views
+            .iter()
+            .filter(|v| v.pod != asker && v.region.residency() == Residency::Resident)
+            .map(|v| Candidate {
+                pod: v.pod.clone(),
+                bytes: v.bytes_on(uuid),
+                last_call_ms: v.region.last_call_ms(),
+                latency: v
+                    .gpus
+                    .iter()
+                    .any(|g| g.latency && g.uuid.eq_ignore_ascii_case(uuid)),
+            })
+            .collect();
+        let host_room = settings
+            .host_limit
+            .saturating_sub(self.swap_board().totals().bytes_on_host);
+        let policy = RoomPolicy {
+            idle_after_ms: u64::try_from(settings.idle_after.as_millis()).unwrap_or(u64::MAX),
+            latency: settings.latency_pods,
+        };
+        let chosen: Vec<String> =
+            hypervisor_swap::victims(&candidates, need, host_room, monotonic_ms(), policy)
+                .into_iter()
+                .map(|c| c.pod.clone())
+                .collect();
+        let mut freed = 0u64;
+        for pod in chosen {
+            let Some(view) = views.iter().find(|v| v.pod == pod) else {
+                continue;
+            };
+            if self.swap_out_locked(view).await.is_ok() {
+                freed = freed.saturating_add(view.bytes_on(uuid));
+            }
+        }
+        tracing::info!(gpu = uuid, need, freed, for_pod = asker, "room made");
+        freed
+    }
+
+    /// The pod's processes, by the daemon's pids: its registered workers'
+    /// (an adopted worker's found again through the identity check) and the
+    /// processes of its ledger in the daemon's namespace, the daemon's own
+    /// slot there excepted.
+    async fn pids_of(&self, pod: &str) -> Vec<u32> {
+        let (mut pids, unresolved, region) = {
+            let core = self.core();
+            let mut pids = Vec::new();
+            let mut unresolved = Vec::new();
+            for id in core.workers.of_pod(pod) {
+                let Some(worker) = core.workers.get(&id) else {
+                    continue;
+                };
+                match worker.host_pid {
+                    Some(pid) => pids.push(pid),
+                    None => unresolved.push((worker.pod.clone(), worker.pid)),
+                }
+            }
+            (
+                pids,
+                unresolved,
+                core.scheduler.swap_view(pod).map(|v| v.region),
+            )
+        };
+        let identity = self.shared.identity.get().cloned();
+        let found = tokio::task::spawn_blocking(move || {
+            let mut found: Vec<u32> = region.map(|r| r.pids()).unwrap_or_default();
+            for (pod, pid) in unresolved {
+                match &identity {
+                    Some(identity) => found.extend(identity.verify(&pod, pid).ok()),
+                    None => found.push(pid),
+                }
+            }
+            found
+        })
+        .await
+        .unwrap_or_default();
+        pids.extend(found);
+        // The daemon holds a slot in every pod's ledger itself.
+        pids.retain(|&pid| pid != std::process::id());
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    async fn checkpoint_driver(&self) -> Result<Arc<CheckpointDriver>, SwapRefusal> {
+        if let Some(driver) = lock(&self.shared.swapper.driver).as_ref() {
+            return Ok(Arc::clone(driver));
+        }
+        let library = self.core().settings.swap.cuda_library.clone();
+        let loaded = tokio::task::spawn_blocking(move || CheckpointDriver::load(&library))
+            .await
+            .map_err(|e| SwapRefusal::Task(e.to_string()))?
+            .map_err(SwapRefusal::Unsupported)?;
+        let driver = Arc::new(loaded);
+        *lock(&self.shared.swapper.driver) = Some(Arc::clone(&driver));
+        Ok(driver)
+    }
+}
+
+/// The pod's last-call stamp once it is [`QUIET_MS`] old; `None` when the
+/// pod keeps calling for [`QUIET_WAIT`].
+async fn quiet_stamp(region: &hypervisor_core::region::PodRegion) -> Option<u64> {
+    let deadline = tokio::time::Instant::now() + QUIET_WAIT;
+    loop {
+        let stamp = region.last_call_ms();
+        let age = monotonic_ms().saturating_sub(stamp);
+        if age >= QUIET_MS {
+            return Some(stamp);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(QUIET_MS - age)).await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Every update is one step: a panic elsewhere leaves it usable.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn flatten<T>(
+    outcome: Result<Result<T, SwapError>, tokio::task::JoinError>,
+) -> Result<T, SwapRefusal> {
+    match outcome {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(SwapRefusal::Swap(error)),
+        Err(error) => Err(SwapRefusal::Task(error.to_string())),
+    }
+}
+
+fn answer(view: &SwapView) -> SwapAnswer {
+    SwapAnswer {
+        residency: view.region.residency().as_str().to_owned(),
+        message: String::new(),
+    }
+}
+
+/// How long a trapped call's swap-in may take before the daemon answers
+/// (the limiter asks again): a swap-out in progress finishes first.
+pub(crate) fn swap_in_wait(room_wait: Duration) -> Duration {
+    room_wait.max(Duration::from_secs(30))
+}

@@ -1,0 +1,21 @@
+//! Swap: a pod's device memory moved to host memory and back, by the
+//! driver's checkpoint API, so that an idle pod gives its GPU memory to
+//! others and comes back with exactly what it had.
+//!
+//! [`driver`] loads the API and calls it on processes by pid; [`engine`]
+//! swaps all processes of a pod together (lock all, checkpoint all; restore
+//! all, unlock all), undoing a half-done swap-out; [`policy`] chooses the
+//! idle pods that make room on a GPU; [`board`] keeps each pod's swap state
+//! for the status and metrics. Which pods exist, what they hold and when
+//! they last called CUDA is the daemon's to say: this crate knows pids and
+//! bytes only.
+
+pub mod board;
+pub mod driver;
+pub mod engine;
+pub mod policy;
+
+pub use board::{PodSwap, SwapBoard, SwapState, SwapTotals};
+pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uuid};
+pub use engine::{SwapError, Timing, swap_in, swap_out};
+pub use policy::{Candidate, LatencyPods, RoomPolicy, victims};

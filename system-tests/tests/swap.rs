@@ -1,0 +1,352 @@
+//! Swap under a real daemon and the driver double's checkpoint API: an idle
+//! pod goes to host memory and its next CUDA call brings it back with its
+//! quota; what the driver refuses leaves the pod running; a refused restore
+//! is tried again; a pod whose process exits while away frees its host
+//! memory; a restarted daemon finds a swapped pod and brings it back.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use system_tests::daemon::DoubleGpus;
+use system_tests::pod::Pod;
+use system_tests::probes::{self, GIB, probe};
+use system_tests::{RunningNode, artifacts, daemon};
+
+const TOKEN: &str = "pod-token";
+const ADMIN: &str = "admin";
+
+/// The folder where the double's processes keep their checkpoint control
+/// blocks: named in this test process's environment before any thread
+/// starts (the double's caller side, loaded in-process by the daemon,
+/// reads it, as do the probes, which inherit it), removed at exit.
+fn checkpoint_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("gpushare-swap-tests-{}", std::process::id()))
+}
+
+#[ctor::ctor(unsafe)]
+fn name_the_checkpoint_folder() {
+    let dir = checkpoint_dir();
+    let _ = std::fs::create_dir_all(&dir);
+    // SAFETY: runs before main, while this process has one thread.
+    unsafe { std::env::set_var("GPUSHARE_DOUBLE_CHECKPOINT_DIR", &dir) };
+    // SAFETY: registers a plain function with no arguments to run at exit.
+    unsafe { libc::atexit(remove_the_checkpoint_folder) };
+}
+
+extern "C" fn remove_the_checkpoint_folder() {
+    let _ = std::fs::remove_dir_all(checkpoint_dir());
+}
+
+fn config(pod: &Pod, quota: &str, extra_swap: &str) -> String {
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n{extra_swap}\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"{quota}\"\n",
+        library.display(),
+        pod.0
+    )
+}
+
+fn start(pod: &Pod, quota: &str) -> RunningNode {
+    daemon::hypervisor(pod, &config(pod, quota, ""), Arc::new(DoubleGpus(1)))
+}
+
+/// A probe of `pod` under the daemon at `url`, its script run up to each
+/// `wait` and resumed by [`Running::resume`].
+struct Running {
+    child: Child,
+    stdin: ChildStdin,
+    lines: std::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Running {
+    fn start(pod: &Pod, url: &str, env: &[(&str, &str)], script: &[&str]) -> Self {
+        let mut command = probe(
+            "cudaprobe",
+            pod,
+            &[
+                ("CUDA_LIMITER_HYPERVISOR", url),
+                ("CUDA_LIMITER_TOKEN", TOKEN),
+            ],
+            script,
+        );
+        probes::use_node_tables(&mut command, pod);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("probe starts");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Output lines up to and including the next `ready` (or the end).
+    fn until_ready(&mut self) -> Vec<String> {
+        let mut seen = Vec::new();
+        for line in self.lines.by_ref() {
+            let line = line.expect("probe output");
+            let ready = line == "ready";
+            seen.push(line);
+            if ready {
+                break;
+            }
+        }
+        seen
+    }
+
+    fn resume(&mut self) {
+        writeln!(self.stdin).expect("resume the probe");
+    }
+
+    /// The rest of the output, and the exit status.
+    fn finish(mut self) -> (Vec<String>, std::process::ExitStatus) {
+        drop(self.stdin);
+        let rest: Vec<String> = self.lines.map(|l| l.expect("probe output")).collect();
+        let status = self.child.wait().expect("probe exits");
+        (rest, status)
+    }
+}
+
+/// What the double's control block of process `pid` says: its
+/// `CUprocessState`, its bytes in host memory, its bytes on device 0.
+fn control_block(pid: u32) -> (u32, u64, u64) {
+    let bytes = std::fs::read(checkpoint_dir().join(pid.to_string())).expect("control block");
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    (u32_at(12), u64_at(16), u64_at(24))
+}
+
+/// `hypervisor swap out|in POD` against `node`: its exit status and output.
+fn cli_swap(node: &RunningNode, direction: &str, pod: &Pod) -> (bool, String) {
+    let output = Command::new(artifacts::hypervisor())
+        .args([
+            "swap",
+            direction,
+            &pod.0,
+            "--addr",
+            &node.addr().to_string(),
+        ])
+        .env("GPUSHARE_ADMIN_TOKEN", ADMIN)
+        .output()
+        .expect("hypervisor swap runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+fn pod_swap(node: &RunningNode, pod: &Pod) -> hypervisor_swap::PodSwap {
+    node.hypervisor().swap_board().pod(&pod.0)
+}
+
+fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_idle_pod_goes_to_host_memory_and_its_next_call_brings_it_back() {
+    let pod = Pod::new("swap-idle");
+    let node = start(&pod, "4g");
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[],
+        &[
+            "alloc", "mem", "2g", "wait", "info", "alloc", "mem", "1g", "alloc", "mem", "2g",
+        ],
+    );
+    let before = running.until_ready();
+    assert!(before[0].contains("-> 0 "), "{before:?}");
+    let (_, _, held) = control_block(running.pid());
+    assert!(held >= 2 * GIB, "the probe holds {held} bytes on the GPU");
+
+    let (ok, answer) = cli_swap(&node, "out", &pod);
+    assert!(ok, "{answer}");
+    assert!(answer.contains("\"residency\":\"swapped\""), "{answer}");
+    let (state, on_host, on_device) = control_block(running.pid());
+    assert_eq!(
+        (state, on_device),
+        (2, 0),
+        "checkpointed, nothing on the GPU"
+    );
+    assert_eq!(on_host, held, "all of it in host memory");
+    let record = pod_swap(&node, &pod);
+    assert_eq!(record.state, hypervisor_swap::SwapState::Swapped);
+    assert!(record.bytes_on_host >= 2 * GIB, "{record:?}");
+    let metrics = daemon::metrics(&node.url());
+    assert!(metrics.contains("gpushare_swapped_pods 1"), "{metrics}");
+
+    // The next CUDA call is held by the limiter, which asks for the pod back.
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert_eq!(rest[0], "resumed");
+    let total = 4 * GIB;
+    assert!(rest[1].starts_with("info 0 free="), "{rest:?}");
+    assert!(rest[1].ends_with(&format!("total={total}")), "{rest:?}");
+    assert!(
+        rest[2].contains("-> 0 "),
+        "1 GiB more fits the quota: {rest:?}"
+    );
+    assert!(rest[3].contains("-> 2 "), "2 GiB more is over it: {rest:?}");
+    let record = pod_swap(&node, &pod);
+    assert_eq!(record.state, hypervisor_swap::SwapState::Resident);
+    assert_eq!((record.swap_outs, record.swap_ins), (1, 1), "{record:?}");
+    assert_eq!(record.bytes_on_host, 0);
+}
+
+#[test]
+fn a_pod_the_driver_cannot_checkpoint_runs_on_with_the_reason() {
+    let pod = Pod::new("swap-managed");
+    let node = start(&pod, "4g");
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[],
+        &["alloc", "managed", "1g", "wait", "alloc", "mem", "1g"],
+    );
+    let before = running.until_ready();
+    assert!(before[0].contains("-> 0 "), "{before:?}");
+    let (ok, answer) = cli_swap(&node, "out", &pod);
+    assert!(!ok, "managed memory cannot be checkpointed: {answer}");
+    assert!(answer.contains("409"), "{answer}");
+    assert!(answer.contains("cuCheckpointProcessCheckpoint"), "{answer}");
+    let (state, _, on_device) = control_block(running.pid());
+    assert_eq!(state, 0, "running again");
+    assert!(on_device >= GIB);
+    let record = pod_swap(&node, &pod);
+    assert_eq!(record.state, hypervisor_swap::SwapState::Resident);
+    assert_eq!(record.failures, 1);
+    assert!(record.last_error.is_some(), "{record:?}");
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+}
+
+#[test]
+fn a_restore_the_driver_refuses_is_tried_again_until_the_pod_is_back() {
+    let pod = Pod::new("swap-retry");
+    let node = start(&pod, "4g");
+    // Four refusals: more than one swap-in's tries, so the first swap-in
+    // fails and the pod stays in host memory; the trapped call asks again.
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[("GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES", "4")],
+        &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"],
+    );
+    running.until_ready();
+    let (ok, answer) = cli_swap(&node, "out", &pod);
+    assert!(ok, "{answer}");
+    let (ok, answer) = cli_swap(&node, "in", &pod);
+    assert!(!ok, "three refusals in a row: {answer}");
+    assert!(answer.contains("500"), "{answer}");
+    let record = pod_swap(&node, &pod);
+    assert_eq!(record.state, hypervisor_swap::SwapState::Swapped);
+    assert!(
+        record
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("cuCheckpointProcessRestore")),
+        "{record:?}"
+    );
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    let record = pod_swap(&node, &pod);
+    assert_eq!(record.state, hypervisor_swap::SwapState::Resident);
+    assert!(record.last_error.is_none(), "{record:?}");
+}
+
+#[test]
+fn a_swapped_pod_whose_process_exits_frees_its_host_memory() {
+    let pod = Pod::new("swap-exit");
+    let node = start(&pod, "4g");
+    let mut running = Running::start(&pod, &node.url(), &[], &["alloc", "mem", "2g", "wait"]);
+    running.until_ready();
+    let (ok, answer) = cli_swap(&node, "out", &pod);
+    assert!(ok, "{answer}");
+    running.child.kill().expect("kill the probe");
+    let _ = running.child.wait();
+    eventually("the pod's host memory is given back", || {
+        node.hypervisor().swap_board().totals().bytes_on_host == 0
+    });
+    let record = pod_swap(&node, &pod);
+    assert_eq!(record.state, hypervisor_swap::SwapState::Resident);
+    // A new process of the pod runs at once.
+    let lines = probes::run({
+        let mut command = probe(
+            "cudaprobe",
+            &pod,
+            &[
+                ("CUDA_LIMITER_HYPERVISOR", &node.url()),
+                ("CUDA_LIMITER_TOKEN", TOKEN),
+            ],
+            &["alloc", "mem", "3g"],
+        );
+        probes::use_node_tables(&mut command, &pod);
+        command
+    });
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+}
+
+#[test]
+fn a_restarted_daemon_finds_the_swapped_pod_and_brings_it_back() {
+    let pod = Pod::new("swap-restart");
+    let node = start(&pod, "4g");
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[],
+        &[
+            "alloc", "mem", "2g", "wait", "alloc", "mem", "1g", "alloc", "mem", "2g",
+        ],
+    );
+    running.until_ready();
+    let (ok, answer) = cli_swap(&node, "out", &pod);
+    assert!(ok, "{answer}");
+    let addr = node.addr();
+    node.stop();
+    // The same config on the same port: the probe's limiter reaches it.
+    let text = config(&pod, "4g", "").replace("127.0.0.1:0", &addr.to_string());
+    let again = daemon::hypervisor(&pod, &text, Arc::new(DoubleGpus(1)));
+    eventually("the new daemon shows the pod swapped", || {
+        pod_swap(&again, &pod).state == hypervisor_swap::SwapState::Swapped
+    });
+    assert_eq!(control_block(running.pid()).0, 2, "still checkpointed");
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    assert!(
+        rest[2].contains("-> 2 "),
+        "the quota holds after the restart: {rest:?}"
+    );
+    assert_eq!(
+        pod_swap(&again, &pod).state,
+        hypervisor_swap::SwapState::Resident
+    );
+}
