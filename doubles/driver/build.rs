@@ -52,6 +52,7 @@ const CUDA_SOURCES: &[&str] = &[
     "lookup.c",
     "host_memory.c",
     "checkpoint.c",
+    "node.c",
     "cuda_entry.S",
 ];
 

@@ -95,8 +95,12 @@ def main_ab(p, args):
         binary = common.build_compute_bench(build)
         pin = ["taskset", "-c", common.gpu_local_cpus()]
 
+        # A pod named in LAUNCH_AB_LIMITS (one a daemon serves) is kept;
+        # otherwise every process is a fresh pod of its own.
+        fixed_pod = limits.get("CUDA_LIMITER_POD")
+
         def env_of(pod):
-            return {**os.environ, "LD_PRELOAD": lib, **limits, "CUDA_LIMITER_POD": pod}
+            return {**os.environ, "LD_PRELOAD": lib, **limits, "CUDA_LIMITER_POD": fixed_pod or pod}
 
         repeat(args.pace_s, [*pin, binary, "pace-ab", "20", "40000"], out / "pace-ab.txt", env_of)
         repeat(args.decode_s, [*pin, sys.executable, str(common.TORCH_WORKLOADS), "decode-ab", "8"],

@@ -6,7 +6,7 @@ OUT/swap-bench.json, the daemon's logs and the pods' in OUT (default: a
 temporary folder, printed at the end).
 
   python3 -m scripts.bench swap --bundle DIR [--sizes 1,8,32] [--rounds 3] [--quick]
-          [--out DIR] [--parts bandwidth,swap,infer,overcommit]
+          [--out DIR] [--parts bandwidth,swap,infer,overcommit] [--budget-s 450]
 
 Parts (a part that fails prints FAILED and why, and the run goes on):
 1. bandwidth: pinned host memory <-> the GPU with torch, without the
@@ -14,7 +14,8 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
    GiB/s, median of 5 each way.
 2. swap: per size S, a pod (quota S+4 GiB) holds S GiB of seeded random
    tensors; ROUNDS times: swap-out and swap-in through the admin API (the
-   HTTP call's time and the daemon's last_swap_out_s/last_swap_in_s),
+   HTTP call's time and the daemon's last_swap_out_s/last_swap_in_s; GiB/s
+   of what moved, the process's device memory as the daemon counts it),
    nvidia-smi's MiB of the process before, while swapped (expect none) and
    after; then the digests and a matmul recomputed on the GPU (bit-exact
    against those before any swap), and the quota (quota - S - 1 GiB more is
@@ -33,8 +34,11 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
 
 Targets: swap-in of 8 GiB <= 2 s; a swapped pod's first request <= 3 s;
 stretch: swap bandwidth >= 50% of pinned. With the defaults the run should
-take 4 to 6 minutes, mostly checkpoints (about 2.3 GiB/s on an H200 with
-driver 580) and restores (about 6 GiB/s); --quick: sizes 1,8 and 2 rounds.
+take 4 to 6 minutes, mostly checkpoints (1.4 to 2.3 GiB/s on an H100 and an
+H200, driver 580) and restores; --quick: sizes 1,8 and 2 rounds. A swap, or
+a request waiting for one, that does not answer within a minute and 4 s a
+GiB fails (the daemon's swaps are then not tried again until the next
+part's daemon), and --budget-s bounds the whole run.
 """
 import argparse
 import contextlib

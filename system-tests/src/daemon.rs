@@ -31,6 +31,28 @@ impl GpuObserver for DoubleGpus {
     }
 }
 
+/// The driver double's first GPU as its processes share it through a node
+/// file (`gpushare_examples::NODE_FILE_VAR`): what NVML would show a
+/// hypervisor of a GPU several pods use.
+pub struct NodeFileGpu {
+    /// The node file the pods' processes name.
+    pub path: std::path::PathBuf,
+    /// The GPU's size, as the processes' `GPUSHARE_DOUBLE_TOTAL` says.
+    pub total: u64,
+}
+
+impl GpuObserver for NodeFileGpu {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        Ok(vec![GpuInfo {
+            index: 0,
+            uuid: gpushare_examples::uuid(0),
+            name: "driver double".to_owned(),
+            memory_total: self.total,
+            memory_used: gpushare_examples::node_used(&self.path, 0).unwrap_or(0),
+        }])
+    }
+}
+
 /// A hypervisor on loopback running `config` (its TOML) for `pod`'s test,
 /// seeing GPUs through `observer`, with the test's node tables.
 pub fn hypervisor(pod: &Pod, config: &str, observer: Arc<dyn GpuObserver>) -> RunningNode {

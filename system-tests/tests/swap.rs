@@ -2,7 +2,8 @@
 //! pod goes to host memory and its next CUDA call brings it back with its
 //! quota; what the driver refuses leaves the pod running; a refused restore
 //! is tried again; a pod whose process exits while away frees its host
-//! memory; a restarted daemon finds a swapped pod and brings it back.
+//! memory; a restarted daemon finds a swapped pod and brings it back; on a
+//! GPU that overcommits, pods that need memory take it from idle ones.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use system_tests::daemon::DoubleGpus;
+use system_tests::daemon::{DoubleGpus, NodeFileGpu};
 use system_tests::pod::Pod;
 use system_tests::probes::{self, GIB, probe};
 use system_tests::{RunningNode, artifacts, daemon};
@@ -349,4 +350,87 @@ fn a_restarted_daemon_finds_the_swapped_pod_and_brings_it_back() {
         pod_swap(&again, &pod).state,
         hypervisor_swap::SwapState::Resident
     );
+}
+
+#[test]
+fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
+    // Two pods of 10 GiB quotas on one 16 GiB GPU that their processes
+    // share (the double's node file): each fits only while the other is
+    // in host memory.
+    let first = Pod::new("swap-room-a");
+    let second = Pod::new("swap-room-b");
+    let node_file = checkpoint_dir().join(format!("{}.node", second.0));
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
+         overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"10g\"\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"10g\"\n",
+        library.display(),
+        first.0,
+        second.0
+    );
+    let gpu = NodeFileGpu {
+        path: node_file.clone(),
+        total: 16 * GIB,
+    };
+    let node = daemon::hypervisor(&first, &text, Arc::new(gpu));
+    let shared = [(
+        gpushare_examples::NODE_FILE_VAR,
+        node_file.to_str().expect("a path"),
+    )];
+    let mut a = Running::start(
+        &first,
+        &node.url(),
+        &shared,
+        &["alloc", "mem", "9g", "wait", "alloc", "mem", "256m"],
+    );
+    let lines = a.until_ready();
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    // Idle past idle_after_ms; then the second pod's 8 GiB does not fit
+    // beside the first's 9 and more, until the first is swapped out.
+    std::thread::sleep(Duration::from_millis(400));
+    let mut b = Running::start(
+        &second,
+        &node.url(),
+        &shared,
+        &["alloc", "mem", "8g", "wait", "info"],
+    );
+    let lines = b.until_ready();
+    assert!(lines[0].contains("-> 0 "), "room was made: {lines:?}");
+    assert_eq!(
+        control_block(a.pid()).0,
+        2,
+        "the idle pod is in host memory"
+    );
+    assert_eq!(
+        pod_swap(&node, &first).state,
+        hypervisor_swap::SwapState::Swapped
+    );
+    assert_eq!(
+        pod_swap(&node, &second).state,
+        hypervisor_swap::SwapState::Resident
+    );
+
+    // The first pod's next call brings it back, making room in turn: the
+    // second pod, idle now, goes to host memory.
+    std::thread::sleep(Duration::from_millis(400));
+    a.resume();
+    let (rest, status) = a.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    assert_eq!(control_block(b.pid()).0, 2, "the second pod made room");
+    let record = pod_swap(&node, &first);
+    assert_eq!((record.swap_outs, record.swap_ins), (1, 1), "{record:?}");
+
+    // The first pod's process is gone: the second comes back at its call.
+    b.resume();
+    let (rest, status) = b.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].starts_with("info 0 "), "{rest:?}");
+    assert_eq!(
+        pod_swap(&node, &second).state,
+        hypervisor_swap::SwapState::Resident
+    );
+    assert_eq!(node.hypervisor().swap_board().totals().failures, 0);
 }

@@ -145,7 +145,7 @@ static uint32_t thread_id(void) {
  * What /proc/<pid>/stat says of a process: 1 alive (its start time in
  * *start), 0 gone or a zombie, -1 unreadable.
  */
-static int proc_stat(int pid, unsigned long long *start) {
+int proc_stat(int pid, unsigned long long *start) {
     char path[64], text[1024], *field;
     ssize_t len;
     int fd, i;
@@ -176,9 +176,9 @@ static int proc_stat(int pid, unsigned long long *start) {
     return 1;
 }
 
-/* Whether the process that made the block still runs (not a zombie, not a
- * reused pid). */
-static int target_alive(int pid, unsigned long long start_time) {
+/* Whether the process pid that started at start_time (0: any) still runs,
+ * not a zombie nor a reused pid; node.c judges its table's owners so too. */
+int process_alive(int pid, unsigned long long start_time) {
     unsigned long long start = 0;
     switch (proc_stat(pid, &start)) {
     case 1:
@@ -352,10 +352,15 @@ static CUresult serve_restore(struct ckpt_block *b) {
         return CUDA_ERROR_UNKNOWN; /* GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES */
     }
     lock_raw();
-    for (dev = 0; dev < g_config.devices; dev++) {
+    /* With the node file, the charges must fit the shared GPUs first. */
+    rc = node_restore_locked(gpu);
+    for (dev = 0; rc == CUDA_SUCCESS && dev < g_config.devices; dev++) {
         set_device_gpu(dev, gpu[dev]);
     }
     unlock();
+    if (rc != CUDA_SUCCESS) {
+        return rc; /* still checkpointed */
+    }
     for (dev = 0; dev < g_config.devices; dev++) {
         unsigned long long bytes = LOAD(b->moved_bytes[dev]);
         pause_for(bytes);
@@ -510,7 +515,7 @@ static CUresult attach(int pid, struct ckpt_block **out) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (LOAD(b->magic) != CKPT_MAGIC || LOAD(b->version) != CKPT_VERSION ||
-        LOAD(b->pid) != pid || !target_alive(pid, LOAD(b->start_time))) {
+        LOAD(b->pid) != pid || !process_alive(pid, LOAD(b->start_time))) {
         munmap(b, CKPT_FILE_SIZE);
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -541,7 +546,7 @@ static CUresult take_slot(struct ckpt_block *b, uint32_t me, unsigned long long 
                                         __ATOMIC_ACQUIRE)) {
             return CUDA_SUCCESS;
         }
-        if (!target_alive(LOAD(b->pid), LOAD(b->start_time))) {
+        if (!process_alive(LOAD(b->pid), LOAD(b->start_time))) {
             return CUDA_ERROR_INVALID_VALUE;
         }
         if (now_ns() >= deadline) {
@@ -575,7 +580,7 @@ static CUresult settle(struct ckpt_block *b, unsigned long long deadline) {
                                         __ATOMIC_ACQUIRE);
             continue;
         }
-        if (!target_alive(LOAD(b->pid), LOAD(b->start_time))) {
+        if (!process_alive(LOAD(b->pid), LOAD(b->start_time))) {
             return CUDA_ERROR_INVALID_VALUE;
         }
         if (now >= deadline) {
@@ -604,7 +609,7 @@ static CUresult await_done(struct ckpt_block *b, unsigned long long deadline,
         if (seen == REQ_IDLE) {
             return CUDA_ERROR_UNKNOWN; /* withdrawn by another caller: never expected */
         }
-        if (!target_alive(LOAD(b->pid), LOAD(b->start_time))) {
+        if (!process_alive(LOAD(b->pid), LOAD(b->start_time))) {
             return CUDA_ERROR_INVALID_VALUE;
         }
         if (seen == REQ_POSTED && now >= deadline) {

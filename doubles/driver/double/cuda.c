@@ -8,7 +8,8 @@
  *
  * Model (per process, one mutex):
  * - GPUSHARE_DOUBLE_DEVICES fake GPUs of GPUSHARE_DOUBLE_TOTAL bytes each
- *   (double_common.h).
+ *   (double_common.h), the process's own unless a node file (below) shares
+ *   them with other processes.
  * - Contexts: one primary context per GPU (reference counted) and up to
  *   DOUBLE_MAX_CREATED created ones. Destroying a context (or releasing a
  *   primary one to zero) frees the allocations made in it and unloads its
@@ -225,6 +226,28 @@
  *   whose reserved fields are not zero, a pair count without pairs or above
  *   16: CUDA_ERROR_INVALID_VALUE. A process checkpointing itself is not
  *   modelled.
+ *
+ * Shared GPUs (node.c, which gives the file's layout):
+ * - A process whose first cuInit sees GPUSHARE_DOUBLE_NODE_FILE naming a
+ *   path maps that file (created if missing) and from then on adds every
+ *   byte it charges to a GPU (all that cuMemGetInfo counts: allocations,
+ *   contexts, limits, module globals, graph and pool memory) to that GPU's
+ *   shared used bytes there (by GPU, as NVML numbers them), and takes it off
+ *   when the charge goes. A charge fits only when the shared used plus it
+ *   is within GPUSHARE_DOUBLE_TOTAL too; otherwise it fails as one that does
+ *   not fit the process's own GPU (CUDA_ERROR_OUT_OF_MEMORY, nothing
+ *   changed), once the charges of dead processes are reclaimed (the file
+ *   keeps a table of the processes: pid, start time, bytes per GPU). An
+ *   exiting process takes its charges off; a killed one's are reclaimed.
+ *   Unset: nothing is shared.
+ * - A checkpoint takes the process's charges off the shared GPUs; a restore
+ *   adds them back onto the GPUs it restores to (the new ones of its
+ *   pairs), all devices or none, or fails with CUDA_ERROR_OUT_OF_MEMORY and
+ *   leaves the process checkpointed when they do not fit there.
+ * - nvmlDeviceGetMemoryInfo(_v2), in a process whose environment names a
+ *   node file, report the node's used bytes of the GPU (free = total -
+ *   used), as the real NVML does; cuMemGetInfo and NVML's process figures
+ *   stay the process's own.
  */
 #include "double_internal.h"
 
@@ -373,7 +396,14 @@ void lock(void) {
     }
 }
 
+/* The lock unless another thread holds it; whether it was taken. */
+int lock_try(void) {
+    pthread_once(&g_once, load_config);
+    return pthread_mutex_trylock(&g_lock) == 0;
+}
+
 void unlock(void) {
+    node_sync_locked();
     checkpoint_publish_locked();
     pthread_mutex_unlock(&g_lock);
 }
@@ -470,6 +500,7 @@ CUresult impl_cuInit(unsigned int Flags) {
         g_initialized = 1;
         g_mps_enabled = mps;
         checkpoint_start_locked();
+        node_start_locked();
         if (mps) {
             /* The share of the SMs the client takes, read here as the real
              * driver reads it; said on stderr for the tests. */

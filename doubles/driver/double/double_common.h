@@ -58,6 +58,19 @@ typedef unsigned long long (*gpushare_double_busy_fn)(int device, unsigned long 
                                                        unsigned long long to_ns);
 #define GPUSHARE_DOUBLE_BUSY_SYMBOL "gpushare_double_busy_ns"
 
+/*
+ * The node file (layout in node.c): GPUs shared by the processes whose
+ * environment names it. What readers of its header need: the magic, the
+ * version, the device count (u32 at 12) and each GPU's used bytes, u64 at
+ * DOUBLE_NODE_USED_OFFSET + 8 * GPU.
+ */
+#define DOUBLE_NODE_FILE_VAR "GPUSHARE_DOUBLE_NODE_FILE"
+#define DOUBLE_NODE_MAGIC 0x3145444f4e445347ULL /* "GSDNODE1" */
+#define DOUBLE_NODE_VERSION 1U
+#define DOUBLE_NODE_DEVICES_OFFSET 12
+#define DOUBLE_NODE_USED_OFFSET 64
+#define DOUBLE_NODE_SLOTS 16
+
 struct double_config {
     int devices;
     unsigned long long total;

@@ -21,6 +21,8 @@
  *   lookup.c       cuGetProcAddress and the error strings
  *   checkpoint.c   the checkpoint API, across processes: the control block,
  *                  the service thread of a target, the caller's requests
+ *   node.c         the node file: GPUs that processes share, their shared
+ *                  used bytes and the table of the processes charging them
  *   host_memory.c  pinned host memory (its own state and lock)
  *
  * Nothing declared here is exported: the library is built with
@@ -196,6 +198,7 @@ unsigned long long region_start(int dev);
 void reset_limits(struct device *d);
 void lock(void);
 void lock_raw(void);
+int lock_try(void);
 void unlock(void);
 void freeze_locked(int frozen);
 /* The fake GPU (its index, what NVML and the UUID name) an ordinal runs on. */
@@ -239,6 +242,21 @@ int double_device_range(unsigned long long addr, unsigned long long *base,
  * is set; publish writes the process's figures into its control block. */
 void checkpoint_start_locked(void);
 void checkpoint_publish_locked(void);
+/* What /proc/<pid>/stat says: 1 alive (its start time, field 22, in *start),
+ * 0 gone or a zombie, -1 unreadable; and whether pid, started at start_time
+ * (0: any), still runs. */
+int proc_stat(int pid, unsigned long long *start);
+int process_alive(int pid, unsigned long long start_time);
+
+/* node.c: GPUs shared through GPUSHARE_DOUBLE_NODE_FILE. Started by the first
+ * cuInit; fits() reserves a charge's growth in the file (0: it does not fit
+ * there), every unlock() settles the file to what the process holds, and a
+ * restore adds its charges onto the GPUs of gpu[] (by ordinal) or fails with
+ * CUDA_ERROR_OUT_OF_MEMORY changing nothing. */
+void node_start_locked(void);
+int node_reserve_locked(int dev, unsigned long long need);
+void node_sync_locked(void);
+CUresult node_restore_locked(const int *gpu);
 
 /* host_memory.c: pinned mapped host memory. */
 int double_host_range(unsigned long long addr, unsigned long long *base, unsigned long long *size);

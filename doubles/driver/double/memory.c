@@ -49,9 +49,12 @@ unsigned long long used_bytes(int dev) {
     return add_sat(add_sat(context_bytes(dev), g_devices[dev].alloc_bytes), held_bytes(dev));
 }
 
-/* Whether `size` more bytes fit on dev. */
+/* Whether `size` more bytes fit on dev: the one check of every charge, each
+ * made right after it. With the node file (node.c) the growth must fit the
+ * GPU's shared used too, and is reserved there; the unlock settles it. */
 int fits(int dev, unsigned long long size) {
-    return size <= g_config.total && used_bytes(dev) <= g_config.total - size;
+    return size <= g_config.total && used_bytes(dev) <= g_config.total - size &&
+           node_reserve_locked(dev, used_bytes(dev) + size);
 }
 
 static void compact_locked(struct device *d) {

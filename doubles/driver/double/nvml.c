@@ -9,12 +9,19 @@
  * process only: used = its context bytes + its live allocations + its other
  * driver-held bytes, free = total - used, and one compute process (this one)
  * while it holds a context, an allocation or driver-held bytes on the GPU.
+ * Except where GPUSHARE_DOUBLE_NODE_FILE names a node file (node.c) that
+ * holds the GPU: nvmlDeviceGetMemoryInfo(_v2) then report what the whole
+ * node uses, as the real NVML does (used = the file's used bytes of the GPU,
+ * free = total - used); the process figures stay this process's.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cuda_min.h"
@@ -51,10 +58,13 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static struct double_config g_config;
 static struct nvmlDevice_st g_handles[DOUBLE_MAX_DEVICES];
 static gpushare_double_state_fn g_cuda_state;
+static const char *g_node_path; /* GPUSHARE_DOUBLE_NODE_FILE, NULL when unset */
 
 static void load_config(void) {
+    const char *node = getenv(DOUBLE_NODE_FILE_VAR);
     int i;
     g_config = double_config_from_env();
+    g_node_path = node != NULL && *node != '\0' ? strdup(node) : NULL;
     for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
         g_handles[i].index = i;
     }
@@ -258,11 +268,48 @@ nvmlReturn_t impl_nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
     return NVML_SUCCESS;
 }
 
-/* total, free, used as this process sees them. */
-static void memory_figures(const struct gpushare_double_snapshot *s, unsigned long long *total,
-                           unsigned long long *free, unsigned long long *used) {
+/* Whether the node file gives GPU gpu's used bytes (into *used): not when
+ * it is unset, missing, not a node file, or without such a GPU. */
+static int node_used(int gpu, unsigned long long *used) {
+    const unsigned char *header;
+    struct stat st;
+    int fd, found = 0;
+    if (g_node_path == NULL || gpu < 0 || gpu >= DOUBLE_NODE_SLOTS) {
+        return 0;
+    }
+    fd = open(g_node_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return 0;
+    }
+    header = fstat(fd, &st) == 0 && st.st_size >= 4096
+                 ? mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0)
+                 : MAP_FAILED;
+    close(fd);
+    if (header == MAP_FAILED) {
+        return 0;
+    }
+    if (__atomic_load_n((const uint64_t *)header, __ATOMIC_ACQUIRE) == DOUBLE_NODE_MAGIC &&
+        __atomic_load_n((const uint32_t *)(header + 8), __ATOMIC_ACQUIRE) ==
+            DOUBLE_NODE_VERSION &&
+        (uint32_t)gpu < __atomic_load_n((const uint32_t *)(header + DOUBLE_NODE_DEVICES_OFFSET),
+                                        __ATOMIC_ACQUIRE)) {
+        *used = __atomic_load_n((const uint64_t *)(header + DOUBLE_NODE_USED_OFFSET) + gpu,
+                                __ATOMIC_ACQUIRE);
+        found = 1;
+    }
+    munmap((void *)header, 4096);
+    return found;
+}
+
+/* total, free, used of GPU index: the node's with a node file, else this
+ * process's. */
+static void memory_figures(int index, const struct gpushare_double_snapshot *s,
+                           unsigned long long *total, unsigned long long *free,
+                           unsigned long long *used) {
     *total = s->total;
-    *used = s->context_bytes + s->alloc_bytes + s->driver_bytes;
+    if (!node_used(index, used)) {
+        *used = s->context_bytes + s->alloc_bytes + s->driver_bytes;
+    }
     *free = *used >= s->total ? 0 : s->total - *used;
 }
 
@@ -275,7 +322,7 @@ nvmlReturn_t impl_nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t *mem
     if (memory == NULL) {
         return NVML_ERROR_INVALID_ARGUMENT;
     }
-    memory_figures(&s, &memory->total, &memory->free, &memory->used);
+    memory_figures(device->index, &s, &memory->total, &memory->free, &memory->used);
     return NVML_SUCCESS;
 }
 
@@ -292,7 +339,7 @@ nvmlReturn_t impl_nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     }
     memory->reserved = 0;
-    memory_figures(&s, &memory->total, &memory->free, &memory->used);
+    memory_figures(device->index, &s, &memory->total, &memory->free, &memory->used);
     return NVML_SUCCESS;
 }
 

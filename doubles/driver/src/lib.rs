@@ -37,7 +37,8 @@
 //! exec's first upload or launch, retained after it until
 //! `cuDeviceGraphMemTrim`) and the default pool's retained bytes (kept by a
 //! release threshold, released at synchronize or `cuMemPoolTrimTo`).
-//! `cuMemGetInfo` and NVML report this process's usage only. Device `i` has
+//! `cuMemGetInfo` and NVML report this process's usage only (NVML's memory
+//! info the node's, with a node file: below). Device `i` has
 //! the UUID [`uuid`]`(i)`. `CUDA_VISIBLE_DEVICES` (indices, or UUIDs as the device plugin and CDI
 //! specs give them) renumbers
 //! the CUDA side as the real driver does (CUDA device `k` is the `k`-th
@@ -104,6 +105,25 @@
 //! and `GPUSHARE_DOUBLE_CHECKPOINT_US_PER_GIB` (the target's) make restores
 //! fail and moves take time. [`program`]`("ckptprobe")` is such a target.
 //!
+//! # Shared GPUs: the node file
+//!
+//! Each process has its fake GPUs to itself, unless its first `cuInit` sees
+//! [`NODE_FILE_VAR`] naming a path: then the process maps that file (created
+//! if missing) and every byte it charges to a GPU (allocations and all the
+//! driver-held memory above) is also counted in the GPU's shared used bytes
+//! there, and taken off when the charge goes. A charge fits only when the
+//! shared used plus it is within `GPUSHARE_DOUBLE_TOTAL`, else it fails with
+//! `CUDA_ERROR_OUT_OF_MEMORY` as on a full GPU of its own; processes that
+//! died or were killed are reclaimed then (the file keeps a table of pids,
+//! start times and bytes per GPU), and an exiting process takes its charges
+//! off. A checkpoint takes the process's charges off the shared GPUs; a
+//! restore puts them back on the GPUs it restores to, or fails with
+//! `CUDA_ERROR_OUT_OF_MEMORY` (the process staying checkpointed) where they
+//! do not fit. `nvmlDeviceGetMemoryInfo(_v2)`, where the variable is set,
+//! report the whole node's use of the GPU; `cuMemGetInfo` and NVML's process
+//! figures stay per process. The layout is at the top of `double/node.c`;
+//! [`node_used`] reads a GPU's shared used bytes.
+//!
 //! The hidden export [`BUSY_SYMBOL`] gives the busy nanoseconds of a device
 //! within a window, so a test can assert the share a limiter let through;
 //! `cudaprobe`'s `spin`, `run`, `series`, `pace` and `maxstall` print it
@@ -164,6 +184,30 @@ mod double {
     /// The variable that names the folder of the checkpoint control blocks,
     /// read by a target at its first `cuInit` and by each caller.
     pub const CHECKPOINT_DIR_VAR: &str = "GPUSHARE_DOUBLE_CHECKPOINT_DIR";
+
+    /// The variable that names the node file, whose fake GPUs the processes
+    /// that see it at their first `cuInit` share (layout in `double/node.c`).
+    pub const NODE_FILE_VAR: &str = "GPUSHARE_DOUBLE_NODE_FILE";
+
+    /// The bytes every process of the node file at `path` charges to GPU
+    /// `device` (its NVML index); `None` when the file is missing, not a node
+    /// file of version 1 or has no such GPU.
+    pub fn node_used(path: &Path, device: usize) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(path).ok()?;
+        let mut header = [0u8; 16];
+        file.read_exact_at(&mut header, 0).ok()?;
+        let devices = u32::from_le_bytes(header[12..16].try_into().ok()?);
+        if &header[..8] != b"GSDNODE1"
+            || u32::from_le_bytes(header[8..12].try_into().ok()?) != 1
+            || device >= devices.min(16) as usize
+        {
+            return None;
+        }
+        let mut used = [0u8; 8];
+        file.read_exact_at(&mut used, 64 + 8 * device as u64).ok()?;
+        Some(u64::from_le_bytes(used))
+    }
 
     /// The double's busy-time accessor, exported by its `libcuda.so.1`:
     /// `unsigned long long gpushare_double_busy_ns(int device, unsigned long

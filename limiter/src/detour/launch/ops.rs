@@ -19,7 +19,13 @@ fn resident() -> Result<&'static Limiter> {
         return Err(LimiterError::Bypass(Pass::AbSwitchedOff));
     }
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
-    limiter.resident();
+    #[cfg(feature = "launch-ab")]
+    let gate = !ab::swap_gate_bypassed();
+    #[cfg(not(feature = "launch-ab"))]
+    let gate = true;
+    if gate {
+        limiter.resident();
+    }
     Ok(limiter)
 }
 
@@ -111,29 +117,34 @@ pub(super) fn legacy(f: CUfunction, width: i32, height: i32, stream: CUstream) -
 /// only): a program switches the admission off and on between its launches,
 /// so that both arms share its host's drift and its memory layout. With
 /// `GPUSHARE_LAUNCH_AB_PART=first-launch` the switch takes out only the
-/// first-launch check of libraries' globals, and the admission stays.
+/// first-launch check of libraries' globals, with `swap-gate` only the
+/// residency gate (swap), and the rest of the admission stays.
 #[cfg(feature = "launch-ab")]
 mod ab {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicBool, Ordering};
 
     static BYPASSED: AtomicBool = AtomicBool::new(false);
-    static FIRST_LAUNCH_ONLY: OnceLock<bool> = OnceLock::new();
+    static PART: OnceLock<Option<String>> = OnceLock::new();
 
-    fn first_launch_only() -> bool {
-        *FIRST_LAUNCH_ONLY.get_or_init(|| {
-            std::env::var("GPUSHARE_LAUNCH_AB_PART").is_ok_and(|part| part == "first-launch")
-        })
+    fn part() -> Option<&'static str> {
+        PART.get_or_init(|| std::env::var("GPUSHARE_LAUNCH_AB_PART").ok())
+            .as_deref()
     }
 
     /// The whole admission is switched off.
     pub(super) fn bypassed() -> bool {
-        BYPASSED.load(Ordering::Relaxed) && !first_launch_only()
+        BYPASSED.load(Ordering::Relaxed) && part().is_none()
     }
 
     /// Only the first-launch check is switched off.
     pub(super) fn first_launch_bypassed() -> bool {
-        BYPASSED.load(Ordering::Relaxed) && first_launch_only()
+        BYPASSED.load(Ordering::Relaxed) && part() == Some("first-launch")
+    }
+
+    /// Only the residency gate is switched off.
+    pub(super) fn swap_gate_bypassed() -> bool {
+        BYPASSED.load(Ordering::Relaxed) && part() == Some("swap-gate")
     }
 
     /// Launches bypass the admission while `off` is nonzero.

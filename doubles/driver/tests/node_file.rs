@@ -1,0 +1,535 @@
+//! GPUs shared by processes through the node file (layout in
+//! `double/node.c`): probes charge the same GPUs, a killed one is reclaimed,
+//! racing ones never pass the total, a checkpoint frees a process's bytes on
+//! the node and a restore needs room for them, NVML reports the node's use.
+#![cfg(all(target_arch = "x86_64", target_os = "linux"))]
+
+use std::ffi::{c_int, c_uint};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::Duration;
+
+mod common;
+
+use common::in_process::Lib;
+use common::{CTX, CUDA_SUCCESS, GIB, MIB, in_fresh_process};
+use gpushare_examples::{CHECKPOINT_DIR_VAR, NODE_FILE_VAR, command, node_used, program};
+
+const CUDA_ERROR_OUT_OF_MEMORY: c_int = 2;
+const LOCKED: u32 = 1;
+const CHECKPOINTED: u32 = 2;
+/// Every GPU's size in these tests.
+const TOTAL: u64 = 16 * GIB;
+/// How long a reply that must come may take.
+const REPLY: Duration = Duration::from_secs(20);
+
+/// A new folder for a node file, under the target's temporary directory
+/// (removed when dropped).
+fn node_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("node")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("a temporary folder")
+}
+
+/// GPU `gpu`'s shared used bytes.
+fn used(node: &Path, gpu: usize) -> u64 {
+    node_used(node, gpu).expect("a node file with that GPU")
+}
+
+/// The double's knobs for a probe: 16 GiB GPUs sharing `node` (none when
+/// `None`), `devices` of them, nothing inherited but the checkpoint folder.
+fn configure(cmd: &mut Command, node: Option<&Path>, devices: u32) {
+    for var in [
+        "LD_PRELOAD",
+        "GPUSHARE_DOUBLE_CONTEXT_BYTES",
+        "GPUSHARE_DOUBLE_KERNEL_NS",
+        "GPUSHARE_DOUBLE_QUEUE_DEPTH",
+        NODE_FILE_VAR,
+    ] {
+        cmd.env_remove(var);
+    }
+    cmd.env("GPUSHARE_DOUBLE_TOTAL", TOTAL.to_string())
+        .env("GPUSHARE_DOUBLE_DEVICES", devices.to_string());
+    if let Some(node) = node {
+        cmd.env(NODE_FILE_VAR, node);
+    }
+}
+
+/// A running probe (`cudaprobe` with a script, or `ckptprobe`), answering
+/// line by line; killed when dropped.
+struct Probe {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+}
+
+impl Probe {
+    fn spawn(mut cmd: Command) -> Probe {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("start the probe");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (send, lines) = channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                if send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Probe {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// `cudaprobe [--device DEVICE] SCRIPT` on `devices` GPUs sharing `node`.
+    fn cuda(node: Option<&Path>, devices: u32, device: u32, script: &str) -> Probe {
+        let mut cmd = command("cudaprobe");
+        configure(&mut cmd, node, devices);
+        cmd.args(["--device", &device.to_string()])
+            .args(script.split_whitespace());
+        Probe::spawn(cmd)
+    }
+
+    /// `ckptprobe SIZE` on `devices` GPUs sharing `node`, once ready; its pid.
+    fn ckpt(node: &Path, devices: u32, size: &str) -> (Probe, i32) {
+        let mut cmd = Command::new(program("ckptprobe"));
+        configure(&mut cmd, Some(node), devices);
+        cmd.arg(size);
+        let probe = Probe::spawn(cmd);
+        let ready = probe.line();
+        let pid = ready
+            .strip_prefix("ready pid=")
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or_else(|| panic!("{ready}"));
+        (probe, pid)
+    }
+
+    fn line(&self) -> String {
+        self.lines
+            .recv_timeout(REPLY)
+            .expect("a line from the probe")
+    }
+
+    /// Asserts the next lines.
+    fn expect(&self, lines: &[&str]) {
+        for want in lines {
+            assert_eq!(self.line(), *want);
+        }
+    }
+
+    /// One line on stdin: a `wait` of cudaprobe resumes, ckptprobe runs it.
+    fn send(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin open");
+        writeln!(stdin, "{line}").expect("write to the probe");
+        stdin.flush().unwrap();
+    }
+
+    fn ask(&mut self, line: &str) -> String {
+        self.send(line);
+        self.line()
+    }
+
+    /// Closes stdin and waits for a normal exit.
+    fn finish(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().expect("wait for the probe");
+        assert!(status.success(), "{status:?}");
+    }
+
+    /// SIGKILL, and reaped.
+    fn kill(mut self) {
+        self.child.kill().expect("kill the probe");
+        self.child.wait().expect("reap the probe");
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // it may have exited already
+        let _ = self.child.wait();
+    }
+}
+
+/// The stdout lines of a `cudaprobe` script that runs to its end.
+fn script(node: Option<&Path>, text: &str) -> Vec<String> {
+    let mut cmd = command("cudaprobe");
+    configure(&mut cmd, node, 1);
+    let output = cmd
+        .args(text.split_whitespace())
+        .output()
+        .expect("run cudaprobe");
+    assert!(
+        output.status.success(),
+        "{text}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn nvml(name: &str, used: u64) -> String {
+    format!("{name} 0 free={} used={used} total={TOTAL}", TOTAL - used)
+}
+
+#[test]
+fn a_holder_leaves_no_room_until_it_is_killed() {
+    let dir = node_dir();
+    let node = dir.path().join("node");
+    let a = Probe::cuda(Some(&node), 1, 0, "alloc mem 10g wait");
+    a.expect(&["alloc mem 10g -> 0 0", "ready"]);
+    assert_eq!(used(&node, 0), CTX + 10 * GIB);
+    assert_eq!(node_used(&node, 1), None, "one GPU");
+    assert_eq!(node_used(&dir.path().join("none"), 0), None);
+
+    // B's own GPU would hold 8 GiB; the node's has A's 10 GiB on it. NVML's
+    // memory info is the node's, the process figures B's own.
+    let both = 2 * CTX + 10 * GIB;
+    assert_eq!(
+        script(Some(&node), "alloc mem 8g nvml nvml_v2 nvml_procs"),
+        [
+            "alloc mem 8g -> 2 -".to_owned(),
+            nvml("nvml", both),
+            nvml("nvml_v2", both),
+            format!("nvml_procs 0 count=1 used={CTX}"),
+        ]
+    );
+    assert_eq!(used(&node, 0), CTX + 10 * GIB, "B's context left with B");
+
+    a.kill();
+    assert_eq!(
+        used(&node, 0),
+        CTX + 10 * GIB,
+        "until someone needs the room"
+    );
+    assert_eq!(
+        script(Some(&node), "alloc mem 8g info"),
+        [
+            "alloc mem 8g -> 0 0".to_owned(),
+            format!("info 0 free={} total={TOTAL}", TOTAL - CTX - 8 * GIB),
+        ],
+        "A's charges reclaimed; cuMemGetInfo stays per process"
+    );
+    assert_eq!(used(&node, 0), 0);
+}
+
+#[test]
+fn an_exiting_process_takes_its_charges_off() {
+    let dir = node_dir();
+    let node = dir.path().join("node");
+    let mut a = Probe::cuda(Some(&node), 1, 0, "alloc mem 1g wait");
+    a.expect(&["alloc mem 1g -> 0 0", "ready"]);
+    assert_eq!(used(&node, 0), CTX + GIB);
+    a.send("");
+    a.expect(&["resumed"]);
+    a.finish();
+    assert_eq!(used(&node, 0), 0);
+}
+
+#[test]
+fn without_the_file_each_process_has_its_own_gpus() {
+    let a = Probe::cuda(None, 1, 0, "alloc mem 10g wait");
+    a.expect(&["alloc mem 10g -> 0 0", "ready"]);
+    assert_eq!(
+        script(None, "alloc mem 8g nvml"),
+        [
+            "alloc mem 8g -> 0 0".to_owned(),
+            nvml("nvml", CTX + 8 * GIB)
+        ]
+    );
+}
+
+#[test]
+fn racing_processes_never_pass_the_total() {
+    const PROBES: u64 = 3;
+    let dir = node_dir();
+    let node = dir.path().join("node");
+    let mut probes: Vec<Probe> = (0..PROBES)
+        .map(|_| {
+            Probe::cuda(
+                Some(&node),
+                1,
+                0,
+                "wait fill 1m wait freeall hammer 2 2000 3g wait",
+            )
+        })
+        .collect();
+    for probe in &probes {
+        probe.expect(&["ready"]);
+    }
+    for probe in &mut probes {
+        probe.send("");
+    }
+    let mut blocks = 0;
+    for probe in &probes {
+        probe.expect(&["resumed"]);
+        let fill = probe.line();
+        let count: u64 = fill
+            .strip_prefix("fill 1m count=")
+            .and_then(|rest| rest.strip_suffix(" last=2"))
+            .and_then(|count| count.parse().ok())
+            .unwrap_or_else(|| panic!("{fill}"));
+        blocks += count;
+        probe.expect(&["ready"]);
+    }
+    let charged = PROBES * CTX + blocks * MIB;
+    assert!(charged <= TOTAL, "{blocks} blocks of 1 MiB");
+    assert!(TOTAL - charged < MIB, "a block fits still: {blocks}");
+    assert_eq!(used(&node, 0), charged);
+
+    // Allocations and frees racing, 3 GiB each, up to 6 at once (18 GiB):
+    // the shared used never passes the total, and nothing is left behind.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let observer = {
+        let (done, node) = (done.clone(), node.clone());
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                most = most.max(used(&node, 0));
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            most
+        })
+    };
+    for probe in &mut probes {
+        probe.send("");
+    }
+    let mut ok = 0;
+    for probe in &probes {
+        probe.expect(&["resumed", "freeall 0"]);
+        let hammer = probe.line();
+        let counts: Vec<u64> = hammer
+            .strip_prefix("hammer ")
+            .map(|rest| {
+                rest.split(' ')
+                    .filter_map(|field| field.split_once('=')?.1.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        assert!(
+            counts.len() == 3 && counts[0] + counts[1] == 4000 && counts[2] == 0,
+            "{hammer}"
+        );
+        ok += counts[0];
+        probe.expect(&["ready"]);
+    }
+    done.store(true, std::sync::atomic::Ordering::Release);
+    let most = observer.join().unwrap();
+    assert!(ok > 0);
+    assert!(most <= TOTAL, "{most} bytes used at once");
+    assert_eq!(used(&node, 0), PROBES * CTX);
+    for probe in probes {
+        probe.finish();
+    }
+    assert_eq!(used(&node, 0), 0);
+}
+
+// ---------------------------------------------------------------- checkpoints
+
+/// Runs the test `name` again in a fresh process whose
+/// `GPUSHARE_DOUBLE_CHECKPOINT_DIR` names a new folder (the test's own
+/// libcuda reads it once), removed afterwards; in that child, the folder,
+/// where the node file goes too.
+fn checkpoint_dir(name: &str) -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(CHECKPOINT_DIR_VAR) {
+        assert!(
+            in_fresh_process(name, &[]),
+            "{CHECKPOINT_DIR_VAR} is set outside the test"
+        );
+        return Some(dir.into());
+    }
+    let dir = node_dir();
+    let path = dir.path().to_str().expect("a UTF-8 path");
+    assert!(!in_fresh_process(name, &[(CHECKPOINT_DIR_VAR, path)]));
+    None
+}
+
+#[repr(C)]
+struct GpuPair {
+    old: [u8; 16],
+    new: [u8; 16],
+}
+
+#[repr(C)]
+struct RestoreArgs {
+    pairs: *const GpuPair,
+    count: c_uint,
+    reserved: [u8; 44],
+    reserved1: u64,
+}
+
+type Opaque = std::ffi::c_void;
+
+/// The double's checkpoint entry points, opened in this process.
+struct Api {
+    get_state: unsafe extern "C" fn(c_int, *mut u32) -> c_int,
+    lock: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
+    checkpoint: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
+    restore: unsafe extern "C" fn(c_int, *mut RestoreArgs) -> c_int,
+    unlock: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
+}
+
+impl Api {
+    fn open() -> Api {
+        let lib = Lib::open("libcuda.so.1");
+        // SAFETY: each field's type is the signature of the export in cuda.h
+        // (the lock, checkpoint and unlock arguments are passed NULL only).
+        unsafe {
+            Api {
+                get_state: lib.function("cuCheckpointProcessGetState"),
+                lock: lib.function("cuCheckpointProcessLock"),
+                checkpoint: lib.function("cuCheckpointProcessCheckpoint"),
+                restore: lib.function("cuCheckpointProcessRestore"),
+                unlock: lib.function("cuCheckpointProcessUnlock"),
+            }
+        }
+    }
+
+    fn state(&self, pid: i32) -> u32 {
+        let mut state = u32::MAX;
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { (self.get_state)(pid, &mut state) }, CUDA_SUCCESS);
+        state
+    }
+
+    /// Lock, then checkpoint.
+    fn park(&self, pid: i32) {
+        // SAFETY: NULL arguments are allowed.
+        unsafe {
+            assert_eq!((self.lock)(pid, std::ptr::null_mut()), CUDA_SUCCESS);
+            assert_eq!((self.checkpoint)(pid, std::ptr::null_mut()), CUDA_SUCCESS);
+        }
+    }
+
+    /// A restore onto the same GPUs, or with these (old, new) GPU pairs.
+    fn restore(&self, pid: i32, pairs: &[(u8, u8)]) -> c_int {
+        let pairs: Vec<GpuPair> = pairs
+            .iter()
+            .map(|&(old, new)| GpuPair {
+                old: uuid(old),
+                new: uuid(new),
+            })
+            .collect();
+        let mut args = RestoreArgs {
+            pairs: pairs.as_ptr(),
+            count: pairs.len() as c_uint,
+            reserved: [0; 44],
+            reserved1: 0,
+        };
+        // SAFETY: args and the pairs it points to live across the call.
+        unsafe { (self.restore)(pid, &mut args) }
+    }
+
+    fn unlock(&self, pid: i32) -> c_int {
+        // SAFETY: NULL arguments are allowed.
+        unsafe { (self.unlock)(pid, std::ptr::null_mut()) }
+    }
+}
+
+/// The UUID bytes of the double's GPU `gpu`.
+fn uuid(gpu: u8) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    for (i, byte) in bytes.iter_mut().take(15).enumerate() {
+        *byte = 0x11 * (i as u8 + 1);
+    }
+    bytes[15] = gpu;
+    bytes
+}
+
+#[test]
+fn a_checkpoint_makes_room_and_a_restore_needs_it() {
+    let Some(dir) = checkpoint_dir("a_checkpoint_makes_room_and_a_restore_needs_it") else {
+        return;
+    };
+    let node = dir.join("node");
+    let api = Api::open();
+    let (mut a, pid) = Probe::ckpt(&node, 1, "10g");
+    assert_eq!(used(&node, 0), CTX + 10 * GIB);
+    let mut b = Probe::cuda(
+        Some(&node),
+        1,
+        0,
+        "alloc mem 8g wait alloc mem 8g wait free 0 wait",
+    );
+    b.expect(&["alloc mem 8g -> 2 -", "ready"]);
+
+    api.park(pid);
+    assert_eq!(used(&node, 0), CTX, "A's bytes are in host memory");
+    b.send("");
+    b.expect(&["resumed", "alloc mem 8g -> 0 0", "ready"]);
+    assert_eq!(used(&node, 0), CTX + 8 * GIB);
+
+    assert_eq!(api.restore(pid, &[]), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(api.state(pid), CHECKPOINTED);
+    assert_eq!(used(&node, 0), CTX + 8 * GIB, "nothing changed");
+
+    b.send("");
+    b.expect(&["resumed", "free 0 -> 0", "ready"]);
+    assert_eq!(api.restore(pid, &[]), CUDA_SUCCESS);
+    assert_eq!(api.state(pid), LOCKED);
+    assert_eq!(used(&node, 0), 2 * CTX + 10 * GIB);
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+
+    // A's own GPU has room for 4.5 GiB more; the node's, with B's context, not.
+    assert_eq!(a.ask("alloc 1g"), "alloc 0");
+    assert_eq!(a.ask("alloc 4608m"), "alloc 2");
+    assert_eq!(used(&node, 0), 2 * CTX + 11 * GIB);
+    b.send("");
+    b.expect(&["resumed"]);
+    b.finish();
+    assert_eq!(a.ask("alloc 4608m"), "alloc 0");
+    assert_eq!(used(&node, 0), CTX + 11 * GIB + 4608 * MIB);
+    a.finish();
+    assert_eq!(used(&node, 0), 0);
+}
+
+#[test]
+fn a_restore_onto_another_gpu_needs_room_there() {
+    let Some(dir) = checkpoint_dir("a_restore_onto_another_gpu_needs_room_there") else {
+        return;
+    };
+    let node = dir.join("node");
+    let api = Api::open();
+    let (mut a, pid) = Probe::ckpt(&node, 2, "10g");
+    let mut b = Probe::cuda(Some(&node), 2, 1, "alloc mem 8g wait free 0 wait");
+    b.expect(&["alloc mem 8g -> 0 0", "ready"]);
+    assert_eq!(
+        (used(&node, 0), used(&node, 1)),
+        (CTX + 10 * GIB, CTX + 8 * GIB)
+    );
+
+    api.park(pid);
+    assert_eq!((used(&node, 0), used(&node, 1)), (0, CTX + 8 * GIB));
+    assert_eq!(api.restore(pid, &[(0, 1)]), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(api.state(pid), CHECKPOINTED);
+    assert_eq!((used(&node, 0), used(&node, 1)), (0, CTX + 8 * GIB));
+
+    b.send("");
+    b.expect(&["resumed", "free 0 -> 0", "ready"]);
+    assert_eq!(api.restore(pid, &[(0, 1)]), CUDA_SUCCESS);
+    assert_eq!((used(&node, 0), used(&node, 1)), (0, 2 * CTX + 10 * GIB));
+    assert_eq!(api.unlock(pid), CUDA_SUCCESS);
+    assert_eq!(
+        a.ask("nvml 1"),
+        format!("nvml context=1 bytes={}", CTX + 10 * GIB)
+    );
+    assert_eq!(a.ask("alloc 1g"), "alloc 0");
+    assert_eq!(used(&node, 1), 2 * CTX + 11 * GIB, "its new GPU's");
+    a.kill();
+    b.send("");
+    b.expect(&["resumed"]);
+    b.finish();
+    assert_eq!(used(&node, 1), CTX + 11 * GIB, "until reclaimed");
+}
