@@ -436,11 +436,21 @@ fn swap(
     };
     let url = format!("{}/api/v1/pods/{pod}/swap-{direction}", base_url(addr));
     // A swap of tens of GiB takes tens of seconds.
-    let mut response = agent(Duration::from_secs(300))
+    let response = agent(Duration::from_secs(300))
         .post(&url)
         .header("Authorization", &format!("Bearer {token}"))
-        .send_empty()
-        .with_context(|| format!("cannot reach {url}"))?;
+        .send_empty();
+    println!("{}", answer(&url, response)?);
+    Ok(())
+}
+
+/// The body of the daemon's 200 answer to `url`; anything else an error
+/// naming the status and the daemon's words.
+fn answer(
+    url: &str,
+    response: Result<ureq::http::Response<ureq::Body>, ureq::Error>,
+) -> anyhow::Result<String> {
+    let mut response = response.with_context(|| format!("cannot reach {url}"))?;
     let code = response.status().as_u16();
     let body = response
         .body_mut()
@@ -449,25 +459,12 @@ fn swap(
     if code != 200 {
         bail!("{url} answered {code}: {body}");
     }
-    println!("{body}");
-    Ok(())
+    Ok(body)
 }
 
 fn status(addr: &str, json: bool) -> anyhow::Result<()> {
     let url = format!("{}/api/v1/status", base_url(addr));
-    let agent = agent(Duration::from_secs(5));
-    let mut response = agent
-        .get(&url)
-        .call()
-        .with_context(|| format!("cannot reach {url}"))?;
-    let code = response.status().as_u16();
-    let body = response
-        .body_mut()
-        .read_to_string()
-        .context("cannot read the answer")?;
-    if code != 200 {
-        bail!("{url} answered {code}: {body}");
-    }
+    let body = answer(&url, agent(Duration::from_secs(5)).get(&url).call())?;
     if json {
         println!("{body}");
         return Ok(());

@@ -4,179 +4,29 @@
 //! `double/checkpoint.c`) to see where its memory is.
 #![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::c_int;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 mod common;
 
-use common::in_process::{CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_VALUE, Lib};
-use common::{CTX, CUDA_SUCCESS, GIB, MIB, in_fresh_process};
+use common::checkpoint_api::{
+    Api, CHECKPOINTED, GpuPair, LOCKED, LockArgs, RUNNING, RestoreArgs, checkpoint_dir, uuid,
+};
+use common::in_process::{CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_VALUE};
+use common::{CTX, CUDA_SUCCESS, GIB, MIB};
 use gpushare_examples::{CHECKPOINT_DIR_VAR as DIR_VAR, DEFAULT_TOTAL, program};
 
 const CUDA_ERROR_NOT_SUPPORTED: c_int = 801;
 const CUDA_ERROR_TIMEOUT: c_int = 909;
 const CUDA_ERROR_UNKNOWN: c_int = 999;
-const RUNNING: u32 = 0;
-const LOCKED: u32 = 1;
-const CHECKPOINTED: u32 = 2;
 /// How long a reply that must not come is waited for.
 const QUIET: Duration = Duration::from_millis(300);
 /// How long a reply that must come may take.
 const REPLY: Duration = Duration::from_secs(10);
-
-/// Runs the test `name` again in a fresh process (the test's own libcuda
-/// reads the variable once) whose `GPUSHARE_DOUBLE_CHECKPOINT_DIR` names a
-/// new folder under the target's temporary directory, removed afterwards;
-/// in that child, the folder.
-fn checkpoint_dir(name: &str) -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os(DIR_VAR) {
-        assert!(
-            in_fresh_process(name, &[]),
-            "{DIR_VAR} is set outside the test"
-        );
-        return Some(dir.into());
-    }
-    let dir = tempfile::Builder::new()
-        .prefix("checkpoint")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .expect("a temporary folder");
-    let path = dir.path().to_str().expect("a UTF-8 path");
-    assert!(!in_fresh_process(name, &[(DIR_VAR, path)]));
-    None
-}
-
-// ---------------------------------------------------------------- the driver
-
-#[repr(C)]
-#[derive(Default)]
-struct LockArgs {
-    timeout_ms: c_uint,
-    reserved0: c_uint,
-    reserved1: [u64; 7],
-}
-
-#[repr(C)]
-struct GpuPair {
-    old: [u8; 16],
-    new: [u8; 16],
-}
-
-#[repr(C)]
-struct RestoreArgs {
-    pairs: *const GpuPair,
-    count: c_uint,
-    reserved: [u8; 44],
-    reserved1: u64,
-}
-
-// The layouts of CUDA 13.0's cuda.h.
-const _: () = assert!(size_of::<LockArgs>() == 64);
-const _: () = assert!(size_of::<GpuPair>() == 32);
-const _: () = assert!(size_of::<RestoreArgs>() == 64);
-
-impl RestoreArgs {
-    fn with(pairs: &[GpuPair]) -> RestoreArgs {
-        RestoreArgs {
-            pairs: pairs.as_ptr(),
-            count: pairs.len() as c_uint,
-            reserved: [0; 44],
-            reserved1: 0,
-        }
-    }
-}
-
-type Opaque = std::ffi::c_void;
-
-/// The double's checkpoint entry points, opened in this process.
-struct Api {
-    get_state: unsafe extern "C" fn(c_int, *mut u32) -> c_int,
-    get_tid: unsafe extern "C" fn(c_int, *mut c_int) -> c_int,
-    lock: unsafe extern "C" fn(c_int, *mut LockArgs) -> c_int,
-    checkpoint: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
-    restore: unsafe extern "C" fn(c_int, *mut RestoreArgs) -> c_int,
-    unlock: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
-}
-
-impl Api {
-    fn open() -> Api {
-        let lib = Lib::open("libcuda.so.1");
-        // SAFETY: each field's type is the signature of the export in cuda.h
-        // (the checkpoint and unlock arguments are passed NULL only).
-        unsafe {
-            Api {
-                get_state: lib.function("cuCheckpointProcessGetState"),
-                get_tid: lib.function("cuCheckpointProcessGetRestoreThreadId"),
-                lock: lib.function("cuCheckpointProcessLock"),
-                checkpoint: lib.function("cuCheckpointProcessCheckpoint"),
-                restore: lib.function("cuCheckpointProcessRestore"),
-                unlock: lib.function("cuCheckpointProcessUnlock"),
-            }
-        }
-    }
-
-    fn state(&self, pid: i32) -> Result<u32, c_int> {
-        let mut state = u32::MAX;
-        // SAFETY: a valid out-pointer.
-        match unsafe { (self.get_state)(pid, &mut state) } {
-            CUDA_SUCCESS => Ok(state),
-            rc => Err(rc),
-        }
-    }
-
-    fn tid(&self, pid: i32) -> Result<c_int, c_int> {
-        let mut tid = -1;
-        // SAFETY: a valid out-pointer.
-        match unsafe { (self.get_tid)(pid, &mut tid) } {
-            CUDA_SUCCESS => Ok(tid),
-            rc => Err(rc),
-        }
-    }
-
-    fn lock(&self, pid: i32) -> c_int {
-        // SAFETY: NULL arguments are allowed.
-        unsafe { (self.lock)(pid, std::ptr::null_mut()) }
-    }
-
-    fn lock_with(&self, pid: i32, mut args: LockArgs) -> c_int {
-        // SAFETY: args lives across the call.
-        unsafe { (self.lock)(pid, &mut args) }
-    }
-
-    fn checkpoint(&self, pid: i32) -> c_int {
-        // SAFETY: NULL arguments are allowed.
-        unsafe { (self.checkpoint)(pid, std::ptr::null_mut()) }
-    }
-
-    fn restore(&self, pid: i32) -> c_int {
-        // SAFETY: NULL arguments are allowed.
-        unsafe { (self.restore)(pid, std::ptr::null_mut()) }
-    }
-
-    fn restore_onto(&self, pid: i32, pairs: &[GpuPair]) -> c_int {
-        let mut args = RestoreArgs::with(pairs);
-        // SAFETY: args and the pairs it points to live across the call.
-        unsafe { (self.restore)(pid, &mut args) }
-    }
-
-    fn unlock(&self, pid: i32) -> c_int {
-        // SAFETY: NULL arguments are allowed.
-        unsafe { (self.unlock)(pid, std::ptr::null_mut()) }
-    }
-}
-
-/// The UUID bytes of the double's GPU `gpu`.
-fn uuid(gpu: u8) -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    for (i, byte) in bytes.iter_mut().take(15).enumerate() {
-        *byte = 0x11 * (i as u8 + 1);
-    }
-    bytes[15] = gpu;
-    bytes
-}
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

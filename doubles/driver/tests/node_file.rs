@@ -4,22 +4,20 @@
 //! the node and a restore needs room for them, NVML reports the node's use.
 #![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
-use std::ffi::{c_int, c_uint};
+use std::ffi::c_int;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::Duration;
 
 mod common;
 
-use common::in_process::Lib;
-use common::{CTX, CUDA_SUCCESS, GIB, MIB, in_fresh_process};
-use gpushare_examples::{CHECKPOINT_DIR_VAR, NODE_FILE_VAR, command, node_used, program};
+use common::checkpoint_api::{Api, CHECKPOINTED, LOCKED, checkpoint_dir, pairs};
+use common::{CTX, CUDA_SUCCESS, GIB, MIB};
+use gpushare_examples::{NODE_FILE_VAR, command, node_used, program};
 
 const CUDA_ERROR_OUT_OF_MEMORY: c_int = 2;
-const LOCKED: u32 = 1;
-const CHECKPOINTED: u32 = 2;
 /// Every GPU's size in these tests.
 const TOTAL: u64 = 16 * GIB;
 /// How long a reply that must come may take.
@@ -338,116 +336,6 @@ fn racing_processes_never_pass_the_total() {
 
 // ---------------------------------------------------------------- checkpoints
 
-/// Runs the test `name` again in a fresh process whose
-/// `GPUSHARE_DOUBLE_CHECKPOINT_DIR` names a new folder (the test's own
-/// libcuda reads it once), removed afterwards; in that child, the folder,
-/// where the node file goes too.
-fn checkpoint_dir(name: &str) -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os(CHECKPOINT_DIR_VAR) {
-        assert!(
-            in_fresh_process(name, &[]),
-            "{CHECKPOINT_DIR_VAR} is set outside the test"
-        );
-        return Some(dir.into());
-    }
-    let dir = node_dir();
-    let path = dir.path().to_str().expect("a UTF-8 path");
-    assert!(!in_fresh_process(name, &[(CHECKPOINT_DIR_VAR, path)]));
-    None
-}
-
-#[repr(C)]
-struct GpuPair {
-    old: [u8; 16],
-    new: [u8; 16],
-}
-
-#[repr(C)]
-struct RestoreArgs {
-    pairs: *const GpuPair,
-    count: c_uint,
-    reserved: [u8; 44],
-    reserved1: u64,
-}
-
-type Opaque = std::ffi::c_void;
-
-/// The double's checkpoint entry points, opened in this process.
-struct Api {
-    get_state: unsafe extern "C" fn(c_int, *mut u32) -> c_int,
-    lock: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
-    checkpoint: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
-    restore: unsafe extern "C" fn(c_int, *mut RestoreArgs) -> c_int,
-    unlock: unsafe extern "C" fn(c_int, *mut Opaque) -> c_int,
-}
-
-impl Api {
-    fn open() -> Api {
-        let lib = Lib::open("libcuda.so.1");
-        // SAFETY: each field's type is the signature of the export in cuda.h
-        // (the lock, checkpoint and unlock arguments are passed NULL only).
-        unsafe {
-            Api {
-                get_state: lib.function("cuCheckpointProcessGetState"),
-                lock: lib.function("cuCheckpointProcessLock"),
-                checkpoint: lib.function("cuCheckpointProcessCheckpoint"),
-                restore: lib.function("cuCheckpointProcessRestore"),
-                unlock: lib.function("cuCheckpointProcessUnlock"),
-            }
-        }
-    }
-
-    fn state(&self, pid: i32) -> u32 {
-        let mut state = u32::MAX;
-        // SAFETY: a valid out-pointer.
-        assert_eq!(unsafe { (self.get_state)(pid, &mut state) }, CUDA_SUCCESS);
-        state
-    }
-
-    /// Lock, then checkpoint.
-    fn park(&self, pid: i32) {
-        // SAFETY: NULL arguments are allowed.
-        unsafe {
-            assert_eq!((self.lock)(pid, std::ptr::null_mut()), CUDA_SUCCESS);
-            assert_eq!((self.checkpoint)(pid, std::ptr::null_mut()), CUDA_SUCCESS);
-        }
-    }
-
-    /// A restore onto the same GPUs, or with these (old, new) GPU pairs.
-    fn restore(&self, pid: i32, pairs: &[(u8, u8)]) -> c_int {
-        let pairs: Vec<GpuPair> = pairs
-            .iter()
-            .map(|&(old, new)| GpuPair {
-                old: uuid(old),
-                new: uuid(new),
-            })
-            .collect();
-        let mut args = RestoreArgs {
-            pairs: pairs.as_ptr(),
-            count: pairs.len() as c_uint,
-            reserved: [0; 44],
-            reserved1: 0,
-        };
-        // SAFETY: args and the pairs it points to live across the call.
-        unsafe { (self.restore)(pid, &mut args) }
-    }
-
-    fn unlock(&self, pid: i32) -> c_int {
-        // SAFETY: NULL arguments are allowed.
-        unsafe { (self.unlock)(pid, std::ptr::null_mut()) }
-    }
-}
-
-/// The UUID bytes of the double's GPU `gpu`.
-fn uuid(gpu: u8) -> [u8; 16] {
-    let mut bytes = [0u8; 16];
-    for (i, byte) in bytes.iter_mut().take(15).enumerate() {
-        *byte = 0x11 * (i as u8 + 1);
-    }
-    bytes[15] = gpu;
-    bytes
-}
-
 #[test]
 fn a_checkpoint_makes_room_and_a_restore_needs_it() {
     let Some(dir) = checkpoint_dir("a_checkpoint_makes_room_and_a_restore_needs_it") else {
@@ -471,14 +359,14 @@ fn a_checkpoint_makes_room_and_a_restore_needs_it() {
     b.expect(&["resumed", "alloc mem 8g -> 0 0", "ready"]);
     assert_eq!(used(&node, 0), CTX + 8 * GIB);
 
-    assert_eq!(api.restore(pid, &[]), CUDA_ERROR_OUT_OF_MEMORY);
-    assert_eq!(api.state(pid), CHECKPOINTED);
+    assert_eq!(api.restore_onto(pid, &[]), CUDA_ERROR_OUT_OF_MEMORY);
+    assert_eq!(api.state(pid), Ok(CHECKPOINTED));
     assert_eq!(used(&node, 0), CTX + 8 * GIB, "nothing changed");
 
     b.send("");
     b.expect(&["resumed", "free 0 -> 0", "ready"]);
-    assert_eq!(api.restore(pid, &[]), CUDA_SUCCESS);
-    assert_eq!(api.state(pid), LOCKED);
+    assert_eq!(api.restore_onto(pid, &[]), CUDA_SUCCESS);
+    assert_eq!(api.state(pid), Ok(LOCKED));
     assert_eq!(used(&node, 0), 2 * CTX + 10 * GIB);
     assert_eq!(api.unlock(pid), CUDA_SUCCESS);
 
@@ -512,13 +400,16 @@ fn a_restore_onto_another_gpu_needs_room_there() {
 
     api.park(pid);
     assert_eq!((used(&node, 0), used(&node, 1)), (0, CTX + 8 * GIB));
-    assert_eq!(api.restore(pid, &[(0, 1)]), CUDA_ERROR_OUT_OF_MEMORY);
-    assert_eq!(api.state(pid), CHECKPOINTED);
+    assert_eq!(
+        api.restore_onto(pid, &pairs(&[(0, 1)])),
+        CUDA_ERROR_OUT_OF_MEMORY
+    );
+    assert_eq!(api.state(pid), Ok(CHECKPOINTED));
     assert_eq!((used(&node, 0), used(&node, 1)), (0, CTX + 8 * GIB));
 
     b.send("");
     b.expect(&["resumed", "free 0 -> 0", "ready"]);
-    assert_eq!(api.restore(pid, &[(0, 1)]), CUDA_SUCCESS);
+    assert_eq!(api.restore_onto(pid, &pairs(&[(0, 1)])), CUDA_SUCCESS);
     assert_eq!((used(&node, 0), used(&node, 1)), (0, 2 * CTX + 10 * GIB));
     assert_eq!(api.unlock(pid), CUDA_SUCCESS);
     assert_eq!(

@@ -6,6 +6,7 @@ use std::process::{Command, Output};
 
 use gpushare_examples::{DEFAULT_CONTEXT_BYTES, command, program};
 
+pub(crate) mod checkpoint_api;
 pub(crate) mod in_process;
 
 pub(crate) const KIB: u64 = 1 << 10;
