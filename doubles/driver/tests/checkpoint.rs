@@ -5,10 +5,8 @@
 #![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
 use std::ffi::c_int;
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 mod common;
@@ -17,6 +15,7 @@ use common::checkpoint_api::{
     Api, CHECKPOINTED, GpuPair, LOCKED, LockArgs, RUNNING, RestoreArgs, checkpoint_dir, uuid,
 };
 use common::in_process::{CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_VALUE};
+use common::interactive::Interactive;
 use common::{CTX, CUDA_SUCCESS, GIB, MIB};
 use gpushare_examples::{CHECKPOINT_DIR_VAR as DIR_VAR, DEFAULT_TOTAL, program};
 
@@ -70,73 +69,14 @@ fn block(dir: &Path, pid: i32) -> Block {
 
 // ---------------------------------------------------------------- the probe
 
-/// A running `ckptprobe`, killed when dropped.
-struct Probe {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<String>,
-    pid: i32,
-}
-
-impl Probe {
-    /// Starts `ckptprobe size` with its control block in `dir`, waits until
-    /// it is ready.
-    fn start(dir: &Path, size: &str, env: &[(&str, &str)]) -> Probe {
-        let mut child = Command::new(program("ckptprobe"))
-            .arg(size)
-            .env(DIR_VAR, dir)
-            .envs(env.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start ckptprobe");
-        let stdin = child.stdin.take().unwrap();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let (send, lines) = channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines() {
-                let Ok(line) = line else { break };
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let ready = lines.recv_timeout(REPLY).expect("ckptprobe ready");
-        let pid = ready
-            .strip_prefix("ready pid=")
-            .and_then(|pid| pid.parse().ok())
-            .unwrap_or_else(|| panic!("{ready}"));
-        assert_eq!(pid, child.id() as i32);
-        Probe {
-            child,
-            stdin,
-            lines,
-            pid,
-        }
-    }
-
-    fn send(&mut self, command: &str) {
-        writeln!(self.stdin, "{command}").expect("write to ckptprobe");
-        self.stdin.flush().unwrap();
-    }
-
-    /// The next line, if one comes within `wait`.
-    fn reply(&self, wait: Duration) -> Option<String> {
-        self.lines.recv_timeout(wait).ok()
-    }
-
-    fn ask(&mut self, command: &str) -> String {
-        self.send(command);
-        self.reply(REPLY)
-            .unwrap_or_else(|| panic!("no reply to {command}"))
-    }
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // it may have exited already
-        let _ = self.child.wait();
-    }
+/// Starts `ckptprobe size` with its control block in `dir`, once it is
+/// ready.
+fn start(dir: &Path, size: &str, env: &[(&str, &str)]) -> Interactive {
+    let mut cmd = Command::new(program("ckptprobe"));
+    cmd.arg(size).env(DIR_VAR, dir).envs(env.iter().copied());
+    let probe = Interactive::spawn(cmd, REPLY);
+    probe.ready();
+    probe
 }
 
 /// Waits until /proc says the process `pid` is in `state` (a letter of
@@ -172,8 +112,8 @@ fn lock_holds_calls_while_checkpoint_and_restore_move_the_memory() {
         return;
     };
     let api = Api::open();
-    let mut probe = Probe::start(&dir, "1g", &[]);
-    let pid = probe.pid;
+    let mut probe = start(&dir, "1g", &[]);
+    let pid = probe.pid();
     let held = CTX + GIB;
 
     let b = block(&dir, pid);
@@ -231,8 +171,8 @@ fn every_call_waits_for_the_unlock() {
         return;
     };
     let api = Api::open();
-    let mut probe = Probe::start(&dir, "1m", &[]);
-    let pid = probe.pid;
+    let mut probe = start(&dir, "1m", &[]);
+    let pid = probe.pid();
     for command in ["alloc 1m", "copy", "launch", "sync", "uuid 0"] {
         assert_eq!(api.lock(pid), CUDA_SUCCESS);
         probe.send(command);
@@ -252,8 +192,8 @@ fn calls_out_of_order_are_illegal_state() {
         return;
     };
     let api = Api::open();
-    let probe = Probe::start(&dir, "1m", &[]);
-    let pid = probe.pid;
+    let probe = start(&dir, "1m", &[]);
+    let pid = probe.pid();
     // Running.
     assert_eq!(api.checkpoint(pid), CUDA_ERROR_ILLEGAL_STATE);
     assert_eq!(api.restore(pid), CUDA_ERROR_ILLEGAL_STATE);
@@ -289,8 +229,8 @@ fn restore_onto_other_gpus_renames_the_devices() {
         return;
     };
     let api = Api::open();
-    let mut probe = Probe::start(&dir, "2g", &[("GPUSHARE_DOUBLE_DEVICES", "3")]);
-    let pid = probe.pid;
+    let mut probe = start(&dir, "2g", &[("GPUSHARE_DOUBLE_DEVICES", "3")]);
+    let pid = probe.pid();
     let held = CTX + 2 * GIB;
     assert_eq!(probe.ask("uuid 0"), format!("uuid 0 {}", hex(&uuid(0))));
     assert_eq!(probe.ask("pci 0"), "pci 0 0000:18:00.0");
@@ -391,8 +331,8 @@ fn managed_memory_refuses_a_checkpoint_and_stays_locked() {
         return;
     };
     let api = Api::open();
-    let mut probe = Probe::start(&dir, "1m", &[]);
-    let pid = probe.pid;
+    let mut probe = start(&dir, "1m", &[]);
+    let pid = probe.pid();
     assert_eq!(probe.ask("managed 4m"), "managed 0");
     let held = block(&dir, pid).device_bytes[0];
     assert_eq!(api.lock(pid), CUDA_SUCCESS);
@@ -417,12 +357,12 @@ fn a_failed_restore_leaves_it_checkpointed_for_a_retry() {
         return;
     };
     let api = Api::open();
-    let probe = Probe::start(
+    let probe = start(
         &dir,
         "1g",
         &[("GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES", "1")],
     );
-    let pid = probe.pid;
+    let pid = probe.pid();
     assert_eq!(api.lock(pid), CUDA_SUCCESS);
     assert_eq!(api.checkpoint(pid), CUDA_SUCCESS);
     assert_eq!(api.restore(pid), CUDA_ERROR_UNKNOWN);
@@ -441,12 +381,12 @@ fn moves_take_time_per_gib_and_a_stopped_target_times_out() {
     };
     let api = Api::open();
     // 1 GiB + the context at 400 ms per GiB: about 520 ms each way.
-    let probe = Probe::start(
+    let probe = start(
         &dir,
         &gib(1),
         &[("GPUSHARE_DOUBLE_CHECKPOINT_US_PER_GIB", "400000")],
     );
-    let pid = probe.pid;
+    let pid = probe.pid();
     assert_eq!(api.lock(pid), CUDA_SUCCESS);
     std::thread::scope(|scope| {
         let start = Instant::now();
@@ -492,8 +432,8 @@ fn dead_and_foreign_pids_fail_at_once() {
         return;
     };
     let api = Api::open();
-    let mut probe = Probe::start(&dir, "1m", &[]);
-    let pid = probe.pid;
+    let mut probe = start(&dir, "1m", &[]);
+    let pid = probe.pid();
     assert_eq!(api.lock(pid), CUDA_SUCCESS);
 
     let check_fails_fast = |why: &str| {
@@ -509,7 +449,7 @@ fn dead_and_foreign_pids_fail_at_once() {
     assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0);
     wait_for_state(pid, 'Z');
     check_fails_fast("zombie");
-    probe.child.wait().unwrap();
+    probe.wait();
     assert!(dir.join(pid.to_string()).exists());
     check_fails_fast("dead");
 
@@ -525,18 +465,12 @@ fn without_the_variable_there_is_no_file_and_no_thread() {
     let Some(dir) = checkpoint_dir("without_the_variable_there_is_no_file_and_no_thread") else {
         return;
     };
-    let mut child = Command::new(program("ckptprobe"))
-        .arg("1m")
-        .env_remove(DIR_VAR)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start ckptprobe");
-    let mut stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut ready = String::new();
-    stdout.read_line(&mut ready).unwrap();
+    let mut cmd = Command::new(program("ckptprobe"));
+    cmd.arg("1m").env_remove(DIR_VAR);
+    let probe = Interactive::spawn(cmd, REPLY);
+    let ready = probe.line();
     assert!(ready.starts_with("ready"), "{ready}");
-    let pid = child.id();
+    let pid = probe.pid();
     let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .count();
@@ -546,6 +480,5 @@ fn without_the_variable_there_is_no_file_and_no_thread() {
         0,
         "no control block"
     );
-    drop(child.stdin.take());
-    assert!(child.wait().unwrap().success());
+    probe.finish();
 }

@@ -5,16 +5,15 @@
 #![cfg(all(target_arch = "x86_64", target_os = "linux"))]
 
 use std::ffi::c_int;
-use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
+use std::process::Command;
 use std::time::Duration;
 
 mod common;
 
 use common::checkpoint_api::{Api, CHECKPOINTED, LOCKED, checkpoint_dir, pairs};
-use common::{CTX, CUDA_SUCCESS, GIB, MIB};
+use common::interactive::Interactive;
+use common::{CTX, CUDA_SUCCESS, GIB, MIB, lines};
 use gpushare_examples::{NODE_FILE_VAR, command, node_used, program};
 
 const CUDA_ERROR_OUT_OF_MEMORY: c_int = 2;
@@ -56,126 +55,38 @@ fn configure(cmd: &mut Command, node: Option<&Path>, devices: u32) {
     }
 }
 
-/// A running probe (`cudaprobe` with a script, or `ckptprobe`), answering
-/// line by line; killed when dropped.
-struct Probe {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: Receiver<String>,
-}
-
-impl Probe {
-    fn spawn(mut cmd: Command) -> Probe {
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the probe");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().unwrap());
-        let (send, lines) = channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines() {
-                let Ok(line) = line else { break };
-                if send.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Probe {
-            child,
-            stdin,
-            lines,
-        }
-    }
-
-    /// `cudaprobe [--device DEVICE] SCRIPT` on `devices` GPUs sharing `node`.
-    fn cuda(node: Option<&Path>, devices: u32, device: u32, script: &str) -> Probe {
-        let mut cmd = command("cudaprobe");
-        configure(&mut cmd, node, devices);
-        cmd.args(["--device", &device.to_string()])
-            .args(script.split_whitespace());
-        Probe::spawn(cmd)
-    }
-
-    /// `ckptprobe SIZE` on `devices` GPUs sharing `node`, once ready; its pid.
-    fn ckpt(node: &Path, devices: u32, size: &str) -> (Probe, i32) {
-        let mut cmd = Command::new(program("ckptprobe"));
-        configure(&mut cmd, Some(node), devices);
-        cmd.arg(size);
-        let probe = Probe::spawn(cmd);
-        let ready = probe.line();
-        let pid = ready
-            .strip_prefix("ready pid=")
-            .and_then(|pid| pid.parse().ok())
-            .unwrap_or_else(|| panic!("{ready}"));
-        (probe, pid)
-    }
-
-    fn line(&self) -> String {
-        self.lines
-            .recv_timeout(REPLY)
-            .expect("a line from the probe")
-    }
-
-    /// Asserts the next lines.
-    fn expect(&self, lines: &[&str]) {
-        for want in lines {
-            assert_eq!(self.line(), *want);
-        }
-    }
-
-    /// One line on stdin: a `wait` of cudaprobe resumes, ckptprobe runs it.
-    fn send(&mut self, line: &str) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        writeln!(stdin, "{line}").expect("write to the probe");
-        stdin.flush().unwrap();
-    }
-
-    fn ask(&mut self, line: &str) -> String {
-        self.send(line);
-        self.line()
-    }
-
-    /// Closes stdin and waits for a normal exit.
-    fn finish(mut self) {
-        drop(self.stdin.take());
-        let status = self.child.wait().expect("wait for the probe");
-        assert!(status.success(), "{status:?}");
-    }
-
-    /// SIGKILL, and reaped.
-    fn kill(mut self) {
-        self.child.kill().expect("kill the probe");
-        self.child.wait().expect("reap the probe");
-    }
-}
-
-impl Drop for Probe {
-    fn drop(&mut self) {
-        let _ = self.child.kill(); // it may have exited already
-        let _ = self.child.wait();
-    }
-}
-
-/// The stdout lines of a `cudaprobe` script that runs to its end.
-fn script(node: Option<&Path>, text: &str) -> Vec<String> {
+/// `cudaprobe [--device DEVICE] SCRIPT` on `devices` GPUs sharing `node`.
+fn cuda(node: Option<&Path>, devices: u32, device: u32, script: &str) -> Interactive {
     let mut cmd = command("cudaprobe");
-    configure(&mut cmd, node, 1);
-    let output = cmd
-        .args(text.split_whitespace())
-        .output()
-        .expect("run cudaprobe");
-    assert!(
-        output.status.success(),
-        "{text}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    configure(&mut cmd, node, devices);
+    cmd.args(["--device", &device.to_string()])
+        .args(script.split_whitespace());
+    Interactive::spawn(cmd, REPLY)
+}
+
+/// `ckptprobe SIZE` on `devices` GPUs sharing `node`, once ready; its pid.
+fn ckpt(node: &Path, devices: u32, size: &str) -> (Interactive, i32) {
+    let mut cmd = Command::new(program("ckptprobe"));
+    configure(&mut cmd, Some(node), devices);
+    cmd.arg(size);
+    let probe = Interactive::spawn(cmd, REPLY);
+    probe.ready();
+    let pid = probe.pid();
+    (probe, pid)
+}
+
+/// The stdout lines of a `cudaprobe` script that runs to its end, on one
+/// 16 GiB GPU shared through `node` (none when `None`).
+fn script(node: Option<&Path>, text: &str) -> Vec<String> {
+    let total = TOTAL.to_string();
+    let mut env = vec![
+        ("GPUSHARE_DOUBLE_TOTAL", total.as_str()),
+        ("GPUSHARE_DOUBLE_DEVICES", "1"),
+    ];
+    if let Some(node) = node {
+        env.push((NODE_FILE_VAR, node.to_str().expect("a UTF-8 path")));
+    }
+    lines("cudaprobe", &[], text, &env)
 }
 
 fn nvml(name: &str, used: u64) -> String {
@@ -186,7 +97,7 @@ fn nvml(name: &str, used: u64) -> String {
 fn a_holder_leaves_no_room_until_it_is_killed() {
     let dir = node_dir();
     let node = dir.path().join("node");
-    let a = Probe::cuda(Some(&node), 1, 0, "alloc mem 10g wait");
+    let a = cuda(Some(&node), 1, 0, "alloc mem 10g wait");
     a.expect(&["alloc mem 10g -> 0 0", "ready"]);
     assert_eq!(used(&node, 0), CTX + 10 * GIB);
     assert_eq!(node_used(&node, 1), None, "one GPU");
@@ -227,7 +138,7 @@ fn a_holder_leaves_no_room_until_it_is_killed() {
 fn an_exiting_process_takes_its_charges_off() {
     let dir = node_dir();
     let node = dir.path().join("node");
-    let mut a = Probe::cuda(Some(&node), 1, 0, "alloc mem 1g wait");
+    let mut a = cuda(Some(&node), 1, 0, "alloc mem 1g wait");
     a.expect(&["alloc mem 1g -> 0 0", "ready"]);
     assert_eq!(used(&node, 0), CTX + GIB);
     a.send("");
@@ -238,7 +149,7 @@ fn an_exiting_process_takes_its_charges_off() {
 
 #[test]
 fn without_the_file_each_process_has_its_own_gpus() {
-    let a = Probe::cuda(None, 1, 0, "alloc mem 10g wait");
+    let a = cuda(None, 1, 0, "alloc mem 10g wait");
     a.expect(&["alloc mem 10g -> 0 0", "ready"]);
     assert_eq!(
         script(None, "alloc mem 8g nvml"),
@@ -254,9 +165,9 @@ fn racing_processes_never_pass_the_total() {
     const PROBES: u64 = 3;
     let dir = node_dir();
     let node = dir.path().join("node");
-    let mut probes: Vec<Probe> = (0..PROBES)
+    let mut probes: Vec<Interactive> = (0..PROBES)
         .map(|_| {
-            Probe::cuda(
+            cuda(
                 Some(&node),
                 1,
                 0,
@@ -343,9 +254,9 @@ fn a_checkpoint_makes_room_and_a_restore_needs_it() {
     };
     let node = dir.join("node");
     let api = Api::open();
-    let (mut a, pid) = Probe::ckpt(&node, 1, "10g");
+    let (mut a, pid) = ckpt(&node, 1, "10g");
     assert_eq!(used(&node, 0), CTX + 10 * GIB);
-    let mut b = Probe::cuda(
+    let mut b = cuda(
         Some(&node),
         1,
         0,
@@ -390,8 +301,8 @@ fn a_restore_onto_another_gpu_needs_room_there() {
     };
     let node = dir.join("node");
     let api = Api::open();
-    let (mut a, pid) = Probe::ckpt(&node, 2, "10g");
-    let mut b = Probe::cuda(Some(&node), 2, 1, "alloc mem 8g wait free 0 wait");
+    let (mut a, pid) = ckpt(&node, 2, "10g");
+    let mut b = cuda(Some(&node), 2, 1, "alloc mem 8g wait free 0 wait");
     b.expect(&["alloc mem 8g -> 0 0", "ready"]);
     assert_eq!(
         (used(&node, 0), used(&node, 1)),

@@ -8,6 +8,7 @@ use gpushare_examples::{DEFAULT_CONTEXT_BYTES, command, program};
 
 pub(crate) mod checkpoint_api;
 pub(crate) mod in_process;
+pub(crate) mod interactive;
 
 pub(crate) const KIB: u64 = 1 << 10;
 pub(crate) const MIB: u64 = 1 << 20;
@@ -28,13 +29,14 @@ pub(crate) const VARIANTS: &[(&str, &[&str])] = &[
 ];
 
 /// What a test's child must not inherit: the preload and the double's knobs.
-const INHERITED: [&str; 6] = [
+const INHERITED: [&str; 7] = [
     "LD_PRELOAD",
     "GPUSHARE_DOUBLE_DEVICES",
     "GPUSHARE_DOUBLE_TOTAL",
     "GPUSHARE_DOUBLE_CONTEXT_BYTES",
     "GPUSHARE_DOUBLE_KERNEL_NS",
     "GPUSHARE_DOUBLE_QUEUE_DEPTH",
+    gpushare_examples::NODE_FILE_VAR,
 ];
 
 /// Marks the child a test binary starts of itself.
