@@ -11,6 +11,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use gpushare_utils::limits::Residency;
 use system_tests::daemon::{DoubleGpus, NodeFileGpu};
 use system_tests::pod::Pod;
 use system_tests::probes::{self, GIB, probe};
@@ -193,7 +194,7 @@ fn an_idle_pod_goes_to_host_memory_and_its_next_call_brings_it_back() {
     );
     assert_eq!(on_host, held, "all of it in host memory");
     let record = pod_swap(&node, &pod);
-    assert_eq!(record.state, hypervisor_swap::SwapState::Swapped);
+    assert_eq!(record.state, Residency::Swapped);
     assert!(record.bytes_on_host >= 2 * GIB, "{record:?}");
     let metrics = daemon::metrics(&node.url());
     assert!(metrics.contains("gpushare_swapped_pods 1"), "{metrics}");
@@ -212,7 +213,7 @@ fn an_idle_pod_goes_to_host_memory_and_its_next_call_brings_it_back() {
     );
     assert!(rest[3].contains("-> 2 "), "2 GiB more is over it: {rest:?}");
     let record = pod_swap(&node, &pod);
-    assert_eq!(record.state, hypervisor_swap::SwapState::Resident);
+    assert_eq!(record.state, Residency::Resident);
     assert_eq!((record.swap_outs, record.swap_ins), (1, 1), "{record:?}");
     assert_eq!(record.bytes_on_host, 0);
 }
@@ -237,7 +238,7 @@ fn a_pod_the_driver_cannot_checkpoint_runs_on_with_the_reason() {
     assert_eq!(state, 0, "running again");
     assert!(on_device >= GIB);
     let record = pod_swap(&node, &pod);
-    assert_eq!(record.state, hypervisor_swap::SwapState::Resident);
+    assert_eq!(record.state, Residency::Resident);
     assert_eq!(record.failures, 1);
     assert!(record.last_error.is_some(), "{record:?}");
     running.resume();
@@ -265,7 +266,7 @@ fn a_restore_the_driver_refuses_is_tried_again_until_the_pod_is_back() {
     assert!(!ok, "three refusals in a row: {answer}");
     assert!(answer.contains("500"), "{answer}");
     let record = pod_swap(&node, &pod);
-    assert_eq!(record.state, hypervisor_swap::SwapState::Swapped);
+    assert_eq!(record.state, Residency::Swapped);
     assert!(
         record
             .last_error
@@ -278,7 +279,7 @@ fn a_restore_the_driver_refuses_is_tried_again_until_the_pod_is_back() {
     assert!(status.success(), "{rest:?}");
     assert!(rest[1].contains("-> 0 "), "{rest:?}");
     let record = pod_swap(&node, &pod);
-    assert_eq!(record.state, hypervisor_swap::SwapState::Resident);
+    assert_eq!(record.state, Residency::Resident);
     assert!(record.last_error.is_none(), "{record:?}");
 }
 
@@ -296,7 +297,7 @@ fn a_swapped_pod_whose_process_exits_frees_its_host_memory() {
         node.hypervisor().swap_board().totals().bytes_on_host == 0
     });
     let record = pod_swap(&node, &pod);
-    assert_eq!(record.state, hypervisor_swap::SwapState::Resident);
+    assert_eq!(record.state, Residency::Resident);
     // A new process of the pod runs at once.
     let lines = probes::run({
         let mut command = probe(
@@ -335,7 +336,7 @@ fn a_restarted_daemon_finds_the_swapped_pod_and_brings_it_back() {
     let text = config(&pod, "4g", "").replace("127.0.0.1:0", &addr.to_string());
     let again = daemon::hypervisor(&pod, &text, Arc::new(DoubleGpus(1)));
     eventually("the new daemon shows the pod swapped", || {
-        pod_swap(&again, &pod).state == hypervisor_swap::SwapState::Swapped
+        pod_swap(&again, &pod).state == Residency::Swapped
     });
     assert_eq!(control_block(running.pid()).0, 2, "still checkpointed");
     running.resume();
@@ -346,10 +347,7 @@ fn a_restarted_daemon_finds_the_swapped_pod_and_brings_it_back() {
         rest[2].contains("-> 2 "),
         "the quota holds after the restart: {rest:?}"
     );
-    assert_eq!(
-        pod_swap(&again, &pod).state,
-        hypervisor_swap::SwapState::Resident
-    );
+    assert_eq!(pod_swap(&again, &pod).state, Residency::Resident);
 }
 
 #[test]
@@ -403,14 +401,8 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
         2,
         "the idle pod is in host memory"
     );
-    assert_eq!(
-        pod_swap(&node, &first).state,
-        hypervisor_swap::SwapState::Swapped
-    );
-    assert_eq!(
-        pod_swap(&node, &second).state,
-        hypervisor_swap::SwapState::Resident
-    );
+    assert_eq!(pod_swap(&node, &first).state, Residency::Swapped);
+    assert_eq!(pod_swap(&node, &second).state, Residency::Resident);
 
     // The first pod's next call brings it back, making room in turn: the
     // second pod, idle now, goes to host memory.
@@ -428,9 +420,6 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     let (rest, status) = b.finish();
     assert!(status.success(), "{rest:?}");
     assert!(rest[1].starts_with("info 0 "), "{rest:?}");
-    assert_eq!(
-        pod_swap(&node, &second).state,
-        hypervisor_swap::SwapState::Resident
-    );
+    assert_eq!(pod_swap(&node, &second).state, Residency::Resident);
     assert_eq!(node.hypervisor().swap_board().totals().failures, 0);
 }

@@ -60,8 +60,10 @@ pub struct LimitsHeader {
 /// Where a pod's device memory is. Only the hypervisor moves a pod between
 /// these; its processes read it before each CUDA call that needs the GPU,
 /// and a call that finds the pod anywhere but [`Residency::Resident`] waits
-/// (and asks the hypervisor to bring the pod back).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// (and asks the hypervisor to bring the pod back). On the wire and in the
+/// status, its [`Residency::as_str`] name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Residency {
     /// On its GPUs: calls go on.
     Resident,
@@ -424,6 +426,25 @@ impl PodLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_residency_reads_back_from_its_code_and_its_name() {
+        for residency in [
+            Residency::Resident,
+            Residency::SwappingOut,
+            Residency::Swapped,
+            Residency::SwappingIn,
+        ] {
+            assert_eq!(Residency::from_code(residency.code()), residency);
+            let json = serde_json::to_string(&residency).expect("encode");
+            assert_eq!(json, format!("\"{}\"", residency.as_str()));
+        }
+        assert_eq!(
+            Residency::from_code(77),
+            Residency::Swapped,
+            "unknown: not resident"
+        );
+    }
 
     struct Cleanup(String);
     impl Drop for Cleanup {

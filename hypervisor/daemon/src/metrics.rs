@@ -473,7 +473,7 @@ fn render_swap(x: &mut Exposition, status: &Status) {
         "Bytes of the pod's device memory in host memory now (0 while it is on its GPUs).",
     );
     for (pod, swap) in &status.swap.pods {
-        let labels = format!("pod=\"{}\",state=\"{}\"", escape(pod), swap.state_name());
+        let labels = format!("pod=\"{}\",state=\"{}\"", escape(pod), swap.state.as_str());
         x.sample(on_host, "", &labels, swap.bytes_on_host);
     }
 }

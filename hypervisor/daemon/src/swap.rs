@@ -15,11 +15,9 @@ use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::SwapAnswer;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{
-    Candidate, CheckpointDriver, DriverError, RoomPolicy, SwapBoard, SwapError, SwapState,
-};
+use hypervisor_swap::{Candidate, CheckpointDriver, DriverError, RoomPolicy, SwapBoard, SwapError};
 
-use crate::Hypervisor;
+use crate::{Hypervisor, lock};
 
 /// A swap-out begins once the pod's last call is this old: its processes
 /// stamp calls from a coarse clock (a tick, a few milliseconds, behind at
@@ -176,7 +174,7 @@ impl Hypervisor {
                 // a call that read the pod resident stamped before this
                 // store (each side writes, then reads the other's word).
                 region.set_residency(Residency::SwappingOut);
-                board.set_state(&view.pod, SwapState::SwappingOut);
+                board.set_state(&view.pod, Residency::SwappingOut);
                 let idle_region = Arc::clone(&region);
                 tokio::task::spawn_blocking(move || {
                     hypervisor_swap::swap_out(&driver, &pids, || {
@@ -196,7 +194,7 @@ impl Hypervisor {
             }
             Err(error) => {
                 region.set_residency(Residency::Resident);
-                board.failed(&view.pod, SwapState::Resident, &error.to_string());
+                board.failed(&view.pod, Residency::Resident, &error.to_string());
                 tracing::warn!(pod = %view.pod, %error, "swap-out not done; the pod runs on");
                 Err(error)
             }
@@ -213,7 +211,7 @@ impl Hypervisor {
         let driver = self.checkpoint_driver().await?;
         let board = self.swap_board();
         region.set_residency(Residency::SwappingIn);
-        board.set_state(&view.pod, SwapState::SwappingIn);
+        board.set_state(&view.pod, Residency::SwappingIn);
         let outcome =
             tokio::task::spawn_blocking(move || hypervisor_swap::swap_in(&driver, &pids, &[]))
                 .await;
@@ -226,7 +224,7 @@ impl Hypervisor {
             }
             Err(error) => {
                 region.set_residency(Residency::Swapped);
-                board.failed(&view.pod, SwapState::Swapped, &error.to_string());
+                board.failed(&view.pod, Residency::Swapped, &error.to_string());
                 tracing::error!(pod = %view.pod, %error, "swap-in failed; the pod stays in host memory");
                 Err(error)
             }
@@ -380,11 +378,6 @@ async fn quiet_stamp(region: &hypervisor_core::region::PodRegion) -> Option<u64>
         }
         tokio::time::sleep(Duration::from_millis(QUIET_MS - age)).await;
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Every update is one step: a panic elsewhere leaves it usable.
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn flatten<T>(

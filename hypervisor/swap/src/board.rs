@@ -4,27 +4,14 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gpushare_utils::limits::Residency;
 use serde::{Deserialize, Serialize};
-
-/// Where a pod is, as the daemon last moved it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SwapState {
-    /// On its GPUs.
-    Resident,
-    /// Being checkpointed.
-    SwappingOut,
-    /// In host memory.
-    Swapped,
-    /// Being restored.
-    SwappingIn,
-}
 
 /// One pod's record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PodSwap {
-    /// Where it is.
-    pub state: SwapState,
+    /// Where it is, as the daemon last moved it.
+    pub state: Residency,
     /// Bytes of its device memory in host memory now.
     pub bytes_on_host: u64,
     /// Seconds since the epoch when it reached its state.
@@ -43,22 +30,10 @@ pub struct PodSwap {
     pub last_swap_in_s: Option<f64>,
 }
 
-impl PodSwap {
-    /// Its state's name, as the residency is written on the wire.
-    pub fn state_name(&self) -> &'static str {
-        match self.state {
-            SwapState::Resident => "resident",
-            SwapState::SwappingOut => "swapping_out",
-            SwapState::Swapped => "swapped",
-            SwapState::SwappingIn => "swapping_in",
-        }
-    }
-}
-
 impl Default for PodSwap {
     fn default() -> Self {
         Self {
-            state: SwapState::Resident,
+            state: Residency::Resident,
             bytes_on_host: 0,
             since: now_s(),
             last_error: None,
@@ -120,14 +95,14 @@ impl SwapBoard {
         totals.swapped_pods = inner
             .pods
             .values()
-            .filter(|p| p.state != SwapState::Resident)
+            .filter(|p| p.state != Residency::Resident)
             .count() as u64;
         totals.bytes_on_host = inner.pods.values().map(|p| p.bytes_on_host).sum();
         totals
     }
 
     /// The pod moves to `state`.
-    pub fn set_state(&self, pod: &str, state: SwapState) {
+    pub fn set_state(&self, pod: &str, state: Residency) {
         let mut inner = self.lock();
         let record = inner.pods.entry(pod.to_owned()).or_default();
         record.state = state;
@@ -140,7 +115,7 @@ impl SwapBoard {
         inner.totals.swap_outs += 1;
         inner.totals.swap_out_seconds += took.as_secs_f64();
         let record = inner.pods.entry(pod.to_owned()).or_default();
-        record.state = SwapState::Swapped;
+        record.state = Residency::Swapped;
         record.since = now_s();
         record.bytes_on_host = bytes;
         record.swap_outs += 1;
@@ -154,7 +129,7 @@ impl SwapBoard {
         inner.totals.swap_ins += 1;
         inner.totals.swap_in_seconds += took.as_secs_f64();
         let record = inner.pods.entry(pod.to_owned()).or_default();
-        record.state = SwapState::Resident;
+        record.state = Residency::Resident;
         record.since = now_s();
         record.bytes_on_host = 0;
         record.swap_ins += 1;
@@ -163,13 +138,13 @@ impl SwapBoard {
     }
 
     /// A swap failed; the pod is left in `state`.
-    pub fn failed(&self, pod: &str, state: SwapState, error: &str) {
+    pub fn failed(&self, pod: &str, state: Residency, error: &str) {
         let mut inner = self.lock();
         inner.totals.failures += 1;
         let record = inner.pods.entry(pod.to_owned()).or_default();
         record.state = state;
         record.since = now_s();
-        if state == SwapState::Resident {
+        if state == Residency::Resident {
             record.bytes_on_host = 0;
         }
         record.failures += 1;
@@ -181,8 +156,8 @@ impl SwapBoard {
     pub fn found_swapped(&self, pod: &str, bytes: u64) {
         let mut inner = self.lock();
         let record = inner.pods.entry(pod.to_owned()).or_default();
-        if record.state == SwapState::Resident {
-            record.state = SwapState::Swapped;
+        if record.state == Residency::Resident {
+            record.state = Residency::Swapped;
             record.bytes_on_host = bytes;
             record.since = now_s();
         }
@@ -193,7 +168,7 @@ impl SwapBoard {
     pub fn processes_gone(&self, pod: &str) {
         let mut inner = self.lock();
         let record = inner.pods.entry(pod.to_owned()).or_default();
-        record.state = SwapState::Resident;
+        record.state = Residency::Resident;
         record.bytes_on_host = 0;
         record.since = now_s();
     }

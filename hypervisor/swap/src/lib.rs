@@ -15,7 +15,7 @@ pub mod driver;
 pub mod engine;
 pub mod policy;
 
-pub use board::{PodSwap, SwapBoard, SwapState, SwapTotals};
+pub use board::{PodSwap, SwapBoard, SwapTotals};
 pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uuid};
 pub use engine::{SwapError, Timing, swap_in, swap_out};
 pub use policy::{Candidate, LatencyPods, RoomPolicy, victims};
