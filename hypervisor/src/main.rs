@@ -67,12 +67,31 @@ enum Cmd {
         direction: String,
         /// The pod's id.
         pod: String,
-        /// The daemon's address.
-        #[arg(long, default_value = config::DEFAULT_LISTEN)]
-        addr: String,
-        /// A file holding the admin token (else `GPUSHARE_ADMIN_TOKEN`).
-        #[arg(long, value_name = "PATH")]
-        admin_token_file: Option<PathBuf>,
+        #[command(flatten)]
+        daemon: AdminTarget,
+    },
+    /// Move a pod to another GPU of the node, through the daemon's admin
+    /// API: its processes are checkpointed and restored there, with their
+    /// quota and usage.
+    Move {
+        /// The pod's id.
+        pod: String,
+        /// The GPU it goes to: its NVML index or UUID.
+        #[arg(long)]
+        to: String,
+        /// The GPU it leaves (needed for a pod on several GPUs).
+        #[arg(long)]
+        from: Option<String>,
+        #[command(flatten)]
+        daemon: AdminTarget,
+    },
+    /// Empty a GPU (one that reports an XID, or is to be serviced): each of
+    /// its pods moves to another GPU, or is swapped out where none has room.
+    Drain {
+        /// The GPU: its NVML index or UUID.
+        gpu: String,
+        #[command(flatten)]
+        daemon: AdminTarget,
     },
     /// Check a config file and print what it says.
     CheckConfig {
@@ -84,6 +103,17 @@ enum Cmd {
         #[command(subcommand)]
         command: LimiterCmd,
     },
+}
+
+/// The daemon an admin command talks to.
+#[derive(clap::Args)]
+struct AdminTarget {
+    /// The daemon's address.
+    #[arg(long, default_value = config::DEFAULT_LISTEN)]
+    addr: String,
+    /// A file holding the admin token (else `GPUSHARE_ADMIN_TOKEN`).
+    #[arg(long, value_name = "PATH")]
+    admin_token_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -243,9 +273,19 @@ fn main() {
         Cmd::Swap {
             direction,
             pod,
-            addr,
-            admin_token_file,
-        } => swap(&direction, &pod, &addr, admin_token_file.as_deref()),
+            daemon,
+        } => admin_post(&daemon, &format!("pods/{pod}/swap-{direction}"), None),
+        Cmd::Move {
+            pod,
+            to,
+            from,
+            daemon,
+        } => admin_post(
+            &daemon,
+            &format!("pods/{pod}/move"),
+            Some(serde_json::json!({ "to": to, "from": from })),
+        ),
+        Cmd::Drain { gpu, daemon } => admin_post(&daemon, &format!("gpus/{gpu}/drain"), None),
         Cmd::CheckConfig { config } => check_config(&config),
         Cmd::Limiter { command } => limiter(command),
     };
@@ -418,15 +458,15 @@ fn agent(timeout: Duration) -> ureq::Agent {
         .new_agent()
 }
 
-/// `hypervisor swap out|in POD`: prints the daemon's answer (where the
-/// pod's memory is), or fails with its refusal.
-fn swap(
-    direction: &str,
-    pod: &str,
-    addr: &str,
-    token_file: Option<&std::path::Path>,
+/// `hypervisor swap`, `move` and `drain`: posts `body` (or nothing) to
+/// the daemon's admin route `/api/v1/<route>` and prints its answer, or
+/// fails with its refusal.
+fn admin_post(
+    daemon: &AdminTarget,
+    route: &str,
+    body: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
-    let token = match token_file {
+    let token = match &daemon.admin_token_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?
             .trim()
@@ -434,12 +474,18 @@ fn swap(
         None => std::env::var("GPUSHARE_ADMIN_TOKEN")
             .context("give --admin-token-file or set GPUSHARE_ADMIN_TOKEN")?,
     };
-    let url = format!("{}/api/v1/pods/{pod}/swap-{direction}", base_url(addr));
-    // A swap of tens of GiB takes tens of seconds.
-    let response = agent(Duration::from_secs(300))
+    let url = format!("{}/api/v1/{route}", base_url(&daemon.addr));
+    // A swap or move of tens of GiB takes tens of seconds; a drain, one
+    // for each pod of the GPU.
+    let request = agent(Duration::from_secs(900))
         .post(&url)
-        .header("Authorization", &format!("Bearer {token}"))
-        .send_empty();
+        .header("Authorization", &format!("Bearer {token}"));
+    let response = match body {
+        Some(body) => request
+            .header("Content-Type", "application/json")
+            .send(body.to_string()),
+        None => request.send_empty(),
+    };
     println!("{}", answer(&url, response)?);
     Ok(())
 }

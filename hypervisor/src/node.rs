@@ -166,6 +166,9 @@ impl Node {
         }
         if kubernetes.is_some() {
             hv.not_ready(AGENT_STARTING);
+            // A DRA allocation, or a device plugin's device files, names
+            // each pod's GPU: pods swap there, never move.
+            hv.pin_placements();
         }
         let metrics_addr = match metrics {
             Some(at) => {

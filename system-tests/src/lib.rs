@@ -29,6 +29,8 @@ pub mod daemon;
 mod node;
 pub mod pod;
 pub mod probes;
+#[cfg(feature = "node")]
+pub mod swapping;
 
 #[cfg(feature = "node")]
 pub use node::RunningNode;

@@ -5,41 +5,22 @@
 //! memory; a restarted daemon finds a swapped pod and brings it back; on a
 //! GPU that overcommits, pods that need memory take it from idle ones.
 
-use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpushare_utils::limits::Residency;
 use system_tests::daemon::{DoubleGpus, NodeFileGpu};
 use system_tests::pod::Pod;
 use system_tests::probes::{self, GIB, probe};
-use system_tests::{RunningNode, artifacts, daemon};
-
-const TOKEN: &str = "pod-token";
-const ADMIN: &str = "admin";
-
-/// The folder where the double's processes keep their checkpoint control
-/// blocks: named in this test process's environment before any thread
-/// starts (the double's caller side, loaded in-process by the daemon,
-/// reads it, as do the probes, which inherit it), removed at exit.
-fn checkpoint_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("gpushare-swap-tests-{}", std::process::id()))
-}
+use system_tests::swapping::{
+    ADMIN, Running, TOKEN, admin_cli, checkpoint_dir, control_block, eventually,
+};
+use system_tests::{RunningNode, daemon};
 
 #[ctor::ctor(unsafe)]
 fn name_the_checkpoint_folder() {
-    let dir = checkpoint_dir();
-    let _ = std::fs::create_dir_all(&dir);
-    // SAFETY: runs before main, while this process has one thread.
-    unsafe { std::env::set_var("GPUSHARE_DOUBLE_CHECKPOINT_DIR", &dir) };
-    // SAFETY: registers a plain function with no arguments to run at exit.
-    unsafe { libc::atexit(remove_the_checkpoint_folder) };
-}
-
-extern "C" fn remove_the_checkpoint_folder() {
-    let _ = std::fs::remove_dir_all(checkpoint_dir());
+    // SAFETY: a constructor, run while this process has one thread.
+    unsafe { system_tests::swapping::name_the_checkpoint_folder() };
 }
 
 fn config(pod: &Pod, quota: &str, extra_swap: &str) -> String {
@@ -56,114 +37,13 @@ fn start(pod: &Pod, quota: &str) -> RunningNode {
     daemon::hypervisor(pod, &config(pod, quota, ""), Arc::new(DoubleGpus(1)))
 }
 
-/// A probe of `pod` under the daemon at `url`, its script run up to each
-/// `wait` and resumed by [`Running::resume`].
-struct Running {
-    child: Child,
-    stdin: ChildStdin,
-    lines: std::io::Lines<BufReader<ChildStdout>>,
-}
-
-impl Running {
-    fn start(pod: &Pod, url: &str, env: &[(&str, &str)], script: &[&str]) -> Self {
-        let mut command = probe(
-            "cudaprobe",
-            pod,
-            &[
-                ("CUDA_LIMITER_HYPERVISOR", url),
-                ("CUDA_LIMITER_TOKEN", TOKEN),
-            ],
-            script,
-        );
-        probes::use_node_tables(&mut command, pod);
-        for (key, value) in env {
-            command.env(key, value);
-        }
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("probe starts");
-        let stdin = child.stdin.take().expect("stdin");
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        Self {
-            child,
-            stdin,
-            lines,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Output lines up to and including the next `ready` (or the end).
-    fn until_ready(&mut self) -> Vec<String> {
-        let mut seen = Vec::new();
-        for line in self.lines.by_ref() {
-            let line = line.expect("probe output");
-            let ready = line == "ready";
-            seen.push(line);
-            if ready {
-                break;
-            }
-        }
-        seen
-    }
-
-    fn resume(&mut self) {
-        writeln!(self.stdin).expect("resume the probe");
-    }
-
-    /// The rest of the output, and the exit status.
-    fn finish(mut self) -> (Vec<String>, std::process::ExitStatus) {
-        drop(self.stdin);
-        let rest: Vec<String> = self.lines.map(|l| l.expect("probe output")).collect();
-        let status = self.child.wait().expect("probe exits");
-        (rest, status)
-    }
-}
-
-/// What the double's control block of process `pid` says: its
-/// `CUprocessState`, its bytes in host memory, its bytes on device 0.
-fn control_block(pid: u32) -> (u32, u64, u64) {
-    let bytes = std::fs::read(checkpoint_dir().join(pid.to_string())).expect("control block");
-    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
-    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
-    (u32_at(12), u64_at(16), u64_at(24))
-}
-
 /// `hypervisor swap out|in POD` against `node`: its exit status and output.
 fn cli_swap(node: &RunningNode, direction: &str, pod: &Pod) -> (bool, String) {
-    let output = Command::new(artifacts::hypervisor())
-        .args([
-            "swap",
-            direction,
-            &pod.0,
-            "--addr",
-            &node.addr().to_string(),
-        ])
-        .env("GPUSHARE_ADMIN_TOKEN", ADMIN)
-        .output()
-        .expect("hypervisor swap runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), text)
+    admin_cli(node, &["swap", direction, &pod.0])
 }
 
 fn pod_swap(node: &RunningNode, pod: &Pod) -> hypervisor_swap::PodSwap {
     node.hypervisor().swap_board().pod(&pod.0)
-}
-
-fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ok() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -180,13 +60,14 @@ fn an_idle_pod_goes_to_host_memory_and_its_next_call_brings_it_back() {
     );
     let before = running.until_ready();
     assert!(before[0].contains("-> 0 "), "{before:?}");
-    let (_, _, held) = control_block(running.pid());
+    let held = control_block(running.pid()).device_bytes;
     assert!(held >= 2 * GIB, "the probe holds {held} bytes on the GPU");
 
     let (ok, answer) = cli_swap(&node, "out", &pod);
     assert!(ok, "{answer}");
     assert!(answer.contains("\"residency\":\"swapped\""), "{answer}");
-    let (state, on_host, on_device) = control_block(running.pid());
+    let block = control_block(running.pid());
+    let (state, on_host, on_device) = (block.state, block.host_bytes, block.device_bytes);
     assert_eq!(
         (state, on_device),
         (2, 0),
@@ -234,7 +115,8 @@ fn a_pod_the_driver_cannot_checkpoint_runs_on_with_the_reason() {
     assert!(!ok, "managed memory cannot be checkpointed: {answer}");
     assert!(answer.contains("409"), "{answer}");
     assert!(answer.contains("cuCheckpointProcessCheckpoint"), "{answer}");
-    let (state, _, on_device) = control_block(running.pid());
+    let block = control_block(running.pid());
+    let (state, on_device) = (block.state, block.device_bytes);
     assert_eq!(state, 0, "running again");
     assert!(on_device >= GIB);
     let record = pod_swap(&node, &pod);
@@ -338,7 +220,7 @@ fn a_restarted_daemon_finds_the_swapped_pod_and_brings_it_back() {
     eventually("the new daemon shows the pod swapped", || {
         pod_swap(&again, &pod).state == Residency::Swapped
     });
-    assert_eq!(control_block(running.pid()).0, 2, "still checkpointed");
+    assert_eq!(control_block(running.pid()).state, 2, "still checkpointed");
     running.resume();
     let (rest, status) = running.finish();
     assert!(status.success(), "{rest:?}");
@@ -397,7 +279,7 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     let lines = b.until_ready();
     assert!(lines[0].contains("-> 0 "), "room was made: {lines:?}");
     assert_eq!(
-        control_block(a.pid()).0,
+        control_block(a.pid()).state,
         2,
         "the idle pod is in host memory"
     );
@@ -411,7 +293,7 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     let (rest, status) = a.finish();
     assert!(status.success(), "{rest:?}");
     assert!(rest[1].contains("-> 0 "), "{rest:?}");
-    assert_eq!(control_block(b.pid()).0, 2, "the second pod made room");
+    assert_eq!(control_block(b.pid()).state, 2, "the second pod made room");
     let record = pod_swap(&node, &first);
     assert_eq!((record.swap_outs, record.swap_ins), (1, 1), "{record:?}");
 

@@ -133,8 +133,11 @@ pub struct GpuLimits {
     /// what its ledger counts (the hypervisor's audit): charged to the pod
     /// as driver-held memory. Zero means "absent", so version 1 holds it.
     pub unaccounted: AtomicU64,
-    /// Unused; zero.
-    pub reserved: [AtomicU64; 1],
+    /// Where the hypervisor moved the pod here from another GPU: the
+    /// [`uuid_key`] of the GPU its spec places it on, so that a restarted
+    /// hypervisor places it here still. 0: not moved. Zero means "absent",
+    /// so version 1 holds it.
+    pub placed_as: AtomicU64,
 }
 
 impl GpuLimits {
@@ -188,6 +191,7 @@ const _: () = {
     assert!(offset_of!(GpuLimits, sm_percent) == 36);
     assert!(offset_of!(GpuLimits, spill_limit) == 40);
     assert!(offset_of!(GpuLimits, unaccounted) == 48);
+    assert!(offset_of!(GpuLimits, placed_as) == 56);
 };
 
 /// Errors of the limits object.
@@ -227,6 +231,14 @@ pub enum LimitsError {
         name: String,
         /// UUID of the GPU that found no free entry.
         uuid: String,
+    },
+    /// A GPU's limits cannot move to the GPU asked.
+    #[error("limits object {name}: {reason}")]
+    Relocation {
+        /// Object name.
+        name: String,
+        /// What stands in the way.
+        reason: String,
     },
 }
 
@@ -390,6 +402,7 @@ impl PodLimits {
                 gpu.quota.store(0, Ordering::Release);
                 gpu.spill_limit.store(0, Ordering::Release);
                 gpu.unaccounted.store(0, Ordering::Release);
+                gpu.placed_as.store(0, Ordering::Release);
                 gpu.compute.rate_ppm.store(0, Ordering::Release);
                 gpu.compute.ceiling_ppm.store(0, Ordering::Release);
                 gpu.compute.suspended.store(0, Ordering::Release);
@@ -397,6 +410,54 @@ impl PodLimits {
                 gpu.sm_percent.store(0, Ordering::Release);
             }
         }
+    }
+
+    /// Moves the limits of the GPU `from` to the GPU `to` (hypervisor
+    /// only, while the pod's processes are held): the entry keeps its
+    /// quota, bucket and class under `to`'s key, and remembers the GPU the
+    /// pod was first placed on ([`GpuLimits::placed_as`]; cleared when it
+    /// goes back there). Refused when the pod has no limits on `from`, or
+    /// has some on `to` already.
+    pub fn relocate(&self, from: &str, to: &str) -> Result<(), LimitsError> {
+        let (from_key, to_key) = (uuid_key(from), uuid_key(to));
+        let gpus = &self.region().gpus;
+        if gpus.iter().any(|g| g.key.load(Ordering::Acquire) == to_key) {
+            return Err(LimitsError::Relocation {
+                name: self.name.clone(),
+                reason: format!("the pod has limits on {to} already"),
+            });
+        }
+        let Some(gpu) = gpus
+            .iter()
+            .find(|g| g.key.load(Ordering::Acquire) == from_key)
+        else {
+            return Err(LimitsError::Relocation {
+                name: self.name.clone(),
+                reason: format!("the pod has no limits on {from}"),
+            });
+        };
+        let origin = match gpu.placed_as.load(Ordering::Acquire) {
+            0 => from_key,
+            origin => origin,
+        };
+        gpu.placed_as
+            .store(if origin == to_key { 0 } else { origin }, Ordering::Release);
+        gpu.key.store(to_key, Ordering::Release);
+        Ok(())
+    }
+
+    /// The GPUs the hypervisor moved the pod to: ([`GpuLimits::placed_as`],
+    /// the key of the GPU it is on now) for each.
+    pub fn relocations(&self) -> Vec<(u64, u64)> {
+        self.region()
+            .gpus
+            .iter()
+            .filter_map(|g| {
+                let key = g.key.load(Ordering::Acquire);
+                let origin = g.placed_as.load(Ordering::Acquire);
+                (key != 0 && origin != 0).then_some((origin, key))
+            })
+            .collect()
     }
 
     /// Where the pod's device memory is. Sequentially consistent: a
@@ -516,6 +577,56 @@ mod tests {
         // A second hypervisor run adopts its own object.
         let again = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
         assert!(again.find("GPU-2").is_some());
+    }
+
+    #[test]
+    fn limits_moved_to_another_gpu_keep_their_entry_and_remember_the_first() {
+        let pod = format!("limits-moved-{}", std::process::id());
+        let _cleanup = Cleanup(pod.clone());
+        let writer = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
+        let first = writer.set("GPU-a", 3 << 30).unwrap();
+        first.compute.configure(40, 60);
+        writer.set("GPU-c", 1 << 30).unwrap();
+        writer.publish();
+        let reader = PodLimits::open_read_only(&pod, &Trust::own_or_root(None)).unwrap();
+        let before = std::ptr::from_ref(reader.find("GPU-a").unwrap());
+
+        writer.relocate("GPU-A", "GPU-b").unwrap();
+        assert!(reader.find("GPU-a").is_none());
+        let moved = reader.find("GPU-b").unwrap();
+        assert!(
+            std::ptr::eq(before, moved),
+            "the same entry, under its new key"
+        );
+        assert_eq!(moved.quota.load(Ordering::Relaxed), 3 << 30);
+        assert_eq!(moved.compute.rate_ppm.load(Ordering::Relaxed), 400_000);
+        assert_eq!(
+            writer.relocations(),
+            vec![(uuid_key("GPU-a"), uuid_key("GPU-b"))]
+        );
+
+        // Onward: still placed as the first GPU; back there: not moved.
+        writer.relocate("GPU-b", "GPU-d").unwrap();
+        assert_eq!(
+            writer.relocations(),
+            vec![(uuid_key("GPU-a"), uuid_key("GPU-d"))]
+        );
+        writer.relocate("GPU-d", "GPU-a").unwrap();
+        assert!(writer.relocations().is_empty());
+
+        // Nothing on the source, or limits on the target already: refused.
+        assert!(matches!(
+            writer.relocate("GPU-x", "GPU-y"),
+            Err(LimitsError::Relocation { .. })
+        ));
+        assert!(matches!(
+            writer.relocate("GPU-a", "GPU-c"),
+            Err(LimitsError::Relocation { .. })
+        ));
+        // A GPU forgotten forgets where it came from.
+        writer.relocate("GPU-a", "GPU-b").unwrap();
+        writer.retain(&["GPU-c"]);
+        assert!(writer.relocations().is_empty());
     }
 
     #[test]

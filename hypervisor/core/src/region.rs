@@ -171,6 +171,25 @@ impl PodRegion {
         }
     }
 
+    /// Moves the pod's ledger entry and limits of the GPU `from` to the GPU
+    /// `to` ([`PodLedger::relocate_device`], [`PodLimits::relocate`]); on a
+    /// refusal nothing moved.
+    pub fn relocate(&self, from: &str, to: &str) -> Result<(), RegionError> {
+        self.ledger.relocate_device(from, to)?;
+        if let Err(error) = self.limits.relocate(from, to) {
+            // Only the ledger's keys changed; changing them back cannot be refused.
+            let _ = self.ledger.relocate_device(to, from);
+            return Err(error.into());
+        }
+        Ok(())
+    }
+
+    /// The moves the limits record: (key of the GPU the spec names, key of
+    /// the GPU the pod is on).
+    pub fn relocations(&self) -> Vec<(u64, u64)> {
+        self.limits.relocations()
+    }
+
     /// Charges the pod `bytes` of driver-held memory on the GPU `uuid` that
     /// its ledger does not count (the audit's finding; 0 clears it).
     pub fn set_unaccounted(&self, uuid: &str, bytes: u64) {

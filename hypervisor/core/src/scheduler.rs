@@ -26,6 +26,7 @@
 //! tries again the pods left out ([`retry`]); the status report in
 //! [`report`].
 
+mod relocate;
 mod report;
 mod retry;
 mod swap_view;
@@ -49,6 +50,8 @@ use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
 use hypervisor_corun::CorunOptions;
 use hypervisor_observer::GpuInfo;
 
+pub use relocate::MovePlan;
+use relocate::Relocation;
 pub use report::{GpuStatus, PodStatus};
 use retry::LeftOut;
 pub use swap_view::{SwapGpu, SwapView};
@@ -149,6 +152,8 @@ pub(crate) struct Pod {
     pub(crate) suspended: bool,
     pub(crate) gpus: Vec<PodGpu>,
     pub(crate) notify: Arc<Notify>,
+    /// GPUs of the spec the pod was moved away from, and where to.
+    pub(crate) relocations: Vec<Relocation>,
 }
 
 /// What an admission request waits on.
@@ -300,7 +305,10 @@ impl Scheduler {
             region: Arc::new(region),
             suspended,
             notify: Arc::new(Notify::new()),
+            relocations: Vec::new(),
         };
+        // A pod moved before a restart stays where it was moved.
+        pod.relocations = relocate::recorded(&pod, &self.gpus);
         rebuild_gpus(&mut pod, now);
         place(&mut pod, &self.gpus);
         write_layout(&pod);
@@ -495,12 +503,13 @@ fn check_gpus(specs: &[GpuSpec], gpus: &[GpuInfo]) -> Result<(), String> {
     Ok(())
 }
 
-/// Resolves every GPU of `pod` to a UUID; returns whether any placement
-/// changed. A GPU named twice (by index and by UUID) is placed once.
+/// Resolves every GPU of `pod` to a UUID (the GPU it was moved to, where it
+/// was); returns whether any placement changed. A GPU named twice (by index
+/// and by UUID) is placed once.
 pub(crate) fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
-    let mut changed = false;
     let mut taken: Vec<String> = Vec::new();
-    for gpu in &mut pod.gpus {
+    let mut resolved = Vec::with_capacity(pod.gpus.len());
+    for gpu in &pod.gpus {
         let found = match &gpu.spec.gpu {
             GpuSelector::Index(i) => gpus
                 .iter()
@@ -511,7 +520,8 @@ pub(crate) fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
                     .find(|g| g.uuid.eq_ignore_ascii_case(u))
                     .map_or((u.clone(), None), |g| (g.uuid.clone(), Some(g.index))),
             ),
-        };
+        }
+        .map(|(uuid, index)| relocate::relocated(pod, &uuid, gpus).unwrap_or((uuid, index)));
         let placement = found.and_then(|(uuid, host_index)| {
             let key = uuid.to_ascii_lowercase();
             if taken.contains(&key) || taken.len() >= MAX_DEVICES {
@@ -521,6 +531,10 @@ pub(crate) fn place(pod: &mut Pod, gpus: &[GpuInfo]) -> bool {
             taken.push(key);
             Some(Placement { uuid, host_index })
         });
+        resolved.push(placement);
+    }
+    let mut changed = false;
+    for (gpu, placement) in pod.gpus.iter_mut().zip(resolved) {
         if placement.is_none() && gpu.placement.is_some()
             || placement.is_some() && gpu.placement.is_none()
         {

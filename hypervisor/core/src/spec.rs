@@ -197,6 +197,15 @@ impl GpuSelector {
         Ok(Self::Index(index))
     }
 
+    /// A GPU as an operator names it: its NVML index (digits), or its UUID.
+    pub fn parse(text: &str) -> Result<Self, SpecError> {
+        let t = text.trim();
+        match t.parse::<u32>() {
+            Ok(index) if t.bytes().all(|b| b.is_ascii_digit()) => Self::index(index),
+            _ => Self::uuid(t),
+        }
+    }
+
     fn key(&self) -> String {
         match self {
             Self::Uuid(u) => u.to_ascii_lowercase(),
@@ -402,6 +411,18 @@ mod tests {
         assert_eq!(none.policy, Policy::None);
         let fixed_share = gpu(None, Some(40), Some(Policy::Fixed)).unwrap();
         assert_eq!(fixed_share.bound_percent(), 40);
+    }
+
+    #[test]
+    fn an_operator_names_a_gpu_by_index_or_uuid() {
+        assert_eq!(GpuSelector::parse("1"), Ok(GpuSelector::Index(1)));
+        assert_eq!(
+            GpuSelector::parse(" GPU-ab12 "),
+            Ok(GpuSelector::Uuid("GPU-ab12".to_owned()))
+        );
+        assert_eq!(GpuSelector::parse("99"), Err(SpecError::BadIndex(99)));
+        assert!(GpuSelector::parse("+1").is_err());
+        assert!(GpuSelector::parse("gpu zero").is_err());
     }
 
     #[test]

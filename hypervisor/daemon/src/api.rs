@@ -123,6 +123,18 @@ pub(crate) fn routes(
             })),
         )
         .at(
+            "/pods/:id/move",
+            post(ep(hv, |hv, req| async move {
+                swap::operator_move(&hv, req).await
+            })),
+        )
+        .at(
+            "/gpus/:gpu/drain",
+            post(ep(hv, |hv, req| async move {
+                swap::operator_drain(&hv, &req).await
+            })),
+        )
+        .at(
             "/swap-in",
             post(ep(hv, |hv, req| async move {
                 swap::worker_swap_in(&hv, req).await

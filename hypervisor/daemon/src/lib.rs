@@ -58,7 +58,7 @@ pub use auth::AuthError;
 pub use state::Hypervisor;
 pub(crate) use state::{Core, Shared};
 use state::{lock, stamp};
-pub use swap::SwapRefusal;
+pub use swap::{DrainReport, MoveAnswer, SwapRefusal};
 use tasks::log_report;
 pub use tasks::{MAINTENANCE, TICK};
 

@@ -462,6 +462,18 @@ fn render_swap(x: &mut Exposition, status: &Status) {
             "Seconds spent swapping pods in.",
             totals.swap_in_seconds,
         ),
+        (
+            "gpushare_moves_total",
+            "counter",
+            "Pods moved to another GPU of the node.",
+            totals.moves as f64,
+        ),
+        (
+            "gpushare_move_seconds_total",
+            "counter",
+            "Seconds spent moving pods between GPUs.",
+            totals.move_seconds,
+        ),
     ];
     for (name, kind, help, value) in node {
         let at = x.family(name, kind, help);

@@ -8,6 +8,7 @@
 //! it) and serialises swaps: one at a time on the node, since each is bound
 //! by the same host link.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,9 +16,15 @@ use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::SwapAnswer;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{Candidate, CheckpointDriver, DriverError, RoomPolicy, SwapBoard, SwapError};
+use hypervisor_swap::{
+    Candidate, CheckpointDriver, DriverError, RoomPolicy, SwapBoard, SwapError, Timing,
+};
 
 use crate::{Hypervisor, lock};
+
+mod relocate;
+
+pub use relocate::{DrainReport, MoveAnswer};
 
 /// A swap-out begins once the pod's last call is this old: its processes
 /// stamp calls from a coarse clock (a tick, a few milliseconds, behind at
@@ -34,6 +41,9 @@ pub(crate) struct Swapper {
     pub(crate) board: SwapBoard,
     driver: Mutex<Option<Arc<CheckpointDriver>>>,
     ops: tokio::sync::Mutex<()>,
+    /// Pods' GPUs are given by Kubernetes (a DRA allocation, or a device
+    /// plugin's device files, names each): pods swap, never move.
+    pinned: AtomicBool,
 }
 
 /// Why a swap was not done.
@@ -42,6 +52,9 @@ pub enum SwapRefusal {
     /// No such pod is scheduled.
     #[error("no pod {0}")]
     UnknownPod(String),
+    /// The node has no such GPU.
+    #[error("{0} is not a GPU of this node")]
+    UnknownGpu(String),
     /// The driver cannot swap (no driver, or one without the checkpoint API).
     #[error("swap needs the driver's checkpoint API: {0}")]
     Unsupported(DriverError),
@@ -60,6 +73,25 @@ pub enum SwapRefusal {
     /// The engine's refusal or failure.
     #[error(transparent)]
     Swap(#[from] SwapError),
+    /// The scheduler does not allow the move (no such GPU, the pod is there
+    /// already, a co-run GPU, limits that cannot follow).
+    #[error("the pod cannot move: {0}")]
+    Move(String),
+    /// Kubernetes gave the pod its GPU: it may be swapped, not moved.
+    #[error(
+        "the pod's GPU was given by Kubernetes (its DRA allocation or device-plugin device names it); swap it instead"
+    )]
+    Pinned,
+    /// The GPU the pod would move to lacks the memory it holds.
+    #[error("{gpu} has {free} bytes free; the pod holds {need}")]
+    NoRoom {
+        /// The GPU asked for.
+        gpu: String,
+        /// Bytes free there.
+        free: u64,
+        /// Bytes the pod holds on the GPU it leaves.
+        need: u64,
+    },
     /// The blocking task that called the driver did not finish.
     #[error("the swap task failed: {0}")]
     Task(String),
@@ -86,7 +118,7 @@ impl Hypervisor {
     pub async fn swap_out(&self, pod: &str) -> Result<SwapAnswer, SwapRefusal> {
         let view = self.view(pod)?;
         let _one = self.shared.swapper.ops.lock().await;
-        self.swap_out_locked(&view).await?;
+        self.swap_out_locked(&view, Wait::Quiet).await?;
         Ok(answer(&view))
     }
 
@@ -95,7 +127,13 @@ impl Hypervisor {
     pub async fn swap_in(&self, pod: &str) -> Result<SwapAnswer, SwapRefusal> {
         let view = self.view(pod)?;
         let _one = self.shared.swapper.ops.lock().await;
-        self.swap_in_locked(&view).await?;
+        // A move whose restore failed before ends here, on the new GPU.
+        let moving = self.swap_board().move_of(pod).is_some();
+        if let Some(timing) = self.swap_in_locked(&view).await?
+            && moving
+        {
+            self.swap_board().moved(pod, timing.total());
+        }
         Ok(answer(&view))
     }
 
@@ -149,7 +187,16 @@ impl Hypervisor {
             .ok_or_else(|| SwapRefusal::UnknownPod(pod.to_owned()))
     }
 
-    async fn swap_out_locked(&self, view: &SwapView) -> Result<u64, SwapRefusal> {
+    /// Pods' GPUs are given by Kubernetes from now on: they swap, never move.
+    pub fn pin_placements(&self) {
+        self.shared.swapper.pinned.store(true, Ordering::Relaxed);
+    }
+
+    fn placements_pinned(&self) -> bool {
+        self.shared.swapper.pinned.load(Ordering::Relaxed)
+    }
+
+    async fn swap_out_locked(&self, view: &SwapView, wait: Wait) -> Result<u64, SwapRefusal> {
         let region = Arc::clone(&view.region);
         if region.residency() == Residency::Swapped {
             return Ok(0);
@@ -167,7 +214,10 @@ impl Hypervisor {
         let pids = self.pids_of(&view.pod).await;
         let driver = self.checkpoint_driver().await?;
         let board = self.swap_board();
-        let quiet = quiet_stamp(&region).await;
+        let quiet = match wait {
+            Wait::Quiet => quiet_stamp(&region).await,
+            Wait::No => Some(region.last_call_ms()),
+        };
         let outcome = match quiet {
             Some(stamp) => {
                 // The residency first, then the stamp again after the lock:
@@ -178,7 +228,7 @@ impl Hypervisor {
                 let idle_region = Arc::clone(&region);
                 tokio::task::spawn_blocking(move || {
                     hypervisor_swap::swap_out(&driver, &pids, || {
-                        idle_region.last_call_ms() == stamp
+                        wait == Wait::No || idle_region.last_call_ms() == stamp
                     })
                 })
                 .await
@@ -201,26 +251,33 @@ impl Hypervisor {
         }
     }
 
-    async fn swap_in_locked(&self, view: &SwapView) -> Result<(), SwapRefusal> {
+    /// Brings the pod back (onto the GPU it moves to, when a move is under
+    /// way); what it took, `None` when it was resident.
+    async fn swap_in_locked(&self, view: &SwapView) -> Result<Option<Timing>, SwapRefusal> {
         let region = Arc::clone(&view.region);
         if region.residency() == Residency::Resident {
-            return Ok(());
+            return Ok(None);
         }
         self.room_for(view).await;
         let pids = self.pids_of(&view.pod).await;
         let driver = self.checkpoint_driver().await?;
         let board = self.swap_board();
+        // A pod moving to another GPU is restored there.
+        let pairs = match board.move_of(&view.pod) {
+            Some(to) => relocate::pairs(&to, view)?,
+            None => Vec::new(),
+        };
         region.set_residency(Residency::SwappingIn);
         board.set_state(&view.pod, Residency::SwappingIn);
         let outcome =
-            tokio::task::spawn_blocking(move || hypervisor_swap::swap_in(&driver, &pids, &[]))
+            tokio::task::spawn_blocking(move || hypervisor_swap::swap_in(&driver, &pids, &pairs))
                 .await;
         match flatten(outcome) {
             Ok(timing) => {
                 region.set_residency(Residency::Resident);
                 board.swapped_in(&view.pod, timing.total());
                 tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");
-                Ok(())
+                Ok(Some(timing))
             }
             Err(error) => {
                 region.set_residency(Residency::Swapped);
@@ -295,7 +352,7 @@ impl Hypervisor {
             let Some(view) = views.iter().find(|v| v.pod == pod) else {
                 continue;
             };
-            if self.swap_out_locked(view).await.is_ok() {
+            if self.swap_out_locked(view, Wait::Quiet).await.is_ok() {
                 freed = freed.saturating_add(view.bytes_on(uuid));
             }
         }
@@ -361,6 +418,17 @@ impl Hypervisor {
         *lock(&self.shared.swapper.driver) = Some(Arc::clone(&driver));
         Ok(driver)
     }
+}
+
+/// What a swap-out waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// The pod quiet for [`QUIET_MS`], and still after the lock: an idle
+    /// pod's swap, which an active pod refuses.
+    Quiet,
+    /// Nothing: the lock waits for the work the pod submitted, and its
+    /// calls meanwhile wait in the driver until it is back (a move).
+    No,
 }
 
 /// The pod's last-call stamp once it is [`QUIET_MS`] old; `None` when the

@@ -28,6 +28,22 @@ pub struct PodSwap {
     pub last_swap_out_s: Option<f64>,
     /// Seconds the last swap-in took.
     pub last_swap_in_s: Option<f64>,
+    /// A move to another GPU under way: its limits are there already, its
+    /// processes are held until they are restored there.
+    pub moving: Option<Move>,
+    /// Moves to another GPU done.
+    pub moves: u64,
+    /// Seconds the last move took (out of one GPU and into the other).
+    pub last_move_s: Option<f64>,
+}
+
+/// A pod's move between two GPUs of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Move {
+    /// The GPU it leaves.
+    pub from: String,
+    /// The GPU it goes to.
+    pub to: String,
 }
 
 impl Default for PodSwap {
@@ -42,6 +58,9 @@ impl Default for PodSwap {
             failures: 0,
             last_swap_out_s: None,
             last_swap_in_s: None,
+            moving: None,
+            moves: 0,
+            last_move_s: None,
         }
     }
 }
@@ -63,6 +82,10 @@ pub struct SwapTotals {
     pub swap_out_seconds: f64,
     /// Seconds spent swapping in since start.
     pub swap_in_seconds: f64,
+    /// Moves to another GPU done since start.
+    pub moves: u64,
+    /// Seconds spent moving since start.
+    pub move_seconds: f64,
 }
 
 /// Every pod's record, and the node's totals.
@@ -137,6 +160,29 @@ impl SwapBoard {
         record.last_swap_in_s = Some(took.as_secs_f64());
     }
 
+    /// The pod, in host memory, is moving to another GPU: the next swap-in
+    /// restores it there.
+    pub fn moving(&self, pod: &str, to: Move) {
+        self.lock().pods.entry(pod.to_owned()).or_default().moving = Some(to);
+    }
+
+    /// The move under way of `pod`, if any.
+    pub fn move_of(&self, pod: &str) -> Option<Move> {
+        self.lock().pods.get(pod).and_then(|p| p.moving.clone())
+    }
+
+    /// The pod's move finished in `took` (out of its GPU and into the
+    /// other), with the swap-in that ended it.
+    pub fn moved(&self, pod: &str, took: Duration) {
+        let mut inner = self.lock();
+        inner.totals.moves += 1;
+        inner.totals.move_seconds += took.as_secs_f64();
+        let record = inner.pods.entry(pod.to_owned()).or_default();
+        record.moving = None;
+        record.moves += 1;
+        record.last_move_s = Some(took.as_secs_f64());
+    }
+
     /// A swap failed; the pod is left in `state`.
     pub fn failed(&self, pod: &str, state: Residency, error: &str) {
         let mut inner = self.lock();
@@ -170,6 +216,7 @@ impl SwapBoard {
         let record = inner.pods.entry(pod.to_owned()).or_default();
         record.state = Residency::Resident;
         record.bytes_on_host = 0;
+        record.moving = None;
         record.since = now_s();
     }
 

@@ -116,6 +116,22 @@ pub fn swap_in(
     pids: &[u32],
     pairs: &[(RawUuid, RawUuid)],
 ) -> Result<Timing, SwapError> {
+    let restoring = restore_all(driver, pids, pairs)?;
+    let unlocking = unlock_all(driver, pids)?;
+    Ok(Timing {
+        first: restoring,
+        second: unlocking,
+    })
+}
+
+/// The first half of [`swap_in`]: every process restored (each GPU of
+/// `pairs` onto its partner), still locked, so that what must follow the
+/// pod to its GPUs can be done before any of its processes runs.
+pub fn restore_all(
+    driver: &CheckpointDriver,
+    pids: &[u32],
+    pairs: &[(RawUuid, RawUuid)],
+) -> Result<Duration, SwapError> {
     let start = Instant::now();
     for &pid in pids {
         let mut tries = 0;
@@ -138,7 +154,12 @@ pub fn swap_in(
             }
         }
     }
-    let restoring = start.elapsed();
+    Ok(start.elapsed())
+}
+
+/// The second half of [`swap_in`]: every locked process of `pids` unlocked.
+pub fn unlock_all(driver: &CheckpointDriver, pids: &[u32]) -> Result<Duration, SwapError> {
+    let start = Instant::now();
     for &pid in pids {
         if driver.state(pid) == Ok(ProcessState::Locked)
             && let Err(error) = driver.unlock(pid)
@@ -147,10 +168,17 @@ pub fn swap_in(
             return Err(SwapError::Restore(error));
         }
     }
-    Ok(Timing {
-        first: restoring,
-        second: start.elapsed() - restoring,
-    })
+    Ok(start.elapsed())
+}
+
+/// The GPU pairs that restore a pod's processes from the GPU `from` onto
+/// `to`: the two exchanged (the driver wants a pair for every GPU a
+/// process was checkpointed on, and the two GPUs' UUIDs swap places in the
+/// process's numbering), and each GPU in `stays` onto itself.
+pub fn move_pairs(from: RawUuid, to: RawUuid, stays: &[RawUuid]) -> Vec<(RawUuid, RawUuid)> {
+    let mut pairs = vec![(from, to), (to, from)];
+    pairs.extend(stays.iter().map(|&gpu| (gpu, gpu)));
+    pairs
 }
 
 /// Puts back what a failed swap-out did: restores `checkpointed`, then

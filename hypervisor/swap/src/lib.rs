@@ -4,7 +4,8 @@
 //!
 //! [`driver`] loads the API and calls it on processes by pid; [`engine`]
 //! swaps all processes of a pod together (lock all, checkpoint all; restore
-//! all, unlock all), undoing a half-done swap-out; [`policy`] chooses the
+//! all, unlock all), undoing a half-done swap-out, and restores a pod onto
+//! another GPU (a move); [`policy`] chooses the
 //! idle pods that make room on a GPU; [`board`] keeps each pod's swap state
 //! for the status and metrics. Which pods exist, what they hold and when
 //! they last called CUDA is the daemon's to say: this crate knows pids and
@@ -15,7 +16,7 @@ pub mod driver;
 pub mod engine;
 pub mod policy;
 
-pub use board::{PodSwap, SwapBoard, SwapTotals};
+pub use board::{Move, PodSwap, SwapBoard, SwapTotals};
 pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uuid};
-pub use engine::{SwapError, Timing, swap_in, swap_out};
+pub use engine::{SwapError, Timing, move_pairs, restore_all, swap_in, swap_out, unlock_all};
 pub use policy::{Candidate, LatencyPods, RoomPolicy, victims};

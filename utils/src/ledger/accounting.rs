@@ -48,6 +48,38 @@ impl PodLedger {
         })
     }
 
+    /// Moves the entry of the GPU `from` to the GPU `to` (the hypervisor,
+    /// while every process of the pod is held): what the pod holds and its
+    /// bucket are counted under `to` from now on, at the same index, so a
+    /// process that found the entry before finds it still. An entry of `to`
+    /// the pod no longer uses takes `from`'s key in exchange; one holding
+    /// memory refuses the move. No entry of `from` (the pod never used the
+    /// GPU) leaves nothing to move.
+    pub fn relocate_device(&self, from: &str, to: &str) -> Result<(), LedgerError> {
+        let (from_key, to_key) = (uuid_key(from), uuid_key(to));
+        let devices = &self.region().devices;
+        let find = |key| {
+            devices
+                .iter()
+                .find(|d| d.key.load(Ordering::Acquire) == key)
+        };
+        let Some(source) = find(from_key) else {
+            return Ok(());
+        };
+        if let Some(target) = find(to_key) {
+            let held = target.used.load(Ordering::Acquire) | target.spilled.load(Ordering::Acquire);
+            if held != 0 {
+                return Err(LedgerError::DeviceInUse {
+                    name: self.name.clone(),
+                    uuid: to.to_owned(),
+                });
+            }
+            target.key.store(from_key, Ordering::Release);
+        }
+        source.key.store(to_key, Ordering::Release);
+        Ok(())
+    }
+
     /// Sets the pod's quota on `dev` in bytes (0 = unlimited). Lowering it below
     /// current usage takes nothing back: reservations fail until usage drops.
     pub fn set_quota(&self, dev: usize, bytes: u64) -> Result<(), LedgerError> {

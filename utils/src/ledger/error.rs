@@ -73,6 +73,14 @@ pub enum LedgerError {
         /// How long was waited.
         waited_ms: u64,
     },
+    /// The pod still holds memory on the GPU a device entry was to move to.
+    #[error("ledger {name} still counts memory on GPU {uuid}")]
+    DeviceInUse {
+        /// The region's name.
+        name: String,
+        /// The GPU the entry was to move to.
+        uuid: String,
+    },
     /// Every process slot is held by a live process.
     #[error("ledger {name} has no free process slot ({max} live processes)")]
     TableFull {

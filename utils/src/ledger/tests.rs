@@ -585,3 +585,36 @@ fn a_context_is_reserved_against_the_quota_before_it_is_taken() {
     ledger.learn_context_bytes(DEV, 200).expect("learn");
     assert_eq!(ledger.context_bytes(DEV).expect("context"), 300);
 }
+
+#[test]
+fn a_device_entry_moved_to_another_gpu_keeps_its_index_and_usage() {
+    let region = TestRegion::new();
+    let ledger = region.open();
+    let a = ledger.device_for("GPU-a").expect("entry");
+    ledger.set_quota(a, 1 << 30).expect("quota");
+    ledger.try_reserve(a, 4096).expect("reserve");
+    // A stale entry of the target, holding nothing, gives way.
+    let stale = ledger.device_for("GPU-b").expect("entry");
+    ledger.relocate_device("gpu-A", "GPU-b").expect("moved");
+    assert_eq!(ledger.device_for("GPU-b").expect("entry"), a);
+    assert_eq!(ledger.usage(a).expect("usage").used, 4096);
+    assert_eq!(ledger.device_for("GPU-a").expect("entry"), stale);
+    // Back again, then a target that holds memory refuses.
+    ledger
+        .relocate_device("GPU-b", "GPU-a")
+        .expect("moved back");
+    assert_eq!(ledger.device_for("GPU-a").expect("entry"), a);
+    let busy = ledger.device_for("GPU-c").expect("entry");
+    ledger.try_reserve(busy, 1).expect("reserve");
+    assert!(matches!(
+        ledger.relocate_device("GPU-a", "GPU-c"),
+        Err(LedgerError::DeviceInUse { .. })
+    ));
+    assert_eq!(ledger.device_for("GPU-a").expect("entry"), a, "unchanged");
+    // A GPU the pod never used: nothing to move.
+    ledger
+        .relocate_device("GPU-z", "GPU-y")
+        .expect("nothing to move");
+    ledger.release(busy, 1).expect("release");
+    ledger.release(a, 4096).expect("release");
+}

@@ -1,13 +1,87 @@
-//! The swap routes: the operators' `POST /api/v1/pods/{id}/swap-out` and
-//! `…/swap-in` (admin token), and the workers' `POST /api/v1/swap-in` (a
+//! The swap routes: the operators' `POST /api/v1/pods/{id}/swap-out`,
+//! `…/swap-in`, `…/move` and `POST /api/v1/gpus/{gpu}/drain` (admin
+//! token), and the workers' `POST /api/v1/swap-in` (a
 //! trapped call of a swapped pod) and `POST /api/v1/room` (an allocation
 //! the GPU could not hold), with their pod's token.
 
 use gpushare_utils::protocol::{RoomAnswer, RoomRequest, SwapAnswer, SwapInRequest};
 
+use hypervisor_core::spec::{GpuSelector, SpecError};
+
 use super::*;
 use crate::SwapRefusal;
 use crate::swap::swap_in_wait;
+
+/// A GPU in a request body: its NVML index, or its UUID (or index) as text.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum GpuName {
+    Index(u32),
+    Text(String),
+}
+
+impl GpuName {
+    fn selector(&self) -> Result<GpuSelector, SpecError> {
+        match self {
+            Self::Index(index) => GpuSelector::index(*index),
+            Self::Text(text) => GpuSelector::parse(text),
+        }
+    }
+}
+
+/// The body of `POST /api/v1/pods/{id}/move`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MoveBody {
+    /// The GPU the pod goes to.
+    to: GpuName,
+    /// The GPU it leaves; may be left out for a pod on one GPU.
+    from: Option<GpuName>,
+}
+
+/// `POST /api/v1/pods/{id}/move`: the pod moved to another GPU of the node.
+pub(super) async fn operator_move(hv: &Hypervisor, mut req: Request) -> Response {
+    if let Err(refusal) = admin(hv, &req) {
+        return refusal.into_response();
+    }
+    let pod = match pod_param(&req) {
+        Ok(pod) => pod,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let body: MoveBody = match json_body(&mut req).await {
+        Ok(body) => body,
+        Err(refusal) => return refusal,
+    };
+    let (to, from) = match (
+        body.to.selector(),
+        body.from.as_ref().map(GpuName::selector).transpose(),
+    ) {
+        (Ok(to), Ok(from)) => (to, from),
+        (Err(error), _) | (_, Err(error)) => {
+            return json_error(StatusCode::BAD_REQUEST, &error.to_string());
+        }
+    };
+    match hv.move_pod(&pod, from.as_ref(), &to).await {
+        Ok(answer) => json_ok(&answer),
+        Err(error) => refusal(&error),
+    }
+}
+
+/// `POST /api/v1/gpus/{gpu}/drain`: every pod of the GPU moved off it, or
+/// swapped out where it cannot move.
+pub(super) async fn operator_drain(hv: &Hypervisor, req: &Request) -> Response {
+    if let Err(refusal) = admin(hv, req) {
+        return refusal.into_response();
+    }
+    let gpu = match GpuSelector::parse(req.raw_path_param("gpu").unwrap_or_default()) {
+        Ok(gpu) => gpu,
+        Err(error) => return json_error(StatusCode::BAD_REQUEST, &error.to_string()),
+    };
+    match hv.drain_gpu(&gpu).await {
+        Ok(report) => json_ok(&report),
+        Err(error) => refusal(&error),
+    }
+}
 
 /// `POST /api/v1/pods/{id}/swap-out` or `…/swap-in`.
 pub(super) async fn operator(hv: &Hypervisor, req: &Request, out: bool) -> Response {
@@ -99,11 +173,11 @@ fn worker_pod(hv: &Hypervisor, worker_id: &str, token: &str) -> Result<String, R
     }
 }
 
-/// 404 unknown pod, 503 no checkpoint API, 409 a refusal (the pod stays
+/// 404 unknown pod or GPU, 503 no checkpoint API, 409 a refusal (the pod stays
 /// where it was), 500 a swap-in that failed (the pod stays in host memory).
 fn refusal(error: &SwapRefusal) -> Response {
     let status = match error {
-        SwapRefusal::UnknownPod(_) => StatusCode::NOT_FOUND,
+        SwapRefusal::UnknownPod(_) | SwapRefusal::UnknownGpu(_) => StatusCode::NOT_FOUND,
         SwapRefusal::Unsupported(_) => StatusCode::SERVICE_UNAVAILABLE,
         _ if error.is_refusal() => StatusCode::CONFLICT,
         _ => StatusCode::INTERNAL_SERVER_ERROR,

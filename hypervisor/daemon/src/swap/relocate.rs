@@ -1,0 +1,268 @@
+//! Moving a pod to another GPU of the node (`POST …/pods/{id}/move`), and
+//! draining a GPU (`POST …/gpus/{gpu}/drain`): each pod of it moved to the
+//! GPU with the most memory free, or, where it cannot move, swapped out.
+//!
+//! A move is a swap-out, the pod's limits and ledger entry re-keyed to the
+//! new GPU while its processes are held, and a swap-in that restores them
+//! there (the driver's GPU pairs). The processes keep their CUDA device
+//! numbers; the device they numbered now reports the new GPU's UUID (the
+//! driver's answer after such a restore), under which they find their
+//! quota and usage. A restore that fails leaves the move under way: the
+//! pod's next swap-in, a trapped call's included, finishes it there.
+
+use std::time::Instant;
+
+use gpushare_utils::limits::Residency;
+use hypervisor_core::scheduler::{MovePlan, ScheduleError, SwapView};
+use hypervisor_core::spec::GpuSelector;
+use hypervisor_swap::{Move, RawUuid, parse_uuid};
+use serde::{Deserialize, Serialize};
+
+use super::{SwapRefusal, Wait};
+use crate::Hypervisor;
+
+/// What a move did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MoveAnswer {
+    /// The pod.
+    pub pod: String,
+    /// The GPU it left.
+    pub from: String,
+    /// The GPU it is on now.
+    pub to: String,
+    /// Bytes of device memory it held (on all its GPUs, all moved through
+    /// host memory).
+    pub bytes: u64,
+    /// Seconds from the first lock to the last unlock.
+    pub seconds: f64,
+}
+
+/// What a drain did with each pod of the GPU.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DrainReport {
+    /// The GPU drained.
+    pub gpu: String,
+    /// Pods moved to another GPU.
+    pub moved: Vec<MoveAnswer>,
+    /// Pods swapped out instead: no GPU had room, or Kubernetes gave them
+    /// this GPU. Their next CUDA call brings them back here.
+    pub swapped: Vec<String>,
+    /// Pods left on the GPU, with the reason (an active pod that may not
+    /// move, memory the driver cannot checkpoint).
+    pub left: Vec<DrainLeft>,
+}
+
+/// A pod a drain left on its GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainLeft {
+    /// The pod.
+    pub pod: String,
+    /// Why.
+    pub reason: String,
+}
+
+impl Hypervisor {
+    /// Moves `pod` from its GPU `from` (its only one when `None`) to the
+    /// node's GPU `to`, with its quota, usage and shares; its processes
+    /// wait in their next CUDA call while it moves.
+    pub async fn move_pod(
+        &self,
+        pod: &str,
+        from: Option<&GpuSelector>,
+        to: &GpuSelector,
+    ) -> Result<MoveAnswer, SwapRefusal> {
+        if self.placements_pinned() {
+            return Err(SwapRefusal::Pinned);
+        }
+        let _one = self.shared.swapper.ops.lock().await;
+        let plan = self.move_plan(pod, from, to)?;
+        self.move_locked(&plan).await
+    }
+
+    /// Empties the GPU `gpu`: each of its pods moves to the other GPU with
+    /// the most memory free that holds it, or is swapped out where none
+    /// does or Kubernetes gave it this GPU.
+    pub async fn drain_gpu(&self, gpu: &GpuSelector) -> Result<DrainReport, SwapRefusal> {
+        let _one = self.shared.swapper.ops.lock().await;
+        let (uuid, views) = {
+            let core = self.core();
+            let uuid = core
+                .scheduler
+                .gpus()
+                .iter()
+                .find(|g| match gpu {
+                    GpuSelector::Index(i) => g.index == *i,
+                    GpuSelector::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
+                })
+                .map(|g| g.uuid.clone())
+                .ok_or_else(|| SwapRefusal::UnknownGpu(gpu.to_string()))?;
+            let views = core.scheduler.swap_views_on(&uuid);
+            (uuid, views)
+        };
+        let mut free = self.free_memory();
+        let mut report = DrainReport {
+            gpu: uuid.clone(),
+            ..DrainReport::default()
+        };
+        let from = GpuSelector::Uuid(uuid.clone());
+        for view in views {
+            let need = view.bytes_on(&uuid);
+            let target = (!self.placements_pinned())
+                .then(|| {
+                    free.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
+                    free.iter()
+                        .filter(|(_, bytes)| *bytes >= need)
+                        .find_map(|(to, _)| {
+                            self.move_plan(&view.pod, Some(&from), &GpuSelector::Uuid(to.clone()))
+                                .ok()
+                        })
+                })
+                .flatten();
+            if let Some(plan) = target {
+                match self.move_locked(&plan).await {
+                    Ok(moved) => {
+                        if let Some((_, bytes)) = free.iter_mut().find(|(g, _)| *g == plan.to) {
+                            *bytes = bytes.saturating_sub(need);
+                        }
+                        report.moved.push(moved);
+                        continue;
+                    }
+                    Err(error) => {
+                        tracing::warn!(pod = %view.pod, %error, "drain: the pod could not move; swapping it out");
+                    }
+                }
+            }
+            if view.region.residency() == Residency::Swapped {
+                report.swapped.push(view.pod.clone());
+                continue;
+            }
+            match self.swap_out_locked(&view, Wait::Quiet).await {
+                Ok(_) => report.swapped.push(view.pod.clone()),
+                Err(error) => report.left.push(DrainLeft {
+                    pod: view.pod.clone(),
+                    reason: error.to_string(),
+                }),
+            }
+        }
+        tracing::info!(
+            gpu = %uuid,
+            moved = report.moved.len(),
+            swapped = report.swapped.len(),
+            left = report.left.len(),
+            "GPU drained"
+        );
+        Ok(report)
+    }
+
+    fn move_plan(
+        &self,
+        pod: &str,
+        from: Option<&GpuSelector>,
+        to: &GpuSelector,
+    ) -> Result<MovePlan, SwapRefusal> {
+        self.core()
+            .scheduler
+            .move_plan(pod, from, to)
+            .map_err(|error| match error {
+                ScheduleError::NoSuchPod(pod) => SwapRefusal::UnknownPod(pod),
+                other => SwapRefusal::Move(other.to_string()),
+            })
+    }
+
+    async fn move_locked(&self, plan: &MovePlan) -> Result<MoveAnswer, SwapRefusal> {
+        let view = self.view(&plan.pod)?;
+        let to = Move {
+            from: plan.from.clone(),
+            to: plan.to.clone(),
+        };
+        // The pairs are checked before anything moves.
+        pairs(&to, &view)?;
+        self.room_on(&plan.to, view.bytes_on(&plan.from), &plan.pod)
+            .await?;
+        let started = Instant::now();
+        let bytes = view.bytes();
+        // A pod without a process moves by its limits alone.
+        let alone = self.pids_of(&plan.pod).await.is_empty();
+        if !alone && view.region.residency() != Residency::Swapped {
+            self.swap_out_locked(&view, Wait::No).await?;
+        }
+        let relocated = self.core().scheduler.relocate(plan, Instant::now());
+        if let Err(error) = relocated {
+            if alone {
+                return Err(SwapRefusal::Move(error.to_string()));
+            }
+            // Nothing followed the pod: it comes back where it was.
+            if let Err(back) = self.swap_in_locked(&view).await {
+                tracing::error!(pod = %plan.pod, error = %back, "the pod could not come back after a refused move");
+            }
+            return Err(SwapRefusal::Move(error.to_string()));
+        }
+        if !alone {
+            self.swap_board().moving(&plan.pod, to);
+            let view = self.view(&plan.pod)?;
+            self.swap_in_locked(&view).await?;
+        }
+        let took = started.elapsed();
+        self.swap_board().moved(&plan.pod, took);
+        tracing::info!(pod = %plan.pod, from = %plan.from, to = %plan.to, bytes, seconds = took.as_secs_f64(), "pod moved to another GPU");
+        Ok(MoveAnswer {
+            pod: plan.pod.clone(),
+            from: plan.from.clone(),
+            to: plan.to.clone(),
+            bytes,
+            seconds: took.as_secs_f64(),
+        })
+    }
+
+    /// Makes sure the GPU `gpu` has `need` bytes free for `asker`, making
+    /// room there where it overcommits.
+    async fn room_on(&self, gpu: &str, need: u64, asker: &str) -> Result<(), SwapRefusal> {
+        let free = self
+            .free_memory()
+            .into_iter()
+            .find(|(uuid, _)| uuid.eq_ignore_ascii_case(gpu))
+            .map_or(0, |(_, free)| free);
+        if free >= need {
+            return Ok(());
+        }
+        let freed = self.make_room_locked(gpu, need - free, asker).await;
+        if free.saturating_add(freed) >= need {
+            return Ok(());
+        }
+        Err(SwapRefusal::NoRoom {
+            gpu: gpu.to_owned(),
+            free: free.saturating_add(freed),
+            need,
+        })
+    }
+
+    /// Each observed GPU's free memory, by UUID.
+    fn free_memory(&self) -> Vec<(String, u64)> {
+        self.shared
+            .observer
+            .gpus()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| (g.uuid, g.memory_total.saturating_sub(g.memory_used)))
+            .collect()
+    }
+}
+
+/// The driver's GPU pairs for `to`: the two GPUs exchanged, the pod's
+/// other GPUs (`view`'s, as placed) onto themselves.
+pub(super) fn pairs(to: &Move, view: &SwapView) -> Result<Vec<(RawUuid, RawUuid)>, SwapRefusal> {
+    let raw = |uuid: &str| {
+        parse_uuid(uuid).map_err(|error| SwapRefusal::Move(format!("{uuid}: {error}")))
+    };
+    let stays = view
+        .gpus
+        .iter()
+        .filter(|g| !g.uuid.eq_ignore_ascii_case(&to.from) && !g.uuid.eq_ignore_ascii_case(&to.to))
+        .map(|g| raw(&g.uuid))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(hypervisor_swap::move_pairs(
+        raw(&to.from)?,
+        raw(&to.to)?,
+        &stays,
+    ))
+}

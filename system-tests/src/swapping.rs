@@ -1,0 +1,169 @@
+//! Support for the tests of swap and move under a real daemon and the
+//! driver double's checkpoint API: the folder of the double's control
+//! blocks, a probe run in steps, what a control block says, and the admin
+//! commands of the CLI.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::RunningNode;
+use crate::artifacts;
+use crate::pod::Pod;
+use crate::probes::{self, probe};
+
+/// The token of the pods these tests configure.
+pub const TOKEN: &str = "pod-token";
+/// The daemon's admin token in these tests.
+pub const ADMIN: &str = "admin";
+
+/// The folder where the double's processes keep their checkpoint control
+/// blocks, one per test process.
+pub fn checkpoint_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("gpushare-swap-tests-{}", std::process::id()))
+}
+
+/// Names [`checkpoint_dir`] in this process's environment and removes it
+/// at exit. The double's caller side, loaded in-process by the daemon,
+/// reads the variable, as do the probes, which inherit it.
+///
+/// # Safety
+/// Call from a constructor (`#[ctor::ctor]`), while the process has one
+/// thread: it changes the environment.
+pub unsafe fn name_the_checkpoint_folder() {
+    extern "C" fn remove_the_checkpoint_folder() {
+        let _ = std::fs::remove_dir_all(checkpoint_dir());
+    }
+    let dir = checkpoint_dir();
+    let _ = std::fs::create_dir_all(&dir);
+    // SAFETY: the caller runs this while the process has one thread.
+    unsafe { std::env::set_var(gpushare_examples::CHECKPOINT_DIR_VAR, &dir) };
+    // SAFETY: registers a plain function with no arguments to run at exit.
+    unsafe { libc::atexit(remove_the_checkpoint_folder) };
+}
+
+/// A probe of a pod under a daemon, its script run up to each `wait` and
+/// resumed by [`Running::resume`].
+pub struct Running {
+    /// The probe's process.
+    pub child: Child,
+    stdin: ChildStdin,
+    lines: std::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Running {
+    /// `cudaprobe` of `pod` under the daemon at `url` with [`TOKEN`],
+    /// `env` added, running `script`.
+    pub fn start(pod: &Pod, url: &str, env: &[(&str, &str)], script: &[&str]) -> Self {
+        let mut command = probe(
+            "cudaprobe",
+            pod,
+            &[
+                ("CUDA_LIMITER_HYPERVISOR", url),
+                ("CUDA_LIMITER_TOKEN", TOKEN),
+            ],
+            script,
+        );
+        probes::use_node_tables(&mut command, pod);
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("probe starts");
+        let stdin = child.stdin.take().expect("stdin");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Self {
+            child,
+            stdin,
+            lines,
+        }
+    }
+
+    /// The probe's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Output lines up to and including the next `ready` (or the end).
+    pub fn until_ready(&mut self) -> Vec<String> {
+        let mut seen = Vec::new();
+        for line in self.lines.by_ref() {
+            let line = line.expect("probe output");
+            let ready = line == "ready";
+            seen.push(line);
+            if ready {
+                break;
+            }
+        }
+        seen
+    }
+
+    /// Lets the script go on past its `wait`.
+    pub fn resume(&mut self) {
+        writeln!(self.stdin).expect("resume the probe");
+    }
+
+    /// The rest of the output, and the exit status.
+    pub fn finish(mut self) -> (Vec<String>, std::process::ExitStatus) {
+        drop(self.stdin);
+        let rest: Vec<String> = self.lines.map(|l| l.expect("probe output")).collect();
+        let status = self.child.wait().expect("probe exits");
+        (rest, status)
+    }
+}
+
+/// What the double's control block of a process says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlBlock {
+    /// Its `CUprocessState` (0 running, 1 locked, 2 checkpointed).
+    pub state: u32,
+    /// Bytes it keeps in host memory.
+    pub host_bytes: u64,
+    /// Bytes it holds on its CUDA device 0.
+    pub device_bytes: u64,
+    /// The double's GPU its CUDA device 0 runs on.
+    pub gpu: u32,
+}
+
+/// The control block of process `pid`.
+pub fn control_block(pid: u32) -> ControlBlock {
+    let bytes = std::fs::read(checkpoint_dir().join(pid.to_string())).expect("control block");
+    let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+    ControlBlock {
+        state: u32_at(12),
+        host_bytes: u64_at(16),
+        device_bytes: u64_at(24),
+        gpu: u32_at(152),
+    }
+}
+
+/// `hypervisor ARGS --addr <node>` with the admin token: its exit status
+/// and output.
+pub fn admin_cli(node: &RunningNode, args: &[&str]) -> (bool, String) {
+    let output = Command::new(artifacts::hypervisor())
+        .args(args)
+        .args(["--addr", &node.addr().to_string()])
+        .env("GPUSHARE_ADMIN_TOKEN", ADMIN)
+        .output()
+        .expect("hypervisor runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+/// Waits up to 10 s for `ok`; panics naming `what` when it never holds.
+pub fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

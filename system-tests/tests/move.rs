@@ -1,0 +1,196 @@
+//! Moving a pod between the GPUs of a node, under a real daemon and the
+//! driver double's checkpoint API with two GPUs: the pod's process keeps
+//! its memory and its CUDA device number, now on the other GPU, and finds
+//! its quota and usage there; a reload and a restarted daemon keep it
+//! where it was moved; a drain moves every pod off a GPU, or swaps it out
+//! where Kubernetes placed it; what cannot move is refused with the reason.
+
+use std::sync::Arc;
+
+use gpushare_utils::limits::PodLimits;
+use gpushare_utils::shm::Trust;
+use system_tests::daemon::{self, DoubleGpus};
+use system_tests::pod::Pod;
+use system_tests::probes::GIB;
+use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, control_block, eventually};
+
+#[ctor::ctor(unsafe)]
+fn name_the_checkpoint_folder() {
+    // SAFETY: a constructor, run while this process has one thread.
+    unsafe { system_tests::swapping::name_the_checkpoint_folder() };
+}
+
+/// The probes see both of the double's GPUs, as a process without
+/// `CUDA_VISIBLE_DEVICES` sees a node's.
+const TWO_GPUS: (&str, &str) = ("GPUSHARE_DOUBLE_DEVICES", "2");
+
+fn config(pod: &Pod, listen: &str) -> String {
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    format!(
+        "listen = \"{listen}\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
+        library.display(),
+        pod.0
+    )
+}
+
+fn start(pod: &Pod) -> system_tests::RunningNode {
+    daemon::hypervisor(pod, &config(pod, "127.0.0.1:0"), Arc::new(DoubleGpus(2)))
+}
+
+/// The pod's quota on the GPU `uuid` as its limits object says; `None`:
+/// it has none there.
+fn quota_on(pod: &Pod, uuid: &str) -> Option<u64> {
+    let limits = PodLimits::open_read_only(&pod.0, &Trust::own_or_root(None)).expect("limits");
+    limits
+        .find(uuid)
+        .map(|gpu| gpu.quota.load(std::sync::atomic::Ordering::Acquire))
+}
+
+#[test]
+fn a_moved_pod_keeps_its_memory_and_its_quota_on_the_other_gpu() {
+    let pod = Pod::new("move-pod");
+    let node = start(&pod);
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[TWO_GPUS],
+        &[
+            "alloc", "mem", "2g", "wait", "info", "alloc", "mem", "1g", "alloc", "mem", "2g",
+        ],
+    );
+    let before = running.until_ready();
+    assert!(before[0].contains("-> 0 "), "{before:?}");
+    let block = control_block(running.pid());
+    assert_eq!(block.gpu, 0);
+    assert!(block.device_bytes >= 2 * GIB, "{block:?}");
+
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    assert!(ok, "{answer}");
+    let first = gpushare_examples::uuid(0);
+    let second = gpushare_examples::uuid(1);
+    assert!(answer.contains(&format!("\"to\":\"{second}\"")), "{answer}");
+    let moved = control_block(running.pid());
+    assert_eq!(
+        (moved.state, moved.gpu, moved.device_bytes),
+        (0, 1, block.device_bytes),
+        "running again, on the second GPU, with all its memory"
+    );
+    assert_eq!(quota_on(&pod, &second), Some(4 * GIB), "the quota followed");
+    assert_eq!(
+        quota_on(&pod, &first),
+        None,
+        "nothing left on the first GPU"
+    );
+    let record = node.hypervisor().swap_board().pod(&pod.0);
+    assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
+    let metrics = daemon::metrics(&node.url());
+    assert!(metrics.contains("gpushare_moves_total 1"), "{metrics}");
+
+    // The process's device 0 is the second GPU now; its usage and quota
+    // are there: 1 GiB more fits, 2 GiB more does not.
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert_eq!(rest[0], "resumed");
+    assert!(
+        rest[1].starts_with("info 0 free=") && rest[1].ends_with(&format!("total={}", 4 * GIB)),
+        "{rest:?}"
+    );
+    assert!(
+        rest[2].contains("-> 0 "),
+        "1 GiB more fits the quota: {rest:?}"
+    );
+    assert!(rest[3].contains("-> 2 "), "2 GiB more is over it: {rest:?}");
+}
+
+#[test]
+fn a_moved_pod_stays_moved_through_a_restart_of_the_daemon() {
+    let pod = Pod::new("move-restart");
+    let node = start(&pod);
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[TWO_GPUS],
+        &[
+            "alloc", "mem", "3g", "wait", "alloc", "mem", "512m", "alloc", "mem", "1g",
+        ],
+    );
+    running.until_ready();
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    assert!(ok, "{answer}");
+    let addr = node.addr();
+    node.stop();
+    // The config still places the pod on GPU 0; its limits say it moved.
+    let again = daemon::hypervisor(
+        &pod,
+        &config(&pod, &addr.to_string()),
+        Arc::new(DoubleGpus(2)),
+    );
+    let second = gpushare_examples::uuid(1);
+    eventually("the new daemon places the pod where it was moved", || {
+        quota_on(&pod, &second) == Some(4 * GIB)
+    });
+    assert_eq!(quota_on(&pod, &gpushare_examples::uuid(0)), None);
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    assert!(rest[2].contains("-> 2 "), "the quota holds: {rest:?}");
+    // Back to the GPU its config names: the move is forgotten.
+    let (ok, answer) = admin_cli(&again, &["move", &pod.0, "--to", "0"]);
+    assert!(ok, "{answer}");
+    assert_eq!(quota_on(&pod, &gpushare_examples::uuid(0)), Some(4 * GIB));
+}
+
+#[test]
+fn a_drain_moves_pods_off_a_gpu_or_swaps_those_kubernetes_placed() {
+    let pod = Pod::new("move-drain");
+    let node = start(&pod);
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[TWO_GPUS],
+        &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"],
+    );
+    running.until_ready();
+
+    for (args, refusal) in [
+        (vec!["move", &pod.0, "--to", "0"], "409"),
+        (vec!["move", &pod.0, "--to", "5"], "409"),
+        (vec!["move", "no-such-pod", "--to", "1"], "404"),
+        (vec!["drain", "7"], "404"),
+    ] {
+        let (ok, answer) = admin_cli(&node, &args);
+        assert!(!ok, "{args:?}: {answer}");
+        assert!(answer.contains(refusal), "{args:?}: {answer}");
+    }
+    assert_eq!(control_block(running.pid()).gpu, 0, "nothing moved");
+
+    let (ok, answer) = admin_cli(&node, &["drain", "0"]);
+    assert!(ok, "{answer}");
+    let report: serde_json::Value = serde_json::from_str(answer.trim()).expect("JSON");
+    assert_eq!(report["moved"][0]["pod"], pod.0.as_str(), "{report}");
+    assert_eq!(report["swapped"], serde_json::json!([]), "{report}");
+    assert_eq!(control_block(running.pid()).gpu, 1);
+
+    // Where Kubernetes gave the pod its GPU it may not move: a drain swaps
+    // it out instead, and its next call brings it back to the same GPU.
+    node.hypervisor().pin_placements();
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "0"]);
+    assert!(
+        !ok && answer.contains("409") && answer.contains("Kubernetes"),
+        "{answer}"
+    );
+    let (ok, answer) = admin_cli(&node, &["drain", "1"]);
+    assert!(ok, "{answer}");
+    let report: serde_json::Value = serde_json::from_str(answer.trim()).expect("JSON");
+    assert_eq!(report["swapped"], serde_json::json!([pod.0]), "{report}");
+    assert_eq!(report["moved"], serde_json::json!([]), "{report}");
+    let block = control_block(running.pid());
+    assert_eq!((block.state, block.device_bytes), (2, 0), "in host memory");
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+}
