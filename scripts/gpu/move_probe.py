@@ -116,14 +116,19 @@ def smi(pid):
 def step(name, rc):
     print(f"  {name}: {rc}", flush=True)
     if rc != 0:
-        raise SystemExit(f"{name} failed with CUresult {rc}")
+        raise RuntimeError(f"{name} failed with CUresult {rc}")
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--limiter")
+    p.add_argument("--pairs", choices=["both", "one"], default="both",
+                   help="both GPUs exchanged, or only the GPU it runs on onto the other")
+    p.add_argument("--visible", help="CUDA_VISIBLE_DEVICES of the child")
     args = p.parse_args()
     env = dict(os.environ)
+    if args.visible is not None:
+        env["CUDA_VISIBLE_DEVICES"] = args.visible
     if args.limiter:
         env["LD_PRELOAD"] = os.path.abspath(args.limiter)
         env["CUDA_DEVICE_MEMORY_LIMIT"] = "4g"
@@ -139,8 +144,11 @@ def main():
     try:
         before = json.loads(child.stdout.readline())
         print("before:", before, smi(child.pid), flush=True)
-        pairs = (GpuPair * 2)(GpuPair(gpus[0], gpus[1]), GpuPair(gpus[1], gpus[0]))
-        restore = RestoreArgs(ctypes.cast(pairs, ctypes.POINTER(GpuPair)), 2)
+        if args.pairs == "both":
+            pairs = (GpuPair * 2)(GpuPair(gpus[0], gpus[1]), GpuPair(gpus[1], gpus[0]))
+        else:
+            pairs = (GpuPair * 1)(GpuPair(gpus[0], gpus[1]))
+        restore = RestoreArgs(ctypes.cast(pairs, ctypes.POINTER(GpuPair)), len(pairs))
         for moved in (True, False):
             t = time.monotonic()
             step("lock", cuda.cuCheckpointProcessLock(child.pid, None))
@@ -157,6 +165,11 @@ def main():
             after = json.loads(child.stdout.readline())
             label = "after move" if moved else "after plain swap"
             print(f"{label} (out {out_s:.2f} s, in {in_s:.2f} s):", after, smi(child.pid), flush=True)
+    except RuntimeError as error:
+        print("FAILED:", error, flush=True)
+        # Whatever state the child is in, bring it back before it goes.
+        cuda.cuCheckpointProcessRestore(child.pid, None)
+        cuda.cuCheckpointProcessUnlock(child.pid, None)
     finally:
         child.kill()
         child.wait()

@@ -194,3 +194,32 @@ fn a_drain_moves_pods_off_a_gpu_or_swaps_those_kubernetes_placed() {
     assert!(status.success(), "{rest:?}");
     assert!(rest[1].contains("-> 0 "), "{rest:?}");
 }
+
+#[test]
+fn a_move_whose_restore_fails_is_finished_by_the_pods_next_call() {
+    let pod = Pod::new("move-retry");
+    let node = start(&pod);
+    // Four refusals: more than one swap-in's tries.
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[TWO_GPUS, ("GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES", "4")],
+        &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"],
+    );
+    running.until_ready();
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    assert!(!ok && answer.contains("500"), "{answer}");
+    let record = node.hypervisor().swap_board().pod(&pod.0);
+    assert_eq!(
+        record.moving.as_ref().map(|m| m.to.as_str()),
+        Some(gpushare_examples::uuid(1).as_str()),
+        "{record:?}"
+    );
+    assert_eq!(control_block(running.pid()).state, 2, "in host memory");
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    let record = node.hypervisor().swap_board().pod(&pod.0);
+    assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
+}

@@ -282,9 +282,11 @@ static int uuid_is(int gpu, const unsigned char uuid[16]) {
 
 /*
  * The GPU each ordinal runs on after a restore with these pairs, which map
- * GPUs (by UUID) to GPUs: each old one a GPU an ordinal runs on, named once;
- * each new one a GPU of the double, taken once; every GPU a checkpointed
- * ordinal ran on among the old ones.
+ * GPUs (by UUID) to GPUs of the machine, as the driver takes them: each
+ * GPU named once as old and once as new (a permutation: the driver refuses
+ * one GPU onto another alone, and takes the two exchanged, whether or not
+ * the process sees both), every GPU a checkpointed ordinal ran on among
+ * them.
  */
 static CUresult plan_locked(const struct ckpt_pair *pairs, unsigned count, int *gpu) {
     int old_gpu[CKPT_MAX_PAIRS], new_gpu[CKPT_MAX_PAIRS];
@@ -292,12 +294,10 @@ static CUresult plan_locked(const struct ckpt_pair *pairs, unsigned count, int *
     unsigned i, j;
     for (i = 0; i < count; i++) {
         old_gpu[i] = new_gpu[i] = -1;
-        for (dev = 0; dev < g_config.devices; dev++) {
-            if (uuid_is(device_gpu(dev), pairs[i].old_uuid)) {
-                old_gpu[i] = device_gpu(dev);
-            }
-        }
         for (g = 0; g < physical_devices(); g++) {
+            if (uuid_is(g, pairs[i].old_uuid)) {
+                old_gpu[i] = g;
+            }
             if (uuid_is(g, pairs[i].new_uuid)) {
                 new_gpu[i] = g;
             }
@@ -309,6 +309,16 @@ static CUresult plan_locked(const struct ckpt_pair *pairs, unsigned count, int *
             if (old_gpu[j] == old_gpu[i] || new_gpu[j] == new_gpu[i]) {
                 return CUDA_ERROR_INVALID_VALUE;
             }
+        }
+    }
+    /* Every new GPU is an old one too. */
+    for (i = 0; i < count; i++) {
+        int found = 0;
+        for (j = 0; j < count; j++) {
+            found |= old_gpu[j] == new_gpu[i];
+        }
+        if (!found) {
+            return CUDA_ERROR_INVALID_VALUE;
         }
     }
     for (dev = 0; dev < g_config.devices; dev++) {

@@ -293,6 +293,11 @@ unsigned long long env_count(const char *name, unsigned long long fallback,
  * then counts only the visible GPUs, and keeps its state by ordinal. Entries
  * past the first invalid one are dropped, as CUDA does. */
 static int g_visible[DOUBLE_MAX_DEVICES];
+/* The GPU each ordinal named at start: a restore onto other GPUs changes
+ * g_visible, but the driver keeps the PCI bus id it read at start (measured
+ * on a 580 driver: cuDeviceGetPCIBusId answers the old GPU's after such a
+ * restore, cuDeviceGetUuid the new one's). */
+static int g_bus_gpu[DOUBLE_MAX_DEVICES];
 /* The fake GPUs of the machine, visible or not (NVML sees them all). */
 static int g_physical_devices;
 
@@ -321,7 +326,7 @@ static void load_visible(void) {
     int i, count = 0;
     g_physical_devices = g_config.devices;
     for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
-        g_visible[i] = i;
+        g_visible[i] = g_bus_gpu[i] = i;
     }
     if (text == NULL) {
         return;
@@ -333,7 +338,8 @@ static void load_visible(void) {
         if (end == text || index < 0 || index >= g_config.devices) {
             break;
         }
-        g_visible[count++] = (int)index;
+        g_visible[count] = g_bus_gpu[count] = (int)index;
+        count++;
         text = *end == ',' ? end + 1 : end;
         if (*end != ',') {
             break;
@@ -599,8 +605,9 @@ CUresult impl_cuDeviceGetPCIBusId(char *pciBusId, int len, CUdevice dev) {
     if (pciBusId == NULL || len < 13) {
         return CUDA_ERROR_INVALID_VALUE;
     }
-    /* The GPU's, whichever ordinal names it (CUDA_VISIBLE_DEVICES, a restore). */
-    snprintf(pciBusId, (size_t)len, "0000:%02X:00.0", double_pci_bus(g_visible[dev]));
+    /* The GPU's that the ordinal named at start (CUDA_VISIBLE_DEVICES),
+     * kept through a restore onto another GPU, as the driver does. */
+    snprintf(pciBusId, (size_t)len, "0000:%02X:00.0", double_pci_bus(g_bus_gpu[dev]));
     return CUDA_SUCCESS;
 }
 
@@ -655,7 +662,7 @@ CUresult impl_cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice 
     case CU_DEVICE_ATTRIBUTE_INTEGRATED: value = 0; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: value = 0; break; /* default */
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: value = 1; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: value = (int)double_pci_bus(g_visible[dev]); break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: value = (int)double_pci_bus(g_bus_gpu[dev]); break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: value = 0; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: value = DOUBLE_THREADS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: value = 1; break;

@@ -259,9 +259,22 @@ fn restore_onto_other_gpus_renames_the_devices() {
         ),
         (
             vec![GpuPair {
-                old: uuid(1),
-                new: uuid(2),
+                old: uuid(0),
+                new: uuid(1),
             }],
+            "one GPU onto another alone",
+        ),
+        (
+            vec![
+                GpuPair {
+                    old: uuid(1),
+                    new: uuid(2),
+                },
+                GpuPair {
+                    old: uuid(2),
+                    new: uuid(1),
+                },
+            ],
             "GPU 0 left out",
         ),
         (
@@ -310,16 +323,28 @@ fn restore_onto_other_gpus_renames_the_devices() {
         "NVML sees nothing"
     );
 
-    let pairs = [GpuPair {
-        old: uuid(0),
-        new: uuid(1),
-    }];
+    // The two exchanged, as a move asks.
+    let pairs = [
+        GpuPair {
+            old: uuid(0),
+            new: uuid(1),
+        },
+        GpuPair {
+            old: uuid(1),
+            new: uuid(0),
+        },
+    ];
     assert_eq!(api.restore_onto(pid, &pairs), CUDA_SUCCESS);
     let b = block(&dir, pid);
     assert_eq!((b.gpu[0], b.device_bytes[0], b.host_bytes), (1, held, 0));
+    assert_eq!(b.gpu[..3], [1, 0, 2]);
     assert_eq!(api.unlock(pid), CUDA_SUCCESS);
     assert_eq!(probe.ask("uuid 0"), format!("uuid 0 {}", hex(&uuid(1))));
-    assert_eq!(probe.ask("pci 0"), "pci 0 0000:19:00.0", "GPU 1's bus");
+    assert_eq!(
+        probe.ask("pci 0"),
+        "pci 0 0000:18:00.0",
+        "the bus read at start, as the driver keeps it"
+    );
     assert_eq!(probe.ask("nvml 1"), format!("nvml context=1 bytes={held}"));
     assert_eq!(probe.ask("nvml 0"), "nvml context=0 bytes=0");
     assert_eq!(probe.ask("copy"), "copy 0");

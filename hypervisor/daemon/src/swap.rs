@@ -264,7 +264,7 @@ impl Hypervisor {
         let board = self.swap_board();
         // A pod moving to another GPU is restored there.
         let pairs = match board.move_of(&view.pod) {
-            Some(to) => relocate::pairs(&to, view)?,
+            Some(to) => relocate::pairs(&to, &self.node_gpus())?,
             None => Vec::new(),
         };
         region.set_residency(Residency::SwappingIn);

@@ -172,12 +172,18 @@ pub fn unlock_all(driver: &CheckpointDriver, pids: &[u32]) -> Result<Duration, S
 }
 
 /// The GPU pairs that restore a pod's processes from the GPU `from` onto
-/// `to`: the two exchanged (the driver wants a pair for every GPU a
-/// process was checkpointed on, and the two GPUs' UUIDs swap places in the
-/// process's numbering), and each GPU in `stays` onto itself.
-pub fn move_pairs(from: RawUuid, to: RawUuid, stays: &[RawUuid]) -> Vec<(RawUuid, RawUuid)> {
+/// `to`: the two exchanged, and every other GPU of the node (`others`)
+/// onto itself. The driver takes a permutation: it refuses `from` onto `to`
+/// alone (measured on a 580 driver), even for a process that sees only
+/// `from`; a process's CUDA device that named `to` names `from` after.
+pub fn move_pairs(from: RawUuid, to: RawUuid, others: &[RawUuid]) -> Vec<(RawUuid, RawUuid)> {
     let mut pairs = vec![(from, to), (to, from)];
-    pairs.extend(stays.iter().map(|&gpu| (gpu, gpu)));
+    pairs.extend(
+        others
+            .iter()
+            .filter(|&&gpu| gpu != from && gpu != to)
+            .map(|&gpu| (gpu, gpu)),
+    );
     pairs
 }
 
@@ -199,4 +205,27 @@ fn undo(driver: &CheckpointDriver, locked: &[u32], checkpointed: &[u32]) {
 
 fn gone(pid: u32) -> bool {
     gpushare_utils::process::process_is_gone(i32::try_from(pid).unwrap_or(i32::MAX), 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_move_exchanges_two_gpus_and_keeps_the_others_in_place() {
+        let gpu = |n: u8| [n; 16];
+        assert_eq!(
+            move_pairs(gpu(0), gpu(2), &[gpu(0), gpu(1), gpu(2), gpu(3)]),
+            vec![
+                (gpu(0), gpu(2)),
+                (gpu(2), gpu(0)),
+                (gpu(1), gpu(1)),
+                (gpu(3), gpu(3))
+            ]
+        );
+        assert_eq!(
+            move_pairs(gpu(1), gpu(0), &[]),
+            vec![(gpu(1), gpu(0)), (gpu(0), gpu(1))]
+        );
+    }
 }

@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use gpushare_utils::limits::Residency;
-use hypervisor_core::scheduler::{MovePlan, ScheduleError, SwapView};
+use hypervisor_core::scheduler::{MovePlan, ScheduleError};
 use hypervisor_core::spec::GpuSelector;
 use hypervisor_swap::{Move, RawUuid, parse_uuid};
 use serde::{Deserialize, Serialize};
@@ -176,7 +176,7 @@ impl Hypervisor {
             to: plan.to.clone(),
         };
         // The pairs are checked before anything moves.
-        pairs(&to, &view)?;
+        pairs(&to, &self.node_gpus())?;
         self.room_on(&plan.to, view.bytes_on(&plan.from), &plan.pod)
             .await?;
         let started = Instant::now();
@@ -236,6 +236,16 @@ impl Hypervisor {
         })
     }
 
+    /// The UUIDs of the node's GPUs, as last observed.
+    pub(super) fn node_gpus(&self) -> Vec<String> {
+        self.core()
+            .scheduler
+            .gpus()
+            .iter()
+            .map(|g| g.uuid.clone())
+            .collect()
+    }
+
     /// Each observed GPU's free memory, by UUID.
     fn free_memory(&self) -> Vec<(String, u64)> {
         self.shared
@@ -248,21 +258,19 @@ impl Hypervisor {
     }
 }
 
-/// The driver's GPU pairs for `to`: the two GPUs exchanged, the pod's
-/// other GPUs (`view`'s, as placed) onto themselves.
-pub(super) fn pairs(to: &Move, view: &SwapView) -> Result<Vec<(RawUuid, RawUuid)>, SwapRefusal> {
+/// The driver's GPU pairs for `to`: the two GPUs exchanged, every other
+/// GPU of the node (`gpus`, by UUID) onto itself.
+pub(super) fn pairs(to: &Move, gpus: &[String]) -> Result<Vec<(RawUuid, RawUuid)>, SwapRefusal> {
     let raw = |uuid: &str| {
         parse_uuid(uuid).map_err(|error| SwapRefusal::Move(format!("{uuid}: {error}")))
     };
-    let stays = view
-        .gpus
+    let others = gpus
         .iter()
-        .filter(|g| !g.uuid.eq_ignore_ascii_case(&to.from) && !g.uuid.eq_ignore_ascii_case(&to.to))
-        .map(|g| raw(&g.uuid))
+        .map(|uuid| raw(uuid))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(hypervisor_swap::move_pairs(
         raw(&to.from)?,
         raw(&to.to)?,
-        &stays,
+        &others,
     ))
 }
