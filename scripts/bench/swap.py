@@ -6,7 +6,7 @@ OUT/swap-bench.json, the daemon's logs and the pods' in OUT (default: a
 temporary folder, printed at the end).
 
   python3 -m scripts.bench swap --bundle DIR [--sizes 1,8,32] [--rounds 3] [--quick]
-          [--out DIR] [--parts bandwidth,swap,infer,overcommit] [--budget-s 450]
+          [--out DIR] [--parts bandwidth,swap,infer,overcommit,move] [--budget-s 450]
 
 Parts (a part that fails prints FAILED and why, and the run goes on):
 1. bandwidth: pinned host memory <-> the GPU with torch, without the
@@ -29,7 +29,12 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
    the host memory), served in turn 1,2,3,1,2,3 with pauses longer than
    idle_after_ms: no out-of-memory anywhere, digests identical across a
    pod's turns; each request's time and the swaps the daemon made.
-5. move between GPUs: not run (one GPU; with two, no move API in this build).
+5. move (two GPUs or more): a pod on GPU 0 (quota 8+4 GiB, seen by the
+   pod as its only GPU) holding 8 GiB is moved to GPU 1 and back through
+   the admin API (POST …/pods/POD/move), then GPU 0 is drained (POST
+   …/gpus/0/drain); each time: the seconds, nvidia-smi's GPU for the
+   process, the UUID its CUDA device 0 reports, the digests and the quota.
+   One GPU: not run.
 6. the cost for pods never swapped: `python3 -m scripts.bench launch-ab`.
 
 Targets: swap-in of 8 GiB <= 2 s; a swapped pod's first request <= 3 s;
@@ -57,7 +62,7 @@ from pathlib import Path
 from scripts.gpu.e2e.harness import hv
 from scripts.gpu.e2e.harness.parse import compute_apps
 from scripts.gpu.e2e.harness.parse import median as med
-from scripts.gpu.e2e.harness.proc import SMI_APPS, SMI_MEM, gpu_count
+from scripts.gpu.e2e.harness.proc import SMI_APPS, SMI_MEM
 
 from . import common
 
@@ -601,10 +606,86 @@ def part_overcommit(b):
             "metrics": metrics, "pass": ok, "why": why}
 
 
-def part_move():
-    line = "move: not run (one GPU)" if gpu_count() < 2 else "move: not run (no move API in this build)"
-    print(line, flush=True)
-    return {"line": line}
+def gpu_uuids():
+    """The GPUs' UUIDs by NVML index, from nvidia-smi."""
+    text = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
+                          text=True, timeout=30, env=common.clean_env()).stdout
+    rows = [[f.strip() for f in line.split(",")] for line in text.splitlines()]
+    return [uuid for _, uuid in sorted((int(r[0]), r[1]) for r in rows if len(r) == 2 and r[0].isdigit())]
+
+
+def smi_where(pid):
+    """[(GPU UUID, MiB)] of the process as nvidia-smi lists it."""
+    text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory",
+                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
+                          env=common.clean_env()).stdout
+    rows = [[f.strip() for f in line.split(",")] for line in text.splitlines()]
+    return [(r[1], int(r[2])) for r in rows if len(r) == 3 and r[0] == str(pid) and r[2].isdigit()]
+
+
+def move_step(b, p, pod, held, quota, before, gpus, action, to):
+    """One move of the pod (action: ("move", index) or ("drain", index of
+    the GPU drained)) and the checks after; its figures."""
+    kind, index = action
+    url = (f"{b.daemon.url}/api/v1/pods/{pod}/move" if kind == "move"
+           else f"{b.daemon.url}/api/v1/gpus/{index}/drain")
+    time.sleep(0.2)
+    start = time.monotonic()
+    code, body = hv.hvctl.request(url, method="POST", token=ADMIN, timeout=b.timeout(held),
+                                  body=json.dumps({"to": index}) if kind == "move" else None)
+    took = time.monotonic() - start
+    if code != 200:
+        raise BenchError(f"{kind} {index}: HTTP {code} {body[:300]}")
+    answer = json.loads(body)
+    moved = answer if kind == "move" else (answer.get("moved") or [{}])[0]
+    where = smi_where(p.p.pid)
+    device, _ = p.ask("device", 60)
+    check, _ = p.ask("check", 120)
+    more, _ = p.ask(f"alloc {quota - held - GIB}", 120)
+    beyond, _ = p.ask(f"alloc {2 * GIB}", 120)
+    p.ask("release", 120)
+    r = {"action": f"{kind} {index}", "http_s": took, "daemon_s": moved.get("seconds"),
+         "bytes": moved.get("bytes"), "to": moved.get("to"), "smi": where, "device_uuid": device.get("uuid"),
+         "identical": all(check.get(k) == before[k] for k in ("data", "matmul", "matmul_sum")),
+         "alloc": [more.get("alloc"), beyond.get("alloc")]}
+    r["quota_intact"] = r["alloc"] == ["ok", "oom"]
+    r["on_target"] = [u for u, _ in where] == [gpus[to]] and r["device_uuid"] == gpus[to] and r["to"] == gpus[to]
+    gibs = (r["bytes"] or 0) / GIB / took
+    print(f"  {r['action']}: {took:.2f} s ({gibs:.2f} GiB/s of {gib(r['bytes'] or 0)} GiB; daemon"
+          f" {fmt(r['daemon_s'])} s); nvidia-smi {where}; device 0 reports {r['device_uuid']}; on GPU {to}"
+          f" {yes(r['on_target'])}; identical {yes(r['identical'])}; quota intact {yes(r['quota_intact'])}"
+          f" {r['alloc']}", flush=True)
+    return r
+
+
+def part_move(b):
+    gpus = gpu_uuids()
+    if len(gpus) < 2:
+        line = "not run (one GPU)"
+        print(f"move: {line}", flush=True)
+        return {"line": line}
+    b.begin("move")
+    held = 8 * GIB
+    pod, quota = "swap-move", held + QUOTA_MARGIN
+    steps = []
+    with b.serving("move", {pod: quota}):
+        p = b.start_pod(pod, "hold", held)
+        before = p.ready()
+        print(f"move: pod {pod} (pid {p.p.pid}, quota {gib(quota)} GiB, {gib(held)} GiB held) on GPU 0 of"
+              f" {len(gpus)}; nvidia-smi {smi_where(p.p.pid)}", flush=True)
+        for action, to in ((("move", 1), 1), (("move", 0), 0), (("drain", 0), 1)):
+            step = guarded(f"  {action[0]} {action[1]}", move_step, b, p, pod, held, quota, before, gpus, action, to)
+            steps.append(step)
+            if "failed" in step:
+                break
+        totals = b.totals()
+    ok = len(steps) == 3 and all("failed" not in s and s["on_target"] and s["identical"] and s["quota_intact"]
+                                 for s in steps)
+    line = (f"{'PASS' if ok else 'FAIL'}: " + "; ".join(
+        s.get("failed", f"{s['action']} {s['http_s']:.2f} s") for s in steps)
+            + ("; on the other GPU, identical, quota intact" if ok else ""))
+    print(f"move: {line}; daemon totals {totals}", flush=True)
+    return {"steps": steps, "totals": totals, "pass": ok, "line": line}
 
 
 def report(results, sizes):
@@ -678,7 +759,7 @@ def pass_fail(flag):
     return "PASS" if flag else "FAIL"
 
 
-PARTS = ("bandwidth", "swap", "infer", "overcommit")
+PARTS = ("bandwidth", "swap", "infer", "overcommit", "move")
 
 
 def add_arguments(p):
@@ -727,7 +808,8 @@ def main(p, args):
             results["infer"] = guarded("infer", part_infer, b)
         if "overcommit" in args.parts:
             results["overcommit"] = guarded("overcommit", part_overcommit, b)
-        results["move"] = guarded("move", part_move)
+        if "move" in args.parts:
+            results["move"] = guarded("move", part_move, b)
         print("no cost for pods never swapped: measured by `python3 -m scripts.bench launch-ab`", flush=True)
     finally:
         # Each part stops its pods and its daemon and removes the regions.

@@ -11,6 +11,7 @@ it prints is chatter.
       check                     the digests again, computed on the GPU
       alloc N                   one more tensor of N bytes: alloc=ok or oom
       release                   those tensors dropped, the cache emptied
+      device                    the UUID the driver gives its CUDA device 0
   swap_pod.py infer BYTES       a stack of 4096x4096 fp16 linear layers (tanh
                                 between them) of about BYTES of weights, warmed up:
       infer                     a batch of 8 through every layer: its time and
@@ -137,6 +138,14 @@ class Hold:
         torch.cuda.empty_cache()
         torch.cuda.synchronize()
         reply(released=True)
+
+    def device(self):
+        # The driver's answer now (torch caches the one it read at start).
+        import ctypes
+        raw = (ctypes.c_ubyte * 16)()
+        rc = ctypes.CDLL("libcuda.so.1").cuDeviceGetUuid_v2(raw, 0)
+        h = bytes(raw).hex()
+        reply(rc=rc, uuid=f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
 
 
 class Infer:

@@ -27,9 +27,13 @@ import urllib.request
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def request(url, method="GET", token=None, timeout=2.0):
-    """(status, body text); status 0 when there was no answer."""
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+def request(url, method="GET", token=None, timeout=2.0, body=None):
+    """(status, body text); status 0 when there was no answer. `body`: a
+    JSON text posted as such."""
+    data = body.encode() if body is not None else (b"" if method == "POST" else None)
+    req = urllib.request.Request(url, method=method, data=data)
+    if body is not None:
+        req.add_header("Content-Type", "application/json")
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:

@@ -122,8 +122,8 @@ def step(name, rc):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--limiter")
-    p.add_argument("--pairs", choices=["both", "one"], default="both",
-                   help="both GPUs exchanged, or only the GPU it runs on onto the other")
+    p.add_argument("--pairs", choices=["both", "one", "identity"], default="both",
+                   help="both GPUs exchanged, only the GPU it runs on onto the other, or each onto itself")
     p.add_argument("--visible", help="CUDA_VISIBLE_DEVICES of the child")
     args = p.parse_args()
     env = dict(os.environ)
@@ -146,6 +146,8 @@ def main():
         print("before:", before, smi(child.pid), flush=True)
         if args.pairs == "both":
             pairs = (GpuPair * 2)(GpuPair(gpus[0], gpus[1]), GpuPair(gpus[1], gpus[0]))
+        elif args.pairs == "identity":
+            pairs = (GpuPair * 2)(GpuPair(gpus[0], gpus[0]), GpuPair(gpus[1], gpus[1]))
         else:
             pairs = (GpuPair * 1)(GpuPair(gpus[0], gpus[1]))
         restore = RestoreArgs(ctypes.cast(pairs, ctypes.POINTER(GpuPair)), len(pairs))
@@ -163,7 +165,7 @@ def main():
             child.stdin.write("check\n")
             child.stdin.flush()
             after = json.loads(child.stdout.readline())
-            label = "after move" if moved else "after plain swap"
+            label = f"after a restore with pairs '{args.pairs}'" if moved else "after a plain swap"
             print(f"{label} (out {out_s:.2f} s, in {in_s:.2f} s):", after, smi(child.pid), flush=True)
     except RuntimeError as error:
         print("FAILED:", error, flush=True)
