@@ -154,19 +154,33 @@ impl Hypervisor {
         Ok(report)
     }
 
+    /// The scheduler's plan, refused where the target GPU is unhealthy.
     fn move_plan(
         &self,
         pod: &str,
         from: Option<&GpuSelector>,
         to: &GpuSelector,
     ) -> Result<MovePlan, SwapRefusal> {
-        self.core()
+        let plan = self
+            .core()
             .scheduler
             .move_plan(pod, from, to)
             .map_err(|error| match error {
                 ScheduleError::NoSuchPod(pod) => SwapRefusal::UnknownPod(pod),
                 other => SwapRefusal::Move(other.to_string()),
-            })
+            })?;
+        if let Some((_, sick)) = self
+            .unhealthy_gpus()
+            .iter()
+            .find(|(uuid, _)| uuid.eq_ignore_ascii_case(&plan.to))
+        {
+            return Err(SwapRefusal::Move(format!(
+                "{} is unhealthy ({})",
+                plan.to,
+                sick.fault.reason()
+            )));
+        }
+        Ok(plan)
     }
 
     async fn move_locked(&self, plan: &MovePlan) -> Result<MoveAnswer, SwapRefusal> {
