@@ -223,3 +223,33 @@ fn a_move_whose_restore_fails_is_finished_by_the_pods_next_call() {
     let record = node.hypervisor().swap_board().pod(&pod.0);
     assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
 }
+
+#[test]
+fn a_swapped_pod_moved_comes_back_on_the_new_gpu_at_its_next_call() {
+    let pod = Pod::new("move-swapped");
+    let node = start(&pod);
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[TWO_GPUS],
+        &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"],
+    );
+    running.until_ready();
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    assert!(ok, "{answer}");
+    assert!(answer.contains("\"residency\":\"swapped\""), "{answer}");
+    assert_eq!(
+        control_block(running.pid()).state,
+        2,
+        "still in host memory"
+    );
+    assert_eq!(quota_on(&pod, &gpushare_examples::uuid(1)), Some(4 * GIB));
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    let record = node.hypervisor().swap_board().pod(&pod.0);
+    assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
+}

@@ -35,6 +35,10 @@ pub struct MoveAnswer {
     pub bytes: u64,
     /// Seconds from the first lock to the last unlock.
     pub seconds: f64,
+    /// Where its memory is now: `resident` on the new GPU, or `swapped`
+    /// for a pod that was in host memory: its next swap-in restores it on
+    /// the new GPU.
+    pub residency: String,
 }
 
 /// What a drain did with each pod of the GPU.
@@ -194,38 +198,49 @@ impl Hypervisor {
         self.room_on(&plan.to, view.bytes_on(&plan.from), &plan.pod)
             .await?;
         let started = Instant::now();
-        let bytes = view.bytes();
-        // A pod without a process moves by its limits alone.
-        let alone = self.pids_of(&plan.pod).await.is_empty();
-        if !alone && view.region.residency() != Residency::Swapped {
-            self.swap_out_locked(&view, Wait::No).await?;
+        let answer = |residency: Residency| MoveAnswer {
+            pod: plan.pod.clone(),
+            from: plan.from.clone(),
+            to: plan.to.clone(),
+            bytes: view.bytes(),
+            seconds: started.elapsed().as_secs_f64(),
+            residency: residency.as_str().to_owned(),
+        };
+        let relocate = || {
+            self.core()
+                .scheduler
+                .relocate(plan, Instant::now())
+                .map_err(|error| SwapRefusal::Move(error.to_string()))
+        };
+        // A pod without a process moves by its limits alone; a pod in host
+        // memory stays there, and its next swap-in restores it on the new
+        // GPU.
+        if self.pids_of(&plan.pod).await.is_empty() {
+            relocate()?;
+            self.swap_board().moved(&plan.pod, started.elapsed());
+            return Ok(answer(Residency::Resident));
         }
-        let relocated = self.core().scheduler.relocate(plan, Instant::now());
-        if let Err(error) = relocated {
-            if alone {
-                return Err(SwapRefusal::Move(error.to_string()));
-            }
+        if view.region.residency() == Residency::Swapped {
+            relocate()?;
+            self.swap_board().moving(&plan.pod, to);
+            tracing::info!(pod = %plan.pod, from = %plan.from, to = %plan.to, "swapped pod moved; it comes back on the new GPU");
+            return Ok(answer(Residency::Swapped));
+        }
+        self.swap_out_locked(&view, Wait::No).await?;
+        if let Err(error) = relocate() {
             // Nothing followed the pod: it comes back where it was.
             if let Err(back) = self.swap_in_locked(&view).await {
                 tracing::error!(pod = %plan.pod, error = %back, "the pod could not come back after a refused move");
             }
-            return Err(SwapRefusal::Move(error.to_string()));
+            return Err(error);
         }
-        if !alone {
-            self.swap_board().moving(&plan.pod, to);
-            let view = self.view(&plan.pod)?;
-            self.swap_in_locked(&view).await?;
-        }
-        let took = started.elapsed();
-        self.swap_board().moved(&plan.pod, took);
-        tracing::info!(pod = %plan.pod, from = %plan.from, to = %plan.to, bytes, seconds = took.as_secs_f64(), "pod moved to another GPU");
-        Ok(MoveAnswer {
-            pod: plan.pod.clone(),
-            from: plan.from.clone(),
-            to: plan.to.clone(),
-            bytes,
-            seconds: took.as_secs_f64(),
-        })
+        self.swap_board().moving(&plan.pod, to);
+        let moved = self.view(&plan.pod)?;
+        self.swap_in_locked(&moved).await?;
+        self.swap_board().moved(&plan.pod, started.elapsed());
+        let done = answer(Residency::Resident);
+        tracing::info!(pod = %plan.pod, from = %plan.from, to = %plan.to, bytes = done.bytes, seconds = done.seconds, "pod moved to another GPU");
+        Ok(done)
     }
 
     /// Makes sure the GPU `gpu` has `need` bytes free for `asker`, making
