@@ -11,7 +11,7 @@ use http_bidir_comm::{Hub, HubEvents};
 
 use crate::metrics::LatencyHistogram;
 use crate::timer::PreciseTimer;
-use hypervisor_core::config::Settings;
+use hypervisor_core::config::{MemoryCapacity, Settings};
 use hypervisor_core::scheduler::Scheduler;
 use hypervisor_core::spec::Token;
 use hypervisor_core::workers::Workers;
@@ -105,6 +105,13 @@ impl Hypervisor {
             waiting.extend(board.waiting());
         }
         waiting
+    }
+
+    /// The memory each GPU offers to pods' quotas under the `[swap]`
+    /// settings in force: more than its own where the daemon makes room by
+    /// swapping idle pods out (what Kubernetes places pods by).
+    pub fn memory_capacity(&self) -> MemoryCapacity {
+        self.core().settings.swap.memory_capacity()
     }
 
     /// Where the config says to listen (or the `--listen` override).

@@ -20,6 +20,7 @@ use crate::dra::slice;
 use crate::options::AgentOptions;
 use crate::state::{Inner, NodeAgent};
 use crate::{KubeError, KubernetesSource};
+use hypervisor_core::config::MemoryCapacity;
 use hypervisor_core::identity::CgroupIdentity;
 use hypervisor_daemon::Hypervisor;
 use hypervisor_daemon::source;
@@ -35,7 +36,11 @@ impl NodeAgent {
         options: AgentOptions,
     ) -> Result<Self, KubeError> {
         let client = crate::client(options.kubeconfig.as_deref()).await?;
-        let provisioner = Provisioner::open(options.provision.clone(), gpus.clone())?;
+        let mut provisioner = Provisioner::open(options.provision.clone(), gpus.clone())?;
+        // The daemon's `[swap]` overcommit: what each GPU offers to quotas,
+        // in the slice, the device plugin's capacity and the provisioner's count.
+        let memory = hv.memory_capacity();
+        provisioner.set_memory_capacity(memory.clone());
         if let Some(corun) = &options.provision.corun {
             hv.set_corun_gpus(corun);
         }
@@ -45,7 +50,14 @@ impl NodeAgent {
         source::sync(&hv, &source)?;
         let unhealthy = hv.unhealthy_gpus();
         let taints_dropped = Mutex::new(None);
-        publish(&client, &options, &gpus, &unhealthy, &taints_dropped).await?;
+        publish(
+            &client,
+            &options,
+            &gpus,
+            (&unhealthy, &memory),
+            &taints_dropped,
+        )
+        .await?;
         let (pods, pod_writer) = reflector::store::<Pod>();
         let (claims, claim_writer) = reflector::store::<ResourceClaim>();
         let (gpu_health, _) = watch::channel(allocator::health(&gpus, &[], &unhealthy));
@@ -189,7 +201,12 @@ impl NodeAgent {
     pub async fn republish(&self) -> Result<(), KubeError> {
         let gpus = self.inner.hv.status().gpus;
         let unhealthy = self.inner.hv.unhealthy_gpus();
-        self.provisioner().set_gpus(gpus.clone());
+        let memory = self.inner.hv.memory_capacity();
+        {
+            let mut provisioner = self.provisioner();
+            provisioner.set_gpus(gpus.clone());
+            provisioner.set_memory_capacity(memory.clone());
+        }
         let o = &self.inner.options;
         if o.device_plugin.is_some() {
             self.inner.gpu_health.send_if_modified(|health| {
@@ -199,8 +216,14 @@ impl NodeAgent {
                 changed
             });
             // Not fatal to the slice: retried at the next resync.
-            if let Err(error) =
-                allocator::advertise_capacity(&self.inner.client, &o.node, &gpus, &unhealthy).await
+            if let Err(error) = allocator::advertise_capacity(
+                &self.inner.client,
+                &o.node,
+                &gpus,
+                &unhealthy,
+                &memory,
+            )
+            .await
             {
                 tracing::warn!(%error, "node capacity for the device plugin not advertised");
             }
@@ -209,7 +232,7 @@ impl NodeAgent {
             &self.inner.client,
             o,
             &gpus,
-            &unhealthy,
+            (&unhealthy, &memory),
             &self.inner.taints_dropped,
         )
         .await
@@ -305,13 +328,13 @@ impl NodeAgent {
 
 /// Publishes the slice with `unhealthy` tainted, unless the API server
 /// dropped the taints of these same unhealthy GPUs before (then it would
-/// only raise the generation again for nothing); warns once when it drops
-/// them.
+/// only raise the generation again for nothing), and each GPU's memory
+/// capacity as `memory` says; warns once when it drops the taints.
 async fn publish(
     client: &kube::Client,
     o: &AgentOptions,
     gpus: &[GpuInfo],
-    unhealthy: &BTreeMap<String, Unhealthy>,
+    (unhealthy, memory): (&BTreeMap<String, Unhealthy>, &MemoryCapacity),
     taints_dropped: &Mutex<Option<BTreeMap<String, Unhealthy>>>,
 ) -> Result<(), KubeError> {
     let untainted = BTreeMap::new();
@@ -325,15 +348,12 @@ async fn publish(
     } else {
         unhealthy
     };
-    let stored = slice::publish(
-        client,
-        &o.node,
-        &o.driver,
-        gpus,
-        taints,
-        o.provision.corun.as_ref(),
-    )
-    .await?;
+    let offer = slice::Offer {
+        unhealthy: taints,
+        corun: o.provision.corun.as_ref(),
+        memory,
+    };
+    let stored = slice::publish(client, &o.node, &o.driver, gpus, offer).await?;
     let dropped = !taints.is_empty() && !slice::has_taints(&stored);
     if dropped {
         let reasons: Vec<String> = unhealthy

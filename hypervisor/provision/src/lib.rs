@@ -26,6 +26,7 @@
 pub mod cdi;
 pub mod checkpoint;
 mod config;
+mod error;
 mod files;
 mod grant;
 pub mod mps;
@@ -37,6 +38,7 @@ use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::pod::PodId;
 
 pub use config::ProvisionConfig;
+pub use error::ProvisionError;
 pub use files::new_uid;
 pub(crate) use files::{io, write_file};
 pub use grant::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
@@ -44,8 +46,8 @@ pub use grant::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
 use files::{random_token, remove_if_there};
 
 use checkpoint::{Checkpoint, PreparedClaim};
-use hypervisor_core::file_error::FileError;
-use hypervisor_core::spec::{GpuSelector, GpuSpec, PodSpec, SpecError, Token};
+use hypervisor_core::config::MemoryCapacity;
+use hypervisor_core::spec::{GpuSelector, GpuSpec, PodSpec, Token};
 use hypervisor_observer::GpuInfo;
 
 /// Where the limiter library appears inside a container (read-only).
@@ -63,101 +65,19 @@ pub const CONTAINER_SHM: &str = "/dev/shm";
 /// Where the hypervisor's socket folder appears inside a container.
 pub const CONTAINER_SOCKET_DIR: &str = "/var/run/gpushare/hypervisor";
 
-/// Why a claim could not be provisioned (one line each).
-#[derive(Debug, thiserror::Error)]
-pub enum ProvisionError {
-    /// A file or folder of the node's state (checkpoint, pod files, CDI
-    /// specs, regions) cannot be created, written or removed.
-    #[error(transparent)]
-    Io(#[from] FileError),
-    /// The checkpoint cannot be parsed or written, is of another version,
-    /// or lacks the token of a pod with claims. The agent does not start
-    /// empty instead: it would forget claims whose containers run.
-    #[error("checkpoint {}: {message}", path.display())]
-    Checkpoint {
-        /// The checkpoint file; the state folder for a missing token.
-        path: PathBuf,
-        /// What is wrong with it.
-        message: String,
-    },
-    /// A claim names a GPU (its UUID) that the node does not have or no
-    /// longer sees.
-    #[error("no GPU {0} on this node")]
-    NoSuchGpu(String),
-    /// A claim asks more of a GPU than the claims already prepared leave:
-    /// the scheduler's count and the node's disagree.
-    #[error(
-        "GPU {gpu}: {what} {asked} asked, but only {free} of {total} is left by the claims already prepared"
-    )]
-    OverCapacity {
-        /// The GPU's UUID.
-        gpu: String,
-        /// `memory` (the amounts in bytes) or `compute` (in percent).
-        what: &'static str,
-        /// What the claim asks.
-        asked: u64,
-        /// What the prepared claims leave.
-        free: u64,
-        /// The whole GPU: its memory, or 100.
-        total: u64,
-    },
-    /// A claim that cannot become limits ([`ClaimRequest::validate`]), or
-    /// one whose edits are asked for but that is not prepared.
-    #[error("claim {claim}: {message}")]
-    Invalid {
-        /// The claim's UID.
-        claim: String,
-        /// What is wrong.
-        message: String,
-    },
-    /// A claim already prepared is asked for another pod (quota identity).
-    #[error("claim {claim} is prepared for pod {prepared}, not {asked}")]
-    OtherPod {
-        /// The claim's UID.
-        claim: String,
-        /// The UID it was prepared for.
-        prepared: String,
-        /// The UID asked now.
-        asked: String,
-    },
-    /// A pod's prepared claims do not make a hypervisor pod spec.
-    #[error("pod {pod}: {source}")]
-    Spec {
-        /// The pod's UID (its quota identity).
-        pod: String,
-        /// Why the hypervisor's spec refuses it.
-        #[source]
-        source: SpecError,
-    },
-    /// `/dev/urandom` gave no bytes for a pod's token or a claim's UID.
-    #[error("cannot draw a random token: {0}")]
-    Random(#[source] std::io::Error),
-    /// The hypervisor's Unix socket path has no folder or file name, so
-    /// its folder cannot be mounted into the pods.
-    #[error("the hypervisor's socket {} has no folder or file name", .0.display())]
-    SocketPath(PathBuf),
-    /// GPUs that cannot go to one pod in co-run mode.
-    #[error("{subject}: {conflict}")]
-    Corun {
-        /// The claim (`claim <uid>`), or its pod with its other claims
-        /// (`pod <namespace>/<name> (<uid>)`).
-        subject: String,
-        /// Which GPUs conflict, and why.
-        #[source]
-        conflict: mps::CorunConflict,
-    },
-}
-
 /// The node's prepared claims, their files and the checkpoint.
 pub struct Provisioner {
     config: ProvisionConfig,
     gpus: Vec<GpuInfo>,
+    /// What each GPU offers to quotas, all claims together.
+    memory: MemoryCapacity,
     checkpoint: Checkpoint,
 }
 
 impl Provisioner {
     /// Loads the checkpoint (a missing one is empty) and writes the preload
-    /// file; `gpus` are the node's GPUs.
+    /// file; `gpus` are the node's GPUs, none of them overcommitting until
+    /// [`Provisioner::set_memory_capacity`] says otherwise.
     pub fn open(config: ProvisionConfig, gpus: Vec<GpuInfo>) -> Result<Self, ProvisionError> {
         for dir in [&config.state_dir, &config.cdi_dir] {
             std::fs::create_dir_all(dir).map_err(io("cannot create", dir))?;
@@ -168,6 +88,7 @@ impl Provisioner {
         Ok(Self {
             config,
             gpus,
+            memory: MemoryCapacity::default(),
             checkpoint,
         })
     }
@@ -185,6 +106,18 @@ impl Provisioner {
     /// Replaces the node's GPU list (seen again by the observer).
     pub fn set_gpus(&mut self, gpus: Vec<GpuInfo>) {
         self.gpus = gpus;
+    }
+
+    /// What each GPU offers to quotas from now on (the daemon's `[swap]`
+    /// overcommit). Claims already prepared stay, even past a lower figure.
+    pub fn set_memory_capacity(&mut self, memory: MemoryCapacity) {
+        self.memory = memory;
+    }
+
+    /// The memory `gpu` offers to quotas, all claims together: its own, or
+    /// more where it overcommits.
+    pub fn memory_capacity(&self, gpu: &GpuInfo) -> u64 {
+        self.memory.of(gpu.index, gpu.memory_total)
     }
 
     /// Prepares `request` (again: the same answer); returns the CDI device IDs.
@@ -428,9 +361,29 @@ impl Provisioner {
             check(
                 "memory",
                 device.memory_bytes,
-                gpu.memory_total,
+                self.memory_capacity(gpu),
                 held(|d| d.memory_bytes),
             )?;
+            // The pod's own part of the GPU, this claim's included, is its
+            // quota there: never past the GPU's memory, overcommit or not.
+            let pod_held: u64 = self
+                .checkpoint
+                .claims
+                .values()
+                .filter(|c| c.request.pod.uid == request.pod.uid)
+                .flat_map(|c| &c.request.devices)
+                .chain(&request.devices[..=i])
+                .filter(|d| d.gpu_uuid == device.gpu_uuid)
+                .map(|d| d.memory_bytes)
+                .fold(0, u64::saturating_add);
+            if pod_held > gpu.memory_total {
+                return Err(ProvisionError::PastTheGpu {
+                    gpu: gpu.uuid.clone(),
+                    pod: request.pod.to_string(),
+                    asked: pod_held,
+                    memory: gpu.memory_total,
+                });
+            }
             check(
                 "compute",
                 u64::from(device.compute_percent),

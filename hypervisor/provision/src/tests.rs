@@ -1,10 +1,13 @@
 //! The provisioner's own count of each GPU: the last guard when a
 //! scheduler's count and the node's disagree (a second scheduler, claims
-//! from before a restart), which the official scheduler never lets happen.
+//! from before a restart), which the official scheduler never lets happen;
+//! with overcommit, the GPU's memory times the ratio for all pods, and never
+//! more than the GPU's memory for one.
 
 use std::path::{Path, PathBuf};
 
 use super::*;
+use hypervisor_core::config::MemoryCapacity;
 use hypervisor_core::node_tables::NodeTableNames;
 
 /// A folder of its own, removed when dropped.
@@ -125,4 +128,94 @@ fn two_shares_of_one_gpu_in_one_claim_are_counted_together() {
     provisioner
         .prepare(claim(2, &[(1 << 30, 40), (1 << 30, 40)]))
         .unwrap();
+}
+
+/// Overcommit `ratio` on GPU 0 (`[swap] overcommit = [0]`).
+fn overcommit(ratio: f64) -> MemoryCapacity {
+    let ratio = hypervisor_core::config::OvercommitRatio::new(ratio).unwrap();
+    MemoryCapacity::new(Some(vec![0]), ratio)
+}
+
+#[test]
+fn an_overcommitting_gpu_takes_quotas_up_to_its_memory_times_the_ratio() {
+    const GIB: u64 = 1 << 30;
+    let scratch = Scratch::new("overcommit");
+    let mut provisioner = provisioner(&scratch.0);
+    // Without overcommit, two pods of 12 GiB do not fit a 16 GiB GPU.
+    provisioner.prepare(claim(1, &[(12 * GIB, 10)])).unwrap();
+    let error = provisioner
+        .prepare(claim(2, &[(12 * GIB, 10)]))
+        .unwrap_err();
+    assert!(
+        matches!(error, ProvisionError::OverCapacity { what: "memory", free, total, .. }
+            if free == 4 * GIB && total == 16 * GIB),
+        "{error}"
+    );
+    // At 1.5, the GPU offers 24 GiB: both fit, and nothing more.
+    provisioner.set_memory_capacity(overcommit(1.5));
+    let gpu = provisioner.gpus()[0].clone();
+    assert_eq!(provisioner.memory_capacity(&gpu), 24 * GIB);
+    provisioner.prepare(claim(2, &[(12 * GIB, 10)])).unwrap();
+    assert_eq!(provisioner.held("GPU-0").0, 24 * GIB);
+    let error = provisioner.prepare(claim(3, &[(1 << 28, 10)])).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "GPU GPU-0: memory {} asked, but only 0 of {} is left by the claims already prepared",
+            1 << 28,
+            24 * GIB
+        )
+    );
+    // The pods' quotas are what their claims say, each within the GPU.
+    let quotas: Vec<u64> = provisioner
+        .pod_specs()
+        .unwrap()
+        .iter()
+        .map(|spec| spec.gpus[0].memory_bytes)
+        .collect();
+    assert_eq!(quotas, [12 * GIB, 12 * GIB]);
+}
+
+#[test]
+fn no_pod_gets_more_of_a_gpu_than_its_memory_even_where_it_overcommits() {
+    const GIB: u64 = 1 << 30;
+    let scratch = Scratch::new("past-the-gpu");
+    let mut provisioner = provisioner(&scratch.0);
+    provisioner.set_memory_capacity(overcommit(2.0));
+    provisioner.prepare(claim(1, &[(8 * GIB, 10)])).unwrap();
+    // Two shares of one claim on the GPU: 20 GiB fits the 32 GiB offered,
+    // not the 16 GiB one pod can ever have resident.
+    let error = provisioner
+        .prepare(claim(2, &[(10 * GIB, 10), (10 * GIB, 10)]))
+        .unwrap_err();
+    assert!(
+        matches!(error, ProvisionError::PastTheGpu { asked, memory, .. }
+            if asked == 20 * GIB && memory == 16 * GIB),
+        "{error}"
+    );
+    // Two claims of one pod count together.
+    let first = claim(3, &[(10 * GIB, 10)]);
+    provisioner.prepare(first.clone()).unwrap();
+    let mut second = claim(4, &[(10 * GIB, 10)]);
+    second.pod = first.pod.clone();
+    let error = provisioner.prepare(second.clone()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "GPU GPU-0: pod {} would hold {} bytes of it with this claim, more than its {} bytes of memory",
+            first.pod,
+            20 * GIB,
+            16 * GIB
+        )
+    );
+    // Nothing of the refused claims was written.
+    for uid in [claim(2, &[]).claim_uid, second.claim_uid] {
+        assert!(!provisioner.claims().contains_key(&uid));
+        assert!(
+            !scratch
+                .0
+                .join(format!("cdi/gpushare.dev-gpu_{uid}.json"))
+                .exists()
+        );
+    }
 }

@@ -17,6 +17,8 @@
 //! [swap]                             # an operator may always swap pods out and in
 //! overcommit = true                  # or [0, 2]: GPUs whose idle pods the daemon swaps
 //!                                    # out when another pod needs memory (default: none)
+//! overcommit_ratio = 1.5             # Kubernetes places quotas up to this times their
+//!                                    # memory (1 to 10; default 2)
 //! idle_after_ms = 30000              # idle: no CUDA call for this long
 //! latency_pods = "last"              # last | never: latency pods among those swapped
 //! host_limit = "64g"                 # host memory for swapped pods (default: half the node's)
@@ -65,10 +67,12 @@ use serde::Deserialize;
 use crate::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token};
 
 mod files;
+mod overcommit;
 mod settings;
 mod swap;
 
 pub use files::{CONFIG_MAX_BYTES, LOAD_TIMEOUT};
+pub use overcommit::{MemoryCapacity, OvercommitRatio};
 pub use settings::{ConnLimits, RegionOptions, Settings, SwapSettings};
 
 /// Where the hypervisor listens when neither the file nor `--listen` says.

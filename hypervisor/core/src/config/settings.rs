@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use super::overcommit::{MemoryCapacity, OvercommitRatio};
+
 /// Daemon tuning from the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -82,6 +84,9 @@ pub struct SwapSettings {
     /// The GPUs (NVML indexes) whose pods the daemon swaps out to make room;
     /// `None`: every GPU; empty: none (the default).
     pub overcommit: Option<Vec<u32>>,
+    /// How far the quotas placed on those GPUs may add up past their memory
+    /// (Kubernetes places pods by it; local pods' quotas are never summed).
+    pub overcommit_ratio: OvercommitRatio,
     /// A pod is idle, and may make room, once its last CUDA call is this
     /// old (at least 100 ms).
     pub idle_after: Duration,
@@ -102,12 +107,18 @@ impl SwapSettings {
             .as_ref()
             .is_none_or(|gpus| gpus.contains(&index))
     }
+
+    /// The memory each GPU offers to pods' quotas under these settings.
+    pub fn memory_capacity(&self) -> MemoryCapacity {
+        MemoryCapacity::new(self.overcommit.clone(), self.overcommit_ratio)
+    }
 }
 
 impl Default for SwapSettings {
     fn default() -> Self {
         Self {
             overcommit: Some(Vec::new()),
+            overcommit_ratio: OvercommitRatio::DEFAULT,
             idle_after: Duration::from_secs(30),
             latency_pods: hypervisor_swap::LatencyPods::Last,
             host_limit: gpushare_utils::limits::default_spill_limit().saturating_mul(2),

@@ -6,12 +6,13 @@ use gpushare_utils::quote::quoted;
 use gpushare_utils::units::parse_size;
 use serde::Deserialize;
 
-use super::{ConfigError, SizeValue, SwapSettings};
+use super::{ConfigError, OvercommitRatio, SizeValue, SwapSettings};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSwap {
     overcommit: Option<Overcommit>,
+    overcommit_ratio: Option<f64>,
     idle_after_ms: Option<u64>,
     latency_pods: Option<String>,
     host_limit: Option<SizeValue>,
@@ -43,12 +44,22 @@ pub(super) fn settings(raw: Option<RawSwap>) -> Result<SwapSettings, ConfigError
         Some(SizeValue::Bytes(bytes)) => *bytes,
         Some(SizeValue::Text(text)) => parse_size(text).map_err(|_| invalid("host_limit", text))?,
     };
+    let overcommit_ratio = match raw.overcommit_ratio {
+        None => defaults.overcommit_ratio,
+        Some(ratio) => OvercommitRatio::new(ratio).ok_or_else(|| {
+            ConfigError::Swap(format!(
+                "overcommit_ratio = {ratio}: a ratio from 1 to {} (1.5: quotas up to one and a half times the memory)",
+                OvercommitRatio::MAX
+            ))
+        })?,
+    };
     Ok(SwapSettings {
         overcommit: match raw.overcommit {
             None | Some(Overcommit::All(false)) => Some(Vec::new()),
             Some(Overcommit::All(true)) => None,
             Some(Overcommit::Gpus(gpus)) => Some(gpus),
         },
+        overcommit_ratio,
         idle_after: raw
             .idle_after_ms
             .map_or(defaults.idle_after, |ms| Duration::from_millis(ms.max(100))),

@@ -293,3 +293,48 @@ fn the_swap_table() {
         "[swap]: invalid latency_pods = \"first\""
     );
 }
+
+#[test]
+fn the_overcommit_ratio_sets_what_overcommitting_gpus_offer() {
+    use crate::config::OvercommitRatio;
+    const GIB: u64 = 1 << 30;
+    // Without overcommit, every GPU offers its own memory, whatever the ratio.
+    let off = parse_str("[swap]\novercommit_ratio = 1.5\n")
+        .unwrap()
+        .settings
+        .swap;
+    assert_eq!(off.memory_capacity().of(0, 16 * GIB), 16 * GIB);
+    // Overcommit on, no ratio: twice the memory.
+    let default = parse_str("[swap]\novercommit = true\n")
+        .unwrap()
+        .settings
+        .swap;
+    assert_eq!(default.overcommit_ratio, OvercommitRatio::DEFAULT);
+    assert_eq!(default.memory_capacity().of(3, 16 * GIB), 32 * GIB);
+    let some = parse_str("[swap]\novercommit = [0]\novercommit_ratio = 1.5\n")
+        .unwrap()
+        .settings
+        .swap;
+    let capacity = some.memory_capacity();
+    assert_eq!(
+        (capacity.of(0, 16 * GIB), capacity.of(1, 16 * GIB)),
+        (24 * GIB, 16 * GIB)
+    );
+    // A whole number is a ratio too.
+    let two = parse_str("[swap]\novercommit = true\novercommit_ratio = 3\n")
+        .unwrap()
+        .settings
+        .swap;
+    assert_eq!(two.memory_capacity().of(0, GIB), 3 * GIB);
+    for bad in ["0.5", "0", "-2", "150", "\"1.5\"", "nan", "inf"] {
+        let text = format!("[swap]\novercommit = true\novercommit_ratio = {bad}\n");
+        assert!(parse_str(&text).is_err(), "{bad}");
+    }
+    let error = parse_str("[swap]\novercommit_ratio = 0.5\n")
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "[swap]: invalid overcommit_ratio = 0.5: a ratio from 1 to 10 (1.5: quotas up to one and a half times the memory)"
+    );
+}

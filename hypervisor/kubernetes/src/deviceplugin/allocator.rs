@@ -16,6 +16,7 @@ use super::{AllocateError, Allocator, GpuHealth, SharesMismatch, podresources};
 use crate::KubeError;
 use crate::NodeAgent;
 use gpushare_utils::logging::one_line;
+use hypervisor_core::config::MemoryCapacity;
 use hypervisor_core::spec::Policy;
 use hypervisor_observer::{GpuInfo, Unhealthy};
 use hypervisor_provision::cdi::ContainerEdits;
@@ -63,15 +64,36 @@ pub async fn advertise_capacity(
     node: &str,
     gpus: &[GpuInfo],
     unhealthy: &BTreeMap<String, Unhealthy>,
+    memory: &MemoryCapacity,
 ) -> Result<(), KubeError> {
+    let patch = capacity_patch(gpus, unhealthy, memory);
+    Api::<Node>::all(client.clone())
+        .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(KubeError::api("patch node capacity"))?;
+    Ok(())
+}
+
+/// The node status patch of [`advertise_capacity`]. A GPU that overcommits
+/// counts its memory times the ratio, in MiB and in percent of its memory
+/// (150 at 1.5), as the placement does; compute is 100 a GPU.
+fn capacity_patch(
+    gpus: &[GpuInfo],
+    unhealthy: &BTreeMap<String, Unhealthy>,
+    memory: &MemoryCapacity,
+) -> serde_json::Value {
     let names = |gpus: &[&GpuInfo]| {
-        let mib: u64 = gpus.iter().map(|g| g.memory_total >> 20).sum();
+        let mib: u64 = gpus
+            .iter()
+            .map(|g| memory.of(g.index, g.memory_total) >> 20)
+            .sum();
+        let memory_percent: u64 = gpus.iter().map(|g| memory.of(g.index, 100)).sum();
         let percent = 100 * gpus.len() as u64;
         let mut names = serde_json::Map::new();
         for name in MEMORY_MIB {
             names.insert(name.to_owned(), json!(mib.to_string()));
         }
-        names.insert(MEMORY_PERCENT.to_owned(), json!(percent.to_string()));
+        names.insert(MEMORY_PERCENT.to_owned(), json!(memory_percent.to_string()));
         for name in CORES {
             names.insert(name.to_owned(), json!(percent.to_string()));
         }
@@ -82,12 +104,7 @@ pub async fn advertise_capacity(
         .iter()
         .filter(|g| !unhealthy.contains_key(&g.uuid))
         .collect();
-    let patch = json!({"status": {"capacity": names(&all), "allocatable": names(&healthy)}});
-    Api::<Node>::all(client.clone())
-        .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(KubeError::api("patch node capacity"))?;
-    Ok(())
+    json!({"status": {"capacity": names(&all), "allocatable": names(&healthy)}})
 }
 
 /// The container an `Allocate` of `count` shares is for.
@@ -231,6 +248,7 @@ impl NodeAgent {
                         uuid: g.uuid.clone(),
                         name: g.name.clone(),
                         memory_total: g.memory_total,
+                        memory_capacity: provisioner.memory_capacity(g),
                         memory_held,
                         compute_held,
                         corun: corun.is_some_and(|c| c.covers(&g.uuid)),
@@ -422,5 +440,48 @@ impl crate::state::Inner {
             .device_plugin
             .as_ref()
             .ok_or(AllocateError::Off)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hypervisor_core::config::OvercommitRatio;
+    use hypervisor_observer::Fault;
+
+    #[test]
+    fn an_overcommitting_gpu_counts_its_memory_times_the_ratio() {
+        let gpus: Vec<GpuInfo> = (0..2)
+            .map(|index| GpuInfo {
+                index,
+                uuid: format!("GPU-{index}"),
+                name: "test".into(),
+                memory_total: 16 << 30,
+                memory_used: 0,
+            })
+            .collect();
+        let memory = MemoryCapacity::new(Some(vec![0]), OvercommitRatio::new(1.5).unwrap());
+        let unhealthy = BTreeMap::from([(
+            "GPU-1".to_owned(),
+            Unhealthy {
+                fault: Fault::Lost,
+                since: 0,
+            },
+        )]);
+        let patch = capacity_patch(&gpus, &unhealthy, &memory);
+        let status = &patch["status"];
+        // 24 GiB + 16 GiB, and GPU 0's 24 GiB alone once GPU 1 is lost.
+        for name in MEMORY_MIB {
+            assert_eq!(status["capacity"][name], "40960", "{name}");
+            assert_eq!(status["allocatable"][name], "24576", "{name}");
+        }
+        assert_eq!(status["capacity"][MEMORY_PERCENT], "250");
+        assert_eq!(status["allocatable"][MEMORY_PERCENT], "150");
+        for name in CORES {
+            assert_eq!(status["capacity"][name], "200", "{name}");
+        }
+        let own = capacity_patch(&gpus, &BTreeMap::new(), &MemoryCapacity::NONE);
+        assert_eq!(own["status"]["capacity"][MEMORY_MIB[0]], "32768");
+        assert_eq!(own["status"]["capacity"][MEMORY_PERCENT], "200");
     }
 }

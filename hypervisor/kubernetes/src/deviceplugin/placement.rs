@@ -3,6 +3,9 @@
 //! claims hold; the most used first (binpack) or the least used (spread).
 //! The default scheduler only counted shares, so this is where memory
 //! fragmentation across the node's GPUs is resolved, or the pod refused.
+//! A GPU that overcommits offers more memory to quotas than it has (its
+//! memory times the overcommit ratio), but never more than its own memory
+//! to one container.
 //!
 //! A process is the MPS client of one co-run GPU, whose server sees no
 //! other GPU: a container of several GPUs gets ordinary ones, and a pod
@@ -23,8 +26,11 @@ pub struct GpuLoad {
     /// Product name (`NVIDIA H100 80GB HBM3`), matched against the pod's
     /// GPU-type annotations.
     pub name: String,
-    /// The GPU's memory in bytes.
+    /// The GPU's memory in bytes: the most one container may get of it.
     pub memory_total: u64,
+    /// The memory it offers to quotas, all containers together: its own,
+    /// or more where it overcommits ([`hypervisor_provision::Provisioner::memory_capacity`]).
+    pub memory_capacity: u64,
     /// Bytes of it the prepared claims hold ([`hypervisor_provision::Provisioner::held`]).
     pub memory_held: u64,
     /// Percent of its compute the prepared claims hold, added up.
@@ -88,14 +94,22 @@ pub fn place(
             reasons.push(format!("{} {why}", label(gpu)));
             continue;
         }
-        let free_memory = gpu.memory_total.saturating_sub(gpu.memory_held);
+        if memory_of(gpu) > gpu.memory_total {
+            reasons.push(format!(
+                "{} has {} MiB of memory in all",
+                label(gpu),
+                gpu.memory_total / MIB
+            ));
+            continue;
+        }
+        let free_memory = gpu.memory_capacity.saturating_sub(gpu.memory_held);
         let free_compute = 100u32.saturating_sub(gpu.compute_held);
         if memory_of(gpu) > free_memory || cores > free_compute {
             reasons.push(format!(
                 "{} has {} of {} MiB and {free_compute}% compute free",
                 label(gpu),
                 free_memory / MIB,
-                gpu.memory_total / MIB
+                gpu.memory_capacity / MIB
             ));
             continue;
         }
@@ -103,8 +117,8 @@ pub fn place(
     }
     let used = |g: &GpuLoad| -> u64 {
         // Parts per 10,000 of memory plus of compute: the GPU's load.
-        let memory = (g.memory_held.min(g.memory_total) as u128 * 10_000)
-            .checked_div(g.memory_total as u128)
+        let memory = (g.memory_held.min(g.memory_capacity) as u128 * 10_000)
+            .checked_div(g.memory_capacity as u128)
             .unwrap_or(0) as u64;
         memory + u64::from(g.compute_held.min(100)) * 100
     };
@@ -198,6 +212,7 @@ mod tests {
             uuid: format!("GPU-{index}"),
             name: "NVIDIA H100".into(),
             memory_total: 80 * GIB,
+            memory_capacity: 80 * GIB,
             memory_held: held_gib * GIB,
             compute_held: compute,
             corun: false,
@@ -324,6 +339,46 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(refused.why, "the node has 2 GPUs");
+    }
+
+    #[test]
+    fn an_overcommitting_gpu_takes_more_containers_but_none_past_its_memory() {
+        // GPU 0 overcommits at 1.5 (120 GiB offered) and holds 70 GiB.
+        let mut node = [gpu(0, 70, 0), gpu(1, 70, 0)];
+        node[0].memory_capacity = 120 * GIB;
+        let placed = |memory: MemoryAsk| {
+            place(&ask(1, memory, None), &prefs(Packing::Binpack), &node, &[]).map(|v| {
+                v.iter()
+                    .map(|p| (p.index, p.memory_bytes))
+                    .collect::<Vec<_>>()
+            })
+        };
+        // 40 GiB fits only where the GPU overcommits.
+        assert_eq!(placed(MemoryAsk::Mib(40 * 1024)).unwrap(), [(0, 40 * GIB)]);
+        // A share or the whole GPU is of its own memory, not of what it offers.
+        assert_eq!(placed(MemoryAsk::Percent(50)).unwrap(), [(0, 40 * GIB)]);
+        // Past the GPU's own memory: refused, however much it offers.
+        let refused = placed(MemoryAsk::Mib(90 * 1024)).unwrap_err();
+        assert!(
+            refused
+                .why
+                .contains("GPU 0 (GPU-0) has 81920 MiB of memory in all"),
+            "{refused}"
+        );
+        let mut empty = node.clone();
+        empty[0].memory_held = 0;
+        empty[0].memory_capacity = 160 * GIB;
+        let refused = place(
+            &ask(1, MemoryAsk::Mib(100 * 1024), None),
+            &prefs(Packing::Binpack),
+            &empty,
+            &[],
+        )
+        .unwrap_err();
+        assert!(
+            refused.why.starts_with("0 of the node's GPUs fit"),
+            "{refused}"
+        );
     }
 
     #[test]

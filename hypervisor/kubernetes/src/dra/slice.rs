@@ -7,6 +7,14 @@
 //! co-run mode (the boolean attribute [`CORUN_ATTRIBUTE`]), so a claim can
 //! ask for one, or avoid one, with CEL:
 //! `device.attributes["<driver>"].corun == true`.
+//!
+//! Memory overcommit: a GPU that overcommits (`[swap] overcommit` of the
+//! daemon) advertises its memory times `[swap] overcommit_ratio` as its
+//! `memory` capacity, so the scheduler places quotas adding up to that much;
+//! the daemon makes the room by swapping idle pods out. One request still
+//! takes at most the GPU's own memory (the request policy's maximum), and
+//! such a device carries the boolean attribute [`OVERCOMMIT_ATTRIBUTE`], so
+//! that a pod that must never be swapped can avoid it.
 
 use std::collections::BTreeMap;
 
@@ -20,11 +28,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube::api::{Api, PostParams};
 
 use crate::KubeError;
+use hypervisor_core::config::MemoryCapacity;
 use hypervisor_corun::CorunOptions;
 use hypervisor_observer::{GpuInfo, Unhealthy};
 
 /// The boolean device attribute: true on co-run (MPS) GPUs.
 pub const CORUN_ATTRIBUTE: &str = "corun";
+
+/// The boolean device attribute: true on GPUs whose memory is overcommitted.
+pub const OVERCOMMIT_ATTRIBUTE: &str = "overcommit";
 
 /// The key of the unhealthy taint under the driver's name.
 pub const UNHEALTHY_KEY: &str = "unhealthy";
@@ -64,22 +76,43 @@ pub fn taint(driver: &str, unhealthy: &Unhealthy) -> DeviceTaint {
     }
 }
 
-/// The slice of `node` for `gpus`, those in `unhealthy` (by UUID) tainted,
-/// those `corun` covers marked `corun: true`. A claim that names no capacity takes a whole GPU (the defaults); one
-/// that does takes what it asks, rounded up to 256 MiB of memory and whole
-/// percents.
+/// What the node advertises of each GPU besides its identity.
+#[derive(Debug, Clone, Copy)]
+pub struct Offer<'a> {
+    /// The GPUs that are unhealthy, by UUID: tainted.
+    pub unhealthy: &'a BTreeMap<String, Unhealthy>,
+    /// The co-run GPUs: marked `corun: true`.
+    pub corun: Option<&'a CorunOptions>,
+    /// The memory each GPU offers to quotas: its `memory` capacity.
+    pub memory: &'a MemoryCapacity,
+}
+
+/// `bytes` rounded down to the memory step.
+fn in_steps(bytes: u64) -> u64 {
+    bytes - bytes % MEMORY_STEP
+}
+
+/// The slice of `node` for `gpus`, as `offer` says. A claim that names no
+/// capacity takes a whole GPU (the defaults); one that does takes what it
+/// asks, rounded up to 256 MiB of memory and whole percents, at most the
+/// GPU's own memory, whatever the device's capacity.
 pub fn build(
     node: &str,
     driver: &str,
     gpus: &[GpuInfo],
-    unhealthy: &BTreeMap<String, Unhealthy>,
-    corun: Option<&CorunOptions>,
+    offer: Offer<'_>,
     owner: Option<&Node>,
 ) -> ResourceSlice {
+    let Offer {
+        unhealthy,
+        corun,
+        memory,
+    } = offer;
     let devices = gpus
         .iter()
         .map(|gpu| {
-            let usable = gpu.memory_total - gpu.memory_total % MEMORY_STEP;
+            let usable = in_steps(gpu.memory_total);
+            let offered = in_steps(memory.of(gpu.index, gpu.memory_total)).max(usable);
             let mut attributes = BTreeMap::new();
             attributes.insert("uuid".to_owned(), text_attr(&gpu.uuid));
             attributes.insert("model".to_owned(), text_attr(&gpu.name));
@@ -97,11 +130,18 @@ pub fn build(
                     ..DeviceAttribute::default()
                 },
             );
+            attributes.insert(
+                OVERCOMMIT_ATTRIBUTE.to_owned(),
+                DeviceAttribute {
+                    bool: Some(offered > usable),
+                    ..DeviceAttribute::default()
+                },
+            );
             let mut capacity = BTreeMap::new();
             capacity.insert(
                 "memory".to_owned(),
                 DeviceCapacity {
-                    value: Quantity(usable.to_string()),
+                    value: Quantity(offered.to_string()),
                     request_policy: Some(CapacityRequestPolicy {
                         default: Some(Quantity(usable.to_string())),
                         valid_range: Some(CapacityRequestPolicyRange {
@@ -202,23 +242,22 @@ fn same_devices(a: &ResourceSlice, b: &ResourceSlice) -> bool {
 }
 
 /// Creates the slice, or replaces it when its devices changed (the pool's
-/// generation then goes up, as the scheduler expects); the GPUs in
-/// `unhealthy` (by UUID) tainted, those `corun` covers marked. Returns the slice as the API server
-/// stored it: without taints where `DRADeviceTaints` is off there.
+/// generation then goes up, as the scheduler expects), as `offer` says.
+/// Returns the slice as the API server stored it: without taints where
+/// `DRADeviceTaints` is off there.
 pub async fn publish(
     client: &kube::Client,
     node: &str,
     driver: &str,
     gpus: &[GpuInfo],
-    unhealthy: &BTreeMap<String, Unhealthy>,
-    corun: Option<&CorunOptions>,
+    offer: Offer<'_>,
 ) -> Result<ResourceSlice, KubeError> {
     let nodes: Api<Node> = Api::all(client.clone());
     let owner = nodes
         .get_opt(node)
         .await
         .map_err(KubeError::api("get node"))?;
-    let mut wanted = build(node, driver, gpus, unhealthy, corun, owner.as_ref());
+    let mut wanted = build(node, driver, gpus, offer, owner.as_ref());
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     let name = slice_name(node, driver);
     match slices
@@ -266,7 +305,7 @@ mod tests {
                 since,
             },
         )]);
-        let slice = build("n", "gpu.example.com", &gpus, &unhealthy, None, None);
+        let slice = build("n", "gpu.example.com", &gpus, offer(&unhealthy, None), None);
         assert!(has_taints(&slice));
         let devices = slice.spec.devices.as_deref().unwrap();
         assert_eq!(devices[0].taints, None);
@@ -298,7 +337,13 @@ mod tests {
             t.time_added = None;
         }
         assert!(same_devices(&slice, &stored));
-        let healthy = build("n", "gpu.example.com", &gpus, &BTreeMap::new(), None, None);
+        let healthy = build(
+            "n",
+            "gpu.example.com",
+            &gpus,
+            offer(&BTreeMap::new(), None),
+            None,
+        );
         assert!(!has_taints(&healthy) && !same_devices(&slice, &healthy));
     }
 
@@ -314,7 +359,7 @@ mod tests {
             private_shm: true,
         };
         let flags = |corun: Option<&CorunOptions>| -> Vec<Option<bool>> {
-            build("n", "d", &gpus, &BTreeMap::new(), corun, None)
+            build("n", "d", &gpus, offer(&BTreeMap::new(), corun), None)
                 .spec
                 .devices
                 .unwrap_or_default()
@@ -324,6 +369,81 @@ mod tests {
         };
         assert_eq!(flags(Some(&corun)), [Some(false), Some(true)]);
         assert_eq!(flags(None), [Some(false), Some(false)]);
+    }
+
+    /// No GPU overcommits.
+    const OWN_MEMORY: &MemoryCapacity = &MemoryCapacity::NONE;
+
+    fn offer<'a>(
+        unhealthy: &'a BTreeMap<String, Unhealthy>,
+        corun: Option<&'a CorunOptions>,
+    ) -> Offer<'a> {
+        Offer {
+            unhealthy,
+            corun,
+            memory: OWN_MEMORY,
+        }
+    }
+
+    #[test]
+    fn an_overcommitting_gpu_offers_its_memory_times_the_ratio_and_one_request_its_memory() {
+        const GIB: u64 = 1 << 30;
+        let gpus: Vec<GpuInfo> = (0..2)
+            .map(|index| GpuInfo {
+                index,
+                uuid: format!("GPU-{index}"),
+                name: "test".into(),
+                // Not a whole number of steps: each figure is rounded down.
+                memory_total: 16 * GIB + 100,
+                memory_used: 0,
+            })
+            .collect();
+        let ratio = hypervisor_core::config::OvercommitRatio::new(1.5).unwrap();
+        let memory = MemoryCapacity::new(Some(vec![0]), ratio);
+        let unhealthy = BTreeMap::new();
+        let slice = build(
+            "n",
+            "d",
+            &gpus,
+            Offer {
+                unhealthy: &unhealthy,
+                corun: None,
+                memory: &memory,
+            },
+            None,
+        );
+        let devices = slice.spec.devices.unwrap();
+        let figures: Vec<(String, String, String, Option<bool>)> = devices
+            .iter()
+            .map(|d| {
+                let memory = &d.capacity.as_ref().unwrap()["memory"];
+                let policy = memory.request_policy.as_ref().unwrap();
+                (
+                    memory.value.0.clone(),
+                    policy.default.as_ref().unwrap().0.clone(),
+                    policy
+                        .valid_range
+                        .as_ref()
+                        .unwrap()
+                        .max
+                        .as_ref()
+                        .unwrap()
+                        .0
+                        .clone(),
+                    d.attributes.as_ref().unwrap()[OVERCOMMIT_ATTRIBUTE].bool,
+                )
+            })
+            .collect();
+        let (whole, offered) = ((16 * GIB).to_string(), (24 * GIB).to_string());
+        assert_eq!(
+            figures,
+            [
+                // Capacity 1.5 times; one request, by default or at most,
+                // the GPU's own memory.
+                (offered, whole.clone(), whole.clone(), Some(true)),
+                (whole.clone(), whole.clone(), whole, Some(false)),
+            ]
+        );
     }
 
     fn taint_for(unhealthy: &Unhealthy) -> DeviceTaint {
