@@ -3,12 +3,16 @@
 //! its memory and its CUDA device number, now on the other GPU, and finds
 //! its quota and usage there; a reload and a restarted daemon keep it
 //! where it was moved; a drain moves every pod off a GPU, or swaps it out
-//! where Kubernetes placed it; what cannot move is refused with the reason.
+//! where Kubernetes placed it, and a GPU that reports an XID is drained by
+//! itself; what cannot move is refused with the reason.
 
 use std::sync::Arc;
 
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
+use hypervisor_observer::{
+    GpuInfo, GpuObserver, HealthBoard, HealthEvent, HealthPolicy, ObserverError,
+};
 use system_tests::daemon::{self, DoubleGpus};
 use system_tests::pod::Pod;
 use system_tests::probes::GIB;
@@ -23,6 +27,9 @@ fn name_the_checkpoint_folder() {
 /// The probes see both of the double's GPUs, as a process without
 /// `CUDA_VISIBLE_DEVICES` sees a node's.
 const TWO_GPUS: (&str, &str) = ("GPUSHARE_DOUBLE_DEVICES", "2");
+
+/// 1 GiB, then, resumed, 1 GiB more.
+const ONE_GIB_THEN_MORE: &[&str] = &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"];
 
 fn config(pod: &Pod, listen: &str) -> String {
     let library = gpushare_examples::double_dir().join("libcuda.so.1");
@@ -47,20 +54,41 @@ fn quota_on(pod: &Pod, uuid: &str) -> Option<u64> {
         .map(|gpu| gpu.quota.load(std::sync::atomic::Ordering::Acquire))
 }
 
+/// A daemon for a new pod `name`, and a probe of the pod seeing both GPUs
+/// (`env` added) that ran `script` up to its `wait`.
+fn pod_waiting(
+    name: &str,
+    env: &[(&str, &str)],
+    script: &[&str],
+) -> (Pod, system_tests::RunningNode, Running) {
+    let pod = Pod::new(name);
+    let node = start(&pod);
+    let env: Vec<(&str, &str)> = [TWO_GPUS].into_iter().chain(env.iter().copied()).collect();
+    let mut running = Running::start(&pod, &node.url(), &env, script);
+    let first = running.until_ready();
+    assert!(first[0].contains("-> 0 "), "{first:?}");
+    (pod, node, running)
+}
+
+/// Resumes a probe whose script ends `wait alloc mem 1g` (or more) and
+/// checks that it runs to its end with the 1 GiB allocated.
+fn resumed_and_allocated(mut running: Running) -> Vec<String> {
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    rest
+}
+
 #[test]
 fn a_moved_pod_keeps_its_memory_and_its_quota_on_the_other_gpu() {
-    let pod = Pod::new("move-pod");
-    let node = start(&pod);
-    let mut running = Running::start(
-        &pod,
-        &node.url(),
-        &[TWO_GPUS],
+    let (pod, node, mut running) = pod_waiting(
+        "move-pod",
+        &[],
         &[
             "alloc", "mem", "2g", "wait", "info", "alloc", "mem", "1g", "alloc", "mem", "2g",
         ],
     );
-    let before = running.until_ready();
-    assert!(before[0].contains("-> 0 "), "{before:?}");
     let block = control_block(running.pid());
     assert_eq!(block.gpu, 0);
     assert!(block.device_bytes >= 2 * GIB, "{block:?}");
@@ -106,17 +134,13 @@ fn a_moved_pod_keeps_its_memory_and_its_quota_on_the_other_gpu() {
 
 #[test]
 fn a_moved_pod_stays_moved_through_a_restart_of_the_daemon() {
-    let pod = Pod::new("move-restart");
-    let node = start(&pod);
-    let mut running = Running::start(
-        &pod,
-        &node.url(),
-        &[TWO_GPUS],
+    let (pod, node, running) = pod_waiting(
+        "move-restart",
+        &[],
         &[
             "alloc", "mem", "3g", "wait", "alloc", "mem", "512m", "alloc", "mem", "1g",
         ],
     );
-    running.until_ready();
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
     assert!(ok, "{answer}");
     let addr = node.addr();
@@ -132,10 +156,7 @@ fn a_moved_pod_stays_moved_through_a_restart_of_the_daemon() {
         quota_on(&pod, &second) == Some(4 * GIB)
     });
     assert_eq!(quota_on(&pod, &gpushare_examples::uuid(0)), None);
-    running.resume();
-    let (rest, status) = running.finish();
-    assert!(status.success(), "{rest:?}");
-    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    let rest = resumed_and_allocated(running);
     assert!(rest[2].contains("-> 2 "), "the quota holds: {rest:?}");
     // Back to the GPU its config names: the move is forgotten.
     let (ok, answer) = admin_cli(&again, &["move", &pod.0, "--to", "0"]);
@@ -145,15 +166,7 @@ fn a_moved_pod_stays_moved_through_a_restart_of_the_daemon() {
 
 #[test]
 fn a_drain_moves_pods_off_a_gpu_or_swaps_those_kubernetes_placed() {
-    let pod = Pod::new("move-drain");
-    let node = start(&pod);
-    let mut running = Running::start(
-        &pod,
-        &node.url(),
-        &[TWO_GPUS],
-        &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"],
-    );
-    running.until_ready();
+    let (pod, node, running) = pod_waiting("move-drain", &[], ONE_GIB_THEN_MORE);
 
     for (args, refusal) in [
         (vec!["move", &pod.0, "--to", "0"], "409"),
@@ -189,24 +202,17 @@ fn a_drain_moves_pods_off_a_gpu_or_swaps_those_kubernetes_placed() {
     assert_eq!(report["moved"], serde_json::json!([]), "{report}");
     let block = control_block(running.pid());
     assert_eq!((block.state, block.device_bytes), (2, 0), "in host memory");
-    running.resume();
-    let (rest, status) = running.finish();
-    assert!(status.success(), "{rest:?}");
-    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    resumed_and_allocated(running);
 }
 
 #[test]
 fn a_move_whose_restore_fails_is_finished_by_the_pods_next_call() {
-    let pod = Pod::new("move-retry");
-    let node = start(&pod);
     // Four refusals: more than one swap-in's tries.
-    let mut running = Running::start(
-        &pod,
-        &node.url(),
-        &[TWO_GPUS, ("GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES", "4")],
-        &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"],
+    let (pod, node, running) = pod_waiting(
+        "move-retry",
+        &[("GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES", "4")],
+        ONE_GIB_THEN_MORE,
     );
-    running.until_ready();
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
     assert!(!ok && answer.contains("500"), "{answer}");
     let record = node.hypervisor().swap_board().pod(&pod.0);
@@ -216,25 +222,14 @@ fn a_move_whose_restore_fails_is_finished_by_the_pods_next_call() {
         "{record:?}"
     );
     assert_eq!(control_block(running.pid()).state, 2, "in host memory");
-    running.resume();
-    let (rest, status) = running.finish();
-    assert!(status.success(), "{rest:?}");
-    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    resumed_and_allocated(running);
     let record = node.hypervisor().swap_board().pod(&pod.0);
     assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
 }
 
 #[test]
 fn a_swapped_pod_moved_comes_back_on_the_new_gpu_at_its_next_call() {
-    let pod = Pod::new("move-swapped");
-    let node = start(&pod);
-    let mut running = Running::start(
-        &pod,
-        &node.url(),
-        &[TWO_GPUS],
-        &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"],
-    );
-    running.until_ready();
+    let (pod, node, running) = pod_waiting("move-swapped", &[], ONE_GIB_THEN_MORE);
     let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
     assert!(ok, "{answer}");
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
@@ -246,10 +241,46 @@ fn a_swapped_pod_moved_comes_back_on_the_new_gpu_at_its_next_call() {
         "still in host memory"
     );
     assert_eq!(quota_on(&pod, &gpushare_examples::uuid(1)), Some(4 * GIB));
-    running.resume();
-    let (rest, status) = running.finish();
-    assert!(status.success(), "{rest:?}");
-    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    resumed_and_allocated(running);
     let record = node.hypervisor().swap_board().pod(&pod.0);
     assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
+}
+
+/// The double's two GPUs, with a health board the test reports faults on.
+struct GpusWithFaults(HealthBoard);
+
+impl GpuObserver for GpusWithFaults {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        DoubleGpus(2).gpus()
+    }
+
+    fn health(&self) -> Option<&HealthBoard> {
+        Some(&self.0)
+    }
+}
+
+#[test]
+fn a_gpu_that_reports_an_xid_is_drained_by_itself() {
+    let pod = Pod::new("move-xid");
+    let gpus = Arc::new(GpusWithFaults(HealthBoard::new(HealthPolicy::default())));
+    let text = config(&pod, "127.0.0.1:0").replace("[swap]\n", "[swap]\ndrain_unhealthy = true\n");
+    let node = daemon::hypervisor(&pod, &text, Arc::clone(&gpus) as Arc<dyn GpuObserver>);
+    let mut running = Running::start(&pod, &node.url(), &[TWO_GPUS], ONE_GIB_THEN_MORE);
+    running.until_ready();
+    assert_eq!(control_block(running.pid()).gpu, 0);
+
+    assert!(
+        gpus.0
+            .record(&gpushare_examples::uuid(0), HealthEvent::Xid(Some(79)))
+    );
+    eventually("the pod leaves the GPU that reported the XID", || {
+        control_block(running.pid()).gpu == 1
+    });
+    eventually("the move is over", || {
+        node.hypervisor().swap_board().pod(&pod.0).moves == 1
+    });
+    // Nothing goes to the unhealthy GPU.
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "0"]);
+    assert!(!ok && answer.contains("unhealthy (xid-79)"), "{answer}");
+    resumed_and_allocated(running);
 }

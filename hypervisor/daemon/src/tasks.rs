@@ -56,6 +56,15 @@ impl Hypervisor {
                 }
             }
         }));
+        if let Some(mut changes) = self.gpu_health_changes() {
+            let hv = self.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut drained = std::collections::BTreeSet::new();
+                while changes.changed().await.is_ok() {
+                    hv.drain_the_unhealthy(&mut drained).await;
+                }
+            }));
+        }
         if self.shared.handle_sighup {
             let hv = self.clone();
             tasks.push(tokio::spawn(async move {

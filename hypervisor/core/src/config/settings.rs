@@ -98,6 +98,10 @@ pub struct SwapSettings {
     pub room_wait: Duration,
     /// The driver library whose checkpoint API swaps (`libcuda.so.1`).
     pub cuda_library: String,
+    /// Whether a GPU that turns unhealthy (an XID, an uncorrected ECC
+    /// error, lost) is drained at once: its pods moved to healthy GPUs, or
+    /// swapped out where they cannot move.
+    pub drain_unhealthy: bool,
 }
 
 impl SwapSettings {
@@ -124,6 +128,7 @@ impl Default for SwapSettings {
             host_limit: gpushare_utils::limits::default_spill_limit().saturating_mul(2),
             room_wait: Duration::from_secs(60),
             cuda_library: "libcuda.so.1".to_owned(),
+            drain_unhealthy: false,
         }
     }
 }

@@ -18,6 +18,7 @@ pub(super) struct RawSwap {
     host_limit: Option<SizeValue>,
     room_wait_ms: Option<u64>,
     cuda_library: Option<String>,
+    drain_unhealthy: Option<bool>,
 }
 
 /// `overcommit = true` (every GPU), `false`, or a list of NVML indexes.
@@ -69,5 +70,6 @@ pub(super) fn settings(raw: Option<RawSwap>) -> Result<SwapSettings, ConfigError
             .room_wait_ms
             .map_or(defaults.room_wait, Duration::from_millis),
         cuda_library: raw.cuda_library.unwrap_or(defaults.cuda_library),
+        drain_unhealthy: raw.drain_unhealthy.unwrap_or(defaults.drain_unhealthy),
     })
 }

@@ -255,6 +255,7 @@ fn the_swap_table() {
     assert!(!defaults.overcommits(0), "overcommit is opt-in");
     assert_eq!(defaults.idle_after, Duration::from_secs(30));
     assert_eq!(defaults.cuda_library, "libcuda.so.1");
+    assert!(!defaults.drain_unhealthy, "draining is opt-in");
     let all = parse_str(
         r#"
         [swap]
@@ -264,6 +265,7 @@ fn the_swap_table() {
         host_limit = "64g"
         room_wait_ms = 9000
         cuda_library = "/opt/driver/libcuda.so.1"
+        drain_unhealthy = true
         "#,
     )
     .unwrap()
@@ -275,6 +277,7 @@ fn the_swap_table() {
     assert_eq!(all.host_limit, 64 << 30);
     assert_eq!(all.room_wait, Duration::from_secs(9));
     assert_eq!(all.cuda_library, "/opt/driver/libcuda.so.1");
+    assert!(all.drain_unhealthy);
     let some = parse_str("[swap]\novercommit = [1, 3]\n")
         .unwrap()
         .settings

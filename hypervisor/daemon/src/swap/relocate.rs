@@ -10,6 +10,7 @@
 //! quota and usage. A restore that fails leaves the move under way: the
 //! pod's next swap-in, a trapped call's included, finishes it there.
 
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 use gpushare_utils::limits::Residency;
@@ -156,6 +157,36 @@ impl Hypervisor {
             "GPU drained"
         );
         Ok(report)
+    }
+
+    /// Under `[swap] drain_unhealthy`: drains each GPU that turned
+    /// unhealthy since the last call (`drained`: those drained already; a
+    /// GPU healthy again leaves it, to be drained at its next fault).
+    pub(crate) async fn drain_the_unhealthy(&self, drained: &mut BTreeSet<String>) {
+        let unhealthy = self.unhealthy_gpus();
+        drained.retain(|uuid| unhealthy.contains_key(uuid));
+        if !self.core().settings.swap.drain_unhealthy {
+            return;
+        }
+        for (uuid, sick) in unhealthy {
+            if drained.contains(&uuid) {
+                continue;
+            }
+            tracing::warn!(gpu = %uuid, fault = %sick.fault.reason(), "draining the unhealthy GPU");
+            match self.drain_gpu(&GpuSelector::Uuid(uuid.clone())).await {
+                Ok(report) => tracing::warn!(
+                    gpu = %uuid,
+                    moved = report.moved.len(),
+                    swapped = report.swapped.len(),
+                    left = ?report.left,
+                    "unhealthy GPU drained"
+                ),
+                Err(error) => {
+                    tracing::error!(gpu = %uuid, %error, "the unhealthy GPU could not be drained");
+                }
+            }
+            drained.insert(uuid);
+        }
     }
 
     /// The scheduler's plan, refused where the target GPU is unhealthy.
