@@ -312,7 +312,7 @@ fn a_restore_onto_another_gpu_needs_room_there() {
     api.park(pid);
     assert_eq!((used(&node, 0), used(&node, 1)), (0, CTX + 8 * GIB));
     assert_eq!(
-        api.restore_onto(pid, &pairs(&[(0, 1)])),
+        api.restore_onto(pid, &pairs(&[(0, 1), (1, 0)])),
         CUDA_ERROR_OUT_OF_MEMORY
     );
     assert_eq!(api.state(pid), Ok(CHECKPOINTED));
@@ -320,7 +320,10 @@ fn a_restore_onto_another_gpu_needs_room_there() {
 
     b.send("");
     b.expect(&["resumed", "free 0 -> 0", "ready"]);
-    assert_eq!(api.restore_onto(pid, &pairs(&[(0, 1)])), CUDA_SUCCESS);
+    assert_eq!(
+        api.restore_onto(pid, &pairs(&[(0, 1), (1, 0)])),
+        CUDA_SUCCESS
+    );
     assert_eq!((used(&node, 0), used(&node, 1)), (0, 2 * CTX + 10 * GIB));
     assert_eq!(api.unlock(pid), CUDA_SUCCESS);
     assert_eq!(
