@@ -187,6 +187,18 @@ fn one_daemon_per_gpu_ready_restarted_and_quit_on_shutdown() {
             Some(logs.clone())
         );
         assert!(log::commands(&text).contains(&"get_server_list"), "{text}");
+        // The GPU is named beside the pipe folder for clients whose
+        // CUDA_VISIBLE_DEVICES does not say it; the fake's servers serve it
+        // alone (what the driver double's clients then see).
+        let trust = gpushare_utils::shm::Trust::own_or_root(None);
+        assert_eq!(
+            gpushare_utils::served_gpu::read_beside(&pipe, &trust).unwrap(),
+            *gpu
+        );
+        assert_eq!(
+            std::fs::read_to_string(pipe.join(mps_fake::SERVED_DEVICES_FILE)).unwrap(),
+            format!("{gpu}\n")
+        );
         for dir in [&pipe, &logs] {
             let mode = std::fs::metadata(dir).unwrap().permissions().mode() & 0o7777;
             assert_eq!(mode, 0o777, "{}", dir.display());

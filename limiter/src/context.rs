@@ -93,6 +93,12 @@ impl Context {
         PodLimits::open_read_only(self.pod.as_str(), &self.limits_trust).ok()
     }
 
+    /// Owners a file the node daemon writes for the pod's processes may
+    /// have: root, the process's own uid, the configured region owner.
+    pub(crate) fn trust(&self) -> &Trust {
+        &self.trust
+    }
+
     /// The driver, once libcuda has been seen.
     pub(crate) fn driver(&self) -> Option<&Driver> {
         self.driver.get()

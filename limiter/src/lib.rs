@@ -9,7 +9,8 @@
 //!    beside the library ([`provisioned`]) decides the pod, the daemon and
 //!    the token, whatever the environment says. No limit configured:
 //!    nothing else happens. A broken configuration: one error line, and
-//!    CUDA is refused at `cuInit`.
+//!    CUDA is refused at `cuInit`. A process that must be an MPS client is
+//!    shown its server's GPU ([`mps`]).
 //! 2. If libcuda / libnvidia-ml are already mapped they are patched at once;
 //!    otherwise the exported `dlopen` ([`loader`]) patches them the moment a
 //!    `dlopen` maps them, before that `dlopen` returns.
@@ -65,7 +66,11 @@ mod waves;
 fn load() {
     let loaded = std::panic::catch_unwind(|| {
         gpushare_utils::logging::init("CUDA_LIMITER_LOG");
-        entry::init_from_env();
+        if let entry::State::Limiting(limiter) = entry::init_from_env() {
+            // SAFETY: before `main`: the program has started no thread that
+            // reads the environment.
+            unsafe { limiter.mps.pin_served_gpu(limiter.context.trust()) };
+        }
         loader::install_if_mapped();
     });
     if loaded.is_err() {

@@ -448,6 +448,7 @@ pub(crate) type NvmlDeviceGetHandleByUUID =
     unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
 pub(crate) type NvmlDeviceGetHandleByIndex =
     unsafe extern "C" fn(c_uint, *mut nvmlDevice_t) -> nvmlReturn_t;
+pub(crate) type NvmlDeviceGetCount = unsafe extern "C" fn(*mut c_uint) -> nvmlReturn_t;
 pub(crate) type NvmlDeviceGetIndex =
     unsafe extern "C" fn(nvmlDevice_t, *mut c_uint) -> nvmlReturn_t;
 pub(crate) type NvmlDeviceGetUUID =

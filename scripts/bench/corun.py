@@ -67,6 +67,7 @@ PODS = {"batch": ("corun-batch", "corun-batch-token", "batch"),
         "latency": ("corun-latency", "corun-latency-token", "latency")}
 DAEMON_PODS = {pod for pod, _, _ in PODS.values()}
 SIMULATE = ""  # the daemon's --simulate-gpus (the self tests' dry runs); "": the GPU
+GPU = 0  # the GPU put in co-run mode and benched (--gpu); the others stay time-sliced
 
 
 class CorunBench(pb.Bench):
@@ -86,6 +87,11 @@ class CorunBench(pb.Bench):
         if not (cls or "").startswith("corun-"):
             return super().env(cls, region, extra)
         env = common.clean_env("CUDA_MPS_")
+        # As a process on the node is started: the limiter sets
+        # CUDA_VISIBLE_DEVICES to the GPU the MPS server serves (named by
+        # the daemon beside the pipe folder), so that NVML-counting PyTorch
+        # and the MPS client's CUDA agree on a node of several GPUs.
+        env.pop("CUDA_VISIBLE_DEVICES", None)
         latency = cls.startswith("corun-latency")
         pod, token, _ = PODS["latency" if latency else "batch"]
         env.update(
@@ -134,7 +140,7 @@ class CorunDaemon(hv.Daemon):
         # The MPS control daemon quits its servers on the daemon's SIGTERM: 20 s for it.
         super().__init__(common.settings("", work, Path(bundle) / "hypervisor", SIMULATE), "corun",
                          work / "hypervisor.toml",
-                         serve_args=["--corun-gpu", "0", "--corun-dir", str(work / "mps"),
+                         serve_args=["--corun-gpu", str(GPU), "--corun-dir", str(work / "mps"),
                                      "--corun-latency-reserve", str(reserve), "--mps-control", str(control)],
                          env={**self.tables, **(env or {})}, ready="/readyz", ready_s=60, stop_s=20)
         self.write_config([])
@@ -153,7 +159,7 @@ class CorunDaemon(hv.Daemon):
         for role in roles:
             pod, token, cls = PODS[role]
             text += (f'[[pods]]\nid = "{pod}"\ntoken = "{token}"\n'
-                     f'[[pods.gpus]]\nindex = 0\nmemory = "{QUOTA >> 30}g"\nclass = "{cls}"\n')
+                     f'[[pods.gpus]]\nindex = {GPU}\nmemory = "{QUOTA >> 30}g"\nclass = "{cls}"\n')
         # In one rename: the daemon also reloads when it sees the file change,
         # and a half-written file has no pods.
         part = self.config.with_suffix(".part")
@@ -316,10 +322,25 @@ def add_arguments(p):
     p.add_argument("--reserve", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds of the latency pod alone and of both pods co-run, alternated")
+    p.add_argument("--gpu", type=int, default=0,
+                   help="the GPU put in co-run mode and benched (index); every run uses it alone")
+
+
+def use_gpu(index):
+    """Runs the bench on GPU `index`: the co-run daemon's GPU, and, by its
+    UUID in CUDA_VISIBLE_DEVICES, the GPU of every run without MPS."""
+    global GPU
+    GPU = index
+    if index == 0:
+        return
+    uuid = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", "-i", str(index)],
+                          capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    os.environ["CUDA_VISIBLE_DEVICES"] = uuid
 
 
 def main(p, args):
     bundle, control = prepare(args)
+    use_gpu(args.gpu)
     bench = CorunBench(args)
     t_begin = time.monotonic()
     short, long_ = args.sizes

@@ -4,7 +4,8 @@
 //! shared-memory objects they live in, the pod's identity and class
 //! ([`pod`]), what the daemon tells a provisioned container's limiter
 //! ([`pod_file`]), sizes and switches as users write them ([`units`]), small
-//! files a user names, read within a bound ([`small_file`]), the wire
+//! files a user names, read within a bound ([`small_file`]), the GPU a
+//! co-run GPU's MPS daemon serves ([`served_gpu`]), the wire
 //! protocol and logging. Each side's configuration (the limiter's
 //! environment, the hypervisor's file) is parsed in that side's crate.
 //! The hook engine the limiter patches the driver with is `gpushare-hook`.
@@ -23,6 +24,7 @@ pub mod priority;
 pub mod process;
 pub mod protocol;
 pub mod quote;
+pub mod served_gpu;
 pub mod shm;
 pub mod small_file;
 #[cfg(test)]

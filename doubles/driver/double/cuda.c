@@ -301,51 +301,75 @@ static int g_bus_gpu[DOUBLE_MAX_DEVICES];
 /* The fake GPUs of the machine, visible or not (NVML sees them all). */
 static int g_physical_devices;
 
-/* The GPU whose UUID the entry at text names (up to ',' or the end), *end
- * after it; -1 when none or several match. */
-static long visible_uuid(const char *text, char **end) {
+/* Of the n fake GPUs gpus[], the one whose UUID the entry at text names
+ * (up to ',' or the end), *end after it; -1 when none or several match. */
+static long visible_uuid(const char *text, char **end, const int *gpus, int n) {
     size_t len = strcspn(text, ",");
     long found = -1;
-    int device;
+    int i;
     char uuid[DOUBLE_UUID_STRING_LEN + 1];
     *end = (char *)text + len;
-    for (device = 0; device < g_config.devices; device++) {
-        double_uuid_string(device, uuid);
+    for (i = 0; i < n; i++) {
+        double_uuid_string(gpus[i], uuid);
         if (len > 4 && len <= DOUBLE_UUID_STRING_LEN && strncasecmp(uuid, text, len) == 0) {
             if (found >= 0) {
                 return -1;
             }
-            found = device;
+            found = gpus[i];
         }
     }
     return found;
 }
 
-static void load_visible(void) {
-    const char *text = getenv("CUDA_VISIBLE_DEVICES");
-    int i, count = 0;
-    g_physical_devices = g_config.devices;
-    for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
-        g_visible[i] = g_bus_gpu[i] = i;
-    }
-    if (text == NULL) {
-        return;
-    }
-    while (*text != '\0' && count < g_config.devices) {
+/* A CUDA_VISIBLE_DEVICES value over the n fake GPUs gpus[] (the GPUs this
+ * process could see without it): an index k names gpus[k], a UUID the GPU
+ * among them it names alone. Writes the GPUs named, in order, to out and
+ * returns how many; stops at the first entry that names none. */
+static int parse_visible(const char *text, const int *gpus, int n, int *out) {
+    int count = 0;
+    while (*text != '\0' && count < n) {
         char *end;
-        long index = strncmp(text, "GPU-", 4) == 0 ? visible_uuid(text, &end)
-                                                   : strtol(text, &end, 10);
-        if (end == text || index < 0 || index >= g_config.devices) {
+        long named;
+        if (strncmp(text, "GPU-", 4) == 0) {
+            named = visible_uuid(text, &end, gpus, n);
+        } else {
+            long index = strtol(text, &end, 10);
+            named = index >= 0 && index < n ? gpus[index] : -1;
+        }
+        if (end == text || named < 0) {
             break;
         }
-        g_visible[count] = g_bus_gpu[count] = (int)index;
-        count++;
-        text = *end == ',' ? end + 1 : end;
+        out[count++] = (int)named;
         if (*end != ',') {
             break;
         }
+        text = end + 1;
     }
-    g_config.devices = count;
+    return count;
+}
+
+/* Makes CUDA ordinal i the fake GPU gpus[i], for the n of them. */
+static void set_visible(const int *gpus, int n) {
+    int i;
+    for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
+        g_visible[i] = g_bus_gpu[i] = i < n ? gpus[i] : i;
+    }
+    g_config.devices = n;
+}
+
+static void load_visible(void) {
+    const char *text = getenv("CUDA_VISIBLE_DEVICES");
+    int all[DOUBLE_MAX_DEVICES], named[DOUBLE_MAX_DEVICES];
+    int i;
+    g_physical_devices = g_config.devices;
+    for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
+        all[i] = i;
+    }
+    if (text == NULL) {
+        set_visible(all, g_physical_devices);
+        return;
+    }
+    set_visible(named, parse_visible(text, all, g_physical_devices, named));
 }
 
 unsigned long long region_start(int dev) {
@@ -491,14 +515,71 @@ static int mps_daemon_reachable(void) {
     return connected;
 }
 
+/* The GPUs the MPS server serves: the real control daemon starts its
+ * servers on the GPUs of its own CUDA_VISIBLE_DEVICES, and a client's CUDA
+ * enumerates those alone (NVIDIA's MPS documentation: the server remaps the
+ * devices). The fake control daemon (crate mps-fake) writes that value to
+ * MPS_SERVED_DEVICES_FILE in its pipe folder; read here into `text` (empty:
+ * no such file, the server serves every GPU, as a daemon started without
+ * the variable does). */
+#define MPS_SERVED_DEVICES_FILE "fake-served-devices"
+static void mps_served_devices(char *text, size_t size) {
+    const char *dir = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    char path[4096];
+    FILE *file;
+    text[0] = '\0';
+    if (dir == NULL || snprintf(path, sizeof path, "%s/" MPS_SERVED_DEVICES_FILE, dir) >=
+                           (int)sizeof path) {
+        return;
+    }
+    file = fopen(path, "re");
+    if (file == NULL) {
+        return;
+    }
+    if (fgets(text, (int)size, file) == NULL) {
+        text[0] = '\0';
+    }
+    text[strcspn(text, "\n")] = '\0';
+    fclose(file);
+}
+
+/* An MPS client's CUDA ordinals: the served GPUs, narrowed by the client's
+ * own CUDA_VISIBLE_DEVICES, whose indices count the served GPUs and whose
+ * UUIDs must name one of them (an entry that names none ends the list, as
+ * an invalid entry does). Under the lock, at the first cuInit. */
+static void mps_narrow_locked(const char *served) {
+    int all[DOUBLE_MAX_DEVICES], server[DOUBLE_MAX_DEVICES], client[DOUBLE_MAX_DEVICES];
+    int i, n;
+    const char *own = getenv("CUDA_VISIBLE_DEVICES");
+    if (*served == '\0') {
+        return;
+    }
+    for (i = 0; i < DOUBLE_MAX_DEVICES; i++) {
+        all[i] = i;
+    }
+    n = parse_visible(served, all, g_physical_devices, server);
+    if (own == NULL) {
+        set_visible(server, n);
+    } else {
+        set_visible(client, parse_visible(own, server, n, client));
+    }
+}
+
 CUresult impl_cuInit(unsigned int Flags) {
     CUresult rc = CUDA_SUCCESS;
     int mps;
+    char served[1024];
     if (Flags != 0) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     mps = mps_daemon_reachable();
+    if (mps) {
+        mps_served_devices(served, sizeof served);
+    }
     lock();
+    if (!g_initialized && mps) {
+        mps_narrow_locked(served);
+    }
     if (g_config.devices == 0) {
         rc = CUDA_ERROR_NO_DEVICE;
     } else if (!g_initialized) {

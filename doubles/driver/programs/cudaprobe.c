@@ -53,6 +53,12 @@
  *                            of nvmlDeviceGetComputeRunningProcesses_v3 (sized
  *                            by a first call with count 0), U the usage of the
  *                            entry with our pid (0 if none)
+ *   gpus                  -> "gpus RESULT cuda=U,... nvml RESULT=U,... visible=V":
+ *                            the UUID of every CUDA device (cuDeviceGetCount,
+ *                            cuDeviceGetUuid_v2) and of every GPU NVML shows
+ *                            (nvmlDeviceGetCount_v2, nvmlDeviceGetUUID), each
+ *                            in its own order; V is CUDA_VISIBLE_DEVICES as
+ *                            the program reads it ("unset")
  *   fill SIZE             -> "fill SIZE count=N last=RESULT": cuMemAlloc_v2(SIZE)
  *                            until the first failure; the blocks stay allocated
  *   hammer THREADS ITERS SIZE

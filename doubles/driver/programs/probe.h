@@ -119,7 +119,9 @@
     X(cuLibraryGetKernel, "cuLibraryGetKernel", CUDA_VERSION_USED, 0)                   \
     X(cuKernelGetLibrary, "cuKernelGetLibrary", CUDA_VERSION_USED, 0)                   \
     X(cuKernelGetFunction, "cuKernelGetFunction", CUDA_VERSION_USED, 0)                 \
-    X(cuLibraryGetGlobal, "cuLibraryGetGlobal", CUDA_VERSION_USED, 0)
+    X(cuLibraryGetGlobal, "cuLibraryGetGlobal", CUDA_VERSION_USED, 0)                   \
+    X(cuDeviceGetCount, "cuDeviceGetCount", CUDA_VERSION_USED, 0)                       \
+    X(cuDeviceGetUuid_v2, "cuDeviceGetUuid", CUDA_VERSION_USED, 0)
 
 #define NVML_FUNCS(X)                                                                   \
     X(nvmlInit_v2)                                                                      \
@@ -127,7 +129,9 @@
     X(nvmlDeviceGetHandleByIndex_v2)                                                    \
     X(nvmlDeviceGetMemoryInfo)                                                          \
     X(nvmlDeviceGetMemoryInfo_v2)                                                       \
-    X(nvmlDeviceGetComputeRunningProcesses_v3)
+    X(nvmlDeviceGetComputeRunningProcesses_v3)                                          \
+    X(nvmlDeviceGetCount_v2)                                                            \
+    X(nvmlDeviceGetUUID)
 
 #ifdef CUDAPROBE_LINKED
 #define CU(name) name
@@ -224,6 +228,7 @@ void cmd_freeall(void);
 void cmd_hammer(unsigned long long threads, unsigned long long iters, size_t size);
 void cmd_nvml(const char *name, int v2);
 void cmd_nvml_procs(void);
+void cmd_gpus(void);
 
 /* probe_launch.c: kernels on the simulated clock, and what it reports. */
 unsigned long long now_ns(void);

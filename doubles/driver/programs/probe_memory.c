@@ -339,6 +339,54 @@ void cmd_nvml(const char *name, int v2) {
     emit("%s %d free=%llu used=%llu total=%llu", name, (int)rc, free_bytes, used, total);
 }
 
+/* gpus: CUDA's devices and NVML's GPUs, by UUID in their orders, and
+ * CUDA_VISIBLE_DEVICES as the program reads it. */
+void cmd_gpus(void) {
+    char cuda[1024] = "", nvml[1024] = "";
+    int count = 0, i;
+    unsigned int nvml_count = 0, k;
+    CUresult rc = CU_OPT(cuDeviceGetCount, &count);
+    nvmlReturn_t nrc;
+    for (i = 0; rc == CUDA_SUCCESS && i < count; i++) {
+        CUuuid uuid;
+        int b;
+        memset(&uuid, 0, sizeof uuid);
+        rc = CU_OPT(cuDeviceGetUuid_v2, &uuid, i);
+        if (rc != CUDA_SUCCESS) {
+            break;
+        }
+        /* NVML's form: GPU-8-4-4-4-12 hex digits. */
+        snprintf(cuda + strlen(cuda), sizeof cuda - strlen(cuda), "%sGPU-", i > 0 ? "," : "");
+        for (b = 0; b < 16; b++) {
+            snprintf(cuda + strlen(cuda), sizeof cuda - strlen(cuda), "%s%02x",
+                     b == 4 || b == 6 || b == 8 || b == 10 ? "-" : "",
+                     (unsigned char)uuid.bytes[b]);
+        }
+    }
+    nrc = NVML(nvmlInit_v2)();
+    if (nrc == NVML_SUCCESS) {
+        nrc = NVML(nvmlDeviceGetCount_v2)(&nvml_count);
+        for (k = 0; nrc == NVML_SUCCESS && k < nvml_count; k++) {
+            nvmlDevice_t dev = NULL;
+            char uuid[96];
+            nrc = NVML(nvmlDeviceGetHandleByIndex_v2)(k, &dev);
+            if (nrc == NVML_SUCCESS) {
+                nrc = NVML(nvmlDeviceGetUUID)(dev, uuid, sizeof uuid);
+            }
+            if (nrc == NVML_SUCCESS) {
+                snprintf(nvml + strlen(nvml), sizeof nvml - strlen(nvml), "%s%s",
+                         k > 0 ? "," : "", uuid);
+            }
+        }
+        NVML(nvmlShutdown)();
+    }
+    {
+        const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+        emit("gpus %d cuda=%s nvml %d=%s visible=%s", (int)rc, cuda, (int)nrc, nvml,
+             visible != NULL ? visible : "unset");
+    }
+}
+
 void cmd_nvml_procs(void) {
     nvmlDevice_t dev = NULL;
     unsigned int count = 0, i;

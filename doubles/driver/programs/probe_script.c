@@ -296,6 +296,10 @@ void run_script(int argc, char **argv, int execute) {
             if (execute) {
                 cmd_nvml(cmd, cmd[4] != '\0');
             }
+        } else if (strcmp(cmd, "gpus") == 0) {
+            if (execute) {
+                cmd_gpus();
+            }
         } else if (strcmp(cmd, "nvml_procs") == 0) {
             if (execute) {
                 cmd_nvml_procs();

@@ -49,7 +49,12 @@
 //! `CUDA_MPS_PIPE_DIRECTORY` names a folder whose `control` Unix socket
 //! accepts a connection (the MPS control daemon is up), and
 //! `cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133)` then
-//! answers 1 on every device; otherwise (unset, no socket, nobody
+//! answers 1 on every device. Its CUDA devices are then the GPUs the MPS
+//! server serves, as the real driver's are: those the fake control daemon
+//! (`mps-fake`) names in `fake-served-devices` in the pipe folder (its own
+//! `CUDA_VISIBLE_DEVICES`; no file: every GPU), narrowed by the client's
+//! `CUDA_VISIBLE_DEVICES` (UUIDs among them, or indices into their list);
+//! NVML still sees every GPU. Otherwise (unset, no socket, nobody
 //! listening: no daemon, no MPS) it answers 0, as the real driver does when
 //! it falls back to running without MPS. The driver's default folder
 //! (`/tmp/nvidia-mps`) is never looked at.

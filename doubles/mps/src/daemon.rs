@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::commands::{Control, Outcome};
 use crate::log::{self, Log};
-use crate::{FakeError, Hooks, PID_FILE, SOCKET};
+use crate::{FakeError, Hooks, PID_FILE, SERVED_DEVICES_FILE, SOCKET};
 
 /// Set by SIGTERM and SIGINT; the loop stops when it sees it.
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -28,13 +28,35 @@ extern "C" fn on_signal(_: libc::c_int) {
 struct Files {
     socket: PathBuf,
     pid: PathBuf,
+    served: PathBuf,
 }
 
 impl Drop for Files {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.socket);
         let _ = std::fs::remove_file(&self.pid);
+        let _ = std::fs::remove_file(&self.served);
     }
+}
+
+/// Writes [`SERVED_DEVICES_FILE`]: the GPUs this daemon's servers serve,
+/// its `CUDA_VISIBLE_DEVICES` as started (the driver double's clients then
+/// enumerate those alone); none where the variable is unset (every GPU).
+/// Before the socket exists, so a client that connects finds it.
+fn write_served(pipe: &Path) -> Result<PathBuf, FakeError> {
+    let served = pipe.join(SERVED_DEVICES_FILE);
+    match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(devices) => {
+            let staged = pipe.join(format!("{SERVED_DEVICES_FILE}.new"));
+            std::fs::write(&staged, format!("{devices}\n"))
+                .and_then(|()| std::fs::rename(&staged, &served))
+                .map_err(FakeError::io("write", served.clone()))?;
+        }
+        Err(_) => {
+            let _ = std::fs::remove_file(&served);
+        }
+    }
+    Ok(served)
 }
 
 /// Runs the daemon in the foreground until `quit`, SIGTERM or SIGINT,
@@ -63,11 +85,19 @@ pub fn run(pipe: &Path, hooks: Hooks) -> Result<(), FakeError> {
     std::fs::write(&staged, format!("{}\n", std::process::id()))
         .and_then(|()| std::fs::rename(&staged, &pid))
         .map_err(FakeError::io("write", pid.clone()))?;
+    let served = write_served(pipe).inspect_err(|_| {
+        let _ = std::fs::remove_file(&pid);
+    })?;
     let listener = UnixListener::bind(&socket).map_err(|error| {
         let _ = std::fs::remove_file(&pid);
+        let _ = std::fs::remove_file(&served);
         FakeError::io("bind", socket.clone())(error)
     })?;
-    let files = Files { socket, pid };
+    let files = Files {
+        socket,
+        pid,
+        served,
+    };
     log.started();
     listener
         .set_nonblocking(true)

@@ -6,7 +6,8 @@
 //! 1. **Daemon** (`-f`, in the foreground; `-d` starts one in the
 //!    background and returns once it answers). It binds the Unix socket
 //!    [`SOCKET`] in `$CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`),
-//!    writes its pid to [`PID_FILE`] there and logs, as the real one in the
+//!    writes its pid to [`PID_FILE`] there, the GPUs its servers serve to
+//!    [`SERVED_DEVICES_FILE`] (for the driver double's clients), and logs, as the real one in the
 //!    foreground, to stdout ([`log`]; `-d` appends it to [`LOG_FILE`] in
 //!    `$CUDA_MPS_LOG_DIRECTORY`, default `/var/log/nvidia-mps`): a line with
 //!    the environment it was started with ([`log::STARTED`]), then one per
@@ -17,7 +18,7 @@
 //!    real command a client's first connection stands for) adds one. Fake
 //!    servers are numbers, not processes.
 //! 3. **Stop**: `quit`, SIGTERM or SIGINT remove the socket and the pid file
-//!    and exit 0.
+//!    (and [`SERVED_DEVICES_FILE`]) and exit 0.
 //! 4. **Client** (no argument): every line of stdin goes to the daemon as
 //!    one connection; the answers are printed. Without a daemon it prints
 //!    [`client::NO_DAEMON`] on stderr and exits 1, as the real one does.
@@ -47,6 +48,12 @@ pub const SOCKET: &str = "control";
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// The daemon's log in the log folder.
 pub const LOG_FILE: &str = "control.log";
+
+/// Not in the real program: the file in the pipe folder naming the GPUs
+/// the daemon's servers serve (its `CUDA_VISIBLE_DEVICES` as started), for
+/// the driver double, whose MPS clients enumerate those GPUs alone as the
+/// real driver's do. The double reads it under this name.
+pub const SERVED_DEVICES_FILE: &str = "fake-served-devices";
 
 /// Test hook (not in the real program): the environment variable naming
 /// how many commands the daemon answers before it hangs.

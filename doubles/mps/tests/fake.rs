@@ -10,7 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
+use mps_fake::{LOG_FILE, PID_FILE, SERVED_DEVICES_FILE, SOCKET, log};
 
 const FAKE: &str = env!("CARGO_BIN_EXE_nvidia-cuda-mps-control");
 
@@ -115,7 +115,9 @@ impl Dirs {
     }
 
     fn files_gone(&self) -> bool {
-        !self.pipe().join(SOCKET).exists() && !self.pipe().join(PID_FILE).exists()
+        [SOCKET, PID_FILE, SERVED_DEVICES_FILE]
+            .iter()
+            .all(|name| !self.pipe().join(name).exists())
     }
 }
 
@@ -156,6 +158,11 @@ fn daemon_answers_keeps_state_and_quits_clean() {
     assert_eq!(
         log::started_env(&text, "CUDA_MPS_PIPE_DIRECTORY").map(Path::new),
         Some(dirs.pipe().as_path())
+    );
+    // The GPUs its servers serve, for the driver double's clients.
+    assert_eq!(
+        std::fs::read_to_string(dirs.pipe().join(SERVED_DEVICES_FILE)).unwrap(),
+        "GPU-fake-1\n"
     );
 
     assert_eq!(dirs.ask("get_server_list"), "");

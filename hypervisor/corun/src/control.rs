@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpushare_utils::served_gpu;
+
 use super::CorunError;
 
 /// The control daemon's pid file in its pipe folder.
@@ -114,6 +116,19 @@ pub fn prepare_folders(pipe: &Path, log: &Path, shm: Option<&Path>) -> Result<()
         make_folder(shm, 0o1777)?;
     }
     Ok(())
+}
+
+/// Writes GPU `uuid`'s UUID in its folder under `dir`, beside its pipe
+/// folder ([`gpushare_utils::served_gpu`]): the daemon serves that GPU
+/// alone, and a client whose `CUDA_VISIBLE_DEVICES` does not say so (a
+/// process on the node, not a provisioned container) reads it there, so
+/// that NVML's view of it and CUDA's agree.
+pub fn name_served_gpu(dir: &Path, uuid: &str) -> Result<(), CorunError> {
+    let gpu_dir = dir.join(uuid);
+    served_gpu::write(&gpu_dir, uuid).map_err(|source| CorunError::ServedGpu {
+        path: gpu_dir.join(served_gpu::FILE_NAME),
+        source,
+    })
 }
 
 /// `dir` (its parent 0755 where missing) with mode `mode`.
@@ -235,6 +250,23 @@ mod tests {
         result.unwrap();
         assert_eq!(modes, [0o777, 0o777, 0o1777, 0o755]);
         assert!(matches!(refused, Err(CorunError::Folder { .. })));
+    }
+
+    #[test]
+    fn the_gpu_is_named_beside_its_pipe_folder() {
+        let root = std::env::temp_dir().join(format!("corun-served-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (pipe, log) = (root.join("GPU-ab/pipe"), root.join("GPU-ab/log"));
+        prepare_folders(&pipe, &log, None).unwrap();
+        let named = name_served_gpu(&root, "GPU-ab");
+        let trust = gpushare_utils::shm::Trust::own_or_root(None);
+        let read = served_gpu::read_beside(&pipe, &trust);
+        let mode = std::fs::metadata(root.join("GPU-ab").join(served_gpu::FILE_NAME))
+            .map_or(0, |m| m.permissions().mode() & 0o7777);
+        let _ = std::fs::remove_dir_all(&root);
+        named.unwrap();
+        assert_eq!(read.unwrap(), "GPU-ab");
+        assert_eq!(mode, 0o644);
     }
 
     #[test]

@@ -63,6 +63,15 @@ pub enum CorunError {
         #[source]
         source: std::io::Error,
     },
+    /// The file naming a GPU's UUID for its clients could not be written.
+    #[error("cannot write {}: {source}", path.display())]
+    ServedGpu {
+        /// The file.
+        path: PathBuf,
+        /// The file system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The MPS control program could not be started (not installed at
     /// `--mps-control`, not executable).
     #[error("cannot run {}: {source}", program.display())]

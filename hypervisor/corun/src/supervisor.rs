@@ -5,7 +5,8 @@
 //! belongs on the async runtime's threads):
 //!
 //! 1. makes the GPU's pipe and log folders ([`control::prepare_folders`]),
-//!    and its shared-memory folder where clients are containers;
+//!    and its shared-memory folder where clients are containers, and names
+//!    the GPU beside them for its clients ([`control::name_served_gpu`]);
 //! 2. quits a control daemon an earlier run of ours left there (its pid
 //!    file names a live process running the control program);
 //! 3. starts `<control> -f` with `CUDA_VISIBLE_DEVICES=<uuid>` (it serves
@@ -107,6 +108,7 @@ impl MpsSupervisor {
             let (pipe, log) = (pipe_dir(&options.dir, uuid), log_dir(&options.dir, uuid));
             let shm = shm(uuid);
             control::prepare_folders(&pipe, &log, shm.as_deref())?;
+            control::name_served_gpu(&options.dir, uuid)?;
             if let Some(shm) = &shm
                 && !shm::is_tmpfs(shm).unwrap_or(false)
             {

@@ -1,5 +1,5 @@
 //! The NVML functions the limiter calls itself: a device's UUID and index,
-//! and what a process uses on it.
+//! every GPU NVML shows, and what a process uses on it.
 
 use std::ffi::{CStr, c_char, c_uint, c_void};
 
@@ -7,8 +7,9 @@ use super::symbol;
 use crate::sys::{
     NVML_DEVICE_UUID_V2_BUFFER_SIZE, NVML_VALUE_NOT_AVAILABLE,
     NvmlDeviceGetComputeRunningProcesses, NvmlDeviceGetComputeRunningProcessesV1,
-    NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex, NvmlDeviceGetUUID, NvmlInit, nvmlDevice_t,
-    nvmlProcessInfo_t, nvmlProcessInfo_v1_t, nvmlReturn_t,
+    NvmlDeviceGetCount, NvmlDeviceGetHandleByIndex, NvmlDeviceGetHandleByUUID, NvmlDeviceGetIndex,
+    NvmlDeviceGetUUID, NvmlInit, nvmlDevice_t, nvmlProcessInfo_t, nvmlProcessInfo_v1_t,
+    nvmlReturn_t,
 };
 
 /// NVML functions the limiter calls itself.
@@ -17,6 +18,9 @@ pub(crate) struct Nvml {
     get_uuid: NvmlDeviceGetUUID,
     /// Only the NVML reports need it; older libraries may lack it.
     get_index: Option<NvmlDeviceGetIndex>,
+    /// Only an MPS client's check of what NVML shows it needs these.
+    get_count: Option<NvmlDeviceGetCount>,
+    get_handle_by_index: Option<NvmlDeviceGetHandleByIndex>,
     get_processes: ProcessList,
 }
 
@@ -85,6 +89,8 @@ impl Nvml {
                 get_handle_by_uuid: symbol(handle, c"nvmlDeviceGetHandleByUUID")?,
                 get_uuid: symbol(handle, c"nvmlDeviceGetUUID")?,
                 get_index: symbol(handle, c"nvmlDeviceGetIndex"),
+                get_count: symbol(handle, c"nvmlDeviceGetCount_v2"),
+                get_handle_by_index: symbol(handle, c"nvmlDeviceGetHandleByIndex_v2"),
                 get_processes: symbol(handle, c"nvmlDeviceGetComputeRunningProcesses_v3")
                     .map(ProcessList::Current)
                     .or_else(|| {
@@ -127,6 +133,25 @@ impl Nvml {
         // SAFETY: a valid out-pointer.
         let result = unsafe { get_index(device, &mut index) };
         result.is_success().then_some(index)
+    }
+
+    /// The UUIDs of every GPU NVML shows, in NVML's order (its indices);
+    /// `None` where NVML cannot say.
+    pub(crate) fn device_uuids(&self) -> Option<Vec<String>> {
+        let (get_count, get_handle) = (self.get_count?, self.get_handle_by_index?);
+        let mut count: c_uint = 0;
+        // SAFETY: a valid out-pointer.
+        if !unsafe { get_count(&mut count) }.is_success() {
+            return None;
+        }
+        (0..count)
+            .map(|index| {
+                let mut device: nvmlDevice_t = std::ptr::null_mut();
+                // SAFETY: an index NVML counted and a valid out-pointer.
+                let found = unsafe { get_handle(index, &mut device) }.is_success();
+                found.then(|| self.device_uuid(device)).flatten()
+            })
+            .collect()
     }
 
     /// Device memory NVML attributes to process `pid` on the GPU `uuid`:

@@ -8,7 +8,8 @@ use crate::sys::CUresult;
 
 /// `cuInit`: `CUDA_ERROR_NOT_INITIALIZED` under a broken configuration, an
 /// unpatchable driver, a JSON map naming one device twice (by index and by
-/// UUID), MPS required but not in effect, or (under a
+/// UUID), MPS required but not in effect or showing the process GPUs its
+/// MPS server does not serve, or (under a
 /// hypervisor) no grant and no local limit, so the program fails where CUDA
 /// starts instead of running without its limits. A broken configuration says so once, here; the other causes
 /// printed their one line when they were found.
@@ -50,7 +51,7 @@ pub(super) fn init(initialise: impl FnOnce() -> CUresult) -> Result<CUresult> {
         entry::refuse(message);
         return Err(LimiterError::Misconfigured("configuration error"));
     }
-    if limiter.mps.verify(limiter.context.driver()).is_err() {
+    if limiter.mps.verify(&limiter.context).is_err() {
         return Err(LimiterError::Misconfigured(
             "MPS required but not in effect",
         ));

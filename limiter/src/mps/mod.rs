@@ -18,11 +18,26 @@
 //! than the provisioned share is kept off the SMs reserved for latency pods,
 //! and its launches are not held for them; one that took more (it started
 //! alone) is held by the priority classes while a latency pod works.
+//!
+//! The GPUs it is shown: its server serves one co-run GPU, which CUDA
+//! shows it alone; NVML, which knows nothing of MPS, must show it the same
+//! one through `CUDA_VISIBLE_DEVICES`, and its pod must be given that GPU
+//! alone. At load, an unset variable is set to the GPU the node daemon
+//! names for the pipe folder ([`pin`]); after `cuInit` the views must agree
+//! ([`view`]), or CUDA is refused like a client running without MPS.
+
+mod pin;
+mod view;
 
 use std::sync::OnceLock;
 
+use gpushare_utils::shm::Trust;
+
 use crate::config::MpsMode;
+use crate::context::Context;
 use crate::driver::{Driver, DriverError};
+use pin::Pinned;
+pub(crate) use view::Disagreement;
 
 /// Why MPS is not known to be in effect.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,6 +52,10 @@ pub(crate) enum MpsError {
         "device {device} runs without MPS (the MPS control daemon is down or refused this client)"
     )]
     Off { device: u32 },
+    #[error("the driver does not say which GPU each device is")]
+    NoUuid,
+    #[error("{0}")]
+    Shown(#[from] Disagreement),
 }
 
 /// The MPS client's share of the SMs, in percent.
@@ -147,21 +166,61 @@ impl MpsRequirement {
         self.mode == MpsMode::Required
     }
 
-    /// After the driver's `cuInit` succeeded: `Ok` when MPS is not required
-    /// or every device is an MPS client. Checked once (whether a process is
-    /// an MPS client is fixed when the driver initialises); a failure prints
+    /// At load, before the program reads its environment: where MPS is
+    /// required, an unset `CUDA_VISIBLE_DEVICES` becomes the GPU the pipe
+    /// folder's server serves ([`pin`]); `trust`, who may name it.
+    ///
+    /// # Safety
+    ///
+    /// As [`pin::pin_served_gpu`]: no other thread uses the environment.
+    pub(crate) unsafe fn pin_served_gpu(&self, trust: &Trust) {
+        if !self.is_required() {
+            return;
+        }
+        // SAFETY: forwarded from the caller.
+        match unsafe { pin::pin_served_gpu(trust) } {
+            Pinned::To(uuid) => {
+                tracing::info!(gpu = %uuid, "CUDA_VISIBLE_DEVICES set to the GPU of the MPS server");
+            }
+            Pinned::Unknown(why) => {
+                tracing::debug!(%why, "the MPS server's GPU is not named; CUDA_VISIBLE_DEVICES stays unset");
+            }
+            Pinned::AlreadySet | Pinned::NoPipeFolder => {}
+        }
+    }
+
+    /// After the driver's `cuInit` succeeded: `Ok` when MPS is not required,
+    /// or every device is an MPS client and the process is shown its
+    /// server's GPUs alone ([`view`]). Checked once (whether a process is an
+    /// MPS client is fixed when the driver initialises); a failure prints
     /// its line the first time.
-    pub(crate) fn verify(&self, driver: Option<&Driver>) -> Result<(), &MpsError> {
+    pub(crate) fn verify(&self, context: &Context) -> Result<(), &MpsError> {
+        self.decide(|| {
+            let driver = context.driver().ok_or(MpsError::NoDriver)?;
+            check(driver)?;
+            let limits = context.published_limits();
+            let views = view::Views::gather(driver, context.nvml(), limits.as_ref())
+                .ok_or(MpsError::NoUuid)?;
+            Ok(views.agree()?)
+        })
+    }
+
+    /// `check`'s outcome where MPS is required, decided once.
+    fn decide(&self, check: impl FnOnce() -> Result<(), MpsError>) -> Result<(), &MpsError> {
         if !self.is_required() {
             return Ok(());
         }
         self.checked
             .get_or_init(|| {
-                let outcome = check(driver);
-                if let Err(error) = &outcome {
-                    eprintln!(
+                let outcome = check();
+                match &outcome {
+                    Ok(()) => {}
+                    Err(error @ MpsError::Shown(_)) => eprintln!(
+                        "cuda-limiter: CUDA_LIMITER_MPS=required and this MPS client is shown GPUs its server does not serve: {error}; cuInit refused"
+                    ),
+                    Err(error) => eprintln!(
                         "cuda-limiter: CUDA_LIMITER_MPS=required but MPS is not in effect: {error}; cuInit refused"
-                    );
+                    ),
                 }
                 outcome
             })
@@ -171,8 +230,7 @@ impl MpsRequirement {
 }
 
 /// Asks every device whether it runs under MPS.
-fn check(driver: Option<&Driver>) -> Result<(), MpsError> {
-    let driver = driver.ok_or(MpsError::NoDriver)?;
+fn check(driver: &Driver) -> Result<(), MpsError> {
     let count = driver.device_count().ok_or(MpsError::NoDeviceCount)?;
     (0..count).try_for_each(|device| match driver.mps_enabled(device) {
         Ok(true) => Ok(()),
@@ -186,15 +244,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn not_required_never_looks_and_required_without_a_driver_refuses() {
+    fn not_required_never_looks_and_a_refusal_is_decided_once() {
         let optional = MpsRequirement::new(MpsMode::Optional);
         assert!(!optional.is_required());
-        assert_eq!(optional.verify(None), Ok(()));
+        assert_eq!(optional.decide(|| panic!("not asked")), Ok(()));
         let required = MpsRequirement::new(MpsMode::Required);
         assert!(required.is_required());
-        assert_eq!(required.verify(None), Err(&MpsError::NoDriver));
+        assert_eq!(
+            required.decide(|| Err(MpsError::NoDriver)),
+            Err(&MpsError::NoDriver)
+        );
         // Decided once.
-        assert_eq!(required.verify(None), Err(&MpsError::NoDriver));
+        assert_eq!(required.decide(|| Ok(())), Err(&MpsError::NoDriver));
     }
 
     #[test]
