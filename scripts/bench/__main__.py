@@ -9,7 +9,7 @@ import ast
 import os
 import sys
 
-from . import common, compute, corun, corun_ab, corun_frontier, launch, priority, swap
+from . import common, compute, corun, corun_ab, corun_frontier, launch, packing, priority, swap
 
 TORCH_MODES = ("decode", "decode-ab", "triton", "graph")
 
@@ -46,6 +46,8 @@ SUBCOMMANDS = {
                   launch.add_ab_arguments, launch.main_ab),
     "launch-cost": ("where the launch path's cost goes, per window and per limiter build", launch.__doc__,
                     launch.add_cost_arguments, launch.main_cost),
+    "packing": ("N pods packed on one GPU, time-sliced and co-run: throughput, shares, the daemon's cost",
+                packing.__doc__, packing.add_arguments, packing.main),
     "swap": ("pods swapped to host memory and back: time, content, first request, overcommit", swap.__doc__,
              swap.add_arguments, swap.main),
     "torch": ("one PyTorch or Triton workload, as the compute bench runs it (one key=value line)", torch_doc(),

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The infer workload of the packing bench (scripts/bench/packing.py), one
+process a pod (only PyTorch besides the standard library):
+
+  packing_infer.py SECONDS
+
+A step: 1,024 tokens through a 4-layer MLP (4096 wide, bf16, GELU), about
+0.25 ms on an H100. Warms up, prints ready=1, reads the common start time
+(CLOCK_MONOTONIC seconds) from stdin, runs steps back to back from then until
+start + SECONDS, and prints
+  result=1 count=N per_s=R launched=L drain_s=D step_ms=S
+N: the steps that completed by start + SECONDS, R = N / SECONDS, L: those
+launched, D: how long after the window the last one ended, S: a step's GPU
+time in the warm-up (CUDA events). At most two steps are queued behind the
+host; it waits for the oldest on its event, which sleeps the thread (many
+processes, few CPUs), so a process alone keeps the GPU busy. When a step
+completed is read off its event's GPU timestamp, against an event whose
+completion the host saw at a known time before the window.
+"""
+import sys
+import time
+
+import torch
+
+DIM, TOKENS, LAYERS = 4096, 1024, 4
+DEPTH = 2  # steps queued at most
+
+
+def wait_until(t):
+    """Sleeps, then spins, until time.monotonic() >= t."""
+    while True:
+        left = t - time.monotonic()
+        if left <= 0:
+            return
+        if left > 0.001:
+            time.sleep(left - 0.0005)
+
+
+def main():
+    seconds = float(sys.argv[1])
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    ws = [torch.randn(DIM, DIM, dtype=torch.bfloat16, device=dev) / DIM ** 0.5 for _ in range(LAYERS)]
+    x = torch.randn(TOKENS, DIM, dtype=torch.bfloat16, device=dev)
+
+    def step():
+        y = x
+        for w in ws:
+            y = torch.nn.functional.gelu(y @ w)
+        return y
+
+    # Warm-up: cuBLAS's kernels, the allocator's blocks, the limiter's first measurements.
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(20):
+        step()
+    e1.record()
+    e1.synchronize()
+    step_ms = e0.elapsed_time(e1) / 20
+    done = [torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(DEPTH)]
+    # The host's clock when `zero` completed: polled, so within microseconds.
+    zero = torch.cuda.Event(enable_timing=True)
+    zero.record()
+    while not zero.query():
+        pass
+    zero_at = time.monotonic()
+    print("ready=1", flush=True)
+    start = float(sys.stdin.readline())
+    end = start + seconds
+    wait_until(start)
+    launched = completed = waited = 0
+    last = start
+
+    def settle(k):
+        """Waits for step k; True when it ended inside the window."""
+        nonlocal last
+        ev = done[k % DEPTH]
+        ev.synchronize()
+        at = zero_at + zero.elapsed_time(ev) / 1e3
+        last = max(last, at)
+        return at <= end
+
+    while time.monotonic() < end:
+        if launched >= DEPTH:
+            completed += settle(waited)
+            waited += 1
+        step()
+        done[launched % DEPTH].record()
+        launched += 1
+    while waited < launched:
+        completed += settle(waited)
+        waited += 1
+    print(f"result=1 count={completed} per_s={completed / seconds:.3f} launched={launched}"
+          f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
