@@ -488,10 +488,7 @@ fn check_gpus(specs: &[GpuSpec], gpus: &[GpuInfo]) -> Result<(), String> {
     }
     let mut selected: Vec<(&str, &GpuSelector)> = Vec::with_capacity(specs.len());
     for spec in specs {
-        let found = gpus.iter().find(|g| match &spec.gpu {
-            GpuSelector::Index(i) => g.index == *i,
-            GpuSelector::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
-        });
+        let found = gpus.iter().find(|g| spec.gpu.selects(g));
         let Some(gpu) = found else {
             return Err(format!("{} is not a GPU of this node", spec.gpu));
         };

@@ -197,6 +197,14 @@ impl GpuSelector {
         Ok(Self::Index(index))
     }
 
+    /// Whether this names the observed GPU `gpu`.
+    pub fn selects(&self, gpu: &hypervisor_observer::GpuInfo) -> bool {
+        match self {
+            Self::Index(i) => gpu.index == *i,
+            Self::Uuid(u) => gpu.uuid.eq_ignore_ascii_case(u),
+        }
+    }
+
     /// A GPU as an operator names it: its NVML index (digits), or its UUID.
     pub fn parse(text: &str) -> Result<Self, SpecError> {
         let t = text.trim();

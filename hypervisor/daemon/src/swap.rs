@@ -291,12 +291,14 @@ impl Hypervisor {
     /// Before a swap-in: where a GPU of the pod overcommits and has less
     /// free than the pod held there, idle pods make room.
     async fn room_for(&self, view: &SwapView) {
-        let gpus = self.shared.observer.gpus().unwrap_or_default();
+        let free_memory = self.free_memory();
         for gpu in &view.gpus {
-            let Some(info) = gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(&gpu.uuid)) else {
+            let Some(&(_, free)) = free_memory
+                .iter()
+                .find(|(uuid, _)| uuid.eq_ignore_ascii_case(&gpu.uuid))
+            else {
                 continue;
             };
-            let free = info.memory_total.saturating_sub(info.memory_used);
             if free < gpu.bytes {
                 self.make_room_locked(&gpu.uuid, gpu.bytes - free, &view.pod)
                     .await;

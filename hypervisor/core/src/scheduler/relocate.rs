@@ -145,11 +145,9 @@ impl Scheduler {
         Ok(())
     }
 
-    fn observed(&self, selector: &GpuSelector) -> Option<&GpuInfo> {
-        self.gpus.iter().find(|g| match selector {
-            GpuSelector::Index(i) => g.index == *i,
-            GpuSelector::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
-        })
+    /// The observed GPU `selector` names.
+    pub fn observed(&self, selector: &GpuSelector) -> Option<&GpuInfo> {
+        self.gpus.iter().find(|g| selector.selects(g))
     }
 }
 

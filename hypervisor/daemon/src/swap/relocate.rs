@@ -93,12 +93,7 @@ impl Hypervisor {
             let core = self.core();
             let uuid = core
                 .scheduler
-                .gpus()
-                .iter()
-                .find(|g| match gpu {
-                    GpuSelector::Index(i) => g.index == *i,
-                    GpuSelector::Uuid(u) => g.uuid.eq_ignore_ascii_case(u),
-                })
+                .observed(gpu)
                 .map(|g| g.uuid.clone())
                 .ok_or_else(|| SwapRefusal::UnknownGpu(gpu.to_string()))?;
             let views = core.scheduler.swap_views_on(&uuid);
@@ -307,7 +302,7 @@ impl Hypervisor {
     }
 
     /// Each observed GPU's free memory, by UUID.
-    fn free_memory(&self) -> Vec<(String, u64)> {
+    pub(super) fn free_memory(&self) -> Vec<(String, u64)> {
         self.shared
             .observer
             .gpus()
