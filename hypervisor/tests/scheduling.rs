@@ -45,6 +45,35 @@ fn weights_one_to_three_get_25_and_75_percent() {
 }
 
 #[test]
+fn the_pods_see_whether_the_scheduler_counts_their_demand() {
+    let (a, b) = (unique("seen-a"), unique("seen-b"));
+    let config = format!(
+        "{}{}",
+        pod_toml(&a, &["index = 0\ncap = 40"]),
+        pod_toml(&b, &["index = 0\npolicy = \"elastic\""]),
+    );
+    let h = Harness::start(&config, 1, &[&a, &b]);
+    let (ra, rb) = (RegionView::open(&a), RegionView::open(&b));
+    let seen = |r: &RegionView| r.1.demand_seen(&gpu(0));
+    assert!(!seen(&ra) && !seen(&rb), "idle: their waits ask");
+    // A waiting thread is demand: counted at the next tick, so the pod's
+    // waits stop asking for admission.
+    ra.set_waiting(0, true);
+    assert!(wait_for(Duration::from_secs(3), || seen(&ra)));
+    assert!(!seen(&rb));
+    // Launches are demand too, for the active window (200 ms).
+    rb.bucket(0).launches.fetch_add(1, Ordering::Relaxed);
+    assert!(wait_for(Duration::from_secs(3), || seen(&rb)));
+    assert!(wait_for(Duration::from_secs(3), || !seen(&rb)));
+    // Suspended, a pod is never counted: its trapped waits ask (and wait
+    // in the hypervisor until it resumes).
+    h.hv.hypervisor().suspend(&a).expect("suspend");
+    assert!(wait_for(Duration::from_secs(3), || !seen(&ra)));
+    h.hv.hypervisor().resume(&a).expect("resume");
+    assert!(wait_for(Duration::from_secs(3), || seen(&ra)));
+}
+
+#[test]
 fn caps_are_honoured_and_their_unused_share_redistributed() {
     let (a, b, c) = (unique("cap-a"), unique("cap-b"), unique("cap-c"));
     let config = format!(

@@ -94,7 +94,7 @@ fn the_pods_published_limits_apply_whatever_the_environment_says() {
 }
 
 #[test]
-fn a_throttled_loop_asks_the_hypervisor_once_a_burst() {
+fn a_throttled_loop_asks_the_hypervisor_only_until_it_counts_the_pod() {
     let pod = Pod::new("hv-asks");
     let hypervisor = start(&pod, "cap = 40\npolicy = \"fixed\"");
     let asked = || hypervisor.hypervisor().status().admission.count;
@@ -108,11 +108,12 @@ fn a_throttled_loop_asks_the_hypervisor_once_a_burst() {
     let asks = asked() - before;
     let launches = probes::number(&lines[0], "launches");
     probes::assert_share(&lines[0], 400, 40);
-    // A thread that finds the bucket empty asks; the hypervisor answers as
-    // soon as there is any budget, and the rest of the floor (8 launches)
-    // refills locally, without asking again.
+    // A thread that finds the bucket empty asks only while the hypervisor
+    // does not count the pod as wanting the GPU (before its first tick saw
+    // the pod launch, or after 200 ms without a launch or a wait); the few
+    // hundred other waits of this run end on the local refill.
     assert!(
-        i64::try_from(asks * 4).expect("asks") <= launches,
+        asks <= 2,
         "{asks} admission requests for {launches} launches"
     );
 }

@@ -12,7 +12,7 @@
 //!
 //! | offset | size | what |
 //! | --- | --- | --- |
-//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16, `residency` u32 @24 ([`Residency`]: where the pod's device memory is) |
+//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16, `residency` u32 @24 ([`Residency`]: where the pod's device memory is), `demand` u32 @28 (bit `i`: the hypervisor counts the pod as wanting GPU entry `i`) |
 //! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]), `sm_percent` u32 @36 (a co-run GPU's MPS active thread percentage for the pod's next client, 0 = as provisioned), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
@@ -51,8 +51,12 @@ pub struct LimitsHeader {
     /// Where the pod's device memory is ([`Residency::code`]): 0, on its
     /// GPUs, in objects written before swapping existed too.
     pub residency: AtomicU32,
-    /// Unused; zero.
-    pub reserved32: AtomicU32,
+    /// Bit `i` set while the hypervisor counts the pod as wanting GPU entry
+    /// `i` (it saw the pod launch or wait there within its active window):
+    /// its rates already count the pod in, so a launch waiting for budget
+    /// there waits for the local refill without asking. Zero means "ask",
+    /// so version 1 holds it.
+    pub demand: AtomicU32,
     /// Unused; zero.
     pub reserved: [AtomicU64; 4],
 }
@@ -184,6 +188,8 @@ pub const LIMITS_SIZE: usize = size_of::<LimitsRegion>();
 const _: () = {
     assert!(size_of::<LimitsHeader>() == 64);
     assert!(offset_of!(LimitsHeader, residency) == 24);
+    assert!(offset_of!(LimitsHeader, demand) == 28);
+    assert!(MAX_DEVICES <= 32, "one demand bit per entry");
     assert!(size_of::<GpuLimits>() == 64);
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
     assert!(offset_of!(GpuLimits, compute) == 16);
@@ -395,9 +401,11 @@ impl PodLimits {
     /// Forgets every GPU not in `keep` (hypervisor only).
     pub fn retain(&self, keep: &[&str]) {
         let keys: Vec<u64> = keep.iter().map(|uuid| uuid_key(uuid)).collect();
-        for gpu in &self.region().gpus {
+        let region = self.region();
+        for (at, gpu) in region.gpus.iter().enumerate() {
             let key = gpu.key.load(Ordering::Acquire);
             if key != 0 && !keys.contains(&key) {
+                region.header.demand.fetch_and(!(1 << at), Ordering::AcqRel);
                 gpu.key.store(0, Ordering::Release);
                 gpu.quota.store(0, Ordering::Release);
                 gpu.spill_limit.store(0, Ordering::Release);
@@ -458,6 +466,39 @@ impl PodLimits {
                 (key != 0 && origin != 0).then_some((origin, key))
             })
             .collect()
+    }
+
+    /// Whether the hypervisor counts the pod as wanting the GPU `uuid` now
+    /// ([`LimitsHeader::demand`]).
+    pub fn demand_seen(&self, uuid: &str) -> bool {
+        self.entry_bit(uuid)
+            .is_some_and(|bit| self.region().header.demand.load(Ordering::Acquire) & bit != 0)
+    }
+
+    /// Records whether the hypervisor counts the pod as wanting the GPU
+    /// `uuid` (hypervisor only); false when the pod has no such GPU.
+    pub fn set_demand_seen(&self, uuid: &str, seen: bool) -> bool {
+        let Some(bit) = self.entry_bit(uuid) else {
+            return false;
+        };
+        let demand = &self.region().header.demand;
+        if seen {
+            demand.fetch_or(bit, Ordering::AcqRel);
+        } else {
+            demand.fetch_and(!bit, Ordering::AcqRel);
+        }
+        true
+    }
+
+    /// The [`LimitsHeader::demand`] bit of the GPU `uuid`'s entry.
+    fn entry_bit(&self, uuid: &str) -> Option<u32> {
+        let key = uuid_key(uuid);
+        let at = self
+            .region()
+            .gpus
+            .iter()
+            .position(|gpu| gpu.key.load(Ordering::Acquire) == key)?;
+        Some(1 << at)
     }
 
     /// Where the pod's device memory is. Sequentially consistent: a

@@ -222,6 +222,15 @@ impl PodRegion {
         self.limits.publish();
     }
 
+    /// Tells the pod's processes whether the scheduler counts the pod as
+    /// wanting the GPU `uuid` (their launches waiting for budget there then
+    /// need not ask for admission).
+    pub fn set_demand_seen(&self, uuid: &str, seen: bool) {
+        if self.limits.demand_seen(uuid) != seen {
+            self.limits.set_demand_seen(uuid, seen);
+        }
+    }
+
     /// Writes a grant into the bucket of `uuid`; returns whether the rate rose
     /// (waiters may be served sooner).
     pub fn write_grant(&self, uuid: &str, grant: Allotment) -> bool {

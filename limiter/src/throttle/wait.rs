@@ -1,8 +1,8 @@
 //! Holding a launch: until its pod's bucket has budget again
-//! (trap-and-wait, asking the hypervisor where one sets the limits), until
-//! its new function's first measurement comes, and while the GPU runs too
-//! far behind the pod's launches. All of it out of line: the launch path
-//! only branches here.
+//! (trap-and-wait, asking the hypervisor where one sets the limits and does
+//! not count the pod as wanting the GPU yet), until its new function's first
+//! measurement comes, and while the GPU runs too far behind the pod's
+//! launches. All of it out of line: the launch path only branches here.
 
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -140,8 +140,10 @@ impl Throttle {
         now
     }
 
-    /// Asks the hypervisor to admit `cost` on `device`, unless this thread
-    /// was refused recently; true when it granted budget.
+    /// Asks the hypervisor to admit `cost` on `device`, unless it already
+    /// counts the pod as wanting the device (its rates count the pod in, and
+    /// the local refill is all it would wait for) or this thread was refused
+    /// recently; true when it granted budget.
     fn hypervisor_granted(
         &self,
         ctx: &'static Context,
@@ -157,6 +159,13 @@ impl Throttle {
             return false;
         }
         let uuid = ctx.device_uuid(device);
+        let counted = ctx
+            .hypervisor_limits()
+            .zip(uuid.as_deref())
+            .is_some_and(|(limits, uuid)| limits.demand_seen(uuid));
+        if counted {
+            return false;
+        }
         let granted = uuid.is_some_and(|uuid| link.admission(&uuid, cost).is_ok_and(|ns| ns > 0));
         let state = if granted {
             (0, 0)

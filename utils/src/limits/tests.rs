@@ -144,6 +144,32 @@ fn limits_moved_to_another_gpu_keep_their_entry_and_remember_the_first() {
 }
 
 #[test]
+fn demand_seen_is_kept_per_gpu_entry() {
+    let pod = format!("limits-demand-{}", std::process::id());
+    let _cleanup = Cleanup(pod.clone());
+    let writer = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
+    writer.set("GPU-a", 0).unwrap();
+    writer.set("GPU-b", 0).unwrap();
+    writer.publish();
+    let reader = PodLimits::open_read_only(&pod, &Trust::own_or_root(None)).unwrap();
+    assert!(!reader.demand_seen("GPU-a"), "zero: ask");
+    assert!(writer.set_demand_seen("gpu-B", true));
+    assert!(reader.demand_seen("GPU-b") && !reader.demand_seen("GPU-a"));
+    assert!(writer.set_demand_seen("GPU-a", true));
+    assert!(writer.set_demand_seen("GPU-b", false));
+    assert!(reader.demand_seen("GPU-a") && !reader.demand_seen("GPU-b"));
+    assert!(!writer.set_demand_seen("GPU-z", true), "no such GPU");
+    assert!(!reader.demand_seen("GPU-z"));
+    // A moved entry keeps its bit; a forgotten one loses it, so the GPU
+    // that takes the entry next starts by asking.
+    writer.relocate("GPU-a", "GPU-c").unwrap();
+    assert!(reader.demand_seen("GPU-c"));
+    writer.retain(&["GPU-b"]);
+    writer.set("GPU-d", 0).unwrap();
+    assert!(!reader.demand_seen("GPU-d"));
+}
+
+#[test]
 fn an_object_of_an_untrusted_owner_is_refused() {
     let pod = format!("limits-untrusted-{}", std::process::id());
     let _cleanup = Cleanup(pod.clone());

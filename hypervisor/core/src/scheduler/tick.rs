@@ -71,6 +71,7 @@ impl Scheduler {
                     && gpu
                         .last_demand
                         .is_some_and(|t| now.saturating_duration_since(t) < ACTIVE_WINDOW);
+                pod.region.set_demand_seen(&placement.uuid, gpu.active);
                 by_gpu.entry(key).or_default().push((id.clone(), k));
             }
         }
