@@ -51,16 +51,23 @@ Runs, per workload:
                the time shares between them
   timeslice-elastic, corun-fixed (with --modes): the other policy of each
                (a fixed share on a co-run GPU is a share of the SMs)
+  corun-unmetered (with --modes): co-run pods of policy none, memory
+               limits only: what MPS alone gives, with no time shares kept
 A new daemon for every run: its CPU and memory are that run's alone.
 
 Per run: the aggregate throughput (the pods' sum over the lone process's),
-each pod's share against its target (its cap, else its weight's fair share
-of the GPU, 100/N%) with the largest deviation and the spread; and of the
-daemon over the window, from its /metrics scraped as the window starts and
-as it ends: the admission latency histogram's p50 and p99 (interpolated in
-its buckets as Prometheus does; bounds 50 us to 1 s), requests and
-timeouts; its CPU (utime + stime of /proc/PID/stat, % of one core) and its
-RSS at the end (VmRSS, MiB). An admission is a launch that found its pod's
+each pod's share of the GPU's time against its target (its cap, else its
+weight's fair share of the GPU, 100/N%) with the largest deviation and the
+spread (a pod's share: its throughput over the lone process's, times the
+GPU time the lone process keeps busy: its rate times a unit's GPU time
+alone, the calibrated kernel or the step's CUDA-event time in its warm-up;
+so a workload that leaves the GPU idle between steps is not counted as
+holding it); and of the daemon over the window, from its /metrics scraped
+as the window starts and as it ends: the admission latency histogram's p50
+and p99 (interpolated in its buckets as Prometheus does; bounds 50 us to
+1 s), requests and timeouts; its CPU (utime + stime of /proc/PID/stat, % of
+one core) and its RSS at the end (VmRSS, MiB). An admission is a launch of
+a pod the daemon does not count as wanting the GPU yet that found its
 bucket empty: the daemon answers once the pod has budget again, or after
 50 ms, so its latency holds that wait. The daemons log at warn, their
 default. Also the SM clock and board power through the window (nvidia-smi).
@@ -128,6 +135,7 @@ MODES = {
     "corun": Mode("corun", True, True, "elastic"),
     "timeslice-elastic": Mode("timeslice-elastic", True, False, "elastic"),
     "corun-fixed": Mode("corun-fixed", True, True, "fixed"),
+    "corun-unmetered": Mode("corun-unmetered", True, True, "none"),
 }
 SOLO = Mode("solo", False, False, None)
 UNLIMITED = Mode("no limiter", False, False, None)
@@ -148,11 +156,11 @@ def cap_percent(n: int) -> int:
     return max(1, FILL_PCT // n)
 
 
-def targets(mode: Mode, n: int) -> list[float]:
-    """Each pod's target share of the GPU, percent: its cap, else 100/n."""
-    if mode.policy == "fixed":
-        return [float(cap_percent(n))] * n
-    return [100.0 / n] * n
+def targets(mode: Mode, n: int, busy: float = 1.0) -> list[float]:
+    """Each pod's target share of the GPU's time, percent: its cap, else
+    100/n; at most what the workload keeps busy alone (`busy`, a fraction)."""
+    share = float(cap_percent(n)) if mode.policy == "fixed" else 100.0 / n
+    return [min(share, busy * 100)] * n
 
 
 def plan(workloads, counts, modes) -> list[Spec]:
@@ -282,13 +290,28 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-def shares(per_s: list[float], solo: float, want: list[float]) -> dict:
-    """Each pod's share of the GPU (its throughput over the lone process's,
-    percent), their sum, and how far they are from their targets `want`."""
-    got = [x / solo * 100 for x in per_s]
+def shares(per_s: list[float], solo: float, busy: float, want: list[float]) -> dict:
+    """Each pod's share of the GPU's time, percent (its throughput over the
+    lone process's `solo`, times the fraction `busy` of the time the lone
+    process keeps the GPU busy), how far they are from their targets
+    `want`, and the aggregate: the pods' throughput over the lone
+    process's, percent."""
+    got = [x / solo * busy * 100 for x in per_s]
     dev = [g - w for g, w in zip(got, want)]
-    return {"shares": got, "aggregate": sum(got), "max_dev_pp": max(dev, key=abs),
-            "spread_pp": max(got) - min(got)}
+    return {"shares": got, "aggregate": sum(per_s) / solo * 100, "busy": busy,
+            "max_dev_pp": max(dev, key=abs), "spread_pp": max(got) - min(got)}
+
+
+def unit_gpu_s(runs, workload, calibration) -> float | None:
+    """The GPU time of one unit of `workload` alone, seconds: the calibrated
+    kernel, or the mean warm-up step time of its lone runs."""
+    if workload == "kernels":
+        us = calibration.get("kernel_us")
+        return float(us) / 1e6 if us else None
+    steps = [r["result"]["pods"][0].get("step_ms") for r in runs
+             if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r)]
+    steps = [x for x in steps if x]
+    return sum(steps) / len(steps) / 1e3 if steps else None
 
 
 def verdicts(spec: Spec, summary: dict, want: list[float], daemon: dict | None) -> dict:
@@ -345,8 +368,9 @@ class PackingDaemon(hv.Daemon):
         settings = dataclasses.replace(common.settings("", logs, bundle / "hypervisor", SIMULATE), hv_log="warn")
         config = logs / f"{tag}.toml"
         n = len(self.pod_ids)
-        lines = ('policy = "fixed"', f"cap = {cap_percent(n)}") if mode.policy == "fixed" else \
-            ('policy = "elastic"', "weight = 1")
+        lines = {"fixed": ('policy = "fixed"', f"cap = {cap_percent(n)}"),
+                 "elastic": ('policy = "elastic"', "weight = 1"),
+                 "none": ('policy = "none"',)}[mode.policy]
         hv.write_config(config, f"admin-{tag}", *(hv.pod_section(pod, *lines) for pod in self.pod_ids))
         serve_args, ready, stop_s = [], None, 5.0
         self.control = control
@@ -615,20 +639,23 @@ def solo_rates(runs, workload) -> list[float]:
             if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r)]
 
 
-def evaluate(runs) -> None:
+def evaluate(runs, calibration) -> None:
     """Adds each run's shares against its targets, and its verdicts, as
-    "figures": against the mean of its workload's lone runs."""
+    "figures": against the mean of its workload's lone runs, and the GPU
+    time they keep busy (all of it where a unit's time is unknown)."""
     for workload in {r["spec"].workload for r in runs}:
         rates = solo_rates(runs, workload)
         if not rates:
             continue
         solo = sum(rates) / len(rates)
+        unit = unit_gpu_s(runs, workload, calibration)
+        busy = min(1.0, solo * unit) if unit else 1.0
         for run in runs:
             spec = run["spec"]
             if spec.workload != workload or not ok(run):
                 continue
-            want = targets(spec.mode, spec.n)
-            summary = shares([pod["per_s"] for pod in run["result"]["pods"]], solo, want)
+            want = targets(spec.mode, spec.n, busy)
+            summary = shares([pod["per_s"] for pod in run["result"]["pods"]], solo, busy, want)
             run["figures"] = {**summary, "targets": want,
                               "verdicts": verdicts(spec, summary, want, run["result"].get("daemon"))}
 
@@ -663,9 +690,11 @@ def row(run) -> list[str]:
     daemon = res.get("daemon") or {}
     adm = daemon.get("admission") or {}
     if spec.mode is SOLO:
-        return cells + ["the baseline", f"{total:,.1f} {WORKLOADS[spec.workload]}", f"{fig['aggregate']:.1f}"] + \
+        return cells + [f"the baseline (GPU {fig['busy'] * 100:.1f}% busy)", f"{total:,.1f} {WORKLOADS[spec.workload]}",
+                        f"{fig['aggregate']:.1f}"] + \
             [""] * (len(COLUMNS) - 5)
-    target = f"cap {want:.0f}%" if spec.mode.policy == "fixed" else f"fair {want:.2f}%"
+    target = {"fixed": f"cap {want:.2f}%", "none": f"none (even: {want:.2f}%)"}.get(spec.mode.policy,
+                                                                                  f"fair {want:.2f}%")
     return cells + [
         target, f"{total:,.1f} {WORKLOADS[spec.workload]}", f"{fig['aggregate']:.1f}",
         f"{min(fig['shares']):.2f}–{max(fig['shares']):.2f}", f"{fig['max_dev_pp']:+.2f}", f"{fig['spread_pp']:.2f}",
@@ -702,7 +731,7 @@ def notes(runs, workloads) -> list[str]:
 def report(args, runs, order, took, calibration, checks) -> None:
     """The table (in `order`), the verdicts and the notes: on stdout, in
     OUT/packing-bench.md; every run's raw figures in OUT/packing-bench.json."""
-    evaluate(runs)
+    evaluate(runs, calibration)
     ordered = [runs[i] for i in order if i < len(runs)]
     table = ("| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
              + "".join("| " + " | ".join(row(r)) + " |\n" for r in ordered))
