@@ -33,7 +33,10 @@
 //!    process-wide fit: no entry, no per-launch sampling, no slowdown.
 //! 6. While another pod launches on the device (its time slices can inflate
 //!    a measurement, never shorten it) a measurement above the price weighs
-//!    a quarter.
+//!    a quarter; on a co-run GPU, nothing: MPS clients' kernels share the
+//!    SMs, which stretches a kernel's time but not the SM time it takes, so
+//!    a kernel costs its time alone, and only a measurement below the price
+//!    moves it (see [`Contention`]).
 //! 7. A thread's charges to one entry in a row add up in its own [`Batch`]
 //!    and reach the entry together (at most [`BATCH_LAUNCHES`] launches or
 //!    [`BATCH_NS`] charged), so a loop of one kernel makes three atomic
@@ -71,6 +74,21 @@ const DECAY: f64 = 7.0 / 8.0;
 /// smaller of this and the whole (a launch's own latency and ramp), the rest
 /// per wave; measurements at other sizes then fit both.
 const FIXED_PRIOR_NS: f64 = 3_000.0;
+
+/// What else ran on the device while a measured launch did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Contention {
+    /// No other pod launched there.
+    Alone,
+    /// Another pod launched on a time-sliced GPU: its time slices may have
+    /// held the launch up, so a measurement above the price weighs little.
+    TimeSliced,
+    /// Another MPS client of the co-run GPU launched: its kernels ran beside
+    /// this one on the SMs, which stretches this one's time, not the SM time
+    /// it takes (a kernel that fills the GPU takes as many SM-seconds as it
+    /// does alone). A measurement above the price is not folded in.
+    SharedSms,
+}
 
 /// Identifies a kernel's function or a graph exec; the low bit tells graphs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,17 +446,25 @@ impl CostModel {
     /// Folds in that `charge`'s launch kept the GPU busy `measured_ns`, and
     /// returns what the pod owes on top of its charges (negative: is owed)
     /// for every launch of the function charged since its last measurement.
-    /// `contended`: another pod launched on the device meanwhile. Called by
+    /// `contention`: what else launched on the device meanwhile. Called by
     /// the monitor thread only.
-    pub(crate) fn record(&self, charge: &Charge, measured_ns: u64, contended: bool) -> i64 {
+    pub(crate) fn record(&self, charge: &Charge, measured_ns: u64, contention: Contention) -> i64 {
         let measured = measured_ns.max(1);
         let (fit, price) = charge
             .slot
             .map_or((&self.process, &self.process_price), |index| {
                 (&self.slots[index].fit, &self.slots[index].price)
             });
-        let weight = match price.get() {
-            Some(price) if contended && measured > Price::of(price, 1, charge.waves) => 0.25,
+        let weight = match (price.get(), contention) {
+            (Some(price), Contention::TimeSliced | Contention::SharedSms)
+                if measured > Price::of(price, 1, charge.waves) =>
+            {
+                if contention == Contention::SharedSms {
+                    0.0
+                } else {
+                    0.25
+                }
+            }
             _ => 1.0,
         };
         if charge.slot.is_some() {

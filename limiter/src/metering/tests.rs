@@ -30,7 +30,7 @@ fn a_function_measured_at_a_few_sizes_prices_every_other() {
     for round in 0..40 {
         let waves = 1 + round % 4;
         let charge = charge(&model, key, waves);
-        model.record(&charge, 2 * US + waves * US / 2, false);
+        model.record(&charge, 2 * US + waves * US / 2, Contention::Alone);
     }
     for waves in [1u64, 10, 100, 2_000] {
         let want = 2 * US + waves * US / 2;
@@ -50,7 +50,10 @@ fn one_size_only_is_priced_as_it_was_measured() {
     assert!(first.wanted && first.unmeasured);
     assert_eq!(first.ns, INITIAL_PER_WAVE_NS);
     // Measured at 50 µs: its charge is settled at that.
-    assert_eq!(model.record(&first, 50 * US, false), signed(30 * US));
+    assert_eq!(
+        model.record(&first, 50 * US, Contention::Alone),
+        signed(30 * US)
+    );
     assert_eq!(price(&model, key, 1), 50 * US);
     // Larger grids: the time beyond a launch's fixed part scales.
     assert_eq!(price(&model, key, 10), 3 * US + 10 * 47 * US);
@@ -70,20 +73,20 @@ fn a_measurement_settles_every_launch_since_the_last() {
     );
     let charged: u64 = charges.iter().map(|c| c.ns).sum();
     // 2 ms each: the pod owes what 6 launches cost, less what it paid.
-    let owed = model.record(&charges[0], 2_000 * US, false);
+    let owed = model.record(&charges[0], 2_000 * US, Contention::Alone);
     assert_eq!(owed, signed(6 * 2_000 * US) - signed(charged));
     assert!(!model.awaiting_measurement(&charges[5]));
     // The function slows down (a longer KV cache, say): the launches
     // priced before are settled at the updated price.
     let slower: Vec<Charge> = (0..10).map(|_| charge(&model, key, 1)).collect();
     assert!(slower.iter().all(|charge| charge.ns == 2_000 * US));
-    let owed = model.record(&slower[3], 3_000 * US, false);
+    let owed = model.record(&slower[3], 3_000 * US, Contention::Alone);
     let updated = price(&model, key, 1);
     assert!(updated > 2_000 * US && updated < 3_000 * US, "{updated}");
     assert_eq!(owed, 10 * (signed(updated) - signed(2_000 * US)));
     // Settled once: nothing is left for a later measurement.
     let later = charge(&model, key, 1);
-    let owed = model.record(&later, later.ns, false);
+    let owed = model.record(&later, later.ns, Contention::Alone);
     assert_eq!(owed, signed(price(&model, key, 1)) - signed(later.ns));
 }
 
@@ -97,23 +100,58 @@ fn prices_follow_the_mean_of_varying_measurements() {
         model.record(
             &charge,
             if round % 2 == 0 { 100 * US } else { 200 * US },
-            false,
+            Contention::Alone,
         );
     }
     let mean = price(&model, key, 1);
     assert!((140 * US..=160 * US).contains(&mean), "{mean}");
     // Under contention an inflated measurement weighs a quarter.
     let charge = charge(&model, key, 1);
-    model.record(&charge, mean + 800 * US, true);
+    model.record(&charge, mean + 800 * US, Contention::TimeSliced);
     let moved = price(&model, key, 1);
     assert!(moved > mean && moved < mean + 40 * US, "{mean} -> {moved}");
+}
+
+#[test]
+fn on_shared_sms_a_kernel_costs_its_time_alone() {
+    let model = CostModel::default();
+    let key = LaunchKey::kernel(10);
+    // First measured beside other MPS clients' kernels, at 3x its 100 µs.
+    let first = charge(&model, key, 1);
+    model.record(&first, 300 * US, Contention::SharedSms);
+    assert_eq!(price(&model, key, 1), 300 * US);
+    // Stretched further by more clients: the price stays.
+    for _ in 0..20 {
+        let charge = charge(&model, key, 1);
+        model.record(&charge, 600 * US, Contention::SharedSms);
+    }
+    assert_eq!(price(&model, key, 1), 300 * US);
+    // Shorter beside fewer of them, or alone: it comes down to its time
+    // alone, and what was charged at the higher price is given back.
+    let mut owed = 0;
+    for round in 0..40 {
+        let charge = charge(&model, key, 1);
+        let contention = if round % 2 == 0 {
+            Contention::SharedSms
+        } else {
+            Contention::Alone
+        };
+        owed += model.record(&charge, 100 * US, contention);
+    }
+    let alone = price(&model, key, 1);
+    assert!((100 * US..=103 * US).contains(&alone), "{alone}");
+    assert!(owed < 0, "credited: {owed}");
+    // Time slices, unlike shared SMs, still count for a quarter.
+    let charge = charge(&model, key, 1);
+    model.record(&charge, alone + 400 * US, Contention::TimeSliced);
+    assert!(price(&model, key, 1) > alone);
 }
 
 #[test]
 fn unknown_functions_cost_the_process_price_and_a_full_table_stays_cheap() {
     let model = CostModel::default();
     let seed = charge(&model, LaunchKey::kernel(1), 1);
-    model.record(&seed, 30 * US, false);
+    model.record(&seed, 30 * US, Contention::Alone);
     // Ten times more functions than slots, each launched once with a
     // different grid: no charge is a default of milliseconds, and past the
     // table's room, nothing asks for a measurement.
@@ -142,7 +180,7 @@ fn unknown_functions_cost_the_process_price_and_a_full_table_stays_cheap() {
     let charged: u64 = unslotted.iter().map(|charge| charge.ns).sum();
     let launches = unslotted.len() as u64;
     let waves: u64 = unslotted.iter().map(|charge| charge.waves).sum();
-    let owed = model.record(&unslotted[0], 40 * US, false);
+    let owed = model.record(&unslotted[0], 40 * US, Contention::Alone);
     let (fixed, per_wave) = model.process_price();
     let want = signed(fixed * launches + per_wave * waves) - signed(charged);
     assert_eq!(owed, want);
@@ -172,7 +210,7 @@ fn functions_sharing_a_home_entry_keep_their_own_entries_and_prices() {
     }
     for (&function, us) in functions.iter().zip([10, 20, 40]) {
         let charge = charge(&model, LaunchKey::kernel(function), 1);
-        model.record(&charge, us * US, false);
+        model.record(&charge, us * US, Contention::Alone);
     }
     let prices: Vec<u64> = functions
         .iter()
@@ -186,9 +224,9 @@ fn a_threads_launches_of_one_function_reach_its_entry_in_batches() {
     let model = CostModel::default();
     let (key, other) = (LaunchKey::kernel(11), LaunchKey::kernel(12));
     let seed = charge(&model, key, 1);
-    model.record(&seed, 10 * US, false);
+    model.record(&seed, 10 * US, Contention::Alone);
     let seed_other = charge(&model, other, 1);
-    model.record(&seed_other, 10 * US, false);
+    model.record(&seed_other, 10 * US, Contention::Alone);
     let mut batch = Batch::default();
     let launches: Vec<Charge> = (0..10).map(|_| model.charge(key, 2, &mut batch)).collect();
     let unsettled = &model.slots[seed.slot.unwrap()].unsettled;
@@ -208,7 +246,7 @@ fn a_threads_launches_of_one_function_reach_its_entry_in_batches() {
     assert_eq!(batch.launches, 1);
     // Its next measurement settles all nine at the measured price.
     let charged: u64 = launches[..9].iter().map(|charge| charge.ns).sum();
-    let owed = model.record(&launches[0], 25 * US, false);
+    let owed = model.record(&launches[0], 25 * US, Contention::Alone);
     let updated = price(&model, key, 2);
     assert_eq!(owed, 9 * signed(updated) - signed(charged));
     // A launch priced before its function was measured is not batched.
@@ -227,7 +265,7 @@ fn a_threads_launches_of_one_function_reach_its_entry_in_batches() {
     assert_eq!(batch.launches, 1, "{BATCH_LAUNCHES} launches were added");
     let long = LaunchKey::kernel(13);
     let seed = charge(&model, long, 1);
-    model.record(&seed, BATCH_NS / 2, false);
+    model.record(&seed, BATCH_NS / 2, Contention::Alone);
     for _ in 0..3 {
         model.charge(long, 1, &mut batch);
     }
@@ -248,7 +286,10 @@ fn a_lost_or_failed_launch_is_neither_measured_nor_settled() {
     let retry = charge(&model, key, 1);
     assert!(retry.wanted, "another launch takes the measurement");
     assert_eq!(retry.ahead, 0, "the failed launch is not counted ahead");
-    assert_eq!(model.record(&retry, 40 * US, false), signed(20 * US));
+    assert_eq!(
+        model.record(&retry, 40 * US, Contention::Alone),
+        signed(20 * US)
+    );
 }
 
 #[test]
@@ -258,7 +299,7 @@ fn a_function_measured_at_one_size_wants_its_next_other_size_measured() {
     // A kernel of 1 µs a wave: measured at one wave, all of it is taken
     // as the fixed part, and ten waves would be priced as one.
     let first = charge(&model, key, 1);
-    model.record(&first, US, false);
+    model.record(&first, US, Contention::Alone);
     // More launches at the measured size want nothing.
     assert!(!charge(&model, key, 1).wanted);
     // The first at another size is wanted, once while it is in flight.
@@ -268,7 +309,7 @@ fn a_function_measured_at_one_size_wants_its_next_other_size_measured() {
     assert!(!charge(&model, key, 5).wanted);
     // Measured, the fit holds two sizes: the launches charged meanwhile
     // (1 + 10 + 5 waves at 1 µs) are settled at the fitted price.
-    let owed = model.record(&other, 10 * US, false);
+    let owed = model.record(&other, 10 * US, Contention::Alone);
     assert_eq!(owed, signed(16 * US) - signed(3 * US));
     assert_eq!(price(&model, key, 7), 7 * US);
     assert!(!charge(&model, key, 3).wanted);
@@ -279,7 +320,7 @@ fn a_wanted_measurement_given_up_is_wanted_again() {
     let model = CostModel::default();
     let key = LaunchKey::kernel(0x4000);
     let first = charge(&model, key, 2);
-    model.record(&first, 4 * US, false);
+    model.record(&first, 4 * US, Contention::Alone);
     let other = charge(&model, key, 4);
     assert!(other.wanted);
     model.abandon(&other);

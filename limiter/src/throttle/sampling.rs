@@ -14,6 +14,7 @@ use super::summary::Held;
 use super::{MAX_SAMPLED_CALL_NS, Metered, Throttle};
 use crate::context::Context;
 use crate::driver::Timing;
+use crate::metering::Contention;
 use crate::sys::{CUresult, CUstream};
 
 impl Throttle {
@@ -236,8 +237,12 @@ impl Throttle {
                     self.overheads
                         .of(sample.idle_gap_ns, sample.graph, sample.call_ns);
                 let measured = kernel_ns(bracket, overhead, late);
-                let contended = self.stamps.contended(ctx, sample.device, monotonic_ns());
-                let owed = self.model.record(&sample.charge, measured, contended);
+                let contention = match self.stamps.contended(ctx, sample.device, monotonic_ns()) {
+                    false => Contention::Alone,
+                    true if self.priority.is_corun() => Contention::SharedSms,
+                    true => Contention::TimeSliced,
+                };
+                let owed = self.model.record(&sample.charge, measured, contention);
                 let tokens = self
                     .budgets
                     .get(ctx, sample.device, ctx.hypervisor_limits().is_some())

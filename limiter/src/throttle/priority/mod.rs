@@ -232,6 +232,11 @@ impl Priority {
         let _ = self.corun.set(sms);
     }
 
+    /// Whether this process is an MPS client of a co-run GPU.
+    pub(super) fn is_corun(&self) -> bool {
+        self.corun.get().is_some()
+    }
+
     /// Whether launches on a device without a compute limit still take part
     /// in classes: a class is configured, or the hypervisor gives them
     /// (`hypervised`: its limits are in force).
