@@ -33,10 +33,9 @@
 //!    process-wide fit: no entry, no per-launch sampling, no slowdown.
 //! 6. While another pod launches on the device (its time slices can inflate
 //!    a measurement, never shorten it) a measurement above the price weighs
-//!    a quarter; on a co-run GPU, nothing: MPS clients' kernels share the
-//!    SMs, which stretches a kernel's time but not the SM time it takes, so
-//!    a kernel costs its time alone, and only a measurement below the price
-//!    moves it (see [`Contention`]).
+//!    a quarter; on a co-run GPU, a sixty-fourth: MPS clients' kernels share
+//!    the SMs, which stretches a kernel's time but not the SM time it takes,
+//!    so a kernel is priced near the least it took (see [`Contention`]).
 //! 7. A thread's charges to one entry in a row add up in its own [`Batch`]
 //!    and reach the entry together (at most [`BATCH_LAUNCHES`] launches or
 //!    [`BATCH_NS`] charged), so a loop of one kernel makes three atomic
@@ -86,7 +85,11 @@ pub(crate) enum Contention {
     /// Another MPS client of the co-run GPU launched: its kernels ran beside
     /// this one on the SMs, which stretches this one's time, not the SM time
     /// it takes (a kernel that fills the GPU takes as many SM-seconds as it
-    /// does alone). A measurement above the price is not folded in.
+    /// does alone). A measurement above the price weighs a sixty-fourth: the
+    /// price settles near the least the kernel took, and still follows a
+    /// kernel that really takes longer now (within tens of measurements,
+    /// where contention never ends), so no pod keeps an old, short price by
+    /// launching beside others.
     SharedSms,
 }
 
@@ -460,7 +463,7 @@ impl CostModel {
                 if measured > Price::of(price, 1, charge.waves) =>
             {
                 if contention == Contention::SharedSms {
-                    0.0
+                    1.0 / 64.0
                 } else {
                     0.25
                 }
