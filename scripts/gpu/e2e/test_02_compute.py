@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from harness.checks import AddedAtMost, AtLeast, Between, Tolerance, Why, fmt, num, q
-from harness.parse import median, pm2pct, series_summary, smi_mean
+from harness.parse import fields, median, pm2pct, series_summary, smi_mean
 from harness.proc import Log, Proc, clean_shm, run, wait_ready
 
 SHARE = Tolerance(pp=3)  # a busy share within 3 percentage points of its target
@@ -28,6 +28,19 @@ def spin_run(check, mode, pod, log, kmode, dur, *extra) -> Proc:
     clean_shm()
     return run(check.s, mode, pod, log, spin_t(check.s),
                [check.s.bin("spin"), kmode, str(dur), str(check.s.share_secs), *extra])
+
+
+def charged_us(p: Proc) -> str:
+    """The GPU time the limiter charged a launch on average, microseconds,
+    from its compute summary at exit ("?" without one): against the kernel's
+    own time, how much of a share the price takes."""
+    for line in p.text().splitlines():
+        if "compute summary:" in line:
+            f = fields(line)
+            launches, ms = num(f.get("pod_launches")), num(f.get("pod_charged_ms"))
+            if launches and ms is not None:
+                return f"{ms * 1000 / launches:.2f}"
+    return "?"
 
 
 # the baseline of each (kernel mode, duration), run before its first limit
@@ -67,7 +80,7 @@ def test_busy_share(check, dur, kmode, limit):
     why.need(lm.kv("settled") == "1" and SETTLE_MS.holds(lm.kv("settle_ms")), "settle>1s")
     row.done(without, f"share={q(lm.kv('share_after1s_pct'))}% settle={q(lm.kv('settle_ms'))}ms "
                       f"first1s={q(lm.kv('share_first1s_pct'))}% maxstall={q(lm.kv('max_stall_us'))}us "
-                      f"n={q(lm.kv('kernels'))}", why)
+                      f"n={q(lm.kv('kernels'))} charged/launch={charged_us(lm)}us", why)
 
 
 @pytest.mark.check("12")
