@@ -246,6 +246,58 @@ fn a_swapped_pod_moved_comes_back_on_the_new_gpu_at_its_next_call() {
     assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
 }
 
+#[test]
+fn a_restarted_daemon_finishes_the_move_of_a_swapped_pod() {
+    let (pod, node, running) = pod_waiting("move-swapped-restart", &[], ONE_GIB_THEN_MORE);
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    assert!(ok, "{answer}");
+    let addr = node.addr();
+    node.stop();
+    // The same port: the probe's limiter reaches the new daemon, which
+    // finds the move waiting in the pod's limits object.
+    let again = daemon::hypervisor(
+        &pod,
+        &config(&pod, &addr.to_string()),
+        Arc::new(DoubleGpus(2)),
+    );
+    eventually("the new daemon shows the move under way", || {
+        again.hypervisor().swap_board().pod(&pod.0).moving.is_some()
+    });
+    assert_eq!(control_block(running.pid()).state, 2, "still checkpointed");
+    let (ok, answer) = admin_cli(&again, &["swap", "in", &pod.0]);
+    assert!(ok, "{answer}");
+    assert_eq!(
+        control_block(running.pid()).gpu,
+        1,
+        "restored on the GPU it moved to"
+    );
+    resumed_and_allocated(running);
+    let record = again.hypervisor().swap_board().pod(&pod.0);
+    assert_eq!(record.moving, None, "{record:?}");
+    let limits = PodLimits::open_read_only(&pod.0, &Trust::own_or_root(None)).expect("limits");
+    assert_eq!(limits.pending_move(), None);
+}
+
+#[test]
+fn a_swapped_pod_moved_away_and_back_is_restored_where_it_was() {
+    let (pod, node, running) = pod_waiting("move-back", &[], ONE_GIB_THEN_MORE);
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    for to in ["1", "0"] {
+        let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", to]);
+        assert!(ok, "{answer}");
+    }
+    let record = node.hypervisor().swap_board().pod(&pod.0);
+    assert_eq!(record.moving, None, "nothing left to move: {record:?}");
+    assert_eq!(quota_on(&pod, &gpushare_examples::uuid(0)), Some(4 * GIB));
+    let (ok, answer) = admin_cli(&node, &["swap", "in", &pod.0]);
+    assert!(ok, "{answer}");
+    assert_eq!(control_block(running.pid()).gpu, 0, "restored in place");
+    resumed_and_allocated(running);
+}
+
 /// The double's two GPUs, with a health board the test reports faults on.
 struct GpusWithFaults(HealthBoard);
 

@@ -12,7 +12,7 @@
 //!
 //! | offset | size | what |
 //! | --- | --- | --- |
-//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16, `residency` u32 @24 ([`Residency`]: where the pod's device memory is), `demand` u32 @28 (bit `i`: the hypervisor counts the pod as wanting GPU entry `i`) |
+//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16, `residency` u32 @24 ([`Residency`]: where the pod's device memory is), `demand` u32 @28 (bit `i`: the hypervisor counts the pod as wanting GPU entry `i`), `moving_from` u64 @32 and `moving_to` u64 @40 (a move waiting for the pod's restore, as GPU keys) |
 //! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]), `sm_percent` u32 @36 (a co-run GPU's MPS active thread percentage for the pod's next client, 0 = as provisioned), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
@@ -57,8 +57,15 @@ pub struct LimitsHeader {
     /// there waits for the local refill without asking. Zero means "ask",
     /// so version 1 holds it.
     pub demand: AtomicU32,
+    /// A move of the pod to another GPU waiting for its processes' restore:
+    /// the [`uuid_key`] of the GPU the checkpointed processes were on, and
+    /// of the GPU they go to, so that a restarted hypervisor restores them
+    /// there. 0: none. Zero means "absent", so version 1 holds them.
+    pub moving_from: AtomicU64,
+    /// See [`Self::moving_from`].
+    pub moving_to: AtomicU64,
     /// Unused; zero.
-    pub reserved: [AtomicU64; 4],
+    pub reserved: [AtomicU64; 2],
 }
 
 /// Where a pod's device memory is. Only the hypervisor moves a pod between
@@ -189,6 +196,8 @@ const _: () = {
     assert!(size_of::<LimitsHeader>() == 64);
     assert!(offset_of!(LimitsHeader, residency) == 24);
     assert!(offset_of!(LimitsHeader, demand) == 28);
+    assert!(offset_of!(LimitsHeader, moving_from) == 32);
+    assert!(offset_of!(LimitsHeader, moving_to) == 40);
     assert!(MAX_DEVICES <= 32, "one demand bit per entry");
     assert!(size_of::<GpuLimits>() == 64);
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
@@ -499,6 +508,24 @@ impl PodLimits {
             .iter()
             .position(|gpu| gpu.key.load(Ordering::Acquire) == key)?;
         Some(1 << at)
+    }
+
+    /// The move waiting for the pod's restore, as GPU keys ([`uuid_key`]):
+    /// (the GPU its checkpointed processes were on, the GPU they go to).
+    pub fn pending_move(&self) -> Option<(u64, u64)> {
+        let header = &self.region().header;
+        let from = header.moving_from.load(Ordering::Acquire);
+        let to = header.moving_to.load(Ordering::Acquire);
+        (from != 0 && to != 0).then_some((from, to))
+    }
+
+    /// Records the move waiting for the pod's restore, from the GPU `from`
+    /// to the GPU `to`; `None` clears it (hypervisor only).
+    pub fn set_pending_move(&self, gpus: Option<(&str, &str)>) {
+        let header = &self.region().header;
+        let (from, to) = gpus.map_or((0, 0), |(from, to)| (uuid_key(from), uuid_key(to)));
+        header.moving_to.store(to, Ordering::Release);
+        header.moving_from.store(from, Ordering::Release);
     }
 
     /// Where the pod's device memory is. Sequentially consistent: a

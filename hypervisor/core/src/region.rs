@@ -285,6 +285,17 @@ impl PodRegion {
             .any(|gpu| gpu.compute.suspended.load(Ordering::Acquire) != 0)
     }
 
+    /// The move of the pod waiting for its processes' restore, as GPU keys
+    /// (from, to); the limits object keeps it across daemon restarts.
+    pub fn pending_move(&self) -> Option<(u64, u64)> {
+        self.limits.pending_move()
+    }
+
+    /// Records the move waiting for the pod's restore (`None`: none).
+    pub fn set_pending_move(&self, gpus: Option<(&str, &str)>) {
+        self.limits.set_pending_move(gpus);
+    }
+
     /// Where the pod's device memory is (the limits object keeps it across
     /// daemon restarts).
     pub fn residency(&self) -> Residency {

@@ -127,8 +127,9 @@ impl Hypervisor {
     pub async fn swap_in(&self, pod: &str) -> Result<SwapAnswer, SwapRefusal> {
         let view = self.view(pod)?;
         let _one = self.shared.swapper.ops.lock().await;
-        // A move whose restore failed before ends here, on the new GPU.
-        let moving = self.swap_board().move_of(pod).is_some();
+        // A move whose restore failed before (or that a restarted daemon
+        // found) ends here, on the new GPU.
+        let moving = view.region.pending_move().is_some();
         if let Some(timing) = self.swap_in_locked(&view).await?
             && moving
         {
@@ -172,7 +173,12 @@ impl Hypervisor {
             // yet adopted) still hold their ledger's bytes until reclaimed.
             if alive || view.bytes() > 0 {
                 self.swap_board().found_swapped(&view.pod, view.bytes());
+                if self.swap_board().move_of(&view.pod).is_none() {
+                    self.swap_board()
+                        .moving(&view.pod, self.pending_move(&view));
+                }
             } else {
+                view.region.set_pending_move(None);
                 view.region.set_residency(Residency::Resident);
                 self.swap_board().processes_gone(&view.pod);
                 tracing::info!(pod = %view.pod, "the swapped pod's processes exited; its host memory is free");
@@ -261,12 +267,13 @@ impl Hypervisor {
         self.room_for(view).await;
         let pids = self.pids_of(&view.pod).await;
         let driver = self.checkpoint_driver().await?;
-        let board = self.swap_board();
         // A pod moving to another GPU is restored there.
-        let pairs = match board.move_of(&view.pod) {
-            Some(to) => relocate::pairs(&to, &self.node_gpus())?,
+        let pending = self.pending_move(view);
+        let pairs = match &pending {
+            Some(to) => relocate::pairs(to, &self.node_gpus())?,
             None => Vec::new(),
         };
+        let board = self.swap_board();
         region.set_residency(Residency::SwappingIn);
         board.set_state(&view.pod, Residency::SwappingIn);
         let outcome =
@@ -274,6 +281,9 @@ impl Hypervisor {
                 .await;
         match flatten(outcome) {
             Ok(timing) => {
+                if pending.is_some() {
+                    region.set_pending_move(None);
+                }
                 region.set_residency(Residency::Resident);
                 board.swapped_in(&view.pod, timing.total());
                 tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");

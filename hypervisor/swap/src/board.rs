@@ -161,9 +161,10 @@ impl SwapBoard {
     }
 
     /// The pod, in host memory, is moving to another GPU: the next swap-in
-    /// restores it there.
-    pub fn moving(&self, pod: &str, to: Move) {
-        self.lock().pods.entry(pod.to_owned()).or_default().moving = Some(to);
+    /// restores it there; `None`: no move is under way (moved back to the
+    /// GPU its processes are on before any restore).
+    pub fn moving(&self, pod: &str, to: Option<Move>) {
+        self.lock().pods.entry(pod.to_owned()).or_default().moving = to;
     }
 
     /// The move under way of `pod`, if any.

@@ -170,6 +170,23 @@ fn demand_seen_is_kept_per_gpu_entry() {
 }
 
 #[test]
+fn a_pending_move_is_kept_until_cleared() {
+    let pod = format!("limits-pending-{}", std::process::id());
+    let _cleanup = Cleanup(pod.clone());
+    let writer = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
+    assert_eq!(writer.pending_move(), None);
+    writer.set_pending_move(Some(("GPU-A", "gpu-b")));
+    // A second hypervisor run adopts the object, and finds the move.
+    let again = PodLimits::create_or_adopt(&pod, &Creation::default()).unwrap();
+    assert_eq!(
+        again.pending_move(),
+        Some((uuid_key("gpu-a"), uuid_key("GPU-B")))
+    );
+    again.set_pending_move(None);
+    assert_eq!(writer.pending_move(), None);
+}
+
+#[test]
 fn an_object_of_an_untrusted_owner_is_refused() {
     let pod = format!("limits-untrusted-{}", std::process::id());
     let _cleanup = Cleanup(pod.clone());

@@ -8,13 +8,15 @@
 //! numbers; the device they numbered now reports the new GPU's UUID (the
 //! driver's answer after such a restore), under which they find their
 //! quota and usage. A restore that fails leaves the move under way: the
-//! pod's next swap-in, a trapped call's included, finishes it there.
+//! pod's next swap-in, a trapped call's included, finishes it there. The
+//! pod's limits object keeps a move under way, so that a restarted daemon
+//! finishes it too.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
 
-use gpushare_utils::limits::Residency;
-use hypervisor_core::scheduler::{MovePlan, ScheduleError};
+use gpushare_utils::limits::{Residency, uuid_key};
+use hypervisor_core::scheduler::{MovePlan, ScheduleError, SwapView};
 use hypervisor_core::spec::GpuSelector;
 use hypervisor_swap::{Move, RawUuid, parse_uuid};
 use serde::{Deserialize, Serialize};
@@ -247,8 +249,17 @@ impl Hypervisor {
             return Ok(answer(Residency::Resident));
         }
         if view.region.residency() == Residency::Swapped {
+            // Its processes are where they were checkpointed: on the GPU an
+            // earlier move under way left, or on `from`.
+            let from = self
+                .pending_move(&view)
+                .map_or_else(|| plan.from.clone(), |earlier| earlier.from);
             relocate()?;
-            self.swap_board().moving(&plan.pod, to);
+            let to = Move {
+                from,
+                to: plan.to.clone(),
+            };
+            self.await_restore(&view, (!to.from.eq_ignore_ascii_case(&to.to)).then_some(to));
             tracing::info!(pod = %plan.pod, from = %plan.from, to = %plan.to, "swapped pod moved; it comes back on the new GPU");
             return Ok(answer(Residency::Swapped));
         }
@@ -260,7 +271,7 @@ impl Hypervisor {
             }
             return Err(error);
         }
-        self.swap_board().moving(&plan.pod, to);
+        self.await_restore(&view, Some(to));
         let moved = self.view(&plan.pod)?;
         self.swap_in_locked(&moved).await?;
         self.swap_board().moved(&plan.pod, started.elapsed());
@@ -289,6 +300,30 @@ impl Hypervisor {
             free: free.saturating_add(freed),
             need,
         })
+    }
+
+    /// The move waiting for the pod's restore, as its limits object keeps it
+    /// (for a daemon that restarted since, too), its GPUs found among the
+    /// node's by their keys.
+    pub(super) fn pending_move(&self, view: &SwapView) -> Option<Move> {
+        let (from, to) = view.region.pending_move()?;
+        let gpus = self.node_gpus();
+        let find = |key: u64| gpus.iter().find(|uuid| uuid_key(uuid) == key).cloned();
+        match (find(from), find(to)) {
+            (Some(from), Some(to)) => Some(Move { from, to }),
+            _ => {
+                tracing::error!(pod = %view.pod, "the pod's move waits for a GPU the node does not show; it is restored where it was");
+                None
+            }
+        }
+    }
+
+    /// Records the move waiting for the pod's restore (`None`: none), in
+    /// its limits object and on the swap board.
+    pub(super) fn await_restore(&self, view: &SwapView, to: Option<Move>) {
+        view.region
+            .set_pending_move(to.as_ref().map(|m| (m.from.as_str(), m.to.as_str())));
+        self.swap_board().moving(&view.pod, to);
     }
 
     /// The UUIDs of the node's GPUs, as last observed.
