@@ -93,6 +93,17 @@ pub(crate) enum Contention {
     SharedSms,
 }
 
+impl Contention {
+    /// What a measurement above the price weighs against one at or below it.
+    fn weight_above_price(self) -> f64 {
+        match self {
+            Self::Alone => 1.0,
+            Self::TimeSliced => 0.25,
+            Self::SharedSms => 1.0 / 64.0,
+        }
+    }
+}
+
 /// Identifies a kernel's function or a graph exec; the low bit tells graphs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LaunchKey(u64);
@@ -458,15 +469,9 @@ impl CostModel {
             .map_or((&self.process, &self.process_price), |index| {
                 (&self.slots[index].fit, &self.slots[index].price)
             });
-        let weight = match (price.get(), contention) {
-            (Some(price), Contention::TimeSliced | Contention::SharedSms)
-                if measured > Price::of(price, 1, charge.waves) =>
-            {
-                if contention == Contention::SharedSms {
-                    1.0 / 64.0
-                } else {
-                    0.25
-                }
+        let weight = match price.get() {
+            Some(price) if measured > Price::of(price, 1, charge.waves) => {
+                contention.weight_above_price()
             }
             _ => 1.0,
         };
