@@ -2,10 +2,9 @@
 //! the channel's and admission's checks that a pod speaks only for its own
 //! workers and GPUs.
 
-mod common;
-
-use common::*;
 use gpushare_utils::protocol::WorkerDevice;
+
+use crate::common::*;
 
 #[test]
 fn registration_gives_limits_and_refuses_wrong_tokens() {

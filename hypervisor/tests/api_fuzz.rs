@@ -1,11 +1,9 @@
 //! The HTTP API on loopback under abuse: a fuzz of every route, and clients
 //! that hang.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);

@@ -5,9 +5,7 @@
 //! `cargo bench -p hypervisor --bench admission_latency`
 //! (benches/admission_latency.rs), which runs the same two scenarios.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 /// 100 registered workers of 4 pods on one simulated GPU; each request is a
 /// trap as the limiter makes it (bucket emptied just before). Every one is

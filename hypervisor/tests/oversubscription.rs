@@ -2,12 +2,10 @@
 //! read-only limits, and what its processes spill shows in the status, the
 //! table and the metrics, apart from device memory.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 #[test]
 fn oversubscription_reaches_the_limits_and_the_spill_shows_in_status_and_metrics() {
     let a = unique("spill");
