@@ -45,6 +45,18 @@ fn start(pod: &Pod) -> system_tests::RunningNode {
     daemon::hypervisor(pod, &config(pod, "127.0.0.1:0"), Arc::new(DoubleGpus(2)))
 }
 
+/// Stops `node` and starts a daemon of the same config on its port, which
+/// the probes' limiters reach.
+fn restarted(pod: &Pod, node: system_tests::RunningNode) -> system_tests::RunningNode {
+    let addr = node.addr();
+    node.stop();
+    daemon::hypervisor(
+        pod,
+        &config(pod, &addr.to_string()),
+        Arc::new(DoubleGpus(2)),
+    )
+}
+
 /// The pod's quota on the GPU `uuid` as its limits object says; `None`:
 /// it has none there.
 fn quota_on(pod: &Pod, uuid: &str) -> Option<u64> {
@@ -143,14 +155,8 @@ fn a_moved_pod_stays_moved_through_a_restart_of_the_daemon() {
     );
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
     assert!(ok, "{answer}");
-    let addr = node.addr();
-    node.stop();
     // The config still places the pod on GPU 0; its limits say it moved.
-    let again = daemon::hypervisor(
-        &pod,
-        &config(&pod, &addr.to_string()),
-        Arc::new(DoubleGpus(2)),
-    );
+    let again = restarted(&pod, node);
     let second = gpushare_examples::uuid(1);
     eventually("the new daemon places the pod where it was moved", || {
         quota_on(&pod, &second) == Some(4 * GIB)
@@ -253,15 +259,8 @@ fn a_restarted_daemon_finishes_the_move_of_a_swapped_pod() {
     assert!(ok, "{answer}");
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
     assert!(ok, "{answer}");
-    let addr = node.addr();
-    node.stop();
-    // The same port: the probe's limiter reaches the new daemon, which
-    // finds the move waiting in the pod's limits object.
-    let again = daemon::hypervisor(
-        &pod,
-        &config(&pod, &addr.to_string()),
-        Arc::new(DoubleGpus(2)),
-    );
+    // The new daemon finds the move waiting in the pod's limits object.
+    let again = restarted(&pod, node);
     eventually("the new daemon shows the move under way", || {
         again.hypervisor().swap_board().pod(&pod.0).moving.is_some()
     });
