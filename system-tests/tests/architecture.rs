@@ -357,39 +357,3 @@ fn the_daemons_core_builds_without_kubernetes_or_grpc() {
         assert!(found.is_empty(), "{crate_name} depends on {found:?}");
     }
 }
-
-#[test]
-fn every_file_of_a_one_binary_test_folder_is_a_module_of_it() {
-    // A package with `autotests = false` builds the test binaries its
-    // Cargo.toml names; a file beside their `main.rs` that it does not
-    // declare would never be built, and its tests never run.
-    let mut checked = 0;
-    for member in members() {
-        let manifest = std::fs::read_to_string(member.join("Cargo.toml")).unwrap();
-        if !manifest.contains("autotests = false") {
-            continue;
-        }
-        let main = member.join("tests/main.rs");
-        let declared = std::fs::read_to_string(&main).unwrap_or_else(|e| panic!("{main:?}: {e}"));
-        for entry in std::fs::read_dir(member.join("tests")).unwrap() {
-            let path = entry.unwrap().path();
-            let Some(name) = path.file_stem().and_then(|n| n.to_str()) else {
-                continue;
-            };
-            if name == "main" || !(path.is_dir() || path.extension().is_some_and(|e| e == "rs")) {
-                continue;
-            }
-            assert!(
-                declared
-                    .lines()
-                    .any(|line| line.trim() == format!("mod {name};")),
-                "{path:?} is not a module of {main:?}"
-            );
-            checked += 1;
-        }
-    }
-    assert!(
-        checked >= 20,
-        "the hypervisor's tests: {checked} files checked"
-    );
-}
