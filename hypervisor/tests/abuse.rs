@@ -2,16 +2,17 @@
 //! descriptors, registrations sprayed with devices, unknown routes, and the
 //! config checker's messages.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
 
+use common::daemon::{Killed, bin, listening, serve};
+use common::*;
 use gpushare_utils::protocol::{Register, WorkerDevice};
-
-use crate::common::daemon::{Killed, bin, listening, serve};
-use crate::common::*;
 
 /// Starts `hypervisor serve` on `config` with at most `files` descriptors;
 /// returns it and its address.
@@ -33,12 +34,7 @@ fn serve_with_files(config: &ConfigFile, files: u64) -> (Killed, String) {
     listening(command)
 }
 
-/// Descriptors left to the tests that run beside one that holds many: they
-/// share this process, and its limit.
-const BESIDE: u64 = 4096;
-
-/// Raises this process's descriptor limit to what it needs, if it can, and
-/// by [`BESIDE`] more where the hard limit allows.
+/// Raises this process's descriptor limit to what it needs, if it can.
 fn allow_files(needed: u64) -> bool {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -49,8 +45,7 @@ fn allow_files(needed: u64) -> bool {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 || limit.rlim_max < needed {
             return false;
         }
-        let wanted = needed.saturating_add(BESIDE).min(limit.rlim_max);
-        limit.rlim_cur = limit.rlim_cur.max(wanted);
+        limit.rlim_cur = limit.rlim_cur.max(needed);
         libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
     }
 }

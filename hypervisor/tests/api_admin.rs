@@ -2,13 +2,14 @@
 //! config reloads, the regions' permissions, status and metrics, and the
 //! audit of usage against NVML.
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::*;
 use gpushare_utils::protocol::{Command, Registered};
-
-use crate::common::*;
 
 #[test]
 fn suspend_resume_and_live_limits_reach_region_and_worker() {

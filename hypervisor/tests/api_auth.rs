@@ -2,9 +2,10 @@
 //! the channel's and admission's checks that a pod speaks only for its own
 //! workers and GPUs.
 
-use gpushare_utils::protocol::WorkerDevice;
+mod common;
 
-use crate::common::*;
+use common::*;
+use gpushare_utils::protocol::WorkerDevice;
 
 #[test]
 fn registration_gives_limits_and_refuses_wrong_tokens() {

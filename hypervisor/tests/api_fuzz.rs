@@ -1,9 +1,11 @@
 //! The HTTP API on loopback under abuse: a fuzz of every route, and clients
 //! that hang.
 
+mod common;
+
 use std::time::Duration;
 
-use crate::common::*;
+use common::*;
 
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);

@@ -1,22 +1,19 @@
 //! Faults: workers that die, a hypervisor that restarts, and the binary's
 //! own life (SIGHUP, status, SIGTERM).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Command as Process, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::daemon::{Killed, bin, listening, serve};
+use common::*;
 use gpu_fakes::FakeGpus;
 use gpushare_utils::ledger::PodLedger;
 use gpushare_utils::protocol::Command;
-
-use crate::common::daemon::{Killed, bin, listening, serve};
-use crate::common::*;
-
-/// [`child_helper`] as libtest names it in this binary (its path from the
-/// crate's root).
-const CHILD_HELPER: &str = "faults::child_helper";
 
 /// Not a test of its own: the child process of
 /// `a_dead_worker_is_removed_and_its_memory_given_back`, which reserves
@@ -36,7 +33,7 @@ fn child_helper() {
 
 fn spawn_child(pod: &str) -> Killed {
     let mut child = Process::new(std::env::current_exe().expect("test binary"))
-        .args(["--exact", CHILD_HELPER, "--nocapture", "--test-threads=1"])
+        .args(["--exact", "child_helper", "--nocapture", "--test-threads=1"])
         .env("HV_TEST_CHILD_POD", pod)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -47,7 +44,7 @@ fn spawn_child(pod: &str) -> Killed {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let mut lines = BufReader::new(stdout).lines();
-        // libtest may print "test faults::child_helper ... " on the same line.
+        // libtest may print "test child_helper ... " on the same line.
         let ready = lines.any(|line| line.is_ok_and(|l| l.trim_end().ends_with("ready")));
         let _ = tx.send(ready);
         // Keep reading, so the child never blocks on a full pipe.

@@ -4,14 +4,16 @@
 //! 131,000 characters (cut in the error line), and requests hyper cannot
 //! parse (answered in JSON like every other error).
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::common::daemon::{Killed, bin, listening, serve};
-use crate::common::*;
+use common::daemon::{Killed, bin, listening, serve};
+use common::*;
 
 /// How long refusing a file may take: it is refused without waiting, in
 /// well under a millisecond; a FIFO read as before waits forever.

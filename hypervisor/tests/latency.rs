@@ -5,7 +5,9 @@
 //! `cargo bench -p hypervisor --bench admission_latency`
 //! (benches/admission_latency.rs), which runs the same two scenarios.
 
-use crate::common::*;
+mod common;
+
+use common::*;
 
 /// 100 registered workers of 4 pods on one simulated GPU; each request is a
 /// trap as the limiter makes it (bucket emptied just before). Every one is

@@ -3,14 +3,15 @@
 //! but `/metrics`, `/healthz` and `/readyz` on the metrics listener
 //! (`--metrics-listen`, the one address that may face the cluster).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::process::{Child, Command, Stdio};
 
+use common::*;
 use gpushare_utils::protocol::{Register, Registered};
 use http_bidir_comm::{ClientOptions, Requester, unix_socket_url};
-
-use crate::common::*;
 
 struct Daemon(Child);
 

@@ -3,16 +3,17 @@
 //! planted with everything right (exact size, mode 0600, its owner, the
 //! right header): the daemon replaces it and its log says so.
 
+mod common;
+
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::process::Stdio;
 
+use common::ConfigFile;
+use common::daemon::{listening, serve};
 use gpushare_utils::activity::{ACTIVITY_LAYOUT, NodeActivity};
 use gpushare_utils::node_table::{NodeTable, TableAccess, TableLayout};
 use gpushare_utils::priority::{LatencyView, NodePriority, PRIORITY_LAYOUT};
-
-use crate::common::daemon::{listening, serve};
-use crate::common::{self, ConfigFile};
 
 /// The uid the pods run as (the daemon's `region_uid`).
 const PODS_UID: u32 = 65534;

@@ -7,7 +7,7 @@
 //! own memory. The node is started through `Node::start` with that config
 //! (the shared test node's daemon config has no `[swap]` table).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,14 +22,45 @@ use kube_fakes::kubelet::FakeKubelet;
 use kube_fakes::node;
 use kube_fakes::node_kubelet::NodeKubelet;
 
-use crate::common;
-use crate::common::scratch::Scratch;
-
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-overcommit";
 const GIB: u64 = 1 << 30;
 /// Each simulated GPU's memory.
 const N: u64 = SimulatedGpus::MEMORY;
+
+/// A folder under the temp dir, removed with the regions of the pods it
+/// names and the node's tables, however the test ends.
+struct Scratch {
+    dir: PathBuf,
+    shm: std::sync::Mutex<Vec<String>>,
+}
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("hv-overcommit-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
+        Self {
+            dir,
+            shm: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Removes `/dev/shm/<name>` at the end.
+    fn track(&self, name: String) {
+        self.shm.lock().unwrap().push(name);
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        for name in self.shm.lock().unwrap().iter() {
+            let _ = gpushare_utils::shm::unlink(name);
+        }
+    }
+}
 
 /// Fields drop in order: the kubelet, the node, the control plane, then the
 /// scratch folder.
@@ -45,7 +76,7 @@ impl World {
     /// The control plane with `deploy/base`, and a node of two simulated
     /// GPUs whose daemon config has `swap` as its `[swap]` table.
     async fn start(tag: &str, swap: &str) -> Self {
-        let scratch = Scratch::with_limiter(&format!("overcommit-{tag}"));
+        let scratch = Scratch::new(tag);
         let agent_kubeconfig = scratch.dir.join("agent.kubeconfig");
         let plane =
             cluster_node::installed(Overlay::Base, &scratch.dir.join("home"), &agent_kubeconfig)
@@ -53,12 +84,12 @@ impl World {
                 .unwrap();
         let client = plane.admin().await.unwrap();
         let d = &scratch.dir;
-        let mut options = node::options(d, NODE, DRIVER, &scratch.limiter());
+        let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
         options.kubeconfig = Some(agent_kubeconfig);
         options.check_identity = false;
         let tables = options.provision.node_tables.clone();
-        scratch.track_shm(&tables.activity);
-        scratch.track_shm(&tables.priority);
+        scratch.track(tables.activity.clone());
+        scratch.track(tables.priority.clone());
         let config = hypervisor_core::config::parse(
             &format!("listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n[swap]\n{swap}"),
             Path::new("(test)"),
@@ -90,7 +121,6 @@ impl World {
         let kubelet = NodeKubelet::start(kubelet_client, NODE, cluster_node::gpu_labels(), plugin)
             .await
             .unwrap();
-        common::cluster::schedulable(&client, NODE).await;
         Self {
             kubelet: Some(kubelet),
             node: Some(node),
@@ -143,7 +173,8 @@ impl World {
             .metadata
             .uid
             .unwrap();
-        self.scratch.track_pod(&uid);
+        self.scratch.track(format!("gpushare-pod-{uid}"));
+        self.scratch.track(format!("gpushare-limits-{uid}"));
         uid
     }
 

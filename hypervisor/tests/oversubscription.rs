@@ -2,10 +2,12 @@
 //! read-only limits, and what its processes spill shows in the status, the
 //! table and the metrics, apart from device memory.
 
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::common::*;
+use common::*;
 #[test]
 fn oversubscription_reaches_the_limits_and_the_spill_shows_in_status_and_metrics() {
     let a = unique("spill");

@@ -1,11 +1,12 @@
 //! Weighted fair sharing as the buckets see it, and rescheduling on admission.
 
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use common::*;
 use gpushare_utils::bucket::{CAPACITY_NS, monotonic_ns};
-
-use crate::common::*;
 
 /// Waits for the rates of `regions` on device 0 to be `want` (ppm).
 fn rates_become(regions: &[&RegionView], want: &[u32]) {

@@ -6,18 +6,19 @@
 //! out by a squat the daemon may not remove is served once the squat goes,
 //! without a SIGHUP.
 
+mod common;
+
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::daemon::{Killed, listening, serve};
+use common::*;
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
 use system_tests::probes::as_uid;
-
-use crate::common::daemon::{Killed, listening, serve};
-use crate::common::*;
 
 /// The pods' uid (the daemon's `region_uid`).
 const PODS_UID: u32 = 65534;
