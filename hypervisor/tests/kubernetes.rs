@@ -5,6 +5,8 @@
 //! kubelet double prepares them over the plugin's Unix sockets before it
 //! reports the pod running.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,6 +88,7 @@ impl World {
             scratch,
         };
         world.restart().await;
+        common::cluster::schedulable(&world.client, NODE).await;
         world
     }
 

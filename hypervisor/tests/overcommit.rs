@@ -7,6 +7,8 @@
 //! own memory. The node is started through `Node::start` with that config
 //! (the shared test node's daemon config has no `[swap]` table).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,6 +123,7 @@ impl World {
         let kubelet = NodeKubelet::start(kubelet_client, NODE, cluster_node::gpu_labels(), plugin)
             .await
             .unwrap();
+        common::cluster::schedulable(&client, NODE).await;
         Self {
             kubelet: Some(kubelet),
             node: Some(node),

@@ -23,6 +23,7 @@ use hypervisor_core::node_tables::NodeTableNames;
 use hypervisor_daemon::Options;
 use system_tests::RunningNode;
 
+pub(crate) mod cluster;
 pub(crate) mod daemon;
 
 pub(crate) const ADMIN: &str = "admin-secret";
