@@ -485,16 +485,20 @@ impl PodLimits {
     }
 
     /// Records whether the hypervisor counts the pod as wanting the GPU
-    /// `uuid` (hypervisor only); false when the pod has no such GPU.
+    /// `uuid` (hypervisor only), writing the shared word only when that
+    /// changes (the scheduler says it for every pod at every tick); false
+    /// when the pod has no such GPU.
     pub fn set_demand_seen(&self, uuid: &str, seen: bool) -> bool {
         let Some(bit) = self.entry_bit(uuid) else {
             return false;
         };
         let demand = &self.region().header.demand;
-        if seen {
-            demand.fetch_or(bit, Ordering::AcqRel);
-        } else {
-            demand.fetch_and(!bit, Ordering::AcqRel);
+        if (demand.load(Ordering::Acquire) & bit != 0) != seen {
+            if seen {
+                demand.fetch_or(bit, Ordering::AcqRel);
+            } else {
+                demand.fetch_and(!bit, Ordering::AcqRel);
+            }
         }
         true
     }

@@ -226,9 +226,7 @@ impl PodRegion {
     /// wanting the GPU `uuid` (their launches waiting for budget there then
     /// need not ask for admission).
     pub fn set_demand_seen(&self, uuid: &str, seen: bool) {
-        if self.limits.demand_seen(uuid) != seen {
-            self.limits.set_demand_seen(uuid, seen);
-        }
+        self.limits.set_demand_seen(uuid, seen);
     }
 
     /// Writes a grant into the bucket of `uuid`; returns whether the rate rose
