@@ -6,6 +6,7 @@ already running, no bundle).
 
   python3 scripts/gpu/corun_two_gpus.py --bundle gpu-bundle [--out DIR] [--skip-bench]
                                         [--mps-control PATH] [--bench-seconds S]
+                                        [--bench-rounds N]
 
 Run from the repository root (the bench is `python3 -m scripts.bench`).
 Needs PyTorch with CUDA, nvidia-smi and nvidia-cuda-mps-control. About 3-5
@@ -305,7 +306,7 @@ def run_bench(args, bundle, work, gpu0, rows):
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         bench = subprocess.run(
             [sys.executable, "-m", "scripts.bench", "corun", "--bundle", str(bundle), "--gpu", "1",
-             "--seconds", str(args.bench_seconds), "--rounds", "1", "--out", str(out),
+             "--seconds", str(args.bench_seconds), "--rounds", str(args.bench_rounds), "--out", str(out),
              "--mps-control", args.mps_control],
             cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=args.bench_timeout)
         (work / "bench.log").write_text(bench.stdout + bench.stderr)
@@ -348,6 +349,8 @@ def main():
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control")
     p.add_argument("--skip-bench", action="store_true")
     p.add_argument("--bench-seconds", type=float, default=3.0)
+    p.add_argument("--bench-rounds", type=int, default=3,
+                   help="the co-run bench's rounds: its latency bars are judged on their medians")
     p.add_argument("--bench-timeout", type=int, default=420)
     args = p.parse_args()
     bundle = Path(args.bundle).resolve()
