@@ -45,6 +45,21 @@ fn weights_one_to_three_get_25_and_75_percent() {
 }
 
 #[test]
+fn the_status_reports_a_pods_launches_and_the_gpu_time_charged_for_them() {
+    let a = unique("charged");
+    let h = Harness::start(&pod_toml(&a, &["index = 0\ncap = 40"]), 1, &[&a]);
+    let ra = RegionView::open(&a);
+    let before = h.first_gpu_status(&a);
+    assert_eq!((before.launches, before.charged_ns), (0, 0));
+    ra.bucket(0).launches.fetch_add(3, Ordering::Relaxed);
+    ra.bucket(0)
+        .charged_ns
+        .fetch_add(1_350_000, Ordering::Relaxed);
+    let after = h.first_gpu_status(&a);
+    assert_eq!((after.launches, after.charged_ns), (3, 1_350_000));
+}
+
+#[test]
 fn the_pods_see_whether_the_scheduler_counts_their_demand() {
     let (a, b) = (unique("seen-a"), unique("seen-b"));
     let config = format!(

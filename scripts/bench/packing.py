@@ -62,7 +62,10 @@ spread (a pod's share: its throughput over the lone process's, times the
 GPU time the lone process keeps busy: its rate times a unit's GPU time
 alone, the calibrated kernel or the step's CUDA-event time in its warm-up;
 so a workload that leaves the GPU idle between steps is not counted as
-holding it); and of the daemon over the window, from its /metrics scraped
+holding it); the GPU time the limiter charged each pod over the window,
+% of the window, from the daemon's status (charged_ns at its start and
+end): against the pod's share, how far its prices are from what its work
+took; and of the daemon over the window, from its /metrics scraped
 as the window starts and as it ends: the admission latency histogram's p50
 and p99 (interpolated in its buckets as Prometheus does; bounds 50 us to
 1 s), requests and timeouts; its CPU (utime + stime of /proc/PID/stat, % of
@@ -405,18 +408,23 @@ class PackingDaemon(hv.Daemon):
                            f" ({len(missing)} of {len(self.pod_ids)})")
 
     def sample(self, scrape_first: bool) -> dict:
-        """The daemon's CPU time, RSS and admission histogram now. The scrape
-        of /metrics costs the daemon CPU: before the window it comes first,
-        after it last, so that neither is counted in the window's."""
+        """The daemon's CPU time, RSS, admission histogram and the GPU time
+        charged to each pod so far. Its answers cost the daemon CPU: before
+        the window they come first, after it last, so that neither is
+        counted in the window's."""
         pid = self.p.pid if self.p else 0
 
         def scrape():
             code, text = hv.hvctl.request(self.url + "/metrics", timeout=5.0)
             return parse_admission(text) if code == 200 else None
 
-        admission = scrape() if scrape_first else None
+        def charged():
+            return {pod: f.get("charged_ns") for pod, f in self.pod_figures().items()}
+
+        first = (charged(), scrape()) if scrape_first else None
         out = {"t": time.monotonic(), "cpu_s": cpu_seconds(pid), "rss_mib": rss_mib(pid)}
-        return {**out, "admission": admission if scrape_first else scrape()}
+        charged_ns, admission = first or (charged(), scrape())
+        return {**out, "admission": admission, "charged_ns": charged_ns}
 
     def pod_figures(self) -> dict:
         """Each pod's rate (the share granted), achieved share over the last
@@ -426,7 +434,7 @@ class PackingDaemon(hv.Daemon):
             pods = self.status_json().get("pods", [])
         except hv.HvError:
             return {}
-        keys = ("rate_ppm", "achieved_ppm", "sm_percent")
+        keys = ("rate_ppm", "achieved_ppm", "sm_percent", "charged_ns")
         return {p["id"]: {**{k: (p.get("gpus") or [{}])[0].get(k) for k in keys}, "workers": p.get("workers")}
                 for p in pods}
 
@@ -540,7 +548,8 @@ class Runner:
         try:
             placed = {}
             if spec.mode.daemon:
-                work = self.work / tag
+                # Short: MPS's sockets go under it (the daemon refuses a pipe folder past 87 bytes).
+                work = self.work / str(self.serial)
                 work.mkdir()
                 daemon = PackingDaemon(self.bundle, self.logs, work, tag, spec.mode, pods, self.control)
                 daemon.start()
@@ -599,17 +608,24 @@ class Runner:
                 if daemon.mps_log is not None and daemon.mps_log.exists():
                     shutil.copy(daemon.mps_log, self.logs / f"{tag}-mps-control.log")
             common.remove_pod_regions(*pods)
-            shutil.rmtree(self.work / tag, ignore_errors=True)
+            shutil.rmtree(self.work / str(self.serial), ignore_errors=True)
         return result
 
 
 def daemon_figures(before: dict, after: dict) -> dict:
-    """The daemon's CPU (% of one core) and admissions over a window, its RSS at its end."""
+    """The daemon's CPU (% of one core), admissions and each pod's charged
+    GPU time over a window, its RSS at its end."""
     out = {"rss_mib": after["rss_mib"], "cpu_pct": None, "admission": None}
     if before["cpu_s"] is not None and after["cpu_s"] is not None and after["t"] > before["t"]:
         out["cpu_pct"] = (after["cpu_s"] - before["cpu_s"]) / (after["t"] - before["t"]) * 100
     if before["admission"] and after["admission"]:
         out["admission"] = admission_summary(admission_delta(before["admission"], after["admission"]))
+    # What each pod was charged over the window, % of its wall time: beside
+    # its share of the GPU's time, how far the limiter's prices are off.
+    span_ns = (after["t"] - before["t"]) * 1e9
+    out["charged_pct"] = {pod: (ns - before["charged_ns"][pod]) / span_ns * 100
+                          for pod, ns in after["charged_ns"].items()
+                          if ns is not None and before["charged_ns"].get(pod) is not None and span_ns > 0}
     return out
 
 
@@ -656,6 +672,8 @@ def evaluate(runs, calibration) -> None:
                 continue
             want = targets(spec.mode, spec.n, busy)
             summary = shares([pod["per_s"] for pod in run["result"]["pods"]], solo, busy, want)
+            charged = ((run["result"].get("daemon") or {}).get("charged_pct") or {})
+            summary["charged"] = [charged.get(f"{run['result']['tag']}-{i}") for i in range(spec.n)]
             run["figures"] = {**summary, "targets": want,
                               "verdicts": verdicts(spec, summary, want, run["result"].get("daemon"))}
 
@@ -666,12 +684,18 @@ def fmt(x, spec="{:.1f}", none="–") -> str:
     return "inf" if isinstance(x, float) and math.isinf(x) else spec.format(x)
 
 
+def span(values) -> str:
+    """"min–max" of the figures there are, "" with none."""
+    got = [x for x in values or [] if x is not None]
+    return f"{min(got):.2f}–{max(got):.2f}" if got else ""
+
+
 def mark(verdicts, key) -> str:
     return "" if key not in verdicts else ("PASS" if verdicts[key] else "FAIL")
 
 
 COLUMNS = ("workload", "run", "target a pod", "throughput (sum)", "aggregate %", "pod shares % (min–max)",
-           "max dev pp", "spread pp", "admissions (timeouts)", "adm p50 ms", "adm p99 ms", "daemon CPU %",
+           "charged % (min–max)", "max dev pp", "spread pp", "admissions (timeouts)", "adm p50 ms", "adm p99 ms", "daemon CPU %",
            "daemon RSS MiB", f"agg >= {AGGREGATE_PCT:g}% (corun N={AGGREGATE_N})", f"shares +-{SHARE_PP:g} pp",
            f"CPU <= {DAEMON_CPU_PCT:g}% (N={DAEMON_N})", f"p99 <= {ADMISSION_P99_MS:g} ms (N={DAEMON_N})")
 
@@ -697,7 +721,8 @@ def row(run) -> list[str]:
                                                                                   f"fair {want:.2f}%")
     return cells + [
         target, f"{total:,.1f} {WORKLOADS[spec.workload]}", f"{fig['aggregate']:.1f}",
-        f"{min(fig['shares']):.2f}–{max(fig['shares']):.2f}", f"{fig['max_dev_pp']:+.2f}", f"{fig['spread_pp']:.2f}",
+        f"{min(fig['shares']):.2f}–{max(fig['shares']):.2f}", span(fig.get("charged")),
+        f"{fig['max_dev_pp']:+.2f}", f"{fig['spread_pp']:.2f}",
         f"{adm['requests']} ({adm['timeouts']})" if adm else "",
         fmt(adm.get("p50_ms"), "{:.3f}", ""), fmt(adm.get("p99_ms"), "{:.3f}", ""),
         fmt(daemon.get("cpu_pct"), "{:.2f}", ""), fmt(daemon.get("rss_mib"), "{:.1f}", ""),

@@ -3,7 +3,10 @@
 
 use std::path::PathBuf;
 
-use super::{CorunError, CorunOptions, DEFAULT_LATENCY_RESERVE, DEFAULT_MPS_CONTROL};
+use super::{
+    CorunError, CorunOptions, DEFAULT_LATENCY_RESERVE, DEFAULT_MPS_CONTROL, MAX_PIPE_DIR_LEN,
+    pipe_dir,
+};
 use hypervisor_observer::GpuInfo;
 
 /// Where the MPS folders are by default.
@@ -16,7 +19,9 @@ pub struct CorunArgs {
     /// side): its UUID or index; repeatable.
     #[arg(long = "corun-gpu", value_name = "UUID|INDEX")]
     pub corun_gpus: Vec<String>,
-    /// Folder of the MPS pipe and log folders (one pair per co-run GPU).
+    /// Folder of the MPS pipe and log folders (one pair per co-run GPU);
+    /// short enough for MPS's sockets: `<DIR>/<GPU UUID>/pipe` of at most
+    /// 87 bytes.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_CORUN_DIR)]
     pub corun_dir: PathBuf,
     /// --corun-dir as the host sees it (what the pods' CDI specs mount);
@@ -59,6 +64,11 @@ impl CorunArgs {
             let uuid = found
                 .map(|g| g.uuid.clone())
                 .ok_or_else(|| CorunError::UnknownGpu(named.clone()))?;
+            let pipe = pipe_dir(&self.corun_dir, &uuid);
+            let len = pipe.as_os_str().len();
+            if len > MAX_PIPE_DIR_LEN {
+                return Err(CorunError::PipeFolderTooLong { path: pipe, len });
+            }
             if !uuids.contains(&uuid) {
                 uuids.push(uuid);
             }
@@ -132,5 +142,40 @@ mod tests {
             assert!(error.to_string().contains(unknown), "{error}");
         }
         assert!(parse(&["--corun-latency-reserve", "100"]).is_err());
+    }
+
+    #[test]
+    fn a_corun_dir_too_long_for_the_mps_sockets_is_refused_with_the_reason() {
+        let gpus = SimulatedGpus::new(1).gpus().unwrap();
+        // `<dir>/<uuid>/pipe`: the dir's length that makes the pipe folder `len` bytes.
+        let dir_of = |len: usize| {
+            let rest = "/".len() + gpus[0].uuid.len() + "/pipe".len();
+            format!("/{}", "d".repeat(len - rest - 1))
+        };
+        let longest = dir_of(MAX_PIPE_DIR_LEN);
+        let options = parse(&["--corun-gpu", "0", "--corun-dir", &longest])
+            .unwrap()
+            .options(&gpus, false)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            pipe_dir(&options.dir, &options.gpus[0]).as_os_str().len(),
+            MAX_PIPE_DIR_LEN
+        );
+
+        let too_long = dir_of(MAX_PIPE_DIR_LEN + 1);
+        let error = parse(&["--corun-gpu", "0", "--corun-dir", &too_long])
+            .unwrap()
+            .options(&gpus, false)
+            .unwrap_err();
+        assert!(
+            matches!(&error, CorunError::PipeFolderTooLong { len, .. } if *len == MAX_PIPE_DIR_LEN + 1),
+            "{error}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.contains(&too_long) && text.contains("--corun-dir"),
+            "{text}"
+        );
     }
 }

@@ -53,6 +53,18 @@ pub enum CorunError {
     /// observer lists.
     #[error("--corun-gpu {0}: no such GPU (a UUID or an index the observer lists)")]
     UnknownGpu(String),
+    /// A GPU's pipe folder is too long a path for the sockets MPS makes in
+    /// it: its control daemon would exit at start.
+    #[error(
+        "the MPS pipe folder {} is {len} bytes long; MPS names Unix sockets in it, so it may be at most {MAX_PIPE_DIR_LEN}: choose a shorter --corun-dir",
+        path.display()
+    )]
+    PipeFolderTooLong {
+        /// The GPU's pipe folder ([`pipe_dir`]).
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+    },
     /// A GPU's pipe, log or shared-memory folder could not be made, or
     /// something other than a folder is at its path.
     #[error("cannot make the MPS folder {}: {source}", path.display())]
@@ -179,6 +191,13 @@ impl CorunOptions {
 pub fn pipe_dir(dir: &Path, uuid: &str) -> PathBuf {
     dir.join(uuid).join("pipe")
 }
+
+/// The longest pipe folder MPS starts in, in bytes. A Unix socket's path
+/// holds at most 107 bytes, and the control daemon makes sockets of names up
+/// to 20 bytes (with the `/`) in its pipe folder; past this it exits with
+/// status 1 before it answers (seen with driver 580: 87 bytes start, 88 do
+/// not).
+pub const MAX_PIPE_DIR_LEN: usize = 87;
 
 /// The log folder of GPU `uuid`'s MPS control daemon under `dir`
 /// (`CUDA_MPS_LOG_DIRECTORY`).

@@ -74,6 +74,10 @@ pub struct GpuStatus {
     pub waiting: u32,
     /// Launches admitted on the GPU since the region was created.
     pub launches: u64,
+    /// GPU nanoseconds charged for them (prices settled by measurements):
+    /// over a window, its growth per wall time is what the pod was charged.
+    #[serde(default)]
+    pub charged_ns: u64,
     /// GPU nanoseconds left in the pod's bucket; negative is debt the
     /// next refills pay off first.
     pub tokens_ns: i64,
@@ -165,6 +169,7 @@ pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
         achieved_ppm: g.achieved_ppm,
         waiting: bucket.map_or(0, |b| b.waiting.load(Ordering::Relaxed)),
         launches: bucket.map_or(0, |b| b.launches.load(Ordering::Relaxed)),
+        charged_ns: bucket.map_or(0, |b| b.charged_ns.load(Ordering::Relaxed)),
         tokens_ns: bucket.map_or(0, |b| b.tokens_ns.load(Ordering::Relaxed)),
         active: g.active,
         sm_percent: uuid.and_then(|u| pod.region.sm_percent(u)),
