@@ -33,9 +33,11 @@
 //!    process-wide fit: no entry, no per-launch sampling, no slowdown.
 //! 6. While another pod launches on the device (its time slices can inflate
 //!    a measurement, never shorten it) a measurement above the price weighs
-//!    a quarter; on a co-run GPU, a sixty-fourth: MPS clients' kernels share
-//!    the SMs, which stretches a kernel's time but not the SM time it takes,
-//!    so a kernel is priced near the least it took (see [`Contention`]).
+//!    a quarter; on a co-run GPU, MPS clients' kernels share the SMs, which
+//!    stretches a kernel's time but not the SM time it takes: a measurement
+//!    counts as the lower quartile of the kernel's recent ones, and above
+//!    the price weighs a sixty-fourth, so a kernel is priced near the least
+//!    it took (see [`Contention`]).
 //! 7. A thread's charges to one entry in a row add up in its own [`Batch`]
 //!    and reach the entry together (at most [`BATCH_LAUNCHES`] launches or
 //!    [`BATCH_NS`] charged), so a loop of one kernel makes three atomic
@@ -49,7 +51,7 @@
 //! Only the monitor thread records measurements, so each fit has a single
 //! writer; launches read its price, two relaxed loads.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use crate::hash::mix;
 
@@ -85,11 +87,13 @@ pub(crate) enum Contention {
     /// Another MPS client of the co-run GPU launched: its kernels ran beside
     /// this one on the SMs, which stretches this one's time, not the SM time
     /// it takes (a kernel that fills the GPU takes as many SM-seconds as it
-    /// does alone). A measurement above the price weighs a sixty-fourth: the
-    /// price settles near the least the kernel took, and still follows a
-    /// kernel that really takes longer now (within tens of measurements,
-    /// where contention never ends), so no pod keeps an old, short price by
-    /// launching beside others.
+    /// does alone). Where contention never ends, every measurement can be
+    /// stretched: a measurement is taken as the lower quartile of the
+    /// kernel's recent ones (its [`Floor`]), and one still above the
+    /// price weighs a sixty-fourth. The price settles near the least the
+    /// kernel took, and still follows a kernel that really takes longer now
+    /// (within about a hundred measurements), so no pod keeps an old, short
+    /// price by launching beside others.
     SharedSms,
 }
 
@@ -168,6 +172,49 @@ impl Price {
 #[derive(Default)]
 struct Fit {
     sums: [AtomicU64; 5],
+    floor: Floor,
+}
+
+/// What a function's recent measurements took, as ratios to the price each
+/// was measured against (so launches of any grid size compare): the last
+/// [`FLOOR_RING`], whose second least, their lower quartile, is the floor.
+/// Beside other MPS clients every measurement of a kernel can be stretched,
+/// never shortened, so the least it took is the best evidence of what it
+/// takes; the second least, so that one measurement read short (a bracket
+/// less its estimated overhead) does not set it. A kernel that really takes
+/// longer now raises it within [`FLOOR_RING`] measurements. Written by the
+/// monitor thread only (ratios in 1/[`RATIO_ONE`]; 0: none yet).
+#[derive(Default)]
+struct Floor {
+    ratios: [AtomicU16; FLOOR_RING],
+    next: AtomicU8,
+}
+
+/// Measurements a [`Floor`] keeps.
+const FLOOR_RING: usize = 8;
+/// A ratio of 1 in a [`Floor`]: ratios up to 16 are kept as they are.
+const RATIO_ONE: f32 = 4096.0;
+
+impl Floor {
+    /// Notes a measurement of `ratio` times its price; returns the second
+    /// least ratio kept, this one included (the least while only one is).
+    fn note(&self, ratio: f32) -> f32 {
+        let kept = (ratio * RATIO_ONE).round().clamp(1.0, f32::from(u16::MAX)) as u16;
+        let next = usize::from(self.next.load(Ordering::Relaxed)) % FLOOR_RING;
+        self.ratios[next].store(kept, Ordering::Relaxed);
+        self.next
+            .store(((next + 1) % FLOOR_RING) as u8, Ordering::Relaxed);
+        let (mut least, mut second) = (u16::MAX, u16::MAX);
+        for ratio in &self.ratios {
+            match ratio.load(Ordering::Relaxed) {
+                0 => {}
+                r if r < least => (least, second) = (r, least),
+                r if r < second => second = r,
+                _ => {}
+            }
+        }
+        f32::from(if second == u16::MAX { least } else { second }) / RATIO_ONE
+    }
 }
 
 impl Fit {
@@ -469,10 +516,26 @@ impl CostModel {
             .map_or((&self.process, &self.process_price), |index| {
                 (&self.slots[index].fit, &self.slots[index].price)
             });
-        let weight = match price.get() {
-            Some(price) if measured > Price::of(price, 1, charge.waves) => {
-                contention.weight_above_price()
+        let expected = price
+            .get()
+            .map(|price| Price::of(price, 1, charge.waves).max(1));
+        let measured = match expected {
+            Some(expected) => {
+                let quartile = fit.floor.note(measured as f32 / expected as f32);
+                match contention {
+                    // Stretched by the other clients' blocks, or read short
+                    // now and then: taken as the lower quartile of what the
+                    // kernel took lately.
+                    Contention::SharedSms => {
+                        ((expected as f64 * f64::from(quartile)).round() as u64).max(1)
+                    }
+                    Contention::Alone | Contention::TimeSliced => measured,
+                }
             }
+            None => measured,
+        };
+        let weight = match expected {
+            Some(expected) if measured > expected => contention.weight_above_price(),
             _ => 1.0,
         };
         if charge.slot.is_some() {
