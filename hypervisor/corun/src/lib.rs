@@ -193,10 +193,10 @@ pub fn pipe_dir(dir: &Path, uuid: &str) -> PathBuf {
 }
 
 /// The longest pipe folder MPS starts in, in bytes. A Unix socket's path
-/// holds at most 107 bytes, and the control daemon makes sockets of names up
-/// to 20 bytes (with the `/`) in its pipe folder; past this it exits with
-/// status 1 before it answers (seen with driver 580: 87 bytes start, 88 do
-/// not).
+/// holds at most 107 bytes, and the control daemon makes its sockets
+/// (`control`, `control_privileged`) in its pipe folder, keeping room for
+/// longer names than those: measured with driver 580, it starts in a pipe
+/// folder of 87 bytes and at 88 exits with status 1 before it answers.
 pub const MAX_PIPE_DIR_LEN: usize = 87;
 
 /// The log folder of GPU `uuid`'s MPS control daemon under `dir`
