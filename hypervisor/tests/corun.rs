@@ -27,21 +27,28 @@ use kube_fakes::node::TestNode;
 use mps_fake::commands::FIRST_SERVER_PID;
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
 
-/// The test's MPS folder under /tmp, removed when dropped, also when the
-/// test fails. A leftover daemon the test started is killed first.
-struct Scratch {
-    dir: PathBuf,
+use common::scratch::Scratch;
+
+/// The test's MPS folder, a [`Scratch`] with the control programs' `bin/`,
+/// removed when dropped, also when the test fails. A leftover daemon the
+/// test started is killed first.
+struct MpsScratch {
+    scratch: Scratch,
     leftover: Option<Child>,
 }
 
-impl Scratch {
+impl MpsScratch {
     fn new() -> Self {
-        let dir = std::env::temp_dir().join(common::unique("corun"));
-        std::fs::create_dir_all(dir.join("bin")).unwrap();
+        let scratch = Scratch::new("corun");
+        std::fs::create_dir_all(scratch.dir.join("bin")).unwrap();
         Self {
-            dir,
+            scratch,
             leftover: None,
         }
+    }
+
+    fn dir(&self) -> &Path {
+        &self.scratch.dir
     }
 
     /// A control program under the real name that starts `-f` after
@@ -63,7 +70,7 @@ impl Scratch {
     /// `answers` answered commands (the fake's [`mps_fake::HANG_AFTER`]
     /// hook); a marker file makes every later start answer for good.
     fn hanging_control(&self, answers: u32) -> PathBuf {
-        let marker = self.dir.join("bin").join("hung-once");
+        let marker = self.dir().join("bin").join("hung-once");
         self.control_running_first(&format!(
             "if [ \"$1\" = -f ] && [ ! -e '{marker}' ]; then\n  \
              : > '{marker}'\n  export {hook}={answers}\nfi\n",
@@ -75,7 +82,7 @@ impl Scratch {
     /// A control program under the real name: a shell script that runs
     /// `prelude`, then the fake with the same arguments.
     fn control_running_first(&self, prelude: &str) -> PathBuf {
-        let path = self.dir.join("bin").join("nvidia-cuda-mps-control");
+        let path = self.dir().join("bin").join("nvidia-cuda-mps-control");
         let script = format!(
             "#!/bin/sh\n{prelude}exec '{}' \"$@\"\n",
             mps_fake::program().display()
@@ -88,8 +95,8 @@ impl Scratch {
     fn options(&self, gpus: &[String], control: &Path) -> CorunOptions {
         CorunOptions {
             gpus: gpus.to_vec(),
-            dir: self.dir.join("mps"),
-            host_dir: self.dir.join("mps"),
+            dir: self.dir().join("mps"),
+            host_dir: self.dir().join("mps"),
             latency_reserve: 20,
             control: control.to_owned(),
             private_shm: false,
@@ -97,13 +104,13 @@ impl Scratch {
     }
 }
 
-impl Drop for Scratch {
+impl Drop for MpsScratch {
     fn drop(&mut self) {
+        // Before the fields drop: the daemon goes before its folder.
         if let Some(mut child) = self.leftover.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -146,7 +153,7 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn one_daemon_per_gpu_ready_restarted_and_quit_on_shutdown() {
-    let scratch = Scratch::new();
+    let scratch = MpsScratch::new();
     let harness = common::Harness::start("", 2, &[]);
     let gpus = [common::gpu(0), common::gpu(1)];
     let control = scratch.slow_control(Duration::from_millis(300));
@@ -259,10 +266,10 @@ fn one_daemon_per_gpu_ready_restarted_and_quit_on_shutdown() {
 
 #[test]
 fn a_daemon_that_cannot_start_is_down_with_its_reason_and_retried() {
-    let scratch = Scratch::new();
+    let scratch = MpsScratch::new();
     let harness = common::Harness::start("", 1, &[]);
     let gpu = common::gpu(0);
-    let missing = scratch.dir.join("bin").join("no-such-control");
+    let missing = scratch.dir().join("bin").join("no-such-control");
     let options = scratch.options(std::slice::from_ref(&gpu), &missing);
     let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
     harness.hv.hypervisor().set_corun_board(supervisor.board());
@@ -294,7 +301,7 @@ fn a_daemon_that_cannot_start_is_down_with_its_reason_and_retried() {
 /// control daemon stays up.
 #[test]
 fn a_server_that_fails_to_start_is_reported_with_its_reason() {
-    let scratch = Scratch::new();
+    let scratch = MpsScratch::new();
     let harness = common::Harness::start("", 1, &[]);
     let gpu = common::gpu(0);
     let control = scratch.failing_control("invalid argument");
@@ -358,7 +365,7 @@ fn a_server_that_fails_to_start_is_reported_with_its_reason() {
 #[test]
 fn a_daemon_for_container_clients_has_its_gpus_folder_as_dev_shm() {
     use std::os::unix::fs::MetadataExt;
-    let scratch = Scratch::new();
+    let scratch = MpsScratch::new();
     let gpu = common::gpu(0);
     let options = CorunOptions {
         private_shm: true,
@@ -393,7 +400,7 @@ fn a_daemon_for_container_clients_has_its_gpus_folder_as_dev_shm() {
 
 #[test]
 fn a_hung_daemon_is_seen_down_killed_and_restarted() {
-    let scratch = Scratch::new();
+    let scratch = MpsScratch::new();
     let gpu = common::gpu(0);
     // Answers readiness, then hangs, alive.
     let control = scratch.hanging_control(1);
@@ -453,7 +460,7 @@ fn a_hung_daemon_is_seen_down_killed_and_restarted() {
 
 #[test]
 fn a_daemon_left_by_an_earlier_run_is_quit_first() {
-    let mut scratch = Scratch::new();
+    let mut scratch = MpsScratch::new();
     let gpu = common::gpu(0);
     let options = scratch.options(std::slice::from_ref(&gpu), mps_fake::program());
     let pipe = pipe_dir(&options.dir, &gpu);
@@ -513,7 +520,7 @@ fn a_daemon_left_by_an_earlier_run_is_quit_first() {
 #[test]
 fn co_run_gpus_carry_the_slice_attribute() {
     const NODE: &str = "node-c";
-    let scratch = Scratch::new();
+    let scratch = MpsScratch::new();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -524,17 +531,18 @@ fn co_run_gpus_carry_the_slice_attribute() {
         let gpus = sim.gpus().unwrap();
         // The official control plane, `deploy/base` applied, the agent on a
         // token of the shipped ServiceAccount.
-        let kubeconfig = scratch.dir.join("agent.kubeconfig");
-        let plane = cluster_node::installed(Overlay::Base, &scratch.dir.join("home"), &kubeconfig)
-            .await
-            .unwrap();
+        let kubeconfig = scratch.dir().join("agent.kubeconfig");
+        let plane =
+            cluster_node::installed(Overlay::Base, &scratch.dir().join("home"), &kubeconfig)
+                .await
+                .unwrap();
         // The kubelet registers the Node with the node's credentials; no
         // kubelet double runs: no pod runs here.
         cluster_node::register_node(&plane, NODE).await.unwrap();
-        let limiter = scratch.dir.join("libcuda_limiter.so");
+        let limiter = scratch.dir().join("libcuda_limiter.so");
         std::fs::write(&limiter, b"").unwrap();
         let mut options =
-            kube_fakes::node::options(&scratch.dir, NODE, "gpu.gpushare.dev", &limiter);
+            kube_fakes::node::options(scratch.dir(), NODE, "gpu.gpushare.dev", &limiter);
         options.kubeconfig = Some(kubeconfig);
         options.provision.corun =
             Some(scratch.options(std::slice::from_ref(&gpus[1].uuid), mps_fake::program()));

@@ -11,6 +11,8 @@
 //! cluster, is called by the device-plugin kubelet double. No MPS daemon
 //! runs: these tests look at what the containers get.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,44 +33,11 @@ use kube_fakes::kubelet::Version;
 use kube_fakes::node;
 use serde_json::{Value, json};
 
+use common::scratch::Scratch;
+
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-corun";
 const PIPE: &str = "/var/run/gpushare/mps";
-
-/// A folder under the temp dir, removed with everything the test made there
-/// and the regions of the pods it names.
-struct Scratch {
-    dir: PathBuf,
-    pods: std::sync::Mutex<Vec<String>>,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hv-corun-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
-        Self {
-            dir,
-            pods: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-
-    fn track(&self, pod: &str) {
-        self.pods.lock().unwrap().push(pod.to_owned());
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for pod in self.pods.lock().unwrap().iter() {
-            for prefix in ["gpushare-pod-", "gpushare-limits-"] {
-                let _ = std::fs::remove_file(format!("/dev/shm/{prefix}{pod}"));
-            }
-        }
-    }
-}
 
 /// Fields drop in order: the node, the device plugin's kubelet, the control
 /// plane, then the scratch folder.
@@ -89,7 +58,7 @@ impl World {
     /// pods); with `device_plugin`, the device plugin runs too, with the
     /// rights `deploy/device-plugin` adds.
     async fn start(tag: &str, device_plugin: bool) -> Self {
-        let scratch = Scratch::new(tag);
+        let scratch = Scratch::with_limiter(&format!("corun-{tag}"));
         let dir = &scratch.dir;
         let overlay = if device_plugin {
             Overlay::DevicePlugin
@@ -102,7 +71,7 @@ impl World {
             .unwrap();
         let client = plane.admin().await.unwrap();
         let gpus = Arc::new(SimulatedGpus::new(2));
-        let mut options = node::options(dir, NODE, DRIVER, &dir.join("libcuda_limiter.so"));
+        let mut options = node::options(dir, NODE, DRIVER, &scratch.limiter());
         options.kubeconfig = Some(agent_kubeconfig);
         options.check_identity = false;
         options.provision.corun = Some(CorunOptions {
@@ -188,7 +157,7 @@ impl World {
             .metadata
             .uid
             .unwrap();
-        self.scratch.track(&uid);
+        self.scratch.track_pod(&uid);
         uid
     }
 
@@ -663,7 +632,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         .await
         .unwrap();
         kubelet.admit("default", "hami", &["main"]);
-        world.scratch.track(&pod.metadata.uid.unwrap());
+        world.scratch.track_pod(&pod.metadata.uid.unwrap());
         // Binpack puts the first pod on GPU 0, the co-run one.
         let answer = plugin
             .start_container(("default", "hami", "main"), vec![format!("{gpu0}::0")])
@@ -709,7 +678,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         .await
         .unwrap();
         kubelet.admit("default", "solo", &["main"]);
-        world.scratch.track(&pod.metadata.uid.unwrap());
+        world.scratch.track_pod(&pod.metadata.uid.unwrap());
         let answer = plugin
             .start_container(("default", "solo", "main"), vec![format!("{gpu0}::1")])
             .await
@@ -729,7 +698,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         .await
         .unwrap();
         kubelet.admit("default", "pair", &["main"]);
-        world.scratch.track(&pod.metadata.uid.unwrap());
+        world.scratch.track_pod(&pod.metadata.uid.unwrap());
         let refused = plugin
             .start_container(
                 ("default", "pair", "main"),

@@ -8,8 +8,9 @@
 //! kubelet double registers the Node with the node's credentials and keeps
 //! it Ready.
 
+mod common;
+
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,41 +28,12 @@ use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
 use kube_fakes::node;
 use serde_json::json;
 
+use common::scratch::Scratch;
+
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-health";
 const GPU: &str = "nvidia.com/gpu";
 const TAINT_KEY: &str = "gpu.gpushare.dev/unhealthy";
-
-/// A folder under the temp dir, removed with the regions of the pods it
-/// names, also when the test fails.
-struct Scratch {
-    dir: PathBuf,
-    pods: Vec<String>,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hv-health-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
-        Self {
-            dir,
-            pods: Vec::new(),
-        }
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for pod in &self.pods {
-            for prefix in ["gpushare-pod-", "gpushare-limits-"] {
-                let _ = std::fs::remove_file(format!("/dev/shm/{prefix}{pod}"));
-            }
-        }
-    }
-}
 
 /// Fields drop in order: the node, the device plugin's kubelet, the control
 /// plane, then the scratch folder.
@@ -81,7 +53,7 @@ impl World {
     /// device plugin too with `device_plugin`, with the rights
     /// `deploy/device-plugin` adds (events, the Node's status).
     async fn start(tag: &str, device_plugin: bool) -> Self {
-        let scratch = Scratch::new(tag);
+        let scratch = Scratch::with_limiter(&format!("health-{tag}"));
         let d = &scratch.dir;
         // The base, and the device plugin's rights where it runs.
         let overlay = if device_plugin {
@@ -94,7 +66,7 @@ impl World {
             .await
             .unwrap();
         let client = plane.admin().await.unwrap();
-        let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+        let mut options = node::options(d, NODE, DRIVER, &scratch.limiter());
         options.kubeconfig = Some(agent_kubeconfig);
         options.check_identity = false;
         let mut kubelet = None;
@@ -160,7 +132,7 @@ impl World {
         )
         .await
         .unwrap();
-        self.scratch.pods.push(pod.metadata.uid.unwrap());
+        self.scratch.track_pod(&pod.metadata.uid.unwrap());
         let (kubelet, plugin) = self.plugin.as_ref().expect("a device plugin");
         kubelet.admit("default", name, &["main"]);
         let answer = plugin

@@ -11,8 +11,9 @@
 //! part). The agent's events and the node's capacity are read back from
 //! the real API server.
 
+mod common;
+
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,43 +27,10 @@ use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 
+use common::scratch::Scratch;
+
 const NODE: &str = "node-dp";
 const GPU: &str = "nvidia.com/gpu";
-
-/// A folder under the temp dir, removed with everything the test made there
-/// and the regions of the pods it names.
-struct Scratch {
-    dir: PathBuf,
-    pods: std::sync::Mutex<Vec<String>>,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hv-dp-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
-        Self {
-            dir,
-            pods: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-
-    fn track(&self, pod: &str) {
-        self.pods.lock().unwrap().push(pod.to_owned());
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for pod in self.pods.lock().unwrap().iter() {
-            for prefix in ["gpushare-pod-", "gpushare-limits-"] {
-                let _ = std::fs::remove_file(format!("/dev/shm/{prefix}{pod}"));
-            }
-        }
-    }
-}
 
 /// Fields drop in order: the node, the device plugin's kubelet, the control
 /// plane, then the scratch folder.
@@ -84,7 +52,7 @@ impl World {
     /// two GPUs (4 shares each); with `pod_resources`, the kubelet double
     /// serves the pod-resources list too.
     async fn start(tag: &str, pod_resources: bool) -> Self {
-        let scratch = Scratch::new(tag);
+        let scratch = Scratch::with_limiter(&format!("dp-{tag}"));
         let dir = &scratch.dir;
         let agent_kubeconfig = dir.join("agent.kubeconfig");
         let plane =
@@ -94,12 +62,7 @@ impl World {
         // The kubelet registers the Node before the agent starts.
         cluster_node::register_node(&plane, NODE).await.unwrap();
         let client = plane.admin().await.unwrap();
-        let mut options = node::options(
-            dir,
-            NODE,
-            "gpu.gpushare.dev",
-            &dir.join("libcuda_limiter.so"),
-        );
+        let mut options = node::options(dir, NODE, "gpu.gpushare.dev", &scratch.limiter());
         options.kubeconfig = Some(agent_kubeconfig);
         options.check_identity = false;
         let mut config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
@@ -153,7 +116,7 @@ impl World {
             .metadata
             .uid
             .unwrap();
-        self.scratch.track(&uid);
+        self.scratch.track_pod(&uid);
         self.kubelet.admit("default", name, &["main"]);
         uid
     }

@@ -21,42 +21,10 @@ use kube_fakes::kubelet::Version;
 use kube_fakes::node;
 use serde_json::{Value, json};
 
+use common::scratch::Scratch;
+
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-a";
-
-/// A folder under the temp dir, removed with everything the test made there
-/// and the regions of the pods it names.
-struct Scratch {
-    dir: PathBuf,
-    pods: std::sync::Mutex<Vec<String>>,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hv-k8s-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
-        Self {
-            dir,
-            pods: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-
-    fn track(&self, pod: &str) {
-        self.pods.lock().unwrap().push(pod.to_owned());
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for pod in self.pods.lock().unwrap().iter() {
-            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{pod}"));
-            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-limits-{pod}"));
-        }
-    }
-}
 
 /// Fields drop in order: the node, the control plane, then the scratch
 /// folder.
@@ -71,7 +39,7 @@ struct World {
 
 impl World {
     async fn start(tag: &str) -> Self {
-        let scratch = Scratch::new(tag);
+        let scratch = Scratch::with_limiter(&format!("k8s-{tag}"));
         let agent_kubeconfig = scratch.dir.join("agent.kubeconfig");
         let home = scratch.dir.join("home");
         let plane = cluster_node::installed(Overlay::Base, &home, &agent_kubeconfig)
@@ -94,7 +62,7 @@ impl World {
 
     fn options(&self) -> hypervisor_kubernetes::AgentOptions {
         let d = &self.scratch.dir;
-        let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+        let mut options = node::options(d, NODE, DRIVER, &self.scratch.limiter());
         options.kubeconfig = Some(self.agent_kubeconfig.clone());
         // Workers' cgroups are looked up in a /proc the tests write.
         options.proc_root = d.join("proc");
@@ -156,7 +124,7 @@ impl World {
             .metadata
             .uid
             .unwrap();
-        self.scratch.track(&uid);
+        self.scratch.track_pod(&uid);
         uid
     }
 
@@ -639,7 +607,7 @@ fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
 #[test]
 fn a_worker_whose_cgroup_is_another_pods_is_refused() {
     use hypervisor_core::identity::{CgroupIdentity, WorkerIdentity};
-    let scratch = Scratch::new("identity");
+    let scratch = Scratch::with_limiter("k8s-identity");
     let proc_root = scratch.dir.join("proc");
     let pod_a = "0b7c8a52-3f1e-4a7e-9c4e-2f6f1d2c3b4a";
     let pod_b = "1c8d9b63-4a2f-4b8f-8d5f-3a7a2e3d4c5b";

@@ -9,29 +9,13 @@
 //! hide other processes' maps, and a maps file that cannot be read stops a
 //! collection (the daemon and the init container can read them all).
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "gpushare-limiter-install-{name}-{}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::scratch::Scratch;
 
 fn hypervisor(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_hypervisor"))
@@ -130,13 +114,13 @@ fn versions(dir: &Path) -> Vec<String> {
 
 #[test]
 fn an_upgrade_keeps_the_mapped_version_until_no_process_maps_it() {
-    let scratch = Scratch::new("upgrade");
-    let lib = scratch.0.join("lib");
+    let scratch = Scratch::new("limiter-upgrade");
+    let lib = scratch.dir.join("lib");
     let link = lib.join("libcuda_limiter.so");
-    let (a, b) = (scratch.0.join("a.so"), scratch.0.join("b.so"));
+    let (a, b) = (scratch.dir.join("a.so"), scratch.dir.join("b.so"));
     std::fs::write(&a, b"version A of the library").unwrap();
     std::fs::write(&b, b"version B of the library, longer").unwrap();
-    let proc = scratch.0.join("proc");
+    let proc = scratch.dir.join("proc");
     std::fs::create_dir_all(&proc).unwrap();
 
     let said = install(&a, &link, "1.0.0", &proc);
@@ -210,14 +194,14 @@ fn an_upgrade_keeps_the_mapped_version_until_no_process_maps_it() {
 #[test]
 fn the_first_install_retires_a_copied_library_without_writing_to_it() {
     // Earlier releases `cp`'d the library over the stable name.
-    let scratch = Scratch::new("legacy");
-    let lib = scratch.0.join("lib");
+    let scratch = Scratch::new("limiter-legacy");
+    let lib = scratch.dir.join("lib");
     std::fs::create_dir_all(&lib).unwrap();
     let link = lib.join("libcuda_limiter.so");
     std::fs::write(&link, b"a copied library").unwrap();
-    let proc = scratch.0.join("proc");
+    let proc = scratch.dir.join("proc");
     let mapper = Mapper::start(&link, &proc);
-    let source = scratch.0.join("new.so");
+    let source = scratch.dir.join("new.so");
     std::fs::write(&source, b"the new library").unwrap();
     install(&source, &link, "2.0.0", &proc);
     assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,45 +24,13 @@ use kube_fakes::kubelet::FakeKubelet;
 use kube_fakes::node;
 use kube_fakes::node_kubelet::NodeKubelet;
 
+use common::scratch::Scratch;
+
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-overcommit";
 const GIB: u64 = 1 << 30;
 /// Each simulated GPU's memory.
 const N: u64 = SimulatedGpus::MEMORY;
-
-/// A folder under the temp dir, removed with the regions of the pods it
-/// names and the node's tables, however the test ends.
-struct Scratch {
-    dir: PathBuf,
-    shm: std::sync::Mutex<Vec<String>>,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("hv-overcommit-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
-        Self {
-            dir,
-            shm: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-
-    /// Removes `/dev/shm/<name>` at the end.
-    fn track(&self, name: String) {
-        self.shm.lock().unwrap().push(name);
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for name in self.shm.lock().unwrap().iter() {
-            let _ = gpushare_utils::shm::unlink(name);
-        }
-    }
-}
 
 /// Fields drop in order: the kubelet, the node, the control plane, then the
 /// scratch folder.
@@ -78,7 +46,7 @@ impl World {
     /// The control plane with `deploy/base`, and a node of two simulated
     /// GPUs whose daemon config has `swap` as its `[swap]` table.
     async fn start(tag: &str, swap: &str) -> Self {
-        let scratch = Scratch::new(tag);
+        let scratch = Scratch::with_limiter(&format!("overcommit-{tag}"));
         let agent_kubeconfig = scratch.dir.join("agent.kubeconfig");
         let plane =
             cluster_node::installed(Overlay::Base, &scratch.dir.join("home"), &agent_kubeconfig)
@@ -86,12 +54,12 @@ impl World {
                 .unwrap();
         let client = plane.admin().await.unwrap();
         let d = &scratch.dir;
-        let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+        let mut options = node::options(d, NODE, DRIVER, &scratch.limiter());
         options.kubeconfig = Some(agent_kubeconfig);
         options.check_identity = false;
         let tables = options.provision.node_tables.clone();
-        scratch.track(tables.activity.clone());
-        scratch.track(tables.priority.clone());
+        scratch.track_shm(&tables.activity);
+        scratch.track_shm(&tables.priority);
         let config = hypervisor_core::config::parse(
             &format!("listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n[swap]\n{swap}"),
             Path::new("(test)"),
@@ -176,8 +144,7 @@ impl World {
             .metadata
             .uid
             .unwrap();
-        self.scratch.track(format!("gpushare-pod-{uid}"));
-        self.scratch.track(format!("gpushare-limits-{uid}"));
+        self.scratch.track_pod(&uid);
         uid
     }
 

@@ -8,6 +8,8 @@
 //! (which only the fake API server can hold back), the real scheduler's
 //! objects served by the fake.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,39 +25,10 @@ use kube_fakes::kubelet::Version;
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 
+use common::scratch::Scratch;
+
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-a";
-
-/// The test's folder, and the regions of the identities it names, removed
-/// at the end.
-struct Scratch {
-    dir: PathBuf,
-    identities: std::sync::Mutex<Vec<String>>,
-}
-
-impl Scratch {
-    fn new(test: &str) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("hv-shared-claim-{test}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("libcuda_limiter.so"), b"").unwrap();
-        Self {
-            dir,
-            identities: std::sync::Mutex::new(Vec::new()),
-        }
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for id in self.identities.lock().unwrap().iter() {
-            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{id}"));
-            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-limits-{id}"));
-        }
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -183,7 +156,7 @@ fn spec_and_identity(scratch: &Scratch, claim_uid: &str) -> (PathBuf, String) {
         .join("cdi")
         .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
     let identity = identity_in(&spec_path);
-    scratch.identities.lock().unwrap().push(identity.clone());
+    scratch.track_pod(&identity);
     (spec_path, identity)
 }
 
@@ -204,7 +177,7 @@ fn identity_in(spec_path: &std::path::Path) -> String {
 
 #[test]
 fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
-    let scratch = Scratch::new("two-pods");
+    let scratch = Scratch::with_limiter("shared-claim-two-pods");
     runtime().block_on(async {
         let d = &scratch.dir;
         let (plane, client) = cluster(d).await;
@@ -351,7 +324,7 @@ async fn scheduled_by_the_real_scheduler(d: &std::path::Path) -> Vec<(&'static s
 /// scheduler's allocation and reservation).
 #[test]
 fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
-    let scratch = Scratch::new("unseen");
+    let scratch = Scratch::with_limiter("shared-claim-unseen");
     runtime().block_on(async {
         let d = &scratch.dir;
         let objects = scheduled_by_the_real_scheduler(d).await;

@@ -1,6 +1,7 @@
 //! Test harness: a hypervisor on an ephemeral loopback port with simulated
 //! GPUs and a config file of its own, fake workers (the limiter's side of the
-//! protocol), a raw HTTP client, and cleanup of the test's regions.
+//! protocol), a raw HTTP client, and cleanup of the test's regions and
+//! folders.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -25,6 +26,7 @@ use system_tests::RunningNode;
 
 pub(crate) mod cluster;
 pub(crate) mod daemon;
+pub(crate) mod scratch;
 
 pub(crate) const ADMIN: &str = "admin-secret";
 
@@ -47,14 +49,18 @@ pub(crate) fn gpu(i: u32) -> String {
     FakeGpus::uuid(i)
 }
 
+/// The names under `/dev/shm` of `pod`'s region (its ledger) and limits.
+pub(crate) fn region_names(pod: &str) -> [String; 2] {
+    [format!("gpushare-pod-{pod}"), PodLimits::name_of(pod)]
+}
+
 /// Removes the regions of `pods` when dropped (after the hypervisor stopped).
 pub(crate) struct Regions(pub Vec<String>);
 
 impl Drop for Regions {
     fn drop(&mut self) {
-        for pod in &self.0 {
-            let _ = shm::unlink(&format!("gpushare-pod-{pod}"));
-            let _ = shm::unlink(&PodLimits::name_of(pod));
+        for name in self.0.iter().flat_map(|pod| region_names(pod)) {
+            let _ = shm::unlink(&name);
         }
     }
 }
