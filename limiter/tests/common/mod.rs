@@ -167,13 +167,16 @@ impl Bursts {
     }
 
     /// Per burst, how the batch pod was held over it. The batch pod stops
-    /// within its one launch in flight (2 ms) of the latency pod's first
-    /// launch, which comes after the burst's clock read by however long
-    /// the latency pod then waited for a CPU (its burst's `delay_ns`); the
+    /// within its one launch in flight (2 ms of its work on the GPU) of the
+    /// latency pod's first launch, which comes after the burst's clock read
+    /// by however long the latency pod then waited for a CPU (its burst's
+    /// `delay_ns`). What counts is the batch pod's work on the GPU, not the
+    /// clock: a batch launch that passed its gate just before the burst may
+    /// reach the GPU a scheduler tick later when the machine is loaded. The
     /// stretch is known to the 50 µs step of `idle`.
     pub(crate) fn holds(&self) -> Vec<Hold> {
         const STEP_NS: u64 = 50_000;
-        const MS: u64 = 1_000_000;
+        const IN_FLIGHT_NS: u64 = 2_000_000;
         let gaps = idle_spans(&self.batch_lines);
         let starts = times(&self.latency_lines, "clock");
         let ends = times(&self.latency_lines, "settled");
@@ -190,8 +193,9 @@ impl Bursts {
             .map(|((&start, &idle_at), delay)| {
                 let gap = gaps
                     .iter()
-                    .find(|(a, b)| *a <= start + 2 * MS + delay && *b + STEP_NS >= idle_at)
-                    .copied();
+                    .find(|(a, b)| *a <= idle_at && *b + STEP_NS >= idle_at)
+                    .copied()
+                    .filter(|&(a, _)| busy_ns(&gaps, start + delay, a) <= IN_FLIGHT_NS);
                 Hold {
                     start,
                     idle_at,
@@ -200,6 +204,16 @@ impl Bursts {
             })
             .collect()
     }
+}
+
+/// How long a timeline whose idle stretches are `gaps` was busy from `from`
+/// to `to` (0 when `to` is not after `from`).
+fn busy_ns(gaps: &[(u64, u64)], from: u64, to: u64) -> u64 {
+    let idle: u64 = gaps
+        .iter()
+        .map(|&(a, b)| b.min(to).saturating_sub(a.max(from)))
+        .sum();
+    to.saturating_sub(from).saturating_sub(idle)
 }
 
 /// A periodic latency pod next to a saturating batch pod, both running (the
