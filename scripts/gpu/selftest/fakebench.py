@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A test double of what the benchmarks (scripts/bench) run, for their dry
 runs here (no GPU, no nvcc, no PyTorch): linked under each program's name
-(nvidia-smi, nvcc, compute_bench, workers.py, torch_workloads.py), it prints
+(nvidia-smi, nvcc, compute_bench, workers.py, torch_workloads.py,
+packing_kernels, packing_infer.py), it prints
 the lines the real program prints, with the numbers a working limiter gives
 when the limiter's variables are set. Only for scripts/gpu/selftest: it shows
 that every benchmark's plumbing runs and parses; it says nothing about the
@@ -12,6 +13,7 @@ import json
 import os
 import sys
 import time
+import urllib.request
 
 E = os.environ
 LIMIT = int(E["CUDA_DEVICE_SM_LIMIT"]) if "LD_PRELOAD" in E and "CUDA_DEVICE_SM_LIMIT" in E else 100
@@ -35,11 +37,12 @@ def nvidia_smi(args):
 
 
 def nvcc(args):
-    # The "build": the fake as compute_bench (a script: the bench runs the
-    # binary's resolved path).
+    # The "build": the fake as the program of the binary's name (a script:
+    # the bench runs the binary's resolved path).
     binary = args[args.index("-o") + 1]
+    name = os.path.basename(binary)
     with open(binary, "w") as f:
-        f.write(f'#!/bin/sh\nexec "{sys.executable}" "{os.path.realpath(__file__)}" compute_bench "$@"\n')
+        f.write(f'#!/bin/sh\nexec "{sys.executable}" "{os.path.realpath(__file__)}" {name} "$@"\n')
     os.chmod(binary, 0o755)
 
 
@@ -92,6 +95,34 @@ def workers(args):
     else:
         print(json.dumps({"role": role, "size": int(opt["--size"]), "matmuls": 400, "elapsed": seconds,
                           "per_s": 400 / seconds, "kernel_ms": 0.2}), flush=True)
+
+
+def packing_kernels(args):
+    if args[0] == "calibrate":
+        out(result=1, iters=1000, grid=132, sms=132, blocks_per_sm=1, kernel_us="450.00")
+    else:  # run ITERS GRID SECONDS
+        packing_worker(float(args[3]), 2000)
+
+
+def packing_infer(args):  # SECONDS
+    packing_worker(float(args[0]), 4000, step_ms="0.2100")
+
+
+def packing_worker(seconds, rate, **extra):
+    """A packing worker: registered with the daemon as the limiter does it,
+    ready, its window from the start time on stdin, `rate` a second in it."""
+    url, token, pod = (E.get(k) for k in ("CUDA_LIMITER_HYPERVISOR", "CUDA_LIMITER_TOKEN", "CUDA_LIMITER_POD"))
+    if url and token and pod:
+        body = json.dumps({"pod": pod, "pid": os.getpid()}).encode()
+        request = urllib.request.Request(f"{url}/api/v1/workers", data=body, method="POST", headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=5).read()
+    print("ready=1", flush=True)
+    start = float(sys.stdin.readline())
+    while time.monotonic() < start + seconds:
+        time.sleep(0.01)
+    count = int(rate * seconds)
+    out(result=1, count=count, per_s=f"{count / seconds:.3f}", launched=count, drain_s="0.000000", **extra)
 
 
 def main():

@@ -2,10 +2,12 @@
 parses its options; they use the GPU check's harness (its sampler,
 statistics, process runs and daemon), not copies of their own; and each runs
 through against fakebench.py (nvidia-smi, nvcc, compute_bench, the workers,
-torch_workloads.py), the co-run ones with the real daemon (--simulate-gpus)
-and the fake MPS control daemon when target/ has them built."""
+torch_workloads.py, the packing workers), the co-run and packing ones with
+the real daemon (--simulate-gpus) and the fake MPS control daemon when
+target/ has them built; the packing bench's figures from known inputs."""
 
 import inspect
+import json
 import math
 import os
 import re
@@ -23,7 +25,8 @@ HARNESS = REPO / "scripts" / "gpu" / "e2e" / "harness"
 if str(REPO) not in sys.path:  # python3 -m pytest from elsewhere than the repository root
     sys.path.append(str(REPO))  # the package by its own name, scripts.bench, as the entry point has it
 
-from scripts.bench import common, compute, corun, corun_ab, corun_frontier, launch, priority  # noqa: E402
+from scripts.bench import (common, compute, corun, corun_ab, corun_frontier, launch, packing,  # noqa: E402
+                           packing_daemon, packing_plan, packing_report, priority)
 from scripts.bench.__main__ import SUBCOMMANDS, main, parser  # noqa: E402
 from scripts.gpu.e2e.harness import hv, parse, proc, smi  # noqa: E402
 
@@ -235,3 +238,92 @@ def test_torch_runs_the_program_itself(monkeypatch):
     monkeypatch.setattr(os, "execv", lambda exe, argv: seen.append((exe, argv)))
     main(["torch", "decode", "5"])
     assert seen == [(sys.executable, [sys.executable, str(common.TORCH_WORKLOADS), "decode", "5"])]
+
+
+def test_packing_admission_quantiles_as_prometheus():
+    text = "\n".join([
+        'gpushare_admission_latency_seconds_bucket{le="0.001"} 50',
+        'gpushare_admission_latency_seconds_bucket{le="0.002"} 90',
+        'gpushare_admission_latency_seconds_bucket{le="+Inf"} 100',
+        "gpushare_admission_latency_seconds_sum 0.2", "gpushare_admission_latency_seconds_count 100",
+        "gpushare_admission_timeouts_total 3", "other_metric 1"])
+    before = packing_daemon.parse_admission(text.replace(" 50", " 10").replace(" 90", " 10")
+                                            .replace("} 100", "} 10").replace("count 100", "count 10"))
+    after = packing_daemon.parse_admission(text)
+    assert after["count"] == 100 and after["timeouts"] == 3 and after["buckets"][-1] == (math.inf, 100)
+    delta = packing_daemon.admission_delta(before, after)
+    assert delta["buckets"] == [(0.001, 40), (0.002, 80), (math.inf, 90)] and delta["count"] == 90
+    # Linear inside a bucket from the one below's bound; +Inf past the last.
+    assert packing_daemon.quantile(delta["buckets"], 0.25) == pytest.approx(0.0005625)
+    assert packing_daemon.quantile(delta["buckets"], 0.5) == pytest.approx(0.001125)
+    assert packing_daemon.quantile(delta["buckets"], 0.99) == math.inf
+    assert packing_daemon.quantile([(0.001, 0), (math.inf, 0)], 0.5) is None
+    summary = packing_daemon.admission_summary(delta)
+    assert summary["requests"] == 90 and summary["p50_ms"] == pytest.approx(1.125)
+    assert packing_daemon.parse_admission("other_metric 1") is None
+
+
+def test_packing_shares_targets_and_verdicts():
+    # 16 co-run pods at 6.0% of the lone process's throughput each, which
+    # kept the GPU 90% busy: each holds 5.4% of the GPU's time.
+    corun16 = packing_plan.Spec("kernels", packing_plan.MODES["corun"], 16, "corun N=16")
+    want = packing_plan.targets(corun16.mode, 16, busy=0.9)
+    assert want == [6.25] * 16
+    summary = packing_report.shares([60.0] * 16, 1000.0, 0.9, want)
+    assert summary["shares"] == pytest.approx([5.4] * 16) and summary["aggregate"] == pytest.approx(96.0)
+    assert summary["max_dev_pp"] == pytest.approx(-0.85) and summary["spread_pp"] == pytest.approx(0)
+    # Co-run N=16 is judged on its aggregate; elastic weights sum to 100%,
+    # so no share verdict.
+    assert packing_report.verdicts(corun16, summary, want, None) == {"aggregate": False}
+    # Fixed caps: floor(90/N)%, at most what the workload keeps busy alone;
+    # judged on every pod within 1 pp; at N=32 on the daemon's CPU and p99
+    # too, a figure it lacks failing.
+    timeslice32 = packing_plan.Spec("infer", packing_plan.MODES["timeslice"], 32, "timeslice N=32")
+    want = packing_plan.targets(timeslice32.mode, 32)
+    assert want == [2.0] * 32 and packing_plan.targets(timeslice32.mode, 1, busy=0.5) == [50.0]
+    summary = packing_report.shares([20.0] * 31 + [29.0], 1000.0, 1.0, want)
+    daemon = {"cpu_pct": 1.2, "admission": {"requests": 0}}
+    assert packing_report.verdicts(timeslice32, summary, want, daemon) == {
+        "shares": True, "cpu": True, "p99": True}
+    summary = packing_report.shares([20.0] * 31 + [31.0], 1000.0, 1.0, want)
+    daemon = {"cpu_pct": None, "admission": {"requests": 4, "p99_ms": 2.5}}
+    assert packing_report.verdicts(timeslice32, summary, want, daemon) == {
+        "shares": False, "cpu": False, "p99": False}
+
+
+def test_packing_daemon_figures_over_a_window():
+    before = {"t": 10.0, "cpu_s": 1.0, "rss_mib": 30.0, "admission": None,
+              "charged_ns": {"p-0": 1_000_000_000, "p-1": None}}
+    after = {"t": 15.0, "cpu_s": 1.1, "rss_mib": 31.5, "admission": None,
+             "charged_ns": {"p-0": 1_250_000_000, "p-1": 5}}
+    figures = packing_daemon.daemon_figures(before, after)
+    assert figures["cpu_pct"] == pytest.approx(2.0) and figures["rss_mib"] == 31.5
+    assert figures["charged_pct"] == {"p-0": pytest.approx(5.0)} and figures["admission"] is None
+
+
+@corun_built
+def test_packing(corun_env, monkeypatch, capsys):
+    bundle, out, args = corun_env
+    path = Path(os.environ["PATH"].split(":")[0])
+    (path / "packing_infer.py").symlink_to(FAKE)
+    monkeypatch.setattr(packing, "INFER", path / "packing_infer.py")
+    monkeypatch.setattr(packing_daemon, "SIMULATE", "1")
+    monkeypatch.setattr(packing, "START_S", 0.1)
+    main(["packing", "--bundle", str(bundle), "--out", str(out), "--seconds", "0.3", "--counts", "1,2",
+          "--modes", "timeslice,corun", "--mps-control", args[-1]])
+    printed = capsys.readouterr().out
+    assert "kernels calibrated: {'result': '1', 'iters': '1000'" in printed, printed
+    text = (out / "packing-bench.md").read_text()
+    assert "failed" not in text and "skipped" not in text and "not every worker was registered" not in text, text
+    for workload in ("kernels", "infer"):
+        for label in ("solo", "no limiter N=2", "timeslice N=1", "timeslice N=2", "corun N=2", "solo again"):
+            assert f"| {workload} | {label} |" in text, (workload, label, text)
+    # The fakes run at their lone rate whatever the limits (nothing here
+    # limits them): every figure is the plumbing's, from the workers' lines
+    # and the daemon's status, the GPU time charged included (none).
+    assert "| kernels | timeslice N=2 | cap 45.00% | 4,000.0 kernels/s | 200.0 | 90.00–90.00 | 0.00–0.00 |" in text
+    assert "infer alone: 4,000.0, 4,000.0 steps/s, drift +0.00%, a step 0.210 ms on the GPU" in text
+    data = json.loads((out / "packing-bench.json").read_text())
+    corun2 = next(r for r in data["runs"] if r["workload"] == "kernels" and r["label"] == "corun N=2")
+    assert corun2["result"]["registered"] and set(corun2["result"]["daemon"]["charged_pct"]) == {
+        f"{corun2['result']['tag']}-0", f"{corun2['result']['tag']}-1"}

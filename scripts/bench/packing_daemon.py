@@ -1,0 +1,229 @@
+"""The packing bench's daemon: `hypervisor serve` for one run, and what the
+bench reads of it over a window (its CPU, memory, admission latency
+histogram and the GPU time charged to each pod)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from scripts.gpu.e2e.harness import hv
+
+from . import common, corun
+from .packing_plan import Mode, cap_percent
+
+SIMULATE = ""  # the daemon's --simulate-gpus (dry runs without a GPU); "": the GPU
+
+
+_BUCKET = re.compile(r'^gpushare_admission_latency_seconds_bucket\{le="([^"]+)"\}\s+(\S+)\s*$')
+_SCALAR = re.compile(r"^(gpushare_admission_latency_seconds_(?:sum|count)|gpushare_admission_timeouts_total)"
+                     r"\s+(\S+)\s*$")
+
+
+def parse_admission(text: str) -> dict | None:
+    """The admission histogram of a /metrics text: {"buckets": [(upper
+    bound s, cumulative count)] by bound, "sum", "count", "timeouts"}; None
+    without its buckets."""
+    buckets, scalars = [], {}
+    for line in text.splitlines():
+        m = _BUCKET.match(line)
+        if m:
+            bound = math.inf if m.group(1) == "+Inf" else float(m.group(1))
+            buckets.append((bound, int(float(m.group(2)))))
+            continue
+        m = _SCALAR.match(line)
+        if m:
+            scalars[m.group(1)] = float(m.group(2))
+    if not buckets:
+        return None
+    return {"buckets": sorted(buckets), "sum": scalars.get("gpushare_admission_latency_seconds_sum", 0.0),
+            "count": int(scalars.get("gpushare_admission_latency_seconds_count", buckets[-1][1])),
+            "timeouts": int(scalars.get("gpushare_admission_timeouts_total", 0))}
+
+
+def admission_delta(before: dict, after: dict) -> dict:
+    """What the histogram gained between two scrapes of one daemon."""
+    old = dict(before["buckets"])
+    return {"buckets": [(bound, n - old.get(bound, 0)) for bound, n in after["buckets"]],
+            "sum": after["sum"] - before["sum"], "count": after["count"] - before["count"],
+            "timeouts": after["timeouts"] - before["timeouts"]}
+
+
+def quantile(buckets, q: float) -> float | None:
+    """The q-quantile (0..1) of a cumulative histogram [(bound, count)],
+    linear inside its bucket from the bucket below's bound (0 for the first),
+    as Prometheus's histogram_quantile; inf when it falls in +Inf; None
+    when the histogram is empty."""
+    total = buckets[-1][1] if buckets else 0
+    if total <= 0:
+        return None
+    rank = q * total
+    low, below = 0.0, 0
+    for bound, cum in buckets:
+        if cum >= rank and cum > below:
+            if math.isinf(bound):
+                return math.inf
+            return low + (bound - low) * (rank - below) / (cum - below)
+        low, below = bound, cum
+    return math.inf
+
+
+def admission_summary(delta: dict) -> dict:
+    """Requests, timeouts, p50, p99 and mean of a window's admissions, in ms."""
+    def ms(q):
+        seconds = quantile(delta["buckets"], q)
+        return None if seconds is None else seconds * 1e3
+
+    return {"requests": delta["count"], "timeouts": delta["timeouts"], "p50_ms": ms(0.5), "p99_ms": ms(0.99),
+            "mean_ms": delta["sum"] / delta["count"] * 1e3 if delta["count"] else None}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """The process's user + system CPU time so far (/proc/PID/stat), seconds."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # After the command's name, which may hold spaces and parentheses:
+    # field 3 (state) is index 0, utime (14) index 11, stime (15) index 12.
+    rest = text[text.rindex(")") + 2:].split()
+    return (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float | None:
+    """The process's resident memory (VmRSS), MiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class PackingDaemon(hv.Daemon):
+    """`hypervisor serve` for one run: its config names the run's pods (all
+    on GPU 0, each with the policy of `mode`), GPU 0 co-run where the mode
+    says so (ready once its MPS control daemon answers: /readyz), node
+    tables of its own. Its config and log in `logs`; its MPS folders in
+    `work`."""
+
+    def __init__(self, bundle: Path, logs: Path, work: Path, tag: str, mode: Mode, pods, control: str):
+        self.mode, self.work, self.pod_ids = mode, work, list(pods)
+        self.tables = {"GPUSHARE_NODE_REGION": f"gpushare-node-{tag}",
+                       "GPUSHARE_PRIORITY_REGION": f"gpushare-priority-{tag}"}
+        settings = dataclasses.replace(common.settings("", logs, bundle / "hypervisor", SIMULATE), hv_log="warn")
+        config = logs / f"{tag}.toml"
+        n = len(self.pod_ids)
+        lines = {"fixed": ('policy = "fixed"', f"cap = {cap_percent(n)}"),
+                 "elastic": ('policy = "elastic"', "weight = 1"),
+                 "none": ('policy = "none"',)}[mode.policy]
+        hv.write_config(config, f"admin-{tag}", *(hv.pod_section(pod, *lines) for pod in self.pod_ids))
+        serve_args, ready, stop_s = [], None, 5.0
+        self.control = control
+        if mode.corun:
+            # The MPS control daemon quits its servers on the daemon's SIGTERM: 20 s for it.
+            serve_args = ["--corun-gpu", "0", "--corun-dir", str(work / "mps"), "--mps-control", control]
+            ready, stop_s = "/readyz", 20.0
+        super().__init__(settings, tag, config, serve_args=serve_args, env=self.tables, ready=ready, ready_s=60,
+                         stop_s=stop_s)
+        self.pipe = self.mps_log = None
+
+    def start(self, port=None):
+        super().start(port)
+        if self.mode.corun:
+            uuid = self.status_json()["corun"][0]["gpu"]
+            self.pipe = self.work / "mps" / uuid / "pipe"
+            self.mps_log = self.work / "mps" / uuid / "log" / "control.log"
+
+    def placed(self, limit_s: float = 20.0) -> dict:
+        """Waits until every pod is listed on a GPU (and, co-run, with the
+        share of the SMs its next client takes); {pod: its GPU's status}."""
+        deadline = time.monotonic() + limit_s
+        listed = {}
+        while time.monotonic() < deadline:
+            listed = {p["id"]: (p.get("gpus") or [{}])[0] for p in self.status_json().get("pods", [])}
+            if all(listed.get(pod, {}).get("uuid") and (not self.mode.corun or listed[pod].get("sm_percent"))
+                   for pod in self.pod_ids):
+                return listed
+            time.sleep(0.05)
+        missing = [pod for pod in self.pod_ids if not listed.get(pod, {}).get("uuid")]
+        raise RuntimeError(f"pods not placed after {limit_s:g} s: {missing[:4]}"
+                           f" ({len(missing)} of {len(self.pod_ids)})")
+
+    def sample(self, scrape_first: bool) -> dict:
+        """The daemon's CPU time, RSS, admission histogram and the GPU time
+        charged to each pod so far. Its answers cost the daemon CPU: before
+        the window they come first, after it last, so that neither is
+        counted in the window's."""
+        pid = self.p.pid if self.p else 0
+
+        def scrape():
+            code, text = hv.hvctl.request(self.url + "/metrics", timeout=5.0)
+            return parse_admission(text) if code == 200 else None
+
+        def charged():
+            return {pod: f.get("charged_ns") for pod, f in self.pod_figures().items()}
+
+        first = (charged(), scrape()) if scrape_first else None
+        out = {"t": time.monotonic(), "cpu_s": cpu_seconds(pid), "rss_mib": rss_mib(pid)}
+        charged_ns, admission = first or (charged(), scrape())
+        return {**out, "admission": admission, "charged_ns": charged_ns}
+
+    def pod_figures(self) -> dict:
+        """Each pod's rate (the share granted), achieved share over the last
+        second, share of the SMs (co-run) and workers, as the status says
+        them; {} when it does not answer."""
+        try:
+            pods = self.status_json().get("pods", [])
+        except hv.HvError:
+            return {}
+        keys = ("rate_ppm", "achieved_ppm", "sm_percent", "charged_ns")
+        return {p["id"]: {**{k: (p.get("gpus") or [{}])[0].get(k) for k in keys}, "workers": p.get("workers")}
+                for p in pods}
+
+    def stop(self):
+        """Stops the daemon; an MPS control daemon still up then gets its
+        quit through the pipe, and what is left of the daemon's process
+        group is killed."""
+        pid = self.p.pid if self.p else None
+        super().stop()
+        if self.mode.corun and corun.mps_processes() and self.pipe is not None:
+            env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+            env["CUDA_MPS_PIPE_DIRECTORY"] = str(self.pipe)
+            try:
+                subprocess.run([self.control], input="quit\n", env=env, capture_output=True, text=True, timeout=15)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            deadline = time.monotonic() + 10
+            while corun.mps_processes() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for name in self.tables.values():
+            Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+def daemon_figures(before: dict, after: dict) -> dict:
+    """The daemon's CPU (% of one core), admissions and each pod's charged
+    GPU time over a window, its RSS at its end."""
+    out = {"rss_mib": after["rss_mib"], "cpu_pct": None, "admission": None}
+    if before["cpu_s"] is not None and after["cpu_s"] is not None and after["t"] > before["t"]:
+        out["cpu_pct"] = (after["cpu_s"] - before["cpu_s"]) / (after["t"] - before["t"]) * 100
+    if before["admission"] and after["admission"]:
+        out["admission"] = admission_summary(admission_delta(before["admission"], after["admission"]))
+    # What each pod was charged over the window, % of its wall time: beside
+    # its share of the GPU's time, how far the limiter's prices are off.
+    span_ns = (after["t"] - before["t"]) * 1e9
+    out["charged_pct"] = {pod: (ns - before["charged_ns"][pod]) / span_ns * 100
+                          for pod, ns in after["charged_ns"].items()
+                          if ns is not None and before["charged_ns"].get(pod) is not None and span_ns > 0}
+    return out

@@ -1,0 +1,101 @@
+"""The packing bench's plan: its workloads, modes and runs, in the order
+they run and in the table's, each pod's target share, and the targets
+the runs are judged by (see packing.py)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+FILL_PCT = 90  # fixed caps sum to at most this
+START_S = 0.5  # from the last worker ready and registered to the common start
+MAX_PODS = 48  # MPS clients of one GPU (Volta and later)
+# The targets.
+AGGREGATE_N, AGGREGATE_PCT = 16, 97.0
+SHARE_PP = 1.0
+DAEMON_N, DAEMON_CPU_PCT, ADMISSION_P99_MS = 32, 5.0, 2.0
+
+WORKLOADS = {"kernels": "kernels/s", "infer": "steps/s"}
+
+
+@dataclass(frozen=True)
+class Mode:
+    """How a run's pods run: under the daemon or not, co-run or time-sliced,
+    and the policy of their shares (fixed: caps of floor(90/N)%; elastic:
+    weight 1 each)."""
+
+    name: str
+    daemon: bool
+    corun: bool
+    policy: str | None
+
+
+MODES = {
+    "timeslice": Mode("timeslice", True, False, "fixed"),
+    "corun": Mode("corun", True, True, "elastic"),
+    "timeslice-elastic": Mode("timeslice-elastic", True, False, "elastic"),
+    "corun-fixed": Mode("corun-fixed", True, True, "fixed"),
+    "corun-unmetered": Mode("corun-unmetered", True, True, "none"),
+}
+SOLO = Mode("solo", False, False, None)
+UNLIMITED = Mode("no limiter", False, False, None)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One run: `n` processes of `workload` in `mode`; `label` names it."""
+
+    workload: str
+    mode: Mode
+    n: int
+    label: str
+
+
+def cap_percent(n: int) -> int:
+    """A pod's fixed cap with n pods: whole percents summing to at most 90."""
+    return max(1, FILL_PCT // n)
+
+
+def targets(mode: Mode, n: int, busy: float = 1.0) -> list[float]:
+    """Each pod's target share of the GPU's time, percent: its cap, else
+    100/n; at most what the workload keeps busy alone (`busy`, a fraction)."""
+    share = float(cap_percent(n)) if mode.policy == "fixed" else 100.0 / n
+    return [min(share, busy * 100)] * n
+
+
+def plan(workloads, counts, modes) -> list[Spec]:
+    """The runs in the order they run: per workload the lone process, then
+    for each N, the largest first, the unlimited processes (N > 1) and each
+    mode; last, each workload's lone process again. A budget that runs
+    short skips the end: the drift check and the fewest pods."""
+    runs = []
+    for workload in workloads:
+        runs.append(Spec(workload, SOLO, 1, "solo"))
+        for n in sorted(set(counts), reverse=True):
+            if n > 1:
+                runs.append(Spec(workload, UNLIMITED, n, f"no limiter N={n}"))
+            for mode in modes:
+                runs.append(Spec(workload, mode, n, f"{mode.name} N={n}"))
+    runs += [Spec(workload, SOLO, 1, "solo again") for workload in workloads]
+    return runs
+
+
+def table_order(specs, workloads, modes) -> list[int]:
+    """The indices of `specs` in the table's order: by workload, then N
+    (the lone runs first and last), then the unlimited run and the modes."""
+    rank = {UNLIMITED.name: 0, **{m.name: i + 1 for i, m in enumerate(modes)}}
+
+    def key(i):
+        s = specs[i]
+        n = (-1 if s.label == "solo" else math.inf) if s.mode is SOLO else s.n
+        return workloads.index(s.workload), n, rank.get(s.mode.name, 0)
+
+    return sorted(range(len(specs)), key=key)
+
+
+def estimate_s(spec: Spec, seconds: float) -> float:
+    """A run's expected wall time: its window, its workers' start (PyTorch's
+    import and CUDA's start, N processes on 16 CPUs), its daemon's start and
+    stop (co-run: the MPS control daemon's too), the workers' exits."""
+    start = {"kernels": 1.5 + 0.08 * spec.n, "infer": 5.0 + 0.3 * spec.n}[spec.workload]
+    daemon = (3.0 if spec.mode.corun else 1.0) if spec.mode.daemon else 0.0
+    return seconds + START_S + start + daemon + 1.5
