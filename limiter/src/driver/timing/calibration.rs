@@ -73,15 +73,20 @@ pub(crate) struct LaunchOverheads {
 }
 
 /// One kind of calibration bracket: its GPU time's lower quartile, its
-/// launch call's median.
+/// launch call's median; and its GPU time's median and upper quartile, which
+/// the debug log shows (how far a sample's overhead strays from the one
+/// taken off).
 #[derive(Debug, Clone, Copy)]
 struct Bracket {
     gpu_ns: u64,
     call_ns: u64,
+    gpu_median_ns: u64,
+    gpu_upper_ns: u64,
 }
 
 /// The `quarters`/4 quantile of `values`.
-fn quantile(mut values: Vec<u64>, quarters: usize) -> Option<u64> {
+fn quantile(values: &[u64], quarters: usize) -> Option<u64> {
+    let mut values = values.to_vec();
     values.sort_unstable();
     values.get(values.len() * quarters / 4).copied()
 }
@@ -201,6 +206,19 @@ impl Timing {
             }
         })?;
         let empty = queued_two.gpu_ns.saturating_sub(queued.gpu_ns);
+        for (kind, bracket) in [
+            ("idle", idle),
+            ("queued", queued),
+            ("queued two", queued_two),
+        ] {
+            tracing::debug!(
+                kind,
+                lower_quartile_ns = bracket.gpu_ns,
+                median_ns = bracket.gpu_median_ns,
+                upper_quartile_ns = bracket.gpu_upper_ns,
+                "calibration brackets"
+            );
+        }
         let graph = self.instantiate_graph(api, stream, || launch(function, params, stream));
         let graph_bracket = |queued: bool| {
             let (exec, graph_launch) = graph?;
@@ -290,8 +308,10 @@ impl Timing {
             gpu.extend(self.elapsed_ns(start, end));
         }
         Some(Bracket {
-            gpu_ns: quantile(gpu, 1)?,
-            call_ns: quantile(call, 2)?,
+            gpu_ns: quantile(&gpu, 1)?,
+            call_ns: quantile(&call, 2)?,
+            gpu_median_ns: quantile(&gpu, 2)?,
+            gpu_upper_ns: quantile(&gpu, 3)?,
         })
     }
 }
