@@ -29,6 +29,7 @@ pub mod daemon;
 mod node;
 pub mod pod;
 pub mod probes;
+pub mod scratch;
 #[cfg(feature = "node")]
 pub mod swapping;
 

@@ -9,7 +9,6 @@
 //! `Allocate` gives it its limits; a pod asking more than the node has
 //! stays pending with the scheduler's reason.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,25 +22,10 @@ use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, Overlay};
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
+use system_tests::scratch::Scratch;
 
 const NODE: &str = "node-dp";
 const GPU: &str = "nvidia.com/gpu";
-
-/// The test's folder and the regions of the pods it names, removed at the end.
-struct Scratch {
-    dir: PathBuf,
-    pods: std::sync::Mutex<Vec<String>>,
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for pod in self.pods.lock().unwrap().iter() {
-            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-pod-{pod}"));
-            let _ = std::fs::remove_file(format!("/dev/shm/gpushare-limits-{pod}"));
-        }
-    }
-}
 
 /// A HAMi pod `name` asking `gpumem` MiB and `gpucores` percent of one GPU.
 fn hami_pod(name: &str, gpumem: u64, gpucores: u8) -> String {
@@ -76,12 +60,7 @@ fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 
 #[test]
 fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises() {
-    let scratch = Scratch {
-        dir: std::env::temp_dir().join(format!("dp-cluster-{}", std::process::id())),
-        pods: std::sync::Mutex::new(Vec::new()),
-    };
-    let _ = std::fs::remove_dir_all(&scratch.dir);
-    std::fs::create_dir_all(&scratch.dir).unwrap();
+    let scratch = Scratch::new("dp-cluster");
     let d = &scratch.dir;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -174,7 +153,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
         (pod["spec"]["nodeName"] == NODE).then_some(pod)
     });
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-    scratch.pods.lock().unwrap().push(uid.clone());
+    scratch.track(&uid);
     // The kubelet admits it and allocates one share for its container.
     device_kubelet.admit("default", "hami", &["main"]);
     let share = runtime.block_on(plugin.devices()).unwrap()[0].id.clone();

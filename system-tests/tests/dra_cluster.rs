@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_fakes::FakeGpus;
@@ -33,6 +33,7 @@ use serde_json::{Value, json};
 use system_tests::container::ContainerLib;
 use system_tests::daemon::DoubleGpus;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
+use system_tests::scratch::Scratch;
 use system_tests::{artifacts, probes};
 
 const DRIVER: &str = "gpu.gpushare.dev";
@@ -40,46 +41,6 @@ const NODE: &str = "node-dra";
 const GPUS: u8 = 2;
 /// The node agent's ServiceAccount in `deploy/base`.
 const AGENT: (&str, &str) = ("gpushare-system", "gpushare-node");
-
-/// A folder under the temp dir and the regions of the pods it names,
-/// removed when the test ends, however it ends.
-struct Scratch {
-    dir: PathBuf,
-    shm: Mutex<Vec<PathBuf>>,
-}
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("limiter-dra-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self {
-            dir,
-            shm: Mutex::new(Vec::new()),
-        }
-    }
-
-    /// The pod's region and limits, as the hypervisor names them in `/dev/shm`.
-    fn pod_files(pod: &str) -> [PathBuf; 2] {
-        [
-            PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}")),
-            PathBuf::from(format!("/dev/shm/gpushare-limits-{pod}")),
-        ]
-    }
-
-    fn track(&self, pod: &str) {
-        self.shm.lock().unwrap().extend(Self::pod_files(pod));
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-        for file in self.shm.lock().unwrap().iter() {
-            let _ = std::fs::remove_file(file);
-        }
-    }
-}
 
 /// The control plane, the node under test and its kubelet, `kubectl` as
 /// the administrator. Fields drop in order: the kubelet, the node (its node
@@ -136,7 +97,7 @@ impl World {
 
     /// The control plane and `kubectl`; no node.
     fn bare(tag: &str) -> Self {
-        let scratch = Scratch::new(tag);
+        let scratch = Scratch::new(&format!("limiter-dra-{tag}"));
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
