@@ -27,7 +27,7 @@ use kube_fakes::node::TestNode;
 use mps_fake::commands::FIRST_SERVER_PID;
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
 
-use common::scratch::Scratch;
+use system_tests::scratch::Scratch;
 
 /// The test's MPS folder, a [`Scratch`] with the control programs' `bin/`,
 /// removed when dropped, also when the test fails. A leftover daemon the

@@ -33,7 +33,7 @@ use kube_fakes::kubelet::Version;
 use kube_fakes::node;
 use serde_json::{Value, json};
 
-use common::scratch::Scratch;
+use system_tests::scratch::Scratch;
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-corun";

@@ -28,7 +28,7 @@ use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
 use kube_fakes::node;
 use serde_json::json;
 
-use common::scratch::Scratch;
+use system_tests::scratch::Scratch;
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-health";

@@ -27,7 +27,7 @@ use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 
-use common::scratch::Scratch;
+use system_tests::scratch::Scratch;
 
 const NODE: &str = "node-dp";
 const GPU: &str = "nvidia.com/gpu";

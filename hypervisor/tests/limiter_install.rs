@@ -15,7 +15,7 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
-use common::scratch::Scratch;
+use system_tests::scratch::Scratch;
 
 fn hypervisor(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_hypervisor"))

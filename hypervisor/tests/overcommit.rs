@@ -24,7 +24,7 @@ use kube_fakes::kubelet::FakeKubelet;
 use kube_fakes::node;
 use kube_fakes::node_kubelet::NodeKubelet;
 
-use common::scratch::Scratch;
+use system_tests::scratch::Scratch;
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-overcommit";

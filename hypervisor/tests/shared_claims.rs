@@ -25,7 +25,7 @@ use kube_fakes::kubelet::Version;
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 
-use common::scratch::Scratch;
+use system_tests::scratch::Scratch;
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-a";

@@ -153,7 +153,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
         (pod["spec"]["nodeName"] == NODE).then_some(pod)
     });
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-    scratch.track(&uid);
+    scratch.track_pod(&uid);
     // The kubelet admits it and allocates one share for its container.
     device_kubelet.admit("default", "hami", &["main"]);
     let share = runtime.block_on(plugin.devices()).unwrap()[0].id.clone();

@@ -255,7 +255,7 @@ impl World {
         });
         // Its regions, removed when the test ends, however it ends.
         self.scratch
-            .track(pod_object["metadata"]["uid"].as_str().unwrap_or_default());
+            .track_pod(pod_object["metadata"]["uid"].as_str().unwrap_or_default());
         let statuses = &pod_object["status"]["resourceClaimStatuses"];
         let direct = &pod_object["spec"]["resourceClaims"][0]["resourceClaimName"];
         let claim_name = direct

@@ -23,10 +23,10 @@ use hypervisor_core::config;
 use hypervisor_core::node_tables::NodeTableNames;
 use hypervisor_daemon::Options;
 use system_tests::RunningNode;
+use system_tests::scratch::Scratch;
 
 pub(crate) mod cluster;
 pub(crate) mod daemon;
-pub(crate) mod scratch;
 
 pub(crate) const ADMIN: &str = "admin-secret";
 
@@ -49,17 +49,12 @@ pub(crate) fn gpu(i: u32) -> String {
     FakeGpus::uuid(i)
 }
 
-/// The names under `/dev/shm` of `pod`'s region (its ledger) and limits.
-pub(crate) fn region_names(pod: &str) -> [String; 2] {
-    [format!("gpushare-pod-{pod}"), PodLimits::name_of(pod)]
-}
-
 /// Removes the regions of `pods` when dropped (after the hypervisor stopped).
 pub(crate) struct Regions(pub Vec<String>);
 
 impl Drop for Regions {
     fn drop(&mut self) {
-        for name in self.0.iter().flat_map(|pod| region_names(pod)) {
+        for name in self.0.iter().flat_map(|pod| Scratch::region_names(pod)) {
             let _ = shm::unlink(&name);
         }
     }
