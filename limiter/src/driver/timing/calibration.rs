@@ -84,11 +84,9 @@ struct Bracket {
     gpu_upper_ns: u64,
 }
 
-/// The `quarters`/4 quantile of `values`.
-fn quantile(values: &[u64], quarters: usize) -> Option<u64> {
-    let mut values = values.to_vec();
-    values.sort_unstable();
-    values.get(values.len() * quarters / 4).copied()
+/// The `quarters`/4 quantile of `sorted`, which is in ascending order.
+fn quantile(sorted: &[u64], quarters: usize) -> Option<u64> {
+    sorted.get(sorted.len() * quarters / 4).copied()
 }
 
 /// An empty kernel, and one that holds its stream for its parameter's
@@ -307,6 +305,8 @@ impl Timing {
             }
             gpu.extend(self.elapsed_ns(start, end));
         }
+        gpu.sort_unstable();
+        call.sort_unstable();
         Some(Bracket {
             gpu_ns: quantile(&gpu, 1)?,
             call_ns: quantile(&call, 2)?,
