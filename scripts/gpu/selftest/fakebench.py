@@ -13,7 +13,9 @@ import json
 import os
 import sys
 import time
-import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))  # hvctl
+import hvctl  # noqa: E402
 
 E = os.environ
 LIMIT = int(E["CUDA_DEVICE_SM_LIMIT"]) if "LD_PRELOAD" in E and "CUDA_DEVICE_SM_LIMIT" in E else 100
@@ -113,10 +115,10 @@ def packing_worker(seconds, rate, **extra):
     ready, its window from the start time on stdin, `rate` a second in it."""
     url, token, pod = (E.get(k) for k in ("CUDA_LIMITER_HYPERVISOR", "CUDA_LIMITER_TOKEN", "CUDA_LIMITER_POD"))
     if url and token and pod:
-        body = json.dumps({"pod": pod, "pid": os.getpid()}).encode()
-        request = urllib.request.Request(f"{url}/api/v1/workers", data=body, method="POST", headers={
-            "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-        urllib.request.urlopen(request, timeout=5).read()
+        body = json.dumps({"pod": pod, "pid": os.getpid()})
+        code, text = hvctl.request(f"{url}/api/v1/workers", "POST", token, timeout=5.0, body=body)
+        if code != 200:
+            sys.exit(f"registration refused ({code}): {text}")
     print("ready=1", flush=True)
     start = float(sys.stdin.readline())
     while time.monotonic() < start + seconds:
