@@ -32,12 +32,14 @@
 //! 5. A function the table has no room for is priced and settled by the
 //!    process-wide fit: no entry, no per-launch sampling, no slowdown.
 //! 6. While another pod launches on the device (its time slices can inflate
-//!    a measurement, never shorten it) a measurement above the price weighs
-//!    a quarter; on a co-run GPU, MPS clients' kernels share the SMs, which
-//!    stretches a kernel's time but not the SM time it takes: a measurement
-//!    counts as the lower quartile of the kernel's recent ones, and above
-//!    the price weighs a sixty-fourth, so a kernel is priced near the least
-//!    it took (see [`Contention`]).
+//!    a measurement by milliseconds, never shorten it) a measurement counts
+//!    as the median of the kernel's recent ones, and above the price weighs
+//!    a quarter, so a slice now and then does not raise the price; on a
+//!    co-run GPU, MPS clients' kernels share the SMs, which stretches a
+//!    kernel's time but not the SM time it takes: a measurement counts as
+//!    the lower quartile of the kernel's recent ones, and above the price
+//!    weighs a sixty-fourth, so a kernel is priced near the least it took
+//!    (see [`Contention`]).
 //! 7. A thread's charges to one entry in a row add up in its own [`Batch`]
 //!    and reach the entry together (at most [`BATCH_LAUNCHES`] launches or
 //!    [`BATCH_NS`] charged), so a loop of one kernel makes three atomic
@@ -81,8 +83,13 @@ const FIXED_PRIOR_NS: f64 = 3_000.0;
 pub(crate) enum Contention {
     /// No other pod launched there.
     Alone,
-    /// Another pod launched on a time-sliced GPU: its time slices may have
-    /// held the launch up, so a measurement above the price weighs little.
+    /// Another pod launched on a time-sliced GPU: one of its time slices
+    /// (milliseconds) may have held the launch up, which would charge a
+    /// short kernel many times over. A measurement is taken as the median
+    /// of the kernel's recent ones (see [`Floor`]), which such a slice now
+    /// and then does not move, and one still above the price weighs a
+    /// quarter. A kernel that really takes longer now moves the median
+    /// within a few measurements.
     TimeSliced,
     /// Another MPS client of the co-run GPU launched: its kernels ran beside
     /// this one on the SMs, which stretches this one's time, not the SM time
@@ -177,13 +184,16 @@ struct Fit {
 
 /// What a function's recent measurements took, as ratios to the price each
 /// was measured against (so launches of any grid size compare): the last
-/// [`FLOOR_RING`], whose second least, their lower quartile, is the floor.
-/// Beside other MPS clients every measurement of a kernel can be stretched,
-/// never shortened, so the least it took is the best evidence of what it
-/// takes; the second least, so that one measurement read short (a bracket
-/// less its estimated overhead) does not set it. A kernel that really takes
-/// longer now raises it within [`FLOOR_RING`] measurements. Written by the
-/// monitor thread only (ratios in 1/[`RATIO_ONE`]; 0: none yet).
+/// [`FLOOR_RING`], read at their lower quartile and their median (see
+/// [`Recent`]). Beside other MPS clients every measurement of a kernel can
+/// be stretched, never shortened, so the least it took is the best evidence
+/// of what it takes: the floor is the second least, so that one measurement
+/// read short (a bracket less its estimated overhead) does not set it.
+/// Beside time-sliced pods most measurements are what the kernel takes and
+/// a few hold another context's slice: the median is not moved by those
+/// few. A kernel that really takes longer now raises both within
+/// [`FLOOR_RING`] measurements. Written by the monitor thread only (ratios
+/// in 1/[`RATIO_ONE`]; 0: none yet).
 #[derive(Default)]
 struct Floor {
     ratios: [AtomicU16; FLOOR_RING],
@@ -195,25 +205,47 @@ const FLOOR_RING: usize = 8;
 /// A ratio of 1 in a [`Floor`]: ratios up to 16 are kept as they are.
 const RATIO_ONE: f32 = 4096.0;
 
+/// The ratios a [`Floor`] keeps, read after a measurement is noted.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Recent {
+    /// The second least (the least while only one is kept).
+    lower_quartile: f32,
+    /// The middle one; of an even count, the lower of the two middle ones,
+    /// so that one ratio above them never moves it.
+    median: f32,
+}
+
 impl Floor {
-    /// Notes a measurement of `ratio` times its price; returns the second
-    /// least ratio kept, this one included (the least while only one is).
-    fn note(&self, ratio: f32) -> f32 {
+    /// Notes a measurement of `ratio` times its price; returns the ratios
+    /// kept, this one included, at their lower quartile and median.
+    fn note(&self, ratio: f32) -> Recent {
         let kept = (ratio * RATIO_ONE).round().clamp(1.0, f32::from(u16::MAX)) as u16;
         let next = usize::from(self.next.load(Ordering::Relaxed)) % FLOOR_RING;
         self.ratios[next].store(kept, Ordering::Relaxed);
         self.next
             .store(((next + 1) % FLOOR_RING) as u8, Ordering::Relaxed);
-        let (mut least, mut second) = (u16::MAX, u16::MAX);
-        for ratio in &self.ratios {
-            match ratio.load(Ordering::Relaxed) {
-                0 => {}
-                r if r < least => (least, second) = (r, least),
-                r if r < second => second = r,
-                _ => {}
-            }
+        let mut sorted = [0u16; FLOOR_RING];
+        let mut count = 0;
+        let noted = self
+            .ratios
+            .iter()
+            .map(|ratio| ratio.load(Ordering::Relaxed));
+        for (to, ratio) in sorted.iter_mut().zip(noted.filter(|&ratio| ratio != 0)) {
+            *to = ratio;
+            count += 1;
         }
-        f32::from(if second == u16::MAX { least } else { second }) / RATIO_ONE
+        let kept = &mut sorted[..count];
+        kept.sort_unstable();
+        // Never empty (it holds the ratio just noted): past its end is its last.
+        let at = |index: usize| {
+            kept.get(index)
+                .or(kept.last())
+                .map_or(0.0, |&ratio| f32::from(ratio) / RATIO_ONE)
+        };
+        Recent {
+            lower_quartile: at(1),
+            median: at(count.saturating_sub(1) / 2),
+        }
     }
 }
 
@@ -521,15 +553,17 @@ impl CostModel {
             .map(|price| Price::of(price, 1, charge.waves).max(1));
         let measured = match expected {
             Some(expected) => {
-                let quartile = fit.floor.note(measured as f32 / expected as f32);
+                let recent = fit.floor.note(measured as f32 / expected as f32);
+                let at = |ratio: f32| ((expected as f64 * f64::from(ratio)).round() as u64).max(1);
                 match contention {
                     // Stretched by the other clients' blocks, or read short
                     // now and then: taken as the lower quartile of what the
                     // kernel took lately.
-                    Contention::SharedSms => {
-                        ((expected as f64 * f64::from(quartile)).round() as u64).max(1)
-                    }
-                    Contention::Alone | Contention::TimeSliced => measured,
+                    Contention::SharedSms => at(recent.lower_quartile),
+                    // Held up now and then by another context's time slice:
+                    // taken as the median of what the kernel took lately.
+                    Contention::TimeSliced => at(recent.median),
+                    Contention::Alone => measured,
                 }
             }
             None => measured,
