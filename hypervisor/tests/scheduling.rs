@@ -203,3 +203,109 @@ fn an_admission_request_reschedules_at_once() {
     assert!(took >= Duration::from_micros(300), "{took:?}");
     println!("admission with 100 µs of debt at 25%: {took:?}");
 }
+
+/// Co-run GPU 0's elastic pods, weights 1 and 2, use all they are given:
+/// while the GPU reads 80% busy they split more than its time, in their
+/// weights' ratio, up to the most; once it reads full, 100% again. The
+/// same pods on time-sliced GPU 1 keep 100%, and so do pods that leave
+/// budget unused.
+#[test]
+fn a_corun_gpu_that_idles_while_its_elastic_pods_use_all_they_get_gives_them_more() {
+    use hypervisor_core::scheduler::capacity::MAX_CAPACITY_PPM;
+    let pods: Vec<String> = ["cap-a", "cap-b", "cap-c", "cap-d"]
+        .into_iter()
+        .map(unique)
+        .collect();
+    let elastic = |index: u32, weight: u32| {
+        format!("index = {index}\nweight = {weight}\npolicy = \"elastic\"")
+    };
+    let config = format!(
+        "{}{}{}{}",
+        pod_toml(&pods[0], &[&elastic(0, 1)]),
+        pod_toml(&pods[1], &[&elastic(0, 2)]),
+        pod_toml(&pods[2], &[&elastic(1, 1)]),
+        pod_toml(&pods[3], &[&elastic(1, 2)]),
+    );
+    let names: Vec<&str> = pods.iter().map(String::as_str).collect();
+    let h = Harness::start(&config, 2, &names);
+    let mps = h.config.dir.join("mps");
+    h.hv.hypervisor()
+        .set_corun_gpus(&hypervisor_corun::CorunOptions {
+            gpus: vec![gpu(0)],
+            dir: mps.clone(),
+            host_dir: mps,
+            latency_reserve: 20,
+            control: "nvidia-cuda-mps-control".into(),
+            private_shm: false,
+        });
+    let views: Vec<(RegionView, usize)> = pods
+        .iter()
+        .zip([0, 0, 1, 1])
+        .map(|(pod, dev)| (RegionView::open(pod), dev))
+        .collect();
+    for (view, dev) in &views {
+        view.set_waiting(*dev, true);
+    }
+    h.sim.set_busy(0, Some(80));
+    h.sim.set_busy(1, Some(80));
+    let capacity = |pod: &str| {
+        let status = h.hv.hypervisor().status();
+        let pod = status.pods.into_iter().find(|p| p.id == pod);
+        pod.and_then(|p| p.gpus.into_iter().next())
+            .map(|g| g.elastic_capacity_ppm)
+    };
+    let rates = || -> Vec<u32> { views.iter().map(|(v, dev)| v.rate(*dev)).collect() };
+    let charging = std::sync::atomic::AtomicBool::new(true);
+    /// Stops the charging when the test ends, passed or not.
+    struct Stop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for Stop<'_> {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Relaxed);
+        }
+    }
+    std::thread::scope(|scope| {
+        let _stop = Stop(&charging);
+        // Each pod charged what its rate gives it, as a pod that uses it all.
+        scope.spawn(|| {
+            let mut last = Instant::now();
+            while charging.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+                let now = Instant::now();
+                let span = now.duration_since(last).as_nanos() as u64;
+                last = now;
+                for (view, dev) in &views {
+                    let ns = span * u64::from(view.rate(*dev)) / 1_000_000;
+                    view.bucket(*dev)
+                        .charged_ns
+                        .fetch_add(ns, Ordering::Relaxed);
+                }
+            }
+        });
+        let most = wait_for(Duration::from_secs(10), || {
+            capacity(&pods[0]) == Some(MAX_CAPACITY_PPM)
+        });
+        assert!(
+            most,
+            "capacity {:?}, rates {:?}",
+            capacity(&pods[0]),
+            rates()
+        );
+        let third = MAX_CAPACITY_PPM / 3;
+        assert!(wait_for(Duration::from_secs(3), || rates()[..2]
+            == [third, 2 * third]));
+        assert_eq!(capacity(&pods[2]), Some(1_000_000));
+        assert_eq!(rates()[2..], [333_333, 666_666]);
+        // Full: back to the GPU's time, the weights deciding.
+        h.sim.set_busy(0, Some(100));
+        assert!(wait_for(Duration::from_secs(10), || {
+            capacity(&pods[0]) == Some(1_000_000)
+        }));
+        assert!(wait_for(Duration::from_secs(3), || rates()[..2]
+            == [333_333, 666_666]));
+    });
+    // Idle again, but the pods use nothing: nothing is handed out.
+    h.sim.set_busy(0, Some(80));
+    std::thread::sleep(Duration::from_millis(1_000));
+    assert_eq!(capacity(&pods[0]), Some(1_000_000));
+    assert_eq!(rates(), [333_333, 666_666, 333_333, 666_666]);
+}

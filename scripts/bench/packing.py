@@ -65,7 +65,9 @@ so a workload that leaves the GPU idle between steps is not counted as
 holding it); the GPU time the limiter charged each pod over the window,
 % of the window, from the daemon's status (charged_ns at its start and
 end): against the pod's share, how far its prices are from what its work
-took; and of the daemon over the window, from its /metrics scraped
+took; what the elastic pods of a co-run GPU split at the window's end (in
+the notes where it is more than the GPU's time: the GPU idled while they
+used all they were given); and of the daemon over the window, from its /metrics scraped
 as the window starts and as it ends: the admission latency histogram's p50
 and p99 (interpolated in its buckets as Prometheus does; bounds 50 us to
 1 s), requests and timeouts; its CPU (utime + stime of /proc/PID/stat, % of

@@ -168,12 +168,15 @@ class PackingDaemon(hv.Daemon):
             return parse_admission(text) if code == 200 else None
 
         def charged():
-            return {pod: f.get("charged_ns") for pod, f in self.pod_figures().items()}
+            figures = self.pod_figures()
+            capacity = [f["elastic_capacity_ppm"] for f in figures.values() if f.get("elastic_capacity_ppm")]
+            return ({pod: f.get("charged_ns") for pod, f in figures.items()},
+                    max(capacity) / 1e4 if capacity else None)
 
         first = (charged(), scrape()) if scrape_first else None
         out = {"t": time.monotonic(), "cpu_s": cpu_seconds(pid), "rss_mib": rss_mib(pid)}
-        charged_ns, admission = first or (charged(), scrape())
-        return {**out, "admission": admission, "charged_ns": charged_ns}
+        (charged_ns, capacity_pct), admission = first or (charged(), scrape())
+        return {**out, "admission": admission, "charged_ns": charged_ns, "capacity_pct": capacity_pct}
 
     def pod_figures(self) -> dict:
         """Each pod's rate (the share granted), achieved share over the last
@@ -183,7 +186,7 @@ class PackingDaemon(hv.Daemon):
             pods = self.status_json().get("pods", [])
         except hv.HvError:
             return {}
-        keys = ("rate_ppm", "achieved_ppm", "sm_percent", "charged_ns")
+        keys = ("rate_ppm", "achieved_ppm", "sm_percent", "charged_ns", "elastic_capacity_ppm")
         return {p["id"]: {**{k: (p.get("gpus") or [{}])[0].get(k) for k in keys}, "workers": p.get("workers")}
                 for p in pods}
 
@@ -214,8 +217,11 @@ class PackingDaemon(hv.Daemon):
 
 def daemon_figures(before: dict, after: dict) -> dict:
     """The daemon's CPU (% of one core), admissions and each pod's charged
-    GPU time over a window, its RSS at its end."""
-    out = {"rss_mib": after["rss_mib"], "cpu_pct": None, "admission": None}
+    GPU time over a window; its RSS, and what elastic pods split, at its
+    end."""
+    # What the GPU's elastic pods split at the window's end, % of its time.
+    out = {"rss_mib": after["rss_mib"], "cpu_pct": None, "admission": None,
+           "capacity_pct": after.get("capacity_pct")}
     if before["cpu_s"] is not None and after["cpu_s"] is not None and after["t"] > before["t"]:
         out["cpu_pct"] = (after["cpu_s"] - before["cpu_s"]) / (after["t"] - before["t"]) * 100
     if before["admission"] and after["admission"]:

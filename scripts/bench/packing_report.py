@@ -156,6 +156,11 @@ def notes(runs, workloads) -> list[str]:
                   for r in runs if r["spec"].workload == workload and (r.get("result") or {}).get("gpu")]
         if clocks:
             out.append(f"{workload}, SM MHz/board W through the window: {'; '.join(clocks)}")
+    split = [f"{r['spec'].workload} {r['spec'].label} {d['capacity_pct']:.1f}%" for r in runs
+             if (d := (r.get("result") or {}).get("daemon") or {}).get("capacity_pct") not in (None, 100.0)]
+    if split:
+        out.append("elastic pods split more than the GPU's time at the window's end (a co-run GPU that idled"
+                   f" while they used all they were given): {'; '.join(split)}")
     for run in runs:
         if (run.get("result") or {}).get("registered") is False:
             out.append(f"{run['spec'].workload} {run['spec'].label}: not every worker was registered with the"

@@ -16,6 +16,7 @@ pub struct FakeGpus {
     gpus: Mutex<Vec<GpuInfo>>,
     processes: Mutex<Vec<(u32, ProcessUtilization)>>,
     memory: Mutex<Vec<(u32, ProcessMemory)>>,
+    busy: Mutex<Vec<(u32, u32)>>,
     health: HealthBoard,
 }
 
@@ -32,6 +33,7 @@ impl FakeGpus {
             gpus: Mutex::new(gpus),
             processes: Mutex::new(Vec::new()),
             memory: Mutex::new(Vec::new()),
+            busy: Mutex::new(Vec::new()),
             health: HealthBoard::new(policy),
         }
     }
@@ -60,6 +62,15 @@ impl FakeGpus {
         if let Ok(mut memory) = self.memory.lock() {
             memory.retain(|(gpu, _)| *gpu != index);
             memory.extend(processes.into_iter().map(|p| (index, p)));
+        }
+    }
+
+    /// Sets the share of the time GPU `index` reports a kernel ran, in
+    /// percent, at every later look; `None`: it reports none.
+    pub fn set_busy(&self, index: u32, percent: Option<u32>) {
+        if let Ok(mut busy) = self.busy.lock() {
+            busy.retain(|(gpu, _)| *gpu != index);
+            busy.extend(percent.map(|p| (index, p)));
         }
     }
 
@@ -118,6 +129,10 @@ impl GpuObserver for FakeGpus {
         Ok(of_gpu(&self.memory, index))
     }
 
+    fn busy_percent(&self, index: u32) -> Result<Option<u32>, ObserverError> {
+        Ok(of_gpu(&self.busy, index).first().copied())
+    }
+
     fn health(&self) -> Option<&HealthBoard> {
         Some(&self.health)
     }
@@ -146,6 +161,10 @@ mod tests {
         gpus.set_process_memory(0, vec![held]);
         assert_eq!(gpus.process_memory(0).unwrap(), vec![held]);
         assert!(gpus.process_memory(1).unwrap().is_empty());
+        assert_eq!(gpus.busy_percent(0).unwrap(), None);
+        gpus.set_busy(0, Some(88));
+        assert_eq!(gpus.busy_percent(0).unwrap(), Some(88));
+        assert_eq!(gpus.busy_percent(1).unwrap(), None);
     }
 
     #[test]

@@ -137,24 +137,22 @@ pub struct Allotment {
     pub ceiling_ppm: u32,
 }
 
-/// Bucket settings for every entry (same order).
-pub fn plan(entries: &[Entry]) -> Vec<Allotment> {
+/// Bucket settings for every entry (same order). The pods split 100% of
+/// the GPU's time; where `elastic_ppm` is more (a co-run GPU whose charges
+/// overlap, see [`crate::scheduler`]), its excess goes to the elastic pods
+/// alone, by weight within their caps: every other pod gets what it would
+/// at 100%.
+pub fn plan(entries: &[Entry], elastic_ppm: u32) -> Vec<Allotment> {
     let metered: Vec<usize> = (0..entries.len())
         .filter(|&i| entries[i].policy != Policy::None)
         .collect();
-    let claim = |i: usize| Claim {
-        weight: entries[i].weight,
-        floor_ppm: percent_ppm(entries[i].floor_percent),
-        bound_ppm: percent_ppm(entries[i].bound_percent),
-    };
     let active: Vec<usize> = metered
         .iter()
         .copied()
         .filter(|&i| entries[i].active)
         .collect();
-    let ppm = PPM as u32;
-    let everyone = water_fill(&metered.iter().map(|&i| claim(i)).collect::<Vec<_>>(), ppm);
-    let contending = water_fill(&active.iter().map(|&i| claim(i)).collect::<Vec<_>>(), ppm);
+    let everyone = split(entries, &metered, elastic_ppm);
+    let contending = split(entries, &active, elastic_ppm);
     let mut grants = vec![Allotment::default(); entries.len()];
     for (k, &i) in metered.iter().enumerate() {
         let share = match active.iter().position(|&a| a == i) {
@@ -172,6 +170,37 @@ pub fn plan(entries: &[Entry]) -> Vec<Allotment> {
         };
     }
     grants
+}
+
+/// The shares of `members` (indices into `entries`): [`water_fill`] of the
+/// GPU's time, then, where `elastic_ppm` is more, of `elastic_ppm` with
+/// every pod but the elastic ones held at its first share.
+fn split(entries: &[Entry], members: &[usize], elastic_ppm: u32) -> Vec<u32> {
+    let ppm = PPM as u32;
+    let claim = |i: usize| Claim {
+        weight: entries[i].weight,
+        floor_ppm: percent_ppm(entries[i].floor_percent),
+        bound_ppm: percent_ppm(entries[i].bound_percent),
+    };
+    let claims: Vec<Claim> = members.iter().map(|&i| claim(i)).collect();
+    let shares = water_fill(&claims, ppm);
+    let elastic = |i: usize| entries[i].policy == Policy::Elastic;
+    if elastic_ppm <= ppm || !members.iter().any(|&i| elastic(i)) {
+        return shares;
+    }
+    let held: Vec<Claim> = members
+        .iter()
+        .zip(claims.iter().zip(&shares))
+        .map(|(&i, (claim, &share))| match elastic(i) {
+            true => *claim,
+            false => Claim {
+                floor_ppm: share,
+                bound_ppm: share,
+                ..*claim
+            },
+        })
+        .collect();
+    water_fill(&held, elastic_ppm)
 }
 
 fn percent_ppm(percent: u8) -> u32 {
@@ -268,10 +297,13 @@ mod tests {
 
     #[test]
     fn plan_weighted_both_active() {
-        let grants = plan(&[
-            entry(Policy::Fixed, 1, 100, 0, true),
-            entry(Policy::Fixed, 3, 100, 0, true),
-        ]);
+        let grants = plan(
+            &[
+                entry(Policy::Fixed, 1, 100, 0, true),
+                entry(Policy::Fixed, 3, 100, 0, true),
+            ],
+            PPM as u32,
+        );
         assert_eq!(grants[0].rate_ppm, 250_000);
         assert_eq!(grants[1].rate_ppm, 750_000);
     }
@@ -280,22 +312,31 @@ mod tests {
     fn plan_elastic_takes_idle_time_fixed_does_not() {
         // The other pod idle: the fixed pod stays at its cap, the elastic one
         // takes the whole GPU.
-        let fixed = plan(&[
-            entry(Policy::Fixed, 1, 30, 0, true),
-            entry(Policy::Fixed, 1, 100, 0, false),
-        ]);
+        let fixed = plan(
+            &[
+                entry(Policy::Fixed, 1, 30, 0, true),
+                entry(Policy::Fixed, 1, 100, 0, false),
+            ],
+            PPM as u32,
+        );
         assert_eq!(fixed[0].rate_ppm, 300_000);
         assert_eq!(fixed[0].ceiling_ppm, 300_000);
-        let elastic = plan(&[
-            entry(Policy::Elastic, 1, 100, 30, true),
-            entry(Policy::Fixed, 1, 100, 0, false),
-        ]);
+        let elastic = plan(
+            &[
+                entry(Policy::Elastic, 1, 100, 30, true),
+                entry(Policy::Fixed, 1, 100, 0, false),
+            ],
+            PPM as u32,
+        );
         assert_eq!(elastic[0].rate_ppm, 1_000_000);
         // Contended, the elastic pod falls back to its fair share.
-        let contended = plan(&[
-            entry(Policy::Elastic, 1, 100, 30, true),
-            entry(Policy::Fixed, 3, 100, 0, true),
-        ]);
+        let contended = plan(
+            &[
+                entry(Policy::Elastic, 1, 100, 30, true),
+                entry(Policy::Fixed, 3, 100, 0, true),
+            ],
+            PPM as u32,
+        );
         assert_eq!(contended[0].rate_ppm, 300_000);
         assert_eq!(contended[0].ceiling_ppm, 1_000_000);
         assert_eq!(contended[1].rate_ppm, 700_000);
@@ -303,11 +344,14 @@ mod tests {
 
     #[test]
     fn plan_idle_pods_get_their_all_contending_share_and_none_is_unlimited() {
-        let grants = plan(&[
-            entry(Policy::Fixed, 1, 100, 0, true),
-            entry(Policy::Fixed, 1, 100, 0, false),
-            entry(Policy::None, 1, 100, 0, true),
-        ]);
+        let grants = plan(
+            &[
+                entry(Policy::Fixed, 1, 100, 0, true),
+                entry(Policy::Fixed, 1, 100, 0, false),
+                entry(Policy::None, 1, 100, 0, true),
+            ],
+            PPM as u32,
+        );
         assert_eq!(grants[0].rate_ppm, 1_000_000);
         assert_eq!(grants[1].rate_ppm, 500_000);
         assert_eq!(grants[2], Allotment::default());
@@ -315,11 +359,45 @@ mod tests {
 
     #[test]
     fn plan_never_grants_zero_to_a_metered_pod() {
-        let grants = plan(&[
-            entry(Policy::Fixed, 1, 100, 100, true),
-            entry(Policy::Fixed, 1, 100, 0, true),
-        ]);
+        let grants = plan(
+            &[
+                entry(Policy::Fixed, 1, 100, 100, true),
+                entry(Policy::Fixed, 1, 100, 0, true),
+            ],
+            PPM as u32,
+        );
         assert_eq!(grants[0].rate_ppm, 1_000_000);
         assert_eq!(grants[1].rate_ppm, MIN_RATE_PPM);
+    }
+
+    #[test]
+    fn plan_gives_capacity_above_the_gpu_to_elastic_pods_only() {
+        let more = 1_200_000;
+        let elastic = plan(
+            &[
+                entry(Policy::Elastic, 1, 100, 0, true),
+                entry(Policy::Elastic, 3, 100, 0, true),
+            ],
+            more,
+        );
+        assert_eq!(elastic[0].rate_ppm, 300_000);
+        assert_eq!(elastic[1].rate_ppm, 900_000);
+        // A fixed pod keeps what it gets at 100%; a capped elastic pod its cap.
+        let mixed = plan(
+            &[
+                entry(Policy::Fixed, 1, 100, 0, true),
+                entry(Policy::Elastic, 1, 100, 0, true),
+                entry(Policy::Elastic, 1, 20, 0, true),
+            ],
+            more,
+        );
+        let rates: Vec<u32> = mixed.iter().map(|g| g.rate_ppm).collect();
+        assert_eq!(rates, [400_000, 600_000, 200_000]);
+        // Without an elastic pod nothing changes.
+        let fixed = [
+            entry(Policy::Fixed, 1, 100, 0, true),
+            entry(Policy::Fixed, 1, 100, 0, false),
+        ];
+        assert_eq!(plan(&fixed, more), plan(&fixed, PPM as u32));
     }
 }

@@ -12,7 +12,8 @@
 //! 2. Per GPU, [`fairshare::plan`](crate::fairshare::plan) splits 100%
 //!    among the pods that want it, by weight, within caps and above
 //!    guaranteed shares; idle pods get the share they would have if
-//!    everyone wanted the GPU.
+//!    everyone wanted the GPU. On a co-run GPU that idles while its elastic
+//!    pods use all they are given, they split more ([`capacity`]).
 //! 3. Rates and ceilings are stored into the buckets (marked managed); a rate
 //!    that rose wakes the pod's admission waiters.
 //!
@@ -26,6 +27,7 @@
 //! tries again the pods left out ([`retry`]); the status report in
 //! [`report`].
 
+pub mod capacity;
 mod relocate;
 mod report;
 mod retry;
@@ -126,6 +128,9 @@ pub(crate) struct PodGpu {
     pub(crate) nvml_bytes: Option<u64>,
     /// The last audit found more than the ledger says.
     pub(crate) under_reported: bool,
+    /// When the GPU's last busy sample came, and what the pod had been
+    /// charged by then ([`capacity`]).
+    pub(crate) busy_mark: Option<(Instant, u64)>,
 }
 
 impl PodGpu {
@@ -142,6 +147,7 @@ impl PodGpu {
             achieved_ppm: 0,
             nvml_bytes: None,
             under_reported: false,
+            busy_mark: None,
         }
     }
 }
@@ -179,6 +185,9 @@ pub struct Scheduler {
     pub(crate) tables: NodeTables,
     /// Co-run mode: its GPUs and the SMs kept for latency pods there.
     pub(crate) corun: Option<CorunOptions>,
+    /// What the elastic pods of a co-run GPU split, in ppm, by lowercase
+    /// UUID, where it is more than the GPU's time ([`capacity`]).
+    pub(crate) capacity: BTreeMap<String, u32>,
 }
 
 impl Scheduler {
@@ -192,6 +201,7 @@ impl Scheduler {
             regions,
             tables,
             corun: None,
+            capacity: BTreeMap::new(),
         }
     }
 

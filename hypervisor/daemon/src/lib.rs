@@ -60,7 +60,7 @@ pub(crate) use state::{Core, Shared};
 use state::{lock, stamp};
 pub use swap::{DrainReport, MoveAnswer, SwapRefusal};
 use tasks::log_report;
-pub use tasks::{MAINTENANCE, TICK};
+pub use tasks::{BUSY_POLL, MAINTENANCE, TICK};
 
 /// Why the hypervisor could not start.
 #[derive(Debug, thiserror::Error)]

@@ -19,6 +19,10 @@ pub const TICK: Duration = Duration::from_millis(10);
 /// How often maintenance runs (and the config file is looked at).
 pub const MAINTENANCE: Duration = Duration::from_secs(1);
 
+/// How often the co-run GPUs with elastic pods are asked how busy they
+/// were (GPUs take a sample every sixth of a second to every second).
+pub const BUSY_POLL: Duration = Duration::from_millis(100);
+
 impl Hypervisor {
     pub(crate) fn spawn_tasks(&self) -> Vec<JoinHandle<()>> {
         let mut tasks = Vec::new();
@@ -36,6 +40,15 @@ impl Hypervisor {
             loop {
                 tokio::time::sleep(MAINTENANCE).await;
                 hv.maintain().await;
+            }
+        }));
+        let hv = self.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut every = tokio::time::interval(BUSY_POLL);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                hv.note_busy().await;
             }
         }));
         if let Some(mut events) = lock(&self.shared.events).take() {
@@ -90,6 +103,41 @@ impl Hypervisor {
     /// One scheduling round over every GPU.
     pub fn tick(&self) {
         self.core().scheduler.tick(Instant::now(), None);
+    }
+
+    /// Asks the co-run GPUs with elastic pods how busy they were, off the
+    /// async threads (NVML), and tells the scheduler
+    /// ([`hypervisor_core::scheduler::capacity`]).
+    async fn note_busy(&self) {
+        let watched = self.core().scheduler.busy_watched();
+        if watched.is_empty() {
+            return;
+        }
+        let observer = Arc::clone(&self.shared.observer);
+        let read = tokio::task::spawn_blocking(move || {
+            watched
+                .into_iter()
+                .filter_map(|(index, uuid)| match observer.busy_percent(index) {
+                    Ok(busy) => busy.map(|busy| (uuid, busy)),
+                    Err(error) => {
+                        tracing::debug!(%error, gpu = index, "no busy sample");
+                        None
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .await;
+        match read {
+            Ok(samples) if !samples.is_empty() => {
+                let now = Instant::now();
+                let mut core = self.core();
+                for (uuid, busy) in samples {
+                    core.scheduler.note_busy(&uuid, busy, now);
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "GPU busy task failed"),
+        }
     }
 
     pub(crate) async fn maintain(&self) {

@@ -81,6 +81,14 @@ pub trait GpuObserver: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// The share of the time, in percent, in which a kernel ran on GPU
+    /// `index`, over the samples the GPU took since the last call (their
+    /// mean); `None` when it took none since, or does not say.
+    fn busy_percent(&self, index: u32) -> Result<Option<u32>, ObserverError> {
+        let _ = index;
+        Ok(None)
+    }
+
     /// Device memory of each compute process on GPU `index`; processes whose
     /// figure NVML does not know are left out.
     fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {

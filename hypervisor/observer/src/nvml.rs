@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::bitmasks::event::EventTypes;
+use nvml_wrapper::enum_wrappers::device::Sampling;
+use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::event::EventSet;
@@ -27,6 +29,8 @@ pub struct NvmlObserver {
     nvml: Arc<Nvml>,
     /// NVML timestamp of the last utilization sample seen, per GPU index.
     last_sample: Mutex<HashMap<u32, u64>>,
+    /// NVML timestamp of the last GPU busy sample seen, per GPU index.
+    last_busy: Mutex<HashMap<u32, u64>>,
     health: Arc<HealthBoard>,
     /// Every GPU seen, by UUID, as last seen: a lost GPU is listed so.
     known: Mutex<BTreeMap<String, GpuInfo>>,
@@ -46,6 +50,7 @@ impl NvmlObserver {
         let observer = Self {
             nvml: Arc::new(Nvml::init()?),
             last_sample: Mutex::new(HashMap::new()),
+            last_busy: Mutex::new(HashMap::new()),
             health: Arc::new(HealthBoard::new(policy)),
             known: Mutex::new(BTreeMap::new()),
             stop: Arc::new(AtomicBool::new(false)),
@@ -146,6 +151,42 @@ impl GpuObserver for NvmlObserver {
                 memory_percent: s.mem_util,
             })
             .collect())
+    }
+
+    /// From the GPU's utilization samples (NVML keeps the last few
+    /// seconds'): the mean of those newer than the last call's, or, at the
+    /// first call, the newest alone.
+    fn busy_percent(&self, index: u32) -> Result<Option<u32>, ObserverError> {
+        let device = self.nvml.device_by_index(index)?;
+        let mut seen = self
+            .last_busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let since = seen.get(&index).copied();
+        let samples = match device.samples(Sampling::GpuUtilization, since) {
+            Ok(samples) => samples,
+            // No sample since `since`, or the GPU cannot tell.
+            Err(NvmlError::NotFound | NvmlError::NotSupported) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let newest = samples.iter().map(|s| s.timestamp).max();
+        let values: Vec<u64> = samples
+            .iter()
+            .filter(|s| match since {
+                Some(seen) => s.timestamp > seen,
+                None => Some(s.timestamp) == newest,
+            })
+            .filter_map(|s| match s.value {
+                SampleValue::U32(v) => Some(u64::from(v)),
+                SampleValue::U64(v) => Some(v),
+                _ => None,
+            })
+            .collect();
+        if let Some(newest) = newest {
+            seen.insert(index, newest);
+        }
+        let count = values.len() as u64;
+        Ok((count > 0).then(|| (values.iter().sum::<u64>() / count).min(100) as u32))
     }
 
     fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {

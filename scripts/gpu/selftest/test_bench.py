@@ -290,10 +290,11 @@ def test_packing_daemon_figures_over_a_window():
     before = {"t": 10.0, "cpu_s": 1.0, "rss_mib": 30.0, "admission": None,
               "charged_ns": {"p-0": 1_000_000_000, "p-1": None}}
     after = {"t": 15.0, "cpu_s": 1.1, "rss_mib": 31.5, "admission": None,
-             "charged_ns": {"p-0": 1_250_000_000, "p-1": 5}}
+             "charged_ns": {"p-0": 1_250_000_000, "p-1": 5}, "capacity_pct": 112.5}
     figures = packing_daemon.daemon_figures(before, after)
     assert figures["cpu_pct"] == pytest.approx(2.0) and figures["rss_mib"] == 31.5
     assert figures["charged_pct"] == {"p-0": pytest.approx(5.0)} and figures["admission"] is None
+    assert figures["capacity_pct"] == 112.5
 
 
 @corun_built

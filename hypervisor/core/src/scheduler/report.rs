@@ -2,6 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
+use gpushare_utils::bucket::PPM;
 use serde::Serialize;
 
 use super::*;
@@ -70,6 +71,11 @@ pub struct GpuStatus {
     pub ceiling_ppm: u32,
     /// GPU time charged per wall time over the last second, in ppm.
     pub achieved_ppm: u32,
+    /// What the GPU's elastic pods split, in ppm of wall time: 1,000,000,
+    /// or more on a co-run GPU that idles while they use all they are given
+    /// ([`super::capacity`]).
+    #[serde(default)]
+    pub elastic_capacity_ppm: u32,
     /// The pod's threads waiting for budget on the GPU now.
     pub waiting: u32,
     /// Launches admitted on the GPU since the region was created.
@@ -125,7 +131,7 @@ impl Scheduler {
                 region: pod.region.path().display().to_string(),
                 suspended: pod.suspended,
                 workers: workers(id),
-                gpus: pod.gpus.iter().map(|g| gpu_status(pod, g)).collect(),
+                gpus: pod.gpus.iter().map(|g| gpu_status(pod, g, self)).collect(),
                 priority: self
                     .tables
                     .priority
@@ -137,7 +143,7 @@ impl Scheduler {
     }
 }
 
-pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
+pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu, scheduler: &Scheduler) -> GpuStatus {
     let uuid = g.placement.as_ref().map(|p| p.uuid.as_str());
     let bucket = uuid.and_then(|u| pod.region.bucket(u));
     let usage = uuid.and_then(|u| pod.region.usage(u));
@@ -167,6 +173,7 @@ pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu) -> GpuStatus {
             b.limits().ceiling_ppm.load(Ordering::Relaxed)
         }),
         achieved_ppm: g.achieved_ppm,
+        elastic_capacity_ppm: uuid.map_or(PPM as u32, |u| scheduler.elastic_capacity(u)),
         waiting: bucket.map_or(0, |b| b.waiting.load(Ordering::Relaxed)),
         launches: bucket.map_or(0, |b| b.launches.load(Ordering::Relaxed)),
         charged_ns: bucket.map_or(0, |b| b.charged_ns.load(Ordering::Relaxed)),

@@ -75,7 +75,7 @@ impl Scheduler {
                 by_gpu.entry(key).or_default().push((id.clone(), k));
             }
         }
-        for members in by_gpu.values() {
+        for (key, members) in &by_gpu {
             let entries: Vec<fairshare::Entry> = members
                 .iter()
                 .filter_map(|(id, k)| self.pods.get(id).and_then(|p| p.gpus.get(*k)))
@@ -91,7 +91,7 @@ impl Scheduler {
                 continue;
             }
             self.write_sm_percents(members);
-            let grants = fairshare::plan(&entries);
+            let grants = fairshare::plan(&entries, self.elastic_capacity(key));
             for ((id, k), grant) in members.iter().zip(grants) {
                 let Some(pod) = self.pods.get_mut(id) else {
                     continue;

@@ -1,0 +1,181 @@
+//! The time the elastic pods of a co-run GPU split: 100% of the GPU's, more
+//! while the GPU idles though they use all they are given.
+//!
+//! Beside other MPS clients, a kernel's blocks wait for the SMs another
+//! client's kernel holds: its measured time, and so its charge, covers time
+//! in which the GPU ran someone else's blocks. Pods that split 100% of the
+//! time by such charges run out of budget while the GPU still has room (16
+//! pods of full-GPU kernels on an H100 got 89% of what one process does
+//! alone). The GPU says how much of the time a kernel ran at all: while it
+//! was busy less than [`GROW_BELOW`] percent and the elastic pods used
+//! [`HUNGRY`] of their rates or more, what they split grows with the idle
+//! time; once the GPU is busy all the time it shrinks, back to 100%, so that
+//! the weights decide again what each pod gets of a full GPU. Only idle time
+//! is handed out: a capped pod keeps its cap and a fixed pod its share
+//! ([`plan`](crate::fairshare::plan)); time-sliced GPUs stay at 100% (a context switch is
+//! time the GPU gives the pod that caused it).
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use gpushare_utils::bucket::PPM;
+
+use super::*;
+
+/// Busy less than this (percent), the GPU has room to hand out.
+pub const GROW_BELOW: u32 = 97;
+/// Busy this much (percent), the GPU is full: the weights must decide.
+const FULL: u32 = 100;
+/// The elastic pods use what they are given: together, at least this
+/// share of their rates.
+pub const HUNGRY: f64 = 0.9;
+/// At most this much more than the GPU's time is split.
+pub const MAX_CAPACITY_PPM: u32 = 1_500_000;
+/// One sample grows the capacity by at most this factor.
+const MAX_GROWTH: f64 = 1.15;
+/// A full GPU shrinks it by this factor a sample; pods that use less than
+/// they are given, by [`IDLE_SHRINK`].
+const FULL_SHRINK: f64 = 0.95;
+const IDLE_SHRINK: f64 = 0.98;
+/// A pod's use is measured over at least this long.
+const MIN_SPAN: Duration = Duration::from_millis(20);
+
+/// The capacity after one busy sample: `busy` percent, with the elastic
+/// pods `hungry` or not.
+pub fn next_capacity(ppm: u32, busy: u32, hungry: bool) -> u32 {
+    let ppm_f = f64::from(ppm);
+    let next = if busy >= FULL {
+        ppm_f * FULL_SHRINK
+    } else if !hungry {
+        ppm_f * IDLE_SHRINK
+    } else if busy < GROW_BELOW {
+        // In proportion to the idle time; a GPU that reads nearly idle
+        // while pods wait is a sample to distrust, not to follow far.
+        ppm_f * (f64::from(GROW_BELOW) / f64::from(busy.max(50))).min(MAX_GROWTH)
+    } else {
+        ppm_f
+    };
+    (next.round() as u32).clamp(PPM as u32, MAX_CAPACITY_PPM)
+}
+
+impl Scheduler {
+    /// The time the elastic pods of GPU `uuid` split, in ppm of wall time.
+    pub fn elastic_capacity(&self, uuid: &str) -> u32 {
+        self.capacity
+            .get(&uuid.to_ascii_lowercase())
+            .copied()
+            .unwrap_or(PPM as u32)
+    }
+
+    /// The co-run GPUs whose elastic pods may get more than the GPU's time:
+    /// (NVML index, UUID) of each that has an elastic pod placed.
+    pub fn busy_watched(&self) -> Vec<(u32, String)> {
+        let Some(corun) = &self.corun else {
+            return Vec::new();
+        };
+        self.gpus
+            .iter()
+            .filter(|gpu| corun.covers(&gpu.uuid))
+            .filter(|gpu| {
+                self.pods.values().flat_map(|p| &p.gpus).any(|g| {
+                    g.spec.policy == Policy::Elastic
+                        && g.placement
+                            .as_ref()
+                            .is_some_and(|p| p.uuid.eq_ignore_ascii_case(&gpu.uuid))
+                })
+            })
+            .map(|gpu| (gpu.index, gpu.uuid.clone()))
+            .collect()
+    }
+
+    /// Notes that co-run GPU `uuid` was busy `busy` percent of the time
+    /// since its last sample, and sets what its elastic pods split (see the
+    /// module documentation); reschedules the GPU when that changed.
+    pub fn note_busy(&mut self, uuid: &str, busy: u32, now: Instant) {
+        let key = uuid.to_ascii_lowercase();
+        if !self.corun.as_ref().is_some_and(|c| c.covers(&key)) {
+            return;
+        }
+        // What the GPU's active elastic pods were given and used since the
+        // last sample, in ppm·ns.
+        let (mut given, mut used, mut elastic) = (0u128, 0u128, false);
+        for pod in self.pods.values_mut() {
+            for gpu in &mut pod.gpus {
+                let Some(placement) = gpu
+                    .placement
+                    .as_ref()
+                    .filter(|p| p.uuid.eq_ignore_ascii_case(&key))
+                else {
+                    continue;
+                };
+                let Some(bucket) = pod.region.bucket(&placement.uuid) else {
+                    continue;
+                };
+                let charged = bucket.charged_ns.load(Ordering::Relaxed);
+                let mark = gpu.busy_mark.replace((now, charged));
+                if !gpu.active || gpu.spec.policy != Policy::Elastic {
+                    continue;
+                }
+                elastic = true;
+                let Some((then, before)) = mark else {
+                    continue;
+                };
+                let span = now.saturating_duration_since(then);
+                if span >= MIN_SPAN {
+                    given += span.as_nanos() * u128::from(gpu.grant.rate_ppm);
+                    used += u128::from(charged.saturating_sub(before)) * u128::from(PPM);
+                }
+            }
+        }
+        let now_ppm = self.elastic_capacity(&key);
+        let next = match elastic {
+            false => PPM as u32,
+            true => next_capacity(
+                now_ppm,
+                busy,
+                given > 0 && used as f64 >= HUNGRY * given as f64,
+            ),
+        };
+        if next != now_ppm {
+            tracing::debug!(gpu = %key, busy, capacity_ppm = next, "elastic capacity");
+            self.capacity.insert(key.clone(), next);
+            self.tick(now, Some(&key));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_grows_with_idle_time_while_pods_are_hungry_and_shrinks_when_full() {
+        let one = PPM as u32;
+        // 89% busy: grows by 97/89, at most MAX_GROWTH a sample.
+        assert_eq!(next_capacity(one, 89, true), 1_089_888);
+        assert_eq!(next_capacity(one, 60, true), 1_150_000);
+        // Busy enough: holds.
+        assert_eq!(next_capacity(1_100_000, 98, true), 1_100_000);
+        // Pods that leave budget unused: nothing to hand out.
+        assert_eq!(next_capacity(1_100_000, 80, false), 1_078_000);
+        // Full: the weights decide again.
+        assert_eq!(next_capacity(1_100_000, 100, true), 1_045_000);
+        // Never under the GPU's time, never over the most.
+        assert_eq!(next_capacity(one, 100, true), one);
+        assert_eq!(next_capacity(one, 90, false), one);
+        assert_eq!(next_capacity(MAX_CAPACITY_PPM, 10, true), MAX_CAPACITY_PPM);
+    }
+
+    #[test]
+    fn capacity_settles_where_the_gpu_is_busy_enough() {
+        // A GPU whose busy share is what the pods were given, over the
+        // 1.12 their charges exceed what they take (at most 100%).
+        let busy_at = |ppm: u32| ((f64::from(ppm) / 1.12e4).round() as u32).min(100);
+        let mut ppm = PPM as u32;
+        for _ in 0..20 {
+            ppm = next_capacity(ppm, busy_at(ppm), true);
+        }
+        let busy = busy_at(ppm);
+        assert!((GROW_BELOW..FULL).contains(&busy), "{ppm} ppm: busy {busy}");
+    }
+}
