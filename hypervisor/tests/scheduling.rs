@@ -292,7 +292,7 @@ fn a_corun_gpu_that_idles_while_its_elastic_pods_use_all_they_get_gives_them_mor
         );
         // More than the GPU's time; each pod at most the whole of it (the
         // split by weight below that is fairshare's to test).
-        assert!(MAX_CAPACITY_PPM >= 3_000_000);
+        const { assert!(MAX_CAPACITY_PPM >= 3_000_000) };
         assert!(wait_for(Duration::from_secs(3), || rates()[..2]
             == [1_000_000, 1_000_000]));
         assert_eq!(capacity(&pods[2]), Some(1_000_000));
