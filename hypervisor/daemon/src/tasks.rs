@@ -20,7 +20,7 @@ pub const TICK: Duration = Duration::from_millis(10);
 pub const MAINTENANCE: Duration = Duration::from_secs(1);
 
 /// How often the co-run GPUs with elastic pods are asked how busy they
-/// were (GPUs take a sample every sixth of a second to every second).
+/// were (an H100 takes a sample every 200 ms).
 pub const BUSY_POLL: Duration = Duration::from_millis(100);
 
 impl Hypervisor {

@@ -12,8 +12,8 @@
 //! time; once the GPU is busy all the time it shrinks, back to 100%, so that
 //! the weights decide again what each pod gets of a full GPU. Only idle time
 //! is handed out: a capped pod keeps its cap and a fixed pod its share
-//! ([`plan`](crate::fairshare::plan)); time-sliced GPUs stay at 100% (a context switch is
-//! time the GPU gives the pod that caused it).
+//! ([`plan`](crate::fairshare::plan)); time-sliced GPUs stay at 100% (a
+//! context switch is time the GPU gives the pod that caused it).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -38,8 +38,8 @@ pub const MAX_CAPACITY_PPM: u32 = 4_000_000;
 /// A sample grows the capacity by this much for each point of idle time
 /// under [`GROW_BELOW`] (95% busy: by 20%), at most [`MAX_GROWTH`]: the
 /// charges grow with the pods' budgets, so the capacity must grow faster
-/// than the idle time shrinks, within the few samples a GPU takes in
-/// seconds.
+/// than the idle time shrinks, and settle within a few samples (an H100
+/// takes one every 200 ms).
 const GAIN: f64 = 10.0;
 const MAX_GROWTH: f64 = 1.5;
 /// A full GPU shrinks it by this factor a sample; pods that use less than
@@ -76,7 +76,8 @@ impl Scheduler {
     }
 
     /// The co-run GPUs whose elastic pods may get more than the GPU's time:
-    /// (NVML index, UUID) of each that has an elastic pod placed.
+    /// (NVML index, UUID) of each that has an elastic pod placed, or still
+    /// a capacity above 100% (which its next sample takes back).
     pub fn busy_watched(&self) -> Vec<(u32, String)> {
         let Some(corun) = &self.corun else {
             return Vec::new();
@@ -85,12 +86,13 @@ impl Scheduler {
             .iter()
             .filter(|gpu| corun.covers(&gpu.uuid))
             .filter(|gpu| {
-                self.pods.values().flat_map(|p| &p.gpus).any(|g| {
-                    g.spec.policy == Policy::Elastic
-                        && g.placement
-                            .as_ref()
-                            .is_some_and(|p| p.uuid.eq_ignore_ascii_case(&gpu.uuid))
-                })
+                self.capacity.contains_key(&gpu.uuid.to_ascii_lowercase())
+                    || self.pods.values().flat_map(|p| &p.gpus).any(|g| {
+                        g.spec.policy == Policy::Elastic
+                            && g.placement
+                                .as_ref()
+                                .is_some_and(|p| p.uuid.eq_ignore_ascii_case(&gpu.uuid))
+                    })
             })
             .map(|gpu| (gpu.index, gpu.uuid.clone()))
             .collect()
@@ -146,7 +148,11 @@ impl Scheduler {
         };
         if next != now_ppm {
             tracing::debug!(gpu = %key, busy, capacity_ppm = next, "elastic capacity");
-            self.capacity.insert(key.clone(), next);
+            if next == PPM as u32 {
+                self.capacity.remove(&key);
+            } else {
+                self.capacity.insert(key.clone(), next);
+            }
             self.tick(now, Some(&key));
         }
     }
@@ -178,9 +184,9 @@ mod tests {
 
     #[test]
     fn capacity_settles_where_the_gpu_is_busy_enough() {
-        // A GPU of 16 pods as measured on an H100: 89% busy at 100%, 92% at
-        // 150%, 95% at 230%, the charges growing with the budgets; full
-        // past 400%.
+        // A GPU whose busy share follows what 16 pods of full-GPU kernels
+        // did on an H100 (89% of one process at 100%, 92% at 150%, 95% at
+        // 230%: the charges grow with the budgets); full past 400%.
         let busy_at = |ppm: u32| {
             let x = f64::from(ppm) / 1e6;
             (89.0 + 6.0 * (x - 1.0)).min(100.0).round() as u32
