@@ -68,11 +68,13 @@ pub fn next_capacity(ppm: u32, busy: u32, hungry: bool) -> u32 {
 
 impl Scheduler {
     /// The time the elastic pods of GPU `uuid` split, in ppm of wall time.
+    /// Read by every tick: the few GPUs above 100% are looked through, no
+    /// key is made.
     pub fn elastic_capacity(&self, uuid: &str) -> u32 {
         self.capacity
-            .get(&uuid.to_ascii_lowercase())
-            .copied()
-            .unwrap_or(PPM as u32)
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(uuid))
+            .map_or(PPM as u32, |(_, &ppm)| ppm)
     }
 
     /// The co-run GPUs whose elastic pods may get more than the GPU's time:
