@@ -65,6 +65,21 @@ fn share_matches_the_limit_for_short_and_long_kernels() {
 }
 
 #[test]
+fn a_kernel_slowed_by_the_event_before_it_is_charged_its_back_to_back_time() {
+    let _serial = serial();
+    // On the double every kernel right after an event takes 10 µs longer,
+    // as a real kernel whose launch ramp overlaps the one before it except
+    // after an event: a bracket reads 60 µs where the loop spends 50. Runs
+    // of launches measured end to end bring the price down to what the
+    // loop takes: the share is the limit, not five sixths of it.
+    let ramp = [("GPUSHARE_DOUBLE_EVENT_RAMP_NS", "10000")];
+    let summary = Summary::of("50", &ramp, &["run", "kernel", "50", "1500"]);
+    assert_share(run_line(&summary.1), 500, 30);
+    let scale = summary.number("bracket_scale");
+    assert!((0.8..0.9).contains(&scale), "scale {scale}: {}", summary.0);
+}
+
+#[test]
 fn every_launch_api_is_limited() {
     let _serial = serial();
     let apis = [

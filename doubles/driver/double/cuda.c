@@ -148,6 +148,10 @@
  *   first entry NULL), and always for cuLaunch/cuLaunchGrid(Async),
  *   GPUSHARE_DOUBLE_KERNEL_NS (default 100000). Any module image loads, and
  *   every name is a function of it.
+ * - GPUSHARE_DOUBLE_EVENT_RAMP_NS (default 0): the first kernel after an
+ *   event record on its device takes that much longer, as a real kernel
+ *   whose launch ramp overlaps the kernel before it, except after an event
+ *   (PyTorch's bf16 matmul on the H100: 3-5 us).
  * - Launches return at once, unless GPUSHARE_DOUBLE_QUEUE_DEPTH (default
  *   1024) submissions are still running or queued on the device: then the
  *   launch sleeps until the oldest completes, like a full launch queue.
@@ -263,6 +267,7 @@ unsigned long long g_region_base = FALLBACK_REGION_BASE;
 struct double_config g_config;
 unsigned long long g_config_kernel_ns;
 unsigned long long g_config_queue_depth;
+unsigned long long g_config_event_ramp_ns;
 int g_initialized;
 /* Whether cuInit found an MPS control daemon (CU_DEVICE_ATTRIBUTE_MPS_ENABLED). */
 static int g_mps_enabled;
@@ -390,6 +395,7 @@ static void load_config(void) {
     g_config_kernel_ns = env_count("GPUSHARE_DOUBLE_KERNEL_NS", DEFAULT_KERNEL_NS, 0, ~0ULL);
     g_config_queue_depth =
         env_count("GPUSHARE_DOUBLE_QUEUE_DEPTH", DEFAULT_QUEUE_DEPTH, 1, MAX_QUEUE_DEPTH);
+    g_config_event_ramp_ns = env_count("GPUSHARE_DOUBLE_EVENT_RAMP_NS", 0, 0, 1000000000ULL);
     {
         void *reserved = mmap(NULL, (size_t)(DOUBLE_MAX_DEVICES * REGION_SIZE), PROT_NONE,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -188,6 +188,7 @@ struct CUfunc_st {
 extern struct double_config g_config;
 extern unsigned long long g_config_kernel_ns;
 extern unsigned long long g_config_queue_depth;
+extern unsigned long long g_config_event_ramp_ns;
 extern int g_initialized;
 extern struct device g_devices[DOUBLE_MAX_DEVICES];
 /* The current context of this thread. */
@@ -270,6 +271,7 @@ unsigned long long now_ns(void);
 void sleep_until(unsigned long long ns);
 unsigned long long device_busy_until(int dev);
 unsigned long long drained_at_locked(int dev, unsigned long long now);
+void event_recorded_locked(int dev);
 CUresult enqueue(CUstream h, int ptsz, unsigned long long ns, unsigned long long kernels,
                  CUgraphNodeType type, CUresult (*check)(const void *), const void *object,
                  int args_ok);

@@ -69,6 +69,7 @@ static CUresult event_record(CUevent hEvent, CUstream h, int ptsz) {
         e->recorded = 1;
         e->device = dev;
         e->at = drained_at_locked(dev, now_ns());
+        event_recorded_locked(dev);
     }
     unlock();
     return rc;

@@ -21,6 +21,9 @@ struct timeline {
     /* Ring of SPAN_CAPACITY busy intervals in time order; back-to-back ones merged. */
     struct span *spans;
     size_t span_head, span_len;
+    /* An event was recorded since the last kernel: the next one ramps up
+     * alone (GPUSHARE_DOUBLE_EVENT_RAMP_NS longer). */
+    int after_event;
     /* Ring of g_queue_depth end times of the latest submissions. */
     unsigned long long *pending;
     size_t pending_head, pending_len;
@@ -82,6 +85,11 @@ static CUresult submit_locked(int dev, unsigned long long ns, unsigned long long
     if (ns == 0) {
         return CUDA_SUCCESS;
     }
+    if (t->after_event) {
+        t->after_event = 0;
+        end += g_config_event_ramp_ns;
+        t->pending[(t->pending_head + t->pending_len - 1) % depth] = end;
+    }
     t->busy_until = end;
     if (t->span_len > 0) {
         struct span *last = &t->spans[(t->span_head + t->span_len - 1) % SPAN_CAPACITY];
@@ -101,6 +109,11 @@ static CUresult submit_locked(int dev, unsigned long long ns, unsigned long long
 
 unsigned long long device_busy_until(int dev) {
     return g_timelines[dev].busy_until;
+}
+
+/* An event was recorded on dev: its next kernel ramps up alone. */
+void event_recorded_locked(int dev) {
+    g_timelines[dev].after_event = 1;
 }
 
 /* When all work submitted so far on dev completes (at the earliest, now). */

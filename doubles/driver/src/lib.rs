@@ -75,7 +75,9 @@
 //! submissions are pending on the device, like a full launch queue. Stream
 //! capture records launches into the graph without running them; a graph
 //! launch occupies the sum of its captured kernels. `cuEventRecord` stamps
-//! `max(now, busy_until)`; `cuEventQuery`, `cuEventSynchronize`,
+//! `max(now, busy_until)`, and the next kernel on the device takes
+//! `GPUSHARE_DOUBLE_EVENT_RAMP_NS` (default 0) longer: a real kernel's launch
+//! ramp overlaps the kernel before it, except after an event; `cuEventQuery`, `cuEventSynchronize`,
 //! `cuEventElapsedTime(_v2)`, `cuStreamQuery`, `cuStreamSynchronize(_ptsz)`
 //! and `cuCtxSynchronize` follow that clock (`CUDA_ERROR_NOT_READY` until
 //! then). During a capture the double enforces the rules measured on driver

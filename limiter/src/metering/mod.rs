@@ -136,8 +136,8 @@ impl LaunchKey {
     }
 }
 
-/// What one launch was charged, and how to measure it.
-#[derive(Debug, Clone, Copy)]
+/// What one launch was charged, and how to measure it (the default: nothing).
+#[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Charge {
     pub ns: u64,
     pub waves: u64,

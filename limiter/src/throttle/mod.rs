@@ -70,6 +70,7 @@ mod locals;
 mod monitor;
 mod overheads;
 pub(crate) mod priority;
+mod run;
 mod sample;
 mod sampler;
 mod sampling;
@@ -78,10 +79,11 @@ mod summary;
 mod wait;
 
 use budgets::Budgets;
-use locals::{with_batch, with_cadence};
+use locals::{with_batch, with_cadence, with_run};
 use monitor::Monitor;
 use overheads::Overheads;
 use priority::Priority;
+use run::{Run, RunScale};
 use sampler::Sampler;
 use stamp::Stamps;
 use summary::Held;
@@ -203,6 +205,9 @@ pub(crate) struct Throttle {
     sampler: Sampler,
     /// What a bracket holds besides its kernel, per context.
     overheads: Overheads,
+    /// How much of a bracket is the launch's own back-to-back time, as
+    /// runs of launches measured end to end say.
+    runs: RunScale,
     /// The thread that reads the measurements.
     monitor: Monitor,
     /// This process's stamps in the node's activity table.
@@ -227,6 +232,7 @@ impl Throttle {
             waves: Waves::default(),
             sampler: Sampler::default(),
             overheads: Overheads::default(),
+            runs: RunScale::default(),
             monitor: Monitor::default(),
             stamps: Stamps::new(tables, activity),
             held: Held::default(),
@@ -345,6 +351,7 @@ impl Throttle {
                 lease::give_back();
             }
             if budget.bucket.admit(now, charge.ns) != Admission::Pass {
+                self.close_run_before_wait(ctx, timing, device);
                 now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device, monotonic_ns());
             }
         }
@@ -366,14 +373,38 @@ impl Throttle {
             leased || budget.bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS;
         let due = with_cadence(|cadence| cadence.due(now, cadence.interval(relaxed), charge.ns));
         let mut sampled = false;
-        if let Some(timing) = timing
-            && (wanted || due)
-            && let Some(mut bracket) = self.begin_sample(timing, stream)
-        {
-            bracket.submitted_at = monotonic_ns();
-            sample::set_in_flight(bracket);
-            sampled = true;
-        } else {
+        if let Some(timing) = timing {
+            // An open run counts this launch, or closes before it; while
+            // one is open, its launches are measured together, and only a
+            // function's first measurement is taken on its own.
+            let in_run = match with_run(|run| run.add(stream, &charge)) {
+                run::Added::Outside => false,
+                run::Added::Counted => {
+                    self.check_run_busy(timing, stream);
+                    true
+                }
+                run::Added::Spoiled => true,
+                run::Added::Closed(closed) => {
+                    self.close_run(ctx, timing, device, closed);
+                    false
+                }
+            };
+            let due = due && !in_run;
+            let opened = due
+                && !wanted
+                && with_run(Run::wants_one)
+                && self.open_run(timing, stream, &charge);
+            if opened {
+                with_cadence(|cadence| cadence.sampled(now, relaxed));
+            } else if (wanted || due)
+                && let Some(mut bracket) = self.begin_sample(timing, stream)
+            {
+                bracket.submitted_at = monotonic_ns();
+                sample::set_in_flight(bracket);
+                sampled = true;
+            }
+        }
+        if !sampled {
             self.model.abandon(&charge);
         }
         let metered = Metered {
@@ -397,7 +428,9 @@ impl Throttle {
         if let Some(metered) = &launch.metered
             && !result.is_success()
         {
-            // Nothing runs: give the charge back.
+            // Nothing runs: give the charge back, and an open run that
+            // counted it is no measure of its launches.
+            with_run(Run::spoil);
             metered.bucket.correct(-(metered.charge.ns as i64));
             with_batch(|batch| self.model.refund(&metered.charge, batch));
         }

@@ -3,17 +3,21 @@
 
 use std::cell::Cell;
 
+use super::run::Tally;
 use crate::metering::Charge;
 use crate::sys::CUevent;
 
-/// One launch bracketed by events.
+/// One launch bracketed by events, or a run of launches ([`super::run`]).
 pub(super) struct Sample {
     pub(super) context: usize,
     pub(super) start: CUevent,
     pub(super) end: CUevent,
     pub(super) graph: bool,
     pub(super) device: usize,
+    /// The launch's charge; a run's sample has none (the default).
     pub(super) charge: Charge,
+    /// `Some` for a run: what its launches were charged.
+    pub(super) run: Option<Tally>,
     /// `Some` when the stream had no work queued as the bracket began: the
     /// bracket then also holds this host time between its start and the
     /// launch call (long if the thread was preempted), and the launch latency.

@@ -8,13 +8,15 @@ use std::sync::atomic::Ordering;
 
 use gpushare_utils::bucket::monotonic_ns;
 
+use super::locals::with_run;
 use super::overheads::kernel_ns;
+use super::run::{Closed, Run, Tally};
 use super::sample::{Bracket, Sample};
 use super::summary::Held;
 use super::{MAX_SAMPLED_CALL_NS, Metered, Throttle};
 use crate::context::Context;
 use crate::driver::Timing;
-use crate::metering::Contention;
+use crate::metering::{Charge, Contention};
 use crate::sys::{CUresult, CUstream};
 
 impl Throttle {
@@ -129,6 +131,7 @@ impl Throttle {
             graph: metered.key.is_graph(),
             device,
             charge: metered.charge,
+            run: None,
             idle_gap_ns: bracket
                 .idle
                 .then(|| bracket.submitted_at.saturating_sub(bracket.recorded_at)),
@@ -154,10 +157,14 @@ impl Throttle {
         }
         // Launches wait only for a function's first measurement.
         let awaited = sample.charge.wanted && sample.charge.unmeasured;
+        let counter = match sample.run {
+            None => &self.held.samples,
+            Some(_) => &self.held.runs,
+        };
         if !self.queue(timing, sample) {
             return;
         }
-        self.held.samples.fetch_add(1, Ordering::Relaxed);
+        counter.fetch_add(1, Ordering::Relaxed);
         self.start_monitor(ctx);
         if !self.monitor.notify(awaited) {
             self.read_samples_here(ctx, timing);
@@ -223,8 +230,15 @@ impl Throttle {
         None
     }
 
-    /// Prices a completed sample and settles the bucket for it.
+    /// Prices a completed sample and settles the bucket for it; a run
+    /// moves the scale of brackets instead.
     fn complete(&self, ctx: &'static Context, timing: &Timing, sample: Sample) {
+        if let Some(tally) = sample.run {
+            self.complete_run(ctx, timing, &sample, tally);
+            self.sampler.recycle(timing, sample.context, sample.start);
+            self.sampler.recycle(timing, sample.context, sample.end);
+            return;
+        }
         let bracket = if sample.call_ns > MAX_SAMPLED_CALL_NS {
             self.held.discarded_samples.fetch_add(1, Ordering::Relaxed);
             None
@@ -236,7 +250,7 @@ impl Throttle {
                 let (overhead, late) =
                     self.overheads
                         .of(sample.idle_gap_ns, sample.graph, sample.call_ns);
-                let measured = kernel_ns(bracket, overhead, late);
+                let measured = self.runs.apply(kernel_ns(bracket, overhead, late));
                 let contention = match self.stamps.contended(ctx, sample.device, monotonic_ns()) {
                     false => Contention::Alone,
                     true if self.priority.is_corun() => Contention::SharedSms,
@@ -271,5 +285,123 @@ impl Throttle {
         }
         self.sampler.recycle(timing, sample.context, sample.start);
         self.sampler.recycle(timing, sample.context, sample.end);
+    }
+}
+
+/// Runs of launches ([`super::run`]): opened at a due sample, closed before
+/// a launch on another stream, a full run, or a wait for budget.
+impl Throttle {
+    /// Opens a run at this launch on `stream` charged `charge`: its start
+    /// event recorded before it. False (the caller takes a sample instead)
+    /// where the stream is idle, so that the run would hold the launch
+    /// latency, or no event can be had.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn open_run(&self, timing: &Timing, stream: CUstream, charge: &Charge) -> bool {
+        if self.sampler.is_full() || timing.stream_idle(stream) != Some(false) {
+            return false;
+        }
+        let Some(context) = timing.stream_context(stream) else {
+            return false;
+        };
+        let context = context as usize;
+        let Some(start) = self.sampler.event(timing, context) else {
+            return false;
+        };
+        if !timing.record(start, stream) {
+            // A pooled event whose context is gone fails to record: drop it.
+            timing.destroy(start);
+            return false;
+        }
+        with_run(|run| run.open(stream, context, start, charge));
+        true
+    }
+
+    /// Records the end of the run `closed` (before the launch that closed
+    /// it) and queues it for the monitor.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn close_run(
+        &'static self,
+        ctx: &'static Context,
+        timing: &Timing,
+        device: usize,
+        closed: Closed,
+    ) {
+        let Some(end) = self.sampler.event(timing, closed.context) else {
+            self.sampler.recycle(timing, closed.context, closed.start);
+            return;
+        };
+        if !timing.record(end, closed.stream) {
+            // The context is gone, or the stream captures: drop the events.
+            timing.destroy(closed.start);
+            timing.destroy(end);
+            return;
+        }
+        let sample = Sample {
+            context: closed.context,
+            start: closed.start,
+            end,
+            graph: false,
+            device,
+            charge: Charge::default(),
+            run: Some(closed.tally),
+            idle_gap_ns: None,
+            submitted_at: monotonic_ns(),
+            call_ns: 0,
+            relaxed: true,
+        };
+        self.end_sample(ctx, timing, sample, true);
+    }
+
+    /// A launch counted into this thread's open run: the run no longer
+    /// counts unless the stream still has work queued (the launch then
+    /// starts as the work before it ends, with no idle gap in the run).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn check_run_busy(&self, timing: &Timing, stream: CUstream) {
+        if timing.stream_idle(stream) != Some(false) {
+            with_run(Run::spoil);
+        }
+    }
+
+    /// Closes this thread's open run, if any, before it waits (the stream
+    /// runs dry meanwhile, and the run would not count).
+    pub(super) fn close_run_before_wait(
+        &'static self,
+        ctx: &'static Context,
+        timing: Option<&Timing>,
+        device: usize,
+    ) {
+        if let Some(timing) = timing
+            && let Some(closed) = with_run(Run::close)
+        {
+            self.close_run(ctx, timing, device, closed);
+        }
+    }
+
+    /// Moves the scale of brackets by a completed run that counts: one of
+    /// two launches or more, all priced from measurements, that ran and
+    /// found the stream busy, while no other pod launched on the device.
+    fn complete_run(&self, ctx: &'static Context, timing: &Timing, sample: &Sample, tally: Tally) {
+        let elapsed = timing.elapsed_ns(sample.start, sample.end);
+        let alone = !self.stamps.contended(ctx, sample.device, monotonic_ns());
+        let counts = tally.priced && tally.launches >= 2 && alone;
+        if let (true, Some(elapsed)) = (counts, elapsed) {
+            // The events' own time, as in a queued launch's bracket.
+            let (overhead, _) = self.overheads.of(None, false, 0);
+            self.runs
+                .note(elapsed.saturating_sub(overhead), tally.charged_ns);
+            self.held.runs_counted.fetch_add(1, Ordering::Relaxed);
+        }
+        tracing::trace!(
+            elapsed = ?elapsed,
+            launches = tally.launches,
+            charged = tally.charged_ns,
+            priced = tally.priced,
+            alone,
+            scale_ppm = self.runs.ppm(),
+            "run"
+        );
     }
 }

@@ -22,6 +22,9 @@ pub(super) struct Held {
     pub(super) calibration_ns: AtomicU64,
     /// Launches bracketed by events for the monitor to measure.
     pub(super) samples: AtomicU64,
+    /// Runs of launches measured, and those that moved the bracket scale.
+    pub(super) runs: AtomicU64,
+    pub(super) runs_counted: AtomicU64,
     /// Samples not measured: their launch call took too long.
     pub(super) discarded_samples: AtomicU64,
     /// Times the monitor thread ran again after a nap, a park or a poll.
@@ -72,7 +75,7 @@ impl AtExit for Throttle {
                  pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
                  held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} held_for_calibration_ms={:.1} \
                  kernel_idle_extra_ns={} kernel_idle_call_ns={} kernel_queued_extra_ns={} samples={} \
-                 discarded_samples={} monitor_wakeups={}",
+                 discarded_samples={} runs={} runs_counted={} bracket_scale={:.4} monitor_wakeups={}",
                 std::process::id(),
                 budget.bucket.launches.load(Ordering::Relaxed),
                 ms(charged_ns),
@@ -87,6 +90,9 @@ impl AtExit for Throttle {
                 kernel_queued_extra_ns,
                 self.held.samples.load(Ordering::Relaxed),
                 self.held.discarded_samples.load(Ordering::Relaxed),
+                self.held.runs.load(Ordering::Relaxed),
+                self.held.runs_counted.load(Ordering::Relaxed),
+                f64::from(self.runs.ppm()) / f64::from(super::run::SCALE_ONE_PPM),
                 self.held.monitor_wakeups.load(Ordering::Relaxed),
             );
         }
