@@ -150,8 +150,7 @@
  *   every name is a function of it.
  * - GPUSHARE_DOUBLE_EVENT_RAMP_NS (default 0): the first kernel after an
  *   event record on its device takes that much longer, as a real kernel
- *   whose launch ramp overlaps the kernel before it, except after an event
- *   (PyTorch's bf16 matmul on the H100: 3-5 us).
+ *   whose launch ramp overlaps the kernel before it, except after an event.
  * - Launches return at once, unless GPUSHARE_DOUBLE_QUEUE_DEPTH (default
  *   1024) submissions are still running or queued on the device: then the
  *   launch sleeps until the oldest completes, like a full launch queue.

@@ -30,7 +30,9 @@
 //!    with kernels of our own, launched directly and as a graph) are
 //!    subtracted, and so is a kernel launch call's delay beyond twice its
 //!    usual length (a module loaded in it): pods pay for their kernels, not
-//!    for idle gaps.
+//!    for idle gaps. One due sample in four opens a [`run`] instead: the
+//!    thread's next launches on the stream bracketed together, which says
+//!    how much of a single bracket is the launch's own back-to-back time.
 //! 4. Launches into a stream being captured do not run and are not charged;
 //!    the graph is charged when launched.
 //! 5. Every limited pod stamps the node's activity table; an elastic pod runs
@@ -42,8 +44,8 @@
 //! API: `budgets` (the device of a launch and the bucket that pays for it),
 //! the [`CostModel`] and [`Waves`] (prices), `sampler` (samples waiting for
 //! the GPU, spare events, the backlog), `overheads` (what a bracket holds
-//! besides its kernel, per context), `monitor` (the thread that reads
-//! samples, and its rest), `stamp` (the node's activity table), `summary`
+//! besides its kernel, per context), `runs` (the scale of brackets that
+//! runs set), `monitor` (the thread that reads samples, and its rest), `stamp` (the node's activity table), `summary`
 //! (where launches waited) and [`priority`]. The launch path (this file),
 //! `sampling`, `wait` and the monitor's loop run through them.
 

@@ -1,14 +1,13 @@
 //! Runs: stretches of one stream's launches measured end to end, which say
 //! how far single-launch brackets overstate what launches take back to back.
 //!
-//! An event recorded right before a launch keeps the launch from starting
-//! while the one before it ends: its launch latency and ramp, hidden in a
-//! stream of back-to-back kernels, is in its bracket. On the H100, PyTorch's
-//! bf16 matmul after a GELU took 43.5 µs with 1.8 µs to the next kernel,
-//! yet read 48.4 µs bracketed (less the events' own time); a step of four
-//! of each, 212.6 µs back to back, was priced 225 µs, and a pod capped at
-//! 90% did 85% of the GPU's work. No calibration kernel of ours has the
-//! application's ramp.
+//! Brackets are calibrated with an empty kernel of ours, but the event
+//! right before a launch may also keep the launch's ramp from overlapping
+//! the kernel before it, as it does back to back, and no calibration kernel
+//! has the application's ramp. On the H100 brackets overstated by well under
+//! 1% (the scale settled at 0.994 for back-to-back 50 µs kernels, 0.990 to
+//! 0.996 for a PyTorch inference step); the driver double's event ramp
+//! (`GPUSHARE_DOUBLE_EVENT_RAMP_NS`) makes a larger error to test against.
 //!
 //! A run brackets up to [`RUN_LAUNCHES`] launches of one thread on one
 //! stream with one pair of events: only its first launch follows an event.
