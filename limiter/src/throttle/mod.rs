@@ -45,8 +45,9 @@
 //! the [`CostModel`] and [`Waves`] (prices), `sampler` (samples waiting for
 //! the GPU, spare events, the backlog), `overheads` (what a bracket holds
 //! besides its kernel, per context), `runs` (the scale of brackets that
-//! runs set), `monitor` (the thread that reads samples, and its rest), `stamp` (the node's activity table), `summary`
-//! (where launches waited) and [`priority`]. The launch path (this file),
+//! runs set), `monitor` (the thread that reads samples, and its rest),
+//! `stamp` (the node's activity table), `summary` (where launches waited)
+//! and [`priority`]. The launch path (this file),
 //! `sampling`, `wait` and the monitor's loop run through them.
 
 use std::sync::atomic::Ordering;

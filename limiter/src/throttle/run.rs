@@ -19,8 +19,9 @@
 //! before each: no idle gap inside), no other pod launched on the device,
 //! none of its launches was priced before its function was measured, and
 //! none failed. Work of another thread on the same stream inside a run
-//! makes it longer, never shorter, and the scale never goes above 1: a run
-//! can only bring charges down to what the launches took, never raise them.
+//! makes it longer, never shorter, and the scale never goes above 1: runs
+//! can bring charges down to what the launches took, never above what the
+//! brackets say.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -37,7 +38,8 @@ pub(super) const RUN_CHARGED_NS: u64 = 1_000_000;
 pub(super) const RUN_EVERY: u32 = 4;
 /// The scale in millionths: 1.
 pub(super) const SCALE_ONE_PPM: u32 = 1_000_000;
-/// The least scale: a bracket overstates a launch by a fifth at most.
+/// The least scale: whatever runs say, a bracket is taken to overstate a
+/// launch by a fifth at most.
 pub(super) const MIN_SCALE_PPM: u32 = 800_000;
 /// How far one run moves the scale towards its ratio.
 const GAIN: f64 = 1.0 / 8.0;
