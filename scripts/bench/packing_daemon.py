@@ -167,15 +167,16 @@ class PackingDaemon(hv.Daemon):
             code, text = hv.hvctl.request(self.url + "/metrics", timeout=5.0)
             return parse_admission(text) if code == 200 else None
 
-        def charged():
+        def charges_and_split():
+            """Each pod's GPU time charged, and the co-run split (%)."""
             figures = self.pod_figures()
             capacity = [f["elastic_capacity_ppm"] for f in figures.values() if f.get("elastic_capacity_ppm")]
             return ({pod: f.get("charged_ns") for pod, f in figures.items()},
                     max(capacity) / 1e4 if capacity else None)
 
-        first = (charged(), scrape()) if scrape_first else None
+        first = (charges_and_split(), scrape()) if scrape_first else None
         out = {"t": time.monotonic(), "cpu_s": cpu_seconds(pid), "rss_mib": rss_mib(pid)}
-        (charged_ns, capacity_pct), admission = first or (charged(), scrape())
+        (charged_ns, capacity_pct), admission = first or (charges_and_split(), scrape())
         return {**out, "admission": admission, "charged_ns": charged_ns, "capacity_pct": capacity_pct}
 
     def pod_figures(self) -> dict:
