@@ -354,7 +354,7 @@ impl Throttle {
                 lease::give_back();
             }
             if budget.bucket.admit(now, charge.ns) != Admission::Pass {
-                self.close_run_before_wait(ctx, timing, device);
+                self.close_run_before_wait(ctx, timing);
                 now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device, monotonic_ns());
             }
         }
@@ -388,7 +388,7 @@ impl Throttle {
                 }
                 run::Added::Spoiled => true,
                 run::Added::Closed(closed) => {
-                    self.close_run(ctx, timing, device, closed);
+                    self.close_run(ctx, timing, closed);
                     false
                 }
             };
@@ -396,7 +396,7 @@ impl Throttle {
             let opened = due
                 && !wanted
                 && with_run(Run::wants_one)
-                && self.open_run(timing, stream, &charge);
+                && self.open_run(timing, stream, device, &charge);
             if opened {
                 with_cadence(|cadence| cadence.sampled(now, relaxed));
             } else if (wanted || due)

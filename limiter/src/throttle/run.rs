@@ -51,6 +51,7 @@ pub(super) struct Run {
     open: bool,
     stream: usize,
     context: usize,
+    device: usize,
     start: usize,
     launches: u32,
     charged_ns: u64,
@@ -69,6 +70,7 @@ unsafe impl gpushare_hook::thread_local::ZeroInit for Run {}
 pub(super) struct Closed {
     pub(super) stream: CUstream,
     pub(super) context: usize,
+    pub(super) device: usize,
     pub(super) start: CUevent,
     pub(super) tally: Tally,
 }
@@ -109,12 +111,13 @@ impl Run {
         self.samples_since >= RUN_EVERY
     }
 
-    /// Opens a run at a launch on `stream` charged `charge`, whose start
-    /// event `start` (of `context`) was recorded before it.
+    /// Opens a run at a launch on `stream` (of `context`, on `device`)
+    /// charged `charge`, whose start event `start` was recorded before it.
     pub(super) fn open(
         &mut self,
         stream: CUstream,
         context: usize,
+        device: usize,
         start: CUevent,
         charge: &Charge,
     ) {
@@ -122,6 +125,7 @@ impl Run {
             open: true,
             stream: stream as usize,
             context,
+            device,
             start: start as usize,
             launches: 1,
             charged_ns: charge.ns,
@@ -169,6 +173,7 @@ impl Run {
         let closed = Closed {
             stream: self.stream as CUstream,
             context: self.context,
+            device: self.device,
             start: self.start as CUevent,
             tally: Tally {
                 launches: self.launches,
@@ -250,7 +255,7 @@ mod tests {
         assert_eq!(wanted, [false, false, false, true]);
         // Not opened (an idle stream): the next due sample tries again.
         assert!(run.wants_one());
-        run.open(stream(1), 7, 9 as CUevent, &charge(10, false));
+        run.open(stream(1), 7, 0, 9 as CUevent, &charge(10, false));
         assert!(!run.wants_one());
         assert!(run.close().is_some());
         let wanted: Vec<bool> = (0..4).map(|_| run.wants_one()).collect();
@@ -261,11 +266,11 @@ mod tests {
     fn a_run_counts_its_streams_launches_and_closes_before_another_streams() {
         let mut run = Run::default();
         assert_eq!(run.add(stream(1), &charge(10, false)), Added::Outside);
-        run.open(stream(1), 7, 9 as CUevent, &charge(10, false));
+        run.open(stream(1), 7, 0, 9 as CUevent, &charge(10, false));
         assert_eq!(run.add(stream(1), &charge(20, false)), Added::Counted);
         assert_eq!(run.add(stream(1), &charge(30, false)), Added::Counted);
         let closed = match run.add(stream(2), &charge(40, false)) {
-            Added::Closed(c) => Some((c.stream, c.context, c.start, c.tally)),
+            Added::Closed(c) => Some((c.stream, c.context, c.device, c.start, c.tally)),
             _ => None,
         };
         let tally = Tally {
@@ -273,7 +278,7 @@ mod tests {
             charged_ns: 60,
             priced: true,
         };
-        assert_eq!(closed, Some((stream(1), 7, 9 as CUevent, tally)));
+        assert_eq!(closed, Some((stream(1), 7, 0, 9 as CUevent, tally)));
         // Closed: the next launch counts nowhere.
         assert_eq!(run.add(stream(1), &charge(10, false)), Added::Outside);
         assert_eq!(run.close().map(|c| c.tally), None);
@@ -290,7 +295,7 @@ mod tests {
     #[test]
     fn a_run_closes_when_full_and_a_guess_a_failure_or_an_idle_stream_spoils_it() {
         let mut run = Run::default();
-        run.open(stream(1), 7, 9 as CUevent, &charge(1, false));
+        run.open(stream(1), 7, 0, 9 as CUevent, &charge(1, false));
         for _ in 1..RUN_LAUNCHES {
             assert_eq!(run.add(stream(1), &charge(1, false)), Added::Counted);
         }
@@ -300,7 +305,13 @@ mod tests {
             Some((RUN_LAUNCHES, true))
         );
 
-        run.open(stream(1), 7, 9 as CUevent, &charge(RUN_CHARGED_NS, false));
+        run.open(
+            stream(1),
+            7,
+            0,
+            9 as CUevent,
+            &charge(RUN_CHARGED_NS, false),
+        );
         let long = tally(run.add(stream(1), &charge(1, true)));
         assert_eq!(
             long.map(|t| t.launches),
@@ -308,12 +319,12 @@ mod tests {
             "a run charged its limit closes"
         );
 
-        run.open(stream(1), 7, 9 as CUevent, &charge(10, false));
+        run.open(stream(1), 7, 0, 9 as CUevent, &charge(10, false));
         assert_eq!(run.add(stream(1), &charge(10, true)), Added::Spoiled);
         let guessed = run.close().map(|c| c.tally);
         assert_eq!(guessed.map(|t| (t.launches, t.priced)), Some((2, false)));
 
-        run.open(stream(1), 7, 9 as CUevent, &charge(10, false));
+        run.open(stream(1), 7, 0, 9 as CUevent, &charge(10, false));
         assert_eq!(run.add(stream(1), &charge(10, false)), Added::Counted);
         run.spoil();
         assert_eq!(run.add(stream(1), &charge(10, false)), Added::Spoiled);

@@ -297,7 +297,13 @@ impl Throttle {
     /// latency, or no event can be had.
     #[cold]
     #[inline(never)]
-    pub(super) fn open_run(&self, timing: &Timing, stream: CUstream, charge: &Charge) -> bool {
+    pub(super) fn open_run(
+        &self,
+        timing: &Timing,
+        stream: CUstream,
+        device: usize,
+        charge: &Charge,
+    ) -> bool {
         if self.sampler.is_full() || timing.stream_idle(stream) != Some(false) {
             return false;
         }
@@ -313,7 +319,7 @@ impl Throttle {
             timing.destroy(start);
             return false;
         }
-        with_run(|run| run.open(stream, context, start, charge));
+        with_run(|run| run.open(stream, context, device, start, charge));
         true
     }
 
@@ -321,13 +327,7 @@ impl Throttle {
     /// it) and queues it for the monitor.
     #[cold]
     #[inline(never)]
-    pub(super) fn close_run(
-        &'static self,
-        ctx: &'static Context,
-        timing: &Timing,
-        device: usize,
-        closed: Closed,
-    ) {
+    pub(super) fn close_run(&'static self, ctx: &'static Context, timing: &Timing, closed: Closed) {
         let Some(end) = self.sampler.event(timing, closed.context) else {
             self.sampler.recycle(timing, closed.context, closed.start);
             return;
@@ -343,7 +343,7 @@ impl Throttle {
             start: closed.start,
             end,
             graph: false,
-            device,
+            device: closed.device,
             charge: Charge::default(),
             run: Some(closed.tally),
             idle_gap_ns: None,
@@ -371,12 +371,11 @@ impl Throttle {
         &'static self,
         ctx: &'static Context,
         timing: Option<&Timing>,
-        device: usize,
     ) {
         if let Some(timing) = timing
             && let Some(closed) = with_run(Run::close)
         {
-            self.close_run(ctx, timing, device, closed);
+            self.close_run(ctx, timing, closed);
         }
     }
 
