@@ -266,7 +266,7 @@ mod tests {
     fn a_run_counts_its_streams_launches_and_closes_before_another_streams() {
         let mut run = Run::default();
         assert_eq!(run.add(stream(1), &charge(10, false)), Added::Outside);
-        run.open(stream(1), 7, 0, 9 as CUevent, &charge(10, false));
+        run.open(stream(1), 7, 3, 9 as CUevent, &charge(10, false));
         assert_eq!(run.add(stream(1), &charge(20, false)), Added::Counted);
         assert_eq!(run.add(stream(1), &charge(30, false)), Added::Counted);
         let closed = match run.add(stream(2), &charge(40, false)) {
@@ -278,7 +278,8 @@ mod tests {
             charged_ns: 60,
             priced: true,
         };
-        assert_eq!(closed, Some((stream(1), 7, 0, 9 as CUevent, tally)));
+        // Its own stream, context and GPU, whatever the launch that closed it.
+        assert_eq!(closed, Some((stream(1), 7, 3, 9 as CUevent, tally)));
         // Closed: the next launch counts nowhere.
         assert_eq!(run.add(stream(1), &charge(10, false)), Added::Outside);
         assert_eq!(run.close().map(|c| c.tally), None);
