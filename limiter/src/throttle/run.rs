@@ -48,11 +48,11 @@ const GAIN: f64 = 1.0 / 8.0;
 /// run open, none due.
 #[derive(Debug, Clone, Copy, Default)]
 pub(super) struct Run {
-    open: bool,
     stream: usize,
     context: usize,
     device: usize,
     start: usize,
+    /// The run's launches so far; 0: no run open.
     launches: u32,
     charged_ns: u64,
     /// A launch priced before its function was measured (its charge is a
@@ -100,11 +100,16 @@ pub(super) enum Added {
 }
 
 impl Run {
+    #[inline]
+    fn is_open(&self) -> bool {
+        self.launches != 0
+    }
+
     /// Whether the due sample of a launch should open a run: one in
     /// [`RUN_EVERY`], and none already open.
     #[inline]
     pub(super) fn wants_one(&mut self) -> bool {
-        if self.open {
+        if self.is_open() {
             return false;
         }
         self.samples_since += 1;
@@ -122,7 +127,6 @@ impl Run {
         charge: &Charge,
     ) {
         *self = Self {
-            open: true,
             stream: stream as usize,
             context,
             device,
@@ -139,7 +143,7 @@ impl Run {
     /// full (the caller records the end event before the launch).
     #[inline]
     pub(super) fn add(&mut self, stream: CUstream, charge: &Charge) -> Added {
-        if !self.open {
+        if !self.is_open() {
             return Added::Outside;
         }
         if self.stream == stream as usize
@@ -167,7 +171,7 @@ impl Run {
     /// Closes the open run, if any (before a wait, which lets the stream
     /// run dry).
     pub(super) fn close(&mut self) -> Option<Closed> {
-        if !self.open {
+        if !self.is_open() {
             return None;
         }
         let closed = Closed {
