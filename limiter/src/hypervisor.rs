@@ -49,8 +49,12 @@ const SWAP_IN_TIMEOUT: Duration = Duration::from_secs(120);
 const ROOM_TIMEOUT: Duration = Duration::from_secs(60);
 /// Registration retries back off from this...
 const REGISTER_BACKOFF_MIN: Duration = Duration::from_millis(50);
-/// ...up to this.
-const REGISTER_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// ...up to this, as do the command channel's reconnects. The hypervisor is
+/// on the same node: a retry a second costs it nothing, and a worker is
+/// listed again within a second of a restarted daemon answering (with a
+/// longer step, an outage of two seconds could leave it unlisted for three
+/// more).
+const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 /// Why talking to the hypervisor failed.
 #[derive(Debug, thiserror::Error)]
@@ -256,7 +260,7 @@ impl Link {
     fn run(&'static self, driver: &'static OnceLock<Driver>) {
         let _guard = gpushare_hook::DetourGuard::enter_always();
         let seed = u64::from(std::process::id());
-        let mut backoff = Backoff::new(REGISTER_BACKOFF_MIN, REGISTER_BACKOFF_MAX, seed);
+        let mut backoff = Backoff::new(REGISTER_BACKOFF_MIN, RECONNECT_BACKOFF_MAX, seed);
         if self.token.is_empty() {
             self.set_status(LinkStatus::Refused("the token is empty".to_owned()));
             return;
@@ -283,6 +287,7 @@ impl Link {
         self.set_status(LinkStatus::Registered);
         let options = ClientOptions {
             token: Some(self.token.clone()),
+            backoff_max: RECONNECT_BACKOFF_MAX,
             ..ClientOptions::default()
         };
         let Ok(requests) = &self.requests else {

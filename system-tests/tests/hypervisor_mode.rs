@@ -3,19 +3,25 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use system_tests::RunningNode;
 use system_tests::daemon::DoubleGpus;
 use system_tests::pod::Pod;
 use system_tests::probes::{CONTEXT_BYTES, GIB, info, probe, run};
+use system_tests::swapping::{Running, eventually};
 use system_tests::{artifacts, daemon, probes};
 
 const TOKEN: &str = "pod-token";
 
 fn start(pod: &Pod, gpu: &str) -> RunningNode {
+    start_on(pod, gpu, "127.0.0.1:0")
+}
+
+/// A daemon for `pod` listening on `listen`, its one GPU given `gpu`.
+fn start_on(pod: &Pod, gpu: &str, listen: &str) -> RunningNode {
     let text = format!(
-        "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\n{gpu}\n",
+        "listen = \"{listen}\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\n{gpu}\n",
         pod.0
     );
     daemon::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
@@ -182,6 +188,59 @@ fn a_dead_hypervisor_leaves_the_last_limits_in_force() {
     ));
     assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
     probes::assert_share(&lines[1], 300, 40);
+}
+
+#[test]
+fn a_worker_tries_a_lost_hypervisor_every_second_and_is_taken_back_on_its_return() {
+    let pod = Pod::new("hv-back");
+    let gpu = "cap = 40\npolicy = \"fixed\"";
+    let first = start(&pod, gpu);
+    let mut running = Running::start(&pod, &first.url(), &[], &["info", "wait"]);
+    running.until_ready();
+    let worker_listed = |node: &RunningNode| {
+        let workers = node.hypervisor().status().workers;
+        workers.iter().find(|w| w.pod == pod.0).map(|w| w.adopted)
+    };
+    eventually("the probe's worker is listed", || {
+        worker_listed(&first).is_some()
+    });
+    let addr = first.addr();
+    first.stop();
+
+    // Six seconds away, its tries are counted where the daemon listened: a
+    // backoff that kept doubling would leave seconds between the last ones.
+    let away = std::net::TcpListener::bind(addr).expect("the daemon's address");
+    away.set_nonblocking(true).expect("nonblocking");
+    let gone = Instant::now();
+    let mut tries = vec![gone];
+    while gone.elapsed() < Duration::from_secs(6) {
+        match away.accept() {
+            Ok(_) => tries.push(Instant::now()),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => panic!("accept: {e}"),
+        }
+    }
+    tries.push(Instant::now());
+    let gaps: Vec<Duration> = tries.windows(2).map(|w| w[1] - w[0]).collect();
+    let longest = gaps.iter().max().copied().unwrap_or_default();
+    assert!(
+        longest < Duration::from_millis(1500),
+        "{} tries in 6 s, the longest gap {longest:?}: {gaps:?}",
+        tries.len() - 2
+    );
+    drop(away);
+
+    // Back on the same address, the daemon takes the worker of its earlier
+    // run back on its next request.
+    let again = start_on(&pod, gpu, &addr.to_string());
+    eventually("the worker is taken back", || {
+        worker_listed(&again) == Some(true)
+    });
+    running.resume();
+    let (_, status) = running.finish();
+    assert!(status.success(), "{status:?}");
 }
 
 #[test]
