@@ -224,15 +224,21 @@ impl World {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let Some(event) = found else {
+        if found.is_none() {
             let pod = pods.get(name).await.unwrap();
             let error = kubelet.last_error();
             panic!(
                 "no refusal reported for pod {name}: {pod:?}; the kubelet's last error: {error:?}"
             );
-        };
+        }
+        // Refused again on its later passes: the one event says so, and the
+        // kubelet's passes go on without an error of their own.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let event = events.get(&event_name).await.unwrap();
         let pod = pods.get(name).await.unwrap();
         let uid = pod.metadata.uid.unwrap();
+        assert_eq!(kubelet.refused(&uid), event.message, "{event:?}");
+        assert_eq!(kubelet.last_error(), None);
         assert!(!kubelet.started(&uid), "pod {name} started");
         let phase = pod.status.and_then(|s| s.phase);
         assert_eq!(phase.as_deref(), Some("Pending"), "pod {name}");

@@ -148,8 +148,10 @@ impl World {
         uid
     }
 
-    /// Waits until the kubelet started pod `uid` (its claim prepared).
-    async fn started(&self, uid: &str) {
+    /// Waits until the kubelet started pod `name` of UID `uid` (its claim
+    /// prepared); if it never does, says where the pod and its claim stand
+    /// and how the control plane's logs end.
+    async fn started(&self, name: &str, uid: &str) {
         let kubelet = self.kubelet.as_ref().unwrap();
         for _ in 0..900 {
             if kubelet.started(uid) {
@@ -157,7 +159,22 @@ impl World {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        panic!("pod {uid} never started: {:?}", kubelet.last_error());
+        let pod = Api::<Pod>::namespaced(self.client.clone(), "default")
+            .get(name)
+            .await
+            .map(|p| serde_json::to_string(&(p.spec.and_then(|s| s.node_name), p.status)));
+        let claim = Api::<ResourceClaim>::namespaced(self.client.clone(), "default")
+            .get(&format!("{name}-gpu"))
+            .await
+            .map(|c| serde_json::to_string(&c.status));
+        panic!(
+            "pod {name} never started; the kubelet's last error: {:?}, its claims refused: {:?}, \
+             its pass at: {:?}\npod (node, status): {pod:?}\nclaim status: {claim:?}\n{}",
+            kubelet.last_error(),
+            kubelet.refused(uid),
+            kubelet.doing(),
+            self.plane.logs()
+        );
     }
 
     /// The daemon's memory quota for pod `uid` on its GPU.
@@ -222,14 +239,14 @@ fn an_overcommitting_gpu_takes_quotas_up_to_the_ratio_and_the_other_its_memory()
         let three_quarters = format!("{}Gi", N * 3 / 4 / GIB);
         let a = world.pod("a", &three_quarters, 0).await;
         let b = world.pod("b", &three_quarters, 0).await;
-        world.started(&a).await;
-        world.started(&b).await;
+        world.started("a", &a).await;
+        world.started("b", &b).await;
         assert_eq!(world.quota(&a), Some(N * 3 / 4));
         assert_eq!(world.quota(&b), Some(N * 3 / 4));
 
         // GPU 1 does not overcommit: the second such pod waits.
         let c = world.pod("c", &three_quarters, 1).await;
-        world.started(&c).await;
+        world.started("c", &c).await;
         let d = world.pod("d", &three_quarters, 1).await;
         let message = world.unschedulable("d").await;
         assert!(message.contains("cannot allocate all claims"), "{message}");

@@ -38,7 +38,17 @@ pub enum KubeletError {
     /// The plugin answered the registration with an error.
     #[error("plugin refused: {0}")]
     Refused(String),
+    /// The plugin did not answer a call in [`CALL_TIMEOUT`].
+    #[error("{call} did not answer in {CALL_TIMEOUT:?}")]
+    TimedOut {
+        /// The call.
+        call: &'static str,
+    },
 }
+
+/// How long a call to the plugin may take: the kubelet's default, after
+/// which it gives up and tries again on its next pass.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(45);
 
 /// Which `DRAPlugin` service to call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +90,13 @@ macro_rules! one_claim {
                 name: name.into(),
             }],
         };
-        let mut answer = client.$method(request).await?.into_inner();
+        let call = tokio::time::timeout(CALL_TIMEOUT, client.$method(request));
+        let Ok(answer) = call.await else {
+            return Err(KubeletError::TimedOut {
+                call: stringify!($method),
+            });
+        };
+        let mut answer = answer?.into_inner();
         answer
             .claims
             .remove(uid)

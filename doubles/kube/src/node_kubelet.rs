@@ -61,6 +61,10 @@ struct Record {
     unprepared: Vec<String>,
     /// Errors of the last sync, if it failed.
     last_error: Option<String>,
+    /// Pods (UID) whose claims could not be prepared, with the last reason.
+    refused: BTreeMap<String, String>,
+    /// The step a pass is at and since when; `None` between passes.
+    doing: Option<(String, std::time::Instant)>,
 }
 
 /// A running kubelet; stops when dropped.
@@ -112,6 +116,20 @@ impl NodeKubelet {
     /// The error of the last sync, if it failed.
     pub fn last_error(&self) -> Option<String> {
         self.record().last_error.clone()
+    }
+
+    /// Why pod `uid`'s claims could not be prepared the last time it was
+    /// tried, if they could not (cleared once the pod starts).
+    pub fn refused(&self, uid: &str) -> Option<String> {
+        self.record().refused.get(uid).cloned()
+    }
+
+    /// The step the kubelet's pass is at and how long it has been at it;
+    /// `None` between passes. A pass stuck on a call shows here.
+    pub fn doing(&self) -> Option<(String, Duration)> {
+        let record = self.record();
+        let (what, since) = record.doing.as_ref()?;
+        Some((what.clone(), since.elapsed()))
     }
 
     /// Ends pod `uid`'s containers with `code` (0: Succeeded, else Failed).
@@ -182,17 +200,29 @@ impl Sync {
     async fn run(self) {
         let mut renewed: Option<tokio::time::Instant> = None;
         loop {
-            if renewed.is_none_or(|at| at.elapsed() >= LEASE_RENEW) && self.renew().await.is_ok() {
-                renewed = Some(tokio::time::Instant::now());
+            if renewed.is_none_or(|at| at.elapsed() >= LEASE_RENEW) {
+                self.step("renewing the node's lease".to_owned());
+                if self.renew().await.is_ok() {
+                    renewed = Some(tokio::time::Instant::now());
+                }
             }
             let outcome = self.sync().await;
-            self.record().last_error = outcome.err().map(|e| e.to_string());
+            {
+                let mut record = self.record();
+                record.last_error = outcome.err().map(|e| e.to_string());
+                record.doing = None;
+            }
             tokio::time::sleep(SYNC).await;
         }
     }
 
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
         lock(&self.record)
+    }
+
+    /// Notes the step the pass is at.
+    fn step(&self, what: String) {
+        self.record().doing = Some((what, std::time::Instant::now()));
     }
 
     /// Renews the node's lease and its Ready heartbeat.
@@ -223,9 +253,11 @@ impl Sync {
         let all = Api::<Pod>::all(self.client.clone());
         let on_node = ListParams::default().fields(&format!("spec.nodeName={}", self.node));
         let mut errors = Vec::new();
+        self.step("listing the node's pods".to_owned());
         for pod in all.list(&on_node).await? {
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            self.step(format!("pod {name}"));
             if let Err(error) = self.sync_pod(&pod).await {
-                let name = pod.metadata.name.clone().unwrap_or_default();
                 errors.push(format!("pod {name}: {error}"));
             }
         }
@@ -295,6 +327,8 @@ impl Sync {
                 .map(|claim| claim.pods.insert(uid.clone()))
                 .is_some();
             if !prepared {
+                let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
+                self.step(format!("pod {pod_name}: preparing claim {name}"));
                 let answer = self
                     .plugin
                     .prepare(Version::V1, &ns, &name, &claim_uid)
@@ -317,7 +351,11 @@ impl Sync {
             }
             claims.push(claim_uid);
         }
-        self.record().started.insert(uid.clone(), claims);
+        {
+            let mut record = self.record();
+            record.refused.remove(&uid);
+            record.started.insert(uid.clone(), claims);
+        }
         let now = now_seconds();
         let containers: Vec<_> = containers(pod)
             .map(|(name, image)| {
@@ -336,10 +374,14 @@ impl Sync {
     }
 
     /// Reports why the pod's claims could not be prepared, as the kubelet's
-    /// event `FailedPrepareDynamicResources`; the pod stays pending.
+    /// event `FailedPrepareDynamicResources` (the one event of the pod's,
+    /// its message and time updated on a later failure); the pod stays
+    /// pending.
     async fn failed(&self, pod: &Pod, message: &str) -> Result<(), kube::Error> {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.record().refused.insert(uid, message.to_owned());
         let events = Api::<Event>::namespaced(self.client.clone(), &ns);
         let reason = "FailedPrepareDynamicResources";
         let event_name = format!("{name}.{reason}").to_lowercase();
@@ -370,10 +412,17 @@ impl Sync {
             }),
             ..Event::default()
         };
-        events
-            .create(&PostParams::default(), &event)
-            .await
-            .map(drop)
+        match events.create(&PostParams::default(), &event).await {
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let name = event.metadata.name.clone().unwrap_or_default();
+                let again = json!({"message": message, "lastTimestamp": event.last_timestamp});
+                events
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&again))
+                    .await
+                    .map(drop)
+            }
+            created => created.map(drop),
+        }
     }
 
     /// The containers exit with `code`; the pod is Succeeded or Failed.
