@@ -75,7 +75,14 @@ one core) and its RSS at the end (VmRSS, MiB). An admission is a launch of
 a pod the daemon does not count as wanting the GPU yet that found its
 bucket empty: the daemon answers once the pod has budget again, or after
 50 ms, so its latency holds that wait. The daemons log at warn, their
-default. Also the SM clock and board power through the window (nvidia-smi).
+default. Also the SM clock and board power through the window, and two
+readings of GPU time that no clock moves, from NVML (nvidia-smi, every
+sample a second into the window and later): the GPU's utilisation (the
+share of the time a kernel ran) and each pod's SM % (`pmon`, its
+process's share). They are reported beside the throughput shares, not
+judged: a throughput share is a GPU-time share only where the clock is
+the lone process's, and where it is (the kernels hold 1,980 MHz) the two
+can be compared.
 Targets (PASS/FAIL columns): corun at N=16, aggregate >= 97% of one
 process; where the targets sum to at most 90% (the fixed caps), every pod
 within 1 pp of its cap; under the daemon at N=32, its CPU <= 5% of a core
@@ -91,6 +98,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,13 +106,13 @@ import time
 from pathlib import Path
 
 from scripts.gpu.e2e.harness import proc
-from scripts.gpu.e2e.harness.parse import fields
+from scripts.gpu.e2e.harness.parse import fields, median
 
 from . import common, corun
 from .packing_daemon import PackingDaemon, daemon_figures
 from .packing_plan import MAX_PODS, MODES, START_S, WORKLOADS, Spec, estimate_s, plan, table_order
 from .packing_report import progress, report
-from .priority import clock_sampler, gpu_window
+from scripts.gpu.e2e.harness.smi import ProcessSampler, Sampler
 
 KERNEL_US = 450.0  # the kernels workload's kernel, alone
 READY_S = 120.0  # the longest a run waits for its workers' ready=1
@@ -205,7 +213,7 @@ class Runner:
         every worker's result."""
         seconds = self.args.seconds
         pods = [f"{tag}-{i}" for i in range(spec.n)]
-        daemon, procs, clocks = None, [], None
+        daemon, procs, clocks, pmon = None, [], None, None
         ready_s = max(10.0, min(READY_S, budget_left))
         result = {"pods": []}
         try:
@@ -235,7 +243,8 @@ class Runner:
                 seen = daemon.wait_workers(time.time() + REGISTER_S, pods, f"{tag}-registered")
                 result["registered"] = seen.get("ok") == "1"
             start = time.monotonic() + START_S
-            clocks = clock_sampler()
+            clocks = Sampler(["clocks.sm", "power.draw", "utilization.gpu"], 100, gpu=0)
+            pmon = ProcessSampler(gpu=0)
             for p in procs:
                 if not p.tell(f"{start!r}\n"):
                     raise RuntimeError(f"a worker is gone before the start: {tail(p)}")
@@ -256,14 +265,18 @@ class Runner:
                     continue
                 result["pods"].append({k: float(v) for k, v in fields(lines[-1]).items()})
             clocks.stop()
-            gpu = gpu_window(clocks, start, end)
-            if gpu:
-                result["gpu"] = {k: gpu[k] for k in ("sm_mhz", "power_w", "samples")}
+            pmon.stop()
+            result["gpu"] = gpu_window(clocks, start, end)
+            held = pmon.shares([p.pid for p in procs], start, end)
+            for p, pod in zip(procs, result["pods"]):
+                if pod is not None:
+                    pod["nvml_sm_pct"] = held[p.pid]["sm_pct"]
             if failed:
                 result["error"] = f"{len(failed)} of {spec.n} workers failed; {failed[0]}"[:600]
         finally:
-            if clocks is not None:
-                clocks.stop()
+            for sampler in (clocks, pmon):
+                if sampler is not None:
+                    sampler.stop()
             for p in procs:
                 p.stop()
             if daemon is not None:
@@ -273,6 +286,19 @@ class Runner:
             common.remove_pod_regions(*pods)
             shutil.rmtree(self.work / str(self.serial), ignore_errors=True)
         return result
+
+
+def gpu_window(clocks: Sampler, start: float, end: float) -> dict | None:
+    """The window's medians of the SM clock and board power, and the mean
+    of NVML's utilisation (the share of each sample period in which a
+    kernel ran) over the samples a second in and later (the first second's
+    straddle the idle start); None without samples."""
+    series = clocks.between(start, end)
+    if not series:
+        return None
+    busy = [u for t, _, _, u in series if t >= 1.0]
+    return {"sm_mhz": median([m for _, m, _, _ in series]), "power_w": median([w for _, _, w, _ in series]),
+            "busy_pct": statistics.mean(busy) if busy else None, "samples": len(series)}
 
 
 def sleep_until(t: float) -> None:

@@ -84,6 +84,7 @@ def evaluate(runs, calibration) -> None:
             summary = shares([pod["per_s"] for pod in run["result"]["pods"]], solo, busy, want)
             charged = ((run["result"].get("daemon") or {}).get("charged_pct") or {})
             summary["charged"] = [charged.get(f"{run['result']['tag']}-{i}") for i in range(spec.n)]
+            summary["nvml"] = [pod.get("nvml_sm_pct") for pod in run["result"]["pods"]]
             run["figures"] = {**summary, "targets": want,
                               "verdicts": verdicts(spec, summary, want, run["result"].get("daemon"))}
 
@@ -105,7 +106,7 @@ def mark(verdicts, key) -> str:
 
 
 COLUMNS = ("workload", "run", "target a pod", "throughput (sum)", "aggregate %", "pod shares % (min–max)",
-           "charged % (min–max)", "max dev pp", "spread pp", "admissions (timeouts)", "adm p50 ms", "adm p99 ms", "daemon CPU %",
+           "charged % (min–max)", "NVML SM % a pod (min–max)", "GPU busy % (NVML)", "max dev pp", "spread pp", "admissions (timeouts)", "adm p50 ms", "adm p99 ms", "daemon CPU %",
            "daemon RSS MiB", f"agg >= {AGGREGATE_PCT:g}% (corun N={AGGREGATE_N})", f"shares +-{SHARE_PP:g} pp",
            f"CPU <= {DAEMON_CPU_PCT:g}% (N={DAEMON_N})", f"p99 <= {ADMISSION_P99_MS:g} ms (N={DAEMON_N})")
 
@@ -123,16 +124,17 @@ def row(run) -> list[str]:
     total = sum(pod["per_s"] for pod in res["pods"])
     daemon = res.get("daemon") or {}
     adm = daemon.get("admission") or {}
+    busy = fmt((res.get("gpu") or {}).get("busy_pct"), "{:.1f}", "")
     if spec.mode is SOLO:
         return cells + [f"the baseline (GPU {fig['busy'] * 100:.1f}% busy)", f"{total:,.1f} {WORKLOADS[spec.workload]}",
-                        f"{fig['aggregate']:.1f}"] + \
-            [""] * (len(COLUMNS) - 5)
+                        f"{fig['aggregate']:.1f}", "", "", span(fig.get("nvml")), busy] + \
+            [""] * (len(COLUMNS) - 9)
     target = {"fixed": f"cap {want:.2f}%", "none": f"none (even: {want:.2f}%)"}.get(spec.mode.policy,
                                                                                   f"fair {want:.2f}%")
     return cells + [
         target, f"{total:,.1f} {WORKLOADS[spec.workload]}", f"{fig['aggregate']:.1f}",
         f"{min(fig['shares']):.2f}–{max(fig['shares']):.2f}", span(fig.get("charged")),
-        f"{fig['max_dev_pp']:+.2f}", f"{fig['spread_pp']:.2f}",
+        span(fig.get("nvml")), busy, f"{fig['max_dev_pp']:+.2f}", f"{fig['spread_pp']:.2f}",
         f"{adm['requests']} ({adm['timeouts']})" if adm else "",
         fmt(adm.get("p50_ms"), "{:.3f}", ""), fmt(adm.get("p99_ms"), "{:.3f}", ""),
         fmt(daemon.get("cpu_pct"), "{:.2f}", ""), fmt(daemon.get("rss_mib"), "{:.1f}", ""),

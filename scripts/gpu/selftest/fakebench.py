@@ -26,7 +26,18 @@ def out(**kv):
     print(" ".join(f"{k}={v}" for k, v in kv.items()), flush=True)
 
 
+PMON = ["# gpu         pid   type     sm    mem    enc    dec    jpg    ofa    command",
+        "# Idx           #    C/G      %      %      %      %      %      %    name",
+        "    0       4242     C     30      4      -      -      -      -    fake",
+        "    0       4243     C      -      -      -      -      -      -    fake",
+        "    0          -      -      -      -      -      -      -      -    -"]
+
+
 def nvidia_smi(args):
+    if args[:1] == ["pmon"]:
+        while True:  # every 50 ms, not every second: the tests stay short
+            print("\n".join(PMON), flush=True)
+            time.sleep(0.05)
     query = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("--query-gpu=")), [])
     if "-lms" in args:
         period = int(args[args.index("-lms") + 1]) / 1000

@@ -141,6 +141,41 @@ def test_sampler(tmp_path, monkeypatch, fakes):
     assert none.samples == [] and math.isnan(none.median()) and math.isnan(none.busy_mean())
 
 
+def test_process_sampler(tmp_path, monkeypatch, fakes):
+    assert smi.pmon_sample("    0     123  C    22    3    -    -    -    -   python3") == (123, 22.0)
+    assert smi.pmon_sample("    0  123  M+C  -  -  -  -  python3") == (123, None)
+    for other in ("# gpu pid type sm", "    0      -     -     -     -   -", "", "garbage"):
+        assert smi.pmon_sample(other) is None
+    t0 = time.monotonic()
+    with smi.ProcessSampler(gpu=0) as s:
+        while len(s.samples) < 6 and time.monotonic() < t0 + 10:
+            time.sleep(0.05)
+    assert {pid for _, pid, _ in s.samples} == {4242, 4243}
+    # A second in: every sample counts; 4243 printed none, 7 is not listed.
+    shares = s.shares([4242, 4243, 7], t0 - 1.0, time.monotonic())
+    assert shares[4242]["sm_pct"] == 30 and shares[4242]["samples"] >= 3
+    assert shares[4243] == {"sm_pct": None, "samples": 0} and shares[7] == {"sm_pct": None, "samples": 0}
+    # Samples in the window's first second are left out.
+    first = min(t for t, _, _ in s.samples)
+    assert s.shares([4242], first - 0.5, time.monotonic())[4242]["samples"] == 0
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: no samples
+    with smi.ProcessSampler() as none:
+        pass
+    assert none.samples == [] and none.shares([1], 0, 1e9) == {1: {"sm_pct": None, "samples": 0}}
+
+
+def test_packing_gpu_window():
+    clocks = smi.Sampler.__new__(smi.Sampler)  # no nvidia-smi: samples given
+    clocks.samples = [(10.5, (1700.0, 600.0, 40.0)), (11.2, (1750.0, 650.0, 90.0)), (11.9, (1800.0, 700.0, 94.0)),
+                      (20.0, (345.0, 60.0, 0.0))]
+    window = packing.gpu_window(clocks, 10.0, 12.0)
+    # The clock and power through the window; utilisation from a second in.
+    assert window == {"sm_mhz": 1750.0, "power_w": 650.0, "busy_pct": 92.0, "samples": 3}
+    clocks.samples = [(10.5, (1700.0, 600.0, 40.0))]
+    assert packing.gpu_window(clocks, 10.0, 12.0)["busy_pct"] is None
+    assert packing.gpu_window(clocks, 30.0, 40.0) is None
+
+
 def test_statistics():
     assert parse.percentile([1, 2, 3, 4], 0.5) == 2.5 and parse.percentile([5], 0.99) == 5
     assert math.isnan(parse.percentile([], 0.5))

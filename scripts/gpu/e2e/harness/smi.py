@@ -77,3 +77,73 @@ class Sampler:
         which straddle the run's start and end; nan without any."""
         busy = [x for x in self.values(field) if x > 0][1:-1]
         return statistics.mean(busy) if busy else math.nan
+
+
+def pmon_sample(line: str) -> tuple[int, float | None] | None:
+    """One process's line of `nvidia-smi pmon -s u`: (pid, SM %, None where
+    it prints "-"); None for a heading, a line of no process, or anything
+    else. Its columns: gpu, pid, type, sm, mem, enc, dec, ... , command."""
+    parts = line.split()
+    if len(parts) < 4 or parts[0].startswith("#"):
+        return None
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return None
+    try:
+        return pid, float(parts[3])
+    except ValueError:
+        return pid, None
+
+
+class ProcessSampler:
+    """`nvidia-smi pmon -s u -d 1` on GPU `gpu`, run without the limiter:
+    each process's SM utilisation, NVML's share of the last second in which
+    one of its kernels ran, whatever the clock (the GPU time it held, where
+    a throughput is also a matter of clocks). Each sample is
+    (time.monotonic() when it arrived, pid, SM % or None). Without nvidia-smi
+    there are no samples. A context manager, or stop() at the end."""
+
+    def __init__(self, gpu: int = 0):
+        self.samples: list[tuple[float, int, float | None]] = []
+        self.cmd = ["nvidia-smi", "pmon", "-i", str(gpu), "-s", "u", "-d", "1"]
+        self.reader = None
+        try:
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                         env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
+        except OSError:
+            self.proc = None
+            return
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            sample = pmon_sample(line)
+            if sample is not None:
+                self.samples.append((time.monotonic(), *sample))
+
+    def stop(self) -> None:
+        """Stops sampling (again: nothing)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        if self.reader is not None:
+            self.reader.join(timeout=10)
+
+    def __enter__(self) -> ProcessSampler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def shares(self, pids: Sequence[int], start: float, end: float) -> dict[int, dict]:
+        """For each of `pids`: {"sm_pct": the mean of its SM % over the samples
+        that arrived in [start + 1 s, end] (each covers the second before it,
+        so the first whole one ends a second in), None without any; "samples":
+        how many}."""
+        out = {}
+        for pid in pids:
+            got = [sm for t, p, sm in self.samples if p == pid and start + 1.0 <= t <= end and sm is not None]
+            out[pid] = {"sm_pct": statistics.mean(got) if got else None, "samples": len(got)}
+        return out
