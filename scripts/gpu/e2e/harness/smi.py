@@ -14,19 +14,14 @@ from collections.abc import Sequence
 from .parse import median
 
 
-class Sampler:
-    """`nvidia-smi --query-gpu=FIELDS` every period_ms, on GPU `gpu` (every
-    GPU when None), run without the limiter; each sample is (time.monotonic()
-    when it arrived, one number per field). A line that is not that is
-    skipped; without nvidia-smi there are no samples. A context manager, or
-    stop() at the end."""
+class _Follower:
+    """An nvidia-smi command that prints as it samples, run without the
+    limiter, each line given to `take` by a reader thread as it arrives.
+    Without nvidia-smi nothing is taken. A context manager, or stop() at the
+    end."""
 
-    def __init__(self, fields: Sequence[str], period_ms: int, gpu: int | None = None):
-        self.fields = list(fields)
-        self.samples: list[tuple[float, tuple[float, ...]]] = []
-        self.cmd = (["nvidia-smi"] + ([] if gpu is None else ["-i", str(gpu)])
-                    + [f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
-                       "-lms", str(period_ms)])
+    def __init__(self, cmd: Sequence[str]):
+        self.cmd = list(cmd)
         self.reader = None
         try:
             self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -39,12 +34,10 @@ class Sampler:
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            try:
-                values = tuple(float(v) for v in line.split(","))
-            except ValueError:
-                continue
-            if len(values) == len(self.fields):
-                self.samples.append((time.monotonic(), values))
+            self.take(line)
+
+    def take(self, line: str) -> None:
+        raise NotImplementedError
 
     def stop(self) -> None:
         """Stops sampling (again: nothing)."""
@@ -54,11 +47,33 @@ class Sampler:
         if self.reader is not None:
             self.reader.join(timeout=10)
 
-    def __enter__(self) -> Sampler:
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class Sampler(_Follower):
+    """`nvidia-smi --query-gpu=FIELDS` every period_ms, on GPU `gpu` (every
+    GPU when None); each sample is (time.monotonic() when it arrived, one
+    number per field). A line that is not that is skipped; without
+    nvidia-smi there are no samples."""
+
+    def __init__(self, fields: Sequence[str], period_ms: int, gpu: int | None = None):
+        self.fields = list(fields)
+        self.samples: list[tuple[float, tuple[float, ...]]] = []
+        super().__init__(["nvidia-smi"] + ([] if gpu is None else ["-i", str(gpu)])
+                         + [f"--query-gpu={','.join(self.fields)}", "--format=csv,noheader,nounits",
+                            "-lms", str(period_ms)])
+
+    def take(self, line: str) -> None:
+        try:
+            values = tuple(float(v) for v in line.split(","))
+        except ValueError:
+            return
+        if len(values) == len(self.fields):
+            self.samples.append((time.monotonic(), values))
 
     def values(self, field: int = 0) -> list[float]:
         return [v[field] for _, v in self.samples]
@@ -96,46 +111,21 @@ def pmon_sample(line: str) -> tuple[int, float | None] | None:
         return pid, None
 
 
-class ProcessSampler:
-    """`nvidia-smi pmon -s u -d 1` on GPU `gpu`, run without the limiter:
-    each process's SM utilisation, NVML's share of the last second in which
-    one of its kernels ran, whatever the clock (the GPU time it held, where
-    a throughput is also a matter of clocks). Each sample is
-    (time.monotonic() when it arrived, pid, SM % or None). Without nvidia-smi
-    there are no samples. A context manager, or stop() at the end."""
+class ProcessSampler(_Follower):
+    """`nvidia-smi pmon -s u -d 1` on GPU `gpu`: each process's SM
+    utilisation, NVML's share of the last second in which one of its kernels
+    ran, whatever the clock (the GPU time it held, where a throughput is
+    also a matter of clocks). Each sample is (time.monotonic() when it
+    arrived, pid, SM % or None); without nvidia-smi there are none."""
 
     def __init__(self, gpu: int = 0):
         self.samples: list[tuple[float, int, float | None]] = []
-        self.cmd = ["nvidia-smi", "pmon", "-i", str(gpu), "-s", "u", "-d", "1"]
-        self.reader = None
-        try:
-            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                         env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"})
-        except OSError:
-            self.proc = None
-            return
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
+        super().__init__(["nvidia-smi", "pmon", "-i", str(gpu), "-s", "u", "-d", "1"])
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            sample = pmon_sample(line)
-            if sample is not None:
-                self.samples.append((time.monotonic(), *sample))
-
-    def stop(self) -> None:
-        """Stops sampling (again: nothing)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-        if self.reader is not None:
-            self.reader.join(timeout=10)
-
-    def __enter__(self) -> ProcessSampler:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def take(self, line: str) -> None:
+        sample = pmon_sample(line)
+        if sample is not None:
+            self.samples.append((time.monotonic(), *sample))
 
     def shares(self, pids: Sequence[int], start: float, end: float) -> dict[int, dict]:
         """For each of `pids`: {"sm_pct": the mean of its SM % over the samples
