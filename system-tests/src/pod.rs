@@ -2,9 +2,12 @@
 //! are removed after the test whatever its outcome, and the node tables its
 //! processes and its daemon use instead of the node's.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use gpushare_utils::node_table::NodeTableNames;
+
+use crate::scratch::Scratch;
 
 /// A pod identity of its own for each test; its ledger, limits and test node
 /// tables are removed after, whatever the test's outcome.
@@ -27,13 +30,12 @@ impl Pod {
 
 impl Drop for Pod {
     fn drop(&mut self) {
-        for prefix in [
-            "gpushare-pod-",
-            "gpushare-limits-",
-            "gpushare-node-test-",
-            "gpushare-priority-test-",
-        ] {
-            let _ignored = std::fs::remove_file(format!("/dev/shm/{prefix}{}", self.0));
+        let tables = node_tables(self);
+        let names = Scratch::region_names(&self.0)
+            .into_iter()
+            .chain([tables.activity, tables.priority]);
+        for name in names {
+            let _ignored = std::fs::remove_file(Path::new("/dev/shm").join(name));
         }
     }
 }
