@@ -107,12 +107,12 @@ from pathlib import Path
 
 from scripts.gpu.e2e.harness import proc
 from scripts.gpu.e2e.harness.parse import fields, median
+from scripts.gpu.e2e.harness.smi import ProcessSampler, Sampler
 
 from . import common, corun
 from .packing_daemon import PackingDaemon, daemon_figures
 from .packing_plan import MAX_PODS, MODES, START_S, WORKLOADS, Spec, estimate_s, plan, table_order
 from .packing_report import progress, report
-from scripts.gpu.e2e.harness.smi import ProcessSampler, Sampler
 
 KERNEL_US = 450.0  # the kernels workload's kernel, alone
 READY_S = 120.0  # the longest a run waits for its workers' ready=1
