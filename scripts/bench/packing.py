@@ -106,10 +106,10 @@ import time
 from pathlib import Path
 
 from scripts.gpu.e2e.harness import proc
-from scripts.gpu.e2e.harness.parse import fields, median
+from scripts.gpu.e2e.harness.parse import fields
 from scripts.gpu.e2e.harness.smi import ProcessSampler, Sampler
 
-from . import common, corun
+from . import common, corun, priority
 from .packing_daemon import PackingDaemon, daemon_figures
 from .packing_plan import MAX_PODS, MODES, START_S, WORKLOADS, Spec, estimate_s, plan, table_order
 from .packing_report import progress, report
@@ -289,16 +289,16 @@ class Runner:
 
 
 def gpu_window(clocks: Sampler, start: float, end: float) -> dict | None:
-    """The window's medians of the SM clock and board power, and the mean
-    of NVML's utilisation (the share of each sample period in which a
-    kernel ran) over the samples a second in and later (the first second's
-    straddle the idle start); None without samples."""
-    series = clocks.between(start, end)
-    if not series:
+    """The window's medians of the SM clock and board power (priority's
+    window), and the mean of NVML's utilisation (the share of each sample
+    period in which a kernel ran) over the samples a second in and later
+    (the first second's straddle the idle start); None without samples."""
+    window = priority.gpu_window(clocks, start, end)
+    if window is None:
         return None
-    busy = [u for t, _, _, u in series if t >= 1.0]
-    return {"sm_mhz": median([m for _, m, _, _ in series]), "power_w": median([w for _, _, w, _ in series]),
-            "busy_pct": statistics.mean(busy) if busy else None, "samples": len(series)}
+    busy = [u for t, _, _, u in window["series"] if t >= 1.0]
+    return {"sm_mhz": window["sm_mhz"], "power_w": window["power_w"],
+            "busy_pct": statistics.mean(busy) if busy else None, "samples": window["samples"]}
 
 
 def sleep_until(t: float) -> None:

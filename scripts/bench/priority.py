@@ -232,11 +232,12 @@ def clock_sampler():
 def gpu_window(clocks, start, end):
     """The medians of the samples taken in [start, end] and the samples
     themselves, their times from `start`: {"sm_mhz", "power_w", "samples",
-    "series"}, or None without any."""
+    "series"}, or None without any. The clock and the power are a sample's
+    first two fields; a sampler may read more after them."""
     series = clocks.between(start, end)
     if not series:
         return None
-    return {"sm_mhz": median(m for _, m, _ in series), "power_w": median(w for _, _, w in series),
+    return {"sm_mhz": median(s[1] for s in series), "power_w": median(s[2] for s in series),
             "samples": len(series), "series": series}
 
 
