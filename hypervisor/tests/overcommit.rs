@@ -235,11 +235,15 @@ fn an_overcommitting_gpu_takes_quotas_up_to_the_ratio_and_the_other_its_memory()
         assert!(message.contains("cannot allocate all claims"), "{message}");
 
         // Two pods of 0.75 N each: both placed on GPU 0 and prepared, each
-        // with its own quota.
+        // with its own quota. The second is created once the first has
+        // started: kube-scheduler 1.37 counts a claim's consumed capacity
+        // twice while its allocation is both stored and still in flight,
+        // and a claim that fills the device exactly, tried in that moment,
+        // waits for the scheduler's five-minute retry.
         let three_quarters = format!("{}Gi", N * 3 / 4 / GIB);
         let a = world.pod("a", &three_quarters, 0).await;
-        let b = world.pod("b", &three_quarters, 0).await;
         world.started("a", &a).await;
+        let b = world.pod("b", &three_quarters, 0).await;
         world.started("b", &b).await;
         assert_eq!(world.quota(&a), Some(N * 3 / 4));
         assert_eq!(world.quota(&b), Some(N * 3 / 4));
