@@ -73,8 +73,9 @@ and p99 (interpolated in its buckets as Prometheus does; bounds 50 us to
 1 s), requests and timeouts; its CPU (utime + stime of /proc/PID/stat, % of
 one core) and its RSS at the end (VmRSS, MiB). An admission is a launch of
 a pod the daemon does not count as wanting the GPU yet that found its
-bucket empty: the daemon answers once the pod has budget again, or after
-50 ms, so its latency holds that wait. The daemons log at warn, their
+bucket empty: the daemon answers once the pod has budget again, within
+50 ms, so its latency holds that wait; a pod whose debt outlasts the 50 ms
+is answered at once with none (counted in timeouts). The daemons log at warn, their
 default. Also the SM clock and board power through the window, and two
 readings of GPU time that no clock moves, from NVML (nvidia-smi, every
 sample a second into the window and later): the GPU's utilisation (the

@@ -337,6 +337,10 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
 
 /// Waits until the pod's bucket holds budget (refilling it, since the
 /// trapped thread is not), or `deadline`; returns the tokens, 0 on timeout.
+/// A pod whose debt takes longer than that to pay back at its rate is
+/// answered 0 at once: holding the request would end the same way, with
+/// the thread blocked here instead of waiting on its bucket, and would
+/// count the pod's debt as the daemon's latency.
 async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: Instant) -> u64 {
     let Some(bucket) = target.region.bucket(&target.uuid) else {
         return 0;
@@ -367,6 +371,9 @@ async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: In
             // no sooner than a batch after the last one.
             let deficit = tokens.unsigned_abs() + 1;
             let refill_ns = (u128::from(deficit) * u128::from(PPM) / u128::from(rate)) as u64;
+            if Instant::now() + Duration::from_nanos(refill_ns) > deadline {
+                return 0;
+            }
             let last = bucket
                 .refilled_at_ns
                 .load(std::sync::atomic::Ordering::Acquire);

@@ -249,7 +249,8 @@ pub struct LatencySnapshot {
     pub count: u64,
     /// Their latencies added up, in seconds.
     pub sum_seconds: f64,
-    /// Of them, those answered with no budget: the wait ran out.
+    /// Of them, those answered with no budget: the pod's debt outlasts the
+    /// admission window, or it stayed suspended through it.
     pub timeouts: u64,
 }
 
