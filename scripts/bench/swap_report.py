@@ -1,0 +1,99 @@
+"""The swap bench's report: its Markdown table of the figures against
+their targets, and the formatting its progress lines share."""
+from .swap_bench import MIB, gib
+
+TARGET_SWAP_IN_8G_S, TARGET_FIRST_REQUEST_S, STRETCH_SHARE = 2.0, 3.0, 0.5
+
+
+def share(rate, pinned):
+    return None if rate is None or not pinned else rate / pinned
+
+
+def fmt(value, spec=".2f", none="n/a"):
+    return none if value is None else format(value, spec)
+
+
+def yes(flag):
+    return "yes" if flag else "no"
+
+
+def pass_fail(flag):
+    return "PASS" if flag else "FAIL"
+
+
+def freed_on_gpu(summary, held):
+    """Whether nvidia-smi saw the memory leave the GPU while the pod was
+    swapped: the process listed before and not (or at 0) while swapped; or,
+    where it lists no process of ours (another pid namespace), the GPU's
+    used memory lower by 90% of what the pod held."""
+    if summary["smi_before_mib"] is not None:
+        return not summary["smi_swapped_mib"]
+    before, swapped = summary["gpu_used_before_mib"], summary["gpu_used_swapped_mib"]
+    return before is not None and swapped is not None and before - swapped >= 0.9 * held / MIB
+
+
+def report(results, sizes):
+    """The Markdown table of the figures and their targets (a part not run
+    has no rows)."""
+    rows = []
+    bw = results.get("bandwidth")
+    if bw is not None:
+        rows.append(("pinned H2D / D2H, GiB/s", "FAILED" if "failed" in bw else
+                     f"{fmt(bw.get('h2d_median'), '.1f')} / {fmt(bw.get('d2h_median'), '.1f')}",
+                     "the physical limit", bw.get("failed", "")[:120]))
+    swap = results.get("swap")
+    if swap is not None and "failed" in swap:
+        rows.append(("swap", "FAILED", "", swap["failed"][:120]))
+    elif swap is not None:
+        for size in sizes:
+            rows += swap_rows(size, swap.get(f"{size:g}") or {"failed": "not run"})
+    infer = results.get("infer") or {}
+    if "t0_s" in infer:
+        rows.append(("first request after idle, resident (T0), s", fmt(infer["t0_s"], ".4f"), "", ""))
+    if "failed" in infer:
+        rows.append(("first request after idle, swapped (T1)", "FAILED", "", infer["failed"][:120]))
+    elif infer:
+        rows.append(("first request after idle, swapped (T1), s (pod's own)",
+                     f"{fmt(infer['t1_s'])} ({fmt(infer['t1_pod_s'])})", f"<= {TARGET_FIRST_REQUEST_S:g} s",
+                     pass_fail(infer["t1_s"] is not None and infer["t1_s"] <= TARGET_FIRST_REQUEST_S)))
+    if "identical" in infer:
+        rows.append(("inference outputs identical (requests resident, swapped)",
+                     f"{yes(infer['identical'])} ({len(infer['resident'])}, {infer['swapped_ok']})", "yes",
+                     pass_fail(infer["identical"] and infer["swapped_ok"])))
+    oc = results.get("overcommit") or {}
+    if "failed" in oc:
+        rows.append(("overcommit, 3 pods of 0.5xM", "FAILED", "", oc["failed"][:120]))
+    elif oc:
+        t = oc["totals"]
+        rows.append((f"overcommit, 3 pods of quota {gib(oc['quota'])} GiB holding {gib(oc['hold'])} GiB",
+                     f"{len(oc['turns'])} requests, {t.get('swap_outs')} swaps out, {t.get('swap_ins')} in",
+                     "no OOM, digests identical", "PASS" if oc["pass"] else "FAIL " + ", ".join(oc["why"])))
+    rows.append(("move between GPUs", (results.get("move") or {}).get("line", "not run"), "", ""))
+    rows.append(("no cost for pods never swapped", "python3 -m scripts.bench launch-ab", "", ""))
+    head = "| figure | value | target | verdict |\n|---|---|---|---|\n"
+    return head + "".join("| " + " | ".join(str(c) for c in row) + " |\n" for row in rows)
+
+
+def swap_rows(size, one):
+    """The rows of one size of the swap part: medians of its rounds."""
+    if "failed" in one:
+        return [(f"swap {size:g} GiB", "FAILED", "", one["failed"][:120])]
+    s = one["summary"]
+    stretch = {k: "n/a" if s[k] is None else pass_fail(s[k] >= STRETCH_SHARE) for k in ("out_share", "in_share")}
+    target, verdict = f"stretch >= {STRETCH_SHARE:.0%} of pinned", f"stretch {stretch['in_share']}"
+    if size == 8:
+        target = f"<= {TARGET_SWAP_IN_8G_S:g} s; {target}"
+        verdict = f"{pass_fail(s['in_s'] is not None and s['in_s'] <= TARGET_SWAP_IN_8G_S)}; {verdict}"
+    smi = " / ".join(fmt(s[f"smi_{k}_mib"], ".0f", "absent") for k in ("before", "swapped", "after"))
+    used = " / ".join(fmt(s[f"gpu_used_{k}_mib"], ".0f") for k in ("before", "swapped", "after"))
+    return [
+        (f"swap-out {size:g} GiB, s (GiB/s, of pinned D2H)",
+         f"{fmt(s['out_s'])} ({fmt(s['out_gibs'])}, {fmt(s['out_share'], '.0%')})",
+         f"stretch >= {STRETCH_SHARE:.0%} of pinned", f"stretch {stretch['out_share']}"),
+        (f"swap-in {size:g} GiB, s (GiB/s, of pinned H2D)",
+         f"{fmt(s['in_s'])} ({fmt(s['in_gibs'])}, {fmt(s['in_share'], '.0%')})", target, verdict),
+        (f"{size:g} GiB: nvidia-smi MiB of the process before / swapped / after (GPU used)", f"{smi} ({used})",
+         "none while swapped", pass_fail(freed_on_gpu(s, one["held"]))),
+        (f"{size:g} GiB after swap: identical, quota intact", f"{yes(s['identical'])}, {yes(s['quota_intact'])}",
+         "yes, yes", pass_fail(s["identical"] and s["quota_intact"])),
+    ]
