@@ -2,7 +2,6 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use gpushare_utils::pod_file::PodFile;
 
@@ -19,12 +18,7 @@ pub struct ContainerLib {
 impl ContainerLib {
     /// The folder with the pod file whose text is `pod_file`.
     pub fn with_text(pod_file: &str) -> Self {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "limiter-container-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
+        let dir = std::env::temp_dir().join(crate::unique::name("limiter-container"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let lib = Self { dir };

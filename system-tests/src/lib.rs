@@ -32,6 +32,7 @@ pub mod probes;
 pub mod scratch;
 #[cfg(feature = "node")]
 pub mod swapping;
+pub mod unique;
 
 #[cfg(feature = "node")]
 pub use node::RunningNode;

@@ -3,7 +3,6 @@
 //! processes and its daemon use instead of the node's.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use gpushare_utils::node_table::NodeTableNames;
 
@@ -14,17 +13,10 @@ use crate::scratch::Scratch;
 pub struct Pod(pub String);
 
 impl Pod {
-    /// `t<pid>-<test>-<n>`: unique in this process and among concurrent
+    /// `t-<test>-<pid>-<n>`: unique in this process and among concurrent
     /// test processes.
     pub fn new(test: &str) -> Self {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let id = format!(
-            "t{}-{}-{}",
-            std::process::id(),
-            test,
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        );
-        Self(id)
+        Self(crate::unique::name(&format!("t-{test}")))
     }
 }
 

@@ -4,7 +4,6 @@
 //! when dropped, also when the test fails.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use gpushare_utils::ledger::PodLedger;
@@ -23,13 +22,7 @@ pub struct Scratch {
 impl Scratch {
     /// An empty folder.
     pub fn new(tag: &str) -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let name = format!(
-            "{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        let dir = std::env::temp_dir().join(name);
+        let dir = std::env::temp_dir().join(crate::unique::name(tag));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("the scratch folder");
         Self {

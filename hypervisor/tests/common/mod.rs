@@ -7,7 +7,7 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,12 +32,7 @@ pub(crate) const ADMIN: &str = "admin-secret";
 
 /// A name no other test (or earlier run) uses: `hvt-<tag>-<pid>-<n>`.
 pub(crate) fn unique(tag: &str) -> String {
-    static N: AtomicUsize = AtomicUsize::new(0);
-    format!(
-        "hvt-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
+    system_tests::unique::name(&format!("hvt-{tag}"))
 }
 
 pub(crate) fn token_of(pod: &str) -> String {
