@@ -147,45 +147,77 @@ fn elastic_takes_idle_time_fixed_stays_at_its_cap() {
     rates_become(&[&rf, &re, &ro], &[233_333, 300_000, 466_666]);
 }
 
+/// Pods a (weight 1) and b (weight 3, waiting) on GPU 0, at the rates of
+/// b alone wanting it; a's worker registered, asking for admission.
+struct Debtor {
+    h: Harness,
+    a: String,
+    ra: RegionView,
+    rb: RegionView,
+    client: RawClient,
+    body: String,
+}
+
+impl Debtor {
+    fn start(tag: &str) -> Self {
+        let (a, b) = (unique(&format!("{tag}-a")), unique(&format!("{tag}-b")));
+        let config = format!(
+            "{}{}",
+            pod_toml(&a, &["index = 0\npolicy = \"fixed\""]),
+            pod_toml(&b, &["index = 0\npolicy = \"fixed\"\nweight = 3"]),
+        );
+        let h = Harness::start(&config, 1, &[&a, &b]);
+        let (ra, rb) = (RegionView::open(&a), RegionView::open(&b));
+        rb.set_waiting(0, true);
+        rates_become(&[&ra, &rb], &[250_000, 1_000_000]);
+        let worker = register_ok(&h.url(), &a).worker_id;
+        let body = format!(
+            "{{\"worker_id\":\"{worker}\",\"uuid\":\"{}\",\"cost_ns\":50000}}",
+            gpu(0)
+        );
+        let client = RawClient::new(h.addr());
+        Self {
+            h,
+            a,
+            ra,
+            rb,
+            client,
+            body,
+        }
+    }
+
+    /// a traps with `debt_ns` of debt: (status, reply, how long it took).
+    fn ask(&mut self, debt_ns: i64) -> (u16, String, Duration) {
+        let bucket = self.ra.bucket(0);
+        // The refill time first: a refill between the two stores (the daemon
+        // reads the bucket too) then earns nothing, where it could otherwise
+        // bank the time since the last one over the debt, and the answer
+        // would come before the debt could have been paid back.
+        bucket
+            .refilled_at_ns
+            .store(monotonic_ns(), Ordering::Release);
+        bucket.tokens_ns.store(-debt_ns, Ordering::Release);
+        let start = Instant::now();
+        let (status, reply) =
+            self.client
+                .request("POST", "/api/v1/admission", &token_of(&self.a), &self.body);
+        (status, reply, start.elapsed())
+    }
+}
+
 #[test]
 fn an_admission_request_reschedules_at_once() {
-    let (a, b) = (unique("adm-a"), unique("adm-b"));
-    let config = format!(
-        "{}{}",
-        pod_toml(&a, &["index = 0\npolicy = \"fixed\""]),
-        pod_toml(&b, &["index = 0\npolicy = \"fixed\"\nweight = 3"]),
-    );
-    let h = Harness::start(&config, 1, &[&a, &b]);
-    let (ra, rb) = (RegionView::open(&a), RegionView::open(&b));
-    rb.set_waiting(0, true);
-    rates_become(&[&ra, &rb], &[250_000, 1_000_000]);
+    let mut d = Debtor::start("adm");
     // a traps with an empty bucket: the answer comes once a's share has
     // refilled it, and b's rate was cut in the same request.
-    let worker = register_ok(&h.url(), &a).worker_id;
-    let bucket = ra.bucket(0);
-    // The refill time first: a refill between the two stores (the daemon
-    // reads the bucket too) then earns nothing, where it could otherwise
-    // bank the time since the last one over the debt, and the answer would
-    // come before the debt could have been paid back.
-    bucket
-        .refilled_at_ns
-        .store(monotonic_ns(), Ordering::Release);
-    bucket.tokens_ns.store(-100_000, Ordering::Release);
-    let mut client = RawClient::new(h.addr());
-    let body = format!(
-        "{{\"worker_id\":\"{worker}\",\"uuid\":\"{}\",\"cost_ns\":50000}}",
-        gpu(0)
-    );
-    let start = Instant::now();
-    let (status, reply) = client.request("POST", "/api/v1/admission", &token_of(&a), &body);
-    let took = start.elapsed();
+    let (status, reply, took) = d.ask(100_000);
     assert_eq!(status, 200, "{reply}");
     // Read right after the answer: a's demand from the request keeps it
     // active for the scheduler's ACTIVE_WINDOW (200 ms), after which a
     // background tick may give b the whole GPU again. Microseconds of work
     // here against 200 ms of window.
     assert_eq!(
-        rb.rate(0),
+        d.rb.rate(0),
         750_000,
         "b not cut back by the admission's tick"
     );
@@ -210,40 +242,19 @@ fn an_admission_request_reschedules_at_once() {
 #[test]
 fn an_admission_in_debt_beyond_the_window_is_answered_at_once() {
     use hypervisor_daemon::api::ADMISSION_WAIT;
-    let (a, b) = (unique("debt-a"), unique("debt-b"));
-    let config = format!(
-        "{}{}",
-        pod_toml(&a, &["index = 0\npolicy = \"fixed\""]),
-        pod_toml(&b, &["index = 0\npolicy = \"fixed\"\nweight = 3"]),
-    );
-    let h = Harness::start(&config, 1, &[&a, &b]);
-    let (ra, rb) = (RegionView::open(&a), RegionView::open(&b));
-    rb.set_waiting(0, true);
-    rates_become(&[&ra, &rb], &[250_000, 1_000_000]);
-    let worker = register_ok(&h.url(), &a).worker_id;
-    let bucket = ra.bucket(0);
-    let body = format!(
-        "{{\"worker_id\":\"{worker}\",\"uuid\":\"{}\",\"cost_ns\":50000}}",
-        gpu(0)
-    );
-    let mut client = RawClient::new(h.addr());
+    let mut d = Debtor::start("debt");
     // The quickest of three: one answer delayed by a loaded machine does not
     // decide it, and a daemon that holds the request answers every one
     // after the window.
     let mut quickest = Duration::MAX;
     for _ in 0..3 {
-        bucket
-            .refilled_at_ns
-            .store(monotonic_ns(), Ordering::Release);
-        bucket.tokens_ns.store(-20_000_000, Ordering::Release);
-        let start = Instant::now();
-        let (status, reply) = client.request("POST", "/api/v1/admission", &token_of(&a), &body);
-        quickest = quickest.min(start.elapsed());
+        let (status, reply, took) = d.ask(20_000_000);
+        quickest = quickest.min(took);
         assert_eq!((status, reply.as_str()), (200, "{\"granted_ns\":0}"));
-        assert_eq!(rb.rate(0), 750_000, "b not cut back by the admission");
+        assert_eq!(d.rb.rate(0), 750_000, "b not cut back by the admission");
     }
     assert!(quickest < ADMISSION_WAIT, "{quickest:?}");
-    let admission = h.hv.hypervisor().status().admission;
+    let admission = d.h.hv.hypervisor().status().admission;
     assert_eq!((admission.count, admission.timeouts), (3, 3));
     println!("admission with 20 ms of debt at 25%: answered in {quickest:?}");
 }
