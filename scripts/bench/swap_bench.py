@@ -60,9 +60,14 @@ def host_available():
     raise BenchError("no MemAvailable in /proc/meminfo")
 
 
+def nvidia_smi(cmd):
+    """What nvidia-smi command `cmd` printed."""
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, env=common.clean_env()).stdout
+
+
 def gpu_memory():
     """GPU 0's (total, used, free) bytes, from nvidia-smi."""
-    text = subprocess.run(SMI_MEM, capture_output=True, text=True, timeout=30, env=common.clean_env()).stdout
+    text = nvidia_smi(SMI_MEM)
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 3 and all(p.isdigit() for p in parts):
@@ -73,23 +78,21 @@ def gpu_memory():
 def smi_mib(pid):
     """(the process's MiB as nvidia-smi lists it, None when it is not listed;
     GPU 0's used MiB)."""
-    text = subprocess.run(SMI_APPS, capture_output=True, text=True, timeout=30, env=common.clean_env()).stdout
+    text = nvidia_smi(SMI_APPS)
     return compute_apps(text).get(pid), gpu_memory()[1] // MIB
 
 
 def gpu_uuids():
     """The GPUs' UUIDs by NVML index, from nvidia-smi."""
-    text = subprocess.run(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"], capture_output=True,
-                          text=True, timeout=30, env=common.clean_env()).stdout
+    text = nvidia_smi(["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"])
     rows = [[f.strip() for f in line.split(",")] for line in text.splitlines()]
     return [uuid for _, uuid in sorted((int(r[0]), r[1]) for r in rows if len(r) == 2 and r[0].isdigit())]
 
 
 def smi_where(pid):
     """[(GPU UUID, MiB)] of the process as nvidia-smi lists it."""
-    text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory",
-                           "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=30,
-                          env=common.clean_env()).stdout
+    text = nvidia_smi(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory",
+                       "--format=csv,noheader,nounits"])
     rows = [[f.strip() for f in line.split(",")] for line in text.splitlines()]
     return [(r[1], int(r[2])) for r in rows if len(r) == 3 and r[0] == str(pid) and r[2].isdigit()]
 
