@@ -234,3 +234,15 @@ def daemon_figures(before: dict, after: dict) -> dict:
                           for pod, ns in after["charged_ns"].items()
                           if ns is not None and before["charged_ns"].get(pod) is not None and span_ns > 0}
     return out
+
+
+def returns_figures(before: dict, after: dict, back: dict) -> dict:
+    """The daemon over the returns after a window (`before` and `after` its
+    start and end, `back` the returns' end): its CPU (% of one core) and
+    admissions over the returns, and its admissions over the window and
+    the returns together, which the p99 target is judged on."""
+    phase = daemon_figures(after, back)
+    both = None
+    if before["admission"] and back["admission"]:
+        both = admission_summary(admission_delta(before["admission"], back["admission"]))
+    return {"cpu_pct": phase["cpu_pct"], "admission": phase["admission"], "admission_with_window": both}

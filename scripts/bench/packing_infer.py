@@ -11,7 +11,10 @@ start + SECONDS, and prints
   result=1 count=N per_s=R launched=L drain_s=D step_ms=S
 N: the steps that completed by start + SECONDS, R = N / SECONDS, L: those
 launched, D: how long after the window the last one ended, S: a step's GPU
-time in the warm-up (CUDA events). At most two steps are queued behind the
+time in the warm-up (CUDA events). Then it reads one more line: "done", or
+"returns AT COUNT PERIOD BURST": COUNT times, from AT on and PERIOD apart,
+it runs steps for BURST seconds and waits for them, idle in between; then
+it prints returns=COUNT. At most two steps are queued behind the
 host; it waits for the oldest on its event, which sleeps the thread (many
 processes, few CPUs), so a process alone keeps the GPU busy. When a step
 completed is read off its event's GPU timestamp, against an event whose
@@ -96,6 +99,21 @@ def main():
         waited += 1
     print(f"result=1 count={completed} per_s={completed / seconds:.3f} launched={launched}"
           f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f}", flush=True)
+    words = sys.stdin.readline().split()
+    if words[:1] != ["returns"]:
+        return
+    at, count, period, burst = float(words[1]), int(words[2]), float(words[3]), float(words[4])
+    for c in range(count):
+        wait_until(at + c * period)
+        k = 0
+        while time.monotonic() < at + c * period + burst:
+            if k >= DEPTH:
+                done[k % DEPTH].synchronize()
+            step()
+            done[k % DEPTH].record()
+            k += 1
+        torch.cuda.synchronize()
+    print(f"returns={count}", flush=True)
 
 
 if __name__ == "__main__":

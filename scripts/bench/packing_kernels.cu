@@ -8,6 +8,10 @@
 //       -> result=1 count=N per_s=R launched=L drain_s=D
 //       N: the kernels that completed by start + SECONDS, R = N / SECONDS,
 //       L: those launched, D: how long after the window the last one ended.
+//       Then it reads one more line: "done", or "returns AT COUNT PERIOD
+//       BURST": COUNT times, from AT on and PERIOD apart, it launches
+//       kernels for BURST seconds and waits for them, idle in between
+//       -> returns=COUNT
 // At most DEPTH kernels are queued behind the host; it waits for the oldest
 // on its event, which sleeps the thread (many processes, few CPUs). When a
 // kernel completed is read off its event's GPU timestamp, against an event
@@ -156,6 +160,27 @@ static void run(int iters, int grid, double seconds) {
     CHECK(cudaGetLastError());
     printf("result=1 count=%ld per_s=%.3f launched=%ld drain_s=%.6f\n", completed, completed / seconds,
            launched, last > end ? last - end : 0.0);
+    fflush(stdout);
+    double at, period, burst;
+    int count;
+    if (!fgets(line, sizeof line, stdin) ||
+        sscanf(line, "returns %lf %d %lf %lf", &at, &count, &period, &burst) != 4) {
+        return;
+    }
+    for (int c = 0; c < count; c++) {
+        double from = at + c * period;
+        wait_until(from);
+        for (long k = 0; mono() < from + burst; k++) {
+            if (k >= DEPTH) {
+                CHECK(cudaEventSynchronize(done[k % DEPTH]));
+            }
+            burn<<<grid, THREADS>>>(sink, iters);
+            CHECK(cudaEventRecord(done[k % DEPTH]));
+        }
+        CHECK(cudaDeviceSynchronize());
+    }
+    CHECK(cudaGetLastError());
+    printf("returns=%d\n", count);
     fflush(stdout);
 }
 

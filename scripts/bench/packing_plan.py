@@ -13,6 +13,12 @@ MAX_PODS = 48  # MPS clients of one GPU (Volta and later)
 AGGREGATE_N, AGGREGATE_PCT = 16, 97.0
 SHARE_PP = 1.0
 DAEMON_N, DAEMON_CPU_PCT, ADMISSION_P99_MS = 32, 5.0, 2.0
+# Returns: after the window of the runs with the most pods, each pod comes
+# back from idle RETURNS times, a period apart (the pods staggered over
+# it): idle past the daemon's 200 ms of counting a pod as wanting the
+# GPU, then launching for a burst. A pod's first launches after idle are
+# where it asks the daemon for admission.
+RETURNS, RETURN_PERIOD_S, RETURN_BURST_S = 4, 0.4, 0.1
 
 WORKLOADS = {"kernels": "kernels/s", "infer": "steps/s"}
 
@@ -92,10 +98,25 @@ def table_order(specs, workloads, modes) -> list[int]:
     return sorted(range(len(specs)), key=key)
 
 
-def estimate_s(spec: Spec, seconds: float) -> float:
+def returns_phase(spec: Spec, counts) -> bool:
+    """Whether the run ends with the pods' returns: under the daemon, at the
+    most pods of the bench."""
+    return spec.mode.daemon and spec.n == max(counts)
+
+
+def returns_s() -> float:
+    """The returns' wall time, from their start to the last burst's end
+    (the last pod's last burst starts a period and less than another after
+    the first)."""
+    return RETURNS * RETURN_PERIOD_S + RETURN_BURST_S
+
+
+def estimate_s(spec: Spec, seconds: float, returns: bool = False) -> float:
     """A run's expected wall time: its window, its workers' start (PyTorch's
     import and CUDA's start, N processes on 16 CPUs), its daemon's start and
-    stop (co-run: the MPS control daemon's too), the workers' exits."""
+    stop (co-run: the MPS control daemon's too), the workers' exits, and
+    its returns if it has them."""
     start = {"kernels": 1.5 + 0.08 * spec.n, "infer": 5.0 + 0.3 * spec.n}[spec.workload]
     daemon = (3.0 if spec.mode.corun else 1.0) if spec.mode.daemon else 0.0
-    return seconds + START_S + start + daemon + 1.5
+    after = START_S + returns_s() if returns else 0.0
+    return seconds + START_S + start + daemon + 1.5 + after

@@ -35,9 +35,10 @@ def unit_gpu_s(runs, workload, calibration) -> float | None:
     return min(steps) / 1e3 if steps else None
 
 
-def verdicts(spec: Spec, summary: dict, want: list[float], daemon: dict | None) -> dict:
+def verdicts(spec: Spec, summary: dict, want: list[float], daemon: dict | None, returns: dict | None = None) -> dict:
     """The targets that apply to a run: {name: True/False}; a figure the
-    run lacks fails."""
+    run lacks fails. Admissions: the window's and, where the run had
+    returns, theirs too."""
     out = {}
     if spec.mode.corun and spec.mode.policy == "elastic" and spec.n == AGGREGATE_N:
         out["aggregate"] = summary["aggregate"] >= AGGREGATE_PCT
@@ -46,8 +47,8 @@ def verdicts(spec: Spec, summary: dict, want: list[float], daemon: dict | None) 
     if spec.mode.daemon and spec.n == DAEMON_N:
         cpu = (daemon or {}).get("cpu_pct")
         out["cpu"] = cpu is not None and cpu <= DAEMON_CPU_PCT
-        adm = (daemon or {}).get("admission") or {}
-        # No admission in the window: nothing waited for the daemon.
+        adm = ((returns or {}).get("admission_with_window") if returns else (daemon or {}).get("admission")) or {}
+        # No admission at all: nothing waited for the daemon.
         out["p99"] = adm.get("requests") == 0 or (adm.get("p99_ms") is not None
                                                   and adm["p99_ms"] <= ADMISSION_P99_MS)
     return out
@@ -86,7 +87,8 @@ def evaluate(runs, calibration) -> None:
             summary["charged"] = [charged.get(f"{run['result']['tag']}-{i}") for i in range(spec.n)]
             summary["nvml"] = [pod.get("nvml_sm_pct") for pod in run["result"]["pods"]]
             run["figures"] = {**summary, "targets": want,
-                              "verdicts": verdicts(spec, summary, want, run["result"].get("daemon"))}
+                              "verdicts": verdicts(spec, summary, want, run["result"].get("daemon"),
+                                                   run["result"].get("returns"))}
 
 
 def fmt(x, spec="{:.1f}", none="–") -> str:
@@ -106,7 +108,8 @@ def mark(verdicts, key) -> str:
 
 
 COLUMNS = ("workload", "run", "target a pod", "throughput (sum)", "aggregate %", "pod shares % (min–max)",
-           "charged % (min–max)", "NVML SM % a pod (min–max)", "GPU busy % (NVML)", "max dev pp", "spread pp", "admissions (timeouts)", "adm p50 ms", "adm p99 ms", "daemon CPU %",
+           "charged % (min–max)", "NVML SM % a pod (min–max)", "GPU busy % (NVML)", "max dev pp", "spread pp", "admissions (timeouts)", "adm p50 ms", "adm p99 ms",
+           "returns: admissions (timeouts), p50/p99 ms, daemon CPU %", "daemon CPU %",
            "daemon RSS MiB", f"agg >= {AGGREGATE_PCT:g}% (corun N={AGGREGATE_N})", f"shares +-{SHARE_PP:g} pp",
            f"CPU <= {DAEMON_CPU_PCT:g}% (N={DAEMON_N})", f"p99 <= {ADMISSION_P99_MS:g} ms (N={DAEMON_N})")
 
@@ -136,9 +139,21 @@ def row(run) -> list[str]:
         f"{min(fig['shares']):.2f}–{max(fig['shares']):.2f}", span(fig.get("charged")),
         span(fig.get("nvml")), busy, f"{fig['max_dev_pp']:+.2f}", f"{fig['spread_pp']:.2f}",
         f"{adm['requests']} ({adm['timeouts']})" if adm else "",
-        fmt(adm.get("p50_ms"), "{:.3f}", ""), fmt(adm.get("p99_ms"), "{:.3f}", ""),
+        fmt(adm.get("p50_ms"), "{:.3f}", ""), fmt(adm.get("p99_ms"), "{:.3f}", ""), returns_cell(res.get("returns")),
         fmt(daemon.get("cpu_pct"), "{:.2f}", ""), fmt(daemon.get("rss_mib"), "{:.1f}", ""),
         mark(v, "aggregate"), mark(v, "shares"), mark(v, "cpu"), mark(v, "p99")]
+
+
+def returns_cell(returns: dict | None) -> str:
+    """The returns' admissions, their p50/p99 and the daemon's CPU over
+    them; "" for a run without returns."""
+    if not returns:
+        return ""
+    adm = returns.get("admission") or {}
+    if not adm:
+        return f"no histogram, {fmt(returns.get('cpu_pct'), '{:.2f}')}%"
+    return (f"{adm['requests']} ({adm['timeouts']}), {fmt(adm.get('p50_ms'), '{:.3f}')}/"
+            f"{fmt(adm.get('p99_ms'), '{:.3f}')}, {fmt(returns.get('cpu_pct'), '{:.2f}')}%")
 
 
 def notes(runs, workloads) -> list[str]:
@@ -164,6 +179,10 @@ def notes(runs, workloads) -> list[str]:
         out.append("elastic pods split more than the GPU's time at the window's end (a co-run GPU that idled"
                    f" while they used all they were given): {'; '.join(split)}")
     for run in runs:
+        back = (run.get("result") or {}).get("returns")
+        if back and back["pods_through"] < run["spec"].n:
+            out.append(f"{run['spec'].workload} {run['spec'].label}: {back['pods_through']} of {run['spec'].n}"
+                       " pods through their returns")
         if (run.get("result") or {}).get("registered") is False:
             out.append(f"{run['spec'].workload} {run['spec'].label}: not every worker was registered with the"
                        " daemon at the start")
@@ -211,4 +230,6 @@ def progress(run) -> str:
         adm = daemon.get("admission") or {}
         text += (f"; daemon {fmt(daemon.get('cpu_pct'), '{:.2f}')}% CPU, {fmt(daemon.get('rss_mib'))} MiB,"
                  f" {adm.get('requests')} admissions, p99 {fmt(adm.get('p99_ms'), '{:.3f}')} ms")
+    if res.get("returns"):
+        text += f"; returns: {returns_cell(res['returns'])}"
     return text

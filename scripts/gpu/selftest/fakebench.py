@@ -123,19 +123,37 @@ def packing_infer(args):  # SECONDS
 
 def packing_worker(seconds, rate, **extra):
     """A packing worker: registered with the daemon as the limiter does it,
-    ready, its window from the start time on stdin, `rate` a second in it."""
+    ready, its window from the start time on stdin, `rate` a second in it;
+    then, told its returns, one admission request at the start of each, as
+    a limiter's first launch after idle may make."""
     url, token, pod = (E.get(k) for k in ("CUDA_LIMITER_HYPERVISOR", "CUDA_LIMITER_TOKEN", "CUDA_LIMITER_POD"))
+    registered = None
     if url and token and pod:
         body = json.dumps({"pod": pod, "pid": os.getpid()})
         code, text = hvctl.request(f"{url}/api/v1/workers", "POST", token, timeout=5.0, body=body)
         if code != 200:
             sys.exit(f"registration refused ({code}): {text}")
+        registered = json.loads(text)
     print("ready=1", flush=True)
     start = float(sys.stdin.readline())
     while time.monotonic() < start + seconds:
         time.sleep(0.01)
     count = int(rate * seconds)
     out(result=1, count=count, per_s=f"{count / seconds:.3f}", launched=count, drain_s="0.000000", **extra)
+    words = sys.stdin.readline().split()
+    if words[:1] != ["returns"]:
+        return
+    at, times, period = float(words[1]), int(words[2]), float(words[3])
+    for c in range(times):
+        while time.monotonic() < at + c * period:
+            time.sleep(0.005)
+        if registered:
+            body = json.dumps({"worker_id": registered["worker_id"], "uuid": registered["devices"][0]["uuid"],
+                               "cost_ns": 100_000})
+            code, text = hvctl.request(f"{url}/api/v1/admission", "POST", token, timeout=5.0, body=body)
+            if code != 200:
+                sys.exit(f"admission refused ({code}): {text}")
+    out(returns=times)
 
 
 def main():

@@ -319,6 +319,33 @@ def test_packing_shares_targets_and_verdicts():
     daemon = {"cpu_pct": None, "admission": {"requests": 4, "p99_ms": 2.5}}
     assert packing_report.verdicts(timeslice32, summary, want, daemon) == {
         "shares": False, "cpu": False, "p99": False}
+    # With returns, p99 is judged on the window's admissions and theirs
+    # together: a quiet window does not pass a slow return.
+    daemon = {"cpu_pct": 1.2, "admission": {"requests": 0}}
+    slow = {"admission": {"requests": 3, "p99_ms": 9.0}, "admission_with_window": {"requests": 3, "p99_ms": 9.0}}
+    assert packing_report.verdicts(timeslice32, summary, want, daemon, slow)["p99"] is False
+    quick = {"admission_with_window": {"requests": 40, "p99_ms": 1.5}}
+    assert packing_report.verdicts(timeslice32, summary, want, daemon, quick)["p99"] is True
+    assert packing_report.verdicts(timeslice32, summary, want, daemon, {"admission_with_window": None})["p99"] is False
+
+
+def test_packing_returns_figures():
+    def histogram(fast, slow):
+        return {"buckets": [(0.001, fast), (0.002, fast + slow), (math.inf, fast + slow)],
+                "sum": 0.0005 * fast + 0.0015 * slow, "count": fast + slow, "timeouts": 0}
+
+    before = {"t": 10.0, "cpu_s": 1.0, "rss_mib": 30.0, "admission": histogram(0, 0), "charged_ns": {}}
+    after = {"t": 15.0, "cpu_s": 1.1, "rss_mib": 31.0, "admission": histogram(0, 2), "charged_ns": {}}
+    back = {"t": 17.0, "cpu_s": 1.14, "rss_mib": 31.0, "admission": histogram(98, 2), "charged_ns": {}}
+    figures = packing_daemon.returns_figures(before, after, back)
+    assert figures["cpu_pct"] == pytest.approx(2.0)
+    assert figures["admission"]["requests"] == 98 and figures["admission"]["p99_ms"] == pytest.approx(0.99 * 98 / 98)
+    both = figures["admission_with_window"]
+    assert both["requests"] == 100 and 1.0 < both["p99_ms"] <= 2.0
+    assert packing_daemon.returns_figures({**before, "admission": None}, after, back)["admission_with_window"] is None
+    assert packing_plan.returns_phase(packing_plan.Spec("infer", packing_plan.MODES["corun"], 8, "corun N=8"), [1, 8])
+    assert not packing_plan.returns_phase(packing_plan.Spec("infer", packing_plan.UNLIMITED, 8, "x"), [1, 8])
+    assert not packing_plan.returns_phase(packing_plan.Spec("infer", packing_plan.MODES["corun"], 4, "x"), [4, 8])
 
 
 def test_packing_daemon_figures_over_a_window():
@@ -355,6 +382,15 @@ def test_packing(corun_env, monkeypatch, capsys):
     assert "| kernels | timeslice N=2 | cap 45.00% | 4,000.0 kernels/s | 200.0 | 90.00–90.00 | 0.00–0.00 |" in text
     assert "infer alone: 4,000.0, 4,000.0 steps/s, drift +0.00%, a step 0.210 ms on the GPU" in text
     data = json.loads((out / "packing-bench.json").read_text())
+    # The runs with the most pods end with returns: each fake worker asks
+    # for admission once a return, and the daemon's histogram counts them.
+    for run in data["runs"]:
+        back = run["result"].get("returns")
+        if run["mode"] in ("timeslice", "corun") and run["n"] == 2:
+            assert back["pods_through"] == 2 and back["admission"]["requests"] == 2 * packing_plan.RETURNS, back
+            assert back["admission_with_window"]["requests"] == 2 * packing_plan.RETURNS, back
+        else:
+            assert back is None, run
     corun2 = next(r for r in data["runs"] if r["workload"] == "kernels" and r["label"] == "corun N=2")
     assert corun2["result"]["registered"] and set(corun2["result"]["daemon"]["charged_pct"]) == {
         f"{corun2['result']['tag']}-0", f"{corun2['result']['tag']}-1"}
