@@ -8,10 +8,13 @@ A step: 1,024 tokens through a 4-layer MLP (4096 wide, bf16, GELU), about
 0.25 ms on an H100. Warms up, prints ready=1, reads the common start time
 (CLOCK_MONOTONIC seconds) from stdin, runs steps back to back from then until
 start + SECONDS, and prints
-  result=1 count=N per_s=R launched=L drain_s=D step_ms=S
+  result=1 count=N per_s=R launched=L drain_s=D step_ms=S gpu_busy=B
 N: the steps that completed by start + SECONDS, R = N / SECONDS, L: those
 launched, D: how long after the window the last one ended, S: a step's GPU
-time in the warm-up (CUDA events). Then it reads one more line: "done", or
+time in the warm-up (CUDA events), B: the GPU time of the steps counted,
+each from an event before it to the one after, over SECONDS (a process
+alone: the fraction of the window its steps kept the GPU busy, at the
+window's clock). Then it reads one more line: "done", or
 "returns AT COUNT PERIOD BURST": COUNT times, from AT on and PERIOD apart,
 it runs steps for BURST seconds and waits for them, idle in between; then
 it prints returns=COUNT. At most two steps are queued behind the
@@ -65,6 +68,7 @@ def main():
     e1.synchronize()
     step_ms = e0.elapsed_time(e1) / 20
     done = [torch.cuda.Event(enable_timing=True, blocking=True) for _ in range(DEPTH)]
+    begun = [torch.cuda.Event(enable_timing=True) for _ in range(DEPTH)]
     # The host's clock when `zero` completed: polled, so within microseconds.
     zero = torch.cuda.Event(enable_timing=True)
     zero.record()
@@ -76,21 +80,24 @@ def main():
     end = start + seconds
     wait_until(start)
     launched = completed = waited = 0
-    last = start
+    last, busy_ms = start, 0.0
 
     def settle(k):
         """Waits for step k; True when it ended inside the window."""
-        nonlocal last
+        nonlocal last, busy_ms
         ev = done[k % DEPTH]
         ev.synchronize()
         at = zero_at + zero.elapsed_time(ev) / 1e3
         last = max(last, at)
+        if at <= end:
+            busy_ms += begun[k % DEPTH].elapsed_time(ev)
         return at <= end
 
     while time.monotonic() < end:
         if launched >= DEPTH:
             completed += settle(waited)
             waited += 1
+        begun[launched % DEPTH].record()
         step()
         done[launched % DEPTH].record()
         launched += 1
@@ -98,7 +105,8 @@ def main():
         completed += settle(waited)
         waited += 1
     print(f"result=1 count={completed} per_s={completed / seconds:.3f} launched={launched}"
-          f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f}", flush=True)
+          f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f} gpu_busy={busy_ms / 1e3 / seconds:.4f}",
+          flush=True)
     words = sys.stdin.readline().split()
     if words[:1] != ["returns"]:
         return

@@ -35,6 +35,17 @@ def unit_gpu_s(runs, workload, calibration) -> float | None:
     return min(steps) / 1e3 if steps else None
 
 
+def window_busy(runs, workload) -> float | None:
+    """The fraction of its window the lone process's units kept the GPU
+    busy, as it measured them (the infer worker brackets each step with
+    events: at the window's clock, which a power-bound step lowers), the
+    mean over the lone runs; None where the worker does not say."""
+    got = [r["result"]["pods"][0].get("gpu_busy") for r in runs
+           if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r)]
+    got = [x for x in got if x]
+    return min(1.0, sum(got) / len(got)) if got else None
+
+
 def verdicts(spec: Spec, summary: dict, want: list[float], daemon: dict | None, returns: dict | None = None) -> dict:
     """The targets that apply to a run: {name: True/False}; a figure the
     run lacks fails. Admissions: the window's and, where the run had
@@ -69,14 +80,16 @@ def solo_rates(runs, workload) -> list[float]:
 def evaluate(runs, calibration) -> None:
     """Adds each run's shares against its targets, and its verdicts, as
     "figures": against the mean of its workload's lone runs, and the GPU
-    time they keep busy (all of it where a unit's time is unknown)."""
+    time they keep busy: as measured in their windows where the worker
+    says, else their rate times a unit's time (all of it where that is
+    unknown)."""
     for workload in {r["spec"].workload for r in runs}:
         rates = solo_rates(runs, workload)
         if not rates:
             continue
         solo = sum(rates) / len(rates)
         unit = unit_gpu_s(runs, workload, calibration)
-        busy = min(1.0, solo * unit) if unit else 1.0
+        busy = window_busy(runs, workload) or (min(1.0, solo * unit) if unit else 1.0)
         for run in runs:
             spec = run["spec"]
             if spec.workload != workload or not ok(run):
@@ -166,8 +179,14 @@ def notes(runs, workloads) -> list[str]:
             drift = f", drift {(rates[-1] / rates[0] - 1) * 100:+.2f}%" if len(rates) > 1 else ""
             first = next(r for r in runs if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r))
             step = first["result"]["pods"][0].get("step_ms")
-            out.append(f"{workload} alone: {', '.join(f'{x:,.1f}' for x in rates)} {WORKLOADS[workload]}{drift}"
-                       + (f", a step {step:.3f} ms on the GPU" if step else ""))
+            line = f"{workload} alone: {', '.join(f'{x:,.1f}' for x in rates)} {WORKLOADS[workload]}{drift}"
+            if step:
+                line += (f", a step {step:.3f} ms on the GPU in the warm-up (busy by it:"
+                         f" {min(1.0, sum(rates) / len(rates) * step / 1e3) * 100:.1f}%)")
+            busy = window_busy(runs, workload)
+            if busy:
+                line += f", busy by its steps' events in the window: {busy * 100:.1f}% (the shares' baseline)"
+            out.append(line)
         clocks = [f"{r['spec'].label} {fmt(r['result']['gpu']['sm_mhz'], '{:.0f}')}/"
                   f"{fmt(r['result']['gpu']['power_w'], '{:.0f}')}"
                   for r in runs if r["spec"].workload == workload and (r.get("result") or {}).get("gpu")]

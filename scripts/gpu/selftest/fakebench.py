@@ -118,7 +118,7 @@ def packing_kernels(args):
 
 
 def packing_infer(args):  # SECONDS
-    packing_worker(float(args[0]), 4000, step_ms="0.2100")
+    packing_worker(float(args[0]), 4000, step_ms="0.2100", gpu_busy="0.9000")
 
 
 def packing_worker(seconds, rate, **extra):
