@@ -59,13 +59,14 @@ Per run: the aggregate throughput (the pods' sum over the lone process's),
 each pod's share of the GPU's time against its target (its cap, else its
 weight's fair share of the GPU, 100/N%) with the largest deviation and the
 spread (a pod's share: its throughput over the lone process's, times the
-GPU time the lone process keeps busy: for the kernels, its rate times the
-calibrated kernel's time; for the inference step, the GPU time of its
-steps in the window, each bracketed by events, over the window (the step
-is power-bound: its clock falls from boost in the warm-up to about 1,550
-MHz in a lone window, so the warm-up's step time times the rate would
-read it 10 points less busy than it is); so a workload that leaves the
-GPU idle between steps is not counted as holding it); the GPU time the limiter charged each pod over the window,
+GPU time the lone process keeps busy: its rate times a unit's GPU time
+alone, the calibrated kernel or the step's CUDA-event time in its warm-up;
+so a workload that leaves the GPU idle between steps is not counted as
+holding it. The inference step is power-bound: its clock falls from
+boost in the warm-up to 1,550-1,750 MHz in a window, so that reads the
+lone process less busy than it is, and the notes add the GPU time its
+steps took in its window, each bracketed by events, which reads it busier
+(the gaps inside a step count); a pod's throughput is at its own clock); the GPU time the limiter charged each pod over the window,
 % of the window, from the daemon's status (charged_ns at its start and
 end): against the pod's share, how far its prices are from what its work
 took; what the elastic pods of a co-run GPU split at the window's end (in

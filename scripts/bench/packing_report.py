@@ -36,10 +36,11 @@ def unit_gpu_s(runs, workload, calibration) -> float | None:
 
 
 def window_busy(runs, workload) -> float | None:
-    """The fraction of its window the lone process's units kept the GPU
-    busy, as it measured them (the infer worker brackets each step with
-    events: at the window's clock, which a power-bound step lowers), the
-    mean over the lone runs; None where the worker does not say."""
+    """The fraction of its window the lone process's units took on the GPU,
+    as it measured them (the infer worker brackets each step with events,
+    at the window's clock, gaps inside a step included), the mean over the
+    lone runs; None where the worker does not say. A second reading beside
+    the baseline's, not the baseline: see `evaluate`."""
     got = [r["result"]["pods"][0].get("gpu_busy") for r in runs
            if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r)]
     got = [x for x in got if x]
@@ -80,16 +81,19 @@ def solo_rates(runs, workload) -> list[float]:
 def evaluate(runs, calibration) -> None:
     """Adds each run's shares against its targets, and its verdicts, as
     "figures": against the mean of its workload's lone runs, and the GPU
-    time they keep busy: as measured in their windows where the worker
-    says, else their rate times a unit's time (all of it where that is
-    unknown)."""
+    time they keep busy: their rate times a unit's time (all of it where
+    that is unknown). For a power-bound step neither that (the unit timed
+    at the warm-up's boost clock reads it short) nor the window's brackets
+    (`window_busy`: the gaps inside a step read as busy) is its time to a
+    point, and a pod's clock is not the lone process's: the notes give
+    both."""
     for workload in {r["spec"].workload for r in runs}:
         rates = solo_rates(runs, workload)
         if not rates:
             continue
         solo = sum(rates) / len(rates)
         unit = unit_gpu_s(runs, workload, calibration)
-        busy = window_busy(runs, workload) or (min(1.0, solo * unit) if unit else 1.0)
+        busy = min(1.0, solo * unit) if unit else 1.0
         for run in runs:
             spec = run["spec"]
             if spec.workload != workload or not ok(run):
@@ -181,11 +185,11 @@ def notes(runs, workloads) -> list[str]:
             step = first["result"]["pods"][0].get("step_ms")
             line = f"{workload} alone: {', '.join(f'{x:,.1f}' for x in rates)} {WORKLOADS[workload]}{drift}"
             if step:
-                line += (f", a step {step:.3f} ms on the GPU in the warm-up (busy by it:"
-                         f" {min(1.0, sum(rates) / len(rates) * step / 1e3) * 100:.1f}%)")
+                line += (f", a step {step:.3f} ms on the GPU in the warm-up (busy by it, the shares'"
+                         f" baseline: {min(1.0, sum(rates) / len(rates) * step / 1e3) * 100:.1f}%)")
             busy = window_busy(runs, workload)
             if busy:
-                line += f", busy by its steps' events in the window: {busy * 100:.1f}% (the shares' baseline)"
+                line += f", busy by its steps' events in the window: {busy * 100:.1f}%"
             out.append(line)
         clocks = [f"{r['spec'].label} {fmt(r['result']['gpu']['sm_mhz'], '{:.0f}')}/"
                   f"{fmt(r['result']['gpu']['power_w'], '{:.0f}')}"
