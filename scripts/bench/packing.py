@@ -77,9 +77,10 @@ and p99 (interpolated in its buckets as Prometheus does; bounds 50 us to
 1 s), requests and timeouts; its CPU (utime + stime of /proc/PID/stat, % of
 one core) and its RSS at the end (VmRSS, MiB). An admission is a launch of
 a pod the daemon does not count as wanting the GPU yet that found its
-bucket empty: the daemon answers once the pod has budget again, within
-50 ms, so its latency holds that wait; a pod whose debt outlasts the 50 ms
-is answered at once with none (counted in timeouts). A pod that runs
+bucket empty: the daemon counts it in and answers with the budget its
+bucket holds, waiting at most 1 ms for some to refill; a pod whose
+bucket refills later is answered at once with none (counted in
+timeouts) and waits on its bucket. A pod that runs
 through the window stays counted and never asks, so the runs with the
 most pods end with returns: each pod, idle past the daemon's 200 ms of
 counting it, comes back for a 0.1 s burst, 4 times 0.4 s apart, the pods

@@ -59,10 +59,13 @@ use hypervisor_core::scheduler::{AdmissionTarget, ScheduleError};
 
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 64 * 1024;
-/// Longest an admission request waits for budget before answering 0.
-pub const ADMISSION_WAIT: Duration = Duration::from_millis(50);
-/// Longest single wait inside an admission request before looking again.
-const ADMISSION_STEP: Duration = Duration::from_millis(2);
+/// Longest an admission request is held for its pod's budget. That budget
+/// is the pod's own refill at its rate (the request has rescheduled the
+/// GPU first), which the limiter waits for on its bucket anyway: a pod
+/// whose refill comes later is answered 0 at once and waits there, as a
+/// pod the daemon counts does, and the answer's latency is the daemon's,
+/// not the pod's limit.
+pub const ADMISSION_WAIT: Duration = Duration::from_millis(1);
 
 /// Who reaches a listener of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,7 +331,9 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
     let Some(target) = target else {
         return json_error(StatusCode::NOT_FOUND, "the pod has no such GPU");
     };
-    let granted = wait_for_budget(hv, &target, start + ADMISSION_WAIT).await;
+    // The hold counts from here: what came before (the body, the token, the
+    // reschedule) is the daemon's own time, which the histogram records.
+    let granted = wait_for_budget(hv, &target, Instant::now() + ADMISSION_WAIT).await;
     hv.shared.latency.record(start.elapsed(), granted > 0);
     json_ok(&BudgetGrant {
         granted_ns: granted,
@@ -336,11 +341,10 @@ async fn admission(hv: &Hypervisor, mut req: Request) -> Response {
 }
 
 /// Waits until the pod's bucket holds budget (refilling it, since the
-/// trapped thread is not), or `deadline`; returns the tokens, 0 on timeout.
-/// A pod whose debt takes longer than that to pay back at its rate is
-/// answered 0 at once: holding the request would end the same way, with
-/// the thread blocked here instead of waiting on its bucket, and would
-/// count the pod's debt as the daemon's latency.
+/// trapped thread is not), or `deadline`; returns the tokens, 0 on
+/// timeout. A suspended pod, or one whose deficit refills at its rate only
+/// after the deadline, is answered 0 at once: holding the request would
+/// end the same way, with the thread blocked here instead of on its bucket.
 async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: Instant) -> u64 {
     let Some(bucket) = target.region.bucket(&target.uuid) else {
         return 0;
@@ -350,41 +354,36 @@ async fn wait_for_budget(hv: &Hypervisor, target: &AdmissionTarget, deadline: In
         let notified = target.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let step = if bucket
+        if bucket
             .limits()
             .suspended
             .load(std::sync::atomic::Ordering::Acquire)
             != 0
         {
-            ADMISSION_STEP
-        } else {
-            let rate = bucket.effective_rate_ppm();
-            if rate == 0 {
-                return CAPACITY_NS as u64;
-            }
-            let now_ns = monotonic_ns();
-            let tokens = target.region.refill(&target.uuid, now_ns);
-            if tokens > 0 {
-                return tokens as u64;
-            }
-            // Time for the deficit to refill at this rate; a refill happens
-            // no sooner than a batch after the last one.
-            let deficit = tokens.unsigned_abs() + 1;
-            let refill_ns = (u128::from(deficit) * u128::from(PPM) / u128::from(rate)) as u64;
-            if Instant::now() + Duration::from_nanos(refill_ns) > deadline {
-                return 0;
-            }
-            let last = bucket
-                .refilled_at_ns
-                .load(std::sync::atomic::Ordering::Acquire);
-            let batch_ns = (last + REFILL_BATCH_NS).saturating_sub(now_ns);
-            Duration::from_nanos(refill_ns.max(batch_ns)).min(ADMISSION_STEP)
-        };
-        let now = Instant::now();
-        if now >= deadline {
             return 0;
         }
-        let until = (now + step).min(deadline);
+        let rate = bucket.effective_rate_ppm();
+        if rate == 0 {
+            return CAPACITY_NS as u64;
+        }
+        let now_ns = monotonic_ns();
+        let tokens = target.region.refill(&target.uuid, now_ns);
+        if tokens > 0 {
+            return tokens as u64;
+        }
+        // Time for the deficit to refill at this rate; a refill happens no
+        // sooner than a batch after the last one.
+        let deficit = tokens.unsigned_abs() + 1;
+        let refill_ns = (u128::from(deficit) * u128::from(PPM) / u128::from(rate)) as u64;
+        let now = Instant::now();
+        if now + Duration::from_nanos(refill_ns) > deadline {
+            return 0;
+        }
+        let last = bucket
+            .refilled_at_ns
+            .load(std::sync::atomic::Ordering::Acquire);
+        let batch_ns = (last + REFILL_BATCH_NS).saturating_sub(now_ns);
+        let until = (now + Duration::from_nanos(refill_ns.max(batch_ns))).min(deadline);
         tokio::select! {
             () = hv.shared.timer.sleep_until(until) => {}
             () = notified => {}

@@ -21,14 +21,14 @@ pub struct LatencyHistogram {
     counts: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
     sum_ns: AtomicU64,
     count: AtomicU64,
-    /// Requests answered with no budget: the pod's debt outlasts the
-    /// admission window, or it stayed suspended through it.
+    /// Requests answered with no budget: the pod's bucket refills later
+    /// than the admission's hold, or the pod is suspended.
     timeouts: AtomicU64,
 }
 
 impl LatencyHistogram {
     /// Counts one admission request that took `took` from arrival to answer;
-    /// `granted` false counts it as a timeout too (no budget in time).
+    /// `granted` false counts it as a timeout too (no budget in the hold).
     pub fn record(&self, took: Duration, granted: bool) {
         let us = took.as_micros();
         let at = LATENCY_BOUNDS_US

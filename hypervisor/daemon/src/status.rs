@@ -249,8 +249,8 @@ pub struct LatencySnapshot {
     pub count: u64,
     /// Their latencies added up, in seconds.
     pub sum_seconds: f64,
-    /// Of them, those answered with no budget: the pod's debt outlasts the
-    /// admission window, or it stayed suspended through it.
+    /// Of them, those answered with no budget: the pod's bucket refills
+    /// later than the admission's hold, or the pod is suspended.
     pub timeouts: u64,
 }
 

@@ -117,10 +117,11 @@ impl Throttle {
                 Admission::Pass => break,
                 Admission::Wait(wait) => {
                     // Trap: under a hypervisor, ask it for admission while
-                    // the bucket is empty (it answers once there is any: the
-                    // rest up to the floor refills here); while it grants
-                    // nothing (or does not answer), the local bucket's
-                    // refill decides, and it is asked less often.
+                    // the bucket is empty (it counts the pod in and answers
+                    // with what the bucket holds, waiting at most 1 ms for
+                    // some: the rest up to the floor refills here); while
+                    // it grants nothing (or does not answer), the local
+                    // bucket's refill decides, and it is asked less often.
                     let empty = bucket.tokens_ns.load(Ordering::Relaxed) <= 0;
                     if !(empty && self.hypervisor_granted(ctx, device, cost, now)) {
                         std::thread::sleep(wait);
