@@ -58,43 +58,42 @@ A new daemon for every run: its CPU and memory are that run's alone.
 Per run: the aggregate throughput (the pods' sum over the lone process's),
 each pod's share of the GPU's time against its target (its cap, else its
 weight's fair share of the GPU, 100/N%) with the largest deviation and the
-spread (a pod's share: its throughput over the lone process's, times the
-GPU time the lone process keeps busy: its rate times a unit's GPU time
-alone, the calibrated kernel or the step's CUDA-event time in its warm-up;
-so a workload that leaves the GPU idle between steps is not counted as
-holding it. The inference step is power-bound: its clock falls from
-boost in the warm-up to 1,550-1,750 MHz in a window, so that reads the
-lone process less busy than it is, and the notes add the GPU time its
-steps took in its window, each bracketed by events, which reads it busier
-(the gaps inside a step count); a pod's throughput is at its own clock); the GPU time the limiter charged each pod over the window,
-% of the window, from the daemon's status (charged_ns at its start and
-end): against the pod's share, how far its prices are from what its work
-took; what the elastic pods of a co-run GPU split at the window's end (in
-the notes where it is more than the GPU's time: the GPU idled while they
-used all they were given); and of the daemon over the window, from its /metrics scraped
-as the window starts and as it ends: the admission latency histogram's p50
-and p99 (interpolated in its buckets as Prometheus does; bounds 50 us to
-1 s), requests and timeouts; its CPU (utime + stime of /proc/PID/stat, % of
-one core) and its RSS at the end (VmRSS, MiB). An admission is a launch of
-a pod the daemon does not count as wanting the GPU yet that found its
-bucket empty: the daemon counts it in and answers with the budget its
-bucket holds, waiting at most 1 ms for some to refill; a pod whose
-bucket refills later is answered at once with none (counted in
-timeouts) and waits on its bucket. A pod that runs
-through the window stays counted and never asks, so the runs with the
-most pods end with returns: each pod, idle past the daemon's 200 ms of
-counting it, comes back for a 0.1 s burst, 4 times 0.4 s apart, the pods
-staggered over the period; the daemon's admissions and CPU over the
-returns are reported apart, and the p99 target is judged on the window's
-admissions and the returns' together. The daemons log at warn, their
-default. Also the SM clock and board power through the window, and two
-readings of GPU time that no clock moves, from NVML (nvidia-smi, every
-sample a second into the window and later): the GPU's utilisation (the
-share of the time a kernel ran) and each pod's SM % (`pmon`, its
-process's share). They are reported beside the throughput shares, not
-judged: a throughput share is a GPU-time share only where the clock is
-the lone process's, and where it is (the kernels hold 1,980 MHz) the two
-can be compared.
+spread (a pod's share: its throughput over the lone process's, times the GPU
+time the lone process keeps busy: its rate times a unit's GPU time alone,
+the calibrated kernel or the step's CUDA-event time in its warm-up; so a
+workload that leaves the GPU idle between steps is not counted as holding
+it. The inference step is power-bound: its clock falls from boost in the
+warm-up to 1,550-1,750 MHz in a window, so that reads the lone process less
+busy than it is, and the notes add the GPU time its steps took in its
+window, each bracketed by events, which reads it busier (the gaps inside a
+step count); a pod's throughput is at its own clock); the GPU time the
+limiter charged each pod over the window, % of the window, from the daemon's
+status (charged_ns at its start and end): against the pod's share, how far
+its prices are from what its work took; what the elastic pods of a co-run
+GPU split at the window's end (in the notes where it is more than the GPU's
+time: the GPU idled while they used all they were given); and of the daemon
+over the window, from its /metrics scraped as the window starts and as it
+ends: the admission latency histogram's p50 and p99 (interpolated in its
+buckets as Prometheus does; bounds 50 us to 1 s), requests and timeouts; its
+CPU (utime + stime of /proc/PID/stat, % of one core) and its RSS at the end
+(VmRSS, MiB). An admission is a launch of a pod the daemon does not count as
+wanting the GPU yet that found its bucket empty: the daemon counts it in and
+answers with the budget its bucket holds, waiting at most 1 ms for some to
+refill; a pod whose bucket refills later is answered at once with none
+(counted in timeouts) and waits on its bucket. A pod that runs through the
+window stays counted and never asks, so the runs with the most pods end with
+returns: each pod, idle past the daemon's 200 ms of counting it, comes back
+for a 0.1 s burst, 4 times 0.4 s apart, the pods staggered over the period;
+the daemon's admissions and CPU over the returns are reported apart, and the
+p99 target is judged on the window's admissions and the returns' together.
+The daemons log at warn, their default. Also the SM clock and board power
+through the window, and two readings of GPU time that no clock moves, from
+NVML (nvidia-smi, every sample a second into the window and later): the
+GPU's utilisation (the share of the time a kernel ran) and each pod's SM %
+(`pmon`, its process's share). They are reported beside the throughput
+shares, not judged: a throughput share is a GPU-time share only where the
+clock is the lone process's, and where it is (the kernels hold 1,980 MHz)
+the two can be compared.
 Targets (PASS/FAIL columns): corun at N=16, aggregate >= 97% of one
 process; where the targets sum to at most 90% (the fixed caps), every pod
 within 1 pp of its cap; under the daemon at N=32, its CPU <= 5% of a core

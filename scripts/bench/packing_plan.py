@@ -106,8 +106,8 @@ def returns_phase(spec: Spec, counts) -> bool:
 
 def returns_s() -> float:
     """The returns' wall time, from their start to the last burst's end
-    (the last pod's last burst starts a period and less than another after
-    the first)."""
+    (the last pod's last burst starts less than RETURNS periods after the
+    first pod's first)."""
     return RETURNS * RETURN_PERIOD_S + RETURN_BURST_S
 
 
