@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The swap bench's pod program (scripts/bench/swap.py starts it, under the
-limiter but for `bandwidth`). It answers on stdout with one line
-`REPLY {json}` when ready and one per command read on stdin; anything else
-it prints is chatter.
+"""The swap bench's pod program (scripts/bench/swap.py; its harness,
+swap_bench.py, starts it, under the limiter but for `bandwidth`). It
+answers on stdout with one line `REPLY {json}` when ready and one per
+command read on stdin; anything else it prints is chatter.
 
   swap_pod.py bandwidth BYTES   pinned host->device and device->host copies of
                                 BYTES, GiB/s of 5 each; one reply, then it exits
