@@ -175,7 +175,8 @@ def returns_cell(returns: dict | None) -> str:
 
 def notes(runs, workloads) -> list[str]:
     """Per workload: the lone runs and their drift, and the SM clock and
-    power of every run; the runs whose workers were not all registered."""
+    power of every run; the runs whose pods did not all get through their
+    returns, and those whose workers were not all registered."""
     out = []
     for workload in workloads:
         rates = solo_rates(runs, workload)
