@@ -228,13 +228,15 @@ class Runner:
         for i, p in enumerate(procs):
             p.tell(f"returns {at + i * RETURN_PERIOD_S / len(procs)!r} {RETURNS} {RETURN_PERIOD_S!r}"
                    f" {RETURN_BURST_S!r}\n")
+        def through(p) -> bool:
+            return re.search(r"^returns=", p.text(), re.MULTILINE) is not None
+
         deadline = at + 2 * returns_s() + 1.0
         sleep_until(at + returns_s())
-        while time.monotonic() < deadline and not all(
-                re.search(r"^returns=", p.text(), re.MULTILINE) or not p.alive() for p in procs):
+        while time.monotonic() < deadline and not all(through(p) or not p.alive() for p in procs):
             time.sleep(0.05)
-        through = sum(bool(re.search(r"^returns=", p.text(), re.MULTILINE)) for p in procs)
-        return {"returns": RETURNS, "pods_through": through, **returns_figures(before, after, daemon.sample(False))}
+        return {"returns": RETURNS, "pods_through": sum(map(through, procs)),
+                **returns_figures(before, after, daemon.sample(False))}
 
     def run_once(self, spec: Spec, tag: str, budget_left: float) -> dict:
         """Starts the daemon (if the mode has one) and the N workers, waits
