@@ -22,7 +22,7 @@ use crate::shm::{self, Creation, ShmError, Trust};
 /// the name.
 pub const NODE_REGION: &str = "gpushare-node-v2";
 /// The priority table's name in `/dev/shm`, versioned as [`NODE_REGION`] is.
-pub const PRIORITY_REGION: &str = "gpushare-priority-v2";
+pub const PRIORITY_REGION: &str = "gpushare-priority-v3";
 /// Names the node's activity table in `/dev/shm` (an operator setting; a
 /// daemon and the limiters it serves must agree).
 pub const NODE_REGION_VARIABLE: &str = "GPUSHARE_NODE_REGION";

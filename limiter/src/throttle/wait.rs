@@ -110,6 +110,8 @@ impl Throttle {
         start: u64,
     ) -> u64 {
         bucket.waiting.fetch_add(1, Ordering::Relaxed);
+        // Where the GPU takes turns, the next pod uses this one's.
+        self.priority.pass_turn(device);
         let floor = cost.saturating_mul(RESUME_LAUNCHES).min(RESUME_MAX_NS) as i64;
         let mut now = start;
         loop {

@@ -13,6 +13,8 @@
 //! - per device and pod, a [`PodPriority`] slot of counters: how long the
 //!   pod's launches were held (batch) and its queueing delay (latency), which
 //!   the hypervisor reports;
+//! - per GPU (by UUID), a [`TurnLine`]: which pod's turn it is on a GPU
+//!   whose batch pods take turns, and each pod's stamp ([`turns`]);
 //! - per device, when a batch pod that latency work can wait behind last
 //!   launched there (`contended_at_ns`): an MPS client kept off the SMs
 //!   reserved for latency pods never waits for them and never stamps it, so
@@ -46,8 +48,9 @@ use crate::shm;
 
 /// First word of the priority table: `b"GPUSHPRI"` read as a little-endian u64.
 pub const PRIORITY_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHPRI");
-/// Version of the priority table's layout: 2 added the header (1 had none).
-pub const PRIORITY_VERSION: u32 = 2;
+/// Version of the priority table's layout: 2 added the header (1 had none),
+/// 3 the turn lines.
+pub const PRIORITY_VERSION: u32 = 3;
 /// Latency processes a device's line can count in flight: each counts
 /// itself once, and a node holds at most this many pods' processes.
 pub const MAX_IN_FLIGHT: u64 = (PODS_PER_DEVICE * MAX_PROCESSES) as u64;
@@ -141,12 +144,17 @@ pub struct PriorityTable {
     pub devices: [LatencyDevice; MAX_DEVICES],
     /// Per device, the counters of up to [`PODS_PER_DEVICE`] pods.
     pub pods: [[PodPriority; PODS_PER_DEVICE]; MAX_DEVICES],
+    /// Turns, one line per GPU that takes them (claimed by its UUID's key).
+    pub turns: [TurnLine; MAX_DEVICES],
 }
 
 const _: () = assert!(size_of::<LatencyDevice>() == 64);
 const _: () = assert!(size_of::<PodPriority>() == 64);
 const _: () = assert!(std::mem::offset_of!(PriorityTable, devices) == 64);
-const _: () = assert!(size_of::<PriorityTable>() == 64 + 64 * MAX_DEVICES * (1 + PODS_PER_DEVICE));
+const _: () = assert!(
+    size_of::<PriorityTable>()
+        == 64 + 64 * MAX_DEVICES * (1 + PODS_PER_DEVICE) + size_of::<TurnLine>() * MAX_DEVICES
+);
 
 /// The priority table's header.
 pub const PRIORITY_LAYOUT: TableLayout = TableLayout::new(
@@ -297,6 +305,39 @@ impl NodePriority {
             && self
                 .device(device)
                 .is_some_and(|line| line.contended(now_ns))
+    }
+
+    /// The turn line of the GPU whose [`uuid_key`] is `gpu`; `None` when no
+    /// line is the GPU's, or while the header is wrong.
+    ///
+    /// [`uuid_key`]: crate::limits::uuid_key
+    pub fn turn_line(&self, gpu: u64) -> Option<&'static TurnLine> {
+        if gpu == 0 || !self.is_sound() {
+            return None;
+        }
+        self.table
+            .turns
+            .iter()
+            .find(|line| line.gpu.load(Ordering::Acquire) == gpu)
+    }
+
+    /// The turn line of `gpu`, claimed when it has none; `None` when every
+    /// line is another GPU's (lines are never given back: a node has at
+    /// most [`MAX_DEVICES`] GPUs), or while the header is wrong.
+    pub fn claim_turn_line(&self, gpu: u64) -> Option<&'static TurnLine> {
+        if let Some(line) = self.turn_line(gpu) {
+            return Some(line);
+        }
+        if gpu == 0 || !self.is_sound() {
+            return None;
+        }
+        let claimed = self.table.turns.iter().find(|line| {
+            line.gpu
+                .compare_exchange(0, gpu, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        });
+        // Two claimers of one GPU: the first line that is its wins.
+        claimed.and_then(|_| self.turn_line(gpu))
     }
 
     /// `pod`'s slot on `device`, claimed (for `class`) when it has none;
@@ -515,3 +556,8 @@ impl PodPriority {
 
 #[cfg(test)]
 mod tests;
+mod turns;
+
+pub use turns::{
+    IDLE_NS, MAX_QUANTUM_US, TurnLine, TurnSlot, TurnStep, TurnView, WAIT_SLICE_NS, WANT_NS,
+};

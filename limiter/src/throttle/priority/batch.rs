@@ -9,6 +9,7 @@ use gpushare_utils::priority::NodePriority;
 use super::gate::{Gate, STARVATION_NS, gate};
 
 use super::{Priority, THREAD, Ticket, recorded, wait_until};
+use crate::context::Context;
 use crate::driver::Timing;
 use crate::sys::{CUevent, CUstream};
 
@@ -17,12 +18,21 @@ use crate::sys::{CUevent, CUstream};
 const IN_FLIGHT_WAIT_MAX_NS: u64 = 50_000_000;
 
 impl Priority {
-    /// A batch launch on `device` at `now`: free with no latency pod there;
-    /// else it waits for its window, and while the gate holds.
-    pub(super) fn before_batch(&self, device: usize, timing: Option<&Timing>, now: u64) -> Ticket {
-        let Some(table) = self.table(now, false) else {
+    /// A batch launch on `device` at `now`: first its pod's turn, where the
+    /// GPU takes turns; then free with no latency pod there; else it waits
+    /// for its window, and while the gate holds.
+    pub(super) fn before_batch(
+        &self,
+        ctx: &'static Context,
+        device: usize,
+        timing: Option<&Timing>,
+        now: u64,
+    ) -> Ticket {
+        // A process that sets turns itself makes the table if none is there.
+        let Some(table) = self.table(now, self.tuning.turn_us > 0) else {
             return Ticket::Free;
         };
+        let now = self.take_turn(ctx, table, device, now);
         if let Some(line) = table.device(device) {
             line.stamp_contended(now);
         }

@@ -63,6 +63,7 @@ mod gate;
 mod latency;
 mod predict;
 mod tuning;
+mod turns;
 mod watcher;
 
 use tuning::MAX_WINDOW;
@@ -190,6 +191,8 @@ pub(crate) struct Priority {
     /// the reserve its kernels already run beside theirs, and tracking
     /// would only cost it time.
     corun: OnceLock<CorunSms>,
+    /// Per device, this pod's seat where its GPU takes turns.
+    seats: turns::Seats,
 }
 
 impl Priority {
@@ -223,6 +226,7 @@ impl Priority {
             arrivals: [const { Arrivals::new() }; MAX_DEVICES],
             launched_at: [const { AtomicU64::new(0) }; MAX_DEVICES],
             corun: OnceLock::new(),
+            seats: turns::Seats::new(),
         }
     }
 
@@ -241,7 +245,7 @@ impl Priority {
     /// in classes: a class is configured, or the hypervisor gives them
     /// (`hypervised`: its limits are in force).
     pub(super) fn engaged(&self, hypervised: bool) -> bool {
-        !self.classes.is_empty() || hypervised
+        !self.classes.is_empty() || hypervised || self.tuning.turn_us > 0
     }
 
     /// Whether classes cannot matter to a launch at `now`, for a pod that is
@@ -260,7 +264,7 @@ impl Priority {
     /// microseconds, so where this is false launches read the precise clock.
     #[inline]
     pub(super) fn classless_locally(&self) -> bool {
-        self.table.get().is_none() && !self.latency_configured
+        self.table.get().is_none() && !self.latency_configured && self.tuning.turn_us == 0
     }
 
     /// The pod's class on `device`: the hypervisor's when it sets the
@@ -334,7 +338,7 @@ impl Priority {
         match self.class(ctx, launch.device) {
             PodClass::Latency => self.before_latency(ctx, launch),
             PodClass::Batch if self.corun.get() == Some(&CorunSms::OffReserve) => Ticket::Free,
-            PodClass::Batch => self.before_batch(launch.device, launch.timing, launch.now),
+            PodClass::Batch => self.before_batch(ctx, launch.device, launch.timing, launch.now),
         }
     }
 

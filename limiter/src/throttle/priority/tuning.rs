@@ -11,6 +11,11 @@ pub(super) const WINDOW_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_WINDOW";
 /// `1` (default) or `0`: whether a latency pod publishes when its next
 /// request is expected, for batch pods to be idle by then.
 pub(super) const PREDICT_VARIABLE: &str = "CUDA_LIMITER_PRIORITY_PREDICT";
+/// Without a hypervisor: milliseconds of a turn, 1 to 100, on the GPUs this
+/// process launches on, whose batch pods then take turns ([`super::turns`]);
+/// unset: the GPU's turns as the node's table says (none unless a daemon or
+/// another process set them). Under a hypervisor its `--turns-gpu` decides.
+pub(super) const TURN_VARIABLE: &str = "CUDA_LIMITER_TURN_MS";
 /// Most launches a batch thread may keep in flight next to a latency pod.
 pub(super) const MAX_WINDOW: usize = 8;
 
@@ -20,17 +25,20 @@ pub(crate) struct Tuning {
     pub hold_ns: u64,
     pub window: usize,
     pub predict: bool,
+    /// From [`TURN_VARIABLE`], µs; 0: unset.
+    pub turn_us: u32,
 }
 
 impl Tuning {
-    /// From [`HOLD_VARIABLE`], [`WINDOW_VARIABLE`] and [`PREDICT_VARIABLE`];
-    /// a bad value is a configuration error.
+    /// From [`HOLD_VARIABLE`], [`WINDOW_VARIABLE`], [`PREDICT_VARIABLE`] and
+    /// [`TURN_VARIABLE`]; a bad value is a configuration error.
     pub(crate) fn from_env() -> Result<Self, String> {
         let var = |name| std::env::var(name).ok();
         Self::from_values(
             var(HOLD_VARIABLE).as_deref(),
             var(WINDOW_VARIABLE).as_deref(),
             var(PREDICT_VARIABLE).as_deref(),
+            var(TURN_VARIABLE).as_deref(),
         )
     }
 
@@ -38,6 +46,7 @@ impl Tuning {
         hold_us: Option<&str>,
         window: Option<&str>,
         predict: Option<&str>,
+        turn_ms: Option<&str>,
     ) -> Result<Self, String> {
         let bad = |name: &str, text: &str, expected: &str| {
             format!("cuda-limiter: configuration error: {name}={text:?} is not {expected}")
@@ -68,10 +77,21 @@ impl Tuning {
                 return Err(bad(PREDICT_VARIABLE, predict.unwrap_or_default(), "0 or 1"));
             }
         };
+        let turn_us = match turn_ms {
+            None => 0,
+            Some(text) => text
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|ms| (1..=100).contains(ms))
+                .ok_or_else(|| bad(TURN_VARIABLE, text, "a number of ms from 1 to 100"))?
+                .saturating_mul(1_000),
+        };
         Ok(Self {
             hold_ns,
             window,
             predict,
+            turn_us,
         })
     }
 }
@@ -83,45 +103,50 @@ mod tests {
     #[test]
     fn tuning_defaults_and_bounds() {
         assert_eq!(
-            Tuning::from_values(None, None, None),
+            Tuning::from_values(None, None, None, None),
             Ok(Tuning {
                 hold_ns: DEFAULT_HOLD_NS,
                 window: 1,
                 predict: true,
+                turn_us: 0,
             })
         );
         assert_eq!(
-            Tuning::from_values(Some(" 50 "), Some("2"), Some(" 0")),
+            Tuning::from_values(Some(" 50 "), Some("2"), Some(" 0"), Some("5")),
             Ok(Tuning {
                 hold_ns: 50_000,
                 window: 2,
                 predict: false,
+                turn_us: 5_000,
             })
         );
         assert_eq!(
-            Tuning::from_values(None, None, Some("1")).map(|t| t.predict),
+            Tuning::from_values(None, None, Some("1"), None).map(|t| t.predict),
             Ok(true)
         );
-        for (hold, window, predict) in [
-            (Some("0"), None, None),
-            (Some("x"), None, None),
-            (None, Some("0"), None),
-            (None, Some("9"), None),
-            (None, None, Some("yes")),
-            (None, None, Some("")),
-            (None, None, Some("2")),
+        for (hold, window, predict, turn) in [
+            (Some("0"), None, None, None),
+            (Some("x"), None, None, None),
+            (None, Some("0"), None, None),
+            (None, Some("9"), None, None),
+            (None, None, Some("yes"), None),
+            (None, None, Some(""), None),
+            (None, None, Some("2"), None),
+            (None, None, None, Some("0")),
+            (None, None, None, Some("101")),
+            (None, None, None, Some("5ms")),
         ] {
             assert!(
-                Tuning::from_values(hold, window, predict).is_err(),
-                "{hold:?} {window:?} {predict:?}"
+                Tuning::from_values(hold, window, predict, turn).is_err(),
+                "{hold:?} {window:?} {predict:?} {turn:?}"
             );
         }
         assert_eq!(
-            Tuning::from_values(None, Some("many"), None),
+            Tuning::from_values(None, Some("many"), None, None),
             Err("cuda-limiter: configuration error: CUDA_LIMITER_PRIORITY_WINDOW=\"many\" is not a number of launches from 1 to 8".to_owned())
         );
         assert_eq!(
-            Tuning::from_values(None, None, Some("on")),
+            Tuning::from_values(None, None, Some("on"), None),
             Err("cuda-limiter: configuration error: CUDA_LIMITER_PRIORITY_PREDICT=\"on\" is not 0 or 1".to_owned())
         );
     }

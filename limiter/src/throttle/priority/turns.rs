@@ -1,0 +1,123 @@
+//! A batch launch on a GPU whose pods take turns waits for its pod's turn
+//! ([`gpushare_utils::priority::TurnLine`]): the GPU runs one pod's work at
+//! a time, for a few milliseconds, instead of switching between processes
+//! every few hundred microseconds.
+//!
+//! The GPU's line in the node's priority table is found by its UUID's key
+//! (a container's device 0 is any of the node's GPUs). Under a hypervisor,
+//! its `--turns-gpu` sets which GPUs take turns; without one,
+//! [`super::tuning::TURN_VARIABLE`] does, for the GPUs this process
+//! launches on. A pod out of budget passes its turn on: it cannot use it.
+
+use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
+
+use gpushare_utils::bucket::monotonic_ns;
+use gpushare_utils::limits::uuid_key;
+use gpushare_utils::priority::{NodePriority, TurnLine, TurnStep};
+
+use super::Priority;
+use crate::context::Context;
+
+/// Longest a launch waits for its turn: past it, the launch goes (the turn
+/// is a way to share the GPU, not a limit; its budget still holds).
+const TURN_WAIT_MAX_NS: u64 = 1_000_000_000;
+
+/// A device's turn line and this pod's slot on it.
+#[derive(Clone, Copy)]
+pub(super) struct Seat {
+    line: &'static TurnLine,
+    slot: usize,
+}
+
+/// Per device: the seat once found; until then, when to look again.
+pub(super) struct Seats {
+    found: [OnceLock<Seat>; gpushare_utils::MAX_DEVICES],
+    look_again_at_ns: [std::sync::atomic::AtomicU64; gpushare_utils::MAX_DEVICES],
+}
+
+impl Seats {
+    pub(super) const fn new() -> Self {
+        Self {
+            found: [const { OnceLock::new() }; gpushare_utils::MAX_DEVICES],
+            look_again_at_ns: [const { std::sync::atomic::AtomicU64::new(0) };
+                gpushare_utils::MAX_DEVICES],
+        }
+    }
+}
+
+impl Priority {
+    /// Waits for this pod's turn on `device`, where its GPU takes turns, and
+    /// returns the time then; returns `now` at once elsewhere (a load, once
+    /// the GPU's line is known: its quantum).
+    pub(super) fn take_turn(
+        &self,
+        ctx: &'static Context,
+        table: &NodePriority,
+        device: usize,
+        now: u64,
+    ) -> u64 {
+        let Some(seat) = self.seat(ctx, table, device, now) else {
+            return now;
+        };
+        let deadline = now.saturating_add(TURN_WAIT_MAX_NS);
+        let mut at = now;
+        loop {
+            match seat.line.take(seat.slot, at) {
+                TurnStep::Go => return at,
+                TurnStep::Wait { wake, until_ns } => {
+                    seat.line.wait(wake, until_ns.min(deadline));
+                }
+            }
+            at = monotonic_ns();
+            if at >= deadline {
+                tracing::debug!(device, "launch waited its longest for a turn");
+                return at;
+            }
+        }
+    }
+
+    /// This pod cannot launch on `device` for a while (no budget): hands its
+    /// turn there, if it holds one, to the next pod that wants one.
+    pub(crate) fn pass_turn(&self, device: usize) {
+        if let Some(seat) = self.seats.found.get(device).and_then(OnceLock::get) {
+            seat.line.pass(seat.slot, monotonic_ns());
+        }
+    }
+
+    /// This pod's seat on `device`'s turn line: found by the GPU's UUID (and
+    /// claimed, with the quantum of [`super::tuning::TURN_VARIABLE`], by a
+    /// process that sets it without a hypervisor), or `None` (looked for
+    /// again at most every [`super::LOOK_AGAIN_NS`]).
+    fn seat(
+        &self,
+        ctx: &'static Context,
+        table: &NodePriority,
+        device: usize,
+        now: u64,
+    ) -> Option<Seat> {
+        let cell = self.seats.found.get(device)?;
+        if let Some(seat) = cell.get() {
+            return Some(*seat);
+        }
+        let look_again = self.seats.look_again_at_ns.get(device)?;
+        if now < look_again.load(Ordering::Relaxed) {
+            return None;
+        }
+        look_again.store(now.saturating_add(super::LOOK_AGAIN_NS), Ordering::Relaxed);
+        let gpu = uuid_key(&ctx.driver()?.device_uuid(i32::try_from(device).ok()?)?);
+        let local_quantum = self.tuning.turn_us;
+        let line = if local_quantum > 0 && ctx.hypervisor_limits().is_none() {
+            let line = table.claim_turn_line(gpu)?;
+            if line.quantum_us.load(Ordering::Relaxed) != local_quantum {
+                line.set_quantum_us(local_quantum);
+            }
+            line
+        } else {
+            table.turn_line(gpu)?
+        };
+        let slot = line.slot(self.pod_key, now)?;
+        tracing::debug!(device, slot, "turn line found");
+        Some(*cell.get_or_init(|| Seat { line, slot }))
+    }
+}

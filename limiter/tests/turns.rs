@@ -1,0 +1,90 @@
+//! Turns on the driver double: two batch pods on one GPU that takes turns
+//! (`CUDA_LIMITER_TURN_MS`, without a hypervisor) launch one pod at a time.
+//! The double keeps one timeline per process, so each pod's device idles
+//! through the other's turns: each is busy about half the run, in stretches
+//! of turns, and the node's turn line counts the handovers. The same pods
+//! without turns keep their devices busy all along.
+
+mod common;
+
+use common::{Pod, class_probe, number, output_lines, serial};
+use gpushare_utils::limits::uuid_key;
+use gpushare_utils::node_table::TableAccess;
+use gpushare_utils::priority::NodePriority;
+
+/// Each pod launches 200 µs kernels for this long.
+const RUN_MS: &str = "600";
+
+struct Ran {
+    /// Per pod: its device's busy share of the run (per mille), the
+    /// stretches it idled for 1 ms or more, and its wait for a CPU (ns).
+    pods: Vec<(i64, usize, i64)>,
+    handovers: u64,
+}
+
+/// Two batch pods sharing node tables, run at once with `env`.
+fn run_pair(env: &[(&str, &str)]) -> Ran {
+    let (a, b) = (Pod::new("turns-a"), Pod::new("turns-b"));
+    let node = format!("gpushare-node-test-{}", a.0);
+    let priority = format!("gpushare-priority-test-{}", a.0);
+    let args = ["run", "kernel", "200", RUN_MS, "idle", "1000"];
+    let children: Vec<_> = [&a, &b]
+        .iter()
+        .map(|pod| {
+            // At most 4 kernels queued, as a real GPU's launch queue
+            // would fill: the device idles once its pod stops launching.
+            class_probe(pod, &node, &priority, "batch", &args)
+                .env("GPUSHARE_DOUBLE_QUEUE_DEPTH", "4")
+                .envs(env.iter().copied())
+                .spawn()
+                .expect("probe")
+        })
+        .collect();
+    let pods = children
+        .into_iter()
+        .map(|child| {
+            let lines = output_lines(child);
+            let run = lines
+                .iter()
+                .find(|line| line.starts_with("run "))
+                .unwrap_or_else(|| panic!("{lines:?}"));
+            let idle = common::line_field(&lines, "idle ", "at");
+            let stretches = idle.split(',').filter(|span| !span.is_empty()).count();
+            (number(run, "share_pm"), stretches, number(run, "delay_ns"))
+        })
+        .collect();
+    let handovers = NodePriority::open_named(&priority, &TableAccess::managed(None))
+        .ok()
+        .and_then(|table| {
+            let gpu = uuid_key(&gpushare_examples::uuid(0));
+            Some(table.turn_line(gpu)?.view(0).handovers)
+        })
+        .unwrap_or(0);
+    Ran { pods, handovers }
+}
+
+#[test]
+fn batch_pods_of_a_gpu_that_takes_turns_launch_one_at_a_time() {
+    let _serial = serial();
+    let turns = run_pair(&[("CUDA_LIMITER_TURN_MS", "5")]);
+    let context = format!("{:?}, {} handovers", turns.pods, turns.handovers);
+    // 600 ms in turns of 5 ms: about 60 handovers; each pod idles through
+    // the other's turns, each a stretch of about 5 ms.
+    assert!(turns.handovers >= 20, "{context}");
+    for &(share_pm, stretches, _) in &turns.pods {
+        assert!(share_pm <= 750, "busy beside the other's turns: {context}");
+        assert!(stretches >= 15, "{context}");
+    }
+    // Turns hand over promptly: together the pods kept a device busy most
+    // of the run, less what a loaded machine took from them.
+    let busy: i64 = turns.pods.iter().map(|pod| pod.0).sum();
+    let delayed_pm = turns.pods.iter().map(|pod| pod.2).max().unwrap_or(0) / 600_000;
+    assert!(busy + delayed_pm >= 700, "{context}");
+
+    let free = run_pair(&[]);
+    let context = format!("{:?}, {} handovers", free.pods, free.handovers);
+    assert_eq!(free.handovers, 0, "{context}");
+    for &(share_pm, _, delay_ns) in &free.pods {
+        assert!(share_pm + delay_ns / 600_000 >= 850, "{context}");
+    }
+}
