@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use hypervisor::node::{Node, NodeSpec};
 use hypervisor_core::config;
 use hypervisor_core::node_tables::NodeTableNames;
+use hypervisor_core::turns::TurnArgs;
 use hypervisor_corun::CorunArgs;
 use hypervisor_daemon::Options;
 use hypervisor_daemon::status::{Status, render_table};
@@ -47,6 +48,8 @@ enum Cmd {
         gpus: ObserverArgs,
         #[command(flatten)]
         corun: CorunArgs,
+        #[command(flatten)]
+        turns: TurnArgs,
         #[command(flatten)]
         kubernetes: Box<KubeArgs>,
     },
@@ -257,6 +260,7 @@ fn main() {
             metrics_listen,
             gpus,
             corun,
+            turns,
             kubernetes,
         } => serve(
             config,
@@ -267,6 +271,7 @@ fn main() {
             },
             &gpus,
             &corun,
+            &turns,
             &kubernetes,
         ),
         Cmd::Status { addr, json } => status(&addr, json),
@@ -310,6 +315,7 @@ fn serve(
     at: Where,
     gpus: &ObserverArgs,
     corun: &CorunArgs,
+    turns: &TurnArgs,
     kube: &KubeArgs,
 ) -> anyhow::Result<()> {
     gpushare_utils::logging::init("HYPERVISOR_LOG");
@@ -344,10 +350,9 @@ fn serve(
     let observer = gpus.observer().context(
         "NVML is not available (no NVIDIA driver here?); --simulate-gpus N runs without it",
     )?;
-    let corun = corun.options(
-        &observer.gpus().context("cannot list the GPUs")?,
-        kube.kubernetes,
-    )?;
+    let listed = observer.gpus().context("cannot list the GPUs")?;
+    let corun = corun.options(&listed, kube.kubernetes)?;
+    let turns = turns.options(&listed, corun.as_ref())?;
     let kubernetes = if kube.kubernetes {
         Some(kube.options(at.socket.as_deref())?)
     } else {
@@ -374,6 +379,9 @@ fn serve(
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let bound = Node::bind(spec).await?;
+        if let Some(turns) = &turns {
+            bound.hypervisor().set_turn_gpus(turns);
+        }
         // One line each on stdout, for scripts and tests that asked for port 0.
         println!("hypervisor listening on {}", bound.addr());
         if let Some(socket) = &at.socket {

@@ -242,6 +242,11 @@ impl Node {
 }
 
 impl BoundNode {
+    /// The state, to set before the API is served.
+    pub fn hypervisor(&self) -> &Hypervisor {
+        &self.hv
+    }
+
     /// The API's TCP address.
     pub fn addr(&self) -> SocketAddr {
         self.addr

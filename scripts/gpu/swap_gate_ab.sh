@@ -27,7 +27,7 @@ cap = 50
 TOML
 # The node tables the daemon makes go with it, unless they were there.
 made_tables=()
-for table in gpushare-node-v2 gpushare-priority-v2; do
+for table in gpushare-node-v2 gpushare-priority-v3; do
   [[ -e /dev/shm/$table ]] || made_tables+=("/dev/shm/$table")
 done
 HYPERVISOR_LOG=info "$BUNDLE/hypervisor" serve --config "$WORK/hypervisor.toml" >"$WORK/hypervisor.out" 2>"$WORK/hypervisor.log" &

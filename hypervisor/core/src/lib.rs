@@ -8,7 +8,8 @@
 //! - [`region`]: each pod's ledger and read-only limits object in
 //!   `/dev/shm`, and the removal of anything planted at their names
 //!   ([`region::squat`]); [`node_tables`]: the node-wide activity and
-//!   priority tables the limiters read; [`priority`]: the classes' status.
+//!   priority tables the limiters read; [`priority`]: the classes' status;
+//!   [`turns`]: which GPUs' batch pods take turns (their flags too).
 //! - [`scheduler`]: pods applied from a spec list, the 10 ms tick that sets
 //!   each bucket's rate, admission of launches that found no budget.
 //! - [`workers`]: the limited processes registered with the daemon;
@@ -26,4 +27,5 @@ pub mod priority;
 pub mod region;
 pub mod scheduler;
 pub mod spec;
+pub mod turns;
 pub mod workers;

@@ -1,6 +1,6 @@
 //! The node-wide tables every limited process maps: activity (which pods
 //! launch on each GPU) and priority (latency pods' lines, each pod's held
-//! time and queueing delay). The hypervisor is their one creator: it makes
+//! time and queueing delay, each GPU's turns). The hypervisor is their one creator: it makes
 //! them at start with `O_EXCL|O_NOFOLLOW`, owner and mode of the pods'
 //! regions (`region_uid`, `region_gid`, `region_mode`), and limiters under
 //! it only open them, after checking owner, mode and size
@@ -21,7 +21,9 @@
 //! given another owner or mode is made again, at most [`MAX_REMAKES`] times
 //! (each leaves the old mapping in this process: tables are never unmapped).
 //! Each repair is logged and counted ([`NodeTables::repairs`],
-//! `gpushare_node_table_repairs_total` in `/metrics`).
+//! `gpushare_node_table_repairs_total` in `/metrics`). The same check sets
+//! the turn lines as the daemon's [`TurnPlan`] says (pods may write them
+//! too).
 
 use std::os::unix::fs::MetadataExt;
 
@@ -31,6 +33,7 @@ use gpushare_utils::priority::NodePriority;
 use gpushare_utils::shm::{self, Creation};
 
 use crate::config::RegionOptions;
+use crate::turns::TurnPlan;
 
 /// Where the tables live (the daemon's: `GPUSHARE_NODE_REGION`,
 /// `GPUSHARE_PRIORITY_REGION` or the defaults).
@@ -42,8 +45,8 @@ pub enum TableKind {
     /// Which pods launch on each GPU (`/dev/shm/gpushare-node-v2`), read by
     /// elastic pods to take idle time.
     Activity,
-    /// Latency pods' lines and each pod's held time and queueing delay
-    /// (`/dev/shm/gpushare-priority-v2`).
+    /// Latency pods' lines, each pod's held time and queueing delay, and
+    /// each GPU's turns (`/dev/shm/gpushare-priority-v3`).
     Priority,
 }
 
@@ -103,6 +106,8 @@ pub struct NodeTables {
     /// How they were made, to check them (none for [`NodeTables::none`]).
     made: Option<Made>,
     repairs: Repairs,
+    /// Which GPUs take turns: set in the priority table at every check.
+    turns: TurnPlan,
 }
 
 /// How this hypervisor made its tables, and which objects it made.
@@ -151,6 +156,7 @@ impl NodeTables {
                 objects: [object(activity_inode), object(priority_inode)],
             }),
             repairs: Repairs::default(),
+            turns: TurnPlan::default(),
         }
     }
 
@@ -161,12 +167,28 @@ impl NodeTables {
             priority: None,
             made: None,
             repairs: Repairs::default(),
+            turns: TurnPlan::default(),
         }
+    }
+
+    /// From now on, the priority table's turn lines say what `plan` says:
+    /// set now, and again at every [`Self::check`].
+    pub fn set_turns(&mut self, plan: TurnPlan) {
+        self.turns = plan;
+        if let Some(priority) = &self.priority {
+            self.turns.apply(priority);
+        }
+    }
+
+    /// Which GPUs take turns.
+    pub fn turns(&self) -> &TurnPlan {
+        &self.turns
     }
 
     /// Checks both tables (maintenance, every second): rewrites a wrong
     /// header in place, makes again a table shrunk, removed, replaced or
-    /// given another owner or mode; logs and counts each repair.
+    /// given another owner or mode; logs and counts each repair. Then sets
+    /// the turn lines as the [`TurnPlan`] says.
     pub fn check(&mut self) {
         let Some(made) = &mut self.made else {
             return;
@@ -189,6 +211,9 @@ impl NodeTables {
             &mut self.priority,
         ) {
             self.repairs.count(TableKind::Priority);
+        }
+        if let Some(priority) = &self.priority {
+            self.turns.apply(priority);
         }
     }
 
@@ -551,5 +576,57 @@ mod tests {
         assert_ne!(stat(&names.0.activity).ino(), meta.ino());
         assert_eq!(stat(&names.0.activity).len(), ACTIVITY_LAYOUT.size);
         assert_eq!(tables.repairs().activity, 2);
+    }
+
+    #[test]
+    fn the_check_sets_the_turn_lines_again_in_a_table_written_or_made_again() {
+        use crate::turns::{TurnOptions, TurnPlan};
+        use gpushare_utils::limits::uuid_key;
+        use gpushare_utils::priority::TurnLine;
+        use hypervisor_observer::{GpuObserver, SimulatedGpus};
+
+        let names = Names::new("turns");
+        let mut tables = NodeTables::create(&names.0, &pods_regions());
+        let gpus = SimulatedGpus::new(2).gpus().expect("gpus");
+        let options = TurnOptions {
+            gpus: vec![gpus[1].uuid.clone()],
+            quantum_us: 4_000,
+        };
+        tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
+        let quantum = |tables: &NodeTables, gpu: usize| {
+            let priority = tables.priority.as_ref().expect("priority");
+            priority
+                .turn_line(uuid_key(&gpus[gpu].uuid))
+                .map(TurnLine::quantum_ns)
+        };
+        assert_eq!(
+            (quantum(&tables, 0), quantum(&tables, 1)),
+            (None, Some(4_000_000))
+        );
+
+        // A pod drops GPU 1's turns and makes GPU 0 take some.
+        let priority = tables.priority.as_ref().expect("priority");
+        priority
+            .turn_line(uuid_key(&gpus[1].uuid))
+            .expect("line")
+            .set_quantum_us(0);
+        priority
+            .claim_turn_line(uuid_key(&gpus[0].uuid))
+            .expect("line")
+            .set_quantum_us(9_000);
+        tables.check();
+        assert_eq!(
+            (quantum(&tables, 0), quantum(&tables, 1)),
+            (Some(0), Some(4_000_000))
+        );
+
+        // Removed: made again, its line claimed again.
+        shm::unlink(&names.0.priority).expect("unlink");
+        tables.check();
+        assert_eq!(tables.repairs().priority, 1);
+        assert_eq!(
+            (quantum(&tables, 0), quantum(&tables, 1)),
+            (None, Some(4_000_000))
+        );
     }
 }

@@ -40,6 +40,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use gpushare_utils::ledger::MAX_DEVICES;
+use gpushare_utils::node_table::pod_key;
 use gpushare_utils::pod::PodId;
 use gpushare_utils::protocol::PodGpuLimits;
 use tokio::sync::Notify;
@@ -49,6 +50,7 @@ use crate::fairshare::Allotment;
 use crate::node_tables::NodeTables;
 use crate::region::{PodRegion, RegionError};
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
+use crate::turns::{GpuTurns, TurnOptions, TurnPlan};
 use hypervisor_corun::CorunOptions;
 use hypervisor_observer::GpuInfo;
 
@@ -214,6 +216,23 @@ impl Scheduler {
     /// ([`NodeTables::check`]).
     pub fn check_tables(&mut self) {
         self.tables.check();
+    }
+
+    /// Batch pods take turns on `options`' GPUs of the node, and on no
+    /// other ([`NodeTables::set_turns`]).
+    pub fn set_turns(&mut self, options: Option<&TurnOptions>) {
+        self.tables.set_turns(TurnPlan::new(&self.gpus, options));
+    }
+
+    /// Each GPU's turns, as the priority table says now; a holder by the id
+    /// of the pod it is.
+    pub fn turns_status(&self) -> Vec<GpuTurns> {
+        let pod = |key| self.pods.keys().find(|id| pod_key(id) == key).cloned();
+        self.tables.turns().status(
+            self.tables.priority.as_ref(),
+            gpushare_utils::clock::monotonic_ns(),
+            pod,
+        )
     }
 
     /// Co-run mode: each tick gives the pods of `options`' GPUs the share of

@@ -57,11 +57,7 @@ impl CorunArgs {
         }
         let mut uuids: Vec<String> = Vec::new();
         for named in &self.corun_gpus {
-            let found = match named.parse::<u32>() {
-                Ok(index) => gpus.iter().find(|g| g.index == index),
-                Err(_) => gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(named)),
-            };
-            let uuid = found
+            let uuid = GpuInfo::find(gpus, named)
                 .map(|g| g.uuid.clone())
                 .ok_or_else(|| CorunError::UnknownGpu(named.clone()))?;
             let pipe = pipe_dir(&self.corun_dir, &uuid);

@@ -100,6 +100,9 @@ impl Hypervisor {
         let now = Instant::now();
         let tables = NodeTables::create(&options.node_tables, &options.config.regions);
         let mut scheduler = Scheduler::new(gpus, options.config.regions, tables);
+        // No GPU takes turns until told ([`Hypervisor::set_turn_gpus`]),
+        // whatever a pod wrote.
+        scheduler.set_turns(None);
         let report = scheduler.apply(options.config.pods.clone(), now);
         log_report(&report);
         let config_stamp = options.config_path.as_deref().and_then(stamp);

@@ -236,6 +236,7 @@ pub fn render(status: &Status) -> String {
     render_priority(&mut x, status);
     render_node_tables(&mut x, status);
     render_corun(&mut x, status);
+    render_turns(&mut x, status);
     render_swap(&mut x, status);
     let process_sm = x.family(
         "gpushare_process_sm_utilization_ratio",
@@ -416,6 +417,32 @@ fn render_corun(x: &mut Exposition, status: &Status) {
     }
 }
 
+/// Per GPU whose batch pods take turns: a turn's length, the pods that want
+/// one and the turns handed over.
+fn render_turns(x: &mut Exposition, status: &Status) {
+    let quantum = x.family(
+        "gpushare_gpu_turn_seconds",
+        "gauge",
+        "How long a batch pod's turn lasts on the GPU, as its line of the priority table says (0: no turns).",
+    );
+    let wanting = x.family(
+        "gpushare_gpu_turn_wanting_pods",
+        "gauge",
+        "Batch pods that want a turn on the GPU.",
+    );
+    let handovers = x.family(
+        "gpushare_gpu_turn_handovers_total",
+        "counter",
+        "Turns handed from one batch pod to another on the GPU.",
+    );
+    for gpu in status.turns.iter().filter(|g| g.takes_turns) {
+        let labels = format!("gpu=\"{}\"", escape(&gpu.gpu));
+        x.sample(quantum, "", &labels, gpu.quantum_us as f64 / 1e6);
+        x.sample(wanting, "", &labels, gpu.wanting);
+        x.sample(handovers, "", &labels, gpu.handovers);
+    }
+}
+
 /// Pods swapped to host memory: how many, their bytes there, and the swaps
 /// done, failed and the time they took.
 fn render_swap(x: &mut Exposition, status: &Status) {
@@ -540,6 +567,19 @@ mod tests {
             "gpushare_gpu_healthy{{gpu=\"{}\",index=\"1\"}} 0",
             gpus[1].uuid
         )));
+    }
+
+    #[test]
+    fn turns_gpus_have_their_turn_and_handovers() {
+        let text = render(&crate::status::tests::with_turns("trainer"));
+        for sample in [
+            "gpushare_gpu_turn_seconds{gpu=\"GPU-0\"} 0.005",
+            "gpushare_gpu_turn_wanting_pods{gpu=\"GPU-0\"} 2",
+            "gpushare_gpu_turn_handovers_total{gpu=\"GPU-0\"} 41",
+        ] {
+            assert!(text.lines().any(|line| line == sample), "{sample}: {text}");
+        }
+        assert!(!text.contains("{gpu=\"GPU-1\"}"), "{text}");
     }
 
     #[test]

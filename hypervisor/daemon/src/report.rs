@@ -54,6 +54,7 @@ impl Hypervisor {
                 .map(|board| board.snapshot())
                 .unwrap_or_default(),
             node_table_repairs: core.scheduler.tables().repairs(),
+            turns: core.scheduler.turns_status(),
             swap: crate::status::SwapStatus {
                 totals: self.swap_board().totals(),
                 pods: self.swap_board().pods(),

@@ -14,6 +14,7 @@ use crate::timer::PreciseTimer;
 use hypervisor_core::config::{MemoryCapacity, Settings};
 use hypervisor_core::scheduler::Scheduler;
 use hypervisor_core::spec::Token;
+use hypervisor_core::turns::TurnOptions;
 use hypervisor_core::workers::Workers;
 use hypervisor_corun::{CorunOptions, MpsBoard};
 use hypervisor_observer::{GpuObserver, ProcessUtilization, Unhealthy};
@@ -96,6 +97,12 @@ impl Hypervisor {
     /// limits, what share of the SMs their next MPS client takes.
     pub fn set_corun_gpus(&self, options: &CorunOptions) {
         self.core().scheduler.set_corun(options.clone());
+    }
+
+    /// Batch pods take turns on `options`' GPUs, and on no other GPU of the
+    /// node: the priority table's turn lines say so from now on.
+    pub fn set_turn_gpus(&self, options: &TurnOptions) {
+        self.core().scheduler.set_turns(Some(options));
     }
 
     /// What the daemon still waits for; empty: ready.

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use serde::{Deserialize, Serialize};
 
 use hypervisor_core::scheduler::PodStatus;
+use hypervisor_core::turns::GpuTurns;
 use hypervisor_corun::{CorunGpuStatus, MpsState};
 use hypervisor_observer::GpuInfo;
 
@@ -73,6 +74,10 @@ pub struct Status {
     /// ever swapped.
     #[serde(default)]
     pub swap: SwapStatus,
+    /// Per GPU of the node: whether its batch pods take turns, and whose
+    /// turn it is.
+    #[serde(default)]
+    pub turns: Vec<GpuTurns>,
 }
 
 /// The swap part of the status.
@@ -92,6 +97,13 @@ impl Status {
         self.workers.retain(|w| w.pod == pod);
         self.swap.pods.retain(|id, _| id == pod);
         self.processes.retain(|p| p.pod.as_deref() == Some(pod));
+        // Whose turn it is, where it is the pod's own.
+        for gpu in &mut self.turns {
+            if gpu.holder.as_deref() != Some(pod) {
+                gpu.holder = None;
+                gpu.holder_key = 0;
+            }
+        }
         self
     }
 }
@@ -180,6 +192,7 @@ pub fn render_table(status: &Status) -> String {
     render_spill(&mut out, status);
     render_priority(&mut out, status);
     render_corun(&mut out, status);
+    render_turns(&mut out, status);
     let _ = writeln!(out, "\nWORKERS");
     let _ = writeln!(out, "{:<48} {:<20} {:>8}  LAST COMMAND", "ID", "POD", "PID");
     for w in &status.workers {
@@ -337,6 +350,38 @@ fn render_corun(out: &mut String, status: &Status) {
     }
 }
 
+/// GPUs whose batch pods take turns: a turn's length, whose turn it is,
+/// how many pods want one and the turns handed over.
+fn render_turns(out: &mut String, status: &Status) {
+    let gpus: Vec<_> = status.turns.iter().filter(|g| g.takes_turns).collect();
+    if gpus.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nTURNS");
+    let _ = writeln!(
+        out,
+        "{:<42} {:>3} {:>8} {:<20} {:>7} {:>10}",
+        "GPU", "IDX", "TURN", "HOLDER", "WANTING", "HANDOVERS"
+    );
+    for gpu in gpus {
+        let holder = match (&gpu.holder, gpu.holder_key) {
+            (Some(pod), _) => pod.clone(),
+            (None, 0) => "-".to_owned(),
+            (None, key) => format!("{key:016x}"),
+        };
+        let _ = writeln!(
+            out,
+            "{:<42} {:>3} {:>5} ms {:<20} {:>7} {:>10}",
+            gpu.gpu,
+            gpu.index,
+            gpu.quantum_us as f64 / 1e3,
+            holder,
+            gpu.wanting,
+            gpu.handovers
+        );
+    }
+}
+
 /// Pods under priority classes: class, time held, queueing delay.
 fn render_priority(out: &mut String, status: &Status) {
     let pods: Vec<_> = status
@@ -376,7 +421,7 @@ fn render_priority(out: &mut String, status: &Status) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -385,5 +430,57 @@ mod tests {
         assert_eq!(bytes(4 << 30), "4.0 GiB");
         assert_eq!(share(0), "unlimited");
         assert_eq!(share(250_000), "25.0%");
+    }
+
+    /// A node of two GPUs, the first taking turns of 5 ms held by `holder`.
+    pub(crate) fn with_turns(holder: &str) -> Status {
+        let gpu = |index: u32, quantum_us: u64, holder: Option<&str>| GpuTurns {
+            gpu: format!("GPU-{index}"),
+            index,
+            takes_turns: quantum_us > 0,
+            quantum_us,
+            holder: holder.map(str::to_owned),
+            holder_key: holder.map_or(0, gpushare_utils::node_table::pod_key),
+            wanting: 2,
+            handovers: 41,
+        };
+        Status {
+            instance: String::new(),
+            version: String::new(),
+            gpus: Vec::new(),
+            pods: Vec::new(),
+            workers: Vec::new(),
+            processes: Vec::new(),
+            admission: LatencySnapshot::default(),
+            corun: Vec::new(),
+            node_table_repairs: Default::default(),
+            swap: SwapStatus::default(),
+            turns: vec![gpu(0, 5_000, Some(holder)), gpu(1, 0, None)],
+        }
+    }
+
+    #[test]
+    fn the_turns_table_names_the_holder_to_the_node_and_to_the_holder_alone() {
+        let status = with_turns("trainer");
+        let table = render_table(&status);
+        let row = table
+            .lines()
+            .skip_while(|line| *line != "TURNS")
+            .nth(2)
+            .expect("a row");
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["GPU-0", "0", "5", "ms", "trainer", "2", "41"]
+        );
+        assert!(!table.contains("GPU-1 "), "{table}");
+
+        let own = status.clone().of_pod("trainer");
+        assert_eq!(own.turns[0].holder.as_deref(), Some("trainer"));
+        let other = status.of_pod("other");
+        assert_eq!(
+            (other.turns[0].holder.as_deref(), other.turns[0].holder_key),
+            (None, 0)
+        );
+        assert_eq!(other.turns[0].handovers, 41);
     }
 }

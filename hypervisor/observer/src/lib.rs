@@ -31,6 +31,17 @@ pub struct GpuInfo {
     pub memory_used: u64,
 }
 
+impl GpuInfo {
+    /// The GPU of `gpus` that `named` names, as a flag or a command does:
+    /// its index, or its UUID in any case.
+    pub fn find<'a>(gpus: &'a [GpuInfo], named: &str) -> Option<&'a GpuInfo> {
+        match named.parse::<u32>() {
+            Ok(index) => gpus.iter().find(|g| g.index == index),
+            Err(_) => gpus.iter().find(|g| g.uuid.eq_ignore_ascii_case(named)),
+        }
+    }
+}
+
 /// One process's recent use of one GPU, in percent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ProcessUtilization {

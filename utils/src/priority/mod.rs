@@ -1,7 +1,7 @@
 //! Priority classes across the pods of a node: which GPUs have a latency pod
 //! with work in flight, and what the classes cost each pod.
 //!
-//! A node-wide shared-memory table (`/dev/shm/gpushare-priority-v2`): a
+//! A node-wide shared-memory table (`/dev/shm/gpushare-priority-v3`): a
 //! [`TableHeader`], then zero-filled when empty like the activity table
 //! ([`crate::activity`]):
 //! - per device, one [`LatencyDevice`] line: when a latency pod last
