@@ -1,16 +1,19 @@
 """Dense packing on a real GPU: N pods on GPU 0, each one process under the
-limiter and registered with the daemon, time-sliced and co-run (MPS), beside
-the same N processes without the limiter and one process alone, in one run.
-Results: a Markdown table on stdout and in OUT/packing-bench.md, every pod's
-throughput of every run in OUT/packing-bench.json, the workers' and the
-daemons' logs in OUT/logs.
+limiter and registered with the daemon, time-sliced (also taking turns) and
+co-run (MPS), beside the same N processes without the limiter and one
+process alone, in one run. Results: Markdown tables (by mode, and of every
+run) on stdout and in OUT/packing-bench.md, every pod's throughput of every
+run in OUT/packing-bench.json, the workers' and the daemons' logs in
+OUT/logs.
 
   python3 -m scripts.bench packing --bundle DIR [--out DIR] [--counts 1,4,8,16,32] [--seconds 5]
-          [--modes timeslice,corun] [--workloads kernels,infer] [--budget-s 420] [--mps-control PATH]
+          [--modes timeslice,turns,corun] [--turn-ms 5] [--workloads kernels,infer] [--budget-s 560]
+          [--mps-control PATH]
 
-About 7 minutes with the defaults on an H100: 32 runs, each a 5 s window
+About 9 minutes with the defaults on an H100: 42 runs, each a 5 s window
 and its start (3 to 20 s: the most for 32 PyTorch processes under MPS); the
-estimate is printed at the start and each run's wall time in the JSON.
+estimate (about 590 s) is printed at the start and each run's wall time in
+the JSON.
 --budget-s bounds the whole run: a run whose estimate no longer fits is
 skipped and its row says so. The runs go the largest N first and the
 second lone runs last, so a short budget skips those and the fewest pods.
@@ -43,6 +46,9 @@ Runs, per workload:
                section and token for each in its config), GPU 0
                time-sliced; each pod a fixed cap of floor(90/N)% (the
                config takes whole percents: caps that sum to at most 90%)
+  turns        as timeslice, and the daemon with `--turns-gpu 0 --turn-ms
+               Q` (Q: --turn-ms, default 5): GPU 0's pods take turns, one
+               pod launching at a time, for a turn of Q ms
   corun        the daemon with `--corun-gpu 0` (it runs GPU 0's MPS control
                daemon), the N pods elastic with weight 1; their processes
                are its MPS clients with the variables its provisioning
@@ -58,15 +64,19 @@ A new daemon for every run: its CPU and memory are that run's alone.
 Per run: the aggregate throughput (the pods' sum over the lone process's),
 each pod's share of the GPU's time against its target (its cap, else its
 weight's fair share of the GPU, 100/N%) with the largest deviation and the
-spread (a pod's share: its throughput over the lone process's, times the GPU
-time the lone process keeps busy: its rate times a unit's GPU time alone,
-the calibrated kernel or the step's CUDA-event time in its warm-up; so a
+spread (a pod's share: its throughput over the lone process's, times the
+fraction of the time the lone process keeps the GPU busy, so that a
 workload that leaves the GPU idle between steps is not counted as holding
-it. The inference step is power-bound: its clock falls from boost in the
-warm-up to 1,550-1,750 MHz in a window, so that reads the lone process less
-busy than it is, and the notes add the GPU time its steps took in its
-window, each bracketed by events, which reads it busier (the gaps inside a
-step count); a pod's throughput is at its own clock); the GPU time the
+it: NVML's utilisation over the lone runs' windows, a second in, their
+mean; where no lone run has it, the warm-up's reading, the lone process's
+rate times a unit's GPU time alone (the calibrated kernel, or the step's
+CUDA-event time in its warm-up). The notes give both, and a third: the GPU
+time its steps took in its window, each bracketed by events, which reads
+it busier (the gaps inside a step count). The warm-up times a unit at its
+boost clock, and the inference step is power-bound, its clock falling to
+1,550-1,750 MHz in a window, where a step takes longer: on an H100 its
+warm-up read the lone process 85.9% busy, NVML 95.0%. A pod's throughput is
+at its own clock); the GPU time the
 limiter charged each pod over the window, % of the window, from the daemon's
 status (charged_ns at its start and end): against the pod's share, how far
 its prices are from what its work took; what the elastic pods of a co-run
@@ -86,18 +96,21 @@ returns: each pod, idle past the daemon's 200 ms of counting it, comes back
 for a 0.1 s burst, 4 times 0.4 s apart, the pods staggered over the period;
 the daemon's admissions and CPU over the returns are reported apart, and the
 p99 target is judged on the window's admissions and the returns' together.
+Where the pods take turns, the notes give a turn's length as the daemon's
+status says it and the turns handed over from pod to pod in the window.
 The daemons log at warn, their default. Also the SM clock and board power
 through the window, and two readings of GPU time that no clock moves, from
 NVML (nvidia-smi, every sample a second into the window and later): the
 GPU's utilisation (the share of the time a kernel ran) and each pod's SM %
 (`pmon`, its process's share). They are reported beside the throughput
-shares, not judged: a throughput share is a GPU-time share only where the
-clock is the lone process's, and where it is (the kernels hold 1,980 MHz)
-the two can be compared.
+shares, not judged (but for the lone runs' utilisation, the shares'
+baseline): a throughput share is a GPU-time share only where the clock is
+the lone process's, and where it is (the kernels hold 1,980 MHz) the two
+can be compared.
 Targets (PASS/FAIL columns): corun at N=16, aggregate >= 97% of one
-process; where the targets sum to at most 90% (the fixed caps), every pod
-within 1 pp of its cap; under the daemon at N=32, its CPU <= 5% of a core
-over the window and admission p99 <= 2 ms.
+process; where the targets sum to at most 90% (the fixed caps: timeslice
+and turns), every pod within 1 pp of its cap; under the daemon at N=32, its
+CPU <= 5% of a core over the window and admission p99 <= 2 ms.
 Refuses to start beside a running MPS daemon. After every run each
 worker's process group is killed, the daemon stopped (it quits its MPS
 control daemon; one still up then gets a quit through its pipe, and the
@@ -122,14 +135,16 @@ from scripts.gpu.e2e.harness.smi import ProcessSampler, Sampler
 
 from . import common, corun, priority
 from .packing_daemon import PackingDaemon, daemon_figures, returns_figures
-from .packing_plan import (MAX_PODS, MODES, RETURN_BURST_S, RETURN_PERIOD_S, RETURNS, START_S, WORKLOADS, Spec,
-                           estimate_s, plan, returns_phase, returns_s, table_order)
+from .packing_plan import (MAX_PODS, MODES, RETURN_BURST_S, RETURN_PERIOD_S, RETURNS, START_S, TURN_MS,
+                           WORKLOADS, Spec, estimate_s, plan, returns_phase, returns_s, table_order, with_turn_ms)
 from .packing_report import progress, report
 
 KERNEL_US = 450.0  # the kernels workload's kernel, alone
 READY_S = 120.0  # the longest a run waits for its workers' ready=1
 REGISTER_S = 20.0  # ... and for their registration with the daemon
 DRAIN_S = 60.0  # the longest a worker may take past its window
+SAMPLE_MS = 100  # nvidia-smi's period through a window
+NVML_FROM_S = 1.0  # NVML's utilisation counts from this far into a window
 
 
 KERNELS_CU = common.HERE / "packing_kernels.cu"
@@ -275,7 +290,7 @@ class Runner:
                 seen = daemon.wait_workers(time.time() + REGISTER_S, pods, f"{tag}-registered")
                 result["registered"] = seen.get("ok") == "1"
             start = time.monotonic() + START_S
-            clocks = Sampler(["clocks.sm", "power.draw", "utilization.gpu"], 100, gpu=0)
+            clocks = Sampler(["clocks.sm", "power.draw", "utilization.gpu"], SAMPLE_MS, gpu=0)
             pmon = ProcessSampler(gpu=0)
             for p in procs:
                 if not p.tell(f"{start!r}\n"):
@@ -328,12 +343,12 @@ class Runner:
 def gpu_window(clocks: Sampler, start: float, end: float) -> dict | None:
     """The window's medians of the SM clock and board power (priority's
     window), and the mean of NVML's utilisation (the share of each sample
-    period in which a kernel ran) over the samples a second in and later
+    period in which a kernel ran) over the samples NVML_FROM_S in and later
     (the first second's straddle the idle start); None without samples."""
     window = priority.gpu_window(clocks, start, end)
     if window is None:
         return None
-    busy = [u for t, _, _, u in window["series"] if t >= 1.0]
+    busy = [u for t, _, _, u in window["series"] if t >= NVML_FROM_S]
     return {"sm_mhz": window["sm_mhz"], "power_w": window["power_w"],
             "busy_pct": statistics.mean(busy) if busy else None, "samples": window["samples"]}
 
@@ -369,11 +384,13 @@ def add_arguments(p):
     p.add_argument("--counts", type=comma_list(kind=int), default=[1, 4, 8, 16, 32],
                    help=f"pods a run, comma-separated (1 to {MAX_PODS})")
     p.add_argument("--seconds", type=float, default=5.0, help="every run's measured window")
-    p.add_argument("--modes", type=comma_list(MODES), default=["timeslice", "corun"],
-                   help=f"comma-separated, of {', '.join(MODES)}")
+    p.add_argument("--modes", type=comma_list(MODES), default=["timeslice", "turns", "corun"],
+                   help=f"comma-separated, of {', '.join(MODES)} (turns: time-sliced, and the daemon lets one"
+                        " pod launch at a time, for a turn of --turn-ms)")
+    p.add_argument("--turn-ms", type=int, default=TURN_MS, help="the turns mode's turn, ms (1 to 100)")
     p.add_argument("--workloads", type=comma_list(WORKLOADS), default=list(WORKLOADS),
                    help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    p.add_argument("--budget-s", type=float, default=420.0, help="the whole run's wall time, at most")
+    p.add_argument("--budget-s", type=float, default=560.0, help="the whole run's wall time, at most")
     p.add_argument("--mps-control", default="nvidia-cuda-mps-control")
 
 
@@ -381,16 +398,20 @@ def main(p, args):
     t_begin = time.monotonic()
     if any(not 1 <= n <= MAX_PODS for n in args.counts):
         p.error(f"--counts: 1 to {MAX_PODS} pods a run")
+    if not 1 <= args.turn_ms <= 100:
+        p.error("--turn-ms: 1 to 100")
     bundle, control = corun.prepare(args)  # sets args.lib; refuses beside a running MPS daemon
     for path in (Path(args.lib), bundle / "hypervisor"):
         if not path.is_file():
             p.error(f"no {path}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    modes = [MODES[m] for m in args.modes]
+    modes = with_turn_ms([MODES[m] for m in args.modes], args.turn_ms)
     specs = plan(args.workloads, args.counts, modes)
     estimate = sum(estimate_s(s, args.seconds, returns_phase(s, args.counts)) for s in specs)
+    turns = f" (turns of {args.turn_ms} ms)" if any(m.turn_ms for m in modes) else ""
     print(f"packing bench: {len(specs)} runs, {args.seconds:g} s windows, ~{estimate:.0f} s estimated, budget"
-          f" {args.budget_s:g} s; pods {args.counts}, modes {args.modes}, workloads {args.workloads}", flush=True)
+          f" {args.budget_s:g} s; pods {args.counts}, modes {args.modes}{turns}, workloads {args.workloads}",
+          flush=True)
     work = Path(tempfile.mkdtemp(prefix="packing-"))  # short: MPS's pipes are named under it
     runs, calibration, checks = [], {}, {}
     try:

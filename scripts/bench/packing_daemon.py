@@ -109,9 +109,9 @@ def rss_mib(pid: int) -> float | None:
 class PackingDaemon(hv.Daemon):
     """`hypervisor serve` for one run: its config names the run's pods (all
     on GPU 0, each with the policy of `mode`), GPU 0 co-run where the mode
-    says so (ready once its MPS control daemon answers: /readyz), node
-    tables of its own. Its config and log in `logs`; its MPS folders in
-    `work`."""
+    says so (ready once its MPS control daemon answers: /readyz), or its
+    pods taking turns of the mode's `turn_ms`; node tables of its own. Its
+    config and log in `logs`; its MPS folders in `work`."""
 
     def __init__(self, bundle: Path, logs: Path, work: Path, tag: str, mode: Mode, pods, control: str):
         self.mode, self.work, self.pod_ids = mode, work, list(pods)
@@ -130,6 +130,8 @@ class PackingDaemon(hv.Daemon):
             # The MPS control daemon quits its servers on the daemon's SIGTERM: 20 s for it.
             serve_args = ["--corun-gpu", "0", "--corun-dir", str(work / "mps"), "--mps-control", control]
             ready, stop_s = "/readyz", 20.0
+        elif mode.turn_ms:
+            serve_args = ["--turns-gpu", "0", "--turn-ms", str(mode.turn_ms)]
         super().__init__(settings, tag, config, serve_args=serve_args, env=self.tables, ready=ready, ready_s=60,
                          stop_s=stop_s)
         self.pipe = self.mps_log = None
@@ -167,29 +169,29 @@ class PackingDaemon(hv.Daemon):
             code, text = hv.hvctl.request(self.url + "/metrics", timeout=5.0)
             return parse_admission(text) if code == 200 else None
 
-        def charges_and_split():
-            """Each pod's GPU time charged, and the co-run split (%)."""
-            figures = self.pod_figures()
+        def from_status():
+            """Each pod's GPU time charged, the co-run split (%) and GPU 0's turns."""
+            status = self.status_or_none()
+            figures = pod_figures(status)
             capacity = [f["elastic_capacity_ppm"] for f in figures.values() if f.get("elastic_capacity_ppm")]
-            return ({pod: f.get("charged_ns") for pod, f in figures.items()},
-                    max(capacity) / 1e4 if capacity else None)
+            return {"charged_ns": {pod: f.get("charged_ns") for pod, f in figures.items()},
+                    "capacity_pct": max(capacity) / 1e4 if capacity else None, "turns": gpu_turns(status)}
 
-        first = (charges_and_split(), scrape()) if scrape_first else None
+        first = (from_status(), scrape()) if scrape_first else None
         out = {"t": time.monotonic(), "cpu_s": cpu_seconds(pid), "rss_mib": rss_mib(pid)}
-        (charged_ns, capacity_pct), admission = first or (charges_and_split(), scrape())
-        return {**out, "admission": admission, "charged_ns": charged_ns, "capacity_pct": capacity_pct}
+        figures, admission = first or (from_status(), scrape())
+        return {**out, "admission": admission, **figures}
 
-    def pod_figures(self) -> dict:
-        """Each pod's rate (the share granted), achieved share over the last
-        second, share of the SMs (co-run) and workers, as the status says
-        them; {} when it does not answer."""
+    def status_or_none(self) -> dict:
+        """The daemon's status; {} when it does not answer."""
         try:
-            pods = self.status_json().get("pods", [])
+            return self.status_json()
         except hv.HvError:
             return {}
-        keys = ("rate_ppm", "achieved_ppm", "sm_percent", "charged_ns", "elastic_capacity_ppm")
-        return {p["id"]: {**{k: (p.get("gpus") or [{}])[0].get(k) for k in keys}, "workers": p.get("workers")}
-                for p in pods}
+
+    def pod_figures(self) -> dict:
+        """`pod_figures` of the daemon's status now."""
+        return pod_figures(self.status_or_none())
 
     def stop(self):
         """Stops the daemon; an MPS control daemon still up then gets its
@@ -216,10 +218,35 @@ class PackingDaemon(hv.Daemon):
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
 
+def pod_figures(status: dict) -> dict:
+    """Each pod's rate (the share granted), achieved share over the last
+    second, share of the SMs (co-run) and workers, as `status` says them."""
+    keys = ("rate_ppm", "achieved_ppm", "sm_percent", "charged_ns", "elastic_capacity_ppm")
+    return {p["id"]: {**{k: (p.get("gpus") or [{}])[0].get(k) for k in keys}, "workers": p.get("workers")}
+            for p in status.get("pods", [])}
+
+
+def gpu_turns(status: dict) -> dict | None:
+    """GPU 0's turns as `status` says them: {"quantum_us", "handovers"};
+    None where its pods take none (or the daemon does not say)."""
+    gpu = next((g for g in status.get("turns") or [] if g.get("index") == 0 and g.get("takes_turns")), None)
+    return {"quantum_us": gpu.get("quantum_us"), "handovers": gpu.get("handovers")} if gpu else None
+
+
+def turns_figures(before: dict | None, after: dict | None, seconds: float) -> dict | None:
+    """A turn's length at a window's end (ms) and the turns handed over
+    from one pod to another in it; None without both readings."""
+    if not before or not after or before.get("handovers") is None or after.get("handovers") is None:
+        return None
+    handovers = after["handovers"] - before["handovers"]
+    return {"turn_ms": (after.get("quantum_us") or 0) / 1e3, "handovers": handovers,
+            "handovers_per_s": handovers / seconds if seconds > 0 else None}
+
+
 def daemon_figures(before: dict, after: dict) -> dict:
-    """The daemon's CPU (% of one core), admissions and each pod's charged
-    GPU time over a window; its RSS, and what elastic pods split, at its
-    end."""
+    """The daemon's CPU (% of one core), admissions, each pod's charged
+    GPU time and the turns handed over on GPU 0 over a window; its RSS,
+    and what elastic pods split, at its end."""
     # What the GPU's elastic pods split at the window's end, % of its time.
     out = {"rss_mib": after["rss_mib"], "cpu_pct": None, "admission": None,
            "capacity_pct": after.get("capacity_pct")}
@@ -233,6 +260,7 @@ def daemon_figures(before: dict, after: dict) -> dict:
     out["charged_pct"] = {pod: (ns - before["charged_ns"][pod]) / span_ns * 100
                           for pod, ns in after["charged_ns"].items()
                           if ns is not None and before["charged_ns"].get(pod) is not None and span_ns > 0}
+    out["turns"] = turns_figures(before.get("turns"), after.get("turns"), span_ns / 1e9)
     return out
 
 

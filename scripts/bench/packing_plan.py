@@ -4,7 +4,7 @@ the runs are judged by (see packing.py)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 FILL_PCT = 90  # fixed caps sum to at most this
 START_S = 0.5  # from the last worker ready and registered to the common start
@@ -21,22 +21,26 @@ DAEMON_N, DAEMON_CPU_PCT, ADMISSION_P99_MS = 32, 5.0, 2.0
 RETURNS, RETURN_PERIOD_S, RETURN_BURST_S = 4, 0.4, 0.1
 
 WORKLOADS = {"kernels": "kernels/s", "infer": "steps/s"}
+TURN_MS = 5  # a turn of the turns mode, unless --turn-ms says otherwise
 
 
 @dataclass(frozen=True)
 class Mode:
     """How a run's pods run: under the daemon or not, co-run or time-sliced,
-    and the policy of their shares (fixed: caps of floor(90/N)%; elastic:
-    weight 1 each)."""
+    the policy of their shares (fixed: caps of floor(90/N)%; elastic:
+    weight 1 each), and on a time-sliced GPU whether its pods take turns
+    (`turn_ms`: the daemon's --turns-gpu 0 --turn-ms; None: they do not)."""
 
     name: str
     daemon: bool
     corun: bool
     policy: str | None
+    turn_ms: int | None = None
 
 
 MODES = {
     "timeslice": Mode("timeslice", True, False, "fixed"),
+    "turns": Mode("turns", True, False, "fixed", turn_ms=TURN_MS),
     "corun": Mode("corun", True, True, "elastic"),
     "timeslice-elastic": Mode("timeslice-elastic", True, False, "elastic"),
     "corun-fixed": Mode("corun-fixed", True, True, "fixed"),
@@ -54,6 +58,11 @@ class Spec:
     mode: Mode
     n: int
     label: str
+
+
+def with_turn_ms(modes, turn_ms: int) -> list[Mode]:
+    """`modes` with every mode that takes turns taking them of `turn_ms`."""
+    return [replace(m, turn_ms=turn_ms) if m.turn_ms else m for m in modes]
 
 
 def cap_percent(n: int) -> int:

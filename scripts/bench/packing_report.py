@@ -6,7 +6,7 @@ import math
 
 from . import corun
 from .packing_plan import (ADMISSION_P99_MS, AGGREGATE_N, AGGREGATE_PCT, DAEMON_CPU_PCT, DAEMON_N, FILL_PCT,
-                           SHARE_PP, SOLO, WORKLOADS, Spec, targets)
+                           SHARE_PP, SOLO, UNLIMITED, WORKLOADS, Spec, targets)
 
 
 def shares(per_s: list[float], solo: float, busy: float, want: list[float]) -> dict:
@@ -21,6 +21,11 @@ def shares(per_s: list[float], solo: float, busy: float, want: list[float]) -> d
             "max_dev_pp": max(dev, key=abs), "spread_pp": max(got) - min(got)}
 
 
+def lone_runs(runs, workload) -> list[dict]:
+    """The workload's lone runs that succeeded, in order."""
+    return [r for r in runs if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r)]
+
+
 def unit_gpu_s(runs, workload, calibration) -> float | None:
     """The GPU time of one unit of `workload` alone, seconds: the calibrated
     kernel, or the least warm-up step time of its lone runs (a warm-up at a
@@ -29,8 +34,7 @@ def unit_gpu_s(runs, workload, calibration) -> float | None:
     if workload == "kernels":
         us = calibration.get("kernel_us")
         return float(us) / 1e6 if us else None
-    steps = [r["result"]["pods"][0].get("step_ms") for r in runs
-             if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r)]
+    steps = [r["result"]["pods"][0].get("step_ms") for r in lone_runs(runs, workload)]
     steps = [x for x in steps if x]
     return min(steps) / 1e3 if steps else None
 
@@ -39,12 +43,47 @@ def window_busy(runs, workload) -> float | None:
     """The fraction of its window the lone process's units took on the GPU,
     as it measured them (the infer worker brackets each step with events,
     at the window's clock, gaps inside a step included), the mean over the
-    lone runs; None where the worker does not say. A second reading beside
-    the baseline's, not the baseline: see `evaluate`."""
-    got = [r["result"]["pods"][0].get("gpu_busy") for r in runs
-           if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r)]
+    lone runs; None where the worker does not say. A reading in the notes,
+    not the baseline: see `baseline`."""
+    got = [r["result"]["pods"][0].get("gpu_busy") for r in lone_runs(runs, workload)]
     got = [x for x in got if x]
     return min(1.0, sum(got) / len(got)) if got else None
+
+
+def nvml_busy(runs, workload) -> float | None:
+    """NVML's utilisation of the GPU over the lone runs' windows (the share
+    of the time a kernel ran), the mean of the runs that have it, as a
+    fraction, at most 1; None where none has it."""
+    got = [(r["result"].get("gpu") or {}).get("busy_pct") for r in lone_runs(runs, workload)]
+    got = [x for x in got if x is not None]
+    return min(1.0, sum(got) / len(got) / 100) if got else None
+
+
+def baseline(runs, workload, calibration) -> dict | None:
+    """The workload's lone process: its throughput ("per_s", the mean of
+    its lone runs) and the fraction of the GPU's time it keeps busy, which
+    pods' shares are judged against ("busy"): NVML's utilisation over its
+    windows, else its warm-up's (its rate times a unit's GPU time alone),
+    else all of it. Both readings are kept ("nvml", "warmup") and which
+    was judged on ("by"). NVML's first: the warm-up times a unit at its
+    boost clock, and a power-bound step takes longer in the window (on an
+    H100 the inference step read 85.9% busy by its warm-up, 95.0% by
+    NVML). None without a lone run."""
+    rates = solo_rates(runs, workload)
+    if not rates:
+        return None
+    per_s = sum(rates) / len(rates)
+    unit = unit_gpu_s(runs, workload, calibration)
+    warmup = min(1.0, per_s * unit) if unit else None
+    nvml = nvml_busy(runs, workload)
+    if nvml is not None:
+        by, busy = "nvml", nvml
+    elif warmup is not None:
+        by, busy = "warm-up", warmup
+    else:
+        by, busy = "none", 1.0
+    return {"per_s": per_s, "busy": busy, "by": by, "nvml": nvml, "warmup": warmup,
+            "unit_ms": unit * 1e3 if unit else None}
 
 
 def verdicts(spec: Spec, summary: dict, want: list[float], daemon: dict | None, returns: dict | None = None) -> dict:
@@ -74,38 +113,38 @@ def ok(run) -> bool:
 
 def solo_rates(runs, workload) -> list[float]:
     """The workload's lone runs that succeeded: their throughput, in order."""
-    return [r["result"]["pods"][0]["per_s"] for r in runs
-            if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r)]
+    return [r["result"]["pods"][0]["per_s"] for r in lone_runs(runs, workload)]
 
 
-def evaluate(runs, calibration) -> None:
+def evaluate(runs, calibration) -> dict:
     """Adds each run's shares against its targets, and its verdicts, as
-    "figures": against the mean of its workload's lone runs, and the GPU
-    time they keep busy: their rate times a unit's time (all of it where
-    that is unknown). For a power-bound step neither that (the unit timed
-    at the warm-up's boost clock reads it short) nor the window's brackets
-    (`window_busy`: the gaps inside a step read as busy) is its time to a
-    point, and a pod's clock is not the lone process's: the notes give
-    both."""
+    "figures", against its workload's `baseline`; returns the baselines
+    by workload. For a power-bound step no reading is its GPU time to a
+    point, and a pod's clock is not the lone process's: the notes give the
+    others beside the one judged on."""
+    bases = {}
     for workload in {r["spec"].workload for r in runs}:
-        rates = solo_rates(runs, workload)
-        if not rates:
+        base = baseline(runs, workload, calibration)
+        if base is None:
             continue
-        solo = sum(rates) / len(rates)
-        unit = unit_gpu_s(runs, workload, calibration)
-        busy = min(1.0, solo * unit) if unit else 1.0
+        bases[workload] = base
         for run in runs:
-            spec = run["spec"]
-            if spec.workload != workload or not ok(run):
-                continue
-            want = targets(spec.mode, spec.n, busy)
-            summary = shares([pod["per_s"] for pod in run["result"]["pods"]], solo, busy, want)
-            charged = ((run["result"].get("daemon") or {}).get("charged_pct") or {})
-            summary["charged"] = [charged.get(f"{run['result']['tag']}-{i}") for i in range(spec.n)]
-            summary["nvml"] = [pod.get("nvml_sm_pct") for pod in run["result"]["pods"]]
-            run["figures"] = {**summary, "targets": want,
-                              "verdicts": verdicts(spec, summary, want, run["result"].get("daemon"),
-                                                   run["result"].get("returns"))}
+            if run["spec"].workload == workload and ok(run):
+                run["figures"] = run_figures(run, base)
+    return bases
+
+
+def run_figures(run, base: dict) -> dict:
+    """A run's shares against its targets, the GPU time charged to each of
+    its pods and NVML's SM % of each, and its verdicts."""
+    spec, res = run["spec"], run["result"]
+    want = targets(spec.mode, spec.n, base["busy"])
+    summary = shares([pod["per_s"] for pod in res["pods"]], base["per_s"], base["busy"], want)
+    charged = (res.get("daemon") or {}).get("charged_pct") or {}
+    summary["charged"] = [charged.get(f"{res['tag']}-{i}") for i in range(spec.n)]
+    summary["nvml"] = [pod.get("nvml_sm_pct") for pod in res["pods"]]
+    return {**summary, "targets": want, "baseline": base["by"],
+            "verdicts": verdicts(spec, summary, want, res.get("daemon"), res.get("returns"))}
 
 
 def fmt(x, spec="{:.1f}", none="–") -> str:
@@ -124,6 +163,9 @@ def mark(verdicts, key) -> str:
     return "" if key not in verdicts else ("PASS" if verdicts[key] else "FAIL")
 
 
+# How the notes and the tables name a baseline's reading, and a policy.
+JUDGED_ON = {"nvml": "NVML", "warm-up": "the warm-up", "none": "all of the GPU's time"}
+POLICIES = {"fixed": f"caps floor({FILL_PCT}/N)%", "elastic": "equal weights", "none": "unmetered"}
 COLUMNS = ("workload", "run", "target a pod", "throughput (sum)", "aggregate %", "pod shares % (min–max)",
            "charged % (min–max)", "NVML SM % a pod (min–max)", "GPU busy % (NVML)", "max dev pp", "spread pp", "admissions (timeouts)", "adm p50 ms", "adm p99 ms",
            "returns: admissions (timeouts), p50/p99 ms, daemon CPU %", "daemon CPU %",
@@ -146,9 +188,9 @@ def row(run) -> list[str]:
     adm = daemon.get("admission") or {}
     busy = fmt((res.get("gpu") or {}).get("busy_pct"), "{:.1f}", "")
     if spec.mode is SOLO:
-        return cells + [f"the baseline (GPU {fig['busy'] * 100:.1f}% busy)", f"{total:,.1f} {WORKLOADS[spec.workload]}",
-                        f"{fig['aggregate']:.1f}", "", "", span(fig.get("nvml")), busy] + \
-            [""] * (len(COLUMNS) - 9)
+        return cells + [f"the baseline (GPU {fig['busy'] * 100:.1f}% busy, by {JUDGED_ON[fig['baseline']]})",
+                        f"{total:,.1f} {WORKLOADS[spec.workload]}", f"{fig['aggregate']:.1f}", "", "",
+                        span(fig.get("nvml")), busy] + [""] * (len(COLUMNS) - 9)
     target = {"fixed": f"cap {want:.2f}%", "none": f"none (even: {want:.2f}%)"}.get(spec.mode.policy,
                                                                                   f"fair {want:.2f}%")
     return cells + [
@@ -173,30 +215,30 @@ def returns_cell(returns: dict | None) -> str:
             f"{fmt(adm.get('p99_ms'), '{:.3f}')}, {fmt(returns.get('cpu_pct'), '{:.2f}')}%")
 
 
-def notes(runs, workloads) -> list[str]:
-    """Per workload: the lone runs and their drift, and the SM clock and
-    power of every run; the runs whose pods did not all get through their
-    returns, and those whose workers were not all registered."""
+def notes(runs, workloads, bases) -> list[str]:
+    """Per workload: the lone runs, their drift and the readings of how
+    busy they keep the GPU (`bases`), and the SM clock and power of every
+    run; the runs whose pods did not all get through their returns, and
+    those whose workers were not all registered."""
     out = []
     for workload in workloads:
         rates = solo_rates(runs, workload)
         if rates:
             drift = f", drift {(rates[-1] / rates[0] - 1) * 100:+.2f}%" if len(rates) > 1 else ""
-            first = next(r for r in runs if r["spec"].workload == workload and r["spec"].mode is SOLO and ok(r))
-            step = first["result"]["pods"][0].get("step_ms")
-            line = f"{workload} alone: {', '.join(f'{x:,.1f}' for x in rates)} {WORKLOADS[workload]}{drift}"
-            if step:
-                line += (f", a step {step:.3f} ms on the GPU in the warm-up (busy by it, the shares'"
-                         f" baseline: {min(1.0, sum(rates) / len(rates) * step / 1e3) * 100:.1f}%)")
+            line = (f"{workload} alone: {', '.join(f'{x:,.1f}' for x in rates)} {WORKLOADS[workload]}{drift};"
+                    f" {baseline_note(workload, bases[workload])}")
             busy = window_busy(runs, workload)
             if busy:
-                line += f", busy by its steps' events in the window: {busy * 100:.1f}%"
+                line += f"; busy by its steps' events in the window: {busy * 100:.1f}%"
             out.append(line)
         clocks = [f"{r['spec'].label} {fmt(r['result']['gpu']['sm_mhz'], '{:.0f}')}/"
                   f"{fmt(r['result']['gpu']['power_w'], '{:.0f}')}"
                   for r in runs if r["spec"].workload == workload and (r.get("result") or {}).get("gpu")]
         if clocks:
             out.append(f"{workload}, SM MHz/board W through the window: {'; '.join(clocks)}")
+        turns = turns_note(runs, workload)
+        if turns:
+            out.append(turns)
     split = [f"{r['spec'].workload} {r['spec'].label} {d['capacity_pct']:.1f}%" for r in runs
              if (d := (r.get("result") or {}).get("daemon") or {}).get("capacity_pct") not in (None, 100.0)]
     if split:
@@ -213,10 +255,91 @@ def notes(runs, workloads) -> list[str]:
     return out
 
 
+def turns_note(runs, workload) -> str:
+    """The runs that ran whose pods took turns: a turn's length, as the
+    daemon's status says it, and the turns handed over in the window; ""
+    without any."""
+    got = [f"{r['spec'].label} {turns_cell(((r.get('result') or {}).get('daemon') or {}).get('turns'))}"
+           for r in runs if r["spec"].workload == workload and r["spec"].mode.turn_ms and r.get("result")]
+    return f"{workload}, turns (the status's turn, handovers in the window): {'; '.join(got)}" if got else ""
+
+
+def turns_cell(turns: dict | None) -> str:
+    """A run's turns (`turns_figures`) in a few words; "–" without them."""
+    if not turns:
+        return "–"
+    return f"{turns['turn_ms']:g} ms, {turns['handovers']:,} ({fmt(turns['handovers_per_s'], '{:,.0f}')}/s)"
+
+
+def baseline_note(workload, base: dict) -> str:
+    """The lone process's busy readings and which the shares are judged on."""
+    unit = WORKLOADS[workload].split("/")[0].removesuffix("s")
+    warmup = ("unknown" if base["warmup"] is None
+              else f"{base['warmup'] * 100:.1f}% (a {unit} {base['unit_ms']:.3f} ms on the GPU alone)")
+    nvml = "none" if base["nvml"] is None else f"{base['nvml'] * 100:.1f}%"
+    return f"warm-up baseline {warmup}, NVML baseline {nvml}: shares judged on {JUDGED_ON[base['by']]}"
+
+
+def mode_heading(mode) -> str:
+    """A mode's column in the table by mode."""
+    turns = f" of {mode.turn_ms} ms" if mode.turn_ms else ""
+    split = ", split" if mode.corun else ""
+    return f"{mode.name}{turns}, {POLICIES[mode.policy]}: aggregate, pods' shares (charged){split}"
+
+
+def figure_range(values, unit="") -> str:
+    """"min–max" of the figures there are, one where they read the same;
+    "" with none."""
+    got = [x for x in values or [] if x is not None]
+    if not got:
+        return ""
+    low, high = f"{min(got):.2f}", f"{max(got):.2f}"
+    return f"{low}{unit}" if low == high else f"{low}–{high}{unit}"
+
+
+def mode_cell(run) -> str:
+    """A run's cell in the table by mode: its aggregate, its pods' shares,
+    the GPU time charged to them and, co-run, what its elastic pods split
+    at the window's end; a figure whose target was missed in bold."""
+    if run is None:
+        return ""
+    if run.get("skipped") or "figures" not in run:
+        return "skipped" if run.get("skipped") else "failed"
+    fig, verdict = run["figures"], run["figures"]["verdicts"]
+    agg, got = f"{fig['aggregate']:.1f}%", figure_range(fig["shares"], "%")
+    cell = (f"**{agg}**" if verdict.get("aggregate") is False else agg) + ", " + (
+        f"**{got}**" if verdict.get("shares") is False else got)
+    if figure_range(fig.get("charged")):
+        cell += f" ({figure_range(fig['charged'])})"
+    split = (run["result"].get("daemon") or {}).get("capacity_pct")
+    return cell + (f", {split:.0f}%" if run["spec"].mode.corun and split is not None else "")
+
+
+def mode_table(runs, workloads, bases) -> str:
+    """The runs by workload and N (rows) and mode (columns): first the
+    processes without the limiter (at N = 1, the lone process), then each
+    mode under the daemon."""
+    modes = list(dict.fromkeys(r["spec"].mode for r in runs if r["spec"].mode.daemon))
+    counts = sorted({r["spec"].n for r in runs if r["spec"].mode is not SOLO})
+    found = {(r["spec"].workload, r["spec"].mode.name, r["spec"].n): r for r in runs}
+    head = ["workload, N", "no limiter: aggregate, pods' shares"] + [mode_heading(m) for m in modes]
+    lines = [head, ["---"] * len(head)]
+    for workload in workloads:
+        base = bases.get(workload)
+        for n in counts:
+            if n == 1:
+                alone = f"100% ({base['per_s']:,.1f} {WORKLOADS[workload]})" if base else "–"
+            else:
+                alone = mode_cell(found.get((workload, UNLIMITED.name, n)))
+            lines.append([f"{workload}, {n}", alone] + [mode_cell(found.get((workload, m.name, n))) for m in modes])
+    return "".join("| " + " | ".join(line) + " |\n" for line in lines)
+
+
 def report(args, runs, order, took, calibration, checks) -> None:
-    """The table (in `order`), the verdicts and the notes: on stdout, in
-    OUT/packing-bench.md; every run's raw figures in OUT/packing-bench.json."""
-    evaluate(runs, calibration)
+    """The table by mode, the table of every run (in `order`), the
+    verdicts and the notes: on stdout, in OUT/packing-bench.md; every
+    run's raw figures, and the baselines, in OUT/packing-bench.json."""
+    bases = evaluate(runs, calibration)
     ordered = [runs[i] for i in order if i < len(runs)]
     table = ("| " + " | ".join(COLUMNS) + " |\n" + "|---" * len(COLUMNS) + "|\n"
              + "".join("| " + " | ".join(row(r)) + " |\n" for r in ordered))
@@ -229,13 +352,16 @@ def report(args, runs, order, took, calibration, checks) -> None:
         cal = f"kernels: not calibrated {calibration.get('error', '')}".strip()
     verdict = ("FAILED: " + ", ".join(failed)) if failed else ("all met" if checked else "none applied")
     text = (f"Packing bench, N pods on GPU 0, {args.seconds:g} s windows ({took:.0f} s in all, budget"
-            f" {args.budget_s:g} s)\n\n{table}\nTargets: {verdict}\n\n"
-            + "".join(f"- {line}\n" for line in [cal] + notes(runs, args.workloads)
+            f" {args.budget_s:g} s)\n\nBy mode (shares of the GPU's time, charged by the limiter; in bold, a"
+            f" target missed):\n\n{mode_table(runs, args.workloads, bases)}\nEvery run:\n\n{table}\n"
+            f"Targets: {verdict}\n\n"
+            + "".join(f"- {line}\n" for line in [cal] + notes(runs, args.workloads, bases)
                       + [f"{k}: {v}" for k, v in checks.items()]))
-    data = {"calibration": calibration, "checks": checks,
+    data = {"calibration": calibration, "checks": checks, "baselines": bases,
             "runs": [{"workload": r["spec"].workload, "mode": r["spec"].mode.name, "policy": r["spec"].mode.policy,
-                      "n": r["spec"].n, "label": r["spec"].label, "ran": runs.index(r), "skipped": r.get("skipped"),
-                      "result": r.get("result"), "figures": r.get("figures")} for r in ordered]}
+                      "turn_ms": r["spec"].mode.turn_ms, "n": r["spec"].n, "label": r["spec"].label,
+                      "ran": runs.index(r), "skipped": r.get("skipped"), "result": r.get("result"),
+                      "figures": r.get("figures")} for r in ordered]}
     corun.publish(args, "packing-bench", text, data)
 
 
@@ -254,6 +380,8 @@ def progress(run) -> str:
         adm = daemon.get("admission") or {}
         text += (f"; daemon {fmt(daemon.get('cpu_pct'), '{:.2f}')}% CPU, {fmt(daemon.get('rss_mib'))} MiB,"
                  f" {adm.get('requests')} admissions, p99 {fmt(adm.get('p99_ms'), '{:.3f}')} ms")
+        if daemon.get("turns"):
+            text += f"; turns: {turns_cell(daemon['turns'])}"
     if res.get("returns"):
         text += f"; returns: {returns_cell(res['returns'])}"
     return text

@@ -329,6 +329,142 @@ def test_packing_shares_targets_and_verdicts():
     assert packing_report.verdicts(timeslice32, summary, want, daemon, {"admission_with_window": None})["p99"] is False
 
 
+def test_packing_turns_mode():
+    # A time-sliced mode of fixed caps whose daemon has GPU 0's pods take
+    # turns of --turn-ms; the default modes run it between the others.
+    turns = packing_plan.MODES["turns"]
+    assert (turns.daemon, turns.corun, turns.policy, turns.turn_ms) == (True, False, "fixed", packing_plan.TURN_MS)
+    assert all(m.turn_ms is None for name, m in packing_plan.MODES.items() if name != "turns")
+    top, _ = parser()
+    a = top.parse_args(["packing", "--bundle", "b"])
+    assert (a.modes, a.turn_ms) == (["timeslice", "turns", "corun"], 5)
+    a = top.parse_args(["packing", "--bundle", "b", "--modes", "turns", "--turn-ms", "12"])
+    assert (a.modes, a.turn_ms) == (["turns"], 12)
+    modes = packing_plan.with_turn_ms([packing_plan.MODES[m] for m in ("timeslice", "turns", "corun")], 12)
+    assert [m.turn_ms for m in modes] == [None, 12, None] and modes[0] is packing_plan.MODES["timeslice"]
+    # Its runs: one per N and workload, estimated as the time-sliced ones
+    # (the default plan: 42 runs).
+    specs = packing_plan.plan(["kernels", "infer"], [1, 4, 8, 16, 32], modes)
+    assert len(specs) == 42 and [s.label for s in specs if s.workload == "kernels"][:5] == [
+        "solo", "no limiter N=32", "timeslice N=32", "turns N=32", "corun N=32"]
+    est = {s.label: packing_plan.estimate_s(s, 5.0) for s in specs if s.workload == "infer" and s.n == 8}
+    assert est["turns N=8"] == est["timeslice N=8"] < est["corun N=8"]
+    order = packing_plan.table_order(specs, ["kernels", "infer"], modes)
+    assert [specs[i].label for i in order][:5] == ["solo", "timeslice N=1", "turns N=1", "corun N=1",
+                                                 "no limiter N=4"]
+    # Judged as the time-sliced runs: caps, every pod within 1 pp, and at
+    # N=32 the daemon's CPU and p99.
+    turns32 = packing_plan.Spec("kernels", modes[1], 32, "turns N=32")
+    want = packing_plan.targets(turns32.mode, 32)
+    assert want == [2.0] * 32
+    summary = packing_report.shares([20.0] * 31 + [29.0], 1000.0, 1.0, want)
+    assert packing_report.verdicts(turns32, summary, want, {"cpu_pct": 1.2, "admission": {"requests": 0}}) == {
+        "shares": True, "cpu": True, "p99": True}
+    summary = packing_report.shares([20.0] * 31 + [31.0], 1000.0, 1.0, want)
+    assert packing_report.verdicts(turns32, summary, want, {"cpu_pct": 1.2, "admission": {"requests": 0}}) == {
+        "shares": False, "cpu": True, "p99": True}
+
+
+def test_packing_daemon_of_turns(tmp_path):
+    args = (tmp_path / "bundle", tmp_path, tmp_path / "work", "t")  # bundle, logs, work, tag
+    turns = packing_plan.with_turn_ms([packing_plan.MODES["turns"]], 7)[0]
+    daemon = packing_daemon.PackingDaemon(*args, turns, ["p-0", "p-1"], "mps-control")
+    assert daemon.serve_args == ["--turns-gpu", "0", "--turn-ms", "7"] and daemon.ready is None
+    assert 'cap = 45' in (tmp_path / "t.toml").read_text()
+    timeslice = packing_daemon.PackingDaemon(*args, packing_plan.MODES["timeslice"], ["p-0"], "mps-control")
+    assert timeslice.serve_args == []
+    # GPU 0's turns from the status; the handovers over a window.
+    status = {"turns": [{"gpu": "GPU-a", "index": 0, "takes_turns": True, "quantum_us": 7000, "handovers": 40},
+                        {"gpu": "GPU-b", "index": 1, "takes_turns": False, "quantum_us": 0, "handovers": 0}]}
+    assert packing_daemon.gpu_turns(status) == {"quantum_us": 7000, "handovers": 40}
+    assert packing_daemon.gpu_turns({"turns": status["turns"][1:]}) is None and packing_daemon.gpu_turns({}) is None
+    before = {"t": 10.0, "cpu_s": 1.0, "rss_mib": 30.0, "admission": None, "charged_ns": {},
+              "turns": {"quantum_us": 7000, "handovers": 40}}
+    after = {**before, "t": 15.0, "turns": {"quantum_us": 7000, "handovers": 1040}}
+    assert packing_daemon.daemon_figures(before, after)["turns"] == {
+        "turn_ms": 7.0, "handovers": 1000, "handovers_per_s": pytest.approx(200.0)}
+    assert packing_daemon.daemon_figures({**before, "turns": None}, after)["turns"] is None
+
+
+def lone_run(per_s, busy_pct=None, step_ms=None, label="solo"):
+    """A lone run of the inference step that ran, as the runner gives it."""
+    pod = {"per_s": per_s, **({"step_ms": step_ms} if step_ms else {})}
+    return {"spec": packing_plan.Spec("infer", packing_plan.SOLO, 1, label),
+            "result": {"tag": label, "pods": [pod],
+                       "gpu": {"sm_mhz": 1980.0, "power_w": 700.0, "busy_pct": busy_pct, "samples": 50}}}
+
+
+def test_packing_baseline_nvml_before_the_warm_up():
+    # The warm-up reads 4,000 steps/s x 0.21 ms = 84% busy; NVML read the
+    # two windows 94% and 96% busy: the shares are judged on NVML's mean.
+    runs = [lone_run(4000.0, 94.0, 0.25), lone_run(4000.0, 96.0, 0.21, "solo again")]
+    base = packing_report.baseline(runs, "infer", {})
+    assert base == {"per_s": 4000.0, "busy": pytest.approx(0.95), "by": "nvml", "nvml": pytest.approx(0.95),
+                    "warmup": pytest.approx(0.84), "unit_ms": pytest.approx(0.21)}
+    # The mean of the lone runs that have a reading; at most all of the time.
+    assert packing_report.baseline([lone_run(4000.0, None, 0.21), lone_run(4000.0, 90.0)], "infer", {})[
+        "nvml"] == pytest.approx(0.9)
+    assert packing_report.baseline([lone_run(4000.0, 100.4, 0.21)], "infer", {})["busy"] == 1.0
+    # No NVML reading: the warm-up's; neither: all of the GPU's time.
+    base = packing_report.baseline([lone_run(4000.0, None, 0.21), lone_run(4000.0, None, 0.21)], "infer", {})
+    assert (base["by"], base["busy"], base["nvml"]) == ("warm-up", pytest.approx(0.84), None)
+    base = packing_report.baseline([lone_run(4000.0)], "infer", {})
+    assert (base["by"], base["busy"], base["warmup"]) == ("none", 1.0, None)
+    assert packing_report.baseline([], "infer", {}) is None
+    # The kernels' warm-up reading is the calibrated kernel's.
+    kernels = [{**lone_run(2000.0, 99.0), "spec": packing_plan.Spec("kernels", packing_plan.SOLO, 1, "solo")}]
+    base = packing_report.baseline(kernels, "kernels", {"kernel_us": "450.00"})
+    assert (base["by"], base["busy"], base["warmup"]) == ("nvml", pytest.approx(0.99), pytest.approx(0.9))
+
+
+def test_packing_baseline_in_figures_and_notes():
+    timeslice = packing_plan.Spec("infer", packing_plan.MODES["timeslice"], 2, "timeslice N=2")
+    pods = [{"per_s": 1000.0}, {"per_s": 1000.0}]
+    runs = [lone_run(4000.0, 95.0, 0.21), {"spec": timeslice, "result": {"tag": "ts", "pods": pods}}]
+    bases = packing_report.evaluate(runs, {})
+    assert bases["infer"]["by"] == "nvml"
+    # A quarter of the lone process's steps, which kept it 95% busy.
+    assert runs[1]["figures"]["shares"] == pytest.approx([23.75, 23.75])
+    assert runs[1]["figures"]["targets"] == [45.0, 45.0] and runs[1]["figures"]["baseline"] == "nvml"
+    [line] = [x for x in packing_report.notes(runs, ["infer"], bases) if x.startswith("infer alone")]
+    assert line == ("infer alone: 4,000.0 steps/s; warm-up baseline 84.0% (a step 0.210 ms on the GPU alone),"
+                    " NVML baseline 95.0%: shares judged on NVML")
+    assert packing_report.row(runs[0])[2] == "the baseline (GPU 95.0% busy, by NVML)"
+    runs[0]["result"]["gpu"]["busy_pct"] = None  # no NVML sample a second in
+    bases = packing_report.evaluate(runs, {})
+    assert runs[1]["figures"]["shares"] == pytest.approx([21.0, 21.0])
+    assert packing_report.baseline_note("infer", bases["infer"]) == (
+        "warm-up baseline 84.0% (a step 0.210 ms on the GPU alone), NVML baseline none: shares judged on the"
+        " warm-up")
+
+
+def test_packing_table_by_mode():
+    modes = packing_plan.with_turn_ms([packing_plan.MODES[m] for m in ("timeslice", "turns", "corun")], 5)
+
+    def run(mode, n, per_s, charged=None, split=None):
+        spec = packing_plan.Spec("kernels", mode, n, f"{mode.name} N={n}")
+        daemon = {"charged_pct": {f"{mode.name}-{i}": c for i, c in enumerate(charged or [])},
+                  "capacity_pct": split} if mode.daemon else None
+        return {"spec": spec, "result": {"tag": mode.name, "pods": [{"per_s": x} for x in per_s], "daemon": daemon}}
+
+    runs = [{**lone_run(1000.0, 100.0), "spec": packing_plan.Spec("kernels", packing_plan.SOLO, 1, "solo")},
+            run(packing_plan.UNLIMITED, 2, [450.0, 450.0]),
+            run(modes[0], 2, [440.0, 450.0], [44.1, 45.0]), run(modes[1], 2, [430.0, 470.0], [43.0, 47.0]),
+            run(modes[2], 2, [500.0, 500.0], [55.0, 56.0], 120.0),
+            {"spec": packing_plan.Spec("kernels", modes[1], 1, "turns N=1"), "skipped": "budget (9 s needed)"}]
+    bases = packing_report.evaluate(runs, {})
+    lines = packing_report.mode_table(runs, ["kernels"], bases).splitlines()
+    assert lines[0] == ("| workload, N | no limiter: aggregate, pods' shares"
+                        " | timeslice, caps floor(90/N)%: aggregate, pods' shares (charged)"
+                        " | turns of 5 ms, caps floor(90/N)%: aggregate, pods' shares (charged)"
+                        " | corun, equal weights: aggregate, pods' shares (charged), split |")
+    assert lines[2] == "| kernels, 1 | 100% (1,000.0 kernels/s) |  | skipped |  |"
+    # The turns pods' shares are judged as the time-sliced ones': 47% is
+    # 2 pp past the cap of 45%, in bold.
+    assert lines[3] == ("| kernels, 2 | 90.0%, 45.00% | 89.0%, 44.00–45.00% (44.10–45.00)"
+                        " | 90.0%, **43.00–47.00%** (43.00–47.00) | 100.0%, 50.00% (55.00–56.00), 120% |")
+
+
 def test_packing_returns_figures():
     def histogram(fast, slow):
         return {"buckets": [(0.001, fast), (0.002, fast + slow), (math.inf, fast + slow)],
@@ -367,35 +503,62 @@ def test_packing(corun_env, monkeypatch, capsys):
     monkeypatch.setattr(packing, "INFER", path / "packing_infer.py")
     monkeypatch.setattr(packing_daemon, "SIMULATE", "1")
     monkeypatch.setattr(packing, "START_S", 0.1)
+    # NVML's utilisation from the window's start (the fake's 42%), sampled
+    # often enough for a 0.3 s window.
+    monkeypatch.setattr(packing, "NVML_FROM_S", 0.0)
+    monkeypatch.setattr(packing, "SAMPLE_MS", 20)
     main(["packing", "--bundle", str(bundle), "--out", str(out), "--seconds", "0.3", "--counts", "1,2",
-          "--modes", "timeslice,corun", "--mps-control", args[-1]])
+          "--modes", "timeslice,turns,corun", "--turn-ms", "3", "--mps-control", args[-1]])
     printed = capsys.readouterr().out
     assert "kernels calibrated: {'result': '1', 'iters': '1000'" in printed, printed
+    assert "modes ['timeslice', 'turns', 'corun'] (turns of 3 ms)" in printed, printed
     text = (out / "packing-bench.md").read_text()
     assert "failed" not in text and "skipped" not in text and "not every worker was registered" not in text, text
     for workload in ("kernels", "infer"):
-        for label in ("solo", "no limiter N=2", "timeslice N=1", "timeslice N=2", "corun N=2", "solo again"):
+        for label in ("solo", "no limiter N=2", "timeslice N=1", "timeslice N=2", "turns N=1", "turns N=2",
+                      "corun N=2", "solo again"):
             assert f"| {workload} | {label} |" in text, (workload, label, text)
     # The fakes run at their lone rate whatever the limits (nothing here
-    # limits them): every figure is the plumbing's, from the workers' lines
-    # and the daemon's status, the GPU time charged included (none).
-    assert "| kernels | timeslice N=2 | cap 45.00% | 4,000.0 kernels/s | 200.0 | 90.00–90.00 | 0.00–0.00 |" in text
-    # The infer baseline is the lone process's rate times the warm-up's step;
-    # the GPU time its steps took in the window (gpu_busy) is a note beside.
-    assert ("infer alone: 4,000.0, 4,000.0 steps/s, drift +0.00%, a step 0.210 ms on the GPU in the warm-up"
-            " (busy by it, the shares' baseline: 84.0%), busy by its steps' events in the window: 90.0%") in text
-    assert "| infer | solo | the baseline (GPU 84.0% busy) |" in text
-    assert "| infer | timeslice N=2 | cap 45.00% | 8,000.0 steps/s | 200.0 | 84.00–84.00 |" in text
+    # limits them): every figure is the plumbing's, from the workers' lines,
+    # the fake nvidia-smi and the daemon's status, the GPU time charged
+    # included (none). The baseline is NVML's utilisation of the lone runs'
+    # windows (42%), which caps the targets; the warm-up's reading (0.21 ms
+    # steps: 84%) and the GPU time the steps took in the window (gpu_busy)
+    # are notes beside it.
+    for mode in ("timeslice", "turns"):
+        assert (f"| kernels | {mode} N=2 | cap 42.00% | 4,000.0 kernels/s | 200.0 | 42.00–42.00 | 0.00–0.00 |"
+                in text), text
+        assert f"| infer | {mode} N=2 | cap 42.00% | 8,000.0 steps/s | 200.0 | 42.00–42.00 |" in text, text
+    assert ("infer alone: 4,000.0, 4,000.0 steps/s, drift +0.00%; warm-up baseline 84.0% (a step 0.210 ms on the"
+            " GPU alone), NVML baseline 42.0%: shares judged on NVML; busy by its steps' events in the window:"
+            " 90.0%") in text, text
+    assert "kernels alone: 2,000.0, 2,000.0 kernels/s, drift +0.00%; warm-up baseline 90.0% (a kernel" in text
+    assert "| infer | solo | the baseline (GPU 42.0% busy, by NVML) |" in text
+    # The table by mode: a column for each, the turns' as the time-sliced one's.
+    assert ("| kernels, 2 | 200.0%, 42.00% | 200.0%, 42.00% (0.00) | 200.0%, 42.00% (0.00)"
+            " | 200.0%, 42.00% (0.00)") in text, text
+    assert "| turns of 3 ms, caps floor(90/N)%: aggregate, pods' shares (charged) |" in text
+    # The turns runs' daemon had GPU 0 take turns of --turn-ms (its status
+    # says so); the fakes launch nothing, so no turn is handed over.
+    assert "kernels, turns (the status's turn, handovers in the window): turns N=2 3 ms, 0 (0/s); turns N=1 3 ms," \
+        in text, text
     data = json.loads((out / "packing-bench.json").read_text())
-    # The runs with the most pods end with returns: each fake worker asks
-    # for admission once a return, and the daemon's histogram counts them.
+    assert data["baselines"]["infer"] == {"per_s": 4000.0, "busy": 0.42, "by": "nvml", "nvml": 0.42,
+                                          "warmup": pytest.approx(0.84), "unit_ms": pytest.approx(0.21)}
     for run in data["runs"]:
+        # The runs with the most pods end with returns: each fake worker
+        # asks for admission once a return, and the daemon's histogram
+        # counts them.
         back = run["result"].get("returns")
-        if run["mode"] in ("timeslice", "corun") and run["n"] == 2:
+        if run["mode"] in ("timeslice", "turns", "corun") and run["n"] == 2:
             assert back["pods_through"] == 2 and back["admission"]["requests"] == 2 * packing_plan.RETURNS, back
             assert back["admission_with_window"]["requests"] == 2 * packing_plan.RETURNS, back
         else:
             assert back is None, run
+        turns = (run["result"].get("daemon") or {}).get("turns")
+        assert run["turn_ms"] == (3 if run["mode"] == "turns" else None), run
+        assert turns == ({"turn_ms": 3.0, "handovers": 0, "handovers_per_s": 0.0} if run["mode"] == "turns"
+                         else None), run
     corun2 = next(r for r in data["runs"] if r["workload"] == "kernels" and r["label"] == "corun N=2")
     assert corun2["result"]["registered"] and set(corun2["result"]["daemon"]["charged_pct"]) == {
         f"{corun2['result']['tag']}-0", f"{corun2['result']['tag']}-1"}
