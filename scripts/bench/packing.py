@@ -7,7 +7,7 @@ run in OUT/packing-bench.json, the workers' and the daemons' logs in
 OUT/logs.
 
   python3 -m scripts.bench packing --bundle DIR [--out DIR] [--counts 1,4,8,16,32] [--seconds 5]
-          [--modes timeslice,turns,corun] [--turn-ms 5] [--workloads kernels,infer] [--budget-s 560]
+          [--modes timeslice,turns,corun] [--turn-ms 10] [--workloads kernels,infer] [--budget-s 560]
           [--mps-control PATH]
 
 About 9 minutes with the defaults on an H100: 42 runs, each a 5 s window
@@ -47,7 +47,7 @@ Runs, per workload:
                time-sliced; each pod a fixed cap of floor(90/N)% (the
                config takes whole percents: caps that sum to at most 90%)
   turns        as timeslice, and the daemon with `--turns-gpu 0 --turn-ms
-               Q` (Q: --turn-ms, default 5): GPU 0's pods take turns, one
+               Q` (Q: --turn-ms, default 10): GPU 0's pods take turns, one
                pod launching at a time, for a turn of Q ms
   corun        the daemon with `--corun-gpu 0` (it runs GPU 0's MPS control
                daemon), the N pods elastic with weight 1; their processes

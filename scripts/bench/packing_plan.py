@@ -21,7 +21,7 @@ DAEMON_N, DAEMON_CPU_PCT, ADMISSION_P99_MS = 32, 5.0, 2.0
 RETURNS, RETURN_PERIOD_S, RETURN_BURST_S = 4, 0.4, 0.1
 
 WORKLOADS = {"kernels": "kernels/s", "infer": "steps/s"}
-TURN_MS = 5  # a turn of the turns mode, unless --turn-ms says otherwise
+TURN_MS = 10  # a turn of the turns mode, unless --turn-ms says otherwise
 
 
 @dataclass(frozen=True)

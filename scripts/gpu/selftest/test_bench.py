@@ -337,7 +337,7 @@ def test_packing_turns_mode():
     assert all(m.turn_ms is None for name, m in packing_plan.MODES.items() if name != "turns")
     top, _ = parser()
     a = top.parse_args(["packing", "--bundle", "b"])
-    assert (a.modes, a.turn_ms) == (["timeslice", "turns", "corun"], 5)
+    assert (a.modes, a.turn_ms) == (["timeslice", "turns", "corun"], 10)
     a = top.parse_args(["packing", "--bundle", "b", "--modes", "turns", "--turn-ms", "12"])
     assert (a.modes, a.turn_ms) == (["turns"], 12)
     modes = packing_plan.with_turn_ms([packing_plan.MODES[m] for m in ("timeslice", "turns", "corun")], 12)

@@ -7,7 +7,7 @@ use hypervisor_observer::GpuInfo;
 use super::TurnOptions;
 
 /// How long a turn lasts by default, ms.
-pub const DEFAULT_TURN_MS: u32 = 5;
+pub const DEFAULT_TURN_MS: u32 = 10;
 
 /// `serve`'s turn flags.
 #[derive(Debug, Clone, clap::Args)]

@@ -30,9 +30,11 @@ pub(super) struct Seat {
     slot: usize,
 }
 
-/// Per device: the seat once found; until then, when to look again.
+/// Per device: the seat once found; until then, the GPU's key and when to
+/// look again.
 pub(super) struct Seats {
     found: [OnceLock<Seat>; gpushare_utils::MAX_DEVICES],
+    gpus: [OnceLock<u64>; gpushare_utils::MAX_DEVICES],
     look_again_at_ns: [std::sync::atomic::AtomicU64; gpushare_utils::MAX_DEVICES],
 }
 
@@ -40,6 +42,7 @@ impl Seats {
     pub(super) const fn new() -> Self {
         Self {
             found: [const { OnceLock::new() }; gpushare_utils::MAX_DEVICES],
+            gpus: [const { OnceLock::new() }; gpushare_utils::MAX_DEVICES],
             look_again_at_ns: [const { std::sync::atomic::AtomicU64::new(0) };
                 gpushare_utils::MAX_DEVICES],
         }
@@ -105,7 +108,13 @@ impl Priority {
             return None;
         }
         look_again.store(now.saturating_add(super::LOOK_AGAIN_NS), Ordering::Relaxed);
-        let gpu = uuid_key(&ctx.driver()?.device_uuid(i32::try_from(device).ok()?)?);
+        let gpu = match self.seats.gpus.get(device)?.get() {
+            Some(gpu) => *gpu,
+            None => {
+                let uuid = ctx.driver()?.device_uuid(i32::try_from(device).ok()?)?;
+                *self.seats.gpus.get(device)?.get_or_init(|| uuid_key(&uuid))
+            }
+        };
         let local_quantum = self.tuning.turn_us;
         let line = if local_quantum > 0 && ctx.hypervisor_limits().is_none() {
             let line = table.claim_turn_line(gpu)?;
