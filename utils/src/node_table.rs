@@ -78,6 +78,39 @@ pub fn plausible_stamp(at_ns: u64, now_ns: u64) -> bool {
     at_ns <= now_ns.saturating_add(FUTURE_SLACK_NS)
 }
 
+/// The index of `pod`'s slot among `slots`, and whether this call claimed
+/// it: the slot whose key (the first of `words`) is `pod`, else the first
+/// that is free, or whose stamp (the second) is older than `stale_ns` or
+/// from the future, claimed by a compare-and-swap of its key. `None` when
+/// every slot is a live pod's. `pod` is never 0 (a free slot's key).
+pub(crate) fn pod_slot<T>(
+    slots: &[T],
+    pod: u64,
+    now_ns: u64,
+    stale_ns: u64,
+    words: impl Fn(&T) -> (&AtomicU64, &AtomicU64),
+) -> Option<(usize, bool)> {
+    let pod = pod.max(1);
+    if let Some(found) = slots
+        .iter()
+        .position(|slot| words(slot).0.load(Ordering::Acquire) == pod)
+    {
+        return Some((found, false));
+    }
+    let free = slots.iter().position(|slot| {
+        let (key, stamp) = words(slot);
+        let owner = key.load(Ordering::Acquire);
+        let seen_at = stamp.load(Ordering::Acquire);
+        (owner == 0
+            || now_ns.saturating_sub(seen_at) > stale_ns
+            || !plausible_stamp(seen_at, now_ns))
+            && key
+                .compare_exchange(owner, pod, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    })?;
+    Some((free, true))
+}
+
 /// What a node table's header must say: which table, which layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TableLayout {

@@ -1,9 +1,9 @@
 //! The node-wide tables every limited process maps: activity (which pods
 //! launch on each GPU) and priority (latency pods' lines, each pod's held
-//! time and queueing delay, each GPU's turns). The hypervisor is their one creator: it makes
-//! them at start with `O_EXCL|O_NOFOLLOW`, owner and mode of the pods'
-//! regions (`region_uid`, `region_gid`, `region_mode`), and limiters under
-//! it only open them, after checking owner, mode and size
+//! time and queueing delay, each GPU's turns). The hypervisor is their one
+//! creator: it makes them at start with `O_EXCL|O_NOFOLLOW`, owner and mode
+//! of the pods' regions (`region_uid`, `region_gid`, `region_mode`), and
+//! limiters under it only open them, after checking owner, mode and size
 //! ([`gpushare_utils::shm`]).
 //!
 //! A table found under a table's name at start is never adopted: the pods'
@@ -576,57 +576,5 @@ mod tests {
         assert_ne!(stat(&names.0.activity).ino(), meta.ino());
         assert_eq!(stat(&names.0.activity).len(), ACTIVITY_LAYOUT.size);
         assert_eq!(tables.repairs().activity, 2);
-    }
-
-    #[test]
-    fn the_check_sets_the_turn_lines_again_in_a_table_written_or_made_again() {
-        use crate::turns::{TurnOptions, TurnPlan};
-        use gpushare_utils::limits::uuid_key;
-        use gpushare_utils::priority::TurnLine;
-        use hypervisor_observer::{GpuObserver, SimulatedGpus};
-
-        let names = Names::new("turns");
-        let mut tables = NodeTables::create(&names.0, &pods_regions());
-        let gpus = SimulatedGpus::new(2).gpus().expect("gpus");
-        let options = TurnOptions {
-            gpus: vec![gpus[1].uuid.clone()],
-            quantum_us: 4_000,
-        };
-        tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
-        let quantum = |tables: &NodeTables, gpu: usize| {
-            let priority = tables.priority.as_ref().expect("priority");
-            priority
-                .turn_line(uuid_key(&gpus[gpu].uuid))
-                .map(TurnLine::quantum_ns)
-        };
-        assert_eq!(
-            (quantum(&tables, 0), quantum(&tables, 1)),
-            (None, Some(4_000_000))
-        );
-
-        // A pod drops GPU 1's turns and makes GPU 0 take some.
-        let priority = tables.priority.as_ref().expect("priority");
-        priority
-            .turn_line(uuid_key(&gpus[1].uuid))
-            .expect("line")
-            .set_quantum_us(0);
-        priority
-            .claim_turn_line(uuid_key(&gpus[0].uuid))
-            .expect("line")
-            .set_quantum_us(9_000);
-        tables.check();
-        assert_eq!(
-            (quantum(&tables, 0), quantum(&tables, 1)),
-            (Some(0), Some(4_000_000))
-        );
-
-        // Removed: made again, its line claimed again.
-        shm::unlink(&names.0.priority).expect("unlink");
-        tables.check();
-        assert_eq!(tables.repairs().priority, 1);
-        assert_eq!(
-            (quantum(&tables, 0), quantum(&tables, 1)),
-            (None, Some(4_000_000))
-        );
     }
 }

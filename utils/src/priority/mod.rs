@@ -41,7 +41,7 @@ use crate::MAX_DEVICES;
 use crate::ledger::MAX_PROCESSES;
 use crate::node_table::{
     ActivityError, NodeTable, PODS_PER_DEVICE, TableAccess, TableHeader, TableLayout,
-    map_node_table, plausible_stamp,
+    map_node_table, plausible_stamp, pod_slot,
 };
 use crate::pod::PodClass;
 use crate::shm;
@@ -350,38 +350,27 @@ impl NodePriority {
         now_ns: u64,
     ) -> Option<&'static PodPriority> {
         let slots = self.table.pods.get(device)?;
-        let pod = pod.max(1);
-        if let Some(slot) = slots
-            .iter()
-            .find(|slot| slot.pod.load(Ordering::Acquire) == pod)
-        {
+        let (index, claimed) = pod_slot(slots, pod, now_ns, STALE_NS, |slot| {
+            (&slot.pod, &slot.seen_at_ns)
+        })?;
+        let slot = &slots[index];
+        if !claimed {
             slot.class.store(class.code(), Ordering::Relaxed);
             slot.seen_at_ns.store(now_ns, Ordering::Relaxed);
             return Some(slot);
         }
-        let free = slots.iter().find(|slot| {
-            let owner = slot.pod.load(Ordering::Acquire);
-            let seen_at = slot.seen_at_ns.load(Ordering::Acquire);
-            (owner == 0
-                || now_ns.saturating_sub(seen_at) > STALE_NS
-                || !plausible_stamp(seen_at, now_ns))
-                && slot
-                    .pod
-                    .compare_exchange(owner, pod, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
-        })?;
         for counter in [
-            &free.held_ns,
-            &free.held_launches,
-            &free.queue_ns,
-            &free.queue_samples,
-            &free.queue_max_ns,
+            &slot.held_ns,
+            &slot.held_launches,
+            &slot.queue_ns,
+            &slot.queue_samples,
+            &slot.queue_max_ns,
         ] {
             counter.store(0, Ordering::Relaxed);
         }
-        free.class.store(class.code(), Ordering::Relaxed);
-        free.seen_at_ns.store(now_ns, Ordering::Release);
-        Some(free)
+        slot.class.store(class.code(), Ordering::Relaxed);
+        slot.seen_at_ns.store(now_ns, Ordering::Release);
+        Some(slot)
     }
 
     /// The counters of `pod` over every device (the hypervisor's view):

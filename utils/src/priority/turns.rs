@@ -31,7 +31,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::node_table::{FUTURE_SLACK_NS, PODS_PER_DEVICE, plausible_stamp};
+use crate::node_table::{FUTURE_SLACK_NS, PODS_PER_DEVICE, plausible_stamp, pod_slot};
 
 /// A holder's pod is idle when none of its processes stamped its slot for
 /// this long (a host-synchronised loop launches every few hundred µs).
@@ -156,30 +156,16 @@ impl TurnLine {
     /// The slot of `pod` (found, or claimed, and stamped, when it has none);
     /// `None` when every slot is taken by a pod seen within [`STALE_NS`].
     pub fn slot(&self, pod: u64, now_ns: u64) -> Option<usize> {
-        let pod = pod.max(1);
-        if let Some(found) = self
-            .slots
-            .iter()
-            .position(|slot| slot.pod.load(Ordering::Acquire) == pod)
-        {
-            return Some(found);
-        }
-        let free = self.slots.iter().position(|slot| {
-            let owner = slot.pod.load(Ordering::Acquire);
-            let seen_at = slot.wanting_at_ns.load(Ordering::Acquire);
-            (owner == 0
-                || now_ns.saturating_sub(seen_at) > STALE_NS
-                || !plausible_stamp(seen_at, now_ns))
-                && slot
-                    .pod
-                    .compare_exchange(owner, pod, Ordering::AcqRel, Ordering::Acquire)
-                    .is_ok()
+        let (index, claimed) = pod_slot(&self.slots, pod, now_ns, STALE_NS, |slot| {
+            (&slot.pod, &slot.wanting_at_ns)
         })?;
-        // Claimed by a launch: the pod wants a turn.
-        self.slots[free]
-            .wanting_at_ns
-            .store(now_ns, Ordering::Release);
-        Some(free)
+        if claimed {
+            // Claimed by a launch: the pod wants a turn.
+            self.slots[index]
+                .wanting_at_ns
+                .store(now_ns, Ordering::Release);
+        }
+        Some(index)
     }
 
     /// Stamps `slot` as wanting at `now_ns` (at most every

@@ -1,0 +1,124 @@
+//! The daemon's turn plan in the node's priority table: the lines of the
+//! GPUs that take turns are claimed and set when the plan is given and at
+//! every check, what pods write there is set back, and a table made again
+//! gets its lines again.
+
+use gpushare_utils::limits::uuid_key;
+use gpushare_utils::node_table::NodeTableNames;
+use gpushare_utils::priority::TurnLine;
+use gpushare_utils::shm;
+use hypervisor_core::config::RegionOptions;
+use hypervisor_core::node_tables::NodeTables;
+use hypervisor_core::turns::{TurnOptions, TurnPlan};
+use hypervisor_observer::{GpuInfo, GpuObserver, SimulatedGpus};
+
+/// A test's table names, their objects removed on drop.
+struct Names(NodeTableNames);
+
+impl Names {
+    fn new(test: &str) -> Self {
+        let id = format!("{}-{test}", std::process::id());
+        Self(NodeTableNames {
+            activity: format!("gpushare-node-test-turns-{id}"),
+            priority: format!("gpushare-priority-test-turns-{id}"),
+        })
+    }
+
+    /// The node tables, made by this process as the daemon makes them.
+    fn tables(&self) -> NodeTables {
+        let regions = RegionOptions {
+            mode: Some(0o600),
+            uid: None,
+            gid: None,
+        };
+        NodeTables::create(&self.0, &regions)
+    }
+}
+
+impl Drop for Names {
+    fn drop(&mut self) {
+        let _ = shm::unlink(&self.0.activity);
+        let _ = shm::unlink(&self.0.priority);
+    }
+}
+
+/// The turn's length GPU `gpu`'s line says, ns; `None` without a line.
+fn quantum(tables: &NodeTables, gpus: &[GpuInfo], gpu: usize) -> Option<u64> {
+    let priority = tables.priority.as_ref().expect("priority table");
+    priority
+        .turn_line(uuid_key(&gpus[gpu].uuid))
+        .map(TurnLine::quantum_ns)
+}
+
+#[test]
+fn the_plan_sets_the_turns_gpus_lines_and_sets_back_what_pods_write() {
+    let names = Names::new("plan");
+    let mut tables = names.tables();
+    let gpus = SimulatedGpus::new(3).gpus().expect("gpus");
+    let priority = tables.priority.as_ref().expect("priority table");
+    // A pod made GPU 2 take turns before the daemon's plan.
+    let planted = priority
+        .claim_turn_line(uuid_key(&gpus[2].uuid))
+        .expect("line");
+    planted.set_quantum_us(3_000);
+    // GPU 0 named in another case than the observer's.
+    let options = TurnOptions {
+        gpus: vec![gpus[0].uuid.to_lowercase()],
+        quantum_us: 7_000,
+    };
+    tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
+    let said = |tables: &NodeTables| {
+        (0..3)
+            .map(|g| quantum(tables, &gpus, g))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(said(&tables), [Some(7_000_000), None, Some(0)]);
+
+    // Pods drop GPU 0's turns and give GPU 2 some again: the check sets
+    // both back.
+    let priority = tables.priority.as_ref().expect("priority table");
+    priority
+        .turn_line(uuid_key(&gpus[0].uuid))
+        .expect("line")
+        .set_quantum_us(0);
+    planted.set_quantum_us(100);
+    tables.check();
+    assert_eq!(said(&tables), [Some(7_000_000), None, Some(0)]);
+
+    let priority = tables.priority.as_ref();
+    let status = tables.turns().status(priority, 1_000_000_000, |_| None);
+    let takes: Vec<_> = status
+        .iter()
+        .map(|g| (g.index, g.takes_turns, g.quantum_us))
+        .collect();
+    assert_eq!(takes, [(0, true, 7_000), (1, false, 0), (2, false, 0)]);
+    assert_eq!(status[0].gpu, gpus[0].uuid);
+    assert_eq!(
+        (status[0].holder.as_deref(), status[0].holder_key),
+        (None, 0)
+    );
+}
+
+#[test]
+fn a_table_made_again_gets_its_turn_lines_again() {
+    let names = Names::new("remade");
+    let mut tables = names.tables();
+    let gpus = SimulatedGpus::new(2).gpus().expect("gpus");
+    let options = TurnOptions {
+        gpus: vec![gpus[1].uuid.clone()],
+        quantum_us: 4_000,
+    };
+    tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
+    assert_eq!(
+        (quantum(&tables, &gpus, 0), quantum(&tables, &gpus, 1)),
+        (None, Some(4_000_000))
+    );
+    // Removed: the check makes it again and claims the line again.
+    shm::unlink(&names.0.priority).expect("unlink");
+    tables.check();
+    assert_eq!(tables.repairs().priority, 1);
+    assert_eq!(
+        (quantum(&tables, &gpus, 0), quantum(&tables, &gpus, 1)),
+        (None, Some(4_000_000))
+    );
+}
