@@ -64,19 +64,33 @@ A new daemon for every run: its CPU and memory are that run's alone.
 Per run: the aggregate throughput (the pods' sum over the lone process's),
 each pod's share of the GPU's time against its target (its cap, else its
 weight's fair share of the GPU, 100/N%) with the largest deviation and the
-spread (a pod's share: its throughput over the lone process's, times the
-fraction of the time the lone process keeps the GPU busy, so that a
-workload that leaves the GPU idle between steps is not counted as holding
-it: NVML's utilisation over the lone runs' windows, a second in, their
-mean; where no lone run has it, the warm-up's reading, the lone process's
-rate times a unit's GPU time alone (the calibrated kernel, or the step's
-CUDA-event time in its warm-up). The notes give both, and a third: the GPU
-time its steps took in its window, each bracketed by events, which reads
-it busier (the gaps inside a step count). The warm-up times a unit at its
-boost clock, and the inference step is power-bound, its clock falling to
-1,550-1,750 MHz in a window, where a step takes longer: on an H100 its
-warm-up read the lone process 85.9% busy, NVML 95.0%. A pod's throughput is
-at its own clock); the GPU time the
+spread (a pod's share of the GPU's time: for the inference step, the
+fraction of the window in which its kernels ran, as CUPTI recorded each
+kernel's start and end in the pod's process (kernel_time.c, built with nvcc
+against the CUPTI beside PyTorch or the toolkit's, loaded before CUDA
+starts), where every pod of the run has it and they launch one at a time
+(one pod, or pods taking turns: elsewhere a time-sliced kernel's span takes
+in the slices of the pods that preempted it, and co-run kernels share the
+SMs by design); else its
+throughput over the lone process's, times the fraction of the time the
+lone process keeps the GPU busy, so that a workload that leaves the GPU
+idle between steps is not counted as holding it. That fraction, which also
+caps a pod's target, is the lone runs' kernels' time by CUPTI where they
+have it; else NVML's utilisation over the lone runs' windows, a second in,
+their mean, which counts a sample period in which any kernel ran, blind to
+the microseconds between a host-bound step's kernels; else the warm-up's
+reading, the lone process's rate times a unit's GPU time alone (the
+calibrated kernel, or the step's CUDA-event time in its warm-up). The
+notes give every reading; each run's pods' kernels by CUPTI and their
+sum beside the shares by throughput;
+the lone runs' gaps between kernels (up to 3 us: the GPU moving to the
+next kernel it had queued, time the limiter charges and CUPTI's kernels
+leave out); and the GPU time the lone process's steps took in its window,
+each bracketed by events (the gaps inside a step count). The warm-up times
+a unit at its boost clock, and the inference step is power-bound, its
+clock falling to 1,550-1,750 MHz in a window, where a step takes longer:
+on an H100 its warm-up read the lone process 85.9% busy, NVML 95.0%. A
+pod's throughput is at its own clock); the GPU time the
 limiter charged each pod over the window, % of the window, from the daemon's
 status (charged_ns at its start and end): against the pod's share, how far
 its prices are from what its work took; what the elastic pods of a co-run
@@ -119,6 +133,7 @@ run's node tables removed.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -148,20 +163,58 @@ NVML_FROM_S = 1.0  # NVML's utilisation counts from this far into a window
 
 
 KERNELS_CU = common.HERE / "packing_kernels.cu"
+KERNEL_TIME_C = common.HERE / "kernel_time.c"
 INFER = common.HERE / "packing_infer.py"
 
 
 def build_kernels(folder: Path) -> Path:
     """packing_kernels.cu built with nvcc (NVCC overrides it) into folder."""
     binary = Path(folder) / "packing_kernels"
-    cmd = [os.environ.get("NVCC") or "nvcc", "-O2", "-arch=native", "-o", str(binary), str(KERNELS_CU)]
+    error = nvcc(["-O2", "-arch=native", "-o", str(binary), str(KERNELS_CU)])
+    if error:
+        raise SystemExit(error)
+    return binary
+
+
+def nvcc(args) -> str | None:
+    """Runs nvcc (NVCC overrides it) with args: None, else what failed."""
+    cmd = [os.environ.get("NVCC") or "nvcc", *args]
     try:
         rc = subprocess.run(cmd, timeout=300).returncode
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise SystemExit(f"{cmd[0]}: {e}")
-    if rc != 0:
-        raise SystemExit(f"{' '.join(cmd)}: exit {rc}")
-    return binary
+        return f"{cmd[0]}: {e}"
+    return f"{' '.join(cmd)}: exit {rc}" if rc != 0 else None
+
+
+def cupti_roots() -> list[Path]:
+    """Where CUPTI may be (its include/ and lib/ or lib64/): $CUPTI_HOME,
+    else PyTorch's (the nvidia wheels beside it: the copy the process has
+    loaded, where it has) and the CUDA toolkit's."""
+    if os.environ.get("CUPTI_HOME"):
+        return [Path(os.environ["CUPTI_HOME"])]
+    roots = []
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        roots += sorted(Path(base).glob("cu[0-9]*")) + [Path(base) / "cuda_cupti"]
+    found = shutil.which(os.environ.get("NVCC") or "nvcc")
+    toolkit = Path(found).resolve().parent.parent if found else Path("/usr/local/cuda")
+    return roots + [toolkit / "extras" / "CUPTI", toolkit]
+
+
+def build_kernel_time(folder: Path) -> tuple[Path | None, str]:
+    """kernel_time.c built with nvcc against the first CUPTI of
+    `cupti_roots` with its header and library, into folder: (the library,
+    where it was found), else (None, why not)."""
+    for root in cupti_roots():
+        libs = sorted(p for d in ("lib64", "lib") for p in (root / d).glob("libcupti.so*"))
+        if not (root / "include" / "cupti_activity.h").is_file() or not libs:
+            continue
+        lib = Path(folder) / "kernel_time.so"
+        error = nvcc(["-O2", "-shared", "-Xcompiler", "-fPIC", "-I", str(root / "include"), "-o", str(lib),
+                      str(KERNEL_TIME_C), "-L", str(libs[0].parent), f"-l:{libs[0].name}",
+                      f"-Xlinker=-rpath={libs[0].parent}", "-lpthread"])
+        return (None, error) if error else (lib, str(libs[0]))
+    return None, "no CUPTI (its header and library) in " + ", ".join(map(str, cupti_roots()))
 
 
 
@@ -169,8 +222,10 @@ class Runner:
     """Runs the plan's runs: each one's workers (and daemon), their common
     window, their results."""
 
-    def __init__(self, args, bundle: Path, control: str, kernels: Path | None, work: Path):
+    def __init__(self, args, bundle: Path, control: str, kernels: Path | None, work: Path,
+                 kernel_time: Path | None = None):
         self.args, self.bundle, self.control, self.kernels, self.work = args, bundle, control, kernels, work
+        self.kernel_time = kernel_time  # kernel_time.so: the inference workers time their windows' kernels
         self.lib = args.lib
         self.logs = Path(args.out) / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -274,6 +329,8 @@ class Runner:
                 placed = daemon.placed()
             for i, pod in enumerate(pods):
                 env = self.pod_env(daemon, pod, placed[pod]) if daemon else self.base_env()
+                if spec.workload == "infer" and self.kernel_time is not None:
+                    env["PACKING_KERNEL_TIME"] = str(self.kernel_time)  # its window's kernels, by CUPTI
                 procs.append(proc.Proc(self.settings, spec.mode.name, pod if daemon else "-",
                                        self.logs / f"{tag}-{spec.workload}-{i}.log",
                                        ready_s + REGISTER_S + START_S + seconds + DRAIN_S,
@@ -415,7 +472,13 @@ def main(p, args):
     work = Path(tempfile.mkdtemp(prefix="packing-"))  # short: MPS's pipes are named under it
     runs, calibration, checks = [], {}, {}
     try:
-        runner = Runner(args, bundle, control, build_kernels(work) if "kernels" in args.workloads else None, work)
+        kernel_time = None
+        if "infer" in args.workloads:
+            kernel_time, where = build_kernel_time(work)
+            checks["kernel timing (CUPTI)"] = where if kernel_time else f"none: {where}"[:400]
+            print(f"  kernel timing: {checks['kernel timing (CUPTI)']}", flush=True)
+        runner = Runner(args, bundle, control, build_kernels(work) if "kernels" in args.workloads else None, work,
+                        kernel_time)
         if runner.kernels is not None:
             try:
                 calibration = runner.calibrate()

@@ -14,7 +14,15 @@ launched, D: how long after the window the last one ended, S: a step's GPU
 time in the warm-up (CUDA events), B: the GPU time of the steps counted,
 each from an event before it to the one after, over SECONDS (a process
 alone: the fraction of the window its steps kept the GPU busy, at the
-window's clock). Then it reads one more line: "done", or
+window's clock). With PACKING_KERNEL_TIME naming kernel_time.c built (a
+library), CUPTI records its kernels from before CUDA starts, and the line
+also has
+  kernel_busy=K kernels=C kernels_lost=X gaps_3us=A gaps_3us_n=M gaps_10us=B gaps_longer=L
+K: the fraction of the window in which its kernels ran, C: the kernels
+that ran in it, X: records CUPTI lost, A, B, L: the fractions of the window
+in the gaps between its kernels of up to 3 us (M of them: the GPU moving
+from one kernel to the next it had queued), of 3 to 10 us and longer (or
+kernel_error=CODE, CUPTI's). Then it reads one more line: "done", or
 "returns AT COUNT PERIOD BURST": COUNT times, from AT on and PERIOD apart,
 it runs steps for BURST seconds and waits for them, idle in between; then
 it prints returns=COUNT. At most two steps are queued behind the
@@ -23,6 +31,8 @@ processes, few CPUs), so a process alone keeps the GPU busy. When a step
 completed is read off its event's GPU timestamp, against an event whose
 completion the host saw at a known time before the window.
 """
+import ctypes
+import os
 import sys
 import time
 
@@ -42,8 +52,47 @@ def wait_until(t):
             time.sleep(left - 0.0005)
 
 
+class KernelClock:
+    """CUPTI's record of this process's kernels, by kernel_time.c built at
+    `path`, recording from its construction, before CUDA starts (`error`:
+    0, else CUPTI's code)."""
+
+    GAPS_US = (3, 10)  # the gaps' spans the line gives: up to 3 us, 3 to 10, longer
+
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        for name in ("kt_now", "kt_kernels", "kt_kernel_ns", "kt_dropped"):
+            getattr(self.lib, name).restype = ctypes.c_uint64
+        self.lib.kt_window.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+        self.error = self.lib.kt_start()
+
+    def open_window(self, seconds: float) -> None:
+        """The window that `fields` counts in: from now, `seconds` long."""
+        t0 = self.lib.kt_now()
+        self.lib.kt_window(t0, t0 + int(seconds * 1e9))
+
+    def fields(self, seconds: float) -> str:
+        """Once the window's kernels ended: the result line's fields."""
+        rc = self.error or self.lib.kt_stop()
+        if rc != 0:
+            return f" kernel_error={rc}"
+        counts, ns, bounds = ((ctypes.c_uint64 * 16)() for _ in range(3))
+        n = self.lib.kt_gaps(counts, ns, bounds)
+        spans = [0.0] * (len(self.GAPS_US) + 1)
+        short = 0
+        for bound, count, took in zip(bounds[:n], counts[:n], ns[:n]):
+            i = sum(bound > us * 1000 for us in self.GAPS_US)
+            spans[i] += took / 1e9 / seconds
+            short += count if i == 0 else 0
+        return (f" kernel_busy={self.lib.kt_kernel_ns() / 1e9 / seconds:.5f} kernels={self.lib.kt_kernels()}"
+                f" kernels_lost={self.lib.kt_dropped()} gaps_3us={spans[0]:.5f} gaps_3us_n={short}"
+                f" gaps_10us={spans[1]:.5f} gaps_longer={spans[2]:.5f}")
+
+
 def main():
     seconds = float(sys.argv[1])
+    lib = os.environ.get("PACKING_KERNEL_TIME")
+    clock = KernelClock(lib) if lib else None
     torch.set_num_threads(1)
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -79,6 +128,8 @@ def main():
     start = float(sys.stdin.readline())
     end = start + seconds
     wait_until(start)
+    if clock is not None and clock.error == 0:
+        clock.open_window(seconds)
     launched = completed = waited = 0
     last, busy_ms = start, 0.0
 
@@ -104,8 +155,9 @@ def main():
     while waited < launched:
         completed += settle(waited)
         waited += 1
+    timed = clock.fields(seconds) if clock is not None else ""
     print(f"result=1 count={completed} per_s={completed / seconds:.3f} launched={launched}"
-          f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f} gpu_busy={busy_ms / 1e3 / seconds:.4f}",
+          f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f} gpu_busy={busy_ms / 1e3 / seconds:.4f}{timed}",
           flush=True)
     words = sys.stdin.readline().split()
     if words[:1] != ["returns"]:

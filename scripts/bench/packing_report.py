@@ -9,16 +9,20 @@ from .packing_plan import (ADMISSION_P99_MS, AGGREGATE_N, AGGREGATE_PCT, DAEMON_
                            SHARE_PP, SOLO, UNLIMITED, WORKLOADS, Spec, targets)
 
 
-def shares(per_s: list[float], solo: float, busy: float, want: list[float]) -> dict:
-    """Each pod's share of the GPU's time, percent (its throughput over the
-    lone process's `solo`, times the fraction `busy` of the time the lone
-    process keeps the GPU busy), how far they are from their targets
-    `want`, and the aggregate: the pods' throughput over the lone
+def shares(per_s: list[float], solo: float, busy: float, want: list[float], ran=None) -> dict:
+    """Each pod's share of the GPU's time, percent: the fraction of the
+    window in which its kernels ran, as CUPTI recorded them (`ran`, where
+    every pod has it), else its throughput over the lone process's `solo`,
+    times the fraction `busy` of the time the lone process keeps the GPU
+    busy; how far they are from their targets `want` ("by": "cupti" or
+    "throughput"), and the aggregate: the pods' throughput over the lone
     process's, percent."""
-    got = [x / solo * busy * 100 for x in per_s]
+    measured = ran is not None and all(x is not None for x in ran)
+    got = [x * 100 for x in ran] if measured else [x / solo * busy * 100 for x in per_s]
     dev = [g - w for g, w in zip(got, want)]
     return {"shares": got, "aggregate": sum(per_s) / solo * 100, "busy": busy,
-            "max_dev_pp": max(dev, key=abs), "spread_pp": max(got) - min(got)}
+            "by": "cupti" if measured else "throughput", "max_dev_pp": max(dev, key=abs),
+            "spread_pp": max(got) - min(got)}
 
 
 def lone_runs(runs, workload) -> list[dict]:
@@ -59,41 +63,53 @@ def nvml_busy(runs, workload) -> float | None:
     return min(1.0, sum(got) / len(got) / 100) if got else None
 
 
+def kernel_busy(runs, workload) -> float | None:
+    """The fraction of its window in which the lone process's kernels ran,
+    as CUPTI recorded them, the mean of the lone runs that have it; None
+    where none has."""
+    got = [r["result"]["pods"][0].get("kernel_busy") for r in lone_runs(runs, workload)]
+    got = [x for x in got if x is not None]
+    return sum(got) / len(got) if got else None
+
+
 def baseline(runs, workload, calibration) -> dict | None:
     """The workload's lone process: its throughput ("per_s", the mean of
     its lone runs) and the fraction of the GPU's time it keeps busy, which
-    pods' shares are judged against ("busy"): NVML's utilisation over its
-    windows, else its warm-up's (its rate times a unit's GPU time alone),
-    else all of it. Both readings are kept ("nvml", "warmup") and which
-    was judged on ("by"). NVML's first: the warm-up times a unit at its
-    boost clock, and a power-bound step takes longer in the window (on an
-    H100 the inference step read 85.9% busy by its warm-up, 95.0% by
-    NVML). None without a lone run."""
+    caps its pods' targets and against which throughput shares are judged
+    ("busy"): the time its kernels ran by CUPTI, else NVML's
+    utilisation over its windows, else its warm-up's (its rate times a
+    unit's GPU time alone), else all of it. Every reading is kept
+    ("cupti", "nvml", "warmup") and which was used ("by"). CUPTI's first:
+    it has each kernel's start and end, where NVML counts a
+    sample period in which any kernel ran, blind to the host's gaps
+    between a step's kernels; NVML before the warm-up, which times a unit
+    at its boost clock where a power-bound step takes longer in the window
+    (on an H100 the inference step read 85.9% busy by its warm-up, 95.0%
+    by NVML). None without a lone run."""
     rates = solo_rates(runs, workload)
     if not rates:
         return None
     per_s = sum(rates) / len(rates)
     unit = unit_gpu_s(runs, workload, calibration)
     warmup = min(1.0, per_s * unit) if unit else None
+    cupti = kernel_busy(runs, workload)
     nvml = nvml_busy(runs, workload)
-    if nvml is not None:
-        by, busy = "nvml", nvml
-    elif warmup is not None:
-        by, busy = "warm-up", warmup
-    else:
-        by, busy = "none", 1.0
-    return {"per_s": per_s, "busy": busy, "by": by, "nvml": nvml, "warmup": warmup,
+    by, busy = next(((name, x) for name, x in (("cupti", cupti), ("nvml", nvml), ("warm-up", warmup))
+                     if x is not None), ("none", 1.0))
+    return {"per_s": per_s, "busy": busy, "by": by, "cupti": cupti, "nvml": nvml, "warmup": warmup,
             "unit_ms": unit * 1e3 if unit else None}
 
 
 def verdicts(spec: Spec, summary: dict, want: list[float], daemon: dict | None, returns: dict | None = None) -> dict:
     """The targets that apply to a run: {name: True/False}; a figure the
-    run lacks fails. Admissions: the window's and, where the run had
+    run lacks fails. The shares' where the pods' shares as configured
+    (before what the workload keeps busy caps them in `want`) sum to at
+    most FILL_PCT. Admissions: the window's and, where the run had
     returns, theirs too."""
     out = {}
     if spec.mode.corun and spec.mode.policy == "elastic" and spec.n == AGGREGATE_N:
         out["aggregate"] = summary["aggregate"] >= AGGREGATE_PCT
-    if spec.mode.daemon and sum(want) <= FILL_PCT:
+    if spec.mode.daemon and sum(targets(spec.mode, spec.n)) <= FILL_PCT:
         out["shares"] = abs(summary["max_dev_pp"]) <= SHARE_PP
     if spec.mode.daemon and spec.n == DAEMON_N:
         cpu = (daemon or {}).get("cpu_pct")
@@ -134,12 +150,22 @@ def evaluate(runs, calibration) -> dict:
     return bases
 
 
+def one_at_a_time(spec: Spec) -> bool:
+    """Whether a run's pods launch one at a time (one pod, or pods taking
+    turns), so that a kernel's span in CUPTI's records is its pod's GPU
+    time: where several launch at once, a time-sliced kernel's span takes
+    in the slices of the pods that preempted it, and co-run kernels share
+    the SMs by design."""
+    return spec.n == 1 or spec.mode.turn_ms is not None
+
+
 def run_figures(run, base: dict) -> dict:
     """A run's shares against its targets, the GPU time charged to each of
     its pods and NVML's SM % of each, and its verdicts."""
     spec, res = run["spec"], run["result"]
     want = targets(spec.mode, spec.n, base["busy"])
-    summary = shares([pod["per_s"] for pod in res["pods"]], base["per_s"], base["busy"], want)
+    summary = shares([pod["per_s"] for pod in res["pods"]], base["per_s"], base["busy"], want,
+                     [pod.get("kernel_busy") for pod in res["pods"]] if one_at_a_time(spec) else None)
     charged = (res.get("daemon") or {}).get("charged_pct") or {}
     summary["charged"] = [charged.get(f"{res['tag']}-{i}") for i in range(spec.n)]
     summary["nvml"] = [pod.get("nvml_sm_pct") for pod in res["pods"]]
@@ -164,7 +190,8 @@ def mark(verdicts, key) -> str:
 
 
 # How the notes and the tables name a baseline's reading, and a policy.
-JUDGED_ON = {"nvml": "NVML", "warm-up": "the warm-up", "none": "all of the GPU's time"}
+JUDGED_ON = {"cupti": "CUPTI", "nvml": "NVML", "warm-up": "the warm-up",
+             "none": "all of the GPU's time"}
 POLICIES = {"fixed": f"caps floor({FILL_PCT}/N)%", "elastic": "equal weights", "none": "unmetered"}
 COLUMNS = ("workload", "run", "target a pod", "throughput (sum)", "aggregate %", "pod shares % (min–max)",
            "charged % (min–max)", "NVML SM % a pod (min–max)", "GPU busy % (NVML)", "max dev pp", "spread pp", "admissions (timeouts)", "adm p50 ms", "adm p99 ms",
@@ -236,6 +263,7 @@ def notes(runs, workloads, bases) -> list[str]:
                   for r in runs if r["spec"].workload == workload and (r.get("result") or {}).get("gpu")]
         if clocks:
             out.append(f"{workload}, SM MHz/board W through the window: {'; '.join(clocks)}")
+        out += [x for x in (cupti_note(runs, workload), gaps_note(runs, workload)) if x]
         turns = turns_note(runs, workload)
         if turns:
             out.append(turns)
@@ -253,6 +281,39 @@ def notes(runs, workloads, bases) -> list[str]:
             out.append(f"{run['spec'].workload} {run['spec'].label}: not every worker was registered with the"
                        " daemon at the start")
     return out
+
+
+def cupti_note(runs, workload) -> str:
+    """Per run whose pods CUPTI timed: the share of the window in which
+    each pod's kernels ran (their sum: past 100%, one pod's kernel went on
+    while another's time slice preempted it) and its share by throughput;
+    "" without any."""
+    got = []
+    solo = solo_rates(runs, workload)
+    for r in runs:
+        pods = r["result"]["pods"] if r["spec"].workload == workload and ok(r) else []
+        ran = [pod.get("kernel_busy") for pod in pods]
+        if not pods or None in ran:
+            continue
+        text = f"{r['spec'].label} {figure_range([x * 100 for x in ran])} (sum {sum(ran) * 100:.1f})"
+        base = (r.get("figures") or {}).get("busy")
+        if base and solo and r["spec"].mode is not SOLO:
+            by_rate = [pod["per_s"] / (sum(solo) / len(solo)) * base * 100 for pod in pods]
+            text += f", by throughput {figure_range(by_rate)}"
+        got.append(text)
+    return (f"{workload}, each pod's kernels by CUPTI, % of the window (their sum), and its share by throughput:"
+            f" {'; '.join(got)}") if got else ""
+
+
+def gaps_note(runs, workload) -> str:
+    """The lone runs' gaps between kernels by CUPTI, % of the window: up
+    to 3 us (the GPU moving to a kernel it had queued), 3 to 10 us and
+    longer; "" without them."""
+    got = [f"{r['spec'].label} {pod['gaps_3us'] * 100:.1f}% ({pod['gaps_3us_n']:,.0f}) / {pod['gaps_10us'] * 100:.1f}%"
+           f" / {pod['gaps_longer'] * 100:.1f}%"
+           for r in lone_runs(runs, workload) if (pod := r["result"]["pods"][0]).get("gaps_3us") is not None]
+    return (f"{workload} alone, the GPU idle between its kernels by CUPTI, % of the window, in gaps up to 3 us"
+            f" (how many) / 3 to 10 us / longer: {'; '.join(got)}") if got else ""
 
 
 def turns_note(runs, workload) -> str:
@@ -277,7 +338,8 @@ def baseline_note(workload, base: dict) -> str:
     warmup = ("unknown" if base["warmup"] is None
               else f"{base['warmup'] * 100:.1f}% (a {unit} {base['unit_ms']:.3f} ms on the GPU alone)")
     nvml = "none" if base["nvml"] is None else f"{base['nvml'] * 100:.1f}%"
-    return f"warm-up baseline {warmup}, NVML baseline {nvml}: shares judged on {JUDGED_ON[base['by']]}"
+    cupti = "" if base.get("cupti") is None else f"CUPTI baseline {base['cupti'] * 100:.1f}%, "
+    return f"{cupti}warm-up baseline {warmup}, NVML baseline {nvml}: baseline used: {JUDGED_ON[base['by']]}"
 
 
 def mode_heading(mode) -> str:

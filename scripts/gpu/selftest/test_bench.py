@@ -305,6 +305,11 @@ def test_packing_shares_targets_and_verdicts():
     # Co-run N=16 is judged on its aggregate; elastic weights sum to 100%,
     # so no share verdict.
     assert packing_report.verdicts(corun16, summary, want, None) == {"aggregate": False}
+    # A lone elastic pod's share is all of the GPU, whatever its workload
+    # keeps busy: not judged.
+    corun1 = packing_plan.Spec("infer", packing_plan.MODES["corun"], 1, "corun N=1")
+    assert packing_plan.targets(corun1.mode, 1, busy=0.89) == [89.0]
+    assert "shares" not in packing_report.verdicts(corun1, summary, [89.0], None)
     # Fixed caps: floor(90/N)%, at most what the workload keeps busy alone;
     # judged on every pod within 1 pp; at N=32 on the daemon's CPU and p99
     # too, a figure it lacks failing.
@@ -386,9 +391,11 @@ def test_packing_daemon_of_turns(tmp_path):
     assert packing_daemon.daemon_figures({**before, "turns": None}, after)["turns"] is None
 
 
-def lone_run(per_s, busy_pct=None, step_ms=None, label="solo"):
+def lone_run(per_s, busy_pct=None, step_ms=None, label="solo", ran=None):
     """A lone run of the inference step that ran, as the runner gives it."""
-    pod = {"per_s": per_s, **({"step_ms": step_ms} if step_ms else {})}
+    pod = {"per_s": per_s, **({"step_ms": step_ms} if step_ms else {}),
+           **({"kernel_busy": ran, "gaps_3us": 0.04, "gaps_3us_n": 9000, "gaps_10us": 0.005, "gaps_longer": 0.002}
+              if ran else {})}
     return {"spec": packing_plan.Spec("infer", packing_plan.SOLO, 1, label),
             "result": {"tag": label, "pods": [pod],
                        "gpu": {"sm_mhz": 1980.0, "power_w": 700.0, "busy_pct": busy_pct, "samples": 50}}}
@@ -399,8 +406,8 @@ def test_packing_baseline_nvml_before_the_warm_up():
     # two windows 94% and 96% busy: the shares are judged on NVML's mean.
     runs = [lone_run(4000.0, 94.0, 0.25), lone_run(4000.0, 96.0, 0.21, "solo again")]
     base = packing_report.baseline(runs, "infer", {})
-    assert base == {"per_s": 4000.0, "busy": pytest.approx(0.95), "by": "nvml", "nvml": pytest.approx(0.95),
-                    "warmup": pytest.approx(0.84), "unit_ms": pytest.approx(0.21)}
+    assert base == {"per_s": 4000.0, "busy": pytest.approx(0.95), "by": "nvml", "cupti": None,
+                    "nvml": pytest.approx(0.95), "warmup": pytest.approx(0.84), "unit_ms": pytest.approx(0.21)}
     # The mean of the lone runs that have a reading; at most all of the time.
     assert packing_report.baseline([lone_run(4000.0, None, 0.21), lone_run(4000.0, 90.0)], "infer", {})[
         "nvml"] == pytest.approx(0.9)
@@ -417,6 +424,66 @@ def test_packing_baseline_nvml_before_the_warm_up():
     assert (base["by"], base["busy"], base["warmup"]) == ("nvml", pytest.approx(0.99), pytest.approx(0.9))
 
 
+def test_packing_shares_by_cupti_first():
+    # The lone process's kernels ran 94% and 96% of its windows by CUPTI:
+    # the baseline, before NVML's 99%.
+    runs = [lone_run(4000.0, 99.0, 0.21, ran=0.94), lone_run(4000.0, 99.0, 0.21, "solo again", 0.96),
+            lone_run(4000.0, 99.0, 0.21, "solo once more")]
+    base = packing_report.baseline(runs, "infer", {})
+    assert (base["by"], base["busy"], base["cupti"], base["nvml"]) == (
+        "cupti", pytest.approx(0.95), pytest.approx(0.95), pytest.approx(0.99))
+    assert packing_report.baseline([lone_run(4000.0, 99.0)], "infer", {})["by"] == "nvml"
+    # Pods that CUPTI timed, every one: their shares are the time their
+    # kernels ran; one without it: all by throughput.
+    spec = packing_plan.Spec("infer", packing_plan.MODES["turns"], 2, "turns N=2")
+    pods = [{"per_s": 1900.0, "kernel_busy": 0.452}, {"per_s": 1800.0, "kernel_busy": 0.446}]
+    runs.append({"spec": spec, "result": {"tag": "t", "pods": pods}})
+    bases = packing_report.evaluate(runs, {})
+    fig = runs[-1]["figures"]
+    assert fig["by"] == "cupti" and fig["shares"] == pytest.approx([45.2, 44.6]) and fig["targets"] == [45.0, 45.0]
+    assert fig["max_dev_pp"] == pytest.approx(-0.4) and fig["verdicts"] == {"shares": True}
+    notes = packing_report.notes(runs, ["infer"], bases)
+    [line] = [x for x in notes if x.startswith("infer, each pod's kernels")]
+    assert line.endswith("; turns N=2 44.60–45.20 (sum 89.8), by throughput 42.75–45.12"), line
+    assert ("infer alone, the GPU idle between its kernels by CUPTI, % of the window, in gaps up to 3 us (how many)"
+            " / 3 to 10 us / longer: solo 4.0% (9,000) / 0.5% / 0.2%; solo again 4.0% (9,000) / 0.5% / 0.2%") in notes
+    # Time-sliced pods launching at once: by throughput, CUPTI's beside it.
+    runs[-1]["spec"] = packing_plan.Spec("infer", packing_plan.MODES["timeslice"], 2, "timeslice N=2")
+    packing_report.evaluate(runs, {})
+    assert runs[-1]["figures"]["by"] == "throughput"
+    runs[-1]["spec"] = spec
+    del pods[1]["kernel_busy"]
+    packing_report.evaluate(runs, {})
+    assert runs[-1]["figures"]["by"] == "throughput"
+    assert runs[-1]["figures"]["shares"] == pytest.approx([1900 / 4000 * 95, 1800 / 4000 * 95])
+
+
+def test_packing_kernel_timing_builds_against_cupti(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPTI_HOME", str(tmp_path / "cupti"))
+    lib, why = packing.build_kernel_time(tmp_path)
+    assert lib is None and why == f"no CUPTI (its header and library) in {tmp_path / 'cupti'}"
+    (tmp_path / "cupti" / "include").mkdir(parents=True)
+    (tmp_path / "cupti" / "include" / "cupti_activity.h").write_text("")
+    (tmp_path / "cupti" / "lib").mkdir()
+    (tmp_path / "cupti" / "lib" / "libcupti.so.13").write_text("")
+    seen = []
+    monkeypatch.setattr(packing, "nvcc", lambda args: seen.append(args) or None)
+    lib, where = packing.build_kernel_time(tmp_path)
+    assert (lib, where) == (tmp_path / "kernel_time.so", str(tmp_path / "cupti" / "lib" / "libcupti.so.13"))
+    assert seen[0][-3:] == ["-l:libcupti.so.13", f"-Xlinker=-rpath={tmp_path / 'cupti' / 'lib'}", "-lpthread"]
+    assert str(packing.KERNEL_TIME_C) in seen[0] and packing.KERNEL_TIME_C.is_file()
+    monkeypatch.setattr(packing, "nvcc", lambda args: "nvcc ...: exit 1")
+    assert packing.build_kernel_time(tmp_path) == (None, "nvcc ...: exit 1")
+    # Without $CUPTI_HOME: PyTorch's nvidia wheels (where there are), then
+    # the toolkit of the nvcc the bench runs.
+    monkeypatch.delenv("CUPTI_HOME")
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    (tmp_path / "cuda" / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (tmp_path / "cuda" / "bin" / "nvcc").chmod(0o755)
+    monkeypatch.setenv("NVCC", str(tmp_path / "cuda" / "bin" / "nvcc"))
+    assert packing.cupti_roots()[-2:] == [tmp_path / "cuda" / "extras" / "CUPTI", tmp_path / "cuda"]
+
+
 def test_packing_baseline_in_figures_and_notes():
     timeslice = packing_plan.Spec("infer", packing_plan.MODES["timeslice"], 2, "timeslice N=2")
     pods = [{"per_s": 1000.0}, {"per_s": 1000.0}]
@@ -428,13 +495,13 @@ def test_packing_baseline_in_figures_and_notes():
     assert runs[1]["figures"]["targets"] == [45.0, 45.0] and runs[1]["figures"]["baseline"] == "nvml"
     [line] = [x for x in packing_report.notes(runs, ["infer"], bases) if x.startswith("infer alone")]
     assert line == ("infer alone: 4,000.0 steps/s; warm-up baseline 84.0% (a step 0.210 ms on the GPU alone),"
-                    " NVML baseline 95.0%: shares judged on NVML")
+                    " NVML baseline 95.0%: baseline used: NVML")
     assert packing_report.row(runs[0])[2] == "the baseline (GPU 95.0% busy, by NVML)"
     runs[0]["result"]["gpu"]["busy_pct"] = None  # no NVML sample a second in
     bases = packing_report.evaluate(runs, {})
     assert runs[1]["figures"]["shares"] == pytest.approx([21.0, 21.0])
     assert packing_report.baseline_note("infer", bases["infer"]) == (
-        "warm-up baseline 84.0% (a step 0.210 ms on the GPU alone), NVML baseline none: shares judged on the"
+        "warm-up baseline 84.0% (a step 0.210 ms on the GPU alone), NVML baseline none: baseline used: the"
         " warm-up")
 
 
@@ -507,6 +574,15 @@ def test_packing(corun_env, monkeypatch, capsys):
     # often enough for a 0.3 s window.
     monkeypatch.setattr(packing, "NVML_FROM_S", 0.0)
     monkeypatch.setattr(packing, "SAMPLE_MS", 20)
+    # A CUPTI to build against: its header and library where the bench
+    # looks ($CUPTI_HOME); the fake nvcc "builds" kernel_time.so, and the
+    # fake infer worker given it says how long its kernels ran.
+    cupti = out.parent / "cupti"
+    (cupti / "include").mkdir(parents=True)
+    (cupti / "lib64").mkdir()
+    (cupti / "include" / "cupti_activity.h").write_text("")
+    (cupti / "lib64" / "libcupti.so.13").write_text("")
+    monkeypatch.setenv("CUPTI_HOME", str(cupti))
     main(["packing", "--bundle", str(bundle), "--out", str(out), "--seconds", "0.3", "--counts", "1,2",
           "--modes", "timeslice,turns,corun", "--turn-ms", "3", "--mps-control", args[-1]])
     printed = capsys.readouterr().out
@@ -521,19 +597,26 @@ def test_packing(corun_env, monkeypatch, capsys):
     # The fakes run at their lone rate whatever the limits (nothing here
     # limits them): every figure is the plumbing's, from the workers' lines,
     # the fake nvidia-smi and the daemon's status, the GPU time charged
-    # included (none). The baseline is NVML's utilisation of the lone runs'
-    # windows (42%), which caps the targets; the warm-up's reading (0.21 ms
-    # steps: 84%) and the GPU time the steps took in the window (gpu_busy)
-    # are notes beside it.
+    # included (none). The kernels' shares are their throughput against
+    # NVML's utilisation of the lone runs' windows (42%), which caps their
+    # targets; the inference pods' are the time their kernels ran by CUPTI
+    # (40% each), and the lone runs' (40%) caps their targets; the
+    # warm-up's reading (0.21 ms steps: 84%), NVML's and the GPU time the
+    # steps took in the window (gpu_busy) are notes beside it.
+    assert f"kernel timing: {cupti / 'lib64' / 'libcupti.so.13'}" in printed, printed
     for mode in ("timeslice", "turns"):
         assert (f"| kernels | {mode} N=2 | cap 42.00% | 4,000.0 kernels/s | 200.0 | 42.00–42.00 | 0.00–0.00 |"
                 in text), text
-        assert f"| infer | {mode} N=2 | cap 42.00% | 8,000.0 steps/s | 200.0 | 42.00–42.00 |" in text, text
-    assert ("infer alone: 4,000.0, 4,000.0 steps/s, drift +0.00%; warm-up baseline 84.0% (a step 0.210 ms on the"
-            " GPU alone), NVML baseline 42.0%: shares judged on NVML; busy by its steps' events in the window:"
-            " 90.0%") in text, text
+        assert f"| infer | {mode} N=2 | cap 40.00% | 8,000.0 steps/s | 200.0 | 40.00–40.00 |" in text, text
+    assert ("infer alone: 4,000.0, 4,000.0 steps/s, drift +0.00%; CUPTI baseline 40.0%, warm-up baseline 84.0%"
+            " (a step 0.210 ms on the GPU alone), NVML baseline 42.0%: baseline used: CUPTI; busy by its steps'"
+            " events in the window: 90.0%") in text, text
+    assert ("infer, each pod's kernels by CUPTI, % of the window (their sum), and its share by throughput: solo"
+            " 40.00 (sum 40.0); no limiter N=2 40.00 (sum 80.0), by throughput 40.00;") in text, text
+    assert "solo 5.0% (7,000) / 2.0% / 1.0%; solo again 5.0% (7,000) / 2.0% / 1.0%" in text, text
     assert "kernels alone: 2,000.0, 2,000.0 kernels/s, drift +0.00%; warm-up baseline 90.0% (a kernel" in text
-    assert "| infer | solo | the baseline (GPU 42.0% busy, by NVML) |" in text
+    assert "| infer | solo | the baseline (GPU 40.0% busy, by CUPTI) |" in text
+    assert "| kernels | solo | the baseline (GPU 42.0% busy, by NVML) |" in text
     # The table by mode: a column for each, the turns' as the time-sliced one's.
     assert ("| kernels, 2 | 200.0%, 42.00% | 200.0%, 42.00% (0.00) | 200.0%, 42.00% (0.00)"
             " | 200.0%, 42.00% (0.00)") in text, text
@@ -543,8 +626,15 @@ def test_packing(corun_env, monkeypatch, capsys):
     assert "kernels, turns (the status's turn, handovers in the window): turns N=2 3 ms, 0 (0/s); turns N=1 3 ms," \
         in text, text
     data = json.loads((out / "packing-bench.json").read_text())
-    assert data["baselines"]["infer"] == {"per_s": 4000.0, "busy": 0.42, "by": "nvml", "nvml": 0.42,
-                                          "warmup": pytest.approx(0.84), "unit_ms": pytest.approx(0.21)}
+    assert data["baselines"]["infer"] == {"per_s": 4000.0, "busy": pytest.approx(0.4), "by": "cupti",
+                                          "cupti": pytest.approx(0.4), "nvml": 0.42, "warmup": pytest.approx(0.84),
+                                          "unit_ms": pytest.approx(0.21)}
+    # By CUPTI where the pods launch one at a time (one pod, or turns).
+    assert {(r["label"], r["figures"]["by"]) for r in data["runs"] if r["workload"] == "infer" and r["n"] > 1} == {
+        ("no limiter N=2", "throughput"), ("timeslice N=2", "throughput"), ("turns N=2", "cupti"),
+        ("corun N=2", "throughput")}
+    assert {r["figures"]["by"] for r in data["runs"] if r["workload"] == "infer" and r["n"] == 1} == {"cupti"}
+    assert {r["figures"]["by"] for r in data["runs"] if r["workload"] == "kernels"} == {"throughput"}
     for run in data["runs"]:
         # The runs with the most pods end with returns: each fake worker
         # asks for admission once a return, and the daemon's histogram
