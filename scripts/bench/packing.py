@@ -71,26 +71,25 @@ against the CUPTI beside PyTorch or the toolkit's, loaded before CUDA
 starts), where every pod of the run has it and they launch one at a time
 (one pod, or pods taking turns: elsewhere a time-sliced kernel's span takes
 in the slices of the pods that preempted it, and co-run kernels share the
-SMs by design); else its
-throughput over the lone process's, times the fraction of the time the
-lone process keeps the GPU busy, so that a workload that leaves the GPU
-idle between steps is not counted as holding it. That fraction, which also
-caps a pod's target, is the lone runs' kernels' time by CUPTI where they
-have it; else NVML's utilisation over the lone runs' windows, a second in,
-their mean, which counts a sample period in which any kernel ran, blind to
-the microseconds between a host-bound step's kernels; else the warm-up's
-reading, the lone process's rate times a unit's GPU time alone (the
-calibrated kernel, or the step's CUDA-event time in its warm-up). The
-notes give every reading; each run's pods' kernels by CUPTI and their
-sum beside the shares by throughput;
-the lone runs' gaps between kernels (up to 3 us: the GPU moving to the
-next kernel it had queued, time the limiter charges and CUPTI's kernels
-leave out); and the GPU time the lone process's steps took in its window,
-each bracketed by events (the gaps inside a step count). The warm-up times
-a unit at its boost clock, and the inference step is power-bound, its
-clock falling to 1,550-1,750 MHz in a window, where a step takes longer:
-on an H100 its warm-up read the lone process 85.9% busy, NVML 95.0%. A
-pod's throughput is at its own clock); the GPU time the
+SMs by design); else its throughput over the lone process's, times the
+fraction of the time the lone process keeps the GPU busy, so that a
+workload that leaves the GPU idle between steps is not counted as holding
+it. That fraction, which also caps a pod's target, is the lone runs'
+kernels' time by CUPTI where they have it; else NVML's utilisation over the
+lone runs' windows, a second in, their mean, which counts a sample period
+in which any kernel ran, blind to the microseconds between a host-bound
+step's kernels; else the warm-up's reading, the lone process's rate times a
+unit's GPU time alone (the calibrated kernel, or the step's CUDA-event time
+in its warm-up). The notes give every reading; each run's pods' kernels by
+CUPTI and their sum beside the shares by throughput; the lone runs' gaps
+between kernels (up to 3 us: the GPU moving to the next kernel it had
+queued, time the limiter charges and CUPTI's kernels leave out); and the
+GPU time the lone process's steps took in its window, each bracketed by
+events (the gaps inside a step count). The warm-up times a unit at its
+boost clock, and the inference step is power-bound, its clock falling to
+1,550-1,750 MHz in a window, where a step takes longer: on an H100 its
+warm-up read the lone process 85.9% busy, NVML 95.0%. A pod's throughput is
+at its own clock); the GPU time the
 limiter charged each pod over the window, % of the window, from the daemon's
 status (charged_ns at its start and end): against the pod's share, how far
 its prices are from what its work took; what the elastic pods of a co-run
