@@ -204,7 +204,8 @@ def build_kernel_time(folder: Path) -> tuple[Path | None, str]:
     """kernel_time.c built with nvcc against the first CUPTI of
     `cupti_roots` with its header and library, into folder: (the library,
     where it was found), else (None, why not)."""
-    for root in cupti_roots():
+    roots = cupti_roots()
+    for root in roots:
         libs = sorted(p for d in ("lib64", "lib") for p in (root / d).glob("libcupti.so*"))
         if not (root / "include" / "cupti_activity.h").is_file() or not libs:
             continue
@@ -213,7 +214,7 @@ def build_kernel_time(folder: Path) -> tuple[Path | None, str]:
                       str(KERNEL_TIME_C), "-L", str(libs[0].parent), f"-l:{libs[0].name}",
                       f"-Xlinker=-rpath={libs[0].parent}", "-lpthread"])
         return (None, error) if error else (lib, str(libs[0]))
-    return None, "no CUPTI (its header and library) in " + ", ".join(map(str, cupti_roots()))
+    return None, "no CUPTI (its header and library) in " + ", ".join(map(str, roots))
 
 
 

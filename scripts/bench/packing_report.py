@@ -14,15 +14,16 @@ def shares(per_s: list[float], solo: float, busy: float, want: list[float], ran=
     window in which its kernels ran, as CUPTI recorded them (`ran`, where
     every pod has it), else its throughput over the lone process's `solo`,
     times the fraction `busy` of the time the lone process keeps the GPU
-    busy; how far they are from their targets `want` ("by": "cupti" or
-    "throughput"), and the aggregate: the pods' throughput over the lone
+    busy ("by_throughput", whichever is judged); how far they are from
+    their targets `want` ("by": "cupti" or "throughput"), and the aggregate: the pods' throughput over the lone
     process's, percent."""
     measured = ran is not None and all(x is not None for x in ran)
-    got = [x * 100 for x in ran] if measured else [x / solo * busy * 100 for x in per_s]
+    by_rate = [x / solo * busy * 100 for x in per_s]
+    got = [x * 100 for x in ran] if measured else by_rate
     dev = [g - w for g, w in zip(got, want)]
     return {"shares": got, "aggregate": sum(per_s) / solo * 100, "busy": busy,
-            "by": "cupti" if measured else "throughput", "max_dev_pp": max(dev, key=abs),
-            "spread_pp": max(got) - min(got)}
+            "by": "cupti" if measured else "throughput", "by_throughput": by_rate,
+            "max_dev_pp": max(dev, key=abs), "spread_pp": max(got) - min(got)}
 
 
 def lone_runs(runs, workload) -> list[dict]:
@@ -54,22 +55,26 @@ def window_busy(runs, workload) -> float | None:
     return min(1.0, sum(got) / len(got)) if got else None
 
 
+def lone_mean(runs, workload, read) -> float | None:
+    """The mean of `read(result)` over the workload's lone runs where it is
+    not None; None where it is for all of them."""
+    got = [x for r in lone_runs(runs, workload) if (x := read(r["result"])) is not None]
+    return sum(got) / len(got) if got else None
+
+
 def nvml_busy(runs, workload) -> float | None:
     """NVML's utilisation of the GPU over the lone runs' windows (the share
     of the time a kernel ran), the mean of the runs that have it, as a
     fraction, at most 1; None where none has it."""
-    got = [(r["result"].get("gpu") or {}).get("busy_pct") for r in lone_runs(runs, workload)]
-    got = [x for x in got if x is not None]
-    return min(1.0, sum(got) / len(got) / 100) if got else None
+    got = lone_mean(runs, workload, lambda res: (res.get("gpu") or {}).get("busy_pct"))
+    return None if got is None else min(1.0, got / 100)
 
 
 def kernel_busy(runs, workload) -> float | None:
     """The fraction of its window in which the lone process's kernels ran,
     as CUPTI recorded them, the mean of the lone runs that have it; None
     where none has."""
-    got = [r["result"]["pods"][0].get("kernel_busy") for r in lone_runs(runs, workload)]
-    got = [x for x in got if x is not None]
-    return sum(got) / len(got) if got else None
+    return lone_mean(runs, workload, lambda res: res["pods"][0].get("kernel_busy"))
 
 
 def baseline(runs, workload, calibration) -> dict | None:
@@ -289,17 +294,14 @@ def cupti_note(runs, workload) -> str:
     while another's time slice preempted it) and its share by throughput;
     "" without any."""
     got = []
-    solo = solo_rates(runs, workload)
     for r in runs:
         pods = r["result"]["pods"] if r["spec"].workload == workload and ok(r) else []
         ran = [pod.get("kernel_busy") for pod in pods]
         if not pods or None in ran:
             continue
         text = f"{r['spec'].label} {figure_range([x * 100 for x in ran])} (sum {sum(ran) * 100:.1f})"
-        base = (r.get("figures") or {}).get("busy")
-        if base and solo and r["spec"].mode is not SOLO:
-            by_rate = [pod["per_s"] / (sum(solo) / len(solo)) * base * 100 for pod in pods]
-            text += f", by throughput {figure_range(by_rate)}"
+        if "figures" in r and r["spec"].mode is not SOLO:
+            text += f", by throughput {figure_range(r['figures']['by_throughput'])}"
         got.append(text)
     return (f"{workload}, each pod's kernels by CUPTI, % of the window (their sum), and its share by throughput:"
             f" {'; '.join(got)}") if got else ""
