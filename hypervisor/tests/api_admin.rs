@@ -297,11 +297,20 @@ fn status_and_metrics_show_pods_gpus_and_latency() {
             200
         );
     }
+    // Budget the pod's bucket dropped at its depth, as the limiter counts it.
+    RegionView::open(&a)
+        .bucket(0)
+        .forfeited_ns
+        .store(1_500_000_000, Ordering::Relaxed);
     let (status, text) = call("GET", &format!("{url}/metrics"), None, None);
     assert_eq!(status, 200);
     for want in [
         format!(
             "gpushare_pod_memory_quota_bytes{{pod=\"{a}\",gpu=\"{}\"}} 1073741824",
+            gpu(0)
+        ),
+        format!(
+            "gpushare_pod_share_forfeited_seconds_total{{pod=\"{a}\",gpu=\"{}\"}} 1.500000",
             gpu(0)
         ),
         format!("gpushare_pod_workers{{pod=\"{a}\"}} 1"),

@@ -65,25 +65,30 @@ Per run: the aggregate throughput (the pods' sum over the lone process's),
 each pod's share of the GPU's time against its target (its cap, else its
 weight's fair share of the GPU, 100/N%) with the largest deviation and the
 spread (a pod's share of the GPU's time: for the inference step, the
-fraction of the window in which its kernels ran, as CUPTI recorded each
-kernel's start and end in the pod's process (kernel_time.c, built with nvcc
-against the CUPTI beside PyTorch or the toolkit's, loaded before CUDA
-starts), where every pod of the run has it and they launch one at a time
+fraction of the window in which its kernels ran, plus the GPU's moves
+between two of its kernels it had queued back to back (gaps of up to 3 us),
+as CUPTI recorded each kernel's start and end in the pod's process
+(kernel_time.c, built with nvcc against the CUPTI beside PyTorch or the
+toolkit's, loaded before CUDA starts): a time-sliced GPU runs no other
+context in those moves, and the limiter charges them, so that a pod of tiny
+kernels pays for the GPU it holds; where every pod of the run has it and
+they launch one at a time
 (one pod, or pods taking turns: elsewhere a time-sliced kernel's span takes
 in the slices of the pods that preempted it, and co-run kernels share the
 SMs by design); else its throughput over the lone process's, times the
 fraction of the time the lone process keeps the GPU busy, so that a
 workload that leaves the GPU idle between steps is not counted as holding
 it. That fraction, which also caps a pod's target, is the lone runs'
-kernels' time by CUPTI where they have it; else NVML's utilisation over the
+GPU time by CUPTI, so counted, where they have it; else NVML's utilisation over the
 lone runs' windows, a second in, their mean, which counts a sample period
 in which any kernel ran, blind to the microseconds between a host-bound
 step's kernels; else the warm-up's reading, the lone process's rate times a
 unit's GPU time alone (the calibrated kernel, or the step's CUDA-event time
-in its warm-up). The notes give every reading; each run's pods' kernels by
-CUPTI and their sum beside the shares by throughput; the lone runs' gaps
-between kernels (up to 3 us: the GPU moving to the next kernel it had
-queued, time the limiter charges and CUPTI's kernels leave out); and the
+in its warm-up). The notes give every reading; each run's pods' GPU time
+by CUPTI, their sum and their kernels alone beside the shares by
+throughput; the lone runs' gaps between kernels (up to 3 us: the GPU moving
+to the next kernel it had queued); the budget each pod forfeited at its
+bucket's depth (the daemon's forfeited_ns over the window); and the
 GPU time the lone process's steps took in its window, each bracketed by
 events (the gaps inside a step count). The warm-up times a unit at its
 boost clock, and the inference step is power-bound, its clock falling to

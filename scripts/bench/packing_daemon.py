@@ -175,6 +175,7 @@ class PackingDaemon(hv.Daemon):
             figures = pod_figures(status)
             capacity = [f["elastic_capacity_ppm"] for f in figures.values() if f.get("elastic_capacity_ppm")]
             return {"charged_ns": {pod: f.get("charged_ns") for pod, f in figures.items()},
+                    "forfeited_ns": {pod: f.get("forfeited_ns") for pod, f in figures.items()},
                     "capacity_pct": max(capacity) / 1e4 if capacity else None, "turns": gpu_turns(status)}
 
         first = (from_status(), scrape()) if scrape_first else None
@@ -221,7 +222,7 @@ class PackingDaemon(hv.Daemon):
 def pod_figures(status: dict) -> dict:
     """Each pod's rate (the share granted), achieved share over the last
     second, share of the SMs (co-run) and workers, as `status` says them."""
-    keys = ("rate_ppm", "achieved_ppm", "sm_percent", "charged_ns", "elastic_capacity_ppm")
+    keys = ("rate_ppm", "achieved_ppm", "sm_percent", "charged_ns", "forfeited_ns", "elastic_capacity_ppm")
     return {p["id"]: {**{k: (p.get("gpus") or [{}])[0].get(k) for k in keys}, "workers": p.get("workers")}
             for p in status.get("pods", [])}
 
@@ -257,9 +258,16 @@ def daemon_figures(before: dict, after: dict) -> dict:
     # What each pod was charged over the window, % of its wall time: beside
     # its share of the GPU's time, how far the limiter's prices are off.
     span_ns = (after["t"] - before["t"]) * 1e9
-    out["charged_pct"] = {pod: (ns - before["charged_ns"][pod]) / span_ns * 100
-                          for pod, ns in after["charged_ns"].items()
-                          if ns is not None and before["charged_ns"].get(pod) is not None and span_ns > 0}
+
+    def pct(key):
+        """What each pod's counter `key` (ns) gained, % of the window."""
+        was = before.get(key) or {}
+        return {pod: (ns - was[pod]) / span_ns * 100 for pod, ns in (after.get(key) or {}).items()
+                if ns is not None and was.get(pod) is not None and span_ns > 0}
+
+    out["charged_pct"] = pct("charged_ns")
+    # What each pod earned beyond its bucket's depth and lost, % of the window.
+    out["forfeited_pct"] = pct("forfeited_ns")
     out["turns"] = turns_figures(before.get("turns"), after.get("turns"), span_ns / 1e9)
     return out
 

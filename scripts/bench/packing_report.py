@@ -10,9 +10,9 @@ from .packing_plan import (ADMISSION_P99_MS, AGGREGATE_N, AGGREGATE_PCT, DAEMON_
 
 
 def shares(per_s: list[float], solo: float, busy: float, want: list[float], ran=None) -> dict:
-    """Each pod's share of the GPU's time, percent: the fraction of the
-    window in which its kernels ran, as CUPTI recorded them (`ran`, where
-    every pod has it), else its throughput over the lone process's `solo`,
+    """Each pod's share of the GPU's time, percent: its GPU time by CUPTI
+    over the window (`ran`, where every pod has it: see `gpu_time`), else
+    its throughput over the lone process's `solo`,
     times the fraction `busy` of the time the lone process keeps the GPU
     busy ("by_throughput", whichever is judged); how far they are from
     their targets `want` ("by": "cupti" or "throughput"), and the aggregate: the pods' throughput over the lone
@@ -70,18 +70,29 @@ def nvml_busy(runs, workload) -> float | None:
     return None if got is None else min(1.0, got / 100)
 
 
-def kernel_busy(runs, workload) -> float | None:
-    """The fraction of its window in which the lone process's kernels ran,
-    as CUPTI recorded them, the mean of the lone runs that have it; None
-    where none has."""
-    return lone_mean(runs, workload, lambda res: res["pods"][0].get("kernel_busy"))
+def gpu_time(pod: dict) -> float | None:
+    """A pod's GPU time by CUPTI, as a fraction of its window: the time its
+    kernels ran plus the GPU's moves between two of its kernels it had
+    queued back to back (the gaps of up to 3 us between them; 1.5 to 3 us
+    on an H100). A time-sliced GPU runs no other context in those moves,
+    and the limiter charges a queued kernel its back-to-back period, move
+    included, so that a pod of many tiny kernels pays for the GPU it holds
+    (compute.md). None where CUPTI did not time the pod."""
+    kernels, moves = pod.get("kernel_busy"), pod.get("gaps_3us")
+    return None if kernels is None or moves is None else kernels + moves
+
+
+def lone_gpu_time(runs, workload) -> float | None:
+    """The lone process's `gpu_time`, the mean of the lone runs that have
+    it; None where none has."""
+    return lone_mean(runs, workload, lambda res: gpu_time(res["pods"][0]))
 
 
 def baseline(runs, workload, calibration) -> dict | None:
     """The workload's lone process: its throughput ("per_s", the mean of
     its lone runs) and the fraction of the GPU's time it keeps busy, which
     caps its pods' targets and against which throughput shares are judged
-    ("busy"): the time its kernels ran by CUPTI, else NVML's
+    ("busy"): its GPU time by CUPTI (`gpu_time`), else NVML's
     utilisation over its windows, else its warm-up's (its rate times a
     unit's GPU time alone), else all of it. Every reading is kept
     ("cupti", "nvml", "warmup") and which was used ("by"). CUPTI's first:
@@ -97,7 +108,7 @@ def baseline(runs, workload, calibration) -> dict | None:
     per_s = sum(rates) / len(rates)
     unit = unit_gpu_s(runs, workload, calibration)
     warmup = min(1.0, per_s * unit) if unit else None
-    cupti = kernel_busy(runs, workload)
+    cupti = lone_gpu_time(runs, workload)
     nvml = nvml_busy(runs, workload)
     by, busy = next(((name, x) for name, x in (("cupti", cupti), ("nvml", nvml), ("warm-up", warmup))
                      if x is not None), ("none", 1.0))
@@ -157,8 +168,8 @@ def evaluate(runs, calibration) -> dict:
 
 def one_at_a_time(spec: Spec) -> bool:
     """Whether a run's pods launch one at a time (one pod, or pods taking
-    turns), so that a kernel's span in CUPTI's records is its pod's GPU
-    time: where several launch at once, a time-sliced kernel's span takes
+    turns), so that a kernel's span in CUPTI's records, and a gap between
+    two of a pod's kernels, is its pod's GPU time: where several launch at once, a time-sliced kernel's span takes
     in the slices of the pods that preempted it, and co-run kernels share
     the SMs by design."""
     return spec.n == 1 or spec.mode.turn_ms is not None
@@ -170,7 +181,7 @@ def run_figures(run, base: dict) -> dict:
     spec, res = run["spec"], run["result"]
     want = targets(spec.mode, spec.n, base["busy"])
     summary = shares([pod["per_s"] for pod in res["pods"]], base["per_s"], base["busy"], want,
-                     [pod.get("kernel_busy") for pod in res["pods"]] if one_at_a_time(spec) else None)
+                     [gpu_time(pod) for pod in res["pods"]] if one_at_a_time(spec) else None)
     charged = (res.get("daemon") or {}).get("charged_pct") or {}
     summary["charged"] = [charged.get(f"{res['tag']}-{i}") for i in range(spec.n)]
     summary["nvml"] = [pod.get("nvml_sm_pct") for pod in res["pods"]]
@@ -268,7 +279,8 @@ def notes(runs, workloads, bases) -> list[str]:
                   for r in runs if r["spec"].workload == workload and (r.get("result") or {}).get("gpu")]
         if clocks:
             out.append(f"{workload}, SM MHz/board W through the window: {'; '.join(clocks)}")
-        out += [x for x in (cupti_note(runs, workload), gaps_note(runs, workload)) if x]
+        out += [x for x in (cupti_note(runs, workload), gaps_note(runs, workload),
+                            forfeited_note(runs, workload)) if x]
         turns = turns_note(runs, workload)
         if turns:
             out.append(turns)
@@ -289,22 +301,38 @@ def notes(runs, workloads, bases) -> list[str]:
 
 
 def cupti_note(runs, workload) -> str:
-    """Per run whose pods CUPTI timed: the share of the window in which
-    each pod's kernels ran (their sum: past 100%, one pod's kernel went on
-    while another's time slice preempted it) and its share by throughput;
-    "" without any."""
+    """Per run whose pods CUPTI timed: each pod's GPU time (`gpu_time`), %
+    of the window, their sum (past 100%, one pod's kernel went on while
+    another's time slice preempted it), its kernels alone, and its share
+    by throughput; "" without any."""
     got = []
     for r in runs:
         pods = r["result"]["pods"] if r["spec"].workload == workload and ok(r) else []
-        ran = [pod.get("kernel_busy") for pod in pods]
+        ran = [gpu_time(pod) for pod in pods]
         if not pods or None in ran:
             continue
-        text = f"{r['spec'].label} {figure_range([x * 100 for x in ran])} (sum {sum(ran) * 100:.1f})"
+        kernels = [pod["kernel_busy"] * 100 for pod in pods]
+        text = (f"{r['spec'].label} {figure_range([x * 100 for x in ran])} (sum {sum(ran) * 100:.1f};"
+                f" kernels {figure_range(kernels)})")
         if "figures" in r and r["spec"].mode is not SOLO:
             text += f", by throughput {figure_range(r['figures']['by_throughput'])}"
         got.append(text)
-    return (f"{workload}, each pod's kernels by CUPTI, % of the window (their sum), and its share by throughput:"
-            f" {'; '.join(got)}") if got else ""
+    return (f"{workload}, each pod's GPU time by CUPTI (kernels and the moves between its queued kernels), % of the"
+            f" window (their sum; kernels alone), and its share by throughput: {'; '.join(got)}") if got else ""
+
+
+def forfeited_note(runs, workload) -> str:
+    """Per run with a daemon whose pods forfeited budget: what each earned
+    beyond its bucket's depth in the window, % of the window (a pod below
+    its cap while its demand dipped, or one waiting longer than its bucket
+    holds); "" where none forfeited 0.05% or more."""
+    got = []
+    for r in runs:
+        lost = list((((r.get("result") or {}).get("daemon") or {}).get("forfeited_pct") or {}).values())
+        if r["spec"].workload == workload and lost and max(lost) >= 0.05:
+            got.append(f"{r['spec'].label} {figure_range(lost)}")
+    return (f"{workload}, budget forfeited at the bucket's depth, % of the window: {'; '.join(got)}"
+            if got else "")
 
 
 def gaps_note(runs, workload) -> str:

@@ -50,8 +50,10 @@ pub struct BucketState {
     pub charged_ns: AtomicU64,
     /// Launches admitted so far.
     pub launches: AtomicU64,
-    /// Zero; room for fields that default to zero.
-    pub reserved: AtomicU64,
+    /// GPU nanoseconds earned or credited beyond [`CAPACITY_NS`], dropped:
+    /// what a pod idle (or between bursts longer than the bucket) did not
+    /// use. Zero in buckets made before it was counted.
+    pub forfeited_ns: AtomicU64,
 }
 
 /// What decides a bucket: the share, the elastic ceiling, suspension. In
@@ -231,7 +233,7 @@ impl<'a> Bucket<'a> {
                     Some(charged.saturating_sub(credit))
                 })
                 .ok();
-            self.add_tokens(credit as i64);
+            self.add_tokens(credit as i64, true);
         }
     }
 
@@ -245,13 +247,21 @@ impl<'a> Bucket<'a> {
         self.charged_ns.fetch_add(cost_ns, Ordering::Relaxed);
     }
 
-    fn add_tokens(&self, amount: i64) {
+    /// Adds `amount`, up to the capacity; counts what lies beyond it as
+    /// forfeited where `count` says so.
+    fn add_tokens(&self, amount: i64, count: bool) {
         // Saturating at the capacity; fetch_update retries on contention.
-        self.tokens_ns
+        let before = self
+            .tokens_ns
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
                 Some(tokens.saturating_add(amount).min(CAPACITY_NS))
             })
-            .ok();
+            .unwrap_or_else(|tokens| tokens);
+        let beyond = before.saturating_add(amount).saturating_sub(CAPACITY_NS);
+        if count && beyond > 0 {
+            self.forfeited_ns
+                .fetch_add(beyond.unsigned_abs(), Ordering::Relaxed);
+        }
     }
 
     /// Adds what the bucket earned since its last refill at the rate in
@@ -279,7 +289,9 @@ impl<'a> Bucket<'a> {
         }
         let elapsed = now_ns - last;
         let earned = u128::from(elapsed) * u128::from(rate_ppm) / u128::from(PPM);
-        self.add_tokens(i64::try_from(earned).unwrap_or(i64::MAX));
+        // A bucket's first refill counts from the clock's origin: nothing
+        // was earned before it, so nothing is forfeited.
+        self.add_tokens(i64::try_from(earned).unwrap_or(i64::MAX), last != 0);
     }
 }
 
@@ -468,6 +480,24 @@ mod tests {
         bucket.correct(i64::MAX / 2);
         assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), DEBT_FLOOR_NS);
         bucket.correct(-(i64::MAX / 2));
+        assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), CAPACITY_NS);
+    }
+
+    #[test]
+    fn time_beyond_the_capacity_is_counted_as_forfeited() {
+        let owned = Owned::default();
+        let bucket = owned.bucket();
+        bucket.configure(50, 50);
+        // The first refill fills the bucket from the clock's origin: no
+        // time was earned before it, none is forfeited.
+        assert_eq!(bucket.admit(1_000 * MS, MS), Admission::Pass);
+        assert_eq!(bucket.forfeited_ns.load(Ordering::Relaxed), 0);
+        // 4 ms held; 10 ms idle at 50% earns 5: 4 of them forfeited.
+        assert_eq!(bucket.admit(1_010 * MS, MS), Admission::Pass);
+        assert_eq!(bucket.forfeited_ns.load(Ordering::Relaxed), 4 * MS);
+        // A credit beyond the capacity too: 4 ms held, 2 credited.
+        bucket.correct(-2 * MS as i64);
+        assert_eq!(bucket.forfeited_ns.load(Ordering::Relaxed), 5 * MS);
         assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), CAPACITY_NS);
     }
 

@@ -185,6 +185,11 @@ pub fn render(status: &Status) -> String {
             "Launches admitted.",
         ),
         x.family(
+            "gpushare_pod_share_forfeited_seconds_total",
+            "counter",
+            "GPU time the pod earned beyond its bucket's depth (5 ms), unused.",
+        ),
+        x.family(
             "gpushare_pod_active",
             "gauge",
             "1 while the pod wants the GPU.",
@@ -220,6 +225,7 @@ pub fn render(status: &Status) -> String {
                 ratio(gpu.achieved_ppm),
                 gpu.waiting.to_string(),
                 gpu.launches.to_string(),
+                format!("{:.6}", gpu.forfeited_ns as f64 / 1e9),
                 u8::from(gpu.active).to_string(),
             ];
             for (family, value) in per_gpu.iter().zip(values) {

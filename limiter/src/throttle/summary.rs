@@ -72,13 +72,14 @@ impl AtExit for Throttle {
             let charged_ns = budget.bucket.charged_ns.load(Ordering::Relaxed);
             eprintln!(
                 "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
-                 pod_charged_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
+                 pod_charged_ms={:.1} pod_forfeited_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
                  held_for_measurements_ms={:.1} held_for_backlog_ms={:.1} held_for_calibration_ms={:.1} \
                  kernel_idle_extra_ns={} kernel_idle_call_ns={} kernel_queued_extra_ns={} samples={} \
                  discarded_samples={} runs={} runs_counted={} bracket_scale={:.4} monitor_wakeups={}",
                 std::process::id(),
                 budget.bucket.launches.load(Ordering::Relaxed),
                 ms(charged_ns),
+                held(&budget.bucket.forfeited_ns),
                 ms(wall_ns),
                 charged_ns as f64 / wall_ns as f64,
                 held(&self.held.budget_ns),

@@ -183,26 +183,36 @@ def test_packing_baseline_nvml_before_the_warm_up():
 
 
 def test_packing_shares_by_cupti_first():
-    # The lone process's kernels ran 94% and 96% of its windows by CUPTI:
-    # the baseline, before NVML's 99%.
-    runs = [lone_run(4000.0, 99.0, 0.21, ran=0.94), lone_run(4000.0, 99.0, 0.21, "solo again", 0.96),
+    # The lone process's kernels ran 90% and 92% of its windows by CUPTI,
+    # and the GPU moved between its queued kernels 4% more: the baseline
+    # is their sum, before NVML's 99%.
+    runs = [lone_run(4000.0, 99.0, 0.21, ran=0.90), lone_run(4000.0, 99.0, 0.21, "solo again", 0.92),
             lone_run(4000.0, 99.0, 0.21, "solo once more")]
     base = packing_report.baseline(runs, "infer", {})
     assert (base["by"], base["busy"], base["cupti"], base["nvml"]) == (
         "cupti", pytest.approx(0.95), pytest.approx(0.95), pytest.approx(0.99))
     assert packing_report.baseline([lone_run(4000.0, 99.0)], "infer", {})["by"] == "nvml"
-    # Pods that CUPTI timed, every one: their shares are the time their
-    # kernels ran; one without it: all by throughput.
+    # A pod's GPU time: its kernels and the moves between them, or none
+    # where CUPTI gave either alone.
+    assert packing_report.gpu_time({"kernel_busy": 0.4, "gaps_3us": 0.02}) == pytest.approx(0.42)
+    assert packing_report.gpu_time({"kernel_busy": 0.4}) is None and packing_report.gpu_time({}) is None
+    # Pods that CUPTI timed, every one: their shares are their GPU time;
+    # one without it: all by throughput.
     spec = packing_plan.Spec("infer", packing_plan.MODES["turns"], 2, "turns N=2")
-    pods = [{"per_s": 1900.0, "kernel_busy": 0.452}, {"per_s": 1800.0, "kernel_busy": 0.446}]
-    runs.append({"spec": spec, "result": {"tag": "t", "pods": pods}})
+    pods = [{"per_s": 1900.0, "kernel_busy": 0.432, "gaps_3us": 0.02},
+            {"per_s": 1800.0, "kernel_busy": 0.426, "gaps_3us": 0.02}]
+    runs.append({"spec": spec, "result": {"tag": "t", "pods": pods,
+                                          "daemon": {"forfeited_pct": {"t-0": 0.31, "t-1": 0.02}}}})
     bases = packing_report.evaluate(runs, {})
     fig = runs[-1]["figures"]
     assert fig["by"] == "cupti" and fig["shares"] == pytest.approx([45.2, 44.6]) and fig["targets"] == [45.0, 45.0]
     assert fig["max_dev_pp"] == pytest.approx(-0.4) and fig["verdicts"] == {"shares": True}
     notes = packing_report.notes(runs, ["infer"], bases)
-    [line] = [x for x in notes if x.startswith("infer, each pod's kernels")]
-    assert line.endswith("; turns N=2 44.60–45.20 (sum 89.8), by throughput 42.75–45.12"), line
+    [line] = [x for x in notes if x.startswith("infer, each pod's GPU time")]
+    assert line.endswith("; turns N=2 44.60–45.20 (sum 89.8; kernels 42.60–43.20), by throughput 42.75–45.12"), line
+    assert "infer, budget forfeited at the bucket's depth, % of the window: turns N=2 0.02–0.31" in notes
+    runs[-1]["result"]["daemon"]["forfeited_pct"] = {"t-0": 0.04, "t-1": 0.0}
+    assert not [x for x in packing_report.notes(runs, ["infer"], bases) if "forfeited" in x]
     assert ("infer alone, the GPU idle between its kernels by CUPTI, % of the window, in gaps up to 3 us (how many)"
             " / 3 to 10 us / longer: solo 4.0% (9,000) / 0.5% / 0.2%; solo again 4.0% (9,000) / 0.5% / 0.2%") in notes
     # Time-sliced pods launching at once: by throughput, CUPTI's beside it.
@@ -210,7 +220,7 @@ def test_packing_shares_by_cupti_first():
     packing_report.evaluate(runs, {})
     assert runs[-1]["figures"]["by"] == "throughput"
     runs[-1]["spec"] = spec
-    del pods[1]["kernel_busy"]
+    del pods[1]["gaps_3us"]
     packing_report.evaluate(runs, {})
     assert runs[-1]["figures"]["by"] == "throughput"
     assert runs[-1]["figures"]["shares"] == pytest.approx([1900 / 4000 * 95, 1800 / 4000 * 95])
@@ -313,10 +323,15 @@ def test_packing_daemon_figures_over_a_window():
     before = {"t": 10.0, "cpu_s": 1.0, "rss_mib": 30.0, "admission": None,
               "charged_ns": {"p-0": 1_000_000_000, "p-1": None}}
     after = {"t": 15.0, "cpu_s": 1.1, "rss_mib": 31.5, "admission": None,
-             "charged_ns": {"p-0": 1_250_000_000, "p-1": 5}, "capacity_pct": 112.5}
+             "charged_ns": {"p-0": 1_250_000_000, "p-1": 5}, "capacity_pct": 112.5,
+             "forfeited_ns": {"p-0": 50_000_000, "p-1": 7}}
     figures = packing_daemon.daemon_figures(before, after)
     assert figures["cpu_pct"] == pytest.approx(2.0) and figures["rss_mib"] == 31.5
     assert figures["charged_pct"] == {"p-0": pytest.approx(5.0)} and figures["admission"] is None
+    # Forfeits only where both readings have them: none before here.
+    assert figures["forfeited_pct"] == {}
+    before["forfeited_ns"] = {"p-0": 0, "p-1": None}
+    assert packing_daemon.daemon_figures(before, after)["forfeited_pct"] == {"p-0": pytest.approx(1.0)}
     assert figures["capacity_pct"] == 112.5
 
 
@@ -357,23 +372,24 @@ def test_packing(corun_env, monkeypatch, capsys):
     # the fake nvidia-smi and the daemon's status, the GPU time charged
     # included (none). The kernels' shares are their throughput against
     # NVML's utilisation of the lone runs' windows (42%), which caps their
-    # targets; the inference pods' are the time their kernels ran by CUPTI
-    # (40% each), and the lone runs' (40%) caps their targets; the
+    # targets; the inference pods' are their GPU time by CUPTI (kernels 40%
+    # and moves 5% each), and the lone runs' (45%) caps their targets; the
     # warm-up's reading (0.21 ms steps: 84%), NVML's and the GPU time the
     # steps took in the window (gpu_busy) are notes beside it.
     assert f"kernel timing: {cupti / 'lib64' / 'libcupti.so.13'}" in printed, printed
     for mode in ("timeslice", "turns"):
         assert (f"| kernels | {mode} N=2 | cap 42.00% | 4,000.0 kernels/s | 200.0 | 42.00–42.00 | 0.00–0.00 |"
                 in text), text
-        assert f"| infer | {mode} N=2 | cap 40.00% | 8,000.0 steps/s | 200.0 | 40.00–40.00 |" in text, text
-    assert ("infer alone: 4,000.0, 4,000.0 steps/s, drift +0.00%; CUPTI baseline 40.0%, warm-up baseline 84.0%"
+        assert f"| infer | {mode} N=2 | cap 45.00% | 8,000.0 steps/s | 200.0 | 45.00–45.00 |" in text, text
+    assert ("infer alone: 4,000.0, 4,000.0 steps/s, drift +0.00%; CUPTI baseline 45.0%, warm-up baseline 84.0%"
             " (a step 0.210 ms on the GPU alone), NVML baseline 42.0%: baseline used: CUPTI; busy by its steps'"
             " events in the window: 90.0%") in text, text
-    assert ("infer, each pod's kernels by CUPTI, % of the window (their sum), and its share by throughput: solo"
-            " 40.00 (sum 40.0); no limiter N=2 40.00 (sum 80.0), by throughput 40.00;") in text, text
+    assert ("infer, each pod's GPU time by CUPTI (kernels and the moves between its queued kernels), % of the window"
+            " (their sum; kernels alone), and its share by throughput: solo 45.00 (sum 45.0; kernels 40.00); no"
+            " limiter N=2 45.00 (sum 90.0; kernels 40.00), by throughput 45.00;") in text, text
     assert "solo 5.0% (7,000) / 2.0% / 1.0%; solo again 5.0% (7,000) / 2.0% / 1.0%" in text, text
     assert "kernels alone: 2,000.0, 2,000.0 kernels/s, drift +0.00%; warm-up baseline 90.0% (a kernel" in text
-    assert "| infer | solo | the baseline (GPU 40.0% busy, by CUPTI) |" in text
+    assert "| infer | solo | the baseline (GPU 45.0% busy, by CUPTI) |" in text
     assert "| kernels | solo | the baseline (GPU 42.0% busy, by NVML) |" in text
     # The table by mode: a column for each, the turns' as the time-sliced one's.
     assert ("| kernels, 2 | 200.0%, 42.00% | 200.0%, 42.00% (0.00) | 200.0%, 42.00% (0.00)"
@@ -384,8 +400,8 @@ def test_packing(corun_env, monkeypatch, capsys):
     assert "kernels, turns (the status's turn, handovers in the window): turns N=2 3 ms, 0 (0/s); turns N=1 3 ms," \
         in text, text
     data = json.loads((out / "packing-bench.json").read_text())
-    assert data["baselines"]["infer"] == {"per_s": 4000.0, "busy": pytest.approx(0.4), "by": "cupti",
-                                          "cupti": pytest.approx(0.4), "nvml": 0.42, "warmup": pytest.approx(0.84),
+    assert data["baselines"]["infer"] == {"per_s": 4000.0, "busy": pytest.approx(0.45), "by": "cupti",
+                                          "cupti": pytest.approx(0.45), "nvml": 0.42, "warmup": pytest.approx(0.84),
                                           "unit_ms": pytest.approx(0.21)}
     # By CUPTI where the pods launch one at a time (one pod, or turns).
     assert {(r["label"], r["figures"]["by"]) for r in data["runs"] if r["workload"] == "infer" and r["n"] > 1} == {

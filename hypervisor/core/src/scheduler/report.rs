@@ -84,6 +84,11 @@ pub struct GpuStatus {
     /// over a window, its growth per wall time is what the pod was charged.
     #[serde(default)]
     pub charged_ns: u64,
+    /// GPU nanoseconds the pod earned beyond its bucket's depth and so
+    /// forfeited: a pod that idles, or waits longer than its bucket holds
+    /// (a turn of other pods), between bursts.
+    #[serde(default)]
+    pub forfeited_ns: u64,
     /// GPU nanoseconds left in the pod's bucket; negative is debt the
     /// next refills pay off first.
     pub tokens_ns: i64,
@@ -177,6 +182,7 @@ pub(crate) fn gpu_status(pod: &Pod, g: &PodGpu, scheduler: &Scheduler) -> GpuSta
         waiting: bucket.map_or(0, |b| b.waiting.load(Ordering::Relaxed)),
         launches: bucket.map_or(0, |b| b.launches.load(Ordering::Relaxed)),
         charged_ns: bucket.map_or(0, |b| b.charged_ns.load(Ordering::Relaxed)),
+        forfeited_ns: bucket.map_or(0, |b| b.forfeited_ns.load(Ordering::Relaxed)),
         tokens_ns: bucket.map_or(0, |b| b.tokens_ns.load(Ordering::Relaxed)),
         active: g.active,
         sm_percent: uuid.and_then(|u| pod.region.sm_percent(u)),
