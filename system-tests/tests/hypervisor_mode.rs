@@ -45,17 +45,34 @@ fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Co
 fn quota_and_share_come_from_the_hypervisor() {
     let pod = Pod::new("hv-limits");
     let hypervisor = start(&pod, "memory = \"1g\"\ncap = 40\npolicy = \"fixed\"");
-    let lines = run(managed(
+    let mut command = managed(
         &pod,
         &hypervisor.url(),
         TOKEN,
         &[
             "info", "alloc", "mem", "2g", "run", "kernel", "1000", "1500",
         ],
-    ));
+    );
+    let output = command
+        .env("CUDA_LIMITER_LOG", "info")
+        .output()
+        .expect("probe");
+    assert!(output.status.success(), "{output:?}");
+    let lines = probes::stdout_lines(&output);
     assert_eq!(lines[0], info(0, GIB - CONTEXT_BYTES, GIB));
     assert!(lines[1].contains("-> 2 "), "{lines:?}");
     probes::assert_share(&lines[2], 400, 40);
+    // What the hypervisor's share cost the process, at its exit.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let charged_share = stderr
+        .lines()
+        .find(|line| line.contains("compute summary: device=0 pod_launches="))
+        .and_then(|line| line.split(" charged_share=").nth(1)?.split(' ').next())
+        .and_then(|share| share.parse::<f64>().ok());
+    assert!(
+        charged_share.is_some_and(|share| (0.3..=0.5).contains(&share)),
+        "{stderr}"
+    );
     // The worker registered, with the device it sees.
     let status = hypervisor.hypervisor().status();
     let status = serde_json::to_string(&status).expect("status json");

@@ -25,6 +25,9 @@ pub(super) struct Budgets {
     configured: DeviceLimits<ComputeLimit>,
     /// The local limits, resolved at a device's first launch.
     resolved: [OnceLock<Option<DeviceBudget>>; MAX_DEVICES],
+    /// Under a hypervisor, the bucket of each device this process launched
+    /// on with a compute limit, for the exit summary.
+    hypervised: [OnceLock<&'static ComputeBucket>; MAX_DEVICES],
     /// The process sees exactly one device.
     single_device: OnceLock<bool>,
 }
@@ -34,6 +37,7 @@ impl Budgets {
         Self {
             configured,
             resolved: [const { OnceLock::new() }; MAX_DEVICES],
+            hypervised: [const { OnceLock::new() }; MAX_DEVICES],
             single_device: OnceLock::new(),
         }
     }
@@ -72,7 +76,15 @@ impl Budgets {
     ) -> Option<DeviceBudget> {
         if hypervised {
             let bucket = ctx.bucket(device)?;
-            return bucket.is_limited().then_some(DeviceBudget {
+            if !bucket.is_limited() {
+                return None;
+            }
+            if let Some(seen) = self.hypervised.get(device)
+                && seen.get().is_none()
+            {
+                seen.set(bucket).ok();
+            }
+            return Some(DeviceBudget {
                 bucket,
                 elastic: false,
             });
@@ -101,6 +113,18 @@ impl Budgets {
             bucket,
             elastic: limit.policy == ComputePolicy::Elastic,
         })
+    }
+
+    /// The buckets this process launched against with a compute limit, by
+    /// device: its local budgets, and those a hypervisor set.
+    pub(super) fn used(&self) -> impl Iterator<Item = (usize, &'static ComputeBucket)> + '_ {
+        let local = self.local().map(|(device, budget)| (device, budget.bucket));
+        let hypervised = self
+            .hypervised
+            .iter()
+            .enumerate()
+            .filter_map(|(device, seen)| Some((device, *seen.get()?)));
+        local.chain(hypervised)
     }
 
     /// The local budgets resolved so far, by device (none under a hypervisor).

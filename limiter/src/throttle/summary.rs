@@ -68,8 +68,8 @@ impl AtExit for Throttle {
         let held = |counter: &AtomicU64| ms(counter.load(Ordering::Relaxed));
         let (kernel_idle_extra_ns, kernel_queued_extra_ns, kernel_idle_call_ns) =
             self.overheads.kernel_figures();
-        for (device, budget) in self.budgets.local() {
-            let charged_ns = budget.bucket.charged_ns.load(Ordering::Relaxed);
+        for (device, bucket) in self.budgets.used() {
+            let charged_ns = bucket.charged_ns.load(Ordering::Relaxed);
             eprintln!(
                 "[cuda-limiter pid={}] compute summary: device={device} pod_launches={} \
                  pod_charged_ms={:.1} pod_forfeited_ms={:.1} wall_ms={:.1} charged_share={:.4} waited_for_budget_ms={:.1} \
@@ -77,9 +77,9 @@ impl AtExit for Throttle {
                  kernel_idle_extra_ns={} kernel_idle_call_ns={} kernel_queued_extra_ns={} samples={} \
                  discarded_samples={} runs={} runs_counted={} bracket_scale={:.4} monitor_wakeups={}",
                 std::process::id(),
-                budget.bucket.launches.load(Ordering::Relaxed),
+                bucket.launches.load(Ordering::Relaxed),
                 ms(charged_ns),
-                held(&budget.bucket.forfeited_ns),
+                held(&bucket.forfeited_ns),
                 ms(wall_ns),
                 charged_ns as f64 / wall_ns as f64,
                 held(&self.held.budget_ns),
