@@ -259,15 +259,15 @@ def daemon_figures(before: dict, after: dict) -> dict:
     # its share of the GPU's time, how far the limiter's prices are off.
     span_ns = (after["t"] - before["t"]) * 1e9
 
-    def pct(key):
+    def gained(key):
         """What each pod's counter `key` (ns) gained, % of the window."""
         was = before.get(key) or {}
         return {pod: (ns - was[pod]) / span_ns * 100 for pod, ns in (after.get(key) or {}).items()
                 if ns is not None and was.get(pod) is not None and span_ns > 0}
 
-    out["charged_pct"] = pct("charged_ns")
+    out["charged_pct"] = gained("charged_ns")
     # What each pod earned beyond its bucket's depth and lost, % of the window.
-    out["forfeited_pct"] = pct("forfeited_ns")
+    out["forfeited_pct"] = gained("forfeited_ns")
     out["turns"] = turns_figures(before.get("turns"), after.get("turns"), span_ns / 1e9)
     return out
 
