@@ -52,7 +52,9 @@ pub struct BucketState {
     pub launches: AtomicU64,
     /// GPU nanoseconds earned or credited beyond [`CAPACITY_NS`], dropped:
     /// what a pod idle (or between bursts longer than the bucket) did not
-    /// use. Zero in buckets made before it was counted.
+    /// use. A stretch in which nothing refilled the bucket because the pod
+    /// was suspended or unlimited counts too, at the next refill. Zero in
+    /// buckets made before it was counted.
     pub forfeited_ns: AtomicU64,
 }
 
