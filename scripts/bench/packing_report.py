@@ -12,11 +12,11 @@ from .packing_plan import (ADMISSION_P99_MS, AGGREGATE_N, AGGREGATE_PCT, DAEMON_
 def shares(per_s: list[float], solo: float, busy: float, want: list[float], ran=None) -> dict:
     """Each pod's share of the GPU's time, percent: its GPU time by CUPTI
     over the window (`ran`, where every pod has it: see `gpu_time`), else
-    its throughput over the lone process's `solo`,
-    times the fraction `busy` of the time the lone process keeps the GPU
-    busy ("by_throughput", whichever is judged); how far they are from
-    their targets `want` ("by": "cupti" or "throughput"), and the aggregate: the pods' throughput over the lone
-    process's, percent."""
+    its throughput over the lone process's `solo`, times the fraction
+    `busy` of the time the lone process keeps the GPU busy
+    ("by_throughput", whichever is judged); how far they are from their
+    targets `want` ("by": "cupti" or "throughput"), and the aggregate: the
+    pods' throughput over the lone process's, percent."""
     measured = ran is not None and all(x is not None for x in ran)
     by_rate = [x / solo * busy * 100 for x in per_s]
     got = [x * 100 for x in ran] if measured else by_rate
@@ -169,9 +169,9 @@ def evaluate(runs, calibration) -> dict:
 def one_at_a_time(spec: Spec) -> bool:
     """Whether a run's pods launch one at a time (one pod, or pods taking
     turns), so that a kernel's span in CUPTI's records, and a gap between
-    two of a pod's kernels, is its pod's GPU time: where several launch at once, a time-sliced kernel's span takes
-    in the slices of the pods that preempted it, and co-run kernels share
-    the SMs by design."""
+    two of a pod's kernels, is its pod's GPU time: where several launch at
+    once, a time-sliced kernel's span takes in the slices of the pods that
+    preempted it, and co-run kernels share the SMs by design."""
     return spec.n == 1 or spec.mode.turn_ms is not None
 
 
