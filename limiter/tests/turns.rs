@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{Pod, class_probe, number, output_lines, serial};
+use common::{Pod, class_probe, number, serial};
 use gpushare_utils::limits::uuid_key;
 use gpushare_utils::node_table::TableAccess;
 use gpushare_utils::priority::NodePriority;
@@ -20,6 +20,8 @@ struct Ran {
     /// stretches it idled for 1 ms or more, and its wait for a CPU (ns).
     pods: Vec<(i64, usize, i64)>,
     handovers: u64,
+    /// Per pod, the limiter's exit summary, where `env` asks for one.
+    summaries: Vec<Option<String>>,
 }
 
 /// Two batch pods sharing node tables, run at once with `env`.
@@ -40,10 +42,24 @@ fn run_pair(env: &[(&str, &str)]) -> Ran {
                 .expect("probe")
         })
         .collect();
-    let pods = children
+    let outputs: Vec<_> = children
         .into_iter()
-        .map(|child| {
-            let lines = output_lines(child);
+        .map(|child| child.wait_with_output().expect("probe"))
+        .collect();
+    let summaries = outputs
+        .iter()
+        .map(|output| {
+            String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .find(|line| line.contains("compute summary:"))
+                .map(str::to_owned)
+        })
+        .collect();
+    let pods = outputs
+        .iter()
+        .map(|output| {
+            common::check(output);
+            let lines = common::stdout_lines(output);
             let run = lines
                 .iter()
                 .find(|line| line.starts_with("run "))
@@ -60,7 +76,11 @@ fn run_pair(env: &[(&str, &str)]) -> Ran {
             Some(table.turn_line(gpu)?.view(0).handovers)
         })
         .unwrap_or(0);
-    Ran { pods, handovers }
+    Ran {
+        pods,
+        handovers,
+        summaries,
+    }
 }
 
 #[test]
@@ -86,5 +106,37 @@ fn batch_pods_of_a_gpu_that_takes_turns_launch_one_at_a_time() {
     assert_eq!(free.handovers, 0, "{context}");
     for &(share_pm, _, delay_ns) in &free.pods {
         assert!(share_pm + delay_ns / 600_000 >= 850, "{context}");
+    }
+}
+
+#[test]
+fn a_pod_that_holds_its_turn_is_measured_as_alone_on_the_gpu() {
+    let _serial = serial();
+    // Two pods capped at 60% of the GPU, taking turns of 5 ms, which their
+    // budgets let them use whole: each sees the other launch within the
+    // activity stamps' window all along, but not while it holds its turn.
+    // Measurements taken then count as the GPU's only work: runs of
+    // launches, which count only then, set the bracket scale.
+    let limited = [
+        ("CUDA_LIMITER_SM_LIMIT", "60"),
+        ("CUDA_LIMITER_LOG", "info"),
+    ];
+    let turns = run_pair(&[limited[0], limited[1], ("CUDA_LIMITER_TURN_MS", "5")]);
+    let free = run_pair(&limited);
+    for (ran, taking_turns) in [(&turns, true), (&free, false)] {
+        let context = format!("{:?}, {} handovers", ran.summaries, ran.handovers);
+        for summary in &ran.summaries {
+            let summary = summary.as_deref().unwrap_or_else(|| panic!("{context}"));
+            let runs = common::summary_number(summary, "runs");
+            let counted = common::summary_number(summary, "runs_counted");
+            assert!(runs >= 4.0, "{context}");
+            if taking_turns {
+                assert!(counted >= 2.0, "runs inside its turns count: {context}");
+            } else {
+                assert_eq!(counted, 0.0, "time-sliced beside another pod: {context}");
+            }
+            let share = common::summary_number(summary, "charged_share");
+            assert!((0.3..=0.62).contains(&share), "{context}");
+        }
     }
 }

@@ -8,7 +8,7 @@ OUT/logs.
 
   python3 -m scripts.bench packing --bundle DIR [--out DIR] [--counts 1,4,8,16,32] [--seconds 5]
           [--modes timeslice,turns,corun] [--turn-ms 10] [--workloads kernels,infer] [--budget-s 560]
-          [--mps-control PATH]
+          [--mps-control PATH] [--limiter-log LEVEL]
 
 About 9 minutes with the defaults on an H100: 42 runs, each a 5 s window
 and its start (3 to 20 s: the most for 32 PyTorch processes under MPS); the
@@ -271,7 +271,7 @@ class Runner:
         else:
             env = self.base_env()
         env.update(LD_PRELOAD=self.lib, CUDA_LIMITER_POD=pod, CUDA_LIMITER_TOKEN=proc.hv_token(pod),
-                   CUDA_LIMITER_HYPERVISOR=daemon.url, CUDA_LIMITER_LOG="info", **daemon.tables)
+                   CUDA_LIMITER_HYPERVISOR=daemon.url, CUDA_LIMITER_LOG=self.args.limiter_log, **daemon.tables)
         if daemon.mode.corun:
             # As provisioning gives a co-run GPU's client (provision/mps.rs); the
             # limiter sets the percentage to what the pod's limits give anyway.
@@ -450,6 +450,9 @@ def add_arguments(p):
                    help=f"comma-separated, of {', '.join(MODES)} (turns: time-sliced, and the daemon lets one"
                         " pod launch at a time, for a turn of --turn-ms)")
     p.add_argument("--turn-ms", type=int, default=TURN_MS, help="the turns mode's turn, ms (1 to 100)")
+    p.add_argument("--limiter-log", default="info",
+                   help="the pods' CUDA_LIMITER_LOG (info: the exit summary; trace: every measurement too),"
+                        " in OUT/logs")
     p.add_argument("--workloads", type=comma_list(WORKLOADS), default=list(WORKLOADS),
                    help=f"comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--budget-s", type=float, default=560.0, help="the whole run's wall time, at most")

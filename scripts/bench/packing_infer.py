@@ -8,13 +8,16 @@ A step: 1,024 tokens through a 4-layer MLP (4096 wide, bf16, GELU), about
 0.25 ms on an H100. Warms up, prints ready=1, reads the common start time
 (CLOCK_MONOTONIC seconds) from stdin, runs steps back to back from then until
 start + SECONDS, and prints
-  result=1 count=N per_s=R launched=L drain_s=D step_ms=S gpu_busy=B
+  result=1 count=N per_s=R launched=L drain_s=D step_ms=S gpu_busy=B host_wait=W launch_us=U
 N: the steps that completed by start + SECONDS, R = N / SECONDS, L: those
 launched, D: how long after the window the last one ended, S: a step's GPU
 time in the warm-up (CUDA events), B: the GPU time of the steps counted,
 each from an event before it to the one after, over SECONDS (a process
 alone: the fraction of the window its steps kept the GPU busy, at the
-window's clock). With PACKING_KERNEL_TIME naming kernel_time.c built (a
+window's clock), W: the fraction of the window the thread slept waiting for
+a step (near 0: the host, not the GPU, sets the pace), U: the host's time
+to launch a step, its mean over the window (a limiter's waits for budget
+included). With PACKING_KERNEL_TIME naming kernel_time.c built (a
 library), CUPTI records its kernels from before CUDA starts, and the line
 also has
   kernel_busy=K kernels=C kernels_lost=X gaps_3us=A gaps_3us_n=M gaps_10us=B gaps_longer=L
@@ -132,12 +135,15 @@ def main():
         clock.open_window(seconds)
     launched = completed = waited = 0
     last, busy_ms = start, 0.0
+    slept = launching = 0.0  # host seconds waiting for steps, launching them
 
     def settle(k):
         """Waits for step k; True when it ended inside the window."""
-        nonlocal last, busy_ms
+        nonlocal last, busy_ms, slept
         ev = done[k % DEPTH]
+        t = time.monotonic()
         ev.synchronize()
+        slept += time.monotonic() - t
         at = zero_at + zero.elapsed_time(ev) / 1e3
         last = max(last, at)
         if at <= end:
@@ -148,16 +154,20 @@ def main():
         if launched >= DEPTH:
             completed += settle(waited)
             waited += 1
+        t = time.monotonic()
         begun[launched % DEPTH].record()
         step()
         done[launched % DEPTH].record()
+        launching += time.monotonic() - t
         launched += 1
+    host_wait = slept / seconds  # the drain after the window is not counted
     while waited < launched:
         completed += settle(waited)
         waited += 1
     timed = clock.fields(seconds) if clock is not None else ""
     print(f"result=1 count={completed} per_s={completed / seconds:.3f} launched={launched}"
-          f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f} gpu_busy={busy_ms / 1e3 / seconds:.4f}{timed}",
+          f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f} gpu_busy={busy_ms / 1e3 / seconds:.4f}"
+          f" host_wait={host_wait:.4f} launch_us={launching / max(launched, 1) * 1e6:.1f}{timed}",
           flush=True)
     words = sys.stdin.readline().split()
     if words[:1] != ["returns"]:

@@ -280,7 +280,7 @@ def notes(runs, workloads, bases) -> list[str]:
         if clocks:
             out.append(f"{workload}, SM MHz/board W through the window: {'; '.join(clocks)}")
         out += [x for x in (cupti_note(runs, workload), gaps_note(runs, workload),
-                            forfeited_note(runs, workload)) if x]
+                            forfeited_note(runs, workload), host_note(runs, workload)) if x]
         turns = turns_note(runs, workload)
         if turns:
             out.append(turns)
@@ -333,6 +333,22 @@ def forfeited_note(runs, workload) -> str:
             got.append(f"{r['spec'].label} {figure_range(lost)}")
     return (f"{workload}, budget forfeited at the bucket's depth, % of the window: {'; '.join(got)}"
             if got else "")
+
+
+def host_note(runs, workload) -> str:
+    """Per run whose workers timed their host loop: the fraction of the
+    window each pod's thread slept waiting for a step (near 0: the host,
+    not the GPU or the limiter, set its pace) and its time to launch a step,
+    µs (the limiter's waits for budget in it); "" without any."""
+    got = []
+    for r in runs:
+        pods = r["result"]["pods"] if r["spec"].workload == workload and ok(r) else []
+        if not pods or any(pod.get("host_wait") is None or pod.get("launch_us") is None for pod in pods):
+            continue
+        got.append(f"{r['spec'].label} {figure_range([pod['host_wait'] * 100 for pod in pods], '%')},"
+                   f" {figure_range([pod['launch_us'] for pod in pods])} us")
+    return (f"{workload}, each pod's thread waiting for its steps, % of the window, and launching a step:"
+            f" {'; '.join(got)}") if got else ""
 
 
 def gaps_note(runs, workload) -> str:

@@ -19,6 +19,17 @@ use crate::driver::Timing;
 use crate::metering::{Charge, Contention};
 use crate::sys::{CUresult, CUstream};
 
+/// How long into its turn a pod's launch is measured as the GPU's only
+/// work, as if no other pod launched there: by then the previous holder's
+/// queue, a step or two of a host-synchronised loop, has mostly run. Taken
+/// as time-sliced (the median of recent measurements, a quarter's weight
+/// above the price), four pods' inference steps taking turns on an H200
+/// paid 1-3% less than their throughput said they ran; their measurements
+/// read 2.5% over the price in a turn's first 250 µs, 0.7-1.2% from then
+/// to 1.5 ms, and 9% in the last two of a turn, which the next holder's
+/// kernels overlap (so they are read after the turn ended: time-sliced).
+const TURN_SETTLED_NS: u64 = 500_000;
+
 impl Throttle {
     /// Measures the launch overhead once per context, at its first sample
     /// (the launching thread has that context current).
@@ -230,6 +241,27 @@ impl Throttle {
         None
     }
 
+    /// What else ran on the device while the completed `sample` did, as
+    /// read now: nothing where no other pod launched within the stamps'
+    /// window, or where the GPU takes turns and this pod has held its turn
+    /// since [`TURN_SETTLED_NS`] before the sample began (the others waited
+    /// for it); else others' kernels beside it (co-run) or in time slices.
+    fn contention(&self, ctx: &'static Context, sample: &Sample) -> Contention {
+        let now = monotonic_ns();
+        let own_turn = |device| {
+            self.priority
+                .turn_held_since(device, now)
+                .is_some_and(|began| began.saturating_add(TURN_SETTLED_NS) <= sample.submitted_at)
+        };
+        if !self.stamps.contended(ctx, sample.device, now) || own_turn(sample.device) {
+            Contention::Alone
+        } else if self.priority.is_corun() {
+            Contention::SharedSms
+        } else {
+            Contention::TimeSliced
+        }
+    }
+
     /// Prices a completed sample and settles the bucket for it; a run
     /// moves the scale of brackets instead.
     fn complete(&self, ctx: &'static Context, timing: &Timing, sample: Sample) {
@@ -251,11 +283,7 @@ impl Throttle {
                     self.overheads
                         .of(sample.idle_gap_ns, sample.graph, sample.call_ns);
                 let measured = self.runs.apply(kernel_ns(bracket, overhead, late));
-                let contention = match self.stamps.contended(ctx, sample.device, monotonic_ns()) {
-                    false => Contention::Alone,
-                    true if self.priority.is_corun() => Contention::SharedSms,
-                    true => Contention::TimeSliced,
-                };
+                let contention = self.contention(ctx, &sample);
                 let owed = self.model.record(&sample.charge, measured, contention);
                 let tokens = self
                     .budgets
@@ -384,7 +412,7 @@ impl Throttle {
     /// found the stream busy, while no other pod launched on the device.
     fn complete_run(&self, ctx: &'static Context, timing: &Timing, sample: &Sample, tally: Tally) {
         let elapsed = timing.elapsed_ns(sample.start, sample.end);
-        let alone = !self.stamps.contended(ctx, sample.device, monotonic_ns());
+        let alone = self.contention(ctx, sample) == Contention::Alone;
         let counts = tally.priced && tally.launches >= 2 && alone;
         if let (true, Some(elapsed)) = (counts, elapsed) {
             // The events' own time, as in a queued launch's bracket.

@@ -199,8 +199,8 @@ def test_packing_shares_by_cupti_first():
     # Pods that CUPTI timed, every one: their shares are their GPU time;
     # one without it: all by throughput.
     spec = packing_plan.Spec("infer", packing_plan.MODES["turns"], 2, "turns N=2")
-    pods = [{"per_s": 1900.0, "kernel_busy": 0.432, "gaps_3us": 0.02},
-            {"per_s": 1800.0, "kernel_busy": 0.426, "gaps_3us": 0.02}]
+    pods = [{"per_s": 1900.0, "kernel_busy": 0.432, "gaps_3us": 0.02, "host_wait": 0.41, "launch_us": 120.5},
+            {"per_s": 1800.0, "kernel_busy": 0.426, "gaps_3us": 0.02, "host_wait": 0.02, "launch_us": 310.0}]
     runs.append({"spec": spec, "result": {"tag": "t", "pods": pods,
                                           "daemon": {"forfeited_pct": {"t-0": 0.31, "t-1": 0.02}}}})
     bases = packing_report.evaluate(runs, {})
@@ -213,6 +213,11 @@ def test_packing_shares_by_cupti_first():
     assert "infer, budget forfeited at the bucket's depth, % of the window: turns N=2 0.02–0.31" in notes
     runs[-1]["result"]["daemon"]["forfeited_pct"] = {"t-0": 0.04, "t-1": 0.0}
     assert not [x for x in packing_report.notes(runs, ["infer"], bases) if "forfeited" in x]
+    # Its pods' host loops: only the run whose every pod timed its own.
+    assert ("infer, each pod's thread waiting for its steps, % of the window, and launching a step:"
+            " turns N=2 2.00–41.00%, 120.50–310.00 us") in notes
+    del pods[1]["launch_us"]
+    assert not [x for x in packing_report.notes(runs, ["infer"], bases) if "waiting for its steps" in x]
     assert ("infer alone, the GPU idle between its kernels by CUPTI, % of the window, in gaps up to 3 us (how many)"
             " / 3 to 10 us / longer: solo 4.0% (9,000) / 0.5% / 0.2%; solo again 4.0% (9,000) / 0.5% / 0.2%") in notes
     # Time-sliced pods launching at once: by throughput, CUPTI's beside it.

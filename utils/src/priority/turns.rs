@@ -264,6 +264,23 @@ impl TurnLine {
         }
     }
 
+    /// When the turn that the pod in `slot` holds at `now_ns` began (ns of
+    /// `CLOCK_MONOTONIC`); `None` when it holds none then, or its turn has
+    /// ended. No other pod of the line launches while it holds one, and a
+    /// turn handed on or taken again begins anew: a launch made after this
+    /// time, read while the pod still holds the turn, ran beside no kernel
+    /// of theirs queued since.
+    pub fn held_since(&self, slot: usize, now_ns: u64) -> Option<u64> {
+        let quantum_us = self.quantum_ns() / 1_000;
+        if quantum_us == 0 {
+            return None;
+        }
+        let now_us = now_ns / 1_000;
+        let turn = Turn::decode(self.turn.load(Ordering::Acquire), now_us, quantum_us);
+        (turn.holder == Some(slot) && now_us < turn.end_us)
+            .then(|| turn.end_us.saturating_sub(quantum_us).saturating_mul(1_000))
+    }
+
     /// The pod in `slot` cannot use its turn now (out of budget): hands it
     /// to the next pod that wants one, if it holds it and another does.
     pub fn pass(&self, slot: usize, now_ns: u64) {

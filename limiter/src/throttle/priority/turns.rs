@@ -80,6 +80,14 @@ impl Priority {
         }
     }
 
+    /// When this pod's turn on `device` began, where the GPU takes turns
+    /// and the pod holds an unexpired one at `now` (see
+    /// [`TurnLine::held_since`]); `None` otherwise.
+    pub(crate) fn turn_held_since(&self, device: usize, now: u64) -> Option<u64> {
+        let seat = self.seats.found.get(device)?.get()?;
+        seat.line.held_since(seat.slot, now)
+    }
+
     /// This pod cannot launch on `device` for a while (no budget): hands its
     /// turn there, if it holds one, to the next pod that wants one.
     pub(crate) fn pass_turn(&self, device: usize) {

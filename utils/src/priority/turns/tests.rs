@@ -82,6 +82,33 @@ fn two_pods_take_turns_of_the_quantum() {
 }
 
 #[test]
+fn a_turn_is_held_since_it_began_until_it_ends_or_passes() {
+    let table = Table::new("held");
+    let (line, slots) = table.line(&["a", "b"]);
+    let (a, b) = (slots[0], slots[1]);
+    assert_eq!(line.held_since(a, T), None, "nobody's turn yet");
+    assert_eq!(line.take(a, T), TurnStep::Go);
+    assert_eq!(line.held_since(a, T + MS), Some(T));
+    assert_eq!(line.held_since(b, T + MS), None, "not b's");
+    assert_eq!(
+        line.held_since(a, T + 5 * MS),
+        None,
+        "a's turn of 5 ms has ended"
+    );
+    // Kept past its end (nobody else wants one): a new turn, begun when taken.
+    assert_eq!(line.take(a, T + 6 * MS), TurnStep::Go);
+    assert_eq!(line.held_since(a, T + 7 * MS), Some(T + 6 * MS));
+    // Passed on to b, which wants one: b's from then.
+    line.want(b, T + 7 * MS);
+    line.pass(a, T + 8 * MS);
+    assert_eq!(line.held_since(a, T + 8 * MS + US), None);
+    assert_eq!(line.held_since(b, T + 8 * MS + US), Some(T + 8 * MS));
+    // A GPU that stops taking turns has no holder.
+    line.set_quantum_us(0);
+    assert_eq!(line.held_since(b, T + 9 * MS), None);
+}
+
+#[test]
 fn a_pod_alone_keeps_the_turn_past_its_end() {
     let table = Table::new("alone");
     let (line, slots) = table.line(&["a", "b"]);
