@@ -26,13 +26,19 @@ struct Ran {
 
 /// Two batch pods sharing node tables, run at once with `env`.
 fn run_pair(env: &[(&str, &str)]) -> Ran {
+    run_pods([env, env])
+}
+
+/// Two batch pods sharing node tables, run at once, each with its `envs`.
+fn run_pods(envs: [&[(&str, &str)]; 2]) -> Ran {
     let (a, b) = (Pod::new("turns-a"), Pod::new("turns-b"));
     let node = format!("gpushare-node-test-{}", a.0);
     let priority = format!("gpushare-priority-test-{}", a.0);
     let args = ["run", "kernel", "200", RUN_MS, "idle", "1000"];
     let children: Vec<_> = [&a, &b]
         .iter()
-        .map(|pod| {
+        .zip(envs)
+        .map(|(pod, env)| {
             // At most 4 kernels queued, as a real GPU's launch queue
             // would fill: the device idles once its pod stops launching.
             class_probe(pod, &node, &priority, "batch", &args)
@@ -139,4 +145,33 @@ fn a_pod_that_holds_its_turn_is_measured_as_alone_on_the_gpu() {
             assert!((0.3..=0.62).contains(&share), "{context}");
         }
     }
+}
+
+#[test]
+fn a_capped_pod_banks_a_turn_while_it_waits_for_one() {
+    let _serial = serial();
+    // Turns of 20 ms; pod a capped at 40%, pod b uncapped, which uses its
+    // turns whole. Waiting for 20 ms, a earns 8 ms of GPU time: banked as
+    // deep as a turn, it runs 40% of the time; at the default depth (5 ms)
+    // it would forfeit 3 ms a round and run about 29%.
+    let turn = ("CUDA_LIMITER_TURN_MS", "20");
+    let capped = [
+        ("CUDA_LIMITER_SM_LIMIT", "40"),
+        ("CUDA_LIMITER_LOG", "info"),
+        turn,
+    ];
+    let ran = run_pods([&capped, &[turn]]);
+    let context = format!(
+        "{:?}, {:?}, {} handovers",
+        ran.pods, ran.summaries, ran.handovers
+    );
+    let summary = ran.summaries[0]
+        .as_deref()
+        .unwrap_or_else(|| panic!("{context}"));
+    assert!(ran.handovers >= 10, "{context}");
+    let share = common::summary_number(summary, "charged_share");
+    assert!((0.35..=0.44).contains(&share), "{context}");
+    let forfeited = common::summary_number(summary, "pod_forfeited_ms");
+    let wall = common::summary_number(summary, "wall_ms");
+    assert!(forfeited <= wall * 0.03, "{context}");
 }

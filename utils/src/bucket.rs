@@ -7,9 +7,10 @@
 //! 50 µs kernels and one of 2 ms kernels. Each launch is charged its price
 //! in GPU time when it is admitted (the caller measures kernels and keeps
 //! the prices); when a measurement settles it, the difference is
-//! [corrected](ComputeBucket::correct). The bucket holds at most
-//! [`CAPACITY_NS`] (the burst a pod may take after idling) and never falls
-//! below [`DEBT_FLOOR_NS`].
+//! [corrected](ComputeBucket::correct). The bucket holds at most its depth
+//! (the burst a pod may take after idling: [`CAPACITY_NS`], or up to
+//! [`MAX_CAPACITY_NS`] where its view [says so](Bucket::with_capacity)) and
+//! never falls below [`DEBT_FLOOR_NS`].
 //!
 //! Admission is lock-free: a load and a subtraction when budget is there,
 //! plus a compare-and-swap every [`REFILL_BATCH_NS`] to refill. A launch that
@@ -21,8 +22,11 @@ use std::time::Duration;
 
 /// Parts per million of wall time in 100%.
 pub const PPM: u64 = 1_000_000;
-/// Most GPU time a pod may bank while it does not launch.
+/// Most GPU time a pod may bank while it does not launch: a bucket's depth,
+/// unless its view is given a deeper one.
 pub const CAPACITY_NS: i64 = 5_000_000;
+/// The deepest a bucket's view may be given (a GPU's longest turn).
+pub const MAX_CAPACITY_NS: i64 = 100_000_000;
 /// Least the bucket may hold: corrections beyond this are forgiven.
 pub const DEBT_FLOOR_NS: i64 = -500_000_000;
 /// Refills happen at most this often, so that admission rarely writes the clock.
@@ -50,7 +54,7 @@ pub struct BucketState {
     pub charged_ns: AtomicU64,
     /// Launches admitted so far.
     pub launches: AtomicU64,
-    /// GPU nanoseconds earned or credited beyond [`CAPACITY_NS`], dropped:
+    /// GPU nanoseconds earned or credited beyond the bucket's depth, dropped:
     /// what a pod idle (or between bursts longer than the bucket) did not
     /// use. A stretch in which nothing refilled the bucket because the pod
     /// was suspended or unlimited counts too, at the next refill. Zero in
@@ -94,11 +98,14 @@ impl BucketLimits {
 
 /// One pod's compute budget on one GPU: its state (written by the pod) and
 /// its limits (read-only to the pod under a hypervisor), which may sit in two
-/// mappings. Derefs to the state, so `bucket.waiting` is the shared counter.
+/// mappings, seen with a depth. Derefs to the state, so `bucket.waiting` is
+/// the shared counter.
 #[derive(Debug, Clone, Copy)]
 pub struct Bucket<'a> {
     state: &'a BucketState,
     limits: &'a BucketLimits,
+    /// The most the bucket holds, as this view adds to it.
+    capacity_ns: i64,
 }
 
 /// A bucket over mappings that live as long as the process (the limiter's).
@@ -122,9 +129,31 @@ pub enum Admission {
 }
 
 impl<'a> Bucket<'a> {
-    /// The bucket made of `state` and `limits`.
+    /// The bucket made of `state` and `limits`, [`CAPACITY_NS`] deep.
     pub fn new(state: &'a BucketState, limits: &'a BucketLimits) -> Self {
-        Self { state, limits }
+        Self {
+            state,
+            limits,
+            capacity_ns: CAPACITY_NS,
+        }
+    }
+
+    /// The same bucket seen `capacity_ns` deep, from [`CAPACITY_NS`] to
+    /// [`MAX_CAPACITY_NS`]: what refills and credits through this view add
+    /// up to. A pod whose GPU takes turns banks a turn's worth while others
+    /// hold it, so that it can use its turn; every process of the pod
+    /// should see one depth (a refill by a shallower view drops the rest).
+    #[must_use]
+    pub fn with_capacity(self, capacity_ns: i64) -> Self {
+        Self {
+            capacity_ns: capacity_ns.clamp(CAPACITY_NS, MAX_CAPACITY_NS),
+            ..self
+        }
+    }
+
+    /// The most this view lets the bucket hold.
+    pub fn capacity_ns(&self) -> i64 {
+        self.capacity_ns
     }
 
     /// The limits in force.
@@ -252,14 +281,19 @@ impl<'a> Bucket<'a> {
     /// Adds `amount`, up to the capacity; counts what lies beyond it as
     /// forfeited where `count` says so.
     fn add_tokens(&self, amount: i64, count: bool) {
-        // Saturating at the capacity; fetch_update retries on contention.
+        // Saturating at the capacity; fetch_update retries on contention. A
+        // bucket fuller than this view's depth (a deeper view filled it) is
+        // not emptied by it, nor filled further.
+        let capacity = self.capacity_ns;
         let before = self
             .tokens_ns
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |tokens| {
-                Some(tokens.saturating_add(amount).min(CAPACITY_NS))
+                Some(tokens.saturating_add(amount).min(capacity.max(tokens)))
             })
             .unwrap_or_else(|tokens| tokens);
-        let beyond = before.saturating_add(amount).saturating_sub(CAPACITY_NS);
+        let beyond = before
+            .saturating_add(amount)
+            .saturating_sub(capacity.max(before));
         if count && beyond > 0 {
             self.forfeited_ns
                 .fetch_add(beyond.unsigned_abs(), Ordering::Relaxed);
@@ -483,6 +517,37 @@ mod tests {
         assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), DEBT_FLOOR_NS);
         bucket.correct(-(i64::MAX / 2));
         assert_eq!(bucket.tokens_ns.load(Ordering::Relaxed), CAPACITY_NS);
+    }
+
+    #[test]
+    fn a_deeper_view_banks_up_to_its_depth_and_a_shallower_one_takes_nothing_away() {
+        let owned = Owned::default();
+        let deep = owned.bucket().with_capacity(10 * MS as i64);
+        assert_eq!(deep.capacity_ns(), 10 * MS as i64);
+        deep.configure(25, 25);
+        // Full from its first refill (10 ms), then emptied.
+        assert_eq!(deep.admit(1_000 * MS, 10 * MS), Admission::Pass);
+        assert_eq!(deep.tokens_ns.load(Ordering::Relaxed), 0);
+        // 60 ms of waiting at 25% earns 15 ms: 10 banked, 5 forfeited, where
+        // the default depth would have banked 5.
+        assert_eq!(deep.admit(1_060 * MS, MS), Admission::Pass);
+        assert_eq!(deep.tokens_ns.load(Ordering::Relaxed), 9 * MS as i64);
+        assert_eq!(deep.forfeited_ns.load(Ordering::Relaxed), 5 * MS);
+        // A process that sees the default depth neither clips what was
+        // banked nor adds past its own depth: it forfeits what it earns.
+        let shallow = owned.bucket();
+        assert_eq!(shallow.refill_now(1_064 * MS), 9 * MS as i64);
+        assert_eq!(deep.forfeited_ns.load(Ordering::Relaxed), 6 * MS);
+        shallow.correct(-(MS as i64));
+        assert_eq!(deep.tokens_ns.load(Ordering::Relaxed), 9 * MS as i64);
+        deep.correct(-(MS as i64));
+        assert_eq!(deep.tokens_ns.load(Ordering::Relaxed), 10 * MS as i64);
+        // Depths outside the bounds are clamped.
+        assert_eq!(owned.bucket().with_capacity(0).capacity_ns(), CAPACITY_NS);
+        assert_eq!(
+            owned.bucket().with_capacity(i64::MAX).capacity_ns(),
+            MAX_CAPACITY_NS
+        );
     }
 
     #[test]

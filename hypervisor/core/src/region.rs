@@ -330,6 +330,8 @@ impl PodRegion {
     /// Adds what the bucket of `uuid` has earned since its last refill
     /// ([`Bucket::refill_now`]); returns the tokens after. A trapped
     /// worker's thread waits on the hypervisor, so the hypervisor refills for it.
+    /// Seen at the default depth, also where the pod banks a turn: the
+    /// worker asks only once its own refill left the bucket empty.
     pub fn refill(&self, uuid: &str, now_ns: u64) -> i64 {
         self.bucket(uuid)
             .map_or(0, |bucket| bucket.refill_now(now_ns))

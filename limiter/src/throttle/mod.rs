@@ -321,6 +321,8 @@ impl Throttle {
             }
             Work::Graph(exec) => (LaunchKey::graph(exec), 1),
         };
+        // Seen as deep as a turn where the GPU takes turns.
+        let bucket = budget.bucket.with_capacity(self.priority.bank_ns(device));
         let charge = with_batch(|batch| self.model.charge(key, waves, batch));
         // A new function's first launch is measured, and its first at a
         // second grid size, at most one such a [`FIRST_SAMPLE_INTERVAL_NS`]:
@@ -340,8 +342,8 @@ impl Throttle {
         // cache lines of code.
         let classless = !hypervised && self.priority.classless_locally();
         let leased = classless && lease::pay(budget.bucket, charge.ns);
-        let coarse = leased
-            || classless && budget.bucket.tokens_ns.load(Ordering::Relaxed) >= COARSE_TOKENS_NS;
+        let coarse =
+            leased || classless && bucket.tokens_ns.load(Ordering::Relaxed) >= COARSE_TOKENS_NS;
         let mut now = if coarse {
             monotonic_coarse_ns()
         } else {
@@ -353,9 +355,9 @@ impl Throttle {
                 // Near the limit every launch is metered in the bucket.
                 lease::give_back();
             }
-            if budget.bucket.admit(now, charge.ns) != Admission::Pass {
+            if bucket.admit(now, charge.ns) != Admission::Pass {
                 self.close_run_before_wait(ctx, timing);
-                now = self.wait_for_budget(ctx, budget.bucket, charge.ns, device, monotonic_ns());
+                now = self.wait_for_budget(ctx, &bucket, charge.ns, device, monotonic_ns());
             }
         }
         // A thread's first launch is never paid from a lease: the process's
@@ -372,8 +374,7 @@ impl Throttle {
         };
 
         // A lease is bought with plenty in the bucket.
-        let relaxed =
-            leased || budget.bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS;
+        let relaxed = leased || bucket.tokens_ns.load(Ordering::Relaxed) >= RELAXED_TOKENS_NS;
         let due = with_cadence(|cadence| cadence.due(now, cadence.interval(relaxed), charge.ns));
         let mut sampled = false;
         if let Some(timing) = timing {
@@ -434,7 +435,10 @@ impl Throttle {
             // Nothing runs: give the charge back, and an open run that
             // counted it is no measure of its launches.
             with_run(Run::spoil);
-            metered.bucket.correct(-(metered.charge.ns as i64));
+            metered
+                .bucket
+                .with_capacity(self.priority.bank_ns(launch.device))
+                .correct(-(metered.charge.ns as i64));
             with_batch(|batch| self.model.refund(&metered.charge, batch));
         }
         self.priority

@@ -289,8 +289,11 @@ impl Throttle {
                     .budgets
                     .get(ctx, sample.device, ctx.hypervisor_limits().is_some())
                     .map(|budget| {
-                        budget.bucket.correct(owed);
-                        budget.bucket.tokens_ns.load(Ordering::Relaxed)
+                        let bucket = budget
+                            .bucket
+                            .with_capacity(self.priority.bank_ns(sample.device));
+                        bucket.correct(owed);
+                        bucket.tokens_ns.load(Ordering::Relaxed)
                     });
                 tracing::trace!(
                     submitted_at = sample.submitted_at,

@@ -12,7 +12,7 @@
 use std::sync::OnceLock;
 use std::sync::atomic::Ordering;
 
-use gpushare_utils::bucket::monotonic_ns;
+use gpushare_utils::bucket::{CAPACITY_NS, monotonic_ns};
 use gpushare_utils::limits::uuid_key;
 use gpushare_utils::priority::{NodePriority, TurnLine, TurnStep};
 
@@ -86,6 +86,22 @@ impl Priority {
     pub(crate) fn turn_held_since(&self, device: usize, now: u64) -> Option<u64> {
         let seat = self.seats.found.get(device)?.get()?;
         seat.line.held_since(seat.slot, now)
+    }
+
+    /// How deep this pod's bucket on `device` is: a turn, where the GPU
+    /// takes turns longer than the default depth (so that a pod banks what
+    /// it earns while the others hold theirs, and can use its own), once its
+    /// seat is found; else [`CAPACITY_NS`]. A few loads.
+    #[inline]
+    pub(crate) fn bank_ns(&self, device: usize) -> i64 {
+        self.seats
+            .found
+            .get(device)
+            .and_then(OnceLock::get)
+            .map_or(CAPACITY_NS, |seat| {
+                i64::try_from(seat.line.quantum_ns())
+                    .map_or(CAPACITY_NS, |turn| turn.max(CAPACITY_NS))
+            })
     }
 
     /// This pod cannot launch on `device` for a while (no budget): hands its
