@@ -321,8 +321,6 @@ impl Throttle {
             }
             Work::Graph(exec) => (LaunchKey::graph(exec), 1),
         };
-        // Seen as deep as a turn where the GPU takes turns.
-        let bucket = budget.bucket.with_capacity(self.priority.bank_ns(device));
         let charge = with_batch(|batch| self.model.charge(key, waves, batch));
         // A new function's first launch is measured, and its first at a
         // second grid size, at most one such a [`FIRST_SAMPLE_INTERVAL_NS`]:
@@ -335,12 +333,21 @@ impl Throttle {
         if self.sampler.backlog_since() != 0 {
             self.hold_while_backlogged();
         }
+        let classless = !hypervised && self.priority.classless_locally();
+        // Seen as deep as a turn where the GPU takes turns (never for a pod
+        // without classes: no turns, no hypervisor).
+        let deep;
+        let bucket = if classless {
+            budget.bucket
+        } else {
+            deep = budget.bucket.with_capacity(self.priority.bank_ns(device));
+            &deep
+        };
         // A pod without classes whose bucket is far from its limit admits on
         // the coarse clock (see [`COARSE_TOKENS_NS`]), from the thread's
         // prepaid lease ([`lease`]); otherwise on the precise clock, in the
         // bucket. Waiting is out of line, so that the launch path stays a few
         // cache lines of code.
-        let classless = !hypervised && self.priority.classless_locally();
         let leased = classless && lease::pay(budget.bucket, charge.ns);
         let coarse =
             leased || classless && bucket.tokens_ns.load(Ordering::Relaxed) >= COARSE_TOKENS_NS;
@@ -357,7 +364,7 @@ impl Throttle {
             }
             if bucket.admit(now, charge.ns) != Admission::Pass {
                 self.close_run_before_wait(ctx, timing);
-                now = self.wait_for_budget(ctx, &bucket, charge.ns, device, monotonic_ns());
+                now = self.wait_for_budget(ctx, bucket, charge.ns, device, monotonic_ns());
             }
         }
         // A thread's first launch is never paid from a lease: the process's
