@@ -307,6 +307,7 @@ impl Throttle {
                     waves = sample.charge.waves,
                     owed,
                     ?tokens,
+                    ?contention,
                     wanted = sample.charge.wanted,
                     relaxed = sample.relaxed,
                     "sample"
