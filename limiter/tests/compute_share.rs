@@ -261,13 +261,10 @@ impl Summary {
     }
 
     fn of_output(output: &std::process::Output) -> Self {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let line = stderr
-            .lines()
-            .find(|line| line.contains("compute summary:"))
-            .unwrap_or_else(|| panic!("no summary in {stderr}"));
+        let line = common::summary_of(output)
+            .unwrap_or_else(|| panic!("no summary in {}", String::from_utf8_lossy(&output.stderr)));
         let lines = common::stdout_lines(output);
-        Self(line.to_owned(), lines)
+        Self(line, lines)
     }
 
     /// The run delay of the probe's first measured command, in ms.

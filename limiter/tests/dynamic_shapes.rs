@@ -58,11 +58,7 @@ fn summarised(limit: &str, args: &[&str]) -> (String, String) {
         .expect("a result line")
         .to_owned();
     assert!(line.contains("-> 0 "), "launch failed: {line}");
-    let summary = String::from_utf8_lossy(&output.stderr)
-        .lines()
-        .find(|line| line.contains("compute summary:"))
-        .unwrap_or_else(|| panic!("no summary in {output:?}"))
-        .to_owned();
+    let summary = common::summary_of(&output).unwrap_or_else(|| panic!("no summary in {output:?}"));
     (line, summary)
 }
 

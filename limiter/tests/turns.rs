@@ -52,15 +52,7 @@ fn run_pods(envs: [&[(&str, &str)]; 2]) -> Ran {
         .into_iter()
         .map(|child| child.wait_with_output().expect("probe"))
         .collect();
-    let summaries = outputs
-        .iter()
-        .map(|output| {
-            String::from_utf8_lossy(&output.stderr)
-                .lines()
-                .find(|line| line.contains("compute summary:"))
-                .map(str::to_owned)
-        })
-        .collect();
+    let summaries = outputs.iter().map(common::summary_of).collect();
     let pods = outputs
         .iter()
         .map(|output| {

@@ -248,12 +248,12 @@ impl Throttle {
     /// for it); else others' kernels beside it (co-run) or in time slices.
     fn contention(&self, ctx: &'static Context, sample: &Sample) -> Contention {
         let now = monotonic_ns();
-        let own_turn = |device| {
+        let own_turn = || {
             self.priority
-                .turn_held_since(device, now)
+                .turn_held_since(sample.device, now)
                 .is_some_and(|began| began.saturating_add(TURN_SETTLED_NS) <= sample.submitted_at)
         };
-        if !self.stamps.contended(ctx, sample.device, now) || own_turn(sample.device) {
+        if !self.stamps.contended(ctx, sample.device, now) || own_turn() {
             Contention::Alone
         } else if self.priority.is_corun() {
             Contention::SharedSms

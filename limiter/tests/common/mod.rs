@@ -25,6 +25,15 @@ pub(crate) const VIAS: [(&str, &[&str]); 3] = [
     ("cudaprobe", &["--via", "getproc"]),
 ];
 
+/// The limiter's exit summary (`compute summary: …`) in a process's
+/// stderr, where it printed one (`CUDA_LIMITER_LOG=info`).
+pub(crate) fn summary_of(output: &std::process::Output) -> Option<String> {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .find(|line| line.contains("compute summary:"))
+        .map(str::to_owned)
+}
+
 /// `key=value` of the limiter's exit summary (`compute summary: …`), whose
 /// figures may have decimals.
 pub(crate) fn summary_number(summary: &str, key: &str) -> f64 {
