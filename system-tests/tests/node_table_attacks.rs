@@ -148,14 +148,21 @@ fn batch_run(pod: &Pod, hypervisor: &RunningNode) -> (String, u64) {
 /// latency pod, the limits hold none: the GPU is busy the whole run (less
 /// what the launching thread waited for a CPU, the repo's tolerance of 5%
 /// for a run without limits), and a launch call takes at most one kernel
-/// (the double's full queue) and its wake-up, plus that wait. Each held
-/// launch would have taken 100 ms and left the GPU idle as long.
+/// (the double's full queue) and its wake-up, plus that wait and what the
+/// machine took unseen. Each held launch would have taken 100 ms and left
+/// the GPU idle as long. (The pod's count of held launches is asserted
+/// too, by the caller.)
 fn assert_unheld(run: &str, stall_ns: u64, context: &str) {
     /// How late a launch that slept on the double's full queue wakes up, at
     /// most, on an idle machine: the timer slack (50 µs) and scheduling.
     const WAKE_UP_NS: u64 = 1_000_000;
+    /// What a machine can take from the launching thread that its run delay
+    /// does not show: a virtual CPU the host runs something else on, a page
+    /// fault waiting behind the vandal's write. A few milliseconds seen on
+    /// two-core CI machines; a twentieth of a held launch.
+    const UNSEEN_NS: u64 = 5_000_000;
     let delay_ns = probes::number(run, "delay_ns") as u64;
-    let bound = KERNEL_US * 1_000 + WAKE_UP_NS + delay_ns;
+    let bound = KERNEL_US * 1_000 + WAKE_UP_NS + UNSEEN_NS + delay_ns;
     println!("{context}: longest launch call {stall_ns} ns (bound {bound} ns): {run}");
     assert!(
         stall_ns <= bound,
@@ -219,6 +226,7 @@ fn garbage_over_the_node_tables_holds_no_launch_and_the_daemon_repairs_the_heade
         after[0] > before[0] && after[1] > before[1],
         "repairs {before:?} -> {after:?}"
     );
+    assert_eq!(held_launches(&priority, &pod), 0, "{run}");
 
     // Random bytes over the entries behind a right header: device 0's
     // latency line, and the first activity slots of device 0.
@@ -230,9 +238,12 @@ fn garbage_over_the_node_tables_holds_no_launch_and_the_daemon_repairs_the_heade
         headers_right(&activity, &priority),
         "the header was not written"
     );
-    // The batch pod counted no launch held.
-    let held = priority
+    assert_eq!(held_launches(&priority, &pod), 0, "{run}");
+}
+
+/// How many launches the batch pod counted held (none before its first).
+fn held_launches(priority: &NodePriority, pod: &Pod) -> u64 {
+    priority
         .stats(pod_key(&pod.0))
-        .map_or(0, |stats| stats.held_launches);
-    assert_eq!(held, 0, "{run}");
+        .map_or(0, |stats| stats.held_launches)
 }
