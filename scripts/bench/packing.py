@@ -42,13 +42,16 @@ Runs, per workload:
   solo         one process alone, no limiter: 100% (first, and again at the
                end; the baseline is their mean, the drift is printed)
   no limiter   N processes, no limiter, no daemon: the driver's time slicing
-  timeslice    N pods under the daemon (`hypervisor serve`, a [[pods]]
-               section and token for each in its config), GPU 0
+  timeslice    N pods under the daemon (`hypervisor serve --no-auto-turns`,
+               a [[pods]] section and token for each in its config), GPU 0
                time-sliced; each pod a fixed cap of floor(90/N)% (the
                config takes whole percents: caps that sum to at most 90%)
   turns        as timeslice, and the daemon with `--turns-gpu 0 --turn-ms
                Q` (Q: --turn-ms, default 10): GPU 0's pods take turns, one
                pod launching at a time, for a turn of Q ms
+  auto (with --modes): as timeslice, the daemon as by default (`--turn-ms
+               Q` alone): GPU 0 takes turns by itself while two or more of
+               its capped pods launch
   corun        the daemon with `--corun-gpu 0` (it runs GPU 0's MPS control
                daemon), the N pods elastic with weight 1; their processes
                are its MPS clients with the variables its provisioning

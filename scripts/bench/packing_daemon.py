@@ -110,7 +110,8 @@ class PackingDaemon(hv.Daemon):
     """`hypervisor serve` for one run: its config names the run's pods (all
     on GPU 0, each with the policy of `mode`), GPU 0 co-run where the mode
     says so (ready once its MPS control daemon answers: /readyz), or its
-    pods taking turns of the mode's `turn_ms`; node tables of its own. Its
+    pods taking turns of the mode's `turn_ms` (always, or by the daemon's
+    default while they contend), or never; node tables of its own. Its
     config and log in `logs`; its MPS folders in `work`."""
 
     def __init__(self, bundle: Path, logs: Path, work: Path, tag: str, mode: Mode, pods, control: str):
@@ -130,8 +131,12 @@ class PackingDaemon(hv.Daemon):
             # The MPS control daemon quits its servers on the daemon's SIGTERM: 20 s for it.
             serve_args = ["--corun-gpu", "0", "--corun-dir", str(work / "mps"), "--mps-control", control]
             ready, stop_s = "/readyz", 20.0
+        elif mode.turn_ms and mode.auto:
+            serve_args = ["--turn-ms", str(mode.turn_ms)]
         elif mode.turn_ms:
             serve_args = ["--turns-gpu", "0", "--turn-ms", str(mode.turn_ms)]
+        else:
+            serve_args = ["--no-auto-turns"]
         super().__init__(settings, tag, config, serve_args=serve_args, env=self.tables, ready=ready, ready_s=60,
                          stop_s=stop_s)
         self.pipe = self.mps_log = None

@@ -29,18 +29,22 @@ class Mode:
     """How a run's pods run: under the daemon or not, co-run or time-sliced,
     the policy of their shares (fixed: caps of floor(90/N)%; elastic:
     weight 1 each), and on a time-sliced GPU whether its pods take turns
-    (`turn_ms`: the daemon's --turns-gpu 0 --turn-ms; None: they do not)."""
+    (`turn_ms`: the daemon's --turns-gpu 0 --turn-ms, or with `auto` its
+    default, --turn-ms alone: turns while two or more capped pods contend;
+    None: they do not, --no-auto-turns)."""
 
     name: str
     daemon: bool
     corun: bool
     policy: str | None
     turn_ms: int | None = None
+    auto: bool = False
 
 
 MODES = {
     "timeslice": Mode("timeslice", True, False, "fixed"),
     "turns": Mode("turns", True, False, "fixed", turn_ms=TURN_MS),
+    "auto": Mode("auto", True, False, "fixed", turn_ms=TURN_MS, auto=True),
     "corun": Mode("corun", True, True, "elastic"),
     "timeslice-elastic": Mode("timeslice-elastic", True, False, "elastic"),
     "corun-fixed": Mode("corun-fixed", True, True, "fixed"),

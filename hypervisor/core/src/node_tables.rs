@@ -180,6 +180,17 @@ impl NodeTables {
         }
     }
 
+    /// `capped` batch pods with a compute cap want GPU `uuid` at `now`
+    /// ([`TurnPlan::contended`]): where that starts or stops its turns, its
+    /// line says so at once.
+    pub fn contended(&mut self, uuid: &str, capped: usize, now: std::time::Instant) {
+        if self.turns.contended(uuid, capped, now)
+            && let Some(priority) = &self.priority
+        {
+            self.turns.apply(priority);
+        }
+    }
+
     /// Which GPUs take turns.
     pub fn turns(&self) -> &TurnPlan {
         &self.turns

@@ -218,8 +218,9 @@ impl Scheduler {
         self.tables.check();
     }
 
-    /// Batch pods take turns on `options`' GPUs of the node, and on no
-    /// other ([`NodeTables::set_turns`]).
+    /// Batch pods take turns on `options`' GPUs of the node, always or while
+    /// capped batch pods contend for one ([`tick`]), and on no other
+    /// ([`NodeTables::set_turns`]).
     pub fn set_turns(&mut self, options: Option<&TurnOptions>) {
         self.tables.set_turns(TurnPlan::new(&self.gpus, options));
     }

@@ -1,7 +1,10 @@
 //! The daemon's turn plan in the node's priority table: the lines of the
 //! GPUs that take turns are claimed and set when the plan is given and at
-//! every check, what pods write there is set back, and a table made again
-//! gets its lines again.
+//! every check, what pods write there is set back, a table made again gets
+//! its lines again, and a GPU that takes turns by itself does so while
+//! capped pods contend for it.
+
+use std::time::{Duration, Instant};
 
 use gpushare_utils::limits::uuid_key;
 use gpushare_utils::node_table::NodeTableNames;
@@ -64,6 +67,7 @@ fn the_plan_sets_the_turns_gpus_lines_and_sets_back_what_pods_write() {
     // GPU 0 named in another case than the observer's.
     let options = TurnOptions {
         gpus: vec![gpus[0].uuid.to_lowercase()],
+        auto_gpus: Vec::new(),
         quantum_us: 7_000,
     };
     tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
@@ -106,6 +110,7 @@ fn a_table_made_again_gets_its_turn_lines_again() {
     let gpus = SimulatedGpus::new(2).gpus().expect("gpus");
     let options = TurnOptions {
         gpus: vec![gpus[1].uuid.clone()],
+        auto_gpus: Vec::new(),
         quantum_us: 4_000,
     };
     tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
@@ -121,4 +126,71 @@ fn a_table_made_again_gets_its_turn_lines_again() {
         (quantum(&tables, &gpus, 0), quantum(&tables, &gpus, 1)),
         (None, Some(4_000_000))
     );
+}
+
+#[test]
+fn an_automatic_gpu_takes_turns_while_two_capped_pods_contend_and_a_calm_second_after() {
+    let names = Names::new("auto");
+    let mut tables = names.tables();
+    let gpus = SimulatedGpus::new(3).gpus().expect("gpus");
+    let options = TurnOptions {
+        gpus: vec![gpus[1].uuid.clone()],
+        auto_gpus: vec![gpus[0].uuid.clone()],
+        quantum_us: 6_000,
+    };
+    tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
+    let said = |tables: &NodeTables| {
+        (0..3)
+            .map(|g| quantum(tables, &gpus, g))
+            .collect::<Vec<_>>()
+    };
+    // Nothing contends yet: GPU 0 has no line; GPU 1 always takes turns.
+    assert_eq!(said(&tables), [None, Some(6_000_000), None]);
+    let start = Instant::now();
+    let at = |ms: u64| start + Duration::from_millis(ms);
+    let uuid0 = gpus[0].uuid.to_lowercase();
+    tables.contended(&uuid0, 1, at(0));
+    assert_eq!(said(&tables)[0], None, "one capped pod");
+    tables.contended(&uuid0, 2, at(10));
+    assert_eq!(said(&tables)[0], Some(6_000_000), "two capped pods");
+    // The other GPUs keep their plan whatever is said of them.
+    tables.contended(&gpus[1].uuid, 0, at(10));
+    tables.contended(&gpus[2].uuid, 5, at(10));
+    tables.contended(&gpus[2].uuid, 5, at(3_000));
+    assert_eq!(said(&tables), [Some(6_000_000), Some(6_000_000), None]);
+
+    // Calm for less than a second, contended again, then calm for one.
+    tables.contended(&uuid0, 1, at(100));
+    tables.contended(&uuid0, 0, at(1_000));
+    assert_eq!(said(&tables)[0], Some(6_000_000), "calm 0.9 s");
+    tables.contended(&uuid0, 3, at(1_050));
+    tables.contended(&uuid0, 1, at(1_100));
+    tables.contended(&uuid0, 1, at(2_050));
+    assert_eq!(said(&tables)[0], Some(6_000_000), "calm 0.95 s since 1.1 s");
+    // The check keeps the line as the plan says now.
+    tables.check();
+    assert_eq!(said(&tables)[0], Some(6_000_000));
+    let status = tables
+        .turns()
+        .status(tables.priority.as_ref(), 1_000_000_000, |_| None);
+    let modes: Vec<_> = status
+        .iter()
+        .map(|g| (g.takes_turns, g.automatic))
+        .collect();
+    assert_eq!(modes, [(true, true), (true, false), (false, false)]);
+
+    tables.contended(&uuid0, 1, at(2_100));
+    assert_eq!(said(&tables)[0], Some(0), "calm a second");
+    // A pod that gives it turns again is set back at the check.
+    let priority = tables.priority.as_ref().expect("priority table");
+    priority
+        .turn_line(uuid_key(&gpus[0].uuid))
+        .expect("line")
+        .set_quantum_us(2_000);
+    tables.check();
+    assert_eq!(said(&tables)[0], Some(0));
+    let status = tables
+        .turns()
+        .status(tables.priority.as_ref(), 1_000_000_000, |_| None);
+    assert_eq!((status[0].takes_turns, status[0].automatic), (false, true));
 }

@@ -99,8 +99,9 @@ impl Hypervisor {
         self.core().scheduler.set_corun(options.clone());
     }
 
-    /// Batch pods take turns on `options`' GPUs, and on no other GPU of the
-    /// node: the priority table's turn lines say so from now on.
+    /// Batch pods take turns on `options`' GPUs (always, or while capped
+    /// batch pods contend for one), and on no other GPU of the node: the
+    /// priority table's turn lines say so from now on.
     pub fn set_turn_gpus(&self, options: &TurnOptions) {
         self.core().scheduler.set_turns(Some(options));
     }

@@ -438,6 +438,7 @@ pub(crate) mod tests {
             gpu: format!("GPU-{index}"),
             index,
             takes_turns: quantum_us > 0,
+            automatic: false,
             quantum_us,
             holder: holder.map(str::to_owned),
             holder_key: holder.map_or(0, gpushare_utils::node_table::pod_key),

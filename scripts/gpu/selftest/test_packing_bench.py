@@ -97,7 +97,12 @@ def test_packing_turns_mode():
     # turns of --turn-ms; the default modes run it between the others.
     turns = packing_plan.MODES["turns"]
     assert (turns.daemon, turns.corun, turns.policy, turns.turn_ms) == (True, False, "fixed", packing_plan.TURN_MS)
-    assert all(m.turn_ms is None for name, m in packing_plan.MODES.items() if name != "turns")
+    assert all(m.turn_ms is None for name, m in packing_plan.MODES.items() if name not in ("turns", "auto"))
+    # The daemon's default: turns by itself, of the same length.
+    auto = packing_plan.MODES["auto"]
+    assert (auto.daemon, auto.corun, auto.policy, auto.turn_ms, auto.auto) == (
+        True, False, "fixed", packing_plan.TURN_MS, True)
+    assert not turns.auto
     top, _ = parser()
     a = top.parse_args(["packing", "--bundle", "b"])
     assert (a.modes, a.turn_ms) == (["timeslice", "turns", "corun"], 10)
@@ -135,7 +140,9 @@ def test_packing_daemon_of_turns(tmp_path):
     assert daemon.serve_args == ["--turns-gpu", "0", "--turn-ms", "7"] and daemon.ready is None
     assert 'cap = 45' in (tmp_path / "t.toml").read_text()
     timeslice = packing_daemon.PackingDaemon(*args, packing_plan.MODES["timeslice"], ["p-0"], "mps-control")
-    assert timeslice.serve_args == []
+    assert timeslice.serve_args == ["--no-auto-turns"]
+    auto = packing_plan.with_turn_ms([packing_plan.MODES["auto"]], 7)[0]
+    assert packing_daemon.PackingDaemon(*args, auto, ["p-0", "p-1"], "mps-control").serve_args == ["--turn-ms", "7"]
     # GPU 0's turns from the status; the handovers over a window.
     status = {"turns": [{"gpu": "GPU-a", "index": 0, "takes_turns": True, "quantum_us": 7000, "handovers": 40},
                         {"gpu": "GPU-b", "index": 1, "takes_turns": False, "quantum_us": 0, "handovers": 0}]}

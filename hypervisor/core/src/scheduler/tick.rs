@@ -90,6 +90,7 @@ impl Scheduler {
             if entries.len() != members.len() {
                 continue;
             }
+            self.tables.contended(key, self.capped_batch(members), now);
             self.write_sm_percents(members);
             let grants = fairshare::plan(&entries, self.elastic_capacity(key));
             for ((id, k), grant) in members.iter().zip(grants) {
@@ -107,6 +108,19 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// How many pods of `members` (a GPU's pods, by id and GPU position)
+    /// want the GPU as batch pods with a compute cap: where two or more do,
+    /// a time-sliced GPU takes turns ([`crate::turns::TurnPlan::contended`]).
+    fn capped_batch(&self, members: &[(String, usize)]) -> usize {
+        members
+            .iter()
+            .filter_map(|(id, k)| self.pods.get(id)?.gpus.get(*k))
+            .filter(|gpu| {
+                gpu.active && gpu.spec.class == PodClass::Batch && gpu.spec.bound_percent() < 100
+            })
+            .count()
     }
 
     /// On a co-run GPU, the pods of `members` (its pods, by id and GPU

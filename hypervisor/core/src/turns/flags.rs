@@ -17,15 +17,19 @@ pub struct TurnArgs {
     /// --corun-gpu.
     #[arg(long = "turns-gpu", value_name = "UUID|INDEX")]
     pub turns_gpus: Vec<String>,
-    /// How long a turn lasts on a --turns-gpu, in milliseconds.
+    /// How long a turn lasts, in milliseconds.
     #[arg(
         long,
         value_name = "MS",
         default_value_t = DEFAULT_TURN_MS,
-        value_parser = clap::value_parser!(u32).range(1..=100),
-        requires = "turns_gpus"
+        value_parser = clap::value_parser!(u32).range(1..=100)
     )]
     pub turn_ms: u32,
+    /// Take turns only on the --turns-gpu GPUs. Without it, every other
+    /// time-sliced GPU takes turns by itself while two or more batch pods
+    /// with a compute cap want it.
+    #[arg(long)]
+    pub no_auto_turns: bool,
 }
 
 /// Why the turn flags cannot be followed.
@@ -48,16 +52,15 @@ pub enum TurnError {
 }
 
 impl TurnArgs {
-    /// The options, `None` without `--turns-gpu`; each GPU by the UUID the
-    /// observer reports, once. A GPU of `corun` is refused.
+    /// The options, `None` where no GPU takes turns (no `--turns-gpu`, and
+    /// `--no-auto-turns`); each GPU by the UUID the observer reports, once.
+    /// A `--turns-gpu` of `corun` is refused; the GPUs that take turns by
+    /// themselves are the others, less those of `corun`.
     pub fn options(
         &self,
         gpus: &[GpuInfo],
         corun: Option<&CorunOptions>,
     ) -> Result<Option<TurnOptions>, TurnError> {
-        if self.turns_gpus.is_empty() {
-            return Ok(None);
-        }
         let mut uuids: Vec<String> = Vec::new();
         for named in &self.turns_gpus {
             let uuid = GpuInfo::find(gpus, named)
@@ -73,8 +76,22 @@ impl TurnArgs {
                 uuids.push(uuid);
             }
         }
+        let auto_gpus: Vec<String> = if self.no_auto_turns {
+            Vec::new()
+        } else {
+            gpus.iter()
+                .map(|gpu| &gpu.uuid)
+                .filter(|uuid| !uuids.contains(uuid))
+                .filter(|uuid| !corun.is_some_and(|corun| corun.covers(uuid)))
+                .cloned()
+                .collect()
+        };
+        if uuids.is_empty() && auto_gpus.is_empty() {
+            return Ok(None);
+        }
         Ok(Some(TurnOptions {
             gpus: uuids,
+            auto_gpus,
             quantum_us: self.turn_ms * 1_000,
         }))
     }
@@ -109,7 +126,7 @@ mod tests {
     #[test]
     fn an_index_or_a_uuid_names_a_turns_gpu_once() {
         let gpus = SimulatedGpus::new(3).gpus().expect("gpus");
-        assert_eq!(options(&[], &gpus), Ok(None));
+        assert_eq!(options(&["--no-auto-turns"], &gpus), Ok(None));
         let uuid2 = gpus[2].uuid.to_lowercase();
         let args = [
             "--turns-gpu",
@@ -123,6 +140,7 @@ mod tests {
             options(&args, &gpus),
             Ok(Some(TurnOptions {
                 gpus: vec![gpus[0].uuid.clone(), gpus[2].uuid.clone()],
+                auto_gpus: vec![gpus[1].uuid.clone()],
                 quantum_us: DEFAULT_TURN_MS * 1_000,
             }))
         );
@@ -169,14 +187,48 @@ mod tests {
         );
         // Each on GPUs of its own: both go.
         let apart = options(&["--corun-gpu", "1", "--turns-gpu", "0"], &gpus);
+        let apart = apart.expect("options").expect("turns");
+        assert_eq!(apart.gpus, [gpus[0].uuid.clone()]);
+        assert!(apart.auto_gpus.is_empty(), "{apart:?}");
+    }
+
+    #[test]
+    fn every_other_time_sliced_gpu_takes_turns_by_itself_unless_told_not_to() {
+        let gpus = SimulatedGpus::new(3).gpus().expect("gpus");
+        let by_default = options(&[], &gpus).expect("options").expect("turns");
+        assert!(by_default.gpus.is_empty(), "{by_default:?}");
         assert_eq!(
-            apart.expect("options").expect("turns").gpus,
-            [gpus[0].uuid.clone()]
+            by_default.auto_gpus,
+            gpus.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>()
+        );
+        assert_eq!(by_default.quantum_us, DEFAULT_TURN_MS * 1_000);
+        // Not a co-run GPU, nor one that always takes turns.
+        let some = options(
+            &["--corun-gpu", "2", "--turns-gpu", "0", "--turn-ms", "4"],
+            &gpus,
+        )
+        .expect("options")
+        .expect("turns");
+        assert_eq!(
+            (some.gpus, some.auto_gpus, some.quantum_us),
+            (
+                vec![gpus[0].uuid.clone()],
+                vec![gpus[1].uuid.clone()],
+                4_000
+            )
+        );
+        // Told not to: only the named ones.
+        let named = options(&["--turns-gpu", "1", "--no-auto-turns"], &gpus)
+            .expect("options")
+            .expect("turns");
+        assert_eq!(
+            (named.gpus, named.auto_gpus),
+            (vec![gpus[1].uuid.clone()], Vec::new())
         );
     }
 
     #[test]
-    fn a_turn_is_1_to_100_ms_and_needs_a_turns_gpu() {
+    fn a_turn_is_1_to_100_ms() {
         for ms in ["0", "101", "x"] {
             assert!(
                 parse(&["--turns-gpu", "0", "--turn-ms", ms]).is_err(),
@@ -189,6 +241,7 @@ mod tests {
                 "{ms}"
             );
         }
-        assert!(parse(&["--turn-ms", "7"]).is_err(), "no --turns-gpu");
+        // The length of the turns GPUs take by themselves too.
+        assert!(parse(&["--turn-ms", "7"]).is_ok(), "no --turns-gpu");
     }
 }
