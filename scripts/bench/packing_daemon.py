@@ -234,8 +234,11 @@ def pod_figures(status: dict) -> dict:
 
 def gpu_turns(status: dict) -> dict | None:
     """GPU 0's turns as `status` says them: {"quantum_us", "handovers"};
-    None where its pods take none (or the daemon does not say)."""
-    gpu = next((g for g in status.get("turns") or [] if g.get("index") == 0 and g.get("takes_turns")), None)
+    None where its pods take none (or the daemon does not say). A GPU that
+    takes turns by itself is read whether it takes them now or not: at a
+    window's start, its pods idle since their warm-up, it may not yet."""
+    gpu = next((g for g in status.get("turns") or []
+                if g.get("index") == 0 and (g.get("takes_turns") or g.get("automatic"))), None)
     return {"quantum_us": gpu.get("quantum_us"), "handovers": gpu.get("handovers")} if gpu else None
 
 

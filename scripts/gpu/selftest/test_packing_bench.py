@@ -148,6 +148,10 @@ def test_packing_daemon_of_turns(tmp_path):
                         {"gpu": "GPU-b", "index": 1, "takes_turns": False, "quantum_us": 0, "handovers": 0}]}
     assert packing_daemon.gpu_turns(status) == {"quantum_us": 7000, "handovers": 40}
     assert packing_daemon.gpu_turns({"turns": status["turns"][1:]}) is None and packing_daemon.gpu_turns({}) is None
+    # One that takes turns by itself, not yet: its count so far.
+    idle = {"turns": [{"gpu": "GPU-a", "index": 0, "takes_turns": False, "automatic": True, "quantum_us": 0,
+                       "handovers": 12}]}
+    assert packing_daemon.gpu_turns(idle) == {"quantum_us": 0, "handovers": 12}
     before = {"t": 10.0, "cpu_s": 1.0, "rss_mib": 30.0, "admission": None, "charged_ns": {},
               "turns": {"quantum_us": 7000, "handovers": 40}}
     after = {**before, "t": 15.0, "turns": {"quantum_us": 7000, "handovers": 1040}}
