@@ -12,9 +12,10 @@
 //! inference servers do) leave a time-sliced GPU switching between their
 //! contexts every few hundred microseconds, which costs it a tenth of its
 //! time and serves them unevenly: capped pods then fall short of their
-//! caps. Taking turns runs one context at a time and gives them their caps;
-//! a capped pod waits for its budget anyway, and banks a turn of it while
-//! it waits for its turn.
+//! caps. Taking turns runs one context at a time, which serves them about
+//! their caps (`docs/benchmarks.md`, dense packing); a capped pod already
+//! waits whenever its budget runs out, and banks a turn of it while it
+//! waits for its turn.
 //!
 //! Every pod may write the priority table, so the daemon's [`TurnPlan`] is
 //! what holds: when the node tables are made, when a GPU starts or stops
