@@ -1,7 +1,7 @@
 //! A time-sliced GPU takes turns by itself under the daemon: while two or
 //! more batch pods with a compute cap launch on it, their limiters take
-//! turns on its line of the priority table, and once they stop, after the
-//! daemon's calm second, it time-slices again. A capped pod beside one
+//! turns on its line of the priority table, and once they stop (or are
+//! removed), after the daemon's calm second, it time-slices again. A capped pod beside one
 //! without a cap, or a GPU the daemon was told to leave alone
 //! (`--no-auto-turns`), takes none.
 
@@ -145,6 +145,22 @@ fn capped_batch_pods_take_turns_while_they_share_a_gpu_and_it_time_slices_after(
     assert!(after >= CALM, "stopped {after:?} after the pods did");
     let gpu = gpu0(&running).expect("GPU 0");
     assert!(gpu.automatic && !gpu.takes_turns, "{gpu:?}");
+
+    // Again, and the pods removed from the daemon as they stop: a GPU no
+    // pod is placed on takes no turns either.
+    let again = run_pair(&pods, &running);
+    assert!(again.took_turns, "the status never said so");
+    running.hypervisor().apply(Vec::new());
+    let removed = Instant::now();
+    while gpu0(&running).is_some_and(|gpu| gpu.takes_turns) && removed.elapsed() < CALM * 4 {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        line(&pods[0]).map(|line| line.0),
+        Some(0),
+        "{:?}",
+        removed.elapsed()
+    );
 }
 
 #[test]

@@ -108,6 +108,14 @@ impl Scheduler {
                 }
             }
         }
+        // A GPU no pod is placed on any more has no capped pod wanting it.
+        if only.is_none() {
+            for gpu in &self.gpus {
+                if !by_gpu.contains_key(&gpu.uuid.to_ascii_lowercase()) {
+                    self.tables.contended(&gpu.uuid, 0, now);
+                }
+            }
+        }
     }
 
     /// How many pods of `members` (a GPU's pods, by id and GPU position)
