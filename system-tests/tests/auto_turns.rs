@@ -133,7 +133,9 @@ fn capped_batch_pods_take_turns_while_they_share_a_gpu_and_it_time_slices_after(
     assert!(ran.handovers >= 20, "{} handovers", ran.handovers);
 
     // Idle: after the daemon's 200 ms of counting a pod and its calm
-    // second, the line says no turns again.
+    // second, the line says no turns again (how long the calm lasts, to the
+    // tick, is the core's turn test's: here the probes' exits take part of
+    // it).
     let stopped = Instant::now();
     let deadline = stopped + CALM + Duration::from_secs(3);
     while line(&pods[0]).is_none_or(|line| line.0 != 0) && Instant::now() < deadline {
@@ -142,7 +144,6 @@ fn capped_batch_pods_take_turns_while_they_share_a_gpu_and_it_time_slices_after(
     let after = stopped.elapsed();
     println!("turns stopped {after:?} after the pods");
     assert_eq!(line(&pods[0]).map(|line| line.0), Some(0), "{after:?}");
-    assert!(after >= CALM, "stopped {after:?} after the pods did");
     let gpu = gpu0(&running).expect("GPU 0");
     assert!(gpu.automatic && !gpu.takes_turns, "{gpu:?}");
 
