@@ -53,6 +53,23 @@ fn quantum(tables: &NodeTables, gpus: &[GpuInfo], gpu: usize) -> Option<u64> {
         .map(TurnLine::quantum_ns)
 }
 
+/// The turn's length every GPU's line says, ns, by GPU.
+fn quanta(tables: &NodeTables, gpus: &[GpuInfo]) -> Vec<Option<u64>> {
+    (0..gpus.len()).map(|g| quantum(tables, gpus, g)).collect()
+}
+
+/// Whether each GPU takes turns now, and whether by itself, as the status
+/// says.
+fn turn_modes(tables: &NodeTables) -> Vec<(bool, bool)> {
+    let status = tables
+        .turns()
+        .status(tables.priority.as_ref(), 1_000_000_000, |_| None);
+    status
+        .iter()
+        .map(|g| (g.takes_turns, g.automatic))
+        .collect()
+}
+
 #[test]
 fn the_plan_sets_the_turns_gpus_lines_and_sets_back_what_pods_write() {
     let names = Names::new("plan");
@@ -71,11 +88,7 @@ fn the_plan_sets_the_turns_gpus_lines_and_sets_back_what_pods_write() {
         quantum_us: 7_000,
     };
     tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
-    let said = |tables: &NodeTables| {
-        (0..3)
-            .map(|g| quantum(tables, &gpus, g))
-            .collect::<Vec<_>>()
-    };
+    let said = |tables: &NodeTables| quanta(tables, &gpus);
     assert_eq!(said(&tables), [Some(7_000_000), None, Some(0)]);
 
     // Pods drop GPU 0's turns and give GPU 2 some again: the check sets
@@ -139,11 +152,7 @@ fn an_automatic_gpu_takes_turns_while_two_capped_pods_contend_and_a_calm_second_
         quantum_us: 6_000,
     };
     tables.set_turns(TurnPlan::new(&gpus, Some(&options)));
-    let said = |tables: &NodeTables| {
-        (0..3)
-            .map(|g| quantum(tables, &gpus, g))
-            .collect::<Vec<_>>()
-    };
+    let said = |tables: &NodeTables| quanta(tables, &gpus);
     // Nothing contends yet: GPU 0 has no line; GPU 1 always takes turns.
     assert_eq!(said(&tables), [None, Some(6_000_000), None]);
     let start = Instant::now();
@@ -170,14 +179,10 @@ fn an_automatic_gpu_takes_turns_while_two_capped_pods_contend_and_a_calm_second_
     // The check keeps the line as the plan says now.
     tables.check();
     assert_eq!(said(&tables)[0], Some(6_000_000));
-    let status = tables
-        .turns()
-        .status(tables.priority.as_ref(), 1_000_000_000, |_| None);
-    let modes: Vec<_> = status
-        .iter()
-        .map(|g| (g.takes_turns, g.automatic))
-        .collect();
-    assert_eq!(modes, [(true, true), (true, false), (false, false)]);
+    assert_eq!(
+        turn_modes(&tables),
+        [(true, true), (true, false), (false, false)]
+    );
 
     tables.contended(&uuid0, 1, at(2_100));
     assert_eq!(said(&tables)[0], Some(0), "calm a second");
@@ -189,8 +194,5 @@ fn an_automatic_gpu_takes_turns_while_two_capped_pods_contend_and_a_calm_second_
         .set_quantum_us(2_000);
     tables.check();
     assert_eq!(said(&tables)[0], Some(0));
-    let status = tables
-        .turns()
-        .status(tables.priority.as_ref(), 1_000_000_000, |_| None);
-    assert_eq!((status[0].takes_turns, status[0].automatic), (false, true));
+    assert_eq!(turn_modes(&tables)[0], (false, true));
 }
