@@ -12,16 +12,25 @@
  *   kt_stop()           flushes every record (the kernels must have ended), records off
  *   kt_kernels(), kt_kernel_ns(), kt_dropped()
  *   kt_gaps(counts, ns, bounds)  the gaps between kernels in the window, by length
+ *   kt_write_spans(path)  the window's spans (below) to a file: 0, else -1
  *
  * kt_kernel_ns: the time inside the window in which one of the process's
  * kernels ran (records are taken in a stream's order; the inference step
  * has one). A gap: from one kernel's end to the next one's start, the
  * GPU's move from one to the next (a few microseconds where the next was
- * queued) or the host's time to launch it. */
+ * queued) or the host's time to launch it.
+ *
+ * A span: kernels that ran back to back, joined across the gaps of up to
+ * 3 us between them, inside the window (so the spans' time is kernel_ns
+ * and the short gaps' time). kt_write_spans writes them as pairs of
+ * little-endian uint64, start and end, on CUPTI's clock, which is the
+ * same in every process: the bench lays the pods' spans over each other
+ * and sees where one pod's kernel went on while another's ran. */
 #include <cupti.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #define BUFFER_BYTES (8u << 20)
@@ -34,6 +43,32 @@ static uint64_t kernels, kernel_ns, dropped;
 #define GAP_BUCKETS 10
 static const uint64_t gap_bounds[GAP_BUCKETS] = {500, 1000, 1500, 2000, 3000, 5000, 10000, 20000, 50000, UINT64_MAX};
 static uint64_t gap_count[GAP_BUCKETS], gap_ns[GAP_BUCKETS];
+#define SPAN_JOIN_NS 3000
+static uint64_t *spans; /* start, end, start, end, ... */
+static size_t span_count, span_room;
+static uint64_t span_lost; /* spans that found no room: none are written then */
+
+/* Adds [from, to) to the spans, joined to the last one across a short gap. */
+static void add_span(uint64_t from, uint64_t to) {
+    if (span_count && from <= spans[2 * span_count - 1] + SPAN_JOIN_NS) {
+        if (to > spans[2 * span_count - 1])
+            spans[2 * span_count - 1] = to;
+        return;
+    }
+    if (span_count == span_room) {
+        size_t room = span_room ? 2 * span_room : 4096;
+        uint64_t *more = realloc(spans, room * 2 * sizeof *spans);
+        if (!more) {
+            span_lost++;
+            return;
+        }
+        spans = more;
+        span_room = room;
+    }
+    spans[2 * span_count] = from;
+    spans[2 * span_count + 1] = to;
+    span_count++;
+}
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
     *buffer = aligned_alloc(ACTIVITY_RECORD_ALIGNMENT, BUFFER_BYTES);
@@ -58,6 +93,8 @@ static void count(const CUpti_ActivityKernel10 *k) {
     if (ran) {
         kernels++;
         kernel_ns += ran;
+        uint64_t a = from > window_start ? from : window_start;
+        add_span(a, a + ran);
     }
     uint64_t gap = k->start > last_end && last_end ? inside(last_end, k->start) : 0;
     if (gap) {
@@ -103,7 +140,8 @@ void kt_window(uint64_t t0, uint64_t t1) {
     pthread_mutex_lock(&lock);
     window_start = t0;
     window_end = t1;
-    kernels = kernel_ns = dropped = 0;  /* what came before counted in no window */
+    kernels = kernel_ns = dropped = span_lost = 0;  /* what came before counted in no window */
+    span_count = 0;
     for (int b = 0; b < GAP_BUCKETS; b++)
         gap_count[b] = gap_ns[b] = 0;
     pthread_mutex_unlock(&lock);
@@ -136,4 +174,14 @@ int kt_gaps(uint64_t *counts, uint64_t *ns, uint64_t *bounds) {
     }
     pthread_mutex_unlock(&lock);
     return GAP_BUCKETS;
+}
+
+int kt_write_spans(const char *path) {
+    pthread_mutex_lock(&lock);
+    FILE *f = span_lost ? NULL : fopen(path, "wb");
+    int rc = f && fwrite(spans, 2 * sizeof *spans, span_count, f) == span_count ? 0 : -1;
+    if (f && fclose(f) != 0)
+        rc = -1;
+    pthread_mutex_unlock(&lock);
+    return rc;
 }

@@ -78,7 +78,12 @@ kernels pays for the GPU it holds; where every pod of the run has it and
 they launch one at a time
 (one pod, or pods taking turns: elsewhere a time-sliced kernel's span takes
 in the slices of the pods that preempted it, and co-run kernels share the
-SMs by design); else its throughput over the lone process's, times the
+SMs by design); with several pods, each pod's spans (its kernels and those
+moves) laid over the others' on CUPTI's clock, one clock in every process,
+and an instant two pods' spans cover split between them (packing_spans.py:
+a pod starting its turn while the last holder's queued kernels still run
+time-slices with them, and each pod's own spans would count that time);
+else its throughput over the lone process's, times the
 fraction of the time the lone process keeps the GPU busy, so that a
 workload that leaves the GPU idle between steps is not counted as holding
 it. That fraction, which also caps a pod's target, is the lone runs'
@@ -89,7 +94,8 @@ step's kernels; else the warm-up's reading, the lone process's rate times a
 unit's GPU time alone (the calibrated kernel, or the step's CUDA-event time
 in its warm-up). The notes give every reading; each run's pods' GPU time
 by CUPTI, their sum and their kernels alone beside the shares by
-throughput; the lone runs' gaps between kernels (up to 3 us: the GPU moving
+throughput, and where their spans were laid over each other, the GPU busy
+by any of them, the time they counted twice and each pod's time alone; the lone runs' gaps between kernels (up to 3 us: the GPU moving
 to the next kernel it had queued); the budget each pod forfeited at its
 bucket's depth (the daemon's forfeited_ns over the window); and the
 GPU time the lone process's steps took in its window, each bracketed by
@@ -155,7 +161,7 @@ from scripts.gpu.e2e.harness import proc
 from scripts.gpu.e2e.harness.parse import fields
 from scripts.gpu.e2e.harness.smi import ProcessSampler, Sampler
 
-from . import common, corun, priority
+from . import common, corun, packing_spans, priority
 from .packing_daemon import PackingDaemon, daemon_figures, returns_figures
 from .packing_plan import (MAX_PODS, MODES, RETURN_BURST_S, RETURN_PERIOD_S, RETURNS, START_S, TURN_MS,
                            WORKLOADS, Spec, estimate_s, plan, returns_phase, returns_s, table_order, with_turn_ms)
@@ -316,6 +322,24 @@ class Runner:
         return {"returns": RETURNS, "pods_through": sum(map(through, procs)),
                 **returns_figures(before, after, daemon.sample(False))}
 
+    def spans_path(self, tag: str, i: int) -> Path:
+        """Where pod `i` of run `tag` writes its kernels' spans."""
+        return self.work / f"{tag}-{i}.spans"
+
+    def lay_spans(self, tag: str, result: dict) -> None:
+        """Where every pod wrote its spans: each pod's GPU time split where
+        they overlap ("gpu_split", "gpu_alone"), and the run's GPU busy and
+        time counted twice ("spans": "union", "overlap"); see
+        packing_spans.py."""
+        pods = result["pods"]
+        if not all(pod.get("spans") == 1 for pod in pods):
+            return
+        laid = packing_spans.split([packing_spans.read(self.spans_path(tag, i)) for i in range(len(pods))],
+                                   self.args.seconds * 1e9)
+        for pod, share, alone in zip(pods, laid["split"], laid["alone"]):
+            pod["gpu_split"], pod["gpu_alone"] = share, alone
+        result["spans"] = {"union": laid["union"], "overlap": laid["overlap"]}
+
     def run_once(self, spec: Spec, tag: str, budget_left: float) -> dict:
         """Starts the daemon (if the mode has one) and the N workers, waits
         for all of them to be ready and registered, gives them one start
@@ -339,6 +363,7 @@ class Runner:
                 env = self.pod_env(daemon, pod, placed[pod]) if daemon else self.base_env()
                 if spec.workload == "infer" and self.kernel_time is not None:
                     env["PACKING_KERNEL_TIME"] = str(self.kernel_time)  # its window's kernels, by CUPTI
+                    env["PACKING_KERNEL_SPANS"] = str(self.spans_path(tag, i))
                 procs.append(proc.Proc(self.settings, spec.mode.name, pod if daemon else "-",
                                        self.logs / f"{tag}-{spec.workload}-{i}.log",
                                        ready_s + REGISTER_S + START_S + seconds + DRAIN_S,
@@ -381,6 +406,8 @@ class Runner:
                     result["pods"].append(None)
                     continue
                 result["pods"].append({k: float(v) for k, v in fields(lines[-1]).items()})
+            if spec.n > 1 and not failed:
+                self.lay_spans(tag, result)
             clocks.stop()
             pmon.stop()
             result["gpu"] = gpu_window(clocks, start, end)
@@ -401,6 +428,8 @@ class Runner:
                 if daemon.mps_log is not None and daemon.mps_log.exists():
                     shutil.copy(daemon.mps_log, self.logs / f"{tag}-mps-control.log")
             common.remove_pod_regions(*pods)
+            for i in range(spec.n):
+                self.spans_path(tag, i).unlink(missing_ok=True)
             shutil.rmtree(self.work / str(self.serial), ignore_errors=True)
         return result
 

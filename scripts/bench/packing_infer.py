@@ -25,7 +25,10 @@ K: the fraction of the window in which its kernels ran, C: the kernels
 that ran in it, X: records CUPTI lost, A, B, L: the fractions of the window
 in the gaps between its kernels of up to 3 us (M of them: the GPU moving
 from one kernel to the next it had queued), of 3 to 10 us and longer (or
-kernel_error=CODE, CUPTI's). Then it reads one more line: "done", or
+kernel_error=CODE, CUPTI's). With PACKING_KERNEL_SPANS naming a file too,
+it writes its kernels' spans in the window there (kernel_time.c's
+kt_write_spans), and the line ends spans=1 (spans=0: none written). Then
+it reads one more line: "done", or
 "returns AT COUNT PERIOD BURST": COUNT times, from AT on and PERIOD apart,
 it runs steps for BURST seconds and waits for them, idle in between; then
 it prints returns=COUNT. At most two steps are queued behind the
@@ -60,13 +63,14 @@ class KernelClock:
     `path`, recording from its construction, before CUDA starts (`error`:
     0, else CUPTI's code)."""
 
-    GAPS_US = (3, 10)  # the gaps' spans the line gives: up to 3 us, 3 to 10, longer
+    GAPS_US = (3, 10)  # the gaps the line gives, by length: up to 3 us, 3 to 10, longer
 
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)
         for name in ("kt_now", "kt_kernels", "kt_kernel_ns", "kt_dropped"):
             getattr(self.lib, name).restype = ctypes.c_uint64
         self.lib.kt_window.argtypes = [ctypes.c_uint64, ctypes.c_uint64]
+        self.lib.kt_write_spans.argtypes = [ctypes.c_char_p]
         self.error = self.lib.kt_start()
 
     def open_window(self, seconds: float) -> None:
@@ -74,22 +78,24 @@ class KernelClock:
         t0 = self.lib.kt_now()
         self.lib.kt_window(t0, t0 + int(seconds * 1e9))
 
-    def fields(self, seconds: float) -> str:
-        """Once the window's kernels ended: the result line's fields."""
+    def fields(self, seconds: float, spans: str | None) -> str:
+        """Once the window's kernels ended: the result line's fields, and
+        the spans written to the file `spans` (where not None)."""
         rc = self.error or self.lib.kt_stop()
         if rc != 0:
             return f" kernel_error={rc}"
         counts, ns, bounds = ((ctypes.c_uint64 * 16)() for _ in range(3))
         n = self.lib.kt_gaps(counts, ns, bounds)
-        spans = [0.0] * (len(self.GAPS_US) + 1)
+        gaps = [0.0] * (len(self.GAPS_US) + 1)
         short = 0
         for bound, count, took in zip(bounds[:n], counts[:n], ns[:n]):
             i = sum(bound > us * 1000 for us in self.GAPS_US)
-            spans[i] += took / 1e9 / seconds
+            gaps[i] += took / 1e9 / seconds
             short += count if i == 0 else 0
+        written = "" if spans is None else f" spans={int(self.lib.kt_write_spans(spans.encode()) == 0)}"
         return (f" kernel_busy={self.lib.kt_kernel_ns() / 1e9 / seconds:.5f} kernels={self.lib.kt_kernels()}"
-                f" kernels_lost={self.lib.kt_dropped()} gaps_3us={spans[0]:.5f} gaps_3us_n={short}"
-                f" gaps_10us={spans[1]:.5f} gaps_longer={spans[2]:.5f}")
+                f" kernels_lost={self.lib.kt_dropped()} gaps_3us={gaps[0]:.5f} gaps_3us_n={short}"
+                f" gaps_10us={gaps[1]:.5f} gaps_longer={gaps[2]:.5f}{written}")
 
 
 def main():
@@ -164,7 +170,7 @@ def main():
     while waited < launched:
         completed += settle(waited)
         waited += 1
-    timed = clock.fields(seconds) if clock is not None else ""
+    timed = clock.fields(seconds, os.environ.get("PACKING_KERNEL_SPANS")) if clock is not None else ""
     print(f"result=1 count={completed} per_s={completed / seconds:.3f} launched={launched}"
           f" drain_s={max(0.0, last - end):.6f} step_ms={step_ms:.4f} gpu_busy={busy_ms / 1e3 / seconds:.4f}"
           f" host_wait={host_wait:.4f} launch_us={launching / max(launched, 1) * 1e6:.1f}{timed}",

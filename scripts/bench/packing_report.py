@@ -77,7 +77,19 @@ def gpu_time(pod: dict) -> float | None:
     on an H100). A time-sliced GPU runs no other context in those moves,
     and the limiter charges a queued kernel its back-to-back period, move
     included, so that a pod of many tiny kernels pays for the GPU it holds
-    (compute.md). None where CUPTI did not time the pod."""
+    (compute.md). Where the run's pods' spans were laid over each other,
+    the instants that several pods' spans cover split between them
+    ("gpu_split": packing_spans.py). None where CUPTI did not time the
+    pod."""
+    if pod.get("gpu_split") is not None:
+        return pod["gpu_split"]
+    return own_gpu_time(pod)
+
+
+def own_gpu_time(pod: dict) -> float | None:
+    """A pod's GPU time by its own CUPTI records alone (its kernels and
+    the moves between them), whatever other pods ran meanwhile; None where
+    CUPTI did not time the pod."""
     kernels, moves = pod.get("kernel_busy"), pod.get("gaps_3us")
     return None if kernels is None or moves is None else kernels + moves
 
@@ -301,24 +313,34 @@ def notes(runs, workloads, bases) -> list[str]:
 
 
 def cupti_note(runs, workload) -> str:
-    """Per run whose pods CUPTI timed: each pod's GPU time (`gpu_time`), %
-    of the window, their sum (past 100%, one pod's kernel went on while
-    another's time slice preempted it), its kernels alone, and its share
-    by throughput; "" without any."""
+    """Per run whose pods CUPTI timed: each pod's GPU time by its own
+    records (`own_gpu_time`), % of the window, their sum (past 100%, one
+    pod's kernel went on while another's time slice preempted it), its
+    kernels alone; where the pods' spans were laid over each other, the
+    GPU busy by any of them, what the pods' own times counted twice, each
+    pod's time alone and its time split (`gpu_time`); and its share by
+    throughput; "" without any."""
     got = []
     for r in runs:
         pods = r["result"]["pods"] if r["spec"].workload == workload and ok(r) else []
-        ran = [gpu_time(pod) for pod in pods]
+        ran = [own_gpu_time(pod) for pod in pods]
         if not pods or None in ran:
             continue
         kernels = [pod["kernel_busy"] * 100 for pod in pods]
         text = (f"{r['spec'].label} {figure_range([x * 100 for x in ran])} (sum {sum(ran) * 100:.1f};"
                 f" kernels {figure_range(kernels)})")
+        laid = r["result"].get("spans")
+        if laid:
+            text += (f", laid over each other: busy {laid['union'] * 100:.2f}, counted twice"
+                     f" {laid['overlap'] * 100:.2f}, alone {figure_range([p['gpu_alone'] * 100 for p in pods])},"
+                     f" split {figure_range([p['gpu_split'] * 100 for p in pods])}")
         if "figures" in r and r["spec"].mode is not SOLO:
             text += f", by throughput {figure_range(r['figures']['by_throughput'])}"
         got.append(text)
     return (f"{workload}, each pod's GPU time by CUPTI (kernels and the moves between its queued kernels), % of the"
-            f" window (their sum; kernels alone), and its share by throughput: {'; '.join(got)}") if got else ""
+            f" window (their sum; kernels alone; laid over each other: the GPU busy by any, the time counted twice,"
+            f" each pod's time alone and split where they overlap), and its share by throughput:"
+            f" {'; '.join(got)}") if got else ""
 
 
 def forfeited_note(runs, workload) -> str:

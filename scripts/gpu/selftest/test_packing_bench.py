@@ -401,8 +401,9 @@ def test_packing(corun_env, monkeypatch, capsys):
             " (a step 0.210 ms on the GPU alone), NVML baseline 42.0%: baseline used: CUPTI; busy by its steps'"
             " events in the window: 90.0%") in text, text
     assert ("infer, each pod's GPU time by CUPTI (kernels and the moves between its queued kernels), % of the window"
-            " (their sum; kernels alone), and its share by throughput: solo 45.00 (sum 45.0; kernels 40.00); no"
-            " limiter N=2 45.00 (sum 90.0; kernels 40.00), by throughput 45.00;") in text, text
+            " (their sum; kernels alone; laid over each other: the GPU busy by any, the time counted twice, each pod's"
+            " time alone and split where they overlap), and its share by throughput: solo 45.00 (sum 45.0; kernels"
+            " 40.00); no limiter N=2 45.00 (sum 90.0; kernels 40.00), by throughput 45.00;") in text, text
     assert "solo 5.0% (7,000) / 2.0% / 1.0%; solo again 5.0% (7,000) / 2.0% / 1.0%" in text, text
     assert "kernels alone: 2,000.0, 2,000.0 kernels/s, drift +0.00%; warm-up baseline 90.0% (a kernel" in text
     assert "| infer | solo | the baseline (GPU 45.0% busy, by CUPTI) |" in text
