@@ -95,8 +95,9 @@ unit's GPU time alone (the calibrated kernel, or the step's CUDA-event time
 in its warm-up). The notes give every reading; each run's pods' GPU time
 by CUPTI, their sum and their kernels alone beside the shares by
 throughput, and where their spans were laid over each other, the GPU busy
-by any of them, the time they counted twice and each pod's time alone; the lone runs' gaps between kernels (up to 3 us: the GPU moving
-to the next kernel it had queued); the budget each pod forfeited at its
+by any of them, the time they counted twice and each pod's time alone;
+the lone runs' gaps between kernels (up to 3 us: the GPU moving to the
+next kernel it had queued); the budget each pod forfeited at its
 bucket's depth (the daemon's forfeited_ns over the window); and the
 GPU time the lone process's steps took in its window, each bracketed by
 events (the gaps inside a step count). The warm-up times a unit at its
@@ -330,12 +331,17 @@ class Runner:
         """Where every pod wrote its spans: each pod's GPU time split where
         they overlap ("gpu_split", "gpu_alone"), and the run's GPU busy and
         time counted twice ("spans": "union", "overlap"); see
-        packing_spans.py."""
+        packing_spans.py. A file that cannot be read leaves each pod its
+        own records' time, and says why ("spans_error")."""
         pods = result["pods"]
         if not all(pod.get("spans") == 1 for pod in pods):
             return
-        laid = packing_spans.split([packing_spans.read(self.spans_path(tag, i)) for i in range(len(pods))],
-                                   self.args.seconds * 1e9)
+        try:
+            spans = [packing_spans.read(self.spans_path(tag, i)) for i in range(len(pods))]
+        except (OSError, ValueError) as error:
+            result["spans_error"] = str(error)[:300]
+            return
+        laid = packing_spans.split(spans, self.args.seconds * 1e9)
         for pod, share, alone in zip(pods, laid["split"], laid["alone"]):
             pod["gpu_split"], pod["gpu_alone"] = share, alone
         result["spans"] = {"union": laid["union"], "overlap": laid["overlap"]}

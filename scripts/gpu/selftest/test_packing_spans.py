@@ -173,3 +173,9 @@ def test_the_runner_lays_its_pods_spans_where_every_pod_wrote_them(tmp_path):
     result = {"pods": pods}
     packing.Runner.lay_spans(runner, "t", result)
     assert "spans" not in result and "gpu_split" not in pods[0]
+    # Every pod said it wrote them, one file is torn: each keeps its own.
+    runner.spans_path("t", 1).write_bytes(b"\0" * 24)
+    pods = [{"spans": 1.0}, {"spans": 1.0}]
+    result = {"pods": pods}
+    packing.Runner.lay_spans(runner, "t", result)
+    assert "not whole" in result["spans_error"] and "gpu_split" not in pods[0] and "spans" not in result
