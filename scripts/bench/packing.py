@@ -7,7 +7,7 @@ run in OUT/packing-bench.json, the workers' and the daemons' logs in
 OUT/logs.
 
   python3 -m scripts.bench packing --bundle DIR [--out DIR] [--counts 1,4,8,16,32] [--seconds 5]
-          [--modes timeslice,turns,corun] [--turn-ms 10] [--workloads kernels,infer] [--budget-s 560]
+          [--modes timeslice,auto,corun] [--turn-ms 10] [--workloads kernels,infer] [--budget-s 560]
           [--mps-control PATH] [--limiter-log LEVEL]
 
 About 9 minutes with the defaults on an H100: 42 runs, each a 5 s window
@@ -46,12 +46,12 @@ Runs, per workload:
                a [[pods]] section and token for each in its config), GPU 0
                time-sliced; each pod a fixed cap of floor(90/N)% (the
                config takes whole percents: caps that sum to at most 90%)
-  turns        as timeslice, and the daemon with `--turns-gpu 0 --turn-ms
-               Q` (Q: --turn-ms, default 10): GPU 0's pods take turns, one
-               pod launching at a time, for a turn of Q ms
-  auto (with --modes): as timeslice, the daemon as by default (`--turn-ms
-               Q` alone): GPU 0 takes turns by itself while two or more of
-               its capped pods launch
+  auto         as timeslice, the daemon as by default (`--turn-ms Q`
+               alone; Q: --turn-ms, default 10): GPU 0 takes turns by
+               itself while two or more of its capped pods launch, one pod
+               launching at a time, for a turn of Q ms
+  turns (with --modes): as timeslice, and the daemon with `--turns-gpu 0
+               --turn-ms Q`: GPU 0's pods take turns always
   corun        the daemon with `--corun-gpu 0` (it runs GPU 0's MPS control
                daemon), the N pods elastic with weight 1; their processes
                are its MPS clients with the variables its provisioning
@@ -484,10 +484,10 @@ def add_arguments(p):
     p.add_argument("--counts", type=comma_list(kind=int), default=[1, 4, 8, 16, 32],
                    help=f"pods a run, comma-separated (1 to {MAX_PODS})")
     p.add_argument("--seconds", type=float, default=5.0, help="every run's measured window")
-    p.add_argument("--modes", type=comma_list(MODES), default=["timeslice", "turns", "corun"],
-                   help=f"comma-separated, of {', '.join(MODES)} (turns: time-sliced, and the daemon lets one"
-                        " pod launch at a time, for a turn of --turn-ms)")
-    p.add_argument("--turn-ms", type=int, default=TURN_MS, help="the turns mode's turn, ms (1 to 100)")
+    p.add_argument("--modes", type=comma_list(MODES), default=["timeslice", "auto", "corun"],
+                   help=f"comma-separated, of {', '.join(MODES)} (auto: time-sliced, the daemon as by default,"
+                        " taking turns while capped pods contend; turns: taking turns always)")
+    p.add_argument("--turn-ms", type=int, default=TURN_MS, help="the auto and turns modes' turn, ms (1 to 100)")
     p.add_argument("--limiter-log", default="info",
                    help="the pods' CUDA_LIMITER_LOG (info: the exit summary; trace: every measurement too),"
                         " in OUT/logs")

@@ -94,18 +94,19 @@ def test_packing_shares_targets_and_verdicts():
 
 def test_packing_turns_mode():
     # A time-sliced mode of fixed caps whose daemon has GPU 0's pods take
-    # turns of --turn-ms; the default modes run it between the others.
+    # turns of --turn-ms (with --modes).
     turns = packing_plan.MODES["turns"]
     assert (turns.daemon, turns.corun, turns.policy, turns.turn_ms) == (True, False, "fixed", packing_plan.TURN_MS)
     assert all(m.turn_ms is None for name, m in packing_plan.MODES.items() if name not in ("turns", "auto"))
-    # The daemon's default: turns by itself, of the same length.
+    # The daemon's default: turns by itself, of the same length; the
+    # default modes run it between the others.
     auto = packing_plan.MODES["auto"]
     assert (auto.daemon, auto.corun, auto.policy, auto.turn_ms, auto.auto) == (
         True, False, "fixed", packing_plan.TURN_MS, True)
     assert not turns.auto
     top, _ = parser()
     a = top.parse_args(["packing", "--bundle", "b"])
-    assert (a.modes, a.turn_ms) == (["timeslice", "turns", "corun"], 10)
+    assert (a.modes, a.turn_ms) == (["timeslice", "auto", "corun"], 10)
     a = top.parse_args(["packing", "--bundle", "b", "--modes", "turns", "--turn-ms", "12"])
     assert (a.modes, a.turn_ms) == (["turns"], 12)
     modes = packing_plan.with_turn_ms([packing_plan.MODES[m] for m in ("timeslice", "turns", "corun")], 12)
