@@ -41,16 +41,17 @@ static uint64_t kernels, kernel_ns, dropped;
 /* The gaps between one kernel's end and the next one's start, in the
  * window: how many and their time, by length (upper bounds, ns). */
 #define GAP_BUCKETS 10
-static const uint64_t gap_bounds[GAP_BUCKETS] = {500, 1000, 1500, 2000, 3000, 5000, 10000, 20000, 50000, UINT64_MAX};
+#define SHORT_GAP_NS 3000 /* the GPU's move to a kernel it had queued: spans join across it */
+static const uint64_t gap_bounds[GAP_BUCKETS] = {500,  1000,  1500,  2000,  SHORT_GAP_NS,
+                                                 5000, 10000, 20000, 50000, UINT64_MAX};
 static uint64_t gap_count[GAP_BUCKETS], gap_ns[GAP_BUCKETS];
-#define SPAN_JOIN_NS 3000
 static uint64_t *spans; /* start, end, start, end, ... */
 static size_t span_count, span_room;
 static uint64_t span_lost; /* spans that found no room: none are written then */
 
 /* Adds [from, to) to the spans, joined to the last one across a short gap. */
 static void add_span(uint64_t from, uint64_t to) {
-    if (span_count && from <= spans[2 * span_count - 1] + SPAN_JOIN_NS) {
+    if (span_count && from <= spans[2 * span_count - 1] + SHORT_GAP_NS) {
         if (to > spans[2 * span_count - 1])
             spans[2 * span_count - 1] = to;
         return;

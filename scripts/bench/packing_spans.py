@@ -32,9 +32,9 @@ def split(pods: list[list[tuple[int, int]]], window_ns: float) -> dict:
     own, alone, share = ([0.0] * len(pods) for _ in range(3))
     union = 0.0
     active: dict[int, int] = {}
-    last = None
+    last = 0
     for t, edge, i in events:
-        if active and last is not None and t > last:
+        if active and t > last:  # `last`: the event before, once a span is open
             length = t - last
             union += length
             for p in active:
