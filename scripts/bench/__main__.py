@@ -9,7 +9,7 @@ import ast
 import os
 import sys
 
-from . import common, compute, corun, corun_ab, corun_frontier, launch, packing, priority, swap
+from . import checkpoint_limit, common, compute, corun, corun_ab, corun_frontier, launch, packing, priority, swap
 
 TORCH_MODES = ("decode", "decode-ab", "triton", "graph")
 
@@ -32,6 +32,8 @@ def torch_doc():
 
 # name: (what it measures, its help, options, run)
 SUBCOMMANDS = {
+    "checkpoint-limit": ("how large a process the driver's checkpoint takes on this host, and the host memory it needs",
+                         checkpoint_limit.__doc__, checkpoint_limit.add_arguments, checkpoint_limit.main_cli),
     "compute": ("the compute limit's rows, without and with the limiter", compute.__doc__,
                 compute.add_arguments, compute.main),
     "priority": ("priority classes: a latency pod beside a batch pod", priority.__doc__,
