@@ -64,20 +64,17 @@ pub struct LimitsHeader {
     pub moving_from: AtomicU64,
     /// See [`Self::moving_from`].
     pub moving_to: AtomicU64,
-    /// Per GPU entry `i`, bits `4i..4i+4`: how many pods take turns on that
-    /// GPU, as the hypervisor counts them (batch pods that want it; at most
-    /// 15), which bounds how long a launch waits for its pod's turn
-    /// whatever the node's turn line says. Zero means "not counted", so
-    /// version 1 holds it.
+    /// Bits `4i..4i+4`: the pods taking turns on GPU entry `i`'s GPU (batch
+    /// pods that want it, at most 15), as the hypervisor counts them: how
+    /// long a launch waits for a turn at most. 0: not counted (version 1).
     pub turn_pods: AtomicU64,
     /// Unused; zero.
     pub reserved: [AtomicU64; 1],
 }
 
-/// Bits of one GPU entry's count in [`LimitsHeader::turn_pods`].
 const TURN_PODS_BITS: u32 = 4;
 /// The most pods [`LimitsHeader::turn_pods`] counts on a GPU.
-pub const MAX_TURN_PODS: usize = (1 << TURN_PODS_BITS) - 1;
+pub const MAX_TURN_PODS: u64 = (1 << TURN_PODS_BITS) - 1;
 
 /// Where a pod's device memory is. Only the hypervisor moves a pod between
 /// these; its processes read it before each CUDA call that needs the GPU,
@@ -211,10 +208,7 @@ const _: () = {
     assert!(offset_of!(LimitsHeader, moving_to) == 40);
     assert!(offset_of!(LimitsHeader, turn_pods) == 48);
     assert!(MAX_DEVICES <= 32, "one demand bit per entry");
-    assert!(
-        MAX_DEVICES * TURN_PODS_BITS as usize <= 64,
-        "a turn count per entry"
-    );
+    assert!(MAX_DEVICES * TURN_PODS_BITS as usize <= 64);
     assert!(size_of::<GpuLimits>() == 64);
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
     assert!(offset_of!(GpuLimits, compute) == 16);
@@ -432,7 +426,7 @@ impl PodLimits {
             if key != 0 && !keys.contains(&key) {
                 region.header.demand.fetch_and(!(1 << at), Ordering::AcqRel);
                 region.header.turn_pods.fetch_and(
-                    !((MAX_TURN_PODS as u64) << (at as u32 * TURN_PODS_BITS)),
+                    !(MAX_TURN_PODS << (at as u32 * TURN_PODS_BITS)),
                     Ordering::AcqRel,
                 );
                 gpu.key.store(0, Ordering::Release);
@@ -536,28 +530,23 @@ impl PodLimits {
             .position(|gpu| gpu.key.load(Ordering::Acquire) == key)
     }
 
-    /// How many pods take turns on the GPU whose [`uuid_key`] is `gpu`, as
-    /// the hypervisor counts them ([`LimitsHeader::turn_pods`]); `None`
-    /// where it counted none there.
+    /// The pods taking turns on the GPU keyed `gpu` ([`LimitsHeader::turn_pods`]).
     pub fn turn_pods(&self, gpu: u64) -> Option<usize> {
         let at = self.entry_of(gpu)?;
         let word = self.region().header.turn_pods.load(Ordering::Acquire);
-        let count = (word >> (at as u32 * TURN_PODS_BITS)) & MAX_TURN_PODS as u64;
+        let count = (word >> (at as u32 * TURN_PODS_BITS)) & MAX_TURN_PODS;
         usize::try_from(count).ok().filter(|&count| count > 0)
     }
 
-    /// Records how many pods take turns on the GPU `uuid` (hypervisor
-    /// only; at most [`MAX_TURN_PODS`], 0 clears it), writing the shared
-    /// word only when that changes; false when the pod has no such GPU.
+    /// Records the pods taking turns on the GPU `uuid` (hypervisor only).
     pub fn set_turn_pods(&self, uuid: &str, pods: usize) -> bool {
         let Some(at) = self.entry_of(uuid_key(uuid)) else {
             return false;
         };
         let shift = at as u32 * TURN_PODS_BITS;
-        let mask = (MAX_TURN_PODS as u64) << shift;
-        let value = (pods.min(MAX_TURN_PODS) as u64) << shift;
+        let mask = MAX_TURN_PODS << shift;
+        let value = (pods as u64).min(MAX_TURN_PODS) << shift;
         let word = &self.region().header.turn_pods;
-        // Only the hypervisor writes the word, under its scheduler's lock.
         let old = word.load(Ordering::Acquire);
         if old & mask != value {
             word.store(old & !mask | value, Ordering::Release);
