@@ -5,11 +5,15 @@
 //! quota.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use gpushare_utils::ledger::PodLedger;
+use gpushare_utils::ledger::{PodLedger, REGION_SIZE};
 use gpushare_utils::limits::PodLimits;
+use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
 use system_tests::daemon::{PODS_UID, pods_uid_hypervisor};
 use system_tests::pod::{Pod, node_tables};
 use system_tests::probes::as_uid;
@@ -148,4 +152,173 @@ fn shrinking_or_replacing_shared_objects_kills_nobody_and_frees_no_memory() {
     assert!(line("alloc mem").contains("-> 2 "), "{after:?}\n{stderr}");
     assert!(stderr.contains("was shrunk"), "{stderr}");
     assert_eq!(metrics_status(&hypervisor.url()), "HTTP/1.1 200 OK");
+}
+
+/// How long the daemon may take to see a spoiled ledger: its maintenance
+/// runs every second.
+const REPAIR_WITHIN: Duration = Duration::from_secs(5);
+
+/// Polls `done` every 50 ms for `within`; whether it came true.
+fn eventually(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    done()
+}
+
+/// The inode of a regular file of a ledger's size at `path`, if that is
+/// what stands there.
+fn ledger_at(path: &str) -> Option<u64> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    (meta.file_type().is_file() && meta.len() == REGION_SIZE as u64).then(|| meta.ino())
+}
+
+/// A new process of `pod` under `hypervisor`, as the pods' uid, running
+/// `script`: its output lines.
+fn pod_process(pod: &Pod, hypervisor: &system_tests::RunningNode, script: &[&str]) -> Vec<String> {
+    let mut command = probes::probe(
+        "cudaprobe",
+        pod,
+        &[
+            ("CUDA_LIMITER_HYPERVISOR", &hypervisor.url()),
+            ("CUDA_LIMITER_TOKEN", TOKEN),
+        ],
+        script,
+    );
+    probes::use_node_tables(&mut command, pod);
+    probes::run(as_uid(&command, PODS_UID))
+}
+
+#[test]
+fn a_ledger_replaced_under_the_daemon_is_made_again_and_new_processes_keep_their_quota() {
+    let pod = Pod::new("replaced");
+    // 1 GiB on GPU 0; the double's context takes 300 MiB of it.
+    let hypervisor = pods_uid_hypervisor(&pod, TOKEN);
+    let path = format!("/dev/shm/{}", PodLedger::name_of(&pod.0));
+    for (kind, spoil) in [
+        ("a directory", format!("rm -f {path} && mkdir {path}")),
+        ("a link", format!("rm -f {path} && ln -s /dev/null {path}")),
+        ("a FIFO", format!("rm -f {path} && mkfifo {path}")),
+        ("an empty file", format!("rm -f {path} && touch {path}")),
+        ("a huge file", format!("truncate -s 1T {path}")),
+        ("mode 000", format!("chmod 000 {path}")),
+    ] {
+        let before = ledger_at(&path).expect("the daemon's ledger");
+        assert!(shell_as(PODS_UID, &spoil), "uid {PODS_UID}: {spoil}");
+        assert!(
+            eventually(REPAIR_WITHIN, || {
+                ledger_at(&path).is_some_and(|inode| inode != before || kind == "mode 000")
+                    && std::fs::symlink_metadata(&path)
+                        .is_ok_and(|meta| meta.mode() & 0o777 == 0o600)
+            }),
+            "{kind}: the daemon did not make the ledger again"
+        );
+        let lines = pod_process(
+            &pod,
+            &hypervisor,
+            &["alloc", "mem", "512m", "alloc", "mem", "512m"],
+        );
+        assert_eq!(probes::result_of(&lines[0]), 0, "{kind}: {lines:?}");
+        assert_eq!(
+            probes::result_of(&lines[1]),
+            2,
+            "{kind}: over the quota: {lines:?}"
+        );
+    }
+}
+
+/// The double's GPU, with what NVML attributes to each process set by the test.
+struct SeenGpus(Mutex<Vec<ProcessMemory>>);
+
+impl GpuObserver for SeenGpus {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        daemon::DoubleGpus(1).gpus()
+    }
+
+    fn process_memory(&self, _index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
+        Ok(self.0.lock().map(|seen| seen.clone()).unwrap_or_default())
+    }
+}
+
+#[test]
+fn a_pod_that_removes_its_ledger_is_charged_what_its_processes_hold() {
+    const MIB: u64 = 1 << 20;
+    let pod = Pod::new("unledgered");
+    let seen = Arc::new(SeenGpus(Mutex::new(Vec::new())));
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"2g\"\n",
+        pod.0
+    );
+    let hypervisor = daemon::hypervisor(&pod, &text, Arc::clone(&seen) as Arc<dyn GpuObserver>);
+    // A process of the pod holds 1 GiB (and its context), then waits.
+    let mut holder = probes::probe(
+        "cudaprobe",
+        &pod,
+        &[
+            ("CUDA_LIMITER_HYPERVISOR", &hypervisor.url()),
+            ("CUDA_LIMITER_TOKEN", TOKEN),
+        ],
+        &["alloc", "mem", "1g", "pid", "wait"],
+    );
+    probes::use_node_tables(&mut holder, &pod);
+    let mut holder = as_uid(&holder, PODS_UID)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("holder starts");
+    let mut stdout = BufReader::new(holder.stdout.take().expect("stdout"));
+    let mut lines = Vec::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            stdout.read_line(&mut line).expect("output") > 0,
+            "{lines:?}"
+        );
+        if line.starts_with("ready") {
+            break;
+        }
+        lines.push(line.trim().to_owned());
+    }
+    assert_eq!(probes::result_of(&lines[0]), 0, "{lines:?}");
+    let pid: u32 = lines[1]
+        .strip_prefix("pid ")
+        .and_then(|pid| pid.parse().ok())
+        .expect("pid line");
+    // What the driver says it holds: its gigabyte and its context.
+    let held = 1024 * MIB + 300 * MIB;
+    *seen.0.lock().expect("lock") = vec![ProcessMemory { pid, bytes: held }];
+
+    // The pod removes its ledger: its next process would make a fresh one
+    // that counts nothing the first holds.
+    let ledger = PodLedger::name_of(&pod.0);
+    assert!(shell_as(PODS_UID, &format!("rm -f /dev/shm/{ledger}")));
+    let status = || hypervisor.hypervisor().status().pods[0].gpus[0].clone();
+    let charged = eventually(REPAIR_WITHIN, || {
+        status().memory_unaccounted >= held - 64 * MIB
+    });
+    // A second process: the driver's count of the first leaves it less
+    // than 1 GiB of the 2 GiB quota.
+    let lines = pod_process(&pod, &hypervisor, &["alloc", "mem", "1g", "info"]);
+    holder
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"\n")
+        .expect("resume the holder");
+    let _ = holder.wait();
+    assert!(
+        charged,
+        "the daemon never charged what NVML sees: {:?}",
+        status()
+    );
+    assert_eq!(
+        probes::result_of(&lines[0]),
+        2,
+        "past the quota as the driver sees it: {lines:?}"
+    );
 }

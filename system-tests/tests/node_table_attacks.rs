@@ -247,3 +247,110 @@ fn held_launches(priority: &NodePriority, pod: &Pod) -> u64 {
         .stats(pod_key(&pod.0))
         .map_or(0, |stats| stats.held_launches)
 }
+
+/// A turn, µs, on the GPU of [`a_turn_word_rewritten_without_launches_holds_no_neighbour`].
+const TURN_US: u32 = 5_000;
+
+/// A process of the pods' uid may write the priority table's turn line: a
+/// thread naming one slot (a neighbour's, which launches nothing) the
+/// holder of a fresh turn every 0.5 ms, until dropped, as a pod may.
+struct TurnHog {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TurnHog {
+    fn start(table: NodePriority, hog: &str) -> Self {
+        use gpushare_utils::clock::monotonic_ns;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let gpu = gpushare_utils::limits::uuid_key(&gpushare_examples::uuid(0));
+        let line = table.claim_turn_line(gpu).expect("the GPU's turn line");
+        let slot = line.slot(pod_key(hog), monotonic_ns()).expect("a slot");
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let now = monotonic_ns();
+                line.want(slot, now);
+                let end_us = (now + line.quantum_ns()) / 1_000;
+                // The word as the line encodes it: holder slot + 1 in the top
+                // byte, the turn's end (µs) below.
+                line.turn
+                    .store(((slot as u64 + 1) << 56) | end_us, Ordering::Release);
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TurnHog {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[test]
+fn a_turn_word_rewritten_without_launches_holds_no_neighbour() {
+    let _serial = probes::serial();
+    let pod = Pod::new("turn-victim");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n\
+         [[pods.gpus]]\nindex = 0\ncap = 30\npolicy = \"fixed\"\n",
+        pod.0
+    );
+    let hypervisor = daemon::hypervisor(&pod, &text, std::sync::Arc::new(daemon::DoubleGpus(1)));
+    hypervisor
+        .hypervisor()
+        .set_turn_gpus(&hypervisor_core::turns::TurnOptions {
+            gpus: vec![gpushare_examples::uuid(0)],
+            auto_gpus: Vec::new(),
+            quantum_us: TURN_US,
+        });
+    let tables = node_tables(&pod);
+    let priority = NodePriority::open_named(&tables.priority, &TableAccess::managed(None))
+        .expect("priority table");
+    let hog = TurnHog::start(priority, "turn-hog");
+    let (kernel, run_ms) = (KERNEL_US.to_string(), RUN_MS.to_string());
+    let mut command = probes::probe(
+        "cudaprobe",
+        &pod,
+        &[
+            ("CUDA_LIMITER_HYPERVISOR", &hypervisor.url()),
+            ("CUDA_LIMITER_TOKEN", TOKEN),
+            // A real GPU's queue fills: a pod held idles its device.
+            ("GPUSHARE_DOUBLE_QUEUE_DEPTH", "4"),
+        ],
+        &[
+            "spin", "kernel", &kernel, "1", "run", "kernel", &kernel, &run_ms, "maxstall",
+        ],
+    );
+    probes::use_node_tables(&mut command, &pod);
+    let lines = probes::run(command);
+    drop(hog);
+    let run = lines
+        .iter()
+        .find(|line| line.starts_with("run ") && line.contains("-> 0 "))
+        .unwrap_or_else(|| panic!("{lines:?}"));
+    let stall: u64 = probes::line_field(&lines, "maxstall", "ns")
+        .parse()
+        .expect("maxstall ns");
+    println!("longest launch call {stall} ns: {run}");
+    // Round robin serves a pod within a turn of each other pod that takes
+    // turns (none launches here) and the time a holder is given past its
+    // turn: a launch is held a few turns at most, never the limiter's 1 s
+    // bound of a wait for a turn.
+    assert!(
+        stall < 20 * u64::from(TURN_US) * 1_000,
+        "a launch waited {stall} ns for a turn its neighbour never used: {run}"
+    );
+    // Its cap (30%) holds it, not the hog: a share near its limit, less
+    // what its thread waited for a CPU.
+    probes::assert_share(run, 300, 60);
+}

@@ -12,7 +12,7 @@
 //!
 //! | offset | size | what |
 //! | --- | --- | --- |
-//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16, `residency` u32 @24 ([`Residency`]: where the pod's device memory is), `demand` u32 @28 (bit `i`: the hypervisor counts the pod as wanting GPU entry `i`), `moving_from` u64 @32 and `moving_to` u64 @40 (a move waiting for the pod's restore, as GPU keys) |
+//! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16, `residency` u32 @24 ([`Residency`]: where the pod's device memory is), `demand` u32 @28 (bit `i`: the hypervisor counts the pod as wanting GPU entry `i`), `moving_from` u64 @32 and `moving_to` u64 @40 (a move waiting for the pod's restore, as GPU keys), `turn_pods` u64 @48 (4 bits per GPU entry: the pods that take turns on that GPU, as the hypervisor counts them) |
 //! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]), `sm_percent` u32 @36 (a co-run GPU's MPS active thread percentage for the pod's next client, 0 = as provisioned), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
@@ -64,9 +64,17 @@ pub struct LimitsHeader {
     pub moving_from: AtomicU64,
     /// See [`Self::moving_from`].
     pub moving_to: AtomicU64,
+    /// Bits `4i..4i+4`: the pods taking turns on GPU entry `i`'s GPU (batch
+    /// pods that want it, at most 15), as the hypervisor counts them: how
+    /// long a launch waits for a turn at most. 0: not counted (version 1).
+    pub turn_pods: AtomicU64,
     /// Unused; zero.
-    pub reserved: [AtomicU64; 2],
+    pub reserved: [AtomicU64; 1],
 }
+
+const TURN_PODS_BITS: u32 = 4;
+/// The most pods [`LimitsHeader::turn_pods`] counts on a GPU.
+pub const MAX_TURN_PODS: u64 = (1 << TURN_PODS_BITS) - 1;
 
 /// Where a pod's device memory is. Only the hypervisor moves a pod between
 /// these; its processes read it before each CUDA call that needs the GPU,
@@ -198,7 +206,9 @@ const _: () = {
     assert!(offset_of!(LimitsHeader, demand) == 28);
     assert!(offset_of!(LimitsHeader, moving_from) == 32);
     assert!(offset_of!(LimitsHeader, moving_to) == 40);
+    assert!(offset_of!(LimitsHeader, turn_pods) == 48);
     assert!(MAX_DEVICES <= 32, "one demand bit per entry");
+    assert!(MAX_DEVICES * TURN_PODS_BITS as usize <= 64);
     assert!(size_of::<GpuLimits>() == 64);
     assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
     assert!(offset_of!(GpuLimits, compute) == 16);
@@ -415,6 +425,10 @@ impl PodLimits {
             let key = gpu.key.load(Ordering::Acquire);
             if key != 0 && !keys.contains(&key) {
                 region.header.demand.fetch_and(!(1 << at), Ordering::AcqRel);
+                region.header.turn_pods.fetch_and(
+                    !(MAX_TURN_PODS << (at as u32 * TURN_PODS_BITS)),
+                    Ordering::AcqRel,
+                );
                 gpu.key.store(0, Ordering::Release);
                 gpu.quota.store(0, Ordering::Release);
                 gpu.spill_limit.store(0, Ordering::Release);
@@ -505,13 +519,39 @@ impl PodLimits {
 
     /// The [`LimitsHeader::demand`] bit of the GPU `uuid`'s entry.
     fn entry_bit(&self, uuid: &str) -> Option<u32> {
-        let key = uuid_key(uuid);
-        let at = self
-            .region()
+        Some(1 << self.entry_of(uuid_key(uuid))?)
+    }
+
+    /// The entry of the GPU whose [`uuid_key`] is `key`.
+    fn entry_of(&self, key: u64) -> Option<usize> {
+        self.region()
             .gpus
             .iter()
-            .position(|gpu| gpu.key.load(Ordering::Acquire) == key)?;
-        Some(1 << at)
+            .position(|gpu| gpu.key.load(Ordering::Acquire) == key)
+    }
+
+    /// The pods taking turns on the GPU keyed `gpu` ([`LimitsHeader::turn_pods`]).
+    pub fn turn_pods(&self, gpu: u64) -> Option<usize> {
+        let at = self.entry_of(gpu)?;
+        let word = self.region().header.turn_pods.load(Ordering::Acquire);
+        let count = (word >> (at as u32 * TURN_PODS_BITS)) & MAX_TURN_PODS;
+        usize::try_from(count).ok().filter(|&count| count > 0)
+    }
+
+    /// Records the pods taking turns on the GPU `uuid` (hypervisor only).
+    pub fn set_turn_pods(&self, uuid: &str, pods: usize) -> bool {
+        let Some(at) = self.entry_of(uuid_key(uuid)) else {
+            return false;
+        };
+        let shift = at as u32 * TURN_PODS_BITS;
+        let mask = MAX_TURN_PODS << shift;
+        let value = (pods as u64).min(MAX_TURN_PODS) << shift;
+        let word = &self.region().header.turn_pods;
+        let old = word.load(Ordering::Acquire);
+        if old & mask != value {
+            word.store(old & !mask | value, Ordering::Release);
+        }
+        true
     }
 
     /// The move waiting for the pod's restore, as GPU keys ([`uuid_key`]):

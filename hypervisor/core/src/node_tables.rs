@@ -17,8 +17,9 @@
 //! Every pod may write the tables, so maintenance checks them every second
 //! ([`NodeTables::check`]): a header that is not exactly the layout's is
 //! rewritten in place (readers ignore a table with a wrong header, so until
-//! then it held nobody); a table shrunk, removed, replaced under its name or
-//! given another owner or mode is made again, at most [`MAX_REMAKES`] times
+//! then it held nobody), and so is a mode changed (at mode 000 no limiter of
+//! the pods' uid could open it); a table shrunk, removed, replaced under its
+//! name or given another owner is made again, at most [`MAX_REMAKES`] times
 //! (each leaves the old mapping in this process: tables are never unmapped).
 //! Each repair is logged and counted ([`NodeTables::repairs`],
 //! `gpushare_node_table_repairs_total` in `/metrics`). The same check sets
@@ -33,6 +34,7 @@ use gpushare_utils::priority::NodePriority;
 use gpushare_utils::shm::{self, Creation};
 
 use crate::config::RegionOptions;
+use crate::region::entry::{self, Entry, inspect, restore_mode};
 use crate::turns::TurnPlan;
 
 /// Where the tables live (the daemon's: `GPUSHARE_NODE_REGION`,
@@ -239,9 +241,11 @@ impl NodeTables {
 enum Damage {
     /// Its header is not exactly its layout's: readers ignore the table.
     Header,
+    /// Its mode is not the one it was made with (these bits): limiters may
+    /// not open it, or others may write it.
+    Mode(u32),
     /// It was shrunk, or its name now names no object or another one, or
-    /// its owner or mode changed: limiters opening it get another table or
-    /// none.
+    /// its owner changed: limiters opening it get another table or none.
     Object(&'static str),
 }
 
@@ -272,6 +276,24 @@ fn check<T: NodeTable>(
             );
             true
         }
+        Damage::Mode(found) => {
+            let made = made(creation, inode_of(object), T::LAYOUT.size);
+            match restore_mode(name, &made) {
+                Ok(()) => {
+                    tracing::warn!(
+                        table = kind.as_str(),
+                        name,
+                        mode = %format!("{found:04o}"),
+                        "a node table's mode was changed: set back"
+                    );
+                    true
+                }
+                Err(error) => {
+                    tracing::warn!(table = kind.as_str(), name, %error, "a node table's mode was changed and cannot be set back: made again");
+                    remake(kind, name, creation, object, table, "given another mode")
+                }
+            }
+        }
         Damage::Object(what) if object.remakes == MAX_REMAKES => {
             object.remakes += 1;
             tracing::error!(
@@ -282,22 +304,47 @@ fn check<T: NodeTable>(
             );
             false
         }
-        Damage::Object(what) => {
-            tracing::warn!(
-                table = kind.as_str(),
-                name,
-                what,
-                "a node table was tampered with: made again (processes that mapped the old one keep it)"
-            );
-            let (remade, inode) = make(name, creation);
-            let repaired = remade.is_some();
-            *table = remade;
-            *object = Object {
-                inode,
-                remakes: object.remakes + 1,
-            };
-            repaired
-        }
+        Damage::Object(what) => remake(kind, name, creation, object, table, what),
+    }
+}
+
+/// Makes `table` again after `what` was done to it.
+fn remake<T: NodeTable>(
+    kind: TableKind,
+    name: &str,
+    creation: &Creation,
+    object: &mut Object,
+    table: &mut Option<T>,
+    what: &str,
+) -> bool {
+    tracing::warn!(
+        table = kind.as_str(),
+        name,
+        what,
+        "a node table was tampered with: made again (processes that mapped the old one keep it)"
+    );
+    let (remade, inode) = make(name, creation);
+    let repaired = remade.is_some();
+    *table = remade;
+    *object = Object {
+        inode,
+        remakes: object.remakes + 1,
+    };
+    repaired
+}
+
+fn inode_of(object: &Object) -> u64 {
+    object.inode.unwrap_or(0)
+}
+
+/// A table as made with `creation` (inode `inode`, `size` bytes).
+fn made(creation: &Creation, inode: u64, size: u64) -> entry::Made {
+    entry::Made {
+        inode,
+        size,
+        uid: creation.uid.unwrap_or_else(shm::effective_uid),
+        // As `shm::create` sets it.
+        mode: creation.mode & 0o755,
     }
 }
 
@@ -312,25 +359,14 @@ fn damage<T: NodeTable>(
     if table.is_broken() {
         return Some(Damage::Object("shrunk"));
     }
-    let Ok(meta) = std::fs::symlink_metadata(path(name)) else {
-        return Some(Damage::Object("removed"));
+    let Some(inode) = inode else {
+        return Some(Damage::Object("replaced"));
     };
-    let owner = creation.uid.unwrap_or_else(shm::effective_uid);
-    let object = if Some(meta.ino()) != inode || !meta.file_type().is_file() {
-        Some("replaced")
-    } else if meta.len() != T::LAYOUT.size {
-        Some("resized")
-    } else if meta.uid() != owner || meta.mode() & 0o022 != 0 {
-        Some("given another owner or mode")
-    } else {
-        None
-    };
-    if let Some(what) = object {
-        Some(Damage::Object(what))
-    } else if !table.header_is_exact() {
-        Some(Damage::Header)
-    } else {
-        None
+    match inspect(name, &made(creation, inode, T::LAYOUT.size)) {
+        Entry::Damaged(what) => Some(Damage::Object(what)),
+        Entry::Mode(found) => Some(Damage::Mode(found)),
+        Entry::Intact if !table.header_is_exact() => Some(Damage::Header),
+        Entry::Intact => None,
     }
 }
 
@@ -587,5 +623,32 @@ mod tests {
         assert_ne!(stat(&names.0.activity).ino(), meta.ino());
         assert_eq!(stat(&names.0.activity).len(), ACTIVITY_LAYOUT.size);
         assert_eq!(tables.repairs().activity, 2);
+    }
+
+    #[test]
+    fn the_check_sets_a_tables_mode_back_in_place() {
+        use std::os::unix::fs::PermissionsExt;
+        let names = Names::new("mode");
+        let mut tables = NodeTables::create(&names.0, &pods_regions());
+        // The pods' uid owns the tables and may chmod them: at mode 000 no
+        // limiter of that uid opens them; at 0666 anyone may write them.
+        for (name, mode) in [(&names.0.activity, 0o000), (&names.0.priority, 0o666)] {
+            let inode = stat(name).ino();
+            std::fs::set_permissions(path(name), std::fs::Permissions::from_mode(mode))
+                .expect("chmod");
+            tables.check();
+            let meta = stat(name);
+            assert_eq!(meta.mode() & 0o7777, 0o640, "{name}");
+            assert_eq!(meta.ino(), inode, "{name}: set back in place");
+        }
+        assert_eq!(
+            tables.repairs(),
+            Repairs {
+                activity: 1,
+                priority: 1
+            }
+        );
+        tables.check();
+        assert_eq!(tables.repairs().activity, 1, "nothing more to repair");
     }
 }

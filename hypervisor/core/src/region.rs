@@ -19,7 +19,9 @@
 //! without being followed ([`squat`]) and the object made again.
 //!
 //! Opening registers the hypervisor as one of the ledger's process slots; it
-//! holds no memory there. Neither object is unlinked while the pod is
+//! holds no memory there. The pods' uid may write its ledger, so maintenance
+//! checks it and makes it again where a pod spoiled it ([`ledgers`]); the
+//! daemon keeps the ledgers it replaced, whose processes are the pod's still. Neither object is unlinked while the pod is
 //! configured: pods keep their last limits while the hypervisor is away.
 
 use std::path::PathBuf;
@@ -36,7 +38,12 @@ use crate::config::RegionOptions;
 use crate::fairshare::Allotment;
 use crate::spec::GpuSpec;
 
+pub(crate) mod entry;
+mod ledgers;
 pub(crate) mod squat;
+
+use ledgers::Ledgers;
+pub use ledgers::{LedgerRepair, MAX_LEDGER_REMAKES};
 
 /// Why a region could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +75,7 @@ const SHM_DIR: &str = "/dev/shm";
 
 /// One pod's objects, opened by the hypervisor.
 pub struct PodRegion {
-    ledger: PodLedger,
+    ledgers: Ledgers,
     limits: PodLimits,
     path: PathBuf,
 }
@@ -91,18 +98,15 @@ impl PodRegion {
         let name = PodLedger::name_of(pod.as_str());
         let mut owners = vec![shm::effective_uid()];
         owners.extend(options.uid);
+        let trust = Trust::only(&owners);
+        let creation = Creation {
+            uid: options.uid,
+            gid: options.gid,
+            mode: options.mode.unwrap_or(0o600),
+        };
         let ledger = replacing_planted(&name, || {
-            PodLedger::open_with(
-                &name,
-                &Trust::only(&owners),
-                &Creation {
-                    uid: options.uid,
-                    gid: options.gid,
-                    mode: options.mode.unwrap_or(0o600),
-                },
-                Duration::from_secs(1),
-            )
-            .map_err(RegionError::from)
+            PodLedger::open_with(&name, &trust, &creation, Duration::from_secs(1))
+                .map_err(RegionError::from)
         })?;
         let limits = replacing_planted(&PodLimits::name_of(pod.as_str()), || {
             PodLimits::create_or_adopt(
@@ -117,7 +121,7 @@ impl PodRegion {
         })?;
         let path = PathBuf::from(SHM_DIR).join(name);
         Ok(Self {
-            ledger,
+            ledgers: Ledgers::new(ledger, trust, creation),
             limits,
             path,
         })
@@ -126,7 +130,7 @@ impl PodRegion {
     /// Whether the pod's ledger was shrunk under the daemon (by a process
     /// that may write it): its figures then read as zeros.
     pub fn is_shrunk(&self) -> bool {
-        self.ledger.is_shrunk()
+        self.ledgers.current().is_shrunk()
     }
 
     /// The ledger's file, e.g. `/dev/shm/gpushare-pod-a`.
@@ -137,16 +141,16 @@ impl PodRegion {
     /// The compute bucket of the GPU `uuid`, when the pod has limits there.
     pub fn bucket(&self, uuid: &str) -> Option<Bucket<'_>> {
         let gpu = self.limits.find(uuid)?;
-        let entry = self.ledger.device_for(uuid).ok()?;
-        let state = self.ledger.compute_state(entry).ok()?;
+        let ledger = self.ledgers.current();
+        let state = ledger.compute_state(ledger.device_for(uuid).ok()?).ok()?;
         Some(Bucket::new(state, &gpu.compute))
     }
 
     /// Quota (from the limits), usage and peak (from the ledger) of the GPU `uuid`.
     pub fn usage(&self, uuid: &str) -> Option<DeviceUsage> {
         let quota = self.limits.find(uuid)?.quota.load(Ordering::Acquire);
-        let entry = self.ledger.device_for(uuid).ok()?;
-        let usage = self.ledger.usage(entry).ok()?;
+        let ledger = self.ledgers.current();
+        let usage = ledger.usage(ledger.device_for(uuid).ok()?).ok()?;
         Some(DeviceUsage { quota, ..usage })
     }
 
@@ -154,8 +158,8 @@ impl PodRegion {
     /// ledger), and the cap (from the limits).
     pub fn spill(&self, uuid: &str) -> Option<SpillUsage> {
         let limit = self.limits.find(uuid)?.spill_limit.load(Ordering::Acquire);
-        let entry = self.ledger.device_for(uuid).ok()?;
-        let usage = self.ledger.spill_usage(entry).ok()?;
+        let ledger = self.ledgers.current();
+        let usage = ledger.spill_usage(ledger.device_for(uuid).ok()?).ok()?;
         Some(SpillUsage { limit, ..usage })
     }
 
@@ -175,10 +179,11 @@ impl PodRegion {
     /// `to` ([`PodLedger::relocate_device`], [`PodLimits::relocate`]); on a
     /// refusal nothing moved.
     pub fn relocate(&self, from: &str, to: &str) -> Result<(), RegionError> {
-        self.ledger.relocate_device(from, to)?;
+        let ledger = self.ledgers.current();
+        ledger.relocate_device(from, to)?;
         if let Err(error) = self.limits.relocate(from, to) {
             // Only the ledger's keys changed; changing them back cannot be refused.
-            let _ = self.ledger.relocate_device(to, from);
+            let _ = ledger.relocate_device(to, from);
             return Err(error.into());
         }
         Ok(())
@@ -201,11 +206,24 @@ impl PodRegion {
     /// Driver-held memory the pod's processes charged themselves on the GPU
     /// `uuid` (contexts, modules, heaps, graph and pool memory).
     pub fn driver_held(&self, uuid: &str) -> u64 {
-        self.ledger
+        self.ledgers
+            .current()
             .device_for(uuid)
             .ok()
-            .and_then(|entry| self.ledger.driver_held(entry).ok())
+            .and_then(|entry| self.ledgers.current().driver_held(entry).ok())
             .unwrap_or(0)
+    }
+
+    /// What the processes still on ledgers the pod's current one replaced
+    /// count on the GPU `uuid` (0 where none was replaced).
+    pub fn retired_usage(&self, uuid: &str) -> u64 {
+        let current = self.ledgers.current();
+        self.ledgers
+            .all()
+            .filter(|ledger| !std::ptr::eq(*ledger, current))
+            .filter_map(|ledger| ledger.usage(ledger.device_for(uuid).ok()?).ok())
+            .map(|usage| usage.used)
+            .fold(0, u64::saturating_add)
     }
 
     /// What the pod is charged on the GPU `uuid` beyond its ledger.
@@ -227,6 +245,13 @@ impl PodRegion {
     /// need not ask for admission).
     pub fn set_demand_seen(&self, uuid: &str, seen: bool) {
         self.limits.set_demand_seen(uuid, seen);
+    }
+
+    /// Tells the pod's processes how many pods take turns on the GPU `uuid`
+    /// ([`PodLimits::set_turn_pods`]): how long their launches wait for a
+    /// turn at most.
+    pub fn set_turn_pods(&self, uuid: &str, pods: usize) {
+        self.limits.set_turn_pods(uuid, pods);
     }
 
     /// Writes a grant into the bucket of `uuid`; returns whether the rate rose
@@ -309,22 +334,36 @@ impl PodRegion {
     /// `CLOCK_MONOTONIC` milliseconds of the pod's last CUDA call that needs
     /// its GPU, as its processes stamp it; 0: none yet.
     pub fn last_call_ms(&self) -> u64 {
-        self.ledger.last_call_ms()
+        self.ledgers
+            .all()
+            .map(PodLedger::last_call_ms)
+            .max()
+            .unwrap_or(0)
     }
 
-    /// Pids of the pod's registered processes that this daemon can see.
+    /// Pids of the pod's registered processes that this daemon can see, in
+    /// every ledger it held for the pod (processes that mapped one before
+    /// it was replaced write it still).
     pub fn pids(&self) -> Vec<u32> {
-        self.ledger
-            .pids_in_own_namespace()
-            .into_iter()
+        let mut pids: Vec<u32> = self
+            .ledgers
+            .all()
+            .flat_map(PodLedger::pids_in_own_namespace)
             .filter_map(|pid| u32::try_from(pid).ok())
-            .collect()
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
-    /// Gives back what the pod's dead processes held; returns the bytes.
-    /// Judges only processes of the hypervisor's pid namespace (see the ledger).
+    /// Gives back what the pod's dead processes held, in every ledger held
+    /// for the pod; returns the bytes. Judges only processes of the
+    /// hypervisor's pid namespace (see the ledger).
     pub fn reclaim_dead(&self) -> u64 {
-        self.ledger.reclaim_dead()
+        self.ledgers
+            .all()
+            .map(PodLedger::reclaim_dead)
+            .fold(0, u64::saturating_add)
     }
 
     /// Adds what the bucket of `uuid` has earned since its last refill

@@ -212,10 +212,15 @@ impl Scheduler {
         &self.tables
     }
 
-    /// Checks the node tables and repairs what a pod damaged
-    /// ([`NodeTables::check`]).
+    /// Checks the node tables and every pod's ledger, and repairs what a
+    /// pod damaged ([`NodeTables::check`], [`PodRegion::check_ledger`]).
     pub fn check_tables(&mut self) {
         self.tables.check();
+        for (id, pod) in &self.pods {
+            if let Some(repair) = pod.region.check_ledger() {
+                tracing::info!(pod = id, ?repair, "pod ledger repaired");
+            }
+        }
     }
 
     /// Batch pods take turns on `options`' GPUs of the node, always or while

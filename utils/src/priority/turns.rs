@@ -23,9 +23,16 @@
 //! The line is in the priority table, which every limited process may
 //! write: a turn no writer of this node could have written (a holder past
 //! the slots, an end further ahead than a turn) reads as ended, and a turn
-//! is at most [`MAX_QUANTUM_US`]. A pod that writes plausible values can
-//! make others wait a turn per launch, or drop turns (time slicing again);
-//! it never raises a limit.
+//! is at most [`MAX_QUANTUM_US`]. A writer can also name itself (or any
+//! slot) the holder again and again without launching, so a waiting launch
+//! does not believe the line for ever: round robin serves it within a turn
+//! of each other pod that takes turns, so once it has waited
+//! [`TurnLine::patience_ns`] by its own clock (the pods counted by the
+//! daemon, which a pod cannot write, or else those wanting a turn) it
+//! [`seizes`](TurnLine::seize) a turn, which its process keeps for a
+//! quantum whatever the line says meanwhile. A pod that writes the line can
+//! thus make others wait at most a round of turns for each of theirs, or
+//! drop turns (time slicing again); it never raises a limit.
 //!
 //! [`uuid_key`]: crate::limits::uuid_key
 
@@ -279,6 +286,47 @@ impl TurnLine {
         let turn = Turn::decode(self.turn.load(Ordering::Acquire), now_us, quantum_us);
         (turn.holder == Some(slot) && now_us < turn.end_us)
             .then(|| turn.end_us.saturating_sub(quantum_us).saturating_mul(1_000))
+    }
+
+    /// How long a launch of a pod waits for its turn before it takes one
+    /// anyway ([`Self::seize`]), at `now_ns`: a turn (and the [`IDLE_NS`] a
+    /// waiter gives a holder past its end) for each other of `pods`, the
+    /// pods taking turns on the GPU, plus [`IDLE_NS`]. Round robin hands a
+    /// pod that wants a turn its own within that; only a holder that
+    /// renames itself without launching keeps it longer. `pods` 0 (nobody
+    /// counted them) is those wanting a turn now, this one included.
+    pub fn patience_ns(&self, pods: usize, now_ns: u64) -> u64 {
+        let pods = if pods == 0 {
+            (0..PODS_PER_DEVICE)
+                .filter(|&slot| self.wanting(slot, now_ns, WANT_NS))
+                .count()
+        } else {
+            pods
+        };
+        let others = u64::try_from(pods.clamp(1, PODS_PER_DEVICE) - 1).unwrap_or(0);
+        others
+            .saturating_mul(self.quantum_ns() + IDLE_NS)
+            .saturating_add(IDLE_NS)
+    }
+
+    /// Takes the turn for the pod in `slot` at `now_ns` whatever the line
+    /// says (it waited [`Self::patience_ns`] in vain), wakes the waiters,
+    /// and returns when the turn ends (ns): the caller holds it until then,
+    /// even where a writer names another holder meanwhile. 0: the GPU takes
+    /// no turns.
+    pub fn seize(&self, slot: usize, now_ns: u64) -> u64 {
+        let quantum_ns = self.quantum_ns();
+        if quantum_ns == 0 || slot >= PODS_PER_DEVICE {
+            return 0;
+        }
+        let end_us = now_ns.saturating_add(quantum_ns) / 1_000;
+        let before = self.turn.swap(Turn::encode(slot, end_us), Ordering::AcqRel);
+        let before = Turn::decode(before, now_ns / 1_000, quantum_ns / 1_000);
+        if before.holder.is_some_and(|holder| holder != slot) {
+            self.handovers.fetch_add(1, Ordering::Relaxed);
+        }
+        self.bump();
+        end_us.saturating_mul(1_000)
     }
 
     /// The pod in `slot` cannot use its turn now (out of budget): hands it

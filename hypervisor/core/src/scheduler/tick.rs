@@ -91,6 +91,7 @@ impl Scheduler {
                 continue;
             }
             self.tables.contended(key, self.capped_batch(members), now);
+            self.write_turn_pods(members);
             self.write_sm_percents(members);
             let grants = fairshare::plan(&entries, self.elastic_capacity(key));
             for ((id, k), grant) in members.iter().zip(grants) {
@@ -129,6 +130,30 @@ impl Scheduler {
                 gpu.active && gpu.spec.class == PodClass::Batch && gpu.spec.bound_percent() < 100
             })
             .count()
+    }
+
+    /// Tells each of `members` (a GPU's pods, by id and GPU position) how
+    /// many batch pods want the GPU: those that take turns where it does.
+    /// A launch waits for its turn at most a turn of each other one
+    /// ([`gpushare_utils::priority::TurnLine::patience_ns`]), whatever a pod
+    /// writes in the node's turn line.
+    fn write_turn_pods(&self, members: &[(String, usize)]) {
+        let gpus: Vec<(&Pod, &PodGpu)> = members
+            .iter()
+            .filter_map(|(id, k)| {
+                let pod = self.pods.get(id)?;
+                Some((pod, pod.gpus.get(*k)?))
+            })
+            .collect();
+        let pods = gpus
+            .iter()
+            .filter(|(_, gpu)| gpu.active && gpu.spec.class == PodClass::Batch)
+            .count();
+        for (pod, gpu) in gpus {
+            if let Some(placement) = &gpu.placement {
+                pod.region.set_turn_pods(&placement.uuid, pods);
+            }
+        }
     }
 
     /// On a co-run GPU, the pods of `members` (its pods, by id and GPU
@@ -200,6 +225,9 @@ impl Scheduler {
                 } else {
                     0
                 };
+                // Processes on a ledger the pod replaced count there, not in
+                // the current one: at least that much is the pod's too.
+                let charged = charged.max(pod.region.retired_usage(&placement.uuid));
                 pod.region.set_unaccounted(&placement.uuid, charged);
                 let under = seen > ledger.saturating_add(AUDIT_SLACK);
                 if under && !gpu.under_reported {

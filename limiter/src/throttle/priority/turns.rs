@@ -8,9 +8,16 @@
 //! its `--turns-gpu` sets which GPUs take turns; without one,
 //! [`super::tuning::TURN_VARIABLE`] does, for the GPUs this process
 //! launches on. A pod out of budget passes its turn on: it cannot use it.
+//!
+//! Every limited process may write the line, so a launch believes it for a
+//! round of turns at most ([`TurnLine::patience_ns`], counting the pods the
+//! hypervisor says take turns there, which no pod can write): past that it
+//! seizes a turn, which this process keeps for a quantum whatever the line
+//! says meanwhile. A pod naming itself the holder without launching holds
+//! its neighbours a round of turns for each of theirs, not for good.
 
 use std::sync::OnceLock;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use gpushare_utils::bucket::{CAPACITY_NS, monotonic_ns};
 use gpushare_utils::limits::uuid_key;
@@ -23,19 +30,21 @@ use crate::context::Context;
 /// is a way to share the GPU, not a limit; its budget still holds).
 const TURN_WAIT_MAX_NS: u64 = 1_000_000_000;
 
-/// A device's turn line and this pod's slot on it.
+/// A device's turn line, this pod's slot on it, and the GPU's key.
 #[derive(Clone, Copy)]
 pub(super) struct Seat {
     line: &'static TurnLine,
     slot: usize,
+    gpu: u64,
 }
 
 /// Per device: the seat once found; until then, the GPU's key and when to
-/// look again.
+/// look again. And until when this process holds a turn it seized there.
 pub(super) struct Seats {
     found: [OnceLock<Seat>; gpushare_utils::MAX_DEVICES],
     gpus: [OnceLock<u64>; gpushare_utils::MAX_DEVICES],
-    look_again_at_ns: [std::sync::atomic::AtomicU64; gpushare_utils::MAX_DEVICES],
+    look_again_at_ns: [AtomicU64; gpushare_utils::MAX_DEVICES],
+    seized_until_ns: [AtomicU64; gpushare_utils::MAX_DEVICES],
 }
 
 impl Seats {
@@ -43,8 +52,8 @@ impl Seats {
         Self {
             found: [const { OnceLock::new() }; gpushare_utils::MAX_DEVICES],
             gpus: [const { OnceLock::new() }; gpushare_utils::MAX_DEVICES],
-            look_again_at_ns: [const { std::sync::atomic::AtomicU64::new(0) };
-                gpushare_utils::MAX_DEVICES],
+            look_again_at_ns: [const { AtomicU64::new(0) }; gpushare_utils::MAX_DEVICES],
+            seized_until_ns: [const { AtomicU64::new(0) }; gpushare_utils::MAX_DEVICES],
         }
     }
 }
@@ -60,16 +69,39 @@ impl Priority {
         device: usize,
         now: u64,
     ) -> u64 {
-        let Some(seat) = self.seat(ctx, table, device, now) else {
+        let (Some(seat), Some(seized)) = (
+            self.seat(ctx, table, device, now),
+            self.seats.seized_until_ns.get(device),
+        ) else {
             return now;
         };
+        if now < seized.load(Ordering::Relaxed) {
+            // A turn this process seized: the line may name another holder.
+            seat.line.want(seat.slot, now);
+            return now;
+        }
         let deadline = now.saturating_add(TURN_WAIT_MAX_NS);
+        let mut patient_until = None;
         let mut at = now;
         loop {
             match seat.line.take(seat.slot, at) {
                 TurnStep::Go => return at,
                 TurnStep::Wait { wake, until_ns } => {
-                    seat.line.wait(wake, until_ns.min(deadline));
+                    let patient = *patient_until.get_or_insert_with(|| {
+                        let pods = ctx
+                            .hypervisor_limits()
+                            .and_then(|limits| limits.turn_pods(seat.gpu))
+                            .unwrap_or(0);
+                        now.saturating_add(seat.line.patience_ns(pods, at))
+                    });
+                    if at >= patient {
+                        // Round robin would have served it by now: the line
+                        // is held by a writer that does not hand it on.
+                        seized.store(seat.line.seize(seat.slot, at), Ordering::Relaxed);
+                        tracing::debug!(device, "waited a round of turns: took one");
+                        return at;
+                    }
+                    seat.line.wait(wake, until_ns.min(patient).min(deadline));
                 }
             }
             at = monotonic_ns();
@@ -108,6 +140,9 @@ impl Priority {
     /// turn there, if it holds one, to the next pod that wants one.
     pub(crate) fn pass_turn(&self, device: usize) {
         if let Some(seat) = self.seats.found.get(device).and_then(OnceLock::get) {
+            if let Some(seized) = self.seats.seized_until_ns.get(device) {
+                seized.store(0, Ordering::Relaxed);
+            }
             seat.line.pass(seat.slot, monotonic_ns());
         }
     }
@@ -151,6 +186,6 @@ impl Priority {
         };
         let slot = line.slot(self.pod_key, now)?;
         tracing::debug!(device, slot, "turn line found");
-        Some(*cell.get_or_init(|| Seat { line, slot }))
+        Some(*cell.get_or_init(|| Seat { line, slot, gpu }))
     }
 }

@@ -239,3 +239,35 @@ fn a_waiter_wakes_when_the_turn_is_handed_over() {
     );
     assert_eq!(line.take(b, crate::bucket::monotonic_ns()), TurnStep::Go);
 }
+
+#[test]
+fn a_waiter_takes_a_turn_after_a_round_of_turns_whatever_the_line_says() {
+    let table = Table::new("seize");
+    let (line, slots) = table.line(&["victim", "hog"]);
+    let (victim, hog) = (slots[0], slots[1]);
+    let quantum_ns = u64::from(QUANTUM_US) * US;
+    // A round of turns: one of each other pod (and the ms a holder is
+    // given past its end), and a ms.
+    assert_eq!(line.patience_ns(1, T), IDLE_NS);
+    assert_eq!(line.patience_ns(3, T), 2 * (quantum_ns + IDLE_NS) + IDLE_NS);
+    // Nobody counted the pods: those wanting a turn now.
+    line.want(victim, T);
+    line.want(hog, T);
+    assert_eq!(line.patience_ns(0, T), quantum_ns + 2 * IDLE_NS);
+    // The hog names itself the holder of a fresh turn: the victim waits.
+    line.turn
+        .store(Turn::encode(hog, (T + quantum_ns) / US), Ordering::Release);
+    line.want(hog, T + MS);
+    assert!(matches!(line.take(victim, T + MS), TurnStep::Wait { .. }));
+    // Past its patience the victim takes a turn of a quantum; the line says so.
+    let wake = line.wake.load(Ordering::Relaxed);
+    let handovers = line.handovers.load(Ordering::Relaxed);
+    assert_eq!(line.seize(victim, T + 7 * MS), T + 7 * MS + quantum_ns);
+    assert_eq!(holder(line), Some(victim));
+    assert_ne!(line.wake.load(Ordering::Relaxed), wake, "waiters woken");
+    assert_eq!(line.handovers.load(Ordering::Relaxed), handovers + 1);
+    assert_eq!(line.take(victim, T + 8 * MS), TurnStep::Go);
+    // A GPU that takes no turns has none to seize.
+    line.set_quantum_us(0);
+    assert_eq!(line.seize(victim, T + 9 * MS), 0);
+}
