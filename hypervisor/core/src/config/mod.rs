@@ -570,6 +570,3 @@ fn one_line(message: &str) -> String {
         _ => first,
     }
 }
-
-#[cfg(test)]
-mod tests;

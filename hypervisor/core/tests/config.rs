@@ -1,6 +1,12 @@
-//! Parsing the config file and the admin limits body.
+//! Parsing the config file and the admin limits body
+//! (`hypervisor_core::config`).
 
-use super::*;
+use std::path::Path;
+use std::time::Duration;
+
+use gpushare_utils::pod::PodClass;
+use hypervisor_core::config::*;
+use hypervisor_core::spec::Policy;
 
 fn parse_str(text: &str) -> Result<Config, ConfigError> {
     parse(text, Path::new("test.toml"), Path::new("/nonexistent"))
@@ -299,7 +305,6 @@ fn the_swap_table() {
 
 #[test]
 fn the_overcommit_ratio_sets_what_overcommitting_gpus_offer() {
-    use crate::config::OvercommitRatio;
     const GIB: u64 = 1 << 30;
     // Without overcommit, every GPU offers its own memory, whatever the ratio.
     let off = parse_str("[swap]\novercommit_ratio = 1.5\n")
