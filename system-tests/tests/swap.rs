@@ -375,7 +375,7 @@ fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu() {
     let (gpu0, gpu1) = (gpushare_examples::uuid(0), gpushare_examples::uuid(1));
     for (uuid, bytes, why) in [
         (&gpu0, 1, "one byte, which the GPU has free"),
-        (&gpu1, 1, "a GPU the asker is not placed on"),
+        (&gpu1, 8 * GIB, "a GPU the asker is not placed on"),
         (
             &gpu0,
             8 * GIB,
