@@ -31,25 +31,30 @@ impl GpuObserver for DoubleGpus {
     }
 }
 
-/// The driver double's first GPU as its processes share it through a node
-/// file (`gpushare_examples::NODE_FILE_VAR`): what NVML would show a
-/// hypervisor of a GPU several pods use.
+/// The driver double's first GPUs as its processes share them through a
+/// node file (`gpushare_examples::NODE_FILE_VAR`): what NVML would show a
+/// hypervisor of GPUs several pods use.
 pub struct NodeFileGpu {
     /// The node file the pods' processes name.
     pub path: std::path::PathBuf,
-    /// The GPU's size, as the processes' `GPUSHARE_DOUBLE_TOTAL` says.
+    /// Each GPU's size, as the processes' `GPUSHARE_DOUBLE_TOTAL` says.
     pub total: u64,
+    /// How many GPUs (the processes' `GPUSHARE_DOUBLE_DEVICES`).
+    pub devices: u8,
 }
 
 impl GpuObserver for NodeFileGpu {
     fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        Ok(vec![GpuInfo {
-            index: 0,
-            uuid: gpushare_examples::uuid(0),
-            name: "driver double".to_owned(),
-            memory_total: self.total,
-            memory_used: gpushare_examples::node_used(&self.path, 0).unwrap_or(0),
-        }])
+        Ok((0..self.devices)
+            .map(|index| GpuInfo {
+                index: u32::from(index),
+                uuid: gpushare_examples::uuid(index),
+                name: "driver double".to_owned(),
+                memory_total: self.total,
+                memory_used: gpushare_examples::node_used(&self.path, usize::from(index))
+                    .unwrap_or(0),
+            })
+            .collect())
     }
 }
 

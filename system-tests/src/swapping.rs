@@ -1,9 +1,10 @@
 //! Support for the tests of swap and move under a real daemon and the
 //! driver double's checkpoint API: the folder of the double's control
-//! blocks, a probe run in steps, what a control block says, and the admin
-//! commands of the CLI.
+//! blocks, a probe run in steps, what a control block says, the admin
+//! commands of the CLI, and a pod's own requests to the daemon.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -157,6 +158,56 @@ pub fn admin_cli(node: &RunningNode, args: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&output.stderr)
     );
     (output.status.success(), text)
+}
+
+/// `POST /api/v1{path}` with `token` and the JSON `body` to the daemon of
+/// `node`: the answer's status code and body.
+pub fn post(node: &RunningNode, path: &str, token: &str, body: &str) -> (u16, String) {
+    let address = node.addr();
+    let mut stream = TcpStream::connect(address).expect("daemon listens");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST {}{path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        gpushare_utils::protocol::API_PREFIX,
+        body.len()
+    )
+    .expect("request");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, body)| body)
+        .to_owned();
+    (status, body)
+}
+
+/// `pod`'s request for room for `bytes` on the GPU `uuid`, as one of its
+/// workers (registered by a probe of the pod) with [`TOKEN`]: the bytes the
+/// daemon says it freed.
+pub fn ask_room(node: &RunningNode, pod: &Pod, uuid: &str, bytes: u64) -> u64 {
+    let mut workers = Vec::new();
+    eventually("a worker of the pod is registered", || {
+        workers = node.hypervisor().workers_of(&pod.0);
+        !workers.is_empty()
+    });
+    let body = format!(
+        "{{\"worker_id\":\"{}\",\"uuid\":\"{uuid}\",\"bytes\":{bytes}}}",
+        workers[0]
+    );
+    let (status, answer) = post(node, "/room", TOKEN, &body);
+    assert_eq!(status, 200, "{answer}");
+    let answer: gpushare_utils::protocol::RoomAnswer =
+        serde_json::from_str(&answer).expect("a room answer");
+    answer.freed
 }
 
 /// Waits up to 10 s for `ok`; panics naming `what` when it never holds.

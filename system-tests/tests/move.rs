@@ -7,16 +7,19 @@
 //! itself; what cannot move is refused with the reason.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use gpushare_utils::limits::PodLimits;
+use gpushare_utils::limits::{PodLimits, Residency};
 use gpushare_utils::shm::Trust;
 use hypervisor_observer::{
     GpuInfo, GpuObserver, HealthBoard, HealthEvent, HealthPolicy, ObserverError,
 };
-use system_tests::daemon::{self, DoubleGpus};
+use system_tests::daemon::{self, DoubleGpus, NodeFileGpu};
 use system_tests::pod::Pod;
 use system_tests::probes::GIB;
-use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, control_block, eventually};
+use system_tests::swapping::{
+    ADMIN, Running, TOKEN, admin_cli, ask_room, checkpoint_dir, control_block, eventually,
+};
 
 #[ctor::ctor(unsafe)]
 fn name_the_checkpoint_folder() {
@@ -334,4 +337,97 @@ fn a_gpu_that_reports_an_xid_is_drained_by_itself() {
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "0"]);
     assert!(!ok && answer.contains("unhealthy (xid-79)"), "{answer}");
     resumed_and_allocated(running);
+}
+
+#[test]
+fn a_room_wait_that_ends_mid_swap_leaves_the_pod_whole_and_a_move_takes_its_processes() {
+    // A pod of two processes, 5 GiB each, on the first of two 16 GiB GPUs
+    // the probes share; an asker there whose room waits 300 ms.
+    let pod = Pod::new("move-cancelled");
+    let asker = Pod::new("move-cancelled-asker");
+    let node_file = checkpoint_dir().join(format!("{}.node", pod.0));
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
+         overcommit = true\nidle_after_ms = 200\nroom_wait_ms = 300\nhost_limit = \"64g\"\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"12g\"\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"10g\"\n",
+        library.display(),
+        pod.0,
+        asker.0
+    );
+    let gpus = NodeFileGpu {
+        path: node_file.clone(),
+        total: 16 * GIB,
+        devices: 2,
+    };
+    let node = daemon::hypervisor(&pod, &text, Arc::new(gpus));
+    let env = [
+        TWO_GPUS,
+        (
+            gpushare_examples::NODE_FILE_VAR,
+            node_file.to_str().expect("a path"),
+        ),
+    ];
+    let mut survivor = Running::start(
+        &pod,
+        &node.url(),
+        &env,
+        &["alloc", "mem", "5g", "wait", "info", "alloc", "mem", "1g"],
+    );
+    let mut stopped = Running::start(&pod, &node.url(), &env, &["alloc", "mem", "5g", "wait"]);
+    for running in [&mut survivor, &mut stopped] {
+        let lines = running.until_ready();
+        assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    }
+    let mut asking = Running::start(&asker, &node.url(), &env, &["alloc", "mem", "256m", "wait"]);
+    asking.until_ready();
+    std::thread::sleep(Duration::from_millis(400));
+
+    // The lock of a stopped process waits; the room's wait ends first.
+    let stopped_pid = i32::try_from(stopped.pid()).expect("a pid");
+    // SAFETY: a signal to the test's own child.
+    assert_eq!(unsafe { libc::kill(stopped_pid, libc::SIGSTOP) }, 0);
+    let uuid = gpushare_examples::uuid(0);
+    assert_eq!(
+        ask_room(&node, &asker, &uuid, 8 * GIB),
+        0,
+        "no room within 300 ms"
+    );
+    // Then the lock fails: its process is gone.
+    stopped.child.kill().expect("kill the stopped probe");
+    let _ = stopped.child.wait();
+    eventually("the swap is over", || {
+        node.hypervisor().swap_board().pod(&pod.0).state != Residency::SwappingOut
+    });
+    let record = node.hypervisor().swap_board().pod(&pod.0);
+    let block = control_block(survivor.pid());
+    assert_eq!(
+        (record.state, block.state),
+        (Residency::Resident, 0),
+        "the swap was undone: {record:?}"
+    );
+    let limits = PodLimits::open_read_only(&pod.0, &Trust::own_or_root(None)).expect("limits");
+    assert_eq!(limits.residency(), Residency::Resident);
+
+    // A move takes the process with the limits, or nothing moves.
+    let (moved, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    let gpu = u8::from(moved);
+    let block = control_block(survivor.pid());
+    assert_eq!(block.gpu, u32::from(gpu), "{answer}");
+    assert_eq!(
+        quota_on(&pod, &gpushare_examples::uuid(gpu)),
+        Some(12 * GIB),
+        "{answer}"
+    );
+    survivor.resume();
+    let (rest, status) = survivor.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(
+        rest[1].starts_with("info 0 ") && rest[1].ends_with(&format!("total={}", 12 * GIB)),
+        "{rest:?}"
+    );
+    assert!(rest[2].contains("-> 0 "), "its allocations work: {rest:?}");
+    let (rest, status) = asking.finish();
+    assert!(status.success(), "{rest:?}");
 }

@@ -5,6 +5,7 @@
 //! memory; a restarted daemon finds a swapped pod and brings it back; on a
 //! GPU that overcommits, pods that need memory take it from idle ones.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use system_tests::daemon::{DoubleGpus, NodeFileGpu};
 use system_tests::pod::Pod;
 use system_tests::probes::{self, GIB, probe};
 use system_tests::swapping::{
-    ADMIN, Running, TOKEN, admin_cli, checkpoint_dir, control_block, eventually,
+    ADMIN, Running, TOKEN, admin_cli, ask_room, checkpoint_dir, control_block, eventually,
 };
 use system_tests::{RunningNode, daemon};
 
@@ -44,6 +45,49 @@ fn cli_swap(node: &RunningNode, direction: &str, pod: &Pod) -> (bool, String) {
 
 fn pod_swap(node: &RunningNode, pod: &Pod) -> hypervisor_swap::PodSwap {
     node.hypervisor().swap_board().pod(&pod.0)
+}
+
+/// A daemon that makes room on `devices` GPUs of 16 GiB that the probes
+/// share through `node_file` (a pod idle after 200 ms), for `pods`, each
+/// with a quota on one GPU (its index).
+fn overcommitted(node_file: &Path, devices: u8, pods: &[(&Pod, u32, &str)]) -> RunningNode {
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let mut text = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
+         overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\n",
+        library.display()
+    );
+    for (pod, index, quota) in pods {
+        text.push_str(&format!(
+            "\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = {index}\nmemory = \"{quota}\"\n",
+            pod.0
+        ));
+    }
+    let gpus = NodeFileGpu {
+        path: node_file.to_owned(),
+        total: 16 * GIB,
+        devices,
+    };
+    daemon::hypervisor(pods[0].0, &text, Arc::new(gpus))
+}
+
+/// The environment of a probe that sees the double's `devices` GPUs
+/// through `node_file`, its CUDA device 0 being the GPU `gpu`.
+fn on_gpu(node_file: &Path, devices: u8, gpu: u8) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            gpushare_examples::NODE_FILE_VAR,
+            node_file.to_str().expect("a path").to_owned(),
+        ),
+        ("GPUSHARE_DOUBLE_DEVICES", devices.to_string()),
+        ("CUDA_VISIBLE_DEVICES", gpu.to_string()),
+    ]
+}
+
+fn env<'a>(vars: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    vars.iter()
+        .map(|(key, value)| (*key, value.as_str()))
+        .collect()
 }
 
 #[test]
@@ -240,21 +284,7 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     let first = Pod::new("swap-room-a");
     let second = Pod::new("swap-room-b");
     let node_file = checkpoint_dir().join(format!("{}.node", second.0));
-    let library = gpushare_examples::double_dir().join("libcuda.so.1");
-    let text = format!(
-        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
-         overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\n\n\
-         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"10g\"\n\n\
-         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"10g\"\n",
-        library.display(),
-        first.0,
-        second.0
-    );
-    let gpu = NodeFileGpu {
-        path: node_file.clone(),
-        total: 16 * GIB,
-    };
-    let node = daemon::hypervisor(&first, &text, Arc::new(gpu));
+    let node = overcommitted(&node_file, 1, &[(&first, 0, "10g"), (&second, 0, "10g")]);
     let shared = [(
         gpushare_examples::NODE_FILE_VAR,
         node_file.to_str().expect("a path"),
@@ -304,4 +334,155 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     assert!(rest[1].starts_with("info 0 "), "{rest:?}");
     assert_eq!(pod_swap(&node, &second).state, Residency::Resident);
     assert_eq!(node.hypervisor().swap_board().totals().failures, 0);
+}
+
+#[test]
+fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu() {
+    // Two idle neighbours of 9 GiB, one on each GPU; the asker holds 1 GiB
+    // of a 2 GiB quota on the first, which has about 6 GiB free.
+    let asker = Pod::new("room-asker");
+    let near = Pod::new("room-near");
+    let far = Pod::new("room-far");
+    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
+    let node = overcommitted(
+        &node_file,
+        2,
+        &[(&asker, 0, "2g"), (&near, 0, "10g"), (&far, 1, "10g")],
+    );
+    let (first, second) = (on_gpu(&node_file, 2, 0), on_gpu(&node_file, 2, 1));
+    let mut neighbours = Vec::new();
+    for (pod, vars) in [(&near, &first), (&far, &second)] {
+        let mut running = Running::start(
+            pod,
+            &node.url(),
+            &env(vars),
+            &["alloc", "mem", "9g", "wait"],
+        );
+        let lines = running.until_ready();
+        assert!(lines[0].contains("-> 0 "), "{lines:?}");
+        neighbours.push(running);
+    }
+    let mut running = Running::start(
+        &asker,
+        &node.url(),
+        &env(&first),
+        &["alloc", "mem", "1g", "wait"],
+    );
+    let lines = running.until_ready();
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    std::thread::sleep(Duration::from_millis(400));
+
+    let (gpu0, gpu1) = (gpushare_examples::uuid(0), gpushare_examples::uuid(1));
+    for (uuid, bytes, why) in [
+        (&gpu0, 1, "one byte, which the GPU has free"),
+        (&gpu1, 8 * GIB, "a GPU the asker is not placed on"),
+        (
+            &gpu0,
+            8 * GIB,
+            "more than the asker's quota leaves (1 GiB, free on the GPU)",
+        ),
+    ] {
+        assert_eq!(ask_room(&node, &asker, uuid, bytes), 0, "{why}");
+        for running in &neighbours {
+            assert_eq!(
+                control_block(running.pid()).state,
+                0,
+                "{why}: a neighbour swapped"
+            );
+        }
+    }
+    for pod in [&near, &far] {
+        assert_eq!(pod_swap(&node, pod).state, Residency::Resident);
+    }
+    assert_eq!(node.hypervisor().swap_board().totals().swap_outs, 0);
+    for running in neighbours.into_iter().chain([running]) {
+        let (rest, status) = running.finish();
+        assert!(status.success(), "{rest:?}");
+    }
+}
+
+#[test]
+fn a_pod_whose_last_call_is_stamped_in_the_future_is_idle() {
+    let pod = Pod::new("swap-future");
+    let node = start(&pod, "4g");
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[],
+        &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"],
+    );
+    running.until_ready();
+    // The pod writes its own ledger: an hour ahead of the clock.
+    let ledger = gpushare_utils::ledger::PodLedger::open(&pod.0).expect("the pod's ledger");
+    ledger.touch(gpushare_utils::clock::monotonic_ms() + 3_600_000);
+
+    let (ok, answer) = cli_swap(&node, "out", &pod);
+    assert!(ok, "{answer}");
+    assert!(answer.contains("\"residency\":\"swapped\""), "{answer}");
+    assert_eq!(control_block(running.pid()).state, 2);
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "back, with its quota: {rest:?}");
+}
+
+#[test]
+fn when_an_idle_pod_cannot_make_room_the_next_one_does() {
+    // The least recently used pod holds managed memory, which the driver
+    // cannot checkpoint; the next one can go.
+    let asker = Pod::new("room-next-asker");
+    let stuck = Pod::new("room-next-stuck");
+    let next = Pod::new("room-next-next");
+    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
+    let node = overcommitted(
+        &node_file,
+        1,
+        &[(&asker, 0, "10g"), (&stuck, 0, "10g"), (&next, 0, "10g")],
+    );
+    let shared = on_gpu(&node_file, 1, 0);
+    let mut stuck_probe = Running::start(
+        &stuck,
+        &node.url(),
+        &env(&shared),
+        &["alloc", "managed", "1g", "alloc", "mem", "6g", "wait"],
+    );
+    let lines = stuck_probe.until_ready();
+    assert!(lines[..2].iter().all(|l| l.contains("-> 0 ")), "{lines:?}");
+    std::thread::sleep(Duration::from_millis(50));
+    let mut next_probe = Running::start(
+        &next,
+        &node.url(),
+        &env(&shared),
+        &["alloc", "mem", "6g", "wait"],
+    );
+    let lines = next_probe.until_ready();
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    std::thread::sleep(Duration::from_millis(400));
+
+    // 6 GiB does not fit beside the 13 GiB held until one pod is away.
+    let mut asking = Running::start(
+        &asker,
+        &node.url(),
+        &env(&shared),
+        &["alloc", "mem", "6g", "wait"],
+    );
+    let lines = asking.until_ready();
+    assert!(lines[0].contains("-> 0 "), "room was made: {lines:?}");
+    assert_eq!(
+        control_block(next_probe.pid()).state,
+        2,
+        "the next pod went"
+    );
+    assert_eq!(
+        control_block(stuck_probe.pid()).state,
+        0,
+        "the first runs on"
+    );
+    let record = pod_swap(&node, &stuck);
+    assert_eq!(record.state, Residency::Resident);
+    assert!(record.last_error.is_some(), "{record:?}");
+    for running in [asking, stuck_probe, next_probe] {
+        let (rest, status) = running.finish();
+        assert!(status.success(), "{rest:?}");
+    }
 }

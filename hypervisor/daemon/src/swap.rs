@@ -7,7 +7,13 @@
 //! its processes' calls wait while it is away, and a restarted daemon finds
 //! it) and serialises swaps: one at a time on the node, since each is bound
 //! by the same host link.
+//!
+//! A swap, once begun, runs to its end in a task of its own
+//! ([`Hypervisor::exclusive`]): a request that stops waiting (its client
+//! gone, its wait over) leaves no pod half-swapped, and a pod's residency
+//! always says where the driver put its processes.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -16,13 +22,12 @@ use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::SwapAnswer;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{
-    Candidate, CheckpointDriver, DriverError, RoomPolicy, SwapBoard, SwapError, Timing,
-};
+use hypervisor_swap::{CheckpointDriver, DriverError, SwapBoard, SwapError, Timing, stamp_age};
 
 use crate::{Hypervisor, lock};
 
 mod relocate;
+mod room;
 
 pub use relocate::{DrainReport, MoveAnswer};
 
@@ -40,7 +45,8 @@ const QUIET_WAIT: Duration = Duration::from_secs(1);
 pub(crate) struct Swapper {
     pub(crate) board: SwapBoard,
     driver: Mutex<Option<Arc<CheckpointDriver>>>,
-    ops: tokio::sync::Mutex<()>,
+    /// Held by the swap under way ([`Hypervisor::exclusive`]).
+    ops: Arc<tokio::sync::Mutex<()>>,
     /// Pods' GPUs are given by Kubernetes (a DRA allocation, or a device
     /// plugin's device files, names each): pods swap, never move.
     pinned: AtomicBool,
@@ -116,34 +122,53 @@ impl Hypervisor {
     /// call brings it back. A pod that is active (a CUDA call as the swap
     /// begins) or whose memory the driver cannot checkpoint runs on.
     pub async fn swap_out(&self, pod: &str) -> Result<SwapAnswer, SwapRefusal> {
-        let view = self.view(pod)?;
-        let _one = self.shared.swapper.ops.lock().await;
-        self.swap_out_locked(&view, Wait::Quiet).await?;
-        Ok(answer(&view))
+        let pod = pod.to_owned();
+        self.exclusive(move |hv| async move {
+            let view = hv.view(&pod)?;
+            hv.swap_out_locked(&view, Wait::Quiet).await?;
+            Ok(answer(&view))
+        })
+        .await
     }
 
     /// Restores every process of `pod` onto its GPUs (making room there
     /// first where the GPU overcommits), then lets them run.
     pub async fn swap_in(&self, pod: &str) -> Result<SwapAnswer, SwapRefusal> {
-        let view = self.view(pod)?;
-        let _one = self.shared.swapper.ops.lock().await;
-        // A move whose restore failed before (or that a restarted daemon
-        // found) ends here, on the new GPU.
-        let moving = view.region.pending_move().is_some();
-        if let Some(timing) = self.swap_in_locked(&view).await?
-            && moving
-        {
-            self.swap_board().moved(pod, timing.total());
-        }
-        Ok(answer(&view))
+        let pod = pod.to_owned();
+        self.exclusive(move |hv| async move {
+            let view = hv.view(&pod)?;
+            // A move whose restore failed before (or that a restarted
+            // daemon found) ends here, on the new GPU.
+            let moving = view.region.pending_move().is_some();
+            if let Some(timing) = hv.swap_in_locked(&view).await?
+                && moving
+            {
+                hv.swap_board().moved(&pod, timing.total());
+            }
+            Ok(answer(&view))
+        })
+        .await
     }
 
-    /// Swaps idle pods of the GPU `uuid` (not `asker`) out until `need`
-    /// bytes are freed, where the GPU overcommits; returns the bytes freed
-    /// (0: none could be, or overcommit is off there).
-    pub async fn make_room(&self, uuid: &str, need: u64, asker: &str) -> u64 {
-        let _one = self.shared.swapper.ops.lock().await;
-        self.make_room_locked(uuid, need, asker).await
+    /// Runs `op` alone among the node's swaps, and to its end. Waiting for
+    /// the swap under way ends with the caller (nothing has begun); once
+    /// `op` begins it runs in a task of its own, which a caller that stops
+    /// waiting (its client gone, its wait over) does not stop, so no swap
+    /// is left half-done and no pod's residency other than the driver's.
+    async fn exclusive<T, Op, Fut>(&self, op: Op) -> Result<T, SwapRefusal>
+    where
+        Op: FnOnce(Hypervisor) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, SwapRefusal>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let one = Arc::clone(&self.shared.swapper.ops).lock_owned().await;
+        let hv = self.clone();
+        tokio::spawn(async move {
+            let _one = one;
+            op(hv).await
+        })
+        .await
+        .map_err(|error| SwapRefusal::Task(error.to_string()))?
     }
 
     /// Once a second, while no swap runs: a pod this run did not swap but
@@ -298,80 +323,6 @@ impl Hypervisor {
         }
     }
 
-    /// Before a swap-in: where a GPU of the pod overcommits and has less
-    /// free than the pod held there, idle pods make room.
-    async fn room_for(&self, view: &SwapView) {
-        let free_memory = self.free_memory();
-        for gpu in &view.gpus {
-            let Some(&(_, free)) = free_memory
-                .iter()
-                .find(|(uuid, _)| uuid.eq_ignore_ascii_case(&gpu.uuid))
-            else {
-                continue;
-            };
-            if free < gpu.bytes {
-                self.make_room_locked(&gpu.uuid, gpu.bytes - free, &view.pod)
-                    .await;
-            }
-        }
-    }
-
-    async fn make_room_locked(&self, uuid: &str, need: u64, asker: &str) -> u64 {
-        let (views, settings, index) = {
-            let core = self.core();
-            let index = core
-                .scheduler
-                .gpus()
-                .iter()
-                .find(|g| g.uuid.eq_ignore_ascii_case(uuid))
-                .map(|g| g.index);
-            (
-                core.scheduler.swap_views_on(uuid),
-                core.settings.swap.clone(),
-                index,
-            )
-        };
-        if !index.is_some_and(|index| settings.overcommits(index)) {
-            return 0;
-        }
-        let candidates: Vec<Candidate> = views
-            .iter()
-            .filter(|v| v.pod != asker && v.region.residency() == Residency::Resident)
-            .map(|v| Candidate {
-                pod: v.pod.clone(),
-                bytes: v.bytes_on(uuid),
-                last_call_ms: v.region.last_call_ms(),
-                latency: v
-                    .gpus
-                    .iter()
-                    .any(|g| g.latency && g.uuid.eq_ignore_ascii_case(uuid)),
-            })
-            .collect();
-        let host_room = settings
-            .host_limit
-            .saturating_sub(self.swap_board().totals().bytes_on_host);
-        let policy = RoomPolicy {
-            idle_after_ms: u64::try_from(settings.idle_after.as_millis()).unwrap_or(u64::MAX),
-            latency: settings.latency_pods,
-        };
-        let chosen: Vec<String> =
-            hypervisor_swap::victims(&candidates, need, host_room, monotonic_ms(), policy)
-                .into_iter()
-                .map(|c| c.pod.clone())
-                .collect();
-        let mut freed = 0u64;
-        for pod in chosen {
-            let Some(view) = views.iter().find(|v| v.pod == pod) else {
-                continue;
-            };
-            if self.swap_out_locked(view, Wait::Quiet).await.is_ok() {
-                freed = freed.saturating_add(view.bytes_on(uuid));
-            }
-        }
-        tracing::info!(gpu = uuid, need, freed, for_pod = asker, "room made");
-        freed
-    }
-
     /// The pod's processes, by the daemon's pids: its registered workers'
     /// (an adopted worker's found again through the identity check) and the
     /// processes of its ledger in the daemon's namespace, the daemon's own
@@ -449,7 +400,7 @@ async fn quiet_stamp(region: &hypervisor_core::region::PodRegion) -> Option<u64>
     let deadline = tokio::time::Instant::now() + QUIET_WAIT;
     loop {
         let stamp = region.last_call_ms();
-        let age = monotonic_ms().saturating_sub(stamp);
+        let age = stamp_age(stamp, monotonic_ms());
         if age >= QUIET_MS {
             return Some(stamp);
         }

@@ -19,4 +19,4 @@ pub mod policy;
 pub use board::{Move, PodSwap, SwapBoard, SwapTotals};
 pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uuid};
 pub use engine::{SwapError, Timing, move_pairs, restore_all, swap_in, swap_out, unlock_all};
-pub use policy::{Candidate, LatencyPods, RoomPolicy, victims};
+pub use policy::{Candidate, LatencyPods, RoomPolicy, stamp_age, victims};

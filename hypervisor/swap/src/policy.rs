@@ -1,5 +1,11 @@
 //! Which pods make room on a GPU: idle ones, least recently used first,
 //! latency-class pods last or never, within the node's host-memory cap.
+//!
+//! A pod's last-call stamp is written by the pod itself: it is read only as
+//! a hint of idleness. A stamp in the future is none the daemon can use and
+//! reads as "never" ([`stamp_age`]): forging one only makes the pod look
+//! idle, which lets it be swapped sooner, never later, and never makes it
+//! look active.
 
 use serde::Serialize;
 
@@ -10,7 +16,8 @@ pub struct Candidate {
     pub pod: String,
     /// Device memory it holds on the GPU, which swapping it frees.
     pub bytes: u64,
-    /// `CLOCK_MONOTONIC` milliseconds of its last CUDA call (0: none yet).
+    /// `CLOCK_MONOTONIC` milliseconds of its last CUDA call (0: none yet),
+    /// as its processes stamp it.
     pub last_call_ms: u64,
     /// Whether it is of the latency class.
     pub latency: bool,
@@ -46,6 +53,14 @@ pub struct RoomPolicy {
     pub latency: LatencyPods,
 }
 
+/// How long before `now_ms` a pod's call stamped `stamp_ms` was, both
+/// `CLOCK_MONOTONIC` milliseconds; a stamp in the future (the pod's
+/// processes stamp from a clock behind the daemon's, never ahead) is
+/// forged and reads as the oldest there is.
+pub fn stamp_age(stamp_ms: u64, now_ms: u64) -> u64 {
+    now_ms.checked_sub(stamp_ms).unwrap_or(u64::MAX)
+}
+
 /// The pods to swap out, in order, so that at least `need` bytes are freed
 /// without putting more than `host_room` bytes in host memory; empty when
 /// the idle pods cannot free `need` (swapping some would gain nothing).
@@ -59,10 +74,16 @@ pub fn victims(
     let mut idle: Vec<&Candidate> = candidates
         .iter()
         .filter(|c| c.bytes > 0)
-        .filter(|c| now_ms.saturating_sub(c.last_call_ms) >= policy.idle_after_ms)
+        .filter(|c| stamp_age(c.last_call_ms, now_ms) >= policy.idle_after_ms)
         .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
         .collect();
-    idle.sort_by_key(|c| (c.latency, c.last_call_ms, c.pod.clone()));
+    idle.sort_by_key(|c| {
+        (
+            c.latency,
+            std::cmp::Reverse(stamp_age(c.last_call_ms, now_ms)),
+            c.pod.clone(),
+        )
+    });
     let mut chosen = Vec::new();
     let (mut freed, mut on_host) = (0u64, 0u64);
     for candidate in idle {
@@ -141,6 +162,17 @@ mod tests {
             ..POLICY
         };
         assert!(victims(&pods, 16 * GIB, u64::MAX, 10_000, never).is_empty());
+    }
+
+    #[test]
+    fn a_stamp_in_the_future_reads_as_the_oldest_and_idle() {
+        let pods = [pod("old", 8, 1_000, false), pod("forged", 8, 99_000, false)];
+        assert_eq!(
+            names(&victims(&pods, GIB, u64::MAX, 10_000, POLICY)),
+            ["forged"]
+        );
+        assert_eq!(stamp_age(99_000, 10_000), u64::MAX);
+        assert_eq!(stamp_age(9_000, 10_000), 1_000);
     }
 
     #[test]

@@ -67,6 +67,29 @@ impl Scheduler {
     pub fn swap_views(&self) -> Vec<SwapView> {
         self.pods.values().map(view).collect()
     }
+
+    /// What `pod` may still allocate on the GPU `uuid`: its quota there
+    /// (the daemon's, in its limits) less what it holds there, by its
+    /// ledger or by NVML at the last audit, whichever is more (a pod that
+    /// over-reports only lowers its own figure); `u64::MAX` without a quota.
+    /// `None` where the pod is not placed on the GPU, or its ledger cannot
+    /// say.
+    pub fn quota_left(&self, pod: &str, uuid: &str) -> Option<u64> {
+        let pod = self.pods.get(pod)?;
+        let (gpu, placed) = pod.gpus.iter().find_map(|gpu| {
+            let placement = gpu.placement.as_ref()?;
+            placement
+                .uuid
+                .eq_ignore_ascii_case(uuid)
+                .then_some((gpu, &placement.uuid))
+        })?;
+        let usage = pod.region.usage(placed)?;
+        if usage.quota == 0 {
+            return Some(u64::MAX);
+        }
+        let held = usage.used.max(gpu.nvml_bytes.unwrap_or(0));
+        Some(usage.quota.saturating_sub(held))
+    }
 }
 
 fn view(pod: &Pod) -> SwapView {

@@ -129,7 +129,8 @@ pub(super) async fn worker_swap_in(hv: &Hypervisor, mut req: Request) -> Respons
 }
 
 /// `POST /api/v1/room`: idle pods of the GPU swapped out for the worker's
-/// allocation, within the configured wait.
+/// allocation, within the configured wait (a room begun runs to its end
+/// after it).
 pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
     let Some(token) = bearer(&req).map(str::to_owned) else {
         return unauthorized();
@@ -152,7 +153,9 @@ pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
     json_ok(&RoomAnswer {
         freed,
         message: if freed == 0 {
-            "no idle pod could make room on the GPU (or it does not overcommit)".to_owned()
+            "no room made: the GPU has it free, the pod is not placed there or may hold no more, \
+             no idle pod could go, or the GPU does not overcommit"
+                .to_owned()
         } else {
             String::new()
         },

@@ -18,10 +18,10 @@ use std::time::Instant;
 use gpushare_utils::limits::{Residency, uuid_key};
 use hypervisor_core::scheduler::{MovePlan, ScheduleError, SwapView};
 use hypervisor_core::spec::GpuSelector;
-use hypervisor_swap::{Move, RawUuid, parse_uuid};
+use hypervisor_swap::{Move, ProcessState, RawUuid, parse_uuid};
 use serde::{Deserialize, Serialize};
 
-use super::{SwapRefusal, Wait};
+use super::{SwapRefusal, Wait, room};
 use crate::Hypervisor;
 
 /// What a move did.
@@ -81,16 +81,24 @@ impl Hypervisor {
         if self.placements_pinned() {
             return Err(SwapRefusal::Pinned);
         }
-        let _one = self.shared.swapper.ops.lock().await;
-        let plan = self.move_plan(pod, from, to)?;
-        self.move_locked(&plan).await
+        let (pod, from, to) = (pod.to_owned(), from.cloned(), to.clone());
+        self.exclusive(move |hv| async move {
+            let plan = hv.move_plan(&pod, from.as_ref(), &to)?;
+            hv.move_locked(&plan).await
+        })
+        .await
     }
 
     /// Empties the GPU `gpu`: each of its pods moves to the other GPU with
     /// the most memory free that holds it, or is swapped out where none
     /// does or Kubernetes gave it this GPU.
     pub async fn drain_gpu(&self, gpu: &GpuSelector) -> Result<DrainReport, SwapRefusal> {
-        let _one = self.shared.swapper.ops.lock().await;
+        let gpu = gpu.clone();
+        self.exclusive(move |hv| async move { hv.drain_locked(&gpu).await })
+            .await
+    }
+
+    async fn drain_locked(&self, gpu: &GpuSelector) -> Result<DrainReport, SwapRefusal> {
         let (uuid, views) = {
             let core = self.core();
             let uuid = core
@@ -223,8 +231,8 @@ impl Hypervisor {
         };
         // The pairs are checked before anything moves.
         pairs(&to, &self.node_gpus())?;
-        self.room_on(&plan.to, view.bytes_on(&plan.from), &plan.pod)
-            .await?;
+        let need = room::within_quota(&view, &plan.from, view.bytes_on(&plan.from));
+        self.room_on(&plan.to, need, &plan.pod).await?;
         let started = Instant::now();
         let answer = |residency: Residency| MoveAnswer {
             pod: plan.pod.clone(),
@@ -243,12 +251,20 @@ impl Hypervisor {
         // A pod without a process moves by its limits alone; a pod in host
         // memory stays there, and its next swap-in restores it on the new
         // GPU.
-        if self.pids_of(&plan.pod).await.is_empty() {
+        let pids = self.pids_of(&plan.pod).await;
+        if pids.is_empty() {
             relocate()?;
             self.swap_board().moved(&plan.pod, started.elapsed());
             return Ok(answer(Residency::Resident));
         }
         if view.region.residency() == Residency::Swapped {
+            // The limits go ahead of the processes only where the driver
+            // holds every one of them in host memory.
+            if !self.all_checkpointed(pids).await? {
+                return Err(SwapRefusal::Move(
+                    "the pod is shown in host memory, but the driver shows a process of it on the GPU; swap it in first".to_owned(),
+                ));
+            }
             // Its processes are where they were checkpointed: on the GPU an
             // earlier move under way left, or on `from`.
             let from = self
@@ -280,24 +296,34 @@ impl Hypervisor {
         Ok(done)
     }
 
+    /// Whether the driver shows every process of `pids` that still runs
+    /// checkpointed.
+    async fn all_checkpointed(&self, pids: Vec<u32>) -> Result<bool, SwapRefusal> {
+        let driver = self.checkpoint_driver().await?;
+        tokio::task::spawn_blocking(move || {
+            pids.iter().all(|&pid| match driver.state(pid) {
+                Ok(state) => state == ProcessState::Checkpointed,
+                Err(_) => gpushare_utils::process::process_is_gone(
+                    i32::try_from(pid).unwrap_or(i32::MAX),
+                    0,
+                ),
+            })
+        })
+        .await
+        .map_err(|error| SwapRefusal::Task(error.to_string()))
+    }
+
     /// Makes sure the GPU `gpu` has `need` bytes free for `asker`, making
     /// room there where it overcommits.
     async fn room_on(&self, gpu: &str, need: u64, asker: &str) -> Result<(), SwapRefusal> {
-        let free = self
-            .free_memory()
-            .into_iter()
-            .find(|(uuid, _)| uuid.eq_ignore_ascii_case(gpu))
-            .map_or(0, |(_, free)| free);
+        self.make_room_locked(gpu, need, asker).await;
+        let free = self.free_on(gpu).unwrap_or(0);
         if free >= need {
-            return Ok(());
-        }
-        let freed = self.make_room_locked(gpu, need - free, asker).await;
-        if free.saturating_add(freed) >= need {
             return Ok(());
         }
         Err(SwapRefusal::NoRoom {
             gpu: gpu.to_owned(),
-            free: free.saturating_add(freed),
+            free,
             need,
         })
     }

@@ -1,0 +1,164 @@
+//! Room on a GPU that overcommits: idle pods of the GPU swapped out for a
+//! pod that needs memory the GPU does not have free, asked by one of its
+//! workers whose allocation the driver refused (`POST /api/v1/room`), or
+//! before the pod's own swap-in or move there.
+//!
+//! Room is made only for what the asker may really hold: it must be placed
+//! on the GPU, and it is given no more than its quota there leaves (less
+//! what it holds by its ledger or by NVML), whatever it asks for. Nothing
+//! is swapped while the GPU has that much free, as NVML says; the pods go
+//! one at a time, least recently used first, until it has. A pod that
+//! cannot go (memory the driver cannot checkpoint, a process that does not
+//! stop) is passed over for the next.
+
+use gpushare_utils::clock::monotonic_ms;
+use gpushare_utils::limits::Residency;
+use hypervisor_core::config::SwapSettings;
+use hypervisor_core::scheduler::SwapView;
+use hypervisor_swap::{Candidate, RoomPolicy};
+
+use super::Wait;
+use crate::Hypervisor;
+
+impl Hypervisor {
+    /// Room for an allocation of `bytes` of `asker` on the GPU `uuid`:
+    /// idle pods there swapped out until the GPU has free what the
+    /// allocation may take (at most what `asker`'s quota there leaves);
+    /// returns the bytes freed, by NVML (0: the GPU had the room already,
+    /// `asker` is not placed there or may hold no more, overcommit is off
+    /// there, or no idle pod could go). Runs to its end whether or not the
+    /// caller waits for it.
+    pub async fn make_room(&self, uuid: &str, bytes: u64, asker: &str) -> u64 {
+        let (uuid, asker) = (uuid.to_owned(), asker.to_owned());
+        self.exclusive(move |hv| async move {
+            let left = hv.core().scheduler.quota_left(&asker, &uuid);
+            let Some(left) = left else {
+                tracing::warn!(gpu = %uuid, pod = %asker, "room asked on a GPU the pod is not placed on; none made");
+                return Ok(0);
+            };
+            Ok(hv.make_room_locked(&uuid, bytes.min(left), &asker).await)
+        })
+        .await
+        .unwrap_or(0)
+    }
+
+    /// Before a swap-in: where a GPU of the pod overcommits and has less
+    /// free than the pod held there (within its quota), idle pods make room.
+    pub(super) async fn room_for(&self, view: &SwapView) {
+        for gpu in &view.gpus {
+            let need = within_quota(view, &gpu.uuid, gpu.bytes);
+            self.make_room_locked(&gpu.uuid, need, &view.pod).await;
+        }
+    }
+
+    /// Swaps idle pods of the GPU `uuid` (not `asker`) out, one at a time,
+    /// until the GPU has `need` bytes free by NVML, where it overcommits;
+    /// returns the bytes freed.
+    pub(super) async fn make_room_locked(&self, uuid: &str, need: u64, asker: &str) -> u64 {
+        let Some(settings) = self.overcommit_on(uuid) else {
+            return 0;
+        };
+        let Some(before) = self.free_on(uuid) else {
+            tracing::warn!(
+                gpu = uuid,
+                for_pod = asker,
+                "the GPU's free memory is unknown; no room made"
+            );
+            return 0;
+        };
+        let mut free = before;
+        let mut passed_over: Vec<String> = Vec::new();
+        while free < need {
+            let Some(victim) = self.room_victim(uuid, need - free, asker, &passed_over, &settings)
+            else {
+                break;
+            };
+            if let Err(error) = self.swap_out_locked(&victim, Wait::Quiet).await {
+                tracing::info!(pod = %victim.pod, %error, "the pod cannot make room; the next one is tried");
+                passed_over.push(victim.pod);
+            }
+            let Some(now) = self.free_on(uuid) else {
+                break;
+            };
+            free = now;
+        }
+        let freed = free.saturating_sub(before);
+        if before < need {
+            tracing::info!(gpu = uuid, need, free, freed, for_pod = asker, "room made");
+        }
+        freed
+    }
+
+    /// The first pod to swap out of the GPU `uuid` towards `lacking` bytes,
+    /// by the policy: idle, resident, not `asker` nor one `passed_over`.
+    fn room_victim(
+        &self,
+        uuid: &str,
+        lacking: u64,
+        asker: &str,
+        passed_over: &[String],
+        settings: &SwapSettings,
+    ) -> Option<SwapView> {
+        let views = self.core().scheduler.swap_views_on(uuid);
+        let candidates: Vec<Candidate> = views
+            .iter()
+            .filter(|v| v.pod != asker && !passed_over.contains(&v.pod))
+            .filter(|v| v.region.residency() == Residency::Resident)
+            .map(|v| Candidate {
+                pod: v.pod.clone(),
+                bytes: v.bytes_on(uuid),
+                last_call_ms: v.region.last_call_ms(),
+                latency: v
+                    .gpus
+                    .iter()
+                    .any(|g| g.latency && g.uuid.eq_ignore_ascii_case(uuid)),
+            })
+            .collect();
+        let host_room = settings
+            .host_limit
+            .saturating_sub(self.swap_board().totals().bytes_on_host);
+        let policy = RoomPolicy {
+            idle_after_ms: u64::try_from(settings.idle_after.as_millis()).unwrap_or(u64::MAX),
+            latency: settings.latency_pods,
+        };
+        let first =
+            hypervisor_swap::victims(&candidates, lacking, host_room, monotonic_ms(), policy)
+                .first()
+                .map(|c| c.pod.clone())?;
+        views.into_iter().find(|v| v.pod == first)
+    }
+
+    /// The `[swap]` settings where the daemon makes room on the GPU `uuid`;
+    /// `None` where it does not.
+    fn overcommit_on(&self, uuid: &str) -> Option<SwapSettings> {
+        let core = self.core();
+        let index = core
+            .scheduler
+            .gpus()
+            .iter()
+            .find(|g| g.uuid.eq_ignore_ascii_case(uuid))?
+            .index;
+        core.settings
+            .swap
+            .overcommits(index)
+            .then(|| core.settings.swap.clone())
+    }
+
+    /// The GPU's free memory, as the observer reads it now.
+    pub(super) fn free_on(&self, uuid: &str) -> Option<u64> {
+        self.free_memory()
+            .into_iter()
+            .find(|(gpu, _)| gpu.eq_ignore_ascii_case(uuid))
+            .map(|(_, free)| free)
+    }
+}
+
+/// `bytes` of the pod `view` on the GPU `uuid`, at most its quota there
+/// (its ledger, which the pod writes, may say more).
+pub(super) fn within_quota(view: &SwapView, uuid: &str, bytes: u64) -> u64 {
+    match view.region.usage(uuid).map(|usage| usage.quota) {
+        Some(0) => bytes,
+        Some(quota) => bytes.min(quota),
+        None => 0,
+    }
+}
