@@ -412,7 +412,6 @@ impl MemoryQuota {
         real_total: u64,
     ) -> Option<(u64, u64)> {
         let limit = self.limit(ctx, device)?;
-        self.settle_pools(ctx);
         self.measure_overhead(ctx, device, false);
         let used = ctx
             .ledger_entry(device)
@@ -422,11 +421,13 @@ impl MemoryQuota {
     }
 
     /// Pod usage of ledger entry `entry` (see [`Context::ledger_entry_of`]),
-    /// after giving back what dead processes held.
+    /// after giving back what dead processes held, this process's pools
+    /// charged what they hold now.
     pub(crate) fn pod_used(&self, ctx: &'static Context, entry: usize) -> u64 {
         let Some(ledger) = ctx.ledger() else {
             return 0;
         };
+        self.settle_pools(ctx);
         self.reclaim_before_report(ledger);
         ledger.usage(entry).map_or(0, |usage| usage.used)
     }
