@@ -62,7 +62,8 @@ mod throttle;
 mod waves;
 
 /// Load-time entry point. Kept cheap: a process that never loads CUDA pays
-/// only for reading its environment.
+/// only for reading its environment and a few small files (the preload
+/// file, a pod file).
 #[cfg(not(test))]
 #[ctor::ctor(unsafe)]
 fn load() {

@@ -10,7 +10,8 @@
 //! `/proc/self/fd` alias of it, a copy). The pod file is looked for beside
 //! 1. the name the loader gave this library;
 //! 2. the file the kernel mapped for it (`/proc/self/maps`, where links and
-//!    descriptor aliases are resolved to the file itself);
+//!    descriptor aliases are resolved to the file itself), where a preload
+//!    file names libraries and this one was loaded under another name;
 //! 3. each library `/etc/ld.so.preload` names: in a provisioned container
 //!    the node's file, mounted read-only, naming the container's limiter.
 //!
@@ -71,8 +72,10 @@ pub(crate) fn find() -> Result<Found, String> {
     }
     // Loaded by the name the preload file gives, this library is the
     // preloaded one; under another name, the kernel says which file it is.
+    // Without a preload file the environment loaded it, and could as well
+    // not have: local mode stays as cheap as reading its variables.
     let by_preloaded_name = loaded.as_ref().is_some_and(|name| preloaded.contains(name));
-    let maps = if by_preloaded_name {
+    let maps = if by_preloaded_name || preloaded.is_empty() {
         Maps::default()
     } else {
         Maps::read()
