@@ -17,7 +17,7 @@ use crate::config::{LimiterConfig, MpsMode};
 use crate::context::{Context, LocalLimits};
 use crate::hypervisor::Link;
 use crate::mps::MpsRequirement;
-use crate::provisioned;
+use crate::provisioned::{self, Found};
 use crate::quota::MemoryQuota;
 use crate::residency::SwapGate;
 use crate::spill::Spill;
@@ -112,8 +112,19 @@ pub(crate) fn init_from_env() -> &'static State {
 fn build() -> Result<State, String> {
     let mut config =
         LimiterConfig::from_env().map_err(|e| format!("cuda-limiter: configuration error: {e}"))?;
-    let provisioned =
-        provisioned::find().map_err(|e| format!("cuda-limiter: configuration error: {e}"))?;
+    let provisioned = match provisioned::find()
+        .map_err(|e| format!("cuda-limiter: configuration error: {e}"))?
+    {
+        Found::Local => None,
+        Found::Provisioned(provisioned) => Some(provisioned),
+        Found::Standby { preloaded } => {
+            tracing::info!(
+                preloaded = %preloaded.display(),
+                "another copy of the limiter enforces this container's limits; this one stays off"
+            );
+            return Ok(State::Off);
+        }
+    };
     if let Some(provisioned) = &provisioned {
         provisioned.apply(&mut config, &PROVISIONED_OVERRIDES);
     }

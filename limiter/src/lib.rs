@@ -6,8 +6,10 @@
 //!    from the environment ([`config`], parsed here: the local limits, the
 //!    pod, the hypervisor's address) into the one [`entry`] state and its
 //!    [`context`]. In a container the node daemon provisioned, the pod file
-//!    beside the library ([`provisioned`]) decides the pod, the daemon and
-//!    the token, whatever the environment says. No limit configured:
+//!    beside the container's limiter ([`provisioned`]: the library
+//!    `/etc/ld.so.preload` names, whatever name this one was loaded under)
+//!    decides the pod, the daemon and the token, whatever the environment
+//!    says; another copy of the limiter in the process stays off. No limit configured:
 //!    nothing else happens. A broken configuration: one error line, and
 //!    CUDA is refused at `cuInit`. A process that must be an MPS client is
 //!    shown its server's GPU ([`mps`]).
@@ -60,7 +62,8 @@ mod throttle;
 mod waves;
 
 /// Load-time entry point. Kept cheap: a process that never loads CUDA pays
-/// only for reading its environment.
+/// only for reading its environment and a few small files (the preload
+/// file, a pod file).
 #[cfg(not(test))]
 #[ctor::ctor(unsafe)]
 fn load() {

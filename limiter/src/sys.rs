@@ -268,8 +268,9 @@ pub(crate) const CU_GRAPH_NODE_TYPE_GRAPH: c_int = 4;
 pub(crate) const CU_GRAPH_NODE_TYPE_MEM_ALLOC: c_int = 10;
 /// `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`: what the device's graph pool holds.
 pub(crate) const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: c_int = 2;
-/// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`: what a pool keeps after frees.
-pub(crate) const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`: what a pool holds on the
+/// device, what it keeps of freed memory included.
+pub(crate) const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
 /// `CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR`.
 pub(crate) const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: c_int = 39;
 pub(crate) type CuLibraryGetModule = unsafe extern "C" fn(*mut CUmodule, CUlibrary) -> CUresult;
@@ -288,6 +289,9 @@ pub(crate) type CuGraphMemAllocNodeGetParams =
     unsafe extern "C" fn(CUgraphNode, *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
 pub(crate) type CuGraphChildGraphNodeGetGraph =
     unsafe extern "C" fn(CUgraphNode, *mut CUgraph) -> CUresult;
+pub(crate) type CuMemPoolGetAttribute =
+    unsafe extern "C" fn(CUmemoryPool, c_int, *mut c_void) -> CUresult;
+pub(crate) type CuDeviceGetMemPool = unsafe extern "C" fn(*mut CUmemoryPool, CUdevice) -> CUresult;
 pub(crate) type CuDeviceGetGraphMemAttribute =
     unsafe extern "C" fn(CUdevice, c_int, *mut c_void) -> CUresult;
 

@@ -1,4 +1,4 @@
-// Checks 28-36, 38 and 39: the ways the CUDA driver takes device memory
+// Checks 28-36, 38, 39 and 42: the ways the CUDA driver takes device memory
 // without an allocation call of the program. Runs one <path>, then shows the process
 // still works (64 MiB cudaMalloc + memset + synchronize), then keeps what it
 // took until <release-file> exists (polls every 100 ms, gives up after
@@ -16,6 +16,13 @@
 //   pool           the default pool keeps <bytes>/2 that were freed
 //                  (release threshold UINT64_MAX), then cudaMalloc(<bytes>/2);
 //                  cudaMemPoolTrimTo(0) and the cudaMalloc again if it failed
+//   custom_pool    a pool of its own (cudaMemPoolCreate, release threshold
+//                  UINT64_MAX): 1 GiB at a time with cudaMallocFromPoolAsync
+//                  on one stream, each written (cudaMemsetAsync), every
+//                  third one freeing the one before it (cudaFreeAsync: the
+//                  pool keeps it), until one is refused or <bytes> are live
+//                  (at most 64 allocations); prints allocations=, live=,
+//                  reserved= and used= (what the pool holds, in bytes)
 //   contexts       up to 16 more contexts with cuCtxCreate
 //   lazy_global    cudaMalloc of <bytes> less 3 GiB (+ a memset), then the
 //                  first launch of a kernel of lazy_global.cu, a unit with
@@ -42,6 +49,8 @@ static const size_t MiB = 1ull << 20;
 static const size_t USABLE = 64 * MiB;
 static const int MAX_CONTEXTS = 16;
 static const int MAX_LOADS = 64;
+static const int MAX_POOL_ALLOCATIONS = 64;
+static const size_t GiB = 1ull << 30;
 // The SMs asked for each green context's group; the driver rounds it up to
 // its granularity (8 on compute capability 9.0).
 static const unsigned GREEN_SMS = 8;
@@ -92,6 +101,9 @@ struct Held {
   int contexts = 0;
   CUgreenCtx greens[MAX_CONTEXTS] = {};
   int green = 0;
+  cudaMemPool_t pool = nullptr;  // custom_pool's own pool
+  void *pooled[MAX_POOL_ALLOCATIONS] = {};
+  int pooled_count = 0;
 };
 
 __device__ int malloc_ok;
@@ -274,6 +286,57 @@ static void pool(Held &h, size_t bytes) {
   rt("after_trim", e, false);
 }
 
+// What the pool holds (reserved) and what its allocations use, in bytes.
+static void print_pool(cudaMemPool_t pool) {
+  uint64_t reserved = 0, used = 0;
+  if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess)
+    printf("reserved=%llu\n", (unsigned long long)reserved);
+  if (cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess)
+    printf("used=%llu\n", (unsigned long long)used);
+}
+
+static void custom_pool(Held &h, size_t bytes) {
+  if (!rt("stream", cudaStreamCreateWithFlags(&h.stream, cudaStreamNonBlocking))) return;
+  cudaMemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = 0;
+  if (!rt("create", cudaMemPoolCreate(&h.pool, &props))) {
+    h.pool = nullptr;
+    return;
+  }
+  uint64_t keep = UINT64_MAX;
+  if (!rt("threshold", cudaMemPoolSetAttribute(h.pool, cudaMemPoolAttrReleaseThreshold, &keep))) return;
+  size_t live = 0;
+  int made = 0;
+  cudaError_t e = cudaSuccess;
+  while (live < bytes && h.pooled_count < MAX_POOL_ALLOCATIONS) {
+    void *p = nullptr;
+    e = cudaMallocFromPoolAsync(&p, GiB, h.pool, h.stream);
+    if (e != cudaSuccess) break;
+    h.pooled[h.pooled_count++] = p;
+    made++;
+    live += GiB;
+    e = cudaMemsetAsync(p, 1, GiB, h.stream);
+    if (e != cudaSuccess) break;
+    // Every third allocation frees the one before it: the pool keeps it.
+    if (made % 3 == 0) {
+      void *&before = h.pooled[h.pooled_count - 2];
+      e = cudaFreeAsync(before, h.stream);
+      if (e != cudaSuccess) break;
+      before = nullptr;
+      live -= GiB;
+    }
+  }
+  cudaError_t synced = cudaStreamSynchronize(h.stream);
+  printf("allocations=%d\nlive=%zu\n", made, live);
+  print_pool(h.pool);
+  rt("alloc", e);
+  rt("sync", synced, false);
+}
+
 static void contexts(Held &h) {
   CUcontext primary = nullptr;
   CUdevice dev = 0;
@@ -351,18 +414,24 @@ static void release(Held &h) {
   if (h.graph_ptr) cudaFree(h.graph_ptr);
   if (h.exec) cudaGraphExecDestroy(h.exec);
   if (h.graph) cudaGraphDestroy(h.graph);
-  if (h.stream) cudaStreamDestroy(h.stream);
   for (int i = 0; i < h.loads; i++) {
     if (h.mods[i]) cuModuleUnload(h.mods[i]);
     if (h.libs[i]) cuLibraryUnload(h.libs[i]);
   }
   for (int i = h.contexts - 1; i >= 0; i--) cuCtxDestroy(h.ctxs[i]);
   for (int i = h.green - 1; i >= 0; i--) cuGreenCtxDestroy(h.greens[i]);
+  for (int i = 0; i < h.pooled_count; i++)
+    if (h.pooled[i]) cudaFreeAsync(h.pooled[i], h.stream);
+  if (h.pool) {
+    cudaStreamSynchronize(h.stream);
+    cudaMemPoolDestroy(h.pool);
+  }
+  if (h.stream) cudaStreamDestroy(h.stream);
 }
 
 static const char *const PATHS[] = {"graph_node", "graph_capture", "heap", "stack", "printf_fifo",
-                                    "module", "library", "pool", "contexts", "lazy_global",
-                                    "green_contexts"};
+                                    "module", "library", "pool", "custom_pool", "contexts",
+                                    "lazy_global", "green_contexts"};
 
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -396,6 +465,7 @@ int main(int argc, char **argv) {
   else if (!strcmp(path, "module")) modules(h, cubin, bytes, false);
   else if (!strcmp(path, "library")) modules(h, cubin, bytes, true);
   else if (!strcmp(path, "pool")) pool(h, bytes);
+  else if (!strcmp(path, "custom_pool")) custom_pool(h, bytes);
   else if (!strcmp(path, "contexts")) contexts(h);
   else if (!strcmp(path, "lazy_global")) lazy_global(h, bytes);
   else green_contexts(h);

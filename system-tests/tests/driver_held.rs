@@ -303,11 +303,25 @@ fn graph_allocation_nodes_are_charged_at_instantiation_until_trimmed() {
     assert_eq!(free_of(&lines[13]), before - 2 * GIB, "{lines:?}");
 }
 
+/// Where NVML cannot tell what a process holds (a container's pid it does
+/// not know, a figure it does not have): what pools keep is charged from
+/// what the driver says they reserve all the same.
+const NVML_BLIND: (&str, &str) = ("GPUSHARE_DOUBLE_NVML_UNAVAILABLE", "1");
+/// What the context is charged where NVML cannot measure it: its estimate.
+const CONTEXT_ESTIMATE: u64 = 512 * MIB;
+
 #[test]
 fn what_a_pool_keeps_is_charged_until_trimmed() {
+    for env in [&[][..], &[NVML_BLIND]] {
+        what_the_default_pool_keeps_is_charged(env);
+    }
+}
+
+fn what_the_default_pool_keeps_is_charged(env: &[(&str, &str)]) {
     let pod = Pod::new("pool");
-    let lines = quota4g(
+    let lines = quota4g_with(
         &pod,
+        env,
         &[
             "pool_threshold",
             "max",
@@ -334,9 +348,96 @@ fn what_a_pool_keeps_is_charged_until_trimmed() {
         lines[3].contains(&format!("reserved={}", 3 * GIB)),
         "the pool keeps it: {lines:?}"
     );
-    assert_eq!(result_of(&lines[4]), 2, "kept memory is charged: {lines:?}");
+    assert_eq!(
+        result_of(&lines[4]),
+        2,
+        "kept memory is charged: {env:?} {lines:?}"
+    );
     assert_eq!(result_of(&lines[5]), 0, "{lines:?}");
     assert_eq!(result_of(&lines[6]), 0, "trimmed, it fits: {lines:?}");
+}
+
+#[test]
+fn a_pool_of_its_own_is_charged_what_it_reserves_whatever_its_threshold() {
+    // A pool made by the program, keeping whatever is freed into it, 1 GiB
+    // at a time: what it reserves is charged at every step, and an
+    // allocation from it that passes the quota first takes back what it
+    // keeps unused. NVML is blind here: nothing but the driver's own figure
+    // of the pool can tell.
+    let pod = Pod::new("own-pool");
+    let lines = quota4g_with(
+        &pod,
+        &[NVML_BLIND],
+        &[
+            "pool_create",
+            "max",
+            "alloc",
+            "pool",
+            "1g",
+            "alloc",
+            "pool",
+            "1g",
+            "alloc",
+            "pool",
+            "1g",
+            "free",
+            "1",
+            "pool_reserved",
+            "alloc",
+            "mem",
+            "1g",
+            "info",
+            "alloc",
+            "pool",
+            "1g",
+            "alloc",
+            "pool",
+            "1g",
+            "info",
+            "pool_destroy",
+            "info",
+            "free",
+            "0",
+            "free",
+            "2",
+            "free",
+            "3",
+            "info",
+        ],
+    );
+    let ok = |i: usize| assert_eq!(result_of(&lines[i]), 0, "line {i}: {lines:?}");
+    (0..5).for_each(ok);
+    assert_eq!(
+        lines[5],
+        format!("pool_reserved 0 reserved={} used={}", 3 * GIB, 2 * GIB),
+        "the pool keeps what was freed: {lines:?}"
+    );
+    assert_eq!(
+        result_of(&lines[6]),
+        2,
+        "what it keeps is charged: {lines:?}"
+    );
+    let kept = QUOTA - CONTEXT_ESTIMATE - 3 * GIB;
+    assert_eq!(lines[7], info(0, kept, QUOTA), "{lines:?}");
+    assert_eq!(
+        result_of(&lines[8]),
+        0,
+        "the pool gives back what it keeps, and grows again: {lines:?}"
+    );
+    assert_eq!(result_of(&lines[9]), 2, "past the quota: {lines:?}");
+    assert_eq!(lines[10], info(0, kept, QUOTA), "{lines:?}");
+    ok(11);
+    assert_eq!(
+        lines[12],
+        info(0, kept, QUOTA),
+        "its live allocations stay charged: {lines:?}"
+    );
+    (13..16).for_each(ok);
+    assert_eq!(
+        lines[16],
+        info(0, QUOTA - CONTEXT_ESTIMATE, QUOTA),
+        "all back: {lines:?}"
+    );
 }
 
 /// Thirteen contexts made by `command` under the 4 GiB quota: the primary

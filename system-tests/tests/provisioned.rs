@@ -4,17 +4,19 @@
 //! files: no variable it removes, changes or adds loosens its limits.
 
 use std::os::unix::process::CommandExt;
-use std::process::Output;
+use std::path::Path;
+use std::process::{Command, Output};
 use std::sync::Arc;
 
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::pod_file::{PodFile, VERSION};
 use gpushare_utils::shm::Creation;
-use system_tests::container::ContainerLib;
+use system_tests::container::{self, ContainerLib};
 use system_tests::daemon::{DoubleGpus, PODS_UID, pods_uid_hypervisor};
 use system_tests::pod::{Pod, node_tables};
 use system_tests::probes;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
+use system_tests::scratch::Scratch;
 
 const TOKEN: &str = "provisioned-token";
 /// Whether this process may act as the pods' uid (root).
@@ -40,6 +42,16 @@ fn pod_file(pod: &Pod, url: &str) -> String {
 /// the test's but `env` (and the double's); the pod file names the test's
 /// node tables.
 fn in_container(container: &ContainerLib, env: &[(&str, &str)], args: &[&str]) -> Output {
+    let mut command = probe_command(env, args);
+    command
+        .env("LD_PRELOAD", container.library())
+        .uid(PODS_UID)
+        .gid(PODS_UID);
+    command.output().expect("probe")
+}
+
+/// The probe with no CUDA variable of the test's but `env` (and the double's).
+fn probe_command(env: &[(&str, &str)], args: &[&str]) -> Command {
     let mut command = gpushare_examples::command("cudaprobe");
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("CUDA_") {
@@ -47,14 +59,63 @@ fn in_container(container: &ContainerLib, env: &[(&str, &str)], args: &[&str]) -
         }
     }
     command
-        .env("LD_PRELOAD", container.library())
+        .env_remove("LD_PRELOAD")
         .env("GPUSHARE_DOUBLE_TOTAL", "16g")
         .env("CUDA_LIMITER_GRANT_TIMEOUT_MS", "2000")
         .envs(env.iter().copied())
-        .args(args)
-        .uid(PODS_UID)
-        .gid(PODS_UID);
-    command.output().expect("probe")
+        .args(args);
+    command
+}
+
+#[test]
+fn an_alias_or_a_copy_of_the_containers_limiter_keeps_the_pods_limits() {
+    if !root() || !container::mount_namespaces() {
+        eprintln!("skipped: a container's preload file needs a mount namespace of root's");
+        return;
+    }
+    // The container's processes load its limiter from /etc/ld.so.preload.
+    // A tenant loads it again under a name of its own, a link, a
+    // descriptor, or a copy of the file: the loader maps the same file once,
+    // under the tenant's name, or the copy beside it. Either way the pod's
+    // quota holds, shown and enforced.
+    let pod = Pod::new("provisioned-alias");
+    let daemon = pods_uid_hypervisor(&pod, TOKEN);
+    let container = ContainerLib::with_text(&pod_file(&pod, &daemon.url()));
+    let tenant = Scratch::new("tenant-files");
+    let link = tenant.dir.join("l.so");
+    std::os::unix::fs::symlink(container.library(), &link).unwrap();
+    let copy = tenant.dir.join("copy.so");
+    std::fs::copy(system_tests::artifacts::limiter(), &copy).unwrap();
+    let cases: [(&str, Option<&Path>, Option<i32>); 4] = [
+        ("the preload file alone", None, None),
+        ("a link", Some(&link), None),
+        ("a descriptor", Some(Path::new("/proc/self/fd/7")), Some(7)),
+        ("a copy", Some(&copy), None),
+    ];
+    for (what, preload, alias) in cases {
+        let mut command =
+            probe_command(&[], &["info", "alloc", "mem", "2g", "alloc", "mem", "512m"]);
+        if let Some(preload) = preload {
+            command.env("LD_PRELOAD", preload);
+        }
+        container.preloaded(&mut command, PODS_UID, alias);
+        let output = command.output().expect("probe");
+        let lines = probes::stdout_lines(&output);
+        assert!(output.status.success(), "{what}: {output:?}");
+        assert_eq!(
+            lines[0],
+            info(0, GIB - CONTEXT_BYTES, GIB),
+            "{what}: {output:?}"
+        );
+        assert!(
+            lines[1].starts_with("alloc mem 2g -> 2 "),
+            "{what}: {output:?}"
+        );
+        assert!(
+            lines[2].starts_with("alloc mem 512m -> 0 "),
+            "{what}: {output:?}"
+        );
+    }
 }
 
 #[test]

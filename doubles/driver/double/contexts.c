@@ -36,7 +36,7 @@ static void context_down_locked(CUcontext ctx) {
         /* What only the driver keeps for the GPU goes with its last context. */
         reset_limits(d);
         d->graph_retained = 0;
-        g_pools[ctx->device].retained = 0;
+        pools_forget_retained(ctx->device);
     }
 }
 

@@ -409,6 +409,7 @@ static void load_config(void) {
         g_devices[i].graph_next = region_start(i) + GRAPH_OFFSET;
         g_devices[i].globals_next = region_start(i) + GLOBALS_OFFSET;
         reset_limits(&g_devices[i]);
+        g_pools[i].live = 1;
         g_pools[i].device = i;
         g_pools[i].reuse[0] = g_pools[i].reuse[1] = g_pools[i].reuse[2] = 1;
     }

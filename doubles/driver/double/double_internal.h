@@ -115,7 +115,7 @@ struct record {
     CUcontext ctx; /* NULL for cuMemCreate handles */
     unsigned char kind;
     unsigned char live;
-    unsigned char pooled; /* from the GPU's default pool */
+    unsigned char pool; /* from g_pools[pool - 1]; 0: from no pool */
     unsigned char managed; /* cuMemAllocManaged: refuses a checkpoint */
 };
 
@@ -138,8 +138,9 @@ struct device {
     int parked; /* a checkpoint moved its charges to the host */
 };
 
-/* The default memory pool of each GPU (by ordinal). */
+/* A memory pool: each GPU's default one, or one made by cuMemPoolCreate. */
 struct CUmemPoolHandle_st {
+    int live;                     /* a made pool, until destroyed (default pools: 1) */
     int device;
     unsigned long long threshold; /* CU_MEMPOOL_ATTR_RELEASE_THRESHOLD */
     unsigned long long used;      /* its live allocations */
@@ -262,9 +263,13 @@ CUresult node_restore_locked(const int *gpu);
 /* host_memory.c: pinned mapped host memory. */
 int double_host_range(unsigned long long addr, unsigned long long *base, unsigned long long *size);
 
-/* pools.c: the default memory pool of each GPU (by ordinal). */
-extern struct CUmemPoolHandle_st g_pools[DOUBLE_MAX_DEVICES];
+/* pools.c: the default memory pool of each GPU (by ordinal), then the pools
+ * cuMemPoolCreate made. */
+#define DOUBLE_MAX_POOLS (DOUBLE_MAX_DEVICES + 16)
+extern struct CUmemPoolHandle_st g_pools[DOUBLE_MAX_POOLS];
 void pool_settle_locked(int dev);
+unsigned long long pools_retained(int dev);
+void pools_forget_retained(int dev);
 
 /* launch.c: the simulated GPU clock, and launches. */
 unsigned long long now_ns(void);

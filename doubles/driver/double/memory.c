@@ -41,7 +41,7 @@ unsigned long long held_bytes(int dev) {
     unsigned long long held = add_sat(limit_bytes(d->limits), d->module_bytes);
     held = add_sat(held, d->graph_bytes);
     held = add_sat(held, d->graph_retained);
-    return add_sat(held, g_pools[dev].retained);
+    return add_sat(held, pools_retained(dev));
 }
 
 /* Everything the process holds on dev. */
@@ -72,8 +72,8 @@ void forget_locked(int dev, struct record *r) {
     r->live = 0;
     d->alloc_bytes -= r->size;
     d->live--;
-    if (r->pooled) {
-        g_pools[dev].used -= r->size;
+    if (r->pool) {
+        g_pools[r->pool - 1].used -= r->size;
     }
 }
 
@@ -117,7 +117,7 @@ CUresult alloc_locked(int dev, CUcontext ctx, unsigned long long size, enum kind
     d->records[d->len].ctx = ctx;
     d->records[d->len].kind = (unsigned char)kind;
     d->records[d->len].live = 1;
-    d->records[d->len].pooled = 0;
+    d->records[d->len].pool = 0;
     d->records[d->len].managed = 0;
     d->len++;
     d->live++;

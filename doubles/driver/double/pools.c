@@ -1,12 +1,34 @@
 /*
  * Stream-ordered memory and memory pools of the double (the model is in
- * cuda.c): one default pool per GPU, its release threshold and the bytes it
- * retains (driver-held), allocations and frees on a stream, captured ones as
- * graph nodes.
+ * cuda.c): one default pool per GPU and those cuMemPoolCreate makes, each
+ * with its release threshold and the bytes it retains (driver-held),
+ * allocations and frees on a stream, captured ones as graph nodes.
  */
 #include "double_internal.h"
 
-struct CUmemPoolHandle_st g_pools[DOUBLE_MAX_DEVICES];
+struct CUmemPoolHandle_st g_pools[DOUBLE_MAX_POOLS];
+
+/* What dev's pools retain. */
+unsigned long long pools_retained(int dev) {
+    unsigned long long retained = 0;
+    int i;
+    for (i = 0; i < DOUBLE_MAX_POOLS; i++) {
+        if (g_pools[i].live && g_pools[i].device == dev) {
+            retained = add_sat(retained, g_pools[i].retained);
+        }
+    }
+    return retained;
+}
+
+/* dev's last context is gone: its pools keep nothing. */
+void pools_forget_retained(int dev) {
+    int i;
+    for (i = 0; i < DOUBLE_MAX_POOLS; i++) {
+        if (g_pools[i].device == dev) {
+            g_pools[i].retained = 0;
+        }
+    }
+}
 
 /* Releases the pool's retained bytes until reserved <= max(keep, used). */
 static void pool_release_locked(struct CUmemPoolHandle_st *p, unsigned long long keep) {
@@ -19,9 +41,14 @@ static void pool_release_locked(struct CUmemPoolHandle_st *p, unsigned long long
     }
 }
 
-/* A synchronize on dev: its pool gives back what is above its threshold. */
+/* A synchronize on dev: its pools give back what is above their thresholds. */
 void pool_settle_locked(int dev) {
-    pool_release_locked(&g_pools[dev], g_pools[dev].threshold);
+    int i;
+    for (i = 0; i < DOUBLE_MAX_POOLS; i++) {
+        if (g_pools[i].live && g_pools[i].device == dev) {
+            pool_release_locked(&g_pools[i], g_pools[i].threshold);
+        }
+    }
 }
 
 /* The pool a call names; NULL is the current GPU's default pool. */
@@ -39,7 +66,7 @@ static CUresult pool_locked(CUmemoryPool pool, struct CUmemPoolHandle_st **out) 
         return CUDA_ERROR_NOT_INITIALIZED;
     }
     i = SLOT(g_pools, pool);
-    if (i < 0 || i >= g_config.devices) {
+    if (i < 0 || (i < DOUBLE_MAX_DEVICES ? i >= g_config.devices : !g_pools[i].live)) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     *out = &g_pools[i];
@@ -77,7 +104,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         p->retained -= reuse;
         rc = alloc_locked(p->device, ctx, size, KIND_POINTER, dptr);
         if (rc == CUDA_SUCCESS) {
-            d->records[d->len - 1].pooled = 1;
+            d->records[d->len - 1].pool = (unsigned char)(p - g_pools + 1);
             p->used += size;
         } else {
             p->retained += reuse;
@@ -135,12 +162,12 @@ static CUresult pool_free(CUdeviceptr dptr, CUstream h, int ptsz) {
     if (r == NULL || !(r->kind & KIND_POINTER)) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else {
-        int retain = r->pooled && g_pools[dev].threshold > 0;
+        struct CUmemPoolHandle_st *p = r->pool ? &g_pools[r->pool - 1] : NULL;
         unsigned long long size = r->size;
         forget_locked(dev, r);
         tidy_locked(dev);
-        if (retain) {
-            g_pools[dev].retained += size;
+        if (p != NULL && p->live && p->threshold > 0) {
+            p->retained += size;
         }
     }
     unlock();
@@ -237,6 +264,54 @@ CUresult impl_cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep) {
     rc = pool_locked(pool, &p);
     if (rc == CUDA_SUCCESS) {
         pool_release_locked(p, minBytesToKeep);
+    }
+    unlock();
+    return rc;
+}
+
+/* A pool on the device props names, with the default pool's settings. */
+CUresult impl_cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    CUresult rc = CUDA_SUCCESS;
+    int i;
+    if (pool == NULL || props == NULL || props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    lock();
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (props->location.id < 0 || props->location.id >= g_config.devices) {
+        rc = CUDA_ERROR_INVALID_DEVICE;
+    } else {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+        for (i = DOUBLE_MAX_DEVICES; i < DOUBLE_MAX_POOLS; i++) {
+            struct CUmemPoolHandle_st *p = &g_pools[i];
+            if (!p->live && p->used == 0) {
+                memset(p, 0, sizeof *p);
+                p->live = 1;
+                p->device = props->location.id;
+                p->reuse[0] = p->reuse[1] = p->reuse[2] = 1;
+                *pool = p;
+                rc = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    unlock();
+    return rc;
+}
+
+/* Gives a made pool's retained bytes back; its live allocations stay until
+ * freed. A default pool cannot be destroyed. */
+CUresult impl_cuMemPoolDestroy(CUmemoryPool pool) {
+    struct CUmemPoolHandle_st *p = NULL;
+    CUresult rc;
+    lock();
+    rc = pool_locked(pool, &p);
+    if (rc == CUDA_SUCCESS && p - g_pools < DOUBLE_MAX_DEVICES) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (rc == CUDA_SUCCESS) {
+        p->live = 0;
+        p->retained = 0;
     }
     unlock();
     return rc;

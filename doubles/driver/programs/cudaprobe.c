@@ -28,7 +28,7 @@
  *       pitch    cuMemAllocPitch_v2(width SIZE, height 1, element 4)
  *       managed  cuMemAllocManaged(SIZE, CU_MEM_ATTACH_GLOBAL)
  *       async    cuMemAllocAsync(SIZE, stream 0)        async_ptsz  its _ptsz
- *       pool     cuMemAllocFromPoolAsync(SIZE, NULL pool, stream 0)
+ *       pool     cuMemAllocFromPoolAsync(SIZE, the probe's pool, stream 0)
  *                                                      pool_ptsz   its _ptsz
  *       create   cuMemCreate(SIZE, pinned, device N); SIZE must be a multiple
  *                of the 2 MiB granularity, as for the real driver
@@ -240,10 +240,16 @@
  *   graph_upload ID       -> "graph_upload ID -> RESULT": cuGraphUpload on it
  *   graph_destroy ID      -> "graph_destroy ID -> RESULT": cuGraphExecDestroy
  *   graph_trim            -> "graph_trim -> RESULT": cuDeviceGraphMemTrim(N)
+ *   pool_create SIZE      -> "pool_create SIZE -> RESULT": cuMemPoolCreate on
+ *                            device N with release threshold SIZE (may be
+ *                            max); the pool API and the pool commands below
+ *                            use it from then on
+ *   pool_destroy          -> "pool_destroy -> RESULT": cuMemPoolDestroy of it;
+ *                            the default pool is the probe's again
  *   pool_threshold SIZE   -> "pool_threshold SIZE -> RESULT": the release
- *                            threshold of device N's default pool
- *                            (cuDeviceGetDefaultMemPool, cuMemPoolSetAttribute);
- *                            SIZE may be max (UINT64_MAX)
+ *                            threshold of the probe's pool, else of device N's
+ *                            default pool (cuDeviceGetDefaultMemPool,
+ *                            cuMemPoolSetAttribute); SIZE may be max (UINT64_MAX)
  *   pool_trim SIZE        -> "pool_trim SIZE -> RESULT": cuMemPoolTrimTo(SIZE)
  *                            of that pool
  *   pool_reserved         -> "pool_reserved RESULT reserved=R used=U": that

@@ -115,6 +115,8 @@
     X(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", CUDA_VERSION_USED, 0)             \
     X(cuMemPoolGetAttribute, "cuMemPoolGetAttribute", CUDA_VERSION_USED, 0)             \
     X(cuMemPoolTrimTo, "cuMemPoolTrimTo", CUDA_VERSION_USED, 0)                         \
+    X(cuMemPoolCreate, "cuMemPoolCreate", CUDA_VERSION_USED, 0)                         \
+    X(cuMemPoolDestroy, "cuMemPoolDestroy", CUDA_VERSION_USED, 0)                       \
     X(cuDeviceGetAttribute, "cuDeviceGetAttribute", CUDA_VERSION_USED, 0)               \
     X(cuLibraryGetKernel, "cuLibraryGetKernel", CUDA_VERSION_USED, 0)                   \
     X(cuKernelGetLibrary, "cuKernelGetLibrary", CUDA_VERSION_USED, 0)                   \
@@ -272,6 +274,11 @@ void cmd_graph_trim(void);
 void cmd_pool_threshold(const char *size_text, unsigned long long size);
 void cmd_pool_trim(const char *size_text, size_t size);
 void cmd_pool_reserved(void);
+void cmd_pool_create(const char *size_text, unsigned long long threshold);
+void cmd_pool_destroy(void);
+/* The pool of the pool API and the pool commands: the one pool_create made,
+ * else NULL (the double's default pool of the current GPU). */
+extern CUmemoryPool probe_pool;
 void cmd_sync(void);
 void cmd_context(void);
 void cmd_green_context(void);

@@ -460,8 +460,42 @@ void cmd_graph_trim(void) {
     emit("graph_trim -> %d", (int)CU_OPT(cuDeviceGraphMemTrim, device));
 }
 
+CUmemoryPool probe_pool = NULL;
+
+/* The probe's pool, else device N's default one. */
 static CUresult default_pool(CUmemoryPool *pool) {
+    if (probe_pool != NULL) {
+        *pool = probe_pool;
+        return CUDA_SUCCESS;
+    }
     return CU_OPT(cuDeviceGetDefaultMemPool, pool, device);
+}
+
+void cmd_pool_create(const char *size_text, unsigned long long threshold) {
+    CUmemPoolProps props;
+    CUmemoryPool pool = NULL;
+    cuuint64_t keep = threshold;
+    CUresult rc;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = device;
+    rc = CU_OPT(cuMemPoolCreate, &pool, &props);
+    if (rc == CUDA_SUCCESS) {
+        rc = CU_OPT(cuMemPoolSetAttribute, pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep);
+    }
+    if (rc == CUDA_SUCCESS) {
+        probe_pool = pool;
+    }
+    emit("pool_create %s -> %d", size_text, (int)rc);
+}
+
+void cmd_pool_destroy(void) {
+    CUresult rc = probe_pool != NULL ? CU_OPT(cuMemPoolDestroy, probe_pool) : CUDA_ERROR_INVALID_VALUE;
+    if (rc == CUDA_SUCCESS) {
+        probe_pool = NULL;
+    }
+    emit("pool_destroy -> %d", (int)rc);
 }
 
 void cmd_pool_threshold(const char *size_text, unsigned long long size) {

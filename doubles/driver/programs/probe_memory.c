@@ -51,10 +51,10 @@ static CUresult do_alloc(enum api_kind api, size_t size, unsigned long long *han
         rc = CU(cuMemAllocAsync_ptsz)(&dptr, size, NULL);
         break;
     case API_POOL:
-        rc = CU(cuMemAllocFromPoolAsync)(&dptr, size, NULL, NULL);
+        rc = CU(cuMemAllocFromPoolAsync)(&dptr, size, probe_pool, NULL);
         break;
     case API_POOL_PTSZ:
-        rc = CU(cuMemAllocFromPoolAsync_ptsz)(&dptr, size, NULL, NULL);
+        rc = CU(cuMemAllocFromPoolAsync_ptsz)(&dptr, size, probe_pool, NULL);
         break;
     case API_CREATE: {
         CUmemAllocationProp prop;

@@ -539,6 +539,18 @@ void run_script(int argc, char **argv, int execute) {
             if (execute) {
                 cmd_pool_threshold(size_text, size);
             }
+        } else if (strcmp(cmd, "pool_create") == 0) {
+            const char *size_text = NEXT();
+            unsigned long long size = size_text != NULL && strcmp(size_text, "max") == 0
+                                          ? UINT64_MAX
+                                          : arg_size(size_text);
+            if (execute) {
+                cmd_pool_create(size_text, size);
+            }
+        } else if (strcmp(cmd, "pool_destroy") == 0) {
+            if (execute) {
+                cmd_pool_destroy();
+            }
         } else if (strcmp(cmd, "pool_trim") == 0) {
             const char *size_text = NEXT();
             size_t size = arg_size(size_text);

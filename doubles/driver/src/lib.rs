@@ -35,8 +35,10 @@
 //! `cuLibraryLoadData`, its cubin's `.nv.global*` sections, taken at the
 //! library's first use in each context), graph memory (reserved at a graph
 //! exec's first upload or launch, retained after it until
-//! `cuDeviceGraphMemTrim`) and the default pool's retained bytes (kept by a
-//! release threshold, released at synchronize or `cuMemPoolTrimTo`).
+//! `cuDeviceGraphMemTrim`) and what pools retain (each GPU's default pool
+//! and those `cuMemPoolCreate` makes: freed bytes kept by a release
+//! threshold, released at synchronize, `cuMemPoolTrimTo` or
+//! `cuMemPoolDestroy`; a freed block is reused by an allocation it holds).
 //! `cuMemGetInfo` and NVML report this process's usage only (NVML's memory
 //! info the node's, with a node file: below). Device `i` has
 //! the UUID [`uuid`]`(i)`. `CUDA_VISIBLE_DEVICES` (indices, or UUIDs as the device plugin and CDI

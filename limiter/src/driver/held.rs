@@ -1,6 +1,6 @@
 //! What the driver reports about memory it holds for the process outside
-//! allocations: context limits, the allocation nodes of a graph, and the
-//! real free memory of the current device.
+//! allocations: context limits, the allocation nodes of a graph, what
+//! memory pools reserve, and the real free memory of the current device.
 
 use std::ffi::{c_int, c_void};
 
@@ -9,11 +9,12 @@ use crate::sys::{
     CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
     CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
     CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC,
-    CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUcontext, CUdevice, CUgraph,
-    CUgraphNode, CUkernel, CUlibrary, CUlimit, CUmodule, CuCtxGetCurrent, CuCtxGetLimit,
-    CuDeviceGetAttribute, CuDeviceGetGraphMemAttribute, CuGraphChildGraphNodeGetGraph,
-    CuGraphGetNodes, CuGraphMemAllocNodeGetParams, CuGraphNodeGetType, CuKernelGetLibrary,
-    CuLibraryGetModule,
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CUDA_MEM_ALLOC_NODE_PARAMS,
+    CUcontext, CUdevice, CUgraph, CUgraphNode, CUkernel, CUlibrary, CUlimit, CUmemoryPool,
+    CUmodule, CuCtxGetCurrent, CuCtxGetLimit, CuDeviceGetAttribute, CuDeviceGetGraphMemAttribute,
+    CuDeviceGetMemPool, CuGraphChildGraphNodeGetGraph, CuGraphGetNodes,
+    CuGraphMemAllocNodeGetParams, CuGraphNodeGetType, CuKernelGetLibrary, CuLibraryGetModule,
+    CuMemPoolGetAttribute,
 };
 
 /// How deep child graphs are followed; deeper ones count as refused.
@@ -28,6 +29,8 @@ pub(crate) struct Held {
     library_get_module: Option<CuLibraryGetModule>,
     kernel_get_library: Option<CuKernelGetLibrary>,
     ctx_get_current: Option<CuCtxGetCurrent>,
+    pool_attribute: Option<CuMemPoolGetAttribute>,
+    device_pool: Option<CuDeviceGetMemPool>,
     graph: Option<GraphQueries>,
 }
 
@@ -81,6 +84,8 @@ impl Held {
                 library_get_module: symbol(handle, c"cuLibraryGetModule"),
                 kernel_get_library: symbol(handle, c"cuKernelGetLibrary"),
                 ctx_get_current: symbol(handle, c"cuCtxGetCurrent"),
+                pool_attribute: symbol(handle, c"cuMemPoolGetAttribute"),
+                device_pool: symbol(handle, c"cuDeviceGetMemPool"),
                 graph,
             }
         }
@@ -126,6 +131,31 @@ impl Held {
             )
         };
         result.is_success().then_some(value)
+    }
+
+    /// What `pool` reserves on its device, freed memory it keeps included.
+    pub(crate) fn pool_reserved(&self, pool: CUmemoryPool) -> Option<u64> {
+        let attribute = self.pool_attribute?;
+        let mut value = 0u64;
+        // SAFETY: the attribute is a cuuint64_t written through the pointer;
+        // an invalid pool is refused.
+        let result = unsafe {
+            attribute(
+                pool,
+                CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                (&raw mut value).cast(),
+            )
+        };
+        result.is_success().then_some(value)
+    }
+
+    /// The pool `cuMemAllocAsync` takes from on `device`: its current one.
+    pub(crate) fn current_pool(&self, device: CUdevice) -> Option<CUmemoryPool> {
+        let get = self.device_pool?;
+        let mut pool: CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: a valid out-pointer; an invalid device is refused.
+        let result = unsafe { get(&mut pool, device) };
+        (result.is_success() && !pool.is_null()).then_some(pool)
     }
 
     /// Loads `library` into the current context now, its globals with it,

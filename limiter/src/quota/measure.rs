@@ -126,21 +126,6 @@ impl MemoryQuota {
         }
     }
 
-    /// From now on a pool may keep what is freed into it.
-    pub(crate) fn pools_keep(&self) {
-        self.pools_keep.store(true, Ordering::Relaxed);
-    }
-
-    /// After a stream-ordered free: where pools keep freed memory, the
-    /// next allocation measures the process again.
-    pub(crate) fn freed_into_pool(&self) {
-        if self.pools_keep.load(Ordering::Relaxed) {
-            for unsettled in &self.overhead_unsettled {
-                unsettled.store(true, Ordering::Relaxed);
-            }
-        }
-    }
-
     /// Measures every device measured before again, now: the driver may
     /// hold less.
     pub(crate) fn remeasure(&self, ctx: &'static Context) {

@@ -16,8 +16,10 @@
 //!   the two disagree by its bytes, always on the low side: a measurement
 //!   that overlapped one may only raise the overhead, and the next call
 //!   with none under way measures again.
+//! - A memory pool is charged what the driver says it reserves, freed
+//!   memory it keeps included, not its allocations (see `pools`).
 //! - Memory the driver takes for the process through calls that name no
-//!   size (context limits, modules, graph allocation nodes, pools: see
+//!   size (context limits, modules, graph allocation nodes: see
 //!   `detour::held`) is reserved before the call where its size is known,
 //!   measured right after it, and counted as *pending* while the driver has
 //!   not taken it yet (the malloc heap until the next launch, graph nodes
@@ -47,6 +49,7 @@ use crate::sys::CUdevice;
 mod held;
 mod lazy;
 mod measure;
+mod pools;
 
 pub(crate) use lazy::{FirstUse, LazyLibraries};
 
@@ -139,8 +142,8 @@ pub(crate) struct MemoryQuota {
     /// each exec's part: `(device, bytes, bytes reserved for it)`.
     graph_need: [AtomicU64; MAX_DEVICES],
     graph_execs: Mutex<HashMap<Resource, GraphParts>>,
-    /// A pool keeps freed memory: a free gives back less than its bytes.
-    pools_keep: AtomicBool,
+    /// The pools this process allocates from, charged what they reserve.
+    pools: Mutex<pools::Pools>,
     /// What this process's contexts were measured at when made: the
     /// overhead never counts less while they live, even where allocations
     /// charged in full are not resident yet (managed memory).
@@ -166,7 +169,7 @@ impl MemoryQuota {
             pending_base: [const { AtomicU64::new(0) }; MAX_DEVICES],
             graph_need: [const { AtomicU64::new(0) }; MAX_DEVICES],
             graph_execs: Mutex::new(HashMap::new()),
-            pools_keep: AtomicBool::new(false),
+            pools: Mutex::new(pools::Pools::default()),
             context_floor: [const { AtomicU64::new(0) }; MAX_DEVICES],
             lazy: LazyLibraries::default(),
             eager_loading: std::env::var_os("CUDA_MODULE_LOADING")
@@ -350,9 +353,17 @@ impl MemoryQuota {
         self.measure_overhead(ctx, device, false);
         let (ledger, entry, limit) = self.reservable(ctx, device, bytes)?;
         let change = self.change();
-        ledger
-            .try_reserve_under(entry, bytes, limit)
-            .map_err(|error| refusal(device, error))?;
+        if let Err(error) = ledger.try_reserve_under(entry, bytes, limit) {
+            // Pools may hold less than they are charged (given back at a
+            // synchronisation): charged what they hold, is there room?
+            if !self.has_pools() {
+                return Err(refusal(device, error));
+            }
+            self.settle_pools(ctx);
+            ledger
+                .try_reserve_under(entry, bytes, limit)
+                .map_err(|error| refusal(device, error))?;
+        }
         Ok(Reservation {
             quota: self,
             _change: change,
@@ -410,11 +421,13 @@ impl MemoryQuota {
     }
 
     /// Pod usage of ledger entry `entry` (see [`Context::ledger_entry_of`]),
-    /// after giving back what dead processes held.
+    /// after giving back what dead processes held, this process's pools
+    /// charged what they hold now.
     pub(crate) fn pod_used(&self, ctx: &'static Context, entry: usize) -> u64 {
         let Some(ledger) = ctx.ledger() else {
             return 0;
         };
+        self.settle_pools(ctx);
         self.reclaim_before_report(ledger);
         ledger.usage(entry).map_or(0, |usage| usage.used)
     }

@@ -1,4 +1,4 @@
-"""Checks 28-36, 38 and 39: the quota holds where the CUDA driver takes device
+"""Checks 28-36, 38, 39 and 42: the quota holds where the CUDA driver takes device
 memory without an allocation call of the program (scripts/gpu/implicit_mem.cu).
 
 Each path runs three times: without the limiter, with the 4 GiB quota, and
@@ -48,6 +48,8 @@ PATHS = [
     ("33", "module", "module globals (cuModuleLoad of a 1 GiB __device__ global, until 6 GiB)"),
     ("34", "library", "library globals (cuLibraryLoadFromFile of the same cubin, until 6 GiB)"),
     ("35", "pool", "memory pool keeping 3 GiB freed (release threshold max), then cudaMalloc 3 GiB"),
+    ("42", "custom_pool", "a pool of its own (cudaMemPoolCreate, release threshold max): cudaMallocFromPoolAsync "
+                          "1 GiB at a time, every third freeing one (the pool keeps it), until 6 GiB are live"),
     ("36", "contexts", f"{CONTEXTS} more contexts (cuCtxCreate)"),
     ("38", "lazy_global", "lazily loaded global of the program's own kernels (cudaMalloc "
                           f"{(BYTES - LAZY_GLOBAL) // GiB} GiB, then the first launch of a kernel whose unit has a "
@@ -92,6 +94,8 @@ def expected(path: str) -> str:
         base = "without: op_rc=0 (footprint reported)"
     elif path == "pool":
         base = f"without: op_rc=0, reserved>={mibs(BYTES // 2)}, footprint>={taken_mib(path)}"
+    elif path == "custom_pool":
+        base = f"without: op_rc=0, reserved>={mibs(BYTES)}, footprint>={taken_mib(path)}"
     else:
         base = f"without: op_rc=0, footprint>={taken_mib(path)}"
     return f"{lim}; 60g quota: op_rc as without's; {base}"
@@ -122,7 +126,7 @@ def hold(check, num: str, path: str, mode: str):
 @pytest.mark.parametrize("num,path,label", [
     pytest.param(n, p, label, marks=pytest.mark.check(n), id=f"{n}-{p}") for n, p, label in PATHS])
 def test_implicit(check, num, path, label):
-    """28-36, 38, 39: each path asks the driver for 6 GiB (16 contexts for 36
+    """28-36, 38, 39, 42: each path asks the driver for 6 GiB (16 contexts for 36
     and 39) under the 4 GiB quota: it is refused with out of memory (2), the
     process's footprint read from outside stays within the quota, and the
     process goes on working. Without the limiter the same path takes the
@@ -149,6 +153,8 @@ def test_implicit(check, num, path, label):
     why.need(rc is not None, "no-base-footprint")
     if path == "pool":
         why.need(AtLeast(BYTES // 2).holds(b.kv("reserved")), "base-pool-not-kept")
+    if path == "custom_pool":
+        why.need(AtLeast(BYTES).holds(b.kv("reserved")), "base-pool-reserved<asked")
     if why.need(lfp is not None, "no-footprint"):
         why.need(AtMost(QUOTA_MIB + SLACK_MIB).holds(lfp), "footprint-over-quota")
     if rc is not None:
@@ -165,6 +171,9 @@ def test_implicit(check, num, path, label):
     elif path == "pool":
         extra_b = f" reserved={mibs(b.kv('reserved'))}"
         extra_l = f" reserved={mibs(lm.kv('reserved'))} after_trim_rc={q(lm.kv('after_trim_rc'))}"
+    elif path == "custom_pool":
+        extra_b = f" reserved={mibs(b.kv('reserved'))} allocations={q(b.kv('allocations'))}"
+        extra_l = f" reserved={mibs(lm.kv('reserved'))} allocations={q(lm.kv('allocations'))}"
     elif path in ("module", "library"):
         extra_b, extra_l = f" modules={q(b.kv('modules'))}", f" modules={q(lm.kv('modules'))}"
     row.done(f"fp={q(bfp)}MiB op_rc={q(b.kv('op_rc'))}{extra_b}",

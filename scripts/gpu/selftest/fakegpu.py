@@ -71,7 +71,8 @@ def mem_hold(args):
 #: driver API one (its error names are CUDA_*).
 IMPLICIT = {"graph_node": ("instantiate", False), "graph_capture": ("capture", False), "heap": ("setlimit", False),
             "stack": ("setlimit", False), "printf_fifo": ("setlimit", False), "module": ("load", True),
-            "library": ("load", True), "pool": ("malloc", False), "contexts": ("create", True),
+            "library": ("load", True), "pool": ("malloc", False), "custom_pool": ("alloc", False),
+            "contexts": ("create", True),
             "lazy_global": ("launch", False), "green_contexts": ("create", True)}
 CONTEXT_MIB = 500
 CONTEXTS = 16
@@ -101,6 +102,11 @@ def implicit_mem(args):
         out(stream_rc=0, pool_rc=0, threshold_rc=0, kept_rc=0, reserved=size // 2, malloc_rc=rc, trim_rc=0,
             retried=int(LIMITED), after_trim_rc=0)
         fp += size // 2 // MiB
+    elif path == "custom_pool":  # 1 GiB at a time, every third freeing the one before: what fits is made
+        made, live = (4, 3) if LIMITED else (8, size // GiB)
+        out(stream_rc=0, create_rc=0, threshold_rc=0, allocations=made, live=live * GiB, reserved=live * GiB,
+            used=live * GiB, alloc_rc=rc, sync_rc=0)
+        fp += live * GiB // MiB
     elif path == "green_contexts":  # what fits is made
         green = int(E.get("FAKEGPU_GREEN_MIB", "5"))
         n = min(CONTEXTS, (QUOTA_MIB - CONTEXT_MIB) // green) if LIMITED else CONTEXTS

@@ -20,8 +20,8 @@ GPU = HERE.parent
 PROGRAMS = ["mem_runtime", "mem_runtime_shared", "mem_apis", "mem_hold", "mem_pairs", "mem_bench", "spin",
             "launch_overhead", "implicit_mem", "ipc_share"]
 # the table of scripts/gpu-e2e.sh had 60 rows; oversubscription added 4, the context race 1, implicit 9,
-# frameworks 2, the lazy global and green contexts 2, IPC and VMM imports 2
-ROWS = 80
+# frameworks 2, the lazy global and green contexts 2, IPC and VMM imports 2, a custom pool 1
+ROWS = 81
 
 
 
@@ -78,13 +78,13 @@ def test_every_check_runs(fake_env):
     crashed = [x for x in rows if any(w.startswith("crashed") for w in x["reasons"])]
     assert not crashed, crashed
     assert len(rows) == ROWS + ("0. limiter library present" in names), names
-    for prefix in [f"{n}." for n in range(1, 42) if n not in (17, 22)] + ["17a.", "17b.", "22a.", "22b."]:
+    for prefix in [f"{n}." for n in range(1, 43) if n not in (17, 22)] + ["17a.", "17b.", "22a.", "22b."]:
         assert any(n.startswith(prefix) for n in names), prefix
     by = {x["check"]: x for x in rows}
     # the fakes report what a working limiter gives: these rows pass
     bad = [by[n] for n in names if by[n]["result"] != "PASS" and n.startswith(
         ("1.", "2.", "3.", "4.", "5.", "6.", "7.", "8.", "9.", "11.", "12.", "14.", "21.", "22", "23.", "24.",
-         "25.", "26.", "28.", "29.", "30.", "31.", "32.", "33.", "34.", "35.", "36.", "38.", "39.", "40.", "41."))]
+         "25.", "26.", "28.", "29.", "30.", "31.", "32.", "33.", "34.", "35.", "36.", "38.", "39.", "40.", "41.", "42."))]
     assert not bad, bad
     assert (out / "table.md").read_text().splitlines()[0].startswith("| check | without limiter |")
     assert {p.name for p in out.iterdir()} == {"table.md", "results.json", "e2e.log", "e2e-logs.tar.gz"}

@@ -5,7 +5,7 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-use super::ops::{self, Effect};
+use super::ops;
 use crate::error::{Pass, Result};
 use crate::image;
 use crate::sys::{
@@ -98,7 +98,7 @@ gpushare_macros::detours! {
     /// Gives the device's unused graph memory back.
     optional fn cuDeviceGraphMemTrim(device: CUdevice) -> CUresult => graph_mem_trim;
 
-    /// A pool's release threshold decides what it keeps after frees.
+    /// A pool's release threshold decides what it keeps at synchronisations.
     optional fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: c_int, setting: *mut c_void) -> CUresult
         => mem_pool_set_attribute;
     /// Gives a pool's unused memory back.
@@ -322,7 +322,7 @@ fn graph_exec_destroy(
 
 fn graph_mem_trim(original: cuDeviceGraphMemTrim::Signature, device: CUdevice) -> Result<CUresult> {
     // SAFETY: the caller's own argument.
-    ops::held()?.release(Effect::Returned, || unsafe { original(device) })
+    ops::held()?.release(|| unsafe { original(device) })
 }
 
 fn mem_pool_set_attribute(
@@ -332,17 +332,7 @@ fn mem_pool_set_attribute(
     setting: *mut c_void,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    let result = || unsafe { original(pool, attribute, setting) };
-    let keeps = attribute == crate::sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
-        && !setting.is_null()
-        // SAFETY: the release threshold is a cuuint64_t the caller passes by pointer.
-        && unsafe { setting.cast::<u64>().read_unaligned() } > 0;
-    let effect = if keeps {
-        Effect::PoolsKeep
-    } else {
-        Effect::Returned
-    };
-    ops::held()?.release(effect, result)
+    ops::held()?.pool_changed(pool, || unsafe { original(pool, attribute, setting) })
 }
 
 fn mem_pool_trim_to(
@@ -351,12 +341,22 @@ fn mem_pool_trim_to(
     min_bytes_to_keep: usize,
 ) -> Result<CUresult> {
     // SAFETY: the caller's own arguments.
-    ops::held()?.release(Effect::Returned, || unsafe {
-        original(pool, min_bytes_to_keep)
-    })
+    ops::held()?.pool_changed(pool, || unsafe { original(pool, min_bytes_to_keep) })
 }
 
 fn mem_pool_destroy(original: cuMemPoolDestroy::Signature, pool: CUmemoryPool) -> Result<CUresult> {
     // SAFETY: the caller's own argument.
-    ops::held()?.release(Effect::Returned, || unsafe { original(pool) })
+    ops::held()?.destroy_pool(pool, || unsafe { original(pool) })
+}
+
+/// Gives back what `pool` keeps unused (`cuMemPoolTrimTo(pool, 0)`, the
+/// original), for an allocation from it that the quota refuses.
+pub(crate) fn trim_unused(pool: CUmemoryPool) {
+    if let Some(trim) = cuMemPoolTrimTo::ORIGINAL.get() {
+        // SAFETY: a pool the caller allocates from; keeping nothing unused.
+        let result = unsafe { trim(pool, 0) };
+        if !result.is_success() {
+            tracing::debug!(?result, "a pool could not be trimmed");
+        }
+    }
 }

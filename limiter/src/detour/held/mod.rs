@@ -5,7 +5,7 @@
 mod hooks;
 mod ops;
 
-pub(crate) use hooks::HELD_DETOURS;
+pub(crate) use hooks::{HELD_DETOURS, trim_unused};
 
 /// The first launch of `handle` (a launch detour's check): see
 /// [`ops::Held::first_launch`].

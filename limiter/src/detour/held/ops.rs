@@ -17,8 +17,9 @@
 //!   its kernels, a kernel's function, a module or global lookup) reserves
 //!   that before the driver takes it, or is refused;
 //! - the printf FIFO takes no device memory: measured, nothing charged;
-//! - pools with a release threshold keep freed memory: after that, every
-//!   free measures the process again at the next allocation;
+//! - pools are charged what the driver says they reserve (see
+//!   `quota::pools`): a trim, a threshold set or a pool destroyed settles
+//!   their charge;
 //! - calls that give memory back (unload, destroy, trims) measure again.
 //!
 //! Refusals return `CUDA_ERROR_OUT_OF_MEMORY` and leave the process as it
@@ -32,17 +33,8 @@ use crate::grant::Grant;
 use crate::quota::{FirstUse, MemoryQuota, Resource};
 use crate::sys::{
     CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_STACK_SIZE, CUgraph, CUkernel,
-    CUlibrary, CUlimit, CUresult,
+    CUlibrary, CUlimit, CUmemoryPool, CUresult,
 };
-
-/// What a call that gives memory back changed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Effect {
-    /// The driver may hold less now: measure again.
-    Returned,
-    /// A pool keeps freed memory from now on: frees measure again too.
-    PoolsKeep,
-}
 
 /// The quota and the context it answers in.
 #[derive(Clone, Copy)]
@@ -99,7 +91,7 @@ impl Held {
         // Unknown: the whole new value is counted as growth.
         let old = driver.held.limit(limit).unwrap_or(0);
         if value <= old {
-            return self.release(Effect::Returned, || set(value));
+            return self.release(|| set(value));
         }
         let growth = (value - old) as u64;
         let quota = self.quota;
@@ -301,7 +293,7 @@ impl Held {
         library: CUlibrary,
         op: impl FnOnce() -> CUresult,
     ) -> Result<CUresult> {
-        let result = self.release(Effect::Returned, op)?;
+        let result = self.release(op)?;
         if result.is_success() {
             self.quota.lazy.unregister(library as usize);
         }
@@ -311,7 +303,7 @@ impl Held {
     /// Unloads a module: its globals come back, and its functions' handles
     /// may name another's functions from now on.
     pub(super) fn unload_module(self, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
-        let result = self.release(Effect::Returned, op)?;
+        let result = self.release(op)?;
         if result.is_success() {
             self.quota.lazy.forget_checked();
         }
@@ -319,12 +311,39 @@ impl Held {
     }
 
     /// A call that may give memory back, run by `op`.
-    pub(super) fn release(self, effect: Effect, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
+    pub(super) fn release(self, op: impl FnOnce() -> CUresult) -> Result<CUresult> {
         let result = op();
         if result.is_success() {
-            if effect == Effect::PoolsKeep {
-                self.quota.pools_keep();
-            }
+            self.quota.remeasure(self.ctx);
+        }
+        Ok(result)
+    }
+
+    /// A call that may change what `pool` holds (a trim, an attribute):
+    /// its charge follows.
+    pub(super) fn pool_changed(
+        self,
+        pool: CUmemoryPool,
+        op: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
+        let result = op();
+        if result.is_success() {
+            self.quota.settle_pool(self.ctx, pool);
+            self.quota.remeasure(self.ctx);
+        }
+        Ok(result)
+    }
+
+    /// Destroys `pool`: what it keeps comes back, its live allocations stay
+    /// charged until freed.
+    pub(super) fn destroy_pool(
+        self,
+        pool: CUmemoryPool,
+        destroy: impl FnOnce() -> CUresult,
+    ) -> Result<CUresult> {
+        let result = destroy();
+        if result.is_success() {
+            self.quota.end_pool(self.ctx, pool);
             self.quota.remeasure(self.ctx);
         }
         Ok(result)

@@ -158,7 +158,12 @@ fn mem_alloc_async<const PER_THREAD: bool>(
     captured(stream)?;
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(dptr, bytesize, stream) };
-    pointer_allocation(dptr, bytesize, allocate)
+    // Without the device's current pool (a driver that cannot say), the
+    // allocation is charged on its own.
+    match memory()?.current_pool() {
+        Some(pool) => pooled_allocation(dptr, bytesize, pool, allocate),
+        None => pointer_allocation(dptr, bytesize, allocate),
+    }
 }
 
 fn mem_alloc_from_pool<const PER_THREAD: bool>(
@@ -171,7 +176,32 @@ fn mem_alloc_from_pool<const PER_THREAD: bool>(
     captured(stream)?;
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(dptr, bytesize, pool, stream) };
-    pointer_allocation(dptr, bytesize, allocate)
+    pooled_allocation(dptr, bytesize, pool, allocate)
+}
+
+/// Stream-ordered memory from `pool`, returned through `dptr`: charged as
+/// the pool's reservation, or past the quota the host memory it was
+/// spilled to.
+fn pooled_allocation(
+    dptr: *mut CUdeviceptr,
+    bytesize: usize,
+    pool: CUmemoryPool,
+    allocate: impl FnMut() -> CUresult,
+) -> Result<CUresult> {
+    if dptr.is_null() {
+        return Err(LimiterError::Bypass(Pass::NullOutPointer));
+    }
+    // SAFETY: dptr is non-null, and written by the call that succeeded.
+    let made = || unsafe { dptr.read() };
+    let trim = || crate::detour::held::trim_unused(pool);
+    match memory()?.allocate_pooled(pool, bytesize as u64, allocate, made, trim)? {
+        Served::Device(result) => Ok(result),
+        Served::Host(pointer) => {
+            // SAFETY: dptr is non-null, valid for writes (the caller's out-pointer).
+            unsafe { dptr.write(pointer) };
+            Ok(CUresult::SUCCESS)
+        }
+    }
 }
 
 /// A stream-ordered allocation into a graph being captured takes nothing
@@ -341,20 +371,15 @@ fn mem_free(original: cuMemFree_v2::Signature, dptr: CUdeviceptr) -> Result<CUre
     memory()?.free_linear(dptr, false, || unsafe { original(dptr) })
 }
 
-/// Credited when enqueued: the pool gives it back by the next synchronisation.
+/// A pool's allocation: its pool's charge follows what it reserves.
 fn mem_free_async<const PER_THREAD: bool>(
     original: cuMemFreeAsync::Signature,
     dptr: CUdeviceptr,
     stream: CUstream,
 ) -> Result<CUresult> {
-    let memory = memory()?;
     // SAFETY: the caller's own arguments.
     let free = || unsafe { original(dptr, stream) };
-    let result = memory.free_linear(dptr, true, free);
-    if matches!(result, Ok(CUresult::SUCCESS)) {
-        memory.quota.freed_into_pool();
-    }
-    result
+    memory()?.free_linear(dptr, true, free)
 }
 
 fn mem_release(

@@ -15,7 +15,8 @@ use crate::quota::{MemoryQuota, Reservation, Resource};
 use crate::spill::Spill;
 use crate::sys::{
     CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_DESCRIPTOR,
-    CUDA_ARRAY3D_LAYERED, CUarray_format, CUdevice, CUdeviceptr, CUmemAllocationProp, CUresult,
+    CUDA_ARRAY3D_LAYERED, CUarray_format, CUdevice, CUdeviceptr, CUmemAllocationProp, CUmemoryPool,
+    CUresult,
 };
 
 /// The quota, the oversubscription policy, and the context they answer in.
@@ -184,6 +185,44 @@ impl Memory {
         }
     }
 
+    /// Stream-ordered memory from `pool` on the current device: charged as
+    /// the pool's reservation (see `quota::pools`), the whole size reserved
+    /// first. Past the quota the pool gives back what it keeps unused
+    /// (`trim`) and the allocation is tried once more; then it is served
+    /// from host memory when the pod may spill there. `made`: the pointer,
+    /// once the driver allocated.
+    pub(super) fn allocate_pooled(
+        self,
+        pool: CUmemoryPool,
+        bytes: u64,
+        mut allocate: impl FnMut() -> CUresult,
+        made: impl FnOnce() -> CUdeviceptr,
+        trim: impl FnOnce(),
+    ) -> Result<Served> {
+        let device = self.limited_device(Placement::Current)?;
+        if bytes == 0 {
+            return Err(LimiterError::Bypass(Pass::EmptyAllocation));
+        }
+        self.quota.settle_pool(self.ctx, pool);
+        let outcome = match self.reserve_and_allocate(device, bytes, &mut allocate) {
+            Err(LimiterError::OverQuota { .. }) => {
+                trim();
+                self.quota.settle_pool(self.ctx, pool);
+                self.reserve_and_allocate(device, bytes, &mut allocate)
+            }
+            outcome => outcome,
+        };
+        match outcome {
+            Ok((result, Some(reservation))) => {
+                self.quota
+                    .commit_to_pool(self.ctx, reservation, pool, made());
+                Ok(Served::Device(result))
+            }
+            Ok((result, None)) => Ok(Served::Device(result)),
+            Err(over) => self.serve_from_host(over, bytes).map(Served::Host),
+        }
+    }
+
     /// Memory that must stay on the device ([`Self::allocate`]); past the
     /// quota it is refused, the reason logged when the pod opted in.
     pub(super) fn allocate_on_device(
@@ -295,6 +334,14 @@ impl Memory {
         if let Some(freed) = self.spill.free(self.ctx, pointer, ordered) {
             return Ok(freed);
         }
+        if let Some(pool) = self.quota.pool_of(pointer) {
+            // Charged as its pool's: the pool may hold less once it is freed.
+            let result = free();
+            if result.is_success() {
+                self.quota.freed_from_pool(self.ctx, pointer, pool);
+            }
+            return Ok(result);
+        }
         self.free(Resource::Pointer(pointer), free)
     }
 
@@ -316,6 +363,12 @@ impl Memory {
             self.quota.restore(resource, charge);
         }
         Ok(result)
+    }
+
+    /// The pool `cuMemAllocAsync` takes from on the current device.
+    pub(super) fn current_pool(self) -> Option<CUmemoryPool> {
+        let driver = self.ctx.driver()?;
+        driver.held.current_pool(driver.current_device().ok()?)
     }
 
     /// `(free, total)` of the current device as the pod sees it, from the
