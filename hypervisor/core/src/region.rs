@@ -312,7 +312,12 @@ impl PodRegion {
         self.ledger.last_call_ms()
     }
 
-    /// Pids of the pod's registered processes that this daemon can see.
+    /// The ledger's file: a process that maps it is one of the pod's.
+    pub fn ledger_file(&self) -> gpushare_utils::process::FileId {
+        self.ledger.file()
+    }
+
+    /// Pids of the pod's processes that this daemon can see, as the pod wrote them.
     pub fn pids(&self) -> Vec<u32> {
         self.ledger
             .pids_in_own_namespace()

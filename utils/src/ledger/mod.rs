@@ -160,6 +160,13 @@ impl PodLedger {
         &self.name
     }
 
+    /// The region's file, by device and inode: every process of the pod
+    /// maps this very file, which is how another process is proven one of
+    /// them ([`crate::process::maps_file`]).
+    pub fn file(&self) -> crate::process::FileId {
+        self.map._map.file()
+    }
+
     /// Whether the region was shrunk under this process ([`crate::shm`]):
     /// then nothing it reads can be trusted.
     pub fn is_shrunk(&self) -> bool {
