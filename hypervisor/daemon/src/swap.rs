@@ -22,6 +22,7 @@ use hypervisor_swap::{
 
 use crate::{Hypervisor, lock};
 
+mod held;
 mod relocate;
 
 pub use relocate::{DrainReport, MoveAnswer};
@@ -44,6 +45,8 @@ pub(crate) struct Swapper {
     /// Pods' GPUs are given by Kubernetes (a DRA allocation, or a device
     /// plugin's device files, names each): pods swap, never move.
     pinned: AtomicBool,
+    /// The pids pods named that are not theirs, logged once.
+    pub(crate) unproven: crate::processes::Unproven,
 }
 
 /// Why a swap was not done.
@@ -207,7 +210,10 @@ impl Hypervisor {
         if region.residency() == Residency::Swapped {
             return Ok(0);
         }
-        let bytes = view.bytes();
+        // What the processes really hold, by the driver: a pod's ledger
+        // may add to it, never lower it below what the host must take.
+        let pids = self.pids_of(&view.pod).await;
+        let bytes = self.held_bytes(view, &pids).await;
         let limit = self.core().settings.swap.host_limit;
         let on_host = self.swap_board().totals().bytes_on_host;
         if on_host.saturating_add(bytes) > limit {
@@ -217,7 +223,6 @@ impl Hypervisor {
                 bytes,
             });
         }
-        let pids = self.pids_of(&view.pod).await;
         let driver = self.checkpoint_driver().await?;
         let board = self.swap_board();
         let quiet = match wait {
@@ -370,51 +375,6 @@ impl Hypervisor {
         }
         tracing::info!(gpu = uuid, need, freed, for_pod = asker, "room made");
         freed
-    }
-
-    /// The pod's processes, by the daemon's pids: its registered workers'
-    /// (an adopted worker's found again through the identity check) and the
-    /// processes of its ledger in the daemon's namespace, the daemon's own
-    /// slot there excepted.
-    async fn pids_of(&self, pod: &str) -> Vec<u32> {
-        let (mut pids, unresolved, region) = {
-            let core = self.core();
-            let mut pids = Vec::new();
-            let mut unresolved = Vec::new();
-            for id in core.workers.of_pod(pod) {
-                let Some(worker) = core.workers.get(&id) else {
-                    continue;
-                };
-                match worker.host_pid {
-                    Some(pid) => pids.push(pid),
-                    None => unresolved.push((worker.pod.clone(), worker.pid)),
-                }
-            }
-            (
-                pids,
-                unresolved,
-                core.scheduler.swap_view(pod).map(|v| v.region),
-            )
-        };
-        let identity = self.shared.identity.get().cloned();
-        let found = tokio::task::spawn_blocking(move || {
-            let mut found: Vec<u32> = region.map(|r| r.pids()).unwrap_or_default();
-            for (pod, pid) in unresolved {
-                match &identity {
-                    Some(identity) => found.extend(identity.verify(&pod, pid).ok()),
-                    None => found.push(pid),
-                }
-            }
-            found
-        })
-        .await
-        .unwrap_or_default();
-        pids.extend(found);
-        // The daemon holds a slot in every pod's ledger itself.
-        pids.retain(|&pid| pid != std::process::id());
-        pids.sort_unstable();
-        pids.dedup();
-        pids
     }
 
     async fn checkpoint_driver(&self) -> Result<Arc<CheckpointDriver>, SwapRefusal> {
