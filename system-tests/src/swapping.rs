@@ -1,12 +1,17 @@
 //! Support for the tests of swap and move under a real daemon and the
 //! driver double's checkpoint API: the folder of the double's control
-//! blocks, a probe run in steps, what a control block says, and the admin
-//! commands of the CLI.
+//! blocks, a probe run in steps, what a control block says (and what the
+//! double's processes hold on each GPU, as NVML would list them), the
+//! admin commands of the CLI, and a pod's own requests to the daemon.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+use gpushare_utils::ledger::PodLedger;
 
 use crate::RunningNode;
 use crate::artifacts;
@@ -140,6 +145,100 @@ pub fn control_block(pid: u32) -> ControlBlock {
         device_bytes: u64_at(24),
         gpu: u32_at(152),
     }
+}
+
+/// What the double's live processes hold on its GPU `gpu` (NVML's index),
+/// by pid, as NVML lists a GPU's compute processes: each process with a
+/// control block, by the device memory its CUDA devices on that GPU hold
+/// (nothing while it is checkpointed).
+pub fn processes_on(gpu: u32) -> Vec<(u32, u64)> {
+    let Ok(entries) = std::fs::read_dir(checkpoint_dir()) else {
+        return Vec::new();
+    };
+    let mut held = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(bytes) = std::fs::read(entry.path()) else {
+            continue;
+        };
+        if bytes.len() < 364 || &bytes[..8] != b"GSDCKPT1" {
+            continue;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let pid = u32_at(216);
+        let alive = i32::try_from(pid)
+            .is_ok_and(|pid| !gpushare_utils::process::process_is_gone(pid, u64_at(224)));
+        let on_gpu: u64 = (0..u32_at(360).min(16) as usize)
+            .filter(|&ordinal| u32_at(152 + 4 * ordinal) == gpu)
+            .map(|ordinal| u64_at(24 + 8 * ordinal))
+            .sum();
+        if alive && on_gpu > 0 {
+            held.push((pid, on_gpu));
+        }
+    }
+    held
+}
+
+/// Writes `pid` into a free process slot of `pod`'s ledger, as any process
+/// of the pod may (the ledger is the pod's to write): the daemon then finds
+/// it among the pids the pod names. The slot says it is of this process's
+/// pid namespace, and started when `pid` did, so nothing reclaims it.
+pub fn name_in_ledger(pod: &Pod, pid: u32) {
+    let ledger = PodLedger::open(&pod.0).expect("the pod's ledger");
+    let start_time = gpushare_utils::process::read_proc_stat(&format!("/proc/{pid}/stat"))
+        .map_or(0, |stat| stat.start_time);
+    let pid = i32::try_from(pid).expect("a pid");
+    let slot = ledger
+        .region()
+        .processes
+        .iter()
+        .find(|slot| {
+            slot.pid
+                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+        .expect("a free slot");
+    slot.pid_ns
+        .store(gpushare_utils::process::own_pid_ns(), Ordering::Release);
+    slot.start_time.store(start_time, Ordering::Release);
+}
+
+/// Writes `bytes` as what `pod`'s processes hold on the GPU `uuid` in its
+/// ledger, as any process of the pod may.
+pub fn write_ledger_usage(pod: &Pod, uuid: &str, bytes: u64) {
+    let ledger = PodLedger::open(&pod.0).expect("the pod's ledger");
+    let entry = ledger.device_for(uuid).expect("the GPU's entry");
+    ledger.region().devices[entry]
+        .used
+        .store(bytes, Ordering::Release);
+}
+
+/// `POST /api/v1/<path>` with `body` and the bearer `token` to the daemon
+/// at `url`, as a pod's process may send it: the status and the body.
+pub fn post(url: &str, path: &str, token: &str, body: &str) -> (u16, String) {
+    let address = url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(address).expect("daemon listens");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        stream,
+        "POST /api/v1/{path} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("request");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or(String::new(), |(_, body)| body.to_owned());
+    (status, body)
 }
 
 /// `hypervisor ARGS --addr <node>` with the admin token: its exit status

@@ -4,7 +4,8 @@
 //! its quota and usage there; a reload and a restarted daemon keep it
 //! where it was moved; a drain moves every pod off a GPU, or swaps it out
 //! where Kubernetes placed it, and a GPU that reports an XID is drained by
-//! itself; what cannot move is refused with the reason.
+//! itself; what cannot move is refused with the reason. A process of the
+//! pod that exited holds up none of these.
 
 use std::sync::Arc;
 
@@ -333,5 +334,29 @@ fn a_gpu_that_reports_an_xid_is_drained_by_itself() {
     // Nothing goes to the unhealthy GPU.
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "0"]);
     assert!(!ok && answer.contains("unhealthy (xid-79)"), "{answer}");
+    resumed_and_allocated(running);
+}
+
+#[test]
+fn an_exited_process_of_the_pod_holds_up_no_move_drain_or_swap() {
+    let (pod, node, running) = pod_waiting("move-exited", &[], ONE_GIB_THEN_MORE);
+    // A second process of the pod registers, then dies; its worker stays
+    // registered until its silence passes the channel's TTL.
+    let mut exited = Running::start(&pod, &node.url(), &[TWO_GPUS], ONE_GIB_THEN_MORE);
+    exited.until_ready();
+    exited.child.kill().expect("kill the probe");
+    let _ = exited.child.wait();
+
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    assert!(ok, "{answer}");
+    assert_eq!(control_block(running.pid()).gpu, 1);
+    let (ok, answer) = admin_cli(&node, &["drain", "1"]);
+    assert!(ok, "{answer}");
+    let report: serde_json::Value = serde_json::from_str(answer.trim()).expect("JSON");
+    assert_eq!(report["moved"][0]["pod"], pod.0.as_str(), "{report}");
+    assert_eq!(control_block(running.pid()).gpu, 0);
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    assert_eq!(control_block(running.pid()).state, 2);
     resumed_and_allocated(running);
 }
