@@ -66,8 +66,10 @@ pub fn process_is_gone(pid: i32, start_time: u64) -> bool {
     }
 }
 
-/// A file as the kernel tells it apart from every other: its device and
-/// inode, whatever name or mount it is reached by.
+/// A file as `/proc/<pid>/maps` tells it apart from every other: its
+/// device and inode, whatever name or mount it is reached by. Taken from a
+/// maps line, never from `stat`, whose device number may differ (btrfs
+/// subvolumes, overlay).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileId {
     /// The device's major number.
@@ -79,15 +81,6 @@ pub struct FileId {
 }
 
 impl FileId {
-    /// The file an `fstat` (or `stat`) describes.
-    pub fn of_stat(stat: &libc::stat) -> Self {
-        Self {
-            major: libc::major(stat.st_dev),
-            minor: libc::minor(stat.st_dev),
-            ino: stat.st_ino,
-        }
-    }
-
     /// The file a line of `/proc/<pid>/maps` maps (`start-end perms offset
     /// major:minor inode [path]`, the device in hexadecimal); `None` for an
     /// anonymous mapping or a line it cannot read.
@@ -114,6 +107,29 @@ pub fn maps_file(pid: u32, file: FileId) -> bool {
 /// The files process `pid` maps ([`maps_file`]), each once.
 pub fn mapped_files(pid: u32) -> HashSet<FileId> {
     mappings(pid).map(Iterator::collect).unwrap_or_default()
+}
+
+/// The file this process maps at `address`, from its own
+/// `/proc/self/maps`; `None` for an anonymous mapping, or where `/proc`
+/// cannot tell.
+pub fn mapped_at(address: usize) -> Option<FileId> {
+    let maps = std::fs::File::open("/proc/self/maps").ok()?;
+    io::BufReader::new(maps)
+        .lines()
+        .map_while(Result::ok)
+        .find(|line| {
+            line.split(' ')
+                .next()
+                .and_then(|range| range.split_once('-'))
+                .and_then(|(start, end)| {
+                    Some((
+                        usize::from_str_radix(start, 16).ok()?,
+                        usize::from_str_radix(end, 16).ok()?,
+                    ))
+                })
+                .is_some_and(|(start, end)| (start..end).contains(&address))
+        })
+        .and_then(|line| FileId::of_maps_line(&line))
 }
 
 /// The files of `/proc/<pid>/maps`, line by line; `None` where it cannot
@@ -152,23 +168,16 @@ mod tests {
     }
 
     #[test]
-    fn this_process_maps_its_own_mapping_and_no_other_process_does() {
+    fn a_mapping_of_this_process_is_found_by_its_address_and_in_its_maps() {
         let dir = crate::test_dir::Dir::new("maps");
         let path = dir.0.join("mapped");
-        std::fs::write(&path, [0u8; 4096]).expect("write");
+        std::fs::write(&path, [0u8; 8192]).expect("write");
         let file = std::fs::File::open(&path).expect("open");
-        let meta = file.metadata().expect("stat");
-        let id = FileId {
-            major: libc::major(meta.dev()),
-            minor: libc::minor(meta.dev()),
-            ino: meta.ino(),
-        };
-        assert!(!maps_file(std::process::id(), id), "not mapped yet");
         // SAFETY: a fresh private read-only mapping of an open file.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                4096,
+                8192,
                 libc::PROT_READ,
                 libc::MAP_PRIVATE,
                 std::os::fd::AsRawFd::as_raw_fd(&file),
@@ -176,10 +185,15 @@ mod tests {
             )
         };
         assert_ne!(base, libc::MAP_FAILED);
+        let id = mapped_at(base as usize + 4096).expect("mapped");
+        assert_eq!(id.ino, file.metadata().expect("stat").ino());
         assert!(maps_file(std::process::id(), id));
         assert!(mapped_files(std::process::id()).contains(&id));
         assert!(!maps_file(0, id));
         // SAFETY: the mapping made above, unused from here on.
-        unsafe { libc::munmap(base, 4096) };
+        unsafe { libc::munmap(base, 8192) };
+        assert!(!maps_file(std::process::id(), id), "unmapped");
+        let stack = 0u8;
+        assert_eq!(mapped_at(&raw const stack as usize), None, "anonymous");
     }
 }

@@ -313,7 +313,7 @@ impl PodRegion {
     }
 
     /// The ledger's file: a process that maps it is one of the pod's.
-    pub fn ledger_file(&self) -> gpushare_utils::process::FileId {
+    pub fn ledger_file(&self) -> Option<gpushare_utils::process::FileId> {
         self.ledger.file()
     }
 

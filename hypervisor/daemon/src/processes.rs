@@ -102,10 +102,11 @@ impl Hypervisor {
                     None => named.push(pid),
                 }
             }
+            // Where the daemon cannot tell its own mapping, nothing is proven.
             let ledger = region.ledger_file();
-            named
-                .into_iter()
-                .partition::<BTreeSet<u32>, _>(|&pid| is_limited_process(ledger, pid))
+            named.into_iter().partition::<BTreeSet<u32>, _>(|&pid| {
+                ledger.is_some_and(|ledger| is_limited_process(ledger, pid))
+            })
         })
         .await;
         match proved {
@@ -149,9 +150,9 @@ impl Hypervisor {
             let mut others = Vec::new();
             for view in core.scheduler.swap_views() {
                 if view.pod == pod.as_str() {
-                    own = Some(view.region.ledger_file());
+                    own = view.region.ledger_file();
                 } else {
-                    others.push(view.region.ledger_file());
+                    others.extend(view.region.ledger_file());
                 }
             }
             (own, others)
@@ -165,7 +166,8 @@ impl Hypervisor {
                     .map_err(|error| error.to_string())?,
                 None => pid,
             };
-            // A pod whose objects could not be made yet has no ledger.
+            // A pod whose objects could not be made yet has no ledger (nor
+            // one whose mapping `/proc` does not show).
             if own.is_some_and(|own| is_anothers(host_pid, own, &others)) {
                 return Err(format!(
                     "process {host_pid} is another pod's, not one of pod {pod}'s"

@@ -160,10 +160,11 @@ impl PodLedger {
         &self.name
     }
 
-    /// The region's file, by device and inode: every process of the pod
-    /// maps this very file, which is how another process is proven one of
-    /// them ([`crate::process::maps_file`]).
-    pub fn file(&self) -> crate::process::FileId {
+    /// The region's file, as `/proc/<pid>/maps` lists it: every process of
+    /// the pod maps this very file, which is how another process is proven
+    /// one of them ([`crate::process::maps_file`]); `None` where `/proc`
+    /// cannot tell.
+    pub fn file(&self) -> Option<crate::process::FileId> {
         self.map._map.file()
     }
 

@@ -25,8 +25,6 @@ use std::ffi::CString;
 use std::io;
 use std::ptr::NonNull;
 
-use crate::process::FileId;
-
 /// Which uids may own an object we open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trust {
@@ -222,9 +220,6 @@ pub enum Origin {
 pub struct Mapping {
     base: NonNull<u8>,
     len: usize,
-    /// The object mapped, by device and inode (`fstat` of the descriptor
-    /// it was mapped from): whoever else maps it maps this very file.
-    file: FileId,
     /// Released before the pages are unmapped.
     guard: Option<guard::Guarded>,
 }
@@ -250,10 +245,11 @@ impl Mapping {
         self.len == 0
     }
 
-    /// The object mapped, by device and inode, as the kernel lists it in
-    /// the `/proc/<pid>/maps` of every process that maps it.
-    pub fn file(&self) -> FileId {
-        self.file
+    /// The object mapped, as the kernel lists it in this process's
+    /// `/proc/self/maps`, and so in the maps of every process that maps the
+    /// same file; `None` where `/proc` cannot tell.
+    pub fn file(&self) -> Option<crate::process::FileId> {
+        crate::process::mapped_at(self.base.as_ptr() as usize)
     }
 
     /// Whether the object was shrunk under this mapping: a touched page past
@@ -425,13 +421,6 @@ pub fn unlink(name: &str) -> io::Result<()> {
 }
 
 fn map(fd: &Fd, len: usize, writable: bool) -> io::Result<Mapping> {
-    // SAFETY: an all-zero stat is a valid out-buffer.
-    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: our descriptor and a valid out-pointer.
-    if unsafe { libc::fstat(fd.0, &mut stat) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let file = FileId::of_stat(&stat);
     let prot = if writable {
         libc::PROT_READ | libc::PROT_WRITE
     } else {
@@ -449,7 +438,6 @@ fn map(fd: &Fd, len: usize, writable: bool) -> io::Result<Mapping> {
         Some(guard) => Ok(Mapping {
             base,
             len,
-            file,
             guard: Some(guard),
         }),
         None => {
