@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError};
+use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
 
 use crate::RunningNode;
 use crate::pod::{Pod, node_tables};
@@ -27,6 +27,24 @@ impl GpuObserver for DoubleGpus {
                 memory_total: 16 * GIB,
                 memory_used: 0,
             })
+            .collect())
+    }
+}
+
+/// The driver double's first `.0` GPUs as [`DoubleGpus`], with the device
+/// memory each of the double's processes holds there, as NVML attributes
+/// it to processes ([`crate::swapping::processes_on`]).
+pub struct ProcessGpus(pub u8);
+
+impl GpuObserver for ProcessGpus {
+    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
+        DoubleGpus(self.0).gpus()
+    }
+
+    fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
+        Ok(crate::swapping::processes_on(index)
+            .into_iter()
+            .map(|(pid, bytes)| ProcessMemory { pid, bytes })
             .collect())
     }
 }

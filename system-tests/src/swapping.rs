@@ -1,13 +1,17 @@
 //! Support for the tests of swap and move under a real daemon and the
 //! driver double's checkpoint API: the folder of the double's control
-//! blocks, a probe run in steps, what a control block says, the admin
-//! commands of the CLI, and a pod's own requests to the daemon.
+//! blocks, a probe run in steps, what a control block says (and what the
+//! double's processes hold on each GPU, as NVML would list them), the
+//! admin commands of the CLI, and a pod's own requests to the daemon.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+use gpushare_utils::ledger::PodLedger;
 
 use crate::RunningNode;
 use crate::artifacts;
@@ -141,6 +145,72 @@ pub fn control_block(pid: u32) -> ControlBlock {
         device_bytes: u64_at(24),
         gpu: u32_at(152),
     }
+}
+
+/// What the double's live processes hold on its GPU `gpu` (NVML's index),
+/// by pid, as NVML lists a GPU's compute processes: each process with a
+/// control block, by the device memory its CUDA devices on that GPU hold
+/// (nothing while it is checkpointed).
+pub fn processes_on(gpu: u32) -> Vec<(u32, u64)> {
+    let Ok(entries) = std::fs::read_dir(checkpoint_dir()) else {
+        return Vec::new();
+    };
+    let mut held = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(bytes) = std::fs::read(entry.path()) else {
+            continue;
+        };
+        if bytes.len() < 364 || &bytes[..8] != b"GSDCKPT1" {
+            continue;
+        }
+        let u32_at = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"));
+        let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
+        let pid = u32_at(216);
+        let alive = i32::try_from(pid)
+            .is_ok_and(|pid| !gpushare_utils::process::process_is_gone(pid, u64_at(224)));
+        let on_gpu: u64 = (0..u32_at(360).min(16) as usize)
+            .filter(|&ordinal| u32_at(152 + 4 * ordinal) == gpu)
+            .map(|ordinal| u64_at(24 + 8 * ordinal))
+            .sum();
+        if alive && on_gpu > 0 {
+            held.push((pid, on_gpu));
+        }
+    }
+    held
+}
+
+/// Writes `pid` into a free process slot of `pod`'s ledger, as any process
+/// of the pod may (the ledger is the pod's to write): the daemon then finds
+/// it among the pids the pod names. The slot says it is of this process's
+/// pid namespace, and started when `pid` did, so nothing reclaims it.
+pub fn name_in_ledger(pod: &Pod, pid: u32) {
+    let ledger = PodLedger::open(&pod.0).expect("the pod's ledger");
+    let start_time = gpushare_utils::process::read_proc_stat(&format!("/proc/{pid}/stat"))
+        .map_or(0, |stat| stat.start_time);
+    let pid = i32::try_from(pid).expect("a pid");
+    let slot = ledger
+        .region()
+        .processes
+        .iter()
+        .find(|slot| {
+            slot.pid
+                .compare_exchange(0, pid, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })
+        .expect("a free slot");
+    slot.pid_ns
+        .store(gpushare_utils::process::own_pid_ns(), Ordering::Release);
+    slot.start_time.store(start_time, Ordering::Release);
+}
+
+/// Writes `bytes` as what `pod`'s processes hold on the GPU `uuid` in its
+/// ledger, as any process of the pod may.
+pub fn write_ledger_usage(pod: &Pod, uuid: &str, bytes: u64) {
+    let ledger = PodLedger::open(&pod.0).expect("the pod's ledger");
+    let entry = ledger.device_for(uuid).expect("the GPU's entry");
+    ledger.region().devices[entry]
+        .used
+        .store(bytes, Ordering::Release);
 }
 
 /// `hypervisor ARGS --addr <node>` with the admin token: its exit status

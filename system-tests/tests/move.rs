@@ -4,7 +4,8 @@
 //! its quota and usage there; a reload and a restarted daemon keep it
 //! where it was moved; a drain moves every pod off a GPU, or swaps it out
 //! where Kubernetes placed it, and a GPU that reports an XID is drained by
-//! itself; what cannot move is refused with the reason.
+//! itself; what cannot move is refused with the reason. A process of the
+//! pod that exited holds up none of these.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -430,4 +431,28 @@ fn a_room_wait_that_ends_mid_swap_leaves_the_pod_whole_and_a_move_takes_its_proc
     assert!(rest[2].contains("-> 0 "), "its allocations work: {rest:?}");
     let (rest, status) = asking.finish();
     assert!(status.success(), "{rest:?}");
+}
+
+#[test]
+fn an_exited_process_of_the_pod_holds_up_no_move_drain_or_swap() {
+    let (pod, node, running) = pod_waiting("move-exited", &[], ONE_GIB_THEN_MORE);
+    // A second process of the pod registers, then dies; its worker stays
+    // registered until its silence passes the channel's TTL.
+    let mut exited = Running::start(&pod, &node.url(), &[TWO_GPUS], ONE_GIB_THEN_MORE);
+    exited.until_ready();
+    exited.child.kill().expect("kill the probe");
+    let _ = exited.child.wait();
+
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    assert!(ok, "{answer}");
+    assert_eq!(control_block(running.pid()).gpu, 1);
+    let (ok, answer) = admin_cli(&node, &["drain", "1"]);
+    assert!(ok, "{answer}");
+    let report: serde_json::Value = serde_json::from_str(answer.trim()).expect("JSON");
+    assert_eq!(report["moved"][0]["pod"], pod.0.as_str(), "{report}");
+    assert_eq!(control_block(running.pid()).gpu, 0);
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    assert_eq!(control_block(running.pid()).state, 2);
+    resumed_and_allocated(running);
 }

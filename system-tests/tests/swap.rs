@@ -3,18 +3,22 @@
 //! quota; what the driver refuses leaves the pod running; a refused restore
 //! is tried again; a pod whose process exits while away frees its host
 //! memory; a restarted daemon finds a swapped pod and brings it back; on a
-//! GPU that overcommits, pods that need memory take it from idle ones.
+//! GPU that overcommits, pods that need memory take it from idle ones. A
+//! pod cannot have a neighbour's process swapped by naming its pid, nor
+//! block swaps by naming pid 1; host memory is counted by what the
+//! processes hold, whatever their ledger says.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpushare_utils::limits::Residency;
-use system_tests::daemon::{DoubleGpus, NodeFileGpu};
+use system_tests::daemon::{DoubleGpus, NodeFileGpu, ProcessGpus};
 use system_tests::pod::Pod;
 use system_tests::probes::{self, GIB, probe};
 use system_tests::swapping::{
     ADMIN, Running, TOKEN, admin_cli, ask_room, checkpoint_dir, control_block, eventually,
+    name_in_ledger, post, write_ledger_usage,
 };
 use system_tests::{RunningNode, daemon};
 
@@ -485,4 +489,162 @@ fn when_an_idle_pod_cannot_make_room_the_next_one_does() {
         let (rest, status) = running.finish();
         assert!(status.success(), "{rest:?}");
     }
+}
+
+/// A daemon of the pods `pods` (4 GiB each on GPU 0, [`TOKEN`]), `extra_swap`
+/// added to its `[swap]` table, seeing the GPUs through `observer`.
+fn start_pods(
+    pods: &[&Pod],
+    extra_swap: &str,
+    observer: Arc<dyn hypervisor_observer::GpuObserver>,
+) -> RunningNode {
+    let mut text = config(pods[0], "4g", extra_swap);
+    for pod in &pods[1..] {
+        text.push_str(&format!(
+            "\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
+            pod.0
+        ));
+    }
+    daemon::hypervisor(pods[0], &text, observer)
+}
+
+/// A probe of `pod` that holds `size` on the GPU and waits.
+fn holding(pod: &Pod, node: &RunningNode, size: &str) -> Running {
+    let mut running = Running::start(pod, &node.url(), &[], &["alloc", "mem", size, "wait"]);
+    let lines = running.until_ready();
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    running
+}
+
+/// Lets a [`holding`] probe end, and checks that it did.
+fn ended(mut running: Running) {
+    running.resume();
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+}
+
+#[test]
+fn a_pod_that_names_a_neighbours_process_cannot_have_it_swapped() {
+    let pod = Pod::new("swap-forger");
+    let neighbour = Pod::new("swap-neighbour");
+    let node = start_pods(&[&pod, &neighbour], "", Arc::new(DoubleGpus(1)));
+    let own = holding(&pod, &node, "1g");
+    let other = holding(&neighbour, &node, "1g");
+    let victim = other.pid();
+    let held = control_block(victim).device_bytes;
+
+    // With nothing but its own token, the pod names the neighbour's process
+    // as a worker it registers, as an earlier run's worker that the daemon
+    // adopts by its id, and in a slot of its own ledger.
+    let (registered, refusal) = post(
+        &node,
+        "/workers",
+        TOKEN,
+        &format!(r#"{{"pod":"{}","pid":{victim}}}"#, pod.0),
+    );
+    let (adopted, _) = post(
+        &node,
+        "/admission",
+        TOKEN,
+        &format!(
+            r#"{{"worker_id":"{}-{victim}-1","uuid":"{}","cost_ns":1}}"#,
+            pod.0,
+            gpushare_examples::uuid(0)
+        ),
+    );
+    assert_eq!(adopted, 200, "a worker id of an earlier run is adopted");
+    name_in_ledger(&pod, victim);
+
+    let (ok, answer) = cli_swap(&node, "out", &pod);
+    assert!(ok, "{answer}");
+    assert_eq!(
+        control_block(own.pid()).state,
+        2,
+        "the pod's own process is swapped"
+    );
+    let block = control_block(victim);
+    assert_eq!(
+        (block.state, block.device_bytes, block.host_bytes),
+        (0, held, 0),
+        "the neighbour's process runs on with all its memory on the GPU"
+    );
+    assert_eq!(pod_swap(&node, &neighbour).state, Residency::Resident);
+    assert_eq!(registered, 403, "another pod's process: {refusal}");
+    assert!(refusal.contains("another pod's"), "{refusal}");
+    ended(other);
+    ended(own);
+}
+
+#[test]
+fn pid_1_named_by_a_pod_blocks_none_of_its_swaps() {
+    let pod = Pod::new("swap-pid1");
+    let node = start(&pod, "4g");
+    let running = holding(&pod, &node, "1g");
+    // Pid 1 as a registered worker, an adopted one and a ledger slot.
+    let (registered, answer) = post(
+        &node,
+        "/workers",
+        TOKEN,
+        &format!(r#"{{"pod":"{}","pid":1}}"#, pod.0),
+    );
+    assert_eq!(registered, 200, "{answer}");
+    let (adopted, _) = post(
+        &node,
+        "/admission",
+        TOKEN,
+        &format!(
+            r#"{{"worker_id":"{}-1-1","uuid":"{}","cost_ns":1}}"#,
+            pod.0,
+            gpushare_examples::uuid(0)
+        ),
+    );
+    assert_eq!(adopted, 200);
+    name_in_ledger(&pod, 1);
+
+    let (ok, answer) = cli_swap(&node, "out", &pod);
+    assert!(ok, "{answer}");
+    assert_eq!(control_block(running.pid()).state, 2);
+    let (ok, answer) = cli_swap(&node, "in", &pod);
+    assert!(ok, "{answer}");
+    assert_eq!(control_block(running.pid()).state, 0);
+    ended(running);
+}
+
+#[test]
+fn host_memory_is_counted_by_what_the_processes_hold_not_by_their_ledger() {
+    // Each process holds 2 GiB and more (its context); host memory takes
+    // one such pod, not two. Both ledgers say they hold 1 byte.
+    let first = Pod::new("swap-under-a");
+    let second = Pod::new("swap-under-b");
+    let node = start_pods(
+        &[&first, &second],
+        "host_limit = \"3g\"",
+        Arc::new(ProcessGpus(1)),
+    );
+    let a = holding(&first, &node, "2g");
+    let b = holding(&second, &node, "2g");
+    for pod in [&first, &second] {
+        write_ledger_usage(pod, &gpushare_examples::uuid(0), 1);
+    }
+
+    let (ok, answer) = cli_swap(&node, "out", &first);
+    assert!(ok, "{answer}");
+    let moved = control_block(a.pid()).host_bytes;
+    assert!(moved > 2 * GIB, "{moved}");
+    assert_eq!(
+        pod_swap(&node, &first).bytes_on_host,
+        moved,
+        "counted as what went to host memory"
+    );
+    let (ok, answer) = cli_swap(&node, "out", &second);
+    assert!(!ok, "past the host limit: {answer}");
+    assert!(
+        answer.contains("host memory for swapped pods is full"),
+        "{answer}"
+    );
+    let block = control_block(b.pid());
+    assert_eq!((block.state, block.host_bytes), (0, 0), "it runs on");
+    assert!(node.hypervisor().swap_board().totals().bytes_on_host <= 3 * GIB);
+    ended(a);
+    ended(b);
 }

@@ -341,9 +341,16 @@ impl PodRegion {
             .unwrap_or(0)
     }
 
+    /// The files of every ledger held for the pod: a process that maps one
+    /// of them is one of the pod's (one that mapped a ledger before it was
+    /// made again still does).
+    pub fn ledger_files(&self) -> Vec<gpushare_utils::process::FileId> {
+        self.ledgers.all().filter_map(PodLedger::file).collect()
+    }
+
     /// Pids of the pod's registered processes that this daemon can see, in
     /// every ledger it held for the pod (processes that mapped one before
-    /// it was replaced write it still).
+    /// it was replaced write it still), as the pod wrote them.
     pub fn pids(&self) -> Vec<u32> {
         let mut pids: Vec<u32> = self
             .ledgers

@@ -531,30 +531,11 @@ fn unauthorized() -> Response {
 }
 
 /// The refusal of a registration whose process is not in the pod it names,
-/// where the hypervisor checks identities; otherwise the process's pid in
-/// the daemon's namespace (the one it reported where nothing checks). The
-/// token is checked first, so strangers cannot make the hypervisor walk
-/// `/proc`.
+/// as far as the kernel tells ([`Hypervisor::screen_worker`]); otherwise
+/// the process's pid in the daemon's namespace.
 async fn screen(hv: &Hypervisor, pod: &PodId, token: &str, pid: u32) -> Result<u32, Refusal> {
-    let Some(identity) = hv.shared.identity.get().cloned() else {
-        return Ok(pid);
-    };
-    let token_ok = hv
-        .core()
-        .scheduler
-        .token(pod.as_str())
-        .is_some_and(|t| t.matches(token));
-    if !token_ok {
-        // The registration's own check answers 401.
-        return Ok(pid);
-    }
-    let check_pod = pod.clone();
-    let verdict = tokio::task::spawn_blocking(move || identity.verify(&check_pod, pid)).await;
-    let error = match verdict {
-        Ok(Ok(host_pid)) => return Ok(host_pid),
-        Ok(Err(error)) => error.to_string(),
-        Err(error) => format!("identity check failed: {error}"),
-    };
-    tracing::warn!(pod = %pod, pid, error, "registration refused");
-    Err(Refusal::new(StatusCode::FORBIDDEN, error))
+    hv.screen_worker(pod, token, pid).await.map_err(|error| {
+        tracing::warn!(pod = %pod, pid, error, "registration refused");
+        Refusal::new(StatusCode::FORBIDDEN, error)
+    })
 }

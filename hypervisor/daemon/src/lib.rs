@@ -20,6 +20,7 @@
 //! [`api`] (the HTTP routes) served by [`serve`] on the listeners of
 //! [`conn`] (bounded connections); [`status`] and [`metrics`] (what the
 //! daemon reports); [`source`] (where pods come from besides the file);
+//! `processes` (which processes are a pod's, proven by the kernel);
 //! `swap` (pods swapped to host memory and back, and room made for others);
 //! [`timer`] (the tick's precise sleeps). The decisions themselves are
 //! `hypervisor-core`'s.
@@ -29,6 +30,7 @@ mod auth;
 mod commands;
 pub mod conn;
 pub mod metrics;
+mod processes;
 mod reload;
 mod report;
 pub mod serve;

@@ -22,10 +22,13 @@ use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::SwapAnswer;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{CheckpointDriver, DriverError, SwapBoard, SwapError, Timing, stamp_age};
+use hypervisor_swap::{
+    CheckpointDriver, DriverError, HostShort, SwapBoard, SwapError, Timing, stamp_age,
+};
 
 use crate::{Hypervisor, lock};
 
+mod held;
 mod relocate;
 mod room;
 
@@ -50,6 +53,8 @@ pub(crate) struct Swapper {
     /// Pods' GPUs are given by Kubernetes (a DRA allocation, or a device
     /// plugin's device files, names each): pods swap, never move.
     pinned: AtomicBool,
+    /// The pids pods named that are not theirs, logged once.
+    pub(crate) unproven: crate::processes::Unproven,
 }
 
 /// Why a swap was not done.
@@ -76,6 +81,9 @@ pub enum SwapRefusal {
         /// What the pod would add.
         bytes: u64,
     },
+    /// The host's memory cannot take what the checkpoint would put there.
+    #[error(transparent)]
+    HostShort(#[from] HostShort),
     /// The engine's refusal or failure.
     #[error(transparent)]
     Swap(#[from] SwapError),
@@ -232,7 +240,10 @@ impl Hypervisor {
         if region.residency() == Residency::Swapped {
             return Ok(0);
         }
-        let bytes = view.bytes();
+        // What the processes really hold, by the driver: a pod's ledger
+        // may add to it, never lower it below what the host must take.
+        let pids = self.pids_of(&view.pod).await;
+        let bytes = self.held_bytes(view, &pids).await;
         let limit = self.core().settings.swap.host_limit;
         let on_host = self.swap_board().totals().bytes_on_host;
         if on_host.saturating_add(bytes) > limit {
@@ -242,7 +253,9 @@ impl Hypervisor {
                 bytes,
             });
         }
-        let pids = self.pids_of(&view.pod).await;
+        if let Some(available) = hypervisor_swap::host::available() {
+            hypervisor_swap::host::takes(bytes, available)?;
+        }
         let driver = self.checkpoint_driver().await?;
         let board = self.swap_board();
         let quiet = match wait {
@@ -321,51 +334,6 @@ impl Hypervisor {
                 Err(error)
             }
         }
-    }
-
-    /// The pod's processes, by the daemon's pids: its registered workers'
-    /// (an adopted worker's found again through the identity check) and the
-    /// processes of its ledger in the daemon's namespace, the daemon's own
-    /// slot there excepted.
-    async fn pids_of(&self, pod: &str) -> Vec<u32> {
-        let (mut pids, unresolved, region) = {
-            let core = self.core();
-            let mut pids = Vec::new();
-            let mut unresolved = Vec::new();
-            for id in core.workers.of_pod(pod) {
-                let Some(worker) = core.workers.get(&id) else {
-                    continue;
-                };
-                match worker.host_pid {
-                    Some(pid) => pids.push(pid),
-                    None => unresolved.push((worker.pod.clone(), worker.pid)),
-                }
-            }
-            (
-                pids,
-                unresolved,
-                core.scheduler.swap_view(pod).map(|v| v.region),
-            )
-        };
-        let identity = self.shared.identity.get().cloned();
-        let found = tokio::task::spawn_blocking(move || {
-            let mut found: Vec<u32> = region.map(|r| r.pids()).unwrap_or_default();
-            for (pod, pid) in unresolved {
-                match &identity {
-                    Some(identity) => found.extend(identity.verify(&pod, pid).ok()),
-                    None => found.push(pid),
-                }
-            }
-            found
-        })
-        .await
-        .unwrap_or_default();
-        pids.extend(found);
-        // The daemon holds a slot in every pod's ledger itself.
-        pids.retain(|&pid| pid != std::process::id());
-        pids.sort_unstable();
-        pids.dedup();
-        pids
     }
 
     async fn checkpoint_driver(&self) -> Result<Arc<CheckpointDriver>, SwapRefusal> {

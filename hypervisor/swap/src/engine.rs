@@ -21,8 +21,9 @@ const RESTORE_PAUSE: Duration = Duration::from_millis(200);
 /// Why a pod could not be swapped; the pod is left as the variant says.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SwapError {
-    /// Nothing to swap: no registered process.
-    #[error("the pod has no registered process")]
+    /// Nothing to swap: no process of the pod runs (none was proven its,
+    /// or all exited).
+    #[error("the pod has no running process")]
     NoProcess,
     /// A swap-out failed; every process is running again, nothing moved.
     #[error("swap-out refused, the pod runs on: {0}")]
@@ -56,15 +57,13 @@ impl Timing {
 /// go (it reads the pod's last call, which a call that slipped in before
 /// the lock has stamped), then checkpoints every process. Any failure
 /// undoes what was done: the processes checkpointed are restored, all are
-/// unlocked, and the pod runs on.
+/// unlocked, and the pod runs on. A process that exits on the way is done
+/// with: its device memory went with it, and it blocks nothing.
 pub fn swap_out(
     driver: &CheckpointDriver,
     pids: &[u32],
     still_idle: impl FnOnce() -> bool,
 ) -> Result<Timing, SwapError> {
-    if pids.is_empty() {
-        return Err(SwapError::NoProcess);
-    }
     let start = Instant::now();
     let mut locked = Vec::with_capacity(pids.len());
     for &pid in pids {
@@ -74,33 +73,43 @@ pub fn swap_out(
                 locked.push(pid);
                 continue;
             }
+            Err(_) if gone(pid) => continue,
             Err(error) => {
                 undo(driver, &locked, &[]);
                 return Err(SwapError::Refused(error));
             }
         }
-        if let Err(error) = driver.lock(pid, LOCK_TIMEOUT_MS) {
-            undo(driver, &locked, &[]);
-            return Err(SwapError::Refused(error));
+        match driver.lock(pid, LOCK_TIMEOUT_MS) {
+            Ok(()) => locked.push(pid),
+            Err(_) if gone(pid) => {}
+            Err(error) => {
+                undo(driver, &locked, &[]);
+                return Err(SwapError::Refused(error));
+            }
         }
-        locked.push(pid);
+    }
+    if locked.is_empty() {
+        return Err(SwapError::NoProcess);
     }
     if !still_idle() {
         undo(driver, &locked, &[]);
         return Err(SwapError::Active);
     }
     let locking = start.elapsed();
-    let mut checkpointed = Vec::with_capacity(pids.len());
-    for &pid in pids {
+    let mut checkpointed = Vec::with_capacity(locked.len());
+    for &pid in &locked {
         if driver.state(pid) == Ok(ProcessState::Checkpointed) {
             checkpointed.push(pid);
             continue;
         }
-        if let Err(error) = driver.checkpoint(pid) {
-            undo(driver, &locked, &checkpointed);
-            return Err(SwapError::Refused(error));
+        match driver.checkpoint(pid) {
+            Ok(()) => checkpointed.push(pid),
+            Err(_) if gone(pid) => {}
+            Err(error) => {
+                undo(driver, &locked, &checkpointed);
+                return Err(SwapError::Refused(error));
+            }
         }
-        checkpointed.push(pid);
     }
     Ok(Timing {
         first: locking,

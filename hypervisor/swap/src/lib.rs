@@ -3,7 +3,7 @@
 //! others and comes back with exactly what it had.
 //!
 //! [`driver`] loads the API and calls it on processes by pid; [`engine`]
-//! swaps all processes of a pod together (lock all, checkpoint all; restore
+//! swaps all processes of a pod together; [`host`] says whether the host can take a swap-out (lock all, checkpoint all; restore
 //! all, unlock all), undoing a half-done swap-out, and restores a pod onto
 //! another GPU (a move); [`policy`] chooses the
 //! idle pods that make room on a GPU; [`board`] keeps each pod's swap state
@@ -14,9 +14,11 @@
 pub mod board;
 pub mod driver;
 pub mod engine;
+pub mod host;
 pub mod policy;
 
 pub use board::{Move, PodSwap, SwapBoard, SwapTotals};
 pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uuid};
 pub use engine::{SwapError, Timing, move_pairs, restore_all, swap_in, swap_out, unlock_all};
+pub use host::{HOST_RESERVE, HostShort};
 pub use policy::{Candidate, LatencyPods, RoomPolicy, stamp_age, victims};

@@ -160,6 +160,14 @@ impl PodLedger {
         &self.name
     }
 
+    /// The region's file, as `/proc/<pid>/maps` lists it: every process of
+    /// the pod maps this very file, which is how another process is proven
+    /// one of them ([`crate::process::maps_file`]); `None` where `/proc`
+    /// cannot tell.
+    pub fn file(&self) -> Option<crate::process::FileId> {
+        self.map._map.file()
+    }
+
     /// Whether the region was shrunk under this process ([`crate::shm`]):
     /// then nothing it reads can be trusted.
     pub fn is_shrunk(&self) -> bool {

@@ -245,6 +245,13 @@ impl Mapping {
         self.len == 0
     }
 
+    /// The object mapped, as the kernel lists it in this process's
+    /// `/proc/self/maps`, and so in the maps of every process that maps the
+    /// same file; `None` where `/proc` cannot tell.
+    pub fn file(&self) -> Option<crate::process::FileId> {
+        crate::process::mapped_at(self.base.as_ptr() as usize)
+    }
+
     /// Whether the object was shrunk under this mapping: a touched page past
     /// its new end now reads zeros of this process's own, so nothing read
     /// from the mapping can be trusted any more.
