@@ -35,7 +35,13 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
    …/gpus/0/drain); each time: the seconds, nvidia-smi's GPU for the
    process, the UUID its CUDA device 0 reports, the digests and the quota.
    One GPU: not run.
-6. the cost for pods never swapped: `python3 -m scripts.bench launch-ab`.
+6. limit (only when --parts names it): the largest pod this host takes
+   (host_limit raised to the host's memory, so that the host itself is
+   the limit): a pod holding what the host's available memory less 8 GiB
+   allows (and the GPU has) is swapped out and back, contents checked; a
+   pod holding more than the host has available less the daemon's 4 GiB
+   reserve is refused up front, with the daemon's reason, and runs on.
+7. the cost for pods never swapped: `python3 -m scripts.bench launch-ab`.
 
 Targets: swap-in of 8 GiB <= 2 s; a swapped pod's first request <= 3 s;
 stretch: swap bandwidth >= 50% of pinned. With the defaults the run should
@@ -52,7 +58,7 @@ import time
 from pathlib import Path
 
 from .swap_bench import Bench, gib, guarded
-from .swap_parts import part_bandwidth, part_infer, part_move, part_overcommit, part_swap
+from .swap_parts import part_bandwidth, part_infer, part_limit, part_move, part_overcommit, part_swap
 from .swap_report import report
 
 
@@ -67,7 +73,9 @@ def parse_sizes(text):
     return sizes
 
 
-PARTS = ("bandwidth", "swap", "infer", "overcommit", "move")
+PARTS = ("bandwidth", "swap", "infer", "overcommit", "move", "limit")
+# limit fills the host: only when asked.
+DEFAULT_PARTS = PARTS[:5]
 
 
 def add_arguments(p):
@@ -78,7 +86,8 @@ def add_arguments(p):
     p.add_argument("--quick", action="store_true", help="sizes 1,8 and 2 rounds (unless given)")
     p.add_argument("--infer-rounds", type=int, default=5, help="requests resident and swapped (default 5)")
     p.add_argument("--idle-s", type=float, default=3.0, help="idle time before a resident request (default 3)")
-    p.add_argument("--parts", default=",".join(PARTS), help=f"which parts to run (default {','.join(PARTS)})")
+    p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
+                   help=f"which parts to run of {','.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
     p.add_argument("--budget-s", type=float, default=450,
                    help="the run's time: a swap that does not answer fails within it, and parts left then"
                         " are not run (default 450)")
@@ -118,6 +127,8 @@ def main(p, args):
             results["overcommit"] = guarded("overcommit", part_overcommit, b)
         if "move" in args.parts:
             results["move"] = guarded("move", part_move, b)
+        if "limit" in args.parts:
+            results["limit"] = guarded("limit", part_limit, b)
         print("no cost for pods never swapped: measured by `python3 -m scripts.bench launch-ab`", flush=True)
     finally:
         # Each part stops its pods and its daemon and removes the regions.

@@ -205,12 +205,12 @@ class Bench:
             raise BenchError(f"{part} not run: the run's time (--budget-s) is spent")
 
     @contextlib.contextmanager
-    def serving(self, part, quotas, idle_after_ms=IDLE_AFTER_MS):
-        """A daemon for `part` with the pods of `quotas` (id: bytes); at the
-        end its pods and it are stopped, their regions removed. Its log:
-        OUT/PART-hypervisor.log."""
+    def serving(self, part, quotas, idle_after_ms=IDLE_AFTER_MS, host_limit=None):
+        """A daemon for `part` with the pods of `quotas` (id: bytes), its
+        host_limit the run's unless given; at the end its pods and it are
+        stopped, their regions removed. Its log: OUT/PART-hypervisor.log."""
         config = self.out / f"{part}-hypervisor.toml"
-        config.write_text(config_text(quotas, idle_after_ms, self.host_limit))
+        config.write_text(config_text(quotas, idle_after_ms, host_limit or self.host_limit))
         common.remove_pod_regions(*quotas)
         self.stuck = None
         self.daemon = hv.Daemon(common.settings("", self.out, self.bundle / "hypervisor"), part, config,

@@ -317,3 +317,49 @@ def part_move(b):
             + ("; on the other GPU, identical, quota intact" if ok else ""))
     print(f"move: {line}; daemon totals {totals}", flush=True)
     return {"steps": steps, "totals": totals, "pass": ok, "line": line}
+
+
+def part_limit(b):
+    """The largest pod the host takes, and one beyond it refused up front."""
+    b.begin("limit")
+    _, _, free = gpu_memory()
+    available = host_available()
+    fits = min(available - 8 * GIB, free - QUOTA_MARGIN - CONTEXT)
+    beyond = available - 2 * GIB
+    if beyond + CONTEXT > free:
+        raise BenchError(f"not run: the GPU's {gib(free)} GiB free cannot hold a pod beyond the host's"
+                         f" {gib(available)} GiB available")
+    fits -= fits % (256 * MIB)
+    beyond -= beyond % (256 * MIB)
+    quotas = {"limit-fits": fits + QUOTA_MARGIN, "limit-beyond": beyond + QUOTA_MARGIN}
+    result = {"available": available, "free": free}
+    with b.serving("limit", quotas, host_limit=available + 64 * GIB):
+        p = b.start_pod("limit-fits", "hold", fits)
+        try:
+            before = p.ready()
+            time.sleep(0.2)
+            out = b.swap("limit-fits", "swap-out", fits)
+            moved = b.pod_swap("limit-fits").get("bytes_on_host")
+            back = b.swap("limit-fits", "swap-in", fits)
+            check, _ = p.ask("check", 300)
+            result["fits"] = {"held": fits, "out": out, "moved": moved, "in": back,
+                              "identical": check.get("data") == before["data"]}
+            print(f"limit: a pod holding {gib(fits)} GiB (host {gib(available)} GiB available): swap-out HTTP"
+                  f" {out['http']} {out['seconds']:.1f} s ({gib(moved or 0)} GiB moved), swap-in HTTP {back['http']}"
+                  f" {back['seconds']:.1f} s, identical {yes(result['fits']['identical'])}", flush=True)
+        finally:
+            b.stop_pod(p)
+        p = b.start_pod("limit-beyond", "hold", beyond)
+        try:
+            p.ready()
+            time.sleep(0.2)
+            out = b.swap("limit-beyond", "swap-out", beyond)
+            check, _ = p.ask("check", 300)
+            result["beyond"] = {"held": beyond, "out": out, "runs_on": "data" in check,
+                                "state": b.pod_swap("limit-beyond").get("state", "resident")}
+            print(f"limit: a pod holding {gib(beyond)} GiB: swap-out HTTP {out['http']} in {out['seconds']:.2f} s:"
+                  f" {out.get('error') or out.get('residency')}; it runs on: {yes(result['beyond']['runs_on'])}",
+                  flush=True)
+        finally:
+            b.stop_pod(p)
+    return result

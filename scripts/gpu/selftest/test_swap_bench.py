@@ -95,8 +95,9 @@ def test_options_and_their_defaults(bundle, tmp_path, monkeypatch):
     assert (a.sizes, a.rounds, a.infer_rounds, a.idle_s, a.budget_s, a.quick) == (None, None, 5, 3.0, 450, False)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the default folder: a new one here
     swap.resolve(subs["swap"], a)
-    assert (a.sizes, a.rounds, a.parts) == ([1.0, 8.0, 32.0], 3, list(swap.PARTS))
-    assert list(swap.PARTS) == ["bandwidth", "swap", "infer", "overcommit", "move"]
+    assert (a.sizes, a.rounds, a.parts) == ([1.0, 8.0, 32.0], 3, list(swap.DEFAULT_PARTS))
+    assert list(swap.DEFAULT_PARTS) == ["bandwidth", "swap", "infer", "overcommit", "move"]
+    assert list(swap.PARTS) == [*swap.DEFAULT_PARTS, "limit"]
     assert Path(a.out).parent == tmp_path and Path(a.out).name.startswith("swap-bench-") and Path(a.out).is_dir()
 
     a = top.parse_args(["swap", "--bundle", str(bundle), "--quick", "--out", str(tmp_path / "q")])
