@@ -33,6 +33,7 @@ pub mod scratch;
 #[cfg(feature = "node")]
 pub mod swapping;
 pub mod unique;
+pub mod wait;
 
 #[cfg(feature = "node")]
 pub use node::RunningNode;

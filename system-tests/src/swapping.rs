@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpushare_utils::ledger::PodLedger;
 
@@ -17,6 +17,7 @@ use crate::RunningNode;
 use crate::artifacts;
 use crate::pod::Pod;
 use crate::probes::{self, probe};
+pub use crate::wait::eventually;
 
 /// The token of the pods these tests configure.
 pub const TOKEN: &str = "pod-token";
@@ -278,13 +279,4 @@ pub fn ask_room(node: &RunningNode, pod: &Pod, uuid: &str, bytes: u64) -> u64 {
     let answer: gpushare_utils::protocol::RoomAnswer =
         serde_json::from_str(&answer).expect("a room answer");
     answer.freed
-}
-
-/// Waits up to 10 s for `ok`; panics naming `what` when it never holds.
-pub fn eventually(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ok() {
-        assert!(Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }

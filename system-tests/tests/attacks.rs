@@ -9,7 +9,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpushare_utils::ledger::{PodLedger, REGION_SIZE};
 use gpushare_utils::limits::PodLimits;
@@ -17,6 +17,7 @@ use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
 use system_tests::daemon::{PODS_UID, pods_uid_hypervisor};
 use system_tests::pod::{Pod, node_tables};
 use system_tests::probes::as_uid;
+use system_tests::wait::wait_for;
 use system_tests::{daemon, probes};
 
 /// A local user who is not a pod.
@@ -158,18 +159,6 @@ fn shrinking_or_replacing_shared_objects_kills_nobody_and_frees_no_memory() {
 /// runs every second.
 const REPAIR_WITHIN: Duration = Duration::from_secs(5);
 
-/// Polls `done` every 50 ms for `within`; whether it came true.
-fn eventually(within: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    done()
-}
-
 /// The inode of a regular file of a ledger's size at `path`, if that is
 /// what stands there.
 fn ledger_at(path: &str) -> Option<u64> {
@@ -210,7 +199,7 @@ fn a_ledger_replaced_under_the_daemon_is_made_again_and_new_processes_keep_their
         let before = ledger_at(&path).expect("the daemon's ledger");
         assert!(shell_as(PODS_UID, &spoil), "uid {PODS_UID}: {spoil}");
         assert!(
-            eventually(REPAIR_WITHIN, || {
+            wait_for(REPAIR_WITHIN, || {
                 ledger_at(&path).is_some_and(|inode| inode != before || kind == "mode 000")
                     && std::fs::symlink_metadata(&path)
                         .is_ok_and(|meta| meta.mode() & 0o777 == 0o600)
@@ -298,7 +287,7 @@ fn a_pod_that_removes_its_ledger_is_charged_what_its_processes_hold() {
     let ledger = PodLedger::name_of(&pod.0);
     assert!(shell_as(PODS_UID, &format!("rm -f /dev/shm/{ledger}")));
     let status = || hypervisor.hypervisor().status().pods[0].gpus[0].clone();
-    let charged = eventually(REPAIR_WITHIN, || {
+    let charged = wait_for(REPAIR_WITHIN, || {
         status().memory_unaccounted >= held - 64 * MIB
     });
     // A second process: the driver's count of the first leaves it less

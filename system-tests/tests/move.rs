@@ -401,15 +401,26 @@ fn a_room_wait_that_ends_mid_swap_leaves_the_pod_whole_and_a_move_takes_its_proc
     eventually("the swap is over", || {
         node.hypervisor().swap_board().pod(&pod.0).state != Residency::SwappingOut
     });
+    // The swap ended whole either way: undone (the process gone counted
+    // as a failed lock) or done (the process gone is done with), and the
+    // pod's limits say what the driver holds.
     let record = node.hypervisor().swap_board().pod(&pod.0);
     let block = control_block(survivor.pid());
-    assert_eq!(
-        (record.state, block.state),
-        (Residency::Resident, 0),
-        "the swap was undone: {record:?}"
+    assert!(
+        matches!(
+            (record.state, block.state),
+            (Residency::Resident, 0) | (Residency::Swapped, 2)
+        ),
+        "a swap left half-done: {record:?}, driver state {}",
+        block.state
     );
     let limits = PodLimits::open_read_only(&pod.0, &Trust::own_or_root(None)).expect("limits");
-    assert_eq!(limits.residency(), Residency::Resident);
+    assert_eq!(limits.residency(), record.state);
+    if record.state == Residency::Swapped {
+        let (ok, answer) = admin_cli(&node, &["swap", "in", &pod.0]);
+        assert!(ok, "{answer}");
+        assert_eq!(control_block(survivor.pid()).state, 0, "{answer}");
+    }
 
     // A move takes the process with the limits, or nothing moves.
     let (moved, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);

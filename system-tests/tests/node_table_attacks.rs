@@ -11,7 +11,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpushare_utils::activity::NodeActivity;
 use gpushare_utils::node_table::{NodeTable, TableAccess, pod_key};
@@ -20,6 +20,7 @@ use system_tests::RunningNode;
 use system_tests::daemon::{PODS_UID, pods_uid_hypervisor};
 use system_tests::pod::{Pod, node_tables};
 use system_tests::probes::as_uid;
+use system_tests::wait::wait_for;
 use system_tests::{daemon, probes};
 
 const TOKEN: &str = "pod-token";
@@ -185,17 +186,6 @@ fn repairs(url: &str, table: &str) -> u64 {
 /// Whether both tables' headers are exactly what the daemon writes.
 fn headers_right(activity: &NodeActivity, priority: &NodePriority) -> bool {
     activity.header_is_exact() && priority.header_is_exact()
-}
-
-fn wait_for(within: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    done()
 }
 
 #[test]

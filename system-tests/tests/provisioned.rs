@@ -100,21 +100,7 @@ fn an_alias_or_a_copy_of_the_containers_limiter_keeps_the_pods_limits() {
         }
         container.preloaded(&mut command, PODS_UID, alias);
         let output = command.output().expect("probe");
-        let lines = probes::stdout_lines(&output);
-        assert!(output.status.success(), "{what}: {output:?}");
-        assert_eq!(
-            lines[0],
-            info(0, GIB - CONTEXT_BYTES, GIB),
-            "{what}: {output:?}"
-        );
-        assert!(
-            lines[1].starts_with("alloc mem 2g -> 2 "),
-            "{what}: {output:?}"
-        );
-        assert!(
-            lines[2].starts_with("alloc mem 512m -> 0 "),
-            "{what}: {output:?}"
-        );
+        assert_runs_on_its_quota(what, &output);
     }
 }
 
@@ -180,21 +166,7 @@ fn a_process_whose_variables_are_removed_or_changed_runs_on_its_published_limits
             env,
             &["info", "alloc", "mem", "2g", "alloc", "mem", "512m"],
         );
-        let lines = probes::stdout_lines(&output);
-        assert!(output.status.success(), "{what}: {output:?}");
-        assert_eq!(
-            lines[0],
-            info(0, GIB - CONTEXT_BYTES, GIB),
-            "{what}: {output:?}"
-        );
-        assert!(
-            lines[1].starts_with("alloc mem 2g -> 2 "),
-            "{what}: {output:?}"
-        );
-        assert!(
-            lines[2].starts_with("alloc mem 512m -> 0 "),
-            "{what}: {output:?}"
-        );
+        assert_runs_on_its_quota(what, &output);
     }
     // The daemon counts the pod's processes as its own: every one registered
     // under the pod file's pod and token.
@@ -332,4 +304,25 @@ fn without_a_pod_file_the_environment_decides_as_before() {
         &["info"],
     ));
     assert_eq!(lines[0], info(0, 2 * GIB - CONTEXT_BYTES, 2 * GIB));
+}
+
+/// Asserts that `output`, a probe's `info, alloc mem 2g, alloc mem 512m`,
+/// ran on the pod's published 1 GiB: shown as the total, 2g refused, 512m
+/// given; `what` names the case.
+fn assert_runs_on_its_quota(what: &str, output: &Output) {
+    let lines = probes::stdout_lines(output);
+    assert!(output.status.success(), "{what}: {output:?}");
+    assert_eq!(
+        lines[0],
+        info(0, GIB - CONTEXT_BYTES, GIB),
+        "{what}: {output:?}"
+    );
+    assert!(
+        lines[1].starts_with("alloc mem 2g -> 2 "),
+        "{what}: {output:?}"
+    );
+    assert!(
+        lines[2].starts_with("alloc mem 512m -> 0 "),
+        "{what}: {output:?}"
+    );
 }
