@@ -177,11 +177,12 @@ impl Provisioned {
     }
 }
 
-/// A file's identity: its device and inode (links followed).
+/// A file's identity as `stat` gives it: its device and inode (links
+/// followed); both sides of a comparison are taken the same way.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileId(u64, u64);
+struct StatId(u64, u64);
 
-impl FileId {
+impl StatId {
     fn of(path: &Path) -> Option<Self> {
         let meta = std::fs::metadata(path).ok()?;
         Some(Self(meta.dev(), meta.ino()))
@@ -191,7 +192,7 @@ impl FileId {
 /// Whether `own` is known to be another file than `library` (unknown is
 /// not another: a copy that cannot tell enforces the limits too).
 fn another_file(own: Option<&PathBuf>, library: &Path) -> bool {
-    match (own.and_then(|own| FileId::of(own)), FileId::of(library)) {
+    match (own.and_then(|own| StatId::of(own)), StatId::of(library)) {
         (Some(own), Some(other)) => own != other,
         _ => false,
     }
@@ -224,12 +225,12 @@ impl Maps {
 
     /// Whether the file `library` is mapped in this process, under any name.
     fn holds(&self, library: &Path) -> bool {
-        let Some(wanted) = FileId::of(library) else {
+        let Some(wanted) = StatId::of(library) else {
             return false;
         };
         self.files
             .iter()
-            .any(|file| FileId::of(file) == Some(wanted))
+            .any(|file| StatId::of(file) == Some(wanted))
     }
 }
 

@@ -96,15 +96,10 @@ impl FileId {
     }
 }
 
-/// Whether process `pid` (of this process's pid namespace) has `file`
-/// mapped, as the kernel lists its mappings in `/proc/<pid>/maps`. A
-/// process that has exited, a zombie (its mappings are gone), one this
-/// process may not inspect, or pid 0 maps nothing.
-pub fn maps_file(pid: u32, file: FileId) -> bool {
-    mappings(pid).is_some_and(|mut files| files.any(|mapped| mapped == file))
-}
-
-/// The files process `pid` maps ([`maps_file`]), each once.
+/// The files process `pid` (of this process's pid namespace) maps, each
+/// once, as the kernel lists its mappings in `/proc/<pid>/maps`. A process
+/// that has exited, a zombie (its mappings are gone), one this process may
+/// not inspect, or pid 0 maps nothing.
 pub fn mapped_files(pid: u32) -> HashSet<FileId> {
     mappings(pid).map(Iterator::collect).unwrap_or_default()
 }
@@ -187,12 +182,11 @@ mod tests {
         assert_ne!(base, libc::MAP_FAILED);
         let id = mapped_at(base as usize + 4096).expect("mapped");
         assert_eq!(id.ino, file.metadata().expect("stat").ino());
-        assert!(maps_file(std::process::id(), id));
         assert!(mapped_files(std::process::id()).contains(&id));
-        assert!(!maps_file(0, id));
+        assert!(mapped_files(0).is_empty());
         // SAFETY: the mapping made above, unused from here on.
         unsafe { libc::munmap(base, 8192) };
-        assert!(!maps_file(std::process::id(), id), "unmapped");
+        assert!(!mapped_files(std::process::id()).contains(&id), "unmapped");
         let stack = 0u8;
         assert_eq!(mapped_at(&raw const stack as usize), None, "anonymous");
     }

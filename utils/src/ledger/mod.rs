@@ -162,7 +162,7 @@ impl PodLedger {
 
     /// The region's file, as `/proc/<pid>/maps` lists it: every process of
     /// the pod maps this very file, which is how another process is proven
-    /// one of them ([`crate::process::maps_file`]); `None` where `/proc`
+    /// one of them ([`crate::process::mapped_files`]); `None` where `/proc`
     /// cannot tell.
     pub fn file(&self) -> Option<crate::process::FileId> {
         self.map._map.file()
