@@ -1,12 +1,12 @@
 //! How soon a parked long-poll returns once a task is submitted for its
 //! client: hub on loopback, blocking client on a thread. Printed, not
-//! asserted (tests/channel.rs checks that the poll returns on the submit
+//! asserted (tests/it/channel.rs checks that the poll returns on the submit
 //! rather than at the end of its wait).
 //!
 //!     cargo bench -p http-bidir-comm --bench long_poll
 //!     cargo bench --profile dev -p http-bidir-comm --bench long_poll
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::thread;

@@ -1,6 +1,6 @@
 //! Admission latency on loopback with 100 registered workers, and with four
 //! clients at once: the figures behind the latency requirement, printed, not
-//! asserted (a loaded machine is slow, not wrong; tests/latency.rs checks the
+//! asserted (a loaded machine is slow, not wrong; tests/it/latency.rs checks the
 //! behaviour of the same two scenarios).
 //!
 //!     cargo bench -p hypervisor --bench admission_latency          # optimized
@@ -17,7 +17,7 @@
 //! reported, never a failure. Run it on an otherwise idle machine: other work
 //! on the cores shows up in the tail.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use std::time::{Duration, Instant};

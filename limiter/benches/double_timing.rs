@@ -22,7 +22,7 @@
 //! too; `cargo bench` builds the whole workspace in release first). Timed
 //! runs busy-wait on the host: run it on an otherwise idle machine.
 
-#[path = "../tests/common/mod.rs"]
+#[path = "../tests/it/common/mod.rs"]
 mod common;
 
 use common::{

@@ -1,0 +1,17 @@
+//! The limiter's integration tests, one binary: the built library preloaded
+//! into probe programs on the driver double (memory quotas, compute shares,
+//! priorities, turns, loading).
+
+mod common;
+
+mod compute_share;
+mod dynamic_shapes;
+mod glibc_baseline;
+mod loading;
+mod memory_quota;
+mod oversubscription;
+mod pod_sharing;
+mod priority;
+mod readme_demo;
+mod swap_gate;
+mod turns;

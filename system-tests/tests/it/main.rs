@@ -1,0 +1,23 @@
+//! The system tests, one binary: the limiter, the daemon and the driver
+//! double together, as a node runs them; the control-plane end-to-end tests;
+//! the packaging, the deploy manifests and the GPU check's own tests.
+
+mod architecture;
+mod attacks;
+mod auto_turns;
+mod corun_gpus;
+mod deploy;
+mod device_plugin;
+mod device_plugin_cluster;
+mod dra_cluster;
+mod driver_held;
+mod fail_closed;
+mod gpu_harness;
+mod hypervisor_mode;
+mod moves;
+mod mps_required;
+mod node_table_attacks;
+mod packaging;
+mod provisioned;
+mod readme_config;
+mod swap;
