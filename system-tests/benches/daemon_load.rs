@@ -14,7 +14,7 @@ use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use system_tests::daemon::{self, DoubleGpus};
+use system_tests::daemon::{self, double_gpus};
 use system_tests::pod::Pod;
 use system_tests::probes;
 
@@ -49,7 +49,7 @@ fn config(pods: &[Pod]) -> String {
 
 fn run(n: usize, seconds: f64) {
     let pods: Vec<Pod> = (0..n).map(|_| Pod::new("load")).collect();
-    let node = daemon::hypervisor(&pods[0], &config(&pods), Arc::new(DoubleGpus(1)));
+    let node = daemon::hypervisor(&pods[0], &config(&pods), Arc::new(double_gpus(1)));
     let url = node.url();
     let ms = ((seconds + RAMP.as_secs_f64() + 0.3) * 1e3)
         .round()

@@ -34,16 +34,29 @@ pub fn hypervisor() -> &'static Path {
     BUILT.get_or_init(|| build("hypervisor", &["--bin", "hypervisor"], "hypervisor"))
 }
 
+/// The running test binary's `<target>/<profile>` folder.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("the test binary lives in <target>/<profile>/deps")
+        .to_path_buf()
+}
+
+/// The running test binary's target folder.
+pub fn target_dir() -> PathBuf {
+    profile_dir()
+        .parent()
+        .expect("<target>/<profile>")
+        .to_path_buf()
+}
+
 /// Runs `cargo build -p PACKAGE TARGETS` for this test binary's target
 /// folder and profile; returns `<target>/<profile>/FILE`.
 fn build(package: &str, targets: &[&str], file: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("the test binary lives in <target>/<profile>/deps");
+    let profile_dir = profile_dir();
     let artifact = profile_dir.join(file);
-    let target = profile_dir.parent().expect("<target>");
+    let target = target_dir();
     let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => "dev",
         Some(other) => other,
@@ -55,7 +68,7 @@ fn build(package: &str, targets: &[&str], file: &str) -> PathBuf {
                 .args(["build", "--quiet", "-p", package])
                 .args(targets)
                 .args(["--profile", profile])
-                .env("CARGO_TARGET_DIR", target);
+                .env("CARGO_TARGET_DIR", &target);
             // Cargo describes the test's own package in the test's
             // environment; a build script that tracks those variables
             // (ring's tracks CARGO_MANIFEST_DIR) would otherwise run again,

@@ -3,77 +3,59 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
+use gpu_fakes::FakeGpus;
+use hypervisor_observer::{GpuInfo, GpuObserver, HealthPolicy, ProcessMemory};
 
 use crate::RunningNode;
 use crate::pod::{Pod, node_tables};
 use crate::probes::GIB;
 
-/// The driver double's first `.0` GPUs, as NVML would show them to a
-/// hypervisor.
-pub struct DoubleGpus(pub u8);
-
-impl GpuObserver for DoubleGpus {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        Ok((0..self.0)
-            .map(|index| GpuInfo {
-                index: u32::from(index),
-                uuid: gpushare_examples::uuid(index),
-                name: "driver double".to_owned(),
-                memory_total: 16 * GIB,
-                memory_used: 0,
-            })
-            .collect())
-    }
+/// The driver double's first `count` GPUs as NVML would show them to a
+/// hypervisor: 16 GiB each, with nothing in use.
+pub fn double_gpus(count: u8) -> FakeGpus {
+    sized_double_gpus(count, 16 * GIB)
 }
 
-/// The driver double's first `.0` GPUs as [`DoubleGpus`], with the device
-/// memory each of the double's processes holds there, as NVML attributes
-/// it to processes ([`crate::swapping::processes_on`]).
-pub struct ProcessGpus(pub u8);
-
-impl GpuObserver for ProcessGpus {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        DoubleGpus(self.0).gpus()
-    }
-
-    fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
-        Ok(crate::swapping::processes_on(index)
+/// The driver double's first `count` GPUs as [`double_gpus`], with the
+/// device memory each of the double's processes holds there, as NVML
+/// attributes it to processes ([`crate::swapping::processes_on`]).
+pub fn process_gpus(count: u8) -> FakeGpus {
+    double_gpus(count).process_memory_from(|index| {
+        crate::swapping::processes_on(index)
             .into_iter()
             .map(|(pid, bytes)| ProcessMemory { pid, bytes })
-            .collect())
-    }
+            .collect()
+    })
 }
 
-/// The driver double's first GPUs as its processes share them through a
-/// node file (`gpushare_examples::NODE_FILE_VAR`): what NVML would show a
-/// hypervisor of GPUs several pods use.
-pub struct NodeFileGpu {
-    /// The node file the pods' processes name.
-    pub path: std::path::PathBuf,
-    /// Each GPU's size, as the processes' `GPUSHARE_DOUBLE_TOTAL` says.
-    pub total: u64,
-    /// How many GPUs (the processes' `GPUSHARE_DOUBLE_DEVICES`).
-    pub devices: u8,
+/// The driver double's first `devices` GPUs of `total` bytes each, as its
+/// processes share them through the node file at `path`
+/// (`gpushare_examples::NODE_FILE_VAR`; the processes'
+/// `GPUSHARE_DOUBLE_DEVICES` and `GPUSHARE_DOUBLE_TOTAL` say the same):
+/// what NVML would show a hypervisor of GPUs several pods use.
+pub fn node_file_gpus(path: PathBuf, total: u64, devices: u8) -> FakeGpus {
+    sized_double_gpus(devices, total).memory_used_from(move |index| {
+        usize::try_from(index)
+            .ok()
+            .and_then(|index| gpushare_examples::node_used(&path, index))
+    })
 }
 
-impl GpuObserver for NodeFileGpu {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        Ok((0..self.devices)
-            .map(|index| GpuInfo {
-                index: u32::from(index),
-                uuid: gpushare_examples::uuid(index),
-                name: "driver double".to_owned(),
-                memory_total: self.total,
-                memory_used: gpushare_examples::node_used(&self.path, usize::from(index))
-                    .unwrap_or(0),
-            })
-            .collect())
-    }
+fn sized_double_gpus(count: u8, total: u64) -> FakeGpus {
+    let gpus = (0..count)
+        .map(|index| GpuInfo {
+            index: u32::from(index),
+            uuid: gpushare_examples::uuid(index),
+            name: "driver double".to_owned(),
+            memory_total: total,
+            memory_used: 0,
+        })
+        .collect();
+    FakeGpus::from_gpus(gpus, HealthPolicy::default())
 }
 
 /// A hypervisor on loopback running `config` (its TOML) for `pod`'s test,
@@ -106,7 +88,7 @@ pub fn pods_uid_hypervisor(pod: &Pod, token: &str) -> RunningNode {
          [[pods]]\nid = \"{}\"\ntoken = \"{token}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\n",
         pod.0
     );
-    hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
+    hypervisor(pod, &text, Arc::new(double_gpus(1)))
 }
 
 /// `GET /metrics` on the hypervisor at `url`: the whole answer, its status

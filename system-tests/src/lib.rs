@@ -9,7 +9,7 @@
 //! 1. takes a [`pod::Pod`] of its own (its objects in `/dev/shm` are
 //!    removed after it) and, with the `node` feature, starts a daemon for
 //!    it ([`daemon::hypervisor`], a [`RunningNode`] on loopback seeing the
-//!    double's GPUs, [`daemon::DoubleGpus`]);
+//!    double's GPUs, [`daemon::double_gpus`]);
 //! 2. runs a probe program under the limiter as that pod
 //!    ([`probes::probe`]; the limiter is built for the run by
 //!    [`artifacts::limiter`]), or inside an emulated provisioned container
@@ -32,6 +32,7 @@ pub mod probes;
 pub mod scratch;
 #[cfg(feature = "node")]
 pub mod swapping;
+pub mod tools;
 pub mod unique;
 pub mod wait;
 

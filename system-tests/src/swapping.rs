@@ -17,7 +17,7 @@ use crate::RunningNode;
 use crate::artifacts;
 use crate::pod::Pod;
 use crate::probes::{self, probe};
-pub use crate::wait::eventually;
+use crate::wait::eventually;
 
 /// The token of the pods these tests configure.
 pub const TOKEN: &str = "pod-token";

@@ -10,14 +10,20 @@ use hypervisor_observer::{
     ProcessUtilization, SimulatedGpus,
 };
 
-/// N GPUs named and sized as `--simulate-gpus N` names them, whose health,
-/// processes and memory in use the test sets.
+/// What a GPU reports at each look, read from elsewhere (a driver
+/// double's files): by the GPU's index.
+type Source<T> = Box<dyn Fn(u32) -> T + Send + Sync>;
+
+/// GPUs whose health, processes and memory in use the test sets, or has
+/// read from a source at every look.
 pub struct FakeGpus {
     gpus: Mutex<Vec<GpuInfo>>,
     processes: Mutex<Vec<(u32, ProcessUtilization)>>,
     memory: Mutex<Vec<(u32, ProcessMemory)>>,
     busy: Mutex<Vec<(u32, u32)>>,
     health: HealthBoard,
+    memory_from: Option<Source<Vec<ProcessMemory>>>,
+    used_from: Option<Source<Option<u64>>>,
 }
 
 impl FakeGpus {
@@ -29,13 +35,40 @@ impl FakeGpus {
     /// `count` GPUs whose injected health events count under `policy`.
     pub fn with_health(count: u32, policy: HealthPolicy) -> Self {
         let gpus = SimulatedGpus::new(count).gpus().unwrap_or_default();
+        Self::from_gpus(gpus, policy)
+    }
+
+    /// `gpus` as they are described, health events counted under `policy`.
+    pub fn from_gpus(gpus: Vec<GpuInfo>, policy: HealthPolicy) -> Self {
         Self {
             gpus: Mutex::new(gpus),
             processes: Mutex::new(Vec::new()),
             memory: Mutex::new(Vec::new()),
             busy: Mutex::new(Vec::new()),
             health: HealthBoard::new(policy),
+            memory_from: None,
+            used_from: None,
         }
+    }
+
+    /// The memory each GPU attributes to its processes read from `source`
+    /// at every look, instead of what [`FakeGpus::set_process_memory`] set.
+    pub fn process_memory_from(
+        mut self,
+        source: impl Fn(u32) -> Vec<ProcessMemory> + Send + Sync + 'static,
+    ) -> Self {
+        self.memory_from = Some(Box::new(source));
+        self
+    }
+
+    /// The memory each GPU reports in use read from `source` at every look
+    /// (`None`: what [`FakeGpus::set_used`] set).
+    pub fn memory_used_from(
+        mut self,
+        source: impl Fn(u32) -> Option<u64> + Send + Sync + 'static,
+    ) -> Self {
+        self.used_from = Some(Box::new(source));
+        self
     }
 
     /// The UUID of GPU `index`.
@@ -114,11 +147,17 @@ fn of_gpu<T: Copy>(per_gpu: &Mutex<Vec<(u32, T)>>, index: u32) -> Vec<T> {
 
 impl GpuObserver for FakeGpus {
     fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        Ok(self
+        let mut gpus = self
             .gpus
             .lock()
             .map(|gpus| gpus.clone())
-            .unwrap_or_default())
+            .unwrap_or_default();
+        if let Some(used) = &self.used_from {
+            for gpu in &mut gpus {
+                gpu.memory_used = used(gpu.index).unwrap_or(gpu.memory_used);
+            }
+        }
+        Ok(gpus)
     }
 
     fn process_utilization(&self, index: u32) -> Result<Vec<ProcessUtilization>, ObserverError> {
@@ -126,7 +165,10 @@ impl GpuObserver for FakeGpus {
     }
 
     fn process_memory(&self, index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
-        Ok(of_gpu(&self.memory, index))
+        Ok(match &self.memory_from {
+            Some(source) => source(index),
+            None => of_gpu(&self.memory, index),
+        })
     }
 
     fn busy_percent(&self, index: u32) -> Result<Option<u32>, ObserverError> {
@@ -165,6 +207,22 @@ mod tests {
         gpus.set_busy(0, Some(88));
         assert_eq!(gpus.busy_percent(0).unwrap(), Some(88));
         assert_eq!(gpus.busy_percent(1).unwrap(), None);
+    }
+
+    #[test]
+    fn what_a_source_reports_is_read_at_every_look() {
+        let gpus = FakeGpus::new(2)
+            .process_memory_from(|index| {
+                vec![ProcessMemory {
+                    pid: 9,
+                    bytes: u64::from(index) + 1,
+                }]
+            })
+            .memory_used_from(|index| (index == 1).then_some(42));
+        gpus.set_used(0, 5).unwrap();
+        assert_eq!(gpus.process_memory(1).unwrap()[0].bytes, 2);
+        let seen = gpus.gpus().unwrap();
+        assert_eq!((seen[0].memory_used, seen[1].memory_used), (5, 42));
     }
 
     #[test]

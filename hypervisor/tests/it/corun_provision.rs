@@ -32,6 +32,7 @@ use kube_fakes::node;
 use serde_json::{Value, json};
 
 use system_tests::scratch::Scratch;
+use system_tests::wait::eventually_async;
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-corun";
@@ -175,7 +176,7 @@ impl World {
             .await;
         let pod = self.create_pod(name, &[&claim]).await;
         let kubelet = &self.node().kubelet;
-        eventually(&format!("pod {name} started"), || kubelet.started(&pod)).await;
+        eventually_async(&format!("pod {name} started"), || kubelet.started(&pod)).await;
         (pod, uid)
     }
 
@@ -199,7 +200,7 @@ impl World {
             .await
             .unwrap();
         let kubelet = &self.node().kubelet;
-        eventually(&format!("the claims of pod {name} unprepared"), || {
+        eventually_async(&format!("the claims of pod {name} unprepared"), || {
             let unprepared = kubelet.unprepared();
             claims.iter().all(|c| unprepared.iter().any(|u| u == c))
         })
@@ -275,18 +276,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// Polls `check` (every 100 ms, up to 90 s: the scheduler and the
-/// controllers act on their own time) until it holds.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..900 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting: {what}");
 }
 
 /// A mount of a CDI spec: host path, container path, options.

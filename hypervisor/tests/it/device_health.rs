@@ -8,7 +8,6 @@
 //! kubelet double registers the Node with the node's credentials and keeps
 //! it Ready.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,6 +26,7 @@ use kube_fakes::node;
 use serde_json::json;
 
 use system_tests::scratch::Scratch;
+use system_tests::wait::eventually_some_async;
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-health";
@@ -108,7 +108,7 @@ impl World {
 
     /// The slice once `done` holds of it.
     async fn slice_when(&self, done: impl Fn(&ResourceSlice) -> bool) -> ResourceSlice {
-        eventually("the slice", || async {
+        eventually_some_async("the slice", || async {
             let slice = self.slice().await;
             done(&slice).then_some(slice)
         })
@@ -149,18 +149,6 @@ impl World {
             node.stop().await;
         }
     }
-}
-
-/// Polls `probe` until it answers (every 100 ms, up to 90 s: the agent's
-/// writes go through the real API server, on a busy machine).
-async fn eventually<T, F: Future<Output = Option<T>>>(what: &str, probe: impl Fn() -> F) -> T {
-    for _ in 0..900 {
-        if let Some(found) = probe().await {
-            return found;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// The taints of each device, by name.
@@ -307,7 +295,7 @@ fn the_device_plugin_lists_an_unhealthy_gpu_as_unhealthy_and_places_nothing_on_i
 
         assert!(!world.gpus.inject(1, HealthEvent::Xid(Some(31))).unwrap());
         assert!(world.gpus.inject(1, HealthEvent::Xid(Some(94))).unwrap());
-        let devices = eventually("gpu-1's shares unhealthy", || async {
+        let devices = eventually_some_async("gpu-1's shares unhealthy", || async {
             let devices = world.plugin().devices().await.unwrap();
             devices
                 .iter()
@@ -324,7 +312,7 @@ fn the_device_plugin_lists_an_unhealthy_gpu_as_unhealthy_and_places_nothing_on_i
         // The slice says so too, and the node's allocatable leaves gpu-1 out.
         assert_eq!(gpu1_taint(&world.slice_when(tainted).await).1, "xid-94");
         let nodes = Api::<Node>::all(world.client.clone());
-        let status = eventually("gpu-1 out of the node's allocatable", || async {
+        let status = eventually_some_async("gpu-1 out of the node's allocatable", || async {
             let status = nodes.get(NODE).await.unwrap().status?;
             let memory = status.allocatable.as_ref()?.get("nvidia.com/gpumem")?;
             (memory.0 == "81920").then_some(status)

@@ -11,7 +11,6 @@
 //! part). The agent's events and the node's capacity are read back from
 //! the real API server.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +25,7 @@ use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 
 use system_tests::scratch::Scratch;
+use system_tests::wait::eventually_some_async;
 
 const NODE: &str = "node-dp";
 const GPU: &str = "nvidia.com/gpu";
@@ -153,7 +153,7 @@ impl World {
     async fn events(&self, uid: &str) -> Vec<(String, String)> {
         let events = Api::<Event>::namespaced(self.client.clone(), "default");
         let about = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
-        eventually(&format!("an event about pod {uid}"), || async {
+        eventually_some_async(&format!("an event about pod {uid}"), || async {
             let listed = events.list(&about).await.unwrap();
             let found: Vec<(String, String)> = listed
                 .items
@@ -170,7 +170,7 @@ impl World {
     /// advertised its names there.
     async fn node_status(&self) -> Value {
         let nodes = Api::<Node>::all(self.client.clone());
-        eventually("the agent's capacity on the Node", || async {
+        eventually_some_async("the agent's capacity on the Node", || async {
             let node = serde_json::to_value(nodes.get(NODE).await.unwrap()).unwrap();
             let status = node["status"].clone();
             status["allocatable"]
@@ -196,7 +196,7 @@ impl World {
             ..DeleteParams::default()
         };
         pods.delete(name, &confirm).await.unwrap();
-        eventually(&format!("pod {name} gone"), || async {
+        eventually_some_async(&format!("pod {name} gone"), || async {
             pods.get_opt(name).await.unwrap().is_none().then_some(())
         })
         .await;
@@ -215,21 +215,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// Polls `check` (every 100 ms, up to 90 s: the control plane and the agent
-/// act on their own time) until it gives a value.
-async fn eventually<T, F>(what: &str, mut check: impl FnMut() -> F) -> T
-where
-    F: Future<Output = Option<T>>,
-{
-    for _ in 0..900 {
-        if let Some(found) = check().await {
-            return found;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 #[test]
@@ -331,7 +316,7 @@ fn registers_lists_shares_and_allocates_a_hami_pod() {
 
         // The pod is deleted: its claim, token and region go.
         world.delete_pod("hami", &uid).await;
-        eventually("the deleted pod's region removed", || async {
+        eventually_some_async("the deleted pod's region removed", || async {
             (!std::path::Path::new(&region).exists()).then_some(())
         })
         .await;

@@ -22,6 +22,7 @@ use kube_fakes::node;
 use serde_json::{Value, json};
 
 use system_tests::scratch::Scratch;
+use system_tests::wait::eventually_async;
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-a";
@@ -131,7 +132,7 @@ impl World {
     /// Waits until the kubelet started pod `uid` (its claims prepared).
     async fn started(&self, uid: &str) {
         let kubelet = &self.node().kubelet;
-        eventually(&format!("pod {uid} started"), || kubelet.started(uid)).await;
+        eventually_async(&format!("pod {uid} started"), || kubelet.started(uid)).await;
     }
 
     /// A pod with a claim for `memory`/`compute` allocated by the scheduler
@@ -236,18 +237,6 @@ fn pod_status(world: &World, pod: &str) -> Option<Value> {
         .iter()
         .find(|p| p["id"] == pod)
         .cloned()
-}
-
-/// Polls `check` (every 100 ms, up to 90 s: the scheduler and the
-/// controllers act on their own time) until it holds.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..900 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting: {what}");
 }
 
 #[test]
@@ -377,7 +366,7 @@ fn prepare_gives_a_valid_cdi_spec_with_4gib_and_30_percent_then_unprepare_cleans
             prepared.devices
         );
         world.delete_pod("train").await;
-        eventually("the claim unprepared", || {
+        eventually_async("the claim unprepared", || {
             world.node().kubelet.unprepared().contains(&uid)
         })
         .await;
@@ -595,7 +584,7 @@ fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{pod}"));
         assert!(token.exists() && region.exists());
         world.delete_pod("keep").await;
-        eventually("pod cleaned up", || {
+        eventually_async("pod cleaned up", || {
             !token.exists() && !region.exists() && !world.spec_path(&uid).exists()
         })
         .await;

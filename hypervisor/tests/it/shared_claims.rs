@@ -24,6 +24,7 @@ use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 
 use system_tests::scratch::Scratch;
+use system_tests::wait::eventually_async;
 
 const DRIVER: &str = "gpu.gpushare.dev";
 const NODE: &str = "node-a";
@@ -34,18 +35,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .enable_all()
         .build()
         .unwrap()
-}
-
-/// Polls `check` (every 100 ms, up to 90 s: the scheduler and the
-/// controllers act on their own time) until it holds.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..900 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting: {what}");
 }
 
 /// Writes `/proc/<host pid>` of a process that is pid 7 in pod `pod`.
@@ -195,7 +184,7 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
         reserved_for(&client, "shared", 2).await;
         // The kubelet prepares the claim once, for whichever pod starts
         // first, and starts both.
-        eventually("both pods started", || {
+        eventually_async("both pods started", || {
             node.kubelet.started(&a_uid) && node.kubelet.started(&b_uid)
         })
         .await;
@@ -271,7 +260,7 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
         pods.delete(second.0, &DeleteParams::default())
             .await
             .unwrap();
-        eventually("the claim cleaned up with its last pod", || {
+        eventually_async("the claim cleaned up with its last pod", || {
             !spec_path.exists() && !token_path.exists() && !region.exists()
         })
         .await;
@@ -380,7 +369,7 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
         // The caches catch up, the last pod ends: everything goes.
         drop(held);
         api.delete("pods", "default", "sb");
-        eventually("the claim cleaned up with its last pod", || {
+        eventually_async("the claim cleaned up with its last pod", || {
             !spec_path.exists() && !token_path.exists() && !region.exists()
         })
         .await;

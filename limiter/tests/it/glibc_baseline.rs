@@ -6,7 +6,6 @@
 use crate::common;
 
 use std::path::Path;
-use std::process::Command;
 
 use common::{CONTEXT_BYTES, GIB, Pod, info, probe, result_of, run};
 
@@ -15,7 +14,7 @@ fn the_glibc_2_17_build_loads_and_enforces_the_quota() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace");
-    let built = Command::new("bash")
+    let built = system_tests::tools::command("bash")
         .arg("scripts/build-limiter.sh")
         .current_dir(root)
         .output()

@@ -6,6 +6,7 @@ use crate::common;
 use std::process::Command;
 
 use common::limiter;
+use system_tests::scratch::Scratch;
 
 #[test]
 fn exports_no_driver_or_nvml_symbol_and_no_way_to_switch_limits_off() {
@@ -52,20 +53,10 @@ fn a_process_that_never_uses_cuda_does_not_load_it() {
 
 /// A program whose RUNPATH alone finds a library it `dlopen`s by bare name
 /// keeps finding it with the limiter's `dlopen` in between.
-/// A scratch folder, removed when dropped (also when the test fails).
-struct Scratch(std::path::PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ignored = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[test]
 fn dlopen_searches_the_callers_runpath() {
-    let scratch =
-        Scratch(std::env::temp_dir().join(format!("limiter-runpath-{}", std::process::id())));
-    let work = &scratch.0;
+    let scratch = Scratch::new("limiter-runpath");
+    let work = &scratch.dir;
     let libs = work.join("libs");
     std::fs::create_dir_all(&libs).expect("mkdir");
     let library_source = work.join("plugin.c");

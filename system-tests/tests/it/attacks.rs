@@ -8,12 +8,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use gpushare_utils::ledger::{PodLedger, REGION_SIZE};
 use gpushare_utils::limits::PodLimits;
-use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
+use hypervisor_observer::{GpuObserver, ProcessMemory};
 use system_tests::daemon::{PODS_UID, pods_uid_hypervisor};
 use system_tests::pod::{Pod, node_tables};
 use system_tests::probes::as_uid;
@@ -220,24 +220,11 @@ fn a_ledger_replaced_under_the_daemon_is_made_again_and_new_processes_keep_their
     }
 }
 
-/// The double's GPU, with what NVML attributes to each process set by the test.
-struct SeenGpus(Mutex<Vec<ProcessMemory>>);
-
-impl GpuObserver for SeenGpus {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        daemon::DoubleGpus(1).gpus()
-    }
-
-    fn process_memory(&self, _index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
-        Ok(self.0.lock().map(|seen| seen.clone()).unwrap_or_default())
-    }
-}
-
 #[test]
 fn a_pod_that_removes_its_ledger_is_charged_what_its_processes_hold() {
     const MIB: u64 = 1 << 20;
     let pod = Pod::new("unledgered");
-    let seen = Arc::new(SeenGpus(Mutex::new(Vec::new())));
+    let seen = Arc::new(daemon::double_gpus(1));
     let text = format!(
         "listen = \"127.0.0.1:0\"\nregion_uid = {PODS_UID}\nregion_gid = {PODS_UID}\n\n\
          [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"2g\"\n",
@@ -280,7 +267,7 @@ fn a_pod_that_removes_its_ledger_is_charged_what_its_processes_hold() {
         .expect("pid line");
     // What the driver says it holds: its gigabyte and its context.
     let held = 1024 * MIB + 300 * MIB;
-    *seen.0.lock().expect("lock") = vec![ProcessMemory { pid, bytes: held }];
+    seen.set_process_memory(0, vec![ProcessMemory { pid, bytes: held }]);
 
     // The pod removes its ledger: its next process would make a fresh one
     // that counts nothing the first holds.

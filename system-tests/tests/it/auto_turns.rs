@@ -14,7 +14,7 @@ use gpushare_utils::node_table::TableAccess;
 use gpushare_utils::priority::NodePriority;
 use hypervisor_core::turns::{CALM, TurnOptions};
 use system_tests::RunningNode;
-use system_tests::daemon::DoubleGpus;
+use system_tests::daemon::double_gpus;
 use system_tests::pod::{Pod, node_tables};
 use system_tests::{daemon, probes};
 
@@ -33,7 +33,7 @@ fn node(pods: &[Pod; 2], gpus: [&str; 2], auto: bool) -> RunningNode {
             pod.0, pod.0
         ));
     }
-    let running = daemon::hypervisor(&pods[0], &text, Arc::new(DoubleGpus(1)));
+    let running = daemon::hypervisor(&pods[0], &text, Arc::new(double_gpus(1)));
     let uuid = gpushare_examples::uuid(0);
     running.hypervisor().set_turn_gpus(&TurnOptions {
         gpus: Vec::new(),

@@ -91,7 +91,7 @@ fn node(pod: &Pod, indices: &[u32], mps: &Mps) -> RunningNode {
             "[[pods.gpus]]\nindex = {index}\nmemory = \"4g\"\n"
         ));
     }
-    let running = daemon::hypervisor(pod, &config, Arc::new(daemon::DoubleGpus(2)));
+    let running = daemon::hypervisor(pod, &config, Arc::new(daemon::double_gpus(2)));
     running.hypervisor().set_corun_gpus(&mps.options());
     running
 }

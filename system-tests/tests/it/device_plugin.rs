@@ -23,7 +23,7 @@ use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::{self, TestNode};
 use serde_json::json;
 use system_tests::container::ContainerLib;
-use system_tests::daemon::DoubleGpus;
+use system_tests::daemon::double_gpus;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
 use system_tests::{artifacts, probes};
 
@@ -78,7 +78,7 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         std::fs::create_dir_all(&config.dir).unwrap();
         options.device_plugin = Some(config.clone());
         let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
-        let node = TestNode::start_written(Arc::new(DoubleGpus(2)), options, None)
+        let node = TestNode::start_written(Arc::new(double_gpus(2)), options, None)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
         let plugin = kubelet

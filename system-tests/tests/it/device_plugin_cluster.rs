@@ -23,6 +23,7 @@ use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::{self, TestNode};
 use serde_json::{Value, json};
 use system_tests::scratch::Scratch;
+use system_tests::wait::eventually_some;
 
 const NODE: &str = "node-dp";
 const GPU: &str = "nvidia.com/gpu";
@@ -45,17 +46,6 @@ spec:
           nvidia.com/gpucores: {gpucores}
 "#
     )
-}
-
-/// Polls `check` (every 100 ms, up to 90 s) until it gives a value.
-fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    for _ in 0..900 {
-        if let Some(found) = check() {
-            return found;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}");
 }
 
 #[test]
@@ -131,7 +121,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
         args.extend_from_slice(&["-o", "json"]);
         serde_json::from_str(&kubectl.ok(&args, None).unwrap()).unwrap()
     };
-    let allocatable = eventually("the agent's capacity on the Node", || {
+    let allocatable = eventually_some("the agent's capacity on the Node", || {
         let node = get(&["node", NODE]);
         let allocatable = node["status"]["allocatable"].clone();
         allocatable
@@ -148,7 +138,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
     kubectl
         .ok(&["apply", "-f", "-"], Some(&hami_pod("hami", 4096, 30)))
         .unwrap();
-    let pod = eventually("the HAMi pod scheduled", || {
+    let pod = eventually_some("the HAMi pod scheduled", || {
         let pod = get(&["pod", "hami"]);
         (pod["spec"]["nodeName"] == NODE).then_some(pod)
     });
@@ -181,7 +171,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
     kubectl
         .ok(&["apply", "-f", "-"], Some(&hami_pod("huge", mib + 1, 10)))
         .unwrap();
-    let reason = eventually("the scheduler's reason", || {
+    let reason = eventually_some("the scheduler's reason", || {
         let pod = get(&["pod", "huge"]);
         pod["status"]["conditions"]
             .as_array()

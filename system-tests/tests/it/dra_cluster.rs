@@ -19,7 +19,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::Duration;
 
 use gpu_fakes::FakeGpus;
 use gpushare_utils::pod_file::PodFile;
@@ -31,9 +30,10 @@ use kube_fakes::node::{self, TestNode};
 use kube_fakes::node_kubelet::{NodeKubelet, PreparedClaim};
 use serde_json::{Value, json};
 use system_tests::container::ContainerLib;
-use system_tests::daemon::DoubleGpus;
+use system_tests::daemon::double_gpus;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
 use system_tests::scratch::Scratch;
+use system_tests::wait::eventually_some;
 use system_tests::{artifacts, probes};
 
 const DRIVER: &str = "gpu.gpushare.dev";
@@ -92,7 +92,7 @@ impl World {
         let world = Self::bare(tag);
         world.apply_base();
         let kubeconfig = world.agent_kubeconfig(AGENT.1);
-        world.with_agent(&kubeconfig, Arc::new(DoubleGpus(GPUS)))
+        world.with_agent(&kubeconfig, Arc::new(double_gpus(GPUS)))
     }
 
     /// The control plane and `kubectl`; no node.
@@ -231,7 +231,7 @@ impl World {
     /// `compute`.
     fn slice(&self) -> Value {
         let node_uid = self.get(&["node", NODE])["metadata"]["uid"].clone();
-        let slice = eventually("the node's ResourceSlice, owned by its Node", || {
+        let slice = eventually_some("the node's ResourceSlice, owned by its Node", || {
             self.get(&["resourceslices"])["items"]
                 .as_array()
                 .into_iter()
@@ -249,7 +249,7 @@ impl World {
     /// Pod `pod` once running, and its claim `gpu` as allocated: the
     /// claim's name and its (only) allocation result.
     fn running(&self, pod: &str) -> (Value, Value) {
-        let pod_object = eventually(&format!("pod {pod} running"), || {
+        let pod_object = eventually_some(&format!("pod {pod} running"), || {
             let object = self.get(&["pod", pod]);
             (object["status"]["phase"] == "Running").then_some(object)
         });
@@ -283,7 +283,7 @@ impl World {
     fn prepared(&self, claim: &Value, pod: &Value, gpu: u8) -> Prepared {
         let claim_uid = claim["metadata"]["uid"].as_str().unwrap().to_owned();
         let pod_uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
-        let answer: PreparedClaim = eventually("the kubelet's prepare", || {
+        let answer: PreparedClaim = eventually_some("the kubelet's prepare", || {
             self.kubelet()
                 .prepared()
                 .into_iter()
@@ -376,14 +376,14 @@ impl World {
     /// Once the kubelet unprepared the claim: the spec, the token, the
     /// regions and the hypervisor's pod are gone.
     fn unprepared(&self, prepared: &Prepared) {
-        eventually("the kubelet's unprepare", || {
+        eventually_some("the kubelet's unprepare", || {
             self.kubelet()
                 .unprepared()
                 .contains(&prepared.claim_uid)
                 .then_some(())
         });
         let pod_file = PathBuf::from(prepared.host_path(CONTAINER_POD_FILE));
-        eventually("the claim's files gone", || {
+        eventually_some("the claim's files gone", || {
             let left: Vec<PathBuf> = Scratch::pod_files(&prepared.pod_uid)
                 .into_iter()
                 .chain([prepared.spec_path.clone(), pod_file.clone()])
@@ -513,18 +513,6 @@ fn gpu_labels() -> BTreeMap<String, String> {
     BTreeMap::from([("nvidia.com/gpu.present".to_owned(), "true".to_owned())])
 }
 
-/// Polls `check` (every 100 ms, up to 90 s: the scheduler and the
-/// controllers act on their own time) until it gives a value.
-fn eventually<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    for _ in 0..900 {
-        if let Some(found) = check() {
-            return found;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for {what}");
-}
-
 #[test]
 fn kubectl_runs_the_example_pod_from_template_to_limited_process_and_back() {
     let world = World::start("example");
@@ -589,7 +577,7 @@ fn kubectl_runs_the_example_pod_from_template_to_limited_process_and_back() {
     // controller deletes the claim it made.
     world.ok(&["delete", "pod", "cuda-fraction", "--timeout=90s"]);
     world.unprepared(&prepared);
-    eventually("the generated claim deleted", || {
+    eventually_some("the generated claim deleted", || {
         let claims = world.get(&["resourceclaims"]);
         claims["items"].as_array().unwrap().is_empty().then_some(())
     });
@@ -831,7 +819,7 @@ impl World {
     /// Why the scheduler leaves pod `pod` pending, once it said so: its
     /// `PodScheduled` condition (reason and message).
     fn unschedulable(&self, pod: &str) -> Value {
-        eventually(&format!("pod {pod} unschedulable"), || {
+        eventually_some(&format!("pod {pod} unschedulable"), || {
             let object = self.get(&["pod", pod]);
             object["status"]["conditions"]
                 .as_array()
@@ -933,7 +921,7 @@ spec:
     assert!(reserved.contains(&&b["metadata"]["uid"]), "{shared}");
     // One claim, prepared once for both pods of the node.
     let shared_uid = shared["metadata"]["uid"].as_str().unwrap().to_owned();
-    let prepared = eventually("the shared claim prepared for both pods", || {
+    let prepared = eventually_some("the shared claim prepared for both pods", || {
         world
             .kubelet()
             .prepared()
@@ -945,7 +933,7 @@ spec:
     world.ok(&["delete", "pod", "reader-a", "--timeout=90s"]);
     assert!(!world.kubelet().unprepared().contains(&shared_uid));
     world.ok(&["delete", "pod", "reader-b", "--timeout=90s"]);
-    eventually("the shared claim unprepared", || {
+    eventually_some("the shared claim unprepared", || {
         world
             .kubelet()
             .unprepared()
@@ -968,7 +956,7 @@ spec:
     devices.sort_unstable();
     assert_eq!(devices, ["gpu-0", "gpu-1"], "{claim}");
     let uid = claim["metadata"]["uid"].as_str().unwrap().to_owned();
-    let prepared = eventually("the two-GPU claim prepared", || {
+    let prepared = eventually_some("the two-GPU claim prepared", || {
         world
             .kubelet()
             .prepared()
@@ -1031,7 +1019,7 @@ fn the_slice_goes_with_its_node() {
         world.runtime.block_on(node.stop());
     }
     world.ok(&["delete", "node", NODE]);
-    eventually("the slice collected with its Node", || {
+    eventually_some("the slice collected with its Node", || {
         let out = world
             .kubectl
             .run(&["get", "resourceslice", &name, "-o", "name"], None)
@@ -1096,7 +1084,7 @@ fn the_agent_fails_with_a_role_missing_a_verb_it_uses() {
     let kubeconfig = world.agent_kubeconfig(account);
     let options = world.options(&kubeconfig);
     let started = world.runtime.block_on(TestNode::start_written(
-        Arc::new(DoubleGpus(GPUS)),
+        Arc::new(double_gpus(GPUS)),
         options,
         None,
     ));
@@ -1131,7 +1119,7 @@ fn a_gpu_our_health_check_taints_gets_no_new_claims_and_its_pods_are_evicted() {
     assert!(gpus.inject(index, HealthEvent::Xid(Some(79))).unwrap());
     // The device taint eviction controller evicts the pod using it; the
     // kubelet unprepares its claim and confirms the deletion.
-    eventually("the pod on the tainted GPU evicted", || {
+    eventually_some("the pod on the tainted GPU evicted", || {
         let out = world
             .kubectl
             .run(&["get", "pod", "victim", "-o", "json"], None)
@@ -1141,7 +1129,7 @@ fn a_gpu_our_health_check_taints_gets_no_new_claims_and_its_pods_are_evicted() {
             .is_ok_and(|p| p["metadata"]["uid"] != victim["metadata"]["uid"]);
         (gone || replaced).then_some(())
     });
-    eventually("the evicted pod's claim unprepared", || {
+    eventually_some("the evicted pod's claim unprepared", || {
         world
             .kubelet()
             .unprepared()

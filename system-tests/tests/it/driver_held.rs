@@ -7,11 +7,11 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hypervisor_observer::{GpuInfo, GpuObserver, ObserverError, ProcessMemory};
-use system_tests::daemon::DoubleGpus;
+use hypervisor_observer::{GpuObserver, ProcessMemory};
+use system_tests::daemon::double_gpus;
 use system_tests::pod::Pod;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info, probe, result_of, run};
 use system_tests::{daemon, probes};
@@ -498,23 +498,10 @@ fn green_contexts_are_charged_at_what_they_take() {
     );
 }
 
-/// The double's GPU, with what NVML attributes to each process set by the test.
-struct SeenGpus(Mutex<Vec<ProcessMemory>>);
-
-impl GpuObserver for SeenGpus {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        DoubleGpus(1).gpus()
-    }
-
-    fn process_memory(&self, _index: u32) -> Result<Vec<ProcessMemory>, ObserverError> {
-        Ok(self.0.lock().map(|seen| seen.clone()).unwrap_or_default())
-    }
-}
-
 #[test]
 fn memory_the_audit_finds_beyond_the_ledger_is_charged_to_the_pod() {
     let pod = Pod::new("audit");
-    let seen = Arc::new(SeenGpus(Mutex::new(Vec::new())));
+    let seen = Arc::new(double_gpus(1));
     let text = format!(
         "listen = \"127.0.0.1:0\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"t\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
         pod.0
@@ -552,10 +539,13 @@ fn memory_the_audit_finds_beyond_the_ledger_is_charged_to_the_pod() {
     // NVML says the process holds 1.5 GiB more than its ledger counts (its
     // context): memory no hook saw.
     let hidden = 3 * GIB / 2;
-    *seen.0.lock().expect("lock") = vec![ProcessMemory {
-        pid,
-        bytes: CONTEXT_BYTES + hidden,
-    }];
+    seen.set_process_memory(
+        0,
+        vec![ProcessMemory {
+            pid,
+            bytes: CONTEXT_BYTES + hidden,
+        }],
+    );
     let status = || hypervisor.hypervisor().status().pods[0].gpus[0].clone();
     let deadline = Instant::now() + Duration::from_secs(10);
     while status().memory_unaccounted != hidden && Instant::now() < deadline {

@@ -11,7 +11,7 @@ use gpushare_utils::ledger::{MAX_DEVICES, PodLedger, REGION_SIZE};
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Creation;
 use system_tests::RunningNode;
-use system_tests::daemon::DoubleGpus;
+use system_tests::daemon::double_gpus;
 use system_tests::pod::Pod;
 use system_tests::probes::{CONTEXT_BYTES, GIB, info, probe, run};
 use system_tests::{daemon, probes};
@@ -27,7 +27,7 @@ fn start(pod: &Pod, gpus: &[&str], count: u8) -> RunningNode {
     for gpu in gpus {
         text.push_str(&format!("[[pods.gpus]]\n{gpu}\n"));
     }
-    daemon::hypervisor(pod, &text, Arc::new(DoubleGpus(count)))
+    daemon::hypervisor(pod, &text, Arc::new(double_gpus(count)))
 }
 
 /// A probe of `pod` under the hypervisor at `url` with `token`.

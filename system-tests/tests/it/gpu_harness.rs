@@ -7,9 +7,8 @@
 //! command that installs it: a check that did not run never passes.
 
 use std::path::Path;
-use std::process::Command;
 
-use system_tests::artifacts;
+use system_tests::{artifacts, tools};
 
 #[test]
 fn the_gpu_harness_and_the_benchmarks_pass_their_own_tests() {
@@ -19,7 +18,7 @@ fn the_gpu_harness_and_the_benchmarks_pass_their_own_tests() {
     mps_fake::program();
     let build = daemon.parent().expect("<target>/<profile>");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let output = Command::new("python3")
+    let output = tools::command("python3")
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"])
         .arg("scripts/gpu/selftest")
         .current_dir(&root)
@@ -34,7 +33,7 @@ fn the_gpu_harness_and_the_benchmarks_pass_their_own_tests() {
     );
     assert!(
         !text.contains("No module named pytest"),
-        "pytest is not installed (python3 -m pip install pytest==9.2.0; scripts/test.sh does):\n{text}"
+        "pytest is not installed (scripts/test.sh installs it under target/tools):\n{text}"
     );
     assert!(output.status.success(), "{text}");
     // Every test ran: a skipped one (an MPS daemon already running, say)

@@ -6,10 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use system_tests::RunningNode;
-use system_tests::daemon::DoubleGpus;
+use system_tests::daemon::double_gpus;
 use system_tests::pod::Pod;
 use system_tests::probes::{CONTEXT_BYTES, GIB, info, probe, run};
-use system_tests::swapping::{Running, eventually};
+use system_tests::swapping::Running;
+use system_tests::wait::eventually;
 use system_tests::{artifacts, daemon, probes};
 
 const TOKEN: &str = "pod-token";
@@ -24,7 +25,7 @@ fn start_on(pod: &Pod, gpu: &str, listen: &str) -> RunningNode {
         "listen = \"{listen}\"\nadmin_token = \"admin\"\n\n[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\n{gpu}\n",
         pod.0
     );
-    daemon::hypervisor(pod, &text, Arc::new(DoubleGpus(1)))
+    daemon::hypervisor(pod, &text, Arc::new(double_gpus(1)))
 }
 
 fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Command {

@@ -12,15 +12,14 @@ use std::time::Duration;
 
 use gpushare_utils::limits::{PodLimits, Residency};
 use gpushare_utils::shm::Trust;
-use hypervisor_observer::{
-    GpuInfo, GpuObserver, HealthBoard, HealthEvent, HealthPolicy, ObserverError,
-};
-use system_tests::daemon::{self, DoubleGpus, NodeFileGpu};
+use hypervisor_observer::{GpuObserver, HealthEvent};
+use system_tests::daemon::{self, double_gpus, node_file_gpus};
 use system_tests::pod::Pod;
 use system_tests::probes::GIB;
 use system_tests::swapping::{
-    ADMIN, Running, TOKEN, admin_cli, ask_room, checkpoint_dir, control_block, eventually,
+    ADMIN, Running, TOKEN, admin_cli, ask_room, checkpoint_dir, control_block,
 };
+use system_tests::wait::eventually;
 
 #[ctor::ctor(unsafe)]
 fn name_the_checkpoint_folder() {
@@ -46,7 +45,7 @@ fn config(pod: &Pod, listen: &str) -> String {
 }
 
 fn start(pod: &Pod) -> system_tests::RunningNode {
-    daemon::hypervisor(pod, &config(pod, "127.0.0.1:0"), Arc::new(DoubleGpus(2)))
+    daemon::hypervisor(pod, &config(pod, "127.0.0.1:0"), Arc::new(double_gpus(2)))
 }
 
 /// Stops `node` and starts a daemon of the same config on its port, which
@@ -57,7 +56,7 @@ fn restarted(pod: &Pod, node: system_tests::RunningNode) -> system_tests::Runnin
     daemon::hypervisor(
         pod,
         &config(pod, &addr.to_string()),
-        Arc::new(DoubleGpus(2)),
+        Arc::new(double_gpus(2)),
     )
 }
 
@@ -301,33 +300,17 @@ fn a_swapped_pod_moved_away_and_back_is_restored_where_it_was() {
     resumed_and_allocated(running);
 }
 
-/// The double's two GPUs, with a health board the test reports faults on.
-struct GpusWithFaults(HealthBoard);
-
-impl GpuObserver for GpusWithFaults {
-    fn gpus(&self) -> Result<Vec<GpuInfo>, ObserverError> {
-        DoubleGpus(2).gpus()
-    }
-
-    fn health(&self) -> Option<&HealthBoard> {
-        Some(&self.0)
-    }
-}
-
 #[test]
 fn a_gpu_that_reports_an_xid_is_drained_by_itself() {
     let pod = Pod::new("move-xid");
-    let gpus = Arc::new(GpusWithFaults(HealthBoard::new(HealthPolicy::default())));
+    let gpus = Arc::new(double_gpus(2));
     let text = config(&pod, "127.0.0.1:0").replace("[swap]\n", "[swap]\ndrain_unhealthy = true\n");
     let node = daemon::hypervisor(&pod, &text, Arc::clone(&gpus) as Arc<dyn GpuObserver>);
     let mut running = Running::start(&pod, &node.url(), &[TWO_GPUS], ONE_GIB_THEN_MORE);
     running.until_ready();
     assert_eq!(control_block(running.pid()).gpu, 0);
 
-    assert!(
-        gpus.0
-            .record(&gpushare_examples::uuid(0), HealthEvent::Xid(Some(79)))
-    );
+    assert!(gpus.inject(0, HealthEvent::Xid(Some(79))).expect("GPU 0"));
     eventually("the pod leaves the GPU that reported the XID", || {
         control_block(running.pid()).gpu == 1
     });
@@ -357,11 +340,7 @@ fn a_room_wait_that_ends_mid_swap_leaves_the_pod_whole_and_a_move_takes_its_proc
         pod.0,
         asker.0
     );
-    let gpus = NodeFileGpu {
-        path: node_file.clone(),
-        total: 16 * GIB,
-        devices: 2,
-    };
+    let gpus = node_file_gpus(node_file.clone(), 16 * GIB, 2);
     let node = daemon::hypervisor(&pod, &text, Arc::new(gpus));
     let env = [
         TWO_GPUS,

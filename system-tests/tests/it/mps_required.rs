@@ -155,7 +155,7 @@ fn share_under(pod: &Pod, others: &[&str]) -> String {
             "[[pods]]\nid = \"{other}\"\ntoken = \"other\"\n[[pods.gpus]]\nindex = 0\nclass = \"latency\"\n"
         ));
     }
-    let running = daemon::hypervisor(pod, &config, Arc::new(daemon::DoubleGpus(1)));
+    let running = daemon::hypervisor(pod, &config, Arc::new(daemon::double_gpus(1)));
     running.hypervisor().set_corun_gpus(&CorunOptions {
         gpus: vec![gpushare_examples::uuid(0)],
         dir: std::env::temp_dir(),

@@ -300,7 +300,7 @@ fn a_turn_word_rewritten_without_launches_holds_no_neighbour() {
          [[pods.gpus]]\nindex = 0\ncap = 30\npolicy = \"fixed\"\n",
         pod.0
     );
-    let hypervisor = daemon::hypervisor(&pod, &text, std::sync::Arc::new(daemon::DoubleGpus(1)));
+    let hypervisor = daemon::hypervisor(&pod, &text, std::sync::Arc::new(daemon::double_gpus(1)));
     hypervisor
         .hypervisor()
         .set_turn_gpus(&hypervisor_core::turns::TurnOptions {

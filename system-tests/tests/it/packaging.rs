@@ -6,21 +6,22 @@
 //! a check that did not run never passes.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+
+use system_tests::tools;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-const INSTALL: &str = "python3 -m pip install -r scripts/packaging-requirements.txt \
-     && cargo install --locked cargo-zigbuild@0.24.1 (.ci/run does both)";
+const INSTALL: &str = "scripts/test.sh installs them under target/tools";
 
 fn run(program: &str, args: &[&str]) -> Output {
-    Command::new(program)
+    tools::command(program)
         .args(args)
         .current_dir(root())
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}; install it ({INSTALL})"))
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}; {INSTALL}"))
 }
 
 fn text(output: &Output) -> String {

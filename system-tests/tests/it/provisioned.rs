@@ -12,7 +12,7 @@ use gpushare_utils::limits::PodLimits;
 use gpushare_utils::pod_file::{PodFile, VERSION};
 use gpushare_utils::shm::Creation;
 use system_tests::container::{self, ContainerLib};
-use system_tests::daemon::{DoubleGpus, PODS_UID, pods_uid_hypervisor};
+use system_tests::daemon::{PODS_UID, double_gpus, pods_uid_hypervisor};
 use system_tests::pod::{Pod, node_tables};
 use system_tests::probes;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
@@ -210,7 +210,7 @@ fn the_node_tables_are_the_pod_files_whatever_the_variables_name() {
          [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n[[pods.gpus]]\nindex = 0\nmemory = \"1g\"\ncap = 50\n",
         pod.0
     );
-    let daemon = system_tests::daemon::hypervisor(&pod, &text, Arc::new(DoubleGpus(1)));
+    let daemon = system_tests::daemon::hypervisor(&pod, &text, Arc::new(double_gpus(1)));
     let container = ContainerLib::with_text(&pod_file(&pod, &daemon.url()));
     let elsewhere = node_tables(&Pod::new("elsewhere"));
     let output = in_container(

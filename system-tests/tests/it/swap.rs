@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpushare_utils::limits::Residency;
-use system_tests::daemon::{DoubleGpus, NodeFileGpu, ProcessGpus};
+use system_tests::daemon::{double_gpus, node_file_gpus, process_gpus};
 use system_tests::pod::Pod;
 use system_tests::probes::{self, GIB, probe};
 use system_tests::swapping::{
-    ADMIN, Running, TOKEN, admin_cli, ask_room, checkpoint_dir, control_block, eventually,
-    name_in_ledger, post, write_ledger_usage,
+    ADMIN, Running, TOKEN, admin_cli, ask_room, checkpoint_dir, control_block, name_in_ledger,
+    post, write_ledger_usage,
 };
+use system_tests::wait::eventually;
 use system_tests::{RunningNode, daemon};
 
 #[ctor::ctor(unsafe)]
@@ -39,7 +40,7 @@ fn config(pod: &Pod, quota: &str, extra_swap: &str) -> String {
 }
 
 fn start(pod: &Pod, quota: &str) -> RunningNode {
-    daemon::hypervisor(pod, &config(pod, quota, ""), Arc::new(DoubleGpus(1)))
+    daemon::hypervisor(pod, &config(pod, quota, ""), Arc::new(double_gpus(1)))
 }
 
 /// `hypervisor swap out|in POD` against `node`: its exit status and output.
@@ -67,11 +68,7 @@ fn overcommitted(node_file: &Path, devices: u8, pods: &[(&Pod, u32, &str)]) -> R
             pod.0
         ));
     }
-    let gpus = NodeFileGpu {
-        path: node_file.to_owned(),
-        total: 16 * GIB,
-        devices,
-    };
+    let gpus = node_file_gpus(node_file.to_owned(), 16 * GIB, devices);
     daemon::hypervisor(pods[0].0, &text, Arc::new(gpus))
 }
 
@@ -264,7 +261,7 @@ fn a_restarted_daemon_finds_the_swapped_pod_and_brings_it_back() {
     node.stop();
     // The same config on the same port: the probe's limiter reaches it.
     let text = config(&pod, "4g", "").replace("127.0.0.1:0", &addr.to_string());
-    let again = daemon::hypervisor(&pod, &text, Arc::new(DoubleGpus(1)));
+    let again = daemon::hypervisor(&pod, &text, Arc::new(double_gpus(1)));
     eventually("the new daemon shows the pod swapped", || {
         pod_swap(&again, &pod).state == Residency::Swapped
     });
@@ -527,7 +524,7 @@ fn ended(mut running: Running) {
 fn a_pod_that_names_a_neighbours_process_cannot_have_it_swapped() {
     let pod = Pod::new("swap-forger");
     let neighbour = Pod::new("swap-neighbour");
-    let node = start_pods(&[&pod, &neighbour], "", Arc::new(DoubleGpus(1)));
+    let node = start_pods(&[&pod, &neighbour], "", Arc::new(double_gpus(1)));
     let own = holding(&pod, &node, "1g");
     let other = holding(&neighbour, &node, "1g");
     let victim = other.pid();
@@ -619,7 +616,7 @@ fn host_memory_is_counted_by_what_the_processes_hold_not_by_their_ledger() {
     let node = start_pods(
         &[&first, &second],
         "host_limit = \"3g\"",
-        Arc::new(ProcessGpus(1)),
+        Arc::new(process_gpus(1)),
     );
     let a = holding(&first, &node, "2g");
     let b = holding(&second, &node, "2g");

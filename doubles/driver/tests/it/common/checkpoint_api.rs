@@ -18,6 +18,7 @@ pub(crate) const CHECKPOINTED: u32 = 2;
 /// reads the variable once) whose `GPUSHARE_DOUBLE_CHECKPOINT_DIR` names a
 /// new folder under the target's temporary directory, removed afterwards;
 /// in that child, the folder.
+#[track_caller]
 pub(crate) fn checkpoint_dir(name: &str) -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os(DIR_VAR) {
         assert!(
