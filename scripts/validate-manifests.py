@@ -19,7 +19,11 @@
    liveness and readiness probes, resource requests and a memory limit on
    every container, and no host network (its API is on a Unix socket).
 
-Usage: python3 scripts/validate-manifests.py
+Given files (`python3 scripts/validate-manifests.py examples/kubernetes/*.yaml`),
+it validates the objects in those files instead, as steps 2 and 3 do (no
+kustomize, no kubectl).
+
+Usage: python3 scripts/validate-manifests.py [FILE.yaml ...]
 Needs: python3 -m pip install -r scripts/packaging-requirements.txt
 Exit status: 0 valid, 1 something invalid, 2 a tool missing or not the pinned one.
 """
@@ -254,10 +258,47 @@ def policy_errors(obj: dict) -> list[str]:
     return problems
 
 
+def check(label: str, objects: list[dict]) -> bool:
+    """Prints each problem of `objects` and one verdict line; whether all passed."""
+    bad = 0
+    for obj in objects:
+        for problem in schema_errors(obj) + policy_errors(obj):
+            print(f"FAIL {label}: {name_of(obj)}: {problem}")
+            bad += 1
+    kinds = ", ".join(sorted({o.get("kind", "?") for o in objects}))
+    ours = [o["kind"] for o in objects if (o.get("apiVersion"), o.get("kind")) in OUR_SCHEMAS]
+    note = f"; {', '.join(ours)} against our schema (no upstream one)" if ours else ""
+    verdict = "ok  " if bad == 0 else "FAIL"
+    print(f"{verdict} {label}: {len(objects)} objects ({kinds}) against Kubernetes {', '.join(VERSIONS)}{note}")
+    return bad == 0
+
+
+def check_files(paths: list[str]) -> int:
+    """Steps 2 and 3 on the objects of each file."""
+    import yaml  # noqa: PLC0415
+
+    failed = 0
+    for path in paths:
+        try:
+            objects = [o for o in yaml.safe_load_all(pathlib.Path(path).read_text()) if o]
+        except (OSError, yaml.YAMLError) as e:
+            print(f"FAIL {path}: {e}")
+            failed += 1
+            continue
+        if not objects:
+            print(f"FAIL {path}: no object")
+            failed += 1
+            continue
+        failed += not check(path, objects)
+    print(f"{len(paths) - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
 def main() -> int:
+    files = sys.argv[1:]
     try:
         check_pinned("kubernetes-validate")
-        kubectl_path = kubectl()
+        kubectl_path = "" if files else kubectl()
         import jsonschema  # noqa: F401, PLC0415
         import yaml  # noqa: F401, PLC0415
     except ToolMissing as e:
@@ -266,6 +307,12 @@ def main() -> int:
     except ImportError as e:
         print(f"validate-manifests: {e} ({INSTALL})", file=sys.stderr)
         return 2
+    if files:
+        try:
+            return check_files(files)
+        except ToolMissing as e:
+            print(f"validate-manifests: {e}", file=sys.stderr)
+            return 2
     folders = kustomizations()
     if not folders:
         print(f"validate-manifests: no kustomization under {DEPLOY}", file=sys.stderr)
@@ -283,20 +330,7 @@ def main() -> int:
                 print(f"FAIL {label}: {e}")
                 failed += 1
                 continue
-            bad = 0
-            for obj in objects:
-                for problem in schema_errors(obj) + policy_errors(obj):
-                    print(f"FAIL {label}: {name_of(obj)}: {problem}")
-                    bad += 1
-            kinds = ", ".join(sorted({o.get("kind", "?") for o in objects}))
-            ours = [o["kind"] for o in objects if (o.get("apiVersion"), o.get("kind")) in OUR_SCHEMAS]
-            note = f"; {', '.join(ours)} against our schema (no upstream one)" if ours else ""
-            verdict = "ok  " if bad == 0 else "FAIL"
-            print(
-                f"{verdict} {label}: {len(objects)} objects ({kinds}) "
-                f"against Kubernetes {', '.join(VERSIONS)}{note}"
-            )
-            failed += bad > 0
+            failed += not check(label, objects)
             checked += 1
     except ToolMissing as e:
         print(f"validate-manifests: {e}", file=sys.stderr)

@@ -542,6 +542,22 @@ fn check_config(path: &std::path::Path) -> anyhow::Result<()> {
             "off"
         }
     );
+    let swap = &config.settings.swap;
+    // Only when some GPU overcommits: the operators' swap needs no setting.
+    if swap.overcommit.as_ref().is_none_or(|gpus| !gpus.is_empty()) {
+        println!(
+            "swap: overcommit on {}, ratio {}, idle after {} ms, host limit {} bytes",
+            swap.overcommit
+                .as_ref()
+                .map_or("every GPU".to_owned(), |gpus| {
+                    let indexes: Vec<String> = gpus.iter().map(u32::to_string).collect();
+                    format!("GPUs {}", indexes.join(", "))
+                }),
+            swap.overcommit_ratio,
+            swap.idle_after.as_millis(),
+            swap.host_limit
+        );
+    }
     for pod in &config.pods {
         println!("pod {} ({} GPUs)", pod.id, pod.gpus.len());
         for gpu in &pod.gpus {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU end-to-end check: builds the CUDA programs of scripts/gpu with nvcc,
-# then runs the pytest harness in scripts/gpu/e2e (checks 1-41; see its
+# then runs the pytest harness in scripts/gpu/e2e (checks 1-43; see its
 # conftest.py for the knobs), which writes table.md, results.json, e2e.log and
 # e2e-logs.tar.gz to $OUT (default: the work dir) and prints the table last.
 #

@@ -24,3 +24,17 @@ def built(name: str) -> Path | None:
         if path.is_file():
             return path
     return None
+
+
+def double_dir() -> Path | None:
+    """The folder of the driver double's libcuda.so.1 (the build of the
+    gpushare-examples crate) beside the builds above, the newest where
+    several builds left one; None where there is none."""
+    named = os.environ.get("GPUSHARE_SELFTEST_TARGET")
+    folders = [Path(named)] if named else [REPO / "target" / kind for kind in ("release", "debug")]
+    for folder in folders:
+        found = sorted(folder.glob("build/gpushare-examples-*/out/double/libcuda.so.1"),
+                       key=lambda p: p.stat().st_mtime)
+        if found:
+            return found[-1].parent
+    return None

@@ -413,8 +413,22 @@ def python(args):
     elif script == "torch_matmul.py":
         time.sleep(float(args[1]))
         out(matmuls_per_s="100.0" if not SM else f"{SM:.1f}", tflops="110.0", ok=1)
+    elif script in ("train_step.py", "infer_loop.py"):
+        examples_pytorch(script)
     else:  # the harness's own uses of python (preflight)
         os.execv(sys.executable, [sys.executable, *args])
+
+
+def examples_pytorch(script):
+    """examples/pytorch's programs: each sees its pod's quota in the daemon's
+    examples/pytorch/hypervisor.toml when run by its run.sh under the limiter."""
+    quota = {"train": 8192, "infer": 4096}.get(E.get("CUDA_LIMITER_POD", ""))
+    limited = "LD_PRELOAD" in E and "CUDA_LIMITER_HYPERVISOR" in E and quota
+    total = quota if limited else 81079
+    if script == "train_step.py":
+        print(f"train: steps=50 loss_first=2.353 loss_last=0.120 gpu_total_mib={total} steps_per_s=200.0", flush=True)
+    else:
+        print(f"infer: requests=200 p50_ms=0.40 p99_ms=0.90 gpu_total_mib={total}", flush=True)
 
 
 def main():

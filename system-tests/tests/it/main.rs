@@ -11,6 +11,7 @@ mod device_plugin;
 mod device_plugin_cluster;
 mod dra_cluster;
 mod driver_held;
+mod examples;
 mod fail_closed;
 mod gpu_harness;
 mod hypervisor_mode;
