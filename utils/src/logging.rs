@@ -23,10 +23,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing::level_filters::LevelFilter;
 use tracing::{Event, Subscriber};
+use tracing_subscriber::filter::filter_fn;
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
 
 /// The level when the variable is unset, empty or invalid.
 pub const DEFAULT_LEVEL: LevelFilter = LevelFilter::WARN;
@@ -55,6 +58,13 @@ pub fn parse_level(s: &str) -> Option<LevelFilter> {
 ///
 /// Only the first call in a process does anything; it never panics.
 pub fn init(env_var: &str) {
+    init_quieting(env_var, &[]);
+}
+
+/// [`init`], dropping every event of the targets in `quiet` (a target and
+/// its modules): a library's own reports of what its callers handle and
+/// report themselves.
+pub fn init_quieting(env_var: &str, quiet: &'static [&'static str]) {
     static STARTED: AtomicBool = AtomicBool::new(false);
     // Not a `Once`: it would poison and panic on the next call if the first
     // one panicked. A racing second caller returns before the subscriber is in
@@ -62,10 +72,19 @@ pub fn init(env_var: &str) {
     if STARTED.swap(true, Ordering::AcqRel) {
         return;
     }
-    install(env_var, std::env::var_os(env_var).as_deref());
+    install(env_var, std::env::var_os(env_var).as_deref(), quiet);
 }
 
-fn install(env_var: &str, value: Option<&OsStr>) {
+/// Whether `target` is one of `quiet` or a module of one.
+fn quieted(quiet: &[&str], target: &str) -> bool {
+    quiet.iter().any(|q| {
+        target
+            .strip_prefix(q)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+    })
+}
+
+fn install(env_var: &str, value: Option<&OsStr>, quiet: &'static [&'static str]) {
     let text = value.map(|v| v.to_string_lossy());
     let (level, invalid) = match text.as_deref() {
         None => (DEFAULT_LEVEL, None),
@@ -76,13 +95,14 @@ fn install(env_var: &str, value: Option<&OsStr>) {
             None => (DEFAULT_LEVEL, Some(s)),
         },
     };
-    let installed = tracing_subscriber::fmt()
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
-        .with_max_level(level)
         .event_format(Tagged {
             tag: tag_for(env_var),
         })
-        .try_init();
+        .with_filter(filter_fn(move |meta| !quieted(quiet, meta.target())))
+        .with_filter(level);
+    let installed = tracing_subscriber::registry().with(lines).try_init();
     match installed {
         Ok(()) => {}
         // A global subscriber of this copy of `tracing` is already set (an
@@ -302,11 +322,21 @@ mod tests {
     }
 
     #[test]
+    fn a_quieted_target_and_its_modules_are_dropped_and_no_other() {
+        let quiet = ["kube_client::client::builder"];
+        assert!(quieted(&quiet, "kube_client::client::builder"));
+        assert!(quieted(&quiet, "kube_client::client::builder::inner"));
+        assert!(!quieted(&quiet, "kube_client::client::builderx"));
+        assert!(!quieted(&quiet, "kube_client::client"));
+        assert!(!quieted(&[], "kube_client::client::builder"));
+    }
+
+    #[test]
     fn init_twice_does_not_panic() {
         // The only test that touches the global subscriber; `off` keeps other
         // tests' output clean.
-        install("GPUSHARE_UTILS_TEST_LOG", Some(OsStr::new("off")));
-        install("GPUSHARE_UTILS_TEST_LOG", Some(OsStr::new("bogus")));
+        install("GPUSHARE_UTILS_TEST_LOG", Some(OsStr::new("off")), &[]);
+        install("GPUSHARE_UTILS_TEST_LOG", Some(OsStr::new("bogus")), &[]);
         init("GPUSHARE_UTILS_TEST_LOG");
         init("GPUSHARE_UTILS_TEST_LOG");
     }

@@ -47,6 +47,12 @@ use hypervisor_provision::Provisioner;
 /// The default driver name.
 pub const DRIVER: &str = "gpu.gpushare.dev";
 
+/// Log targets of kube whose events the daemon's log leaves out: its HTTP
+/// layer says ERROR for every request that fails, also those the agent
+/// tries again (while an API server starts or restarts) and reports itself,
+/// with what it was doing.
+pub const QUIET_LOG_TARGETS: &[&str] = &["kube_client::client::builder"];
+
 /// Why the agent failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KubeError {

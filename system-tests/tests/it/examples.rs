@@ -22,6 +22,7 @@ use system_tests::artifacts;
 use system_tests::pod::Pod;
 use system_tests::probes::{self, serial};
 use system_tests::scratch::Scratch;
+use system_tests::tools;
 
 const README: &str = include_str!("../../../examples/README.md");
 
@@ -184,7 +185,7 @@ fn daemon_config_with_swap_and_overcommit_installs_as_the_readme_says() {
 /// schemas (it fails with the install command when its tools are missing).
 fn validated(file: &str) -> Vec<Value> {
     let relative = format!("examples/kubernetes/{file}");
-    let output = Command::new("python3")
+    let output = tools::command("python3")
         .args(["scripts/validate-manifests.py", &relative])
         .current_dir(root())
         .output()
@@ -193,7 +194,7 @@ fn validated(file: &str) -> Vec<Value> {
         output.status.code(),
         Some(2),
         "the validator's tools are missing \
-         (python3 -m pip install -r scripts/packaging-requirements.txt): {}",
+         (scripts/test.sh installs them under target/tools): {}",
         said(&output)
     );
     assert!(output.status.success(), "{}", said(&output));

@@ -105,7 +105,10 @@ fn main() {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
-    gpushare_utils::logging::init("HYPERVISOR_LOG");
+    gpushare_utils::logging::init_quieting(
+        "HYPERVISOR_LOG",
+        hypervisor_kubernetes::QUIET_LOG_TARGETS,
+    );
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let out = args.out.canonicalize()?;
