@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use hypervisor::node::{Node, NodeSpec};
-use hypervisor_core::config;
+use hypervisor_config as config;
 use hypervisor_core::node_tables::NodeTableNames;
 use hypervisor_core::turns::TurnArgs;
 use hypervisor_corun::CorunArgs;

@@ -45,10 +45,9 @@ use gpushare_utils::pod::PodId;
 use gpushare_utils::protocol::PodGpuLimits;
 use tokio::sync::Notify;
 
-use crate::config::RegionOptions;
 use crate::fairshare::Allotment;
 use crate::node_tables::NodeTables;
-use crate::region::{PodRegion, RegionError};
+use crate::region::{PodRegion, RegionError, RegionOptions};
 use crate::spec::{GpuSelector, GpuSpec, PodSpec, Policy, Token};
 use crate::turns::{GpuTurns, TurnOptions, TurnPlan};
 use hypervisor_corun::CorunOptions;

@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-pub use hypervisor_core::config::ConnLimits;
+pub use hypervisor_config::ConnLimits;
 
 use poem::http::uri::Scheme;
 use poem::listener::Acceptor;

@@ -46,7 +46,7 @@ pub use grant::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
 use files::{random_token, remove_if_there};
 
 use checkpoint::{Checkpoint, PreparedClaim};
-use hypervisor_core::config::MemoryCapacity;
+use hypervisor_config::MemoryCapacity;
 use hypervisor_core::spec::{GpuSelector, GpuSpec, PodSpec, Token};
 use hypervisor_observer::GpuInfo;
 

@@ -1,7 +1,6 @@
-//! The daemon core's integration tests, one binary: the config file, the
-//! node tables, and the turn plan.
+//! The daemon core's integration tests, one binary: the node tables and
+//! the turn plan.
 
-mod config;
 mod node_tables;
 mod turn_flags;
 mod turns;

@@ -64,7 +64,8 @@ use gpushare_utils::small_file::SmallFileError;
 use gpushare_utils::units::parse_size;
 use serde::Deserialize;
 
-use crate::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token};
+use hypervisor_core::region::RegionOptions;
+use hypervisor_core::spec::{self, GpuSelector, GpuSpec, PodSpec, Policy, SpecError, Token};
 
 mod files;
 mod overcommit;
@@ -73,7 +74,7 @@ mod swap;
 
 pub use files::{CONFIG_MAX_BYTES, LOAD_TIMEOUT};
 pub use overcommit::{MemoryCapacity, OvercommitRatio};
-pub use settings::{ConnLimits, RegionOptions, Settings, SwapSettings};
+pub use settings::{ConnLimits, Settings, SwapSettings};
 
 /// Where the hypervisor listens when neither the file nor `--listen` says.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
