@@ -8,6 +8,11 @@
 //! `LD_PRELOAD`, and once with `libadd_path.so` as a `DT_NEEDED` dependency, the
 //! only way to load the library with `LD_PRELOAD` unset.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a helper fails its test by panicking, as the test itself does"
+)]
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;

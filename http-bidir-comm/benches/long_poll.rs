@@ -6,6 +6,11 @@
 //!     cargo bench -p http-bidir-comm --bench long_poll
 //!     cargo bench --profile dev -p http-bidir-comm --bench long_poll
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "a benchmark stops at its first failure, by panicking"
+)]
+
 #[path = "../tests/it/common/mod.rs"]
 mod common;
 

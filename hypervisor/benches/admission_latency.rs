@@ -17,6 +17,11 @@
 //! reported, never a failure. Run it on an otherwise idle machine: other work
 //! on the cores shows up in the tail.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "a benchmark stops at its first failure, by panicking"
+)]
+
 #[path = "../tests/it/common/mod.rs"]
 mod common;
 

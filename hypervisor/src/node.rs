@@ -403,7 +403,7 @@ mod tests {
     use super::*;
 
     fn spec(tables: &NodeTableNames) -> NodeSpec {
-        let config = hypervisor_core::config::parse(
+        let config = hypervisor_config::parse(
             "listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n",
             Path::new("(test)"),
             Path::new("."),

@@ -22,6 +22,11 @@
 //! too; `cargo bench` builds the whole workspace in release first). Timed
 //! runs busy-wait on the host: run it on an otherwise idle machine.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "a benchmark stops at its first failure, by panicking"
+)]
+
 #[path = "../tests/it/common/mod.rs"]
 mod common;
 

@@ -10,6 +10,11 @@
 //! simulated clock, so the GPU's own behaviour (time slices, MPS) is not in
 //! these figures: `python3 -m scripts.bench packing` measures them on a GPU.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "a benchmark stops at its first failure, by panicking"
+)]
+
 use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -24,18 +24,19 @@ impl ContainerLib {
     pub fn with_text(pod_file: &str) -> Self {
         let dir = std::env::temp_dir().join(crate::unique::name("limiter-container"));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::create_dir_all(&dir).expect("the container's library folder");
         let lib = Self { dir };
-        std::os::unix::fs::symlink(limiter(), lib.library()).unwrap();
+        std::os::unix::fs::symlink(limiter(), lib.library()).expect("the limiter's link");
         let file = lib.pod_file();
-        std::fs::write(&file, pod_file).unwrap();
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444)).unwrap();
+        std::fs::write(&file, pod_file).expect("the pod file");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o444))
+            .expect("the pod file's mode");
         lib
     }
 
     /// The folder with a copy of the pod file the daemon wrote at `host_path`.
     pub fn mounting(host_path: &Path) -> Self {
-        Self::with_text(&std::fs::read_to_string(host_path).unwrap())
+        Self::with_text(&std::fs::read_to_string(host_path).expect("the daemon's pod file"))
     }
 
     /// What `/etc/ld.so.preload` names in the container.
@@ -56,8 +57,9 @@ impl ContainerLib {
     /// `/proc/self/fd/<alias>`. Needs root ([`mount_namespaces`]).
     pub fn preloaded(&self, command: &mut Command, uid: u32, alias: Option<i32>) {
         let layer = self.dir.join("etc-layer");
-        std::fs::create_dir_all(&layer).unwrap();
-        let text = |path: &Path| CString::new(path.as_os_str().as_bytes()).unwrap();
+        std::fs::create_dir_all(&layer).expect("the overlay's folder");
+        let text =
+            |path: &Path| CString::new(path.as_os_str().as_bytes()).expect("a path without NUL");
         let (upper, work) = (layer.join("upper"), layer.join("work"));
         let options = format!(
             "lowerdir=/etc,upperdir={},workdir={}",
@@ -72,7 +74,7 @@ impl ContainerLib {
             text(&work),
             text(&self.library()),
         );
-        let options = CString::new(options).unwrap();
+        let options = CString::new(options).expect("mount options without NUL");
         let check = |result: libc::c_int| {
             if result < 0 {
                 Err(std::io::Error::last_os_error())

@@ -61,8 +61,8 @@ fn sized_double_gpus(count: u8, total: u64) -> FakeGpus {
 /// A hypervisor on loopback running `config` (its TOML) for `pod`'s test,
 /// seeing GPUs through `observer`, with the test's node tables.
 pub fn hypervisor(pod: &Pod, config: &str, observer: Arc<dyn GpuObserver>) -> RunningNode {
-    let config = hypervisor_core::config::parse(config, Path::new("test.toml"), Path::new("."))
-        .expect("config");
+    let config =
+        hypervisor_config::parse(config, Path::new("test.toml"), Path::new(".")).expect("config");
     RunningNode::daemon(hypervisor_daemon::Options {
         config,
         config_path: None,

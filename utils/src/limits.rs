@@ -13,19 +13,22 @@
 //! | offset | size | what |
 //! | --- | --- | --- |
 //! | 0 | 64 | header: `magic` u64 @0, `version` u32 @8, `state` u32 @12 (2 = published), `generation` u64 @16, `residency` u32 @24 ([`Residency`]: where the pod's device memory is), `demand` u32 @28 (bit `i`: the hypervisor counts the pod as wanting GPU entry `i`), `moving_from` u64 @32 and `moving_to` u64 @40 (a move waiting for the pod's restore, as GPU keys), `turn_pods` u64 @48 (4 bits per GPU entry: the pods that take turns on that GPU, as the hypervisor counts them) |
-//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`] @16, `class` u32 @32 ([`PodClass::code`]), `sm_percent` u32 @36 (a co-run GPU's MPS active thread percentage for the pod's next client, 0 = as provisioned), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
+//! | 64 | 16 × 64 | [`GpuLimits`]: `key` u64 @0 (hash of the lowercase UUID, 0 = empty), `quota` u64 @8 (bytes, 0 = unlimited), [`BucketLimits`](crate::bucket::BucketLimits) @16, `class` u32 @32 ([`PodClass::code`]), `sm_percent` u32 @36 (a co-run GPU's MPS active thread percentage for the pod's next client, 0 = as provisioned), `spill_limit` u64 @40 (bytes of host memory past the quota, 0 = no oversubscription) |
 //!
 //! A GPU is found by its UUID, so a quota follows the GPU whatever index a
 //! container's `CUDA_VISIBLE_DEVICES` gives it, and nothing a worker says at
 //! registration can move it.
 
-use std::mem::{offset_of, size_of};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use crate::MAX_DEVICES;
-use crate::bucket::BucketLimits;
 use crate::pod::PodClass;
 use crate::shm::{self, Creation, Mapping, ShmError, Trust};
+
+mod layout;
+
+use layout::TURN_PODS_BITS;
+pub use layout::{GpuLimits, LIMITS_SIZE, LimitsHeader, LimitsRegion, MAX_TURN_PODS, Residency};
 
 /// Prefix of a pod's limits object.
 pub const LIMITS_PREFIX: &str = "gpushare-limits-";
@@ -35,189 +38,6 @@ pub const LIMITS_MAGIC: u64 = u64::from_le_bytes(*b"GPUSHLIM");
 pub const LIMITS_VERSION: u32 = 1;
 /// `state` once the hypervisor has written every entry.
 const PUBLISHED: u32 = 2;
-
-/// Header of the limits object.
-#[repr(C)]
-#[derive(Debug)]
-pub struct LimitsHeader {
-    /// [`LIMITS_MAGIC`] once the hypervisor has created the object.
-    pub magic: AtomicU64,
-    /// [`LIMITS_VERSION`] of the layout the hypervisor wrote.
-    pub version: AtomicU32,
-    /// 0 until the hypervisor publishes the pod's limits, then 2.
-    pub state: AtomicU32,
-    /// Bumped on every change.
-    pub generation: AtomicU64,
-    /// Where the pod's device memory is ([`Residency::code`]): 0, on its
-    /// GPUs, in objects written before swapping existed too.
-    pub residency: AtomicU32,
-    /// Bit `i` set while the hypervisor counts the pod as wanting GPU entry
-    /// `i` (it saw the pod launch or wait there within its active window):
-    /// its rates already count the pod in, so a launch waiting for budget
-    /// there waits for the local refill without asking. Zero means "ask",
-    /// so version 1 holds it.
-    pub demand: AtomicU32,
-    /// A move of the pod to another GPU waiting for its processes' restore:
-    /// the [`uuid_key`] of the GPU the checkpointed processes were on, and
-    /// of the GPU they go to, so that a restarted hypervisor restores them
-    /// there. 0: none. Zero means "absent", so version 1 holds them.
-    pub moving_from: AtomicU64,
-    /// See [`Self::moving_from`].
-    pub moving_to: AtomicU64,
-    /// Bits `4i..4i+4`: the pods taking turns on GPU entry `i`'s GPU (batch
-    /// pods that want it, at most 15), as the hypervisor counts them: how
-    /// long a launch waits for a turn at most. 0: not counted (version 1).
-    pub turn_pods: AtomicU64,
-    /// Unused; zero.
-    pub reserved: [AtomicU64; 1],
-}
-
-const TURN_PODS_BITS: u32 = 4;
-/// The most pods [`LimitsHeader::turn_pods`] counts on a GPU.
-pub const MAX_TURN_PODS: u64 = (1 << TURN_PODS_BITS) - 1;
-
-/// Where a pod's device memory is. Only the hypervisor moves a pod between
-/// these; its processes read it before each CUDA call that needs the GPU,
-/// and a call that finds the pod anywhere but [`Residency::Resident`] waits
-/// (and asks the hypervisor to bring the pod back). On the wire and in the
-/// status, its [`Residency::as_str`] name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Residency {
-    /// On its GPUs: calls go on.
-    Resident,
-    /// Being checkpointed to host memory.
-    SwappingOut,
-    /// In host memory: the pod holds no device memory.
-    Swapped,
-    /// Being restored to a GPU.
-    SwappingIn,
-}
-
-impl Residency {
-    /// The value stored in [`LimitsHeader::residency`].
-    pub fn code(self) -> u32 {
-        match self {
-            Self::Resident => 0,
-            Self::SwappingOut => 1,
-            Self::Swapped => 2,
-            Self::SwappingIn => 3,
-        }
-    }
-
-    /// The state a stored value means; an unknown value is not resident
-    /// (fail closed: the call waits and asks).
-    pub fn from_code(code: u32) -> Self {
-        match code {
-            0 => Self::Resident,
-            1 => Self::SwappingOut,
-            3 => Self::SwappingIn,
-            _ => Self::Swapped,
-        }
-    }
-
-    /// Its name in the status, metrics and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Resident => "resident",
-            Self::SwappingOut => "swapping_out",
-            Self::Swapped => "swapped",
-            Self::SwappingIn => "swapping_in",
-        }
-    }
-}
-
-/// One GPU's limits.
-#[repr(C)]
-#[derive(Debug)]
-pub struct GpuLimits {
-    /// [`uuid_key`] of the GPU; 0: entry unused.
-    pub key: AtomicU64,
-    /// Bytes the pod may hold on the GPU; 0 = unlimited.
-    pub quota: AtomicU64,
-    /// Compute share, ceiling, suspension, managed flag.
-    pub compute: BucketLimits,
-    /// The pod's [`PodClass`] on the GPU ([`PodClass::code`]; 0, batch, in
-    /// objects written before classes).
-    pub class: AtomicU32,
-    /// On a co-run GPU: the MPS active thread percentage (1..=100) a client
-    /// of the pod that starts now takes, which depends on whether a latency
-    /// pod shares the GPU; 0: none given, the provisioned variable stands.
-    /// Zero means "absent", so version 1 holds it.
-    pub sm_percent: AtomicU32,
-    /// Bytes of host memory the pod may spill to past its quota
-    /// (oversubscription); 0 = none. Zero means "absent", so version 1 holds it.
-    pub spill_limit: AtomicU64,
-    /// Bytes the driver attributes to the pod's processes on the GPU beyond
-    /// what its ledger counts (the hypervisor's audit): charged to the pod
-    /// as driver-held memory. Zero means "absent", so version 1 holds it.
-    pub unaccounted: AtomicU64,
-    /// Where the hypervisor moved the pod here from another GPU: the
-    /// [`uuid_key`] of the GPU its spec places it on, so that a restarted
-    /// hypervisor places it here still. 0: not moved. Zero means "absent",
-    /// so version 1 holds it.
-    pub placed_as: AtomicU64,
-}
-
-impl GpuLimits {
-    /// The pod's class on the GPU.
-    pub fn class(&self) -> PodClass {
-        PodClass::from_code(self.class.load(Ordering::Acquire))
-    }
-
-    /// Sets the pod's class on the GPU (hypervisor only).
-    pub fn set_class(&self, class: PodClass) {
-        self.class.store(class.code(), Ordering::Release);
-    }
-
-    /// The active thread percentage a new MPS client of the pod takes on
-    /// the GPU, when the hypervisor gives one (1..=100).
-    pub fn sm_percent(&self) -> Option<u8> {
-        match self.sm_percent.load(Ordering::Acquire) {
-            percent @ 1..=100 => u8::try_from(percent).ok(),
-            _ => None,
-        }
-    }
-
-    /// Sets [`Self::sm_percent`] (hypervisor only); 0 clears it.
-    pub fn set_sm_percent(&self, percent: u8) {
-        self.sm_percent
-            .store(u32::from(percent.min(100)), Ordering::Release);
-    }
-}
-
-/// The whole object.
-#[repr(C)]
-#[derive(Debug)]
-pub struct LimitsRegion {
-    /// Magic, version, publication state and generation.
-    pub header: LimitsHeader,
-    /// One entry per GPU of the pod, found by [`uuid_key`]; unused entries
-    /// have key 0.
-    pub gpus: [GpuLimits; MAX_DEVICES],
-}
-
-/// Size of the object in bytes.
-pub const LIMITS_SIZE: usize = size_of::<LimitsRegion>();
-
-const _: () = {
-    assert!(size_of::<LimitsHeader>() == 64);
-    assert!(offset_of!(LimitsHeader, residency) == 24);
-    assert!(offset_of!(LimitsHeader, demand) == 28);
-    assert!(offset_of!(LimitsHeader, moving_from) == 32);
-    assert!(offset_of!(LimitsHeader, moving_to) == 40);
-    assert!(offset_of!(LimitsHeader, turn_pods) == 48);
-    assert!(MAX_DEVICES <= 32, "one demand bit per entry");
-    assert!(MAX_DEVICES * TURN_PODS_BITS as usize <= 64);
-    assert!(size_of::<GpuLimits>() == 64);
-    assert!(LIMITS_SIZE == 64 + MAX_DEVICES * 64);
-    assert!(offset_of!(GpuLimits, compute) == 16);
-    assert!(offset_of!(GpuLimits, class) == 32);
-    assert!(offset_of!(GpuLimits, sm_percent) == 36);
-    assert!(offset_of!(GpuLimits, spill_limit) == 40);
-    assert!(offset_of!(GpuLimits, unaccounted) == 48);
-    assert!(offset_of!(GpuLimits, placed_as) == 56);
-};
 
 /// Errors of the limits object.
 #[derive(Debug, thiserror::Error)]

@@ -2,6 +2,11 @@
 //! authentication and authorization, and the DRA validation our tests rely
 //! on the real server for.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a helper fails its test by panicking, as the test itself does"
+)]
+
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, ListParams, PostParams};

@@ -115,7 +115,7 @@ impl TestNode {
         corun: Option<CorunOptions>,
     ) -> anyhow::Result<Self> {
         use anyhow::Context;
-        let config = hypervisor_core::config::parse(
+        let config = hypervisor_config::parse(
             "listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n",
             Path::new("(test)"),
             Path::new("."),

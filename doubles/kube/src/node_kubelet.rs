@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Event, Node, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
@@ -27,6 +27,11 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 
 use crate::kubelet::{FakeKubelet, Version};
+
+mod registration;
+
+pub use registration::register;
+use registration::report_ready;
 
 /// How often the kubelet looks at its pods.
 const SYNC: Duration = Duration::from_millis(200);
@@ -147,46 +152,6 @@ impl Drop for NodeKubelet {
 /// The record, even if a holder panicked.
 fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
     record.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Creates Node `node` (with `labels`) as its kubelet registers it, then
-/// reports it Ready with room for pods.
-pub async fn register(
-    client: &kube::Client,
-    node: &str,
-    mut labels: BTreeMap<String, String>,
-) -> Result<(), kube::Error> {
-    let nodes = Api::<Node>::all(client.clone());
-    labels.insert("kubernetes.io/hostname".to_owned(), node.to_owned());
-    labels.insert("kubernetes.io/os".to_owned(), "linux".to_owned());
-    let object = Node {
-        metadata: ObjectMeta {
-            name: Some(node.to_owned()),
-            labels: Some(labels),
-            ..ObjectMeta::default()
-        },
-        ..Node::default()
-    };
-    if nodes.get_opt(node).await?.is_none() {
-        nodes.create(&PostParams::default(), &object).await?;
-    }
-    report_ready(&nodes, node).await
-}
-
-async fn report_ready(nodes: &Api<Node>, node: &str) -> Result<(), kube::Error> {
-    let now = now_seconds();
-    let room = json!({"cpu": "16", "memory": "64Gi", "pods": "110"});
-    let status = json!({"status": {
-        "capacity": room, "allocatable": room,
-        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}, {"type": "Hostname", "address": node}],
-        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
-            "message": "kubelet is posting ready status",
-            "lastHeartbeatTime": now, "lastTransitionTime": now}],
-    }});
-    nodes
-        .patch_status(node, &PatchParams::default(), &Patch::Strategic(&status))
-        .await
-        .map(drop)
 }
 
 struct Sync {

@@ -4,6 +4,11 @@
 //! commands through the client mode; `quit` and SIGTERM; a client without a
 //! daemon; the test hooks.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a helper fails its test by panicking, as the test itself does"
+)]
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

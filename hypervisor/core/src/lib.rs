@@ -1,8 +1,11 @@
-//! The node daemon's decisions, without any I/O beyond the node's shared
-//! memory: what a pod is given and how each GPU's time is split.
+//! The node daemon's decisions: what a pod is given and how each GPU's time
+//! is split. Its only I/O is the node's shared memory (`/dev/shm`) and
+//! `/proc`: a process's cgroup and pid namespaces ([`identity`]), and a
+//! region object's mode read through its descriptor. No network, and no
+//! file a user names: the config file is `hypervisor-config`'s.
 //!
 //! - [`spec`]: a pod as the daemon knows it (GPUs, memory, weight, cap,
-//!   policy, token); [`config`]: the TOML file that lists pods and settings.
+//!   policy, token).
 //! - [`fairshare`]: weighted water-filling of a GPU's time among the pods
 //!   that want it.
 //! - [`region`]: each pod's ledger and read-only limits object in
@@ -18,7 +21,6 @@
 //! The running daemon (HTTP, tasks) is `hypervisor-daemon`; nothing here
 //! depends on it, on Kubernetes or on gRPC.
 
-pub mod config;
 pub mod fairshare;
 pub mod file_error;
 pub mod identity;

@@ -33,7 +33,7 @@ use gpushare_utils::node_table::{ActivityError, NodeTable, TableAccess};
 use gpushare_utils::priority::NodePriority;
 use gpushare_utils::shm::{self, Creation};
 
-use crate::config::RegionOptions;
+use crate::region::RegionOptions;
 use crate::region::entry::{self, Entry, inspect, restore_mode};
 use crate::turns::TurnPlan;
 

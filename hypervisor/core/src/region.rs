@@ -34,7 +34,6 @@ use gpushare_utils::limits::{LimitsError, PodLimits, Residency};
 use gpushare_utils::pod::PodId;
 use gpushare_utils::shm::{self, Creation, Squat, Trust};
 
-use crate::config::RegionOptions;
 use crate::fairshare::Allotment;
 use crate::spec::GpuSpec;
 
@@ -44,6 +43,22 @@ pub(crate) mod squat;
 
 use ledgers::Ledgers;
 pub use ledgers::{LedgerRepair, MAX_LEDGER_REMAKES};
+
+/// Ownership and mode applied to every region file the hypervisor opens.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RegionOptions {
+    /// Permission bits; `None` keeps what the file has (0600 when the
+    /// hypervisor creates it), less any o+w bit.
+    pub mode: Option<u32>,
+    /// Owner of the pods' ledgers and the node tables (`region_uid`): the
+    /// pods' user, who must write them; such files are trusted when adopted.
+    /// `None`: the hypervisor's own uid.
+    pub uid: Option<u32>,
+    /// Group of every region file and node table (`region_gid`), so the
+    /// pods' processes may read them under a group-readable mode; `None`:
+    /// the hypervisor's group.
+    pub gid: Option<u32>,
+}
 
 /// Why a region could not be used.
 #[derive(Debug, thiserror::Error)]

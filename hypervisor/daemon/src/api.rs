@@ -54,7 +54,7 @@ use serde_json::json;
 use crate::{AuthError, Hypervisor};
 
 mod swap;
-use hypervisor_core::config::{self, LimitsBody};
+use hypervisor_config::{self as config, LimitsBody};
 use hypervisor_core::scheduler::{AdmissionTarget, ScheduleError};
 
 /// Largest accepted request body.

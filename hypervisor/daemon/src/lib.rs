@@ -50,7 +50,7 @@ use http_bidir_comm::{ClientId, Hub, HubConfig};
 
 use crate::metrics::LatencyHistogram;
 use crate::timer::PreciseTimer;
-use hypervisor_core::config::Config;
+use hypervisor_config::Config;
 use hypervisor_core::node_tables::{NodeTableNames, NodeTables};
 use hypervisor_core::scheduler::Scheduler;
 use hypervisor_core::workers::Workers;

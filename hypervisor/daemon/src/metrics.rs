@@ -1,73 +1,15 @@
 //! Prometheus text exposition of the status, and the admission latency
-//! histogram (lock-free: every admission records into it).
+//! histogram (lock-free: every admission records into it; [`histogram`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use crate::status::{LatencySnapshot, Status};
+use crate::status::Status;
 use hypervisor_observer::{GpuInfo, Unhealthy};
 
-/// Upper bounds of the latency buckets, in microseconds.
-pub const LATENCY_BOUNDS_US: [u64; 12] = [
-    50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 1_000_000,
-];
+mod histogram;
 
-/// Admission latency, from the request's arrival to the answer.
-#[derive(Debug, Default)]
-pub struct LatencyHistogram {
-    /// One more than the bounds: the last counts everything above.
-    counts: [AtomicU64; LATENCY_BOUNDS_US.len() + 1],
-    sum_ns: AtomicU64,
-    count: AtomicU64,
-    /// Requests answered with no budget: the pod's bucket refills later
-    /// than the admission's hold, or the pod is suspended.
-    timeouts: AtomicU64,
-}
-
-impl LatencyHistogram {
-    /// Counts one admission request that took `took` from arrival to answer;
-    /// `granted` false counts it as a timeout too (no budget in the hold).
-    pub fn record(&self, took: Duration, granted: bool) {
-        let us = took.as_micros();
-        let at = LATENCY_BOUNDS_US
-            .iter()
-            .position(|&b| us <= u128::from(b))
-            .unwrap_or(LATENCY_BOUNDS_US.len());
-        self.counts[at].fetch_add(1, Ordering::Relaxed);
-        self.sum_ns.fetch_add(
-            u64::try_from(took.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
-        self.count.fetch_add(1, Ordering::Relaxed);
-        if !granted {
-            self.timeouts.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// The counts so far, for the status and `/metrics`; concurrent
-    /// records may land in some fields and not yet in others.
-    pub fn snapshot(&self) -> LatencySnapshot {
-        let buckets = self
-            .counts
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                (
-                    LATENCY_BOUNDS_US.get(i).copied().unwrap_or(u64::MAX),
-                    c.load(Ordering::Relaxed),
-                )
-            })
-            .collect();
-        LatencySnapshot {
-            buckets,
-            count: self.count.load(Ordering::Relaxed),
-            sum_seconds: self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
-            timeouts: self.timeouts.load(Ordering::Relaxed),
-        }
-    }
-}
+pub use histogram::{LATENCY_BOUNDS_US, LatencyHistogram};
 
 /// Metric families in the order they are written, each with its samples.
 #[derive(Default)]
@@ -537,59 +479,4 @@ fn escape(value: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn histogram_quantiles() {
-        let h = LatencyHistogram::default();
-        for us in [10, 20, 30, 150, 3_000] {
-            h.record(Duration::from_micros(us), true);
-        }
-        h.record(Duration::from_secs(5), false);
-        let s = h.snapshot();
-        assert_eq!(s.count, 6);
-        assert_eq!(s.timeouts, 1);
-        assert_eq!(s.quantile_bound_us(0.5), Some(50));
-        assert_eq!(s.quantile_bound_us(0.66), Some(200));
-        assert_eq!(s.quantile_bound_us(1.0), Some(u64::MAX));
-    }
-
-    #[test]
-    fn gpu_health_gauge() {
-        use hypervisor_observer::{Fault, GpuObserver, SimulatedGpus};
-        let gpus = SimulatedGpus::new(2).gpus().unwrap();
-        let lost = Unhealthy {
-            fault: Fault::Lost,
-            since: 0,
-        };
-        let text = render_health(&gpus, &BTreeMap::from([(gpus[1].uuid.clone(), lost)]));
-        assert!(text.contains("# TYPE gpushare_gpu_healthy gauge"));
-        assert!(text.contains(&format!(
-            "gpushare_gpu_healthy{{gpu=\"{}\",index=\"0\"}} 1",
-            gpus[0].uuid
-        )));
-        assert!(text.contains(&format!(
-            "gpushare_gpu_healthy{{gpu=\"{}\",index=\"1\"}} 0",
-            gpus[1].uuid
-        )));
-    }
-
-    #[test]
-    fn turns_gpus_have_their_turn_and_handovers() {
-        let text = render(&crate::status::tests::with_turns("trainer"));
-        for sample in [
-            "gpushare_gpu_turn_seconds{gpu=\"GPU-0\"} 0.005",
-            "gpushare_gpu_turn_wanting_pods{gpu=\"GPU-0\"} 2",
-            "gpushare_gpu_turn_handovers_total{gpu=\"GPU-0\"} 41",
-        ] {
-            assert!(text.lines().any(|line| line == sample), "{sample}: {text}");
-        }
-        assert!(!text.contains("{gpu=\"GPU-1\"}"), "{text}");
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
-    }
-}
+mod tests;

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use gpushare_utils::protocol::Command;
 
-use hypervisor_core::config::{self, ConfigError, Settings};
+use hypervisor_config::{self as config, ConfigError, Settings};
 use hypervisor_core::scheduler::ApplyReport;
 use hypervisor_core::spec::PodSpec;
 

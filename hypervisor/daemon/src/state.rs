@@ -11,7 +11,7 @@ use http_bidir_comm::{Hub, HubEvents};
 
 use crate::metrics::LatencyHistogram;
 use crate::timer::PreciseTimer;
-use hypervisor_core::config::{MemoryCapacity, Settings};
+use hypervisor_config::{MemoryCapacity, Settings};
 use hypervisor_core::scheduler::Scheduler;
 use hypervisor_core::spec::Token;
 use hypervisor_core::turns::TurnOptions;

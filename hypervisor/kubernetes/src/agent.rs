@@ -20,7 +20,7 @@ use crate::dra::slice;
 use crate::options::AgentOptions;
 use crate::state::{Inner, NodeAgent};
 use crate::{KubeError, KubernetesSource};
-use hypervisor_core::config::MemoryCapacity;
+use hypervisor_config::MemoryCapacity;
 use hypervisor_core::identity::CgroupIdentity;
 use hypervisor_daemon::Hypervisor;
 use hypervisor_daemon::source;

@@ -23,6 +23,7 @@
 //! pod's resource names (the device plugin's allocator); their answer is the
 //! same edits ([`Provisioner::container_edits`]) as env, mounts and devices.
 
+mod capacity;
 pub mod cdi;
 pub mod checkpoint;
 mod config;
@@ -46,7 +47,7 @@ pub use grant::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
 use files::{random_token, remove_if_there};
 
 use checkpoint::{Checkpoint, PreparedClaim};
-use hypervisor_core::config::MemoryCapacity;
+use hypervisor_config::MemoryCapacity;
 use hypervisor_core::spec::{GpuSelector, GpuSpec, PodSpec, Token};
 use hypervisor_observer::GpuInfo;
 
@@ -299,21 +300,6 @@ impl Provisioner {
             .ok_or_else(|| ProvisionError::NoSuchGpu(uuid.to_owned()))
     }
 
-    /// Memory (bytes) and compute (percent) the prepared claims hold of GPU `uuid`.
-    pub fn held(&self, uuid: &str) -> (u64, u32) {
-        self.checkpoint
-            .claims
-            .values()
-            .flat_map(|c| &c.request.devices)
-            .filter(|d| d.gpu_uuid == uuid)
-            .fold((0u64, 0u32), |(memory, compute), d| {
-                (
-                    memory.saturating_add(d.memory_bytes),
-                    compute + u32::from(d.compute_percent),
-                )
-            })
-    }
-
     /// What prepared claim `uid` gives a container (its CDI spec's edits):
     /// the device plugin answers the kubelet with these.
     pub fn container_edits(&self, uid: &str) -> Result<cdi::ContainerEdits, ProvisionError> {
@@ -328,70 +314,6 @@ impl Provisioner {
             .next()
             .map(|d| d.container_edits)
             .ok_or_else(not_prepared)
-    }
-
-    fn check_capacity(&self, request: &ClaimRequest) -> Result<(), ProvisionError> {
-        for (i, device) in request.devices.iter().enumerate() {
-            let gpu = self.gpu(&device.gpu_uuid)?;
-            // The other claims' parts of this GPU, and this claim's own
-            // earlier ones (two of its requests may share one GPU).
-            let held = |f: fn(&DeviceGrant) -> u64| -> u64 {
-                self.checkpoint
-                    .claims
-                    .values()
-                    .flat_map(|c| &c.request.devices)
-                    .chain(&request.devices[..i])
-                    .filter(|d| d.gpu_uuid == device.gpu_uuid)
-                    .map(f)
-                    .sum()
-            };
-            let check = |what, asked: u64, total: u64, held: u64| {
-                let free = total.saturating_sub(held);
-                if asked > free {
-                    return Err(ProvisionError::OverCapacity {
-                        gpu: gpu.uuid.clone(),
-                        what,
-                        asked,
-                        free,
-                        total,
-                    });
-                }
-                Ok(())
-            };
-            check(
-                "memory",
-                device.memory_bytes,
-                self.memory_capacity(gpu),
-                held(|d| d.memory_bytes),
-            )?;
-            // The pod's own part of the GPU, this claim's included, is its
-            // quota there: never past the GPU's memory, overcommit or not.
-            let pod_held: u64 = self
-                .checkpoint
-                .claims
-                .values()
-                .filter(|c| c.request.pod.uid == request.pod.uid)
-                .flat_map(|c| &c.request.devices)
-                .chain(&request.devices[..=i])
-                .filter(|d| d.gpu_uuid == device.gpu_uuid)
-                .map(|d| d.memory_bytes)
-                .fold(0, u64::saturating_add);
-            if pod_held > gpu.memory_total {
-                return Err(ProvisionError::PastTheGpu {
-                    gpu: gpu.uuid.clone(),
-                    pod: request.pod.to_string(),
-                    asked: pod_held,
-                    memory: gpu.memory_total,
-                });
-            }
-            check(
-                "compute",
-                u64::from(device.compute_percent),
-                100,
-                held(|d| u64::from(d.compute_percent)),
-            )?;
-        }
-        Ok(())
     }
 
     /// The GPUs of `devices`, each once, in NVML index order.

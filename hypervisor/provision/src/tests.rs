@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use super::*;
-use hypervisor_core::config::MemoryCapacity;
+use hypervisor_config::MemoryCapacity;
 use hypervisor_core::node_tables::NodeTableNames;
 
 /// A folder of the test's own, removed when dropped.
@@ -122,7 +122,7 @@ fn two_shares_of_one_gpu_in_one_claim_are_counted_together() {
 
 /// Overcommit `ratio` on GPU 0 (`[swap] overcommit = [0]`).
 fn overcommit(ratio: f64) -> MemoryCapacity {
-    let ratio = hypervisor_core::config::OvercommitRatio::new(ratio).unwrap();
+    let ratio = hypervisor_config::OvercommitRatio::new(ratio).unwrap();
     MemoryCapacity::new(Some(vec![0]), ratio)
 }
 

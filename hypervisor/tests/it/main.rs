@@ -3,6 +3,11 @@
 //! signals, listeners, abuse), its API, and the Kubernetes modes against the
 //! official control plane.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a helper fails its test by panicking, as the test itself does"
+)]
+
 mod common;
 
 mod abuse;

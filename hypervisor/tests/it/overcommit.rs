@@ -60,7 +60,7 @@ impl World {
         let tables = options.provision.node_tables.clone();
         scratch.track_shm(&tables.activity);
         scratch.track_shm(&tables.priority);
-        let config = hypervisor_core::config::parse(
+        let config = hypervisor_config::parse(
             &format!("listen = \"127.0.0.1:0\"\nhealth_interval_ms = 0\n[swap]\n{swap}"),
             Path::new("(test)"),
             Path::new("."),

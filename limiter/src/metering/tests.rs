@@ -1,5 +1,6 @@
 //! The cost model's tests: prices, fits, settlements, batches.
 
+use super::floor::{FLOOR_RING, Recent};
 use super::*;
 
 const US: u64 = 1_000;

@@ -2,6 +2,11 @@
 //! into probe programs on the driver double (memory quotas, compute shares,
 //! priorities, turns, loading).
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a helper fails its test by panicking, as the test itself does"
+)]
+
 mod common;
 
 mod compute_share;

@@ -1,10 +1,12 @@
-//! The workspace's shape, checked: modules form a one-way graph in every
-//! crate, no source file is over 600 lines outside tests, the node daemon's
-//! crates stay small, and all but its Kubernetes agent and the binary build
-//! without Kubernetes or gRPC.
+//! The workspace's shape, checked: each crate uses exactly the workspace's
+//! crates ARCHITECTURE.md's map says it may, modules form a one-way graph in
+//! every crate, no source file is over 600 lines outside tests, the node
+//! daemon's crates stay small, and all but its Kubernetes agent and the
+//! binary build without Kubernetes or gRPC.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 /// The most lines one source file may have (tests excepted).
 const FILE_LINES: usize = 600;
@@ -15,6 +17,7 @@ const NO_KUBERNETES: &[&str] = &[
     "hypervisor-observer",
     "hypervisor-corun",
     "hypervisor-core",
+    "hypervisor-config",
     "hypervisor-daemon",
     "hypervisor-provision",
 ];
@@ -356,4 +359,224 @@ fn the_daemons_core_builds_without_kubernetes_or_grpc() {
             .collect();
         assert!(found.is_empty(), "{crate_name} depends on {found:?}");
     }
+}
+
+/// A workspace member as `cargo metadata` describes it.
+#[derive(Debug)]
+struct Member {
+    name: String,
+    /// Its folder from the workspace root, with a trailing `/`.
+    folder: String,
+    /// The members it depends on, normal and build dependencies (a test's
+    /// dev-dependencies are free).
+    uses: BTreeSet<String>,
+}
+
+/// Every member of the workspace, from `cargo metadata`.
+fn workspace() -> Vec<Member> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(cargo)
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .arg("--manifest-path")
+        .arg(root().join("Cargo.toml"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("cargo metadata's JSON");
+    let packages = metadata["packages"].as_array().expect("a package list");
+    let names: BTreeSet<&str> = packages.iter().filter_map(|p| p["name"].as_str()).collect();
+    packages
+        .iter()
+        .map(|package| {
+            let manifest = Path::new(package["manifest_path"].as_str().expect("a manifest"));
+            let folder = manifest
+                .parent()
+                .and_then(|f| f.strip_prefix(root()).ok())
+                .expect("a member under the workspace root");
+            Member {
+                name: package["name"].as_str().expect("a name").to_owned(),
+                folder: format!("{}/", folder.display()),
+                uses: package["dependencies"]
+                    .as_array()
+                    .expect("a dependency list")
+                    .iter()
+                    .filter(|d| d["kind"].as_str() != Some("dev"))
+                    .filter_map(|d| d["name"].as_str())
+                    .filter(|d| names.contains(d))
+                    .map(str::to_owned)
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// A row of ARCHITECTURE.md's crate table.
+#[derive(Debug)]
+struct MapRow {
+    /// The first name in backticks of the first column.
+    name: String,
+    /// The second: the crate's folder.
+    folder: String,
+    /// Every name in backticks of the "may use" column (crates of the
+    /// workspace and others alike).
+    may_use: BTreeSet<String>,
+}
+
+/// The names in backticks in `text`.
+fn quoted_names(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The crate table of `text` (ARCHITECTURE.md): the one whose header starts
+/// with "crate (folder)" and has a "may use" column.
+fn crate_map(text: &str) -> Result<Vec<MapRow>, String> {
+    let cells = |line: &str| -> Vec<String> {
+        line.trim()
+            .trim_matches('|')
+            .split('|')
+            .map(|c| c.trim().to_owned())
+            .collect()
+    };
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.starts_with("| crate (folder) |"));
+    let header = cells(
+        lines
+            .next()
+            .ok_or("no table whose header starts with \"crate (folder)\"")?,
+    );
+    let may_use = header
+        .iter()
+        .position(|c| c == "may use")
+        .ok_or("the crate table has no \"may use\" column")?;
+    let mut rows = Vec::new();
+    for line in lines.skip(1).take_while(|l| l.starts_with('|')) {
+        let row = cells(line);
+        if row.len() != header.len() {
+            return Err(format!("{} cells, not {}: {line}", row.len(), header.len()));
+        }
+        let mut names = quoted_names(&row[0]).into_iter();
+        let (Some(name), Some(folder)) = (names.next(), names.next()) else {
+            return Err(format!("a row without `crate` (`folder/`): {line}"));
+        };
+        rows.push(MapRow {
+            name,
+            folder,
+            may_use: quoted_names(&row[may_use]).into_iter().collect(),
+        });
+    }
+    Ok(rows)
+}
+
+/// Where `map` and `members` disagree: a member without a row or a row
+/// without a member, a folder that is not the member's, a dependency on a
+/// workspace crate the row does not name, a workspace crate named that is
+/// not a dependency.
+fn map_disagreements(members: &[Member], map: &[MapRow]) -> Vec<String> {
+    let names: BTreeSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
+    let mut found = Vec::new();
+    for row in map.iter().filter(|r| !names.contains(r.name.as_str())) {
+        found.push(format!("{}: in the map, not in the workspace", row.name));
+    }
+    for member in members {
+        let Some(row) = map.iter().find(|r| r.name == member.name) else {
+            found.push(format!("{}: in the workspace, not in the map", member.name));
+            continue;
+        };
+        if row.folder != member.folder {
+            found.push(format!(
+                "{}: the map says folder {}, it is in {}",
+                member.name, row.folder, member.folder
+            ));
+        }
+        let listed: BTreeSet<&str> = row
+            .may_use
+            .iter()
+            .map(String::as_str)
+            .filter(|n| names.contains(n))
+            .collect();
+        let used: BTreeSet<&str> = member.uses.iter().map(String::as_str).collect();
+        for dependency in used.difference(&listed) {
+            found.push(format!(
+                "{}: depends on {dependency}, which its \"may use\" does not name",
+                member.name
+            ));
+        }
+        for dependency in listed.difference(&used) {
+            found.push(format!(
+                "{}: \"may use\" names {dependency}, which its Cargo.toml does not declare",
+                member.name
+            ));
+        }
+    }
+    found
+}
+
+#[test]
+fn the_crate_map_names_exactly_the_workspace_crates_each_crate_uses() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let map = crate_map(&text).unwrap_or_else(|e| panic!("ARCHITECTURE.md: {e}"));
+    let members = workspace();
+    assert!(members.len() > 10, "{} members found", members.len());
+    let found = map_disagreements(&members, &map);
+    assert!(
+        found.is_empty(),
+        "ARCHITECTURE.md's crate table and Cargo.toml disagree:\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn the_map_check_finds_each_kind_of_drift() {
+    let text = "intro\n\
+        | crate (folder) | what | may use | must not |\n\
+        | --- | --- | --- | --- |\n\
+        | `a` (`a/`) | the top | `b` (its types), `libc` | `c` |\n\
+        | `b` (`b/`) | the bottom | `serde` | `a` |\n\
+        | `gone` (`gone/`) | removed | none | |\n\
+        \nafter the table\n";
+    let map = crate_map(text).expect("the table");
+    assert_eq!(map.len(), 3);
+    assert_eq!(map[0].folder, "a/");
+    let member = |name: &str, folder: &str, uses: &[&str]| Member {
+        name: name.to_owned(),
+        folder: folder.to_owned(),
+        uses: uses.iter().map(|u| (*u).to_owned()).collect(),
+    };
+    let agreeing = [member("a", "a/", &["b"]), member("b", "b/", &[])];
+    assert_eq!(
+        map_disagreements(&agreeing, &map[..2]),
+        Vec::<String>::new()
+    );
+    let drifted = [
+        member("a", "a/", &[]),
+        member("b", "lib/b/", &["c"]),
+        member("c", "c/", &[]),
+    ];
+    let found = map_disagreements(&drifted, &map);
+    let expect = [
+        "gone: in the map, not in the workspace",
+        "a: \"may use\" names b, which its Cargo.toml does not declare",
+        "b: the map says folder b/, it is in lib/b/",
+        "b: depends on c, which its \"may use\" does not name",
+        "c: in the workspace, not in the map",
+    ];
+    assert_eq!(found, expect);
+    assert!(crate_map("| crate (folder) | what |\n| --- | --- |\n").is_err());
+    assert!(crate_map("| crate (folder) | may use |\n| --- | --- |\n| `a` | x | y |\n").is_err());
 }

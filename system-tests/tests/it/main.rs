@@ -2,6 +2,11 @@
 //! double together, as a node runs them; the control-plane end-to-end tests;
 //! the packaging, the deploy manifests and the GPU check's own tests.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a helper fails its test by panicking, as the test itself does"
+)]
+
 mod architecture;
 mod attacks;
 mod auto_turns;

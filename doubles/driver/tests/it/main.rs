@@ -1,6 +1,11 @@
 //! The driver double's own tests, one binary: its entry points, probes,
 //! copies, clocks, graphs, checkpoint API and the node file it reads.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a helper fails its test by panicking, as the test itself does"
+)]
+
 mod common;
 
 mod checkpoint;

@@ -2,6 +2,11 @@
 //! the official one and under upstream kubectl and the Python client, and the
 //! k8s-e2e tool.
 
+#![allow(
+    clippy::unwrap_used,
+    reason = "test code: a helper fails its test by panicking, as the test itself does"
+)]
+
 mod common;
 
 mod against_the_real_server;

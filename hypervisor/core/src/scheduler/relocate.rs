@@ -11,7 +11,8 @@ use std::time::Instant;
 use gpushare_utils::limits::uuid_key;
 use hypervisor_observer::GpuInfo;
 
-use super::{Placement, Pod, ScheduleError, Scheduler, place, write_layout};
+use super::placement::{place, write_layout};
+use super::{Placement, Pod, ScheduleError, Scheduler};
 use crate::spec::GpuSelector;
 
 /// A pod's GPU its spec names, and the GPU the pod was moved to.
@@ -166,18 +167,4 @@ pub(crate) fn recorded(pod: &Pod, gpus: &[GpuInfo]) -> Vec<Relocation> {
             })
         })
         .collect()
-}
-
-/// Where the GPU `uuid` of `pod`'s spec is now: the GPU the pod was moved
-/// to, when it was.
-pub(crate) fn relocated(pod: &Pod, uuid: &str, gpus: &[GpuInfo]) -> Option<(String, Option<u32>)> {
-    let key = uuid_key(uuid);
-    let moved = pod.relocations.iter().find(|r| r.origin == key)?;
-    Some(
-        gpus.iter()
-            .find(|g| g.uuid.eq_ignore_ascii_case(&moved.to))
-            .map_or((moved.to.clone(), None), |g| {
-                (g.uuid.clone(), Some(g.index))
-            }),
-    )
 }

@@ -7,8 +7,8 @@ use gpushare_utils::node_table::NodeTable;
 use gpushare_utils::priority::NodePriority;
 use gpushare_utils::priority::PRIORITY_LAYOUT;
 use gpushare_utils::shm;
-use hypervisor_core::config::RegionOptions;
 use hypervisor_core::node_tables::{NodeTableNames, NodeTables, Repairs};
+use hypervisor_core::region::RegionOptions;
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::Ordering;
 

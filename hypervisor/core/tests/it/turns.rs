@@ -10,8 +10,8 @@ use gpushare_utils::limits::uuid_key;
 use gpushare_utils::node_table::NodeTableNames;
 use gpushare_utils::priority::TurnLine;
 use gpushare_utils::shm;
-use hypervisor_core::config::RegionOptions;
 use hypervisor_core::node_tables::NodeTables;
+use hypervisor_core::region::RegionOptions;
 use hypervisor_core::turns::{TurnOptions, TurnPlan};
 use hypervisor_observer::{GpuInfo, GpuObserver, SimulatedGpus};
 

@@ -13,7 +13,7 @@
 
 use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
-use hypervisor_core::config::SwapSettings;
+use hypervisor_config::SwapSettings;
 use hypervisor_core::scheduler::SwapView;
 use hypervisor_swap::{Candidate, RoomPolicy};
 

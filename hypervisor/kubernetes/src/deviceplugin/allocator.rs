@@ -16,7 +16,7 @@ use super::{AllocateError, Allocator, GpuHealth, SharesMismatch, podresources};
 use crate::KubeError;
 use crate::NodeAgent;
 use gpushare_utils::logging::one_line;
-use hypervisor_core::config::MemoryCapacity;
+use hypervisor_config::MemoryCapacity;
 use hypervisor_core::spec::Policy;
 use hypervisor_observer::{GpuInfo, Unhealthy};
 use hypervisor_provision::cdi::ContainerEdits;
@@ -446,7 +446,7 @@ impl crate::state::Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hypervisor_core::config::OvercommitRatio;
+    use hypervisor_config::OvercommitRatio;
     use hypervisor_observer::Fault;
 
     #[test]

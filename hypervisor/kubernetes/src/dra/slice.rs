@@ -28,7 +28,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use kube::api::{Api, PostParams};
 
 use crate::KubeError;
-use hypervisor_core::config::MemoryCapacity;
+use hypervisor_config::MemoryCapacity;
 use hypervisor_corun::CorunOptions;
 use hypervisor_observer::{GpuInfo, Unhealthy};
 
@@ -398,7 +398,7 @@ mod tests {
                 memory_used: 0,
             })
             .collect();
-        let ratio = hypervisor_core::config::OvercommitRatio::new(1.5).unwrap();
+        let ratio = hypervisor_config::OvercommitRatio::new(1.5).unwrap();
         let memory = MemoryCapacity::new(Some(vec![0]), ratio);
         let unhealthy = BTreeMap::new();
         let slice = build(

@@ -19,7 +19,7 @@ use gpushare_utils::limits::PodLimits;
 use gpushare_utils::protocol::{Command, CommandResult, Register, Registered, WorkerDevice};
 use gpushare_utils::shm::{self, Trust};
 use http_bidir_comm::{Client, ClientOptions, LoopHandle, Task};
-use hypervisor_core::config;
+use hypervisor_config as config;
 use hypervisor_core::node_tables::NodeTableNames;
 use hypervisor_daemon::Options;
 use system_tests::RunningNode;

@@ -1,5 +1,5 @@
 //! The daemon's settings once the file is read: worker and connection
-//! tuning, and the mode and ownership of the pods' region files.
+//! tuning, and swapping.
 
 use std::time::Duration;
 
@@ -34,22 +34,6 @@ impl Default for Settings {
             swap: SwapSettings::default(),
         }
     }
-}
-
-/// Ownership and mode applied to every region file the hypervisor opens.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct RegionOptions {
-    /// Permission bits; `None` keeps what the file has (0600 when the
-    /// hypervisor creates it), less any o+w bit.
-    pub mode: Option<u32>,
-    /// Owner of the pods' ledgers and the node tables (`region_uid`): the
-    /// pods' user, who must write them; such files are trusted when adopted.
-    /// `None`: the hypervisor's own uid.
-    pub uid: Option<u32>,
-    /// Group of every region file and node table (`region_gid`), so the
-    /// pods' processes may read them under a group-readable mode; `None`:
-    /// the hypervisor's group.
-    pub gid: Option<u32>,
 }
 
 /// Bounds on the daemon's HTTP connections (`max_connections`,

@@ -1,11 +1,11 @@
 //! Parsing the config file and the admin limits body
-//! (`hypervisor_core::config`).
+//! (`hypervisor_config`).
 
 use std::path::Path;
 use std::time::Duration;
 
 use gpushare_utils::pod::PodClass;
-use hypervisor_core::config::*;
+use hypervisor_config::*;
 use hypervisor_core::spec::Policy;
 
 fn parse_str(text: &str) -> Result<Config, ConfigError> {
