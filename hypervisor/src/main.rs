@@ -14,6 +14,7 @@ use hypervisor_core::node_tables::NodeTableNames;
 use hypervisor_core::turns::TurnArgs;
 use hypervisor_corun::CorunArgs;
 use hypervisor_daemon::Options;
+use hypervisor_daemon::api::ApiRoute;
 use hypervisor_daemon::status::{Status, render_table};
 use hypervisor_observer::flags::ObserverArgs;
 use kube_args::KubeArgs;
@@ -180,18 +181,19 @@ fn main() {
             direction,
             pod,
             daemon,
-        } => admin_post(&daemon, &format!("pods/{pod}/swap-{direction}"), None),
+        } => admin(&daemon, &format!("swap {direction}"), &[("id", &pod)], None),
         Cmd::Move {
             pod,
             to,
             from,
             daemon,
-        } => admin_post(
+        } => admin(
             &daemon,
-            &format!("pods/{pod}/move"),
+            "move",
+            &[("id", &pod)],
             Some(serde_json::json!({ "to": to, "from": from })),
         ),
-        Cmd::Drain { gpu, daemon } => admin_post(&daemon, &format!("gpus/{gpu}/drain"), None),
+        Cmd::Drain { gpu, daemon } => admin(&daemon, "drain", &[("gpu", &gpu)], None),
         Cmd::CheckConfig { config } => check_config(&config),
         Cmd::Limiter { command } => limiter(command),
     };
@@ -370,14 +372,23 @@ fn agent(timeout: Duration) -> ureq::Agent {
         .new_agent()
 }
 
-/// `hypervisor swap`, `move` and `drain`: posts `body` (or nothing) to
-/// the daemon's admin route `/api/v1/<route>` and prints its answer, or
-/// fails with its refusal.
-fn admin_post(
+/// The API route that `hypervisor <command>` calls, from the daemon's
+/// route table.
+fn route_of(command: &str) -> anyhow::Result<&'static ApiRoute> {
+    ApiRoute::of_command(command)
+        .with_context(|| format!("the API has no route for `hypervisor {command}`"))
+}
+
+/// `hypervisor swap`, `move` and `drain`: sends `body` (or nothing) with the
+/// admin token to the route `command` calls, its parameters `params`, and
+/// prints the daemon's answer, or fails with its refusal.
+fn admin(
     daemon: &AdminTarget,
-    route: &str,
+    command: &str,
+    params: &[(&str, &str)],
     body: Option<serde_json::Value>,
 ) -> anyhow::Result<()> {
+    let route = route_of(command)?;
     let token = match &daemon.admin_token_file {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?
@@ -386,18 +397,22 @@ fn admin_post(
         None => std::env::var("GPUSHARE_ADMIN_TOKEN")
             .context("give --admin-token-file or set GPUSHARE_ADMIN_TOKEN")?,
     };
-    let url = format!("{}/api/v1/{route}", base_url(&daemon.addr));
+    let url = format!("{}{}", base_url(&daemon.addr), route.path_with(params));
+    let request = ureq::http::Request::builder()
+        .method(route.method.as_str())
+        .uri(&url)
+        .header("Authorization", format!("Bearer {token}"));
     // A swap or move of tens of GiB takes tens of seconds; a drain, one
     // for each pod of the GPU.
-    let request = agent(Duration::from_secs(900))
-        .post(&url)
-        .header("Authorization", &format!("Bearer {token}"));
+    let agent = agent(Duration::from_secs(900));
     let response = match body {
         Some(body) => request
             .header("Content-Type", "application/json")
-            .send(body.to_string()),
-        None => request.send_empty(),
-    };
+            .body(body.to_string())
+            .map(|request| agent.run(request)),
+        None => request.body(()).map(|request| agent.run(request)),
+    }
+    .with_context(|| format!("cannot form a request to {url}"))?;
     println!("{}", answer(&url, response)?);
     Ok(())
 }
@@ -421,7 +436,7 @@ fn answer(
 }
 
 fn status(addr: &str, json: bool) -> anyhow::Result<()> {
-    let url = format!("{}/api/v1/status", base_url(addr));
+    let url = format!("{}{}", base_url(addr), route_of("status")?.path);
     let body = answer(&url, agent(Duration::from_secs(5)).get(&url).call())?;
     if json {
         println!("{body}");

@@ -1,38 +1,19 @@
-//! The HTTP API. Every error body is `{"error": "..."}`; statuses: 400
-//! malformed request, 401 bad or missing token, 403 admin API disabled, 404
-//! unknown route, pod or GPU, 405 wrong method, 413 body over 64 KiB, 429 too
-//! many workers.
+//! The HTTP API: its routes are the table [`ROUTES`] (who may call each,
+//! the CLI command that calls it, its handler), from which [`router`]
+//! builds each listener's. Every error body is `{"error": "..."}`;
+//! statuses: 400 malformed request, 401 bad or missing token, 403 admin API
+//! disabled, 404 unknown route, pod or GPU, 405 wrong method, 413 body over
+//! 64 KiB, 429 too many workers.
 //!
-//! Workers (bearer token of their pod):
-//! - `POST /api/v1/workers` `Register` → `Registered`.
-//! - `POST /api/v1/admission` `BudgetRequest` (its own worker id) → `BudgetGrant`.
-//! - `POST /api/v1/swap-in` `SwapInRequest`, `POST /api/v1/room`
-//!   `RoomRequest` ([`swap`]).
-//! - `/api/v1/channel/clients/{worker}/{hello,tasks,results}`: the command
-//!   channel (`http-bidir-comm`), only for the worker's own id.
-//!
-//! Operators (bearer admin token; the admin API is off without one):
-//! - `POST /api/v1/pods/{id}/suspend`, `POST /api/v1/pods/{id}/resume`.
-//! - `PUT /api/v1/pods/{id}/limits` `{"gpus": [ ... ]}` (the config file's
-//!   `[[pods.gpus]]` tables as JSON): until the next reload of the file.
-//! - `POST /api/v1/pods/{id}/health`: `Health` to the pod's workers.
-//! - `POST /api/v1/pods/{id}/swap-out`, `POST /api/v1/pods/{id}/swap-in`
-//!   → `SwapAnswer` ([`swap`]).
-//! - `POST /api/v1/reload`: read the config file again.
-//!
-//! Anyone who reaches a TCP listener (the node: in Kubernetes the daemon's
-//! own loopback): `GET /api/v1/status` (JSON), `GET /metrics` (Prometheus),
-//! `GET /healthz` (the process answers), `GET /readyz` (200 once nothing is
-//! pending, e.g. the Kubernetes agent's start; 503 naming what is). The
-//! metrics listener ([`metrics_routes`]) serves only these last three: it may
-//! face the cluster, the rest only the node.
-//!
-//! On the Unix socket, which is mounted into the pods ([`Audience::Pods`]),
-//! the status names other pods only for the admin token: a pod's token gets
-//! its own pod alone (its GPUs' usage, workers and processes), no token a
-//! 401; `/metrics` needs the admin token.
+//! A TCP listener (the node: in Kubernetes the daemon's own loopback)
+//! serves every route to whoever reaches it, bar the admin token's. The
+//! metrics listener ([`Audience::Metrics`]) serves only the probes' routes
+//! (`/metrics`, `/healthz`, `/readyz`): it may face the cluster. On the
+//! Unix socket, which is mounted into the pods ([`Audience::Pods`]), the
+//! status names other pods only for the admin token: a pod's token gets its
+//! own pod alone (its GPUs' usage, workers and processes), no token a 401;
+//! `/metrics` needs the admin token.
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use gpushare_utils::bucket::{CAPACITY_NS, PPM, REFILL_BATCH_NS, monotonic_ns};
@@ -47,15 +28,18 @@ use http_bidir_comm::server::{Refusal, bearer, json_error, json_response, malfor
 use poem::endpoint::make;
 use poem::http::StatusCode;
 use poem::middleware::CatchPanic;
-use poem::{Endpoint, EndpointExt, Request, Response, Route, get, post, put};
+use poem::{Endpoint, EndpointExt, Request, Response, Route};
 use serde::Serialize;
 use serde_json::json;
 
 use crate::{AuthError, Hypervisor};
 
+mod routes;
 mod swap;
 use hypervisor_config::{self as config, LimitsBody};
 use hypervisor_core::scheduler::{AdmissionTarget, ScheduleError};
+pub(crate) use routes::router;
+pub use routes::{ApiRoute, Caller, ROUTES};
 
 /// Largest accepted request body.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -75,123 +59,19 @@ pub(crate) enum Audience {
     Node,
     /// The pods too: the Unix socket whose folder is mounted into them.
     Pods,
+    /// Prometheus and probes: `--metrics-listen`, which may face the
+    /// cluster's network.
+    Metrics,
 }
 
-pub(crate) fn routes(
-    hv: &Hypervisor,
-    audience: Audience,
-) -> impl Endpoint<Output = Response> + 'static {
-    let api = Route::new()
-        .at(
-            "/workers",
-            post(ep(hv, |hv, req| async move { register(&hv, req).await })),
-        )
-        .at(
-            "/admission",
-            post(ep(hv, |hv, req| async move { admission(&hv, req).await })),
-        )
-        .at(
-            "/status",
-            get(ep(
-                hv,
-                move |hv, req| async move { status(&hv, &req, audience) },
-            )),
-        )
-        .at(
-            "/reload",
-            post(ep(hv, |hv, req| async move { reload(&hv, &req) })),
-        )
-        .at(
-            "/pods/:id/suspend",
-            post(ep(hv, |hv, req| async move { suspend(&hv, &req, true) })),
-        )
-        .at(
-            "/pods/:id/resume",
-            post(ep(hv, |hv, req| async move { suspend(&hv, &req, false) })),
-        )
-        .at(
-            "/pods/:id/health",
-            post(ep(hv, |hv, req| async move { health(&hv, &req) })),
-        )
-        .at(
-            "/pods/:id/swap-out",
-            post(ep(hv, |hv, req| async move {
-                swap::operator(&hv, &req, true).await
-            })),
-        )
-        .at(
-            "/pods/:id/swap-in",
-            post(ep(hv, |hv, req| async move {
-                swap::operator(&hv, &req, false).await
-            })),
-        )
-        .at(
-            "/pods/:id/move",
-            post(ep(hv, |hv, req| async move {
-                swap::operator_move(&hv, req).await
-            })),
-        )
-        .at(
-            "/gpus/:gpu/drain",
-            post(ep(hv, |hv, req| async move {
-                swap::operator_drain(&hv, &req).await
-            })),
-        )
-        .at(
-            "/swap-in",
-            post(ep(hv, |hv, req| async move {
-                swap::worker_swap_in(&hv, req).await
-            })),
-        )
-        .at(
-            "/room",
-            post(ep(hv, |hv, req| async move {
-                swap::worker_room(&hv, req).await
-            })),
-        )
-        .at(
-            "/pods/:id/limits",
-            put(ep(hv, |hv, req| async move { limits(&hv, req).await })),
-        )
-        .nest("/channel", hv.shared.hub.route());
-    Route::new()
-        .nest("/api/v1", api)
-        .at(
-            "/metrics",
-            get(ep(hv, move |hv, req| async move {
-                match audience {
-                    Audience::Pods => match admin(&hv, &req) {
-                        Ok(()) => metrics(&hv),
-                        Err(refusal) => refusal.into_response(),
-                    },
-                    Audience::Node => metrics(&hv),
-                }
-            })),
-        )
-        .at("/healthz", get(make(|_| async { "ok" })))
-        .at("/readyz", get(ep(hv, |hv, _| async move { readyz(&hv) })))
-        .with(CatchPanic::new())
-        // Unknown routes (404), wrong methods (405) and anything else poem
-        // refuses by itself answer in the same JSON as ours.
-        .catch_all_error(|error: poem::Error| async move {
-            json_error(error.status(), &error.to_string())
-        })
-}
-
-/// `/metrics`, `/healthz` and `/readyz` alone: what probes and Prometheus
-/// need, on a listener that may face the cluster's network.
-pub(crate) fn metrics_routes(hv: &Hypervisor) -> impl Endpoint<Output = Response> + 'static {
-    Route::new()
-        .at("/metrics", get(ep(hv, |hv, _| async move { metrics(&hv) })))
-        .at("/healthz", get(make(|_| async { "ok" })))
-        .at("/readyz", get(ep(hv, |hv, _| async move { readyz(&hv) })))
-        .with(CatchPanic::new())
-        .catch_all_error(|error: poem::Error| async move {
-            json_error(error.status(), &error.to_string())
-        })
-}
-
-fn metrics(hv: &Hypervisor) -> Response {
+/// The status as Prometheus text; on the pods' socket, for the admin token
+/// alone.
+fn metrics(hv: &Hypervisor, req: &Request, audience: Audience) -> Response {
+    if audience == Audience::Pods
+        && let Err(refusal) = admin(hv, req)
+    {
+        return refusal.into_response();
+    }
     Response::builder()
         .content_type("text/plain; version=0.0.4")
         .body({
@@ -214,16 +94,6 @@ fn readyz(hv: &Hypervisor) -> Response {
         StatusCode::SERVICE_UNAVAILABLE,
         &format!("not ready: {}", waiting.join(", ")),
     )
-}
-
-/// An endpoint running `f` with a handle on the hypervisor.
-fn ep<F, Fut>(hv: &Hypervisor, f: F) -> impl Endpoint<Output = Response> + 'static
-where
-    F: Fn(Hypervisor, Request) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Response> + Send + 'static,
-{
-    let hv = hv.clone();
-    make(move |req| f(hv.clone(), req))
 }
 
 async fn register(hv: &Hypervisor, mut req: Request) -> Response {
@@ -409,7 +279,7 @@ fn admin(hv: &Hypervisor, req: &Request) -> Result<(), Refusal> {
 /// caller's pod for a pod's token on the pods' socket.
 fn status(hv: &Hypervisor, req: &Request, audience: Audience) -> Response {
     let status = hv.status();
-    if audience == Audience::Node || admin(hv, req).is_ok() {
+    if audience != Audience::Pods || admin(hv, req).is_ok() {
         return json_ok(&status);
     }
     let Some(token) = bearer(req) else {
@@ -436,9 +306,6 @@ fn pod_param(req: &Request) -> Result<String, Refusal> {
 }
 
 fn suspend(hv: &Hypervisor, req: &Request, suspended: bool) -> Response {
-    if let Err(refusal) = admin(hv, req) {
-        return refusal.into_response();
-    }
     let pod = match pod_param(req) {
         Ok(pod) => pod,
         Err(refusal) => return refusal.into_response(),
@@ -455,9 +322,6 @@ fn suspend(hv: &Hypervisor, req: &Request, suspended: bool) -> Response {
 }
 
 fn health(hv: &Hypervisor, req: &Request) -> Response {
-    if let Err(refusal) = admin(hv, req) {
-        return refusal.into_response();
-    }
     let pod = match pod_param(req) {
         Ok(pod) => pod,
         Err(refusal) => return refusal.into_response(),
@@ -469,9 +333,6 @@ fn health(hv: &Hypervisor, req: &Request) -> Response {
 }
 
 async fn limits(hv: &Hypervisor, mut req: Request) -> Response {
-    if let Err(refusal) = admin(hv, &req) {
-        return refusal.into_response();
-    }
     let pod = match pod_param(&req) {
         Ok(pod) => pod,
         Err(refusal) => return refusal.into_response(),
@@ -490,10 +351,7 @@ async fn limits(hv: &Hypervisor, mut req: Request) -> Response {
     }
 }
 
-fn reload(hv: &Hypervisor, req: &Request) -> Response {
-    if let Err(refusal) = admin(hv, req) {
-        return refusal.into_response();
-    }
+fn reload(hv: &Hypervisor) -> Response {
     match hv.reload() {
         Ok(report) => json_ok(&json!({
             "added": report.added,

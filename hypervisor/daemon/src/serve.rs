@@ -65,7 +65,7 @@ impl Hypervisor {
                 Listener::Unix(_) => Audience::Pods,
             };
             let acceptor = GuardedAcceptor::new(listener, limits).map_err(Error::Serve)?;
-            let app = crate::api::routes(self, audience);
+            let app = crate::api::router(self, audience);
             servers.push(
                 poem::Server::new_with_acceptor(acceptor)
                     .run_with_graceful_shutdown(app, shutdown.clone(), Some(GRACE))
@@ -74,7 +74,7 @@ impl Hypervisor {
         }
         if let Some(listener) = listeners.metrics {
             let acceptor = GuardedAcceptor::new(listener, limits).map_err(Error::Serve)?;
-            let app = crate::api::metrics_routes(self);
+            let app = crate::api::router(self, Audience::Metrics);
             servers.push(
                 poem::Server::new_with_acceptor(acceptor)
                     .run_with_graceful_shutdown(app, shutdown.clone(), Some(GRACE))

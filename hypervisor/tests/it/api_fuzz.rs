@@ -1,12 +1,16 @@
-//! The HTTP API on loopback under abuse: a fuzz of every route, and clients
+//! The HTTP API on loopback under abuse: a fuzz of every route of the
+//! daemon's route table ([`ROUTES`]), with the method it takes and others,
+//! checked against what the router serves and who may call it; and clients
 //! that hang.
 
 use crate::common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-
+use hypervisor_daemon::api::{ApiRoute, Caller, ROUTES};
+use serde_json::{Value, json};
 /// A small deterministic generator (xorshift64*).
 struct Rng(u64);
 
@@ -73,82 +77,215 @@ fn mutate_json(rng: &mut Rng, value: &serde_json::Value) -> serde_json::Value {
     }
 }
 
+/// The methods a request is sent with.
+const METHODS: [&str; 6] = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
+
+/// `method path` sent raw to `addr` with the header lines `auth` and
+/// `body`: the status and the body of the answer; `None` for a body over
+/// the limit refused before it was read (the connection reset, no answer).
+fn send(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    auth: &str,
+    body: &str,
+) -> Option<(u16, String)> {
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: hv\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let sent = std::io::Write::write_all(&mut stream, request.as_bytes());
+    let mut response = Vec::new();
+    let read = std::io::Read::read_to_end(&mut stream, &mut response);
+    if body.len() > 64 * 1024 && response.is_empty() {
+        return None;
+    }
+    sent.expect("send");
+    if response.is_empty() {
+        read.expect("read");
+    }
+    let text = String::from_utf8_lossy(&response);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status for {method} {path}: {text:?}"));
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    Some((status, body.to_owned()))
+}
+
+/// Whether the router itself refused the request: no route for the path
+/// (404 "not found", which no handler says) or not for the method (405).
+fn router_refused(status: u16, body: &str) -> bool {
+    status == 405 || (status == 404 && body.contains("\"not found\""))
+}
+
+/// `header: Bearer token` line, or nothing.
+fn bearer(token: Option<&str>) -> String {
+    token.map_or_else(String::new, |t| format!("Authorization: Bearer {t}\r\n"))
+}
+
+/// `route`'s path with each `{name}` parameter given by `value(name)`.
+fn fill(route: &ApiRoute, mut value: impl FnMut(&str) -> String) -> String {
+    let mut path = String::new();
+    for segment in route.path.split('/').skip(1) {
+        path.push('/');
+        match segment.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+            Some(name) => path.push_str(&value(name)),
+            None => path.push_str(segment),
+        }
+    }
+    path
+}
+
 #[test]
 fn fuzzed_requests_never_get_a_server_error() {
     let (a, b) = (unique("fz-a"), unique("fz-b"));
-    let h = Harness::start(&two_pods(&a, &b, ""), 2, &[&a, &b]);
+    // Swaps and moves through the driver double's checkpoint API: the pods
+    // have no processes, so each is done at once.
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let swap = format!("[swap]\ncuda_library = \"{}\"", library.display());
+    let h = Harness::start(&two_pods(&a, &b, &swap), 2, &[&a, &b]);
     let url = h.url();
     let wa = register_ok(&url, &a).worker_id;
     let wb = register_ok(&url, &b).worker_id;
     let (ta, tb) = (token_of(&a), token_of(&b));
-    let templates: Vec<(&str, serde_json::Value)> = vec![
+    // A body for each route that takes one, mutated by the fuzz.
+    let templates: BTreeMap<&str, Value> = BTreeMap::from([
         (
             "/api/v1/workers",
-            serde_json::json!({"pod": a, "pid": 7, "hostname": "h", "devices": [{"index": 0, "uuid": gpu(0)}]}),
+            json!({"pod": a, "pid": 7, "hostname": "h", "devices": [{"index": 0, "uuid": gpu(0)}]}),
         ),
         (
             "/api/v1/admission",
-            serde_json::json!({"worker_id": wa, "uuid": gpu(0), "cost_ns": 1000}),
+            json!({"worker_id": wa, "uuid": gpu(0), "cost_ns": 1000}),
         ),
         (
-            "/api/v1/pods/{pod}/limits",
-            serde_json::json!({"gpus": [{"index": 0, "memory": "1g", "cap": 50, "weight": 2, "share": 10, "policy": "elastic"}]}),
+            "/api/v1/pods/{id}/limits",
+            json!({"gpus": [{"index": 0, "memory": "1g", "cap": 50, "weight": 2, "share": 10, "policy": "elastic"}]}),
         ),
         (
             "/api/v1/channel/clients/{worker}/results",
-            serde_json::json!({"id": 1, "result": {"ok": true, "message": "m"}}),
+            json!({"id": 1, "result": {"ok": true, "message": "m"}}),
         ),
+        ("/api/v1/channel/clients/{worker}/hello", json!({"pid": 1})),
+        ("/api/v1/pods/{id}/move", json!({"to": 1, "from": 0})),
+        ("/api/v1/swap-in", json!({"worker_id": wa})),
         (
-            "/api/v1/channel/clients/{worker}/hello",
-            serde_json::json!({"pid": 1}),
+            "/api/v1/room",
+            json!({"worker_id": wa, "uuid": gpu(0), "bytes": 1 << 20}),
         ),
-    ];
-    let plain_paths = [
-        "/api/v1/status",
-        "/metrics",
-        "/healthz",
-        "/api/v1/reload",
-        "/api/v1/pods/{pod}/suspend",
-        "/api/v1/pods/{pod}/resume",
-        "/api/v1/pods/{pod}/health",
-        "/api/v1/channel/clients/{worker}/tasks?wait_ms=0",
-        "/api/v1/channel/clients/{worker}/tasks?wait_ms=-1",
-        "/api/v1/channel/clients/{worker}/tasks?wait_ms=2",
+    ]);
+    for path in templates.keys() {
+        assert!(
+            ROUTES.iter().any(|r| r.path == *path),
+            "a body for {path}, which the route table does not list"
+        );
+    }
+    let values = |name: &str| -> Vec<String> {
+        let values: &[&str] = match name {
+            "id" => &[&a, &b, "nope", "%2F", "..", "a%20b", "x-1-2"],
+            "worker" => &[&wa, &wb, "unknown", "x-1-2", "%2Fetc", ".."],
+            "gpu" => &["0", "1", "9", &gpu(1), "GPU-nope", "%2F"],
+            other => panic!("no fuzz values for the path parameter {{{other}}}: add some"),
+        };
+        values.iter().map(|v| (*v).to_owned()).collect()
+    };
+    for route in ROUTES {
+        let (method, path) = (route.method.as_str(), fill(route, |n| values(n).remove(0)));
+        let body = templates
+            .get(route.path)
+            .map_or(String::new(), Value::to_string);
+        let token = match route.caller {
+            Caller::Pod => Some(ta.as_str()),
+            Caller::Admin => Some(ADMIN),
+            Caller::Listener | Caller::Anyone => None,
+        };
+        // The router serves the table's method, and no other.
+        let (status, answer) = send(h.addr(), method, &path, &bearer(token), &body).unwrap();
+        assert!(
+            !router_refused(status, &answer),
+            "{method} {} is in the route table but not served: {status} {answer}",
+            route.path
+        );
+        let others = METHODS.iter().filter(|m| {
+            !ROUTES
+                .iter()
+                .any(|r| r.path == route.path && r.method.as_str() == **m)
+        });
+        for other in others {
+            let (status, answer) = send(h.addr(), other, &path, &bearer(token), &body).unwrap();
+            assert_eq!(
+                status, 405,
+                "{other} {}, which the route table does not list: {answer}",
+                route.path
+            );
+        }
+        // Who may call it: the table's caller, and no one less.
+        let (status, answer) = send(h.addr(), method, &path, "", &body).unwrap();
+        let open = matches!(route.caller, Caller::Listener | Caller::Anyone);
+        assert_eq!(
+            status == 401,
+            !open,
+            "{method} {} without a token ({:?}): {status} {answer}",
+            route.path,
+            route.caller
+        );
+        if route.caller == Caller::Admin {
+            let (status, answer) = send(h.addr(), method, &path, &bearer(Some(&ta)), "").unwrap();
+            assert_eq!(
+                status, 401,
+                "{method} {} with a pod's token: {answer}",
+                route.path
+            );
+        }
+    }
+    let junk_paths = [
         "/api/v1/nothing",
         "/api/v1/pods//limits",
         "/",
         "/api/v1/workers/../status",
         "/%2e%2e/%00",
     ];
-    let pods = [
-        a.as_str(),
-        b.as_str(),
-        "nope",
-        "%2F",
-        "..",
-        "a%20b",
-        "x-1-2",
-    ];
-    let workers = [wa.as_str(), wb.as_str(), "unknown", "x-1-2", "%2Fetc", ".."];
+    let queries = ["", "?wait_ms=0", "?wait_ms=-1", "?wait_ms=2", "?x=%00"];
     let tokens = [ta.as_str(), tb.as_str(), ADMIN, "garbage"];
-    let methods = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
     let mut rng = Rng(0x5eed_1234_abcd_0001);
-    let mut counts = std::collections::BTreeMap::new();
+    let mut counts = BTreeMap::new();
+    let mut exercised = vec![0usize; ROUTES.len()];
     let started = std::time::Instant::now();
     const REQUESTS: usize = 3000;
     for n in 0..REQUESTS {
-        let (path, body) = if rng.below(3) == 0 {
-            (rng.pick(&plain_paths).to_owned(), String::new())
+        let (method, path, body) = if rng.below(6) == 0 {
+            let method = rng.pick(&METHODS);
+            (method, rng.pick(&junk_paths).to_owned(), String::new())
         } else {
-            let (path, template) = &templates[rng.below(templates.len())];
-            let body = match rng.below(6) {
-                0 => template.to_string(),
-                1 => (0..rng.below(200))
+            let at = rng.below(ROUTES.len());
+            let route = &ROUTES[at];
+            let method = if rng.below(5) == 0 {
+                rng.pick(&METHODS)
+            } else {
+                route.method.as_str()
+            };
+            if method == route.method.as_str() {
+                exercised[at] += 1;
+            }
+            let path = fill(route, |name| {
+                let values = values(name);
+                values[rng.below(values.len())].clone()
+            }) + rng.pick(&queries);
+            let template = templates.get(route.path);
+            let body = match (rng.below(6), template) {
+                (0, _) => (0..rng.below(200))
                     .map(|_| (rng.next() & 0x7f) as u8 as char)
                     .collect(),
-                2 => "[".repeat(rng.below(300)),
-                3 => String::new(),
-                _ => {
+                (1, _) => "[".repeat(rng.below(300)),
+                (2, _) | (_, None) => String::new(),
+                (3, Some(template)) => template.to_string(),
+                (_, Some(template)) => {
                     let mut v = template.clone();
                     for _ in 0..=rng.below(3) {
                         v = mutate_json(&mut rng, &v);
@@ -156,24 +293,12 @@ fn fuzzed_requests_never_get_a_server_error() {
                     v.to_string()
                 }
             };
-            (path.to_string(), body)
-        };
-        let path = path
-            .replace("{pod}", rng.pick(&pods))
-            .replace("{worker}", rng.pick(&workers));
-        let method = if rng.below(5) == 0 {
-            rng.pick(&methods)
-        } else if path.contains("limits") {
-            "PUT"
-        } else if path.contains("tasks") || path == "/metrics" || path.ends_with("status") {
-            "GET"
-        } else {
-            "POST"
+            (method, path, body)
         };
         let auth = match rng.below(6) {
             0 => String::new(),
             1 => "Authorization: Basic abc\r\n".to_owned(),
-            n => format!("Authorization: Bearer {}\r\n", tokens[n % tokens.len()]),
+            n => bearer(Some(tokens[n % tokens.len()])),
         };
         // Now and then a body over the limit.
         let body = if n % 500 == 7 {
@@ -181,36 +306,14 @@ fn fuzzed_requests_never_get_a_server_error() {
         } else {
             body
         };
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: hv\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        let mut stream = std::net::TcpStream::connect(h.addr()).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        let oversized = body.len() > 64 * 1024;
-        let sent = std::io::Write::write_all(&mut stream, request.as_bytes());
-        let mut response = Vec::new();
-        let read = std::io::Read::read_to_end(&mut stream, &mut response);
-        if oversized && response.is_empty() {
-            // Refused before the body was read, then reset: no answer to read.
+        let Some((status, answer)) = send(h.addr(), method, &path, &auth, &body) else {
+            // Refused before the body was read, then reset.
             *counts.entry(0).or_insert(0usize) += 1;
             continue;
-        }
-        sent.expect("send");
-        if response.is_empty() {
-            read.expect("read");
-        }
-        let text = String::from_utf8_lossy(&response);
-        let status: u16 = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("no status for {method} {path}: {text:?}"));
+        };
         assert!(
             (200..500).contains(&status),
-            "{method} {path} {body:?} → {status}: {text}"
+            "{method} {path} {body:?} → {status}: {answer}"
         );
         *counts.entry(status).or_insert(0usize) += 1;
     }
@@ -218,6 +321,13 @@ fn fuzzed_requests_never_get_a_server_error() {
         "fuzz: {REQUESTS} requests in {:?}, statuses {counts:?}",
         started.elapsed()
     );
+    let missed: Vec<String> = ROUTES
+        .iter()
+        .zip(&exercised)
+        .filter(|(_, n)| **n == 0)
+        .map(|(r, _)| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(missed.is_empty(), "routes the fuzz never sent: {missed:?}");
     // Still serving, and still right.
     assert_eq!(call("GET", &format!("{url}/healthz"), None, None).0, 200);
     let again = register_ok(&url, &a);

@@ -14,6 +14,7 @@ mod abuse;
 mod api_admin;
 mod api_auth;
 mod api_fuzz;
+mod api_routes;
 mod corun;
 mod corun_provision;
 mod device_health;
