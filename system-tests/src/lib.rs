@@ -25,6 +25,7 @@ pub mod artifacts;
 pub mod container;
 #[cfg(feature = "node")]
 pub mod daemon;
+pub mod fuzz;
 #[cfg(feature = "node")]
 mod node;
 pub mod pod;

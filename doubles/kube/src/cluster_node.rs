@@ -90,6 +90,25 @@ pub async fn register_node(plane: &ControlPlane, name: &str) -> anyhow::Result<k
     Ok(client)
 }
 
+/// Waits (up to 90 s) until Node `name` has no taints. The API server taints
+/// a new Node `node.kubernetes.io/not-ready`, which the node lifecycle
+/// controller takes off once it sees the Node Ready: a pod scheduled before
+/// then is refused for the taint, not for what the test asks of the
+/// scheduler. On a loaded machine the controller can be seconds late.
+pub async fn schedulable(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let nodes = kube::Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    let mut taints = Vec::new();
+    for _ in 0..900 {
+        let node = nodes.get(name).await.context("the Node")?;
+        taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
+        if taints.is_empty() {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("Node {name} still tainted: {taints:?}")
+}
+
 /// The labels of a GPU node (GPU feature discovery sets this one), which
 /// the shipped DaemonSet selects.
 pub fn gpu_labels() -> BTreeMap<String, String> {

@@ -10,35 +10,10 @@ use std::time::{Duration, Instant};
 use common::{PREFIX, TestServer, raw_status};
 use http_bidir_comm::{ClientId, Hub, HubConfig};
 use serde_json::Value;
+use system_tests::fuzz::Rng;
 
 const REQUESTS: usize = 3000;
 const TIME_LIMIT: Duration = Duration::from_secs(30);
-
-/// xorshift64*: seeded, so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
-    /// Up to `max - 1` random bytes.
-    fn bytes(&mut self, max: usize) -> Vec<u8> {
-        let len = self.below(max);
-        (0..len).map(|_| self.next() as u8).collect()
-    }
-}
 
 fn client_id(rng: &mut Rng) -> String {
     match rng.below(8) {
@@ -92,7 +67,7 @@ fn body(rng: &mut Rng, delivered: &[u64]) -> Vec<u8> {
     match rng.below(12) {
         0 => rng.bytes(2000),
         1 => {
-            let full = valid_result(rng.next() % 100);
+            let full = valid_result(rng.number() % 100);
             full.as_bytes()[..rng.below(full.len())].to_vec()
         }
         2 => rng
@@ -137,7 +112,7 @@ fn body(rng: &mut Rng, delivered: &[u64]) -> Vec<u8> {
         8 if !delivered.is_empty() => valid_result(*rng.pick(delivered)).into_bytes(),
         9 => b"{\"meta\":{\"pid\":1,\"gpu\":[0,1]}}".to_vec(),
         10 => Vec::new(),
-        _ => valid_result(rng.next() % 50).into_bytes(),
+        _ => valid_result(rng.number() % 50).into_bytes(),
     }
 }
 
@@ -172,7 +147,7 @@ fn generated_requests_never_get_a_5xx() {
     };
     let (hub, mut events) = Hub::<Value, Value>::new(config);
     let server = TestServer::start(&hub);
-    let mut rng = Rng(0x5EED_1234_ABCD_0001);
+    let mut rng = Rng::new(0x5EED_1234_ABCD_0001);
 
     let mut counts = std::collections::BTreeMap::<u16, usize>::new();
     let started = Instant::now();

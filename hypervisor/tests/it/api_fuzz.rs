@@ -11,24 +11,7 @@ use std::time::Duration;
 use common::*;
 use hypervisor_daemon::api::{ApiRoute, Caller, ROUTES};
 use serde_json::{Value, json};
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn pick<'a>(&mut self, items: &[&'a str]) -> &'a str {
-        items[self.below(items.len())]
-    }
-}
-
+use system_tests::fuzz::Rng;
 fn mutate_json(rng: &mut Rng, value: &serde_json::Value) -> serde_json::Value {
     use serde_json::Value;
     let replacement = |rng: &mut Rng| match rng.below(10) {
@@ -253,20 +236,20 @@ fn fuzzed_requests_never_get_a_server_error() {
     ];
     let queries = ["", "?wait_ms=0", "?wait_ms=-1", "?wait_ms=2", "?x=%00"];
     let tokens = [ta.as_str(), tb.as_str(), ADMIN, "garbage"];
-    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut rng = Rng::new(0x5eed_1234_abcd_0001);
     let mut counts = BTreeMap::new();
     let mut exercised = vec![0usize; ROUTES.len()];
     let started = std::time::Instant::now();
     const REQUESTS: usize = 3000;
     for n in 0..REQUESTS {
         let (method, path, body) = if rng.below(6) == 0 {
-            let method = rng.pick(&METHODS);
-            (method, rng.pick(&junk_paths).to_owned(), String::new())
+            let method = *rng.pick(&METHODS);
+            (method, (*rng.pick(&junk_paths)).to_owned(), String::new())
         } else {
             let at = rng.below(ROUTES.len());
             let route = &ROUTES[at];
             let method = if rng.below(5) == 0 {
-                rng.pick(&METHODS)
+                *rng.pick(&METHODS)
             } else {
                 route.method.as_str()
             };
@@ -276,11 +259,11 @@ fn fuzzed_requests_never_get_a_server_error() {
             let path = fill(route, |name| {
                 let values = values(name);
                 values[rng.below(values.len())].clone()
-            }) + rng.pick(&queries);
+            }) + *rng.pick(&queries);
             let template = templates.get(route.path);
             let body = match (rng.below(6), template) {
                 (0, _) => (0..rng.below(200))
-                    .map(|_| (rng.next() & 0x7f) as u8 as char)
+                    .map(|_| (rng.number() & 0x7f) as u8 as char)
                     .collect(),
                 (1, _) => "[".repeat(rng.below(300)),
                 (2, _) | (_, None) => String::new(),

@@ -10,6 +10,7 @@
 mod architecture;
 mod attacks;
 mod auto_turns;
+mod cluster;
 mod corun_gpus;
 mod deploy;
 mod device_plugin;

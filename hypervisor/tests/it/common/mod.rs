@@ -25,7 +25,6 @@ use hypervisor_daemon::Options;
 use system_tests::RunningNode;
 use system_tests::scratch::Scratch;
 
-pub(crate) mod cluster;
 pub(crate) mod daemon;
 
 pub(crate) const ADMIN: &str = "admin-secret";

@@ -7,8 +7,6 @@
 //! own memory. The node is started through `Node::start` with that config
 //! (the shared test node's daemon config has no `[swap]` table).
 
-use crate::common;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,7 +89,7 @@ impl World {
         let kubelet = NodeKubelet::start(kubelet_client, NODE, cluster_node::gpu_labels(), plugin)
             .await
             .unwrap();
-        common::cluster::schedulable(&client, NODE).await;
+        cluster_node::schedulable(&client, NODE).await.unwrap();
         Self {
             kubelet: Some(kubelet),
             node: Some(node),

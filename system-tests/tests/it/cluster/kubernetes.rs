@@ -5,8 +5,6 @@
 //! kubelet double prepares them over the plugin's Unix sockets before it
 //! reports the pod running.
 
-use crate::common;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,7 +55,9 @@ impl World {
             scratch,
         };
         world.restart().await;
-        common::cluster::schedulable(&world.client, NODE).await;
+        cluster_node::schedulable(&world.client, NODE)
+            .await
+            .unwrap();
         world
     }
 
