@@ -17,8 +17,9 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{TestServer, fast_options, wait_until};
+use common::{TestServer, fast_options};
 use http_bidir_comm::{Client, ClientId, Hub, HubConfig};
+use system_tests::wait::wait_for;
 
 const ROUNDS: usize = 50;
 
@@ -40,7 +41,7 @@ fn main() {
         };
         // Submit only once the poll is parked on the server.
         assert!(
-            wait_until(Duration::from_secs(5), || hub
+            wait_for(Duration::from_secs(5), || hub
                 .client(&me)
                 .is_some_and(|c| c.polling)),
             "the poll never parked"

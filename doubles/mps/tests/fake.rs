@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use mps_fake::{LOG_FILE, PID_FILE, SERVED_DEVICES_FILE, SOCKET, log};
+use system_tests::wait::eventually;
 
 const FAKE: &str = env!("CARGO_BIN_EXE_nvidia-cuda-mps-control");
 
@@ -76,7 +77,7 @@ impl Dirs {
             .spawn()
             .unwrap();
         self.daemon = Some(child);
-        wait_until("the daemon answers", || {
+        eventually("the daemon answers", || {
             std::os::unix::net::UnixStream::connect(self.pipe().join(SOCKET)).is_ok()
         });
     }
@@ -136,14 +137,6 @@ impl Drop for Dirs {
     }
 }
 
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn daemon_answers_keeps_state_and_quits_clean() {
     let mut dirs = Dirs::new();
@@ -152,7 +145,7 @@ fn daemon_answers_keeps_state_and_quits_clean() {
     let pid_file = std::fs::read_to_string(dirs.pipe().join(PID_FILE)).unwrap();
     assert_eq!(pid_file.trim(), pid.to_string());
     // The start is logged just after the pid file is written.
-    wait_until("the start logged", || {
+    eventually("the start logged", || {
         log::started_env(&dirs.log(), "CUDA_VISIBLE_DEVICES").is_some()
     });
     let text = dirs.log();
@@ -251,7 +244,7 @@ fn background_daemon_starts_and_quits() {
     assert_eq!(dirs.ask("quit"), "");
     assert!(dirs.files_gone());
     // SAFETY: signal 0 only checks that the pid exists.
-    wait_until("the background daemon exits", || unsafe {
+    eventually("the background daemon exits", || unsafe {
         libc::kill(pid, 0) != 0
     });
     // Its log went to the log folder.

@@ -7,12 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{TestServer, fast_options, wait_event, wait_until};
+use common::{TestServer, fast_options, wait_event};
 use http_bidir_comm::{
     ChannelError, Client, ClientId, ClientOptions, Hub, HubConfig, HubEvent, Task, TaskId,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use system_tests::wait::wait_for;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Job {
@@ -128,7 +129,7 @@ fn long_poll_returns_promptly_after_submit() {
             })
         };
         // Submit only once the poll is parked on the server.
-        assert!(wait_until(Duration::from_secs(5), || hub
+        assert!(wait_for(Duration::from_secs(5), || hub
             .client(&me)
             .is_some_and(|c| c.polling)));
         thread::sleep(Duration::from_millis(20));
@@ -546,7 +547,7 @@ fn stop_is_prompt_during_a_long_poll_and_during_backoff() {
             n: t.task.n,
         })
         .unwrap();
-    assert!(wait_until(Duration::from_secs(5), || hub
+    assert!(wait_for(Duration::from_secs(5), || hub
         .client(&id("stopper"))
         .is_some_and(|c| c.polling)));
     // The loop's long-poll waits 25 s (stop gives up after stop_timeout,

@@ -8,7 +8,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{PREFIX, fast_options, wait_event, wait_until};
+use common::{PREFIX, fast_options, wait_event};
 use http_bidir_comm::{
     ChannelError, Client, ClientId, ClientOptions, Hub, HubConfig, HubEvent, Requester, Task,
     unix_socket_url,
@@ -16,6 +16,7 @@ use http_bidir_comm::{
 use poem::listener::{Listener, UnixListener};
 use poem::{Route, Server, handler, post, web::Json};
 use serde_json::{Value, json};
+use system_tests::wait::wait_for;
 
 #[handler]
 fn echo(Json(body): Json<Value>) -> Json<Value> {
@@ -93,7 +94,7 @@ fn requests_and_the_channel_work_over_a_unix_socket() {
         .spawn_loop(|task: Task<Value>| json!({"done": task.task}))
         .unwrap();
     let id = ClientId::new("worker-1").unwrap();
-    assert!(wait_until(Duration::from_secs(5), || hub
+    assert!(wait_for(Duration::from_secs(5), || hub
         .client(&id)
         .is_some_and(|c| c.polling)));
     hub.submit(&id, json!("suspend")).unwrap();

@@ -128,18 +128,6 @@ pub(crate) fn wait_event<R>(
     None
 }
 
-/// Waits up to `within` for `cond`.
-pub(crate) fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + within;
-    while Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-    cond()
-}
-
 /// A plain agent that reports every status instead of failing on 4xx/5xx.
 pub(crate) fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()

@@ -335,19 +335,11 @@ impl Drop for FakeWorker {
     }
 }
 
-/// Polls `check` every 10 ms until it holds or `limit` passes.
-pub(crate) fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if check() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
+#[allow(
+    unused_imports,
+    reason = "the admission bench includes this module and polls nothing"
+)]
+pub(crate) use system_tests::wait::wait_for;
 
 /// The test process's own view of a pod's ledger and limits, by simulated
 /// GPU index (`FakeGpus::uuid`).
