@@ -315,7 +315,7 @@ fn the_node_daemons_crates_are_small() {
 fn builds_with(crate_name: &str) -> BTreeSet<String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(cargo)
-        .args(["tree", "--offline", "--locked", "-e", "normal,build"])
+        .args(["tree", "--locked", "-e", "normal,build"])
         .args(["--prefix", "none", "--format", "{p}", "-p", crate_name])
         .current_dir(root())
         .output()
