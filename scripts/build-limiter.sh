@@ -5,9 +5,8 @@
 # the image's glibc lacks) stops them all from starting. cargo-zigbuild links
 # with zig against the glibc named in the target triple's suffix.
 #   scripts/build-limiter.sh [cargo args, e.g. --features launch-ab]
-# Prints the path of the .so on its last line. Needs cargo-zigbuild
-# (cargo install --locked cargo-zigbuild@0.24.1) and zig (the ziglang wheel of
-# scripts/packaging-requirements.txt). TARGET_DIR: default target/glibc-baseline.
+# Prints the path of the .so on its last line. Needs cargo-zigbuild and zig
+# (the cargo-zigbuild and ziglang wheels of scripts/packaging-requirements.txt). TARGET_DIR: default target/glibc-baseline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Kept in step with scripts/check-glibc.py's default: the newest GLIBC_x.y
@@ -16,7 +15,7 @@ cd "$(dirname "$0")/.."
 GLIBC_BASELINE=2.17
 target_dir=${TARGET_DIR:-target/glibc-baseline}
 if ! command -v cargo-zigbuild >/dev/null 2>&1; then
-  echo "build-limiter: cargo-zigbuild is not installed (cargo install --locked cargo-zigbuild@0.24.1)" >&2
+  echo "build-limiter: cargo-zigbuild is not installed (python3 -m pip install -r scripts/packaging-requirements.txt)" >&2
   exit 2
 fi
 if ! command -v zig >/dev/null 2>&1 && ! python3 -m ziglang version >/dev/null 2>&1; then

@@ -3,7 +3,7 @@
 #   1. tools: installs, once, what the tests drive besides the workspace,
 #      all under target/tools/: a Python virtual environment (upstream
 #      kubectl 1.37, the Python Kubernetes client, kubernetes-validate, zig,
-#      pytest) and cargo-zigbuild. Outside the repository it installs only
+#      cargo-zigbuild, pytest). Outside the repository it installs only
 #      Debian packages the machine lacks (gcc, binutils, python3-venv);
 #   2. builds: the official Kubernetes control plane from its Go modules
 #      into target/control-plane/ (scripts/build-control-plane.sh; only when
@@ -60,13 +60,7 @@ if ! cmp -s "$requirements" "$tools/python/installed" 2>/dev/null; then
   "$tools/python/bin/python3" -m pip install -q --disable-pip-version-check -r "$requirements"
   cp "$requirements" "$tools/python/installed"
 fi
-# cargo-zigbuild, which links the shipped limiter against glibc 2.17
-# (scripts/build-limiter.sh).
-if ! [ -x "$tools/bin/cargo-zigbuild" ]; then
-  echo "== cargo install cargo-zigbuild (into $tools/bin)"
-  cargo install -q --locked --root "$tools" cargo-zigbuild@0.24.1
-fi
-export PATH="$PWD/$tools/python/bin:$PWD/$tools/bin:$PATH"
+export PATH="$PWD/$tools/python/bin:$PATH"
 phase_done tools
 
 echo "== phase 2 of 3: builds: the Kubernetes control plane (lines marked [go]) beside the tests"

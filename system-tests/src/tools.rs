@@ -1,6 +1,6 @@
 //! The tools the test command installs under `<target>/tools/`: a Python
 //! virtual environment (`python/`: kubectl, the Kubernetes client,
-//! kubernetes-validate, zig, pytest) and cargo-zigbuild (`bin/`).
+//! kubernetes-validate, zig, cargo-zigbuild, pytest).
 //! [`command`] finds them before the machine's own, also when the tests
 //! run by plain `cargo test` rather than through `scripts/test.sh`.
 
@@ -11,9 +11,8 @@ use std::process::Command;
 use crate::artifacts::target_dir;
 
 /// The folders of the installed tools' programs, searched first.
-pub fn paths() -> [PathBuf; 2] {
-    let tools = target_dir().join("tools");
-    [tools.join("python/bin"), tools.join("bin")]
+pub fn paths() -> [PathBuf; 1] {
+    [target_dir().join("tools/python/bin")]
 }
 
 /// `program` (`python3`, `kubectl`, a script that runs them) with the

@@ -49,10 +49,15 @@ pub fn find() -> Result<PathBuf, Error> {
 }
 
 /// The Cargo target folder this test was built in: the nearest folder
-/// above the running executable that Cargo tagged (`CACHEDIR.TAG`).
+/// above the running executable that holds a built control plane's
+/// `control-plane/stamp`, or else that Cargo tagged (`CACHEDIR.TAG`; Cargo
+/// tags only a folder it made itself, and on a fresh clone the control
+/// plane's build, or the test command's tools, can make it first).
 fn target_dir() -> Option<PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    exe.ancestors()
-        .find(|dir| dir.join("CACHEDIR.TAG").is_file())
+    let above = || exe.ancestors().skip(1);
+    above()
+        .find(|dir| dir.join("control-plane/stamp").is_file())
+        .or_else(|| above().find(|dir| dir.join("CACHEDIR.TAG").is_file()))
         .map(Path::to_owned)
 }
