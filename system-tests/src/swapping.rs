@@ -32,12 +32,18 @@ pub fn checkpoint_dir() -> PathBuf {
 
 /// Names [`checkpoint_dir`] in this process's environment and removes it
 /// at exit. The double's caller side, loaded in-process by the daemon,
-/// reads the variable, as do the probes, which inherit it.
+/// reads the variable, as do the probes, which inherit it. A process that
+/// inherited the variable (this test binary run again as a child by a
+/// test, which may be killed before it could remove a folder of its own)
+/// keeps its parent's folder.
 ///
 /// # Safety
 /// Call from a constructor (`#[ctor::ctor]`), while the process has one
 /// thread: it changes the environment.
 pub unsafe fn name_the_checkpoint_folder() {
+    if std::env::var_os(gpushare_examples::CHECKPOINT_DIR_VAR).is_some() {
+        return;
+    }
     extern "C" fn remove_the_checkpoint_folder() {
         let _ = std::fs::remove_dir_all(checkpoint_dir());
     }
