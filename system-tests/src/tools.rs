@@ -10,15 +10,18 @@ use std::process::Command;
 
 use crate::artifacts::target_dir;
 
-/// The folders of the installed tools' programs, searched first.
-pub fn paths() -> [PathBuf; 1] {
-    [target_dir().join("tools/python/bin")]
+/// The folder of the installed tools' programs, searched first.
+fn programs() -> PathBuf {
+    target_dir().join("tools/python/bin")
 }
 
 /// `program` (`python3`, `kubectl`, a script that runs them) with the
 /// installed tools first on its `PATH`: found there, and for what it runs.
 pub fn command(program: impl AsRef<OsStr>) -> Command {
-    let mut search: Vec<PathBuf> = paths().into_iter().filter(|p| p.is_dir()).collect();
+    let mut search: Vec<PathBuf> = Some(programs())
+        .filter(|p| p.is_dir())
+        .into_iter()
+        .collect();
     search.extend(std::env::split_paths(
         &std::env::var_os("PATH").unwrap_or_default(),
     ));
