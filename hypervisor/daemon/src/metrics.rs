@@ -462,7 +462,7 @@ fn render_swap(x: &mut Exposition, status: &Status) {
     );
     for (pod, swap) in &status.swap.pods {
         let labels = format!("pod=\"{}\",state=\"{}\"", escape(pod), swap.state.as_str());
-        x.sample(on_host, "", &labels, swap.bytes_on_host);
+        x.sample(on_host, "", &labels, swap.history.bytes_on_host);
     }
 }
 

@@ -12,7 +12,8 @@ use super::*;
 
 impl Hypervisor {
     /// Makes the pods exactly `specs` (what a Kubernetes pod watcher would
-    /// call); tells the workers of changed pods, forgets those of removed ones.
+    /// call); tells the workers of changed pods, forgets those of removed
+    /// ones and their swap history.
     pub fn apply(&self, specs: Vec<PodSpec>) -> ApplyReport {
         let (report, notify, forget) = {
             let mut core = self.core();
@@ -34,6 +35,9 @@ impl Hypervisor {
         };
         for id in &forget {
             self.shared.hub.remove_client(id);
+        }
+        for pod in &report.removed {
+            self.swap_board().forget(pod);
         }
         for (ids, devices) in notify {
             self.send(&ids, &Command::SetLimits { devices });

@@ -7,6 +7,7 @@ use super::*;
 impl Hypervisor {
     /// Everything the metrics and `hypervisor status` show.
     pub fn status(&self) -> Status {
+        let swap = self.swap_status();
         let core = self.core();
         let pods = core.scheduler.status(|pod| core.workers.count_of_pod(pod));
         let workers = core
@@ -55,10 +56,7 @@ impl Hypervisor {
                 .unwrap_or_default(),
             node_table_repairs: core.scheduler.tables().repairs(),
             turns: core.scheduler.turns_status(),
-            swap: crate::status::SwapStatus {
-                totals: self.swap_board().totals(),
-                pods: self.swap_board().pods(),
-            },
+            swap,
         }
     }
 }

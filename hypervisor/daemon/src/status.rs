@@ -71,22 +71,13 @@ pub struct Status {
     #[serde(default)]
     pub node_table_repairs: hypervisor_core::node_tables::Repairs,
     /// Pods swapped to host memory: the node's totals and each pod that
-    /// ever swapped.
+    /// ever swapped or is away now.
     #[serde(default)]
-    pub swap: SwapStatus,
+    pub swap: hypervisor_swap::SwapReport,
     /// Per GPU of the node: whether its batch pods take turns, and whose
     /// turn it is.
     #[serde(default)]
     pub turns: Vec<GpuTurns>,
-}
-
-/// The swap part of the status.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
-pub struct SwapStatus {
-    /// Over the node.
-    pub totals: hypervisor_swap::SwapTotals,
-    /// By pod id.
-    pub pods: std::collections::BTreeMap<String, hypervisor_swap::PodSwap>,
 }
 
 impl Status {
@@ -455,7 +446,7 @@ pub(crate) mod tests {
             admission: LatencySnapshot::default(),
             corun: Vec::new(),
             node_table_repairs: Default::default(),
-            swap: SwapStatus::default(),
+            swap: hypervisor_swap::SwapReport::default(),
             turns: vec![gpu(0, 5_000, Some(holder)), gpu(1, 0, None)],
         }
     }

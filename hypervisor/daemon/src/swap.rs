@@ -3,10 +3,10 @@
 //! CUDA call asks (`POST /api/v1/swap-in`), and the room made on a GPU for
 //! a pod that needs memory it does not have free (`POST /api/v1/room`,
 //! memory overcommit). `hypervisor-swap` does the driver's part; this module
-//! picks the processes, keeps the pod's residency in its limits object (so
-//! its processes' calls wait while it is away, and a restarted daemon finds
-//! it) and serialises swaps: one at a time on the node, since each is bound
-//! by the same host link.
+//! picks the processes, keeps the pod's residency in its limits object alone
+//! ([`residence`]: its processes' calls wait while it is away, a restarted
+//! daemon finds it, the status reads it) and serialises swaps: one at a time
+//! on the node, since each is bound by the same host link.
 //!
 //! A swap, once begun, runs to its end in a task of its own
 //! ([`Hypervisor::exclusive`]): a request that stops waiting (its client
@@ -25,11 +25,13 @@ use hypervisor_core::scheduler::SwapView;
 use hypervisor_swap::{
     CheckpointDriver, DriverError, HostShort, SwapBoard, SwapError, Timing, stamp_age,
 };
+use residence::Residence;
 
 use crate::{Hypervisor, lock};
 
 mod held;
 mod relocate;
+mod residence;
 mod room;
 
 pub use relocate::{DrainReport, MoveAnswer};
@@ -46,7 +48,7 @@ const QUIET_WAIT: Duration = Duration::from_secs(1);
 /// the lock that keeps swaps one at a time.
 #[derive(Default)]
 pub(crate) struct Swapper {
-    pub(crate) board: SwapBoard,
+    board: SwapBoard,
     driver: Mutex<Option<Arc<CheckpointDriver>>>,
     /// Held by the swap under way ([`Hypervisor::exclusive`]).
     ops: Arc<tokio::sync::Mutex<()>>,
@@ -120,8 +122,8 @@ impl SwapRefusal {
 }
 
 impl Hypervisor {
-    /// Each pod's swap state and the node's totals.
-    pub fn swap_board(&self) -> &SwapBoard {
+    /// Each pod's swap history and the node's totals.
+    pub(crate) fn swap_board(&self) -> &SwapBoard {
         &self.shared.swapper.board
     }
 
@@ -179,46 +181,6 @@ impl Hypervisor {
         .map_err(|error| SwapRefusal::Task(error.to_string()))?
     }
 
-    /// Once a second, while no swap runs: a pod this run did not swap but
-    /// finds away (an earlier run swapped it, or died half-way) is shown
-    /// swapped, and its processes' next call brings it back; a swapped pod
-    /// whose processes all exited is resident again.
-    pub(crate) async fn sweep_swapped(&self) {
-        let Ok(_one) = self.shared.swapper.ops.try_lock() else {
-            return;
-        };
-        let away: Vec<SwapView> = self
-            .core()
-            .scheduler
-            .swap_views()
-            .into_iter()
-            .filter(|v| v.region.residency() != Residency::Resident)
-            .collect();
-        for view in away {
-            if view.region.residency() != Residency::Swapped {
-                view.region.set_residency(Residency::Swapped);
-            }
-            let pids = self.pids_of(&view.pod).await;
-            let alive = pids.iter().any(|&pid| {
-                !gpushare_utils::process::process_is_gone(i32::try_from(pid).unwrap_or(i32::MAX), 0)
-            });
-            // Processes the daemon cannot see (another pid namespace, not
-            // yet adopted) still hold their ledger's bytes until reclaimed.
-            if alive || view.bytes() > 0 {
-                self.swap_board().found_swapped(&view.pod, view.bytes());
-                if self.swap_board().move_of(&view.pod).is_none() {
-                    self.swap_board()
-                        .moving(&view.pod, self.pending_move(&view));
-                }
-            } else {
-                view.region.set_pending_move(None);
-                view.region.set_residency(Residency::Resident);
-                self.swap_board().processes_gone(&view.pod);
-                tracing::info!(pod = %view.pod, "the swapped pod's processes exited; its host memory is free");
-            }
-        }
-    }
-
     fn view(&self, pod: &str) -> Result<SwapView, SwapRefusal> {
         self.core()
             .scheduler
@@ -237,7 +199,8 @@ impl Hypervisor {
 
     async fn swap_out_locked(&self, view: &SwapView, wait: Wait) -> Result<u64, SwapRefusal> {
         let region = Arc::clone(&view.region);
-        if region.residency() == Residency::Swapped {
+        let residence = Residence::new(view, self.swap_board());
+        if residence.residency() == Residency::Swapped {
             return Ok(0);
         }
         // What the processes really hold, by the driver: a pod's ledger
@@ -245,7 +208,7 @@ impl Hypervisor {
         let pids = self.pids_of(&view.pod).await;
         let bytes = self.held_bytes(view, &pids).await;
         let limit = self.core().settings.swap.host_limit;
-        let on_host = self.swap_board().totals().bytes_on_host;
+        let on_host = self.bytes_on_host();
         if on_host.saturating_add(bytes) > limit {
             return Err(SwapRefusal::HostFull {
                 on_host,
@@ -257,7 +220,6 @@ impl Hypervisor {
             hypervisor_swap::host::takes(bytes, available)?;
         }
         let driver = self.checkpoint_driver().await?;
-        let board = self.swap_board();
         let quiet = match wait {
             Wait::Quiet => quiet_stamp(&region).await,
             Wait::No => Some(region.last_call_ms()),
@@ -267,8 +229,7 @@ impl Hypervisor {
                 // The residency first, then the stamp again after the lock:
                 // a call that read the pod resident stamped before this
                 // store (each side writes, then reads the other's word).
-                region.set_residency(Residency::SwappingOut);
-                board.set_state(&view.pod, Residency::SwappingOut);
+                residence.swapping_out();
                 let idle_region = Arc::clone(&region);
                 tokio::task::spawn_blocking(move || {
                     hypervisor_swap::swap_out(&driver, &pids, || {
@@ -281,14 +242,12 @@ impl Hypervisor {
         };
         match flatten(outcome) {
             Ok(timing) => {
-                region.set_residency(Residency::Swapped);
-                board.swapped_out(&view.pod, bytes, timing.total());
+                residence.swapped_out(bytes, timing.total());
                 tracing::info!(pod = %view.pod, bytes, seconds = timing.total().as_secs_f64(), "pod swapped out");
                 Ok(bytes)
             }
             Err(error) => {
-                region.set_residency(Residency::Resident);
-                board.failed(&view.pod, Residency::Resident, &error.to_string());
+                residence.swap_out_failed(&error.to_string());
                 tracing::warn!(pod = %view.pod, %error, "swap-out not done; the pod runs on");
                 Err(error)
             }
@@ -298,8 +257,8 @@ impl Hypervisor {
     /// Brings the pod back (onto the GPU it moves to, when a move is under
     /// way); what it took, `None` when it was resident.
     async fn swap_in_locked(&self, view: &SwapView) -> Result<Option<Timing>, SwapRefusal> {
-        let region = Arc::clone(&view.region);
-        if region.residency() == Residency::Resident {
+        let residence = Residence::new(view, self.swap_board());
+        if residence.residency() == Residency::Resident {
             return Ok(None);
         }
         self.room_for(view).await;
@@ -311,25 +270,21 @@ impl Hypervisor {
             Some(to) => relocate::pairs(to, &self.node_gpus())?,
             None => Vec::new(),
         };
-        let board = self.swap_board();
-        region.set_residency(Residency::SwappingIn);
-        board.set_state(&view.pod, Residency::SwappingIn);
+        residence.swapping_in();
         let outcome =
             tokio::task::spawn_blocking(move || hypervisor_swap::swap_in(&driver, &pids, &pairs))
                 .await;
         match flatten(outcome) {
             Ok(timing) => {
                 if pending.is_some() {
-                    region.set_pending_move(None);
+                    view.region.set_pending_move(None);
                 }
-                region.set_residency(Residency::Resident);
-                board.swapped_in(&view.pod, timing.total());
+                residence.swapped_in(timing.total());
                 tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");
                 Ok(Some(timing))
             }
             Err(error) => {
-                region.set_residency(Residency::Swapped);
-                board.failed(&view.pod, Residency::Swapped, &error.to_string());
+                residence.swap_in_failed(&error.to_string());
                 tracing::error!(pod = %view.pod, %error, "swap-in failed; the pod stays in host memory");
                 Err(error)
             }

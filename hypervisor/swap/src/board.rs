@@ -1,4 +1,11 @@
-//! Each pod's swap state as the status, the metrics and the API show it.
+//! Each pod's swap history, for the status, the metrics and the API.
+//!
+//! Where a pod's memory is (its [`Residency`]) is not kept here: the pod's
+//! limits object holds it, which its processes obey and a restarted daemon
+//! finds. The board keeps what that object cannot (bytes in host memory,
+//! durations, the last error, the move under way, counts) and joins the
+//! two only when it reports ([`SwapBoard::report`]), so the status can
+//! never show a pod anywhere but where its limits say.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -7,14 +14,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use gpushare_utils::limits::Residency;
 use serde::{Deserialize, Serialize};
 
-/// One pod's record.
+/// One pod's history of swaps.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PodSwap {
-    /// Where it is, as the daemon last moved it.
-    pub state: Residency,
-    /// Bytes of its device memory in host memory now.
+pub struct SwapHistory {
+    /// Bytes of its device memory in host memory, as its last swap-out put
+    /// there (or, for a pod an earlier run of the daemon left away, as its
+    /// ledger said when found); reported only while the pod is away.
     pub bytes_on_host: u64,
-    /// Seconds since the epoch when it reached its state.
+    /// Seconds since the epoch when it last changed residency.
     pub since: u64,
     /// Why the last swap of the pod failed; `None` once one succeeds.
     pub last_error: Option<String>,
@@ -37,6 +44,17 @@ pub struct PodSwap {
     pub last_move_s: Option<f64>,
 }
 
+/// One pod as the status shows it: where it is, read from its limits
+/// object, beside its history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PodSwap {
+    /// Where its device memory is.
+    pub state: Residency,
+    /// Its swaps.
+    #[serde(flatten)]
+    pub history: SwapHistory,
+}
+
 /// A pod's move between two GPUs of the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Move {
@@ -46,10 +64,9 @@ pub struct Move {
     pub to: String,
 }
 
-impl Default for PodSwap {
+impl Default for SwapHistory {
     fn default() -> Self {
         Self {
-            state: Residency::Resident,
             bytes_on_host: 0,
             since: now_s(),
             last_error: None,
@@ -88,7 +105,16 @@ pub struct SwapTotals {
     pub move_seconds: f64,
 }
 
-/// Every pod's record, and the node's totals.
+/// The node's swaps as the status shows them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SwapReport {
+    /// Over the node.
+    pub totals: SwapTotals,
+    /// By pod id: each pod that ever swapped, or is away now.
+    pub pods: BTreeMap<String, PodSwap>,
+}
+
+/// Every pod's history, and the node's totals.
 #[derive(Debug, Default)]
 pub struct SwapBoard {
     inner: Mutex<Inner>,
@@ -96,40 +122,54 @@ pub struct SwapBoard {
 
 #[derive(Debug, Default)]
 struct Inner {
-    pods: BTreeMap<String, PodSwap>,
+    pods: BTreeMap<String, SwapHistory>,
     totals: SwapTotals,
 }
 
 impl SwapBoard {
-    /// The pod's record (a resident one when it never swapped).
-    pub fn pod(&self, pod: &str) -> PodSwap {
+    /// The pod's history (an empty one when it never swapped).
+    pub fn history(&self, pod: &str) -> SwapHistory {
         self.lock().pods.get(pod).cloned().unwrap_or_default()
     }
 
-    /// Every pod that ever swapped.
-    pub fn pods(&self) -> BTreeMap<String, PodSwap> {
-        self.lock().pods.clone()
+    /// The pod as the status shows it, `state` being where its limits
+    /// object says it is.
+    pub fn pod(&self, pod: &str, state: Residency) -> PodSwap {
+        joined(self.history(pod), state)
     }
 
-    /// The node's totals.
-    pub fn totals(&self) -> SwapTotals {
+    /// The report for the pods `residencies` names, each where its limits
+    /// object says: those that ever swapped or are away now, and the
+    /// node's totals. Bytes in host memory count only for a pod away.
+    pub fn report<'a>(
+        &self,
+        residencies: impl IntoIterator<Item = (&'a str, Residency)>,
+    ) -> SwapReport {
         let inner = self.lock();
-        let mut totals = inner.totals;
-        totals.swapped_pods = inner
-            .pods
-            .values()
-            .filter(|p| p.state != Residency::Resident)
-            .count() as u64;
-        totals.bytes_on_host = inner.pods.values().map(|p| p.bytes_on_host).sum();
-        totals
+        let mut report = SwapReport {
+            totals: inner.totals,
+            pods: BTreeMap::new(),
+        };
+        for (pod, state) in residencies {
+            let history = match inner.pods.get(pod) {
+                Some(history) => history.clone(),
+                None if state != Residency::Resident => SwapHistory::default(),
+                None => continue,
+            };
+            let shown = joined(history, state);
+            if state != Residency::Resident {
+                report.totals.swapped_pods += 1;
+                report.totals.bytes_on_host += shown.history.bytes_on_host;
+            }
+            report.pods.insert(pod.to_owned(), shown);
+        }
+        report
     }
 
-    /// The pod moves to `state`.
-    pub fn set_state(&self, pod: &str, state: Residency) {
-        let mut inner = self.lock();
-        let record = inner.pods.entry(pod.to_owned()).or_default();
-        record.state = state;
-        record.since = now_s();
+    /// The pod's residency changed with no swap done (one begins, or the
+    /// daemon found it away).
+    pub fn changed(&self, pod: &str) {
+        self.update(pod, |record| record.since = now_s());
     }
 
     /// A swap-out of `bytes` finished in `took`.
@@ -138,7 +178,6 @@ impl SwapBoard {
         inner.totals.swap_outs += 1;
         inner.totals.swap_out_seconds += took.as_secs_f64();
         let record = inner.pods.entry(pod.to_owned()).or_default();
-        record.state = Residency::Swapped;
         record.since = now_s();
         record.bytes_on_host = bytes;
         record.swap_outs += 1;
@@ -152,7 +191,6 @@ impl SwapBoard {
         inner.totals.swap_ins += 1;
         inner.totals.swap_in_seconds += took.as_secs_f64();
         let record = inner.pods.entry(pod.to_owned()).or_default();
-        record.state = Residency::Resident;
         record.since = now_s();
         record.bytes_on_host = 0;
         record.swap_ins += 1;
@@ -164,7 +202,7 @@ impl SwapBoard {
     /// restores it there; `None`: no move is under way (moved back to the
     /// GPU its processes are on before any restore).
     pub fn moving(&self, pod: &str, to: Option<Move>) {
-        self.lock().pods.entry(pod.to_owned()).or_default().moving = to;
+        self.update(pod, |record| record.moving = to);
     }
 
     /// The move under way of `pod`, if any.
@@ -184,41 +222,39 @@ impl SwapBoard {
         record.last_move_s = Some(took.as_secs_f64());
     }
 
-    /// A swap failed; the pod is left in `state`.
-    pub fn failed(&self, pod: &str, state: Residency, error: &str) {
+    /// A swap failed and left the pod `left`: back on its GPUs (its bytes
+    /// in host memory are none), or still away.
+    pub fn failed(&self, pod: &str, left: Residency, error: &str) {
         let mut inner = self.lock();
         inner.totals.failures += 1;
         let record = inner.pods.entry(pod.to_owned()).or_default();
-        record.state = state;
         record.since = now_s();
-        if state == Residency::Resident {
+        if left == Residency::Resident {
             record.bytes_on_host = 0;
         }
         record.failures += 1;
         record.last_error = Some(error.to_owned());
     }
 
-    /// A pod found in host memory that this board did not know of (swapped
-    /// by an earlier run of the daemon) holds `bytes` there.
-    pub fn found_swapped(&self, pod: &str, bytes: u64) {
-        let mut inner = self.lock();
-        let record = inner.pods.entry(pod.to_owned()).or_default();
-        if record.state == Residency::Resident {
-            record.state = Residency::Swapped;
-            record.bytes_on_host = bytes;
-            record.since = now_s();
-        }
+    /// A pod found away whose bytes in host memory the board does not know
+    /// (an earlier run of the daemon swapped it) holds `bytes` there.
+    pub fn found_away(&self, pod: &str, bytes: u64) {
+        self.update(pod, |record| {
+            if record.bytes_on_host == 0 && bytes != 0 {
+                record.bytes_on_host = bytes;
+                record.since = now_s();
+            }
+        });
     }
 
     /// The swapped pod's processes all exited: its host memory went with
     /// them, and the pod is resident again (a new process starts on its GPU).
     pub fn processes_gone(&self, pod: &str) {
-        let mut inner = self.lock();
-        let record = inner.pods.entry(pod.to_owned()).or_default();
-        record.state = Residency::Resident;
-        record.bytes_on_host = 0;
-        record.moving = None;
-        record.since = now_s();
+        self.update(pod, |record| {
+            record.bytes_on_host = 0;
+            record.moving = None;
+            record.since = now_s();
+        });
     }
 
     /// The pod is gone: its record goes (its processes' host memory went
@@ -227,10 +263,23 @@ impl SwapBoard {
         self.lock().pods.remove(pod);
     }
 
+    fn update(&self, pod: &str, change: impl FnOnce(&mut SwapHistory)) {
+        change(self.lock().pods.entry(pod.to_owned()).or_default());
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // Every update is one step: a panic elsewhere leaves it usable.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// The `history` of a pod that is `state`: nothing of it in host memory
+/// while it is resident, whatever the history last saw.
+fn joined(mut history: SwapHistory, state: Residency) -> PodSwap {
+    if state == Residency::Resident {
+        history.bytes_on_host = 0;
+    }
+    PodSwap { state, history }
 }
 
 fn now_s() -> u64 {
@@ -238,3 +287,6 @@ fn now_s() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,13 +3,14 @@
 //! others and comes back with exactly what it had.
 //!
 //! [`driver`] loads the API and calls it on processes by pid; [`engine`]
-//! swaps all processes of a pod together; [`host`] says whether the host can take a swap-out (lock all, checkpoint all; restore
-//! all, unlock all), undoing a half-done swap-out, and restores a pod onto
-//! another GPU (a move); [`policy`] chooses the
-//! idle pods that make room on a GPU; [`board`] keeps each pod's swap state
-//! for the status and metrics. Which pods exist, what they hold and when
-//! they last called CUDA is the daemon's to say: this crate knows pids and
-//! bytes only.
+//! swaps all processes of a pod together (lock all, checkpoint all;
+//! restore all, unlock all), undoing a half-done swap-out, and restores a
+//! pod onto another GPU (a move); [`host`] says whether the host can take a
+//! swap-out; [`policy`] chooses the idle pods that make room on a GPU;
+//! [`board`] keeps each pod's swap history for the status and metrics
+//! (where the pod is, its limits object alone says). Which pods exist, what
+//! they hold and when they last called CUDA is the daemon's to say: this
+//! crate knows pids and bytes only.
 
 pub mod board;
 pub mod driver;
@@ -17,7 +18,7 @@ pub mod engine;
 pub mod host;
 pub mod policy;
 
-pub use board::{Move, PodSwap, SwapBoard, SwapTotals};
+pub use board::{Move, PodSwap, SwapBoard, SwapHistory, SwapReport, SwapTotals};
 pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uuid};
 pub use engine::{SwapError, Timing, move_pairs, restore_all, swap_in, swap_out, unlock_all};
 pub use host::{HOST_RESERVE, HostShort};

@@ -125,8 +125,12 @@ fn a_moved_pod_keeps_its_memory_and_its_quota_on_the_other_gpu() {
         None,
         "nothing left on the first GPU"
     );
-    let record = node.hypervisor().swap_board().pod(&pod.0);
-    assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        (record.history.moves, &record.history.moving),
+        (1, &None),
+        "{record:?}"
+    );
     let metrics = daemon::metrics(&node.url());
     assert!(metrics.contains("gpushare_moves_total 1"), "{metrics}");
 
@@ -224,16 +228,20 @@ fn a_move_whose_restore_fails_is_finished_by_the_pods_next_call() {
     );
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
     assert!(!ok && answer.contains("500"), "{answer}");
-    let record = node.hypervisor().swap_board().pod(&pod.0);
+    let record = node.hypervisor().pod_swap(&pod.0);
     assert_eq!(
-        record.moving.as_ref().map(|m| m.to.as_str()),
+        record.history.moving.as_ref().map(|m| m.to.as_str()),
         Some(gpushare_examples::uuid(1).as_str()),
         "{record:?}"
     );
     assert_eq!(control_block(running.pid()).state, 2, "in host memory");
     resumed_and_allocated(running);
-    let record = node.hypervisor().swap_board().pod(&pod.0);
-    assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        (record.history.moves, &record.history.moving),
+        (1, &None),
+        "{record:?}"
+    );
 }
 
 #[test]
@@ -251,8 +259,12 @@ fn a_swapped_pod_moved_comes_back_on_the_new_gpu_at_its_next_call() {
     );
     assert_eq!(quota_on(&pod, &gpushare_examples::uuid(1)), Some(4 * GIB));
     resumed_and_allocated(running);
-    let record = node.hypervisor().swap_board().pod(&pod.0);
-    assert_eq!((record.moves, &record.moving), (1, &None), "{record:?}");
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        (record.history.moves, &record.history.moving),
+        (1, &None),
+        "{record:?}"
+    );
 }
 
 #[test]
@@ -265,7 +277,7 @@ fn a_restarted_daemon_finishes_the_move_of_a_swapped_pod() {
     // The new daemon finds the move waiting in the pod's limits object.
     let again = restarted(&pod, node);
     eventually("the new daemon shows the move under way", || {
-        again.hypervisor().swap_board().pod(&pod.0).moving.is_some()
+        again.hypervisor().pod_swap(&pod.0).history.moving.is_some()
     });
     assert_eq!(control_block(running.pid()).state, 2, "still checkpointed");
     let (ok, answer) = admin_cli(&again, &["swap", "in", &pod.0]);
@@ -276,8 +288,8 @@ fn a_restarted_daemon_finishes_the_move_of_a_swapped_pod() {
         "restored on the GPU it moved to"
     );
     resumed_and_allocated(running);
-    let record = again.hypervisor().swap_board().pod(&pod.0);
-    assert_eq!(record.moving, None, "{record:?}");
+    let record = again.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.history.moving, None, "{record:?}");
     let limits = PodLimits::open_read_only(&pod.0, &Trust::own_or_root(None)).expect("limits");
     assert_eq!(limits.pending_move(), None);
 }
@@ -291,8 +303,11 @@ fn a_swapped_pod_moved_away_and_back_is_restored_where_it_was() {
         let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", to]);
         assert!(ok, "{answer}");
     }
-    let record = node.hypervisor().swap_board().pod(&pod.0);
-    assert_eq!(record.moving, None, "nothing left to move: {record:?}");
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        record.history.moving, None,
+        "nothing left to move: {record:?}"
+    );
     assert_eq!(quota_on(&pod, &gpushare_examples::uuid(0)), Some(4 * GIB));
     let (ok, answer) = admin_cli(&node, &["swap", "in", &pod.0]);
     assert!(ok, "{answer}");
@@ -315,7 +330,7 @@ fn a_gpu_that_reports_an_xid_is_drained_by_itself() {
         control_block(running.pid()).gpu == 1
     });
     eventually("the move is over", || {
-        node.hypervisor().swap_board().pod(&pod.0).moves == 1
+        node.hypervisor().pod_swap(&pod.0).history.moves == 1
     });
     // Nothing goes to the unhealthy GPU.
     let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "0"]);
@@ -378,12 +393,12 @@ fn a_room_wait_that_ends_mid_swap_leaves_the_pod_whole_and_a_move_takes_its_proc
     stopped.child.kill().expect("kill the stopped probe");
     let _ = stopped.child.wait();
     eventually("the swap is over", || {
-        node.hypervisor().swap_board().pod(&pod.0).state != Residency::SwappingOut
+        node.hypervisor().pod_swap(&pod.0).state != Residency::SwappingOut
     });
     // The swap ended whole either way: undone (the process gone counted
     // as a failed lock) or done (the process gone is done with), and the
     // pod's limits say what the driver holds.
-    let record = node.hypervisor().swap_board().pod(&pod.0);
+    let record = node.hypervisor().pod_swap(&pod.0);
     let block = control_block(survivor.pid());
     assert!(
         matches!(

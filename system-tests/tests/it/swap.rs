@@ -49,7 +49,7 @@ fn cli_swap(node: &RunningNode, direction: &str, pod: &Pod) -> (bool, String) {
 }
 
 fn pod_swap(node: &RunningNode, pod: &Pod) -> hypervisor_swap::PodSwap {
-    node.hypervisor().swap_board().pod(&pod.0)
+    node.hypervisor().pod_swap(&pod.0)
 }
 
 /// A daemon that makes room on `devices` GPUs of 16 GiB that the probes
@@ -121,7 +121,7 @@ fn an_idle_pod_goes_to_host_memory_and_its_next_call_brings_it_back() {
     assert_eq!(on_host, held, "all of it in host memory");
     let record = pod_swap(&node, &pod);
     assert_eq!(record.state, Residency::Swapped);
-    assert!(record.bytes_on_host >= 2 * GIB, "{record:?}");
+    assert!(record.history.bytes_on_host >= 2 * GIB, "{record:?}");
     let metrics = daemon::metrics(&node.url());
     assert!(metrics.contains("gpushare_swapped_pods 1"), "{metrics}");
 
@@ -140,8 +140,12 @@ fn an_idle_pod_goes_to_host_memory_and_its_next_call_brings_it_back() {
     assert!(rest[3].contains("-> 2 "), "2 GiB more is over it: {rest:?}");
     let record = pod_swap(&node, &pod);
     assert_eq!(record.state, Residency::Resident);
-    assert_eq!((record.swap_outs, record.swap_ins), (1, 1), "{record:?}");
-    assert_eq!(record.bytes_on_host, 0);
+    assert_eq!(
+        (record.history.swap_outs, record.history.swap_ins),
+        (1, 1),
+        "{record:?}"
+    );
+    assert_eq!(record.history.bytes_on_host, 0);
 }
 
 #[test]
@@ -166,8 +170,8 @@ fn a_pod_the_driver_cannot_checkpoint_runs_on_with_the_reason() {
     assert!(on_device >= GIB);
     let record = pod_swap(&node, &pod);
     assert_eq!(record.state, Residency::Resident);
-    assert_eq!(record.failures, 1);
-    assert!(record.last_error.is_some(), "{record:?}");
+    assert_eq!(record.history.failures, 1);
+    assert!(record.history.last_error.is_some(), "{record:?}");
     running.resume();
     let (rest, status) = running.finish();
     assert!(status.success(), "{rest:?}");
@@ -196,6 +200,7 @@ fn a_restore_the_driver_refuses_is_tried_again_until_the_pod_is_back() {
     assert_eq!(record.state, Residency::Swapped);
     assert!(
         record
+            .history
             .last_error
             .as_deref()
             .is_some_and(|e| e.contains("cuCheckpointProcessRestore")),
@@ -207,7 +212,7 @@ fn a_restore_the_driver_refuses_is_tried_again_until_the_pod_is_back() {
     assert!(rest[1].contains("-> 0 "), "{rest:?}");
     let record = pod_swap(&node, &pod);
     assert_eq!(record.state, Residency::Resident);
-    assert!(record.last_error.is_none(), "{record:?}");
+    assert!(record.history.last_error.is_none(), "{record:?}");
 }
 
 #[test]
@@ -221,7 +226,7 @@ fn a_swapped_pod_whose_process_exits_frees_its_host_memory() {
     running.child.kill().expect("kill the probe");
     let _ = running.child.wait();
     eventually("the pod's host memory is given back", || {
-        node.hypervisor().swap_board().totals().bytes_on_host == 0
+        node.hypervisor().swap_status().totals.bytes_on_host == 0
     });
     let record = pod_swap(&node, &pod);
     assert_eq!(record.state, Residency::Resident);
@@ -326,7 +331,11 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     assert!(rest[1].contains("-> 0 "), "{rest:?}");
     assert_eq!(control_block(b.pid()).state, 2, "the second pod made room");
     let record = pod_swap(&node, &first);
-    assert_eq!((record.swap_outs, record.swap_ins), (1, 1), "{record:?}");
+    assert_eq!(
+        (record.history.swap_outs, record.history.swap_ins),
+        (1, 1),
+        "{record:?}"
+    );
 
     // The first pod's process is gone: the second comes back at its call.
     b.resume();
@@ -334,7 +343,7 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     assert!(status.success(), "{rest:?}");
     assert!(rest[1].starts_with("info 0 "), "{rest:?}");
     assert_eq!(pod_swap(&node, &second).state, Residency::Resident);
-    assert_eq!(node.hypervisor().swap_board().totals().failures, 0);
+    assert_eq!(node.hypervisor().swap_status().totals.failures, 0);
 }
 
 #[test]
@@ -395,7 +404,7 @@ fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu() {
     for pod in [&near, &far] {
         assert_eq!(pod_swap(&node, pod).state, Residency::Resident);
     }
-    assert_eq!(node.hypervisor().swap_board().totals().swap_outs, 0);
+    assert_eq!(node.hypervisor().swap_status().totals.swap_outs, 0);
     for running in neighbours.into_iter().chain([running]) {
         let (rest, status) = running.finish();
         assert!(status.success(), "{rest:?}");
@@ -481,7 +490,7 @@ fn when_an_idle_pod_cannot_make_room_the_next_one_does() {
     );
     let record = pod_swap(&node, &stuck);
     assert_eq!(record.state, Residency::Resident);
-    assert!(record.last_error.is_some(), "{record:?}");
+    assert!(record.history.last_error.is_some(), "{record:?}");
     for running in [asking, stuck_probe, next_probe] {
         let (rest, status) = running.finish();
         assert!(status.success(), "{rest:?}");
@@ -629,7 +638,7 @@ fn host_memory_is_counted_by_what_the_processes_hold_not_by_their_ledger() {
     let moved = control_block(a.pid()).host_bytes;
     assert!(moved > 2 * GIB, "{moved}");
     assert_eq!(
-        pod_swap(&node, &first).bytes_on_host,
+        pod_swap(&node, &first).history.bytes_on_host,
         moved,
         "counted as what went to host memory"
     );
@@ -641,7 +650,7 @@ fn host_memory_is_counted_by_what_the_processes_hold_not_by_their_ledger() {
     );
     let block = control_block(b.pid());
     assert_eq!((block.state, block.host_bytes), (0, 0), "it runs on");
-    assert!(node.hypervisor().swap_board().totals().bytes_on_host <= 3 * GIB);
+    assert!(node.hypervisor().swap_status().totals.bytes_on_host <= 3 * GIB);
     ended(a);
     ended(b);
 }

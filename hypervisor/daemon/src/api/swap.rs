@@ -113,7 +113,7 @@ pub(super) async fn worker_swap_in(hv: &Hypervisor, mut req: Request) -> Respons
         Ok(Ok(answer)) => json_ok(&answer),
         Ok(Err(error)) => refusal(&error),
         Err(_) => json_ok(&SwapAnswer {
-            residency: hv.swap_board().pod(&pod).state.as_str().to_owned(),
+            residency: hv.pod_swap(&pod).state.as_str().to_owned(),
             message: format!("not back within {} s; ask again", wait.as_secs()),
         }),
     }

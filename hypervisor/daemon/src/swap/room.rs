@@ -114,9 +114,7 @@ impl Hypervisor {
                     .any(|g| g.latency && g.uuid.eq_ignore_ascii_case(uuid)),
             })
             .collect();
-        let host_room = settings
-            .host_limit
-            .saturating_sub(self.swap_board().totals().bytes_on_host);
+        let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
         let policy = RoomPolicy {
             idle_after_ms: u64::try_from(settings.idle_after.as_millis()).unwrap_or(u64::MAX),
             latency: settings.latency_pods,

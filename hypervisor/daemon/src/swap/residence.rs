@@ -1,0 +1,163 @@
+//! Where each pod's device memory is, in one book: the pod's limits object,
+//! which its processes' calls obey and a restarted daemon finds. The swap
+//! board keeps only the history (bytes in host memory, durations, errors,
+//! counts). [`Residence`] is the daemon's one writer of a pod's residency:
+//! each change writes the limits object and records the board's history in
+//! the same call; the status, the metrics and the API read the residency
+//! from the limits object alone.
+//!
+//! The sweep is left with what no swap of this run records: a pod an
+//! earlier run left away (its bytes in host memory, its move under way),
+//! and a swapped pod whose processes all exited.
+
+use std::time::Duration;
+
+use gpushare_utils::limits::Residency;
+use hypervisor_core::region::PodRegion;
+use hypervisor_core::scheduler::SwapView;
+use hypervisor_swap::{PodSwap, SwapBoard, SwapReport};
+
+use crate::Hypervisor;
+
+/// One pod's residency and its board history, changed together.
+pub(super) struct Residence<'a> {
+    pod: &'a str,
+    region: &'a PodRegion,
+    board: &'a SwapBoard,
+}
+
+impl<'a> Residence<'a> {
+    pub(super) fn new(view: &'a SwapView, board: &'a SwapBoard) -> Self {
+        Self {
+            pod: &view.pod,
+            region: &view.region,
+            board,
+        }
+    }
+
+    /// Where the pod's device memory is.
+    pub(super) fn residency(&self) -> Residency {
+        self.region.residency()
+    }
+
+    /// A swap-out begins: the pod's calls wait from now on.
+    pub(super) fn swapping_out(&self) {
+        self.region.set_residency(Residency::SwappingOut);
+        self.board.changed(self.pod);
+    }
+
+    /// The pod's `bytes` are in host memory, after `took`.
+    pub(super) fn swapped_out(&self, bytes: u64, took: Duration) {
+        self.region.set_residency(Residency::Swapped);
+        self.board.swapped_out(self.pod, bytes, took);
+    }
+
+    /// The swap-out failed with `error`, undone: the pod runs on.
+    pub(super) fn swap_out_failed(&self, error: &str) {
+        self.region.set_residency(Residency::Resident);
+        self.board.failed(self.pod, Residency::Resident, error);
+    }
+
+    /// A swap-in begins.
+    pub(super) fn swapping_in(&self) {
+        self.region.set_residency(Residency::SwappingIn);
+        self.board.changed(self.pod);
+    }
+
+    /// The pod is back on its GPUs, after `took`.
+    pub(super) fn swapped_in(&self, took: Duration) {
+        self.region.set_residency(Residency::Resident);
+        self.board.swapped_in(self.pod, took);
+    }
+
+    /// The swap-in failed with `error`: the pod stays in host memory, for
+    /// the next swap-in to try again.
+    pub(super) fn swap_in_failed(&self, error: &str) {
+        self.region.set_residency(Residency::Swapped);
+        self.board.failed(self.pod, Residency::Swapped, error);
+    }
+
+    /// A pod found away with no swap of this run under way reads swapped:
+    /// its next swap-in finishes what an earlier run left half-way.
+    fn settle(&self) {
+        if self.residency() != Residency::Swapped {
+            self.region.set_residency(Residency::Swapped);
+            self.board.changed(self.pod);
+        }
+    }
+
+    /// The pod, away, holds `bytes` in host memory by its ledger; the
+    /// board's own figure, from a swap-out of this run, stands.
+    fn found_away(&self, bytes: u64) {
+        self.board.found_away(self.pod, bytes);
+    }
+
+    /// The swapped pod's processes all exited: it is resident again, with
+    /// no move waiting, and its host memory is free.
+    fn processes_gone(&self) {
+        self.region.set_pending_move(None);
+        self.region.set_residency(Residency::Resident);
+        self.board.processes_gone(self.pod);
+    }
+}
+
+impl Hypervisor {
+    /// The node's swaps: each scheduled pod that ever swapped or is away
+    /// now, where its limits object says it is, and the node's totals.
+    pub fn swap_status(&self) -> SwapReport {
+        let views = self.core().scheduler.swap_views();
+        self.swap_board()
+            .report(views.iter().map(|v| (v.pod.as_str(), v.region.residency())))
+    }
+
+    /// The pod `pod` as the status shows it: where its limits object says
+    /// (resident where it has none: it is not scheduled), with its history.
+    pub fn pod_swap(&self, pod: &str) -> PodSwap {
+        let view = self.core().scheduler.swap_view(pod);
+        let residency = view.map_or(Residency::Resident, |v| v.region.residency());
+        self.swap_board().pod(pod, residency)
+    }
+
+    /// Bytes of the pods away in host memory now.
+    pub(super) fn bytes_on_host(&self) -> u64 {
+        self.swap_status().totals.bytes_on_host
+    }
+
+    /// Once a second, while no swap runs: a pod this run did not swap but
+    /// finds away (an earlier run swapped it, or died half-way) reads
+    /// swapped, its bytes in host memory and its move under way are
+    /// recorded, and its processes' next call brings it back; a swapped pod
+    /// whose processes all exited is resident again.
+    pub(crate) async fn sweep_swapped(&self) {
+        let Ok(_one) = self.shared.swapper.ops.try_lock() else {
+            return;
+        };
+        let away: Vec<SwapView> = self
+            .core()
+            .scheduler
+            .swap_views()
+            .into_iter()
+            .filter(|v| v.region.residency() != Residency::Resident)
+            .collect();
+        let board = self.swap_board();
+        for view in away {
+            let residence = Residence::new(&view, board);
+            residence.settle();
+            let pids = self.pids_of(&view.pod).await;
+            let alive = pids.iter().any(|&pid| {
+                !gpushare_utils::process::process_is_gone(i32::try_from(pid).unwrap_or(i32::MAX), 0)
+            });
+            // Processes the daemon cannot see (another pid namespace, not
+            // yet adopted) still hold their ledger's bytes until reclaimed.
+            if alive || view.bytes() > 0 {
+                residence.found_away(view.bytes());
+                if board.move_of(&view.pod).is_none() {
+                    board.moving(&view.pod, self.pending_move(&view));
+                }
+            } else {
+                residence.processes_gone();
+                tracing::info!(pod = %view.pod, "the swapped pod's processes exited; its host memory is free");
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+use super::*;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn report(board: &SwapBoard, residencies: &[(&str, Residency)]) -> SwapReport {
+    board.report(residencies.iter().copied())
+}
+
+#[test]
+fn a_pod_is_reported_where_its_limits_say_whatever_the_board_saw() {
+    let board = SwapBoard::default();
+    board.swapped_out("a", 5, SECOND);
+    let away = report(&board, &[("a", Residency::Swapped)]);
+    assert_eq!(away.pods["a"].state, Residency::Swapped);
+    assert_eq!(away.pods["a"].history.bytes_on_host, 5);
+    assert_eq!(
+        (away.totals.swapped_pods, away.totals.bytes_on_host),
+        (1, 5)
+    );
+    // Its limits say resident, with no swap-in on the board: it is on its
+    // GPUs, and nothing of it is counted in host memory.
+    let back = report(&board, &[("a", Residency::Resident)]);
+    assert_eq!(back.pods["a"].state, Residency::Resident);
+    assert_eq!(back.pods["a"].history.bytes_on_host, 0);
+    assert_eq!(
+        (back.totals.swapped_pods, back.totals.bytes_on_host),
+        (0, 0)
+    );
+    assert_eq!(back.totals.swap_outs, 1, "its history stays");
+    let moving = report(&board, &[("a", Residency::SwappingIn)]);
+    assert_eq!(moving.pods["a"].state, Residency::SwappingIn);
+    assert_eq!(moving.totals.swapped_pods, 1);
+}
+
+#[test]
+fn a_pod_away_that_the_board_never_saw_is_reported_away() {
+    let board = SwapBoard::default();
+    let found = report(
+        &board,
+        &[("b", Residency::Swapped), ("c", Residency::Resident)],
+    );
+    assert_eq!(found.pods["b"].state, Residency::Swapped);
+    assert_eq!(found.totals.swapped_pods, 1);
+    assert!(!found.pods.contains_key("c"), "never swapped: {found:?}");
+    board.found_away("b", 7);
+    assert_eq!(
+        report(&board, &[("b", Residency::Swapped)])
+            .totals
+            .bytes_on_host,
+        7
+    );
+    // The board's own figure stands once it has one.
+    board.found_away("b", 9);
+    assert_eq!(board.history("b").bytes_on_host, 7);
+    board.processes_gone("b");
+    let gone = report(&board, &[("b", Residency::Resident)]);
+    assert_eq!(
+        (gone.totals.swapped_pods, gone.totals.bytes_on_host),
+        (0, 0)
+    );
+}
+
+#[test]
+fn only_the_pods_named_are_reported() {
+    let board = SwapBoard::default();
+    board.swapped_out("gone", 3, SECOND);
+    board.swapped_out("here", 4, SECOND);
+    let only = report(&board, &[("here", Residency::Swapped)]);
+    assert_eq!(only.pods.keys().collect::<Vec<_>>(), ["here"]);
+    assert_eq!(only.totals.bytes_on_host, 4);
+    assert_eq!(only.totals.swap_outs, 2, "the node's counts are the node's");
+    board.forget("gone");
+    let forgotten = report(&board, &[("gone", Residency::Resident)]);
+    assert!(forgotten.pods.is_empty(), "{forgotten:?}");
+}
+
+#[test]
+fn a_failure_keeps_the_bytes_of_a_pod_left_away_only() {
+    let board = SwapBoard::default();
+    board.swapped_out("a", 5, SECOND);
+    board.failed("a", Residency::Swapped, "restore refused");
+    assert_eq!(board.history("a").bytes_on_host, 5);
+    assert_eq!(
+        board.history("a").last_error.as_deref(),
+        Some("restore refused")
+    );
+    board.failed("a", Residency::Resident, "lock refused");
+    let history = board.history("a");
+    assert_eq!((history.bytes_on_host, history.failures), (0, 2));
+    board.swapped_in("a", SECOND);
+    assert_eq!(board.history("a").last_error, None);
+}
