@@ -23,6 +23,7 @@ mod limiter_install;
 mod listeners;
 mod node_tables;
 mod oversubscription;
+mod residency;
 mod scheduling;
 mod squats;
 mod turns;
