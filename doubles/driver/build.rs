@@ -51,6 +51,7 @@ const CUDA_SOURCES: &[&str] = &[
     "modules.c",
     "lookup.c",
     "host_memory.c",
+    "vmm.c",
     "checkpoint.c",
     "node.c",
     "cuda_entry.S",

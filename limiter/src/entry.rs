@@ -13,6 +13,7 @@ use gpushare_utils::node_table::{
 };
 use gpushare_utils::quote::quoted;
 
+use crate::backing::Backing;
 use crate::config::{LimiterConfig, MpsMode};
 use crate::context::{Context, LocalLimits};
 use crate::hypervisor::Link;
@@ -69,6 +70,8 @@ pub(crate) struct Limiter {
     pub mps: MpsRequirement,
     /// Where calls that need the GPU wait while the pod is swapped out.
     pub swap: SwapGate,
+    /// The device memory the limiter backs itself, for a fast swap.
+    pub backing: Backing,
     allow_unpatched: bool,
     /// Set when CUDA must be refused after load (the driver cannot be patched).
     refusal: OnceLock<String>,
@@ -212,6 +215,7 @@ fn build() -> Result<State, String> {
         spill: Spill::new(config.oversubscribe, config.spill_limit),
         mps: MpsRequirement::new(config.mps),
         swap: SwapGate::default(),
+        backing: Backing::new(config.fast_swap),
         context: Context::new(config.pod, link, local_limits, grant_timeout, owner),
         allow_unpatched,
         refusal: OnceLock::new(),

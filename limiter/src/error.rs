@@ -90,6 +90,12 @@ pub(crate) enum Pass {
     /// NVML is not resolved.
     #[error("NVML is not resolved")]
     NvmlUnresolved,
+    /// Memory the limiter does not back: the driver knows it.
+    #[error("memory the limiter does not back: the driver knows it")]
+    NotBacked,
+    /// The driver answers this query of backed memory.
+    #[error("the driver answers this query of backed memory")]
+    DriverAnswers,
 }
 
 /// Why a detour did not simply return the driver's answer.

@@ -40,6 +40,7 @@
 // would act inside the test binary), which leaves most entry paths unused.
 #![cfg_attr(test, allow(dead_code))]
 
+mod backing;
 mod config;
 mod context;
 mod detour;

@@ -297,10 +297,22 @@ pub(crate) fn install_if_mapped() {
         installed.cuda = true;
         // `cuInit` is always patched: it is where CUDA is refused when the
         // limits cannot be had (broken config, no grant, unpatchable driver).
+        // The pointer queries only where the limiter backs memory itself:
+        // other processes keep the driver's answers, uninterposed.
+        let backs = limiter.is_some_and(|limiter| limiter.backing.enabled());
         let tables: &[&[HookEntry]] = match state {
             State::Refusing(_) => &[&detour::driver::DRIVER_DETOURS],
             // Launches are patched wherever limits apply: a compute limit
             // admits them, and a first launch may load a library's globals.
+            _ if backs => &[
+                &detour::driver::DRIVER_DETOURS,
+                &detour::memory::MEMORY_DETOURS,
+                &detour::context::CONTEXT_DETOURS,
+                &detour::held::HELD_DETOURS,
+                &detour::launch::LAUNCH_DETOURS,
+                &detour::gate::GATE_DETOURS,
+                &detour::pointer::POINTER_DETOURS,
+            ],
             _ => &[
                 &detour::driver::DRIVER_DETOURS,
                 &detour::memory::MEMORY_DETOURS,

@@ -496,6 +496,48 @@ pub(crate) type CuMemHostGetDevicePointer =
 pub(crate) type CuMemFreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
 pub(crate) type CuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 
+/// `CUmemAccessDesc_v1` (cuda.h): which location may access a mapped range, and how.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_int,
+}
+
+const _: () = {
+    assert!(size_of::<CUmemAccessDesc>() == 12 && align_of::<CUmemAccessDesc>() == 4);
+    assert!(offset_of!(CUmemAccessDesc, flags) == 8);
+};
+
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`: device memory that stays resident.
+pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+pub(crate) const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_int = 0;
+/// `CU_POINTER_ATTRIBUTE_RANGE_START_ADDR`: the allocation's base (a `CUdeviceptr`).
+pub(crate) const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute = 11;
+/// `CU_POINTER_ATTRIBUTE_RANGE_SIZE`: the allocation's size (a `size_t`).
+pub(crate) const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute = 12;
+pub(crate) type CUpointer_attribute = c_int;
+pub(crate) type CuMemGetAllocationGranularity =
+    unsafe extern "C" fn(*mut usize, *const CUmemAllocationProp, c_int) -> CUresult;
+pub(crate) type CuMemAddressReserve =
+    unsafe extern "C" fn(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64) -> CUresult;
+pub(crate) type CuMemAddressFree = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+pub(crate) type CuMemCreate = unsafe extern "C" fn(
+    *mut CUmemGenericAllocationHandle,
+    usize,
+    *const CUmemAllocationProp,
+    u64,
+) -> CUresult;
+pub(crate) type CuMemRelease = unsafe extern "C" fn(CUmemGenericAllocationHandle) -> CUresult;
+pub(crate) type CuMemMap =
+    unsafe extern "C" fn(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64) -> CUresult;
+pub(crate) type CuMemUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresult;
+pub(crate) type CuMemSetAccess =
+    unsafe extern "C" fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> CUresult;
+
 #[cfg(test)]
 mod tests {
     use super::*;

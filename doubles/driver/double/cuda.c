@@ -31,11 +31,17 @@
  *   cuGetErrorString/cuGetErrorName.
  * - Stream-ordered allocations and frees complete at once, on the stream's
  *   GPU (or the pool's).
- * - Pinned host memory (cuMemHostAlloc, cuMemHostGetDevicePointer_v2,
+ * - Pinned host memory (cuMemHostAlloc, cuMemAllocHost_v2,
+ *   cuMemHostRegister_v2/cuMemHostUnregister, cuMemHostGetDevicePointer_v2,
  *   cuMemFreeHost, cuPointerGetAttribute): host_memory.c. It is never charged
  *   to a GPU; cuMemGetAddressRange_v2 answers for it too.
- * - Copies and sets (cuMemcpy*, cuMemsetD8/D32*, copies.c) move no byte and
- *   take no time on the simulated clock: each checks init, the current
+ * - Virtual memory management (cuMemAddressReserve/Free, cuMemCreate/
+ *   Release, cuMemMap/Unmap, cuMemSetAccess/GetAccess,
+ *   cuMemRetainAllocationHandle): vmm.c. Created memory is charged like an
+ *   allocation until its last reference and mapping go, and a mapped range
+ *   holds real bytes.
+ * - Copies and sets (cuMemcpy*, cuMemsetD8/D32*, copies.c) move no byte but
+ *   into and out of VMM memory (vmm.c), and take no time on the simulated clock: each checks init, the current
  *   context (the stream, for the async ones, as launches do), then that its
  *   device range lies within one live linear allocation of the process (or
  *   mapped pinned host memory) and its host pointer is non-NULL, else
@@ -396,7 +402,8 @@ static void load_config(void) {
         env_count("GPUSHARE_DOUBLE_QUEUE_DEPTH", DEFAULT_QUEUE_DEPTH, 1, MAX_QUEUE_DEPTH);
     g_config_event_ramp_ns = env_count("GPUSHARE_DOUBLE_EVENT_RAMP_NS", 0, 0, 1000000000ULL);
     {
-        void *reserved = mmap(NULL, (size_t)(DOUBLE_MAX_DEVICES * REGION_SIZE), PROT_NONE,
+        /* One region per GPU, then the region of VMM address ranges (vmm.c). */
+        void *reserved = mmap(NULL, (size_t)((DOUBLE_MAX_DEVICES + 1) * REGION_SIZE), PROT_NONE,
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (reserved != MAP_FAILED) {
             g_region_base = (unsigned long long)(uintptr_t)reserved;

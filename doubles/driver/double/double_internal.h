@@ -24,6 +24,8 @@
  *   node.c         the node file: GPUs that processes share, their shared
  *                  used bytes and the table of the processes charging them
  *   host_memory.c  pinned host memory (its own state and lock)
+ *   vmm.c          the virtual memory management API: reserved ranges,
+ *                  physical memory with contents, mappings and access
  *
  * Nothing declared here is exported: the library is built with
  * -fvisibility=hidden, and these declarations are hidden as well, so that
@@ -259,6 +261,19 @@ void node_start_locked(void);
 int node_reserve_locked(int dev, unsigned long long need);
 void node_sync_locked(void);
 CUresult node_restore_locked(const int *gpu);
+
+/* vmm.c: whether addr lies in the region of reserved ranges; the mapping
+ * holding addr (its base, size and GPU); whether [addr, addr + bytes) is
+ * mapped with read (write == 0) or read-write access for GPU dev (CUDA_SUCCESS,
+ * CUDA_ERROR_INVALID_VALUE where unmapped, CUDA_ERROR_ILLEGAL_ADDRESS without
+ * access); and, once checked, the bytes moved in (write) or out, or set. */
+int vmm_space(unsigned long long addr);
+int vmm_range_locked(unsigned long long addr, unsigned long long *base, unsigned long long *size,
+                     int *device);
+CUresult vmm_check_locked(unsigned long long addr, unsigned long long bytes, int dev, int write);
+void vmm_move_locked(unsigned long long addr, void *host, unsigned long long bytes, int write);
+void vmm_fill_locked(unsigned long long addr, unsigned value, unsigned width,
+                     unsigned long long bytes);
 
 /* host_memory.c: pinned mapped host memory. */
 int double_host_range(unsigned long long addr, unsigned long long *base, unsigned long long *size);

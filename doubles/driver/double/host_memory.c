@@ -1,6 +1,6 @@
 /*
  * Pinned host memory of the test double, as the limiter's oversubscription
- * uses it (limiter/src/spill.rs):
+ * (limiter/src/spill.rs) and its swap of VMM-backed memory use it:
  *
  * - cuMemHostAlloc(pp, size, flags): real, lazily backed host memory (an
  *   anonymous mapping, so a test may "spill" gigabytes without touching
@@ -11,7 +11,18 @@
  *   the device pointer of mapped memory is its host address (an interior
  *   pointer maps to itself); memory allocated without DEVICEMAP, unknown
  *   pointers and non-zero flags are CUDA_ERROR_INVALID_VALUE.
- * - cuMemFreeHost(p): p must start an allocation (else
+ * - cuMemAllocHost_v2(pp, size): as cuMemHostAlloc with PORTABLE |
+ *   DEVICEMAP, which is what memory it allocates is on a 64-bit UVA platform.
+ * - cuMemHostRegister_v2(p, size, flags): pins the caller's own memory
+ *   (flags PORTABLE | DEVICEMAP | IOMEMORY | READ_ONLY, anything else
+ *   CUDA_ERROR_INVALID_VALUE; NULL or size 0 CUDA_ERROR_INVALID_VALUE); a
+ *   range that overlaps pinned memory is
+ *   CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED. cuMemHostUnregister(p) takes
+ *   the registration that starts at p back, leaving the memory to its
+ *   owner (else CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED). Registered memory
+ *   is mapped as allocated memory is (with DEVICEMAP) and counts against
+ *   the same limit.
+ * - cuMemFreeHost(p): p must start an allocation, not a registration (else
  *   CUDA_ERROR_INVALID_VALUE); cuMemFree_v2 of it is CUDA_ERROR_INVALID_VALUE,
  *   as on the real driver (memory.c knows only device records).
  * - cuPointerGetAttribute: MEMORY_TYPE (HOST for this memory, DEVICE for
@@ -35,6 +46,7 @@ struct host_block {
     unsigned long long addr; /* 0: free entry */
     unsigned long long size;
     unsigned flags;
+    int registered; /* the caller's memory (cuMemHostRegister_v2), not ours */
 };
 
 static pthread_mutex_t g_host_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -77,11 +89,24 @@ int double_host_range(unsigned long long addr, unsigned long long *base, unsigne
     return found;
 }
 
+/* A free entry for `bytes` more pinned bytes, or NULL past the limit. */
+static struct host_block *host_slot_locked(unsigned long long bytes) {
+    size_t i;
+    if (bytes > host_limit_locked() - g_host_bytes) {
+        return NULL;
+    }
+    for (i = 0; i < HOST_MAX_ALLOCATIONS; i++) {
+        if (g_host[i].addr == 0) {
+            return &g_host[i];
+        }
+    }
+    return NULL;
+}
+
 CUresult impl_cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
-    struct host_block *slot = NULL;
+    struct host_block *slot;
     CUresult rc = CUDA_SUCCESS;
     void *p;
-    size_t i;
     if (!double_initialized()) {
         return CUDA_ERROR_NOT_INITIALIZED;
     }
@@ -89,12 +114,8 @@ CUresult impl_cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
         return CUDA_ERROR_INVALID_VALUE;
     }
     pthread_mutex_lock(&g_host_lock);
-    for (i = 0; i < HOST_MAX_ALLOCATIONS && slot == NULL; i++) {
-        if (g_host[i].addr == 0) {
-            slot = &g_host[i];
-        }
-    }
-    if (slot == NULL || bytesize > host_limit_locked() - g_host_bytes) {
+    slot = host_slot_locked(bytesize);
+    if (slot == NULL) {
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
         p = mmap(NULL, bytesize, PROT_READ | PROT_WRITE,
@@ -105,9 +126,68 @@ CUresult impl_cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
             slot->addr = (uintptr_t)p;
             slot->size = bytesize;
             slot->flags = Flags;
+            slot->registered = 0;
             g_host_bytes += bytesize;
             *pp = p;
         }
+    }
+    pthread_mutex_unlock(&g_host_lock);
+    return rc;
+}
+
+CUresult impl_cuMemAllocHost_v2(void **pp, size_t bytesize) {
+    return impl_cuMemHostAlloc(pp, bytesize, CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+}
+
+#define REGISTER_FLAGS                                                                         \
+    (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_IOMEMORY | \
+     CU_MEMHOSTREGISTER_READ_ONLY)
+
+CUresult impl_cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags) {
+    unsigned long long addr = (uintptr_t)p;
+    struct host_block *slot;
+    CUresult rc = CUDA_SUCCESS;
+    size_t i;
+    if (!double_initialized()) {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if (p == NULL || bytesize == 0 || (Flags & ~REGISTER_FLAGS) != 0 || addr + bytesize < addr) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&g_host_lock);
+    for (i = 0; i < HOST_MAX_ALLOCATIONS; i++) {
+        struct host_block *b = &g_host[i];
+        if (b->addr != 0 && addr < b->addr + b->size && b->addr < addr + bytesize) {
+            rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+        }
+    }
+    slot = rc == CUDA_SUCCESS ? host_slot_locked(bytesize) : NULL;
+    if (rc == CUDA_SUCCESS && slot == NULL) {
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else if (rc == CUDA_SUCCESS) {
+        slot->addr = addr;
+        slot->size = bytesize;
+        /* The DEVICEMAP bits of both APIs are the same: the range is mapped. */
+        slot->flags = Flags & CU_MEMHOSTREGISTER_DEVICEMAP ? CU_MEMHOSTALLOC_DEVICEMAP : 0;
+        slot->registered = 1;
+        g_host_bytes += bytesize;
+    }
+    pthread_mutex_unlock(&g_host_lock);
+    return rc;
+}
+
+CUresult impl_cuMemHostUnregister(void *p) {
+    struct host_block *b;
+    CUresult rc = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+    if (!double_initialized()) {
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    pthread_mutex_lock(&g_host_lock);
+    b = host_find_locked((uintptr_t)p, 1);
+    if (b != NULL && b->registered) {
+        g_host_bytes -= b->size;
+        memset(b, 0, sizeof *b);
+        rc = CUDA_SUCCESS;
     }
     pthread_mutex_unlock(&g_host_lock);
     return rc;
@@ -140,7 +220,7 @@ CUresult impl_cuMemFreeHost(void *p) {
     }
     pthread_mutex_lock(&g_host_lock);
     b = host_find_locked((uintptr_t)p, 1);
-    if (b != NULL) {
+    if (b != NULL && !b->registered) {
         munmap(p, b->size);
         g_host_bytes -= b->size;
         memset(b, 0, sizeof *b);

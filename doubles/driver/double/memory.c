@@ -2,8 +2,8 @@
  * Device memory of the double (the model is in cuda.c): what each GPU holds
  * for the process and whether more fits, the records of its allocations at
  * their fake addresses, and the allocation entry points: memory info, linear
- * allocations, VMM handles, arrays and mipmapped arrays, and the address
- * ranges host_memory.c asks about.
+ * allocations, arrays and mipmapped arrays, and the address ranges
+ * host_memory.c asks about (VMM memory, mapped by vmm.c, answers too).
  */
 #include "double_internal.h"
 
@@ -343,46 +343,6 @@ CUresult impl_cuMemFree_v2(CUdeviceptr dptr) {
     return free_any(dptr, KIND_POINTER, CUDA_ERROR_INVALID_VALUE);
 }
 
-CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
-                          const CUmemAllocationProp *prop, unsigned long long flags) {
-    CUresult rc;
-    lock();
-    if (!g_initialized) {
-        rc = CUDA_ERROR_NOT_INITIALIZED;
-    } else if (handle == NULL || prop == NULL || flags != 0 ||
-               prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
-               prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || size % GRANULARITY != 0) {
-        rc = CUDA_ERROR_INVALID_VALUE;
-    } else if (!valid_device(prop->location.id)) {
-        rc = CUDA_ERROR_INVALID_DEVICE;
-    } else {
-        rc = alloc_locked(prop->location.id, NULL, size, KIND_HANDLE, handle);
-    }
-    unlock();
-    return rc;
-}
-
-CUresult impl_cuMemRelease(CUmemGenericAllocationHandle handle) {
-    return free_any(handle, KIND_HANDLE, CUDA_ERROR_INVALID_VALUE);
-}
-
-CUresult impl_cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
-                                            CUmemAllocationGranularity_flags option) {
-    CUresult rc = CUDA_SUCCESS;
-    lock();
-    if (!g_initialized) {
-        rc = CUDA_ERROR_NOT_INITIALIZED;
-    } else if (granularity == NULL || prop == NULL ||
-               (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
-                option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)) {
-        rc = CUDA_ERROR_INVALID_VALUE;
-    } else {
-        *granularity = (size_t)GRANULARITY;
-    }
-    unlock();
-    return rc;
-}
-
 /* Bytes per element, or 0 for an unknown format or channel count. */
 static unsigned long long element_bytes(CUarray_format format, unsigned channels) {
     unsigned long long bytes;
@@ -525,6 +485,8 @@ int double_device_range(unsigned long long addr, unsigned long long *base,
         *size = r->size;
         *device = dev;
         found = 1;
+    } else {
+        found = vmm_range_locked(addr, base, size, device);
     }
     unlock();
     return found;

@@ -73,6 +73,13 @@
  *                            cuMemGetAddressRange_v2 of the pointer + 1: the
  *                            range's size and 1 if it starts at the pointer;
  *                            RESULT the first failure of the two calls
+ *   write ID SEED         -> "write ID SEED -> RESULT at=0xADDR": ID's bytes (as
+ *                            many as asked for) from a pattern SEED names
+ *                            (cuMemcpyHtoD_v2); ADDR its pointer
+ *   check ID SEED         -> "check ID SEED -> RESULT differ=N at=0xADDR": ID's
+ *                            bytes read back (cuMemcpyDtoH_v2), N how many
+ *                            differ from the pattern (on the double, every
+ *                            byte but of VMM memory, whose bytes it keeps)
  *   freeall               -> "freeall RESULT": frees every live ID in order;
  *                            the first non-zero result, or 0
  *   sleep MS              -> "sleep MS", printed after sleeping

@@ -223,6 +223,8 @@ struct periodic {
 void cmd_alloc(const char *api_text, enum api_kind api, const char *size_text, size_t size);
 void cmd_free(const char *id_text, unsigned long long id);
 void cmd_ptr(const char *id_text, unsigned long long id);
+/* The pointer and size asked for of live allocation ID; 0 if there is none. */
+int probe_allocation(unsigned long long id, unsigned long long *pointer, size_t *size);
 void cmd_info(const char *cmd);
 void cmd_totalmem(const char *cmd);
 void cmd_fill(const char *size_text, size_t size);

@@ -7,13 +7,14 @@
 struct record {
     enum api_kind api;
     unsigned long long handle; /* CUdeviceptr, allocation handle, or array */
+    size_t size;               /* as asked for */
     int live;
 };
 
 static struct record *records;
 static size_t record_count, record_cap;
 
-static size_t remember(enum api_kind api, unsigned long long handle) {
+static size_t remember(enum api_kind api, unsigned long long handle, size_t size) {
     if (record_count == record_cap) {
         size_t cap = record_cap ? record_cap * 2 : 64;
         struct record *grown = realloc(records, cap * sizeof *grown);
@@ -25,6 +26,7 @@ static size_t remember(enum api_kind api, unsigned long long handle) {
     }
     records[record_count].api = api;
     records[record_count].handle = handle;
+    records[record_count].size = size;
     records[record_count].live = 1;
     return record_count++;
 }
@@ -148,7 +150,7 @@ void cmd_alloc(const char *api_text, enum api_kind api, const char *size_text, s
     unsigned long long handle = 0;
     CUresult rc = do_alloc(api, size, &handle);
     if (rc == CUDA_SUCCESS) {
-        size_t id = remember(api, handle);
+        size_t id = remember(api, handle, size);
         emit("alloc %s %s -> %d %zu", api_text, size_text, (int)rc, id);
     } else {
         emit("alloc %s %s -> %d -", api_text, size_text, (int)rc);
@@ -165,6 +167,15 @@ void cmd_free(const char *id_text, unsigned long long id) {
         records[id].live = 0;
     }
     emit("free %s -> %d", id_text, (int)rc);
+}
+
+int probe_allocation(unsigned long long id, unsigned long long *pointer, size_t *size) {
+    if (id >= record_count || !records[id].live) {
+        return 0;
+    }
+    *pointer = records[id].handle;
+    *size = records[id].size;
+    return 1;
 }
 
 void cmd_ptr(const char *id_text, unsigned long long id) {
@@ -228,7 +239,7 @@ void cmd_fill(const char *size_text, size_t size) {
             emit("fill %s count=%llu last=%d", size_text, count, (int)rc);
             break;
         }
-        remember(API_MEM, p);
+        remember(API_MEM, p, size);
         count++;
     }
 }

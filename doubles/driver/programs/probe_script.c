@@ -248,6 +248,47 @@ static void cmd_set(const char *cmd, int async, const char *size_text, size_t si
     emit("%s %s -> %d", cmd, size_text, (int)rc);
 }
 
+/* The byte at offset i of the contents `seed` names. */
+static unsigned char content(unsigned long long seed, size_t i) {
+    return (unsigned char)(i * 31 + seed * 7 + (i >> 12));
+}
+
+/* write ID SEED: the allocation's bytes from the pattern (cuMemcpyHtoD_v2);
+ * check ID SEED: read back (cuMemcpyDtoH_v2) and compared. */
+static void cmd_contents(const char *cmd, const char *id_text, unsigned long long id,
+                         const char *seed_text, unsigned long long seed) {
+    unsigned long long pointer = 0;
+    size_t size = 0, i, differ = 0;
+    unsigned char *host;
+    CUresult rc;
+    if (!probe_allocation(id, &pointer, &size)) {
+        die(2, "unknown ID '%s'", id_text);
+    }
+    host = malloc(size ? size : 1);
+    if (host == NULL) {
+        die(1, "out of host memory");
+    }
+    xfer_load();
+    if (cmd[0] == 'w') {
+        for (i = 0; i < size; i++) {
+            host[i] = content(seed, i);
+        }
+        rc = XFER_CALL(htod, pointer, host, size);
+        emit("write %s %s -> %d at=0x%llx", id_text, seed_text, (int)rc, pointer);
+    } else {
+        for (i = 0; i < size; i++) { /* a byte the copy does not bring differs */
+            host[i] = (unsigned char)~content(seed, i);
+        }
+        rc = XFER_CALL(dtoh, host, pointer, size);
+        for (i = 0; rc == CUDA_SUCCESS && i < size; i++) {
+            differ += host[i] != content(seed, i);
+        }
+        emit("check %s %s -> %d differ=%zu at=0x%llx", id_text, seed_text, (int)rc, differ,
+             pointer);
+    }
+    free(host);
+}
+
 /* stream_sync, stream_query: of the legacy default stream. */
 static void cmd_stream(const char *cmd, int query) {
     xfer_load();
@@ -343,6 +384,14 @@ void run_script(int argc, char **argv, int execute) {
                     clearerr(stdin);
                 }
                 emit("resumed");
+            }
+        } else if (strcmp(cmd, "write") == 0 || strcmp(cmd, "check") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            const char *seed_text = NEXT();
+            unsigned long long seed = arg_number(seed_text);
+            if (execute) {
+                cmd_contents(cmd, id_text, id, seed_text, seed);
             }
         } else if (strcmp(cmd, "pid") == 0) {
             if (execute) {

@@ -28,6 +28,11 @@
 //! (pitch: width rounded up to 512 × height; arrays: element × W × max(H,1) ×
 //! max(D,1), mipmaps summed over the levels), fail with
 //! `CUDA_ERROR_OUT_OF_MEMORY` when they do not fit, and free gives back.
+//! The virtual memory management API is modelled whole (`double/vmm.c`):
+//! memory made by `cuMemCreate` is charged until its last reference and
+//! mapping go, and a range mapped with `cuMemMap` and made accessible with
+//! `cuMemSetAccess` holds real bytes that copies and sets move, so a test
+//! can check contents; `GPUSHARE_DOUBLE_FAIL_VMM` makes named calls fail.
 //! Memory the real driver takes without an allocation call is modelled too,
 //! and counted the same way: context limits above their defaults
 //! (`cuCtxSetLimit`), module globals (an image that begins

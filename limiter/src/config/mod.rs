@@ -121,6 +121,7 @@
 //! | `CUDA_LIMITER_HYPERVISOR` | hypervisor address, e.g. `http://127.0.0.1:8000`; unset means local mode |
 //! | `CUDA_LIMITER_CLASS`, `CUDA_LIMITER_CLASS_<i>` | `latency` or `batch` (default), see [`PodClass`](gpushare_utils::pod::PodClass) |
 //! | `CUDA_LIMITER_MPS` | `required` or unset: with `required`, CUDA is refused unless every device runs as an MPS client, see [`MpsMode`] |
+//! | `CUDA_LIMITER_FAST_SWAP` | switch, off unless set: allocations of 2 MiB and more are backed by the limiter with the VMM API, so that a swap moves them at the speed of the link (`crate::backing`) |
 //!
 //! Other `CUDA_LIMITER_*` names (typos included) are ignored, except a variable
 //! of ours with a device suffix that is not an index (`CUDA_LIMITER_MEMORY_LIMIT_x`),
@@ -131,6 +132,7 @@
 mod class;
 mod compute;
 mod error;
+mod fast_swap;
 #[cfg(test)]
 mod fuzz;
 mod limits;
@@ -171,6 +173,9 @@ pub(crate) struct LimiterConfig {
     pub class: DeviceClasses,
     /// Whether CUDA runs only as an MPS client (`CUDA_LIMITER_MPS`).
     pub mps: MpsMode,
+    /// Whether large device allocations are backed by the limiter for a
+    /// fast swap (`CUDA_LIMITER_FAST_SWAP`; `crate::backing`).
+    pub fast_swap: bool,
 }
 
 impl LimiterConfig {

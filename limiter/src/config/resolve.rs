@@ -7,6 +7,7 @@ use gpushare_utils::units::parse_size;
 
 use super::compute::{CorePair, OursSm};
 use super::error::{MEM_JSON_EXAMPLE, UP_JSON_EXAMPLE};
+use super::fast_swap::parse_fast_swap;
 use super::limits::Device;
 use super::mps::parse_mps;
 use super::oversubscribe::{push_oversubscribe, push_spill_limit};
@@ -111,6 +112,7 @@ impl RawVars {
                     config.class.set(index, class);
                 }
                 Kind::Mps => config.mps = parse_mps(v)?,
+                Kind::FastSwap => config.fast_swap = parse_fast_swap(v)?,
             }
         }
         sm.push_to(&mut config.compute)?;

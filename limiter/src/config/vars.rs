@@ -31,6 +31,7 @@ pub(super) enum Kind {
     Hypervisor,
     Class,
     Mps,
+    FastSwap,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -49,7 +50,7 @@ pub(super) enum Scopes {
 /// Our variables, and foreign ones we read: name, what it sets, which scopes.
 /// Ours (`CUDA_LIMITER_*`) treat a non-index suffix as an error rather than as
 /// someone else's variable.
-pub(super) const RULES: [(&str, Kind, Scopes); 20] = [
+pub(super) const RULES: [(&str, Kind, Scopes); 21] = [
     ("CUDA_LIMITER_MEMORY_LIMIT", Kind::MemOurs, Scopes::Both),
     ("CUDA_DEVICE_MEMORY_LIMIT", Kind::MemHami, Scopes::Both),
     ("CUDA_MEM_LIMIT", Kind::MemLegacy, Scopes::IndexOnly),
@@ -70,6 +71,7 @@ pub(super) const RULES: [(&str, Kind, Scopes); 20] = [
     ("CUDA_LIMITER_HYPERVISOR", Kind::Hypervisor, Scopes::AllOnly),
     ("CUDA_LIMITER_CLASS", Kind::Class, Scopes::Both),
     ("CUDA_LIMITER_MPS", Kind::Mps, Scopes::AllOnly),
+    ("CUDA_LIMITER_FAST_SWAP", Kind::FastSwap, Scopes::AllOnly),
 ];
 
 /// Precedence ranks, lower wins; every per-device rank is below every

@@ -9,3 +9,4 @@ pub(crate) mod held;
 pub(crate) mod launch;
 pub(crate) mod memory;
 pub(crate) mod nvml;
+pub(crate) mod pointer;

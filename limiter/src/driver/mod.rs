@@ -10,7 +10,9 @@
 //! - [`Nvml`] (`nvml.rs`): the UUIDs, indices and per-process usage of NVML;
 //! - [`HostMemory`] (`host.rs`): pinned mapped host memory, for oversubscription;
 //! - [`Held`] (`held.rs`): context limits, graph allocation nodes and graph
-//!   pools: memory the driver holds outside allocations.
+//!   pools: memory the driver holds outside allocations;
+//! - [`Vmm`] (`vmm.rs`): the virtual memory management API, for the memory
+//!   the limiter backs itself (`backing`).
 
 use std::ffi::{CStr, c_int, c_void};
 
@@ -24,12 +26,14 @@ mod host;
 mod nvml;
 mod result;
 mod timing;
+mod vmm;
 
 pub(crate) use held::Held;
 pub(crate) use host::{HostMemory, MappedHost};
 pub(crate) use nvml::Nvml;
 pub(crate) use result::DriverError;
 pub(crate) use timing::{LaunchOverheads, Timing};
+pub(crate) use vmm::Vmm;
 
 /// Looks `name` up in `handle` as a function of type `F`.
 ///
@@ -59,6 +63,8 @@ pub(crate) struct Driver {
     pub host: Option<HostMemory>,
     /// What the driver holds outside allocations.
     pub held: Held,
+    /// Virtual memory management, for backed allocations.
+    pub vmm: Option<Vmm>,
 }
 
 impl Driver {
@@ -76,6 +82,7 @@ impl Driver {
                 timing: Timing::load(handle),
                 host: HostMemory::load(handle),
                 held: Held::load(handle),
+                vmm: Vmm::load(handle),
             })
         }
     }

@@ -11,6 +11,7 @@ mod common;
 
 mod compute_share;
 mod dynamic_shapes;
+mod fast_swap;
 mod glibc_baseline;
 mod loading;
 mod memory_quota;

@@ -37,7 +37,7 @@ fn le_i32(bytes: &[u8]) -> i32 {
 fn every_cu_entry_point_starts_with_the_h100_prologue() {
     let lib = Lib::open("libcuda.so.1");
     let names: Vec<&str> = cu_entry_points().collect();
-    assert_eq!(names.len(), 155, "{names:?}");
+    assert_eq!(names.len(), 165, "{names:?}");
     for name in names {
         let code = lib.code(name, CU_PROLOGUE_LEN + 8);
         assert_eq!(code[..12], CU_PROLOGUE, "{name}");

@@ -96,6 +96,7 @@ fn memory() -> Result<Memory> {
     Ok(Memory {
         quota: &limiter.memory,
         spill: &limiter.spill,
+        backing: &limiter.backing,
         ctx: &limiter.context,
     })
 }
@@ -114,7 +115,7 @@ fn pointer_allocation(
     let made = || Resource::Pointer(unsafe { dptr.read() });
     match memory()?.allocate_linear(bytesize as u64, allocate, made)? {
         Served::Device(result) => Ok(result),
-        Served::Host(pointer) => {
+        Served::Host(pointer) | Served::Backed(pointer) => {
             // SAFETY: dptr is non-null, valid for writes (the caller's out-pointer).
             unsafe { dptr.write(pointer) };
             Ok(CUresult::SUCCESS)
@@ -196,7 +197,7 @@ fn pooled_allocation(
     let trim = || crate::detour::held::trim_unused(pool);
     match memory()?.allocate_pooled(pool, bytesize as u64, allocate, made, trim)? {
         Served::Device(result) => Ok(result),
-        Served::Host(pointer) => {
+        Served::Host(pointer) | Served::Backed(pointer) => {
             // SAFETY: dptr is non-null, valid for writes (the caller's out-pointer).
             unsafe { dptr.write(pointer) };
             Ok(CUresult::SUCCESS)
@@ -246,7 +247,7 @@ fn mem_alloc_pitch(
     )?;
     match served {
         Pitched::Device(result) => Ok(result),
-        Pitched::Host {
+        Pitched::Served {
             pointer,
             pitch: row,
         } => {

@@ -9,6 +9,7 @@
 
 use gpushare_utils::quote::Clipped;
 
+use crate::backing::Backing;
 use crate::context::Context;
 use crate::error::{LimiterError, Pass, Result};
 use crate::quota::{MemoryQuota, Reservation, Resource};
@@ -19,11 +20,13 @@ use crate::sys::{
     CUresult,
 };
 
-/// The quota, the oversubscription policy, and the context they answer in.
+/// The quota, the oversubscription policy, the memory the limiter backs,
+/// and the context they answer in.
 #[derive(Clone, Copy)]
 pub(super) struct Memory {
     pub quota: &'static MemoryQuota,
     pub spill: &'static Spill,
+    pub backing: &'static Backing,
     pub ctx: &'static Context,
 }
 
@@ -34,6 +37,8 @@ pub(super) enum Served {
     Device(CUresult),
     /// Past the quota, from pinned mapped host memory at this device address.
     Host(CUdeviceptr),
+    /// Backed by the limiter with the VMM API, at this address.
+    Backed(CUdeviceptr),
 }
 
 /// Where a pitched allocation was served from.
@@ -41,8 +46,9 @@ pub(super) enum Served {
 pub(super) enum Pitched {
     /// The driver's own answer (pointer and pitch are where it wrote them).
     Device(CUresult),
-    /// Past the quota, from host memory: its device address and pitch.
-    Host { pointer: CUdeviceptr, pitch: usize },
+    /// Past the quota, from host memory, or backed by the limiter: its
+    /// device address and pitch.
+    Served { pointer: CUdeviceptr, pitch: usize },
 }
 
 /// An allocation API that is never served from host memory, and why.
@@ -179,9 +185,33 @@ impl Memory {
         allocate: impl FnMut() -> CUresult,
         made: impl FnOnce() -> Resource,
     ) -> Result<Served> {
+        if let Some(pointer) = self.allocate_backed(bytes) {
+            return Ok(Served::Backed(pointer));
+        }
         match self.allocate(Placement::Current, bytes, allocate, made) {
             Ok(result) => Ok(Served::Device(result)),
             Err(over) => self.serve_from_host(over, bytes).map(Served::Host),
+        }
+    }
+
+    /// `bytes` on the current device backed by the limiter (`crate::backing`),
+    /// charged its rounded size; `None` when it is not to be backed or could
+    /// not be (the quota refused the rounded size, or a VMM call failed):
+    /// the caller then allocates as the driver would.
+    fn allocate_backed(self, bytes: u64) -> Option<CUdeviceptr> {
+        let plan = self.backing.plan(self.ctx, bytes)?;
+        let device = self.limited_device(Placement::Current).ok()?;
+        let reservation = self.quota.reserve(self.ctx, device, plan.size).ok()?;
+        match self.backing.back(self.ctx, plan, bytes) {
+            Ok(pointer) => {
+                reservation.commit(Resource::Pointer(pointer));
+                tracing::debug!(device, bytes, held = plan.size, pointer, "backed");
+                Some(pointer)
+            }
+            Err(error) => {
+                tracing::debug!(device, bytes, %error, "not backed; the driver allocates");
+                None
+            }
         }
     }
 
@@ -303,6 +333,10 @@ impl Memory {
         if estimate == 0 {
             return Err(LimiterError::Bypass(Pass::EmptyAllocation));
         }
+        if let Some(pointer) = self.allocate_backed(estimate as u64) {
+            let pitch = estimate / height;
+            return Ok(Pitched::Served { pointer, pitch });
+        }
         let (result, mut reservation) =
             match self.reserve_and_allocate(device, estimate as u64, allocate) {
                 Ok((result, Some(reservation))) => (result, reservation),
@@ -310,7 +344,7 @@ impl Memory {
                 Err(over) => {
                     let pointer = self.serve_from_host(over, estimate as u64)?;
                     let pitch = estimate / height;
-                    return Ok(Pitched::Host { pointer, pitch });
+                    return Ok(Pitched::Served { pointer, pitch });
                 }
             };
         let (pointer, pitch) = made();
@@ -333,6 +367,11 @@ impl Memory {
     ) -> Result<CUresult> {
         if let Some(freed) = self.spill.free(self.ctx, pointer, ordered) {
             return Ok(freed);
+        }
+        if self.backing.holds(pointer) {
+            // Waits for the context whether the free is stream-ordered or not.
+            let free = || self.backing.free(self.ctx, pointer);
+            return self.free(Resource::Pointer(pointer), free);
         }
         if let Some(pool) = self.quota.pool_of(pointer) {
             // Charged as its pool's: the pool may hold less once it is freed.
