@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from harness.checks import QUOTA, QUOTA_MIB, AtLeast, AtMost, Equal, Why, mibs, num, q
 from harness.proc import Proc, env_for, run
 
@@ -51,6 +53,7 @@ def close(a, b) -> bool:
     return x is not None and y is not None and abs(x - y) <= CHECKSUM_RTOL * max(abs(x), abs(y), 1.0)
 
 
+@pytest.mark.check("23")
 def test_oversub_matmul(check):
     """23: PyTorch allocates 6 GiB under a 4 GiB quota; matmul as without the limiter; footprint <= quota."""
     row = check.row("23. oversubscription: PyTorch 6 GiB, matmul on spilled blocks",
@@ -77,6 +80,7 @@ def test_oversub_matmul(check):
              f"spill_sum={q(lm.kv('spill_sum'))} bitwise={int(exact)} ranges={q(lm.kv('ranges'))}", why)
 
 
+@pytest.mark.check("24")
 def test_oversub_off(check):
     """24: the same program with oversubscription off: torch.OutOfMemoryError."""
     row = check.row("24. oversubscription off: PyTorch 6 GiB", "with: torch.OutOfMemoryError after <=4 blocks; "
@@ -96,6 +100,7 @@ def test_oversub_off(check):
              f"alloc={q(lm.kv('alloc'))} blocks={q(lm.kv('blocks'))} msg={q(lm.kv('oom_msg'))}", why)
 
 
+@pytest.mark.check("25")
 def test_oversub_host_cap(check):
     """25: a host-memory cap of 1.5 GiB: one 1 GiB block spills, the next is torch.OutOfMemoryError."""
     row = check.row("25. oversubscription host cap 1536MiB: 1 GiB blocks until OOM",
@@ -112,6 +117,7 @@ def test_oversub_host_cap(check):
              f"blocks={q(lm.kv('blocks'))} spilled={q(lm.kv('spilled'))} oom={q(lm.kv('oom'))}", why)
 
 
+@pytest.mark.check("26")
 def test_oversub_slowdown(check):
     """26: a read kernel (torch.sum over 1 GiB) on device memory vs spilled memory, GB/s."""
     row = check.row("26. oversubscription slowdown: torch.sum over 1 GiB (GB/s)",

@@ -3,25 +3,43 @@
 //! compute their statistics and figures from known inputs, and run every
 //! check and every benchmark dry against fakes of the CUDA programs, the
 //! co-run and packing ones against this build's daemon (`--simulate-gpus`)
-//! and the fake MPS control daemon. Without pytest the test fails with the
-//! command that installs it: a check that did not run never passes.
+//! and the fake MPS control daemon. Without pytest the tests fail with the
+//! command that installs it: a check that did not run never passes. The
+//! harness's files and the benchmarks' run as two tests, at once: each
+//! mostly waits on the programs it runs.
 
 use std::path::Path;
 
 use system_tests::{artifacts, tools};
 
+const DRY_RUN: &str = "scripts/gpu/selftest/test_dry_run.py";
+
 #[test]
-fn the_gpu_harness_and_the_benchmarks_pass_their_own_tests() {
+fn the_gpu_check_runs_every_check_dry() {
+    selftest(&[DRY_RUN]);
+}
+
+#[test]
+fn the_benchmarks_and_the_harness_pass_their_own_tests() {
+    selftest(&["scripts/gpu/selftest", &format!("--ignore={DRY_RUN}")]);
+}
+
+fn root() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs pytest on these files of `scripts/gpu/selftest` (paths from the
+/// repository's root, and pytest's options).
+fn selftest(args: &[&str]) {
     // Built here, so that no selftest is skipped for want of a build.
     let daemon = artifacts::hypervisor();
     artifacts::limiter();
     mps_fake::program();
     let build = daemon.parent().expect("<target>/<profile>");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let output = tools::command("python3")
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"])
-        .arg("scripts/gpu/selftest")
-        .current_dir(&root)
+        .args(args)
+        .current_dir(root())
         .env("GPUSHARE_SELFTEST_TARGET", build)
         .env_remove("OUT")
         .output()
