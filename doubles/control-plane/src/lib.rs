@@ -118,7 +118,8 @@ impl ControlPlane {
     ///
     /// Start it from the test's own thread (or a runtime that lives as long
     /// as the control plane): the components are killed when the thread
-    /// that started them ends.
+    /// that started them ends. Tests that can share one take
+    /// [`ControlPlane::shared`] instead.
     pub async fn start() -> Result<Self, Error> {
         let mut tries = 0;
         loop {

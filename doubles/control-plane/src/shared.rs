@@ -53,8 +53,10 @@ async fn start_shared() -> Result<ControlPlane, Error> {
             // The caller gone (its test ended), the plane is dropped here.
             let delivered = sender.send(started).is_ok();
             // Its components die with this thread.
-            while running && delivered {
-                std::thread::park();
+            if running && delivered {
+                loop {
+                    std::thread::park();
+                }
             }
         })
         .map_err(|e| io("start the control plane's thread", e))?;

@@ -16,6 +16,7 @@ mod device_plugin;
 mod kubernetes;
 mod overcommit;
 mod shared_claims;
+mod tenant_cleanup;
 
 /// The DRA driver's name, the shipped DeviceClass's.
 pub(crate) const DRIVER: &str = "gpu.gpushare.dev";
