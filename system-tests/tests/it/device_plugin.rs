@@ -15,10 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::TestNode;
 use serde_json::json;
 use system_tests::container::ContainerLib;
@@ -26,7 +24,7 @@ use system_tests::daemon::double_gpus;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
 use system_tests::{artifacts, probes};
 
-use crate::cluster::{DRIVER, runtime, tenant};
+use crate::cluster::{DRIVER, device_plugin_kubelet, runtime, tenant};
 
 struct Cleanup {
     dir: std::path::PathBuf,
@@ -63,10 +61,8 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         let mut options = tenant.options(&dir, DRIVER, artifacts::limiter());
         // The probe runs outside any pod's cgroup.
         options.check_identity = false;
-        let config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
-        std::fs::create_dir_all(&config.dir).unwrap();
-        options.device_plugin = Some(config.clone());
-        let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
+        let (config, kubelet) = device_plugin_kubelet(&dir.join("kubelet"), 4, true);
+        options.device_plugin = Some(config);
         let node = TestNode::start_written(Arc::new(double_gpus(2)), options, None)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));

@@ -14,17 +14,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::node::TestNode;
 use serde_json::{Value, json};
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_some;
 
-use crate::cluster::{DRIVER, runtime, tenant};
+use crate::cluster::{DRIVER, device_plugin_kubelet, pod_status, runtime, tenant};
 
 const GPU: &str = "nvidia.com/gpu";
 
@@ -73,12 +71,8 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
     std::fs::write(&limiter, b"").unwrap();
     let mut options = tenant.options(d, DRIVER, &limiter);
     options.check_identity = false;
-    let mut config = DevicePluginConfig::under(&d.join("kubelet"), 4);
-    config.pod_resources = d.join("pod-resources.sock");
-    std::fs::create_dir_all(&config.dir).unwrap();
-    options.device_plugin = Some(config.clone());
-    let device_kubelet =
-        FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
+    let (config, device_kubelet) = device_plugin_kubelet(&d.join("kubelet"), 4, true);
+    options.device_plugin = Some(config);
     let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(2));
     let node = runtime
         .block_on(TestNode::start_written(gpus, options, None))
@@ -143,14 +137,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
         !answer.cdi_devices.is_empty() || !answer.envs.is_empty(),
         "{answer:?}"
     );
-    let status = serde_json::to_value(node.hv.status()).unwrap();
-    let held = status["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == uid.as_str())
-        .map(|p| p["gpus"][0].clone())
-        .expect("the pod in the hypervisor");
+    let held = pod_status(&node.hv, &uid).expect("the pod in the hypervisor")["gpus"][0].clone();
     assert_eq!(
         (&held["memory_quota"], &held["cap_percent"]),
         (&json!(4096u64 << 20), &json!(30))

@@ -299,11 +299,7 @@ impl World {
     /// The CDI spec of claim `claim_uid` for pod `pod_uid` on GPU `gpu`,
     /// checked: its env, mounts, pod file and regions.
     fn inspect(&self, claim_uid: String, pod_uid: String, gpu: u8) -> Prepared {
-        let spec_path = self
-            .scratch
-            .dir
-            .join("cdi")
-            .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
+        let spec_path = crate::cluster::spec_path(&self.scratch.dir, &claim_uid);
         let spec: Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
         assert_eq!(spec["kind"], "gpushare.dev/gpu");
         assert_eq!(spec["devices"][0]["name"], claim_uid.as_str());
@@ -400,13 +396,7 @@ impl World {
 
     /// The hypervisor's view of pod `pod`: its first GPU's grant.
     fn grant(&self, pod: &str) -> Option<Value> {
-        let status = serde_json::to_value(self.node().hv.status()).unwrap();
-        status["pods"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["id"] == pod)
-            .map(|p| p["gpus"][0].clone())
+        crate::cluster::pod_status(&self.node().hv, pod).map(|p| p["gpus"][0].clone())
     }
 
     /// The driver double's probe as the container would start it: exactly

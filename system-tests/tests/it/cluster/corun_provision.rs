@@ -18,7 +18,6 @@ use std::time::Duration;
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
 use hypervisor_corun::{self as corun, CorunOptions};
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DeleteParams};
@@ -32,7 +31,7 @@ use serde_json::{Value, json};
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_async;
 
-use super::{DRIVER, runtime, tenant};
+use super::{DRIVER, device_plugin_kubelet, pod_status, runtime, spec_path, tenant};
 
 const PIPE: &str = "/var/run/gpushare/mps";
 
@@ -69,10 +68,8 @@ impl World {
         });
         let mut device_kubelet = None;
         if device_plugin {
-            let mut config = DevicePluginConfig::under(&dir.join("kubelet-dp"), 4);
-            config.pod_resources = dir.join("no-pod-resources.sock");
-            std::fs::create_dir_all(&config.dir).unwrap();
-            device_kubelet = Some(FakeDeviceKubelet::start(&config.dir, None).unwrap());
+            let (config, double) = device_plugin_kubelet(&dir.join("kubelet-dp"), 4, false);
+            device_kubelet = Some(double);
             options.device_plugin = Some(config);
         }
         let observer: Arc<dyn GpuObserver> = gpus.clone();
@@ -99,9 +96,7 @@ impl World {
     }
 
     fn spec_path(&self, claim_uid: &str) -> PathBuf {
-        self.dir()
-            .join("cdi")
-            .join(format!("gpushare.dev-gpu_{claim_uid}.json"))
+        spec_path(self.dir(), claim_uid)
     }
 
     /// Creates claim `name` asking `count` GPUs with `memory`/`compute`
@@ -341,19 +336,14 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
             // The hypervisor's time cap: none where the fixed share went to
             // the SMs (co-run), the elastic share's ceiling (a time share
             // still), the fixed share itself on the ordinary GPU.
-            let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
-            let cap = status["pods"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["id"] == pod.as_str())
+            let cap = pod_status(&world.node().node.hv, &pod)
                 .map(|p| p["gpus"][0]["cap_percent"].clone());
             let want_cap = match name {
                 "latency" => json!(null),
                 "batch" => json!(100),
                 _ => json!(30),
             };
-            assert_eq!(cap, Some(want_cap), "{name}: {status}");
+            assert_eq!(cap, Some(want_cap), "{name}");
             let pipe_mount = mounts.iter().find(|m| m.1 == PIPE);
             let shm_mount = mounts.iter().find(|m| m.1 == "/dev/shm");
             if want.is_empty() {
@@ -430,14 +420,9 @@ fn sm_percent_becomes(pod: &str, want: Option<u8>) -> Option<u8> {
 
 /// The `sm_percent` the status shows for pod `pod`'s first GPU.
 fn sm_percent_shown(world: &World, pod: &str) -> Value {
-    let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
-    status["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == pod)
+    pod_status(&world.node().node.hv, pod)
         .map(|p| p["gpus"][0]["sm_percent"].clone())
-        .unwrap_or_else(|| panic!("no pod {pod}: {status}"))
+        .unwrap_or_else(|| panic!("no pod {pod}"))
 }
 
 #[test]

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_fakes::FakeGpus;
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_kubernetes::dra::slice::slice_name;
 use hypervisor_observer::{GpuObserver, HealthEvent};
 use k8s_openapi::api::core::v1::Node;
@@ -27,7 +26,7 @@ use serde_json::json;
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_some_async;
 
-use super::{DRIVER, runtime, tenant};
+use super::{DRIVER, device_plugin_kubelet, runtime, tenant};
 
 const GPU: &str = "nvidia.com/gpu";
 const TAINT_KEY: &str = "gpu.gpushare.dev/unhealthy";
@@ -54,11 +53,9 @@ impl World {
         options.check_identity = false;
         let mut kubelet = None;
         if device_plugin {
-            let mut config = DevicePluginConfig::under(&d.join("kubelet"), 2);
-            config.pod_resources = d.join("no-pod-resources.sock");
-            std::fs::create_dir_all(&config.dir).unwrap();
             // Serves on the test's runtime, which this runs on.
-            kubelet = Some(FakeDeviceKubelet::start(&config.dir, None).unwrap());
+            let (config, double) = device_plugin_kubelet(&d.join("kubelet"), 2, false);
+            kubelet = Some(double);
             options.device_plugin = Some(config);
         }
         let gpus = Arc::new(FakeGpus::new(2));

@@ -14,7 +14,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, Preconditions};
@@ -26,7 +25,7 @@ use serde_json::{Value, json};
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_some_async;
 
-use super::{DRIVER, runtime, tenant};
+use super::{DRIVER, device_plugin_kubelet, pod_status, runtime, tenant};
 
 const GPU: &str = "nvidia.com/gpu";
 
@@ -54,15 +53,8 @@ impl World {
         tenant.register_node().await.unwrap();
         let mut options = tenant.options(dir, DRIVER, &scratch.limiter());
         options.check_identity = false;
-        let mut config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
-        if !pod_resources {
-            config.pod_resources = dir.join("no-pod-resources.sock");
-        }
-        options.device_plugin = Some(config.clone());
-        std::fs::create_dir_all(&config.dir).unwrap();
-        let kubelet =
-            FakeDeviceKubelet::start(&config.dir, pod_resources.then_some(&*config.pod_resources))
-                .unwrap();
+        let (config, kubelet) = device_plugin_kubelet(&dir.join("kubelet"), 4, pod_resources);
+        options.device_plugin = Some(config);
         let gpus = Arc::new(SimulatedGpus::new(2));
         let observer: Arc<dyn GpuObserver> = gpus.clone();
         let node = TestNode::start_written(observer, options, None)
@@ -130,12 +122,7 @@ impl World {
     }
 
     fn pod_gpu(&self, uid: &str) -> Option<Value> {
-        let status = serde_json::to_value(self.node.as_ref()?.hv.status()).unwrap();
-        status["pods"]
-            .as_array()?
-            .iter()
-            .find(|p| p["id"] == uid)
-            .map(|p| p["gpus"][0].clone())
+        pod_status(&self.node.as_ref()?.hv, uid).map(|p| p["gpus"][0].clone())
     }
 
     /// The (reason, message) of the events the API server holds about pod

@@ -157,10 +157,7 @@ impl World {
     }
 
     fn spec_path(&self, claim_uid: &str) -> PathBuf {
-        self.scratch
-            .dir
-            .join("cdi")
-            .join(format!("gpushare.dev-gpu_{claim_uid}.json"))
+        super::spec_path(&self.scratch.dir, claim_uid)
     }
 
     /// The pod file the agent wrote for pod `pod_uid`: its limiters' pod,
@@ -181,13 +178,7 @@ impl World {
 }
 
 fn pod_status(world: &World, pod: &str) -> Option<Value> {
-    let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
-    status["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == pod)
-        .cloned()
+    super::pod_status(&world.node().node.hv, pod)
 }
 
 #[test]

@@ -23,7 +23,7 @@ use kube_fakes::tenant::Tenant;
 
 use system_tests::scratch::Scratch;
 
-use super::{DRIVER, runtime, tenant};
+use super::{DRIVER, pod_status, runtime, tenant};
 
 const GIB: u64 = 1 << 30;
 /// Each simulated GPU's memory.
@@ -162,14 +162,8 @@ impl World {
 
     /// The daemon's memory quota for pod `uid` on its GPU.
     fn quota(&self, uid: &str) -> Option<u64> {
-        let status = self.node.as_ref().unwrap().hypervisor().status();
-        let status = serde_json::to_value(status).unwrap();
-        status["pods"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["id"] == uid)
-            .and_then(|p| p["gpus"][0]["memory_quota"].as_u64())
+        let hv = self.node.as_ref().unwrap().hypervisor();
+        pod_status(hv, uid).and_then(|p| p["gpus"][0]["memory_quota"].as_u64())
     }
 
     /// Why the scheduler leaves pod `name` pending, once it says so.

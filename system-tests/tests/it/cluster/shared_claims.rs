@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_async;
 
-use super::{DRIVER, runtime, tenant};
+use super::{DRIVER, runtime, spec_path, tenant};
 
 /// Writes `/proc/<host pid>` of a process that is pid 7 in pod `pod`.
 fn process_of(proc_root: &std::path::Path, host_pid: u32, pod: &str) {
@@ -101,10 +101,7 @@ async fn reserved_for(client: &kube::Client, name: &str, pods: usize) -> Resourc
 /// The CDI spec of claim `claim_uid` and the quota identity in it (its
 /// region removed at the end).
 fn spec_and_identity(scratch: &Scratch, claim_uid: &str) -> (PathBuf, String) {
-    let spec_path = scratch
-        .dir
-        .join("cdi")
-        .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
+    let spec_path = spec_path(&scratch.dir, claim_uid);
     let identity = identity_in(&spec_path);
     scratch.track_pod(&identity);
     (spec_path, identity)
