@@ -15,8 +15,10 @@ mod kubeconfig;
 mod pki;
 mod process;
 pub mod program;
+mod shared;
 
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -86,14 +88,17 @@ pub enum Error {
 
 /// A running control plane; dropping it stops every component (the
 /// controller manager and the scheduler first, etcd last) and removes its
-/// folder.
+/// folder. [`ControlPlane::shared`] is the one every test of a process
+/// may share.
 pub struct ControlPlane {
-    /// Started components, in start order.
-    components: Vec<Component>,
+    /// Started components, in start order; emptied when stopped.
+    components: Mutex<Vec<Component>>,
     authority: Authority,
     /// `https://127.0.0.1:<port>`.
     server: String,
     admin: PathBuf,
+    /// The administrator's certificate.
+    admin_cert: CertFiles,
     // Last: removed once every component stopped.
     dir: tempfile::TempDir,
 }
@@ -113,7 +118,8 @@ impl ControlPlane {
     ///
     /// Start it from the test's own thread (or a runtime that lives as long
     /// as the control plane): the components are killed when the thread
-    /// that started them ends.
+    /// that started them ends. Tests that can share one take
+    /// [`ControlPlane::shared`] instead.
     pub async fn start() -> Result<Self, Error> {
         let mut tries = 0;
         loop {
@@ -132,8 +138,9 @@ impl ControlPlane {
 
     async fn start_on_free_ports() -> Result<Self, Error> {
         let program = program::find()?;
+        shared::remove_abandoned_folders();
         let dir = tempfile::Builder::new()
-            .prefix("gpushare-control-plane-")
+            .prefix(&shared::folder_prefix())
             .tempdir()
             .map_err(|source| Error::Io {
                 what: "make the cluster folder".to_owned(),
@@ -145,22 +152,16 @@ impl ControlPlane {
         let signing = pki::signing_key(&path, "service-account")?;
         let (etcd_client, etcd_peer, secure) = (free_port()?, free_port()?, free_port()?);
         let server = format!("https://127.0.0.1:{secure}");
-        let mut plane = Self {
-            components: Vec::new(),
+        let admin_cert = authority.client("admin", "kubernetes-admin", Some("system:masters"))?;
+        let plane = Self {
+            components: Mutex::new(Vec::new()),
             admin: path.join("admin.kubeconfig"),
+            admin_cert,
             authority,
             server,
             dir,
         };
-        let admin = plane
-            .authority
-            .client("admin", "kubernetes-admin", Some("system:masters"))?;
-        plane.write_kubeconfig(
-            &plane.admin,
-            "kubernetes-admin",
-            Credentials::Certificate(&admin),
-            "default",
-        )?;
+        plane.write_admin_kubeconfig(&plane.admin, "default")?;
 
         let etcd_url = format!("http://127.0.0.1:{etcd_client}");
         let peer_url = format!("http://127.0.0.1:{etcd_peer}");
@@ -276,6 +277,13 @@ impl ControlPlane {
         &self.admin
     }
 
+    /// Writes a kubeconfig at `path` for the administrator, in namespace
+    /// `namespace`.
+    pub fn write_admin_kubeconfig(&self, path: &Path, namespace: &str) -> Result<(), Error> {
+        let admin = Credentials::Certificate(&self.admin_cert);
+        self.write_kubeconfig(path, "kubernetes-admin", admin, namespace)
+    }
+
     /// A client as the administrator.
     pub async fn admin(&self) -> Result<kube::Client, Error> {
         client(&self.admin).await
@@ -328,33 +336,47 @@ impl ControlPlane {
     }
 
     /// Fails if a component has exited.
-    pub fn check(&mut self) -> Result<(), Error> {
-        self.components.iter_mut().try_for_each(Component::check)
+    pub fn check(&self) -> Result<(), Error> {
+        self.components().iter_mut().try_for_each(Component::check)
     }
 
     /// The end of every component's log, for a failing test to print.
     pub fn logs(&self) -> String {
-        self.components
+        self.components()
             .iter()
             .map(|c| format!("--- {} ---\n{}\n", c.name, c.log_tail()))
             .collect()
     }
 
-    fn spawn(
-        &mut self,
-        program: &Path,
-        name: &'static str,
-        args: Vec<String>,
-    ) -> Result<(), Error> {
+    /// Stops every component (the controller manager and the scheduler
+    /// first, etcd last) and removes the cluster's folder.
+    fn stop(&self) {
+        let mut components = self.components();
+        while let Some(mut component) = components.pop() {
+            component.stop(Duration::from_secs(10));
+        }
+        // Gone already is what is wanted; anything else cannot be helped
+        // while stopping.
+        let _ = std::fs::remove_dir_all(self.dir.path());
+    }
+
+    /// The components, even if a holder panicked.
+    fn components(&self) -> MutexGuard<'_, Vec<Component>> {
+        self.components
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn spawn(&self, program: &Path, name: &'static str, args: Vec<String>) -> Result<(), Error> {
         let component = Component::start(program, name, &args, self.dir.path())?;
-        self.components.push(component);
+        self.components().push(component);
         Ok(())
     }
 
     /// Polls `ready` with an administrator's client until it says true,
     /// failing at once if a component exits.
     async fn wait(
-        &mut self,
+        &self,
         what: &str,
         ready: impl AsyncFn(kube::Client) -> Result<bool, kube::Error>,
     ) -> Result<(), Error> {
@@ -378,9 +400,7 @@ impl ControlPlane {
 
 impl Drop for ControlPlane {
     fn drop(&mut self) {
-        while let Some(mut component) = self.components.pop() {
-            component.stop(Duration::from_secs(10));
-        }
+        self.stop();
     }
 }
 

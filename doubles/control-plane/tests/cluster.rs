@@ -72,3 +72,63 @@ async fn the_official_control_plane_authenticates_authorizes_and_validates() {
         .expect_err("the Node authorizer confines a kubelet");
     assert_eq!(status_code(&error), Some(403), "{error}");
 }
+
+/// Set in the child process of the test below.
+const CHILD: &str = "KUBE_CONTROL_PLANE_SHARED_CHILD";
+
+/// The shared control plane is used by a child process (this test again,
+/// as libtest runs it there) that then exits as a test binary does: its
+/// folder is gone and its API server no longer answers.
+#[test]
+fn the_shared_control_plane_is_stopped_and_its_folder_removed_when_the_process_exits() {
+    if std::env::var_os(CHILD).is_some() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let plane = ControlPlane::shared().await.expect("control plane");
+            // Shared: the same one again.
+            assert!(std::ptr::eq(plane, ControlPlane::shared().await.unwrap()));
+            let admin = plane.admin().await.unwrap();
+            assert_eq!(
+                admin.apiserver_version().await.unwrap().git_version,
+                VERSION
+            );
+            println!("folder={}", plane.dir().display());
+            println!("server={}", plane.server());
+        });
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "the_shared_control_plane_is_stopped_and_its_folder_removed_when_the_process_exits",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let said = |key: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.split_once(&format!("{key}=")).map(|(_, value)| value))
+            .unwrap_or_else(|| panic!("no {key} in {stdout}"))
+            .to_owned()
+    };
+    let folder = std::path::PathBuf::from(said("folder"));
+    assert!(!folder.exists(), "{} left", folder.display());
+    let server = said("server");
+    let address = server.trim_start_matches("https://");
+    assert!(
+        std::net::TcpStream::connect(address).is_err(),
+        "the API server at {address} still answers"
+    );
+}

@@ -57,7 +57,9 @@ pub fn install(kubectl: &Kubectl, overlay: Overlay) -> anyhow::Result<String> {
 /// The official control plane with `overlay` installed by `kubectl` as an
 /// administrator does (kubectl's home in `home`), and a kubeconfig at
 /// `agent` with a token of the node agent's ServiceAccount. Start it from
-/// the test's own thread (see [`ControlPlane::start`]).
+/// the test's own thread (see [`ControlPlane::start`]). A test that can
+/// share the control plane takes a [`Tenant`](crate::tenant::Tenant) of the
+/// shared one instead.
 pub async fn installed(
     overlay: Overlay,
     home: &Path,

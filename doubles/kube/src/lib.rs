@@ -14,3 +14,4 @@ mod names;
 pub mod node;
 pub mod node_kubelet;
 pub mod selector;
+pub mod tenant;

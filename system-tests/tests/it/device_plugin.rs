@@ -15,19 +15,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use kube_fakes::cluster_node::{self, Overlay};
-use kube_fakes::device_kubelet::FakeDeviceKubelet;
-use kube_fakes::node::{self, TestNode};
+use kube_fakes::node::TestNode;
 use serde_json::json;
 use system_tests::container::ContainerLib;
 use system_tests::daemon::double_gpus;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB, info};
 use system_tests::{artifacts, probes};
 
-const NODE: &str = "node-probe";
+use crate::cluster::{DRIVER, device_plugin_kubelet, runtime, tenant};
 
 struct Cleanup {
     dir: std::path::PathBuf,
@@ -52,32 +49,20 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         dir: dir.clone(),
         files: Vec::new(),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    // Started from this thread, which it must not outlive; dropped after
-    // the node (declared before it).
-    let agent = dir.join("agent.kubeconfig");
-    let plane = runtime
-        .block_on(cluster_node::installed(
-            Overlay::DevicePlugin,
-            &dir.join("home"),
-            &agent,
-        ))
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    let runtime = runtime();
+    // A namespace and a Node of its own on the shared control plane
+    // (`deploy/device-plugin` applied); dropped after the node (declared
+    // before it).
+    let tenant = runtime.block_on(tenant("limiter-dp"));
+    let ns = tenant.namespace();
     let (answer, pod, node) = runtime.block_on(async {
         // The kubelet registers the Node before the agent starts.
-        cluster_node::register_node(&plane, NODE).await.unwrap();
-        let mut options = node::options(&dir, NODE, "gpu.gpushare.dev", artifacts::limiter());
-        options.kubeconfig = Some(agent);
+        tenant.register_node().await.unwrap();
+        let mut options = tenant.options(&dir, DRIVER, artifacts::limiter());
         // The probe runs outside any pod's cgroup.
         options.check_identity = false;
-        let config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
-        std::fs::create_dir_all(&config.dir).unwrap();
-        options.device_plugin = Some(config.clone());
-        let kubelet = FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
+        let (config, kubelet) = device_plugin_kubelet(&dir.join("kubelet"), 4, true);
+        options.device_plugin = Some(config);
         let node = TestNode::start_written(Arc::new(double_gpus(2)), options, None)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
@@ -91,14 +76,14 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {
                 "name": "hami",
-                "namespace": "default",
+                "namespace": ns,
                 "annotations": {
                     "hami.io/gpu-scheduler-policy": "spread",
                     "nvidia.com/nouse-gpuuuid": gpushare_examples::uuid(0),
                 },
             },
             "spec": {
-                "nodeName": NODE,
+                "nodeName": tenant.node(),
                 "containers": [{
                     "name": "main",
                     "image": "cuda",
@@ -109,15 +94,14 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
             },
         }))
         .unwrap();
-        let admin = plane.admin().await.unwrap();
-        let pod = Api::<Pod>::namespaced(admin, "default")
+        let pod = Api::<Pod>::default_namespaced(tenant.client.clone())
             .create(&PostParams::default(), &pod)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        kubelet.admit("default", "hami", &["main"]);
+        kubelet.admit(ns, "hami", &["main"]);
         let share = format!("{}::0", gpushare_examples::uuid(0));
         let answer = plugin
-            .start_container(("default", "hami", "main"), vec![share])
+            .start_container((ns, "hami", "main"), vec![share])
             .await
             .unwrap();
         (answer, pod.metadata.uid.unwrap(), (node, kubelet))
@@ -169,5 +153,5 @@ fn allocate_answer_makes_the_limiter_apply_gpumem_and_gpucores() {
     assert!(lines[2].contains("-> 0 "), "{lines:?}");
     probes::assert_share(lines[3], 300, 40);
     runtime.block_on(async move { node.0.stop().await });
-    drop(plane);
+    drop(tenant);
 }

@@ -7,35 +7,36 @@
 //! does; a pod written for HAMi is accepted by the real API server and
 //! placed by the real scheduler on those names, and its container's
 //! `Allocate` gives it its limits; a pod asking more than the node has
-//! stays pending with the scheduler's reason.
+//! stays pending with the scheduler's reason. The control plane is the one
+//! the binary's tests share: the pods are pinned to the test's Node, as
+//! other tests' nodes advertise the same names.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
-use kube_control_plane::ControlPlane;
-use kube_fakes::clients::Kubectl;
-use kube_fakes::cluster_node::{self, AGENT_ACCOUNT, Overlay};
-use kube_fakes::device_kubelet::FakeDeviceKubelet;
-use kube_fakes::node::{self, TestNode};
+use kube_fakes::node::TestNode;
 use serde_json::{Value, json};
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_some;
 
-const NODE: &str = "node-dp";
+use crate::cluster::{DRIVER, device_plugin_kubelet, pod_status, runtime, tenant};
+
 const GPU: &str = "nvidia.com/gpu";
 
-/// A HAMi pod `name` asking `gpumem` MiB and `gpucores` percent of one GPU.
-fn hami_pod(name: &str, gpumem: u64, gpucores: u8) -> String {
+/// A HAMi pod `name` for node `node` asking `gpumem` MiB and `gpucores`
+/// percent of one GPU.
+fn hami_pod(node: &str, name: &str, gpumem: u64, gpucores: u8) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
 spec:
+  nodeSelector:
+    kubernetes.io/hostname: {node}
   containers:
     - name: main
       image: cuda
@@ -52,48 +53,26 @@ spec:
 fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises() {
     let scratch = Scratch::new("dp-cluster");
     let d = &scratch.dir;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     // The kubelet double serves on this runtime.
     let _entered = runtime.enter();
-    let plane = runtime
-        .block_on(ControlPlane::start())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let kubectl = Kubectl::new(plane.admin_kubeconfig(), &d.join("home"));
-    let applied =
-        cluster_node::install(&kubectl, Overlay::DevicePlugin).unwrap_or_else(|e| panic!("{e:#}"));
+    let tenant = runtime.block_on(tenant("dp-cluster"));
+    let (kubectl, node_name) = (&tenant.kubectl, tenant.node());
+    let applied = tenant.applied();
     assert!(
         applied.contains("clusterrole.rbac.authorization.k8s.io/gpushare-device-plugin created"),
         "{applied}"
     );
-    let agent = d.join("agent.kubeconfig");
-    runtime
-        .block_on(cluster_node::agent_kubeconfig(
-            &plane,
-            AGENT_ACCOUNT.1,
-            &agent,
-        ))
-        .unwrap();
 
     // The kubelet registers the Node; the agent starts with the device
     // plugin, which registers with the kubelet double.
-    let kubelet_client = runtime
-        .block_on(cluster_node::register_node(&plane, NODE))
-        .unwrap();
+    let kubelet_client = runtime.block_on(tenant.register_node()).unwrap();
     let limiter = d.join("libcuda_limiter.so");
     std::fs::write(&limiter, b"").unwrap();
-    let mut options = node::options(d, NODE, "gpu.gpushare.dev", &limiter);
-    options.kubeconfig = Some(agent);
+    let mut options = tenant.options(d, DRIVER, &limiter);
     options.check_identity = false;
-    let mut config = DevicePluginConfig::under(&d.join("kubelet"), 4);
-    config.pod_resources = d.join("pod-resources.sock");
-    std::fs::create_dir_all(&config.dir).unwrap();
-    options.device_plugin = Some(config.clone());
-    let device_kubelet =
-        FakeDeviceKubelet::start(&config.dir, Some(&config.pod_resources)).unwrap();
+    let (config, device_kubelet) = device_plugin_kubelet(&d.join("kubelet"), 4, true);
+    options.device_plugin = Some(config);
     let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(2));
     let node = runtime
         .block_on(TestNode::start_written(gpus, options, None))
@@ -108,7 +87,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
     let patch = json!({"status": {"capacity": {GPU: count}, "allocatable": {GPU: count}}});
     runtime
         .block_on(Api::<Node>::all(kubelet_client).patch_status(
-            NODE,
+            node_name,
             &PatchParams::default(),
             &Patch::Merge(&patch),
         ))
@@ -122,7 +101,7 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
         serde_json::from_str(&kubectl.ok(&args, None).unwrap()).unwrap()
     };
     let allocatable = eventually_some("the agent's capacity on the Node", || {
-        let node = get(&["node", NODE]);
+        let node = get(&["node", node_name]);
         let allocatable = node["status"]["allocatable"].clone();
         allocatable
             .get("nvidia.com/gpumem")
@@ -136,32 +115,29 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
 
     // A HAMi pod: accepted, and placed on the node by the real scheduler.
     kubectl
-        .ok(&["apply", "-f", "-"], Some(&hami_pod("hami", 4096, 30)))
+        .ok(
+            &["apply", "-f", "-"],
+            Some(&hami_pod(node_name, "hami", 4096, 30)),
+        )
         .unwrap();
     let pod = eventually_some("the HAMi pod scheduled", || {
         let pod = get(&["pod", "hami"]);
-        (pod["spec"]["nodeName"] == NODE).then_some(pod)
+        (pod["spec"]["nodeName"] == node_name).then_some(pod)
     });
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
     scratch.track_pod(&uid);
     // The kubelet admits it and allocates one share for its container.
-    device_kubelet.admit("default", "hami", &["main"]);
+    let ns = tenant.namespace();
+    device_kubelet.admit(ns, "hami", &["main"]);
     let share = runtime.block_on(plugin.devices()).unwrap()[0].id.clone();
     let answer = runtime
-        .block_on(plugin.start_container(("default", "hami", "main"), vec![share]))
+        .block_on(plugin.start_container((ns, "hami", "main"), vec![share]))
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(
         !answer.cdi_devices.is_empty() || !answer.envs.is_empty(),
         "{answer:?}"
     );
-    let status = serde_json::to_value(node.hv.status()).unwrap();
-    let held = status["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == uid.as_str())
-        .map(|p| p["gpus"][0].clone())
-        .expect("the pod in the hypervisor");
+    let held = pod_status(&node.hv, &uid).expect("the pod in the hypervisor")["gpus"][0].clone();
     assert_eq!(
         (&held["memory_quota"], &held["cap_percent"]),
         (&json!(4096u64 << 20), &json!(30))
@@ -169,7 +145,10 @@ fn a_hami_pod_is_placed_by_the_real_scheduler_on_the_names_the_agent_advertises(
 
     // More memory than the node has: pending, with the scheduler's reason.
     kubectl
-        .ok(&["apply", "-f", "-"], Some(&hami_pod("huge", mib + 1, 10)))
+        .ok(
+            &["apply", "-f", "-"],
+            Some(&hami_pod(node_name, "huge", mib + 1, 10)),
+        )
         .unwrap();
     let reason = eventually_some("the scheduler's reason", || {
         let pod = get(&["pod", "huge"]);

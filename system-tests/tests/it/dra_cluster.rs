@@ -14,7 +14,6 @@
 //! beside it, the regions' host paths being their container paths) and gets
 //! the claim's memory quota. No test writes an allocation.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -24,10 +23,14 @@ use gpu_fakes::FakeGpus;
 use gpushare_utils::pod_file::PodFile;
 use hypervisor_observer::{GpuObserver, HealthEvent};
 use hypervisor_provision::{CONTAINER_POD_FILE, CONTAINER_PRELOAD, CONTAINER_SHM};
-use kube_control_plane::ControlPlane;
-use kube_fakes::clients::{self, Kubectl};
-use kube_fakes::node::{self, TestNode};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube_fakes::clients;
+use kube_fakes::cluster_node::gpu_labels;
+use kube_fakes::node::TestNode;
 use kube_fakes::node_kubelet::{NodeKubelet, PreparedClaim};
+use kube_fakes::tenant::Tenant;
 use serde_json::{Value, json};
 use system_tests::container::ContainerLib;
 use system_tests::daemon::double_gpus;
@@ -36,21 +39,21 @@ use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_some;
 use system_tests::{artifacts, probes};
 
-const DRIVER: &str = "gpu.gpushare.dev";
-const NODE: &str = "node-dra";
+use crate::cluster::DRIVER;
+
 const GPUS: u8 = 2;
 /// The node agent's ServiceAccount in `deploy/base`.
 const AGENT: (&str, &str) = ("gpushare-system", "gpushare-node");
 
-/// The control plane, the node under test and its kubelet, `kubectl` as
-/// the administrator. Fields drop in order: the kubelet, the node (its node
-/// tables), the control plane, the runtime their tasks run on, then the
-/// scratch folder.
+/// The test's namespace and Node on the shared control plane, the node
+/// under test and its kubelet, `kubectl` as the administrator. Fields drop
+/// in order: the kubelet, the node (its node tables), the tenant (its
+/// namespace and Node), the runtime their tasks run on, then the scratch
+/// folder.
 struct World {
     kubelet: Option<NodeKubelet>,
     node: Option<TestNode>,
-    plane: ControlPlane,
-    kubectl: Kubectl,
+    tenant: Tenant,
     runtime: tokio::runtime::Runtime,
     scratch: Scratch,
 }
@@ -85,43 +88,40 @@ impl Prepared {
 }
 
 impl World {
-    /// The control plane, `deploy/base` applied by `kubectl`, the node's
-    /// kubelet registering the Node, then the node agent with the shipped
-    /// ServiceAccount's token on the driver double's GPUs.
+    /// The shared control plane (`deploy/` applied by `kubectl`), the
+    /// node's kubelet registering the Node, then the node agent with the
+    /// shipped ServiceAccount's token on the driver double's GPUs.
     fn start(tag: &str) -> Self {
         let world = Self::bare(tag);
-        world.apply_base();
-        let kubeconfig = world.agent_kubeconfig(AGENT.1);
+        world.assert_installed();
+        let kubeconfig = world.tenant.agent_kubeconfig().to_owned();
         world.with_agent(&kubeconfig, Arc::new(double_gpus(GPUS)))
     }
 
-    /// The control plane and `kubectl`; no node.
+    /// The test's namespace on the shared control plane; no node.
     fn bare(tag: &str) -> Self {
         let scratch = Scratch::new(&format!("limiter-dra-{tag}"));
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        // Started from this thread, which lives as long as the test.
-        let plane = runtime
-            .block_on(ControlPlane::start())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let kubectl = Kubectl::new(plane.admin_kubeconfig(), &scratch.dir.join("home"));
+        let runtime = crate::cluster::runtime();
+        let tenant = runtime.block_on(crate::cluster::tenant(&format!("dra-{tag}")));
         Self {
             kubelet: None,
             node: None,
-            plane,
-            kubectl,
+            tenant,
             runtime,
             scratch,
         }
     }
 
-    /// `kubectl apply -k deploy/base`, as an administrator installs us.
-    fn apply_base(&self) {
-        let base = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/base");
-        let applied = self.ok(&["apply", "-k", base]);
+    /// The test's Node's name.
+    fn node_name(&self) -> &str {
+        self.tenant.node()
+    }
+
+    /// What `kubectl apply -k` printed when it installed us on the shared
+    /// control plane, as an administrator does: `deploy/device-plugin`,
+    /// which is `deploy/base` and the device plugin's rights.
+    fn assert_installed(&self) {
+        let applied = self.tenant.applied();
         for object in [
             "namespace/gpushare-system created",
             "serviceaccount/gpushare-node created",
@@ -140,7 +140,8 @@ impl World {
         let path = self.scratch.dir.join(format!("{account}.kubeconfig"));
         self.runtime
             .block_on(
-                self.plane
+                self.tenant
+                    .plane()
                     .service_account_kubeconfig(AGENT.0, account, &path),
             )
             .unwrap_or_else(|e| panic!("{e}"));
@@ -150,7 +151,9 @@ impl World {
     /// The node's options: its folders in the scratch folder, the agent on
     /// `kubeconfig`.
     fn options(&self, kubeconfig: &Path) -> hypervisor_kubernetes::AgentOptions {
-        let mut options = node::options(&self.scratch.dir, NODE, DRIVER, artifacts::limiter());
+        let mut options = self
+            .tenant
+            .options(&self.scratch.dir, DRIVER, artifacts::limiter());
         options.kubeconfig = Some(kubeconfig.to_owned());
         // The probe runs outside any pod's cgroup.
         options.check_identity = false;
@@ -162,22 +165,21 @@ impl World {
     /// kubelet runs the pods bound to it with the plugin the agent
     /// registered.
     fn with_agent(mut self, kubeconfig: &Path, gpus: Arc<dyn GpuObserver>) -> Self {
-        let kubelet_client = self.kubelet_client();
         let options = self.options(kubeconfig);
+        let kubelet_client = self
+            .runtime
+            .block_on(self.tenant.register_node())
+            .unwrap_or_else(|e| panic!("{e:#}"));
         let node = self
             .runtime
-            .block_on(async {
-                let labels = gpu_labels();
-                kube_fakes::node_kubelet::register(&kubelet_client, NODE, labels).await?;
-                TestNode::start_written(gpus, options, None).await
-            })
+            .block_on(TestNode::start_written(gpus, options, None))
             .unwrap_or_else(|e| panic!("{e:#}"));
         let plugin = node.kubelet.clone();
         let kubelet = self
             .runtime
             .block_on(NodeKubelet::start(
                 kubelet_client,
-                NODE,
+                self.node_name(),
                 gpu_labels(),
                 plugin,
             ))
@@ -185,14 +187,6 @@ impl World {
         self.node = Some(node);
         self.kubelet = Some(kubelet);
         self
-    }
-
-    /// A client with the node's kubelet's credentials.
-    fn kubelet_client(&self) -> kube::Client {
-        let kubeconfig = self.plane.node_kubeconfig(NODE).unwrap();
-        self.runtime
-            .block_on(kube_control_plane::client(&kubeconfig))
-            .unwrap()
     }
 
     fn node(&self) -> &TestNode {
@@ -205,14 +199,16 @@ impl World {
 
     /// `kubectl args`, which must succeed; its stdout.
     fn ok(&self, args: &[&str]) -> String {
-        self.kubectl
+        self.tenant
+            .kubectl
             .ok(args, None)
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `kubectl args` with `input` on stdin, which must succeed; its stdout.
     fn ok_with(&self, args: &[&str], input: &str) -> String {
-        self.kubectl
+        self.tenant
+            .kubectl
             .ok(args, Some(input))
             .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -230,19 +226,20 @@ impl World {
     /// GPU of the double, with its UUID and its shareable `memory` and
     /// `compute`.
     fn slice(&self) -> Value {
-        let node_uid = self.get(&["node", NODE])["metadata"]["uid"].clone();
+        let node = self.node_name();
+        let node_uid = self.get(&["node", node])["metadata"]["uid"].clone();
         let slice = eventually_some("the node's ResourceSlice, owned by its Node", || {
             self.get(&["resourceslices"])["items"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .find(|s| {
-                    s["spec"]["nodeName"] == NODE
+                    s["spec"]["nodeName"] == node
                         && s["metadata"]["ownerReferences"][0]["uid"] == node_uid
                 })
                 .cloned()
         });
-        assert_slice(&slice);
+        assert_slice(&slice, node);
         slice
     }
 
@@ -302,11 +299,7 @@ impl World {
     /// The CDI spec of claim `claim_uid` for pod `pod_uid` on GPU `gpu`,
     /// checked: its env, mounts, pod file and regions.
     fn inspect(&self, claim_uid: String, pod_uid: String, gpu: u8) -> Prepared {
-        let spec_path = self
-            .scratch
-            .dir
-            .join("cdi")
-            .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
+        let spec_path = crate::cluster::spec_path(&self.scratch.dir, &claim_uid);
         let spec: Value = serde_json::from_slice(&std::fs::read(&spec_path).unwrap()).unwrap();
         assert_eq!(spec["kind"], "gpushare.dev/gpu");
         assert_eq!(spec["devices"][0]["name"], claim_uid.as_str());
@@ -403,13 +396,7 @@ impl World {
 
     /// The hypervisor's view of pod `pod`: its first GPU's grant.
     fn grant(&self, pod: &str) -> Option<Value> {
-        let status = serde_json::to_value(self.node().hv.status()).unwrap();
-        status["pods"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["id"] == pod)
-            .map(|p| p["gpus"][0].clone())
+        crate::cluster::pod_status(&self.node().hv, pod).map(|p| p["gpus"][0].clone())
     }
 
     /// The driver double's probe as the container would start it: exactly
@@ -444,10 +431,10 @@ impl World {
 /// The slice of this node's pool: the double's GPUs with their UUIDs,
 /// shareable, with `memory` (at most the GPU's) and `compute` (100, taken
 /// 1 to 100 at a time) to consume.
-fn assert_slice(slice: &Value) {
+fn assert_slice(slice: &Value, node: &str) {
     let spec = &slice["spec"];
     assert_eq!(spec["driver"], DRIVER, "{slice}");
-    assert_eq!(spec["pool"]["name"], NODE, "{slice}");
+    assert_eq!(spec["pool"]["name"], node, "{slice}");
     let devices = spec["devices"].as_array().unwrap();
     assert_eq!(devices.len(), usize::from(GPUS), "{slice}");
     for (index, device) in (0..GPUS).zip(devices) {
@@ -507,19 +494,13 @@ fn assert_quota(lines: &[String], quota_gib: u64, gib: &[u64]) {
     assert_eq!(lines.len(), 1 + gib.len(), "{lines:?}");
 }
 
-/// The labels of a GPU node (GPU feature discovery sets this one), which
-/// the DaemonSet selects.
-fn gpu_labels() -> BTreeMap<String, String> {
-    BTreeMap::from([("nvidia.com/gpu.present".to_owned(), "true".to_owned())])
-}
-
 #[test]
 fn kubectl_runs_the_example_pod_from_template_to_limited_process_and_back() {
     let world = World::start("example");
     world.slice();
 
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/example");
-    let applied = world.ok(&["apply", "-k", example]);
+    let applied = world.ok_with(&["apply", "-f", "-"], &world.pinned(example));
     assert_eq!(
         applied,
         "resourceclaimtemplate.resource.k8s.io/gpu-4gi-30 created\npod/cuda-fraction created\n"
@@ -538,7 +519,7 @@ fn kubectl_runs_the_example_pod_from_template_to_limited_process_and_back() {
     let result = &allocation["results"][0];
     assert_eq!(
         (&result["driver"], &result["pool"], &result["request"]),
-        (&json!(DRIVER), &json!(NODE), &json!("gpu")),
+        (&json!(DRIVER), &json!(world.node_name()), &json!("gpu")),
         "{claim}"
     );
     assert_eq!(
@@ -596,7 +577,7 @@ from kubernetes import client, config, watch
 config.load_kube_config(config_file=sys.argv[1])
 node, driver = sys.argv[2], sys.argv[3]
 core, resource = client.CoreV1Api(), client.ResourceV1Api()
-ns = "default"
+ns = sys.argv[4]
 
 def say(**fields):
     print(json.dumps(fields), flush=True)
@@ -614,7 +595,8 @@ claim = {
 }
 pod = {
     "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "infer"},
-    "spec": {"containers": [{"name": "main", "image": "cuda",
+    "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+             "containers": [{"name": "main", "image": "cuda",
                              "resources": {"claims": [{"name": "gpu"}]}}],
              "resourceClaims": [{"name": "gpu", "resourceClaimName": "infer-gpu"}]},
 }
@@ -693,9 +675,10 @@ fn the_python_client_drives_a_claim_to_a_limited_process() {
         Command::new(python)
             .arg(&script)
             .args([
-                world.plane.admin_kubeconfig(),
-                Path::new(NODE),
+                &world.tenant.kubectl.kubeconfig,
+                Path::new(world.node_name()),
                 Path::new(DRIVER),
+                Path::new(world.tenant.namespace()),
             ])
             .env("HOME", &world.scratch.dir)
             .stdin(Stdio::piped())
@@ -714,11 +697,11 @@ fn the_python_client_drives_a_claim_to_a_limited_process() {
     let device = allocated["result"]["device"].as_str().unwrap().to_owned();
     assert_eq!(
         allocated["result"],
-        json!({"device": device, "pool": NODE, "driver": DRIVER,
+        json!({"device": device, "pool": world.node_name(), "driver": DRIVER,
             "consumedCapacity": {"memory": "2147483648", "compute": "20"}})
     );
     assert_eq!(allocated["reservedFor"], json!([created["pod"]]));
-    assert_slice(&allocated["slice"]);
+    assert_slice(&allocated["slice"], world.node_name());
 
     let (pod, claim) = world.running("infer");
     let gpu: u8 = device.trim_start_matches("gpu-").parse().unwrap();
@@ -749,10 +732,17 @@ fn the_python_client_drives_a_claim_to_a_limited_process() {
     world.stop();
 }
 
-/// A pod `name` on this node whose claim `gpu` comes from a template
+/// A pod `name` on node `node` whose claim `gpu` comes from a template
 /// asking for `count` GPUs of class `class`, each with `memory` and
 /// `compute`: the template and the pod, as YAML.
-fn pod_with_template(name: &str, class: &str, count: u8, memory: &str, compute: u8) -> String {
+fn pod_with_template(
+    node: &str,
+    name: &str,
+    class: &str,
+    count: u8,
+    memory: &str,
+    compute: u8,
+) -> String {
     format!(
         r#"apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
@@ -778,7 +768,7 @@ metadata:
   name: {name}
 spec:
   nodeSelector:
-    kubernetes.io/hostname: {NODE}
+    kubernetes.io/hostname: {node}
   containers:
     - name: main
       image: cuda
@@ -792,8 +782,8 @@ spec:
     )
 }
 
-/// A pod `name` on this node using the existing claim `claim`, as YAML.
-fn pod_with_claim(name: &str, claim: &str) -> String {
+/// A pod `name` on node `node` using the existing claim `claim`, as YAML.
+fn pod_with_claim(node: &str, name: &str, claim: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
@@ -801,7 +791,7 @@ metadata:
   name: {name}
 spec:
   nodeSelector:
-    kubernetes.io/hostname: {NODE}
+    kubernetes.io/hostname: {node}
   containers:
     - name: main
       image: cuda
@@ -816,6 +806,25 @@ spec:
 }
 
 impl World {
+    /// The kustomization at `dir` as `kubectl kustomize` renders it, in the
+    /// test's namespace and its pods on the test's Node (the cluster is
+    /// shared), as YAML.
+    fn pinned(&self, dir: &str) -> String {
+        let rendered = self.ok(&["kustomize", dir]);
+        serde_yaml::Deserializer::from_str(&rendered)
+            .map(|document| {
+                let mut object: Value = serde::Deserialize::deserialize(document).unwrap();
+                object["metadata"]["namespace"] = json!(self.tenant.namespace());
+                if object["kind"] == "Pod" {
+                    object["spec"]["nodeSelector"] =
+                        json!({"kubernetes.io/hostname": self.node_name()});
+                }
+                serde_json::to_string(&object).unwrap()
+            })
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    }
+
     /// Why the scheduler leaves pod `pod` pending, once it said so: its
     /// `PodScheduled` condition (reason and message).
     fn unschedulable(&self, pod: &str) -> Value {
@@ -840,7 +849,7 @@ fn pods_fill_the_gpus_capacity_and_the_next_waits_for_room() {
     for pod in ["half-a", "half-b", "half-c", "half-d"] {
         world.ok_with(
             &["apply", "-f", "-"],
-            &pod_with_template(pod, DRIVER, 1, "1Gi", 50),
+            &pod_with_template(world.node_name(), pod, DRIVER, 1, "1Gi", 50),
         );
     }
     for pod in ["half-a", "half-b", "half-c", "half-d"] {
@@ -858,7 +867,7 @@ fn pods_fill_the_gpus_capacity_and_the_next_waits_for_room() {
     // A fifth does not fit: the scheduler says why and leaves it pending.
     world.ok_with(
         &["apply", "-f", "-"],
-        &pod_with_template("half-e", DRIVER, 1, "1Gi", 50),
+        &pod_with_template(world.node_name(), "half-e", DRIVER, 1, "1Gi", 50),
     );
     let condition = world.unschedulable("half-e");
     assert_eq!(condition["reason"], "Unschedulable", "{condition}");
@@ -906,8 +915,14 @@ spec:
 "#
     );
     world.ok_with(&["apply", "-f", "-"], &claim);
-    world.ok_with(&["apply", "-f", "-"], &pod_with_claim("reader-a", "shared"));
-    world.ok_with(&["apply", "-f", "-"], &pod_with_claim("reader-b", "shared"));
+    world.ok_with(
+        &["apply", "-f", "-"],
+        &pod_with_claim(world.node_name(), "reader-a", "shared"),
+    );
+    world.ok_with(
+        &["apply", "-f", "-"],
+        &pod_with_claim(world.node_name(), "reader-b", "shared"),
+    );
     let (a, _) = world.running("reader-a");
     let (b, shared) = world.running("reader-b");
     let reserved: Vec<&Value> = shared["status"]["reservedFor"]
@@ -944,7 +959,7 @@ spec:
     // One request for two GPUs: one share of each.
     world.ok_with(
         &["apply", "-f", "-"],
-        &pod_with_template("both", DRIVER, 2, "1Gi", 10),
+        &pod_with_template(world.node_name(), "both", DRIVER, 2, "1Gi", 10),
     );
     let (_, claim) = world.running("both");
     let mut devices: Vec<&str> = claim["status"]["allocation"]["devices"]["results"]
@@ -972,14 +987,17 @@ spec:
 fn a_broken_device_class_selector_leaves_the_pod_pending() {
     let world = World::start("selector");
     world.slice();
-    // The shipped class with one mistake in its CEL: the driver's name.
+    // The shipped class with one mistake in its CEL: the driver's name,
+    // under a name of the test's own (the cluster is shared).
+    let typo = format!("typo-{}.gpushare.dev", world.tenant.name);
+    world.tenant.delete_at_end::<DeviceClass>(None, &typo);
     let shipped = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../deploy/base/deviceclass.yaml"
     ))
     .unwrap();
     let broken = shipped
-        .replace("name: gpu.gpushare.dev", "name: typo.gpushare.dev")
+        .replace("name: gpu.gpushare.dev", &format!("name: {typo}"))
         .replace(
             "device.driver == \"gpu.gpushare.dev\"",
             "device.driver == \"gpu.gpushare.io\"",
@@ -988,7 +1006,7 @@ fn a_broken_device_class_selector_leaves_the_pod_pending() {
     world.ok_with(&["apply", "-f", "-"], &broken);
     world.ok_with(
         &["apply", "-f", "-"],
-        &pod_with_template("mistyped", "typo.gpushare.dev", 1, "1Gi", 10),
+        &pod_with_template(world.node_name(), "mistyped", &typo, 1, "1Gi", 10),
     );
     let condition = world.unschedulable("mistyped");
     assert_eq!(condition["reason"], "Unschedulable", "{condition}");
@@ -997,7 +1015,7 @@ fn a_broken_device_class_selector_leaves_the_pod_pending() {
     // The same pod on the shipped class runs.
     world.ok_with(
         &["apply", "-f", "-"],
-        &pod_with_template("spelled", DRIVER, 1, "1Gi", 10),
+        &pod_with_template(world.node_name(), "spelled", DRIVER, 1, "1Gi", 10),
     );
     world.running("spelled");
     assert_eq!(
@@ -1018,9 +1036,10 @@ fn the_slice_goes_with_its_node() {
     if let Some(node) = world.node.take() {
         world.runtime.block_on(node.stop());
     }
-    world.ok(&["delete", "node", NODE]);
+    world.ok(&["delete", "node", world.node_name()]);
     eventually_some("the slice collected with its Node", || {
         let out = world
+            .tenant
             .kubectl
             .run(&["get", "resourceslice", &name, "-o", "name"], None)
             .unwrap();
@@ -1074,8 +1093,16 @@ fn role_without(verb: &str, resource: &str, account: &str) -> String {
 #[test]
 fn the_agent_fails_with_a_role_missing_a_verb_it_uses() {
     let world = World::bare("rbac");
-    world.apply_base();
-    let account = "gpushare-node-no-create";
+    world.assert_installed();
+    // Its own names: the cluster is shared.
+    let account = &format!("no-create-{}", world.tenant.name);
+    world
+        .tenant
+        .delete_at_end::<ServiceAccount>(Some(AGENT.0), account);
+    world.tenant.delete_at_end::<ClusterRole>(None, account);
+    world
+        .tenant
+        .delete_at_end::<ClusterRoleBinding>(None, account);
     world.ok(&["create", "serviceaccount", account, "-n", AGENT.0]);
     world.ok_with(
         &["apply", "-f", "-"],
@@ -1099,13 +1126,13 @@ fn the_agent_fails_with_a_role_missing_a_verb_it_uses() {
 #[test]
 fn a_gpu_our_health_check_taints_gets_no_new_claims_and_its_pods_are_evicted() {
     let world = World::bare("taint");
-    world.apply_base();
-    let kubeconfig = world.agent_kubeconfig(AGENT.1);
+    world.assert_installed();
+    let kubeconfig = world.tenant.agent_kubeconfig().to_owned();
     let gpus = Arc::new(FakeGpus::new(u32::from(GPUS)));
     let world = world.with_agent(&kubeconfig, gpus.clone());
     world.ok_with(
         &["apply", "-f", "-"],
-        &pod_with_template("victim", DRIVER, 1, "1Gi", 10),
+        &pod_with_template(world.node_name(), "victim", DRIVER, 1, "1Gi", 10),
     );
     let (victim, claim) = world.running("victim");
     let device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
@@ -1121,6 +1148,7 @@ fn a_gpu_our_health_check_taints_gets_no_new_claims_and_its_pods_are_evicted() {
     // kubelet unprepares its claim and confirms the deletion.
     eventually_some("the pod on the tainted GPU evicted", || {
         let out = world
+            .tenant
             .kubectl
             .run(&["get", "pod", "victim", "-o", "json"], None)
             .unwrap();
@@ -1139,7 +1167,7 @@ fn a_gpu_our_health_check_taints_gets_no_new_claims_and_its_pods_are_evicted() {
     // A new claim goes to the other GPU, whichever it asks.
     world.ok_with(
         &["apply", "-f", "-"],
-        &pod_with_template("newcomer", DRIVER, 1, "1Gi", 10),
+        &pod_with_template(world.node_name(), "newcomer", DRIVER, 1, "1Gi", 10),
     );
     let (_, claim) = world.running("newcomer");
     let placed = claim["status"]["allocation"]["devices"]["results"][0]["device"].clone();

@@ -18,36 +18,30 @@ use std::time::Duration;
 use gpushare_utils::limits::PodLimits;
 use gpushare_utils::shm::Trust;
 use hypervisor_corun::{self as corun, CorunOptions};
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::{Event, Pod};
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, DeleteParams, PostParams};
-use kube_control_plane::ControlPlane;
+use kube::api::{Api, DeleteParams};
 use kube_fakes::cluster;
-use kube_fakes::cluster_node::{self, ClusterNode, Overlay};
+use kube_fakes::cluster_node::{self, ClusterNode};
 use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::kubelet::Version;
-use kube_fakes::node;
+use kube_fakes::tenant::Tenant;
 use serde_json::{Value, json};
 
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_async;
 
-const DRIVER: &str = "gpu.gpushare.dev";
-const NODE: &str = "node-corun";
+use super::{DRIVER, device_plugin_kubelet, pod_status, runtime, spec_path, tenant};
+
 const PIPE: &str = "/var/run/gpushare/mps";
 
-/// Fields drop in order: the node, the device plugin's kubelet, the control
-/// plane, then the scratch folder.
+/// Fields drop in order: the node, the device plugin's kubelet, the tenant
+/// (its namespace and Node), then the scratch folder.
 struct World {
     node: Option<ClusterNode>,
     /// The device plugin's kubelet, when the world runs the plugin.
     device_kubelet: Option<FakeDeviceKubelet>,
-    /// An administrator's.
-    client: kube::Client,
-    /// Kept: the control plane stops when dropped.
-    _plane: ControlPlane,
+    tenant: Tenant,
     gpus: Arc<SimulatedGpus>,
     scratch: Scratch,
 }
@@ -59,19 +53,9 @@ impl World {
     async fn start(tag: &str, device_plugin: bool) -> Self {
         let scratch = Scratch::with_limiter(&format!("corun-{tag}"));
         let dir = &scratch.dir;
-        let overlay = if device_plugin {
-            Overlay::DevicePlugin
-        } else {
-            Overlay::Base
-        };
-        let agent_kubeconfig = dir.join("agent.kubeconfig");
-        let plane = cluster_node::installed(overlay, &dir.join("home"), &agent_kubeconfig)
-            .await
-            .unwrap();
-        let client = plane.admin().await.unwrap();
+        let tenant = tenant(&format!("corun-{tag}")).await;
         let gpus = Arc::new(SimulatedGpus::new(2));
-        let mut options = node::options(dir, NODE, DRIVER, &scratch.limiter());
-        options.kubeconfig = Some(agent_kubeconfig);
+        let mut options = tenant.options(dir, DRIVER, &scratch.limiter());
         options.check_identity = false;
         options.provision.corun = Some(CorunOptions {
             gpus: vec![gpus.gpus().unwrap()[0].uuid.clone()],
@@ -84,21 +68,16 @@ impl World {
         });
         let mut device_kubelet = None;
         if device_plugin {
-            let mut config = DevicePluginConfig::under(&dir.join("kubelet-dp"), 4);
-            config.pod_resources = dir.join("no-pod-resources.sock");
-            std::fs::create_dir_all(&config.dir).unwrap();
-            device_kubelet = Some(FakeDeviceKubelet::start(&config.dir, None).unwrap());
+            let (config, double) = device_plugin_kubelet(&dir.join("kubelet-dp"), 4, false);
+            device_kubelet = Some(double);
             options.device_plugin = Some(config);
         }
         let observer: Arc<dyn GpuObserver> = gpus.clone();
-        let node = ClusterNode::start(&plane, observer, options, None)
-            .await
-            .unwrap();
+        let node = tenant.start_node(observer, options, None).await.unwrap();
         Self {
             node: Some(node),
             device_kubelet,
-            client,
-            _plane: plane,
+            tenant,
             gpus,
             scratch,
         }
@@ -117,9 +96,7 @@ impl World {
     }
 
     fn spec_path(&self, claim_uid: &str) -> PathBuf {
-        self.dir()
-            .join("cdi")
-            .join(format!("gpushare.dev-gpu_{claim_uid}.json"))
+        spec_path(self.dir(), claim_uid)
     }
 
     /// Creates claim `name` asking `count` GPUs with `memory`/`compute`
@@ -135,27 +112,15 @@ impl World {
     ) -> String {
         let index = device.map(|d| d.trim_start_matches("gpu-").parse().unwrap());
         let object = cluster_node::claim(name, DRIVER, count, (memory, compute), index, parameters);
-        let claim: ResourceClaim = serde_json::from_value(object).unwrap();
-        Api::<ResourceClaim>::namespaced(self.client.clone(), "default")
-            .create(&PostParams::default(), &claim)
-            .await
-            .unwrap()
-            .metadata
-            .uid
-            .unwrap()
+        let claim = self.tenant.create_claim(object).await.unwrap();
+        claim.metadata.uid.unwrap()
     }
 
     /// Creates pod `name` on the node whose container uses `claims`; the
     /// scheduler allocates them and binds it. Returns its UID.
     async fn create_pod(&self, name: &str, claims: &[&str]) -> String {
-        let pod: Pod = serde_json::from_value(cluster_node::pod(name, NODE, claims)).unwrap();
-        let uid = Api::<Pod>::namespaced(self.client.clone(), "default")
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap()
-            .metadata
-            .uid
-            .unwrap();
+        let pod = self.tenant.create_pod(name, claims).await.unwrap();
+        let uid = pod.metadata.uid.unwrap();
         self.scratch.track_pod(&uid);
         uid
     }
@@ -186,7 +151,7 @@ impl World {
         let node = &self.node().node;
         let prepared = node
             .kubelet
-            .prepare(Version::V1, "default", name, uid)
+            .prepare(Version::V1, self.tenant.namespace(), name, uid)
             .await
             .unwrap();
         prepared.error
@@ -195,10 +160,7 @@ impl World {
     /// Deletes pod `name` as a user does, and waits until the kubelet
     /// unprepared `claims` (UIDs), as it does before it confirms.
     async fn delete_pod(&self, name: &str, claims: &[&str]) {
-        Api::<Pod>::namespaced(self.client.clone(), "default")
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
+        self.tenant.delete_pod(name).await.unwrap();
         let kubelet = &self.node().kubelet;
         eventually_async(&format!("the claims of pod {name} unprepared"), || {
             let unprepared = kubelet.unprepared();
@@ -211,8 +173,8 @@ impl World {
     /// warning, once the kubelet reported its refusal; checks that it left
     /// the pod pending.
     async fn refused(&self, name: &str) -> String {
-        let events = Api::<Event>::namespaced(self.client.clone(), "default");
-        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        let events = Api::<Event>::default_namespaced(self.tenant.client.clone());
+        let pods = Api::<Pod>::default_namespaced(self.tenant.client.clone());
         let kubelet = &self.node().kubelet;
         let event_name = format!("{name}.failedpreparedynamicresources");
         let mut found = None;
@@ -252,7 +214,7 @@ impl World {
     /// cannot be reported (see [`World::refused`]) that sync stops at it,
     /// before the pods listed after it.
     async fn delete_refused(&self, name: &str) {
-        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        let pods = Api::<Pod>::default_namespaced(self.tenant.client.clone());
         pods.delete(name, &DeleteParams::default()).await.unwrap();
         for _ in 0..900 {
             if pods.get_opt(name).await.unwrap().is_none() {
@@ -268,14 +230,6 @@ impl World {
             node.stop().await;
         }
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 /// A mount of a CDI spec: host path, container path, options.
@@ -382,19 +336,14 @@ fn a_claim_on_a_corun_gpu_makes_an_mps_client_and_one_elsewhere_does_not() {
             // The hypervisor's time cap: none where the fixed share went to
             // the SMs (co-run), the elastic share's ceiling (a time share
             // still), the fixed share itself on the ordinary GPU.
-            let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
-            let cap = status["pods"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|p| p["id"] == pod.as_str())
+            let cap = pod_status(&world.node().node.hv, &pod)
                 .map(|p| p["gpus"][0]["cap_percent"].clone());
             let want_cap = match name {
                 "latency" => json!(null),
                 "batch" => json!(100),
                 _ => json!(30),
             };
-            assert_eq!(cap, Some(want_cap), "{name}: {status}");
+            assert_eq!(cap, Some(want_cap), "{name}");
             let pipe_mount = mounts.iter().find(|m| m.1 == PIPE);
             let shm_mount = mounts.iter().find(|m| m.1 == "/dev/shm");
             if want.is_empty() {
@@ -471,14 +420,9 @@ fn sm_percent_becomes(pod: &str, want: Option<u8>) -> Option<u8> {
 
 /// The `sm_percent` the status shows for pod `pod`'s first GPU.
 fn sm_percent_shown(world: &World, pod: &str) -> Value {
-    let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
-    status["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == pod)
+    pod_status(&world.node().node.hv, pod)
         .map(|p| p["gpus"][0]["sm_percent"].clone())
-        .unwrap_or_else(|| panic!("no pod {pod}: {status}"))
+        .unwrap_or_else(|| panic!("no pod {pod}"))
 }
 
 #[test]
@@ -606,6 +550,7 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
     runtime().block_on(async {
         let world = World::start("dp", true).await;
         let gpu0 = world.uuid(0);
+        let ns = world.tenant.namespace();
         let kubelet = world.device_kubelet.as_ref().unwrap();
         let plugin = kubelet
             .plugin("nvidia.com/gpu", Duration::from_secs(10))
@@ -615,20 +560,20 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         // double advertises no nvidia.com/gpu, so the default scheduler
         // would find no room for it.
         let pod = cluster::create_gpu_pod(
-            &world.client,
-            "default",
+            &world.tenant.client,
+            ns,
             "hami",
-            NODE,
+            world.tenant.node(),
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3072", "nvidia.com/gpucores": "30"}),
             json!({}),
         )
         .await
         .unwrap();
-        kubelet.admit("default", "hami", &["main"]);
+        kubelet.admit(ns, "hami", &["main"]);
         world.scratch.track_pod(&pod.metadata.uid.unwrap());
         // Binpack puts the first pod on GPU 0, the co-run one.
         let answer = plugin
-            .start_container(("default", "hami", "main"), vec![format!("{gpu0}::0")])
+            .start_container((ns, "hami", "main"), vec![format!("{gpu0}::0")])
             .await
             .unwrap();
         let env = &answer.envs;
@@ -661,19 +606,19 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
         // A pod that wants no co-run GPU gets the ordinary one, no MPS.
         let gpu1 = world.uuid(1);
         let pod = cluster::create_gpu_pod(
-            &world.client,
-            "default",
+            &world.tenant.client,
+            ns,
             "solo",
-            NODE,
+            world.tenant.node(),
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3072"}),
             json!({"gpushare.dev/corun": "false"}),
         )
         .await
         .unwrap();
-        kubelet.admit("default", "solo", &["main"]);
+        kubelet.admit(ns, "solo", &["main"]);
         world.scratch.track_pod(&pod.metadata.uid.unwrap());
         let answer = plugin
-            .start_container(("default", "solo", "main"), vec![format!("{gpu0}::1")])
+            .start_container((ns, "solo", "main"), vec![format!("{gpu0}::1")])
             .await
             .unwrap();
         assert_eq!(answer.envs["CUDA_VISIBLE_DEVICES"], gpu1);
@@ -681,20 +626,20 @@ fn the_device_plugin_answers_a_corun_gpus_container_as_an_mps_client() {
 
         // Two GPUs for one container: never the co-run one, so none here.
         let pod = cluster::create_gpu_pod(
-            &world.client,
-            "default",
+            &world.tenant.client,
+            ns,
             "pair",
-            NODE,
+            world.tenant.node(),
             json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1024"}),
             json!({}),
         )
         .await
         .unwrap();
-        kubelet.admit("default", "pair", &["main"]);
+        kubelet.admit(ns, "pair", &["main"]);
         world.scratch.track_pod(&pod.metadata.uid.unwrap());
         let refused = plugin
             .start_container(
-                ("default", "pair", "main"),
+                (ns, "pair", "main"),
                 vec![format!("{gpu0}::2"), format!("{gpu1}::2")],
             )
             .await

@@ -12,76 +12,56 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_fakes::FakeGpus;
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_kubernetes::dra::slice::slice_name;
 use hypervisor_observer::{GpuObserver, HealthEvent};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSlice};
 use kube::api::Api;
-use kube_control_plane::ControlPlane;
 use kube_fakes::cluster;
-use kube_fakes::cluster_node::{self, ClusterNode, Overlay};
+use kube_fakes::cluster_node::ClusterNode;
 use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
-use kube_fakes::node;
+use kube_fakes::tenant::Tenant;
 use serde_json::json;
 
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_some_async;
 
-const DRIVER: &str = "gpu.gpushare.dev";
-const NODE: &str = "node-health";
+use super::{DRIVER, device_plugin_kubelet, runtime, tenant};
+
 const GPU: &str = "nvidia.com/gpu";
 const TAINT_KEY: &str = "gpu.gpushare.dev/unhealthy";
 
-/// Fields drop in order: the node, the device plugin's kubelet, the control
-/// plane, then the scratch folder.
+/// Fields drop in order: the node, the device plugin's kubelet, the tenant
+/// (its namespace and Node), then the scratch folder.
 struct World {
     node: Option<ClusterNode>,
     plugin: Option<(FakeDeviceKubelet, PluginClient)>,
-    /// An administrator's.
-    client: kube::Client,
+    tenant: Tenant,
     gpus: Arc<FakeGpus>,
-    /// Kept: the control plane stops when dropped.
-    _plane: ControlPlane,
     scratch: Scratch,
 }
 
 impl World {
-    /// A node of the official control plane with two simulated GPUs; a
+    /// A node of the shared control plane with two simulated GPUs; a
     /// device plugin too with `device_plugin`, with the rights
     /// `deploy/device-plugin` adds (events, the Node's status).
     async fn start(tag: &str, device_plugin: bool) -> Self {
         let scratch = Scratch::with_limiter(&format!("health-{tag}"));
         let d = &scratch.dir;
-        // The base, and the device plugin's rights where it runs.
-        let overlay = if device_plugin {
-            Overlay::DevicePlugin
-        } else {
-            Overlay::Base
-        };
-        let agent_kubeconfig = d.join("agent.kubeconfig");
-        let plane = cluster_node::installed(overlay, &d.join("home"), &agent_kubeconfig)
-            .await
-            .unwrap();
-        let client = plane.admin().await.unwrap();
-        let mut options = node::options(d, NODE, DRIVER, &scratch.limiter());
-        options.kubeconfig = Some(agent_kubeconfig);
+        let tenant = tenant(&format!("health-{tag}")).await;
+        let mut options = tenant.options(d, DRIVER, &scratch.limiter());
         options.check_identity = false;
         let mut kubelet = None;
         if device_plugin {
-            let mut config = DevicePluginConfig::under(&d.join("kubelet"), 2);
-            config.pod_resources = d.join("no-pod-resources.sock");
-            std::fs::create_dir_all(&config.dir).unwrap();
             // Serves on the test's runtime, which this runs on.
-            kubelet = Some(FakeDeviceKubelet::start(&config.dir, None).unwrap());
+            let (config, double) = device_plugin_kubelet(&d.join("kubelet"), 2, false);
+            kubelet = Some(double);
             options.device_plugin = Some(config);
         }
         let gpus = Arc::new(FakeGpus::new(2));
         let observer: Arc<dyn GpuObserver> = gpus.clone();
         // The kubelet registers the Node, then the agent starts.
-        let node = ClusterNode::start(&plane, observer, options, None)
-            .await
-            .unwrap();
+        let node = tenant.start_node(observer, options, None).await.unwrap();
         let plugin = match kubelet {
             Some(kubelet) => {
                 let plugin = kubelet.plugin(GPU, Duration::from_secs(10)).await.unwrap();
@@ -92,16 +72,15 @@ impl World {
         Self {
             node: Some(node),
             plugin,
-            client,
+            tenant,
             gpus,
-            _plane: plane,
             scratch,
         }
     }
 
     async fn slice(&self) -> ResourceSlice {
-        Api::<ResourceSlice>::all(self.client.clone())
-            .get(&slice_name(NODE, DRIVER))
+        Api::<ResourceSlice>::all(self.tenant.client.clone())
+            .get(&slice_name(self.tenant.node(), DRIVER))
             .await
             .unwrap()
     }
@@ -120,11 +99,12 @@ impl World {
     /// name, as HAMi's scheduler binds: the kubelet double advertises no
     /// `nvidia.com/gpu`, so the default scheduler would find no room for it.
     async fn container(&mut self, name: &str, share: String, packing: &str) -> String {
+        let ns = self.tenant.namespace();
         let pod = cluster::create_gpu_pod(
-            &self.client,
-            "default",
+            &self.tenant.client,
+            ns,
             name,
-            NODE,
+            self.tenant.node(),
             json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024"}),
             json!({"hami.io/gpu-scheduler-policy": packing}),
         )
@@ -132,9 +112,9 @@ impl World {
         .unwrap();
         self.scratch.track_pod(&pod.metadata.uid.unwrap());
         let (kubelet, plugin) = self.plugin.as_ref().expect("a device plugin");
-        kubelet.admit("default", name, &["main"]);
+        kubelet.admit(ns, name, &["main"]);
         let answer = plugin
-            .start_container(("default", name, "main"), vec![share])
+            .start_container((ns, name, "main"), vec![share])
             .await
             .unwrap();
         answer.envs["CUDA_VISIBLE_DEVICES"].clone()
@@ -184,14 +164,6 @@ fn gpu1_taint(slice: &ResourceSlice) -> (String, String, String) {
 
 /// Longer than the agent's resync (500 ms): whatever would be published is.
 const SETTLE: Duration = Duration::from_millis(1_500);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 #[test]
 fn an_xid_taints_its_gpu_and_an_ignored_one_changes_nothing() {
@@ -311,9 +283,9 @@ fn the_device_plugin_lists_an_unhealthy_gpu_as_unhealthy_and_places_nothing_on_i
         }
         // The slice says so too, and the node's allocatable leaves gpu-1 out.
         assert_eq!(gpu1_taint(&world.slice_when(tainted).await).1, "xid-94");
-        let nodes = Api::<Node>::all(world.client.clone());
+        let nodes = Api::<Node>::all(world.tenant.client.clone());
         let status = eventually_some_async("gpu-1 out of the node's allocatable", || async {
-            let status = nodes.get(NODE).await.unwrap().status?;
+            let status = nodes.get(world.tenant.node()).await.unwrap().status?;
             let memory = status.allocatable.as_ref()?.get("nvidia.com/gpumem")?;
             (memory.0 == "81920").then_some(status)
         })

@@ -14,64 +14,47 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use hypervisor_kubernetes::deviceplugin::DevicePluginConfig;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams, Preconditions};
-use kube_control_plane::ControlPlane;
-use kube_fakes::cluster_node::{self, Overlay};
+use kube::api::{Api, DeleteParams, ListParams, Preconditions};
 use kube_fakes::device_kubelet::{FakeDeviceKubelet, PluginClient};
-use kube_fakes::node::{self, TestNode};
+use kube_fakes::node::TestNode;
+use kube_fakes::tenant::Tenant;
 use serde_json::{Value, json};
 
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_some_async;
 
-const NODE: &str = "node-dp";
+use super::{DRIVER, device_plugin_kubelet, pod_status, runtime, tenant};
+
 const GPU: &str = "nvidia.com/gpu";
 
-/// Fields drop in order: the node, the device plugin's kubelet, the control
-/// plane, then the scratch folder.
+/// Fields drop in order: the node, the device plugin's kubelet, the tenant
+/// (its namespace and Node), then the scratch folder.
 struct World {
     node: Option<TestNode>,
     kubelet: FakeDeviceKubelet,
     plugin: PluginClient,
-    /// An administrator's.
-    client: kube::Client,
-    /// Kept: the control plane stops when dropped.
-    _plane: ControlPlane,
+    tenant: Tenant,
     gpus: Arc<SimulatedGpus>,
     scratch: Scratch,
 }
 
 impl World {
-    /// The control plane with `deploy/device-plugin` applied, Node `NODE`
-    /// registered by its kubelet, and the agent with the device plugin on
-    /// two GPUs (4 shares each); with `pod_resources`, the kubelet double
-    /// serves the pod-resources list too.
+    /// A Node of the shared control plane (`deploy/device-plugin`
+    /// applied) registered by its kubelet, and the agent with the device
+    /// plugin on two GPUs (4 shares each); with `pod_resources`, the
+    /// kubelet double serves the pod-resources list too.
     async fn start(tag: &str, pod_resources: bool) -> Self {
         let scratch = Scratch::with_limiter(&format!("dp-{tag}"));
         let dir = &scratch.dir;
-        let agent_kubeconfig = dir.join("agent.kubeconfig");
-        let plane =
-            cluster_node::installed(Overlay::DevicePlugin, &dir.join("home"), &agent_kubeconfig)
-                .await
-                .unwrap_or_else(|e| panic!("{e:#}"));
+        let tenant = tenant(&format!("dp-{tag}")).await;
         // The kubelet registers the Node before the agent starts.
-        cluster_node::register_node(&plane, NODE).await.unwrap();
-        let client = plane.admin().await.unwrap();
-        let mut options = node::options(dir, NODE, "gpu.gpushare.dev", &scratch.limiter());
-        options.kubeconfig = Some(agent_kubeconfig);
+        tenant.register_node().await.unwrap();
+        let mut options = tenant.options(dir, DRIVER, &scratch.limiter());
         options.check_identity = false;
-        let mut config = DevicePluginConfig::under(&dir.join("kubelet"), 4);
-        if !pod_resources {
-            config.pod_resources = dir.join("no-pod-resources.sock");
-        }
-        options.device_plugin = Some(config.clone());
-        std::fs::create_dir_all(&config.dir).unwrap();
-        let kubelet =
-            FakeDeviceKubelet::start(&config.dir, pod_resources.then_some(&*config.pod_resources))
-                .unwrap();
+        let (config, kubelet) = device_plugin_kubelet(&dir.join("kubelet"), 4, pod_resources);
+        options.device_plugin = Some(config);
         let gpus = Arc::new(SimulatedGpus::new(2));
         let observer: Arc<dyn GpuObserver> = gpus.clone();
         let node = TestNode::start_written(observer, options, None)
@@ -82,8 +65,7 @@ impl World {
             node: Some(node),
             kubelet,
             plugin,
-            client,
-            _plane: plane,
+            tenant,
             gpus,
             scratch,
         }
@@ -99,23 +81,24 @@ impl World {
     /// the limits) and the pod `annotations`. It is created bound to the
     /// node by name (see the module's comment).
     async fn pod(&self, name: &str, limits: Value, annotations: Value) -> String {
+        let ns = self.tenant.namespace();
         let pod = json!({
-            "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+            "metadata": {"name": name, "namespace": ns, "annotations": annotations},
             "spec": {
-                "nodeName": NODE,
+                "nodeName": self.tenant.node(),
                 "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
             },
         });
         let pod: Pod = serde_json::from_value(pod).unwrap();
-        let uid = Api::<Pod>::namespaced(self.client.clone(), "default")
-            .create(&PostParams::default(), &pod)
+        let uid = Api::<Pod>::default_namespaced(self.tenant.client.clone())
+            .create(&Default::default(), &pod)
             .await
             .unwrap_or_else(|e| panic!("pod {name}: {e}"))
             .metadata
             .uid
             .unwrap();
         self.scratch.track_pod(&uid);
-        self.kubelet.admit("default", name, &["main"]);
+        self.kubelet.admit(ns, name, &["main"]);
         uid
     }
 
@@ -127,7 +110,7 @@ impl World {
     {
         self.plugin
             .start_container(
-                ("default", name, "main"),
+                (self.tenant.namespace(), name, "main"),
                 devices.iter().map(|d| (*d).to_owned()).collect(),
             )
             .await
@@ -139,19 +122,14 @@ impl World {
     }
 
     fn pod_gpu(&self, uid: &str) -> Option<Value> {
-        let status = serde_json::to_value(self.node.as_ref()?.hv.status()).unwrap();
-        status["pods"]
-            .as_array()?
-            .iter()
-            .find(|p| p["id"] == uid)
-            .map(|p| p["gpus"][0].clone())
+        pod_status(&self.node.as_ref()?.hv, uid).map(|p| p["gpus"][0].clone())
     }
 
     /// The (reason, message) of the events the API server holds about pod
     /// `uid`, once there is one: the agent records them before it answers
     /// the kubelet.
     async fn events(&self, uid: &str) -> Vec<(String, String)> {
-        let events = Api::<Event>::namespaced(self.client.clone(), "default");
+        let events = Api::<Event>::default_namespaced(self.tenant.client.clone());
         let about = ListParams::default().fields(&format!("involvedObject.uid={uid}"));
         eventually_some_async(&format!("an event about pod {uid}"), || async {
             let listed = events.list(&about).await.unwrap();
@@ -166,12 +144,13 @@ impl World {
         .await
     }
 
-    /// Node `NODE`'s status as the API server stores it, once the agent
+    /// The Node's status as the API server stores it, once the agent
     /// advertised its names there.
     async fn node_status(&self) -> Value {
-        let nodes = Api::<Node>::all(self.client.clone());
+        let nodes = Api::<Node>::all(self.tenant.client.clone());
         eventually_some_async("the agent's capacity on the Node", || async {
-            let node = serde_json::to_value(nodes.get(NODE).await.unwrap()).unwrap();
+            let node = nodes.get(self.tenant.node()).await.unwrap();
+            let node = serde_json::to_value(node).unwrap();
             let status = node["status"].clone();
             status["allocatable"]
                 .get("nvidia.com/gpucores")
@@ -185,7 +164,7 @@ impl World {
     /// confirms once the containers stopped (at once, for that UID); waits
     /// until the API server no longer has it.
     async fn delete_pod(&self, name: &str, uid: &str) {
-        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
+        let pods = Api::<Pod>::default_namespaced(self.tenant.client.clone());
         pods.delete(name, &DeleteParams::default()).await.unwrap();
         let confirm = DeleteParams {
             grace_period_seconds: Some(0),
@@ -207,14 +186,6 @@ impl World {
             node.stop().await;
         }
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]

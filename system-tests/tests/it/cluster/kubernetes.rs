@@ -7,64 +7,48 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube_control_plane::ControlPlane;
-use kube_fakes::cluster_node::{self, ClusterNode, Overlay};
+use kube::api::{Api, DeleteParams, ListParams};
+use kube_fakes::cluster_node::{self, ClusterNode};
 use kube_fakes::kubelet::Version;
-use kube_fakes::node;
+use kube_fakes::tenant::Tenant;
 use serde_json::{Value, json};
 
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_async;
 
-const DRIVER: &str = "gpu.gpushare.dev";
-const NODE: &str = "node-a";
+use super::{DRIVER, runtime, tenant};
 
-/// Fields drop in order: the node, the control plane, then the scratch
-/// folder.
+/// Fields drop in order: the node, the tenant (its namespace and Node),
+/// then the scratch folder.
 struct World {
     node: Option<ClusterNode>,
-    client: kube::Client,
-    plane: ControlPlane,
+    tenant: Tenant,
     gpus: Arc<SimulatedGpus>,
-    agent_kubeconfig: PathBuf,
     scratch: Scratch,
 }
 
 impl World {
     async fn start(tag: &str) -> Self {
         let scratch = Scratch::with_limiter(&format!("k8s-{tag}"));
-        let agent_kubeconfig = scratch.dir.join("agent.kubeconfig");
-        let home = scratch.dir.join("home");
-        let plane = cluster_node::installed(Overlay::Base, &home, &agent_kubeconfig)
-            .await
-            .unwrap();
-        let client = plane.admin().await.unwrap();
+        let tenant = tenant(&format!("k8s-{tag}")).await;
         let gpus = Arc::new(SimulatedGpus::new(2));
         let mut world = Self {
             node: None,
-            client,
-            plane,
+            tenant,
             gpus,
-            agent_kubeconfig,
             scratch,
         };
         world.restart().await;
-        cluster_node::schedulable(&world.client, NODE)
-            .await
-            .unwrap();
+        world.tenant.schedulable().await.unwrap();
         world
     }
 
     fn options(&self) -> hypervisor_kubernetes::AgentOptions {
         let d = &self.scratch.dir;
-        let mut options = node::options(d, NODE, DRIVER, &self.scratch.limiter());
-        options.kubeconfig = Some(self.agent_kubeconfig.clone());
+        let mut options = self.tenant.options(d, DRIVER, &self.scratch.limiter());
         // Workers' cgroups are looked up in a /proc the tests write.
         options.proc_root = d.join("proc");
         options
@@ -77,7 +61,8 @@ impl World {
         }
         let observer: Arc<dyn GpuObserver> = self.gpus.clone();
         self.node = Some(
-            ClusterNode::start(&self.plane, observer, self.options(), None)
+            self.tenant
+                .start_node(observer, self.options(), None)
                 .await
                 .unwrap(),
         );
@@ -104,27 +89,15 @@ impl World {
             index,
             Some(json!({"weight": 2})),
         );
-        let claim: ResourceClaim = serde_json::from_value(object).unwrap();
-        Api::<ResourceClaim>::namespaced(self.client.clone(), "default")
-            .create(&PostParams::default(), &claim)
-            .await
-            .unwrap()
-            .metadata
-            .uid
-            .unwrap()
+        let claim = self.tenant.create_claim(object).await.unwrap();
+        claim.metadata.uid.unwrap()
     }
 
     /// Creates pod `name` on the node whose container uses `claims`; the
     /// scheduler binds it. Returns its UID.
     async fn create_pod(&self, name: &str, claims: &[&str]) -> String {
-        let pod: Pod = serde_json::from_value(cluster_node::pod(name, NODE, claims)).unwrap();
-        let uid = Api::<Pod>::namespaced(self.client.clone(), "default")
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap()
-            .metadata
-            .uid
-            .unwrap();
+        let pod = self.tenant.create_pod(name, claims).await.unwrap();
+        let uid = pod.metadata.uid.unwrap();
         self.scratch.track_pod(&uid);
         uid
     }
@@ -164,7 +137,7 @@ impl World {
         self.node()
             .node
             .kubelet
-            .prepare(version, "default", name, uid)
+            .prepare(version, self.tenant.namespace(), name, uid)
             .await
             .unwrap()
     }
@@ -172,36 +145,19 @@ impl World {
     /// Why the scheduler leaves pod `name` pending: its `PodScheduled`
     /// condition's message, once it says so.
     async fn unschedulable(&self, name: &str) -> String {
-        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
-        for _ in 0..900 {
-            let pod = pods.get(name).await.unwrap();
-            let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
-            if let Some(c) = conditions
-                .iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-            {
-                assert_eq!(c.reason.as_deref(), Some("Unschedulable"), "{c:?}");
-                return c.message.clone().unwrap_or_default();
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("pod {name} never said unschedulable");
+        let c = self.tenant.unschedulable(name).await.unwrap();
+        assert_eq!(c.reason.as_deref(), Some("Unschedulable"), "{c:?}");
+        c.message.unwrap_or_default()
     }
 
     /// Deletes pod `name` as a user does: gracefully, the kubelet
     /// unpreparing its claims before it confirms.
     async fn delete_pod(&self, name: &str) {
-        Api::<Pod>::namespaced(self.client.clone(), "default")
-            .delete(name, &DeleteParams::default())
-            .await
-            .unwrap();
+        self.tenant.delete_pod(name).await.unwrap();
     }
 
     fn spec_path(&self, claim_uid: &str) -> PathBuf {
-        self.scratch
-            .dir
-            .join("cdi")
-            .join(format!("gpushare.dev-gpu_{claim_uid}.json"))
+        super::spec_path(&self.scratch.dir, claim_uid)
     }
 
     /// The pod file the agent wrote for pod `pod_uid`: its limiters' pod,
@@ -221,38 +177,27 @@ impl World {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn pod_status(world: &World, pod: &str) -> Option<Value> {
-    let status = serde_json::to_value(world.node().node.hv.status()).unwrap();
-    status["pods"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["id"] == pod)
-        .cloned()
+    super::pod_status(&world.node().node.hv, pod)
 }
 
 #[test]
 fn slice_published_for_two_gpus() {
     runtime().block_on(async {
         let world = World::start("slice").await;
-        let slices = Api::<ResourceSlice>::all(world.client.clone())
-            .list(&ListParams::default())
+        let node = world.tenant.node();
+        // The other tests' nodes publish theirs on the shared cluster.
+        let this_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        let slices = Api::<ResourceSlice>::all(world.tenant.client.clone())
+            .list(&this_node)
             .await
             .unwrap()
             .items;
         assert_eq!(slices.len(), 1);
         let slice = slices[0].clone();
         assert_eq!(slice.spec.driver, DRIVER);
-        assert_eq!(slice.spec.node_name.as_deref(), Some(NODE));
-        assert_eq!(slice.spec.pool.name, NODE);
+        assert_eq!(slice.spec.node_name.as_deref(), Some(node));
+        assert_eq!(slice.spec.pool.name, node);
         assert_eq!(
             slice.metadata.owner_references.as_ref().unwrap()[0].kind,
             "Node"
@@ -524,7 +469,7 @@ fn a_container_with_two_claims_sees_both_gpus_whichever_spec_comes_last() {
             .node()
             .node
             .kubelet
-            .unprepare(Version::V1, "default", "pair-b", &b)
+            .unprepare(Version::V1, world.tenant.namespace(), "pair-b", &b)
             .await
             .unwrap();
         assert_eq!(error, "");
@@ -570,7 +515,7 @@ fn restart_keeps_prepared_claims_and_deleted_pods_are_cleaned_up() {
         assert_eq!(gpu["memory_quota"], 4u64 << 30);
         // And the kubelet's repeated prepare gets the same devices, even with
         // the claim being deleted (its reservation keeps it until the pod goes).
-        Api::<ResourceClaim>::namespaced(world.client.clone(), "default")
+        Api::<ResourceClaim>::default_namespaced(world.tenant.client.clone())
             .delete(&name, &DeleteParams::default())
             .await
             .unwrap();

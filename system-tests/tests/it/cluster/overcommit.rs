@@ -15,45 +15,37 @@ use hypervisor::{Node, NodeSpec};
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams, PostParams};
-use kube_control_plane::ControlPlane;
-use kube_fakes::cluster_node::{self, Overlay};
+use kube::api::{Api, ListParams};
+use kube_fakes::cluster_node;
 use kube_fakes::kubelet::FakeKubelet;
-use kube_fakes::node;
 use kube_fakes::node_kubelet::NodeKubelet;
+use kube_fakes::tenant::Tenant;
 
 use system_tests::scratch::Scratch;
 
-const DRIVER: &str = "gpu.gpushare.dev";
-const NODE: &str = "node-overcommit";
+use super::{DRIVER, pod_status, runtime, tenant};
+
 const GIB: u64 = 1 << 30;
 /// Each simulated GPU's memory.
 const N: u64 = SimulatedGpus::MEMORY;
 
-/// Fields drop in order: the kubelet, the node, the control plane, then the
-/// scratch folder.
+/// Fields drop in order: the kubelet, the node, the tenant (its namespace
+/// and Node), then the scratch folder.
 struct World {
     kubelet: Option<NodeKubelet>,
     node: Option<Node>,
-    client: kube::Client,
-    plane: ControlPlane,
+    tenant: Tenant,
     scratch: Scratch,
 }
 
 impl World {
-    /// The control plane with `deploy/base`, and a node of two simulated
+    /// A Node of the shared control plane, and a node of two simulated
     /// GPUs whose daemon config has `swap` as its `[swap]` table.
     async fn start(tag: &str, swap: &str) -> Self {
         let scratch = Scratch::with_limiter(&format!("overcommit-{tag}"));
-        let agent_kubeconfig = scratch.dir.join("agent.kubeconfig");
-        let plane =
-            cluster_node::installed(Overlay::Base, &scratch.dir.join("home"), &agent_kubeconfig)
-                .await
-                .unwrap();
-        let client = plane.admin().await.unwrap();
+        let tenant = tenant(&format!("overcommit-{tag}")).await;
         let d = &scratch.dir;
-        let mut options = node::options(d, NODE, DRIVER, &scratch.limiter());
-        options.kubeconfig = Some(agent_kubeconfig);
+        let mut options = tenant.options(d, DRIVER, &scratch.limiter());
         options.check_identity = false;
         let tables = options.provision.node_tables.clone();
         scratch.track_shm(&tables.activity);
@@ -64,7 +56,7 @@ impl World {
             Path::new("."),
         )
         .unwrap();
-        let kubelet_client = cluster_node::register_node(&plane, NODE).await.unwrap();
+        let kubelet_client = tenant.register_node().await.unwrap();
         let observer: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(2));
         let node = Node::start(NodeSpec {
             daemon: hypervisor_daemon::Options {
@@ -86,15 +78,15 @@ impl World {
         let plugin = FakeKubelet::register(registry, DRIVER, Duration::from_secs(10))
             .await
             .unwrap();
-        let kubelet = NodeKubelet::start(kubelet_client, NODE, cluster_node::gpu_labels(), plugin)
+        let labels = cluster_node::gpu_labels();
+        let kubelet = NodeKubelet::start(kubelet_client, tenant.node(), labels, plugin)
             .await
             .unwrap();
-        cluster_node::schedulable(&client, NODE).await.unwrap();
+        tenant.schedulable().await.unwrap();
         Self {
             kubelet: Some(kubelet),
             node: Some(node),
-            client,
-            plane,
+            tenant,
             scratch,
         }
     }
@@ -102,8 +94,11 @@ impl World {
     /// Device `gpu-<index>` of the node's slice: (memory capacity, largest
     /// memory one request may take, the `overcommit` attribute).
     async fn device(&self, index: u32) -> (u64, u64, Option<bool>) {
-        let slices = Api::<ResourceSlice>::all(self.client.clone())
-            .list(&ListParams::default())
+        // The other tests' nodes publish theirs on the shared cluster.
+        let this_node =
+            ListParams::default().fields(&format!("spec.nodeName={}", self.tenant.node()));
+        let slices = Api::<ResourceSlice>::all(self.tenant.client.clone())
+            .list(&this_node)
             .await
             .unwrap()
             .items;
@@ -129,19 +124,9 @@ impl World {
     async fn pod(&self, name: &str, memory: &str, index: u32) -> String {
         let claim = format!("{name}-gpu");
         let object = cluster_node::claim(&claim, DRIVER, 1, (memory, "10"), Some(index), None);
-        let object: ResourceClaim = serde_json::from_value(object).unwrap();
-        Api::<ResourceClaim>::namespaced(self.client.clone(), "default")
-            .create(&PostParams::default(), &object)
-            .await
-            .unwrap();
-        let pod: Pod = serde_json::from_value(cluster_node::pod(name, NODE, &[&claim])).unwrap();
-        let uid = Api::<Pod>::namespaced(self.client.clone(), "default")
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap()
-            .metadata
-            .uid
-            .unwrap();
+        self.tenant.create_claim(object).await.unwrap();
+        let pod = self.tenant.create_pod(name, &[&claim]).await.unwrap();
+        let uid = pod.metadata.uid.unwrap();
         self.scratch.track_pod(&uid);
         uid
     }
@@ -157,11 +142,11 @@ impl World {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let pod = Api::<Pod>::namespaced(self.client.clone(), "default")
+        let pod = Api::<Pod>::default_namespaced(self.tenant.client.clone())
             .get(name)
             .await
             .map(|p| serde_json::to_string(&(p.spec.and_then(|s| s.node_name), p.status)));
-        let claim = Api::<ResourceClaim>::namespaced(self.client.clone(), "default")
+        let claim = Api::<ResourceClaim>::default_namespaced(self.tenant.client.clone())
             .get(&format!("{name}-gpu"))
             .await
             .map(|c| serde_json::to_string(&c.status));
@@ -171,37 +156,20 @@ impl World {
             kubelet.last_error(),
             kubelet.refused(uid),
             kubelet.doing(),
-            self.plane.logs()
+            self.tenant.plane().logs()
         );
     }
 
     /// The daemon's memory quota for pod `uid` on its GPU.
     fn quota(&self, uid: &str) -> Option<u64> {
-        let status = self.node.as_ref().unwrap().hypervisor().status();
-        let status = serde_json::to_value(status).unwrap();
-        status["pods"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["id"] == uid)
-            .and_then(|p| p["gpus"][0]["memory_quota"].as_u64())
+        let hv = self.node.as_ref().unwrap().hypervisor();
+        pod_status(hv, uid).and_then(|p| p["gpus"][0]["memory_quota"].as_u64())
     }
 
     /// Why the scheduler leaves pod `name` pending, once it says so.
     async fn unschedulable(&self, name: &str) -> String {
-        let pods = Api::<Pod>::namespaced(self.client.clone(), "default");
-        for _ in 0..900 {
-            let pod = pods.get(name).await.unwrap();
-            let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
-            if let Some(c) = conditions
-                .iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-            {
-                return c.message.clone().unwrap_or_default();
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("pod {name} never said unschedulable");
+        let condition = self.tenant.unschedulable(name).await.unwrap();
+        condition.message.unwrap_or_default()
     }
 
     async fn stop(mut self) {
@@ -209,18 +177,12 @@ impl World {
         if let Some(node) = self.node.take() {
             node.stop().await.unwrap();
         }
-        drop(self.plane);
     }
 }
 
 #[test]
 fn an_overcommitting_gpu_takes_quotas_up_to_the_ratio_and_the_other_its_memory() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    runtime().block_on(async {
         let world = World::start("ratio", "overcommit = [0]\novercommit_ratio = 1.5\n").await;
         // GPU 0 offers 1.5 N; GPU 1, N. One request takes at most N of either.
         assert_eq!(world.device(0).await, (N * 3 / 2, N, Some(true)));

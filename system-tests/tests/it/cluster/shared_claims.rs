@@ -15,27 +15,18 @@ use std::time::Duration;
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, DeleteParams, PostParams};
-use kube_control_plane::ControlPlane;
+use kube::api::{Api, DeleteParams};
 use kube_fakes::apiserver::FakeApiServer;
-use kube_fakes::cluster_node::{self, ClusterNode, Overlay};
+use kube_fakes::cluster_node;
 use kube_fakes::kubelet::Version;
 use kube_fakes::node::{self, TestNode};
+use kube_fakes::tenant::Tenant;
 use serde_json::{Value, json};
 
 use system_tests::scratch::Scratch;
 use system_tests::wait::eventually_async;
 
-const DRIVER: &str = "gpu.gpushare.dev";
-const NODE: &str = "node-a";
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use super::{DRIVER, runtime, spec_path, tenant};
 
 /// Writes `/proc/<host pid>` of a process that is pid 7 in pod `pod`.
 fn process_of(proc_root: &std::path::Path, host_pid: u32, pod: &str) {
@@ -75,55 +66,27 @@ async fn register(url: &str, identity: &str, token: &str) -> u16 {
     .unwrap()
 }
 
-/// The node's options: its files under `d`, processes under `d/proc`.
-fn options(d: &std::path::Path) -> hypervisor_kubernetes::AgentOptions {
-    let mut options = node::options(d, NODE, DRIVER, &d.join("libcuda_limiter.so"));
+/// The options of node `node`: its files under `d`, processes under
+/// `d/proc`.
+fn options(d: &std::path::Path, node: &str) -> hypervisor_kubernetes::AgentOptions {
+    let mut options = node::options(d, node, DRIVER, &d.join("libcuda_limiter.so"));
     options.proc_root = d.join("proc");
     options
 }
 
-/// The official control plane with `deploy/base` installed; the client of
-/// its administrator; the agent's kubeconfig (a token of the shipped
-/// ServiceAccount) written in `d`.
-async fn cluster(d: &std::path::Path) -> (ControlPlane, kube::Client) {
-    let plane =
-        cluster_node::installed(Overlay::Base, &d.join("home"), &d.join("agent.kubeconfig"))
-            .await
-            .unwrap();
-    let client = plane.admin().await.unwrap();
-    (plane, client)
-}
-
-/// Creates `object` (JSON) in namespace `default`.
-async fn create<K>(client: &kube::Client, object: Value) -> K
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + std::fmt::Debug
-        + k8s_openapi::serde::Serialize
-        + k8s_openapi::serde::de::DeserializeOwned,
-    K::DynamicType: Default,
-{
-    let object: K = serde_json::from_value(object).unwrap();
-    Api::<K>::namespaced(client.clone(), "default")
-        .create(&PostParams::default(), &object)
-        .await
-        .unwrap()
-}
-
-/// Claim `shared` (4Gi, 30) and pods `sa` and `sb` on the node naming it;
-/// the scheduler allocates it and reserves it for both.
-async fn claim_and_two_pods(client: &kube::Client) -> (ResourceClaim, Pod, Pod) {
+/// Claim `shared` (4Gi, 30) and pods `sa` and `sb` on the tenant's Node
+/// naming it; the scheduler allocates it and reserves it for both.
+async fn claim_and_two_pods(tenant: &Tenant) -> (ResourceClaim, Pod, Pod) {
     let claim = cluster_node::claim("shared", DRIVER, 1, ("4Gi", "30"), None, None);
-    let claim: ResourceClaim = create(client, claim).await;
-    let a: Pod = create(client, cluster_node::pod("sa", NODE, &["shared"])).await;
-    let b: Pod = create(client, cluster_node::pod("sb", NODE, &["shared"])).await;
+    let claim = tenant.create_claim(claim).await.unwrap();
+    let a = tenant.create_pod("sa", &["shared"]).await.unwrap();
+    let b = tenant.create_pod("sb", &["shared"]).await.unwrap();
     (claim, a, b)
 }
 
 /// Claim `name` once the scheduler has reserved it for `pods` pods.
 async fn reserved_for(client: &kube::Client, name: &str, pods: usize) -> ResourceClaim {
-    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default");
+    let claims = Api::<ResourceClaim>::default_namespaced(client.clone());
     for _ in 0..900 {
         let claim = claims.get(name).await.unwrap();
         let status = claim.status.clone().unwrap_or_default();
@@ -138,10 +101,7 @@ async fn reserved_for(client: &kube::Client, name: &str, pods: usize) -> Resourc
 /// The CDI spec of claim `claim_uid` and the quota identity in it (its
 /// region removed at the end).
 fn spec_and_identity(scratch: &Scratch, claim_uid: &str) -> (PathBuf, String) {
-    let spec_path = scratch
-        .dir
-        .join("cdi")
-        .join(format!("gpushare.dev-gpu_{claim_uid}.json"));
+    let spec_path = spec_path(&scratch.dir, claim_uid);
     let identity = identity_in(&spec_path);
     scratch.track_pod(&identity);
     (spec_path, identity)
@@ -167,17 +127,16 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
     let scratch = Scratch::with_limiter("shared-claim-two-pods");
     runtime().block_on(async {
         let d = &scratch.dir;
-        let (plane, client) = cluster(d).await;
-        let mut options = options(d);
-        options.kubeconfig = Some(d.join("agent.kubeconfig"));
+        let tenant = tenant("shared-claim-two-pods").await;
+        let client = tenant.client.clone();
+        let mut options = options(d, tenant.node());
+        options.kubeconfig = Some(tenant.agent_kubeconfig().to_owned());
         let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
-        let node = ClusterNode::start(&plane, gpus, options, None)
-            .await
-            .unwrap();
+        let node = tenant.start_node(gpus, options, None).await.unwrap();
 
-        let (claim, a, b) = claim_and_two_pods(&client).await;
+        let (claim, a, b) = claim_and_two_pods(&tenant).await;
         // A pod that does not use the claim (its own claim never made).
-        let stranger: Pod = create(&client, cluster_node::pod("sc", NODE, &["other"])).await;
+        let stranger = tenant.create_pod("sc", &["other"]).await.unwrap();
         let uid = |p: &Pod| p.metadata.uid.clone().unwrap();
         let (a_uid, b_uid, c_uid) = (uid(&a), uid(&b), uid(&stranger));
         let claim_uid = claim.metadata.uid.clone().unwrap();
@@ -235,7 +194,7 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
         // The first pod ends: the second still uses the claim, which stays.
         let region = PathBuf::from(format!("/dev/shm/gpushare-pod-{identity}"));
         assert!(region.exists());
-        let pods = Api::<Pod>::namespaced(client.clone(), "default");
+        let pods = Api::<Pod>::default_namespaced(client.clone());
         pods.delete(first.0, &DeleteParams::default())
             .await
             .unwrap();
@@ -273,17 +232,21 @@ fn a_claim_shared_by_two_pods_is_one_quota_kept_until_its_last_pod_ends() {
 /// the real scheduler, the pods bound. The node's agent runs only to
 /// publish its slice (its Node registered as its kubelet does); nothing
 /// prepares the claim. Server-kept fields (resource versions, managed
-/// fields) are dropped, so that another server can store them.
-async fn scheduled_by_the_real_scheduler(d: &std::path::Path) -> Vec<(&'static str, Value)> {
-    let (plane, client) = cluster(d).await;
-    cluster_node::register_node(&plane, NODE).await.unwrap();
-    let mut options = options(&d.join("real"));
-    options.kubeconfig = Some(d.join("agent.kubeconfig"));
+/// fields) are dropped, so that another server can store them. With the
+/// objects: their namespace, and their node's name.
+async fn scheduled_by_the_real_scheduler(
+    d: &std::path::Path,
+) -> (Vec<(&'static str, Value)>, String, String) {
+    let tenant = tenant("shared-claim-unseen").await;
+    let client = tenant.client.clone();
+    tenant.register_node().await.unwrap();
+    let mut options = options(&d.join("real"), tenant.node());
+    options.kubeconfig = Some(tenant.agent_kubeconfig().to_owned());
     let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
     let node = TestNode::start_written(gpus, options, None).await.unwrap();
-    claim_and_two_pods(&client).await;
+    claim_and_two_pods(&tenant).await;
     let claim = reserved_for(&client, "shared", 2).await;
-    let pods = Api::<Pod>::namespaced(client.clone(), "default");
+    let pods = Api::<Pod>::default_namespaced(client.clone());
     let mut objects = vec![("resourceclaims", serde_json::to_value(&claim).unwrap())];
     for name in ["sa", "sb"] {
         objects.push((
@@ -297,7 +260,11 @@ async fn scheduled_by_the_real_scheduler(d: &std::path::Path) -> Vec<(&'static s
         metadata.remove("resourceVersion");
         metadata.remove("managedFields");
     }
-    objects
+    (
+        objects,
+        tenant.namespace().to_owned(),
+        tenant.node().to_owned(),
+    )
 }
 
 /// The agent's caches may not have seen a pod or a claim's reservation at
@@ -314,7 +281,7 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
     let scratch = Scratch::with_limiter("shared-claim-unseen");
     runtime().block_on(async {
         let d = &scratch.dir;
-        let objects = scheduled_by_the_real_scheduler(d).await;
+        let (objects, ns, node_name) = scheduled_by_the_real_scheduler(d).await;
         let api = FakeApiServer::start().await.unwrap();
         let held = [
             api.hold_watch_events("pods"),
@@ -322,20 +289,22 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
         ];
         api.write_kubeconfig(&d.join("kubeconfig")).unwrap();
         let gpus: Arc<dyn GpuObserver> = Arc::new(SimulatedGpus::new(1));
-        let node = TestNode::start(&api, gpus, options(d)).await.unwrap();
+        let node = TestNode::start(&api, gpus, options(d, &node_name))
+            .await
+            .unwrap();
         for (resource, object) in objects {
             api.put(resource, object);
         }
-        let claim = api.get("resourceclaims", "default", "shared").unwrap();
+        let claim = api.get("resourceclaims", &ns, "shared").unwrap();
         let claim_uid = claim["metadata"]["uid"].as_str().unwrap().to_owned();
-        let b_uid = api.get("pods", "default", "sb").unwrap()["metadata"]["uid"]
+        let b_uid = api.get("pods", &ns, "sb").unwrap()["metadata"]["uid"]
             .as_str()
             .unwrap()
             .to_owned();
         // Reserved for both pods when prepared: the claim's own identity.
         let prepared = node
             .kubelet
-            .prepare(Version::V1, "default", "shared", &claim_uid)
+            .prepare(Version::V1, &ns, "shared", &claim_uid)
             .await
             .unwrap();
         assert_eq!(prepared.error, "");
@@ -359,7 +328,7 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
         let token = token_in(&token_path);
         assert_eq!(register(&node.hv_url, &identity, &token).await, 200);
         // The first pod ends; the second still runs: kept.
-        api.delete("pods", "default", "sa");
+        api.delete("pods", &ns, "sa");
         let gone = node.agent.collect_garbage().await.unwrap();
         assert!(
             gone.is_empty() && kept(),
@@ -368,7 +337,7 @@ fn consumers_the_agents_caches_have_not_seen_keep_the_shared_claim() {
 
         // The caches catch up, the last pod ends: everything goes.
         drop(held);
-        api.delete("pods", "default", "sb");
+        api.delete("pods", &ns, "sb");
         eventually_async("the claim cleaned up with its last pod", || {
             !spec_path.exists() && !token_path.exists() && !region.exists()
         })
