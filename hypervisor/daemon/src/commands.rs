@@ -116,5 +116,7 @@ pub(crate) fn command_name(command: &Command) -> &'static str {
         Command::Resume => "resume",
         Command::SetLimits { .. } => "set_limits",
         Command::Health => "health",
+        Command::SwapOut => "swap_out",
+        Command::SwapIn => "swap_in",
     }
 }
