@@ -4,7 +4,9 @@
 //! back without the driver's checkpoint, and its next CUDA call brings the
 //! same bytes back to the same addresses; the status and the metrics say
 //! which path each swap took and the bytes each way. A pod with one
-//! process without the setting is swapped by the checkpoint instead.
+//! process without the setting is swapped by the checkpoint instead, and
+//! so is a pod one of whose processes fails its own swap-out (the others
+//! bring their memory back first).
 
 use std::sync::Arc;
 
@@ -45,6 +47,10 @@ fn ready(pod: &Pod, node: &RunningNode, fast: bool) -> (Running, String) {
     } else {
         &[]
     };
+    ready_with(pod, node, env)
+}
+
+fn ready_with(pod: &Pod, node: &RunningNode, env: &[(&str, &str)]) -> (Running, String) {
     let mut running = Running::start(pod, &node.url(), env, SCRIPT);
     let lines = running.until_ready();
     assert!(lines[1].contains("-> 0 at="), "{lines:?}");
@@ -168,4 +174,41 @@ fn a_pod_with_a_process_without_the_setting_swaps_by_the_checkpoint() {
         Some(SwapPath::Checkpoint),
         "{record:?}"
     );
+}
+
+#[test]
+fn a_process_failing_its_own_swap_out_sends_the_pod_to_the_checkpoint() {
+    let pod = Pod::new("fast-fails");
+    let node = start(&pod);
+    let (good, good_at) = ready(&pod, &node, true);
+    // Its swap-out fails at its first unmap, and undoes itself.
+    let failing = [
+        ("CUDA_LIMITER_FAST_SWAP", "1"),
+        ("GPUSHARE_DOUBLE_FAIL_VMM", "cuMemUnmap@1"),
+    ];
+    let (bad, bad_at) = ready_with(&pod, &node, &failing);
+    registered(&node, &pod, 2);
+
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "the checkpoint took over: {answer}");
+    for running in [&good, &bad] {
+        let block = control_block(running.pid());
+        assert_eq!(
+            (block.state, block.device_bytes),
+            (2, 0),
+            "all of it checkpointed, the fast part brought back first: {block:?}"
+        );
+    }
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Checkpoint),
+        "{record:?}"
+    );
+    assert_eq!(record.history.failures, 1, "the fast try: {record:?}");
+
+    check_after(good, &good_at);
+    check_after(bad, &bad_at);
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.state, Residency::Resident);
 }

@@ -7,9 +7,9 @@
 //! Out: the residency says `swapping_out` first (the pod's calls wait at
 //! the limiter's gate), the pod's last call is checked again (a call that
 //! slipped in makes the pod active: it runs on), then every worker is
-//! asked; `swapped` once all moved. A process that refuses or fails makes
-//! every worker bring its memory back (a `SwapIn` is harmless where nothing
-//! is away), and the caller then tries the checkpoint. In: every worker is
+//! asked; `swapped` once all moved. A process that refuses or fails (and
+//! so undid its own part) makes the others bring their memory back, and
+//! the caller then tries the checkpoint. In: every worker is
 //! asked to bring its memory back; `resident` once all did. What the
 //! processes report moved is what the board counts in host memory.
 
@@ -91,7 +91,14 @@ impl Hypervisor {
             return Ok(FastOut::Done(bytes));
         }
         let reason = failures.join("; ");
-        let back = self.ask(workers, &Command::SwapIn, ANSWER_WITHIN).await;
+        // A process that answered a failure undid its own swap-out; the
+        // others went out, or may have (no answer in time).
+        let went_out: Vec<ClientId> = answers
+            .iter()
+            .filter(|(_, answer)| !matches!(answer, Ok(result) if !result.ok))
+            .map(|(worker, _)| worker.clone())
+            .collect();
+        let back = self.ask(&went_out, &Command::SwapIn, ANSWER_WITHIN).await;
         let (_, stuck) = tally(&back);
         if stuck.is_empty() {
             residence.swap_out_failed(&reason);
