@@ -16,7 +16,7 @@ use gpushare_utils::quote::quoted;
 use crate::backing::Backing;
 use crate::config::{LimiterConfig, MpsMode};
 use crate::context::{Context, LocalLimits};
-use crate::hypervisor::Link;
+use crate::hypervisor::{FastSwap, Link};
 use crate::mps::MpsRequirement;
 use crate::provisioned::{self, Found};
 use crate::quota::MemoryQuota;
@@ -171,6 +171,7 @@ fn build() -> Result<State, String> {
             link_from_env(&config)?,
         ),
     };
+    let link = link.map(|link| link.offering_fast_swap(config.fast_swap));
     // Local limits are a fallback where the hypervisor grants nothing,
     // except in a provisioned container: there they only tighten.
     let local_limits = if provisioned.is_some() {
@@ -323,8 +324,35 @@ impl Limiter {
         self.swap.enter(&self.context);
     }
 
+    /// Starts meeting the hypervisor, if one is configured (a CUDA
+    /// process), ready to swap the memory this process backs on its word.
+    pub(crate) fn start_link(&'static self) {
+        if let Some(link) = self.context.link()
+            && self.backing.enabled()
+        {
+            link.serve_swaps(self);
+        }
+        self.context.start_link();
+    }
+
     /// Whether the user opted out of refusing CUDA on an unpatchable driver.
     pub(crate) fn allow_unpatched(&self) -> bool {
         self.allow_unpatched
+    }
+}
+
+/// The hypervisor's `SwapOut` and `SwapIn`, carried out on the memory this
+/// process backs.
+impl FastSwap for Limiter {
+    fn swap_out(&self) -> Result<gpushare_utils::protocol::FastSwapReport, String> {
+        self.backing
+            .swap_out(&self.context)
+            .map_err(|error| error.to_string())
+    }
+
+    fn swap_in(&self) -> Result<gpushare_utils::protocol::FastSwapReport, String> {
+        self.backing
+            .swap_in(&self.context)
+            .map_err(|error| error.to_string())
     }
 }

@@ -19,6 +19,11 @@
 //!    (`POST /api/v1/room`: it swaps idle pods out, bounded at
 //!    [`ROOM_TIMEOUT`]).
 //!
+//! 5. With `CUDA_LIMITER_FAST_SWAP`, the registration says so, and the
+//!    channel's `SwapOut` and `SwapIn` move the memory the limiter backs
+//!    to host memory and back ([`FastSwap`], on this thread, answered with
+//!    what was moved).
+//!
 //! Tokens: in a provisioned container the pod file's ([`crate::provisioned`]);
 //! elsewhere `CUDA_LIMITER_TOKEN`, or the file named by `CUDA_LIMITER_TOKEN_FILE`.
 
@@ -28,8 +33,8 @@ use std::time::Duration;
 
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::{
-    API_PREFIX, BudgetGrant, BudgetRequest, Command, CommandResult, Register, Registered,
-    RoomAnswer, RoomRequest, SwapAnswer, SwapInRequest, WorkerDevice,
+    API_PREFIX, BudgetGrant, BudgetRequest, Command, CommandResult, FastSwapReport, Register,
+    Registered, RoomAnswer, RoomRequest, SwapAnswer, SwapInRequest, WorkerDevice,
 };
 use gpushare_utils::quote::Clipped;
 use gpushare_utils::small_file::{self, SmallFileError};
@@ -145,6 +150,16 @@ pub(crate) enum LinkStatus {
     Refused(String),
 }
 
+/// The process's own swap of the memory the limiter backs, which the
+/// channel's `SwapOut` and `SwapIn` ask for: the entry's, which holds that
+/// memory (this module cannot reach it).
+pub(crate) trait FastSwap: Sync {
+    /// Moves the backed memory to host memory; what was moved, or why not.
+    fn swap_out(&self) -> Result<FastSwapReport, String>;
+    /// Brings it back at the same addresses.
+    fn swap_in(&self) -> Result<FastSwapReport, String>;
+}
+
 /// The hypervisor, as this process knows it.
 pub(crate) struct Link {
     /// As configured, without a trailing `/`.
@@ -157,6 +172,11 @@ pub(crate) struct Link {
     registered: OnceLock<Registered>,
     status: Mutex<LinkStatus>,
     started: Once,
+    /// Whether the process backs its memory for a fast swap (its
+    /// registration says so).
+    offers_fast_swap: bool,
+    /// Who carries out `SwapOut` and `SwapIn`, once the entry has said.
+    fast_swap: OnceLock<&'static dyn FastSwap>,
 }
 
 impl Link {
@@ -192,7 +212,22 @@ impl Link {
             registered: OnceLock::new(),
             status: Mutex::new(LinkStatus::Starting),
             started: Once::new(),
+            offers_fast_swap: false,
+            fast_swap: OnceLock::new(),
         }
+    }
+
+    /// The same link, telling the hypervisor at registration whether the
+    /// process backs its memory for a fast swap (`CUDA_LIMITER_FAST_SWAP`).
+    pub(crate) fn offering_fast_swap(mut self, offers: bool) -> Self {
+        self.offers_fast_swap = offers;
+        self
+    }
+
+    /// `swap` carries out the channel's `SwapOut` and `SwapIn` from now on
+    /// (the first one set stays).
+    pub(crate) fn serve_swaps(&self, swap: &'static dyn FastSwap) {
+        let _first = self.fast_swap.set(swap);
     }
 
     /// The hypervisor's address as a message shows it: at most
@@ -234,6 +269,7 @@ impl Link {
                 pid: std::process::id(),
                 hostname: String::new(),
                 devices: visible_devices(driver),
+                fast_swap: self.offers_fast_swap,
             },
             None,
         )?;
@@ -304,6 +340,11 @@ impl Link {
     }
 
     fn handle(&self, command: Command) -> CommandResult {
+        // The channel's own thread: the driver calls a swap makes go
+        // straight to the driver, past the quota's detours (the memory
+        // stays charged while it is away) and the residency gate.
+        let _guard = gpushare_hook::DetourGuard::enter_always();
+        tracing::info!(?command, "hypervisor command");
         // Suspension and limits are already in the shared region, written by
         // the hypervisor before it sent the command.
         let message = match &command {
@@ -311,11 +352,46 @@ impl Link {
             Command::Resume => "resumed",
             Command::SetLimits { .. } => "limits applied",
             Command::Health => "healthy",
+            Command::SwapOut => return self.swap(|swap| swap.swap_out(), "swapped out"),
+            Command::SwapIn => return self.swap(|swap| swap.swap_in(), "swapped in"),
         };
-        tracing::info!(?command, "hypervisor command");
         CommandResult {
             ok: true,
             message: message.to_owned(),
+            swap: None,
+        }
+    }
+
+    /// Carries out one direction of a fast swap, if this process can.
+    fn swap(
+        &self,
+        direction: impl FnOnce(&dyn FastSwap) -> Result<FastSwapReport, String>,
+        done: &str,
+    ) -> CommandResult {
+        let outcome = match self.fast_swap.get() {
+            Some(swap) => direction(*swap),
+            None => Err(
+                "this process cannot swap its memory itself: CUDA_LIMITER_FAST_SWAP is not set"
+                    .to_owned(),
+            ),
+        };
+        match outcome {
+            Ok(report) => {
+                tracing::info!(?report, "{done}");
+                CommandResult {
+                    ok: true,
+                    message: done.to_owned(),
+                    swap: Some(report),
+                }
+            }
+            Err(message) => {
+                tracing::warn!(%message, "fast swap not done");
+                CommandResult {
+                    ok: false,
+                    message,
+                    swap: None,
+                }
+            }
         }
     }
 

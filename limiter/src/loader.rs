@@ -335,7 +335,7 @@ pub(crate) fn install_if_mapped() {
             unpatchable(handle, &format!("cannot patch libcuda.so.1: {error}"));
         } else if let Some(limiter) = limiter {
             // A CUDA process: time to meet the hypervisor, and to map NVML.
-            limiter.context.start_link();
+            limiter.start_link();
             let nvml = dlopen_raw(c"libnvidia-ml.so.1".as_ptr(), libc::RTLD_NOW);
             limiter
                 .context

@@ -495,6 +495,9 @@ pub(crate) type CuMemHostGetDevicePointer =
     unsafe extern "C" fn(*mut CUdeviceptr, *mut c_void, c_uint) -> CUresult;
 pub(crate) type CuMemFreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
 pub(crate) type CuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
+pub(crate) type CuCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
+pub(crate) type CuMemcpyDtoH = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
+pub(crate) type CuMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> CUresult;
 
 /// `CUmemAccessDesc_v1` (cuda.h): which location may access a mapped range, and how.
 #[repr(C)]

@@ -56,6 +56,11 @@ pub struct Register {
     /// Devices visible to the process, when it already knows them.
     #[serde(default)]
     pub devices: Vec<WorkerDevice>,
+    /// Whether the process backs its large allocations itself
+    /// (`CUDA_LIMITER_FAST_SWAP`), so that it can answer
+    /// [`Command::SwapOut`] and [`Command::SwapIn`]; false from older limiters.
+    #[serde(default)]
+    pub fast_swap: bool,
 }
 
 /// The limits of one GPU for one pod.
@@ -100,6 +105,14 @@ pub enum Command {
     },
     /// Liveness check.
     Health,
+    /// Move the device memory the process backs itself to pinned host
+    /// memory and give the GPU's back. Sent while the pod's residency says
+    /// `swapping_out`, so its calls wait at the limiter's gate; a process
+    /// without `CUDA_LIMITER_FAST_SWAP` refuses (`ok: false`).
+    SwapOut,
+    /// Bring that memory back, at the same addresses, before the pod's
+    /// calls go on.
+    SwapIn,
 }
 
 /// A worker's answer to a [`Command`].
@@ -110,6 +123,48 @@ pub struct CommandResult {
     /// What the worker did, or why it failed; may be empty.
     #[serde(default)]
     pub message: String,
+    /// What a [`Command::SwapOut`] or [`Command::SwapIn`] moved; absent
+    /// from other answers and from older workers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub swap: Option<FastSwapReport>,
+}
+
+/// What one process's swap of the memory it backs itself moved.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FastSwapReport {
+    /// Bytes copied (to host memory for a swap-out, back for a swap-in).
+    pub bytes: u64,
+    /// Allocations moved.
+    pub allocations: u64,
+    /// Bytes the process holds on its GPUs that this path does not move
+    /// (contexts, modules, allocations the limiter did not back): the
+    /// driver's per-process figure beyond the backed memory on the GPU,
+    /// after the swap; `None` where the driver cannot say.
+    #[serde(default)]
+    pub unmoved_bytes: Option<u64>,
+    /// Pinned host memory the process keeps for its swaps (allocated at
+    /// its first swap-out, kept while its allocations live).
+    pub pinned_bytes: u64,
+    /// What each part took.
+    pub durations: SwapDurations,
+}
+
+/// What each part of a process's swap took, in microseconds of the
+/// monotonic clock; zero for the parts of the other direction.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SwapDurations {
+    /// Waiting for the process's work (every context that holds backed memory).
+    pub sync_us: u64,
+    /// Pinning host memory for allocations that had none yet.
+    pub pin_us: u64,
+    /// Copying to host memory.
+    pub copy_us: u64,
+    /// Unmapping and releasing the device memory.
+    pub release_us: u64,
+    /// Creating device memory and mapping it at the same addresses.
+    pub map_us: u64,
+    /// Copying back to the device.
+    pub copy_back_us: u64,
 }
 
 /// A trapped launch asking for budget.
@@ -192,5 +247,18 @@ mod tests {
         );
         let back: Command = serde_json::from_str(r#"{"kind":"suspend"}"#).expect("decode");
         assert_eq!(back, Command::Suspend);
+        let back: Command = serde_json::from_str(r#"{"kind":"swap_out"}"#).expect("decode");
+        assert_eq!(back, Command::SwapOut);
+    }
+
+    #[test]
+    fn answers_and_registrations_of_older_peers_still_parse() {
+        let old: CommandResult =
+            serde_json::from_str(r#"{"ok":true,"message":"healthy"}"#).expect("decode");
+        assert_eq!(old.swap, None);
+        let json = serde_json::to_string(&old).expect("encode");
+        assert!(!json.contains("swap"), "no report, no field: {json}");
+        let old: Register = serde_json::from_str(r#"{"pod":"a","pid":7}"#).expect("decode");
+        assert!(!old.fast_swap);
     }
 }

@@ -36,9 +36,10 @@
  *
  * GPUSHARE_DOUBLE_FAIL_VMM names calls that fail, comma-separated: `cuMemMap`
  * (every call) or `cuMemMap@3` (its third call only, counted from 1), for
- * cuMemAddressReserve, cuMemCreate (CUDA_ERROR_OUT_OF_MEMORY), cuMemMap and
- * cuMemSetAccess (CUDA_ERROR_NOT_SUPPORTED), so that tests see a caller
- * cope with a driver that cannot back its memory.
+ * cuMemAddressReserve, cuMemCreate (CUDA_ERROR_OUT_OF_MEMORY), cuMemMap,
+ * cuMemSetAccess and cuMemUnmap (CUDA_ERROR_NOT_SUPPORTED; the mapping
+ * stays), so that tests see a caller cope with a driver that cannot back
+ * its memory, or give it back.
  */
 #include "double_internal.h"
 
@@ -77,16 +78,16 @@ static struct mapped g_mapped[VMM_MAX_RANGES];
 
 /* ---------------------------------------------------------------- injected failures */
 
-enum vmm_call { CALL_RESERVE, CALL_CREATE, CALL_MAP, CALL_SET_ACCESS, CALL_COUNT };
+enum vmm_call { CALL_RESERVE, CALL_CREATE, CALL_MAP, CALL_SET_ACCESS, CALL_UNMAP, CALL_COUNT };
 
 static const char *const g_call_names[CALL_COUNT] = {"cuMemAddressReserve", "cuMemCreate",
-                                                     "cuMemMap", "cuMemSetAccess"};
+                                                     "cuMemMap", "cuMemSetAccess", "cuMemUnmap"};
 static const CUresult g_call_errors[CALL_COUNT] = {
     CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUDA_ERROR_NOT_SUPPORTED,
-    CUDA_ERROR_NOT_SUPPORTED};
+    CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NOT_SUPPORTED};
 
 /* Per call: -1 not read yet, 0 never fails, ~0 always, N the N-th call only. */
-static long long g_fail_at[CALL_COUNT] = {-1, -1, -1, -1};
+static long long g_fail_at[CALL_COUNT] = {-1, -1, -1, -1, -1};
 static unsigned long long g_calls[CALL_COUNT];
 
 static void read_failures_locked(void) {
@@ -450,7 +451,7 @@ CUresult impl_cuMemUnmap(CUdeviceptr ptr, size_t size) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
     } else if (!whole_mappings_locked(ptr, size)) {
         rc = CUDA_ERROR_INVALID_VALUE;
-    } else {
+    } else if ((rc = injected_locked(CALL_UNMAP)) == CUDA_SUCCESS) {
         for (i = 0; i < VMM_MAX_RANGES; i++) {
             struct mapped *m = &g_mapped[i];
             if (m->addr != 0 && overlaps(m->addr, m->size, ptr, size)) {

@@ -39,6 +39,9 @@ pub struct Worker {
     /// Known from a channel or admission request rather than a registration
     /// (it registered with an earlier run of the hypervisor).
     pub adopted: bool,
+    /// Whether its process backs its memory for a fast swap and answers
+    /// `SwapOut` and `SwapIn` (as it registered; false for an adopted worker).
+    pub fast_swap: bool,
     /// The last command sent, and the last answer received.
     pub last_command: Option<String>,
     /// The worker's answer to the last command it answered; `None` before
@@ -83,6 +86,7 @@ impl Workers {
         pid: u32,
         hostname: String,
         devices: Vec<WorkerDevice>,
+        fast_swap: bool,
     ) -> Option<ClientId> {
         let n = self.next;
         self.next += 1;
@@ -99,6 +103,7 @@ impl Workers {
                 devices,
                 registered_at: hypervisor_observer::clock::unix_secs(),
                 adopted: false,
+                fast_swap,
                 last_command: None,
                 last_result: None,
             },
@@ -117,6 +122,7 @@ impl Workers {
             devices: Vec::new(),
             registered_at: hypervisor_observer::clock::unix_secs(),
             adopted: true,
+            fast_swap: false,
             last_command: None,
             last_result: None,
         });
@@ -204,8 +210,12 @@ mod tests {
     fn ids_are_unique_and_parse_back() {
         let mut workers = Workers::new();
         let pod = PodId::new("team-a.x").unwrap();
-        let a = workers.register(&pod, 42, String::new(), vec![]).unwrap();
-        let b = workers.register(&pod, 42, String::new(), vec![]).unwrap();
+        let a = workers
+            .register(&pod, 42, String::new(), vec![], false)
+            .unwrap();
+        let b = workers
+            .register(&pod, 42, String::new(), vec![], false)
+            .unwrap();
         assert_ne!(a, b);
         assert_eq!(parse_id(a.as_str()), Some(("team-a.x", 42)));
         assert_eq!(workers.of_pod("team-a.x"), {

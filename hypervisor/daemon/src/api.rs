@@ -146,10 +146,13 @@ async fn register(hv: &Hypervisor, mut req: Request) -> Response {
                 "too many workers for this pod",
             );
         }
-        let Some(id) =
-            core.workers
-                .register(&pod, reg.pid, reg.hostname.clone(), reg.devices.clone())
-        else {
+        let Some(id) = core.workers.register(
+            &pod,
+            reg.pid,
+            reg.hostname.clone(),
+            reg.devices.clone(),
+            reg.fast_swap,
+        ) else {
             return json_error(StatusCode::BAD_REQUEST, "cannot form a worker id");
         };
         core.workers.set_host_pid(&id, host_pid);

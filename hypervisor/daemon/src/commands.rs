@@ -1,9 +1,13 @@
-//! Commands to workers: suspend, resume, limits, health.
+//! Commands to workers: suspend, resume, limits, health, and the fast
+//! swap's, whose answers the daemon waits for ([`Hypervisor::ask`]).
 
-use std::time::Instant;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use gpushare_utils::protocol::{Command, PodGpuLimits};
-use http_bidir_comm::ClientId;
+use gpushare_utils::protocol::{Command, CommandResult, PodGpuLimits};
+use http_bidir_comm::{ClientId, TaskId};
+use tokio::sync::oneshot;
 
 use hypervisor_core::scheduler::ScheduleError;
 use hypervisor_core::spec::GpuSpec;
@@ -27,6 +31,53 @@ impl Hypervisor {
                 tracing::error!(worker = %id, %error, "command not queued");
             }
         }
+    }
+
+    /// Sends `command` to each of the workers `ids` and waits, at most
+    /// `within`, for each one's answer: by worker, its answer, or why none
+    /// came (not queued, not answered in time).
+    pub(crate) async fn ask(
+        &self,
+        ids: &[ClientId],
+        command: &Command,
+        within: Duration,
+    ) -> Vec<(ClientId, Result<CommandResult, String>)> {
+        let name = command_name(command);
+        let mut waiting = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(worker) = self.core().workers.get_mut(id) {
+                worker.last_command = Some(name.to_owned());
+            }
+            // The waiter is in place before the task can be answered.
+            let mut awaited = lock(&self.shared.awaited.0);
+            let answer = match self.shared.hub.submit(id, command.clone()) {
+                Ok(task) => {
+                    let (sender, receiver) = oneshot::channel();
+                    awaited.insert((id.clone(), task), sender);
+                    Ok((task, receiver))
+                }
+                Err(error) => Err(format!("not queued: {error}")),
+            };
+            waiting.push((id.clone(), answer));
+        }
+        let mut answers = Vec::with_capacity(waiting.len());
+        let deadline = tokio::time::Instant::now() + within;
+        for (id, answer) in waiting {
+            let answer = match answer {
+                Ok((task, receiver)) => {
+                    let answer = tokio::time::timeout_at(deadline, receiver).await;
+                    lock(&self.shared.awaited.0).remove(&(id.clone(), task));
+                    match answer {
+                        Ok(Ok(result)) => Ok(result),
+                        Ok(Err(_)) => Err("the answer was lost".to_owned()),
+                        Err(_) => Err(format!("no answer within {within:?}")),
+                    }
+                }
+                Err(error) => Err(error),
+            };
+            answers.push((id, answer));
+        }
+        answers
     }
 
     /// The workers of `pod`.
@@ -116,5 +167,23 @@ pub(crate) fn command_name(command: &Command) -> &'static str {
         Command::Resume => "resume",
         Command::SetLimits { .. } => "set_limits",
         Command::Health => "health",
+        Command::SwapOut => "swap_out",
+        Command::SwapIn => "swap_in",
+    }
+}
+
+/// The commands whose answer someone waits for, by worker and task.
+#[derive(Default)]
+pub(crate) struct Awaited(Mutex<HashMap<(ClientId, TaskId), oneshot::Sender<CommandResult>>>);
+
+impl Awaited {
+    /// Hands `result`, the answer of `client` to `task`, to whoever waits
+    /// for it (no one, for most commands).
+    pub(crate) fn answered(&self, client: &ClientId, task: TaskId, result: CommandResult) {
+        let waiter = lock(&self.0).remove(&(client.clone(), task));
+        if let Some(waiter) = waiter {
+            // The asker may have stopped waiting: its answer then goes nowhere.
+            let _unwaited = waiter.send(result);
+        }
     }
 }

@@ -146,6 +146,7 @@ impl Hypervisor {
                 pending: Mutex::default(),
                 corun: std::sync::OnceLock::new(),
                 swapper: swap::Swapper::default(),
+                awaited: commands::Awaited::default(),
             }
         });
         *lock(&shared.events) = events;

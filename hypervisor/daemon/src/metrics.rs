@@ -455,6 +455,31 @@ fn render_swap(x: &mut Exposition, status: &Status) {
         let at = x.family(name, kind, help);
         x.sample(at, "", "", value);
     }
+    let by_path = x.family(
+        "gpushare_swaps_total",
+        "counter",
+        "Swaps done, by direction and by path (fast: the pod's processes moved their memory themselves; checkpoint: the driver's checkpoint).",
+    );
+    let moved = x.family(
+        "gpushare_swap_bytes_total",
+        "counter",
+        "Bytes swaps moved, by direction (out: to host memory; in: back to the GPUs).",
+    );
+    for (direction, all, fast, bytes) in [
+        (
+            "out",
+            totals.swap_outs,
+            totals.fast_swap_outs,
+            totals.bytes_out,
+        ),
+        ("in", totals.swap_ins, totals.fast_swap_ins, totals.bytes_in),
+    ] {
+        for (path, count) in [("fast", fast), ("checkpoint", all.saturating_sub(fast))] {
+            let labels = format!("direction=\"{direction}\",path=\"{path}\"");
+            x.sample(by_path, "", &labels, count);
+        }
+        x.sample(moved, "", &format!("direction=\"{direction}\""), bytes);
+    }
     let on_host = x.family(
         "gpushare_pod_swap_host_bytes",
         "gauge",

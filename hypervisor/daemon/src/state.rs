@@ -48,6 +48,8 @@ pub(crate) struct Shared {
     pub(crate) corun: std::sync::OnceLock<Arc<MpsBoard>>,
     /// Pods swapped to host memory and back.
     pub(crate) swapper: crate::swap::Swapper,
+    /// Commands whose answer someone waits for ([`Hypervisor::ask`]).
+    pub(crate) awaited: crate::commands::Awaited,
 }
 
 /// The hypervisor's state and operations. Cloning is cheap (one `Arc`).

@@ -8,6 +8,12 @@
 //! daemon finds it, the status reads it) and serialises swaps: one at a time
 //! on the node, since each is bound by the same host link.
 //!
+//! Two paths ([`SwapPath`]): where every process of the pod backs its
+//! memory itself (`CUDA_LIMITER_FAST_SWAP`), its limiters move it at the
+//! speed of the link ([`fast`]); otherwise, or where one of them cannot,
+//! the driver's checkpoint of every process. The board records which path
+//! each swap took.
+//!
 //! A swap, once begun, runs to its end in a task of its own
 //! ([`Hypervisor::exclusive`]): a request that stops waiting (its client
 //! gone, its wait over) leaves no pod half-swapped, and a pod's residency
@@ -23,12 +29,13 @@ use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::SwapAnswer;
 use hypervisor_core::scheduler::SwapView;
 use hypervisor_swap::{
-    CheckpointDriver, DriverError, HostShort, SwapBoard, SwapError, Timing, stamp_age,
+    CheckpointDriver, DriverError, HostShort, SwapBoard, SwapError, SwapPath, Swapped, stamp_age,
 };
 use residence::Residence;
 
 use crate::{Hypervisor, lock};
 
+mod fast;
 mod held;
 mod relocate;
 mod residence;
@@ -111,13 +118,21 @@ pub enum SwapRefusal {
     /// The blocking task that called the driver did not finish.
     #[error("the swap task failed: {0}")]
     Task(String),
+    /// The pod's processes' own swap failed and left the pod in host
+    /// memory (a swap-in, tried again at the next ask; or a swap-out that
+    /// could not be undone).
+    #[error("the fast swap failed, the pod stays in host memory: {0}")]
+    Fast(String),
 }
 
 impl SwapRefusal {
     /// Whether the pod was left where it was asked to leave (a refusal) as
     /// opposed to a failure half-way that needs another try.
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, Self::Swap(SwapError::Restore(_)) | Self::Task(_))
+        !matches!(
+            self,
+            Self::Swap(SwapError::Restore(_)) | Self::Task(_) | Self::Fast(_)
+        )
     }
 }
 
@@ -150,10 +165,10 @@ impl Hypervisor {
             // A move whose restore failed before (or that a restarted
             // daemon found) ends here, on the new GPU.
             let moving = view.region.pending_move().is_some();
-            if let Some(timing) = hv.swap_in_locked(&view).await?
+            if let Some(took) = hv.swap_in_locked(&view).await?
                 && moving
             {
-                hv.swap_board().moved(&pod, timing.total());
+                hv.swap_board().moved(&pod, took);
             }
             Ok(answer(&view))
         })
@@ -219,6 +234,22 @@ impl Hypervisor {
         if let Some(available) = hypervisor_swap::host::available() {
             hypervisor_swap::host::takes(bytes, available)?;
         }
+        // Where every process can, its limiter moves its memory itself; a
+        // move needs the checkpoint (its processes are restored on the
+        // other GPU).
+        let fast = match wait {
+            Wait::Quiet => self.fast_workers(&view.pod, &pids),
+            Wait::No => None,
+        };
+        if let Some(workers) = fast {
+            match self.fast_swap_out(view, &residence, &workers).await? {
+                fast::FastOut::Done(moved) => return Ok(moved),
+                fast::FastOut::Active => return Err(SwapRefusal::Swap(SwapError::Active)),
+                fast::FastOut::Undone(reason) => {
+                    tracing::info!(pod = %view.pod, %reason, "the pod's processes could not swap themselves; the driver's checkpoint is tried");
+                }
+            }
+        }
         let driver = self.checkpoint_driver().await?;
         let quiet = match wait {
             Wait::Quiet => quiet_stamp(&region).await,
@@ -242,7 +273,11 @@ impl Hypervisor {
         };
         match flatten(outcome) {
             Ok(timing) => {
-                residence.swapped_out(bytes, timing.total());
+                residence.swapped_out(Swapped {
+                    path: SwapPath::Checkpoint,
+                    bytes,
+                    took: timing.total(),
+                });
                 tracing::info!(pod = %view.pod, bytes, seconds = timing.total().as_secs_f64(), "pod swapped out");
                 Ok(bytes)
             }
@@ -255,13 +290,18 @@ impl Hypervisor {
     }
 
     /// Brings the pod back (onto the GPU it moves to, when a move is under
-    /// way); what it took, `None` when it was resident.
-    async fn swap_in_locked(&self, view: &SwapView) -> Result<Option<Timing>, SwapRefusal> {
+    /// way) by the path it left by; what it took, `None` when it was
+    /// resident.
+    async fn swap_in_locked(&self, view: &SwapView) -> Result<Option<Duration>, SwapRefusal> {
         let residence = Residence::new(view, self.swap_board());
         if residence.residency() == Residency::Resident {
             return Ok(None);
         }
         self.room_for(view).await;
+        let history = self.swap_board().history(&view.pod);
+        if history.last_swap_out_path == Some(SwapPath::Fast) {
+            return self.fast_swap_in(view, &residence).await.map(Some);
+        }
         let pids = self.pids_of(&view.pod).await;
         let driver = self.checkpoint_driver().await?;
         // A pod moving to another GPU is restored there.
@@ -279,9 +319,17 @@ impl Hypervisor {
                 if pending.is_some() {
                     view.region.set_pending_move(None);
                 }
-                residence.swapped_in(timing.total());
+                // A pod an earlier run swapped may have left by either path.
+                if history.last_swap_out_path.is_none() {
+                    self.fast_swap_in_after_restart(&view.pod).await;
+                }
+                residence.swapped_in(Swapped {
+                    path: SwapPath::Checkpoint,
+                    bytes: history.bytes_on_host,
+                    took: timing.total(),
+                });
                 tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");
-                Ok(Some(timing))
+                Ok(Some(timing.total()))
             }
             Err(error) => {
                 residence.swap_in_failed(&error.to_string());

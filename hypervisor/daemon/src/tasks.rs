@@ -232,13 +232,14 @@ impl Hypervisor {
             HubEvent::Expired(removed) => {
                 self.remove_worker(&removed.client, "silent on the channel for the TTL");
             }
-            HubEvent::Result { client, result, .. } => {
+            HubEvent::Result { client, id, result } => {
                 if !result.ok {
                     tracing::warn!(worker = %client, message = result.message, "command failed");
                 }
                 if let Some(worker) = self.core().workers.get_mut(&client) {
-                    worker.last_result = Some(result);
+                    worker.last_result = Some(result.clone());
                 }
+                self.shared.awaited.answered(&client, id, result);
             }
             HubEvent::Hello { client, first, .. } => {
                 tracing::debug!(worker = %client, first, "hello on the channel");

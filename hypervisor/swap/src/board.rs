@@ -42,6 +42,52 @@ pub struct SwapHistory {
     pub moves: u64,
     /// Seconds the last move took (out of one GPU and into the other).
     pub last_move_s: Option<f64>,
+    /// How the last swap-out moved the pod's memory; `None` before any (or
+    /// for a pod an earlier run of the daemon swapped).
+    #[serde(default)]
+    pub last_swap_out_path: Option<SwapPath>,
+    /// How the last swap-in brought it back.
+    #[serde(default)]
+    pub last_swap_in_path: Option<SwapPath>,
+    /// Bytes the last swap-out moved to host memory.
+    #[serde(default)]
+    pub last_bytes_out: u64,
+    /// Bytes the last swap-in brought back to the GPU.
+    #[serde(default)]
+    pub last_bytes_in: u64,
+}
+
+/// How a swap moved a pod's memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SwapPath {
+    /// The driver's checkpoint of every process (through pageable memory).
+    Checkpoint,
+    /// Each process's limiter moved the memory it backs itself to pinned
+    /// host memory and back (`CUDA_LIMITER_FAST_SWAP`), at the speed of
+    /// the link.
+    Fast,
+}
+
+impl SwapPath {
+    /// As the status and the metrics say it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Checkpoint => "checkpoint",
+            Self::Fast => "fast",
+        }
+    }
+}
+
+/// A finished swap: how, how many bytes, how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Swapped {
+    /// The path it took.
+    pub path: SwapPath,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// What it took.
+    pub took: Duration,
 }
 
 /// One pod as the status shows it: where it is, read from its limits
@@ -78,6 +124,10 @@ impl Default for SwapHistory {
             moving: None,
             moves: 0,
             last_move_s: None,
+            last_swap_out_path: None,
+            last_swap_in_path: None,
+            last_bytes_out: 0,
+            last_bytes_in: 0,
         }
     }
 }
@@ -103,6 +153,15 @@ pub struct SwapTotals {
     pub moves: u64,
     /// Seconds spent moving since start.
     pub move_seconds: f64,
+    /// Swaps out done by the fast path since start (the others by the
+    /// driver's checkpoint).
+    pub fast_swap_outs: u64,
+    /// Swaps in done by the fast path since start.
+    pub fast_swap_ins: u64,
+    /// Bytes moved to host memory since start.
+    pub bytes_out: u64,
+    /// Bytes moved back to the GPUs since start.
+    pub bytes_in: u64,
 }
 
 /// The node's swaps as the status shows them.
@@ -172,30 +231,38 @@ impl SwapBoard {
         self.update(pod, |record| record.since = now_s());
     }
 
-    /// A swap-out of `bytes` finished in `took`.
-    pub fn swapped_out(&self, pod: &str, bytes: u64, took: Duration) {
+    /// A swap-out finished: `out.bytes` are in host memory.
+    pub fn swapped_out(&self, pod: &str, out: Swapped) {
         let mut inner = self.lock();
         inner.totals.swap_outs += 1;
-        inner.totals.swap_out_seconds += took.as_secs_f64();
+        inner.totals.fast_swap_outs += u64::from(out.path == SwapPath::Fast);
+        inner.totals.bytes_out = inner.totals.bytes_out.saturating_add(out.bytes);
+        inner.totals.swap_out_seconds += out.took.as_secs_f64();
         let record = inner.pods.entry(pod.to_owned()).or_default();
         record.since = now_s();
-        record.bytes_on_host = bytes;
+        record.bytes_on_host = out.bytes;
         record.swap_outs += 1;
         record.last_error = None;
-        record.last_swap_out_s = Some(took.as_secs_f64());
+        record.last_swap_out_s = Some(out.took.as_secs_f64());
+        record.last_swap_out_path = Some(out.path);
+        record.last_bytes_out = out.bytes;
     }
 
-    /// A swap-in finished in `took`.
-    pub fn swapped_in(&self, pod: &str, took: Duration) {
+    /// A swap-in finished: `back.bytes` are on the GPUs again.
+    pub fn swapped_in(&self, pod: &str, back: Swapped) {
         let mut inner = self.lock();
         inner.totals.swap_ins += 1;
-        inner.totals.swap_in_seconds += took.as_secs_f64();
+        inner.totals.fast_swap_ins += u64::from(back.path == SwapPath::Fast);
+        inner.totals.bytes_in = inner.totals.bytes_in.saturating_add(back.bytes);
+        inner.totals.swap_in_seconds += back.took.as_secs_f64();
         let record = inner.pods.entry(pod.to_owned()).or_default();
         record.since = now_s();
         record.bytes_on_host = 0;
         record.swap_ins += 1;
         record.last_error = None;
-        record.last_swap_in_s = Some(took.as_secs_f64());
+        record.last_swap_in_s = Some(back.took.as_secs_f64());
+        record.last_swap_in_path = Some(back.path);
+        record.last_bytes_in = back.bytes;
     }
 
     /// The pod, in host memory, is moving to another GPU: the next swap-in

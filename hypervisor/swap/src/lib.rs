@@ -18,7 +18,7 @@ pub mod engine;
 pub mod host;
 pub mod policy;
 
-pub use board::{Move, PodSwap, SwapBoard, SwapHistory, SwapReport, SwapTotals};
+pub use board::{Move, PodSwap, SwapBoard, SwapHistory, SwapPath, SwapReport, SwapTotals, Swapped};
 pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uuid};
 pub use engine::{SwapError, Timing, move_pairs, restore_all, swap_in, swap_out, unlock_all};
 pub use host::{HOST_RESERVE, HostShort};

@@ -166,6 +166,7 @@ fn registrations_sprayed_with_devices_leave_memory_bounded() {
                     uuid: format!("GPU-{n:08x}-0000-4000-8000-{index:012x}"),
                 })
                 .collect(),
+            fast_swap: false,
         })
         .expect("encode")
     };
@@ -272,6 +273,7 @@ fn registrations_with_oversized_strings_are_refused() {
             pid: std::process::id(),
             hostname,
             devices: vec![WorkerDevice { index: 0, uuid }],
+            fast_swap: false,
         })
         .expect("encode");
         client.request("POST", "/api/v1/workers", &token_of(&pod), &body)

@@ -139,6 +139,7 @@ fn a_registration_cannot_move_a_quota() {
         pid: std::process::id(),
         hostname: String::new(),
         devices: many,
+        fast_swap: false,
     })
     .expect("encode");
     let (status, text) = call(

@@ -76,6 +76,7 @@ fn the_api_is_on_the_socket_and_only_metrics_and_probes_are_on_the_metrics_addre
                 pid: std::process::id(),
                 hostname: "test".into(),
                 devices: Vec::new(),
+                fast_swap: false,
             },
             None,
         )
@@ -96,6 +97,7 @@ fn the_api_is_on_the_socket_and_only_metrics_and_probes_are_on_the_metrics_addre
             pid: std::process::id(),
             hostname: "test".into(),
             devices: Vec::new(),
+            fast_swap: false,
         },
         None,
     )

@@ -24,6 +24,10 @@
 //!    frees the range; the pointer queries answer with the base and size
 //!    the program asked for, as for memory of `cuMemAlloc_v2`. Other
 //!    pointers skip the book's lock while it is empty.
+//! 4. **Swap** ([`swap`]): on the hypervisor's word, every backed range is
+//!    copied to pinned host memory and its device memory given back, the
+//!    range staying reserved; on the next word, memory is created and
+//!    mapped at the same address and the bytes copied back.
 //!
 //! Policy on typed values: the memory policy (`detour/memory/ops.rs`) asks
 //! here before it calls the driver; the driver's VMM functions are
@@ -34,8 +38,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::context::Context;
-use crate::driver::{DriverError, Vmm};
+use crate::driver::{Copies, DriverError, Pinned, Vmm};
 use crate::sys::{CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUresult};
+
+pub(crate) mod swap;
 
 /// The smallest allocation that is backed: one granule of VMM memory on
 /// every GPU the driver supports (a device with a larger granule backs
@@ -49,8 +55,16 @@ struct Backed {
     requested: u64,
     /// What is reserved, mapped and charged: `requested` rounded up to the granule.
     size: u64,
-    /// The physical memory mapped at the range.
-    handle: CUmemGenericAllocationHandle,
+    /// The GPU the memory is on, and may access it.
+    device: CUdevice,
+    /// The context it was allocated in (0: unknown), whose work a swap
+    /// waits for and in which it copies.
+    context: usize,
+    /// The physical memory mapped at the range; `None` while the range's
+    /// bytes are in host memory (swapped out).
+    memory: Option<CUmemGenericAllocationHandle>,
+    /// The range's pinned host copy, from its first swap-out on.
+    host: Option<Pinned>,
 }
 
 /// What a backed allocation of some size takes on the calling context's device.
@@ -143,10 +157,15 @@ impl Backing {
             let _freed = vmm.free_address(address, size);
             return Err(BackingError::Map(error));
         }
+        // Where its work runs: the context a swap waits for and copies in.
+        let context = copies(ctx).and_then(|c| c.current().ok()).unwrap_or(0);
         let backed = Backed {
             requested,
             size,
-            handle,
+            device,
+            context,
+            memory: Some(handle),
+            host: None,
         };
         match self.book.lock() {
             Ok(mut book) => {
@@ -172,9 +191,9 @@ impl Backing {
     }
 
     /// Frees the backed range at `pointer`: waits for the context, then
-    /// unmaps, releases and frees it. The driver's answer; the range stays
-    /// in the book when a step failed (nothing was freed, or the rest is
-    /// tried again by the next free).
+    /// unmaps, releases and frees it, and its host copy. The driver's
+    /// answer; the range stays in the book when a step failed (nothing was
+    /// freed, or the rest is tried again by the next free).
     pub(crate) fn free(&self, ctx: &Context, pointer: CUdeviceptr) -> CUresult {
         let Some(vmm) = vmm(ctx) else {
             return CUresult::ERROR_NOT_INITIALIZED;
@@ -188,8 +207,13 @@ impl Backing {
         if let Err(error) = vmm.synchronize().and_then(|()| undo(vmm, pointer, backed)) {
             return error.code();
         }
-        book.remove(&pointer);
+        let freed = book.remove(&pointer);
         self.live.fetch_sub(1, Ordering::AcqRel);
+        if let (Some(host), Some(copies)) = (freed.and_then(|b| b.host), copies(ctx))
+            && let Err((_, error)) = copies.unpin(host)
+        {
+            tracing::warn!(address = pointer, %error, "a freed range's host copy was not given back");
+        }
         CUresult::SUCCESS
     }
 
@@ -205,13 +229,18 @@ impl Backing {
     }
 }
 
-/// Unmaps, releases and frees a backed range. Only the unmapping can fail
-/// it (the range then stays the program's, to be freed again); once
-/// unmapped, the rest is the limiter's to give back, and a refusal there is
-/// logged.
+/// Unmaps, releases and frees a backed range (only frees it while its
+/// bytes are in host memory). Only the unmapping can fail it (the range
+/// then stays the program's, to be freed again); once unmapped, the rest is
+/// the limiter's to give back, and a refusal there is logged.
 fn undo(vmm: &Vmm, address: CUdeviceptr, backed: &Backed) -> Result<(), DriverError> {
-    vmm.unmap(address, backed.size)?;
-    let released = vmm.release(backed.handle);
+    let released = match backed.memory {
+        Some(handle) => {
+            vmm.unmap(address, backed.size)?;
+            vmm.release(handle)
+        }
+        None => Ok(()),
+    };
     let freed = vmm.free_address(address, backed.size);
     if let Err(error) = released.and(freed) {
         tracing::warn!(address, %error, "a backed range was unmapped but not all given back");
@@ -222,4 +251,9 @@ fn undo(vmm: &Vmm, address: CUdeviceptr, backed: &Backed) -> Result<(), DriverEr
 /// The driver's VMM functions, once libcuda has been seen.
 fn vmm(ctx: &Context) -> Option<&Vmm> {
     ctx.driver()?.vmm.as_ref()
+}
+
+/// The driver's context and copy functions, once libcuda has been seen.
+fn copies(ctx: &Context) -> Option<&Copies> {
+    ctx.driver()?.copies.as_ref()
 }

@@ -12,7 +12,9 @@
 //! - [`Held`] (`held.rs`): context limits, graph allocation nodes and graph
 //!   pools: memory the driver holds outside allocations;
 //! - [`Vmm`] (`vmm.rs`): the virtual memory management API, for the memory
-//!   the limiter backs itself (`backing`).
+//!   the limiter backs itself (`backing`);
+//! - [`Copies`] (`copies.rs`): contexts set and waited for, pinned host
+//!   memory and copies, for the swap of that memory (`backing::swap`).
 
 use std::ffi::{CStr, c_int, c_void};
 
@@ -21,6 +23,7 @@ use crate::sys::{
     CuDeviceGetAttribute, CuDeviceGetCount, CuDeviceGetUuid, format_uuid,
 };
 
+mod copies;
 mod held;
 mod host;
 mod nvml;
@@ -28,6 +31,7 @@ mod result;
 mod timing;
 mod vmm;
 
+pub(crate) use copies::{Copies, Pinned};
 pub(crate) use held::Held;
 pub(crate) use host::{HostMemory, MappedHost};
 pub(crate) use nvml::Nvml;
@@ -65,6 +69,8 @@ pub(crate) struct Driver {
     pub held: Held,
     /// Virtual memory management, for backed allocations.
     pub vmm: Option<Vmm>,
+    /// Copies to pinned host memory and back, for their swap.
+    pub copies: Option<Copies>,
 }
 
 impl Driver {
@@ -83,6 +89,7 @@ impl Driver {
                 host: HostMemory::load(handle),
                 held: Held::load(handle),
                 vmm: Vmm::load(handle),
+                copies: Copies::load(handle),
             })
         }
     }

@@ -10,12 +10,10 @@
 //! earlier run left away (its bytes in host memory, its move under way),
 //! and a swapped pod whose processes all exited.
 
-use std::time::Duration;
-
 use gpushare_utils::limits::Residency;
 use hypervisor_core::region::PodRegion;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{PodSwap, SwapBoard, SwapReport};
+use hypervisor_swap::{PodSwap, SwapBoard, SwapReport, Swapped};
 
 use crate::Hypervisor;
 
@@ -46,10 +44,10 @@ impl<'a> Residence<'a> {
         self.board.changed(self.pod);
     }
 
-    /// The pod's `bytes` are in host memory, after `took`.
-    pub(super) fn swapped_out(&self, bytes: u64, took: Duration) {
+    /// The pod's memory is in host memory, as `out` says.
+    pub(super) fn swapped_out(&self, out: Swapped) {
         self.region.set_residency(Residency::Swapped);
-        self.board.swapped_out(self.pod, bytes, took);
+        self.board.swapped_out(self.pod, out);
     }
 
     /// The swap-out failed with `error`, undone: the pod runs on.
@@ -58,16 +56,25 @@ impl<'a> Residence<'a> {
         self.board.failed(self.pod, Residency::Resident, error);
     }
 
+    /// A swap-out failed with `error` half-way and could not be undone:
+    /// `out` is in host memory, and the pod stays away for its next
+    /// swap-in.
+    pub(super) fn left_away(&self, out: Swapped, error: &str) {
+        self.region.set_residency(Residency::Swapped);
+        self.board.swapped_out(self.pod, out);
+        self.board.failed(self.pod, Residency::Swapped, error);
+    }
+
     /// A swap-in begins.
     pub(super) fn swapping_in(&self) {
         self.region.set_residency(Residency::SwappingIn);
         self.board.changed(self.pod);
     }
 
-    /// The pod is back on its GPUs, after `took`.
-    pub(super) fn swapped_in(&self, took: Duration) {
+    /// The pod is back on its GPUs, as `back` says.
+    pub(super) fn swapped_in(&self, back: Swapped) {
         self.region.set_residency(Residency::Resident);
-        self.board.swapped_in(self.pod, took);
+        self.board.swapped_in(self.pod, back);
     }
 
     /// The swap-in failed with `error`: the pod stays in host memory, for

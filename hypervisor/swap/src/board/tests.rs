@@ -2,6 +2,15 @@ use super::*;
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// A checkpoint swap of `bytes` that took a second.
+fn checkpoint(bytes: u64) -> Swapped {
+    Swapped {
+        path: SwapPath::Checkpoint,
+        bytes,
+        took: SECOND,
+    }
+}
+
 fn report(board: &SwapBoard, residencies: &[(&str, Residency)]) -> SwapReport {
     board.report(residencies.iter().copied())
 }
@@ -9,7 +18,7 @@ fn report(board: &SwapBoard, residencies: &[(&str, Residency)]) -> SwapReport {
 #[test]
 fn a_pod_is_reported_where_its_limits_say_whatever_the_board_saw() {
     let board = SwapBoard::default();
-    board.swapped_out("a", 5, SECOND);
+    board.swapped_out("a", checkpoint(5));
     let away = report(&board, &[("a", Residency::Swapped)]);
     assert_eq!(away.pods["a"].state, Residency::Swapped);
     assert_eq!(away.pods["a"].history.bytes_on_host, 5);
@@ -63,8 +72,8 @@ fn a_pod_away_that_the_board_never_saw_is_reported_away() {
 #[test]
 fn only_the_pods_named_are_reported() {
     let board = SwapBoard::default();
-    board.swapped_out("gone", 3, SECOND);
-    board.swapped_out("here", 4, SECOND);
+    board.swapped_out("gone", checkpoint(3));
+    board.swapped_out("here", checkpoint(4));
     let only = report(&board, &[("here", Residency::Swapped)]);
     assert_eq!(only.pods.keys().collect::<Vec<_>>(), ["here"]);
     assert_eq!(only.totals.bytes_on_host, 4);
@@ -77,7 +86,7 @@ fn only_the_pods_named_are_reported() {
 #[test]
 fn a_failure_keeps_the_bytes_of_a_pod_left_away_only() {
     let board = SwapBoard::default();
-    board.swapped_out("a", 5, SECOND);
+    board.swapped_out("a", checkpoint(5));
     board.failed("a", Residency::Swapped, "restore refused");
     assert_eq!(board.history("a").bytes_on_host, 5);
     assert_eq!(
@@ -87,6 +96,27 @@ fn a_failure_keeps_the_bytes_of_a_pod_left_away_only() {
     board.failed("a", Residency::Resident, "lock refused");
     let history = board.history("a");
     assert_eq!((history.bytes_on_host, history.failures), (0, 2));
-    board.swapped_in("a", SECOND);
+    board.swapped_in("a", checkpoint(5));
     assert_eq!(board.history("a").last_error, None);
+}
+
+#[test]
+fn each_swap_records_its_path_and_bytes_each_way() {
+    let board = SwapBoard::default();
+    let fast = |bytes| Swapped {
+        path: SwapPath::Fast,
+        bytes,
+        took: SECOND,
+    };
+    board.swapped_out("a", fast(7));
+    board.swapped_in("a", fast(7));
+    board.swapped_out("a", checkpoint(9));
+    let history = board.history("a");
+    assert_eq!(history.last_swap_out_path, Some(SwapPath::Checkpoint));
+    assert_eq!(history.last_swap_in_path, Some(SwapPath::Fast));
+    assert_eq!((history.last_bytes_out, history.last_bytes_in), (9, 7));
+    let totals = report(&board, &[("a", Residency::Swapped)]).totals;
+    assert_eq!((totals.swap_outs, totals.fast_swap_outs), (2, 1));
+    assert_eq!((totals.swap_ins, totals.fast_swap_ins), (1, 1));
+    assert_eq!((totals.bytes_out, totals.bytes_in), (16, 7));
 }

@@ -238,6 +238,7 @@ pub(crate) fn register(base: &str, pod: &str, token: &str, pid: u32) -> (u16, St
         pid,
         hostname: "test".into(),
         devices: Vec::new(),
+        fast_swap: false,
     })
     .expect("encode");
     call(
@@ -264,6 +265,7 @@ pub(crate) fn register_with_devices(
         pid: std::process::id(),
         hostname: String::new(),
         devices,
+        fast_swap: false,
     })
     .expect("encode");
     let (status, text) = call(
@@ -303,6 +305,7 @@ impl FakeWorker {
                 CommandResult {
                     ok: true,
                     message: "done".into(),
+                    swap: None,
                 }
             })
             .expect("loop");

@@ -10,6 +10,8 @@
 
 use std::process::Command;
 
+pub(crate) mod hypervisor;
+
 pub(crate) use system_tests::artifacts::limiter;
 pub(crate) use system_tests::pod::Pod;
 pub(crate) use system_tests::probes::{

@@ -1,0 +1,180 @@
+//! The fast path of a swap: each process's limiter moves the memory it
+//! backs itself (`CUDA_LIMITER_FAST_SWAP`) to pinned host memory and back,
+//! at the speed of the link, on the daemon's `SwapOut` and `SwapIn` over
+//! the command channel. Taken where every process of the pod is a worker
+//! that registered with the setting; the driver's checkpoint otherwise.
+//!
+//! Out: the residency says `swapping_out` first (the pod's calls wait at
+//! the limiter's gate), the pod's last call is checked again (a call that
+//! slipped in makes the pod active: it runs on), then every worker is
+//! asked; `swapped` once all moved. A process that refuses or fails (and
+//! so undid its own part) makes the others bring their memory back, and
+//! the caller then tries the checkpoint. In: every worker is
+//! asked to bring its memory back; `resident` once all did. What the
+//! processes report moved is what the board counts in host memory.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use gpushare_utils::protocol::{Command, CommandResult};
+use http_bidir_comm::ClientId;
+use hypervisor_core::scheduler::SwapView;
+use hypervisor_swap::{SwapError, SwapPath, Swapped};
+
+use super::residence::Residence;
+use super::{SwapRefusal, quiet_stamp};
+use crate::Hypervisor;
+
+/// How long a process has to answer: its copies run at the speed of the
+/// link, but its first swap-out pins its host buffers (about half a second
+/// a GiB), and a swap queued behind it waits for it.
+const ANSWER_WITHIN: Duration = Duration::from_secs(120);
+
+/// How a fast swap-out ended.
+pub(super) enum FastOut {
+    /// The pod is in host memory: these bytes.
+    Done(u64),
+    /// The pod called CUDA as the swap began: it runs on, nothing moved.
+    Active,
+    /// A process could not: every one brought its memory back, and the
+    /// checkpoint may be tried; why.
+    Undone(String),
+}
+
+impl Hypervisor {
+    /// The pod's workers, where every one of its processes `pids` is a
+    /// worker that registered with the fast swap; `None` otherwise.
+    pub(super) fn fast_workers(&self, pod: &str, pids: &[u32]) -> Option<Vec<ClientId>> {
+        let core = self.core();
+        let ids = core.workers.of_pod(pod);
+        let mut covered = BTreeSet::new();
+        for id in &ids {
+            let worker = core.workers.get(id)?;
+            if !worker.fast_swap {
+                return None;
+            }
+            covered.insert(worker.host_pid?);
+        }
+        (!ids.is_empty() && pids.iter().all(|pid| covered.contains(pid))).then_some(ids)
+    }
+
+    /// Swaps the pod out through its `workers`; see the module documentation.
+    /// An error only where a process could not bring its memory back after
+    /// another failed: the pod then stays away, for its next swap-in.
+    pub(super) async fn fast_swap_out(
+        &self,
+        view: &SwapView,
+        residence: &Residence<'_>,
+        workers: &[ClientId],
+    ) -> Result<FastOut, SwapRefusal> {
+        let Some(stamp) = quiet_stamp(&view.region).await else {
+            return Ok(FastOut::Active);
+        };
+        residence.swapping_out();
+        // The residency first, then the stamp again: a call that read the
+        // pod resident stamped before the store.
+        if view.region.last_call_ms() != stamp {
+            residence.swap_out_failed(&SwapError::Active.to_string());
+            return Ok(FastOut::Active);
+        }
+        let started = Instant::now();
+        let answers = self.ask(workers, &Command::SwapOut, ANSWER_WITHIN).await;
+        let (bytes, failures) = tally(&answers);
+        let out = Swapped {
+            path: SwapPath::Fast,
+            bytes,
+            took: started.elapsed(),
+        };
+        if failures.is_empty() {
+            residence.swapped_out(out);
+            tracing::info!(pod = %view.pod, bytes, seconds = out.took.as_secs_f64(), "pod swapped out by its processes");
+            return Ok(FastOut::Done(bytes));
+        }
+        let reason = failures.join("; ");
+        // A process that answered a failure undid its own swap-out; the
+        // others went out, or may have (no answer in time).
+        let went_out: Vec<ClientId> = answers
+            .iter()
+            .filter(|(_, answer)| !matches!(answer, Ok(result) if !result.ok))
+            .map(|(worker, _)| worker.clone())
+            .collect();
+        let back = self.ask(&went_out, &Command::SwapIn, ANSWER_WITHIN).await;
+        let (_, stuck) = tally(&back);
+        if stuck.is_empty() {
+            residence.swap_out_failed(&reason);
+            tracing::info!(pod = %view.pod, %reason, "the fast swap-out was undone");
+            return Ok(FastOut::Undone(reason));
+        }
+        let error = format!(
+            "{reason}; and bringing it back failed: {}",
+            stuck.join("; ")
+        );
+        residence.left_away(out, &error);
+        tracing::error!(pod = %view.pod, %error, "a fast swap-out failed half-way; the pod stays in host memory");
+        Err(SwapRefusal::Fast(error))
+    }
+
+    /// Brings the pod back through its workers; what it took.
+    pub(super) async fn fast_swap_in(
+        &self,
+        view: &SwapView,
+        residence: &Residence<'_>,
+    ) -> Result<Duration, SwapRefusal> {
+        let workers = self.workers_of(&view.pod);
+        residence.swapping_in();
+        let started = Instant::now();
+        let answers = self.ask(&workers, &Command::SwapIn, ANSWER_WITHIN).await;
+        let (bytes, failures) = tally(&answers);
+        if failures.is_empty() {
+            let back = Swapped {
+                path: SwapPath::Fast,
+                bytes,
+                took: started.elapsed(),
+            };
+            residence.swapped_in(back);
+            tracing::info!(pod = %view.pod, bytes, seconds = back.took.as_secs_f64(), "pod swapped in by its processes");
+            return Ok(back.took);
+        }
+        let error = failures.join("; ");
+        residence.swap_in_failed(&error);
+        tracing::error!(pod = %view.pod, %error, "fast swap-in failed; the pod stays in host memory");
+        Err(SwapRefusal::Fast(error))
+    }
+
+    /// After a swap-in by the checkpoint of a pod this run did not swap
+    /// out (an earlier run did): each worker brings back what a fast
+    /// swap-out of that run left in host memory; one without the setting,
+    /// or with nothing away, has nothing to do.
+    pub(super) async fn fast_swap_in_after_restart(&self, pod: &str) {
+        let workers = self.workers_of(pod);
+        for (worker, answer) in self.ask(&workers, &Command::SwapIn, ANSWER_WITHIN).await {
+            match answer {
+                Ok(CommandResult {
+                    swap: Some(report), ..
+                }) if report.bytes > 0 => {
+                    tracing::info!(pod, %worker, bytes = report.bytes, "memory an earlier run left in host memory is back");
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The bytes the workers' answers say moved, and why each that failed did.
+fn tally(answers: &[(ClientId, Result<CommandResult, String>)]) -> (u64, Vec<String>) {
+    let mut bytes = 0u64;
+    let mut failures = Vec::new();
+    for (worker, answer) in answers {
+        match answer {
+            Ok(result) if result.ok => {
+                if let Some(report) = &result.swap {
+                    tracing::info!(%worker, ?report, "a process's fast swap");
+                    bytes = bytes.saturating_add(report.bytes);
+                }
+            }
+            Ok(result) => failures.push(format!("{worker}: {}", result.message)),
+            Err(why) => failures.push(format!("{worker}: {why}")),
+        }
+    }
+    (bytes, failures)
+}

@@ -1,0 +1,214 @@
+//! Swap by the fast path under a real daemon and the driver double: a pod
+//! whose every process backs its memory itself (`CUDA_LIMITER_FAST_SWAP`)
+//! is swapped out by its processes' limiters, which give the GPU's memory
+//! back without the driver's checkpoint, and its next CUDA call brings the
+//! same bytes back to the same addresses; the status and the metrics say
+//! which path each swap took and the bytes each way. A pod with one
+//! process without the setting is swapped by the checkpoint instead, and
+//! so is a pod one of whose processes fails its own swap-out (the others
+//! bring their memory back first).
+
+use std::sync::Arc;
+
+use gpushare_utils::limits::Residency;
+use hypervisor_swap::SwapPath;
+use system_tests::daemon::double_gpus;
+use system_tests::pod::Pod;
+use system_tests::probes::MIB;
+use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, control_block};
+use system_tests::wait::eventually;
+use system_tests::{RunningNode, daemon};
+
+/// What each probe allocates (backed, with the setting) and writes.
+const HELD: u64 = 64 * MIB;
+
+/// Allocates and writes, waits, then checks the bytes: a copy, which the
+/// limiter holds while the pod is away.
+const SCRIPT: &[&str] = &[
+    "alloc", "mem", "64m", "write", "0", "9", "wait", "check", "0", "9",
+];
+
+fn start(pod: &Pod) -> RunningNode {
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
+        library.display(),
+        pod.0
+    );
+    daemon::hypervisor(pod, &config, Arc::new(double_gpus(1)))
+}
+
+/// A probe of `pod` running [`SCRIPT`], with the setting or without, up to
+/// its `wait`: the address its memory is at.
+fn ready(pod: &Pod, node: &RunningNode, fast: bool) -> (Running, String) {
+    let env: &[(&str, &str)] = if fast {
+        &[("CUDA_LIMITER_FAST_SWAP", "1")]
+    } else {
+        &[]
+    };
+    ready_with(pod, node, env)
+}
+
+fn ready_with(pod: &Pod, node: &RunningNode, env: &[(&str, &str)]) -> (Running, String) {
+    let mut running = Running::start(pod, &node.url(), env, SCRIPT);
+    let lines = running.until_ready();
+    assert!(lines[1].contains("-> 0 at="), "{lines:?}");
+    let at = lines[1].split("at=").nth(1).expect("an address").to_owned();
+    (running, at)
+}
+
+/// Lets the probe's trapped call go on; its check of the bytes.
+fn check_after(running: Running, at: &str) {
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+    assert_eq!(rest[0], "resumed");
+    assert!(
+        rest[1].starts_with("check 0 9 -> 0 differ=0 at="),
+        "the same bytes: {rest:?}"
+    );
+    assert!(rest[1].ends_with(at), "at the same address: {rest:?}");
+}
+
+fn registered(node: &RunningNode, pod: &Pod, count: usize) {
+    eventually("the pod's processes are registered", || {
+        node.hypervisor().workers_of(&pod.0).len() == count
+    });
+}
+
+#[test]
+fn a_pod_whose_processes_all_back_their_memory_swaps_by_the_fast_path() {
+    let pod = Pod::new("fast-swap");
+    let node = start(&pod);
+    let (first, first_at) = ready(&pod, &node, true);
+    let (second, second_at) = ready(&pod, &node, true);
+    registered(&node, &pod, 2);
+    let held: Vec<u64> = [&first, &second]
+        .iter()
+        .map(|r| control_block(r.pid()).device_bytes)
+        .collect();
+
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    assert!(answer.contains("\"residency\":\"swapped\""), "{answer}");
+    for (running, before) in [&first, &second].iter().zip(&held) {
+        let block = control_block(running.pid());
+        assert_eq!(block.state, 0, "not checkpointed: {block:?}");
+        assert_eq!(
+            block.device_bytes,
+            before - HELD,
+            "its backed memory given back to the GPU"
+        );
+    }
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.state, Residency::Swapped);
+    let history = &record.history;
+    assert_eq!(
+        history.last_swap_out_path,
+        Some(SwapPath::Fast),
+        "{record:?}"
+    );
+    assert_eq!(history.last_bytes_out, 2 * HELD, "{record:?}");
+    assert_eq!(history.bytes_on_host, 2 * HELD, "{record:?}");
+    let metrics = daemon::metrics(&node.url());
+    assert!(
+        metrics.contains("gpushare_swaps_total{direction=\"out\",path=\"fast\"} 1"),
+        "{metrics}"
+    );
+
+    // The first call of either brings the pod back, both processes' memory.
+    check_after(first, &first_at);
+    check_after(second, &second_at);
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.state, Residency::Resident);
+    let history = &record.history;
+    assert_eq!(
+        history.last_swap_in_path,
+        Some(SwapPath::Fast),
+        "{record:?}"
+    );
+    assert_eq!(history.last_bytes_in, 2 * HELD, "{record:?}");
+    assert_eq!((history.swap_outs, history.swap_ins), (1, 1), "{record:?}");
+    let metrics = daemon::metrics(&node.url());
+    assert!(
+        metrics.contains(&format!(
+            "gpushare_swap_bytes_total{{direction=\"in\"}} {}",
+            2 * HELD
+        )),
+        "{metrics}"
+    );
+}
+
+#[test]
+fn a_pod_with_a_process_without_the_setting_swaps_by_the_checkpoint() {
+    let pod = Pod::new("fast-mixed");
+    let node = start(&pod);
+    let (fast, fast_at) = ready(&pod, &node, true);
+    let (plain, _) = ready(&pod, &node, false);
+    registered(&node, &pod, 2);
+
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    for running in [&fast, &plain] {
+        let block = control_block(running.pid());
+        assert_eq!(
+            (block.state, block.device_bytes),
+            (2, 0),
+            "checkpointed: {block:?}"
+        );
+    }
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Checkpoint),
+        "{record:?}"
+    );
+
+    check_after(fast, &fast_at);
+    let (rest, status) = plain.finish();
+    assert!(status.success(), "{rest:?}");
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.state, Residency::Resident);
+    assert_eq!(
+        record.history.last_swap_in_path,
+        Some(SwapPath::Checkpoint),
+        "{record:?}"
+    );
+}
+
+#[test]
+fn a_process_failing_its_own_swap_out_sends_the_pod_to_the_checkpoint() {
+    let pod = Pod::new("fast-fails");
+    let node = start(&pod);
+    let (good, good_at) = ready(&pod, &node, true);
+    // Its swap-out fails at its first unmap, and undoes itself.
+    let failing = [
+        ("CUDA_LIMITER_FAST_SWAP", "1"),
+        ("GPUSHARE_DOUBLE_FAIL_VMM", "cuMemUnmap@1"),
+    ];
+    let (bad, bad_at) = ready_with(&pod, &node, &failing);
+    registered(&node, &pod, 2);
+
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "the checkpoint took over: {answer}");
+    for running in [&good, &bad] {
+        let block = control_block(running.pid());
+        assert_eq!(
+            (block.state, block.device_bytes),
+            (2, 0),
+            "all of it checkpointed, the fast part brought back first: {block:?}"
+        );
+    }
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Checkpoint),
+        "{record:?}"
+    );
+    assert_eq!(record.history.failures, 1, "the fast try: {record:?}");
+
+    check_after(good, &good_at);
+    check_after(bad, &bad_at);
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.state, Residency::Resident);
+}
