@@ -5,7 +5,7 @@ Markdown table on stdout and in OUT/swap-bench.md, raw numbers in
 OUT/swap-bench.json, the daemon's logs and the pods' in OUT (default: a
 temporary folder, printed at the end).
 
-  python3 -m scripts.bench swap --bundle DIR [--sizes 1,8,32] [--rounds 3] [--quick]
+  python3 -m scripts.bench swap --bundle DIR [--sizes 1,8,32] [--rounds 3] [--quick] [--path fast]
           [--out DIR] [--parts bandwidth,swap,infer,overcommit,move] [--budget-s 450]
 
 Parts (a part that fails prints FAILED and why, and the run goes on):
@@ -84,6 +84,10 @@ def add_arguments(p):
     p.add_argument("--sizes", type=parse_sizes, help="GiB a pod holds in the swap part (default 1,8,32)")
     p.add_argument("--rounds", type=int, help="swap cycles per size (default 3)")
     p.add_argument("--quick", action="store_true", help="sizes 1,8 and 2 rounds (unless given)")
+    p.add_argument("--path", choices=("checkpoint", "fast"), default="checkpoint",
+                   help="checkpoint: the pods as they are, swapped by the driver's checkpoint; fast: the pods run"
+                        " with CUDA_LIMITER_FAST_SWAP=1, their limiters moving their memory themselves (default"
+                        " checkpoint)")
     p.add_argument("--infer-rounds", type=int, default=5, help="requests resident and swapped (default 5)")
     p.add_argument("--idle-s", type=float, default=3.0, help="idle time before a resident request (default 3)")
     p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
@@ -113,7 +117,7 @@ def main(p, args):
     started = time.monotonic()
     b = Bench(args)
     results = {}
-    print(f"swap bench: sizes {[f'{s:g}' for s in args.sizes]} GiB, {args.rounds} rounds; host memory for"
+    print(f"swap bench ({args.path} path): sizes {[f'{s:g}' for s in args.sizes]} GiB, {args.rounds} rounds; host memory for"
           f" swapped pods {gib(b.host_limit)} GiB; out {args.out}", flush=True)
     try:
         bandwidth = {}
@@ -134,7 +138,7 @@ def main(p, args):
         # Each part stops its pods and its daemon and removes the regions.
         b.remove_tables()
     took = time.monotonic() - started
-    text = f"Swap bench ({took:.0f} s)\n\n{report(results, args.sizes)}"
+    text = f"Swap bench, {args.path} path ({took:.0f} s)\n\n{report(results, args.sizes)}"
     out = Path(args.out)
     (out / "swap-bench.md").write_text(text)
     (out / "swap-bench.json").write_text(json.dumps({"args": vars(args), "seconds": took, **results},

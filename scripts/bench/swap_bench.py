@@ -234,6 +234,8 @@ class Bench:
         env.update(LD_PRELOAD=self.lib, CUDA_LIMITER_POD=pod, CUDA_LIMITER_TOKEN=hv.hv_token(pod),
                    CUDA_LIMITER_HYPERVISOR=self.daemon.url, CUDA_LIMITER_LOG="info", PYTHONUNBUFFERED="1",
                    **self.tables, **POD_ENV)
+        if self.args.path == "fast":
+            env["CUDA_LIMITER_FAST_SWAP"] = "1"
         p = Pod(pod, [str(a) for a in argv], env, self.out / f"pod-{pod}.log")
         self.pods.append(p)
         return p

@@ -65,7 +65,7 @@ def swap_round(b, p, pod, held, quota, before, r):
     # reports it (the tensors, the context's and the allocator's cache).
     moved = record.get("bytes_on_host") or held
     r.update(out_s=out["seconds"], moved=moved, out_gibs=moved / GIB / out["seconds"],
-             daemon_out_s=record.get("last_swap_out_s"))
+             daemon_out_s=record.get("last_swap_out_s"), path=record.get("last_swap_out_path"))
     r["smi_swapped_mib"], r["gpu_used_swapped_mib"] = smi_mib(p.p.pid)
     back = b.swap(pod, "swap-in", held)
     if back["http"] != 200 or back.get("residency") != "resident":
@@ -101,7 +101,7 @@ def swap_size(b, size, pinned):
                 if b.stuck or b.pod_swap(pod).get("state", "resident") != "resident":
                     break
                 continue
-            print(f"  round {n + 1}: {gib(r['moved'])} GiB moved; out {r['out_s']:.2f} s ({r['out_gibs']:.2f} GiB/s,"
+            print(f"  round {n + 1}: {gib(r['moved'])} GiB moved by the {r.get('path') or 'n/a'} path; out {r['out_s']:.2f} s ({r['out_gibs']:.2f} GiB/s,"
                   f" {fmt(share(r['out_gibs'], pinned.get('d2h_median')), '.0%')} of pinned D2H; daemon"
                   f" {fmt(r['daemon_out_s'])} s), in {r['in_s']:.2f} s ({r['in_gibs']:.2f} GiB/s,"
                   f" {fmt(share(r['in_gibs'], pinned.get('h2d_median')), '.0%')} of pinned H2D; daemon"

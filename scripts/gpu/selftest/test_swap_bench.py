@@ -93,6 +93,8 @@ def test_options_and_their_defaults(bundle, tmp_path, monkeypatch):
 
     a = top.parse_args(["swap", "--bundle", str(bundle)])
     assert (a.sizes, a.rounds, a.infer_rounds, a.idle_s, a.budget_s, a.quick) == (None, None, 5, 3.0, 450, False)
+    assert a.path == "checkpoint"
+    assert top.parse_args(["swap", "--bundle", str(bundle), "--path", "fast"]).path == "fast"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the default folder: a new one here
     swap.resolve(subs["swap"], a)
     assert (a.sizes, a.rounds, a.parts) == ([1.0, 8.0, 32.0], 3, list(swap.DEFAULT_PARTS))
@@ -314,7 +316,8 @@ class StubBench:
         return {"http": 200, "seconds": next(self.ins), "residency": "resident"}
 
     def pod_swap(self, pod):
-        return {"state": "resident", "bytes_on_host": 9 * GIB, "last_swap_out_s": 3.5, "last_swap_in_s": 1.25}
+        return {"state": "resident", "bytes_on_host": 9 * GIB, "last_swap_out_s": 3.5, "last_swap_in_s": 1.25,
+                "last_swap_out_path": "checkpoint"}
 
 
 @pytest.fixture
@@ -338,7 +341,7 @@ def test_swap_size_rounds(smi_swapped, capsys):
         "quota_intact": True, "out_share": 0.09, "in_share": 6 / 18}
     printed = capsys.readouterr().out
     assert "  median of 3: out 4.00 s (2.25 GiB/s), in 1.50 s (6.00 GiB/s)\n" in printed
-    assert ("  round 1: 9 GiB moved; out 4.00 s (2.25 GiB/s, 9% of pinned D2H; daemon 3.50 s), in 2.00 s"
+    assert ("  round 1: 9 GiB moved by the checkpoint path; out 4.00 s (2.25 GiB/s, 9% of pinned D2H; daemon 3.50 s), in 2.00 s"
             " (4.50 GiB/s, 25% of pinned H2D; daemon 1.25 s); nvidia-smi MiB 8800 / absent / 8800 (GPU used"
             " 9300 / 500 / 9300); identical yes; quota intact yes ['ok', 'oom']\n") in printed
     # Its report: the swap-in of 8 GiB within 2 s, the bandwidths below half of pinned.
@@ -450,10 +453,10 @@ def test_run_without_a_gpu(bundle, tmp_path, monkeypatch, capsys):
     assert main(["swap", "--bundle", str(bundle), "--out", str(out), "--quick", "--parts", "overcommit,move"]) == 0
     printed = capsys.readouterr().out
     why = "BenchError: nvidia-smi gave no memory line: ''"
-    assert printed.startswith("swap bench: sizes ['1', '8'] GiB, 2 rounds; host memory for swapped pods ")
+    assert printed.startswith("swap bench (checkpoint path): sizes ['1', '8'] GiB, 2 rounds; host memory for swapped pods ")
     assert f"\novercommit: FAILED: {why}\nmove: not run (one GPU)\n" in printed
     text = (out / "swap-bench.md").read_text()
-    assert text.startswith("Swap bench (") and text.split("\n\n", 1)[1] == table(
+    assert text.startswith("Swap bench, checkpoint path (") and text.split("\n\n", 1)[1] == table(
         f"| overcommit, 3 pods of 0.5xM | FAILED |  | {why} |\n",
         "| move between GPUs | not run (one GPU) |  |  |\n")
     assert f"\n{text}\nraw numbers: {out / 'swap-bench.json'}; logs: {out}\n" in printed
