@@ -46,6 +46,7 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+mod limits;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod unix;
@@ -53,6 +54,7 @@ mod wire;
 
 #[cfg(feature = "client")]
 pub use client::{Backoff, ChannelError, Client, ClientOptions, LoopHandle, Requester};
+pub use limits::ConnLimits;
 #[cfg(feature = "server")]
 pub use server::{
     AuthHook, ClientInfo, Hub, HubConfig, HubEvent, HubEvents, RemovedClient, SubmitError,

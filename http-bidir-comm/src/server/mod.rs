@@ -18,8 +18,10 @@
 //! [`HubConfig::max_wait`] narrows the window.
 //!
 //! [`hub`] holds the queues, [`routes`] serves them over HTTP, [`sweeper`]
-//! expires silent clients and queues unanswered tasks again.
+//! expires silent clients and queues unanswered tasks again; [`conn`]
+//! bounds the connections of whatever a server serves.
 
+pub mod conn;
 mod hub;
 mod routes;
 mod sweeper;

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub use http_bidir_comm::ConnLimits;
+
 use super::overcommit::{MemoryCapacity, OvercommitRatio};
 
 /// Daemon tuning from the file.
@@ -32,30 +34,6 @@ impl Default for Settings {
             max_workers_per_pod: 1024,
             connections: ConnLimits::default(),
             swap: SwapSettings::default(),
-        }
-    }
-}
-
-/// Bounds on the daemon's HTTP connections (`max_connections`,
-/// `header_timeout_ms`, `idle_timeout_ms`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnLimits {
-    /// Open connections at most (at least 16); past it, the oldest one
-    /// still sending its headers is closed.
-    pub max_connections: usize,
-    /// How long a request's headers may take to arrive (at least 100 ms).
-    pub header_timeout: Duration,
-    /// How long a kept-alive connection may sit idle before it is closed
-    /// (at least 100 ms).
-    pub idle_timeout: Duration,
-}
-
-impl Default for ConnLimits {
-    fn default() -> Self {
-        Self {
-            max_connections: 4096,
-            header_timeout: Duration::from_secs(5),
-            idle_timeout: Duration::from_secs(60),
         }
     }
 }

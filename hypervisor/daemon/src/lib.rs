@@ -28,7 +28,7 @@
 pub mod api;
 mod auth;
 mod commands;
-pub mod conn;
+pub use http_bidir_comm::server::conn;
 pub mod metrics;
 mod processes;
 mod reload;

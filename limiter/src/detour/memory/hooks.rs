@@ -4,7 +4,8 @@
 //! through or an error), read what the driver wrote, write the pod's reports,
 //! and hand typed values to the policy in `ops`.
 
-use super::ops::{self, DeviceOnly, Memory, Pitched, Placement, Served};
+use super::ops::{DeviceOnly, Memory, Pitched, Placement, Served};
+use super::sizes;
 use crate::entry;
 use crate::error::{LimiterError, Pass, Result};
 use crate::quota::Resource;
@@ -320,7 +321,7 @@ fn array_create(
 ) -> Result<CUresult> {
     // SAFETY: the caller's descriptor, per the driver's contract.
     let shape = unsafe { array_shape(array, descriptor) }?;
-    let bytes = ops::array_bytes(&CUDA_ARRAY3D_DESCRIPTOR {
+    let bytes = sizes::array_bytes(&CUDA_ARRAY3D_DESCRIPTOR {
         Width: shape.Width,
         Height: shape.Height,
         Depth: 0,
@@ -342,7 +343,7 @@ fn array_3d_create(
     let shape = unsafe { array_shape(array, descriptor) }?;
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(array, descriptor) };
-    let bytes = ops::array_bytes(&shape);
+    let bytes = sizes::array_bytes(&shape);
     array_allocation(
         "cuArray3DCreate_v2",
         array,
@@ -360,7 +361,7 @@ fn mipmapped_array_create(
 ) -> Result<CUresult> {
     // SAFETY: the caller's descriptor, per the driver's contract.
     let shape = unsafe { array_shape(array, descriptor) }?;
-    let bytes = ops::mipmapped_bytes(&shape, levels);
+    let bytes = sizes::mipmapped_bytes(&shape, levels);
     // SAFETY: the caller's own arguments.
     let allocate = || unsafe { original(array, descriptor, levels) };
     let api = "cuMipmappedArrayCreate";

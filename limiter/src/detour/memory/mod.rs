@@ -3,5 +3,6 @@
 
 mod hooks;
 mod ops;
+mod sizes;
 
 pub(crate) use hooks::MEMORY_DETOURS;

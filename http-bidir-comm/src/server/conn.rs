@@ -1,5 +1,5 @@
-//! The daemon's connections, bounded: whatever a pod sends, the daemon keeps
-//! answering.
+//! A server's connections, bounded: whatever a client sends (for the
+//! daemon: a pod), the server keeps answering.
 //!
 //! - **Header-read timeout**: a request's headers (up to the blank line) must
 //!   arrive within [`ConnLimits::header_timeout`] of its first byte, or of the
@@ -13,7 +13,7 @@
 //! - **Evictions before accepts**: an evicted connection closes on its own
 //!   task; while more than [`MAX_CLOSING`] still hold their descriptors the
 //!   acceptor waits for them (at most [`ACCEPT_PAUSE`]), so that a flood
-//!   of connections does not run the daemon out of descriptors.
+//!   of connections does not run the server out of descriptors.
 //! - **Accept errors** (out of descriptors) pause accepting briefly instead
 //!   of spinning.
 //! - **Refusals in JSON** ([`refusal`]): a request whose head passes
@@ -21,8 +21,8 @@
 //!   what hyper answers by itself (400, 414, 431, empty) is replaced by the
 //!   same answer with a JSON body. Either way the connection then closes.
 //!
-//! The same bounds hold on TCP and on the Unix socket the pods reach the
-//! daemon through ([`Listener`]).
+//! The same bounds hold on TCP and on a Unix socket (the daemon's pods reach the
+//! daemon through one): [`Listener`].
 
 use std::collections::BTreeMap;
 use std::io;
@@ -33,7 +33,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-pub use hypervisor_config::ConnLimits;
+pub use crate::limits::ConnLimits;
 
 use poem::http::uri::Scheme;
 use poem::listener::Acceptor;
