@@ -300,27 +300,23 @@ pub(crate) fn install_if_mapped() {
         // The pointer queries only where the limiter backs memory itself:
         // other processes keep the driver's answers, uninterposed.
         let backs = limiter.is_some_and(|limiter| limiter.backing.enabled());
+        // Launches are patched wherever limits apply: a compute limit admits
+        // them, and a first launch may load a library's globals. The driver's
+        // family comes first (alone where CUDA is refused), the pointer
+        // queries last (only where the limiter backs memory).
+        const LIMITED: [&[HookEntry]; 7] = [
+            &detour::driver::DRIVER_DETOURS,
+            &detour::memory::MEMORY_DETOURS,
+            &detour::context::CONTEXT_DETOURS,
+            &detour::held::HELD_DETOURS,
+            &detour::launch::LAUNCH_DETOURS,
+            &detour::gate::GATE_DETOURS,
+            &detour::pointer::POINTER_DETOURS,
+        ];
         let tables: &[&[HookEntry]] = match state {
-            State::Refusing(_) => &[&detour::driver::DRIVER_DETOURS],
-            // Launches are patched wherever limits apply: a compute limit
-            // admits them, and a first launch may load a library's globals.
-            _ if backs => &[
-                &detour::driver::DRIVER_DETOURS,
-                &detour::memory::MEMORY_DETOURS,
-                &detour::context::CONTEXT_DETOURS,
-                &detour::held::HELD_DETOURS,
-                &detour::launch::LAUNCH_DETOURS,
-                &detour::gate::GATE_DETOURS,
-                &detour::pointer::POINTER_DETOURS,
-            ],
-            _ => &[
-                &detour::driver::DRIVER_DETOURS,
-                &detour::memory::MEMORY_DETOURS,
-                &detour::context::CONTEXT_DETOURS,
-                &detour::held::HELD_DETOURS,
-                &detour::launch::LAUNCH_DETOURS,
-                &detour::gate::GATE_DETOURS,
-            ],
+            State::Refusing(_) => &LIMITED[..1],
+            _ if backs => &LIMITED,
+            _ => &LIMITED[..LIMITED.len() - 1],
         };
         let resolved = match limiter {
             Some(limiter) => limiter.context.load_driver(handle).is_some(),
