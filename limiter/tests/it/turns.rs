@@ -5,6 +5,9 @@
 //! of turns, and the node's turn line counts the handovers. The same pods
 //! without turns keep their devices busy all along.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::Stdio;
+
 use crate::common;
 
 use common::{Pod, class_probe, number, serial};
@@ -30,27 +33,52 @@ fn run_pair(env: &[(&str, &str)]) -> Ran {
 }
 
 /// Two batch pods sharing node tables, run at once, each with its `envs`.
+/// Both start their runs together: each waits, set up, until both are, so
+/// that neither launches alone while the other is still loading (on a
+/// loaded machine that can take longer than the activity stamps' window).
 fn run_pods(envs: [&[(&str, &str)]; 2]) -> Ran {
     let (a, b) = (Pod::new("turns-a"), Pod::new("turns-b"));
     let node = format!("gpushare-node-test-{}", a.0);
     let priority = format!("gpushare-priority-test-{}", a.0);
-    let args = ["run", "kernel", "200", RUN_MS, "idle", "1000"];
-    let children: Vec<_> = [&a, &b]
+    let args = ["wait", "run", "kernel", "200", RUN_MS, "idle", "1000"];
+    let mut children: Vec<_> = [&a, &b]
         .iter()
         .zip(envs)
         .map(|(pod, env)| {
             // At most 4 kernels queued, as a real GPU's launch queue
             // would fill: the device idles once its pod stops launching.
-            class_probe(pod, &node, &priority, "batch", &args)
+            let mut child = class_probe(pod, &node, &priority, "batch", &args)
                 .env("GPUSHARE_DOUBLE_QUEUE_DEPTH", "4")
                 .envs(env.iter().copied())
+                .stdin(Stdio::piped())
                 .spawn()
-                .expect("probe")
+                .expect("probe");
+            let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+            let mut seen = Vec::new();
+            while !seen.ends_with(b"ready\n") {
+                let before = seen.len();
+                stdout.read_until(b'\n', &mut seen).expect("probe");
+                assert!(seen.len() > before, "the probe ended early: {seen:?}");
+            }
+            (child, seen, stdout)
         })
         .collect();
+    for (child, _, _) in &mut children {
+        let stdin = child.stdin.as_mut().expect("stdin");
+        writeln!(stdin).expect("probe");
+    }
     let outputs: Vec<_> = children
         .into_iter()
-        .map(|child| child.wait_with_output().expect("probe"))
+        .map(|(child, mut seen, mut stdout)| {
+            // The rest of stdout read beside stderr, so that neither fills.
+            let rest = std::thread::spawn(move || {
+                stdout.read_to_end(&mut seen).expect("probe");
+                seen
+            });
+            let mut output = child.wait_with_output().expect("probe");
+            output.stdout = rest.join().expect("stdout");
+            output
+        })
         .collect();
     let summaries = outputs.iter().map(common::summary_of).collect();
     let pods = outputs
