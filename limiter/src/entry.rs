@@ -355,4 +355,10 @@ impl FastSwap for Limiter {
             .swap_in(&self.context)
             .map_err(|error| error.to_string())
     }
+
+    fn release_host(&self) -> Result<gpushare_utils::protocol::FastSwapReport, String> {
+        self.backing
+            .release_host(&self.context)
+            .map_err(|error| error.to_string())
+    }
 }

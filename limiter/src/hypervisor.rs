@@ -158,6 +158,8 @@ pub(crate) trait FastSwap: Sync {
     fn swap_out(&self) -> Result<FastSwapReport, String>;
     /// Brings it back at the same addresses.
     fn swap_in(&self) -> Result<FastSwapReport, String>;
+    /// Gives back the host copies of the memory on the GPU.
+    fn release_host(&self) -> Result<FastSwapReport, String>;
 }
 
 /// The hypervisor, as this process knows it.
@@ -354,6 +356,9 @@ impl Link {
             Command::Health => "healthy",
             Command::SwapOut => return self.swap(|swap| swap.swap_out(), "swapped out"),
             Command::SwapIn => return self.swap(|swap| swap.swap_in(), "swapped in"),
+            Command::ReleaseHost => {
+                return self.swap(|swap| swap.release_host(), "host copies given back");
+            }
         };
         CommandResult {
             ok: true,

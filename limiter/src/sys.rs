@@ -309,6 +309,8 @@ pub(crate) type CuModuleLoadData = unsafe extern "C" fn(*mut CUmodule, *const c_
 pub(crate) type CuModuleGetFunction =
     unsafe extern "C" fn(*mut CUfunction, CUmodule, *const std::ffi::c_char) -> CUresult;
 pub(crate) type CuStreamCreate = unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult;
+pub(crate) type CuStreamSynchronize = unsafe extern "C" fn(CUstream) -> CUresult;
+pub(crate) type CuStreamDestroy = unsafe extern "C" fn(CUstream) -> CUresult;
 pub(crate) type CuEventSynchronize = unsafe extern "C" fn(CUevent) -> CUresult;
 pub(crate) type CuLaunchKernel = unsafe extern "C" fn(
     CUfunction,
@@ -386,8 +388,14 @@ pub(crate) type CuMemHostGetDevicePointer =
 pub(crate) type CuMemFreeHost = unsafe extern "C" fn(*mut c_void) -> CUresult;
 pub(crate) type CuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
 pub(crate) type CuCtxSetCurrent = unsafe extern "C" fn(CUcontext) -> CUresult;
-pub(crate) type CuMemcpyDtoH = unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize) -> CUresult;
-pub(crate) type CuMemcpyHtoD = unsafe extern "C" fn(CUdeviceptr, *const c_void, usize) -> CUresult;
+/// `CU_MEMHOSTREGISTER_PORTABLE`: pinned for every context.
+pub(crate) const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x01;
+pub(crate) type CuMemHostRegister = unsafe extern "C" fn(*mut c_void, usize, c_uint) -> CUresult;
+pub(crate) type CuMemHostUnregister = unsafe extern "C" fn(*mut c_void) -> CUresult;
+pub(crate) type CuMemcpyDtoHAsync =
+    unsafe extern "C" fn(*mut c_void, CUdeviceptr, usize, CUstream) -> CUresult;
+pub(crate) type CuMemcpyHtoDAsync =
+    unsafe extern "C" fn(CUdeviceptr, *const c_void, usize, CUstream) -> CUresult;
 
 /// `CUmemAccessDesc_v1` (cuda.h): which location may access a mapped range, and how.
 #[repr(C)]

@@ -113,6 +113,11 @@ pub enum Command {
     /// Bring that memory back, at the same addresses, before the pod's
     /// calls go on.
     SwapIn,
+    /// Give back the pinned host copies the process keeps of its memory on
+    /// the GPU (kept so that its next swap-out runs at the speed of the
+    /// link): the node's host memory for swaps is wanted elsewhere. Those
+    /// of memory in host memory stay; the report's `bytes` says what went.
+    ReleaseHost,
 }
 
 /// A worker's answer to a [`Command`].
@@ -123,7 +128,8 @@ pub struct CommandResult {
     /// What the worker did, or why it failed; may be empty.
     #[serde(default)]
     pub message: String,
-    /// What a [`Command::SwapOut`] or [`Command::SwapIn`] moved; absent
+    /// What a [`Command::SwapOut`], [`Command::SwapIn`] or
+    /// [`Command::ReleaseHost`] moved; absent
     /// from other answers and from older workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap: Option<FastSwapReport>,
@@ -142,8 +148,9 @@ pub struct FastSwapReport {
     /// after the swap; `None` where the driver cannot say.
     #[serde(default)]
     pub unmoved_bytes: Option<u64>,
-    /// Pinned host memory the process keeps for its swaps (allocated at
-    /// its first swap-out, kept while its allocations live).
+    /// Pinned host memory the process holds for its swaps after this one
+    /// (made at an allocation's first swap-out, kept until the allocation
+    /// is freed or [`Command::ReleaseHost`]).
     pub pinned_bytes: u64,
     /// What each part took.
     pub durations: SwapDurations,
@@ -155,11 +162,13 @@ pub struct FastSwapReport {
 pub struct SwapDurations {
     /// Waiting for the process's work (every context that holds backed memory).
     pub sync_us: u64,
-    /// Pinning host memory for allocations that had none yet.
+    /// Pinning host memory not pinned yet (within `copy_us`: a chunk is
+    /// pinned as the copy of the one before runs).
     pub pin_us: u64,
-    /// Copying to host memory.
+    /// Copying to host memory, pinning included.
     pub copy_us: u64,
-    /// Unmapping and releasing the device memory.
+    /// Unmapping and releasing the device memory (for a
+    /// [`Command::ReleaseHost`]: giving back the host copies).
     pub release_us: u64,
     /// Creating device memory and mapping it at the same addresses.
     pub map_us: u64,

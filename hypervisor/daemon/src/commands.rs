@@ -169,6 +169,7 @@ pub(crate) fn command_name(command: &Command) -> &'static str {
         Command::Health => "health",
         Command::SwapOut => "swap_out",
         Command::SwapIn => "swap_in",
+        Command::ReleaseHost => "release_host",
     }
 }
 

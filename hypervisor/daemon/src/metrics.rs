@@ -409,6 +409,12 @@ fn render_swap(x: &mut Exposition, status: &Status) {
             totals.bytes_on_host as f64,
         ),
         (
+            "gpushare_swap_host_kept_bytes",
+            "gauge",
+            "Pinned host memory resident pods' processes keep for their next fast swap-out (counted against host_limit, given back when a swap needs the room).",
+            totals.host_kept_bytes as f64,
+        ),
+        (
             "gpushare_swap_outs_total",
             "counter",
             "Pods swapped out to host memory.",

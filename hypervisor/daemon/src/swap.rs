@@ -37,6 +37,7 @@ use crate::{Hypervisor, lock};
 
 mod fast;
 mod held;
+mod kept;
 mod relocate;
 mod residence;
 mod room;
@@ -83,7 +84,8 @@ pub enum SwapRefusal {
         "host memory for swapped pods is full: {on_host} of {limit} bytes taken, the pod holds {bytes}"
     )]
     HostFull {
-        /// Bytes of swapped pods in host memory now.
+        /// Bytes in host memory now: of swapped pods, and the host copies
+        /// resident pods keep that could not be given back.
         on_host: u64,
         /// The cap (`[swap] host_limit`).
         limit: u64,
@@ -222,15 +224,7 @@ impl Hypervisor {
         // may add to it, never lower it below what the host must take.
         let pids = self.pids_of(&view.pod).await;
         let bytes = self.held_bytes(view, &pids).await;
-        let limit = self.core().settings.swap.host_limit;
-        let on_host = self.bytes_on_host();
-        if on_host.saturating_add(bytes) > limit {
-            return Err(SwapRefusal::HostFull {
-                on_host,
-                limit,
-                bytes,
-            });
-        }
+        self.host_room_for(&view.pod, bytes).await?;
         if let Some(available) = hypervisor_swap::host::available() {
             hypervisor_swap::host::takes(bytes, available)?;
         }
@@ -277,6 +271,7 @@ impl Hypervisor {
                     path: SwapPath::Checkpoint,
                     bytes,
                     took: timing.total(),
+                    kept: 0,
                 });
                 tracing::info!(pod = %view.pod, bytes, seconds = timing.total().as_secs_f64(), "pod swapped out");
                 Ok(bytes)
@@ -327,6 +322,7 @@ impl Hypervisor {
                     path: SwapPath::Checkpoint,
                     bytes: history.bytes_on_host,
                     took: timing.total(),
+                    kept: 0,
                 });
                 tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");
                 Ok(Some(timing.total()))

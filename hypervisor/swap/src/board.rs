@@ -55,6 +55,13 @@ pub struct SwapHistory {
     /// Bytes the last swap-in brought back to the GPU.
     #[serde(default)]
     pub last_bytes_in: u64,
+    /// Pinned host memory its processes keep of their fast swaps while the
+    /// pod is on its GPUs, so that its next swap-out runs at the speed of
+    /// the link: counted against `host_limit`, and given back when another
+    /// pod's swap-out needs the room. Reported only while the pod is
+    /// resident (away, its host memory is `bytes_on_host`).
+    #[serde(default)]
+    pub host_kept_bytes: u64,
 }
 
 /// How a swap moved a pod's memory.
@@ -88,6 +95,9 @@ pub struct Swapped {
     pub bytes: u64,
     /// What it took.
     pub took: Duration,
+    /// Pinned host memory the pod's processes keep after it (a fast
+    /// swap-in's host copies; none for the driver's checkpoint).
+    pub kept: u64,
 }
 
 /// One pod as the status shows it: where it is, read from its limits
@@ -128,6 +138,7 @@ impl Default for SwapHistory {
             last_swap_in_path: None,
             last_bytes_out: 0,
             last_bytes_in: 0,
+            host_kept_bytes: 0,
         }
     }
 }
@@ -162,6 +173,10 @@ pub struct SwapTotals {
     pub bytes_out: u64,
     /// Bytes moved back to the GPUs since start.
     pub bytes_in: u64,
+    /// Pinned host memory that resident pods' processes keep for their
+    /// next fast swap-out (each pod's `host_kept_bytes`).
+    #[serde(default)]
+    pub host_kept_bytes: u64,
 }
 
 /// The node's swaps as the status shows them.
@@ -216,7 +231,9 @@ impl SwapBoard {
                 None => continue,
             };
             let shown = joined(history, state);
-            if state != Residency::Resident {
+            if state == Residency::Resident {
+                report.totals.host_kept_bytes += shown.history.host_kept_bytes;
+            } else {
                 report.totals.swapped_pods += 1;
                 report.totals.bytes_on_host += shown.history.bytes_on_host;
             }
@@ -241,6 +258,7 @@ impl SwapBoard {
         let record = inner.pods.entry(pod.to_owned()).or_default();
         record.since = now_s();
         record.bytes_on_host = out.bytes;
+        record.host_kept_bytes = 0;
         record.swap_outs += 1;
         record.last_error = None;
         record.last_swap_out_s = Some(out.took.as_secs_f64());
@@ -258,11 +276,18 @@ impl SwapBoard {
         let record = inner.pods.entry(pod.to_owned()).or_default();
         record.since = now_s();
         record.bytes_on_host = 0;
+        record.host_kept_bytes = back.kept;
         record.swap_ins += 1;
         record.last_error = None;
         record.last_swap_in_s = Some(back.took.as_secs_f64());
         record.last_swap_in_path = Some(back.path);
         record.last_bytes_in = back.bytes;
+    }
+
+    /// The pod's processes gave back host copies they kept: they keep
+    /// `kept` bytes now.
+    pub fn host_released(&self, pod: &str, kept: u64) {
+        self.update(pod, |record| record.host_kept_bytes = kept);
     }
 
     /// The pod, in host memory, is moving to another GPU: the next swap-in
@@ -319,6 +344,7 @@ impl SwapBoard {
     pub fn processes_gone(&self, pod: &str) {
         self.update(pod, |record| {
             record.bytes_on_host = 0;
+            record.host_kept_bytes = 0;
             record.moving = None;
             record.since = now_s();
         });
@@ -341,10 +367,13 @@ impl SwapBoard {
 }
 
 /// The `history` of a pod that is `state`: nothing of it in host memory
-/// while it is resident, whatever the history last saw.
+/// while it is resident, whatever the history last saw, but the copies
+/// its processes keep; those are its bytes in host memory while it is away.
 fn joined(mut history: SwapHistory, state: Residency) -> PodSwap {
     if state == Residency::Resident {
         history.bytes_on_host = 0;
+    } else {
+        history.host_kept_bytes = 0;
     }
     PodSwap { state, history }
 }

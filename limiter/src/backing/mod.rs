@@ -27,7 +27,10 @@
 //! 4. **Swap** ([`swap`]): on the hypervisor's word, every backed range is
 //!    copied to pinned host memory and its device memory given back, the
 //!    range staying reserved; on the next word, memory is created and
-//!    mapped at the same address and the bytes copied back.
+//!    mapped at the same address and the bytes copied back. The host
+//!    copies stay, so that the next swap-out runs at the speed of the
+//!    link, until the hypervisor asks for them back (its host memory for
+//!    swaps is bounded).
 //!
 //! Policy on typed values: the memory policy (`detour/memory/ops.rs`) asks
 //! here before it calls the driver; the driver's VMM functions are
@@ -38,7 +41,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::context::Context;
-use crate::driver::{Copies, DriverError, Pinned, Vmm};
+use crate::driver::{Copies, DriverError, HostBuffer, Vmm};
 use crate::sys::{CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUresult};
 
 pub(crate) mod swap;
@@ -63,8 +66,10 @@ struct Backed {
     /// The physical memory mapped at the range; `None` while the range's
     /// bytes are in host memory (swapped out).
     memory: Option<CUmemGenericAllocationHandle>,
-    /// The range's pinned host copy, from its first swap-out on.
-    host: Option<Pinned>,
+    /// The range's host copy, pinned as it is first copied into, from its
+    /// first swap-out until the program frees the range or the hypervisor
+    /// asks for the host memory back while the range is on the GPU.
+    host: Option<HostBuffer>,
 }
 
 /// What a backed allocation of some size takes on the calling context's device.
@@ -210,7 +215,7 @@ impl Backing {
         let freed = book.remove(&pointer);
         self.live.fetch_sub(1, Ordering::AcqRel);
         if let (Some(host), Some(copies)) = (freed.and_then(|b| b.host), copies(ctx))
-            && let Err((_, error)) = copies.unpin(host)
+            && let Err((_, error)) = copies.free_buffer(host)
         {
             tracing::warn!(address = pointer, %error, "a freed range's host copy was not given back");
         }

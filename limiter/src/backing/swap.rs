@@ -5,25 +5,28 @@
 //!
 //! **Out**: (1) every context that holds backed memory is made current in
 //! turn and waited for, so no work of the program still uses the memory;
-//! (2) each range without a host copy gets one, pinned; (3) every range is
-//! copied there; (4) each is unmapped and its physical memory released: the
-//! GPU's free memory rises by those bytes, the address range stays
-//! reserved and the quota still charges it. A failure before (4) changes
-//! nothing; one in (4) brings the ranges already released back (as a
-//! swap-in does), so a swap-out that fails is undone.
+//! (2) every range is copied to its host buffer, on a stream of the
+//! limiter's own per context, each chunk of a buffer pinned the first time
+//! as the copy of the chunk before runs; (3) each range is unmapped and its
+//! physical memory released: the GPU's free memory rises by those bytes,
+//! the address range stays reserved and the quota still charges it. A
+//! failure before (3) changes nothing; one in (3) brings the ranges already
+//! released back (as a swap-in does), so a swap-out that fails is undone.
 //!
 //! **In**: memory is created on each range's GPU, mapped at the same
-//! address with the same access, and the bytes copied back. Host copies are
-//! never given up: a swap-in that fails part-way gives back what it mapped,
-//! leaves every byte in host memory and can be asked again.
+//! address with the same access, and the bytes copied back, on a stream of
+//! the limiter's own per context. Host copies are never given up by a
+//! swap-in: one that fails part-way gives back what it mapped, leaves every
+//! byte in host memory and can be asked again.
 //!
-//! **Host memory: one pinned buffer per allocation**, made at its first
-//! swap-out and kept until the program frees the allocation. Pinning costs
-//! far more than copying (0.4–0.6 s a GiB with `cuMemHostAlloc`, against
-//! about 50 GiB/s for the copy on an H200), so a buffer kept makes every
-//! later swap run at the speed of the link; one per allocation (rather than
-//! one arena) goes with its allocation when the program frees it, never
-//! fragments, and never needs to grow while the pod waits.
+//! **Host memory: one buffer per allocation** (`driver::HostBuffer`), made
+//! at its first swap-out and kept, pinned, so that every later swap runs at
+//! the speed of the link, until the program frees the allocation or the
+//! hypervisor asks for the host memory back ([`Backing::release_host`],
+//! `Command::ReleaseHost`) while the pod is on its GPU: its host memory
+//! for swaps is bounded. One per allocation (rather than one arena) goes
+//! with its allocation, never fragments, and never needs to grow while the
+//! pod waits.
 //!
 //! Each part is timed with the monotonic clock ([`SwapDurations`]), so a
 //! run on a GPU can say where the time went.
@@ -37,7 +40,7 @@ use gpushare_utils::protocol::{FastSwapReport, SwapDurations};
 
 use super::{Backed, Backing};
 use crate::context::Context;
-use crate::driver::{Copies, DriverError, Vmm};
+use crate::driver::{Copies, DriverError, HostBuffer, Vmm};
 use crate::sys::CUdeviceptr;
 
 /// Why a swap of the backed memory was not done.
@@ -96,32 +99,46 @@ impl Backing {
         }
         durations.sync_us = micros(started.elapsed());
 
-        let started = Instant::now();
-        for backed in book.values_mut().filter(|b| b.host.is_none()) {
-            copies
-                .make_current(backed.context)
-                .map_err(SwapError::Pin)?;
-            backed.host = Some(copies.pin(backed.size).map_err(SwapError::Pin)?);
-        }
-        durations.pin_us = micros(started.elapsed());
-
         let out: Vec<CUdeviceptr> = book
             .iter()
             .filter(|(_, b)| b.memory.is_some())
             .map(|(&address, _)| address)
             .collect();
         let started = Instant::now();
-        for address in &out {
-            let backed = &book[address];
-            let host = backed
-                .host
-                .as_ref()
-                .ok_or(SwapError::Pin(DriverError::NOT_FOUND))?;
-            copies
-                .make_current(backed.context)
-                .and_then(|()| copies.to_host(host, *address))
-                .map_err(SwapError::CopyOut)?;
+        let mut pinning = Duration::ZERO;
+        for (context, ranges) in by_context(&book, &out) {
+            copies.make_current(context).map_err(SwapError::CopyOut)?;
+            let stream = copies.stream().map_err(SwapError::CopyOut)?;
+            let queued = ranges.iter().try_for_each(|&address| {
+                let Some(backed) = book.get_mut(&address) else {
+                    return Ok(());
+                };
+                let host = match &mut backed.host {
+                    Some(host) => host,
+                    None => backed
+                        .host
+                        .insert(copies.host_buffer(backed.size).map_err(SwapError::Pin)?),
+                };
+                for (offset, len) in host.chunks() {
+                    if host.pinned() < offset + len {
+                        let began = Instant::now();
+                        copies
+                            .pin_through(host, offset + len)
+                            .map_err(SwapError::Pin)?;
+                        pinning += began.elapsed();
+                    }
+                    copies
+                        .to_host(host, offset, len, address + offset, &stream)
+                        .map_err(SwapError::CopyOut)?;
+                }
+                Ok(())
+            });
+            // The copies queued are waited for whatever happened: none may
+            // still write into a buffer once the book is let go.
+            let finished = copies.finish(stream).map_err(SwapError::CopyOut);
+            queued.and(finished)?;
         }
+        durations.pin_us = micros(pinning);
         durations.copy_us = micros(started.elapsed());
 
         let started = Instant::now();
@@ -164,6 +181,43 @@ impl Backing {
         let mut durations = SwapDurations::default();
         bring_back(vmm, copies, &mut book, &away, &mut durations)?;
         Ok(report(ctx, &book, &away, durations))
+    }
+
+    /// Gives back the host copies of the ranges on their GPUs (those of
+    /// ranges in host memory stay: they hold the only copy); what the
+    /// process then still holds pinned is in the report. A copy the driver
+    /// would not unpin stays, and is tried again at the next call.
+    pub(crate) fn release_host(&self, ctx: &Context) -> Result<FastSwapReport, SwapError> {
+        let (_, copies, mut book) = self.open(ctx)?;
+        let started = Instant::now();
+        let (mut bytes, mut allocations) = (0u64, 0u64);
+        for (address, backed) in book.iter_mut().filter(|(_, b)| b.memory.is_some()) {
+            let Some(host) = backed.host.take() else {
+                continue;
+            };
+            let pinned = host.pinned();
+            match copies.free_buffer(host) {
+                Ok(()) => {
+                    bytes = bytes.saturating_add(pinned);
+                    allocations += 1;
+                }
+                Err((host, error)) => {
+                    tracing::warn!(address, %error, "a host copy was not given back");
+                    backed.host = Some(host);
+                }
+            }
+        }
+        let durations = SwapDurations {
+            release_us: micros(started.elapsed()),
+            ..SwapDurations::default()
+        };
+        Ok(FastSwapReport {
+            bytes,
+            allocations,
+            unmoved_bytes: None,
+            pinned_bytes: host_bytes(&book),
+            durations,
+        })
     }
 
     fn open<'a>(&'a self, ctx: &'a Context) -> Result<(&'a Vmm, &'a Copies, Book<'a>), SwapError> {
@@ -210,17 +264,25 @@ fn bring_back(
 
     let started = Instant::now();
     let copied = mapping.and_then(|()| {
-        mapped.iter().try_for_each(|address| {
-            let backed = &book[address];
-            let host = backed
-                .host
-                .as_ref()
-                .ok_or(SwapError::CopyBack(DriverError::NOT_FOUND))?;
-            copies
-                .make_current(backed.context)
-                .and_then(|()| copies.to_device(*address, host))
-                .map_err(SwapError::CopyBack)
-        })
+        by_context(book, &mapped)
+            .into_iter()
+            .try_for_each(|(context, ranges)| {
+                copies.make_current(context).map_err(SwapError::CopyBack)?;
+                let stream = copies.stream().map_err(SwapError::CopyBack)?;
+                let queued = ranges.iter().try_for_each(|address| {
+                    let host = book[address]
+                        .host
+                        .as_ref()
+                        .ok_or(SwapError::CopyBack(DriverError::NOT_FOUND))?;
+                    host.chunks().try_for_each(|(offset, len)| {
+                        copies
+                            .to_device(address + offset, host, offset, len, &stream)
+                            .map_err(SwapError::CopyBack)
+                    })
+                });
+                let finished = copies.finish(stream).map_err(SwapError::CopyBack);
+                queued.and(finished)
+            })
     });
     durations.copy_back_us = micros(started.elapsed());
 
@@ -254,11 +316,7 @@ fn report(
         .filter_map(|address| book.get(address))
         .map(|b| b.size)
         .fold(0, u64::saturating_add);
-    let pinned_bytes = book
-        .values()
-        .filter_map(|b| b.host.as_ref())
-        .map(crate::driver::Pinned::bytes)
-        .fold(0, u64::saturating_add);
+    let pinned_bytes = host_bytes(book);
     FastSwapReport {
         bytes,
         allocations: moved.len() as u64,
@@ -286,6 +344,25 @@ fn unmoved(ctx: &Context, book: &Book<'_>) -> Option<u64> {
         .map(|b| b.size)
         .fold(0, u64::saturating_add);
     Some(held.saturating_sub(resident))
+}
+
+/// The pinned bytes of the host copies the book holds.
+fn host_bytes(book: &Book<'_>) -> u64 {
+    book.values()
+        .filter_map(|b| b.host.as_ref())
+        .map(HostBuffer::pinned)
+        .fold(0, u64::saturating_add)
+}
+
+/// `addresses` grouped by the context each range's work runs in, in order.
+fn by_context(book: &Book<'_>, addresses: &[CUdeviceptr]) -> BTreeMap<usize, Vec<CUdeviceptr>> {
+    let mut groups: BTreeMap<usize, Vec<CUdeviceptr>> = BTreeMap::new();
+    for address in addresses {
+        if let Some(backed) = book.get(address) {
+            groups.entry(backed.context).or_default().push(*address);
+        }
+    }
+    groups
 }
 
 /// The calling thread's current context, made current again when dropped:

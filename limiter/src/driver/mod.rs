@@ -13,8 +13,9 @@
 //!   pools: memory the driver holds outside allocations;
 //! - [`Vmm`] (`vmm.rs`): the virtual memory management API, for the memory
 //!   the limiter backs itself (`backing`);
-//! - [`Copies`] (`copies.rs`): contexts set and waited for, pinned host
-//!   memory and copies, for the swap of that memory (`backing::swap`).
+//! - [`Copies`] (`copies.rs`): contexts set and waited for, host buffers
+//!   pinned as they are first copied into, and copies on a stream of the
+//!   limiter's own, for the swap of that memory (`backing::swap`).
 
 use std::ffi::{CStr, c_int, c_void};
 
@@ -31,7 +32,7 @@ mod result;
 mod timing;
 mod vmm;
 
-pub(crate) use copies::{Copies, Pinned};
+pub(crate) use copies::{Copies, HostBuffer};
 pub(crate) use held::Held;
 pub(crate) use host::{HostMemory, MappedHost};
 pub(crate) use nvml::Nvml;

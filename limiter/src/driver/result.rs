@@ -16,6 +16,8 @@ impl DriverError {
     pub(crate) const NOT_FOUND: Self = Self(CUresult::ERROR_NOT_FOUND);
     /// An argument out of range.
     pub(crate) const INVALID_VALUE: Self = Self(CUresult::ERROR_INVALID_VALUE);
+    /// No memory left (here: host memory the limiter maps itself).
+    pub(crate) const OUT_OF_MEMORY: Self = Self(CUresult::ERROR_OUT_OF_MEMORY);
 
     /// The status as the driver returned it, to hand on to the application.
     pub(crate) fn code(self) -> CUresult {

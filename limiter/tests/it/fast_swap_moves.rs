@@ -229,10 +229,37 @@ fn swap_out_gives_the_gpu_memory_back_and_swap_in_brings_the_same_bytes_to_the_s
         "the quota still charges it"
     );
 
+    // Away, the host copies are the only ones: none is given back.
+    let kept = hypervisor.ask(running.pid(), Command::ReleaseHost);
+    assert_eq!(
+        (report(&kept).bytes, report(&kept).pinned_bytes),
+        (0, BACKED),
+        "{kept:?}"
+    );
+
     let back = hypervisor.ask(running.pid(), Command::SwapIn);
     let moved = report(&back);
     assert_eq!((moved.bytes, moved.allocations), (BACKED, 2), "{back:?}");
     assert_eq!(moved.unmoved_bytes, Some(CONTEXT_BYTES + MIB), "{back:?}");
+    assert_eq!(
+        moved.pinned_bytes, BACKED,
+        "kept for the next swap: {back:?}"
+    );
+
+    // On the GPU again, the copies go when asked; the next swap-out pins
+    // new ones and moves the same bytes.
+    let released = hypervisor.ask(running.pid(), Command::ReleaseHost);
+    assert_eq!(
+        (report(&released).bytes, report(&released).pinned_bytes),
+        (BACKED, 0),
+        "{released:?}"
+    );
+    let again = hypervisor.ask(running.pid(), Command::SwapOut);
+    assert_eq!(report(&again).pinned_bytes, BACKED, "{again:?}");
+    assert_eq!(
+        report(&hypervisor.ask(running.pid(), Command::SwapIn)).bytes,
+        BACKED
+    );
     assert_back(&before, &running.finish(), held_before);
 }
 

@@ -6,7 +6,9 @@
 //! which path each swap took and the bytes each way. A pod with one
 //! process without the setting is swapped by the checkpoint instead, and
 //! so is a pod one of whose processes fails its own swap-out (the others
-//! bring their memory back first).
+//! bring their memory back first). The host copies a pod's processes keep
+//! after a fast swap-in count against `host_limit`, and are given back when
+//! another pod's swap-out needs the room.
 
 use std::sync::Arc;
 
@@ -14,7 +16,7 @@ use gpushare_utils::limits::Residency;
 use hypervisor_swap::SwapPath;
 use system_tests::daemon::double_gpus;
 use system_tests::pod::Pod;
-use system_tests::probes::MIB;
+use system_tests::probes::{CONTEXT_BYTES, MIB};
 use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, control_block};
 use system_tests::wait::eventually;
 use system_tests::{RunningNode, daemon};
@@ -211,4 +213,70 @@ fn a_process_failing_its_own_swap_out_sends_the_pod_to_the_checkpoint() {
     check_after(bad, &bad_at);
     let record = node.hypervisor().pod_swap(&pod.0);
     assert_eq!(record.state, Residency::Resident);
+}
+
+#[test]
+fn host_copies_a_resident_pod_keeps_are_given_back_when_another_pods_swap_needs_the_room() {
+    let (kept, other) = (Pod::new("fast-kept"), Pod::new("fast-room"));
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    // Room in host memory for one pod's swap-out, not two: a swap-out asks
+    // for what the pod holds on the GPU (its context too), and puts there
+    // what its processes back.
+    let pods: String = [&kept, &other]
+        .iter()
+        .map(|pod| {
+            format!(
+                "[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n\n",
+                pod.0
+            )
+        })
+        .collect();
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
+         host_limit = \"{}\"\n\n{pods}",
+        library.display(),
+        CONTEXT_BYTES + HELD * 3 / 2
+    );
+    let node = daemon::hypervisor(&kept, &config, Arc::new(double_gpus(1)));
+    let (first, first_at) = ready(&kept, &node, true);
+    let (second, second_at) = ready(&other, &node, true);
+    registered(&node, &kept, 1);
+    registered(&node, &other, 1);
+
+    // Out and back: the first pod's process keeps its copy, pinned.
+    for direction in ["out", "in"] {
+        let (ok, answer) = admin_cli(&node, &["swap", direction, &kept.0]);
+        assert!(ok, "{answer}");
+    }
+    let record = node.hypervisor().pod_swap(&kept.0);
+    assert_eq!(record.state, Residency::Resident);
+    assert_eq!(record.history.host_kept_bytes, HELD, "{record:?}");
+    let metrics = daemon::metrics(&node.url());
+    assert!(
+        metrics.contains(&format!("gpushare_swap_host_kept_bytes {HELD}")),
+        "{metrics}"
+    );
+
+    // The second pod's swap-out fits only once that copy is given back.
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &other.0]);
+    assert!(ok, "{answer}");
+    let record = node.hypervisor().pod_swap(&kept.0);
+    assert_eq!(record.history.host_kept_bytes, 0, "{record:?}");
+    let status = node.hypervisor().swap_status();
+    assert_eq!(
+        (status.totals.bytes_on_host, status.totals.host_kept_bytes),
+        (HELD, 0),
+        "{status:?}"
+    );
+
+    // The first pod, its copy gone, swaps out again by pinning a new one;
+    // with the second pod's bytes on the host, it does not fit.
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &kept.0]);
+    assert!(!ok, "{answer}");
+    assert!(
+        answer.contains("host memory for swapped pods is full"),
+        "{answer}"
+    );
+    check_after(second, &second_at);
+    check_after(first, &first_at);
 }

@@ -28,7 +28,7 @@ use crate::Hypervisor;
 /// How long a process has to answer: its copies run at the speed of the
 /// link, but its first swap-out pins its host buffers (about half a second
 /// a GiB), and a swap queued behind it waits for it.
-const ANSWER_WITHIN: Duration = Duration::from_secs(120);
+pub(super) const ANSWER_WITHIN: Duration = Duration::from_secs(120);
 
 /// How a fast swap-out ended.
 pub(super) enum FastOut {
@@ -79,11 +79,12 @@ impl Hypervisor {
         }
         let started = Instant::now();
         let answers = self.ask(workers, &Command::SwapOut, ANSWER_WITHIN).await;
-        let (bytes, failures) = tally(&answers);
+        let (bytes, _, failures) = tally(&answers);
         let out = Swapped {
             path: SwapPath::Fast,
             bytes,
             took: started.elapsed(),
+            kept: 0,
         };
         if failures.is_empty() {
             residence.swapped_out(out);
@@ -99,7 +100,7 @@ impl Hypervisor {
             .map(|(worker, _)| worker.clone())
             .collect();
         let back = self.ask(&went_out, &Command::SwapIn, ANSWER_WITHIN).await;
-        let (_, stuck) = tally(&back);
+        let (_, _, stuck) = tally(&back);
         if stuck.is_empty() {
             residence.swap_out_failed(&reason);
             tracing::info!(pod = %view.pod, %reason, "the fast swap-out was undone");
@@ -124,12 +125,13 @@ impl Hypervisor {
         residence.swapping_in();
         let started = Instant::now();
         let answers = self.ask(&workers, &Command::SwapIn, ANSWER_WITHIN).await;
-        let (bytes, failures) = tally(&answers);
+        let (bytes, kept, failures) = tally(&answers);
         if failures.is_empty() {
             let back = Swapped {
                 path: SwapPath::Fast,
                 bytes,
                 took: started.elapsed(),
+                kept,
             };
             residence.swapped_in(back);
             tracing::info!(pod = %view.pod, bytes, seconds = back.took.as_secs_f64(), "pod swapped in by its processes");
@@ -160,9 +162,10 @@ impl Hypervisor {
     }
 }
 
-/// The bytes the workers' answers say moved, and why each that failed did.
-fn tally(answers: &[(ClientId, Result<CommandResult, String>)]) -> (u64, Vec<String>) {
-    let mut bytes = 0u64;
+/// The bytes the workers' answers say moved, the pinned host memory they
+/// keep after, and why each that failed did.
+fn tally(answers: &[(ClientId, Result<CommandResult, String>)]) -> (u64, u64, Vec<String>) {
+    let (mut bytes, mut kept) = (0u64, 0u64);
     let mut failures = Vec::new();
     for (worker, answer) in answers {
         match answer {
@@ -170,11 +173,12 @@ fn tally(answers: &[(ClientId, Result<CommandResult, String>)]) -> (u64, Vec<Str
                 if let Some(report) = &result.swap {
                     tracing::info!(%worker, ?report, "a process's fast swap");
                     bytes = bytes.saturating_add(report.bytes);
+                    kept = kept.saturating_add(report.pinned_bytes);
                 }
             }
             Ok(result) => failures.push(format!("{worker}: {}", result.message)),
             Err(why) => failures.push(format!("{worker}: {why}")),
         }
     }
-    (bytes, failures)
+    (bytes, kept, failures)
 }

@@ -8,6 +8,7 @@ fn checkpoint(bytes: u64) -> Swapped {
         path: SwapPath::Checkpoint,
         bytes,
         took: SECOND,
+        kept: 0,
     }
 }
 
@@ -107,6 +108,7 @@ fn each_swap_records_its_path_and_bytes_each_way() {
         path: SwapPath::Fast,
         bytes,
         took: SECOND,
+        kept: bytes,
     };
     board.swapped_out("a", fast(7));
     board.swapped_in("a", fast(7));
@@ -119,4 +121,40 @@ fn each_swap_records_its_path_and_bytes_each_way() {
     assert_eq!((totals.swap_outs, totals.fast_swap_outs), (2, 1));
     assert_eq!((totals.swap_ins, totals.fast_swap_ins), (1, 1));
     assert_eq!((totals.bytes_out, totals.bytes_in), (16, 7));
+}
+
+#[test]
+fn kept_host_copies_count_while_resident_and_become_the_bytes_on_host_when_away() {
+    let board = SwapBoard::default();
+    let fast = |bytes, kept| Swapped {
+        path: SwapPath::Fast,
+        bytes,
+        took: SECOND,
+        kept,
+    };
+    board.swapped_out("a", fast(8, 8));
+    board.swapped_in("a", fast(8, 8));
+    board.swapped_out("b", fast(5, 5));
+    let both = [("a", Residency::Resident), ("b", Residency::Swapped)];
+    let seen = report(&board, &both);
+    assert_eq!(seen.totals.host_kept_bytes, 8);
+    assert_eq!(seen.totals.bytes_on_host, 5);
+    assert_eq!(seen.pods["a"].history.host_kept_bytes, 8);
+    // Away, a pod's copies are its bytes in host memory, not kept ones.
+    assert_eq!(seen.pods["b"].history.host_kept_bytes, 0);
+
+    board.host_released("a", 2);
+    assert_eq!(report(&board, &both).totals.host_kept_bytes, 2);
+    // A swap-out uses the kept copies: they are the bytes on host now.
+    board.swapped_out("a", fast(8, 8));
+    let away = report(
+        &board,
+        &[("a", Residency::Swapped), ("b", Residency::Swapped)],
+    );
+    assert_eq!(away.totals.host_kept_bytes, 0);
+    assert_eq!(away.totals.bytes_on_host, 13);
+    // The processes gone, nothing of theirs stays in host memory.
+    board.swapped_in("a", fast(8, 8));
+    board.processes_gone("a");
+    assert_eq!(report(&board, &both).totals.host_kept_bytes, 0);
 }
