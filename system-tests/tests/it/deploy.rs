@@ -3,6 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Pod, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -34,6 +37,10 @@ fn check(object: Value, origin: &str) -> String {
         "DeviceClass" => strict::<DeviceClass>(&object, origin),
         "ResourceClaimTemplate" => strict::<ResourceClaimTemplate>(&object, origin),
         "Pod" => strict::<Pod>(&object, origin),
+        "ValidatingAdmissionPolicy" => strict::<ValidatingAdmissionPolicy>(&object, origin),
+        "ValidatingAdmissionPolicyBinding" => {
+            strict::<ValidatingAdmissionPolicyBinding>(&object, origin);
+        }
         other => panic!("{origin}: no check for kind {other:?}"),
     }
     kind
@@ -77,7 +84,11 @@ fn every_object_parses_into_its_type() {
             "Pod",
             "ResourceClaimTemplate",
             "Service",
-            "ServiceAccount"
+            "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
+            "ValidatingAdmissionPolicyBinding",
         ]
     );
 }

@@ -353,10 +353,11 @@ fn two_claims_share_one_gpu_and_one_too_many_is_refused() {
         assert!(message.contains("cannot allocate all claims"), "{message}");
         assert!(!world.spec_path(&c_uid).exists());
         assert!(pod_status(&world, &c).is_none());
-        // More memory than the GPU has: the API server takes the claim, the
-        // scheduler finds no device for it.
+        // More memory than the GPU has, within what a GPU can have (the
+        // admission policy refuses more): the API server takes the claim,
+        // the scheduler finds no device for it.
         world
-            .create_claim("d-gpu", 1, ("1000Gi", "5"), Some(1))
+            .create_claim("d-gpu", 1, ("200Gi", "5"), Some(1))
             .await;
         world.create_pod("d", &["d-gpu"]).await;
         let message = world.unschedulable("d").await;

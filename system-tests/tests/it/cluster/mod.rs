@@ -1,7 +1,9 @@
 //! The node agent end to end on the official control plane (API server,
 //! scheduler, controller manager): DRA claims allocated by the real
 //! scheduler and prepared by the agent, the device plugin's placement and
-//! health, co-run GPUs, overcommit, and claims shared by several pods.
+//! health, co-run GPUs, overcommit, claims shared by several pods, and the
+//! admission policies that check claims and device-plugin pods when they
+//! are written.
 //!
 //! Every test of the binary shares one control plane (`deploy/` installed
 //! once, stopped when the binary exits), each in a namespace and on a Node
@@ -16,11 +18,14 @@ use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::tenant::Tenant;
 use serde_json::Value;
 
+mod claim_parameters;
+mod claim_validation;
 mod corun_provision;
 mod device_health;
 mod device_plugin;
 mod kubernetes;
 mod overcommit;
+mod pod_validation;
 mod shared_claims;
 mod tenant_cleanup;
 
