@@ -4,6 +4,7 @@
 //! [`ClaimPreparer`] (the Kubernetes agent's: [`crate`]).
 
 pub mod claims;
+pub mod parameters;
 pub mod plugin;
 mod prepare;
 pub mod registration;
