@@ -6,11 +6,14 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
 use tokio::sync::{Notify, watch};
 
+use crate::dra::refusal::Refusals;
 use crate::options::{AgentOptions, GpuHealth};
 use crate::{KubeError, KubernetesSource};
 use hypervisor_daemon::Hypervisor;
@@ -25,6 +28,23 @@ pub enum PrepareError {
     Provision(#[from] ProvisionError),
     #[error("claim {claim}: the pod's region could not be opened: {reason}")]
     NoRegion { claim: String, reason: String },
+}
+
+/// An event's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventKind {
+    Normal,
+    Warning,
+}
+
+impl EventKind {
+    /// As the API writes it.
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Normal => "Normal",
+            Self::Warning => "Warning",
+        }
+    }
 }
 
 /// What the agent holds.
@@ -47,6 +67,8 @@ pub(crate) struct Inner {
     /// `DRADeviceTaints` gate is off): published without taints until
     /// health changes again.
     pub(crate) taints_dropped: Mutex<Option<BTreeMap<String, Unhealthy>>>,
+    /// The claims refused at prepare, each said once per reason.
+    pub(crate) refusals: Refusals,
 }
 
 /// The running agent; cheap to clone.
@@ -93,6 +115,47 @@ impl NodeAgent {
             });
         }
         Ok(cdi)
+    }
+
+    /// Records an event of `kind` with `reason` and `message` about
+    /// `about`, from `component` on this node; a failure to is only logged.
+    pub(crate) async fn record_event(
+        &self,
+        about: ObjectReference,
+        component: &str,
+        (kind, reason): (EventKind, &str),
+        message: &str,
+    ) {
+        let namespace = about.namespace.clone().unwrap_or_default();
+        let node = &self.inner.options.node;
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", about.name.as_deref().unwrap_or_default())),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: about,
+            reason: Some(reason.to_owned()),
+            message: Some(message.to_owned()),
+            type_: Some(kind.as_str().to_owned()),
+            source: Some(EventSource {
+                component: Some(component.to_owned()),
+                host: Some(node.clone()),
+            }),
+            reporting_component: Some(component.to_owned()),
+            reporting_instance: Some(node.clone()),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Event::default()
+        };
+        if let Err(error) = Api::<Event>::namespaced(self.inner.client.clone(), &namespace)
+            .create(&PostParams::default(), &event)
+            .await
+        {
+            tracing::warn!(%error, reason, "event not recorded");
+        }
     }
 
     pub(crate) fn sync(&self) -> Result<(), KubeError> {

@@ -1,7 +1,8 @@
 //! The node agent end to end on the official control plane (API server,
 //! scheduler, controller manager): DRA claims allocated by the real
 //! scheduler and prepared by the agent, the device plugin's placement and
-//! health, co-run GPUs, overcommit, and claims shared by several pods.
+//! health, co-run GPUs, overcommit, claims shared by several pods, and a
+//! claim the node refuses.
 //!
 //! Every test of the binary shares one control plane (`deploy/` installed
 //! once, stopped when the binary exits), each in a namespace and on a Node
@@ -16,6 +17,7 @@ use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::tenant::Tenant;
 use serde_json::Value;
 
+mod claim_refusal;
 mod corun_provision;
 mod device_health;
 mod device_plugin;
