@@ -3,7 +3,7 @@
 //! keeps; and what both modes do with it (provision a claim, make the
 //! hypervisor's pods those of the prepared claims).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
@@ -13,7 +13,6 @@ use kube::api::{Api, PostParams};
 use kube::runtime::reflector::Store;
 use tokio::sync::{Notify, watch};
 
-use crate::dra::refusal::Refusals;
 use crate::options::{AgentOptions, GpuHealth};
 use crate::{KubeError, KubernetesSource};
 use hypervisor_daemon::Hypervisor;
@@ -44,6 +43,37 @@ impl EventKind {
             Self::Normal => "Normal",
             Self::Warning => "Warning",
         }
+    }
+}
+
+/// The last refusal of each claim refused and not prepared since, by UID:
+/// the DRA plugin says a refusal once per reason, however often the
+/// kubelet asks again.
+#[derive(Debug, Default)]
+pub(crate) struct Refusals {
+    last: Mutex<HashMap<String, String>>,
+}
+
+impl Refusals {
+    /// Notes that claim `uid` was refused for `reason`; whether that is
+    /// news (its first refusal, or another reason than the last). Claims
+    /// for which `exists` says no are forgotten.
+    pub(crate) fn news(&self, uid: &str, reason: &str, exists: impl Fn(&str) -> bool) -> bool {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        if last.get(uid).is_some_and(|before| before == reason) {
+            return false;
+        }
+        last.retain(|claim, _| exists(claim));
+        last.insert(uid.to_owned(), reason.to_owned());
+        true
+    }
+
+    /// Forgets claim `uid`'s refusal: it was prepared, or unprepared.
+    pub(crate) fn clear(&self, uid: &str) {
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(uid);
     }
 }
 
@@ -164,5 +194,27 @@ impl NodeAgent {
             tracing::error!(failed = ?report.failed, "pods without a region");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_is_news_once_per_reason() {
+        let refusals = Refusals::default();
+        let all = |_: &str| true;
+        assert!(refusals.news("a", "weight 0", all));
+        assert!(!refusals.news("a", "weight 0", all));
+        assert!(refusals.news("b", "weight 0", all), "another claim's");
+        assert!(refusals.news("a", "weight 0; colour", all), "a new reason");
+        assert!(!refusals.news("a", "weight 0; colour", all));
+        // Prepared since: a later refusal is news again.
+        refusals.clear("a");
+        assert!(refusals.news("a", "weight 0; colour", all));
+        // Claims that are gone are forgotten.
+        assert!(refusals.news("c", "x", |uid| uid != "b"));
+        assert!(refusals.news("b", "weight 0", all));
     }
 }

@@ -144,9 +144,7 @@ pub fn to_request(
         }
         // Without consumable capacity (an exclusive allocation): the whole GPU.
         let compute = compute.unwrap_or(100);
-        let percent = u8::try_from(compute)
-            .ok()
-            .filter(|p| (1..=100).contains(p));
+        let percent = u8::try_from(compute).ok().filter(|p| (1..=100).contains(p));
         if percent.is_none() {
             note(Problem::Compute(compute));
         }
@@ -394,8 +392,14 @@ mod tests {
                 "opaque": {"driver": "gpu.gpushare.dev", "parameters": parameters}})
         };
         let configs = serde_json::json!([
-            opaque("FromClass", serde_json::json!({"weight": 0, "policy": "garbage"})),
-            opaque("FromClaim", serde_json::json!({"ceiling": 500, "colour": "red", "class": "batch"})),
+            opaque(
+                "FromClass",
+                serde_json::json!({"weight": 0, "policy": "garbage"})
+            ),
+            opaque(
+                "FromClaim",
+                serde_json::json!({"ceiling": 500, "colour": "red", "class": "batch"})
+            ),
         ]);
         let claim = allocated("gpu-7", ("lots", "150"), configs);
         let error = to_request(&claim, "gpu.gpushare.dev", "node", &[gpu()]).unwrap_err();
@@ -448,6 +452,9 @@ mod tests {
         };
         assert_eq!((device.memory_bytes, device.compute_percent), (4 << 30, 30));
         let p = &device.params;
-        assert_eq!((p.weight, p.policy, p.ceiling), (3, Policy::Elastic, Some(80)));
+        assert_eq!(
+            (p.weight, p.policy, p.ceiling),
+            (3, Policy::Elastic, Some(80))
+        );
     }
 }

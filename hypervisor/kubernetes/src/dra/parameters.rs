@@ -85,26 +85,30 @@ pub(super) fn apply(
         return;
     };
     // Each field alone and null is refused only for a name the struct lacks.
-    let (known, unknown): (Vec<_>, Vec<_>) =
-        object.clone().into_iter().partition(|(field, _)| {
-            let alone = Value::Object([(field.clone(), Value::Null)].into_iter().collect());
-            serde_json::from_value::<RawParameters>(alone).is_ok()
-        });
+    let (known, unknown): (Vec<_>, Vec<_>) = object.clone().into_iter().partition(|(field, _)| {
+        let alone = Value::Object([(field.clone(), Value::Null)].into_iter().collect());
+        serde_json::from_value::<RawParameters>(alone).is_ok()
+    });
     for (field, _) in unknown {
         problems.note(ParameterProblem::UnknownField(field));
     }
-    let raw = match serde_json::from_value::<RawParameters>(Value::Object(known.into_iter().collect())) {
-        Ok(raw) => raw,
-        // Not expected: every field left is an optional JSON value.
-        Err(error) => {
-            problems.note(ParameterProblem::NotAnObject(error.to_string()));
-            return;
-        }
-    };
+    let raw =
+        match serde_json::from_value::<RawParameters>(Value::Object(known.into_iter().collect())) {
+            Ok(raw) => raw,
+            // Not expected: every field left is an optional JSON value.
+            Err(error) => {
+                problems.note(ParameterProblem::NotAnObject(error.to_string()));
+                return;
+            }
+        };
     let weight = problems.read(
         ("weight", "a whole number from 1 to 4294967295"),
         &raw.weight,
-        |v| v.as_u64().and_then(|w| u32::try_from(w).ok()).filter(|w| *w >= 1),
+        |v| {
+            v.as_u64()
+                .and_then(|w| u32::try_from(w).ok())
+                .filter(|w| *w >= 1)
+        },
     );
     let policy = problems.read(("policy", "fixed, elastic or none"), &raw.policy, |v| {
         v.as_str().and_then(Policy::parse)
@@ -112,7 +116,11 @@ pub(super) fn apply(
     let ceiling = problems.read(
         ("ceiling", "a whole number from 1 to 100"),
         &raw.ceiling,
-        |v| v.as_u64().filter(|c| (1..=100).contains(c)).and_then(|c| u8::try_from(c).ok()),
+        |v| {
+            v.as_u64()
+                .filter(|c| (1..=100).contains(c))
+                .and_then(|c| u8::try_from(c).ok())
+        },
     );
     let priority = problems.read(
         ("priority", "a whole number from -2147483648 to 2147483647"),
