@@ -73,6 +73,7 @@ impl NodeAgent {
             gpu_health,
             allocated: Mutex::new(BTreeMap::new()),
             taints_dropped,
+            refusals: Default::default(),
         });
         if inner.options.check_identity {
             inner.hv.set_worker_identity(Arc::new(ClaimIdentity {

@@ -5,9 +5,8 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 
 use super::ask::{self, CORES, MEMORY_MIB, MEMORY_PERCENT};
@@ -15,6 +14,7 @@ use super::placement::{self, GpuLoad};
 use super::{AllocateError, Allocator, GpuHealth, SharesMismatch, podresources};
 use crate::KubeError;
 use crate::NodeAgent;
+use crate::state::EventKind;
 use gpushare_utils::logging::one_line;
 use hypervisor_config::MemoryCapacity;
 use hypervisor_core::spec::Policy;
@@ -303,43 +303,21 @@ impl NodeAgent {
 
     /// Records an event on `pod` (failures to do so only logged).
     async fn event(&self, pod: &Pod, warning: bool, reason: &str, message: &str) {
-        let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let event = Event {
-            metadata: kube::api::ObjectMeta {
-                generate_name: Some(format!("{name}.")),
-                namespace: Some(ns.clone()),
-                ..Default::default()
-            },
-            involved_object: k8s_openapi::api::core::v1::ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(name),
-                namespace: Some(ns.clone()),
-                uid: pod.metadata.uid.clone(),
-                ..Default::default()
-            },
-            reason: Some(reason.to_owned()),
-            message: Some(message.to_owned()),
-            type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-            source: Some(k8s_openapi::api::core::v1::EventSource {
-                component: Some(COMPONENT.into()),
-                host: Some(self.inner.options.node.clone()),
-            }),
-            reporting_component: Some(COMPONENT.into()),
-            reporting_instance: Some(self.inner.options.node.clone()),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            count: Some(1),
+        let about = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: pod.metadata.name.clone(),
+            namespace: pod.metadata.namespace.clone(),
+            uid: pod.metadata.uid.clone(),
             ..Default::default()
         };
-        if let Err(error) = Api::<Event>::namespaced(self.inner.client.clone(), &ns)
-            .create(&PostParams::default(), &event)
-            .await
-        {
-            tracing::warn!(%error, reason, "event not recorded");
-        }
+        let kind = if warning {
+            EventKind::Warning
+        } else {
+            EventKind::Normal
+        };
+        self.record_event(about, COMPONENT, (kind, reason), message)
+            .await;
     }
 }
 

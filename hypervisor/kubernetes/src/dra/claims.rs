@@ -17,33 +17,15 @@
 //!   worker (the cgroup check, [`consumer_pods`]), and the identity is kept
 //!   until the last of them has ended, not the first one.
 //!
-//! Opaque parameters (`spec.devices.config[].opaque.parameters`, copied by
-//! the scheduler into `status.allocation.devices.config`, class configs
-//! first, claim configs after and winning):
-//!
-//! ```yaml
-//! apiVersion: gpu.gpushare.dev/v1alpha1
-//! kind: GpuShareParameters
-//! weight: 2          # default 1
-//! policy: elastic    # fixed (default) | elastic | none
-//! ceiling: 80        # elastic ceiling in percent (default 100)
-//! priority: 10       # default 0
-//! class: latency     # batch (default) | latency: served first on the GPU;
-//!                    # on a co-run GPU also its MPS client's share of
-//!                    # the SMs and priority (see `provision::mps`)
-//! oversubscribe: true  # past the quota, serve from pinned host memory (default false)
-//! spillLimit: 16Gi   # pod-wide cap of that host memory per GPU (implies
-//!                    # oversubscribe; default with it: a quarter of the
-//!                    # node's memory; 0 = none)
-//! ```
+//! The opaque parameters are read by [`parameters`](super::parameters).
+//! Every problem of every device and configuration is collected, so that a
+//! refused claim says all that is wrong with it at once ([`Problem`]).
 
-use gpushare_utils::pod::PodClass;
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
-use serde::Deserialize;
 
+use super::parameters::{self, ParameterProblem};
 use super::slice;
 use crate::quantity;
-use hypervisor_core::spec::{self, Policy};
 use hypervisor_observer::GpuInfo;
 use hypervisor_provision::{ClaimRequest, DeviceGrant, PodRef, SharingParams};
 
@@ -57,43 +39,14 @@ pub enum ClaimError {
     /// no quota identity.
     #[error("claim {0} is reserved for no pod")]
     NoPod(String),
-    /// The claim was given a device of this driver and node that matches
-    /// none of the GPUs the node sees now.
-    #[error("claim {claim}: device {device} of pool {pool} is not a GPU of this node")]
-    UnknownDevice {
+    /// What the claim asks of this node's devices cannot become limits:
+    /// every problem found, in order.
+    #[error("claim {claim}: {}", joined(.problems))]
+    Invalid {
         /// The claim's name.
         claim: String,
-        /// The device's pool (this node's name).
-        pool: String,
-        /// The device's name, `gpu-<index>` for one of ours.
-        device: String,
-    },
-    /// A consumed capacity is not a Kubernetes quantity.
-    #[error("claim {claim}: consumed {what} {value:?} is not a quantity")]
-    Quantity {
-        /// The claim's name.
-        claim: String,
-        /// The capacity: `memory` or `compute`.
-        what: &'static str,
-        /// Its text in the allocation.
-        value: String,
-    },
-    /// The consumed `compute` is not a percent from 1 to 100.
-    #[error("claim {claim}: compute {value} is not 1..100")]
-    Compute {
-        /// The claim's name.
-        claim: String,
-        /// The consumed compute, rounded up.
-        value: u64,
-    },
-    /// This driver's opaque parameters for the claim cannot be read (an
-    /// unknown field, a word or number out of range).
-    #[error("claim {claim}: opaque parameters: {message}")]
-    Parameters {
-        /// The claim's name.
-        claim: String,
-        /// What is wrong with them.
-        message: String,
+        /// What is wrong with it.
+        problems: Vec<Problem>,
     },
     /// The claim the API has under the kubelet's name has another UID: a
     /// claim of that name was deleted and made again.
@@ -108,20 +61,38 @@ pub enum ClaimError {
     },
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct RawParameters {
-    #[serde(default, rename = "apiVersion")]
-    _api_version: Option<serde::de::IgnoredAny>,
-    #[serde(default, rename = "kind")]
-    _kind: Option<serde::de::IgnoredAny>,
-    weight: Option<u32>,
-    policy: Option<String>,
-    ceiling: Option<u8>,
-    priority: Option<i32>,
-    class: Option<String>,
-    oversubscribe: Option<bool>,
-    spill_limit: Option<serde_json::Value>,
+/// One thing wrong with an allocated claim's devices of this driver.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// The claim was given a device of this driver and node that matches
+    /// none of the GPUs the node sees now.
+    #[error("device {device} of pool {pool} is not a GPU of this node")]
+    UnknownDevice {
+        /// The device's pool (this node's name).
+        pool: String,
+        /// The device's name, `gpu-<index>` for one of ours.
+        device: String,
+    },
+    /// A consumed capacity is not a Kubernetes quantity.
+    #[error("consumed {what} {value:?} is not a quantity")]
+    Quantity {
+        /// The capacity: `memory` or `compute`.
+        what: &'static str,
+        /// Its text in the allocation.
+        value: String,
+    },
+    /// The consumed `compute` is not a percent from 1 to 100.
+    #[error("compute {0} is not 1..100")]
+    Compute(u64),
+    /// This driver's opaque parameters for the claim.
+    #[error(transparent)]
+    Parameters(#[from] ParameterProblem),
+}
+
+/// `problems`, one after the other.
+fn joined(problems: &[Problem]) -> String {
+    let texts: Vec<String> = problems.iter().map(Problem::to_string).collect();
+    texts.join("; ")
 }
 
 /// The request of `claim` for `driver` on `node` (whose pool has the node's
@@ -142,47 +113,65 @@ pub fn to_request(
     let pod = quota_identity(claim).ok_or_else(|| ClaimError::NoPod(name.clone()))?;
     let configs = allocation.config.as_deref().unwrap_or_default();
     let mut devices = Vec::new();
+    let mut problems = Vec::new();
+    let mut note = |problem: Problem| {
+        if !problems.contains(&problem) {
+            problems.push(problem);
+        }
+    };
     for result in allocation.results.as_deref().unwrap_or_default() {
         if result.driver != driver || result.pool != node {
             continue;
         }
         let gpu = slice::device_index(&result.device)
-            .and_then(|index| gpus.iter().find(|g| g.index == index))
-            .ok_or_else(|| ClaimError::UnknownDevice {
-                claim: name.clone(),
-                pool: result.pool.clone(),
-                device: result.device.clone(),
-            })?;
-        let consumed = |key: &'static str| -> Result<Option<u64>, ClaimError> {
-            let Some(q) = result.consumed_capacity.as_ref().and_then(|c| c.get(key)) else {
-                return Ok(None);
-            };
-            quantity::parse(&q.0)
-                .map(Some)
-                .ok_or_else(|| ClaimError::Quantity {
-                    claim: name.clone(),
+            .and_then(|index| gpus.iter().find(|g| g.index == index));
+        let mut consumed = |key: &'static str| -> Option<u64> {
+            let q = result.consumed_capacity.as_ref()?.get(key)?;
+            let parsed = quantity::parse(&q.0);
+            if parsed.is_none() {
+                note(Problem::Quantity {
                     what: key,
                     value: q.0.clone(),
-                })
+                });
+            }
+            parsed
         };
+        let memory = consumed("memory");
+        let compute = consumed("compute");
+        let (params, found) = parameters(configs, driver, &result.request);
+        for problem in found {
+            note(problem.into());
+        }
         // Without consumable capacity (an exclusive allocation): the whole GPU.
-        let memory_bytes = consumed("memory")?.unwrap_or(gpu.memory_total);
-        let compute = consumed("compute")?.unwrap_or(100);
-        if !(1..=100).contains(&compute) {
-            return Err(ClaimError::Compute {
-                claim: name.clone(),
-                value: compute,
+        let compute = compute.unwrap_or(100);
+        let percent = u8::try_from(compute).ok().filter(|p| (1..=100).contains(p));
+        if percent.is_none() {
+            note(Problem::Compute(compute));
+        }
+        if gpu.is_none() {
+            note(Problem::UnknownDevice {
+                pool: result.pool.clone(),
+                device: result.device.clone(),
             });
         }
+        let (Some(gpu), Some(compute_percent)) = (gpu, percent) else {
+            continue;
+        };
         devices.push(DeviceGrant {
             requests: vec![result.request.clone()],
             pool: result.pool.clone(),
             device: result.device.clone(),
             gpu_uuid: gpu.uuid.clone(),
             gpu_index: gpu.index,
-            memory_bytes,
-            compute_percent: compute as u8,
-            params: parameters(&name, configs, driver, &result.request)?,
+            memory_bytes: memory.unwrap_or(gpu.memory_total),
+            compute_percent,
+            params,
+        });
+    }
+    if !problems.is_empty() {
+        return Err(ClaimError::Invalid {
+            claim: name,
+            problems,
         });
     }
     Ok(ClaimRequest {
@@ -231,19 +220,16 @@ pub fn quota_identity(claim: &ResourceClaim) -> Option<PodRef> {
 
 /// The parameters for `request`: every config of ours that applies to it
 /// (no `requests` list, or one naming it; a subrequest `req/sub` matches
-/// `req`), later ones overriding earlier ones field by field.
+/// `req`), later ones overriding earlier ones field by field; and every
+/// problem of those configs.
 fn parameters(
-    claim: &str,
     configs: &[DeviceAllocationConfiguration],
     driver: &str,
     request: &str,
-) -> Result<SharingParams, ClaimError> {
+) -> (SharingParams, Vec<ParameterProblem>) {
     let mut params = SharingParams::default();
+    let mut problems = Vec::new();
     let parent = request.split('/').next().unwrap_or(request);
-    let error = |message: String| ClaimError::Parameters {
-        claim: claim.to_owned(),
-        message,
-    };
     for config in configs {
         let applies = config
             .requests
@@ -252,50 +238,11 @@ fn parameters(
         let Some(opaque) = config.opaque.as_ref().filter(|o| o.driver == driver) else {
             continue;
         };
-        if !applies {
-            continue;
-        }
-        let raw: RawParameters = serde_json::from_value(opaque.parameters.0.clone())
-            .map_err(|e| error(e.to_string()))?;
-        if let Some(weight) = raw.weight {
-            if weight == 0 {
-                return Err(error("weight must be at least 1".into()));
-            }
-            params.weight = weight;
-        }
-        if let Some(policy) = raw.policy {
-            params.policy = Policy::parse(&policy)
-                .ok_or_else(|| error(format!("policy {policy:?} is not fixed, elastic or none")))?;
-        }
-        if let Some(ceiling) = raw.ceiling {
-            if !(1..=100).contains(&ceiling) {
-                return Err(error(format!("ceiling {ceiling} is not 1..100")));
-            }
-            params.ceiling = Some(ceiling);
-        }
-        if let Some(priority) = raw.priority {
-            params.priority = priority;
-        }
-        if let Some(class) = raw.class {
-            params.class = PodClass::parse(&class)
-                .ok_or_else(|| error(format!("class {class:?} is not latency or batch")))?;
-        }
-        if raw.oversubscribe.is_some() || raw.spill_limit.is_some() {
-            let limit = raw.spill_limit.as_ref().map(spill_limit).transpose();
-            params.spill_bytes = spec::spill_cap(raw.oversubscribe, limit.map_err(error)?);
+        if applies {
+            parameters::apply(&opaque.parameters.0, &mut params, &mut problems);
         }
     }
-    Ok(params)
-}
-
-/// A `spillLimit`: bytes, or a quantity (`16Gi`).
-fn spill_limit(value: &serde_json::Value) -> Result<u64, String> {
-    let parsed = match value {
-        serde_json::Value::Number(n) => n.as_u64(),
-        serde_json::Value::String(text) => quantity::parse(text),
-        _ => None,
-    };
-    parsed.ok_or_else(|| format!("spillLimit {value} is not a size"))
+    (params, problems)
 }
 
 /// Checks that the claim the API has is the one the kubelet means.
@@ -314,6 +261,8 @@ pub fn check_uid(claim: &ResourceClaim, expected: &str) -> Result<(), ClaimError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gpushare_utils::pod::PodClass;
+    use hypervisor_core::spec::Policy;
 
     fn config(parameters: serde_json::Value) -> DeviceAllocationConfiguration {
         serde_json::from_value(serde_json::json!({
@@ -336,7 +285,7 @@ mod tests {
         );
         assert!(
             get(serde_json::json!({"class": "urgent"}))
-                .is_err_and(|e| e.contains("class \"urgent\" is not latency or batch"))
+                .is_err_and(|e| e.contains("class \"urgent\" is not batch or latency"))
         );
     }
 
@@ -395,6 +344,117 @@ mod tests {
     }
 
     fn parameters_of(configs: &[DeviceAllocationConfiguration]) -> Result<SharingParams, String> {
-        parameters("c", configs, "gpu.gpushare.dev", "gpu").map_err(|e| e.to_string())
+        let (params, problems) = parameters(configs, "gpu.gpushare.dev", "gpu");
+        let problems: Vec<Problem> = problems.into_iter().map(Problem::from).collect();
+        if problems.is_empty() {
+            Ok(params)
+        } else {
+            Err(joined(&problems))
+        }
+    }
+
+    /// Claim `bad` allocated on `device` with `consumed` capacity and
+    /// `configs` (as the scheduler copies them), reserved for one pod.
+    fn allocated(
+        device: &str,
+        (memory, compute): (&str, &str),
+        configs: serde_json::Value,
+    ) -> ResourceClaim {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "bad", "namespace": "ml", "uid": "c1a1e000-0000-4000-8000-000000000002"},
+            "spec": {"devices": {}},
+            "status": {
+                "allocation": {"devices": {
+                    "results": [{"request": "gpu", "driver": "gpu.gpushare.dev", "pool": "node",
+                        "device": device, "consumedCapacity": {"memory": memory, "compute": compute}}],
+                    "config": configs,
+                }},
+                "reservedFor": [{"resource": "pods", "name": "p", "uid": "a0000000-0000-4000-8000-00000000000a"}],
+            },
+        }))
+        .expect("claim")
+    }
+
+    fn gpu() -> GpuInfo {
+        GpuInfo {
+            index: 0,
+            uuid: "GPU-0".to_owned(),
+            name: "NVIDIA H100".to_owned(),
+            memory_total: 80 << 30,
+            memory_used: 0,
+        }
+    }
+
+    #[test]
+    fn every_problem_of_a_claim_is_reported_at_once() {
+        let opaque = |source: &str, parameters: serde_json::Value| {
+            serde_json::json!({"source": source, "requests": ["gpu"],
+                "opaque": {"driver": "gpu.gpushare.dev", "parameters": parameters}})
+        };
+        let configs = serde_json::json!([
+            opaque(
+                "FromClass",
+                serde_json::json!({"weight": 0, "policy": "garbage"})
+            ),
+            opaque(
+                "FromClaim",
+                serde_json::json!({"ceiling": 500, "colour": "red", "class": "batch"})
+            ),
+        ]);
+        let claim = allocated("gpu-7", ("lots", "150"), configs);
+        let error = to_request(&claim, "gpu.gpushare.dev", "node", &[gpu()]).unwrap_err();
+        let ClaimError::Invalid { claim, problems } = &error else {
+            panic!("{error}");
+        };
+        assert_eq!(claim, "bad");
+        let invalid = |field, value: &str, allowed| {
+            Problem::Parameters(ParameterProblem::Invalid {
+                field,
+                value: value.to_owned(),
+                allowed,
+            })
+        };
+        assert_eq!(
+            problems,
+            &[
+                Problem::Quantity {
+                    what: "memory",
+                    value: "lots".to_owned()
+                },
+                invalid("weight", "0", "a whole number from 1 to 4294967295"),
+                invalid("policy", "\"garbage\"", "fixed, elastic or none"),
+                Problem::Parameters(ParameterProblem::UnknownField("colour".to_owned())),
+                invalid("ceiling", "500", "a whole number from 1 to 100"),
+                Problem::Compute(150),
+                Problem::UnknownDevice {
+                    pool: "node".to_owned(),
+                    device: "gpu-7".to_owned()
+                },
+            ]
+        );
+        // One line, in the product's words: no parser's types.
+        let text = error.to_string();
+        assert!(
+            text.starts_with("claim bad: consumed memory \"lots\" is not a quantity; opaque parameters: weight 0 is not a whole number from 1 to 4294967295; "),
+            "{text}"
+        );
+        assert!(!text.contains("u8") && !text.contains("expected"), "{text}");
+    }
+
+    #[test]
+    fn a_claim_without_problems_is_a_request() {
+        let configs = serde_json::json!([{"source": "FromClaim",
+            "opaque": {"driver": "gpu.gpushare.dev", "parameters": {"weight": 3, "policy": "elastic", "ceiling": 80}}}]);
+        let claim = allocated("gpu-0", ("4Gi", "30"), configs);
+        let request = to_request(&claim, "gpu.gpushare.dev", "node", &[gpu()]).unwrap();
+        let [device] = request.devices.as_slice() else {
+            panic!("{request:?}");
+        };
+        assert_eq!((device.memory_bytes, device.compute_percent), (4 << 30, 30));
+        let p = &device.params;
+        assert_eq!(
+            (p.weight, p.policy, p.ceiling),
+            (3, Policy::Elastic, Some(80))
+        );
     }
 }

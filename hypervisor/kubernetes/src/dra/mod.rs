@@ -4,8 +4,10 @@
 //! [`ClaimPreparer`] (the Kubernetes agent's: [`crate`]).
 
 pub mod claims;
+pub mod parameters;
 pub mod plugin;
 mod prepare;
+pub mod refusal;
 pub mod registration;
 pub mod slice;
 pub mod socket;
@@ -101,7 +103,9 @@ pub enum ClaimRefused {
     Pods(#[from] KubeError),
 }
 
-/// Prepares and unprepares claims.
+/// Prepares and unprepares claims. Saying why a claim was refused is the
+/// preparer's (the agent's: [`refusal`]); the plugin tells the kubelet and
+/// logs it at DEBUG.
 pub trait ClaimPreparer: Send + Sync + 'static {
     /// Prepares `claim`: the devices it got and their CDI IDs.
     fn prepare(

@@ -73,7 +73,7 @@ macro_rules! dra_version {
                             },
                             Err(refused) => {
                                 let error = one_line(&refused);
-                                tracing::warn!(claim = uid, error, "prepare failed");
+                                tracing::debug!(claim = uid, error, "prepare failed");
                                 v::NodePrepareResourceResponse {
                                     devices: Vec::new(),
                                     error,

@@ -12,6 +12,29 @@ use crate::dra::{ClaimPreparer, ClaimRef, ClaimRefused, PreparedDevice};
 
 impl ClaimPreparer for NodeAgent {
     async fn prepare(&self, claim: ClaimRef) -> Result<Vec<PreparedDevice>, ClaimRefused> {
+        let prepared = self.prepare_claim(&claim).await;
+        match &prepared {
+            Ok(_) => self.inner.refusals.clear(&claim.uid),
+            Err(refused) => self.report_refusal(&claim, refused).await,
+        }
+        prepared
+    }
+
+    async fn unprepare(&self, claim: ClaimRef) -> Result<(), ClaimRefused> {
+        let _busy = self.inner.busy.lock().await;
+        self.inner.refusals.clear(&claim.uid);
+        let removed = self.provisioner().unprepare(&claim.uid)?;
+        if removed {
+            self.sync()?;
+        }
+        Ok(())
+    }
+}
+
+impl NodeAgent {
+    /// Prepares `claim`, once: a claim prepared before gets its devices
+    /// again. Nothing of a claim refused is left on the node.
+    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, ClaimRefused> {
         let _busy = self.inner.busy.lock().await;
         let devices = |request: &hypervisor_provision::ClaimRequest, cdi: &[String]| {
             request
@@ -28,7 +51,7 @@ impl ClaimPreparer for NodeAgent {
         if let Some(done) = self.provisioner().claims().get(&claim.uid) {
             return Ok(devices(&done.request, &done.cdi_devices));
         }
-        let object = self.claim(&claim).await?;
+        let object = self.claim(claim).await?;
         claims::check_uid(&object, &claim.uid)?;
         let o = &self.inner.options;
         let request = {
@@ -39,17 +62,6 @@ impl ClaimPreparer for NodeAgent {
         Ok(devices(&request, &cdi))
     }
 
-    async fn unprepare(&self, claim: ClaimRef) -> Result<(), ClaimRefused> {
-        let _busy = self.inner.busy.lock().await;
-        let removed = self.provisioner().unprepare(&claim.uid)?;
-        if removed {
-            self.sync()?;
-        }
-        Ok(())
-    }
-}
-
-impl NodeAgent {
     /// The claim the kubelet names: the reflector's copy when it is this
     /// UID, allocated and reserved; else the API server's.
     async fn claim(&self, claim: &ClaimRef) -> Result<ResourceClaim, ClaimRefused> {

@@ -1,9 +1,9 @@
 //! The node agent end to end on the official control plane (API server,
 //! scheduler, controller manager): DRA claims allocated by the real
 //! scheduler and prepared by the agent, the device plugin's placement and
-//! health, co-run GPUs, overcommit, claims shared by several pods, and the
+//! health, co-run GPUs, overcommit, claims shared by several pods, the
 //! admission policies that check claims and device-plugin pods when they
-//! are written.
+//! are written, and a claim the node refuses when it prepares it.
 //!
 //! Every test of the binary shares one control plane (`deploy/` installed
 //! once, stopped when the binary exits), each in a namespace and on a Node
@@ -19,6 +19,7 @@ use kube_fakes::tenant::Tenant;
 use serde_json::Value;
 
 mod claim_parameters;
+mod claim_refusal;
 mod claim_validation;
 mod corun_provision;
 mod device_health;
