@@ -41,7 +41,14 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
    allows (and the GPU has) is swapped out and back, contents checked; a
    pod holding more than the host has available less the daemon's 4 GiB
    reserve is refused up front, with the daemon's reason, and runs on.
-7. the cost for pods never swapped: `python3 -m scripts.bench launch-ab`.
+7. frameworks (only when --parts names it): per workload of swap_fw_pod.py
+   (PyTorch with a CUDA graph, with expandable segments, with
+   cudaMallocAsync; JAX; CuPy; Triton), a pod holding about 1 GiB swapped
+   out and back: the path each swap took (where the fast path is asked
+   for and a process holds memory its limiter does not back, the daemon
+   falls back to the checkpoint and says why), nvidia-smi while swapped,
+   and the results recomputed after, bit-identical.
+8. the cost for pods never swapped: `python3 -m scripts.bench launch-ab`.
 
 Targets: swap-in of 8 GiB <= 2 s; a swapped pod's first request <= 3 s;
 stretch: swap bandwidth >= 50% of pinned. With the defaults the run should
@@ -58,6 +65,7 @@ import time
 from pathlib import Path
 
 from .swap_bench import Bench, gib, guarded
+from .swap_frameworks import part_frameworks
 from .swap_parts import part_bandwidth, part_infer, part_limit, part_move, part_overcommit, part_swap
 from .swap_report import report
 
@@ -73,8 +81,8 @@ def parse_sizes(text):
     return sizes
 
 
-PARTS = ("bandwidth", "swap", "infer", "overcommit", "move", "limit")
-# limit fills the host: only when asked.
+PARTS = ("bandwidth", "swap", "infer", "overcommit", "move", "limit", "frameworks")
+# limit fills the host, frameworks needs JAX, CuPy and Triton: only when asked.
 DEFAULT_PARTS = PARTS[:5]
 
 
@@ -133,6 +141,8 @@ def main(p, args):
             results["move"] = guarded("move", part_move, b)
         if "limit" in args.parts:
             results["limit"] = guarded("limit", part_limit, b)
+        if "frameworks" in args.parts:
+            results["frameworks"] = guarded("frameworks", part_frameworks, b)
         print("no cost for pods never swapped: measured by `python3 -m scripts.bench launch-ab`", flush=True)
     finally:
         # Each part stops its pods and its daemon and removes the regions.

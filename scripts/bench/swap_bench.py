@@ -102,13 +102,13 @@ class Pod:
     as they come (a thread; the bench times requests to the millisecond),
     its stderr and other output in `log`."""
 
-    def __init__(self, pod, argv, env, log):
+    def __init__(self, pod, argv, env, log, program=None):
         self.pod, self.log = pod, Path(log)
         self.chatter = []
         with open(self.log, "w") as f:
             f.write(f"# {pod}: {' '.join(argv)}\n")
             f.flush()
-            self.p = subprocess.Popen([sys.executable, str(POD_PROGRAM), *argv], stdin=subprocess.PIPE,
+            self.p = subprocess.Popen([sys.executable, str(program or POD_PROGRAM), *argv], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=f, env=env, text=True, bufsize=1,
                                       start_new_session=True)
         self.replies = queue.Queue()
@@ -229,14 +229,16 @@ class Bench:
         for name in self.tables.values():
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
-    def start_pod(self, pod, *argv):
-        env = common.clean_env("PYTORCH_CUDA_ALLOC_CONF")
-        env.update(LD_PRELOAD=self.lib, CUDA_LIMITER_POD=pod, CUDA_LIMITER_TOKEN=hv.hv_token(pod),
-                   CUDA_LIMITER_HYPERVISOR=self.daemon.url, CUDA_LIMITER_LOG="info", PYTHONUNBUFFERED="1",
-                   **self.tables, **POD_ENV)
+    def start_pod(self, pod, *argv, program=None, env=None):
+        """The pod's program (swap_pod.py unless `program`) under the
+        limiter, with `env` over the pods' own."""
+        environ = common.clean_env("PYTORCH_CUDA_ALLOC_CONF")
+        environ.update(LD_PRELOAD=self.lib, CUDA_LIMITER_POD=pod, CUDA_LIMITER_TOKEN=hv.hv_token(pod),
+                       CUDA_LIMITER_HYPERVISOR=self.daemon.url, CUDA_LIMITER_LOG="info", PYTHONUNBUFFERED="1",
+                       **self.tables, **POD_ENV, **(env or {}))
         if self.args.path == "fast":
-            env["CUDA_LIMITER_FAST_SWAP"] = "1"
-        p = Pod(pod, [str(a) for a in argv], env, self.out / f"pod-{pod}.log")
+            environ["CUDA_LIMITER_FAST_SWAP"] = "1"
+        p = Pod(pod, [str(a) for a in argv], environ, self.out / f"pod-{pod}.log", program)
         self.pods.append(p)
         return p
 

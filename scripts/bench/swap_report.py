@@ -68,10 +68,32 @@ def report(results, sizes):
         rows.append((f"overcommit, 3 pods of quota {gib(oc['quota'])} GiB holding {gib(oc['hold'])} GiB",
                      f"{len(oc['turns'])} requests, {t.get('swap_outs')} swaps out, {t.get('swap_ins')} in",
                      "no OOM, digests identical", "PASS" if oc["pass"] else "FAIL " + ", ".join(oc["why"])))
+    rows += framework_rows(results.get("frameworks"))
     rows.append(("move between GPUs", (results.get("move") or {}).get("line", "not run"), "", ""))
     rows.append(("no cost for pods never swapped", "python3 -m scripts.bench launch-ab", "", ""))
     head = "| figure | value | target | verdict |\n|---|---|---|---|\n"
     return head + "".join("| " + " | ".join(str(c) for c in row) + " |\n" for row in rows)
+
+
+def framework_rows(frameworks):
+    """One row per workload of the frameworks part: the paths its swaps
+    took, nvidia-smi's MiB of the process while swapped, and whether its
+    results came back bit-identical."""
+    if frameworks is None:
+        return []
+    if "failed" in frameworks:
+        return [("frameworks", "FAILED", "", frameworks["failed"][:120])]
+    rows = []
+    for workload, r in frameworks["workloads"].items():
+        if "failed" in r:
+            rows.append((f"{workload}: swapped out and back", "FAILED", "", r["failed"][:120]))
+            continue
+        paths = f"{r.get('path_out') or 'not swapped'} / {r.get('path_in') or '-'}"
+        declined = f"; fast declined: {r['fast_declined'][:80]}" if r.get("fast_declined") else ""
+        rows.append((f"{workload}: paths out / in, nvidia-smi MiB swapped, identical",
+                     f"{paths}, {fmt(r.get('smi_swapped_mib'), 'd', 'absent')}, {yes(r.get('identical'))}{declined}",
+                     "identical", pass_fail(r.get("identical"))))
+    return rows
 
 
 def swap_rows(size, one):

@@ -236,7 +236,10 @@ impl Hypervisor {
             Wait::No => None,
         };
         if let Some(workers) = fast {
-            match self.fast_swap_out(view, &residence, &workers).await? {
+            match self
+                .fast_swap_out(view, &residence, &workers, &pids)
+                .await?
+            {
                 fast::FastOut::Done(moved) => return Ok(moved),
                 fast::FastOut::Active => return Err(SwapRefusal::Swap(SwapError::Active)),
                 fast::FastOut::Undone(reason) => {

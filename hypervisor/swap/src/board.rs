@@ -62,6 +62,13 @@ pub struct SwapHistory {
     /// resident (away, its host memory is `bytes_on_host`).
     #[serde(default)]
     pub host_kept_bytes: u64,
+    /// Why its last swap-out that could have gone by the fast path (every
+    /// process backs its memory) was undone there, for the driver's
+    /// checkpoint to take: a process refused or failed its own, or left
+    /// memory its limiter does not back on the GPUs. `None` once a
+    /// swap-out goes by the fast path.
+    #[serde(default)]
+    pub fast_declined: Option<String>,
 }
 
 /// How a swap moved a pod's memory.
@@ -139,6 +146,7 @@ impl Default for SwapHistory {
             last_bytes_out: 0,
             last_bytes_in: 0,
             host_kept_bytes: 0,
+            fast_declined: None,
         }
     }
 }
@@ -263,6 +271,9 @@ impl SwapBoard {
         record.last_error = None;
         record.last_swap_out_s = Some(out.took.as_secs_f64());
         record.last_swap_out_path = Some(out.path);
+        if out.path == SwapPath::Fast {
+            record.fast_declined = None;
+        }
         record.last_bytes_out = out.bytes;
     }
 
@@ -282,6 +293,11 @@ impl SwapBoard {
         record.last_swap_in_s = Some(back.took.as_secs_f64());
         record.last_swap_in_path = Some(back.path);
         record.last_bytes_in = back.bytes;
+    }
+
+    /// A fast swap-out of the pod was undone, for the reason `why`.
+    pub fn fast_declined(&self, pod: &str, why: &str) {
+        self.update(pod, |record| record.fast_declined = Some(why.to_owned()));
     }
 
     /// The pod's processes gave back host copies they kept: they keep

@@ -99,7 +99,7 @@ def test_options_and_their_defaults(bundle, tmp_path, monkeypatch):
     swap.resolve(subs["swap"], a)
     assert (a.sizes, a.rounds, a.parts) == ([1.0, 8.0, 32.0], 3, list(swap.DEFAULT_PARTS))
     assert list(swap.DEFAULT_PARTS) == ["bandwidth", "swap", "infer", "overcommit", "move"]
-    assert list(swap.PARTS) == [*swap.DEFAULT_PARTS, "limit"]
+    assert list(swap.PARTS) == [*swap.DEFAULT_PARTS, "limit", "frameworks"]
     assert Path(a.out).parent == tmp_path and Path(a.out).name.startswith("swap-bench-") and Path(a.out).is_dir()
 
     a = top.parse_args(["swap", "--bundle", str(bundle), "--quick", "--out", str(tmp_path / "q")])
@@ -383,6 +383,12 @@ def test_report_of_every_part():
                        "totals": {"swap_outs": 5, "swap_ins": 4}, "pass": True, "why": []},
         "move": {"line": "PASS: move 1 2.10 s; move 0 2.00 s; drain 0 2.20 s; on the other GPU, identical,"
                          " quota intact"},
+        "frameworks": {"workloads": {
+            "jax": {"path_out": "fast", "path_in": "fast", "smi_swapped_mib": 600, "identical": True},
+            "torch-expandable": {"path_out": "checkpoint", "path_in": "checkpoint", "smi_swapped_mib": None,
+                                 "identical": True, "fast_declined": "its processes still hold 2 GiB"},
+            "cupy": {"path_out": None, "identical": False},
+            "triton": {"failed": "RuntimeError: no triton"}}},
     }
     assert swap_report.report(results, [1.0, 8.0, 32.0]) == table(
         "| pinned H2D / D2H, GiB/s | 24.6 / 25.0 | the physical limit |  |\n",
@@ -405,6 +411,12 @@ def test_report_of_every_part():
         "| inference outputs identical (requests resident, swapped) | yes (3, 3) | yes | PASS |\n",
         "| overcommit, 3 pods of quota 40 GiB holding 36 GiB | 6 requests, 5 swaps out, 4 in"
         " | no OOM, digests identical | PASS |\n",
+        "| jax: paths out / in, nvidia-smi MiB swapped, identical | fast / fast, 600, yes | identical | PASS |\n",
+        "| torch-expandable: paths out / in, nvidia-smi MiB swapped, identical | checkpoint / checkpoint, absent,"
+        " yes; fast declined: its processes still hold 2 GiB | identical | PASS |\n",
+        "| cupy: paths out / in, nvidia-smi MiB swapped, identical | not swapped / -, absent, no | identical"
+        " | FAIL |\n",
+        "| triton: swapped out and back | FAILED |  | RuntimeError: no triton |\n",
         "| move between GPUs | PASS: move 1 2.10 s; move 0 2.00 s; drain 0 2.20 s; on the other GPU, identical,"
         " quota intact |  |  |\n")
 

@@ -6,7 +6,9 @@
 //! which path each swap took and the bytes each way. A pod with one
 //! process without the setting is swapped by the checkpoint instead, and
 //! so is a pod one of whose processes fails its own swap-out (the others
-//! bring their memory back first). The host copies a pod's processes keep
+//! bring their memory back first), or whose process holds memory its
+//! limiter does not back (the driver's checkpoint takes all of it; the
+//! status says why). The host copies a pod's processes keep
 //! after a fast swap-in count against `host_limit`, and are given back when
 //! another pod's swap-out needs the room.
 
@@ -14,7 +16,7 @@ use std::sync::Arc;
 
 use gpushare_utils::limits::Residency;
 use hypervisor_swap::SwapPath;
-use system_tests::daemon::double_gpus;
+use system_tests::daemon::process_gpus;
 use system_tests::pod::Pod;
 use system_tests::probes::{CONTEXT_BYTES, MIB};
 use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, control_block};
@@ -30,6 +32,7 @@ const SCRIPT: &[&str] = &[
     "alloc", "mem", "64m", "write", "0", "9", "wait", "check", "0", "9",
 ];
 
+/// A daemon of one double GPU, whose NVML shows what each process holds.
 fn start(pod: &Pod) -> RunningNode {
     let library = gpushare_examples::double_dir().join("libcuda.so.1");
     let config = format!(
@@ -38,7 +41,7 @@ fn start(pod: &Pod) -> RunningNode {
         library.display(),
         pod.0
     );
-    daemon::hypervisor(pod, &config, Arc::new(double_gpus(1)))
+    daemon::hypervisor(pod, &config, Arc::new(process_gpus(1)))
 }
 
 /// A probe of `pod` running [`SCRIPT`], with the setting or without, up to
@@ -208,6 +211,8 @@ fn a_process_failing_its_own_swap_out_sends_the_pod_to_the_checkpoint() {
         "{record:?}"
     );
     assert_eq!(record.history.failures, 1, "the fast try: {record:?}");
+    let declined = record.history.fast_declined.as_deref().unwrap_or_default();
+    assert!(declined.contains("unmapping"), "{record:?}");
 
     check_after(good, &good_at);
     check_after(bad, &bad_at);
@@ -237,7 +242,7 @@ fn host_copies_a_resident_pod_keeps_are_given_back_when_another_pods_swap_needs_
         library.display(),
         CONTEXT_BYTES + HELD * 3 / 2
     );
-    let node = daemon::hypervisor(&kept, &config, Arc::new(double_gpus(1)));
+    let node = daemon::hypervisor(&kept, &config, Arc::new(process_gpus(1)));
     let (first, first_at) = ready(&kept, &node, true);
     let (second, second_at) = ready(&other, &node, true);
     registered(&node, &kept, 1);
@@ -279,4 +284,44 @@ fn host_copies_a_resident_pod_keeps_are_given_back_when_another_pods_swap_needs_
     );
     check_after(second, &second_at);
     check_after(first, &first_at);
+}
+
+#[test]
+fn a_process_holding_memory_its_limiter_does_not_back_sends_the_pod_to_the_checkpoint() {
+    let pod = Pod::new("fast-unbacked");
+    let node = start(&pod);
+    // Beside its backed memory, 2 GiB it maps with the VMM API itself:
+    // the fast path would leave those on the GPU.
+    let script = [
+        "alloc", "mem", "64m", "write", "0", "9", "alloc", "create", "2g", "wait", "check", "0",
+        "9",
+    ];
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[("CUDA_LIMITER_FAST_SWAP", "1")],
+        &script,
+    );
+    let lines = running.until_ready();
+    assert!(lines[2].starts_with("alloc create 2g -> 0"), "{lines:?}");
+    let at = lines[1].split("at=").nth(1).expect("an address").to_owned();
+    registered(&node, &pod, 1);
+
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "the checkpoint took over: {answer}");
+    let block = control_block(running.pid());
+    assert_eq!(
+        (block.state, block.device_bytes),
+        (2, 0),
+        "all of it checkpointed: {block:?}"
+    );
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Checkpoint),
+        "{record:?}"
+    );
+    let declined = record.history.fast_declined.as_deref().unwrap_or_default();
+    assert!(declined.contains("does not back"), "{record:?}");
+    check_after(running, &at);
 }

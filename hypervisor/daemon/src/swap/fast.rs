@@ -7,9 +7,11 @@
 //! Out: the residency says `swapping_out` first (the pod's calls wait at
 //! the limiter's gate), the pod's last call is checked again (a call that
 //! slipped in makes the pod active: it runs on), then every worker is
-//! asked; `swapped` once all moved. A process that refuses or fails (and
-//! so undid its own part) makes the others bring their memory back, and
-//! the caller then tries the checkpoint. In: every worker is
+//! asked; `swapped` once all moved and NVML finds no more left on the
+//! GPUs than their contexts take. A process that refuses or fails (and so
+//! undid its own part), or memory left that the limiters do not back,
+//! makes the others bring their memory back, and the caller then tries
+//! the checkpoint. In: every worker is
 //! asked to bring its memory back; `resident` once all did. What the
 //! processes report moved is what the board counts in host memory.
 
@@ -29,6 +31,15 @@ use crate::Hypervisor;
 /// link, but its first swap-out pins its host buffers (about half a second
 /// a GiB), and a swap queued behind it waits for it.
 pub(super) const ANSWER_WITHIN: Duration = Duration::from_secs(120);
+
+/// What a process may leave on its GPUs after its own swap-out: its
+/// context and the driver's memory for it (0.3 to 0.6 GiB on an H100 or
+/// H200, more with many modules loaded). One that leaves more holds memory
+/// its limiter does not back (managed memory, memory the program maps with
+/// the VMM API itself, pools of `cuMemAllocAsync`, IPC imports): the fast
+/// swap-out is undone and the driver's checkpoint, which takes all of a
+/// process, is tried instead.
+const LEFT_PER_PROCESS: u64 = 1 << 30;
 
 /// How a fast swap-out ended.
 pub(super) enum FastOut {
@@ -66,6 +77,7 @@ impl Hypervisor {
         view: &SwapView,
         residence: &Residence<'_>,
         workers: &[ClientId],
+        pids: &[u32],
     ) -> Result<FastOut, SwapRefusal> {
         let Some(stamp) = quiet_stamp(&view.region).await else {
             return Ok(FastOut::Active);
@@ -79,7 +91,12 @@ impl Hypervisor {
         }
         let started = Instant::now();
         let answers = self.ask(workers, &Command::SwapOut, ANSWER_WITHIN).await;
-        let (bytes, _, failures) = tally(&answers);
+        let (bytes, _, mut failures) = tally(&answers);
+        if failures.is_empty()
+            && let Some(why) = self.left_on_gpus(pids, &answers).await
+        {
+            failures.push(why);
+        }
         let out = Swapped {
             path: SwapPath::Fast,
             bytes,
@@ -102,7 +119,7 @@ impl Hypervisor {
         let back = self.ask(&went_out, &Command::SwapIn, ANSWER_WITHIN).await;
         let (_, _, stuck) = tally(&back);
         if stuck.is_empty() {
-            residence.swap_out_failed(&reason);
+            residence.fast_declined(&reason);
             tracing::info!(pod = %view.pod, %reason, "the fast swap-out was undone");
             return Ok(FastOut::Undone(reason));
         }
@@ -113,6 +130,42 @@ impl Hypervisor {
         residence.left_away(out, &error);
         tracing::error!(pod = %view.pod, %error, "a fast swap-out failed half-way; the pod stays in host memory");
         Err(SwapRefusal::Fast(error))
+    }
+
+    /// Why the pod cannot stay out by the fast path: its processes `pids`
+    /// still hold more on the GPUs than their contexts take, by NVML (by
+    /// their own reports where NVML cannot tell; where neither can, the
+    /// checkpoint is safer); `None` where they do not.
+    async fn left_on_gpus(
+        &self,
+        pids: &[u32],
+        answers: &[(ClientId, Result<CommandResult, String>)],
+    ) -> Option<String> {
+        let allowed = LEFT_PER_PROCESS.saturating_mul(pids.len() as u64);
+        let seen = self.nvml_bytes(pids).await;
+        let left = if seen.is_empty() {
+            answers
+                .iter()
+                .map(|(_, answer)| answer.as_ref().ok()?.swap.as_ref()?.unmoved_bytes)
+                .sum::<Option<u64>>()
+        } else {
+            Some(
+                seen.values()
+                    .fold(0u64, |sum, &bytes| sum.saturating_add(bytes)),
+            )
+        };
+        match left {
+            Some(left) if left <= allowed => None,
+            Some(left) => Some(format!(
+                "its processes still hold {left} bytes on the GPUs after their own swap-out, more than \
+                 the {allowed} their contexts may: memory the limiter does not back (managed, mapped \
+                 by the program itself, pools of cuMemAllocAsync, IPC)"
+            )),
+            None => Some(
+                "what its processes still hold on the GPUs after their own swap-out cannot be told"
+                    .to_owned(),
+            ),
+        }
     }
 
     /// Brings the pod back through its workers; what it took.

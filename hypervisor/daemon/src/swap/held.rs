@@ -15,9 +15,21 @@ impl Hypervisor {
     /// on each GPU, what NVML attributes to them, or what the pod's ledger
     /// says where that is more (NVML may not tell, or not yet).
     pub(super) async fn held_bytes(&self, view: &SwapView, pids: &[u32]) -> u64 {
+        let seen = self.nvml_bytes(pids).await;
+        let ledger: Vec<(&str, u64)> = view
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.as_str(), g.bytes))
+            .collect();
+        held(&ledger, &seen)
+    }
+
+    /// What NVML attributes to the processes `pids` on each GPU that
+    /// answered, by lowercase UUID; empty where none did.
+    pub(super) async fn nvml_bytes(&self, pids: &[u32]) -> BTreeMap<String, u64> {
         let observer = Arc::clone(&self.shared.observer);
         let pids: BTreeSet<u32> = pids.iter().copied().collect();
-        let seen = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let mut seen = BTreeMap::new();
             for gpu in observer.gpus().unwrap_or_default() {
                 match observer.process_memory(gpu.index) {
@@ -37,13 +49,7 @@ impl Hypervisor {
             seen
         })
         .await
-        .unwrap_or_default();
-        let ledger: Vec<(&str, u64)> = view
-            .gpus
-            .iter()
-            .map(|g| (g.uuid.as_str(), g.bytes))
-            .collect();
-        held(&ledger, &seen)
+        .unwrap_or_default()
     }
 }
 

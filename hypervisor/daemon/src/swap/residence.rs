@@ -56,6 +56,13 @@ impl<'a> Residence<'a> {
         self.board.failed(self.pod, Residency::Resident, error);
     }
 
+    /// The fast swap-out was undone for the reason `why`: the driver's
+    /// checkpoint is tried next.
+    pub(super) fn fast_declined(&self, why: &str) {
+        self.swap_out_failed(why);
+        self.board.fast_declined(self.pod, why);
+    }
+
     /// A swap-out failed with `error` half-way and could not be undone:
     /// `out` is in host memory, and the pod stays away for its next
     /// swap-in.
