@@ -48,7 +48,11 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
    for and a process holds memory its limiter does not back, the daemon
    falls back to the checkpoint and says why), nvidia-smi while swapped,
    and the results recomputed after, bit-identical.
-8. the cost for pods never swapped: `python3 -m scripts.bench launch-ab`.
+8. cost (only when --parts names it): what CUDA_LIMITER_FAST_SWAP=1 costs
+   a pod that never swaps (swap_cost.py): allocations and a PyTorch
+   training step, processes without and with it alternated, the paired
+   differences' mean with a 95% confidence interval. The launch path's
+   cost for pods never swapped: `python3 -m scripts.bench launch-ab`.
 
 Targets: swap-in of 8 GiB <= 2 s; a swapped pod's first request <= 3 s;
 stretch: swap bandwidth >= 50% of pinned. With the defaults the run should
@@ -65,6 +69,7 @@ import time
 from pathlib import Path
 
 from .swap_bench import Bench, gib, guarded
+from .swap_cost import part_cost
 from .swap_frameworks import part_frameworks
 from .swap_parts import part_bandwidth, part_infer, part_limit, part_move, part_overcommit, part_swap
 from .swap_report import report
@@ -81,8 +86,9 @@ def parse_sizes(text):
     return sizes
 
 
-PARTS = ("bandwidth", "swap", "infer", "overcommit", "move", "limit", "frameworks")
-# limit fills the host, frameworks needs JAX, CuPy and Triton: only when asked.
+PARTS = ("bandwidth", "swap", "infer", "overcommit", "move", "limit", "frameworks", "cost")
+# limit fills the host, frameworks needs JAX, CuPy and Triton, cost takes
+# minutes of its own: only when asked.
 DEFAULT_PARTS = PARTS[:5]
 
 
@@ -143,6 +149,8 @@ def main(p, args):
             results["limit"] = guarded("limit", part_limit, b)
         if "frameworks" in args.parts:
             results["frameworks"] = guarded("frameworks", part_frameworks, b)
+        if "cost" in args.parts:
+            results["cost"] = guarded("cost", part_cost, b)
         print("no cost for pods never swapped: measured by `python3 -m scripts.bench launch-ab`", flush=True)
     finally:
         # Each part stops its pods and its daemon and removes the regions.

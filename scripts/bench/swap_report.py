@@ -69,10 +69,28 @@ def report(results, sizes):
                      f"{len(oc['turns'])} requests, {t.get('swap_outs')} swaps out, {t.get('swap_ins')} in",
                      "no OOM, digests identical", "PASS" if oc["pass"] else "FAIL " + ", ".join(oc["why"])))
     rows += framework_rows(results.get("frameworks"))
+    rows += cost_rows(results.get("cost"))
     rows.append(("move between GPUs", (results.get("move") or {}).get("line", "not run"), "", ""))
     rows.append(("no cost for pods never swapped", "python3 -m scripts.bench launch-ab", "", ""))
     head = "| figure | value | target | verdict |\n|---|---|---|---|\n"
     return head + "".join("| " + " | ".join(str(c) for c in row) + " |\n" for row in rows)
+
+
+def cost_rows(cost):
+    """The rows of the cost part: each figure without and with the setting,
+    and the paired difference's mean with its 95% confidence interval."""
+    if cost is None:
+        return []
+    if "failed" in cost:
+        return [("cost of CUDA_LIMITER_FAST_SWAP=1 for a pod never swapped", "FAILED", "", cost["failed"][:120])]
+    names = {"alloc_us": "cuMemAlloc_v2 + cuMemFree_v2 of 8 MiB, µs", "step_ms": "PyTorch training step, ms"}
+    rows = []
+    for key, name in names.items():
+        f = cost[key]
+        ci = "n/a" if f["ci"] is None else f"{f['ci']:.3f}"
+        rows.append((f"never swapped, setting off / on: {name}",
+                     f"{f['off']:.3f} / {f['on']:.3f} (on - off {f['diff']:+.3f} ± {ci}, 95% CI)", "", ""))
+    return rows
 
 
 def framework_rows(frameworks):

@@ -99,7 +99,7 @@ def test_options_and_their_defaults(bundle, tmp_path, monkeypatch):
     swap.resolve(subs["swap"], a)
     assert (a.sizes, a.rounds, a.parts) == ([1.0, 8.0, 32.0], 3, list(swap.DEFAULT_PARTS))
     assert list(swap.DEFAULT_PARTS) == ["bandwidth", "swap", "infer", "overcommit", "move"]
-    assert list(swap.PARTS) == [*swap.DEFAULT_PARTS, "limit", "frameworks"]
+    assert list(swap.PARTS) == [*swap.DEFAULT_PARTS, "limit", "frameworks", "cost"]
     assert Path(a.out).parent == tmp_path and Path(a.out).name.startswith("swap-bench-") and Path(a.out).is_dir()
 
     a = top.parse_args(["swap", "--bundle", str(bundle), "--quick", "--out", str(tmp_path / "q")])
@@ -153,6 +153,15 @@ def test_figures_and_formats():
             swap_report.fmt(None, "d", "?"), swap_report.fmt(0.456, ".0%")] == ["1.23", "n/a", "5", "?", "46%"]
     assert (swap_report.yes(1), swap_report.yes(0), swap_report.pass_fail(True), swap_report.pass_fail([])) == (
         "yes", "no", "PASS", "FAIL")
+
+
+def test_cost_interval():
+    from scripts.bench import swap_cost
+
+    mean, half = swap_cost.interval([1.0, 2.0, 3.0])
+    # Mean 2, standard deviation 1, t(2) = 4.30: 4.30 / sqrt(3).
+    assert mean == 2.0 and abs(half - 4.30 / 3 ** 0.5) < 1e-9
+    assert swap_cost.interval([5.0]) == (5.0, None)
 
 
 def test_freed_on_gpu():
@@ -389,6 +398,8 @@ def test_report_of_every_part():
                                  "identical": True, "fast_declined": "its processes still hold 2 GiB"},
             "cupy": {"path_out": None, "identical": False},
             "triton": {"failed": "RuntimeError: no triton"}}},
+        "cost": {"alloc_us": {"off": 10.0, "on": 40.5, "diff": 30.25, "ci": 1.5},
+                 "step_ms": {"off": 5.0, "on": 5.01, "diff": 0.01, "ci": None}},
     }
     assert swap_report.report(results, [1.0, 8.0, 32.0]) == table(
         "| pinned H2D / D2H, GiB/s | 24.6 / 25.0 | the physical limit |  |\n",
@@ -417,6 +428,10 @@ def test_report_of_every_part():
         "| cupy: paths out / in, nvidia-smi MiB swapped, identical | not swapped / -, absent, no | identical"
         " | FAIL |\n",
         "| triton: swapped out and back | FAILED |  | RuntimeError: no triton |\n",
+        "| never swapped, setting off / on: cuMemAlloc_v2 + cuMemFree_v2 of 8 MiB, µs | 10.000 / 40.500"
+        " (on - off +30.250 ± 1.500, 95% CI) |  |  |\n",
+        "| never swapped, setting off / on: PyTorch training step, ms | 5.000 / 5.010 (on - off +0.010 ± n/a,"
+        " 95% CI) |  |  |\n",
         "| move between GPUs | PASS: move 1 2.10 s; move 0 2.00 s; drain 0 2.20 s; on the other GPU, identical,"
         " quota intact |  |  |\n")
 
