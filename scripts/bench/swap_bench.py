@@ -235,7 +235,9 @@ class Bench:
         environ = common.clean_env("PYTORCH_CUDA_ALLOC_CONF")
         environ.update(LD_PRELOAD=self.lib, CUDA_LIMITER_POD=pod, CUDA_LIMITER_TOKEN=hv.hv_token(pod),
                        CUDA_LIMITER_HYPERVISOR=self.daemon.url, CUDA_LIMITER_LOG="info", PYTHONUNBUFFERED="1",
-                       **self.tables, **POD_ENV, **(env or {}))
+                       **self.tables)
+        environ.update(POD_ENV)
+        environ.update(env or {})
         if self.args.path == "fast":
             environ["CUDA_LIMITER_FAST_SWAP"] = "1"
         p = Pod(pod, [str(a) for a in argv], environ, self.out / f"pod-{pod}.log", program)

@@ -11,7 +11,7 @@ process); each measures
 Per figure: the medians of each arm and the mean of the rounds' paired
 differences with its 95% confidence interval (Student's t).
 
-As a program (the arms' child): python3 swap_cost.py child
+The arms' child, from the repository's root: python3 -m scripts.bench.swap_cost child
 """
 import json
 import statistics
@@ -65,8 +65,8 @@ def arm(b, fast):
            "CUDA_DEVICE_MEMORY_LIMIT": "16g"}
     if fast:
         env["CUDA_LIMITER_FAST_SWAP"] = "1"
-    out = subprocess.run([sys.executable, __file__, "child"], capture_output=True, text=True, env=env,
-                         timeout=300)
+    out = subprocess.run([sys.executable, "-m", "scripts.bench.swap_cost", "child"], capture_output=True, text=True,
+                         env=env, cwd=common.HERE.parent.parent, timeout=300)
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     if out.returncode != 0 or not lines:
         raise BenchError(f"exit {out.returncode}: {(out.stderr.strip().splitlines() or [''])[-1][:300]}")

@@ -25,10 +25,11 @@ CONTEXT = 1 * GIB
 def overcommit_plan(total, free, host_room):
     """(quota, hold) of each of three pods on a GPU of `total` bytes with
     `free` free, two of them in `host_room` of host memory at once (one
-    swapped, one swapped out to make room for its return); BenchError when
-    two cannot share the GPU or three would not overcommit it."""
+    swapped, one swapped out to make room for its return), each with its
+    context (the daemon counts what a process holds); BenchError when two
+    cannot share the GPU or three would not overcommit it."""
     quota = total // 2
-    hold = min(int(0.45 * total), host_room // 2, (free - 3 * CONTEXT) // 2)
+    hold = min(int(0.45 * total), host_room // 2 - CONTEXT, (free - 3 * CONTEXT) // 2)
     hold -= hold % (256 * MIB)
     if hold <= 0 or 3 * hold <= free - 3 * CONTEXT:
         raise BenchError(f"no overcommit possible: {gib(free)} GiB free on the GPU, {gib(host_room)} GiB for"

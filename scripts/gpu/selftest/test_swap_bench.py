@@ -132,13 +132,13 @@ def test_overcommit_plan():
     plan = swap_parts.overcommit_plan
     # An 80 GiB GPU, all but 1 GiB free, host memory to spare: 0.45 of it each.
     assert plan(80 * GIB, 79 * GIB, 200 * GIB) == (40 * GIB, 36 * GIB)
-    # Host memory for two of them, rounded down to 256 MiB.
-    assert plan(80 * GIB, 79 * GIB, 61 * GIB + 400 * MIB) == (40 * GIB, 30 * GIB + 512 * MIB)
+    # Host memory for two of them with their contexts, rounded down to 256 MiB.
+    assert plan(80 * GIB, 79 * GIB, 63 * GIB + 400 * MIB) == (40 * GIB, 30 * GIB + 512 * MIB)
     # Two must fit what is free, with a context each (and a third's).
     assert plan(80 * GIB, 50 * GIB, 200 * GIB) == (40 * GIB, 23 * GIB + 512 * MIB)
     # Three that fit at once do not overcommit; none fit at all.
     with pytest.raises(swap_bench.BenchError, match="no overcommit possible: 79 GiB free on the GPU, 40 GiB for"
-                                                    " swapped pods on the host: each pod could hold 20 GiB"):
+                                                    " swapped pods on the host: each pod could hold 19 GiB"):
         plan(80 * GIB, 79 * GIB, 40 * GIB)
     with pytest.raises(swap_bench.BenchError, match="each pod could hold 0 GiB"):
         plan(80 * GIB, 3 * GIB, 200 * GIB)
