@@ -19,8 +19,10 @@ import subprocess
 import sys
 import time
 
-from .swap_bench import POD_ENV, BenchError
+from scripts.gpu.e2e.harness.parse import median
+
 from . import common
+from .swap_bench import POD_ENV, BenchError
 
 ROUNDS = 8
 # Student's t, two-sided 95%, by degrees of freedom.
@@ -57,7 +59,7 @@ def child():
         torch.cuda.synchronize()
         if i >= 10:
             steps.append((time.perf_counter() - start) * 1e3)
-    print(json.dumps({"alloc_us": statistics.median(pairs), "step_ms": statistics.median(steps)}), flush=True)
+    print(json.dumps({"alloc_us": median(pairs), "step_ms": median(steps)}), flush=True)
 
 
 def arm(b, fast):
@@ -94,9 +96,9 @@ def part_cost(b):
         off = [r["off"][key] for r in rounds]
         on = [r["on"][key] for r in rounds]
         mean, half = interval([b_ - a for a, b_ in zip(off, on)])
-        result[key] = {"off": statistics.median(off), "on": statistics.median(on), "diff": mean, "ci": half,
+        result[key] = {"off": median(off), "on": median(on), "diff": mean, "ci": half,
                        "raw_off": off, "raw_on": on}
-        print(f"cost {key}: off median {statistics.median(off):.3f}, on median {statistics.median(on):.3f};"
+        print(f"cost {key}: off median {median(off):.3f}, on median {median(on):.3f};"
               f" on - off {mean:+.3f} ± {half if half is None else round(half, 3)} (95% CI, {len(rounds)} rounds);"
               f" raw off {[round(x, 3) for x in off]}, on {[round(x, 3) for x in on]}", flush=True)
     return result

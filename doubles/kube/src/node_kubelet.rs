@@ -68,6 +68,8 @@ struct Record {
     last_error: Option<String>,
     /// Pods (UID) whose claims could not be prepared, with the last reason.
     refused: BTreeMap<String, String>,
+    /// How many times each pod's (UID) claims could not be prepared.
+    refusals: BTreeMap<String, usize>,
     /// The step a pass is at and since when; `None` between passes.
     doing: Option<(String, std::time::Instant)>,
 }
@@ -127,6 +129,11 @@ impl NodeKubelet {
     /// tried, if they could not (cleared once the pod starts).
     pub fn refused(&self, uid: &str) -> Option<String> {
         self.record().refused.get(uid).cloned()
+    }
+
+    /// How many times pod `uid`'s claims could not be prepared.
+    pub fn refusals(&self, uid: &str) -> usize {
+        self.record().refusals.get(uid).copied().unwrap_or(0)
     }
 
     /// The step the kubelet's pass is at and how long it has been at it;
@@ -346,7 +353,11 @@ impl Sync {
         let ns = pod.metadata.namespace.clone().unwrap_or_default();
         let name = pod.metadata.name.clone().unwrap_or_default();
         let uid = pod.metadata.uid.clone().unwrap_or_default();
-        self.record().refused.insert(uid, message.to_owned());
+        {
+            let mut record = self.record();
+            *record.refusals.entry(uid.clone()).or_default() += 1;
+            record.refused.insert(uid, message.to_owned());
+        }
         let events = Api::<Event>::namespaced(self.client.clone(), &ns);
         let reason = "FailedPrepareDynamicResources";
         let event_name = format!("{name}.{reason}").to_lowercase();

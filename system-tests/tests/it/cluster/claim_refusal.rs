@@ -2,8 +2,9 @@
 //! real scheduler allocates it, the agent refuses it when the kubelet asks,
 //! and says so where the claim's user looks, `kubectl describe
 //! resourceclaim`: one Warning event `PrepareFailed` that names every
-//! problem at once, written once (and logged at WARN once) however often the
-//! kubelet asks again. The claim holds nothing on the node: its pod is left
+//! problem at once, written once however often the kubelet asks again
+//! (the agent's state that decides it also keeps its WARN line to one per
+//! reason: `state::tests` of hypervisor-kubernetes). The claim holds nothing on the node: its pod is left
 //! pending without a share in the hypervisor, and once the pod goes, the
 //! whole GPU is free for another claim.
 //!
@@ -12,9 +13,7 @@
 //! claim template when it is written, while a class's configuration reaches
 //! only the node, which must refuse it itself.
 
-use std::cell::RefCell;
-use std::io::Write;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use hypervisor_kubernetes::dra::refusal::{COMPONENT, REASON};
 use hypervisor_observer::{GpuObserver, SimulatedGpus};
@@ -23,14 +22,11 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, ListParams, PostParams};
 use kube_fakes::cluster_node;
 use serde_json::json;
-use tracing_subscriber::filter::filter_fn;
-use tracing_subscriber::fmt::MakeWriter;
-use tracing_subscriber::layer::{Layer, SubscriberExt};
 
 use system_tests::scratch::Scratch;
 use system_tests::wait::{eventually_async, eventually_some_async};
 
-use super::{DRIVER, pod_status, spec_path, tenant};
+use super::{DRIVER, pod_status, runtime, spec_path, tenant};
 
 /// Each problem of the class's parameters, as the node says it.
 const PROBLEMS: [&str; 4] = [
@@ -40,78 +36,10 @@ const PROBLEMS: [&str; 4] = [
     "opaque parameters: ceiling 500 is not a whole number from 1 to 100",
 ];
 
-/// What the DRA plugin's modules log, DEBUG and up, from every thread of
-/// the runtime that [`Log::runtime`] makes.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Log {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> MakeWriter<'a> for Log {
-    type Writer = Log;
-
-    fn make_writer(&'a self) -> Log {
-        self.clone()
-    }
-}
-
-thread_local! {
-    static LOGGING: RefCell<Option<tracing::dispatcher::DefaultGuard>> = const { RefCell::new(None) };
-}
-
-impl Log {
-    /// A runtime whose threads log to this log: the node runs on it.
-    fn runtime(&self) -> tokio::runtime::Runtime {
-        let layer = tracing_subscriber::fmt::layer()
-            .with_writer(self.clone())
-            .with_ansi(false)
-            .with_filter(filter_fn(|meta| {
-                meta.target().starts_with("hypervisor_kubernetes::dra")
-                    && *meta.level() <= tracing::Level::DEBUG
-            }));
-        let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(layer));
-        let start = dispatch.clone();
-        LOGGING
-            .with(|guard| *guard.borrow_mut() = Some(tracing::dispatcher::set_default(&dispatch)));
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .on_thread_start(move || {
-                let set = tracing::dispatcher::set_default(&start);
-                LOGGING.with(|guard| *guard.borrow_mut() = Some(set));
-            })
-            .build()
-            .unwrap()
-    }
-
-    /// The lines that contain `text`.
-    fn lines(&self, text: &str) -> Vec<String> {
-        let bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter(|line| line.contains(text))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
 #[test]
 fn a_claim_refused_at_prepare_says_every_problem_once_and_holds_nothing() {
     let scratch = Scratch::with_limiter("claim-refusal");
-    let log = Log::default();
-    log.runtime().block_on(async {
+    runtime().block_on(async {
         let dir = &scratch.dir;
         let tenant = tenant("claim-refusal").await;
         let options = tenant.options(dir, DRIVER, &scratch.limiter());
@@ -152,16 +80,11 @@ fn a_claim_refused_at_prepare_says_every_problem_once_and_holds_nothing() {
         for problem in PROBLEMS {
             assert!(told.contains(problem), "{problem:?} not in {told:?}");
         }
-        // The kubelet asks again and again: the refusal is logged at WARN
-        // once, the repeats at DEBUG.
+        // The kubelet asks again and again.
         eventually_async("the kubelet asked three times more", || {
-            log.lines("prepare refused").len() >= 4
+            kubelet.refusals(&pod_uid) >= 4
         })
         .await;
-        let warned = log.lines("prepare refused");
-        let warned: Vec<_> = warned.iter().filter(|l| l.contains("WARN")).collect();
-        assert_eq!(warned.len(), 1, "{warned:#?}");
-        assert!(warned[0].contains(PROBLEMS[0]), "{}", warned[0]);
 
         // One event on the claim says it all, however often it was refused.
         let events = Api::<Event>::default_namespaced(tenant.client.clone());
@@ -215,6 +138,4 @@ fn a_claim_refused_at_prepare_says_every_problem_once_and_holds_nothing() {
         assert_eq!(limits["gpus"][0]["cap_percent"], 100, "{limits}");
         node.stop().await;
     });
-    // The runtime's threads are gone: the test thread stops logging too.
-    LOGGING.with(|guard| guard.borrow_mut().take());
 }
