@@ -107,7 +107,8 @@ pub enum SwapRefusal {
         "the pod's GPU was given by Kubernetes (its DRA allocation or device-plugin device names it); swap it instead"
     )]
     Pinned,
-    /// The GPU the pod would move to lacks the memory it holds.
+    /// The GPU the pod would move to, or come back to, lacks the memory it
+    /// holds, and no idle pod could make the room.
     #[error("{gpu} has {free} bytes free; the pod holds {need}")]
     NoRoom {
         /// The GPU asked for.
@@ -295,7 +296,7 @@ impl Hypervisor {
         if residence.residency() == Residency::Resident {
             return Ok(None);
         }
-        self.room_for(view).await;
+        self.room_for(view).await?;
         let history = self.swap_board().history(&view.pod);
         if history.last_swap_out_path == Some(SwapPath::Fast) {
             return self.fast_swap_in(view, &residence).await.map(Some);

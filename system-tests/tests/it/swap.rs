@@ -3,7 +3,9 @@
 //! quota; what the driver refuses leaves the pod running; a refused restore
 //! is tried again; a pod whose process exits while away frees its host
 //! memory; a restarted daemon finds a swapped pod and brings it back; on a
-//! GPU that overcommits, pods that need memory take it from idle ones. A
+//! GPU that overcommits, pods that need memory take it from idle ones, and
+//! a pod that cannot come back for want of room waits, refused, without
+//! a restore tried in vain, until room is there. A
 //! pod cannot have a neighbour's process swapped by naming its pid, nor
 //! block swaps by naming pid 1; host memory is counted by what the
 //! processes hold, whatever their ledger says.
@@ -56,10 +58,20 @@ fn pod_swap(node: &RunningNode, pod: &Pod) -> hypervisor_swap::PodSwap {
 /// share through `node_file` (a pod idle after 200 ms), for `pods`, each
 /// with a quota on one GPU (its index).
 fn overcommitted(node_file: &Path, devices: u8, pods: &[(&Pod, u32, &str)]) -> RunningNode {
+    overcommitted_within(node_file, devices, pods, "64g")
+}
+
+/// [`overcommitted`], with `host_limit` host memory for swapped pods.
+fn overcommitted_within(
+    node_file: &Path,
+    devices: u8,
+    pods: &[(&Pod, u32, &str)],
+    host_limit: &str,
+) -> RunningNode {
     let library = gpushare_examples::double_dir().join("libcuda.so.1");
     let mut text = format!(
         "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
-         overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\n",
+         overcommit = true\nidle_after_ms = 200\nhost_limit = \"{host_limit}\"\n",
         library.display()
     );
     for (pod, index, quota) in pods {
@@ -344,6 +356,65 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     assert!(rest[1].starts_with("info 0 "), "{rest:?}");
     assert_eq!(pod_swap(&node, &second).state, Residency::Resident);
     assert_eq!(node.hypervisor().swap_status().totals.failures, 0);
+}
+
+#[test]
+fn a_pod_that_cannot_come_back_for_want_of_room_waits_until_there_is_room() {
+    // Two pods of 10 GiB quotas on one 16 GiB GPU; host memory for swapped
+    // pods (12 GiB) takes one of them, not both: once the first is away,
+    // the second cannot go out to make room for its return.
+    let first = Pod::new("swap-wait-a");
+    let second = Pod::new("swap-wait-b");
+    let node_file = checkpoint_dir().join(format!("{}.node", second.0));
+    let node = overcommitted_within(
+        &node_file,
+        1,
+        &[(&first, 0, "10g"), (&second, 0, "10g")],
+        "12g",
+    );
+    let shared = [(
+        gpushare_examples::NODE_FILE_VAR,
+        node_file.to_str().expect("a path"),
+    )];
+    let mut a = Running::start(
+        &first,
+        &node.url(),
+        &shared,
+        &["alloc", "mem", "9g", "wait", "alloc", "mem", "256m"],
+    );
+    assert!(a.until_ready()[0].contains("-> 0 "));
+    let (ok, answer) = cli_swap(&node, "out", &first);
+    assert!(ok, "{answer}");
+    let mut b = Running::start(
+        &second,
+        &node.url(),
+        &shared,
+        &["alloc", "mem", "8g", "wait"],
+    );
+    assert!(b.until_ready()[0].contains("-> 0 "));
+    std::thread::sleep(Duration::from_millis(400));
+
+    // The first pod's call asks for it back: the GPU lacks the room and the
+    // idle second pod cannot go; the swap-in is refused, not tried.
+    // (It asks at once, and again and again while it waits.)
+    a.resume();
+    std::thread::sleep(Duration::from_secs(2));
+    let record = pod_swap(&node, &first);
+    assert_eq!(record.state, Residency::Swapped, "{record:?}");
+    assert_eq!(
+        record.history.failures, 0,
+        "no restore tried in vain: {record:?}"
+    );
+    assert_eq!(control_block(b.pid()).state, 0, "the second pod runs on");
+
+    // The second pod ends: its memory is free, the first comes back.
+    ended(b);
+    let (rest, status) = a.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+    let record = pod_swap(&node, &first);
+    assert_eq!(record.state, Residency::Resident, "{record:?}");
+    assert_eq!(record.history.failures, 0, "{record:?}");
 }
 
 #[test]

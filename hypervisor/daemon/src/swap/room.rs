@@ -17,7 +17,7 @@ use hypervisor_config::SwapSettings;
 use hypervisor_core::scheduler::SwapView;
 use hypervisor_swap::{Candidate, RoomPolicy};
 
-use super::Wait;
+use super::{SwapRefusal, Wait};
 use crate::Hypervisor;
 
 impl Hypervisor {
@@ -44,11 +44,25 @@ impl Hypervisor {
 
     /// Before a swap-in: where a GPU of the pod overcommits and has less
     /// free than the pod held there (within its quota), idle pods make room.
-    pub(super) async fn room_for(&self, view: &SwapView) {
+    /// Where they could not make enough, the swap-in is refused (the pod
+    /// waits, swapped, and its next ask tries again): tried, it would fail
+    /// for want of memory at every ask.
+    pub(super) async fn room_for(&self, view: &SwapView) -> Result<(), SwapRefusal> {
         for gpu in &view.gpus {
             let need = within_quota(view, &gpu.uuid, gpu.bytes);
             self.make_room_locked(&gpu.uuid, need, &view.pod).await;
+            if self.overcommit_on(&gpu.uuid).is_some()
+                && let Some(free) = self.free_on(&gpu.uuid)
+                && free < need
+            {
+                return Err(SwapRefusal::NoRoom {
+                    gpu: gpu.uuid.clone(),
+                    free,
+                    need,
+                });
+            }
         }
+        Ok(())
     }
 
     /// Swaps idle pods of the GPU `uuid` (not `asker`) out, one at a time,
@@ -83,8 +97,16 @@ impl Hypervisor {
             free = now;
         }
         let freed = free.saturating_sub(before);
-        if before < need {
+        if freed > 0 {
             tracing::info!(gpu = uuid, need, free, freed, for_pod = asker, "room made");
+        } else if before < need {
+            tracing::debug!(
+                gpu = uuid,
+                need,
+                free,
+                for_pod = asker,
+                "no room could be made"
+            );
         }
         freed
     }
