@@ -372,10 +372,8 @@ fn a_pod_that_cannot_come_back_for_want_of_room_waits_until_there_is_room() {
         &[(&first, 0, "10g"), (&second, 0, "10g")],
         "12g",
     );
-    let shared = [(
-        gpushare_examples::NODE_FILE_VAR,
-        node_file.to_str().expect("a path"),
-    )];
+    let shared = on_gpu(&node_file, 1, 0);
+    let shared = env(&shared);
     let mut a = Running::start(
         &first,
         &node.url(),
