@@ -322,6 +322,12 @@ mod tests {
         pod.limits.set_residency(Residency::Swapped);
         let watched = pod.watched();
         let waiter = std::thread::spawn(move || gate.wait(&watched));
+        // The wait's clock starts in the waiter thread, which a loaded
+        // machine may run late: measured from when it is seen waiting.
+        while gate.waiting.load(Ordering::Relaxed) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let seen_waiting = monotonic_ns();
         std::thread::sleep(Duration::from_millis(30));
         assert!(!waiter.is_finished(), "held while swapped");
         assert_eq!(gate.waiting.load(Ordering::Relaxed), 1);
@@ -329,11 +335,17 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         assert!(!waiter.is_finished(), "held while swapping in");
         let before = pod.ledger.last_call_ms();
+        let held_for = monotonic_ns() - seen_waiting;
         pod.limits.set_residency(Residency::Resident);
         waiter.join().unwrap();
         assert_eq!(gate.waiting.load(Ordering::Relaxed), 0);
         assert_eq!(gate.waits.calls.load(Ordering::Relaxed), 1);
-        assert!(gate.waits.waited_ns.load(Ordering::Relaxed) >= 60_000_000);
+        assert!(held_for >= 60_000_000);
+        let waited = gate.waits.waited_ns.load(Ordering::Relaxed);
+        assert!(
+            waited >= held_for,
+            "counted {waited} ns, held at least {held_for} ns"
+        );
         assert_eq!(
             gate.waits.requests.load(Ordering::Relaxed),
             0,
