@@ -285,6 +285,7 @@ pub(crate) type CuKernelGetLibrary = unsafe extern "C" fn(*mut CUlibrary, CUkern
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub(crate) const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 pub(crate) type CuCtxGetLimit = unsafe extern "C" fn(*mut usize, CUlimit) -> CUresult;
+pub(crate) type CuCtxSetLimit = unsafe extern "C" fn(CUlimit, usize) -> CUresult;
 pub(crate) type CuGraphGetNodes =
     unsafe extern "C" fn(CUgraph, *mut CUgraphNode, *mut usize) -> CUresult;
 pub(crate) type CuGraphNodeGetType = unsafe extern "C" fn(CUgraphNode, *mut c_int) -> CUresult;

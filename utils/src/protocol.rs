@@ -165,6 +165,10 @@ pub struct SwapDurations {
     /// Pinning host memory not pinned yet (within `copy_us`: a chunk is
     /// pinned as the copy of the one before runs).
     pub pin_us: u64,
+    /// Waiting for host memory to be faulted in ahead of its pinning
+    /// (within `copy_us`).
+    #[serde(default)]
+    pub fault_wait_us: u64,
     /// Copying to host memory, pinning included.
     pub copy_us: u64,
     /// Unmapping and releasing the device memory (for a

@@ -100,6 +100,9 @@ pub(crate) struct Backing {
     book: Mutex<BTreeMap<CUdeviceptr, Backed>>,
     /// Entries of `book`, so that frees and queries of other memory skip the lock.
     live: AtomicUsize,
+    /// The contexts whose threads' stacks a swap-out shrank, with the
+    /// size each had, for the swap-in to set again (`backing::swap`).
+    stacks: Mutex<Vec<(usize, usize)>>,
 }
 
 impl Backing {
@@ -108,6 +111,7 @@ impl Backing {
             enabled,
             book: Mutex::new(BTreeMap::new()),
             live: AtomicUsize::new(0),
+            stacks: Mutex::new(Vec::new()),
         }
     }
 

@@ -7,11 +7,15 @@
 //! turn and waited for, so no work of the program still uses the memory;
 //! (2) every range is copied to its host buffer, on a stream of the
 //! limiter's own per context, each chunk of a buffer pinned the first time
-//! as the copy of the chunk before runs; (3) each range is unmapped and its
-//! physical memory released: the GPU's free memory rises by those bytes,
-//! the address range stays reserved and the quota still charges it. A
-//! failure before (3) changes nothing; one in (3) brings the ranges already
-//! released back (as a swap-in does), so a swap-out that fails is undone.
+//! as the copy of the chunk before runs, and faulted in ahead of that by a
+//! few threads of the limiter's (`driver::Faulting`); (3) each range is
+//! unmapped and its physical memory released: the GPU's free memory rises
+//! by those bytes, the address range stays reserved and the quota still
+//! charges it; (4) each context's stack limit is set to nothing, which
+//! gives back the memory the driver reserves for its threads' stacks (the
+//! swap-in sets it again before anything else). A failure before (3)
+//! changes nothing; one in (3) brings the ranges already released back (as
+//! a swap-in does), so a swap-out that fails is undone.
 //!
 //! **In**: memory is created on each range's GPU, mapped at the same
 //! address with the same access, and the bytes copied back, on a stream of
@@ -40,7 +44,7 @@ use gpushare_utils::protocol::{FastSwapReport, SwapDurations};
 
 use super::{Backed, Backing};
 use crate::context::Context;
-use crate::driver::{Copies, DriverError, HostBuffer, Vmm};
+use crate::driver::{Copies, DriverError, Faulting, HostBuffer, Span, Vmm};
 use crate::sys::CUdeviceptr;
 
 /// Why a swap of the backed memory was not done.
@@ -91,7 +95,7 @@ impl Backing {
 
         let started = Instant::now();
         let contexts: BTreeSet<usize> = book.values().map(|b| b.context).collect();
-        for context in contexts {
+        for &context in &contexts {
             copies
                 .make_current(context)
                 .and_then(|()| copies.synchronize())
@@ -105,41 +109,36 @@ impl Backing {
             .map(|(&address, _)| address)
             .collect();
         let started = Instant::now();
-        let mut pinning = Duration::ZERO;
-        for (context, ranges) in by_context(&book, &out) {
-            copies.make_current(context).map_err(SwapError::CopyOut)?;
-            let stream = copies.stream().map_err(SwapError::CopyOut)?;
-            let queued = ranges.iter().try_for_each(|&address| {
-                let Some(backed) = book.get_mut(&address) else {
-                    return Ok(());
-                };
-                let host = match &mut backed.host {
-                    Some(host) => host,
-                    None => backed
-                        .host
-                        .insert(copies.host_buffer(backed.size).map_err(SwapError::Pin)?),
-                };
-                for (offset, len) in host.chunks() {
-                    if host.pinned() < offset + len {
-                        let began = Instant::now();
-                        copies
-                            .pin_through(host, offset + len)
-                            .map_err(SwapError::Pin)?;
-                        pinning += began.elapsed();
-                    }
-                    copies
-                        .to_host(host, offset, len, address + offset, &stream)
-                        .map_err(SwapError::CopyOut)?;
-                }
-                Ok(())
-            });
-            // The copies queued are waited for whatever happened: none may
-            // still write into a buffer once the book is let go.
-            let finished = copies.finish(stream).map_err(SwapError::CopyOut);
-            queued.and(finished)?;
+        for address in &out {
+            if let Some(backed) = book.get_mut(address)
+                && backed.host.is_none()
+            {
+                backed.host = Some(copies.host_buffer(backed.size).map_err(SwapError::Pin)?);
+            }
         }
-        durations.pin_us = micros(pinning);
+        let order = by_context(&book, &out);
+        let spans: Vec<Span> = order
+            .values()
+            .flatten()
+            .filter_map(|address| book.get(address)?.host.as_ref())
+            .flat_map(HostBuffer::unpinned_spans)
+            .collect();
+        let faulting = Faulting::new(&spans);
+        let mut timed = CopyOutTimes::default();
+        let copied = std::thread::scope(|scope| {
+            // SAFETY: the spans are unpinned chunks of the book's host
+            // buffers: private mappings that hold nothing yet, which only a
+            // release frees, and this swap holds the book until the scope
+            // has joined the threads.
+            unsafe { faulting.start(scope) };
+            let copied = copy_out(copies, &mut book, &order, &faulting, &mut timed);
+            faulting.stop();
+            copied
+        });
+        durations.pin_us = micros(timed.pinning);
+        durations.fault_wait_us = micros(timed.fault_wait);
         durations.copy_us = micros(started.elapsed());
+        copied?;
 
         let started = Instant::now();
         for (done, address) in out.iter().enumerate() {
@@ -164,8 +163,53 @@ impl Backing {
             }
             backed.memory = None;
         }
+        self.shrink_stacks(copies, &contexts)?;
         durations.release_us = micros(started.elapsed());
         Ok(report(ctx, &book, &out, durations))
+    }
+
+    /// Gives back the memory the driver keeps for the threads' stacks of
+    /// `contexts`, sized by their stack limit, while their memory is away:
+    /// nothing of theirs runs until the swap-in sets each limit again. A
+    /// driver that will not shrink one keeps it, as without this.
+    fn shrink_stacks(&self, copies: &Copies, contexts: &BTreeSet<usize>) -> Result<(), SwapError> {
+        let mut stacks = self.stacks.lock().map_err(|_| SwapError::Poisoned)?;
+        for &context in contexts {
+            if stacks.iter().any(|&(shrunk, _)| shrunk == context) {
+                continue;
+            }
+            let Ok(()) = copies.make_current(context) else {
+                continue;
+            };
+            let Some(Ok(bytes)) = copies.stack_size() else {
+                continue;
+            };
+            if bytes == 0 {
+                continue;
+            }
+            match copies.set_stack_size(0) {
+                Ok(()) => stacks.push((context, bytes)),
+                Err(error) => {
+                    tracing::debug!(context, %error, "a context's stacks were not shrunk while swapped");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets the stack limits [`Self::shrink_stacks`] lowered as they were;
+    /// one the driver refuses (no room for it yet) fails the swap-in, which
+    /// is asked again, and those set stay set.
+    fn restore_stacks(&self, copies: &Copies) -> Result<(), SwapError> {
+        let mut stacks = self.stacks.lock().map_err(|_| SwapError::Poisoned)?;
+        while let Some(&(context, bytes)) = stacks.last() {
+            copies
+                .make_current(context)
+                .and_then(|()| copies.set_stack_size(bytes))
+                .map_err(SwapError::Create)?;
+            stacks.pop();
+        }
+        Ok(())
     }
 
     /// Brings every range in host memory back to its GPU at the same
@@ -179,6 +223,9 @@ impl Backing {
             .map(|(&address, _)| address)
             .collect();
         let mut durations = SwapDurations::default();
+        let started = Instant::now();
+        self.restore_stacks(copies)?;
+        durations.map_us = micros(started.elapsed());
         bring_back(vmm, copies, &mut book, &away, &mut durations)?;
         Ok(report(ctx, &book, &away, durations))
     }
@@ -232,6 +279,58 @@ impl Backing {
     }
 }
 
+/// Where the time of a swap-out's copies went besides the copies.
+#[derive(Default)]
+struct CopyOutTimes {
+    /// In the driver's pinning.
+    pinning: Duration,
+    /// Waiting for memory to be faulted in ahead of its pinning.
+    fault_wait: Duration,
+}
+
+/// Copies the ranges `order` lists, context by context, to their host
+/// buffers, pinning each chunk not pinned yet (once `faulting` has faulted
+/// it in: its spans are those chunks, in this order) as the copy of the
+/// one before runs.
+fn copy_out(
+    copies: &Copies,
+    book: &mut Book<'_>,
+    order: &BTreeMap<usize, Vec<CUdeviceptr>>,
+    faulting: &Faulting<'_>,
+    timed: &mut CopyOutTimes,
+) -> Result<(), SwapError> {
+    let mut span = 0;
+    for (&context, ranges) in order {
+        copies.make_current(context).map_err(SwapError::CopyOut)?;
+        let stream = copies.stream().map_err(SwapError::CopyOut)?;
+        let queued = ranges.iter().try_for_each(|&address| {
+            let Some(host) = book.get_mut(&address).and_then(|b| b.host.as_mut()) else {
+                return Ok(());
+            };
+            for (offset, len) in host.chunks() {
+                if host.pinned() < offset + len {
+                    timed.fault_wait += faulting.wait(span);
+                    span += 1;
+                    let began = Instant::now();
+                    copies
+                        .pin_through(host, offset + len)
+                        .map_err(SwapError::Pin)?;
+                    timed.pinning += began.elapsed();
+                }
+                copies
+                    .to_host(host, offset, len, address + offset, &stream)
+                    .map_err(SwapError::CopyOut)?;
+            }
+            Ok(())
+        });
+        // The copies queued are waited for whatever happened: none may
+        // still write into a buffer once the book is let go.
+        let finished = copies.finish(stream).map_err(SwapError::CopyOut);
+        queued.and(finished)?;
+    }
+    Ok(())
+}
+
 /// Creates and maps memory under each range of `addresses` (in host memory
 /// now), then copies their bytes back. On a failure the ranges this call
 /// mapped are given back again, so every byte stays in host memory and the
@@ -260,7 +359,7 @@ fn bring_back(
         mapped.push(address);
         Ok(())
     });
-    durations.map_us = micros(started.elapsed());
+    durations.map_us += micros(started.elapsed());
 
     let started = Instant::now();
     let copied = mapping.and_then(|()| {

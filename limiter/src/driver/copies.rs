@@ -17,11 +17,13 @@
 
 use std::ffi::c_void;
 
+use super::prefault::Span;
 use super::{DriverError, symbol};
 use crate::sys::{
-    CU_MEMHOSTREGISTER_PORTABLE, CU_STREAM_NON_BLOCKING, CUcontext, CUdeviceptr, CUstream,
-    CuCtxGetCurrent, CuCtxSetCurrent, CuCtxSynchronize, CuMemHostRegister, CuMemHostUnregister,
-    CuMemcpyDtoHAsync, CuMemcpyHtoDAsync, CuStreamCreate, CuStreamDestroy, CuStreamSynchronize,
+    CU_LIMIT_STACK_SIZE, CU_MEMHOSTREGISTER_PORTABLE, CU_STREAM_NON_BLOCKING, CUcontext,
+    CUdeviceptr, CUstream, CuCtxGetCurrent, CuCtxGetLimit, CuCtxSetCurrent, CuCtxSetLimit,
+    CuCtxSynchronize, CuMemHostRegister, CuMemHostUnregister, CuMemcpyDtoHAsync, CuMemcpyHtoDAsync,
+    CuStreamCreate, CuStreamDestroy, CuStreamSynchronize,
 };
 
 /// The bytes of a host buffer pinned at once.
@@ -44,6 +46,9 @@ pub(crate) struct Copies {
     stream_destroy: CuStreamDestroy,
     to_host: CuMemcpyDtoHAsync,
     to_device: CuMemcpyHtoDAsync,
+    /// The context limits, to give back the threads' stacks while a
+    /// context's memory is away; absent from drivers that lack them.
+    limits: Option<(CuCtxGetLimit, CuCtxSetLimit)>,
 }
 
 /// Host memory for one range's copy, of [`Copies::host_buffer`]: its
@@ -71,6 +76,20 @@ impl HostBuffer {
         (0..bytes)
             .step_by(PIN_CHUNK as usize)
             .map(move |offset| (offset, PIN_CHUNK.min(bytes - offset)))
+    }
+
+    /// Its chunks not pinned yet, as spans of memory (they hold nothing:
+    /// only pinned chunks are copied into), in the order they are pinned.
+    pub(crate) fn unpinned_spans(&self) -> impl Iterator<Item = Span> + use<> {
+        let (address, pinned) = (self.address, self.pinned);
+        self.chunks()
+            .filter(move |&(offset, _)| offset >= pinned)
+            .filter_map(move |(offset, len)| {
+                Some(Span {
+                    address: address.checked_add(usize::try_from(offset).ok()?)?,
+                    len: usize::try_from(len).ok()?,
+                })
+            })
     }
 
     /// The host address of `offset`, after checking that `offset..+len`
@@ -113,6 +132,7 @@ impl Copies {
                 stream_destroy: symbol(handle, c"cuStreamDestroy_v2")?,
                 to_host: symbol(handle, c"cuMemcpyDtoHAsync_v2")?,
                 to_device: symbol(handle, c"cuMemcpyHtoDAsync_v2")?,
+                limits: symbol(handle, c"cuCtxGetLimit").zip(symbol(handle, c"cuCtxSetLimit")),
             })
         }
     }
@@ -131,6 +151,28 @@ impl Copies {
         // SAFETY: a context the driver handed out, or none; the driver
         // checks that it is alive.
         unsafe { (self.set_current)(context as CUcontext) }.result()
+    }
+
+    /// The stack of each thread of the calling thread's current context, in
+    /// bytes; `None` where the driver cannot say or set it.
+    pub(crate) fn stack_size(&self) -> Option<Result<usize, DriverError>> {
+        let (get, _) = self.limits?;
+        let mut bytes = 0usize;
+        // SAFETY: a valid out-pointer and a limit every driver knows.
+        Some(
+            unsafe { get(&mut bytes, CU_LIMIT_STACK_SIZE) }
+                .result()
+                .map(|()| bytes),
+        )
+    }
+
+    /// Sets the stack of each thread of the calling thread's current
+    /// context (the driver takes at least what its kernels need, and
+    /// sizes the memory it reserves for stacks by it).
+    pub(crate) fn set_stack_size(&self, bytes: usize) -> Result<(), DriverError> {
+        let (_, set) = self.limits.ok_or(DriverError::NOT_FOUND)?;
+        // SAFETY: a limit every driver knows, at a size it checks.
+        unsafe { set(CU_LIMIT_STACK_SIZE, bytes) }.result()
     }
 
     /// Waits for all the work of the calling thread's current context.
@@ -308,5 +350,21 @@ mod tests {
         assert!(buffer.pinned_at(0, PIN_CHUNK).is_ok());
         assert!(buffer.pinned_at(PIN_CHUNK, 1).is_err());
         assert!(buffer.pinned_at(u64::MAX, 2).is_err());
+        // What is left to pin, chunk by chunk.
+        let spans: Vec<Span> = buffer.unpinned_spans().collect();
+        let chunk = PIN_CHUNK as usize;
+        assert_eq!(
+            spans,
+            [
+                Span {
+                    address: chunk,
+                    len: chunk
+                },
+                Span {
+                    address: 2 * chunk,
+                    len: 5
+                }
+            ]
+        );
     }
 }

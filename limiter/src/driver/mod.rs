@@ -15,7 +15,9 @@
 //!   the limiter backs itself (`backing`);
 //! - [`Copies`] (`copies.rs`): contexts set and waited for, host buffers
 //!   pinned as they are first copied into, and copies on a stream of the
-//!   limiter's own, for the swap of that memory (`backing::swap`).
+//!   limiter's own, for the swap of that memory (`backing::swap`); and
+//!   (`prefault.rs`) that host memory faulted in ahead of its pinning, on
+//!   a few threads ([`Faulting`]).
 
 use std::ffi::{CStr, c_int, c_void};
 
@@ -28,6 +30,7 @@ mod copies;
 mod held;
 mod host;
 mod nvml;
+mod prefault;
 mod result;
 mod timing;
 mod vmm;
@@ -36,6 +39,7 @@ pub(crate) use copies::{Copies, HostBuffer};
 pub(crate) use held::Held;
 pub(crate) use host::{HostMemory, MappedHost};
 pub(crate) use nvml::Nvml;
+pub(crate) use prefault::{Faulting, Span};
 pub(crate) use result::DriverError;
 pub(crate) use timing::{LaunchOverheads, Timing};
 pub(crate) use vmm::Vmm;

@@ -5,8 +5,9 @@
 //! figure, as NVML shows it, falls by their bytes), then come back at the
 //! same addresses with the same contents and the quota untouched. A
 //! swap-in that fails part-way leaves everything in host memory and
-//! succeeds when asked again; a swap-out that fails part-way is undone. A
-//! process without the setting refuses.
+//! succeeds when asked again; a swap-out that fails part-way is undone. The
+//! memory the driver keeps for the threads' stacks is given back while
+//! swapped and taken again after. A process without the setting refuses.
 
 use crate::common;
 
@@ -70,6 +71,16 @@ struct Stepped {
 
 impl Stepped {
     fn start(pod: &Pod, hypervisor: &FakeHypervisor, fast: bool, env: &[(&str, &str)]) -> Self {
+        Self::run(pod, hypervisor, fast, env, SCRIPT)
+    }
+
+    fn run(
+        pod: &Pod,
+        hypervisor: &FakeHypervisor,
+        fast: bool,
+        env: &[(&str, &str)],
+        script: &[&str],
+    ) -> Self {
         // SAFETY: geteuid has no preconditions.
         let uid = unsafe { libc::geteuid() }.to_string();
         let mut vars = vec![
@@ -82,7 +93,7 @@ impl Stepped {
             vars.push(("CUDA_LIMITER_FAST_SWAP", "1"));
         }
         vars.extend_from_slice(env);
-        let mut child = probe("cudaprobe", pod, &vars, SCRIPT)
+        let mut child = probe("cudaprobe", pod, &vars, script)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -261,6 +272,62 @@ fn swap_out_gives_the_gpu_memory_back_and_swap_in_brings_the_same_bytes_to_the_s
         BACKED
     );
     assert_back(&before, &running.finish(), held_before);
+}
+
+#[test]
+fn the_stacks_the_driver_keeps_are_given_back_while_swapped_and_set_again_after() {
+    // A stack raised above the default, which the double then holds for
+    // every thread the GPU runs, beside one backed allocation.
+    const STACK: &[&str] = &[
+        "setlimit",
+        "stack",
+        "8192",
+        "alloc",
+        "mem",
+        "64m",
+        "write",
+        "0",
+        "5",
+        "nvml_procs",
+        "wait",
+        "nvml_procs",
+        "wait",
+        "nvml_procs",
+        "getlimit",
+        "stack",
+        "check",
+        "0",
+        "5",
+    ];
+    let pod = Pod::new("fast-stacks");
+    let _limits = publish(&pod);
+    let mut hypervisor = FakeHypervisor::start();
+    let mut running = Stepped::run(&pod, &hypervisor, true, &[], STACK);
+    let before = running.until_ready();
+    assert!(before[..3].iter().all(|l| result_of(l) == 0), "{before:?}");
+    let held_before = held(&before);
+    let stacks = held_before - CONTEXT_BYTES - 64 * MIB;
+    assert!(stacks > 0, "the raised stack is held: {before:?}");
+
+    let out = hypervisor.ask(running.pid(), Command::SwapOut);
+    assert_eq!(report(&out).bytes, 64 * MIB, "{out:?}");
+    assert_eq!(
+        report(&out).unmoved_bytes,
+        Some(CONTEXT_BYTES),
+        "nothing of the stacks stays: {out:?}"
+    );
+    running.resume();
+    let swapped = running.until_ready();
+    assert_eq!(held(&swapped), CONTEXT_BYTES, "{swapped:?}");
+
+    let back = hypervisor.ask(running.pid(), Command::SwapIn);
+    assert_eq!(report(&back).bytes, 64 * MIB, "{back:?}");
+    let rest = running.finish();
+    assert_eq!(held(&rest), held_before, "all of it back: {rest:?}");
+    let limit = rest.iter().find(|l| l.starts_with("getlimit")).unwrap();
+    assert_eq!(limit, "getlimit stack -> 0 8192", "set as it was: {rest:?}");
+    let check = rest.iter().find(|l| l.starts_with("check")).unwrap();
+    assert_eq!(number(check, "differ"), 0, "{rest:?}");
 }
 
 #[test]
