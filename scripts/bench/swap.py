@@ -6,7 +6,7 @@ OUT/swap-bench.json, the daemon's logs and the pods' in OUT (default: a
 temporary folder, printed at the end).
 
   python3 -m scripts.bench swap --bundle DIR [--sizes 1,8,32] [--rounds 3] [--quick] [--path fast]
-          [--out DIR] [--parts bandwidth,swap,infer,overcommit,move] [--budget-s 450]
+          [--overcommit PODSxGIB] [--out DIR] [--parts bandwidth,swap,infer,overcommit,move] [--budget-s 450]
 
 Parts (a part that fails prints FAILED and why, and the run goes on):
 1. bandwidth: pinned host memory <-> the GPU with torch, without the
@@ -26,7 +26,8 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
    timed by the pod and by the bench; outputs bit-exact.
 4. overcommit: three pods of quota 0.5xM each (M: GPU 0's memory), each
    holding ~0.45xM once it works (less where two of them would not fit
-   the host memory), served in turn 1,2,3,1,2,3 with pauses longer than
+   the host memory), or the pods --overcommit says (5x30: five of 30 GiB,
+   quota 32), served in turn twice (1,2,3,1,2,3) with pauses longer than
    idle_after_ms: no out-of-memory anywhere, digests identical across a
    pod's turns; each request's time and the swaps the daemon made.
 5. move (two GPUs or more): a pod on GPU 0 (quota 8+4 GiB, seen by the
@@ -92,6 +93,18 @@ PARTS = ("bandwidth", "swap", "infer", "overcommit", "move", "limit", "framework
 DEFAULT_PARTS = PARTS[:5]
 
 
+def parse_overcommit(text):
+    """"5x30" -> (5, 30.0): pods (2 or more) and the GiB each holds (> 0)."""
+    try:
+        pods, size = text.lower().split("x")
+        pods, size = int(pods), float(size)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not PODSxGIB: {text!r}") from None
+    if pods < 2 or size <= 0:
+        raise argparse.ArgumentTypeError(f"two pods or more, of more than 0 GiB: {text!r}")
+    return pods, size
+
+
 def add_arguments(p):
     p.add_argument("--bundle", required=True, help="the bundle folder: libcuda_limiter.so, hypervisor")
     p.add_argument("--out", help="folder of the results and logs (default: a new temporary folder)")
@@ -104,6 +117,10 @@ def add_arguments(p):
                         " checkpoint)")
     p.add_argument("--infer-rounds", type=int, default=5, help="requests resident and swapped (default 5)")
     p.add_argument("--idle-s", type=float, default=3.0, help="idle time before a resident request (default 3)")
+    p.add_argument("--overcommit", type=parse_overcommit, metavar="PODSxGIB",
+                   help="the overcommit part's pods: how many, and the GiB each holds (e.g. 5x30: five pods"
+                        " of 30 GiB, each with a quota of 2 GiB more); default three pods of 0.45x the GPU's"
+                        " memory")
     p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
                    help=f"which parts to run of {','.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
     p.add_argument("--budget-s", type=float, default=450,

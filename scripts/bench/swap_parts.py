@@ -207,21 +207,36 @@ def part_infer(b):
     return result
 
 
+def overcommit_given(total, free, host_room, pods, size_gib):
+    """(quota, hold) of `pods` pods holding `size_gib` GiB each (--overcommit),
+    each quota 2 GiB more; BenchError when they would not overcommit the
+    GPU, one would not fit it, or two would not fit `host_room`."""
+    hold = int(size_gib * GIB)
+    hold -= hold % (2 * MIB)
+    quota = hold + 2 * GIB
+    if pods * (hold + CONTEXT) <= free or hold + CONTEXT > free or 2 * (hold + CONTEXT) > host_room:
+        raise BenchError(f"{pods} pods of {size_gib:g} GiB: {gib(free)} GiB free on the GPU, {gib(host_room)} GiB"
+                         " for swapped pods on the host; they must overcommit the GPU, and two fit the host")
+    return quota, hold
+
+
 def part_overcommit(b):
     b.begin("overcommit")
     total, _, free = gpu_memory()
     room = min(b.host_limit, host_available() - 16 * GIB)
-    quota, hold = overcommit_plan(total, free, room)
-    pods = [f"swap-oc{n}" for n in (1, 2, 3)]
-    print(f"overcommit: GPU 0 {gib(total)} GiB ({gib(free)} GiB free); 3 pods, quota {gib(quota)} GiB each"
-          f" (sum {gib(3 * quota)} GiB), each holding {gib(hold)} GiB once it works; idle_after"
+    given = b.args.overcommit
+    count = given[0] if given else 3
+    quota, hold = overcommit_given(total, free, room, *given) if given else overcommit_plan(total, free, room)
+    pods = [f"swap-oc{n}" for n in range(1, count + 1)]
+    print(f"overcommit: GPU 0 {gib(total)} GiB ({gib(free)} GiB free); {count} pods, quota {gib(quota)} GiB each"
+          f" (sum {gib(count * quota)} GiB), each holding {gib(hold)} GiB once it works; idle_after"
           f" {OVERCOMMIT_IDLE_MS} ms, {OVERCOMMIT_PAUSE_S:g} s between requests", flush=True)
     turns, totals = [], {}
     with b.serving("overcommit", {pod: quota for pod in pods}, OVERCOMMIT_IDLE_MS):
         procs = [b.start_pod(pod, "work", hold, 100 + n) for n, pod in enumerate(pods)]
         for p in procs:
             p.ready()
-        for n in (0, 1, 2, 0, 1, 2):
+        for n in [*range(count), *range(count)]:
             time.sleep(OVERCOMMIT_PAUSE_S)
             before = b.totals()
             try:

@@ -144,6 +144,22 @@ def test_overcommit_plan():
         plan(80 * GIB, 3 * GIB, 200 * GIB)
 
 
+def test_overcommit_given():
+    assert swap.parse_overcommit("5x30") == (5, 30.0) and swap.parse_overcommit("2X0.5") == (2, 0.5)
+    for bad in ("5", "x30", "1x30", "5x0", "5x30x2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            swap.parse_overcommit(bad)
+    given = swap_parts.overcommit_given
+    context = swap_parts.CONTEXT
+    # Five pods of 30 GiB on a 141 GiB GPU, 100 GiB of host memory for swaps.
+    assert given(141 * GIB, 140 * GIB, 100 * GIB, 5, 30) == (32 * GIB, 30 * GIB)
+    # Fewer that fit at once; one that fits nowhere; two the host cannot hold.
+    for args in ((4, 30), (2, 140), (3, 60)):
+        with pytest.raises(swap_bench.BenchError, match="they must overcommit the GPU, and two fit the host"):
+            given(141 * GIB, 140 * GIB, 100 * GIB, *args)
+    assert 4 * (30 * GIB + context) <= 140 * GIB < 5 * (30 * GIB + context)
+
+
 def test_figures_and_formats():
     assert [swap_bench.gib(n) for n in (35.75 * GIB, 8 * GIB, GIB // 2, 1234 * MIB, 0)] == [
         "35.75", "8", "0.5", "1.21", "0"]
