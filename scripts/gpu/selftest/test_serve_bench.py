@@ -132,6 +132,10 @@ def test_plan_on_an_h200():
         14 * GIB, 7, 86 * GIB, None, None)
     assert big.estimate_s == 20 + 16 + 7 + 3 * 15 + 10
     assert [r.swapped_at_start for r in runs] == [7, 3, 0, 0, 0] and runs[-1].host_limit == 0
+    # Every context stays on the GPU on the fast path, swapped or not; the
+    # checkpoint takes it along: 32 pods of 4 GiB, 27 resident against 28.
+    assert serve_plan.resident_room(32, 4 * GIB, H200, 0, "fast") == (H200 - 32 * GIB) // (4 * GIB) == 27
+    assert serve_plan.resident_room(32, 4 * GIB, H200, 0, "checkpoint") == H200 // (5 * GIB) == 28
     # The checkpoint moves the contexts too: 9 of 13 GiB resident.
     slow = serve_plan.runs([16], 12 * GIB, H200, 118 * GIB, 13 * GIB, "none", 1, 10.0, "checkpoint")
     assert [(r.swapped_at_start, r.estimate_s) for r in slow] == [(7, 20 + 16 + 56 + 13 + 10)]
