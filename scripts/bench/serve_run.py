@@ -100,7 +100,8 @@ def delta(before: dict, after: dict) -> dict:
 
 class Sampler:
     """GPU 0's used memory (nvidia-smi), the daemon's swapped pods and
-    their host memory, and the host's available memory, every SAMPLE_S."""
+    their host memory, and the host's available memory: every SAMPLE_S,
+    and when a load starts and ends."""
 
     def __init__(self, b):
         self.b, self.samples, self.done = b, [], threading.Event()
@@ -109,13 +110,16 @@ class Sampler:
 
     def _run(self):
         while not self.done.wait(SAMPLE_S):
-            try:
-                used = gpu_memory()[1]
-            except BenchError:
-                used = None
-            totals = self.b.totals()
-            self.samples.append({"t": time.monotonic(), "gpu_used": used, "available": host_available(),
-                                 **{k: totals.get(k) for k in ("swapped_pods", "bytes_on_host", "host_kept_bytes")}})
+            self.take()
+
+    def take(self):
+        try:
+            used = gpu_memory()[1]
+        except BenchError:
+            used = None
+        totals = self.b.totals()
+        self.samples.append({"t": time.monotonic(), "gpu_used": used, "available": host_available(),
+                             **{k: totals.get(k) for k in ("swapped_pods", "bytes_on_host", "host_kept_bytes")}})
 
     def stop(self):
         self.done.set()
@@ -145,6 +149,8 @@ def run_load(b, procs, seeds, requests, seconds, base, answers, reference, sampl
     """Sends a load's requests as they arrive and waits for their answers
     (DRAIN after its end at most); its rows and figures."""
     before, metrics_before = b.totals(), metric_values(b.metrics())
+    began = time.monotonic()
+    sampler.take()
     start = time.monotonic() + 0.1
     sent = {}
     for r in requests:
@@ -158,6 +164,7 @@ def run_load(b, procs, seeds, requests, seconds, base, answers, reference, sampl
     time.sleep(max(0.0, end - time.monotonic()))
     answers.wait([base + r.id for r in requests], min(end + b.args.drain_s, b.deadline - STOP_RESERVE_S))
     after, metrics_after = b.totals(), metric_values(b.metrics())
+    sampler.take()
     rows = []
     for r in requests:
         answer, at = answers.got.get(base + r.id, ({}, None))
@@ -168,7 +175,7 @@ def run_load(b, procs, seeds, requests, seconds, base, answers, reference, sampl
                      "identical": reference.same(seeds[r.pod], r.input, answer.get("digest"))})
     figures_ = figures(rows, seconds)
     swaps = delta(before, after)
-    figures_.update(sampler.window(start, time.monotonic(), len(procs)),
+    figures_.update(sampler.window(began, time.monotonic(), len(procs)),
                     swap_ins_per_s=swaps.get("swap_ins", 0) / seconds,
                     swap_outs_per_s=swaps.get("swap_outs", 0) / seconds)
     resident = figures_["resident_mean"]

@@ -29,6 +29,7 @@ POD_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0",
            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
 HOST_LIMIT = 100 * GIB
 IDLE_AFTER_MS = 2000
+SIMULATE = ""  # the daemon's --simulate-gpus (selftests without a GPU); "": the GPU
 
 
 class BenchError(RuntimeError):
@@ -229,8 +230,8 @@ class Bench:
         config.write_text(config_text(quotas, idle_after_ms, host_limit or self.host_limit, overcommit, extra))
         common.remove_pod_regions(*quotas)
         self.stuck = None
-        self.daemon = hv.Daemon(common.settings("", self.out, self.bundle / "hypervisor"), part, config,
-                                env=self.tables, stop_s=10)
+        self.daemon = hv.Daemon(common.settings("", self.out, self.bundle / "hypervisor", simulate=SIMULATE), part,
+                                config, env=self.tables, stop_s=10)
         try:
             self.daemon.start()
             yield self.daemon

@@ -5,6 +5,7 @@ memory, the daemon's config and a refused key, the report, a run against
 stand-in pods that answer as the serve pods do, and the dry run."""
 
 import contextlib
+import json
 import math
 import os
 import statistics
@@ -21,6 +22,7 @@ if str(REPO) not in sys.path:  # python3 -m pytest from elsewhere than the repos
     sys.path.append(str(REPO))
 
 from builds import built  # noqa: E402
+from test_swap_bench import fake_smi  # noqa: E402
 from scripts.bench import serve, serve_plan, serve_report, serve_run, serve_trace, swap_bench  # noqa: E402
 from scripts.bench.__main__ import SUBCOMMANDS, main, parser  # noqa: E402
 from scripts.gpu.e2e.harness import parse  # noqa: E402
@@ -357,6 +359,46 @@ def test_a_stuck_pod_ends_its_run(tmp_path, no_gpu):
     assert stuck and all(r["latency_s"] is None for r in stuck)
     assert result["failed"] == f"{len(stuck)} requests unanswered at 40 req/s"
     assert load["figures"]["p99_s"] == math.inf
+
+
+@pytest.mark.skipif(not built("hypervisor"), reason="needs the daemon built (builds.py)")
+def test_a_call_on_the_daemon_with_stand_in_pods(tmp_path, monkeypatch, capsys):
+    """The entry point's run: this build's daemon (--simulate-gpus, no
+    NVML here) with the plan's config, stand-in pods, nvidia-smi a fake;
+    the table and the rows written, the pods and the daemon stopped, no
+    region left."""
+    fake_smi(tmp_path, monkeypatch, {"memory.total,memory.used,memory.free": "143771, 500, 143271\n"})
+    program = tmp_path / "stand_in.py"
+    program.write_text(STAND_IN)
+    monkeypatch.setattr(swap_bench, "POD_PROGRAM", program)
+    monkeypatch.setattr(swap_bench, "SIMULATE", "1")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "libcuda_limiter.so").write_bytes(b"")
+    (bundle / "hypervisor").symlink_to(built("hypervisor"))
+    out = tmp_path / "out"
+    assert main(["serve", "--bundle", str(bundle), "--out", str(out), "--sizes", "2", "--loads", "20", "--duration",
+                 "0.4", "--baseline", "none", "--headroom", "none", "--min-resident-ms", "none", "--weights", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "serve-2-overcommit (fast path): 2 pods of 1 GiB (quota 3 GiB) ready in" in printed
+    data = json.loads((out / "serve-bench.json").read_text())
+    (run,) = data["runs"]
+    (load,) = run["loads"]
+    # Model 1000 answers input 3 with another digest (the stand-in's);
+    # serve2-01 takes 50 ms an answer.
+    assert load["rows"] and all(r["latency_s"] is not None and r["ok"] for r in load["rows"])
+    assert [r["identical"] for r in load["rows"]] == [r["pod"] != "serve2-00" or r["input"] != 3
+                                                      for r in load["rows"]]
+    f = load["figures"]
+    assert (f["unanswered"], f["gpu_used_max"], f["resident_mean"], f["host_swapped_max"]) == (0, 500 * MIB, 2, 0)
+    table = (out / "serve-bench.md").read_text()
+    assert table.splitlines()[2:4] == serve_report.HEAD.splitlines() and "| 2 | fast path | 20 |" in table
+    assert f"\n{table}\nraw rows: {out / 'serve-bench.json'}; logs: {out}\n" in printed
+    assert tomllib.loads((out / "serve-2-overcommit-hypervisor.toml").read_text())["swap"]["overcommit"] is True
+    assert (out / "serve-2-overcommit-hypervisor.log").read_text().rstrip().splitlines()[-1].startswith("# stopped")
+    for pod in ("serve2-00", "serve2-01"):  # each answered its exit
+        assert (out / f"pod-{pod}.log").read_text().endswith("# exit=0\n")
+    assert not [p for p in os.listdir("/dev/shm") if f"swap-bench-{os.getpid()}" in p or "serve2-" in p]
 
 
 def test_dry_run(tmp_path, capsys):
