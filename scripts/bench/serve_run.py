@@ -147,7 +147,9 @@ class Sampler:
 
 def run_load(b, procs, seeds, requests, seconds, base, answers, reference, sampler):
     """Sends a load's requests as they arrive and waits for their answers
-    (DRAIN after its end at most); its rows and figures."""
+    (--drain-s after its end at most); its rows (each request's arrival,
+    pod, input, time to its answer, whether the answer is its model's) and
+    figures, the daemon's swap totals and metrics gained meanwhile."""
     before, metrics_before = b.totals(), metric_values(b.metrics())
     began = time.monotonic()
     sampler.take()
