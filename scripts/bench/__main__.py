@@ -9,7 +9,8 @@ import ast
 import os
 import sys
 
-from . import checkpoint_limit, common, compute, corun, corun_ab, corun_frontier, launch, packing, priority, swap
+from . import (checkpoint_limit, common, compute, corun, corun_ab, corun_frontier, launch, packing, priority, serve,
+               swap)
 
 TORCH_MODES = ("decode", "decode-ab", "triton", "graph")
 
@@ -50,6 +51,8 @@ SUBCOMMANDS = {
                     launch.add_cost_arguments, launch.main_cost),
     "packing": ("N pods packed on one GPU, time-sliced and co-run: throughput, shares, the daemon's cost",
                 packing.__doc__, packing.add_arguments, packing.main),
+    "serve": ("many models on one GPU served from a Zipf/Poisson trace: time to the first result, swaps, memory",
+              serve.__doc__, serve.add_arguments, serve.main),
     "swap": ("pods swapped to host memory and back: time, content, first request, overcommit", swap.__doc__,
              swap.add_arguments, swap.main),
     "torch": ("one PyTorch or Triton workload, as the compute bench runs it (one key=value line)", torch_doc(),

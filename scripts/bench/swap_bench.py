@@ -29,6 +29,7 @@ POD_ENV = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0",
            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
 HOST_LIMIT = 100 * GIB
 IDLE_AFTER_MS = 2000
+SIMULATE = ""  # the daemon's --simulate-gpus (selftests without a GPU); "": the GPU
 
 
 class BenchError(RuntimeError):
@@ -40,15 +41,18 @@ def gib(nbytes):
     return f"{nbytes / GIB:.2f}".rstrip("0").rstrip(".")
 
 
-def swap_section(idle_after_ms, host_limit):
-    return (f"[swap]\novercommit = true\nidle_after_ms = {idle_after_ms}\nlatency_pods = \"last\"\n"
-            f"host_limit = {host_limit}\nroom_wait_ms = 120000\n\n")
+def swap_section(idle_after_ms, host_limit, overcommit=True, extra=None):
+    """The [swap] table; `extra`: more keys, {key: its value as TOML text}."""
+    more = "".join(f"{key} = {value}\n" for key, value in (extra or {}).items())
+    return (f"[swap]\novercommit = {'true' if overcommit else 'false'}\nidle_after_ms = {idle_after_ms}\n"
+            f"latency_pods = \"last\"\nhost_limit = {host_limit}\nroom_wait_ms = 120000\n{more}\n")
 
 
-def config_text(quotas, idle_after_ms, host_limit):
+def config_text(quotas, idle_after_ms, host_limit, overcommit=True, extra=None):
     """The daemon's config: the [swap] table and one pod on GPU 0 per
     (id, quota in bytes) of `quotas` (listen: --listen decides)."""
-    return ('listen = "127.0.0.1:0"\n' f'admin_token = "{ADMIN}"\n\n' + swap_section(idle_after_ms, host_limit)
+    return ('listen = "127.0.0.1:0"\n' f'admin_token = "{ADMIN}"\n\n'
+            + swap_section(idle_after_ms, host_limit, overcommit, extra)
             + "".join(hv.pod_section(pod, f"memory = {quota}") for pod, quota in quotas.items()))
 
 
@@ -100,11 +104,15 @@ def smi_where(pid):
 class Pod:
     """A swap_pod.py program: commands on its stdin, its REPLY lines read
     as they come (a thread; the bench times requests to the millisecond),
-    its stderr and other output in `log`."""
+    its stderr and other output in `log`. `route`, when given, is offered
+    each answer first with the time it was read, and keeps those it
+    returns True for (answers to requests in flight); the others are the
+    replies `reply` and `ask` wait for."""
 
-    def __init__(self, pod, argv, env, log, program=None):
+    def __init__(self, pod, argv, env, log, program=None, route=None):
         self.pod, self.log = pod, Path(log)
         self.chatter = []
+        self.route = route
         with open(self.log, "w") as f:
             f.write(f"# {pod}: {' '.join(argv)}\n")
             f.flush()
@@ -117,11 +125,15 @@ class Pod:
     def _read(self):
         for line in self.p.stdout:
             if line.startswith("REPLY "):
+                at = time.monotonic()
                 try:
-                    self.replies.put(json.loads(line[6:]))
-                    continue
+                    answer = json.loads(line[6:])
                 except ValueError:
-                    pass
+                    answer = None
+                if answer is not None:
+                    if not (self.route and self.route(answer, at)):
+                        self.replies.put(answer)
+                    continue
             self.chatter.append(line)
         self.replies.put(None)
 
@@ -135,14 +147,18 @@ class Pod:
             raise BenchError(f"{self.pod} exited (status {self.p.wait()}): {tail}")
         return answer
 
-    def ask(self, command, timeout):
-        """(its answer, seconds from the command sent to the answer read)."""
-        start = time.monotonic()
+    def send(self, command):
+        """Writes one command line to the program, not waiting for its answer."""
         try:
             self.p.stdin.write(command + "\n")
             self.p.stdin.flush()
         except OSError as e:
             raise BenchError(f"{self.pod}: cannot send {command!r}: {e}")
+
+    def ask(self, command, timeout):
+        """(its answer, seconds from the command sent to the answer read)."""
+        start = time.monotonic()
+        self.send(command)
         answer = self.reply(timeout)
         return answer, time.monotonic() - start
 
@@ -205,16 +221,17 @@ class Bench:
             raise BenchError(f"{part} not run: the run's time (--budget-s) is spent")
 
     @contextlib.contextmanager
-    def serving(self, part, quotas, idle_after_ms=IDLE_AFTER_MS, host_limit=None):
+    def serving(self, part, quotas, idle_after_ms=IDLE_AFTER_MS, host_limit=None, overcommit=True, extra=None):
         """A daemon for `part` with the pods of `quotas` (id: bytes), its
-        host_limit the run's unless given; at the end its pods and it are
-        stopped, their regions removed. Its log: OUT/PART-hypervisor.log."""
+        host_limit the run's unless given, `extra` more [swap] keys; at the
+        end its pods and it are stopped, their regions removed. Its log:
+        OUT/PART-hypervisor.log."""
         config = self.out / f"{part}-hypervisor.toml"
-        config.write_text(config_text(quotas, idle_after_ms, host_limit or self.host_limit))
+        config.write_text(config_text(quotas, idle_after_ms, host_limit or self.host_limit, overcommit, extra))
         common.remove_pod_regions(*quotas)
         self.stuck = None
-        self.daemon = hv.Daemon(common.settings("", self.out, self.bundle / "hypervisor"), part, config,
-                                env=self.tables, stop_s=10)
+        self.daemon = hv.Daemon(common.settings("", self.out, self.bundle / "hypervisor", simulate=SIMULATE), part,
+                                config, env=self.tables, stop_s=10)
         try:
             self.daemon.start()
             yield self.daemon
@@ -229,9 +246,9 @@ class Bench:
         for name in self.tables.values():
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
 
-    def start_pod(self, pod, *argv, program=None, env=None):
+    def start_pod(self, pod, *argv, program=None, env=None, route=None):
         """The pod's program (swap_pod.py unless `program`) under the
-        limiter, with `env` over the pods' own."""
+        limiter, with `env` over the pods' own; `route`: as Pod's."""
         environ = common.clean_env("PYTORCH_CUDA_ALLOC_CONF")
         environ.update(LD_PRELOAD=self.lib, CUDA_LIMITER_POD=pod, CUDA_LIMITER_TOKEN=hv.hv_token(pod),
                        CUDA_LIMITER_HYPERVISOR=self.daemon.url, CUDA_LIMITER_LOG="info", PYTHONUNBUFFERED="1",
@@ -240,7 +257,7 @@ class Bench:
         environ.update(env or {})
         if self.args.path == "fast":
             environ["CUDA_LIMITER_FAST_SWAP"] = "1"
-        p = Pod(pod, [str(a) for a in argv], environ, self.out / f"pod-{pod}.log", program)
+        p = Pod(pod, [str(a) for a in argv], environ, self.out / f"pod-{pod}.log", program, route)
         self.pods.append(p)
         return p
 

@@ -16,6 +16,15 @@ command read on stdin; anything else it prints is chatter.
                                 between them) of about BYTES of weights, warmed up:
       infer                     a batch of 8 through every layer: its time and
                                 the output's digest
+  swap_pod.py serve BYTES SEED INPUTS
+                                the serve bench's model: a stack of 8192x8192 fp16
+                                linear layers of about BYTES of weights made from
+                                SEED, and INPUTS batches of 8 (input i made from
+                                seed i, the same in every pod); its answer to each
+                                input in the ready reply (resident, before any swap):
+      infer REQ I               input I through the model: the answer, tagged
+                                req=REQ (ok=false and why, oom=true for an
+                                out-of-memory error), its time and digest
   swap_pod.py work BYTES SEED   holds nothing until the first:
       work                      BYTES of tensors (seeded by SEED) allocated and
                                 filled the first time; a matmul over two of them;
@@ -42,6 +51,7 @@ SLICE = 16 << 20
 SAMPLE_STRIDE = 4099
 SAMPLE = 1 << 16
 DIM = 4096
+SERVE_DIM = 8192
 BATCH = 8
 
 
@@ -148,22 +158,28 @@ class Hold:
         reply(rc=rc, uuid=f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
 
 
+def stack(nbytes, dim, g):
+    """(a model of about nbytes of dim x dim fp16 linear layers, tanh
+    between them, weights drawn by g; its layer count)."""
+    # Xavier-like for tanh (gain 5/3): the signal neither dies nor
+    # saturates through a few hundred layers.
+    bound = 5 / 3 * math.sqrt(3 / dim)
+    count = max(1, nbytes // (dim * dim * 2))
+    layers = []
+    with torch.no_grad():
+        for _ in range(count):
+            layer = torch.nn.Linear(dim, dim, bias=False, device="cuda", dtype=torch.float16)
+            layer.weight.uniform_(-bound, bound, generator=g)
+            layers += [layer, torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers).eval(), count
+
+
 class Infer:
     def __init__(self, nbytes):
         start = time.perf_counter()
         g = torch.Generator(device="cuda")
         g.manual_seed(4321)
-        # Xavier-like for tanh (gain 5/3): the signal neither dies nor
-        # saturates through a few hundred layers.
-        bound = 5 / 3 * math.sqrt(3 / DIM)
-        count = max(1, nbytes // (DIM * DIM * 2))
-        layers = []
-        with torch.no_grad():
-            for _ in range(count):
-                layer = torch.nn.Linear(DIM, DIM, bias=False, device="cuda", dtype=torch.float16)
-                layer.weight.uniform_(-bound, bound, generator=g)
-                layers += [layer, torch.nn.Tanh()]
-        self.model = torch.nn.Sequential(*layers).eval()
+        self.model, count = stack(nbytes, DIM, g)
         self.x = torch.empty(BATCH, DIM, dtype=torch.float16, device="cuda").uniform_(-1, 1, generator=g)
         for _ in range(3):
             _, output = self.run()
@@ -182,6 +198,41 @@ class Infer:
     def infer(self):
         took, output = self.run()
         reply(s=took, **output)
+
+
+class Serve:
+    def __init__(self, nbytes, seed, inputs):
+        start = time.perf_counter()
+        g = torch.Generator(device="cuda")
+        g.manual_seed(seed)
+        self.model, count = stack(nbytes, SERVE_DIM, g)
+        self.inputs = []
+        for i in range(inputs):
+            g.manual_seed(i)
+            self.inputs.append(torch.empty(BATCH, SERVE_DIM, dtype=torch.float16, device="cuda")
+                               .uniform_(-1, 1, generator=g))
+        answers = [self.run(i)[1] for i in range(inputs)]
+        reply(ready=True, pid=os.getpid(), layers=count, weight_bytes=count * SERVE_DIM * SERVE_DIM * 2,
+              load_s=time.perf_counter() - start, answers=answers)
+
+    def run(self, i):
+        """(seconds to the answer, its digest): input i through the model."""
+        with torch.inference_mode():
+            start = time.perf_counter()
+            y = self.model(self.inputs[i])
+            torch.cuda.synchronize()
+            took = time.perf_counter() - start
+            return took, digest([y])
+
+    def infer(self, req, i):
+        # Every answer carries its request: the bench matches them by it.
+        try:
+            took, answer = self.run(int(i))
+            reply(req=int(req), ok=True, s=took, digest=answer)
+        except torch.OutOfMemoryError as e:
+            reply(req=int(req), ok=False, oom=True, error=str(e).splitlines()[0][:200])
+        except Exception as e:  # the answer says why; the bench counts it
+            reply(req=int(req), ok=False, error=f"{type(e).__name__}: {str(e)[:300]}")
 
 
 class Work:
@@ -213,6 +264,7 @@ def main(argv):
         bandwidth(nbytes)
         return 0
     server = {"hold": lambda: Hold(nbytes), "infer": lambda: Infer(nbytes),
+              "serve": lambda: Serve(nbytes, int(argv[2]), int(argv[3])),
               "work": lambda: Work(nbytes, int(argv[2]))}[mode]()
     for line in iter(sys.stdin.readline, ""):
         words = line.split()
