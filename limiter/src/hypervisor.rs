@@ -439,7 +439,12 @@ impl Link {
     /// Asks for room for `bytes` on the GPU `uuid`, which the driver could
     /// not find for an allocation within the pod's quota: the hypervisor
     /// swaps idle pods out there and says how much it freed.
-    pub(crate) fn room(&self, uuid: &str, bytes: u64) -> Result<RoomAnswer, LinkError> {
+    pub(crate) fn room(
+        &self,
+        uuid: &str,
+        bytes: u64,
+        driver_free: Option<u64>,
+    ) -> Result<RoomAnswer, LinkError> {
         let registered = self.registered.get().ok_or(LinkError::NotRegistered)?;
         let answer = self.requests()?.post_json(
             "/room",
@@ -447,6 +452,7 @@ impl Link {
                 worker_id: registered.worker_id.clone(),
                 uuid: uuid.to_owned(),
                 bytes,
+                driver_free,
             },
             Some(ROOM_TIMEOUT),
         )?;

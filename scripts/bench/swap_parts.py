@@ -209,11 +209,12 @@ def part_infer(b):
 
 def overcommit_given(total, free, host_room, pods, size_gib):
     """(quota, hold) of `pods` pods holding `size_gib` GiB each (--overcommit),
-    each quota 2 GiB more; BenchError when they would not overcommit the
+    each quota 4 GiB more (a request's work allocates 1 GiB beside the
+    context, as in the swap part); BenchError when they would not overcommit the
     GPU, one would not fit it, or two would not fit `host_room`."""
     hold = int(size_gib * GIB)
     hold -= hold % (2 * MIB)
-    quota = hold + 2 * GIB
+    quota = hold + 4 * GIB
     if pods * (hold + CONTEXT) <= free or hold + CONTEXT > free or 2 * (hold + CONTEXT) > host_room:
         raise BenchError(f"{pods} pods of {size_gib:g} GiB: {gib(free)} GiB free on the GPU, {gib(host_room)} GiB"
                          " for swapped pods on the host; they must overcommit the GPU, and two fit the host")

@@ -271,15 +271,29 @@ pub fn post(node: &RunningNode, path: &str, token: &str, body: &str) -> (u16, St
 /// workers (registered by a probe of the pod) with [`TOKEN`]: the bytes the
 /// daemon says it freed.
 pub fn ask_room(node: &RunningNode, pod: &Pod, uuid: &str, bytes: u64) -> u64 {
+    ask_room_saying(node, pod, uuid, bytes, None)
+}
+
+/// [`ask_room`], the worker saying its driver had `driver_free` bytes free.
+pub fn ask_room_saying(
+    node: &RunningNode,
+    pod: &Pod,
+    uuid: &str,
+    bytes: u64,
+    driver_free: Option<u64>,
+) -> u64 {
     let mut workers = Vec::new();
     eventually("a worker of the pod is registered", || {
         workers = node.hypervisor().workers_of(&pod.0);
         !workers.is_empty()
     });
-    let body = format!(
-        "{{\"worker_id\":\"{}\",\"uuid\":\"{uuid}\",\"bytes\":{bytes}}}",
-        workers[0]
-    );
+    let body = serde_json::json!({
+        "worker_id": workers[0].to_string(),
+        "uuid": uuid,
+        "bytes": bytes,
+        "driver_free": driver_free,
+    })
+    .to_string();
     let (status, answer) = post(node, "/room", TOKEN, &body);
     assert_eq!(status, 200, "{answer}");
     let answer: gpushare_utils::protocol::RoomAnswer =

@@ -225,6 +225,12 @@ pub struct RoomRequest {
     pub uuid: String,
     /// Bytes the allocation needs.
     pub bytes: u64,
+    /// What the driver said was free on the device as it refused
+    /// (`cuMemGetInfo`), where the worker could ask: NVML counts as free
+    /// memory the driver keeps for itself, so the hypervisor makes room
+    /// by this figure's shortfall, not by NVML's alone.
+    #[serde(default)]
+    pub driver_free: Option<u64>,
 }
 
 /// The hypervisor's answer to [`RoomRequest`].

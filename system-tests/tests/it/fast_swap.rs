@@ -15,11 +15,14 @@
 use std::sync::Arc;
 
 use gpushare_utils::limits::Residency;
+use hypervisor_observer::ProcessMemory;
 use hypervisor_swap::SwapPath;
-use system_tests::daemon::process_gpus;
+use system_tests::daemon::{node_file_gpus, process_gpus};
 use system_tests::pod::Pod;
-use system_tests::probes::{CONTEXT_BYTES, MIB};
-use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, control_block};
+use system_tests::probes::{CONTEXT_BYTES, GIB, MIB};
+use system_tests::swapping::{
+    ADMIN, Running, TOKEN, admin_cli, checkpoint_dir, control_block, processes_on,
+};
 use system_tests::wait::eventually;
 use system_tests::{RunningNode, daemon};
 
@@ -324,4 +327,75 @@ fn a_process_holding_memory_its_limiter_does_not_back_sends_the_pod_to_the_check
     let declined = record.history.fast_declined.as_deref().unwrap_or_default();
     assert!(declined.contains("does not back"), "{record:?}");
     check_after(running, &at);
+}
+
+#[test]
+fn room_on_an_overcommitting_gpu_is_made_by_the_fast_path() {
+    // Two pods of 1.5 GiB quotas on one 2 GiB GPU that their processes share
+    // (the double's node file), both backing their memory: the second's
+    // allocation fits only once the first, idle, is swapped out, by its
+    // own limiter.
+    let (idle, asker) = (Pod::new("fast-oc-idle"), Pod::new("fast-oc-asker"));
+    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let pods: String = [&idle, &asker]
+        .iter()
+        .map(|pod| {
+            format!(
+                "[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1536m\"\n\n",
+                pod.0
+            )
+        })
+        .collect();
+    let config = format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
+         overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\n\n{pods}",
+        library.display(),
+    );
+    let gpus = node_file_gpus(node_file.clone(), 2 * GIB, 1).process_memory_from(|index| {
+        processes_on(index)
+            .into_iter()
+            .map(|(pid, bytes)| ProcessMemory { pid, bytes })
+            .collect()
+    });
+    let node = daemon::hypervisor(&idle, &config, Arc::new(gpus));
+    let env = [
+        ("CUDA_LIMITER_FAST_SWAP", "1"),
+        ("GPUSHARE_DOUBLE_TOTAL", "2g"),
+        ("CUDA_LIMITER_LOG", "info"),
+        (
+            gpushare_examples::NODE_FILE_VAR,
+            node_file.to_str().expect("a path"),
+        ),
+    ];
+    let mut first = Running::start(
+        &idle,
+        &node.url(),
+        &env,
+        &[
+            "alloc", "mem", "768m", "write", "0", "7", "wait", "check", "0", "7",
+        ],
+    );
+    let lines = first.until_ready();
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    registered(&node, &idle, 1);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+
+    let mut second = Running::start(&asker, &node.url(), &env, &["alloc", "mem", "768m", "wait"]);
+    let lines = second.until_ready();
+    assert!(lines[0].contains("-> 0 "), "room was made: {lines:?}");
+    let record = node.hypervisor().pod_swap(&idle.0);
+    assert_eq!(record.state, Residency::Swapped, "{record:?}");
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Fast),
+        "{record:?}"
+    );
+
+    second.resume();
+    let (rest, status) = second.finish();
+    assert!(status.success(), "{rest:?}");
+    let (rest, status) = first.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("differ=0"), "the same bytes: {rest:?}");
 }

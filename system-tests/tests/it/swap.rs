@@ -19,8 +19,8 @@ use system_tests::daemon::{double_gpus, node_file_gpus, process_gpus};
 use system_tests::pod::Pod;
 use system_tests::probes::{self, GIB, probe};
 use system_tests::swapping::{
-    ADMIN, Running, TOKEN, admin_cli, ask_room, checkpoint_dir, control_block, name_in_ledger,
-    post, write_ledger_usage,
+    ADMIN, Running, TOKEN, admin_cli, ask_room, ask_room_saying, checkpoint_dir, control_block,
+    name_in_ledger, post, write_ledger_usage,
 };
 use system_tests::wait::eventually;
 use system_tests::{RunningNode, daemon};
@@ -416,7 +416,7 @@ fn a_pod_that_cannot_come_back_for_want_of_room_waits_until_there_is_room() {
 }
 
 #[test]
-fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu() {
+fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu_by_its_driver() {
     // Two idle neighbours of 9 GiB, one on each GPU; the asker holds 1 GiB
     // of a 2 GiB quota on the first, which has about 6 GiB free.
     let asker = Pod::new("room-asker");
@@ -474,6 +474,12 @@ fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu() {
         assert_eq!(pod_swap(&node, pod).state, Residency::Resident);
     }
     assert_eq!(node.hypervisor().swap_status().totals.swap_outs, 0);
+
+    // A GiB the GPU has free by NVML, but not by the asker's driver, which
+    // keeps some of what NVML counts free: the neighbour on its GPU goes.
+    assert!(ask_room_saying(&node, &asker, &gpu0, GIB, Some(0)) > 0);
+    assert_eq!(pod_swap(&node, &near).state, Residency::Swapped);
+    assert_eq!(pod_swap(&node, &far).state, Residency::Resident);
     for running in neighbours.into_iter().chain([running]) {
         let (rest, status) = running.finish();
         assert!(status.success(), "{rest:?}");

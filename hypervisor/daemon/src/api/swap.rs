@@ -138,9 +138,12 @@ pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
         Err(refusal) => return refusal.into_response(),
     };
     let wait = hv.core().settings.swap.room_wait;
-    let freed = tokio::time::timeout(wait, hv.make_room(&ask.uuid, ask.bytes, &pod))
-        .await
-        .unwrap_or(0);
+    let freed = tokio::time::timeout(
+        wait,
+        hv.make_room(&ask.uuid, ask.bytes, &pod, ask.driver_free),
+    )
+    .await
+    .unwrap_or(0);
     json_ok(&RoomAnswer {
         freed,
         message: if freed == 0 {

@@ -316,7 +316,7 @@ impl Hypervisor {
     /// Makes sure the GPU `gpu` has `need` bytes free for `asker`, making
     /// room there where it overcommits.
     async fn room_on(&self, gpu: &str, need: u64, asker: &str) -> Result<(), SwapRefusal> {
-        self.make_room_locked(gpu, need, asker).await;
+        self.make_room_locked(gpu, need, asker, None).await;
         let free = self.free_on(gpu).unwrap_or(0);
         if free >= need {
             return Ok(());

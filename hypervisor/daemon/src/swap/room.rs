@@ -27,8 +27,15 @@ impl Hypervisor {
     /// returns the bytes freed, by NVML (0: the GPU had the room already,
     /// `asker` is not placed there or may hold no more, overcommit is off
     /// there, or no idle pod could go). Runs to its end whether or not the
-    /// caller waits for it.
-    pub async fn make_room(&self, uuid: &str, bytes: u64, asker: &str) -> u64 {
+    /// caller waits for it. `driver_free`: what the asker's driver said was
+    /// free as it refused (see [`room_target`]).
+    pub async fn make_room(
+        &self,
+        uuid: &str,
+        bytes: u64,
+        asker: &str,
+        driver_free: Option<u64>,
+    ) -> u64 {
         let (uuid, asker) = (uuid.to_owned(), asker.to_owned());
         self.exclusive(move |hv| async move {
             let left = hv.core().scheduler.quota_left(&asker, &uuid);
@@ -36,7 +43,9 @@ impl Hypervisor {
                 tracing::warn!(gpu = %uuid, pod = %asker, "room asked on a GPU the pod is not placed on; none made");
                 return Ok(0);
             };
-            Ok(hv.make_room_locked(&uuid, bytes.min(left), &asker).await)
+            Ok(hv
+                .make_room_locked(&uuid, bytes.min(left), &asker, driver_free)
+                .await)
         })
         .await
         .unwrap_or(0)
@@ -50,7 +59,8 @@ impl Hypervisor {
     pub(super) async fn room_for(&self, view: &SwapView) -> Result<(), SwapRefusal> {
         for gpu in &view.gpus {
             let need = within_quota(view, &gpu.uuid, gpu.bytes);
-            self.make_room_locked(&gpu.uuid, need, &view.pod).await;
+            self.make_room_locked(&gpu.uuid, need, &view.pod, None)
+                .await;
             if self.overcommit_on(&gpu.uuid).is_some()
                 && let Some(free) = self.free_on(&gpu.uuid)
                 && free < need
@@ -66,9 +76,16 @@ impl Hypervisor {
     }
 
     /// Swaps idle pods of the GPU `uuid` (not `asker`) out, one at a time,
-    /// until the GPU has `need` bytes free by NVML, where it overcommits;
+    /// until the GPU has `need` bytes free by NVML (more where the asker's
+    /// driver said it had less: [`room_target`]), where it overcommits;
     /// returns the bytes freed.
-    pub(super) async fn make_room_locked(&self, uuid: &str, need: u64, asker: &str) -> u64 {
+    pub(super) async fn make_room_locked(
+        &self,
+        uuid: &str,
+        need: u64,
+        asker: &str,
+        driver_free: Option<u64>,
+    ) -> u64 {
         let Some(settings) = self.overcommit_on(uuid) else {
             return 0;
         };
@@ -80,6 +97,7 @@ impl Hypervisor {
             );
             return 0;
         };
+        let need = room_target(need, before, driver_free);
         let mut free = before;
         let mut passed_over: Vec<String> = Vec::new();
         while free < need {
@@ -173,6 +191,21 @@ impl Hypervisor {
     }
 }
 
+/// The free memory, by NVML, that room for `need` bytes takes, NVML
+/// saying `before` is free: `need`; or where the asker's driver said it had
+/// only `driver_free` free as it refused, NVML's figure raised by that
+/// shortfall, for NVML counts as free memory the driver keeps for itself
+/// (on an H200, an allocation of 1 GiB was refused while NVML showed more
+/// than that free). An asker that says less than its driver did only has
+/// idle pods swapped for at most `need`, which its allocation could ask
+/// for anyway.
+fn room_target(need: u64, before: u64, driver_free: Option<u64>) -> u64 {
+    match driver_free {
+        Some(free) if free < need => need.max(before.saturating_add(need - free)),
+        _ => need,
+    }
+}
+
 /// `bytes` of the pod `view` on the GPU `uuid`, at most its quota there
 /// (its ledger, which the pod writes, may say more).
 pub(super) fn within_quota(view: &SwapView, uuid: &str, bytes: u64) -> u64 {
@@ -180,5 +213,25 @@ pub(super) fn within_quota(view: &SwapView, uuid: &str, bytes: u64) -> u64 {
         Some(0) => bytes,
         Some(quota) => bytes.min(quota),
         None => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::room_target;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn room_is_made_for_what_the_driver_lacks_where_it_said() {
+        // NVML's figure alone, where the driver said nothing or had enough.
+        assert_eq!(room_target(GIB, GIB / 2, None), GIB);
+        assert_eq!(room_target(GIB, GIB / 2, Some(2 * GIB)), GIB);
+        // NVML shows 1.5 GiB free, the driver had 0.5: 0.5 more is needed
+        // than NVML shows, so room until NVML shows 2 GiB.
+        assert_eq!(room_target(GIB, 3 * GIB / 2, Some(GIB / 2)), 2 * GIB);
+        // Never less than the allocation, nor past the end of the numbers.
+        assert_eq!(room_target(GIB, 0, Some(GIB / 2)), GIB);
+        assert_eq!(room_target(GIB, u64::MAX, Some(0)), u64::MAX);
     }
 }

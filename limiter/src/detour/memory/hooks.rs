@@ -99,7 +99,18 @@ fn memory() -> Result<Memory> {
         spill: &limiter.spill,
         backing: &limiter.backing,
         ctx: &limiter.context,
+        driver_free,
     })
+}
+
+/// The driver's free memory on the current device, by the original
+/// `cuMemGetInfo_v2` (not the pod's view of it).
+fn driver_free() -> Option<u64> {
+    let original = cuMemGetInfo_v2::ORIGINAL.get()?;
+    let (mut free, mut total) = (0usize, 0usize);
+    // SAFETY: the driver's own function, with valid locals as out-pointers.
+    let result = unsafe { original(&mut free, &mut total) };
+    result.is_success().then_some(free as u64)
 }
 
 /// Linear memory on the current device, returned through `dptr`: the

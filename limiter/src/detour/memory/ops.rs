@@ -26,6 +26,9 @@ pub(super) struct Memory {
     pub spill: &'static Spill,
     pub backing: &'static Backing,
     pub ctx: &'static Context,
+    /// The driver's own free memory on the current device, as it answers
+    /// (`None` where it does not).
+    pub driver_free: fn() -> Option<u64>,
 }
 
 /// Where a linear allocation was served from.
@@ -153,7 +156,15 @@ impl Memory {
         let Some(uuid) = self.ctx.device_uuid(device) else {
             return false;
         };
-        match link.room(&uuid, bytes) {
+        // What the driver has free, where the allocation was for the
+        // current device (the one it answers for).
+        let driver_free = self
+            .ctx
+            .driver()
+            .and_then(|driver| driver.current_device().ok())
+            .filter(|&current| usize::try_from(current).ok() == Some(device))
+            .and_then(|_| (self.driver_free)());
+        match link.room(&uuid, bytes, driver_free) {
             Ok(answer) if answer.freed > 0 => {
                 tracing::info!(
                     device,
