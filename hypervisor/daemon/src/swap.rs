@@ -189,16 +189,7 @@ impl Hypervisor {
         let pod = pod.to_owned();
         self.exclusive(move |hv| async move {
             let view = hv.view(&pod)?;
-            // A move whose restore failed before (or that a restarted
-            // daemon found) ends here, on the new GPU.
-            let moving = view.region.pending_move().is_some();
-            let took = hv.swap_in_locked(&view).await?;
-            if let Some(took) = took {
-                hv.swapped(&pod, Direction::In, SwapCause::Operator);
-                if moving {
-                    hv.swap_board().moved(&pod, took);
-                }
-            }
+            hv.swap_in_counted(&view, SwapCause::Operator).await?;
             Ok(answer(&view))
         })
         .await
@@ -222,6 +213,26 @@ impl Hypervisor {
             self.swapped(&view.pod, Direction::Out, cause);
         }
         Ok(())
+    }
+
+    /// [`Self::swap_in_locked`], counted for `cause` where the pod was
+    /// away; what it took, `None` when it was resident.
+    async fn swap_in_counted(
+        &self,
+        view: &SwapView,
+        cause: SwapCause,
+    ) -> Result<Option<Duration>, SwapRefusal> {
+        // A move whose restore failed before (or that a restarted daemon
+        // found) ends here, on the new GPU.
+        let moving = view.region.pending_move().is_some();
+        let took = self.swap_in_locked(view).await?;
+        if let Some(took) = took {
+            self.swapped(&view.pod, Direction::In, cause);
+            if moving {
+                self.swap_board().moved(&view.pod, took);
+            }
+        }
+        Ok(took)
     }
 
     /// Runs `op` alone among the node's swaps, and to its end. Waiting for

@@ -174,12 +174,12 @@ pub fn victims(
 /// first that [`ranked`] gives and `host_room` takes, never one brought
 /// back within `min_resident_ms` (no request waits on it, so no pod is
 /// swapped back and forth for it).
-pub fn ahead<'a>(
-    candidates: &'a [Candidate],
+pub fn ahead(
+    candidates: &[Candidate],
     host_room: u64,
     now_ms: u64,
     policy: RoomPolicy,
-) -> Option<&'a Candidate> {
+) -> Option<&Candidate> {
     ranked(candidates, now_ms, policy)
         .into_iter()
         .find(|c| !just_back(c, now_ms, policy) && c.bytes <= host_room)

@@ -157,6 +157,17 @@ impl ServingReport {
             .unwrap_or(0)
     }
 
+    /// What pod `pod` may see: the node's counts and waits, and of the
+    /// pods its own alone.
+    pub fn only(&mut self, pod: &str) {
+        for pods in self.resident.values_mut() {
+            pods.retain(|p| p.pod == pod);
+        }
+        self.resident.retain(|_, pods| !pods.is_empty());
+        self.waiting.retain(|p| p == pod);
+        self.recent.retain(|e| e.pod == pod);
+    }
+
     /// Waits recorded for `cause`.
     pub fn waits_of(&self, cause: WaitCause) -> u64 {
         self.waits.get(&cause).map_or(0, |w| w.count)

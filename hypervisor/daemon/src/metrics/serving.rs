@@ -65,7 +65,7 @@ pub(super) fn render(x: &mut Exposition, serving: &ServingReport) {
             cumulative += n;
             let le = WAIT_BOUNDS_S
                 .get(at)
-                .map_or("+Inf".to_owned(), |bound| bound.to_string());
+                .map_or("+Inf".to_owned(), f64::to_string);
             let labels = format!("cause=\"{cause}\",le=\"{le}\"");
             x.sample(waits, "_bucket", &labels, cumulative);
         }

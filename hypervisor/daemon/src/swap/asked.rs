@@ -5,13 +5,13 @@
 //! waits behind it ([`SwapRefusal::Behind`]) instead of taking the room
 //! first. Each ask's wait is recorded by cause: behind other swaps, for
 //! the swap-outs made for it, for its own restore (the last two in
-//! [`Hypervisor::swap_in_locked`]).
+//! `Hypervisor::swap_in_locked`).
 
 use std::time::Instant;
 
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::SwapAnswer;
-use hypervisor_swap::{Direction, SwapCause, WaitCause};
+use hypervisor_swap::{SwapCause, WaitCause};
 
 use super::{SwapRefusal, answer};
 use crate::Hypervisor;
@@ -37,12 +37,9 @@ impl Hypervisor {
                 if let Some(first) = hv.first_waiting_before(&view) {
                     return Err(SwapRefusal::Behind { first });
                 }
-                match hv.swap_in_locked(&view).await {
+                match hv.swap_in_counted(&view, SwapCause::Demand).await {
                     Ok(took) => {
                         asks.served(&pod);
-                        if took.is_some() {
-                            hv.swapped(&pod, Direction::In, SwapCause::Demand);
-                        }
                         Ok((answer(&view), took.is_some()))
                     }
                     Err(error) => {
