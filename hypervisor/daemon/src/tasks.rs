@@ -196,7 +196,9 @@ impl Hypervisor {
         // Every pod may write the node tables: a damaged one is repaired.
         self.core().scheduler.check_tables();
         self.sweep_swapped().await;
-        self.keep_headroom().await;
+        // Swap-outs take seconds: maintenance does not wait for them.
+        let hv = self.clone();
+        tokio::spawn(async move { hv.keep_headroom().await });
         let dead_workers = {
             let mut core = self.core();
             let added = core.scheduler.retry_failed(Instant::now());

@@ -18,6 +18,8 @@ pub const STALE: Duration = Duration::from_secs(2);
 struct Ask {
     /// Its place: lower asked first.
     place: u64,
+    /// When it first asked.
+    first: Instant,
     /// Its asks under way.
     in_flight: u32,
     /// When its last ask ended.
@@ -67,6 +69,7 @@ impl Asks {
                 pod.to_owned(),
                 Ask {
                     place,
+                    first: now,
                     in_flight: 0,
                     seen: now,
                     for_room: false,
@@ -89,9 +92,12 @@ impl Asks {
         }
     }
 
-    /// `pod` is back (or needs nothing): it leaves the queue.
-    pub fn served(&self, pod: &str) {
-        self.lock().pods.remove(pod);
+    /// `pod` is back (or needs nothing): it leaves the queue. Returns how
+    /// long it waited since it first asked, where it was refused for want
+    /// of room on the way.
+    pub fn served(&self, pod: &str) -> Option<Duration> {
+        let ask = self.lock().pods.remove(pod)?;
+        ask.for_room.then(|| ask.first.elapsed())
     }
 
     /// The pods that asked before `pod` and still wait for room, first
@@ -149,8 +155,9 @@ mod tests {
         assert_eq!(asks.ahead_of("third"), ["first", "second"]);
         assert_eq!(asks.ahead_of("second"), ["first"]);
         assert!(asks.ahead_of("first").is_empty());
-        asks.served("first");
+        assert!(asks.served("first").is_some(), "it waited for room");
         assert_eq!(asks.ahead_of("third"), ["second"]);
+        assert_eq!(asks.served("third"), None, "it never waited for room");
     }
 
     #[test]

@@ -72,7 +72,9 @@ pub enum WaitCause {
     SwapOut,
     /// A swap-in, for its own restore.
     SwapIn,
-    /// An allocation the GPU could not hold, for the room made for it.
+    /// An allocation the GPU could not hold, for the room made for it; a
+    /// swap-in refused for want of room, from its pod's first ask until
+    /// it is back.
     Room,
 }
 

@@ -56,7 +56,7 @@ pub(super) fn render(x: &mut Exposition, serving: &ServingReport) {
     let waits = x.family(
         "gpushare_swap_wait_seconds",
         "histogram",
-        "Waits by cause: a swap-in behind other swaps (queue), for the swap-outs that made its room (swap_out), for its own restore (swap_in); an allocation for its room (room).",
+        "Waits by cause: a swap-in behind other swaps (queue), for the swap-outs that made its room (swap_out), for its own restore (swap_in); an allocation for its room, or a swap-in refused for want of room from its first ask until back (room).",
     );
     for (cause, recorded) in &serving.waits {
         let cause = cause.as_str();

@@ -3,9 +3,10 @@
 //! arrive, and a pod refused for want of room keeps its place
 //! (`hypervisor-swap`'s `asks`), so a later ask for a GPU it waits on
 //! waits behind it ([`SwapRefusal::Behind`]) instead of taking the room
-//! first. Each ask's wait is recorded by cause: behind other swaps, for
-//! the swap-outs made for it, for its own restore (the last two in
-//! `Hypervisor::swap_in_locked`).
+//! first. Each swap-in's wait is recorded by cause: behind other swaps,
+//! for the swap-outs made for it, for its own restore (the last two in
+//! `Hypervisor::swap_in_locked`), and, for a pod refused for want of room
+//! on the way, from its first ask until it is back.
 
 use std::time::Instant;
 
@@ -28,18 +29,20 @@ impl Hypervisor {
         let back = self
             .exclusive(move |hv| async move {
                 let view = hv.view(&pod)?;
+                let serving = &hv.shared.swapper.serving;
                 if view.region.residency() == Residency::Resident {
                     asks.served(&pod);
                     return Ok((answer(&view), false));
                 }
-                let serving = &hv.shared.swapper.serving;
-                serving.waited(WaitCause::Queue, asked.elapsed());
                 if let Some(first) = hv.first_waiting_before(&view) {
                     return Err(SwapRefusal::Behind { first });
                 }
+                serving.waited(WaitCause::Queue, asked.elapsed());
                 match hv.swap_in_counted(&view, SwapCause::Demand).await {
                     Ok(took) => {
-                        asks.served(&pod);
+                        if let Some(waited) = asks.served(&pod) {
+                            serving.waited(WaitCause::Room, waited);
+                        }
                         Ok((answer(&view), took.is_some()))
                     }
                     Err(error) => {
