@@ -4,7 +4,8 @@
 //! headroom is kept free ahead of need, so a call on a swapped pod waits
 //! for its own swap-in only; a burst of swapped pods' calls is served in
 //! the order they asked, with no pod swapped back out for the next and
-//! nothing killed; a pod that must never be swapped never is.
+//! nothing killed, and a pod refused for want of room keeps its place over
+//! a later one; a pod that must never be swapped never is.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,7 +15,9 @@ use hypervisor_swap::{Direction, ServingReport, SwapCause, SwapEvent, WaitCause}
 use system_tests::daemon::node_file_gpus;
 use system_tests::pod::Pod;
 use system_tests::probes::GIB;
-use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, checkpoint_dir, control_block};
+use system_tests::swapping::{
+    ADMIN, Running, TOKEN, admin_cli, checkpoint_dir, control_block, post,
+};
 use system_tests::wait::eventually;
 use system_tests::{RunningNode, daemon};
 
@@ -305,6 +308,95 @@ fn a_burst_of_swapped_pods_is_served_in_the_order_they_asked_without_thrash() {
     ended(second);
     killed(once);
     killed(often);
+}
+
+#[test]
+fn a_pod_refused_for_want_of_room_keeps_its_place_over_a_later_one() {
+    // Latency pods never go to make room: the two that stay leave less
+    // than either swapped pod needs; when one of them ends, the room is
+    // enough for one swapped pod, not two.
+    let stays = Pod::new("policy-place-stays");
+    let ends = Pod::new("policy-place-ends");
+    let first = Pod::new("policy-place-first");
+    let later = Pod::new("policy-place-later");
+    let node_file = checkpoint_dir().join(format!("{}.node", later.0));
+    let latency = |pod, quota| Placed {
+        class: "latency",
+        ..Placed::batch(pod, quota)
+    };
+    let node = serving(
+        &node_file,
+        1,
+        &[
+            latency(&stays, "8g"),
+            latency(&ends, "5g"),
+            latency(&first, "6g"),
+            Placed::batch(&later, "6g"),
+        ],
+        "overcommit = true\nlatency_pods = \"never\"",
+    );
+    let callers = ["alloc", "mem", "5g", "wait", "alloc", "mem", "16m", "wait"];
+    let swapped_out = |pod: &Pod| {
+        let running = started(&node, &node_file, 1, pod, &[], &callers);
+        let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+        assert!(ok, "{answer}");
+        running
+    };
+    let mut came_first = swapped_out(&first);
+    let mut later_asks = swapped_out(&later);
+    let staying = started(
+        &node,
+        &node_file,
+        1,
+        &stays,
+        &[],
+        &["alloc", "mem", "7g", "wait"],
+    );
+    let ending = started(
+        &node,
+        &node_file,
+        1,
+        &ends,
+        &[],
+        &["alloc", "mem", "4g", "wait"],
+    );
+
+    came_first.resume();
+    eventually("the first pod waits for room", || {
+        report(&node).waiting == [first.0.clone()]
+    });
+    later_asks.resume();
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Room for one: the later pod asks at once, before the first asks
+    // again, and waits behind it.
+    ended(ending);
+    let worker = node.hypervisor().workers_of(&later.0)[0].to_string();
+    let (status, answer) = post(
+        &node,
+        "/swap-in",
+        TOKEN,
+        &format!("{{\"worker_id\":\"{worker}\"}}"),
+    );
+    assert_eq!(status, 409, "{answer}");
+    let lines = came_first.until_ready();
+    assert!(lines[1].contains("-> 0 "), "the first is back: {lines:?}");
+    assert_eq!(control_block(later_asks.pid()).state, 2, "the later waits");
+    let seen = report(&node);
+    assert_eq!(
+        seen.recent.back(),
+        Some(&event(&first, Direction::In, SwapCause::Demand))
+    );
+    assert!(
+        seen.recent
+            .iter()
+            .all(|e| e.pod != later.0 || e.direction == Direction::Out),
+        "{seen:?}"
+    );
+    assert_eq!(seen.waits_of(WaitCause::Room), 1, "{seen:?}");
+    ended(came_first);
+    ended(staying);
+    killed(later_asks);
 }
 
 #[test]
