@@ -21,6 +21,9 @@
 //!                                    # memory (1 to 10; default 2)
 //! idle_after_ms = 30000              # idle: no CUDA call for this long
 //! latency_pods = "last"              # last | never: latency pods among those swapped
+//! ranking = "lru-2"                  # lru-2 | lru: which idle pods go first
+//! min_resident_ms = 5000             # a pod brought back stays this long if others can go
+//! headroom = "12g"                   # kept free ahead of need on each such GPU (default 0)
 //! host_limit = "64g"                 # host memory for swapped pods (default: half the node's)
 //! room_wait_ms = 60000               # longest an allocation or swap-in waits for room
 //! cuda_library = "libcuda.so.1"      # the driver whose checkpoint API swaps

@@ -54,6 +54,15 @@ pub struct SwapSettings {
     pub idle_after: Duration,
     /// Where latency-class pods come among those that make room.
     pub latency_pods: hypervisor_swap::LatencyPods,
+    /// How idle pods are ranked to make room (LRU-2 by default).
+    pub ranking: hypervisor_swap::Ranking,
+    /// A pod brought back this recently is swapped out again only when no
+    /// other can go (and never ahead of need).
+    pub min_resident: Duration,
+    /// Bytes the daemon keeps free on each GPU that overcommits, swapping
+    /// idle pods out ahead of need, so that a swapped pod's call waits for
+    /// its own swap-in only (0: none, the default).
+    pub headroom: u64,
     /// Host memory swapped pods may take on the node, in bytes.
     pub host_limit: u64,
     /// The longest an allocation or a swap-in waits for room.
@@ -87,6 +96,9 @@ impl Default for SwapSettings {
             overcommit_ratio: OvercommitRatio::DEFAULT,
             idle_after: Duration::from_secs(30),
             latency_pods: hypervisor_swap::LatencyPods::Last,
+            ranking: hypervisor_swap::Ranking::Lru2,
+            min_resident: Duration::from_secs(5),
+            headroom: 0,
             host_limit: gpushare_utils::limits::default_spill_limit().saturating_mul(2),
             room_wait: Duration::from_secs(60),
             cuda_library: "libcuda.so.1".to_owned(),

@@ -15,6 +15,9 @@ pub(super) struct RawSwap {
     overcommit_ratio: Option<f64>,
     idle_after_ms: Option<u64>,
     latency_pods: Option<String>,
+    ranking: Option<String>,
+    min_resident_ms: Option<u64>,
+    headroom: Option<SizeValue>,
     host_limit: Option<SizeValue>,
     room_wait_ms: Option<u64>,
     cuda_library: Option<String>,
@@ -40,11 +43,19 @@ pub(super) fn settings(raw: Option<RawSwap>) -> Result<SwapSettings, ConfigError
         Some(text) => hypervisor_swap::LatencyPods::parse(text)
             .ok_or_else(|| invalid("latency_pods", text))?,
     };
-    let host_limit = match &raw.host_limit {
-        None => defaults.host_limit,
-        Some(SizeValue::Bytes(bytes)) => *bytes,
-        Some(SizeValue::Text(text)) => parse_size(text).map_err(|_| invalid("host_limit", text))?,
+    let ranking = match raw.ranking.as_deref() {
+        None => defaults.ranking,
+        Some(text) => {
+            hypervisor_swap::Ranking::parse(text).ok_or_else(|| invalid("ranking", text))?
+        }
     };
+    let size = |key: &str, value: &Option<SizeValue>, default: u64| match value {
+        None => Ok(default),
+        Some(SizeValue::Bytes(bytes)) => Ok(*bytes),
+        Some(SizeValue::Text(text)) => parse_size(text).map_err(|_| invalid(key, text)),
+    };
+    let host_limit = size("host_limit", &raw.host_limit, defaults.host_limit)?;
+    let headroom = size("headroom", &raw.headroom, defaults.headroom)?;
     let overcommit_ratio = match raw.overcommit_ratio {
         None => defaults.overcommit_ratio,
         Some(ratio) => OvercommitRatio::new(ratio).ok_or_else(|| {
@@ -65,6 +76,11 @@ pub(super) fn settings(raw: Option<RawSwap>) -> Result<SwapSettings, ConfigError
             .idle_after_ms
             .map_or(defaults.idle_after, |ms| Duration::from_millis(ms.max(100))),
         latency_pods,
+        ranking,
+        min_resident: raw
+            .min_resident_ms
+            .map_or(defaults.min_resident, Duration::from_millis),
+        headroom,
         host_limit,
         room_wait: raw
             .room_wait_ms

@@ -8,6 +8,7 @@ use crate::status::Status;
 use hypervisor_observer::{GpuInfo, Unhealthy};
 
 mod histogram;
+mod serving;
 
 pub use histogram::{LATENCY_BOUNDS_US, LatencyHistogram};
 
@@ -495,6 +496,7 @@ fn render_swap(x: &mut Exposition, status: &Status) {
         let labels = format!("pod=\"{}\",state=\"{}\"", escape(pod), swap.state.as_str());
         x.sample(on_host, "", &labels, swap.history.bytes_on_host);
     }
+    serving::render(x, &status.swap.serving);
 }
 
 fn ratio(ppm: u32) -> String {

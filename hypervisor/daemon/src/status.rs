@@ -87,6 +87,7 @@ impl Status {
         self.pods.retain(|p| p.id == pod);
         self.workers.retain(|w| w.pod == pod);
         self.swap.pods.retain(|id, _| id == pod);
+        self.swap.serving.only(pod);
         self.processes.retain(|p| p.pod.as_deref() == Some(pod));
         // Whose turn it is, where it is the pod's own.
         for gpu in &mut self.turns {
@@ -184,6 +185,7 @@ pub fn render_table(status: &Status) -> String {
     render_priority(&mut out, status);
     render_corun(&mut out, status);
     render_turns(&mut out, status);
+    render_serving(&mut out, status);
     let _ = writeln!(out, "\nWORKERS");
     let _ = writeln!(out, "{:<48} {:<20} {:>8}  LAST COMMAND", "ID", "POD", "PID");
     for w in &status.workers {
@@ -214,6 +216,38 @@ pub fn render_table(status: &Status) -> String {
         q(0.99)
     );
     out
+}
+
+/// Once the node has swapped: each GPU's resident set, the swaps by cause
+/// and the pods waiting for room, in order.
+fn render_serving(out: &mut String, status: &Status) {
+    let serving = &status.swap.serving;
+    if serving.swaps.is_empty() && status.swap.totals.swapped_pods == 0 {
+        return;
+    }
+    let _ = writeln!(out, "\nRESIDENT");
+    for (gpu, pods) in &serving.resident {
+        let pods: Vec<String> = pods
+            .iter()
+            .map(|p| format!("{} ({})", p.pod, bytes(p.bytes)))
+            .collect();
+        let _ = writeln!(out, "{gpu:<42} {}", pods.join(", "));
+    }
+    let swaps: Vec<String> = serving
+        .swaps
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
+    let waiting = if serving.waiting.is_empty() {
+        "-".to_owned()
+    } else {
+        serving.waiting.join(", ")
+    };
+    let _ = writeln!(
+        out,
+        "SWAPS  {}  waiting for room: {waiting}",
+        swaps.join("  ")
+    );
 }
 
 fn share(ppm: u32) -> String {
@@ -474,5 +508,44 @@ pub(crate) mod tests {
             (None, 0)
         );
         assert_eq!(other.turns[0].handovers, 41);
+    }
+
+    #[test]
+    fn the_resident_set_is_shown_once_the_node_swaps_and_a_pod_sees_its_own() {
+        use hypervisor_swap::{Direction, ResidentPod, ServingBoard, SwapCause};
+        let mut status = with_turns("trainer");
+        assert!(!render_table(&status).contains("RESIDENT"), "no swap yet");
+        let board = ServingBoard::default();
+        board.swapped("idle", Direction::Out, SwapCause::Ahead);
+        board.swapped("trainer", Direction::In, SwapCause::Demand);
+        let pod = |name: &str| ResidentPod {
+            pod: name.into(),
+            bytes: 1 << 30,
+        };
+        let resident = std::collections::BTreeMap::from([(
+            "gpu-0".to_owned(),
+            vec![pod("trainer"), pod("web")],
+        )]);
+        status.swap.serving = board.report(resident, vec!["idle".into()]);
+        let table = render_table(&status);
+        let rows: Vec<&str> = table.lines().skip_while(|l| *l != "RESIDENT").collect();
+        assert_eq!(
+            rows[1].split_whitespace().collect::<Vec<_>>(),
+            ["gpu-0", "trainer", "(1.0", "GiB),", "web", "(1.0", "GiB)"]
+        );
+        assert_eq!(
+            rows[2],
+            "SWAPS  in.demand 1  out.ahead 1  waiting for room: idle"
+        );
+
+        // As the CLI reads it.
+        let json = serde_json::to_string(&status).unwrap();
+        assert_eq!(serde_json::from_str::<Status>(&json).unwrap(), status);
+
+        let own = status.of_pod("trainer").swap.serving;
+        assert_eq!(own.resident["gpu-0"], [pod("trainer")]);
+        assert!(own.waiting.is_empty());
+        assert_eq!(own.recent.len(), 1);
+        assert_eq!(own.recent[0].pod, "trainer");
     }
 }

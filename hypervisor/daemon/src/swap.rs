@@ -18,6 +18,12 @@
 //! ([`Hypervisor::exclusive`]): a request that stops waiting (its client
 //! gone, its wait over) leaves no pod half-swapped, and a pod's residency
 //! always says where the driver put its processes.
+//!
+//! What stays resident on a GPU that overcommits is the policy's
+//! (`hypervisor-swap`'s `policy`, from the pods' uses that [`ahead`]
+//! samples): idle pods go to make room on demand ([`room`]) and, to keep a
+//! GPU's `headroom` free, ahead of need ([`ahead`]); trapped calls' swap-ins
+//! are served in the order their pods asked ([`asked`]).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,13 +34,17 @@ use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::SwapAnswer;
 use hypervisor_core::scheduler::SwapView;
+use hypervisor_swap::asks::Asks;
 use hypervisor_swap::{
-    CheckpointDriver, DriverError, HostShort, SwapBoard, SwapError, SwapPath, Swapped, stamp_age,
+    CheckpointDriver, Direction, DriverError, HostShort, ServingBoard, SwapBoard, SwapCause,
+    SwapError, SwapPath, Swapped, Uses, WaitCause, stamp_age,
 };
 use residence::Residence;
 
 use crate::{Hypervisor, lock};
 
+mod ahead;
+mod asked;
 mod fast;
 mod held;
 mod kept;
@@ -42,6 +52,7 @@ mod relocate;
 mod residence;
 mod room;
 
+pub(crate) use ahead::USE_SAMPLE;
 pub use relocate::{DrainReport, MoveAnswer};
 
 /// A swap-out begins once the pod's last call is this old: its processes
@@ -57,6 +68,12 @@ const QUIET_WAIT: Duration = Duration::from_secs(1);
 #[derive(Default)]
 pub(crate) struct Swapper {
     board: SwapBoard,
+    /// Swaps by cause, waits by cause, the last swaps.
+    serving: ServingBoard,
+    /// Each pod's uses, sampled ([`ahead`]), which rank idle pods.
+    uses: Uses,
+    /// Swapped pods waiting for room, in the order they asked.
+    asks: Asks,
     driver: Mutex<Option<Arc<CheckpointDriver>>>,
     /// Held by the swap under way ([`Hypervisor::exclusive`]).
     ops: Arc<tokio::sync::Mutex<()>>,
@@ -79,6 +96,13 @@ pub enum SwapRefusal {
     /// The driver cannot swap (no driver, or one without the checkpoint API).
     #[error("swap needs the driver's checkpoint API: {0}")]
     Unsupported(DriverError),
+    /// Another swapped pod, which asked first, waits for room on a GPU of
+    /// this one: this one waits behind it.
+    #[error("{first} asked first and waits for room on the pod's GPU")]
+    Behind {
+        /// The first pod waiting there.
+        first: String,
+    },
     /// Swapping the pod out would pass the host-memory cap.
     #[error(
         "host memory for swapped pods is full: {on_host} of {limit} bytes taken, the pod holds {bytes}"
@@ -153,7 +177,7 @@ impl Hypervisor {
         let pod = pod.to_owned();
         self.exclusive(move |hv| async move {
             let view = hv.view(&pod)?;
-            hv.swap_out_locked(&view, Wait::Quiet).await?;
+            hv.swap_out_counted(&view, SwapCause::Operator).await?;
             Ok(answer(&view))
         })
         .await
@@ -165,17 +189,50 @@ impl Hypervisor {
         let pod = pod.to_owned();
         self.exclusive(move |hv| async move {
             let view = hv.view(&pod)?;
-            // A move whose restore failed before (or that a restarted
-            // daemon found) ends here, on the new GPU.
-            let moving = view.region.pending_move().is_some();
-            if let Some(took) = hv.swap_in_locked(&view).await?
-                && moving
-            {
-                hv.swap_board().moved(&pod, took);
-            }
+            hv.swap_in_counted(&view, SwapCause::Operator).await?;
             Ok(answer(&view))
         })
         .await
+    }
+
+    /// A swap of `pod` was done `direction` for `cause`: counted, and a pod
+    /// brought back is left resident for a while where others can go.
+    fn swapped(&self, pod: &str, direction: Direction, cause: SwapCause) {
+        self.shared.swapper.serving.swapped(pod, direction, cause);
+        if direction == Direction::In {
+            self.shared.swapper.uses.brought_back(pod, monotonic_ms());
+        }
+    }
+
+    /// [`Self::swap_out_locked`] of an idle pod, counted for `cause` where
+    /// it was resident.
+    async fn swap_out_counted(&self, view: &SwapView, cause: SwapCause) -> Result<(), SwapRefusal> {
+        let away = view.region.residency() == Residency::Swapped;
+        self.swap_out_locked(view, Wait::Quiet).await?;
+        if !away {
+            self.swapped(&view.pod, Direction::Out, cause);
+        }
+        Ok(())
+    }
+
+    /// [`Self::swap_in_locked`], counted for `cause` where the pod was
+    /// away; what it took, `None` when it was resident.
+    async fn swap_in_counted(
+        &self,
+        view: &SwapView,
+        cause: SwapCause,
+    ) -> Result<Option<Duration>, SwapRefusal> {
+        // A move whose restore failed before (or that a restarted daemon
+        // found) ends here, on the new GPU.
+        let moving = view.region.pending_move().is_some();
+        let took = self.swap_in_locked(view).await?;
+        if let Some(took) = took {
+            self.swapped(&view.pod, Direction::In, cause);
+            if moving {
+                self.swap_board().moved(&view.pod, took);
+            }
+        }
+        Ok(took)
     }
 
     /// Runs `op` alone among the node's swaps, and to its end. Waiting for
@@ -296,10 +353,18 @@ impl Hypervisor {
         if residence.residency() == Residency::Resident {
             return Ok(None);
         }
-        self.room_for(view).await?;
+        let room = std::time::Instant::now();
+        if self.room_for(view).await? > 0 {
+            let serving = &self.shared.swapper.serving;
+            serving.waited(WaitCause::SwapOut, room.elapsed());
+        }
+        let began = std::time::Instant::now();
         let history = self.swap_board().history(&view.pod);
         if history.last_swap_out_path == Some(SwapPath::Fast) {
-            return self.fast_swap_in(view, &residence).await.map(Some);
+            let took = self.fast_swap_in(view, &residence).await?;
+            let serving = &self.shared.swapper.serving;
+            serving.waited(WaitCause::SwapIn, began.elapsed());
+            return Ok(Some(took));
         }
         let pids = self.pids_of(&view.pod).await;
         let driver = self.checkpoint_driver().await?;
@@ -329,6 +394,8 @@ impl Hypervisor {
                     kept: 0,
                 });
                 tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");
+                let serving = &self.shared.swapper.serving;
+                serving.waited(WaitCause::SwapIn, began.elapsed());
                 Ok(Some(timing.total()))
             }
             Err(error) => {

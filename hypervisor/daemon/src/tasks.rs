@@ -1,5 +1,6 @@
-//! The background tasks: the scheduler tick, maintenance, the channel's
-//! events, health pings, SIGHUP.
+//! The background tasks: the scheduler tick, maintenance (with the swap
+//! headroom kept), the pods' uses sampled, the channel's events, health
+//! pings, SIGHUP.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +43,15 @@ impl Hypervisor {
             loop {
                 tokio::time::sleep(MAINTENANCE).await;
                 hv.maintain().await;
+            }
+        }));
+        let hv = self.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut every = tokio::time::interval(crate::swap::USE_SAMPLE);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                hv.sample_uses();
             }
         }));
         let hv = self.clone();
@@ -186,6 +196,9 @@ impl Hypervisor {
         // Every pod may write the node tables: a damaged one is repaired.
         self.core().scheduler.check_tables();
         self.sweep_swapped().await;
+        // Swap-outs take seconds: maintenance does not wait for them.
+        let hv = self.clone();
+        tokio::spawn(async move { hv.keep_headroom().await });
         let dead_workers = {
             let mut core = self.core();
             let added = core.scheduler.retry_failed(Instant::now());

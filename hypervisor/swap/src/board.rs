@@ -194,6 +194,10 @@ pub struct SwapReport {
     pub totals: SwapTotals,
     /// By pod id: each pod that ever swapped, or is away now.
     pub pods: BTreeMap<String, PodSwap>,
+    /// How the node serves its pods: the resident set of each GPU, the
+    /// pods waiting for room, swaps by cause, waits by cause.
+    #[serde(default)]
+    pub serving: crate::ServingReport,
 }
 
 /// Every pod's history, and the node's totals.
@@ -231,6 +235,7 @@ impl SwapBoard {
         let mut report = SwapReport {
             totals: inner.totals,
             pods: BTreeMap::new(),
+            serving: crate::ServingReport::default(),
         };
         for (pod, state) in residencies {
             let history = match inner.pods.get(pod) {

@@ -1,11 +1,16 @@
-//! Which pods make room on a GPU: idle ones, least recently used first,
-//! latency-class pods last or never, within the node's host-memory cap.
+//! Which pods make room on a GPU: idle ones, those used least often of
+//! late first (LRU-2: by the end of their use before the last one, then by
+//! their last call), latency-class pods last or never, the largest first
+//! where the rest ties, and a pod just brought back only when nothing else
+//! can go; never a pod that must stay (placed on a GPU that does not
+//! overcommit); all within the node's host-memory cap.
 //!
 //! A pod's last-call stamp is written by the pod itself: it is read only as
 //! a hint of idleness. A stamp in the future is none the daemon can use and
 //! reads as "never" ([`stamp_age`]): forging one only makes the pod look
 //! idle, which lets it be swapped sooner, never later, and never makes it
-//! look active.
+//! look active. A pod can look used by calling CUDA, forged or not: its
+//! uses ([`crate::uses`]) are the daemon's samples of that stamp.
 
 use serde::Serialize;
 
@@ -19,8 +24,17 @@ pub struct Candidate {
     /// `CLOCK_MONOTONIC` milliseconds of its last CUDA call (0: none yet),
     /// as its processes stamp it.
     pub last_call_ms: u64,
+    /// The last call of its use before the one that ended at
+    /// `last_call_ms` (0: none seen), as the daemon's samples saw it.
+    pub previous_use_ms: u64,
+    /// When the daemon last brought it back (0: not in this run).
+    pub back_ms: u64,
     /// Whether it is of the latency class.
     pub latency: bool,
+    /// Whether it must stay: it is also placed on a GPU that does not
+    /// overcommit (under Kubernetes, a claim that asked for a device whose
+    /// `overcommit` attribute is false), so it is never swapped for room.
+    pub stays: bool,
 }
 
 /// Where latency-class pods come among those that make room.
@@ -44,6 +58,38 @@ impl LatencyPods {
     }
 }
 
+/// How idle pods are ranked: by recency alone, or by recency and
+/// frequency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Ranking {
+    /// Least recently used first: the oldest last call goes first.
+    Lru,
+    /// LRU-2: the oldest use before the last goes first (a pod used once
+    /// goes before any used twice), then the oldest last call. A pod called
+    /// once in a while does not push out one called often.
+    Lru2,
+}
+
+impl Ranking {
+    /// `lru` or `lru-2`, as the config file writes it.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "lru" => Some(Self::Lru),
+            "lru-2" => Some(Self::Lru2),
+            _ => None,
+        }
+    }
+
+    /// As the config file writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Lru => "lru",
+            Self::Lru2 => "lru-2",
+        }
+    }
+}
+
 /// How room is made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoomPolicy {
@@ -51,6 +97,10 @@ pub struct RoomPolicy {
     pub idle_after_ms: u64,
     /// Where latency pods come.
     pub latency: LatencyPods,
+    /// How idle pods are ranked.
+    pub ranking: Ranking,
+    /// A pod brought back this recently goes only when no other can.
+    pub min_resident_ms: u64,
 }
 
 /// How long before `now_ms` a pod's call stamped `stamp_ms` was, both
@@ -59,6 +109,39 @@ pub struct RoomPolicy {
 /// forged and reads as the oldest there is.
 pub fn stamp_age(stamp_ms: u64, now_ms: u64) -> u64 {
     now_ms.checked_sub(stamp_ms).unwrap_or(u64::MAX)
+}
+
+/// The idle pods that may make room, in the order they go: those brought
+/// back within `min_resident_ms` after all others.
+pub fn ranked(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<&Candidate> {
+    let mut idle: Vec<&Candidate> = candidates
+        .iter()
+        .filter(|c| c.bytes > 0 && !c.stays)
+        .filter(|c| stamp_age(c.last_call_ms, now_ms) >= policy.idle_after_ms)
+        .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
+        .collect();
+    idle.sort_by_key(|c| {
+        let last = stamp_age(c.last_call_ms, now_ms);
+        let first = match policy.ranking {
+            Ranking::Lru => last,
+            Ranking::Lru2 if c.previous_use_ms == 0 => u64::MAX,
+            Ranking::Lru2 => stamp_age(c.previous_use_ms, now_ms),
+        };
+        (
+            just_back(c, now_ms, policy),
+            c.latency,
+            std::cmp::Reverse(first),
+            std::cmp::Reverse(last),
+            std::cmp::Reverse(c.bytes),
+            c.pod.clone(),
+        )
+    });
+    idle
+}
+
+/// Whether `candidate` was brought back within `min_resident_ms`.
+fn just_back(candidate: &Candidate, now_ms: u64, policy: RoomPolicy) -> bool {
+    candidate.back_ms != 0 && stamp_age(candidate.back_ms, now_ms) < policy.min_resident_ms
 }
 
 /// The pods to swap out, in order, so that at least `need` bytes are freed
@@ -71,22 +154,9 @@ pub fn victims(
     now_ms: u64,
     policy: RoomPolicy,
 ) -> Vec<&Candidate> {
-    let mut idle: Vec<&Candidate> = candidates
-        .iter()
-        .filter(|c| c.bytes > 0)
-        .filter(|c| stamp_age(c.last_call_ms, now_ms) >= policy.idle_after_ms)
-        .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
-        .collect();
-    idle.sort_by_key(|c| {
-        (
-            c.latency,
-            std::cmp::Reverse(stamp_age(c.last_call_ms, now_ms)),
-            c.pod.clone(),
-        )
-    });
     let mut chosen = Vec::new();
     let (mut freed, mut on_host) = (0u64, 0u64);
-    for candidate in idle {
+    for candidate in ranked(candidates, now_ms, policy) {
         if freed >= need {
             break;
         }
@@ -100,6 +170,21 @@ pub fn victims(
     if freed >= need { chosen } else { Vec::new() }
 }
 
+/// The pod to swap out ahead of need (to keep a GPU's headroom free): the
+/// first that [`ranked`] gives and `host_room` takes, never one brought
+/// back within `min_resident_ms` (no request waits on it, so no pod is
+/// swapped back and forth for it).
+pub fn ahead(
+    candidates: &[Candidate],
+    host_room: u64,
+    now_ms: u64,
+    policy: RoomPolicy,
+) -> Option<&Candidate> {
+    ranked(candidates, now_ms, policy)
+        .into_iter()
+        .find(|c| !just_back(c, now_ms, policy) && c.bytes <= host_room)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +193,13 @@ mod tests {
     const POLICY: RoomPolicy = RoomPolicy {
         idle_after_ms: 1_000,
         latency: LatencyPods::Last,
+        ranking: Ranking::Lru,
+        min_resident_ms: 0,
+    };
+    const LRU2: RoomPolicy = RoomPolicy {
+        ranking: Ranking::Lru2,
+        min_resident_ms: 3_000,
+        ..POLICY
     };
 
     fn pod(name: &str, gib: u64, last_call_ms: u64, latency: bool) -> Candidate {
@@ -115,7 +207,19 @@ mod tests {
             pod: name.into(),
             bytes: gib * GIB,
             last_call_ms,
+            previous_use_ms: 0,
+            back_ms: 0,
             latency,
+            stays: false,
+        }
+    }
+
+    /// A batch pod of `gib` whose last two uses ended at `previous` and
+    /// `last`.
+    fn used(name: &str, gib: u64, previous: u64, last: u64) -> Candidate {
+        Candidate {
+            previous_use_ms: previous,
+            ..pod(name, gib, last, false)
         }
     }
 
@@ -183,5 +287,97 @@ mod tests {
             ["small"]
         );
         assert!(victims(&pods, 10 * GIB, 8 * GIB, 10_000, POLICY).is_empty());
+    }
+
+    #[test]
+    fn lru_2_keeps_a_pod_used_often_over_one_used_once_more_recently() {
+        let pods = [
+            used("popular", 8, 4_000, 6_000),
+            used("once", 8, 0, 7_000),
+            used("twice-long-ago", 8, 1_000, 8_000),
+        ];
+        assert_eq!(
+            names(&ranked(&pods, 10_000, LRU2)),
+            ["once", "twice-long-ago", "popular"]
+        );
+        // By recency alone the popular pod, last called first, goes first.
+        assert_eq!(
+            names(&ranked(&pods, 10_000, POLICY)),
+            ["popular", "once", "twice-long-ago"]
+        );
+    }
+
+    #[test]
+    fn where_the_uses_tie_the_larger_pod_goes_first() {
+        let pods = [used("small", 4, 0, 5_000), used("large", 12, 0, 5_000)];
+        assert_eq!(names(&ranked(&pods, 10_000, LRU2)), ["large", "small"]);
+        assert_eq!(
+            names(&victims(&pods, GIB, u64::MAX, 10_000, LRU2)),
+            ["large"]
+        );
+    }
+
+    #[test]
+    fn a_pod_just_brought_back_goes_only_when_nothing_else_can() {
+        let back = Candidate {
+            back_ms: 8_000,
+            ..used("back", 8, 0, 8_500)
+        };
+        let pods = [back, used("other", 8, 7_000, 9_000)];
+        assert_eq!(
+            names(&victims(&pods, GIB, u64::MAX, 10_000, LRU2)),
+            ["other"]
+        );
+        // Nothing else can free 16 GiB: the pod just back goes too.
+        assert_eq!(
+            names(&victims(&pods, 16 * GIB, u64::MAX, 10_000, LRU2)),
+            ["other", "back"]
+        );
+        // Ahead of need it never goes while it is that recent.
+        assert_eq!(
+            ahead(&pods[..1], u64::MAX, 10_000, LRU2).map(|c| c.pod.as_str()),
+            None
+        );
+        assert_eq!(
+            ahead(&pods[..1], u64::MAX, 11_001, LRU2).map(|c| c.pod.as_str()),
+            Some("back")
+        );
+    }
+
+    #[test]
+    fn a_pod_that_must_stay_is_never_chosen() {
+        let stays = Candidate {
+            stays: true,
+            ..used("stays", 8, 0, 1_000)
+        };
+        let pods = [stays, used("other", 4, 0, 2_000)];
+        assert_eq!(names(&ranked(&pods, 10_000, LRU2)), ["other"]);
+        assert!(victims(&pods, 8 * GIB, u64::MAX, 10_000, LRU2).is_empty());
+        assert_eq!(
+            ahead(&pods[..1], u64::MAX, 10_000, LRU2).map(|c| c.pod.as_str()),
+            None
+        );
+    }
+
+    #[test]
+    fn ahead_of_need_takes_the_first_pod_host_memory_can_take() {
+        let pods = [used("big", 40, 0, 1_000), used("small", 4, 0, 2_000)];
+        assert_eq!(
+            ahead(&pods, 8 * GIB, 10_000, LRU2).map(|c| c.pod.as_str()),
+            Some("small")
+        );
+        assert_eq!(
+            ahead(&pods, u64::MAX, 10_000, LRU2).map(|c| c.pod.as_str()),
+            Some("big")
+        );
+        assert!(ahead(&pods, GIB, 10_000, LRU2).is_none());
+    }
+
+    #[test]
+    fn rankings_parse_as_the_config_writes_them() {
+        for ranking in [Ranking::Lru, Ranking::Lru2] {
+            assert_eq!(Ranking::parse(ranking.as_str()), Some(ranking));
+        }
+        assert_eq!(Ranking::parse("lfu"), None);
     }
 }

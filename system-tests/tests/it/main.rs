@@ -29,3 +29,4 @@ mod packaging;
 mod provisioned;
 mod readme_config;
 mod swap;
+mod swap_policy;

@@ -262,12 +262,18 @@ fn the_swap_table() {
     assert_eq!(defaults.idle_after, Duration::from_secs(30));
     assert_eq!(defaults.cuda_library, "libcuda.so.1");
     assert!(!defaults.drain_unhealthy, "draining is opt-in");
+    assert_eq!(defaults.ranking, hypervisor_swap::Ranking::Lru2);
+    assert_eq!(defaults.min_resident, Duration::from_secs(5));
+    assert_eq!(defaults.headroom, 0, "no swap-out ahead of need");
     let all = parse_str(
         r#"
         [swap]
         overcommit = true
         idle_after_ms = 2500
         latency_pods = "never"
+        ranking = "lru"
+        min_resident_ms = 750
+        headroom = "12g"
         host_limit = "64g"
         room_wait_ms = 9000
         cuda_library = "/opt/driver/libcuda.so.1"
@@ -280,6 +286,9 @@ fn the_swap_table() {
     assert!(all.overcommits(0) && all.overcommits(7));
     assert_eq!(all.idle_after, Duration::from_millis(2500));
     assert_eq!(all.latency_pods, hypervisor_swap::LatencyPods::Never);
+    assert_eq!(all.ranking, hypervisor_swap::Ranking::Lru);
+    assert_eq!(all.min_resident, Duration::from_millis(750));
+    assert_eq!(all.headroom, 12 << 30);
     assert_eq!(all.host_limit, 64 << 30);
     assert_eq!(all.room_wait, Duration::from_secs(9));
     assert_eq!(all.cuda_library, "/opt/driver/libcuda.so.1");
@@ -292,6 +301,8 @@ fn the_swap_table() {
     for bad in [
         "[swap]\nlatency_pods = \"first\"\n",
         "[swap]\nhost_limit = \"lots\"\n",
+        "[swap]\nheadroom = \"lots\"\n",
+        "[swap]\nranking = \"lfu\"\n",
         "[swap]\nidle = 3\n",
     ] {
         assert!(parse_str(bad).is_err(), "{bad}");

@@ -109,7 +109,7 @@ pub(super) async fn worker_swap_in(hv: &Hypervisor, mut req: Request) -> Respons
         Err(refusal) => return refusal.into_response(),
     };
     let wait = swap_in_wait(hv.core().settings.swap.room_wait);
-    match tokio::time::timeout(wait, hv.swap_in(&pod)).await {
+    match tokio::time::timeout(wait, hv.swap_in_asked(&pod)).await {
         Ok(Ok(answer)) => json_ok(&answer),
         Ok(Err(error)) => refusal(&error),
         Err(_) => json_ok(&SwapAnswer {
@@ -138,12 +138,14 @@ pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
         Err(refusal) => return refusal.into_response(),
     };
     let wait = hv.core().settings.swap.room_wait;
+    let asked = std::time::Instant::now();
     let freed = tokio::time::timeout(
         wait,
         hv.make_room(&ask.uuid, ask.bytes, &pod, ask.driver_free),
     )
     .await
     .unwrap_or(0);
+    hv.waited_for_room(asked.elapsed());
     json_ok(&RoomAnswer {
         freed,
         message: if freed == 0 {

@@ -56,3 +56,46 @@ fn turns_gpus_have_their_turn_and_handovers() {
 fn label_values_are_escaped() {
     assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
 }
+
+#[test]
+fn the_resident_set_swaps_by_cause_and_waits_by_cause_are_exposed() {
+    use hypervisor_swap::{Direction, ResidentPod, ServingBoard, SwapCause, WaitCause};
+    let board = ServingBoard::default();
+    board.swapped("a", Direction::Out, SwapCause::Ahead);
+    board.swapped("b", Direction::In, SwapCause::Demand);
+    board.waited(WaitCause::SwapIn, Duration::from_millis(300));
+    let resident = BTreeMap::from([(
+        "gpu-0".to_owned(),
+        vec![
+            ResidentPod {
+                pod: "b".into(),
+                bytes: 3,
+            },
+            ResidentPod {
+                pod: "c".into(),
+                bytes: 4,
+            },
+        ],
+    )]);
+    let mut x = Exposition::default();
+    serving::render(&mut x, &board.report(resident, vec!["d".into()]));
+    let text = x.render();
+    for sample in [
+        "gpushare_gpu_resident_pods{gpu=\"gpu-0\"} 2",
+        "gpushare_gpu_resident_bytes{gpu=\"gpu-0\"} 7",
+        "gpushare_swap_waiting_pods 1",
+        "gpushare_swap_causes_total{direction=\"out\",cause=\"ahead\"} 1",
+        "gpushare_swap_causes_total{direction=\"out\",cause=\"demand\"} 0",
+        "gpushare_swap_causes_total{direction=\"in\",cause=\"demand\"} 1",
+        "gpushare_swap_wait_seconds_bucket{cause=\"swap_in\",le=\"0.25\"} 0",
+        "gpushare_swap_wait_seconds_bucket{cause=\"swap_in\",le=\"0.5\"} 1",
+        "gpushare_swap_wait_seconds_bucket{cause=\"swap_in\",le=\"+Inf\"} 1",
+        "gpushare_swap_wait_seconds_count{cause=\"swap_in\"} 1",
+    ] {
+        assert!(text.lines().any(|line| line == sample), "{sample}: {text}");
+    }
+    assert!(
+        !text.contains("cause=\"queue\""),
+        "no wait of that cause: {text}"
+    );
+}

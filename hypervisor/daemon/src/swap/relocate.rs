@@ -18,7 +18,7 @@ use std::time::Instant;
 use gpushare_utils::limits::{Residency, uuid_key};
 use hypervisor_core::scheduler::{MovePlan, ScheduleError, SwapView};
 use hypervisor_core::spec::GpuSelector;
-use hypervisor_swap::{Move, ProcessState, RawUuid, parse_uuid};
+use hypervisor_swap::{Move, ProcessState, RawUuid, SwapCause, parse_uuid};
 use serde::{Deserialize, Serialize};
 
 use super::{SwapRefusal, Wait, room};
@@ -146,8 +146,8 @@ impl Hypervisor {
                 report.swapped.push(view.pod.clone());
                 continue;
             }
-            match self.swap_out_locked(&view, Wait::Quiet).await {
-                Ok(_) => report.swapped.push(view.pod.clone()),
+            match self.swap_out_counted(&view, SwapCause::Operator).await {
+                Ok(()) => report.swapped.push(view.pod.clone()),
                 Err(error) => report.left.push(DrainLeft {
                     pod: view.pod.clone(),
                     reason: error.to_string(),

@@ -13,7 +13,9 @@
 use gpushare_utils::limits::Residency;
 use hypervisor_core::region::PodRegion;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{PodSwap, SwapBoard, SwapReport, Swapped};
+use std::collections::BTreeMap;
+
+use hypervisor_swap::{PodSwap, ResidentPod, SwapBoard, SwapReport, Swapped};
 
 use crate::Hypervisor;
 
@@ -120,8 +122,33 @@ impl Hypervisor {
     /// now, where its limits object says it is, and the node's totals.
     pub fn swap_status(&self) -> SwapReport {
         let views = self.core().scheduler.swap_views();
-        self.swap_board()
-            .report(views.iter().map(|v| (v.pod.as_str(), v.region.residency())))
+        let mut report = self
+            .swap_board()
+            .report(views.iter().map(|v| (v.pod.as_str(), v.region.residency())));
+        let mut resident: BTreeMap<String, Vec<ResidentPod>> = BTreeMap::new();
+        for view in &views {
+            if view.region.residency() != Residency::Resident {
+                continue;
+            }
+            for gpu in &view.gpus {
+                resident
+                    .entry(gpu.uuid.to_ascii_lowercase())
+                    .or_default()
+                    .push(ResidentPod {
+                        pod: view.pod.clone(),
+                        bytes: gpu.bytes,
+                    });
+            }
+        }
+        let swapper = &self.shared.swapper;
+        report.serving = swapper.serving.report(resident, swapper.asks.waiting());
+        report
+    }
+
+    /// An allocation waited `waited` for the room asked for it.
+    pub(crate) fn waited_for_room(&self, waited: std::time::Duration) {
+        let serving = &self.shared.swapper.serving;
+        serving.waited(hypervisor_swap::WaitCause::Room, waited);
     }
 
     /// The pod `pod` as the status shows it: where its limits object says

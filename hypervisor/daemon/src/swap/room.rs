@@ -7,17 +7,21 @@
 //! on the GPU, and it is given no more than its quota there leaves (less
 //! what it holds by its ledger or by NVML), whatever it asks for. Nothing
 //! is swapped while the GPU has that much free, as NVML says; the pods go
-//! one at a time, least recently used first, until it has. A pod that
-//! cannot go (memory the driver cannot checkpoint, a process that does not
-//! stop) is passed over for the next.
+//! one at a time, in the policy's order (`hypervisor-swap`'s `policy`: the
+//! least used of late first, by the uses [`super::ahead`] samples), until
+//! it has. A pod that cannot go (memory the driver cannot checkpoint, a
+//! process that does not stop) is passed over for the next. A pod that is
+//! also placed on a GPU that does not overcommit never goes: under
+//! Kubernetes that is a pod whose claim asked for a device whose
+//! `overcommit` attribute is false, to be never swapped.
 
 use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use hypervisor_config::SwapSettings;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{Candidate, RoomPolicy};
+use hypervisor_swap::{Candidate, RoomPolicy, SwapCause};
 
-use super::{SwapRefusal, Wait};
+use super::SwapRefusal;
 use crate::Hypervisor;
 
 impl Hypervisor {
@@ -55,11 +59,13 @@ impl Hypervisor {
     /// free than the pod held there (within its quota), idle pods make room.
     /// Where they could not make enough, the swap-in is refused (the pod
     /// waits, swapped, and its next ask tries again): tried, it would fail
-    /// for want of memory at every ask.
-    pub(super) async fn room_for(&self, view: &SwapView) -> Result<(), SwapRefusal> {
+    /// for want of memory at every ask. Returns the bytes freed.
+    pub(super) async fn room_for(&self, view: &SwapView) -> Result<u64, SwapRefusal> {
+        let mut freed = 0u64;
         for gpu in &view.gpus {
             let need = within_quota(view, &gpu.uuid, gpu.bytes);
-            self.make_room_locked(&gpu.uuid, need, &view.pod, None)
+            freed += self
+                .make_room_locked(&gpu.uuid, need, &view.pod, None)
                 .await;
             if self.overcommit_on(&gpu.uuid).is_some()
                 && let Some(free) = self.free_on(&gpu.uuid)
@@ -72,7 +78,7 @@ impl Hypervisor {
                 });
             }
         }
-        Ok(())
+        Ok(freed)
     }
 
     /// Swaps idle pods of the GPU `uuid` (not `asker`) out, one at a time,
@@ -105,7 +111,7 @@ impl Hypervisor {
             else {
                 break;
             };
-            if let Err(error) = self.swap_out_locked(&victim, Wait::Quiet).await {
+            if let Err(error) = self.swap_out_counted(&victim, SwapCause::Demand).await {
                 tracing::info!(pod = %victim.pod, %error, "the pod cannot make room; the next one is tried");
                 passed_over.push(victim.pod);
             }
@@ -139,36 +145,68 @@ impl Hypervisor {
         passed_over: &[String],
         settings: &SwapSettings,
     ) -> Option<SwapView> {
-        let views = self.core().scheduler.swap_views_on(uuid);
-        let candidates: Vec<Candidate> = views
+        let (views, candidates) = self.candidates_on(uuid, |pod| {
+            pod != asker && !passed_over.iter().any(|p| p == pod)
+        });
+        let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
+        let first = hypervisor_swap::victims(
+            &candidates,
+            lacking,
+            host_room,
+            monotonic_ms(),
+            room_policy(settings),
+        )
+        .first()
+        .map(|c| c.pod.clone())?;
+        views.into_iter().find(|v| v.pod == first)
+    }
+
+    /// The resident pods of the GPU `uuid` that `may` allows, and each as
+    /// the policy sees it: its bytes there, its uses, its class there, and
+    /// whether it must stay (a GPU of it does not overcommit).
+    pub(super) fn candidates_on(
+        &self,
+        uuid: &str,
+        may: impl Fn(&str) -> bool,
+    ) -> (Vec<SwapView>, Vec<Candidate>) {
+        let (views, overcommit) = {
+            let core = self.core();
+            let views: Vec<SwapView> = core
+                .scheduler
+                .swap_views_on(uuid)
+                .into_iter()
+                .filter(|v| may(&v.pod) && v.region.residency() == Residency::Resident)
+                .collect();
+            (views, core.settings.swap.clone())
+        };
+        let uses = &self.shared.swapper.uses;
+        let candidates = views
             .iter()
-            .filter(|v| v.pod != asker && !passed_over.contains(&v.pod))
-            .filter(|v| v.region.residency() == Residency::Resident)
-            .map(|v| Candidate {
-                pod: v.pod.clone(),
-                bytes: v.bytes_on(uuid),
-                last_call_ms: v.region.last_call_ms(),
-                latency: v
-                    .gpus
-                    .iter()
-                    .any(|g| g.latency && g.uuid.eq_ignore_ascii_case(uuid)),
+            .map(|v| {
+                let (last_call_ms, seen) = (v.region.last_call_ms(), uses.of(&v.pod));
+                Candidate {
+                    pod: v.pod.clone(),
+                    bytes: v.bytes_on(uuid),
+                    last_call_ms,
+                    previous_use_ms: seen.previous_to(last_call_ms),
+                    back_ms: seen.back_ms,
+                    latency: v
+                        .gpus
+                        .iter()
+                        .any(|g| g.latency && g.uuid.eq_ignore_ascii_case(uuid)),
+                    stays: v
+                        .gpus
+                        .iter()
+                        .any(|g| !g.index.is_some_and(|i| overcommit.overcommits(i))),
+                }
             })
             .collect();
-        let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
-        let policy = RoomPolicy {
-            idle_after_ms: u64::try_from(settings.idle_after.as_millis()).unwrap_or(u64::MAX),
-            latency: settings.latency_pods,
-        };
-        let first =
-            hypervisor_swap::victims(&candidates, lacking, host_room, monotonic_ms(), policy)
-                .first()
-                .map(|c| c.pod.clone())?;
-        views.into_iter().find(|v| v.pod == first)
+        (views, candidates)
     }
 
     /// The `[swap]` settings where the daemon makes room on the GPU `uuid`;
     /// `None` where it does not.
-    fn overcommit_on(&self, uuid: &str) -> Option<SwapSettings> {
+    pub(super) fn overcommit_on(&self, uuid: &str) -> Option<SwapSettings> {
         let core = self.core();
         let index = core
             .scheduler
@@ -213,6 +251,17 @@ pub(super) fn within_quota(view: &SwapView, uuid: &str, bytes: u64) -> u64 {
         Some(0) => bytes,
         Some(quota) => bytes.min(quota),
         None => 0,
+    }
+}
+
+/// The policy `settings` make room by.
+pub(super) fn room_policy(settings: &SwapSettings) -> RoomPolicy {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    RoomPolicy {
+        idle_after_ms: ms(settings.idle_after),
+        latency: settings.latency_pods,
+        ranking: settings.ranking,
+        min_resident_ms: ms(settings.min_resident),
     }
 }
 
