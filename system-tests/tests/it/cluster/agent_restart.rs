@@ -5,15 +5,17 @@
 //!
 //! - a `kill -9` of it, then a start on the same state folder, keeps every
 //!   running pod's limits (nothing provisioned again: the same ledger and
-//!   limits objects, the same pod file, the same answer to the kubelet's
-//!   prepare; `hypervisor status` shows the same quota), leaves the
-//!   ResourceSlice as it was, and removes, with one INFO line each, the
-//!   claims of pods deleted while it was down (CDI spec, pod file, region
-//!   and limits, checkpoint entry);
+//!   limits objects, the same pod file; `hypervisor status` shows the same
+//!   quota; a kubelet that prepares the claims again gets the same
+//!   answers), leaves the ResourceSlice as it was, and removes, with one
+//!   INFO line each, the claims of pods deleted while it was down (CDI
+//!   spec, pod file, region and limits, checkpoint entry), as
+//!   docs/kubernetes.md shows;
 //! - a restart of the API server alone leaves it running with every pod's
-//!   limits; its watches come back (a pod deleted after the restart, which
-//!   its cache held, is cleaned up) and a claim created after the restart
-//!   is prepared.
+//!   limits; a claim created after the restart is prepared, and its
+//!   watches come back: a pod its cache held, deleted after the restart
+//!   while the kubelet is away (so that nothing else unprepares it), is
+//!   cleaned up.
 //!
 //! The test has a control plane of its own: it stops the API server, which
 //! the binary's other tests share.
@@ -25,8 +27,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams};
 use kube_fakes::cluster_node::{self, Overlay, gpu_labels};
-use kube_fakes::kubelet::{FakeKubelet, Version};
-use kube_fakes::node_kubelet::NodeKubelet;
+use kube_fakes::kubelet::FakeKubelet;
+use kube_fakes::node_kubelet::{NodeKubelet, PreparedClaim};
 use serde_json::Value;
 
 use system_tests::scratch::Scratch;
@@ -39,6 +41,8 @@ use super::{DRIVER, runtime, spec_path};
 const REMOVED: &str = "pod gone: claim removed";
 /// What it logs when its watch of the node's pods fails.
 const WATCH_FAILED: &str = "WARN hypervisor_kubernetes::agent: pod watch";
+/// What it logs for each claim it provisions.
+const PREPARED: &str = "claim prepared";
 /// What it logs once it has read its checkpoint.
 const RESTORED: &str = "prepared claims restored from the checkpoint claims=3 pods=3";
 
@@ -194,7 +198,7 @@ fn the_agent_keeps_its_pods_through_a_kill_and_an_api_server_restart() {
             scratch.track_shm(table);
         }
         let plugin = FakeKubelet::register(&agent.registry(), DRIVER, PATIENCE).await;
-        let kubelet = NodeKubelet::start(as_kubelet, node, gpu_labels(), plugin.unwrap())
+        let kubelet = NodeKubelet::start(as_kubelet.clone(), node, gpu_labels(), plugin.unwrap())
             .await
             .unwrap();
         let cluster = Cluster {
@@ -224,14 +228,7 @@ fn the_agent_keeps_its_pods_through_a_kill_and_an_api_server_restart() {
         // The running pods keep what they held: nothing provisioned anew.
         assert_eq!(Held::of(&agent, dir, &keep), held);
         assert!(agent.pod(&doomed.pod_uid).is_some());
-        let prepared = kubelet.prepared();
-        let before = prepared.iter().find(|c| c.uid == keep.claim_uid).unwrap();
-        let again = plugin.prepare(Version::V1, "default", keep.name, &keep.claim_uid);
-        let again = again.await.unwrap();
-        assert_eq!(again.devices, before.devices, "{}", again.error);
         assert!(agent.log().contains(RESTORED), "{}", agent.log());
-        assert!(!agent.log().contains("claim prepared"), "{}", agent.log());
-        assert_eq!(Held::of(&agent, dir, &keep), held);
 
         // The deleted pod's claim removed, and said once.
         eventually_async("the deleted pod's claim removed", || removed(dir, &gone)).await;
@@ -242,6 +239,7 @@ fn the_agent_keeps_its_pods_through_a_kill_and_an_api_server_restart() {
                 .count()
         };
         assert_eq!(said(&agent.log(), &gone), 1, "{}", agent.log());
+        assert_documented(&agent.log(), &[RESTORED, REMOVED]);
 
         // The API server restarted: the agent runs on, its pods with it.
         plane.stop_api_server();
@@ -252,18 +250,52 @@ fn the_agent_keeps_its_pods_through_a_kill_and_an_api_server_restart() {
         assert!(agent.running());
         assert_eq!(Held::of(&agent, dir, &keep), held);
         plane.start_api_server().await.unwrap();
+        // A claim created after the restart is prepared.
+        let late = cluster.run(&kubelet, "late", ("2Gi", "40"), 0).await;
+        let held_late = Held::of(&agent, dir, &late);
+        assert_eq!(held_late.limits[0].1, 2u64 << 30, "{held_late:?}");
         // Its pod watch is back: a pod its cache held, deleted now, goes.
+        // The kubelet is away meanwhile: the agent alone can see it go.
+        let prepared = kubelet.prepared();
+        drop(kubelet);
         cluster.force_delete(&doomed).await;
         eventually_async("the pod deleted after the restart removed", || {
             removed(dir, &doomed)
         })
         .await;
         assert_eq!(said(&agent.log(), &doomed), 1, "{}", agent.log());
-        // A claim created after the restart is prepared.
-        let late = cluster.run(&kubelet, "late", ("2Gi", "40"), 0).await;
-        let late = Held::of(&agent, dir, &late);
-        assert_eq!(late.limits[0].1, 2u64 << 30, "{late:?}");
+
+        // The kubelet back, it prepares the running pods' claims again: the
+        // same answers, and nothing provisioned but the late claim since
+        // the kill.
+        let kubelet = NodeKubelet::start(as_kubelet, node, gpu_labels(), plugin)
+            .await
+            .unwrap();
+        for pod in [&keep, &late] {
+            eventually_async("the running pod started again", || {
+                kubelet.started(&pod.pod_uid)
+            })
+            .await;
+        }
+        let devices = |prepared: Vec<PreparedClaim>| {
+            let running = [&keep.claim_uid, &late.claim_uid];
+            let mut devices: Vec<_> = prepared
+                .into_iter()
+                .filter(|c| running.contains(&&c.uid))
+                .map(|c| (c.uid, c.devices))
+                .collect();
+            devices.sort();
+            devices
+        };
+        assert_eq!(devices(kubelet.prepared()), devices(prepared));
+        let log = agent.log();
+        let provisioned: Vec<&str> = log.lines().filter(|l| l.contains(PREPARED)).collect();
+        assert!(
+            matches!(&provisioned[..], [line] if line.contains(&late.claim_uid)),
+            "{log}"
+        );
         assert_eq!(Held::of(&agent, dir, &keep), held);
+        assert_eq!(Held::of(&agent, dir, &late), held_late);
         assert!(agent.running(), "{}", agent.log());
 
         // The slice, published again by each run at start and each pass
@@ -272,4 +304,22 @@ fn the_agent_keeps_its_pods_through_a_kill_and_an_api_server_restart() {
         drop(kubelet);
         drop(agent);
     });
+}
+
+/// Asserts that docs/kubernetes.md shows the message of the first line of
+/// `log` that says each of `said`, as the agent wrote it.
+fn assert_documented(log: &str, said: &[&str]) {
+    let docs = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/kubernetes.md");
+    let docs = std::fs::read_to_string(docs).unwrap();
+    for what in said {
+        let line = log.lines().find(|l| l.contains(what)).unwrap();
+        // The message: after the target, before the first field.
+        let (_, line) = line.split_once("hypervisor_kubernetes::agent: ").unwrap();
+        let fields = line.find('=').and_then(|eq| line[..eq].rfind(' ')).unwrap();
+        let message = &line[..fields];
+        assert!(
+            docs.contains(message),
+            "docs/kubernetes.md lacks {message:?}"
+        );
+    }
 }
