@@ -281,8 +281,8 @@ impl NodeAgent {
             {
                 continue;
             }
-            // One line a claim: what an operator sees of the claims of pods
-            // deleted while the agent was down, as of any other pod gone.
+            // One line a claim, for the operator: after a restart, these
+            // are the claims of the pods deleted while the agent was down.
             for claim in self.provisioner().forget_pod(&uid)? {
                 tracing::info!(
                     claim = %format_args!("{}/{} ({})", claim.namespace, claim.name, claim.claim_uid),
