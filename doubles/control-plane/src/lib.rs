@@ -99,6 +99,9 @@ pub struct ControlPlane {
     admin: PathBuf,
     /// The administrator's certificate.
     admin_cert: CertFiles,
+    /// The program and the API server's flags, to start it again alone
+    /// ([`ControlPlane::start_api_server`]).
+    api_server: (PathBuf, Vec<String>),
     // Last: removed once every component stopped.
     dir: tempfile::TempDir,
 }
@@ -106,6 +109,9 @@ pub struct ControlPlane {
 /// How long the API server and the controllers may take to come up, on a
 /// slow, busy machine.
 const START_WAIT: Duration = Duration::from_secs(180);
+
+/// The API server's component name.
+const API_SERVER: &str = "kube-apiserver";
 
 /// How many more starts when a port found free was taken before it was
 /// bound (the ports are picked by binding port 0, then released).
@@ -148,23 +154,48 @@ impl ControlPlane {
             })?;
         let path = dir.path().to_owned();
         let authority = Authority::new(&path)?;
-        let serving = authority.server("kube-apiserver")?;
+        let serving = authority.server(API_SERVER)?;
         let signing = pki::signing_key(&path, "service-account")?;
         let (etcd_client, etcd_peer, secure) = (free_port()?, free_port()?, free_port()?);
         let server = format!("https://127.0.0.1:{secure}");
         let admin_cert = authority.client("admin", "kubernetes-admin", Some("system:masters"))?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
+        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
+        let ca = authority.cert.display().to_string();
+        let key = signing.key.display().to_string();
+        let public = signing.cert.display().to_string();
+        let api_server_args = vec![
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            format!("--secure-port={secure}"),
+            format!("--cert-dir={}", path.join("apiserver").display()),
+            format!("--tls-cert-file={}", serving.cert.display()),
+            format!("--tls-private-key-file={}", serving.key.display()),
+            format!("--client-ca-file={ca}"),
+            format!("--service-account-key-file={public}"),
+            format!("--service-account-signing-key-file={key}"),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+            "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
+            "--authorization-mode=Node,RBAC".to_owned(),
+            "--enable-admission-plugins=NodeRestriction".to_owned(),
+            // The node daemon's container is privileged.
+            "--allow-privileged=true".to_owned(),
+            // Loopback is no address for the `kubernetes` Service's
+            // endpoints, and nothing here reaches the API through it.
+            "--endpoint-reconciler-type=none".to_owned(),
+            "--profiling=false".to_owned(),
+        ];
         let plane = Self {
             components: Mutex::new(Vec::new()),
             admin: path.join("admin.kubeconfig"),
             admin_cert,
             authority,
             server,
+            api_server: (program.clone(), api_server_args),
             dir,
         };
         plane.write_admin_kubeconfig(&plane.admin, "default")?;
 
-        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
-        let peer_url = format!("http://127.0.0.1:{etcd_peer}");
         plane.spawn(
             &program,
             "etcd",
@@ -181,42 +212,8 @@ impl ControlPlane {
                 "--unsafe-no-fsync=true".to_owned(),
             ],
         )?;
-        let ca = plane.authority.cert.display().to_string();
-        let key = signing.key.display().to_string();
-        let public = signing.cert.display().to_string();
-        plane.spawn(
-            &program,
-            "kube-apiserver",
-            vec![
-                format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".to_owned(),
-                format!("--secure-port={secure}"),
-                format!("--cert-dir={}", path.join("apiserver").display()),
-                format!("--tls-cert-file={}", serving.cert.display()),
-                format!("--tls-private-key-file={}", serving.key.display()),
-                format!("--client-ca-file={ca}"),
-                format!("--service-account-key-file={public}"),
-                format!("--service-account-signing-key-file={key}"),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
-                "--service-cluster-ip-range=10.96.0.0/16".to_owned(),
-                "--authorization-mode=Node,RBAC".to_owned(),
-                "--enable-admission-plugins=NodeRestriction".to_owned(),
-                // The node daemon's container is privileged.
-                "--allow-privileged=true".to_owned(),
-                // Loopback is no address for the `kubernetes` Service's
-                // endpoints, and nothing here reaches the API through it.
-                "--endpoint-reconciler-type=none".to_owned(),
-                "--profiling=false".to_owned(),
-            ],
-        )?;
-        plane
-            .wait("the API server's /readyz", async |client| {
-                let request = http::Request::get("/readyz?verbose")
-                    .body(Vec::new())
-                    .map_err(|e| kube::Error::Service(e.into()))?;
-                client.request_text(request).await.map(|_| true)
-            })
-            .await?;
+        plane.spawn(&program, API_SERVER, plane.api_server.1.clone())?;
+        plane.wait_api_server().await?;
 
         for (component, user) in [
             ("kube-scheduler", "system:kube-scheduler"),
@@ -338,6 +335,49 @@ impl ControlPlane {
     /// Fails if a component has exited.
     pub fn check(&self) -> Result<(), Error> {
         self.components().iter_mut().try_for_each(Component::check)
+    }
+
+    /// Kills the API server alone, as a crash does: its connections reset,
+    /// its watches end without a word. (Asked to stop, it drains its
+    /// requests for as long again as the rest of a test takes.) etcd keeps
+    /// the cluster's data, and the scheduler, the controller manager and
+    /// every client keep running, failing their requests until
+    /// [`ControlPlane::start_api_server`].
+    pub fn stop_api_server(&self) {
+        let mut components = self.components();
+        if let Some(at) = components.iter().position(|c| c.name == API_SERVER) {
+            components.remove(at).stop(Duration::ZERO);
+        }
+    }
+
+    /// Starts the API server again, with the flags it first ran with (the
+    /// same port, certificates and etcd), after
+    /// [`ControlPlane::stop_api_server`]; returns once it is ready. Start it
+    /// from the thread that started the plane (see [`ControlPlane::start`]).
+    pub async fn start_api_server(&self) -> Result<(), Error> {
+        let (program, args) = &self.api_server;
+        let component = Component::start(program, API_SERVER, args, self.dir.path())?;
+        {
+            // Back in its place, after etcd: stopped before it, as at first.
+            let mut components = self.components();
+            let at = components
+                .iter()
+                .position(|c| c.name == "etcd")
+                .map_or(0, |etcd| etcd + 1);
+            components.insert(at, component);
+        }
+        self.wait_api_server().await
+    }
+
+    /// Waits until the API server says it is ready.
+    async fn wait_api_server(&self) -> Result<(), Error> {
+        self.wait("the API server's /readyz", async |client| {
+            let request = http::Request::get("/readyz?verbose")
+                .body(Vec::new())
+                .map_err(|e| kube::Error::Service(e.into()))?;
+            client.request_text(request).await.map(|_| true)
+        })
+        .await
     }
 
     /// The end of every component's log, for a failing test to print.

@@ -77,6 +77,7 @@ struct Record {
 /// A running kubelet; stops when dropped.
 pub struct NodeKubelet {
     record: Arc<Mutex<Record>>,
+    plugin: Arc<Mutex<FakeKubelet>>,
     task: JoinHandle<()>,
 }
 
@@ -91,14 +92,26 @@ impl NodeKubelet {
     ) -> Result<Self, kube::Error> {
         register(&client, node, labels).await?;
         let record = Arc::new(Mutex::new(Record::default()));
+        let plugin = Arc::new(Mutex::new(plugin));
         let sync = Sync {
             client,
             node: node.to_owned(),
-            plugin,
+            plugin: plugin.clone(),
             record: record.clone(),
         };
         let task = tokio::spawn(sync.run());
-        Ok(Self { record, task })
+        Ok(Self {
+            record,
+            plugin,
+            task,
+        })
+    }
+
+    /// Calls `plugin` from now on: the plugin registered again, as a
+    /// restarted agent's does, which a kubelet's plugin watcher sees as a
+    /// new registration socket. What was prepared stays prepared.
+    pub fn registered_again(&self, plugin: FakeKubelet) {
+        *lock(&self.plugin) = plugin;
     }
 
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
@@ -156,15 +169,16 @@ impl Drop for NodeKubelet {
     }
 }
 
-/// The record, even if a holder panicked.
-fn lock(record: &Mutex<Record>) -> std::sync::MutexGuard<'_, Record> {
-    record.lock().unwrap_or_else(PoisonError::into_inner)
+/// What `mutex` holds, even if a holder panicked.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 struct Sync {
     client: kube::Client,
     node: String,
-    plugin: FakeKubelet,
+    /// The plugin as last registered.
+    plugin: Arc<Mutex<FakeKubelet>>,
     record: Arc<Mutex<Record>>,
 }
 
@@ -190,6 +204,11 @@ impl Sync {
 
     fn record(&self) -> std::sync::MutexGuard<'_, Record> {
         lock(&self.record)
+    }
+
+    /// The plugin as last registered.
+    fn plugin(&self) -> FakeKubelet {
+        lock(&self.plugin).clone()
     }
 
     /// Notes the step the pass is at.
@@ -302,7 +321,7 @@ impl Sync {
                 let pod_name = pod.metadata.name.as_deref().unwrap_or_default();
                 self.step(format!("pod {pod_name}: preparing claim {name}"));
                 let answer = self
-                    .plugin
+                    .plugin()
                     .prepare(Version::V1, &ns, &name, &claim_uid)
                     .await;
                 let answer = match answer {
@@ -445,7 +464,7 @@ impl Sync {
             };
             let Some(prepared) = unused else { continue };
             let error = self
-                .plugin
+                .plugin()
                 .unprepare(
                     Version::V1,
                     &prepared.namespace,

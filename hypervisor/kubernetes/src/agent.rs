@@ -37,6 +37,13 @@ impl NodeAgent {
     ) -> Result<Self, KubeError> {
         let client = crate::client(options.kubeconfig.as_deref()).await?;
         let mut provisioner = Provisioner::open(options.provision.clone(), gpus.clone())?;
+        // What a restarted agent starts from; the claims of pods gone
+        // meanwhile are removed at its first clean-up.
+        tracing::info!(
+            claims = provisioner.claims().len(),
+            pods = provisioner.pods().len(),
+            "prepared claims restored from the checkpoint"
+        );
         // The daemon's `[swap]` overcommit: what each GPU offers to quotas,
         // in the slice, the device plugin's capacity and the provisioner's count.
         let memory = hv.memory_capacity();
@@ -274,8 +281,15 @@ impl NodeAgent {
             {
                 continue;
             }
-            let forgotten = self.provisioner().forget_pod(&uid)?;
-            tracing::info!(pod = %pod, claims = forgotten, "pod gone: claims, token and region removed");
+            // One line a claim, for the operator: after a restart, these
+            // are the claims of the pods deleted while the agent was down.
+            for claim in self.provisioner().forget_pod(&uid)? {
+                tracing::info!(
+                    claim = %format_args!("{}/{} ({})", claim.namespace, claim.name, claim.claim_uid),
+                    pod = %pod,
+                    "pod gone: claim removed (its CDI spec and checkpoint entry; the pod's file, token, region and limits)"
+                );
+            }
             gone.push(uid);
         }
         if !gone.is_empty() {

@@ -196,19 +196,20 @@ impl Provisioner {
         Ok(true)
     }
 
-    /// Unprepares every claim of pod `uid` (deleted); returns how many.
-    pub fn forget_pod(&mut self, uid: &str) -> Result<usize, ProvisionError> {
-        let claims: Vec<String> = self
+    /// Unprepares every claim of pod `uid` (deleted); returns what they
+    /// were.
+    pub fn forget_pod(&mut self, uid: &str) -> Result<Vec<ClaimRequest>, ProvisionError> {
+        let claims: Vec<ClaimRequest> = self
             .checkpoint
             .claims
             .values()
             .filter(|c| c.request.pod.uid == uid)
-            .map(|c| c.request.claim_uid.clone())
+            .map(|c| c.request.clone())
             .collect();
         for claim in &claims {
-            self.unprepare(claim)?;
+            self.unprepare(&claim.claim_uid)?;
         }
-        Ok(claims.len())
+        Ok(claims)
     }
 
     /// The pods with prepared claims, by UID.

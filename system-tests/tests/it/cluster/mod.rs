@@ -18,6 +18,8 @@ use kube_fakes::device_kubelet::FakeDeviceKubelet;
 use kube_fakes::tenant::Tenant;
 use serde_json::Value;
 
+mod agent_process;
+mod agent_restart;
 mod claim_parameters;
 mod claim_refusal;
 mod claim_validation;
