@@ -78,6 +78,25 @@ fn check_after(running: Running, at: &str) {
     assert!(rest[1].ends_with(at), "at the same address: {rest:?}");
 }
 
+/// A daemon's config of two pods with `quota` each on GPU 0 of the
+/// double, `swap` added to its `[swap]` table.
+fn two_pods(first: &Pod, second: &Pod, quota: &str, swap: &str) -> String {
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let pods: String = [first, second]
+        .iter()
+        .map(|pod| {
+            format!(
+                "[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"{quota}\"\n\n",
+                pod.0
+            )
+        })
+        .collect();
+    format!(
+        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n{swap}\n\n{pods}",
+        library.display(),
+    )
+}
+
 fn registered(node: &RunningNode, pod: &Pod, count: usize) {
     eventually("the pod's processes are registered", || {
         node.hypervisor().workers_of(&pod.0).len() == count
@@ -226,25 +245,11 @@ fn a_process_failing_its_own_swap_out_sends_the_pod_to_the_checkpoint() {
 #[test]
 fn host_copies_a_resident_pod_keeps_are_given_back_when_another_pods_swap_needs_the_room() {
     let (kept, other) = (Pod::new("fast-kept"), Pod::new("fast-room"));
-    let library = gpushare_examples::double_dir().join("libcuda.so.1");
     // Room in host memory for one pod's swap-out, not two: a swap-out asks
     // for what the pod holds on the GPU (its context too), and puts there
     // what its processes back.
-    let pods: String = [&kept, &other]
-        .iter()
-        .map(|pod| {
-            format!(
-                "[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n\n",
-                pod.0
-            )
-        })
-        .collect();
-    let config = format!(
-        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
-         host_limit = \"{}\"\n\n{pods}",
-        library.display(),
-        CONTEXT_BYTES + HELD * 3 / 2
-    );
+    let swap = format!("host_limit = \"{}\"", CONTEXT_BYTES + HELD * 3 / 2);
+    let config = two_pods(&kept, &other, "4g", &swap);
     let node = daemon::hypervisor(&kept, &config, Arc::new(process_gpus(1)));
     let (first, first_at) = ready(&kept, &node, true);
     let (second, second_at) = ready(&other, &node, true);
@@ -337,21 +342,8 @@ fn room_on_an_overcommitting_gpu_is_made_by_the_fast_path() {
     // own limiter.
     let (idle, asker) = (Pod::new("fast-oc-idle"), Pod::new("fast-oc-asker"));
     let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
-    let library = gpushare_examples::double_dir().join("libcuda.so.1");
-    let pods: String = [&idle, &asker]
-        .iter()
-        .map(|pod| {
-            format!(
-                "[[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"1536m\"\n\n",
-                pod.0
-            )
-        })
-        .collect();
-    let config = format!(
-        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
-         overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\n\n{pods}",
-        library.display(),
-    );
+    let swap = "overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"";
+    let config = two_pods(&idle, &asker, "1536m", swap);
     let gpus = node_file_gpus(node_file.clone(), 2 * GIB, 1).process_memory_from(|index| {
         processes_on(index)
             .into_iter()
