@@ -9,13 +9,14 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use hypervisor::node::{Node, NodeSpec};
+use hypervisor::status_table::render_table;
 use hypervisor_config as config;
 use hypervisor_core::node_tables::NodeTableNames;
 use hypervisor_core::turns::TurnArgs;
 use hypervisor_corun::CorunArgs;
 use hypervisor_daemon::Options;
 use hypervisor_daemon::api::ApiRoute;
-use hypervisor_daemon::status::{Status, render_table};
+use hypervisor_daemon::status::Status;
 use hypervisor_observer::flags::ObserverArgs;
 use kube_args::KubeArgs;
 

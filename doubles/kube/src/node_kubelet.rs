@@ -22,14 +22,16 @@ use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
 use crate::kubelet::{FakeKubelet, Version};
 
+mod pod_status;
 mod registration;
 
+use pod_status::{containers, now_seconds};
 pub use registration::register;
 use registration::report_ready;
 
@@ -420,24 +422,6 @@ impl Sync {
         }
     }
 
-    /// The containers exit with `code`; the pod is Succeeded or Failed.
-    async fn end(&self, pod: &Pod, code: i32) -> Result<(), kube::Error> {
-        let now = now_seconds();
-        let containers: Vec<_> = containers(pod)
-            .map(|(name, image)| json!({"name": name, "image": image, "imageID": "", "ready": false,
-                "restartCount": 0, "started": false,
-                "state": {"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
-                    "startedAt": now, "finishedAt": now}}}))
-            .collect();
-        let status = json!({"status": {
-            "phase": if code == 0 { "Succeeded" } else { "Failed" },
-            "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now},
-                {"type": "ContainersReady", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}],
-            "containerStatuses": containers,
-        }});
-        self.patch_status(pod, &status).await
-    }
-
     /// Unprepares the claims prepared for pod `uid` (whether it started or
     /// not) that no other pod of the node uses, once.
     async fn clean_up(&self, uid: &str) -> Result<(), kube::Error> {
@@ -485,37 +469,6 @@ impl Sync {
         self.record().started.remove(uid);
         Ok(())
     }
-
-    /// Confirms a graceful deletion: deletes the pod with no grace left.
-    async fn confirm_deletion(&self, pod: &Pod) -> Result<(), kube::Error> {
-        let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let params = DeleteParams {
-            grace_period_seconds: Some(0),
-            preconditions: Some(Preconditions {
-                uid: pod.metadata.uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match Api::<Pod>::namespaced(self.client.clone(), &ns)
-            .delete(&name, &params)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 || status.code == 409 => Ok(()),
-            Err(error) => Err(error),
-        }
-    }
-
-    async fn patch_status(&self, pod: &Pod, status: &serde_json::Value) -> Result<(), kube::Error> {
-        let ns = pod.metadata.namespace.clone().unwrap_or_default();
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        Api::<Pod>::namespaced(self.client.clone(), &ns)
-            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(status))
-            .await
-            .map(drop)
-    }
 }
 
 /// The name of each claim of `pod`: `None` where the controller has not
@@ -538,20 +491,4 @@ fn claim_names(pod: &Pod) -> Vec<Option<String>> {
             })
         })
         .collect()
-}
-
-/// Each container's name and image.
-fn containers(pod: &Pod) -> impl Iterator<Item = (String, String)> + '_ {
-    pod.spec
-        .iter()
-        .flat_map(|s| s.containers.iter())
-        .map(|c| (c.name.clone(), c.image.clone().unwrap_or_default()))
-}
-
-/// Now, in whole seconds, as the API writes times.
-fn now_seconds() -> String {
-    let now = Timestamp::now();
-    Timestamp::from_second(now.as_second())
-        .unwrap_or(now)
-        .to_string()
 }

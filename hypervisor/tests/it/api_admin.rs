@@ -334,7 +334,7 @@ fn status_and_metrics_show_pods_gpus_and_latency() {
         serde_json::from_str(&json).expect("status JSON");
     assert_eq!(parsed.pods.len(), 2);
     assert_eq!(parsed.admission.count, 5);
-    let table = hypervisor_daemon::status::render_table(&parsed);
+    let table = hypervisor::status_table::render_table(&parsed);
     assert!(table.contains(&a) && table.contains("GRANTED"), "{table}");
     assert_eq!(
         call("GET", &format!("{url}/healthz"), None, None),

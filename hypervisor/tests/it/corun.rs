@@ -328,7 +328,7 @@ fn a_server_that_fails_to_start_is_reported_with_its_reason() {
         )),
         "{metrics}"
     );
-    let text = hypervisor_daemon::status::render_table(&harness.hv.hypervisor().status());
+    let text = hypervisor::status_table::render_table(&harness.hv.hypervisor().status());
     assert!(
         text.contains("exited with status 1: Failed to start : invalid argument"),
         "{text}"

@@ -40,7 +40,7 @@ fn oversubscription_reaches_the_limits_and_the_spill_shows_in_status_and_metrics
     ] {
         assert!(metrics.contains(&want), "missing {want} in\n{metrics}");
     }
-    let table = hypervisor_daemon::status::render_table(&h.hv.hypervisor().status());
+    let table = hypervisor::status_table::render_table(&h.hv.hypervisor().status());
     assert!(
         table.contains("SPILL") && table.contains("3.0 GiB"),
         "{table}"
