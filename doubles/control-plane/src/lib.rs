@@ -27,6 +27,7 @@ use kube::api::{Api, PostParams};
 
 pub use kubeconfig::Credentials;
 pub use pki::CertFiles;
+pub use process::dies_with_parent;
 
 use pki::Authority;
 use process::Component;

@@ -11,6 +11,21 @@ use std::time::{Duration, Instant};
 
 use crate::Error;
 
+/// Has the kernel kill `command`'s process when the one that started it
+/// dies (the parent-death signal), so that none outlives its test.
+pub fn dies_with_parent(command: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls prctl, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// A running component.
 pub(crate) struct Component {
     /// Its name (`kube-apiserver`, …).
@@ -42,16 +57,7 @@ impl Component {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        // SAFETY: the closure runs in the forked child before exec and only
-        // calls prctl, which is async-signal-safe.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        dies_with_parent(&mut command);
         let child = command.spawn().map_err(|e| io("start", e))?;
         Ok(Self { name, child, log })
     }

@@ -6,7 +6,6 @@
 //! its own; the process is killed with the test's thread (the parent-death
 //! signal), and when dropped.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -124,16 +123,7 @@ impl AgentProcess {
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);
-        // SAFETY: the closure runs in the forked child before exec and only
-        // calls prctl, which is async-signal-safe.
-        unsafe {
-            command.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
+        kube_control_plane::dies_with_parent(&mut command);
         self.child = Some(command.spawn().unwrap());
         self.addr = eventually_some_async("the hypervisor's API listening", || {
             let listening = std::fs::read_to_string(&log).ok().and_then(|text| {
