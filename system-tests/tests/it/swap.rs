@@ -416,7 +416,7 @@ fn a_pod_that_cannot_come_back_for_want_of_room_waits_until_there_is_room() {
 }
 
 #[test]
-fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu_by_its_driver() {
+fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu() {
     // Two idle neighbours of 9 GiB, one on each GPU; the asker holds 1 GiB
     // of a 2 GiB quota on the first, which has about 6 GiB free.
     let asker = Pod::new("room-asker");
@@ -475,13 +475,64 @@ fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu_by_
     }
     assert_eq!(node.hypervisor().swap_status().totals.swap_outs, 0);
 
-    // A GiB the GPU has free by NVML, but not by the asker's driver, which
-    // keeps some of what NVML counts free: the neighbour on its GPU goes.
-    assert!(ask_room_saying(&node, &asker, &gpu0, GIB, Some(0)) > 0);
-    assert_eq!(pod_swap(&node, &near).state, Residency::Swapped);
-    assert_eq!(pod_swap(&node, &far).state, Residency::Resident);
     for running in neighbours.into_iter().chain([running]) {
         let (rest, status) = running.finish();
+        assert!(status.success(), "{rest:?}");
+    }
+}
+
+#[test]
+fn room_is_made_for_what_the_askers_driver_lacks_within_what_its_quota_leaves() {
+    // Two idle neighbours of 4 GiB and the asker, holding 1 GiB of a 6 GiB
+    // quota, on one 16 GiB GPU: about 6 GiB free by NVML, and the asker's
+    // quota leaves about 4.7 GiB.
+    let asker = Pod::new("room-driver-asker");
+    let first = Pod::new("room-driver-a");
+    let second = Pod::new("room-driver-b");
+    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
+    let node = overcommitted(
+        &node_file,
+        1,
+        &[(&asker, 0, "6g"), (&first, 0, "5g"), (&second, 0, "5g")],
+    );
+    let vars = on_gpu(&node_file, 1, 0);
+    let mut running = Vec::new();
+    for (pod, size) in [(&first, "4g"), (&second, "4g"), (&asker, "1g")] {
+        let mut probe = Running::start(
+            pod,
+            &node.url(),
+            &env(&vars),
+            &["alloc", "mem", size, "wait"],
+        );
+        let lines = probe.until_ready();
+        assert!(lines[0].contains("-> 0 "), "{lines:?}");
+        running.push(probe);
+    }
+    std::thread::sleep(Duration::from_millis(400));
+    let gpu = gpushare_examples::uuid(0);
+
+    // 4 GiB, which NVML shows free, but the asker's driver had only 3.5:
+    // NVML counts as free what the driver keeps, so one neighbour goes.
+    assert!(ask_room_saying(&node, &asker, &gpu, 4 * GIB, Some(7 * GIB / 2)) > 0);
+    assert_eq!(node.hypervisor().swap_status().totals.swap_outs, 1);
+
+    // A driver said to have nothing free, again and again: the room made
+    // on its word stays within what the asker's quota leaves, already
+    // free now, so the other neighbour stays.
+    for _ in 0..2 {
+        assert_eq!(ask_room_saying(&node, &asker, &gpu, 4 * GIB, Some(0)), 0);
+    }
+    assert_eq!(node.hypervisor().swap_status().totals.swap_outs, 1);
+    let states: Vec<Residency> = [&first, &second]
+        .iter()
+        .map(|pod| pod_swap(&node, pod).state)
+        .collect();
+    assert!(
+        states.contains(&Residency::Resident) && states.contains(&Residency::Swapped),
+        "{states:?}"
+    );
+    for probe in running {
+        let (rest, status) = probe.finish();
         assert!(status.success(), "{rest:?}");
     }
 }

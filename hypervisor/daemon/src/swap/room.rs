@@ -47,8 +47,12 @@ impl Hypervisor {
                 tracing::warn!(gpu = %uuid, pod = %asker, "room asked on a GPU the pod is not placed on; none made");
                 return Ok(0);
             };
+            let said = driver_free.map(|free| DriverSaid {
+                free,
+                at_most: left,
+            });
             Ok(hv
-                .make_room_locked(&uuid, bytes.min(left), &asker, driver_free)
+                .make_room_locked(&uuid, bytes.min(left), &asker, said)
                 .await)
         })
         .await
@@ -90,7 +94,7 @@ impl Hypervisor {
         uuid: &str,
         need: u64,
         asker: &str,
-        driver_free: Option<u64>,
+        said: Option<DriverSaid>,
     ) -> u64 {
         let Some(settings) = self.overcommit_on(uuid) else {
             return 0;
@@ -103,7 +107,7 @@ impl Hypervisor {
             );
             return 0;
         };
-        let need = room_target(need, before, driver_free);
+        let need = room_target(need, before, said);
         let mut free = before;
         let mut passed_over: Vec<String> = Vec::new();
         while free < need {
@@ -229,17 +233,29 @@ impl Hypervisor {
     }
 }
 
+/// What an asker's driver said was free as it refused an allocation, and
+/// the most room that may be made on its word beyond NVML's figure: what
+/// the asker's quota leaves on the GPU.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DriverSaid {
+    pub(super) free: u64,
+    pub(super) at_most: u64,
+}
+
 /// The free memory, by NVML, that room for `need` bytes takes, NVML
 /// saying `before` is free: `need`; or where the asker's driver said it had
-/// only `driver_free` free as it refused, NVML's figure raised by that
-/// shortfall, for NVML counts as free memory the driver keeps for itself
-/// (on an H200, an allocation of 1 GiB was refused while NVML showed more
-/// than that free). An asker that says less than its driver did only has
-/// idle pods swapped for at most `need`, which its allocation could ask
-/// for anyway.
-fn room_target(need: u64, before: u64, driver_free: Option<u64>) -> u64 {
-    match driver_free {
-        Some(free) if free < need => need.max(before.saturating_add(need - free)),
+/// less than `need` free as it refused, `need` and the gap between NVML's
+/// figure and the driver's, for NVML counts as free memory the driver keeps
+/// for itself (on an H200, an allocation of 1 GiB was refused while NVML
+/// showed more than that free). The gap is taken on the asker's word only
+/// up to what its quota leaves, and the target does not rise with the room
+/// already made: an asker that says less than its driver did, again and
+/// again, has no more idle pods swapped than its quota could take.
+fn room_target(need: u64, before: u64, said: Option<DriverSaid>) -> u64 {
+    match said {
+        Some(said) if said.free < need => {
+            need.saturating_add(before.saturating_sub(said.free).min(said.at_most))
+        }
         _ => need,
     }
 }
@@ -267,20 +283,29 @@ pub(super) fn room_policy(settings: &SwapSettings) -> RoomPolicy {
 
 #[cfg(test)]
 mod tests {
-    use super::room_target;
+    use super::{DriverSaid, room_target};
 
     const GIB: u64 = 1 << 30;
 
     #[test]
     fn room_is_made_for_what_the_driver_lacks_where_it_said() {
+        let said = |free, at_most| Some(DriverSaid { free, at_most });
         // NVML's figure alone, where the driver said nothing or had enough.
         assert_eq!(room_target(GIB, GIB / 2, None), GIB);
-        assert_eq!(room_target(GIB, GIB / 2, Some(2 * GIB)), GIB);
+        assert_eq!(room_target(GIB, GIB / 2, said(2 * GIB, 4 * GIB)), GIB);
         // NVML shows 1.5 GiB free, the driver had 0.5: 0.5 more is needed
         // than NVML shows, so room until NVML shows 2 GiB.
-        assert_eq!(room_target(GIB, 3 * GIB / 2, Some(GIB / 2)), 2 * GIB);
+        assert_eq!(
+            room_target(GIB, 3 * GIB / 2, said(GIB / 2, 4 * GIB)),
+            2 * GIB
+        );
         // Never less than the allocation, nor past the end of the numbers.
-        assert_eq!(room_target(GIB, 0, Some(GIB / 2)), GIB);
-        assert_eq!(room_target(GIB, u64::MAX, Some(0)), u64::MAX);
+        assert_eq!(room_target(GIB, 0, said(GIB / 2, 4 * GIB)), GIB);
+        assert_eq!(room_target(GIB, u64::MAX, said(0, u64::MAX)), u64::MAX);
+        // A driver said to have nothing free, on a GPU with 6 GiB free by
+        // NVML: the gap is taken up to what the quota leaves (2 GiB), and
+        // asked again once room was made, the target stays.
+        assert_eq!(room_target(GIB, 6 * GIB, said(0, 2 * GIB)), 3 * GIB);
+        assert_eq!(room_target(GIB, 9 * GIB, said(0, 2 * GIB)), 3 * GIB);
     }
 }
