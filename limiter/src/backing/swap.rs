@@ -36,7 +36,7 @@
 //! run on a GPU can say where the time went.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::MutexGuard;
+use std::sync::{MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use gpushare_utils::MAX_DEVICES;
@@ -163,7 +163,7 @@ impl Backing {
             }
             backed.memory = None;
         }
-        self.shrink_stacks(copies, &contexts)?;
+        self.shrink_stacks(copies, &contexts);
         durations.release_us = micros(started.elapsed());
         Ok(report(ctx, &book, &out, durations))
     }
@@ -171,9 +171,10 @@ impl Backing {
     /// Gives back the memory the driver keeps for the threads' stacks of
     /// `contexts`, sized by their stack limit, while their memory is away:
     /// nothing of theirs runs until the swap-in sets each limit again. A
-    /// driver that will not shrink one keeps it, as without this.
-    fn shrink_stacks(&self, copies: &Copies, contexts: &BTreeSet<usize>) -> Result<(), SwapError> {
-        let mut stacks = self.stacks.lock().map_err(|_| SwapError::Poisoned)?;
+    /// driver that will not shrink one keeps it, as without this. Run once
+    /// the memory is released, it cannot fail the swap-out.
+    fn shrink_stacks(&self, copies: &Copies, contexts: &BTreeSet<usize>) {
+        let mut stacks = self.stacks.lock().unwrap_or_else(PoisonError::into_inner);
         for &context in contexts {
             if stacks.iter().any(|&(shrunk, _)| shrunk == context) {
                 continue;
@@ -194,14 +195,13 @@ impl Backing {
                 }
             }
         }
-        Ok(())
     }
 
     /// Sets the stack limits [`Self::shrink_stacks`] lowered as they were;
     /// one the driver refuses (no room for it yet) fails the swap-in, which
     /// is asked again, and those set stay set.
     fn restore_stacks(&self, copies: &Copies) -> Result<(), SwapError> {
-        let mut stacks = self.stacks.lock().map_err(|_| SwapError::Poisoned)?;
+        let mut stacks = self.stacks.lock().unwrap_or_else(PoisonError::into_inner);
         while let Some(&(context, bytes)) = stacks.last() {
             copies
                 .make_current(context)
