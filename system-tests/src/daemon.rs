@@ -24,7 +24,13 @@ pub fn double_gpus(count: u8) -> FakeGpus {
 /// device memory each of the double's processes holds there, as NVML
 /// attributes it to processes ([`crate::swapping::processes_on`]).
 pub fn process_gpus(count: u8) -> FakeGpus {
-    double_gpus(count).process_memory_from(|index| {
+    with_process_memory(double_gpus(count))
+}
+
+/// `gpus`, with the device memory each of the double's processes holds
+/// there, as NVML attributes it to processes.
+pub fn with_process_memory(gpus: FakeGpus) -> FakeGpus {
+    gpus.process_memory_from(|index| {
         crate::swapping::processes_on(index)
             .into_iter()
             .map(|(pid, bytes)| ProcessMemory { pid, bytes })

@@ -15,14 +15,11 @@
 use std::sync::Arc;
 
 use gpushare_utils::limits::Residency;
-use hypervisor_observer::ProcessMemory;
 use hypervisor_swap::SwapPath;
-use system_tests::daemon::{node_file_gpus, process_gpus};
+use system_tests::daemon::{node_file_gpus, process_gpus, with_process_memory};
 use system_tests::pod::Pod;
 use system_tests::probes::{CONTEXT_BYTES, GIB, MIB};
-use system_tests::swapping::{
-    ADMIN, Running, TOKEN, admin_cli, checkpoint_dir, control_block, processes_on,
-};
+use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, checkpoint_dir, control_block};
 use system_tests::wait::eventually;
 use system_tests::{RunningNode, daemon};
 
@@ -344,12 +341,7 @@ fn room_on_an_overcommitting_gpu_is_made_by_the_fast_path() {
     let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
     let swap = "overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"";
     let config = two_pods(&idle, &asker, "1536m", swap);
-    let gpus = node_file_gpus(node_file.clone(), 2 * GIB, 1).process_memory_from(|index| {
-        processes_on(index)
-            .into_iter()
-            .map(|(pid, bytes)| ProcessMemory { pid, bytes })
-            .collect()
-    });
+    let gpus = with_process_memory(node_file_gpus(node_file.clone(), 2 * GIB, 1));
     let node = daemon::hypervisor(&idle, &config, Arc::new(gpus));
     let env = [
         ("CUDA_LIMITER_FAST_SWAP", "1"),
