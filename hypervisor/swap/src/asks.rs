@@ -101,8 +101,8 @@ impl Asks {
     }
 
     /// The pods that asked before `pod` and still wait for room, first
-    /// first.
-    pub fn ahead_of(&self, pod: &str) -> Vec<String> {
+    /// first, each with how long ago it first asked.
+    pub fn ahead_of(&self, pod: &str) -> Vec<(String, Duration)> {
         let inner = self.lock();
         let Some(place) = inner.pods.get(pod).map(|ask| ask.place) else {
             return Vec::new();
@@ -112,7 +112,8 @@ impl Asks {
 
     /// Every pod waiting for room, first first.
     pub fn waiting(&self) -> Vec<String> {
-        waiting(&self.lock(), |_| true)
+        let all = waiting(&self.lock(), |_| true);
+        all.into_iter().map(|(pod, _)| pod).collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -125,16 +126,19 @@ fn live(ask: &Ask, now: Instant) -> bool {
     ask.in_flight > 0 || now.duration_since(ask.seen) < STALE
 }
 
-fn waiting(inner: &Inner, also: impl Fn(&Ask) -> bool) -> Vec<String> {
+fn waiting(inner: &Inner, also: impl Fn(&Ask) -> bool) -> Vec<(String, Duration)> {
     let now = Instant::now();
-    let mut found: Vec<(u64, &String)> = inner
+    let mut found: Vec<(u64, &String, Duration)> = inner
         .pods
         .iter()
         .filter(|(_, ask)| ask.for_room && live(ask, now) && also(ask))
-        .map(|(pod, ask)| (ask.place, pod))
+        .map(|(pod, ask)| (ask.place, pod, now.duration_since(ask.first)))
         .collect();
     found.sort();
-    found.into_iter().map(|(_, pod)| pod.clone()).collect()
+    found
+        .into_iter()
+        .map(|(_, pod, waited)| (pod.clone(), waited))
+        .collect()
 }
 
 #[cfg(test)]
@@ -152,12 +156,16 @@ mod tests {
         // The first asks again: its place stays the first.
         let _again = asks.ask("first");
         assert_eq!(asks.waiting(), ["first", "second"]);
-        assert_eq!(asks.ahead_of("third"), ["first", "second"]);
-        assert_eq!(asks.ahead_of("second"), ["first"]);
+        assert_eq!(names(asks.ahead_of("third")), ["first", "second"]);
+        assert_eq!(names(asks.ahead_of("second")), ["first"]);
         assert!(asks.ahead_of("first").is_empty());
         assert!(asks.served("first").is_some(), "it waited for room");
-        assert_eq!(asks.ahead_of("third"), ["second"]);
+        assert_eq!(names(asks.ahead_of("third")), ["second"]);
         assert_eq!(asks.served("third"), None, "it never waited for room");
+    }
+
+    fn names(ahead: Vec<(String, Duration)>) -> Vec<String> {
+        ahead.into_iter().map(|(pod, _)| pod).collect()
     }
 
     #[test]
@@ -191,7 +199,7 @@ mod tests {
             ask.seen = Instant::now() - STALE * 2;
         }
         let _later = asks.ask("later");
-        assert_eq!(asks.ahead_of("later"), ["slow"]);
+        assert_eq!(names(asks.ahead_of("later")), ["slow"]);
         drop(asking);
         assert_eq!(asks.waiting(), ["slow"], "its ask just ended");
     }

@@ -28,7 +28,10 @@ pub use board::{Move, PodSwap, SwapBoard, SwapHistory, SwapPath, SwapReport, Swa
 pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uuid};
 pub use engine::{SwapError, Timing, move_pairs, restore_all, swap_in, swap_out, unlock_all};
 pub use host::{HOST_RESERVE, HostShort};
-pub use policy::{Candidate, LatencyPods, Ranking, RoomPolicy, ahead, ranked, stamp_age, victims};
+pub use policy::{
+    Candidate, LatencyPods, Ranking, RoomPolicy, ahead, ranked, room_ever, room_now, stamp_age,
+    victims,
+};
 pub use serving::{
     Direction, ResidentPod, ServingBoard, ServingReport, SwapCause, SwapEvent, WaitCause, Waits,
 };

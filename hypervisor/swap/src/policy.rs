@@ -170,6 +170,37 @@ pub fn victims(
     if freed >= need { chosen } else { Vec::new() }
 }
 
+/// Whether `need` bytes can be had now on a GPU with `free` bytes free:
+/// they are free, or idle pods can free them ([`victims`]).
+pub fn room_now(
+    candidates: &[Candidate],
+    need: u64,
+    free: u64,
+    host_room: u64,
+    now_ms: u64,
+    policy: RoomPolicy,
+) -> bool {
+    free >= need || !victims(candidates, need - free, host_room, now_ms, policy).is_empty()
+}
+
+/// Whether `need` bytes could ever be had on a GPU with `free` bytes free,
+/// were every pod that may make room idle (busy or not now, within
+/// `host_room`): false while the pods that never go (those that must stay,
+/// and latency pods where the policy never swaps them) leave too little.
+pub fn room_ever(
+    candidates: &[Candidate],
+    need: u64,
+    free: u64,
+    host_room: u64,
+    policy: RoomPolicy,
+) -> bool {
+    let may_go = candidates
+        .iter()
+        .filter(|c| !(c.stays || (c.latency && policy.latency == LatencyPods::Never)))
+        .fold(0u64, |sum, c| sum.saturating_add(c.bytes));
+    free.saturating_add(may_go.min(host_room)) >= need
+}
+
 /// The pod to swap out ahead of need (to keep a GPU's headroom free): the
 /// first that [`ranked`] gives and `host_room` takes, never one brought
 /// back within `min_resident_ms` (no request waits on it, so no pod is
@@ -245,6 +276,43 @@ mod tests {
         );
         // The busy pod is not idle: 24 GiB of idle pods cannot free 30.
         assert!(victims(&pods, 30 * GIB, u64::MAX, 10_000, POLICY).is_empty());
+    }
+
+    #[test]
+    fn room_is_had_now_from_idle_pods_and_ever_from_every_pod_that_may_go() {
+        let staying = Candidate {
+            stays: true,
+            ..pod("stays", 40, 1_000, false)
+        };
+        let pods = [
+            pod("idle", 8, 1_000, false),
+            pod("busy", 8, 9_900, false),
+            pod("latency", 8, 1_000, true),
+            staying,
+        ];
+        let never = RoomPolicy {
+            latency: LatencyPods::Never,
+            ..POLICY
+        };
+        // Free already, or freed by the idle pods (the latency pod last).
+        assert!(room_now(&pods, 4 * GIB, 4 * GIB, 0, 10_000, POLICY));
+        assert!(room_now(&pods, 12 * GIB, 4 * GIB, u64::MAX, 10_000, POLICY));
+        assert!(room_now(&pods, 20 * GIB, 4 * GIB, u64::MAX, 10_000, POLICY));
+        assert!(!room_now(&pods, 20 * GIB, 4 * GIB, u64::MAX, 10_000, never));
+        // The busy pod is not idle now, but may go once it is.
+        assert!(!room_now(
+            &pods,
+            21 * GIB,
+            4 * GIB,
+            u64::MAX,
+            10_000,
+            POLICY
+        ));
+        assert!(room_ever(&pods, 28 * GIB, 4 * GIB, u64::MAX, POLICY));
+        // Never past what every pod that may go frees, nor host memory.
+        assert!(!room_ever(&pods, 29 * GIB, 4 * GIB, u64::MAX, POLICY));
+        assert!(!room_ever(&pods, 21 * GIB, 4 * GIB, u64::MAX, never));
+        assert!(!room_ever(&pods, 21 * GIB, 4 * GIB, 16 * GIB, POLICY));
     }
 
     #[test]

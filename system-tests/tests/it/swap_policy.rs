@@ -5,7 +5,8 @@
 //! for its own swap-in only; a burst of swapped pods' calls is served in
 //! the order they asked, with no pod swapped back out for the next and
 //! nothing killed, and a pod refused for want of room keeps its place over
-//! a later one; a pod that must never be swapped never is.
+//! a later one while room can be made for it, but lets later pods pass
+//! while it cannot come back; a pod that must never be swapped never is.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -42,12 +43,18 @@ impl<'a> Placed<'a> {
 }
 
 /// A daemon of `pods` on `devices` GPUs of 16 GiB shared through
-/// `node_file`, pods idle after 200 ms, `swap` added to its `[swap]` table.
+/// `node_file`, pods idle after 200 ms unless `swap` says, `swap` added to
+/// its `[swap]` table.
 fn serving(node_file: &Path, devices: u8, pods: &[Placed], swap: &str) -> RunningNode {
     let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let idle_after = if swap.contains("idle_after_ms") {
+        ""
+    } else {
+        "idle_after_ms = 200\n"
+    };
     let mut text = format!(
         "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\
-         idle_after_ms = 200\nhost_limit = \"64g\"\n{swap}\n",
+         {idle_after}host_limit = \"64g\"\n{swap}\n",
         library.display()
     );
     for placed in pods {
@@ -397,6 +404,95 @@ fn a_pod_refused_for_want_of_room_keeps_its_place_over_a_later_one() {
     ended(came_first);
     ended(staying);
     killed(later_asks);
+}
+
+#[test]
+fn a_pod_that_cannot_come_back_lets_later_pods_pass_until_it_could_and_has_waited() {
+    // No batch pod is idle here; a latency pod never goes. The large pod
+    // first cannot come back even were the busy one to go: a small pod
+    // asking later passes it. Once the latency pod ends, the large one
+    // could come back when the busy one goes, and has waited its
+    // `room_wait`: a later pod waits behind it, and what frees up is its.
+    let large = Pod::new("policy-pass-large");
+    let small = Pod::new("policy-pass-small");
+    let later = Pod::new("policy-pass-later");
+    let latency = Pod::new("policy-pass-latency");
+    let busy = Pod::new("policy-pass-busy");
+    let node_file = checkpoint_dir().join(format!("{}.node", large.0));
+    let node = serving(
+        &node_file,
+        1,
+        &[
+            Placed::batch(&large, "12g"),
+            Placed::batch(&small, "2g"),
+            Placed::batch(&later, "2g"),
+            Placed {
+                class: "latency",
+                ..Placed::batch(&latency, "7g")
+            },
+            Placed::batch(&busy, "7g"),
+        ],
+        "overcommit = true\nlatency_pods = \"never\"\nidle_after_ms = 600000\nroom_wait_ms = 200",
+    );
+    let swapped_out = |pod: &Pod, size| {
+        let running = started(
+            &node,
+            &node_file,
+            1,
+            pod,
+            &[],
+            &["alloc", "mem", size, "wait", "alloc", "mem", "16m", "wait"],
+        );
+        let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+        assert!(ok, "{answer}");
+        running
+    };
+    let mut large_asks = swapped_out(&large, "11g");
+    let mut small_asks = swapped_out(&small, "1g");
+    let later_waits = swapped_out(&later, "1g");
+    let holding = ["alloc", "mem", "6g", "wait"];
+    let staying = started(&node, &node_file, 1, &latency, &[], &holding);
+    let using = started(&node, &node_file, 1, &busy, &[], &holding);
+
+    // 4 GiB free: the large pod's 11 cannot be had, even with the busy
+    // pod's 6. The small pod passes it.
+    large_asks.resume();
+    eventually("the large pod waits for room", || {
+        report(&node).waiting == [large.0.clone()]
+    });
+    small_asks.resume();
+    eventually("the small pod is back", || {
+        control_block(small_asks.pid()).state == 0
+    });
+    let lines = small_asks.until_ready();
+    assert!(lines[1].contains("-> 0 "), "{lines:?}");
+    assert_eq!(control_block(large_asks.pid()).state, 2, "still waits");
+
+    // 9 GiB free once the latency pod ends, 15 were the busy pod to go.
+    ended(staying);
+    std::thread::sleep(Duration::from_millis(300));
+    let worker = node.hypervisor().workers_of(&later.0)[0].to_string();
+    let (status, answer) = post(
+        &node,
+        "/swap-in",
+        TOKEN,
+        &format!("{{\"worker_id\":\"{worker}\"}}"),
+    );
+    assert_eq!(status, 409, "the later pod waits behind: {answer}");
+    assert_eq!(control_block(later_waits.pid()).state, 2);
+    assert_eq!(report(&node).waiting, std::slice::from_ref(&large.0));
+
+    // The busy pod ends: the large pod is back.
+    ended(using);
+    eventually("the large pod is back", || {
+        control_block(large_asks.pid()).state == 0
+    });
+    let lines = large_asks.until_ready();
+    assert!(lines[1].contains("-> 0 "), "{lines:?}");
+    assert_eq!(node.hypervisor().swap_status().totals.failures, 0);
+    ended(large_asks);
+    ended(small_asks);
+    killed(later_waits);
 }
 
 #[test]
