@@ -4,9 +4,11 @@
 //! headroom is kept free ahead of need, so a call on a swapped pod waits
 //! for its own swap-in only; a burst of swapped pods' calls is served in
 //! the order they asked, with no pod swapped back out for the next and
-//! nothing killed, and a pod refused for want of room keeps its place over
-//! a later one while room can be made for it, but lets later pods pass
-//! while it cannot come back; a pod that must never be swapped never is.
+//! nothing killed; an allocation that only a busy pod could make room for
+//! waits for it to go idle; a pod refused for want of room keeps its place
+//! over a later one while room can be made for it, but lets later pods
+//! pass while it cannot come back; a pod that must never be swapped never
+//! is.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -493,6 +495,51 @@ fn a_pod_that_cannot_come_back_lets_later_pods_pass_until_it_could_and_has_waite
     ended(large_asks);
     ended(small_asks);
     killed(later_waits);
+}
+
+#[test]
+fn an_allocation_waits_for_a_busy_pod_to_go_idle_and_make_room() {
+    // Pods idle 3 s after their last call: the first pod has just
+    // allocated as the second asks for more than is free. The second's
+    // allocation waits for the first to go idle and out, and is served.
+    let busy = Pod::new("policy-wait-busy");
+    let asker = Pod::new("policy-wait-asker");
+    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
+    let node = serving(
+        &node_file,
+        1,
+        &[Placed::batch(&busy, "10g"), Placed::batch(&asker, "10g")],
+        "overcommit = true\nidle_after_ms = 3000",
+    );
+    let holding = ["alloc", "mem", "9g", "wait"];
+    let first = started(&node, &node_file, 1, &busy, &[], &holding);
+    let mut second = Running::start(
+        &asker,
+        &node.url(),
+        &[
+            (
+                gpushare_examples::NODE_FILE_VAR,
+                node_file.to_str().expect("a path"),
+            ),
+            ("GPUSHARE_DOUBLE_DEVICES", "1"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+        ],
+        &holding,
+    );
+    let lines = second.until_ready();
+    assert!(
+        lines[0].contains("-> 0 "),
+        "served once room was made: {lines:?}"
+    );
+    assert_eq!(control_block(first.pid()).state, 2, "the first went out");
+    let seen = report(&node);
+    assert_eq!(
+        seen.recent.front(),
+        Some(&event(&busy, Direction::Out, SwapCause::Demand)),
+        "{seen:?}"
+    );
+    ended(second);
+    killed(first);
 }
 
 #[test]

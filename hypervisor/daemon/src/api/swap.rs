@@ -120,8 +120,8 @@ pub(super) async fn worker_swap_in(hv: &Hypervisor, mut req: Request) -> Respons
 }
 
 /// `POST /api/v1/room`: idle pods of the GPU swapped out for the worker's
-/// allocation, within the configured wait (a room begun runs to its end
-/// after it).
+/// allocation, waiting for busy ones to go idle where only they could make
+/// it, within the configured wait (a room begun runs to its end after it).
 pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
     let Some(token) = bearer(&req).map(str::to_owned) else {
         return unauthorized();
@@ -141,7 +141,7 @@ pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
     let asked = std::time::Instant::now();
     let freed = tokio::time::timeout(
         wait,
-        hv.make_room(&ask.uuid, ask.bytes, &pod, ask.driver_free),
+        hv.make_room(&ask.uuid, ask.bytes, &pod, ask.driver_free, wait),
     )
     .await
     .unwrap_or(0);

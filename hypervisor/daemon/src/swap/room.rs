@@ -15,11 +15,14 @@
 //! Kubernetes that is a pod whose claim asked for a device whose
 //! `overcommit` attribute is false, to be never swapped.
 
+use std::time::Duration;
+
 use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use hypervisor_config::SwapSettings;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{Candidate, RoomPolicy, SwapCause};
+use hypervisor_swap::{Candidate, RoomPolicy, SwapCause, room_ever};
+use tokio::time::Instant;
 
 use super::SwapRefusal;
 use crate::Hypervisor;
@@ -30,33 +33,83 @@ impl Hypervisor {
     /// allocation may take (at most what `asker`'s quota there leaves);
     /// returns the bytes freed, by NVML (0: the GPU had the room already,
     /// `asker` is not placed there or may hold no more, overcommit is off
-    /// there, or no idle pod could go). Runs to its end whether or not the
-    /// caller waits for it. `driver_free`: what the asker's driver said was
-    /// free as it refused (see [`room_target`]).
+    /// there, or no idle pod could go within `wait`). Where no idle pod
+    /// can make the room yet but pods that are busy now could once idle
+    /// (pods still loading, as many start at once), it tries again every
+    /// [`ROOM_POLL`] until `wait` has passed. Each round runs to its end
+    /// whether or not the caller waits for it. `driver_free`: what the
+    /// asker's driver said was free as it refused (see [`room_target`]).
     pub async fn make_room(
         &self,
         uuid: &str,
         bytes: u64,
         asker: &str,
         driver_free: Option<u64>,
+        wait: Duration,
     ) -> u64 {
-        let (uuid, asker) = (uuid.to_owned(), asker.to_owned());
-        self.exclusive(move |hv| async move {
-            let left = hv.core().scheduler.quota_left(&asker, &uuid);
-            let Some(left) = left else {
-                tracing::warn!(gpu = %uuid, pod = %asker, "room asked on a GPU the pod is not placed on; none made");
-                return Ok(0);
+        let deadline = Instant::now() + wait;
+        let (mut freed, mut target) = (0u64, None);
+        loop {
+            let (uuid, asker) = (uuid.to_owned(), asker.to_owned());
+            let round = self
+                .exclusive(move |hv| async move {
+                    let left = hv.core().scheduler.quota_left(&asker, &uuid);
+                    let Some(left) = left else {
+                        tracing::warn!(gpu = %uuid, pod = %asker, "room asked on a GPU the pod is not placed on; none made");
+                        return Ok(Round::default());
+                    };
+                    // The first round sets the room to make; the next ones
+                    // make the rest of the same.
+                    let (need, said) = match target {
+                        Some(target) => (target, None),
+                        None => (
+                            bytes.min(left),
+                            driver_free.map(|free| DriverSaid {
+                                free,
+                                at_most: left,
+                            }),
+                        ),
+                    };
+                    Ok(hv.room_round(&uuid, need, &asker, said).await)
+                })
+                .await
+                .unwrap_or_default();
+            freed = freed.saturating_add(round.made.freed);
+            target = Some(round.made.target);
+            if !round.may_come || Instant::now() + ROOM_POLL >= deadline {
+                return freed;
+            }
+            tokio::time::sleep(ROOM_POLL).await;
+        }
+    }
+
+    /// One round of [`Self::make_room`]: the room made, and whether more
+    /// could come (the GPU is still short, and pods that are busy now
+    /// could make the rest once idle).
+    async fn room_round(
+        &self,
+        uuid: &str,
+        need: u64,
+        asker: &str,
+        said: Option<DriverSaid>,
+    ) -> Round {
+        let made = self.make_room_locked(uuid, need, asker, said).await;
+        let may_come = made.short
+            && match (self.overcommit_on(uuid), self.free_on(uuid)) {
+                (Some(settings), Some(free)) => {
+                    let (_, candidates) = self.candidates_on(uuid, |pod| pod != asker);
+                    let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
+                    room_ever(
+                        &candidates,
+                        made.target,
+                        free,
+                        host_room,
+                        room_policy(&settings),
+                    )
+                }
+                _ => false,
             };
-            let said = driver_free.map(|free| DriverSaid {
-                free,
-                at_most: left,
-            });
-            Ok(hv
-                .make_room_locked(&uuid, bytes.min(left), &asker, said)
-                .await)
-        })
-        .await
-        .unwrap_or(0)
+        Round { made, may_come }
     }
 
     /// Before a swap-in: where a GPU of the pod overcommits and has less
@@ -70,7 +123,8 @@ impl Hypervisor {
             let need = within_quota(view, &gpu.uuid, gpu.bytes);
             freed += self
                 .make_room_locked(&gpu.uuid, need, &view.pod, None)
-                .await;
+                .await
+                .freed;
             if self.overcommit_on(&gpu.uuid).is_some()
                 && let Some(free) = self.free_on(&gpu.uuid)
                 && free < need
@@ -88,16 +142,16 @@ impl Hypervisor {
     /// Swaps idle pods of the GPU `uuid` (not `asker`) out, one at a time,
     /// until the GPU has `need` bytes free by NVML (more where the asker's
     /// driver said it had less: [`room_target`]), where it overcommits;
-    /// returns the bytes freed.
+    /// returns the bytes freed, and whether the GPU is still short.
     pub(super) async fn make_room_locked(
         &self,
         uuid: &str,
         need: u64,
         asker: &str,
         said: Option<DriverSaid>,
-    ) -> u64 {
+    ) -> Made {
         let Some(settings) = self.overcommit_on(uuid) else {
-            return 0;
+            return Made::default();
         };
         let Some(before) = self.free_on(uuid) else {
             tracing::warn!(
@@ -105,7 +159,7 @@ impl Hypervisor {
                 for_pod = asker,
                 "the GPU's free memory is unknown; no room made"
             );
-            return 0;
+            return Made::default();
         };
         let need = room_target(need, before, said);
         let mut free = before;
@@ -136,7 +190,11 @@ impl Hypervisor {
                 "no room could be made"
             );
         }
-        freed
+        Made {
+            freed,
+            target: need,
+            short: free < need,
+        }
     }
 
     /// The first pod to swap out of the GPU `uuid` towards `lacking` bytes,
@@ -231,6 +289,30 @@ impl Hypervisor {
             .find(|(gpu, _)| gpu.eq_ignore_ascii_case(uuid))
             .map(|(_, free)| free)
     }
+}
+
+/// How often [`Hypervisor::make_room`] tries again while pods that could
+/// make the room are busy.
+const ROOM_POLL: Duration = Duration::from_millis(100);
+
+/// Room made on a GPU.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Made {
+    /// Bytes freed, by NVML.
+    pub(super) freed: u64,
+    /// The free memory, by NVML, that was to be had.
+    pub(super) target: u64,
+    /// Whether the GPU has less free than that still.
+    pub(super) short: bool,
+}
+
+/// One round of room made for an allocation.
+#[derive(Debug, Default)]
+struct Round {
+    made: Made,
+    /// Whether more room could come: the GPU is still short of it, and
+    /// pods busy now could make it once idle.
+    may_come: bool,
 }
 
 /// What an asker's driver said was free as it refused an allocation, and
