@@ -10,3 +10,4 @@ pub(crate) mod launch;
 pub(crate) mod memory;
 pub(crate) mod nvml;
 pub(crate) mod pointer;
+mod room;

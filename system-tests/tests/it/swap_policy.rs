@@ -5,7 +5,8 @@
 //! for its own swap-in only; a burst of swapped pods' calls is served in
 //! the order they asked, with no pod swapped back out for the next and
 //! nothing killed; an allocation that only a busy pod could make room for
-//! waits for it to go idle; a pod refused for want of room keeps its place
+//! waits for it to go idle, and a library's first use is given room as an
+//! allocation is; a pod refused for want of room keeps its place
 //! over a later one while room can be made for it, but lets later pods
 //! pass while it cannot come back; a pod that must never be swapped never
 //! is.
@@ -540,6 +541,62 @@ fn an_allocation_waits_for_a_busy_pod_to_go_idle_and_make_room() {
     );
     ended(second);
     killed(first);
+}
+
+#[test]
+fn a_librarys_first_use_the_gpu_has_no_room_for_is_given_room() {
+    // A library loaded lazily, whose globals (8 GiB) the GPU has no room
+    // for beside an idle pod: its first launch has the idle pod swapped
+    // out, and runs.
+    let idle = Pod::new("policy-load-idle");
+    let loader = Pod::new("policy-load-asker");
+    let node_file = checkpoint_dir().join(format!("{}.node", loader.0));
+    let node = serving(
+        &node_file,
+        1,
+        &[Placed::batch(&idle, "10g"), Placed::batch(&loader, "10g")],
+        "overcommit = true",
+    );
+    let holding = started(
+        &node,
+        &node_file,
+        1,
+        &idle,
+        &[],
+        &["alloc", "mem", "9g", "wait"],
+    );
+    std::thread::sleep(Duration::from_millis(400));
+    let mut loading = Running::start(
+        &loader,
+        &node.url(),
+        &[
+            (
+                gpushare_examples::NODE_FILE_VAR,
+                node_file.to_str().expect("a path"),
+            ),
+            ("GPUSHARE_DOUBLE_DEVICES", "1"),
+            ("CUDA_VISIBLE_DEVICES", "0"),
+        ],
+        &[
+            "fatlib",
+            "8g",
+            "libkernel",
+            "0",
+            "k0",
+            "launchk",
+            "0",
+            "wait",
+        ],
+    );
+    let lines = loading.until_ready();
+    assert!(lines[2].starts_with("launchk 0 -> 0"), "{lines:?}");
+    assert_eq!(control_block(holding.pid()).state, 2, "the idle pod went");
+    assert_eq!(
+        report(&node).recent.front(),
+        Some(&event(&idle, Direction::Out, SwapCause::Demand))
+    );
+    ended(loading);
+    killed(holding);
 }
 
 #[test]

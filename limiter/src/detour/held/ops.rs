@@ -25,6 +25,8 @@
 //! Refusals return `CUDA_ERROR_OUT_OF_MEMORY` and leave the process as it
 //! was before the call.
 
+use super::super::memory::driver_free;
+use super::super::room::{made_room, wants_room};
 use crate::context::Context;
 use crate::driver::Driver;
 use crate::entry;
@@ -35,6 +37,11 @@ use crate::sys::{
     CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_STACK_SIZE, CUgraph, CUkernel,
     CUlibrary, CUlimit, CUmemoryPool, CUresult,
 };
+
+/// The room a library's first use asks for, at least, where the GPU had
+/// none for it: its code and data, which the globals' size leaves out, are
+/// a few MiB for the largest libraries seen (PyTorch's).
+const LOAD_ROOM: u64 = 64 << 20;
 
 /// The quota and the context it answers in.
 #[derive(Clone, Copy)]
@@ -246,14 +253,22 @@ impl Held {
             Ok(()) => CUresult::SUCCESS,
             Err(error) => error.code(),
         };
-        // A load that failed is the launch's to report.
-        if self
-            .reserve_first_use(device, library, context, bytes, load)?
-            .is_success()
-        {
-            lazy.checked(handle);
+        // A load the GPU has no room for, other pods filling it (many
+        // loading at once), asks the hypervisor for room and is tried
+        // again; a load that failed is the launch's to report.
+        let mut rooms = 0;
+        loop {
+            let result = self.reserve_first_use(device, library, context, bytes, load)?;
+            if result.is_success() {
+                lazy.checked(handle);
+                return Ok(());
+            }
+            let room = bytes.max(LOAD_ROOM);
+            if !(wants_room(result, rooms) && made_room(self.ctx, device, room, driver_free)) {
+                return Ok(());
+            }
+            rooms += 1;
         }
-        Ok(())
     }
 
     /// The current context, and what `library`'s first use there (on

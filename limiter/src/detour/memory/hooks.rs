@@ -105,7 +105,7 @@ fn memory() -> Result<Memory> {
 
 /// The driver's free memory on the current device, by the original
 /// `cuMemGetInfo_v2` (not the pod's view of it).
-fn driver_free() -> Option<u64> {
+pub(crate) fn driver_free() -> Option<u64> {
     let original = cuMemGetInfo_v2::ORIGINAL.get()?;
     let (mut free, mut total) = (0usize, 0usize);
     // SAFETY: the driver's own function, with valid locals as out-pointers.

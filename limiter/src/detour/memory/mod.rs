@@ -5,4 +5,4 @@ mod hooks;
 mod ops;
 mod sizes;
 
-pub(crate) use hooks::MEMORY_DETOURS;
+pub(crate) use hooks::{MEMORY_DETOURS, driver_free};

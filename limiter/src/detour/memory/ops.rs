@@ -7,8 +7,7 @@
 //! allocation the GPU cannot hold (other pods fill it) asks the hypervisor
 //! to make room by swapping idle pods out, and is tried again.
 
-use gpushare_utils::quote::Clipped;
-
+use super::super::room::{self, wants_room};
 use crate::backing::Backing;
 use crate::context::Context;
 use crate::error::{LimiterError, Pass, Result};
@@ -146,44 +145,9 @@ impl Memory {
     }
 
     /// Whether the hypervisor made room on CUDA device `device` for `bytes`
-    /// the driver could not find; false without a hypervisor, or when it
-    /// freed nothing or could not be asked (the allocation then fails as the
-    /// driver said).
+    /// the driver could not find ([`room::made_room`]).
     fn made_room(self, device: usize, bytes: u64) -> bool {
-        let Some(link) = self.ctx.hypervisor() else {
-            return false;
-        };
-        let Some(uuid) = self.ctx.device_uuid(device) else {
-            return false;
-        };
-        // What the driver has free, where the allocation was for the
-        // current device (the one it answers for).
-        let driver_free = self
-            .ctx
-            .driver()
-            .and_then(|driver| driver.current_device().ok())
-            .filter(|&current| usize::try_from(current).ok() == Some(device))
-            .and_then(|_| (self.driver_free)());
-        match link.room(&uuid, bytes, driver_free) {
-            Ok(answer) if answer.freed > 0 => {
-                tracing::info!(
-                    device,
-                    bytes,
-                    freed = answer.freed,
-                    "the hypervisor made room on the GPU"
-                );
-                true
-            }
-            Ok(answer) => {
-                let why = Clipped(&answer.message);
-                tracing::info!(device, bytes, %why, "the GPU is full and the hypervisor made no room");
-                false
-            }
-            Err(error) => {
-                tracing::warn!(device, bytes, %error, "the GPU is full and the hypervisor could not be asked for room");
-                false
-            }
-        }
+        room::made_room(self.ctx, device, bytes, self.driver_free)
     }
 
     /// Linear memory on the current device ([`Self::allocate`]); past the
@@ -442,33 +406,3 @@ impl Memory {
 /// The driver rounds the pitch up to its alignment; reserve for the usual
 /// 512 bytes and settle on the real pitch afterwards.
 const PITCH_ESTIMATE_ALIGNMENT: usize = 512;
-/// Rooms an allocation asks the hypervisor for, at most, before it fails
-/// as the driver said: other pods' allocations may take what one freed.
-const ROOM_ROUNDS: u32 = 3;
-
-/// Whether an allocation the driver answered `result`, after `rooms` rooms
-/// made for it, asks the hypervisor for another: only for out of memory.
-fn wants_room(result: CUresult, rooms: u32) -> bool {
-    result == CUresult::ERROR_OUT_OF_MEMORY && rooms < ROOM_ROUNDS
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_out_of_memory_asks_for_room_and_only_a_few_times() {
-        let oom = CUresult::ERROR_OUT_OF_MEMORY;
-        let cases = [
-            (oom, 0, true),
-            (oom, ROOM_ROUNDS - 1, true),
-            (oom, ROOM_ROUNDS, false),
-            (CUresult::ERROR_INVALID_VALUE, 0, false),
-            (CUresult::ERROR_NOT_INITIALIZED, 0, false),
-            (CUresult::SUCCESS, 0, false),
-        ];
-        for (result, rooms, asks) in cases {
-            assert_eq!(wants_room(result, rooms), asks, "{result:?} after {rooms}");
-        }
-    }
-}
