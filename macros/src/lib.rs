@@ -48,7 +48,11 @@
 //! not from under the handler's; the H100 machine's kernel launch call took
 //! 130–140 ns longer when called five frames deeper, under the handler.
 //! Errors and panics are handled as above; a panic after the call
-//! still returns the original's result.
+//! still returns the original's result. `=> around ops::launch, again
+//! ops::again;` also has the detour ask `ops::again(result, tries)` after
+//! the original returned (admitted or bypassed) whether to call it once
+//! more: a launch the GPU had no room for is tried again once room was
+//! made.
 
 use proc_macro::TokenStream;
 use proc_macro2::TokenStream as TokenStream2;
@@ -62,6 +66,7 @@ mod kw {
     syn::custom_keyword!(optional);
     syn::custom_keyword!(ptsz);
     syn::custom_keyword!(around);
+    syn::custom_keyword!(again);
 }
 
 struct Table {
@@ -82,6 +87,9 @@ struct Entry {
     handler: Path,
     /// The handler decides before the call; the detour calls the original.
     around: bool,
+    /// For an `around` handler: asked, with the original's result and the
+    /// tries so far, whether to call the original once more.
+    again: Option<Path>,
 }
 
 /// The C signature a detour shares with its original (and its twin's).
@@ -99,6 +107,7 @@ struct Detour<'a> {
     /// The handler call's path, with its `PER_THREAD` argument if any.
     handler: TokenStream2,
     around: bool,
+    again: Option<&'a Path>,
 }
 
 impl Parse for Table {
@@ -162,6 +171,13 @@ impl Parse for Entry {
             input.parse::<kw::around>()?;
         }
         let handler: Path = input.parse()?;
+        let again = if around && input.peek(Token![,]) {
+            input.parse::<Token![,]>()?;
+            input.parse::<kw::again>()?;
+            Some(input.parse::<Path>()?)
+        } else {
+            None
+        };
         input.parse::<Token![;]>()?;
         Ok(Self {
             attrs,
@@ -171,6 +187,7 @@ impl Parse for Entry {
             signature: Signature { args, output },
             handler,
             around,
+            again,
         })
     }
 }
@@ -188,6 +205,7 @@ impl Entry {
                 signature: &self.signature,
                 handler: quote!(#handler),
                 around: self.around,
+                again: self.again.as_ref(),
             }];
         }
         let twin = Ident::new(&format!("{}_ptsz", self.symbol), self.symbol.span());
@@ -203,6 +221,7 @@ impl Entry {
                 signature: &self.signature,
                 handler: quote!(#handler::<false>),
                 around: self.around,
+                again: self.again.as_ref(),
             },
             Detour {
                 attrs: quote!(#declared #[doc = ""] #[doc = #twin_doc]),
@@ -211,6 +230,7 @@ impl Entry {
                 signature: &self.signature,
                 handler: quote!(#handler::<true>),
                 around: self.around,
+                again: self.again.as_ref(),
             },
         ]
     }
@@ -234,6 +254,7 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
         signature: Signature { args, output },
         handler,
         around,
+        again,
     } = detour;
     let parts = Parts {
         names: args.iter().map(|(name, _)| name).collect(),
@@ -248,7 +269,7 @@ fn expand_detour(detour: &Detour<'_>) -> TokenStream2 {
         symbol.span(),
     );
     let (support, body) = if *around {
-        (TokenStream2::new(), around_body(&parts))
+        (TokenStream2::new(), around_body(&parts, *again))
     } else {
         forwarding_parts(&parts)
     };
@@ -360,7 +381,7 @@ fn forwarding_parts(parts: &Parts<'_>) -> (TokenStream2, TokenStream2) {
 /// The body of an `around` handler's detour once the guard is held: the
 /// handler decides, the detour calls the original from its own frame and
 /// hands the result back.
-fn around_body(parts: &Parts<'_>) -> TokenStream2 {
+fn around_body(parts: &Parts<'_>, again: Option<&Path>) -> TokenStream2 {
     let Parts {
         names,
         output,
@@ -369,14 +390,34 @@ fn around_body(parts: &Parts<'_>) -> TokenStream2 {
         hook,
         ..
     } = parts;
+    // The original's call; with `again`, called once more while `again`
+    // asks (a panic there asks nothing more).
+    let call = match again {
+        Some(again) => quote! {{
+            // SAFETY: as above.
+            let mut value = unsafe { original(#(#names),*) };
+            let mut tries = 0u32;
+            while ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
+                #again(value, tries)
+            }))
+            .unwrap_or(false)
+            {
+                tries += 1;
+                // SAFETY: as above.
+                value = unsafe { original(#(#names),*) };
+            }
+            value
+        }},
+        // SAFETY: as above.
+        None => quote! { unsafe { original(#(#names),*) } },
+    };
     quote! {
         let outcome = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
             #handler(#(#names),*)
         }));
         match outcome {
             Ok(Ok(after)) => {
-                // SAFETY: as above.
-                let value = unsafe { original(#(#names),*) };
+                let value = #call;
                 let done = ::std::panic::catch_unwind(::std::panic::AssertUnwindSafe(|| {
                     #hook::AfterCall::<#output>::after(after, value)
                 }));
@@ -387,8 +428,7 @@ fn around_body(parts: &Parts<'_>) -> TokenStream2 {
             }
             Ok(Err(error)) => match #hook::IntoReturn::<#output>::into_return(error) {
                 #hook::Disposition::Return(value) => value,
-                // SAFETY: as above.
-                #hook::Disposition::CallOriginal => unsafe { original(#(#names),*) },
+                #hook::Disposition::CallOriginal => #call,
             },
             Err(_) => {
                 #hook::report_panic(#symbol_str);

@@ -18,7 +18,8 @@ Each run (one per count of pods, the most first): a daemon with
 memory kept free ahead of need, default one pod's weights and context:
 a request to a swapped pod then waits for its swap-in, not for a
 swap-out) and `min_resident_ms` (a pod brought back stays that long
-unless nothing else can go); the pods started at once (path fast: with
+unless nothing else can go); the pods started one by one, each once the
+one before answered (--start-together: all at once) (path fast: with
 CUDA_LIMITER_FAST_SWAP=1; checkpoint: the driver's checkpoint), each
 answering its 8 inputs once loaded (resident, before any swap: the
 reference). Then, per load (requests a second over all pods), a trace of
@@ -126,6 +127,8 @@ def add_arguments(p):
     p.add_argument("--swap-key", type=swap_key, action="append", default=[], metavar="KEY=VALUE",
                    help="one more [swap] key of the overcommit runs, VALUE as TOML (again for more)")
     p.add_argument("--idle-after-ms", type=int, default=1000, help="[swap] idle_after_ms (default 1000)")
+    p.add_argument("--start-together", action="store_true",
+                   help="start every pod at once (default: one by one, each once the one before answered)")
     p.add_argument("--drain-s", type=float, default=15.0,
                    help="seconds after a load's end for its answers; later: unanswered (default 15)")
     p.add_argument("--budget-s", type=float, default=540,

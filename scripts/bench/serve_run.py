@@ -206,12 +206,27 @@ def serve_run(b, run, weights, reference, keys, result):
     with b.serving(tag, {pod_name(run, i): run.quota for i in range(n)}, args.idle_after_ms,
                    host_limit=run.host_limit or None, overcommit=overcommit, extra=keys if overcommit else None):
         started = time.monotonic()
-        procs = [b.start_pod(pod_name(run, i), "serve", weights, seeds[i], INPUTS, route=answers.route)
-                 for i in range(n)]
+        procs = []
+
+        def start(i):
+            procs.append(b.start_pod(pod_name(run, i), "serve", weights, seeds[i], INPUTS, route=answers.route))
+
+        def ready(i):
+            answered = procs[i].ready(max(10.0, b.left() - STOP_RESERVE_S))
+            reference.learn(seeds[i], answered["answers"], f"{tag} {procs[i].pod}")
+
         try:
-            for i, p in enumerate(procs):
-                ready = p.ready(max(10.0, b.left() - STOP_RESERVE_S))
-                reference.learn(seeds[i], ready["answers"], f"{tag} {p.pod}")
+            # One by one (each once the one before answered), as a node
+            # brings models up; --start-together starts them all at once.
+            if args.start_together:
+                for i in range(n):
+                    start(i)
+                for i in range(n):
+                    ready(i)
+            else:
+                for i in range(n):
+                    start(i)
+                    ready(i)
             result["start_s"] = time.monotonic() - started
             result["pod_rss"] = [rss(p.p.pid) for p in procs]
             print(f"{tag} ({args.path} path): {n} pods of {gib(weights)} GiB (quota {gib(run.quota)} GiB) ready in"

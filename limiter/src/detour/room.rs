@@ -1,6 +1,7 @@
 //! Room on a GPU that other pods fill: where the driver answers out of
-//! memory to what the pod's quota admits (an allocation, or the driver's
-//! own taking for a library's first use), the hypervisor is asked to make
+//! memory to what the pod's quota admits (an allocation, the driver's own
+//! taking for a library's first use, or a kernel launch that loads its
+//! code), the hypervisor is asked to make
 //! room by swapping idle pods out, and the call is tried again, a few times
 //! at most.
 
@@ -8,6 +9,12 @@ use gpushare_utils::quote::Clipped;
 
 use crate::context::Context;
 use crate::sys::CUresult;
+
+/// The least room asked for: the driver cannot hand out the last MiB it
+/// has (an allocation of 1 KiB was refused with more free), a kernel's
+/// first launch loads code whose size no call says, and other pods' loads
+/// take what is free meanwhile.
+const MIN_ROOM: u64 = 64 << 20;
 
 /// Rooms a call asks the hypervisor for, at most, before it fails as the
 /// driver said: other pods' allocations may take what one freed.
@@ -20,7 +27,7 @@ pub(super) fn wants_room(result: CUresult, rooms: u32) -> bool {
 }
 
 /// Whether the hypervisor made room on CUDA device `device` for `bytes`
-/// the driver could not find; false without a hypervisor, or when it freed
+/// (at least [`MIN_ROOM`]) the driver could not find; false without a hypervisor, or when it freed
 /// nothing or could not be asked (the call then fails as the driver said).
 /// `driver_free`: the driver's own free memory on the current device, told
 /// to the hypervisor where `device` is the current one (NVML counts as free
@@ -31,6 +38,7 @@ pub(super) fn made_room(
     bytes: u64,
     driver_free: fn() -> Option<u64>,
 ) -> bool {
+    let bytes = bytes.max(MIN_ROOM);
     let Some(link) = ctx.hypervisor() else {
         return false;
     };

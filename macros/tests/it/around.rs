@@ -1,6 +1,7 @@
 //! An `around` handler decides before the call; the detour calls the
-//! original exactly once, with the caller's arguments, hands the result to
-//! what the handler returned, and returns it, whatever the handler does.
+//! original once, with the caller's arguments, hands the result to
+//! what the handler returned, and returns it, whatever the handler does;
+//! with `again`, it calls the original once more while `again` asks.
 
 use crate::common;
 
@@ -134,5 +135,72 @@ fn the_detour_calls_the_original_once_and_hands_the_result_after() {
             0,
             "after runs only when admitted"
         );
+    }
+}
+
+/// Answers 0 (no room) at each call until `ROOMY` calls are made, then
+/// x + 1.
+static AGAIN_CALLS: AtomicU64 = AtomicU64::new(0);
+static ROOMY: AtomicU64 = AtomicU64::new(0);
+
+unsafe extern "C" fn short_of_room(x: u64) -> Status {
+    let call = AGAIN_CALLS.fetch_add(1, Ordering::SeqCst) + 1;
+    if call < ROOMY.load(Ordering::SeqCst) {
+        Status(0)
+    } else {
+        Status(x + 1)
+    }
+}
+
+/// What the retried detours admit: nothing to do after (the other test
+/// reads what `Admitted` saw).
+pub(crate) struct Quiet;
+
+impl AfterCall<Status> for Quiet {
+    fn after(self, _result: Status) {}
+}
+
+fn admit_quietly(_x: u64) -> Result<Quiet, Refusal> {
+    Ok(Quiet)
+}
+
+fn bypass_quietly(_x: u64) -> Result<Quiet, Refusal> {
+    Err(Refusal::Bypass)
+}
+
+/// Once more for a 0, three times at most.
+fn again(result: Status, tries: u32) -> bool {
+    result.0 == 0 && tries < 3
+}
+
+gpushare_macros::detours! {
+    /// Test detours whose original is called again while `again` asks.
+    pub static AGAIN_DETOURS;
+
+    /// Admits the call.
+    required fn admits_again(x: u64) -> Status => around admit_quietly, again again;
+    /// Asks for the original.
+    required fn bypasses_again(x: u64) -> Status => around bypass_quietly, again again;
+}
+
+#[test]
+fn the_original_is_called_again_while_again_asks_admitted_or_bypassed() {
+    for entry in &AGAIN_DETOURS {
+        entry
+            .original
+            .store(short_of_room as *const () as usize, Ordering::Release);
+    }
+    set_enabled(true);
+    let calls = |detour: unsafe extern "C" fn(u64) -> Status, roomy: u64| {
+        ROOMY.store(roomy, Ordering::SeqCst);
+        AGAIN_CALLS.store(0, Ordering::SeqCst);
+        // SAFETY: the generated detour of a test function.
+        let result = unsafe { detour(7) };
+        (result, AGAIN_CALLS.load(Ordering::SeqCst))
+    };
+    for detour in [admits_again::detour, bypasses_again::detour] {
+        assert_eq!(calls(detour, 0), (Status(8), 1), "once when it succeeds");
+        assert_eq!(calls(detour, 3), (Status(8), 3), "until it succeeds");
+        assert_eq!(calls(detour, 9), (Status(0), 4), "at most as again says");
     }
 }

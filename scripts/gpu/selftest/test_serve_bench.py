@@ -270,7 +270,7 @@ class StandInBench:
 
     def __init__(self, tmp_path, **args):
         self.args = SimpleNamespace(zipf=1.0, seed=3, loads=[40.0, 80.0], duration=0.3, drain_s=0.5, path="fast",
-                                    idle_after_ms=1000, **args)
+                                    idle_after_ms=1000, start_together=False, **args)
         self.tmp, self.deadline, self.pods, self.reads, self.served = tmp_path, time.monotonic() + 60, [], 0, []
         self.program = tmp_path / "stand_in.py"
         self.program.write_text(STAND_IN)

@@ -25,7 +25,6 @@
 //! Refusals return `CUDA_ERROR_OUT_OF_MEMORY` and leave the process as it
 //! was before the call.
 
-use super::super::memory::driver_free;
 use super::super::room::{made_room, wants_room};
 use crate::context::Context;
 use crate::driver::Driver;
@@ -37,11 +36,6 @@ use crate::sys::{
     CU_LIMIT_MALLOC_HEAP_SIZE, CU_LIMIT_PRINTF_FIFO_SIZE, CU_LIMIT_STACK_SIZE, CUgraph, CUkernel,
     CUlibrary, CUlimit, CUmemoryPool, CUresult,
 };
-
-/// The room a library's first use asks for, at least, where the GPU had
-/// none for it: its code and data, which the globals' size leaves out, are
-/// a few MiB for the largest libraries seen (PyTorch's).
-const LOAD_ROOM: u64 = 64 << 20;
 
 /// The quota and the context it answers in.
 #[derive(Clone, Copy)]
@@ -230,7 +224,11 @@ impl Held {
     /// is loaded into the context now, its globals reserved, so that the
     /// launch takes nothing unreserved; past the quota the launch is
     /// refused. The handle is not looked at again once settled.
-    pub(super) fn first_launch(self, handle: usize) -> Result<()> {
+    pub(super) fn first_launch(
+        self,
+        handle: usize,
+        driver_free: fn() -> Option<u64>,
+    ) -> Result<()> {
         let lazy = &self.quota.lazy;
         let driver = self.driver()?;
         let Ok(library) = driver.held.kernel_library(handle as CUkernel) else {
@@ -263,8 +261,7 @@ impl Held {
                 lazy.checked(handle);
                 return Ok(());
             }
-            let room = bytes.max(LOAD_ROOM);
-            if !(wants_room(result, rooms) && made_room(self.ctx, device, room, driver_free)) {
+            if !(wants_room(result, rooms) && made_room(self.ctx, device, bytes, driver_free)) {
                 return Ok(());
             }
             rooms += 1;

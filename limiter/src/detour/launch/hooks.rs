@@ -3,7 +3,9 @@
 //! original. The handlers are `around` ones: an adapter reads what the
 //! caller's pointers hold (the launch configuration) and hands `ops` typed
 //! values; the detour then makes the launch itself, from its own frame, and
-//! gives the admitted launch the driver's result.
+//! gives the admitted launch the driver's result. A kernel launch the GPU
+//! had no room for is made once more once the hypervisor made room
+//! ([`ops::again`]).
 
 use std::ffi::c_void;
 
@@ -25,14 +27,14 @@ gpushare_macros::detours! {
         stream: CUstream,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) -> CUresult => around launch_kernel;
+    ) -> CUresult => around launch_kernel, again ops::again;
     /// Kernel launch with attributes (what cudart uses for `<<<>>>` today).
     optional ptsz fn cuLaunchKernelEx(
         config: *const CUlaunchConfig,
         f: CUfunction,
         params: *mut *mut c_void,
         extra: *mut *mut c_void,
-    ) -> CUresult => around launch_kernel_ex;
+    ) -> CUresult => around launch_kernel_ex, again ops::again;
     /// Cooperative kernel launch.
     optional ptsz fn cuLaunchCooperativeKernel(
         f: CUfunction,
@@ -41,7 +43,7 @@ gpushare_macros::detours! {
         shared_mem_bytes: u32,
         stream: CUstream,
         params: *mut *mut c_void,
-    ) -> CUresult => around launch_cooperative;
+    ) -> CUresult => around launch_cooperative, again ops::again;
     /// Graph launch.
     optional ptsz fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> CUresult
         => around graph_launch;

@@ -1,11 +1,14 @@
 //! Launch logic, in safe Rust on typed values: wait while the pod is
 //! swapped out, say what the launch runs, then let the throttle admit it.
-//! The detour makes the launch once it is admitted.
+//! The detour makes the launch once it is admitted, and once more where
+//! the GPU had no room for it and room was made.
 
+use super::super::memory::driver_free;
+use super::super::room::{made_room, wants_room};
 use crate::detour::held;
 use crate::entry::{self, Limiter};
 use crate::error::{LimiterError, Pass, Result};
-use crate::sys::{CUfunction, CUgraphExec, CUstream};
+use crate::sys::{CUfunction, CUgraphExec, CUresult, CUstream};
 use crate::throttle::{Admitted, Work};
 use crate::waves::Grid;
 
@@ -76,6 +79,32 @@ pub(super) fn kernel(
     admit(limiter, work, stream, per_thread)
 }
 
+/// Whether a kernel launch the driver answered `result` is made once more
+/// (the detour asks after each try): one the GPU had no room for, other
+/// pods filling it, as the driver loads a kernel's code at its first
+/// launch, once the hypervisor made room. One compare on every launch.
+#[inline(always)]
+pub(super) fn again(result: CUresult, tries: u32) -> bool {
+    result == CUresult::ERROR_OUT_OF_MEMORY && room_for_launch(tries)
+}
+
+#[cold]
+#[inline(never)]
+fn room_for_launch(tries: u32) -> bool {
+    let Some(limiter) = entry::limiter() else {
+        return false;
+    };
+    let ctx = &limiter.context;
+    let device = ctx
+        .driver()
+        .and_then(|driver| driver.current_device().ok())
+        .and_then(|device| usize::try_from(device).ok());
+    let Some(device) = device else {
+        return false;
+    };
+    wants_room(CUresult::ERROR_OUT_OF_MEMORY, tries) && made_room(ctx, device, 0, driver_free)
+}
+
 /// A handle launched for the first time may load its library's globals
 /// (lazy loading): checked once, off the fast path, which is a probe of the
 /// checked handles.
@@ -92,7 +121,7 @@ fn first_launch(limiter: &'static Limiter, f: CUfunction) -> Result<()> {
 #[cold]
 #[inline(never)]
 fn check_first_launch(f: CUfunction) -> Result<()> {
-    match held::first_launch(f as usize) {
+    match held::first_launch(f as usize, driver_free) {
         Err(error @ (LimiterError::OverQuota { .. } | LimiterError::LedgerUnavailable)) => {
             Err(error)
         }
