@@ -7,17 +7,20 @@
 #      outside the repository only Debian packages the machine lacks: gcc,
 #      binutils, python3-venv); the official Kubernetes control plane from
 #      its Go modules into target/control-plane/ (lines marked [go]:
-#      scripts/build-control-plane.sh, only when its sources changed); and
-#      the workspace's tests. Each leaves cores idle that the others take;
-#   2. the tests, six at a time in each binary (RUST_TEST_THREADS, which
-#      a caller may set): most of them wait on the control plane, daemons
-#      and programs they drive, not on the machine's cores.
+#      scripts/build-control-plane.sh, only when its sources changed, at a
+#      lower priority than the rest); and the workspace's tests;
+#   2. the tests (scripts/run_test_binaries.py): two test binaries at a
+#      time, six tests at a time in each (TEST_JOBS and RUST_TEST_THREADS,
+#      which a caller may set): most of them wait on the control plane,
+#      daemons and programs they drive, not on the machine's cores. Those
+#      that run the control plane start once its build ends; the others
+#      run beside that build.
 # Then it prints how long each part took and how much disk target/ takes.
 # No GPU needed: the tests run against the workspace's driver double, the
 # official control plane with our kubelet double, the in-process fake API
 # server where a test needs what a real one cannot do on demand, and the real
 # clients (kubectl, the Python client).
-#   scripts/test.sh [more cargo test args]
+#   scripts/test.sh [cargo build args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,22 +83,26 @@ pip_install() {
   cp "$requirements" "$tools/python/installed"
 }
 
-echo "== phase 1 of 2: tools (lines marked [pip], under $tools/), the Kubernetes control plane ([go]) and the workspace's tests, at once"
+echo "== phase 1 of 2: tools (lines marked [pip], under $tools/), the Kubernetes control plane ([go], at a lower priority) and the workspace's tests, at once"
 if ! need cc || ! need nm; then apt_install gcc binutils; fi
 mkdir -p "$target"
 python_env
 beside pip pip_install
 pip=$!
-beside go scripts/build-control-plane.sh
+beside go nice -n 10 scripts/build-control-plane.sh
 plane=$!
 trap 'kill "$pip" "$plane" 2>/dev/null || true; report' EXIT
-cargo test --workspace --locked --no-run "$@" 2>&1 | grep -v '^  Executable '
+# The test binaries cargo builds, as JSON lines, for the runner below.
+binaries=$target/test-binaries.json
+cargo test --workspace --locked --no-run --message-format=json-render-diagnostics "$@" >"$binaries"
 wait "$pip"
-wait "$plane"
-trap report EXIT
 export PATH="$PWD/$tools/python/bin:$PATH"
 phase_done "tools, builds"
 
-echo "== phase 2 of 2: the tests, $RUST_TEST_THREADS at a time in each crate's test binary"
-cargo test --workspace --locked --no-fail-fast "$@"
+echo "== phase 2 of 2: the tests, two test binaries at a time (TEST_JOBS), $RUST_TEST_THREADS tests at a time in each; those that run the control plane once its build ([go]) ends"
+status=0
+python3 scripts/run_test_binaries.py "$binaries" --after "$plane" || status=$?
+wait "$plane"
+trap report EXIT
 phase_done tests
+exit "$status"
