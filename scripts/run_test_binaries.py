@@ -99,7 +99,15 @@ def package_name(manifest, package_id):
 
 
 def alive(pid):
-    return pid is not None and Path(f"/proc/{pid}").exists()
+    """Whether process `pid` runs: it exists and has not exited (a zombie
+    its parent has not waited for yet has)."""
+    if pid is None:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def run(binary, args):
@@ -179,7 +187,7 @@ def main():
             if binary is None:
                 return
             if binary is WAIT:
-                time.sleep(1)
+                time.sleep(0.2)
                 continue
             try:
                 run(binary, args)

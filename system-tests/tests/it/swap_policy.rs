@@ -87,6 +87,22 @@ fn started(
     extra: &[(&str, &str)],
     script: &[&str],
 ) -> Running {
+    let mut running = probe(node, node_file, devices, pod, extra, script);
+    let lines = running.until_ready();
+    assert!(lines[0].contains("-> 0 "), "{}: {lines:?}", pod.0);
+    running
+}
+
+/// A probe of `pod` on the GPU 0 of `devices` shared through `node_file`,
+/// `extra` added to its environment, started.
+fn probe(
+    node: &RunningNode,
+    node_file: &Path,
+    devices: u8,
+    pod: &Pod,
+    extra: &[(&str, &str)],
+    script: &[&str],
+) -> Running {
     let devices = devices.to_string();
     let mut env = vec![
         (
@@ -97,10 +113,7 @@ fn started(
         ("CUDA_VISIBLE_DEVICES", "0"),
     ];
     env.extend_from_slice(extra);
-    let mut running = Running::start(pod, &node.url(), &env, script);
-    let lines = running.until_ready();
-    assert!(lines[0].contains("-> 0 "), "{}: {lines:?}", pod.0);
-    running
+    Running::start(pod, &node.url(), &env, script)
 }
 
 fn report(node: &RunningNode) -> ServingReport {
@@ -514,19 +527,7 @@ fn an_allocation_waits_for_a_busy_pod_to_go_idle_and_make_room() {
     );
     let holding = ["alloc", "mem", "9g", "wait"];
     let first = started(&node, &node_file, 1, &busy, &[], &holding);
-    let mut second = Running::start(
-        &asker,
-        &node.url(),
-        &[
-            (
-                gpushare_examples::NODE_FILE_VAR,
-                node_file.to_str().expect("a path"),
-            ),
-            ("GPUSHARE_DOUBLE_DEVICES", "1"),
-            ("CUDA_VISIBLE_DEVICES", "0"),
-        ],
-        &holding,
-    );
+    let mut second = probe(&node, &node_file, 1, &asker, &[], &holding);
     let lines = second.until_ready();
     assert!(
         lines[0].contains("-> 0 "),
@@ -566,17 +567,12 @@ fn a_librarys_first_use_the_gpu_has_no_room_for_is_given_room() {
         &["alloc", "mem", "9g", "wait"],
     );
     std::thread::sleep(Duration::from_millis(400));
-    let mut loading = Running::start(
+    let mut loading = probe(
+        &node,
+        &node_file,
+        1,
         &loader,
-        &node.url(),
-        &[
-            (
-                gpushare_examples::NODE_FILE_VAR,
-                node_file.to_str().expect("a path"),
-            ),
-            ("GPUSHARE_DOUBLE_DEVICES", "1"),
-            ("CUDA_VISIBLE_DEVICES", "0"),
-        ],
+        &[],
         &[
             "fatlib",
             "8g",
@@ -635,17 +631,12 @@ fn a_pod_that_must_never_be_swapped_is_never_chosen() {
     });
 
     // 8 GiB does not fit, and no pod that is left may go for it.
-    let mut asking = Running::start(
+    let mut asking = probe(
+        &node,
+        &node_file,
+        2,
         &asker,
-        &node.url(),
-        &[
-            (
-                gpushare_examples::NODE_FILE_VAR,
-                node_file.to_str().expect("a path"),
-            ),
-            ("GPUSHARE_DOUBLE_DEVICES", "2"),
-            ("CUDA_VISIBLE_DEVICES", "0"),
-        ],
+        &[],
         &["alloc", "mem", "8g", "wait"],
     );
     let lines = asking.until_ready();
