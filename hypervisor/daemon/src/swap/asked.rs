@@ -6,8 +6,9 @@
 //! first: while room can be made for it now, and, once it has waited
 //! `room_wait`, while room could ever be made for it. Otherwise later pods
 //! pass it, so a pod that cannot come back does not hold up those that
-//! can, and one that waited long has what frees up kept for it. Each swap-in's wait is recorded by cause: behind other swaps,
-//! for the swap-outs made for it, for its own restore (the last two in
+//! can, and one that waited long has what frees up kept for it. Each
+//! swap-in's wait is recorded by cause: behind other swaps, for the
+//! swap-outs made for it, for its own restore (the last two in
 //! `Hypervisor::swap_in_locked`), and, for a pod refused for want of room
 //! on the way, from its first ask until it is back.
 
