@@ -13,8 +13,9 @@ few packages resolves other features, and builds again).
 
 ARTIFACTS: what `cargo test --no-run --message-format=json-render-diagnostics`
 wrote on stdout. --after PID: the binaries of the packages that run the
-Kubernetes control plane (LATE_PACKAGES) start only once process PID (its
-build) has ended; the others start at once. Exits 1 when a binary failed
+Kubernetes control plane (CONTROL_PLANE and the members that depend on it)
+start only once process PID (its build) has ended; the others start at
+once. Exits 1 when a binary failed
 or could not run, after every one has run.
 """
 
@@ -26,8 +27,10 @@ import threading
 import time
 from pathlib import Path
 
-# The packages whose tests start the official control plane.
-LATE_PACKAGES = {"system-tests", "kube-fakes", "kube-control-plane"}
+# The package that starts the official control plane: it and the
+# workspace's packages that depend on it (directly or through another
+# member) wait for its build.
+CONTROL_PLANE = "kube-control-plane"
 # Binaries that take minutes, started first among their group so that no
 # core idles at the end: (package, target).
 LONG = [("system-tests", "it"), ("cuda-limiter", "it"), ("hypervisor", "it"), ("kube-fakes", "it")]
@@ -36,6 +39,7 @@ LONG = [("system-tests", "it"), ("cuda-limiter", "it"), ("hypervisor", "it"), ("
 # on 2 cores skews. A build beside them at a lower priority is fine.
 ALONE = {("cuda-limiter", "it")}
 WAIT = object()
+LATE = set()
 
 
 class Binary:
@@ -54,7 +58,7 @@ class Binary:
         return f"{self.package} ({what})"
 
     def late(self):
-        return self.package in LATE_PACKAGES
+        return self.package in LATE
 
     def alone(self):
         return (self.package, self.name) in ALONE
@@ -96,6 +100,26 @@ def package_name(manifest, package_id):
     if "@" in tail:
         return tail.split("@", 1)[0]
     return package_id.rsplit("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+def late_packages():
+    """The workspace's members whose tests may start CONTROL_PLANE, by
+    `cargo metadata`: it, the members that use it in their code (through
+    other members' code too), and those whose tests use any of these."""
+    meta = json.loads(subprocess.run(
+        ["cargo", "metadata", "--format-version", "1", "--no-deps", "--locked", "--offline"],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+    ).stdout)
+    # A dependency's own dev-dependencies do not come with it.
+    code = {p["name"]: {d["name"] for d in p["dependencies"] if d["kind"] != "dev"} for p in meta["packages"]}
+    tests = {p["name"]: {d["name"] for d in p["dependencies"]} for p in meta["packages"]}
+    users = {CONTROL_PLANE}
+    while True:
+        more = {name for name, deps in code.items() if deps & users} - users
+        if not more:
+            break
+        users |= more
+    return users | {name for name, deps in tests.items() if deps & users}
 
 
 def alive(pid):
@@ -140,6 +164,8 @@ def main():
         argv = argv[:1]
     if len(argv) != 1:
         sys.exit(__doc__)
+    global LATE
+    LATE = late_packages()
     todo = binaries(argv[0])
     todo.sort(key=lambda b: LONG.index((b.package, b.name)) if (b.package, b.name) in LONG else len(LONG))
     if not todo:
