@@ -39,12 +39,12 @@ LONG = [("system-tests", "it"), ("cuda-limiter", "it"), ("hypervisor", "it"), ("
 # on 2 cores skews. A build beside them at a lower priority is fine.
 ALONE = {("cuda-limiter", "it")}
 WAIT = object()
-LATE = set()
 
 
 class Binary:
-    def __init__(self, package, name, kind, executable, folder):
+    def __init__(self, package, name, kind, executable, folder, late):
         self.package = package
+        self.is_late = late
         self.name = name
         self.kind = kind
         self.executable = executable
@@ -58,14 +58,16 @@ class Binary:
         return f"{self.package} ({what})"
 
     def late(self):
-        return self.package in LATE
+        return self.is_late
 
     def alone(self):
         return (self.package, self.name) in ALONE
 
 
-def binaries(artifacts):
-    """The test executables cargo built, in the order it listed them."""
+def binaries(artifacts, names, late):
+    """The test executables cargo built, in the order it listed them;
+    `names`: the workspace's package names by manifest path; `late`: the
+    packages whose binaries wait for the control plane."""
     found = []
     for line in Path(artifacts).read_text().splitlines():
         try:
@@ -76,40 +78,31 @@ def binaries(artifacts):
             continue
         if not message.get("profile", {}).get("test") or not message.get("executable"):
             continue
-        target = message["target"]
-        package = message["package_id"]
-        # "path+file:///…/name#version" or "registry…#name@version": the name
-        # is the manifest folder's package, read from the manifest path.
-        manifest = Path(message["manifest_path"])
+        target, manifest = message["target"], message["manifest_path"]
+        package = names.get(manifest) or Path(manifest).parent.name
         found.append(
             Binary(
-                package=package_name(manifest, package),
+                package=package,
                 name=target["name"],
                 kind=target["kind"][0],
                 executable=message["executable"],
-                folder=str(manifest.parent),
+                folder=str(Path(manifest).parent),
+                late=package in late,
             )
         )
     return found
 
 
-def package_name(manifest, package_id):
-    # cargo's package id ends in "#name@version" or "#version" (the name is
-    # then the folder's last part).
-    tail = package_id.rsplit("#", 1)[-1]
-    if "@" in tail:
-        return tail.split("@", 1)[0]
-    return package_id.rsplit("#", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-
-
-def late_packages():
-    """The workspace's members whose tests may start CONTROL_PLANE, by
-    `cargo metadata`: it, the members that use it in their code (through
-    other members' code too), and those whose tests use any of these."""
+def workspace(folder):
+    """The workspace's package names by manifest path, and the members
+    whose tests may start CONTROL_PLANE, by `cargo metadata` run in
+    `folder`: it, the members that use it in their code (through other
+    members' code too), and those whose tests use any of these."""
     meta = json.loads(subprocess.run(
         ["cargo", "metadata", "--format-version", "1", "--no-deps", "--locked", "--offline"],
-        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True, text=True, check=True, cwd=folder,
     ).stdout)
+    names = {p["manifest_path"]: p["name"] for p in meta["packages"]}
     # A dependency's own dev-dependencies do not come with it.
     code = {p["name"]: {d["name"] for d in p["dependencies"] if d["kind"] != "dev"} for p in meta["packages"]}
     tests = {p["name"]: {d["name"] for d in p["dependencies"]} for p in meta["packages"]}
@@ -119,7 +112,7 @@ def late_packages():
         if not more:
             break
         users |= more
-    return users | {name for name, deps in tests.items() if deps & users}
+    return names, users | {name for name, deps in tests.items() if deps & users}
 
 
 def alive(pid):
@@ -164,9 +157,8 @@ def main():
         argv = argv[:1]
     if len(argv) != 1:
         sys.exit(__doc__)
-    global LATE
-    LATE = late_packages()
-    todo = binaries(argv[0])
+    names, late = workspace(Path(__file__).resolve().parent.parent)
+    todo = binaries(argv[0], names, late)
     todo.sort(key=lambda b: LONG.index((b.package, b.name)) if (b.package, b.name) in LONG else len(LONG))
     if not todo:
         sys.exit(f"no test binary listed in {argv[0]}")
