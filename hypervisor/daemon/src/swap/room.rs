@@ -94,21 +94,18 @@ impl Hypervisor {
         said: Option<DriverSaid>,
     ) -> Round {
         let made = self.make_room_locked(uuid, need, asker, said).await;
-        let may_come = made.short
-            && match (self.overcommit_on(uuid), self.free_on(uuid)) {
-                (Some(settings), Some(free)) => {
-                    let (_, candidates) = self.candidates_on(uuid, |pod| pod != asker);
-                    let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
-                    room_ever(
-                        &candidates,
-                        made.target,
-                        free,
-                        host_room,
-                        room_policy(&settings),
-                    )
-                }
-                _ => false,
-            };
+        let may_come = made.free < made.target
+            && self.overcommit_on(uuid).is_some_and(|settings| {
+                let (_, candidates) = self.candidates_on(uuid, |pod| pod != asker);
+                let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
+                room_ever(
+                    &candidates,
+                    made.target,
+                    made.free,
+                    host_room,
+                    room_policy(&settings),
+                )
+            });
         Round { made, may_come }
     }
 
@@ -142,7 +139,8 @@ impl Hypervisor {
     /// Swaps idle pods of the GPU `uuid` (not `asker`) out, one at a time,
     /// until the GPU has `need` bytes free by NVML (more where the asker's
     /// driver said it had less: [`room_target`]), where it overcommits;
-    /// returns the bytes freed, and whether the GPU is still short.
+    /// returns the bytes freed, and the free memory it was to reach and
+    /// reached.
     pub(super) async fn make_room_locked(
         &self,
         uuid: &str,
@@ -193,7 +191,7 @@ impl Hypervisor {
         Made {
             freed,
             target: need,
-            short: free < need,
+            free,
         }
     }
 
@@ -302,8 +300,8 @@ pub(super) struct Made {
     pub(super) freed: u64,
     /// The free memory, by NVML, that was to be had.
     pub(super) target: u64,
-    /// Whether the GPU has less free than that still.
-    pub(super) short: bool,
+    /// The free memory, by NVML, once done (0 where it is unknown).
+    pub(super) free: u64,
 }
 
 /// One round of room made for an allocation.
