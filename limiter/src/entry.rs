@@ -361,4 +361,10 @@ impl FastSwap for Limiter {
             .release_host(&self.context)
             .map_err(|error| error.to_string())
     }
+
+    fn prepare_host(&self) -> Result<gpushare_utils::protocol::FastSwapReport, String> {
+        self.backing
+            .prepare_host(&self.context)
+            .map_err(|error| error.to_string())
+    }
 }

@@ -160,6 +160,8 @@ pub(crate) trait FastSwap: Sync {
     fn swap_in(&self) -> Result<FastSwapReport, String>;
     /// Gives back the host copies of the memory on the GPU.
     fn release_host(&self) -> Result<FastSwapReport, String>;
+    /// Makes and pins the host copies the memory on the GPU lacks.
+    fn prepare_host(&self) -> Result<FastSwapReport, String>;
 }
 
 /// The hypervisor, as this process knows it.
@@ -358,6 +360,9 @@ impl Link {
             Command::SwapIn => return self.swap(|swap| swap.swap_in(), "swapped in"),
             Command::ReleaseHost => {
                 return self.swap(|swap| swap.release_host(), "host copies given back");
+            }
+            Command::PrepareHost => {
+                return self.swap(|swap| swap.prepare_host(), "host copies prepared");
             }
         };
         CommandResult {

@@ -118,6 +118,13 @@ pub enum Command {
     /// link): the node's host memory for swaps is wanted elsewhere. Those
     /// of memory in host memory stay; the report's `bytes` says what went.
     ReleaseHost,
+    /// Make and pin the host copies of the process's memory on the GPU
+    /// that has none yet, while the pod runs on: its next swap-out then
+    /// only copies, at the speed of the link, instead of pinning fresh
+    /// memory as it copies (seconds for tens of GiB). Sent for idle pods
+    /// likely to go next, within the node's host memory for swaps; the
+    /// report's `pinned_new_bytes` says what was pinned.
+    PrepareHost,
 }
 
 /// A worker's answer to a [`Command`].
@@ -128,8 +135,8 @@ pub struct CommandResult {
     /// What the worker did, or why it failed; may be empty.
     #[serde(default)]
     pub message: String,
-    /// What a [`Command::SwapOut`], [`Command::SwapIn`] or
-    /// [`Command::ReleaseHost`] moved; absent
+    /// What a [`Command::SwapOut`], [`Command::SwapIn`],
+    /// [`Command::ReleaseHost`] or [`Command::PrepareHost`] moved; absent
     /// from other answers and from older workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap: Option<FastSwapReport>,
@@ -152,6 +159,11 @@ pub struct FastSwapReport {
     /// (made at an allocation's first swap-out, kept until the allocation
     /// is freed or [`Command::ReleaseHost`]).
     pub pinned_bytes: u64,
+    /// Host memory this command pinned that was not pinned before: for a
+    /// swap-out, what it pinned as it copied (zero where the copies were
+    /// kept or prepared ahead, [`Command::PrepareHost`]).
+    #[serde(default)]
+    pub pinned_new_bytes: u64,
     /// What each part took.
     pub durations: SwapDurations,
 }

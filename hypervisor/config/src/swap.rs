@@ -20,6 +20,7 @@ pub(super) struct RawSwap {
     headroom: Option<SizeValue>,
     host_limit: Option<SizeValue>,
     room_wait_ms: Option<u64>,
+    prepare_ahead: Option<bool>,
     cuda_library: Option<String>,
     drain_unhealthy: Option<bool>,
 }
@@ -85,6 +86,7 @@ pub(super) fn settings(raw: Option<RawSwap>) -> Result<SwapSettings, ConfigError
         room_wait: raw
             .room_wait_ms
             .map_or(defaults.room_wait, Duration::from_millis),
+        prepare_ahead: raw.prepare_ahead.unwrap_or(defaults.prepare_ahead),
         cuda_library: raw.cuda_library.unwrap_or(defaults.cuda_library),
         drain_unhealthy: raw.drain_unhealthy.unwrap_or(defaults.drain_unhealthy),
     })

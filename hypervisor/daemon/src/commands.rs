@@ -170,6 +170,7 @@ pub(crate) fn command_name(command: &Command) -> &'static str {
         Command::SwapOut => "swap_out",
         Command::SwapIn => "swap_in",
         Command::ReleaseHost => "release_host",
+        Command::PrepareHost => "prepare_host",
     }
 }
 

@@ -416,6 +416,18 @@ fn render_swap(x: &mut Exposition, status: &Status) {
             totals.host_kept_bytes as f64,
         ),
         (
+            "gpushare_swap_host_prepares_total",
+            "counter",
+            "Idle pods whose processes pinned their host copies ahead of a fast swap-out ([swap] prepare_ahead), so that it only copies.",
+            totals.host_prepares as f64,
+        ),
+        (
+            "gpushare_swap_host_prepared_bytes_total",
+            "counter",
+            "Host memory pinned ahead of fast swap-outs.",
+            totals.host_prepared_bytes as f64,
+        ),
+        (
             "gpushare_swap_outs_total",
             "counter",
             "Pods swapped out to host memory.",

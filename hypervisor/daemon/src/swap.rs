@@ -77,6 +77,8 @@ pub(crate) struct Swapper {
     driver: Mutex<Option<Arc<CheckpointDriver>>>,
     /// Held by the swap under way ([`Hypervisor::exclusive`]).
     ops: Arc<tokio::sync::Mutex<()>>,
+    /// Whether a pod's processes are preparing host copies ([`kept`]).
+    preparing: AtomicBool,
     /// Pods' GPUs are given by Kubernetes (a DRA allocation, or a device
     /// plugin's device files, names each): pods swap, never move.
     pinned: AtomicBool,

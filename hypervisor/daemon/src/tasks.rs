@@ -199,6 +199,8 @@ impl Hypervisor {
         // Swap-outs take seconds: maintenance does not wait for them.
         let hv = self.clone();
         tokio::spawn(async move { hv.keep_headroom().await });
+        let hv = self.clone();
+        tokio::spawn(async move { hv.prepare_ahead().await });
         let dead_workers = {
             let mut core = self.core();
             let added = core.scheduler.retry_failed(Instant::now());

@@ -185,6 +185,13 @@ pub struct SwapTotals {
     /// next fast swap-out (each pod's `host_kept_bytes`).
     #[serde(default)]
     pub host_kept_bytes: u64,
+    /// Idle pods whose processes made and pinned their host copies ahead
+    /// of a swap-out since start.
+    #[serde(default)]
+    pub host_prepares: u64,
+    /// The bytes those pinned.
+    #[serde(default)]
+    pub host_prepared_bytes: u64,
 }
 
 /// The node's swaps as the status shows them.
@@ -305,10 +312,23 @@ impl SwapBoard {
         self.update(pod, |record| record.fast_declined = Some(why.to_owned()));
     }
 
-    /// The pod's processes gave back host copies they kept: they keep
-    /// `kept` bytes now.
-    pub fn host_released(&self, pod: &str, kept: u64) {
+    /// The pod's processes keep `kept` bytes of host copies now (they gave
+    /// some back, or are asked to prepare them).
+    pub fn host_kept(&self, pod: &str, kept: u64) {
         self.update(pod, |record| record.host_kept_bytes = kept);
+    }
+
+    /// The pod's processes pinned `pinned` bytes of host copies ahead of a
+    /// swap-out: they keep `kept` bytes now.
+    pub fn host_prepared(&self, pod: &str, kept: u64, pinned: u64) {
+        let mut inner = self.lock();
+        inner.totals.host_prepares += 1;
+        inner.totals.host_prepared_bytes = inner.totals.host_prepared_bytes.saturating_add(pinned);
+        inner
+            .pods
+            .entry(pod.to_owned())
+            .or_default()
+            .host_kept_bytes = kept;
     }
 
     /// The pod, in host memory, is moving to another GPU: the next swap-in

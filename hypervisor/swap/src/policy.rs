@@ -216,6 +216,32 @@ pub fn ahead(
         .find(|c| !just_back(c, now_ms, policy) && c.bytes <= host_room)
 }
 
+/// The pod whose host copies to prepare ahead of its swap-out (so that
+/// its first fast swap-out only copies, instead of pinning fresh host
+/// memory as it copies): the first that [`ranked`] gives that `unprepared`
+/// says keeps none yet and can take the fast path, whose bytes `host_room`
+/// takes. The pods that go next are prepared first; one brought back
+/// within `min_resident_ms` keeps the copies of its swap-in already.
+pub fn prepare_next(
+    candidates: &[Candidate],
+    unprepared: impl Fn(&Candidate) -> bool,
+    host_room: u64,
+    now_ms: u64,
+    policy: RoomPolicy,
+) -> Option<&Candidate> {
+    ranked(candidates, now_ms, policy)
+        .into_iter()
+        .find(|c| c.bytes <= host_room && unprepared(c))
+}
+
+/// The order in which resident pods give back the host copies they keep
+/// when another pod's swap-out needs the room, given each one's last call:
+/// the most recently called first, as the least likely to go next, so
+/// that the copies prepared for the pods that go next are given back last.
+pub fn give_back_order(kept: &mut [(String, u64)]) {
+    kept.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,6 +282,41 @@ mod tests {
 
     fn names(chosen: &[&Candidate]) -> Vec<String> {
         chosen.iter().map(|c| c.pod.clone()).collect()
+    }
+
+    #[test]
+    fn host_copies_are_prepared_for_the_idle_pod_that_goes_next_within_host_room() {
+        let pods = [
+            pod("recent", 8, 8_000, false),
+            pod("oldest", 8, 1_000, false),
+            pod("big", 30, 2_000, false),
+            pod("busy", 8, 9_900, false),
+        ];
+        let all = |_: &Candidate| true;
+        let prepare = |room, unprepared: &dyn Fn(&Candidate) -> bool| {
+            prepare_next(&pods, unprepared, room, 10_000, POLICY).map(|c| c.pod.clone())
+        };
+        assert_eq!(prepare(u64::MAX, &all).as_deref(), Some("oldest"));
+        // The next one once it keeps its copies; past what host room takes.
+        let not_oldest = |c: &Candidate| c.pod != "oldest";
+        assert_eq!(prepare(u64::MAX, &not_oldest).as_deref(), Some("big"));
+        assert_eq!(prepare(8 * GIB, &not_oldest).as_deref(), Some("recent"));
+        assert_eq!(prepare(4 * GIB, &all), None);
+        // A busy pod is never prepared: it is not about to go.
+        let only_busy = |c: &Candidate| c.pod == "busy";
+        assert_eq!(prepare(u64::MAX, &only_busy), None);
+    }
+
+    #[test]
+    fn kept_copies_are_given_back_by_the_most_recently_called_first() {
+        let mut kept = vec![
+            ("next".to_owned(), 1_000),
+            ("busy".to_owned(), 9_000),
+            ("later".to_owned(), 5_000),
+        ];
+        give_back_order(&mut kept);
+        let order: Vec<&str> = kept.iter().map(|(pod, _)| pod.as_str()).collect();
+        assert_eq!(order, ["busy", "later", "next"]);
     }
 
     #[test]

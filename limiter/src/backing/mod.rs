@@ -30,7 +30,8 @@
 //!    mapped at the same address and the bytes copied back. The host
 //!    copies stay, so that the next swap-out runs at the speed of the
 //!    link, until the hypervisor asks for them back (its host memory for
-//!    swaps is bounded).
+//!    swaps is bounded); it may also ask for them ahead of a first
+//!    swap-out ([`prepare`]), which then only copies.
 //!
 //! Policy on typed values: the memory policy (`detour/memory/ops.rs`) asks
 //! here before it calls the driver; the driver's VMM functions are
@@ -44,6 +45,7 @@ use crate::context::Context;
 use crate::driver::{Copies, DriverError, HostBuffer, Vmm};
 use crate::sys::{CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUresult};
 
+mod prepare;
 pub(crate) mod swap;
 
 /// The smallest allocation that is backed: one granule of VMM memory on

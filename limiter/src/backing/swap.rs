@@ -24,7 +24,8 @@
 //! byte in host memory and can be asked again.
 //!
 //! **Host memory: one buffer per allocation** (`driver::HostBuffer`), made
-//! at its first swap-out and kept, pinned, so that every later swap runs at
+//! at its first swap-out, or ahead of it on the hypervisor's word
+//! (`super::prepare`), and kept, pinned, so that every later swap runs at
 //! the speed of the link, until the program frees the allocation or the
 //! hypervisor asks for the host memory back ([`Backing::release_host`],
 //! `Command::ReleaseHost`) while the pod is on its GPU: its host memory
@@ -83,7 +84,7 @@ fn undo_outcome(undone: &Result<(), Box<SwapError>>) -> String {
     }
 }
 
-type Book<'a> = MutexGuard<'a, BTreeMap<CUdeviceptr, Backed>>;
+pub(super) type Book<'a> = MutexGuard<'a, BTreeMap<CUdeviceptr, Backed>>;
 
 impl Backing {
     /// Moves every backed range to pinned host memory and gives its device
@@ -92,6 +93,7 @@ impl Backing {
         let (vmm, copies, mut book) = self.open(ctx)?;
         let _restore = CurrentContext::keep(copies)?;
         let mut durations = SwapDurations::default();
+        let pinned_before = host_bytes(&book);
 
         let started = Instant::now();
         let contexts: BTreeSet<usize> = book.values().map(|b| b.context).collect();
@@ -165,7 +167,7 @@ impl Backing {
         }
         self.shrink_stacks(copies, &contexts);
         durations.release_us = micros(started.elapsed());
-        Ok(report(ctx, &book, &out, durations))
+        Ok(report(ctx, &book, &out, pinned_before, durations))
     }
 
     /// Gives back the memory the driver keeps for the threads' stacks of
@@ -222,12 +224,13 @@ impl Backing {
             .filter(|(_, b)| b.memory.is_none())
             .map(|(&address, _)| address)
             .collect();
+        let pinned_before = host_bytes(&book);
         let mut durations = SwapDurations::default();
         let started = Instant::now();
         self.restore_stacks(copies)?;
         durations.map_us = micros(started.elapsed());
         bring_back(vmm, copies, &mut book, &away, &mut durations)?;
-        Ok(report(ctx, &book, &away, durations))
+        Ok(report(ctx, &book, &away, pinned_before, durations))
     }
 
     /// Gives back the host copies of the ranges on their GPUs (those of
@@ -263,11 +266,15 @@ impl Backing {
             allocations,
             unmoved_bytes: None,
             pinned_bytes: host_bytes(&book),
+            pinned_new_bytes: 0,
             durations,
         })
     }
 
-    fn open<'a>(&'a self, ctx: &'a Context) -> Result<(&'a Vmm, &'a Copies, Book<'a>), SwapError> {
+    pub(super) fn open<'a>(
+        &'a self,
+        ctx: &'a Context,
+    ) -> Result<(&'a Vmm, &'a Copies, Book<'a>), SwapError> {
         if !self.enabled {
             return Err(SwapError::Off);
         }
@@ -403,11 +410,13 @@ fn bring_back(
     copied
 }
 
-/// What a swap that moved the ranges `moved` did.
+/// What a swap that moved the ranges `moved` did, the process holding
+/// `pinned_before` bytes of host copies as it began.
 fn report(
     ctx: &Context,
     book: &Book<'_>,
     moved: &[CUdeviceptr],
+    pinned_before: u64,
     durations: SwapDurations,
 ) -> FastSwapReport {
     let bytes = moved
@@ -421,6 +430,7 @@ fn report(
         allocations: moved.len() as u64,
         unmoved_bytes: unmoved(ctx, book),
         pinned_bytes,
+        pinned_new_bytes: pinned_bytes.saturating_sub(pinned_before),
         durations,
     }
 }
@@ -446,7 +456,7 @@ fn unmoved(ctx: &Context, book: &Book<'_>) -> Option<u64> {
 }
 
 /// The pinned bytes of the host copies the book holds.
-fn host_bytes(book: &Book<'_>) -> u64 {
+pub(super) fn host_bytes(book: &Book<'_>) -> u64 {
     book.values()
         .filter_map(|b| b.host.as_ref())
         .map(HostBuffer::pinned)
@@ -466,13 +476,13 @@ fn by_context(book: &Book<'_>, addresses: &[CUdeviceptr]) -> BTreeMap<usize, Vec
 
 /// The calling thread's current context, made current again when dropped:
 /// the swap makes each range's context current in turn.
-struct CurrentContext<'a> {
+pub(super) struct CurrentContext<'a> {
     copies: &'a Copies,
     previous: usize,
 }
 
 impl<'a> CurrentContext<'a> {
-    fn keep(copies: &'a Copies) -> Result<Self, SwapError> {
+    pub(super) fn keep(copies: &'a Copies) -> Result<Self, SwapError> {
         let previous = copies.current().map_err(SwapError::Sync)?;
         Ok(Self { copies, previous })
     }
@@ -486,6 +496,6 @@ impl Drop for CurrentContext<'_> {
     }
 }
 
-fn micros(elapsed: Duration) -> u64 {
+pub(super) fn micros(elapsed: Duration) -> u64 {
     u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX)
 }

@@ -7,7 +7,9 @@
 //! swap-in that fails part-way leaves everything in host memory and
 //! succeeds when asked again; a swap-out that fails part-way is undone. The
 //! memory the driver keeps for the threads' stacks is given back while
-//! swapped and taken again after. A process without the setting refuses.
+//! swapped and taken again after. Host copies asked for ahead
+//! (`PrepareHost`) are pinned while the memory stays on the GPU, and the
+//! swap-out then pins nothing. A process without the setting refuses.
 
 use crate::common;
 
@@ -223,6 +225,10 @@ fn swap_out_gives_the_gpu_memory_back_and_swap_in_brings_the_same_bytes_to_the_s
     assert_eq!((moved.bytes, moved.allocations), (BACKED, 2), "{out:?}");
     assert_eq!(moved.pinned_bytes, BACKED, "{out:?}");
     assert_eq!(
+        moved.pinned_new_bytes, BACKED,
+        "pinned as it copied: {out:?}"
+    );
+    assert_eq!(
         moved.unmoved_bytes,
         Some(CONTEXT_BYTES + MIB),
         "the context and the driver's own allocation stay: {out:?}"
@@ -267,6 +273,54 @@ fn swap_out_gives_the_gpu_memory_back_and_swap_in_brings_the_same_bytes_to_the_s
     );
     let again = hypervisor.ask(running.pid(), Command::SwapOut);
     assert_eq!(report(&again).pinned_bytes, BACKED, "{again:?}");
+    assert_eq!(report(&again).pinned_new_bytes, BACKED, "{again:?}");
+    assert_eq!(
+        report(&hypervisor.ask(running.pid(), Command::SwapIn)).bytes,
+        BACKED
+    );
+    assert_back(&before, &running.finish(), held_before);
+}
+
+#[test]
+fn host_copies_prepared_ahead_leave_the_memory_on_the_gpu_and_the_swap_out_nothing_to_pin() {
+    let pod = Pod::new("fast-prepare");
+    let _limits = publish(&pod);
+    let mut hypervisor = FakeHypervisor::start();
+    let mut running = Stepped::start(&pod, &hypervisor, true, &[]);
+    let (before, held_before) = ready(&mut running);
+
+    let prepared = hypervisor.ask(running.pid(), Command::PrepareHost);
+    let made = report(&prepared);
+    assert_eq!(
+        (
+            made.bytes,
+            made.allocations,
+            made.pinned_bytes,
+            made.pinned_new_bytes
+        ),
+        (BACKED, 2, BACKED, BACKED),
+        "a pinned copy for each backed range: {prepared:?}"
+    );
+    // The program runs on, its memory still on the GPU.
+    running.resume();
+    let prepared_lines = running.until_ready();
+    assert_eq!(held(&prepared_lines), held_before, "{prepared_lines:?}");
+    assert_eq!(info_line(&prepared_lines), info_line(&before));
+
+    let again = hypervisor.ask(running.pid(), Command::PrepareHost);
+    assert_eq!(
+        (report(&again).bytes, report(&again).pinned_new_bytes),
+        (0, 0),
+        "nothing left to prepare: {again:?}"
+    );
+    let out = hypervisor.ask(running.pid(), Command::SwapOut);
+    let moved = report(&out);
+    assert_eq!((moved.bytes, moved.allocations), (BACKED, 2), "{out:?}");
+    assert_eq!(
+        (moved.pinned_bytes, moved.pinned_new_bytes),
+        (BACKED, 0),
+        "the swap-out only copied: {out:?}"
+    );
     assert_eq!(
         report(&hypervisor.ask(running.pid(), Command::SwapIn)).bytes,
         BACKED

@@ -10,7 +10,9 @@
 //! limiter does not back (the driver's checkpoint takes all of it; the
 //! status says why). The host copies a pod's processes keep
 //! after a fast swap-in count against `host_limit`, and are given back when
-//! another pod's swap-out needs the room.
+//! another pod's swap-out needs the room. On an overcommitting GPU, the
+//! idle pod that goes next has its copies prepared ahead, within
+//! `host_limit`, while it stays on the GPU.
 
 use std::sync::Arc;
 
@@ -289,6 +291,68 @@ fn host_copies_a_resident_pod_keeps_are_given_back_when_another_pods_swap_needs_
     );
     check_after(second, &second_at);
     check_after(first, &first_at);
+}
+
+#[test]
+fn the_idle_pod_that_goes_next_has_its_host_copies_prepared_ahead_within_host_limit() {
+    let (first, second) = (Pod::new("fast-prep-a"), Pod::new("fast-prep-b"));
+    // Host room for one pod's copies, not two (a pod counts for what it
+    // holds on the GPU, its context too, until its processes answer).
+    let swap = format!(
+        "overcommit = true\nidle_after_ms = 200\nhost_limit = \"{}\"",
+        CONTEXT_BYTES + HELD * 3 / 2
+    );
+    let config = two_pods(&first, &second, "1g", &swap);
+    let node = daemon::hypervisor(&first, &config, Arc::new(process_gpus(1)));
+    let (a, a_at) = ready(&first, &node, true);
+    let (b, b_at) = ready(&second, &node, true);
+    registered(&node, &first, 1);
+    registered(&node, &second, 1);
+
+    eventually("an idle pod's host copies are prepared", || {
+        node.hypervisor().swap_status().totals.host_prepares > 0
+    });
+    // No room is left for the other's, however long it idles.
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    let status = node.hypervisor().swap_status();
+    assert_eq!(
+        (
+            status.totals.host_prepares,
+            status.totals.host_prepared_bytes,
+            status.totals.host_kept_bytes,
+            status.totals.bytes_on_host
+        ),
+        (1, HELD, HELD, 0),
+        "{status:?}"
+    );
+    let kept = |pod: &Pod| node.hypervisor().pod_swap(&pod.0).history.host_kept_bytes;
+    let prepared = if kept(&first) == HELD {
+        &first
+    } else {
+        &second
+    };
+    assert_eq!(kept(&first) + kept(&second), HELD, "{status:?}");
+    for pod in [&first, &second] {
+        let record = node.hypervisor().pod_swap(&pod.0);
+        assert_eq!(record.state, Residency::Resident, "{record:?}");
+    }
+    let metrics = daemon::metrics(&node.url());
+    assert!(
+        metrics.contains("gpushare_swap_host_prepares_total 1"),
+        "{metrics}"
+    );
+
+    // Its swap-out fits the cap: its own copies hold its bytes.
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &prepared.0]);
+    assert!(ok, "{answer}");
+    let status = node.hypervisor().swap_status();
+    assert_eq!(
+        (status.totals.bytes_on_host, status.totals.host_kept_bytes),
+        (HELD, 0),
+        "{status:?}"
+    );
+    check_after(b, &b_at);
+    check_after(a, &a_at);
 }
 
 #[test]

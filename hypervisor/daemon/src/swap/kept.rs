@@ -5,13 +5,27 @@
 //! the speed of the link instead of pinning first. Those copies are host
 //! memory all the same, so they count against `[swap] host_limit` beside
 //! the bytes of pods away; when a swap-out needs room under the cap, other
-//! pods' kept copies are given back (`Command::ReleaseHost`), the largest
-//! first, before the swap-out is refused.
+//! pods' kept copies are given back (`Command::ReleaseHost`), those of the
+//! most recently called pods first, before the swap-out is refused.
+//!
+//! **Prepared ahead** (`[swap] prepare_ahead`, on by default): a pod's
+//! first fast swap-out would pin fresh host memory as it copies, seconds
+//! for tens of GiB. Once a second, the idle pod that goes next on an
+//! overcommitting GPU (the policy's `prepare_next`) and keeps no copies
+//! yet is asked to make them (`Command::PrepareHost`) while it stays on
+//! its GPU, where `host_limit` leaves room for them: its swap-out, when it
+//! comes, only copies. One pod at a time on the node, outside the swap
+//! lock; the bytes are counted as kept from the moment they are asked for.
 
+use std::sync::atomic::Ordering;
+
+use gpushare_utils::clock::monotonic_ms;
+use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::{Command, CommandResult};
 
 use super::SwapRefusal;
 use super::fast::ANSWER_WITHIN;
+use super::room::room_policy;
 use crate::Hypervisor;
 
 impl Hypervisor {
@@ -35,22 +49,158 @@ impl Hypervisor {
             if on_host.saturating_add(needed) <= limit {
                 return Ok(());
             }
-            let largest = report
-                .pods
-                .iter()
-                .filter(|(other, swap)| *other != pod && swap.history.host_kept_bytes > 0)
-                .max_by_key(|(_, swap)| swap.history.host_kept_bytes)
-                .map(|(other, _)| other.clone());
+            let first = self.first_to_give_back(
+                report
+                    .pods
+                    .iter()
+                    .filter(|(other, swap)| *other != pod && swap.history.host_kept_bytes > 0)
+                    .map(|(other, _)| other.clone()),
+            );
             let full = SwapRefusal::HostFull {
                 on_host,
                 limit,
                 bytes: needed,
             };
-            match largest {
+            match first {
                 // Nothing given back: refused rather than asked again.
                 Some(other) if self.release_host_of(&other).await > 0 => {}
                 _ => return Err(full),
             }
+        }
+    }
+
+    /// Of the pods `keeping` host copies, the one to give them back first:
+    /// the most recently called.
+    fn first_to_give_back(&self, keeping: impl Iterator<Item = String>) -> Option<String> {
+        let views = self.core().scheduler.swap_views();
+        let mut kept: Vec<(String, u64)> = keeping
+            .map(|pod| {
+                let last_call = views
+                    .iter()
+                    .find(|v| v.pod == pod)
+                    .map_or(u64::MAX, |v| v.region.last_call_ms());
+                (pod, last_call)
+            })
+            .collect();
+        hypervisor_swap::give_back_order(&mut kept);
+        kept.into_iter().next().map(|(pod, _)| pod)
+    }
+
+    /// Asks the idle pod that goes next on an overcommitting GPU to pin its
+    /// host copies ahead of its swap-out; see the module documentation.
+    pub(crate) async fn prepare_ahead(&self) {
+        let preparing = &self.shared.swapper.preparing;
+        if preparing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some((pod, workers)) = self.pod_to_prepare().await {
+            self.prepare(&pod, &workers).await;
+        }
+        preparing.store(false, Ordering::Release);
+    }
+
+    /// The pod [`Self::prepare_ahead`] prepares and its workers: the first
+    /// the policy gives on an overcommitting GPU among the pods whose
+    /// processes all take the fast path and keep no copies.
+    async fn pod_to_prepare(&self) -> Option<(String, Vec<http_bidir_comm::ClientId>)> {
+        let gpus: Vec<String> = self
+            .core()
+            .scheduler
+            .gpus()
+            .iter()
+            .map(|g| g.uuid.clone())
+            .collect();
+        for uuid in gpus {
+            let Some(settings) = self.overcommit_on(&uuid) else {
+                continue;
+            };
+            if !settings.prepare_ahead {
+                continue;
+            }
+            let (_, candidates) = self.candidates_on(&uuid, |_| true);
+            let report = self.swap_status();
+            let taken = report
+                .totals
+                .bytes_on_host
+                .saturating_add(report.totals.host_kept_bytes);
+            let host_room = settings.host_limit.saturating_sub(taken);
+            let mut fast = Vec::new();
+            for candidate in &candidates {
+                let kept = report
+                    .pods
+                    .get(&candidate.pod)
+                    .map_or(0, |p| p.history.host_kept_bytes);
+                if kept > 0 {
+                    continue;
+                }
+                let pids = self.pids_of(&candidate.pod).await;
+                if let Some(workers) = self.fast_workers(&candidate.pod, &pids) {
+                    fast.push((candidate.pod.clone(), workers));
+                }
+            }
+            let next = hypervisor_swap::prepare_next(
+                &candidates,
+                |c| fast.iter().any(|(pod, _)| *pod == c.pod),
+                host_room,
+                monotonic_ms(),
+                room_policy(&settings),
+            )
+            .map(|c| c.pod.clone());
+            if let Some(next) = next {
+                return fast.into_iter().find(|(pod, _)| *pod == next);
+            }
+        }
+        None
+    }
+
+    /// Asks `pod`'s `workers` to prepare, counting the bytes it holds on its
+    /// GPUs as kept meanwhile; records what they keep after, while the pod
+    /// is still resident (a swap since has recorded its own).
+    async fn prepare(&self, pod: &str, workers: &[http_bidir_comm::ClientId]) {
+        let board = self.swap_board();
+        let holds = self
+            .core()
+            .scheduler
+            .swap_views()
+            .iter()
+            .find(|v| v.pod == pod)
+            .map_or(0, hypervisor_core::scheduler::SwapView::bytes);
+        board.host_kept(pod, holds);
+        let answers = self
+            .ask(workers, &Command::PrepareHost, ANSWER_WITHIN)
+            .await;
+        let (mut kept, mut pinned) = (0u64, 0u64);
+        for (worker, answer) in answers {
+            match answer {
+                Ok(CommandResult {
+                    ok: true,
+                    swap: Some(report),
+                    ..
+                }) => {
+                    kept = kept.saturating_add(report.pinned_bytes);
+                    pinned = pinned.saturating_add(report.pinned_new_bytes);
+                }
+                Ok(CommandResult { message, .. }) => {
+                    tracing::warn!(pod, %worker, %message, "host copies not prepared");
+                }
+                Err(why) => tracing::warn!(pod, %worker, %why, "host copies not prepared"),
+            }
+        }
+        let _one = self.shared.swapper.ops.lock().await;
+        let resident = self
+            .core()
+            .scheduler
+            .swap_views()
+            .iter()
+            .any(|v| v.pod == pod && v.region.residency() == Residency::Resident);
+        if resident {
+            board.host_prepared(pod, kept, pinned);
+            tracing::info!(
+                pod,
+                pinned,
+                kept,
+                "host copies prepared ahead of a swap-out"
+            );
         }
     }
 
@@ -78,7 +228,7 @@ impl Hypervisor {
         }
         let board = self.swap_board();
         let kept = board.history(pod).host_kept_bytes.saturating_sub(released);
-        board.host_released(pod, kept);
+        board.host_kept(pod, kept);
         tracing::info!(
             pod,
             released,

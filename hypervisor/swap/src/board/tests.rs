@@ -143,7 +143,7 @@ fn kept_host_copies_count_while_resident_and_become_the_bytes_on_host_when_away(
     // Away, a pod's copies are its bytes in host memory, not kept ones.
     assert_eq!(seen.pods["b"].history.host_kept_bytes, 0);
 
-    board.host_released("a", 2);
+    board.host_kept("a", 2);
     assert_eq!(report(&board, &both).totals.host_kept_bytes, 2);
     // A swap-out uses the kept copies: they are the bytes on host now.
     board.swapped_out("a", fast(8, 8));
