@@ -28,7 +28,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use hypervisor_daemon::status::LatencySnapshot;
+use hypervisor_status::status::LatencySnapshot;
 
 const P50: Duration = Duration::from_micros(200);
 const P99: Duration = Duration::from_millis(2);

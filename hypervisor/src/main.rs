@@ -16,8 +16,8 @@ use hypervisor_core::turns::TurnArgs;
 use hypervisor_corun::CorunArgs;
 use hypervisor_daemon::Options;
 use hypervisor_daemon::api::ApiRoute;
-use hypervisor_daemon::status::Status;
 use hypervisor_observer::flags::ObserverArgs;
+use hypervisor_status::status::Status;
 use kube_args::KubeArgs;
 
 mod kube_args;

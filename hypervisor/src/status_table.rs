@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use hypervisor_corun::MpsState;
-use hypervisor_daemon::status::Status;
+use hypervisor_status::status::Status;
 
 /// The status as a plain-text table.
 pub fn render_table(status: &Status) -> String {

@@ -76,8 +76,8 @@ fn metrics(hv: &Hypervisor, req: &Request, audience: Audience) -> Response {
         .content_type("text/plain; version=0.0.4")
         .body({
             let status = hv.status();
-            let mut text = crate::metrics::render(&status);
-            text.push_str(&crate::metrics::render_health(
+            let mut text = hypervisor_status::metrics::render(&status);
+            text.push_str(&hypervisor_status::metrics::render_health(
                 &status.gpus,
                 &hv.unhealthy_gpus(),
             ));

@@ -16,11 +16,12 @@
 //!
 //! The parts: [`state`] (what is shared), [`tasks`] (what runs in the
 //! background), [`auth`] (which worker may do what), [`commands`] (what is
-//! sent to workers), [`reload`] (a new config) and [`report`] (the status);
-//! [`api`] (the HTTP routes) served by [`serve`] on the listeners of
-//! [`conn`] (bounded connections); [`status`] and [`metrics`] (what the
-//! daemon reports); [`source`] (where pods come from besides the file);
-//! `processes` (which processes are a pod's, proven by the kernel);
+//! sent to workers), [`reload`] (a new config) and [`report`] (the status,
+//! gathered into `hypervisor-status`'s model); [`api`] (the HTTP routes,
+//! the status and metrics among them) served by [`serve`] on the listeners
+//! of [`conn`] (bounded connections); [`source`] (where pods come from
+//! besides the file); `processes` (which processes are a pod's, proven by
+//! the kernel);
 //! `swap` (pods swapped to host memory and back, and room made for others);
 //! [`timer`] (the tick's precise sleeps). The decisions themselves are
 //! `hypervisor-core`'s.
@@ -29,14 +30,12 @@ pub mod api;
 mod auth;
 mod commands;
 pub use http_bidir_comm::server::conn;
-pub mod metrics;
 mod processes;
 mod reload;
 mod report;
 pub mod serve;
 pub mod source;
 mod state;
-pub mod status;
 mod swap;
 mod tasks;
 pub mod timer;
@@ -48,13 +47,13 @@ use std::time::Instant;
 
 use http_bidir_comm::{ClientId, Hub, HubConfig};
 
-use crate::metrics::LatencyHistogram;
 use crate::timer::PreciseTimer;
 use hypervisor_config::Config;
 use hypervisor_core::node_tables::{NodeTableNames, NodeTables};
 use hypervisor_core::scheduler::Scheduler;
 use hypervisor_core::workers::Workers;
 use hypervisor_observer::{GpuObserver, ObserverError};
+use hypervisor_status::metrics::LatencyHistogram;
 
 pub use auth::AuthError;
 pub use state::Hypervisor;

@@ -1,6 +1,6 @@
 //! The status report of the running hypervisor.
 
-use crate::status::{ProcessStatus, Status, WorkerStatus};
+use hypervisor_status::status::{ProcessStatus, Status, WorkerStatus};
 
 use super::*;
 

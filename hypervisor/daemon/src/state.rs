@@ -9,7 +9,6 @@ use std::time::SystemTime;
 use gpushare_utils::protocol::{Command, CommandResult};
 use http_bidir_comm::{Hub, HubEvents};
 
-use crate::metrics::LatencyHistogram;
 use crate::timer::PreciseTimer;
 use hypervisor_config::{MemoryCapacity, Settings};
 use hypervisor_core::scheduler::Scheduler;
@@ -18,6 +17,7 @@ use hypervisor_core::turns::TurnOptions;
 use hypervisor_core::workers::Workers;
 use hypervisor_corun::{CorunOptions, MpsBoard};
 use hypervisor_observer::{GpuObserver, ProcessUtilization, Unhealthy};
+use hypervisor_status::metrics::LatencyHistogram;
 
 pub(crate) struct Core {
     pub scheduler: Scheduler,

@@ -330,7 +330,7 @@ fn status_and_metrics_show_pods_gpus_and_latency() {
     }
     let (status, json) = call("GET", &format!("{url}/api/v1/status"), None, None);
     assert_eq!(status, 200);
-    let parsed: hypervisor_daemon::status::Status =
+    let parsed: hypervisor_status::status::Status =
         serde_json::from_str(&json).expect("status JSON");
     assert_eq!(parsed.pods.len(), 2);
     assert_eq!(parsed.admission.count, 5);

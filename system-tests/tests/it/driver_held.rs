@@ -569,7 +569,7 @@ fn memory_the_audit_finds_beyond_the_ledger_is_charged_to_the_pod() {
     );
     assert_eq!(result_of(&rest[2]), 2, "{rest:?}");
     assert_eq!(result_of(&rest[3]), 0, "{rest:?}");
-    let metrics = hypervisor_daemon::metrics::render(&hypervisor.hypervisor().status());
+    let metrics = hypervisor_status::metrics::render(&hypervisor.hypervisor().status());
     assert!(
         metrics.contains("gpushare_pod_memory_unaccounted_bytes{")
             && metrics.contains(&format!(" {hidden}")),
