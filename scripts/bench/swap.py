@@ -28,8 +28,10 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
    holding ~0.45xM once it works (less where two of them would not fit
    the host memory), or the pods --overcommit says (5x30: five of 30 GiB,
    quota 32), served in turn twice (1,2,3,1,2,3) with pauses longer than
-   idle_after_ms: no out-of-memory anywhere, digests identical across a
-   pod's turns; each request's time and the swaps the daemon made.
+   idle_after_ms, the host copies of two pods prepared ahead of their
+   swap-out ([swap] prepare_ahead): no out-of-memory anywhere, digests
+   identical across a pod's turns; each request's time and the swaps the
+   daemon made.
 5. move (two GPUs or more): a pod on GPU 0 (quota 8+4 GiB, seen by the
    pod as its only GPU) holding 8 GiB is moved to GPU 1 and back through
    the admin API (POST …/pods/POD/move), then GPU 0 is drained (POST

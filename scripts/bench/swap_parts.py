@@ -233,7 +233,10 @@ def part_overcommit(b):
           f" (sum {gib(count * quota)} GiB), each holding {gib(hold)} GiB once it works; idle_after"
           f" {OVERCOMMIT_IDLE_MS} ms, {OVERCOMMIT_PAUSE_S:g} s between requests", flush=True)
     turns, totals = [], {}
-    with b.serving("overcommit", {pod: quota for pod in pods}, OVERCOMMIT_IDLE_MS):
+    # Two pods' host copies pinned ahead, so that the swap-out a request
+    # waits for only copies.
+    prepare = {"prepare_ahead": f'"{2 * hold // MIB}m"'}
+    with b.serving("overcommit", {pod: quota for pod in pods}, OVERCOMMIT_IDLE_MS, extra=prepare):
         procs = [b.start_pod(pod, "work", hold, 100 + n) for n, pod in enumerate(pods)]
         for p in procs:
             p.ready()

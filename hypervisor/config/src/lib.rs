@@ -26,7 +26,8 @@
 //! headroom = "12g"                   # kept free ahead of need on each such GPU (default 0)
 //! host_limit = "64g"                 # host memory for swapped pods (default: half the node's)
 //! room_wait_ms = 60000               # longest an allocation or swap-in waits for room
-//! prepare_ahead = true               # idle pods' fast-swap host copies pinned ahead (default)
+//! prepare_ahead = "26g"              # host copies pinned ahead for the pods that go next
+//!                                    # (default: twice headroom)
 //! cuda_library = "libcuda.so.1"      # the driver whose checkpoint API swaps
 //!
 //! [[pods]]

@@ -67,11 +67,12 @@ pub struct SwapSettings {
     pub host_limit: u64,
     /// The longest an allocation or a swap-in waits for room.
     pub room_wait: Duration,
-    /// Whether the idle pods that go next on an overcommitting GPU have
-    /// their processes pin their host copies ahead of their swap-out
-    /// (the fast path's), within `host_limit`, so that the swap-out only
-    /// copies (default true).
-    pub prepare_ahead: bool,
+    /// Host memory, in bytes, that the copies resident pods' processes
+    /// keep may reach by copies pinned ahead: the idle pods that go next
+    /// on an overcommitting GPU have their processes pin their host copies
+    /// ahead of their (fast) swap-out, so that it only copies; within
+    /// `host_limit` too (default twice `headroom`; 0: never).
+    pub prepare_ahead: u64,
     /// The driver library whose checkpoint API swaps (`libcuda.so.1`).
     pub cuda_library: String,
     /// Whether a GPU that turns unhealthy (an XID, an uncorrected ECC
@@ -106,7 +107,7 @@ impl Default for SwapSettings {
             headroom: 0,
             host_limit: gpushare_utils::limits::default_spill_limit().saturating_mul(2),
             room_wait: Duration::from_secs(60),
-            prepare_ahead: true,
+            prepare_ahead: 0,
             cuda_library: "libcuda.so.1".to_owned(),
             drain_unhealthy: false,
         }

@@ -20,7 +20,7 @@ pub(super) struct RawSwap {
     headroom: Option<SizeValue>,
     host_limit: Option<SizeValue>,
     room_wait_ms: Option<u64>,
-    prepare_ahead: Option<bool>,
+    prepare_ahead: Option<SizeValue>,
     cuda_library: Option<String>,
     drain_unhealthy: Option<bool>,
 }
@@ -57,6 +57,11 @@ pub(super) fn settings(raw: Option<RawSwap>) -> Result<SwapSettings, ConfigError
     };
     let host_limit = size("host_limit", &raw.host_limit, defaults.host_limit)?;
     let headroom = size("headroom", &raw.headroom, defaults.headroom)?;
+    let prepare_ahead = size(
+        "prepare_ahead",
+        &raw.prepare_ahead,
+        headroom.saturating_mul(2),
+    )?;
     let overcommit_ratio = match raw.overcommit_ratio {
         None => defaults.overcommit_ratio,
         Some(ratio) => OvercommitRatio::new(ratio).ok_or_else(|| {
@@ -86,7 +91,7 @@ pub(super) fn settings(raw: Option<RawSwap>) -> Result<SwapSettings, ConfigError
         room_wait: raw
             .room_wait_ms
             .map_or(defaults.room_wait, Duration::from_millis),
-        prepare_ahead: raw.prepare_ahead.unwrap_or(defaults.prepare_ahead),
+        prepare_ahead,
         cuda_library: raw.cuda_library.unwrap_or(defaults.cuda_library),
         drain_unhealthy: raw.drain_unhealthy.unwrap_or(defaults.drain_unhealthy),
     })

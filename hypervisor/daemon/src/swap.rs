@@ -25,6 +25,7 @@
 //! GPU's `headroom` free, ahead of need ([`ahead`]); trapped calls' swap-ins
 //! are served in the order their pods asked ([`asked`]).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -79,6 +80,9 @@ pub(crate) struct Swapper {
     ops: Arc<tokio::sync::Mutex<()>>,
     /// Whether a pod's processes are preparing host copies ([`kept`]).
     preparing: AtomicBool,
+    /// What each pod held on its GPUs, by its ledger, when its processes
+    /// last made the copies they lacked ([`kept`]).
+    prepared_at: Mutex<BTreeMap<String, u64>>,
     /// Pods' GPUs are given by Kubernetes (a DRA allocation, or a device
     /// plugin's device files, names each): pods swap, never move.
     pinned: AtomicBool,
@@ -285,9 +289,6 @@ impl Hypervisor {
         let pids = self.pids_of(&view.pod).await;
         let bytes = self.held_bytes(view, &pids).await;
         self.host_room_for(&view.pod, bytes).await?;
-        if let Some(available) = hypervisor_swap::host::available() {
-            hypervisor_swap::host::takes(bytes, available)?;
-        }
         // Where every process can, its limiter moves its memory itself; a
         // move needs the checkpoint (its processes are restored on the
         // other GPU).
@@ -295,6 +296,14 @@ impl Hypervisor {
             Wait::Quiet => self.fast_workers(&view.pod, &pids),
             Wait::No => None,
         };
+        // The fast path fills the host copies its processes keep already
+        // and pins only the rest; the checkpoint puts all of it in host
+        // memory (checked again should the fast path be undone).
+        let kept = match fast {
+            Some(_) => self.swap_board().history(&view.pod).host_kept_bytes,
+            None => 0,
+        };
+        host_takes(bytes.saturating_sub(kept))?;
         if let Some(workers) = fast {
             match self
                 .fast_swap_out(view, &residence, &workers, &pids)
@@ -304,6 +313,7 @@ impl Hypervisor {
                 fast::FastOut::Active => return Err(SwapRefusal::Swap(SwapError::Active)),
                 fast::FastOut::Undone(reason) => {
                     tracing::info!(pod = %view.pod, %reason, "the pod's processes could not swap themselves; the driver's checkpoint is tried");
+                    host_takes(bytes)?;
                 }
             }
         }
@@ -470,6 +480,15 @@ fn answer(view: &SwapView) -> SwapAnswer {
 
 /// How long a trapped call's swap-in may take before the daemon answers
 /// (the limiter asks again): a swap-out in progress finishes first.
+/// Whether the host's available memory takes `bytes` more, beside the
+/// reserve kept for the rest of the node (where the kernel says).
+fn host_takes(bytes: u64) -> Result<(), SwapRefusal> {
+    match hypervisor_swap::host::available() {
+        Some(available) => Ok(hypervisor_swap::host::takes(bytes, available)?),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn swap_in_wait(room_wait: Duration) -> Duration {
     room_wait.max(Duration::from_secs(30))
 }

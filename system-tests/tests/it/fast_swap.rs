@@ -12,7 +12,7 @@
 //! after a fast swap-in count against `host_limit`, and are given back when
 //! another pod's swap-out needs the room. On an overcommitting GPU, the
 //! idle pod that goes next has its copies prepared ahead, within
-//! `host_limit`, while it stays on the GPU.
+//! `prepare_ahead`, while it stays on the GPU.
 
 use std::sync::Arc;
 
@@ -294,12 +294,13 @@ fn host_copies_a_resident_pod_keeps_are_given_back_when_another_pods_swap_needs_
 }
 
 #[test]
-fn the_idle_pod_that_goes_next_has_its_host_copies_prepared_ahead_within_host_limit() {
+fn the_idle_pod_that_goes_next_has_its_host_copies_prepared_ahead_within_its_budget() {
     let (first, second) = (Pod::new("fast-prep-a"), Pod::new("fast-prep-b"));
-    // Host room for one pod's copies, not two (a pod counts for what it
-    // holds on the GPU, its context too, until its processes answer).
+    // Room among the copies prepared ahead for one pod's, not two (a pod
+    // counts for what it holds on the GPU, its context too, until its
+    // processes answer).
     let swap = format!(
-        "overcommit = true\nidle_after_ms = 200\nhost_limit = \"{}\"",
+        "overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\nprepare_ahead = \"{}\"",
         CONTEXT_BYTES + HELD * 3 / 2
     );
     let config = two_pods(&first, &second, "1g", &swap);

@@ -265,6 +265,10 @@ fn the_swap_table() {
     assert_eq!(defaults.ranking, hypervisor_swap::Ranking::Lru2);
     assert_eq!(defaults.min_resident, Duration::from_secs(5));
     assert_eq!(defaults.headroom, 0, "no swap-out ahead of need");
+    assert_eq!(
+        defaults.prepare_ahead, 0,
+        "no copies ahead without headroom"
+    );
     let all = parse_str(
         r#"
         [swap]
@@ -276,6 +280,7 @@ fn the_swap_table() {
         headroom = "12g"
         host_limit = "64g"
         room_wait_ms = 9000
+        prepare_ahead = "40g"
         cuda_library = "/opt/driver/libcuda.so.1"
         drain_unhealthy = true
         "#,
@@ -291,6 +296,13 @@ fn the_swap_table() {
     assert_eq!(all.headroom, 12 << 30);
     assert_eq!(all.host_limit, 64 << 30);
     assert_eq!(all.room_wait, Duration::from_secs(9));
+    assert_eq!(all.prepare_ahead, 40 << 30);
+    let headroom = parse_str("[swap]\nheadroom = \"12g\"\n").unwrap();
+    assert_eq!(
+        headroom.settings.swap.prepare_ahead,
+        24 << 30,
+        "twice headroom"
+    );
     assert_eq!(all.cuda_library, "/opt/driver/libcuda.so.1");
     assert!(all.drain_unhealthy);
     let some = parse_str("[swap]\novercommit = [1, 3]\n")
@@ -302,6 +314,7 @@ fn the_swap_table() {
         "[swap]\nlatency_pods = \"first\"\n",
         "[swap]\nhost_limit = \"lots\"\n",
         "[swap]\nheadroom = \"lots\"\n",
+        "[swap]\nprepare_ahead = true\n",
         "[swap]\nranking = \"lfu\"\n",
         "[swap]\nidle = 3\n",
     ] {

@@ -8,14 +8,18 @@
 //! pods' kept copies are given back (`Command::ReleaseHost`), those of the
 //! most recently called pods first, before the swap-out is refused.
 //!
-//! **Prepared ahead** (`[swap] prepare_ahead`, on by default): a pod's
+//! **Prepared ahead** (`[swap] prepare_ahead`, a budget): a pod's
 //! first fast swap-out would pin fresh host memory as it copies, seconds
 //! for tens of GiB. Once a second, the idle pod that goes next on an
-//! overcommitting GPU (the policy's `prepare_next`) and keeps no copies
-//! yet is asked to make them (`Command::PrepareHost`) while it stays on
-//! its GPU, where `host_limit` leaves room for them: its swap-out, when it
-//! comes, only copies. One pod at a time on the node, outside the swap
-//! lock; the bytes are counted as kept from the moment they are asked for.
+//! overcommitting GPU (the policy's `prepare_next`) and lacks copies (it
+//! keeps none, or has grown by [`PREPARE_STEP`] since it last made them)
+//! is asked to make them (`Command::PrepareHost`) while it stays on its
+//! GPU, where the copies resident pods keep stay within `prepare_ahead`,
+//! and `host_limit` and the host's available memory leave room for them:
+//! its swap-out, when it comes, only copies. The budget keeps host memory
+//! for what the pods themselves need: pinned memory cannot be paged. One pod at a time on
+//! the node, outside the swap lock; the bytes are counted as kept from the
+//! moment they are asked for.
 
 use std::sync::atomic::Ordering;
 
@@ -26,7 +30,12 @@ use gpushare_utils::protocol::{Command, CommandResult};
 use super::SwapRefusal;
 use super::fast::ANSWER_WITHIN;
 use super::room::room_policy;
-use crate::Hypervisor;
+use crate::{Hypervisor, lock};
+
+/// How much a pod's memory on its GPUs grows, by its ledger, before its
+/// processes are asked again for the host copies they lack: a program
+/// that allocates as it works gets copies for its new memory too.
+const PREPARE_STEP: u64 = 256 << 20;
 
 impl Hypervisor {
     /// Makes room under `[swap] host_limit` for `pod`'s swap-out of
@@ -114,7 +123,7 @@ impl Hypervisor {
             let Some(settings) = self.overcommit_on(&uuid) else {
                 continue;
             };
-            if !settings.prepare_ahead {
+            if settings.prepare_ahead == 0 {
                 continue;
             }
             let (_, candidates) = self.candidates_on(&uuid, |_| true);
@@ -123,14 +132,29 @@ impl Hypervisor {
                 .totals
                 .bytes_on_host
                 .saturating_add(report.totals.host_kept_bytes);
-            let host_room = settings.host_limit.saturating_sub(taken);
+            let available = hypervisor_swap::host::available().map_or(u64::MAX, |available| {
+                available.saturating_sub(hypervisor_swap::HOST_RESERVE)
+            });
+            let budget = settings
+                .prepare_ahead
+                .saturating_sub(report.totals.host_kept_bytes);
+            let host_room = settings
+                .host_limit
+                .saturating_sub(taken)
+                .min(available)
+                .min(budget);
             let mut fast = Vec::new();
             for candidate in &candidates {
                 let kept = report
                     .pods
                     .get(&candidate.pod)
                     .map_or(0, |p| p.history.host_kept_bytes);
-                if kept > 0 {
+                let at = lock(&self.shared.swapper.prepared_at)
+                    .get(&candidate.pod)
+                    .copied();
+                let lacks = kept == 0
+                    || at.is_none_or(|at| candidate.bytes > at.saturating_add(PREPARE_STEP));
+                if !lacks {
                     continue;
                 }
                 let pids = self.pids_of(&candidate.pod).await;
@@ -187,14 +211,15 @@ impl Hypervisor {
             }
         }
         let _one = self.shared.swapper.ops.lock().await;
-        let resident = self
-            .core()
-            .scheduler
-            .swap_views()
+        let views = self.core().scheduler.swap_views();
+        let resident = views
             .iter()
             .any(|v| v.pod == pod && v.region.residency() == Residency::Resident);
+        let mut prepared_at = lock(&self.shared.swapper.prepared_at);
+        prepared_at.retain(|known, _| views.iter().any(|v| v.pod == *known));
         if resident {
             board.host_prepared(pod, kept, pinned);
+            prepared_at.insert(pod.to_owned(), holds);
             tracing::info!(
                 pod,
                 pinned,
