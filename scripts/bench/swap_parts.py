@@ -270,8 +270,8 @@ def part_overcommit(b):
                             ("no swap happened", not b.stuck and not totals.get("swap_outs"))) if bad]
     ok = not why
     print(f"overcommit: {'PASS' if ok else 'FAIL ' + ', '.join(why)}; daemon totals {totals}", flush=True)
-    return {"total": total, "free": free, "quota": quota, "hold": hold, "turns": turns, "totals": totals,
-            "metrics": metrics, "pass": ok, "why": why}
+    return {"total": total, "free": free, "pods": count, "quota": quota, "hold": hold, "turns": turns,
+            "totals": totals, "metrics": metrics, "pass": ok, "why": why}
 
 
 def move_step(b, p, pod, held, quota, before, gpus, action, to):

@@ -486,6 +486,15 @@ def test_report_of_failures():
         "| overcommit, 3 pods of quota 40 GiB holding 36 GiB | 4 requests, None swaps out, None in"
         " | no OOM, digests identical | FAIL out of memory, a request failed |\n",
         "| move between GPUs | not run |  |  |\n")
+    # Timed requests: the slowest against the bar.
+    timed = [{"bench_s": 0.5}, {"bench_s": 4.12}, {"bench_s": None}]
+    assert swap_report.report({"overcommit": {"pods": 5, "quota": 34 * GIB, "hold": 30 * GIB, "turns": timed,
+                                              "totals": {"swap_outs": 3, "swap_ins": 2}, "pass": True,
+                                              "why": []}}, [1.0]) == table(
+        "| overcommit, 5 pods of quota 34 GiB holding 30 GiB | 3 requests, 3 swaps out, 2 in"
+        " | no OOM, digests identical | PASS |\n",
+        "| overcommit, slowest request (a swap-out and a swap-in at most), s | 4.12 | <= 3 s | FAIL |\n",
+        "| move between GPUs | not run |  |  |\n")
 
 
 def test_run_without_a_gpu(bundle, tmp_path, monkeypatch, capsys):
