@@ -81,7 +81,8 @@ pub(crate) struct Swapper {
     /// Whether a pod's processes are preparing host copies ([`kept`]).
     preparing: AtomicBool,
     /// What each pod held on its GPUs, by its ledger, when its processes
-    /// last made the copies they lacked ([`kept`]).
+    /// were last asked for the copies they lacked; forgotten once they
+    /// give their copies back ([`kept`]).
     prepared_at: Mutex<BTreeMap<String, u64>>,
     /// Pods' GPUs are given by Kubernetes (a DRA allocation, or a device
     /// plugin's device files, names each): pods swap, never move.

@@ -357,6 +357,45 @@ fn the_idle_pod_that_goes_next_has_its_host_copies_prepared_ahead_within_its_bud
 }
 
 #[test]
+fn a_prepared_pod_that_grows_is_asked_again_for_the_copies_it_lacks() {
+    let (pod, unused) = (Pod::new("fast-prep-grow"), Pod::new("fast-prep-none"));
+    let swap =
+        "overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\nprepare_ahead = \"8g\"";
+    let config = two_pods(&pod, &unused, "2g", swap);
+    let node = daemon::hypervisor(&pod, &config, Arc::new(process_gpus(1)));
+    // Idle at each wait: 64 MiB, then 512 MiB more.
+    let script = [
+        "alloc", "mem", "64m", "write", "0", "9", "wait", "alloc", "mem", "512m", "wait", "check",
+        "0", "9",
+    ];
+    let env = [("CUDA_LIMITER_FAST_SWAP", "1")];
+    let mut running = Running::start(&pod, &node.url(), &env, &script);
+    running.until_ready();
+    registered(&node, &pod, 1);
+    let kept = || node.hypervisor().pod_swap(&pod.0).history.host_kept_bytes;
+    eventually("the idle pod's copies are prepared", || kept() == HELD);
+
+    running.resume();
+    let lines = running.until_ready();
+    assert!(lines[1].starts_with("alloc mem 512m -> 0"), "{lines:?}");
+    eventually("the grown pod's new memory gets its copy too", || {
+        kept() == HELD + 512 * MIB
+    });
+    let status = node.hypervisor().swap_status();
+    assert_eq!(
+        (
+            status.totals.host_prepares,
+            status.totals.host_prepared_bytes
+        ),
+        (2, HELD + 512 * MIB),
+        "{status:?}"
+    );
+    let (rest, exit) = running.finish();
+    assert!(exit.success(), "{rest:?}");
+    assert!(rest[1].contains("differ=0"), "the same bytes: {rest:?}");
+}
+
+#[test]
 fn a_process_holding_memory_its_limiter_does_not_back_sends_the_pod_to_the_checkpoint() {
     let pod = Pod::new("fast-unbacked");
     let node = start(&pod);

@@ -12,14 +12,17 @@
 //! first fast swap-out would pin fresh host memory as it copies, seconds
 //! for tens of GiB. Once a second, the idle pod that goes next on an
 //! overcommitting GPU (the policy's `prepare_next`) and lacks copies (it
-//! keeps none, or has grown by [`PREPARE_STEP`] since it last made them)
-//! is asked to make them (`Command::PrepareHost`) while it stays on its
-//! GPU, where the copies resident pods keep stay within `prepare_ahead`,
-//! and `host_limit` and the host's available memory leave room for them:
-//! its swap-out, when it comes, only copies. The budget keeps host memory
-//! for what the pods themselves need: pinned memory cannot be paged. One pod at a time on
+//! was never asked, gave its copies back since, or has grown by
+//! [`PREPARE_STEP`] since it was last asked) is asked to make them
+//! (`Command::PrepareHost`) while it stays on its GPU, where the copies
+//! resident pods keep stay within `prepare_ahead`, and `host_limit` and
+//! the host's available memory leave room for them: its swap-out, when it
+//! comes, only copies. The budget keeps host memory for what the pods
+//! themselves need: pinned memory cannot be paged. One pod at a time on
 //! the node, outside the swap lock; the bytes are counted as kept from the
-//! moment they are asked for.
+//! moment they are asked for. A pod whose processes could not is not
+//! asked again until it grows: a process that cannot answer (an older
+//! limiter) holds the next pod's turn only once.
 
 use std::sync::atomic::Ordering;
 
@@ -145,16 +148,10 @@ impl Hypervisor {
                 .min(budget);
             let mut fast = Vec::new();
             for candidate in &candidates {
-                let kept = report
-                    .pods
-                    .get(&candidate.pod)
-                    .map_or(0, |p| p.history.host_kept_bytes);
                 let at = lock(&self.shared.swapper.prepared_at)
                     .get(&candidate.pod)
                     .copied();
-                let lacks = kept == 0
-                    || at.is_none_or(|at| candidate.bytes > at.saturating_add(PREPARE_STEP));
-                if !lacks {
+                if at.is_some_and(|at| candidate.bytes <= at.saturating_add(PREPARE_STEP)) {
                     continue;
                 }
                 let pids = self.pids_of(&candidate.pod).await;
@@ -218,8 +215,12 @@ impl Hypervisor {
         let mut prepared_at = lock(&self.shared.swapper.prepared_at);
         prepared_at.retain(|known, _| views.iter().any(|v| v.pod == *known));
         if resident {
-            board.host_prepared(pod, kept, pinned);
             prepared_at.insert(pod.to_owned(), holds);
+            if pinned == 0 {
+                board.host_kept(pod, kept);
+                return;
+            }
+            board.host_prepared(pod, kept, pinned);
             tracing::info!(
                 pod,
                 pinned,
@@ -254,6 +255,7 @@ impl Hypervisor {
         let board = self.swap_board();
         let kept = board.history(pod).host_kept_bytes.saturating_sub(released);
         board.host_kept(pod, kept);
+        lock(&self.shared.swapper.prepared_at).remove(pod);
         tracing::info!(
             pod,
             released,
