@@ -55,6 +55,7 @@ mod room;
 
 pub(crate) use ahead::USE_SAMPLE;
 pub use relocate::{DrainReport, MoveAnswer};
+pub use room::{ROOM_ASKS_PER_POD, RoomSlot};
 
 /// A swap-out begins once the pod's last call is this old: its processes
 /// stamp calls from a coarse clock (a tick, a few milliseconds, behind at
@@ -75,6 +76,8 @@ pub(crate) struct Swapper {
     uses: Uses,
     /// Swapped pods waiting for room, in the order they asked.
     asks: Asks,
+    /// The room asks each pod has in flight ([`room`]).
+    room_asks: room::RoomAsks,
     driver: Mutex<Option<Arc<CheckpointDriver>>>,
     /// Held by the swap under way ([`Hypervisor::exclusive`]).
     ops: Arc<tokio::sync::Mutex<()>>,

@@ -545,6 +545,73 @@ fn an_allocation_waits_for_a_busy_pod_to_go_idle_and_make_room() {
 }
 
 #[test]
+fn a_pod_has_only_so_many_room_asks_in_flight() {
+    // A busy pod that never goes idle holds most of the GPU: each room ask
+    // of the other waits out room_wait, polling the swap lock. Past the
+    // cap, an ask is answered at once; a slot is free again once one ends.
+    let busy = Pod::new("policy-asks-busy");
+    let asker = Pod::new("policy-asks-asker");
+    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
+    let node = serving(
+        &node_file,
+        1,
+        &[Placed::batch(&busy, "10g"), Placed::batch(&asker, "10g")],
+        "overcommit = true\nidle_after_ms = 600000\nroom_wait_ms = 3000",
+    );
+    let holding = started(
+        &node,
+        &node_file,
+        1,
+        &busy,
+        &[],
+        &["alloc", "mem", "9g", "wait"],
+    );
+    let asking = started(
+        &node,
+        &node_file,
+        1,
+        &asker,
+        &[],
+        &["alloc", "mem", "64m", "wait"],
+    );
+    let worker = node.hypervisor().workers_of(&asker.0)[0].to_string();
+    let body = format!(
+        "{{\"worker_id\":\"{worker}\",\"uuid\":\"{}\",\"bytes\":{}}}",
+        gpushare_examples::uuid(0),
+        9 * GIB
+    );
+    let ask = || {
+        let began = std::time::Instant::now();
+        let (status, answer) = post(&node, "/room", TOKEN, &body);
+        (status, answer, began.elapsed())
+    };
+    let cap = hypervisor_daemon::ROOM_ASKS_PER_POD as usize;
+    let answers: Vec<(u16, String, Duration)> = std::thread::scope(|scope| {
+        let asks: Vec<_> = (0..=cap).map(|_| scope.spawn(ask)).collect();
+        asks.into_iter()
+            .map(|a| a.join().expect("an ask"))
+            .collect()
+    });
+    let refused: Vec<&(u16, String, Duration)> = answers
+        .iter()
+        .filter(|(status, ..)| *status == 429)
+        .collect();
+    assert_eq!(refused.len(), 1, "{answers:?}");
+    assert!(
+        refused[0].2 < Duration::from_secs(2),
+        "at once: {answers:?}"
+    );
+    for (status, _, took) in answers.iter().filter(|(status, ..)| *status != 429) {
+        assert_eq!(*status, 200, "{answers:?}");
+        assert!(*took >= Duration::from_millis(2_500), "waited: {answers:?}");
+    }
+    let (status, answer, _) = ask();
+    assert_eq!(status, 200, "a slot is free again: {answer}");
+    ended(asking);
+    killed(holding);
+}
+
+#[test]
 fn a_librarys_first_use_the_gpu_has_no_room_for_is_given_room() {
     // A library loaded lazily, whose globals (8 GiB) the GPU has no room
     // for beside an idle pod: its first launch has the idle pod swapped

@@ -137,6 +137,12 @@ pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
         Ok(pod) => pod,
         Err(refusal) => return refusal.into_response(),
     };
+    let Some(_asking) = hv.room_slot(&pod) else {
+        return json_error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "the pod has as many room asks in flight as it may; no room made",
+        );
+    };
     let wait = hv.core().settings.swap.room_wait;
     let asked = std::time::Instant::now();
     let freed = tokio::time::timeout(

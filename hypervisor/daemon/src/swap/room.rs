@@ -15,6 +15,8 @@
 //! Kubernetes that is a pod whose claim asked for a device whose
 //! `overcommit` attribute is false, to be never swapped.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpushare_utils::clock::monotonic_ms;
@@ -25,9 +27,62 @@ use hypervisor_swap::{Candidate, RoomPolicy, SwapCause, room_ever};
 use tokio::time::Instant;
 
 use super::SwapRefusal;
-use crate::Hypervisor;
+use crate::{Hypervisor, lock};
+
+/// The most room asks one pod may have in flight at once. Each holds its
+/// request up to `room_wait` and takes the node's swap lock every
+/// [`ROOM_POLL`] while only busy pods could make the room, so a pod that
+/// opened many could keep that lock from its neighbours' swaps. A process
+/// asks for one allocation at a time on each thread that allocates; asks
+/// past this are answered at once, with no room made.
+pub const ROOM_ASKS_PER_POD: u32 = 8;
+
+/// The room asks each pod has in flight.
+#[derive(Default)]
+pub(crate) struct RoomAsks(Arc<Mutex<BTreeMap<String, u32>>>);
+
+impl RoomAsks {
+    /// One more ask of `pod` in flight, while it has fewer than
+    /// [`ROOM_ASKS_PER_POD`].
+    fn take(&self, pod: &str) -> Option<RoomSlot> {
+        let mut asks = lock(&self.0);
+        let count = asks.entry(pod.to_owned()).or_insert(0);
+        if *count >= ROOM_ASKS_PER_POD {
+            return None;
+        }
+        *count += 1;
+        Some(RoomSlot {
+            asks: Arc::clone(&self.0),
+            pod: pod.to_owned(),
+        })
+    }
+}
+
+/// A room ask in flight, counted until it is dropped.
+pub struct RoomSlot {
+    asks: Arc<Mutex<BTreeMap<String, u32>>>,
+    pod: String,
+}
+
+impl Drop for RoomSlot {
+    fn drop(&mut self) {
+        let mut asks = lock(&self.asks);
+        if let Some(count) = asks.get_mut(&self.pod) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                asks.remove(&self.pod);
+            }
+        }
+    }
+}
 
 impl Hypervisor {
+    /// A room ask of `pod` in flight, counted until dropped; `None` while
+    /// it has [`ROOM_ASKS_PER_POD`] already.
+    pub fn room_slot(&self, pod: &str) -> Option<RoomSlot> {
+        self.shared.swapper.room_asks.take(pod)
+    }
+
     /// Room for an allocation of `bytes` of `asker` on the GPU `uuid`:
     /// idle pods there swapped out until the GPU has free what the
     /// allocation may take (at most what `asker`'s quota there leaves);
