@@ -71,17 +71,7 @@ impl Hypervisor {
     /// headroom: `None` where none is short or no pod (but those
     /// `passed_over`) can go; `Err(pod)` where the pod chosen could not.
     async fn swap_one_ahead(&self, passed_over: &[String]) -> Option<Result<(), String>> {
-        let gpus: Vec<String> = self
-            .core()
-            .scheduler
-            .gpus()
-            .iter()
-            .map(|g| g.uuid.clone())
-            .collect();
-        for uuid in gpus {
-            let Some(settings) = self.overcommit_on(&uuid) else {
-                continue;
-            };
+        for (uuid, settings) in self.overcommitting_gpus() {
             if settings.headroom == 0
                 || self
                     .free_on(&uuid)

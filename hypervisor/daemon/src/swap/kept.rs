@@ -113,19 +113,9 @@ impl Hypervisor {
 
     /// The pod [`Self::prepare_ahead`] prepares and its workers: the first
     /// the policy gives on an overcommitting GPU among the pods whose
-    /// processes all take the fast path and keep no copies.
+    /// processes all take the fast path and lack copies.
     async fn pod_to_prepare(&self) -> Option<(String, Vec<http_bidir_comm::ClientId>)> {
-        let gpus: Vec<String> = self
-            .core()
-            .scheduler
-            .gpus()
-            .iter()
-            .map(|g| g.uuid.clone())
-            .collect();
-        for uuid in gpus {
-            let Some(settings) = self.overcommit_on(&uuid) else {
-                continue;
-            };
+        for (uuid, settings) in self.overcommitting_gpus() {
             if settings.prepare_ahead == 0 {
                 continue;
             }

@@ -335,6 +335,18 @@ impl Hypervisor {
             .then(|| core.settings.swap.clone())
     }
 
+    /// The node's GPUs that overcommit, by UUID, each with the settings.
+    pub(super) fn overcommitting_gpus(&self) -> Vec<(String, SwapSettings)> {
+        let core = self.core();
+        let swap = &core.settings.swap;
+        core.scheduler
+            .gpus()
+            .iter()
+            .filter(|g| swap.overcommits(g.index))
+            .map(|g| (g.uuid.clone(), swap.clone()))
+            .collect()
+    }
+
     /// The GPU's free memory, as the observer reads it now.
     pub(super) fn free_on(&self, uuid: &str) -> Option<u64> {
         self.free_memory()
