@@ -29,6 +29,7 @@ use std::sync::atomic::Ordering;
 use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::{Command, CommandResult};
+use hypervisor_core::scheduler::SwapView;
 
 use super::SwapRefusal;
 use super::fast::ANSWER_WITHIN;
@@ -119,7 +120,7 @@ impl Hypervisor {
             if settings.prepare_ahead == 0 {
                 continue;
             }
-            let (_, candidates) = self.candidates_on(&uuid, |_| true);
+            let (views, candidates) = self.candidates_on(&uuid, |_| true);
             let report = self.swap_status();
             let taken = report
                 .totals
@@ -141,7 +142,12 @@ impl Hypervisor {
                 let at = lock(&self.shared.swapper.prepared_at)
                     .get(&candidate.pod)
                     .copied();
-                if at.is_some_and(|at| candidate.bytes <= at.saturating_add(PREPARE_STEP)) {
+                // What it holds on all its GPUs, as `prepare` records it.
+                let holds = views
+                    .iter()
+                    .find(|v| v.pod == candidate.pod)
+                    .map_or(candidate.bytes, SwapView::bytes);
+                if at.is_some_and(|at| holds <= at.saturating_add(PREPARE_STEP)) {
                     continue;
                 }
                 let pids = self.pids_of(&candidate.pod).await;
@@ -175,7 +181,7 @@ impl Hypervisor {
             .swap_views()
             .iter()
             .find(|v| v.pod == pod)
-            .map_or(0, hypervisor_core::scheduler::SwapView::bytes);
+            .map_or(0, SwapView::bytes);
         board.host_kept(pod, holds);
         let answers = self
             .ask(workers, &Command::PrepareHost, ANSWER_WITHIN)
