@@ -30,6 +30,7 @@ use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::{Command, CommandResult};
 use hypervisor_core::scheduler::SwapView;
+use hypervisor_swap::Candidate;
 
 use super::SwapRefusal;
 use super::fast::ANSWER_WITHIN;
@@ -137,8 +138,7 @@ impl Hypervisor {
                 .saturating_sub(taken)
                 .min(available)
                 .min(budget);
-            let mut fast = Vec::new();
-            for candidate in &candidates {
+            let lacks = |candidate: &Candidate| {
                 let at = lock(&self.shared.swapper.prepared_at)
                     .get(&candidate.pod)
                     .copied();
@@ -147,24 +147,23 @@ impl Hypervisor {
                     .iter()
                     .find(|v| v.pod == candidate.pod)
                     .map_or(candidate.bytes, SwapView::bytes);
-                if at.is_some_and(|at| holds <= at.saturating_add(PREPARE_STEP)) {
-                    continue;
-                }
-                let pids = self.pids_of(&candidate.pod).await;
-                if let Some(workers) = self.fast_workers(&candidate.pod, &pids) {
-                    fast.push((candidate.pod.clone(), workers));
-                }
-            }
-            let next = hypervisor_swap::prepare_next(
+                at.is_none_or(|at| holds > at.saturating_add(PREPARE_STEP))
+            };
+            // The pods' processes are proven (a walk of `/proc`) in the
+            // order the policy gives, only until one takes the fast path.
+            let mut slow: Vec<String> = Vec::new();
+            while let Some(next) = hypervisor_swap::prepare_next(
                 &candidates,
-                |c| fast.iter().any(|(pod, _)| *pod == c.pod),
+                |c| !slow.contains(&c.pod) && lacks(c),
                 host_room,
                 monotonic_ms(),
                 room_policy(&settings),
-            )
-            .map(|c| c.pod.clone());
-            if let Some(next) = next {
-                return fast.into_iter().find(|(pod, _)| *pod == next);
+            ) {
+                let pids = self.pids_of(&next.pod).await;
+                match self.fast_workers(&next.pod, &pids) {
+                    Some(workers) => return Some((next.pod.clone(), workers)),
+                    None => slow.push(next.pod.clone()),
+                }
             }
         }
         None
