@@ -91,6 +91,9 @@ pub(super) fn again(result: CUresult, tries: u32) -> bool {
 #[cold]
 #[inline(never)]
 fn room_for_launch(tries: u32) -> bool {
+    if !wants_room(CUresult::ERROR_OUT_OF_MEMORY, tries) {
+        return false;
+    }
     let Some(limiter) = entry::limiter() else {
         return false;
     };
@@ -99,10 +102,7 @@ fn room_for_launch(tries: u32) -> bool {
         .driver()
         .and_then(|driver| driver.current_device().ok())
         .and_then(|device| usize::try_from(device).ok());
-    let Some(device) = device else {
-        return false;
-    };
-    wants_room(CUresult::ERROR_OUT_OF_MEMORY, tries) && made_room(ctx, device, 0, driver_free)
+    device.is_some_and(|device| made_room(ctx, device, 0, driver_free))
 }
 
 /// A handle launched for the first time may load its library's globals
