@@ -482,8 +482,6 @@ fn answer(view: &SwapView) -> SwapAnswer {
     }
 }
 
-/// How long a trapped call's swap-in may take before the daemon answers
-/// (the limiter asks again): a swap-out in progress finishes first.
 /// Whether the host's available memory takes `bytes` more, beside the
 /// reserve kept for the rest of the node (where the kernel says).
 fn host_takes(bytes: u64) -> Result<(), SwapRefusal> {
@@ -493,6 +491,8 @@ fn host_takes(bytes: u64) -> Result<(), SwapRefusal> {
     }
 }
 
+/// How long a trapped call's swap-in may take before the daemon answers
+/// (the limiter asks again): a swap-out in progress finishes first.
 pub(crate) fn swap_in_wait(room_wait: Duration) -> Duration {
     room_wait.max(Duration::from_secs(30))
 }

@@ -219,9 +219,9 @@ pub fn ahead(
 /// The pod whose host copies to prepare ahead of its swap-out (so that
 /// its first fast swap-out only copies, instead of pinning fresh host
 /// memory as it copies): the first that [`ranked`] gives that `unprepared`
-/// says keeps none yet and can take the fast path, whose bytes `host_room`
-/// takes. The pods that go next are prepared first; one brought back
-/// within `min_resident_ms` keeps the copies of its swap-in already.
+/// says lacks copies, whose bytes `host_room` takes. The pods that go next
+/// are prepared first; those brought back within `min_resident_ms` come
+/// last, as they go last.
 pub fn prepare_next(
     candidates: &[Candidate],
     unprepared: impl Fn(&Candidate) -> bool,

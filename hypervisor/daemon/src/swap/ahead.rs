@@ -81,7 +81,7 @@ impl Hypervisor {
             }
             let (views, candidates) =
                 self.candidates_on(&uuid, |pod| !passed_over.iter().any(|p| p == pod));
-            let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
+            let host_room = self.host_room(&settings);
             let Some(pod) = hypervisor_swap::ahead(
                 &candidates,
                 host_room,

@@ -107,7 +107,7 @@ impl Hypervisor {
     /// up the pods that can.
     fn keeps_its_place(&self, waiting: &SwapView, waited: Duration) -> bool {
         let settings = self.core().settings.swap.clone();
-        let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
+        let host_room = self.host_room(&settings);
         let (policy, now) = (room_policy(&settings), monotonic_ms());
         let aged = waited >= settings.room_wait;
         waiting.gpus.iter().all(|gpu| {

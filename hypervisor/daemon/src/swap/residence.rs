@@ -11,6 +11,7 @@
 //! and a swapped pod whose processes all exited.
 
 use gpushare_utils::limits::Residency;
+use hypervisor_config::SwapSettings;
 use hypervisor_core::region::PodRegion;
 use hypervisor_core::scheduler::SwapView;
 use std::collections::BTreeMap;
@@ -159,9 +160,12 @@ impl Hypervisor {
         self.swap_board().pod(pod, residency)
     }
 
-    /// Bytes of the pods away in host memory now.
-    pub(super) fn bytes_on_host(&self) -> u64 {
-        self.swap_status().totals.bytes_on_host
+    /// The host memory `settings`' `host_limit` leaves for more swapped
+    /// pods, beside those away in host memory now.
+    pub(super) fn host_room(&self, settings: &SwapSettings) -> u64 {
+        settings
+            .host_limit
+            .saturating_sub(self.swap_status().totals.bytes_on_host)
     }
 
     /// Once a second, while no swap runs: a pod this run did not swap but

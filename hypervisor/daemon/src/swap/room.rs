@@ -152,7 +152,7 @@ impl Hypervisor {
         let may_come = made.free < made.target
             && self.overcommit_on(uuid).is_some_and(|settings| {
                 let (_, candidates) = self.candidates_on(uuid, |pod| pod != asker);
-                let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
+                let host_room = self.host_room(&settings);
                 room_ever(
                     &candidates,
                     made.target,
@@ -263,7 +263,7 @@ impl Hypervisor {
         let (views, candidates) = self.candidates_on(uuid, |pod| {
             pod != asker && !passed_over.iter().any(|p| p == pod)
         });
-        let host_room = settings.host_limit.saturating_sub(self.bytes_on_host());
+        let host_room = self.host_room(settings);
         let first = hypervisor_swap::victims(
             &candidates,
             lacking,
