@@ -184,7 +184,9 @@ impl Hypervisor {
                 path: SwapPath::Fast,
                 bytes,
                 took: started.elapsed(),
-                kept,
+                // Copies are of the pod's memory on its GPUs: a process
+                // reporting more is believed only up to that.
+                kept: kept.min(view.bytes()),
             };
             residence.swapped_in(back);
             tracing::info!(pod = %view.pod, bytes, seconds = back.took.as_secs_f64(), "pod swapped in by its processes");

@@ -206,10 +206,14 @@ impl Hypervisor {
         let views = self.core().scheduler.swap_views();
         let resident = views
             .iter()
-            .any(|v| v.pod == pod && v.region.residency() == Residency::Resident);
+            .find(|v| v.pod == pod && v.region.residency() == Residency::Resident);
         let mut prepared_at = lock(&self.shared.swapper.prepared_at);
         prepared_at.retain(|known, _| views.iter().any(|v| v.pod == *known));
-        if resident {
+        if let Some(view) = resident {
+            // Copies are of the memory the pod holds on its GPUs: a report
+            // of more (a process lying, to fill host_limit for its
+            // neighbours' swaps) is believed only up to that.
+            let (kept, pinned) = (kept.min(view.bytes()), pinned.min(view.bytes()));
             prepared_at.insert(pod.to_owned(), holds);
             if pinned == 0 {
                 board.host_kept(pod, kept);
