@@ -17,7 +17,7 @@ from .swap_report import fmt, share, yes
 
 QUOTA_MARGIN = 4 * GIB
 INFER_QUOTA, INFER_WEIGHTS = 16 * GIB, 8 * GIB
-OVERCOMMIT_IDLE_MS, OVERCOMMIT_PAUSE_S = 1000, 1.5
+OVERCOMMIT_IDLE_MS, OVERCOMMIT_PAUSE_S, OVERCOMMIT_MIN_RESIDENT_MS = 1000, 1.5, 2000
 # What a torch process's context and workspaces take besides its tensors.
 CONTEXT = 1 * GIB
 
@@ -231,11 +231,14 @@ def part_overcommit(b):
     pods = [f"swap-oc{n}" for n in range(1, count + 1)]
     print(f"overcommit: GPU 0 {gib(total)} GiB ({gib(free)} GiB free); {count} pods, quota {gib(quota)} GiB each"
           f" (sum {gib(count * quota)} GiB), each holding {gib(hold)} GiB once it works; idle_after"
-          f" {OVERCOMMIT_IDLE_MS} ms, {OVERCOMMIT_PAUSE_S:g} s between requests", flush=True)
+          f" {OVERCOMMIT_IDLE_MS} ms, min_resident {OVERCOMMIT_MIN_RESIDENT_MS} ms, {OVERCOMMIT_PAUSE_S:g} s between"
+          " requests", flush=True)
     turns, totals = [], {}
     # Two pods' host copies pinned ahead, so that the swap-out a request
-    # waits for only copies.
-    prepare = {"prepare_ahead": f'"{2 * hold // MIB}m"'}
+    # waits for only copies; a pod brought back stays at least until the
+    # next request (one in turn every 2 to 3 s), as in the serving bench,
+    # after which its kept copies make it the cheapest to swap out.
+    prepare = {"prepare_ahead": f'"{2 * hold // MIB}m"', "min_resident_ms": str(OVERCOMMIT_MIN_RESIDENT_MS)}
     with b.serving("overcommit", {pod: quota for pod in pods}, OVERCOMMIT_IDLE_MS, extra=prepare):
         procs = [b.start_pod(pod, "work", hold, 100 + n) for n, pod in enumerate(pods)]
         for p in procs:

@@ -403,6 +403,7 @@ impl Hypervisor {
                 if history.last_swap_out_path.is_none() {
                     self.fast_swap_in_after_restart(&view.pod).await;
                 }
+                self.copies_kept(view, false);
                 residence.swapped_in(Swapped {
                     path: SwapPath::Checkpoint,
                     bytes: history.bytes_on_host,

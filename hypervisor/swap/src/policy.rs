@@ -1,6 +1,9 @@
-//! Which pods make room on a GPU: idle ones, those used least often of
-//! late first (LRU-2: by the end of their use before the last one, then by
-//! their last call), latency-class pods last or never, the largest first
+//! Which pods make room on a GPU: idle ones, those whose host copies are
+//! ready first (their swap-out only copies, at the speed of the link, where
+//! another's pins host memory first, seconds for tens of GiB, which the
+//! request waiting for the room would wait for), then those used least
+//! often of late (LRU-2: by the end of their use before the last one, then
+//! by their last call), latency-class pods last or never, the largest first
 //! where the rest ties, and a pod just brought back only when nothing else
 //! can go; never a pod that must stay (placed on a GPU that does not
 //! overcommit); all within the node's host-memory cap.
@@ -35,6 +38,9 @@ pub struct Candidate {
     /// overcommit (under Kubernetes, a claim that asked for a device whose
     /// `overcommit` attribute is false), so it is never swapped for room.
     pub stays: bool,
+    /// Whether its processes keep (or are making) host copies of what it
+    /// holds: its swap-out then only copies.
+    pub ready: bool,
 }
 
 /// Where latency-class pods come among those that make room.
@@ -111,8 +117,9 @@ pub fn stamp_age(stamp_ms: u64, now_ms: u64) -> u64 {
     now_ms.checked_sub(stamp_ms).unwrap_or(u64::MAX)
 }
 
-/// The idle pods that may make room, in the order they go: those brought
-/// back within `min_resident_ms` after all others.
+/// The idle pods that may make room, in the order they go (see the module
+/// documentation): those brought back within `min_resident_ms` after all
+/// others.
 pub fn ranked(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<&Candidate> {
     let mut idle: Vec<&Candidate> = candidates
         .iter()
@@ -130,6 +137,7 @@ pub fn ranked(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<
         (
             just_back(c, now_ms, policy),
             c.latency,
+            !c.ready,
             std::cmp::Reverse(first),
             std::cmp::Reverse(last),
             std::cmp::Reverse(c.bytes),
@@ -268,6 +276,7 @@ mod tests {
             back_ms: 0,
             latency,
             stays: false,
+            ready: false,
         }
     }
 
@@ -443,6 +452,35 @@ mod tests {
         assert_eq!(
             names(&victims(&pods, GIB, u64::MAX, 10_000, LRU2)),
             ["large"]
+        );
+    }
+
+    #[test]
+    fn a_pod_whose_host_copies_are_ready_goes_before_one_that_would_pin_first() {
+        let ready = |c: Candidate| Candidate { ready: true, ..c };
+        let pods = [
+            used("oldest", 8, 1_000, 2_000),
+            ready(used("copied", 8, 5_000, 6_000)),
+            used("older", 8, 3_000, 4_000),
+        ];
+        assert_eq!(
+            names(&ranked(&pods, 10_000, LRU2)),
+            ["copied", "oldest", "older"]
+        );
+        assert_eq!(
+            names(&victims(&pods, GIB, u64::MAX, 10_000, LRU2)),
+            ["copied"]
+        );
+        // Still after every pod not just brought back, and latency pods last.
+        let back = ready(Candidate {
+            back_ms: 9_000,
+            ..used("back", 8, 0, 9_000)
+        });
+        let latency = ready(pod("latency", 8, 1_000, true));
+        let pods = [back, latency, used("cold", 8, 0, 3_000)];
+        assert_eq!(
+            names(&ranked(&pods, 10_000, LRU2)),
+            ["cold", "latency", "back"]
         );
     }
 

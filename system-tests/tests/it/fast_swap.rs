@@ -12,7 +12,8 @@
 //! after a fast swap-in count against `host_limit`, and are given back when
 //! another pod's swap-out needs the room. On an overcommitting GPU, the
 //! idle pod that goes next has its copies prepared ahead, within
-//! `prepare_ahead`, while it stays on the GPU.
+//! `prepare_ahead`, while it stays on the GPU, and room is made first by
+//! an idle pod whose copies are ready (its swap-out only copies).
 
 use std::sync::Arc;
 
@@ -77,11 +78,11 @@ fn check_after(running: Running, at: &str) {
     assert!(rest[1].ends_with(at), "at the same address: {rest:?}");
 }
 
-/// A daemon's config of two pods with `quota` each on GPU 0 of the
-/// double, `swap` added to its `[swap]` table.
-fn two_pods(first: &Pod, second: &Pod, quota: &str, swap: &str) -> String {
+/// A daemon's config of `pods` with `quota` each on GPU 0 of the double,
+/// `swap` added to its `[swap]` table.
+fn pods_config(pods: &[&Pod], quota: &str, swap: &str) -> String {
     let library = gpushare_examples::double_dir().join("libcuda.so.1");
-    let pods: String = [first, second]
+    let pods: String = pods
         .iter()
         .map(|pod| {
             format!(
@@ -248,7 +249,7 @@ fn host_copies_a_resident_pod_keeps_are_given_back_when_another_pods_swap_needs_
     // for what the pod holds on the GPU (its context too), and puts there
     // what its processes back.
     let swap = format!("host_limit = \"{}\"", CONTEXT_BYTES + HELD * 3 / 2);
-    let config = two_pods(&kept, &other, "4g", &swap);
+    let config = pods_config(&[&kept, &other], "4g", &swap);
     let node = daemon::hypervisor(&kept, &config, Arc::new(process_gpus(1)));
     let (first, first_at) = ready(&kept, &node, true);
     let (second, second_at) = ready(&other, &node, true);
@@ -303,7 +304,7 @@ fn the_idle_pod_that_goes_next_has_its_host_copies_prepared_ahead_within_its_bud
         "overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\nprepare_ahead = \"{}\"",
         CONTEXT_BYTES + HELD * 3 / 2
     );
-    let config = two_pods(&first, &second, "1g", &swap);
+    let config = pods_config(&[&first, &second], "1g", &swap);
     let node = daemon::hypervisor(&first, &config, Arc::new(process_gpus(1)));
     let (a, a_at) = ready(&first, &node, true);
     let (b, b_at) = ready(&second, &node, true);
@@ -361,7 +362,7 @@ fn a_prepared_pod_that_grows_is_asked_again_for_the_copies_it_lacks() {
     let (pod, unused) = (Pod::new("fast-prep-grow"), Pod::new("fast-prep-none"));
     let swap =
         "overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"\nprepare_ahead = \"8g\"";
-    let config = two_pods(&pod, &unused, "2g", swap);
+    let config = pods_config(&[&pod, &unused], "2g", swap);
     let node = daemon::hypervisor(&pod, &config, Arc::new(process_gpus(1)));
     // Idle at each wait: 64 MiB, then 512 MiB more.
     let script = [
@@ -444,7 +445,7 @@ fn room_on_an_overcommitting_gpu_is_made_by_the_fast_path() {
     let (idle, asker) = (Pod::new("fast-oc-idle"), Pod::new("fast-oc-asker"));
     let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
     let swap = "overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"";
-    let config = two_pods(&idle, &asker, "1536m", swap);
+    let config = pods_config(&[&idle, &asker], "1536m", swap);
     let gpus = with_process_memory(node_file_gpus(node_file.clone(), 2 * GIB, 1));
     let node = daemon::hypervisor(&idle, &config, Arc::new(gpus));
     let env = [
@@ -486,4 +487,81 @@ fn room_on_an_overcommitting_gpu_is_made_by_the_fast_path() {
     let (rest, status) = first.finish();
     assert!(status.success(), "{rest:?}");
     assert!(rest[1].contains("differ=0"), "the same bytes: {rest:?}");
+}
+
+#[test]
+fn room_is_made_by_an_idle_pod_whose_host_copies_are_ready_before_the_least_recently_used() {
+    // Three pods of 512 MiB on one 2 GiB GPU their processes share: two fit.
+    // The least recently used has no host copies; the other keeps those of
+    // a fast swap it came back from. The third's allocation takes the one
+    // whose swap-out only copies.
+    let (cold, copied, asker) = (
+        Pod::new("fast-ready-cold"),
+        Pod::new("fast-ready-copied"),
+        Pod::new("fast-ready-asker"),
+    );
+    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
+    let swap = "overcommit = true\nidle_after_ms = 200\nmin_resident_ms = 0\nhost_limit = \"64g\"";
+    let config = pods_config(&[&cold, &copied, &asker], "1g", swap);
+    let gpus = with_process_memory(node_file_gpus(node_file.clone(), 2 * GIB, 1));
+    let node = daemon::hypervisor(&cold, &config, Arc::new(gpus));
+    let env = [
+        ("CUDA_LIMITER_FAST_SWAP", "1"),
+        ("GPUSHARE_DOUBLE_TOTAL", "2g"),
+        (
+            gpushare_examples::NODE_FILE_VAR,
+            node_file.to_str().expect("a path"),
+        ),
+    ];
+    let held = ["alloc", "mem", "512m", "write", "0", "7", "wait"];
+    let mut first = Running::start(
+        &cold,
+        &node.url(),
+        &env,
+        &[&held[..], &["check", "0", "7"]].concat(),
+    );
+    assert!(first.until_ready()[0].contains("-> 0 "));
+    let twice = [&held[..], &["check", "0", "7", "wait", "check", "0", "7"]].concat();
+    let mut second = Running::start(&copied, &node.url(), &env, &twice);
+    assert!(second.until_ready()[0].contains("-> 0 "));
+    registered(&node, &cold, 1);
+    registered(&node, &copied, 1);
+    // Out by the fast path and back on its next call, keeping its copies:
+    // now the more recently used of the two.
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &copied.0]);
+    assert!(ok, "{answer}");
+    second.resume();
+    let lines = second.until_ready();
+    assert!(lines[1].starts_with("check 0 7 -> 0 differ=0"), "{lines:?}");
+    let kept = node
+        .hypervisor()
+        .pod_swap(&copied.0)
+        .history
+        .host_kept_bytes;
+    assert_eq!(kept, 512 * MIB);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+
+    let mut third = Running::start(&asker, &node.url(), &env, &["alloc", "mem", "512m", "wait"]);
+    let lines = third.until_ready();
+    assert!(lines[0].contains("-> 0 "), "room was made: {lines:?}");
+    let state = |pod: &Pod| node.hypervisor().pod_swap(&pod.0).state;
+    assert_eq!(
+        (state(&copied), state(&cold)),
+        (Residency::Swapped, Residency::Resident),
+        "the pod with copies went, the least recently used stayed"
+    );
+    let record = node.hypervisor().pod_swap(&copied.0);
+    assert_eq!(record.history.last_bytes_out, 512 * MIB, "{record:?}");
+
+    third.resume();
+    let (rest, status) = third.finish();
+    assert!(status.success(), "{rest:?}");
+    for running in [second, first] {
+        let (rest, status) = running.finish();
+        assert!(status.success(), "{rest:?}");
+        assert!(
+            rest.iter().any(|l| l.contains("differ=0")),
+            "the same bytes: {rest:?}"
+        );
+    }
 }

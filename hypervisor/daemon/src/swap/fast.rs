@@ -189,6 +189,7 @@ impl Hypervisor {
                 kept: kept.min(view.bytes()),
             };
             residence.swapped_in(back);
+            self.copies_kept(view, kept >= bytes);
             tracing::info!(pod = %view.pod, bytes, seconds = back.took.as_secs_f64(), "pod swapped in by its processes");
             return Ok(back.took);
         }

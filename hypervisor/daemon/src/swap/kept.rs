@@ -100,6 +100,30 @@ impl Hypervisor {
         kept.into_iter().next().map(|(pod, _)| pod)
     }
 
+    /// Whether the pod of `view` lacks host copies of what it holds: its
+    /// processes were never asked for them (nor brought it back keeping
+    /// them all), gave them back since, or it has grown by
+    /// [`PREPARE_STEP`] since.
+    pub(super) fn lacks_copies(&self, view: &SwapView) -> bool {
+        // What it holds on all its GPUs, as `prepare` records it.
+        let at = lock(&self.shared.swapper.prepared_at)
+            .get(&view.pod)
+            .copied();
+        at.is_none_or(|at| view.bytes() > at.saturating_add(PREPARE_STEP))
+    }
+
+    /// Records, as the pod of `view` is brought back, whether its
+    /// processes keep host copies of `all` it holds (a fast swap-in that
+    /// kept every copy it brought back) or lack some.
+    pub(super) fn copies_kept(&self, view: &SwapView, all: bool) {
+        let mut prepared_at = lock(&self.shared.swapper.prepared_at);
+        if all {
+            prepared_at.insert(view.pod.clone(), view.bytes());
+        } else {
+            prepared_at.remove(&view.pod);
+        }
+    }
+
     /// Asks the idle pod that goes next on an overcommitting GPU to pin its
     /// host copies ahead of its swap-out; see the module documentation.
     pub(crate) async fn prepare_ahead(&self) {
@@ -139,15 +163,10 @@ impl Hypervisor {
                 .min(available)
                 .min(budget);
             let lacks = |candidate: &Candidate| {
-                let at = lock(&self.shared.swapper.prepared_at)
-                    .get(&candidate.pod)
-                    .copied();
-                // What it holds on all its GPUs, as `prepare` records it.
-                let holds = views
+                views
                     .iter()
                     .find(|v| v.pod == candidate.pod)
-                    .map_or(candidate.bytes, SwapView::bytes);
-                at.is_none_or(|at| holds > at.saturating_add(PREPARE_STEP))
+                    .is_none_or(|view| self.lacks_copies(view))
             };
             // The pods' processes are proven (a walk of `/proc`) in the
             // order the policy gives, only until one takes the fast path.
@@ -182,6 +201,9 @@ impl Hypervisor {
             .find(|v| v.pod == pod)
             .map_or(0, SwapView::bytes);
         board.host_kept(pod, holds);
+        // Ready from now: a swap-out asked meanwhile waits for the copies
+        // (its processes answer commands in turn), then only copies.
+        lock(&self.shared.swapper.prepared_at).insert(pod.to_owned(), holds);
         let answers = self
             .ask(workers, &Command::PrepareHost, ANSWER_WITHIN)
             .await;

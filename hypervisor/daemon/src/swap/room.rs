@@ -295,10 +295,12 @@ impl Hypervisor {
             (views, core.settings.swap.clone())
         };
         let uses = &self.shared.swapper.uses;
+        let board = self.swap_board();
         let candidates = views
             .iter()
             .map(|v| {
                 let (last_call_ms, seen) = (v.region.last_call_ms(), uses.of(&v.pod));
+                let kept = board.history(&v.pod).host_kept_bytes;
                 Candidate {
                     pod: v.pod.clone(),
                     bytes: v.bytes_on(uuid),
@@ -313,6 +315,7 @@ impl Hypervisor {
                         .gpus
                         .iter()
                         .any(|g| !g.index.is_some_and(|i| overcommit.overcommits(i))),
+                    ready: kept > 0 && !self.lacks_copies(v),
                 }
             })
             .collect();
