@@ -83,6 +83,8 @@ pub(crate) struct Swapper {
     ops: Arc<tokio::sync::Mutex<()>>,
     /// Whether a pod's processes are preparing host copies ([`kept`]).
     preparing: AtomicBool,
+    /// The pod whose processes are preparing them.
+    being_prepared: Mutex<Option<String>>,
     /// What each pod held on its GPUs, by its ledger, when its processes
     /// were last asked for the copies they lacked; forgotten once they
     /// give their copies back ([`kept`]).

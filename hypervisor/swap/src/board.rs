@@ -319,16 +319,19 @@ impl SwapBoard {
     }
 
     /// The pod's processes pinned `pinned` bytes of host copies ahead of a
-    /// swap-out: they keep `kept` bytes now.
-    pub fn host_prepared(&self, pod: &str, kept: u64, pinned: u64) {
+    /// swap-out: they keep `kept` bytes now (`None`: the pod was swapped
+    /// out meanwhile, and the copies hold its bytes away).
+    pub fn host_prepared(&self, pod: &str, kept: Option<u64>, pinned: u64) {
         let mut inner = self.lock();
         inner.totals.host_prepares += 1;
         inner.totals.host_prepared_bytes = inner.totals.host_prepared_bytes.saturating_add(pinned);
-        inner
-            .pods
-            .entry(pod.to_owned())
-            .or_default()
-            .host_kept_bytes = kept;
+        if let Some(kept) = kept {
+            inner
+                .pods
+                .entry(pod.to_owned())
+                .or_default()
+                .host_kept_bytes = kept;
+        }
     }
 
     /// The pod, in host memory, is moving to another GPU: the next swap-in

@@ -565,3 +565,48 @@ fn room_is_made_by_an_idle_pod_whose_host_copies_are_ready_before_the_least_rece
         );
     }
 }
+
+#[test]
+fn a_pod_swapped_out_ahead_of_need_has_its_host_copies_made_first_outside_the_swap_lock() {
+    // One pod on a 2 GiB GPU whose headroom asks for more than it leaves
+    // free: once idle, it goes ahead of need. No copies are prepared
+    // otherwise (`prepare_ahead` 0): those it has were made for this swap,
+    // before it.
+    let (pod, unused) = (Pod::new("fast-ahead"), Pod::new("fast-ahead-none"));
+    let node_file = checkpoint_dir().join(format!("{}.node", pod.0));
+    let swap = "overcommit = true\nidle_after_ms = 200\nheadroom = \"1536m\"\nprepare_ahead = 0\nhost_limit = \"64g\"";
+    let config = pods_config(&[&pod, &unused], "1536m", swap);
+    let gpus = with_process_memory(node_file_gpus(node_file.clone(), 2 * GIB, 1));
+    let node = daemon::hypervisor(&pod, &config, Arc::new(gpus));
+    let env = [
+        ("CUDA_LIMITER_FAST_SWAP", "1"),
+        ("GPUSHARE_DOUBLE_TOTAL", "2g"),
+        (
+            gpushare_examples::NODE_FILE_VAR,
+            node_file.to_str().expect("a path"),
+        ),
+    ];
+    let script = [
+        "alloc", "mem", "768m", "write", "0", "3", "wait", "check", "0", "3",
+    ];
+    let mut running = Running::start(&pod, &node.url(), &env, &script);
+    assert!(running.until_ready()[0].contains("-> 0 "));
+    registered(&node, &pod, 1);
+
+    eventually("the idle pod goes ahead of need", || {
+        node.hypervisor().pod_swap(&pod.0).state == Residency::Swapped
+    });
+    let status = node.hypervisor().swap_status();
+    assert_eq!(
+        (
+            status.totals.host_prepares,
+            status.totals.host_prepared_bytes,
+            status.totals.bytes_on_host
+        ),
+        (1, 768 * MIB, 768 * MIB),
+        "{status:?}"
+    );
+    let (rest, exit) = running.finish();
+    assert!(exit.success(), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("differ=0")), "{rest:?}");
+}

@@ -7,12 +7,18 @@
 //!
 //! Background swap-outs give way: each takes the node's swap lock only
 //! when no swap holds or waits for it, one pod at a time, and never a pod
-//! brought back within `min_resident`.
+//! brought back within `min_resident`. Nor do they hold the lock while
+//! host memory is pinned: a pod whose processes take the fast path and
+//! lack host copies has them made first, outside the lock
+//! (`Command::PrepareHost`), and its swap-out, in a pass after, only
+//! copies; a request that needs a swap meanwhile does not wait seconds
+//! of pinning behind it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use gpushare_utils::clock::monotonic_ms;
+use http_bidir_comm::ClientId;
 use hypervisor_swap::SwapCause;
 
 use super::room::room_policy;
@@ -23,8 +29,19 @@ use crate::Hypervisor;
 /// seen apart.
 pub(crate) const USE_SAMPLE: Duration = Duration::from_millis(100);
 
-/// The most pods one background pass swaps out.
+/// The most pods one background pass swaps out (or has prepared).
 const PASS: usize = 8;
+
+/// What one step of a background pass did.
+enum Step {
+    /// A pod went.
+    Went,
+    /// The pod chosen could not go: the next is tried.
+    CouldNot(String),
+    /// The pod chosen lacks host copies: its workers make them first,
+    /// outside the swap lock.
+    Prepare(String, Vec<ClientId>),
+}
 
 impl Hypervisor {
     /// Samples every scheduled pod's last-call stamp into its uses, and
@@ -56,8 +73,13 @@ impl Hypervisor {
             })
             .await;
             match went {
-                Ok(Some(Ok(()))) => {}
-                Ok(Some(Err(pod))) => passed_over.push(pod),
+                Ok(Some(Step::Went)) => {}
+                Ok(Some(Step::CouldNot(pod))) => passed_over.push(pod),
+                Ok(Some(Step::Prepare(pod, workers))) => {
+                    if !self.prepare_alone(&pod, &workers).await {
+                        return;
+                    }
+                }
                 Ok(None) => return,
                 Err(error) => {
                     tracing::warn!(%error, "the headroom task failed");
@@ -68,9 +90,10 @@ impl Hypervisor {
     }
 
     /// One pod swapped out ahead of need on the first GPU short of its
-    /// headroom: `None` where none is short or no pod (but those
-    /// `passed_over`) can go; `Err(pod)` where the pod chosen could not.
-    async fn swap_one_ahead(&self, passed_over: &[String]) -> Option<Result<(), String>> {
+    /// headroom, or the one chosen to have its host copies made first:
+    /// `None` where none is short or no pod (but those `passed_over`) can
+    /// go.
+    async fn swap_one_ahead(&self, passed_over: &[String]) -> Option<Step> {
         for (uuid, settings) in self.overcommitting_gpus() {
             if settings.headroom == 0
                 || self
@@ -82,24 +105,37 @@ impl Hypervisor {
             let (views, candidates) =
                 self.candidates_on(&uuid, |pod| !passed_over.iter().any(|p| p == pod));
             let host_room = self.host_room(&settings);
-            let Some(pod) = hypervisor_swap::ahead(
+            let Some((pod, ready)) = hypervisor_swap::ahead(
                 &candidates,
                 host_room,
                 monotonic_ms(),
                 room_policy(&settings),
             )
-            .map(|c| c.pod.clone()) else {
+            .map(|c| (c.pod.clone(), c.ready)) else {
                 continue;
             };
             let view = views.into_iter().find(|v| v.pod == pod)?;
+            // Its swap-out would wait for them, the lock held.
+            if self.being_prepared(&pod) {
+                return None;
+            }
+            // Copies are made once: a pod whose processes could not make
+            // them, or have grown little since, is swapped as it is.
+            if !ready && self.lacks_copies(&view) && self.room_to_prepare(&settings) >= view.bytes()
+            {
+                let pids = self.pids_of(&pod).await;
+                if let Some(workers) = self.fast_workers(&pod, &pids) {
+                    return Some(Step::Prepare(pod, workers));
+                }
+            }
             return Some(match self.swap_out_counted(&view, SwapCause::Ahead).await {
                 Ok(()) => {
                     tracing::info!(gpu = %uuid, pod = %pod, headroom = settings.headroom, "swapped out ahead of need");
-                    Ok(())
+                    Step::Went
                 }
                 Err(error) => {
                     tracing::info!(pod = %pod, %error, "the pod cannot go ahead of need; the next one is tried");
-                    Err(pod)
+                    Step::CouldNot(pod)
                 }
             });
         }

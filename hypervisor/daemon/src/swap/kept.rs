@@ -29,6 +29,8 @@ use std::sync::atomic::Ordering;
 use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use gpushare_utils::protocol::{Command, CommandResult};
+use http_bidir_comm::ClientId;
+use hypervisor_config::SwapSettings;
 use hypervisor_core::scheduler::SwapView;
 use hypervisor_swap::Candidate;
 
@@ -100,6 +102,18 @@ impl Hypervisor {
         kept.into_iter().next().map(|(pod, _)| pod)
     }
 
+    /// Whether the pod of `view` has its host copies ready: its processes
+    /// keep copies of all it holds, made before now (a swap-out of a pod
+    /// whose copies are being made waits for them).
+    pub(super) fn copies_ready(&self, view: &SwapView, kept: u64) -> bool {
+        kept > 0 && !self.lacks_copies(view) && !self.being_prepared(&view.pod)
+    }
+
+    /// Whether `pod`'s processes are making host copies now.
+    pub(super) fn being_prepared(&self, pod: &str) -> bool {
+        lock(&self.shared.swapper.being_prepared).as_deref() == Some(pod)
+    }
+
     /// Whether the pod of `view` lacks host copies of what it holds: its
     /// processes were never asked for them (nor brought it back keeping
     /// them all), gave them back since, or it has grown by
@@ -124,6 +138,30 @@ impl Hypervisor {
         }
     }
 
+    /// The host memory copies may be made in: what `host_limit` leaves
+    /// beside the bytes of pods away and the copies kept, and the host's
+    /// available memory leaves beside its reserve.
+    pub(super) fn room_to_prepare(&self, settings: &SwapSettings) -> u64 {
+        let totals = self.swap_status().totals;
+        let taken = totals.bytes_on_host.saturating_add(totals.host_kept_bytes);
+        let available = hypervisor_swap::host::available().map_or(u64::MAX, |available| {
+            available.saturating_sub(hypervisor_swap::HOST_RESERVE)
+        });
+        settings.host_limit.saturating_sub(taken).min(available)
+    }
+
+    /// Asks `pod`'s `workers` to prepare its copies, unless another pod's
+    /// are being prepared (false then).
+    pub(super) async fn prepare_alone(&self, pod: &str, workers: &[ClientId]) -> bool {
+        let preparing = &self.shared.swapper.preparing;
+        if preparing.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.prepare(pod, workers).await;
+        preparing.store(false, Ordering::Release);
+        true
+    }
+
     /// Asks the idle pod that goes next on an overcommitting GPU to pin its
     /// host copies ahead of its swap-out; see the module documentation.
     pub(crate) async fn prepare_ahead(&self) {
@@ -140,28 +178,16 @@ impl Hypervisor {
     /// The pod [`Self::prepare_ahead`] prepares and its workers: the first
     /// the policy gives on an overcommitting GPU among the pods whose
     /// processes all take the fast path and lack copies.
-    async fn pod_to_prepare(&self) -> Option<(String, Vec<http_bidir_comm::ClientId>)> {
+    async fn pod_to_prepare(&self) -> Option<(String, Vec<ClientId>)> {
         for (uuid, settings) in self.overcommitting_gpus() {
             if settings.prepare_ahead == 0 {
                 continue;
             }
             let (views, candidates) = self.candidates_on(&uuid, |_| true);
-            let report = self.swap_status();
-            let taken = report
-                .totals
-                .bytes_on_host
-                .saturating_add(report.totals.host_kept_bytes);
-            let available = hypervisor_swap::host::available().map_or(u64::MAX, |available| {
-                available.saturating_sub(hypervisor_swap::HOST_RESERVE)
-            });
-            let budget = settings
-                .prepare_ahead
-                .saturating_sub(report.totals.host_kept_bytes);
-            let host_room = settings
-                .host_limit
-                .saturating_sub(taken)
-                .min(available)
-                .min(budget);
+            let kept = self.swap_status().totals.host_kept_bytes;
+            let host_room = self
+                .room_to_prepare(&settings)
+                .min(settings.prepare_ahead.saturating_sub(kept));
             let lacks = |candidate: &Candidate| {
                 views
                     .iter()
@@ -184,6 +210,7 @@ impl Hypervisor {
                     None => slow.push(next.pod.clone()),
                 }
             }
+            tracing::debug!(gpu = %uuid, host_room, "no idle pod to prepare within the host room");
         }
         None
     }
@@ -191,7 +218,7 @@ impl Hypervisor {
     /// Asks `pod`'s `workers` to prepare, counting the bytes it holds on its
     /// GPUs as kept meanwhile; records what they keep after, while the pod
     /// is still resident (a swap since has recorded its own).
-    async fn prepare(&self, pod: &str, workers: &[http_bidir_comm::ClientId]) {
+    async fn prepare(&self, pod: &str, workers: &[ClientId]) {
         let board = self.swap_board();
         let holds = self
             .core()
@@ -201,9 +228,10 @@ impl Hypervisor {
             .find(|v| v.pod == pod)
             .map_or(0, SwapView::bytes);
         board.host_kept(pod, holds);
-        // Ready from now: a swap-out asked meanwhile waits for the copies
+        // Counted from now; a swap-out asked meanwhile waits for the copies
         // (its processes answer commands in turn), then only copies.
         lock(&self.shared.swapper.prepared_at).insert(pod.to_owned(), holds);
+        *lock(&self.shared.swapper.being_prepared) = Some(pod.to_owned());
         let answers = self
             .ask(workers, &Command::PrepareHost, ANSWER_WITHIN)
             .await;
@@ -224,31 +252,35 @@ impl Hypervisor {
                 Err(why) => tracing::warn!(pod, %worker, %why, "host copies not prepared"),
             }
         }
+        *lock(&self.shared.swapper.being_prepared) = None;
         let _one = self.shared.swapper.ops.lock().await;
         let views = self.core().scheduler.swap_views();
-        let resident = views
-            .iter()
-            .find(|v| v.pod == pod && v.region.residency() == Residency::Resident);
-        let mut prepared_at = lock(&self.shared.swapper.prepared_at);
-        prepared_at.retain(|known, _| views.iter().any(|v| v.pod == *known));
-        if let Some(view) = resident {
-            // Copies are of the memory the pod holds on its GPUs: a report
-            // of more (a process lying, to fill host_limit for its
-            // neighbours' swaps) is believed only up to that.
-            let (kept, pinned) = (kept.min(view.bytes()), pinned.min(view.bytes()));
-            prepared_at.insert(pod.to_owned(), holds);
-            if pinned == 0 {
+        let view = views.iter().find(|v| v.pod == pod);
+        // Copies are of the memory the pod holds on its GPUs: a report of
+        // more (a process lying, to fill host_limit for its neighbours'
+        // swaps) is believed only up to that.
+        let bound = view.map_or(0, SwapView::bytes);
+        let (kept, pinned) = (kept.min(bound), pinned.min(bound));
+        // A pod swapped out meanwhile (its swap-out waited for these
+        // copies) has them as its bytes away, not as copies kept.
+        let kept = view
+            .is_some_and(|v| v.region.residency() == Residency::Resident)
+            .then_some(kept);
+        lock(&self.shared.swapper.prepared_at)
+            .retain(|known, _| views.iter().any(|v| v.pod == *known));
+        if pinned == 0 {
+            if let Some(kept) = kept {
                 board.host_kept(pod, kept);
-                return;
             }
-            board.host_prepared(pod, kept, pinned);
-            tracing::info!(
-                pod,
-                pinned,
-                kept,
-                "host copies prepared ahead of a swap-out"
-            );
+            return;
         }
+        board.host_prepared(pod, kept, pinned);
+        tracing::info!(
+            pod,
+            pinned,
+            ?kept,
+            "host copies prepared ahead of a swap-out"
+        );
     }
 
     /// Asks `pod`'s processes to give back the host copies they keep;

@@ -315,7 +315,7 @@ impl Hypervisor {
                         .gpus
                         .iter()
                         .any(|g| !g.index.is_some_and(|i| overcommit.overcommits(i))),
-                    ready: kept > 0 && !self.lacks_copies(v),
+                    ready: self.copies_ready(v, kept),
                 }
             })
             .collect();
