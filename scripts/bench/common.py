@@ -89,7 +89,9 @@ def remove_pod_regions(*pods: str) -> None:
 
 def settings(lib: str, work: Path, hypervisor: str = "", simulate: str = "") -> proc.Settings:
     """The harness's settings for the runs and the daemon of a benchmark,
-    their logs in `work`."""
+    their logs in `work`; the daemon logs at HYPERVISOR_LOG's level where
+    set (as the daemon itself reads it), info otherwise."""
     work = Path(work)
     return proc.Settings(lib=str(lib), bin_dir=work, src=GPU, work=work, log_dir=work, python=sys.executable,
-                         hypervisor=str(hypervisor), hv_simulate=simulate)
+                         hypervisor=str(hypervisor), hv_simulate=simulate,
+                         hv_log=os.environ.get("HYPERVISOR_LOG") or "info")

@@ -5,7 +5,7 @@ Markdown table on stdout and in OUT/swap-bench.md, raw numbers in
 OUT/swap-bench.json, the daemon's logs and the pods' in OUT (default: a
 temporary folder, printed at the end).
 
-  python3 -m scripts.bench swap --bundle DIR [--sizes 1,8,32] [--rounds 3] [--quick] [--path fast]
+  python3 -m scripts.bench swap --bundle DIR [--sizes 1,8,32] [--rounds 3] [--quick] [--path fast|both]
           [--overcommit PODSxGIB] [--out DIR] [--parts bandwidth,swap,infer,overcommit,move] [--budget-s 450]
 
 Parts (a part that fails prints FAILED and why, and the run goes on):
@@ -57,6 +57,16 @@ Parts (a part that fails prints FAILED and why, and the run goes on):
    differences' mean with a 95% confidence interval. The launch path's
    cost for pods never swapped: `python3 -m scripts.bench launch-ab`.
 
+Paths (--path): checkpoint (the default), the pods as they are; fast, the
+pods run with CUDA_LIMITER_FAST_SWAP=1; both: the bandwidth part once, the
+swap part on the checkpoint path then on the fast path (each with a daemon
+and pods of its own, their logs in OUT/checkpoint and OUT/fast), the other
+parts on the fast path. The report of both adds a table of the swap part's
+two paths side by side, a row per size; in swap-bench.json the swap part's
+results are then {"checkpoint": RESULTS, "fast": RESULTS}, each as the
+swap part of one path gives them ({SIZE: figures, "totals", "metrics"}, or
+{"failed": why}), and args.path is "both".
+
 Targets: swap-in of 8 GiB <= 2 s; a swapped pod's first request <= 3 s;
 stretch: swap bandwidth >= 50% of pinned. With the defaults the run should
 take 4 to 6 minutes, mostly checkpoints (1.4 to 2.3 GiB/s on an H100 and an
@@ -66,6 +76,7 @@ GiB fails (the daemon's swaps are then not tried again until the next
 part's daemon), and --budget-s bounds the whole run.
 """
 import argparse
+import contextlib
 import json
 import tempfile
 import time
@@ -75,7 +86,7 @@ from .swap_bench import Bench, gib, guarded
 from .swap_cost import part_cost
 from .swap_frameworks import part_frameworks
 from .swap_parts import part_bandwidth, part_infer, part_limit, part_move, part_overcommit, part_swap
-from .swap_report import report
+from .swap_report import PATHS, report
 
 
 def parse_sizes(text):
@@ -113,10 +124,12 @@ def add_arguments(p):
     p.add_argument("--sizes", type=parse_sizes, help="GiB a pod holds in the swap part (default 1,8,32)")
     p.add_argument("--rounds", type=int, help="swap cycles per size (default 3)")
     p.add_argument("--quick", action="store_true", help="sizes 1,8 and 2 rounds (unless given)")
-    p.add_argument("--path", choices=("checkpoint", "fast"), default="checkpoint",
+    p.add_argument("--path", choices=(*PATHS, "both"), default="checkpoint",
                    help="checkpoint: the pods as they are, swapped by the driver's checkpoint; fast: the pods run"
-                        " with CUDA_LIMITER_FAST_SWAP=1, their limiters moving their memory themselves (default"
-                        " checkpoint)")
+                        " with CUDA_LIMITER_FAST_SWAP=1, their limiters moving their memory themselves; both: the"
+                        " swap part on each path in turn (checkpoint, then fast), reported side by side, the"
+                        " bandwidth part once, the other parts on the fast path; the run takes longer, give it"
+                        " more --budget-s (default checkpoint)")
     p.add_argument("--infer-rounds", type=int, default=5, help="requests resident and swapped (default 5)")
     p.add_argument("--idle-s", type=float, default=3.0, help="idle time before a resident request (default 3)")
     p.add_argument("--overcommit", type=parse_overcommit, metavar="PODSxGIB",
@@ -145,37 +158,73 @@ def resolve(p, args):
     Path(args.out).mkdir(parents=True, exist_ok=True)
 
 
+def paths_line(path):
+    """The path or paths a run measures, as its first line and its report say."""
+    if path == "both":
+        return "checkpoint and fast paths: the swap part on each, the other parts on the fast path"
+    return f"{path} path"
+
+
+@contextlib.contextmanager
+def on_path(b, path, out=None):
+    """Within it, the pods start on `path` (Bench.start_pod reads
+    args.path for their environment) and, where `out` is given, the
+    daemon's and the pods' files go to that folder; both restored after."""
+    asked, folder = b.args.path, b.out
+    b.args.path, b.out = path, Path(out or folder)
+    b.out.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        b.args.path, b.out = asked, folder
+
+
+def run_swap(b, bandwidth):
+    """The swap part on the run's path; for both, on each path in turn,
+    each with its logs in OUT/PATH: {path: its results}."""
+    if b.args.path != "both":
+        return guarded("swap", part_swap, b, bandwidth)
+    results = {}
+    for path in PATHS:
+        print(f"swap part, {path} path:", flush=True)
+        with on_path(b, path, b.out / path):
+            results[path] = guarded(f"swap ({path} path)", part_swap, b, bandwidth)
+    return results
+
+
 def main(p, args):
     resolve(p, args)
     started = time.monotonic()
     b = Bench(args)
     results = {}
-    print(f"swap bench ({args.path} path): sizes {[f'{s:g}' for s in args.sizes]} GiB, {args.rounds} rounds; host memory for"
+    print(f"swap bench ({paths_line(args.path)}): sizes {[f'{s:g}' for s in args.sizes]} GiB, {args.rounds} rounds; host memory for"
           f" swapped pods {gib(b.host_limit)} GiB; out {args.out}", flush=True)
     try:
         bandwidth = {}
         if "bandwidth" in args.parts:
             bandwidth = results["bandwidth"] = guarded("bandwidth", part_bandwidth, b)
         if "swap" in args.parts:
-            results["swap"] = guarded("swap", part_swap, b, bandwidth)
-        if "infer" in args.parts:
-            results["infer"] = guarded("infer", part_infer, b)
-        if "overcommit" in args.parts:
-            results["overcommit"] = guarded("overcommit", part_overcommit, b)
-        if "move" in args.parts:
-            results["move"] = guarded("move", part_move, b)
-        if "limit" in args.parts:
-            results["limit"] = guarded("limit", part_limit, b)
-        if "frameworks" in args.parts:
-            results["frameworks"] = guarded("frameworks", part_frameworks, b)
-        if "cost" in args.parts:
-            results["cost"] = guarded("cost", part_cost, b)
+            results["swap"] = run_swap(b, bandwidth)
+        # A run of both paths runs the other parts once, on the fast path.
+        with on_path(b, "fast" if args.path == "both" else args.path):
+            if "infer" in args.parts:
+                results["infer"] = guarded("infer", part_infer, b)
+            if "overcommit" in args.parts:
+                results["overcommit"] = guarded("overcommit", part_overcommit, b)
+            if "move" in args.parts:
+                results["move"] = guarded("move", part_move, b)
+            if "limit" in args.parts:
+                results["limit"] = guarded("limit", part_limit, b)
+            if "frameworks" in args.parts:
+                results["frameworks"] = guarded("frameworks", part_frameworks, b)
+            if "cost" in args.parts:
+                results["cost"] = guarded("cost", part_cost, b)
         print("no cost for pods never swapped: measured by `python3 -m scripts.bench launch-ab`", flush=True)
     finally:
         # Each part stops its pods and its daemon and removes the regions.
         b.remove_tables()
     took = time.monotonic() - started
-    text = f"Swap bench, {args.path} path ({took:.0f} s)\n\n{report(results, args.sizes)}"
+    text = f"Swap bench, {paths_line(args.path)} ({took:.0f} s)\n\n{report(results, args.sizes)}"
     out = Path(args.out)
     (out / "swap-bench.md").write_text(text)
     (out / "swap-bench.json").write_text(json.dumps({"args": vars(args), "seconds": took, **results},

@@ -1,11 +1,14 @@
 """The swap bench's report: its Markdown table of the figures against
-their targets, and the formatting its progress lines share."""
+their targets (a run of both paths adds the swap part's table of the two
+side by side), and the formatting its progress lines share."""
 from .swap_bench import MIB, gib
 
 TARGET_SWAP_IN_8G_S, TARGET_FIRST_REQUEST_S, STRETCH_SHARE = 2.0, 3.0, 0.5
 # The longest a request of the overcommit part may take: one pod swapped
 # out for it and the asker swapped in.
 OVERCOMMIT_REQUEST_S = 3.0
+# The swap part's paths, in the order a run of both measures them.
+PATHS = ("checkpoint", "fast")
 
 
 def share(rate, pinned):
@@ -45,11 +48,14 @@ def report(results, sizes):
                      f"{fmt(bw.get('h2d_median'), '.1f')} / {fmt(bw.get('d2h_median'), '.1f')}",
                      "the physical limit", bw.get("failed", "")[:120]))
     swap = results.get("swap")
-    if swap is not None and "failed" in swap:
+    both = by_path(swap)
+    if both:
+        rows.append(("swap, checkpoint and fast paths", "side by side below", "", ""))
+    elif swap is not None and "failed" in swap:
         rows.append(("swap", "FAILED", "", swap["failed"][:120]))
     elif swap is not None:
         for size in sizes:
-            rows += swap_rows(size, swap.get(f"{size:g}") or {"failed": "not run"})
+            rows += swap_rows(size, size_of(swap, size))
     infer = results.get("infer") or {}
     if "t0_s" in infer:
         rows.append(("first request after idle, resident (T0), s", fmt(infer["t0_s"], ".4f"), "", ""))
@@ -80,8 +86,15 @@ def report(results, sizes):
     rows += cost_rows(results.get("cost"))
     rows.append(("move between GPUs", (results.get("move") or {}).get("line", "not run"), "", ""))
     rows.append(("no cost for pods never swapped", "python3 -m scripts.bench launch-ab", "", ""))
-    head = "| figure | value | target | verdict |\n|---|---|---|---|\n"
-    return head + "".join("| " + " | ".join(str(c) for c in row) + " |\n" for row in rows)
+    text = markdown(("figure", "value", "target", "verdict"), rows)
+    return text + ("\n" + side_by_side(both, sizes) if both else "")
+
+
+def markdown(header, rows):
+    """A Markdown table: its header, then one line per row."""
+    def line(row):
+        return "| " + " | ".join(str(c) for c in row) + " |\n"
+    return line(header) + "|" + "---|" * len(header) + "\n" + "".join(map(line, rows))
 
 
 def cost_rows(cost):
@@ -122,26 +135,101 @@ def framework_rows(frameworks):
     return rows
 
 
+def size_of(swap, size):
+    """One size's results of a path's swap part; a size missing was not run."""
+    if "failed" in swap:
+        return {"failed": swap["failed"]}
+    return swap.get(f"{size:g}") or {"failed": "not run"}
+
+
+def by_path(swap):
+    """The swap part's results of each path ({path: results}) where the run
+    measured both paths, else None (the results of one path are by size)."""
+    if swap is not None and all(path in swap for path in PATHS):
+        return {path: swap[path] for path in PATHS}
+    return None
+
+
+def stretch(s):
+    """Each way's stretch verdict: {"out_share": PASS/FAIL/n/a, "in_share": …}."""
+    return {k: "n/a" if s[k] is None else pass_fail(s[k] >= STRETCH_SHARE) for k in ("out_share", "in_share")}
+
+
+def swap_in_met(size, s):
+    """Whether the swap-in met its target; None for a size without one."""
+    if size != 8:
+        return None
+    return s["in_s"] is not None and s["in_s"] <= TARGET_SWAP_IN_8G_S
+
+
+def rate(s, way):
+    """A way's seconds (GiB/s, share of the pinned link): "1.50 (6.00, 33%)"."""
+    return f"{fmt(s[f'{way}_s'])} ({fmt(s[f'{way}_gibs'])}, {fmt(s[f'{way}_share'], '.0%')})"
+
+
 def swap_rows(size, one):
     """The rows of one size of the swap part: medians of its rounds."""
     if "failed" in one:
         return [(f"swap {size:g} GiB", "FAILED", "", one["failed"][:120])]
     s = one["summary"]
-    stretch = {k: "n/a" if s[k] is None else pass_fail(s[k] >= STRETCH_SHARE) for k in ("out_share", "in_share")}
-    target, verdict = f"stretch >= {STRETCH_SHARE:.0%} of pinned", f"stretch {stretch['in_share']}"
-    if size == 8:
+    ways = stretch(s)
+    target, verdict = f"stretch >= {STRETCH_SHARE:.0%} of pinned", f"stretch {ways['in_share']}"
+    met = swap_in_met(size, s)
+    if met is not None:
         target = f"<= {TARGET_SWAP_IN_8G_S:g} s; {target}"
-        verdict = f"{pass_fail(s['in_s'] is not None and s['in_s'] <= TARGET_SWAP_IN_8G_S)}; {verdict}"
+        verdict = f"{pass_fail(met)}; {verdict}"
     smi = " / ".join(fmt(s[f"smi_{k}_mib"], ".0f", "absent") for k in ("before", "swapped", "after"))
     used = " / ".join(fmt(s[f"gpu_used_{k}_mib"], ".0f") for k in ("before", "swapped", "after"))
     return [
-        (f"swap-out {size:g} GiB, s (GiB/s, of pinned D2H)",
-         f"{fmt(s['out_s'])} ({fmt(s['out_gibs'])}, {fmt(s['out_share'], '.0%')})",
-         f"stretch >= {STRETCH_SHARE:.0%} of pinned", f"stretch {stretch['out_share']}"),
-        (f"swap-in {size:g} GiB, s (GiB/s, of pinned H2D)",
-         f"{fmt(s['in_s'])} ({fmt(s['in_gibs'])}, {fmt(s['in_share'], '.0%')})", target, verdict),
+        (f"swap-out {size:g} GiB, s (GiB/s, of pinned D2H)", rate(s, "out"),
+         f"stretch >= {STRETCH_SHARE:.0%} of pinned", f"stretch {ways['out_share']}"),
+        (f"swap-in {size:g} GiB, s (GiB/s, of pinned H2D)", rate(s, "in"), target, verdict),
         (f"{size:g} GiB: nvidia-smi MiB of the process before / swapped / after (GPU used)", f"{smi} ({used})",
          "none while swapped", pass_fail(freed_on_gpu(s, one["held"]))),
         (f"{size:g} GiB after swap: identical, quota intact", f"{yes(s['identical'])}, {yes(s['quota_intact'])}",
          "yes, yes", pass_fail(s["identical"] and s["quota_intact"])),
     ]
+
+
+# The swap part of a run of both paths: per path, these columns.
+SIDE_COLUMNS = ("out, s (GiB/s, of pinned D2H)", "in, s (GiB/s, of pinned H2D)",
+                "left the GPU (nvidia-smi MiB swapped)", "identical, quota intact", "verdict")
+
+
+def side_by_side(both, sizes):
+    """The swap part of both paths: a row per size, each path's figures
+    (medians of its rounds, shares of the pinned link of the same run) and
+    its verdict side by side, the targets below."""
+    header = ("size, GiB", *(f"{path}: {column}" for path in PATHS for column in SIDE_COLUMNS))
+    rows = [(f"{size:g}", *(c for path in PATHS for c in path_cells(size, size_of(both[path], size))))
+            for size in sizes]
+    return (markdown(header, rows)
+            + f"\nTargets: swap-in of 8 GiB <= {TARGET_SWAP_IN_8G_S:g} s; none of the pod's memory on the GPU while"
+              f" swapped; results identical and the quota intact; stretch: >= {STRETCH_SHARE:.0%} of the pinned"
+              " link (as measured in this run, above) each way.\n")
+
+
+def path_cells(size, one):
+    """One size's cells of one path: SIDE_COLUMNS."""
+    if "failed" in one:
+        return "FAILED", "", "", "", f"FAIL {one['failed'][:120]}"
+    s = one["summary"]
+    freed = freed_on_gpu(s, one["held"])
+    if s["smi_before_mib"] is not None:
+        seen = fmt(s["smi_swapped_mib"], ".0f", "absent")
+    else:  # not listed: the GPU's used MiB before / swapped tell
+        seen = f"GPU used {fmt(s['gpu_used_before_mib'], '.0f')} / {fmt(s['gpu_used_swapped_mib'], '.0f')}"
+    return (rate(s, "out"), rate(s, "in"), f"{yes(freed)} ({seen})",
+            f"{yes(s['identical'])}, {yes(s['quota_intact'])}", path_verdict(size, s, freed))
+
+
+def path_verdict(size, s, freed):
+    """PASS, or FAIL and the targets missed; then the stretch's verdict,
+    one for both ways where they agree."""
+    missed = [why for why, ok in ((f"swap-in > {TARGET_SWAP_IN_8G_S:g} s", swap_in_met(size, s) is not False),
+                                  ("on the GPU while swapped", freed), ("not identical", s["identical"]),
+                                  ("quota not intact", s["quota_intact"])) if not ok]
+    ways = stretch(s)
+    out, into = ways["out_share"], ways["in_share"]
+    return (f"{'FAIL ' + ', '.join(missed) if missed else 'PASS'};"
+            f" stretch {out if out == into else f'out {out}, in {into}'}")

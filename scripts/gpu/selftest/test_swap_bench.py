@@ -95,6 +95,9 @@ def test_options_and_their_defaults(bundle, tmp_path, monkeypatch):
     assert (a.sizes, a.rounds, a.infer_rounds, a.idle_s, a.budget_s, a.quick) == (None, None, 5, 3.0, 450, False)
     assert a.path == "checkpoint"
     assert top.parse_args(["swap", "--bundle", str(bundle), "--path", "fast"]).path == "fast"
+    assert top.parse_args(["swap", "--bundle", str(bundle), "--path", "both"]).path == "both"
+    with pytest.raises(SystemExit):
+        top.parse_args(["swap", "--bundle", str(bundle), "--path", "neither"])
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the default folder: a new one here
     swap.resolve(subs["swap"], a)
     assert (a.sizes, a.rounds, a.parts) == ([1.0, 8.0, 32.0], 3, list(swap.DEFAULT_PARTS))
@@ -495,6 +498,141 @@ def test_report_of_failures():
         " | no OOM, digests identical | PASS |\n",
         "| overcommit, slowest request (a swap-out and a swap-in at most), s | 4.12 | <= 3 s | FAIL |\n",
         "| move between GPUs | not run |  |  |\n")
+
+
+def both_paths():
+    """The swap part of both paths, two sizes each: the checkpoint's 8 GiB
+    swap-in too slow; the fast path's 1 GiB still on the GPU while swapped,
+    its 8 GiB (the process not listed: the GPU's used memory tells) with its
+    quota broken."""
+    return {
+        "checkpoint": {"1": {"held": GIB, "summary": summary(out_s=0.5, in_s=0.4, out_gibs=2.0, in_gibs=2.5,
+                                                             out_share=0.08, in_share=0.1)},
+                       "8": {"held": 8 * GIB, "summary": summary(in_s=2.5, in_gibs=3.6, in_share=0.15)},
+                       "totals": {"swap_outs": 4}, "metrics": []},
+        "fast": {"1": {"held": GIB, "summary": summary(out_s=0.1, in_s=0.08, out_gibs=10.0, in_gibs=12.5,
+                                                       out_share=0.4, in_share=0.51, smi_swapped_mib=100.0)},
+                 "8": {"held": 8 * GIB, "summary": summary(out_s=0.6, in_s=0.5, out_gibs=15.0, in_gibs=18.0,
+                                                           out_share=0.6, in_share=0.73, smi_before_mib=None,
+                                                           smi_after_mib=None, quota_intact=False)},
+                 "totals": {"swap_outs": 4}, "metrics": []}}
+
+
+SIDE_HEAD = ("| size, GiB | checkpoint: out, s (GiB/s, of pinned D2H) | checkpoint: in, s (GiB/s, of pinned H2D)"
+             " | checkpoint: left the GPU (nvidia-smi MiB swapped) | checkpoint: identical, quota intact"
+             " | checkpoint: verdict | fast: out, s (GiB/s, of pinned D2H) | fast: in, s (GiB/s, of pinned H2D)"
+             " | fast: left the GPU (nvidia-smi MiB swapped) | fast: identical, quota intact | fast: verdict |")
+TARGETS = ("Targets: swap-in of 8 GiB <= 2 s; none of the pod's memory on the GPU while swapped; results identical"
+           " and the quota intact; stretch: >= 50% of the pinned link (as measured in this run, above) each way.\n")
+
+
+def side_by_side(text):
+    """A report of both paths: (its main table, its side-by-side table as
+    {size: {column: cell}}, the lines after)."""
+    main_table, side, after = text.split("\n\n")
+    lines = side.splitlines()
+    assert lines[0] == SIDE_HEAD and lines[1] == "|" + "---|" * 11
+
+    def cells(line):
+        return [c.strip() for c in line.strip("|").split("|")]
+    head = cells(lines[0])
+    return main_table + "\n", {row[0]: dict(zip(head, row)) for row in map(cells, lines[2:])}, after
+
+
+def test_report_of_both_paths():
+    """Both paths: the main table's swap row points below, where each size
+    has a row with each path's figures in that path's columns and its
+    verdict: FAIL and the targets missed, then the stretch's."""
+    results = {"bandwidth": {"h2d_median": 24.56, "d2h_median": 25.0}, "swap": both_paths()}
+    main_table, rows, after = side_by_side(swap_report.report(results, [1.0, 8.0]))
+    assert main_table == table("| pinned H2D / D2H, GiB/s | 24.6 / 25.0 | the physical limit |  |\n",
+                               "| swap, checkpoint and fast paths | side by side below |  |  |\n",
+                               "| move between GPUs | not run |  |  |\n")
+    assert rows == {
+        "1": {"size, GiB": "1",
+              "checkpoint: out, s (GiB/s, of pinned D2H)": "0.50 (2.00, 8%)",
+              "checkpoint: in, s (GiB/s, of pinned H2D)": "0.40 (2.50, 10%)",
+              "checkpoint: left the GPU (nvidia-smi MiB swapped)": "yes (absent)",
+              "checkpoint: identical, quota intact": "yes, yes",
+              "checkpoint: verdict": "PASS; stretch FAIL",
+              "fast: out, s (GiB/s, of pinned D2H)": "0.10 (10.00, 40%)",
+              "fast: in, s (GiB/s, of pinned H2D)": "0.08 (12.50, 51%)",
+              "fast: left the GPU (nvidia-smi MiB swapped)": "no (100)",
+              "fast: identical, quota intact": "yes, yes",
+              "fast: verdict": "FAIL on the GPU while swapped; stretch out FAIL, in PASS"},
+        "8": {"size, GiB": "8",
+              "checkpoint: out, s (GiB/s, of pinned D2H)": "4.00 (2.25, 9%)",
+              "checkpoint: in, s (GiB/s, of pinned H2D)": "2.50 (3.60, 15%)",
+              "checkpoint: left the GPU (nvidia-smi MiB swapped)": "yes (absent)",
+              "checkpoint: identical, quota intact": "yes, yes",
+              "checkpoint: verdict": "FAIL swap-in > 2 s; stretch FAIL",
+              "fast: out, s (GiB/s, of pinned D2H)": "0.60 (15.00, 60%)",
+              "fast: in, s (GiB/s, of pinned H2D)": "0.50 (18.00, 73%)",
+              "fast: left the GPU (nvidia-smi MiB swapped)": "yes (GPU used 9300 / 500)",
+              "fast: identical, quota intact": "yes, no",
+              "fast: verdict": "FAIL quota not intact; stretch PASS"}}
+    assert after == TARGETS
+    # A path whose part failed fails each size; a size missing was not run.
+    results["swap"]["checkpoint"] = {"failed": "BenchError: the daemon did not start"}
+    _, rows, _ = side_by_side(swap_report.report(results, [1.0, 32.0]))
+    assert [rows["1"][f"checkpoint: {c}"] for c in swap_report.SIDE_COLUMNS] == [
+        "FAILED", "", "", "", "FAIL BenchError: the daemon did not start"]
+    assert rows["1"]["fast: in, s (GiB/s, of pinned H2D)"] == "0.08 (12.50, 51%)"
+    assert [rows["32"][f"{path}: {c}"] for path in ("checkpoint", "fast") for c in ("out, s (GiB/s, of pinned D2H)",
+                                                                                   "verdict")] == [
+        "FAILED", "FAIL BenchError: the daemon did not start", "FAILED", "FAIL not run"]
+
+
+def test_run_of_both_paths(bundle, tmp_path, monkeypatch, capsys):
+    """--path both: the bandwidth part once; the swap part on the checkpoint
+    path, then on the fast path, each part's pods started with its path's
+    environment and their logs in OUT/PATH; the other parts on the fast
+    path; the report and the raw numbers of both."""
+    pinned, started = {"h2d_median": 24.56, "d2h_median": 25.0}, []
+
+    class FakePod:
+        def __init__(self, pod, argv, env, log, program=None, route=None):
+            self.pod, self.env, self.log = pod, env, log
+
+    def start(b, part):
+        """A pod started as the part would start it: its path, its log's folder, its setting."""
+        b.daemon = SimpleNamespace(url="http://127.0.0.1:1")
+        p = b.start_pod(f"swap-{part}", "hold", GIB)
+        b.daemon = None
+        b.pods.remove(p)
+        started.append((part, b.args.path, p.log.parent, p.env.get("CUDA_LIMITER_FAST_SWAP")))
+
+    def part_swap(b, given):
+        assert given is bandwidth[0]  # the pinned figures of the run's one bandwidth part
+        start(b, "swap")
+        return both_paths()[b.args.path]
+
+    def part_infer(b):
+        start(b, "infer")
+        return {"t0_s": 0.01, "t1_s": 1.5, "t1_pod_s": 1.25, "identical": True, "resident": [{}], "swapped_ok": 1}
+
+    bandwidth = []
+    monkeypatch.setattr(swap_bench, "Pod", FakePod)
+    monkeypatch.setattr(swap, "part_bandwidth", lambda b: bandwidth.append(dict(pinned)) or bandwidth[-1])
+    monkeypatch.setattr(swap, "part_swap", part_swap)
+    monkeypatch.setattr(swap, "part_infer", part_infer)
+    out = tmp_path / "out"
+    assert main(["swap", "--bundle", str(bundle), "--out", str(out), "--sizes", "1,8", "--path", "both",
+                 "--parts", "bandwidth,swap,infer"]) == 0
+    assert len(bandwidth) == 1 and started == [("swap", "checkpoint", out / "checkpoint", None),
+                                               ("swap", "fast", out / "fast", "1"), ("infer", "fast", out, "1")]
+    printed = capsys.readouterr().out
+    line = "checkpoint and fast paths: the swap part on each, the other parts on the fast path"
+    assert printed.startswith(f"swap bench ({line}): sizes ['1', '8'] GiB, 3 rounds;")
+    assert printed.index("swap part, checkpoint path:\n") < printed.index("swap part, fast path:\n")
+    text = (out / "swap-bench.md").read_text()
+    assert text.startswith(f"Swap bench, {line} (") and f"\n{text}\n" in printed
+    main_table, rows, after = side_by_side(text.split("\n\n", 1)[1])
+    assert "| swap, checkpoint and fast paths | side by side below |  |  |\n" in main_table
+    assert "| first request after idle, swapped (T1), s (pod's own) | 1.50 (1.25) | <= 3 s | PASS |\n" in main_table
+    assert rows["8"]["checkpoint: verdict"] == "FAIL swap-in > 2 s; stretch FAIL" and after == TARGETS
+    data = json.loads((out / "swap-bench.json").read_text())
+    assert data["args"]["path"] == "both" and data["bandwidth"] == pinned and data["swap"] == both_paths()
 
 
 def test_run_without_a_gpu(bundle, tmp_path, monkeypatch, capsys):

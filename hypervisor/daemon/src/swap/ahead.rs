@@ -102,8 +102,11 @@ impl Hypervisor {
             {
                 continue;
             }
-            let (views, candidates) =
-                self.candidates_on(&uuid, |pod| !passed_over.iter().any(|p| p == pod));
+            // A pod whose copies are being made would be swapped out with
+            // the lock held until they are.
+            let (views, candidates) = self.candidates_on(&uuid, |pod| {
+                !passed_over.iter().any(|p| p == pod) && !self.being_prepared(pod)
+            });
             let host_room = self.host_room(&settings);
             let Some((pod, ready)) = hypervisor_swap::ahead(
                 &candidates,
@@ -115,17 +118,20 @@ impl Hypervisor {
                 continue;
             };
             let view = views.into_iter().find(|v| v.pod == pod)?;
-            // Its swap-out would wait for them, the lock held.
-            if self.being_prepared(&pod) {
-                return None;
-            }
             // Copies are made once: a pod whose processes could not make
-            // them, or have grown little since, is swapped as it is.
-            if !ready && self.lacks_copies(&view) && self.room_to_prepare(&settings) >= view.bytes()
-            {
+            // them, or have grown little since, is swapped as it is; so is
+            // one whose copies the host cannot take even once other pods'
+            // kept copies are given back (as its swap-out would).
+            if !ready && self.lacks_copies(&view) {
                 let pids = self.pids_of(&pod).await;
                 if let Some(workers) = self.fast_workers(&pod, &pids) {
-                    return Some(Step::Prepare(pod, workers));
+                    let bytes = view.bytes();
+                    if self.room_to_prepare(&settings) < bytes {
+                        let _ = self.host_room_for(&pod, bytes).await;
+                    }
+                    if self.room_to_prepare(&settings) >= bytes {
+                        return Some(Step::Prepare(pod, workers));
+                    }
                 }
             }
             return Some(match self.swap_out_counted(&view, SwapCause::Ahead).await {

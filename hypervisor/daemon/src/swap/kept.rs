@@ -103,10 +103,10 @@ impl Hypervisor {
     }
 
     /// Whether the pod of `view` has its host copies ready: its processes
-    /// keep copies of all it holds, made before now (a swap-out of a pod
-    /// whose copies are being made waits for them).
+    /// keep copies of all it holds, or are making them (a swap-out then
+    /// waits for what is left of that, and only copies).
     pub(super) fn copies_ready(&self, view: &SwapView, kept: u64) -> bool {
-        kept > 0 && !self.lacks_copies(view) && !self.being_prepared(&view.pod)
+        kept > 0 && !self.lacks_copies(view)
     }
 
     /// Whether `pod`'s processes are making host copies now.
