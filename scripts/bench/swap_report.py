@@ -193,7 +193,10 @@ def swap_rows(size, one):
 
 # The swap part of a run of both paths: per path, these columns.
 SIDE_COLUMNS = ("out, s (GiB/s, of pinned D2H)", "in, s (GiB/s, of pinned H2D)",
-                "left the GPU (nvidia-smi MiB swapped)", "identical, quota intact", "verdict")
+                "given back (nvidia-smi MiB before / swapped)", "identical, quota intact", "verdict")
+# Its targets: an 8 GiB pod out and back in this long at most, each way;
+# this share of the pod's device memory given back while it is swapped.
+SIDE_8G_S, SIDE_GIVEN_BACK = 0.4, 0.95
 
 
 def side_by_side(both, sizes):
@@ -204,9 +207,9 @@ def side_by_side(both, sizes):
     rows = [(f"{size:g}", *(c for path in PATHS for c in path_cells(size, size_of(both[path], size))))
             for size in sizes]
     return (markdown(header, rows)
-            + f"\nTargets: swap-in of 8 GiB <= {TARGET_SWAP_IN_8G_S:g} s; none of the pod's memory on the GPU while"
-              f" swapped; results identical and the quota intact; stretch: >= {STRETCH_SHARE:.0%} of the pinned"
-              " link (as measured in this run, above) each way.\n")
+            + f"\nTargets: 8 GiB out and in <= {SIDE_8G_S:g} s each; >= {SIDE_GIVEN_BACK:.0%} of the pod's"
+              f" device memory given back while swapped; results identical and the quota intact; stretch: >="
+              f" {STRETCH_SHARE:.0%} of the pinned link (as measured in this run, above) each way.\n")
 
 
 def path_cells(size, one):
@@ -214,20 +217,38 @@ def path_cells(size, one):
     if "failed" in one:
         return "FAILED", "", "", "", f"FAIL {one['failed'][:120]}"
     s = one["summary"]
-    freed = freed_on_gpu(s, one["held"])
+    back = given_back(s)
     if s["smi_before_mib"] is not None:
-        seen = fmt(s["smi_swapped_mib"], ".0f", "absent")
+        seen = f"{fmt(s['smi_before_mib'], '.0f')} / {fmt(s['smi_swapped_mib'], '.0f', 'absent')}"
     else:  # not listed: the GPU's used MiB before / swapped tell
         seen = f"GPU used {fmt(s['gpu_used_before_mib'], '.0f')} / {fmt(s['gpu_used_swapped_mib'], '.0f')}"
-    return (rate(s, "out"), rate(s, "in"), f"{yes(freed)} ({seen})",
-            f"{yes(s['identical'])}, {yes(s['quota_intact'])}", path_verdict(size, s, freed))
+    return (rate(s, "out"), rate(s, "in"), f"{fmt(back, '.1%')} ({seen})",
+            f"{yes(s['identical'])}, {yes(s['quota_intact'])}", path_verdict(size, s, back))
 
 
-def path_verdict(size, s, freed):
+def given_back(s):
+    """The share of the pod's device memory nvidia-smi saw leave the GPU
+    while it was swapped: of the process's MiB (absent: all), or, where it
+    lists no process of ours, of the GPU's used MiB; None where unknown."""
+    before, swapped = s["smi_before_mib"], s["smi_swapped_mib"]
+    if before is None:
+        before, swapped = s["gpu_used_before_mib"], s["gpu_used_swapped_mib"]
+        if swapped is None:
+            return None
+    if not before:
+        return None
+    return (before - (swapped or 0)) / before
+
+
+def path_verdict(size, s, back):
     """PASS, or FAIL and the targets missed; then the stretch's verdict,
     one for both ways where they agree."""
-    missed = [why for why, ok in ((f"swap-in > {TARGET_SWAP_IN_8G_S:g} s", swap_in_met(size, s) is not False),
-                                  ("on the GPU while swapped", freed), ("not identical", s["identical"]),
+    fast = size != 8 or (s["out_s"] is not None and s["out_s"] <= SIDE_8G_S
+                         and s["in_s"] is not None and s["in_s"] <= SIDE_8G_S)
+    missed = [why for why, ok in ((f"8 GiB out or in > {SIDE_8G_S:g} s", fast),
+                                  (f"under {SIDE_GIVEN_BACK:.0%} given back",
+                                   back is not None and back >= SIDE_GIVEN_BACK),
+                                  ("not identical", s["identical"]),
                                   ("quota not intact", s["quota_intact"])) if not ok]
     ways = stretch(s)
     out, into = ways["out_share"], ways["in_share"]
