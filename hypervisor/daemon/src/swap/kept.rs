@@ -23,6 +23,11 @@
 //! moment they are asked for. A pod whose processes could not is not
 //! asked again until it grows: a process that cannot answer (an older
 //! limiter) holds the next pod's turn only once.
+//!
+//! **Ready**: a pod whose processes keep copies of all it holds (kept from
+//! a fast swap-in that kept them all, or prepared), or are making them, is
+//! ready, and goes first when room is made (the policy's ranking): its
+//! swap-out only copies.
 
 use std::sync::atomic::Ordering;
 
