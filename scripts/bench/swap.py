@@ -206,19 +206,12 @@ def main(p, args):
         if "swap" in args.parts:
             results["swap"] = run_swap(b, bandwidth)
         # A run of both paths runs the other parts once, on the fast path.
+        others = (("infer", part_infer), ("overcommit", part_overcommit), ("move", part_move),
+                  ("limit", part_limit), ("frameworks", part_frameworks), ("cost", part_cost))
         with on_path(b, "fast" if args.path == "both" else args.path):
-            if "infer" in args.parts:
-                results["infer"] = guarded("infer", part_infer, b)
-            if "overcommit" in args.parts:
-                results["overcommit"] = guarded("overcommit", part_overcommit, b)
-            if "move" in args.parts:
-                results["move"] = guarded("move", part_move, b)
-            if "limit" in args.parts:
-                results["limit"] = guarded("limit", part_limit, b)
-            if "frameworks" in args.parts:
-                results["frameworks"] = guarded("frameworks", part_frameworks, b)
-            if "cost" in args.parts:
-                results["cost"] = guarded("cost", part_cost, b)
+            for name, part in others:
+                if name in args.parts:
+                    results[name] = guarded(name, part, b)
         print("no cost for pods never swapped: measured by `python3 -m scripts.bench launch-ab`", flush=True)
     finally:
         # Each part stops its pods and its daemon and removes the regions.

@@ -15,6 +15,7 @@
 //! `prepare_ahead`, while it stays on the GPU, and room is made first by
 //! an idle pod whose copies are ready (its swap-out only copies).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use gpushare_utils::limits::Residency;
@@ -95,6 +96,32 @@ fn pods_config(pods: &[&Pod], quota: &str, swap: &str) -> String {
         "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n{swap}\n\n{pods}",
         library.display(),
     )
+}
+
+/// A daemon of `pods`, `quota` each, on one 2 GiB double GPU that their
+/// processes share (the double's node file, named after the first pod),
+/// `swap` added to its `[swap]` table; and that node file.
+fn shared_gpu(pods: &[&Pod], quota: &str, swap: &str) -> (RunningNode, PathBuf) {
+    let node_file = checkpoint_dir().join(format!("{}.node", pods[0].0));
+    let config = pods_config(pods, quota, swap);
+    let gpus = with_process_memory(node_file_gpus(node_file.clone(), 2 * GIB, 1));
+    (
+        daemon::hypervisor(pods[0], &config, Arc::new(gpus)),
+        node_file,
+    )
+}
+
+/// The environment of a probe on [`shared_gpu`]'s GPU, backing its
+/// memory itself.
+fn shared_env(node_file: &Path) -> [(&'static str, &str); 3] {
+    [
+        ("CUDA_LIMITER_FAST_SWAP", "1"),
+        ("GPUSHARE_DOUBLE_TOTAL", "2g"),
+        (
+            gpushare_examples::NODE_FILE_VAR,
+            node_file.to_str().expect("a path"),
+        ),
+    ]
 }
 
 fn registered(node: &RunningNode, pod: &Pod, count: usize) {
@@ -443,20 +470,9 @@ fn room_on_an_overcommitting_gpu_is_made_by_the_fast_path() {
     // allocation fits only once the first, idle, is swapped out, by its
     // own limiter.
     let (idle, asker) = (Pod::new("fast-oc-idle"), Pod::new("fast-oc-asker"));
-    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
     let swap = "overcommit = true\nidle_after_ms = 200\nhost_limit = \"64g\"";
-    let config = pods_config(&[&idle, &asker], "1536m", swap);
-    let gpus = with_process_memory(node_file_gpus(node_file.clone(), 2 * GIB, 1));
-    let node = daemon::hypervisor(&idle, &config, Arc::new(gpus));
-    let env = [
-        ("CUDA_LIMITER_FAST_SWAP", "1"),
-        ("GPUSHARE_DOUBLE_TOTAL", "2g"),
-        ("CUDA_LIMITER_LOG", "info"),
-        (
-            gpushare_examples::NODE_FILE_VAR,
-            node_file.to_str().expect("a path"),
-        ),
-    ];
+    let (node, node_file) = shared_gpu(&[&idle, &asker], "1536m", swap);
+    let env = [&shared_env(&node_file)[..], &[("CUDA_LIMITER_LOG", "info")]].concat();
     let mut first = Running::start(
         &idle,
         &node.url(),
@@ -500,19 +516,9 @@ fn room_is_made_by_an_idle_pod_whose_host_copies_are_ready_before_the_least_rece
         Pod::new("fast-ready-copied"),
         Pod::new("fast-ready-asker"),
     );
-    let node_file = checkpoint_dir().join(format!("{}.node", asker.0));
     let swap = "overcommit = true\nidle_after_ms = 200\nmin_resident_ms = 0\nhost_limit = \"64g\"";
-    let config = pods_config(&[&cold, &copied, &asker], "1g", swap);
-    let gpus = with_process_memory(node_file_gpus(node_file.clone(), 2 * GIB, 1));
-    let node = daemon::hypervisor(&cold, &config, Arc::new(gpus));
-    let env = [
-        ("CUDA_LIMITER_FAST_SWAP", "1"),
-        ("GPUSHARE_DOUBLE_TOTAL", "2g"),
-        (
-            gpushare_examples::NODE_FILE_VAR,
-            node_file.to_str().expect("a path"),
-        ),
-    ];
+    let (node, node_file) = shared_gpu(&[&cold, &copied, &asker], "1g", swap);
+    let env = shared_env(&node_file);
     let held = ["alloc", "mem", "512m", "write", "0", "7", "wait"];
     let mut first = Running::start(
         &cold,
@@ -573,19 +579,9 @@ fn a_pod_swapped_out_ahead_of_need_has_its_host_copies_made_first_outside_the_sw
     // otherwise (`prepare_ahead` 0): those it has were made for this swap,
     // before it.
     let (pod, unused) = (Pod::new("fast-ahead"), Pod::new("fast-ahead-none"));
-    let node_file = checkpoint_dir().join(format!("{}.node", pod.0));
     let swap = "overcommit = true\nidle_after_ms = 200\nheadroom = \"1536m\"\nprepare_ahead = 0\nhost_limit = \"64g\"";
-    let config = pods_config(&[&pod, &unused], "1536m", swap);
-    let gpus = with_process_memory(node_file_gpus(node_file.clone(), 2 * GIB, 1));
-    let node = daemon::hypervisor(&pod, &config, Arc::new(gpus));
-    let env = [
-        ("CUDA_LIMITER_FAST_SWAP", "1"),
-        ("GPUSHARE_DOUBLE_TOTAL", "2g"),
-        (
-            gpushare_examples::NODE_FILE_VAR,
-            node_file.to_str().expect("a path"),
-        ),
-    ];
+    let (node, node_file) = shared_gpu(&[&pod, &unused], "1536m", swap);
+    let env = shared_env(&node_file);
     let script = [
         "alloc", "mem", "768m", "write", "0", "3", "wait", "check", "0", "3",
     ];

@@ -126,10 +126,11 @@ impl Hypervisor {
                 let pids = self.pids_of(&pod).await;
                 if let Some(workers) = self.fast_workers(&pod, &pids) {
                     let bytes = view.bytes();
-                    if self.room_to_prepare(&settings) < bytes {
+                    let room = || Self::room_to_prepare(&settings, &self.swap_status().totals);
+                    if room() < bytes {
                         let _ = self.host_room_for(&pod, bytes).await;
                     }
-                    if self.room_to_prepare(&settings) >= bytes {
+                    if room() >= bytes {
                         return Some(Step::Prepare(pod, workers));
                     }
                 }

@@ -37,7 +37,7 @@ use gpushare_utils::protocol::{Command, CommandResult};
 use http_bidir_comm::ClientId;
 use hypervisor_config::SwapSettings;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::Candidate;
+use hypervisor_swap::{Candidate, SwapTotals};
 
 use super::SwapRefusal;
 use super::fast::ANSWER_WITHIN;
@@ -144,10 +144,10 @@ impl Hypervisor {
     }
 
     /// The host memory copies may be made in: what `host_limit` leaves
-    /// beside the bytes of pods away and the copies kept, and the host's
-    /// available memory leaves beside its reserve.
-    pub(super) fn room_to_prepare(&self, settings: &SwapSettings) -> u64 {
-        let totals = self.swap_status().totals;
+    /// beside the bytes of pods away and the copies kept (the board's
+    /// `totals`), and the host's available memory leaves beside its
+    /// reserve.
+    pub(super) fn room_to_prepare(settings: &SwapSettings, totals: &SwapTotals) -> u64 {
         let taken = totals.bytes_on_host.saturating_add(totals.host_kept_bytes);
         let available = hypervisor_swap::host::available().map_or(u64::MAX, |available| {
             available.saturating_sub(hypervisor_swap::HOST_RESERVE)
@@ -189,10 +189,12 @@ impl Hypervisor {
                 continue;
             }
             let (views, candidates) = self.candidates_on(&uuid, |_| true);
-            let kept = self.swap_status().totals.host_kept_bytes;
-            let host_room = self
-                .room_to_prepare(&settings)
-                .min(settings.prepare_ahead.saturating_sub(kept));
+            let totals = self.swap_status().totals;
+            let host_room = Self::room_to_prepare(&settings, &totals).min(
+                settings
+                    .prepare_ahead
+                    .saturating_sub(totals.host_kept_bytes),
+            );
             let lacks = |candidate: &Candidate| {
                 views
                     .iter()
