@@ -65,6 +65,7 @@ const PROBE_SOURCES: &[&str] = &[
     "probe_memory.c",
     "probe_launch.c",
     "probe_held.c",
+    "probe_sharing.c",
 ];
 
 fn main() {

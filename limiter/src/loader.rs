@@ -297,14 +297,15 @@ pub(crate) fn install_if_mapped() {
         installed.cuda = true;
         // `cuInit` is always patched: it is where CUDA is refused when the
         // limits cannot be had (broken config, no grant, unpatchable driver).
-        // The pointer queries only where the limiter backs memory itself:
-        // other processes keep the driver's answers, uninterposed.
+        // The pointer queries and CUDA IPC only where the limiter backs
+        // memory itself: other processes keep the driver's answers,
+        // uninterposed.
         let backs = limiter.is_some_and(|limiter| limiter.backing.enabled());
         // Launches are patched wherever limits apply: a compute limit admits
         // them, and a first launch may load a library's globals. The driver's
         // family comes first (alone where CUDA is refused), the pointer
-        // queries last (only where the limiter backs memory).
-        const LIMITED: [&[HookEntry]; 7] = [
+        // queries and IPC last (only where the limiter backs memory).
+        const LIMITED: [&[HookEntry]; 8] = [
             &detour::driver::DRIVER_DETOURS,
             &detour::memory::MEMORY_DETOURS,
             &detour::context::CONTEXT_DETOURS,
@@ -312,11 +313,12 @@ pub(crate) fn install_if_mapped() {
             &detour::launch::LAUNCH_DETOURS,
             &detour::gate::GATE_DETOURS,
             &detour::pointer::POINTER_DETOURS,
+            &detour::ipc::IPC_DETOURS,
         ];
         let tables: &[&[HookEntry]] = match state {
             State::Refusing(_) => &LIMITED[..1],
             _ if backs => &LIMITED,
-            _ => &LIMITED[..LIMITED.len() - 1],
+            _ => &LIMITED[..LIMITED.len() - 2],
         };
         let resolved = match limiter {
             Some(limiter) => limiter.context.load_driver(handle).is_some(),

@@ -440,6 +440,26 @@ pub(crate) type CuMemUnmap = unsafe extern "C" fn(CUdeviceptr, usize) -> CUresul
 pub(crate) type CuMemSetAccess =
     unsafe extern "C" fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize) -> CUresult;
 
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`: VMM memory another process
+/// can import from a file descriptor.
+pub(crate) const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_int = 1;
+pub(crate) type CuMemExportToShareableHandle =
+    unsafe extern "C" fn(*mut c_void, CUmemGenericAllocationHandle, c_int, u64) -> CUresult;
+pub(crate) type CuMemImportFromShareableHandle =
+    unsafe extern "C" fn(*mut CUmemGenericAllocationHandle, *mut c_void, c_int) -> CUresult;
+
+/// `CUipcMemHandle` (cuda.h): the 64 opaque bytes of a legacy CUDA IPC
+/// handle, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+
+const _: () = {
+    assert!(size_of::<CUipcMemHandle>() == 64 && align_of::<CUipcMemHandle>() == 1);
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;

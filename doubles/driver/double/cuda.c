@@ -37,9 +37,11 @@
  *   to a GPU; cuMemGetAddressRange_v2 answers for it too.
  * - Virtual memory management (cuMemAddressReserve/Free, cuMemCreate/
  *   Release, cuMemMap/Unmap, cuMemSetAccess/GetAccess,
- *   cuMemRetainAllocationHandle): vmm.c. Created memory is charged like an
- *   allocation until its last reference and mapping go, and a mapped range
- *   holds real bytes.
+ *   cuMemRetainAllocationHandle, cuMemExportToShareableHandle/
+ *   ImportFromShareableHandle) and legacy IPC (cuIpc*, refused): vmm.c.
+ *   Created memory is charged like an allocation until its last reference
+ *   and mapping go, and a mapped range holds real bytes; imported memory
+ *   shares the exporter's bytes and is charged to the exporter only.
  * - Copies and sets (cuMemcpy*, cuMemsetD8/D32*, copies.c) move no byte but
  *   into and out of VMM memory (vmm.c), and take no time on the simulated clock: each checks init, the current
  *   context (the stream, for the async ones, as launches do), then that its

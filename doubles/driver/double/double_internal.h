@@ -25,7 +25,8 @@
  *                  used bytes and the table of the processes charging them
  *   host_memory.c  pinned host memory (its own state and lock)
  *   vmm.c          the virtual memory management API: reserved ranges,
- *                  physical memory with contents, mappings and access
+ *                  physical memory with contents, mappings and access,
+ *                  shareable handles; legacy IPC, refused
  *
  * Nothing declared here is exported: the library is built with
  * -fvisibility=hidden, and these declarations are hidden as well, so that

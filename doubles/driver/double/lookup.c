@@ -29,6 +29,8 @@ static const struct {
     {CUDA_ERROR_INVALID_IMAGE, "CUDA_ERROR_INVALID_IMAGE", "device kernel image is invalid"},
     {CUDA_ERROR_UNSUPPORTED_LIMIT, "CUDA_ERROR_UNSUPPORTED_LIMIT", "limit is not supported"},
     {CUDA_ERROR_FILE_NOT_FOUND, "CUDA_ERROR_FILE_NOT_FOUND", "file not found"},
+    {CUDA_ERROR_OPERATING_SYSTEM, "CUDA_ERROR_OPERATING_SYSTEM",
+     "OS call failed or operation not supported on this OS"},
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE",
      "the operation cannot be performed in the present state"},
@@ -132,6 +134,7 @@ static const struct {
     {"cuMemsetD32Async", "cuMemsetD32Async", "cuMemsetD32Async_ptsz", NULL, 0},
     {"cuEventDestroy", "cuEventDestroy_v2", NULL, NULL, 0},
     {"cuEventElapsedTime", "cuEventElapsedTime_v2", NULL, "cuEventElapsedTime", 12080},
+    {"cuIpcOpenMemHandle", "cuIpcOpenMemHandle_v2", NULL, "cuIpcOpenMemHandle", 11000},
 };
 
 static void *g_self;

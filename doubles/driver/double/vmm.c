@@ -18,6 +18,32 @@
  *   as the real driver keeps released memory while it is mapped.
  *   cuMemRetainAllocationHandle(handle, addr) takes one more reference on
  *   the memory mapped at addr.
+ * - Shareable handles: prop->requestedHandleTypes 0, or
+ *   CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (1), whose memory keeps its
+ *   contents in a memfd named MEMFD_NAME<GPU> (the fake GPU's NVML index),
+ *   mapped shared; any other type is CUDA_ERROR_NOT_SUPPORTED.
+ *   cuMemExportToShareableHandle(&fd, handle, 1, 0) writes a new
+ *   close-on-exec descriptor of that memfd (memory made without type 1, any
+ *   other type, flags or an unknown handle: CUDA_ERROR_INVALID_VALUE, as
+ *   the driver refuses). cuMemImportFromShareableHandle(&handle,
+ *   (void *)(intptr_t)fd, 1) takes such a descriptor, from this process or
+ *   another (its size from fstat, its GPU from the name, which must be
+ *   ours: else CUDA_ERROR_INVALID_VALUE, or CUDA_ERROR_INVALID_DEVICE for a
+ *   GPU this process does not see), and makes memory of one reference that
+ *   maps, copies, exports again and releases like created memory, over the
+ *   same bytes as the exporter's. It is not charged here: the real driver
+ *   charges the exporter, and NVML shows it there; the exporter's charge
+ *   goes with the exporter's last reference and mapping, the bytes with the
+ *   last holder. The caller keeps its descriptor (the import takes a
+ *   duplicate); imported handles are IMPORTED_HANDLE_BASE + n, no record.
+ *   The Windows and fabric types are CUDA_ERROR_NOT_SUPPORTED to import.
+ * - Legacy IPC (cuIpcGetMemHandle, cuIpcOpenMemHandle(_v2),
+ *   cuIpcCloseMemHandle) is not modelled: after the init and NULL checks,
+ *   cuIpcGetMemHandle answers CUDA_ERROR_INVALID_VALUE for an address in
+ *   the VMM region (the real driver refuses VMM memory) and
+ *   CUDA_ERROR_NOT_SUPPORTED for any other, so no handle of it exists, and
+ *   cuIpcOpenMemHandle(_v2) and cuIpcCloseMemHandle answer
+ *   CUDA_ERROR_INVALID_VALUE.
  * - cuMemMap(ptr, size, offset, handle, 0): size and offset multiples of the
  *   granularity, within the memory; [ptr, ptr + size) within one reserved
  *   range and over no other mapping. A new mapping has no access.
@@ -43,11 +69,20 @@
  */
 #include "double_internal.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #define VMM_MAX_RANGES 4096
 #define VA_BASE (REGION_BASE + DOUBLE_MAX_DEVICES * REGION_SIZE)
 #define VA_SIZE REGION_SIZE
 #define ACCESS_READ 1
 #define ACCESS_READWRITE 3
+/* The memfd of shareable memory: this, then the GPU's NVML index. */
+#define MEMFD_NAME "gpushare-double-vmm-dev"
+/* Handles of imported memory: above every user-space address, so never a
+ * record's address in memory.c. */
+#define IMPORTED_HANDLE_BASE (1ULL << 63)
 
 struct reserved {
     unsigned long long addr; /* 0: free entry */
@@ -55,10 +90,14 @@ struct reserved {
 };
 
 struct physical {
-    unsigned long long handle; /* 0: free entry; the record's address in memory.c */
+    unsigned long long handle; /* 0: free entry; else the record's address in
+                                  memory.c, or an imported handle */
     unsigned long long size;
     int device;
-    unsigned refs;     /* cuMemCreate's, plus each cuMemRetainAllocationHandle */
+    int fd;            /* the memfd of shareable memory; -1: none */
+    int imported;      /* charged to its exporter, not to this process */
+    unsigned refs;     /* cuMemCreate's (or the import's), plus each
+                          cuMemRetainAllocationHandle */
     unsigned mappings; /* live mappings of it */
     unsigned char *bytes;
 };
@@ -75,6 +114,7 @@ struct mapped {
 static struct reserved g_reserved[VMM_MAX_RANGES];
 static struct physical g_physical[VMM_MAX_RANGES];
 static struct mapped g_mapped[VMM_MAX_RANGES];
+static unsigned long long g_imports; /* imports so far: the next handle */
 
 /* ---------------------------------------------------------------- injected failures */
 
@@ -207,9 +247,52 @@ static void forget_handle_locked(unsigned long long handle) {
 }
 
 static void destroy_locked(struct physical *p) {
-    forget_handle_locked(p->handle);
+    if (!p->imported) {
+        forget_handle_locked(p->handle);
+    }
     munmap(p->bytes, p->size);
+    if (p->fd >= 0) {
+        close(p->fd);
+    }
     memset(p, 0, sizeof *p);
+}
+
+static struct physical *free_physical_locked(void) {
+    size_t i;
+    for (i = 0; i < VMM_MAX_RANGES; i++) {
+        if (g_physical[i].handle == 0) {
+            return &g_physical[i];
+        }
+    }
+    return NULL;
+}
+
+/* Host pages for the contents of size bytes on GPU gpu: private and
+ * anonymous, or (shareable) a new memfd's, whose descriptor goes to *fd
+ * (else -1). NULL when the host has none. */
+static unsigned char *contents_new(unsigned long long size, int shareable, int gpu, int *fd) {
+    char name[64];
+    void *bytes;
+    *fd = -1;
+    if (!shareable) {
+        bytes = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        return bytes == MAP_FAILED ? NULL : bytes;
+    }
+    snprintf(name, sizeof name, MEMFD_NAME "%d", gpu);
+    *fd = memfd_create(name, MFD_CLOEXEC);
+    if (*fd < 0) {
+        return NULL;
+    }
+    bytes = ftruncate(*fd, (off_t)size) != 0
+                ? MAP_FAILED
+                : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+    if (bytes == MAP_FAILED) {
+        close(*fd);
+        *fd = -1;
+        return NULL;
+    }
+    return bytes;
 }
 
 CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -217,7 +300,6 @@ CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     struct physical *slot = NULL;
     unsigned long long addr = 0;
     CUresult rc;
-    size_t i;
     lock();
     if (!g_initialized) {
         rc = CUDA_ERROR_NOT_INITIALIZED;
@@ -227,27 +309,29 @@ CUresult impl_cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (!valid_device(prop->location.id)) {
         rc = CUDA_ERROR_INVALID_DEVICE;
+    } else if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+               prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        rc = CUDA_ERROR_NOT_SUPPORTED;
     } else if ((rc = injected_locked(CALL_CREATE)) != CUDA_SUCCESS) {
         /* the injected failure */
     } else {
-        for (i = 0; i < VMM_MAX_RANGES && slot == NULL; i++) {
-            if (g_physical[i].handle == 0) {
-                slot = &g_physical[i];
-            }
-        }
+        slot = free_physical_locked();
         rc = slot == NULL ? CUDA_ERROR_OUT_OF_MEMORY
                           : alloc_locked(prop->location.id, NULL, size, KIND_HANDLE, &addr);
     }
     if (rc == CUDA_SUCCESS) {
-        void *bytes = mmap(NULL, size, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (bytes == MAP_FAILED) {
+        int shareable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        int fd;
+        unsigned char *bytes = contents_new(size, shareable, device_gpu(prop->location.id), &fd);
+        if (bytes == NULL) {
             forget_handle_locked(addr);
             rc = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             slot->handle = addr;
             slot->size = size;
             slot->device = prop->location.id;
+            slot->fd = fd;
+            slot->imported = 0;
             slot->refs = 1;
             slot->mappings = 0;
             slot->bytes = bytes;
@@ -285,6 +369,171 @@ CUresult impl_cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, 
         m->memory->refs++;
         *handle = m->memory->handle;
     }
+    unlock();
+    return rc;
+}
+
+/* ---------------------------------------------------------------- shareable handles */
+
+CUresult impl_cuMemExportToShareableHandle(void *shareableHandle,
+                                           CUmemGenericAllocationHandle handle,
+                                           CUmemAllocationHandleType handleType,
+                                           unsigned long long flags) {
+    struct physical *p;
+    CUresult rc = CUDA_SUCCESS;
+    lock();
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (shareableHandle == NULL || flags != 0 ||
+               handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+               (p = physical_locked(handle)) == NULL || p->fd < 0) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        int fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            rc = CUDA_ERROR_OPERATING_SYSTEM; /* out of descriptors */
+        } else {
+            memcpy(shareableHandle, &fd, sizeof fd);
+        }
+    }
+    unlock();
+    return rc;
+}
+
+/* The ordinal of the GPU that the memfd fd was made for, from its name
+ * (CUDA_SUCCESS); CUDA_ERROR_INVALID_VALUE for any other descriptor,
+ * CUDA_ERROR_INVALID_DEVICE for a GPU this process does not see. */
+static CUresult memfd_device(int fd, int *device) {
+    static const char prefix[] = "/memfd:" MEMFD_NAME;
+    char path[64], target[256];
+    const char *digits = target + sizeof prefix - 1;
+    char *end = NULL;
+    ssize_t n;
+    long gpu;
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    n = readlink(path, target, sizeof target - 1);
+    if (n < 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    target[n] = '\0';
+    if (strncmp(target, prefix, sizeof prefix - 1) != 0 || *digits < '0' || *digits > '9') {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    gpu = strtol(digits, &end, 10);
+    if (strcmp(end, " (deleted)") != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (*device = 0; valid_device(*device); (*device)++) {
+        if (device_gpu(*device) == gpu) {
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_INVALID_DEVICE;
+}
+
+/* Imported memory over the bytes of the memfd fd (the caller's, kept open). */
+static CUresult import_locked(int fd, CUmemGenericAllocationHandle *handle) {
+    struct physical *slot;
+    struct stat st;
+    int device = 0, own;
+    void *bytes;
+    CUresult rc;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+        (unsigned long long)st.st_size % GRANULARITY != 0) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if ((rc = memfd_device(fd, &device)) != CUDA_SUCCESS) {
+        return rc;
+    }
+    if ((slot = free_physical_locked()) == NULL) {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    own = fcntl(fd, F_DUPFD_CLOEXEC, 0); /* to export it again */
+    if (own < 0) {
+        return CUDA_ERROR_OPERATING_SYSTEM;
+    }
+    bytes = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, own, 0);
+    if (bytes == MAP_FAILED) {
+        close(own);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    slot->handle = IMPORTED_HANDLE_BASE + ++g_imports;
+    slot->size = (unsigned long long)st.st_size;
+    slot->device = device;
+    slot->fd = own;
+    slot->imported = 1;
+    slot->refs = 1;
+    slot->mappings = 0;
+    slot->bytes = bytes;
+    *handle = slot->handle;
+    return CUDA_SUCCESS;
+}
+
+CUresult impl_cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle,
+                                             CUmemAllocationHandleType shHandleType) {
+    CUresult rc;
+    lock();
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (handle == NULL) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else if (shHandleType == CU_MEM_HANDLE_TYPE_WIN32 ||
+               shHandleType == CU_MEM_HANDLE_TYPE_WIN32_KMT ||
+               shHandleType == CU_MEM_HANDLE_TYPE_FABRIC) {
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    } else if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        rc = import_locked((int)(intptr_t)osHandle, handle);
+    }
+    unlock();
+    return rc;
+}
+
+/* ---------------------------------------------------------------- legacy IPC */
+
+CUresult impl_cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr) {
+    CUresult rc;
+    lock();
+    if (!g_initialized) {
+        rc = CUDA_ERROR_NOT_INITIALIZED;
+    } else if (pHandle == NULL || dptr == 0 || vmm_space(dptr)) {
+        rc = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        rc = CUDA_ERROR_NOT_SUPPORTED;
+    }
+    unlock();
+    return rc;
+}
+
+/* No handle was made here (cuIpcGetMemHandle makes none), so none opens. */
+static CUresult ipc_open(CUdeviceptr *pdptr) {
+    CUresult rc;
+    lock();
+    (void)pdptr;
+    rc = !g_initialized ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
+    unlock();
+    return rc;
+}
+
+CUresult impl_cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags) {
+    (void)handle;
+    (void)Flags;
+    return ipc_open(pdptr);
+}
+
+CUresult impl_cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                    unsigned int Flags) {
+    (void)handle;
+    (void)Flags;
+    return ipc_open(pdptr);
+}
+
+CUresult impl_cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    CUresult rc;
+    (void)dptr;
+    lock();
+    rc = !g_initialized ? CUDA_ERROR_NOT_INITIALIZED : CUDA_ERROR_INVALID_VALUE;
     unlock();
     return rc;
 }

@@ -35,7 +35,8 @@
  *       array    cuArrayCreate_v2(UNSIGNED_INT8, 1 channel, Width SIZE, Height 1)
  *       array3d  cuArray3DCreate_v2(same, Depth 1)
  *       mipmap   cuMipmappedArrayCreate(same as array3d, 1 level)
- *     IDs are 0, 1, 2, ... over every successful allocation, fill's included.
+ *     IDs are 0, 1, 2, ... over every successful allocation, fill's and
+ *     those of the shared memory commands (below) included.
  *   free ID               -> "free ID -> RESULT", with the API matching the
  *                            allocation (async/pool: cuMemFreeAsync(_ptsz) on
  *                            stream 0, then cuCtxSynchronize); freeing an ID
@@ -86,6 +87,50 @@
  *   wait                  -> "ready", then blocks until a line (or EOF) on
  *                            stdin, then "resumed"
  *   pid                   -> "pid N"
+ *
+ * Shared memory: legacy IPC handles, and VMM memory with POSIX file
+ * descriptor handles (their entry points found as the compute ones are; one
+ * the driver lacks fails its command with CUDA_ERROR_NOT_FOUND, 500). What
+ * they open, allocate or import takes the next allocation ID, which write,
+ * check, ptr, free and freeall take; RESULT is the first failure.
+ *   ipc-export ID         -> "ipc-export ID -> RESULT handle=HEX":
+ *                            cuIpcGetMemHandle of ID's pointer; HEX its 64
+ *                            bytes as 128 lowercase hex digits (zeros on
+ *                            failure)
+ *   ipc-open HEX          -> "ipc-open -> RESULT id=ID at=0xADDR size=S", or
+ *                            "ipc-open -> RESULT" on failure:
+ *                            cuIpcOpenMemHandle_v2 of the handle HEX spells
+ *                            (128 hex digits) with
+ *                            CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS; S from
+ *                            cuMemGetAddressRange_v2 of ADDR. free ID calls
+ *                            cuIpcCloseMemHandle
+ *   ipc-close ID          -> "ipc-close ID -> RESULT": cuIpcCloseMemHandle of
+ *                            ID's pointer; ID is freed when it succeeds
+ *   vmm-alloc SIZE        -> "vmm-alloc SIZE -> RESULT id=ID at=0xADDR size=S",
+ *                            or "vmm-alloc SIZE -> RESULT" on failure:
+ *                            cuMemCreate(SIZE, pinned, device N, requested
+ *                            handle type POSIX file descriptor),
+ *                            cuMemAddressReserve, cuMemMap and
+ *                            cuMemSetAccess (read-write for device N); a
+ *                            failure undoes the steps before it. free ID
+ *                            calls cuMemRelease, cuMemUnmap, then
+ *                            cuMemAddressFree
+ *   vmm-export ID         -> "vmm-export ID -> RESULT fd=FD" (FD -1 on
+ *                            failure): cuMemExportToShareableHandle (POSIX
+ *                            file descriptor) of the memory of an ID of
+ *                            alloc create, vmm-alloc or vmm-import (another
+ *                            exits with status 2); FD stays open, without
+ *                            close-on-exec, so a child could inherit it
+ *   vmm-import FROM       -> "vmm-import FROM -> RESULT id=ID at=0xADDR
+ *                            size=S", or "vmm-import FROM -> RESULT" on
+ *                            failure: cuMemImportFromShareableHandle of a
+ *                            descriptor, then mapped as vmm-alloc maps. FROM
+ *                            is its number, "last" (the last vmm-export's,
+ *                            which must come earlier in the script) or a
+ *                            path, such as /proc/PID/fd/FD of another
+ *                            process, opened for the call and closed after.
+ *                            S is the descriptor's size (fstat: the double's
+ *                            memfd has it, a real driver's descriptor not)
  *
  * Compute. Kernels are the spin kernel (spin_ptx below: one u64 parameter,
  * the ns it busy-waits on the GPU's global timer; the double's simulated
@@ -371,6 +416,7 @@ static void load_api(int via_getproc) {
     }
         CU_COMPUTE_FUNCS(CU_GETPROC_OPT)
         CU_HELD_FUNCS(CU_GETPROC_OPT)
+        CU_SHARE_FUNCS(CU_GETPROC_OPT)
 #undef CU_GETPROC_OPT
     } else {
 #define CU_DLSYM(name, base, version, flags) drv.name = (__typeof__(&name))symbol(cuda, #name);
@@ -379,6 +425,7 @@ static void load_api(int via_getproc) {
 #define CU_DLSYM_OPT(name, base, version, flags) drv.name = (__typeof__(&name))dlsym(cuda, #name);
         CU_COMPUTE_FUNCS(CU_DLSYM_OPT)
         CU_HELD_FUNCS(CU_DLSYM_OPT)
+        CU_SHARE_FUNCS(CU_DLSYM_OPT)
 #undef CU_DLSYM_OPT
     }
     busy = dlsym(cuda, GPUSHARE_DOUBLE_BUSY_SYMBOL);

@@ -3,8 +3,8 @@
  * drv in the dlopen build, directly in the linked one), the device it runs
  * on, its output and failure helpers, the script runner of probe_script.c
  * that cudaprobe.c's main calls, and the commands of probe_memory.c,
- * probe_launch.c and probe_held.c that the runner calls. The script format
- * is described in cudaprobe.c.
+ * probe_launch.c, probe_held.c and probe_sharing.c that the runner calls.
+ * The script format is described in cudaprobe.c.
  */
 #ifndef CUDAPROBE_PROBE_H
 #define CUDAPROBE_PROBE_H
@@ -125,6 +125,23 @@
     X(cuDeviceGetCount, "cuDeviceGetCount", CUDA_VERSION_USED, 0)                       \
     X(cuDeviceGetUuid_v2, "cuDeviceGetUuid", CUDA_VERSION_USED, 0)
 
+/*
+ * The entry points of shared memory (probe_sharing.c: legacy IPC, VMM and
+ * its shareable handles), optional like the compute ones: a command that
+ * needs a missing one reports CUDA_ERROR_NOT_FOUND (500).
+ */
+#define CU_SHARE_FUNCS(X)                                                               \
+    X(cuIpcGetMemHandle, "cuIpcGetMemHandle", CUDA_VERSION_USED, 0)                     \
+    X(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", CUDA_VERSION_USED, 0)                \
+    X(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", CUDA_VERSION_USED, 0)                 \
+    X(cuMemAddressReserve, "cuMemAddressReserve", CUDA_VERSION_USED, 0)                 \
+    X(cuMemAddressFree, "cuMemAddressFree", CUDA_VERSION_USED, 0)                       \
+    X(cuMemMap, "cuMemMap", CUDA_VERSION_USED, 0)                                       \
+    X(cuMemUnmap, "cuMemUnmap", CUDA_VERSION_USED, 0)                                   \
+    X(cuMemSetAccess, "cuMemSetAccess", CUDA_VERSION_USED, 0)                           \
+    X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", CUDA_VERSION_USED, 0) \
+    X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", CUDA_VERSION_USED, 0)
+
 #define NVML_FUNCS(X)                                                                   \
     X(nvmlInit_v2)                                                                      \
     X(nvmlShutdown)                                                                     \
@@ -145,6 +162,7 @@ struct probe_driver {
     CU_FUNCS(CU_SLOT)
     CU_COMPUTE_FUNCS(CU_SLOT)
     CU_HELD_FUNCS(CU_SLOT)
+    CU_SHARE_FUNCS(CU_SLOT)
 #undef CU_SLOT
 #define NVML_SLOT(name) __typeof__(&name) name;
     NVML_FUNCS(NVML_SLOT)
@@ -186,7 +204,9 @@ enum api_kind {
     API_ARRAY,
     API_ARRAY3D,
     API_MIPMAP,
-    API_COUNT
+    API_COUNT,    /* the APIs alloc names; the slots of other commands follow */
+    API_IPC_OPEN, /* ipc-open: cuIpcOpenMemHandle_v2 */
+    API_VMM_MAP   /* vmm-alloc, vmm-import: a mapping of memory held by its handle */
 };
 
 /* The launch APIs of spin, run and pace. */
@@ -225,6 +245,15 @@ void cmd_free(const char *id_text, unsigned long long id);
 void cmd_ptr(const char *id_text, unsigned long long id);
 /* The pointer and size asked for of live allocation ID; 0 if there is none. */
 int probe_allocation(unsigned long long id, unsigned long long *pointer, size_t *size);
+/* A new live allocation ID of another command than alloc: its pointer and
+ * size, and for API_VMM_MAP the allocation handle mapped there. */
+size_t probe_remember(enum api_kind api, unsigned long long pointer, size_t size,
+                      unsigned long long memory);
+/* Whether ID was ever allocated (else the script names an unknown ID); its
+ * API, and the allocation handle of an API_CREATE or API_VMM_MAP ID (else 0). */
+int probe_slot(unsigned long long id, enum api_kind *api, unsigned long long *memory);
+/* Marks live ID freed, without a driver call. */
+void probe_forget(unsigned long long id);
 void cmd_info(const char *cmd);
 void cmd_totalmem(const char *cmd);
 void cmd_fill(const char *size_text, size_t size);
@@ -248,6 +277,21 @@ void cmd_series(const char *window_text, unsigned long long window_ms);
 void cmd_idle(const char *step_text, unsigned long long step_us);
 void cmd_settled(void);
 void cmd_maxstall(void);
+
+/* probe_sharing.c: legacy IPC handles and VMM shareable handles; their
+ * allocations take IDs as alloc's do. */
+#define IPC_HEX_DIGITS (2 * CU_IPC_HANDLE_SIZE)
+/* Whether text is IPC_HEX_DIGITS hex digits; their bytes into *handle. */
+int parse_ipc_handle(const char *text, CUipcMemHandle *handle);
+void cmd_ipc_export(const char *id_text, unsigned long long id);
+void cmd_ipc_open(const CUipcMemHandle *handle);
+void cmd_ipc_close(const char *id_text, unsigned long long id);
+void cmd_vmm_alloc(const char *size_text, size_t size);
+void cmd_vmm_export(const char *id_text, unsigned long long id);
+/* FROM: a descriptor's number, a path (opened, imported, closed) or "last". */
+void cmd_vmm_import(const char *from);
+/* Unmaps, releases and frees the range of an API_VMM_MAP ID; the first failure. */
+CUresult vmm_unmap_slot(unsigned long long pointer, size_t size, unsigned long long memory);
 
 /* probe_held.c: memory the driver takes without an allocation call. */
 enum held_limit { HELD_STACK, HELD_FIFO, HELD_HEAP, HELD_LIMIT_COUNT };

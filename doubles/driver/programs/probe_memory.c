@@ -1,6 +1,7 @@
 /*
  * cudaprobe's memory commands: alloc, free, ptr, info, totalmem, fill,
- * freeall and hammer through every allocation API, and the NVML queries.
+ * freeall and hammer through every allocation API, and the NVML queries;
+ * the allocation IDs, which probe_sharing.c's commands take too.
  */
 #include "probe.h"
 
@@ -8,13 +9,15 @@ struct record {
     enum api_kind api;
     unsigned long long handle; /* CUdeviceptr, allocation handle, or array */
     size_t size;               /* as asked for */
+    unsigned long long memory; /* API_VMM_MAP: the allocation handle mapped at handle */
     int live;
 };
 
 static struct record *records;
 static size_t record_count, record_cap;
 
-static size_t remember(enum api_kind api, unsigned long long handle, size_t size) {
+size_t probe_remember(enum api_kind api, unsigned long long handle, size_t size,
+                      unsigned long long memory) {
     if (record_count == record_cap) {
         size_t cap = record_cap ? record_cap * 2 : 64;
         struct record *grown = realloc(records, cap * sizeof *grown);
@@ -27,6 +30,7 @@ static size_t remember(enum api_kind api, unsigned long long handle, size_t size
     records[record_count].api = api;
     records[record_count].handle = handle;
     records[record_count].size = size;
+    records[record_count].memory = memory;
     records[record_count].live = 1;
     return record_count++;
 }
@@ -102,6 +106,8 @@ static CUresult do_alloc(enum api_kind api, size_t size, unsigned long long *han
         break;
     }
     case API_COUNT:
+    case API_IPC_OPEN:
+    case API_VMM_MAP:
         break;
     }
     *handle = dptr;
@@ -140,6 +146,12 @@ static CUresult do_free(const struct record *r) {
     case API_MIPMAP:
         rc = CU(cuMipmappedArrayDestroy)((CUmipmappedArray)(uintptr_t)r->handle);
         break;
+    case API_IPC_OPEN:
+        rc = CU_OPT(cuIpcCloseMemHandle, r->handle);
+        break;
+    case API_VMM_MAP:
+        rc = vmm_unmap_slot(r->handle, r->size, r->memory);
+        break;
     case API_COUNT:
         break;
     }
@@ -150,7 +162,7 @@ void cmd_alloc(const char *api_text, enum api_kind api, const char *size_text, s
     unsigned long long handle = 0;
     CUresult rc = do_alloc(api, size, &handle);
     if (rc == CUDA_SUCCESS) {
-        size_t id = remember(api, handle, size);
+        size_t id = probe_remember(api, handle, size, 0);
         emit("alloc %s %s -> %d %zu", api_text, size_text, (int)rc, id);
     } else {
         emit("alloc %s %s -> %d -", api_text, size_text, (int)rc);
@@ -176,6 +188,23 @@ int probe_allocation(unsigned long long id, unsigned long long *pointer, size_t 
     *pointer = records[id].handle;
     *size = records[id].size;
     return 1;
+}
+
+int probe_slot(unsigned long long id, enum api_kind *api, unsigned long long *memory) {
+    if (id >= record_count) {
+        return 0;
+    }
+    *api = records[id].api;
+    *memory = records[id].api == API_CREATE    ? records[id].handle
+              : records[id].api == API_VMM_MAP ? records[id].memory
+                                               : 0;
+    return 1;
+}
+
+void probe_forget(unsigned long long id) {
+    if (id < record_count) {
+        records[id].live = 0;
+    }
 }
 
 void cmd_ptr(const char *id_text, unsigned long long id) {
@@ -239,7 +268,7 @@ void cmd_fill(const char *size_text, size_t size) {
             emit("fill %s count=%llu last=%d", size_text, count, (int)rc);
             break;
         }
-        remember(API_MEM, p, size);
+        probe_remember(API_MEM, p, size, 0);
         count++;
     }
 }

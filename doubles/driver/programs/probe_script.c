@@ -302,6 +302,7 @@ static void cmd_stream(const char *cmd, int query) {
 void run_script(int argc, char **argv, int execute) {
     int i = 0;
     int measured = 0; /* a spin, run or pace came earlier */
+    int exported = 0; /* a vmm-export came earlier */
 #define NEXT() (i < argc ? argv[i++] : NULL)
     while (i < argc) {
         const char *cmd = NEXT();
@@ -392,6 +393,44 @@ void run_script(int argc, char **argv, int execute) {
             unsigned long long seed = arg_number(seed_text);
             if (execute) {
                 cmd_contents(cmd, id_text, id, seed_text, seed);
+            }
+        } else if (strcmp(cmd, "ipc-export") == 0 || strcmp(cmd, "ipc-close") == 0 ||
+                   strcmp(cmd, "vmm-export") == 0) {
+            const char *id_text = NEXT();
+            unsigned long long id = arg_number(id_text);
+            exported |= cmd[0] == 'v';
+            if (execute && cmd[0] == 'v') {
+                cmd_vmm_export(id_text, id);
+            } else if (execute && cmd[4] == 'e') {
+                cmd_ipc_export(id_text, id);
+            } else if (execute) {
+                cmd_ipc_close(id_text, id);
+            }
+        } else if (strcmp(cmd, "ipc-open") == 0) {
+            CUipcMemHandle handle;
+            if (!parse_ipc_handle(NEXT(), &handle)) {
+                die(2, "ipc-open needs a handle of %d hex digits", IPC_HEX_DIGITS);
+            }
+            if (execute) {
+                cmd_ipc_open(&handle);
+            }
+        } else if (strcmp(cmd, "vmm-alloc") == 0) {
+            const char *size_text = NEXT();
+            size_t size = arg_size(size_text);
+            if (execute) {
+                cmd_vmm_alloc(size_text, size);
+            }
+        } else if (strcmp(cmd, "vmm-import") == 0) {
+            const char *from = NEXT();
+            if (from == NULL || (strcmp(from, "last") != 0 && from[0] != '/' &&
+                                 arg_number(from) > 0x7fffffffULL)) {
+                die(2, "vmm-import needs a descriptor, a path or last");
+            }
+            if (strcmp(from, "last") == 0 && !exported) {
+                die(2, "vmm-import last needs an earlier vmm-export");
+            }
+            if (execute) {
+                cmd_vmm_import(from);
             }
         } else if (strcmp(cmd, "pid") == 0) {
             if (execute) {

@@ -33,6 +33,14 @@
 //! mapping go, and a range mapped with `cuMemMap` and made accessible with
 //! `cuMemSetAccess` holds real bytes that copies and sets move, so a test
 //! can check contents; `GPUSHARE_DOUBLE_FAIL_VMM` makes named calls fail.
+//! Memory created with `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR` keeps its
+//! bytes in a memfd: `cuMemExportToShareableHandle` gives a descriptor of it
+//! that `cuMemImportFromShareableHandle`, in this process or another, turns
+//! into memory over the same bytes, charged to the exporter only. Legacy IPC
+//! is not modelled: `cuIpcGetMemHandle` answers `CUDA_ERROR_NOT_SUPPORTED`
+//! (`CUDA_ERROR_INVALID_VALUE` for VMM memory, as the real driver refuses
+//! it), `cuIpcOpenMemHandle(_v2)` and `cuIpcCloseMemHandle`
+//! `CUDA_ERROR_INVALID_VALUE`.
 //! Memory the real driver takes without an allocation call is modelled too,
 //! and counted the same way: context limits above their defaults
 //! (`cuCtxSetLimit`), module globals (an image that begins

@@ -69,9 +69,10 @@ pub struct SwapSettings {
     pub room_wait: Duration,
     /// Host memory, in bytes, that the copies resident pods' processes
     /// keep may reach by copies pinned ahead: the idle pods that go next
-    /// on an overcommitting GPU have their processes pin their host copies
-    /// ahead of their (fast) swap-out, so that it only copies; within
-    /// `host_limit` too (default twice `headroom`; 0: never).
+    /// on a GPU (to make room where it overcommits, by hand or a drain
+    /// elsewhere) have their processes pin their host copies ahead of
+    /// their (fast) swap-out, so that it only copies; within `host_limit`
+    /// too (default twice `headroom`; 0: never).
     pub prepare_ahead: u64,
     /// The driver library whose checkpoint API swaps (`libcuda.so.1`).
     pub cuda_library: String,

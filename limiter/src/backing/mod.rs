@@ -32,6 +32,10 @@
 //!    link, until the hypervisor asks for them back (its host memory for
 //!    swaps is bounded); it may also ask for them ahead of a first
 //!    swap-out ([`prepare`]), which then only copies.
+//! 5. **CUDA IPC** ([`ipc`]): the driver's legacy IPC cannot export VMM
+//!    memory, so a backed range is shared as the VMM API shares memory (a
+//!    file descriptor, handed over by the exporting process), behind the
+//!    same calls; a process whose memory is shared declines the fast swap.
 //!
 //! Policy on typed values: the memory policy (`detour/memory/ops.rs`) asks
 //! here before it calls the driver; the driver's VMM functions are
@@ -45,6 +49,7 @@ use crate::context::Context;
 use crate::driver::{Copies, DriverError, HostBuffer, Vmm};
 use crate::sys::{CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUresult};
 
+pub(crate) mod ipc;
 mod prepare;
 pub(crate) mod swap;
 
@@ -72,6 +77,8 @@ struct Backed {
     /// first swap-out until the program frees the range or the hypervisor
     /// asks for the host memory back while the range is on the GPU.
     host: Option<HostBuffer>,
+    /// Its export's id once exported for CUDA IPC ([`ipc`]).
+    exported: Option<u64>,
 }
 
 /// What a backed allocation of some size takes on the calling context's device.
@@ -105,6 +112,8 @@ pub(crate) struct Backing {
     /// The contexts whose threads' stacks a swap-out shrank, with the
     /// size each had, for the swap-in to set again (`backing::swap`).
     stacks: Mutex<Vec<(usize, usize)>>,
+    /// Backed memory shared with other processes by CUDA IPC.
+    ipc: ipc::Ipc,
 }
 
 impl Backing {
@@ -114,6 +123,7 @@ impl Backing {
             book: Mutex::new(BTreeMap::new()),
             live: AtomicUsize::new(0),
             stacks: Mutex::new(Vec::new()),
+            ipc: ipc::Ipc::default(),
         }
     }
 
@@ -177,6 +187,7 @@ impl Backing {
             context,
             memory: Some(handle),
             host: None,
+            exported: None,
         };
         match self.book.lock() {
             Ok(mut book) => {
@@ -220,6 +231,9 @@ impl Backing {
         }
         let freed = book.remove(&pointer);
         self.live.fetch_sub(1, Ordering::AcqRel);
+        if let Some(export) = freed.as_ref().and_then(|b| b.exported) {
+            self.ipc.forget(export);
+        }
         if let (Some(host), Some(copies)) = (freed.and_then(|b| b.host), copies(ctx))
             && let Err((_, error)) = copies.free_buffer(host)
         {

@@ -41,6 +41,10 @@ impl Backing {
     /// `pinned_new_bytes` are what was pinned and handed to ranges.
     pub(crate) fn prepare_host(&self, ctx: &Context) -> Result<FastSwapReport, SwapError> {
         let (_, copies, book) = self.open(ctx)?;
+        if Self::shared(&book) {
+            // Its swap-out will be the checkpoint's: copies would go unused.
+            return Err(SwapError::Shared);
+        }
         let wanted: Vec<(CUdeviceptr, u64, usize)> = book
             .iter()
             .filter(|(_, b)| b.memory.is_some() && b.host.is_none())

@@ -55,6 +55,10 @@ pub(crate) enum SwapError {
     Off,
     #[error("the driver lacks the functions a fast swap needs")]
     NoDriver,
+    #[error(
+        "memory of this process is shared with another by CUDA IPC: its copies would not be the importers'"
+    )]
+    Shared,
     #[error("the book of backed memory is poisoned")]
     Poisoned,
     #[error("waiting for the process's work failed: {0}")]
@@ -91,6 +95,9 @@ impl Backing {
     /// memory back; see the module documentation.
     pub(crate) fn swap_out(&self, ctx: &Context) -> Result<FastSwapReport, SwapError> {
         let (vmm, copies, mut book) = self.open(ctx)?;
+        if Self::shared(&book) {
+            return Err(SwapError::Shared);
+        }
         let _restore = CurrentContext::keep(copies)?;
         let mut durations = SwapDurations::default();
         let pinned_before = host_bytes(&book);

@@ -6,6 +6,7 @@ pub(crate) mod context;
 pub(crate) mod driver;
 pub(crate) mod gate;
 pub(crate) mod held;
+pub(crate) mod ipc;
 pub(crate) mod launch;
 pub(crate) mod memory;
 pub(crate) mod nvml;

@@ -1,19 +1,24 @@
 //! The driver's virtual memory management functions, for the memory the
 //! limiter backs itself (`backing`): an address range reserved, physical
 //! memory created on a GPU, mapped there and made accessible, and undone in
-//! the reverse order. Called from inside a detour or from the limiter's own
-//! threads, under the detour guard: the quota's detours of `cuMemCreate` and
-//! `cuMemRelease` pass these calls straight to the driver.
+//! the reverse order; and the memory shared with other processes of the pod
+//! by CUDA IPC, as file descriptors (`backing::ipc`). Called from inside a
+//! detour or from the limiter's own threads, under the detour guard: the
+//! quota's detours of `cuMemCreate` and `cuMemRelease` pass these calls
+//! straight to the driver.
 
 use std::ffi::c_void;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{DriverError, symbol};
 use crate::sys::{
     CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_LOCATION_TYPE_DEVICE, CUdevice, CUdeviceptr,
-    CUmemAccessDesc, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmemLocation,
-    CuCtxSynchronize, CuMemAddressFree, CuMemAddressReserve, CuMemCreate,
-    CuMemGetAllocationGranularity, CuMemMap, CuMemRelease, CuMemSetAccess, CuMemUnmap,
+    CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+    CU_MEM_LOCATION_TYPE_DEVICE, CUdevice, CUdeviceptr, CUmemAccessDesc, CUmemAllocationProp,
+    CUmemGenericAllocationHandle, CUmemLocation, CuCtxSynchronize, CuMemAddressFree,
+    CuMemAddressReserve, CuMemCreate, CuMemExportToShareableHandle, CuMemGetAllocationGranularity,
+    CuMemImportFromShareableHandle, CuMemMap, CuMemRelease, CuMemSetAccess, CuMemUnmap,
 };
 
 /// The driver's VMM functions; absent (`None` from [`Vmm::load`]) from
@@ -28,13 +33,25 @@ pub(crate) struct Vmm {
     unmap: CuMemUnmap,
     set_access: CuMemSetAccess,
     synchronize: CuCtxSynchronize,
+    /// Exports memory as a file descriptor, and imports it (absent from
+    /// drivers that lack them: nothing is shared then).
+    export: Option<CuMemExportToShareableHandle>,
+    import: Option<CuMemImportFromShareableHandle>,
+    /// Whether memory is created exportable (a file descriptor requested):
+    /// set off for good the first time the driver refuses it.
+    shareable: AtomicBool,
 }
 
-/// Pinned device memory on one GPU, as a VMM allocation.
-fn device_memory(device: CUdevice) -> CUmemAllocationProp {
+/// Pinned device memory on one GPU, as a VMM allocation; exportable as a
+/// file descriptor when `shareable`.
+fn device_memory(device: CUdevice, shareable: bool) -> CUmemAllocationProp {
     CUmemAllocationProp {
         type_: CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: 0,
+        requestedHandleTypes: if shareable {
+            CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        } else {
+            0
+        },
         location: CUmemLocation {
             type_: CU_MEM_LOCATION_TYPE_DEVICE,
             id: device,
@@ -63,6 +80,9 @@ impl Vmm {
                 unmap: symbol(handle, c"cuMemUnmap")?,
                 set_access: symbol(handle, c"cuMemSetAccess")?,
                 synchronize: symbol(handle, c"cuCtxSynchronize")?,
+                export: symbol(handle, c"cuMemExportToShareableHandle"),
+                import: symbol(handle, c"cuMemImportFromShareableHandle"),
+                shareable: AtomicBool::new(true),
             })
         }
     }
@@ -70,7 +90,7 @@ impl Vmm {
     /// The smallest unit of `device`'s VMM memory, in bytes.
     pub(crate) fn granularity(&self, device: CUdevice) -> Result<u64, DriverError> {
         let mut bytes = 0usize;
-        let prop = device_memory(device);
+        let prop = device_memory(device, false);
         let minimum = CU_MEM_ALLOC_GRANULARITY_MINIMUM;
         // SAFETY: a valid out-pointer and properties.
         unsafe { (self.granularity)(&mut bytes, &prop, minimum) }.result()?;
@@ -92,16 +112,83 @@ impl Vmm {
         unsafe { (self.free_address)(address, to_usize(size)?) }.result()
     }
 
-    /// `size` bytes of physical memory on `device`.
+    /// `size` bytes of physical memory on `device`, exportable as a file
+    /// descriptor where the driver allows it (the program may share it by
+    /// CUDA IPC: [`Self::export`]).
     pub(crate) fn create(
         &self,
         size: u64,
         device: CUdevice,
     ) -> Result<CUmemGenericAllocationHandle, DriverError> {
-        let prop = device_memory(device);
+        let bytes = to_usize(size)?;
+        let create = |shareable| {
+            let prop = device_memory(device, shareable);
+            let mut handle: CUmemGenericAllocationHandle = 0;
+            // SAFETY: a valid out-pointer and properties; no flags.
+            unsafe { (self.create)(&mut handle, bytes, &prop, 0) }
+                .result()
+                .map(|()| handle)
+        };
+        if !self.shareable.load(Ordering::Relaxed) || self.export.is_none() {
+            return create(false);
+        }
+        create(true).or_else(|error| {
+            // A driver or platform that cannot export: plain memory, as
+            // before; out of memory is out of memory either way.
+            if error == DriverError::OUT_OF_MEMORY {
+                return Err(error);
+            }
+            let plain = create(false)?;
+            self.shareable.store(false, Ordering::Relaxed);
+            tracing::info!(%error, "device memory cannot be made exportable here; CUDA IPC of backed memory is off");
+            Ok(plain)
+        })
+    }
+
+    /// A new file descriptor for `handle`'s memory, which another process
+    /// imports ([`Self::import`]) to map the same bytes.
+    pub(crate) fn export(
+        &self,
+        handle: CUmemGenericAllocationHandle,
+    ) -> Result<OwnedFd, DriverError> {
+        let export = self.export.ok_or(DriverError::NOT_FOUND)?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: a valid out-pointer for the file descriptor type's `int`.
+        unsafe {
+            export(
+                (&raw mut fd).cast::<c_void>(),
+                handle,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                0,
+            )
+        }
+        .result()?;
+        if fd < 0 {
+            return Err(DriverError::INVALID_VALUE);
+        }
+        // SAFETY: the driver made this descriptor for the caller, who owns it.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The memory another process exported as `fd` (which stays the
+    /// caller's), as a handle of this process to map and release.
+    pub(crate) fn import(
+        &self,
+        fd: BorrowedFd<'_>,
+    ) -> Result<CUmemGenericAllocationHandle, DriverError> {
+        let import = self.import.ok_or(DriverError::NOT_FOUND)?;
         let mut handle: CUmemGenericAllocationHandle = 0;
-        // SAFETY: a valid out-pointer and properties; no flags.
-        unsafe { (self.create)(&mut handle, to_usize(size)?, &prop, 0) }.result()?;
+        // The descriptor travels as the pointer-sized value itself.
+        let os_handle = fd.as_raw_fd() as isize as *mut c_void;
+        // SAFETY: a valid out-pointer; the descriptor is open for the call.
+        unsafe {
+            import(
+                &mut handle,
+                os_handle,
+                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            )
+        }
+        .result()?;
         Ok(handle)
     }
 

@@ -65,7 +65,7 @@ const SCRIPT: &[&str] = &[
 ];
 
 /// A probe of `pod` under `hypervisor`, run up to each `wait`.
-struct Stepped {
+pub(crate) struct Stepped {
     child: Child,
     stdin: ChildStdin,
     lines: Lines<BufReader<ChildStdout>>,
@@ -76,7 +76,7 @@ impl Stepped {
         Self::run(pod, hypervisor, fast, env, SCRIPT)
     }
 
-    fn run(
+    pub(crate) fn run(
         pod: &Pod,
         hypervisor: &FakeHypervisor,
         fast: bool,
@@ -109,13 +109,13 @@ impl Stepped {
         }
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// The lines up to the next `ready`, without it; from a `wait` on, the
     /// first is `resumed`.
-    fn until_ready(&mut self) -> Vec<String> {
+    pub(crate) fn until_ready(&mut self) -> Vec<String> {
         let mut seen = Vec::new();
         for line in self.lines.by_ref() {
             let line = line.unwrap();
@@ -129,12 +129,12 @@ impl Stepped {
         panic!("the probe ended early: {seen:?}");
     }
 
-    fn resume(&mut self) {
+    pub(crate) fn resume(&mut self) {
         writeln!(self.stdin).unwrap();
     }
 
     /// The rest of the lines, the probe having exited well.
-    fn finish(mut self) -> Vec<String> {
+    pub(crate) fn finish(mut self) -> Vec<String> {
         self.resume();
         drop(self.stdin);
         let rest: Vec<String> = self
@@ -148,7 +148,7 @@ impl Stepped {
 }
 
 /// The pod's limits as a hypervisor publishes them: the quota on GPU 0.
-fn publish(pod: &Pod) -> PodLimits {
+pub(crate) fn publish(pod: &Pod) -> PodLimits {
     let limits = PodLimits::create_or_adopt(&pod.0, &Creation::default()).unwrap();
     limits.set(&gpushare_examples::uuid(0), QUOTA).unwrap();
     limits.publish();
@@ -166,7 +166,7 @@ fn info_line(lines: &[String]) -> &str {
     lines.iter().find(|l| l.starts_with("info")).unwrap()
 }
 
-fn report(answer: &CommandResult) -> &FastSwapReport {
+pub(crate) fn report(answer: &CommandResult) -> &FastSwapReport {
     assert!(answer.ok, "{answer:?}");
     answer.swap.as_ref().unwrap()
 }

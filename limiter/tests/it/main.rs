@@ -12,6 +12,7 @@ mod common;
 mod compute_share;
 mod dynamic_shapes;
 mod fast_swap;
+mod fast_swap_ipc;
 mod fast_swap_moves;
 mod glibc_baseline;
 mod loading;

@@ -7,13 +7,15 @@
 //! process without the setting is swapped by the checkpoint instead, and
 //! so is a pod one of whose processes fails its own swap-out (the others
 //! bring their memory back first), or whose process holds memory its
-//! limiter does not back (the driver's checkpoint takes all of it; the
-//! status says why). The host copies a pod's processes keep
-//! after a fast swap-in count against `host_limit`, and are given back when
-//! another pod's swap-out needs the room. On an overcommitting GPU, the
-//! idle pod that goes next has its copies prepared ahead, within
-//! `prepare_ahead`, while it stays on the GPU, and room is made first by
-//! an idle pod whose copies are ready (its swap-out only copies).
+//! limiter does not back, or shares its memory with another by CUDA IPC
+//! (the driver's checkpoint takes all of it; the status says why). The
+//! host copies a pod's processes keep after a fast swap-in count against
+//! `host_limit` (until the processes leave), and are given back when
+//! another pod's swap-out needs the room. The idle pod that goes next (on
+//! an overcommitting GPU to make room, on any other by hand) has its
+//! copies prepared ahead, within `prepare_ahead`, while it stays on the
+//! GPU, and room is made first by an idle pod whose copies are ready (its
+//! swap-out only copies).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -231,6 +233,68 @@ fn a_pod_with_a_process_without_the_setting_swaps_by_the_checkpoint() {
 }
 
 #[test]
+fn a_pod_sharing_backed_memory_by_cuda_ipc_swaps_by_the_checkpoint_and_says_why() {
+    let pod = Pod::new("fast-ipc");
+    let node = start(&pod);
+    let fast = [("CUDA_LIMITER_FAST_SWAP", "1")];
+    let exporter_script = [
+        "alloc",
+        "mem",
+        "64m",
+        "write",
+        "0",
+        "9",
+        "ipc-export",
+        "0",
+        "wait",
+        "check",
+        "0",
+        "9",
+    ];
+    let mut exporter = Running::start(&pod, &node.url(), &fast, &exporter_script);
+    let lines = exporter.until_ready();
+    assert!(lines[2].starts_with("ipc-export 0 -> 0 "), "{lines:?}");
+    let handle = lines[2].split("handle=").nth(1).expect("a handle");
+    // Another process of the pod maps the same bytes and holds them.
+    let importer_script = [
+        "ipc-open",
+        handle,
+        "wait",
+        "check",
+        "0",
+        "9",
+        "ipc-close",
+        "0",
+    ];
+    let mut importer = Running::start(&pod, &node.url(), &fast, &importer_script);
+    let imported = importer.until_ready();
+    assert!(imported[0].starts_with("ipc-open -> 0 "), "{imported:?}");
+    registered(&node, &pod, 2);
+
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "the checkpoint took over: {answer}");
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Checkpoint),
+        "{record:?}"
+    );
+    let declined = record.history.fast_declined.as_deref().unwrap_or_default();
+    assert!(declined.contains("CUDA IPC"), "{record:?}");
+
+    for running in [importer, exporter] {
+        let (rest, status) = running.finish();
+        assert!(status.success(), "{rest:?}");
+        assert!(
+            rest[1].starts_with("check 0 9 -> 0 differ=0"),
+            "the same bytes: {rest:?}"
+        );
+    }
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.state, Residency::Resident);
+}
+
+#[test]
 fn a_process_failing_its_own_swap_out_sends_the_pod_to_the_checkpoint() {
     let pod = Pod::new("fast-fails");
     let node = start(&pod);
@@ -382,6 +446,48 @@ fn the_idle_pod_that_goes_next_has_its_host_copies_prepared_ahead_within_its_bud
     );
     check_after(b, &b_at);
     check_after(a, &a_at);
+}
+
+#[test]
+fn an_idle_pod_on_a_gpu_that_does_not_overcommit_has_its_copies_prepared_for_a_swap_out_by_hand() {
+    let pod = Pod::new("fast-prep-hand");
+    let swap =
+        "overcommit = false\nidle_after_ms = 200\nhost_limit = \"64g\"\nprepare_ahead = \"1g\"";
+    let config = pods_config(&[&pod], "1g", swap);
+    let node = daemon::hypervisor(&pod, &config, Arc::new(process_gpus(1)));
+    let (running, at) = ready(&pod, &node, true);
+    registered(&node, &pod, 1);
+    let kept = || node.hypervisor().pod_swap(&pod.0).history.host_kept_bytes;
+    eventually("the idle pod's copies are prepared", || {
+        node.hypervisor().swap_status().totals.host_prepares == 1 && kept() == HELD
+    });
+    assert_eq!(
+        node.hypervisor().pod_swap(&pod.0).state,
+        Residency::Resident
+    );
+
+    // The operator's swap-out finds them: its bytes are the copies' bytes,
+    // and no other copy is made.
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    let status = node.hypervisor().swap_status();
+    assert_eq!(
+        (
+            status.totals.bytes_on_host,
+            status.totals.host_kept_bytes,
+            status.totals.host_prepares,
+            status.totals.host_prepared_bytes
+        ),
+        (HELD, 0, 1, HELD),
+        "{status:?}"
+    );
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.history.last_swap_out_path, Some(SwapPath::Fast));
+    // Back by its next call, it keeps its copies; they go with its process.
+    check_after(running, &at);
+    eventually("the copies kept go with the process", || {
+        node.hypervisor().swap_status().totals.host_kept_bytes == 0
+    });
 }
 
 #[test]

@@ -37,7 +37,7 @@ fn le_i32(bytes: &[u8]) -> i32 {
 fn every_cu_entry_point_starts_with_the_h100_prologue() {
     let lib = Lib::open("libcuda.so.1");
     let names: Vec<&str> = cu_entry_points().collect();
-    assert_eq!(names.len(), 165, "{names:?}");
+    assert_eq!(names.len(), 171, "{names:?}");
     for name in names {
         let code = lib.code(name, CU_PROLOGUE_LEN + 8);
         assert_eq!(code[..12], CU_PROLOGUE, "{name}");
@@ -318,6 +318,25 @@ fn get_proc_address_hands_out_the_exported_addresses() {
             2,
             "cuCheckpointProcessGetState",
         ),
+        // Shareable handles and legacy IPC: cuIpcOpenMemHandle is the _v2
+        // from CUDA 11.0 on.
+        (
+            "cuMemExportToShareableHandle",
+            13000,
+            0,
+            "cuMemExportToShareableHandle",
+        ),
+        (
+            "cuMemImportFromShareableHandle",
+            13000,
+            0,
+            "cuMemImportFromShareableHandle",
+        ),
+        ("cuIpcGetMemHandle", 13000, 0, "cuIpcGetMemHandle"),
+        ("cuIpcOpenMemHandle", 13000, 0, "cuIpcOpenMemHandle_v2"),
+        ("cuIpcOpenMemHandle", 11000, 2, "cuIpcOpenMemHandle_v2"),
+        ("cuIpcOpenMemHandle", 10020, 0, "cuIpcOpenMemHandle"),
+        ("cuIpcCloseMemHandle", 13000, 0, "cuIpcCloseMemHandle"),
     ] {
         let (rc, pfn, status) = lookup(base, version, flags);
         assert_eq!(
@@ -340,6 +359,7 @@ fn get_proc_address_hands_out_the_exported_addresses() {
         "cuMemcpy_ptds",
         "cuMemcpyHtoD_v2",
         "cuMemsetD8Async_ptsz",
+        "cuIpcOpenMemHandle_v2",
         "gpushare_double_state",
         "gpushare_double_busy_ns",
         "cuserid",

@@ -16,18 +16,18 @@ const CUDA_ERROR_OUT_OF_MEMORY: c_int = 2;
 const CUDA_ERROR_ILLEGAL_ADDRESS: c_int = 700;
 const CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: c_int = 712;
 const CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: c_int = 713;
-const CUDA_ERROR_NOT_SUPPORTED: c_int = 801;
-const GRANULARITY: usize = 2 << 20;
+pub(crate) const CUDA_ERROR_NOT_SUPPORTED: c_int = 801;
+pub(crate) const GRANULARITY: usize = 2 << 20;
 const READ: c_int = 1;
-const READ_WRITE: c_int = 3;
+pub(crate) const READ_WRITE: c_int = 3;
 const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
-const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
+pub(crate) const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: c_int = 11;
 const CU_POINTER_ATTRIBUTE_RANGE_SIZE: c_int = 12;
 const CU_MEMORYTYPE_DEVICE: c_uint = 2;
 const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 2;
 
-type DevPtr = u64;
+pub(crate) type DevPtr = u64;
 
 /// `CUmemLocation` of cuda.h.
 #[repr(C)]
@@ -57,7 +57,7 @@ struct AllocationProp {
 const DEVICE_0: Location = Location { kind: 1, id: 0 };
 
 /// The entry points these tests call, with the signatures of cuda.h.
-struct Vmm {
+pub(crate) struct Vmm {
     init: unsafe extern "C" fn(c_uint) -> c_int,
     retain: unsafe extern "C" fn(*mut Handle, c_int) -> c_int,
     set_current: unsafe extern "C" fn(Handle) -> c_int,
@@ -65,10 +65,10 @@ struct Vmm {
     reserve: unsafe extern "C" fn(*mut DevPtr, usize, usize, DevPtr, u64) -> c_int,
     address_free: unsafe extern "C" fn(DevPtr, usize) -> c_int,
     create: unsafe extern "C" fn(*mut u64, usize, *const AllocationProp, u64) -> c_int,
-    release: unsafe extern "C" fn(u64) -> c_int,
-    retain_handle: unsafe extern "C" fn(*mut u64, *mut c_void) -> c_int,
-    map: unsafe extern "C" fn(DevPtr, usize, usize, u64, u64) -> c_int,
-    unmap: unsafe extern "C" fn(DevPtr, usize) -> c_int,
+    pub(crate) release: unsafe extern "C" fn(u64) -> c_int,
+    pub(crate) retain_handle: unsafe extern "C" fn(*mut u64, *mut c_void) -> c_int,
+    pub(crate) map: unsafe extern "C" fn(DevPtr, usize, usize, u64, u64) -> c_int,
+    pub(crate) unmap: unsafe extern "C" fn(DevPtr, usize) -> c_int,
     set_access: unsafe extern "C" fn(DevPtr, usize, *const AccessDesc, usize) -> c_int,
     get_access: unsafe extern "C" fn(*mut u64, *const Location, DevPtr) -> c_int,
     htod: unsafe extern "C" fn(DevPtr, *const c_void, usize) -> c_int,
@@ -89,7 +89,7 @@ struct Vmm {
 impl Vmm {
     /// The double's libcuda in this process, initialised, with GPU 0's
     /// primary context current.
-    fn open() -> Vmm {
+    pub(crate) fn open() -> Vmm {
         let lib = Lib::open("libcuda.so.1");
         // SAFETY: each field's type is the signature of the export in cuda.h.
         let vmm = unsafe {
@@ -132,14 +132,14 @@ impl Vmm {
         vmm
     }
 
-    fn free(&self) -> usize {
+    pub(crate) fn free(&self) -> usize {
         let (mut free, mut total) = (0, 0);
         // SAFETY: valid out-pointers.
         assert_eq!(unsafe { (self.info)(&mut free, &mut total) }, CUDA_SUCCESS);
         free
     }
 
-    fn reserve(&self, size: usize, hint: DevPtr) -> DevPtr {
+    pub(crate) fn reserve(&self, size: usize, hint: DevPtr) -> DevPtr {
         let mut va = 0;
         // SAFETY: a valid out-pointer.
         let rc = unsafe { (self.reserve)(&mut va, size, 0, hint, 0) };
@@ -147,10 +147,15 @@ impl Vmm {
         va
     }
 
-    fn create(&self, size: usize) -> Result<u64, c_int> {
+    pub(crate) fn create(&self, size: usize) -> Result<u64, c_int> {
+        self.create_with(size, 0)
+    }
+
+    /// cuMemCreate of `size` bytes on GPU 0 with these requested handle types.
+    pub(crate) fn create_with(&self, size: usize, handle_types: c_int) -> Result<u64, c_int> {
         let prop = AllocationProp {
             kind: 1,
-            handle_types: 0,
+            handle_types,
             location: DEVICE_0,
             win32: std::ptr::null_mut(),
             flags: [0; 8],
@@ -163,7 +168,7 @@ impl Vmm {
         }
     }
 
-    fn access(&self, va: DevPtr, size: usize, flags: c_int) -> c_int {
+    pub(crate) fn access(&self, va: DevPtr, size: usize, flags: c_int) -> c_int {
         let desc = AccessDesc {
             location: DEVICE_0,
             flags,
@@ -172,12 +177,12 @@ impl Vmm {
         unsafe { (self.set_access)(va, size, &desc, 1) }
     }
 
-    fn write(&self, va: DevPtr, bytes: &[u8]) -> c_int {
+    pub(crate) fn write(&self, va: DevPtr, bytes: &[u8]) -> c_int {
         // SAFETY: a host buffer of bytes.len() bytes.
         unsafe { (self.htod)(va, bytes.as_ptr().cast(), bytes.len()) }
     }
 
-    fn read(&self, va: DevPtr, len: usize) -> Result<Vec<u8>, c_int> {
+    pub(crate) fn read(&self, va: DevPtr, len: usize) -> Result<Vec<u8>, c_int> {
         let mut out = vec![0u8; len];
         // SAFETY: a host buffer of len bytes.
         match unsafe { (self.dtoh)(out.as_mut_ptr().cast(), va, len) } {
@@ -186,7 +191,7 @@ impl Vmm {
         }
     }
 
-    fn attribute(&self, which: c_int, va: DevPtr) -> u64 {
+    pub(crate) fn attribute(&self, which: c_int, va: DevPtr) -> u64 {
         let mut value = 0u64;
         // SAFETY: 8 bytes hold every attribute asked here.
         let rc = unsafe { (self.attribute)((&raw mut value).cast(), which, va) };
@@ -196,7 +201,7 @@ impl Vmm {
 }
 
 /// A pattern that differs from byte to byte and from one `seed` to another.
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
+pub(crate) fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
         .collect()

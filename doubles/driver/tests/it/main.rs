@@ -17,5 +17,6 @@ mod double_entry_points;
 mod double_held;
 mod double_in_process;
 mod double_probes;
+mod double_sharing;
 mod double_vmm;
 mod node_file;

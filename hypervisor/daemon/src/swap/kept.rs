@@ -10,8 +10,10 @@
 //!
 //! **Prepared ahead** (`[swap] prepare_ahead`, a budget): a pod's
 //! first fast swap-out would pin fresh host memory as it copies, seconds
-//! for tens of GiB. Once a second, the idle pod that goes next on an
-//! overcommitting GPU (the policy's `prepare_next`) and lacks copies (it
+//! for tens of GiB. Once a second, the idle pod that goes next on a GPU
+//! (the policy's `prepare_next`: on an overcommitting GPU the next to
+//! make room, on any other the likeliest to be swapped out by hand or by
+//! a drain, in the same order) and lacks copies (it
 //! was never asked, gave its copies back since, or has grown by
 //! [`PREPARE_STEP`] since it was last asked) is asked to make them
 //! (`Command::PrepareHost`) while it stays on its GPU, where the copies
@@ -167,8 +169,8 @@ impl Hypervisor {
         true
     }
 
-    /// Asks the idle pod that goes next on an overcommitting GPU to pin its
-    /// host copies ahead of its swap-out; see the module documentation.
+    /// Asks the idle pod that goes next on a GPU to pin its host copies
+    /// ahead of its swap-out; see the module documentation.
     pub(crate) async fn prepare_ahead(&self) {
         let preparing = &self.shared.swapper.preparing;
         if preparing.swap(true, Ordering::AcqRel) {
@@ -181,14 +183,23 @@ impl Hypervisor {
     }
 
     /// The pod [`Self::prepare_ahead`] prepares and its workers: the first
-    /// the policy gives on an overcommitting GPU among the pods whose
-    /// processes all take the fast path and lack copies.
+    /// the policy gives on a GPU among the pods whose processes all take
+    /// the fast path and lack copies.
     async fn pod_to_prepare(&self) -> Option<(String, Vec<ClientId>)> {
-        for (uuid, settings) in self.overcommitting_gpus() {
+        for (uuid, settings) in self.all_gpus() {
             if settings.prepare_ahead == 0 {
                 continue;
             }
             let (views, candidates) = self.candidates_on(&uuid, |_| true);
+            // A pod that room never takes (it is also on a GPU that does
+            // not overcommit) may still be swapped by hand or drained.
+            let candidates: Vec<Candidate> = candidates
+                .into_iter()
+                .map(|candidate| Candidate {
+                    stays: false,
+                    ..candidate
+                })
+                .collect();
             let totals = self.swap_status().totals;
             let host_room = Self::room_to_prepare(&settings, &totals).min(
                 settings

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use hypervisor_swap::{PodSwap, ResidentPod, SwapBoard, SwapReport, Swapped};
 
-use crate::Hypervisor;
+use crate::{Hypervisor, lock};
 
 /// One pod's residency and its board history, changed together.
 pub(super) struct Residence<'a> {
@@ -172,19 +172,27 @@ impl Hypervisor {
     /// finds away (an earlier run swapped it, or died half-way) reads
     /// swapped, its bytes in host memory and its move under way are
     /// recorded, and its processes' next call brings it back; a swapped pod
-    /// whose processes all exited is resident again.
+    /// whose processes all exited is resident again; a resident pod whose
+    /// processes all left keeps no host copies (they went with them).
     pub(crate) async fn sweep_swapped(&self) {
         let Ok(_one) = self.shared.swapper.ops.try_lock() else {
             return;
         };
-        let away: Vec<SwapView> = self
+        let (away, resident): (Vec<SwapView>, Vec<SwapView>) = self
             .core()
             .scheduler
             .swap_views()
             .into_iter()
-            .filter(|v| v.region.residency() != Residency::Resident)
-            .collect();
+            .partition(|v| v.region.residency() != Residency::Resident);
         let board = self.swap_board();
+        for view in resident {
+            if board.history(&view.pod).host_kept_bytes > 0 && self.workers_of(&view.pod).is_empty()
+            {
+                board.host_kept(&view.pod, 0);
+                lock(&self.shared.swapper.prepared_at).remove(&view.pod);
+                tracing::info!(pod = %view.pod, "the pod's processes left; the host copies they kept went with them");
+            }
+        }
         for view in away {
             let residence = Residence::new(&view, board);
             residence.settle();

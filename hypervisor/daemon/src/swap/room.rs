@@ -340,12 +340,22 @@ impl Hypervisor {
 
     /// The node's GPUs that overcommit, by UUID, each with the settings.
     pub(super) fn overcommitting_gpus(&self) -> Vec<(String, SwapSettings)> {
+        self.gpus_where(SwapSettings::overcommits)
+    }
+
+    /// The node's GPUs, by UUID, each with the settings: pods are swapped
+    /// on any of them by hand, drained or moved off.
+    pub(super) fn all_gpus(&self) -> Vec<(String, SwapSettings)> {
+        self.gpus_where(|_, _| true)
+    }
+
+    fn gpus_where(&self, keep: impl Fn(&SwapSettings, u32) -> bool) -> Vec<(String, SwapSettings)> {
         let core = self.core();
         let swap = &core.settings.swap;
         core.scheduler
             .gpus()
             .iter()
-            .filter(|g| swap.overcommits(g.index))
+            .filter(|g| keep(swap, g.index))
             .map(|g| (g.uuid.clone(), swap.clone()))
             .collect()
     }

@@ -82,6 +82,18 @@ pub(crate) fn in_fresh_process(name: &str, env: &[(&str, &str)]) -> bool {
 /// from GPUSHARE_DOUBLE_* or LD_PRELOAD). The linked variant runs without
 /// LD_LIBRARY_PATH, to show its rpath finds the double.
 pub(crate) fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str)]) -> Output {
+    probe_command(name, options, script, env)
+        .output()
+        .expect("run the probe")
+}
+
+/// The command [`run`] runs, for a test that talks to the probe.
+pub(crate) fn probe_command(
+    name: &str,
+    options: &[&str],
+    script: &str,
+    env: &[(&str, &str)],
+) -> Command {
     let mut cmd = if name == "cudaprobe_linked" {
         let mut cmd = Command::new(program(name));
         cmd.env_remove("LD_LIBRARY_PATH");
@@ -95,7 +107,7 @@ pub(crate) fn run(name: &str, options: &[&str], script: &str, env: &[(&str, &str
     cmd.envs(env.iter().copied())
         .args(options)
         .args(script.split_whitespace());
-    cmd.output().expect("run the probe")
+    cmd
 }
 
 /// Asserts that the probe rejects `script` before doing anything: exit 2,
