@@ -5,7 +5,9 @@ before, a CUDA graph captured before replayed after). Each line says which
 path each swap took (with the fast path asked for, the daemon falls back to
 the driver's checkpoint where a process holds memory its limiter does not
 back, and the status says why), what nvidia-smi shows of the process
-while it is swapped, and the times."""
+while it is swapped, and the times. torch-ipc shares a tensor with a
+second process of the pod by CUDA IPC: on the fast path the limiter shares
+it, and the pod swaps by the checkpoint, saying why."""
 import time
 
 from .swap_bench import GIB, POD_PROGRAM, BenchError, gib, guarded, smi_mib
@@ -21,6 +23,7 @@ WORKLOADS = {
     "jax": {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"},
     "cupy": {},
     "triton": {},
+    "torch-ipc": {},
 }
 
 

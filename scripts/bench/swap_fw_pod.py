@@ -17,6 +17,9 @@ WORKLOAD (BYTES of data, about, in 256 MiB pieces):
   jax               JAX (its allocator preallocates a share of the memory)
   cupy              CuPy's memory pool
   triton            a Triton kernel over PyTorch tensors, run again after
+  torch-ipc         torch-graph's tensors, one of them shared by CUDA IPC
+                    (torch.multiprocessing) with a second process of the
+                    pod, which adds 1 to it in place and holds it
 
 The digest is a SHA-256 of the results' bytes, copied to the host.
 """
@@ -127,6 +130,49 @@ class Cupy:
         return sha([self.cp.asnumpy(x).tobytes() for x in self.pieces + results])
 
 
+class TorchIpc(Torch):
+    def __init__(self, nbytes):
+        super().__init__(nbytes, graph=True)
+        import torch.multiprocessing as mp
+
+        context = mp.get_context("spawn")
+        self.jobs, self.done = context.Queue(), context.Queue()
+        self.child = context.Process(target=ipc_child, args=(self.jobs, self.done), daemon=True)
+        self.child.start()
+        self.jobs.put(self.pieces[0])
+        answer = self.done.get(timeout=600)
+        if answer != "added":
+            raise RuntimeError(f"the IPC child: {answer}")
+
+    def digest(self):
+        # The child reads the shared tensor through its own mapping: the
+        # same sum as the parent's, before a swap and after.
+        self.jobs.put("sum")
+        seen = self.done.get(timeout=300)
+        if seen != self.pieces[0].sum().item():
+            raise RuntimeError(f"the IPC child sees a sum of {seen}, not {self.pieces[0].sum().item()}")
+        return super().digest()
+
+
+def ipc_child(jobs, done):
+    """A second process of the pod: adds 1 to the shared tensor in place,
+    then holds it (its mapping), answering its sum on "sum", until the
+    parent exits."""
+    try:
+        import torch
+
+        shared = jobs.get()
+        shared.add_(1.0)
+        torch.cuda.synchronize()
+        done.put("added")
+        while jobs.get() == "sum":
+            done.put(shared.sum().item())
+    except EOFError:  # the parent exited
+        return
+    except Exception as e:  # the parent reports it
+        done.put(f"{type(e).__name__}: {str(e)[:300]}")
+
+
 WORKLOADS = {
     "torch-graph": lambda n: Torch(n, graph=True),
     "torch-expandable": Torch,
@@ -134,6 +180,7 @@ WORKLOADS = {
     "jax": Jax,
     "cupy": Cupy,
     "triton": lambda n: Torch(n, triton=True),
+    "torch-ipc": TorchIpc,
 }
 
 

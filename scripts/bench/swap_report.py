@@ -214,7 +214,12 @@ def path_cells(size, one):
         seen = f"{fmt(s['smi_before_mib'], '.0f')} / {fmt(s['smi_swapped_mib'], '.0f', 'absent')}"
     else:  # not listed: the GPU's used MiB before / swapped tell
         seen = f"GPU used {fmt(s['gpu_used_before_mib'], '.0f')} / {fmt(s['gpu_used_swapped_mib'], '.0f')}"
-    return (rate(s, "out"), rate(s, "in"), f"{fmt(back, '.1%')} ({seen})",
+    out = rate(s, "out")
+    if s.get("first_out_s") is not None:
+        prepared = s.get("prepared_s")
+        out += (f"; first {s['first_out_s']:.2f}"
+                + (f", copies prepared {prepared:.1f} s after the fill" if prepared is not None else ""))
+    return (out, rate(s, "in"), f"{fmt(back, '.1%')} ({seen})",
             f"{yes(s['identical'])}, {yes(s['quota_intact'])}", path_verdict(size, s, back))
 
 
@@ -235,9 +240,11 @@ def given_back(s):
 def path_verdict(size, s, back):
     """PASS, or FAIL and the targets missed; then the stretch's verdict,
     one for both ways where they agree."""
-    fast = size != 8 or (s["out_s"] is not None and s["out_s"] <= SIDE_8G_S
+    # The first swap-out counts too: it is the one a user meets first.
+    outs = [s["out_s"], s.get("first_out_s", s["out_s"])]
+    fast = size != 8 or (all(t is not None and t <= SIDE_8G_S for t in outs)
                          and s["in_s"] is not None and s["in_s"] <= SIDE_8G_S)
-    missed = [why for why, ok in ((f"8 GiB out or in > {SIDE_8G_S:g} s", fast),
+    missed = [why for why, ok in ((f"8 GiB out (median or first) or in > {SIDE_8G_S:g} s", fast),
                                   (f"under {SIDE_GIVEN_BACK:.0%} given back",
                                    back is not None and back >= SIDE_GIVEN_BACK),
                                   ("not identical", s["identical"]),

@@ -325,7 +325,7 @@ class StubBench:
     the swap-ins answered with `in_http`."""
 
     def __init__(self, rounds, outs, ins, in_http=200):
-        self.args, self.stuck, self.stopped = SimpleNamespace(rounds=rounds), None, []
+        self.args, self.stuck, self.stopped = SimpleNamespace(rounds=rounds, path="checkpoint"), None, []
         self.outs, self.ins, self.in_http = iter(outs), iter(ins), in_http
 
     def start_pod(self, pod, mode, held):
@@ -366,7 +366,7 @@ def test_swap_size_rounds(smi_swapped, capsys):
         "moved": 9 * GIB, "out_s": 4.0, "in_s": 1.5, "out_gibs": 2.25, "in_gibs": 6.0, "daemon_out_s": 3.5,
         "daemon_in_s": 1.25, "smi_before_mib": 8800, "smi_swapped_mib": None, "smi_after_mib": 8800,
         "gpu_used_before_mib": 9300, "gpu_used_swapped_mib": 500, "gpu_used_after_mib": 9300, "identical": True,
-        "quota_intact": True, "out_share": 0.09, "in_share": 6 / 18}
+        "quota_intact": True, "out_share": 0.09, "in_share": 6 / 18, "first_out_s": 4.0, "prepared_s": None}
     printed = capsys.readouterr().out
     assert "  median of 3: out 4.00 s (2.25 GiB/s), in 1.50 s (6.00 GiB/s)\n" in printed
     assert ("  round 1: 9 GiB moved by the checkpoint path; out 4.00 s (2.25 GiB/s, 9% of pinned D2H; daemon 3.50 s), in 2.00 s"
@@ -566,12 +566,12 @@ def test_report_of_both_paths():
               "checkpoint: in, s (GiB/s, of pinned H2D)": "2.50 (3.60, 15%)",
               "checkpoint: given back (nvidia-smi MiB before / swapped)": "100.0% (8800 / absent)",
               "checkpoint: identical, quota intact": "yes, yes",
-              "checkpoint: verdict": "FAIL 8 GiB out or in > 0.4 s; stretch FAIL",
+              "checkpoint: verdict": "FAIL 8 GiB out (median or first) or in > 0.4 s; stretch FAIL",
               "fast: out, s (GiB/s, of pinned D2H)": "0.60 (15.00, 60%)",
               "fast: in, s (GiB/s, of pinned H2D)": "0.50 (18.00, 73%)",
               "fast: given back (nvidia-smi MiB before / swapped)": "94.6% (GPU used 9300 / 500)",
               "fast: identical, quota intact": "yes, no",
-              "fast: verdict": "FAIL 8 GiB out or in > 0.4 s, under 95% given back, quota not intact; stretch PASS"}}
+              "fast: verdict": "FAIL 8 GiB out (median or first) or in > 0.4 s, under 95% given back, quota not intact; stretch PASS"}}
     assert after == TARGETS
     # A path whose part failed fails each size; a size missing was not run.
     results["swap"]["checkpoint"] = {"failed": "BenchError: the daemon did not start"}
@@ -631,7 +631,7 @@ def test_run_of_both_paths(bundle, tmp_path, monkeypatch, capsys):
     main_table, rows, after = side_by_side(text.split("\n\n", 1)[1])
     assert "| swap, checkpoint and fast paths | side by side below |  |  |\n" in main_table
     assert "| first request after idle, swapped (T1), s (pod's own) | 1.50 (1.25) | <= 3 s | PASS |\n" in main_table
-    assert rows["8"]["checkpoint: verdict"] == "FAIL 8 GiB out or in > 0.4 s; stretch FAIL" and after == TARGETS
+    assert rows["8"]["checkpoint: verdict"] == "FAIL 8 GiB out (median or first) or in > 0.4 s; stretch FAIL" and after == TARGETS
     data = json.loads((out / "swap-bench.json").read_text())
     assert data["args"]["path"] == "both" and data["bandwidth"] == pinned and data["swap"] == both_paths()
 
@@ -656,3 +656,32 @@ def test_run_without_a_gpu(bundle, tmp_path, monkeypatch, capsys):
     assert data["args"]["sizes"] == [1.0, 8.0] and data["args"]["parts"] == ["overcommit", "move"]
     assert sorted(p.name for p in out.iterdir()) == ["swap-bench.json", "swap-bench.md"]
     assert not [p for p in os.listdir("/dev/shm") if f"swap-bench-{os.getpid()}" in p]
+
+
+class PreparingBench(StubBench):
+    """A fast-path run whose daemon has the pod's copies prepared at the
+    third look."""
+
+    def __init__(self):
+        super().__init__(1, outs=[0.17], ins=[0.16])
+        self.args.path, self.looks = "fast", 0
+
+    def pod_swap(self, pod):
+        self.looks += 1
+        return {"state": "resident", "bytes_on_host": 8 * GIB, "last_swap_out_path": "fast",
+                "host_kept_bytes": 8 * GIB if self.looks >= 3 else 0}
+
+    def totals(self):
+        return {"host_prepares": 1 if self.looks >= 3 else 0}
+
+
+def test_a_fast_pod_waits_for_its_copies_and_its_first_swap_out_counts(smi_swapped, monkeypatch, capsys):
+    monkeypatch.setattr(swap_parts.time, "sleep", lambda s: None)
+    one = swap_parts.swap_size(PreparingBench(), 8.0, {"d2h_median": 50.0, "h2d_median": 50.0})
+    assert one["summary"]["first_out_s"] == 0.17 and one["summary"]["prepared_s"] is not None
+    assert "host copies prepared ahead while idle" in capsys.readouterr().out
+    verdict = swap_report.path_verdict
+    summary = dict(one["summary"], smi_swapped_mib=300)
+    assert verdict(8.0, summary, 0.96).startswith("PASS")
+    # A first swap-out that pinned as it copied misses the target, whatever the median.
+    assert verdict(8.0, dict(summary, first_out_s=0.84), 0.96).startswith("FAIL 8 GiB out (median or first)")
