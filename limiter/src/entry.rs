@@ -367,4 +367,8 @@ impl FastSwap for Limiter {
             .prepare_host(&self.context)
             .map_err(|error| error.to_string())
     }
+
+    fn shares_memory(&self) -> bool {
+        self.backing.shares_memory()
+    }
 }

@@ -162,6 +162,9 @@ pub(crate) trait FastSwap: Sync {
     fn release_host(&self) -> Result<FastSwapReport, String>;
     /// Makes and pins the host copies the memory on the GPU lacks.
     fn prepare_host(&self) -> Result<FastSwapReport, String>;
+    /// Whether its device memory is shared with another process by CUDA
+    /// IPC: no swap may move it.
+    fn shares_memory(&self) -> bool;
 }
 
 /// The hypervisor, as this process knows it.
@@ -369,7 +372,16 @@ impl Link {
             ok: true,
             message: message.to_owned(),
             swap: None,
+            shared: self.shares_memory(),
         }
+    }
+
+    /// Whether this process's device memory is shared by CUDA IPC, which
+    /// every answer says: the hypervisor asks before a checkpoint.
+    fn shares_memory(&self) -> bool {
+        self.fast_swap
+            .get()
+            .is_some_and(|swap| swap.shares_memory())
     }
 
     /// Carries out one direction of a fast swap, if this process can.
@@ -392,6 +404,7 @@ impl Link {
                     ok: true,
                     message: done.to_owned(),
                     swap: Some(report),
+                    shared: self.shares_memory(),
                 }
             }
             Err(message) => {
@@ -400,6 +413,10 @@ impl Link {
                     ok: false,
                     message,
                     swap: None,
+                    shared: self
+                        .fast_swap
+                        .get()
+                        .is_some_and(|swap| swap.shares_memory()),
                 }
             }
         }

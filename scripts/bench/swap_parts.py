@@ -87,12 +87,13 @@ def swap_size(b, size, pinned):
     held = int(size * GIB)
     held -= held % (2 * MIB)
     pod, quota = f"swap-{size:g}g", held + QUOTA_MARGIN
+    prepares = b.totals().get("host_prepares") or 0
     p = b.start_pod(pod, "hold", held)
     try:
         before = p.ready()
         print(f"swap {size:g} GiB: pod {pod} (pid {p.p.pid}, quota {gib(quota)} GiB) filled in"
               f" {before['fill_s']:.1f} s", flush=True)
-        prepared = prepared_ahead(b, pod, held) if b.args.path == "fast" else None
+        prepared = prepared_ahead(b, pod, held, prepares) if b.args.path == "fast" else None
         rounds = []
         for n in range(b.args.rounds):
             r = {}
@@ -132,15 +133,18 @@ def swap_size(b, size, pinned):
     return {"held": held, "quota": quota, "rounds": rounds, "summary": summary}
 
 
-def prepared_ahead(b, pod, held):
+def prepared_ahead(b, pod, held, prepares):
     """Seconds from the pod's fill until the daemon had its host copies
     prepared ([swap] prepare_ahead: once idle, on any GPU), so that its
-    first swap-out only copies, as later ones do; None when they were not
-    within a minute and 2 s a GiB (the first swap-out then pins as it
-    copies, and its time says so)."""
+    first swap-out only copies, as later ones do: a prepare more than the
+    `prepares` counted before the pod started, done, and the copies the
+    pod keeps cover what it holds. None when they were not within a
+    minute and 2 s a GiB (the first swap-out then pins as it copies, and
+    its time says so)."""
     start, limit = time.monotonic(), 60 + 2 * held / GIB
     while time.monotonic() - start < limit and not b.stuck:
-        if (b.pod_swap(pod).get("host_kept_bytes") or 0) >= held and b.totals().get("host_prepares"):
+        done = (b.totals().get("host_prepares") or 0) > prepares
+        if done and (b.pod_swap(pod).get("host_kept_bytes") or 0) >= held:
             took = time.monotonic() - start
             print(f"  host copies prepared ahead while idle, {took:.1f} s after the fill", flush=True)
             return took

@@ -140,6 +140,12 @@ pub struct CommandResult {
     /// from other answers and from older workers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub swap: Option<FastSwapReport>,
+    /// The worker's device memory is shared with another process by CUDA
+    /// IPC (exported or imported): neither its own swap nor the driver's
+    /// checkpoint, which cannot restore imported memory, may move it.
+    /// False from older workers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared: bool,
 }
 
 /// What one process's swap of the memory it backs itself moved.
@@ -289,6 +295,7 @@ mod tests {
         assert_eq!(old.swap, None);
         let json = serde_json::to_string(&old).expect("encode");
         assert!(!json.contains("swap"), "no report, no field: {json}");
+        assert!(!old.shared && !json.contains("shared"), "{json}");
         let old: Register = serde_json::from_str(r#"{"pod":"a","pid":7}"#).expect("decode");
         assert!(!old.fast_swap);
     }

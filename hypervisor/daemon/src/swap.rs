@@ -157,6 +157,10 @@ pub enum SwapRefusal {
     /// The blocking task that called the driver did not finish.
     #[error("the swap task failed: {0}")]
     Task(String),
+    /// The pod's processes share device memory by CUDA IPC: neither path
+    /// can swap it (why, and what each process answered).
+    #[error("{0}")]
+    Shared(String),
     /// The pod's processes' own swap failed and left the pod in host
     /// memory (a swap-in, tried again at the next ask; or a swap-out that
     /// could not be undone).
@@ -317,11 +321,18 @@ impl Hypervisor {
             {
                 fast::FastOut::Done(moved) => return Ok(moved),
                 fast::FastOut::Active => return Err(SwapRefusal::Swap(SwapError::Active)),
+                fast::FastOut::Shared(why) => return Err(SwapRefusal::Shared(why)),
                 fast::FastOut::Undone(reason) => {
                     tracing::info!(pod = %view.pod, %reason, "the pod's processes could not swap themselves; the driver's checkpoint is tried");
                     host_takes(bytes)?;
                 }
             }
+        }
+        // The driver takes a process holding memory shared by CUDA IPC
+        // through its limiter, but cannot restore it.
+        if let Some(why) = self.memory_shared(&view.pod).await {
+            residence.swap_out_failed(&why);
+            return Err(SwapRefusal::Shared(why));
         }
         let driver = self.checkpoint_driver().await?;
         let quiet = match wait {

@@ -26,11 +26,13 @@
 //!   exporter's.
 //!
 //! **Swap.** Shared memory cannot be moved by one process: the importers'
-//! mappings would keep the old memory and miss the bytes coming back. A
-//! process that exported a range declines the fast swap
-//! (`SwapError::Shared`), and the hypervisor swaps its pod by the driver's
-//! checkpoint instead, saying why. An importer's own backed ranges swap as
-//! any; its imports are the exporter's memory and stay where they are.
+//! mappings would keep the old memory and miss the bytes coming back; and
+//! the driver's checkpoint takes a process holding imported memory but
+//! cannot restore it (measured on an H200, driver 580: the restore is
+//! refused, and the pod would stay away). So a process that exported a
+//! range, or imported one, declines the fast swap (`SwapError::Shared`)
+//! and says its memory is shared, and the hypervisor leaves its pod on
+//! the GPU, saying why, rather than try the checkpoint.
 //!
 //! Both processes run under the limiter with the fast swap on (a pod's
 //! processes share its environment); the server is reached by name in the
@@ -284,9 +286,26 @@ impl Backing {
         Some(CUresult::SUCCESS)
     }
 
-    /// Whether a range of this process is exported: its memory is shared.
-    pub(super) fn shared(book: &super::swap::Book<'_>) -> bool {
+    /// Whether memory of this process is shared: a range of the book
+    /// exported, or memory of another process imported. Neither path may
+    /// swap such a process: its own copies would not be the importers',
+    /// and the driver's checkpoint takes a process holding imported memory
+    /// but cannot restore it (refused on an H200, driver 580).
+    pub(super) fn shared(&self, book: &super::swap::Book<'_>) -> bool {
         book.values().any(|backed| backed.exported.is_some())
+            || self
+                .ipc
+                .imports
+                .lock()
+                .map_or(true, |imports| !imports.is_empty())
+    }
+
+    /// [`Self::shared`], the book taken for the answer.
+    pub(crate) fn shares_memory(&self) -> bool {
+        match self.book.lock() {
+            Ok(book) => self.shared(&book),
+            Err(_) => true,
+        }
     }
 }
 

@@ -41,7 +41,7 @@ impl Backing {
     /// `pinned_new_bytes` are what was pinned and handed to ranges.
     pub(crate) fn prepare_host(&self, ctx: &Context) -> Result<FastSwapReport, SwapError> {
         let (_, copies, book) = self.open(ctx)?;
-        if Self::shared(&book) {
+        if self.shared(&book) {
             // Its swap-out will be the checkpoint's: copies would go unused.
             return Err(SwapError::Shared);
         }

@@ -95,7 +95,7 @@ impl Backing {
     /// memory back; see the module documentation.
     pub(crate) fn swap_out(&self, ctx: &Context) -> Result<FastSwapReport, SwapError> {
         let (vmm, copies, mut book) = self.open(ctx)?;
-        if Self::shared(&book) {
+        if self.shared(&book) {
             return Err(SwapError::Shared);
         }
         let _restore = CurrentContext::keep(copies)?;

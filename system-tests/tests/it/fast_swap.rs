@@ -7,8 +7,9 @@
 //! process without the setting is swapped by the checkpoint instead, and
 //! so is a pod one of whose processes fails its own swap-out (the others
 //! bring their memory back first), or whose process holds memory its
-//! limiter does not back, or shares its memory with another by CUDA IPC
-//! (the driver's checkpoint takes all of it; the status says why). The
+//! limiter does not back (the driver's checkpoint takes all of it; the
+//! status says why); one whose processes share memory by CUDA IPC stays
+//! on its GPU, since the checkpoint could not bring it back. The
 //! host copies a pod's processes keep after a fast swap-in count against
 //! `host_limit` (until the processes leave), and are given back when
 //! another pod's swap-out needs the room. The idle pod that goes next (on
@@ -233,8 +234,22 @@ fn a_pod_with_a_process_without_the_setting_swaps_by_the_checkpoint() {
 }
 
 #[test]
-fn a_pod_sharing_backed_memory_by_cuda_ipc_swaps_by_the_checkpoint_and_says_why() {
-    let pod = Pod::new("fast-ipc");
+fn a_pod_sharing_backed_memory_by_cuda_ipc_stays_on_its_gpu_and_says_why() {
+    shared_pod_stays("fast-ipc", false);
+}
+
+#[test]
+fn a_pod_sharing_memory_by_cuda_ipc_is_not_checkpointed_either() {
+    // A third process without the setting sends the pod straight to the
+    // checkpoint, which asks the processes first.
+    shared_pod_stays("fast-ipc-mixed", true);
+}
+
+/// Two processes of a pod sharing backed memory by CUDA IPC (and a third
+/// without the setting where `plain`): a swap-out is refused, the memory
+/// stays where it was.
+fn shared_pod_stays(name: &str, plain: bool) {
+    let pod = Pod::new(name);
     let node = start(&pod);
     let fast = [("CUDA_LIMITER_FAST_SWAP", "1")];
     let exporter_script = [
@@ -269,18 +284,18 @@ fn a_pod_sharing_backed_memory_by_cuda_ipc_swaps_by_the_checkpoint_and_says_why(
     let mut importer = Running::start(&pod, &node.url(), &fast, &importer_script);
     let imported = importer.until_ready();
     assert!(imported[0].starts_with("ipc-open -> 0 "), "{imported:?}");
-    registered(&node, &pod, 2);
+    let other = plain.then(|| ready(&pod, &node, false).0);
+    registered(&node, &pod, if plain { 3 } else { 2 });
 
+    // The driver's checkpoint would take the importer and never give it
+    // back: the swap is refused, both processes' memory where it was.
     let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
-    assert!(ok, "the checkpoint took over: {answer}");
+    assert!(!ok && answer.contains("CUDA IPC"), "{answer}");
     let record = node.hypervisor().pod_swap(&pod.0);
-    assert_eq!(
-        record.history.last_swap_out_path,
-        Some(SwapPath::Checkpoint),
-        "{record:?}"
-    );
-    let declined = record.history.fast_declined.as_deref().unwrap_or_default();
-    assert!(declined.contains("CUDA IPC"), "{record:?}");
+    assert_eq!(record.state, Residency::Resident, "{record:?}");
+    assert_eq!(record.history.last_swap_out_path, None, "{record:?}");
+    let why = record.history.last_error.as_deref().unwrap_or_default();
+    assert!(why.contains("CUDA IPC"), "{record:?}");
 
     for running in [importer, exporter] {
         let (rest, status) = running.finish();
@@ -289,6 +304,10 @@ fn a_pod_sharing_backed_memory_by_cuda_ipc_swaps_by_the_checkpoint_and_says_why(
             rest[1].starts_with("check 0 9 -> 0 differ=0"),
             "the same bytes: {rest:?}"
         );
+    }
+    if let Some(other) = other {
+        let (rest, status) = other.finish();
+        assert!(status.success(), "{rest:?}");
     }
     let record = node.hypervisor().pod_swap(&pod.0);
     assert_eq!(record.state, Residency::Resident);

@@ -50,7 +50,19 @@ pub(super) enum FastOut {
     /// A process could not: every one brought its memory back, and the
     /// checkpoint may be tried; why.
     Undone(String),
+    /// A process's memory is shared with another by CUDA IPC: every one
+    /// brought its memory back, and the checkpoint must not be tried (the
+    /// driver takes such a process but cannot restore it); why.
+    Shared(String),
 }
+
+/// How long a health check before a checkpoint waits for the pod's
+/// processes to say whether their memory is shared.
+const SHARED_ASK_WITHIN: Duration = Duration::from_secs(5);
+
+/// Why a pod whose processes share memory by CUDA IPC is not swapped.
+const SHARED: &str = "the pod's processes share device memory by CUDA IPC, which the driver's \
+     checkpoint takes but cannot restore: the pod stays on its GPU";
 
 impl Hypervisor {
     /// The pod's workers, where every one of its processes `pids` is a
@@ -67,6 +79,22 @@ impl Hypervisor {
             covered.insert(worker.host_pid?);
         }
         (!ids.is_empty() && pids.iter().all(|pid| covered.contains(pid))).then_some(ids)
+    }
+
+    /// Why the pod must not be checkpointed: one of its processes answers
+    /// that its memory is shared by CUDA IPC through its limiter (every
+    /// answer says; a health check asks). `None` where none does, or
+    /// none answers within [`SHARED_ASK_WITHIN`] (an older limiter never
+    /// shares).
+    pub(super) async fn memory_shared(&self, pod: &str) -> Option<String> {
+        let workers = self.workers_of(pod);
+        let answers = self
+            .ask(&workers, &Command::Health, SHARED_ASK_WITHIN)
+            .await;
+        answers
+            .iter()
+            .find(|(_, answer)| matches!(answer, Ok(result) if result.shared))
+            .map(|(worker, _)| format!("{SHARED}: {worker} holds shared memory"))
     }
 
     /// Swaps the pod out through its `workers`; see the module documentation.
@@ -118,6 +146,15 @@ impl Hypervisor {
             .collect();
         let back = self.ask(&went_out, &Command::SwapIn, ANSWER_WITHIN).await;
         let (_, _, stuck) = tally(&back);
+        let shared = answers
+            .iter()
+            .any(|(_, answer)| matches!(answer, Ok(result) if result.shared));
+        if stuck.is_empty() && shared {
+            let why = format!("{SHARED}: {reason}");
+            residence.swap_out_failed(&why);
+            tracing::warn!(pod = %view.pod, %reason, "the pod shares memory by CUDA IPC; it stays on its GPU");
+            return Ok(FastOut::Shared(why));
+        }
         if stuck.is_empty() {
             residence.fast_declined(&reason);
             tracing::info!(pod = %view.pod, %reason, "the fast swap-out was undone");

@@ -306,6 +306,7 @@ impl FakeWorker {
                     ok: true,
                     message: "done".into(),
                     swap: None,
+                    shared: false,
                 }
             })
             .expect("loop");
