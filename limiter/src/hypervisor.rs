@@ -373,6 +373,7 @@ impl Link {
             message: message.to_owned(),
             swap: None,
             shared: self.shares_memory(),
+            fast_swap: self.fast_swap.get().is_some(),
         }
     }
 
@@ -405,6 +406,7 @@ impl Link {
                     message: done.to_owned(),
                     swap: Some(report),
                     shared: self.shares_memory(),
+                    fast_swap: true,
                 }
             }
             Err(message) => {
@@ -413,10 +415,8 @@ impl Link {
                     ok: false,
                     message,
                     swap: None,
-                    shared: self
-                        .fast_swap
-                        .get()
-                        .is_some_and(|swap| swap.shares_memory()),
+                    shared: self.shares_memory(),
+                    fast_swap: self.fast_swap.get().is_some(),
                 }
             }
         }

@@ -146,6 +146,12 @@ pub struct CommandResult {
     /// False from older workers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub shared: bool,
+    /// The worker backs its memory for a fast swap and answers `SwapOut`
+    /// and `SwapIn` (`CUDA_LIMITER_FAST_SWAP`), as it registered: a daemon
+    /// that adopts it after a restart learns the setting from its first
+    /// answer. False from older workers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fast_swap: bool,
 }
 
 /// What one process's swap of the memory it backs itself moved.
@@ -296,6 +302,7 @@ mod tests {
         let json = serde_json::to_string(&old).expect("encode");
         assert!(!json.contains("swap"), "no report, no field: {json}");
         assert!(!old.shared && !json.contains("shared"), "{json}");
+        assert!(!old.fast_swap && !json.contains("fast_swap"), "{json}");
         let old: Register = serde_json::from_str(r#"{"pod":"a","pid":7}"#).expect("decode");
         assert!(!old.fast_swap);
     }

@@ -21,7 +21,7 @@ impl Hypervisor {
     /// Checks that `id` is a worker of the pod whose token is `token`,
     /// adopting a worker an earlier run registered; returns its pod.
     pub fn authorize_worker(&self, id: &ClientId, token: &str) -> Result<PodId, AuthError> {
-        let adopted = {
+        let (adopted, pid) = {
             let mut core = self.core();
             if let Some(worker) = core.workers.get(id) {
                 let pod = worker.pod.clone();
@@ -39,11 +39,17 @@ impl Hypervisor {
                 return Err(AuthError::TooMany);
             }
             core.workers.adopt(id, &pod, pid);
-            pod
+            (pod, pid)
         };
         tracing::info!(worker = %id, pod = %adopted, "worker of an earlier run adopted");
-        // Gives the worker a queue on the channel, so that it expires if silent.
+        // Gives the worker a queue on the channel, so that it expires if
+        // silent; its answer says whether it takes the fast swap.
         self.send(std::slice::from_ref(id), &Command::Health);
+        // Its pid in the daemon's namespace, proven as a registration's is,
+        // so that the fast swap can cover it as it covers the others.
+        let hv = self.clone();
+        let (worker, pod, token) = (id.clone(), adopted.clone(), token.to_owned());
+        tokio::spawn(async move { hv.find_host_pid(&worker, &pod, &token, pid).await });
         Ok(adopted)
     }
 }

@@ -85,6 +85,11 @@ impl Hypervisor {
         self.core().workers.of_pod(pod)
     }
 
+    /// The worker `id`, as the daemon knows it now.
+    pub fn worker(&self, id: &ClientId) -> Option<hypervisor_core::workers::Worker> {
+        self.core().workers.get(id).cloned()
+    }
+
     /// Suspends `pod`: the flag in its region, then `Suspend` to its workers.
     pub fn suspend(&self, pod: &str) -> Result<Vec<ClientId>, ScheduleError> {
         self.set_suspended(pod, true)

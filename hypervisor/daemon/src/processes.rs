@@ -16,6 +16,7 @@ use std::sync::Mutex;
 
 use gpushare_utils::pod::PodId;
 use gpushare_utils::process::{FileId, mapped_files};
+use http_bidir_comm::ClientId;
 
 use crate::{Hypervisor, lock};
 
@@ -124,6 +125,19 @@ impl Hypervisor {
             Err(error) => {
                 tracing::error!(pod, %error, "the pod's processes could not be proven; none is acted on");
                 Vec::new()
+            }
+        }
+    }
+
+    /// Records the daemon's pid of an adopted worker, screened as a
+    /// registration is ([`Self::screen_worker`]); one that fails stays
+    /// unknown (the pod's processes are then proven without it, and its
+    /// pod takes the checkpoint).
+    pub(crate) async fn find_host_pid(&self, id: &ClientId, pod: &PodId, token: &str, pid: u32) {
+        match self.screen_worker(pod, token, pid).await {
+            Ok(host_pid) => self.core().workers.set_host_pid(id, host_pid),
+            Err(error) => {
+                tracing::warn!(worker = %id, pod = %pod, %error, "an adopted worker's process was not found");
             }
         }
     }

@@ -252,6 +252,10 @@ impl Hypervisor {
                     tracing::warn!(worker = %client, message = result.message, "command failed");
                 }
                 if let Some(worker) = self.core().workers.get_mut(&client) {
+                    // An adopted worker's setting, unknown until it answers.
+                    if worker.adopted {
+                        worker.fast_swap = result.fast_swap;
+                    }
                     worker.last_result = Some(result.clone());
                 }
                 self.shared.awaited.answered(&client, id, result);

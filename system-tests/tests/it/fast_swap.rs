@@ -197,6 +197,44 @@ fn a_pod_whose_processes_all_back_their_memory_swaps_by_the_fast_path() {
 }
 
 #[test]
+fn a_restarted_daemon_adopts_a_fast_pods_process_and_swaps_it_by_the_fast_path() {
+    let pod = Pod::new("fast-adopted");
+    let node = start(&pod);
+    let (running, at) = ready(&pod, &node, true);
+    registered(&node, &pod, 1);
+    // The same config on the same port: the probe's limiter reaches it.
+    let addr = node.addr();
+    node.stop();
+    let library = gpushare_examples::double_dir().join("libcuda.so.1");
+    let config = format!(
+        "listen = \"{addr}\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\n\
+         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
+        library.display(),
+        pod.0
+    );
+    let again = daemon::hypervisor(&pod, &config, Arc::new(process_gpus(1)));
+    // Adopted from its next request, its setting from its first answer.
+    eventually("the process is adopted with its setting", || {
+        again.hypervisor().workers_of(&pod.0).iter().any(|id| {
+            again
+                .hypervisor()
+                .worker(id)
+                .is_some_and(|w| w.adopted && w.fast_swap && w.host_pid.is_some())
+        })
+    });
+
+    let (ok, answer) = admin_cli(&again, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    let record = again.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Fast),
+        "{record:?}"
+    );
+    check_after(running, &at);
+}
+
+#[test]
 fn a_pod_with_a_process_without_the_setting_swaps_by_the_checkpoint() {
     let pod = Pod::new("fast-mixed");
     let node = start(&pod);

@@ -307,6 +307,7 @@ impl FakeWorker {
                     message: "done".into(),
                     swap: None,
                     shared: false,
+                    fast_swap: false,
                 }
             })
             .expect("loop");
