@@ -60,8 +60,21 @@ pub unsafe fn name_the_checkpoint_folder() {
 pub struct Running {
     /// The probe's process.
     pub child: Child,
-    stdin: ChildStdin,
+    /// Its input, until [`Running::finish`] closes it.
+    stdin: Option<ChildStdin>,
     lines: std::io::Lines<BufReader<ChildStdout>>,
+}
+
+/// A probe its test left running (the test failed, or never finished it)
+/// is killed: a probe whose pod was left away by a stopped daemon would
+/// wait for it forever, holding the test runner's output open.
+impl Drop for Running {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 impl Running {
@@ -90,7 +103,7 @@ impl Running {
         let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         Self {
             child,
-            stdin,
+            stdin: Some(stdin),
             lines,
         }
     }
@@ -116,13 +129,18 @@ impl Running {
 
     /// Lets the script go on past its `wait`.
     pub fn resume(&mut self) {
-        writeln!(self.stdin).expect("resume the probe");
+        let stdin = self.stdin.as_mut().expect("the probe's input is open");
+        writeln!(stdin).expect("resume the probe");
     }
 
     /// The rest of the output, and the exit status.
     pub fn finish(mut self) -> (Vec<String>, std::process::ExitStatus) {
-        drop(self.stdin);
-        let rest: Vec<String> = self.lines.map(|l| l.expect("probe output")).collect();
+        drop(self.stdin.take());
+        let rest: Vec<String> = self
+            .lines
+            .by_ref()
+            .map(|l| l.expect("probe output"))
+            .collect();
         let status = self.child.wait().expect("probe exits");
         (rest, status)
     }

@@ -83,11 +83,22 @@ impl Hypervisor {
 
     /// Why the pod must not be checkpointed: one of its processes answers
     /// that its memory is shared by CUDA IPC through its limiter (every
-    /// answer says; a health check asks). `None` where none does, or
-    /// none answers within [`SHARED_ASK_WITHIN`] (an older limiter never
-    /// shares).
+    /// answer says; a health check asks). Only processes that back their
+    /// memory share it so, and only they are asked: `None` at once where
+    /// the pod has none, and where none says so within
+    /// [`SHARED_ASK_WITHIN`].
     pub(super) async fn memory_shared(&self, pod: &str) -> Option<String> {
-        let workers = self.workers_of(pod);
+        let workers: Vec<ClientId> = {
+            let core = self.core();
+            core.workers
+                .of_pod(pod)
+                .into_iter()
+                .filter(|id| core.workers.get(id).is_some_and(|w| w.fast_swap))
+                .collect()
+        };
+        if workers.is_empty() {
+            return None;
+        }
         let answers = self
             .ask(&workers, &Command::Health, SHARED_ASK_WITHIN)
             .await;
