@@ -679,6 +679,22 @@ class PreparingBench(StubBench):
         return {"host_prepares": 2 if self.looks >= 3 else 1}
 
 
+def test_the_one_path_report_of_the_fast_path_takes_its_targets():
+    s = {"out_s": 0.17, "in_s": 0.5, "out_gibs": 48.0, "in_gibs": 16.0, "out_share": 0.94, "in_share": 0.3,
+         "smi_before_mib": 8998, "smi_swapped_mib": 350, "smi_after_mib": 8998, "gpu_used_before_mib": 9023,
+         "gpu_used_swapped_mib": 375, "gpu_used_after_mib": 9023, "identical": True, "quota_intact": True}
+    one = {"held": 8 * GIB, "summary": s, "rounds": [{"path": "fast"}]}
+    rows = {row[0].split(",")[0]: row for row in swap_report.swap_rows(8.0, one)}
+    assert rows["swap-in 8 GiB"][2:] == ("<= 0.4 s; stretch >= 50% of pinned", "FAIL; stretch FAIL")
+    assert rows["8 GiB: nvidia-smi MiB of the process before / swapped / after (GPU used)"][2:] == (
+        ">= 95% given back", "PASS")
+    one["rounds"] = [{"path": "checkpoint"}]
+    rows = {row[0].split(",")[0]: row for row in swap_report.swap_rows(8.0, one)}
+    assert rows["swap-in 8 GiB"][2:] == ("<= 2 s; stretch >= 50% of pinned", "PASS; stretch FAIL")
+    assert rows["8 GiB: nvidia-smi MiB of the process before / swapped / after (GPU used)"][2:] == (
+        "none while swapped", "FAIL")
+
+
 def test_a_fast_pod_waits_for_its_copies_and_its_first_swap_out_counts(smi_swapped, monkeypatch, capsys):
     monkeypatch.setattr(swap_parts.time, "sleep", lambda s: None)
     one = swap_parts.swap_size(PreparingBench(), 8.0, {"d2h_median": 50.0, "h2d_median": 50.0})

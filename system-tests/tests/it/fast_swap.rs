@@ -283,6 +283,41 @@ fn a_pod_sharing_memory_by_cuda_ipc_is_not_checkpointed_either() {
     shared_pod_stays("fast-ipc-mixed", true);
 }
 
+#[test]
+fn a_pod_sharing_memory_by_cuda_ipc_is_passed_over_when_room_is_made() {
+    // Two pods on a 2 GiB GPU: the idle one, whose process shares its
+    // memory, is the only one that could make room for the other's
+    // allocations; it is asked at most once, not once an allocation.
+    let (sharing, asking) = (Pod::new("fast-ipc-room"), Pod::new("fast-ipc-asker"));
+    let swap = "overcommit = true\nidle_after_ms = 200\nroom_wait_ms = 300\nhost_limit = \"64g\"";
+    let (node, node_file) = shared_gpu(&[&sharing, &asking], "1536m", swap);
+    let env = shared_env(&node_file);
+    let script = ["alloc", "mem", "768m", "ipc-export", "0", "wait"];
+    let mut running = Running::start(&sharing, &node.url(), &env, &script);
+    let lines = running.until_ready();
+    assert!(lines[1].starts_with("ipc-export 0 -> 0 "), "{lines:?}");
+    registered(&node, &sharing, 1);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+
+    let script = [
+        "alloc", "mem", "1g", "alloc", "mem", "1g", "alloc", "mem", "1g", "alloc", "mem", "1g",
+    ];
+    let (lines, status) = Running::start(&asking, &node.url(), &env, &script).finish();
+    assert!(status.success(), "{lines:?}");
+    assert!(
+        lines.iter().all(|l| l.contains("-> 2 ")),
+        "no room to be had: {lines:?}"
+    );
+    let record = node.hypervisor().pod_swap(&sharing.0);
+    assert_eq!(record.state, Residency::Resident, "{record:?}");
+    assert!(
+        record.history.failures <= 1,
+        "asked at most once: {record:?}"
+    );
+    let (rest, status) = running.finish();
+    assert!(status.success(), "{rest:?}");
+}
+
 /// Two processes of a pod sharing backed memory by CUDA IPC (and a third
 /// without the setting where `plain`): a swap-out is refused, the memory
 /// stays where it was.

@@ -276,9 +276,10 @@ impl Hypervisor {
         views.into_iter().find(|v| v.pod == first)
     }
 
-    /// The resident pods of the GPU `uuid` that `may` allows, and each as
-    /// the policy sees it: its bytes there, its uses, its class there, and
-    /// whether it must stay (a GPU of it does not overcommit).
+    /// The resident pods of the GPU `uuid` that `may` allows, but for those
+    /// sharing memory by CUDA IPC, and each as the policy sees it: its
+    /// bytes there, its uses, its class there, and whether it must stay (a
+    /// GPU of it does not overcommit).
     pub(super) fn candidates_on(
         &self,
         uuid: &str,
@@ -286,11 +287,23 @@ impl Hypervisor {
     ) -> (Vec<SwapView>, Vec<Candidate>) {
         let (views, overcommit) = {
             let core = self.core();
+            // A pod whose processes last said their memory is shared by
+            // CUDA IPC can go by neither path: never a candidate (each
+            // process's answers say again, its health pings too).
+            let shares = |pod: &str| {
+                core.workers.of_pod(pod).iter().any(|id| {
+                    core.workers
+                        .get(id)
+                        .and_then(|worker| worker.last_result.as_ref())
+                        .is_some_and(|result| result.shared)
+                })
+            };
             let views: Vec<SwapView> = core
                 .scheduler
                 .swap_views_on(uuid)
                 .into_iter()
                 .filter(|v| may(&v.pod) && v.region.residency() == Residency::Resident)
+                .filter(|v| !shares(&v.pod))
                 .collect();
             (views, core.settings.swap.clone())
         };
