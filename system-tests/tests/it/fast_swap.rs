@@ -235,6 +235,33 @@ fn a_restarted_daemon_adopts_a_fast_pods_process_and_swaps_it_by_the_fast_path()
 }
 
 #[test]
+fn a_process_that_does_not_answer_holds_the_nodes_swaps_only_briefly() {
+    let pod = Pod::new("fast-silent");
+    let node = start(&pod);
+    let (running, at) = ready(&pod, &node, true);
+    registered(&node, &pod, 1);
+    let pid = i32::try_from(running.pid()).expect("a pid");
+    // SAFETY: a signal to the test's own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    // Its swap-out and the swap-in that would undo it each wait for its
+    // size (10 s and a second a GiB: about 21 s in all here), not two
+    // minutes each.
+    let started = std::time::Instant::now();
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    let took = started.elapsed();
+    assert!(!ok, "{answer}");
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "{took:?}: {answer}"
+    );
+    // Running again, it answers what it was sent and its next call finds
+    // its memory as it was.
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    check_after(running, &at);
+}
+
+#[test]
 fn a_pod_with_a_process_without_the_setting_swaps_by_the_checkpoint() {
     let pod = Pod::new("fast-mixed");
     let node = start(&pod);

@@ -27,10 +27,25 @@ use super::residence::Residence;
 use super::{SwapRefusal, quiet_stamp};
 use crate::Hypervisor;
 
-/// How long a process has to answer: its copies run at the speed of the
-/// link, but its first swap-out pins its host buffers as it copies (about
-/// 3.5 GiB/s on an H200 host), and a swap queued behind it waits for it.
+/// The longest a process has to answer: its copies run at the speed of
+/// the link, but its first swap-out pins its host buffers as it copies
+/// (about 3.5 GiB/s on an H200 host, 2.5 under a serving load), and a swap
+/// queued behind it waits for it.
 pub(super) const ANSWER_WITHIN: Duration = Duration::from_secs(120);
+
+/// How long a pod's processes have to answer a swap of `bytes`, each
+/// way: [`ANSWER_FLOOR`], and a second a GiB (pinning as it copies runs at
+/// 2.5 GiB/s and more), within [`ANSWER_WITHIN`]. A process that does not
+/// answer (stopped, or lying) holds the node's swaps that long, not two
+/// minutes each way.
+pub(super) fn answer_within(bytes: u64) -> Duration {
+    let per_gib = Duration::from_secs(1).mul_f64(bytes as f64 / f64::from(1u32 << 30));
+    (ANSWER_FLOOR + per_gib).min(ANSWER_WITHIN)
+}
+
+/// What every swap's answer may take whatever its size: the process waits
+/// for its own work first.
+const ANSWER_FLOOR: Duration = Duration::from_secs(10);
 
 /// What a process may leave on its GPUs after its own swap-out: its
 /// context and the driver's memory for it (0.3 to 0.6 GiB on an H100 or
@@ -129,7 +144,8 @@ impl Hypervisor {
             return Ok(FastOut::Active);
         }
         let started = Instant::now();
-        let answers = self.ask(workers, &Command::SwapOut, ANSWER_WITHIN).await;
+        let within = answer_within(view.bytes());
+        let answers = self.ask(workers, &Command::SwapOut, within).await;
         let (bytes, _, mut failures) = tally(&answers);
         if failures.is_empty()
             && let Some(why) = self.left_on_gpus(pids, &answers).await
@@ -155,7 +171,7 @@ impl Hypervisor {
             .filter(|(_, answer)| !matches!(answer, Ok(result) if !result.ok))
             .map(|(worker, _)| worker.clone())
             .collect();
-        let back = self.ask(&went_out, &Command::SwapIn, ANSWER_WITHIN).await;
+        let back = self.ask(&went_out, &Command::SwapIn, within).await;
         let (_, _, stuck) = tally(&back);
         let shared = answers
             .iter()
@@ -225,7 +241,8 @@ impl Hypervisor {
         let workers = self.workers_of(&view.pod);
         residence.swapping_in();
         let started = Instant::now();
-        let answers = self.ask(&workers, &Command::SwapIn, ANSWER_WITHIN).await;
+        let within = answer_within(view.bytes());
+        let answers = self.ask(&workers, &Command::SwapIn, within).await;
         let (bytes, kept, failures) = tally(&answers);
         if failures.is_empty() {
             let back = Swapped {
@@ -285,4 +302,18 @@ fn tally(answers: &[(ClientId, Result<CommandResult, String>)]) -> (u64, u64, Ve
         }
     }
     (bytes, kept, failures)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_swap_answer_is_awaited_for_its_size_within_bounds() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(answer_within(0), ANSWER_FLOOR);
+        assert_eq!(answer_within(12 * GIB), Duration::from_secs(22));
+        assert_eq!(answer_within(30 * GIB), Duration::from_secs(40));
+        assert_eq!(answer_within(500 * GIB), ANSWER_WITHIN);
+    }
 }

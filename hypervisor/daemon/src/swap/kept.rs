@@ -42,7 +42,7 @@ use hypervisor_core::scheduler::SwapView;
 use hypervisor_swap::{Candidate, SwapTotals};
 
 use super::SwapRefusal;
-use super::fast::ANSWER_WITHIN;
+use super::fast::answer_within;
 use super::room::room_policy;
 use crate::{Hypervisor, lock};
 
@@ -251,7 +251,7 @@ impl Hypervisor {
         lock(&self.shared.swapper.prepared_at).insert(pod.to_owned(), holds);
         *lock(&self.shared.swapper.being_prepared) = Some(pod.to_owned());
         let answers = self
-            .ask(workers, &Command::PrepareHost, ANSWER_WITHIN)
+            .ask(workers, &Command::PrepareHost, answer_within(holds))
             .await;
         let (mut kept, mut pinned) = (0u64, 0u64);
         for (worker, answer) in answers {
@@ -307,7 +307,7 @@ impl Hypervisor {
     pub(super) async fn release_host_of(&self, pod: &str) -> u64 {
         let workers = self.workers_of(pod);
         let answers = self
-            .ask(&workers, &Command::ReleaseHost, ANSWER_WITHIN)
+            .ask(&workers, &Command::ReleaseHost, answer_within(0))
             .await;
         let mut released = 0u64;
         for (worker, answer) in answers {
