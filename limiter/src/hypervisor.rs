@@ -368,21 +368,22 @@ impl Link {
                 return self.swap(|swap| swap.prepare_host(), "host copies prepared");
             }
         };
-        CommandResult {
-            ok: true,
-            message: message.to_owned(),
-            swap: None,
-            shared: self.shares_memory(),
-            fast_swap: self.fast_swap.get().is_some(),
-        }
+        self.answer(true, message.to_owned(), None)
     }
 
-    /// Whether this process's device memory is shared by CUDA IPC, which
-    /// every answer says: the hypervisor asks before a checkpoint.
-    fn shares_memory(&self) -> bool {
-        self.fast_swap
-            .get()
-            .is_some_and(|swap| swap.shares_memory())
+    /// An answer to a command, with what every answer says of this
+    /// process: whether it takes the fast swap (a daemon that adopts it
+    /// after a restart learns it so), and whether its device memory is
+    /// shared by CUDA IPC (the hypervisor asks before a checkpoint).
+    fn answer(&self, ok: bool, message: String, swap: Option<FastSwapReport>) -> CommandResult {
+        let fast = self.fast_swap.get();
+        CommandResult {
+            ok,
+            message,
+            swap,
+            shared: fast.is_some_and(|swap| swap.shares_memory()),
+            fast_swap: fast.is_some(),
+        }
     }
 
     /// Carries out one direction of a fast swap, if this process can.
@@ -401,23 +402,11 @@ impl Link {
         match outcome {
             Ok(report) => {
                 tracing::info!(?report, "{done}");
-                CommandResult {
-                    ok: true,
-                    message: done.to_owned(),
-                    swap: Some(report),
-                    shared: self.shares_memory(),
-                    fast_swap: true,
-                }
+                self.answer(true, done.to_owned(), Some(report))
             }
             Err(message) => {
                 tracing::warn!(reason = %message, "fast swap not done");
-                CommandResult {
-                    ok: false,
-                    message,
-                    swap: None,
-                    shared: self.shares_memory(),
-                    fast_swap: self.fast_swap.get().is_some(),
-                }
+                self.answer(false, message, None)
             }
         }
     }

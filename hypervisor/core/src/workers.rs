@@ -152,24 +152,21 @@ impl Workers {
         self.by_id.remove(id)
     }
 
+    /// `pod`'s workers, in no order.
+    pub fn in_pod<'a>(&'a self, pod: &'a str) -> impl Iterator<Item = &'a Worker> {
+        self.by_id.values().filter(move |w| w.pod.as_str() == pod)
+    }
+
     /// Ids of `pod`'s workers, sorted.
     pub fn of_pod(&self, pod: &str) -> Vec<ClientId> {
-        let mut ids: Vec<ClientId> = self
-            .by_id
-            .values()
-            .filter(|w| w.pod.as_str() == pod)
-            .map(|w| w.id.clone())
-            .collect();
+        let mut ids: Vec<ClientId> = self.in_pod(pod).map(|w| w.id.clone()).collect();
         ids.sort();
         ids
     }
 
     /// How many workers `pod` has, checked against `max_workers_per_pod`.
     pub fn count_of_pod(&self, pod: &str) -> usize {
-        self.by_id
-            .values()
-            .filter(|w| w.pod.as_str() == pod)
-            .count()
+        self.in_pod(pod).count()
     }
 
     /// Every worker, sorted by id.

@@ -183,23 +183,22 @@ impl Ipc {
 }
 
 impl Backing {
-    /// The handle of the backed range holding `pointer`, exported at its
-    /// first export; `None` for memory the limiter does not back. The pod
-    /// must be on its GPUs.
+    /// The handle of the backed range holding `pointer` (the caller found
+    /// it backed; `Gone` if it was freed since), exported at its first
+    /// export. The pod must be on its GPUs.
     pub(crate) fn export_ipc(
         &self,
         ctx: &Context,
         pointer: CUdeviceptr,
-    ) -> Option<Result<Ticket, IpcError>> {
-        self.range(pointer)?;
-        Some(self.export_range(ctx, pointer))
-    }
-
-    fn export_range(&self, ctx: &Context, pointer: CUdeviceptr) -> Result<Ticket, IpcError> {
+    ) -> Result<Ticket, IpcError> {
         let vmm = vmm(ctx).ok_or(IpcError::NoDriver)?;
         let server = self.ipc.server()?;
         let mut book = self.book.lock()?;
-        let Some((_, backed)) = book.range_mut(..=pointer).next_back() else {
+        let Some((_, backed)) = book
+            .range_mut(..=pointer)
+            .next_back()
+            .filter(|(base, backed)| pointer - **base < backed.requested)
+        else {
             return Err(IpcError::Gone);
         };
         let size = backed.size;

@@ -103,14 +103,13 @@ impl Hypervisor {
     /// the pod has none, and where none says so within
     /// [`SHARED_ASK_WITHIN`].
     pub(super) async fn memory_shared(&self, pod: &str) -> Option<String> {
-        let workers: Vec<ClientId> = {
-            let core = self.core();
-            core.workers
-                .of_pod(pod)
-                .into_iter()
-                .filter(|id| core.workers.get(id).is_some_and(|w| w.fast_swap))
-                .collect()
-        };
+        let workers: Vec<ClientId> = self
+            .core()
+            .workers
+            .in_pod(pod)
+            .filter(|w| w.fast_swap)
+            .map(|w| w.id.clone())
+            .collect();
         if workers.is_empty() {
             return None;
         }

@@ -291,12 +291,9 @@ impl Hypervisor {
             // CUDA IPC can go by neither path: never a candidate (each
             // process's answers say again, its health pings too).
             let shares = |pod: &str| {
-                core.workers.of_pod(pod).iter().any(|id| {
-                    core.workers
-                        .get(id)
-                        .and_then(|worker| worker.last_result.as_ref())
-                        .is_some_and(|result| result.shared)
-                })
+                core.workers
+                    .in_pod(pod)
+                    .any(|w| w.last_result.as_ref().is_some_and(|result| result.shared))
             };
             let views: Vec<SwapView> = core
                 .scheduler

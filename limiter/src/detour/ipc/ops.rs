@@ -16,10 +16,7 @@ pub(super) fn export(pointer: CUdeviceptr) -> Result<Result<[u8; 64], CUresult>>
         return Err(LimiterError::Bypass(Pass::NotBacked));
     }
     limiter.resident();
-    let exported = limiter
-        .backing
-        .export_ipc(&limiter.context, pointer)
-        .ok_or(LimiterError::Bypass(Pass::NotBacked))?;
+    let exported = limiter.backing.export_ipc(&limiter.context, pointer);
     Ok(exported.map(Ticket::to_bytes).map_err(|error| {
         tracing::warn!(address = pointer, %error, "backed memory not exported for CUDA IPC");
         error.code()
