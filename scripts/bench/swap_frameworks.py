@@ -7,7 +7,11 @@ the driver's checkpoint where a process holds memory its limiter does not
 back, and the status says why), what nvidia-smi shows of the process
 while it is swapped, and the times. torch-ipc shares a tensor with a
 second process of the pod by CUDA IPC: on the fast path the limiter shares
-it, and the pod swaps by the checkpoint, saying why."""
+it, and the pod is not swapped (the driver's checkpoint takes such a
+process but cannot restore it), the status saying why. cupy-managed holds
+managed memory, which the limiter does not back; torch-nccl an NCCL
+communicator, whose buffers NCCL maps itself: each line says which path
+took them, or why none did."""
 import time
 
 from .swap_bench import GIB, POD_PROGRAM, BenchError, gib, guarded, smi_mib
@@ -24,6 +28,8 @@ WORKLOADS = {
     "cupy": {},
     "triton": {},
     "torch-ipc": {},
+    "cupy-managed": {},
+    "torch-nccl": {},
 }
 
 

@@ -20,6 +20,9 @@ WORKLOAD (BYTES of data, about, in 256 MiB pieces):
   torch-ipc         torch-graph's tensors, one of them shared by CUDA IPC
                     (torch.multiprocessing) with a second process of the
                     pod, which adds 1 to it in place and holds it
+  cupy-managed      CuPy's memory pool over managed memory (cudaMallocManaged)
+  torch-nccl        torch-graph's tensors, and an NCCL communicator of one
+                    rank that all-reduces one of them at each check
 
 The digest is a SHA-256 of the results' bytes, copied to the host.
 """
@@ -116,10 +119,12 @@ class Jax:
 
 
 class Cupy:
-    def __init__(self, nbytes):
+    def __init__(self, nbytes, managed=False):
         import cupy as cp
 
         self.cp = cp
+        if managed:
+            cp.cuda.set_allocator(cp.cuda.MemoryPool(cp.cuda.malloc_managed).malloc)
         rng = cp.random.default_rng(1234)
         n = max(1, nbytes // PIECE)
         self.pieces = [rng.random(PIECE // 4, dtype=cp.float32) for _ in range(n)]
@@ -128,6 +133,32 @@ class Cupy:
     def digest(self):
         results = [self.cp.tanh(self.a @ self.a)]
         return sha([self.cp.asnumpy(x).tobytes() for x in self.pieces + results])
+
+
+class TorchNccl(Torch):
+    """torch-graph's tensors, and an NCCL communicator of one rank (its
+    own buffers, which NCCL maps with the driver's VMM API) that
+    all-reduces one of them at each check."""
+
+    def __init__(self, nbytes):
+        super().__init__(nbytes, graph=True)
+        import socket
+
+        import torch.distributed as dist
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.dist = dist
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                                device_id=self.torch.device("cuda", 0))
+        self.reduced = self.pieces[0].clone()
+
+    def digest(self):
+        self.reduced.copy_(self.pieces[0])
+        self.dist.all_reduce(self.reduced)
+        self.torch.cuda.synchronize()
+        return sha([super().digest().encode(), self.reduced.cpu().numpy().tobytes()])
 
 
 class TorchIpc(Torch):
@@ -181,6 +212,8 @@ WORKLOADS = {
     "cupy": Cupy,
     "triton": lambda n: Torch(n, triton=True),
     "torch-ipc": TorchIpc,
+    "cupy-managed": lambda n: Cupy(n, managed=True),
+    "torch-nccl": TorchNccl,
 }
 
 

@@ -324,7 +324,7 @@ def move_step(b, p, pod, held, quota, before, gpus, action, to):
     more, _ = p.ask(f"alloc {quota - held - GIB}", 120)
     beyond, _ = p.ask(f"alloc {2 * GIB}", 120)
     p.ask("release", 120)
-    r = {"action": f"{kind} {index}", "http_s": took, "daemon_s": moved.get("seconds"),
+    r = {"action": f"{kind} {index}", "http_s": took, "daemon_s": moved.get("seconds"), "path": moved.get("path"),
          "bytes": moved.get("bytes"), "to": moved.get("to"), "smi": where, "device_uuid": device.get("uuid"),
          "identical": all(check.get(k) == before[k] for k in ("data", "matmul", "matmul_sum")),
          "alloc": [more.get("alloc"), beyond.get("alloc")]}
@@ -332,7 +332,7 @@ def move_step(b, p, pod, held, quota, before, gpus, action, to):
     r["on_target"] = [u for u, _ in where] == [gpus[to]] and r["device_uuid"] == gpus[to] and r["to"] == gpus[to]
     gibs = (r["bytes"] or 0) / GIB / took
     print(f"  {r['action']}: {took:.2f} s ({gibs:.2f} GiB/s of {gib(r['bytes'] or 0)} GiB; daemon"
-          f" {fmt(r['daemon_s'])} s); nvidia-smi {where}; device 0 reports {r['device_uuid']}; on GPU {to}"
+          f" {fmt(r['daemon_s'])} s, by {r['path'] or 'n/a'}); nvidia-smi {where}; device 0 reports {r['device_uuid']}; on GPU {to}"
           f" {yes(r['on_target'])}; identical {yes(r['identical'])}; quota intact {yes(r['quota_intact'])}"
           f" {r['alloc']}", flush=True)
     return r
@@ -348,11 +348,19 @@ def part_move(b):
     held = 8 * GIB
     pod, quota = "swap-move", held + QUOTA_MARGIN
     steps = []
-    with b.serving("move", {pod: quota}):
+    # On the fast path the pod's processes move its memory themselves and
+    # the driver's checkpoint takes their contexts; its host copies are
+    # prepared while it is idle, as for a swap.
+    fast = b.args.path == "fast"
+    extra = {"prepare_ahead": b.host_limit} if fast else None
+    with b.serving("move", {pod: quota}, extra=extra):
+        prepares = b.totals().get("host_prepares") or 0
         p = b.start_pod(pod, "hold", held)
         before = p.ready()
         print(f"move: pod {pod} (pid {p.p.pid}, quota {gib(quota)} GiB, {gib(held)} GiB held) on GPU 0 of"
               f" {len(gpus)}; nvidia-smi {smi_where(p.p.pid)}", flush=True)
+        if fast:
+            prepared_ahead(b, pod, held, prepares)
         for action, to in ((("move", 1), 1), (("move", 0), 0), (("drain", 0), 1)):
             step = guarded(f"  {action[0]} {action[1]}", move_step, b, p, pod, held, quota, before, gpus, action, to)
             steps.append(step)

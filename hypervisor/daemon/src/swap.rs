@@ -47,6 +47,7 @@ use crate::{Hypervisor, lock};
 mod ahead;
 mod asked;
 mod fast;
+mod fast_move;
 mod held;
 mod kept;
 mod relocate;
@@ -390,14 +391,45 @@ impl Hypervisor {
         let began = std::time::Instant::now();
         let history = self.swap_board().history(&view.pod);
         if history.last_swap_out_path == Some(SwapPath::Fast) {
-            let took = self.fast_swap_in(view, &residence).await?;
+            // Processes checkpointed after their own swap-out (for a move)
+            // are restored first, onto the GPU the pod moves to.
+            if history.contexts_checkpointed {
+                self.restore_processes(view, &residence).await?;
+                self.swap_board().contexts_checkpointed(&view.pod, false);
+            }
+            let took = self.fast_swap_in(view, &residence, began).await?;
             let serving = &self.shared.swapper.serving;
             serving.waited(WaitCause::SwapIn, began.elapsed());
             return Ok(Some(took));
         }
+        let timing = self.restore_processes(view, &residence).await?;
+        // A pod an earlier run swapped may have left by either path.
+        if history.last_swap_out_path.is_none() {
+            self.fast_swap_in_after_restart(&view.pod).await;
+        }
+        self.copies_kept(view, false);
+        residence.swapped_in(Swapped {
+            path: SwapPath::Checkpoint,
+            bytes: history.bytes_on_host,
+            took: timing.total(),
+            kept: 0,
+        });
+        tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");
+        let serving = &self.shared.swapper.serving;
+        serving.waited(WaitCause::SwapIn, began.elapsed());
+        Ok(Some(timing.total()))
+    }
+
+    /// The driver's restore of the pod's checkpointed processes (onto the
+    /// GPU it moves to, when a move is under way, which ends it), which
+    /// lets them run.
+    async fn restore_processes(
+        &self,
+        view: &SwapView,
+        residence: &Residence<'_>,
+    ) -> Result<hypervisor_swap::Timing, SwapRefusal> {
         let pids = self.pids_of(&view.pod).await;
         let driver = self.checkpoint_driver().await?;
-        // A pod moving to another GPU is restored there.
         let pending = self.pending_move(view);
         let pairs = match &pending {
             Some(to) => relocate::pairs(to, &self.node_gpus())?,
@@ -412,21 +444,7 @@ impl Hypervisor {
                 if pending.is_some() {
                     view.region.set_pending_move(None);
                 }
-                // A pod an earlier run swapped may have left by either path.
-                if history.last_swap_out_path.is_none() {
-                    self.fast_swap_in_after_restart(&view.pod).await;
-                }
-                self.copies_kept(view, false);
-                residence.swapped_in(Swapped {
-                    path: SwapPath::Checkpoint,
-                    bytes: history.bytes_on_host,
-                    took: timing.total(),
-                    kept: 0,
-                });
-                tracing::info!(pod = %view.pod, seconds = timing.total().as_secs_f64(), "pod swapped in");
-                let serving = &self.shared.swapper.serving;
-                serving.waited(WaitCause::SwapIn, began.elapsed());
-                Ok(Some(timing.total()))
+                Ok(timing)
             }
             Err(error) => {
                 residence.swap_in_failed(&error.to_string());

@@ -69,6 +69,12 @@ pub struct SwapHistory {
     /// swap-out goes by the fast path.
     #[serde(default)]
     pub fast_declined: Option<String>,
+    /// Its processes, whose memory they moved to host memory themselves,
+    /// were then checkpointed by the driver (what they still held: their
+    /// contexts), so that a move can restore them on another GPU: its next
+    /// swap-in restores them first, then they bring their memory back.
+    #[serde(default)]
+    pub contexts_checkpointed: bool,
 }
 
 /// How a swap moved a pod's memory.
@@ -147,6 +153,7 @@ impl Default for SwapHistory {
             last_bytes_in: 0,
             host_kept_bytes: 0,
             fast_declined: None,
+            contexts_checkpointed: false,
         }
     }
 }
@@ -283,6 +290,7 @@ impl SwapBoard {
         record.last_error = None;
         record.last_swap_out_s = Some(out.took.as_secs_f64());
         record.last_swap_out_path = Some(out.path);
+        record.contexts_checkpointed = false;
         if out.path == SwapPath::Fast {
             record.fast_declined = None;
         }
@@ -305,11 +313,19 @@ impl SwapBoard {
         record.last_swap_in_s = Some(back.took.as_secs_f64());
         record.last_swap_in_path = Some(back.path);
         record.last_bytes_in = back.bytes;
+        record.contexts_checkpointed = false;
     }
 
     /// A fast swap-out of the pod was undone, for the reason `why`.
     pub fn fast_declined(&self, pod: &str, why: &str) {
         self.update(pod, |record| record.fast_declined = Some(why.to_owned()));
+    }
+
+    /// The processes of the pod, away by the fast path, were checkpointed
+    /// by the driver (`true`: what they still held, for a move), or
+    /// restored (`false`).
+    pub fn contexts_checkpointed(&self, pod: &str, checkpointed: bool) {
+        self.update(pod, |record| record.contexts_checkpointed = checkpointed);
     }
 
     /// The pod's processes keep `kept` bytes of host copies now (they gave
@@ -390,6 +406,7 @@ impl SwapBoard {
             record.bytes_on_host = 0;
             record.host_kept_bytes = 0;
             record.moving = None;
+            record.contexts_checkpointed = false;
             record.since = now_s();
         });
     }

@@ -19,6 +19,7 @@ mod dra_cluster;
 mod driver_held;
 mod examples;
 mod fail_closed;
+mod fast_move;
 mod fast_swap;
 mod gpu_harness;
 mod hypervisor_mode;

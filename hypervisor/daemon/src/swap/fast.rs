@@ -231,15 +231,16 @@ impl Hypervisor {
         }
     }
 
-    /// Brings the pod back through its workers; what it took.
+    /// Brings the pod back through its workers; what it took since
+    /// `started` (a restore of its processes for a move included).
     pub(super) async fn fast_swap_in(
         &self,
         view: &SwapView,
         residence: &Residence<'_>,
+        started: Instant,
     ) -> Result<Duration, SwapRefusal> {
         let workers = self.workers_of(&view.pod);
         residence.swapping_in();
-        let started = Instant::now();
         let within = answer_within(view.bytes());
         let answers = self.ask(&workers, &Command::SwapIn, within).await;
         let (bytes, kept, failures) = tally(&answers);

@@ -18,10 +18,10 @@ use std::time::Instant;
 use gpushare_utils::limits::{Residency, uuid_key};
 use hypervisor_core::scheduler::{MovePlan, ScheduleError, SwapView};
 use hypervisor_core::spec::GpuSelector;
-use hypervisor_swap::{Move, ProcessState, RawUuid, SwapCause, parse_uuid};
+use hypervisor_swap::{Move, ProcessState, RawUuid, SwapCause, SwapPath, parse_uuid};
 use serde::{Deserialize, Serialize};
 
-use super::{SwapRefusal, Wait, room};
+use super::{SwapRefusal, room};
 use crate::Hypervisor;
 
 /// What a move did.
@@ -42,6 +42,12 @@ pub struct MoveAnswer {
     /// for a pod that was in host memory: its next swap-in restores it on
     /// the new GPU.
     pub residency: String,
+    /// How its memory went: `fast` (its processes moved it themselves,
+    /// the driver's checkpoint took their contexts) or `checkpoint` (the
+    /// driver's checkpoint took all of it); `None` for a pod without a
+    /// process, which moves by its limits alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<SwapPath>,
 }
 
 /// What a drain did with each pod of the GPU.
@@ -234,13 +240,14 @@ impl Hypervisor {
         let need = room::within_quota(&view, &plan.from, view.bytes_on(&plan.from));
         self.room_on(&plan.to, need, &plan.pod).await?;
         let started = Instant::now();
-        let answer = |residency: Residency| MoveAnswer {
+        let answer = |residency: Residency, path: Option<SwapPath>| MoveAnswer {
             pod: plan.pod.clone(),
             from: plan.from.clone(),
             to: plan.to.clone(),
             bytes: view.bytes(),
             seconds: started.elapsed().as_secs_f64(),
             residency: residency.as_str().to_owned(),
+            path,
         };
         let relocate = || {
             self.core()
@@ -255,9 +262,16 @@ impl Hypervisor {
         if pids.is_empty() {
             relocate()?;
             self.swap_board().moved(&plan.pod, started.elapsed());
-            return Ok(answer(Residency::Resident));
+            return Ok(answer(Residency::Resident, None));
         }
         if view.region.residency() == Residency::Swapped {
+            // A pod away by the fast path leaves its processes' contexts
+            // on the GPU: the driver takes those now.
+            let history = self.swap_board().history(&plan.pod);
+            let path = history.last_swap_out_path.unwrap_or(SwapPath::Checkpoint);
+            if path == SwapPath::Fast && !history.contexts_checkpointed {
+                self.checkpoint_contexts(&view, pids.clone()).await?;
+            }
             // The limits go ahead of the processes only where the driver
             // holds every one of them in host memory.
             if !self.all_checkpointed(pids).await? {
@@ -277,9 +291,9 @@ impl Hypervisor {
             };
             self.await_restore(&view, (!to.from.eq_ignore_ascii_case(&to.to)).then_some(to));
             tracing::info!(pod = %plan.pod, from = %plan.from, to = %plan.to, "swapped pod moved; it comes back on the new GPU");
-            return Ok(answer(Residency::Swapped));
+            return Ok(answer(Residency::Swapped, Some(path)));
         }
-        self.swap_out_locked(&view, Wait::No).await?;
+        let path = self.swap_out_for_move(&view, &pids).await?;
         if let Err(error) = relocate() {
             // Nothing followed the pod: it comes back where it was.
             if let Err(back) = self.swap_in_locked(&view).await {
@@ -291,8 +305,8 @@ impl Hypervisor {
         let moved = self.view(&plan.pod)?;
         self.swap_in_locked(&moved).await?;
         self.swap_board().moved(&plan.pod, started.elapsed());
-        let done = answer(Residency::Resident);
-        tracing::info!(pod = %plan.pod, from = %plan.from, to = %plan.to, bytes = done.bytes, seconds = done.seconds, "pod moved to another GPU");
+        let done = answer(Residency::Resident, Some(path));
+        tracing::info!(pod = %plan.pod, from = %plan.from, to = %plan.to, bytes = done.bytes, seconds = done.seconds, path = path.as_str(), "pod moved to another GPU");
         Ok(done)
     }
 
