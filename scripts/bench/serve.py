@@ -131,6 +131,8 @@ def add_arguments(p):
                    help="start every pod at once (default: one by one, each once the one before answered)")
     p.add_argument("--drain-s", type=float, default=15.0,
                    help="seconds after a load's end for its answers; later: unanswered (default 15)")
+    p.add_argument("--limiter-log", default="info",
+                   help="the pods' CUDA_LIMITER_LOG (default info; debug says why an allocation was refused)")
     p.add_argument("--budget-s", type=float, default=540,
                    help="the whole run's time: runs and loads that no longer fit are not run (default 540)")
     p.add_argument("--dry-run", action="store_true", help="no GPU: the plan, the traces, the configs")

@@ -138,6 +138,8 @@ def add_arguments(p):
                         " memory")
     p.add_argument("--parts", default=",".join(DEFAULT_PARTS),
                    help=f"which parts to run of {','.join(PARTS)} (default {','.join(DEFAULT_PARTS)})")
+    p.add_argument("--limiter-log", default="info",
+                   help="the pods' CUDA_LIMITER_LOG (default info; debug says why an allocation was refused)")
     p.add_argument("--budget-s", type=float, default=450,
                    help="the run's time: a swap that does not answer fails within it, and parts left then"
                         " are not run (default 450)")

@@ -251,7 +251,8 @@ class Bench:
         limiter, with `env` over the pods' own; `route`: as Pod's."""
         environ = common.clean_env("PYTORCH_CUDA_ALLOC_CONF")
         environ.update(LD_PRELOAD=self.lib, CUDA_LIMITER_POD=pod, CUDA_LIMITER_TOKEN=hv.hv_token(pod),
-                       CUDA_LIMITER_HYPERVISOR=self.daemon.url, CUDA_LIMITER_LOG="info", PYTHONUNBUFFERED="1",
+                       CUDA_LIMITER_HYPERVISOR=self.daemon.url, CUDA_LIMITER_LOG=self.args.limiter_log,
+                       PYTHONUNBUFFERED="1",
                        **self.tables)
         environ.update(POD_ENV)
         environ.update(env or {})
