@@ -371,4 +371,8 @@ impl FastSwap for Limiter {
     fn shares_memory(&self) -> bool {
         self.backing.shares_memory()
     }
+
+    fn managed_bytes(&self) -> u64 {
+        self.backing.managed_bytes()
+    }
 }

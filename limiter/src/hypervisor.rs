@@ -165,6 +165,8 @@ pub(crate) trait FastSwap: Sync {
     /// Whether its device memory is shared with another process by CUDA
     /// IPC: no swap may move it.
     fn shares_memory(&self) -> bool;
+    /// Bytes of managed memory it holds, which its own swap cannot move.
+    fn managed_bytes(&self) -> u64;
 }
 
 /// The hypervisor, as this process knows it.
@@ -383,6 +385,7 @@ impl Link {
             swap,
             shared: fast.is_some_and(|swap| swap.shares_memory()),
             fast_swap: fast.is_some(),
+            managed_bytes: fast.map_or(0, |swap| swap.managed_bytes()),
         }
     }
 

@@ -152,6 +152,16 @@ pub struct CommandResult {
     /// answer. False from older workers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fast_swap: bool,
+    /// Bytes of managed memory (`cuMemAllocManaged`) the worker holds,
+    /// which its limiter cannot move and NVML does not show: while any is
+    /// held its own swap declines, and only the driver's checkpoint may
+    /// take it. 0 from older workers.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub managed_bytes: u64,
+}
+
+fn is_zero(bytes: &u64) -> bool {
+    *bytes == 0
 }
 
 /// What one process's swap of the memory it backs itself moved.

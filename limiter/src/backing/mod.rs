@@ -36,6 +36,9 @@
 //!    memory, so a backed range is shared as the VMM API shares memory (a
 //!    file descriptor, handed over by the exporting process), behind the
 //!    same calls; a process whose memory is shared declines the fast swap.
+//! 6. **Managed memory** ([`managed`]) is the driver's to migrate: a
+//!    process that holds any declines the fast swap, for the driver's
+//!    checkpoint to decide.
 //!
 //! Policy on typed values: the memory policy (`detour/memory/ops.rs`) asks
 //! here before it calls the driver; the driver's VMM functions are
@@ -50,6 +53,7 @@ use crate::driver::{Copies, DriverError, HostBuffer, Vmm};
 use crate::sys::{CUdevice, CUdeviceptr, CUmemGenericAllocationHandle, CUresult};
 
 pub(crate) mod ipc;
+mod managed;
 mod prepare;
 pub(crate) mod swap;
 
@@ -114,6 +118,8 @@ pub(crate) struct Backing {
     stacks: Mutex<Vec<(usize, usize)>>,
     /// Backed memory shared with other processes by CUDA IPC.
     ipc: ipc::Ipc,
+    /// Managed memory, which a swap of the backed memory cannot move.
+    managed: managed::Managed,
 }
 
 impl Backing {
@@ -124,6 +130,7 @@ impl Backing {
             live: AtomicUsize::new(0),
             stacks: Mutex::new(Vec::new()),
             ipc: ipc::Ipc::default(),
+            managed: managed::Managed::default(),
         }
     }
 
@@ -201,6 +208,24 @@ impl Backing {
                 Err(BackingError::Poisoned)
             }
         }
+    }
+
+    /// The driver made `bytes` of managed memory at `address`: listed
+    /// where this process backs memory, whose own swap then declines.
+    pub(crate) fn managed_made(&self, address: CUdeviceptr, bytes: u64) {
+        if self.enabled {
+            self.managed.made(address, bytes);
+        }
+    }
+
+    /// The driver freed the memory at `address` (managed or not).
+    pub(crate) fn freed(&self, address: CUdeviceptr) {
+        self.managed.freed(address);
+    }
+
+    /// Bytes of managed memory this process holds.
+    pub(crate) fn managed_bytes(&self) -> u64 {
+        self.managed.bytes()
     }
 
     /// Whether `pointer` starts a backed range (a load while none is).

@@ -41,10 +41,8 @@ impl Backing {
     /// `pinned_new_bytes` are what was pinned and handed to ranges.
     pub(crate) fn prepare_host(&self, ctx: &Context) -> Result<FastSwapReport, SwapError> {
         let (_, copies, book) = self.open(ctx)?;
-        if self.shared(&book) {
-            // Its swap-out will be the checkpoint's: copies would go unused.
-            return Err(SwapError::Shared);
-        }
+        // Its swap-out would be the checkpoint's: copies would go unused.
+        self.movable(&book)?;
         let wanted: Vec<(CUdeviceptr, u64, usize)> = book
             .iter()
             .filter(|(_, b)| b.memory.is_some() && b.host.is_none())

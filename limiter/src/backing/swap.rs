@@ -59,6 +59,10 @@ pub(crate) enum SwapError {
         "memory of this process is shared with another by CUDA IPC: its copies would not be the importers'"
     )]
     Shared,
+    #[error(
+        "the process holds {0} bytes of managed memory, which its limiter cannot move and NVML does not show"
+    )]
+    Managed(u64),
     #[error("the book of backed memory is poisoned")]
     Poisoned,
     #[error("waiting for the process's work failed: {0}")]
@@ -95,9 +99,7 @@ impl Backing {
     /// memory back; see the module documentation.
     pub(crate) fn swap_out(&self, ctx: &Context) -> Result<FastSwapReport, SwapError> {
         let (vmm, copies, mut book) = self.open(ctx)?;
-        if self.shared(&book) {
-            return Err(SwapError::Shared);
-        }
+        self.movable(&book)?;
         let _restore = CurrentContext::keep(copies)?;
         let mut durations = SwapDurations::default();
         let pinned_before = host_bytes(&book);
@@ -276,6 +278,18 @@ impl Backing {
             pinned_new_bytes: 0,
             durations,
         })
+    }
+
+    /// Whether a swap of the backed memory moves all that the process's
+    /// own swap must: not while any is shared, nor beside managed memory.
+    pub(super) fn movable(&self, book: &Book<'_>) -> Result<(), SwapError> {
+        if self.shared(book) {
+            return Err(SwapError::Shared);
+        }
+        match self.managed.bytes() {
+            0 => Ok(()),
+            held => Err(SwapError::Managed(held)),
+        }
     }
 
     pub(super) fn open<'a>(

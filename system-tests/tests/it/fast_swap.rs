@@ -689,6 +689,57 @@ fn a_process_holding_memory_its_limiter_does_not_back_sends_the_pod_to_the_check
 }
 
 #[test]
+fn a_process_holding_managed_memory_sends_the_pod_to_the_checkpoint_and_runs_on_where_it_refuses() {
+    let pod = Pod::new("fast-managed");
+    let node = start(&pod);
+    // Beside its backed memory, 64 MiB of managed memory, which NVML does
+    // not show; the double's checkpoint refuses a process holding any.
+    let script = [
+        "alloc", "mem", "64m", "write", "0", "9", "alloc", "managed", "64m", "wait", "check", "0",
+        "9",
+    ];
+    let mut running = Running::start(
+        &pod,
+        &node.url(),
+        &[("CUDA_LIMITER_FAST_SWAP", "1")],
+        &script,
+    );
+    let lines = running.until_ready();
+    assert!(lines[2].starts_with("alloc managed 64m -> 0"), "{lines:?}");
+    let at = lines[1].split("at=").nth(1).expect("an address").to_owned();
+    registered(&node, &pod, 1);
+    let held = control_block(running.pid()).device_bytes;
+
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
+    assert!(!ok, "the checkpoint refused: {answer}");
+    let block = control_block(running.pid());
+    assert_eq!(
+        (block.state, block.device_bytes),
+        (0, held),
+        "running, with all it held: {block:?}"
+    );
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(record.state, Residency::Resident, "{record:?}");
+    let declined = record.history.fast_declined.as_deref().unwrap_or_default();
+    assert!(
+        declined.contains("67108864 bytes of managed memory"),
+        "{record:?}"
+    );
+    assert!(record.history.last_error.is_some(), "{record:?}");
+    assert_eq!(record.history.swap_outs, 0, "{record:?}");
+    let worker = &node.hypervisor().workers_of(&pod.0)[0];
+    assert_eq!(
+        node.hypervisor()
+            .worker(worker)
+            .and_then(|w| w.last_result)
+            .map(|r| r.managed_bytes),
+        Some(64 * MIB),
+        "its answers say what it holds"
+    );
+    check_after(running, &at);
+}
+
+#[test]
 fn room_on_an_overcommitting_gpu_is_made_by_the_fast_path() {
     // Two pods of 1.5 GiB quotas on one 2 GiB GPU that their processes share
     // (the double's node file), both backing their memory: the second's

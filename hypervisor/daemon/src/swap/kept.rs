@@ -224,13 +224,28 @@ impl Hypervisor {
             ) {
                 let pids = self.pids_of(&next.pod).await;
                 match self.fast_workers(&next.pod, &pids) {
-                    Some(workers) => return Some((next.pod.clone(), workers)),
-                    None => slow.push(next.pod.clone()),
+                    // Copies of a pod holding managed memory would go
+                    // unused: its swap-out is the checkpoint's.
+                    Some(workers) if !self.holds_managed(&next.pod) => {
+                        return Some((next.pod.clone(), workers));
+                    }
+                    _ => slow.push(next.pod.clone()),
                 }
             }
             tracing::debug!(gpu = %uuid, host_room, "no idle pod to prepare within the host room");
         }
         None
+    }
+
+    /// Whether a process of `pod` last answered that it holds managed
+    /// memory, which its own swap cannot move.
+    fn holds_managed(&self, pod: &str) -> bool {
+        self.core().workers.in_pod(pod).any(|worker| {
+            worker
+                .last_result
+                .as_ref()
+                .is_some_and(|result| result.managed_bytes > 0)
+        })
     }
 
     /// Asks `pod`'s `workers` to prepare, counting the bytes it holds on its

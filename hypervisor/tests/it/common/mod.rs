@@ -308,6 +308,7 @@ impl FakeWorker {
                     swap: None,
                     shared: false,
                     fast_swap: false,
+                    managed_bytes: 0,
                 }
             })
             .expect("loop");

@@ -158,7 +158,15 @@ fn mem_alloc_managed(
     // SAFETY: dptr is non-null, and written by the call that succeeded.
     let made = || Resource::Pointer(unsafe { dptr.read() });
     let (placement, only) = (Placement::Current, DeviceOnly::MANAGED);
-    memory()?.allocate_on_device(placement, bytesize as u64, only, allocate, made)
+    let memory = memory()?;
+    let result = memory.allocate_on_device(placement, bytesize as u64, only, allocate, made)?;
+    if result.is_success() {
+        // SAFETY: dptr is non-null, and written by the call that succeeded.
+        memory
+            .backing
+            .managed_made(unsafe { dptr.read() }, bytesize as u64);
+    }
+    Ok(result)
 }
 
 /// Either stream: the charge is the same.

@@ -354,7 +354,11 @@ impl Memory {
             }
             return Ok(result);
         }
-        self.free(Resource::Pointer(pointer), free)
+        let freed = self.free(Resource::Pointer(pointer), free);
+        if freed.as_ref().is_ok_and(|result| result.is_success()) {
+            self.backing.freed(pointer);
+        }
+        freed
     }
 
     /// Frees `resource` with `free` and credits its charge if that succeeds.
