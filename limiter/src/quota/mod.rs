@@ -299,6 +299,7 @@ impl MemoryQuota {
         bytes: u64,
     ) -> Result<(&'static PodLedger, usize, u64)> {
         let Some(limit) = self.limit(ctx, device).filter(|&bytes| bytes > 0) else {
+            tracing::debug!(device, bytes, "refused: the pod has no quota on the device");
             return Err(LimiterError::OverQuota {
                 device,
                 requested: bytes,
@@ -314,6 +315,13 @@ impl MemoryQuota {
         // ledger leaves that much less to reserve.
         let unaccounted = self.unaccounted(ctx, device);
         if unaccounted >= limit {
+            tracing::debug!(
+                device,
+                bytes,
+                unaccounted,
+                limit,
+                "refused: what the hypervisor's audit charged the pod fills its quota"
+            );
             return Err(LimiterError::OverQuota {
                 device,
                 requested: bytes,
@@ -460,12 +468,15 @@ pub(crate) fn refusal(device: usize, error: LedgerError) -> LimiterError {
             used,
             requested,
             ..
-        } => LimiterError::OverQuota {
-            device,
-            requested,
-            used,
-            quota,
-        },
+        } => {
+            tracing::debug!(device, requested, used, quota, "refused at the pod's quota");
+            LimiterError::OverQuota {
+                device,
+                requested,
+                used,
+                quota,
+            }
+        }
         error => {
             tracing::error!(device, %error, "pod ledger refused a reservation");
             LimiterError::LedgerUnavailable
