@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use gpushare_utils::ledger::PodLedger;
+use gpushare_utils::protocol::RoomAnswer;
 
 use crate::RunningNode;
 use crate::artifacts;
@@ -286,9 +287,9 @@ pub fn post(node: &RunningNode, path: &str, token: &str, body: &str) -> (u16, St
 }
 
 /// `pod`'s request for room for `bytes` on the GPU `uuid`, as one of its
-/// workers (registered by a probe of the pod) with [`TOKEN`]: the bytes the
-/// daemon says it freed.
-pub fn ask_room(node: &RunningNode, pod: &Pod, uuid: &str, bytes: u64) -> u64 {
+/// workers (registered by a probe of the pod) with [`TOKEN`]: the daemon's
+/// answer (the bytes it freed, whether the GPU has the room).
+pub fn ask_room(node: &RunningNode, pod: &Pod, uuid: &str, bytes: u64) -> RoomAnswer {
     ask_room_saying(node, pod, uuid, bytes, None)
 }
 
@@ -299,7 +300,7 @@ pub fn ask_room_saying(
     uuid: &str,
     bytes: u64,
     driver_free: Option<u64>,
-) -> u64 {
+) -> RoomAnswer {
     let mut workers = Vec::new();
     eventually("a worker of the pod is registered", || {
         workers = node.hypervisor().workers_of(&pod.0);
@@ -314,7 +315,5 @@ pub fn ask_room_saying(
     .to_string();
     let (status, answer) = post(node, "/room", TOKEN, &body);
     assert_eq!(status, 200, "{answer}");
-    let answer: gpushare_utils::protocol::RoomAnswer =
-        serde_json::from_str(&answer).expect("a room answer");
-    answer.freed
+    serde_json::from_str(&answer).expect("a room answer")
 }

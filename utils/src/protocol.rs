@@ -276,6 +276,12 @@ pub struct RoomAnswer {
     /// Why nothing was freed; empty otherwise.
     #[serde(default)]
     pub message: String,
+    /// The GPU has free what was asked for as the hypervisor answers, by
+    /// NVML: freed by this request, or by another swap meanwhile (an idle
+    /// pod swapped out ahead of need while the request waited for it). The
+    /// allocation is worth trying again. False from older hypervisors.
+    #[serde(default)]
+    pub room: bool,
 }
 
 #[cfg(test)]

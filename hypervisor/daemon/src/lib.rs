@@ -59,7 +59,7 @@ pub use auth::AuthError;
 pub use state::Hypervisor;
 pub(crate) use state::{Core, Shared};
 use state::{lock, stamp};
-pub use swap::{DrainReport, MoveAnswer, ROOM_ASKS_PER_POD, RoomSlot, SwapRefusal};
+pub use swap::{DrainReport, MoveAnswer, ROOM_ASKS_PER_POD, RoomMade, RoomSlot, SwapRefusal};
 use tasks::log_report;
 pub use tasks::{BUSY_POLL, MAINTENANCE, TICK};
 

@@ -56,7 +56,7 @@ mod room;
 
 pub(crate) use ahead::USE_SAMPLE;
 pub use relocate::{DrainReport, MoveAnswer};
-pub use room::{ROOM_ASKS_PER_POD, RoomSlot};
+pub use room::{ROOM_ASKS_PER_POD, RoomMade, RoomSlot};
 
 /// A swap-out begins once the pod's last call is this old: its processes
 /// stamp calls from a coarse clock (a tick, a few milliseconds, behind at

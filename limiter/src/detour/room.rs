@@ -27,8 +27,10 @@ pub(super) fn wants_room(result: CUresult, rooms: u32) -> bool {
 }
 
 /// Whether the hypervisor made room on CUDA device `device` for `bytes`
-/// (at least [`MIN_ROOM`]) the driver could not find; false without a hypervisor, or when it freed
-/// nothing or could not be asked (the call then fails as the driver said).
+/// (at least [`MIN_ROOM`]) the driver could not find, or found the GPU
+/// with that room once it answered (another swap freed it meanwhile);
+/// false without a hypervisor, or when it freed nothing and found no room,
+/// or could not be asked (the call then fails as the driver said).
 /// `driver_free`: the driver's own free memory on the current device, told
 /// to the hypervisor where `device` is the current one (NVML counts as free
 /// what the driver keeps).
@@ -51,12 +53,12 @@ pub(super) fn made_room(
         .filter(|&current| usize::try_from(current).ok() == Some(device))
         .and_then(|_| driver_free());
     match link.room(&uuid, bytes, driver_free) {
-        Ok(answer) if answer.freed > 0 => {
+        Ok(answer) if answer.freed > 0 || answer.room => {
             tracing::info!(
                 device,
                 bytes,
                 freed = answer.freed,
-                "the hypervisor made room on the GPU"
+                "the hypervisor made room on the GPU, or found it there"
             );
             true
         }

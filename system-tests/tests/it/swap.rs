@@ -359,6 +359,53 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
 }
 
 #[test]
+fn a_process_whose_context_finds_no_room_has_an_idle_pod_swapped_out_for_it() {
+    // The first pod leaves less free on the 16 GiB GPU than a context
+    // takes (300 MiB on the double); the second pod's process, starting,
+    // cannot create its context until the first, idle, is swapped out.
+    let first = Pod::new("swap-ctx-a");
+    let second = Pod::new("swap-ctx-b");
+    let node_file = checkpoint_dir().join(format!("{}.node", second.0));
+    let node = overcommitted(&node_file, 1, &[(&first, 0, "16g"), (&second, 0, "2g")]);
+    let shared = [(
+        gpushare_examples::NODE_FILE_VAR,
+        node_file.to_str().expect("a path"),
+    )];
+    let mut a = Running::start(
+        &first,
+        &node.url(),
+        &shared,
+        &["alloc", "mem", "15872m", "wait", "alloc", "mem", "64m"],
+    );
+    let lines = a.until_ready();
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    std::thread::sleep(Duration::from_millis(400));
+    let mut b = Running::start(
+        &second,
+        &node.url(),
+        &shared,
+        &["alloc", "mem", "64m", "wait", "info"],
+    );
+    let lines = b.until_ready();
+    assert!(
+        lines[0].contains("-> 0 "),
+        "its context, then its allocation: {lines:?}"
+    );
+    assert_eq!(control_block(a.pid()).state, 2, "the idle pod made room");
+    assert_eq!(pod_swap(&node, &first).state, Residency::Swapped);
+
+    // Each comes back at its next call, the other idle by then.
+    b.resume();
+    let (rest, status) = b.finish();
+    assert!(status.success(), "{rest:?}");
+    std::thread::sleep(Duration::from_millis(400));
+    a.resume();
+    let (rest, status) = a.finish();
+    assert!(status.success(), "{rest:?}");
+    assert!(rest[1].contains("-> 0 "), "{rest:?}");
+}
+
+#[test]
 fn a_pod_that_cannot_come_back_for_want_of_room_waits_until_there_is_room() {
     // Two pods of 10 GiB quotas on one 16 GiB GPU; host memory for swapped
     // pods (12 GiB) takes one of them, not both: once the first is away,
@@ -452,16 +499,20 @@ fn a_room_request_frees_only_what_the_askers_allocation_lacks_on_its_own_gpu() {
     std::thread::sleep(Duration::from_millis(400));
 
     let (gpu0, gpu1) = (gpushare_examples::uuid(0), gpushare_examples::uuid(1));
-    for (uuid, bytes, why) in [
-        (&gpu0, 1, "one byte, which the GPU has free"),
-        (&gpu1, 8 * GIB, "a GPU the asker is not placed on"),
+    // Nothing freed; the answer says whether the GPU has the room, and so
+    // whether the asker's allocation is worth trying again.
+    for (uuid, bytes, room, why) in [
+        (&gpu0, 1, true, "one byte, which the GPU has free"),
+        (&gpu1, 8 * GIB, false, "a GPU the asker is not placed on"),
         (
             &gpu0,
             8 * GIB,
+            true,
             "more than the asker's quota leaves (1 GiB, free on the GPU)",
         ),
     ] {
-        assert_eq!(ask_room(&node, &asker, uuid, bytes), 0, "{why}");
+        let answer = ask_room(&node, &asker, uuid, bytes);
+        assert_eq!((answer.freed, answer.room), (0, room), "{why}");
         for running in &neighbours {
             assert_eq!(
                 control_block(running.pid()).state,
@@ -513,14 +564,16 @@ fn room_is_made_for_what_the_askers_driver_lacks_within_what_its_quota_leaves() 
 
     // 4 GiB, which NVML shows free, but the asker's driver had only 3.5:
     // NVML counts as free what the driver keeps, so one neighbour goes.
-    assert!(ask_room_saying(&node, &asker, &gpu, 4 * GIB, Some(7 * GIB / 2)) > 0);
+    let answer = ask_room_saying(&node, &asker, &gpu, 4 * GIB, Some(7 * GIB / 2));
+    assert!(answer.freed > 0 && answer.room, "{answer:?}");
     assert_eq!(node.hypervisor().swap_status().totals.swap_outs, 1);
 
     // A driver said to have nothing free, again and again: the room made
     // on its word stays within what the asker's quota leaves, already
     // free now, so the other neighbour stays.
     for _ in 0..2 {
-        assert_eq!(ask_room_saying(&node, &asker, &gpu, 4 * GIB, Some(0)), 0);
+        let answer = ask_room_saying(&node, &asker, &gpu, 4 * GIB, Some(0));
+        assert_eq!((answer.freed, answer.room), (0, true), "{answer:?}");
     }
     assert_eq!(node.hypervisor().swap_status().totals.swap_outs, 1);
     let states: Vec<Residency> = [&first, &second]

@@ -145,18 +145,20 @@ pub(super) async fn worker_room(hv: &Hypervisor, mut req: Request) -> Response {
     };
     let wait = hv.core().settings.swap.room_wait;
     let asked = std::time::Instant::now();
-    let freed = tokio::time::timeout(
+    let made = tokio::time::timeout(
         wait,
         hv.make_room(&ask.uuid, ask.bytes, &pod, ask.driver_free, wait),
     )
     .await
-    .unwrap_or(0);
+    .unwrap_or_default();
     hv.waited_for_room(asked.elapsed());
+    let freed = made.freed;
     json_ok(&RoomAnswer {
         freed,
-        message: if freed == 0 {
-            "no room made: the GPU has it free, the pod is not placed there or may hold no more, \
-             no idle pod could go, or the GPU does not overcommit"
+        room: made.room,
+        message: if freed == 0 && !made.room {
+            "no room made: the pod is not placed there or may hold no more, no idle pod could go, \
+             or the GPU does not overcommit"
                 .to_owned()
         } else {
             String::new()

@@ -88,7 +88,8 @@ impl Hypervisor {
     /// allocation may take (at most what `asker`'s quota there leaves);
     /// returns the bytes freed, by NVML (0: the GPU had the room already,
     /// `asker` is not placed there or may hold no more, overcommit is off
-    /// there, or no idle pod could go within `wait`). Where no idle pod
+    /// there, or no idle pod could go within `wait`), and whether the GPU
+    /// has the room at the end, whoever freed it. Where no idle pod
     /// can make the room yet but pods that are busy now could once idle
     /// (pods still loading, as many start at once), it tries again every
     /// [`ROOM_POLL`] until `wait` has passed. Each round runs to its end
@@ -101,7 +102,7 @@ impl Hypervisor {
         asker: &str,
         driver_free: Option<u64>,
         wait: Duration,
-    ) -> u64 {
+    ) -> RoomMade {
         let deadline = Instant::now() + wait;
         let (mut freed, mut target) = (0u64, None);
         loop {
@@ -132,7 +133,8 @@ impl Hypervisor {
             freed = freed.saturating_add(round.made.freed);
             target = Some(round.made.target);
             if !round.may_come || Instant::now() + ROOM_POLL >= deadline {
-                return freed;
+                let room = round.made.target > 0 && round.made.free >= round.made.target;
+                return RoomMade { freed, room };
             }
             tokio::time::sleep(ROOM_POLL).await;
         }
@@ -382,6 +384,17 @@ impl Hypervisor {
 /// How often [`Hypervisor::make_room`] tries again while pods that could
 /// make the room are busy.
 const ROOM_POLL: Duration = Duration::from_millis(100);
+
+/// What a room request got.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RoomMade {
+    /// Bytes freed for it, by NVML.
+    pub freed: u64,
+    /// Whether the GPU had free what it was to have, as the request ended:
+    /// freed by it, or by another swap while it waited (an idle pod swapped
+    /// out ahead of need).
+    pub room: bool,
+}
 
 /// Room made on a GPU.
 #[derive(Debug, Default, Clone, Copy)]

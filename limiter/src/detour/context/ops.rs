@@ -7,9 +7,12 @@
 //! The estimate is the largest first context a process of the pod was
 //! measured at on that GPU (kept in the ledger), or
 //! [`DEFAULT_CONTEXT_BYTES`] before any was. A context that does not fit is
-//! refused with `CUDA_ERROR_OUT_OF_MEMORY`, like an allocation. Every call
-//! here needs the GPU: a swapped-out pod is brought back first.
+//! refused with `CUDA_ERROR_OUT_OF_MEMORY`, like an allocation; one the
+//! quota admits but the GPU has no room for (other pods fill it) asks the
+//! hypervisor for room, as an allocation does, and is tried again. Every
+//! call here needs the GPU: a swapped-out pod is brought back first.
 
+use super::super::room::{made_room, wants_room};
 use crate::entry;
 use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;
@@ -31,12 +34,13 @@ pub(super) enum Creation {
     Extra,
 }
 
-/// Reserves the context's footprint, runs `create` (the driver's original),
-/// then charges what it really took.
+/// Reserves the context's footprint, runs `create` (the driver's original;
+/// again where the GPU had no room and the hypervisor made some), then
+/// charges what it really took.
 pub(super) fn create(
     device: CUdevice,
     creation: Creation,
-    create: impl FnOnce() -> CUresult,
+    mut create: impl FnMut() -> CUresult,
 ) -> Result<CUresult> {
     let limiter = entry::limiter().ok_or(LimiterError::Bypass(Pass::LimitsOff))?;
     limiter.resident();
@@ -57,7 +61,15 @@ pub(super) fn create(
         _ => DEFAULT_CONTEXT_BYTES,
     };
     let held = quota::raise_overhead(ledger, entry, device, limit, estimate)?;
-    let result = create();
+    // No context yet: the driver cannot say what it has free.
+    let mut rooms = 0;
+    let result = loop {
+        let result = create();
+        if !(wants_room(result, rooms) && made_room(ctx, device, estimate, || None)) {
+            break result;
+        }
+        rooms += 1;
+    };
     if !result.is_success() {
         if let Err(error) = ledger.set_overhead(entry, held) {
             tracing::warn!(device, %error, "context reservation not given back");
