@@ -154,16 +154,19 @@ impl Nvml {
             .collect()
     }
 
-    /// Device memory NVML attributes to process `pid` on the GPU `uuid`:
-    /// everything it holds there, allocations and the driver's own.
-    pub(crate) fn process_used(&self, uuid: &str, pid: u32) -> Option<u64> {
+    /// NVML's handle of the GPU `uuid`.
+    pub(crate) fn device_handle(&self, uuid: &str) -> Option<nvmlDevice_t> {
         let uuid = std::ffi::CString::new(uuid).ok()?;
         let mut device: nvmlDevice_t = std::ptr::null_mut();
         // SAFETY: a NUL-terminated UUID and a valid out-pointer.
         let result = unsafe { (self.get_handle_by_uuid)(uuid.as_ptr(), &mut device) };
-        if !result.is_success() {
-            return None;
-        }
+        result.is_success().then_some(device)
+    }
+
+    /// Device memory NVML attributes to process `pid` on the GPU `uuid`:
+    /// everything it holds there, allocations and the driver's own.
+    pub(crate) fn process_used(&self, uuid: &str, pid: u32) -> Option<u64> {
+        let device = self.device_handle(uuid)?;
         let used = match self.get_processes {
             ProcessList::Current(get) => used_by(device, pid, get),
             ProcessList::V1(get) => used_by(device, pid, get),

@@ -12,6 +12,7 @@
 //! hypervisor for room, as an allocation does, and is tried again. Every
 //! call here needs the GPU: a swapped-out pod is brought back first.
 
+use super::super::nvml::gpu_free;
 use super::super::room::{made_room, wants_room};
 use crate::entry;
 use crate::error::{LimiterError, Pass, Result};
@@ -23,6 +24,11 @@ use crate::sys::{CUdevice, CUresult};
 /// the GPU: about what one takes on an H100 (driver 580), so that the first
 /// processes of a pod racing cannot pass the quota by much.
 pub(super) const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
+
+/// What a context may take beyond its estimate when the GPU is checked
+/// for room first: what the driver keeps aside, and a context larger than
+/// the pod's first (more modules).
+const CONTEXT_MARGIN: u64 = 128 << 20;
 
 /// Which call creates the context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +67,18 @@ pub(super) fn create(
         _ => DEFAULT_CONTEXT_BYTES,
     };
     let held = quota::raise_overhead(ledger, entry, device, limit, estimate)?;
+    // On a GPU other pods fill, room is made first: the driver's refusal
+    // of a primary context for want of memory leaves the GPU unusable to
+    // the process (its next try answered CUDA_ERROR_DEVICES_UNAVAILABLE,
+    // an H200, driver 580).
+    let room = estimate.saturating_add(CONTEXT_MARGIN);
+    if ctx
+        .device_uuid(device)
+        .and_then(|uuid| gpu_free(&uuid))
+        .is_some_and(|free| free < room)
+    {
+        made_room(ctx, device, room, || None);
+    }
     // No context yet: the driver cannot say what it has free.
     let mut rooms = 0;
     let result = loop {

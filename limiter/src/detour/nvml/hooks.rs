@@ -80,3 +80,15 @@ fn memory_info<R: MemoryReport>(
     }
     Ok(result)
 }
+
+/// The free memory of the GPU `uuid` as NVML reports it to everyone (the
+/// original's answer, not the pod's view); `None` where NVML or the
+/// limiter cannot say.
+pub(crate) fn gpu_free(uuid: &str) -> Option<u64> {
+    let original = nvmlDeviceGetMemoryInfo::ORIGINAL.get()?;
+    let device = entry::limiter()?.context.nvml()?.device_handle(uuid)?;
+    let mut report = nvmlMemory_t::default();
+    // SAFETY: a handle NVML gave and a valid out-pointer.
+    let result = unsafe { original(device, &mut report) };
+    result.is_success().then_some(report.free)
+}

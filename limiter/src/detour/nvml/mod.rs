@@ -3,4 +3,4 @@
 mod hooks;
 mod ops;
 
-pub(crate) use hooks::NVML_DETOURS;
+pub(crate) use hooks::{NVML_DETOURS, gpu_free};
