@@ -10,8 +10,6 @@
 
 struct CUctx_st g_primary[DOUBLE_MAX_DEVICES];
 static struct CUctx_st g_created[DOUBLE_MAX_CREATED];
-/* GPUs whose primary context was refused for want of memory: unusable. */
-static int g_primary_refused[DOUBLE_MAX_DEVICES];
 
 /* A new context on dev (green or not): its bytes, if they fit. */
 static CUresult context_up_locked(int dev, int green) {
@@ -51,13 +49,9 @@ CUresult impl_cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         rc = CUDA_ERROR_INVALID_VALUE;
     } else if (!valid_device(dev)) {
         rc = CUDA_ERROR_INVALID_DEVICE;
-    } else if (g_primary_refused[dev]) {
-        rc = CUDA_ERROR_DEVICES_UNAVAILABLE;
     } else if (g_primary[dev].refs > 0 || (rc = context_up_locked(dev, 0)) == CUDA_SUCCESS) {
         g_primary[dev].refs++;
         *pctx = &g_primary[dev];
-    } else if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
-        g_primary_refused[dev] = 1;
     }
     unlock();
     return rc;

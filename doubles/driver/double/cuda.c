@@ -65,11 +65,7 @@
  * - Contexts: each live context charges GPUSHARE_DOUBLE_CONTEXT_BYTES on its
  *   GPU: the primary one while retained, each created one (cuCtxCreate_v2)
  *   while alive; a green context (cuGreenCtxCreate, not made current)
- *   charges GPUSHARE_DOUBLE_GREEN_CONTEXT_BYTES while alive. A primary
- *   context refused for want of memory leaves its GPU unusable to the
- *   process: every later cuDevicePrimaryCtxRetain there answers
- *   CUDA_ERROR_DEVICES_UNAVAILABLE (as the real driver answered a retry
- *   of one: an H200, driver 580).
+ *   charges GPUSHARE_DOUBLE_GREEN_CONTEXT_BYTES while alive.
  * - Context limits (cuCtxSetLimit/cuCtxGetLimit of the current context's
  *   GPU, kept per GPU): CU_LIMIT_MALLOC_HEAP_SIZE (default 8 MiB) and
  *   CU_LIMIT_PRINTF_FIFO_SIZE (default 1 MiB) hold what they are set above

@@ -40,6 +40,23 @@ pub(super) fn made_room(
     bytes: u64,
     driver_free: fn() -> Option<u64>,
 ) -> bool {
+    let driver_free = ctx
+        .driver()
+        .and_then(|driver| driver.current_device().ok())
+        .filter(|&current| usize::try_from(current).ok() == Some(device))
+        .and_then(|_| driver_free());
+    made_room_saying(ctx, device, bytes, driver_free)
+}
+
+/// [`made_room`], the driver's free memory on `device` told as the caller
+/// knows it (`None`: unknown; `Some(0)` where the driver refused what
+/// NVML shows free, so that the room made covers what the driver keeps).
+pub(super) fn made_room_saying(
+    ctx: &'static Context,
+    device: usize,
+    bytes: u64,
+    driver_free: Option<u64>,
+) -> bool {
     let bytes = bytes.max(MIN_ROOM);
     let Some(link) = ctx.hypervisor() else {
         return false;
@@ -47,11 +64,6 @@ pub(super) fn made_room(
     let Some(uuid) = ctx.device_uuid(device) else {
         return false;
     };
-    let driver_free = ctx
-        .driver()
-        .and_then(|driver| driver.current_device().ok())
-        .filter(|&current| usize::try_from(current).ok() == Some(device))
-        .and_then(|_| driver_free());
     match link.room(&uuid, bytes, driver_free) {
         Ok(answer) if answer.freed > 0 || answer.room => {
             tracing::info!(

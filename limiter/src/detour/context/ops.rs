@@ -13,7 +13,7 @@
 //! call here needs the GPU: a swapped-out pod is brought back first.
 
 use super::super::nvml::gpu_free;
-use super::super::room::{made_room, wants_room};
+use super::super::room::{made_room_saying, wants_room};
 use crate::entry;
 use crate::error::{LimiterError, Pass, Result};
 use crate::grant::Grant;
@@ -25,9 +25,8 @@ use crate::sys::{CUdevice, CUresult};
 /// processes of a pod racing cannot pass the quota by much.
 pub(super) const DEFAULT_CONTEXT_BYTES: u64 = 512 << 20;
 
-/// What a context may take beyond its estimate when the GPU is checked
-/// for room first: what the driver keeps aside, and a context larger than
-/// the pod's first (more modules).
+/// What a context may take beyond its estimate when room is made for it:
+/// a context larger than the pod's first (more modules).
 const CONTEXT_MARGIN: u64 = 128 << 20;
 
 /// Which call creates the context.
@@ -67,23 +66,25 @@ pub(super) fn create(
         _ => DEFAULT_CONTEXT_BYTES,
     };
     let held = quota::raise_overhead(ledger, entry, device, limit, estimate)?;
-    // On a GPU other pods fill, room is made first: the driver's refusal
-    // of a primary context for want of memory leaves the GPU unusable to
-    // the process (its next try answered CUDA_ERROR_DEVICES_UNAVAILABLE,
-    // an H200, driver 580).
+    // On a GPU other pods fill, room is made before the driver is asked
+    // where NVML shows too little free: a refused context's next try was
+    // answered CUDA_ERROR_DEVICES_UNAVAILABLE once another pod's checkpoint
+    // had just ended (an H200, driver 580).
     let room = estimate.saturating_add(CONTEXT_MARGIN);
     if ctx
         .device_uuid(device)
         .and_then(|uuid| gpu_free(&uuid))
         .is_some_and(|free| free < room)
     {
-        made_room(ctx, device, room, || None);
+        made_room_saying(ctx, device, room, None);
     }
-    // No context yet: the driver cannot say what it has free.
+    // A refusal with NVML showing the room free: the driver keeps some of
+    // that for itself (no context yet to ask it how much), so it is said
+    // to have none, and the room made covers that too.
     let mut rooms = 0;
     let result = loop {
         let result = create();
-        if !(wants_room(result, rooms) && made_room(ctx, device, estimate, || None)) {
+        if !(wants_room(result, rooms) && made_room_saying(ctx, device, room, Some(0))) {
             break result;
         }
         rooms += 1;
