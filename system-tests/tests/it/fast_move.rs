@@ -5,11 +5,13 @@
 //! process on the other GPU, and the process brings the same bytes back to
 //! the same address there. A pod away by the fast path moves the same way:
 //! its context is checkpointed at the move, and its swap-in restores it
-//! on the new GPU.
+//! on the new GPU. A restore that fails, and a daemon restarted while the
+//! move waits, leave it to the next swap-in, which finishes it there.
 
 use std::sync::Arc;
 
 use hypervisor_swap::SwapPath;
+use system_tests::RunningNode;
 use system_tests::daemon::{self, double_gpus};
 use system_tests::pod::Pod;
 use system_tests::probes::MIB;
@@ -24,22 +26,29 @@ const SCRIPT: &[&str] = &[
     "alloc", "mem", "256m", "write", "0", "9", "wait", "check", "0", "9",
 ];
 
-/// A daemon of `pod` (4 GiB on GPU 0) on the double's two GPUs, and the
-/// pod's process, which sees both and backs its memory, at its `wait`:
-/// the address its memory is at.
-fn moving_pod(pod: &Pod) -> (system_tests::RunningNode, Running, String) {
+/// The config of a daemon of `pod` (4 GiB on GPU 0) listening on `listen`.
+fn config(pod: &Pod, listen: &str) -> String {
     let library = gpushare_examples::double_dir().join("libcuda.so.1");
-    let config = format!(
-        "listen = \"127.0.0.1:0\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\n\
+    format!(
+        "listen = \"{listen}\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\n\
          [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
         library.display(),
         pod.0
-    );
-    let node = daemon::hypervisor(pod, &config, Arc::new(double_gpus(2)));
-    let env = [
+    )
+}
+
+/// A daemon of `pod` on the double's two GPUs, and the pod's process,
+/// which sees both and backs its memory (`env` added), at its `wait`: the
+/// address its memory is at.
+fn moving_pod_with(pod: &Pod, env: &[(&str, &str)]) -> (RunningNode, Running, String) {
+    let node = daemon::hypervisor(pod, &config(pod, "127.0.0.1:0"), Arc::new(double_gpus(2)));
+    let env: Vec<(&str, &str)> = [
         ("GPUSHARE_DOUBLE_DEVICES", "2"),
         ("CUDA_LIMITER_FAST_SWAP", "1"),
-    ];
+    ]
+    .into_iter()
+    .chain(env.iter().copied())
+    .collect();
     let mut running = Running::start(pod, &node.url(), &env, SCRIPT);
     let lines = running.until_ready();
     assert!(lines[1].contains("-> 0 at="), "{lines:?}");
@@ -48,6 +57,31 @@ fn moving_pod(pod: &Pod) -> (system_tests::RunningNode, Running, String) {
         node.hypervisor().workers_of(&pod.0).len() == 1
     });
     (node, running, at)
+}
+
+fn moving_pod(pod: &Pod) -> (RunningNode, Running, String) {
+    moving_pod_with(pod, &[])
+}
+
+/// Swaps the pod out by the fast path, then moves it to GPU 1: its
+/// process checkpointed, not yet restored.
+fn away_and_moved(node: &RunningNode, pod: &Pod, running: &Running) {
+    let (ok, answer) = admin_cli(node, &["swap", "out", &pod.0]);
+    assert!(ok, "{answer}");
+    let (ok, answer) = admin_cli(node, &["move", &pod.0, "--to", "1"]);
+    assert!(ok, "{answer}");
+    assert!(answer.contains("\"path\":\"fast\""), "{answer}");
+    assert_eq!(control_block(running.pid()).state, 2, "checkpointed");
+}
+
+/// The process runs on GPU 1 again, holding `held` as before its move.
+fn back_on_the_second_gpu(running: &Running, held: u64) {
+    let back = control_block(running.pid());
+    assert_eq!(
+        (back.state, back.gpu, back.device_bytes),
+        (0, 1, held),
+        "running on the second GPU with all its memory: {back:?}"
+    );
 }
 
 /// Lets the probe's trapped call go on: the same bytes at the same address.
@@ -137,12 +171,7 @@ fn a_pod_away_by_the_fast_path_moves_with_its_context_and_comes_back_on_the_new_
     // Its swap-in restores it on the second GPU; then its memory comes back.
     let (ok, answer) = admin_cli(&node, &["swap", "in", &pod.0]);
     assert!(ok, "{answer}");
-    let back = control_block(running.pid());
-    assert_eq!(
-        (back.state, back.gpu, back.device_bytes),
-        (0, 1, before.device_bytes),
-        "running on the second GPU with all its memory: {back:?}"
-    );
+    back_on_the_second_gpu(&running, before.device_bytes);
     same_bytes_after(running, &at);
     let record = node.hypervisor().pod_swap(&pod.0);
     let history = &record.history;
@@ -160,4 +189,65 @@ fn a_pod_away_by_the_fast_path_moves_with_its_context_and_comes_back_on_the_new_
         (1, &None, false),
         "{record:?}"
     );
+}
+
+#[test]
+fn a_restarted_daemon_finishes_the_fast_move_of_a_pod_away() {
+    let pod = Pod::new("fast-move-restart");
+    let (node, running, at) = moving_pod(&pod);
+    let held = control_block(running.pid()).device_bytes;
+    away_and_moved(&node, &pod, &running);
+
+    // The new daemon knows neither path nor checkpointed contexts: the
+    // move waits in the pod's limits object, and its swap-in restores the
+    // process on GPU 1, which then brings its memory back.
+    let addr = node.addr();
+    node.stop();
+    let again = daemon::hypervisor(
+        &pod,
+        &config(&pod, &addr.to_string()),
+        Arc::new(double_gpus(2)),
+    );
+    eventually("the new daemon shows the move under way", || {
+        again.hypervisor().pod_swap(&pod.0).history.moving.is_some()
+    });
+    eventually("the process is adopted", || {
+        again.hypervisor().workers_of(&pod.0).len() == 1
+    });
+    let (ok, answer) = admin_cli(&again, &["swap", "in", &pod.0]);
+    assert!(ok, "{answer}");
+    back_on_the_second_gpu(&running, held);
+    same_bytes_after(running, &at);
+}
+
+#[test]
+fn a_fast_move_whose_restore_fails_is_finished_by_the_next_swap_in() {
+    // Four refusals: more than one swap-in's tries.
+    let pod = Pod::new("fast-move-retry");
+    let (node, running, at) =
+        moving_pod_with(&pod, &[("GPUSHARE_DOUBLE_CHECKPOINT_FAIL_RESTORES", "4")]);
+    let held = control_block(running.pid()).device_bytes;
+    let (ok, answer) = admin_cli(&node, &["move", &pod.0, "--to", "1"]);
+    assert!(!ok && answer.contains("500"), "{answer}");
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert!(
+        record.history.moving.is_some() && record.history.contexts_checkpointed,
+        "{record:?}"
+    );
+    assert_eq!(control_block(running.pid()).state, 2, "checkpointed");
+
+    let (ok, answer) = admin_cli(&node, &["swap", "in", &pod.0]);
+    assert!(ok, "{answer}");
+    back_on_the_second_gpu(&running, held);
+    let record = node.hypervisor().pod_swap(&pod.0);
+    assert_eq!(
+        (
+            record.history.last_swap_in_path,
+            &record.history.moving,
+            record.history.contexts_checkpointed,
+        ),
+        (Some(SwapPath::Fast), &None, false),
+        "{record:?}"
+    );
+    same_bytes_after(running, &at);
 }
