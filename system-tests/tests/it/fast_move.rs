@@ -10,13 +10,15 @@
 
 use std::sync::Arc;
 
-use hypervisor_swap::SwapPath;
+use hypervisor_swap::{PodSwap, SwapPath};
 use system_tests::RunningNode;
 use system_tests::daemon::{self, double_gpus};
 use system_tests::pod::Pod;
 use system_tests::probes::MIB;
-use system_tests::swapping::{ADMIN, Running, TOKEN, admin_cli, control_block};
+use system_tests::swapping::{Running, admin_cli, control_block};
 use system_tests::wait::eventually;
+
+use super::moves::config;
 
 /// What the probe allocates (backed by its limiter) and writes.
 const HELD: u64 = 256 * MIB;
@@ -25,17 +27,6 @@ const HELD: u64 = 256 * MIB;
 const SCRIPT: &[&str] = &[
     "alloc", "mem", "256m", "write", "0", "9", "wait", "check", "0", "9",
 ];
-
-/// The config of a daemon of `pod` (4 GiB on GPU 0) listening on `listen`.
-fn config(pod: &Pod, listen: &str) -> String {
-    let library = gpushare_examples::double_dir().join("libcuda.so.1");
-    format!(
-        "listen = \"{listen}\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\n\
-         [[pods]]\nid = \"{}\"\ntoken = \"{TOKEN}\"\n\n[[pods.gpus]]\nindex = 0\nmemory = \"4g\"\n",
-        library.display(),
-        pod.0
-    )
-}
 
 /// A daemon of `pod` on the double's two GPUs, and the pod's process,
 /// which sees both and backs its memory (`env` added), at its `wait`: the
@@ -72,6 +63,21 @@ fn away_and_moved(node: &RunningNode, pod: &Pod, running: &Running) {
     assert!(ok, "{answer}");
     assert!(answer.contains("\"path\":\"fast\""), "{answer}");
     assert_eq!(control_block(running.pid()).state, 2, "checkpointed");
+}
+
+/// The pod's history after one move, done: nothing under way, its
+/// processes restored.
+fn moved_once(record: &PodSwap) {
+    let history = &record.history;
+    assert_eq!(
+        (
+            history.moves,
+            &history.moving,
+            history.contexts_checkpointed
+        ),
+        (1, &None, false),
+        "{record:?}"
+    );
 }
 
 /// The process runs on GPU 1 again, holding `held` as before its move.
@@ -120,15 +126,7 @@ fn a_pod_that_backs_its_memory_moves_it_itself_and_the_checkpoint_takes_only_its
         "its memory went both ways by the process: {record:?}"
     );
     assert_eq!(history.last_bytes_in, HELD, "{record:?}");
-    assert_eq!(
-        (
-            history.moves,
-            &history.moving,
-            history.contexts_checkpointed
-        ),
-        (1, &None, false),
-        "{record:?}"
-    );
+    moved_once(&record);
     same_bytes_after(running, &at);
 }
 
@@ -180,15 +178,7 @@ fn a_pod_away_by_the_fast_path_moves_with_its_context_and_comes_back_on_the_new_
         (Some(SwapPath::Fast), HELD),
         "{record:?}"
     );
-    assert_eq!(
-        (
-            history.moves,
-            &history.moving,
-            history.contexts_checkpointed
-        ),
-        (1, &None, false),
-        "{record:?}"
-    );
+    moved_once(&record);
 }
 
 #[test]

@@ -127,6 +127,28 @@ fn shared_env(node_file: &Path) -> [(&'static str, &str); 3] {
     ]
 }
 
+/// A probe of `pod` with the setting that allocates 64 MiB its limiter
+/// backs and writes it, then makes `other` (an allocation API and a
+/// size), registered, at its `wait`: the address of its backed memory.
+fn backed_and(pod: &Pod, node: &RunningNode, other: [&str; 2]) -> (Running, String) {
+    let script = [
+        "alloc", "mem", "64m", "write", "0", "9", "alloc", other[0], other[1], "wait", "check",
+        "0", "9",
+    ];
+    let mut running = Running::start(
+        pod,
+        &node.url(),
+        &[("CUDA_LIMITER_FAST_SWAP", "1")],
+        &script,
+    );
+    let lines = running.until_ready();
+    let made = format!("alloc {} {} -> 0", other[0], other[1]);
+    assert!(lines[2].starts_with(&made), "{lines:?}");
+    let at = lines[1].split("at=").nth(1).expect("an address").to_owned();
+    registered(node, pod, 1);
+    (running, at)
+}
+
 fn registered(node: &RunningNode, pod: &Pod, count: usize) {
     eventually("the pod's processes are registered", || {
         node.hypervisor().workers_of(&pod.0).len() == count
@@ -654,20 +676,7 @@ fn a_process_holding_memory_its_limiter_does_not_back_sends_the_pod_to_the_check
     let node = start(&pod);
     // Beside its backed memory, 2 GiB it maps with the VMM API itself:
     // the fast path would leave those on the GPU.
-    let script = [
-        "alloc", "mem", "64m", "write", "0", "9", "alloc", "create", "2g", "wait", "check", "0",
-        "9",
-    ];
-    let mut running = Running::start(
-        &pod,
-        &node.url(),
-        &[("CUDA_LIMITER_FAST_SWAP", "1")],
-        &script,
-    );
-    let lines = running.until_ready();
-    assert!(lines[2].starts_with("alloc create 2g -> 0"), "{lines:?}");
-    let at = lines[1].split("at=").nth(1).expect("an address").to_owned();
-    registered(&node, &pod, 1);
+    let (running, at) = backed_and(&pod, &node, ["create", "2g"]);
 
     let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);
     assert!(ok, "the checkpoint took over: {answer}");
@@ -694,20 +703,7 @@ fn a_process_holding_managed_memory_sends_the_pod_to_the_checkpoint_and_runs_on_
     let node = start(&pod);
     // Beside its backed memory, 64 MiB of managed memory, which NVML does
     // not show; the double's checkpoint refuses a process holding any.
-    let script = [
-        "alloc", "mem", "64m", "write", "0", "9", "alloc", "managed", "64m", "wait", "check", "0",
-        "9",
-    ];
-    let mut running = Running::start(
-        &pod,
-        &node.url(),
-        &[("CUDA_LIMITER_FAST_SWAP", "1")],
-        &script,
-    );
-    let lines = running.until_ready();
-    assert!(lines[2].starts_with("alloc managed 64m -> 0"), "{lines:?}");
-    let at = lines[1].split("at=").nth(1).expect("an address").to_owned();
-    registered(&node, &pod, 1);
+    let (running, at) = backed_and(&pod, &node, ["managed", "64m"]);
     let held = control_block(running.pid()).device_bytes;
 
     let (ok, answer) = admin_cli(&node, &["swap", "out", &pod.0]);

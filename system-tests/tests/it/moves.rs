@@ -34,7 +34,8 @@ const TWO_GPUS: (&str, &str) = ("GPUSHARE_DOUBLE_DEVICES", "2");
 /// 1 GiB, then, resumed, 1 GiB more.
 const ONE_GIB_THEN_MORE: &[&str] = &["alloc", "mem", "1g", "wait", "alloc", "mem", "1g"];
 
-fn config(pod: &Pod, listen: &str) -> String {
+/// The config of a daemon of `pod` (4 GiB on GPU 0) listening on `listen`.
+pub(super) fn config(pod: &Pod, listen: &str) -> String {
     let library = gpushare_examples::double_dir().join("libcuda.so.1");
     format!(
         "listen = \"{listen}\"\nadmin_token = \"{ADMIN}\"\n\n[swap]\ncuda_library = \"{}\"\n\n\

@@ -294,6 +294,33 @@ fn a_restarted_daemon_finds_the_swapped_pod_and_brings_it_back() {
     assert_eq!(pod_swap(&again, &pod).state, Residency::Resident);
 }
 
+/// A daemon of two pods (each with its quota) on one 16 GiB GPU that their
+/// processes share (the double's node file), the first's probe running its
+/// script up to its `wait` (its first line a success), then, once it is
+/// idle, the second's: the node, both probes, and the second's lines.
+fn one_gpu_then_another(
+    first: (&Pod, &str, &[&str]),
+    second: (&Pod, &str, &[&str]),
+) -> (RunningNode, Running, Running, Vec<String>) {
+    let node_file = checkpoint_dir().join(format!("{}.node", second.0.0));
+    let node = overcommitted(
+        &node_file,
+        1,
+        &[(first.0, 0, first.1), (second.0, 0, second.1)],
+    );
+    let shared = [(
+        gpushare_examples::NODE_FILE_VAR,
+        node_file.to_str().expect("a path"),
+    )];
+    let mut a = Running::start(first.0, &node.url(), &shared, first.2);
+    let lines = a.until_ready();
+    assert!(lines[0].contains("-> 0 "), "{lines:?}");
+    std::thread::sleep(Duration::from_millis(400));
+    let mut b = Running::start(second.0, &node.url(), &shared, second.2);
+    let lines = b.until_ready();
+    (node, a, b, lines)
+}
+
 #[test]
 fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     // Two pods of 10 GiB quotas on one 16 GiB GPU that their processes
@@ -301,30 +328,16 @@ fn pods_that_need_memory_the_gpu_lacks_take_it_from_idle_ones() {
     // in host memory.
     let first = Pod::new("swap-room-a");
     let second = Pod::new("swap-room-b");
-    let node_file = checkpoint_dir().join(format!("{}.node", second.0));
-    let node = overcommitted(&node_file, 1, &[(&first, 0, "10g"), (&second, 0, "10g")]);
-    let shared = [(
-        gpushare_examples::NODE_FILE_VAR,
-        node_file.to_str().expect("a path"),
-    )];
-    let mut a = Running::start(
-        &first,
-        &node.url(),
-        &shared,
-        &["alloc", "mem", "9g", "wait", "alloc", "mem", "256m"],
+    // The first idles past idle_after_ms; then the second pod's 8 GiB does
+    // not fit beside the first's 9 and more, until the first is swapped out.
+    let (node, mut a, mut b, lines) = one_gpu_then_another(
+        (
+            &first,
+            "10g",
+            &["alloc", "mem", "9g", "wait", "alloc", "mem", "256m"],
+        ),
+        (&second, "10g", &["alloc", "mem", "8g", "wait", "info"]),
     );
-    let lines = a.until_ready();
-    assert!(lines[0].contains("-> 0 "), "{lines:?}");
-    // Idle past idle_after_ms; then the second pod's 8 GiB does not fit
-    // beside the first's 9 and more, until the first is swapped out.
-    std::thread::sleep(Duration::from_millis(400));
-    let mut b = Running::start(
-        &second,
-        &node.url(),
-        &shared,
-        &["alloc", "mem", "8g", "wait", "info"],
-    );
-    let lines = b.until_ready();
     assert!(lines[0].contains("-> 0 "), "room was made: {lines:?}");
     assert_eq!(
         control_block(a.pid()).state,
@@ -365,28 +378,14 @@ fn a_process_whose_context_finds_no_room_has_an_idle_pod_swapped_out_for_it() {
     // cannot create its context until the first, idle, is swapped out.
     let first = Pod::new("swap-ctx-a");
     let second = Pod::new("swap-ctx-b");
-    let node_file = checkpoint_dir().join(format!("{}.node", second.0));
-    let node = overcommitted(&node_file, 1, &[(&first, 0, "16g"), (&second, 0, "2g")]);
-    let shared = [(
-        gpushare_examples::NODE_FILE_VAR,
-        node_file.to_str().expect("a path"),
-    )];
-    let mut a = Running::start(
-        &first,
-        &node.url(),
-        &shared,
-        &["alloc", "mem", "15872m", "wait", "alloc", "mem", "64m"],
+    let (node, mut a, mut b, lines) = one_gpu_then_another(
+        (
+            &first,
+            "16g",
+            &["alloc", "mem", "15872m", "wait", "alloc", "mem", "64m"],
+        ),
+        (&second, "2g", &["alloc", "mem", "64m", "wait", "info"]),
     );
-    let lines = a.until_ready();
-    assert!(lines[0].contains("-> 0 "), "{lines:?}");
-    std::thread::sleep(Duration::from_millis(400));
-    let mut b = Running::start(
-        &second,
-        &node.url(),
-        &shared,
-        &["alloc", "mem", "64m", "wait", "info"],
-    );
-    let lines = b.until_ready();
     assert!(
         lines[0].contains("-> 0 "),
         "its context, then its allocation: {lines:?}"
