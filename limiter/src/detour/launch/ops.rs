@@ -4,7 +4,7 @@
 //! the GPU had no room for it and room was made.
 
 use super::super::memory::driver_free;
-use super::super::room::{made_room, wants_room};
+use super::super::room::{made_room_saying, wants_room};
 use crate::detour::held;
 use crate::entry::{self, Limiter};
 use crate::error::{LimiterError, Pass, Result};
@@ -102,7 +102,9 @@ fn room_for_launch(tries: u32) -> bool {
         .driver()
         .and_then(|driver| driver.current_device().ok())
         .and_then(|device| usize::try_from(device).ok());
-    device.is_some_and(|device| made_room(ctx, device, 0, driver_free))
+    // The launch's device is the current one: the driver's free memory is
+    // that device's.
+    device.is_some_and(|device| made_room_saying(ctx, device, 0, driver_free()))
 }
 
 /// A handle launched for the first time may load its library's globals
