@@ -157,6 +157,12 @@ impl Workers {
         self.by_id.values().filter(move |w| w.pod.as_str() == pod)
     }
 
+    /// Whether the last answer of one of `pod`'s workers says `what`.
+    pub fn last_answer_says(&self, pod: &str, what: impl Fn(&CommandResult) -> bool) -> bool {
+        self.in_pod(pod)
+            .any(|w| w.last_result.as_ref().is_some_and(&what))
+    }
+
     /// Ids of `pod`'s workers, sorted.
     pub fn of_pod(&self, pod: &str) -> Vec<ClientId> {
         let mut ids: Vec<ClientId> = self.in_pod(pod).map(|w| w.id.clone()).collect();

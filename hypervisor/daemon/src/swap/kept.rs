@@ -240,12 +240,9 @@ impl Hypervisor {
     /// Whether a process of `pod` last answered that it holds managed
     /// memory, which its own swap cannot move.
     fn holds_managed(&self, pod: &str) -> bool {
-        self.core().workers.in_pod(pod).any(|worker| {
-            worker
-                .last_result
-                .as_ref()
-                .is_some_and(|result| result.managed_bytes > 0)
-        })
+        self.core()
+            .workers
+            .last_answer_says(pod, |result| result.managed_bytes > 0)
     }
 
     /// Asks `pod`'s `workers` to prepare, counting the bytes it holds on its

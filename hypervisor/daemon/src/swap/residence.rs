@@ -186,8 +186,8 @@ impl Hypervisor {
             .partition(|v| v.region.residency() != Residency::Resident);
         let board = self.swap_board();
         for view in resident {
-            if board.history(&view.pod).host_kept_bytes > 0 && self.workers_of(&view.pod).is_empty()
-            {
+            let workerless = self.core().workers.in_pod(&view.pod).next().is_none();
+            if workerless && board.history(&view.pod).host_kept_bytes > 0 {
                 board.host_kept(&view.pod, 0);
                 lock(&self.shared.swapper.prepared_at).remove(&view.pod);
                 tracing::info!(pod = %view.pod, "the pod's processes left; the host copies they kept went with them");

@@ -292,11 +292,7 @@ impl Hypervisor {
             // A pod whose processes last said their memory is shared by
             // CUDA IPC can go by neither path: never a candidate (each
             // process's answers say again, its health pings too).
-            let shares = |pod: &str| {
-                core.workers
-                    .in_pod(pod)
-                    .any(|w| w.last_result.as_ref().is_some_and(|result| result.shared))
-            };
+            let shares = |pod: &str| core.workers.last_answer_says(pod, |result| result.shared);
             let views: Vec<SwapView> = core
                 .scheduler
                 .swap_views_on(uuid)
