@@ -14,11 +14,13 @@ OUT (default: a temporary folder, printed at the end).
           [--swap-key KEY=VALUE ...] [--budget-s 540] [--out DIR] [--dry-run]
 
 Each run (one per count of pods, the most first): a daemon with
-`[swap] overcommit` on GPU 0, idle_after_ms, host_limit, `headroom` (GPU
-memory kept free ahead of need, default one pod's weights and context:
-a request to a swapped pod then waits for its swap-in, not for a
-swap-out) and `min_resident_ms` (a pod brought back stays that long
-unless nothing else can go); the pods started one by one, each once the
+`[swap] overcommit` on GPU 0, idle_after_ms (default 200: a pod that
+answered is idle), host_limit, `headroom` (GPU memory kept free ahead of
+need, default one pod's weights and context: a request to a swapped pod
+then waits for its swap-in, not for a swap-out) and `min_resident_ms`
+(a pod brought back stays that long unless nothing else can go; default
+250, so that a pod brought back for one request, keeping its host
+copies, can be the one that goes again, by a copy only); the pods started one by one, each once the
 one before answered (--start-together: all at once) (path fast: with
 CUDA_LIMITER_FAST_SWAP=1; checkpoint: the driver's checkpoint), each
 answering its 8 inputs once loaded (resident, before any swap: the
@@ -122,11 +124,11 @@ def add_arguments(p):
                         " (default largest)")
     p.add_argument("--headroom", type=optional(float), default=ONE_POD, metavar="GIB",
                    help="[swap] headroom, GiB (none: left out; default one pod's weights and context)")
-    p.add_argument("--min-resident-ms", type=optional(int), default=2000, metavar="MS",
-                   help="[swap] min_resident_ms (none: left out; default 2000)")
+    p.add_argument("--min-resident-ms", type=optional(int), default=250, metavar="MS",
+                   help="[swap] min_resident_ms (none: left out; default 250)")
     p.add_argument("--swap-key", type=swap_key, action="append", default=[], metavar="KEY=VALUE",
                    help="one more [swap] key of the overcommit runs, VALUE as TOML (again for more)")
-    p.add_argument("--idle-after-ms", type=int, default=1000, help="[swap] idle_after_ms (default 1000)")
+    p.add_argument("--idle-after-ms", type=int, default=200, help="[swap] idle_after_ms (default 200)")
     p.add_argument("--start-together", action="store_true",
                    help="start every pod at once (default: one by one, each once the one before answered)")
     p.add_argument("--drain-s", type=float, default=15.0,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .serve_trace import P50_BOUND_S, P99_BOUND_S, highest_served, shortfalls
+from .serve_trace import P50_BOUND_S, P99_BOUND_S, highest_served, highest_turning_over, shortfalls
 from .swap_bench import GIB
 
 HEAD = ("| pods | run | load, req/s | requests (answered) | first result p50 / p95 / p99, s | throughput, req/s"
@@ -67,6 +67,11 @@ def report(runs: list[dict], conflicts: list[str]) -> str:
     counts = ", ".join(str(n) for n in sorted({r["pods"] for r in measured})) or "none"
     text += (f"\nHighest number of pods served ({bounds}): {best if best is not None else 'none'}"
              f" (of {counts} run).\n")
+    over = highest_turning_over(measured)
+    at = ("none" if over is None else
+          f"{over[0]} (at {', '.join(f'{rate:g}' for rate in over[1])} req/s)")
+    text += (f"Highest number of pods served at a load where the resident set turned over (the same bounds at that"
+             f" load): {at}.\n")
     if conflicts:
         text += f"Models' answers computed resident differ between runs: {'; '.join(conflicts[:5])}\n"
     return text

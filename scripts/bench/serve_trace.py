@@ -130,3 +130,15 @@ def highest_served(runs: list[dict]) -> int | None:
     served = [r["pods"] for r in runs
               if "failed" not in r and r["loads"] and not any(shortfalls(x["figures"]) for x in r["loads"])]
     return max(served, default=None)
+
+
+def highest_turning_over(runs: list[dict]) -> tuple[int, list[float]] | None:
+    """The most pods of the runs that met the bounds at a load where the
+    resident set turned over (a load's figures say "turned_over": its
+    swap-ins reached the pods resident), and those loads' rates; None
+    when no run did. A run that did not reach its end counts for the
+    loads it measured."""
+    served = [(r["pods"], [x["rate"] for x in r["loads"]
+                           if x["figures"].get("turned_over") and not shortfalls(x["figures"])])
+              for r in runs]
+    return max(((n, loads) for n, loads in served if loads), default=None)

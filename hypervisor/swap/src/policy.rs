@@ -224,6 +224,45 @@ pub fn ahead(
         .find(|c| !just_back(c, now_ms, policy) && c.bytes <= host_room)
 }
 
+/// The longest a background pass waits for a pod whose host copies are
+/// ready rather than have another pod's copies made by giving them back:
+/// about what pinning a pod's copies of tens of GiB takes on an H200 host,
+/// which the pod waited for would cost again at its own next swap-out.
+pub const READY_SOON_MS: u64 = 2_000;
+
+/// How long until a pod whose host copies are ready may go ahead of need
+/// ([`ahead`]) where none may now: one brought back within
+/// `min_resident_ms`, or not idle yet, that becomes both within
+/// [`READY_SOON_MS`]; `None` where there is none. Its swap-out only copies
+/// into the copies it keeps, where another pod's would first need host
+/// room: on a full host, the copies of that very pod, given back and
+/// pinned again, seconds of pinning twice instead of none.
+pub fn ready_soon(
+    candidates: &[Candidate],
+    host_room: u64,
+    now_ms: u64,
+    policy: RoomPolicy,
+) -> Option<u64> {
+    candidates
+        .iter()
+        .filter(|c| c.ready && c.bytes > 0 && c.bytes <= host_room && !c.stays)
+        .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
+        .map(|c| {
+            let back_in = match c.back_ms {
+                0 => 0,
+                back => policy
+                    .min_resident_ms
+                    .saturating_sub(stamp_age(back, now_ms)),
+            };
+            let idle_in = policy
+                .idle_after_ms
+                .saturating_sub(stamp_age(c.last_call_ms, now_ms));
+            back_in.max(idle_in)
+        })
+        .filter(|&wait| wait > 0 && wait <= READY_SOON_MS)
+        .min()
+}
+
 /// The pod whose host copies to prepare ahead of its swap-out (so that
 /// its first fast swap-out only copies, instead of pinning fresh host
 /// memory as it copies): the first that [`ranked`] gives that `unprepared`
@@ -481,6 +520,74 @@ mod tests {
         assert_eq!(
             names(&ranked(&pods, 10_000, LRU2)),
             ["cold", "latency", "back"]
+        );
+    }
+
+    #[test]
+    fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
+        let policy = RoomPolicy {
+            idle_after_ms: 200,
+            min_resident_ms: 250,
+            ..LRU2
+        };
+        let ready = |c: Candidate| Candidate { ready: true, ..c };
+        // Brought back 100 ms ago, its last call 50 ms ago: it may go in
+        // 150 ms (idle then, and past its 250 ms).
+        let back = ready(Candidate {
+            back_ms: 9_900,
+            ..used("back", 8, 0, 9_950)
+        });
+        let cold = used("cold", 8, 1_000, 2_000);
+        let pods = [back.clone(), cold.clone()];
+        let first = ahead(&pods, u64::MAX, 10_000, policy).map(|c| c.pod.as_str());
+        assert_eq!(first, Some("cold"));
+        assert_eq!(
+            ready_soon(&[back.clone(), cold.clone()], u64::MAX, 10_000, policy),
+            Some(150)
+        );
+        // Once it may go, it goes first and no wait is needed.
+        let pods = [back.clone(), cold.clone()];
+        let first = ahead(&pods, u64::MAX, 10_150, policy).map(|c| c.pod.as_str());
+        assert_eq!(first, Some("back"));
+        assert_eq!(
+            ready_soon(&[back.clone(), cold.clone()], u64::MAX, 10_150, policy),
+            None
+        );
+        // Not worth it: no copies, copies the host could not take, a pod
+        // that stays, one busy far longer than the wait is worth.
+        let no_copies = Candidate {
+            ready: false,
+            ..back.clone()
+        };
+        assert_eq!(
+            ready_soon(&[no_copies, cold.clone()], u64::MAX, 10_000, policy),
+            None
+        );
+        assert_eq!(
+            ready_soon(std::slice::from_ref(&back), 4 * GIB, 10_000, policy),
+            None
+        );
+        let stays = Candidate {
+            stays: true,
+            ..back.clone()
+        };
+        assert_eq!(ready_soon(&[stays], u64::MAX, 10_000, policy), None);
+        let long = RoomPolicy {
+            min_resident_ms: 5_000,
+            ..policy
+        };
+        assert_eq!(
+            ready_soon(std::slice::from_ref(&back), u64::MAX, 10_000, long),
+            None
+        );
+        // The soonest of several.
+        let sooner = ready(Candidate {
+            back_ms: 9_800,
+            ..used("sooner", 8, 0, 9_850)
+        });
+        assert_eq!(
+            ready_soon(&[back, sooner, cold], u64::MAX, 10_000, policy),
+            Some(50)
         );
     }
 

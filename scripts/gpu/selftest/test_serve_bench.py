@@ -42,7 +42,7 @@ def test_entry_point_options_and_defaults(tmp_path):
     # The headroom: one pod's 12 GiB of weights and its context; the
     # policy's keys as the daemon's config writes them.
     assert a.weight_bytes == 12 * GIB and a.headroom_bytes == 13 * GIB and (tmp_path / "o").is_dir()
-    assert a.keys == {"headroom": '"13g"', "min_resident_ms": "2000"}
+    assert a.keys == {"headroom": '"13g"', "min_resident_ms": "250"} and a.idle_after_ms == 200
     a = top.parse_args(["serve", "--dry-run", "--out", str(tmp_path / "p"), "--sizes", "2,16", "--loads", "0.5,4",
                         "--headroom", "none", "--min-resident-ms", "none", "--swap-key", "min_resident = '2s'",
                         "--swap-key", "headroom=3", "--weights", "1.3", "--path", "checkpoint"])
@@ -120,6 +120,17 @@ def test_load_figures_and_bounds():
     runs = [{"pods": 4, "loads": [{"figures": fast}]}, {"pods": 8, "loads": [{"figures": fast}, {"figures": ok}]},
             {"pods": 12, "loads": [{"figures": fast}], "failed": "the budget spent"}, {"pods": 16, "loads": []}]
     assert serve_trace.highest_served(runs) == 4 and serve_trace.highest_served(runs[1:]) is None
+    over = dict(fast, turned_over=True)
+    turning = [{"pods": 8, "loads": [{"rate": 2.0, "figures": fast}, {"rate": 4.0, "figures": over}]},
+               {"pods": 12, "loads": [{"rate": 2.0, "figures": over}, {"rate": 8.0, "figures": dict(ok, turned_over=True)}],
+                "failed": "the budget spent"},
+               {"pods": 16, "loads": [{"rate": 2.0, "figures": fast}, {"rate": 8.0, "figures": dict(ok, turned_over=True)}]}]
+    # 16 met the bounds only where nothing turned over, and failed where it
+    # did; 12 met them at 2 req/s with the set turning over, though it
+    # fails at 8 and did not finish.
+    assert serve_trace.highest_turning_over(turning) == (12, [2.0])
+    assert serve_trace.highest_turning_over(turning[:1]) == (8, [4.0])
+    assert serve_trace.highest_turning_over(turning[2:]) is None
 
 
 def test_plan_on_an_h200():
@@ -237,10 +248,13 @@ def test_report_rows_and_verdict():
         " | 0 | yes | FAIL: 1 unanswered, p99 > 1.5 s |\n"
         f"| 16 | fast path |{empty} FAILED: 1 requests unanswered at 16 req/s |\n"
         "\nHighest number of pods served (p99 <= 1.5 s and p50 <= 0.5 s at every load, no out-of-memory error, every"
-        " request answered, answers identical): 8 (of 8, 16 run).\n")
+        " request answered, answers identical): 8 (of 8, 16 run).\n"
+        "Highest number of pods served at a load where the resident set turned over (the same bounds at that"
+        " load): 16 (at 2 req/s).\n")
     assert serve_report.HEAD.count("|") == 2 * 14 and serve_report.HEAD.splitlines()[1] == "|---" * 13 + "|"
     text = serve_report.report([runs[0]], ["serve-16-baseline base16-03: model 1003 input 2: b where a was"])
-    assert text.endswith(": none (of 16 run).\nModels' answers computed resident differ between runs:"
+    assert text.endswith(": none (of 16 run).\nHighest number of pods served at a load where the resident set"
+                         " turned over (the same bounds at that load): 16 (at 2 req/s).\nModels' answers computed resident differ between runs:"
                          " serve-16-baseline base16-03: model 1003 input 2: b where a was\n")
 
 
@@ -407,7 +421,7 @@ def test_dry_run(tmp_path, capsys):
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("serve bench, dry run (fast path): GPU 140.4 GiB, host 118 GiB available; [swap] keys"
-                              " {'headroom': '\"13g\"', 'min_resident_ms': '2000'}")
+                              " {'headroom': '\"13g\"', 'min_resident_ms': '250'}")
     # 16 pods first, then 4, then the baseline of 4 (8 and 12 not asked);
     # each load's trace (the seed's), the time each run should take.
     assert printed.splitlines()[1:] == [

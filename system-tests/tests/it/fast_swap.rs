@@ -16,7 +16,8 @@
 //! an overcommitting GPU to make room, on any other by hand) has its
 //! copies prepared ahead, within `prepare_ahead`, while it stays on the
 //! GPU, and room is made first by an idle pod whose copies are ready (its
-//! swap-out only copies).
+//! swap-out only copies); a pod brought back that keeps its copies goes
+//! again ahead of need, rather than give them back for another pod's.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -877,4 +878,84 @@ fn a_pod_swapped_out_ahead_of_need_has_its_host_copies_made_first_outside_the_sw
     let (rest, exit) = running.finish();
     assert!(exit.success(), "{rest:?}");
     assert!(rest.iter().any(|l| l.contains("differ=0")), "{rest:?}");
+}
+
+#[test]
+fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_in_their_place() {
+    // Two pods of 512 MiB (and a context each) on a 2 GiB GPU whose
+    // headroom one of them must leave, on a host with room for one pod's
+    // copies (a pod counts for its context too until its processes
+    // answer): once one is away, its next call brings it back, keeping
+    // its copies, and the headroom is short again.
+    let (first, second) = (Pod::new("fast-again-a"), Pod::new("fast-again-b"));
+    let swap = "overcommit = true\nidle_after_ms = 200\nmin_resident_ms = 1000\n\
+                headroom = \"700m\"\nprepare_ahead = 0\nhost_limit = \"1g\"";
+    let (node, node_file) = shared_gpu(&[&first, &second], "1g", swap);
+    let env = shared_env(&node_file);
+    let script = [
+        "alloc", "mem", "512m", "write", "0", "5", "wait", "check", "0", "5", "wait", "check", "0",
+        "5",
+    ];
+    let mut probes = Vec::new();
+    for pod in [&first, &second] {
+        let mut running = Running::start(pod, &node.url(), &env, &script);
+        assert!(running.until_ready()[0].contains("-> 0 "));
+        registered(&node, pod, 1);
+        probes.push((pod, running));
+    }
+    let away = |pod: &Pod| node.hypervisor().pod_swap(&pod.0).state == Residency::Swapped;
+    eventually("an idle pod goes ahead of need", || {
+        probes.iter().any(|(pod, _)| away(pod))
+    });
+    let gone = probes
+        .iter()
+        .position(|(pod, _)| away(pod))
+        .expect("one away");
+    let (went, stayed) = (probes[gone].0, probes[1 - gone].0);
+    assert!(!away(stayed), "one was enough");
+    // (A pod may have gone between its first calls already, and come back
+    // for the next: what follows is counted from here.)
+    let before = node.hypervisor().swap_status();
+    let ahead = |status: &hypervisor_swap::SwapReport| {
+        let out = hypervisor_swap::Direction::Out;
+        status
+            .serving
+            .swaps_of(out, hypervisor_swap::SwapCause::Ahead)
+    };
+
+    // Its call brings it back; it keeps its copies, which fill the host.
+    probes[gone].1.resume();
+    let lines = probes[gone].1.until_ready();
+    assert!(lines.iter().any(|l| l.contains("differ=0")), "{lines:?}");
+    // The other pod would have to pin copies the host has room for only
+    // once the pod just back gave its own back: the pod just back goes
+    // again once it may (idle, and past `min_resident_ms`), and only
+    // copies.
+    eventually("the pod just back goes again", || away(went));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(!away(stayed), "{} stays", stayed.0);
+    let status = node.hypervisor().swap_status();
+    assert_eq!(
+        (
+            status.totals.host_prepares,
+            status.totals.bytes_on_host,
+            status.totals.host_kept_bytes
+        ),
+        (before.totals.host_prepares, 512 * MIB, 0),
+        "no copies made again, none given back: {status:?}"
+    );
+    assert_eq!(ahead(&status), ahead(&before) + 1, "{status:?}");
+    let record = node.hypervisor().pod_swap(&went.0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Fast),
+        "{record:?}"
+    );
+
+    for (_, mut running) in probes {
+        running.resume();
+        let (rest, exit) = running.finish();
+        assert!(exit.success(), "{rest:?}");
+        assert!(rest.iter().any(|l| l.contains("differ=0")), "{rest:?}");
+    }
 }

@@ -12,7 +12,13 @@
 //! lack host copies has them made first, outside the lock
 //! (`Command::PrepareHost`), and its swap-out, in a pass after, only
 //! copies; a request that needs a swap meanwhile does not wait seconds
-//! of pinning behind it.
+//! of pinning behind it. Where the host has no room for those copies but
+//! by giving back the copies another pod keeps, and that pod may go
+//! itself within moments (just brought back, or just called), the pass
+//! waits for it once instead: its swap-out only copies, where giving its
+//! copies back would cost a pinning now and another at its own next
+//! swap-out (a pod brought back for one request, on a host full of
+//! swapped pods, is then the one that goes again).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +47,10 @@ enum Step {
     /// The pod chosen lacks host copies: its workers make them first,
     /// outside the swap lock.
     Prepare(String, Vec<ClientId>),
+    /// The pod chosen lacks host copies the host has no room for, and a
+    /// pod that keeps its copies may go this soon: the pass waits for it
+    /// rather than give its copies back to make another's.
+    Wait(Duration),
 }
 
 impl Hypervisor {
@@ -61,6 +71,7 @@ impl Hypervisor {
     /// `headroom` free, or no idle pod can go.
     pub(crate) async fn keep_headroom(&self) {
         let mut passed_over: Vec<String> = Vec::new();
+        let mut may_wait = true;
         for _ in 0..PASS {
             let Ok(one) = Arc::clone(&self.shared.swapper.ops).try_lock_owned() else {
                 return;
@@ -69,7 +80,7 @@ impl Hypervisor {
             let skip = passed_over.clone();
             let went = tokio::spawn(async move {
                 let _one = one;
-                hv.swap_one_ahead(&skip).await
+                hv.swap_one_ahead(&skip, may_wait).await
             })
             .await;
             match went {
@@ -79,6 +90,12 @@ impl Hypervisor {
                     if !self.prepare_alone(&pod, &workers).await {
                         return;
                     }
+                }
+                Ok(Some(Step::Wait(after))) => {
+                    // Once a pass: a pod that stays busy is not waited for
+                    // again and again.
+                    may_wait = false;
+                    tokio::time::sleep(after).await;
                 }
                 Ok(None) => return,
                 Err(error) => {
@@ -92,8 +109,9 @@ impl Hypervisor {
     /// One pod swapped out ahead of need on the first GPU short of its
     /// headroom, or the one chosen to have its host copies made first:
     /// `None` where none is short or no pod (but those `passed_over`) can
-    /// go.
-    async fn swap_one_ahead(&self, passed_over: &[String]) -> Option<Step> {
+    /// go; or, where `may_wait`, how long to wait for a pod whose copies
+    /// are ready ([`hypervisor_swap::ready_soon`]).
+    async fn swap_one_ahead(&self, passed_over: &[String], may_wait: bool) -> Option<Step> {
         for (uuid, settings) in self.overcommitting_gpus() {
             if settings.headroom == 0
                 || self
@@ -128,6 +146,15 @@ impl Hypervisor {
                     let bytes = view.bytes();
                     let room = || Self::room_to_prepare(&settings, &self.swap_status().totals);
                     if room() < bytes {
+                        let soon = hypervisor_swap::ready_soon(
+                            &candidates,
+                            host_room,
+                            monotonic_ms(),
+                            room_policy(&settings),
+                        );
+                        if let Some(ms) = soon.filter(|_| may_wait) {
+                            return Some(Step::Wait(Duration::from_millis(ms)));
+                        }
                         let _ = self.host_room_for(&pod, bytes).await;
                     }
                     if room() >= bytes {
