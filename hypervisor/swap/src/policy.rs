@@ -230,22 +230,24 @@ pub fn ahead(
 /// which the pod waited for would cost again at its own next swap-out.
 pub const READY_SOON_MS: u64 = 2_000;
 
-/// How long until a pod whose host copies are ready may go ahead of need
-/// ([`ahead`]) where none may now: one brought back within
-/// `min_resident_ms`, or not idle yet, that becomes both within
-/// [`READY_SOON_MS`]; `None` where there is none. Its swap-out only copies
-/// into the copies it keeps, where another pod's would first need host
-/// room: on a full host, the copies of that very pod, given back and
-/// pinned again, seconds of pinning twice instead of none.
+/// How long until a pod whose host copies are ready, and that frees
+/// `need` bytes by itself, may go ([`ahead`], [`victims`]) where none may
+/// now: one brought back within `min_resident_ms`, or not idle yet, that
+/// becomes both within [`READY_SOON_MS`]; `None` where there is none. Its
+/// swap-out only copies into the copies it keeps, where another pod's
+/// would pin host memory first, and on a full host only once that very
+/// pod gave its copies back: seconds of pinning, twice, instead of none.
 pub fn ready_soon(
     candidates: &[Candidate],
+    need: u64,
     host_room: u64,
     now_ms: u64,
     policy: RoomPolicy,
 ) -> Option<u64> {
     candidates
         .iter()
-        .filter(|c| c.ready && c.bytes > 0 && c.bytes <= host_room && !c.stays)
+        .filter(|c| c.ready && c.bytes > 0 && c.bytes >= need && c.bytes <= host_room)
+        .filter(|c| !c.stays)
         .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
         .map(|c| {
             let back_in = match c.back_ms {
@@ -542,7 +544,7 @@ mod tests {
         let first = ahead(&pods, u64::MAX, 10_000, policy).map(|c| c.pod.as_str());
         assert_eq!(first, Some("cold"));
         assert_eq!(
-            ready_soon(&[back.clone(), cold.clone()], u64::MAX, 10_000, policy),
+            ready_soon(&[back.clone(), cold.clone()], GIB, u64::MAX, 10_000, policy),
             Some(150)
         );
         // Once it may go, it goes first and no wait is needed.
@@ -550,7 +552,7 @@ mod tests {
         let first = ahead(&pods, u64::MAX, 10_150, policy).map(|c| c.pod.as_str());
         assert_eq!(first, Some("back"));
         assert_eq!(
-            ready_soon(&[back.clone(), cold.clone()], u64::MAX, 10_150, policy),
+            ready_soon(&[back.clone(), cold.clone()], GIB, u64::MAX, 10_150, policy),
             None
         );
         // Not worth it: no copies, copies the host could not take, a pod
@@ -560,24 +562,35 @@ mod tests {
             ..back.clone()
         };
         assert_eq!(
-            ready_soon(&[no_copies, cold.clone()], u64::MAX, 10_000, policy),
+            ready_soon(&[no_copies, cold.clone()], GIB, u64::MAX, 10_000, policy),
             None
         );
         assert_eq!(
-            ready_soon(std::slice::from_ref(&back), 4 * GIB, 10_000, policy),
+            ready_soon(std::slice::from_ref(&back), GIB, 4 * GIB, 10_000, policy),
+            None
+        );
+        // Nor a pod that frees less than is needed.
+        assert_eq!(
+            ready_soon(
+                std::slice::from_ref(&back),
+                9 * GIB,
+                u64::MAX,
+                10_000,
+                policy
+            ),
             None
         );
         let stays = Candidate {
             stays: true,
             ..back.clone()
         };
-        assert_eq!(ready_soon(&[stays], u64::MAX, 10_000, policy), None);
+        assert_eq!(ready_soon(&[stays], GIB, u64::MAX, 10_000, policy), None);
         let long = RoomPolicy {
             min_resident_ms: 5_000,
             ..policy
         };
         assert_eq!(
-            ready_soon(std::slice::from_ref(&back), u64::MAX, 10_000, long),
+            ready_soon(std::slice::from_ref(&back), GIB, u64::MAX, 10_000, long),
             None
         );
         // The soonest of several.
@@ -586,7 +599,7 @@ mod tests {
             ..used("sooner", 8, 0, 9_850)
         });
         assert_eq!(
-            ready_soon(&[back, sooner, cold], u64::MAX, 10_000, policy),
+            ready_soon(&[back, sooner, cold], GIB, u64::MAX, 10_000, policy),
             Some(50)
         );
     }

@@ -17,7 +17,9 @@
 //! copies prepared ahead, within `prepare_ahead`, while it stays on the
 //! GPU, and room is made first by an idle pod whose copies are ready (its
 //! swap-out only copies); a pod brought back that keeps its copies goes
-//! again ahead of need, rather than give them back for another pod's.
+//! again, ahead of need or for another's room, once it may (within
+//! moments), rather than give them back for another pod's or leave the
+//! room to a pod that pins.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -953,6 +955,86 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
     );
 
     for (_, mut running) in probes {
+        running.resume();
+        let (rest, exit) = running.finish();
+        assert!(exit.success(), "{rest:?}");
+        assert!(rest.iter().any(|l| l.contains("differ=0")), "{rest:?}");
+    }
+}
+
+#[test]
+fn room_for_a_swapped_pods_call_waits_a_moment_for_a_pod_that_keeps_its_copies_rather_than_pin() {
+    // Three pods of 352 MiB (and a context each) that just fit a 2 GiB
+    // GPU, no headroom: a pod swapped out by hand comes back by making its
+    // own room, and so does the pod that made it.
+    let pods = [
+        Pod::new("fast-wait-a"),
+        Pod::new("fast-wait-b"),
+        Pod::new("fast-wait-c"),
+    ];
+    let swap = "overcommit = true\nidle_after_ms = 200\nmin_resident_ms = 1000\n\
+                prepare_ahead = 0\nhost_limit = \"64g\"";
+    let (node, node_file) = shared_gpu(&[&pods[0], &pods[1], &pods[2]], "1g", swap);
+    let env = shared_env(&node_file);
+    let script = [
+        "alloc", "mem", "352m", "write", "0", "7", "wait", "check", "0", "7", "wait", "check", "0",
+        "7",
+    ];
+    // The first pod's call once back is a small allocation, over in a
+    // moment; the others' a check of their bytes.
+    let first_script = [
+        "alloc", "mem", "352m", "write", "0", "7", "wait", "alloc", "mem", "2m", "wait", "check",
+        "0", "7",
+    ];
+    let mut probes = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let script: &[&str] = if i == 0 { &first_script } else { &script };
+        let mut running = Running::start(pod, &node.url(), &env, script);
+        let lines = running.until_ready();
+        assert!(lines[1].starts_with("write 0 7 -> 0 "), "{lines:?}");
+        registered(&node, pod, 1);
+        probes.push(running);
+    }
+    let away = |i: usize| node.hypervisor().pod_swap(&pods[i].0).state == Residency::Swapped;
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &pods[0].0]);
+    assert!(ok, "{answer}");
+    // Its call brings it back: room is made by one of the others, which
+    // pins host memory as it goes (neither has copies).
+    probes[0].resume();
+    let lines = probes[0].until_ready();
+    assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
+    let second = (1..3).find(|&i| away(i)).expect("one pod made room");
+    let third = 3 - second;
+    let before = node.hypervisor().swap_status();
+
+    // At once, the call of the pod that made room: the pod just back keeps
+    // its copies and may go within moments, the third would pin. The room
+    // waits for the first, which goes, copying only.
+    probes[second].resume();
+    let lines = probes[second].until_ready();
+    assert!(lines.iter().any(|l| l.contains("differ=0")), "{lines:?}");
+    assert!(away(0), "the pod that keeps its copies went");
+    assert!(!away(third), "the pod without copies stays");
+    let status = node.hypervisor().swap_status();
+    let record = node.hypervisor().pod_swap(&pods[0].0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Fast),
+        "{record:?}"
+    );
+    assert_eq!(
+        status.totals.host_prepares, before.totals.host_prepares,
+        "{status:?}"
+    );
+    let out = hypervisor_swap::Direction::Out;
+    let demand = |status: &hypervisor_swap::SwapReport| {
+        status
+            .serving
+            .swaps_of(out, hypervisor_swap::SwapCause::Demand)
+    };
+    assert_eq!(demand(&status), demand(&before) + 1, "{status:?}");
+
+    for mut running in probes {
         running.resume();
         let (rest, exit) = running.finish();
         assert!(exit.success(), "{rest:?}");

@@ -146,8 +146,12 @@ impl Hypervisor {
                     let bytes = view.bytes();
                     let room = || Self::room_to_prepare(&settings, &self.swap_status().totals);
                     if room() < bytes {
+                        let short = self
+                            .free_on(&uuid)
+                            .map_or(0, |free| settings.headroom.saturating_sub(free));
                         let soon = hypervisor_swap::ready_soon(
                             &candidates,
+                            short,
                             host_room,
                             monotonic_ms(),
                             room_policy(&settings),

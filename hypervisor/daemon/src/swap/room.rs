@@ -9,8 +9,12 @@
 //! is swapped while the GPU has that much free, as NVML says; the pods go
 //! one at a time, in the policy's order (`hypervisor-swap`'s `policy`: the
 //! least used of late first, by the uses [`super::ahead`] samples), until
-//! it has. A pod that cannot go (memory the driver cannot checkpoint, a
-//! process that does not stop) is passed over for the next. A pod that is
+//! it has. Where the first would pin host memory as it goes (its processes
+//! keep no copies) and a pod that keeps them may go within moments (just
+//! brought back, or just called), room waits for that one, once: its
+//! swap-out only copies. A pod that cannot go (memory the driver cannot
+//! checkpoint, a process that does not stop) is passed over for the next.
+//! A pod that is
 //! also placed on a GPU that does not overcommit never goes: under
 //! Kubernetes that is a pod whose claim asked for a device whose
 //! `overcommit` attribute is false, to be never swapped.
@@ -219,10 +223,19 @@ impl Hypervisor {
         let need = room_target(need, before, said);
         let mut free = before;
         let mut passed_over: Vec<String> = Vec::new();
+        let mut may_wait = true;
         while free < need {
-            let Some(victim) = self.room_victim(uuid, need - free, asker, &passed_over, &settings)
-            else {
-                break;
+            let lacking = need - free;
+            let pick = self.room_victim(uuid, lacking, asker, &passed_over, &settings, may_wait);
+            let victim = match pick {
+                Some(Pick::Go(victim)) => victim,
+                Some(Pick::Soon(after)) => {
+                    // Once: a pod that stays busy is not waited for again.
+                    may_wait = false;
+                    tokio::time::sleep(after).await;
+                    continue;
+                }
+                None => break,
             };
             if let Err(error) = self.swap_out_counted(&victim, SwapCause::Demand).await {
                 tracing::info!(pod = %victim.pod, %error, "the pod cannot make room; the next one is tried");
@@ -253,7 +266,12 @@ impl Hypervisor {
     }
 
     /// The first pod to swap out of the GPU `uuid` towards `lacking` bytes,
-    /// by the policy: idle, resident, not `asker` nor one `passed_over`.
+    /// by the policy: idle, resident, not `asker` nor one `passed_over`;
+    /// or, where it lacks host copies, `may_wait`, and a pod that keeps
+    /// its own may go within moments ([`hypervisor_swap::ready_soon`]),
+    /// how long until then: its swap-out only copies, where the first's
+    /// pins host memory as the asker waits (and, on a full host, only once
+    /// the other gave its copies back).
     fn room_victim(
         &self,
         uuid: &str,
@@ -261,21 +279,27 @@ impl Hypervisor {
         asker: &str,
         passed_over: &[String],
         settings: &SwapSettings,
-    ) -> Option<SwapView> {
+        may_wait: bool,
+    ) -> Option<Pick> {
         let (views, candidates) = self.candidates_on(uuid, |pod| {
             pod != asker && !passed_over.iter().any(|p| p == pod)
         });
-        let host_room = self.host_room(settings);
-        let first = hypervisor_swap::victims(
-            &candidates,
-            lacking,
-            host_room,
+        let (host_room, now, policy) = (
+            self.host_room(settings),
             monotonic_ms(),
             room_policy(settings),
-        )
-        .first()
-        .map(|c| c.pod.clone())?;
-        views.into_iter().find(|v| v.pod == first)
+        );
+        let first = hypervisor_swap::victims(&candidates, lacking, host_room, now, policy)
+            .first()
+            .map(|c| (c.pod.clone(), c.ready))?;
+        if !first.1
+            && may_wait
+            && let Some(ms) =
+                hypervisor_swap::ready_soon(&candidates, lacking, host_room, now, policy)
+        {
+            return Some(Pick::Soon(Duration::from_millis(ms)));
+        }
+        views.into_iter().find(|v| v.pod == first.0).map(Pick::Go)
     }
 
     /// The resident pods of the GPU `uuid` that `may` allows, but for those
@@ -380,6 +404,14 @@ impl Hypervisor {
 /// How often [`Hypervisor::make_room`] tries again while pods that could
 /// make the room are busy.
 const ROOM_POLL: Duration = Duration::from_millis(100);
+
+/// The next step of making room.
+enum Pick {
+    /// This pod goes.
+    Go(SwapView),
+    /// A pod whose host copies are ready may go this soon.
+    Soon(Duration),
+}
 
 /// What a room request got.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
