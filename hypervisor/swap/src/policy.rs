@@ -38,9 +38,12 @@ pub struct Candidate {
     /// overcommit (under Kubernetes, a claim that asked for a device whose
     /// `overcommit` attribute is false), so it is never swapped for room.
     pub stays: bool,
-    /// Whether its processes keep (or are making) host copies of what it
-    /// holds: its swap-out then only copies.
+    /// Whether its processes keep host copies of what it holds: its
+    /// swap-out then only copies.
     pub ready: bool,
+    /// Whether its processes are making those copies now: its swap-out
+    /// waits for what is left of that, then only copies.
+    pub preparing: bool,
 }
 
 /// Where latency-class pods come among those that make room.
@@ -137,7 +140,7 @@ pub fn ranked(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<
         (
             just_back(c, now_ms, policy),
             c.latency,
-            !c.ready,
+            !(c.ready || c.preparing),
             std::cmp::Reverse(first),
             std::cmp::Reverse(last),
             std::cmp::Reverse(c.bytes),
@@ -265,6 +268,38 @@ pub fn ready_soon(
         .min()
 }
 
+/// The next step of making room for `need` bytes ([`victims`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum RoomStep<'a> {
+    /// This pod goes.
+    Go(&'a Candidate),
+    /// A pod whose copies are ready may go in this many milliseconds.
+    Wait(u64),
+}
+
+/// The next step of making room for `need` bytes: the first of
+/// [`victims`]; or, where that one's swap-out would pin host memory
+/// first (its processes keep no copies, or are still making them) and
+/// `may_wait`, waiting for a pod that keeps its copies and may go within
+/// [`READY_SOON_MS`] ([`ready_soon`]). `None` where no pod can free it.
+pub fn room_step(
+    candidates: &[Candidate],
+    need: u64,
+    host_room: u64,
+    now_ms: u64,
+    policy: RoomPolicy,
+    may_wait: bool,
+) -> Option<RoomStep<'_>> {
+    let first = *victims(candidates, need, host_room, now_ms, policy).first()?;
+    if !first.ready
+        && may_wait
+        && let Some(ms) = ready_soon(candidates, need, host_room, now_ms, policy)
+    {
+        return Some(RoomStep::Wait(ms));
+    }
+    Some(RoomStep::Go(first))
+}
+
 /// The pod whose host copies to prepare ahead of its swap-out (so that
 /// its first fast swap-out only copies, instead of pinning fresh host
 /// memory as it copies): the first that [`ranked`] gives that `unprepared`
@@ -318,6 +353,7 @@ mod tests {
             latency,
             stays: false,
             ready: false,
+            preparing: false,
         }
     }
 
@@ -602,6 +638,47 @@ mod tests {
             ready_soon(&[back, sooner, cold], GIB, u64::MAX, 10_000, policy),
             Some(50)
         );
+    }
+
+    #[test]
+    fn room_waits_a_moment_for_a_ready_pod_rather_than_pin_or_wait_for_a_preparation() {
+        let policy = RoomPolicy {
+            idle_after_ms: 200,
+            min_resident_ms: 250,
+            ..LRU2
+        };
+        let back = Candidate {
+            back_ms: 9_900,
+            ready: true,
+            ..used("back", 8, 0, 9_950)
+        };
+        let cold = used("cold", 8, 1_000, 2_000);
+        let pods = [back.clone(), cold.clone()];
+        let step = |pods, may_wait| room_step(pods, GIB, u64::MAX, 10_000, policy, may_wait);
+        // The cold pod would pin: the pod just back may go in 150 ms.
+        assert_eq!(step(&pods, true), Some(RoomStep::Wait(150)));
+        assert_eq!(step(&pods, false), Some(RoomStep::Go(&pods[1])));
+        // A cold pod whose copies are being made goes first, but its
+        // swap-out would wait for the rest of that: the ready pod is
+        // waited for too.
+        let preparing = [
+            back.clone(),
+            Candidate {
+                preparing: true,
+                ..cold.clone()
+            },
+        ];
+        assert_eq!(step(&preparing, true), Some(RoomStep::Wait(150)));
+        // A cold pod that keeps its copies goes at once.
+        let kept = [
+            back,
+            Candidate {
+                ready: true,
+                ..cold
+            },
+        ];
+        assert_eq!(step(&kept, true), Some(RoomStep::Go(&kept[1])));
+        assert_eq!(step(&[], true), None);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use gpushare_utils::clock::monotonic_ms;
 use gpushare_utils::limits::Residency;
 use hypervisor_config::SwapSettings;
 use hypervisor_core::scheduler::SwapView;
-use hypervisor_swap::{Candidate, RoomPolicy, SwapCause, room_ever};
+use hypervisor_swap::{Candidate, RoomPolicy, RoomStep, SwapCause, room_ever};
 use tokio::time::Instant;
 
 use super::SwapRefusal;
@@ -284,22 +284,12 @@ impl Hypervisor {
         let (views, candidates) = self.candidates_on(uuid, |pod| {
             pod != asker && !passed_over.iter().any(|p| p == pod)
         });
-        let (host_room, now, policy) = (
-            self.host_room(settings),
-            monotonic_ms(),
-            room_policy(settings),
-        );
-        let first = hypervisor_swap::victims(&candidates, lacking, host_room, now, policy)
-            .first()
-            .map(|c| (c.pod.clone(), c.ready))?;
-        if !first.1
-            && may_wait
-            && let Some(ms) =
-                hypervisor_swap::ready_soon(&candidates, lacking, host_room, now, policy)
-        {
-            return Some(Pick::Soon(Duration::from_millis(ms)));
+        let (host_room, policy) = (self.host_room(settings), room_policy(settings));
+        let now = monotonic_ms();
+        match hypervisor_swap::room_step(&candidates, lacking, host_room, now, policy, may_wait)? {
+            RoomStep::Wait(ms) => Some(Pick::Soon(Duration::from_millis(ms))),
+            RoomStep::Go(first) => views.into_iter().find(|v| v.pod == first.pod).map(Pick::Go),
         }
-        views.into_iter().find(|v| v.pod == first.0).map(Pick::Go)
     }
 
     /// The resident pods of the GPU `uuid` that `may` allows, but for those
@@ -347,7 +337,8 @@ impl Hypervisor {
                         .gpus
                         .iter()
                         .any(|g| !g.index.is_some_and(|i| overcommit.overcommits(i))),
-                    ready: self.copies_ready(v, kept),
+                    ready: self.copies_ready(v, kept) && !self.being_prepared(&v.pod),
+                    preparing: self.being_prepared(&v.pod),
                 }
             })
             .collect();
