@@ -227,10 +227,11 @@ pub fn ahead(
         .find(|c| !just_back(c, now_ms, policy) && c.bytes <= host_room)
 }
 
-/// The longest a background pass waits for a pod whose host copies are
-/// ready rather than have another pod's copies made by giving them back:
-/// about what pinning a pod's copies of tens of GiB takes on an H200 host,
-/// which the pod waited for would cost again at its own next swap-out.
+/// The longest the daemon waits for a pod whose host copies are ready
+/// (ahead of need, or making room) rather than have another pod pin its
+/// copies, on a full host by giving the first one's back: about what
+/// pinning a pod's copies of tens of GiB takes on an H200 host, which the
+/// pod waited for would cost again at its own next swap-out.
 pub const READY_SOON_MS: u64 = 2_000;
 
 /// How long until a pod whose host copies are ready, and that frees

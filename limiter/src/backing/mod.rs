@@ -17,7 +17,11 @@
 //!    there and made readable and writable by that device; the program gets
 //!    the range's address. The quota charges the rounded size (what the
 //!    GPU holds). Any step failing undoes the others and the allocation is
-//!    made by the driver as without this setting.
+//!    made by the driver as without this setting; but where the driver had
+//!    no memory for it (the GPU full of other pods), room is asked of the
+//!    hypervisor first, as for any allocation, and it is backed again:
+//!    memory the driver made instead could leave the GPU only by the
+//!    driver's checkpoint.
 //! 3. **The book.** Each backed range, by address: the size asked for, the
 //!    rounded size, the device and the physical memory. `cuMemFree_v2` (or
 //!    `cuMemFreeAsync`) of one waits for the context, unmaps, releases and

@@ -19,7 +19,8 @@
 //! swap-out only copies); a pod brought back that keeps its copies goes
 //! again, ahead of need or for another's room, once it may (within
 //! moments), rather than give them back for another pod's or leave the
-//! room to a pod that pins.
+//! room to a pod that pins. An allocation the GPU has room for only once
+//! another pod goes is backed all the same.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -1035,6 +1036,61 @@ fn room_for_a_swapped_pods_call_waits_a_moment_for_a_pod_that_keeps_its_copies_r
     assert_eq!(demand(&status), demand(&before) + 1, "{status:?}");
 
     for mut running in probes {
+        running.resume();
+        let (rest, exit) = running.finish();
+        assert!(exit.success(), "{rest:?}");
+        assert!(rest.iter().any(|l| l.contains("differ=0")), "{rest:?}");
+    }
+}
+
+#[test]
+fn an_allocation_the_gpu_has_room_for_only_once_a_pod_goes_is_backed_all_the_same() {
+    // Two pods of 768 MiB (and a context each, within a quota of 1100
+    // MiB) on a 2 GiB GPU: the
+    // second's allocation finds the GPU short, and room is made by the
+    // first, idle.
+    let (first, second) = (Pod::new("fast-roomy-a"), Pod::new("fast-roomy-b"));
+    let swap = "overcommit = true\nidle_after_ms = 200\nprepare_ahead = 0\nhost_limit = \"64g\"";
+    let (node, node_file) = shared_gpu(&[&first, &second], "1100m", swap);
+    let env = shared_env(&node_file);
+    let script = [
+        "alloc", "mem", "768m", "write", "0", "3", "wait", "check", "0", "3",
+    ];
+    let mut a = Running::start(&first, &node.url(), &env, &script);
+    let lines = a.until_ready();
+    assert!(
+        lines.iter().any(|l| l.starts_with("write 0 3 -> 0 ")),
+        "{lines:?}"
+    );
+    registered(&node, &first, 1);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let mut b = Running::start(&second, &node.url(), &env, &script);
+    let lines = b.until_ready();
+    assert!(
+        lines.iter().any(|l| l.starts_with("write 0 3 -> 0 ")),
+        "{lines:?}"
+    );
+    registered(&node, &second, 1);
+    let away = |pod: &Pod| node.hypervisor().pod_swap(&pod.0).state == Residency::Swapped;
+    assert!(away(&first), "the first pod made the room");
+
+    // The memory the room was made for is the limiter's: all of it leaves
+    // by the fast path (memory the driver allocated instead would have
+    // been left on the GPU, and the checkpoint taken it).
+    let (ok, answer) = admin_cli(&node, &["swap", "out", &second.0]);
+    assert!(ok, "{answer}");
+    let record = node.hypervisor().pod_swap(&second.0);
+    assert_eq!(
+        (
+            record.state,
+            record.history.last_swap_out_path,
+            record.history.bytes_on_host
+        ),
+        (Residency::Swapped, Some(SwapPath::Fast), 768 * MIB),
+        "{record:?}"
+    );
+    for running in [a, b] {
+        let mut running = running;
         running.resume();
         let (rest, exit) = running.finish();
         assert!(exit.success(), "{rest:?}");

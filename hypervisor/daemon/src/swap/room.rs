@@ -14,9 +14,8 @@
 //! brought back, or just called), room waits for that one, once: its
 //! swap-out only copies. A pod that cannot go (memory the driver cannot
 //! checkpoint, a process that does not stop) is passed over for the next.
-//! A pod that is
-//! also placed on a GPU that does not overcommit never goes: under
-//! Kubernetes that is a pod whose claim asked for a device whose
+//! A pod that is also placed on a GPU that does not overcommit never goes:
+//! under Kubernetes that is a pod whose claim asked for a device whose
 //! `overcommit` attribute is false, to be never swapped.
 
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@
 //! to make room by swapping idle pods out, and is tried again.
 
 use super::super::room::{self, wants_room};
-use crate::backing::Backing;
+use crate::backing::{Backing, BackingError};
 use crate::context::Context;
 use crate::error::{LimiterError, Pass, Result};
 use crate::quota::{MemoryQuota, Reservation, Resource};
@@ -170,21 +170,34 @@ impl Memory {
     /// `bytes` on the current device backed by the limiter (`crate::backing`),
     /// charged its rounded size; `None` when it is not to be backed or could
     /// not be (the quota refused the rounded size, or a VMM call failed):
-    /// the caller then allocates as the driver would.
+    /// the caller then allocates as the driver would. Where the driver
+    /// has no memory for it, room is asked for as for any allocation, and
+    /// it is backed again: memory the driver allocated instead could only
+    /// leave the GPU by the driver's checkpoint.
     fn allocate_backed(self, bytes: u64) -> Option<CUdeviceptr> {
         let plan = self.backing.plan(self.ctx, bytes)?;
         let device = self.limited_device(Placement::Current).ok()?;
-        let reservation = self.quota.reserve(self.ctx, device, plan.size).ok()?;
-        match self.backing.back(self.ctx, plan, bytes) {
-            Ok(pointer) => {
-                reservation.commit(Resource::Pointer(pointer));
-                tracing::debug!(device, bytes, held = plan.size, pointer, "backed");
-                Some(pointer)
+        let mut rooms = 0;
+        loop {
+            let reservation = self.quota.reserve(self.ctx, device, plan.size).ok()?;
+            let error = match self.backing.back(self.ctx, plan, bytes) {
+                Ok(pointer) => {
+                    reservation.commit(Resource::Pointer(pointer));
+                    tracing::debug!(device, bytes, held = plan.size, pointer, "backed");
+                    return Some(pointer);
+                }
+                Err(error) => error,
+            };
+            drop(reservation);
+            if let BackingError::Create(created) = &error
+                && wants_room(created.code(), rooms)
+                && self.made_room(device, plan.size)
+            {
+                rooms += 1;
+                continue;
             }
-            Err(error) => {
-                tracing::debug!(device, bytes, %error, "not backed; the driver allocates");
-                None
-            }
+            tracing::debug!(device, bytes, %error, "not backed; the driver allocates");
+            return None;
         }
     }
 
