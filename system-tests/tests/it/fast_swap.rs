@@ -934,7 +934,11 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
     // once the pod just back gave its own back: the pod just back goes
     // again once it may (idle, and past `min_resident_ms`), and only
     // copies.
-    eventually("the pod just back goes again", || away(went));
+    // (Its residency is written a moment before the daemon counts the
+    // swap.)
+    eventually("the pod just back goes again", || {
+        away(went) && ahead(&node.hypervisor().swap_status()) == ahead(&before) + 1
+    });
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert!(!away(stayed), "{} stays", stayed.0);
     let status = node.hypervisor().swap_status();

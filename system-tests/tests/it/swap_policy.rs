@@ -247,9 +247,11 @@ fn headroom_is_kept_ahead_of_need_and_a_swap_in_waits_for_no_swap_out() {
         0,
         "no swap-out waited for"
     );
-    // Then the headroom is made again, by the pod that is idle now.
+    // Then the headroom is made again, by the pod that is idle now (its
+    // process is checkpointed a moment before the daemon counts the swap).
     eventually("the second pod is swapped out ahead of need", || {
         control_block(b.pid()).state == 2
+            && report(&node).swaps_of(Direction::Out, SwapCause::Ahead) == 2
     });
     assert_eq!(control_block(a.pid()).state, 0, "the pod just back stays");
     let seen = report(&node);
