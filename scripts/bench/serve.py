@@ -20,8 +20,9 @@ need, default one pod's weights and context: a request to a swapped pod
 then waits for its swap-in, not for a swap-out) and `min_resident_ms`
 (a pod brought back stays that long unless nothing else can go; default
 250, so that a pod brought back for one request, keeping its host
-copies, can be the one that goes again, by a copy only); the pods started one by one, each once the
-one before answered (--start-together: all at once) (path fast: with
+copies, can be the one that goes again, by a copy only); the pods
+started one by one, each once the one before answered
+(--start-together: all at once) (path fast: with
 CUDA_LIMITER_FAST_SWAP=1; checkpoint: the driver's checkpoint), each
 answering its 8 inputs once loaded (resident, before any swap: the
 reference). Then, per load (requests a second over all pods), a trace of
