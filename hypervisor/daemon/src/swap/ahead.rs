@@ -113,13 +113,12 @@ impl Hypervisor {
     /// are ready ([`hypervisor_swap::ready_soon`]).
     async fn swap_one_ahead(&self, passed_over: &[String], may_wait: bool) -> Option<Step> {
         for (uuid, settings) in self.overcommitting_gpus() {
-            if settings.headroom == 0
-                || self
-                    .free_on(&uuid)
-                    .is_none_or(|free| free >= settings.headroom)
-            {
+            if settings.headroom == 0 {
                 continue;
             }
+            let Some(free) = self.free_on(&uuid).filter(|&free| free < settings.headroom) else {
+                continue;
+            };
             // A pod whose copies are being made would be swapped out with
             // the lock held until they are.
             let (views, candidates) = self.candidates_on(&uuid, |pod| {
@@ -146,12 +145,9 @@ impl Hypervisor {
                     let bytes = view.bytes();
                     let room = || Self::room_to_prepare(&settings, &self.swap_status().totals);
                     if room() < bytes {
-                        let short = self
-                            .free_on(&uuid)
-                            .map_or(0, |free| settings.headroom.saturating_sub(free));
                         let soon = hypervisor_swap::ready_soon(
                             &candidates,
-                            short,
+                            settings.headroom - free,
                             host_room,
                             monotonic_ms(),
                             room_policy(&settings),

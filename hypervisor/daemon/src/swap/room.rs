@@ -322,6 +322,7 @@ impl Hypervisor {
             .map(|v| {
                 let (last_call_ms, seen) = (v.region.last_call_ms(), uses.of(&v.pod));
                 let kept = board.history(&v.pod).host_kept_bytes;
+                let preparing = self.being_prepared(&v.pod);
                 Candidate {
                     pod: v.pod.clone(),
                     bytes: v.bytes_on(uuid),
@@ -336,8 +337,8 @@ impl Hypervisor {
                         .gpus
                         .iter()
                         .any(|g| !g.index.is_some_and(|i| overcommit.overcommits(i))),
-                    ready: self.copies_ready(v, kept) && !self.being_prepared(&v.pod),
-                    preparing: self.being_prepared(&v.pod),
+                    ready: self.copies_ready(v, kept) && !preparing,
+                    preparing,
                 }
             })
             .collect();

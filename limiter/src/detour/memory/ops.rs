@@ -117,28 +117,56 @@ impl Memory {
     }
 
     /// Reserves `bytes` on `device` and runs `allocate`: its result, with the
-    /// reservation when it succeeded (given back otherwise). When the driver
-    /// answers out of memory to what the quota admitted, the GPU is full of
-    /// other pods: under a hypervisor, it is asked to make room (the
-    /// reservation given back while it does), and the allocation is tried
-    /// again, reserved again, for at most [`ROOM_ROUNDS`] rooms made. A
-    /// refusal by the quota is an error, in any round.
+    /// reservation when it succeeded (given back otherwise), room made and
+    /// the allocation tried again as [`Self::reserve_and_try`] says.
     fn reserve_and_allocate(
         self,
         device: usize,
         bytes: u64,
         mut allocate: impl FnMut() -> CUresult,
     ) -> Result<(CUresult, Option<Reservation<'static>>)> {
+        let allocated = || {
+            let result = allocate();
+            if result.is_success() {
+                Ok(result)
+            } else {
+                Err(result)
+            }
+        };
+        Ok(
+            match self.reserve_and_try(device, bytes, allocated, |&result| Some(result))? {
+                Ok((result, reservation)) => (result, Some(reservation)),
+                Err(result) => (result, None),
+            },
+        )
+    }
+
+    /// Reserves `bytes` on `device` and runs `attempt`: what it made, with
+    /// the reservation, or how it failed (the reservation given back).
+    /// When the driver answers out of memory (`driver_said` of the failure)
+    /// to what the quota admitted, the GPU is full of other pods: under a
+    /// hypervisor, it is asked to make room (the reservation given back
+    /// while it does), and `attempt` runs again, reserved again, for at
+    /// most [`ROOM_ROUNDS`] rooms made. A refusal by the quota is an error,
+    /// in any round.
+    fn reserve_and_try<T, E>(
+        self,
+        device: usize,
+        bytes: u64,
+        mut attempt: impl FnMut() -> std::result::Result<T, E>,
+        driver_said: impl Fn(&E) -> Option<CUresult>,
+    ) -> Result<std::result::Result<(T, Reservation<'static>), E>> {
         let mut rooms = 0;
         loop {
             let reservation = self.quota.reserve(self.ctx, device, bytes)?;
-            let result = allocate();
-            if result.is_success() {
-                return Ok((result, Some(reservation)));
-            }
+            let failure = match attempt() {
+                Ok(made) => return Ok(Ok((made, reservation))),
+                Err(failure) => failure,
+            };
             drop(reservation);
-            if !(wants_room(result, rooms) && self.made_room(device, bytes)) {
-                return Ok((result, None));
+            let no_memory = driver_said(&failure).is_some_and(|result| wants_room(result, rooms));
+            if !(no_memory && self.made_room(device, bytes)) {
+                return Ok(Err(failure));
             }
             rooms += 1;
         }
@@ -177,27 +205,26 @@ impl Memory {
     fn allocate_backed(self, bytes: u64) -> Option<CUdeviceptr> {
         let plan = self.backing.plan(self.ctx, bytes)?;
         let device = self.limited_device(Placement::Current).ok()?;
-        let mut rooms = 0;
-        loop {
-            let reservation = self.quota.reserve(self.ctx, device, plan.size).ok()?;
-            let error = match self.backing.back(self.ctx, plan, bytes) {
-                Ok(pointer) => {
-                    reservation.commit(Resource::Pointer(pointer));
-                    tracing::debug!(device, bytes, held = plan.size, pointer, "backed");
-                    return Some(pointer);
-                }
-                Err(error) => error,
-            };
-            drop(reservation);
-            if let BackingError::Create(created) = &error
-                && wants_room(created.code(), rooms)
-                && self.made_room(device, plan.size)
-            {
-                rooms += 1;
-                continue;
+        let backed = || self.backing.back(self.ctx, plan, bytes);
+        // Only the driver's answer as it creates the memory says whether the
+        // GPU is full: the other steps' failures are the VMM API's.
+        let driver_said = |error: &BackingError| match error {
+            BackingError::Create(created) => Some(created.code()),
+            _ => None,
+        };
+        match self
+            .reserve_and_try(device, plan.size, backed, driver_said)
+            .ok()?
+        {
+            Ok((pointer, reservation)) => {
+                reservation.commit(Resource::Pointer(pointer));
+                tracing::debug!(device, bytes, held = plan.size, pointer, "backed");
+                Some(pointer)
             }
-            tracing::debug!(device, bytes, %error, "not backed; the driver allocates");
-            return None;
+            Err(error) => {
+                tracing::debug!(device, bytes, %error, "not backed; the driver allocates");
+                None
+            }
         }
     }
 
