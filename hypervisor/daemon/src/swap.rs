@@ -212,12 +212,19 @@ impl Hypervisor {
         .await
     }
 
-    /// A swap of `pod` was done `direction` for `cause`: counted, and a pod
-    /// brought back is left resident for a while where others can go.
-    fn swapped(&self, pod: &str, direction: Direction, cause: SwapCause) {
+    /// A swap of `view`'s pod was done `direction` for `cause`: counted,
+    /// and a pod brought back is left resident for a while where others
+    /// can go; brought back for its call, that call's use runs through its
+    /// wait.
+    fn swapped(&self, view: &SwapView, direction: Direction, cause: SwapCause) {
+        let pod = view.pod.as_str();
         self.shared.swapper.serving.swapped(pod, direction, cause);
         if direction == Direction::In {
-            self.shared.swapper.uses.brought_back(pod, monotonic_ms());
+            let waiting = (cause == SwapCause::Demand).then(|| view.region.last_call_ms());
+            self.shared
+                .swapper
+                .uses
+                .brought_back(pod, monotonic_ms(), waiting);
         }
     }
 
@@ -227,7 +234,7 @@ impl Hypervisor {
         let away = view.region.residency() == Residency::Swapped;
         self.swap_out_locked(view, Wait::Quiet).await?;
         if !away {
-            self.swapped(&view.pod, Direction::Out, cause);
+            self.swapped(view, Direction::Out, cause);
         }
         Ok(())
     }
@@ -244,7 +251,7 @@ impl Hypervisor {
         let moving = view.region.pending_move().is_some();
         let took = self.swap_in_locked(view).await?;
         if let Some(took) = took {
-            self.swapped(&view.pod, Direction::In, cause);
+            self.swapped(view, Direction::In, cause);
             if moving {
                 self.swap_board().moved(&view.pod, took);
             }

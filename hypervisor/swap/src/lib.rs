@@ -29,8 +29,9 @@ pub use driver::{CheckpointDriver, DriverError, ProcessState, RawUuid, parse_uui
 pub use engine::{SwapError, Timing, move_pairs, restore_all, swap_in, swap_out, unlock_all};
 pub use host::{HOST_RESERVE, HostShort};
 pub use policy::{
-    Candidate, LatencyPods, READY_SOON_MS, Ranking, RoomPolicy, RoomStep, ahead, give_back_order,
-    prepare_next, ranked, ready_soon, room_ever, room_now, room_step, stamp_age, victims,
+    Candidate, LatencyPods, READY_SOON_MS, Ranking, RoomFor, RoomPolicy, RoomStep, ahead,
+    give_back_order, prepare_next, ranked, ready_soon, room_ever, room_now, room_step, stamp_age,
+    victims,
 };
 pub use serving::{
     Direction, ResidentPod, ServingBoard, ServingReport, SwapCause, SwapEvent, WaitCause, Waits,

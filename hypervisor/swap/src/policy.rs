@@ -8,6 +8,11 @@
 //! can go; never a pod that must stay (placed on a GPU that does not
 //! overcommit); all within the node's host-memory cap.
 //!
+//! Ahead of need, where no call waits, ready copies put a pod first only
+//! where it is not popular ([`RoomFor::Headroom`]): a pod brought back
+//! keeps its copies, so without that rule a popular pod found swapped out
+//! would go again after each of its requests, and come back for the next.
+//!
 //! A pod's last-call stamp is written by the pod itself: it is read only as
 //! a hint of idleness. A stamp in the future is none the daemon can use and
 //! reads as "never" ([`stamp_age`]): forging one only makes the pod look
@@ -120,16 +125,30 @@ pub fn stamp_age(stamp_ms: u64, now_ms: u64) -> u64 {
     now_ms.checked_sub(stamp_ms).unwrap_or(u64::MAX)
 }
 
+/// What room is made for, which decides whether a pod's ready copies put
+/// it first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomFor {
+    /// A call that waits for it: the pod that goes fastest goes first.
+    Call,
+    /// A GPU's headroom, kept ahead of need, or copies prepared for the
+    /// pods that go next: no call waits, so a popular pod keeping its
+    /// copies does not go first ([`popular`]); a colder pod has its copies
+    /// made, outside the swap lock, and goes instead.
+    Headroom,
+}
+
 /// The idle pods that may make room, in the order they go (see the module
 /// documentation): those brought back within `min_resident_ms` after all
 /// others.
-pub fn ranked(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<&Candidate> {
-    let mut idle: Vec<&Candidate> = candidates
-        .iter()
-        .filter(|c| c.bytes > 0 && !c.stays)
-        .filter(|c| stamp_age(c.last_call_ms, now_ms) >= policy.idle_after_ms)
-        .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
-        .collect();
+pub fn ranked(
+    candidates: &[Candidate],
+    now_ms: u64,
+    policy: RoomPolicy,
+    room_for: RoomFor,
+) -> Vec<&Candidate> {
+    let mut idle = idle(candidates, now_ms, policy);
+    let popular = popular(&idle, now_ms, policy, room_for);
     idle.sort_by_key(|c| {
         let last = stamp_age(c.last_call_ms, now_ms);
         let first = match policy.ranking {
@@ -137,10 +156,11 @@ pub fn ranked(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<
             Ranking::Lru2 if c.previous_use_ms == 0 => u64::MAX,
             Ranking::Lru2 => stamp_age(c.previous_use_ms, now_ms),
         };
+        let copies_first = (c.ready || c.preparing) && !popular(c);
         (
             just_back(c, now_ms, policy),
             c.latency,
-            !(c.ready || c.preparing),
+            !copies_first,
             std::cmp::Reverse(first),
             std::cmp::Reverse(last),
             std::cmp::Reverse(c.bytes),
@@ -148,6 +168,44 @@ pub fn ranked(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<
         )
     });
     idle
+}
+
+/// The pods that may make room now: idle, holding memory, neither one
+/// that must stay nor a latency pod the policy never swaps.
+fn idle(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<&Candidate> {
+    candidates
+        .iter()
+        .filter(|c| c.bytes > 0 && !c.stays)
+        .filter(|c| stamp_age(c.last_call_ms, now_ms) >= policy.idle_after_ms)
+        .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
+        .collect()
+}
+
+/// Which pods are popular, for `room_for`: ahead of need
+/// ([`RoomFor::Headroom`]) and under LRU-2, those used twice since the
+/// last call of the least recently called idle pod that keeps no copies
+/// (the end of their use before the last is newer): such a pod, gone,
+/// would be asked for again before that one. None for a call that waits,
+/// and none under LRU, which does not count uses.
+fn popular(
+    idle: &[&Candidate],
+    now_ms: u64,
+    policy: RoomPolicy,
+    room_for: RoomFor,
+) -> impl Fn(&Candidate) -> bool + use<> {
+    let coldest = (room_for == RoomFor::Headroom && policy.ranking == Ranking::Lru2)
+        .then(|| {
+            idle.iter()
+                .filter(|c| !(c.ready || c.preparing || just_back(c, now_ms, policy)))
+                .map(|c| stamp_age(c.last_call_ms, now_ms))
+                .max()
+        })
+        .flatten();
+    move |c: &Candidate| {
+        coldest.is_some_and(|coldest| {
+            c.previous_use_ms != 0 && stamp_age(c.previous_use_ms, now_ms) < coldest
+        })
+    }
 }
 
 /// Whether `candidate` was brought back within `min_resident_ms`.
@@ -167,7 +225,7 @@ pub fn victims(
 ) -> Vec<&Candidate> {
     let mut chosen = Vec::new();
     let (mut freed, mut on_host) = (0u64, 0u64);
-    for candidate in ranked(candidates, now_ms, policy) {
+    for candidate in ranked(candidates, now_ms, policy, RoomFor::Call) {
         if freed >= need {
             break;
         }
@@ -213,7 +271,8 @@ pub fn room_ever(
 }
 
 /// The pod to swap out ahead of need (to keep a GPU's headroom free): the
-/// first that [`ranked`] gives and `host_room` takes, never one brought
+/// first that [`ranked`] gives for [`RoomFor::Headroom`] and `host_room`
+/// takes, never one brought
 /// back within `min_resident_ms` (no request waits on it, so no pod is
 /// swapped back and forth for it).
 pub fn ahead(
@@ -222,7 +281,7 @@ pub fn ahead(
     now_ms: u64,
     policy: RoomPolicy,
 ) -> Option<&Candidate> {
-    ranked(candidates, now_ms, policy)
+    ranked(candidates, now_ms, policy, RoomFor::Headroom)
         .into_iter()
         .find(|c| !just_back(c, now_ms, policy) && c.bytes <= host_room)
 }
@@ -241,17 +300,21 @@ pub const READY_SOON_MS: u64 = 2_000;
 /// swap-out only copies into the copies it keeps, where another pod's
 /// would pin host memory first, and on a full host only once that very
 /// pod gave its copies back: seconds of pinning, twice, instead of none.
+/// Ahead of need ([`RoomFor::Headroom`]) a popular pod is not waited for:
+/// it would not go first once it may.
 pub fn ready_soon(
     candidates: &[Candidate],
     need: u64,
     host_room: u64,
     now_ms: u64,
     policy: RoomPolicy,
+    room_for: RoomFor,
 ) -> Option<u64> {
+    let popular = popular(&idle(candidates, now_ms, policy), now_ms, policy, room_for);
     candidates
         .iter()
         .filter(|c| c.ready && c.bytes > 0 && c.bytes >= need && c.bytes <= host_room)
-        .filter(|c| !c.stays)
+        .filter(|c| !c.stays && !popular(c))
         .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
         .map(|c| {
             let back_in = match c.back_ms {
@@ -294,7 +357,7 @@ pub fn room_step(
     let first = *victims(candidates, need, host_room, now_ms, policy).first()?;
     if !first.ready
         && may_wait
-        && let Some(ms) = ready_soon(candidates, need, host_room, now_ms, policy)
+        && let Some(ms) = ready_soon(candidates, need, host_room, now_ms, policy, RoomFor::Call)
     {
         return Some(RoomStep::Wait(ms));
     }
@@ -314,7 +377,7 @@ pub fn prepare_next(
     now_ms: u64,
     policy: RoomPolicy,
 ) -> Option<&Candidate> {
-    ranked(candidates, now_ms, policy)
+    ranked(candidates, now_ms, policy, RoomFor::Headroom)
         .into_iter()
         .find(|c| c.bytes <= host_room && unprepared(c))
 }

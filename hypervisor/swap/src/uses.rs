@@ -59,9 +59,21 @@ impl Uses {
         uses.last_ms = stamp_ms;
     }
 
-    /// The daemon brought the pod back at `now_ms`.
-    pub fn brought_back(&self, pod: &str, now_ms: u64) {
-        self.lock().entry(pod.to_owned()).or_default().back_ms = now_ms;
+    /// The daemon brought the pod back at `now_ms`. Where a call of the
+    /// pod, stamped `waiting_ms`, asked for it, that call's use runs on
+    /// through its wait: the calls after it are of the same use however
+    /// long the swap-in and the swaps queued before it took, not a second
+    /// use that would make the pod look called twice.
+    pub fn brought_back(&self, pod: &str, now_ms: u64, waiting_ms: Option<u64>) {
+        if let Some(stamp) = waiting_ms {
+            self.observe(pod, stamp, now_ms);
+        }
+        let mut pods = self.lock();
+        let uses = pods.entry(pod.to_owned()).or_default();
+        uses.back_ms = now_ms;
+        if waiting_ms.is_some() && uses.last_ms != 0 {
+            uses.last_ms = uses.last_ms.max(now_ms);
+        }
     }
 
     /// What was seen of the pod (nothing: all zero).
@@ -129,9 +141,37 @@ mod tests {
     }
 
     #[test]
+    fn a_call_that_waited_for_its_pod_is_one_use_with_the_calls_after_it() {
+        let uses = Uses::default();
+        uses.observe("p", 1_000, 1_000);
+        // Its call at 5,000 waits 900 ms for the pod (unsampled), and
+        // the calls after it are of that use.
+        uses.brought_back("p", 5_900, Some(5_000));
+        uses.observe("p", 6_000, 6_050);
+        uses.observe("p", 6_300, 6_350);
+        assert_eq!(uses.of("p").previous_ms, 1_000);
+        assert_eq!(uses.of("p").previous_to(6_300), 1_000);
+        // Brought back with no call waiting (an operator's swap-in): the
+        // next call is a use of its own, and the one before is the last
+        // call seen.
+        let uses = Uses::default();
+        uses.observe("q", 1_000, 1_000);
+        uses.brought_back("q", 5_900, None);
+        uses.observe("q", 6_000, 6_050);
+        assert_eq!(uses.of("q").previous_ms, 1_000);
+        assert_eq!(uses.of("q").last_ms, 6_000);
+        // Without the wait counted, two uses: 5,000 and 6,000.
+        let uses = Uses::default();
+        uses.observe("r", 1_000, 1_000);
+        uses.observe("r", 5_000, 5_000);
+        uses.observe("r", 6_000, 6_050);
+        assert_eq!(uses.of("r").previous_ms, 5_000);
+    }
+
+    #[test]
     fn a_pod_brought_back_is_recorded_and_a_gone_pod_forgotten() {
         let uses = Uses::default();
-        uses.brought_back("p", 7_000);
+        uses.brought_back("p", 7_000, None);
         uses.observe("q", 1_000, 1_000);
         assert_eq!(uses.of("p").back_ms, 7_000);
         uses.retain(|pod| pod == "q");

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use gpushare_utils::clock::monotonic_ms;
 use http_bidir_comm::ClientId;
-use hypervisor_swap::SwapCause;
+use hypervisor_swap::{RoomFor, SwapCause};
 
 use super::room::room_policy;
 use crate::Hypervisor;
@@ -151,6 +151,7 @@ impl Hypervisor {
                             host_room,
                             monotonic_ms(),
                             room_policy(&settings),
+                            RoomFor::Headroom,
                         );
                         if let Some(ms) = soon.filter(|_| may_wait) {
                             return Some(Step::Wait(Duration::from_millis(ms)));

@@ -182,12 +182,12 @@ fn lru_2_keeps_a_pod_used_often_over_one_used_once_more_recently() {
         used("twice-long-ago", 8, 1_000, 8_000),
     ];
     assert_eq!(
-        names(&ranked(&pods, 10_000, LRU2)),
+        names(&ranked(&pods, 10_000, LRU2, RoomFor::Call)),
         ["once", "twice-long-ago", "popular"]
     );
     // By recency alone the popular pod, last called first, goes first.
     assert_eq!(
-        names(&ranked(&pods, 10_000, POLICY)),
+        names(&ranked(&pods, 10_000, POLICY, RoomFor::Call)),
         ["popular", "once", "twice-long-ago"]
     );
 }
@@ -195,7 +195,10 @@ fn lru_2_keeps_a_pod_used_often_over_one_used_once_more_recently() {
 #[test]
 fn where_the_uses_tie_the_larger_pod_goes_first() {
     let pods = [used("small", 4, 0, 5_000), used("large", 12, 0, 5_000)];
-    assert_eq!(names(&ranked(&pods, 10_000, LRU2)), ["large", "small"]);
+    assert_eq!(
+        names(&ranked(&pods, 10_000, LRU2, RoomFor::Call)),
+        ["large", "small"]
+    );
     assert_eq!(
         names(&victims(&pods, GIB, u64::MAX, 10_000, LRU2)),
         ["large"]
@@ -211,7 +214,7 @@ fn a_pod_whose_host_copies_are_ready_goes_before_one_that_would_pin_first() {
         used("older", 8, 3_000, 4_000),
     ];
     assert_eq!(
-        names(&ranked(&pods, 10_000, LRU2)),
+        names(&ranked(&pods, 10_000, LRU2, RoomFor::Call)),
         ["copied", "oldest", "older"]
     );
     assert_eq!(
@@ -226,9 +229,81 @@ fn a_pod_whose_host_copies_are_ready_goes_before_one_that_would_pin_first() {
     let latency = ready(pod("latency", 8, 1_000, true));
     let pods = [back, latency, used("cold", 8, 0, 3_000)];
     assert_eq!(
-        names(&ranked(&pods, 10_000, LRU2)),
+        names(&ranked(&pods, 10_000, LRU2, RoomFor::Call)),
         ["cold", "latency", "back"]
     );
+}
+
+#[test]
+fn ahead_of_need_a_popular_pod_keeping_its_copies_stays_and_the_coldest_goes() {
+    let policy = RoomPolicy {
+        idle_after_ms: 200,
+        min_resident_ms: 250,
+        ..LRU2
+    };
+    let ready = |c: Candidate| Candidate { ready: true, ..c };
+    // Brought back a second ago keeping its copies, used twice since the
+    // cold pod's last call.
+    let popular = ready(Candidate {
+        back_ms: 9_000,
+        ..used("popular", 8, 8_000, 9_500)
+    });
+    let cold = used("cold", 8, 0, 2_000);
+    let mild = used("mild", 8, 1_000, 5_000);
+    let pods = [popular.clone(), cold.clone(), mild.clone()];
+    let first =
+        |pods: &[Candidate], policy| ahead(pods, u64::MAX, 10_000, policy).map(|c| c.pod.clone());
+    assert_eq!(first(&pods, policy).as_deref(), Some("cold"));
+    assert_eq!(
+        names(&ranked(&pods, 10_000, policy, RoomFor::Headroom)),
+        ["cold", "mild", "popular"]
+    );
+    let unprepared = |c: &Candidate| !c.ready;
+    let next = prepare_next(&pods, unprepared, u64::MAX, 10_000, policy);
+    assert_eq!(next.map(|c| c.pod.as_str()), Some("cold"));
+    // A call that waits takes the pod that goes fastest, popular or not.
+    assert_eq!(
+        names(&victims(&pods, GIB, u64::MAX, 10_000, policy)),
+        ["popular"]
+    );
+    // Used once since that call: it goes first, as does one whose use
+    // before the last is in the future (forged: the oldest there is).
+    let once = |previous| {
+        ready(Candidate {
+            back_ms: 9_000,
+            ..used("once", 8, previous, 9_500)
+        })
+    };
+    for previous in [1_500, 20_000] {
+        let pods = [once(previous), cold.clone(), mild.clone()];
+        assert_eq!(first(&pods, policy).as_deref(), Some("once"), "{previous}");
+    }
+    // LRU counts no uses; and with no idle pod lacking copies, the
+    // copies put it first.
+    let lru = RoomPolicy {
+        ranking: Ranking::Lru,
+        ..policy
+    };
+    assert_eq!(first(&pods, lru).as_deref(), Some("popular"));
+    let busy = [
+        popular.clone(),
+        ready(used("other", 8, 1_000, 3_000)),
+        used("busy", 8, 1_000, 9_990),
+    ];
+    assert_eq!(
+        names(&ranked(&busy, 10_000, policy, RoomFor::Headroom)),
+        ["other", "popular"]
+    );
+    // Nor is a popular pod about to be allowed to go waited for ahead of
+    // need; a call waiting for room still waits for it.
+    let just_back = ready(Candidate {
+        back_ms: 9_900,
+        ..used("popular", 8, 8_000, 9_950)
+    });
+    let pods = [just_back, cold, mild];
+    let soon = |room_for| ready_soon(&pods, GIB, u64::MAX, 10_000, policy, room_for);
+    assert_eq!(soon(RoomFor::Headroom), None);
+    assert_eq!(soon(RoomFor::Call), Some(150));
 }
 
 #[test]
@@ -250,7 +325,14 @@ fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
     let first = ahead(&pods, u64::MAX, 10_000, policy).map(|c| c.pod.as_str());
     assert_eq!(first, Some("cold"));
     assert_eq!(
-        ready_soon(&[back.clone(), cold.clone()], GIB, u64::MAX, 10_000, policy),
+        ready_soon(
+            &[back.clone(), cold.clone()],
+            GIB,
+            u64::MAX,
+            10_000,
+            policy,
+            RoomFor::Call
+        ),
         Some(150)
     );
     // Once it may go, it goes first and no wait is needed.
@@ -258,7 +340,14 @@ fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
     let first = ahead(&pods, u64::MAX, 10_150, policy).map(|c| c.pod.as_str());
     assert_eq!(first, Some("back"));
     assert_eq!(
-        ready_soon(&[back.clone(), cold.clone()], GIB, u64::MAX, 10_150, policy),
+        ready_soon(
+            &[back.clone(), cold.clone()],
+            GIB,
+            u64::MAX,
+            10_150,
+            policy,
+            RoomFor::Call
+        ),
         None
     );
     // Not worth it: no copies, copies the host could not take, a pod
@@ -268,11 +357,25 @@ fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
         ..back.clone()
     };
     assert_eq!(
-        ready_soon(&[no_copies, cold.clone()], GIB, u64::MAX, 10_000, policy),
+        ready_soon(
+            &[no_copies, cold.clone()],
+            GIB,
+            u64::MAX,
+            10_000,
+            policy,
+            RoomFor::Call
+        ),
         None
     );
     assert_eq!(
-        ready_soon(std::slice::from_ref(&back), GIB, 4 * GIB, 10_000, policy),
+        ready_soon(
+            std::slice::from_ref(&back),
+            GIB,
+            4 * GIB,
+            10_000,
+            policy,
+            RoomFor::Call
+        ),
         None
     );
     // Nor a pod that frees less than is needed.
@@ -282,7 +385,8 @@ fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
             9 * GIB,
             u64::MAX,
             10_000,
-            policy
+            policy,
+            RoomFor::Call
         ),
         None
     );
@@ -290,13 +394,23 @@ fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
         stays: true,
         ..back.clone()
     };
-    assert_eq!(ready_soon(&[stays], GIB, u64::MAX, 10_000, policy), None);
+    assert_eq!(
+        ready_soon(&[stays], GIB, u64::MAX, 10_000, policy, RoomFor::Call),
+        None
+    );
     let long = RoomPolicy {
         min_resident_ms: 5_000,
         ..policy
     };
     assert_eq!(
-        ready_soon(std::slice::from_ref(&back), GIB, u64::MAX, 10_000, long),
+        ready_soon(
+            std::slice::from_ref(&back),
+            GIB,
+            u64::MAX,
+            10_000,
+            long,
+            RoomFor::Call
+        ),
         None
     );
     // The soonest of several.
@@ -305,7 +419,14 @@ fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
         ..used("sooner", 8, 0, 9_850)
     });
     assert_eq!(
-        ready_soon(&[back, sooner, cold], GIB, u64::MAX, 10_000, policy),
+        ready_soon(
+            &[back, sooner, cold],
+            GIB,
+            u64::MAX,
+            10_000,
+            policy,
+            RoomFor::Call
+        ),
         Some(50)
     );
 }
@@ -385,7 +506,10 @@ fn a_pod_that_must_stay_is_never_chosen() {
         ..used("stays", 8, 0, 1_000)
     };
     let pods = [stays, used("other", 4, 0, 2_000)];
-    assert_eq!(names(&ranked(&pods, 10_000, LRU2)), ["other"]);
+    assert_eq!(
+        names(&ranked(&pods, 10_000, LRU2, RoomFor::Call)),
+        ["other"]
+    );
     assert!(victims(&pods, 8 * GIB, u64::MAX, 10_000, LRU2).is_empty());
     assert_eq!(
         ahead(&pods[..1], u64::MAX, 10_000, LRU2).map(|c| c.pod.as_str()),
