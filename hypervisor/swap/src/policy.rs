@@ -1,7 +1,8 @@
 //! Which pods make room on a GPU: idle ones, those whose host copies are
 //! ready first (their swap-out only copies, at the speed of the link, where
 //! another's pins host memory first, seconds for tens of GiB, which the
-//! request waiting for the room would wait for), then those used least
+//! request waiting for the room would wait for), then those whose copies
+//! are being made (the swap-out waits for the rest), then those used least
 //! often of late (LRU-2: by the end of their use before the last one, then
 //! by their last call), latency-class pods last or never, the largest first
 //! where the rest ties, and a pod just brought back only when nothing else
@@ -156,11 +157,18 @@ pub fn ranked(
             Ranking::Lru2 if c.previous_use_ms == 0 => u64::MAX,
             Ranking::Lru2 => stamp_age(c.previous_use_ms, now_ms),
         };
-        let copies_first = (c.ready || c.preparing) && !popular(c);
+        // Copies ready first, then copies being made (the swap-out waits
+        // for the rest of them), then none.
+        let copies = match (c.ready, c.preparing) {
+            _ if popular(c) => 2,
+            (true, _) => 0,
+            (false, true) => 1,
+            (false, false) => 2,
+        };
         (
             just_back(c, now_ms, policy),
             c.latency,
-            !copies_first,
+            copies,
             std::cmp::Reverse(first),
             std::cmp::Reverse(last),
             std::cmp::Reverse(c.bytes),

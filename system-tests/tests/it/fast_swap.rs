@@ -19,7 +19,9 @@
 //! swap-out only copies); a pod brought back that keeps its copies goes
 //! again, ahead of need or for another's room, once it may (within
 //! moments), rather than give them back for another pod's or leave the
-//! room to a pod that pins. An allocation the GPU has room for only once
+//! room to a pod that pins; but ahead of need a popular pod (used twice
+//! since a colder pod's last call) stays, and the colder one has its
+//! copies made and goes. An allocation the GPU has room for only once
 //! another pod goes is backed all the same.
 
 use std::path::{Path, PathBuf};
@@ -896,8 +898,8 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
     let (node, node_file) = shared_gpu(&[&first, &second], "1g", swap);
     let env = shared_env(&node_file);
     let script = [
-        "alloc", "mem", "512m", "write", "0", "5", "wait", "check", "0", "5", "wait", "check", "0",
-        "5",
+        "alloc", "mem", "512m", "write", "0", "5", "wait", "info", "wait", "check", "0", "5",
+        "wait", "check", "0", "5",
     ];
     let mut probes = Vec::new();
     for pod in [&first, &second] {
@@ -916,6 +918,12 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
         .expect("one away");
     let (went, stayed) = (probes[gone].0, probes[1 - gone].0);
     assert!(!away(stayed), "one was enough");
+    // The pod that stayed is called first (a query of its memory, over in
+    // a moment): the pod away, brought back next, is then not one used
+    // twice since the other's last call (a popular pod, which stays).
+    probes[1 - gone].1.resume();
+    let lines = probes[1 - gone].1.until_ready();
+    assert!(lines[1].starts_with("info 0 free="), "{lines:?}");
     // (A pod may have gone between its first calls already, and come back
     // for the next: what follows is counted from here.)
     let before = node.hypervisor().swap_status();
@@ -929,7 +937,7 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
     // Its call brings it back; it keeps its copies, which fill the host.
     probes[gone].1.resume();
     let lines = probes[gone].1.until_ready();
-    assert!(lines.iter().any(|l| l.contains("differ=0")), "{lines:?}");
+    assert!(lines[1].starts_with("info 0 free="), "{lines:?}");
     // The other pod would have to pin copies the host has room for only
     // once the pod just back gave its own back: the pod just back goes
     // again once it may (idle, and past `min_resident_ms`), and only
@@ -960,6 +968,104 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
     );
 
     for (_, mut running) in probes {
+        running.resume();
+        let lines = running.until_ready();
+        assert!(lines.iter().any(|l| l.contains("differ=0")), "{lines:?}");
+        running.resume();
+        let (rest, exit) = running.finish();
+        assert!(exit.success(), "{rest:?}");
+        assert!(rest.iter().any(|l| l.contains("differ=0")), "{rest:?}");
+    }
+}
+
+#[test]
+fn a_popular_pod_brought_back_keeping_its_copies_stays_and_a_colder_one_goes_ahead_of_need() {
+    // As above, two pods of 512 MiB on a 2 GiB GPU whose headroom one of
+    // them must leave, a host with room for one pod's copies; the pod
+    // away is brought back, keeping its copies, and called again while it
+    // stays (two uses since the other's last call), each call a small
+    // allocation, over in a moment.
+    let (first, second) = (Pod::new("fast-popular-a"), Pod::new("fast-popular-b"));
+    let swap = "overcommit = true\nidle_after_ms = 200\nmin_resident_ms = 1500\n\
+                headroom = \"700m\"\nprepare_ahead = 0\nhost_limit = \"1g\"";
+    let (node, node_file) = shared_gpu(&[&first, &second], "1g", swap);
+    let env = shared_env(&node_file);
+    let script = [
+        "alloc", "mem", "512m", "write", "0", "5", "wait", "alloc", "mem", "2m", "wait", "alloc",
+        "mem", "2m", "wait", "check", "0", "5",
+    ];
+    let mut probes = Vec::new();
+    for pod in [&first, &second] {
+        let mut running = Running::start(pod, &node.url(), &env, &script);
+        assert!(running.until_ready()[0].contains("-> 0 "));
+        registered(&node, pod, 1);
+        probes.push((pod, running));
+    }
+    let away = |pod: &Pod| node.hypervisor().pod_swap(&pod.0).state == Residency::Swapped;
+    eventually("an idle pod goes ahead of need", || {
+        probes.iter().any(|(pod, _)| away(pod))
+    });
+    let gone = probes
+        .iter()
+        .position(|(pod, _)| away(pod))
+        .expect("one away");
+    let (popular, cold) = (probes[gone].0, probes[1 - gone].0);
+    assert!(!away(cold), "one was enough");
+    let before = node.hypervisor().swap_status();
+    let ahead = |status: &hypervisor_swap::SwapReport| {
+        let out = hypervisor_swap::Direction::Out;
+        status
+            .serving
+            .swaps_of(out, hypervisor_swap::SwapCause::Ahead)
+    };
+
+    // Its call brings it back; 600 ms later (a use of its own, while it
+    // may not go yet) it is called again.
+    probes[gone].1.resume();
+    let lines = probes[gone].1.until_ready();
+    assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert!(!away(popular), "{} may not go yet", popular.0);
+    probes[gone].1.resume();
+    let lines = probes[gone].1.until_ready();
+    assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
+
+    // Ahead of need the popular pod's copies no longer put it first: the
+    // other, colder, has its copies made (the popular pod's given back
+    // for the room) and goes, copying only.
+    eventually("the colder pod goes ahead of need", || {
+        away(cold) && ahead(&node.hypervisor().swap_status()) == ahead(&before) + 1
+    });
+    std::thread::sleep(std::time::Duration::from_millis(2_000));
+    assert!(!away(popular), "{} stays", popular.0);
+    let status = node.hypervisor().swap_status();
+    assert_eq!(
+        (
+            status.totals.host_prepares,
+            status.totals.bytes_on_host,
+            status.totals.host_kept_bytes
+        ),
+        (before.totals.host_prepares + 1, 512 * MIB, 0),
+        "the colder pod's copies made, the popular pod's given back: {status:?}"
+    );
+    assert_eq!(ahead(&status), ahead(&before) + 1, "{status:?}");
+    let record = node.hypervisor().pod_swap(&cold.0);
+    assert_eq!(
+        record.history.last_swap_out_path,
+        Some(SwapPath::Fast),
+        "{record:?}"
+    );
+
+    for (pod, mut running) in probes {
+        // The pod that stayed is at its last `wait` already.
+        if pod.0 == cold.0 {
+            running.resume();
+            let lines = running.until_ready();
+            assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
+            running.resume();
+            let lines = running.until_ready();
+            assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
+        }
         running.resume();
         let (rest, exit) = running.finish();
         assert!(exit.success(), "{rest:?}");

@@ -170,14 +170,17 @@ impl Hypervisor {
     }
 
     /// Before a swap-in: where a GPU of the pod overcommits and has less
-    /// free than the pod held there (within its quota), idle pods make room.
+    /// free than the pod held there (within its quota, less what its
+    /// processes still hold there: [`Self::staying`]), idle pods make room.
     /// Where they could not make enough, the swap-in is refused (the pod
     /// waits, swapped, and its next ask tries again): tried, it would fail
     /// for want of memory at every ask. Returns the bytes freed.
     pub(super) async fn room_for(&self, view: &SwapView) -> Result<u64, SwapRefusal> {
         let mut freed = 0u64;
+        let staying = self.staying(view).await;
         for gpu in &view.gpus {
-            let need = within_quota(view, &gpu.uuid, gpu.bytes);
+            let stays = staying.get(&gpu.uuid.to_ascii_lowercase()).copied();
+            let need = within_quota(view, &gpu.uuid, gpu.bytes).saturating_sub(stays.unwrap_or(0));
             freed += self
                 .make_room_locked(&gpu.uuid, need, &view.pod, None)
                 .await
@@ -194,6 +197,22 @@ impl Hypervisor {
             }
         }
         Ok(freed)
+    }
+
+    /// What the processes of `view`'s pod, away by the fast path, still
+    /// hold on each GPU (their contexts, and what the driver made for
+    /// them, which stay there): NVML's figures, by lowercase UUID. Its
+    /// swap-in brings back only the rest of its ledger, so room for the
+    /// rest is enough. None where the driver's checkpoint took it all.
+    async fn staying(&self, view: &SwapView) -> BTreeMap<String, u64> {
+        let history = self.swap_board().history(&view.pod);
+        let fast = history.last_swap_out_path == Some(hypervisor_swap::SwapPath::Fast);
+        if !fast || history.contexts_checkpointed || view.region.residency() == Residency::Resident
+        {
+            return BTreeMap::new();
+        }
+        let pids = self.pids_of(&view.pod).await;
+        self.nvml_bytes(&pids).await
     }
 
     /// Swaps idle pods of the GPU `uuid` (not `asker`) out, one at a time,
@@ -444,21 +463,29 @@ pub(super) struct DriverSaid {
     pub(super) at_most: u64,
 }
 
+/// What a driver that refused an allocation while it said it had that
+/// much free lacked of it at least: its granularity (on an H200, 128 MiB
+/// was refused with 129.75 MiB free by the driver's own count).
+const REFUSED_SHORT: u64 = 2 << 20;
+
 /// The free memory, by NVML, that room for `need` bytes takes, NVML
-/// saying `before` is free: `need`; or where the asker's driver said it had
-/// less than `need` free as it refused, `need` and the gap between NVML's
-/// figure and the driver's, for NVML counts as free memory the driver keeps
-/// for itself (on an H200, an allocation of 1 GiB was refused while NVML
-/// showed more than that free). The gap is taken on the asker's word only
-/// up to what its quota leaves, and the target does not rise with the room
+/// saying `before` is free: `need`; or where the asker's driver refused
+/// it, `need` and the gap between NVML's figure and what the driver could
+/// use, for NVML counts as free memory the driver keeps for itself (on an
+/// H200, an allocation of 1 GiB was refused while NVML showed more than
+/// that free). The driver could use what it said was free, but less than
+/// `need` (it refused that): short of `need` by [`REFUSED_SHORT`] where it
+/// said it had as much. The gap is taken on the asker's word only up to
+/// what its quota leaves, and the target does not rise with the room
 /// already made: an asker that says less than its driver did, again and
 /// again, has no more idle pods swapped than its quota could take.
 fn room_target(need: u64, before: u64, said: Option<DriverSaid>) -> u64 {
     match said {
-        Some(said) if said.free < need => {
-            need.saturating_add(before.saturating_sub(said.free).min(said.at_most))
+        Some(said) => {
+            let usable = said.free.min(need.saturating_sub(REFUSED_SHORT));
+            need.saturating_add(before.saturating_sub(usable).min(said.at_most))
         }
-        _ => need,
+        None => need,
     }
 }
 
@@ -485,16 +512,24 @@ pub(super) fn room_policy(settings: &SwapSettings) -> RoomPolicy {
 
 #[cfg(test)]
 mod tests {
-    use super::{DriverSaid, room_target};
+    use super::{DriverSaid, REFUSED_SHORT, room_target};
 
     const GIB: u64 = 1 << 30;
 
     #[test]
     fn room_is_made_for_what_the_driver_lacks_where_it_said() {
         let said = |free, at_most| Some(DriverSaid { free, at_most });
-        // NVML's figure alone, where the driver said nothing or had enough.
+        // NVML's figure alone, where the driver said nothing, or said it
+        // had enough and NVML shows less than the allocation.
         assert_eq!(room_target(GIB, GIB / 2, None), GIB);
         assert_eq!(room_target(GIB, GIB / 2, said(2 * GIB, 4 * GIB)), GIB);
+        // The driver refused 128 MiB saying it had 129.75 free, as NVML
+        // did: it could not use all of that, so room is made past it.
+        let (mib, free) = (1u64 << 20, 129 * (1u64 << 20) + 768 * 1024);
+        assert_eq!(
+            room_target(128 * mib, free, said(free, 4 * GIB)),
+            free + REFUSED_SHORT
+        );
         // NVML shows 1.5 GiB free, the driver had 0.5: 0.5 more is needed
         // than NVML shows, so room until NVML shows 2 GiB.
         assert_eq!(

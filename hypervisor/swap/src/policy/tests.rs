@@ -460,6 +460,22 @@ fn room_waits_a_moment_for_a_ready_pod_rather_than_pin_or_wait_for_a_preparation
         },
     ];
     assert_eq!(step(&preparing, true), Some(RoomStep::Wait(150)));
+    // A pod whose copies are ready goes before one whose copies are still
+    // being made, colder or not.
+    let warm = Candidate {
+        ready: true,
+        ..used("warm", 8, 8_000, 9_000)
+    };
+    let making = Candidate {
+        pod: "making".into(),
+        ..preparing[1].clone()
+    };
+    let both = [making, warm, cold.clone()];
+    assert_eq!(step(&both, true), Some(RoomStep::Go(&both[1])));
+    assert_eq!(
+        names(&ranked(&both, 10_000, policy, RoomFor::Call)),
+        ["warm", "making", "cold"]
+    );
     // A cold pod that keeps its copies goes at once.
     let kept = [
         back,
