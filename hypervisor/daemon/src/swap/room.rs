@@ -170,17 +170,18 @@ impl Hypervisor {
     }
 
     /// Before a swap-in: where a GPU of the pod overcommits and has less
-    /// free than the pod held there (within its quota, less what its
-    /// processes still hold there: [`Self::staying`]), idle pods make room.
+    /// free than the pod held there (within its quota), idle pods make room.
+    /// What its processes still hold there (their contexts, on the fast
+    /// path) counts too: NVML's free memory includes what the driver keeps,
+    /// and the pods that run take transient memory meanwhile, so a swap-in
+    /// given room for only what it moves was refused for want of memory.
     /// Where they could not make enough, the swap-in is refused (the pod
     /// waits, swapped, and its next ask tries again): tried, it would fail
     /// for want of memory at every ask. Returns the bytes freed.
     pub(super) async fn room_for(&self, view: &SwapView) -> Result<u64, SwapRefusal> {
         let mut freed = 0u64;
-        let staying = self.staying(view).await;
         for gpu in &view.gpus {
-            let stays = staying.get(&gpu.uuid.to_ascii_lowercase()).copied();
-            let need = within_quota(view, &gpu.uuid, gpu.bytes).saturating_sub(stays.unwrap_or(0));
+            let need = within_quota(view, &gpu.uuid, gpu.bytes);
             freed += self
                 .make_room_locked(&gpu.uuid, need, &view.pod, None)
                 .await
@@ -197,22 +198,6 @@ impl Hypervisor {
             }
         }
         Ok(freed)
-    }
-
-    /// What the processes of `view`'s pod, away by the fast path, still
-    /// hold on each GPU (their contexts, and what the driver made for
-    /// them, which stay there): NVML's figures, by lowercase UUID. Its
-    /// swap-in brings back only the rest of its ledger, so room for the
-    /// rest is enough. None where the driver's checkpoint took it all.
-    async fn staying(&self, view: &SwapView) -> BTreeMap<String, u64> {
-        let history = self.swap_board().history(&view.pod);
-        let fast = history.last_swap_out_path == Some(hypervisor_swap::SwapPath::Fast);
-        if !fast || history.contexts_checkpointed || view.region.residency() == Residency::Resident
-        {
-            return BTreeMap::new();
-        }
-        let pids = self.pids_of(&view.pod).await;
-        self.nvml_bytes(&pids).await
     }
 
     /// Swaps idle pods of the GPU `uuid` (not `asker`) out, one at a time,
