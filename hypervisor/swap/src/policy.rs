@@ -280,9 +280,8 @@ pub fn room_ever(
 
 /// The pod to swap out ahead of need (to keep a GPU's headroom free): the
 /// first that [`ranked`] gives for [`RoomFor::Headroom`] and `host_room`
-/// takes, never one brought
-/// back within `min_resident_ms` (no request waits on it, so no pod is
-/// swapped back and forth for it).
+/// takes, never one brought back within `min_resident_ms` (no request
+/// waits on it, so no pod is swapped back and forth for it).
 pub fn ahead(
     candidates: &[Candidate],
     host_room: u64,
