@@ -885,27 +885,35 @@ fn a_pod_swapped_out_ahead_of_need_has_its_host_copies_made_first_outside_the_sw
     assert!(rest.iter().any(|l| l.contains("differ=0")), "{rest:?}");
 }
 
-#[test]
-fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_in_their_place() {
-    // Two pods of 512 MiB (and a context each) on a 2 GiB GPU whose
-    // headroom one of them must leave, on a host with room for one pod's
-    // copies (a pod counts for its context too until its processes
-    // answer): once one is away, its next call brings it back, keeping
-    // its copies, and the headroom is short again.
-    let (first, second) = (Pod::new("fast-again-a"), Pod::new("fast-again-b"));
-    let swap = "overcommit = true\nidle_after_ms = 200\nmin_resident_ms = 1000\n\
-                headroom = \"700m\"\nprepare_ahead = 0\nhost_limit = \"1g\"";
-    let (node, node_file) = shared_gpu(&[&first, &second], "1g", swap);
-    let env = shared_env(&node_file);
-    let script = [
-        "alloc", "mem", "512m", "write", "0", "5", "wait", "info", "wait", "check", "0", "5",
-        "wait", "check", "0", "5",
+/// Two pods, `{prefix}-a` and `-b`, of 512 MiB (and a context each) on a
+/// 2 GiB GPU whose headroom one of them must leave, on a host with room
+/// for one pod's copies (a pod counts for its context too until its
+/// processes answer), each running `script` up to its first `wait`, once
+/// one of them went ahead of need: the daemon, and the probes of the pod
+/// that went and of the one that stayed.
+struct OneWentAhead {
+    went: (Pod, Running),
+    stayed: (Pod, Running),
+    node: RunningNode,
+}
+
+fn one_went_ahead(prefix: &str, min_resident_ms: u64, script: &[&str]) -> OneWentAhead {
+    let pods = [
+        Pod::new(&format!("{prefix}-a")),
+        Pod::new(&format!("{prefix}-b")),
     ];
+    // Declared before the daemon, so that a failing test stops it first.
     let mut probes = Vec::new();
-    for pod in [&first, &second] {
-        let mut running = Running::start(pod, &node.url(), &env, &script);
+    let swap = format!(
+        "overcommit = true\nidle_after_ms = 200\nmin_resident_ms = {min_resident_ms}\n\
+         headroom = \"700m\"\nprepare_ahead = 0\nhost_limit = \"1g\""
+    );
+    let (node, node_file) = shared_gpu(&[&pods[0], &pods[1]], "1g", &swap);
+    let env = shared_env(&node_file);
+    for pod in pods {
+        let mut running = Running::start(&pod, &node.url(), &env, script);
         assert!(running.until_ready()[0].contains("-> 0 "));
-        registered(&node, pod, 1);
+        registered(&node, &pod, 1);
         probes.push((pod, running));
     }
     let away = |pod: &Pod| node.hypervisor().pod_swap(&pod.0).state == Residency::Swapped;
@@ -916,27 +924,48 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
         .iter()
         .position(|(pod, _)| away(pod))
         .expect("one away");
-    let (went, stayed) = (probes[gone].0, probes[1 - gone].0);
-    assert!(!away(stayed), "one was enough");
+    let went = probes.swap_remove(gone);
+    let stayed = probes.remove(0);
+    assert!(!away(&stayed.0), "one was enough");
+    OneWentAhead { went, stayed, node }
+}
+
+/// The swap-outs ahead of need the daemon counted.
+fn ahead_outs(status: &hypervisor_swap::SwapReport) -> u64 {
+    let out = hypervisor_swap::Direction::Out;
+    status
+        .serving
+        .swaps_of(out, hypervisor_swap::SwapCause::Ahead)
+}
+
+#[test]
+fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_in_their_place() {
+    // Once one pod is away, its next call brings it back, keeping its
+    // copies, and the headroom is short again.
+    let script = [
+        "alloc", "mem", "512m", "write", "0", "5", "wait", "info", "wait", "check", "0", "5",
+        "wait", "check", "0", "5",
+    ];
+    // The pods outlive their daemon (bindings drop last to first).
+    let OneWentAhead {
+        went: (went, mut went_probe),
+        stayed: (stayed, mut stayed_probe),
+        node,
+    } = one_went_ahead("fast-again", 1000, &script);
+    let away = |pod: &Pod| node.hypervisor().pod_swap(&pod.0).state == Residency::Swapped;
     // The pod that stayed is called first (a query of its memory, over in
     // a moment): the pod away, brought back next, is then not one used
     // twice since the other's last call (a popular pod, which stays).
-    probes[1 - gone].1.resume();
-    let lines = probes[1 - gone].1.until_ready();
+    stayed_probe.resume();
+    let lines = stayed_probe.until_ready();
     assert!(lines[1].starts_with("info 0 free="), "{lines:?}");
     // (A pod may have gone between its first calls already, and come back
     // for the next: what follows is counted from here.)
     let before = node.hypervisor().swap_status();
-    let ahead = |status: &hypervisor_swap::SwapReport| {
-        let out = hypervisor_swap::Direction::Out;
-        status
-            .serving
-            .swaps_of(out, hypervisor_swap::SwapCause::Ahead)
-    };
 
     // Its call brings it back; it keeps its copies, which fill the host.
-    probes[gone].1.resume();
-    let lines = probes[gone].1.until_ready();
+    went_probe.resume();
+    let lines = went_probe.until_ready();
     assert!(lines[1].starts_with("info 0 free="), "{lines:?}");
     // The other pod would have to pin copies the host has room for only
     // once the pod just back gave its own back: the pod just back goes
@@ -945,10 +974,10 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
     // (Its residency is written a moment before the daemon counts the
     // swap.)
     eventually("the pod just back goes again", || {
-        away(went) && ahead(&node.hypervisor().swap_status()) == ahead(&before) + 1
+        away(&went) && ahead_outs(&node.hypervisor().swap_status()) == ahead_outs(&before) + 1
     });
     std::thread::sleep(std::time::Duration::from_millis(500));
-    assert!(!away(stayed), "{} stays", stayed.0);
+    assert!(!away(&stayed), "{} stays", stayed.0);
     let status = node.hypervisor().swap_status();
     assert_eq!(
         (
@@ -959,7 +988,7 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
         (before.totals.host_prepares, 512 * MIB, 0),
         "no copies made again, none given back: {status:?}"
     );
-    assert_eq!(ahead(&status), ahead(&before) + 1, "{status:?}");
+    assert_eq!(ahead_outs(&status), ahead_outs(&before) + 1, "{status:?}");
     let record = node.hypervisor().pod_swap(&went.0);
     assert_eq!(
         record.history.last_swap_out_path,
@@ -967,7 +996,7 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
         "{record:?}"
     );
 
-    for (_, mut running) in probes {
+    for mut running in [went_probe, stayed_probe] {
         running.resume();
         let lines = running.until_ready();
         assert!(lines.iter().any(|l| l.contains("differ=0")), "{lines:?}");
@@ -980,64 +1009,40 @@ fn a_pod_brought_back_keeping_its_copies_goes_again_rather_than_another_pinning_
 
 #[test]
 fn a_popular_pod_brought_back_keeping_its_copies_stays_and_a_colder_one_goes_ahead_of_need() {
-    // As above, two pods of 512 MiB on a 2 GiB GPU whose headroom one of
-    // them must leave, a host with room for one pod's copies; the pod
-    // away is brought back, keeping its copies, and called again while it
-    // stays (two uses since the other's last call), each call a small
-    // allocation, over in a moment.
-    let (first, second) = (Pod::new("fast-popular-a"), Pod::new("fast-popular-b"));
-    let swap = "overcommit = true\nidle_after_ms = 200\nmin_resident_ms = 1500\n\
-                headroom = \"700m\"\nprepare_ahead = 0\nhost_limit = \"1g\"";
-    let (node, node_file) = shared_gpu(&[&first, &second], "1g", swap);
-    let env = shared_env(&node_file);
+    // The pod away is brought back, keeping its copies, and called again
+    // while it stays (two uses since the other's last call), each call a
+    // small allocation, over in a moment.
     let script = [
         "alloc", "mem", "512m", "write", "0", "5", "wait", "alloc", "mem", "2m", "wait", "alloc",
         "mem", "2m", "wait", "check", "0", "5",
     ];
-    let mut probes = Vec::new();
-    for pod in [&first, &second] {
-        let mut running = Running::start(pod, &node.url(), &env, &script);
-        assert!(running.until_ready()[0].contains("-> 0 "));
-        registered(&node, pod, 1);
-        probes.push((pod, running));
-    }
+    let OneWentAhead {
+        went: (popular, mut popular_probe),
+        stayed: (cold, mut cold_probe),
+        node,
+    } = one_went_ahead("fast-popular", 1500, &script);
     let away = |pod: &Pod| node.hypervisor().pod_swap(&pod.0).state == Residency::Swapped;
-    eventually("an idle pod goes ahead of need", || {
-        probes.iter().any(|(pod, _)| away(pod))
-    });
-    let gone = probes
-        .iter()
-        .position(|(pod, _)| away(pod))
-        .expect("one away");
-    let (popular, cold) = (probes[gone].0, probes[1 - gone].0);
-    assert!(!away(cold), "one was enough");
     let before = node.hypervisor().swap_status();
-    let ahead = |status: &hypervisor_swap::SwapReport| {
-        let out = hypervisor_swap::Direction::Out;
-        status
-            .serving
-            .swaps_of(out, hypervisor_swap::SwapCause::Ahead)
-    };
 
     // Its call brings it back; 600 ms later (a use of its own, while it
     // may not go yet) it is called again.
-    probes[gone].1.resume();
-    let lines = probes[gone].1.until_ready();
+    popular_probe.resume();
+    let lines = popular_probe.until_ready();
     assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
     std::thread::sleep(std::time::Duration::from_millis(600));
-    assert!(!away(popular), "{} may not go yet", popular.0);
-    probes[gone].1.resume();
-    let lines = probes[gone].1.until_ready();
+    assert!(!away(&popular), "{} may not go yet", popular.0);
+    popular_probe.resume();
+    let lines = popular_probe.until_ready();
     assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
 
     // Ahead of need the popular pod's copies no longer put it first: the
     // other, colder, has its copies made (the popular pod's given back
     // for the room) and goes, copying only.
     eventually("the colder pod goes ahead of need", || {
-        away(cold) && ahead(&node.hypervisor().swap_status()) == ahead(&before) + 1
+        away(&cold) && ahead_outs(&node.hypervisor().swap_status()) == ahead_outs(&before) + 1
     });
     std::thread::sleep(std::time::Duration::from_millis(2_000));
-    assert!(!away(popular), "{} stays", popular.0);
+    assert!(!away(&popular), "{} stays", popular.0);
     let status = node.hypervisor().swap_status();
     assert_eq!(
         (
@@ -1048,7 +1053,7 @@ fn a_popular_pod_brought_back_keeping_its_copies_stays_and_a_colder_one_goes_ahe
         (before.totals.host_prepares + 1, 512 * MIB, 0),
         "the colder pod's copies made, the popular pod's given back: {status:?}"
     );
-    assert_eq!(ahead(&status), ahead(&before) + 1, "{status:?}");
+    assert_eq!(ahead_outs(&status), ahead_outs(&before) + 1, "{status:?}");
     let record = node.hypervisor().pod_swap(&cold.0);
     assert_eq!(
         record.history.last_swap_out_path,
@@ -1056,16 +1061,13 @@ fn a_popular_pod_brought_back_keeping_its_copies_stays_and_a_colder_one_goes_ahe
         "{record:?}"
     );
 
-    for (pod, mut running) in probes {
-        // The pod that stayed is at its last `wait` already.
-        if pod.0 == cold.0 {
-            running.resume();
-            let lines = running.until_ready();
-            assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
-            running.resume();
-            let lines = running.until_ready();
-            assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
-        }
+    // The colder pod is at its first `wait` still.
+    for _ in 0..2 {
+        cold_probe.resume();
+        let lines = cold_probe.until_ready();
+        assert!(lines[1].starts_with("alloc mem 2m -> 0 "), "{lines:?}");
+    }
+    for mut running in [popular_probe, cold_probe] {
         running.resume();
         let (rest, exit) = running.finish();
         assert!(exit.success(), "{rest:?}");
