@@ -9,7 +9,7 @@ and the samples in OUT/serve-bench.json; the daemons' and pods' logs in
 OUT (default: a temporary folder, printed at the end).
 
   python3 -m scripts.bench serve --bundle DIR [--sizes 4,8,12,16] [--weights 12]
-          [--loads 2,8,16] [--duration 12] [--zipf 1.0] [--seed 1] [--path fast]
+          [--loads 2,4,8] [--duration 12] [--zipf 1.0] [--seed 1] [--path fast]
           [--baseline largest] [--headroom GIB] [--min-resident-ms MS]
           [--swap-key KEY=VALUE ...] [--budget-s 540] [--out DIR] [--dry-run]
 
@@ -113,8 +113,8 @@ def add_arguments(p):
     p.add_argument("--sizes", type=numbers(int, 0), default=[4, 8, 12, 16],
                    help="counts of pods, one run each (default 4,8,12,16)")
     p.add_argument("--weights", type=float, default=12.0, help="GiB of fp16 weights a pod's model holds (default 12)")
-    p.add_argument("--loads", type=numbers(float, 0), default=[2.0, 8.0, 16.0],
-                   help="requests a second over all pods, one load each, in this order (default 2,8,16)")
+    p.add_argument("--loads", type=numbers(float, 0), default=[2.0, 4.0, 8.0],
+                   help="requests a second over all pods, one load each, in this order (default 2,4,8)")
     p.add_argument("--duration", type=float, default=12.0, help="seconds of arrivals a load (default 12)")
     p.add_argument("--zipf", type=float, default=1.0, help="the popularity's Zipf exponent s (default 1.0)")
     p.add_argument("--seed", type=int, default=1, help="the traces' seed (default 1)")

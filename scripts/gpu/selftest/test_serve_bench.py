@@ -37,7 +37,7 @@ def test_entry_point_options_and_defaults(tmp_path):
     assert serve_trace.percentile is parse.percentile
     a = top.parse_args(["serve", "--dry-run", "--out", str(tmp_path / "o")])
     assert (a.sizes, a.weights, a.loads, a.duration, a.zipf, a.seed, a.path, a.baseline, a.budget_s) == (
-        [4, 8, 12, 16], 12.0, [2.0, 8.0, 16.0], 12.0, 1.0, 1, "fast", "largest", 540)
+        [4, 8, 12, 16], 12.0, [2.0, 4.0, 8.0], 12.0, 1.0, 1, "fast", "largest", 540)
     serve.resolve(subs["serve"], a)
     # The headroom: one pod's 12 GiB of weights and its context; the
     # policy's keys as the daemon's config writes them.
