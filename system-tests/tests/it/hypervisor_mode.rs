@@ -44,6 +44,8 @@ fn managed(pod: &Pod, url: &str, token: &str, args: &[&str]) -> std::process::Co
 
 #[test]
 fn quota_and_share_come_from_the_hypervisor() {
+    // Timed: the share it measures needs the CPUs to itself.
+    let _serial = probes::serial();
     let pod = Pod::new("hv-limits");
     let hypervisor = start(&pod, "memory = \"1g\"\ncap = 40\npolicy = \"fixed\"");
     let mut command = managed(
@@ -82,6 +84,8 @@ fn quota_and_share_come_from_the_hypervisor() {
 
 #[test]
 fn the_pods_published_limits_apply_whatever_the_environment_says() {
+    // Timed: the share it measures needs the CPUs to itself.
+    let _serial = probes::serial();
     // The environment chooses the pod; where its limits are published, a
     // process that names no hypervisor, or one the hypervisor refused (a
     // wrong token), still runs on them, not on a local limit of its own.
@@ -119,6 +123,8 @@ fn the_pods_published_limits_apply_whatever_the_environment_says() {
 
 #[test]
 fn a_throttled_loop_asks_the_hypervisor_only_until_it_counts_the_pod() {
+    // Timed: the share it measures needs the CPUs to itself.
+    let _serial = probes::serial();
     let pod = Pod::new("hv-asks");
     let hypervisor = start(&pod, "cap = 40\npolicy = \"fixed\"");
     let asked = || hypervisor.hypervisor().status().admission.count;
@@ -204,6 +210,8 @@ fn suspended_pods_wait_and_resume_without_losing_work() {
 
 #[test]
 fn a_dead_hypervisor_leaves_the_last_limits_in_force() {
+    // Timed: the share it measures needs the CPUs to itself.
+    let _serial = probes::serial();
     let pod = Pod::new("hv-dead");
     let hypervisor = start(&pod, "memory = \"1g\"\ncap = 30\npolicy = \"fixed\"");
     let url = hypervisor.url();
