@@ -178,14 +178,21 @@ pub fn ranked(
     idle
 }
 
-/// The pods that may make room now: idle, holding memory, neither one
-/// that must stay nor a latency pod the policy never swaps.
+/// Whether `candidate` may ever make room: it holds memory, and it is
+/// neither a pod that must stay nor a latency pod the policy never swaps.
+fn may_go(candidate: &Candidate, policy: RoomPolicy) -> bool {
+    candidate.bytes > 0
+        && !candidate.stays
+        && !(candidate.latency && policy.latency == LatencyPods::Never)
+}
+
+/// The pods that may make room now: those that may ever ([`may_go`]),
+/// idle.
 fn idle(candidates: &[Candidate], now_ms: u64, policy: RoomPolicy) -> Vec<&Candidate> {
     candidates
         .iter()
-        .filter(|c| c.bytes > 0 && !c.stays)
+        .filter(|c| may_go(c, policy))
         .filter(|c| stamp_age(c.last_call_ms, now_ms) >= policy.idle_after_ms)
-        .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
         .collect()
 }
 
@@ -271,11 +278,11 @@ pub fn room_ever(
     host_room: u64,
     policy: RoomPolicy,
 ) -> bool {
-    let may_go = candidates
+    let could_go = candidates
         .iter()
-        .filter(|c| !(c.stays || (c.latency && policy.latency == LatencyPods::Never)))
+        .filter(|c| may_go(c, policy))
         .fold(0u64, |sum, c| sum.saturating_add(c.bytes));
-    free.saturating_add(may_go.min(host_room)) >= need
+    free.saturating_add(could_go.min(host_room)) >= need
 }
 
 /// The pod to swap out ahead of need (to keep a GPU's headroom free): the
@@ -320,9 +327,8 @@ pub fn ready_soon(
     let popular = popular(&idle(candidates, now_ms, policy), now_ms, policy, room_for);
     candidates
         .iter()
-        .filter(|c| c.ready && c.bytes > 0 && c.bytes >= need && c.bytes <= host_room)
-        .filter(|c| !c.stays && !popular(c))
-        .filter(|c| !(c.latency && policy.latency == LatencyPods::Never))
+        .filter(|c| c.ready && may_go(c, policy) && !popular(c))
+        .filter(|c| c.bytes >= need && c.bytes <= host_room)
         .map(|c| {
             let back_in = match c.back_ms {
                 0 => 0,

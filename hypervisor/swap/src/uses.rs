@@ -24,6 +24,17 @@ pub struct PodUses {
 }
 
 impl PodUses {
+    /// A call stamped `stamp_ms`, sampled at `now_ms`: a use of its own,
+    /// or of the last one, by [`Self::previous_to`]; a stamp of none yet,
+    /// from the future (forged) or older than the last one seen changes
+    /// nothing.
+    fn saw(&mut self, stamp_ms: u64, now_ms: u64) {
+        if stamp_ms != 0 && stamp_ms <= now_ms && stamp_ms > self.last_ms {
+            self.previous_ms = self.previous_to(stamp_ms);
+            self.last_ms = stamp_ms;
+        }
+    }
+
     /// The end of the use before the one a call stamped `stamp_ms` is in:
     /// a stamp newer than the samples saw that begins a use of its own
     /// makes the last use seen the one before.
@@ -47,16 +58,10 @@ impl Uses {
     /// stamp of none yet, from the future (forged) or older than the last
     /// one seen changes nothing.
     pub fn observe(&self, pod: &str, stamp_ms: u64, now_ms: u64) {
-        if stamp_ms == 0 || stamp_ms > now_ms {
-            return;
-        }
         let mut pods = self.lock();
-        let uses = pods.entry(pod.to_owned()).or_default();
-        if stamp_ms <= uses.last_ms {
-            return;
-        }
-        uses.previous_ms = uses.previous_to(stamp_ms);
-        uses.last_ms = stamp_ms;
+        pods.entry(pod.to_owned())
+            .or_default()
+            .saw(stamp_ms, now_ms);
     }
 
     /// The daemon brought the pod back at `now_ms`. Where a call of the
@@ -65,13 +70,14 @@ impl Uses {
     /// long the swap-in and the swaps queued before it took, not a second
     /// use that would make the pod look called twice.
     pub fn brought_back(&self, pod: &str, now_ms: u64, waiting_ms: Option<u64>) {
-        if let Some(stamp) = waiting_ms {
-            self.observe(pod, stamp, now_ms);
-        }
         let mut pods = self.lock();
         let uses = pods.entry(pod.to_owned()).or_default();
         uses.back_ms = now_ms;
-        if waiting_ms.is_some() && uses.last_ms != 0 {
+        let Some(stamp) = waiting_ms else {
+            return;
+        };
+        uses.saw(stamp, now_ms);
+        if uses.last_ms != 0 {
             uses.last_ms = uses.last_ms.max(now_ms);
         }
     }

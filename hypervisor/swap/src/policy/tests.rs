@@ -36,6 +36,22 @@ fn used(name: &str, gib: u64, previous: u64, last: u64) -> Candidate {
     }
 }
 
+/// The serving policy's timings: idle 200 ms after a call, a pod
+/// brought back kept 250 ms.
+const SERVING: RoomPolicy = RoomPolicy {
+    idle_after_ms: 200,
+    min_resident_ms: 250,
+    ..LRU2
+};
+
+/// `candidate`, its host copies ready.
+fn ready(candidate: Candidate) -> Candidate {
+    Candidate {
+        ready: true,
+        ..candidate
+    }
+}
+
 fn names(chosen: &[&Candidate]) -> Vec<String> {
     chosen.iter().map(|c| c.pod.clone()).collect()
 }
@@ -207,7 +223,6 @@ fn where_the_uses_tie_the_larger_pod_goes_first() {
 
 #[test]
 fn a_pod_whose_host_copies_are_ready_goes_before_one_that_would_pin_first() {
-    let ready = |c: Candidate| Candidate { ready: true, ..c };
     let pods = [
         used("oldest", 8, 1_000, 2_000),
         ready(used("copied", 8, 5_000, 6_000)),
@@ -236,12 +251,7 @@ fn a_pod_whose_host_copies_are_ready_goes_before_one_that_would_pin_first() {
 
 #[test]
 fn ahead_of_need_a_popular_pod_keeping_its_copies_stays_and_the_coldest_goes() {
-    let policy = RoomPolicy {
-        idle_after_ms: 200,
-        min_resident_ms: 250,
-        ..LRU2
-    };
-    let ready = |c: Candidate| Candidate { ready: true, ..c };
+    let policy = SERVING;
     // Brought back a second ago keeping its copies, used twice since the
     // cold pod's last call.
     let popular = ready(Candidate {
@@ -308,12 +318,7 @@ fn ahead_of_need_a_popular_pod_keeping_its_copies_stays_and_the_coldest_goes() {
 
 #[test]
 fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
-    let policy = RoomPolicy {
-        idle_after_ms: 200,
-        min_resident_ms: 250,
-        ..LRU2
-    };
-    let ready = |c: Candidate| Candidate { ready: true, ..c };
+    let policy = SERVING;
     // Brought back 100 ms ago, its last call 50 ms ago: it may go in
     // 150 ms (idle then, and past its 250 ms).
     let back = ready(Candidate {
@@ -433,16 +438,11 @@ fn a_ready_pod_about_to_be_allowed_to_go_is_worth_waiting_for() {
 
 #[test]
 fn room_waits_a_moment_for_a_ready_pod_rather_than_pin_or_wait_for_a_preparation() {
-    let policy = RoomPolicy {
-        idle_after_ms: 200,
-        min_resident_ms: 250,
-        ..LRU2
-    };
-    let back = Candidate {
+    let policy = SERVING;
+    let back = ready(Candidate {
         back_ms: 9_900,
-        ready: true,
         ..used("back", 8, 0, 9_950)
-    };
+    });
     let cold = used("cold", 8, 1_000, 2_000);
     let pods = [back.clone(), cold.clone()];
     let step = |pods, may_wait| room_step(pods, GIB, u64::MAX, 10_000, policy, may_wait);
@@ -462,10 +462,7 @@ fn room_waits_a_moment_for_a_ready_pod_rather_than_pin_or_wait_for_a_preparation
     assert_eq!(step(&preparing, true), Some(RoomStep::Wait(150)));
     // A pod whose copies are ready goes before one whose copies are still
     // being made, colder or not.
-    let warm = Candidate {
-        ready: true,
-        ..used("warm", 8, 8_000, 9_000)
-    };
+    let warm = ready(used("warm", 8, 8_000, 9_000));
     let making = Candidate {
         pod: "making".into(),
         ..preparing[1].clone()
@@ -477,13 +474,7 @@ fn room_waits_a_moment_for_a_ready_pod_rather_than_pin_or_wait_for_a_preparation
         ["warm", "making", "cold"]
     );
     // A cold pod that keeps its copies goes at once.
-    let kept = [
-        back,
-        Candidate {
-            ready: true,
-            ..cold
-        },
-    ];
+    let kept = [back, ready(cold)];
     assert_eq!(step(&kept, true), Some(RoomStep::Go(&kept[1])));
     assert_eq!(step(&[], true), None);
 }
